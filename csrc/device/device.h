@@ -1,0 +1,48 @@
+// PrivateUse1 device plumbing shared by the device/ stage: the allocator that
+// backs every "tpu" storage with host memory, memory statistics and the
+// per-device generator.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
+
+#include "lazy/deferred_storage.h"
+
+namespace tpu_eager {
+
+constexpr int kNumDevices = 1;
+
+// The device allocator. Each allocation is a DeferredStorage whose host buffer
+// has the requested size, so distinct storages have distinct, non-overlapping
+// data pointers and PyTorch's overlap checks behave as on CPU.
+c10::Allocator* device_allocator();
+
+// The DeferredStorage behind a "tpu" tensor's storage (never null for a tensor
+// created by this device).
+DeferredStorage* deferred_storage_of(const c10::Storage& storage);
+inline DeferredStorage* deferred_storage_of(const at::Tensor& t) { return deferred_storage_of(t.storage()); }
+
+// Grows or shrinks the storage to `nbytes` keeping its bytes (flushes first).
+void resize_device_storage(const c10::Storage& storage, size_t nbytes);
+
+// Simulated device memory statistics, in bytes.
+int64_t memory_allocated(int device);
+int64_t max_memory_allocated(int device);
+void reset_peak_memory_stats(int device);
+void account_free(size_t nbytes);
+
+// The device generator: a (seed, offset) pair. RNG ops take one offset at
+// record time, so their values do not depend on when the queue is flushed.
+at::Generator make_device_generator(c10::DeviceIndex index);
+const at::Generator& default_device_generator(c10::DeviceIndex index);
+// Reserves the next random stream of `gen` (a device generator) and returns
+// the 64-bit seed that the executor will use for it.
+uint64_t reserve_random_stream(const at::Generator& gen);
+
+// Mixes (seed, offset) into a well-spread 64-bit seed (splitmix64).
+uint64_t mix_seed(uint64_t seed, uint64_t offset);
+
+}  // namespace tpu_eager

@@ -1,0 +1,56 @@
+// PrivateUse1 hooks: availability, generators, pointer ownership, storage resize.
+#include <ATen/core/Tensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "device/device.h"
+#include "lazy/queue.h"
+
+namespace tpu_eager {
+namespace {
+
+}  // namespace
+
+void resize_device_storage(const c10::Storage& storage, size_t newsize) {
+  // Resizing needs the storage's current value: flush, then move the bytes
+  // into a new host buffer. Queued nodes hold the old DeferredStorage.
+  flush_all(FlushReason::kStorageResize);
+  auto* old = deferred_storage_of(storage);
+  check_storage_error(old);
+  c10::DataPtr fresh = device_allocator()->allocate(newsize);
+  const size_t keep = std::min(newsize, old->nbytes);
+  if (keep > 0) std::memcpy(fresh.get(), old->data, keep);
+  auto& st = const_cast<c10::Storage&>(storage);
+  st.set_data_ptr_noswap(std::move(fresh));
+  st.set_nbytes(newsize);
+}
+
+namespace {
+
+struct TpuHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex i) const override { return default_device_generator(i); }
+  at::Generator getNewGenerator(c10::DeviceIndex i) const override { return make_device_generator(i < 0 ? 0 : i); }
+  at::Device getDeviceFromPtr(void*) const override { return {c10::DeviceType::PrivateUse1, 0}; }
+  bool isPinnedPtr(const void*) const override { return false; }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return kNumDevices; }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    resize_device_storage(storage, newsize);
+  }
+};
+
+TpuHooks g_hooks;
+
+struct RegisterHooks {
+  RegisterHooks() { at::RegisterPrivateUse1HooksInterface(&g_hooks); }
+} g_register_hooks;
+
+}  // namespace
+}  // namespace tpu_eager

@@ -1,0 +1,129 @@
+// Host runtime: device values as CPU tensors, CPU kernels as library calls.
+#include "executors/host_runtime.h"
+
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+namespace tpu_eager {
+namespace host {
+
+c10::Storage wrap_device_buffer(DeferredStorage* s) {
+  // Non-owning: the DeferredStorage outlives the flush (nodes hold it).
+  c10::DataPtr ptr(s->data, s->data, [](void*) {}, c10::Device(c10::DeviceType::CPU));
+  return c10::Storage(c10::Storage::use_byte_size_t(), s->nbytes, std::move(ptr), nullptr, /*resizable=*/false);
+}
+
+at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                    c10::scalarTypeToTypeMeta(r.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides, r.offset);
+  return t;
+}
+
+c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
+  auto it = map_.find(s);
+  if (it != map_.end() && !it->second.temp) return it->second.storage;
+  c10::Storage st = wrap_device_buffer(s);
+  map_[s] = Entry{st, false};
+  return st;
+}
+
+void HostMemory::bind_temp(DeferredStorage* s, c10::Storage storage) { map_[s] = Entry{std::move(storage), true}; }
+
+bool HostMemory::is_temp(DeferredStorage* s) const {
+  auto it = map_.find(s);
+  return it != map_.end() && it->second.temp;
+}
+
+c10::Storage HostMemory::storage_for(DeferredStorage* s) {
+  auto it = map_.find(s);
+  if (it != map_.end()) return it->second.storage;
+  return device_buffer(s);
+}
+
+at::Tensor HostMemory::tensor(const TensorRef& r) {
+  check_storage_error(r.storage.get());
+  return view_over(storage_for(r.storage.get()), r);
+}
+
+namespace {
+
+int generator_arg(const c10::FunctionSchema& schema) {
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto t = args[i].real_type();
+    if (t->kind() == c10::TypeKind::GeneratorType) return static_cast<int>(i);
+    if (t->kind() == c10::TypeKind::OptionalType &&
+        t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
+      return static_cast<int>(i);
+  }
+  return -1;
+}
+
+}  // namespace
+
+torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
+  torch::jit::Stack stack(n.args.begin(), n.args.end());
+  for (const auto& in : n.inputs) {
+    at::Tensor t = mem.tensor(in.ref);
+    c10::IValue& slot = stack[in.arg];
+    if (in.elem < 0) {
+      slot = std::move(t);
+    } else if (slot.isTensorList()) {
+      auto list = slot.toTensorList().copy();
+      list.set(in.elem, std::move(t));
+      slot = std::move(list);
+    } else {
+      auto list = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
+      list.set(in.elem, std::move(t));
+      slot = std::move(list);
+    }
+  }
+  if (n.rng) {
+    int g = generator_arg(n.op.schema());
+    if (g >= 0) stack[g] = at::make_generator<at::CPUGeneratorImpl>(n.rng_seed);
+  }
+  return stack;
+}
+
+void call_cpu(const Node& n, torch::jit::Stack& stack) {
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+  if (n.rng && generator_arg(n.op.schema()) < 0) {
+    // The op draws from CPU's default generator: give it this node's stream.
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
+    auto saved = impl->clone();
+    impl->set_current_seed(n.rng_seed);
+    try {
+      n.op.callBoxed(stack);
+    } catch (...) {
+      gen.set_state(at::Tensor(saved->get_state()));
+      throw;
+    }
+    gen.unsafeGetGeneratorImpl()->set_state(*saved->get_state());
+    return;
+  }
+  n.op.callBoxed(stack);
+}
+
+std::vector<at::Tensor> fresh_results(const Node& n, torch::jit::Stack& stack) {
+  std::vector<at::Tensor> out;
+  out.reserve(n.outputs.size());
+  for (size_t k = 0; k < n.returns.size(); ++k) {
+    const c10::IValue& v = stack[k];
+    if (n.returns[k] == -1) {
+      out.push_back(v.toTensor());
+    } else if (n.returns[k] == -2) {
+      for (const auto& t : v.toTensorList()) out.push_back(t);
+    }
+  }
+  return out;
+}
+
+}  // namespace host
+}  // namespace tpu_eager

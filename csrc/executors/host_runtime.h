@@ -1,0 +1,56 @@
+// Host runtime shared by the executors: device values as CPU tensors over
+// host buffers, and running one recorded op with its CPU ATen kernel.
+#pragma once
+
+#include <functional>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
+
+#include "lazy/queue.h"
+
+namespace tpu_eager {
+namespace host {
+
+// Where each storage's value lives during one flush: its device (host) buffer
+// or a temporary that never reaches device memory. One CPU Storage per
+// DeferredStorage, so CPU kernels see aliasing between views exactly as on CPU.
+class HostMemory {
+ public:
+  // The CPU storage wrapping the device buffer of `s` (no copy, not resizable).
+  c10::Storage device_buffer(DeferredStorage* s);
+  // Binds `s` to a temporary CPU storage holding its value.
+  void bind_temp(DeferredStorage* s, c10::Storage storage);
+  bool is_temp(DeferredStorage* s) const;
+  // The CPU storage that holds the current value of `s`.
+  c10::Storage storage_for(DeferredStorage* s);
+  // A CPU tensor with r's dtype and geometry over the current value of r.storage.
+  at::Tensor tensor(const TensorRef& r);
+
+ private:
+  struct Entry {
+    c10::Storage storage;
+    bool temp;
+  };
+  std::unordered_map<DeferredStorage*, Entry> map_;
+};
+
+// A CPU tensor with r's dtype and geometry over `storage`.
+at::Tensor view_over(const c10::Storage& storage, const TensorRef& r);
+// A CPU storage wrapping the device buffer of `s` without owning it.
+c10::Storage wrap_device_buffer(DeferredStorage* s);
+
+// Builds the CPU argument stack of `n` (tensors from `mem`, generators seeded
+// from the node's reserved stream).
+torch::jit::Stack build_stack(const Node& n, HostMemory& mem);
+// Calls the op's CPU kernel on `stack` (autograd excluded); for RNG ops
+// without a generator argument, CPU's default generator is seeded with the
+// node's stream and restored afterwards.
+void call_cpu(const Node& n, torch::jit::Stack& stack);
+// The fresh tensor results left on `stack` by call_cpu, in Node::outputs order.
+std::vector<at::Tensor> fresh_results(const Node& n, torch::jit::Stack& stack);
+
+}  // namespace host
+}  // namespace tpu_eager

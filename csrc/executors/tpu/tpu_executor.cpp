@@ -1,0 +1,155 @@
+// The simulated TPU executor: runs fused regions on host memory with the TPU's
+// numerics (MXU precision modes) and accounts simulated time (roofline).
+#include <algorithm>
+#include <cstring>
+#include <unordered_set>
+
+#include <ATen/Context.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/dot.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mv.h>
+#include <ATen/ops/sub.h>
+
+#include "executors/executor.h"
+#include "executors/tpu/chip.h"
+
+namespace tpu_eager {
+namespace {
+
+at::Tensor round_bf16(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::kFloat); }
+
+// MXU numerics (DESIGN §6): float32 matmul inputs are rounded to bf16 unless
+// the precision is "highest". "medium": one bf16 pass; "high": bf16x3 (the
+// three largest partial products of the hi/lo split); both accumulate in f32.
+bool run_mxu_emulated(const Node& n, torch::jit::Stack& stack, at::Float32MatmulPrecision prec) {
+  if (prec == at::Float32MatmulPrecision::HIGHEST) return false;
+  const auto& schema = n.op.schema();
+  std::string base = schema.name().substr(6);
+  const bool inplace = !base.empty() && base.back() == '_';
+  if (inplace) base.pop_back();
+  at::Tensor (*prod)(const at::Tensor&, const at::Tensor&) = nullptr;
+  bool has_bias = false;
+  if (base == "mm" || base == "addmm") prod = &at::mm;
+  if (base == "bmm" || base == "baddbmm") prod = &at::bmm;
+  if (base == "mv" || base == "addmv") prod = &at::mv;
+  if (base == "dot") prod = &at::dot;
+  if (!prod) return false;
+  has_bias = base.rfind("add", 0) == 0;
+  const int a_i = has_bias ? 1 : 0;
+  const at::Tensor a = stack[a_i].toTensor(), b = stack[a_i + 1].toTensor();
+  if (a.scalar_type() != at::kFloat || b.scalar_type() != at::kFloat) return false;
+  at::Tensor p;
+  const at::Tensor ah = round_bf16(a), bh = round_bf16(b);
+  if (prec == at::Float32MatmulPrecision::MEDIUM) {
+    p = prod(ah, bh);
+  } else {
+    const at::Tensor al = round_bf16(at::sub(a, ah)), bl = round_bf16(at::sub(b, bh));
+    p = prod(ah, bh).add_(prod(ah, bl)).add_(prod(al, bh));
+  }
+  at::Tensor result = p;
+  if (has_bias) {
+    const at::Scalar beta = stack[3].toScalar(), alpha = stack[4].toScalar();
+    const at::Tensor self = stack[0].toTensor();
+    result = p.mul(alpha);
+    if (!(beta.isFloatingPoint() ? beta.toDouble() == 0.0 : beta.toLong() == 0)) result = result.add(self.mul(beta));
+  }
+  at::Tensor ret = result;
+  if (inplace) {
+    ret = stack[0].toTensor();
+    ret.copy_(result);
+  } else if (schema.is_mutable()) {  // .out overload: the out argument is last
+    ret = stack.back().toTensor();
+    ret.copy_(result);
+  }
+  stack.clear();
+  stack.emplace_back(ret);
+  return true;
+}
+
+double region_flops(const Node& n) {
+  // 2*M*N*K for MXU ops (from the first two matrix operands); one per output element otherwise.
+  double elems = 0;
+  for (const auto& o : n.outputs) elems += static_cast<double>(o.numel());
+  if (static_cast<PrimKind>(n.kind) == PrimKind::kMatmul && n.inputs.size() >= 2) {
+    const auto& a = n.inputs[n.inputs.size() - 2].ref;
+    if (!a.sizes.empty()) return 2.0 * elems * static_cast<double>(a.sizes.back());
+  }
+  return elems;
+}
+
+class TpuExecutor final : public Executor {
+ public:
+  const char* name() const override { return "tpu"; }
+
+  void run_region(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
+                  host::HostMemory& mem, RegionStats& stats) override {
+    const auto prec = at::globalContext().float32MatmulPrecision();
+    std::unordered_set<const DeferredStorage*> produced, counted;
+    for (size_t p = 0; p < region.nodes.size(); ++p) {
+      Node& n = graph[region.nodes[p]];
+      for (const auto& in : n.inputs) {
+        const DeferredStorage* s = in.ref.storage.get();
+        if (!produced.count(s) && !mem.is_temp(in.ref.storage.get()) && counted.insert(s).second)
+          stats.bytes_read += in.ref.nbytes();
+      }
+      torch::jit::Stack stack = host::build_stack(n, mem);
+      try {
+        const bool mxu = static_cast<PrimKind>(n.kind) == PrimKind::kMatmul && run_mxu_emulated(n, stack, prec);
+        if (!mxu) host::call_cpu(n, stack);
+      } catch (c10::Error& e) {
+        e.add_context("while running aten::" + n.op.schema().name().substr(6) +
+                      (n.op.schema().overload_name().empty() ? "" : "." + n.op.schema().overload_name()) +
+                      " recorded at " + (n.where.empty() ? std::string("<unknown>") : n.where) + " (in " +
+                      compiled.name + ")");
+        throw;
+      }
+      std::vector<at::Tensor> results = host::fresh_results(n, stack);
+      for (size_t j = 0; j < n.outputs.size(); ++j) {
+        bind_output(n.outputs[j], results.at(j), region.materialize[p][j], mem, stats);
+        produced.insert(n.outputs[j].storage.get());
+      }
+      for (const auto& in : n.inputs)
+        if (in.written && !mem.is_temp(in.ref.storage.get())) stats.bytes_written += in.ref.nbytes();
+      stats.flops += region_flops(n);
+      if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) stats.library_calls++;
+    }
+    const auto& chip = tpu::kV5e;
+    const double mem_s = static_cast<double>(stats.bytes_read + stats.bytes_written) / chip.hbm_bandwidth;
+    const double compute_s = stats.flops / chip.peak_flops;
+    stats.sim_time_s = std::max(mem_s, compute_s) + chip.launch_s;
+  }
+
+ private:
+  static void bind_output(const TensorRef& ref, const at::Tensor& result, bool materialize, host::HostMemory& mem,
+                          RegionStats& stats) {
+    DeferredStorage* s = ref.storage.get();
+    if (materialize) {
+      at::Tensor dst = host::view_over(mem.device_buffer(s), ref);
+      dst.copy_(result);
+      stats.bytes_written += ref.nbytes();
+      s->error.clear();
+      return;
+    }
+    // A temporary: keep the CPU result's storage when it has the recorded layout.
+    if (result.scalar_type() == ref.dtype && result.storage_offset() == ref.offset &&
+        result.sizes().equals(ref.sizes) && result.strides().equals(ref.strides) &&
+        result.storage().nbytes() >= s->nbytes) {
+      mem.bind_temp(s, result.storage());
+      return;
+    }
+    at::Tensor buf = at::empty({static_cast<int64_t>(s->nbytes)}, at::TensorOptions().dtype(at::kByte));
+    host::view_over(buf.storage(), ref).copy_(result);
+    mem.bind_temp(s, buf.storage());
+  }
+};
+
+}  // namespace
+
+Executor& active_executor() {
+  static TpuExecutor tpu;
+  return tpu;
+}
+
+}  // namespace tpu_eager

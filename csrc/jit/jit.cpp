@@ -1,0 +1,148 @@
+// JIT v1: dead-code elimination, partition into fused regions, structural
+// cache, execution through the active executor.
+#include "jit/jit.h"
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "executors/executor.h"
+#include "jit/partition.h"
+
+namespace tpu_eager {
+
+const char* prim_kind_name(PrimKind k) {
+  switch (k) {
+    case PrimKind::kLibrary: return "library";
+    case PrimKind::kElementwise: return "elementwise";
+    case PrimKind::kReduction: return "reduction";
+    case PrimKind::kMatmul: return "matmul";
+    case PrimKind::kData: return "data";
+    case PrimKind::kRandom: return "random";
+    case PrimKind::kView: return "view";
+    case PrimKind::kSync: return "sync";
+  }
+  return "?";
+}
+
+namespace jit {
+namespace {
+
+std::mutex g_cache_mu;
+std::unordered_map<uint64_t, std::shared_ptr<CompiledRegion>> g_cache;
+
+// Marks live nodes: a node is live when it writes a storage whose value is
+// observed later (by a live node, or by a tensor alive at the flush).
+std::vector<char> live_nodes(const std::vector<Node>& g) {
+  std::unordered_set<const DeferredStorage*> needed;
+  for (const auto& n : g) {
+    for (const auto& in : n.inputs)
+      if (in.ref.storage->external_alive.load(std::memory_order_acquire)) needed.insert(in.ref.storage.get());
+    for (const auto& out : n.outputs)
+      if (out.storage->external_alive.load(std::memory_order_acquire)) needed.insert(out.storage.get());
+  }
+  std::vector<char> live(g.size(), 0);
+  for (size_t i = g.size(); i-- > 0;) {
+    const Node& n = g[i];
+    bool l = false;
+    for (const auto& out : n.outputs) l = l || needed.count(out.storage.get());
+    for (const auto& in : n.inputs) l = l || (in.written && needed.count(in.ref.storage.get()));
+    if (!l) continue;
+    live[i] = 1;
+    for (const auto& in : n.inputs) needed.insert(in.ref.storage.get());
+  }
+  return live;
+}
+
+std::string region_name(const CompiledRegion& c, const std::vector<Node>& g, const Region& r) {
+  std::string name = r.nodes.size() > 1 ? "fused" : "kernel";
+  for (size_t k = 0; k < r.nodes.size() && k < 6; ++k) {
+    name += "_";
+    name += g[r.nodes[k]].op.schema().name().substr(6);  // drop "aten::"
+  }
+  if (r.nodes.size() > 6) name += "_etc";
+  return name;
+}
+
+std::shared_ptr<CompiledRegion> compile(uint64_t key, const std::vector<Node>& g, const Region& r) {
+  auto c = std::make_shared<CompiledRegion>();
+  c->key = key;
+  for (int i : r.nodes) c->kinds.push_back(static_cast<PrimKind>(g[i].kind));
+  c->num_ops = static_cast<int64_t>(r.nodes.size());
+  c->name = region_name(*c, g, r);
+  return c;
+}
+
+void poison(const std::vector<Node>& g, const Region& r, const std::string& msg) {
+  for (int i : r.nodes) {
+    for (const auto& out : g[i].outputs) out.storage->error = msg;
+    for (const auto& in : g[i].inputs)
+      if (in.written) in.ref.storage->error = msg;
+  }
+}
+
+}  // namespace
+
+std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
+  std::vector<char> live = live_nodes(g);
+  int64_t n_live = 0;
+  for (char l : live) n_live += l;
+  m.ops_eliminated += static_cast<int64_t>(g.size()) - n_live;
+
+  std::vector<Region> regions = partition(g, live);
+  host::HostMemory mem;
+  Executor& ex = active_executor();
+  std::exception_ptr first_error;
+  for (const Region& r : regions) {
+    uint64_t key = structural_key(g, r);
+    std::shared_ptr<CompiledRegion> compiled;
+    {
+      std::lock_guard<std::mutex> lock(g_cache_mu);
+      auto it = g_cache.find(key);
+      if (it != g_cache.end()) {
+        compiled = it->second;
+        m.cache_hits++;
+      }
+    }
+    if (!compiled) {
+      auto t0 = std::chrono::steady_clock::now();
+      compiled = compile(key, g, r);
+      m.compile_time_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      m.compiles++;
+      std::lock_guard<std::mutex> lock(g_cache_mu);
+      g_cache.emplace(key, compiled);
+    }
+    RegionStats st;
+    try {
+      ex.run_region(*compiled, r, g, mem, st);
+    } catch (c10::Error& e) {
+      poison(g, r, e.what_without_backtrace());
+      if (!first_error) first_error = std::current_exception();
+    } catch (std::exception& e) {
+      poison(g, r, e.what());
+      if (!first_error) first_error = std::current_exception();
+    }
+    m.regions_run++;
+    m.ops_executed += static_cast<int64_t>(r.nodes.size());
+    m.bytes_read += st.bytes_read;
+    m.bytes_materialized += st.bytes_written;
+    m.sim_time_s += st.sim_time_s;
+    m.library_calls += st.library_calls;
+  }
+  return first_error;
+}
+
+void clear_cache() {
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  g_cache.clear();
+}
+
+size_t cache_size() {
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  return g_cache.size();
+}
+
+}  // namespace jit
+}  // namespace tpu_eager

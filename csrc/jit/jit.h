@@ -1,0 +1,26 @@
+// The JIT: turns a flushed graph of recorded ops into fused regions and runs
+// them on the active target's executor (DESIGN §5).
+#pragma once
+
+#include <exception>
+#include <vector>
+
+#include "lazy/queue.h"
+
+namespace tpu_eager {
+namespace jit {
+
+// Runs a flushed graph in program order: dead-code elimination, partition
+// into fused regions, cache lookup / compile, execution. Adds its counters to
+// `m`. Returns the first error (with the failing op and the Python line that
+// recorded it in its message) after running every region that does not
+// depend on a failed one; storages a failed region should have written are
+// marked with the error.
+std::exception_ptr run_graph(std::vector<Node>& graph, Metrics& m);
+
+// Drops every compiled region (e.g. after a target switch).
+void clear_cache();
+size_t cache_size();
+
+}  // namespace jit
+}  // namespace tpu_eager

@@ -1,0 +1,146 @@
+// Fusion rules and structural keys.
+#include "jit/partition.h"
+
+#include <unordered_map>
+
+namespace tpu_eager {
+namespace jit {
+namespace {
+
+inline void mix(uint64_t& h, uint64_t v) { h ^= v + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2); }
+
+uint64_t bucket(int64_t n) {
+  // Sizes bucketed to the next power of two (0 and 1 kept exact).
+  if (n <= 1) return static_cast<uint64_t>(n);
+  uint64_t b = 1;
+  while (b < static_cast<uint64_t>(n)) b <<= 1;
+  return b;
+}
+
+void mix_ivalue(uint64_t& h, const c10::IValue& v) {
+  mix(h, static_cast<uint64_t>(v.tagKind().size()));
+  if (v.isInt()) {
+    mix(h, static_cast<uint64_t>(v.toInt()));  // dims, sizes, reduction kinds: structural
+  } else if (v.isBool()) {
+    mix(h, v.toBool());
+  } else if (v.isIntList()) {
+    for (auto x : v.toIntList()) mix(h, static_cast<uint64_t>(x));
+  } else if (v.isString()) {
+    mix(h, std::hash<std::string>()(v.toStringRef()));
+  } else if (v.isScalar()) {
+    // Runtime parameter: only whether it is integral, floating or boolean.
+    auto s = v.toScalar();
+    mix(h, s.isIntegral(false) ? 1 : s.isFloatingPoint() ? 2 : 3);
+  } else if (v.isNone()) {
+    mix(h, 7);
+  }
+}
+
+}  // namespace
+
+std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live) {
+  std::vector<Region> regions;
+  std::vector<std::vector<int64_t>> anchor_sizes;
+  // storage -> region index that last wrote it in this flush
+  std::unordered_map<const DeferredStorage*, int> writer;
+  // storage -> (graph index, output index) of the fresh output that created it
+  std::unordered_map<const DeferredStorage*, std::pair<int, int>> producer;
+
+  for (int i = 0; i < static_cast<int>(g.size()); ++i) {
+    if (!live[i]) continue;
+    const Node& n = g[i];
+    const auto k = static_cast<PrimKind>(n.kind);
+    const int cur = static_cast<int>(regions.size()) - 1;
+    bool join = false;
+    if (cur >= 0 && k != PrimKind::kLibrary && regions[cur].anchor != PrimKind::kLibrary &&
+        regions[cur].nodes.size() < kMaxRegionOps) {
+      bool connected = false;
+      for (const auto& in : n.inputs) {
+        auto it = writer.find(in.ref.storage.get());
+        connected = connected || (it != writer.end() && it->second == cur);
+      }
+      const PrimKind anchor = regions[cur].anchor;
+      const bool anchored = anchor == PrimKind::kReduction || anchor == PrimKind::kMatmul;
+      if (connected) {
+        if (k == PrimKind::kElementwise) {
+          // An epilogue must iterate over the anchor's output.
+          join = !anchored || (!n.outputs.empty() && n.outputs[0].sizes == anchor_sizes[cur]);
+        } else if (k == PrimKind::kData || k == PrimKind::kRandom) {
+          join = !anchored;
+        } else if (k == PrimKind::kReduction) {
+          join = !anchored;  // producers fuse into the reduction
+        }
+      }
+    }
+    if (!join) {
+      Region r;
+      r.anchor = (k == PrimKind::kReduction || k == PrimKind::kMatmul || k == PrimKind::kLibrary)
+                     ? k
+                     : PrimKind::kElementwise;
+      regions.push_back(std::move(r));
+      anchor_sizes.emplace_back(n.outputs.empty() ? std::vector<int64_t>{} : n.outputs[0].sizes);
+    } else if (k == PrimKind::kReduction) {
+      regions.back().anchor = k;
+      anchor_sizes.back() = n.outputs.empty() ? std::vector<int64_t>{} : n.outputs[0].sizes;
+    }
+    const int ri = static_cast<int>(regions.size()) - 1;
+    regions[ri].nodes.push_back(i);
+    regions[ri].materialize.emplace_back(n.outputs.size(), 0);
+    for (int j = 0; j < static_cast<int>(n.outputs.size()); ++j) {
+      writer[n.outputs[j].storage.get()] = ri;
+      producer[n.outputs[j].storage.get()] = {i, j};
+    }
+    for (const auto& in : n.inputs)
+      if (in.written) writer[in.ref.storage.get()] = ri;
+  }
+
+  // Materialize an output when something outside its region can observe it.
+  std::unordered_map<int, std::pair<int, int>> where;  // graph index -> (region, position)
+  for (int ri = 0; ri < static_cast<int>(regions.size()); ++ri)
+    for (int p = 0; p < static_cast<int>(regions[ri].nodes.size()); ++p) where[regions[ri].nodes[p]] = {ri, p};
+  for (int ri = 0; ri < static_cast<int>(regions.size()); ++ri) {
+    for (int i : regions[ri].nodes) {
+      for (const auto& in : g[i].inputs) {
+        auto it = producer.find(in.ref.storage.get());
+        if (it == producer.end()) continue;
+        auto w = where.find(it->second.first);
+        if (w == where.end()) continue;
+        if (w->second.first != ri) regions[w->second.first].materialize[w->second.second][it->second.second] = 1;
+      }
+    }
+  }
+  for (auto& r : regions)
+    for (size_t p = 0; p < r.nodes.size(); ++p)
+      for (size_t j = 0; j < g[r.nodes[p]].outputs.size(); ++j)
+        if (g[r.nodes[p]].outputs[j].storage->external_alive.load(std::memory_order_acquire))
+          r.materialize[p][j] = 1;
+  return regions;
+}
+
+uint64_t structural_key(const std::vector<Node>& g, const Region& r) {
+  uint64_t h = 0x51ED270B27A1ULL;
+  std::unordered_map<const DeferredStorage*, int> local;  // storages created in this region -> ordinal
+  for (size_t p = 0; p < r.nodes.size(); ++p) {
+    const Node& n = g[r.nodes[p]];
+    mix(h, reinterpret_cast<uintptr_t>(&n.op.schema()));
+    for (const auto& in : n.inputs) {
+      mix(h, static_cast<uint64_t>(in.arg) * 131 + static_cast<uint64_t>(in.elem + 1));
+      auto it = local.find(in.ref.storage.get());
+      mix(h, it == local.end() ? ~0ULL : static_cast<uint64_t>(it->second));
+      mix(h, static_cast<uint64_t>(in.ref.dtype));
+      for (auto s : in.ref.sizes) mix(h, bucket(s));
+      for (auto s : in.ref.strides) mix(h, s == 0 ? 0 : s == 1 ? 1 : 2);
+      mix(h, in.written);
+    }
+    for (const auto& a : n.args) mix_ivalue(h, a);
+    for (size_t j = 0; j < n.outputs.size(); ++j) {
+      local.emplace(n.outputs[j].storage.get(), static_cast<int>(local.size()));
+      mix(h, static_cast<uint64_t>(n.outputs[j].dtype));
+      mix(h, static_cast<uint64_t>(r.materialize[p][j]));
+    }
+  }
+  return h;
+}
+
+}  // namespace jit
+}  // namespace tpu_eager

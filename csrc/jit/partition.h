@@ -1,0 +1,30 @@
+// Fusion: cutting a flushed graph into fused regions, and their cache keys.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "executors/executor.h"
+
+namespace tpu_eager {
+namespace jit {
+
+// Cuts the live nodes of `g` (program order) into fused regions and decides
+// which outputs each region materializes. Rules (DESIGN §5): elementwise ops
+// and data movement fuse with the ops that produce their inputs; producers
+// fuse into a reduction or matmul, which then only takes consumers that
+// iterate over its output (an epilogue); library calls and RNG-free sync ops
+// run alone; a region holds at most kMaxRegionOps ops.
+std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live);
+
+// Structural key of a region: ops, argument structure (which value feeds
+// which argument), dtypes, shapes bucketed to powers of two, non-tensor
+// arguments that shape the computation (dims, sizes, flags), and which outputs
+// are materialized. Python float scalars are runtime parameters: only their
+// kind is part of the key, so a changing learning rate never recompiles.
+uint64_t structural_key(const std::vector<Node>& g, const Region& r);
+
+constexpr size_t kMaxRegionOps = 64;
+
+}  // namespace jit
+}  // namespace tpu_eager

@@ -1,0 +1,39 @@
+// A deferred storage: the device-side state behind one "tpu" StorageImpl.
+//
+// Every StorageImpl of the device owns (through its DataPtr context) one
+// DeferredStorage. It holds the host buffer that stands in for device memory
+// and is shared by all aliases of the storage, so every view sees the latest
+// write. Pending queue nodes hold their own references, so a storage whose
+// tensors all died before a flush keeps its buffer until the flush is done,
+// and the JIT can tell (external_alive == false) that nothing outside the
+// queue can observe its value: such values are never materialized.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <c10/util/intrusive_ptr.h>
+
+namespace tpu_eager {
+
+struct DeferredStorage : c10::intrusive_ptr_target {
+  DeferredStorage(void* data, size_t nbytes, uint64_t id) : data(data), nbytes(nbytes), id(id) {}
+  ~DeferredStorage() override;
+
+  void* data;             // host buffer of `nbytes` bytes (nullptr when nbytes == 0)
+  size_t nbytes;          // bytes
+  uint64_t id;            // unique per process, for cache keys and traces
+  // False once the owning StorageImpl was destroyed: only queue nodes remain.
+  std::atomic<bool> external_alive{true};
+  // Number of queued (unflushed) nodes that read or write this storage.
+  // Guarded by the queue mutex. Zero means the host buffer is current.
+  int64_t pending_uses = 0;
+  // Set when a flush failed to compute this storage's value; reads re-raise it.
+  std::string error;
+};
+
+using StoragePtr = c10::intrusive_ptr<DeferredStorage>;
+
+}  // namespace tpu_eager

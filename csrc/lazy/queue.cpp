@@ -1,0 +1,197 @@
+// The per-device DeferAndFuse queue and its flush.
+#include "lazy/queue.h"
+
+#include <cstdlib>
+#include <exception>
+
+#include "device/device.h"
+#include "jit/jit.h"
+
+namespace tpu_eager {
+namespace {
+
+// Defaults: 4096 pending ops bounds record-to-flush latency and the graph the
+// JIT analyses; 1 GiB of pending fresh outputs bounds host memory held by
+// values nobody has read yet (DESIGN §4). Both can be changed at run time.
+constexpr int64_t kDefaultMaxOps = 4096;
+constexpr int64_t kDefaultMaxBytes = int64_t(1) << 30;
+
+int64_t env_int(const char* name, int64_t dflt) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? std::atoll(v) : dflt;
+}
+
+struct DeviceQueue {
+  std::mutex mu;                   // guards everything below but flush_mu
+  std::recursive_mutex flush_mu;   // one flush at a time (backward runs on another thread)
+  std::vector<Node> nodes;
+  int64_t pending_bytes = 0;
+  uint64_t next_seq = 0;
+  Metrics metrics;
+  int64_t max_ops = env_int("TORCH_TPU_MAX_PENDING_OPS", kDefaultMaxOps);
+  int64_t max_bytes = env_int("TORCH_TPU_MAX_PENDING_BYTES", kDefaultMaxBytes);
+  EagerMode mode = [] {
+    const char* v = std::getenv("TORCH_TPU_DEFER_AND_FUSE");
+    return (v && std::string(v) == "0") ? EagerMode::kDeferNever : EagerMode::kDeferAndFuse;
+  }();
+  LocationHook location = nullptr;
+};
+
+DeviceQueue& Q() {
+  static DeviceQueue* q = new DeviceQueue();  // never destroyed: storages may die after static destructors
+  return *q;
+}
+
+void touch(Node& n, int delta) {
+  for (auto& in : n.inputs) in.ref.storage->pending_uses += delta;
+  for (auto& out : n.outputs) out.storage->pending_uses += delta;
+}
+
+}  // namespace
+
+const char* flush_reason_name(FlushReason r) {
+  switch (r) {
+    case FlushReason::kHostRead: return "host_read";
+    case FlushReason::kItem: return "item";
+    case FlushReason::kSynchronize: return "synchronize";
+    case FlushReason::kDataDependent: return "data_dependent_shape";
+    case FlushReason::kCpuFallback: return "cpu_fallback";
+    case FlushReason::kQueueLength: return "queue_length_limit";
+    case FlushReason::kPendingBytes: return "pending_bytes_limit";
+    case FlushReason::kStorageResize: return "storage_resize";
+    case FlushReason::kDeferNever: return "defer_never";
+    case FlushReason::kTargetSwitch: return "target_switch";
+    default: return "unknown";
+  }
+}
+
+int64_t TensorRef::numel() const {
+  int64_t n = 1;
+  for (auto s : sizes) n *= s;
+  return n;
+}
+int64_t TensorRef::nbytes() const { return numel() * static_cast<int64_t>(c10::elementSize(dtype)); }
+
+TensorRef make_ref(const at::Tensor& t) {
+  TensorRef r;
+  r.storage = StoragePtr::reclaim_copy(deferred_storage_of(t));
+  r.dtype = t.scalar_type();
+  r.sizes.assign(t.sizes().begin(), t.sizes().end());
+  r.strides.assign(t.strides().begin(), t.strides().end());
+  r.offset = t.storage_offset();
+  return r;
+}
+
+void enqueue(Node&& node, int64_t fresh_bytes) {
+  auto& q = Q();
+  FlushReason reason = FlushReason::kCount;
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    node.seq = q.next_seq++;
+    touch(node, +1);
+    q.nodes.push_back(std::move(node));
+    q.pending_bytes += fresh_bytes;
+    q.metrics.ops_recorded++;
+    if (q.mode != EagerMode::kDeferAndFuse) {
+      reason = FlushReason::kDeferNever;
+    } else if (static_cast<int64_t>(q.nodes.size()) >= q.max_ops) {
+      reason = FlushReason::kQueueLength;
+    } else if (q.pending_bytes >= q.max_bytes) {
+      reason = FlushReason::kPendingBytes;
+    }
+  }
+  if (reason != FlushReason::kCount) flush_all(reason);
+}
+
+void flush_all(FlushReason reason) {
+  auto& q = Q();
+  std::lock_guard<std::recursive_mutex> flush_lock(q.flush_mu);
+  std::vector<Node> nodes;
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    if (q.nodes.empty()) return;
+    nodes.swap(q.nodes);
+    q.pending_bytes = 0;
+  }
+  Metrics delta;
+  std::exception_ptr error = jit::run_graph(nodes, delta);
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    for (auto& n : nodes) touch(n, -1);
+    auto& m = q.metrics;
+    m.flushes++;
+    m.flush_reasons[static_cast<int>(reason)]++;
+    m.ops_executed += delta.ops_executed;
+    m.ops_eliminated += delta.ops_eliminated;
+    m.regions_run += delta.regions_run;
+    m.library_calls += delta.library_calls;
+    m.cache_hits += delta.cache_hits;
+    m.compiles += delta.compiles;
+    m.bytes_materialized += delta.bytes_materialized;
+    m.bytes_read += delta.bytes_read;
+    m.sim_time_s += delta.sim_time_s;
+    m.compile_time_s += delta.compile_time_s;
+  }
+  nodes.clear();  // drop storage references outside the lock
+  if (error) std::rethrow_exception(error);
+}
+
+bool storage_has_pending(const DeferredStorage* s) {
+  std::lock_guard<std::mutex> lock(Q().mu);
+  return s->pending_uses > 0;
+}
+
+void check_storage_error(const DeferredStorage* s) {
+  if (!s->error.empty()) {
+    TORCH_CHECK(false, "this tpu tensor has no value: the op that computes it failed at an earlier flush: ", s->error);
+  }
+}
+
+Metrics metrics_snapshot() {
+  std::lock_guard<std::mutex> lock(Q().mu);
+  return Q().metrics;
+}
+
+void reset_metrics() {
+  std::lock_guard<std::mutex> lock(Q().mu);
+  Q().metrics = Metrics();
+}
+
+void count_eager_op(bool fallback) {
+  std::lock_guard<std::mutex> lock(Q().mu);
+  if (fallback) Q().metrics.fallback_ops++; else Q().metrics.eager_ops++;
+}
+
+void set_eager_mode(EagerMode m) {
+  if (m != EagerMode::kDeferAndFuse) flush_all(FlushReason::kDeferNever);
+  std::lock_guard<std::mutex> lock(Q().mu);
+  Q().mode = m;
+}
+
+EagerMode eager_mode() {
+  std::lock_guard<std::mutex> lock(Q().mu);
+  return Q().mode;
+}
+
+size_t pending_ops() {
+  std::lock_guard<std::mutex> lock(Q().mu);
+  return Q().nodes.size();
+}
+
+void set_queue_limits(int64_t max_ops, int64_t max_bytes) {
+  TORCH_CHECK_VALUE(max_ops >= 1 && max_bytes >= 1, "queue limits must be positive, got max_ops=", max_ops,
+                    " max_bytes=", max_bytes);
+  std::lock_guard<std::mutex> lock(Q().mu);
+  Q().max_ops = max_ops;
+  Q().max_bytes = max_bytes;
+}
+
+std::pair<int64_t, int64_t> queue_limits() {
+  std::lock_guard<std::mutex> lock(Q().mu);
+  return {Q().max_ops, Q().max_bytes};
+}
+
+void set_location_hook(LocationHook hook) { Q().location = hook; }
+std::string current_location() { return Q().location ? Q().location() : std::string(); }
+
+}  // namespace tpu_eager

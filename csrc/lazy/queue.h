@@ -1,0 +1,126 @@
+// The DeferAndFuse queue: recorded ATen ops (Nodes) over tensor snapshots
+// (TensorRefs), flushed to the JIT on host reads and limits.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include "lazy/deferred_storage.h"
+
+namespace tpu_eager {
+
+// Why a flush happened; reported by metrics().
+enum class FlushReason : int {
+  kHostRead = 0,      // .cpu(), .numpy(), repr, copy to host
+  kItem,              // .item(), bool(), int(), float()
+  kSynchronize,       // torch.tpu.synchronize()
+  kDataDependent,     // an op whose output shape depends on data (nonzero, unique, ...)
+  kCpuFallback,       // an op without a device kernel ran on the host
+  kQueueLength,       // pending ops reached the length limit
+  kPendingBytes,      // bytes of pending outputs reached the limit
+  kStorageResize,     // a storage grew or shrank
+  kDeferNever,        // eager mode DEFER_NEVER*: every op flushes
+  kTargetSwitch,      // the active target changed
+  kCount
+};
+const char* flush_reason_name(FlushReason r);
+
+// Snapshot of a tensor's view of a deferred storage at record time:
+// (storage, dtype, sizes, strides, storage offset). Later metadata changes of
+// the tensor (resize_, set_, t_) do not affect a recorded op.
+struct TensorRef {
+  StoragePtr storage;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+
+  int64_t numel() const;
+  int64_t nbytes() const;  // numel * itemsize
+};
+TensorRef make_ref(const at::Tensor& t);
+
+// A tensor argument of a recorded op: where it sits in the argument list.
+struct InputSlot {
+  int arg = 0;         // index into Node::args
+  int elem = -1;       // index inside a Tensor[] / Tensor?[] argument, -1 otherwise
+  TensorRef ref;
+  bool written = false;  // the op writes it (in-place, out=, or a documented side effect)
+};
+
+// One recorded ATen op.
+struct Node {
+  explicit Node(const c10::OperatorHandle& o) : op(o) {}
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;    // tensor arguments replaced by None; see inputs
+  std::vector<InputSlot> inputs;
+  std::vector<TensorRef> outputs;   // fresh (non-aliasing) tensor results, in return order
+  // Per schema return: >= 0 aliases inputs[i]; -1 one fresh tensor; -2 a list of
+  // `list_len` fresh tensors. Used to rebuild results at execution.
+  std::vector<int> returns;
+  std::vector<int> list_lens;
+  int kind = 0;                     // jit::PrimKind of the op, from the op table
+  bool rng = false;                 // consumes a random stream
+  uint64_t rng_seed = 0;            // the stream reserved at record time
+  std::string where;                // Python file:line that recorded it
+  uint64_t seq = 0;                 // program order
+};
+
+// Counters reported by torch_tpu_eager.metrics().
+struct Metrics {
+  int64_t ops_recorded = 0;
+  int64_t ops_executed = 0;
+  int64_t ops_eliminated = 0;       // dead-code elimination
+  int64_t eager_ops = 0;            // ops run at record time (data-dependent shapes)
+  int64_t fallback_ops = 0;         // ops run through the CPU fallback
+  int64_t flushes = 0;
+  int64_t flush_reasons[static_cast<int>(FlushReason::kCount)] = {};
+  int64_t regions_run = 0;
+  int64_t library_calls = 0;        // ops run as a library call (not lowered)
+  int64_t cache_hits = 0;
+  int64_t compiles = 0;
+  int64_t bytes_materialized = 0;   // bytes written to device storages by flushes
+  int64_t bytes_read = 0;           // bytes read from device storages by flushes
+  double sim_time_s = 0;            // simulated device time, seconds
+  double compile_time_s = 0;        // host seconds spent compiling regions
+};
+
+// Eager modes, named as in TorchTPU.
+enum class EagerMode : int { kDeferAndFuse = 0, kDeferNever = 1, kDeferNeverAndLaunchBlocking = 2 };
+
+// Appends a node to the device queue; may flush (mode, length and byte limits).
+void enqueue(Node&& node, int64_t fresh_bytes);
+// Flushes every pending op of the device; a no-op on an empty queue. Errors
+// found while executing are raised after the whole queue ran, naming the op
+// and the Python line that recorded it; storages they could not compute are
+// marked so that reading them raises the same error again.
+void flush_all(FlushReason reason);
+// True when queued nodes still read or write `s` (its host buffer may be stale).
+bool storage_has_pending(const DeferredStorage* s);
+// Counts an op run at record time (eager path) or through the CPU fallback.
+void count_eager_op(bool fallback);
+// Raises the recorded error of a storage whose value a failed flush could not compute.
+void check_storage_error(const DeferredStorage* s);
+
+Metrics metrics_snapshot();
+void reset_metrics();
+void set_eager_mode(EagerMode m);
+EagerMode eager_mode();
+size_t pending_ops();
+void set_queue_limits(int64_t max_ops, int64_t max_bytes);
+std::pair<int64_t, int64_t> queue_limits();
+
+// Hook installed by the Python binding: returns "file:line" of the Python code
+// that is running, or "" when not called from Python.
+using LocationHook = std::string (*)();
+void set_location_hook(LocationHook hook);
+std::string current_location();
+
+}  // namespace tpu_eager

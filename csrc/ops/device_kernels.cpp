@@ -1,0 +1,285 @@
+// Kernels every device needs regardless of ops (PRIVATEUSE1_NOTES), the
+// registration of the op table, and the CPU fallback.
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <unordered_set>
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/copy.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include "device/device.h"
+#include "executors/host_runtime.h"
+#include "lazy/queue.h"
+#include "ops/op_table.h"
+#include "ops/record.h"
+
+namespace tpu_eager {
+
+const std::vector<OpEntry>& op_table() {
+  static const std::vector<OpEntry> table = {
+#include "ops/op_table.inc"
+  };
+  return table;
+}
+
+namespace {
+
+const c10::DispatchKeySet kDeviceKeys(c10::DispatchKey::PrivateUse1);
+
+bool is_tpu(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
+
+// ---- factories: allocate, record nothing (the memory is uninitialized) ----
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory, std::optional<at::MemoryFormat> memory_format) {
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
+  return at::detail::empty_generic(size, device_allocator(), kDeviceKeys,
+                                   dtype.value_or(c10::get_default_dtype_as_scalartype()), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout> layout, std::optional<at::Device> device,
+                         std::optional<bool> pin_memory) {
+  return at::detail::empty_strided_generic(size, stride, device_allocator(), kDeviceKeys,
+                                           dtype.value_or(c10::get_default_dtype_as_scalartype()));
+}
+
+// ---- copies between host and device, and device to device ----
+
+at::Tensor host_view(const at::Tensor& t) {
+  TensorRef r = make_ref(t);
+  at::Tensor v = host::view_over(host::wrap_device_buffer(r.storage.get()), r);
+  if (t.is_conj()) v._set_conj(true);
+  if (t.is_neg()) v._set_neg(true);
+  return v;
+}
+
+// Makes the host buffer of `t` current (flushes when queued ops touch it).
+void make_current(const at::Tensor& t, FlushReason reason) {
+  auto* s = deferred_storage_of(t);
+  if (storage_has_pending(s)) flush_all(reason);
+  check_storage_error(s);
+}
+
+// Device to device: recorded as aten::copy_ (broadcast and dtype conversion
+// happen in the executor, as CPU's copy_ does them).
+at::Tensor record_copy(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  static const auto copy_op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  static const OpEntry entry{"copy_", PrimKind::kData, 0};
+  torch::jit::Stack stack{dst, src, non_blocking};
+  record_op(copy_op, entry, &stack);
+  return dst;
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  // copy_(dst, self) reaches the device here: `self` is the source.
+  if (dst.numel() == 0) return dst;
+  if (is_tpu(dst)) {
+    at::assert_no_internal_overlap(dst);
+    if (is_tpu(self)) at::assert_no_partial_overlap(dst, self);
+    auto shape = at::infer_size(dst.sizes(), self.sizes());
+    TORCH_CHECK(c10::IntArrayRef(shape).equals(dst.sizes()), "output with shape ", dst.sizes(),
+                " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  }
+  if (!is_tpu(self) && is_tpu(dst)) {
+    TORCH_CHECK(self.device().is_cpu(), "copy from ", self.device(), " to tpu is not supported");
+    auto* s = deferred_storage_of(dst);
+    if (!storage_has_pending(s)) {
+      // Host to device, nothing queued on the destination: write it now.
+      check_storage_error(s);
+      host_view(dst).copy_(self);
+      return dst;
+    }
+    // Queued ops still use the destination: stage the source in a fresh
+    // device tensor (written now) and record a device-to-device copy.
+    return record_copy(dst, self.to(dst.device()), false);
+  }
+  if (is_tpu(self) && !is_tpu(dst)) {
+    TORCH_CHECK(dst.device().is_cpu(), "copy from tpu to ", dst.device(), " is not supported");
+    make_current(self, FlushReason::kHostRead);
+    dst.copy_(host_view(self), non_blocking);
+    return dst;
+  }
+  return record_copy(dst, self, non_blocking);
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (!dst.sizes().equals(self.sizes())) const_cast<at::Tensor&>(dst).resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  make_current(self, FlushReason::kItem);
+  return at::_local_scalar_dense(host_view(self));
+}
+
+// ---- metadata ops ----
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<at::MemoryFormat> mf) {
+  if (self.sizes().equals(size) && !mf.has_value()) return self;
+  const size_t need = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset());
+  if (need > self.storage().nbytes()) resize_device_storage(self.storage(), need);
+  self.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+  if (mf.has_value() && *mf != at::MemoryFormat::Preserve) self.unsafeGetTensorImpl()->empty_tensor_restride(*mf);
+  return self;
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, at::Storage source, c10::SymInt offset, c10::SymIntArrayRef size,
+                               c10::SymIntArrayRef stride) {
+  TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
+              "Attempted to set the storage of a tpu tensor to a storage on ", source.device());
+  std::vector<int64_t> sizes, strides;
+  for (const auto& x : size) sizes.push_back(x.expect_int());
+  for (const auto& x : stride) strides.push_back(x.expect_int());
+  if (strides.empty()) {
+    strides.resize(sizes.size());
+    int64_t st = 1;
+    for (size_t i = sizes.size(); i-- > 0;) {
+      strides[i] = st;
+      st *= std::max<int64_t>(sizes[i], 1);
+    }
+  }
+  const int64_t off = offset.expect_int();
+  TORCH_CHECK(off >= 0, "Tensor: invalid storage offset ", off);
+  const size_t need = at::detail::computeStorageNbytes(sizes, strides, self.dtype().itemsize(), off);
+  if (need > source.nbytes()) resize_device_storage(source, need);
+  self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, off);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, at::Storage source) {
+  const int64_t n = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  std::vector<c10::SymInt> size{c10::SymInt(n)};
+  return set_storage_offset(self, std::move(source), c10::SymInt(0), size, {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
+  if (self.is_same(src)) return self;
+  TORCH_CHECK(self.dtype() == src.dtype(), "Could not set tensor of type ", self.dtype(), " to a tensor of type ",
+              src.dtype());
+  return set_storage_offset(self, src.storage(), src.sym_storage_offset(), src.sym_sizes(), src.sym_strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  at::Storage st(at::Storage::use_byte_size_t(), 0, device_allocator()->allocate(0), device_allocator(), true);
+  std::vector<c10::SymInt> size{c10::SymInt(0)};
+  return set_storage_offset(self, std::move(st), c10::SymInt(0), size, {});
+}
+
+// ---- views: metadata from the meta kernel, same storage ----
+
+void view_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const size_t nargs = op.schema().arguments().size();
+  const size_t first = stack->size() - nargs;
+  const at::Tensor self = (*stack)[first].toTensor();
+  torch::jit::Stack meta(stack->begin() + first, stack->end());
+  c10::Storage mst(c10::Storage::use_byte_size_t(), self.storage().nbytes(),
+                   c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)), nullptr, false);
+  auto m = at::detail::make_tensor<c10::TensorImpl>(std::move(mst), c10::DispatchKeySet(c10::DispatchKey::Meta), self.dtype());
+  m.unsafeGetTensorImpl()->set_sizes_and_strides(self.sizes(), self.strides(), self.storage_offset());
+  meta[0] = m;
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    op.callBoxed(meta);
+  }
+  torch::jit::drop(*stack, nargs);
+  for (auto& r : meta) {
+    const at::Tensor mv = r.toTensor();
+    auto alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(self.storage()), kDeviceKeys, mv.dtype());
+    alias.unsafeGetTensorImpl()->set_sizes_and_strides(mv.sizes(), mv.strides(), mv.storage_offset());
+    if (self.is_conj()) alias._set_conj(true);
+    if (self.is_neg()) alias._set_neg(true);
+    stack->push_back(std::move(alias));
+  }
+}
+
+// ---- the record kernel, one functor per op-table row ----
+
+struct RecordKernel final : c10::OperatorKernel {
+  explicit RecordKernel(const OpEntry* e) : entry(e) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    record_op(op, *entry, stack);
+  }
+  const OpEntry* entry;
+};
+
+bool fallback_enabled() {
+  const char* v = std::getenv("TORCH_TPU_CPU_FALLBACK");
+  return v && std::string(v) == "1";
+}
+
+void cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& name = op.schema().operator_name();
+  const std::string full = name.name + (name.overload_name.empty() ? "" : "." + name.overload_name);
+  TORCH_CHECK_NOT_IMPLEMENTED(fallback_enabled(), "The operator '", full,
+                              "' is not implemented for the tpu device (no kernel is registered for it). "
+                              "Set TORCH_TPU_CPU_FALLBACK=1 to run unsupported ops on the host CPU.");
+  static std::mutex mu;
+  static std::unordered_set<std::string> warned;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (warned.insert(full).second)
+      TORCH_WARN("The operator '", full, "' has no tpu kernel; it runs on the host CPU (TORCH_TPU_CPU_FALLBACK=1). ",
+                 "Each call flushes the queue.");
+  }
+  bool random = false;
+  for (const auto& a : op.schema().arguments()) random = random || a.type()->str().find("Generator") != std::string::npos;
+  run_eager(op, stack, random, /*fallback=*/true);
+}
+
+}  // namespace
+
+int64_t register_device_kernels() {
+  static std::once_flag once;
+  static int64_t count = 0;
+  std::call_once(once, [] {
+    static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    std::unordered_set<std::string> special = {"empty.memory_format", "empty_strided", "_copy_from",
+                                               "_copy_from_and_resize", "_local_scalar_dense", "resize_",
+                                               "set_.source_Storage", "set_.source_Storage_storage_offset",
+                                               "set_.source_Tensor", "set_", "view", "as_strided", "_reshape_alias"};
+    lib.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+    lib.impl("empty_strided", TORCH_FN(empty_strided));
+    lib.impl("_copy_from", TORCH_FN(copy_from));
+    lib.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+    lib.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+    lib.impl("resize_", TORCH_FN(resize_));
+    lib.impl("set_.source_Storage", TORCH_FN(set_storage));
+    lib.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+    lib.impl("set_.source_Tensor", TORCH_FN(set_tensor));
+    lib.impl("set_", TORCH_FN(set_empty));
+    for (const char* v : {"view", "as_strided", "_reshape_alias"})
+      lib.impl(v, torch::CppFunction::makeFromBoxedFunction<&view_kernel>());
+    count = static_cast<int64_t>(special.size());
+    for (const auto& e : op_table()) {
+      if (special.count(e.name)) continue;
+      if (e.kind == PrimKind::kView) {
+        lib.impl(e.name, torch::CppFunction::makeFromBoxedFunction<&view_kernel>());
+      } else {
+        lib.impl(e.name, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<RecordKernel>(&e)));
+      }
+      ++count;
+    }
+    static torch::Library fb(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    fb.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+    // Pitfall 4: _copy_from is not a Conjugate/Negative fallthrough upstream.
+    static torch::Library conj(torch::Library::IMPL, "aten", c10::DispatchKey::Conjugate, __FILE__, __LINE__);
+    conj.impl("_copy_from", torch::CppFunction::makeFallthrough());
+    conj.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+    static torch::Library neg(torch::Library::IMPL, "aten", c10::DispatchKey::Negative, __FILE__, __LINE__);
+    neg.impl("_copy_from", torch::CppFunction::makeFallthrough());
+    neg.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+  });
+  return count;
+}
+
+}  // namespace tpu_eager

@@ -1,0 +1,393 @@
+// The generic record kernel: meta inference, one Node, fresh outputs.
+#include "ops/record.h"
+
+#include <atomic>
+#include <unordered_map>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/Resize.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/irange.h>
+
+#include "device/device.h"
+#include "executors/host_runtime.h"
+#include "lazy/queue.h"
+
+namespace tpu_eager {
+namespace {
+
+const c10::DispatchKeySet kAutograd = c10::autograd_dispatch_keyset_with_ADInplaceOrView;
+
+bool is_tpu(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
+
+// Visits every tensor among the op's arguments with (arg index, list index).
+template <typename F>
+void for_each_tensor(torch::jit::Stack& stack, size_t first, size_t n, F&& f) {
+  for (size_t i = 0; i < n; ++i) {
+    c10::IValue& v = stack[first + i];
+    if (v.isTensor()) {
+      f(static_cast<int>(i), -1, v.toTensor());
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) f(static_cast<int>(i), static_cast<int>(j), list.get(j));
+    } else if (v.isList()) {
+      auto list = v.toList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        c10::IValue e = list.get(j);
+        if (e.isTensor()) f(static_cast<int>(i), static_cast<int>(j), e.toTensor());
+      }
+    }
+  }
+}
+
+// Arguments the schema marks as written (Tensor(a!)), as a bit mask.
+uint64_t written_args(const c10::FunctionSchema& s) {
+  uint64_t mask = 0;
+  for (size_t i = 0; i < s.arguments().size(); ++i) {
+    const auto* a = s.arguments()[i].alias_info();
+    if (a && a->isWrite()) mask |= uint64_t(1) << i;
+  }
+  return mask;
+}
+
+// For a return with alias info, the argument it aliases (or -1).
+int aliased_arg(const c10::FunctionSchema& s, size_t ret) {
+  const auto* ra = s.returns()[ret].alias_info();
+  if (!ra) return -1;
+  for (size_t i = 0; i < s.arguments().size(); ++i) {
+    const auto* a = s.arguments()[i].alias_info();
+    if (a && a->beforeSets() == ra->beforeSets()) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+at::Tensor make_meta(const at::Tensor& t, std::unordered_map<const void*, c10::Storage>& storages) {
+  auto key = t.storage().unsafeGetStorageImpl();
+  auto it = storages.find(key);
+  if (it == storages.end()) {
+    c10::Storage st(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
+                    c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)),
+                    c10::GetAllocator(c10::DeviceType::Meta), /*resizable=*/true);
+    it = storages.emplace(key, std::move(st)).first;
+  }
+  auto m = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                                    t.dtype());
+  m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) m._set_conj(true);
+  if (t.is_neg()) m._set_neg(true);
+  return m;
+}
+
+at::Tensor fresh_tpu(const at::Tensor& meta) {
+  return at::detail::empty_strided_generic(meta.sizes(), meta.strides(), device_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta.scalar_type());
+}
+
+// Gives a tpu tensor the geometry the meta kernel gave its meta twin (out=
+// arguments resized by the op), growing its storage when needed.
+void adopt_geometry(at::Tensor& t, const at::Tensor& meta) {
+  if (t.sizes().equals(meta.sizes()) && t.strides().equals(meta.strides()) &&
+      t.storage_offset() == meta.storage_offset())
+    return;
+  const size_t need = at::detail::computeStorageNbytes(meta.sizes(), meta.strides(), t.dtype().itemsize(),
+                                                       meta.storage_offset());
+  if (need > t.storage().nbytes()) resize_device_storage(t.storage(), need);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
+}
+
+bool has_meta_kernel(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+}
+
+}  // namespace
+
+[[noreturn]] void raise_device_mismatch(const at::Tensor& other) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and ",
+              other.device(), "!");
+}
+
+void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t first = stack->size() - nargs;
+
+  // 1. Devices: tpu tensors, plus 0-dim CPU tensors (scalars), as CPU/CUDA allow.
+  for_each_tensor(*stack, first, nargs, [&](int arg, int elem, const at::Tensor& t) {
+    if (!t.defined() || is_tpu(t)) return;
+    if (t.device().is_cpu() && t.dim() == 0) return;
+    if (t.device().is_cpu() && elem >= 0 && schema.arguments()[arg].name() == "indices") return;  // index lists
+    raise_device_mismatch(t);
+  });
+
+  if (entry.kind == PrimKind::kSync || !has_meta_kernel(op)) {
+    run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false);
+    return;
+  }
+
+  // 2. Shape/dtype inference and call-time checks with the meta kernel.
+  torch::jit::Stack meta_stack(stack->begin() + first, stack->end());
+  std::unordered_map<const void*, c10::Storage> meta_storages;
+  for_each_tensor(meta_stack, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
+    if (!is_tpu(t)) return;
+    at::Tensor m = make_meta(t, meta_storages);
+    c10::IValue& slot = meta_stack[arg];
+    if (elem < 0) {
+      slot = std::move(m);
+    } else if (slot.isTensorList()) {
+      auto l = slot.toTensorList().copy();
+      l.set(elem, std::move(m));
+      slot = std::move(l);
+    } else {
+      auto l = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
+      l.set(elem, std::move(m));
+      slot = std::move(l);
+    }
+  });
+  // Keep the meta twins of written arguments: the kernel may resize them.
+  std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+    op.callBoxed(meta_stack);
+  }
+
+  // 3. The node: tensor arguments become TensorRefs.
+  Node node(op);
+  node.kind = static_cast<int>(entry.kind);
+  const uint64_t writes = written_args(schema) | entry.extra_writes;
+  node.args.assign(stack->begin() + first, stack->end());
+  for_each_tensor(*stack, first, nargs, [&](int arg, int elem, const at::Tensor& t) {
+    c10::IValue& slot = node.args[arg];
+    if (!is_tpu(t)) {
+      // A CPU scalar tensor: snapshot its value now (the user may change it before the flush).
+      at::Tensor snap = t.clone();
+      if (elem < 0) {
+        slot = snap;
+      } else if (slot.isTensorList()) {
+        auto l = slot.toTensorList().copy();
+        l.set(elem, snap);
+        slot = std::move(l);
+      } else {
+        auto l = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
+        l.set(elem, snap);
+        slot = std::move(l);
+      }
+      return;
+    }
+    InputSlot in;
+    in.arg = arg;
+    in.elem = elem;
+    in.written = (writes >> arg) & 1;
+    node.inputs.push_back(std::move(in));
+    node.inputs.back().ref = make_ref(t);
+    // Drop the reference: a pending node must not keep the tensor alive (DCE).
+    if (elem < 0) {
+      slot = at::Tensor();
+    } else if (slot.isTensorList()) {
+      auto l = slot.toTensorList().copy();
+      l.set(elem, at::Tensor());
+      slot = std::move(l);
+    } else {
+      auto l = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
+      l.set(elem, std::nullopt);
+      slot = std::move(l);
+    }
+  });
+
+  // In-place and out= ops: CPU's TensorIterator checks between written and read tensors.
+  if (writes != 0 && (entry.kind == PrimKind::kElementwise)) {
+    std::vector<at::Tensor> written, read;
+    for_each_tensor(*stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
+      if (!is_tpu(t)) return;
+      ((writes >> arg) & 1 ? written : read).push_back(t);
+    });
+    for (const auto& w : written)
+      for (const auto& r : read) at::assert_no_partial_overlap(w, r);
+  }
+
+  if (entry.kind == PrimKind::kRandom) {
+    node.rng = true;
+    at::Generator user;
+    for (size_t i = 0; i < nargs; ++i) {
+      const c10::IValue& v = (*stack)[first + i];
+      if (v.isGenerator()) {
+        user = v.toGenerator();
+        node.args[i] = c10::IValue();
+      }
+    }
+    if (user.defined()) {
+      TORCH_CHECK(user.device().type() == c10::DeviceType::PrivateUse1,
+                  "Expected a 'tpu' device type for generator but found '", user.device().type(), "'");
+      node.rng_seed = reserve_random_stream(user);
+    } else {
+      node.rng_seed = reserve_random_stream(default_device_generator(0));
+    }
+  }
+
+  // 4. Results: aliases of written arguments, or fresh tpu tensors.
+  std::vector<c10::IValue> results;
+  int64_t fresh_bytes = 0;
+  const size_t nret = schema.returns().size();
+  for (size_t k = 0; k < nret; ++k) {
+    c10::IValue& mv = meta_stack[k];
+    const int a = aliased_arg(schema, k);
+    if (a >= 0) {
+      // In-place / out=: return the argument itself, with the geometry the op gave it.
+      c10::IValue& orig = (*stack)[first + a];
+      if (orig.isTensor()) {
+        at::Tensor t = orig.toTensor();
+        adopt_geometry(t, meta_args[a].toTensor());
+        for (auto& in : node.inputs)
+          if (in.arg == a && in.elem < 0) in.ref = make_ref(t);
+        int idx = -1;
+        for (size_t s = 0; s < node.inputs.size(); ++s)
+          if (node.inputs[s].arg == a) idx = static_cast<int>(s);
+        node.returns.push_back(idx);
+        results.emplace_back(t);
+      } else {
+        auto list = orig.toTensorList();
+        auto mlist = meta_args[a].toTensorList();
+        for (size_t j = 0; j < list.size(); ++j) {
+          at::Tensor t = list.get(j);
+          adopt_geometry(t, mlist.get(j));
+          for (auto& in : node.inputs)
+            if (in.arg == a && in.elem == static_cast<int>(j)) in.ref = make_ref(t);
+        }
+        node.returns.push_back(-3);  // list alias: nothing to bind
+        results.emplace_back(list);
+      }
+      node.list_lens.push_back(0);
+    } else if (mv.isTensor()) {
+      at::Tensor t = fresh_tpu(mv.toTensor());
+      node.outputs.push_back(make_ref(t));
+      fresh_bytes += static_cast<int64_t>(t.storage().nbytes());
+      node.returns.push_back(-1);
+      node.list_lens.push_back(0);
+      results.emplace_back(std::move(t));
+    } else if (mv.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& m : mv.toTensorList().vec()) {
+        at::Tensor t = fresh_tpu(m);
+        node.outputs.push_back(make_ref(t));
+        fresh_bytes += static_cast<int64_t>(t.storage().nbytes());
+        out.push_back(std::move(t));
+      }
+      node.returns.push_back(-2);
+      node.list_lens.push_back(static_cast<int>(out.size()));
+      results.emplace_back(std::move(out));
+    } else {
+      TORCH_INTERNAL_ASSERT(false, "record: unexpected return of ", schema.name());
+    }
+  }
+  // After adopt_geometry, written inputs snapshot the final geometry.
+  node.where = current_location();
+  torch::jit::drop(*stack, nargs);
+  for (auto& r : results) stack->push_back(std::move(r));
+  enqueue(std::move(node), fresh_bytes);
+}
+
+void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool random, bool fallback) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t first = stack->size() - nargs;
+  flush_all(fallback ? FlushReason::kCpuFallback : FlushReason::kDataDependent);
+  count_eager_op(fallback);
+
+  // CPU views over the device buffers: one CPU storage per device storage.
+  host::HostMemory mem;
+  std::vector<std::pair<int, at::Tensor>> tpu_args;  // (arg, original) for single tensors
+  torch::jit::Stack cpu(stack->begin() + first, stack->end());
+  for_each_tensor(cpu, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
+    if (!is_tpu(t)) return;
+    TensorRef r = make_ref(t);
+    check_storage_error(r.storage.get());
+    at::Tensor v = mem.tensor(r);
+    if (t.is_conj()) v._set_conj(true);
+    if (t.is_neg()) v._set_neg(true);
+    c10::IValue& slot = cpu[arg];
+    if (elem < 0) {
+      tpu_args.emplace_back(arg, t);
+      slot = v;
+    } else if (slot.isTensorList()) {
+      auto l = slot.toTensorList().copy();
+      l.set(elem, v);
+      slot = std::move(l);
+    } else {
+      auto l = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
+      l.set(elem, v);
+      slot = std::move(l);
+    }
+  });
+  at::Generator user_gen;
+  for (size_t i = 0; i < nargs; ++i)
+    if (cpu[i].isGenerator()) user_gen = (*stack)[first + i].toGenerator();
+  Node pseudo(op);
+  if (random) {
+    pseudo.rng = true;
+    pseudo.rng_seed = reserve_random_stream(user_gen.defined() ? user_gen : default_device_generator(0));
+    for (size_t i = 0; i < nargs; ++i)
+      if (cpu[i].isGenerator()) cpu[i] = at::make_generator<at::CPUGeneratorImpl>(pseudo.rng_seed);
+  }
+  std::vector<c10::IValue> cpu_args(cpu.begin(), cpu.end());
+  host::call_cpu(pseudo, cpu);
+
+  std::vector<c10::IValue> results;
+  for (size_t k = 0; k < schema.returns().size(); ++k) {
+    c10::IValue& v = cpu[k];
+    const int a = aliased_arg(schema, k);
+    const auto* ra = schema.returns()[k].alias_info();
+    if (a >= 0 && v.isTensor() && (*stack)[first + a].isTensor()) {
+      at::Tensor orig = (*stack)[first + a].toTensor();
+      at::Tensor res = v.toTensor();
+      if (ra->isWrite()) {
+        // Written in place on the host buffer, unless the CPU kernel reallocated it.
+        const at::Tensor& cpu_arg = cpu_args[a].toTensor();
+        if (res.storage().data() != cpu_arg.storage().data() || !res.sizes().equals(orig.sizes()) ||
+            !res.strides().equals(orig.strides())) {
+          at::Tensor meta_like = at::empty_strided(res.sizes(), res.strides(), at::TensorOptions().device(at::kMeta).dtype(res.dtype()));
+          adopt_geometry(orig, meta_like);
+          mem.tensor(make_ref(orig));  // refresh wrapper for the new buffer
+          host::view_over(host::wrap_device_buffer(deferred_storage_of(orig)), make_ref(orig)).copy_(res);
+        }
+        results.emplace_back(orig);
+      } else {
+        // A view of a tpu argument: same storage, geometry from the CPU result.
+        auto* base = static_cast<const char*>(deferred_storage_of(orig)->data);
+        const int64_t off = (static_cast<const char*>(res.data_ptr()) - base) / static_cast<int64_t>(res.itemsize());
+        at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(orig.storage()), orig.key_set(), res.dtype());
+        alias.unsafeGetTensorImpl()->set_sizes_and_strides(res.sizes(), res.strides(), off);
+        results.emplace_back(alias);
+      }
+    } else if (v.isTensor()) {
+      at::Tensor res = v.toTensor();
+      if (!res.defined() || !res.device().is_cpu()) {
+        results.emplace_back(res);
+        continue;
+      }
+      at::Tensor t = at::detail::empty_strided_generic(res.sizes(), res.strides(), device_allocator(),
+                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), res.scalar_type());
+      host::view_over(host::wrap_device_buffer(deferred_storage_of(t)), make_ref(t)).copy_(res);
+      results.emplace_back(std::move(t));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& res : v.toTensorList().vec()) {
+        at::Tensor t = at::detail::empty_strided_generic(res.sizes(), res.strides(), device_allocator(),
+                                                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), res.scalar_type());
+        host::view_over(host::wrap_device_buffer(deferred_storage_of(t)), make_ref(t)).copy_(res);
+        out.push_back(std::move(t));
+      }
+      results.emplace_back(std::move(out));
+    } else {
+      results.emplace_back(v);  // int, float, bool, Scalar results
+    }
+  }
+  torch::jit::drop(*stack, nargs);
+  for (auto& r : results) stack->push_back(std::move(r));
+}
+
+}  // namespace tpu_eager

@@ -1,0 +1,86 @@
+// pybind11 bindings of torch_tpu_eager._C (the only translation unit that
+// includes the heavy Python/torch headers).
+#include <Python.h>
+#include <frameobject.h>
+
+#include <torch/csrc/utils/pybind.h>
+#include <torch/extension.h>
+
+#include "device/device.h"
+#include "jit/jit.h"
+#include "lazy/queue.h"
+#include "ops/op_table.h"
+
+namespace py = pybind11;
+using namespace tpu_eager;
+
+namespace {
+
+// file:line of the innermost Python frame, for errors found at flush.
+std::string python_location() {
+  if (!Py_IsInitialized() || !PyGILState_Check()) return {};
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed
+  if (f == nullptr) return {};
+  PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+  std::string where;
+  if (const char* file = PyUnicode_AsUTF8(code->co_filename)) where = file;
+  Py_DECREF(code);
+  return where + ":" + std::to_string(PyFrame_GetLineNumber(f));
+}
+
+py::dict metrics_dict() {
+  Metrics m = metrics_snapshot();
+  py::dict d;
+  d["ops_recorded"] = m.ops_recorded;
+  d["ops_executed"] = m.ops_executed;
+  d["ops_eliminated"] = m.ops_eliminated;
+  d["eager_ops"] = m.eager_ops;
+  d["fallback_ops"] = m.fallback_ops;
+  d["flushes"] = m.flushes;
+  py::dict reasons;
+  for (int r = 0; r < static_cast<int>(FlushReason::kCount); ++r)
+    if (m.flush_reasons[r] > 0) reasons[flush_reason_name(static_cast<FlushReason>(r))] = m.flush_reasons[r];
+  d["flush_reasons"] = reasons;
+  d["regions_run"] = m.regions_run;
+  d["ops_per_region"] = m.regions_run ? static_cast<double>(m.ops_executed) / static_cast<double>(m.regions_run) : 0.0;
+  d["library_calls"] = m.library_calls;
+  d["cache_hits"] = m.cache_hits;
+  d["compiles"] = m.compiles;
+  d["bytes_materialized"] = m.bytes_materialized;
+  d["bytes_read"] = m.bytes_read;
+  d["sim_time_s"] = m.sim_time_s;
+  d["compile_time_s"] = m.compile_time_s;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_tpu_eager native core: PrivateUse1 device, DeferAndFuse queue, JIT, executors";
+  m.def("_register_kernels", &register_device_kernels, "Registers the op table's kernels; returns the overload count.");
+  m.def("_install_location_hook", [] { set_location_hook(&python_location); });
+  m.def("_flush", [](int reason) { flush_all(static_cast<FlushReason>(reason)); }, py::arg("reason"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_metrics", &metrics_dict);
+  m.def("_reset_metrics", &reset_metrics);
+  m.def("_set_eager_mode", [](int mode) { set_eager_mode(static_cast<EagerMode>(mode)); });
+  m.def("_eager_mode", [] { return static_cast<int>(eager_mode()); });
+  m.def("_pending_ops", &pending_ops);
+  m.def("_set_queue_limits", &set_queue_limits, py::arg("max_ops"), py::arg("max_bytes"));
+  m.def("_queue_limits", &queue_limits);
+  m.def("_cache_size", &jit::cache_size);
+  m.def("_clear_cache", &jit::clear_cache);
+  m.def("_memory_allocated", &memory_allocated);
+  m.def("_max_memory_allocated", &max_memory_allocated);
+  m.def("_reset_peak_memory_stats", &reset_peak_memory_stats);
+  m.def("_default_generator", [](int index) { return default_device_generator(static_cast<c10::DeviceIndex>(index)); });
+  m.def("_op_table", [] {
+    py::list rows;
+    for (const auto& e : op_table()) rows.append(py::make_tuple(e.name, prim_kind_name(e.kind)));
+    return rows;
+  });
+  m.def("_storage_has_pending", [](const at::Tensor& t) { return storage_has_pending(deferred_storage_of(t)); });
+  m.attr("FLUSH_SYNCHRONIZE") = static_cast<int>(FlushReason::kSynchronize);
+  m.attr("FLUSH_HOST_READ") = static_cast<int>(FlushReason::kHostRead);
+  m.attr("FLUSH_TARGET_SWITCH") = static_cast<int>(FlushReason::kTargetSwitch);
+}

@@ -1,0 +1,182 @@
+"""Generate csrc/ops/op_table.inc: the ATen overloads the "tpu" device records.
+
+The table is data: one row per overload, its primitive kind (how the JIT lowers
+it) and the arguments it writes without saying so in its schema. Rows come from
+the dispatcher of the installed torch (every aten overload with a CPU kernel and
+no composite kernel), filtered by the exclusion rules below and classified by the
+kind rules. Re-run after a torch upgrade:  python tools/gen_op_table.py
+"""
+import os
+import re
+
+import torch
+
+C = torch._C
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "..", "csrc", "ops", "op_table.inc")
+
+# Overloads that the device implements with kernels of their own (csrc/ops/device_kernels.cpp).
+SPECIAL = {
+    "empty.memory_format", "empty_strided", "_copy_from", "_copy_from_and_resize", "_local_scalar_dense",
+    "resize_", "set_.source_Storage", "set_.source_Storage_storage_offset", "set_.source_Tensor", "set_",
+    "view", "as_strided", "_reshape_alias",
+}
+# Backends, layouts and test ops the simulated device does not model.
+EXCLUDE = re.compile(
+    r"quantiz|^q_|_per_tensor|_per_channel|sparse|mkldnn|fbgemm|nested|cudnn|miopen|_test_|_dyn_quant|vulkan|"
+    r"xnnpack|_mps|_weight_int|_convert_weight|_cslt|_pin_memory|is_pinned|record_stream|_foobar|_fused_moving_avg|"
+    r"to_padded_tensor|_jagged|_padded_dense|_cufft|_fft_c2c_mkl|_fused_sdp|_scaled_dot_product_flash|_flash_attention|"
+    r"_efficient_attention|_scaled_dot_product_cudnn|_transformer_encoder_layer_fwd|_native_multi_head_attention|"
+    r"_triton|_cudnn|lstm_mps|_mkl|^_fake|histogramdd|_histogramdd|_make_dep_token|_assert|_functional_assert|"
+    r"_print|sym_|_nnpack|_use_|_has_compatible|_version|_weight_norm_interface|_fw_primal|_make_dual|_unpack_dual|"
+    r"_thnn_fused_gru|_validate|_chunk_cat|_int_mm|_dimI|_dimV|_nnz|_coalesced|indices|values$|crow_|col_indices|"
+    r"ccol_|row_indices|_to_dense|to_dense|_spdiags|_addmm_activation|_scaled_mm|_grouped_mm|_scaled_grouped|"
+    r"_mixed_dtypes|_convert_indices|_dirichlet_grad|_fused_adam|_fused_adagrad|_fused_sgd|_fused_rms|_fused_adamw|"
+    r"_wrapped_|_sobol|_propagate_xla|_lazy_clone|_nested|_safe_softmax|_cummax_helper|_cummin_helper"
+)
+# Data-dependent output shapes, or non-tensor results: run at record time after a flush.
+SYNC = re.compile(
+    r"^(nonzero|nonzero_numpy|unique|_unique|unique_consecutive|unique_dim|unique_dim_consecutive|_unique2|"
+    r"masked_select|bincount|repeat_interleave|_local_scalar_dense|is_nonzero|equal|allclose|is_set_to|"
+    r"argwhere|histc|histogram|_histogramdd_bin_edges|_aminmax|lstsq|linalg_lstsq|_linalg_check_errors|"
+    r"_check_|segment_reduce|_segment_reduce|_embedding_bag|_embedding_bag_forward_only|embedding_bag|"
+    r"_ctc_loss|ctc_loss|_ctc_loss_backward|_batch_norm_impl_index|nanmedian|median|kthvalue|mode|"
+    r"linalg_eig|linalg_eigvals|_linalg_eigvals|_linalg_eigh|linalg_eigh|symeig|qr|linalg_qr|_linalg_svd|"
+    r"linalg_svd|svd|geqrf|triangular_solve|linalg_solve_triangular|linalg_lu|linalg_lu_factor_ex|lu_unpack|"
+    r"_linalg_det|_linalg_slogdet|linalg_cholesky_ex|cholesky|cholesky_inverse|cholesky_solve|_cholesky_solve_helper|"
+    r"linalg_inv_ex|_linalg_solve_ex|linalg_ldl_factor_ex|linalg_ldl_solve|linalg_householder_product|"
+    r"ormqr|linalg_matrix_exp|linalg_pinv|_linalg_eig|lu_solve|linalg_lu_solve|frexp)$"
+)
+RANDOM = re.compile(
+    r"^(uniform|normal|bernoulli|random|exponential|geometric|log_normal|cauchy|multinomial|randperm|rand|randn|"
+    r"randint|rand_like|randn_like|randint_like|poisson|_standard_gamma|binomial|_sample_dirichlet|native_dropout|"
+    r"rrelu_with_noise|_fused_dropout|_s_where_placeholder)_?$"
+)
+MATMUL = re.compile(
+    r"^(mm|bmm|addmm|baddbmm|addbmm|addmv|mv|dot|vdot|addr|_convolution|convolution_overrideable|"
+    r"convolution_backward_overrideable|slow_conv.*|_slow_conv2d_forward|_slow_conv2d_backward|"
+    r"thnn_conv2d|conv_depthwise3d|_conv_depthwise2d|linear|matmul|_mm_dtype|ger|outer|tensordot|"
+    r"_embedding_bag_dense_backward)_?$"
+)
+REDUCTION = re.compile(
+    r"^(sum|mean|prod|amax|amin|max|min|argmax|argmin|var|std|var_mean|std_mean|logsumexp|norm|linalg_vector_norm|"
+    r"all|any|_softmax|_log_softmax|_softmax_backward_data|_log_softmax_backward_data|native_layer_norm|"
+    r"native_layer_norm_backward|cumsum|cumprod|cummax|cummin|logcumsumexp|nansum|aminmax|count_nonzero|"
+    r"native_batch_norm|native_batch_norm_backward|_native_batch_norm_legit|_native_batch_norm_legit_no_training|"
+    r"batch_norm_stats|batch_norm_elemt|batch_norm_gather_stats|batch_norm_update_stats|native_group_norm|"
+    r"native_group_norm_backward|_batch_norm_with_update|batch_norm_backward|_fused_rms_norm|"
+    r"nll_loss_forward|nll_loss_backward|nll_loss2d_forward|nll_loss2d_backward|mse_loss|mse_loss_backward|"
+    r"l1_loss|smooth_l1_loss|smooth_l1_loss_backward|huber_loss|huber_loss_backward|binary_cross_entropy|"
+    r"binary_cross_entropy_backward|soft_margin_loss|soft_margin_loss_backward|multilabel_margin_loss_forward|"
+    r"kl_div|_cdist_forward|_euclidean_dist|dist|renorm|_weight_norm|trace|sort|topk|argsort|msort|"
+    r"_pdist_forward|_cdist_backward|_pdist_backward|std_mean|linalg_matrix_norm|_upsample.*|upsample.*|"
+    r"max_pool.*|avg_pool.*|adaptive_.*|fractional_max_pool.*|_adaptive_avg_pool.*|mish_backward)$"
+)
+DATA = re.compile(
+    r"^(cat|stack|_stack|index|index_put|_index_put_impl|gather|scatter|scatter_add|scatter_reduce|index_select|"
+    r"index_add|index_copy|index_fill|index_reduce|take|put|masked_scatter|copy|constant_pad_nd|"
+    r"embedding_dense_backward|repeat|flip|roll|tril|triu|tril_indices|triu_indices|diag_embed|diag|"
+    r"reflection_pad.*|replication_pad.*|im2col|col2im|unfold_backward|_unsafe_index|_unsafe_index_put|"
+    r"_index_put_impl_|select_backward|slice_backward|diagonal_backward|as_strided_scatter|select_scatter|"
+    r"slice_scatter|diagonal_scatter|narrow_copy|.*_copy|embedding|embedding_backward|_embedding_bag_backward|"
+    r"pixel_shuffle|pixel_unshuffle|channel_shuffle|native_channel_shuffle|_pad_circular|_pad_enum|"
+    r"eye|arange|linspace|logspace|full|zeros|ones|fill|zero|_efficientzerotensor|block_diag|"
+    r"searchsorted|bucketize|_cat|cartesian_prod|combinations|rot90|_unsafe_masked_index.*|"
+    r"masked_fill|_masked_softmax|_masked_softmax_backward)_?$"
+)
+
+
+def base_name(overload):
+    name = overload.split(".")[0]
+    return name
+
+
+def kind_of(overload, schema):
+    b = base_name(overload)
+    core = b.rstrip("_")
+    if SYNC.match(core) or SYNC.match(b):
+        return "kSync"
+    # results that are not tensors need the data
+    if any(not str(r.type).startswith(("Tensor", "List[Tensor]", "Optional[Tensor]")) for r in schema.returns):
+        return "kSync"
+    if RANDOM.match(core) or RANDOM.match(b):
+        return "kRandom"
+    if MATMUL.match(core):
+        return "kMatmul"
+    if REDUCTION.match(core):
+        return "kReduction"
+    if DATA.match(core) or DATA.match(b):
+        return "kData"
+    if "backward" in core and core not in ELEMENTWISE_BACKWARD:
+        return "kLibrary"
+    if b in {"_to_copy", "clone", "where", "_conj_physical", "conj_physical", "lerp", "addcmul", "addcdiv"} or is_pointwise(overload):
+        return "kElementwise"
+    return "kLibrary"
+
+
+ELEMENTWISE_BACKWARD = {
+    "threshold_backward", "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "elu_backward",
+    "leaky_relu_backward", "hardtanh_backward", "hardsigmoid_backward", "hardswish_backward", "softplus_backward",
+    "log_sigmoid_backward", "logit_backward", "hardshrink_backward", "softshrink_backward", "mish_backward",
+}
+
+
+def is_pointwise(overload):
+    op = op_packet(overload)
+    return op is not None and torch.Tag.pointwise in op.tags
+
+
+def op_packet(overload):
+    name, _, ov = overload.partition(".")
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        return None
+    try:
+        return getattr(packet, ov or "default")
+    except AttributeError:
+        return None
+
+
+def writes_without_annotation(overload):
+    # native_batch_norm updates running_mean/running_var (args 3, 4) in training
+    # mode, but its schema does not mark them as written (PRIVATEUSE1_NOTES pitfall 11).
+    if overload in ("native_batch_norm", "native_batch_norm.out"):
+        return "(1u << 3) | (1u << 4)"
+    return "0"
+
+
+def main():
+    rows = []
+    for full in sorted(C._dispatch_get_all_op_names()):
+        if not full.startswith("aten::"):
+            continue
+        if not C._dispatch_has_kernel_for_dispatch_key(full, "CPU"):
+            continue
+        if C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
+            continue
+        overload = full[len("aten::"):]
+        if overload in SPECIAL or EXCLUDE.search(overload):
+            continue
+        op = op_packet(overload)
+        if op is None:
+            continue
+        schema = op._schema
+        if any(not r.alias_info or r.alias_info.is_write for r in schema.returns) or not schema.returns:
+            is_view = False
+        else:
+            is_view = True
+        kind = "kView" if is_view else kind_of(overload, schema)
+        rows.append((overload, kind, writes_without_annotation(overload)))
+    with open(OUT, "w") as f:
+        f.write("// Generated by tools/gen_op_table.py from torch %s. Do not edit by hand.\n" % torch.__version__)
+        f.write("// overload name, primitive kind, bit mask of arguments written without a schema annotation\n")
+        for name, kind, writes in rows:
+            f.write('{"%s", PrimKind::%s, %s},\n' % (name, kind, writes))
+    counts = {}
+    for _, k, _ in rows:
+        counts[k] = counts.get(k, 0) + 1
+    print(len(rows), "overloads", counts)
+
+
+if __name__ == "__main__":
+    main()

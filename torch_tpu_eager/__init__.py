@@ -1,0 +1,32 @@
+"""torch_tpu_eager: a deferred-and-fused PrivateUse1 device named "tpu".
+
+``import torch_tpu_eager`` renames PrivateUse1 to ``"tpu"``, registers the
+device's ATen kernels (one record kernel per op-table row) and installs the
+``torch.tpu`` module. Ops on "tpu" tensors are recorded into a DeferAndFuse
+queue and run, fused, on the simulated TPU when a value reaches the host.
+
+Public API: :func:`metrics`, :func:`reset_metrics`, :func:`synchronize`,
+:class:`EagerMode`, :func:`set_eager_mode`, :func:`set_queue_limits`,
+:func:`op_table`, plus ``torch.tpu`` (see :mod:`torch_tpu_eager.device`).
+"""
+import torch
+
+from . import _C
+from ._registration import install as _install
+
+_install()
+
+from .device import EagerMode, get_eager_mode, set_eager_mode, synchronize  # noqa: E402
+from .metrics import metrics, op_table, reset_metrics, set_queue_limits, queue_limits  # noqa: E402
+
+__all__ = [
+    "EagerMode",
+    "get_eager_mode",
+    "set_eager_mode",
+    "synchronize",
+    "metrics",
+    "reset_metrics",
+    "set_queue_limits",
+    "queue_limits",
+    "op_table",
+]

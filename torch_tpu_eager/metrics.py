@@ -1,0 +1,42 @@
+"""Counters of the DeferAndFuse queue, the JIT and the executor."""
+from . import _C
+
+
+def metrics() -> dict:
+    """A snapshot of the device counters since start or :func:`reset_metrics`.
+
+    Keys: ``ops_recorded`` (ops appended to the queue), ``ops_executed``,
+    ``ops_eliminated`` (dead code), ``eager_ops`` (run at record time: data-
+    dependent shapes), ``fallback_ops``, ``flushes``, ``flush_reasons`` (reason ->
+    count), ``regions_run`` (fused regions executed), ``ops_per_region``,
+    ``library_calls`` (ops not lowered), ``cache_hits``, ``compiles``,
+    ``bytes_materialized`` (bytes written to device storages), ``bytes_read``,
+    ``sim_time_s`` (simulated device seconds), ``compile_time_s`` (host seconds).
+    Does not flush.
+    """
+    return _C._metrics()
+
+
+def reset_metrics() -> None:
+    """Zeroes every counter of :func:`metrics`."""
+    _C._reset_metrics()
+
+
+def set_queue_limits(max_ops: int = 4096, max_bytes: int = 1 << 30) -> None:
+    """Sets the auto-flush limits: pending ops, and bytes of pending fresh outputs.
+
+    Defaults: 4096 ops and 1 GiB (env vars TORCH_TPU_MAX_PENDING_OPS and
+    TORCH_TPU_MAX_PENDING_BYTES set them at start). Raises ValueError for
+    values below 1.
+    """
+    _C._set_queue_limits(int(max_ops), int(max_bytes))
+
+
+def queue_limits() -> tuple:
+    """(max pending ops, max pending bytes)."""
+    return tuple(_C._queue_limits())
+
+
+def op_table() -> list:
+    """Rows (overload name, primitive kind) of the ops the device records."""
+    return list(_C._op_table())
