@@ -123,7 +123,25 @@ ELEMENTWISE_BACKWARD = {
 
 def is_pointwise(overload):
     op = op_packet(overload)
-    return op is not None and torch.Tag.pointwise in op.tags
+    if op is not None and torch.Tag.pointwise in op.tags:
+        return True
+    # in-place variants (add_.Tensor) carry no tag: use the functional overload's
+    name, _, ov = overload.partition(".")
+    if name.endswith("_"):
+        op = op_packet(name[:-1] + ("." + ov if ov else ""))
+        return op is not None and torch.Tag.pointwise in op.tags
+    return False
+
+
+def composite_pointwise(full, overload):
+    """Functional pointwise ops whose only kernel is CompositeExplicitAutograd
+    (abs, clone, mul.Scalar, ...): recording them directly gives one node and
+    CPU's output strides (their decomposition resizes an empty out= tensor,
+    whose meta kernel picks contiguous strides where CPU preserves the input's)."""
+    if not C._dispatch_has_kernel_for_dispatch_key(full, "CompositeExplicitAutograd"):
+        return False
+    op = op_packet(overload)
+    return op is not None and torch.Tag.pointwise in op.tags and not any(r.alias_info for r in op._schema.returns)
 
 
 def op_packet(overload):
@@ -150,11 +168,11 @@ def main():
     for full in sorted(C._dispatch_get_all_op_names()):
         if not full.startswith("aten::"):
             continue
-        if not C._dispatch_has_kernel_for_dispatch_key(full, "CPU"):
-            continue
         if C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
             continue
         overload = full[len("aten::"):]
+        if not (C._dispatch_has_kernel_for_dispatch_key(full, "CPU") or composite_pointwise(full, overload)):
+            continue
         if overload in SPECIAL or EXCLUDE.search(overload):
             continue
         op = op_packet(overload)

@@ -17,7 +17,7 @@ namespace {
 void resize_device_storage(const c10::Storage& storage, size_t newsize) {
   // Resizing needs the storage's current value: flush, then move the bytes
   // into a new host buffer. Queued nodes hold the old DeferredStorage.
-  flush_all(FlushReason::kStorageResize);
+  (void)flush_all(FlushReason::kStorageResize);
   auto* old = deferred_storage_of(storage);
   check_storage_error(old);
   c10::DataPtr fresh = device_allocator()->allocate(newsize);

@@ -36,6 +36,7 @@ struct RegionStats {
   double flops = 0;                   // floating-point operations (MXU: 2*M*N*K)
   double sim_time_s = 0;              // simulated device time, seconds
   int64_t library_calls = 0;
+  int failed_at = -1;                 // position in the region of the op that failed
 };
 
 class Executor {

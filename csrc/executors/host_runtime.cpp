@@ -93,19 +93,27 @@ torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
 void call_cpu(const Node& n, torch::jit::Stack& stack) {
   c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
   if (n.rng && generator_arg(n.op.schema()) < 0) {
-    // The op draws from CPU's default generator: give it this node's stream.
+    // The op draws from CPU's default generator: give it this node's stream,
+    // then restore the user's CPU RNG state. The kernel locks the generator
+    // itself, so the lock is not held across the call.
     auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
-    auto saved = impl->clone();
-    impl->set_current_seed(n.rng_seed);
+    c10::intrusive_ptr<c10::TensorImpl> saved;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      saved = gen.unsafeGetGeneratorImpl()->get_state();
+      gen.unsafeGetGeneratorImpl()->set_current_seed(n.rng_seed);
+    }
+    auto restore = [&] {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.unsafeGetGeneratorImpl()->set_state(*saved);
+    };
     try {
       n.op.callBoxed(stack);
     } catch (...) {
-      gen.set_state(at::Tensor(saved->get_state()));
+      restore();
       throw;
     }
-    gen.unsafeGetGeneratorImpl()->set_state(*saved->get_state());
+    restore();
     return;
   }
   n.op.callBoxed(stack);

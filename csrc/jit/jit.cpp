@@ -2,6 +2,7 @@
 // cache, execution through the active executor.
 #include "jit/jit.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -75,11 +76,14 @@ std::shared_ptr<CompiledRegion> compile(uint64_t key, const std::vector<Node>& g
   return c;
 }
 
-void poison(const std::vector<Node>& g, const Region& r, const std::string& msg) {
-  for (int i : r.nodes) {
-    for (const auto& out : g[i].outputs) out.storage->error = msg;
-    for (const auto& in : g[i].inputs)
-      if (in.written) in.ref.storage->error = msg;
+// Marks what the failed op and the ops after it in its region should have
+// written (ops before it completed).
+void poison(const std::vector<Node>& g, const Region& r, int from, const std::exception_ptr& err) {
+  for (size_t p = static_cast<size_t>(std::max(from, 0)); p < r.nodes.size(); ++p) {
+    const Node& n = g[r.nodes[p]];
+    for (const auto& out : n.outputs) out.storage->error = err;
+    for (const auto& in : n.inputs)
+      if (in.written) in.ref.storage->error = err;
   }
 }
 
@@ -117,12 +121,10 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
     RegionStats st;
     try {
       ex.run_region(*compiled, r, g, mem, st);
-    } catch (c10::Error& e) {
-      poison(g, r, e.what_without_backtrace());
-      if (!first_error) first_error = std::current_exception();
-    } catch (std::exception& e) {
-      poison(g, r, e.what());
-      if (!first_error) first_error = std::current_exception();
+    } catch (...) {
+      std::exception_ptr err = std::current_exception();
+      poison(g, r, st.failed_at, err);
+      if (!first_error) first_error = err;
     }
     m.regions_run++;
     m.ops_executed += static_cast<int64_t>(r.nodes.size());

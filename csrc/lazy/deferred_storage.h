@@ -12,7 +12,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <string>
+#include <exception>
 
 #include <c10/util/intrusive_ptr.h>
 
@@ -30,8 +30,9 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   // Number of queued (unflushed) nodes that read or write this storage.
   // Guarded by the queue mutex. Zero means the host buffer is current.
   int64_t pending_uses = 0;
-  // Set when a flush failed to compute this storage's value; reads re-raise it.
-  std::string error;
+  // Set when a flush failed to compute this storage's value; reading it
+  // re-raises that error (same exception, naming the op and Python line).
+  std::exception_ptr error;
 };
 
 using StoragePtr = c10::intrusive_ptr<DeferredStorage>;

@@ -100,16 +100,18 @@ void enqueue(Node&& node, int64_t fresh_bytes) {
       reason = FlushReason::kPendingBytes;
     }
   }
-  if (reason != FlushReason::kCount) flush_all(reason);
+  if (reason == FlushReason::kCount) return;
+  std::exception_ptr error = flush_all(reason);
+  if (error && eager_mode() == EagerMode::kDeferNeverAndLaunchBlocking) std::rethrow_exception(error);
 }
 
-void flush_all(FlushReason reason) {
+std::exception_ptr flush_all(FlushReason reason) {
   auto& q = Q();
   std::lock_guard<std::recursive_mutex> flush_lock(q.flush_mu);
   std::vector<Node> nodes;
   {
     std::lock_guard<std::mutex> lock(q.mu);
-    if (q.nodes.empty()) return;
+    if (q.nodes.empty()) return nullptr;
     nodes.swap(q.nodes);
     q.pending_bytes = 0;
   }
@@ -133,7 +135,7 @@ void flush_all(FlushReason reason) {
     m.compile_time_s += delta.compile_time_s;
   }
   nodes.clear();  // drop storage references outside the lock
-  if (error) std::rethrow_exception(error);
+  return error;
 }
 
 bool storage_has_pending(const DeferredStorage* s) {
@@ -142,9 +144,7 @@ bool storage_has_pending(const DeferredStorage* s) {
 }
 
 void check_storage_error(const DeferredStorage* s) {
-  if (!s->error.empty()) {
-    TORCH_CHECK(false, "this tpu tensor has no value: the op that computes it failed at an earlier flush: ", s->error);
-  }
+  if (s->error) std::rethrow_exception(s->error);
 }
 
 Metrics metrics_snapshot() {
@@ -163,7 +163,7 @@ void count_eager_op(bool fallback) {
 }
 
 void set_eager_mode(EagerMode m) {
-  if (m != EagerMode::kDeferAndFuse) flush_all(FlushReason::kDeferNever);
+  if (m != EagerMode::kDeferAndFuse) (void)flush_all(FlushReason::kDeferNever);
   std::lock_guard<std::mutex> lock(Q().mu);
   Q().mode = m;
 }

@@ -97,11 +97,13 @@ enum class EagerMode : int { kDeferAndFuse = 0, kDeferNever = 1, kDeferNeverAndL
 
 // Appends a node to the device queue; may flush (mode, length and byte limits).
 void enqueue(Node&& node, int64_t fresh_bytes);
-// Flushes every pending op of the device; a no-op on an empty queue. Errors
-// found while executing are raised after the whole queue ran, naming the op
-// and the Python line that recorded it; storages they could not compute are
-// marked so that reading them raises the same error again.
-void flush_all(FlushReason reason);
+// Flushes every pending op of the device; a no-op on an empty queue. An op
+// that fails does not stop the flush: the storages it (and ops depending on
+// it) should have written are marked with its error, which reading them
+// raises (check_storage_error); every other tensor stays valid. Returns the
+// first error of the flush, for callers that report it (synchronize,
+// DEFER_NEVER_AND_LAUNCH_BLOCKING).
+std::exception_ptr flush_all(FlushReason reason);
 // True when queued nodes still read or write `s` (its host buffer may be stale).
 bool storage_has_pending(const DeferredStorage* s);
 // Counts an op run at record time (eager path) or through the CPU fallback.

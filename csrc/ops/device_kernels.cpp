@@ -65,7 +65,7 @@ at::Tensor host_view(const at::Tensor& t) {
 // Makes the host buffer of `t` current (flushes when queued ops touch it).
 void make_current(const at::Tensor& t, FlushReason reason) {
   auto* s = deferred_storage_of(t);
-  if (storage_has_pending(s)) flush_all(reason);
+  if (storage_has_pending(s)) (void)flush_all(reason);  // errors of other ops stay with their tensors
   check_storage_error(s);
 }
 
@@ -81,7 +81,6 @@ at::Tensor record_copy(const at::Tensor& dst, const at::Tensor& src, bool non_bl
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   // copy_(dst, self) reaches the device here: `self` is the source.
-  if (dst.numel() == 0) return dst;
   if (is_tpu(dst)) {
     at::assert_no_internal_overlap(dst);
     if (is_tpu(self)) at::assert_no_partial_overlap(dst, self);
@@ -89,6 +88,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     TORCH_CHECK(c10::IntArrayRef(shape).equals(dst.sizes()), "output with shape ", dst.sizes(),
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
+  if (dst.numel() == 0) return dst;
   if (!is_tpu(self) && is_tpu(dst)) {
     TORCH_CHECK(self.device().is_cpu(), "copy from ", self.device(), " to tpu is not supported");
     auto* s = deferred_storage_of(dst);
@@ -175,6 +175,15 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage_offset(self, std::move(st), c10::SymInt(0), size, {});
 }
 
+// Module.to("tpu") keeps Parameter identity (and weight tying) only when CPU
+// and tpu tensors are shallow-copy compatible (PRIVATEUSE1_NOTES pitfall 9).
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == at::kStrided && (t.device().is_cpu() || t.device().type() == c10::DeviceType::PrivateUse1);
+  };
+  return dense(self) && dense(from);
+}
+
 // ---- views: metadata from the meta kernel, same storage ----
 
 void view_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -194,6 +203,13 @@ void view_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   torch::jit::drop(*stack, nargs);
   for (auto& r : meta) {
     const at::Tensor mv = r.toTensor();
+    // The meta kernel does not bound-check against a storage without data.
+    const size_t need = at::detail::computeStorageNbytes(mv.sizes(), mv.strides(), mv.dtype().itemsize(),
+                                                         mv.storage_offset());
+    TORCH_CHECK(mv.numel() == 0 || need <= self.storage().nbytes(), "setStorage: sizes ", mv.sizes(), ", strides ",
+                mv.strides(), ", storage offset ", mv.storage_offset(), ", and itemsize ", mv.dtype().itemsize(),
+                " requiring a storage size of ", need, " are out of bounds for storage of size ",
+                self.storage().nbytes());
     auto alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(self.storage()), kDeviceKeys, mv.dtype());
     alias.unsafeGetTensorImpl()->set_sizes_and_strides(mv.sizes(), mv.strides(), mv.storage_offset());
     if (self.is_conj()) alias._set_conj(true);
@@ -257,6 +273,7 @@ int64_t register_device_kernels() {
     lib.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
     lib.impl("set_.source_Tensor", TORCH_FN(set_tensor));
     lib.impl("set_", TORCH_FN(set_empty));
+    lib.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
     for (const char* v : {"view", "as_strided", "_reshape_alias"})
       lib.impl(v, torch::CppFunction::makeFromBoxedFunction<&view_kernel>());
     count = static_cast<int64_t>(special.size());

@@ -105,6 +105,51 @@ bool has_meta_kernel(const c10::OperatorHandle& op) {
          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
 }
 
+// True when a written tensor has internal overlap (expand) or overlaps another
+// argument. CPU kernels differ in what they allow there (fill_ and index_put_
+// accept it, add_ and copy_ raise), so such calls run eagerly through the CPU
+// kernel, which raises or computes exactly as CPU does. They are rare.
+bool writes_overlapping_memory(const c10::FunctionSchema& schema, const OpEntry& entry, torch::jit::Stack& stack,
+                               size_t first) {
+  const uint64_t writes = written_args(schema) | entry.extra_writes;
+  if (writes == 0) return false;
+  std::vector<at::Tensor> written, all;
+  for_each_tensor(stack, first, schema.arguments().size(), [&](int arg, int, const at::Tensor& t) {
+    if (!is_tpu(t)) return;
+    if ((writes >> arg) & 1) written.push_back(t);
+    all.push_back(t);
+  });
+  for (const auto& w : written) {
+    if (at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
+    for (const auto& r : all) {
+      if (r.unsafeGetTensorImpl() == w.unsafeGetTensorImpl()) continue;
+      const auto st = at::get_overlap_status(w, r);
+      if (st == at::MemOverlapStatus::Partial || st == at::MemOverlapStatus::Full) return true;
+    }
+  }
+  return false;
+}
+
+// Checks CPU kernels make at call time that the meta kernels do not. Such
+// calls run eagerly, so CPU's own kernel raises its error at the call.
+// (Only checks that need no data belong here.)
+bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stack& stack, size_t first) {
+  // pow(int tensor, negative int scalar): "Integers to negative integer powers are not allowed."
+  if (schema.name() == "aten::pow" && schema.overload_name().rfind("Tensor_Scalar", 0) == 0) {
+    const c10::IValue& base = stack[first];
+    const c10::IValue& exp = stack[first + 1];
+    return base.isTensor() && c10::isIntegralType(base.toTensor().scalar_type(), /*includeBool=*/true) &&
+           exp.isScalar() && exp.toScalar().isIntegral(false) && exp.toScalar().toLong() < 0;
+  }
+  if (schema.name() == "aten::pow_" && schema.overload_name() == "Scalar") {
+    const c10::IValue& base = stack[first];
+    const c10::IValue& exp = stack[first + 1];
+    return c10::isIntegralType(base.toTensor().scalar_type(), true) && exp.toScalar().isIntegral(false) &&
+           exp.toScalar().toLong() < 0;
+  }
+  return false;
+}
+
 }  // namespace
 
 [[noreturn]] void raise_device_mismatch(const at::Tensor& other) {
@@ -125,7 +170,8 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
     raise_device_mismatch(t);
   });
 
-  if (entry.kind == PrimKind::kSync || !has_meta_kernel(op)) {
+  if (entry.kind == PrimKind::kSync || !has_meta_kernel(op) || writes_overlapping_memory(schema, entry, *stack, first) ||
+      cpu_checks_at_call_time(schema, *stack, first)) {
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false);
     return;
   }
@@ -151,9 +197,15 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   });
   // Keep the meta twins of written arguments: the kernel may resize them.
   std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
-  {
+  try {
     c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
     op.callBoxed(meta_stack);
+  } catch (...) {
+    // The meta kernel rejected the call (or cannot infer a data-dependent
+    // shape). Run CPU's own kernel on the current values: it raises exactly
+    // the exception CPU raises (type and message), or computes the result.
+    run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false);
+    return;
   }
 
   // 3. The node: tensor arguments become TensorRefs.
@@ -163,6 +215,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   node.args.assign(stack->begin() + first, stack->end());
   for_each_tensor(*stack, first, nargs, [&](int arg, int elem, const at::Tensor& t) {
     c10::IValue& slot = node.args[arg];
+    if (!t.defined()) return;
     if (!is_tpu(t)) {
       // A CPU scalar tensor: snapshot its value now (the user may change it before the flush).
       at::Tensor snap = t.clone();
@@ -198,17 +251,6 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
       slot = std::move(l);
     }
   });
-
-  // In-place and out= ops: CPU's TensorIterator checks between written and read tensors.
-  if (writes != 0 && (entry.kind == PrimKind::kElementwise)) {
-    std::vector<at::Tensor> written, read;
-    for_each_tensor(*stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
-      if (!is_tpu(t)) return;
-      ((writes >> arg) & 1 ? written : read).push_back(t);
-    });
-    for (const auto& w : written)
-      for (const auto& r : read) at::assert_no_partial_overlap(w, r);
-  }
 
   if (entry.kind == PrimKind::kRandom) {
     node.rng = true;
@@ -262,6 +304,10 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
         results.emplace_back(list);
       }
       node.list_lens.push_back(0);
+    } else if (mv.isTensor() && !mv.toTensor().defined()) {
+      node.returns.push_back(-4);  // undefined result (e.g. an output_mask entry that was off)
+      node.list_lens.push_back(0);
+      results.emplace_back(at::Tensor());
     } else if (mv.isTensor()) {
       at::Tensor t = fresh_tpu(mv.toTensor());
       node.outputs.push_back(make_ref(t));
@@ -295,7 +341,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
-  flush_all(fallback ? FlushReason::kCpuFallback : FlushReason::kDataDependent);
+  (void)flush_all(fallback ? FlushReason::kCpuFallback : FlushReason::kDataDependent);
   count_eager_op(fallback);
 
   // CPU views over the device buffers: one CPU storage per device storage.

@@ -17,15 +17,20 @@ using namespace tpu_eager;
 namespace {
 
 // file:line of the innermost Python frame, for errors found at flush.
+// Torch's bindings release the GIL before dispatching, so take it back
+// briefly; threads Python never saw (autograd workers) have no frame.
 std::string python_location() {
-  if (!Py_IsInitialized() || !PyGILState_Check()) return {};
-  PyFrameObject* f = PyEval_GetFrame();  // borrowed
-  if (f == nullptr) return {};
-  PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return {};
+  PyGILState_STATE gil = PyGILState_Ensure();
   std::string where;
-  if (const char* file = PyUnicode_AsUTF8(code->co_filename)) where = file;
-  Py_DECREF(code);
-  return where + ":" + std::to_string(PyFrame_GetLineNumber(f));
+  if (PyFrameObject* f = PyEval_GetFrame()) {  // borrowed
+    PyCodeObject* code = PyFrame_GetCode(f);   // new reference
+    if (const char* file = PyUnicode_AsUTF8(code->co_filename)) where = file;
+    Py_DECREF(code);
+    where += ":" + std::to_string(PyFrame_GetLineNumber(f));
+  }
+  PyGILState_Release(gil);
+  return where;
 }
 
 py::dict metrics_dict() {
@@ -59,8 +64,17 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu_eager native core: PrivateUse1 device, DeferAndFuse queue, JIT, executors";
   m.def("_register_kernels", &register_device_kernels, "Registers the op table's kernels; returns the overload count.");
   m.def("_install_location_hook", [] { set_location_hook(&python_location); });
-  m.def("_flush", [](int reason) { flush_all(static_cast<FlushReason>(reason)); }, py::arg("reason"),
-        py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_flush",
+      [](int reason) {
+        std::exception_ptr err;
+        {
+          py::gil_scoped_release no_gil;
+          err = flush_all(static_cast<FlushReason>(reason));
+        }
+        if (err) std::rethrow_exception(err);
+      },
+      py::arg("reason"));
   m.def("_metrics", &metrics_dict);
   m.def("_reset_metrics", &reset_metrics);
   m.def("_set_eager_mode", [](int mode) { set_eager_mode(static_cast<EagerMode>(mode)); });

@@ -94,7 +94,8 @@ class TpuExecutor final : public Executor {
         if (!produced.count(s) && !mem.is_temp(in.ref.storage.get()) && counted.insert(s).second)
           stats.bytes_read += in.ref.nbytes();
       }
-      torch::jit::Stack stack = host::build_stack(n, mem);
+      stats.failed_at = static_cast<int>(p);
+      torch::jit::Stack stack = host::build_stack(n, mem);  // re-raises an input's earlier error as is
       try {
         const bool mxu = static_cast<PrimKind>(n.kind) == PrimKind::kMatmul && run_mxu_emulated(n, stack, prec);
         if (!mxu) host::call_cpu(n, stack);
@@ -115,6 +116,7 @@ class TpuExecutor final : public Executor {
       stats.flops += region_flops(n);
       if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) stats.library_calls++;
     }
+    stats.failed_at = -1;
     const auto& chip = tpu::kV5e;
     const double mem_s = static_cast<double>(stats.bytes_read + stats.bytes_written) / chip.hbm_bandwidth;
     const double compute_s = stats.flops / chip.peak_flops;
@@ -125,11 +127,12 @@ class TpuExecutor final : public Executor {
   static void bind_output(const TensorRef& ref, const at::Tensor& result, bool materialize, host::HostMemory& mem,
                           RegionStats& stats) {
     DeferredStorage* s = ref.storage.get();
+    s->error = nullptr;
     if (materialize) {
       at::Tensor dst = host::view_over(mem.device_buffer(s), ref);
       dst.copy_(result);
       stats.bytes_written += ref.nbytes();
-      s->error.clear();
+      s->error = nullptr;
       return;
     }
     // A temporary: keep the CPU result's storage when it has the recorded layout.

@@ -1,0 +1,150 @@
+"""Differential-testing helpers: run one program on CPU and on the device under test.
+
+Tests build a function ``fn(device) -> result`` that creates all its tensors on
+``device`` and returns device tensors (not ``.cpu()`` copies), Python scalars, or
+nested tuples/lists/dicts of them. ``run_both`` runs it on "cpu" and on the device and
+compares every returned value: dtype, shape, values, and for views also stride() and
+storage_offset().
+"""
+import math
+import os
+
+import pytest
+import torch
+
+DEVICE = os.environ.get("TPU_TEST_DEVICE", "tpu").strip().lower() or "tpu"
+if DEVICE not in ("tpu", "cpu"):
+    raise RuntimeError(f"TPU_TEST_DEVICE must be 'tpu' or 'cpu', got {DEVICE!r}")
+
+requires_tpu = pytest.mark.skipif(
+    DEVICE != "tpu", reason="needs the tpu device (TPU_TEST_DEVICE=cpu runs the CPU reference only)")
+
+
+class _Snapshot:
+    """Host copy of a returned tensor plus the metadata observed on its own device."""
+
+    def __init__(self, t):
+        self.device_type = t.device.type
+        self.dtype = t.dtype
+        self.shape = tuple(t.shape)
+        self.stride = t.stride()
+        self.storage_offset = t.storage_offset()
+        self.is_view = t._base is not None
+        self.is_contiguous = t.is_contiguous()
+        self.requires_grad = t.requires_grad
+        # .cpu() on a CPU tensor returns the tensor itself; clone so later mutation of the
+        # program's tensors cannot change the snapshot.
+        self.value = t.detach().to("cpu", copy=True)
+
+
+def materialize(result):
+    """Turn a program result into host snapshots (this is where a lazy device flushes)."""
+    if isinstance(result, torch.Tensor):
+        return _Snapshot(result)
+    if isinstance(result, (list, tuple)):
+        return type(result)(materialize(r) for r in result)
+    if isinstance(result, dict):
+        return {k: materialize(v) for k, v in result.items()}
+    return result
+
+
+def compare(expected, actual, dev, *, rtol=None, atol=None, check_stride=False, path="result"):
+    """Assert that a device snapshot tree equals the CPU snapshot tree."""
+    if isinstance(expected, _Snapshot):
+        assert isinstance(actual, _Snapshot), f"{path}: expected a tensor, got {type(actual)}"
+        assert actual.device_type == torch.device(dev).type, \
+            f"{path}: result is on {actual.device_type}, expected {dev}"
+        assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"
+        assert actual.shape == expected.shape, f"{path}: shape {actual.shape} != {expected.shape}"
+        if expected.is_view or check_stride:
+            assert actual.stride == expected.stride, \
+                f"{path}: stride {actual.stride} != {expected.stride}"
+            assert actual.storage_offset == expected.storage_offset, \
+                f"{path}: storage_offset {actual.storage_offset} != {expected.storage_offset}"
+            assert actual.is_contiguous == expected.is_contiguous, f"{path}: is_contiguous differs"
+        assert actual.is_view == expected.is_view, \
+            f"{path}: is a view on one device only (cpu: {expected.is_view})"
+        assert actual.requires_grad == expected.requires_grad, f"{path}: requires_grad differs"
+        if rtol is None and atol is None:
+            torch.testing.assert_close(actual.value, expected.value, equal_nan=True, msg=lambda m: f"{path}: {m}")
+        else:
+            torch.testing.assert_close(actual.value, expected.value, rtol=rtol, atol=atol,
+                                       equal_nan=True, msg=lambda m: f"{path}: {m}")
+        return
+    if isinstance(expected, (list, tuple)):
+        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), \
+            f"{path}: structure differs ({expected!r} vs {actual!r})"
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            compare(e, a, dev, rtol=rtol, atol=atol, check_stride=check_stride, path=f"{path}[{i}]")
+        return
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict) and set(actual) == set(expected), f"{path}: keys differ"
+        for k in expected:
+            compare(expected[k], actual[k], dev, rtol=rtol, atol=atol, check_stride=check_stride,
+                    path=f"{path}[{k!r}]")
+        return
+    if isinstance(expected, float) and isinstance(actual, float):
+        if math.isnan(expected):
+            assert math.isnan(actual), f"{path}: {actual} != nan"
+        elif rtol is None and atol is None:
+            assert actual == expected, f"{path}: {actual} != {expected}"
+        else:
+            assert math.isclose(actual, expected, rel_tol=rtol or 0.0, abs_tol=atol or 0.0), \
+                f"{path}: {actual} != {expected}"
+        return
+    assert type(actual) is type(expected) and actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+def run_both(fn, dev, *, rtol=None, atol=None, check_stride=False):
+    """Run ``fn("cpu")`` and ``fn(dev)`` and compare every returned value.
+
+    Values are compared exactly for integer/bool tensors and with torch.testing's
+    default dtype-based tolerances for floating tensors unless rtol/atol are given.
+    Views (``_base is not None`` on CPU) are also compared on stride() and
+    storage_offset(); ``check_stride=True`` extends that to every tensor.
+    Returns the host snapshots of the device run's result.
+    """
+    expected = materialize(fn("cpu"))
+    actual = materialize(fn(dev))
+    compare(expected, actual, dev, rtol=rtol, atol=atol, check_stride=check_stride)
+    return actual
+
+
+def run_both_outcome(fn, dev, **kw):
+    """Like run_both, but an exception is also an outcome.
+
+    If CPU raises, the device must raise an exception of the same type (it may raise
+    lazily, when the result is read); otherwise results are compared as in run_both.
+    Returns the CPU exception or None.
+    """
+    try:
+        expected = materialize(fn("cpu"))
+        cpu_exc = None
+    except Exception as e:  # noqa: BLE001 - any CPU error is the reference outcome
+        cpu_exc = e
+    try:
+        actual = materialize(fn(dev))
+        dev_exc = None
+    except Exception as e:  # noqa: BLE001
+        dev_exc = e
+    if cpu_exc is not None:
+        assert dev_exc is not None, f"CPU raised {type(cpu_exc).__name__}: {cpu_exc}; {dev} did not raise"
+        assert isinstance(dev_exc, type(cpu_exc)), \
+            f"CPU raised {type(cpu_exc).__name__}, {dev} raised {type(dev_exc).__name__}: {dev_exc}"
+        return cpu_exc
+    if dev_exc is not None:
+        raise AssertionError(f"{dev} raised {type(dev_exc).__name__} where CPU did not: {dev_exc}") from dev_exc
+    compare(expected, actual, dev, **kw)
+    return None
+
+
+def cpu_randn(*shape, seed=0, dtype=torch.float32):
+    """Deterministic CPU normal data, independent of the global RNG."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def cpu_randint(low, high, shape, seed=0, dtype=torch.int64):
+    """Deterministic CPU integer data, independent of the global RNG."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high, shape, generator=g, dtype=dtype)
