@@ -1,0 +1,178 @@
+"""torch.tpu module, eager modes, metrics and fusion counts (device only)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from difftest import requires_tpu
+
+pytestmark = requires_tpu
+
+
+def _tte():
+    import torch_tpu_eager
+
+    return torch_tpu_eager
+
+
+def test_device_module_basics():
+    assert torch.tpu.is_available() and torch.tpu.device_count() == 1 and torch.tpu.current_device() == 0
+    torch.tpu.set_device(0)
+    with torch.tpu.device(0):
+        x = torch.ones(3, device="tpu")
+    assert x.device == torch.device("tpu", 0)
+    with pytest.raises(ValueError):
+        torch.tpu.set_device(1)
+
+
+def test_memory_allocated_tracks_storages():
+    before = torch.tpu.memory_allocated()
+    x = torch.empty(1024, device="tpu")
+    assert torch.tpu.memory_allocated() - before == 4096
+    assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
+    del x
+    assert torch.tpu.memory_allocated() == before
+
+
+def test_rng_state_round_trip():
+    torch.tpu.manual_seed(3)
+    state = torch.tpu.get_rng_state()
+    a = torch.rand(5, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    b = torch.rand(5, device="tpu").cpu()
+    assert torch.equal(a, b)
+
+
+def test_chain_ending_in_reduction_is_at_most_two_regions():
+    tte = _tte()
+    x = torch.randn(64, 128).to("tpu")
+    torch.tpu.synchronize()
+    tte.reset_metrics()
+    y = ((((x * 2 + 1).sin() - 0.5).exp() / 3).relu() * x).sum()
+    value = y.item()
+    m = tte.metrics()
+    xc = x.cpu()
+    expected = ((((xc * 2 + 1).sin() - 0.5).exp() / 3).relu() * xc).sum()
+    torch.testing.assert_close(torch.tensor(value), expected)
+    assert m["ops_recorded"] == 9 and m["regions_run"] <= 2, m  # 8 elementwise ops + sum
+
+
+def test_dead_values_are_not_materialized():
+    tte = _tte()
+    x = torch.randn(256, 256).to("tpu")
+    torch.tpu.synchronize()
+    tte.reset_metrics()
+    y = ((x + 1) * 2 - 3).abs()  # three intermediates die at once
+    y.cpu()
+    m = tte.metrics()
+    assert m["bytes_materialized"] == 256 * 256 * 4, m
+
+
+def test_cache_hit_on_repeat_with_new_scalar():
+    tte = _tte()
+    x = torch.randn(32, 32).to("tpu")
+    (x * 0.5 + 1).cpu()
+    tte.reset_metrics()
+    for lr in (0.1, 0.01, 0.001):
+        (x * lr + 1).cpu()
+    m = tte.metrics()
+    assert m["compiles"] == 0 and m["cache_hits"] == 3, m
+
+
+def test_flush_reasons_are_recorded():
+    tte = _tte()
+    tte.reset_metrics()
+    x = torch.ones(4, device="tpu") + 1
+    x.sum().item()
+    (x * 2).cpu()
+    torch.tpu.synchronize()
+    reasons = tte.metrics()["flush_reasons"]
+    assert reasons.get("item") == 1 and reasons.get("host_read") == 1, reasons
+
+
+def test_queue_length_limit_auto_flushes():
+    tte = _tte()
+    old = tte.queue_limits()
+    tte.set_queue_limits(max_ops=100)
+    try:
+        tte.reset_metrics()
+        x = torch.zeros(4, device="tpu")
+        for _ in range(1000):
+            x = x + 1
+        assert torch.tpu.memory_allocated() < 1 << 20
+        assert tte.metrics()["flush_reasons"].get("queue_length_limit", 0) >= 9
+        assert x.cpu().tolist() == [1000.0] * 4
+    finally:
+        tte.set_queue_limits(*old)
+    with pytest.raises(ValueError):
+        tte.set_queue_limits(max_ops=0)
+
+
+def test_defer_never_mode_flushes_every_op():
+    tte = _tte()
+    with tte.set_eager_mode(tte.EagerMode.DEFER_NEVER):
+        tte.reset_metrics()
+        y = torch.ones(3, device="tpu") * 2 + 1
+        assert tte.metrics()["flushes"] == 3  # fill_ (ones), mul, add
+        assert y.cpu().tolist() == [3.0] * 3
+    assert tte.get_eager_mode() == tte.EagerMode.DEFER_AND_FUSE
+    with pytest.raises(ValueError):
+        tte.set_eager_mode("NOT_A_MODE")
+
+
+def test_launch_blocking_raises_at_the_op():
+    tte = _tte()
+    x = torch.arange(4.0).to("tpu")
+    with tte.set_eager_mode("DEFER_NEVER_AND_LAUNCH_BLOCKING"):
+        with pytest.raises(IndexError):
+            torch.index_select(x, 0, torch.tensor([7]).to("tpu"))
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_env_var_defer_and_fuse_off():
+    code = (
+        "import torch, torch_tpu_eager as t; "
+        "assert t.get_eager_mode() == t.EagerMode.DEFER_NEVER; "
+        "y = torch.ones(2, device='tpu') + 1; assert t.metrics()['flushes'] >= 1; print('ok')"
+    )
+    env = dict(os.environ, TORCH_TPU_DEFER_AND_FUSE="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_missing_kernel_names_the_op_and_fallback_runs_it():
+    code = (
+        "import torch, torch_tpu_eager, warnings\n"
+        "x = torch.randn(4, 4).to('tpu')\n"
+        "try:\n"
+        "    torch.ops.aten.{op}(x){args}\n"
+        "    print('ran')\n"
+        "except NotImplementedError as e:\n"
+        "    assert '{op}' in str(e); print('not implemented')\n"
+    )
+    # an op with a CPU kernel that the op table leaves out (sparse layouts are not modelled)
+    snippet = code.format(op="_to_sparse", args=".to_dense().sum().item()")
+    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
+    assert "not implemented" in out.stdout, out.stdout + out.stderr
+
+
+def test_repr_flushes_once_and_matches_cpu_formatting():
+    tte = _tte()
+    x = torch.arange(6.0).reshape(2, 3)
+    d = x.to("tpu") * 1
+    tte.reset_metrics()
+    text = repr(d)
+    assert tte.metrics()["flushes"] == 1 and tte.metrics()["ops_recorded"] == 0
+    assert text == repr(x).replace(")", ", device='tpu:0')")
+
+
+def test_error_at_flush_names_the_op_and_line_and_keeps_other_tensors():
+    good = torch.arange(3.0).to("tpu") + 1
+    bad = torch.index_select(torch.arange(3.0).to("tpu"), 0, torch.tensor([5]).to("tpu"))
+    assert good.cpu().tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(IndexError) as info:
+        bad.cpu()
+    assert "index_select" in str(info.value) and "test_device_api.py" in str(info.value)
+    assert (good * 2).cpu().tolist() == [2.0, 4.0, 6.0]
