@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -118,6 +120,11 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
       std::lock_guard<std::mutex> lock(g_cache_mu);
       g_cache.emplace(key, compiled);
     }
+    static const bool log_regions = [] {
+      const char* v = std::getenv("TORCH_TPU_LOG_REGIONS");
+      return v && std::string(v) == "1";
+    }();
+    if (log_regions) std::fprintf(stderr, "[tpu] region %s (%zu ops)\n", compiled->name.c_str(), r.nodes.size());
     RegionStats st;
     try {
       ex.run_region(*compiled, r, g, mem, st);

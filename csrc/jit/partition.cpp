@@ -36,62 +36,87 @@ void mix_ivalue(uint64_t& h, const c10::IValue& v) {
   }
 }
 
+// The shape an op iterates over: its first fresh output, else its first written argument.
+const std::vector<int64_t>* iteration_shape(const Node& n) {
+  if (!n.outputs.empty()) return &n.outputs[0].sizes;
+  for (const auto& in : n.inputs)
+    if (in.written) return &in.ref.sizes;
+  return nullptr;
+}
+
+// Whether `n` may join region `r` under the fusion rules.
+bool fusible_into(const Region& r, const std::vector<int64_t>& anchor_shape, const Node& n) {
+  const auto k = static_cast<PrimKind>(n.kind);
+  if (k == PrimKind::kLibrary || r.anchor == PrimKind::kLibrary || r.nodes.size() >= kMaxRegionOps) return false;
+  const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
+  if (k == PrimKind::kElementwise) {
+    const auto* shape = iteration_shape(n);
+    return !anchored || (shape && *shape == anchor_shape);  // an epilogue iterates over the anchor's output
+  }
+  if (k == PrimKind::kData || k == PrimKind::kRandom || k == PrimKind::kReduction) return !anchored;
+  return false;  // a matmul starts its own region
+}
+
 }  // namespace
 
 std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live) {
   std::vector<Region> regions;
-  std::vector<std::vector<int64_t>> anchor_sizes;
-  // storage -> region index that last wrote it in this flush
-  std::unordered_map<const DeferredStorage*, int> writer;
+  std::vector<std::vector<int64_t>> anchor_shapes;
+  // storage -> latest region that wrote it / that read or wrote it, in this flush
+  std::unordered_map<const DeferredStorage*, int> writer, last_access;
   // storage -> (graph index, output index) of the fresh output that created it
   std::unordered_map<const DeferredStorage*, std::pair<int, int>> producer;
+  auto lookup = [](const std::unordered_map<const DeferredStorage*, int>& m, const DeferredStorage* s) {
+    auto it = m.find(s);
+    return it == m.end() ? -1 : it->second;
+  };
 
   for (int i = 0; i < static_cast<int>(g.size()); ++i) {
     if (!live[i]) continue;
     const Node& n = g[i];
     const auto k = static_cast<PrimKind>(n.kind);
-    const int cur = static_cast<int>(regions.size()) - 1;
-    bool join = false;
-    if (cur >= 0 && k != PrimKind::kLibrary && regions[cur].anchor != PrimKind::kLibrary &&
-        regions[cur].nodes.size() < kMaxRegionOps) {
-      bool connected = false;
-      for (const auto& in : n.inputs) {
-        auto it = writer.find(in.ref.storage.get());
-        connected = connected || (it != writer.end() && it->second == cur);
-      }
-      const PrimKind anchor = regions[cur].anchor;
-      const bool anchored = anchor == PrimKind::kReduction || anchor == PrimKind::kMatmul;
-      if (connected) {
-        if (k == PrimKind::kElementwise) {
-          // An epilogue must iterate over the anchor's output.
-          join = !anchored || (!n.outputs.empty() && n.outputs[0].sizes == anchor_sizes[cur]);
-        } else if (k == PrimKind::kData || k == PrimKind::kRandom) {
-          join = !anchored;
-        } else if (k == PrimKind::kReduction) {
-          join = !anchored;  // producers fuse into the reduction
-        }
-      }
+    // The op may run in region R no earlier than the last region that wrote
+    // one of its inputs, and only if no later region touches what it writes.
+    int producer_region = -1, write_conflict = -1;
+    for (const auto& in : n.inputs) {
+      producer_region = std::max(producer_region, lookup(writer, in.ref.storage.get()));
+      if (in.written) write_conflict = std::max(write_conflict, lookup(last_access, in.ref.storage.get()));
     }
-    if (!join) {
+    const int last = static_cast<int>(regions.size()) - 1;
+    int target = -1;
+    if (producer_region >= 0 && write_conflict <= producer_region &&
+        fusible_into(regions[producer_region], anchor_shapes[producer_region], n)) {
+      target = producer_region;  // vertical fusion with the op's producer
+    } else if (last >= 0 && regions[last].anchor == PrimKind::kElementwise && k == PrimKind::kElementwise &&
+               fusible_into(regions[last], anchor_shapes[last], n)) {
+      target = last;  // horizontal fusion of independent elementwise ops (multi-tensor kernels)
+    }
+    if (target < 0) {
       Region r;
       r.anchor = (k == PrimKind::kReduction || k == PrimKind::kMatmul || k == PrimKind::kLibrary)
                      ? k
                      : PrimKind::kElementwise;
       regions.push_back(std::move(r));
-      anchor_sizes.emplace_back(n.outputs.empty() ? std::vector<int64_t>{} : n.outputs[0].sizes);
+      const auto* shape = iteration_shape(n);
+      anchor_shapes.emplace_back(shape ? *shape : std::vector<int64_t>{});
+      target = static_cast<int>(regions.size()) - 1;
     } else if (k == PrimKind::kReduction) {
-      regions.back().anchor = k;
-      anchor_sizes.back() = n.outputs.empty() ? std::vector<int64_t>{} : n.outputs[0].sizes;
+      regions[target].anchor = k;
+      const auto* shape = iteration_shape(n);
+      anchor_shapes[target] = shape ? *shape : std::vector<int64_t>{};
     }
-    const int ri = static_cast<int>(regions.size()) - 1;
-    regions[ri].nodes.push_back(i);
-    regions[ri].materialize.emplace_back(n.outputs.size(), 0);
+    regions[target].nodes.push_back(i);
+    regions[target].materialize.emplace_back(n.outputs.size(), 0);
     for (int j = 0; j < static_cast<int>(n.outputs.size()); ++j) {
-      writer[n.outputs[j].storage.get()] = ri;
+      writer[n.outputs[j].storage.get()] = target;
+      last_access[n.outputs[j].storage.get()] = target;
       producer[n.outputs[j].storage.get()] = {i, j};
     }
-    for (const auto& in : n.inputs)
-      if (in.written) writer[in.ref.storage.get()] = ri;
+    for (const auto& in : n.inputs) {
+      auto* st = in.ref.storage.get();
+      last_access[st] = std::max(lookup(last_access, st), target);
+      if (in.written) writer[st] = std::max(lookup(writer, st), target);
+    }
   }
 
   // Materialize an output when something outside its region can observe it.
