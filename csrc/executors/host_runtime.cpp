@@ -66,23 +66,23 @@ int generator_arg(const c10::FunctionSchema& schema) {
 
 }  // namespace
 
+void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t) {
+  if (elem < 0) {
+    slot = std::move(t);
+  } else if (slot.isTensorList()) {
+    auto list = slot.toTensorList().copy();
+    list.set(elem, std::move(t));
+    slot = std::move(list);
+  } else {
+    auto list = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
+    list.set(elem, t.defined() ? std::optional<at::Tensor>(std::move(t)) : std::nullopt);
+    slot = std::move(list);
+  }
+}
+
 torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
   torch::jit::Stack stack(n.args.begin(), n.args.end());
-  for (const auto& in : n.inputs) {
-    at::Tensor t = mem.tensor(in.ref);
-    c10::IValue& slot = stack[in.arg];
-    if (in.elem < 0) {
-      slot = std::move(t);
-    } else if (slot.isTensorList()) {
-      auto list = slot.toTensorList().copy();
-      list.set(in.elem, std::move(t));
-      slot = std::move(list);
-    } else {
-      auto list = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
-      list.set(in.elem, std::move(t));
-      slot = std::move(list);
-    }
-  }
+  for (const auto& in : n.inputs) set_tensor_slot(stack[in.arg], in.elem, mem.tensor(in.ref));
   if (n.rng) {
     int g = generator_arg(n.op.schema());
     if (g >= 0) stack[g] = at::make_generator<at::CPUGeneratorImpl>(n.rng_seed);

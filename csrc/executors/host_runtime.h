@@ -37,6 +37,11 @@ class HostMemory {
   std::unordered_map<DeferredStorage*, Entry> map_;
 };
 
+// Replaces the tensor at (`elem` of) an argument slot: a Tensor, Tensor[] or
+// Tensor?[] argument (elem < 0 for a single Tensor). Lists are copied, never
+// shared with the caller's. An undefined `t` in a Tensor?[] becomes None.
+void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t);
+
 // A CPU tensor with r's dtype and geometry over `storage`.
 at::Tensor view_over(const c10::Storage& storage, const TensorRef& r);
 // A CPU storage wrapping the device buffer of `s` without owning it.

@@ -183,17 +183,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
     if (!is_tpu(t)) return;
     at::Tensor m = make_meta(t, meta_storages);
     c10::IValue& slot = meta_stack[arg];
-    if (elem < 0) {
-      slot = std::move(m);
-    } else if (slot.isTensorList()) {
-      auto l = slot.toTensorList().copy();
-      l.set(elem, std::move(m));
-      slot = std::move(l);
-    } else {
-      auto l = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
-      l.set(elem, std::move(m));
-      slot = std::move(l);
-    }
+    host::set_tensor_slot(slot, elem, std::move(m));
   });
   // Keep the meta twins of written arguments: the kernel may resize them.
   std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
@@ -219,17 +209,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
     if (!is_tpu(t)) {
       // A CPU scalar tensor: snapshot its value now (the user may change it before the flush).
       at::Tensor snap = t.clone();
-      if (elem < 0) {
-        slot = snap;
-      } else if (slot.isTensorList()) {
-        auto l = slot.toTensorList().copy();
-        l.set(elem, snap);
-        slot = std::move(l);
-      } else {
-        auto l = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
-        l.set(elem, snap);
-        slot = std::move(l);
-      }
+      host::set_tensor_slot(slot, elem, snap);
       return;
     }
     InputSlot in;
@@ -239,17 +219,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
     node.inputs.push_back(std::move(in));
     node.inputs.back().ref = make_ref(t);
     // Drop the reference: a pending node must not keep the tensor alive (DCE).
-    if (elem < 0) {
-      slot = at::Tensor();
-    } else if (slot.isTensorList()) {
-      auto l = slot.toTensorList().copy();
-      l.set(elem, at::Tensor());
-      slot = std::move(l);
-    } else {
-      auto l = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
-      l.set(elem, std::nullopt);
-      slot = std::move(l);
-    }
+    host::set_tensor_slot(slot, elem, at::Tensor());
   });
 
   if (entry.kind == PrimKind::kRandom) {
@@ -346,7 +316,6 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
 
   // CPU views over the device buffers: one CPU storage per device storage.
   host::HostMemory mem;
-  std::vector<std::pair<int, at::Tensor>> tpu_args;  // (arg, original) for single tensors
   torch::jit::Stack cpu(stack->begin() + first, stack->end());
   for_each_tensor(cpu, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
     if (!is_tpu(t)) return;
@@ -355,19 +324,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     at::Tensor v = mem.tensor(r);
     if (t.is_conj()) v._set_conj(true);
     if (t.is_neg()) v._set_neg(true);
-    c10::IValue& slot = cpu[arg];
-    if (elem < 0) {
-      tpu_args.emplace_back(arg, t);
-      slot = v;
-    } else if (slot.isTensorList()) {
-      auto l = slot.toTensorList().copy();
-      l.set(elem, v);
-      slot = std::move(l);
-    } else {
-      auto l = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
-      l.set(elem, v);
-      slot = std::move(l);
-    }
+    host::set_tensor_slot(cpu[arg], elem, v);
   });
   at::Generator user_gen;
   for (size_t i = 0; i < nargs; ++i)
