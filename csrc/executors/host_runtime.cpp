@@ -8,6 +8,8 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "views/view_chain.h"
+
 namespace tpu_eager {
 namespace host {
 
@@ -45,9 +47,54 @@ c10::Storage HostMemory::storage_for(DeferredStorage* s) {
   return device_buffer(s);
 }
 
+at::Tensor HostMemory::flat(const TensorRef& r) {
+  c10::Storage st = storage_for(r.storage.get());
+  TensorRef f;
+  f.dtype = r.dtype;
+  f.sizes = {static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype))};
+  f.strides = {1};
+  return view_over(st, f);
+}
+
+namespace {
+at::Tensor with_bits(at::Tensor t, const TensorRef& r) {
+  if (r.conj) t._set_conj(true);
+  if (r.neg) t._set_neg(true);
+  return t;
+}
+}  // namespace
+
+at::Tensor HostMemory::strided(const TensorRef& r) {
+  check_storage_error(r.storage.get());
+  return with_bits(view_over(storage_for(r.storage.get()), r), r);
+}
+
 at::Tensor HostMemory::tensor(const TensorRef& r) {
   check_storage_error(r.storage.get());
-  return view_over(storage_for(r.storage.get()), r);
+  at::Tensor f = flat(r);
+  const views::ViewChain chain = views::decompose(f.numel(), r.sizes, r.strides, r.offset);
+  return with_bits(views::apply(f, chain, r.sizes, r.strides, r.offset), r);
+}
+
+at::Tensor HostMemory::written_tensor(const TensorRef& r) {
+  check_storage_error(r.storage.get());
+  at::Tensor f = flat(r);
+  const views::ViewChain chain = views::decompose(f.numel(), r.sizes, r.strides, r.offset);
+  at::Tensor v = views::apply(f, chain, r.sizes, r.strides, r.offset);
+  if (chain.padded || chain.gather) {
+    // The op writes a copy; finish_writes() scatters it back through the inverse chain.
+    v = v.contiguous();
+    pending_writes_.push_back(PendingWrite{f, r, v});
+  }
+  return with_bits(v, r);
+}
+
+void HostMemory::finish_writes() {
+  for (auto& w : pending_writes_) {
+    const views::ViewChain chain = views::decompose(w.flat.numel(), w.ref.sizes, w.ref.strides, w.ref.offset);
+    views::scatter(w.flat, chain, w.ref.sizes, w.ref.strides, w.ref.offset, w.value);
+  }
+  pending_writes_.clear();
 }
 
 namespace {
@@ -82,7 +129,8 @@ void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t) {
 
 torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
   torch::jit::Stack stack(n.args.begin(), n.args.end());
-  for (const auto& in : n.inputs) set_tensor_slot(stack[in.arg], in.elem, mem.tensor(in.ref));
+  for (const auto& in : n.inputs)
+    set_tensor_slot(stack[in.arg], in.elem, in.written ? mem.written_tensor(in.ref) : mem.tensor(in.ref));
   if (n.rng) {
     int g = generator_arg(n.op.schema());
     if (g >= 0) stack[g] = at::make_generator<at::CPUGeneratorImpl>(n.rng_seed);

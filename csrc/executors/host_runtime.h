@@ -26,15 +26,31 @@ class HostMemory {
   bool is_temp(DeferredStorage* s) const;
   // The CPU storage that holds the current value of `s`.
   c10::Storage storage_for(DeferredStorage* s);
-  // A CPU tensor with r's dtype and geometry over the current value of r.storage.
+  // The value of r: a CPU tensor with r's dtype and geometry, read from the
+  // storage's flat value through r's view chain (views/). It aliases the
+  // storage unless the chain pads or gathers (then it is a copy).
   at::Tensor tensor(const TensorRef& r);
+  // r as a strided CPU view of the storage (CPU semantics for the eager path).
+  at::Tensor strided(const TensorRef& r);
+  // The same for an argument the op writes: always an alias of the storage,
+  // or a copy registered to be scattered back by finish_writes().
+  at::Tensor written_tensor(const TensorRef& r);
+  // Writes back, through the inverse view chain, every written copy.
+  void finish_writes();
 
  private:
   struct Entry {
     c10::Storage storage;
     bool temp;
   };
+  struct PendingWrite {
+    at::Tensor flat;
+    TensorRef ref;
+    at::Tensor value;
+  };
   std::unordered_map<DeferredStorage*, Entry> map_;
+  std::vector<PendingWrite> pending_writes_;
+  at::Tensor flat(const TensorRef& r);
 };
 
 // Replaces the tensor at (`elem` of) an argument slot: a Tensor, Tensor[] or

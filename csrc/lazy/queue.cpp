@@ -79,6 +79,8 @@ TensorRef make_ref(const at::Tensor& t) {
   r.sizes.assign(t.sizes().begin(), t.sizes().end());
   r.strides.assign(t.strides().begin(), t.strides().end());
   r.offset = t.storage_offset();
+  r.conj = t.is_conj();
+  r.neg = t.is_neg();
   return r;
 }
 

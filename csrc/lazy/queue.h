@@ -41,6 +41,8 @@ struct TensorRef {
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
   int64_t offset = 0;
+  bool conj = false;  // conjugate / negative view bits of the tensor
+  bool neg = false;
 
   int64_t numel() const;
   int64_t nbytes() const;  // numel * itemsize

@@ -321,9 +321,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     if (!is_tpu(t)) return;
     TensorRef r = make_ref(t);
     check_storage_error(r.storage.get());
-    at::Tensor v = mem.tensor(r);
-    if (t.is_conj()) v._set_conj(true);
-    if (t.is_neg()) v._set_neg(true);
+    at::Tensor v = mem.strided(r);
     host::set_tensor_slot(cpu[arg], elem, v);
   });
   at::Generator user_gen;
@@ -354,7 +352,6 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
             !res.strides().equals(orig.strides())) {
           at::Tensor meta_like = at::empty_strided(res.sizes(), res.strides(), at::TensorOptions().device(at::kMeta).dtype(res.dtype()));
           adopt_geometry(orig, meta_like);
-          mem.tensor(make_ref(orig));  // refresh wrapper for the new buffer
           host::view_over(host::wrap_device_buffer(deferred_storage_of(orig)), make_ref(orig)).copy_(res);
         }
         results.emplace_back(orig);

@@ -10,6 +10,7 @@
 #include "jit/jit.h"
 #include "lazy/queue.h"
 #include "ops/op_table.h"
+#include "views/view_chain.h"
 
 namespace py = pybind11;
 using namespace tpu_eager;
@@ -94,6 +95,20 @@ PYBIND11_MODULE(_C, m) {
     return rows;
   });
   m.def("_storage_has_pending", [](const at::Tensor& t) { return storage_has_pending(deferred_storage_of(t)); });
+  // View decomposition, exposed for tests and inspection.
+  m.def("_view_chain", [](int64_t storage_numel, std::vector<int64_t> sizes, std::vector<int64_t> strides,
+                          int64_t offset) {
+    auto c = views::decompose(storage_numel, sizes, strides, offset);
+    return py::make_tuple(c.str(), c.gather, c.padded);
+  });
+  m.def("_view_apply", [](const at::Tensor& flat, std::vector<int64_t> sizes, std::vector<int64_t> strides,
+                          int64_t offset) {
+    return views::apply(flat, views::decompose(flat.numel(), sizes, strides, offset), sizes, strides, offset);
+  });
+  m.def("_view_scatter", [](at::Tensor flat, std::vector<int64_t> sizes, std::vector<int64_t> strides, int64_t offset,
+                            const at::Tensor& value) {
+    views::scatter(flat, views::decompose(flat.numel(), sizes, strides, offset), sizes, strides, offset, value);
+  });
   m.attr("FLUSH_SYNCHRONIZE") = static_cast<int>(FlushReason::kSynchronize);
   m.attr("FLUSH_HOST_READ") = static_cast<int>(FlushReason::kHostRead);
   m.attr("FLUSH_TARGET_SWITCH") = static_cast<int>(FlushReason::kTargetSwitch);

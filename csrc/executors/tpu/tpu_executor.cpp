@@ -14,6 +14,7 @@
 
 #include "executors/executor.h"
 #include "executors/tpu/chip.h"
+#include "views/view_chain.h"
 
 namespace tpu_eager {
 namespace {
@@ -106,6 +107,7 @@ class TpuExecutor final : public Executor {
                       compiled.name + ")");
         throw;
       }
+      mem.finish_writes();
       std::vector<at::Tensor> results = host::fresh_results(n, stack);
       for (size_t j = 0; j < n.outputs.size(); ++j) {
         bind_output(n.outputs[j], results.at(j), region.materialize[p][j], mem, stats);
@@ -129,8 +131,14 @@ class TpuExecutor final : public Executor {
     DeferredStorage* s = ref.storage.get();
     s->error = nullptr;
     if (materialize) {
-      at::Tensor dst = host::view_over(mem.device_buffer(s), ref);
-      dst.copy_(result);
+      // Store through the inverse of the output's view chain.
+      TensorRef flat_ref;
+      flat_ref.dtype = ref.dtype;
+      flat_ref.sizes = {static_cast<int64_t>(s->nbytes / c10::elementSize(ref.dtype))};
+      flat_ref.strides = {1};
+      at::Tensor flat = host::view_over(mem.device_buffer(s), flat_ref);
+      views::scatter(flat, views::decompose(flat.numel(), ref.sizes, ref.strides, ref.offset), ref.sizes,
+                     ref.strides, ref.offset, result);
       stats.bytes_written += ref.nbytes();
       s->error = nullptr;
       return;
