@@ -176,3 +176,51 @@ def test_error_at_flush_names_the_op_and_line_and_keeps_other_tensors():
         bad.cpu()
     assert "index_select" in str(info.value) and "test_device_api.py" in str(info.value)
     assert (good * 2).cpu().tolist() == [2.0, 4.0, 6.0]
+
+
+def test_cpu_fallback_runs_missing_op_with_one_warning():
+    # _weight_norm_interface has a CPU kernel but no row in the op table
+    code = (
+        "import torch, torch_tpu_eager\n"
+        "v, g = torch.randn(5, 3), torch.rand(5, 1) + 0.5\n"
+        "ref = torch.ops.aten._weight_norm_interface(v, g, 0)\n"
+        "for _ in range(2):\n"
+        "    got = torch.ops.aten._weight_norm_interface(v.to('tpu'), g.to('tpu'), 0)\n"
+        "    assert all(torch.allclose(a.cpu(), b) for a, b in zip(got, ref))\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, TORCH_TPU_CPU_FALLBACK="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert out.stderr.count("_weight_norm_interface' has no tpu kernel") == 1, out.stderr
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "NotImplementedError" in out.stderr and "_weight_norm_interface" in out.stderr
+
+
+def test_torch_compile_runs_tpu_graphs_on_the_device():
+    def f(x, y):
+        return (x @ y).relu().sum(dim=0) * 0.5
+
+    x, y = torch.randn(8, 5), torch.randn(5, 3)
+    expected = f(x, y)
+    for backend in ("inductor", "tpu"):
+        got = torch.compile(f, backend=backend)(x.to("tpu"), y.to("tpu"))
+        torch.testing.assert_close(got.cpu(), expected)
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    assert get_interface_for_device("tpu").__module__ == "torch_tpu_eager.dynamo"
+
+
+def test_autocast_follows_cuda_policies():
+    # The device takes CUDA's autocast lists: matmul in the lower precision,
+    # log_softmax in float32 (CPU's own lists keep log_softmax in bf16).
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_mm = a @ b
+    ref_ls = torch.log_softmax(ref_mm.float(), dim=1)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        mm = a.to("tpu") @ b.to("tpu")
+        ls = torch.log_softmax(mm, dim=1)
+    assert mm.dtype == torch.bfloat16 and ls.dtype == torch.float32
+    torch.testing.assert_close(mm.cpu(), ref_mm)
+    torch.testing.assert_close(ls.cpu(), ref_ls)

@@ -1,5 +1,9 @@
 """Registration of the "tpu" device with PyTorch (order matters; see
 PRIVATEUSE1_NOTES: rename, device module, generated methods, kernels)."""
+import importlib.abc
+import importlib.util
+import sys
+
 import torch
 
 from . import _C
@@ -22,6 +26,7 @@ def install():
     _C._install_location_hook()
     _install_repr()
     _install_dynamo_interface()
+    _install_inductor_redirect()
     torch._tpu_eager_installed = True
 
 
@@ -40,16 +45,72 @@ def _install_repr():
     _tensor_str._tensor_str = _tensor_str_on_host
 
 
+def _after_import(module_name, fn):
+    """Runs ``fn(module)`` once ``module_name`` is imported (now, if it already is).
+
+    Keeps ``import torch_tpu_eager`` from importing Dynamo (about a second)."""
+    if module_name in sys.modules:
+        fn(sys.modules[module_name])
+        return
+
+    class _Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != module_name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            loader = spec.loader
+            exec_module = loader.exec_module
+
+            def exec_and_hook(module):
+                exec_module(module)
+                fn(module)
+
+            loader.exec_module = exec_and_hook
+            return spec
+
+    sys.meta_path.insert(0, _Hook())
+
+
 def _install_dynamo_interface():
     # torch 2.13's Dynamo registers its own "tpu" interface (for Google's
     # torch_tpu) the first time it initialises its device registry, silently
     # replacing one registered before (pitfall 1). Force that initialisation
     # first, then register ours.
-    try:
+    # Hooked on the package: its submodules import each other while it loads.
+    def register(_dynamo):
         from torch._dynamo import device_interface as di
-    except Exception:  # Dynamo unavailable: nothing to fix
-        return
-    from .dynamo import TpuInterface
+        from torch._dynamo.backends import registry
 
-    di.get_interface_for_device("cpu")
-    di.register_interface_for_device("tpu", TpuInterface)
+        from .dynamo import TpuInterface
+
+        di.get_interface_for_device("cpu")
+        di.register_interface_for_device("tpu", TpuInterface)
+        _install_compile_backends(registry)
+
+    _after_import("torch._dynamo", register)
+
+
+def _install_compile_backends(registry):
+    # Inductor maps "tpu" to its Pallas code generator, which needs JAX and
+    # would read device memory directly (our values are deferred). Graphs with
+    # "tpu" inputs run instead through the device itself, whose JIT already
+    # fuses them; `backend="tpu"` asks for that explicitly.
+    from .dynamo import tpu_backend
+
+    registry.register_backend(tpu_backend, name="tpu")
+
+
+def _install_inductor_redirect():
+    # torch.compile's default backend is this wrapper (not a registry lookup).
+    wrapper = torch._TorchCompileInductorWrapper
+    inductor_call = wrapper.__call__
+
+    def __call__(self, model_, inputs_):
+        if any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in inputs_):
+            from .dynamo import tpu_backend
+
+            return tpu_backend(model_, inputs_)
+        return inductor_call(self, model_, inputs_)
+
+    wrapper.__call__ = __call__

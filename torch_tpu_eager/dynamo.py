@@ -47,3 +47,9 @@ class TpuInterface(DeviceInterface):
     @staticmethod
     def get_compute_capability(device=None):
         return ""
+
+
+def tpu_backend(gm, example_inputs):
+    """Dynamo backend for "tpu" graphs: runs the captured FX graph op by op on
+    the device, where the DeferAndFuse queue records and fuses it."""
+    return gm.forward
