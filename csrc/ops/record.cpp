@@ -2,6 +2,9 @@
 #include "ops/record.h"
 
 #include <atomic>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -82,21 +85,18 @@ at::Tensor make_meta(const at::Tensor& t, std::unordered_map<const void*, c10::S
   return m;
 }
 
-at::Tensor fresh_tpu(const at::Tensor& meta) {
-  return at::detail::empty_strided_generic(meta.sizes(), meta.strides(), device_allocator(),
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta.scalar_type());
+at::Tensor fresh_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype) {
+  return at::detail::empty_strided_generic(sizes, strides, device_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
 }
 
 // Gives a tpu tensor the geometry the meta kernel gave its meta twin (out=
 // arguments resized by the op), growing its storage when needed.
-void adopt_geometry(at::Tensor& t, const at::Tensor& meta) {
-  if (t.sizes().equals(meta.sizes()) && t.strides().equals(meta.strides()) &&
-      t.storage_offset() == meta.storage_offset())
-    return;
-  const size_t need = at::detail::computeStorageNbytes(meta.sizes(), meta.strides(), t.dtype().itemsize(),
-                                                       meta.storage_offset());
+void adopt_geometry(at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
+  if (t.sizes().equals(sizes) && t.strides().equals(strides) && t.storage_offset() == offset) return;
+  const size_t need = at::detail::computeStorageNbytes(sizes, strides, t.dtype().itemsize(), offset);
   if (need > t.storage().nbytes()) resize_device_storage(t.storage(), need);
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
 }
 
 bool has_meta_kernel(const c10::OperatorHandle& op) {
@@ -150,6 +150,147 @@ bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stac
   return false;
 }
 
+// ---- meta cache -----------------------------------------------------------
+// Shape/dtype inference depends only on the op and its arguments' metadata
+// (and on scalar values for a few ops, e.g. arange), so its outcome is cached
+// per (op, argument metadata): PyTorch's Python meta kernels cost ~50 us a call.
+
+struct Geometry {
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  bool defined = false;
+};
+
+Geometry geometry_of(const at::Tensor& t) {
+  Geometry g;
+  if (!t.defined()) return g;
+  g.defined = true;
+  g.sizes = t.sizes().vec();
+  g.strides = t.strides().vec();
+  g.offset = t.storage_offset();
+  g.dtype = t.scalar_type();
+  return g;
+}
+
+// What the meta kernel produced: per return, the result geometries; and the
+// geometry of each written single-tensor argument after the call.
+struct MetaOutcome {
+  std::vector<std::vector<Geometry>> returns;  // one entry per return (a list for Tensor[])
+  std::vector<std::pair<int, Geometry>> written;
+  std::vector<std::pair<int, std::vector<Geometry>>> written_lists;
+};
+
+class MetaCache {
+ public:
+  const MetaOutcome* find(const std::vector<int64_t>& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    return it == map_.end() ? nullptr : &it->second;
+  }
+  void insert(std::vector<int64_t> key, MetaOutcome outcome) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (map_.size() > kMaxEntries) map_.clear();  // bounded: a shape storm must not grow it without end
+    map_.emplace(std::move(key), std::move(outcome));
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 1 << 16;
+  struct Hash {
+    size_t operator()(const std::vector<int64_t>& v) const {
+      uint64_t h = 1469598103934665603ULL;
+      for (auto x : v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ULL;
+      return static_cast<size_t>(h);
+    }
+  };
+  std::mutex mu_;
+  std::unordered_map<std::vector<int64_t>, MetaOutcome, Hash> map_;
+};
+
+MetaCache& meta_cache() {
+  static MetaCache* c = new MetaCache();
+  return *c;
+}
+
+void key_tensor(std::vector<int64_t>& k, const at::Tensor& t) {
+  if (!t.defined()) {
+    k.push_back(-7);
+    return;
+  }
+  k.push_back(static_cast<int64_t>(t.scalar_type()) | (is_tpu(t) ? 1 << 8 : 0) | (t.is_conj() ? 1 << 9 : 0) |
+              (t.is_neg() ? 1 << 10 : 0) | (t.dim() << 12));
+  for (auto s : t.sizes()) k.push_back(s);
+  for (auto s : t.strides()) k.push_back(s);
+  // The storage size bounds views and out= resizes; the offset shapes nothing else.
+  k.push_back(static_cast<int64_t>(t.storage().nbytes()));
+  k.push_back(t.storage_offset());
+}
+
+void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v) {
+  if (v.isTensor()) {
+    key_tensor(k, v.toTensor());
+  } else if (v.isTensorList()) {
+    k.push_back(-1);
+    for (const at::Tensor& t : v.toTensorList().vec()) key_tensor(k, t);
+  } else if (v.isList()) {
+    k.push_back(-2);
+    for (const c10::IValue& e : v.toList().vec()) key_ivalue(k, e);
+  } else if (v.isInt()) {
+    k.push_back(-3);
+    k.push_back(v.toInt());
+  } else if (v.isDouble()) {
+    k.push_back(-4);
+    const double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof(bits));
+    k.push_back(bits);
+  } else if (v.isBool()) {
+    k.push_back(v.toBool() ? -5 : -6);
+  } else if (v.isNone()) {
+    k.push_back(-8);
+  } else if (v.isScalar()) {
+    const at::Scalar sc = v.toScalar();
+    k.push_back(-9 - static_cast<int64_t>(sc.type()));
+    if (sc.isIntegral(false)) {
+      k.push_back(sc.toLong());
+    } else if (sc.isFloatingPoint()) {
+      const double d = sc.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof(bits));
+      k.push_back(bits);
+    } else if (sc.isBoolean()) {
+      k.push_back(sc.toBool());
+    } else {
+      throw std::invalid_argument("uncacheable scalar");
+    }
+  } else if (v.isString()) {
+    k.push_back(-30);
+    k.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+  } else if (v.isGenerator()) {
+    k.push_back(-31);
+  } else if (v.isDevice()) {
+    k.push_back(-32);
+    k.push_back(static_cast<int64_t>(v.toDevice().type()));
+  } else {
+    throw std::invalid_argument("uncacheable argument");  // e.g. dimension names: not cached
+  }
+}
+
+// The cache key of a call, or an empty key when some argument is not cacheable.
+std::vector<int64_t> meta_key(const c10::OperatorHandle& op, torch::jit::Stack& stack, size_t first, size_t n) {
+  std::vector<int64_t> k;
+  k.reserve(32);
+  k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
+  try {
+    for (size_t i = 0; i < n; ++i) key_ivalue(k, stack[first + i]);
+  } catch (const std::invalid_argument&) {
+    k.clear();
+  }
+  return k;
+}
+
+at::Tensor fresh_tpu(const Geometry& g) { return fresh_tpu(g.sizes, g.strides, g.dtype); }
+
 }  // namespace
 
 [[noreturn]] void raise_device_mismatch(const at::Tensor& other) {
@@ -176,27 +317,63 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
     return;
   }
 
-  // 2. Shape/dtype inference and call-time checks with the meta kernel.
-  torch::jit::Stack meta_stack(stack->begin() + first, stack->end());
-  std::unordered_map<const void*, c10::Storage> meta_storages;
-  for_each_tensor(meta_stack, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
-    if (!is_tpu(t)) return;
-    at::Tensor m = make_meta(t, meta_storages);
-    c10::IValue& slot = meta_stack[arg];
-    host::set_tensor_slot(slot, elem, std::move(m));
-  });
-  // Keep the meta twins of written arguments: the kernel may resize them.
-  std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
-  try {
-    c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
-    op.callBoxed(meta_stack);
-  } catch (...) {
-    // The meta kernel rejected the call (or cannot infer a data-dependent
-    // shape). Run CPU's own kernel on the current values: it raises exactly
-    // the exception CPU raises (type and message), or computes the result.
-    run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false);
-    return;
+  // 2. Shape/dtype inference and call-time checks with the meta kernel
+  //    (cached per op and argument metadata).
+  std::vector<int64_t> key = meta_key(op, *stack, first, nargs);
+  const MetaOutcome* cached = key.empty() ? nullptr : meta_cache().find(key);
+  MetaOutcome computed;
+  if (cached == nullptr) {
+    torch::jit::Stack meta_stack(stack->begin() + first, stack->end());
+    std::unordered_map<const void*, c10::Storage> meta_storages;
+    for_each_tensor(meta_stack, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
+      if (!is_tpu(t)) return;
+      host::set_tensor_slot(meta_stack[arg], elem, make_meta(t, meta_storages));
+    });
+    // Keep the meta twins of written arguments: the kernel may resize them.
+    std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
+    try {
+      c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+      op.callBoxed(meta_stack);
+    } catch (...) {
+      // The meta kernel rejected the call (or cannot infer a data-dependent
+      // shape). Run CPU's own kernel on the current values: it raises exactly
+      // the exception CPU raises (type and message), or computes the result.
+      run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false);
+      return;
+    }
+    for (size_t k = 0; k < schema.returns().size(); ++k) {
+      std::vector<Geometry> geoms;
+      const c10::IValue& mv = meta_stack[k];
+      const int a = aliased_arg(schema, k);
+      if (a >= 0 && meta_args[a].isTensor()) {
+        computed.written.emplace_back(a, geometry_of(meta_args[a].toTensor()));
+      } else if (a >= 0 && meta_args[a].isTensorList()) {
+        std::vector<Geometry> lg;
+        for (const at::Tensor& m : meta_args[a].toTensorList().vec()) lg.push_back(geometry_of(m));
+        computed.written_lists.emplace_back(a, std::move(lg));
+      } else if (mv.isTensor()) {
+        geoms.push_back(geometry_of(mv.toTensor()));
+      } else if (mv.isTensorList()) {
+        for (const at::Tensor& m : mv.toTensorList().vec()) geoms.push_back(geometry_of(m));
+      } else {
+        TORCH_INTERNAL_ASSERT(false, "record: unexpected return of ", schema.name());
+      }
+      computed.returns.push_back(std::move(geoms));
+    }
+    if (!key.empty()) meta_cache().insert(key, computed);
+    cached = &computed;
   }
+  const MetaOutcome& meta = *cached;
+  auto written_geometry = [&](int a) -> const Geometry& {
+    for (const auto& w : meta.written)
+      if (w.first == a) return w.second;
+    TORCH_INTERNAL_ASSERT(false, "record: no geometry for written argument ", a);
+  };
+  auto written_list_geometry = [&](int a) -> const std::vector<Geometry>& {
+    for (const auto& w : meta.written_lists)
+      if (w.first == a) return w.second;
+    TORCH_INTERNAL_ASSERT(false, "record: no geometry for written list argument ", a);
+  };
 
   // 3. The node: tensor arguments become TensorRefs.
   Node node(op);
@@ -246,27 +423,29 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   int64_t fresh_bytes = 0;
   const size_t nret = schema.returns().size();
   for (size_t k = 0; k < nret; ++k) {
-    c10::IValue& mv = meta_stack[k];
     const int a = aliased_arg(schema, k);
+    const auto& geoms = meta.returns[k];
     if (a >= 0) {
       // In-place / out=: return the argument itself, with the geometry the op gave it.
       c10::IValue& orig = (*stack)[first + a];
       if (orig.isTensor()) {
         at::Tensor t = orig.toTensor();
-        adopt_geometry(t, meta_args[a].toTensor());
-        for (auto& in : node.inputs)
-          if (in.arg == a && in.elem < 0) in.ref = make_ref(t);
+        const Geometry& g = written_geometry(a);
+        adopt_geometry(t, g.sizes, g.strides, g.offset);
         int idx = -1;
-        for (size_t s = 0; s < node.inputs.size(); ++s)
-          if (node.inputs[s].arg == a) idx = static_cast<int>(s);
+        for (size_t s = 0; s < node.inputs.size(); ++s) {
+          if (node.inputs[s].arg != a) continue;
+          node.inputs[s].ref = make_ref(t);
+          idx = static_cast<int>(s);
+        }
         node.returns.push_back(idx);
         results.emplace_back(t);
       } else {
         auto list = orig.toTensorList();
-        auto mlist = meta_args[a].toTensorList();
+        const auto& lg = written_list_geometry(a);
         for (size_t j = 0; j < list.size(); ++j) {
           at::Tensor t = list.get(j);
-          adopt_geometry(t, mlist.get(j));
+          adopt_geometry(t, lg[j].sizes, lg[j].strides, lg[j].offset);
           for (auto& in : node.inputs)
             if (in.arg == a && in.elem == static_cast<int>(j)) in.ref = make_ref(t);
         }
@@ -274,21 +453,10 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
         results.emplace_back(list);
       }
       node.list_lens.push_back(0);
-    } else if (mv.isTensor() && !mv.toTensor().defined()) {
-      node.returns.push_back(-4);  // undefined result (e.g. an output_mask entry that was off)
-      node.list_lens.push_back(0);
-      results.emplace_back(at::Tensor());
-    } else if (mv.isTensor()) {
-      at::Tensor t = fresh_tpu(mv.toTensor());
-      node.outputs.push_back(make_ref(t));
-      fresh_bytes += static_cast<int64_t>(t.storage().nbytes());
-      node.returns.push_back(-1);
-      node.list_lens.push_back(0);
-      results.emplace_back(std::move(t));
-    } else if (mv.isTensorList()) {
+    } else if (schema.returns()[k].type()->kind() == c10::TypeKind::ListType) {
       c10::List<at::Tensor> out;
-      for (const at::Tensor& m : mv.toTensorList().vec()) {
-        at::Tensor t = fresh_tpu(m);
+      for (const Geometry& g : geoms) {
+        at::Tensor t = fresh_tpu(g);
         node.outputs.push_back(make_ref(t));
         fresh_bytes += static_cast<int64_t>(t.storage().nbytes());
         out.push_back(std::move(t));
@@ -296,8 +464,17 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
       node.returns.push_back(-2);
       node.list_lens.push_back(static_cast<int>(out.size()));
       results.emplace_back(std::move(out));
+    } else if (!geoms.at(0).defined) {
+      node.returns.push_back(-4);  // undefined result (e.g. an output_mask entry that was off)
+      node.list_lens.push_back(0);
+      results.emplace_back(at::Tensor());
     } else {
-      TORCH_INTERNAL_ASSERT(false, "record: unexpected return of ", schema.name());
+      at::Tensor t = fresh_tpu(geoms[0]);
+      node.outputs.push_back(make_ref(t));
+      fresh_bytes += static_cast<int64_t>(t.storage().nbytes());
+      node.returns.push_back(-1);
+      node.list_lens.push_back(0);
+      results.emplace_back(std::move(t));
     }
   }
   // After adopt_geometry, written inputs snapshot the final geometry.
@@ -350,8 +527,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
         const at::Tensor& cpu_arg = cpu_args[a].toTensor();
         if (res.storage().data() != cpu_arg.storage().data() || !res.sizes().equals(orig.sizes()) ||
             !res.strides().equals(orig.strides())) {
-          at::Tensor meta_like = at::empty_strided(res.sizes(), res.strides(), at::TensorOptions().device(at::kMeta).dtype(res.dtype()));
-          adopt_geometry(orig, meta_like);
+          adopt_geometry(orig, res.sizes(), res.strides(), 0);
           host::view_over(host::wrap_device_buffer(deferred_storage_of(orig)), make_ref(orig)).copy_(res);
         }
         results.emplace_back(orig);

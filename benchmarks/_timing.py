@@ -1,0 +1,68 @@
+"""Interleaved timing: contenders alternate within every repeat, figures are medians.
+
+Each contender is a callable that runs one repeat and returns the seconds it wants
+counted. Letting the contender time itself allows a timed region smaller than the
+call (the "tpu" record benchmark keeps its flush outside the clock).
+"""
+import gc
+import statistics
+import time
+
+clock = time.perf_counter
+
+
+def timed(fn, *args):
+    """Seconds taken by ``fn(*args)``."""
+    t0 = clock()
+    fn(*args)
+    return clock() - t0
+
+
+def interleave(contenders, repeats, warmup=1):
+    """Run ``repeats`` rounds; in each, every contender runs once, in a rotating order.
+
+    Rotating the order means no contender always runs first (cold caches) or right
+    after the same neighbour. The garbage collector runs before every call and is
+    off during it, so a collection triggered by one contender is not billed to another.
+    Returns {name: [seconds per repeat]}; ``warmup`` rounds are run first and dropped.
+    """
+    names = list(contenders)
+    samples = {name: [] for name in names}
+    for r in range(warmup + repeats):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            gc.collect()
+            gc.disable()
+            try:
+                seconds = contenders[name]()
+            finally:
+                gc.enable()
+            if r >= warmup:
+                samples[name].append(seconds)
+    return samples
+
+
+def summary(values):
+    """Median, quartile half-spread relative to the median, min and max of ``values``."""
+    values = sorted(values)
+    med = statistics.median(values)
+    if len(values) >= 4:
+        q1, _, q3 = statistics.quantiles(values, n=4)
+    else:
+        q1, q3 = values[0], values[-1]
+    return {
+        "median": med,
+        "spread": (q3 - q1) / 2 / med if med else 0.0,
+        "min": values[0],
+        "max": values[-1],
+        "n": len(values),
+    }
+
+
+def paired_ratio(numerator, denominator):
+    """Median of per-repeat ratios ``numerator[i] / denominator[i]``.
+
+    Both runs of one repeat saw the same machine state, so pairing them cancels
+    slow drifts (thermal, other load) that a ratio of two medians would keep.
+    """
+    return statistics.median(n / d for n, d in zip(numerator, denominator))

@@ -1,0 +1,569 @@
+"""Benchmarks of the "tpu" device against CPU eager and torch.compile, side by side.
+
+All contenders run in this one process and alternate within every repeat; every figure
+is the median of the repeats, and every ratio the median of the per-repeat ratios. Each
+benchmark first checks its result against CPU PyTorch and is not timed if that fails.
+
+1. record overhead: N ops ``a + b`` / ``a.mul(b)`` on 1-element float32 tensors. For
+   "tpu" only the recording is timed (the flush happens outside the clock, and the
+   queue limit is raised so that no auto-flush lands inside it). Then the cost of a
+   flush that hits the JIT cache: a 16-op chain on tiny tensors is recorded, and only
+   ``torch.tpu.synchronize()`` is timed.
+2. chain16: 16 elementwise ops on a 1000x1000 float32 tensor, result read to the host,
+   on "tpu", CPU eager and torch.compile (CPU, inductor, compiled once before timing).
+3. digits MLP training step (64-128-64-10, batch 64, Adam), loss read every 10 steps.
+
+Every contender runs with one torch intra-op thread unless ``--threads`` says otherwise.
+The "tpu" executor runs CPU kernels too, so both sides get the same threads; one thread
+keeps the figures steady on a machine that other jobs share.
+
+    python benchmarks/run_all.py                 # full run (about 1-2 minutes on 2 cores)
+    python benchmarks/run_all.py --quick         # smoke test: 3 repeats, small sizes
+    python benchmarks/run_all.py --json out.json # also write every sample as JSON
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # find _timing however we are loaded
+from _timing import clock, interleave, paired_ratio, summary  # noqa: E402
+
+import torch_tpu_eager  # noqa: E402  (registers the "tpu" device and torch.tpu)
+
+TPU = "tpu"
+SEED = 0
+
+FULL = dict(repeats=15, record_n=2000, flushes=100, chain_size=1000, chain_iters=3,
+            mlp_steps=30, check_steps=10)
+QUICK = dict(repeats=3, record_n=200, flushes=10, chain_size=128, chain_iters=1,
+             mlp_steps=10, check_steps=3)
+
+
+# ---------------------------------------------------------------- helpers
+
+class Report:
+    """Rows of the table, correctness checks and device metrics, for printing and JSON."""
+
+    def __init__(self):
+        self.rows = []
+        self.checks = {}
+        self.metrics = {}
+
+    def check(self, name, fn):
+        """Runs ``fn`` (which asserts against CPU); records and returns whether it passed."""
+        try:
+            fn()
+        except AssertionError as exc:
+            self.checks[name] = {"passed": False, "error": str(exc).strip().splitlines()[0]}
+            return False
+        self.checks[name] = {"passed": True}
+        return True
+
+    def row(self, bench, unit, samples, scale, ratios=(), notes=None):
+        """Adds a row: ``samples`` {contender: seconds per repeat} shown times ``scale``.
+
+        ``ratios`` are (numerator, denominator) contender pairs, reported as the median
+        of per-repeat ratios. ``notes`` {contender: text} replaces a missing figure.
+        """
+        values = {name: {k: (v * scale if k in ("median", "min", "max") else v)
+                         for k, v in summary(s).items()}
+                  for name, s in samples.items()}
+        self.rows.append({
+            "benchmark": bench,
+            "unit": unit,
+            "values": values,
+            "samples_s": samples,
+            "ratios": {f"{n}/{d}": paired_ratio(samples[n], samples[d])
+                       for n, d in ratios if n in samples and d in samples},
+            "notes": dict(notes or {}),
+        })
+
+    def failed_row(self, bench, reason):
+        """Adds a row for a benchmark that was not timed, showing ``reason``."""
+        self.rows.append({"benchmark": bench, "unit": "", "values": {}, "samples_s": {},
+                          "ratios": {}, "notes": {"tpu": reason}})
+
+
+def metrics_delta(before, after):
+    """Counter differences between two ``torch_tpu_eager.metrics()`` snapshots."""
+    out = {}
+    for key, value in after.items():
+        if key == "flush_reasons":
+            reasons = {r: c - before[key].get(r, 0) for r, c in value.items()}
+            out[key] = {r: c for r, c in reasons.items() if c}
+        elif isinstance(value, (int, float)) and key != "ops_per_region":
+            out[key] = value - before.get(key, 0)
+    return out
+
+
+def per_run(delta, runs):
+    """Per-run view of a metrics delta: the figures the chain16 / MLP notes print."""
+    regions = delta.get("regions_run", 0)
+    return {
+        "runs": runs,
+        "flushes_per_run": delta.get("flushes", 0) / runs,
+        "regions_per_run": regions / runs,
+        "ops_recorded_per_run": delta.get("ops_recorded", 0) / runs,
+        "ops_executed_per_run": delta.get("ops_executed", 0) / runs,
+        "ops_per_region": delta.get("ops_executed", 0) / regions if regions else 0.0,
+        "cache_hits": delta.get("cache_hits", 0),
+        "compiles": delta.get("compiles", 0),
+        "library_calls_per_run": delta.get("library_calls", 0) / runs,
+        "mb_materialized_per_run": delta.get("bytes_materialized", 0) / runs / 1e6,
+        "flush_reasons": delta.get("flush_reasons", {}),
+    }
+
+
+def machine_info():
+    """What the figures depend on: cores, threads, versions, CPU model, date, commit."""
+    cpu_model = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=Path(__file__).resolve().parent,
+                                timeout=5).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        commit = "?"
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": cpu_model,
+        "commit": commit,
+        # Other processes compete for the same cores; the figures are only as quiet as this.
+        "loadavg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+
+
+# ---------------------------------------------------------------- 1. record overhead
+
+def _record_add(a, b, n):
+    for _ in range(n):
+        a + b
+
+
+def _record_mul(a, b, n):
+    for _ in range(n):
+        a.mul(b)
+
+
+def bench_record(cfg, report):
+    """Per-op cost of recording an op on "tpu" against running it on CPU eager."""
+    a_cpu, b_cpu = torch.tensor([1.5]), torch.tensor([-0.25])
+    a, b = a_cpu.to(TPU), b_cpu.to(TPU)
+    torch.tpu.synchronize()
+    n = cfg["record_n"]
+    previous = torch_tpu_eager.queue_limits()
+    # N ops must stay in the queue, or an auto-flush would be timed as recording.
+    torch_tpu_eager.set_queue_limits(max_ops=10**6, max_bytes=previous[1])
+    try:
+        for label, loop, op in (("a + b", _record_add, torch.add), ("a.mul(b)", _record_mul, torch.mul)):
+            bench = f"record {label} (1 elem, N={n})"
+            if not report.check(bench, lambda: torch.testing.assert_close(
+                    op(a, b).cpu(), op(a_cpu, b_cpu), rtol=0, atol=0)):
+                report.failed_row(bench, "CHECK FAILED")
+                continue
+            auto_flushes = [0]
+
+            def run_tpu(loop=loop):
+                torch.tpu.synchronize()
+                flushes0 = torch_tpu_eager.metrics()["flushes"]
+                t0 = clock()
+                loop(a, b, n)
+                seconds = clock() - t0
+                auto_flushes[0] += torch_tpu_eager.metrics()["flushes"] - flushes0
+                torch.tpu.synchronize()
+                return seconds / n
+
+            def run_cpu(loop=loop):
+                t0 = clock()
+                loop(a_cpu, b_cpu, n)
+                return (clock() - t0) / n
+
+            samples = interleave({"tpu": run_tpu, "cpu": run_cpu}, cfg["repeats"])
+            # A flush inside the timed region would make the figure meaningless.
+            report.check(f"{bench}: no flush while recording",
+                         lambda: _assert_equal(auto_flushes[0], 0, "flushes inside the timed region"))
+            report.row(bench, "us/op", samples, 1e6, ratios=[("tpu", "cpu")])
+    finally:
+        torch_tpu_eager.set_queue_limits(*previous)
+
+
+def _assert_equal(actual, expected, what):
+    assert actual == expected, f"{what}: {actual} (expected {expected})"
+
+
+# ---------------------------------------------------------------- chain16
+
+def chain16(x):
+    """16 elementwise ops; every intermediate stays in a range where exp/sin are tame."""
+    y = x + 1.0
+    y = y * x
+    y = y - 0.5
+    y = y / 3.0
+    y = y.sin()
+    y = y.exp()
+    y = y.relu()
+    y = y.tanh()
+    y = y.sigmoid()
+    y = y - x
+    y = y.abs()
+    y = y * 0.25
+    y = y + x
+    y = y.cos()
+    y = y.neg()
+    y = y * y
+    return y
+
+
+CHAIN_OPS = 16
+
+
+def bench_flush(cfg, report):
+    """Cost of a flush whose regions are all JIT cache hits (16-op chain, 4x4 tensors)."""
+    bench = f"flush, cache hit ({CHAIN_OPS}-op chain, 4x4)"
+    x_cpu = torch.randn(4, 4, generator=torch.Generator().manual_seed(SEED))
+    x = x_cpu.to(TPU)
+    torch.tpu.synchronize()
+    if not report.check(bench, lambda: torch.testing.assert_close(chain16(x).cpu(), chain16(x_cpu))):
+        report.failed_row(bench, "CHECK FAILED")
+        return
+    flushes = cfg["flushes"]
+
+    def run_flush():
+        total = 0.0
+        for _ in range(flushes):
+            y = chain16(x)  # recorded, outside the clock
+            t0 = clock()
+            torch.tpu.synchronize()
+            total += clock() - t0
+            del y
+        return total / flushes
+
+    before = torch_tpu_eager.metrics()
+    samples = interleave({"tpu": run_flush}, cfg["repeats"])
+    delta = metrics_delta(before, torch_tpu_eager.metrics())
+    runs = (cfg["repeats"] + 1) * flushes  # the interleave also runs one warmup round
+    stats = per_run(delta, runs)
+    report.metrics["flush_cache_hit"] = stats
+    report.check(f"{bench}: every flush hits the cache",
+                 lambda: _assert_equal(stats["compiles"], 0, "compiles during timed flushes"))
+    report.row(bench, "us/flush", samples, 1e6)
+    per_op = {"tpu": [s / CHAIN_OPS for s in samples["tpu"]]}
+    report.row("  same, per op of the chain", "us/op", per_op, 1e6)
+
+
+def bench_chain16(cfg, report):
+    """chain16 on a large tensor read to the host: "tpu" vs CPU eager vs torch.compile."""
+    size = cfg["chain_size"]
+    bench = f"chain16 {size}x{size} f32 -> host"
+    x_cpu = torch.randn(size, size, generator=torch.Generator().manual_seed(SEED))
+    x = x_cpu.to(TPU)
+    torch.tpu.synchronize()
+    expected = chain16(x_cpu)
+    if not report.check(bench, lambda: torch.testing.assert_close(chain16(x).cpu(), expected)):
+        report.failed_row(bench, "CHECK FAILED")
+        return
+
+    notes = {}
+    compiled = None
+    try:
+        t0 = clock()
+        compiled = torch.compile(chain16, backend="inductor")
+        got = compiled(x_cpu)  # compiles here, before any timing
+        report.metrics["torch_compile_seconds"] = clock() - t0
+        torch.testing.assert_close(got, expected)
+    except AssertionError as exc:  # inductor's own numerics, not the device's: a note, not a check
+        notes["compile"] = "mismatch vs eager: " + str(exc).strip().splitlines()[0][:60]
+        compiled = None
+    except Exception as exc:  # noqa: BLE001  (any compiler failure is reported, not raised)
+        notes["compile"] = f"failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:60]}"
+        report.metrics["torch_compile_error"] = traceback.format_exc()  # in --json, for diagnosis
+        compiled = None
+
+    iters = cfg["chain_iters"]
+    tpu_runs = [0]
+
+    def run_tpu():
+        t0 = clock()
+        for _ in range(iters):
+            chain16(x).cpu()
+        tpu_runs[0] += iters
+        return (clock() - t0) / iters
+
+    def run_cpu():
+        t0 = clock()
+        for _ in range(iters):
+            chain16(x_cpu).cpu()
+        return (clock() - t0) / iters
+
+    contenders = {"tpu": run_tpu, "cpu": run_cpu}
+    if compiled is not None:
+        def run_compile():
+            t0 = clock()
+            for _ in range(iters):
+                compiled(x_cpu).cpu()
+            return (clock() - t0) / iters
+        contenders["compile"] = run_compile
+
+    before = torch_tpu_eager.metrics()
+    samples = interleave(contenders, cfg["repeats"])
+    delta = metrics_delta(before, torch_tpu_eager.metrics())
+    report.metrics["chain16"] = per_run(delta, tpu_runs[0])
+    report.row(bench, "ms", samples, 1e3, ratios=[("cpu", "tpu"), ("compile", "tpu")], notes=notes)
+
+
+# ---------------------------------------------------------------- 3. digits MLP
+
+def digits_data(n_batches, batch=64):
+    """(x, y) batches of the digits shape: load_digits if scikit-learn is there, else synthetic."""
+    try:
+        from sklearn.datasets import load_digits
+        digits = load_digits()
+        x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+        y = torch.tensor(digits.target, dtype=torch.int64)
+        source = "sklearn load_digits"
+    except ImportError:
+        g = torch.Generator().manual_seed(SEED)
+        x = torch.randint(0, 17, (1797, 64), generator=g).float() / 16.0
+        y = torch.randint(0, 10, (1797,), generator=g)
+        source = "synthetic (scikit-learn not installed)"
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(SEED + 1))
+    batches = [(x[perm[i * batch:(i + 1) * batch]], y[perm[i * batch:(i + 1) * batch]])
+               for i in range(n_batches)]
+    return batches, source
+
+
+class Trainer:
+    """One model + Adam on one device, its batches staged there; steps through them in turn."""
+
+    def __init__(self, device, batches):
+        torch.manual_seed(SEED)
+        # Built on CPU from one seed and moved: identical initial weights on every device.
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(64, 128), torch.nn.ReLU(),
+            torch.nn.Linear(128, 64), torch.nn.ReLU(),
+            torch.nn.Linear(64, 10),
+        ).to(device)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        self.batches = [(xb.to(device), yb.to(device)) for xb, yb in batches]
+        self.i = 0
+
+    def step(self):
+        """One training step; returns the loss tensor (on the device, not read)."""
+        xb, yb = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        loss = F.cross_entropy(self.model(xb), yb)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return loss
+
+    def steps(self, n, read_every=10):
+        """``n`` steps reading the loss to the host every ``read_every`` steps and after the last."""
+        for k in range(1, n + 1):
+            loss = self.step()
+            if k % read_every == 0 or k == n:
+                loss.item()
+
+
+def bench_mlp(cfg, report):
+    """Training steps of the digits MLP on "tpu" vs CPU eager."""
+    bench = "digits MLP step (Adam, batch 64)"
+    batches, source = digits_data(n_batches=10)
+    report.metrics["mlp_data"] = source
+
+    def check():
+        tpu, cpu = Trainer(TPU, batches), Trainer("cpu", batches)
+        losses_tpu = torch.stack([tpu.step().detach() for _ in range(cfg["check_steps"])]).cpu()
+        losses_cpu = torch.stack([cpu.step().detach() for _ in range(cfg["check_steps"])])
+        torch.testing.assert_close(losses_tpu, losses_cpu)
+        for (name, p_tpu), p_cpu in zip(tpu.model.named_parameters(), cpu.model.parameters()):
+            torch.testing.assert_close(p_tpu.detach().cpu(), p_cpu.detach(), msg=lambda m, n=name: f"{n}: {m}")
+
+    if not report.check(bench, check):
+        report.failed_row(bench, "CHECK FAILED")
+        return
+
+    tpu, cpu = Trainer(TPU, batches), Trainer("cpu", batches)
+    steps = cfg["mlp_steps"]
+    tpu_runs = [0]
+
+    def run_tpu():
+        t0 = clock()
+        tpu.steps(steps)
+        tpu_runs[0] += steps
+        return (clock() - t0) / steps
+
+    def run_cpu():
+        t0 = clock()
+        cpu.steps(steps)
+        return (clock() - t0) / steps
+
+    before = torch_tpu_eager.metrics()
+    samples = interleave({"tpu": run_tpu, "cpu": run_cpu}, cfg["repeats"])
+    delta = metrics_delta(before, torch_tpu_eager.metrics())
+    report.metrics["mlp_step"] = per_run(delta, tpu_runs[0])
+    report.row(bench, "ms/step", samples, 1e3, ratios=[("cpu", "tpu")])
+
+
+# ---------------------------------------------------------------- output
+
+CONTENDERS = (("tpu", "tpu"), ("cpu", "cpu eager"), ("compile", "cpu compile"))
+
+
+def _fmt_value(v):
+    if v is None:
+        return "-"
+    med = v["median"]
+    text = f"{med:.3g}" if med < 100 else f"{med:.0f}"
+    return f"{text} ±{v['spread'] * 100:.0f}%"
+
+
+def format_table(report, info, cfg, quick):
+    """The table as text: one row per figure, medians ± half the interquartile range."""
+    lines = [
+        f"torch_tpu_eager benchmarks{' (--quick)' if quick else ''} | {info['date']} | "
+        f"commit {info['commit']}",
+        f"nproc {info['nproc']}, torch threads {info['torch_threads']}, torch {info['torch']}, "
+        f"python {info['python']}, cpu: {info['cpu']}, load average at start {info['loadavg_1min']}",
+        f"each figure: median of {cfg['repeats']} interleaved repeats (± half the IQR); "
+        "ratios: median of per-repeat ratios, X/tpu > 1 means tpu is faster than X",
+    ]
+    load = info["loadavg_1min"]
+    if load is not None and load >= info["nproc"]:
+        lines.append(f"WARNING: load average {load} >= {info['nproc']} cores: other jobs share this machine, "
+                     "figures are noisy (paired ratios suffer least)")
+    lines.append("")
+    header = ["benchmark", "unit"] + [label for _, label in CONTENDERS] + ["ratios"]
+    body = []
+    for row in report.rows:
+        cells = [row["benchmark"], row["unit"]]
+        for key, _ in CONTENDERS:
+            if key in row["notes"]:
+                cells.append(row["notes"][key])
+            else:
+                cells.append(_fmt_value(row["values"].get(key)))
+        cells.append(", ".join(f"{k} = {v:.3g}" for k, v in row["ratios"].items()) or "-")
+        body.append(cells)
+    widths = [max(len(str(r[i])) for r in [header] + body) for i in range(len(header))]
+    fmt = lambda cells: " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    lines.append(fmt(header))
+    lines.append("-+-".join("-" * w for w in widths))
+    lines.extend(fmt(r) for r in body)
+    return "\n".join(lines)
+
+
+def format_metrics(report):
+    """Device counters per run for the flush, chain16 and MLP benchmarks."""
+    lines = []
+    titles = (("flush_cache_hit", "flush (cache hit), per flush"), ("chain16", "chain16, per run"),
+              ("mlp_step", "digits MLP, per step"))
+    for key, title in titles:
+        m = report.metrics.get(key)
+        if not m:
+            continue
+        reasons = ", ".join(f"{r} {c / m['runs']:.2g}" for r, c in sorted(m["flush_reasons"].items()))
+        lines.append(
+            f"tpu metrics, {title} ({m['runs']} runs): regions {m['regions_per_run']:.3g}, "
+            f"ops/region {m['ops_per_region']:.3g}, ops recorded {m['ops_recorded_per_run']:.3g}, "
+            f"executed {m['ops_executed_per_run']:.3g}, flushes {m['flushes_per_run']:.3g} "
+            f"[{reasons or 'none'}], library calls {m['library_calls_per_run']:.3g}, "
+            f"MB materialized {m['mb_materialized_per_run']:.3g}; in total cache hits "
+            f"{m['cache_hits']}, compiles {m['compiles']}")
+    if "torch_compile_seconds" in report.metrics:
+        lines.append(f"torch.compile (inductor) of chain16: {report.metrics['torch_compile_seconds']:.1f} s, "
+                     "once, before timing")
+    if "mlp_data" in report.metrics:
+        lines.append(f"digits data: {report.metrics['mlp_data']}")
+    return "\n".join(lines)
+
+
+def format_checks(report):
+    """One line if every check against CPU passed, else one line per failed check."""
+    failed = {k: v for k, v in report.checks.items() if not v["passed"]}
+    if not failed:
+        return f"correctness vs CPU: all {len(report.checks)} checks passed"
+    return "\n".join([f"correctness vs CPU: {len(failed)} of {len(report.checks)} checks FAILED"]
+                     + [f"  {k}: {v['error']}" for k, v in failed.items()])
+
+
+def run(argv=None):
+    """Runs every benchmark; returns (report, machine info, config, parsed arguments)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few repeats and small sizes (smoke test)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results, with every sample, here")
+    parser.add_argument("--repeats", type=int, default=None, help="repeats per figure (default 15; 3 with --quick)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads for every contender (default 1; 0 keeps torch's "
+                             "own choice, which on a loaded machine makes both CPU and tpu figures erratic)")
+    args = parser.parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.repeats is not None:
+        if args.repeats < 1:
+            parser.error("--repeats must be at least 1")
+        cfg["repeats"] = args.repeats
+    if args.threads < 0:
+        parser.error("--threads must be 0 (torch's choice) or more")
+
+    # Process-wide settings, restored after so that a caller (the smoke test) keeps its own.
+    previous = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    try:
+        if args.threads:
+            # With more threads than free cores, the intra-op pool's barriers stall whenever
+            # another process holds a core: on a 2-core machine shared with other jobs this
+            # made the chain16 and MLP figures 10-300x slower, unevenly, and the ratios meaningless.
+            torch.set_num_threads(args.threads)
+        # The MLP check compares with CPU at f32; the device's matmul precision follows this.
+        torch.set_float32_matmul_precision("highest")
+        info = machine_info()
+        report = Report()
+        t0 = clock()
+        bench_record(cfg, report)
+        bench_flush(cfg, report)
+        bench_chain16(cfg, report)
+        bench_mlp(cfg, report)
+        report.metrics["wall_seconds"] = clock() - t0
+    finally:
+        torch.set_num_threads(previous[0])
+        torch.set_float32_matmul_precision(previous[1])
+    return report, info, cfg, args
+
+
+def main(argv=None):
+    """Runs the benchmarks and prints the table; returns 0 if every correctness check passed."""
+    report, info, cfg, args = run(argv)
+    print(format_table(report, info, cfg, args.quick))
+    print()
+    print(format_metrics(report))
+    print(format_checks(report))
+    print(f"wall time {report.metrics['wall_seconds']:.0f} s")
+    ok = all(c["passed"] for c in report.checks.values())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": info, "config": cfg, "quick": args.quick, "all_checks_passed": ok,
+                       "checks": report.checks, "rows": report.rows, "metrics": report.metrics},
+                      f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
