@@ -41,6 +41,11 @@ bool HostMemory::is_temp(DeferredStorage* s) const {
   return it != map_.end() && it->second.temp;
 }
 
+void HostMemory::release_temp(DeferredStorage* s) {
+  auto it = map_.find(s);
+  if (it != map_.end() && it->second.temp) map_.erase(it);
+}
+
 c10::Storage HostMemory::storage_for(DeferredStorage* s) {
   auto it = map_.find(s);
   if (it != map_.end()) return it->second.storage;
@@ -71,17 +76,24 @@ at::Tensor HostMemory::strided(const TensorRef& r) {
 
 at::Tensor HostMemory::tensor(const TensorRef& r) {
   check_storage_error(r.storage.get());
-  at::Tensor f = flat(r);
-  const views::ViewChain chain = views::decompose(f.numel(), r.sizes, r.strides, r.offset);
-  return with_bits(views::apply(f, chain, r.sizes, r.strides, r.offset), r);
+  c10::Storage st = storage_for(r.storage.get());
+  const int64_t numel = static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype));
+  const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
+  // A chain of slices, reshapes, permutes and broadcasts aliases the storage:
+  // on the host that is exactly the strided view, built in one step.
+  if (!chain.padded && !chain.gather) return with_bits(view_over(st, r), r);
+  return with_bits(views::apply(flat(r), chain, r.sizes, r.strides, r.offset), r);
 }
 
 at::Tensor HostMemory::written_tensor(const TensorRef& r) {
   check_storage_error(r.storage.get());
+  c10::Storage st = storage_for(r.storage.get());
+  const int64_t numel = static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype));
+  const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
+  if (!chain.padded && !chain.gather) return with_bits(view_over(st, r), r);
   at::Tensor f = flat(r);
-  const views::ViewChain chain = views::decompose(f.numel(), r.sizes, r.strides, r.offset);
   at::Tensor v = views::apply(f, chain, r.sizes, r.strides, r.offset);
-  if (chain.padded || chain.gather) {
+  {
     // The op writes a copy; finish_writes() scatters it back through the inverse chain.
     v = v.contiguous();
     pending_writes_.push_back(PendingWrite{f, r, v});

@@ -24,6 +24,8 @@ class HostMemory {
   // Binds `s` to a temporary CPU storage holding its value.
   void bind_temp(DeferredStorage* s, c10::Storage storage);
   bool is_temp(DeferredStorage* s) const;
+  // Frees the temporary of `s` (its last use in the region has run).
+  void release_temp(DeferredStorage* s);
   // The CPU storage that holds the current value of `s`.
   c10::Storage storage_for(DeferredStorage* s);
   // The value of r: a CPU tensor with r's dtype and geometry, read from the

@@ -2,6 +2,7 @@
 // numerics (MXU precision modes) and accounts simulated time (roofline).
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <ATen/Context.h>
@@ -88,6 +89,15 @@ class TpuExecutor final : public Executor {
                   host::HostMemory& mem, RegionStats& stats) override {
     const auto prec = at::globalContext().float32MatmulPrecision();
     std::unordered_set<const DeferredStorage*> produced, counted;
+    // Position of the last op of the region that uses each storage: a
+    // temporary is freed right after it, as eager frees a dead intermediate
+    // (keeps the working set, and the allocator's reuse, like eager's).
+    std::unordered_map<DeferredStorage*, size_t> last_use;
+    for (size_t p = 0; p < region.nodes.size(); ++p) {
+      const Node& n = graph[region.nodes[p]];
+      for (const auto& in : n.inputs) last_use[in.ref.storage.get()] = p;
+      for (const auto& out : n.outputs) last_use.emplace(out.storage.get(), p);
+    }
     for (size_t p = 0; p < region.nodes.size(); ++p) {
       Node& n = graph[region.nodes[p]];
       for (const auto& in : n.inputs) {
@@ -115,6 +125,10 @@ class TpuExecutor final : public Executor {
       }
       for (const auto& in : n.inputs)
         if (in.written && !mem.is_temp(in.ref.storage.get())) stats.bytes_written += in.ref.nbytes();
+      for (const auto& in : n.inputs)
+        if (last_use[in.ref.storage.get()] == p) mem.release_temp(in.ref.storage.get());
+      for (const auto& out : n.outputs)
+        if (last_use[out.storage.get()] == p) mem.release_temp(out.storage.get());
       stats.flops += region_flops(n);
       if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) stats.library_calls++;
     }
