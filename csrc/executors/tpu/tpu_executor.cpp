@@ -15,6 +15,7 @@
 
 #include "executors/executor.h"
 #include "executors/tpu/chip.h"
+#include "executors/tpu/fused_elementwise.h"
 #include "views/view_chain.h"
 
 namespace tpu_eager {
@@ -87,6 +88,10 @@ class TpuExecutor final : public Executor {
 
   void run_region(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
                   host::HostMemory& mem, RegionStats& stats) override {
+    if (tpu::run_fused_elementwise(region, graph, mem, stats)) {
+      finish(stats);
+      return;
+    }
     const auto prec = at::globalContext().float32MatmulPrecision();
     std::unordered_set<const DeferredStorage*> produced, counted;
     // Position of the last op of the region that uses each storage: a
@@ -133,13 +138,17 @@ class TpuExecutor final : public Executor {
       if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) stats.library_calls++;
     }
     stats.failed_at = -1;
+    finish(stats);
+  }
+
+ private:
+  static void finish(RegionStats& stats) {
     const auto& chip = tpu::kV5e;
     const double mem_s = static_cast<double>(stats.bytes_read + stats.bytes_written) / chip.hbm_bandwidth;
     const double compute_s = stats.flops / chip.peak_flops;
     stats.sim_time_s = std::max(mem_s, compute_s) + chip.launch_s;
   }
 
- private:
   static void bind_output(const TensorRef& ref, const at::Tensor& result, bool materialize, host::HostMemory& mem,
                           RegionStats& stats) {
     DeferredStorage* s = ref.storage.get();

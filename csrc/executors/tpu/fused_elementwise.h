@@ -1,0 +1,24 @@
+// One fused loop for elementwise regions (DESIGN §5): the region's ops run
+// tile by tile over cache-resident buffers, and only materialized outputs
+// reach device memory.
+#pragma once
+
+#include <vector>
+
+#include "executors/executor.h"
+
+namespace tpu_eager {
+namespace tpu {
+
+// Runs `region` as a single tiled loop when every op is a supported float32
+// elementwise op (add, sub, mul, div, neg, abs, relu, exp, log, sin, cos,
+// tanh, sigmoid, sqrt, rsqrt, reciprocal; functional overloads) over one
+// contiguous shape, with 0-dim tensors and Python scalars as runtime
+// parameters. Returns false, having done nothing, for any other region.
+// Basic arithmetic is IEEE-exact as on CPU; transcendental functions use the
+// C library and may differ from CPU's vectorized kernels by an ulp.
+bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
+                           RegionStats& stats);
+
+}  // namespace tpu
+}  // namespace tpu_eager
