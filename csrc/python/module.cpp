@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 
 #include "device/device.h"
+#include "executors/spyre/df16.h"
 #include "jit/jit.h"
 #include "lazy/queue.h"
 #include "ops/op_table.h"
@@ -109,6 +110,17 @@ PYBIND11_MODULE(_C, m) {
                             const at::Tensor& value) {
     views::scatter(flat, views::decompose(flat.numel(), sizes, strides, offset), sizes, strides, offset, value);
   });
+  // Spyre df16 codec (torch_tpu_eager/spyre.py checks arguments and devices).
+  m.def(
+      "_df16_encode",
+      [](const at::Tensor& x, bool nearest_even, bool saturate) {
+        using spyre::Df16Overflow;
+        using spyre::Df16Rounding;
+        return spyre::df16_encode(x, nearest_even ? Df16Rounding::kNearestEven : Df16Rounding::kNearestAway,
+                                  saturate ? Df16Overflow::kSaturate : Df16Overflow::kNanInf);
+      },
+      py::arg("x"), py::arg("nearest_even"), py::arg("saturate"), py::call_guard<py::gil_scoped_release>());
+  m.def("_df16_decode", &spyre::df16_decode, py::arg("bits"), py::call_guard<py::gil_scoped_release>());
   m.attr("FLUSH_SYNCHRONIZE") = static_cast<int>(FlushReason::kSynchronize);
   m.attr("FLUSH_HOST_READ") = static_cast<int>(FlushReason::kHostRead);
   m.attr("FLUSH_TARGET_SWITCH") = static_cast<int>(FlushReason::kTargetSwitch);

@@ -1,0 +1,89 @@
+// df16 codec over arrays and tensors (format and rounding rules in df16.h).
+#include "executors/spyre/df16.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+namespace tpu_eager {
+namespace spyre {
+
+namespace {
+
+// Below this many elements one thread is faster than waking the pool.
+constexpr int64_t kGrain = 1 << 15;
+
+// Elements per inner block: a fixed trip count is what lets GCC's -O2 (cheap)
+// vectorizer take the loop; the tail runs scalar.
+constexpr int64_t kBlock = 64;
+
+// The modes are template parameters so each loop body is one fixed select
+// chain. Works on the IEEE bits (memcpy'd floats do not vectorize).
+template <Df16Rounding R, Df16Overflow O>
+void encode_loop(const uint32_t* __restrict src, uint16_t* __restrict dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = df16_from_f32_bits(src[i + j], R, O);
+  for (; i < n; ++i) dst[i] = df16_from_f32_bits(src[i], R, O);
+}
+
+void decode_loop(const uint16_t* __restrict src, uint32_t* __restrict dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = df16_to_f32_bits(src[i + j]);
+  for (; i < n; ++i) dst[i] = df16_to_f32_bits(src[i]);
+}
+
+}  // namespace
+
+void df16_encode_array(const uint32_t* src, uint16_t* dst, int64_t n, Df16Rounding rounding,
+                       Df16Overflow overflow) {
+  const bool away = rounding == Df16Rounding::kNearestAway;
+  const bool nan_inf = overflow == Df16Overflow::kNanInf;
+  if (away && nan_inf)
+    encode_loop<Df16Rounding::kNearestAway, Df16Overflow::kNanInf>(src, dst, n);
+  else if (away)
+    encode_loop<Df16Rounding::kNearestAway, Df16Overflow::kSaturate>(src, dst, n);
+  else if (nan_inf)
+    encode_loop<Df16Rounding::kNearestEven, Df16Overflow::kNanInf>(src, dst, n);
+  else
+    encode_loop<Df16Rounding::kNearestEven, Df16Overflow::kSaturate>(src, dst, n);
+}
+
+void df16_decode_array(const uint16_t* src, uint32_t* dst, int64_t n) { decode_loop(src, dst, n); }
+
+at::Tensor df16_encode(const at::Tensor& x, Df16Rounding rounding, Df16Overflow overflow) {
+  TORCH_CHECK_TYPE(at::isFloatingType(x.scalar_type()), "df16_encode expects a floating-point tensor, got ",
+                   x.scalar_type());
+  TORCH_CHECK(x.device().is_cpu(), "df16_encode expects a CPU tensor, got one on ", x.device());
+  // The f32 values as their bits (a dtype view, no copy).
+  const at::Tensor src = x.to(at::kFloat).contiguous().view(at::kInt);
+  at::Tensor out = at::empty(src.sizes(), src.options().dtype(at::kShort));
+  const auto* in = reinterpret_cast<const uint32_t*>(src.const_data_ptr<int32_t>());
+  auto* o = reinterpret_cast<uint16_t*>(out.mutable_data_ptr<int16_t>());
+  at::parallel_for(0, src.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    df16_encode_array(in + begin, o + begin, end - begin, rounding, overflow);
+  });
+  return out;
+}
+
+at::Tensor df16_decode(const at::Tensor& bits) {
+  TORCH_CHECK_TYPE(bits.scalar_type() == at::kShort, "df16_decode expects an int16 tensor of df16 bits, got ",
+                   bits.scalar_type());
+  TORCH_CHECK(bits.device().is_cpu(), "df16_decode expects a CPU tensor, got one on ", bits.device());
+  const at::Tensor src = bits.contiguous();
+  // Written as f32 bits into an int32 buffer, returned as its float32 view.
+  at::Tensor out = at::empty(src.sizes(), src.options().dtype(at::kInt));
+  const auto* in = reinterpret_cast<const uint16_t*>(src.const_data_ptr<int16_t>());
+  auto* o = reinterpret_cast<uint32_t*>(out.mutable_data_ptr<int32_t>());
+  at::parallel_for(0, src.numel(), kGrain,
+                   [&](int64_t begin, int64_t end) { df16_decode_array(in + begin, o + begin, end - begin); });
+  return out.view(at::kFloat);
+}
+
+at::Tensor df16_round(const at::Tensor& x, Df16Rounding rounding, Df16Overflow overflow) {
+  return df16_decode(df16_encode(x, rounding, overflow)).to(x.scalar_type());
+}
+
+}  // namespace spyre
+}  // namespace tpu_eager

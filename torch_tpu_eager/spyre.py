@@ -1,0 +1,118 @@
+"""The simulated IBM Spyre target: its native 16-bit format, DLFloat16 (df16).
+
+df16 (Agrawal et al., "DLFloat: A 16-b Floating Point Format Designed for Deep
+Learning Training and Inference", IEEE ARITH 2019; the NNP data type that IBM
+zDNN and onnx-mlir convert to) has 1 sign bit, 6 exponent bits (bias 31) and 9
+fraction bits. Every exponent 0..63 is normal, value (-1)^s * 2^(E-31) *
+(1 + F/512); there are no subnormals. Low 15 bits all zero is ±0, all ones
+(0x7FFF / 0xFFFF) is the single NaN/Inf code. Range: 0x0001 = 2^-31 * (1 + 2^-9)
+to 0x7FFE = 8573157376.0. See docs/spyre_df16.md for the codec's choices.
+
+df16 bits are held in ``torch.int16`` tensors (0xFFFF reads as -1).
+"""
+import torch
+
+from . import _C
+
+__all__ = [
+    "DF16_NAN_INF",
+    "DF16_MAX_FINITE_BITS",
+    "DF16_MAX",
+    "DF16_SMALLEST",
+    "df16_encode",
+    "df16_decode",
+    "df16_round",
+]
+
+DF16_NAN_INF = 0x7FFF  #: the NaN/Inf code (with the sign bit: 0xFFFF)
+DF16_MAX_FINITE_BITS = 0x7FFE  #: largest finite magnitude's code
+DF16_MAX = 8573157376.0  #: 2**32 * (1 + 510/512), the largest finite df16 value
+DF16_SMALLEST = 2.0**-31 * (1 + 2.0**-9)  #: smallest nonzero magnitude (code 0x0001)
+
+_ROUNDINGS = ("nearest_away", "nearest_even")
+_OVERFLOWS = ("nan_inf", "saturate")
+
+
+def _check_option(name, value, allowed):
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}; got {value!r}")
+
+
+def _to_cpu(t, fn):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn} expects a torch.Tensor, got {type(t).__name__}")
+    # Device tensors ("tpu") are read back to the host; this flushes their pending ops.
+    return t.detach().to("cpu")
+
+
+def _back(result, like):
+    return result if like.device.type == "cpu" else result.to(like.device)
+
+
+def df16_encode(x, rounding="nearest_away", overflow="nan_inf"):
+    """Encodes a floating-point tensor to df16 bits.
+
+    Args:
+        x: tensor of any floating dtype (float16, bfloat16, float32, float64) and any
+            shape or strides, on CPU or "tpu". float64 is first rounded to float32
+            (Spyre converts from f32); float16 and bfloat16 widen to f32 exactly.
+        rounding: ``"nearest_away"`` (default; round to nearest, ties away from zero,
+            as the hardware does) or ``"nearest_even"`` (ties to even).
+        overflow: ``"nan_inf"`` (default): magnitudes that round past the largest
+            finite value, and ±Inf, become the NaN/Inf code 0x7FFF with the sign;
+            ``"saturate"``: they become ±0x7FFE (±8573157376.0). NaN always becomes
+            0x7FFF with its sign.
+
+    Magnitudes that round below 2**-31 * (1 + 2**-9) become zero with the sign
+    (rounding happens first: a value rounding up to the smallest code gets it).
+
+    Returns:
+        A contiguous ``torch.int16`` tensor of x's shape, on x's device, holding the
+        df16 bit patterns.
+
+    Raises:
+        TypeError: x is not a tensor or not of a floating dtype.
+        ValueError: unknown ``rounding`` or ``overflow``.
+    """
+    _check_option("rounding", rounding, _ROUNDINGS)
+    _check_option("overflow", overflow, _OVERFLOWS)
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"df16_encode expects a floating-point tensor, got {got}")
+    bits = _C._df16_encode(_to_cpu(x, "df16_encode"), rounding == "nearest_even", overflow == "saturate")
+    return _back(bits, x)
+
+
+def df16_decode(bits):
+    """Decodes df16 bits to float32 values (exact: every df16 value is an f32).
+
+    Args:
+        bits: ``torch.int16`` tensor of df16 codes, any shape, on CPU or "tpu".
+
+    Returns:
+        A contiguous ``torch.float32`` tensor of the same shape on the same device.
+        ±0 codes give ±0.0; the NaN/Inf code (0x7FFF, 0xFFFF) gives NaN with the
+        sign bit set accordingly (df16 cannot tell Inf from NaN; zDNN also decodes
+        it to NaN).
+
+    Raises:
+        TypeError: bits is not an int16 tensor.
+    """
+    if not isinstance(bits, torch.Tensor) or bits.dtype != torch.int16:
+        got = bits.dtype if isinstance(bits, torch.Tensor) else type(bits).__name__
+        raise TypeError(f"df16_decode expects a torch.int16 tensor of df16 bits, got {got}")
+    return _back(_C._df16_decode(_to_cpu(bits, "df16_decode")), bits)
+
+
+def df16_round(x, rounding="nearest_away", overflow="nan_inf"):
+    """Rounds x through df16 and back: ``df16_decode(df16_encode(x))`` in x's dtype.
+
+    This is what a tensor holds after a trip through Spyre memory. The result has
+    x's shape, dtype and device (contiguous). Casting back to a narrower dtype than
+    float32 rounds once more with PyTorch's rules: float16 overflows to ±inf above
+    65504 and flushes below its subnormal range; bfloat16 (8 fraction bits) rounds
+    to nearest even.
+
+    Args and errors: as :func:`df16_encode`.
+    """
+    return df16_decode(df16_encode(x, rounding, overflow)).to(x.dtype)
