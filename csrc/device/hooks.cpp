@@ -15,10 +15,11 @@ namespace {
 }  // namespace
 
 void resize_device_storage(const c10::Storage& storage, size_t newsize) {
-  // Resizing needs the storage's current value: flush, then move the bytes
-  // into a new host buffer. Queued nodes hold the old DeferredStorage.
-  (void)flush_all(FlushReason::kStorageResize);
+  // Resizing needs the storage's current value: flush when queued ops still
+  // use it (out= into a fresh empty tensor needs none), then move the bytes
+  // into a new host buffer. Queued nodes keep the old DeferredStorage.
   auto* old = deferred_storage_of(storage);
+  if (storage_has_pending(old)) (void)flush_all(FlushReason::kStorageResize);
   check_storage_error(old);
   c10::DataPtr fresh = device_allocator()->allocate(newsize);
   const size_t keep = std::min(newsize, old->nbytes);
