@@ -26,6 +26,7 @@ setup(
     version="0.1.0",
     description="A deferred-and-fused PrivateUse1 'tpu' device for eager PyTorch, simulating TPU and Spyre on the CPU",
     packages=find_packages(include=["torch_tpu_eager", "torch_tpu_eager.*"]),
+    package_data={"torch_tpu_eager": ["targets/*.json"]},  # chip data files (set_target)
     python_requires=">=3.10",
     install_requires=["torch==2.13.0", "numpy"],
     extras_require={

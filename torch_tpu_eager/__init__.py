@@ -7,7 +7,9 @@ queue and run, fused, on the simulated TPU when a value reaches the host.
 
 Public API: :func:`metrics`, :func:`reset_metrics`, :func:`synchronize`,
 :class:`EagerMode`, :func:`set_eager_mode`, :func:`set_queue_limits`,
-:func:`op_table`, plus ``torch.tpu`` (see :mod:`torch_tpu_eager.device`).
+:func:`op_table`, :func:`set_target` / :func:`get_target` / :func:`list_targets` /
+:func:`target_info` (the simulated chip), :class:`profile` (simulated kernel
+profiler), plus ``torch.tpu`` (see :mod:`torch_tpu_eager.device`).
 """
 import torch
 
@@ -19,6 +21,11 @@ _install()
 from .device import EagerMode, get_eager_mode, set_eager_mode, synchronize  # noqa: E402
 from .metrics import metrics, op_table, reset_metrics, set_queue_limits, queue_limits  # noqa: E402
 from . import spyre  # noqa: E402,F401  (df16 codec: torch_tpu_eager.spyre)
+from .profiler import profile  # noqa: E402
+from .target import get_target, list_targets, set_target, target_info  # noqa: E402
+from . import target as _target  # noqa: E402
+
+_target._init_from_env()
 
 __all__ = [
     "EagerMode",
@@ -30,4 +37,9 @@ __all__ = [
     "set_queue_limits",
     "queue_limits",
     "op_table",
+    "profile",
+    "set_target",
+    "get_target",
+    "list_targets",
+    "target_info",
 ]

@@ -11,7 +11,10 @@ def metrics() -> dict:
     count), ``regions_run`` (fused regions executed), ``ops_per_region``,
     ``library_calls`` (ops not lowered), ``cache_hits``, ``compiles``,
     ``bytes_materialized`` (bytes written to device storages), ``bytes_read``,
-    ``sim_time_s`` (simulated device seconds), ``compile_time_s`` (host seconds).
+    ``padding_bytes`` (extra HBM bytes the tiled layouts of those reads and writes
+    move), ``flops`` (useful operations: matmul 2*M*N*K, others one per element),
+    ``sim_time_s`` (simulated device seconds on the active target, see
+    :func:`torch_tpu_eager.set_target`), ``compile_time_s`` (host seconds).
     Does not flush.
     """
     return _C._metrics()

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -29,6 +30,11 @@ inline DeferredStorage* deferred_storage_of(const at::Tensor& t) { return deferr
 void resize_device_storage(const c10::Storage& storage, size_t nbytes);
 
 // Simulated device memory statistics, in bytes.
+// An allocation that would bring memory_allocated() past the capacity raises
+// c10::OutOfMemoryError (torch.OutOfMemoryError) naming `owner` (the chip);
+// 0 means unlimited. Set by torch_tpu_eager.set_target from the chip's HBM size.
+void set_memory_capacity(int64_t bytes, const std::string& owner);
+int64_t memory_capacity(int device);
 int64_t memory_allocated(int device);
 int64_t max_memory_allocated(int device);
 void reset_peak_memory_stats(int device);

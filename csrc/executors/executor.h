@@ -31,10 +31,14 @@ struct CompiledRegion {
 
 // Counters of one region run, summed into Metrics by the JIT.
 struct RegionStats {
-  int64_t bytes_read = 0;             // bytes read from device storages
-  int64_t bytes_written = 0;          // bytes written to device storages
-  double flops = 0;                   // floating-point operations (MXU: 2*M*N*K)
-  double sim_time_s = 0;              // simulated device time, seconds
+  int64_t bytes_read = 0;             // bytes read from device storages (logical, unpadded)
+  int64_t bytes_written = 0;          // bytes written to device storages (logical, unpadded)
+  int64_t padding_bytes = 0;          // extra HBM bytes moved for the tiled layouts of those reads and writes
+  double flops = 0;                   // useful operations (MXU: 2*M*N*K; others one per element)
+  double mxu_flops = 0;               // FLOPs the MXUs spend on padded shapes, times precision passes
+  double compute_s = 0;               // simulated compute time, seconds
+  double memory_s = 0;                // simulated HBM time, seconds
+  double sim_time_s = 0;              // simulated kernel time: max(compute_s, memory_s) + launch, seconds
   int64_t library_calls = 0;
   int failed_at = -1;                 // position in the region of the op that failed
 };
@@ -43,6 +47,8 @@ class Executor {
  public:
   virtual ~Executor() = default;
   virtual const char* name() const = 0;
+  // The simulated chip regions are costed on (e.g. "tpu-v5e").
+  virtual std::string target() const = 0;
   // Runs `region` of `graph` with its compiled form. Inputs are read from
   // `mem`; outputs marked for materialization are written into their device
   // storages, the rest bound as temporaries in `mem`. Throws on a data error.

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "executors/executor.h"
+#include "jit/kernel_trace.h"
 #include "jit/partition.h"
 
 namespace tpu_eager {
@@ -78,6 +79,28 @@ std::shared_ptr<CompiledRegion> compile(uint64_t key, const std::vector<Node>& g
   return c;
 }
 
+// Appends region `r`'s run to the profiler's trace.
+void trace_region(const CompiledRegion& c, const std::vector<Node>& g, const Region& r, const RegionStats& st,
+                  bool cache_hit, bool failed, const std::string& target) {
+  KernelRecord rec;
+  rec.name = c.name;
+  rec.target = target;
+  rec.stats = st;
+  rec.cache_hit = cache_hit;
+  rec.failed = failed;
+  for (int i : r.nodes) {
+    const Node& n = g[i];
+    const auto& schema = n.op.schema();
+    rec.ops.push_back(schema.name().substr(6) + (schema.overload_name().empty() ? "" : "." + schema.overload_name()));
+    std::vector<std::vector<int64_t>> in, out;
+    for (const auto& slot : n.inputs) in.push_back(slot.ref.sizes);
+    for (const auto& o : n.outputs) out.push_back(o.sizes);
+    rec.shapes.push_back(std::move(in));
+    rec.output_shapes.push_back(std::move(out));
+  }
+  trace_record(std::move(rec));
+}
+
 // Marks what the failed op and the ops after it in its region should have
 // written (ops before it completed).
 void poison(const std::vector<Node>& g, const Region& r, int from, const std::exception_ptr& err) {
@@ -104,12 +127,14 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   for (const Region& r : regions) {
     uint64_t key = structural_key(g, r);
     std::shared_ptr<CompiledRegion> compiled;
+    bool cache_hit = false;
     {
       std::lock_guard<std::mutex> lock(g_cache_mu);
       auto it = g_cache.find(key);
       if (it != g_cache.end()) {
         compiled = it->second;
         m.cache_hits++;
+        cache_hit = true;
       }
     }
     if (!compiled) {
@@ -126,17 +151,22 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
     }();
     if (log_regions) std::fprintf(stderr, "[tpu] region %s (%zu ops)\n", compiled->name.c_str(), r.nodes.size());
     RegionStats st;
+    bool failed = false;
     try {
       ex.run_region(*compiled, r, g, mem, st);
     } catch (...) {
       std::exception_ptr err = std::current_exception();
       poison(g, r, st.failed_at, err);
       if (!first_error) first_error = err;
+      failed = true;
     }
+    if (trace_active()) trace_region(*compiled, g, r, st, cache_hit, failed, ex.target());
     m.regions_run++;
     m.ops_executed += static_cast<int64_t>(r.nodes.size());
     m.bytes_read += st.bytes_read;
     m.bytes_materialized += st.bytes_written;
+    m.padding_bytes += st.padding_bytes;
+    m.flops += st.flops;
     m.sim_time_s += st.sim_time_s;
     m.library_calls += st.library_calls;
   }

@@ -133,6 +133,8 @@ std::exception_ptr flush_all(FlushReason reason) {
     m.compiles += delta.compiles;
     m.bytes_materialized += delta.bytes_materialized;
     m.bytes_read += delta.bytes_read;
+    m.padding_bytes += delta.padding_bytes;
+    m.flops += delta.flops;
     m.sim_time_s += delta.sim_time_s;
     m.compile_time_s += delta.compile_time_s;
   }

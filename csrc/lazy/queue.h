@@ -90,6 +90,8 @@ struct Metrics {
   int64_t compiles = 0;
   int64_t bytes_materialized = 0;   // bytes written to device storages by flushes
   int64_t bytes_read = 0;           // bytes read from device storages by flushes
+  int64_t padding_bytes = 0;        // extra HBM bytes moved for tiled layouts (target's cost model)
+  double flops = 0;                 // useful operations of the regions run (matmul 2*M*N*K)
   double sim_time_s = 0;            // simulated device time, seconds
   double compile_time_s = 0;        // host seconds spent compiling regions
 };

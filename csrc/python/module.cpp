@@ -8,7 +8,9 @@
 
 #include "device/device.h"
 #include "executors/spyre/df16.h"
+#include "executors/tpu/chip.h"
 #include "jit/jit.h"
+#include "jit/kernel_trace.h"
 #include "lazy/queue.h"
 #include "ops/op_table.h"
 #include "views/view_chain.h"
@@ -55,8 +57,74 @@ py::dict metrics_dict() {
   d["compiles"] = m.compiles;
   d["bytes_materialized"] = m.bytes_materialized;
   d["bytes_read"] = m.bytes_read;
+  d["padding_bytes"] = m.padding_bytes;
+  d["flops"] = m.flops;
   d["sim_time_s"] = m.sim_time_s;
   d["compile_time_s"] = m.compile_time_s;
+  return d;
+}
+
+py::dict kernel_dict(const jit::KernelRecord& r) {
+  py::dict d;
+  d["name"] = r.name;
+  d["target"] = r.target;
+  d["ops"] = r.ops;
+  d["shapes"] = r.shapes;
+  d["output_shapes"] = r.output_shapes;
+  d["bytes_read"] = r.stats.bytes_read;
+  d["bytes_written"] = r.stats.bytes_written;
+  d["padding_bytes"] = r.stats.padding_bytes;
+  d["flops"] = r.stats.flops;
+  d["mxu_flops"] = r.stats.mxu_flops;
+  d["compute_s"] = r.stats.compute_s;
+  d["memory_s"] = r.stats.memory_s;
+  d["sim_time_s"] = r.stats.sim_time_s;
+  d["start_s"] = r.start_s;
+  d["cache_hit"] = r.cache_hit;
+  d["failed"] = r.failed;
+  return d;
+}
+
+// Sets the active chip from the dict built by torch_tpu_eager.target: runs
+// pending work on the old chip first, then drops regions compiled for it.
+void set_target(const py::dict& p) {
+  tpu::ChipParams c;
+  c.name = p["name"].cast<std::string>();
+  c.tensor_cores = p["tensor_cores"].cast<int64_t>();
+  c.mxus_per_core = p["mxus_per_core"].cast<int64_t>();
+  c.mxu_size = p["mxu_size"].cast<int64_t>();
+  c.sublanes = p["sublanes"].cast<int64_t>();
+  c.lanes = p["lanes"].cast<int64_t>();
+  c.peak_bf16_flops = p["peak_bf16_flops"].cast<double>();
+  c.hbm_bandwidth = p["hbm_bandwidth"].cast<double>();
+  c.hbm_bytes = p["hbm_bytes"].cast<int64_t>();
+  c.vmem_bytes = p["vmem_bytes"].cast<int64_t>();
+  c.vpu_elems_per_s = p["vpu_elems_per_s"].cast<double>();
+  c.launch_s = p["launch_s"].cast<double>();
+  TORCH_CHECK_VALUE(c.valid() && c.mxu_size > 0 && c.sublanes > 0 && c.lanes > 0 && c.hbm_bytes > 0,
+                    "invalid chip parameters for target ", c.name);
+  py::gil_scoped_release no_gil;
+  (void)flush_all(FlushReason::kTargetSwitch);  // errors stay with the storages they poisoned
+  tpu::set_active_chip(c);
+  set_memory_capacity(c.hbm_bytes, c.name);
+  jit::clear_cache();
+}
+
+py::dict chip_dict() {
+  tpu::ChipParams c = tpu::active_chip();
+  py::dict d;
+  d["name"] = c.name;
+  d["tensor_cores"] = c.tensor_cores;
+  d["mxus_per_core"] = c.mxus_per_core;
+  d["mxu_size"] = c.mxu_size;
+  d["sublanes"] = c.sublanes;
+  d["lanes"] = c.lanes;
+  d["peak_bf16_flops"] = c.peak_bf16_flops;
+  d["hbm_bandwidth"] = c.hbm_bandwidth;
+  d["hbm_bytes"] = c.hbm_bytes;
+  d["vmem_bytes"] = c.vmem_bytes;
+  d["vpu_elems_per_s"] = c.vpu_elems_per_s;
+  d["launch_s"] = c.launch_s;
   return d;
 }
 
@@ -68,15 +136,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_install_location_hook", [] { set_location_hook(&python_location); });
   m.def(
       "_flush",
-      [](int reason) {
+      [](int reason, bool raise_error) {
         std::exception_ptr err;
         {
           py::gil_scoped_release no_gil;
           err = flush_all(static_cast<FlushReason>(reason));
         }
-        if (err) std::rethrow_exception(err);
+        if (err && raise_error) std::rethrow_exception(err);
       },
-      py::arg("reason"));
+      py::arg("reason"), py::arg("raise_error") = true);
   m.def("_metrics", &metrics_dict);
   m.def("_reset_metrics", &reset_metrics);
   m.def("_set_eager_mode", [](int mode) { set_eager_mode(static_cast<EagerMode>(mode)); });
@@ -86,6 +154,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_queue_limits", &queue_limits);
   m.def("_cache_size", &jit::cache_size);
   m.def("_clear_cache", &jit::clear_cache);
+  m.def("_set_target", &set_target, py::arg("params"));
+  m.def("_chip", &chip_dict);
+  m.def("_memory_capacity", &memory_capacity);
+  m.def("_trace_begin", [] { return jit::trace_begin(); });
+  m.def("_trace_end", [](size_t first) {
+    py::list out;
+    for (const auto& r : jit::trace_end(first)) out.append(kernel_dict(r));
+    return out;
+  });
+  m.def("_trace_active", &jit::trace_active);
+  m.def("_trace_size", &jit::trace_size);
   m.def("_memory_allocated", &memory_allocated);
   m.def("_max_memory_allocated", &max_memory_allocated);
   m.def("_reset_peak_memory_stats", &reset_peak_memory_stats);

@@ -252,7 +252,6 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
 
   for (auto& e : externals) stats.bytes_read += e.numel() * 4;
   stats.bytes_written += static_cast<int64_t>(outputs.size()) * numel * 4;
-  stats.flops += static_cast<double>(numel) * static_cast<double>(program.size());
   return true;
 }
 

@@ -1,7 +1,11 @@
 // The simulated TPU executor: runs fused regions on host memory with the TPU's
-// numerics (MXU precision modes) and accounts simulated time (roofline).
+// numerics (MXU precision modes) and accounts, per region, HBM traffic with
+// tiled-layout padding and simulated time on the active chip (cost_model.h).
 #include <algorithm>
 #include <cstring>
+#include <set>
+#include <string>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -15,6 +19,7 @@
 
 #include "executors/executor.h"
 #include "executors/tpu/chip.h"
+#include "executors/tpu/cost_model.h"
 #include "executors/tpu/fused_elementwise.h"
 #include "views/view_chain.h"
 
@@ -71,29 +76,47 @@ bool run_mxu_emulated(const Node& n, torch::jit::Stack& stack, at::Float32Matmul
   return true;
 }
 
-double region_flops(const Node& n) {
-  // 2*M*N*K for MXU ops (from the first two matrix operands); one per output element otherwise.
-  double elems = 0;
-  for (const auto& o : n.outputs) elems += static_cast<double>(o.numel());
-  if (static_cast<PrimKind>(n.kind) == PrimKind::kMatmul && n.inputs.size() >= 2) {
-    const auto& a = n.inputs[n.inputs.size() - 2].ref;
-    if (!a.sizes.empty()) return 2.0 * elems * static_cast<double>(a.sizes.back());
-  }
-  return elems;
+// True when op `n` reads the current value of its written argument `in`:
+// out= arguments and the self of ops that overwrite it entirely are only written.
+bool reads_written_value(const Node& n, const InputSlot& in) {
+  const auto& schema = n.op.schema();
+  if (in.arg < static_cast<int>(schema.arguments().size()) && schema.arguments()[in.arg].is_out()) return false;
+  if (in.arg != 0) return true;
+  static const std::unordered_set<std::string> overwrite = {
+      "fill_", "zero_", "normal_", "uniform_", "random_", "exponential_",
+      "geometric_", "cauchy_", "log_normal_", "bernoulli_", "copy_"};
+  return !overwrite.count(schema.name().substr(6));
+}
+
+// Identity of a view for counting HBM traffic once per region.
+using ViewKey = std::tuple<const DeferredStorage*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>;
+ViewKey view_key(const TensorRef& r) {
+  return {r.storage.get(), r.offset, r.sizes, r.strides, static_cast<int>(r.dtype)};
 }
 
 class TpuExecutor final : public Executor {
  public:
   const char* name() const override { return "tpu"; }
+  std::string target() const override { return tpu::active_chip().name; }
 
   void run_region(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
                   host::HostMemory& mem, RegionStats& stats) override {
+    const auto prec = at::globalContext().float32MatmulPrecision();
     if (tpu::run_fused_elementwise(region, graph, mem, stats)) {
-      finish(stats);
+      const tpu::ChipParams chip = tpu::active_chip();
+      for (int i : region.nodes) add_op_cost(graph[i], chip, prec, stats);
+      finish(chip, stats);
       return;
     }
-    const auto prec = at::globalContext().float32MatmulPrecision();
-    std::unordered_set<const DeferredStorage*> produced, counted;
+    const tpu::ChipParams chip = tpu::active_chip();
+    std::unordered_set<const DeferredStorage*> produced;
+    std::set<ViewKey> reads, writes;
+    // HBM traffic of one view, once per region: logical bytes plus its layout padding.
+    auto traffic = [&](const TensorRef& r, std::set<ViewKey>& seen, int64_t& logical) {
+      if (!seen.insert(view_key(r)).second) return;
+      logical += r.nbytes();
+      stats.padding_bytes += tpu::tiled_bytes(r.sizes, r.dtype, chip) - r.nbytes();
+    };
     // Position of the last op of the region that uses each storage: a
     // temporary is freed right after it, as eager frees a dead intermediate
     // (keeps the working set, and the allocator's reuse, like eager's).
@@ -106,9 +129,9 @@ class TpuExecutor final : public Executor {
     for (size_t p = 0; p < region.nodes.size(); ++p) {
       Node& n = graph[region.nodes[p]];
       for (const auto& in : n.inputs) {
-        const DeferredStorage* s = in.ref.storage.get();
-        if (!produced.count(s) && !mem.is_temp(in.ref.storage.get()) && counted.insert(s).second)
-          stats.bytes_read += in.ref.nbytes();
+        DeferredStorage* s = in.ref.storage.get();
+        if (produced.count(s) || mem.is_temp(s) || (in.written && !reads_written_value(n, in))) continue;
+        traffic(in.ref, reads, stats.bytes_read);
       }
       stats.failed_at = static_cast<int>(p);
       torch::jit::Stack stack = host::build_stack(n, mem);  // re-raises an input's earlier error as is
@@ -125,32 +148,42 @@ class TpuExecutor final : public Executor {
       mem.finish_writes();
       std::vector<at::Tensor> results = host::fresh_results(n, stack);
       for (size_t j = 0; j < n.outputs.size(); ++j) {
-        bind_output(n.outputs[j], results.at(j), region.materialize[p][j], mem, stats);
+        const bool materialize = region.materialize[p][j];
+        bind_output(n.outputs[j], results.at(j), materialize, mem);
+        if (materialize) traffic(n.outputs[j], writes, stats.bytes_written);
         produced.insert(n.outputs[j].storage.get());
       }
       for (const auto& in : n.inputs)
-        if (in.written && !mem.is_temp(in.ref.storage.get())) stats.bytes_written += in.ref.nbytes();
+        if (in.written && !mem.is_temp(in.ref.storage.get())) traffic(in.ref, writes, stats.bytes_written);
       for (const auto& in : n.inputs)
         if (last_use[in.ref.storage.get()] == p) mem.release_temp(in.ref.storage.get());
       for (const auto& out : n.outputs)
         if (last_use[out.storage.get()] == p) mem.release_temp(out.storage.get());
-      stats.flops += region_flops(n);
-      if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) stats.library_calls++;
+      add_op_cost(n, chip, prec, stats);
     }
     stats.failed_at = -1;
-    finish(stats);
+    finish(chip, stats);
   }
 
  private:
-  static void finish(RegionStats& stats) {
-    const auto& chip = tpu::kV5e;
-    const double mem_s = static_cast<double>(stats.bytes_read + stats.bytes_written) / chip.hbm_bandwidth;
-    const double compute_s = stats.flops / chip.peak_flops;
-    stats.sim_time_s = std::max(mem_s, compute_s) + chip.launch_s;
+  static void add_op_cost(const Node& n, const tpu::ChipParams& chip, at::Float32MatmulPrecision prec,
+                          RegionStats& stats) {
+    const tpu::OpCost cost = tpu::op_cost(n, chip, prec);
+    stats.flops += cost.flops;
+    stats.mxu_flops += cost.mxu_flops;
+    stats.compute_s += cost.seconds(chip);
+    if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) stats.library_calls++;
   }
 
-  static void bind_output(const TensorRef& ref, const at::Tensor& result, bool materialize, host::HostMemory& mem,
-                          RegionStats& stats) {
+  // Simulated time of the region: max(compute, HBM traffic incl. padding) + launch.
+  static void finish(const tpu::ChipParams& chip, RegionStats& stats) {
+    if (!chip.valid()) return;  // no target set: no simulated time
+    const double hbm = static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes);
+    stats.memory_s = hbm / chip.hbm_bandwidth;
+    stats.sim_time_s = std::max(stats.compute_s, stats.memory_s) + chip.launch_s;
+  }
+
+  static void bind_output(const TensorRef& ref, const at::Tensor& result, bool materialize, host::HostMemory& mem) {
     DeferredStorage* s = ref.storage.get();
     s->error = nullptr;
     if (materialize) {
@@ -162,7 +195,6 @@ class TpuExecutor final : public Executor {
       at::Tensor flat = host::view_over(mem.device_buffer(s), flat_ref);
       views::scatter(flat, views::decompose(flat.numel(), ref.sizes, ref.strides, ref.offset), ref.sizes,
                      ref.strides, ref.offset, result);
-      stats.bytes_written += ref.nbytes();
       s->error = nullptr;
       return;
     }

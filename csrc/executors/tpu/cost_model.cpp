@@ -1,0 +1,161 @@
+// The simulated TPU's cost model (see cost_model.h for the rules and sources).
+#include "executors/tpu/cost_model.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "jit/ir.h"
+
+namespace tpu_eager {
+namespace tpu {
+namespace {
+
+int64_t round_up(int64_t x, int64_t m) { return m <= 1 ? x : (x + m - 1) / m * m; }
+
+bool is_float16(c10::ScalarType t) { return t == c10::kBFloat16 || t == c10::kHalf; }
+bool is_narrow(c10::ScalarType t) { return is_float16(t) || c10::elementSize(t) == 1; }
+
+// The tensor argument at schema position `arg` (not a list element), or null.
+const TensorRef* arg_ref(const Node& n, int arg) {
+  for (const auto& in : n.inputs)
+    if (in.arg == arg && in.elem < 0) return &in.ref;
+  return nullptr;
+}
+
+double tiled_elems(const TensorRef& r, const ChipParams& chip) {
+  return static_cast<double>(tiled_bytes(r.sizes, r.dtype, chip)) / static_cast<double>(c10::elementSize(r.dtype));
+}
+
+// One product (M,K)x(K,N) repeated `batch` times.
+struct Gemm {
+  double batch, m, k, n;
+};
+
+// The products of a matmul-family op, and its operand dtypes. False when the
+// op is not one whose products we know (it is then costed on the VPU).
+bool gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c10::ScalarType& tb) {
+  std::string base = n.op.schema().name().substr(6);  // drop "aten::"
+  if (!base.empty() && base.back() == '_') base.pop_back();
+  auto operands = [&](int ia, int ib) -> std::pair<const TensorRef*, const TensorRef*> {
+    const TensorRef* a = arg_ref(n, ia);
+    const TensorRef* b = arg_ref(n, ib);
+    if (a && b) {
+      ta = a->dtype;
+      tb = b->dtype;
+    }
+    return {a, b};
+  };
+  auto dims_ok = [](const TensorRef* r, size_t rank) { return r && r->sizes.size() == rank; };
+
+  if (base == "mm" || base == "addmm") {
+    auto [a, b] = base == "mm" ? operands(0, 1) : operands(1, 2);
+    if (!dims_ok(a, 2) || !dims_ok(b, 2)) return false;
+    out.push_back({1, double(a->sizes[0]), double(a->sizes[1]), double(b->sizes[1])});
+    return true;
+  }
+  if (base == "bmm" || base == "baddbmm" || base == "addbmm") {
+    auto [a, b] = base == "bmm" ? operands(0, 1) : operands(1, 2);
+    if (!dims_ok(a, 3) || !dims_ok(b, 3)) return false;
+    out.push_back({double(a->sizes[0]), double(a->sizes[1]), double(a->sizes[2]), double(b->sizes[2])});
+    return true;
+  }
+  if (base == "mv" || base == "addmv") {
+    auto [a, b] = base == "mv" ? operands(0, 1) : operands(1, 2);
+    if (!dims_ok(a, 2) || !dims_ok(b, 1)) return false;
+    out.push_back({1, double(a->sizes[0]), double(a->sizes[1]), 1});
+    return true;
+  }
+  if (base == "dot" || base == "vdot") {
+    auto [a, b] = operands(0, 1);
+    if (!dims_ok(a, 1) || !dims_ok(b, 1)) return false;
+    out.push_back({1, 1, double(a->sizes[0]), 1});
+    return true;
+  }
+  if (base == "addr") {  // outer product: K = 1
+    auto [a, b] = operands(1, 2);
+    if (!dims_ok(a, 1) || !dims_ok(b, 1)) return false;
+    out.push_back({1, double(a->sizes[0]), 1, double(b->sizes[0])});
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int64_t sublane_tile(c10::ScalarType dtype, const ChipParams& chip) {
+  const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
+  return item >= 4 ? chip.sublanes : chip.sublanes * (4 / item);
+}
+
+int64_t tiled_bytes(c10::IntArrayRef sizes, c10::ScalarType dtype, const ChipParams& chip) {
+  const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
+  if (sizes.empty()) return item;
+  if (sizes.size() == 1) return round_up(sizes[0], chip.lanes * std::max<int64_t>(1, 4 / item)) * item;
+  int64_t lead = 1;
+  for (size_t i = 0; i + 2 < sizes.size(); ++i) lead *= sizes[i];
+  const int64_t rows = sizes[sizes.size() - 2], cols = sizes.back();
+  return lead * round_up(rows, sublane_tile(dtype, chip)) * round_up(cols, chip.lanes) * item;
+}
+
+int mxu_passes(c10::ScalarType a, c10::ScalarType b, at::Float32MatmulPrecision prec) {
+  if (is_narrow(a) && is_narrow(b)) return 1;
+  const bool floats = (a == c10::kFloat || is_float16(a)) && (b == c10::kFloat || is_float16(b));
+  if (!floats) return 6;
+  switch (prec) {
+    case at::Float32MatmulPrecision::MEDIUM: return 1;
+    case at::Float32MatmulPrecision::HIGH: return 3;
+    default: return 6;
+  }
+}
+
+double OpCost::seconds(const ChipParams& chip) const {
+  if (!chip.valid()) return 0;
+  return mxu_flops / chip.peak_bf16_flops + vpu_elems / chip.vpu_elems_per_s;
+}
+
+OpCost op_cost(const Node& n, const ChipParams& chip, at::Float32MatmulPrecision prec) {
+  OpCost c;
+  const auto kind = static_cast<PrimKind>(n.kind);
+  if (kind == PrimKind::kMatmul) {
+    std::vector<Gemm> gemms;
+    c10::ScalarType ta = c10::kFloat, tb = c10::kFloat;
+    if (gemms_of(n, gemms, ta, tb)) {
+      const double passes = mxu_passes(ta, tb, prec);
+      const int64_t d = chip.mxu_size;
+      for (const Gemm& g : gemms) {
+        const auto pm = static_cast<double>(round_up(static_cast<int64_t>(g.m), chip.sublanes));
+        const auto pk = static_cast<double>(round_up(static_cast<int64_t>(g.k), d));
+        const auto pn = static_cast<double>(round_up(static_cast<int64_t>(g.n), d));
+        c.flops += 2.0 * g.batch * g.m * g.k * g.n;
+        c.mxu_flops += 2.0 * g.batch * pm * pk * pn * passes;
+      }
+      // A bias / alpha-beta epilogue is applied while the MXU results are
+      // drained and is not costed separately.
+      return c;
+    }
+  }
+  if (kind == PrimKind::kReduction) {
+    for (const auto& in : n.inputs) {
+      c.flops = std::max(c.flops, static_cast<double>(in.ref.numel()));
+      c.vpu_elems = std::max(c.vpu_elems, tiled_elems(in.ref, chip));
+    }
+    return c;
+  }
+  bool any = false;
+  for (const auto& o : n.outputs) {
+    c.flops += static_cast<double>(o.numel());
+    c.vpu_elems += tiled_elems(o, chip);
+    any = true;
+  }
+  if (!any)
+    for (const auto& in : n.inputs)
+      if (in.written) {
+        c.flops += static_cast<double>(in.ref.numel());
+        c.vpu_elems += tiled_elems(in.ref, chip);
+      }
+  return c;
+}
+
+}  // namespace tpu
+}  // namespace tpu_eager
