@@ -20,6 +20,7 @@ _install()
 
 from .device import EagerMode, get_eager_mode, set_eager_mode, synchronize  # noqa: E402
 from .metrics import metrics, op_table, reset_metrics, set_queue_limits, queue_limits  # noqa: E402
+from .dynamic import mark_dynamic  # noqa: E402
 from . import spyre  # noqa: E402,F401  (df16 codec: torch_tpu_eager.spyre)
 from .profiler import profile  # noqa: E402
 from .target import get_target, list_targets, set_target, target_info  # noqa: E402

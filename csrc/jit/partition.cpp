@@ -1,6 +1,8 @@
 // Fusion rules and structural keys.
 #include "jit/partition.h"
 
+#include "jit/dynamic_shapes.h"
+
 #include <unordered_map>
 
 namespace tpu_eager {
@@ -9,13 +11,6 @@ namespace {
 
 inline void mix(uint64_t& h, uint64_t v) { h ^= v + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2); }
 
-uint64_t bucket(int64_t n) {
-  // Sizes bucketed to the next power of two (0 and 1 kept exact).
-  if (n <= 1) return static_cast<uint64_t>(n);
-  uint64_t b = 1;
-  while (b < static_cast<uint64_t>(n)) b <<= 1;
-  return b;
-}
 
 void mix_ivalue(uint64_t& h, const c10::IValue& v) {
   mix(h, static_cast<uint64_t>(v.tagKind().size()));
@@ -153,7 +148,11 @@ uint64_t structural_key(const std::vector<Node>& g, const Region& r) {
       auto it = local.find(in.ref.storage.get());
       mix(h, it == local.end() ? ~0ULL : static_cast<uint64_t>(it->second));
       mix(h, static_cast<uint64_t>(in.ref.dtype));
-      for (auto s : in.ref.sizes) mix(h, bucket(s));
+      mix(h, in.ref.sizes.size());
+      // A value made inside the region has sizes that follow from the region's
+      // inputs: only the inputs' sizes (bucketed) are part of the key.
+      if (it == local.end())
+        for (auto b : size_buckets(in.ref)) mix(h, b);
       for (auto s : in.ref.strides) mix(h, s == 0 ? 0 : s == 1 ? 1 : 2);
       mix(h, in.written);
     }

@@ -18,7 +18,7 @@ namespace jit {
 std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live);
 
 // Structural key of a region: ops, argument structure (which value feeds
-// which argument), dtypes, shapes bucketed to powers of two, non-tensor
+// which argument), dtypes, the region inputs' sizes bucketed (dynamic_shapes.h), non-tensor
 // arguments that shape the computation (dims, sizes, flags), and which outputs
 // are materialized. Python float scalars are runtime parameters: only their
 // kind is part of the key, so a changing learning rate never recompiles.

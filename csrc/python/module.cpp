@@ -9,6 +9,7 @@
 #include "device/device.h"
 #include "executors/spyre/df16.h"
 #include "executors/tpu/chip.h"
+#include "jit/dynamic_shapes.h"
 #include "jit/jit.h"
 #include "jit/kernel_trace.h"
 #include "lazy/queue.h"
@@ -153,6 +154,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_queue_limits", &set_queue_limits, py::arg("max_ops"), py::arg("max_bytes"));
   m.def("_queue_limits", &queue_limits);
   m.def("_cache_size", &jit::cache_size);
+  m.def("_mark_dynamic", [](const at::Tensor& t, int64_t dim, int64_t lower, int64_t upper) {
+    jit::mark_dynamic(deferred_storage_of(t), t.dim(), dim, lower, upper);
+  });
   m.def("_clear_cache", &jit::clear_cache);
   m.def("_set_target", &set_target, py::arg("params"));
   m.def("_chip", &chip_dict);

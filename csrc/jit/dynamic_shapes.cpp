@@ -1,0 +1,70 @@
+// Size buckets for the structural cache key.
+#include "jit/dynamic_shapes.h"
+
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+#include <c10/util/Exception.h>
+
+namespace tpu_eager {
+namespace jit {
+namespace {
+
+struct Range {
+  int64_t ndim, dim, lower, upper;
+};
+
+std::mutex g_mu;
+// Keyed by DeferredStorage id (ids are never reused, so a freed storage's
+// marks can only go stale, never apply to another tensor).
+std::unordered_map<uint64_t, std::vector<Range>> g_ranges;
+std::set<std::tuple<uint64_t, int64_t, int64_t>> g_warned;
+
+uint64_t pow2_bucket(int64_t n) {
+  if (n <= 1) return static_cast<uint64_t>(n);
+  uint64_t b = 1;
+  while (b < static_cast<uint64_t>(n)) b <<= 1;
+  return b;
+}
+
+}  // namespace
+
+void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& v = g_ranges[storage->id];
+  for (auto& r : v) {
+    if (r.ndim == ndim && r.dim == dim) {
+      r.lower = lower;
+      r.upper = upper;
+      return;
+    }
+  }
+  v.push_back(Range{ndim, dim, lower, upper});
+}
+
+std::vector<uint64_t> size_buckets(const TensorRef& r) {
+  std::vector<uint64_t> out;
+  out.reserve(r.sizes.size());
+  for (auto s : r.sizes) out.push_back(pow2_bucket(s));
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_ranges.empty()) return out;
+  auto it = g_ranges.find(r.storage->id);
+  if (it == g_ranges.end()) return out;
+  for (const Range& m : it->second) {
+    if (m.ndim != static_cast<int64_t>(r.sizes.size())) continue;
+    const int64_t n = r.sizes[m.dim];
+    if (n >= m.lower && n <= m.upper) {
+      // One bucket for the range, distinct from every power of two.
+      out[m.dim] = (uint64_t(1) << 63) | static_cast<uint64_t>(m.upper);
+    } else if (g_warned.emplace(r.storage->id, m.dim, n).second) {
+      TORCH_WARN_ONCE("tpu: size ", n, " of dim ", m.dim, " is outside its mark_dynamic range [", m.lower, ", ",
+                      m.upper, "]; regions reading it recompile for its power-of-two bucket");
+    }
+  }
+  return out;
+}
+
+}  // namespace jit
+}  // namespace tpu_eager

@@ -1,0 +1,29 @@
+// Bounded dynamism (DESIGN §5): which sizes share a compiled region.
+//
+// Policy for a size n of a region input's dimension:
+//  - inside a range declared with mark_dynamic(tensor, dim, lower, upper) for
+//    the tensor being read: one bucket for the whole range [lower, upper];
+//  - otherwise: n itself for 0 and 1, else the next power of two. A size that
+//    grows by one per step (a generation loop) therefore compiles a region
+//    kind at most ceil(log2(range)) + 1 times.
+// A size outside its declared range falls back to the power-of-two bucket
+// (a recompile) with a one-time warning; it never fails.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lazy/queue.h"
+
+namespace tpu_eager {
+namespace jit {
+
+// Declares dim `dim` of tensors viewing `storage` with rank `ndim` dynamic in
+// [lower, upper]. Validated by the caller (Python API).
+void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper);
+
+// The bucket of each size of `r` (its dims, in order).
+std::vector<uint64_t> size_buckets(const TensorRef& r);
+
+}  // namespace jit
+}  // namespace tpu_eager

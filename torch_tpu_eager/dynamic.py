@@ -1,0 +1,26 @@
+"""Bounded dynamism: sizes that share one compiled region (DESIGN §5)."""
+import torch
+
+from . import _C
+
+
+def mark_dynamic(t: torch.Tensor, dim: int, lower: int, upper: int) -> None:
+    """Declares that dim ``dim`` of ``t`` takes sizes in ``[lower, upper]``.
+
+    Regions that read ``t`` (or a view of its storage with the same rank) then
+    compile once for every size in the range instead of once per power-of-two
+    bucket. Call once per dim to mark several dims (any number of them).
+    A size outside the range recompiles for its power-of-two bucket, with a
+    one-time warning; it never fails.
+
+    Raises ValueError when ``t`` is not a "tpu" tensor, ``dim`` is negative or
+    not below ``t.dim()``, or ``lower`` is negative or greater than ``upper``.
+    """
+    if not isinstance(t, torch.Tensor) or t.device.type != "tpu":
+        raise ValueError(f"mark_dynamic needs a tpu tensor, got {type(t).__name__} on "
+                         f"{getattr(t, 'device', 'no device')}")
+    if not isinstance(dim, int) or dim < 0 or dim >= t.dim():
+        raise ValueError(f"mark_dynamic: dim must be in [0, {t.dim()}) for a {t.dim()}-d tensor, got {dim}")
+    if not (isinstance(lower, int) and isinstance(upper, int)) or lower < 0 or lower > upper:
+        raise ValueError(f"mark_dynamic: need 0 <= lower <= upper, got lower={lower}, upper={upper}")
+    _C._mark_dynamic(t, dim, lower, upper)
