@@ -65,6 +65,26 @@ const char* flush_reason_name(FlushReason r) {
   }
 }
 
+void Metrics::add(const Metrics& d) {
+  ops_recorded += d.ops_recorded;
+  ops_executed += d.ops_executed;
+  ops_eliminated += d.ops_eliminated;
+  eager_ops += d.eager_ops;
+  fallback_ops += d.fallback_ops;
+  flushes += d.flushes;
+  for (int r = 0; r < static_cast<int>(FlushReason::kCount); ++r) flush_reasons[r] += d.flush_reasons[r];
+  regions_run += d.regions_run;
+  library_calls += d.library_calls;
+  cache_hits += d.cache_hits;
+  compiles += d.compiles;
+  bytes_materialized += d.bytes_materialized;
+  bytes_read += d.bytes_read;
+  padding_bytes += d.padding_bytes;
+  flops += d.flops;
+  sim_time_s += d.sim_time_s;
+  compile_time_s += d.compile_time_s;
+}
+
 int64_t TensorRef::numel() const {
   int64_t n = 1;
   for (auto s : sizes) n *= s;
@@ -125,18 +145,7 @@ std::exception_ptr flush_all(FlushReason reason) {
     auto& m = q.metrics;
     m.flushes++;
     m.flush_reasons[static_cast<int>(reason)]++;
-    m.ops_executed += delta.ops_executed;
-    m.ops_eliminated += delta.ops_eliminated;
-    m.regions_run += delta.regions_run;
-    m.library_calls += delta.library_calls;
-    m.cache_hits += delta.cache_hits;
-    m.compiles += delta.compiles;
-    m.bytes_materialized += delta.bytes_materialized;
-    m.bytes_read += delta.bytes_read;
-    m.padding_bytes += delta.padding_bytes;
-    m.flops += delta.flops;
-    m.sim_time_s += delta.sim_time_s;
-    m.compile_time_s += delta.compile_time_s;
+    m.add(delta);
   }
   nodes.clear();  // drop storage references outside the lock
   return error;

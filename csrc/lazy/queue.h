@@ -94,6 +94,9 @@ struct Metrics {
   double flops = 0;                 // useful operations of the regions run (matmul 2*M*N*K)
   double sim_time_s = 0;            // simulated device time, seconds
   double compile_time_s = 0;        // host seconds spent compiling regions
+
+  // Adds every counter of `d` (a flush's counters) to this one.
+  void add(const Metrics& d);
 };
 
 // Eager modes, named as in TorchTPU.
