@@ -237,3 +237,24 @@ def test_module_to_device_keeps_parameter_identity(dev):
     holder.b.weight = m.weight
     holder.to(dev)
     assert holder.a.weight is holder.b.weight and holder.a.weight.device.type == torch.device(dev).type
+
+
+def test_cnn_forward_backward_matches_cpu(dev):
+    # Convolutions reach the device as convolution_overrideable (+ backward).
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 4, 3, groups=2), torch.nn.ConvTranspose2d(4, 2, 3, stride=2),
+    )
+    x = torch.randn(2, 3, 16, 16)
+    outs = {}
+    for d in ("cpu", dev):
+        md = m.to(d)
+        xd = x.to(d).requires_grad_()
+        y = md(xd)
+        y.square().sum().backward()
+        outs[d] = (y.detach().cpu(), xd.grad.cpu(), md[0].weight.grad.cpu(), md[4].bias.grad.cpu())
+        md.zero_grad()
+        m = m.to("cpu")
+    for a, b in zip(outs["cpu"], outs[dev]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)

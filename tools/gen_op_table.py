@@ -29,10 +29,11 @@ EXCLUDE = re.compile(
     r"_efficient_attention|_scaled_dot_product_cudnn|_transformer_encoder_layer_fwd|_native_multi_head_attention|"
     r"_triton|_cudnn|lstm_mps|_mkl|^_fake|histogramdd|_histogramdd|_make_dep_token|_assert|_functional_assert|"
     r"_print|sym_|_nnpack|_use_|_has_compatible|_version|_weight_norm_interface|_fw_primal|_make_dual|_unpack_dual|"
-    r"_thnn_fused_gru|_validate|_chunk_cat|_int_mm|_dimI|_dimV|_nnz|_coalesced|indices|values$|crow_|col_indices|"
+    r"_thnn_fused_gru|_validate|_chunk_cat|_int_mm|_dimI|_dimV|_nnz|_coalesced|^_?indices(_copy)?(\.|$)|"
+    r"^_?values(_copy)?(\.|$)|crow_|col_indices|"
     r"ccol_|row_indices|_to_dense|to_dense|_spdiags|_addmm_activation|_scaled_mm|_grouped_mm|_scaled_grouped|"
     r"_mixed_dtypes|_convert_indices|_dirichlet_grad|_fused_adam|_fused_adagrad|_fused_sgd|_fused_rms|_fused_adamw|"
-    r"_wrapped_|_sobol|_propagate_xla|_lazy_clone|_nested|_safe_softmax|_cummax_helper|_cummin_helper"
+    r"_wrapped_|_sobol|_propagate_xla|_lazy_clone|_nested|_safe_softmax"
 )
 # Data-dependent output shapes, or non-tensor results: run at record time after a flush.
 SYNC = re.compile(
@@ -40,7 +41,7 @@ SYNC = re.compile(
     r"masked_select|bincount|repeat_interleave|_local_scalar_dense|is_nonzero|equal|allclose|is_set_to|"
     r"argwhere|histc|histogram|_histogramdd_bin_edges|_aminmax|lstsq|linalg_lstsq|_linalg_check_errors|"
     r"_check_|segment_reduce|_segment_reduce|_embedding_bag|_embedding_bag_forward_only|embedding_bag|"
-    r"_ctc_loss|ctc_loss|_ctc_loss_backward|_batch_norm_impl_index|nanmedian|median|kthvalue|mode|"
+    r"_ctc_loss|ctc_loss|_ctc_loss_backward|_batch_norm_impl_index|"
     r"linalg_eig|linalg_eigvals|_linalg_eigvals|_linalg_eigh|linalg_eigh|symeig|qr|linalg_qr|_linalg_svd|"
     r"linalg_svd|svd|geqrf|triangular_solve|linalg_solve_triangular|linalg_lu|linalg_lu_factor_ex|lu_unpack|"
     r"_linalg_det|_linalg_slogdet|linalg_cholesky_ex|cholesky|cholesky_inverse|cholesky_solve|_cholesky_solve_helper|"
@@ -70,7 +71,8 @@ REDUCTION = re.compile(
     r"binary_cross_entropy_backward|soft_margin_loss|soft_margin_loss_backward|multilabel_margin_loss_forward|"
     r"kl_div|_cdist_forward|_euclidean_dist|dist|renorm|_weight_norm|trace|sort|topk|argsort|msort|"
     r"_pdist_forward|_cdist_backward|_pdist_backward|std_mean|linalg_matrix_norm|_upsample.*|upsample.*|"
-    r"max_pool.*|avg_pool.*|adaptive_.*|fractional_max_pool.*|_adaptive_avg_pool.*|mish_backward)$"
+    r"max_pool.*|avg_pool.*|adaptive_.*|fractional_max_pool.*|_adaptive_avg_pool.*|mish_backward|"
+    r"median|nanmedian|kthvalue|mode|_cummax_helper|_cummin_helper)$"
 )
 DATA = re.compile(
     r"^(cat|stack|_stack|index|index_put|_index_put_impl|gather|scatter|scatter_add|scatter_reduce|index_select|"

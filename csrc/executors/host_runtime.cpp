@@ -5,6 +5,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/CPUAllocator.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -13,10 +14,11 @@
 namespace tpu_eager {
 namespace host {
 
-c10::Storage wrap_device_buffer(DeferredStorage* s) {
+c10::Storage wrap_device_buffer(DeferredStorage* s, bool resizable) {
   // Non-owning: the DeferredStorage outlives the flush (nodes hold it).
   c10::DataPtr ptr(s->data, s->data, [](void*) {}, c10::Device(c10::DeviceType::CPU));
-  return c10::Storage(c10::Storage::use_byte_size_t(), s->nbytes, std::move(ptr), nullptr, /*resizable=*/false);
+  return c10::Storage(c10::Storage::use_byte_size_t(), s->nbytes, std::move(ptr),
+                      resizable ? c10::GetCPUAllocator() : nullptr, resizable);
 }
 
 at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
@@ -29,7 +31,7 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
 c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
   auto it = map_.find(s);
   if (it != map_.end() && !it->second.temp) return it->second.storage;
-  c10::Storage st = wrap_device_buffer(s);
+  c10::Storage st = wrap_device_buffer(s, resizable_);
   map_[s] = Entry{st, false};
   return st;
 }

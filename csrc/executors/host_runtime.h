@@ -19,6 +19,7 @@ namespace host {
 // DeferredStorage, so CPU kernels see aliasing between views exactly as on CPU.
 class HostMemory {
  public:
+  explicit HostMemory(bool resizable = false) : resizable_(resizable) {}
   // The CPU storage wrapping the device buffer of `s` (no copy, not resizable).
   c10::Storage device_buffer(DeferredStorage* s);
   // Binds `s` to a temporary CPU storage holding its value.
@@ -52,6 +53,7 @@ class HostMemory {
   };
   std::unordered_map<DeferredStorage*, Entry> map_;
   std::vector<PendingWrite> pending_writes_;
+  bool resizable_;
   at::Tensor flat(const TensorRef& r);
 };
 
@@ -62,8 +64,10 @@ void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t);
 
 // A CPU tensor with r's dtype and geometry over `storage`.
 at::Tensor view_over(const c10::Storage& storage, const TensorRef& r);
-// A CPU storage wrapping the device buffer of `s` without owning it.
-c10::Storage wrap_device_buffer(DeferredStorage* s);
+// A CPU storage wrapping the device buffer of `s` without owning it. A
+// resizable one lets a CPU kernel grow an out= argument: it then moves to new
+// CPU memory, which the caller copies back (the eager path does).
+c10::Storage wrap_device_buffer(DeferredStorage* s, bool resizable = false);
 
 // Builds the CPU argument stack of `n` (tensors from `mem`, generators seeded
 // from the node's reserved stream).

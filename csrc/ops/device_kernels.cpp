@@ -218,6 +218,32 @@ void view_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   }
 }
 
+// ---- convolution ----
+// ATen's _convolution hands convolutions of backends without their own
+// kernels to convolution_overrideable (and its backward); they are recorded
+// as aten::convolution / convolution_backward, which the executor runs with
+// CPU's kernels and costs as MXU work.
+
+void convolution_kernel(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  static const auto conv = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+  static const OpEntry entry{"convolution", PrimKind::kMatmul, 0};
+  record_op(conv, entry, stack);
+}
+
+void convolution_backward_kernel(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  static const auto bwd = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_backward", "");
+  static const OpEntry entry{"convolution_backward", PrimKind::kMatmul, 0};
+  // (grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups, output_mask):
+  // convolution_backward also takes the bias sizes (its output channels) after weight.
+  const size_t first = stack->size() - 10;
+  const at::Tensor weight = (*stack)[first + 2].toTensor();
+  const bool transposed = (*stack)[first + 6].toBool();
+  const int64_t groups = (*stack)[first + 8].toInt();
+  const int64_t channels = transposed ? weight.size(1) * groups : weight.size(0);
+  stack->insert(stack->begin() + static_cast<std::ptrdiff_t>(first + 3), c10::IValue(std::vector<int64_t>{channels}));
+  record_op(bwd, entry, stack);
+}
+
 // ---- the record kernel, one functor per op-table row ----
 
 struct RecordKernel final : c10::OperatorKernel {
@@ -262,7 +288,9 @@ int64_t register_device_kernels() {
     std::unordered_set<std::string> special = {"empty.memory_format", "empty_strided", "_copy_from",
                                                "_copy_from_and_resize", "_local_scalar_dense", "resize_",
                                                "set_.source_Storage", "set_.source_Storage_storage_offset",
-                                               "set_.source_Tensor", "set_", "view", "as_strided", "_reshape_alias"};
+                                               "set_.source_Tensor", "set_", "view", "as_strided", "_reshape_alias",
+                                               "_has_compatible_shallow_copy_type", "convolution_overrideable",
+                                               "convolution_backward_overrideable"};
     lib.impl("empty.memory_format", TORCH_FN(empty_memory_format));
     lib.impl("empty_strided", TORCH_FN(empty_strided));
     lib.impl("_copy_from", TORCH_FN(copy_from));
@@ -274,6 +302,9 @@ int64_t register_device_kernels() {
     lib.impl("set_.source_Tensor", TORCH_FN(set_tensor));
     lib.impl("set_", TORCH_FN(set_empty));
     lib.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+    lib.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&convolution_kernel>());
+    lib.impl("convolution_backward_overrideable",
+             torch::CppFunction::makeFromBoxedFunction<&convolution_backward_kernel>());
     for (const char* v : {"view", "as_strided", "_reshape_alias"})
       lib.impl(v, torch::CppFunction::makeFromBoxedFunction<&view_kernel>());
     count = static_cast<int64_t>(special.size());

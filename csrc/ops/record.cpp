@@ -492,7 +492,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   count_eager_op(fallback);
 
   // CPU views over the device buffers: one CPU storage per device storage.
-  host::HostMemory mem;
+  host::HostMemory mem(/*resizable=*/true);  // CPU kernels may grow out= arguments
   torch::jit::Stack cpu(stack->begin() + first, stack->end());
   for_each_tensor(cpu, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
     if (!is_tpu(t)) return;
@@ -511,7 +511,6 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     for (size_t i = 0; i < nargs; ++i)
       if (cpu[i].isGenerator()) cpu[i] = at::make_generator<at::CPUGeneratorImpl>(pseudo.rng_seed);
   }
-  std::vector<c10::IValue> cpu_args(cpu.begin(), cpu.end());
   host::call_cpu(pseudo, cpu);
 
   std::vector<c10::IValue> results;
@@ -523,12 +522,13 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
       at::Tensor orig = (*stack)[first + a].toTensor();
       at::Tensor res = v.toTensor();
       if (ra->isWrite()) {
-        // Written in place on the host buffer, unless the CPU kernel reallocated it.
-        const at::Tensor& cpu_arg = cpu_args[a].toTensor();
-        if (res.storage().data() != cpu_arg.storage().data() || !res.sizes().equals(orig.sizes()) ||
-            !res.strides().equals(orig.strides())) {
-          adopt_geometry(orig, res.sizes(), res.strides(), 0);
-          host::view_over(host::wrap_device_buffer(deferred_storage_of(orig)), make_ref(orig)).copy_(res);
+        // Written in place on the host buffer, unless the CPU kernel grew it
+        // into new CPU memory (then the value is copied back).
+        const bool moved = res.storage().data() != deferred_storage_of(orig)->data;
+        if (moved || !res.sizes().equals(orig.sizes()) || !res.strides().equals(orig.strides()) ||
+            res.storage_offset() != orig.storage_offset()) {
+          adopt_geometry(orig, res.sizes(), res.strides(), res.storage_offset());
+          if (moved) host::view_over(host::wrap_device_buffer(deferred_storage_of(orig)), make_ref(orig)).copy_(res);
         }
         results.emplace_back(orig);
       } else {
