@@ -250,7 +250,7 @@ def test_cnn_forward_backward_matches_cpu(dev):
     outs = {}
     for d in ("cpu", dev):
         md = m.to(d)
-        xd = x.to(d).requires_grad_()
+        xd = x.to(d).detach().requires_grad_()
         y = md(xd)
         y.square().sum().backward()
         outs[d] = (y.detach().cpu(), xd.grad.cpu(), md[0].weight.grad.cpu(), md[4].bias.grad.cpu())
