@@ -31,7 +31,7 @@ setup(
     install_requires=["torch==2.13.0", "numpy"],
     extras_require={
         "examples": ["scikit-learn"],
-        "test": ["pytest", "hypothesis", "scikit-learn"],
+        "test": ["pytest", "hypothesis", "expecttest", "scikit-learn"],
     },
     ext_modules=[
         CppExtension(
