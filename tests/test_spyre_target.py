@@ -240,3 +240,93 @@ def test_env_var_selects_spyre_at_import():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "spyre"
+
+
+# ---------------------------------------------------------------- KTIR tile programs
+# Golden texts written by hand from the format in docs/spyre_ktir.md.
+
+def test_ktir_of_an_add(spyre_target):
+    from torch_tpu_eager import spyre
+
+    x, y = torch.randn(4, 64).to("tpu"), torch.randn(4, 64).to("tpu")
+    z = x + y
+    text = spyre.dump_ktir()
+    assert text == (
+        "ktir.kernel @kernel_add grid=[32] split=dim0 rows_per_core=1 cores_used=4 {\n"
+        "  %0 = view HBM f32 offset=0 sizes=[4, 64] strides=[64, 1]\n"
+        "  %1 = view HBM f32 offset=0 sizes=[4, 64] strides=[64, 1]\n"
+        "  %2 = view HBM f32 offset=0 sizes=[4, 64] strides=[64, 1]\n"
+        "  tile %0 sizes=[1, 64] at=[core*1, 0]\n"
+        "  tile %1 sizes=[1, 64] at=[core*1, 0]\n"
+        "  tile %2 sizes=[1, 64] at=[core*1, 0]\n"
+        "  %2 = add.Tensor(%0, %1, 1)\n"
+        "}\n"
+    )
+    assert torch.equal(z.cpu(), x.cpu() + y.cpu())
+
+
+def test_ktir_of_a_softmax(spyre_target):
+    from torch_tpu_eager import spyre
+
+    x = torch.randn(70, 128).to(torch.float16).to("tpu")
+    y = torch.softmax(x, dim=-1)
+    # 70 rows over 32 cores: 3 rows per core on 24 cores.
+    assert spyre.dump_ktir() == (
+        "ktir.kernel @kernel__softmax grid=[32] split=dim0 rows_per_core=3 cores_used=24 {\n"
+        "  %0 = view HBM df16 offset=0 sizes=[70, 128] strides=[128, 1]\n"
+        "  %1 = view HBM df16 offset=0 sizes=[70, 128] strides=[128, 1]\n"
+        "  tile %0 sizes=[3, 128] at=[core*3, 0]\n"
+        "  tile %1 sizes=[3, 128] at=[core*3, 0]\n"
+        "  %1 = _softmax(%0, -1, False)\n"
+        "}\n"
+    )
+    del y
+
+
+def test_ktir_of_a_matmul_with_offset_and_transposed_views(spyre_target):
+    from torch_tpu_eager import spyre
+
+    a, b = torch.randn(66, 32).to("tpu"), torch.randn(16, 32).to("tpu")
+    c = a[1:65] @ b.t()
+    # The right operand's dim 0 (32) is not the grid's rows (64): every core reads it whole.
+    assert spyre.dump_ktir() == (
+        "ktir.kernel @kernel_mm grid=[32] split=dim0 rows_per_core=2 cores_used=32 {\n"
+        "  %0 = view HBM f32 offset=32 sizes=[64, 32] strides=[32, 1]\n"
+        "  %1 = view HBM f32 offset=0 sizes=[32, 16] strides=[1, 32]\n"
+        "  %2 = view HBM f32 offset=0 sizes=[64, 16] strides=[16, 1]\n"
+        "  tile %0 sizes=[2, 32] at=[core*2, 0]\n"
+        "  tile %1 sizes=[32, 16] at=[0, 0]\n"
+        "  tile %2 sizes=[2, 16] at=[core*2, 0]\n"
+        "  %2 = mm(%0, %1)\n"
+        "}\n"
+    )
+    del c
+
+
+def test_ktir_temporaries_live_in_lx_and_dump_dir_gets_each_region(spyre_target, tmp_path, monkeypatch):
+    from torch_tpu_eager import spyre
+
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path))
+    x = torch.randn(8, 64).to("tpu")
+    z = torch.exp(x * 2) + 1
+    text = spyre.dump_ktir()
+    assert "ktir.kernel @fused_" in text and " = view LX f32 " in text
+    files = sorted(tmp_path.iterdir())
+    assert files and "\n".join(f.read_text() for f in files) == text
+    del z
+
+
+def test_ktir_unknown_dump_option_raises_value_error():
+    from torch_tpu_eager import spyre
+
+    with pytest.raises(ValueError, match="format"):
+        spyre.dump_ktir(format="json")
+
+
+def test_ktir_prints_python_numbers_as_literals(spyre_target):
+    from torch_tpu_eager import spyre
+
+    x = torch.randn(4, 64).to("tpu")
+    y = x * 2
+    assert "  %1 = mul.Tensor(%0, 2)\n" in spyre.dump_ktir()
+    del y

@@ -11,6 +11,7 @@
 #include "executors/executor.h"
 #include "executors/spyre/card.h"
 #include "executors/spyre/df16.h"
+#include "executors/spyre/ktir.h"
 #include "executors/spyre/spyre.h"
 #include "executors/tpu/chip.h"
 #include "jit/jit.h"
@@ -197,6 +198,7 @@ PYBIND11_MODULE(_C, m) {
     return active_target_kind() == TargetKind::kSpyre ? spyre::active_card().name : tpu::active_chip().name;
   });
   spyre::set_overflow_thrower(&throw_spyre_overflow);
+  m.def("_ktir_last", &spyre::last_flush_ktir);
   m.def("_memory_capacity", &memory_capacity);
   m.def("_trace_begin", [] { return jit::trace_begin(); });
   m.def("_trace_end", [](size_t first) {

@@ -15,6 +15,7 @@
 #include "executors/region_runner.h"
 #include "executors/spyre/cost_model.h"
 #include "executors/spyre/df16.h"
+#include "executors/spyre/ktir.h"
 #include "executors/spyre/spyre.h"
 
 namespace tpu_eager {
@@ -71,11 +72,14 @@ class SpyreExecutor final : public Executor {
   const char* name() const override { return "spyre"; }
   std::string target() const override { return active_card().name; }
 
+  void begin_flush() override { ktir_begin_flush(); }
+
   void run_region(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
                   host::HostMemory& mem, RegionStats& stats) override {
+    const CardParams card = active_card();
+    ktir_record(compiled.name, ktir_text(compiled, region, graph, card));
     // Op by op (no fused float32 loop): Spyre's traffic is counted per view
     // in device dtypes and sticks by the shared loop.
-    const CardParams card = active_card();
     SpyreHooks hooks(card);
     host::run_ops(compiled, region, graph, mem, stats, hooks);
     if (!card.valid()) return;
