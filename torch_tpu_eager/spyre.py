@@ -22,6 +22,7 @@ __all__ = [
     "df16_encode",
     "df16_decode",
     "df16_round",
+    "dump_ktir",
 ]
 
 DF16_NAN_INF = 0x7FFF  #: the NaN/Inf code (with the sign bit: 0xFFFF)
@@ -116,3 +117,31 @@ def df16_round(x, rounding="nearest_away", overflow="nan_inf"):
     Args and errors: as :func:`df16_encode`.
     """
     return df16_decode(df16_encode(x, rounding, overflow)).to(x.dtype)
+
+
+_DUMP_FORMATS = ("text",)
+
+
+def dump_ktir(format="text"):
+    """The KTIR-like tile programs of the last flush run on the Spyre target, as text.
+
+    Pending ops are flushed first (so the program just recorded is included).
+    Each region is one ``ktir.kernel`` block: the grid over the 32 cores (dim 0
+    split into ``rows_per_core``), its memory views (``HBM`` for values in device
+    memory, ``LX`` for region temporaries kept in the scratchpads; offset, sizes
+    and strides in elements; device dtypes ``f32``, ``df16``, ``i32``), the
+    access tile of each view per core and the op list. The format is described in
+    docs/spyre_ktir.md. Blocks are separated by a blank line; ``""`` when the last
+    flush ran no region on Spyre. Set the environment variable
+    ``TORCH_TPU_DUMP_DIR`` to a directory to also write every region's program to
+    its own file (``region_<n>_<name>.ktir``).
+
+    Args:
+        format: ``"text"`` (the only format).
+
+    Raises:
+        ValueError: an unknown ``format``.
+    """
+    _check_option("format", format, _DUMP_FORMATS)
+    _C._flush(_C.FLUSH_SYNCHRONIZE, raise_error=False)
+    return "\n".join(_C._ktir_last())

@@ -30,6 +30,21 @@ _TPU_PARAMS = (
     "launch_s",          # seconds per kernel
 )
 
+# Parameters a "spyre" data file must give (see targets/spyre.json).
+_SPYRE_PARAMS = (
+    "cores",
+    "corelets_per_core",
+    "lx_bytes_per_core",
+    "lx_usable_bytes_per_core",
+    "dram_bytes",
+    "stick_bytes",
+    "matmul_sustained_mac_per_ns_per_core",
+    "vector_elems_per_us_per_core",
+    "dram_bandwidth_mixed",
+    "overlap_factor",
+)
+_KINDS = {"tpu": _TPU_PARAMS, "spyre": _SPYRE_PARAMS}
+
 
 def _names():
     return sorted(f[:-5] for f in os.listdir(_DIR) if f.endswith(".json"))
@@ -44,8 +59,8 @@ def _load(name: str) -> dict:
     for key, p in spec["params"].items():
         if not isinstance(p, dict) or "value" not in p or not p.get("source"):
             raise ValueError(f"targets/{name}.json: parameter {key!r} needs a value and a source")
-    if spec.get("kind") == "tpu":
-        missing = [k for k in _TPU_PARAMS if k not in spec["params"]]
+    if spec.get("kind") in _KINDS:
+        missing = [k for k in _KINDS[spec["kind"]] if k not in spec["params"]]
         if missing:
             raise ValueError(f"targets/{name}.json lacks {missing}")
     return spec
@@ -54,9 +69,9 @@ def _load(name: str) -> dict:
 def list_targets(include_placeholders: bool = False) -> list:
     """Names of the targets that :func:`set_target` accepts, e.g. ``["tpu-v4", "tpu-v5e", ...]``.
 
-    With ``include_placeholders=True`` also data files of targets not built yet ("spyre").
+    With ``include_placeholders=True`` also data files of kinds no executor exists for.
     """
-    return [n for n in _names() if include_placeholders or _load(n).get("kind") == "tpu"]
+    return [n for n in _names() if include_placeholders or _load(n).get("kind") in _KINDS]
 
 
 def _derived(values: dict) -> dict:
@@ -108,17 +123,33 @@ def set_target(name: str) -> None:
     of a pending op is not raised here: it stays with the tensors it poisoned,
     as for any automatic flush. Tensors already allocated stay; later
     allocations are checked against the new chip's HBM capacity.
+    ``"spyre"`` selects the simulated IBM Spyre executor (df16 storage of
+    16-bit floats, int64 held as int32, Spyre's cost model).
     Raises ValueError listing the valid names for an unknown name, and
-    NotImplementedError for a target whose data file is only a placeholder
-    ("spyre", issue 6).
+    NotImplementedError for a data file of a kind no executor exists for.
     """
-    if name in _names() and _load(name).get("kind") != "tpu":
+    if name in _names() and _load(name).get("kind") not in _KINDS:
         raise NotImplementedError(
             f"target {name!r} is not built yet ({_load(name).get('status', 'placeholder')}); "
             f"available targets: {', '.join(list_targets())}"
         )
     _check_name(name)
     info = target_info(name)
+    if info["kind"] == "spyre":
+        _C._set_spyre_target({
+            "name": name,
+            "cores": int(info["cores"]),
+            "corelets_per_core": int(info["corelets_per_core"]),
+            "lx_bytes_per_core": int(info["lx_bytes_per_core"]),
+            "lx_usable_bytes_per_core": int(info["lx_usable_bytes_per_core"]),
+            "dram_bytes": int(info["dram_bytes"]),
+            "stick_bytes": int(info["stick_bytes"]),
+            "matmul_macs_per_s_per_core": info["matmul_sustained_mac_per_ns_per_core"] * 1e9,
+            "vector_elems_per_s_per_core": info["vector_elems_per_us_per_core"] * 1e6,
+            "dram_bandwidth": info["dram_bandwidth_mixed"],
+            "overlap": info["overlap_factor"],
+        })
+        return
     params = {k: info[k] for k in _TPU_PARAMS}
     params["hbm_bytes"] = int(params["hbm_bytes"])
     params["vmem_bytes"] = int(params["vmem_bytes"])
@@ -129,7 +160,7 @@ def set_target(name: str) -> None:
 
 def get_target() -> str:
     """Name of the active target, e.g. ``"tpu-v5e"``."""
-    return _C._chip()["name"]
+    return _C._target_name()
 
 
 def _init_from_env() -> None:

@@ -54,7 +54,18 @@ class Executor {
   // storages, the rest bound as temporaries in `mem`. Throws on a data error.
   virtual void run_region(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
                           host::HostMemory& mem, RegionStats& stats) = 0;
+  // Called by the JIT before the regions of one flush run.
+  virtual void begin_flush() {}
 };
+
+// Which executor runs regions: set with the target (torch_tpu_eager.set_target).
+enum class TargetKind : int { kTpu = 0, kSpyre = 1 };
+TargetKind active_target_kind();
+void set_active_target_kind(TargetKind kind);
+
+// The executors (singletons).
+Executor& tpu_executor();    // executors/tpu/tpu_executor.cpp
+Executor& spyre_executor();  // executors/spyre/spyre_executor.cpp
 
 // The executor of the active target.
 Executor& active_executor();

@@ -123,6 +123,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   std::vector<Region> regions = partition(g, live);
   host::HostMemory mem;
   Executor& ex = active_executor();
+  ex.begin_flush();
   std::exception_ptr first_error;
   for (const Region& r : regions) {
     uint64_t key = structural_key(g, r);

@@ -16,6 +16,7 @@
 
 #include "device/device.h"
 #include "executors/host_runtime.h"
+#include "executors/spyre/spyre.h"
 #include "lazy/queue.h"
 #include "ops/op_table.h"
 #include "ops/record.h"
@@ -95,7 +96,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (!storage_has_pending(s)) {
       // Host to device, nothing queued on the destination: write it now.
       check_storage_error(s);
-      host_view(dst).copy_(self);
+      at::Tensor v = host_view(dst);
+      v.copy_(self);
+      if (spyre::active()) {  // Spyre stores 16-bit floats as df16 and int64 as int32
+        spyre::round_in_place(v);
+        spyre::check_int32(v, "copy to the Spyre device");
+      }
       return dst;
     }
     // Queued ops still use the destination: stage the source in a fresh
@@ -105,6 +111,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (is_tpu(self) && !is_tpu(dst)) {
     TORCH_CHECK(dst.device().is_cpu(), "copy from tpu to ", dst.device(), " is not supported");
     make_current(self, FlushReason::kHostRead);
+    // No rounding on Spyre: a device buffer already holds each 16-bit value as
+    // df16 read back to its dtype (rounding again would turn the float16 inf
+    // of df16's 65536 into the NaN/Inf code).
     dst.copy_(host_view(self), non_blocking);
     return dst;
   }

@@ -3,11 +3,16 @@
 #include <Python.h>
 #include <frameobject.h>
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
 #include "device/device.h"
+#include "executors/executor.h"
+#include "executors/spyre/card.h"
 #include "executors/spyre/df16.h"
+#include "executors/spyre/ktir.h"
+#include "executors/spyre/spyre.h"
 #include "executors/tpu/chip.h"
 #include "jit/dynamic_shapes.h"
 #include "jit/jit.h"
@@ -107,9 +112,41 @@ void set_target(const py::dict& p) {
   py::gil_scoped_release no_gil;
   (void)flush_all(FlushReason::kTargetSwitch);  // errors stay with the storages they poisoned
   tpu::set_active_chip(c);
+  set_active_target_kind(TargetKind::kTpu);
   set_memory_capacity(c.hbm_bytes, c.name);
   jit::clear_cache();
 }
+
+// The same for the Spyre card (dict built from targets/spyre.json).
+void set_spyre_target(const py::dict& p) {
+  spyre::CardParams c;
+  c.name = p["name"].cast<std::string>();
+  c.cores = p["cores"].cast<int64_t>();
+  c.corelets_per_core = p["corelets_per_core"].cast<int64_t>();
+  c.lx_bytes_per_core = p["lx_bytes_per_core"].cast<int64_t>();
+  c.lx_usable_bytes_per_core = p["lx_usable_bytes_per_core"].cast<int64_t>();
+  c.dram_bytes = p["dram_bytes"].cast<int64_t>();
+  c.stick_bytes = p["stick_bytes"].cast<int64_t>();
+  c.matmul_macs_per_s_per_core = p["matmul_macs_per_s_per_core"].cast<double>();
+  c.vector_elems_per_s_per_core = p["vector_elems_per_s_per_core"].cast<double>();
+  c.dram_bandwidth = p["dram_bandwidth"].cast<double>();
+  c.overlap = p["overlap"].cast<double>();
+  TORCH_CHECK_VALUE(c.valid() && c.dram_bytes > 0, "invalid card parameters for target ", c.name);
+  py::gil_scoped_release no_gil;
+  (void)flush_all(FlushReason::kTargetSwitch);
+  spyre::set_active_card(c);
+  set_active_target_kind(TargetKind::kSpyre);
+  set_memory_capacity(c.dram_bytes, c.name);
+  jit::clear_cache();
+}
+
+// torch::PyTorchError is how a C++ error reaches Python as a given builtin
+// type through torch's HANDLE_TH_ERRORS; c10 has no OverflowError.
+struct SpyreOverflowError : torch::PyTorchError {
+  using torch::PyTorchError::PyTorchError;
+  PyObject* python_type() override { return PyExc_OverflowError; }
+};
+[[noreturn]] void throw_spyre_overflow(const std::string& msg) { throw SpyreOverflowError(msg); }
 
 py::dict chip_dict() {
   tpu::ChipParams c = tpu::active_chip();
@@ -160,6 +197,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("_clear_cache", &jit::clear_cache);
   m.def("_set_target", &set_target, py::arg("params"));
   m.def("_chip", &chip_dict);
+  m.def("_set_spyre_target", &set_spyre_target, py::arg("params"));
+  m.def("_target_name", [] {
+    return active_target_kind() == TargetKind::kSpyre ? spyre::active_card().name : tpu::active_chip().name;
+  });
+  spyre::set_overflow_thrower(&throw_spyre_overflow);
+  m.def("_ktir_last", &spyre::last_flush_ktir);
   m.def("_memory_capacity", &memory_capacity);
   m.def("_trace_begin", [] { return jit::trace_begin(); });
   m.def("_trace_end", [](size_t first) {

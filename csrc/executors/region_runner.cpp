@@ -1,0 +1,127 @@
+// The op-by-op host loop shared by the executors (see region_runner.h).
+#include "executors/region_runner.h"
+
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <ATen/ops/empty.h>
+
+#include "views/view_chain.h"
+
+namespace tpu_eager {
+namespace host {
+namespace {
+
+// True when op `n` reads the current value of its written argument `in`:
+// out= arguments and the self of ops that overwrite it entirely are only written.
+bool reads_written_value(const Node& n, const InputSlot& in) {
+  const auto& schema = n.op.schema();
+  if (in.arg < static_cast<int>(schema.arguments().size()) && schema.arguments()[in.arg].is_out()) return false;
+  if (in.arg != 0) return true;
+  static const std::unordered_set<std::string> overwrite = {
+      "fill_", "zero_", "normal_", "uniform_", "random_", "exponential_",
+      "geometric_", "cauchy_", "log_normal_", "bernoulli_", "copy_"};
+  return !overwrite.count(schema.name().substr(6));
+}
+
+// Identity of a view for counting HBM traffic once per region.
+using ViewKey = std::tuple<const DeferredStorage*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>;
+ViewKey view_key(const TensorRef& r) {
+  return {r.storage.get(), r.offset, r.sizes, r.strides, static_cast<int>(r.dtype)};
+}
+
+void bind_output(const TensorRef& ref, const at::Tensor& result, bool materialize, HostMemory& mem) {
+  DeferredStorage* s = ref.storage.get();
+  s->error = nullptr;
+  if (materialize) {
+    // Store through the inverse of the output's view chain.
+    TensorRef flat_ref;
+    flat_ref.dtype = ref.dtype;
+    flat_ref.sizes = {static_cast<int64_t>(s->nbytes / c10::elementSize(ref.dtype))};
+    flat_ref.strides = {1};
+    at::Tensor flat = view_over(mem.device_buffer(s), flat_ref);
+    views::scatter(flat, views::decompose(flat.numel(), ref.sizes, ref.strides, ref.offset), ref.sizes,
+                   ref.strides, ref.offset, result);
+    s->error = nullptr;
+    return;
+  }
+  // A temporary: keep the CPU result's storage when it has the recorded layout.
+  if (result.scalar_type() == ref.dtype && result.storage_offset() == ref.offset &&
+      result.sizes().equals(ref.sizes) && result.strides().equals(ref.strides) &&
+      result.storage().nbytes() >= s->nbytes) {
+    mem.bind_temp(s, result.storage());
+    return;
+  }
+  at::Tensor buf = at::empty({static_cast<int64_t>(s->nbytes)}, at::TensorOptions().dtype(at::kByte));
+  view_over(buf.storage(), ref).copy_(result);
+  mem.bind_temp(s, buf.storage());
+}
+
+}  // namespace
+
+std::string op_display_name(const Node& n) {
+  const auto& schema = n.op.schema();
+  return schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+}
+
+void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph, HostMemory& mem,
+             RegionStats& stats, HostRunHooks& hooks) {
+  std::unordered_set<const DeferredStorage*> produced;
+  std::set<ViewKey> reads, writes;
+  // Device traffic of one view, once per region: logical bytes plus its layout padding.
+  auto traffic = [&](const TensorRef& r, std::set<ViewKey>& seen, int64_t& logical) {
+    if (!seen.insert(view_key(r)).second) return;
+    logical += hooks.logical_bytes(r);
+    stats.padding_bytes += hooks.padding_bytes(r);
+  };
+  // Position of the last op of the region that uses each storage: a
+  // temporary is freed right after it, as eager frees a dead intermediate
+  // (keeps the working set, and the allocator's reuse, like eager's).
+  std::unordered_map<DeferredStorage*, size_t> last_use;
+  for (size_t p = 0; p < region.nodes.size(); ++p) {
+    const Node& n = graph[region.nodes[p]];
+    for (const auto& in : n.inputs) last_use[in.ref.storage.get()] = p;
+    for (const auto& out : n.outputs) last_use.emplace(out.storage.get(), p);
+  }
+  for (size_t p = 0; p < region.nodes.size(); ++p) {
+    Node& n = graph[region.nodes[p]];
+    for (const auto& in : n.inputs) {
+      DeferredStorage* s = in.ref.storage.get();
+      if (produced.count(s) || mem.is_temp(s) || (in.written && !reads_written_value(n, in))) continue;
+      traffic(in.ref, reads, stats.bytes_read);
+    }
+    stats.failed_at = static_cast<int>(p);
+    torch::jit::Stack stack = build_stack(n, mem);  // re-raises an input's earlier error as is
+    std::vector<at::Tensor> results;
+    try {
+      hooks.call(n, stack);
+      mem.finish_writes();
+      results = fresh_results(n, stack);
+      hooks.after_op(n, results, mem);
+    } catch (c10::Error& e) {
+      e.add_context("while running " + op_display_name(n) + " recorded at " +
+                    (n.where.empty() ? std::string("<unknown>") : n.where) + " (in " + compiled.name + ")");
+      throw;
+    }
+    for (size_t j = 0; j < n.outputs.size(); ++j) {
+      const bool materialize = region.materialize[p][j];
+      bind_output(n.outputs[j], results.at(j), materialize, mem);
+      if (materialize) traffic(n.outputs[j], writes, stats.bytes_written);
+      produced.insert(n.outputs[j].storage.get());
+    }
+    for (const auto& in : n.inputs)
+      if (in.written && !mem.is_temp(in.ref.storage.get())) traffic(in.ref, writes, stats.bytes_written);
+    for (const auto& in : n.inputs)
+      if (last_use[in.ref.storage.get()] == p) mem.release_temp(in.ref.storage.get());
+    for (const auto& out : n.outputs)
+      if (last_use[out.storage.get()] == p) mem.release_temp(out.storage.get());
+    hooks.add_op_cost(n, stats);
+  }
+  stats.failed_at = -1;
+}
+
+}  // namespace host
+}  // namespace tpu_eager

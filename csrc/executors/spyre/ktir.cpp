@@ -1,0 +1,173 @@
+// KTIR-like tile programs (see ktir.h for the format).
+#include "executors/spyre/ktir.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <tuple>
+#include <unordered_set>
+
+#include "executors/region_runner.h"
+
+namespace tpu_eager {
+namespace spyre {
+namespace {
+
+std::mutex g_mu;
+std::vector<std::string>& last() {
+  static auto* v = new std::vector<std::string>();  // never destroyed: flushes may run during shutdown
+  return *v;
+}
+std::atomic<int64_t> g_dumped{0};
+
+std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return "f32";
+    case c10::kHalf:
+    case c10::kBFloat16: return "df16";
+    case c10::kLong: return "i32";
+    default: return c10::toString(t);
+  }
+}
+
+std::string list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string literal(const c10::IValue& v) {
+  if (v.isNone()) return "None";
+  if (v.isBool()) return v.toBool() ? "True" : "False";
+  std::ostringstream os;
+  if (v.isTensor() && v.toTensor().dim() == 0) {  // a Python number the op received as a 0-dim tensor
+    const c10::Scalar s = v.toTensor().item();
+    if (s.isBoolean()) return s.toBool() ? "True" : "False";
+    if (s.isIntegral(false)) return std::to_string(s.toLong());
+    os << s.toDouble();
+    return os.str();
+  }
+  os << v;
+  return os.str();
+}
+
+using Key = std::tuple<const DeferredStorage*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>;
+
+}  // namespace
+
+std::string ktir_text(const CompiledRegion& compiled, const Region& region, const std::vector<Node>& graph,
+                      const CardParams& card) {
+  // Which storages reach device memory: read before the region writes them, or materialized.
+  std::unordered_set<const DeferredStorage*> temps;
+  for (size_t p = 0; p < region.nodes.size(); ++p) {
+    const Node& n = graph[region.nodes[p]];
+    for (size_t j = 0; j < n.outputs.size(); ++j)
+      if (!region.materialize[p][j]) temps.insert(n.outputs[j].storage.get());
+  }
+  std::map<Key, int> ids;
+  std::vector<const TensorRef*> views;
+  auto id_of = [&](const TensorRef& r) {
+    Key k{r.storage.get(), r.offset, r.sizes, r.strides, static_cast<int>(r.dtype)};
+    auto it = ids.find(k);
+    if (it != ids.end()) return it->second;
+    const int id = static_cast<int>(views.size());
+    ids.emplace(k, id);
+    views.push_back(&r);
+    return id;
+  };
+  std::vector<std::string> ops;
+  for (int i : region.nodes) {
+    const Node& n = graph[i];
+    std::vector<std::string> args(n.args.size());
+    for (size_t a = 0; a < n.args.size(); ++a) args[a] = literal(n.args[a]);
+    std::map<int, std::vector<std::pair<int, std::string>>> lists;
+    for (const auto& in : n.inputs) {
+      const std::string name = "%" + std::to_string(id_of(in.ref));
+      if (in.elem < 0) args.at(in.arg) = name;
+      else lists[in.arg].push_back({in.elem, name});
+    }
+    for (auto& [a, elems] : lists) {
+      std::sort(elems.begin(), elems.end());
+      std::string s = "[";
+      for (size_t e = 0; e < elems.size(); ++e) s += (e ? ", " : "") + elems[e].second;
+      args.at(a) = s + "]";
+    }
+    std::vector<std::string> outs;
+    for (const auto& o : n.outputs) outs.push_back("%" + std::to_string(id_of(o)));
+    std::string line = "  ";
+    if (outs.size() == 1) line += outs[0] + " = ";
+    if (outs.size() > 1) {
+      line += "(";
+      for (size_t j = 0; j < outs.size(); ++j) line += (j ? ", " : "") + outs[j];
+      line += ") = ";
+    }
+    line += host::op_display_name(n).substr(6) + "(";
+    for (size_t a = 0; a < args.size(); ++a) line += (a ? ", " : "") + args[a];
+    ops.push_back(line + ")");
+  }
+  // The grid: dim 0 of the last op's first result (or first written argument).
+  const Node& last_node = graph[region.nodes.back()];
+  const std::vector<int64_t>* anchor = nullptr;
+  if (!last_node.outputs.empty()) anchor = &last_node.outputs[0].sizes;
+  for (const auto& in : last_node.inputs)
+    if (!anchor && in.written) anchor = &in.ref.sizes;
+  int64_t rows = anchor && !anchor->empty() ? (*anchor)[0] : 0;
+  const int64_t cores = std::max<int64_t>(1, card.cores);
+  const int64_t per_core = rows > 0 ? (rows + cores - 1) / cores : 1;
+  const int64_t used = rows > 0 ? (rows + per_core - 1) / per_core : 1;
+
+  std::ostringstream os;
+  os << "ktir.kernel @" << compiled.name << " grid=[" << cores << "] split=dim0 rows_per_core=" << per_core
+     << " cores_used=" << used << " {\n";
+  for (size_t v = 0; v < views.size(); ++v) {
+    const TensorRef& r = *views[v];
+    os << "  %" << v << " = view " << (temps.count(r.storage.get()) ? "LX" : "HBM") << " " << dtype_name(r.dtype)
+       << " offset=" << r.offset << " sizes=" << list(r.sizes) << " strides=" << list(r.strides) << "\n";
+  }
+  for (size_t v = 0; v < views.size(); ++v) {
+    const TensorRef& r = *views[v];
+    const bool split = rows > 0 && !r.sizes.empty() && r.sizes[0] == rows;
+    std::vector<int64_t> tile = r.sizes;
+    std::string at = "[";
+    for (size_t d = 0; d < r.sizes.size(); ++d) {
+      at += d ? ", " : "";
+      at += (d == 0 && split) ? "core*" + std::to_string(per_core) : "0";
+    }
+    if (split) tile[0] = per_core;
+    os << "  tile %" << v << " sizes=" << list(tile) << " at=" << at << "]\n";
+  }
+  for (const auto& line : ops) os << line << "\n";
+  os << "}\n";
+  return os.str();
+}
+
+std::vector<std::string> last_flush_ktir() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return last();
+}
+
+void ktir_begin_flush() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  last().clear();
+}
+
+void ktir_record(const std::string& name, std::string text) {
+  if (const char* dir = std::getenv("TORCH_TPU_DUMP_DIR")) {
+    if (*dir) {
+      char num[32];
+      std::snprintf(num, sizeof num, "%06lld", static_cast<long long>(g_dumped.fetch_add(1)));
+      std::ofstream f(std::string(dir) + "/region_" + num + "_" + name + ".ktir");
+      f << text;
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  last().push_back(std::move(text));
+}
+
+}  // namespace spyre
+}  // namespace tpu_eager

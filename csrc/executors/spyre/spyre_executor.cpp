@@ -1,0 +1,130 @@
+// The simulated Spyre executor: runs regions with the host loop shared with
+// the TPU executor (region_runner.h) and Spyre's storage numerics: every
+// float16/bfloat16 result of an op, fresh or written in place, is rounded
+// through df16 once after the op; int64 results must fit int32. Regions are
+// costed with Spyre's cost model (cost_model.h).
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include <ATen/ops/aminmax.h>
+#include <c10/util/Exception.h>
+
+#include "executors/executor.h"
+#include "executors/region_runner.h"
+#include "executors/spyre/cost_model.h"
+#include "executors/spyre/df16.h"
+#include "executors/spyre/ktir.h"
+#include "executors/spyre/spyre.h"
+
+namespace tpu_eager {
+namespace spyre {
+namespace {
+
+std::atomic<OverflowThrower> g_thrower{nullptr};
+
+bool is_16bit_float(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
+
+std::string where_of(const Node& n) {
+  return host::op_display_name(n) + " (recorded at " + (n.where.empty() ? std::string("<unknown>") : n.where) + ")";
+}
+
+class SpyreHooks final : public host::HostRunHooks {
+ public:
+  explicit SpyreHooks(const CardParams& card) : card_(card) {}
+  int64_t logical_bytes(const TensorRef& r) override { return device_bytes(r.sizes, r.dtype); }
+  int64_t padding_bytes(const TensorRef& r) override {
+    return stick_bytes(r.sizes, r.dtype, card_) - device_bytes(r.sizes, r.dtype);
+  }
+  void after_op(const Node& n, std::vector<at::Tensor>& results, host::HostMemory& mem) override {
+    for (auto& r : results) {
+      if (!r.defined()) continue;
+      check_int32(r, where_of(n));
+      r = rounded(r);
+    }
+    bool rewrote = false;
+    for (const auto& in : n.inputs) {
+      if (!in.written) continue;
+      if (in.ref.dtype == c10::kLong) check_int32(mem.tensor(in.ref), where_of(n));
+      if (is_16bit_float(in.ref.dtype)) {
+        at::Tensor w = mem.written_tensor(in.ref);
+        w.copy_(df16_round(w));
+        rewrote = true;
+      }
+    }
+    if (rewrote) mem.finish_writes();
+  }
+  void add_op_cost(const Node& n, RegionStats& stats) override {
+    const OpCost c = op_cost(n, card_);
+    stats.flops += c.flops;
+    stats.mxu_flops += 2.0 * c.macs;
+    stats.compute_s += c.seconds(card_);
+    if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) stats.library_calls++;
+  }
+
+ private:
+  const CardParams& card_;
+};
+
+class SpyreExecutor final : public Executor {
+ public:
+  const char* name() const override { return "spyre"; }
+  std::string target() const override { return active_card().name; }
+
+  void begin_flush() override { ktir_begin_flush(); }
+
+  void run_region(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
+                  host::HostMemory& mem, RegionStats& stats) override {
+    const CardParams card = active_card();
+    ktir_record(compiled.name, ktir_text(compiled, region, graph, card));
+    // Op by op (no fused float32 loop): Spyre's traffic is counted per view
+    // in device dtypes and sticks by the shared loop.
+    SpyreHooks hooks(card);
+    host::run_ops(compiled, region, graph, mem, stats, hooks);
+    if (!card.valid()) return;
+    stats.memory_s =
+        static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes) / card.dram_bandwidth;
+    stats.sim_time_s = region_seconds(stats.compute_s, stats.memory_s, card);
+  }
+};
+
+}  // namespace
+
+bool active() { return active_target_kind() == TargetKind::kSpyre; }
+
+at::Tensor rounded(const at::Tensor& t) {
+  if (!t.defined() || !is_16bit_float(t.scalar_type())) return t;
+  return df16_round(t);
+}
+
+void round_in_place(const at::Tensor& t) {
+  if (t.defined() && is_16bit_float(t.scalar_type()) && t.numel() > 0) t.copy_(df16_round(t));
+}
+
+void check_int32(const at::Tensor& t, const std::string& what) {
+  if (!t.defined() || t.scalar_type() != c10::kLong || t.numel() == 0) return;
+  auto [lo_t, hi_t] = at::aminmax(t);
+  const int64_t lo = lo_t.item<int64_t>(), hi = hi_t.item<int64_t>();
+  constexpr int64_t kMin = std::numeric_limits<int32_t>::min(), kMax = std::numeric_limits<int32_t>::max();
+  if (lo >= kMin && hi <= kMax) return;
+  throw_overflow(what + ": int64 value " + std::to_string(lo < kMin ? lo : hi) +
+                 " does not fit int32 (the Spyre target holds int64 as int32, range [" + std::to_string(kMin) +
+                 ", " + std::to_string(kMax) + "])");
+}
+
+void set_overflow_thrower(OverflowThrower thrower) { g_thrower.store(thrower); }
+
+void throw_overflow(const std::string& msg) {
+  if (OverflowThrower t = g_thrower.load()) t(msg);
+  TORCH_CHECK(false, "OverflowError: ", msg);
+}
+
+}  // namespace spyre
+
+Executor& spyre_executor() {
+  static spyre::SpyreExecutor ex;
+  return ex;
+}
+
+}  // namespace tpu_eager
