@@ -1,56 +1,23 @@
-// The fused elementwise loop: a tiny register program run over tiles.
-//
-// The tile loops use ATen's AVX2 vector type, which calls the same SLEEF
-// routines as CPU's vectorized kernels (so results match CPU's to the ulp
-// that their different loop tails may change). This file alone is compiled
-// for AVX2+FMA; run_fused_elementwise checks the CPU at run time.
-#pragma GCC target("avx2,fma")
-// The pragma enables the instructions; SLEEF's header also looks at the macros.
-#ifndef __AVX__
-#define __AVX__ 1
-#endif
-#ifndef __AVX2__
-#define __AVX2__ 1
-#endif
-#ifndef __FMA__
-#define __FMA__ 1
-#endif
-#ifndef CPU_CAPABILITY
-#define CPU_CAPABILITY AVX2
-#define CPU_CAPABILITY_AVX2
-#endif
+// Fused elementwise regions: planning the register program of a region
+// (the tile loops are in fused_kernels_*.cpp, one per instruction set).
 #include "executors/tpu/fused_elementwise.h"
 
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
+#include "executors/tpu/fused_program.h"
 
+
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <unordered_map>
 
-#include <ATen/Parallel.h>
 
 namespace tpu_eager {
 namespace tpu {
 namespace {
 
-enum class Fn : uint8_t { kAdd, kMul, kDiv, kNeg, kAbs, kRelu, kExp, kLog, kSin, kCos, kTanh, kSigmoid, kSqrt,
-                          kRsqrt, kReciprocal };
-
-// An operand: a tile register, an external (device) buffer, or a constant.
-struct Operand {
-  enum Kind : uint8_t { kReg, kExternal, kConst } kind = kConst;
-  int index = 0;       // register or external index
-  float value = 0.0f;  // constant
-};
-
-struct Instr {
-  Fn fn;
-  int dst;             // register
-  Operand a, b;
-  float alpha = 1.0f;  // add/sub: a + alpha * b (one rounding, like CPU's fused multiply-add)
-  int out = -1;        // index of the materialized output it writes, or -1
-};
+using fused::Fn;
+using fused::Instr;
+using fused::Operand;
 
 bool unary_fn(const std::string& name, Fn* fn) {
   static const std::unordered_map<std::string, Fn> table = {
@@ -70,58 +37,6 @@ bool is_contiguous(const std::vector<int64_t>& sizes, const std::vector<int64_t>
     expected *= sizes[i];
   }
   return true;
-}
-
-using Vec = at::vec::Vectorized<float>;
-
-template <Fn F>
-inline Vec apply(const Vec& a, const Vec& b, const Vec& alpha, bool unit_alpha) {
-  if constexpr (F == Fn::kAdd) return unit_alpha ? a + b : at::vec::fmadd(b, alpha, a);
-  if constexpr (F == Fn::kMul) return a * b;
-  if constexpr (F == Fn::kDiv) return a / b;
-  if constexpr (F == Fn::kNeg) return a.neg();
-  if constexpr (F == Fn::kAbs) return a.abs();
-  if constexpr (F == Fn::kRelu) return at::vec::clamp_min(a, Vec(0.0f));
-  if constexpr (F == Fn::kExp) return a.exp();
-  if constexpr (F == Fn::kLog) return a.log();
-  if constexpr (F == Fn::kSin) return a.sin();
-  if constexpr (F == Fn::kCos) return a.cos();
-  if constexpr (F == Fn::kTanh) return a.tanh();
-  if constexpr (F == Fn::kSigmoid) return ((Vec(0.0f) - a).exp() + Vec(1.0f)).reciprocal();  // as CPU's kernel
-  if constexpr (F == Fn::kSqrt) return a.sqrt();
-  if constexpr (F == Fn::kRsqrt) return a.rsqrt();
-  if constexpr (F == Fn::kReciprocal) return a.reciprocal();
-  return a;
-}
-
-// One loop per instruction keeps each tight; the tail uses a partial vector.
-template <Fn F>
-void run_tile(float* d, const float* a, const float* b, float av, float bv, float alpha, int64_t n) {
-  const Vec va(av), vb(bv), valpha(alpha);
-  const bool unit = alpha == 1.0f;
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) {
-    const Vec x = a ? Vec::loadu(a + i) : va;
-    const Vec y = b ? Vec::loadu(b + i) : vb;
-    apply<F>(x, y, valpha, unit).store(d + i);
-  }
-  if (i < n) {
-    const int rest = static_cast<int>(n - i);
-    const Vec x = a ? Vec::loadu(a + i, rest) : va;
-    const Vec y = b ? Vec::loadu(b + i, rest) : vb;
-    apply<F>(x, y, valpha, unit).store(d + i, rest);
-  }
-}
-
-void run_instr(const Instr& in, float* d, const float* a, const float* b, int64_t n) {
-  const float av = in.a.value, bv = in.b.value;
-  switch (in.fn) {
-#define CASE(F) \
-  case Fn::F: run_tile<Fn::F>(d, a, b, av, bv, in.alpha, n); break;
-    CASE(kAdd) CASE(kMul) CASE(kDiv) CASE(kNeg) CASE(kAbs) CASE(kRelu) CASE(kExp) CASE(kLog) CASE(kSin) CASE(kCos)
-    CASE(kTanh) CASE(kSigmoid) CASE(kSqrt) CASE(kRsqrt) CASE(kReciprocal)
-#undef CASE
-  }
 }
 
 // A scalar argument (Python number or 0-dim tensor) as a float constant.
@@ -146,7 +61,15 @@ bool scalar_operand(const c10::IValue& v, Operand* op) {
 
 bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
                            RegionStats& stats) {
+  // The loops match CPU's kernels of the same capability: use the one ATen uses.
   static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  // ATen takes AVX512 when the CPU has it unless ATEN_CPU_CAPABILITY asks for less.
+  static const bool use_avx512 = [] {
+    const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+    if (cap && std::string(cap) != "avx512") return false;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  }();
   if (!cpu_ok || region.nodes.size() < 2) return false;
   const std::vector<int64_t>* shape = nullptr;
   std::unordered_map<const DeferredStorage*, int> reg_of;  // region value -> register
@@ -231,24 +154,17 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
 
   int64_t numel = 1;
   for (auto s : *shape) numel *= s;
-  constexpr int64_t kTile = 1024;  // 4 KB per register: a region's registers stay in L1/L2
-  const int64_t tiles = (numel + kTile - 1) / kTile;
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scratch(static_cast<size_t>(regs) * kTile);
-    auto src = [&](const Operand& o, int64_t base) -> const float* {
-      if (o.kind == Operand::kReg) return scratch.data() + o.index * kTile;
-      if (o.kind == Operand::kExternal) return ext_ptr[o.index] + base;
-      return nullptr;
-    };
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t base = t * kTile, len = std::min(kTile, numel - base);
-      for (const Instr& in : program) {
-        float* d = scratch.data() + in.dst * kTile;
-        run_instr(in, d, src(in.a, base), in.fn <= Fn::kDiv ? src(in.b, base) : nullptr, len);
-        if (in.out >= 0) std::memcpy(out_ptr[in.out] + base, d, static_cast<size_t>(len) * sizeof(float));
-      }
-    }
-  });
+  fused::Program prog;
+  prog.instrs = std::move(program);
+  prog.regs = regs;
+  prog.numel = numel;
+  prog.externals = std::move(ext_ptr);
+  prog.outputs = std::move(out_ptr);
+  if (use_avx512) {
+    fused::run_avx512(prog);
+  } else {
+    fused::run_avx2(prog);
+  }
 
   for (auto& e : externals) stats.bytes_read += e.numel() * 4;
   stats.bytes_written += static_cast<int64_t>(outputs.size()) * numel * 4;

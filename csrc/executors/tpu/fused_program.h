@@ -1,0 +1,46 @@
+// The register program of a fused elementwise region, and its tile loop
+// compiled once per instruction set (fused_kernels_avx2.cpp, _avx512.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace tpu_eager {
+namespace tpu {
+namespace fused {
+
+enum class Fn : uint8_t { kAdd, kMul, kDiv, kNeg, kAbs, kRelu, kExp, kLog, kSin, kCos, kTanh, kSigmoid, kSqrt,
+                          kRsqrt, kReciprocal };
+
+// An operand: a tile register, an external (device) buffer, or a constant.
+struct Operand {
+  enum Kind : uint8_t { kReg, kExternal, kConst } kind = kConst;
+  int index = 0;       // register or external index
+  float value = 0.0f;  // constant
+};
+
+struct Instr {
+  Fn fn;
+  int dst;             // register
+  Operand a, b;
+  float alpha = 1.0f;  // add/sub: a + alpha * b (one rounding, like CPU's fused multiply-add)
+  int out = -1;        // index of the materialized output it writes, or -1
+};
+
+// The program and where its operands live.
+struct Program {
+  std::vector<Instr> instrs;
+  int regs = 0;
+  int64_t numel = 0;
+  std::vector<const float*> externals;  // contiguous device buffers read
+  std::vector<float*> outputs;          // contiguous device buffers written
+};
+
+// Runs the program over tiles of 1,024 floats (4 KB per register, so a
+// region's registers stay in L1/L2), both cores via at::parallel_for.
+void run_avx2(const Program& p);
+void run_avx512(const Program& p);
+
+}  // namespace fused
+}  // namespace tpu
+}  // namespace tpu_eager
