@@ -11,13 +11,20 @@ benchmark first checks its result against CPU PyTorch and is not timed if that f
    ``torch.tpu.synchronize()`` is timed.
 2. chain16: 16 elementwise ops on a 1000x1000 float32 tensor, result read to the host,
    on "tpu", CPU eager and torch.compile (CPU, inductor, compiled once before timing).
-3. digits MLP training step (64-128-64-10, batch 64, Adam), loss read every 10 steps.
+3. bytes moved by chain16 on "tpu" (the ``bytes_read`` + ``bytes_materialized`` counters
+   per run) against the floor of reading its input once and writing its output once.
+4. softmax over the last dim and layer_norm (with weight and bias) on 4096x1024 float32,
+   result read to the host, "tpu" vs CPU eager.
+5. digits MLP training step (64-128-64-10, batch 64, Adam), loss read every 10 steps.
+6. char-LM training step (examples/train_char_lm.py's model, config and AdamW; forward,
+   backward, clip_grad_norm_, step), loss read every step, "tpu" vs CPU eager; then the
+   compiles counted over all timed steps, which follow 3 warm-up steps (target: 0).
 
 Every contender runs with one torch intra-op thread unless ``--threads`` says otherwise.
 The "tpu" executor runs CPU kernels too, so both sides get the same threads; one thread
 keeps the figures steady on a machine that other jobs share.
 
-    python benchmarks/run_all.py                 # full run (about 1-2 minutes on 2 cores)
+    python benchmarks/run_all.py                 # full run (about 1 minute on 2 cores)
     python benchmarks/run_all.py --quick         # smoke test: 3 repeats, small sizes
     python benchmarks/run_all.py --json out.json # also write every sample as JSON
 """
@@ -43,9 +50,12 @@ TPU = "tpu"
 SEED = 0
 
 FULL = dict(repeats=15, record_n=2000, flushes=100, chain_size=1000, chain_iters=3,
-            mlp_steps=30, check_steps=10)
+            mlp_steps=30, check_steps=10, rows_shape=(4096, 1024), rows_iters=3,
+            lm_steps=10, lm_check_steps=5)
 QUICK = dict(repeats=3, record_n=200, flushes=10, chain_size=128, chain_iters=1,
-             mlp_steps=10, check_steps=3)
+             mlp_steps=10, check_steps=3, rows_shape=(256, 128), rows_iters=1,
+             lm_steps=2, lm_check_steps=2)
+LM_WARMUP_STEPS = 3  # the issue's target: no compiles after step 3
 
 
 # ---------------------------------------------------------------- helpers
@@ -211,7 +221,7 @@ def _assert_equal(actual, expected, what):
     assert actual == expected, f"{what}: {actual} (expected {expected})"
 
 
-# ---------------------------------------------------------------- chain16
+# ---------------------------------------------------------------- 2.-3. chain16 and its bytes
 
 def chain16(x):
     """16 elementwise ops; every intermediate stays in a range where exp/sin are tame."""
@@ -331,7 +341,68 @@ def bench_chain16(cfg, report):
     report.row(bench, "ms", samples, 1e3, ratios=[("cpu", "tpu"), ("compile", "tpu")], notes=notes)
 
 
-# ---------------------------------------------------------------- 3. digits MLP
+def bench_chain16_bytes(cfg, report):
+    """Bytes chain16 moves on "tpu" per run, against reading its input and writing its output once."""
+    size = cfg["chain_size"]
+    bench = f"chain16 {size}x{size} bytes moved"
+    x = torch.randn(size, size, generator=torch.Generator().manual_seed(SEED)).to(TPU)
+    torch.tpu.synchronize()
+    floor = 2 * x.numel() * x.element_size()  # one input read + one output of the same size written
+    moved = []
+    for _ in range(cfg["repeats"]):
+        before = torch_tpu_eager.metrics()
+        chain16(x).cpu()
+        after = torch_tpu_eager.metrics()
+        moved.append((after["bytes_read"] - before["bytes_read"])
+                     + (after["bytes_materialized"] - before["bytes_materialized"]))
+    # Counters, not clocks: the row reuses the table's median machinery with bytes for seconds.
+    report.row(bench, "MB/run", {"tpu": moved, "floor": [floor] * len(moved)}, 1e-6,
+               ratios=[("tpu", "floor")], notes={"cpu": f"floor {floor / 1e6:.3g} (in+out)"})
+
+
+# ---------------------------------------------------------------- 4. row-wise reductions
+
+def _layer_norm_params(cols):
+    g = torch.Generator().manual_seed(SEED + 2)
+    return torch.randn(cols, generator=g), torch.randn(cols, generator=g)
+
+
+def bench_rows(cfg, report):
+    """softmax(dim=-1) and layer_norm over the rows of a large matrix, read to the host."""
+    rows, cols = cfg["rows_shape"]
+    x_cpu = torch.randn(rows, cols, generator=torch.Generator().manual_seed(SEED))
+    w_cpu, b_cpu = _layer_norm_params(cols)
+    x, w, b = x_cpu.to(TPU), w_cpu.to(TPU), b_cpu.to(TPU)
+    torch.tpu.synchronize()
+    cases = (
+        ("softmax(dim=-1)", lambda t, w, b: F.softmax(t, dim=-1)),
+        ("layer_norm", lambda t, w, b: F.layer_norm(t, (cols,), w, b)),
+    )
+    iters = cfg["rows_iters"]
+    for label, fn in cases:
+        bench = f"{label} {rows}x{cols} f32 -> host"
+        expected = fn(x_cpu, w_cpu, b_cpu)
+        if not report.check(bench, lambda fn=fn: torch.testing.assert_close(fn(x, w, b).cpu(), expected)):
+            report.failed_row(bench, "CHECK FAILED")
+            continue
+
+        def run_tpu(fn=fn):
+            t0 = clock()
+            for _ in range(iters):
+                fn(x, w, b).cpu()
+            return (clock() - t0) / iters
+
+        def run_cpu(fn=fn):
+            t0 = clock()
+            for _ in range(iters):
+                fn(x_cpu, w_cpu, b_cpu).cpu()
+            return (clock() - t0) / iters
+
+        samples = interleave({"tpu": run_tpu, "cpu": run_cpu}, cfg["repeats"])
+        report.row(bench, "ms", samples, 1e3, ratios=[("cpu", "tpu")])
+
+
+# ---------------------------------------------------------------- 5. digits MLP
 
 def digits_data(n_batches, batch=64):
     """(x, y) batches of the digits shape: load_digits if scikit-learn is there, else synthetic."""
@@ -425,6 +496,94 @@ def bench_mlp(cfg, report):
     report.row(bench, "ms/step", samples, 1e3, ratios=[("cpu", "tpu")])
 
 
+# ---------------------------------------------------------------- 6. char-LM
+
+def _char_lm():
+    """examples/train_char_lm.py as a module: the benchmark trains exactly its model."""
+    examples = str(Path(__file__).resolve().parents[1] / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import train_char_lm
+    return train_char_lm
+
+
+class LMTrainer:
+    """The example's char-LM + AdamW on one device, a fixed pool of batches staged there."""
+
+    def __init__(self, lm, device, batches, vocab_size):
+        self.model = lm.build_model(device, vocab_size, SEED)  # same CPU-seeded weights everywhere
+        self.model.train()
+        self.opt = lm.make_optimizer(self.model)
+        self.batches = [(xb.to(device), yb.to(device)) for xb, yb in batches]
+        self.i = 0
+
+    def step(self):
+        """Forward, backward, clip_grad_norm_(1.0), AdamW step; returns the loss, unread."""
+        xb, yb = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        _, loss = self.model(xb, yb)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        return loss
+
+    def steps(self, n):
+        """``n`` steps, the loss read to the host after every one (as a logging loop does)."""
+        for _ in range(n):
+            self.step().item()
+
+
+def bench_char_lm(cfg, report):
+    """Training steps of the example char-LM on "tpu" vs CPU eager, and compiles after warm-up."""
+    lm = _char_lm()
+    data, itos = lm.load_text()
+    gen = torch.Generator().manual_seed(SEED + 1)
+    batches = [lm.get_batch(data, lm.Config(vocab_size=len(itos)).block_size, gen) for _ in range(10)]
+    bench = f"char-LM step (AdamW+clip, batch {lm.BATCH_SIZE})"
+
+    def check():
+        tpu, cpu = LMTrainer(lm, TPU, batches, len(itos)), LMTrainer(lm, "cpu", batches, len(itos))
+        n = cfg["lm_check_steps"]
+        losses_tpu = torch.stack([tpu.step().detach() for _ in range(n)]).cpu()
+        losses_cpu = torch.stack([cpu.step().detach() for _ in range(n)])
+        torch.testing.assert_close(losses_tpu, losses_cpu)
+        for (name, p_tpu), p_cpu in zip(tpu.model.named_parameters(), cpu.model.parameters()):
+            torch.testing.assert_close(p_tpu.detach().cpu(), p_cpu.detach(), msg=lambda m, n=name: f"{n}: {m}")
+
+    if not report.check(bench, check):
+        report.failed_row(bench, "CHECK FAILED")
+        return
+
+    tpu, cpu = LMTrainer(lm, TPU, batches, len(itos)), LMTrainer(lm, "cpu", batches, len(itos))
+    tpu.steps(LM_WARMUP_STEPS)
+    cpu.steps(LM_WARMUP_STEPS)
+    steps = cfg["lm_steps"]
+    tpu_runs = [0]
+
+    def run_tpu():
+        t0 = clock()
+        tpu.steps(steps)
+        tpu_runs[0] += steps
+        return (clock() - t0) / steps
+
+    def run_cpu():
+        t0 = clock()
+        cpu.steps(steps)
+        return (clock() - t0) / steps
+
+    before = torch_tpu_eager.metrics()
+    samples = interleave({"tpu": run_tpu, "cpu": run_cpu}, cfg["repeats"])
+    delta = metrics_delta(before, torch_tpu_eager.metrics())
+    stats = per_run(delta, tpu_runs[0])
+    report.metrics["char_lm_step"] = stats
+    report.row(bench, "ms/step", samples, 1e3, ratios=[("cpu", "tpu")])
+    # A target, not a correctness check: a miss shows in the table, it does not fail the run.
+    report.rows.append({"benchmark": f"  compiles after {LM_WARMUP_STEPS} warm-up steps", "unit": "compiles",
+                        "values": {}, "samples_s": {}, "ratios": {},
+                        "notes": {"tpu": f"{stats['compiles']} in {tpu_runs[0]} steps"}})
+
+
 # ---------------------------------------------------------------- output
 
 CONTENDERS = (("tpu", "tpu"), ("cpu", "cpu eager"), ("compile", "cpu compile"))
@@ -476,7 +635,7 @@ def format_metrics(report):
     """Device counters per run for the flush, chain16 and MLP benchmarks."""
     lines = []
     titles = (("flush_cache_hit", "flush (cache hit), per flush"), ("chain16", "chain16, per run"),
-              ("mlp_step", "digits MLP, per step"))
+              ("mlp_step", "digits MLP, per step"), ("char_lm_step", "char-LM, per step"))
     for key, title in titles:
         m = report.metrics.get(key)
         if not m:
@@ -540,7 +699,10 @@ def run(argv=None):
         bench_record(cfg, report)
         bench_flush(cfg, report)
         bench_chain16(cfg, report)
+        bench_chain16_bytes(cfg, report)
+        bench_rows(cfg, report)
         bench_mlp(cfg, report)
+        bench_char_lm(cfg, report)
         report.metrics["wall_seconds"] = clock() - t0
     finally:
         torch.set_num_threads(previous[0])

@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 pytestmark = requires_tpu
 
 # One correctness check per benchmark, named as its table row starts.
-EXPECTED_CHECKS = ("record a + b", "record a.mul(b)", "flush, cache hit", "chain16", "digits MLP step")
+EXPECTED_CHECKS = ("record a + b", "record a.mul(b)", "flush, cache hit", "chain16", "softmax(dim=-1)",
+                   "layer_norm", "digits MLP step", "char-LM step")
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,10 @@ def test_quick_run_completes_and_checks_pass(run_all, tmp_path):
     timed = {row["benchmark"] for row in result["rows"] if row["values"]}
     for prefix in EXPECTED_CHECKS:
         assert any(b.startswith(prefix) for b in timed), (prefix, sorted(timed))
+    rows = {row["benchmark"]: row for row in result["rows"]}
+    bytes_rows = [r for b, r in rows.items() if b.startswith("chain16") and b.endswith("bytes moved")]
+    assert len(bytes_rows) == 1 and "tpu/floor" in bytes_rows[0]["ratios"], sorted(rows)
+    assert any(b.startswith("  compiles after") and r["notes"].get("tpu") for b, r in rows.items()), sorted(rows)
     # The record benchmark raises the queue limit only while it runs.
     assert torch_tpu_eager.queue_limits() == limits
     # So are the thread count it benchmarks with (one by default).
