@@ -276,6 +276,45 @@ void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v) {
   }
 }
 
+// Replaces "tpu" device arguments of stack[first, first + n) by `type`.
+void retarget_device_args(std::vector<c10::IValue>& stack, size_t first, size_t n, c10::DeviceType type) {
+  for (size_t i = first; i < first + n; ++i)
+    if (stack[i].isDevice() && stack[i].toDevice().type() == c10::DeviceType::PrivateUse1)
+      stack[i] = c10::Device(type);
+}
+
+// Where a meta kernel's result shapes differ from CPU's kernel, CPU's win
+// (the executor writes CPU results into the shapes recorded here).
+void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& stack, size_t first,
+                          MetaOutcome& outcome) {
+  const std::string& name = schema.name();
+  // Norm statistics of 16-bit inputs: CPU's kernels keep them in the input
+  // dtype unless a parameter (weight, bias, running stats) is float32 ("mixed
+  // type"); the meta kernels always say float32.
+  if ((name == "aten::native_layer_norm" || name == "aten::native_batch_norm" ||
+       name == "aten::_native_batch_norm_legit" || name == "aten::_batch_norm_with_update") &&
+      (schema.overload_name().empty() || schema.overload_name() == "no_stats") && stack[first].isTensor()) {
+    const auto dt = stack[first].toTensor().scalar_type();
+    bool mixed = false;
+    for (size_t i = first + 1; i < stack.size(); ++i)
+      if (stack[i].isTensor() && stack[i].toTensor().defined() && stack[i].toTensor().scalar_type() == at::kFloat)
+        mixed = true;
+    if ((dt == at::kHalf || dt == at::kBFloat16) && !mixed)
+      for (size_t k = 1; k < 3 && k < outcome.returns.size(); ++k)
+        for (auto& g : outcome.returns[k]) g.dtype = dt;
+  }
+  // Batch norm in eval mode: CPU returns empty save_mean / save_invstd; the meta kernels return [C].
+  if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit") &&
+      schema.overload_name().empty() && stack[first + 5].isBool() && !stack[first + 5].toBool()) {
+    for (size_t k = 1; k < 3 && k < outcome.returns.size(); ++k) {
+      for (auto& g : outcome.returns[k]) {
+        g.sizes = {0};
+        g.strides = {1};
+      }
+    }
+  }
+}
+
 // The cache key of a call, or an empty key when some argument is not cacheable.
 std::vector<int64_t> meta_key(const c10::OperatorHandle& op, torch::jit::Stack& stack, size_t first, size_t n) {
   std::vector<int64_t> k;
@@ -329,6 +368,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
       if (!is_tpu(t)) return;
       host::set_tensor_slot(meta_stack[arg], elem, make_meta(t, meta_storages));
     });
+    // Factories (triu_indices, ...) name their device: infer on meta, or the
+    // meta call would come back to this kernel.
+    retarget_device_args(meta_stack, 0, nargs, c10::DeviceType::Meta);
     // Keep the meta twins of written arguments: the kernel may resize them.
     std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
     try {
@@ -360,6 +402,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
       }
       computed.returns.push_back(std::move(geoms));
     }
+    correct_meta_outcome(schema, *stack, first, computed);
     if (!key.empty()) meta_cache().insert(key, computed);
     cached = &computed;
   }
@@ -380,6 +423,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   node.kind = static_cast<int>(entry.kind);
   const uint64_t writes = written_args(schema) | entry.extra_writes;
   node.args.assign(stack->begin() + first, stack->end());
+  retarget_device_args(node.args, 0, nargs, c10::DeviceType::CPU);  // the executor runs CPU kernels
   for_each_tensor(*stack, first, nargs, [&](int arg, int elem, const at::Tensor& t) {
     c10::IValue& slot = node.args[arg];
     if (!t.defined()) return;

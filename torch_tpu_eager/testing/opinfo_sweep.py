@@ -65,10 +65,6 @@ def load_op_db() -> list:
     ``torch.testing._internal.common_device_type`` builds its device-type tables.
     """
     assert torch_tpu_eager is not None
-    # torch_tpu_eager hooks Dynamo's backend registry when it is imported; let Dynamo
-    # finish initialising before common_device_type pulls in Inductor (which imports
-    # Dynamo halfway through its own import).
-    import torch._dynamo  # noqa: F401
     from torch.testing._internal.common_methods_invocations import op_db
     return list(op_db)
 
@@ -94,10 +90,11 @@ def _overload_name(func) -> str:
 class _RecordOverloads(TorchDispatchMode):
     """Records every overload that reaches the Python dispatch key.
 
-    An overload without a "tpu" kernel that has a CompositeExplicitAutograd kernel
-    (``sum`` -> ``sum.dim_IntList``, ``sort`` -> ``sort.stable``) runs that kernel with
-    the mode re-entered, so the ops it redispatches to are recorded too: "tpu" reaches
-    them the same way. ``seeded`` collects overloads tagged nondeterministic_seeded.
+    An overload without a "tpu" kernel that has a composite kernel (explicit:
+    ``sum`` -> ``sum.dim_IntList``, ``sort`` -> ``sort.stable``; or implicit, reached from
+    inside another kernel: ``thnn_conv2d`` -> ``_slow_conv2d_forward``) runs that kernel
+    with the mode re-entered, so the ops it calls are recorded too. ``seeded`` collects
+    overloads tagged nondeterministic_seeded.
     """
 
     def __init__(self, registered: frozenset):
@@ -112,10 +109,14 @@ class _RecordOverloads(TorchDispatchMode):
         if torch.Tag.nondeterministic_seeded in func.tags:
             self.seeded.add(name)
         kwargs = kwargs or {}
-        explicit = torch._C.DispatchKey.CompositeExplicitAutograd
-        if name not in self.registered and func.has_kernel_for_dispatch_key(explicit):
-            with self:
-                return func._op_dk(explicit, *args, **kwargs)
+        if name not in self.registered:
+            explicit = torch._C.DispatchKey.CompositeExplicitAutograd
+            if func.has_kernel_for_dispatch_key(explicit):
+                with self:
+                    return func._op_dk(explicit, *args, **kwargs)
+            if func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+                with self:
+                    return func.decompose(*args, **kwargs)
         return func(*args, **kwargs)
 
 
@@ -159,6 +160,30 @@ def skip_reason(op) -> Optional[str]:
     return None
 
 
+_SAMPLE_SEED = 0
+
+
+def sample_inputs(op, dtype: torch.dtype) -> Iterable:
+    """The OpInfo's CPU samples for ``dtype`` (no autograd), deterministically.
+
+    Same samples as ``op.sample_inputs("cpu", dtype)``, which reseeds before each one,
+    but without its test-tracking wrapper: that wrapper walks the interpreter stack with
+    ``inspect.stack()`` on every call (~0.2 s under pytest's deep stacks) and
+    ``torch.manual_seed`` also seeds every lazily-initialised accelerator module. Only the
+    CPU generator is reseeded here, before each sample.
+    """
+    gen = torch.default_generator
+    gen.manual_seed(_SAMPLE_SEED)
+    it = iter(op.sample_inputs_func(op, "cpu", dtype, False))
+    while True:
+        gen.manual_seed(_SAMPLE_SEED)
+        try:
+            sample = next(it)
+        except StopIteration:
+            return
+        yield sample
+
+
 def _reference_dtype(op) -> Optional[torch.dtype]:
     """float32 when the OpInfo supports it on CPU, else its first supported dtype."""
     dtypes = op.supported_dtypes("cpu")
@@ -174,8 +199,7 @@ def _trace(op, dtype: Optional[torch.dtype], max_samples: int) -> _RecordOverloa
     dtype = dtype or _reference_dtype(op)
     if dtype is None:
         return mode
-    torch.manual_seed(0)
-    for i, sample in enumerate(op.sample_inputs("cpu", dtype, requires_grad=False)):
+    for i, sample in enumerate(sample_inputs(op, dtype)):
         if i >= max_samples:
             break
         with mode:
@@ -191,7 +215,7 @@ def aten_overloads_of(op, dtype: Optional[torch.dtype] = None, max_samples: int 
 
     Runs under a TorchDispatchMode, so composite (implicit-autograd) ops show up as the
     ops they decompose into, which is also what "tpu" sees; unregistered ops with a
-    CompositeExplicitAutograd kernel are followed into it. Samples whose CPU call raises
+    composite kernel are followed into it (see _RecordOverloads). Samples whose CPU call raises
     still contribute the overloads reached before the error. Names use op_table()'s
     format (``add.Tensor``; ``abs`` for a default overload; ``prims::...`` outside aten).
     """
@@ -234,7 +258,7 @@ def coverage(op, max_samples: int = 3) -> Coverage:
 
 class _SkipSample(Exception):
     """A sample that cannot be compared: not movable to the device (sparse, quantized),
-    or its CPU run drew random numbers."""
+    or its CPU run drew random numbers and the outputs differ."""
 
 
 def _is_cpu_device(d) -> bool:
@@ -244,12 +268,13 @@ def _is_cpu_device(d) -> bool:
 def _tensor_to(t: torch.Tensor, device: str) -> torch.Tensor:
     if t.layout != torch.strided or t.is_quantized:
         raise _SkipSample(f"tensor with layout {t.layout}")
-    d = t.detach().to(device)
-    if t.numel() == 0 or d.stride() == t.stride():
-        return d
-    # .to() makes non-dense inputs (stepped slices, expanded dims) contiguous; copy the
-    # whole storage and view it with CPU's exact strides so the device sees the same layout.
     span = t.untyped_storage().nbytes() // t.element_size()
+    d = t.detach().to(device)
+    if d.stride() == t.stride() and t.storage_offset() == 0 and span == t.numel():
+        return d
+    # .to() makes non-dense inputs (stepped slices, expanded dims) contiguous and drops
+    # the storage offset; as_strided-style ops see both. Copy the whole storage and view
+    # it with CPU's exact strides and offset so the device sees the same layout.
     base = t.detach().as_strided((span,), (1,), 0).to(device)
     return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
@@ -257,15 +282,16 @@ def _tensor_to(t: torch.Tensor, device: str) -> torch.Tensor:
 def to_device(obj: Any, device: str = "tpu", _key: Optional[str] = None) -> Any:
     """Copies a sample's tensors to ``device``, recursing into lists, tuples and dicts.
 
-    Strides are preserved (also for non-dense views). A ``device=`` keyword naming CPU
-    (factory ops' samples carry one) and torch.device("cpu") objects are redirected to
-    ``device``; every other value is returned as is.
+    Strides and storage offsets are preserved, also for non-dense views (the whole
+    storage is copied). Device arguments naming CPU are redirected to ``device``: a
+    ``device=`` keyword (factory ops' samples carry one), torch.device("cpu") objects and
+    the string "cpu" (``x.to("cpu", ...)``). Every other value is returned as is.
     """
     if isinstance(obj, torch.Tensor):
         return _tensor_to(obj, device)
     if isinstance(obj, torch.device):
         return torch.device(device) if obj.type == "cpu" else obj
-    if _key == "device" and _is_cpu_device(obj):
+    if (_key == "device" and _is_cpu_device(obj)) or (isinstance(obj, str) and obj == "cpu"):
         return device
     if isinstance(obj, list):
         return [to_device(x, device) for x in obj]
@@ -281,7 +307,7 @@ def _mentions_device(obj: Any, _key: Optional[str] = None) -> bool:
     """True when :func:`to_device` would send something in ``obj`` to the device."""
     if isinstance(obj, (torch.Tensor, torch.device)):
         return True
-    if _key == "device" and _is_cpu_device(obj):
+    if (_key == "device" and _is_cpu_device(obj)) or (isinstance(obj, str) and obj == "cpu"):
         return True
     if isinstance(obj, (list, tuple)):
         return any(_mentions_device(x) for x in obj)
@@ -301,9 +327,12 @@ def _tensor_leaves(obj: Any) -> list:
 
 
 def _tolerance(op, dtype: torch.dtype) -> tuple:
-    """(rtol, atol) for ``dtype``: the OpInfo's CPU/any-device tolerance or precision
-    override if it declares one (the largest, since overrides are per test), else torch.testing's defaults for float32
-    (None, None) and :data:`HALF_TOLERANCE` for float16/bfloat16 (never tighter than it)."""
+    """(rtol, atol) for ``dtype``.
+
+    The OpInfo's CPU/any-device tolerance or precision override if it declares one (the
+    largest, since overrides are per test), else torch.testing's defaults for float32
+    (None, None); for float16/bfloat16 never tighter than :data:`HALF_TOLERANCE`.
+    """
     rtol = atol = None
     for info in getattr(op, "decorators", ()) or ():
         if getattr(info, "device_type", None) not in (None, "cpu"):
@@ -475,9 +504,14 @@ def run_sample(op, sample, device: str, tol: tuple) -> tuple:
     draws do not reach the outputs still passes).
     """
     # Move first: the CPU call may mutate the sample in place.
-    dev_input = to_device(sample.input, device)
-    dev_args = to_device(tuple(sample.args), device)
-    dev_kwargs = to_device(dict(sample.kwargs), device)
+    try:
+        dev_input = to_device(sample.input, device)
+        dev_args = to_device(tuple(sample.args), device)
+        dev_kwargs = to_device(dict(sample.kwargs), device)
+    except _SkipSample:
+        raise
+    except Exception as e:  # noqa: BLE001 - the copy to the device is device code too
+        return "error", f"moving the sample to {device}: {_short(e)}"
 
     target = device if _mentions_device((sample.input, sample.args, sample.kwargs)) else "cpu"
 
@@ -520,12 +554,13 @@ def run_sample(op, sample, device: str, tol: tuple) -> tuple:
 
 def sweep_op(op, dtype: torch.dtype, device: str = "tpu", *, noncontiguous: bool = False,
              max_numel: int = 1_000_000, max_samples: Optional[int] = None,
-             keep_failures: int = 5) -> OpResult:
+             stop_at_first_failure: bool = False, keep_failures: int = 5) -> OpResult:
     """Runs every sample of ``op`` for ``dtype`` on CPU and on ``device`` and compares.
 
     ``noncontiguous=True`` transforms each sample with ``sample.noncontiguous()`` first.
     Samples with more than ``max_numel`` tensor elements in total are skipped (a time
-    guard on this simulated device); ``max_samples`` caps the samples run. Sample
+    guard on this simulated device); ``max_samples`` caps the samples run (the first
+    ones); ``stop_at_first_failure`` ends the sweep at the first failing sample. Sample
     generation is seeded, so a sweep is deterministic.
     """
     res = OpResult(op_key(op), str(dtype).replace("torch.", ""), noncontiguous)
@@ -537,9 +572,8 @@ def sweep_op(op, dtype: torch.dtype, device: str = "tpu", *, noncontiguous: bool
         res.skip_reason = reason
         return res
     tol = _tolerance(op, dtype)
-    torch.manual_seed(0)
     try:
-        samples = op.sample_inputs("cpu", dtype, requires_grad=False)
+        samples = sample_inputs(op, dtype)
         for idx, sample in enumerate(samples):
             if max_samples is not None and res.total >= max_samples:
                 break
@@ -562,9 +596,13 @@ def sweep_op(op, dtype: torch.dtype, device: str = "tpu", *, noncontiguous: bool
                 res.errors += 1
             if len(res.failures) < keep_failures:
                 res.failures.append((idx, kind, msg, _describe(sample)))
+            if stop_at_first_failure:
+                break
     except Exception as e:  # noqa: BLE001 - sample generation failed midway
         if res.total == 0:
             res.skip_reason = f"sample_inputs raised {_short(e, 200)}"
+        else:
+            res.skip(f"the remaining samples: sample_inputs raised {_short(e, 200)}")
     res.seconds = time.perf_counter() - start
     return res
 
@@ -584,3 +622,55 @@ def sweep(ops: Optional[Iterable] = None, dtypes: Iterable[torch.dtype] = (torch
         for dtype in dtypes:
             results.append(sweep_op(op, dtype, device, noncontiguous=noncontiguous, **kwargs))
     return results
+
+
+def _case_name(res: OpResult) -> str:
+    return res.dtype + ("-noncontig" if res.noncontiguous else "")
+
+
+def main(argv: Optional[list] = None) -> int:
+    """Command line: sweep covered OpInfos and print pass rates and failing cases.
+
+    ``python -m torch_tpu_eager.testing.opinfo_sweep [--dtypes float32,int64]
+    [--noncontig] [--only NAME ...] [--exclude NAME ...] [--all] [--json FILE]``. Exits 1 when a
+    sample failed. The output lists failing cases in the ``(name, case)`` form of
+    tests/test_ops.py's KNOWN_FAILURES, each with its first failure.
+    """
+    import argparse
+    import json
+    import warnings
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="float32", help="comma-separated dtype names")
+    parser.add_argument("--noncontig", action="store_true", help="non-contiguous samples")
+    parser.add_argument("--only", nargs="*", default=None, help="OpInfo names to sweep")
+    parser.add_argument("--exclude", nargs="*", default=(), help="OpInfo names to leave out")
+    parser.add_argument("--all", action="store_true",
+                        help="also sweep OpInfos that reach no registered overload")
+    parser.add_argument("--json", default=None, help="write every OpResult to this file")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)  # tiny samples: a second intra-op thread only spins
+
+    dtypes = [getattr(torch, d.strip()) for d in args.dtypes.split(",") if d.strip()]
+    ops = [op for op in load_op_db()
+           if (args.only is None or op_key(op) in args.only) and op_key(op) not in args.exclude]
+    results = sweep(ops, dtypes, covered_only=not args.all, noncontiguous=args.noncontig)
+    for dtype in dtypes:
+        rs = [r for r in results if r.dtype == str(dtype).replace("torch.", "") and not r.skip_reason]
+        p, f, e = (sum(getattr(r, k) for r in rs) for k in ("passed", "failed", "errors"))
+        n = p + f + e
+        print(f"{dtype}: {len(rs)} OpInfos, {n} samples: {p} passed, {f} failed, {e} errors"
+              f" ({100.0 * p / max(n, 1):.2f}% pass), {sum(r.skipped for r in rs)} skipped")
+    bad = [r for r in results if not r.ok]
+    for r in bad:
+        print(f"({r.op_name!r}, {_case_name(r)!r}): {r.failed} failed, {r.errors} errors of {r.total}")
+        print("    " + r.first_failure.replace("\n", "\n    ")[:1200])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dataclasses.asdict(r) for r in results], f, indent=1, default=str)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
