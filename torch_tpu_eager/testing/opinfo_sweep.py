@@ -552,12 +552,77 @@ def run_sample(op, sample, device: str, tol: tuple) -> tuple:
     return "pass", None
 
 
+def _leafify(obj: Any, leaves: list) -> Any:
+    """A copy of ``obj`` whose floating-point tensors are fresh leaves that require grad
+    (collected in ``leaves``, in order); other values are returned as is."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() or obj.is_complex():
+            leaf = obj.detach().clone().requires_grad_(True)
+            leaves.append(leaf)
+            return leaf
+        return obj
+    if isinstance(obj, list):
+        return [_leafify(x, leaves) for x in obj]
+    if isinstance(obj, tuple):
+        moved = [_leafify(x, leaves) for x in obj]
+        return type(obj)(*moved) if hasattr(obj, "_fields") else tuple(moved)
+    if isinstance(obj, dict):
+        return {k: _leafify(v, leaves) for k, v in obj.items()}
+    return obj
+
+
+def _grads(op, sample_args: tuple, device: str) -> Optional[list]:
+    """Gradients of sum(out * w) over every differentiable output (w: a fixed ramp, so a
+    wrong gradient layout shows), with respect to every floating-point input; None where
+    an input gets no gradient. Runs on the device the arguments are on."""
+    leaves: list = []
+    inp, args, kwargs = _leafify(sample_args, leaves)
+    outs = [t for t in _tensor_leaves(op(inp, *args, **kwargs)) if t.requires_grad]
+    if not outs or not leaves:
+        return None
+    weights = [torch.linspace(-1, 1, t.numel(), dtype=torch.float32).reshape(t.shape).to(t.dtype).to(t.device)
+               for t in outs]
+    grads = torch.autograd.grad(outs, leaves, grad_outputs=weights, allow_unused=True)
+    return [None if g is None else g for g in grads]
+
+
+def run_sample_grad(op, sample, device: str, tol: tuple) -> tuple:
+    """Compares the gradients of one sample (see :func:`_grads`) on CPU and on ``device``.
+
+    Returns (kind, message) like :func:`run_sample`. Raises _SkipSample when CPU's
+    backward raises (not differentiable for this sample) or nothing is differentiable.
+    """
+    cpu_args = (sample.input, tuple(sample.args), dict(sample.kwargs))
+    try:
+        expected = _grads(op, cpu_args, "cpu")
+    except Exception as e:  # noqa: BLE001 - CPU cannot differentiate this sample
+        raise _SkipSample("CPU backward raised " + type(e).__name__) from None
+    if expected is None:
+        raise _SkipSample("no differentiable output")
+    try:
+        actual = _grads(op, to_device(cpu_args, device), device)
+        actual = [None if g is None else g.to("cpu") for g in actual]
+    except Exception as e:  # noqa: BLE001
+        return "error", "backward: " + _short(e)
+    exp = [g for g in expected if g is not None]
+    act = [g for g in actual if g is not None]
+    if len(exp) != len(act):
+        return "fail", f"backward: {len(act)} inputs got gradients on {device}, {len(exp)} on CPU"
+    try:
+        _compare(exp, act, "cpu", tol, "grad")
+    except AssertionError as e:
+        return "fail", "backward: " + str(e)[:1500]
+    return "pass", None
+
+
 def sweep_op(op, dtype: torch.dtype, device: str = "tpu", *, noncontiguous: bool = False,
              max_numel: int = 1_000_000, max_samples: Optional[int] = None,
-             stop_at_first_failure: bool = False, keep_failures: int = 5) -> OpResult:
+             stop_at_first_failure: bool = False, keep_failures: int = 5, grads: bool = False) -> OpResult:
     """Runs every sample of ``op`` for ``dtype`` on CPU and on ``device`` and compares.
 
     ``noncontiguous=True`` transforms each sample with ``sample.noncontiguous()`` first.
+    With ``grads`` (for differentiable OpInfos and floating dtypes), every sample whose
+    forward passed also compares input gradients with CPU's (:func:`run_sample_grad`).
     Samples with more than ``max_numel`` tensor elements in total are skipped (a time
     guard on this simulated device); ``max_samples`` caps the samples run (the first
     ones); ``stop_at_first_failure`` ends the sweep at the first failing sample. Sample
@@ -587,6 +652,11 @@ def sweep_op(op, dtype: torch.dtype, device: str = "tpu", *, noncontiguous: bool
             except _SkipSample as e:
                 res.skip(str(e))
                 continue
+            if kind == "pass" and grads and op.supports_autograd and dtype.is_floating_point:
+                try:
+                    kind, msg = run_sample_grad(op, sample, device, tol)
+                except _SkipSample:
+                    kind = "pass"
             if kind == "pass":
                 res.passed += 1
                 continue
