@@ -1,10 +1,12 @@
 // The products of a matmul-family op, shared by the targets' cost models.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include <c10/core/ScalarType.h>
 
+#include "jit/ir.h"
 #include "lazy/queue.h"
 
 namespace tpu_eager {
@@ -21,5 +23,37 @@ const TensorRef* arg_ref(const Node& n, int arg);
 // mv, addmv, dot, vdot, addr (and their in-place forms), with its operand
 // dtypes in `ta`, `tb`. False for any other op (its cost is then a vector rule).
 bool gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c10::ScalarType& tb);
+
+// Vector-unit work of a non-matmul op: `flops` useful operations (one per
+// element) and `padded_elems` elements as the target lays them out (`padded`
+// gives a value's element count in the target's layout). A reduction reads
+// its largest input once; other ops write each fresh output (or, in place,
+// each written argument) once.
+struct VectorWork {
+  double flops = 0;
+  double padded_elems = 0;
+};
+template <typename Padded>
+VectorWork vector_work(const Node& n, Padded padded) {
+  VectorWork w;
+  if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction) {
+    for (const auto& in : n.inputs) {
+      w.flops = std::max(w.flops, static_cast<double>(in.ref.numel()));
+      w.padded_elems = std::max(w.padded_elems, static_cast<double>(padded(in.ref)));
+    }
+    return w;
+  }
+  for (const auto& o : n.outputs) {
+    w.flops += static_cast<double>(o.numel());
+    w.padded_elems += static_cast<double>(padded(o));
+  }
+  if (n.outputs.empty())
+    for (const auto& in : n.inputs)
+      if (in.written) {
+        w.flops += static_cast<double>(in.ref.numel());
+        w.padded_elems += static_cast<double>(padded(in.ref));
+      }
+  return w;
+}
 
 }  // namespace tpu_eager

@@ -83,25 +83,9 @@ OpCost op_cost(const Node& n, const CardParams& card) {
       return c;
     }
   }
-  if (kind == PrimKind::kReduction) {
-    for (const auto& in : n.inputs) {
-      c.flops = std::max(c.flops, static_cast<double>(in.ref.numel()));
-      c.vector_elems = std::max(c.vector_elems, stick_elements(in.ref, card));
-    }
-    return c;
-  }
-  bool any = false;
-  for (const auto& o : n.outputs) {
-    c.flops += static_cast<double>(o.numel());
-    c.vector_elems += stick_elements(o, card);
-    any = true;
-  }
-  if (!any)
-    for (const auto& in : n.inputs)
-      if (in.written) {
-        c.flops += static_cast<double>(in.ref.numel());
-        c.vector_elems += stick_elements(in.ref, card);
-      }
+  const VectorWork w = vector_work(n, [&](const TensorRef& r) { return stick_elements(r, card); });
+  c.flops = w.flops;
+  c.vector_elems = w.padded_elems;
   return c;
 }
 

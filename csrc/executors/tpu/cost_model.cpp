@@ -75,25 +75,9 @@ OpCost op_cost(const Node& n, const ChipParams& chip, at::Float32MatmulPrecision
       return c;
     }
   }
-  if (kind == PrimKind::kReduction) {
-    for (const auto& in : n.inputs) {
-      c.flops = std::max(c.flops, static_cast<double>(in.ref.numel()));
-      c.vpu_elems = std::max(c.vpu_elems, tiled_elems(in.ref, chip));
-    }
-    return c;
-  }
-  bool any = false;
-  for (const auto& o : n.outputs) {
-    c.flops += static_cast<double>(o.numel());
-    c.vpu_elems += tiled_elems(o, chip);
-    any = true;
-  }
-  if (!any)
-    for (const auto& in : n.inputs)
-      if (in.written) {
-        c.flops += static_cast<double>(in.ref.numel());
-        c.vpu_elems += tiled_elems(in.ref, chip);
-      }
+  const VectorWork w = vector_work(n, [&](const TensorRef& r) { return tiled_elems(r, chip); });
+  c.flops = w.flops;
+  c.vpu_elems = w.padded_elems;
   return c;
 }
 
