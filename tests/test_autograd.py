@@ -258,3 +258,31 @@ def test_cnn_forward_backward_matches_cpu(dev):
         m = m.to("cpu")
     for a, b in zip(outs["cpu"], outs[dev]):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [
+        (torch.nn.LSTM, dict(num_layers=2, bidirectional=True)),
+        (torch.nn.LSTM, dict(bias=False)),
+        (torch.nn.GRU, dict(num_layers=2)),
+        (torch.nn.GRU, dict(bias=False, batch_first=True)),
+    ],
+)
+def test_recurrent_layers_match_cpu(dev, cls, kwargs):
+    # On PrivateUse1, nn.LSTM / nn.GRU run ATen's fused cells (pitfall 10),
+    # which CPU has no kernel for: the device composes them (and their backward).
+    torch.manual_seed(0)
+    m = cls(5, 7, **kwargs)
+    x = torch.randn(4, 3, 5)
+    outs = {}
+    for d in ("cpu", dev):
+        md = m.to(d)
+        xd = x.to(d).detach().requires_grad_()
+        y, _ = md(xd)
+        y.square().sum().backward()
+        outs[d] = [y.detach().cpu(), xd.grad.cpu()] + [p.grad.cpu() for p in md.parameters()]
+        md.zero_grad()
+        m = m.to("cpu")
+    for a, b in zip(outs["cpu"], outs[dev]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

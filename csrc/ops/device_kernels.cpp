@@ -20,6 +20,7 @@
 #include "lazy/queue.h"
 #include "ops/op_table.h"
 #include "ops/record.h"
+#include "ops/rnn_cells.h"
 
 namespace tpu_eager {
 
@@ -299,7 +300,9 @@ int64_t register_device_kernels() {
                                                "set_.source_Storage", "set_.source_Storage_storage_offset",
                                                "set_.source_Tensor", "set_", "view", "as_strided", "_reshape_alias",
                                                "_has_compatible_shallow_copy_type", "convolution_overrideable",
-                                               "convolution_backward_overrideable"};
+                                               "convolution_backward_overrideable", "_thnn_fused_lstm_cell",
+                                               "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",
+                                               "_thnn_fused_gru_cell_backward"};
     lib.impl("empty.memory_format", TORCH_FN(empty_memory_format));
     lib.impl("empty_strided", TORCH_FN(empty_strided));
     lib.impl("_copy_from", TORCH_FN(copy_from));
@@ -312,6 +315,10 @@ int64_t register_device_kernels() {
     lib.impl("set_", TORCH_FN(set_empty));
     lib.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
     lib.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&convolution_kernel>());
+    lib.impl("_thnn_fused_lstm_cell", TORCH_FN(fused_lstm_cell));
+    lib.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(fused_lstm_cell_backward));
+    lib.impl("_thnn_fused_gru_cell", TORCH_FN(fused_gru_cell));
+    lib.impl("_thnn_fused_gru_cell_backward", TORCH_FN(fused_gru_cell_backward));
     lib.impl("convolution_backward_overrideable",
              torch::CppFunction::makeFromBoxedFunction<&convolution_backward_kernel>());
     for (const char* v : {"view", "as_strided", "_reshape_alias"})
