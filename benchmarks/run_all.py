@@ -456,6 +456,29 @@ class Trainer:
                 loss.item()
 
 
+def time_trainer_steps(tpu, cpu, steps, repeats):
+    """Times ``steps`` training steps of the tpu and CPU trainers, interleaved.
+
+    Returns (samples in seconds per step, tpu metrics delta, tpu steps run).
+    """
+    tpu_runs = [0]
+
+    def run_tpu():
+        t0 = clock()
+        tpu.steps(steps)
+        tpu_runs[0] += steps
+        return (clock() - t0) / steps
+
+    def run_cpu():
+        t0 = clock()
+        cpu.steps(steps)
+        return (clock() - t0) / steps
+
+    before = torch_tpu_eager.metrics()
+    samples = interleave({"tpu": run_tpu, "cpu": run_cpu}, repeats)
+    return samples, metrics_delta(before, torch_tpu_eager.metrics()), tpu_runs[0]
+
+
 def bench_mlp(cfg, report):
     """Training steps of the digits MLP on "tpu" vs CPU eager."""
     bench = "digits MLP step (Adam, batch 64)"
@@ -475,24 +498,8 @@ def bench_mlp(cfg, report):
         return
 
     tpu, cpu = Trainer(TPU, batches), Trainer("cpu", batches)
-    steps = cfg["mlp_steps"]
-    tpu_runs = [0]
-
-    def run_tpu():
-        t0 = clock()
-        tpu.steps(steps)
-        tpu_runs[0] += steps
-        return (clock() - t0) / steps
-
-    def run_cpu():
-        t0 = clock()
-        cpu.steps(steps)
-        return (clock() - t0) / steps
-
-    before = torch_tpu_eager.metrics()
-    samples = interleave({"tpu": run_tpu, "cpu": run_cpu}, cfg["repeats"])
-    delta = metrics_delta(before, torch_tpu_eager.metrics())
-    report.metrics["mlp_step"] = per_run(delta, tpu_runs[0])
+    samples, delta, tpu_steps = time_trainer_steps(tpu, cpu, cfg["mlp_steps"], cfg["repeats"])
+    report.metrics["mlp_step"] = per_run(delta, tpu_steps)
     report.row(bench, "ms/step", samples, 1e3, ratios=[("cpu", "tpu")])
 
 
@@ -558,30 +565,14 @@ def bench_char_lm(cfg, report):
     tpu, cpu = LMTrainer(lm, TPU, batches, len(itos)), LMTrainer(lm, "cpu", batches, len(itos))
     tpu.steps(LM_WARMUP_STEPS)
     cpu.steps(LM_WARMUP_STEPS)
-    steps = cfg["lm_steps"]
-    tpu_runs = [0]
-
-    def run_tpu():
-        t0 = clock()
-        tpu.steps(steps)
-        tpu_runs[0] += steps
-        return (clock() - t0) / steps
-
-    def run_cpu():
-        t0 = clock()
-        cpu.steps(steps)
-        return (clock() - t0) / steps
-
-    before = torch_tpu_eager.metrics()
-    samples = interleave({"tpu": run_tpu, "cpu": run_cpu}, cfg["repeats"])
-    delta = metrics_delta(before, torch_tpu_eager.metrics())
-    stats = per_run(delta, tpu_runs[0])
+    samples, delta, tpu_steps = time_trainer_steps(tpu, cpu, cfg["lm_steps"], cfg["repeats"])
+    stats = per_run(delta, tpu_steps)
     report.metrics["char_lm_step"] = stats
     report.row(bench, "ms/step", samples, 1e3, ratios=[("cpu", "tpu")])
     # A target, not a correctness check: a miss shows in the table, it does not fail the run.
     report.rows.append({"benchmark": f"  compiles after {LM_WARMUP_STEPS} warm-up steps", "unit": "compiles",
                         "values": {}, "samples_s": {}, "ratios": {},
-                        "notes": {"tpu": f"{stats['compiles']} in {tpu_runs[0]} steps"}})
+                        "notes": {"tpu": f"{stats['compiles']} in {tpu_steps} steps"}})
 
 
 # ---------------------------------------------------------------- output
