@@ -9,7 +9,6 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
-#include "views/view_chain.h"
 
 namespace tpu_eager {
 namespace host {
@@ -98,16 +97,14 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
   {
     // The op writes a copy; finish_writes() scatters it back through the inverse chain.
     v = v.contiguous();
-    pending_writes_.push_back(PendingWrite{f, r, v});
+    pending_writes_.push_back(PendingWrite{f, r, chain, v});
   }
   return with_bits(v, r);
 }
 
 void HostMemory::finish_writes() {
-  for (auto& w : pending_writes_) {
-    const views::ViewChain chain = views::decompose(w.flat.numel(), w.ref.sizes, w.ref.strides, w.ref.offset);
-    views::scatter(w.flat, chain, w.ref.sizes, w.ref.strides, w.ref.offset, w.value);
-  }
+  for (auto& w : pending_writes_)
+    views::scatter(w.flat, w.chain, w.ref.sizes, w.ref.strides, w.ref.offset, w.value);
   pending_writes_.clear();
 }
 

@@ -10,6 +10,7 @@
 #include <ATen/core/stack.h>
 
 #include "lazy/queue.h"
+#include "views/view_chain.h"
 
 namespace tpu_eager {
 namespace host {
@@ -49,6 +50,7 @@ class HostMemory {
   struct PendingWrite {
     at::Tensor flat;
     TensorRef ref;
+    views::ViewChain chain;  // of ref over flat, found when the copy was made
     at::Tensor value;
   };
   std::unordered_map<DeferredStorage*, Entry> map_;
