@@ -8,7 +8,9 @@
 #include <unordered_set>
 
 #include <ATen/ops/empty.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "executors/out_variant.h"
 #include "views/view_chain.h"
 
 namespace tpu_eager {
@@ -33,9 +35,11 @@ ViewKey view_key(const TensorRef& r) {
   return {r.storage.get(), r.offset, r.sizes, r.strides, static_cast<int>(r.dtype)};
 }
 
-void bind_output(const TensorRef& ref, const at::Tensor& result, bool materialize, HostMemory& mem) {
+void bind_output(const TensorRef& ref, const at::Tensor& result, bool materialize, HostMemory& mem,
+                 const at::Tensor& written_directly) {
   DeferredStorage* s = ref.storage.get();
   s->error = nullptr;
+  if (materialize && written_directly.defined() && result.is_same(written_directly)) return;  // already in place
   if (materialize) {
     // Store through the inverse of the output's view chain.
     TensorRef flat_ref;
@@ -58,6 +62,67 @@ void bind_output(const TensorRef& ref, const at::Tensor& result, bool materializ
   at::Tensor buf = at::empty({static_cast<int64_t>(s->nbytes)}, at::TensorOptions().dtype(at::kByte));
   view_over(buf.storage(), ref).copy_(result);
   mem.bind_temp(s, buf.storage());
+}
+
+bool is_contiguous(const TensorRef& r) {
+  int64_t expected = 1;
+  for (size_t d = r.sizes.size(); d-- > 0;) {
+    if (r.sizes[d] != 1 && r.strides[d] != expected) return false;
+    expected *= r.sizes[d];
+  }
+  return true;
+}
+
+// Out= tensors for op `n` when its CPU kernel can write its results in place:
+// each materialized output is its device buffer, each other output a
+// temporary with the recorded layout. Empty when the op has no out= overload or the
+// target computes it its own way.
+std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& mem,
+                                       HostRunHooks& hooks, const c10::OperatorHandle** out_op) {
+  *out_op = nullptr;
+  if (n.rng || n.outputs.empty() || !hooks.direct_outputs_ok(n)) return {};
+  for (int r : n.returns)
+    if (r != -1) return {};
+  // Dense operands only: CPU's out= kernels are less exercised than the
+  // functional ones and some mis-handle strided tensors (torch 2.13:
+  // _log_softmax_backward_data.out with a strided out, native_batch_norm.out
+  // with a strided input give wrong values).
+  for (const auto& in : n.inputs)
+    if (!is_contiguous(in.ref)) return {};
+  const c10::OperatorHandle* op = out_variant(n.op);
+  if (!op) return {};
+  std::vector<at::Tensor> outs;
+  outs.reserve(n.outputs.size());
+  for (size_t j = 0; j < n.outputs.size(); ++j) {
+    const TensorRef& ref = n.outputs[j];
+    if (ref.conj || ref.neg) return {};
+    DeferredStorage* s = ref.storage.get();
+    if (ref.offset != 0 || !is_contiguous(ref)) return {};
+    if (region.materialize[p][j]) {
+      outs.push_back(view_over(mem.device_buffer(s), ref));
+    } else {
+      at::Tensor buf = at::empty({static_cast<int64_t>(s->nbytes)}, at::TensorOptions().dtype(at::kByte));
+      outs.push_back(view_over(buf.storage(), ref));
+    }
+  }
+  *out_op = op;
+  return outs;
+}
+
+// Runs `out_op` on the functional stack plus `outs`; false (and nothing
+// bound) when the out= kernel rejects the call, so the functional kernel runs
+// and raises CPU's own error if there is one.
+bool call_direct(const c10::OperatorHandle& out_op, const torch::jit::Stack& functional,
+                 const std::vector<at::Tensor>& outs) {
+  torch::jit::Stack stack(functional);
+  for (const auto& o : outs) stack.emplace_back(o);
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+  try {
+    out_op.callBoxed(stack);
+  } catch (const c10::Error&) {
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -96,10 +161,17 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     stats.failed_at = static_cast<int>(p);
     torch::jit::Stack stack = build_stack(n, mem);  // re-raises an input's earlier error as is
     std::vector<at::Tensor> results;
+    const c10::OperatorHandle* out_op = nullptr;
+    std::vector<at::Tensor> direct = direct_outputs(n, region, p, mem, hooks, &out_op);
     try {
-      hooks.call(n, stack);
-      mem.finish_writes();
-      results = fresh_results(n, stack);
+      if (out_op && call_direct(*out_op, stack, direct)) {
+        results = direct;
+      } else {
+        direct.clear();
+        hooks.call(n, stack);
+        mem.finish_writes();
+        results = fresh_results(n, stack);
+      }
       hooks.after_op(n, results, mem);
     } catch (c10::Error& e) {
       e.add_context("while running " + op_display_name(n) + " recorded at " +
@@ -108,7 +180,7 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     }
     for (size_t j = 0; j < n.outputs.size(); ++j) {
       const bool materialize = region.materialize[p][j];
-      bind_output(n.outputs[j], results.at(j), materialize, mem);
+      bind_output(n.outputs[j], results.at(j), materialize, mem, direct.empty() ? at::Tensor() : direct[j]);
       if (materialize) traffic(n.outputs[j], writes, stats.bytes_written);
       produced.insert(n.outputs[j].storage.get());
     }

@@ -18,6 +18,9 @@ class HostRunHooks {
   virtual ~HostRunHooks() = default;
   // Runs op `n` on its CPU argument stack (default: the op's CPU kernel).
   virtual void call(const Node& n, torch::jit::Stack& stack) { call_cpu(n, stack); }
+  // True when `n` may instead run as its CPU out= kernel writing straight into
+  // device buffers (false when call() computes it differently, e.g. MXU numerics).
+  virtual bool direct_outputs_ok(const Node& n) { return true; }
   // Device bytes of a view that reaches device memory: logical bytes and the
   // extra bytes its device layout moves.
   virtual int64_t logical_bytes(const TensorRef& r) { return r.nbytes(); }

@@ -303,6 +303,17 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
       for (size_t k = 1; k < 3 && k < outcome.returns.size(); ++k)
         for (auto& g : outcome.returns[k]) g.dtype = dt;
   }
+  // CPU's log_softmax backward returns a contiguous gradient; the meta kernel
+  // copies grad_output's strides (softmax's backward agrees with CPU).
+  if (name == "aten::_log_softmax_backward_data" && schema.overload_name().empty() && !outcome.returns.empty()) {
+    for (auto& g : outcome.returns[0]) {
+      int64_t stride = 1;
+      for (size_t d = g.sizes.size(); d-- > 0;) {
+        g.strides[d] = stride;
+        stride *= std::max<int64_t>(g.sizes[d], 1);
+      }
+    }
+  }
   // Batch norm in eval mode: CPU returns empty save_mean / save_invstd; the meta kernels return [C].
   if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit") &&
       schema.overload_name().empty() && stack[first + 5].isBool() && !stack[first + 5].toBool()) {

@@ -79,6 +79,9 @@ class TpuHooks final : public host::HostRunHooks {
     const bool mxu = static_cast<PrimKind>(n.kind) == PrimKind::kMatmul && run_mxu_emulated(n, stack, prec_);
     if (!mxu) host::call_cpu(n, stack);
   }
+  bool direct_outputs_ok(const Node& n) override {
+    return static_cast<PrimKind>(n.kind) != PrimKind::kMatmul || prec_ == at::Float32MatmulPrecision::HIGHEST;
+  }
   int64_t padding_bytes(const TensorRef& r) override { return tpu::tiled_bytes(r.sizes, r.dtype, chip_) - r.nbytes(); }
   void add_op_cost(const Node& n, RegionStats& stats) override {
     const tpu::OpCost cost = tpu::op_cost(n, chip_, prec_);

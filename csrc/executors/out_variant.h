@@ -1,0 +1,18 @@
+// Out= overloads of functional ATen ops, so a CPU kernel can write a
+// materialized result straight into its device buffer instead of into a
+// fresh CPU tensor that is then copied there (one copy less per output).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace tpu_eager {
+namespace host {
+
+// The out= overload of the functional op `op` (e.g. aten::_softmax ->
+// aten::_softmax.out): same name, the same non-out arguments (names and
+// types, in order) followed by one out= Tensor per Tensor return. nullptr
+// when none exists or `op` returns anything but Tensors. Cached per op.
+const c10::OperatorHandle* out_variant(const c10::OperatorHandle& op);
+
+}  // namespace host
+}  // namespace tpu_eager
