@@ -1,6 +1,8 @@
 // The per-device DeferAndFuse queue and its flush.
 #include "lazy/queue.h"
 
+#include <atomic>
+
 #include <cstdlib>
 #include <exception>
 
@@ -34,7 +36,8 @@ struct DeviceQueue {
     const char* v = std::getenv("TORCH_TPU_DEFER_AND_FUSE");
     return (v && std::string(v) == "0") ? EagerMode::kDeferNever : EagerMode::kDeferAndFuse;
   }();
-  LocationHook location = nullptr;
+  std::atomic<LocationHook> location{nullptr};
+  std::atomic<LocationFormatter> formatter{nullptr};
 };
 
 DeviceQueue& Q() {
@@ -204,7 +207,20 @@ std::pair<int64_t, int64_t> queue_limits() {
   return {Q().max_ops, Q().max_bytes};
 }
 
-void set_location_hook(LocationHook hook) { Q().location = hook; }
-std::string current_location() { return Q().location ? Q().location() : std::string(); }
+void set_location_hooks(LocationHook hook, LocationFormatter formatter) {
+  Q().formatter = formatter;
+  Q().location = hook;
+}
+
+SourceLocation current_location() {
+  SourceLocation loc;
+  if (LocationHook hook = Q().location.load(std::memory_order_relaxed)) loc.id = hook();
+  return loc;
+}
+
+std::string SourceLocation::str() const {
+  LocationFormatter f = Q().formatter.load();
+  return (id < 0 || !f) ? std::string() : f(id);
+}
 
 }  // namespace tpu_eager

@@ -19,29 +19,13 @@
 #include "jit/kernel_trace.h"
 #include "lazy/queue.h"
 #include "ops/op_table.h"
+#include "python/location.h"
 #include "views/view_chain.h"
 
 namespace py = pybind11;
 using namespace tpu_eager;
 
 namespace {
-
-// file:line of the innermost Python frame, for errors found at flush.
-// Torch's bindings release the GIL before dispatching, so take it back
-// briefly; threads Python never saw (autograd workers) have no frame.
-std::string python_location() {
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return {};
-  PyGILState_STATE gil = PyGILState_Ensure();
-  std::string where;
-  if (PyFrameObject* f = PyEval_GetFrame()) {  // borrowed
-    PyCodeObject* code = PyFrame_GetCode(f);   // new reference
-    if (const char* file = PyUnicode_AsUTF8(code->co_filename)) where = file;
-    Py_DECREF(code);
-    where += ":" + std::to_string(PyFrame_GetLineNumber(f));
-  }
-  PyGILState_Release(gil);
-  return where;
-}
 
 py::dict metrics_dict() {
   Metrics m = metrics_snapshot();
@@ -171,7 +155,7 @@ py::dict chip_dict() {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu_eager native core: PrivateUse1 device, DeferAndFuse queue, JIT, executors";
   m.def("_register_kernels", &register_device_kernels, "Registers the op table's kernels; returns the overload count.");
-  m.def("_install_location_hook", [] { set_location_hook(&python_location); });
+  m.def("_install_location_hook", [] { install_python_location_hooks(); });
   m.def(
       "_flush",
       [](int reason, bool raise_error) {
