@@ -4,7 +4,6 @@
 
 #include "executors/tpu/fused_program.h"
 
-
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -57,6 +56,28 @@ bool scalar_operand(const c10::IValue& v, Operand* op) {
   return false;
 }
 
+int64_t numel_of(const std::vector<int64_t>& sizes) {
+  int64_t n = 1;
+  for (auto s : sizes) n *= s;
+  return n;
+}
+
+// _softmax / _log_softmax over the last dim of a float32 tensor, as CPU computes them.
+bool row_anchor(const std::string& name, const Node& n, fused::RowOp* op) {
+  if (name == "_softmax") {
+    *op = fused::RowOp::kSoftmax;
+  } else if (name == "_log_softmax") {
+    *op = fused::RowOp::kLogSoftmax;
+  } else {
+    return false;
+  }
+  const auto& sizes = n.outputs[0].sizes;
+  if (sizes.empty() || !n.args[1].isInt() || !n.args[2].isBool() || n.args[2].toBool()) return false;
+  const int64_t dim = n.args[1].toInt();
+  const int64_t ndim = static_cast<int64_t>(sizes.size());
+  return dim == ndim - 1 || dim == -1;
+}
+
 }  // namespace
 
 bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
@@ -70,7 +91,11 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   }();
-  if (!cpu_ok || region.nodes.size() < 2) return false;
+  if (!cpu_ok || region.nodes.empty()) return false;
+  // A single elementwise op gains nothing from the loop (CPU's kernel writes
+  // the device buffer directly); a single row reduction still runs here.
+  if (region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)
+    return false;
   const std::vector<int64_t>* shape = nullptr;
   std::unordered_map<const DeferredStorage*, int> reg_of;  // region value -> register
   std::vector<at::Tensor> externals;
@@ -103,6 +128,8 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
     return true;
   };
 
+  bool has_anchor = false;
+  fused::RowAnchor anchor;
   for (size_t p = 0; p < region.nodes.size(); ++p) {
     const Node& n = graph[region.nodes[p]];
     const auto& schema = n.op.schema();
@@ -112,6 +139,15 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
     if (out.sizes != *shape || out.offset != 0 || !is_contiguous(out.sizes, out.strides)) return false;
     const std::string name = schema.name().substr(6);
     const std::string& overload = schema.overload_name();
+    if (p + 1 == region.nodes.size() && row_anchor(name, n, &anchor.op)) {
+      // The region's last op reduces rows of the program's last value (or of an input).
+      if (!region.materialize[p][0] || n.inputs.size() != 1 || n.inputs[0].arg != 0) return false;
+      if (!tensor_operand(n.inputs[0].ref, &anchor.in) || anchor.in.kind == Operand::kConst) return false;
+      anchor.cols = shape->back();
+      anchor.rows = anchor.cols ? numel_of(*shape) / anchor.cols : 0;
+      has_anchor = true;
+      break;
+    }
     // Arguments by position: tensors come from n.inputs, the rest from n.args.
     auto operand = [&](int arg, Operand* op) -> bool {
       for (const auto& in : n.inputs)
@@ -152,22 +188,34 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
   std::vector<const float*> ext_ptr;
   for (auto& e : externals) ext_ptr.push_back(e.data_ptr<float>());
 
-  int64_t numel = 1;
-  for (auto s : *shape) numel *= s;
+  if (!has_anchor && program.empty()) return false;
+  if (has_anchor && anchor.rows * anchor.cols == 0) return false;
+  const int64_t numel = numel_of(*shape);
+  if (has_anchor) {
+    DeferredStorage* s = graph[region.nodes.back()].outputs[0].storage.get();
+    anchor.out = static_cast<float*>(mem.device_buffer(s).mutable_data());
+    s->error = nullptr;
+  }
   fused::Program prog;
   prog.instrs = std::move(program);
   prog.regs = regs;
   prog.numel = numel;
   prog.externals = std::move(ext_ptr);
   prog.outputs = std::move(out_ptr);
-  if (use_avx512) {
+  if (has_anchor) {
+    if (use_avx512) {
+      fused::run_rows_avx512(prog, anchor);
+    } else {
+      fused::run_rows_avx2(prog, anchor);
+    }
+  } else if (use_avx512) {
     fused::run_avx512(prog);
   } else {
     fused::run_avx2(prog);
   }
 
   for (auto& e : externals) stats.bytes_read += e.numel() * 4;
-  stats.bytes_written += static_cast<int64_t>(outputs.size()) * numel * 4;
+  stats.bytes_written += (static_cast<int64_t>(outputs.size()) + (has_anchor ? 1 : 0)) * numel * 4;
   return true;
 }
 

@@ -14,9 +14,12 @@ namespace tpu {
 // elementwise op (add, sub, mul, div, neg, abs, relu, exp, log, sin, cos,
 // tanh, sigmoid, sqrt, rsqrt, reciprocal; functional overloads) over one
 // contiguous shape, with 0-dim tensors and Python scalars as runtime
-// parameters. Returns false, having done nothing, for any other region.
-// Basic arithmetic is IEEE-exact as on CPU; transcendental functions use the
-// C library and may differ from CPU's vectorized kernels by an ulp.
+// parameters; the region may end with _softmax / _log_softmax over the last
+// dim, then run as one loop over blocks of rows (producers and the row
+// reduction in one pass over memory). Returns false, having done nothing, for
+// any other region. Every op uses the vectorized routines (SLEEF) and
+// reduction order of CPU's kernel of the same capability, so results equal
+// CPU's.
 bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
                            RegionStats& stats);
 

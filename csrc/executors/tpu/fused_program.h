@@ -36,10 +36,25 @@ struct Program {
   std::vector<float*> outputs;          // contiguous device buffers written
 };
 
+// A row reduction over the last dim that ends a region, fed by the program
+// (its input is a register or an external buffer of `rows` x `cols` floats).
+enum class RowOp : uint8_t { kSoftmax, kLogSoftmax };
+struct RowAnchor {
+  RowOp op = RowOp::kSoftmax;
+  int64_t rows = 0, cols = 0;
+  Operand in;
+  float* out = nullptr;  // contiguous rows x cols
+};
+
 // Runs the program over tiles of 1,024 floats (4 KB per register, so a
 // region's registers stay in L1/L2), both cores via at::parallel_for.
 void run_avx2(const Program& p);
 void run_avx512(const Program& p);
+// Runs the program over blocks of whole rows (about 32 KB per register), then
+// the row reduction on each row of the block while it is still in cache: one
+// pass over memory for producers + softmax instead of one per op.
+void run_rows_avx2(const Program& p, const RowAnchor& a);
+void run_rows_avx512(const Program& p, const RowAnchor& a);
 
 }  // namespace fused
 }  // namespace tpu

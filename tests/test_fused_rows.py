@@ -1,0 +1,111 @@
+"""Fused row reductions: elementwise producers + softmax / log_softmax over the last dim
+run as one loop over blocks of rows, and ops whose result is materialized write it
+straight into the device buffer through their out= overload. Results are compared with
+CPU PyTorch bit for bit (the fused loop uses CPU's reduction order and vector routines)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from difftest import DEVICE, cpu_randn
+
+pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fusion and metrics exist only on the tpu device")
+
+if DEVICE == "tpu":
+    import torch_tpu_eager
+
+SHAPES = [(1, 1), (3, 7), (64, 1000), (5, 17, 33), (2, 16385), (4096, 3)]
+
+
+def _prologue(x, y):
+    # IEEE-exact ops only, so the fused result can be compared bit for bit: CPU's
+    # transcendental kernels switch to scalar libm for the last few elements of a
+    # loop, where the fused loop keeps the vector routine (results then differ by an ulp).
+    return (x * 1.5 - y) / 3.0 + 0.25
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("fn", [F.softmax, F.log_softmax], ids=["softmax", "log_softmax"])
+def test_producers_and_row_reduction_match_cpu_exactly(shape, fn):
+    x, y = cpu_randn(*shape, seed=1), cpu_randn(*shape, seed=2)
+    expected = fn(_prologue(x, y), dim=-1)
+    xd, yd = x.to("tpu"), y.to("tpu")
+    torch.tpu.synchronize()
+    torch_tpu_eager.reset_metrics()
+    actual = fn(_prologue(xd, yd), dim=-1).cpu()
+    m = torch_tpu_eager.metrics()
+    assert torch.equal(actual, expected)
+    assert m["regions_run"] == 1, "the producers and the row reduction should be one region"
+
+
+@pytest.mark.parametrize("fn", [F.softmax, F.log_softmax], ids=["softmax", "log_softmax"])
+def test_transcendental_producers_match_cpu(fn):
+    x = cpu_randn(37, 300, seed=10)
+    torch.testing.assert_close(fn(x.to("tpu").sin().exp(), dim=-1).cpu(), fn(x.sin().exp(), dim=-1))
+
+
+@pytest.mark.parametrize("fn", [F.softmax, F.log_softmax], ids=["softmax", "log_softmax"])
+def test_single_row_reduction_matches_cpu_exactly(fn):
+    x = cpu_randn(300, 129, seed=3) * 20
+    assert torch.equal(fn(x.to("tpu"), dim=1).cpu(), fn(x, dim=1))
+
+
+def test_intermediate_read_later_is_materialized():
+    x = cpu_randn(33, 65, seed=4)
+
+    def prog(t):
+        h = t * 3.0 - 1.0
+        return F.softmax(h, dim=-1), h
+
+    (s_cpu, h_cpu), (s_tpu, h_tpu) = prog(x), prog(x.to("tpu"))
+    assert torch.equal(s_tpu.cpu(), s_cpu)
+    assert torch.equal(h_tpu.cpu(), h_cpu)
+
+
+def test_extreme_rows_match_cpu():
+    # -inf entries, a row of all -inf (NaN), huge values: CPU's exact special cases.
+    x = torch.tensor([[0.0, float("-inf"), 1.0], [float("-inf")] * 3, [1e30, -1e30, 3e38], [float("nan"), 0, 1]])
+    for fn in (F.softmax, F.log_softmax):
+        torch.testing.assert_close(fn(x.to("tpu") + 0.0, dim=-1).cpu(), fn(x + 0.0, dim=-1), equal_nan=True)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_other_dims_and_dtypes_still_match(dim):
+    x = cpu_randn(17, 19, 5, seed=5)
+    assert torch.equal(F.softmax(x.to("tpu") * 2, dim=dim).cpu(), F.softmax(x * 2, dim=dim))
+    xh = x.to(torch.bfloat16)
+    torch.testing.assert_close(F.log_softmax(xh.to("tpu") * 2, dim=-1).cpu(), F.log_softmax(xh * 2, dim=-1))
+
+
+def test_fused_kernel_reports_its_ops():
+    x = cpu_randn(8, 128, seed=6).to("tpu")
+    with torch_tpu_eager.profile() as prof:
+        F.softmax(x * 3 + 1, dim=-1).cpu()
+    ops = [k["ops"] for k in prof.kernels]
+    assert ops == [["mul.Tensor", "add.Tensor", "_softmax"]], ops
+
+
+def test_cross_entropy_training_step_matches_cpu():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 7))
+    dev_model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 7))
+    dev_model.load_state_dict(model.state_dict())
+    dev_model.to("tpu")
+    x, target = cpu_randn(16, 20, seed=7), torch.randint(0, 7, (16,), generator=torch.Generator().manual_seed(8))
+    loss = F.cross_entropy(model(x), target)
+    loss.backward()
+    dloss = F.cross_entropy(dev_model(x.to("tpu")), target.to("tpu"))
+    dloss.backward()
+    torch.testing.assert_close(dloss.cpu(), loss, rtol=0, atol=0)
+    for p, q in zip(model.parameters(), dev_model.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=0, atol=0)
+
+
+
+def test_log_softmax_backward_has_cpu_strides_and_values():
+    # Meta gives this gradient grad_output's (transposed) strides; CPU returns it contiguous.
+    out = torch.log_softmax(cpu_randn(6, 10, seed=11), 0)
+    g = cpu_randn(10, 6, seed=12).t()
+    expected = torch.ops.aten._log_softmax_backward_data(g, out, 0, torch.float32)
+    actual = torch.ops.aten._log_softmax_backward_data(g.to("tpu"), out.to("tpu"), 0, torch.float32)
+    assert actual.stride() == expected.stride()
+    assert torch.equal(actual.cpu(), expected)
