@@ -9,6 +9,10 @@ fraction bits. Every exponent 0..63 is normal, value (-1)^s * 2^(E-31) *
 to 0x7FFE = 8573157376.0. See docs/spyre_df16.md for the codec's choices.
 
 df16 bits are held in ``torch.int16`` tensors (0xFFFF reads as -1).
+
+Inspection of the Spyre target's work: :func:`dump_ktir` (tile programs),
+:func:`last_schedule` / :func:`dump_schedule` (dataflow schedules) and
+:func:`job_plan` / :func:`dump_job_plan` (the flush's job plan); see docs/spyre.md.
 """
 import json
 
