@@ -79,6 +79,10 @@ def test_job_plan_steps_and_patched_arguments(spyre_target):
     assert len(computes) == len(spyre.last_schedule()) == len(spyre.dump_ktir().split("ktir.kernel")) - 1
     assert [s["kernel"] for s in computes] == [s["kernel"] for s in spyre.last_schedule()]
     args = _check_plan(plan, 128)
+    # A later region reads what an earlier one wrote: on the device already, no H2D.
+    assert len(computes) >= 2
+    written_before = set(computes[0]["writes"])
+    assert any(set(c["reads"]) & written_before for c in computes[1:])
     # The three inputs are copied in with their device layout.
     h2d = [s["arg"] for s in plan["steps"] if s["kind"] == "H2D"]
     assert sorted(args[a]["numel"] for a in h2d) == sorted([16 * 40, 40 * 24, 24])
