@@ -9,7 +9,13 @@ fraction bits. Every exponent 0..63 is normal, value (-1)^s * 2^(E-31) *
 to 0x7FFE = 8573157376.0. See docs/spyre_df16.md for the codec's choices.
 
 df16 bits are held in ``torch.int16`` tensors (0xFFFF reads as -1).
+
+Inspection of the Spyre target's work: :func:`dump_ktir` (tile programs),
+:func:`last_schedule` / :func:`dump_schedule` (dataflow schedules) and
+:func:`job_plan` / :func:`dump_job_plan` (the flush's job plan); see docs/spyre.md.
 """
+import json
+
 import torch
 
 from . import _C
@@ -23,6 +29,10 @@ __all__ = [
     "df16_decode",
     "df16_round",
     "dump_ktir",
+    "last_schedule",
+    "dump_schedule",
+    "job_plan",
+    "dump_job_plan",
 ]
 
 DF16_NAN_INF = 0x7FFF  #: the NaN/Inf code (with the sign bit: 0xFFFF)
@@ -145,3 +155,101 @@ def dump_ktir(format="text"):
     _check_option("format", format, _DUMP_FORMATS)
     _C._flush(_C.FLUSH_SYNCHRONIZE, raise_error=False)
     return "\n".join(_C._ktir_last())
+
+
+def last_schedule():
+    """The dataflow schedules of the last flush run on the Spyre target, one dict per region.
+
+    Pending ops are flushed first. Each region's schedule describes what one core
+    (with a full share of rows) runs: a double-buffered load -> compute -> store
+    pipeline over tiles (docs/spyre.md, "Dataflow schedule"). Keys:
+
+    - ``kernel`` (region name), ``cores`` (32), ``cores_used``, ``corelets`` (2 per
+      core), ``rows`` (the split dim's extent; 0 for a rank-0 anchor),
+      ``rows_per_core``.
+    - ``n_tiles`` (tiles per core), ``tile_rows`` (rows of a split view per tile; 0
+      when rows are cut into sticks), ``row_split`` (one row of every view did not
+      fit: tiles are whole 128-byte sticks of a row), ``corelet_split`` (``"rows"``
+      or ``"sticks"``) and ``corelet_share`` (the first tile's rows or sticks per
+      corelet).
+    - ``buffers`` (2), ``lx_budget_bytes`` (``lx_usable_bytes_per_core``),
+      ``lx_bytes_used`` (buffers x the tiles' bytes, <= the budget).
+    - ``views``: per KTIR view ``%id``: ``space`` (``"HBM"``/``"LX"``), ``loaded``,
+      ``stored``, ``split``, ``tile_sizes`` (elements), ``tile_sticks``,
+      ``tile_bytes``.
+    - ``load_bytes_per_tile``, ``store_bytes_per_tile`` (bytes).
+    - ``ring_steps``, ``ring_bytes``, ``ring_cycles`` (at 128 B per cycle),
+      ``partial_bytes``: the cross-core reduction over the ring of a region that
+      reduces its split dim (all 0 otherwise).
+    - Seconds: ``compute_s`` and ``memory_s`` (the region's C and M),
+      ``tile_load_s``, ``tile_compute_s``, ``tile_store_s``, ``fill_s``,
+      ``steady_s``, ``drain_s``, ``pipelined_s`` (fill + steady + drain) and
+      ``calibrated_s`` (C + M - 0.46 min(C, M), the region's reported time).
+    - ``stages``: dicts ``kind`` (``"load"``, ``"compute"``, ``"store"``,
+      ``"ring_reduce"``), ``tile``, ``buffer`` (0/1; -1 for the ring), ``bytes``,
+      ``start_s``, ``end_s``, in start order, for tiles 0-2 and the last tile;
+      ``stages_omitted`` counts the others. ``text``: the printed schedule.
+
+    Returns ``[]`` when the last flush ran no region on Spyre.
+    """
+    _C._flush(_C.FLUSH_SYNCHRONIZE, raise_error=False)
+    return _C._schedule_last()
+
+
+def dump_schedule(format="text"):
+    """The dataflow schedules of the last flush as text (one block per region).
+
+    Args:
+        format: ``"text"`` (the only format; :func:`last_schedule` gives dicts).
+
+    Raises:
+        ValueError: an unknown ``format``.
+    """
+    _check_option("format", format, _DUMP_FORMATS)
+    return "\n".join(s["text"] for s in last_schedule())
+
+
+def job_plan():
+    """The job plan of the last flush run on the Spyre target, as a dict.
+
+    A SpyreCode-like manifest (docs/spyre.md, "Job plan"): ``args``, the flush's
+    symbolic tensor arguments (``symbol`` ``"%arg<k>"``, device ``dtype``,
+    ``numel``, ``sizes`` of the first view, ``stick_elems``, ``sticks``, ``bytes``
+    (whole 128-byte sticks) and ``address``, the simulated device address it was
+    patched to at launch); ``steps`` in order: ``{"kind": "H2D", "arg", "bytes"}``,
+    ``{"kind": "Compute", "kernel", "region", "reads", "writes"}`` (``region``
+    indexes :func:`dump_ktir` blocks and :func:`last_schedule`),
+    ``{"kind": "D2H", "arg", "bytes"}``; ``device_bytes`` (sum of the arguments'
+    bytes). Pending ops are flushed first. Empty lists when the last flush ran no
+    region on Spyre.
+    """
+    _C._flush(_C.FLUSH_SYNCHRONIZE, raise_error=False)
+    return _C._job_plan_last()
+
+
+_PLAN_FORMATS = ("json",)
+
+
+def dump_job_plan(path, format="json", indent=2):
+    """Writes :func:`job_plan` to ``path`` as JSON and returns the plan.
+
+    Args:
+        path: file path (str or os.PathLike).
+        format: ``"json"`` (the only format).
+        indent: JSON indentation, a non-negative int or None.
+
+    Raises:
+        ValueError: an unknown ``format`` or a bad ``indent``.
+        TypeError: ``path`` is not a path.
+    """
+    _check_option("format", format, _PLAN_FORMATS)
+    if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int) or indent < 0):
+        raise ValueError(f"indent must be a non-negative int or None; got {indent!r}")
+    import os
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"dump_job_plan expects a path, got {type(path).__name__}")
+    plan = job_plan()
+    with open(path, "w") as f:
+        json.dump(plan, f, indent=indent)
+    return plan

@@ -18,6 +18,7 @@
 
 #include "device/device.h"
 #include "executors/host_runtime.h"
+#include "executors/spyre/spyre.h"
 #include "lazy/queue.h"
 
 namespace tpu_eager {
@@ -567,6 +568,11 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
       if (cpu[i].isGenerator()) cpu[i] = at::make_generator<at::CPUGeneratorImpl>(pseudo.rng_seed);
   }
   host::call_cpu(pseudo, cpu);
+  if (spyre::active()) {  // Spyre's storage numerics hold for eagerly run ops too
+    std::vector<c10::IValue> returns(cpu.begin(), cpu.begin() + schema.returns().size());
+    const std::string name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+    spyre::after_eager_op(returns, name + " (run eagerly at " + current_location() + ")");
+  }
 
   std::vector<c10::IValue> results;
   for (size_t k = 0; k < schema.returns().size(); ++k) {

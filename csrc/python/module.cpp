@@ -11,7 +11,9 @@
 #include "executors/executor.h"
 #include "executors/spyre/card.h"
 #include "executors/spyre/df16.h"
+#include "executors/spyre/job_plan.h"
 #include "executors/spyre/ktir.h"
+#include "executors/spyre/schedule.h"
 #include "executors/spyre/spyre.h"
 #include "executors/tpu/chip.h"
 #include "jit/dynamic_shapes.h"
@@ -150,6 +152,104 @@ py::dict chip_dict() {
   return d;
 }
 
+py::dict schedule_dict(const spyre::Schedule& s) {
+  py::dict d;
+  d["kernel"] = s.kernel;
+  d["cores"] = s.cores;
+  d["cores_used"] = s.cores_used;
+  d["corelets"] = s.corelets;
+  d["rows"] = s.rows;
+  d["rows_per_core"] = s.rows_per_core;
+  d["n_tiles"] = s.n_tiles;
+  d["tile_rows"] = s.tile_rows;
+  d["row_split"] = s.row_split;
+  d["corelet_split"] = s.corelet_split;
+  d["corelet_share"] = s.corelet_share;
+  d["buffers"] = s.buffers;
+  d["lx_budget_bytes"] = s.lx_budget_bytes;
+  d["lx_bytes_used"] = s.lx_bytes_used;
+  py::list views;
+  for (const auto& v : s.views) {
+    py::dict e;
+    e["id"] = v.id;
+    e["space"] = v.lx ? "LX" : "HBM";
+    e["loaded"] = v.loaded;
+    e["stored"] = v.stored;
+    e["split"] = v.split;
+    e["tile_sizes"] = v.tile_sizes;
+    e["tile_sticks"] = v.tile_sticks;
+    e["tile_bytes"] = v.tile_bytes;
+    views.append(e);
+  }
+  d["views"] = views;
+  d["load_bytes_per_tile"] = s.load_bytes_per_tile;
+  d["store_bytes_per_tile"] = s.store_bytes_per_tile;
+  d["ring_steps"] = s.ring_steps;
+  d["ring_bytes"] = s.ring_bytes;
+  d["ring_cycles"] = s.ring_cycles;
+  d["partial_bytes"] = s.partial_bytes;
+  d["compute_s"] = s.compute_s;
+  d["memory_s"] = s.memory_s;
+  d["tile_load_s"] = s.tile_load_s;
+  d["tile_compute_s"] = s.tile_compute_s;
+  d["tile_store_s"] = s.tile_store_s;
+  d["fill_s"] = s.fill_s;
+  d["steady_s"] = s.steady_s;
+  d["drain_s"] = s.drain_s;
+  d["pipelined_s"] = s.pipelined_s;
+  d["calibrated_s"] = s.calibrated_s;
+  py::list stages;
+  for (const auto& st : s.stages) {
+    py::dict e;
+    e["kind"] = st.kind;
+    e["tile"] = st.tile;
+    e["buffer"] = st.buffer;
+    e["bytes"] = st.bytes;
+    e["start_s"] = st.start_s;
+    e["end_s"] = st.end_s;
+    stages.append(e);
+  }
+  d["stages"] = stages;
+  d["stages_omitted"] = s.stages_omitted;
+  d["text"] = spyre::schedule_text(s);
+  return d;
+}
+
+py::dict job_plan_dict(const spyre::JobPlan& p) {
+  py::list args, steps;
+  for (const auto& a : p.args) {
+    py::dict e;
+    e["symbol"] = a.symbol;
+    e["dtype"] = a.dtype;
+    e["numel"] = a.numel;
+    e["sizes"] = a.sizes;
+    e["stick_elems"] = a.stick_elems;
+    e["sticks"] = a.sticks;
+    e["bytes"] = a.bytes;
+    e["address"] = a.address;
+    args.append(e);
+  }
+  for (const auto& s : p.steps) {
+    py::dict e;
+    e["kind"] = s.kind;
+    if (s.kind == "Compute") {
+      e["kernel"] = s.kernel;
+      e["region"] = s.region;
+      e["reads"] = s.reads;
+      e["writes"] = s.writes;
+    } else {
+      e["arg"] = s.arg;
+      e["bytes"] = s.bytes;
+    }
+    steps.append(e);
+  }
+  py::dict d;
+  d["args"] = args;
+  d["steps"] = steps;
+  d["device_bytes"] = p.device_bytes;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -187,6 +287,12 @@ PYBIND11_MODULE(_C, m) {
   });
   spyre::set_overflow_thrower(&throw_spyre_overflow);
   m.def("_ktir_last", &spyre::last_flush_ktir);
+  m.def("_schedule_last", [] {
+    py::list out;
+    for (const auto& s : spyre::last_flush_schedules()) out.append(schedule_dict(s));
+    return out;
+  });
+  m.def("_job_plan_last", [] { return job_plan_dict(spyre::last_job_plan()); });
   m.def("_memory_capacity", &memory_capacity);
   m.def("_trace_begin", [] { return jit::trace_begin(); });
   m.def("_trace_end", [](size_t first) {

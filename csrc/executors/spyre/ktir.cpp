@@ -9,10 +9,9 @@
 #include <map>
 #include <mutex>
 #include <sstream>
-#include <tuple>
-#include <unordered_set>
 
 #include "executors/region_runner.h"
+#include "executors/spyre/layout.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -56,30 +55,11 @@ std::string literal(const c10::IValue& v) {
   return os.str();
 }
 
-using Key = std::tuple<const DeferredStorage*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>;
-
 }  // namespace
 
 std::string ktir_text(const CompiledRegion& compiled, const Region& region, const std::vector<Node>& graph,
                       const CardParams& card) {
-  // Which storages reach device memory: read before the region writes them, or materialized.
-  std::unordered_set<const DeferredStorage*> temps;
-  for (size_t p = 0; p < region.nodes.size(); ++p) {
-    const Node& n = graph[region.nodes[p]];
-    for (size_t j = 0; j < n.outputs.size(); ++j)
-      if (!region.materialize[p][j]) temps.insert(n.outputs[j].storage.get());
-  }
-  std::map<Key, int> ids;
-  std::vector<const TensorRef*> views;
-  auto id_of = [&](const TensorRef& r) {
-    Key k{r.storage.get(), r.offset, r.sizes, r.strides, static_cast<int>(r.dtype)};
-    auto it = ids.find(k);
-    if (it != ids.end()) return it->second;
-    const int id = static_cast<int>(views.size());
-    ids.emplace(k, id);
-    views.push_back(&r);
-    return id;
-  };
+  const RegionLayout L = region_layout(region, graph, card);
   std::vector<std::string> ops;
   for (int i : region.nodes) {
     const Node& n = graph[i];
@@ -87,7 +67,7 @@ std::string ktir_text(const CompiledRegion& compiled, const Region& region, cons
     for (size_t a = 0; a < n.args.size(); ++a) args[a] = literal(n.args[a]);
     std::map<int, std::vector<std::pair<int, std::string>>> lists;
     for (const auto& in : n.inputs) {
-      const std::string name = "%" + std::to_string(id_of(in.ref));
+      const std::string name = "%" + std::to_string(L.id(in.ref));
       if (in.elem < 0) args.at(in.arg) = name;
       else lists[in.arg].push_back({in.elem, name});
     }
@@ -98,7 +78,7 @@ std::string ktir_text(const CompiledRegion& compiled, const Region& region, cons
       args.at(a) = s + "]";
     }
     std::vector<std::string> outs;
-    for (const auto& o : n.outputs) outs.push_back("%" + std::to_string(id_of(o)));
+    for (const auto& o : n.outputs) outs.push_back("%" + std::to_string(L.id(o)));
     std::string line = "  ";
     if (outs.size() == 1) line += outs[0] + " = ";
     if (outs.size() > 1) {
@@ -110,28 +90,18 @@ std::string ktir_text(const CompiledRegion& compiled, const Region& region, cons
     for (size_t a = 0; a < args.size(); ++a) line += (a ? ", " : "") + args[a];
     ops.push_back(line + ")");
   }
-  // The grid: dim 0 of the last op's first result (or first written argument).
-  const Node& last_node = graph[region.nodes.back()];
-  const std::vector<int64_t>* anchor = nullptr;
-  if (!last_node.outputs.empty()) anchor = &last_node.outputs[0].sizes;
-  for (const auto& in : last_node.inputs)
-    if (!anchor && in.written) anchor = &in.ref.sizes;
-  int64_t rows = anchor && !anchor->empty() ? (*anchor)[0] : 0;
-  const int64_t cores = std::max<int64_t>(1, card.cores);
-  const int64_t per_core = rows > 0 ? (rows + cores - 1) / cores : 1;
-  const int64_t used = rows > 0 ? (rows + per_core - 1) / per_core : 1;
-
+  const int64_t per_core = L.rows_per_core;
   std::ostringstream os;
-  os << "ktir.kernel @" << compiled.name << " grid=[" << cores << "] split=dim0 rows_per_core=" << per_core
-     << " cores_used=" << used << " {\n";
-  for (size_t v = 0; v < views.size(); ++v) {
-    const TensorRef& r = *views[v];
-    os << "  %" << v << " = view " << (temps.count(r.storage.get()) ? "LX" : "HBM") << " " << dtype_name(r.dtype)
+  os << "ktir.kernel @" << compiled.name << " grid=[" << L.cores << "] split=dim0 rows_per_core=" << per_core
+     << " cores_used=" << L.cores_used << (L.ring_reduce ? " reduce=ring" : "") << " {\n";
+  for (size_t v = 0; v < L.views.size(); ++v) {
+    const TensorRef& r = *L.views[v].ref;
+    os << "  %" << v << " = view " << (L.views[v].lx ? "LX" : "HBM") << " " << dtype_name(r.dtype)
        << " offset=" << r.offset << " sizes=" << list(r.sizes) << " strides=" << list(r.strides) << "\n";
   }
-  for (size_t v = 0; v < views.size(); ++v) {
-    const TensorRef& r = *views[v];
-    const bool split = rows > 0 && !r.sizes.empty() && r.sizes[0] == rows;
+  for (size_t v = 0; v < L.views.size(); ++v) {
+    const TensorRef& r = *L.views[v].ref;
+    const bool split = L.views[v].split;
     std::vector<int64_t> tile = r.sizes;
     std::string at = "[";
     for (size_t d = 0; d < r.sizes.size(); ++d) {

@@ -14,8 +14,9 @@
 // Views are numbered in order of first use by the ops. HBM: a value read
 // from or written to device memory; LX: a region temporary that stays in
 // the cores' scratchpads. dtype is the device dtype: f32, df16 (float16 and
-// bfloat16), i32 (int64), else c10's name. The grid splits dim 0 of the
-// last op's first result (its "rows") into ceil(rows / cores) rows per core;
+// bfloat16), i32 (int64), else c10's name. The grid (layout.h) splits dim 0
+// of the last op's first result (its "rows"), or of the input of a reduction
+// across those rows (header suffix " reduce=ring"), into ceil(rows / cores) rows per core;
 // a view whose dim 0 equals those rows is split the same way, any other
 // view is replicated. A rank-0 anchor is not split (rows_per_core=1,
 // cores_used=1). Non-tensor arguments are printed as Python literals.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -21,6 +22,12 @@ at::Tensor rounded(const at::Tensor& t);
 // Raises OverflowError (see set_overflow_thrower) when an int64 tensor holds a
 // value outside int32; `what` names the op or copy in the message.
 void check_int32(const at::Tensor& t, const std::string& what);
+
+// Spyre's storage numerics for an op run eagerly (ops/record.cpp run_eager):
+// each tensor among its CPU `returns` (fresh results and written arguments)
+// is checked to fit int32 when int64 and rounded in place through df16 when
+// float16/bfloat16; `what` names the op in errors.
+void after_eager_op(std::vector<c10::IValue>& returns, const std::string& what);
 
 // Throws the error Python sees as OverflowError. The binding installs a
 // thrower of a torch::PyTorchError whose python_type() is OverflowError

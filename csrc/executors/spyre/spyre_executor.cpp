@@ -15,7 +15,9 @@
 #include "executors/region_runner.h"
 #include "executors/spyre/cost_model.h"
 #include "executors/spyre/df16.h"
+#include "executors/spyre/job_plan.h"
 #include "executors/spyre/ktir.h"
+#include "executors/spyre/schedule.h"
 #include "executors/spyre/spyre.h"
 
 namespace tpu_eager {
@@ -72,20 +74,30 @@ class SpyreExecutor final : public Executor {
   const char* name() const override { return "spyre"; }
   std::string target() const override { return active_card().name; }
 
-  void begin_flush() override { ktir_begin_flush(); }
+  void begin_flush() override {
+    ktir_begin_flush();
+    schedule_begin_flush();
+    job_plan_begin_flush();
+  }
 
   void run_region(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
                   host::HostMemory& mem, RegionStats& stats) override {
     const CardParams card = active_card();
     ktir_record(compiled.name, ktir_text(compiled, region, graph, card));
+    // Tiled before any op runs: a region that cannot fit LX fails untouched.
+    Schedule schedule = plan_schedule(compiled.name, region, graph, card);
+    job_plan_add_region(compiled.name, region, graph, card);
     // Op by op (no fused float32 loop): Spyre's traffic is counted per view
     // in device dtypes and sticks by the shared loop.
     SpyreHooks hooks(card);
     host::run_ops(compiled, region, graph, mem, stats, hooks);
-    if (!card.valid()) return;
-    stats.memory_s =
-        static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes) / card.dram_bandwidth;
-    stats.sim_time_s = region_seconds(stats.compute_s, stats.memory_s, card);
+    if (card.valid()) {
+      stats.memory_s =
+          static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes) / card.dram_bandwidth;
+      stats.sim_time_s = region_seconds(stats.compute_s, stats.memory_s, card);
+    }
+    time_schedule(schedule, stats.compute_s, stats.memory_s, card);
+    schedule_record(std::move(schedule));
   }
 };
 
@@ -111,6 +123,18 @@ void check_int32(const at::Tensor& t, const std::string& what) {
   throw_overflow(what + ": int64 value " + std::to_string(lo < kMin ? lo : hi) +
                  " does not fit int32 (the Spyre target holds int64 as int32, range [" + std::to_string(kMin) +
                  ", " + std::to_string(kMax) + "])");
+}
+
+void after_eager_op(std::vector<c10::IValue>& returns, const std::string& what) {
+  auto treat = [&](const at::Tensor& t) {
+    check_int32(t, what);
+    round_in_place(t);
+  };
+  for (const auto& v : returns) {
+    if (v.isTensor()) treat(v.toTensor());
+    else if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList().vec()) treat(t);
+  }
 }
 
 void set_overflow_thrower(OverflowThrower thrower) { g_thrower.store(thrower); }

@@ -1,0 +1,111 @@
+// Region layout on the simulated Spyre (see layout.h).
+#include "executors/spyre/layout.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_set>
+
+namespace tpu_eager {
+namespace spyre {
+namespace {
+
+RegionLayout::Key key_of(const TensorRef& r) {
+  return {r.storage.get(), r.offset, r.sizes, r.strides, static_cast<int>(r.dtype)};
+}
+
+// Dims of its first input that reduction `n` reduces; empty when it does not
+// name them and keeps the input's rank (e.g. layer_norm's trailing dims).
+std::set<int64_t> reduced_dims(const Node& n) {
+  std::set<int64_t> dims;
+  if (n.inputs.empty()) return dims;
+  const int64_t rank = static_cast<int64_t>(n.inputs[0].ref.sizes.size());
+  auto all = [&] {
+    for (int64_t d = 0; d < rank; ++d) dims.insert(d);
+  };
+  const auto& args = n.op.schema().arguments();
+  for (size_t a = 0; a < args.size() && a < n.args.size(); ++a) {
+    if (args[a].name() != "dim") continue;
+    const c10::IValue& v = n.args[a];
+    if (v.isNone()) all();
+    else if (v.isInt()) dims.insert(v.toInt() < 0 ? v.toInt() + rank : v.toInt());
+    else if (v.isIntList()) {
+      const auto l = v.toIntList();
+      if (l.empty()) all();
+      for (int64_t d : l) dims.insert(d < 0 ? d + rank : d);
+    }
+    return dims;
+  }
+  // No dim argument: a full reduction when the result has rank 0.
+  if (!n.outputs.empty() && n.outputs[0].sizes.empty()) all();
+  return dims;
+}
+
+}  // namespace
+
+int RegionLayout::id(const TensorRef& r) const { return ids.at(key_of(r)); }
+
+RegionLayout region_layout(const Region& region, const std::vector<Node>& graph, const CardParams& card) {
+  RegionLayout L;
+  std::unordered_set<const DeferredStorage*> temps, produced;
+  for (size_t p = 0; p < region.nodes.size(); ++p) {
+    const Node& n = graph[region.nodes[p]];
+    for (size_t j = 0; j < n.outputs.size(); ++j)
+      if (!region.materialize[p][j]) temps.insert(n.outputs[j].storage.get());
+  }
+  auto add = [&](const TensorRef& r) -> LayoutView& {
+    auto [it, fresh] = L.ids.emplace(key_of(r), static_cast<int>(L.views.size()));
+    if (fresh) {
+      LayoutView v;
+      v.ref = &r;
+      v.lx = temps.count(r.storage.get()) > 0;
+      L.views.push_back(v);
+    }
+    return L.views[it->second];
+  };
+  for (size_t p = 0; p < region.nodes.size(); ++p) {
+    const Node& n = graph[region.nodes[p]];
+    const auto& schema = n.op.schema();
+    for (const auto& in : n.inputs) {
+      LayoutView& v = add(in.ref);
+      const bool out_arg = in.arg < static_cast<int>(schema.arguments().size()) && schema.arguments()[in.arg].is_out();
+      if (!v.lx && !produced.count(in.ref.storage.get()) && !(in.written && out_arg)) v.loaded = true;
+      if (!v.lx && in.written) v.stored = true;
+    }
+    for (size_t j = 0; j < n.outputs.size(); ++j) {
+      LayoutView& v = add(n.outputs[j]);
+      if (region.materialize[p][j]) v.stored = true;
+      produced.insert(n.outputs[j].storage.get());
+    }
+  }
+
+  // The grid.
+  const std::vector<int64_t>* anchor = nullptr;
+  for (auto it = region.nodes.rbegin(); it != region.nodes.rend(); ++it) {
+    const Node& n = graph[*it];
+    if (static_cast<PrimKind>(n.kind) != PrimKind::kReduction || n.inputs.empty()) continue;
+    const TensorRef& in = n.inputs[0].ref;
+    const std::set<int64_t> dims = reduced_dims(n);
+    if (!in.sizes.empty() && in.sizes[0] > 1 && dims.count(0)) {
+      anchor = &in.sizes;
+      L.ring_reduce = true;
+      L.partial_sizes = in.sizes;
+      for (int64_t d : dims)
+        if (d >= 0 && d < static_cast<int64_t>(in.sizes.size())) L.partial_sizes[d] = 1;
+      L.partial_dtype = n.outputs.empty() ? in.dtype : n.outputs[0].dtype;
+    }
+    break;  // only the last reduction anchors the grid
+  }
+  const Node& last_node = graph[region.nodes.back()];
+  if (!anchor && !last_node.outputs.empty()) anchor = &last_node.outputs[0].sizes;
+  for (const auto& in : last_node.inputs)
+    if (!anchor && in.written) anchor = &in.ref.sizes;
+  L.rows = anchor && !anchor->empty() ? (*anchor)[0] : 0;
+  L.cores = std::max<int64_t>(1, card.cores);
+  L.rows_per_core = L.rows > 0 ? (L.rows + L.cores - 1) / L.cores : 1;
+  L.cores_used = L.rows > 0 ? (L.rows + L.rows_per_core - 1) / L.rows_per_core : 1;
+  for (auto& v : L.views) v.split = L.rows > 0 && !v.ref->sizes.empty() && v.ref->sizes[0] == L.rows;
+  return L;
+}
+
+}  // namespace spyre
+}  // namespace tpu_eager
