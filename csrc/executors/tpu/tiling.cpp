@@ -141,7 +141,14 @@ TilingPlan plan_matmul(const MatmulProblem& p, const ChipParams& chip) {
   };
   Choice best{am, d, d, false, std::numeric_limits<double>::infinity(), 0, 1, 1};
   bool found = false;
-  const auto cm = candidates(Mp, am), ck = candidates(Kp, d), cn = candidates(Np, d);
+  // Whole operands in VMEM: the least traffic and the fewest steps, no search needed.
+  const bool whole = vmem(Mp, Kp, Np) <= chip.vmem_bytes;
+  if (whole) {
+    best = {Mp, Kp, Np, false, double(p.a_bytes) + double(p.b_bytes), 1, 1, 1};
+    found = true;
+  }
+  const auto cm = whole ? std::vector<int64_t>{} : candidates(Mp, am);
+  const auto ck = candidates(Kp, d), cn = candidates(Np, d);
   for (int64_t bm : cm)
     for (int64_t bn : cn)
       for (int64_t bk : ck) {

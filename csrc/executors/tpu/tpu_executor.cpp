@@ -108,10 +108,13 @@ class TpuExecutor final : public Executor {
     const auto prec = at::globalContext().float32MatmulPrecision();
     const tpu::ChipParams chip = tpu::active_chip();
     // The VMEM tiling depends on shapes only: planned before the run, so a
-    // failing region still reports it.
+    // failing region still reports it. Only matmul plans re-read HBM, so a
+    // vector region is planned only for the profiler.
+    const bool tracing = jit::trace_active();
     tpu::TilingPlan plan;
-    if (chip.valid()) plan = tpu::plan_region(region, graph, chip);
-    if (jit::trace_active()) jit::trace_attach_tiling(tpu::tiling_record(plan));
+    const bool mxu = std::find(compiled.kinds.begin(), compiled.kinds.end(), PrimKind::kMatmul) != compiled.kinds.end();
+    if (chip.valid() && (tracing || mxu)) plan = tpu::plan_region(region, graph, chip);
+    if (tracing) jit::trace_attach_tiling(tpu::tiling_record(plan));
     // A torch.profiler range per region ("tpu::fused_mul_add"), its ops in the
     // range's keyword inputs; one thread-local check when no profiler runs.
     const std::string range = "tpu::" + compiled.name;
