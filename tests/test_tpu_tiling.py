@@ -385,6 +385,37 @@ def test_conv_backward_costs_both_gradients_on_the_mxu():
     torch.testing.assert_close(b.grad.cpu(), bc.grad, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("groups", [1, 2])
+def test_conv_transpose2d_forward_and_backward_are_costed_on_the_mxu(groups):
+    tte = _tte()
+    tte.set_target("tpu-v6e")
+    torch.set_float32_matmul_precision("highest")
+    d = chip("tpu-v6e")["mxu_size"]
+    nb, cin, cout, h, w, kk, stride = 2, 8, 6, 7, 9, 3, 2
+    xc = torch.randn(nb, cin, h, w, requires_grad=True)
+    wc = torch.randn(cin, cout // groups, kk, kk, requires_grad=True)
+    x = xc.detach().to("tpu").requires_grad_()
+    wt = wc.detach().to("tpu").requires_grad_()
+    fwd = lambda a, b: torch.nn.functional.conv_transpose2d(a, b, stride=stride, groups=groups)  # noqa: E731
+    prof, out = profiled(lambda: fwd(x, wt))
+    k = only_kernel(prof, "convolution")
+    # Every input position scatters Cin/groups x Cout/groups x kh x kw products per group.
+    macs = nb * h * w * cin * (cout // groups) * kk * kk
+    assert k["flops"] == 2 * macs
+    gm, gk, gn = nb * h * w, cin // groups, cout * kk * kk  # the transposed product: (M, K, N)
+    assert gm * gk * gn == macs
+    assert k["mxu_flops"] == 2 * round_up(gm, 8) * round_up(gk, d) * round_up(gn, d) * 6
+    ref = fwd(xc, wc)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+    torch.tpu.synchronize()
+    prof, _ = profiled(lambda: out.sum().backward())
+    k = only_kernel(prof, "convolution_backward")
+    assert k["flops"] == 2 * 2 * macs  # grad_input and grad_weight, no bias
+    ref.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(wt.grad.cpu(), wc.grad, rtol=1e-4, atol=1e-3)
+
+
 # ---- torch.profiler ----
 
 def test_torch_profiler_lists_tpu_region_ranges(tmp_path):
