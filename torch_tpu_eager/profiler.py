@@ -11,6 +11,15 @@ import sys
 from . import _C
 
 
+def _tiling_cells(t) -> str:
+    """The tiling columns of :meth:`profile.table`."""
+    if not t:
+        return f"{'-':>12}  {'-':>8}  {'-':>9}  {'-':>5}"
+    grid = "x".join(str(g) for g in t["grid"])
+    mxu = "-" if t["mxu_utilization"] is None else f"{100 * t['mxu_utilization']:.0f}"
+    return f"{grid:>12}  {t['vmem_bytes'] / 2**20:>8.2f}  {t['hbm_reread_bytes'] / 1e6:>9.3f}  {mxu:>5}"
+
+
 class profile:
     """Context manager recording every kernel (fused region) run inside it.
 
@@ -34,6 +43,19 @@ class profile:
       max(compute_s, memory_s) + launch cost; ``start_s``: start on the simulated timeline,
       seconds from the profiler's start
     - ``cache_hit``: the compiled region came from the cache; ``failed``: an op raised
+    - ``tiling``: the kernel's VMEM tiling on a TPU target (None on other targets), a dict:
+      ``kind`` (``"vector"`` or ``"matmul"``), ``grid`` (vector: row and column blocks;
+      matmul: batch, M/bm, N/bn, K/bk), ``block`` (vector: ``(br, bc)``; matmul:
+      ``(bm, bk, bn)``), ``order`` (matmul grid order, ``"mnk"`` or ``"nmk"``, k innermost),
+      ``blocks`` (per operand: ``role``, ``dtype``, 2-D ``shape``, ``block``, ``buffers``,
+      ``vmem_bytes``), ``vmem_bytes`` (footprint) and ``vmem_budget_bytes`` (the chip's VMEM
+      per TensorCore), ``hbm_reread_bytes`` (HBM bytes read again because of the blocking;
+      included in ``memory_s``), ``mxu_utilization`` (useful / padded MACs; None without
+      MXU work). See docs/tpu_target.md for the policy.
+
+    Inside a ``torch.profiler.profile()`` each kernel run on a TPU target also appears
+    as a range ``"tpu::<name>"`` (host time of the simulation; its fused ops in the
+    range's ``ops`` argument when ``record_shapes=True``).
     """
 
     def __init__(self):
@@ -64,17 +86,22 @@ class profile:
     def summary(self, sort_by: str = "sim_time_s") -> list:
         """Kernels grouped by name, sorted by ``sort_by`` (a numeric key), largest first.
 
-        Each row: ``name``, ``calls``, ``ops``, and the sums of ``sim_time_s``,
-        ``compute_s``, ``memory_s``, ``flops``, ``bytes_read``, ``bytes_written``,
-        ``padding_bytes``.
+        Each row: ``name``, ``calls``, ``ops``, ``tiling`` (of its slowest call), and the
+        sums of ``sim_time_s``, ``compute_s``, ``memory_s``, ``flops``, ``bytes_read``,
+        ``bytes_written``, ``padding_bytes``.
         """
         keys = ("sim_time_s", "compute_s", "memory_s", "flops", "bytes_read", "bytes_written", "padding_bytes")
         rows = {}
         for k in self.kernels:
-            row = rows.setdefault(k["name"], {"name": k["name"], "calls": 0, "ops": k["ops"], **{x: 0 for x in keys}})
+            row = rows.setdefault(k["name"], {"name": k["name"], "calls": 0, "ops": k["ops"], "tiling": None,
+                                              "_slowest": -1.0, **{x: 0 for x in keys}})
+            if k.get("tiling") and k["sim_time_s"] > row["_slowest"]:
+                row["tiling"], row["_slowest"] = k["tiling"], k["sim_time_s"]
             row["calls"] += 1
             for x in keys:
                 row[x] += k[x]
+        for row in rows.values():
+            row.pop("_slowest", None)
         return sorted(rows.values(), key=lambda r: r[sort_by], reverse=True)
 
     def table(self, sort_by: str = "sim_time_s", row_limit: int = None, file=sys.stdout) -> str:
@@ -83,7 +110,9 @@ class profile:
 
         Columns: calls, total and mean simulated time (microseconds), share of the
         total, GFLOP, HBM MB moved (read + written + padding), padding MB, the
-        achieved FLOP/s (TFLOP/s) and whether compute or memory bound.
+        achieved FLOP/s (TFLOP/s), whether compute or memory bound, and the tiling of
+        the slowest call: grid, VMEM footprint (MiB), HBM re-read MB and MXU
+        utilization (%, ``-`` without MXU work).
         """
         rows = self.summary(sort_by)
         if row_limit is not None:
@@ -91,7 +120,8 @@ class profile:
         total = self.total_sim_time_s or 1.0
         width = max([len("kernel")] + [min(len(r["name"]), 48) for r in rows])
         head = (f"{'kernel':<{width}}  {'calls':>5}  {'sim us':>10}  {'mean us':>9}  {'%':>5}  {'GFLOP':>9}  "
-                f"{'HBM MB':>9}  {'pad MB':>8}  {'TFLOP/s':>8}  bound")
+                f"{'HBM MB':>9}  {'pad MB':>8}  {'TFLOP/s':>8}  {'bound':<7}  {'grid':>12}  {'VMEM MiB':>8}  "
+                f"{'reread MB':>9}  {'MXU %':>5}")
         lines = [head, "-" * len(head)]
         for r in rows:
             hbm = r["bytes_read"] + r["bytes_written"] + r["padding_bytes"]
@@ -100,7 +130,8 @@ class profile:
             lines.append(
                 f"{r['name'][:48]:<{width}}  {r['calls']:>5}  {r['sim_time_s'] * 1e6:>10.2f}  "
                 f"{r['sim_time_s'] * 1e6 / r['calls']:>9.2f}  {100 * r['sim_time_s'] / total:>5.1f}  "
-                f"{r['flops'] / 1e9:>9.3f}  {hbm / 1e6:>9.3f}  {r['padding_bytes'] / 1e6:>8.3f}  {tflops:>8.2f}  {bound}"
+                f"{r['flops'] / 1e9:>9.3f}  {hbm / 1e6:>9.3f}  {r['padding_bytes'] / 1e6:>8.3f}  {tflops:>8.2f}  "
+                f"{bound:<7}  {_tiling_cells(r['tiling'])}"
             )
         targets = sorted({k["target"] for k in self.kernels})
         lines.append(f"{len(self.kernels)} kernels, {self.total_sim_time_s * 1e6:.2f} us simulated on "
@@ -123,7 +154,8 @@ class profile:
         ]
         for k in self.kernels:
             args = {x: k[x] for x in ("ops", "shapes", "bytes_read", "bytes_written", "padding_bytes", "flops",
-                                      "mxu_flops", "compute_s", "memory_s", "target", "cache_hit", "failed")}
+                                      "mxu_flops", "compute_s", "memory_s", "target", "cache_hit", "failed",
+                                      "tiling")}
             events.append({"name": k["name"], "cat": "kernel", "ph": "X", "pid": 0, "tid": 0,
                            "ts": k["start_s"] * 1e6, "dur": k["sim_time_s"] * 1e6, "args": args})
         with open(path, "w") as f:

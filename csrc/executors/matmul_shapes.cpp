@@ -59,4 +59,91 @@ bool gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c10::S
   return false;
 }
 
+bool gemm_operand_args(const Node& n, int& a, int& b) {
+  std::string base = n.op.schema().name().substr(6);
+  if (!base.empty() && base.back() == '_') base.pop_back();
+  if (base == "mm" || base == "bmm" || base == "mv" || base == "dot" || base == "vdot" || base == "convolution") {
+    a = 0;
+    b = 1;
+    return true;
+  }
+  if (base == "addmm" || base == "baddbmm" || base == "addbmm" || base == "addmv" || base == "addr") {
+    a = 1;
+    b = 2;
+    return true;
+  }
+  return false;
+}
+
+namespace {
+
+double spatial(const std::vector<int64_t>& sizes) {  // product of the dims after (batch, channels)
+  double p = 1;
+  for (size_t i = 2; i < sizes.size(); ++i) p *= static_cast<double>(sizes[i]);
+  return p;
+}
+
+}  // namespace
+
+bool conv_gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c10::ScalarType& tb,
+                   double& bias_elems) {
+  bias_elems = 0;
+  const std::string base = n.op.schema().name().substr(6);
+  const bool forward = base == "convolution";
+  if (!forward && base != "convolution_backward") return false;
+  // forward: (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+  // backward: (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+  //            output_padding, groups, output_mask)
+  const int in_arg = forward ? 0 : 1, w_arg = forward ? 1 : 2;
+  const size_t transposed_arg = forward ? 6 : 7, groups_arg = forward ? 8 : 9;
+  const TensorRef* x = arg_ref(n, in_arg);
+  const TensorRef* w = arg_ref(n, w_arg);
+  if (!x || !w || x->sizes.size() < 3 || w->sizes.size() != x->sizes.size() || n.args.size() <= groups_arg)
+    return false;
+  const bool transposed = n.args[transposed_arg].isBool() && n.args[transposed_arg].toBool();
+  const double groups = n.args[groups_arg].isInt() ? static_cast<double>(n.args[groups_arg].toInt()) : 1.0;
+  const TensorRef* y = nullptr;  // the convolution's output (forward) or its gradient (backward)
+  if (forward) {
+    if (n.outputs.empty()) return false;
+    y = &n.outputs[0];
+  } else {
+    y = arg_ref(n, 0);
+  }
+  if (!y || y->sizes.size() != x->sizes.size()) return false;
+  ta = x->dtype;
+  tb = w->dtype;
+  const double batch = static_cast<double>(x->sizes[0]);
+  const double cin = static_cast<double>(x->sizes[1]), cout = static_cast<double>(y->sizes[1]);
+  const double kernel = spatial(w->sizes);
+  // A transposed convolution is the input gradient of a direct one with x and y swapped.
+  const double pos_src = batch * spatial(transposed ? x->sizes : y->sizes);  // direct conv: output positions
+  const double c_src = transposed ? cout : cin;   // channels of the direct conv's input
+  const double c_dst = transposed ? cin : cout;   // channels of the direct conv's output
+  if (forward) {
+    if (transposed)
+      out.push_back({1, pos_src, c_dst / groups, c_src * kernel});
+    else
+      out.push_back({1, pos_src, c_src / groups * kernel, c_dst});
+    return true;
+  }
+  std::vector<bool> mask = {true, true, true};
+  const auto& m = n.args.back();
+  if (m.isBoolList()) {
+    auto l = m.toBoolList();
+    for (size_t i = 0; i < 3 && i < l.size(); ++i) mask[i] = l.get(i);
+  }
+  const bool grad_x = mask[0], grad_w = mask[1];
+  // grad_x: for a direct conv the transposed product (col2im form); for a
+  // transposed conv, whose x is the direct conv's output, a direct convolution.
+  if (grad_x) {
+    if (transposed)
+      out.push_back({1, pos_src, c_src / groups * kernel, c_dst});
+    else
+      out.push_back({1, pos_src, c_dst / groups, c_src * kernel});
+  }
+  if (grad_w) out.push_back({1, c_dst, pos_src, c_src / groups * kernel});
+  if (mask[2]) bias_elems = static_cast<double>(y->numel());
+  return true;
+}
+
 }  // namespace tpu_eager

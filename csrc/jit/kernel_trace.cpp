@@ -13,6 +13,8 @@ namespace {
 std::mutex g_mu;
 std::vector<KernelRecord> g_records;
 double g_clock_s = 0;  // simulated timeline, advanced only while a profiler is active
+// The executor's tiling of the region running on this thread, until its record is made.
+thread_local TilingRecord t_pending_tiling;
 }  // namespace
 
 std::pair<size_t, double> trace_begin() {
@@ -29,7 +31,11 @@ std::vector<KernelRecord> trace_end(size_t first) {
   return out;
 }
 
+void trace_attach_tiling(TilingRecord&& t) { t_pending_tiling = std::move(t); }
+
 void trace_record(KernelRecord&& r) {
+  r.tiling = std::move(t_pending_tiling);
+  t_pending_tiling = TilingRecord();
   std::lock_guard<std::mutex> lock(g_mu);
   if (detail::g_trace_depth.load() == 0) return;  // the profiler ended while this region ran
   r.start_s = g_clock_s;

@@ -13,6 +13,28 @@
 namespace tpu_eager {
 namespace jit {
 
+// The VMEM tiling an executor planned for one kernel (TPU target; see
+// executors/tpu/tiling.h). Empty `kind`: no plan.
+struct TilingRecord {
+  struct Block {
+    std::string role;                 // "input", "output", "temporary", "lhs", "rhs", "out", "acc"
+    std::string dtype;                // "Float", "BFloat16", ...
+    std::vector<int64_t> shape;       // operand as 2-D (rows, cols)
+    std::vector<int64_t> block;       // its VMEM block
+    int buffers = 2;
+    int64_t vmem_bytes = 0;
+  };
+  std::string kind;                   // "vector" or "matmul"
+  std::string order;                  // matmul grid order ("mnk" / "nmk")
+  std::vector<int64_t> grid;          // vector: (row blocks, col blocks); matmul: (batch, M/bm, N/bn, K/bk)
+  std::vector<int64_t> block;         // vector: (br, bc); matmul: (bm, bk, bn)
+  std::vector<Block> blocks;
+  int64_t vmem_bytes = 0;             // footprint, bytes
+  int64_t vmem_budget_bytes = 0;      // VMEM per TensorCore, bytes
+  int64_t hbm_reread_bytes = 0;       // extra HBM reads the blocking implies, bytes
+  double mxu_utilization = -1;        // useful / padded MACs; -1 without MXU work
+};
+
 struct KernelRecord {
   std::string name;                                   // compiled region name, e.g. "fused_mul_add_sum"
   std::string target;                                 // chip it was costed on
@@ -23,6 +45,7 @@ struct KernelRecord {
   double start_s = 0;                                 // start on the simulated timeline, seconds
   bool cache_hit = false;
   bool failed = false;                                // an op of the region raised
+  TilingRecord tiling;                                // attached by the executor (trace_attach_tiling)
 };
 
 namespace detail {
@@ -39,6 +62,9 @@ std::pair<size_t, double> trace_begin();
 std::vector<KernelRecord> trace_end(size_t first);
 // Appends `r` at the current simulated clock and advances the clock by its time.
 void trace_record(KernelRecord&& r);
+// Called by an executor while a profiler is active: attaches `t` to the next
+// record appended on this thread (the region it is running).
+void trace_attach_tiling(TilingRecord&& t);
 // Records held (0 when no profiler is active).
 size_t trace_size();
 

@@ -16,6 +16,8 @@
 #include "executors/spyre/schedule.h"
 #include "executors/spyre/spyre.h"
 #include "executors/tpu/chip.h"
+#include "executors/tpu/cost_model.h"
+#include "executors/tpu/tiling.h"
 #include "jit/dynamic_shapes.h"
 #include "jit/jit.h"
 #include "jit/kernel_trace.h"
@@ -56,6 +58,33 @@ py::dict metrics_dict() {
   return d;
 }
 
+// A kernel's tiling as a dict (None without a plan).
+py::object tiling_dict(const jit::TilingRecord& t) {
+  if (t.kind.empty()) return py::none();
+  py::dict d;
+  d["kind"] = t.kind;
+  if (!t.order.empty()) d["order"] = t.order;
+  d["grid"] = t.grid;
+  d["block"] = t.block;
+  py::list blocks;
+  for (const auto& b : t.blocks) {
+    py::dict e;
+    e["role"] = b.role;
+    e["dtype"] = b.dtype;
+    e["shape"] = b.shape;
+    e["block"] = b.block;
+    e["buffers"] = b.buffers;
+    e["vmem_bytes"] = b.vmem_bytes;
+    blocks.append(e);
+  }
+  d["blocks"] = blocks;
+  d["vmem_bytes"] = t.vmem_bytes;
+  d["vmem_budget_bytes"] = t.vmem_budget_bytes;
+  d["hbm_reread_bytes"] = t.hbm_reread_bytes;
+  d["mxu_utilization"] = t.mxu_utilization < 0 ? py::object(py::none()) : py::object(py::float_(t.mxu_utilization));
+  return d;
+}
+
 py::dict kernel_dict(const jit::KernelRecord& r) {
   py::dict d;
   d["name"] = r.name;
@@ -74,6 +103,7 @@ py::dict kernel_dict(const jit::KernelRecord& r) {
   d["start_s"] = r.start_s;
   d["cache_hit"] = r.cache_hit;
   d["failed"] = r.failed;
+  d["tiling"] = tiling_dict(r.tiling);
   return d;
 }
 
@@ -281,6 +311,29 @@ PYBIND11_MODULE(_C, m) {
   m.def("_clear_cache", &jit::clear_cache);
   m.def("_set_target", &set_target, py::arg("params"));
   m.def("_chip", &chip_dict);
+  // Tiling plans on the active chip without running anything (tests, what-if tables).
+  m.def(
+      "_plan_matmul",
+      [](int64_t m_, int64_t k, int64_t n, int64_t batch, at::ScalarType ta, at::ScalarType tb, at::ScalarType tout) {
+        const tpu::ChipParams chip = tpu::active_chip();
+        tpu::MatmulProblem p;
+        p.gemm = {double(batch), double(m_), double(k), double(n)};
+        p.ta = ta;
+        p.tb = tb;
+        p.tout = tout;
+        p.a_bytes = tpu::tiled_bytes({batch, m_, k}, ta, chip);
+        p.b_bytes = tpu::tiled_bytes({batch, k, n}, tb, chip);
+        return tiling_dict(tpu::tiling_record(tpu::plan_matmul(p, chip)));
+      },
+      py::arg("m"), py::arg("k"), py::arg("n"), py::arg("batch"), py::arg("ta"), py::arg("tb"), py::arg("tout"));
+  m.def(
+      "_plan_vector",
+      [](const std::vector<std::tuple<std::vector<int64_t>, at::ScalarType, std::string>>& operands) {
+        std::vector<tpu::PlanOperand> ops;
+        for (const auto& [sizes, dtype, role] : operands) ops.push_back({sizes, dtype, role});
+        return tiling_dict(tpu::tiling_record(tpu::plan_vector(ops, tpu::active_chip())));
+      },
+      py::arg("operands"));
   m.def("_set_spyre_target", &set_spyre_target, py::arg("params"));
   m.def("_target_name", [] {
     return active_target_kind() == TargetKind::kSpyre ? spyre::active_card().name : tpu::active_chip().name;

@@ -54,24 +54,29 @@ double OpCost::seconds(const ChipParams& chip) const {
   return mxu_flops / chip.peak_bf16_flops + vpu_elems / chip.vpu_elems_per_s;
 }
 
+void add_gemm_cost(const Gemm& g, double passes, const ChipParams& chip, OpCost& c) {
+  const auto pm = static_cast<double>(round_up(static_cast<int64_t>(g.m), chip.sublanes));
+  const auto pk = static_cast<double>(round_up(static_cast<int64_t>(g.k), chip.mxu_size));
+  const auto pn = static_cast<double>(round_up(static_cast<int64_t>(g.n), chip.mxu_size));
+  c.flops += 2.0 * g.batch * g.m * g.k * g.n;
+  c.mxu_flops += 2.0 * g.batch * pm * pk * pn * passes;
+}
+
 OpCost op_cost(const Node& n, const ChipParams& chip, at::Float32MatmulPrecision prec) {
   OpCost c;
   const auto kind = static_cast<PrimKind>(n.kind);
   if (kind == PrimKind::kMatmul) {
     std::vector<Gemm> gemms;
     c10::ScalarType ta = c10::kFloat, tb = c10::kFloat;
-    if (gemms_of(n, gemms, ta, tb)) {
+    double bias_elems = 0;
+    if (gemms_of(n, gemms, ta, tb) || conv_gemms_of(n, gemms, ta, tb, bias_elems)) {
       const double passes = mxu_passes(ta, tb, prec);
-      const int64_t d = chip.mxu_size;
-      for (const Gemm& g : gemms) {
-        const auto pm = static_cast<double>(round_up(static_cast<int64_t>(g.m), chip.sublanes));
-        const auto pk = static_cast<double>(round_up(static_cast<int64_t>(g.k), d));
-        const auto pn = static_cast<double>(round_up(static_cast<int64_t>(g.n), d));
-        c.flops += 2.0 * g.batch * g.m * g.k * g.n;
-        c.mxu_flops += 2.0 * g.batch * pm * pk * pn * passes;
-      }
+      for (const Gemm& g : gemms) add_gemm_cost(g, passes, chip, c);
       // A bias / alpha-beta epilogue is applied while the MXU results are
-      // drained and is not costed separately.
+      // drained and is not costed separately; a convolution's grad_bias is a
+      // reduction on the vector unit.
+      c.flops += bias_elems;
+      c.vpu_elems += bias_elems;
       return c;
     }
   }

@@ -10,6 +10,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 
+#include "executors/matmul_shapes.h"
 #include "executors/tpu/chip.h"
 #include "lazy/queue.h"
 
@@ -50,12 +51,17 @@ struct OpCost {
 };
 
 // Work of node `n`. The matmul family (mm, addmm, bmm, baddbmm, addbmm, mv,
-// addmv, dot, vdot, addr) is costed as B products (M,K)x(K,N) with M padded to
-// the sublanes and K, N to the MXU size (a bias epilogue is free). Other ops,
-// including matmul-kind ops without a rule here (convolutions run eagerly at
-// record time today), use the VPU rule: reductions cost their largest input's
-// padded elements, other ops their results' padded elements.
+// addmv, dot, vdot, addr) is costed as B products (M,K)x(K,N), and
+// convolution / convolution_backward as their implicit GEMMs (matmul_shapes.h
+// conv_gemms_of), with M padded to the sublanes and K, N to the MXU size (a
+// bias epilogue is free; a grad_bias costs its elements on the vector unit).
+// Other ops use the VPU rule: reductions cost their largest input's padded
+// elements, other ops their results' padded elements.
 OpCost op_cost(const Node& n, const ChipParams& chip, at::Float32MatmulPrecision prec);
+
+// Adds one product `g` run `passes` times on the MXUs to `c` (useful FLOPs
+// 2*B*M*K*N; MXU FLOPs on M padded to the sublanes, K and N to the MXU size).
+void add_gemm_cost(const Gemm& g, double passes, const ChipParams& chip, OpCost& c);
 
 }  // namespace tpu
 }  // namespace tpu_eager

@@ -3,8 +3,11 @@
 // tiled-layout padding and simulated time on the active chip (cost_model.h).
 #include <algorithm>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 
 #include <ATen/Context.h>
+#include <ATen/record_function.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/dot.h>
 #include <ATen/ops/mm.h>
@@ -16,6 +19,8 @@
 #include "executors/tpu/chip.h"
 #include "executors/tpu/cost_model.h"
 #include "executors/tpu/fused_elementwise.h"
+#include "executors/tpu/tiling.h"
+#include "jit/kernel_trace.h"
 
 namespace tpu_eager {
 namespace {
@@ -105,20 +110,40 @@ class TpuExecutor final : public Executor {
                   host::HostMemory& mem, RegionStats& stats) override {
     const auto prec = at::globalContext().float32MatmulPrecision();
     const tpu::ChipParams chip = tpu::active_chip();
+    // The VMEM tiling depends on shapes only: planned before the run, so a
+    // failing region still reports it. Only matmul plans re-read HBM, so a
+    // vector region is planned only for the profiler.
+    const bool tracing = jit::trace_active();
+    tpu::TilingPlan plan;
+    const bool mxu = std::find(compiled.kinds.begin(), compiled.kinds.end(), PrimKind::kMatmul) != compiled.kinds.end();
+    if (chip.valid() && (tracing || mxu)) plan = tpu::plan_region(region, graph, chip);
+    if (tracing) jit::trace_attach_tiling(tpu::tiling_record(plan));
+    // A torch.profiler range per region ("tpu::fused_mul_add"), its ops in the
+    // range's keyword inputs; one thread-local check when no profiler runs.
+    const std::string range = "tpu::" + compiled.name;
+    at::RecordFunction guard(at::RecordScope::USER_SCOPE);
+    if (guard.isActive()) {
+      std::string ops;
+      for (int i : region.nodes) ops += (ops.empty() ? "" : ",") + host::op_display_name(graph[i]).substr(6);
+      const std::unordered_map<std::string, c10::IValue> kwargs = {{"ops", c10::IValue(ops)}};
+      guard.before(std::string_view(range), &kwargs);
+    }
     TpuHooks hooks(chip, prec);
     if (tpu::run_fused_elementwise(region, graph, mem, stats)) {
       for (int i : region.nodes) hooks.add_op_cost(graph[i], stats);
     } else {
       host::run_ops(compiled, region, graph, mem, stats, hooks);
     }
-    finish(chip, stats);
+    finish(chip, plan, stats);
   }
 
  private:
-  // Simulated time of the region: max(compute, HBM traffic incl. padding) + launch.
-  static void finish(const tpu::ChipParams& chip, RegionStats& stats) {
+  // Simulated time of the region: max(compute, HBM traffic incl. padding and
+  // the re-reads its tiling implies) + launch.
+  static void finish(const tpu::ChipParams& chip, const tpu::TilingPlan& plan, RegionStats& stats) {
     if (!chip.valid()) return;  // no target set: no simulated time
-    const double hbm = static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes);
+    const double hbm =
+        static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes + plan.hbm_reread_bytes);
     stats.memory_s = hbm / chip.hbm_bandwidth;
     stats.sim_time_s = std::max(stats.compute_s, stats.memory_s) + chip.launch_s;
   }
