@@ -571,7 +571,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   if (spyre::active()) {  // Spyre's storage numerics hold for eagerly run ops too
     std::vector<c10::IValue> returns(cpu.begin(), cpu.begin() + schema.returns().size());
     const std::string name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
-    spyre::after_eager_op(returns, name + " (run eagerly at " + current_location() + ")");
+    spyre::after_eager_op(returns, name + " (run eagerly at " + current_location().str() + ")");
   }
 
   std::vector<c10::IValue> results;
