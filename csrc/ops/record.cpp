@@ -227,7 +227,12 @@ void key_tensor(std::vector<int64_t>& k, const at::Tensor& t) {
   k.push_back(t.storage_offset());
 }
 
-void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v) {
+// `float_values`: key floating-point values by value. Otherwise (Scalar
+// arguments) only their type enters the key: a Scalar's value never shapes a result except for the
+// range factories, and keying it made every step of an optimizer whose
+// scalars change (Adam's bias corrections, a learning-rate schedule) rerun
+// the Python meta kernels (~50 us an op).
+void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v, bool float_values) {
   if (v.isTensor()) {
     key_tensor(k, v.toTensor());
   } else if (v.isTensorList()) {
@@ -235,10 +240,12 @@ void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v) {
     for (const at::Tensor& t : v.toTensorList().vec()) key_tensor(k, t);
   } else if (v.isList()) {
     k.push_back(-2);
-    for (const c10::IValue& e : v.toList().vec()) key_ivalue(k, e);
+    for (const c10::IValue& e : v.toList().vec()) key_ivalue(k, e, float_values);
   } else if (v.isInt()) {
     k.push_back(-3);
     k.push_back(v.toInt());
+  } else if (v.isDouble() && !float_values) {
+    k.push_back(-28);
   } else if (v.isDouble()) {
     k.push_back(-4);
     const double d = v.toDouble();
@@ -254,6 +261,8 @@ void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v) {
     k.push_back(-9 - static_cast<int64_t>(sc.type()));
     if (sc.isIntegral(false)) {
       k.push_back(sc.toLong());
+    } else if (sc.isFloatingPoint() && !float_values) {
+      k.push_back(-29);
     } else if (sc.isFloatingPoint()) {
       const double d = sc.toDouble();
       int64_t bits;
@@ -333,7 +342,19 @@ std::vector<int64_t> meta_key(const c10::OperatorHandle& op, torch::jit::Stack& 
   k.reserve(32);
   k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
   try {
-    for (size_t i = 0; i < n; ++i) key_ivalue(k, stack[first + i]);
+    // Ops whose result size is computed from Scalar values.
+    const std::string& name = op.schema().name();
+    const bool float_values = name == "aten::arange" || name == "aten::range" || name == "aten::linspace" ||
+                              name == "aten::logspace";
+    const auto& args = op.schema().arguments();
+    for (size_t i = 0; i < n; ++i) {
+      // A Scalar argument (a float Scalar arrives as a double) keys by type;
+      // a `float` argument (eps, p, scale factors) by value.
+      c10::TypePtr t = i < args.size() ? args[i].real_type() : nullptr;
+      if (t && t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
+      const bool scalar_arg = t && t->kind() == c10::TypeKind::NumberType;
+      key_ivalue(k, stack[first + i], float_values || !scalar_arg);
+    }
   } catch (const std::invalid_argument&) {
     k.clear();
   }
