@@ -109,3 +109,25 @@ def test_log_softmax_backward_has_cpu_strides_and_values():
     actual = torch.ops.aten._log_softmax_backward_data(g.to("tpu"), out.to("tpu"), 0, torch.float32)
     assert actual.stride() == expected.stride()
     assert torch.equal(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("shape,normalized", [((64, 1000), (1000,)), ((3, 5, 7), (5, 7)), ((2, 1), (1,))])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_forward_and_backward_write_device_buffers_like_cpu(shape, normalized, affine):
+    # native_layer_norm(+backward) run CPU's kernel straight into the device buffers.
+    x = cpu_randn(*shape, seed=13)
+    w = cpu_randn(*normalized, seed=14) if affine else None
+    b = cpu_randn(*normalized, seed=15) if affine else None
+    g = cpu_randn(*shape, seed=16)
+
+    def prog(d):
+        xs = x.to(d).requires_grad_()
+        ws = w.to(d).requires_grad_() if affine else None
+        bs = b.to(d).requires_grad_() if affine else None
+        y = F.layer_norm(xs, normalized, ws, bs, eps=1e-3)
+        y.backward(g.to(d))
+        grads = [xs.grad] + ([ws.grad, bs.grad] if affine else [])
+        return [y.detach().cpu()] + [t.cpu() for t in grads]
+
+    for got, want in zip(prog("tpu"), prog("cpu")):
+        assert torch.equal(got, want)

@@ -10,6 +10,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "executors/direct_kernels.h"
 #include "executors/out_variant.h"
 #include "views/view_chain.h"
 
@@ -109,15 +110,17 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
   return outs;
 }
 
-// Runs `out_op` on the functional stack plus `outs`; false (and nothing
+// Runs `n`'s CPU kernel with outputs `outs` (direct_kernels.h), else its
+// out= overload `out_op` on the functional stack plus `outs`; false (and nothing
 // bound) when the out= kernel rejects the call, so the functional kernel runs
 // and raises CPU's own error if there is one.
-bool call_direct(const c10::OperatorHandle& out_op, const torch::jit::Stack& functional,
+bool call_direct(const Node& n, const c10::OperatorHandle& out_op, const torch::jit::Stack& functional,
                  const std::vector<at::Tensor>& outs) {
   torch::jit::Stack stack(functional);
   for (const auto& o : outs) stack.emplace_back(o);
   c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
   try {
+    if (run_direct_kernel(n, functional, outs)) return true;
     out_op.callBoxed(stack);
   } catch (const c10::Error&) {
     return false;
@@ -164,7 +167,7 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     const c10::OperatorHandle* out_op = nullptr;
     std::vector<at::Tensor> direct = direct_outputs(n, region, p, mem, hooks, &out_op);
     try {
-      if (out_op && call_direct(*out_op, stack, direct)) {
+      if (out_op && call_direct(n, *out_op, stack, direct)) {
         results = direct;
       } else {
         direct.clear();

@@ -1,0 +1,25 @@
+// CPU kernels called with given outputs, for ops whose out= overload is only
+// the functional op plus a copy (PyTorch generates those out= overloads): here
+// the kernel writes the device buffers itself.
+#pragma once
+
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
+
+#include "lazy/queue.h"
+
+namespace tpu_eager {
+namespace host {
+
+// Runs `n` (its CPU argument stack `args`) writing its results into `outs`
+// (contiguous, one per result, with the recorded geometry). Covers
+// native_layer_norm and native_layer_norm_backward (all three grads) on
+// float32, with the kernels CPU's layer_norm_cpu / layer_norm_backward_cpu
+// call (the LayerNormKernel / LayerNormBackwardKernel dispatch stubs). Returns false,
+// having written nothing, for any other op or case.
+bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs);
+
+}  // namespace host
+}  // namespace tpu_eager
