@@ -13,11 +13,13 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/irange.h>
 
 #include "device/device.h"
 #include "executors/host_runtime.h"
+#include "jit/disk_cache.h"
 #include "lazy/queue.h"
 
 namespace tpu_eager {
@@ -181,14 +183,132 @@ struct MetaOutcome {
   std::vector<std::pair<int, std::vector<Geometry>>> written_lists;
 };
 
+// MetaOutcome as int64 words for the on-disk cache; decode checks bounds and
+// that the outcome fits the schema (a damaged entry is a miss, never a crash).
+void encode_geometry(std::vector<int64_t>& w, const Geometry& g) {
+  w.push_back(g.defined);
+  w.push_back(static_cast<int64_t>(g.dtype));
+  w.push_back(static_cast<int64_t>(g.sizes.size()));
+  w.insert(w.end(), g.sizes.begin(), g.sizes.end());
+  w.insert(w.end(), g.strides.begin(), g.strides.end());
+  w.push_back(g.offset);
+}
+
+std::string encode_outcome(const MetaOutcome& o) {
+  std::vector<int64_t> w;
+  w.push_back(static_cast<int64_t>(o.returns.size()));
+  for (const auto& geoms : o.returns) {
+    w.push_back(static_cast<int64_t>(geoms.size()));
+    for (const auto& g : geoms) encode_geometry(w, g);
+  }
+  w.push_back(static_cast<int64_t>(o.written.size()));
+  for (const auto& [a, g] : o.written) {
+    w.push_back(a);
+    encode_geometry(w, g);
+  }
+  w.push_back(static_cast<int64_t>(o.written_lists.size()));
+  for (const auto& [a, geoms] : o.written_lists) {
+    w.push_back(a);
+    w.push_back(static_cast<int64_t>(geoms.size()));
+    for (const auto& g : geoms) encode_geometry(w, g);
+  }
+  return std::string(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(int64_t));
+}
+
+struct WordReader {
+  const int64_t* p;
+  size_t n, pos = 0;
+  bool ok = true;
+  int64_t next(int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) {
+    if (pos >= n) ok = false;
+    const int64_t v = ok ? p[pos++] : 0;
+    if (v < lo || v > hi) ok = false;
+    return ok ? v : 0;
+  }
+  Geometry geometry() {
+    Geometry g;
+    g.defined = next(0, 1) != 0;
+    g.dtype = static_cast<c10::ScalarType>(next(0, static_cast<int64_t>(c10::ScalarType::Undefined)));
+    const int64_t ndim = next(0, 64);
+    for (int64_t i = 0; i < ndim; ++i) g.sizes.push_back(next(0));
+    for (int64_t i = 0; i < ndim; ++i) g.strides.push_back(next());
+    g.offset = next(0);
+    return g;
+  }
+};
+
+bool decode_outcome(const c10::FunctionSchema& schema, const std::string& bytes, MetaOutcome* o) {
+  if (bytes.size() % sizeof(int64_t)) return false;
+  std::vector<int64_t> words(bytes.size() / sizeof(int64_t));
+  std::memcpy(words.data(), bytes.data(), bytes.size());
+  WordReader r{words.data(), words.size()};
+  const int64_t kMaxCount = 1 << 16;
+  o->returns.resize(r.next(0, kMaxCount));
+  for (auto& geoms : o->returns) {
+    geoms.resize(r.next(0, kMaxCount));
+    for (auto& g : geoms) g = r.geometry();
+  }
+  const int64_t nargs = static_cast<int64_t>(schema.arguments().size());
+  o->written.resize(r.next(0, kMaxCount));
+  for (auto& [a, g] : o->written) {
+    a = static_cast<int>(r.next(0, nargs - 1));
+    g = r.geometry();
+  }
+  o->written_lists.resize(r.next(0, kMaxCount));
+  for (auto& [a, geoms] : o->written_lists) {
+    a = static_cast<int>(r.next(0, nargs - 1));
+    geoms.resize(r.next(0, kMaxCount));
+    for (auto& g : geoms) g = r.geometry();
+  }
+  if (!r.ok || r.pos != r.n || o->returns.size() != schema.returns().size()) return false;
+  for (size_t k = 0; k < o->returns.size(); ++k) {
+    const int a = aliased_arg(schema, k);
+    if (a < 0) continue;
+    bool found = false;
+    for (const auto& w : o->written) found = found || w.first == a;
+    for (const auto& w : o->written_lists) found = found || w.first == a;
+    if (!found) return false;
+  }
+  return true;
+}
+
+// The on-disk form of a meta key: the op's qualified name and overload
+// instead of its schema's address, and the default dtype (factories read it).
+std::string meta_disk_key(const c10::FunctionSchema& schema, const std::vector<int64_t>& key) {
+  std::string k = schema.name() + "." + schema.overload_name();
+  k += '\0';
+  const int64_t dflt = static_cast<int64_t>(c10::get_default_dtype_as_scalartype());
+  k.append(reinterpret_cast<const char*>(&dflt), sizeof(dflt));
+  k.append(reinterpret_cast<const char*>(key.data() + 1), (key.size() - 1) * sizeof(int64_t));
+  return k;
+}
+
+// In memory, backed by the optional on-disk cache (jit/disk_cache.h).
 class MetaCache {
  public:
-  const MetaOutcome* find(const std::vector<int64_t>& key) {
+  const MetaOutcome* find(const c10::FunctionSchema& schema, const std::vector<int64_t>& key) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(key);
+      if (it != map_.end()) return &it->second;
+    }
+    if (!disk_cache::enabled()) return nullptr;
+    std::string bytes;
+    MetaOutcome outcome;
+    if (!disk_cache::lookup(disk_cache::Table::kMeta, meta_disk_key(schema, key), &bytes) ||
+        !decode_outcome(schema, bytes, &outcome)) {
+      count_disk_cache(0, 1, 0);
+      return nullptr;
+    }
+    count_disk_cache(1, 0, 0);
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(key);
-    return it == map_.end() ? nullptr : &it->second;
+    if (map_.size() > kMaxEntries) map_.clear();
+    return &map_.emplace(key, std::move(outcome)).first->second;
   }
-  void insert(std::vector<int64_t> key, MetaOutcome outcome) {
+  void insert(const c10::FunctionSchema& schema, std::vector<int64_t> key, MetaOutcome outcome) {
+    if (disk_cache::enabled() &&
+        disk_cache::store(disk_cache::Table::kMeta, meta_disk_key(schema, key), encode_outcome(outcome)))
+      count_disk_cache(0, 0, 1);
     std::lock_guard<std::mutex> lock(mu_);
     if (map_.size() > kMaxEntries) map_.clear();  // bounded: a shape storm must not grow it without end
     map_.emplace(std::move(key), std::move(outcome));
@@ -359,7 +479,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
   std::vector<int64_t> key = meta_key(op, *stack, first, nargs);
-  const MetaOutcome* cached = key.empty() ? nullptr : meta_cache().find(key);
+  const MetaOutcome* cached = key.empty() ? nullptr : meta_cache().find(schema, key);
   MetaOutcome computed;
   if (cached == nullptr) {
     torch::jit::Stack meta_stack(stack->begin() + first, stack->end());
@@ -403,7 +523,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
       computed.returns.push_back(std::move(geoms));
     }
     correct_meta_outcome(schema, *stack, first, computed);
-    if (!key.empty()) meta_cache().insert(key, computed);
+    if (!key.empty()) meta_cache().insert(schema, key, computed);
     cached = &computed;
   }
   const MetaOutcome& meta = *cached;
