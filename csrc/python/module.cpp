@@ -14,6 +14,7 @@
 #include "executors/spyre/ktir.h"
 #include "executors/spyre/spyre.h"
 #include "executors/tpu/chip.h"
+#include "jit/disk_cache.h"
 #include "jit/dynamic_shapes.h"
 #include "jit/jit.h"
 #include "jit/kernel_trace.h"
@@ -67,6 +68,9 @@ py::dict metrics_dict() {
   d["flops"] = m.flops;
   d["sim_time_s"] = m.sim_time_s;
   d["compile_time_s"] = m.compile_time_s;
+  d["disk_cache_hits"] = m.disk_cache_hits;
+  d["disk_cache_misses"] = m.disk_cache_misses;
+  d["disk_cache_writes"] = m.disk_cache_writes;
   return d;
 }
 
@@ -195,6 +199,10 @@ PYBIND11_MODULE(_C, m) {
     jit::mark_dynamic(deferred_storage_of(t), t.dim(), dim, lower, upper);
   });
   m.def("_clear_cache", &jit::clear_cache);
+  m.def("_set_cache_dir", &disk_cache::set_dir, py::arg("dir"));
+  m.def("_cache_dir", &disk_cache::dir);
+  m.def("_cache_stamp", &disk_cache::stamp);
+  m.def("_set_cache_runtime_tag", &disk_cache::set_runtime_tag, py::arg("tag"));
   m.def("_set_target", &set_target, py::arg("params"));
   m.def("_chip", &chip_dict);
   m.def("_set_spyre_target", &set_spyre_target, py::arg("params"));
