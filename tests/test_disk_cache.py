@@ -1,0 +1,219 @@
+"""The on-disk cache (TORCH_TPU_CACHE_DIR / torch_tpu_eager.set_cache_dir).
+
+Each scenario runs the same small program (an elementwise chain, softmax, a
+matmul and one training step of a tiny MLP) in fresh processes sharing a
+cache directory, and checks the counters of metrics() and the results (against
+CPU PyTorch, and bitwise between processes: the cache must not change numerics).
+
+What a warm process must report, given the cold one's counters: every entry
+the cold process appended is found on disk (disk_cache_hits == cold
+disk_cache_writes), nothing is compiled or appended, and the only disk misses
+left are the lookups the cold process could not store either (calls whose meta
+kernel rejected them run eagerly and are never cached).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from difftest import requires_tpu
+
+pytestmark = requires_tpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROGRAM = r"""
+import json, sys
+import torch
+import torch.nn.functional as F
+import torch_tpu_eager
+
+def program(dev, x, w, xb, yb, params):
+    x, w, xb, yb = x.to(dev), w.to(dev), xb.to(dev), yb.to(dev)
+    chain = ((x * 2 + 1).sin() * x - 0.5).exp().clamp(max=5.0).tanh()
+    soft = torch.softmax(x, dim=-1)
+    mm = x @ w
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(dev)
+    with torch.no_grad():
+        for p, v in zip(model.parameters(), params):
+            p.copy_(v.to(dev))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loss = F.cross_entropy(model(xb), yb)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    outs = [chain, soft, mm, loss.detach()] + [p.detach() for p in model.parameters()]
+    return [o.cpu() for o in outs]
+
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(0)
+x = torch.randn(8, 16, generator=g)
+w = torch.randn(16, 12, generator=g)
+xb = torch.randn(32, 16, generator=g)
+yb = torch.randint(0, 4, (32,), generator=g)
+ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+params = [p.detach().clone() for p in ref.parameters()]
+cpu = program("cpu", x, w, xb, yb, params)
+torch_tpu_eager.reset_metrics()
+tpu = program("tpu", x, w, xb, yb, params)
+m = torch_tpu_eager.metrics()
+print(json.dumps({
+    "metrics": {k: m[k] for k in ("compiles", "cache_hits", "disk_cache_hits", "disk_cache_misses",
+                                  "disk_cache_writes")},
+    "cpu": [t.tolist() for t in cpu],
+    "tpu": [t.tolist() for t in tpu],
+    "tpu_hex": [[float(v).hex() for v in t.flatten().tolist()] for t in tpu],
+    "stamp": torch_tpu_eager.disk_cache.cache_stamp(),
+    "cache_dir": torch_tpu_eager.cache_dir(),
+}))
+"""
+
+
+def run_program(tmp_path, cache_dir):
+    """Runs PROGRAM in a fresh process; returns (parsed output, stderr)."""
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("TORCH_TPU_CACHE_DIR", None)
+    if cache_dir is not None:
+        env["TORCH_TPU_CACHE_DIR"] = str(cache_dir)
+    out = subprocess.run([sys.executable, str(script)], env=env, cwd=str(tmp_path), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    # Results match CPU PyTorch whatever the cache did.
+    for c, t in zip(res["cpu"], res["tpu"]):
+        torch.testing.assert_close(torch.tensor(t), torch.tensor(c), rtol=1e-5, atol=1e-5)
+    return res, out.stderr
+
+
+def stamp_dir(cache, res):
+    return cache / res["stamp"]
+
+
+def test_warm_process_loads_everything_from_disk(tmp_path):
+    cache = tmp_path / "cache"
+    cold, err = run_program(tmp_path, cache)
+    mc = cold["metrics"]
+    assert mc["compiles"] > 0 and mc["disk_cache_writes"] > 0
+    assert mc["disk_cache_hits"] == 0
+    assert mc["disk_cache_misses"] >= mc["disk_cache_writes"]
+    assert "disk cache" not in err
+    files = sorted(p.name for p in stamp_dir(cache, cold).iterdir())
+    assert files == ["meta.bin", "regions.bin"]
+
+    warm, err = run_program(tmp_path, cache)
+    mw = warm["metrics"]
+    assert mw["compiles"] == 0
+    assert mw["disk_cache_hits"] == mc["disk_cache_writes"]
+    assert mw["disk_cache_writes"] == 0
+    assert mw["disk_cache_misses"] == mc["disk_cache_misses"] - mc["disk_cache_writes"]
+    assert "disk cache" not in err
+    assert warm["tpu_hex"] == cold["tpu_hex"]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damaged_file_warns_and_keeps_its_valid_prefix(tmp_path, damage):
+    cache = tmp_path / "cache"
+    cold, _ = run_program(tmp_path, cache)
+    writes = cold["metrics"]["disk_cache_writes"]
+    meta = stamp_dir(cache, cold) / "meta.bin"
+    data = bytearray(meta.read_bytes())
+    cut = len(data) // 2
+    if damage == "flip":
+        data[cut:cut + 8] = bytes(b ^ 0xFF for b in data[cut:cut + 8])
+    else:
+        data = data[:cut]
+    meta.write_bytes(bytes(data))
+
+    second, err = run_program(tmp_path, cache)
+    assert err.count("is corrupt or truncated") == 1
+    m2 = second["metrics"]
+    assert 0 < m2["disk_cache_hits"] < writes  # the valid prefix (and regions.bin) still serve
+    assert m2["disk_cache_writes"] == writes - m2["disk_cache_hits"]
+    assert second["tpu_hex"] == cold["tpu_hex"]
+
+    # The damaged file was rewritten to its valid prefix, then completed.
+    third, err = run_program(tmp_path, cache)
+    assert "disk cache" not in err
+    assert third["metrics"]["disk_cache_hits"] == writes and third["metrics"]["compiles"] == 0
+
+
+def test_other_version_stamp_is_never_read(tmp_path):
+    cache = tmp_path / "cache"
+    cold, _ = run_program(tmp_path, cache)
+    writes = cold["metrics"]["disk_cache_writes"]
+    # Another build's directory: this build must ignore it and start its own.
+    other = cache / (cold["stamp"] + "-other-build")
+    stamp_dir(cache, cold).rename(other)
+    second, err = run_program(tmp_path, cache)
+    assert second["metrics"]["disk_cache_hits"] == 0
+    assert second["metrics"]["disk_cache_writes"] == writes
+    assert sorted(p.name for p in other.iterdir()) == ["meta.bin", "regions.bin"]
+
+    # Files whose header names another stamp, placed in this build's directory: not read either.
+    for name in ("meta.bin", "regions.bin"):
+        f = stamp_dir(cache, cold) / name
+        data = f.read_bytes()
+        stamp = cold["stamp"].encode()
+        assert stamp in data[:64 + len(stamp)]
+        f.write_bytes(data.replace(stamp, stamp[:-1] + (b"0" if stamp[-1:] != b"0" else b"1"), 1))
+    third, err = run_program(tmp_path, cache)
+    assert third["metrics"]["disk_cache_hits"] == 0
+    assert third["metrics"]["compiles"] == cold["metrics"]["compiles"]
+    assert err.count("is corrupt or truncated") == 1  # one warning per process, not per file
+
+
+def test_unset_dir_writes_nothing(tmp_path):
+    before = sorted(os.listdir(tmp_path))
+    res, err = run_program(tmp_path, None)
+    assert res["cache_dir"] is None
+    assert all(res["metrics"][k] == 0 for k in ("disk_cache_hits", "disk_cache_misses", "disk_cache_writes"))
+    assert sorted(os.listdir(tmp_path)) == sorted(before + ["program.py"])
+    assert "disk cache" not in err
+
+
+def test_unusable_dir_warns_once_and_stays_in_memory(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    res, err = run_program(tmp_path, blocker / "cache")
+    assert err.count("is not usable") == 1
+    assert res["cache_dir"] is None
+    assert res["metrics"]["compiles"] > 0
+    assert all(res["metrics"][k] == 0 for k in ("disk_cache_hits", "disk_cache_misses", "disk_cache_writes"))
+
+
+def test_set_cache_dir_in_process(tmp_path):
+    import torch_tpu_eager
+
+    assert torch_tpu_eager.cache_dir() is None or "TORCH_TPU_CACHE_DIR" in os.environ
+    try:
+        torch_tpu_eager.set_cache_dir(tmp_path / "c")
+        assert torch_tpu_eager.cache_dir() == str(tmp_path / "c")
+        torch_tpu_eager.reset_metrics()
+        # A shape no other test uses, so the in-memory caches miss and the disk is consulted.
+        x = torch.arange(13 * 7, dtype=torch.float32).reshape(13, 7)
+        y = (x.to("tpu") * 3 - 1).relu().sum(dim=1).cpu()
+        torch.testing.assert_close(y, (x * 3 - 1).relu().sum(dim=1))
+        m = torch_tpu_eager.metrics()
+        assert m["disk_cache_writes"] > 0
+        stamp = torch_tpu_eager.disk_cache.cache_stamp()
+        assert (tmp_path / "c" / stamp / "meta.bin").stat().st_size > 0
+
+        with pytest.warns(UserWarning, match="is not usable"):
+            torch_tpu_eager.set_cache_dir(tmp_path / "c" / stamp / "meta.bin" / "sub")
+        assert torch_tpu_eager.cache_dir() is None
+        with pytest.raises(TypeError):
+            torch_tpu_eager.set_cache_dir(3)
+        with pytest.raises(ValueError):
+            torch_tpu_eager.set_cache_dir("")
+    finally:
+        torch_tpu_eager.set_cache_dir(None)
+    assert torch_tpu_eager.cache_dir() is None
+    torch_tpu_eager.reset_metrics()
+    (torch.ones(3, device="tpu") * 5).cpu()
+    assert torch_tpu_eager.metrics()["disk_cache_writes"] == 0
