@@ -41,6 +41,7 @@ uint64_t fnv1a(const void* p, size_t n, uint64_t h = 1469598103934665603ULL) {
 
 struct TableState {
   int fd = -1;
+  pid_t pid = 0;  // process that opened fd: a forked child shares its flock and must reopen
   bool loaded = false;
   bool writable = true;
   std::unordered_map<std::string, std::string> entries;
@@ -146,6 +147,25 @@ bool read_all(int fd, std::string* out) {
 
 int open_table(const std::string& file) { return ::open(file.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644); }
 
+std::string table_file(Table which) { return S().path + "/" + kFileNames[static_cast<int>(which)]; }
+
+// Before an append: reopen the file when this process was forked from the one
+// that opened it (flock is shared across fork), or when another process
+// replaced it (a repair renamed a new file over it; appends to the old inode
+// would be lost). Caller holds mu.
+void refresh_fd_locked(Table which) {
+  TableState& t = S().tables[static_cast<int>(which)];
+  if (t.fd < 0) return;
+  struct stat on_disk, open_file;
+  const bool replaced = stat(table_file(which).c_str(), &on_disk) != 0 || fstat(t.fd, &open_file) != 0 ||
+                        on_disk.st_ino != open_file.st_ino || on_disk.st_dev != open_file.st_dev;
+  if (!replaced && t.pid == ::getpid()) return;
+  ::close(t.fd);
+  t.fd = open_table(table_file(which));
+  t.pid = ::getpid();
+  if (t.fd < 0) t.writable = false;
+}
+
 void close_tables() {
   for (auto& t : S().tables) {
     if (t.fd >= 0) ::close(t.fd);
@@ -175,6 +195,7 @@ std::string open_dir_locked(const std::string& dir) {
   if (err.empty()) {
     for (int t = 0; t < 2; ++t) {
       s.tables[t].fd = open_table(s.path + "/" + kFileNames[t]);
+      s.tables[t].pid = ::getpid();
       if (s.tables[t].fd < 0 && err.empty()) err = s.path + "/" + kFileNames[t] + ": " + std::strerror(errno);
     }
   }
@@ -193,6 +214,8 @@ void load_locked(Table which) {
   TableState& t = s.tables[static_cast<int>(which)];
   if (t.loaded || t.fd < 0) return;
   t.loaded = true;
+  refresh_fd_locked(which);
+  if (t.fd < 0) return;
   if (flock(t.fd, LOCK_EX) != 0) {
     t.writable = false;
     return;
@@ -230,7 +253,7 @@ void load_locked(Table which) {
                                 "; the rest of it is ignored and rewritten");
     // Keep the valid prefix: write it to a temporary file and rename it over
     // the damaged one (atomic for readers; the old inode stays locked by us).
-    const std::string file = s.path + "/" + kFileNames[static_cast<int>(which)];
+    const std::string file = table_file(which);
     const std::string tmp = file + ".tmp." + std::to_string(::getpid());
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     const bool ok = fd >= 0 && write_all(fd, good ? buf.substr(0, good) : header);
@@ -238,6 +261,7 @@ void load_locked(Table which) {
     if (ok && ::rename(tmp.c_str(), file.c_str()) == 0) {
       ::close(t.fd);  // releases the lock on the old inode
       t.fd = open_table(file);
+      t.pid = ::getpid();
       if (t.fd < 0) t.writable = false;
       return;
     }
@@ -315,11 +339,18 @@ bool store(Table table, const std::string& key, const std::string& value) {
   load_locked(table);
   TableState& t = s.tables[static_cast<int>(table)];
   if (!t.writable || t.fd < 0 || t.entries.count(key)) return false;
+  refresh_fd_locked(table);
+  if (t.fd < 0) return false;
   const std::string rec = record_bytes(key, value);
   if (flock(t.fd, LOCK_EX) != 0) return false;
   struct stat st;
   bool ok = false;
-  if (fstat(t.fd, &st) == 0 && st.st_size + static_cast<int64_t>(rec.size()) > kMaxFileBytes) {
+  const bool stat_ok = fstat(t.fd, &st) == 0;
+  if (stat_ok && st.st_size == 0 && !write_all(t.fd, header_bytes(table))) {
+    // A file deleted under us was recreated empty: it needs its header first.
+    warn_once(kWarnWrite, "cannot write to " + s.path + " (" + std::strerror(errno) + "); new entries stay in memory");
+    t.writable = false;
+  } else if (stat_ok && st.st_size + static_cast<int64_t>(rec.size()) > kMaxFileBytes) {
     warn_once(kWarnFull, s.path + " reached " + std::to_string(kMaxFileBytes >> 20) + " MiB; new entries stay in memory");
     t.writable = false;
   } else if (write_all(t.fd, rec)) {
