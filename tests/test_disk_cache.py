@@ -187,10 +187,29 @@ def test_unusable_dir_warns_once_and_stays_in_memory(tmp_path):
     assert all(res["metrics"][k] == 0 for k in ("disk_cache_hits", "disk_cache_misses", "disk_cache_writes"))
 
 
+def test_concurrent_processes_share_a_dir(tmp_path):
+    cache = tmp_path / "cache"
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["TORCH_TPU_CACHE_DIR"] = str(cache)
+    procs = [subprocess.Popen([sys.executable, str(script)], env=env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    assert all("disk cache" not in e for _, e in outs)
+    # Whatever the interleaving, the files hold only whole records: a later process reads every entry.
+    after, err = run_program(tmp_path, cache)
+    assert "disk cache" not in err
+    assert after["metrics"]["compiles"] == 0 and after["metrics"]["disk_cache_writes"] == 0
+    assert after["tpu_hex"] == json.loads(outs[0][0].strip().splitlines()[-1])["tpu_hex"]
+
+
 def test_set_cache_dir_in_process(tmp_path):
     import torch_tpu_eager
 
-    assert torch_tpu_eager.cache_dir() is None or "TORCH_TPU_CACHE_DIR" in os.environ
+    prev = torch_tpu_eager.cache_dir()  # TORCH_TPU_CACHE_DIR of this run, if any: restored below
     try:
         torch_tpu_eager.set_cache_dir(tmp_path / "c")
         assert torch_tpu_eager.cache_dir() == str(tmp_path / "c")
@@ -211,9 +230,73 @@ def test_set_cache_dir_in_process(tmp_path):
             torch_tpu_eager.set_cache_dir(3)
         with pytest.raises(ValueError):
             torch_tpu_eager.set_cache_dir("")
-    finally:
+
         torch_tpu_eager.set_cache_dir(None)
-    assert torch_tpu_eager.cache_dir() is None
+        assert torch_tpu_eager.cache_dir() is None
+        torch_tpu_eager._C._clear_cache()  # the in-memory region cache misses: compiles > 0 below
+        torch_tpu_eager.reset_metrics()
+        z = torch.arange(11 * 5, dtype=torch.float32).reshape(11, 5)
+        torch.testing.assert_close((z.to("tpu") * 5).cpu(), z * 5)
+        m = torch_tpu_eager.metrics()
+        assert m["compiles"] > 0
+        assert all(m[k] == 0 for k in ("disk_cache_hits", "disk_cache_misses", "disk_cache_writes"))
+    finally:
+        torch_tpu_eager.set_cache_dir(prev)
+
+
+
+FORK_PROGRAM = r"""
+import json, os, sys
+import torch
+import torch_tpu_eager
+
+def work(offset):
+    # Shapes no other process in this test uses: every call misses and appends.
+    for n in range(3, 23):
+        x = torch.arange(n * (n + offset), dtype=torch.float32).reshape(n, n + offset)
+        y = ((x.to("tpu") + offset) * 0.5).sum(dim=0).cpu()
+        torch.testing.assert_close(y, ((x + offset) * 0.5).sum(dim=0))
+
+work(0)  # opens and reads the files before the fork
+if sys.argv[1] == "fork":
     torch_tpu_eager.reset_metrics()
-    (torch.ones(3, device="tpu") * 5).cpu()
-    assert torch_tpu_eager.metrics()["disk_cache_writes"] == 0
+    pid = os.fork()
+    if pid == 0:
+        work(100)
+        with open(sys.argv[2], "w") as f:
+            f.write(str(torch_tpu_eager.metrics()["disk_cache_writes"]))
+        os._exit(0)
+    work(200)
+    assert os.waitpid(pid, 0)[1] == 0
+    child = int(open(sys.argv[2]).read())
+else:
+    torch_tpu_eager.reset_metrics()
+    work(100)
+    work(200)
+    child = 0
+m = torch_tpu_eager.metrics()
+print(json.dumps({k: m[k] for k in ("disk_cache_hits", "disk_cache_writes", "compiles")} | {"child_writes": child}))
+"""
+
+
+def test_forked_child_and_parent_share_a_dir(tmp_path):
+    cache = tmp_path / "cache"
+    script = tmp_path / "fork_program.py"
+    script.write_text(FORK_PROGRAM)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["TORCH_TPU_CACHE_DIR"] = str(cache)
+
+    def run(*args):
+        out = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert "disk cache" not in out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    forked = run("fork", str(tmp_path / "child.txt"))
+    assert forked["disk_cache_writes"] > 0 and forked["child_writes"] > 0
+    # A fresh process doing the parent's and the child's work finds all of it on disk.
+    fresh = run("plain")
+    assert fresh["disk_cache_writes"] == 0 and fresh["compiles"] == 0
+    assert fresh["disk_cache_hits"] == forked["disk_cache_writes"] + forked["child_writes"]
