@@ -440,6 +440,8 @@ std::vector<int64_t> meta_key(const c10::OperatorHandle& op, torch::jit::Stack& 
   std::vector<int64_t> k;
   k.reserve(32);
   k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
+  // Type promotion of an integer tensor with a float scalar, and factories, read the default dtype.
+  k.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   try {
     for (size_t i = 0; i < n; ++i) key_ivalue(k, stack[first + i]);
   } catch (const std::invalid_argument&) {
