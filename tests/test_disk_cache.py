@@ -300,3 +300,51 @@ def test_forked_child_and_parent_share_a_dir(tmp_path):
     fresh = run("plain")
     assert fresh["disk_cache_writes"] == 0 and fresh["compiles"] == 0
     assert fresh["disk_cache_hits"] == forked["disk_cache_writes"] + forked["child_writes"]
+
+
+def _fnv1a(data, h=0xCBF29CE484222325):
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def _rewrite_values(path, new_value):
+    """Rewrites every record of a cache file (layout in csrc/jit/disk_cache.h) with
+    value ``new_value(old)`` and a matching checksum; returns the record count."""
+    import struct
+
+    data = path.read_bytes()
+    (stamp_len,) = struct.unpack_from("<I", data, 8)
+    pos = 8 + 4 + stamp_len + 4
+    out, n = bytearray(data[:pos]), 0
+    while pos < len(data):
+        magic, klen, vlen, _ = struct.unpack_from("<IIIQ", data, pos)
+        body = pos + 20
+        key, value = data[body:body + klen], new_value(data[body + klen:body + klen + vlen])
+        out += struct.pack("<IIIQ", magic, klen, len(value), _fnv1a(value, _fnv1a(key))) + key + value
+        pos, n = body + klen + vlen, n + 1
+    path.write_bytes(bytes(out))
+    return n
+
+
+def test_well_formed_but_wrong_entries_are_misses_and_get_replaced(tmp_path):
+    cache = tmp_path / "cache"
+    cold, _ = run_program(tmp_path, cache)
+    writes = cold["metrics"]["disk_cache_writes"]
+    d = stamp_dir(cache, cold)
+    # Checksums match, so the files load without a warning; the values cannot be decoded
+    # (meta: a count out of range) or do not fit their region (regions: 0 ops).
+    n_meta = _rewrite_values(d / "meta.bin", lambda v: b"\xff" * 8)
+    n_regions = _rewrite_values(d / "regions.bin", lambda v: b"\x00" * len(v))
+    assert n_meta + n_regions == writes
+
+    second, err = run_program(tmp_path, cache)
+    assert "disk cache" not in err
+    m2 = second["metrics"]
+    assert m2["disk_cache_hits"] == 0
+    assert m2["compiles"] == cold["metrics"]["compiles"]
+    assert m2["disk_cache_writes"] == writes  # each wrong entry is replaced by a right one
+    assert second["tpu_hex"] == cold["tpu_hex"]
+
+    third, _ = run_program(tmp_path, cache)
+    assert third["metrics"]["disk_cache_hits"] == writes and third["metrics"]["compiles"] == 0

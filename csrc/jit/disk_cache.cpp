@@ -33,7 +33,7 @@ constexpr uint32_t kMaxField = 1u << 20;               // a key or value above 1
 constexpr int64_t kMaxFileBytes = int64_t(64) << 20;   // a shape storm must not fill the disk
 const char* const kFileNames[2] = {"regions.bin", "meta.bin"};
 
-uint64_t fnv1a(const void* p, size_t n, uint64_t h = 1469598103934665603ULL) {
+uint64_t fnv1a(const void* p, size_t n, uint64_t h = 14695981039346656037ULL) {  // FNV-1a 64-bit offset basis
   const auto* b = static_cast<const unsigned char*>(p);
   for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ULL;
   return h;
@@ -239,7 +239,7 @@ void load_locked(Table which) {
           break;
         const uint64_t got = fnv1a(buf.data() + body + head[1], head[2], fnv1a(buf.data() + body, head[1]));
         if (got != sum) break;
-        t.entries.emplace(buf.substr(body, head[1]), buf.substr(body + head[1], head[2]));
+        t.entries[buf.substr(body, head[1])] = buf.substr(body + head[1], head[2]);  // the last record of a key wins
         good = body + head[1] + head[2];
       }
     }
@@ -338,7 +338,8 @@ bool store(Table table, const std::string& key, const std::string& value) {
   std::lock_guard<std::mutex> lock(s.mu);
   load_locked(table);
   TableState& t = s.tables[static_cast<int>(table)];
-  if (!t.writable || t.fd < 0 || t.entries.count(key)) return false;
+  auto known = t.entries.find(key);
+  if (!t.writable || t.fd < 0 || (known != t.entries.end() && known->second == value)) return false;
   refresh_fd_locked(table);
   if (t.fd < 0) return false;
   const std::string rec = record_bytes(key, value);
@@ -360,7 +361,7 @@ bool store(Table table, const std::string& key, const std::string& value) {
     t.writable = false;
   }
   flock(t.fd, LOCK_UN);
-  if (ok) t.entries.emplace(key, value);
+  if (ok) t.entries[key] = value;
   return ok;
 }
 

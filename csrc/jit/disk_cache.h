@@ -29,7 +29,9 @@ bool enabled();
 // callers make keys stable across processes (no addresses).
 bool lookup(Table table, const std::string& key, std::string* value);
 
-// Appends (key, value) to `table`'s file; returns true when written.
+// Appends (key, value) to `table`'s file; returns true when written. A key
+// already stored with another value (one its reader rejected) is replaced:
+// the last record of a key wins when a file is read.
 bool store(Table table, const std::string& key, const std::string& value);
 
 // Sets the directory ("" turns the disk cache off) and drops what was loaded.
