@@ -47,7 +47,9 @@ def test_mark_dynamic_range_compiles_once_and_outside_warns():
         warnings.simplefilter("always")
         got = (base[:150] * 2).sum().cpu()
     torch.testing.assert_close(got, (base.cpu()[:150] * 2).sum())
-    assert tte.metrics()["compiles"] >= 1
+    m = tte.metrics()
+    # A new region: compiled, or loaded from a warm on-disk cache (TORCH_TPU_CACHE_DIR).
+    assert m["compiles"] + m["disk_cache_hits"] >= 1
 
 
 @pytest.mark.parametrize(

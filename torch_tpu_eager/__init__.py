@@ -7,7 +7,8 @@ queue and run, fused, on the simulated TPU when a value reaches the host.
 
 Public API: :func:`metrics`, :func:`reset_metrics`, :func:`synchronize`,
 :class:`EagerMode`, :func:`set_eager_mode`, :func:`set_queue_limits`,
-:func:`op_table`, :func:`set_target` / :func:`get_target` / :func:`list_targets` /
+:func:`op_table`, :func:`set_cache_dir` / :func:`cache_dir` (on-disk cache,
+env var ``TORCH_TPU_CACHE_DIR``), :func:`set_target` / :func:`get_target` / :func:`list_targets` /
 :func:`target_info` (the simulated chip), :class:`profile` (simulated kernel
 profiler), plus ``torch.tpu`` (see :mod:`torch_tpu_eager.device`).
 """
@@ -16,11 +17,14 @@ import torch
 from . import _C
 from ._registration import install as _install
 
+_C._set_cache_runtime_tag(torch.__version__)  # part of the on-disk cache's version stamp
+
 _install()
 
 from .device import EagerMode, get_eager_mode, set_eager_mode, synchronize  # noqa: E402
 from .metrics import metrics, op_table, reset_metrics, set_queue_limits, queue_limits  # noqa: E402
 from .dynamic import mark_dynamic  # noqa: E402
+from .disk_cache import cache_dir, set_cache_dir  # noqa: E402
 from . import spyre  # noqa: E402,F401  (df16 codec: torch_tpu_eager.spyre)
 from .profiler import profile  # noqa: E402
 from .target import get_target, list_targets, set_target, target_info  # noqa: E402
@@ -38,6 +42,8 @@ __all__ = [
     "set_queue_limits",
     "queue_limits",
     "op_table",
+    "set_cache_dir",
+    "cache_dir",
     "profile",
     "set_target",
     "get_target",

@@ -12,8 +12,10 @@
 #include <unordered_set>
 
 #include "executors/executor.h"
+#include "jit/disk_cache.h"
 #include "jit/kernel_trace.h"
 #include "jit/partition.h"
+#include "jit/region_disk_cache.h"
 
 namespace tpu_eager {
 
@@ -139,10 +141,20 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
       }
     }
     if (!compiled) {
-      auto t0 = std::chrono::steady_clock::now();
-      compiled = compile(key, g, r);
-      m.compile_time_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      m.compiles++;
+      // Not in memory: the on-disk cache (TORCH_TPU_CACHE_DIR), then compile.
+      std::string disk_key;
+      if (disk_cache::enabled()) {
+        disk_key = region_disk_key(g, r, ex.target());
+        compiled = load_region(disk_key, key, g, r);
+        (compiled ? m.disk_cache_hits : m.disk_cache_misses)++;
+      }
+      if (!compiled) {
+        auto t0 = std::chrono::steady_clock::now();
+        compiled = compile(key, g, r);
+        m.compile_time_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        m.compiles++;
+        if (!disk_key.empty() && store_region(disk_key, *compiled)) m.disk_cache_writes++;
+      }
       std::lock_guard<std::mutex> lock(g_cache_mu);
       g_cache.emplace(key, compiled);
     }

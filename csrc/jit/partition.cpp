@@ -3,6 +3,7 @@
 
 #include "jit/dynamic_shapes.h"
 
+#include <string>
 #include <unordered_map>
 
 namespace tpu_eager {
@@ -137,12 +138,21 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
   return regions;
 }
 
-uint64_t structural_key(const std::vector<Node>& g, const Region& r) {
+namespace {
+
+// `stable`: name ops by qualified name and overload instead of their schema's
+// address, so the key means the same in every process (the on-disk cache).
+uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable) {
   uint64_t h = 0x51ED270B27A1ULL;
   std::unordered_map<const DeferredStorage*, int> local;  // storages created in this region -> ordinal
   for (size_t p = 0; p < r.nodes.size(); ++p) {
     const Node& n = g[r.nodes[p]];
-    mix(h, reinterpret_cast<uintptr_t>(&n.op.schema()));
+    if (stable) {
+      const auto& schema = n.op.schema();
+      mix(h, std::hash<std::string>()(schema.name() + "." + schema.overload_name()));
+    } else {
+      mix(h, reinterpret_cast<uintptr_t>(&n.op.schema()));
+    }
     for (const auto& in : n.inputs) {
       mix(h, static_cast<uint64_t>(in.arg) * 131 + static_cast<uint64_t>(in.elem + 1));
       auto it = local.find(in.ref.storage.get());
@@ -165,6 +175,12 @@ uint64_t structural_key(const std::vector<Node>& g, const Region& r) {
   }
   return h;
 }
+
+}  // namespace
+
+uint64_t structural_key(const std::vector<Node>& g, const Region& r) { return region_key(g, r, false); }
+
+uint64_t stable_structural_key(const std::vector<Node>& g, const Region& r) { return region_key(g, r, true); }
 
 }  // namespace jit
 }  // namespace tpu_eager

@@ -24,6 +24,10 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
 // kind is part of the key, so a changing learning rate never recompiles.
 uint64_t structural_key(const std::vector<Node>& g, const Region& r);
 
+// The same key with ops named by qualified name and overload instead of by
+// address: equal across processes of one build (the on-disk cache's key).
+uint64_t stable_structural_key(const std::vector<Node>& g, const Region& r);
+
 constexpr size_t kMaxRegionOps = 64;
 
 }  // namespace jit

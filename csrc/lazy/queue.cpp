@@ -86,6 +86,9 @@ void Metrics::add(const Metrics& d) {
   flops += d.flops;
   sim_time_s += d.sim_time_s;
   compile_time_s += d.compile_time_s;
+  disk_cache_hits += d.disk_cache_hits;
+  disk_cache_misses += d.disk_cache_misses;
+  disk_cache_writes += d.disk_cache_writes;
 }
 
 int64_t TensorRef::numel() const {
@@ -176,6 +179,13 @@ void reset_metrics() {
 void count_eager_op(bool fallback) {
   std::lock_guard<std::mutex> lock(Q().mu);
   if (fallback) Q().metrics.fallback_ops++; else Q().metrics.eager_ops++;
+}
+
+void count_disk_cache(int64_t hits, int64_t misses, int64_t writes) {
+  std::lock_guard<std::mutex> lock(Q().mu);
+  Q().metrics.disk_cache_hits += hits;
+  Q().metrics.disk_cache_misses += misses;
+  Q().metrics.disk_cache_writes += writes;
 }
 
 void set_eager_mode(EagerMode m) {

@@ -104,6 +104,11 @@ struct Metrics {
   double flops = 0;                 // useful operations of the regions run (matmul 2*M*N*K)
   double sim_time_s = 0;            // simulated device time, seconds
   double compile_time_s = 0;        // host seconds spent compiling regions
+  // On-disk cache (TORCH_TPU_CACHE_DIR), compiled regions and meta results
+  // together: entries found / not found on disk after an in-memory miss, and appended.
+  int64_t disk_cache_hits = 0;
+  int64_t disk_cache_misses = 0;
+  int64_t disk_cache_writes = 0;
 
   // Adds every counter of `d` (a flush's counters) to this one.
   void add(const Metrics& d);
@@ -125,6 +130,8 @@ std::exception_ptr flush_all(FlushReason reason);
 bool storage_has_pending(const DeferredStorage* s);
 // Counts an op run at record time (eager path) or through the CPU fallback.
 void count_eager_op(bool fallback);
+// Counts on-disk cache lookups and appends made outside a flush (the record path).
+void count_disk_cache(int64_t hits, int64_t misses, int64_t writes);
 // Raises the recorded error of a storage whose value a failed flush could not compute.
 void check_storage_error(const DeferredStorage* s);
 

@@ -13,13 +13,16 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/irange.h>
 
 #include "device/device.h"
 #include "executors/host_runtime.h"
 #include "executors/spyre/spyre.h"
+#include "jit/disk_cache.h"
 #include "lazy/queue.h"
+#include "ops/meta_outcome.h"
 
 namespace tpu_eager {
 namespace {
@@ -156,13 +159,6 @@ bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stac
 // (and on scalar values for a few ops, e.g. arange), so its outcome is cached
 // per (op, argument metadata): PyTorch's Python meta kernels cost ~50 us a call.
 
-struct Geometry {
-  std::vector<int64_t> sizes, strides;
-  int64_t offset = 0;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  bool defined = false;
-};
-
 Geometry geometry_of(const at::Tensor& t) {
   Geometry g;
   if (!t.defined()) return g;
@@ -174,22 +170,45 @@ Geometry geometry_of(const at::Tensor& t) {
   return g;
 }
 
-// What the meta kernel produced: per return, the result geometries; and the
-// geometry of each written single-tensor argument after the call.
-struct MetaOutcome {
-  std::vector<std::vector<Geometry>> returns;  // one entry per return (a list for Tensor[])
-  std::vector<std::pair<int, Geometry>> written;
-  std::vector<std::pair<int, std::vector<Geometry>>> written_lists;
-};
+// The on-disk form of a meta key: the op's qualified name and overload
+// instead of its schema's address, and the default dtype (factories read it).
+std::string meta_disk_key(const c10::FunctionSchema& schema, const std::vector<int64_t>& key) {
+  std::string k = schema.name() + "." + schema.overload_name();
+  k += '\0';
+  const int64_t dflt = static_cast<int64_t>(c10::get_default_dtype_as_scalartype());
+  k.append(reinterpret_cast<const char*>(&dflt), sizeof(dflt));
+  k.append(reinterpret_cast<const char*>(key.data() + 1), (key.size() - 1) * sizeof(int64_t));
+  return k;
+}
 
+// In memory, backed by the optional on-disk cache (jit/disk_cache.h).
 class MetaCache {
  public:
-  const MetaOutcome* find(const std::vector<int64_t>& key) {
+  const MetaOutcome* find(const c10::FunctionSchema& schema, const std::vector<int64_t>& key) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(key);
+      if (it != map_.end()) return &it->second;
+    }
+    if (!disk_cache::enabled()) return nullptr;
+    std::string bytes;
+    MetaOutcome outcome;
+    std::vector<int> aliased(schema.returns().size());
+    for (size_t k = 0; k < aliased.size(); ++k) aliased[k] = aliased_arg(schema, k);
+    if (!disk_cache::lookup(disk_cache::Table::kMeta, meta_disk_key(schema, key), &bytes) ||
+        !decode_outcome(bytes, schema.arguments().size(), aliased, &outcome)) {
+      count_disk_cache(0, 1, 0);
+      return nullptr;
+    }
+    count_disk_cache(1, 0, 0);
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(key);
-    return it == map_.end() ? nullptr : &it->second;
+    if (map_.size() > kMaxEntries) map_.clear();
+    return &map_.emplace(key, std::move(outcome)).first->second;
   }
-  void insert(std::vector<int64_t> key, MetaOutcome outcome) {
+  void insert(const c10::FunctionSchema& schema, std::vector<int64_t> key, MetaOutcome outcome) {
+    if (disk_cache::enabled() &&
+        disk_cache::store(disk_cache::Table::kMeta, meta_disk_key(schema, key), encode_outcome(outcome)))
+      count_disk_cache(0, 0, 1);
     std::lock_guard<std::mutex> lock(mu_);
     if (map_.size() > kMaxEntries) map_.clear();  // bounded: a shape storm must not grow it without end
     map_.emplace(std::move(key), std::move(outcome));
@@ -341,6 +360,8 @@ std::vector<int64_t> meta_key(const c10::OperatorHandle& op, torch::jit::Stack& 
   std::vector<int64_t> k;
   k.reserve(32);
   k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
+  // Type promotion of an integer tensor with a float scalar, and factories, read the default dtype.
+  k.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   try {
     // Ops whose result size is computed from Scalar values.
     const std::string& name = op.schema().name();
@@ -392,7 +413,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
   std::vector<int64_t> key = meta_key(op, *stack, first, nargs);
-  const MetaOutcome* cached = key.empty() ? nullptr : meta_cache().find(key);
+  const MetaOutcome* cached = key.empty() ? nullptr : meta_cache().find(schema, key);
   MetaOutcome computed;
   if (cached == nullptr) {
     torch::jit::Stack meta_stack(stack->begin() + first, stack->end());
@@ -436,7 +457,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
       computed.returns.push_back(std::move(geoms));
     }
     correct_meta_outcome(schema, *stack, first, computed);
-    if (!key.empty()) meta_cache().insert(key, computed);
+    if (!key.empty()) meta_cache().insert(schema, key, computed);
     cached = &computed;
   }
   const MetaOutcome& meta = *cached;

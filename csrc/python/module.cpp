@@ -18,6 +18,7 @@
 #include "executors/tpu/chip.h"
 #include "executors/tpu/cost_model.h"
 #include "executors/tpu/tiling.h"
+#include "jit/disk_cache.h"
 #include "jit/dynamic_shapes.h"
 #include "jit/jit.h"
 #include "jit/kernel_trace.h"
@@ -55,6 +56,9 @@ py::dict metrics_dict() {
   d["flops"] = m.flops;
   d["sim_time_s"] = m.sim_time_s;
   d["compile_time_s"] = m.compile_time_s;
+  d["disk_cache_hits"] = m.disk_cache_hits;
+  d["disk_cache_misses"] = m.disk_cache_misses;
+  d["disk_cache_writes"] = m.disk_cache_writes;
   return d;
 }
 
@@ -309,6 +313,10 @@ PYBIND11_MODULE(_C, m) {
     jit::mark_dynamic(deferred_storage_of(t), t.dim(), dim, lower, upper);
   });
   m.def("_clear_cache", &jit::clear_cache);
+  m.def("_set_cache_dir", &disk_cache::set_dir, py::arg("dir"));
+  m.def("_cache_dir", &disk_cache::dir);
+  m.def("_cache_stamp", &disk_cache::stamp);
+  m.def("_set_cache_runtime_tag", &disk_cache::set_runtime_tag, py::arg("tag"));
   m.def("_set_target", &set_target, py::arg("params"));
   m.def("_chip", &chip_dict);
   // Tiling plans on the active chip without running anything (tests, what-if tables).

@@ -1,0 +1,131 @@
+"""Cold start with and without the on-disk cache (TORCH_TPU_CACHE_DIR).
+
+Each sample is a fresh process that imports torch_tpu_eager and runs the first
+training step of a tiny MLP (64 -> 128 -> 10, batch 32, SGD with momentum), or
+with --program infer its forward pass and loss only.
+It reports the seconds to move the model and batch to "tpu" and build the
+optimizer ("setup"), to record the step (forward, backward, optimizer: this is
+where PyTorch's meta kernels run on an in-memory miss; the first such call in
+a process imports PyTorch's Python meta registrations and their dependencies),
+to flush it (the JIT: partition, region compile or cache lookup, execution),
+and "first", the sum: the time from import to the first trained step.
+Contenders, interleaved: "off" (no cache dir), "cold" (an empty cache dir:
+every entry is looked up, missed and appended) and "warm" (a dir filled by an
+earlier process). Each figure is the median of --repeats processes. Every
+process checks its step against CPU PyTorch.
+
+    python benchmarks/cold_start.py [--repeats 7] [--program train|infer] [--cpu-first]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = r"""
+import json, os, time
+t0 = time.perf_counter()
+import torch
+import torch.nn.functional as F
+import torch_tpu_eager
+t_import = time.perf_counter() - t0
+g = torch.Generator().manual_seed(0)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+cpu_model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+cpu_model.load_state_dict(model.state_dict())
+x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+
+train = os.environ.get("COLD_START_PROGRAM") == "train"
+if train:
+    # PyTorch's optimizer constructor imports torch._dynamo (over a second here): a
+    # cost of every training program, paid before the clock starts.
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1, momentum=0.9)
+
+def cpu_step():
+    # Correctness first: the same program on CPU.
+    cpu_loss = F.cross_entropy(cpu_model(x), y)
+    if train:
+        cpu_loss.backward()
+        cpu_opt.step()
+    return cpu_loss.detach()
+
+cpu_first = os.environ.get("COLD_START_CPU_FIRST") == "1"
+if cpu_first:
+    cpu_loss = cpu_step()  # PyTorch's own CPU kernels warm before the timed step
+t_setup = time.perf_counter()
+model = model.to("tpu")
+if train:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+xd, yd = x.to("tpu"), y.to("tpu")
+torch_tpu_eager.synchronize()
+t1 = time.perf_counter()
+loss = F.cross_entropy(model(xd), yd)
+if train:
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+t2 = time.perf_counter()
+torch_tpu_eager.synchronize()
+t3 = time.perf_counter()
+if not cpu_first:
+    cpu_loss = cpu_step()
+torch.testing.assert_close(loss.cpu(), cpu_loss)
+for p, q in zip(model.parameters(), cpu_model.parameters()):
+    torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+m = torch_tpu_eager.metrics()
+print(json.dumps({"import": t_import, "setup": t1 - t_setup, "record": t2 - t1, "flush": t3 - t2,
+                  "first": t3 - t_setup,
+                  "hits": m["disk_cache_hits"], "compiles": m["compiles"]}))
+"""
+
+
+def run_child(cache_dir, cpu_first=False, program="train"):
+    env = dict(os.environ)
+    env["COLD_START_PROGRAM"] = program
+    env["COLD_START_CPU_FIRST"] = "1" if cpu_first else "0"
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("TORCH_TPU_CACHE_DIR", None)
+    if cache_dir:
+        env["TORCH_TPU_CACHE_DIR"] = cache_dir
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--program", choices=("train", "infer"), default="train",
+                    help="train: one SGD step; infer: the forward pass and loss only (no torch.optim import)")
+    ap.add_argument("--cpu-first", action="store_true",
+                    help="run the CPU reference step before the timed one, so the flush is not billed for "
+                         "the first use of PyTorch's CPU kernels (oneDNN/MKL/OpenMP start-up)")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="tpu_cold_start_")
+    try:
+        warm_dir = os.path.join(tmp, "warm")
+        run_child(warm_dir, args.cpu_first, args.program)  # fills it
+        samples = {"off": [], "cold": [], "warm": []}
+        for r in range(args.repeats):
+            names = list(samples)[r % 3:] + list(samples)[:r % 3]
+            for name in names:
+                d = {"off": None, "cold": os.path.join(tmp, f"cold{r}"), "warm": warm_dir}[name]
+                res = run_child(d, args.cpu_first, args.program)
+                if name == "warm":
+                    assert res["compiles"] == 0 and res["hits"] > 0, res
+                samples[name].append(res)
+        cols = ("import", "setup", "record", "flush", "first")
+        print(f"{'cache':6}" + "".join(f"{c + ' ms':>11}" for c in cols))
+        for name, rows in samples.items():
+            print(f"{name:6}" + "".join(f"{1e3 * statistics.median(r[c] for r in rows):11.1f}" for c in cols))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
