@@ -38,24 +38,36 @@ def test_conv2d_channels_last_input_keeps_channels_last_strides():
     torch.testing.assert_close(t.cpu(), c)
 
 
-@pytest.mark.xfail(strict=True, reason="native_batch_norm_backward with output_mask[0]=False records a defined "
-                                       "grad_input (CPU returns None) and the flush fails with 'src is undefined'; "
-                                       "breaks training a BatchNorm whose input does not require grad")
+# Fixed in record.cpp correct_meta_outcome (masked gradients are undefined, as on CPU).
 def test_batch_norm_weight_grad_when_input_needs_no_grad():
     torch.manual_seed(0)
     img = torch.randn(2, 3, 4, 4)
     w0 = torch.randn(3)
     grads = {}
     for dev in ("cpu", "tpu"):
-        w = w0.to(dev).requires_grad_()
+        w = w0.clone().to(dev).requires_grad_()
         out = F.batch_norm(img.to(dev), None, None, w, None, training=True)
         (out.sin()).sum().backward()
         grads[dev] = w.grad.cpu()
     torch.testing.assert_close(grads["tpu"], grads["cpu"])
 
 
-@pytest.mark.xfail(strict=True, reason="native_batch_norm_backward with output_mask[0]=False returns a tensor "
-                                       "for grad_input where CPU returns None")
+@pytest.mark.parametrize("make", [lambda: torch.nn.BatchNorm2d(3), lambda: torch.nn.BatchNorm2d(3).eval(),
+                                  lambda: torch.nn.InstanceNorm2d(3, affine=True)],
+                         ids=["batch_norm_train", "batch_norm_eval", "instance_norm_affine"])
+def test_norm_module_parameter_grads_when_input_needs_no_grad(make):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 4)
+    grads = {}
+    for dev in ("cpu", "tpu"):
+        torch.manual_seed(1)
+        m = make().to(dev)
+        m(x.to(dev)).sin().sum().backward()
+        grads[dev] = [p.grad.cpu() for p in m.parameters()]
+    for g_tpu, g_cpu in zip(grads["tpu"], grads["cpu"]):
+        torch.testing.assert_close(g_tpu, g_cpu)
+
+
 def test_native_batch_norm_backward_masked_grad_input_is_none():
     torch.manual_seed(0)
     img = torch.randn(2, 3, 4, 4)
@@ -69,3 +81,61 @@ def test_native_batch_norm_backward_masked_grad_input_is_none():
         res[dev] = r
     assert (res["tpu"][0] is None) == (res["cpu"][0] is None)
     torch.testing.assert_close(res["tpu"][1].cpu(), res["cpu"][1])
+
+
+def _raises_at_call(fn):
+    """True when fn() raises before any value is read back (CPU raises at the call)."""
+    try:
+        fn()
+    except RuntimeError:
+        return True
+    return False
+
+
+@pytest.mark.xfail(strict=True, reason="meta cache keys float Scalars by type (record.cpp key_ivalue): after one "
+                                       "valid renorm call, renorm with maxnorm < 0 skips the meta kernel's check "
+                                       "and raises only at flush; CPU raises at the call")
+def test_renorm_negative_maxnorm_raises_at_call_after_a_cached_call():
+    def call(dev, maxnorm):
+        return torch.renorm(torch.ones(3, 3, device=dev), 2, 0, maxnorm)
+    assert _raises_at_call(lambda: call("cpu", -1.0))
+    call("tpu", 1.0).cpu()  # fills the meta cache for (renorm, float Scalar)
+    assert _raises_at_call(lambda: call("tpu", -1.0))
+
+
+@pytest.mark.xfail(strict=True, reason="meta cache keys float Scalars by type: softshrink with lambd < 0 after a "
+                                       "valid call raises only at flush; CPU raises at the call")
+def test_softshrink_negative_lambda_raises_at_call_after_a_cached_call():
+    def call(dev, lambd):
+        return F.softshrink(torch.ones(3, device=dev), lambd)
+    assert _raises_at_call(lambda: call("cpu", -0.5))
+    call("tpu", 0.5).cpu()
+    assert _raises_at_call(lambda: call("tpu", -0.5))
+
+
+@pytest.mark.xfail(strict=True, reason="meta cache keys float Scalars by type: vector_norm of an empty tensor "
+                                       "with ord < 0 after a valid call raises only at flush; CPU raises at the call")
+def test_vector_norm_negative_ord_on_empty_raises_at_call_after_a_cached_call():
+    def call(dev, ord):
+        return torch.linalg.vector_norm(torch.ones(0, device=dev), ord)
+    assert _raises_at_call(lambda: call("cpu", -1.0))
+    call("tpu", 2.0).cpu()
+    assert _raises_at_call(lambda: call("tpu", -1.0))
+
+
+@pytest.mark.xfail(strict=True, reason="errors that CPU kernels throw as std::runtime_error (Scalar overflow in "
+                                       "fill_/full/masked_fill) reach Python at flush without the 'recorded at "
+                                       "file:line' context: region_runner.cpp run_ops only catches c10::Error")
+def test_overflow_error_at_flush_names_the_recording_line():
+    t = torch.full((3,), 300, dtype=torch.int8, device="tpu")  # the line the error must name
+    line = test_overflow_error_at_flush_names_the_recording_line.__code__.co_firstlineno + 1
+    with pytest.raises(RuntimeError, match="without overflow") as info:
+        t.cpu()
+    assert f"{__file__}:{line}" in str(info.value)
+
+
+@pytest.mark.xfail(strict=True, reason="sub of a bool tensor and a Python bool is rejected by CPU at the call; "
+                                       "on tpu the error is deferred to the flush")
+def test_sub_bool_tensor_and_bool_scalar_raises_at_call():
+    assert _raises_at_call(lambda: torch.sub(torch.ones(3, dtype=torch.bool), True))
+    assert _raises_at_call(lambda: torch.sub(torch.ones(3, dtype=torch.bool, device="tpu"), True))

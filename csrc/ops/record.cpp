@@ -334,6 +334,18 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
       }
     }
   }
+  // Backward ops with an output_mask: CPU returns an undefined tensor for each
+  // gradient that is off; native_batch_norm_backward's meta kernel still
+  // returns a grad_input, so the flush would bind an undefined result.
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name() != "output_mask" || first + i >= stack.size() || !stack[first + i].isBoolList()) continue;
+    const auto mask = stack[first + i].toBoolList();
+    for (size_t k = 0; k < mask.size() && k < outcome.returns.size(); ++k)
+      if (!mask.get(k) && outcome.returns[k].size() == 1 &&
+          schema.returns()[k].type()->kind() == c10::TypeKind::TensorType)
+        outcome.returns[k][0] = Geometry();
+  }
 }
 
 // The cache key of a call, or an empty key when some argument is not cacheable.
