@@ -3,6 +3,8 @@
 Every test is an xfail(strict=True) until its bug is fixed: a fix turns it into an
 XPASS failure, so whoever fixes the bug removes the marker.
 """
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -123,12 +125,11 @@ def test_vector_norm_negative_ord_on_empty_raises_at_call_after_a_cached_call():
     assert _raises_at_call(lambda: call("tpu", -1.0))
 
 
-@pytest.mark.xfail(strict=True, reason="errors that CPU kernels throw as std::runtime_error (Scalar overflow in "
-                                       "fill_/full/masked_fill) reach Python at flush without the 'recorded at "
-                                       "file:line' context: region_runner.cpp run_ops only catches c10::Error")
+# Fixed in region_runner.cpp run_ops: CPU kernels' plain std::runtime_error (Scalar
+# overflow in fill_/full/masked_fill) now also names the op and its Python line.
 def test_overflow_error_at_flush_names_the_recording_line():
+    line = sys._getframe().f_lineno + 1
     t = torch.full((3,), 300, dtype=torch.int8, device="tpu")  # the line the error must name
-    line = test_overflow_error_at_flush_names_the_recording_line.__code__.co_firstlineno + 1
     with pytest.raises(RuntimeError, match="without overflow") as info:
         t.cpu()
     assert f"{__file__}:{line}" in str(info.value)
