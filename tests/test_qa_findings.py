@@ -1,7 +1,7 @@
 """Divergences from CPU PyTorch found in a QA pass; each test asserts CPU's behaviour.
 
-Every test is an xfail(strict=True) until its bug is fixed: a fix turns it into an
-XPASS failure, so whoever fixes the bug removes the marker.
+Open bugs are xfail(strict=True): a fix turns one into an XPASS failure, so whoever
+fixes the bug removes the marker. Tests without a marker are bugs already fixed.
 """
 import sys
 
@@ -12,20 +12,30 @@ import torch.nn.functional as F
 import torch_tpu_eager  # registers the "tpu" device
 
 
-@pytest.mark.xfail(strict=True, reason="sort with a non-contiguous out= writes the values as if out were "
-                                       "contiguous and restrides the out tensors (record.cpp adopt_geometry "
-                                       "takes the meta twin's strides)")
-def test_sort_into_transposed_out_matches_cpu():
+# Fixed in record.cpp correct_meta_outcome: sort's meta kernel restrided a same-shaped out=.
+@pytest.mark.parametrize("stable", [False, True])
+def test_sort_into_transposed_out_matches_cpu(stable):
     x = torch.tensor([[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]])
     got = {}
     for dev in ("cpu", "tpu"):
         v = torch.zeros(3, 2, device=dev)
         i = torch.zeros(3, 2, dtype=torch.long, device=dev)
-        r = torch.sort(x.to(dev), 1, out=(v.t(), i.t()))
+        r = torch.sort(x.to(dev), stable=stable, dim=1, out=(v.t(), i.t()))
         got[dev] = (r[0].stride(), v.cpu(), i.cpu())
     assert got["tpu"][0] == got["cpu"][0]
     torch.testing.assert_close(got["tpu"][1], got["cpu"][1])
     torch.testing.assert_close(got["tpu"][2], got["cpu"][2])
+
+
+def test_msort_into_strided_out_matches_cpu():
+    x = torch.tensor([3.0, 1.0, 2.0, 0.0])
+    got = {}
+    for dev in ("cpu", "tpu"):
+        buf = torch.full((8,), -1.0, device=dev)
+        r = torch.msort(x.to(dev), out=buf[::2])
+        got[dev] = (r.stride(), buf.cpu())
+    assert got["tpu"][0] == got["cpu"][0]
+    torch.testing.assert_close(got["tpu"][1], got["cpu"][1])
 
 
 @pytest.mark.xfail(strict=True, reason="conv2d of a channels_last input returns a contiguous (NCHW) result; "
@@ -94,9 +104,8 @@ def _raises_at_call(fn):
     return False
 
 
-@pytest.mark.xfail(strict=True, reason="meta cache keys float Scalars by type (record.cpp key_ivalue): after one "
-                                       "valid renorm call, renorm with maxnorm < 0 skips the meta kernel's check "
-                                       "and raises only at flush; CPU raises at the call")
+# Fixed in record.cpp key_ivalue: float Scalars keyed by type also key their sign and
+# finiteness (value_class), which is what meta kernels check.
 def test_renorm_negative_maxnorm_raises_at_call_after_a_cached_call():
     def call(dev, maxnorm):
         return torch.renorm(torch.ones(3, 3, device=dev), 2, 0, maxnorm)
@@ -105,8 +114,6 @@ def test_renorm_negative_maxnorm_raises_at_call_after_a_cached_call():
     assert _raises_at_call(lambda: call("tpu", -1.0))
 
 
-@pytest.mark.xfail(strict=True, reason="meta cache keys float Scalars by type: softshrink with lambd < 0 after a "
-                                       "valid call raises only at flush; CPU raises at the call")
 def test_softshrink_negative_lambda_raises_at_call_after_a_cached_call():
     def call(dev, lambd):
         return F.softshrink(torch.ones(3, device=dev), lambd)
@@ -115,8 +122,6 @@ def test_softshrink_negative_lambda_raises_at_call_after_a_cached_call():
     assert _raises_at_call(lambda: call("tpu", -0.5))
 
 
-@pytest.mark.xfail(strict=True, reason="meta cache keys float Scalars by type: vector_norm of an empty tensor "
-                                       "with ord < 0 after a valid call raises only at flush; CPU raises at the call")
 def test_vector_norm_negative_ord_on_empty_raises_at_call_after_a_cached_call():
     def call(dev, ord):
         return torch.linalg.vector_norm(torch.ones(0, device=dev), ord)
