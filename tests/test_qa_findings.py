@@ -140,11 +140,18 @@ def test_overflow_error_at_flush_names_the_recording_line():
     assert f"{__file__}:{line}" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="sub of a bool tensor and a Python bool is rejected by CPU at the call; "
-                                       "on tpu the error is deferred to the flush")
-def test_sub_bool_tensor_and_bool_scalar_raises_at_call():
+# Fixed in record.cpp cpu_checks_at_call_time: sub/rsub with a bool operand runs CPU's check at the call.
+def test_sub_with_a_bool_operand_raises_at_call():
     assert _raises_at_call(lambda: torch.sub(torch.ones(3, dtype=torch.bool), True))
     assert _raises_at_call(lambda: torch.sub(torch.ones(3, dtype=torch.bool, device="tpu"), True))
+    assert _raises_at_call(lambda: torch.ones(3, dtype=torch.bool, device="tpu").sub_(True))
+    assert _raises_at_call(lambda: torch.rsub(torch.ones(3, dtype=torch.bool, device="tpu"), True))
+    # CPU also rejects a bool on either side with a non-bool tensor.
+    assert _raises_at_call(lambda: torch.sub(torch.arange(3), True))
+    assert _raises_at_call(lambda: torch.sub(torch.arange(3, device="tpu"), True))
+    assert _raises_at_call(lambda: torch.sub(torch.ones(3, dtype=torch.bool, device="tpu"), 1))
+    # Without a bool the op still records and matches CPU.
+    torch.testing.assert_close(torch.sub(torch.arange(3, device="tpu"), 1).cpu(), torch.sub(torch.arange(3), 1))
 
 
 @pytest.fixture

@@ -149,6 +149,14 @@ bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stac
     return c10::isIntegralType(base.toTensor().scalar_type(), true) && exp.toScalar().isIntegral(false) &&
            exp.toScalar().toLong() < 0;
   }
+  // sub/rsub with a bool operand: CPU's sub_check rejects it at the call, but
+  // the meta kernel lets a Python bool through (a Scalar there, not a bool tensor).
+  if (schema.name() == "aten::sub" || schema.name() == "aten::sub_" || schema.name() == "aten::rsub") {
+    auto is_bool = [](const c10::IValue& v) {
+      return v.isBool() || (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kBool);
+    };
+    return is_bool(stack[first]) || is_bool(stack[first + 1]);
+  }
   return false;
 }
 
