@@ -5,6 +5,8 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <stdexcept>
+#include <typeinfo>
 #include <unordered_set>
 
 #include <ATen/ops/empty.h>
@@ -180,6 +182,14 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       e.add_context("while running " + op_display_name(n) + " recorded at " +
                     (n.where.empty() ? std::string("<unknown>") : n.where) + " (in " + compiled.name + ")");
       throw;
+    } catch (const std::runtime_error& e) {
+      // Some CPU kernels throw a plain std::runtime_error (c10::checked_convert's
+      // "value cannot be converted ... without overflow"); it also gets the
+      // location. Subclasses keep their own type (Python maps them differently).
+      if (typeid(e) != typeid(std::runtime_error)) throw;
+      throw std::runtime_error(std::string(e.what()) + " (while running " + op_display_name(n) + " recorded at " +
+                               (n.where.empty() ? std::string("<unknown>") : n.where) + " (in " + compiled.name +
+                               "))");
     }
     for (size_t j = 0; j < n.outputs.size(); ++j) {
       const bool materialize = region.materialize[p][j];

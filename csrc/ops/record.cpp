@@ -2,6 +2,7 @@
 #include "ops/record.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -151,6 +152,14 @@ bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stac
     return c10::isIntegralType(base.toTensor().scalar_type(), true) && exp.toScalar().isIntegral(false) &&
            exp.toScalar().toLong() < 0;
   }
+  // sub/rsub with a bool operand: CPU's sub_check rejects it at the call, but
+  // the meta kernel lets a Python bool through (a Scalar there, not a bool tensor).
+  if (schema.name() == "aten::sub" || schema.name() == "aten::sub_" || schema.name() == "aten::rsub") {
+    auto is_bool = [](const c10::IValue& v) {
+      return v.isBool() || (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kBool);
+    };
+    return is_bool(stack[first]) || is_bool(stack[first + 1]);
+  }
   return false;
 }
 
@@ -246,8 +255,18 @@ void key_tensor(std::vector<int64_t>& k, const at::Tensor& t) {
   k.push_back(t.storage_offset());
 }
 
+// Sign and finiteness of a float Scalar keyed by type: meta kernels check
+// these (renorm's maxnorm >= 0, softshrink's lambd >= 0, vector_norm's ord < 0
+// or inf on an empty tensor), and they stay the same across optimizer steps.
+int64_t value_class(double d) {
+  if (std::isnan(d)) return 0;
+  if (std::isinf(d)) return d > 0 ? 1 : 2;
+  if (d == 0) return 3;
+  return d > 0 ? 4 : 5;
+}
+
 // `float_values`: key floating-point values by value. Otherwise (Scalar
-// arguments) only their type enters the key: a Scalar's value never shapes a result except for the
+// arguments) only their type (and value_class) enters the key: a Scalar's value never shapes a result except for the
 // range factories, and keying it made every step of an optimizer whose
 // scalars change (Adam's bias corrections, a learning-rate schedule) rerun
 // the Python meta kernels (~50 us an op).
@@ -265,6 +284,7 @@ void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v, bool float_values
     k.push_back(v.toInt());
   } else if (v.isDouble() && !float_values) {
     k.push_back(-28);
+    k.push_back(value_class(v.toDouble()));
   } else if (v.isDouble()) {
     k.push_back(-4);
     const double d = v.toDouble();
@@ -282,6 +302,7 @@ void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v, bool float_values
       k.push_back(sc.toLong());
     } else if (sc.isFloatingPoint() && !float_values) {
       k.push_back(-29);
+      k.push_back(value_class(sc.toDouble()));
     } else if (sc.isFloatingPoint()) {
       const double d = sc.toDouble();
       int64_t bits;
@@ -352,6 +373,32 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
         g.strides = {1};
       }
     }
+  }
+  // sort's out=: the meta kernel restrides values/indices to the input's
+  // layout even when they already have the right shape; CPU keeps the given
+  // strides (it only restrides an out= tensor it has to resize).
+  if (name == "aten::sort" &&
+      (schema.overload_name() == "values" || schema.overload_name() == "values_stable")) {
+    for (auto& w : outcome.written) {
+      const size_t i = first + static_cast<size_t>(w.first);
+      if (i >= stack.size() || !stack[i].isTensor() || !w.second.defined) continue;
+      const at::Tensor& t = stack[i].toTensor();
+      if (!t.sizes().equals(w.second.sizes)) continue;
+      w.second.strides = t.strides().vec();
+      w.second.offset = t.storage_offset();
+    }
+  }
+  // Backward ops with an output_mask: CPU returns an undefined tensor for each
+  // gradient that is off; native_batch_norm_backward's meta kernel still
+  // returns a grad_input, so the flush would bind an undefined result.
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name() != "output_mask" || first + i >= stack.size() || !stack[first + i].isBoolList()) continue;
+    const auto mask = stack[first + i].toBoolList();
+    for (size_t k = 0; k < mask.size() && k < outcome.returns.size(); ++k)
+      if (!mask.get(k) && outcome.returns[k].size() == 1 &&
+          schema.returns()[k].type()->kind() == c10::TypeKind::TensorType)
+        outcome.returns[k][0] = Geometry();
   }
 }
 
