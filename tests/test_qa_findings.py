@@ -162,9 +162,6 @@ def spyre_target():
     torch_tpu_eager.set_target(prev)
 
 
-@pytest.mark.xfail(strict=True, reason="Spyre layout marks a view 'loaded' when an op of the region reads it, even "
-                                       "after a fill_/zero_/arange.out of the same region wrote it first: the job "
-                                       "plan copies an uninitialized buffer in (H2D) and the schedule counts its load")
 def test_spyre_job_plan_has_no_h2d_for_values_the_flush_creates(spyre_target):
     from torch_tpu_eager import spyre
     # Every value of this flush is created on the device (zero_, then add):

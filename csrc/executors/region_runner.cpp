@@ -20,18 +20,6 @@ namespace tpu_eager {
 namespace host {
 namespace {
 
-// True when op `n` reads the current value of its written argument `in`:
-// out= arguments and the self of ops that overwrite it entirely are only written.
-bool reads_written_value(const Node& n, const InputSlot& in) {
-  const auto& schema = n.op.schema();
-  if (in.arg < static_cast<int>(schema.arguments().size()) && schema.arguments()[in.arg].is_out()) return false;
-  if (in.arg != 0) return true;
-  static const std::unordered_set<std::string> overwrite = {
-      "fill_", "zero_", "normal_", "uniform_", "random_", "exponential_",
-      "geometric_", "cauchy_", "log_normal_", "bernoulli_", "copy_"};
-  return !overwrite.count(schema.name().substr(6));
-}
-
 // Identity of a view for counting HBM traffic once per region.
 using ViewKey = std::tuple<const DeferredStorage*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>;
 ViewKey view_key(const TensorRef& r) {
@@ -131,6 +119,18 @@ bool call_direct(const Node& n, const c10::OperatorHandle& out_op, const torch::
 }
 
 }  // namespace
+
+// See region_runner.h: true when op `n` reads the current value of its written argument `in`:
+// out= arguments and the self of ops that overwrite it entirely are only written.
+bool reads_written_value(const Node& n, const InputSlot& in) {
+  const auto& schema = n.op.schema();
+  if (in.arg < static_cast<int>(schema.arguments().size()) && schema.arguments()[in.arg].is_out()) return false;
+  if (in.arg != 0) return true;
+  static const std::unordered_set<std::string> overwrite = {
+      "fill_", "zero_", "normal_", "uniform_", "random_", "exponential_",
+      "geometric_", "cauchy_", "log_normal_", "bernoulli_", "copy_"};
+  return !overwrite.count(schema.name().substr(6));
+}
 
 std::string op_display_name(const Node& n) {
   const auto& schema = n.op.schema();

@@ -42,6 +42,10 @@ class HostRunHooks {
 void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph, HostMemory& mem,
              RegionStats& stats, HostRunHooks& hooks);
 
+// True when op `n` reads the current value of its written argument `in`
+// (false for out= arguments and the self of fill_, zero_, copy_, RNG fills).
+bool reads_written_value(const Node& n, const InputSlot& in);
+
 // "aten::add.Tensor" for messages.
 std::string op_display_name(const Node& n);
 

@@ -5,9 +5,20 @@
 #include <set>
 #include <unordered_set>
 
+#include "executors/region_runner.h"
+
 namespace tpu_eager {
 namespace spyre {
 namespace {
+
+bool is_dense(const TensorRef& r) {
+  int64_t expected = 1;
+  for (size_t d = r.sizes.size(); d-- > 0;) {
+    if (r.sizes[d] != 1 && r.strides[d] != expected) return false;
+    expected *= r.sizes[d];
+  }
+  return true;
+}
 
 RegionLayout::Key key_of(const TensorRef& r) {
   return {r.storage.get(), r.offset, r.sizes, r.strides, static_cast<int>(r.dtype)};
@@ -68,8 +79,15 @@ RegionLayout region_layout(const Region& region, const std::vector<Node>& graph,
     for (const auto& in : n.inputs) {
       LayoutView& v = add(in.ref);
       const bool out_arg = in.arg < static_cast<int>(schema.arguments().size()) && schema.arguments()[in.arg].is_out();
-      if (!v.lx && !produced.count(in.ref.storage.get()) && !(in.written && out_arg)) v.loaded = true;
+      const bool overwrites = in.written && (out_arg || !host::reads_written_value(n, in));
+      if (!v.lx && !produced.count(in.ref.storage.get()) && !overwrites) v.loaded = true;
       if (!v.lx && in.written) v.stored = true;
+      // A whole storage overwritten (zero_, fill_, out=) is a value the region creates.
+      if (overwrites && in.ref.offset == 0 &&
+          in.ref.numel() * static_cast<int64_t>(c10::elementSize(in.ref.dtype)) ==
+              static_cast<int64_t>(in.ref.storage->nbytes) &&
+          is_dense(in.ref))
+        produced.insert(in.ref.storage.get());
     }
     for (size_t j = 0; j < n.outputs.size(); ++j) {
       LayoutView& v = add(n.outputs[j]);
