@@ -125,7 +125,10 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   std::vector<Region> regions = partition(g, live);
   host::HostMemory mem;
   Executor& ex = active_executor();
-  ex.begin_flush();
+  // Every target starts a new flush, so inspection of "the last flush" of an
+  // inactive target (e.g. Spyre's schedule after a TPU flush) is empty.
+  tpu_executor().begin_flush();
+  spyre_executor().begin_flush();
   std::exception_ptr first_error;
   for (const Region& r : regions) {
     uint64_t key = structural_key(g, r);
