@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from difftest import requires_tpu
+from difftest import DEVICE, requires_tpu
 
 pytestmark = requires_tpu
 
@@ -224,3 +224,22 @@ def test_autocast_follows_cuda_policies():
     assert mm.dtype == torch.bfloat16 and ls.dtype == torch.float32
     torch.testing.assert_close(mm.cpu(), ref_mm)
     torch.testing.assert_close(ls.cpu(), ref_ls)
+
+
+@pytest.mark.skipif(DEVICE != "tpu", reason="device memory caching is the tpu allocator's")
+def test_freed_large_blocks_are_reused_and_released():
+    torch.tpu.empty_cache()
+    base = torch.tpu.memory_allocated()
+    a = torch.full((1024, 1024), 3.0, device="tpu")
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() == base + 4 * 2**20
+    del a
+    assert torch.tpu.memory_allocated() == base
+    assert torch.tpu.memory_reserved() >= base + 4 * 2**20  # kept for reuse
+    # A reused block holds the old bytes; zeros and values still match CPU.
+    z = torch.zeros(1024, 1024, device="tpu")
+    assert torch.equal(z.cpu(), torch.zeros(1024, 1024))
+    assert torch.tpu.memory_allocated() == base + 4 * 2**20
+    del z
+    torch.tpu.empty_cache()
+    assert torch.tpu.memory_reserved() == torch.tpu.memory_allocated() == base

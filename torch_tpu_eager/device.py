@@ -158,7 +158,15 @@ def reset_peak_memory_stats(device=None) -> None:
 
 
 def empty_cache() -> None:
-    """Frees cached device memory (the simulator caches none; kept for API parity)."""
+    """Returns the host blocks of freed device tensors, which the device keeps for reuse
+    (as CUDA's caching allocator does), to the C library. Allocated tensors are untouched."""
+    _C._empty_cache()
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes held by the device: :func:`memory_allocated` plus the freed blocks kept for
+    reuse (blocks of 1 MiB or more, at most 512 MiB in all). Freed with :func:`empty_cache`."""
+    return _C._memory_allocated(_index(device)) + _C._cached_bytes()
 
 
 def get_amp_supported_dtype():

@@ -2,6 +2,8 @@
 // capped at the active chip's HBM capacity.
 #include "device/device.h"
 
+#include "device/block_cache.h"
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -62,7 +64,7 @@ struct DeviceAllocator final : c10::Allocator {
     void* data = nullptr;
     if (nbytes > 0) {
       // 64-byte alignment, like CPU's allocator, so vectorized kernels can read it.
-      data = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
+      data = block_alloc(nbytes);
       if (data == nullptr) {
         g_allocated.fetch_sub(n);
         TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu: failed to allocate ", nbytes, " bytes of host memory");
@@ -84,7 +86,7 @@ DeviceAllocator g_allocator;
 }  // namespace
 
 DeferredStorage::~DeferredStorage() {
-  std::free(data);
+  block_free(data, nbytes);
   account_free(nbytes);
 }
 

@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
+#include "device/block_cache.h"
 #include "device/device.h"
 #include "executors/executor.h"
 #include "executors/spyre/card.h"
@@ -365,6 +366,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_trace_size", &jit::trace_size);
   m.def("_memory_allocated", &memory_allocated);
   m.def("_max_memory_allocated", &max_memory_allocated);
+  m.def("_empty_cache", &block_cache_release);
+  m.def("_cached_bytes", &block_cache_bytes);
   m.def("_reset_peak_memory_stats", &reset_peak_memory_stats);
   m.def("_default_generator", [](int index) { return default_device_generator(static_cast<c10::DeviceIndex>(index)); });
   m.def("_op_table", [] {

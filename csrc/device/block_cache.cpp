@@ -1,0 +1,79 @@
+// Host blocks with a cache of freed large blocks (see block_cache.h).
+#include "device/block_cache.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace tpu_eager {
+namespace {
+
+constexpr size_t kCachedMin = size_t{1} << 20;      // smaller blocks: glibc's own bins reuse them
+constexpr size_t kGranule = size_t{4} << 10;        // cache buckets: whole pages
+constexpr int64_t kCacheLimit = int64_t{512} << 20;  // bounded: a shape storm must not hoard memory
+
+struct Cache {
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<void*>> free_blocks;  // rounded size -> blocks
+  int64_t bytes = 0;
+};
+
+Cache& cache() {
+  static auto* c = new Cache();  // never destroyed: storages may die after static destructors
+  return *c;
+}
+
+size_t rounded(size_t nbytes) {
+  return nbytes >= kCachedMin ? (nbytes + kGranule - 1) / kGranule * kGranule : (nbytes + 63) / 64 * 64;
+}
+
+}  // namespace
+
+void* block_alloc(size_t nbytes) {
+  const size_t size = rounded(nbytes);
+  if (size >= kCachedMin) {
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.free_blocks.find(size);
+    if (it != c.free_blocks.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      c.bytes -= static_cast<int64_t>(size);
+      return p;
+    }
+  }
+  return std::aligned_alloc(64, size);
+}
+
+void block_free(void* ptr, size_t nbytes) {
+  if (!ptr) return;
+  const size_t size = rounded(nbytes);
+  if (size >= kCachedMin) {
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.bytes + static_cast<int64_t>(size) <= kCacheLimit) {
+      c.free_blocks[size].push_back(ptr);
+      c.bytes += static_cast<int64_t>(size);
+      return;
+    }
+  }
+  std::free(ptr);
+}
+
+void block_cache_release() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (auto& [size, blocks] : c.free_blocks)
+    for (void* p : blocks) std::free(p);
+  c.free_blocks.clear();
+  c.bytes = 0;
+}
+
+int64_t block_cache_bytes() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.bytes;
+}
+
+}  // namespace tpu_eager
