@@ -55,15 +55,6 @@ void bind_output(const TensorRef& ref, const at::Tensor& result, bool materializ
   mem.bind_temp(s, buf.storage());
 }
 
-bool is_contiguous(const TensorRef& r) {
-  int64_t expected = 1;
-  for (size_t d = r.sizes.size(); d-- > 0;) {
-    if (r.sizes[d] != 1 && r.strides[d] != expected) return false;
-    expected *= r.sizes[d];
-  }
-  return true;
-}
-
 // Out= tensors for op `n` when its CPU kernel can write its results in place:
 // each materialized output is its device buffer, each other output a
 // temporary with the recorded layout. Empty when the op has no out= overload or the
@@ -79,7 +70,7 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
   // _log_softmax_backward_data.out with a strided out, native_batch_norm.out
   // with a strided input give wrong values).
   for (const auto& in : n.inputs)
-    if (!is_contiguous(in.ref)) return {};
+    if (!in.ref.is_dense()) return {};
   const c10::OperatorHandle* op = out_variant(n.op);
   if (!op) return {};
   std::vector<at::Tensor> outs;
@@ -88,7 +79,7 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
     const TensorRef& ref = n.outputs[j];
     if (ref.conj || ref.neg) return {};
     DeferredStorage* s = ref.storage.get();
-    if (ref.offset != 0 || !is_contiguous(ref)) return {};
+    if (ref.offset != 0 || !ref.is_dense()) return {};
     if (region.materialize[p][j]) {
       outs.push_back(view_over(mem.device_buffer(s), ref));
     } else {

@@ -96,6 +96,15 @@ int64_t TensorRef::numel() const {
   for (auto s : sizes) n *= s;
   return n;
 }
+bool TensorRef::is_dense() const {
+  int64_t expected = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] != 1 && strides[d] != expected) return false;
+    expected *= sizes[d];
+  }
+  return true;
+}
+
 int64_t TensorRef::nbytes() const { return numel() * static_cast<int64_t>(c10::elementSize(dtype)); }
 
 TensorRef make_ref(const at::Tensor& t) {

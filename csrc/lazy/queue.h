@@ -46,6 +46,7 @@ struct TensorRef {
 
   int64_t numel() const;
   int64_t nbytes() const;  // numel * itemsize
+  bool is_dense() const;   // row-major contiguous strides (size-1 dims may have any stride)
 };
 TensorRef make_ref(const at::Tensor& t);
 

@@ -28,16 +28,6 @@ State& state() {
   return *s;
 }
 
-std::string device_dtype(c10::ScalarType t) {
-  switch (t) {
-    case c10::kFloat: return "f32";
-    case c10::kHalf:
-    case c10::kBFloat16: return "df16";
-    case c10::kLong: return "i32";
-    default: return c10::toString(t);
-  }
-}
-
 }  // namespace
 
 void job_plan_begin_flush() {
@@ -57,7 +47,7 @@ void job_plan_add_region(const std::string& kernel, const Region& region, const 
     if (it != st.arg_of.end()) return it->second;
     JobArg a;
     a.symbol = "%arg" + std::to_string(st.plan.args.size());
-    a.dtype = device_dtype(r.dtype);
+    a.dtype = device_dtype_name(r.dtype);
     a.numel = static_cast<int64_t>(s->nbytes / std::max<size_t>(1, c10::elementSize(r.dtype)));
     a.sizes = r.sizes;
     a.stick_elems = stick_elems(r.dtype, card);

@@ -24,16 +24,6 @@ std::vector<std::string>& last() {
 }
 std::atomic<int64_t> g_dumped{0};
 
-std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::kFloat: return "f32";
-    case c10::kHalf:
-    case c10::kBFloat16: return "df16";
-    case c10::kLong: return "i32";
-    default: return c10::toString(t);
-  }
-}
-
 std::string list(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -96,7 +86,7 @@ std::string ktir_text(const CompiledRegion& compiled, const Region& region, cons
      << " cores_used=" << L.cores_used << (L.ring_reduce ? " reduce=ring" : "") << " {\n";
   for (size_t v = 0; v < L.views.size(); ++v) {
     const TensorRef& r = *L.views[v].ref;
-    os << "  %" << v << " = view " << (L.views[v].lx ? "LX" : "HBM") << " " << dtype_name(r.dtype)
+    os << "  %" << v << " = view " << (L.views[v].lx ? "LX" : "HBM") << " " << device_dtype_name(r.dtype)
        << " offset=" << r.offset << " sizes=" << list(r.sizes) << " strides=" << list(r.strides) << "\n";
   }
   for (size_t v = 0; v < L.views.size(); ++v) {

@@ -11,15 +11,6 @@ namespace tpu_eager {
 namespace spyre {
 namespace {
 
-bool is_dense(const TensorRef& r) {
-  int64_t expected = 1;
-  for (size_t d = r.sizes.size(); d-- > 0;) {
-    if (r.sizes[d] != 1 && r.strides[d] != expected) return false;
-    expected *= r.sizes[d];
-  }
-  return true;
-}
-
 RegionLayout::Key key_of(const TensorRef& r) {
   return {r.storage.get(), r.offset, r.sizes, r.strides, static_cast<int>(r.dtype)};
 }
@@ -86,7 +77,7 @@ RegionLayout region_layout(const Region& region, const std::vector<Node>& graph,
       if (overwrites && in.ref.offset == 0 &&
           in.ref.numel() * static_cast<int64_t>(c10::elementSize(in.ref.dtype)) ==
               static_cast<int64_t>(in.ref.storage->nbytes) &&
-          is_dense(in.ref))
+          in.ref.is_dense())
         produced.insert(in.ref.storage.get());
     }
     for (size_t j = 0; j < n.outputs.size(); ++j) {
@@ -123,6 +114,16 @@ RegionLayout region_layout(const Region& region, const std::vector<Node>& graph,
   L.cores_used = L.rows > 0 ? (L.rows + L.rows_per_core - 1) / L.rows_per_core : 1;
   for (auto& v : L.views) v.split = L.rows > 0 && !v.ref->sizes.empty() && v.ref->sizes[0] == L.rows;
   return L;
+}
+
+std::string device_dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return "f32";
+    case c10::kHalf:
+    case c10::kBFloat16: return "df16";
+    case c10::kLong: return "i32";
+    default: return c10::toString(t);
+  }
 }
 
 }  // namespace spyre

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -50,6 +51,10 @@ struct RegionLayout {
 // dim 0 and needs a ring reduction; otherwise the split is dim 0 of the last
 // op's first result (or first written argument).
 RegionLayout region_layout(const Region& region, const std::vector<Node>& graph, const CardParams& card);
+
+// The device dtype a host dtype is held as: "f32", "df16" (float16 and
+// bfloat16), "i32" (int64), else c10's name.
+std::string device_dtype_name(c10::ScalarType t);
 
 }  // namespace spyre
 }  // namespace tpu_eager

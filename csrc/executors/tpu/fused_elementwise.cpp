@@ -29,15 +29,6 @@ bool unary_fn(const std::string& name, Fn* fn) {
   return true;
 }
 
-bool is_contiguous(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
-  int64_t expected = 1;
-  for (size_t i = sizes.size(); i-- > 0;) {
-    if (sizes[i] != 1 && strides[i] != expected) return false;
-    expected *= sizes[i];
-  }
-  return true;
-}
-
 // A scalar argument (Python number or 0-dim tensor) as a float constant.
 bool scalar_operand(const c10::IValue& v, Operand* op) {
   if (v.isScalar()) {
@@ -112,7 +103,7 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
       op->value = mem.tensor(r).item<float>();
       return true;
     }
-    if (r.sizes != *shape || r.offset != 0 || !is_contiguous(r.sizes, r.strides)) return false;
+    if (r.sizes != *shape || r.offset != 0 || !r.is_dense()) return false;
     if (it != reg_of.end()) {
       op->kind = Operand::kReg;
       op->index = it->second;
@@ -136,7 +127,7 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
     if (schema.is_mutable() || n.outputs.size() != 1 || n.outputs[0].dtype != at::kFloat) return false;
     const TensorRef& out = n.outputs[0];
     if (!shape) shape = &out.sizes;
-    if (out.sizes != *shape || out.offset != 0 || !is_contiguous(out.sizes, out.strides)) return false;
+    if (out.sizes != *shape || out.offset != 0 || !out.is_dense()) return false;
     const std::string name = schema.name().substr(6);
     const std::string& overload = schema.overload_name();
     if (p + 1 == region.nodes.size() && row_anchor(name, n, &anchor.op)) {
