@@ -24,3 +24,28 @@ if DEVICE == "tpu":
 def dev(request):
     """The device string under test: "tpu", or "cpu" when TPU_TEST_DEVICE=cpu."""
     return request.param
+
+
+@pytest.fixture
+def spyre_target():
+    """Makes "spyre" the active target for one test, then restores the previous one.
+    Yields the torch_tpu_eager module."""
+    import torch_tpu_eager as tte
+
+    before = tte.get_target()
+    tte.set_target("spyre")
+    try:
+        yield tte
+    finally:
+        tte.set_target(before)
+
+
+@pytest.fixture
+def restore_target_and_precision():
+    """Restores the active target and float32 matmul precision after a test."""
+    import torch_tpu_eager as tte
+
+    target, precision = tte.get_target(), torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(precision)
+    tte.set_target(target)

@@ -154,14 +154,6 @@ def test_sub_with_a_bool_operand_raises_at_call():
     torch.testing.assert_close(torch.sub(torch.arange(3, device="tpu"), 1).cpu(), torch.sub(torch.arange(3), 1))
 
 
-@pytest.fixture
-def spyre_target():
-    prev = torch_tpu_eager.get_target()
-    torch_tpu_eager.set_target("spyre")
-    yield
-    torch_tpu_eager.set_target(prev)
-
-
 def test_spyre_job_plan_has_no_h2d_for_values_the_flush_creates(spyre_target):
     from torch_tpu_eager import spyre
     # Every value of this flush is created on the device (zero_, then add):

@@ -12,18 +12,6 @@ from difftest import requires_tpu
 pytestmark = requires_tpu
 
 
-@pytest.fixture
-def spyre_target():
-    import torch_tpu_eager as tte
-
-    before = tte.get_target()
-    tte.set_target("spyre")
-    try:
-        yield tte
-    finally:
-        tte.set_target(before)
-
-
 def _program(x, w, b):
     h = torch.relu(x @ w + b)
     s = torch.softmax(h, dim=-1)

@@ -21,17 +21,6 @@ def _tte():
     return torch_tpu_eager
 
 
-@pytest.fixture
-def spyre_target():
-    tte = _tte()
-    before = tte.get_target()
-    tte.set_target("spyre")
-    try:
-        yield tte
-    finally:
-        tte.set_target(before)
-
-
 def _info():
     return _tte().target_info("spyre")
 

@@ -26,18 +26,6 @@ def _tte():
     return torch_tpu_eager
 
 
-@pytest.fixture
-def spyre_target():
-    """Makes "spyre" the active target for one test, then restores the previous one."""
-    tte = _tte()
-    before = tte.get_target()
-    tte.set_target("spyre")
-    try:
-        yield tte
-    finally:
-        tte.set_target(before)
-
-
 def _program_f32(x, y, w):
     a = torch.relu(x * y + 0.5)
     b = torch.softmax(a, dim=-1)

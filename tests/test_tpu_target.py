@@ -58,12 +58,8 @@ def round_up(x, m):
 
 
 @pytest.fixture(autouse=True)
-def _restore_target_and_precision():
-    tte = _tte()
-    target, precision = tte.get_target(), torch.get_float32_matmul_precision()
+def _restore_target_and_precision(restore_target_and_precision):
     yield
-    torch.set_float32_matmul_precision(precision)
-    tte.set_target(target)
 
 
 def profiled(fn):
