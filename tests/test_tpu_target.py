@@ -15,7 +15,7 @@ import torch
 
 from difftest import requires_tpu
 
-pytestmark = requires_tpu
+pytestmark = [requires_tpu, pytest.mark.usefixtures("restore_target_and_precision")]
 
 TPU_TARGETS = ["tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"]
 
@@ -55,11 +55,6 @@ def tiled_bytes(shape, itemsize):
 
 def round_up(x, m):
     return -(-x // m) * m
-
-
-@pytest.fixture(autouse=True)
-def _restore_target_and_precision(restore_target_and_precision):
-    yield
 
 
 def profiled(fn):

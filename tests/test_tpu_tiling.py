@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from difftest import requires_tpu
 
-pytestmark = requires_tpu
+pytestmark = [requires_tpu, pytest.mark.usefixtures("restore_target_and_precision")]
 
 TPU_TARGETS = ["tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"]
 
@@ -48,11 +48,6 @@ def block_bytes(rows, cols, itemsize):
 
 def item(dtype):
     return torch.empty((), dtype=dtype).element_size()
-
-
-@pytest.fixture(autouse=True)
-def _restore_target_and_precision(restore_target_and_precision):
-    yield
 
 
 def profiled(fn):
