@@ -97,11 +97,11 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
 // and raises CPU's own error if there is one.
 bool call_direct(const Node& n, const c10::OperatorHandle& out_op, const torch::jit::Stack& functional,
                  const std::vector<at::Tensor>& outs) {
-  torch::jit::Stack stack(functional);
-  for (const auto& o : outs) stack.emplace_back(o);
   c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
   try {
     if (run_direct_kernel(n, functional, outs)) return true;
+    torch::jit::Stack stack(functional);
+    for (const auto& o : outs) stack.emplace_back(o);
     out_op.callBoxed(stack);
   } catch (const c10::Error&) {
     return false;
