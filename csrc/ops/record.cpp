@@ -19,6 +19,7 @@
 #include <c10/util/irange.h>
 
 #include "device/device.h"
+#include "device/host_share.h"
 #include "executors/host_runtime.h"
 #include "executors/spyre/spyre.h"
 #include "jit/disk_cache.h"
@@ -643,6 +644,8 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     if (!is_tpu(t)) return;
     TensorRef r = make_ref(t);
     check_storage_error(r.storage.get());
+    const auto* alias = schema.arguments()[arg].alias_info();
+    if (alias && alias->isWrite()) unshare_for_write(r.storage.get());  // copy-on-write of a zero-copy host read
     at::Tensor v = mem.strided(r);
     host::set_tensor_slot(cpu[arg], elem, v);
   });
