@@ -100,6 +100,16 @@ def test_cpu_survives_device_tensor_and_device_memory_is_released():
     assert torch.equal(c, (x + 1) * 2)
 
 
+def test_cpu_resize_then_write():
+    x = torch.randn(ROWS, COLS)
+    y = x.to("tpu") * 2
+    c = y.cpu()
+    c.resize_(ROWS + 1, COLS)  # CPU's resize moves the bytes to a new buffer
+    c[:ROWS].add_(1)
+    assert torch.equal(c[:ROWS], x * 2 + 1)
+    assert torch.equal(y.cpu(), x * 2)
+
+
 def test_two_reads_share_one_buffer_and_stay_independent():
     x = torch.randn(ROWS, COLS)
     y = x.to("tpu") - 1

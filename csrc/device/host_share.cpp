@@ -53,8 +53,9 @@ void release_ctx(void* ctx) { release(static_cast<HostShare*>(ctx)); }
 // The CPU side's materializer (c10/core/StorageMaterializer.h): runs before
 // the first mutable access to a CPU storage that shares a device buffer.
 void materialize_cpu_side(c10::StorageImpl* st) {
+  // A CPU resize_ may have replaced the buffer already (the hook stays set then).
+  if (st->data_ptr().get_deleter() != &release_ctx) return;
   auto* h = static_cast<HostShare*>(st->data_ptr().get_context());
-  TORCH_INTERNAL_ASSERT(st->data_ptr().get_deleter() == &release_ctx, "tpu: unexpected host-share storage");
   // The last holder: nobody else reads the buffer, and a new holder can only
   // come from the device, which no longer has it. Write in place.
   if (h->refs.load(std::memory_order_acquire) == 1) return;
