@@ -23,6 +23,7 @@
 #include "executors/spyre/spyre.h"
 #include "jit/disk_cache.h"
 #include "lazy/queue.h"
+#include "ops/memory_format.h"
 #include "ops/meta_outcome.h"
 
 namespace tpu_eager {
@@ -388,6 +389,8 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
       w.second.offset = t.storage_offset();
     }
   }
+  // Channels-last results: convolution, and kernels that keep their input's format.
+  apply_cpu_memory_format(schema, stack, first, outcome);
   // Backward ops with an output_mask: CPU returns an undefined tensor for each
   // gradient that is off; native_batch_norm_backward's meta kernel still
   // returns a grad_input, so the flush would bind an undefined result.
@@ -476,6 +479,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
     std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
     try {
       c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+      DeviceMetaInference as_cpu;  // Python meta kernels reason as for CPU (device_hint)
       op.callBoxed(meta_stack);
     } catch (...) {
       // The meta kernel rejected the call (or cannot infer a data-dependent
