@@ -25,6 +25,7 @@
 #include "lazy/queue.h"
 #include "ops/memory_format.h"
 #include "ops/meta_outcome.h"
+#include "ops/scalar_checks.h"
 
 namespace tpu_eager {
 namespace {
@@ -160,6 +161,18 @@ bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stac
       return v.isBool() || (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kBool);
     };
     return is_bool(stack[first]) || is_bool(stack[first + 1]);
+  }
+  // A floating-point alpha with an integer self (add_, sub_, ...): CPU's
+  // alpha_check rejects it at the call ("For integral input tensors, argument
+  // alpha must not be a floating point number."); the in-place meta kernels do
+  // not. (With a floating `other` CPU accepts it; running eagerly computes that.)
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    if (schema.arguments()[i].name() != "alpha") continue;
+    const c10::IValue& alpha = stack[first + i];
+    const c10::IValue& self = stack[first];
+    if ((alpha.isDouble() || alpha.isComplexDouble()) && self.isTensor() &&
+        c10::isIntegralType(self.toTensor().scalar_type(), /*includeBool=*/true))
+      return true;
   }
   return false;
 }
@@ -434,6 +447,19 @@ std::vector<int64_t> meta_key(const c10::OperatorHandle& op, torch::jit::Stack& 
 
 at::Tensor fresh_tpu(const Geometry& g) { return fresh_tpu(g.sizes, g.strides, g.dtype); }
 
+// The dtype of an op's first result (a written argument's for in-place and
+// out= ops), or Undefined when it has none.
+c10::ScalarType result_dtype(const c10::FunctionSchema& schema, const MetaOutcome& meta) {
+  if (schema.returns().empty() || meta.returns.empty()) return c10::ScalarType::Undefined;
+  const int a = aliased_arg(schema, 0);
+  if (a < 0) return meta.returns[0].empty() ? c10::ScalarType::Undefined : meta.returns[0][0].dtype;
+  for (const auto& w : meta.written)
+    if (w.first == a) return w.second.dtype;
+  for (const auto& w : meta.written_lists)
+    if (w.first == a && !w.second.empty()) return w.second[0].dtype;
+  return c10::ScalarType::Undefined;
+}
+
 }  // namespace
 
 [[noreturn]] void raise_device_mismatch(const at::Tensor& other) {
@@ -512,6 +538,8 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
     cached = &computed;
   }
   const MetaOutcome& meta = *cached;
+  // CPU's Scalar-to-integer overflow check, on this call's values (the cache keys Scalars by type).
+  check_scalar_args_fit(schema, *stack, first, result_dtype(schema, meta));
   auto written_geometry = [&](int a) -> const Geometry& {
     for (const auto& w : meta.written)
       if (w.first == a) return w.second;
