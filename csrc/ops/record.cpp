@@ -174,6 +174,24 @@ bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stac
         c10::isIntegralType(self.toTensor().scalar_type(), /*includeBool=*/true))
       return true;
   }
+  // (values, indices) out= of the sorts and order statistics (sort, mode,
+  // kthvalue, median, ...): CPU's kernels require int64 indices and values of
+  // the input's dtype; some meta kernels cast instead, so the error would come
+  // at the flush. Such calls run eagerly and raise (or compute) as CPU does.
+  const auto& args = schema.arguments();
+  int values = -1, indices = -1;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* a = args[i].alias_info();
+    if (!args[i].kwarg_only() || !a || !a->isWrite()) continue;
+    if (args[i].name() == "values") values = static_cast<int>(i);
+    if (args[i].name() == "indices") indices = static_cast<int>(i);
+  }
+  if (values >= 0 && indices >= 0 && stack[first].isTensor()) {
+    const c10::IValue& v = stack[first + values];
+    const c10::IValue& ix = stack[first + indices];
+    return (ix.isTensor() && ix.toTensor().scalar_type() != at::kLong) ||
+           (v.isTensor() && v.toTensor().scalar_type() != stack[first].toTensor().scalar_type());
+  }
   return false;
 }
 
