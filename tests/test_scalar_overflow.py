@@ -129,3 +129,23 @@ def test_queue_and_tensors_stay_valid_after_the_error():
     torch.testing.assert_close(a.cpu(), torch.arange(6, dtype=torch.int8))  # untouched
     torch.testing.assert_close(b.cpu(), torch.arange(6, dtype=torch.int8) * 2)
     torch.testing.assert_close(a.fill_(7).cpu(), torch.full((6,), 7, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("op", [
+    lambda d: torch.zeros(3, dtype=torch.int64, device=d).add_(torch.ones(3, dtype=torch.int64, device=d), alpha=2.0),
+    lambda d: torch.zeros(3, dtype=torch.int64, device=d).sub_(torch.ones(3, dtype=torch.int64, device=d), alpha=2.0),
+    lambda d: torch.add(torch.zeros(3, dtype=torch.int8, device=d), 1, alpha=0.5),
+    lambda d: torch.rsub(torch.zeros(3, dtype=torch.int8, device=d), 1, alpha=0.5),
+    lambda d: torch.add(torch.zeros(3, dtype=torch.int64, device=d), torch.ones(3, dtype=torch.int64, device=d),
+                        alpha=2.0, out=torch.empty(3, dtype=torch.int64, device=d)),
+    lambda d: torch.add(torch.zeros(3, dtype=torch.int64, device=d), torch.ones(3, device=d), alpha=2.0),  # CPU accepts
+], ids=["add_", "sub_", "add_scalar", "rsub", "add_out", "int_plus_float_tensor"])
+def test_float_alpha_with_integer_self_behaves_like_cpu_at_the_call(op):
+    # CPU's alpha_check rejects a float alpha for integer inputs at the call.
+    cpu = _outcome(lambda: op("cpu"))
+    pending = torch.ones(2, device="tpu") * 5
+    tpu = _outcome(lambda: op("tpu"))
+    assert tpu[0] == cpu[0], f"cpu: {cpu}, tpu: {tpu}"
+    if cpu[0] == "ok":
+        torch.testing.assert_close(tpu[1], cpu[1])
+    torch.testing.assert_close(pending.cpu(), torch.full((2,), 5.0))

@@ -160,17 +160,35 @@ bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stac
     auto is_bool = [](const c10::IValue& v) {
       return v.isBool() || (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kBool);
     };
-    return is_bool(stack[first]) || is_bool(stack[first + 1]);
+    if (is_bool(stack[first]) || is_bool(stack[first + 1])) return true;
   }
+  // Argument positions the two checks below read, found once per op.
+  struct Positions {
+    int alpha = -1, values = -1, indices = -1;
+  };
+  thread_local std::unordered_map<const c10::FunctionSchema*, Positions> positions;
+  auto found = positions.find(&schema);
+  if (found == positions.end()) {
+    Positions p;
+    const auto& args = schema.arguments();
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].name() == "alpha") p.alpha = static_cast<int>(i);
+      const auto* a = args[i].alias_info();
+      if (!args[i].kwarg_only() || !a || !a->isWrite()) continue;
+      if (args[i].name() == "values") p.values = static_cast<int>(i);
+      if (args[i].name() == "indices") p.indices = static_cast<int>(i);
+    }
+    found = positions.emplace(&schema, p).first;
+  }
+  const Positions& p = found->second;
+  const c10::IValue& self = stack[first];
   // A floating-point alpha with an integer self (add_, sub_, ...): CPU's
   // alpha_check rejects it at the call ("For integral input tensors, argument
   // alpha must not be a floating point number."); the in-place meta kernels do
   // not. (With a floating `other` CPU accepts it; running eagerly computes that.)
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    if (schema.arguments()[i].name() != "alpha") continue;
-    const c10::IValue& alpha = stack[first + i];
-    const c10::IValue& self = stack[first];
-    if ((alpha.isDouble() || alpha.isComplexDouble()) && self.isTensor() &&
+  if (p.alpha >= 0 && self.isTensor()) {
+    const c10::IValue& alpha = stack[first + p.alpha];
+    if ((alpha.isDouble() || alpha.isComplexDouble()) &&
         c10::isIntegralType(self.toTensor().scalar_type(), /*includeBool=*/true))
       return true;
   }
@@ -178,19 +196,11 @@ bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stac
   // kthvalue, median, ...): CPU's kernels require int64 indices and values of
   // the input's dtype; some meta kernels cast instead, so the error would come
   // at the flush. Such calls run eagerly and raise (or compute) as CPU does.
-  const auto& args = schema.arguments();
-  int values = -1, indices = -1;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const auto* a = args[i].alias_info();
-    if (!args[i].kwarg_only() || !a || !a->isWrite()) continue;
-    if (args[i].name() == "values") values = static_cast<int>(i);
-    if (args[i].name() == "indices") indices = static_cast<int>(i);
-  }
-  if (values >= 0 && indices >= 0 && stack[first].isTensor()) {
-    const c10::IValue& v = stack[first + values];
-    const c10::IValue& ix = stack[first + indices];
+  if (p.values >= 0 && p.indices >= 0 && self.isTensor()) {
+    const c10::IValue& v = stack[first + p.values];
+    const c10::IValue& ix = stack[first + p.indices];
     return (ix.isTensor() && ix.toTensor().scalar_type() != at::kLong) ||
-           (v.isTensor() && v.toTensor().scalar_type() != stack[first].toTensor().scalar_type());
+           (v.isTensor() && v.toTensor().scalar_type() != self.toTensor().scalar_type());
   }
   return false;
 }

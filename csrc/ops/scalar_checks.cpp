@@ -71,18 +71,30 @@ bool scalar_of(const c10::IValue& v, bool tensor_value, at::Scalar* out) {
 void check_scalar_args_fit(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
                            c10::ScalarType result) {
   if (!c10::isIntegralType(result, /*includeBool=*/false)) return;
-  std::string name = schema.name().substr(schema.name().find("::") + 2);
-  if (name.size() > 1 && name.back() == '_') name.pop_back();
-  const auto& table = converted_args();
-  auto it = table.find(name);
-  if (it == table.end()) return;
-  const bool tensor_value = name == "masked_fill" || name == "index_fill";
-  const auto& args = schema.arguments();
-  for (size_t i = 0; i < args.size() && first + i < stack.size(); ++i) {
-    bool listed = false;
-    for (const auto& a : it->second) listed = listed || a == args[i].name();
+  // Which arguments to check, once per op (this runs on every recorded call).
+  struct Plan {
+    std::vector<size_t> args;
+    bool tensor_value = false;
+  };
+  thread_local std::unordered_map<const c10::FunctionSchema*, Plan> plans;
+  auto found = plans.find(&schema);
+  if (found == plans.end()) {
+    Plan plan;
+    std::string name = schema.name().substr(schema.name().find("::") + 2);
+    if (name.size() > 1 && name.back() == '_') name.pop_back();
+    auto it = converted_args().find(name);
+    if (it != converted_args().end()) {
+      const auto& args = schema.arguments();
+      for (size_t i = 0; i < args.size(); ++i)
+        for (const auto& a : it->second)
+          if (a == args[i].name()) plan.args.push_back(i);
+      plan.tensor_value = name == "masked_fill" || name == "index_fill";
+    }
+    found = plans.emplace(&schema, std::move(plan)).first;
+  }
+  for (size_t i : found->second.args) {
     at::Scalar s;
-    if (!listed || !scalar_of(stack[first + i], tensor_value, &s)) continue;
+    if (first + i >= stack.size() || !scalar_of(stack[first + i], found->second.tensor_value, &s)) continue;
     // The conversion CPU's kernels make; it throws CPU's own exception and message.
     AT_DISPATCH_INTEGRAL_TYPES(result, "check_scalar_args_fit", [&] { (void)s.to<scalar_t>(); });
   }
