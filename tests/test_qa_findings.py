@@ -184,3 +184,26 @@ def test_mode_with_out_matches_cpu():
         res[dev] = (v.cpu(), i.cpu())
     torch.testing.assert_close(res["tpu"][0], res["cpu"][0])
     torch.testing.assert_close(res["tpu"][1], res["cpu"][1])
+
+
+@pytest.mark.xfail(strict=True, reason="Scalar overflow into a float16/bfloat16 result is checked only for integer "
+                                       "results (ops/scalar_checks.cpp): CPU's kernels convert to the result dtype "
+                                       "or to float (opmath) per kernel, so on tpu the error surfaces at the flush")
+@pytest.mark.parametrize("op", [lambda d: torch.full((3,), 1e6, dtype=torch.half, device=d),
+                                lambda d: torch.clamp(torch.zeros(3, dtype=torch.half, device=d), min=1e6)],
+                         ids=["full", "clamp"])
+def test_float16_overflowing_scalar_raises_at_call(op):
+    assert _raises_at_call(lambda: op("cpu"))
+    assert _raises_at_call(lambda: op("tpu"))
+
+
+@pytest.mark.xfail(strict=True, reason="a dtype a CPU kernel does not implement (hardshrink on int8) raises at the "
+                                       "call on CPU (its AT_DISPATCH); the meta kernel accepts it, so on tpu the "
+                                       "NotImplementedError surfaces at the flush")
+def test_unsupported_dtype_raises_at_call():
+    def call(dev):
+        return F.hardshrink(torch.zeros(3, dtype=torch.int8, device=dev), 0.5)
+    with pytest.raises(NotImplementedError):
+        call("cpu")
+    with pytest.raises(NotImplementedError):
+        call("tpu")
