@@ -13,8 +13,9 @@ namespace tpu_eager {
 // dtype this raises that same error, from the same conversion, for the op's
 // arguments of that kind (stack[first...] holds its arguments). It reads the
 // values themselves, never a cached meta outcome (which keys Scalars by type).
-// Float results are not checked: CPU's kernels convert to an opmath type that
-// differs per kernel (float16 add's alpha goes to float, its fill_ value to half).
+// Float results are not checked: per kernel, CPU converts to the result dtype
+// (fill_, clamp, add's alpha: 1e6 into float16 raises), to float (addmm,
+// addcmul) or not at all (where, threshold's threshold) — tests/test_qa_findings.py.
 void check_scalar_args_fit(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
                            c10::ScalarType result);
 
