@@ -25,6 +25,7 @@
 #include "jit/jit.h"
 #include "jit/kernel_trace.h"
 #include "lazy/queue.h"
+#include "ops/memory_format.h"
 #include "ops/op_table.h"
 #include "python/location.h"
 #include "views/view_chain.h"
@@ -297,6 +298,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu_eager native core: PrivateUse1 device, DeferAndFuse queue, JIT, executors";
   m.def("_register_kernels", &register_device_kernels, "Registers the op table's kernels; returns the overload count.");
   m.def("_install_location_hook", [] { install_python_location_hooks(); });
+  m.def("_in_device_meta_inference", &in_device_meta_inference,
+        "True while the record kernel runs a meta kernel on this thread (meta_hints.py).");
   m.def(
       "_flush",
       [](int reason, bool raise_error) {
