@@ -86,6 +86,43 @@ def test_every_kind_of_device_write_copies_first(write):
     assert torch.equal(c, x)
 
 
+_ALIASED_OUT = {  # out= whose input is another view of the same storage: run eagerly through CPU's kernel
+    "add_data": (lambda x: torch.add(x.data, 1, out=x.data), lambda x: x + 1),
+    "sigmoid_detach": (lambda x: torch.sigmoid(x.detach(), out=x), torch.sigmoid),
+    "mul_view": (lambda x: torch.mul(x.view(ROWS, COLS), 2, out=x), lambda x: x * 2),
+    "where": (lambda x: torch.where(x.detach() > 0, x.detach(), torch.tensor(0.0), out=x),
+              lambda x: torch.where(x > 0, x, torch.tensor(0.0))),
+    "sort": (lambda x: torch.sort(x[:], out=(x, torch.empty(ROWS, COLS, dtype=torch.long, device=x.device))),
+             lambda x: torch.sort(x)[0]),
+    "cumsum": (lambda x: torch.cumsum(x[:], 1, out=x), lambda x: torch.cumsum(x, 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_ALIASED_OUT))
+def test_out_aliasing_its_input_copies_before_the_cpu_kernel_writes(case):
+    run, ref = _ALIASED_OUT[case]
+    x0 = torch.randn(ROWS, COLS)
+    x = x0.to("tpu") * 1
+    c = x.cpu()
+    run(x)
+    assert torch.equal(c, x0)
+    assert torch.equal(x.cpu(), ref(x0))
+
+
+def test_undeclared_writes_of_an_eagerly_run_op_copy_first():
+    # native_batch_norm writes running_mean / running_var though its schema does
+    # not mark them; an input overlapping running_mean makes it run eagerly.
+    n = 262144  # 1 MiB of float32
+    rm0, rv0 = torch.randn(n), torch.rand(n) + 1
+    rm, rv = rm0.to("tpu") * 1, rv0.to("tpu") * 1
+    c = rv.cpu()
+    torch.native_batch_norm(rm.view(1, n), None, None, rm, rv, True, 0.5, 1e-5)
+    rm_ref, rv_ref = rm0.clone(), rv0.clone()
+    torch.native_batch_norm(rm_ref.view(1, n), None, None, rm_ref, rv_ref, True, 0.5, 1e-5)
+    assert torch.equal(c, rv0)
+    torch.testing.assert_close(rv.cpu(), rv_ref, rtol=0, atol=0, equal_nan=True)
+
+
 def test_cpu_survives_device_tensor_and_device_memory_is_released():
     x = torch.randn(ROWS, COLS)
     y = x.to("tpu") + 1

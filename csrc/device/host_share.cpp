@@ -13,6 +13,7 @@
 
 #include "device/block_cache.h"
 #include "device/device.h"
+#include "lazy/queue.h"
 
 namespace tpu_eager {
 
@@ -76,7 +77,10 @@ bool can_share_with_host(const at::Tensor& self) {
 at::Tensor share_with_host(const at::Tensor& self) {
   DeferredStorage* s = deferred_storage_of(self);
   HostShare* h = nullptr;
-  {
+  // Installed while no queued node uses `s`, under the queue lock: a write
+  // recorded by another thread is then either already pending (no share)
+  // or recorded after, and unshares first (lazy/queue.cpp enqueue).
+  const bool idle = run_if_idle(s, [&] {
     std::lock_guard<std::mutex> lock(g_share_mu);
     h = s->host_share.load(std::memory_order_acquire);
     if (h == nullptr) {
@@ -87,7 +91,8 @@ at::Tensor share_with_host(const at::Tensor& self) {
       s->host_share.store(h, std::memory_order_release);
     }
     h->refs.fetch_add(1, std::memory_order_relaxed);
-  }
+  });
+  if (!idle) return at::Tensor();
   const size_t nbytes = self.storage().nbytes();
   g_reads.fetch_add(1, std::memory_order_relaxed);
   g_bytes.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed);

@@ -28,7 +28,8 @@ bool can_share_with_host(const at::Tensor& self);
 
 // A CPU tensor with `self`'s sizes, strides and dtype over `self`'s device
 // buffer, copy-on-write. Requires can_share_with_host(self) and a current
-// buffer (nothing queued writes it).
+// buffer. Returns an undefined tensor when queued ops (recorded meanwhile by
+// another thread) use the storage: the caller copies instead.
 at::Tensor share_with_host(const at::Tensor& self);
 
 // Called before anything writes the buffer of `s`: if CPU tensors share it,

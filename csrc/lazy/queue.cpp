@@ -121,14 +121,16 @@ TensorRef make_ref(const at::Tensor& t) {
 }
 
 void enqueue(Node&& node, int64_t fresh_bytes) {
-  // A storage read to the host without a copy gets its own buffer before
-  // this op can write it (copy-on-write, device/host_share.h).
-  for (const auto& in : node.inputs)
-    if (in.written) unshare_for_write(in.ref.storage.get());
   auto& q = Q();
   FlushReason reason = FlushReason::kCount;
   {
     std::lock_guard<std::mutex> lock(q.mu);
+    // A storage read to the host without a copy gets its own buffer before
+    // this op can write it (copy-on-write, device/host_share.h). Under the
+    // queue lock, so a share is installed either before (and seen here) or
+    // after this node is pending (and then not installed: share_if_idle).
+    for (const auto& in : node.inputs)
+      if (in.written) unshare_for_write(in.ref.storage.get());
     node.seq = q.next_seq++;
     touch(node, +1);
     q.nodes.push_back(std::move(node));
@@ -169,6 +171,13 @@ std::exception_ptr flush_all(FlushReason reason) {
   }
   nodes.clear();  // drop storage references outside the lock
   return error;
+}
+
+bool run_if_idle(const DeferredStorage* s, c10::function_ref<void()> fn) {
+  std::lock_guard<std::mutex> lock(Q().mu);
+  if (s->pending_uses > 0) return false;
+  fn();
+  return true;
 }
 
 bool storage_has_pending(const DeferredStorage* s) {

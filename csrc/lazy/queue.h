@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/FunctionRef.h>
 
 #include "lazy/deferred_storage.h"
 
@@ -129,6 +130,9 @@ void enqueue(Node&& node, int64_t fresh_bytes);
 std::exception_ptr flush_all(FlushReason reason);
 // True when queued nodes still read or write `s` (its host buffer may be stale).
 bool storage_has_pending(const DeferredStorage* s);
+// Runs `fn` under the queue lock when no queued node uses `s` (then nothing
+// can be enqueued meanwhile); returns whether it ran.
+bool run_if_idle(const DeferredStorage* s, c10::function_ref<void()> fn);
 // Counts an op run at record time (eager path) or through the CPU fallback.
 void count_eager_op(bool fallback);
 // Counts on-disk cache lookups and appends made outside a flush (the record path).

@@ -135,7 +135,8 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, 
                             memory_format.value_or(at::MemoryFormat::Preserve) == at::MemoryFormat::Preserve;
   if (to_cpu_as_is && can_share_with_host(self)) {
     make_current(self, FlushReason::kHostRead);
-    if (!storage_has_pending(deferred_storage_of(self))) return share_with_host(self);
+    at::Tensor shared = share_with_host(self);
+    if (shared.defined()) return shared;
   }
   return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, memory_format);
 }

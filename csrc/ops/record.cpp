@@ -511,7 +511,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
 
   if (entry.kind == PrimKind::kSync || !has_meta_kernel(op) || writes_overlapping_memory(schema, entry, *stack, first) ||
       cpu_checks_at_call_time(schema, *stack, first)) {
-    run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false);
+    run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, entry.extra_writes);
     return;
   }
 
@@ -540,7 +540,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
       // The meta kernel rejected the call (or cannot infer a data-dependent
       // shape). Run CPU's own kernel on the current values: it raises exactly
       // the exception CPU raises (type and message), or computes the result.
-      run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false);
+      run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, entry.extra_writes);
       return;
     }
     for (size_t k = 0; k < schema.returns().size(); ++k) {
@@ -690,12 +690,22 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   enqueue(std::move(node), fresh_bytes);
 }
 
-void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool random, bool fallback) {
+void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool random, bool fallback,
+               uint64_t extra_writes) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
   (void)flush_all(fallback ? FlushReason::kCpuFallback : FlushReason::kDataDependent);
   count_eager_op(fallback);
+
+  // Storages this op writes and that CPU tensors share (zero-copy host reads)
+  // get their own buffer first, before any argument's CPU view is built: a
+  // view built earlier (another argument on the same storage) would keep the
+  // shared buffer.
+  const uint64_t writes = written_args(schema) | extra_writes;
+  for_each_tensor(*stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
+    if (is_tpu(t) && arg < 64 && (writes >> arg & 1)) unshare_for_write(deferred_storage_of(t));
+  });
 
   // CPU views over the device buffers: one CPU storage per device storage.
   host::HostMemory mem(/*resizable=*/true);  // CPU kernels may grow out= arguments
@@ -704,8 +714,6 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     if (!is_tpu(t)) return;
     TensorRef r = make_ref(t);
     check_storage_error(r.storage.get());
-    const auto* alias = schema.arguments()[arg].alias_info();
-    if (alias && alias->isWrite()) unshare_for_write(r.storage.get());  // copy-on-write of a zero-copy host read
     at::Tensor v = mem.strided(r);
     host::set_tensor_slot(cpu[arg], elem, v);
   });
