@@ -76,8 +76,9 @@ void make_current(const at::Tensor& t, FlushReason reason) {
 at::Tensor record_copy(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
   static const auto copy_op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
   static const OpEntry entry{"copy_", PrimKind::kData, 0};
+  static const OpPlan* plan = plan_op(copy_op, entry);
   torch::jit::Stack stack{dst, src, non_blocking};
-  record_op(copy_op, entry, &stack);
+  record_op(copy_op, entry, *plan, &stack);
   return dst;
 }
 
@@ -237,12 +238,14 @@ void view_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
 void convolution_kernel(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
   static const auto conv = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
   static const OpEntry entry{"convolution", PrimKind::kMatmul, 0};
-  record_op(conv, entry, stack);
+  static const OpPlan* plan = plan_op(conv, entry);
+  record_op(conv, entry, *plan, stack);
 }
 
 void convolution_backward_kernel(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
   static const auto bwd = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_backward", "");
   static const OpEntry entry{"convolution_backward", PrimKind::kMatmul, 0};
+  static const OpPlan* plan = plan_op(bwd, entry);
   // (grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups, output_mask):
   // convolution_backward also takes the bias sizes (its output channels) after weight.
   const size_t first = stack->size() - 10;
@@ -251,7 +254,7 @@ void convolution_backward_kernel(const c10::OperatorHandle&, c10::DispatchKeySet
   const int64_t groups = (*stack)[first + 8].toInt();
   const int64_t channels = transposed ? weight.size(1) * groups : weight.size(0);
   stack->insert(stack->begin() + static_cast<std::ptrdiff_t>(first + 3), c10::IValue(std::vector<int64_t>{channels}));
-  record_op(bwd, entry, stack);
+  record_op(bwd, entry, *plan, stack);
 }
 
 // ---- the record kernel, one functor per op-table row ----
@@ -259,9 +262,13 @@ void convolution_backward_kernel(const c10::OperatorHandle&, c10::DispatchKeySet
 struct RecordKernel final : c10::OperatorKernel {
   explicit RecordKernel(const OpEntry* e) : entry(e) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    record_op(op, *entry, stack);
+    // The plan needs the op's schema, which the kernel first sees here.
+    std::call_once(planned, [&] { plan = plan_op(op, *entry); });
+    record_op(op, *entry, *plan, stack);
   }
   const OpEntry* entry;
+  std::once_flag planned;
+  const OpPlan* plan = nullptr;
 };
 
 bool fallback_enabled() {

@@ -114,12 +114,10 @@ bool has_meta_kernel(const c10::OperatorHandle& op) {
 // argument. CPU kernels differ in what they allow there (fill_ and index_put_
 // accept it, add_ and copy_ raise), so such calls run eagerly through the CPU
 // kernel, which raises or computes exactly as CPU does. They are rare.
-bool writes_overlapping_memory(const c10::FunctionSchema& schema, const OpEntry& entry, torch::jit::Stack& stack,
-                               size_t first) {
-  const uint64_t writes = written_args(schema) | entry.extra_writes;
+bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack& stack, size_t first) {
   if (writes == 0) return false;
   std::vector<at::Tensor> written, all;
-  for_each_tensor(stack, first, schema.arguments().size(), [&](int arg, int, const at::Tensor& t) {
+  for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
     if (!is_tpu(t)) return;
     if ((writes >> arg) & 1) written.push_back(t);
     all.push_back(t);
@@ -135,18 +133,30 @@ bool writes_overlapping_memory(const c10::FunctionSchema& schema, const OpEntry&
   return false;
 }
 
+// The CPU call-time check an op needs (OpPlan::call_check).
+enum CallCheck : int { kNoCheck = 0, kPowTensorScalar, kPowScalarInPlace, kSubBool };
+
+CallCheck call_check_of(const c10::FunctionSchema& schema) {
+  const std::string& name = schema.name();
+  if (name == "aten::pow" && schema.overload_name().rfind("Tensor_Scalar", 0) == 0) return kPowTensorScalar;
+  if (name == "aten::pow_" && schema.overload_name() == "Scalar") return kPowScalarInPlace;
+  if (name == "aten::sub" || name == "aten::sub_" || name == "aten::rsub") return kSubBool;
+  return kNoCheck;
+}
+
 // Checks CPU kernels make at call time that the meta kernels do not. Such
 // calls run eagerly, so CPU's own kernel raises its error at the call.
 // (Only checks that need no data belong here.)
-bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stack& stack, size_t first) {
+bool cpu_checks_at_call_time(int check, torch::jit::Stack& stack, size_t first) {
+  if (check == kNoCheck) return false;
   // pow(int tensor, negative int scalar): "Integers to negative integer powers are not allowed."
-  if (schema.name() == "aten::pow" && schema.overload_name().rfind("Tensor_Scalar", 0) == 0) {
+  if (check == kPowTensorScalar) {
     const c10::IValue& base = stack[first];
     const c10::IValue& exp = stack[first + 1];
     return base.isTensor() && c10::isIntegralType(base.toTensor().scalar_type(), /*includeBool=*/true) &&
            exp.isScalar() && exp.toScalar().isIntegral(false) && exp.toScalar().toLong() < 0;
   }
-  if (schema.name() == "aten::pow_" && schema.overload_name() == "Scalar") {
+  if (check == kPowScalarInPlace) {
     const c10::IValue& base = stack[first];
     const c10::IValue& exp = stack[first + 1];
     return c10::isIntegralType(base.toTensor().scalar_type(), true) && exp.toScalar().isIntegral(false) &&
@@ -154,7 +164,7 @@ bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stac
   }
   // sub/rsub with a bool operand: CPU's sub_check rejects it at the call, but
   // the meta kernel lets a Python bool through (a Scalar there, not a bool tensor).
-  if (schema.name() == "aten::sub" || schema.name() == "aten::sub_" || schema.name() == "aten::rsub") {
+  if (check == kSubBool) {
     auto is_bool = [](const c10::IValue& v) {
       return v.isBool() || (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kBool);
     };
@@ -403,25 +413,20 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
 }
 
 // The cache key of a call, or an empty key when some argument is not cacheable.
-std::vector<int64_t> meta_key(const c10::OperatorHandle& op, torch::jit::Stack& stack, size_t first, size_t n) {
+std::vector<int64_t> meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Stack& stack,
+                              size_t first, size_t n) {
   std::vector<int64_t> k;
   k.reserve(32);
   k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
   // Type promotion of an integer tensor with a float scalar, and factories, read the default dtype.
   k.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   try {
-    // Ops whose result size is computed from Scalar values.
-    const std::string& name = op.schema().name();
-    const bool float_values = name == "aten::arange" || name == "aten::range" || name == "aten::linspace" ||
-                              name == "aten::logspace";
-    const auto& args = op.schema().arguments();
     for (size_t i = 0; i < n; ++i) {
-      // A Scalar argument (a float Scalar arrives as a double) keys by type;
-      // a `float` argument (eps, p, scale factors) by value.
-      c10::TypePtr t = i < args.size() ? args[i].real_type() : nullptr;
-      if (t && t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
-      const bool scalar_arg = t && t->kind() == c10::TypeKind::NumberType;
-      key_ivalue(k, stack[first + i], float_values || !scalar_arg);
+      // A Scalar argument (a float Scalar arrives as a double) keys by type,
+      // except for the range factories; a `float` argument (eps, p, scale
+      // factors) by value.
+      const bool scalar_arg = i < 64 && ((plan.scalar_args >> i) & 1);
+      key_ivalue(k, stack[first + i], plan.float_values || !scalar_arg);
     }
   } catch (const std::invalid_argument&) {
     k.clear();
@@ -433,12 +438,34 @@ at::Tensor fresh_tpu(const Geometry& g) { return fresh_tpu(g.sizes, g.strides, g
 
 }  // namespace
 
+OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
+  const auto& schema = op.schema();
+  auto* plan = new OpPlan();
+  plan->writes = written_args(schema) | entry.extra_writes;
+  const std::string& name = schema.name();
+  // Ops whose result size is computed from Scalar values.
+  plan->float_values = name == "aten::arange" || name == "aten::range" || name == "aten::linspace" ||
+                       name == "aten::logspace";
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size() && i < 64; ++i) {
+    c10::TypePtr t = args[i].real_type();
+    if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
+    if (t->kind() == c10::TypeKind::NumberType) plan->scalar_args |= uint64_t(1) << i;
+  }
+  plan->call_check = call_check_of(schema);
+  for (size_t k = 0; k < schema.returns().size(); ++k) {
+    plan->aliased.push_back(aliased_arg(schema, k));
+    plan->list_return.push_back(schema.returns()[k].type()->kind() == c10::TypeKind::ListType);
+  }
+  return plan;
+}
+
 [[noreturn]] void raise_device_mismatch(const at::Tensor& other) {
   TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and ",
               other.device(), "!");
 }
 
-void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::Stack* stack) {
+void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
@@ -451,15 +478,18 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
     raise_device_mismatch(t);
   });
 
-  if (entry.kind == PrimKind::kSync || !has_meta_kernel(op) || writes_overlapping_memory(schema, entry, *stack, first) ||
-      cpu_checks_at_call_time(schema, *stack, first)) {
+  if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
+    plan.has_meta.store(true, std::memory_order_relaxed);
+  if (entry.kind == PrimKind::kSync || !plan.has_meta.load(std::memory_order_relaxed) ||
+      writes_overlapping_memory(nargs, plan.writes, *stack, first) ||
+      cpu_checks_at_call_time(plan.call_check, *stack, first)) {
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false);
     return;
   }
 
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
-  std::vector<int64_t> key = meta_key(op, *stack, first, nargs);
+  std::vector<int64_t> key = meta_key(op, plan, *stack, first, nargs);
   const MetaOutcome* cached = key.empty() ? nullptr : meta_cache().find(schema, key);
   MetaOutcome computed;
   if (cached == nullptr) {
@@ -487,7 +517,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
     for (size_t k = 0; k < schema.returns().size(); ++k) {
       std::vector<Geometry> geoms;
       const c10::IValue& mv = meta_stack[k];
-      const int a = aliased_arg(schema, k);
+      const int a = plan.aliased[k];
       if (a >= 0 && meta_args[a].isTensor()) {
         computed.written.emplace_back(a, geometry_of(meta_args[a].toTensor()));
       } else if (a >= 0 && meta_args[a].isTensorList()) {
@@ -522,8 +552,20 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   // 3. The node: tensor arguments become TensorRefs.
   Node node(op);
   node.kind = static_cast<int>(entry.kind);
-  const uint64_t writes = written_args(schema) | entry.extra_writes;
-  node.args.assign(stack->begin() + first, stack->end());
+  const uint64_t writes = plan.writes;
+  // Tensor arguments are not copied: their slots are filled below.
+  node.args.reserve(nargs);
+  size_t ntensors = 0;
+  for (size_t i = first; i < first + nargs; ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor()) {
+      node.args.emplace_back(at::Tensor());  // the slot the recorded tensor left (see below)
+      ++ntensors;
+    } else {
+      node.args.push_back(v);
+    }
+  }
+  node.inputs.reserve(ntensors);
   retarget_device_args(node.args, 0, nargs, c10::DeviceType::CPU);  // the executor runs CPU kernels
   for_each_tensor(*stack, first, nargs, [&](int arg, int elem, const at::Tensor& t) {
     c10::IValue& slot = node.args[arg];
@@ -564,11 +606,15 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   }
 
   // 4. Results: aliases of written arguments, or fresh tpu tensors.
-  std::vector<c10::IValue> results;
-  int64_t fresh_bytes = 0;
   const size_t nret = schema.returns().size();
+  std::vector<c10::IValue> results;
+  results.reserve(nret);
+  node.returns.reserve(nret);
+  node.list_lens.reserve(nret);
+  node.outputs.reserve(nret);
+  int64_t fresh_bytes = 0;
   for (size_t k = 0; k < nret; ++k) {
-    const int a = aliased_arg(schema, k);
+    const int a = plan.aliased[k];
     const auto& geoms = meta.returns[k];
     if (a >= 0) {
       // In-place / out=: return the argument itself, with the geometry the op gave it.
@@ -598,7 +644,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
         results.emplace_back(list);
       }
       node.list_lens.push_back(0);
-    } else if (schema.returns()[k].type()->kind() == c10::TypeKind::ListType) {
+    } else if (plan.list_return[k]) {
       c10::List<at::Tensor> out;
       for (const Geometry& g : geoms) {
         at::Tensor t = fresh_tpu(g);

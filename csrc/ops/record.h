@@ -1,6 +1,10 @@
 // The generic record kernel and the eager (run-at-record-time) path.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
@@ -8,11 +12,27 @@
 
 namespace tpu_eager {
 
+// What recording needs to know about an op's schema, worked out once per op:
+// walking the schema and comparing names on every call cost ~0.1 us an op.
+struct OpPlan {
+  uint64_t writes = 0;           // bit i: argument i is written (schema alias info | OpEntry::extra_writes)
+  uint64_t scalar_args = 0;      // bit i: argument i is a Scalar (or Scalar?): keyed by type, not value
+  bool float_values = false;     // range factories: Scalar values size the result, so key them by value
+  int call_check = 0;            // which CPU call-time check applies (record.cpp, CallCheck)
+  std::vector<int> aliased;      // per return: the argument it aliases, or -1
+  std::vector<bool> list_return; // per return: a Tensor[] result
+  mutable std::atomic<bool> has_meta{false};  // a meta kernel was found (kernels are never removed)
+};
+
+// The plan of `op` recorded with `entry`. Arguments past the 64th are keyed by
+// value (always correct, only less cache reuse).
+OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry);
+
 // Records `op` (arguments on `stack`) into the queue: shape/dtype inference
 // with the op's meta kernel (same call-time errors as CPU), one Node, fresh
 // "tpu" outputs. Ops whose output shape depends on data, or that have no meta
-// kernel, run through run_eager.
-void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::Stack* stack);
+// kernel, run through run_eager. `plan` is plan_op(op, entry).
+void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack);
 
 // Flushes the queue and runs `op` with its CPU kernel on the host buffers,
 // writing results back to "tpu" tensors. Used for data-dependent shapes and
