@@ -438,6 +438,28 @@ at::Tensor fresh_tpu(const Geometry& g) { return fresh_tpu(g.sizes, g.strides, g
 
 }  // namespace
 
+void BorrowedArgs::push(torch::jit::Stack* stack, const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(n_ < kMax && (stack_ == nullptr || stack_ == stack), "BorrowedArgs: too many entries");
+  stack_ = stack;
+  slots_[n_++] = stack->size();
+  stack->emplace_back(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(t));
+}
+
+void BorrowedArgs::own() {
+  for (int i = 0; i < n_; ++i) {
+    c10::IValue& v = (*stack_)[slots_[i]];
+    c10::IValue owned(v);  // takes a reference
+    c10::MaybeOwnedTraits<c10::IValue>::destroyBorrow(v);  // the borrowed entry held none
+    v = std::move(owned);
+  }
+  n_ = 0;
+}
+
+void BorrowedArgs::release() {
+  for (int i = 0; i < n_; ++i) c10::MaybeOwnedTraits<c10::IValue>::destroyBorrow((*stack_)[slots_[i]]);
+  n_ = 0;
+}
+
 OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
   const auto& schema = op.schema();
   auto* plan = new OpPlan();
@@ -465,7 +487,8 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
               other.device(), "!");
 }
 
-void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack) {
+void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack,
+               BorrowedArgs* borrowed) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
@@ -483,6 +506,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   if (entry.kind == PrimKind::kSync || !plan.has_meta.load(std::memory_order_relaxed) ||
       writes_overlapping_memory(nargs, plan.writes, *stack, first) ||
       cpu_checks_at_call_time(plan.call_check, *stack, first)) {
+    if (borrowed) borrowed->own();
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false);
     return;
   }
@@ -493,6 +517,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   const MetaOutcome* cached = key.empty() ? nullptr : meta_cache().find(schema, key);
   MetaOutcome computed;
   if (cached == nullptr) {
+    if (borrowed) borrowed->own();  // the meta call and run_eager copy and drop arguments
     torch::jit::Stack meta_stack(stack->begin() + first, stack->end());
     std::unordered_map<const void*, c10::Storage> meta_storages;
     for_each_tensor(meta_stack, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
@@ -670,6 +695,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   }
   // After adopt_geometry, written inputs snapshot the final geometry.
   node.where = current_location();
+  if (borrowed) borrowed->release();
   torch::jit::drop(*stack, nargs);
   for (auto& r : results) stack->push_back(std::move(r));
   enqueue(std::move(node), fresh_bytes);
