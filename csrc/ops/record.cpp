@@ -337,7 +337,8 @@ void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v, bool float_values
 }
 
 // Replaces "tpu" device arguments of stack[first, first + n) by `type`.
-void retarget_device_args(std::vector<c10::IValue>& stack, size_t first, size_t n, c10::DeviceType type) {
+template <class Stack>
+void retarget_device_args(Stack& stack, size_t first, size_t n, c10::DeviceType type) {
   for (size_t i = first; i < first + n; ++i)
     if (stack[i].isDevice() && stack[i].toDevice().type() == c10::DeviceType::PrivateUse1)
       stack[i] = c10::Device(type);
@@ -412,11 +413,10 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
   }
 }
 
-// The cache key of a call, or an empty key when some argument is not cacheable.
-std::vector<int64_t> meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Stack& stack,
-                              size_t first, size_t n) {
-  std::vector<int64_t> k;
-  k.reserve(32);
+// The cache key of a call into `k`, or an empty key when some argument is not cacheable.
+void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Stack& stack, size_t first, size_t n,
+              std::vector<int64_t>& k) {
+  k.clear();
   k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
   // Type promotion of an integer tensor with a float scalar, and factories, read the default dtype.
   k.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
@@ -431,7 +431,6 @@ std::vector<int64_t> meta_key(const c10::OperatorHandle& op, const OpPlan& plan,
   } catch (const std::invalid_argument&) {
     k.clear();
   }
-  return k;
 }
 
 at::Tensor fresh_tpu(const Geometry& g) { return fresh_tpu(g.sizes, g.strides, g.dtype); }
@@ -513,10 +512,13 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
 
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
-  std::vector<int64_t> key = meta_key(op, plan, *stack, first, nargs);
-  const MetaOutcome* cached = key.empty() ? nullptr : meta_cache().find(schema, key);
+  // The key's buffer is reused by the thread's next op (an allocation less per op).
+  thread_local std::vector<int64_t> key_buffer;
+  meta_key(op, plan, *stack, first, nargs, key_buffer);
+  const MetaOutcome* cached = key_buffer.empty() ? nullptr : meta_cache().find(schema, key_buffer);
   MetaOutcome computed;
   if (cached == nullptr) {
+    const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
     if (borrowed) borrowed->own();  // the meta call and run_eager copy and drop arguments
     torch::jit::Stack meta_stack(stack->begin() + first, stack->end());
     std::unordered_map<const void*, c10::Storage> meta_storages;
@@ -632,7 +634,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
 
   // 4. Results: aliases of written arguments, or fresh tpu tensors.
   const size_t nret = schema.returns().size();
-  std::vector<c10::IValue> results;
+  c10::SmallVector<c10::IValue, 2> results;
   results.reserve(nret);
   node.returns.reserve(nret);
   node.list_lens.reserve(nret);
