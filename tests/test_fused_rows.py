@@ -131,3 +131,25 @@ def test_layer_norm_forward_and_backward_write_device_buffers_like_cpu(shape, no
 
     for got, want in zip(prog("tpu"), prog("cpu")):
         assert torch.equal(got, want)
+
+
+LN_SHAPES = [(1, 1), (5, 3), (9, 8), (13, 17), (3, 127), (5, 129), (2, 3, 1000), (11, 4097), (64, 1024)]
+
+
+@pytest.mark.parametrize("shape", LN_SHAPES)
+@pytest.mark.parametrize("producers", [False, True], ids=["input", "producers"])
+def test_layer_norm_with_weight_and_bias_matches_cpu_exactly(shape, producers):
+    # Rows that end in a partial vector (Welford's scalar tail) and whole vectors; mean and
+    # rstd too, as autograd saves them. torch.equal: the device runs CPU's row arithmetic.
+    n = shape[-1]
+    x = cpu_randn(*shape, seed=20) * 7 + 3
+    w, b = cpu_randn(n, seed=21), cpu_randn(n, seed=22)
+
+    def prog(t, w, b):
+        if producers:
+            t = _prologue(t, t * 0.5)
+        return torch.native_layer_norm(t, (n,), w, b, 1e-5)
+
+    got = [t.cpu() for t in prog(x.to("tpu"), w.to("tpu"), b.to("tpu"))]
+    for g, e in zip(got, prog(x, w, b)):
+        assert torch.equal(g, e)

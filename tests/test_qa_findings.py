@@ -38,8 +38,8 @@ def test_msort_into_strided_out_matches_cpu():
     torch.testing.assert_close(got["tpu"][1], got["cpu"][1])
 
 
-@pytest.mark.xfail(strict=True, reason="conv2d of a channels_last input returns a contiguous (NCHW) result; "
-                                       "CPU returns channels_last strides")
+# Fixed in ops/memory_format.cpp (convolution's format from ATen's backend choice, as CPU's
+# _convolution picks it) and torch_tpu_eager/meta_hints.py; sweep: tests/test_channels_last.py.
 def test_conv2d_channels_last_input_keeps_channels_last_strides():
     torch.manual_seed(0)
     x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
@@ -133,8 +133,12 @@ def test_vector_norm_negative_ord_on_empty_raises_at_call_after_a_cached_call():
 # Fixed in region_runner.cpp run_ops: CPU kernels' plain std::runtime_error (Scalar
 # overflow in fill_/full/masked_fill) now also names the op and its Python line.
 def test_overflow_error_at_flush_names_the_recording_line():
+    # A fill value held in a device tensor is known only at the flush (a Python
+    # Scalar is checked at the call: tests/test_scalar_overflow.py).
+    value = torch.tensor(300, device="tpu")
+    mask = torch.ones(3, dtype=torch.bool, device="tpu")
     line = sys._getframe().f_lineno + 1
-    t = torch.full((3,), 300, dtype=torch.int8, device="tpu")  # the line the error must name
+    t = torch.zeros(3, dtype=torch.int8, device="tpu").masked_fill(mask, value)  # the line the error must name
     with pytest.raises(RuntimeError, match="without overflow") as info:
         t.cpu()
     assert f"{__file__}:{line}" in str(info.value)
@@ -163,16 +167,13 @@ def test_spyre_job_plan_has_no_h2d_for_values_the_flush_creates(spyre_target):
     assert [s for s in steps if s["kind"] == "H2D"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="a Scalar that overflows the result dtype (full/fill_/masked_fill/index_fill "
-                                       "into int8/uint8) is rejected by CPU at the call; the meta kernels do not "
-                                       "check it, so on tpu the error surfaces only at the next flush")
+# Fixed in ops/scalar_checks.cpp (checked at record time); sweep: tests/test_scalar_overflow.py.
 def test_full_with_overflowing_fill_value_raises_at_call():
     assert _raises_at_call(lambda: torch.full((3,), 300, dtype=torch.int8))
     assert _raises_at_call(lambda: torch.full((3,), 300, dtype=torch.int8, device="tpu"))
 
 
-@pytest.mark.xfail(strict=True, reason="torch.mode(..., out=) fails on tpu: mode.values has no tpu kernel and "
-                                       "ATen's composite mode_out accepts only CPU/CUDA/XPU")
+# Fixed by an op-table row (tools/gen_op_table.py composite_reduction_out); sweep: tests/test_out_overloads.py.
 def test_mode_with_out_matches_cpu():
     x = torch.tensor([[1.0, 2.0, 2.0], [3.0, 3.0, 0.0]])
     res = {}
@@ -183,3 +184,26 @@ def test_mode_with_out_matches_cpu():
         res[dev] = (v.cpu(), i.cpu())
     torch.testing.assert_close(res["tpu"][0], res["cpu"][0])
     torch.testing.assert_close(res["tpu"][1], res["cpu"][1])
+
+
+@pytest.mark.xfail(strict=True, reason="Scalar overflow into a float16/bfloat16 result is checked only for integer "
+                                       "results (ops/scalar_checks.cpp): CPU's kernels convert to the result dtype "
+                                       "or to float (opmath) per kernel, so on tpu the error surfaces at the flush")
+@pytest.mark.parametrize("op", [lambda d: torch.full((3,), 1e6, dtype=torch.half, device=d),
+                                lambda d: torch.clamp(torch.zeros(3, dtype=torch.half, device=d), min=1e6)],
+                         ids=["full", "clamp"])
+def test_float16_overflowing_scalar_raises_at_call(op):
+    assert _raises_at_call(lambda: op("cpu"))
+    assert _raises_at_call(lambda: op("tpu"))
+
+
+@pytest.mark.xfail(strict=True, reason="a dtype a CPU kernel does not implement (hardshrink on int8) raises at the "
+                                       "call on CPU (its AT_DISPATCH); the meta kernel accepts it, so on tpu the "
+                                       "NotImplementedError surfaces at the flush")
+def test_unsupported_dtype_raises_at_call():
+    def call(dev):
+        return F.hardshrink(torch.zeros(3, dtype=torch.int8, device=dev), 0.5)
+    with pytest.raises(NotImplementedError):
+        call("cpu")
+    with pytest.raises(NotImplementedError):
+        call("tpu")

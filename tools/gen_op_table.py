@@ -165,6 +165,23 @@ def writes_without_annotation(overload):
     return "0"
 
 
+# out= overloads without a CPU kernel whose CompositeExplicitAutograd kernel
+# accepts only CPU/CUDA/XPU tensors (mode_out checks the device), so on "tpu"
+# they fail while their functional overload records. They are recorded like it:
+# the Meta kernel sizes the out= tensors and the executor runs CPU's composite.
+# Found by comparing, for every recorded reduction/sort, CPU's registered out=
+# overloads with the table; the others' composites call the recorded functional
+# op and copy, which works on "tpu" (tests/test_out_overloads.py sweeps them).
+COMPOSITE_OUT_CPU_ONLY = {"mode.values"}
+
+
+def composite_out_cpu_only(full, overload):
+    """True for a COMPOSITE_OUT_CPU_ONLY overload that still has no CPU kernel
+    and has the Meta kernel the record kernel needs."""
+    return (overload in COMPOSITE_OUT_CPU_ONLY and not C._dispatch_has_kernel_for_dispatch_key(full, "CPU")
+            and C._dispatch_has_kernel_for_dispatch_key(full, "Meta"))
+
+
 def main():
     rows = []
     for full in sorted(C._dispatch_get_all_op_names()):
@@ -173,7 +190,8 @@ def main():
         if C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
             continue
         overload = full[len("aten::"):]
-        if not (C._dispatch_has_kernel_for_dispatch_key(full, "CPU") or composite_pointwise(full, overload)):
+        if not (C._dispatch_has_kernel_for_dispatch_key(full, "CPU") or composite_pointwise(full, overload)
+                or composite_out_cpu_only(full, overload)):
             continue
         if overload in SPECIAL or EXCLUDE.search(overload):
             continue

@@ -21,6 +21,10 @@ _C._set_cache_runtime_tag(torch.__version__)  # part of the on-disk cache's vers
 
 _install()
 
+from . import meta_hints as _meta_hints  # noqa: E402
+
+_meta_hints.install()  # Python meta kernels answer for CPU, whose kernels produce the results
+
 from .device import EagerMode, get_eager_mode, set_eager_mode, synchronize  # noqa: E402
 from .metrics import metrics, op_table, reset_metrics, set_queue_limits, queue_limits  # noqa: E402
 from .dynamic import mark_dynamic  # noqa: E402

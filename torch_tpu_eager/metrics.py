@@ -20,6 +20,11 @@ def metrics() -> dict:
     in-memory miss; a region loaded from disk is not counted in ``compiles``),
     ``disk_cache_writes`` (entries appended to it); the three stay 0 when the
     disk cache is off (:func:`torch_tpu_eager.set_cache_dir`).
+    ``host_reads_shared`` / ``bytes_shared``: reads to the host (``t.cpu()``,
+    ``t.to("cpu")``) that handed the CPU tensor the device buffer itself, copy-on-
+    write, instead of copying it (whole dense storages of at least 1 MiB);
+    ``cow_copies`` / ``cow_bytes``: copies made later because one side wrote a
+    buffer the other still shared.
     Does not flush.
     """
     return _C._metrics()

@@ -3,6 +3,7 @@
 #include "device/device.h"
 
 #include "device/block_cache.h"
+#include "device/host_share.h"
 
 #include <atomic>
 #include <cstdio>
@@ -86,7 +87,8 @@ DeviceAllocator g_allocator;
 }  // namespace
 
 DeferredStorage::~DeferredStorage() {
-  block_free(data, nbytes);
+  // A buffer that CPU tensors still share is freed by the last of them.
+  if (!release_host_share(this)) block_free(data, nbytes);
   account_free(nbytes);
 }
 

@@ -18,6 +18,8 @@
 
 namespace tpu_eager {
 
+struct HostShare;  // device/host_share.cpp
+
 struct DeferredStorage : c10::intrusive_ptr_target {
   DeferredStorage(void* data, size_t nbytes, uint64_t id) : data(data), nbytes(nbytes), id(id) {}
   ~DeferredStorage() override;
@@ -33,6 +35,9 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   // Set when a flush failed to compute this storage's value; reading it
   // re-raises that error (same exception, naming the op and Python line).
   std::exception_ptr error;
+  // Set while CPU tensors share `data` copy-on-write (zero-copy t.cpu(),
+  // device/host_share.h): a write to this storage first calls unshare_for_write.
+  std::atomic<HostShare*> host_share{nullptr};
 };
 
 using StoragePtr = c10::intrusive_ptr<DeferredStorage>;

@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "device/device.h"
+#include "device/host_share.h"
 #include "jit/jit.h"
 
 namespace tpu_eager {
@@ -121,6 +122,10 @@ TensorRef make_ref(const at::Tensor& t) {
 }
 
 void enqueue(Node&& node, int64_t fresh_bytes) {
+  // A storage read to the host without a copy gets its own buffer before
+  // this op can write it (copy-on-write, device/host_share.h).
+  for (const auto& in : node.inputs)
+    if (in.written) unshare_for_write(in.ref.storage.get());
   auto& q = Q();
   FlushReason reason = FlushReason::kCount;
   {

@@ -11,11 +11,13 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/copy.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include "device/device.h"
+#include "device/host_share.h"
 #include "executors/host_runtime.h"
 #include "executors/spyre/spyre.h"
 #include "lazy/queue.h"
@@ -99,6 +101,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (!storage_has_pending(s)) {
       // Host to device, nothing queued on the destination: write it now.
       check_storage_error(s);
+      unshare_for_write(s);
       at::Tensor v = host_view(dst);
       v.copy_(self);
       if (spyre::active()) {  // Spyre stores 16-bit floats as df16 and int64 as int32
@@ -121,6 +124,22 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     return dst;
   }
   return record_copy(dst, self, non_blocking);
+}
+
+// Tensor.to / .cpu(): a read to the host of a whole, dense storage shares
+// the device buffer copy-on-write instead of copying it (device/host_share.h);
+// everything else is the composite kernel (empty + copy_).
+at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                   std::optional<at::Device> device, std::optional<bool> pin_memory, bool non_blocking,
+                   std::optional<at::MemoryFormat> memory_format) {
+  const bool to_cpu_as_is = device.has_value() && device->is_cpu() && (!dtype || *dtype == self.scalar_type()) &&
+                            (!layout || *layout == at::kStrided) && !pin_memory.value_or(false) &&
+                            memory_format.value_or(at::MemoryFormat::Preserve) == at::MemoryFormat::Preserve;
+  if (to_cpu_as_is && can_share_with_host(self)) {
+    make_current(self, FlushReason::kHostRead);
+    if (!storage_has_pending(deferred_storage_of(self))) return share_with_host(self);
+  }
+  return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, memory_format);
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
@@ -375,7 +394,7 @@ int64_t register_device_kernels() {
   std::call_once(once, [] {
     static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
     std::unordered_set<std::string> special = {"empty.memory_format", "empty_strided", "_copy_from",
-                                               "_copy_from_and_resize", "_local_scalar_dense", "resize_",
+                                               "_copy_from_and_resize", "_to_copy", "_local_scalar_dense", "resize_",
                                                "set_.source_Storage", "set_.source_Storage_storage_offset",
                                                "set_.source_Tensor", "set_", "view", "as_strided", "_reshape_alias",
                                                "_has_compatible_shallow_copy_type", "convolution_overrideable",
@@ -386,6 +405,7 @@ int64_t register_device_kernels() {
     lib.impl("empty_strided", TORCH_FN(empty_strided));
     lib.impl("_copy_from", TORCH_FN(copy_from));
     lib.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+    lib.impl("_to_copy", TORCH_FN(to_copy));
     lib.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
     lib.impl("resize_", TORCH_FN(resize_));
     lib.impl("set_.source_Storage", TORCH_FN(set_storage));

@@ -19,11 +19,14 @@
 #include <c10/util/irange.h>
 
 #include "device/device.h"
+#include "device/host_share.h"
 #include "executors/host_runtime.h"
 #include "executors/spyre/spyre.h"
 #include "jit/disk_cache.h"
 #include "lazy/queue.h"
+#include "ops/memory_format.h"
 #include "ops/meta_outcome.h"
+#include "ops/scalar_checks.h"
 
 namespace tpu_eager {
 namespace {
@@ -168,7 +171,47 @@ bool cpu_checks_at_call_time(int check, torch::jit::Stack& stack, size_t first) 
     auto is_bool = [](const c10::IValue& v) {
       return v.isBool() || (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kBool);
     };
-    return is_bool(stack[first]) || is_bool(stack[first + 1]);
+    if (is_bool(stack[first]) || is_bool(stack[first + 1])) return true;
+  }
+  // Argument positions the two checks below read, found once per op.
+  struct Positions {
+    int alpha = -1, values = -1, indices = -1;
+  };
+  thread_local std::unordered_map<const c10::FunctionSchema*, Positions> positions;
+  auto found = positions.find(&schema);
+  if (found == positions.end()) {
+    Positions p;
+    const auto& args = schema.arguments();
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].name() == "alpha") p.alpha = static_cast<int>(i);
+      const auto* a = args[i].alias_info();
+      if (!args[i].kwarg_only() || !a || !a->isWrite()) continue;
+      if (args[i].name() == "values") p.values = static_cast<int>(i);
+      if (args[i].name() == "indices") p.indices = static_cast<int>(i);
+    }
+    found = positions.emplace(&schema, p).first;
+  }
+  const Positions& p = found->second;
+  const c10::IValue& self = stack[first];
+  // A floating-point alpha with an integer self (add_, sub_, ...): CPU's
+  // alpha_check rejects it at the call ("For integral input tensors, argument
+  // alpha must not be a floating point number."); the in-place meta kernels do
+  // not. (With a floating `other` CPU accepts it; running eagerly computes that.)
+  if (p.alpha >= 0 && self.isTensor()) {
+    const c10::IValue& alpha = stack[first + p.alpha];
+    if ((alpha.isDouble() || alpha.isComplexDouble()) &&
+        c10::isIntegralType(self.toTensor().scalar_type(), /*includeBool=*/true))
+      return true;
+  }
+  // (values, indices) out= of the sorts and order statistics (sort, mode,
+  // kthvalue, median, ...): CPU's kernels require int64 indices and values of
+  // the input's dtype; some meta kernels cast instead, so the error would come
+  // at the flush. Such calls run eagerly and raise (or compute) as CPU does.
+  if (p.values >= 0 && p.indices >= 0 && self.isTensor()) {
+    const c10::IValue& v = stack[first + p.values];
+    const c10::IValue& ix = stack[first + p.indices];
+    return (ix.isTensor() && ix.toTensor().scalar_type() != at::kLong) ||
+           (v.isTensor() && v.toTensor().scalar_type() != self.toTensor().scalar_type());
   }
   return false;
 }
@@ -399,6 +442,8 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
       w.second.offset = t.storage_offset();
     }
   }
+  // Channels-last results: convolution, and kernels that keep their input's format.
+  apply_cpu_memory_format(schema, stack, first, outcome);
   // Backward ops with an output_mask: CPU returns an undefined tensor for each
   // gradient that is off; native_batch_norm_backward's meta kernel still
   // returns a grad_input, so the flush would bind an undefined result.
@@ -434,6 +479,19 @@ void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Sta
 }
 
 at::Tensor fresh_tpu(const Geometry& g) { return fresh_tpu(g.sizes, g.strides, g.dtype); }
+
+// The dtype of an op's first result (a written argument's for in-place and
+// out= ops), or Undefined when it has none.
+c10::ScalarType result_dtype(const c10::FunctionSchema& schema, const MetaOutcome& meta) {
+  if (schema.returns().empty() || meta.returns.empty()) return c10::ScalarType::Undefined;
+  const int a = aliased_arg(schema, 0);
+  if (a < 0) return meta.returns[0].empty() ? c10::ScalarType::Undefined : meta.returns[0][0].dtype;
+  for (const auto& w : meta.written)
+    if (w.first == a) return w.second.dtype;
+  for (const auto& w : meta.written_lists)
+    if (w.first == a && !w.second.empty()) return w.second[0].dtype;
+  return c10::ScalarType::Undefined;
+}
 
 }  // namespace
 
@@ -533,6 +591,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
     try {
       c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+      DeviceMetaInference as_cpu;  // Python meta kernels reason as for CPU (device_hint)
       op.callBoxed(meta_stack);
     } catch (...) {
       // The meta kernel rejected the call (or cannot infer a data-dependent
@@ -565,6 +624,8 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     cached = &computed;
   }
   const MetaOutcome& meta = *cached;
+  // CPU's Scalar-to-integer overflow check, on this call's values (the cache keys Scalars by type).
+  check_scalar_args_fit(schema, *stack, first, result_dtype(schema, meta));
   auto written_geometry = [&](int a) -> const Geometry& {
     for (const auto& w : meta.written)
       if (w.first == a) return w.second;
@@ -717,6 +778,8 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     if (!is_tpu(t)) return;
     TensorRef r = make_ref(t);
     check_storage_error(r.storage.get());
+    const auto* alias = schema.arguments()[arg].alias_info();
+    if (alias && alias->isWrite()) unshare_for_write(r.storage.get());  // copy-on-write of a zero-copy host read
     at::Tensor v = mem.strided(r);
     host::set_tensor_slot(cpu[arg], elem, v);
   });

@@ -9,6 +9,7 @@
 
 #include "device/block_cache.h"
 #include "device/device.h"
+#include "device/host_share.h"
 #include "executors/executor.h"
 #include "executors/spyre/card.h"
 #include "executors/spyre/df16.h"
@@ -24,6 +25,7 @@
 #include "jit/jit.h"
 #include "jit/kernel_trace.h"
 #include "lazy/queue.h"
+#include "ops/memory_format.h"
 #include "ops/op_table.h"
 #include "python/location.h"
 #include "views/view_chain.h"
@@ -60,6 +62,11 @@ py::dict metrics_dict() {
   d["disk_cache_hits"] = m.disk_cache_hits;
   d["disk_cache_misses"] = m.disk_cache_misses;
   d["disk_cache_writes"] = m.disk_cache_writes;
+  const HostShareStats hs = host_share_stats();
+  d["host_reads_shared"] = hs.reads;
+  d["bytes_shared"] = hs.bytes;
+  d["cow_copies"] = hs.cow_copies;
+  d["cow_bytes"] = hs.cow_bytes;
   return d;
 }
 
@@ -291,6 +298,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu_eager native core: PrivateUse1 device, DeferAndFuse queue, JIT, executors";
   m.def("_register_kernels", &register_device_kernels, "Registers the op table's kernels; returns the overload count.");
   m.def("_install_location_hook", [] { install_python_location_hooks(); });
+  m.def("_in_device_meta_inference", &in_device_meta_inference,
+        "True while the record kernel runs a meta kernel on this thread (meta_hints.py).");
   m.def(
       "_flush",
       [](int reason, bool raise_error) {
@@ -303,7 +312,10 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("reason"), py::arg("raise_error") = true);
   m.def("_metrics", &metrics_dict);
-  m.def("_reset_metrics", &reset_metrics);
+  m.def("_reset_metrics", [] {
+    reset_metrics();
+    reset_host_share_stats();
+  });
   m.def("_set_eager_mode", [](int mode) { set_eager_mode(static_cast<EagerMode>(mode)); });
   m.def("_eager_mode", [] { return static_cast<int>(eager_mode()); });
   m.def("_pending_ops", &pending_ops);

@@ -88,12 +88,12 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
   if (region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)
     return false;
   const std::vector<int64_t>* shape = nullptr;
-  std::unordered_map<const DeferredStorage*, int> reg_of;  // region value -> register
+  std::unordered_map<const DeferredStorage*, Operand> reg_of;  // region value -> register or output
   std::vector<at::Tensor> externals;
   std::unordered_map<const DeferredStorage*, int> ext_of;
   std::vector<Instr> program;
-  std::vector<std::pair<TensorRef, int>> outputs;  // materialized outputs and their registers
-  int regs = 0;
+  std::vector<TensorRef> outputs;  // materialized outputs, in instruction order
+  int regs = 0;  // one per non-materialized value until assign_registers renames them
 
   auto tensor_operand = [&](const TensorRef& r, Operand* op) -> bool {
     if (r.dtype != at::kFloat || r.conj || r.neg) return false;
@@ -105,8 +105,7 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
     }
     if (r.sizes != *shape || r.offset != 0 || !r.is_dense()) return false;
     if (it != reg_of.end()) {
-      op->kind = Operand::kReg;
-      op->index = it->second;
+      *op = it->second;
       return true;
     }
     auto e = ext_of.find(r.storage.get());
@@ -160,19 +159,25 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
     } else {
       return false;
     }
-    ins.dst = regs++;
-    reg_of[out.storage.get()] = ins.dst;
-    if (region.materialize[p][0]) {
+    Operand value;
+    if (region.materialize[p][0]) {  // written straight into its device buffer
       ins.out = static_cast<int>(outputs.size());
-      outputs.emplace_back(out, ins.dst);
+      outputs.push_back(out);
+      value.kind = Operand::kOutput;
+      value.index = ins.out;
+    } else {
+      ins.dst = regs++;
+      value.kind = Operand::kReg;
+      value.index = ins.dst;
     }
+    reg_of[out.storage.get()] = value;
     program.push_back(ins);
   }
 
   // Device pointers of the materialized outputs (fresh, contiguous, offset 0).
   std::vector<float*> out_ptr;
   for (auto& o : outputs) {
-    DeferredStorage* s = o.first.storage.get();
+    DeferredStorage* s = o.storage.get();
     out_ptr.push_back(static_cast<float*>(mem.device_buffer(s).mutable_data()));
     s->error = nullptr;
   }
@@ -188,8 +193,8 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
     s->error = nullptr;
   }
   fused::Program prog;
+  prog.regs = fused::assign_registers(program, has_anchor ? &anchor.in : nullptr);
   prog.instrs = std::move(program);
-  prog.regs = regs;
   prog.numel = numel;
   prog.externals = std::move(ext_ptr);
   prog.outputs = std::move(out_ptr);

@@ -1,0 +1,122 @@
+// Output memory formats of CPU's kernels where the meta kernels do not know them.
+#include "ops/memory_format.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <unordered_set>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/function_schema.h>
+#include <ATen/native/ConvUtils.h>
+#include <c10/core/MemoryFormat.h>
+#include <c10/core/SymIntArrayRef.h>
+
+namespace tpu_eager {
+namespace {
+
+thread_local bool t_in_meta = false;
+
+std::vector<int64_t> strides_for(const std::vector<int64_t>& sizes, at::MemoryFormat fmt) {
+  if (fmt == at::MemoryFormat::ChannelsLast && sizes.size() == 4) return c10::get_channels_last_strides_2d(sizes);
+  if (fmt == at::MemoryFormat::ChannelsLast3d && sizes.size() == 5) return c10::get_channels_last_strides_3d(sizes);
+  std::vector<int64_t> st(sizes.size());
+  int64_t s = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    st[d] = s;
+    s *= std::max<int64_t>(sizes[d], 1);
+  }
+  return st;
+}
+
+void restride(Geometry& g, at::MemoryFormat fmt) {
+  if (g.defined && (g.sizes.size() == 4 || g.sizes.size() == 5)) g.strides = strides_for(g.sizes, fmt);
+}
+
+// A CPU tensor with `t`'s dtype, sizes and strides and no data: enough for
+// ATen's convolution backend choice, which reads only metadata.
+at::Tensor cpu_shell(const at::Tensor& t) {
+  c10::Storage st(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)),
+                  nullptr, false);
+  auto s = at::detail::make_tensor<c10::TensorImpl>(std::move(st), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                    t.dtype());
+  s.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), 0);
+  return s;
+}
+
+std::vector<c10::SymInt> sym(const c10::IValue& v) {
+  std::vector<c10::SymInt> out;
+  for (int64_t x : v.toIntVector()) out.emplace_back(x);
+  return out;
+}
+
+// The memory format CPU's convolution (forward or backward) computes in:
+// ATen's select_conv_backend + _determine_backend_memory_format on CPU
+// stand-ins of the arguments, as CPU's _convolution and convolution_backward do.
+// `a` is the index of `input` among the arguments (0 forward, 1 backward).
+std::optional<at::MemoryFormat> conv_memory_format(const torch::jit::Stack& stack, size_t first, bool backward) {
+  const size_t a = first + (backward ? 1 : 0);
+  const at::Tensor& input = stack[a].toTensor();
+  const at::Tensor& weight = stack[a + 1].toTensor();
+  // conv1d runs as a 2-d convolution of a contiguous input: its result is contiguous, as the meta kernel says.
+  if (input.dim() != 4 && input.dim() != 5) return std::nullopt;
+  std::optional<at::Tensor> bias;
+  std::optional<std::vector<c10::SymInt>> bias_sizes;
+  if (!backward && stack[a + 2].isTensor() && stack[a + 2].toTensor().defined()) {
+    bias = cpu_shell(stack[a + 2].toTensor());
+    bias_sizes = std::vector<c10::SymInt>{c10::SymInt(stack[a + 2].toTensor().size(0))};
+  } else if (backward && !stack[a + 2].isNone()) {
+    bias_sizes = sym(stack[a + 2]);
+  }
+  const auto stride = sym(stack[a + 3]), padding = sym(stack[a + 4]), dilation = sym(stack[a + 5]);
+  const bool transposed = stack[a + 6].toBool();
+  const auto output_padding = sym(stack[a + 7]);
+  const c10::SymInt groups(stack[a + 8].toInt());
+  const at::Tensor in = cpu_shell(input), w = cpu_shell(weight);
+  at::OptionalSymIntArrayRef bs;
+  if (bias_sizes) bs = c10::SymIntArrayRef(*bias_sizes);
+  const auto backend = at::native::select_conv_backend(in, w, bias, stride, padding, dilation, transposed,
+                                                       output_padding, groups, bs);
+  return at::native::_determine_backend_memory_format(in, w, backend);
+}
+
+}  // namespace
+
+bool in_device_meta_inference() { return t_in_meta; }
+
+DeviceMetaInference::DeviceMetaInference() : prev_(t_in_meta) { t_in_meta = true; }
+DeviceMetaInference::~DeviceMetaInference() { t_in_meta = prev_; }
+
+void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
+                             MetaOutcome& outcome) {
+  const std::string& name = schema.name();
+  const bool fwd = name == "aten::convolution" && schema.overload_name().empty();
+  const bool bwd = name == "aten::convolution_backward" && schema.overload_name().empty();
+  if (fwd || bwd) {
+    std::optional<at::MemoryFormat> fmt;
+    try {
+      fmt = conv_memory_format(stack, first, bwd);
+    } catch (const c10::Error&) {
+      return;  // the meta kernel accepted the call; keep its answer
+    }
+    if (!fmt) return;
+    // Forward: the result. Backward: grad_input and grad_weight (grad_bias is 1-d).
+    for (size_t k = 0; k < (bwd ? 2u : 1u) && k < outcome.returns.size(); ++k)
+      for (auto& g : outcome.returns[k]) restride(g, *fmt);
+    return;
+  }
+  // CPU kernels that allocate their result in self.suggest_memory_format();
+  // their meta kernels (decompositions) allocate it contiguous.
+  static const std::unordered_set<std::string> keeps_format = {
+      "aten::channel_shuffle", "aten::native_channel_shuffle", "aten::max_unpool2d", "aten::reflection_pad3d",
+      "aten::replication_pad3d"};
+  if (keeps_format.count(name) && schema.overload_name().empty() && stack[first].isTensor() &&
+      !outcome.returns.empty()) {
+    const at::Tensor& self = stack[first].toTensor();
+    const at::MemoryFormat fmt = self.suggest_memory_format();
+    for (auto& g : outcome.returns[0])
+      if (static_cast<int64_t>(g.sizes.size()) == self.dim()) restride(g, fmt);
+  }
+}
+
+}  // namespace tpu_eager

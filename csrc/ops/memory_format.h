@@ -1,0 +1,38 @@
+// Output memory formats of CPU's kernels where the meta kernels do not know them.
+#pragma once
+
+#include <ATen/core/stack.h>
+
+#include "ops/meta_outcome.h"
+
+namespace tpu_eager {
+
+// True while the record kernel runs an op's meta kernel (this thread). The
+// Python meta kernels ask torch._meta_registrations.device_hint which device
+// they stand in for and, for a bare meta tensor, assume CUDA; our results come
+// from CPU's kernels, so torch_tpu_eager/meta_hints.py answers "cpu" meanwhile
+// (reflection/replication pads and pixel_shuffle keep channels_last on CPU only).
+bool in_device_meta_inference();
+
+// Sets in_device_meta_inference() for its lifetime.
+class DeviceMetaInference {
+ public:
+  DeviceMetaInference();
+  ~DeviceMetaInference();
+  DeviceMetaInference(const DeviceMetaInference&) = delete;
+  DeviceMetaInference& operator=(const DeviceMetaInference&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// Restrides the fresh results of ops whose CPU kernels pick the output memory
+// format from their inputs while their meta kernels say contiguous:
+// convolution and its backward (ATen's own backend choice decides, as in
+// CPU's _convolution), and ops whose CPU kernel allocates in
+// input.suggest_memory_format() (channel_shuffle, max_unpool2d, 3-d reflection/replication pads).
+// `stack[first...]` holds the op's (device) arguments.
+void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
+                             MetaOutcome& outcome);
+
+}  // namespace tpu_eager
