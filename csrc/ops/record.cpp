@@ -150,8 +150,8 @@ CallCheck call_check_of(const c10::FunctionSchema& schema) {
 // Checks CPU kernels make at call time that the meta kernels do not. Such
 // calls run eagerly, so CPU's own kernel raises its error at the call.
 // (Only checks that need no data belong here.)
-bool cpu_checks_at_call_time(int check, torch::jit::Stack& stack, size_t first) {
-  if (check == kNoCheck) return false;
+bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_t first) {
+  const int check = plan.call_check;
   // pow(int tensor, negative int scalar): "Integers to negative integer powers are not allowed."
   if (check == kPowTensorScalar) {
     const c10::IValue& base = stack[first];
@@ -173,25 +173,11 @@ bool cpu_checks_at_call_time(int check, torch::jit::Stack& stack, size_t first) 
     };
     if (is_bool(stack[first]) || is_bool(stack[first + 1])) return true;
   }
-  // Argument positions the two checks below read, found once per op.
+  // Argument positions the two checks below read (OpPlan, found once per op).
   struct Positions {
-    int alpha = -1, values = -1, indices = -1;
+    int alpha, values, indices;
   };
-  thread_local std::unordered_map<const c10::FunctionSchema*, Positions> positions;
-  auto found = positions.find(&schema);
-  if (found == positions.end()) {
-    Positions p;
-    const auto& args = schema.arguments();
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (args[i].name() == "alpha") p.alpha = static_cast<int>(i);
-      const auto* a = args[i].alias_info();
-      if (!args[i].kwarg_only() || !a || !a->isWrite()) continue;
-      if (args[i].name() == "values") p.values = static_cast<int>(i);
-      if (args[i].name() == "indices") p.indices = static_cast<int>(i);
-    }
-    found = positions.emplace(&schema, p).first;
-  }
-  const Positions& p = found->second;
+  const Positions p{plan.alpha_arg, plan.values_arg, plan.indices_arg};
   const c10::IValue& self = stack[first];
   // A floating-point alpha with an integer self (add_, sub_, ...): CPU's
   // alpha_check rejects it at the call ("For integral input tensors, argument
@@ -532,6 +518,13 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
     if (t->kind() == c10::TypeKind::NumberType) plan->scalar_args |= uint64_t(1) << i;
   }
   plan->call_check = call_check_of(schema);
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name() == "alpha") plan->alpha_arg = static_cast<int>(i);
+    const auto* a = args[i].alias_info();
+    if (!args[i].kwarg_only() || !a || !a->isWrite()) continue;
+    if (args[i].name() == "values") plan->values_arg = static_cast<int>(i);
+    if (args[i].name() == "indices") plan->indices_arg = static_cast<int>(i);
+  }
   for (size_t k = 0; k < schema.returns().size(); ++k) {
     plan->aliased.push_back(aliased_arg(schema, k));
     plan->list_return.push_back(schema.returns()[k].type()->kind() == c10::TypeKind::ListType);
@@ -562,7 +555,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     plan.has_meta.store(true, std::memory_order_relaxed);
   if (entry.kind == PrimKind::kSync || !plan.has_meta.load(std::memory_order_relaxed) ||
       writes_overlapping_memory(nargs, plan.writes, *stack, first) ||
-      cpu_checks_at_call_time(plan.call_check, *stack, first)) {
+      cpu_checks_at_call_time(plan, *stack, first)) {
     if (borrowed) borrowed->own();
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false);
     return;

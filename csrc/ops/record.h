@@ -19,6 +19,9 @@ struct OpPlan {
   uint64_t scalar_args = 0;      // bit i: argument i is a Scalar (or Scalar?): keyed by type, not value
   bool float_values = false;     // range factories: Scalar values size the result, so key them by value
   int call_check = 0;            // which CPU call-time check applies (record.cpp, CallCheck)
+  int alpha_arg = -1;            // position of an `alpha` argument (CPU's alpha_check), or -1
+  int values_arg = -1;           // positions of kwarg-only written `values` / `indices` (sort's out=), or -1
+  int indices_arg = -1;
   std::vector<int> aliased;      // per return: the argument it aliases, or -1
   std::vector<bool> list_return; // per return: a Tensor[] result
   mutable std::atomic<bool> has_meta{false};  // a meta kernel was found (kernels are never removed)
