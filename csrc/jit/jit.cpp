@@ -40,15 +40,9 @@ std::mutex g_cache_mu;
 std::unordered_map<uint64_t, std::shared_ptr<CompiledRegion>> g_cache;
 
 // Marks live nodes: a node is live when it writes a storage whose value is
-// observed later (by a live node, or by a tensor alive at the flush).
-std::vector<char> live_nodes(const std::vector<Node>& g) {
-  std::unordered_set<const DeferredStorage*> needed;
-  for (const auto& n : g) {
-    for (const auto& in : n.inputs)
-      if (in.ref.storage->external_alive.load(std::memory_order_acquire)) needed.insert(in.ref.storage.get());
-    for (const auto& out : n.outputs)
-      if (out.storage->external_alive.load(std::memory_order_acquire)) needed.insert(out.storage.get());
-  }
+// observed later (by a live node, or after the flush: `observed`).
+std::vector<char> live_nodes(const std::vector<Node>& g, const std::unordered_set<const DeferredStorage*>& observed) {
+  std::unordered_set<const DeferredStorage*> needed(observed);
   std::vector<char> live(g.size(), 0);
   for (size_t i = g.size(); i-- > 0;) {
     const Node& n = g[i];
@@ -117,12 +111,13 @@ void poison(const std::vector<Node>& g, const Region& r, int from, const std::ex
 }  // namespace
 
 std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
-  std::vector<char> live = live_nodes(g);
+  const std::unordered_set<const DeferredStorage*> observed = observed_after_flush(g);
+  std::vector<char> live = live_nodes(g, observed);
   int64_t n_live = 0;
   for (char l : live) n_live += l;
   m.ops_eliminated += static_cast<int64_t>(g.size()) - n_live;
 
-  std::vector<Region> regions = partition(g, live);
+  std::vector<Region> regions = partition(g, live, observed);
   host::HostMemory mem;
   Executor& ex = active_executor();
   // Every target starts a new flush, so inspection of "the last flush" of an

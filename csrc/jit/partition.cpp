@@ -55,7 +55,8 @@ bool fusible_into(const Region& r, const std::vector<int64_t>& anchor_shape, con
 
 }  // namespace
 
-std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live) {
+std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live,
+                              const std::unordered_set<const DeferredStorage*>& observed) {
   std::vector<Region> regions;
   std::vector<std::vector<int64_t>> anchor_shapes;
   // storage -> latest region that wrote it / that read or wrote it, in this flush
@@ -133,7 +134,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
   for (auto& r : regions)
     for (size_t p = 0; p < r.nodes.size(); ++p)
       for (size_t j = 0; j < g[r.nodes[p]].outputs.size(); ++j)
-        if (g[r.nodes[p]].outputs[j].storage->external_alive.load(std::memory_order_acquire))
+        if (observed.count(g[r.nodes[p]].outputs[j].storage.get()))
           r.materialize[p][j] = 1;
   return regions;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_set>
 #include <vector>
 
 #include "executors/executor.h"
@@ -14,8 +15,10 @@ namespace jit {
 // and data movement fuse with the ops that produce their inputs; producers
 // fuse into a reduction or matmul, which then only takes consumers that
 // iterate over its output (an epilogue); library calls and RNG-free sync ops
-// run alone; a region holds at most kMaxRegionOps ops.
-std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live);
+// run alone; a region holds at most kMaxRegionOps ops. Outputs in `observed`
+// (lazy/queue.h observed_after_flush) are materialized.
+std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live,
+                              const std::unordered_set<const DeferredStorage*>& observed);
 
 // Structural key of a region: ops, argument structure (which value feeds
 // which argument), dtypes, the region inputs' sizes bucketed (dynamic_shapes.h), non-tensor

@@ -1,9 +1,11 @@
 // The per-device DeferAndFuse queue and its flush.
 #include "lazy/queue.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include <cstdlib>
+#include <unordered_map>
 #include <exception>
 
 #include "device/device.h"
@@ -157,6 +159,8 @@ std::exception_ptr flush_all(FlushReason reason) {
     std::lock_guard<std::mutex> lock(q.mu);
     if (q.nodes.empty()) return nullptr;
     nodes.swap(q.nodes);
+    // Room for as many nodes as this flush had: growing the vector node by node moved every node ~once more.
+    q.nodes.reserve(std::min(nodes.size(), static_cast<size_t>(std::max<int64_t>(q.max_ops, 1))));
     q.pending_bytes = 0;
   }
   Metrics delta;
@@ -171,6 +175,21 @@ std::exception_ptr flush_all(FlushReason reason) {
   }
   nodes.clear();  // drop storage references outside the lock
   return error;
+}
+
+std::unordered_set<const DeferredStorage*> observed_after_flush(const std::vector<Node>& g) {
+  std::unordered_map<const DeferredStorage*, int64_t> uses;  // counted as touch() counts them
+  for (const auto& n : g) {
+    for (const auto& in : n.inputs) uses[in.ref.storage.get()]++;
+    for (const auto& out : n.outputs) uses[out.storage.get()]++;
+  }
+  std::unordered_set<const DeferredStorage*> observed;
+  std::lock_guard<std::mutex> lock(Q().mu);
+  // external_alive first: a tensor that dies after recording a use of its
+  // storage did so after that node's enqueue, which pending_uses then shows.
+  for (const auto& [s, k] : uses)
+    if (s->external_alive.load(std::memory_order_acquire) || s->pending_uses > k) observed.insert(s);
+  return observed;
 }
 
 bool run_if_idle(const DeferredStorage* s, c10::function_ref<void()> fn) {

@@ -117,12 +117,10 @@ bool has_meta_kernel(const c10::OperatorHandle& op) {
 // argument. CPU kernels differ in what they allow there (fill_ and index_put_
 // accept it, add_ and copy_ raise), so such calls run eagerly through the CPU
 // kernel, which raises or computes exactly as CPU does. They are rare.
-bool writes_overlapping_memory(const c10::FunctionSchema& schema, const OpEntry& entry, torch::jit::Stack& stack,
-                               size_t first) {
-  const uint64_t writes = written_args(schema) | entry.extra_writes;
+bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack& stack, size_t first) {
   if (writes == 0) return false;
   std::vector<at::Tensor> written, all;
-  for_each_tensor(stack, first, schema.arguments().size(), [&](int arg, int, const at::Tensor& t) {
+  for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
     if (!is_tpu(t)) return;
     if ((writes >> arg) & 1) written.push_back(t);
     all.push_back(t);
@@ -138,18 +136,30 @@ bool writes_overlapping_memory(const c10::FunctionSchema& schema, const OpEntry&
   return false;
 }
 
+// The CPU call-time check an op needs (OpPlan::call_check).
+enum CallCheck : int { kNoCheck = 0, kPowTensorScalar, kPowScalarInPlace, kSubBool };
+
+CallCheck call_check_of(const c10::FunctionSchema& schema) {
+  const std::string& name = schema.name();
+  if (name == "aten::pow" && schema.overload_name().rfind("Tensor_Scalar", 0) == 0) return kPowTensorScalar;
+  if (name == "aten::pow_" && schema.overload_name() == "Scalar") return kPowScalarInPlace;
+  if (name == "aten::sub" || name == "aten::sub_" || name == "aten::rsub") return kSubBool;
+  return kNoCheck;
+}
+
 // Checks CPU kernels make at call time that the meta kernels do not. Such
 // calls run eagerly, so CPU's own kernel raises its error at the call.
 // (Only checks that need no data belong here.)
-bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stack& stack, size_t first) {
+bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_t first) {
+  const int check = plan.call_check;
   // pow(int tensor, negative int scalar): "Integers to negative integer powers are not allowed."
-  if (schema.name() == "aten::pow" && schema.overload_name().rfind("Tensor_Scalar", 0) == 0) {
+  if (check == kPowTensorScalar) {
     const c10::IValue& base = stack[first];
     const c10::IValue& exp = stack[first + 1];
     return base.isTensor() && c10::isIntegralType(base.toTensor().scalar_type(), /*includeBool=*/true) &&
            exp.isScalar() && exp.toScalar().isIntegral(false) && exp.toScalar().toLong() < 0;
   }
-  if (schema.name() == "aten::pow_" && schema.overload_name() == "Scalar") {
+  if (check == kPowScalarInPlace) {
     const c10::IValue& base = stack[first];
     const c10::IValue& exp = stack[first + 1];
     return c10::isIntegralType(base.toTensor().scalar_type(), true) && exp.toScalar().isIntegral(false) &&
@@ -157,31 +167,17 @@ bool cpu_checks_at_call_time(const c10::FunctionSchema& schema, torch::jit::Stac
   }
   // sub/rsub with a bool operand: CPU's sub_check rejects it at the call, but
   // the meta kernel lets a Python bool through (a Scalar there, not a bool tensor).
-  if (schema.name() == "aten::sub" || schema.name() == "aten::sub_" || schema.name() == "aten::rsub") {
+  if (check == kSubBool) {
     auto is_bool = [](const c10::IValue& v) {
       return v.isBool() || (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kBool);
     };
     if (is_bool(stack[first]) || is_bool(stack[first + 1])) return true;
   }
-  // Argument positions the two checks below read, found once per op.
+  // Argument positions the two checks below read (OpPlan, found once per op).
   struct Positions {
-    int alpha = -1, values = -1, indices = -1;
+    int alpha, values, indices;
   };
-  thread_local std::unordered_map<const c10::FunctionSchema*, Positions> positions;
-  auto found = positions.find(&schema);
-  if (found == positions.end()) {
-    Positions p;
-    const auto& args = schema.arguments();
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (args[i].name() == "alpha") p.alpha = static_cast<int>(i);
-      const auto* a = args[i].alias_info();
-      if (!args[i].kwarg_only() || !a || !a->isWrite()) continue;
-      if (args[i].name() == "values") p.values = static_cast<int>(i);
-      if (args[i].name() == "indices") p.indices = static_cast<int>(i);
-    }
-    found = positions.emplace(&schema, p).first;
-  }
-  const Positions& p = found->second;
+  const Positions p{plan.alpha_arg, plan.values_arg, plan.indices_arg};
   const c10::IValue& self = stack[first];
   // A floating-point alpha with an integer self (add_, sub_, ...): CPU's
   // alpha_check rejects it at the call ("For integral input tensors, argument
@@ -370,7 +366,8 @@ void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v, bool float_values
 }
 
 // Replaces "tpu" device arguments of stack[first, first + n) by `type`.
-void retarget_device_args(std::vector<c10::IValue>& stack, size_t first, size_t n, c10::DeviceType type) {
+template <class Stack>
+void retarget_device_args(Stack& stack, size_t first, size_t n, c10::DeviceType type) {
   for (size_t i = first; i < first + n; ++i)
     if (stack[i].isDevice() && stack[i].toDevice().type() == c10::DeviceType::PrivateUse1)
       stack[i] = c10::Device(type);
@@ -447,31 +444,24 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
   }
 }
 
-// The cache key of a call, or an empty key when some argument is not cacheable.
-std::vector<int64_t> meta_key(const c10::OperatorHandle& op, torch::jit::Stack& stack, size_t first, size_t n) {
-  std::vector<int64_t> k;
-  k.reserve(32);
+// The cache key of a call into `k`, or an empty key when some argument is not cacheable.
+void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Stack& stack, size_t first, size_t n,
+              std::vector<int64_t>& k) {
+  k.clear();
   k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
   // Type promotion of an integer tensor with a float scalar, and factories, read the default dtype.
   k.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   try {
-    // Ops whose result size is computed from Scalar values.
-    const std::string& name = op.schema().name();
-    const bool float_values = name == "aten::arange" || name == "aten::range" || name == "aten::linspace" ||
-                              name == "aten::logspace";
-    const auto& args = op.schema().arguments();
     for (size_t i = 0; i < n; ++i) {
-      // A Scalar argument (a float Scalar arrives as a double) keys by type;
-      // a `float` argument (eps, p, scale factors) by value.
-      c10::TypePtr t = i < args.size() ? args[i].real_type() : nullptr;
-      if (t && t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
-      const bool scalar_arg = t && t->kind() == c10::TypeKind::NumberType;
-      key_ivalue(k, stack[first + i], float_values || !scalar_arg);
+      // A Scalar argument (a float Scalar arrives as a double) keys by type,
+      // except for the range factories; a `float` argument (eps, p, scale
+      // factors) by value.
+      const bool scalar_arg = i < 64 && ((plan.scalar_args >> i) & 1);
+      key_ivalue(k, stack[first + i], plan.float_values || !scalar_arg);
     }
   } catch (const std::invalid_argument&) {
     k.clear();
   }
-  return k;
 }
 
 at::Tensor fresh_tpu(const Geometry& g) { return fresh_tpu(g.sizes, g.strides, g.dtype); }
@@ -491,12 +481,64 @@ c10::ScalarType result_dtype(const c10::FunctionSchema& schema, const MetaOutcom
 
 }  // namespace
 
+void BorrowedArgs::push(torch::jit::Stack* stack, const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(n_ < kMax && (stack_ == nullptr || stack_ == stack), "BorrowedArgs: too many entries");
+  stack_ = stack;
+  slots_[n_++] = stack->size();
+  stack->emplace_back(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(t));
+}
+
+void BorrowedArgs::own() {
+  for (int i = 0; i < n_; ++i) {
+    c10::IValue& v = (*stack_)[slots_[i]];
+    c10::IValue owned(v);  // takes a reference
+    c10::MaybeOwnedTraits<c10::IValue>::destroyBorrow(v);  // the borrowed entry held none
+    v = std::move(owned);
+  }
+  n_ = 0;
+}
+
+void BorrowedArgs::release() {
+  for (int i = 0; i < n_; ++i) c10::MaybeOwnedTraits<c10::IValue>::destroyBorrow((*stack_)[slots_[i]]);
+  n_ = 0;
+}
+
+OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
+  const auto& schema = op.schema();
+  auto* plan = new OpPlan();
+  plan->writes = written_args(schema) | entry.extra_writes;
+  const std::string& name = schema.name();
+  // Ops whose result size is computed from Scalar values.
+  plan->float_values = name == "aten::arange" || name == "aten::range" || name == "aten::linspace" ||
+                       name == "aten::logspace";
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size() && i < 64; ++i) {
+    c10::TypePtr t = args[i].real_type();
+    if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
+    if (t->kind() == c10::TypeKind::NumberType) plan->scalar_args |= uint64_t(1) << i;
+  }
+  plan->call_check = call_check_of(schema);
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name() == "alpha") plan->alpha_arg = static_cast<int>(i);
+    const auto* a = args[i].alias_info();
+    if (!args[i].kwarg_only() || !a || !a->isWrite()) continue;
+    if (args[i].name() == "values") plan->values_arg = static_cast<int>(i);
+    if (args[i].name() == "indices") plan->indices_arg = static_cast<int>(i);
+  }
+  for (size_t k = 0; k < schema.returns().size(); ++k) {
+    plan->aliased.push_back(aliased_arg(schema, k));
+    plan->list_return.push_back(schema.returns()[k].type()->kind() == c10::TypeKind::ListType);
+  }
+  return plan;
+}
+
 [[noreturn]] void raise_device_mismatch(const at::Tensor& other) {
   TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and ",
               other.device(), "!");
 }
 
-void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::Stack* stack) {
+void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack,
+               BorrowedArgs* borrowed) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
@@ -509,18 +551,26 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
     raise_device_mismatch(t);
   });
 
-  if (entry.kind == PrimKind::kSync || !has_meta_kernel(op) || writes_overlapping_memory(schema, entry, *stack, first) ||
-      cpu_checks_at_call_time(schema, *stack, first)) {
+  if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
+    plan.has_meta.store(true, std::memory_order_relaxed);
+  if (entry.kind == PrimKind::kSync || !plan.has_meta.load(std::memory_order_relaxed) ||
+      writes_overlapping_memory(nargs, plan.writes, *stack, first) ||
+      cpu_checks_at_call_time(plan, *stack, first)) {
+    if (borrowed) borrowed->own();
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, entry.extra_writes);
     return;
   }
 
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
-  std::vector<int64_t> key = meta_key(op, *stack, first, nargs);
-  const MetaOutcome* cached = key.empty() ? nullptr : meta_cache().find(schema, key);
+  // The key's buffer is reused by the thread's next op (an allocation less per op).
+  thread_local std::vector<int64_t> key_buffer;
+  meta_key(op, plan, *stack, first, nargs, key_buffer);
+  const MetaOutcome* cached = key_buffer.empty() ? nullptr : meta_cache().find(schema, key_buffer);
   MetaOutcome computed;
   if (cached == nullptr) {
+    const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
+    if (borrowed) borrowed->own();  // the meta call and run_eager copy and drop arguments
     torch::jit::Stack meta_stack(stack->begin() + first, stack->end());
     std::unordered_map<const void*, c10::Storage> meta_storages;
     for_each_tensor(meta_stack, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
@@ -546,7 +596,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
     for (size_t k = 0; k < schema.returns().size(); ++k) {
       std::vector<Geometry> geoms;
       const c10::IValue& mv = meta_stack[k];
-      const int a = aliased_arg(schema, k);
+      const int a = plan.aliased[k];
       if (a >= 0 && meta_args[a].isTensor()) {
         computed.written.emplace_back(a, geometry_of(meta_args[a].toTensor()));
       } else if (a >= 0 && meta_args[a].isTensorList()) {
@@ -583,8 +633,20 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   // 3. The node: tensor arguments become TensorRefs.
   Node node(op);
   node.kind = static_cast<int>(entry.kind);
-  const uint64_t writes = written_args(schema) | entry.extra_writes;
-  node.args.assign(stack->begin() + first, stack->end());
+  const uint64_t writes = plan.writes;
+  // Tensor arguments are not copied: their slots are filled below.
+  node.args.reserve(nargs);
+  size_t ntensors = 0;
+  for (size_t i = first; i < first + nargs; ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor()) {
+      node.args.emplace_back(at::Tensor());  // the slot the recorded tensor left (see below)
+      ++ntensors;
+    } else {
+      node.args.push_back(v);
+    }
+  }
+  node.inputs.reserve(ntensors);
   retarget_device_args(node.args, 0, nargs, c10::DeviceType::CPU);  // the executor runs CPU kernels
   for_each_tensor(*stack, first, nargs, [&](int arg, int elem, const at::Tensor& t) {
     c10::IValue& slot = node.args[arg];
@@ -625,11 +687,15 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   }
 
   // 4. Results: aliases of written arguments, or fresh tpu tensors.
-  std::vector<c10::IValue> results;
-  int64_t fresh_bytes = 0;
   const size_t nret = schema.returns().size();
+  c10::SmallVector<c10::IValue, 2> results;
+  results.reserve(nret);
+  node.returns.reserve(nret);
+  node.list_lens.reserve(nret);
+  node.outputs.reserve(nret);
+  int64_t fresh_bytes = 0;
   for (size_t k = 0; k < nret; ++k) {
-    const int a = aliased_arg(schema, k);
+    const int a = plan.aliased[k];
     const auto& geoms = meta.returns[k];
     if (a >= 0) {
       // In-place / out=: return the argument itself, with the geometry the op gave it.
@@ -659,7 +725,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
         results.emplace_back(list);
       }
       node.list_lens.push_back(0);
-    } else if (schema.returns()[k].type()->kind() == c10::TypeKind::ListType) {
+    } else if (plan.list_return[k]) {
       c10::List<at::Tensor> out;
       for (const Geometry& g : geoms) {
         at::Tensor t = fresh_tpu(g);
@@ -685,6 +751,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::
   }
   // After adopt_geometry, written inputs snapshot the final geometry.
   node.where = current_location();
+  if (borrowed) borrowed->release();
   torch::jit::drop(*stack, nargs);
   for (auto& r : results) stack->push_back(std::move(r));
   enqueue(std::move(node), fresh_bytes);

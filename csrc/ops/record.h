@@ -1,6 +1,10 @@
 // The generic record kernel and the eager (run-at-record-time) path.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
@@ -8,11 +12,57 @@
 
 namespace tpu_eager {
 
+// What recording needs to know about an op's schema, worked out once per op:
+// walking the schema and comparing names on every call cost ~0.1 us an op.
+struct OpPlan {
+  uint64_t writes = 0;           // bit i: argument i is written (schema alias info | OpEntry::extra_writes)
+  uint64_t scalar_args = 0;      // bit i: argument i is a Scalar (or Scalar?): keyed by type, not value
+  bool float_values = false;     // range factories: Scalar values size the result, so key them by value
+  int call_check = 0;            // which CPU call-time check applies (record.cpp, CallCheck)
+  int alpha_arg = -1;            // position of an `alpha` argument (CPU's alpha_check), or -1
+  int values_arg = -1;           // positions of kwarg-only written `values` / `indices` (sort's out=), or -1
+  int indices_arg = -1;
+  std::vector<int> aliased;      // per return: the argument it aliases, or -1
+  std::vector<bool> list_return; // per return: a Tensor[] result
+  mutable std::atomic<bool> has_meta{false};  // a meta kernel was found (kernels are never removed)
+};
+
+// The plan of `op` recorded with `entry`. Arguments past the 64th are keyed by
+// value (always correct, only less cache reuse).
+OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry);
+
+// Tensor arguments put on a stack without taking a reference (the caller's
+// reference keeps them alive for the call). Taking one costs two GIL round
+// trips per tensor that Python holds: since PyTorch 2.10 a TensorImpl whose
+// count goes 1 -> 2 increfs its PyObject (and decrefs it on 2 -> 1), and the
+// op bindings have released the GIL by then. Unboxed record kernels
+// (device_kernels.cpp) use it; record_op makes the entries owned before any
+// path that may keep or drop them, and clears them before dropping the
+// arguments. On an exception the destructor clears the entries still borrowed.
+class BorrowedArgs {
+ public:
+  static constexpr int kMax = 4;
+  // Pushes `t` onto `stack` without a reference; at most kMax per object, all on one stack.
+  void push(torch::jit::Stack* stack, const at::Tensor& t);
+  // Replaces the borrowed entries by owned references.
+  void own();
+  // Clears the borrowed entries to None (before the arguments are dropped).
+  void release();
+  ~BorrowedArgs() { release(); }
+
+ private:
+  torch::jit::Stack* stack_ = nullptr;
+  size_t slots_[kMax] = {};  // stack positions of the borrowed entries
+  int n_ = 0;
+};
+
 // Records `op` (arguments on `stack`) into the queue: shape/dtype inference
 // with the op's meta kernel (same call-time errors as CPU), one Node, fresh
 // "tpu" outputs. Ops whose output shape depends on data, or that have no meta
-// kernel, run through run_eager.
-void record_op(const c10::OperatorHandle& op, const OpEntry& entry, torch::jit::Stack* stack);
+// kernel, run through run_eager. `plan` is plan_op(op, entry). `borrowed`
+// names stack entries that hold no reference (nullptr: none do).
+void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack,
+               BorrowedArgs* borrowed = nullptr);
 
 // Flushes the queue and runs `op` with its CPU kernel on the host buffers,
 // writing results back to "tpu" tensors. Used for data-dependent shapes and
