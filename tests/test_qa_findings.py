@@ -38,16 +38,8 @@ def test_msort_into_strided_out_matches_cpu():
     torch.testing.assert_close(got["tpu"][1], got["cpu"][1])
 
 
-# Fixed in ops/memory_format.cpp (convolution's format from ATen's backend choice, as CPU's
-# _convolution picks it) and torch_tpu_eager/meta_hints.py; sweep: tests/test_channels_last.py.
-def test_conv2d_channels_last_input_keeps_channels_last_strides():
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
-    w = torch.randn(4, 3, 3, 3)
-    c = F.conv2d(x, w)
-    t = F.conv2d(x.to("tpu"), w.to("tpu"))
-    assert t.stride() == c.stride()
-    torch.testing.assert_close(t.cpu(), c)
+# conv2d on a channels_last input returning NCHW strides: fixed in ops/memory_format.cpp and
+# torch_tpu_eager/meta_hints.py; its tests are in tests/test_channels_last.py.
 
 
 # Fixed in record.cpp correct_meta_outcome (masked gradients are undefined, as on CPU).

@@ -81,7 +81,10 @@ def test_scalar_arguments_on_the_unboxed_path_match_cpu(dev):
     run_both(prog, dev)
 
 
-def test_recording_from_several_threads(dev):
+def _chains_in_threads(dev, read_inside):
+    """Four threads each record a 600-op chain that also reads a shared tensor;
+    with ``read_inside`` each thread reads its result with .cpu() itself (so
+    flushes run while the other threads record). Compared with CPU, bit for bit."""
     base = cpu_randn(64, seed=7)
     shared = base.to(dev)
     results, errors = {}, []
@@ -91,7 +94,7 @@ def test_recording_from_several_threads(dev):
             x = cpu_randn(64, seed=10 + k).to(dev)
             for j in range(200):
                 x = (x + shared).mul(0.5) - j * 1e-3
-            results[k] = x  # read after the threads end: this test is about recording
+            results[k] = x.cpu() if read_inside else x
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -108,32 +111,13 @@ def test_recording_from_several_threads(dev):
         torch.testing.assert_close(results[k].cpu(), x, rtol=0, atol=0)
 
 
+def test_recording_from_several_threads(dev):
+    _chains_in_threads(dev, read_inside=False)
+
+
 def test_threads_reading_their_results_while_others_record(dev):
     # A flush started by one thread's .cpu() runs while other threads record ops
     # that read values of that flush whose tensors died meanwhile: those values
     # are still observed (by the new nodes) and must be materialized.
-    base = cpu_randn(64, seed=7)
-    shared = base.to(dev)
     for _ in range(3):
-        results, errors = {}, []
-
-        def worker(k):
-            try:
-                x = cpu_randn(64, seed=10 + k).to(dev)
-                for j in range(200):
-                    x = (x + shared).mul(0.5) - j * 1e-3
-                results[k] = x.cpu()
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(e)
-
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors
-        for k in range(4):
-            x = cpu_randn(64, seed=10 + k)
-            for j in range(200):
-                x = (x + base).mul(0.5) - j * 1e-3
-            torch.testing.assert_close(results[k], x, rtol=0, atol=0)
+        _chains_in_threads(dev, read_inside=True)
