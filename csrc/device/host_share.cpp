@@ -107,22 +107,27 @@ at::Tensor share_with_host(const at::Tensor& self) {
 
 void unshare_for_write(DeferredStorage* s) {
   if (C10_LIKELY(s->host_share.load(std::memory_order_acquire) == nullptr)) return;
+  // Declared before the lock: if this held the last reference to the device
+  // StorageImpl, its release (~DeferredStorage -> release_host_share) must
+  // run after g_share_mu is unlocked.
+  c10::intrusive_ptr<c10::StorageImpl> impl;
   std::lock_guard<std::mutex> lock(g_share_mu);
   HostShare* h = s->host_share.load(std::memory_order_acquire);
   if (h == nullptr) return;
-  s->host_share.store(nullptr, std::memory_order_release);
   if (h->refs.load(std::memory_order_acquire) == 1) {  // every CPU tensor is gone: the buffer is the device's again
+    s->host_share.store(nullptr, std::memory_order_release);
     delete h;
     return;
   }
   // CPU tensors still read the buffer: the device writes a private copy.
+  // Allocated first, so that running out of memory leaves the share intact.
   void* fresh = block_alloc(s->nbytes);
   TORCH_CHECK_WITH(OutOfMemoryError, fresh != nullptr, "tpu: failed to allocate ", s->nbytes,
                    " bytes of host memory for a copy-on-write of a buffer shared with the host");
   std::memcpy(fresh, s->data, s->nbytes);
   count_cow_copy(s->nbytes);
   s->data = fresh;
-  c10::intrusive_ptr<c10::StorageImpl> impl;
+  s->host_share.store(nullptr, std::memory_order_release);
   if (h->device_impl) impl = h->device_impl->lock();
   if (impl && impl->data_ptr().get_context() == s) {
     // Same context (it owns one reference to `s`), new data pointer.
