@@ -557,7 +557,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       writes_overlapping_memory(nargs, plan.writes, *stack, first) ||
       cpu_checks_at_call_time(plan, *stack, first)) {
     if (borrowed) borrowed->own();
-    run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, entry.extra_writes);
+    run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
     return;
   }
 
@@ -590,7 +590,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       // The meta kernel rejected the call (or cannot infer a data-dependent
       // shape). Run CPU's own kernel on the current values: it raises exactly
       // the exception CPU raises (type and message), or computes the result.
-      run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, entry.extra_writes);
+      run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
       return;
     }
     for (size_t k = 0; k < schema.returns().size(); ++k) {
@@ -758,7 +758,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
 }
 
 void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool random, bool fallback,
-               uint64_t extra_writes) {
+               const OpPlan* plan) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
@@ -769,7 +769,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   // get their own buffer first, before any argument's CPU view is built: a
   // view built earlier (another argument on the same storage) would keep the
   // shared buffer.
-  const uint64_t writes = written_args(schema) | extra_writes;
+  const uint64_t writes = plan ? plan->writes : written_args(schema);
   for_each_tensor(*stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
     if (is_tpu(t) && arg < 64 && (writes >> arg & 1)) unshare_for_write(deferred_storage_of(t));
   });

@@ -67,10 +67,10 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
 // Flushes the queue and runs `op` with its CPU kernel on the host buffers,
 // writing results back to "tpu" tensors. Used for data-dependent shapes and
 // for the CPU fallback (fallback == true counts it as such).
-// `extra_writes`: bit i set when argument i is written though its schema does
-// not say so (OpEntry::extra_writes).
+// `plan`: the op's OpPlan when recorded through the op table (its writes
+// include OpEntry::extra_writes); nullptr: the schema says what is written.
 void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool random, bool fallback,
-               uint64_t extra_writes = 0);
+               const OpPlan* plan = nullptr);
 
 // Raises the error CPU/CUDA raise when a tensor of another device is mixed in.
 [[noreturn]] void raise_device_mismatch(const at::Tensor& other);
