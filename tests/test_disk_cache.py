@@ -72,15 +72,22 @@ print(json.dumps({
 """
 
 
-def run_program(tmp_path, cache_dir):
-    """Runs PROGRAM in a fresh process; returns (parsed output, stderr)."""
-    script = tmp_path / "program.py"
-    script.write_text(PROGRAM)
+def child_env(cache_dir):
+    """The environment of a child process that imports this checkout, with
+    TORCH_TPU_CACHE_DIR set to `cache_dir` (unset when None)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("TORCH_TPU_CACHE_DIR", None)
     if cache_dir is not None:
         env["TORCH_TPU_CACHE_DIR"] = str(cache_dir)
+    return env
+
+
+def run_program(tmp_path, cache_dir):
+    """Runs PROGRAM in a fresh process; returns (parsed output, stderr)."""
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    env = child_env(cache_dir)
     out = subprocess.run([sys.executable, str(script)], env=env, cwd=str(tmp_path), capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
@@ -191,9 +198,7 @@ def test_concurrent_processes_share_a_dir(tmp_path):
     cache = tmp_path / "cache"
     script = tmp_path / "program.py"
     script.write_text(PROGRAM)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["TORCH_TPU_CACHE_DIR"] = str(cache)
+    env = child_env(cache)
     procs = [subprocess.Popen([sys.executable, str(script)], env=env, cwd=str(tmp_path), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -283,9 +288,7 @@ def test_forked_child_and_parent_share_a_dir(tmp_path):
     cache = tmp_path / "cache"
     script = tmp_path / "fork_program.py"
     script.write_text(FORK_PROGRAM)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["TORCH_TPU_CACHE_DIR"] = str(cache)
+    env = child_env(cache)
 
     def run(*args):
         out = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True,
