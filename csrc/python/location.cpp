@@ -7,6 +7,15 @@
 #include <Python.h>
 #include <frameobject.h>
 
+// CPython 3.11: the innermost frame of this thread can be read without the
+// GIL (see current_key). Other versions take the GIL for every op.
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define TPU_EAGER_FRAME_WITHOUT_GIL 1
+#define Py_BUILD_CORE
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
+
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -37,28 +46,69 @@ LocationTable& table() {
   return *t;
 }
 
+#ifdef TPU_EAGER_FRAME_WITHOUT_GIL
+// The (code object, bytecode offset in bytes, as PyFrame_GetLasti) of the
+// innermost complete frame of `ts`, this thread's own state. Torch's bindings
+// released the GIL before dispatching, but this thread is blocked inside the
+// call, so its frames cannot change and the frame holds its code object:
+// reading them needs no lock.
+bool current_key(PyThreadState* ts, std::pair<PyObject*, int>* key) {
+  _PyInterpreterFrame* f = ts->cframe ? ts->cframe->current_frame : nullptr;
+  while (f && _PyFrame_IsIncomplete(f)) f = f->previous;
+  if (!f) return false;
+  const int lasti = _PyInterpreterFrame_LASTI(f);
+  *key = {reinterpret_cast<PyObject*>(f->f_code), lasti < 0 ? -1 : lasti * static_cast<int>(sizeof(_Py_CODEUNIT))};
+  return true;
+}
+
+// Per-thread, direct-mapped: (code, offset) -> id for keys the table holds
+// (so the code object outlives the entry). A hit takes neither the GIL nor a lock.
+struct LocalCache {
+  struct Entry {
+    PyObject* code = nullptr;
+    int lasti = 0;
+    int32_t id = -1;
+  };
+  Entry e[256];
+};
+#endif
+
 // Torch's bindings release the GIL before dispatching, so take it back
-// briefly; threads Python never saw (autograd workers) have no frame.
+// briefly (on CPython 3.11 only when the per-thread cache misses); threads
+// Python never saw (autograd workers) have no frame.
 int32_t python_location_id() {
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return -1;
+  if (!Py_IsInitialized()) return -1;
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+  if (ts == nullptr) return -1;
+#ifdef TPU_EAGER_FRAME_WITHOUT_GIL
+  static thread_local LocalCache cache;
+  std::pair<PyObject*, int> key;
+  if (!current_key(ts, &key)) return -1;
+  LocalCache::Entry& slot = cache.e[PairHash()(key) & 255];
+  if (slot.code == key.first && slot.lasti == key.second) return slot.id;
+#endif
   PyGILState_STATE gil = PyGILState_Ensure();
   int32_t id = -1;
   if (PyFrameObject* f = PyEval_GetFrame()) {                             // borrowed
     PyObject* code = reinterpret_cast<PyObject*>(PyFrame_GetCode(f));  // new reference
-    const std::pair<PyObject*, int> key{code, PyFrame_GetLasti(f)};
+    const std::pair<PyObject*, int> found{code, PyFrame_GetLasti(f)};
     LocationTable& t = table();
-    auto it = t.ids.find(key);
+    auto it = t.ids.find(found);
     if (it != t.ids.end()) {
       id = it->second;
       Py_DECREF(code);
     } else if (t.entries.size() < kMaxEntries) {
       id = static_cast<int32_t>(t.entries.size());
-      t.entries.push_back(key);  // keeps the reference
-      t.ids.emplace(key, id);
+      t.entries.push_back(found);  // keeps the reference
+      t.ids.emplace(found, id);
     } else {
       Py_DECREF(code);
     }
   }
+#ifdef TPU_EAGER_FRAME_WITHOUT_GIL
+  // Cached only when the table's entry is the key read without the GIL.
+  if (id >= 0 && table().entries[id] == key) slot = {key.first, key.second, id};
+#endif
   PyGILState_Release(gil);
   return id;
 }

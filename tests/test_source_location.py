@@ -1,0 +1,80 @@
+"""Errors raised at a flush name the Python line that recorded the failing op. On
+CPython 3.11 the line is read without the GIL and cached per thread, so these tests
+record from several lines, loops and threads and check each error names its own line."""
+import sys
+import threading
+
+import pytest
+import torch
+
+from difftest import DEVICE
+
+pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="deferred errors exist only on the tpu device")
+
+
+def _failing(value):
+    # The fill value sits in a device tensor, so its int8 overflow is found only at the flush.
+    mask = torch.ones(3, dtype=torch.bool, device="tpu")
+    return torch.zeros(3, dtype=torch.int8, device="tpu"), mask, value
+
+
+def _error_text(t):
+    with pytest.raises(RuntimeError, match="without overflow") as info:
+        t.cpu()
+    return str(info.value)
+
+
+def test_two_lines_of_one_loop_are_told_apart():
+    value = torch.tensor(300, device="tpu")
+    for i in range(4):  # later rounds hit the per-thread cache
+        z, mask, v = _failing(value)
+        if i % 2:
+            line = sys._getframe().f_lineno + 1
+            t = z.masked_fill(mask, v)
+        else:
+            line = sys._getframe().f_lineno + 1
+            t = z.masked_fill(mask, v)
+        assert f"{__file__}:{line}" in _error_text(t)
+
+
+def test_a_line_in_a_called_function_is_named():
+    value = torch.tensor(300, device="tpu")
+
+    def inner():
+        z, mask, v = _failing(value)
+        return z.masked_fill(mask, v), sys._getframe().f_lineno
+
+    for _ in range(3):
+        t, line = inner()
+        assert f"{__file__}:{line}" in _error_text(t)
+
+
+def test_threads_name_their_own_lines():
+    value = torch.tensor(300, device="tpu")
+    texts, lines, errors = {}, {}, []
+
+    def work(k):
+        try:
+            for _ in range(20):
+                z, mask, v = _failing(value)
+                if k == 0:
+                    lines[k] = sys._getframe().f_lineno + 1
+                    t = z.masked_fill(mask, v)
+                else:
+                    lines[k] = sys._getframe().f_lineno + 1
+                    t = z.masked_fill(mask, v)
+                try:
+                    t.cpu()
+                except RuntimeError as e:
+                    texts.setdefault(k, set()).add(str(e).split(" recorded at ")[1].split(" ")[0])
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    for k in range(2):
+        assert texts[k] == {f"{__file__}:{lines[k]}"}
