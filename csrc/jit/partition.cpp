@@ -33,7 +33,7 @@ void mix_ivalue(uint64_t& h, const c10::IValue& v) {
 }
 
 // The shape an op iterates over: its first fresh output, else its first written argument.
-const std::vector<int64_t>* iteration_shape(const Node& n) {
+const Dims* iteration_shape(const Node& n) {
   if (!n.outputs.empty()) return &n.outputs[0].sizes;
   for (const auto& in : n.inputs)
     if (in.written) return &in.ref.sizes;
@@ -41,7 +41,7 @@ const std::vector<int64_t>* iteration_shape(const Node& n) {
 }
 
 // Whether `n` may join region `r` under the fusion rules.
-bool fusible_into(const Region& r, const std::vector<int64_t>& anchor_shape, const Node& n) {
+bool fusible_into(const Region& r, const Dims& anchor_shape, const Node& n) {
   const auto k = static_cast<PrimKind>(n.kind);
   if (k == PrimKind::kLibrary || r.anchor == PrimKind::kLibrary || r.nodes.size() >= kMaxRegionOps) return false;
   const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
@@ -58,7 +58,7 @@ bool fusible_into(const Region& r, const std::vector<int64_t>& anchor_shape, con
 std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live,
                               const std::unordered_set<const DeferredStorage*>& observed) {
   std::vector<Region> regions;
-  std::vector<std::vector<int64_t>> anchor_shapes;
+  std::vector<Dims> anchor_shapes;
   // storage -> latest region that wrote it / that read or wrote it, in this flush
   std::unordered_map<const DeferredStorage*, int> writer, last_access;
   // storage -> (graph index, output index) of the fresh output that created it
@@ -95,12 +95,12 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
                      : PrimKind::kElementwise;
       regions.push_back(std::move(r));
       const auto* shape = iteration_shape(n);
-      anchor_shapes.emplace_back(shape ? *shape : std::vector<int64_t>{});
+      anchor_shapes.emplace_back(shape ? *shape : Dims{});
       target = static_cast<int>(regions.size()) - 1;
     } else if (k == PrimKind::kReduction) {
       regions[target].anchor = k;
       const auto* shape = iteration_shape(n);
-      anchor_shapes[target] = shape ? *shape : std::vector<int64_t>{};
+      anchor_shapes[target] = shape ? *shape : Dims{};
     }
     regions[target].nodes.push_back(i);
     regions[target].materialize.emplace_back(n.outputs.size(), 0);

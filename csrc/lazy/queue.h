@@ -38,11 +38,22 @@ const char* flush_reason_name(FlushReason r);
 // Snapshot of a tensor's view of a deferred storage at record time:
 // (storage, dtype, sizes, strides, storage offset). Later metadata changes of
 // the tensor (resize_, set_, t_) do not affect a recorded op.
+// Sizes or strides of a recorded tensor, held inline up to 6 dims: recording
+// an op builds one TensorRef per tensor, and two heap vectors each were ~10%
+// of the record path. Converts to std::vector for the stages that keep them.
+struct Dims : c10::SmallVector<int64_t, 6> {
+  using c10::SmallVector<int64_t, 6>::SmallVector;
+  Dims() = default;
+  Dims(const std::vector<int64_t>& v) : c10::SmallVector<int64_t, 6>(v.begin(), v.end()) {}  // NOLINT: implicit
+  operator std::vector<int64_t>() const { return std::vector<int64_t>(begin(), end()); }     // NOLINT: implicit
+  operator c10::IntArrayRef() const { return c10::IntArrayRef(data(), size()); }             // NOLINT: implicit
+};
+
 struct TensorRef {
   StoragePtr storage;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  Dims sizes;
+  Dims strides;
   int64_t offset = 0;
   bool conj = false;  // conjugate / negative view bits of the tensor
   bool neg = false;

@@ -88,7 +88,7 @@ RegionLayout region_layout(const Region& region, const std::vector<Node>& graph,
   }
 
   // The grid.
-  const std::vector<int64_t>* anchor = nullptr;
+  const Dims* anchor = nullptr;
   for (auto it = region.nodes.rbegin(); it != region.nodes.rend(); ++it) {
     const Node& n = graph[*it];
     if (static_cast<PrimKind>(n.kind) != PrimKind::kReduction || n.inputs.empty()) continue;

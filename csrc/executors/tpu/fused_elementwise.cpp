@@ -87,7 +87,7 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
   // the device buffer directly); a single row reduction still runs here.
   if (region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)
     return false;
-  const std::vector<int64_t>* shape = nullptr;
+  const Dims* shape = nullptr;
   std::unordered_map<const DeferredStorage*, Operand> reg_of;  // region value -> register or output
   std::vector<at::Tensor> externals;
   std::unordered_map<const DeferredStorage*, int> ext_of;
