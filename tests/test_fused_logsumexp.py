@@ -159,14 +159,18 @@ def test_autograd_matches_cpu():
     assert_same(gx, gx_cpu)
 
 
-@pytest.mark.parametrize("case", ["dim0", "two_dims", "int64", "transposed", "empty_rows", "one_long_row"])
+@pytest.mark.parametrize("case", ["dim0", "two_dims", "int64", "transposed", "transposed_producer", "empty_rows",
+                                  "one_long_row"])
 def test_other_cases_fall_back_and_match_cpu(case):
+    # "transposed_producer": CPU's x.t() * 2 keeps the transposed layout, and its sum over
+    # the strided last dim adds in another order than over a contiguous one.
     x = cpu_randn(17, 19, 5, seed=14)
     fn, arg = {
         "dim0": (lambda t: torch.logsumexp(t * 2, 0), x),
         "two_dims": (lambda t: torch.logsumexp(t * 2, (1, 2)), x),
         "int64": (lambda t: torch.logsumexp(t, -1), torch.arange(60).reshape(6, 10)),
         "transposed": (lambda t: torch.logsumexp(t.t(), -1), cpu_randn(33, 9, seed=15)),
+        "transposed_producer": (lambda t: torch.logsumexp(t.t() * 2, -1), cpu_randn(333, 129, seed=17)),
         "empty_rows": (lambda t: torch.logsumexp(t * 2, -1), torch.zeros(0, 7)),
         "one_long_row": (lambda t: torch.logsumexp(t * 2, -1), cpu_randn(1, 50000, seed=16)),
     }[case]
