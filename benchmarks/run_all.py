@@ -16,7 +16,9 @@ benchmark first checks its result against CPU PyTorch and is not timed if that f
 4. softmax over the last dim and layer_norm (with weight and bias) on 4096x1024 float32,
    "tpu" vs CPU eager, twice: result read to the host (the tpu figure then includes a
    16 MB device-to-host copy that CPU eager does not make), and result left on the
-   device (``torch.tpu.synchronize()``, as device benchmarks time kernels).
+   device (``torch.tpu.synchronize()``, as device benchmarks time kernels); then
+   ``torch.logsumexp(x * 2 + b, -1)`` on 4096x1024 float32, result read to the host
+   (checked bit for bit against CPU).
 5. digits MLP training step (64-128-64-10, batch 64, Adam), loss read every 10 steps.
 6. char-LM training step (examples/train_char_lm.py's model, config and AdamW; forward,
    backward, clip_grad_norm_, step), loss read every step, "tpu" vs CPU eager; then the
@@ -414,6 +416,38 @@ def bench_rows(cfg, report):
         report.row(f"  {label}, result kept on device", "ms", samples, 1e3, ratios=[("cpu", "tpu")])
 
 
+def _assert_bit_equal(actual, expected):
+    assert torch.equal(actual, expected), f"max difference {(actual - expected).abs().max().item()}"
+
+
+def bench_logsumexp(cfg, report):
+    """torch.logsumexp(x * 2 + b, -1) over the rows of a large matrix, read to the host.
+    b has x's shape (a broadcast operand would end the fused loop's region on "tpu")."""
+    rows, cols = cfg["rows_shape"]
+    g = torch.Generator().manual_seed(SEED + 3)
+    x_cpu, b_cpu = torch.randn(rows, cols, generator=g), torch.randn(rows, cols, generator=g)
+    x, b = x_cpu.to(TPU), b_cpu.to(TPU)
+    torch.tpu.synchronize()
+    bench = f"logsumexp(x * 2 + b, -1) {rows}x{cols} f32 -> host"
+    expected = torch.logsumexp(x_cpu * 2 + b_cpu, -1)
+    # The device computes logsumexp as CPU does, so the check is bit for bit.
+    if not report.check(bench, lambda: _assert_bit_equal(torch.logsumexp(x * 2 + b, -1).cpu(), expected)):
+        report.failed_row(bench, "CHECK FAILED")
+        return
+    iters = cfg["rows_iters"]
+
+    def run(t, u):
+        def one_repeat():
+            t0 = clock()
+            for _ in range(iters):
+                torch.logsumexp(t * 2 + u, -1).cpu()
+            return (clock() - t0) / iters
+        return one_repeat
+
+    samples = interleave({"tpu": run(x, b), "cpu": run(x_cpu, b_cpu)}, cfg["repeats"])
+    report.row(bench, "ms", samples, 1e3, ratios=[("cpu", "tpu")])
+
+
 # ---------------------------------------------------------------- 5. digits MLP
 
 def digits_data(n_batches, batch=64):
@@ -704,6 +738,7 @@ def run(argv=None):
         bench_chain16(cfg, report)
         bench_chain16_bytes(cfg, report)
         bench_rows(cfg, report)
+        bench_logsumexp(cfg, report)
         bench_mlp(cfg, report)
         bench_char_lm(cfg, report)
         report.metrics["wall_seconds"] = clock() - t0

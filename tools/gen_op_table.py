@@ -182,6 +182,21 @@ def composite_out_cpu_only(full, overload):
             and C._dispatch_has_kernel_for_dispatch_key(full, "Meta"))
 
 
+# Functional composites recorded as one node: the JIT then sees the whole op and can run it
+# as one row loop fused with its producers (csrc/executors/tpu/logsumexp_row.inc); elsewhere
+# the executor runs CPU's out= composite on host buffers, so results equal CPU's. Autograd is
+# unaffected: the op's derivative is registered above the backend key.
+COMPOSITE_RECORDED = {"logsumexp"}
+
+
+def composite_recorded(full, overload):
+    """True for a COMPOSITE_RECORDED overload whose only kernel is still the
+    CompositeExplicitAutograd one and which has the Meta kernel the record kernel needs."""
+    return (overload in COMPOSITE_RECORDED and not C._dispatch_has_kernel_for_dispatch_key(full, "CPU")
+            and C._dispatch_has_kernel_for_dispatch_key(full, "CompositeExplicitAutograd")
+            and C._dispatch_has_kernel_for_dispatch_key(full, "Meta"))
+
+
 def main():
     rows = []
     for full in sorted(C._dispatch_get_all_op_names()):
@@ -191,7 +206,7 @@ def main():
             continue
         overload = full[len("aten::"):]
         if not (C._dispatch_has_kernel_for_dispatch_key(full, "CPU") or composite_pointwise(full, overload)
-                or composite_out_cpu_only(full, overload)):
+                or composite_out_cpu_only(full, overload) or composite_recorded(full, overload)):
             continue
         if overload in SPECIAL or EXCLUDE.search(overload):
             continue

@@ -2,6 +2,7 @@
 // (the tile loops are in fused_kernels_*.cpp, one per instruction set).
 #include "executors/tpu/fused_elementwise.h"
 
+#include "executors/tpu/cpu_vml.h"
 #include "executors/tpu/fused_program.h"
 
 #include <cstdlib>
@@ -53,20 +54,26 @@ int64_t numel_of(const std::vector<int64_t>& sizes) {
   return n;
 }
 
-// _softmax / _log_softmax over the last dim of a float32 tensor, as CPU computes them.
-bool row_anchor(const std::string& name, const Node& n, fused::RowOp* op) {
-  if (name == "_softmax") {
-    *op = fused::RowOp::kSoftmax;
-  } else if (name == "_log_softmax") {
-    *op = fused::RowOp::kLogSoftmax;
+// _softmax / _log_softmax / logsumexp over the last dim of a float32 tensor of
+// shape `sizes`, as CPU computes them.
+bool row_anchor(const std::string& name, const Node& n, const std::vector<int64_t>& sizes, fused::RowOp* op) {
+  int64_t dim = 0;
+  if (name == "_softmax" || name == "_log_softmax") {
+    if (!n.args[1].isInt() || !n.args[2].isBool() || n.args[2].toBool()) return false;
+    *op = name == "_softmax" ? fused::RowOp::kSoftmax : fused::RowOp::kLogSoftmax;
+    dim = n.args[1].toInt();
+  } else if (name == "logsumexp") {
+    if (!tpu::vml::available() || !n.args[1].isIntList() || n.args[1].toIntList().size() != 1) return false;
+    *op = fused::RowOp::kLogSumExp;
+    dim = n.args[1].toIntList().get(0);
+    // A single row of at least GRAIN_SIZE (32,768) floats: CPU's sum splits it
+    // between threads (two-pass reduction), an order the row loop does not follow.
+    if (!sizes.empty() && sizes.back() >= 32768 && numel_of(sizes) == sizes.back()) return false;
   } else {
     return false;
   }
-  const auto& sizes = n.outputs[0].sizes;
-  if (sizes.empty() || !n.args[1].isInt() || !n.args[2].isBool() || n.args[2].toBool()) return false;
-  const int64_t dim = n.args[1].toInt();
   const int64_t ndim = static_cast<int64_t>(sizes.size());
-  return dim == ndim - 1 || dim == -1;
+  return ndim > 0 && (dim == ndim - 1 || dim == -1);
 }
 
 }  // namespace
@@ -125,11 +132,13 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
     const auto& schema = n.op.schema();
     if (schema.is_mutable() || n.outputs.size() != 1 || n.outputs[0].dtype != at::kFloat) return false;
     const TensorRef& out = n.outputs[0];
-    if (!shape) shape = &out.sizes;
-    if (out.sizes != *shape || out.offset != 0 || !out.is_dense()) return false;
     const std::string name = schema.name().substr(6);
+    // The shape the op iterates over: logsumexp's input (its output has one value per row).
+    const auto& sizes = name == "logsumexp" && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
+    if (!shape) shape = &sizes;
+    if (sizes != *shape || out.offset != 0 || !out.is_dense()) return false;
     const std::string& overload = schema.overload_name();
-    if (p + 1 == region.nodes.size() && row_anchor(name, n, &anchor.op)) {
+    if (p + 1 == region.nodes.size() && row_anchor(name, n, sizes, &anchor.op)) {
       // The region's last op reduces rows of the program's last value (or of an input).
       if (!region.materialize[p][0] || n.inputs.size() != 1 || n.inputs[0].arg != 0) return false;
       if (!tensor_operand(n.inputs[0].ref, &anchor.in) || anchor.in.kind == Operand::kConst) return false;
@@ -211,7 +220,8 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
   }
 
   for (auto& e : externals) stats.bytes_read += e.numel() * 4;
-  stats.bytes_written += (static_cast<int64_t>(outputs.size()) + (has_anchor ? 1 : 0)) * numel * 4;
+  stats.bytes_written += static_cast<int64_t>(outputs.size()) * numel * 4;
+  if (has_anchor) stats.bytes_written += (anchor.op == fused::RowOp::kLogSumExp ? anchor.rows : numel) * 4;
   return true;
 }
 

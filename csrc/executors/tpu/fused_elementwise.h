@@ -14,9 +14,9 @@ namespace tpu {
 // elementwise op (add, sub, mul, div, neg, abs, relu, exp, log, sin, cos,
 // tanh, sigmoid, sqrt, rsqrt, reciprocal; functional overloads) over one
 // contiguous shape, with 0-dim tensors and Python scalars as runtime
-// parameters; the region may end with _softmax / _log_softmax over the last
-// dim, then run as one loop over blocks of rows (producers and the row
-// reduction in one pass over memory). Returns false, having done nothing, for
+// parameters; the region may end with _softmax / _log_softmax / logsumexp
+// over the last dim, then run as one loop over blocks of rows (producers and
+// the row reduction in one pass over memory). Returns false, having done nothing, for
 // any other region. Every op uses the vectorized routines (SLEEF) and
 // reduction order of CPU's kernel of the same capability, so results equal
 // CPU's.

@@ -47,12 +47,12 @@ int assign_registers(std::vector<Instr>& instrs, Operand* extra_use);
 // A row reduction over the last dim that ends a region, fed by the program
 // (its input is a register, an external buffer or a materialized output of
 // `rows` x `cols` floats).
-enum class RowOp : uint8_t { kSoftmax, kLogSoftmax };
+enum class RowOp : uint8_t { kSoftmax, kLogSoftmax, kLogSumExp };
 struct RowAnchor {
   RowOp op = RowOp::kSoftmax;
   int64_t rows = 0, cols = 0;
   Operand in;
-  float* out = nullptr;  // contiguous rows x cols
+  float* out = nullptr;  // contiguous rows x cols (kLogSumExp: rows)
 };
 
 // Runs the program over tiles of at most 1,024 floats (fewer when many
@@ -63,7 +63,7 @@ void run_avx2(const Program& p);
 void run_avx512(const Program& p);
 // Runs the program over blocks of whole rows (about 32 KB per register), then
 // the row reduction on each row of the block while it is still in cache: one
-// pass over memory for producers + softmax instead of one per op.
+// pass over memory for producers + softmax (or logsumexp) instead of one per op.
 void run_rows_avx2(const Program& p, const RowAnchor& a);
 void run_rows_avx512(const Program& p, const RowAnchor& a);
 

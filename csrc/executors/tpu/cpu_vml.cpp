@@ -1,0 +1,45 @@
+// CPU's float32 exp and log through MKL's VML (see cpu_vml.h).
+#include "executors/tpu/cpu_vml.h"
+
+#include <algorithm>
+
+#include <ATen/Context.h>
+
+// MKL's VML entry points (mkl_vml_functions.h), exported by libtorch_cpu when
+// torch is built with MKL; weak so that the extension still loads without.
+// MKL_INT is int (LP64, as ATen/cpu/vml.h assumes); the mode is MKL_INT64.
+extern "C" {
+__attribute__((weak)) void vmsExp(int n, const float* a, float* r, long long mode);
+__attribute__((weak)) void vmsLn(int n, const float* a, float* r, long long mode);
+}
+
+namespace tpu_eager {
+namespace tpu {
+namespace vml {
+namespace {
+
+// The mode ATen passes (ATen/cpu/vml.h): VML_HA | VML_FTZDAZ_OFF |
+// VML_ERRMODE_IGNORE, values from MKL's mkl_vml_defines.h.
+constexpr long long kMode = 0x00000002 | 0x00140000 | 0x00000100;
+
+// ATen splits calls at MKL_INT's maximum; so does this (n per call fits an int).
+template <typename F>
+void chunked(F f, const float* x, float* y, int64_t n) {
+  constexpr int64_t kMax = 2147483647;
+  for (int64_t i = 0; i < n; i += kMax) f(static_cast<int>(std::min(kMax, n - i)), x + i, y + i, kMode);
+}
+
+}  // namespace
+
+bool available() {
+  static const bool ok = at::hasMKL() && vmsExp != nullptr && vmsLn != nullptr;
+  return ok;
+}
+
+void exp(const float* x, float* y, int64_t n) { chunked(vmsExp, x, y, n); }
+
+void log(const float* x, float* y, int64_t n) { chunked(vmsLn, x, y, n); }
+
+}  // namespace vml
+}  // namespace tpu
+}  // namespace tpu_eager
