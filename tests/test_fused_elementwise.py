@@ -2,7 +2,8 @@
 materialized values written by their instruction and read back by later ones, operand
 kinds (register, device buffer, constant) and sizes that end in a partial vector or tile.
 IEEE-exact ops are compared with CPU bit for bit; transcendental ones within an ulp or so
-(CPU's kernels finish a loop with scalar libm calls where the fused loop keeps SLEEF)."""
+under the default fused math (CPU's exp, sin, ... call MKL's VML, the fused loop ATen's
+SLEEF routines; tests/test_fused_math.py covers the bit-equal "cpu" mode)."""
 import pytest
 import torch
 

@@ -18,8 +18,8 @@ SHAPES = [(1, 1), (3, 7), (64, 1000), (5, 17, 33), (2, 16385), (4096, 3)]
 
 def _prologue(x, y):
     # IEEE-exact ops only, so the fused result can be compared bit for bit: CPU's
-    # transcendental kernels switch to scalar libm for the last few elements of a
-    # loop, where the fused loop keeps the vector routine (results then differ by an ulp).
+    # exp, sin, ... kernels call MKL's VML, which the fused loop uses only under
+    # set_fused_math("cpu") (tests/test_fused_math.py); by default it uses SLEEF.
     return (x * 1.5 - y) / 3.0 + 0.25
 
 

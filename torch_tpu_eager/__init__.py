@@ -9,8 +9,8 @@ Public API: :func:`metrics`, :func:`reset_metrics`, :func:`synchronize`,
 :class:`EagerMode`, :func:`set_eager_mode`, :func:`set_queue_limits`,
 :func:`op_table`, :func:`set_cache_dir` / :func:`cache_dir` (on-disk cache,
 env var ``TORCH_TPU_CACHE_DIR``), :func:`set_target` / :func:`get_target` / :func:`list_targets` /
-:func:`target_info` (the simulated chip), :class:`profile` (simulated kernel
-profiler), plus ``torch.tpu`` (see :mod:`torch_tpu_eager.device`).
+:func:`target_info` (the simulated chip), :func:`set_fused_math` / :func:`fused_math`
+(float32 math routines of fused loops), :class:`profile` (simulated kernel profiler), plus ``torch.tpu`` (see :mod:`torch_tpu_eager.device`).
 """
 import torch
 
@@ -32,6 +32,7 @@ from .disk_cache import cache_dir, set_cache_dir  # noqa: E402
 from . import spyre  # noqa: E402,F401  (df16 codec: torch_tpu_eager.spyre)
 from .profiler import profile  # noqa: E402
 from .target import get_target, list_targets, set_target, target_info  # noqa: E402
+from .fused_math import fused_math, set_fused_math  # noqa: E402
 from . import target as _target  # noqa: E402
 
 _target._init_from_env()
@@ -53,4 +54,6 @@ __all__ = [
     "get_target",
     "list_targets",
     "target_info",
+    "set_fused_math",
+    "fused_math",
 ]

@@ -19,6 +19,7 @@
 #include "executors/spyre/spyre.h"
 #include "executors/tpu/chip.h"
 #include "executors/tpu/cost_model.h"
+#include "executors/tpu/fused_program.h"
 #include "executors/tpu/tiling.h"
 #include "jit/disk_cache.h"
 #include "jit/dynamic_shapes.h"
@@ -321,6 +322,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_pending_ops", &pending_ops);
   m.def("_set_queue_limits", &set_queue_limits, py::arg("max_ops"), py::arg("max_bytes"));
   m.def("_queue_limits", &queue_limits);
+  m.def("_set_fused_math", [](bool cpu) {
+    tpu::fused::set_math_routines(cpu ? tpu::fused::MathRoutines::kCpu : tpu::fused::MathRoutines::kSleef);
+  });
+  m.def("_fused_math_is_cpu", [] { return tpu::fused::math_routines() == tpu::fused::MathRoutines::kCpu; });
   m.def("_cache_size", &jit::cache_size);
   m.def("_mark_dynamic", [](const at::Tensor& t, int64_t dim, int64_t lower, int64_t upper) {
     jit::mark_dynamic(deferred_storage_of(t), t.dim(), dim, lower, upper);

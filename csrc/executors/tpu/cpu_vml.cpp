@@ -11,6 +11,10 @@
 extern "C" {
 __attribute__((weak)) void vmsExp(int n, const float* a, float* r, long long mode);
 __attribute__((weak)) void vmsLn(int n, const float* a, float* r, long long mode);
+__attribute__((weak)) void vmsSin(int n, const float* a, float* r, long long mode);
+__attribute__((weak)) void vmsCos(int n, const float* a, float* r, long long mode);
+__attribute__((weak)) void vmsTanh(int n, const float* a, float* r, long long mode);
+__attribute__((weak)) void vmsSqrt(int n, const float* a, float* r, long long mode);
 }
 
 namespace tpu_eager {
@@ -32,13 +36,22 @@ void chunked(F f, const float* x, float* y, int64_t n) {
 }  // namespace
 
 bool available() {
-  static const bool ok = at::hasMKL() && vmsExp != nullptr && vmsLn != nullptr;
+  static const bool ok = at::hasMKL() && vmsExp != nullptr && vmsLn != nullptr && vmsSin != nullptr &&
+                         vmsCos != nullptr && vmsTanh != nullptr && vmsSqrt != nullptr;
   return ok;
 }
 
 void exp(const float* x, float* y, int64_t n) { chunked(vmsExp, x, y, n); }
 
 void log(const float* x, float* y, int64_t n) { chunked(vmsLn, x, y, n); }
+
+void sin(const float* x, float* y, int64_t n) { chunked(vmsSin, x, y, n); }
+
+void cos(const float* x, float* y, int64_t n) { chunked(vmsCos, x, y, n); }
+
+void tanh(const float* x, float* y, int64_t n) { chunked(vmsTanh, x, y, n); }
+
+void sqrt(const float* x, float* y, int64_t n) { chunked(vmsSqrt, x, y, n); }
 
 }  // namespace vml
 }  // namespace tpu

@@ -2,11 +2,18 @@
 #include "executors/tpu/fused_program.h"
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 namespace tpu_eager {
 namespace tpu {
 namespace fused {
+namespace {
+std::atomic<MathRoutines> g_math{MathRoutines::kSleef};
+}  // namespace
+
+void set_math_routines(MathRoutines m) { g_math.store(m, std::memory_order_relaxed); }
+MathRoutines math_routines() { return g_math.load(std::memory_order_relaxed); }
 
 int assign_registers(std::vector<Instr>& instrs, Operand* extra_use) {
   // Last reader of each planned register (instrs.size() for extra_use).

@@ -37,6 +37,18 @@ struct Program {
   std::vector<float*> outputs;          // contiguous device buffers written
 };
 
+// Which routines fused loops use for float32 exp, log, sin, cos, tanh and
+// sqrt. kSleef: ATen's vectorized routines (at::vec: SLEEF's u10 exp, log and
+// tanh, error bound 1.0 ulp, and u35 sin and cos, 3.5 ulp, per SLEEF's
+// documentation; sqrt is the correctly rounded instruction), which CPU's own
+// softmax and sigmoid kernels use too. kCpu:
+// the routines CPU's unary kernels call (at::vml: MKL's VML in torch's x86-64
+// wheels, cpu_vml.h), so each fused value equals torch.exp(x) etc. bit for
+// bit, at about twice the cost on a transcendental-heavy chain. Process-wide.
+enum class MathRoutines : uint8_t { kSleef, kCpu };
+void set_math_routines(MathRoutines m);
+MathRoutines math_routines();
+
 // Renames the program's registers (numbered one per value when planned) so
 // that a register is reused once its value is dead; `extra_use` (may be null)
 // is an operand read after the last instruction. Returns the register count.
