@@ -165,6 +165,10 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
         (in.arg == 2 ? anchor.gamma : anchor.beta) = ln_params.back().data_ptr<float>();
       }
       if (anchor.in.kind == Operand::kConst) return false;  // no input slot
+      // Alone with weight and bias it is CPU's own kernel that the existing
+      // path calls (direct_kernels), ~8% faster than this loop on 4096x1024;
+      // without them CPU's kernel takes a scalar loop and this one is ~1.7x faster.
+      if (program.empty() && anchor.gamma && anchor.beta) return false;
       anchor.op = fused::RowOp::kLayerNorm;
       anchor.eps = static_cast<float>(n.args[4].toDouble());  // CPU's kernel takes eps as the input's type
       anchor.rows = anchor.cols ? numel_of(*shape) / anchor.cols : 0;
