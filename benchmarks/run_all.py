@@ -13,8 +13,8 @@ benchmark first checks its result against CPU PyTorch and is not timed if that f
    on "tpu", CPU eager and torch.compile (CPU, inductor, compiled once before timing).
 3. bytes moved by chain16 on "tpu" (the ``bytes_read`` + ``bytes_materialized`` counters
    per run) against the floor of reading its input once and writing its output once.
-4. softmax over the last dim and layer_norm (with weight and bias) on 4096x1024 float32,
-   "tpu" vs CPU eager, twice: result read to the host (the tpu figure then includes a
+4. softmax over the last dim, layer_norm (with weight and bias) and layer_norm of a sum
+   ``F.layer_norm(x + r)`` on 4096x1024 float32, "tpu" vs CPU eager, twice: result read to the host (the tpu figure then includes a
    16 MB device-to-host copy that CPU eager does not make), and result left on the
    device (``torch.tpu.synchronize()``, as device benchmarks time kernels); then
    ``torch.logsumexp(x * 2 + b, -1)`` on 4096x1024 float32, result read to the host
@@ -372,15 +372,19 @@ def _layer_norm_params(cols):
 
 
 def bench_rows(cfg, report):
-    """softmax(dim=-1) and layer_norm over the rows of a large matrix, read to the host."""
+    """softmax(dim=-1) and layer_norm over the rows of a large matrix, read to the host;
+    then layer_norm of a sum (x + r), whose producer "tpu" fuses into the row loop."""
     rows, cols = cfg["rows_shape"]
     x_cpu = torch.randn(rows, cols, generator=torch.Generator().manual_seed(SEED))
+    r_cpu = torch.randn(rows, cols, generator=torch.Generator().manual_seed(SEED + 3))
     w_cpu, b_cpu = _layer_norm_params(cols)
     x, w, b = x_cpu.to(TPU), w_cpu.to(TPU), b_cpu.to(TPU)
+    residual = {id(x): r_cpu.to(TPU), id(x_cpu): r_cpu}  # the r of each contender's x
     torch.tpu.synchronize()
     cases = (
         ("softmax(dim=-1)", lambda t, w, b: F.softmax(t, dim=-1)),
         ("layer_norm", lambda t, w, b: F.layer_norm(t, (cols,), w, b)),
+        ("layer_norm(x + r)", lambda t, w, b: F.layer_norm(t + residual[id(t)], (cols,), w, b)),
     )
     iters = cfg["rows_iters"]
     for label, fn in cases:

@@ -87,6 +87,14 @@ bool layer_norm_backward(const torch::jit::Stack& a, const std::vector<at::Tenso
 
 }  // namespace
 
+const char* layer_norm_kernel_capability() {
+  using Stub = at::native::LayerNormKernel_DECLARE_DISPATCH_type;
+  const auto kernel = cpu_kernel<Stub>();
+  if (kernel && kernel == Stub::AVX512) return "AVX512";
+  if (kernel && kernel == Stub::AVX2) return "AVX2";
+  return "DEFAULT";
+}
+
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs) {
   const auto& schema = n.op.schema();
   if (!schema.overload_name().empty()) return false;

@@ -21,5 +21,10 @@ namespace host {
 // having written nothing, for any other op or case.
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs);
 
+// The capability ("AVX512", "AVX2" or "DEFAULT") of the LayerNormKernel that
+// CPU's layer_norm calls on this machine, as its dispatch stub chooses (torch
+// 2.13's x86 build has no AVX512 one, so AVX512 CPUs run the AVX2 kernel).
+const char* layer_norm_kernel_capability();
+
 }  // namespace host
 }  // namespace tpu_eager

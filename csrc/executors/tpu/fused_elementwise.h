@@ -15,8 +15,9 @@ namespace tpu {
 // tanh, sigmoid, sqrt, rsqrt, reciprocal; functional overloads) over one
 // contiguous shape, with 0-dim tensors and Python scalars as runtime
 // parameters; the region may end with _softmax / _log_softmax / logsumexp
-// over the last dim, then run as one loop over blocks of rows (producers and
-// the row reduction in one pass over memory). Returns false, having done nothing, for
+// over the last dim or native_layer_norm (float32 weight / bias or None; mean
+// and rstd written only when materialized), then run as one loop over blocks
+// of rows (producers and the row reduction in one pass over memory). Returns false, having done nothing, for
 // any other region. Every op uses the vectorized routines (SLEEF) and
 // reduction order of CPU's kernel of the same capability, so results equal
 // CPU's.

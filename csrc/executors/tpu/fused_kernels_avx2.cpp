@@ -15,4 +15,5 @@
 #define CPU_CAPABILITY_AVX2
 #define FUSED_RUN run_avx2
 #define FUSED_ROWS run_rows_avx2
+#define FUSED_LN_ROW layer_norm_row_avx2
 #include "executors/tpu/fused_kernels.inc"

@@ -27,4 +27,5 @@
 #define CPU_CAPABILITY_AVX512
 #define FUSED_RUN run_avx512
 #define FUSED_ROWS run_rows_avx512
+#define FUSED_LN_ROW layer_norm_row_avx512
 #include "executors/tpu/fused_kernels.inc"

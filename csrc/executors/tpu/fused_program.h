@@ -59,12 +59,40 @@ int assign_registers(std::vector<Instr>& instrs, Operand* extra_use);
 // A row reduction over the last dim that ends a region, fed by the program
 // (its input is a register, an external buffer or a materialized output of
 // `rows` x `cols` floats).
-enum class RowOp : uint8_t { kSoftmax, kLogSoftmax, kLogSumExp };
+// One row of native_layer_norm with the arithmetic of CPU's LayerNormKernel
+// of one capability (layer_norm_row.inc): y = (x - mean) * rstd * gamma + beta
+// over `n` floats, (mean, var) from ATen's RowwiseMoments, rstd = 1 /
+// sqrt(var + eps). gamma / beta (`n` floats) may be null; mean_out / rstd_out
+// (one float each) may be null.
+using LayerNormRowFn = void (*)(const float* x, float* y, int64_t n, const float* gamma, const float* beta, float eps,
+                                float* mean_out, float* rstd_out);
+void layer_norm_row_avx2(const float* x, float* y, int64_t n, const float* gamma, const float* beta, float eps,
+                         float* mean_out, float* rstd_out);
+void layer_norm_row_avx512(const float* x, float* y, int64_t n, const float* gamma, const float* beta, float eps,
+                           float* mean_out, float* rstd_out);
+
+enum class RowOp : uint8_t {
+  kSoftmax,
+  kLogSoftmax,
+  kLayerNorm,  // native_layer_norm over the last dims flattened to `cols`
+  kLogSumExp,
+};
 struct RowAnchor {
   RowOp op = RowOp::kSoftmax;
   int64_t rows = 0, cols = 0;
   Operand in;
   float* out = nullptr;  // contiguous rows x cols (kLogSumExp: rows)
+  // kLayerNorm: the row kernel of the capability CPU's LayerNormKernel stub
+  // dispatches to (its own, not the producers'), weight / bias (`cols`
+  // floats, null when None), eps rounded to float as CPU's kernel does, and
+  // the per-row mean / rstd outputs (`rows` floats, null when the region does
+  // not materialize them).
+  LayerNormRowFn ln_row = nullptr;
+  const float* gamma = nullptr;
+  const float* beta = nullptr;
+  float eps = 0.0f;
+  float* mean = nullptr;
+  float* rstd = nullptr;
 };
 
 // Runs the program over tiles of at most 1,024 floats (fewer when many
@@ -75,7 +103,7 @@ void run_avx2(const Program& p);
 void run_avx512(const Program& p);
 // Runs the program over blocks of whole rows (about 32 KB per register), then
 // the row reduction on each row of the block while it is still in cache: one
-// pass over memory for producers + softmax (or logsumexp) instead of one per op.
+// pass over memory for producers + softmax / layer_norm / logsumexp instead of one per op.
 void run_rows_avx2(const Program& p, const RowAnchor& a);
 void run_rows_avx512(const Program& p, const RowAnchor& a);
 
