@@ -101,6 +101,53 @@ class TpuHooks final : public host::HostRunHooks {
   const at::Float32MatmulPrecision prec_;
 };
 
+// A region whose row reduction (softmax, log_softmax, layer_norm, logsumexp)
+// has elementwise consumers after it: the fused row loop ends at the
+// reduction, so the region runs in two parts, the producers and the reduction
+// in the fused row loop, then the consumers (fused, or op by op) reading its
+// result from a device buffer, instead of every op one by one. Values the
+// first part produces and the second reads are materialized. Returns false,
+// having run nothing, when the region has no such reduction or its first part
+// does not fuse.
+bool run_split_at_row_reduction(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
+                                host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
+  if (region.anchor != PrimKind::kReduction) return false;
+  size_t cut = 0;
+  while (cut < region.nodes.size() && static_cast<PrimKind>(graph[region.nodes[cut]].kind) != PrimKind::kReduction)
+    ++cut;
+  if (cut + 1 >= region.nodes.size()) return false;  // nothing after the reduction
+  Region head, tail;
+  head.anchor = PrimKind::kReduction;
+  head.nodes.assign(region.nodes.begin(), region.nodes.begin() + cut + 1);
+  head.materialize.assign(region.materialize.begin(), region.materialize.begin() + cut + 1);
+  tail.nodes.assign(region.nodes.begin() + cut + 1, region.nodes.end());
+  tail.materialize.assign(region.materialize.begin() + cut + 1, region.materialize.end());
+  std::unordered_map<const DeferredStorage*, std::pair<size_t, size_t>> made;  // storage -> (node, output) in head
+  for (size_t k = 0; k < head.nodes.size(); ++k) {
+    const Node& n = graph[head.nodes[k]];
+    for (size_t j = 0; j < n.outputs.size(); ++j) made[n.outputs[j].storage.get()] = {k, j};
+  }
+  for (int i : tail.nodes) {
+    for (const auto& in : graph[i].inputs) {
+      auto it = made.find(in.ref.storage.get());
+      if (it != made.end()) head.materialize[it->second.first][it->second.second] = 1;
+    }
+  }
+  if (!tpu::run_fused_elementwise(head, graph, mem, stats)) return false;
+  for (int i : head.nodes) hooks.add_op_cost(graph[i], stats);
+  if (tpu::run_fused_elementwise(tail, graph, mem, stats)) {
+    for (int i : tail.nodes) hooks.add_op_cost(graph[i], stats);
+    return true;
+  }
+  try {
+    host::run_ops(compiled, tail, graph, mem, stats, hooks);
+  } catch (...) {
+    if (stats.failed_at >= 0) stats.failed_at += static_cast<int>(cut + 1);  // a position in the whole region
+    throw;
+  }
+  return true;
+}
+
 class TpuExecutor final : public Executor {
  public:
   const char* name() const override { return "tpu"; }
@@ -131,7 +178,7 @@ class TpuExecutor final : public Executor {
     TpuHooks hooks(chip, prec);
     if (tpu::run_fused_elementwise(region, graph, mem, stats)) {
       for (int i : region.nodes) hooks.add_op_cost(graph[i], stats);
-    } else {
+    } else if (!run_split_at_row_reduction(compiled, region, graph, mem, stats, hooks)) {
       host::run_ops(compiled, region, graph, mem, stats, hooks);
     }
     finish(chip, plan, stats);

@@ -1,0 +1,80 @@
+"""A region whose row reduction (softmax, log_softmax, layer_norm, logsumexp) has
+elementwise consumers after it runs in two parts: the producers and the reduction in the
+fused row loop, then the consumers reading the reduction's result
+(csrc/executors/tpu/tpu_executor.cpp, run_split_at_row_reduction). Values are compared
+with CPU PyTorch bit for bit (producers and consumers are IEEE-exact ops), and the
+profiler shows that the reduction's ATen kernel did not run inside the region."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from difftest import DEVICE, cpu_randn
+
+pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fusion exists only on the tpu device")
+
+if DEVICE == "tpu":
+    import torch_tpu_eager
+
+
+def _run(fn, *args):
+    """fn on "tpu" copies of args, read to the host; returns the result and the ATen ops
+    called inside every "tpu::" region range."""
+    dev = [a.to("tpu") for a in args]
+    torch.tpu.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = fn(*dev)
+        out = tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+
+    def below(ev):
+        names = []
+        for c in ev.cpu_children:
+            names += [c.name] + below(c)
+        return names
+    ops = [n for e in prof.events() if e.name.startswith("tpu::") for n in below(e)]
+    return out, ops
+
+
+CASES = {
+    "softmax": (lambda x, b, y: F.softmax(x * 2 + b, -1) * y, "aten::_softmax"),
+    "log_softmax": (lambda x, b, y: F.log_softmax(x - b, -1) - y, "aten::_log_softmax"),
+    "layer_norm": (lambda x, b, y: F.layer_norm(x + b, x.shape[-1:]) * 0.5 + y, "aten::native_layer_norm"),
+    "logsumexp": (lambda x, b, y: torch.logsumexp(x * 2 + b, -1, keepdim=True) - y[..., :1], "aten::logsumexp"),
+}
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (64, 1000), (5, 7, 33)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("case", CASES)
+def test_consumers_after_a_row_reduction_match_cpu(case, shape):
+    fn, reduction = CASES[case]
+    x, b, y = cpu_randn(*shape, seed=1), cpu_randn(*shape, seed=2), cpu_randn(*shape, seed=3)
+    actual, ops = _run(fn, x, b, y)
+    assert torch.equal(actual, fn(x, b, y))
+    assert reduction not in ops, f"{reduction} ran op by op instead of in the fused row loop"
+
+
+def test_a_producer_read_by_a_consumer_is_materialized_and_equal():
+    # h feeds both the softmax (first part) and the consumer (second part).
+    def fn(x, b, y):
+        h = x * 3.0 - b
+        return F.softmax(h, -1) + h, h
+    x, b, y = (cpu_randn(33, 65, seed=k) for k in range(3))
+    (s, h), ops = _run(fn, x, b, y)
+    s_cpu, h_cpu = fn(x, b, y)
+    assert torch.equal(s, s_cpu) and torch.equal(h, h_cpu)
+    assert "aten::_softmax" not in ops
+
+
+def test_a_failing_consumer_raises_and_keeps_the_queue_valid():
+    # The consumer's int8 overflow is found only when it runs (the value sits in a device tensor).
+    x = cpu_randn(8, 16, seed=4)
+    keep = (x * 2).to("tpu")
+    value = torch.tensor(300, device="tpu")
+    s = F.softmax(x.to("tpu") * 2, -1)
+    mask = s > 2.0  # all False, but the fill value must still convert
+    bad = torch.zeros(8, 16, dtype=torch.int8, device="tpu").masked_fill(mask, value)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        bad.cpu()
+    assert torch.equal(s.cpu(), F.softmax(x * 2, -1))
+    assert torch.equal(keep.cpu(), x * 2)
+    assert torch.equal((keep + 1).cpu(), x * 2 + 1)
