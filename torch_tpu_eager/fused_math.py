@@ -14,7 +14,8 @@ other for those six functions:
   bit for bit, at about twice the cost on a chain of transcendental functions
   (chain16 of ``benchmarks/run_all.py``: 4.2 vs 8.2 ms on this machine).
 
-Softmax, log_softmax, logsumexp and sigmoid always follow their CPU kernels' routines.
+Softmax, log_softmax, logsumexp and sigmoid always follow their CPU kernels' routines
+(sigmoid's last few elements, which CPU computes with scalar libm, within 1 ulp).
 The choice is process-wide and applies to flushes after the call; it is not part of
 the compile cache key (a cached region picks its routines each time it runs).
 """
