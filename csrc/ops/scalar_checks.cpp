@@ -8,6 +8,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <c10/util/TypeCast.h>
+#include <c10/util/complex.h>
 
 namespace tpu_eager {
 namespace {
@@ -24,9 +26,10 @@ constexpr FloatTarget O = FloatTarget::kOpmath;
 // Per op (name without "aten::" and without a trailing "_"), the arguments
 // CPU's kernel converts with Scalar::to<T>(). Found by sweeping CPU
 // (tools/sweep_scalar_conversions.py over op_db's samples, plus the call forms
-// of tests/test_scalar_overflow.py): int8 results with 300, float16 with 1e6
-// and 70000, bfloat16 with 3.4e38, float32 with 1e39; the type named in CPU's
-// message tells the result dtype from float (opmath). An operand Scalar that
+// of tests/test_scalar_overflow*.py): int8 results with 300, float16 with 1e6
+// and 70000, bfloat16 with 3.4e38, float32 and complex64 with 1e39, complex32
+// with 1e6; the type named in CPU's message tells the result dtype from float
+// (opmath). An operand Scalar that
 // TensorIterator wraps into a 0-dim tensor (add's `other`, mul, div, eq,
 // where, ...) wraps without a check and is not listed; float64 results
 // convert to double, which never overflows.
@@ -103,27 +106,46 @@ bool fits(const at::Scalar& s) {
   return true;
 }
 
-bool fits_floating(const at::Scalar& s, FloatTarget target, c10::ScalarType result) {
+// Whether `s` survives Scalar::to<T>() for the type `t` (Undefined: no conversion).
+bool fits_as(const at::Scalar& s, c10::ScalarType t) {
+  using c10::ScalarType;
+  switch (t) {
+    case ScalarType::Half: return fits<c10::Half>(s);
+    case ScalarType::BFloat16: return fits<c10::BFloat16>(s);
+    case ScalarType::Float: return fits<float>(s);
+    case ScalarType::Double: return fits<double>(s);  // fails only for a complex value
+    case ScalarType::ComplexHalf: return fits<c10::complex<c10::Half>>(s);
+    case ScalarType::ComplexFloat: return fits<c10::complex<float>>(s);
+    case ScalarType::Int: return fits<int>(s);
+    default: return true;  // complex<double> holds every Scalar
+  }
+}
+
+// The type CPU's kernel converts a `target` argument to for a floating or complex `result`.
+c10::ScalarType converted_type(FloatTarget target, c10::ScalarType result) {
   using c10::ScalarType;
   const bool reduced = result == ScalarType::Half || result == ScalarType::BFloat16;
   switch (target) {
     case FloatTarget::kNone:
-      return true;
+      return ScalarType::Undefined;
     case FloatTarget::kInt:
-      return fits<int>(s);
-    case FloatTarget::kFloat32Result:
-      return result != ScalarType::Float || fits<float>(s);
-    case FloatTarget::kOpmath:
-      return !(reduced || result == ScalarType::Float) || fits<float>(s);
-    case FloatTarget::kReducedResult:
-      if (!reduced) return true;
-      [[fallthrough]];
+      return ScalarType::Int;
     case FloatTarget::kResult:
-      if (result == ScalarType::Half) return fits<c10::Half>(s);
-      if (result == ScalarType::BFloat16) return fits<c10::BFloat16>(s);
-      return result != ScalarType::Float || fits<float>(s);  // float64 converts to double: never overflows
+      return result;
+    case FloatTarget::kReducedResult:
+      return reduced || result == ScalarType::ComplexHalf ? result : ScalarType::Undefined;
+    case FloatTarget::kFloat32Result:
+      return reduced ? ScalarType::Undefined : result;
+    case FloatTarget::kOpmath:
+      return reduced ? ScalarType::Float : result;  // complex32 (addcmul): complex<Half>, measured
   }
-  return true;
+  return ScalarType::Undefined;
+}
+
+// Whether the op's first argument is a real tensor.
+bool real_self(const torch::jit::Stack& stack, size_t first) {
+  return first < stack.size() && stack[first].isTensor() && stack[first].toTensor().defined() &&
+         !c10::isComplexType(stack[first].toTensor().scalar_type());
 }
 
 }  // namespace
@@ -145,16 +167,38 @@ ScalarConversions scalar_conversions_of(const c10::FunctionSchema& schema) {
 bool scalar_args_fit(const ScalarConversions& conv, const torch::jit::Stack& stack, size_t first,
                      c10::ScalarType result) {
   const bool integral = c10::isIntegralType(result, /*includeBool=*/false);
-  if (!integral && !c10::isFloatingType(result)) return true;
+  if (!integral && !c10::isFloatingType(result) && !c10::isComplexType(result)) return true;
   for (const ScalarConversion& c : conv.args) {
+    if (first + c.arg >= stack.size()) continue;
+    const c10::IValue& v = stack[first + c.arg];
+    if (v.isNone()) continue;
+    // The common case, a Python float into a floating result: the overflow
+    // test Scalar::to<T>() makes for a double (c10::overflows), without
+    // building a Scalar (part of every add/clamp/fill call).
+    if (v.isDouble() && !integral) {
+      const double d = v.toDouble();
+      bool fits_d = true;
+      switch (converted_type(c.floating, result)) {
+        case c10::ScalarType::Half: fits_d = !c10::overflows<c10::Half, double>(d); break;
+        case c10::ScalarType::BFloat16: fits_d = !c10::overflows<c10::BFloat16, double>(d); break;
+        case c10::ScalarType::Float: fits_d = !c10::overflows<float, double>(d); break;
+        case c10::ScalarType::Int: fits_d = !c10::overflows<int, double>(d); break;
+        default: break;  // double, complex<float>, complex<Half>: see fits_as
+      }
+      if (!fits_d) return false;
+      if (!c10::isComplexType(result)) continue;
+    }
     at::Scalar s;
-    if (first + c.arg >= stack.size() || !scalar_of(stack[first + c.arg], conv.tensor_value, &s)) continue;
+    if (!scalar_of(v, conv.tensor_value, &s)) continue;
     bool ok = true;
+    // A complex value with a real input or result: CPU's kernels reject it
+    // in several ways (a conversion to double, a complex dtype they lack).
+    if (s.isComplex() && (!c10::isComplexType(result) || real_self(stack, first))) return false;
     if (integral) {
       if (!c.integral) continue;
       AT_DISPATCH_INTEGRAL_TYPES(result, "scalar_args_fit", [&] { ok = fits<scalar_t>(s); });
     } else {
-      ok = fits_floating(s, c.floating, result);
+      ok = fits_as(s, converted_type(c.floating, result));
     }
     if (!ok) return false;
   }

@@ -10,14 +10,16 @@
 
 namespace tpu_eager {
 
-// What CPU's kernel converts one Scalar argument to, per class of result dtype.
+// What CPU's kernel converts one Scalar argument to for a floating or complex
+// result dtype. float64 and complex128 hold every real Scalar; a complex Scalar
+// into a real type raises.
 enum class FloatTarget : uint8_t {
   kNone,           // wrapped into a 0-dim tensor, or converted to double: never overflows
-  kResult,         // Scalar::to<result dtype>() (float16, bfloat16, float32)
-  kOpmath,         // Scalar::to<float>() (the opmath type of float16, bfloat16, float32)
-  kReducedResult,  // Scalar::to<result dtype>() for float16/bfloat16 only (float32 converts to double)
+  kResult,         // Scalar::to<result dtype>()
+  kOpmath,         // Scalar::to<float>() for float16/bfloat16, else Scalar::to<result dtype>()
+  kReducedResult,  // Scalar::to<result dtype>() for float16/bfloat16/complex32 only (others: double)
   kInt,            // Scalar::to<int>() for every floating result dtype
-  kFloat32Result,  // Scalar::to<float>() for float32 only (float16/bfloat16 store without a check)
+  kFloat32Result,  // Scalar::to<result dtype>() except for float16/bfloat16 (stored without a check)
 };
 
 struct ScalarConversion {
@@ -46,8 +48,9 @@ ScalarConversions scalar_conversions_of(const c10::FunctionSchema& schema);
 // the result where CPU skips the conversion (an empty addmm, a pad that only
 // narrows, linspace with one step). Reads the call's own values, never a
 // cached meta outcome (which keys Scalars by type). inf and NaN fit every
-// floating type (CPU accepts them). A value held by a device tensor is not
-// known before the flush: not checked.
+// floating type (CPU accepts them). A complex value with a real input or
+// result does not fit (CPU's kernels reject it, each in its own way). A value
+// held by a device tensor is not known before the flush: not checked.
 bool scalar_args_fit(const ScalarConversions& conv, const torch::jit::Stack& stack, size_t first,
                      c10::ScalarType result);
 
