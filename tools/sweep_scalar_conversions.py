@@ -88,13 +88,18 @@ class _Probe(TorchDispatchMode):
         return out
 
 
-def sweep(dtypes):
-    """{sample dtype: {"overload arg result-dtype": {value: sorted outcomes}}} over op_db's samples on CPU."""
+def sweep(dtypes, ops=None):
+    """{sample dtype: {"overload arg result-dtype": {value: sorted outcomes}}} over op_db's samples on CPU.
+
+    ``ops``: OpInfo names to sweep (all of op_db when None).
+    """
     from torch_tpu_eager.testing import load_op_db
     result = {}
     for dtype in dtypes:
         found = defaultdict(dict)
         for op in load_op_db():
+            if ops is not None and op.name not in ops:
+                continue
             if dtype not in op.supported_dtypes("cpu"):
                 continue
             try:
@@ -117,10 +122,11 @@ def sweep(dtypes):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dtypes", default="float16,bfloat16,float32,float64,complex64,complex32,int8,int32")
+    p.add_argument("--ops", help="comma-separated OpInfo names (default: all of op_db)")
     p.add_argument("--out")
     ns = p.parse_args(argv)
     dtypes = [getattr(torch, d) for d in ns.dtypes.split(",")]
-    res = sweep(dtypes)
+    res = sweep(dtypes, ns.ops.split(",") if ns.ops else None)
     if ns.out:
         with open(ns.out, "w") as f:
             json.dump(res, f, indent=1, sort_keys=True)
