@@ -178,9 +178,7 @@ def test_mode_with_out_matches_cpu():
     torch.testing.assert_close(res["tpu"][1], res["cpu"][1])
 
 
-@pytest.mark.xfail(strict=True, reason="Scalar overflow into a float16/bfloat16 result is checked only for integer "
-                                       "results (ops/scalar_checks.cpp): CPU's kernels convert to the result dtype "
-                                       "or to float (opmath) per kernel, so on tpu the error surfaces at the flush")
+# Fixed in ops/scalar_checks.cpp (float16/bfloat16/float32 rows); sweep: tests/test_scalar_overflow_float.py.
 @pytest.mark.parametrize("op", [lambda d: torch.full((3,), 1e6, dtype=torch.half, device=d),
                                 lambda d: torch.clamp(torch.zeros(3, dtype=torch.half, device=d), min=1e6)],
                          ids=["full", "clamp"])

@@ -518,6 +518,7 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
     if (t->kind() == c10::TypeKind::NumberType) plan->scalar_args |= uint64_t(1) << i;
   }
   plan->call_check = call_check_of(schema);
+  plan->scalar_conversions = scalar_conversions_of(schema);
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].name() == "alpha") plan->alpha_arg = static_cast<int>(i);
     const auto* a = args[i].alias_info();
@@ -617,8 +618,15 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     cached = &computed;
   }
   const MetaOutcome& meta = *cached;
-  // CPU's Scalar-to-integer overflow check, on this call's values (the cache keys Scalars by type).
-  check_scalar_args_fit(schema, *stack, first, result_dtype(schema, meta));
+  // CPU's Scalar overflow checks, on this call's values (the cache keys Scalars by type). A Scalar
+  // that does not fit runs CPU's kernel now: it raises CPU's error at the call, or computes the
+  // result where CPU skips the conversion (empty matmuls, a pad that only narrows).
+  if (!plan.scalar_conversions.args.empty() &&
+      !scalar_args_fit(plan.scalar_conversions, *stack, first, result_dtype(schema, meta))) {
+    if (borrowed) borrowed->own();
+    run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
+    return;
+  }
   auto written_geometry = [&](int a) -> const Geometry& {
     for (const auto& w : meta.written)
       if (w.first == a) return w.second;

@@ -9,6 +9,7 @@
 #include <ATen/core/stack.h>
 
 #include "ops/op_table.h"
+#include "ops/scalar_checks.h"
 
 namespace tpu_eager {
 
@@ -24,6 +25,7 @@ struct OpPlan {
   int indices_arg = -1;
   std::vector<int> aliased;      // per return: the argument it aliases, or -1
   std::vector<bool> list_return; // per return: a Tensor[] result
+  ScalarConversions scalar_conversions;  // Scalars CPU converts with an overflow check (scalar_checks.h)
   mutable std::atomic<bool> has_meta{false};  // a meta kernel was found (kernels are never removed)
 };
 

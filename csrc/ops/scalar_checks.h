@@ -1,22 +1,57 @@
-// Call-time check that a Scalar argument fits the integer dtype CPU's kernel converts it to.
+// Call-time check that the Scalar arguments CPU's kernel converts with an overflow check fit their target type.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/function_schema.h>
 #include <ATen/core/stack.h>
 #include <c10/core/ScalarType.h>
 
 namespace tpu_eager {
 
-// CPU's kernels convert some Scalar arguments (fill values, alpha/beta, clamp
-// bounds, thresholds, ...) with Scalar::to<T>() into the result dtype T and
-// raise std::runtime_error ("value cannot be converted to type int8_t without
-// overflow") at the call when the value does not fit. For an integer `result`
-// dtype this raises that same error, from the same conversion, for the op's
-// arguments of that kind (stack[first...] holds its arguments). It reads the
-// values themselves, never a cached meta outcome (which keys Scalars by type).
-// Float results are not checked: per kernel, CPU converts to the result dtype
-// (fill_, clamp, add's alpha: 1e6 into float16 raises), to float (addmm,
-// addcmul) or not at all (where, threshold's threshold) — tests/test_qa_findings.py.
-void check_scalar_args_fit(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
-                           c10::ScalarType result);
+// What CPU's kernel converts one Scalar argument to for a floating or complex
+// result dtype. float64 and complex128 hold every real Scalar; a complex Scalar
+// into a real type raises.
+enum class FloatTarget : uint8_t {
+  kNone,           // wrapped into a 0-dim tensor, or converted to double: never overflows
+  kResult,         // Scalar::to<result dtype>()
+  kOpmath,         // Scalar::to<float>() for float16/bfloat16, else Scalar::to<result dtype>()
+  kReducedResult,  // Scalar::to<result dtype>() for float16/bfloat16/complex32 only (others: double)
+  kInt,            // Scalar::to<int>() for every floating result dtype
+  kFloat32Result,  // Scalar::to<result dtype>() except for float16/bfloat16 (stored without a check)
+};
+
+struct ScalarConversion {
+  int arg = -1;                               // position in the schema's arguments
+  bool integral = false;                      // Scalar::to<result dtype>() for an integer result
+  FloatTarget floating = FloatTarget::kNone;  // for a floating result
+};
+
+// The Scalar arguments of one op that CPU's kernel converts with an overflow
+// check (OpPlan::scalar_conversions, built once per op). Empty for most ops:
+// the check then costs one branch per call.
+struct ScalarConversions {
+  std::vector<ScalarConversion> args;
+  bool tensor_value = false;  // a 0-dim CPU tensor `value` is read with item() (masked_fill, index_fill)
+};
+
+// The conversions of `schema`'s op, from the table found by sweeping CPU
+// (tools/sweep_scalar_conversions.py; tests/test_scalar_overflow*.py keep
+// every row honest against CPU).
+ScalarConversions scalar_conversions_of(const c10::FunctionSchema& schema);
+
+// False when some Scalar in stack[first + arg] does not survive the conversion
+// CPU's kernel makes for a `result` dtype (Scalar::to<T>() would raise
+// "value cannot be converted to type T without overflow"). The caller then
+// runs CPU's own kernel at the call: it raises CPU's exception, or computes
+// the result where CPU skips the conversion (an empty addmm, a pad that only
+// narrows, linspace with one step). Reads the call's own values, never a
+// cached meta outcome (which keys Scalars by type). inf and NaN fit every
+// floating type (CPU accepts them). A complex value with a real input or
+// result does not fit (CPU's kernels reject it, each in its own way). A value
+// held by a device tensor is not known before the flush: not checked.
+bool scalar_args_fit(const ScalarConversions& conv, const torch::jit::Stack& stack, size_t first,
+                     c10::ScalarType result);
 
 }  // namespace tpu_eager
