@@ -215,3 +215,23 @@ def test_avx2_capability_matches_cpu_in_a_subprocess(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "MISMATCHES []" in proc.stdout, proc.stdout
+
+
+# QA finding: without bias CPU's loop still adds 0, which turns a -0 product into +0;
+# torch.equal cannot see the sign of zero, so compare sign bits too.
+@pytest.mark.parametrize("case", ["weight_only_negative", "no_params_rstd_zero"])
+def test_sign_of_zero_matches_cpu(case):
+    if case == "weight_only_negative":
+        x = torch.full((3, 16), 2.5)  # constant rows: x - mean is +0
+        w, b = -torch.ones(16), None
+    else:
+        # The variance overflows (rstd is 0) while the mean stays finite: (x - mean) * 0 is -0 below the mean.
+        x = torch.cat([torch.tensor([3e38, 3e38]), torch.linspace(-2, 2, 18)]).reshape(1, 20)
+        w = b = None
+
+    def fn(t, w, b):
+        return F.layer_norm(t * 1.0, t.shape[-1:], w, b)  # a producer: the fused row loop
+    dev = lambda v: None if v is None else v.to("tpu")
+    got, want = fn(x.to("tpu"), dev(w), dev(b)).cpu(), fn(x, w, b)
+    assert torch.equal(got.signbit(), want.signbit())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())

@@ -78,3 +78,44 @@ def test_a_failing_consumer_raises_and_keeps_the_queue_valid():
     assert torch.equal(s.cpu(), F.softmax(x * 2, -1))
     assert torch.equal(keep.cpu(), x * 2)
     assert torch.equal((keep + 1).cpu(), x * 2 + 1)
+
+
+# QA finding: planning a fused program converted Python scalars with a checked cast and
+# raised where CPU casts to float32 (x * 1e300 is inf), failing the whole region.
+@pytest.mark.parametrize("fn", [
+    lambda x: (x * 2) * 1e300,
+    lambda x: (x + 1) - 1e39,
+    lambda x: F.softmax(x * 2, -1) * 1e300 + 1,
+    lambda x: torch.logsumexp(x * 2, -1) * 1e300 + 1,
+], ids=["fused_chain", "fused_chain_sub", "softmax_tail", "logsumexp_tail"])
+def test_scalars_beyond_float32_range_give_cpu_infinities(fn):
+    x = cpu_randn(4, 8, seed=5)
+    out, _ = _run(fn, x)
+    assert torch.equal(out, fn(x))
+
+
+SOFTMAX_AT_DEFAULT = """
+import torch, torch_tpu_eager
+bad = []
+for n in list(range(1, 71)) + [1000, 4099]:
+    x = torch.randn(3, n) * 4
+    for f in (torch.softmax, torch.log_softmax):
+        if not torch.equal(f(x.to("tpu") * 2, -1).cpu(), f(x * 2, -1)):
+            bad.append((f.__name__, n))
+print("MISMATCHES", bad)
+"""
+
+
+def test_softmax_matches_cpu_at_the_default_capability(tmp_path):
+    # QA finding: at ATEN_CPU_CAPABILITY=default CPU's softmax is not the AVX2 row loop.
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "softmax_default.py"
+    script.write_text(SOFTMAX_AT_DEFAULT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "MISMATCHES []" in proc.stdout, proc.stdout

@@ -50,23 +50,28 @@ def test_a_line_in_a_called_function_is_named():
 
 
 def test_threads_name_their_own_lines():
+    # Each thread records and reads under a lock, so a flush holds only that thread's
+    # failing op (with both threads' ops in one flush, a region's error names the
+    # first failing op of the region, whichever thread recorded it).
     value = torch.tensor(300, device="tpu")
     texts, lines, errors = {}, {}, []
+    turn = threading.Lock()
 
     def work(k):
         try:
             for _ in range(20):
-                z, mask, v = _failing(value)
-                if k == 0:
-                    lines[k] = sys._getframe().f_lineno + 1
-                    t = z.masked_fill(mask, v)
-                else:
-                    lines[k] = sys._getframe().f_lineno + 1
-                    t = z.masked_fill(mask, v)
-                try:
-                    t.cpu()
-                except RuntimeError as e:
-                    texts.setdefault(k, set()).add(str(e).split(" recorded at ")[1].split(" ")[0])
+                with turn:
+                    z, mask, v = _failing(value)
+                    if k == 0:
+                        lines[k] = sys._getframe().f_lineno + 1
+                        t = z.masked_fill(mask, v)
+                    else:
+                        lines[k] = sys._getframe().f_lineno + 1
+                        t = z.masked_fill(mask, v)
+                    try:
+                        t.cpu()
+                    except RuntimeError as e:
+                        texts.setdefault(k, set()).add(str(e).split(" recorded at ")[1].split(" ")[0])
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 

@@ -2,6 +2,8 @@
 // (the tile loops are in fused_kernels_*.cpp, one per instruction set).
 #include "executors/tpu/fused_elementwise.h"
 
+#include <ATen/Version.h>
+
 #include "executors/direct_kernels.h"
 #include "executors/tpu/cpu_vml.h"
 #include "executors/tpu/fused_program.h"
@@ -32,19 +34,29 @@ bool unary_fn(const std::string& name, Fn* fn) {
   return true;
 }
 
+// A real Scalar as the float32 the computation uses. CPU wraps such an
+// operand and casts it without an overflow check (x * 1e300 is inf), where
+// Scalar::toFloat() would throw; planning must not throw.
+float as_float(const at::Scalar& s) {
+  if (s.isFloatingPoint()) return static_cast<float>(s.toDouble());
+  if (s.isBoolean()) return s.toBool() ? 1.0f : 0.0f;
+  if (s.type() == c10::ScalarType::UInt64) return static_cast<float>(s.toUInt64());
+  return static_cast<float>(s.toLong());
+}
+
 // A scalar argument (Python number or 0-dim tensor) as a float constant.
 bool scalar_operand(const c10::IValue& v, Operand* op) {
   if (v.isScalar()) {
     const auto s = v.toScalar();
     if (s.isComplex()) return false;
     op->kind = Operand::kConst;
-    op->value = s.toFloat();
+    op->value = as_float(s);
     return true;
   }
   if (v.isTensor() && v.toTensor().defined() && v.toTensor().dim() == 0 && v.toTensor().device().is_cpu() &&
       !v.toTensor().is_complex()) {
     op->kind = Operand::kConst;
-    op->value = v.toTensor().item<float>();
+    op->value = as_float(v.toTensor().item());
     return true;
   }
   return false;
@@ -99,13 +111,14 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
                            RegionStats& stats) {
   // The loops match CPU's kernels of the same capability: use the one ATen uses.
   static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  // ATen takes AVX512 when the CPU has it unless ATEN_CPU_CAPABILITY asks for less.
-  static const bool use_avx512 = [] {
-    const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
-    if (cap && std::string(cap) != "avx512") return false;
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  }();
+  // The capability ATen runs (the CPU's best unless ATEN_CPU_CAPABILITY asks for less).
+  static const std::string aten_cap = at::get_cpu_capability();  // "AVX512", "AVX2" or "DEFAULT"
+  static const bool use_avx512 = aten_cap == "AVX512" &&
+                                 __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  // At DEFAULT, CPU's softmax kernels compute lane by lane with libm: only the
+  // AVX2 / AVX512 row loops are theirs.
+  static const bool vector_softmax = aten_cap == "AVX2" || aten_cap == "AVX512";
   if (!cpu_ok || region.nodes.empty()) return false;
   // A single elementwise op gains nothing from the loop (CPU's kernel writes
   // the device buffer directly); a single row reduction still runs here.
@@ -193,6 +206,8 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
     if (p + 1 == region.nodes.size() && row_anchor(name, n, sizes, &anchor.op)) {
       // The region's last op reduces rows of the program's last value (or of an input).
       if (!region.materialize[p][0] || n.inputs.size() != 1 || n.inputs[0].arg != 0) return false;
+      if (!vector_softmax && (anchor.op == fused::RowOp::kSoftmax || anchor.op == fused::RowOp::kLogSoftmax))
+        return false;
       if (!tensor_operand(n.inputs[0].ref, &anchor.in) || anchor.in.kind == Operand::kConst) return false;
       anchor.cols = shape->back();
       anchor.rows = anchor.cols ? numel_of(*shape) / anchor.cols : 0;
