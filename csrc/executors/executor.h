@@ -40,7 +40,8 @@ struct RegionStats {
   double memory_s = 0;                // simulated HBM time, seconds
   double sim_time_s = 0;              // simulated kernel time: max(compute_s, memory_s) + launch, seconds
   int64_t library_calls = 0;
-  int failed_at = -1;                 // position in the region of the op that failed
+  int failed_at = -1;                 // position in the region of the (first) op that failed
+  bool errors_marked = false;         // the runner set each failed op's storage errors itself
 };
 
 class Executor {

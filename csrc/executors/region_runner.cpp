@@ -147,14 +147,14 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     for (const auto& in : n.inputs) last_use[in.ref.storage.get()] = p;
     for (const auto& out : n.outputs) last_use.emplace(out.storage.get(), p);
   }
-  for (size_t p = 0; p < region.nodes.size(); ++p) {
-    Node& n = graph[region.nodes[p]];
+  // One op: its inputs' traffic, the CPU kernel (or out= overload writing the
+  // device buffer), its outputs bound, dead temporaries freed.
+  auto run_one = [&](size_t p, Node& n) {
     for (const auto& in : n.inputs) {
       DeferredStorage* s = in.ref.storage.get();
       if (produced.count(s) || mem.is_temp(s) || (in.written && !reads_written_value(n, in))) continue;
       traffic(in.ref, reads, stats.bytes_read);
     }
-    stats.failed_at = static_cast<int>(p);
     torch::jit::Stack stack = build_stack(n, mem);  // re-raises an input's earlier error as is
     std::vector<at::Tensor> results;
     const c10::OperatorHandle* out_op = nullptr;
@@ -195,6 +195,30 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     for (const auto& out : n.outputs)
       if (last_use[out.storage.get()] == p) mem.release_temp(out.storage.get());
     hooks.add_op_cost(n, stats);
+  };
+  // An op that fails marks its outputs and written inputs with its error and
+  // the region goes on: ops that read them fail in turn (build_stack re-raises
+  // the error), ops that do not still compute their values, so one bad op
+  // loses nothing else. The first error is rethrown at the end.
+  std::exception_ptr first_error;
+  for (size_t p = 0; p < region.nodes.size(); ++p) {
+    Node& n = graph[region.nodes[p]];
+    try {
+      run_one(p, n);
+    } catch (...) {
+      const std::exception_ptr err = std::current_exception();
+      for (const auto& out : n.outputs) out.storage->error = err;
+      for (const auto& in : n.inputs)
+        if (in.written) in.ref.storage->error = err;
+      if (!first_error) {
+        first_error = err;
+        stats.failed_at = static_cast<int>(p);
+      }
+    }
+  }
+  if (first_error) {
+    stats.errors_marked = true;
+    std::rethrow_exception(first_error);
   }
   stats.failed_at = -1;
 }

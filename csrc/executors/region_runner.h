@@ -37,8 +37,11 @@ class HostRunHooks {
 // materialization are written through their inverse view chains, the rest
 // are bound as temporaries and freed after their last use in the region.
 // Counts HBM traffic (each view once per region) into `stats`. c10 errors
-// get the op, its Python line and the region name as context; stats.failed_at
-// is the failing op's position.
+// get the op, its Python line and the region name as context. An op that
+// fails poisons only what depends on it: its outputs and written inputs get
+// its error, later ops that read them fail in turn, the others run; then the
+// first error is rethrown with stats.failed_at its position and
+// stats.errors_marked set.
 void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph, HostMemory& mem,
              RegionStats& stats, HostRunHooks& hooks);
 

@@ -167,7 +167,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
       ex.run_region(*compiled, r, g, mem, st);
     } catch (...) {
       std::exception_ptr err = std::current_exception();
-      poison(g, r, st.failed_at, err);
+      if (!st.errors_marked) poison(g, r, st.failed_at, err);
       if (!first_error) first_error = err;
       failed = true;
     }

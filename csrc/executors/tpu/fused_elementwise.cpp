@@ -120,6 +120,11 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
   // AVX2 / AVX512 row loops are theirs.
   static const bool vector_softmax = aten_cap == "AVX2" || aten_cap == "AVX512";
   if (!cpu_ok || region.nodes.empty()) return false;
+  // An input that failed earlier: op by op (run_ops), where only the ops that
+  // read it fail.
+  for (int i : region.nodes)
+    for (const auto& in : graph[i].inputs)
+      if (in.ref.storage->error) return false;
   // A single elementwise op gains nothing from the loop (CPU's kernel writes
   // the device buffer directly); a single row reduction still runs here.
   if (region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)
