@@ -3,6 +3,7 @@
 #include "executors/tpu/fused_elementwise.h"
 
 #include <ATen/Version.h>
+#include <c10/util/accumulate.h>
 
 #include "executors/direct_kernels.h"
 #include "executors/tpu/cpu_vml.h"
@@ -62,15 +63,9 @@ bool scalar_operand(const c10::IValue& v, Operand* op) {
   return false;
 }
 
-int64_t numel_of(const std::vector<int64_t>& sizes) {
-  int64_t n = 1;
-  for (auto s : sizes) n *= s;
-  return n;
-}
-
 // _softmax / _log_softmax / logsumexp over the last dim of a float32 tensor of
 // shape `sizes`, as CPU computes them.
-bool row_anchor(const std::string& name, const Node& n, const std::vector<int64_t>& sizes, fused::RowOp* op) {
+bool row_anchor(const std::string& name, const Node& n, c10::IntArrayRef sizes, fused::RowOp* op) {
   int64_t dim = 0;
   if (name == "_softmax" || name == "_log_softmax") {
     if (!n.args[1].isInt() || !n.args[2].isBool() || n.args[2].toBool()) return false;
@@ -82,7 +77,7 @@ bool row_anchor(const std::string& name, const Node& n, const std::vector<int64_
     dim = n.args[1].toIntList().get(0);
     // A single row of at least GRAIN_SIZE (32,768) floats: CPU's sum splits it
     // between threads (two-pass reduction), an order the row loop does not follow.
-    if (!sizes.empty() && sizes.back() >= 32768 && numel_of(sizes) == sizes.back()) return false;
+    if (!sizes.empty() && sizes.back() >= 32768 && c10::multiply_integers(sizes) == sizes.back()) return false;
   } else {
     return false;
   }
@@ -92,14 +87,14 @@ bool row_anchor(const std::string& name, const Node& n, const std::vector<int64_
 
 // native_layer_norm's normalized_shape as `cols`, the product of the trailing
 // dims of `shape` it must equal (false otherwise: CPU's path raises or runs it).
-bool layer_norm_cols(const Node& n, const std::vector<int64_t>& shape, int64_t* cols) {
+bool layer_norm_cols(const Node& n, c10::IntArrayRef shape, int64_t* cols) {
   if (!n.op.schema().overload_name().empty() || n.outputs.size() != 3 || !n.args[1].isIntList() ||
       !n.args[4].isDouble())
     return false;
   const auto normalized = n.args[1].toIntVector();
   if (normalized.empty() || normalized.size() > shape.size()) return false;
   if (!std::equal(normalized.begin(), normalized.end(), shape.end() - normalized.size())) return false;
-  *cols = numel_of(normalized);
+  *cols = c10::multiply_integers(normalized);
   for (const auto& o : n.outputs)
     if (o.dtype != at::kFloat || o.offset != 0 || !o.is_dense()) return false;
   return true;
@@ -113,9 +108,7 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
   static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   // The capability ATen runs (the CPU's best unless ATEN_CPU_CAPABILITY asks for less).
   static const std::string aten_cap = at::get_cpu_capability();  // "AVX512", "AVX2" or "DEFAULT"
-  static const bool use_avx512 = aten_cap == "AVX512" &&
-                                 __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  static const bool use_avx512 = aten_cap == "AVX512";
   // At DEFAULT, CPU's softmax kernels compute lane by lane with libm: only the
   // AVX2 / AVX512 row loops are theirs.
   static const bool vector_softmax = aten_cap == "AVX2" || aten_cap == "AVX512";
@@ -184,7 +177,7 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
         }
         const TensorRef& r = in.ref;
         if ((in.arg != 2 && in.arg != 3) || r.dtype != at::kFloat || r.conj || r.neg || !r.is_dense() ||
-            numel_of(r.sizes) != anchor.cols || reg_of.count(r.storage.get()))
+            c10::multiply_integers(r.sizes) != anchor.cols || reg_of.count(r.storage.get()))
           return false;
         ln_params.push_back(mem.tensor(r));
         (in.arg == 2 ? anchor.gamma : anchor.beta) = ln_params.back().data_ptr<float>();
@@ -196,7 +189,7 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
       if (program.empty() && anchor.gamma && anchor.beta) return false;
       anchor.op = fused::RowOp::kLayerNorm;
       anchor.eps = static_cast<float>(n.args[4].toDouble());  // CPU's kernel takes eps as the input's type
-      anchor.rows = anchor.cols ? numel_of(*shape) / anchor.cols : 0;
+      anchor.rows = anchor.cols ? c10::multiply_integers(*shape) / anchor.cols : 0;
       has_anchor = true;
       break;
     }
@@ -215,7 +208,7 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
         return false;
       if (!tensor_operand(n.inputs[0].ref, &anchor.in) || anchor.in.kind == Operand::kConst) return false;
       anchor.cols = shape->back();
-      anchor.rows = anchor.cols ? numel_of(*shape) / anchor.cols : 0;
+      anchor.rows = anchor.cols ? c10::multiply_integers(*shape) / anchor.cols : 0;
       has_anchor = true;
       break;
     }
@@ -267,7 +260,7 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
 
   if (!has_anchor && program.empty()) return false;
   if (has_anchor && anchor.rows * anchor.cols == 0) return false;
-  const int64_t numel = numel_of(*shape);
+  const int64_t numel = c10::multiply_integers(*shape);
   if (has_anchor) {
     DeferredStorage* s = graph[region.nodes.back()].outputs[0].storage.get();
     anchor.out = static_cast<float*>(mem.device_buffer(s).mutable_data());

@@ -7,6 +7,8 @@
 #include <tuple>
 #include <unordered_set>
 
+#include <c10/util/accumulate.h>
+
 #include "executors/tpu/cost_model.h"
 
 namespace tpu_eager {
@@ -27,17 +29,11 @@ std::vector<int64_t> candidates(int64_t full, int64_t align) {
 }
 
 // An operand as 2-D (rows, cols).
-std::pair<int64_t, int64_t> as_2d(const std::vector<int64_t>& sizes) {
+std::pair<int64_t, int64_t> as_2d(c10::IntArrayRef sizes) {
   if (sizes.size() == 1) return {1, sizes[0]};
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < sizes.size(); ++i) rows *= sizes[i];
   return {rows, sizes.back()};
-}
-
-int64_t numel(const std::vector<int64_t>& sizes) {
-  int64_t n = 1;
-  for (int64_t s : sizes) n *= s;
-  return n;
 }
 
 struct Operand2d {
@@ -51,8 +47,8 @@ std::vector<Operand2d> to_2d(const std::vector<PlanOperand>& ops, int64_t grid_n
                              int64_t grid_cols) {
   std::vector<Operand2d> out;
   for (const auto& o : ops) {
-    if (o.sizes.empty() || numel(o.sizes) == 0) continue;  // scalars sit in SMEM
-    const bool full = numel(o.sizes) == grid_numel;
+    if (o.sizes.empty() || c10::multiply_integers(o.sizes) == 0) continue;  // scalars sit in SMEM
+    const bool full = c10::multiply_integers(o.sizes) == grid_numel;
     auto [r, c] = as_2d(o.sizes);
     if (full) r = grid_rows, c = grid_cols;
     out.push_back({o, r, c, full, o.role == "temporary" ? 1 : 2});
@@ -87,15 +83,15 @@ TilingPlan plan_vector(const std::vector<PlanOperand>& operands, const ChipParam
   const PlanOperand* big = nullptr;
   int64_t sub = chip.sublanes;
   for (const auto& o : operands) {
-    if (o.sizes.empty() || numel(o.sizes) == 0) continue;
-    if (!big || numel(o.sizes) > numel(big->sizes)) big = &o;
+    if (o.sizes.empty() || c10::multiply_integers(o.sizes) == 0) continue;
+    if (!big || c10::multiply_integers(o.sizes) > c10::multiply_integers(big->sizes)) big = &o;
     sub = std::max(sub, sublane_tile(o.dtype, chip));
   }
   if (!big) {
     plan.kind.clear();
     return plan;
   }
-  const int64_t n = numel(big->sizes);
+  const int64_t n = c10::multiply_integers(big->sizes);
   auto [rows, cols] = as_2d(big->sizes);
   if (big->sizes.size() == 1) rows = cdiv(n, chip.lanes), cols = std::min<int64_t>(n, chip.lanes);
   const std::vector<Operand2d> ops = to_2d(operands, n, rows, cols);
