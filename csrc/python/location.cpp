@@ -73,6 +73,20 @@ struct LocalCache {
 };
 #endif
 
+// The id of `key` in the table, adding it (with a new reference to its code
+// object) when absent; -1 when the table is full. Call with the GIL held.
+int32_t intern(const std::pair<PyObject*, int>& key) {
+  LocationTable& t = table();
+  auto it = t.ids.find(key);
+  if (it != t.ids.end()) return it->second;
+  if (t.entries.size() >= kMaxEntries) return -1;
+  const auto id = static_cast<int32_t>(t.entries.size());
+  Py_INCREF(key.first);  // the entry keeps its code object (and so its address) alive
+  t.entries.push_back(key);
+  t.ids.emplace(key, id);
+  return id;
+}
+
 // Torch's bindings release the GIL before dispatching, so take it back
 // briefly (on CPython 3.11 only when the per-thread cache misses); threads
 // Python never saw (autograd workers) have no frame.
@@ -86,31 +100,22 @@ int32_t python_location_id() {
   if (!current_key(ts, &key)) return -1;
   LocalCache::Entry& slot = cache.e[PairHash()(key) & 255];
   if (slot.code == key.first && slot.lasti == key.second) return slot.id;
-#endif
+  PyGILState_STATE gil = PyGILState_Ensure();
+  const int32_t id = intern(key);
+  PyGILState_Release(gil);
+  if (id >= 0) slot = {key.first, key.second, id};
+  return id;
+#else
   PyGILState_STATE gil = PyGILState_Ensure();
   int32_t id = -1;
   if (PyFrameObject* f = PyEval_GetFrame()) {                             // borrowed
     PyObject* code = reinterpret_cast<PyObject*>(PyFrame_GetCode(f));  // new reference
-    const std::pair<PyObject*, int> found{code, PyFrame_GetLasti(f)};
-    LocationTable& t = table();
-    auto it = t.ids.find(found);
-    if (it != t.ids.end()) {
-      id = it->second;
-      Py_DECREF(code);
-    } else if (t.entries.size() < kMaxEntries) {
-      id = static_cast<int32_t>(t.entries.size());
-      t.entries.push_back(found);  // keeps the reference
-      t.ids.emplace(found, id);
-    } else {
-      Py_DECREF(code);
-    }
+    id = intern({code, PyFrame_GetLasti(f)});
+    Py_DECREF(code);
   }
-#ifdef TPU_EAGER_FRAME_WITHOUT_GIL
-  // Cached only when the table's entry is the key read without the GIL.
-  if (id >= 0 && table().entries[id] == key) slot = {key.first, key.second, id};
-#endif
   PyGILState_Release(gil);
   return id;
+#endif
 }
 
 std::string format_location(int32_t id) {
