@@ -21,6 +21,12 @@ cxx_flags = ["-std=c++17", "-O0" if DEBUG else "-O2", "-fvisibility=hidden"]
 # (inlined in our layer_norm row loop) then rounds bit for bit as CPU's
 # LayerNormKernel (tests/test_fused_layer_norm.py checks it).
 cxx_flags.append("--param=avoid-fma-max-bits=256")
+# at::parallel_for is a header template: without -fopenmp it compiles to a serial
+# loop in this extension (ATen's OpenMP path is under #ifdef _OPENMP), so our fused
+# loops would use one core whatever torch.set_num_threads says. The libgomp.so.1 we
+# link against resolves to the one torch has already loaded (same soname), so both
+# share one thread pool and torch.set_num_threads governs ours too.
+cxx_flags.append("-fopenmp")
 if DEBUG:
     cxx_flags.append("-g")
 else:
@@ -44,6 +50,7 @@ setup(
             sources=sources,
             include_dirs=[os.path.join(ROOT, "csrc")],
             extra_compile_args={"cxx": cxx_flags},
+            extra_link_args=["-fopenmp"],
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
