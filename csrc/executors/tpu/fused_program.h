@@ -38,10 +38,11 @@ struct Program {
 };
 
 // Which routines fused loops use for float32 exp, log, sin, cos, tanh and
-// sqrt. kSleef: ATen's vectorized routines (at::vec: SLEEF's u10 exp, log and
-// tanh, error bound 1.0 ulp, and u35 sin and cos, 3.5 ulp, per SLEEF's
+// sqrt. kSleef: ATen's vectorized routines (at::vec: SLEEF's u10 exp and log,
+// error bound 1.0 ulp, and u35 sin and cos, 3.5 ulp, per SLEEF's
 // documentation; sqrt is the correctly rounded instruction), which CPU's own
-// softmax and sigmoid kernels use too. kCpu:
+// softmax and sigmoid kernels use too, and tanh from SLEEF's exp
+// (tanh_via_exp, fused_kernels.inc; within 1 ulp of CPU's). kCpu:
 // the routines CPU's unary kernels call (at::vml: MKL's VML in torch's x86-64
 // wheels, cpu_vml.h), so each fused value equals torch.exp(x) etc. bit for
 // bit, at about twice the cost on a transcendental-heavy chain. Process-wide.
