@@ -325,6 +325,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_fused_math", [](bool cpu) {
     tpu::fused::set_math_routines(cpu ? tpu::fused::MathRoutines::kCpu : tpu::fused::MathRoutines::kSleef);
   });
+  m.def("_set_stream_store_threshold", &tpu::fused::set_stream_store_threshold, py::arg("bytes"));
+  m.def("_stream_store_threshold", &tpu::fused::stream_store_threshold);
   m.def("_fused_math_is_cpu", [] { return tpu::fused::math_routines() == tpu::fused::MathRoutines::kCpu; });
   m.def("_cache_size", &jit::cache_size);
   m.def("_mark_dynamic", [](const at::Tensor& t, int64_t dim, int64_t lower, int64_t upper) {

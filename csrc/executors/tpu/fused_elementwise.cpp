@@ -184,9 +184,13 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
       }
       if (anchor.in.kind == Operand::kConst) return false;  // no input slot
       // Alone with weight and bias it is CPU's own kernel that the existing
-      // path calls (direct_kernels), ~8% faster than this loop on 4096x1024;
-      // without them CPU's kernel takes a scalar loop and this one is ~1.7x faster.
-      if (program.empty() && anchor.gamma && anchor.beta) return false;
+      // path calls (direct_kernels), ~8% faster than this loop on 4096x1024,
+      // unless this loop streams its output (Program::stream), which CPU's
+      // kernel does not; without them CPU's kernel takes a scalar loop and
+      // this one is ~1.7x faster.
+      if (program.empty() && anchor.gamma && anchor.beta &&
+          2 * c10::multiply_integers(*shape) * static_cast<int64_t>(sizeof(float)) < fused::stream_store_threshold())
+        return false;
       anchor.op = fused::RowOp::kLayerNorm;
       anchor.eps = static_cast<float>(n.args[4].toDouble());  // CPU's kernel takes eps as the input's type
       anchor.rows = anchor.cols ? c10::multiply_integers(*shape) / anchor.cols : 0;
@@ -277,7 +281,13 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
       stat_bytes += anchor.rows * 4;
     }
   }
+  // Bytes the loop touches, as the counters below count them.
+  int64_t touched = static_cast<int64_t>(outputs.size()) * numel * 4 + stat_bytes;
+  for (auto& e : externals) touched += e.numel() * 4;
+  for (auto& e : ln_params) touched += e.numel() * 4;
+  if (has_anchor) touched += (anchor.op == fused::RowOp::kLogSumExp ? anchor.rows : numel) * 4;
   fused::Program prog;
+  prog.stream = touched >= fused::stream_store_threshold();
   prog.regs = fused::assign_registers(program, has_anchor ? &anchor.in : nullptr);
   prog.instrs = std::move(program);
   prog.numel = numel;
