@@ -24,9 +24,10 @@ benchmark first checks its result against CPU PyTorch and is not timed if that f
    backward, clip_grad_norm_, step), loss read every step, "tpu" vs CPU eager; then the
    compiles counted over all timed steps, which follow 3 warm-up steps (target: 0).
 
-Every contender runs with one torch intra-op thread unless ``--threads`` says otherwise.
-The "tpu" executor runs CPU kernels too, so both sides get the same threads; one thread
-keeps the figures steady on a machine that other jobs share.
+Every contender runs with torch's own intra-op thread count (one per core) unless
+``--threads`` says otherwise. The "tpu" executor's fused loops split across the same
+threads (at::parallel_for) and it runs CPU kernels too, so both sides get the same
+threads. ``--threads 1`` gives steadier figures on a machine that other jobs share.
 
     python benchmarks/run_all.py                 # full run (about 1 minute on 2 cores)
     python benchmarks/run_all.py --quick         # smoke test: 3 repeats, small sizes
@@ -712,9 +713,9 @@ def run(argv=None):
     parser.add_argument("--quick", action="store_true", help="few repeats and small sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="also write the results, with every sample, here")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per figure (default 15; 3 with --quick)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads for every contender (default 1; 0 keeps torch's "
-                             "own choice, which on a loaded machine makes both CPU and tpu figures erratic)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch intra-op threads for every contender (default 0: torch's own choice, "
+                             "one per core; 1 is steadier on a machine other jobs share)")
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     if args.repeats is not None:
