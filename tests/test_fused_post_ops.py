@@ -1,0 +1,101 @@
+"""Cheap elementwise ops (neg, abs, relu, add / mul / div by a constant) that read only
+the value of the op before them run in that op's pass over the tile (PostOp in
+csrc/executors/tpu/fused_kernels.inc); the intermediate value is then never stored.
+Grouping must not change a value or lose one that is read again: every case is
+compared with CPU PyTorch bit for bit (IEEE-exact ops, or set_fused_math("cpu"))."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from difftest import DEVICE, cpu_randn
+
+pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops exist only on the tpu device")
+
+if DEVICE == "tpu":
+    import torch_tpu_eager
+
+SIZES = [1, 17, 1024, 4099]
+
+
+def _both(fn, *inputs):
+    """fn on CPU and on tpu; the tpu results read back to the host."""
+    want = fn(*inputs)
+    got = fn(*(t.to("tpu") for t in inputs))
+    want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    return [g.cpu() for g in got], list(want)
+
+
+def _assert_equal(fn, *inputs):
+    got, want = _both(fn, *inputs)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_run_of_cheap_ops_after_a_binary_op(n):
+    _assert_equal(lambda x, y: (((x * y - 0.5) / 3.0).neg().abs() + 1.0).relu() * 0.25, cpu_randn(n, seed=1),
+                  cpu_randn(n, seed=2))
+
+
+def test_more_cheap_ops_than_one_pass_takes():
+    # Twelve in a row: more than a group holds (8), so the run splits into two passes.
+    def prog(x, y):
+        h = x / y
+        for c in (0.5, 2.0, -1.0, 3.0, 0.125, 1.5):
+            h = (h * c).neg()
+        return h
+
+    _assert_equal(prog, cpu_randn(1025, seed=3), cpu_randn(1025, seed=4))
+
+
+def test_value_read_again_after_a_cheap_op_is_kept():
+    # h feeds the cheap op and a later op: it cannot be skipped.
+    _assert_equal(lambda x, y: ((x * y) * 2.0) + (x * y).abs(), cpu_randn(3000, seed=5), cpu_randn(3000, seed=6))
+
+    def prog(x, y):
+        h = x * y
+        g = h.neg()
+        return g / h
+
+    _assert_equal(prog, cpu_randn(3000, seed=7), cpu_randn(3000, seed=8))
+
+
+def test_materialized_values_inside_a_run():
+    def prog(x, y):
+        h = x * y          # returned: written to its buffer
+        g = (h - 1.0).abs()  # returned
+        return h, g, (g * 3.0).neg()
+
+    _assert_equal(prog, cpu_randn(2049, seed=9), cpu_randn(2049, seed=10))
+
+
+def test_value_read_by_the_row_reduction_after_the_program():
+    def prog(x, y):
+        h = x * y - 0.25
+        return h.neg() * 2.0, F.softmax(h, dim=-1)
+
+    _assert_equal(prog, cpu_randn(33, 70, seed=11), cpu_randn(33, 70, seed=12))
+    _assert_equal(lambda x, y: F.log_softmax((x / y).abs() * 0.5, dim=-1), cpu_randn(9, 1000, seed=13),
+                  cpu_randn(9, 1000, seed=14))
+
+
+def test_add_with_alpha_as_a_cheap_op():
+    # 1024 elements: CPU's vector loop covers them all. Its scalar tail (the last n mod 32)
+    # rounds alpha * b before adding, which the fused multiply-add does not
+    # (docs/tpu_target.md), so another size could differ there by half an ulp of alpha * b.
+    _assert_equal(lambda x, y: torch.add(torch.sub(x * y, 0.3, alpha=7.0), 0.1, alpha=-3.0),
+                  cpu_randn(1024, seed=15), cpu_randn(1024, seed=16))
+
+
+@pytest.fixture
+def cpu_math():
+    before = torch_tpu_eager.fused_math()
+    torch_tpu_eager.set_fused_math("cpu")
+    yield
+    torch_tpu_eager.set_fused_math(before)
+
+
+def test_cheap_ops_after_cpu_math_routines(cpu_math):
+    # Under "cpu" math an exp, tanh, ... pass calls MKL's VML on the tile; the cheap
+    # ops after it run in their own passes, and every value equals CPU's.
+    _assert_equal(lambda x: ((x * 2.0).exp() * 0.5).neg().tanh().abs() - 1.0, cpu_randn(4099, seed=17))
