@@ -1,6 +1,7 @@
-"""Cheap elementwise ops (neg, abs, relu, add / mul / div by a constant) that read only
-the value of the op before them run in that op's pass over the tile (PostOp in
-csrc/executors/tpu/fused_kernels.inc); the intermediate value is then never stored.
+"""Cheap elementwise ops (neg, abs, relu, add, mul, div) that read the value of the op
+before them, with a constant, a buffer or that value as the other operand, run in that
+op's pass over the tile (PostOp in csrc/executors/tpu/fused_kernels.inc); the
+intermediate value is then never stored.
 Grouping must not change a value or lose one that is read again: every case is
 compared with CPU PyTorch bit for bit (IEEE-exact ops, or set_fused_math("cpu"))."""
 import pytest
@@ -99,3 +100,31 @@ def test_cheap_ops_after_cpu_math_routines(cpu_math):
     # Under "cpu" math an exp, tanh, ... pass calls MKL's VML on the tile; the cheap
     # ops after it run in their own passes, and every value equals CPU's.
     _assert_equal(lambda x: ((x * 2.0).exp() * 0.5).neg().tanh().abs() - 1.0, cpu_randn(4099, seed=17))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_tensor_operands_of_cheap_ops(n):
+    # The value's partner is an input buffer, a materialized output, another live
+    # register, or the value itself; the value may be either operand of mul and add.
+    def prog(x, y):
+        h = x * 3.0                         # a register that stays live below
+        v = (y / 7.0) * x                   # external buffer
+        v = x + v                           # value as the second operand of an add
+        v = v * h                           # another live register
+        v = v * v                           # the value itself
+        v = y * v                           # value second in a mul
+        v = v - x                           # add with alpha -1, value first
+        v = x - v                           # value second of a sub: its own pass
+        v = x / v                           # value second of a div: its own pass
+        return v + h
+
+    _assert_equal(prog, cpu_randn(n, seed=18), cpu_randn(n, seed=19))
+
+
+def test_materialized_output_as_a_tensor_operand():
+    def prog(x, y):
+        m = x * y                # returned: read back from its buffer below
+        v = (y + 2.0).neg() * m
+        return m, (v + m).abs()
+
+    _assert_equal(prog, cpu_randn(3001, seed=20), cpu_randn(3001, seed=21))
