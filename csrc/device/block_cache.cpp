@@ -1,6 +1,8 @@
 // Host blocks with a cache of freed large blocks (see block_cache.h).
 #include "device/block_cache.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -24,8 +26,25 @@ Cache& cache() {
   return *c;
 }
 
+// Blocks of 4 MiB or more are 2 MiB-aligned multiples of 2 MiB and ask the
+// kernel for transparent huge pages (MADV_HUGEPAGE; Linux grants them in its
+// "madvise" mode, which this machine runs): a 16 MiB buffer then needs 8 TLB
+// entries instead of 4,096. A row loop over two 16 MiB buffers ran 5-15%
+// faster on them in a standalone test on this machine. At most 2 MiB per
+// block is padding; below 4 MiB it could be half the block.
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kHugeMin = size_t{4} << 20;
+
 size_t rounded(size_t nbytes) {
+  if (nbytes >= kHugeMin) return (nbytes + kHugePage - 1) / kHugePage * kHugePage;
   return nbytes >= kCachedMin ? (nbytes + kGranule - 1) / kGranule * kGranule : (nbytes + 63) / 64 * 64;
+}
+
+void* fresh_block(size_t size) {
+  if (size < kHugeMin) return std::aligned_alloc(64, size);
+  void* p = std::aligned_alloc(kHugePage, size);
+  if (p) madvise(p, size, MADV_HUGEPAGE);  // advice only: without huge pages the block still works
+  return p;
 }
 
 }  // namespace
@@ -43,7 +62,7 @@ void* block_alloc(size_t nbytes) {
       return p;
     }
   }
-  return std::aligned_alloc(64, size);
+  return fresh_block(size);
 }
 
 void block_free(void* ptr, size_t nbytes) {

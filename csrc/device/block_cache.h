@@ -11,7 +11,8 @@ namespace tpu_eager {
 
 // A 64-byte-aligned block of at least `nbytes`; nullptr when out of memory.
 // Blocks of 1 MiB or more come from the cache when one of the same rounded
-// size (4 KiB granularity) was freed.
+// size (4 KiB granularity; 2 MiB from 4 MiB on, on transparent huge pages)
+// was freed.
 void* block_alloc(size_t nbytes);
 // Returns a block of `block_alloc(nbytes)` to the cache (large blocks, while
 // the cache holds at most 512 MiB) or to the C library.
