@@ -5,16 +5,16 @@ float32 with MKL's VML (``at::vml``, in torch's x86-64 wheels), while its own so
 and sigmoid kernels use ATen's vectorized SLEEF routines. A fused loop uses one or the
 other for those six functions:
 
-- ``"sleef"`` (default): ATen's vectorized routines. Values agree with CPU's
-  ``torch.exp`` etc. to a few units in the last place, not bit for bit (SLEEF's
-  documented bounds: 1.0 ulp for exp and log, 3.5 ulp for sin and cos; sqrt is
-  the correctly rounded instruction). tanh is the executor's own: a polynomial below
-  |x| = 0.625 and 1 - 2 / (exp(2|x|) + 1) with SLEEF's exp above, within 1 ulp of CPU's
-  tanh on every third normal float (SLEEF's tanh cost a third of chain16's time).
-  torch.compile's generated code makes the same kind of choice.
+- ``"sleef"`` (default): vector routines inlined in the loop. Values agree with CPU's
+  ``torch.exp`` etc. to a few units in the last place, not bit for bit. log, sin and
+  cos are ATen's SLEEF routines (documented bounds: 1.0 ulp for log, 3.5 ulp for sin
+  and cos); sqrt is the correctly rounded instruction; exp and tanh are the executor's
+  own (a polynomial after range reduction, and tanh from that exp), each within 1 ulp
+  of CPU's on every float32 swept (docs/tpu_target.md). torch.compile's generated
+  code makes the same kind of choice.
 - ``"cpu"``: the routines CPU's kernels call, so every fused value equals the CPU op's
   bit for bit, at about twice the cost on a chain of transcendental functions
-  (chain16 of ``benchmarks/run_all.py``, one thread: 2.8 vs 7.6 ms on this machine).
+  (chain16 of ``benchmarks/run_all.py``, one thread: 2.6 vs 7.6 ms on this machine).
 
 Softmax, log_softmax, logsumexp and sigmoid always follow their CPU kernels' routines
 (sigmoid's last few elements, which CPU computes with scalar libm, within 1 ulp).
@@ -30,8 +30,8 @@ def set_fused_math(mode: str) -> None:
     """Chooses the routines fused loops use for float32 exp, log, sin, cos, tanh, sqrt.
 
     Args:
-        mode: ``"sleef"`` (default; ATen's vectorized SLEEF routines, within a few ulp
-            of CPU) or ``"cpu"`` (the routines of CPU's kernels, bit-equal to CPU).
+        mode: ``"sleef"`` (default; inlined vector routines, within a few ulp of
+            CPU) or ``"cpu"`` (the routines of CPU's kernels, bit-equal to CPU).
 
     Raises:
         ValueError: ``mode`` is not one of :data:`MODES`.

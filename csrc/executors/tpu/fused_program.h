@@ -55,11 +55,11 @@ int64_t stream_store_threshold();
 void set_stream_store_threshold(int64_t bytes);
 
 // Which routines fused loops use for float32 exp, log, sin, cos, tanh and
-// sqrt. kSleef: ATen's vectorized routines (at::vec: SLEEF's u10 exp and log,
-// error bound 1.0 ulp, and u35 sin and cos, 3.5 ulp, per SLEEF's
-// documentation; sqrt is the correctly rounded instruction), which CPU's own
-// softmax and sigmoid kernels use too, and tanh from SLEEF's exp
-// (tanh_via_exp, fused_kernels.inc; within 1 ulp of CPU's). kCpu:
+// sqrt. kSleef: ATen's vectorized routines for log, sin and cos (at::vec:
+// SLEEF's u10 log, error bound 1.0 ulp, and u35 sin and cos, 3.5 ulp, per
+// SLEEF's documentation), the correctly rounded sqrt instruction, and our own
+// inlined exp and tanh (exp_inline, tanh_via_exp in fused_kernels.inc; each
+// within 1 ulp of CPU's). kCpu:
 // the routines CPU's unary kernels call (at::vml: MKL's VML in torch's x86-64
 // wheels, cpu_vml.h), so each fused value equals torch.exp(x) etc. bit for
 // bit, at about twice the cost on a transcendental-heavy chain. Process-wide.
