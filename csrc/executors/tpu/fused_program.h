@@ -115,8 +115,11 @@ struct RowAnchor {
 
 // Runs the program over tiles of at most 1,024 floats (fewer when many
 // registers are live, so that a tile's registers, inputs and outputs stay in
-// L1), both cores via at::parallel_for. Each instruction is one pass over the
-// tile; materialized values are stored by their instruction into the output.
+// L1), split across torch's intra-op threads (at::parallel_for). Each
+// instruction is one pass over the tile, together with the cheap ops after it
+// that read only its value (fused_kernels.inc, group_posts); materialized
+// values are stored by their instruction into the output (streamed when
+// Program::stream).
 void run_avx2(const Program& p);
 void run_avx512(const Program& p);
 // Runs the program over blocks of whole rows (about 32 KB per register), then
