@@ -148,3 +148,11 @@ def cpu_randint(low, high, shape, seed=0, dtype=torch.int64):
     """Deterministic CPU integer data, independent of the global RNG."""
     g = torch.Generator().manual_seed(seed)
     return torch.randint(low, high, shape, generator=g, dtype=dtype)
+
+
+def restoring(get, set_):
+    """Body of a fixture that lets a test change a process-wide setting: yields ``set_``
+    and afterwards restores the value ``get()`` returned before the test."""
+    before = get()
+    yield set_
+    set_(before)

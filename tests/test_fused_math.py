@@ -5,7 +5,7 @@ checked against CPU PyTorch on inputs that end in partial vectors and tiles."""
 import pytest
 import torch
 
-from difftest import DEVICE, cpu_randn
+from difftest import DEVICE, cpu_randn, restoring
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops exist only on the tpu device")
 
@@ -27,9 +27,7 @@ FUNCS = {
 
 @pytest.fixture
 def mode():
-    before = torch_tpu_eager.fused_math()
-    yield torch_tpu_eager.set_fused_math
-    torch_tpu_eager.set_fused_math(before)
+    yield from restoring(torch_tpu_eager.fused_math, torch_tpu_eager.set_fused_math)
 
 
 def _ulp_distance(a, b):

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from difftest import DEVICE, cpu_randn
+from difftest import DEVICE, cpu_randn, restoring
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops exist only on the tpu device")
 
@@ -90,10 +90,9 @@ def test_add_with_alpha_as_a_cheap_op():
 
 @pytest.fixture
 def cpu_math():
-    before = torch_tpu_eager.fused_math()
-    torch_tpu_eager.set_fused_math("cpu")
-    yield
-    torch_tpu_eager.set_fused_math(before)
+    for set_mode in restoring(torch_tpu_eager.fused_math, torch_tpu_eager.set_fused_math):
+        set_mode("cpu")
+        yield
 
 
 def test_cheap_ops_after_cpu_math_routines(cpu_math):

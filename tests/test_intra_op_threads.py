@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from difftest import DEVICE, cpu_randn
+from difftest import DEVICE, cpu_randn, restoring
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops exist only on the tpu device")
 
@@ -15,9 +15,7 @@ pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops exist only 
 @pytest.fixture
 def threads():
     """Runs the test with torch's intra-op threads set as it asks, then restores them."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
+    yield from restoring(torch.get_num_threads, torch.set_num_threads)
 
 
 def _exact_chain(x, y):
