@@ -729,10 +729,10 @@ def run(argv=None):
     previous = torch.get_num_threads(), torch.get_float32_matmul_precision()
     try:
         if args.threads:
-            # With more threads than free cores, the intra-op pool's barriers stall whenever
-            # another process holds a core: on a 2-core machine shared with other jobs this
-            # made the chain16 and MLP figures 10-300x slower, unevenly, and the ratios meaningless.
             torch.set_num_threads(args.threads)
+        # With as many threads as cores (the default), the intra-op pool's barriers stall
+        # whenever another process holds a core: on a 2-core machine shared with other jobs
+        # this made figures 10-300x slower, unevenly; --threads 1 avoids it.
         # The MLP check compares with CPU at f32; the device's matmul precision follows this.
         torch.set_float32_matmul_precision("highest")
         info = machine_info()

@@ -243,3 +243,22 @@ def test_freed_large_blocks_are_reused_and_released():
     del z
     torch.tpu.empty_cache()
     assert torch.tpu.memory_reserved() == torch.tpu.memory_allocated() == base
+
+
+@pytest.mark.skipif(DEVICE != "tpu", reason="device memory caching is the tpu allocator's")
+def test_memory_reserved_counts_the_rounding_of_blocks_in_use():
+    # Blocks of 4 MiB or more are whole 2 MiB huge pages: a tensor of 4 MiB + 4 B holds
+    # 6 MiB. Reserved counts the block while it is in use and once it is cached, alike.
+    torch.tpu.synchronize()
+    torch.tpu.empty_cache()
+    base_allocated, base_reserved = torch.tpu.memory_allocated(), torch.tpu.memory_reserved()
+    t = torch.ones(2**20 + 1, device="tpu")
+    assert t[-1].item() == 1.0
+    assert torch.tpu.memory_allocated() == base_allocated + 4 * 2**20 + 4
+    in_use = torch.tpu.memory_reserved()
+    assert in_use == base_reserved + 6 * 2**20
+    del t
+    assert torch.tpu.memory_allocated() == base_allocated
+    assert torch.tpu.memory_reserved() == in_use
+    torch.tpu.empty_cache()
+    assert torch.tpu.memory_reserved() == base_reserved

@@ -164,9 +164,11 @@ def empty_cache() -> None:
 
 
 def memory_reserved(device=None) -> int:
-    """Bytes held by the device: :func:`memory_allocated` plus the freed blocks kept for
-    reuse (blocks of 1 MiB or more, at most 512 MiB in all). Freed with :func:`empty_cache`."""
-    return _C._memory_allocated(_index(device)) + _C._cached_bytes()
+    """Bytes held by the device: :func:`memory_allocated`, the rounding of the blocks
+    behind it (to 64 B; 4 KiB from 1 MiB; 2 MiB from 4 MiB), and the freed blocks kept
+    for reuse (blocks of 1 MiB or more, at most 512 MiB in all; freed with
+    :func:`empty_cache`)."""
+    return _C._memory_allocated(_index(device)) + _C._live_padding_bytes() + _C._cached_bytes()
 
 
 def get_amp_supported_dtype():

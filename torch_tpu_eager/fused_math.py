@@ -8,9 +8,10 @@ other for those six functions:
 - ``"sleef"`` (default): vector routines inlined in the loop. Values agree with CPU's
   ``torch.exp`` etc. to a few units in the last place, not bit for bit. log, sin and
   cos are ATen's SLEEF routines (documented bounds: 1.0 ulp for log, 3.5 ulp for sin
-  and cos); sqrt is the correctly rounded instruction; exp and tanh are the executor's
-  own (a polynomial after range reduction, and tanh from that exp), each within 1 ulp
-  of CPU's on every float32 swept (docs/tpu_target.md). torch.compile's generated
+  and cos); sqrt is the correctly rounded instruction (CPU's is within 1 ulp of it);
+  exp and tanh are the executor's own (a polynomial after range reduction, and tanh
+  from that exp), each within 1 ulp of CPU's on every float32 swept
+  (docs/tpu_target.md). torch.compile's generated
   code makes the same kind of choice.
 - ``"cpu"``: the routines CPU's kernels call, so every fused value equals the CPU op's
   bit for bit, at about twice the cost on a chain of transcendental functions

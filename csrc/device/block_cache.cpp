@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -47,9 +48,9 @@ void* fresh_block(size_t size) {
   return p;
 }
 
-}  // namespace
+std::atomic<int64_t> g_live_padding{0};  // rounded minus requested bytes of blocks in use
 
-void* block_alloc(size_t nbytes) {
+void* take_block(size_t nbytes) {
   const size_t size = rounded(nbytes);
   if (size >= kCachedMin) {
     Cache& c = cache();
@@ -65,9 +66,18 @@ void* block_alloc(size_t nbytes) {
   return fresh_block(size);
 }
 
+}  // namespace
+
+void* block_alloc(size_t nbytes) {
+  void* p = take_block(nbytes);
+  if (p) g_live_padding.fetch_add(static_cast<int64_t>(rounded(nbytes) - nbytes));
+  return p;
+}
+
 void block_free(void* ptr, size_t nbytes) {
   if (!ptr) return;
   const size_t size = rounded(nbytes);
+  g_live_padding.fetch_sub(static_cast<int64_t>(size - nbytes));
   if (size >= kCachedMin) {
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
@@ -88,6 +98,8 @@ void block_cache_release() {
   c.free_blocks.clear();
   c.bytes = 0;
 }
+
+int64_t block_live_padding() { return g_live_padding.load(); }
 
 int64_t block_cache_bytes() {
   Cache& c = cache();

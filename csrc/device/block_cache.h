@@ -21,5 +21,8 @@ void block_free(void* ptr, size_t nbytes);
 void block_cache_release();
 // Bytes held in the cache (torch.tpu.memory_reserved adds them).
 int64_t block_cache_bytes();
+// Bytes by which the blocks in use exceed the sizes asked for (rounding to
+// 64 B, 4 KiB or 2 MiB); torch.tpu.memory_reserved adds them too.
+int64_t block_live_padding();
 
 }  // namespace tpu_eager

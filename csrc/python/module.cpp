@@ -387,6 +387,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_max_memory_allocated", &max_memory_allocated);
   m.def("_empty_cache", &block_cache_release);
   m.def("_cached_bytes", &block_cache_bytes);
+  m.def("_live_padding_bytes", &block_live_padding);
   m.def("_reset_peak_memory_stats", &reset_peak_memory_stats);
   m.def("_default_generator", [](int index) { return default_device_generator(static_cast<c10::DeviceIndex>(index)); });
   m.def("_op_table", [] {
