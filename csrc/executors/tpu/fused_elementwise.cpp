@@ -281,13 +281,13 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
       stat_bytes += anchor.rows * 4;
     }
   }
-  // Bytes the loop touches, as the counters below count them.
-  int64_t touched = static_cast<int64_t>(outputs.size()) * numel * 4 + stat_bytes;
-  for (auto& e : externals) touched += e.numel() * 4;
-  for (auto& e : ln_params) touched += e.numel() * 4;
-  if (has_anchor) touched += (anchor.op == fused::RowOp::kLogSumExp ? anchor.rows : numel) * 4;
+  // Bytes the loop reads and writes: the counters, and whether it streams its outputs.
+  int64_t read = 0, written = static_cast<int64_t>(outputs.size()) * numel * 4 + stat_bytes;
+  for (auto& e : externals) read += e.numel() * 4;
+  for (auto& e : ln_params) read += e.numel() * 4;
+  if (has_anchor) written += (anchor.op == fused::RowOp::kLogSumExp ? anchor.rows : numel) * 4;
   fused::Program prog;
-  prog.stream = touched >= fused::stream_store_threshold();
+  prog.stream = read + written >= fused::stream_store_threshold();
   prog.regs = fused::assign_registers(program, has_anchor ? &anchor.in : nullptr);
   prog.instrs = std::move(program);
   prog.numel = numel;
@@ -305,10 +305,8 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
     fused::run_avx2(prog);
   }
 
-  for (auto& e : externals) stats.bytes_read += e.numel() * 4;
-  for (auto& e : ln_params) stats.bytes_read += e.numel() * 4;
-  stats.bytes_written += static_cast<int64_t>(outputs.size()) * numel * 4 + stat_bytes;
-  if (has_anchor) stats.bytes_written += (anchor.op == fused::RowOp::kLogSumExp ? anchor.rows : numel) * 4;
+  stats.bytes_read += read;
+  stats.bytes_written += written;
   return true;
 }
 
