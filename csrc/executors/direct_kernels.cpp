@@ -100,7 +100,20 @@ bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::
   if (!schema.overload_name().empty()) return false;
   if (schema.name() == "aten::native_layer_norm") return layer_norm(args, outs);
   if (schema.name() == "aten::native_layer_norm_backward") return layer_norm_backward(args, outs);
+  // clone into a dense output is a copy (clone.out is clone plus a second copy).
+  if (schema.name() == "aten::clone") {
+    outs.at(0).copy_(args.at(0).toTensor());
+    return true;
+  }
   return false;
+}
+
+bool takes_strided_inputs(const Node& n) {
+  const auto& schema = n.op.schema();
+  if (!schema.overload_name().empty()) return false;
+  const std::string& name = schema.name();
+  return name == "aten::mm" || name == "aten::addmm" || name == "aten::bmm" || name == "aten::baddbmm" ||
+         name == "aten::cat" || name == "aten::clone";
 }
 
 }  // namespace host

@@ -17,9 +17,16 @@ namespace host {
 // (contiguous, one per result, with the recorded geometry). Covers
 // native_layer_norm and native_layer_norm_backward (all three grads) on
 // float32, with the kernels CPU's layer_norm_cpu / layer_norm_backward_cpu
-// call (the LayerNormKernel / LayerNormBackwardKernel dispatch stubs). Returns false,
-// having written nothing, for any other op or case.
+// call (the LayerNormKernel / LayerNormBackwardKernel dispatch stubs), and
+// clone (a copy into the output). Returns false, having written nothing, for
+// any other op or case.
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs);
+
+// Whether `n` may write its outputs directly when its operands are strided
+// (transposed, sliced): its out= overload is the same structured kernel as
+// its functional op (mm, addmm, bmm, baddbmm, cat), or run_direct_kernel
+// runs it (clone). Other out= kernels take dense operands only.
+bool takes_strided_inputs(const Node& n);
 
 // The capability ("AVX512", "AVX2" or "DEFAULT") of the LayerNormKernel that
 // CPU's layer_norm calls on this machine, as its dispatch stub chooses (torch

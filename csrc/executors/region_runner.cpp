@@ -65,12 +65,14 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
   if (n.rng || n.outputs.empty() || !hooks.direct_outputs_ok(n)) return {};
   for (int r : n.returns)
     if (r != -1) return {};
-  // Dense operands only: CPU's out= kernels are less exercised than the
-  // functional ones and some mis-handle strided tensors (torch 2.13:
+  // Dense operands only, unless the op's out= kernel is its functional one
+  // (takes_strided_inputs): CPU's other out= kernels are less exercised than
+  // the functional ones and some mis-handle strided tensors (torch 2.13:
   // _log_softmax_backward_data.out with a strided out, native_batch_norm.out
   // with a strided input give wrong values).
-  for (const auto& in : n.inputs)
-    if (!in.ref.is_dense()) return {};
+  if (!takes_strided_inputs(n))
+    for (const auto& in : n.inputs)
+      if (!in.ref.is_dense()) return {};
   const c10::OperatorHandle* op = out_variant(n.op);
   if (!op) return {};
   std::vector<at::Tensor> outs;
