@@ -14,6 +14,9 @@
 #include <cstring>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <cmath>
+#include <cstdint>
 
 
 namespace tpu_eager {
@@ -56,8 +59,12 @@ bool scalar_operand(const c10::IValue& v, Operand* op) {
   }
   if (v.isTensor() && v.toTensor().defined() && v.toTensor().dim() == 0 && v.toTensor().device().is_cpu() &&
       !v.toTensor().is_complex()) {
+    // A wrapped Python number (double or int64) read in place: item() is an op call.
+    const at::Tensor& t = v.toTensor();
     op->kind = Operand::kConst;
-    op->value = as_float(v.toTensor().item());
+    op->value = t.scalar_type() == at::kDouble ? static_cast<float>(*t.const_data_ptr<double>())
+                : t.scalar_type() == at::kLong ? static_cast<float>(*t.const_data_ptr<int64_t>())
+                                               : as_float(t.item());
     return true;
   }
   return false;
@@ -100,42 +107,73 @@ bool layer_norm_cols(const Node& n, c10::IntArrayRef shape, int64_t* cols) {
   return true;
 }
 
-}  // namespace
+// The tensor an op writes in place (its self) or as its out= argument; null
+// for a functional op and for one that writes more than one tensor.
+const InputSlot* written_slot(const Node& n) {
+  const InputSlot* w = nullptr;
+  for (const auto& in : n.inputs) {
+    if (!in.written) continue;
+    if (w) return nullptr;
+    w = &in;
+  }
+  return w;
+}
 
-bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
-                           RegionStats& stats) {
-  // The loops match CPU's kernels of the same capability: use the one ATen uses.
-  static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  // The capability ATen runs (the CPU's best unless ATEN_CPU_CAPABILITY asks for less).
-  static const std::string aten_cap = at::get_cpu_capability();  // "AVX512", "AVX2" or "DEFAULT"
-  static const bool use_avx512 = aten_cap == "AVX512";
-  // At DEFAULT, CPU's softmax kernels compute lane by lane with libm: only the
-  // AVX2 / AVX512 row loops are theirs.
-  static const bool vector_softmax = aten_cap == "AVX2" || aten_cap == "AVX512";
-  if (!cpu_ok || region.nodes.empty()) return false;
-  // An input that failed earlier: op by op (run_ops), where only the ops that
-  // read it fail.
-  for (int i : region.nodes)
-    for (const auto& in : graph[i].inputs)
-      if (in.ref.storage->error) return false;
-  // A single elementwise op gains nothing from the loop (CPU's kernel writes
-  // the device buffer directly); a single row reduction still runs here.
-  if (region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)
-    return false;
+// One fused loop, planned: a register program over one shape, and the row
+// reduction that ends it, if any.
+struct Plan {
+  fused::Program prog;
+  bool has_anchor = false;
+  fused::RowAnchor anchor;
+  std::vector<at::Tensor> ln_params;  // layer_norm's weight / bias, kept alive for the run
+  std::vector<DeferredStorage*> written;  // storages whose device buffers the loop writes
+  int64_t read = 0, written_bytes = 0;    // bytes the loop reads and writes
+};
+
+// Plans the ops at positions `ps` of `region` (ascending) as one loop. An
+// elementwise op may write in place or through out=: its written tensor is
+// then a value like a fresh output, stored to its device buffer only by the
+// last op of the loop that writes it, when that buffer is observable (a
+// tensor from outside the loop, or a fresh output the region materializes).
+// False, having changed nothing, when an op is not supported.
+bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<Node>& graph, host::HostMemory& mem,
+               Plan* plan) {
+  static const bool vector_softmax = [] {
+    const std::string cap = at::get_cpu_capability();
+    return cap == "AVX2" || cap == "AVX512";  // at DEFAULT CPU's softmax is lane by lane with libm
+  }();
   const Dims* shape = nullptr;
-  std::unordered_map<const DeferredStorage*, Operand> reg_of;  // region value -> register or output
-  std::vector<at::Tensor> externals;
+  std::unordered_map<const DeferredStorage*, Operand> reg_of;  // loop value -> register or output
   std::unordered_map<const DeferredStorage*, int> ext_of;
+  std::vector<const float*> externals;
   std::vector<Instr> program;
-  std::vector<TensorRef> outputs;  // materialized outputs, in instruction order
-  int regs = 0;  // one per non-materialized value until assign_registers renames them
+  std::vector<DeferredStorage*> outputs;  // storages of the loop's stores, in instruction order
+  int regs = 0;  // one per value until assign_registers renames them
+
+  // Which op last writes each storage, and which storages the loop creates
+  // (`made`) and must store (`kept`: materialized fresh outputs).
+  std::unordered_map<const DeferredStorage*, size_t> last_write;
+  std::unordered_set<const DeferredStorage*> made, kept;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const Node& n = graph[region.nodes[ps[k]]];
+    for (size_t j = 0; j < n.outputs.size(); ++j) {
+      const DeferredStorage* s = n.outputs[j].storage.get();
+      last_write[s] = k;
+      made.insert(s);
+      if (region.materialize[ps[k]][j]) kept.insert(s);
+    }
+    for (const auto& in : n.inputs)
+      if (in.written) last_write[in.ref.storage.get()] = k;
+  }
 
   auto tensor_operand = [&](const TensorRef& r, Operand* op) -> bool {
     if (r.dtype != at::kFloat || r.conj || r.neg) return false;
-    auto it = reg_of.find(r.storage.get());
+    DeferredStorage* s = r.storage.get();
+    auto it = reg_of.find(s);
     if (r.sizes.empty() && it == reg_of.end()) {  // a 0-dim device tensor: a runtime constant
+      if (last_write.count(s)) return false;      // ... unless the loop writes it
       op->kind = Operand::kConst;
-      op->value = mem.tensor(r).item<float>();
+      op->value = static_cast<const float*>(mem.storage_for(s).data())[r.offset];
       return true;
     }
     if (r.sizes != *shape || r.offset != 0 || !r.is_dense()) return false;
@@ -143,27 +181,52 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
       *op = it->second;
       return true;
     }
-    auto e = ext_of.find(r.storage.get());
+    auto e = ext_of.find(s);
     if (e == ext_of.end()) {
-      e = ext_of.emplace(r.storage.get(), static_cast<int>(externals.size())).first;
-      externals.push_back(mem.tensor(r));
+      e = ext_of.emplace(s, static_cast<int>(externals.size())).first;
+      externals.push_back(static_cast<const float*>(mem.storage_for(s).data()));
     }
     op->kind = Operand::kExternal;
     op->index = e->second;
     return true;
   };
+  // An intermediate value of a multi-instruction op: a register.
+  auto temp = [&](Instr ins) {
+    ins.dst = regs++;
+    program.push_back(ins);
+    return Operand{Operand::kReg, ins.dst, 0.0f};
+  };
+  // The op's value, the last instruction `ins`, written to storage `s` by
+  // op k: stored to the device buffer when no later op of the loop writes
+  // `s` and the buffer is observable, else kept in a register.
+  auto define = [&](Instr ins, DeferredStorage* s, size_t k) {
+    const bool store = last_write.at(s) == k && (kept.count(s) || !made.count(s));
+    Operand value;
+    if (store) {
+      ins.out = static_cast<int>(outputs.size());
+      outputs.push_back(s);
+      value.kind = Operand::kOutput;
+      value.index = ins.out;
+    } else {
+      ins.dst = regs++;
+      value.kind = Operand::kReg;
+      value.index = ins.dst;
+    }
+    reg_of[s] = value;
+    program.push_back(ins);
+  };
 
-  bool has_anchor = false;
-  fused::RowAnchor anchor;
-  std::vector<at::Tensor> ln_params;  // layer_norm's weight / bias
-  for (size_t p = 0; p < region.nodes.size(); ++p) {
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const size_t p = ps[k];
+    const bool last_op = k + 1 == ps.size();
     const Node& n = graph[region.nodes[p]];
     const auto& schema = n.op.schema();
-    if (p + 1 == region.nodes.size() && schema.name() == "aten::native_layer_norm") {
-      // The region's last op normalizes rows of the program's last value (or of an input).
+    if (last_op && schema.name() == "aten::native_layer_norm") {
+      // The loop's last op normalizes rows of the program's last value (or of an input).
       if (!shape) shape = &n.outputs[0].sizes;
       // The row kernel of the capability CPU's layer_norm runs (none for DEFAULT).
       static const std::string cap = host::layer_norm_kernel_capability();
+      fused::RowAnchor& anchor = plan->anchor;
       anchor.ln_row = cap == "AVX512" ? &fused::layer_norm_row_avx512
                       : cap == "AVX2" ? &fused::layer_norm_row_avx2
                                       : nullptr;
@@ -179,8 +242,8 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
         if ((in.arg != 2 && in.arg != 3) || r.dtype != at::kFloat || r.conj || r.neg || !r.is_dense() ||
             c10::multiply_integers(r.sizes) != anchor.cols || reg_of.count(r.storage.get()))
           return false;
-        ln_params.push_back(mem.tensor(r));
-        (in.arg == 2 ? anchor.gamma : anchor.beta) = ln_params.back().data_ptr<float>();
+        plan->ln_params.push_back(mem.tensor(r));
+        (in.arg == 2 ? anchor.gamma : anchor.beta) = plan->ln_params.back().data_ptr<float>();
       }
       if (anchor.in.kind == Operand::kConst) return false;  // no input slot
       // Alone with weight and bias it is CPU's own kernel that the existing
@@ -194,119 +257,283 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
       anchor.op = fused::RowOp::kLayerNorm;
       anchor.eps = static_cast<float>(n.args[4].toDouble());  // CPU's kernel takes eps as the input's type
       anchor.rows = anchor.cols ? c10::multiply_integers(*shape) / anchor.cols : 0;
-      has_anchor = true;
+      plan->has_anchor = true;
       break;
     }
-    if (schema.is_mutable() || n.outputs.size() != 1 || n.outputs[0].dtype != at::kFloat) return false;
-    const TensorRef& out = n.outputs[0];
-    const std::string name = schema.name().substr(6);
+    std::string name = schema.name().substr(6);
+    const std::string& overload = schema.overload_name();
+    // Where the op's value goes: its fresh output, or the tensor it writes
+    // in place (name ends in '_', writes self) or through out=.
+    const InputSlot* w = nullptr;
+    bool is_out = false;
+    if (schema.is_mutable()) {
+      w = written_slot(n);
+      if (!w || w->elem >= 0 || !n.outputs.empty()) return false;
+      is_out = schema.arguments()[w->arg].is_out();
+      if (!is_out) {
+        if (w->arg != 0 || name.back() != '_') return false;
+        name.pop_back();
+      }
+    } else if (n.outputs.size() != 1) {
+      return false;
+    }
+    const TensorRef& out = w ? w->ref : n.outputs[0];
+    if (out.dtype != at::kFloat || out.conj || out.neg) return false;
     // The shape the op iterates over: logsumexp's input (its output has one value per row).
-    const auto& sizes = name == "logsumexp" && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
+    const auto& sizes = name == "logsumexp" && !w && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
     if (!shape) shape = &sizes;
     if (sizes != *shape || out.offset != 0 || !out.is_dense()) return false;
-    const std::string& overload = schema.overload_name();
-    if (p + 1 == region.nodes.size() && row_anchor(name, n, sizes, &anchor.op)) {
-      // The region's last op reduces rows of the program's last value (or of an input).
+    if (w && !made.count(w->ref.storage.get()) && mem.is_temp(w->ref.storage.get())) return false;
+    if (!w && last_op && row_anchor(name, n, sizes, &plan->anchor.op)) {
+      // The loop's last op reduces rows of the program's last value (or of an input).
+      fused::RowAnchor& anchor = plan->anchor;
       if (!region.materialize[p][0] || n.inputs.size() != 1 || n.inputs[0].arg != 0) return false;
       if (!vector_softmax && (anchor.op == fused::RowOp::kSoftmax || anchor.op == fused::RowOp::kLogSoftmax))
         return false;
       if (!tensor_operand(n.inputs[0].ref, &anchor.in) || anchor.in.kind == Operand::kConst) return false;
       anchor.cols = shape->back();
       anchor.rows = anchor.cols ? c10::multiply_integers(*shape) / anchor.cols : 0;
-      has_anchor = true;
+      plan->has_anchor = true;
       break;
     }
-    // Arguments by position: tensors come from n.inputs, the rest from n.args.
+    // Overloads by form: functional, in-place, out=.
+    auto overload_is = [&](const char* functional, const char* out_form) {
+      return overload == (is_out ? out_form : functional);
+    };
+    // Arguments by position: tensors come from n.inputs (never the out=
+    // argument), the rest from n.args.
     auto operand = [&](int arg, Operand* op) -> bool {
       for (const auto& in : n.inputs)
         if (in.arg == arg && in.elem < 0) return tensor_operand(in.ref, op);
       return scalar_operand(n.args[arg], op);
     };
+    // A Scalar argument as the float CPU's kernel converts it to: one that
+    // overflows float makes CPU raise, so the op then runs op by op.
+    auto scalar_arg = [&](int arg, float* v) {
+      Operand c;
+      if (!scalar_operand(n.args[arg], &c)) return false;
+      if (std::isinf(c.value) && n.args[arg].isScalar() && std::isfinite(n.args[arg].toScalar().toDouble()))
+        return false;
+      *v = c.value;
+      return true;
+    };
     Instr ins;
     if (name == "add" || name == "sub" || name == "mul" || name == "div") {
-      if (overload != "Tensor" && overload != "Scalar") return false;
-      if (!operand(0, &ins.a) || !operand(1, &ins.b) || ins.a.kind == Operand::kConst) return false;
+      const bool form_ok = is_out ? overload == "out" : (overload == "Tensor" || overload == "Scalar");
+      if (!form_ok) return false;
+      if (!operand(0, &ins.a) || !operand(1, &ins.b)) return false;
       ins.fn = name == "mul" ? Fn::kMul : name == "div" ? Fn::kDiv : Fn::kAdd;
       if (name == "add" || name == "sub") {
-        Operand alpha;
-        if (!scalar_operand(n.args[2], &alpha)) return false;
-        ins.alpha = name == "sub" ? -alpha.value : alpha.value;
+        if (!scalar_arg(2, &ins.alpha)) return false;
+        if (name == "sub") ins.alpha = -ins.alpha;
       }
-    } else if (overload.empty() && unary_fn(name, &ins.fn)) {
+      // The loop reads its first operand from memory; a product or plain sum
+      // with a constant first (torch._foreach_mul_(xs, 0.99) records
+      // mul.out(0.99, x, out=x)) is the same value with its operands swapped.
+      if (ins.a.kind == Operand::kConst && (ins.fn == Fn::kMul || (ins.fn == Fn::kAdd && ins.alpha == 1.0f)))
+        std::swap(ins.a, ins.b);
+      if (ins.a.kind == Operand::kConst) return false;
+    } else if (overload_is("", "out") && unary_fn(name, &ins.fn)) {
       if (!operand(0, &ins.a) || ins.a.kind == Operand::kConst) return false;
+    } else if (name == "lerp" && overload_is("Scalar", "Scalar_out")) {
+      // CPU's vector kernel (LerpKernel.cpp, lerp_vec): with a float weight
+      // w, start + w * (end - start) when |w| < 0.5, else
+      // end + (w - 1) * (end - start), each product-sum one FMA.
+      Operand start, end;
+      float weight;
+      if (!operand(0, &start) || !operand(1, &end) || !scalar_arg(2, &weight)) return false;
+      if (start.kind == Operand::kConst || end.kind == Operand::kConst) return false;
+      Instr diff;
+      diff.fn = Fn::kAdd;
+      diff.a = end;
+      diff.b = start;
+      diff.alpha = -1.0f;  // end + (-1) * start: one rounding, as end - start
+      const bool small = std::abs(weight) < 0.5f;
+      ins.fn = Fn::kAdd;
+      ins.a = small ? start : end;
+      ins.b = temp(diff);
+      ins.alpha = small ? weight : weight - 1.0f;
+    } else if ((name == "addcmul" || name == "addcdiv") && overload_is("", "out")) {
+      // CPU's kernels (PointwiseOpsKernel.cpp): addcmul = fma(value * t1,
+      // t2, self) (its compiler contracts self + value * t1 * t2), addcdiv =
+      // self + (value * t1) / t2; both measured bit-equal to these forms.
+      Operand self, t1, t2;
+      float value;
+      if (!operand(0, &self) || !operand(1, &t1) || !operand(2, &t2) || !scalar_arg(3, &value)) return false;
+      if (self.kind == Operand::kConst || t1.kind == Operand::kConst || t2.kind == Operand::kConst) return false;
+      Instr scaled;
+      scaled.fn = Fn::kMul;
+      scaled.a = t1;
+      scaled.b = Operand{Operand::kConst, 0, value};
+      const Operand vt1 = temp(scaled);
+      if (name == "addcmul") {
+        ins.fn = Fn::kFma;
+        ins.a = vt1;
+        ins.b = t2;
+        ins.c = self;
+      } else {
+        Instr quot;
+        quot.fn = Fn::kDiv;
+        quot.a = vt1;
+        quot.b = t2;
+        ins.fn = Fn::kAdd;
+        ins.a = self;
+        ins.b = temp(quot);
+      }
     } else {
       return false;
     }
-    Operand value;
-    if (region.materialize[p][0]) {  // written straight into its device buffer
-      ins.out = static_cast<int>(outputs.size());
-      outputs.push_back(out);
-      value.kind = Operand::kOutput;
-      value.index = ins.out;
-    } else {
-      ins.dst = regs++;
-      value.kind = Operand::kReg;
-      value.index = ins.dst;
-    }
-    reg_of[out.storage.get()] = value;
-    program.push_back(ins);
+    define(ins, (w ? w->ref : n.outputs[0]).storage.get(), k);
   }
 
-  // Device pointers of the materialized outputs (fresh, contiguous, offset 0).
-  std::vector<float*> out_ptr;
-  for (auto& o : outputs) {
-    DeferredStorage* s = o.storage.get();
-    out_ptr.push_back(static_cast<float*>(mem.device_buffer(s).mutable_data()));
-    s->error = nullptr;
-  }
-  std::vector<const float*> ext_ptr;
-  for (auto& e : externals) ext_ptr.push_back(e.data_ptr<float>());
-
-  if (!has_anchor && program.empty()) return false;
-  if (has_anchor && anchor.rows * anchor.cols == 0) return false;
+  if (!plan->has_anchor && program.empty()) return false;
+  fused::RowAnchor& anchor = plan->anchor;
+  if (plan->has_anchor && anchor.rows * anchor.cols == 0) return false;
   const int64_t numel = c10::multiply_integers(*shape);
-  if (has_anchor) {
-    DeferredStorage* s = graph[region.nodes.back()].outputs[0].storage.get();
+  std::vector<float*> out_ptr;
+  for (DeferredStorage* s : outputs) {
+    out_ptr.push_back(static_cast<float*>(mem.device_buffer(s).mutable_data()));
+    plan->written.push_back(s);
+  }
+  if (plan->has_anchor) {
+    DeferredStorage* s = graph[region.nodes[ps.back()]].outputs[0].storage.get();
     anchor.out = static_cast<float*>(mem.device_buffer(s).mutable_data());
-    s->error = nullptr;
+    plan->written.push_back(s);
   }
   int64_t stat_bytes = 0;  // layer_norm's materialized mean / rstd
-  if (has_anchor && anchor.op == fused::RowOp::kLayerNorm) {
-    const Node& n = graph[region.nodes.back()];
+  if (plan->has_anchor && anchor.op == fused::RowOp::kLayerNorm) {
+    const Node& n = graph[region.nodes[ps.back()]];
     for (int j = 1; j <= 2; ++j) {
-      if (!region.materialize[region.nodes.size() - 1][j]) continue;
+      if (!region.materialize[ps.back()][j]) continue;
       DeferredStorage* s = n.outputs[j].storage.get();
       (j == 1 ? anchor.mean : anchor.rstd) = static_cast<float*>(mem.device_buffer(s).mutable_data());
-      s->error = nullptr;
+      plan->written.push_back(s);
       stat_bytes += anchor.rows * 4;
     }
   }
   // Bytes the loop reads and writes: the counters, and whether it streams its outputs.
-  int64_t read = 0, written = static_cast<int64_t>(outputs.size()) * numel * 4 + stat_bytes;
-  for (auto& e : externals) read += e.numel() * 4;
-  for (auto& e : ln_params) read += e.numel() * 4;
-  if (has_anchor) written += (anchor.op == fused::RowOp::kLogSumExp ? anchor.rows : numel) * 4;
-  fused::Program prog;
+  int64_t& read = plan->read;
+  int64_t& written = plan->written_bytes;
+  read = static_cast<int64_t>(externals.size()) * numel * 4;
+  written = static_cast<int64_t>(outputs.size()) * numel * 4 + stat_bytes;
+  for (auto& e : plan->ln_params) read += e.numel() * 4;
+  if (plan->has_anchor) written += (anchor.op == fused::RowOp::kLogSumExp ? anchor.rows : numel) * 4;
+  fused::Program& prog = plan->prog;
   prog.stream = read + written >= fused::stream_store_threshold();
-  prog.regs = fused::assign_registers(program, has_anchor ? &anchor.in : nullptr);
+  prog.regs = fused::assign_registers(program, plan->has_anchor ? &anchor.in : nullptr);
   prog.instrs = std::move(program);
   prog.numel = numel;
-  prog.externals = std::move(ext_ptr);
+  prog.externals = std::move(externals);
   prog.outputs = std::move(out_ptr);
-  if (has_anchor) {
-    if (use_avx512) {
-      fused::run_rows_avx512(prog, anchor);
-    } else {
-      fused::run_rows_avx2(prog, anchor);
-    }
-  } else if (use_avx512) {
-    fused::run_avx512(prog);
-  } else {
-    fused::run_avx2(prog);
-  }
+  return true;
+}
 
-  stats.bytes_read += read;
-  stats.bytes_written += written;
+// The ops of an anchor-free region split into independent loops when they
+// iterate over different shapes (an optimizer's multi-tensor ops, e.g. AdamW
+// over every parameter): ops that share a storage, read or written, go to the
+// same loop; a 0-dim tensor the region only reads is a constant of every
+// loop and joins none. Positions in region order; one loop when the shapes agree.
+std::vector<std::vector<size_t>> independent_loops(const Region& region, const std::vector<Node>& graph) {
+  const size_t count = region.nodes.size();
+  std::vector<std::vector<size_t>> loops;
+  const Dims* first = nullptr;
+  bool one_shape = true;
+  static const Dims kNoShape;
+  std::unordered_set<const DeferredStorage*> written;  // written or made by the region
+  for (int i : region.nodes) {
+    const Node& n = graph[i];
+    const InputSlot* w = written_slot(n);
+    const Dims& shape = !n.outputs.empty() ? n.outputs[0].sizes : w ? w->ref.sizes : kNoShape;
+    if (!first) first = &shape;
+    one_shape = one_shape && shape == *first;
+    for (const auto& o : n.outputs) written.insert(o.storage.get());
+    for (const auto& in : n.inputs)
+      if (in.written) written.insert(in.ref.storage.get());
+  }
+  if (one_shape || region.anchor != PrimKind::kElementwise) {
+    loops.emplace_back(count);
+    for (size_t p = 0; p < count; ++p) loops[0][p] = p;
+    return loops;
+  }
+  // Union-find over storages: each op joins the sets of the storages it touches.
+  std::unordered_map<const DeferredStorage*, size_t> id;
+  std::vector<size_t> parent;
+  auto find = [&](size_t x) {
+    while (parent[x] != x) x = parent[x] = parent[parent[x]];
+    return x;
+  };
+  std::vector<size_t> op_set(count);
+  for (size_t p = 0; p < count; ++p) {
+    const Node& n = graph[region.nodes[p]];
+    size_t root = SIZE_MAX;
+    auto join = [&](const TensorRef& r) {
+      const DeferredStorage* s = r.storage.get();
+      if (r.sizes.empty() && !written.count(s)) return;  // a shared constant
+      auto [it, fresh] = id.emplace(s, parent.size());
+      if (fresh) parent.push_back(parent.size());
+      const size_t x = find(it->second);
+      if (root == SIZE_MAX) {
+        root = x;
+      } else if (x != root) {
+        parent[x] = root;
+      }
+    };
+    for (const auto& in : n.inputs) join(in.ref);
+    for (const auto& o : n.outputs) join(o);
+    if (root == SIZE_MAX) {  // reads only constants (and has no output): a loop of its own
+      root = parent.size();
+      parent.push_back(root);
+    }
+    op_set[p] = root;
+  }
+  std::unordered_map<size_t, size_t> loop_of;  // set root -> loop
+  for (size_t p = 0; p < count; ++p) {
+    auto [it, fresh] = loop_of.emplace(find(op_set[p]), loops.size());
+    if (fresh) loops.emplace_back();
+    loops[it->second].push_back(p);
+  }
+  return loops;
+}
+
+}  // namespace
+
+bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
+                           RegionStats& stats) {
+  // The loops match CPU's kernels of the same capability: use the one ATen uses.
+  static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  // The capability ATen runs (the CPU's best unless ATEN_CPU_CAPABILITY asks for less).
+  static const bool use_avx512 = at::get_cpu_capability() == "AVX512";
+  if (!cpu_ok || region.nodes.empty()) return false;
+  // An input that failed earlier: op by op (run_ops), where only the ops that
+  // read it fail.
+  for (int i : region.nodes)
+    for (const auto& in : graph[i].inputs)
+      if (in.ref.storage->error) return false;
+  // A single elementwise op gains nothing from the loop (CPU's kernel writes
+  // the device buffer directly); a single row reduction still runs here.
+  if (region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)
+    return false;
+  // Every loop is planned before any runs: a region runs fused or not at all.
+  const std::vector<std::vector<size_t>> loops = independent_loops(region, graph);
+  std::vector<Plan> plans(loops.size());
+  for (size_t l = 0; l < loops.size(); ++l)
+    if (!plan_loop(region, loops[l], graph, mem, &plans[l])) return false;
+  for (Plan& plan : plans) {
+    for (DeferredStorage* s : plan.written) s->error = nullptr;
+    if (plan.has_anchor) {
+      if (use_avx512) {
+        fused::run_rows_avx512(plan.prog, plan.anchor);
+      } else {
+        fused::run_rows_avx2(plan.prog, plan.anchor);
+      }
+    } else if (use_avx512) {
+      fused::run_avx512(plan.prog);
+    } else {
+      fused::run_avx2(plan.prog);
+    }
+    stats.bytes_read += plan.read;
+    stats.bytes_written += plan.written_bytes;
+  }
   return true;
 }
 

@@ -12,15 +12,18 @@ namespace tpu {
 
 // Runs `region` as a single tiled loop when every op is a supported float32
 // elementwise op (add, sub, mul, div, neg, abs, relu, exp, log, sin, cos,
-// tanh, sigmoid, sqrt, rsqrt, reciprocal; functional overloads) over one
-// contiguous shape, with 0-dim tensors and Python scalars as runtime
-// parameters; the region may end with _softmax / _log_softmax / logsumexp
-// over the last dim or native_layer_norm (float32 weight / bias or None; mean
-// and rstd written only when materialized), then run as one loop over blocks
-// of rows (producers and the row reduction in one pass over memory). Returns false, having done nothing, for
-// any other region. Every op uses the vectorized routines (SLEEF) and
-// reduction order of CPU's kernel of the same capability, so results equal
-// CPU's.
+// tanh, sigmoid, sqrt, rsqrt, reciprocal, lerp with a scalar weight, addcmul,
+// addcdiv; functional, in-place or out= overloads) over one contiguous
+// shape, with 0-dim tensors and Python scalars as runtime parameters; the
+// region may end with _softmax / _log_softmax / logsumexp over the last dim
+// or native_layer_norm (float32 weight / bias or None; mean and rstd written
+// only when materialized), then run as one loop over blocks of rows
+// (producers and the row reduction in one pass over memory). An elementwise
+// region over several shapes (multi-tensor ops such as an optimizer step
+// over every parameter) runs as one such loop per set of ops that share
+// tensors. Returns false, having done nothing, for any other region. Every
+// op uses the vectorized routines (SLEEF) and reduction order of CPU's
+// kernel of the same capability, so results equal CPU's.
 bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
                            RegionStats& stats);
 

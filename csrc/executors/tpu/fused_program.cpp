@@ -55,7 +55,7 @@ int assign_registers(std::vector<Instr>& instrs, Operand* extra_use) {
   std::vector<int> last_use(planned, -1);
   const int n = static_cast<int>(instrs.size());
   for (int i = 0; i < n; ++i)
-    for (const Operand* o : {&instrs[i].a, &instrs[i].b})
+    for (const Operand* o : {&instrs[i].a, &instrs[i].b, &instrs[i].c})
       if (o->kind == Operand::kReg) last_use[o->index] = i;
   if (extra_use && extra_use->kind == Operand::kReg) last_use[extra_use->index] = n;
 
@@ -63,7 +63,7 @@ int assign_registers(std::vector<Instr>& instrs, Operand* extra_use) {
   int count = 0;
   for (int i = 0; i < n; ++i) {
     Instr& in = instrs[i];
-    for (Operand* o : {&in.a, &in.b}) {
+    for (Operand* o : {&in.a, &in.b, &in.c}) {
       if (o->kind != Operand::kReg) continue;
       const int v = o->index;
       o->index = phys[v];
@@ -74,7 +74,7 @@ int assign_registers(std::vector<Instr>& instrs, Operand* extra_use) {
         phys[v] = -1 - phys[v];  // keep it resolvable for the second operand (a * a)
       }
     }
-    for (Operand* o : {&in.a, &in.b})
+    for (Operand* o : {&in.a, &in.b, &in.c})
       if (o->kind == Operand::kReg && o->index < 0) o->index = -1 - o->index;
     if (in.out >= 0) continue;
     const int v = in.dst;

@@ -9,8 +9,11 @@ namespace tpu_eager {
 namespace tpu {
 namespace fused {
 
+// kFma: a * b + c with one rounding (addcmul: CPU's kernel computes
+// self + value * t1 * t2 as fma(value * t1, t2, self), its compiler having
+// contracted the multiply and add; measured bit-equal on torch 2.13).
 enum class Fn : uint8_t { kAdd, kMul, kDiv, kNeg, kAbs, kRelu, kExp, kLog, kSin, kCos, kTanh, kSigmoid, kSqrt,
-                          kRsqrt, kReciprocal };
+                          kRsqrt, kReciprocal, kFma };
 
 // An operand: a tile register, an external (device) buffer read, a
 // materialized output already written by an earlier instruction, or a constant.
@@ -24,6 +27,7 @@ struct Instr {
   Fn fn;
   int dst = -1;        // register written, when out < 0
   Operand a, b;
+  Operand c;           // kFma's addend
   float alpha = 1.0f;  // add/sub: a + alpha * b (one rounding, like CPU's fused multiply-add)
   int out = -1;        // index of the materialized output it writes (directly, no register), or -1
 };
