@@ -31,7 +31,7 @@ uint64_t structural_key(const std::vector<Node>& g, const Region& r);
 // address: equal across processes of one build (the on-disk cache's key).
 uint64_t stable_structural_key(const std::vector<Node>& g, const Region& r);
 
-constexpr size_t kMaxRegionOps = 64;
+constexpr size_t kMaxRegionOps = 256;
 
 }  // namespace jit
 }  // namespace tpu_eager

@@ -498,11 +498,12 @@ std::vector<std::vector<size_t>> independent_loops(const Region& region, const s
 }  // namespace
 
 bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
-                           RegionStats& stats) {
+                           RegionStats& stats, Region* rest) {
   // The loops match CPU's kernels of the same capability: use the one ATen uses.
   static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   // The capability ATen runs (the CPU's best unless ATEN_CPU_CAPABILITY asks for less).
   static const bool use_avx512 = at::get_cpu_capability() == "AVX512";
+  if (rest) *rest = Region{};
   if (!cpu_ok || region.nodes.empty()) return false;
   // An input that failed earlier: op by op (run_ops), where only the ops that
   // read it fail.
@@ -513,12 +514,32 @@ bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host:
   // the device buffer directly); a single row reduction still runs here.
   if (region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)
     return false;
-  // Every loop is planned before any runs: a region runs fused or not at all.
+  // Every loop is planned before any runs. A loop that cannot be planned
+  // leaves its ops to `rest` (its loops share no tensor with the others, so
+  // they may run after them), or, without `rest`, the whole region.
   const std::vector<std::vector<size_t>> loops = independent_loops(region, graph);
   std::vector<Plan> plans(loops.size());
-  for (size_t l = 0; l < loops.size(); ++l)
-    if (!plan_loop(region, loops[l], graph, mem, &plans[l])) return false;
-  for (Plan& plan : plans) {
+  std::vector<char> planned(loops.size());
+  size_t n_planned = 0;
+  for (size_t l = 0; l < loops.size(); ++l) {
+    planned[l] = plan_loop(region, loops[l], graph, mem, &plans[l]);
+    n_planned += planned[l];
+  }
+  if (n_planned == 0 || (n_planned < loops.size() && !rest)) return false;
+  if (n_planned < loops.size()) {
+    std::vector<size_t> left;
+    for (size_t l = 0; l < loops.size(); ++l)
+      if (!planned[l]) left.insert(left.end(), loops[l].begin(), loops[l].end());
+    std::sort(left.begin(), left.end());  // region order
+    rest->anchor = region.anchor;
+    for (size_t p : left) {
+      rest->nodes.push_back(region.nodes[p]);
+      rest->materialize.push_back(region.materialize[p]);
+    }
+  }
+  for (size_t l = 0; l < loops.size(); ++l) {
+    if (!planned[l]) continue;
+    Plan& plan = plans[l];
     for (DeferredStorage* s : plan.written) s->error = nullptr;
     if (plan.has_anchor) {
       if (use_avx512) {

@@ -21,11 +21,14 @@ namespace tpu {
 // (producers and the row reduction in one pass over memory). An elementwise
 // region over several shapes (multi-tensor ops such as an optimizer step
 // over every parameter) runs as one such loop per set of ops that share
-// tensors. Returns false, having done nothing, for any other region. Every
-// op uses the vectorized routines (SLEEF) and reduction order of CPU's
-// kernel of the same capability, so results equal CPU's.
+// tensors; the sets that cannot run as a loop are left in `rest` (ops in
+// region order, to run op by op after the loops; they share no tensor with
+// them) when `rest` is given. Returns false, having done nothing, when no
+// loop runs (or, without `rest`, when not every op runs). Every op uses the
+// vectorized routines (SLEEF) and reduction order of CPU's kernel of the
+// same capability, so results equal CPU's.
 bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
-                           RegionStats& stats);
+                           RegionStats& stats, Region* rest = nullptr);
 
 }  // namespace tpu
 }  // namespace tpu_eager

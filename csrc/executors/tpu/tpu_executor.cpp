@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <ATen/Context.h>
 #include <ATen/record_function.h>
@@ -148,6 +149,22 @@ bool run_split_at_row_reduction(const CompiledRegion& compiled, const Region& re
   return true;
 }
 
+// The ops of `region` that its fused loops left (`rest`), op by op; a
+// failure's position is reported in the whole region.
+void run_rest(const CompiledRegion& compiled, const Region& region, const Region& rest, std::vector<Node>& graph,
+              host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
+  try {
+    host::run_ops(compiled, rest, graph, mem, stats, hooks);
+  } catch (...) {
+    if (stats.failed_at >= 0) {
+      const int node = rest.nodes[stats.failed_at];
+      stats.failed_at = static_cast<int>(std::find(region.nodes.begin(), region.nodes.end(), node) -
+                                         region.nodes.begin());
+    }
+    throw;
+  }
+}
+
 class TpuExecutor final : public Executor {
  public:
   const char* name() const override { return "tpu"; }
@@ -176,8 +193,12 @@ class TpuExecutor final : public Executor {
       guard.before(std::string_view(range), &kwargs);
     }
     TpuHooks hooks(chip, prec);
-    if (tpu::run_fused_elementwise(region, graph, mem, stats)) {
-      for (int i : region.nodes) hooks.add_op_cost(graph[i], stats);
+    Region rest;  // ops of a multi-tensor region that no fused loop ran
+    if (tpu::run_fused_elementwise(region, graph, mem, stats, &rest)) {
+      const std::unordered_set<int> left(rest.nodes.begin(), rest.nodes.end());
+      for (int i : region.nodes)
+        if (!left.count(i)) hooks.add_op_cost(graph[i], stats);
+      if (!rest.nodes.empty()) run_rest(compiled, region, rest, graph, mem, stats, hooks);
     } else if (!run_split_at_row_reduction(compiled, region, graph, mem, stats, hooks)) {
       host::run_ops(compiled, region, graph, mem, stats, hooks);
     }
