@@ -171,3 +171,29 @@ def test_polynomials_are_the_ones_the_fit_tool_prints():
         body = source.split(function, 1)[1].split("\n}\n", 1)[0]
         in_code = [float(c) for c in re.findall(r"Vec\((-?\d\.\d+e[-+]\d+)f\)", body)]
         assert len(printed) == 5 and all(c in in_code for c in printed), (name, printed, in_code)
+
+
+def _sweep_rows(cols):
+    """Rows of softmax inputs whose max is 0, so exp's argument is each value itself: a
+    dense sweep of [-110, 0] (past exp's underflow at -104), subnormals, +-0 and -inf."""
+    sweep = torch.linspace(-110.0, 0.0, 1 << 18)
+    specials = torch.tensor([-0.0, 0.0, -1e-45, -1e-40, -1e-38, float("-inf"), -87.33655, -103.97, -104.0])
+    values = torch.cat([sweep, specials])
+    values = torch.cat([values, torch.zeros((-values.numel()) % (cols - 1))]).view(-1, cols - 1)
+    return torch.cat([values, torch.zeros(values.shape[0], 1)], dim=1)  # each row's max: 0
+
+
+@pytest.mark.parametrize("cols", [1024, 37])
+def test_softmax_exp_inlined_equals_cpu_bit_for_bit(cols):
+    # softmax, log_softmax and sigmoid keep CPU's exp (at::vec's SLEEF expf u10), inlined
+    # as exp_as_sleef; tools/check_sleef_exp.py checks it on every float32 value.
+    x = _sweep_rows(cols)
+    for fn in (lambda t: torch.softmax(t, -1), lambda t: torch.log_softmax(t, -1)):
+        assert torch.equal(fn(x.to("tpu") * 1.0).cpu(), fn(x))
+
+
+def test_sigmoid_exp_inlined_equals_cpu_bit_for_bit():
+    # 2^18 + 64 values: each thread's share (one or two threads) is a multiple of 32, so
+    # CPU's vector loop (SLEEF) computes them all, none its scalar tail (libm).
+    x = torch.cat([torch.linspace(-120.0, 120.0, 1 << 18), torch.tensor([0.0, -0.0, 1e-40, -1e-40] * 16)])
+    assert torch.equal((x.to("tpu") * 1.0).sigmoid().cpu(), (x * 1.0).sigmoid())
