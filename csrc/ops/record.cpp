@@ -285,8 +285,11 @@ void key_tensor(std::vector<int64_t>& k, const at::Tensor& t) {
     k.push_back(-7);
     return;
   }
+  // A wrapped Python number promotes like a Scalar, a 0-dim tensor like a
+  // tensor (t * 0.01 stays float32; t * tensor(0.01, float64) does not).
   k.push_back(static_cast<int64_t>(t.scalar_type()) | (is_tpu(t) ? 1 << 8 : 0) | (t.is_conj() ? 1 << 9 : 0) |
-              (t.is_neg() ? 1 << 10 : 0) | (t.dim() << 12));
+              (t.is_neg() ? 1 << 10 : 0) | (t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 << 11 : 0) |
+              (t.dim() << 12));
   for (auto s : t.sizes()) k.push_back(s);
   for (auto s : t.strides()) k.push_back(s);
   // The storage size bounds views and out= resizes; the offset shapes nothing else.
@@ -660,8 +663,11 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     c10::IValue& slot = node.args[arg];
     if (!t.defined()) return;
     if (!is_tpu(t)) {
-      // A CPU scalar tensor: snapshot its value now (the user may change it before the flush).
+      // A CPU scalar tensor: snapshot its value now (the user may change it before the flush),
+      // still a wrapped number if it was one (clone drops the flag; the CPU kernel would
+      // then promote float32 * 0.1 to float64).
       at::Tensor snap = t.clone();
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) snap.unsafeGetTensorImpl()->set_wrapped_number(true);
       host::set_tensor_slot(slot, elem, snap);
       return;
     }
