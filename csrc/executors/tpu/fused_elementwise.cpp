@@ -324,6 +324,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       if (!operand(0, &ins.a) || !operand(1, &ins.b)) return false;
       ins.fn = name == "mul" ? Fn::kMul : name == "div" ? Fn::kDiv : Fn::kAdd;
       if (name == "add" || name == "sub") {
+        // A bool alpha on a float result makes CPU raise (its alpha_check): op by op.
+        if (n.args[2].isScalar() && n.args[2].toScalar().isBoolean()) return false;
         if (!scalar_arg(2, &ins.alpha)) return false;
         if (name == "sub") ins.alpha = -ins.alpha;
       }
