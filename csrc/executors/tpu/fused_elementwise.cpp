@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <unordered_map>
 #include <unordered_set>
 #include <cmath>
@@ -27,15 +29,19 @@ using fused::Fn;
 using fused::Instr;
 using fused::Operand;
 
-bool unary_fn(const std::string& name, Fn* fn) {
-  static const std::unordered_map<std::string, Fn> table = {
+bool unary_fn(std::string_view name, Fn* fn) {
+  // A scan of twelve names: cheaper than hashing a string per planned op.
+  static constexpr std::pair<std::string_view, Fn> table[] = {
       {"neg", Fn::kNeg},   {"abs", Fn::kAbs},   {"relu", Fn::kRelu},         {"exp", Fn::kExp},
       {"log", Fn::kLog},   {"sin", Fn::kSin},   {"cos", Fn::kCos},           {"tanh", Fn::kTanh},
       {"sigmoid", Fn::kSigmoid}, {"sqrt", Fn::kSqrt}, {"rsqrt", Fn::kRsqrt}, {"reciprocal", Fn::kReciprocal}};
-  auto it = table.find(name);
-  if (it == table.end()) return false;
-  *fn = it->second;
-  return true;
+  for (const auto& [n, f] : table) {
+    if (n == name) {
+      *fn = f;
+      return true;
+    }
+  }
+  return false;
 }
 
 // A real Scalar as the float32 the computation uses. CPU wraps such an
@@ -72,7 +78,7 @@ bool scalar_operand(const c10::IValue& v, Operand* op) {
 
 // _softmax / _log_softmax / logsumexp over the last dim of a float32 tensor of
 // shape `sizes`, as CPU computes them.
-bool row_anchor(const std::string& name, const Node& n, c10::IntArrayRef sizes, fused::RowOp* op) {
+bool row_anchor(std::string_view name, const Node& n, c10::IntArrayRef sizes, fused::RowOp* op) {
   int64_t dim = 0;
   if (name == "_softmax" || name == "_log_softmax") {
     if (!n.args[1].isInt() || !n.args[2].isBool() || n.args[2].toBool()) return false;
@@ -150,28 +156,36 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
   std::vector<DeferredStorage*> outputs;  // storages of the loop's stores, in instruction order
   int regs = 0;  // one per value until assign_registers renames them
 
-  // Which op last writes each storage, and which storages the loop creates
-  // (`made`) and must store (`kept`: materialized fresh outputs).
-  std::unordered_map<const DeferredStorage*, size_t> last_write;
-  std::unordered_set<const DeferredStorage*> made, kept;
+  // Per storage the loop writes: its last writer, whether the loop creates it
+  // (`made`) and whether it must then be stored (`kept`: a materialized fresh output).
+  struct Written {
+    size_t last = 0;
+    bool made = false, kept = false;
+  };
+  std::unordered_map<const DeferredStorage*, Written> written_by;
+  written_by.reserve(2 * ps.size());
   for (size_t k = 0; k < ps.size(); ++k) {
     const Node& n = graph[region.nodes[ps[k]]];
     for (size_t j = 0; j < n.outputs.size(); ++j) {
-      const DeferredStorage* s = n.outputs[j].storage.get();
-      last_write[s] = k;
-      made.insert(s);
-      if (region.materialize[ps[k]][j]) kept.insert(s);
+      Written& w = written_by[n.outputs[j].storage.get()];
+      w.last = k;
+      w.made = true;
+      w.kept = w.kept || region.materialize[ps[k]][j];
     }
     for (const auto& in : n.inputs)
-      if (in.written) last_write[in.ref.storage.get()] = k;
+      if (in.written) written_by[in.ref.storage.get()].last = k;
   }
+  auto is_made = [&](const DeferredStorage* s) {
+    auto it = written_by.find(s);
+    return it != written_by.end() && it->second.made;
+  };
 
   auto tensor_operand = [&](const TensorRef& r, Operand* op) -> bool {
     if (r.dtype != at::kFloat || r.conj || r.neg) return false;
     DeferredStorage* s = r.storage.get();
     auto it = reg_of.find(s);
     if (r.sizes.empty() && it == reg_of.end()) {  // a 0-dim device tensor: a runtime constant
-      if (last_write.count(s)) return false;      // ... unless the loop writes it
+      if (written_by.count(s)) return false;      // ... unless the loop writes it
       op->kind = Operand::kConst;
       op->value = static_cast<const float*>(mem.storage_for(s).data())[r.offset];
       return true;
@@ -200,7 +214,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
   // op k: stored to the device buffer when no later op of the loop writes
   // `s` and the buffer is observable, else kept in a register.
   auto define = [&](Instr ins, DeferredStorage* s, size_t k) {
-    const bool store = last_write.at(s) == k && (kept.count(s) || !made.count(s));
+    const Written& w = written_by.at(s);
+    const bool store = w.last == k && (w.kept || !w.made);
     Operand value;
     if (store) {
       ins.out = static_cast<int>(outputs.size());
@@ -260,7 +275,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       plan->has_anchor = true;
       break;
     }
-    std::string name = schema.name().substr(6);
+    std::string_view name = std::string_view(schema.name()).substr(6);
     const std::string& overload = schema.overload_name();
     // Where the op's value goes: its fresh output, or the tensor it writes
     // in place (name ends in '_', writes self) or through out=.
@@ -272,7 +287,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       is_out = schema.arguments()[w->arg].is_out();
       if (!is_out) {
         if (w->arg != 0 || name.back() != '_') return false;
-        name.pop_back();
+        name.remove_suffix(1);
       }
     } else if (n.outputs.size() != 1) {
       return false;
@@ -283,7 +298,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
     const auto& sizes = name == "logsumexp" && !w && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
     if (!shape) shape = &sizes;
     if (sizes != *shape || out.offset != 0 || !out.is_dense()) return false;
-    if (w && !made.count(w->ref.storage.get()) && mem.is_temp(w->ref.storage.get())) return false;
+    if (w && !is_made(w->ref.storage.get()) && mem.is_temp(w->ref.storage.get())) return false;
     if (!w && last_op && row_anchor(name, n, sizes, &plan->anchor.op)) {
       // The loop's last op reduces rows of the program's last value (or of an input).
       fused::RowAnchor& anchor = plan->anchor;
@@ -441,21 +456,23 @@ std::vector<std::vector<size_t>> independent_loops(const Region& region, const s
   const Dims* first = nullptr;
   bool one_shape = true;
   static const Dims kNoShape;
-  std::unordered_set<const DeferredStorage*> written;  // written or made by the region
   for (int i : region.nodes) {
     const Node& n = graph[i];
     const InputSlot* w = written_slot(n);
     const Dims& shape = !n.outputs.empty() ? n.outputs[0].sizes : w ? w->ref.sizes : kNoShape;
     if (!first) first = &shape;
     one_shape = one_shape && shape == *first;
-    for (const auto& o : n.outputs) written.insert(o.storage.get());
-    for (const auto& in : n.inputs)
-      if (in.written) written.insert(in.ref.storage.get());
   }
   if (one_shape || region.anchor != PrimKind::kElementwise) {
     loops.emplace_back(count);
     for (size_t p = 0; p < count; ++p) loops[0][p] = p;
     return loops;
+  }
+  std::unordered_set<const DeferredStorage*> written;  // written or made by the region
+  for (int i : region.nodes) {
+    for (const auto& o : graph[i].outputs) written.insert(o.storage.get());
+    for (const auto& in : graph[i].inputs)
+      if (in.written) written.insert(in.ref.storage.get());
   }
   // Union-find over storages: each op joins the sets of the storages it touches.
   std::unordered_map<const DeferredStorage*, size_t> id;
