@@ -70,9 +70,11 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
   // the functional ones and some mis-handle strided tensors (torch 2.13:
   // _log_softmax_backward_data.out with a strided out, native_batch_norm.out
   // with a strided input give wrong values).
-  if (!takes_strided_inputs(n))
-    for (const auto& in : n.inputs)
-      if (!in.ref.is_dense()) return {};
+  for (const auto& in : n.inputs) {
+    if (in.ref.is_dense()) continue;
+    if (!takes_strided_inputs(n)) return {};
+    break;
+  }
   const c10::OperatorHandle* op = out_variant(n.op);
   if (!op) return {};
   std::vector<at::Tensor> outs;
