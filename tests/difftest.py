@@ -156,3 +156,11 @@ def restoring(get, set_):
     before = get()
     yield set_
     set_(before)
+
+
+def aten_ops_during(fn):
+    """Names of the ATen op calls torch.profiler records while ``fn()`` runs, in order
+    (with repeats): on "tpu", ``fn=torch.tpu.synchronize`` lists what a flush runs on the host."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events() if e.name.startswith("aten::")]

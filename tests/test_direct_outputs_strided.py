@@ -7,7 +7,7 @@ equal CPU's."""
 import pytest
 import torch
 
-from difftest import DEVICE, cpu_randn
+from difftest import DEVICE, aten_ops_during, cpu_randn
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="direct outputs are the tpu executor's")
 
@@ -31,9 +31,7 @@ CASES = {
 
 def _copies(fn):
     """aten::copy_ calls while fn runs."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-    return sum(e.name == "aten::copy_" for e in prof.events())
+    return aten_ops_during(fn).count("aten::copy_")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

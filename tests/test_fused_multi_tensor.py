@@ -6,7 +6,7 @@ IEEE-exact in the fused loops, and sqrt equals CPU's under set_fused_math("cpu")
 import pytest
 import torch
 
-from difftest import DEVICE, cpu_randn, restoring
+from difftest import DEVICE, aten_ops_during, cpu_randn, restoring
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops exist only on the tpu device")
 
@@ -32,9 +32,7 @@ def _tensors(seed, positive=False):
 
 def _aten_ops_in_flush():
     """Names of the ATen ops the next flush runs on the host (none when every region is a fused loop)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        torch.tpu.synchronize()
-    return sorted({e.name for e in prof.events() if e.name.startswith("aten::")})
+    return sorted(set(aten_ops_during(torch.tpu.synchronize)))
 
 
 def adam_like_step(params, grads, exp_avgs, exp_avg_sqs, clip_coef):
