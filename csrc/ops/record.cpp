@@ -663,12 +663,16 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     c10::IValue& slot = node.args[arg];
     if (!t.defined()) return;
     if (!is_tpu(t)) {
-      // A CPU scalar tensor: snapshot its value now (the user may change it before the flush),
-      // still a wrapped number if it was one (clone drops the flag; the CPU kernel would
-      // then promote float32 * 0.1 to float64).
-      at::Tensor snap = t.clone();
-      if (t.unsafeGetTensorImpl()->is_wrapped_number()) snap.unsafeGetTensorImpl()->set_wrapped_number(true);
-      host::set_tensor_slot(slot, elem, snap);
+      // A CPU scalar tensor: snapshot its value now (the user may change it before the flush).
+      // A wrapped number (a Python or C++ Scalar made a tensor for this call, as in
+      // `t * 0.5`) has no other holder, so it is kept as is: no copy, and it stays a
+      // wrapped number (a clone drops the flag; the CPU kernel would then promote
+      // float32 * 0.1 to float64).
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        host::set_tensor_slot(slot, elem, t);
+        return;
+      }
+      host::set_tensor_slot(slot, elem, t.clone());
       return;
     }
     InputSlot in;
