@@ -95,8 +95,31 @@ const char* layer_norm_kernel_capability() {
   return "DEFAULT";
 }
 
+namespace {
+
+// masked_fill.Scalar / .Tensor(self, mask, value): CPU's kernel clones self,
+// broadcast with the mask, into a contiguous tensor and fills that in place;
+// the clone is here the copy into the output.
+bool masked_fill(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
+  if (outs.size() != 1 || !outs[0].is_contiguous() || !a[0].isTensor() || !a[1].isTensor()) return false;
+  outs[0].copy_(a[0].toTensor());
+  if (a[2].isTensor()) {
+    outs[0].masked_fill_(a[1].toTensor(), a[2].toTensor());
+  } else {
+    outs[0].masked_fill_(a[1].toTensor(), a[2].toScalar());
+  }
+  return true;
+}
+
+bool is_masked_fill(const c10::FunctionSchema& schema) {
+  return schema.name() == "aten::masked_fill" && (schema.overload_name() == "Scalar" || schema.overload_name() == "Tensor");
+}
+
+}  // namespace
+
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs) {
   const auto& schema = n.op.schema();
+  if (is_masked_fill(schema)) return masked_fill(args, outs);
   if (!schema.overload_name().empty()) return false;
   if (schema.name() == "aten::native_layer_norm") return layer_norm(args, outs);
   if (schema.name() == "aten::native_layer_norm_backward") return layer_norm_backward(args, outs);
@@ -106,6 +129,14 @@ bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::
     return true;
   }
   return false;
+}
+
+bool has_direct_kernel(const Node& n) {
+  const auto& schema = n.op.schema();
+  if (is_masked_fill(schema)) return true;
+  if (!schema.overload_name().empty()) return false;
+  const std::string& name = schema.name();
+  return name == "aten::native_layer_norm" || name == "aten::native_layer_norm_backward" || name == "aten::clone";
 }
 
 bool takes_strided_inputs(const Node& n) {

@@ -17,10 +17,15 @@ namespace host {
 // (contiguous, one per result, with the recorded geometry). Covers
 // native_layer_norm and native_layer_norm_backward (all three grads) on
 // float32, with the kernels CPU's layer_norm_cpu / layer_norm_backward_cpu
-// call (the LayerNormKernel / LayerNormBackwardKernel dispatch stubs), and
-// clone (a copy into the output). Returns false, having written nothing, for
-// any other op or case.
+// call (the LayerNormKernel / LayerNormBackwardKernel dispatch stubs), clone
+// (a copy into the output) and masked_fill.Scalar / .Tensor (a copy of self,
+// then masked_fill_, as CPU's kernel). Returns false, having written nothing,
+// for any other op or case; a CPU error it raises leaves its outputs, which
+// nothing else reads, partly written.
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs);
+
+// Whether run_direct_kernel handles op `n` (for some dtypes and layouts).
+bool has_direct_kernel(const Node& n);
 
 // Whether `n` may write its outputs directly when its operands are strided
 // (transposed, sliced): its out= overload is the same structured kernel as

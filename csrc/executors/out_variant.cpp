@@ -39,28 +39,40 @@ const std::unordered_map<std::string, std::vector<c10::OperatorName>>& overloads
 
 }  // namespace
 
-const c10::OperatorHandle* out_variant(const c10::OperatorHandle& op) {
+const c10::OperatorHandle* out_variant(const c10::OperatorHandle& op, bool* functional_plus_copy) {
+  struct Found {
+    std::unique_ptr<c10::OperatorHandle> op;
+    bool plus_copy = false;
+  };
   static std::mutex mu;
-  static std::unordered_map<c10::OperatorName, std::unique_ptr<c10::OperatorHandle>> cache;
+  static std::unordered_map<c10::OperatorName, Found> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(op.operator_name());
-  if (it != cache.end()) return it->second.get();
-  std::unique_ptr<c10::OperatorHandle> found;
-  const auto& f = op.schema();
-  bool all_tensors = !f.returns().empty() && !f.is_mutable();
-  for (const auto& r : f.returns())
-    all_tensors = all_tensors && r.type()->kind() == c10::TypeKind::TensorType && !r.alias_info();
-  auto names = overloads_by_name().find(f.name());
-  if (all_tensors && names != overloads_by_name().end()) {
-    for (const auto& name : names->second) {
-      auto h = c10::Dispatcher::singleton().findOp(name);
-      if (h && h->hasSchema() && is_out_of(f, h->schema())) {
-        found = std::make_unique<c10::OperatorHandle>(*h);
-        break;
+  if (it == cache.end()) {
+    Found found;
+    const auto& f = op.schema();
+    bool all_tensors = !f.returns().empty() && !f.is_mutable();
+    for (const auto& r : f.returns())
+      all_tensors = all_tensors && r.type()->kind() == c10::TypeKind::TensorType && !r.alias_info();
+    auto names = overloads_by_name().find(f.name());
+    if (all_tensors && names != overloads_by_name().end()) {
+      for (const auto& name : names->second) {
+        auto h = c10::Dispatcher::singleton().findOp(name);
+        if (h && h->hasSchema() && is_out_of(f, h->schema())) {
+          found.op = std::make_unique<c10::OperatorHandle>(*h);
+          // torchgen's generated out= kernels (`autogen:` in native_functions.yaml)
+          // are registered as CompositeExplicitAutograd only: the functional op,
+          // then a copy into out.
+          found.plus_copy = !h->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+                            h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+          break;
+        }
       }
     }
+    it = cache.emplace(op.operator_name(), std::move(found)).first;
   }
-  return cache.emplace(op.operator_name(), std::move(found)).first->second.get();
+  if (functional_plus_copy) *functional_plus_copy = it->second.plus_copy;
+  return it->second.op.get();
 }
 
 }  // namespace host

@@ -12,7 +12,10 @@ namespace host {
 // aten::_softmax.out): same name, the same non-out arguments (names and
 // types, in order) followed by one out= Tensor per Tensor return. nullptr
 // when none exists or `op` returns anything but Tensors. Cached per op.
-const c10::OperatorHandle* out_variant(const c10::OperatorHandle& op);
+// `functional_plus_copy`, when given, is set to whether that overload's only
+// kernel is the functional op followed by a copy into out (PyTorch generates
+// such out= overloads for ops that have no out= kernel of their own).
+const c10::OperatorHandle* out_variant(const c10::OperatorHandle& op, bool* functional_plus_copy = nullptr);
 
 }  // namespace host
 }  // namespace tpu_eager

@@ -75,8 +75,13 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
     if (!takes_strided_inputs(n)) return {};
     break;
   }
-  const c10::OperatorHandle* op = out_variant(n.op);
+  bool plus_copy = false;
+  const c10::OperatorHandle* op = out_variant(n.op, &plus_copy);
   if (!op) return {};
+  // An out= overload that is the functional op plus a copy gains nothing: the
+  // functional result is copied into a materialized output all the same, and a
+  // temporary keeps it without the copy (bind_output).
+  if (plus_copy && !has_direct_kernel(n)) return {};
   std::vector<at::Tensor> outs;
   outs.reserve(n.outputs.size());
   for (size_t j = 0; j < n.outputs.size(); ++j) {
