@@ -113,6 +113,23 @@ bool layer_norm_cols(const Node& n, c10::IntArrayRef shape, int64_t* cols) {
   return true;
 }
 
+// The elements per repetition of a row-major tensor of `sizes` broadcast to
+// `shape` along leading dims only (its shape is shape's last dims, with any
+// dims before them 1): element i of the broadcast is element i % period.
+// 0 when it is not such a broadcast.
+int64_t broadcast_period(const Dims& sizes, const Dims& shape) {
+  if (sizes.size() > shape.size()) return 0;
+  const size_t lead = shape.size() - sizes.size();
+  size_t first = 0;  // the first dim of `sizes` that is not 1
+  while (first < sizes.size() && sizes[first] == 1) ++first;
+  int64_t period = 1;
+  for (size_t d = first; d < sizes.size(); ++d) {
+    if (sizes[d] != shape[lead + d]) return 0;
+    period *= sizes[d];
+  }
+  return period;
+}
+
 // The tensor an op writes in place (its self) or as its out= argument; null
 // for a functional op and for one that writes more than one tensor.
 const InputSlot* written_slot(const Node& n) {
@@ -150,7 +167,13 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
   }();
   const Dims* shape = nullptr;
   std::unordered_map<const DeferredStorage*, Operand> reg_of;  // loop value -> register or output
-  std::unordered_map<const DeferredStorage*, int> ext_of;
+  // External buffers read: storage, period (Program::period) and whether a bool mask.
+  struct External {
+    const DeferredStorage* storage;
+    int64_t period;
+    bool is_bool;
+  };
+  std::vector<External> ext_of;
   std::vector<const float*> externals;
   std::vector<Instr> program;
   std::vector<DeferredStorage*> outputs;  // storages of the loop's stores, in instruction order
@@ -180,29 +203,46 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
     return it != written_by.end() && it->second.made;
   };
 
-  auto tensor_operand = [&](const TensorRef& r, Operand* op) -> bool {
-    if (r.dtype != at::kFloat || r.conj || r.neg) return false;
+  // A float tensor operand, or (`mask`) a bool one read as 0 / 1. One with
+  // fewer elements than the loop, broadcast along leading dims, is read from
+  // its buffer, which the loop must not write.
+  auto tensor_operand = [&](const TensorRef& r, Operand* op, bool mask = false) -> bool {
+    if (r.dtype != (mask ? at::kBool : at::kFloat) || r.conj || r.neg) return false;
     DeferredStorage* s = r.storage.get();
     auto it = reg_of.find(s);
-    if (r.sizes.empty() && it == reg_of.end()) {  // a 0-dim device tensor: a runtime constant
-      if (written_by.count(s)) return false;      // ... unless the loop writes it
+    if (r.sizes.empty() && it == reg_of.end() && !mask) {  // a 0-dim device tensor: a runtime constant
+      if (written_by.count(s)) return false;               // ... unless the loop writes it
       op->kind = Operand::kConst;
       op->value = static_cast<const float*>(mem.storage_for(s).data())[r.offset];
       return true;
     }
-    if (r.sizes != *shape || r.offset != 0 || !r.is_dense()) return false;
+    if (r.offset != 0 || !r.is_dense()) return false;
+    int64_t period = 0;
+    if (r.sizes != *shape) {
+      period = broadcast_period(r.sizes, *shape);
+      if (period == 0 || it != reg_of.end() || written_by.count(s)) return false;
+    }
     if (it != reg_of.end()) {
+      if (mask) return false;  // loop values are floats
       *op = it->second;
       return true;
     }
-    auto e = ext_of.find(s);
-    if (e == ext_of.end()) {
-      e = ext_of.emplace(s, static_cast<int>(externals.size())).first;
+    int index = 0;
+    while (index < static_cast<int>(ext_of.size()) &&
+           (ext_of[index].storage != s || ext_of[index].period != period || ext_of[index].is_bool != mask))
+      ++index;
+    if (index == static_cast<int>(ext_of.size())) {
+      ext_of.push_back({s, period, mask});
       externals.push_back(static_cast<const float*>(mem.storage_for(s).data()));
     }
     op->kind = Operand::kExternal;
-    op->index = e->second;
+    op->index = index;
     return true;
+  };
+  // A staged external (broadcast or bool) lives in a tile register: a row
+  // anchor reads its input in place, so it must be something else.
+  auto staged = [&](const Operand& o) {
+    return o.kind == Operand::kExternal && (ext_of[o.index].period > 0 || ext_of[o.index].is_bool);
   };
   // An intermediate value of a multi-instruction op: a register.
   auto temp = [&](Instr ins) {
@@ -250,7 +290,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       for (const auto& in : n.inputs) {
         if (in.elem >= 0) return false;
         if (in.arg == 0) {
-          if (!tensor_operand(in.ref, &anchor.in) || anchor.in.kind == Operand::kConst) return false;
+          if (!tensor_operand(in.ref, &anchor.in) || anchor.in.kind == Operand::kConst || staged(anchor.in))
+            return false;
           continue;
         }
         const TensorRef& r = in.ref;
@@ -305,7 +346,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       if (!region.materialize[p][0] || n.inputs.size() != 1 || n.inputs[0].arg != 0) return false;
       if (!vector_softmax && (anchor.op == fused::RowOp::kSoftmax || anchor.op == fused::RowOp::kLogSoftmax))
         return false;
-      if (!tensor_operand(n.inputs[0].ref, &anchor.in) || anchor.in.kind == Operand::kConst) return false;
+      if (!tensor_operand(n.inputs[0].ref, &anchor.in) || anchor.in.kind == Operand::kConst || staged(anchor.in))
+        return false;
       anchor.cols = shape->back();
       anchor.rows = anchor.cols ? c10::multiply_integers(*shape) / anchor.cols : 0;
       plan->has_anchor = true;
@@ -350,6 +392,15 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       if (ins.a.kind == Operand::kConst && (ins.fn == Fn::kMul || (ins.fn == Fn::kAdd && ins.alpha == 1.0f)))
         std::swap(ins.a, ins.b);
       if (ins.a.kind == Operand::kConst) return false;
+    } else if (name == "masked_fill" && overload_is("Scalar", "Scalar_out")) {
+      // CPU's kernel (masked_fill_kernel) stores the value, converted to
+      // float, where the mask is set; a value that overflows float raises there.
+      ins.fn = Fn::kWhere;
+      const InputSlot* mask = nullptr;
+      for (const auto& in : n.inputs)
+        if (in.arg == 1 && in.elem < 0) mask = &in;
+      if (!mask || !operand(0, &ins.a) || ins.a.kind == Operand::kConst) return false;
+      if (!tensor_operand(mask->ref, &ins.b, /*mask=*/true) || !scalar_arg(2, &ins.alpha)) return false;
     } else if (overload_is("", "out") && unary_fn(name, &ins.fn)) {
       if (!operand(0, &ins.a) || ins.a.kind == Operand::kConst) return false;
     } else if (name == "lerp" && overload_is("Scalar", "Scalar_out")) {
@@ -431,7 +482,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
   // Bytes the loop reads and writes: the counters, and whether it streams its outputs.
   int64_t& read = plan->read;
   int64_t& written = plan->written_bytes;
-  read = static_cast<int64_t>(externals.size()) * numel * 4;
+  read = 0;
+  for (const External& e : ext_of) read += (e.period > 0 ? e.period : numel) * (e.is_bool ? 1 : 4);
   written = static_cast<int64_t>(outputs.size()) * numel * 4 + stat_bytes;
   for (auto& e : plan->ln_params) read += e.numel() * 4;
   if (plan->has_anchor) written += (anchor.op == fused::RowOp::kLogSumExp ? anchor.rows : numel) * 4;
@@ -441,6 +493,10 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
   prog.instrs = std::move(program);
   prog.numel = numel;
   prog.externals = std::move(externals);
+  for (const External& e : ext_of) {
+    prog.period.push_back(e.period);
+    prog.is_bool.push_back(e.is_bool);
+  }
   prog.outputs = std::move(out_ptr);
   return true;
 }

@@ -12,8 +12,9 @@ namespace fused {
 // kFma: a * b + c with one rounding (addcmul: CPU's kernel computes
 // self + value * t1 * t2 as fma(value * t1, t2, self), its compiler having
 // contracted the multiply and add; measured bit-equal on torch 2.13).
+// kWhere: b != 0 ? alpha : a (masked_fill with a Scalar value: b the mask as 0 / 1).
 enum class Fn : uint8_t { kAdd, kMul, kDiv, kNeg, kAbs, kRelu, kExp, kLog, kSin, kCos, kTanh, kSigmoid, kSqrt,
-                          kRsqrt, kReciprocal, kFma };
+                          kRsqrt, kReciprocal, kFma, kWhere };
 
 // An operand: a tile register, an external (device) buffer read, a
 // materialized output already written by an earlier instruction, or a constant.
@@ -28,7 +29,7 @@ struct Instr {
   int dst = -1;        // register written, when out < 0
   Operand a, b;
   Operand c;           // kFma's addend
-  float alpha = 1.0f;  // add/sub: a + alpha * b (one rounding, like CPU's fused multiply-add)
+  float alpha = 1.0f;  // add/sub: a + alpha * b (one rounding, like CPU's fused multiply-add); kWhere's fill value
   int out = -1;        // index of the materialized output it writes (directly, no register), or -1
 };
 
@@ -38,6 +39,14 @@ struct Program {
   int regs = 0;
   int64_t numel = 0;
   std::vector<const float*> externals;  // contiguous device buffers read
+  // Per external: a broadcast operand (its shape the loop's last dims, the
+  // leading ones size 1 or absent) has `period` < numel elements, element i of
+  // the loop reading element i % period; 0 when it has numel elements. A bool
+  // external (`is_bool`, one byte per element, a mask) reads as 0.0f / 1.0f.
+  // Both are staged into a tile register of floats before the tile's
+  // instructions run.
+  std::vector<int64_t> period;
+  std::vector<char> is_bool;
   std::vector<float*> outputs;          // contiguous device buffers written
   // Write `outputs` (and a RowAnchor's `out`) with non-temporal stores: each
   // value is computed into a cache-resident tile, then streamed to memory.
