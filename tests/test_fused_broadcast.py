@@ -1,9 +1,10 @@
 """Fused loops with broadcast operands and bool masks (executors/tpu): an operand
 broadcast along leading dims (a bias [N] over [M, N], positions [T, C] over [B, T, C],
 an attention mask [1, 1, T, T] over [B, H, T, T]) is read modulo its size, and
-masked_fill with a Scalar value is a select in the loop, so the scores' scale,
-masked_fill and softmax run as one row loop. Values equal CPU's bit for bit; the
-flush's ATen calls show what was fused."""
+masked_fill with a Scalar value is a select in the loop. A region's ops of another
+shape that depend on nothing it makes (the mask's `== 0`) run first, so the scores'
+scale, masked_fill and softmax still run as one row loop. Values equal CPU's bit for
+bit; the flush's ATen calls show what was fused."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,19 @@ def test_scale_masked_fill_softmax_is_one_loop(b, h, t):
     out, ops = _flush_ops(attention, s, m)
     assert ops == [], ops  # scale, select and softmax rows in the fused loop
     _assert_same(out, attention(s, m))
+
+
+def test_mask_made_in_the_same_flush_runs_first():
+    t = 32
+    tril = torch.tril(torch.ones(t, t)).view(1, 1, t, t)
+
+    def attention(s, tr):
+        return (s * 0.25).masked_fill(tr[:, :, :t, :t] == 0, float("-inf")).softmax(-1)
+
+    s = _scores(2, 4, t, seed=1)
+    out, ops = _flush_ops(attention, s, tril)
+    assert "aten::eq" in ops and "aten::masked_fill" not in ops and "aten::_softmax" not in ops, ops
+    _assert_same(out, attention(s, tril))
 
 
 def test_attention_backward_matches_cpu():
@@ -150,3 +164,23 @@ def test_char_lm_attention_block_matches_cpu():
     (y_t, g_t), (y_c, g_c) = run("tpu"), run("cpu")
     _assert_same(y_t, y_c)
     _assert_same(g_t, g_c)
+
+
+def test_failing_hoisted_op_loses_nothing_else():
+    # hardshrink on int8 passes the meta kernel and raises in CPU's kernel, at the
+    # flush. Here it makes the mask, so it and the mask's `== 0` are hoisted ahead
+    # of the scale / masked_fill / softmax loop (with a float mask the flush runs
+    # only those two ops on the host). Its error surfaces where the mask is used;
+    # the scaled scores, which do not depend on it, keep CPU's values.
+    s = _scores(2, 2, 8, seed=15)
+    with pytest.raises(NotImplementedError) as cpu_err:
+        F.hardshrink(torch.zeros(1, 1, 8, 8, dtype=torch.int8), 0.5)
+    d = s.to("tpu")
+    m8 = torch.zeros(1, 1, 8, 8, dtype=torch.int8, device="tpu")
+    torch.tpu.synchronize()
+    scaled = d * 0.5
+    out = scaled.masked_fill(F.hardshrink(m8, 0.5) == 0, float("-inf")).softmax(-1)
+    with pytest.raises(type(cpu_err.value)):
+        out.cpu()
+    _assert_same(scaled, s * 0.5)
+    _assert_same((scaled + 1.0), s * 0.5 + 1.0)  # the queue stays usable

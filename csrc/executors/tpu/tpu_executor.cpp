@@ -149,6 +149,89 @@ bool run_split_at_row_reduction(const CompiledRegion& compiled, const Region& re
   return true;
 }
 
+// A region whose fused loop is blocked by ops of another shape or dtype that
+// depend on nothing the region makes (an attention mask `tril[..., :T, :T] == 0`
+// among the scores' masked_fill and softmax): those ops run first, op by op,
+// their results the rest reads materialized, then the rest runs fused (or op
+// by op). Hoisting them is safe: they read only the region's inputs and write
+// only their own fresh outputs. Returns false, having run nothing, when there
+// is nothing to hoist or only hoisted ops would be left.
+bool run_hoisting_other_shapes(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
+                               host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
+  const Node& last = graph[region.nodes.back()];
+  if (last.outputs.empty()) return false;
+  const Dims& shape = last.kind == static_cast<int>(PrimKind::kReduction) && !last.inputs.empty()
+                          ? last.inputs[0].ref.sizes
+                          : last.outputs[0].sizes;
+  std::unordered_set<const DeferredStorage*> made_in_main;  // made or written by ops that stay
+  std::vector<char> hoist(region.nodes.size(), 0);
+  size_t hoisted = 0;
+  for (size_t p = 0; p < region.nodes.size(); ++p) {
+    const Node& n = graph[region.nodes[p]];
+    bool independent = !n.outputs.empty() && !n.rng;
+    for (const auto& in : n.inputs)
+      independent = independent && !in.written && !made_in_main.count(in.ref.storage.get());
+    bool other = false;
+    for (const auto& o : n.outputs) other = other || o.sizes != shape || o.dtype != at::kFloat;
+    if (independent && other) {
+      hoist[p] = 1;
+      ++hoisted;
+      continue;
+    }
+    for (const auto& o : n.outputs) made_in_main.insert(o.storage.get());
+    for (const auto& in : n.inputs)
+      if (in.written) made_in_main.insert(in.ref.storage.get());
+  }
+  if (hoisted == 0 || hoisted == region.nodes.size()) return false;
+  Region head, tail;
+  tail.anchor = region.anchor;
+  std::vector<size_t> head_pos, tail_pos;  // positions in `region`
+  for (size_t p = 0; p < region.nodes.size(); ++p) {
+    Region& r = hoist[p] ? head : tail;
+    r.nodes.push_back(region.nodes[p]);
+    r.materialize.push_back(region.materialize[p]);
+    (hoist[p] ? head_pos : tail_pos).push_back(p);
+  }
+  std::unordered_map<const DeferredStorage*, std::pair<size_t, size_t>> made;  // storage -> (node, output) in head
+  for (size_t k = 0; k < head.nodes.size(); ++k) {
+    const Node& n = graph[head.nodes[k]];
+    for (size_t j = 0; j < n.outputs.size(); ++j) made[n.outputs[j].storage.get()] = {k, j};
+  }
+  for (int i : tail.nodes) {
+    for (const auto& in : graph[i].inputs) {
+      auto it = made.find(in.ref.storage.get());
+      if (it != made.end()) head.materialize[it->second.first][it->second.second] = 1;
+    }
+  }
+  // The hoisted ops run op by op, which marks a failing op's outputs with its
+  // error; the rest then still runs (an op reading a failed value fails in
+  // turn, as in run_ops), and the first error is rethrown.
+  try {
+    host::run_ops(compiled, head, graph, mem, stats, hooks);
+  } catch (...) {
+    const std::exception_ptr err = std::current_exception();
+    const int at = stats.failed_at >= 0 ? static_cast<int>(head_pos[stats.failed_at]) : -1;
+    try {
+      host::run_ops(compiled, tail, graph, mem, stats, hooks);
+    } catch (...) {
+    }
+    stats.failed_at = at;  // a position in the whole region
+    stats.errors_marked = true;
+    std::rethrow_exception(err);
+  }
+  try {
+    if (tpu::run_fused_elementwise(tail, graph, mem, stats)) {
+      for (int i : tail.nodes) hooks.add_op_cost(graph[i], stats);
+    } else {
+      host::run_ops(compiled, tail, graph, mem, stats, hooks);
+    }
+  } catch (...) {
+    if (stats.failed_at >= 0) stats.failed_at = static_cast<int>(tail_pos[stats.failed_at]);
+    throw;
+  }
+  return true;
+}
+
 // The ops of `region` that its fused loops left (`rest`), op by op; a
 // failure's position is reported in the whole region.
 void run_rest(const CompiledRegion& compiled, const Region& region, const Region& rest, std::vector<Node>& graph,
@@ -199,7 +282,8 @@ class TpuExecutor final : public Executor {
       for (int i : region.nodes)
         if (!left.count(i)) hooks.add_op_cost(graph[i], stats);
       if (!rest.nodes.empty()) run_rest(compiled, region, rest, graph, mem, stats, hooks);
-    } else if (!run_split_at_row_reduction(compiled, region, graph, mem, stats, hooks)) {
+    } else if (!run_split_at_row_reduction(compiled, region, graph, mem, stats, hooks) &&
+               !run_hoisting_other_shapes(compiled, region, graph, mem, stats, hooks)) {
       host::run_ops(compiled, region, graph, mem, stats, hooks);
     }
     finish(chip, plan, stats);
