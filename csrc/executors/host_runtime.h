@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -30,6 +31,13 @@ class HostMemory {
   void release_temp(DeferredStorage* s);
   // The CPU storage that holds the current value of `s`.
   c10::Storage storage_for(DeferredStorage* s);
+  // Storages made by this flush that nothing reads after it (jit::run_graph):
+  // their "device buffer" is flush-local CPU memory, freed by release() after
+  // the last region that uses them, so a flush reuses memory as eager does
+  // instead of writing every intermediate to a buffer of its own.
+  void set_transient(std::unordered_set<const DeferredStorage*> storages) { transient_ = std::move(storages); }
+  // Frees whatever holds the value of `s` (a transient storage after its last use).
+  void release(DeferredStorage* s) { map_.erase(s); }
   // The value of r: a CPU tensor with r's dtype and geometry, read from the
   // storage's flat value through r's view chain (views/). It aliases the
   // storage unless the chain pads or gathers (then it is a copy).
@@ -54,6 +62,7 @@ class HostMemory {
     at::Tensor value;
   };
   std::unordered_map<DeferredStorage*, Entry> map_;
+  std::unordered_set<const DeferredStorage*> transient_;
   std::vector<PendingWrite> pending_writes_;
   bool resizable_;
   at::Tensor flat(const TensorRef& r);

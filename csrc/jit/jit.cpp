@@ -119,6 +119,29 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
 
   std::vector<Region> regions = partition(g, live, observed);
   host::HostMemory mem;
+  // Storages a live node of this flush creates and nothing observes after it
+  // hold values only between its regions: flush-local memory, freed after the
+  // last region that uses them (host_runtime.h, set_transient). A storage made
+  // earlier keeps its device buffer: that holds its value.
+  std::vector<std::vector<DeferredStorage*>> release_after(regions.size());
+  {
+    std::unordered_set<const DeferredStorage*> made;
+    for (size_t i = 0; i < g.size(); ++i)
+      if (live[i])
+        for (const auto& o : g[i].outputs)
+          if (!observed.count(o.storage.get())) made.insert(o.storage.get());
+    std::unordered_map<DeferredStorage*, size_t> last_region;
+    for (size_t ri = 0; ri < regions.size(); ++ri) {
+      for (int i : regions[ri].nodes) {
+        for (const auto& in : g[i].inputs)
+          if (made.count(in.ref.storage.get())) last_region[in.ref.storage.get()] = ri;
+        for (const auto& o : g[i].outputs)
+          if (made.count(o.storage.get())) last_region[o.storage.get()] = ri;
+      }
+    }
+    for (const auto& [st, ri] : last_region) release_after[ri].push_back(st);
+    mem.set_transient(std::move(made));
+  }
   Executor& ex = active_executor();
   // Every target starts a new flush, so inspection of "the last flush" of an
   // inactive target (e.g. Spyre's schedule after a TPU flush) is empty.
@@ -172,6 +195,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
       failed = true;
     }
     if (trace_active()) trace_region(*compiled, g, r, st, cache_hit, failed, ex.target());
+    for (DeferredStorage* done : release_after[&r - regions.data()]) mem.release(done);
     m.regions_run++;
     m.ops_executed += static_cast<int64_t>(r.nodes.size());
     m.bytes_read += st.bytes_read;
