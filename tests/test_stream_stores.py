@@ -1,7 +1,8 @@
 """Fused loops whose working set passes the last-level cache write their outputs with
 non-temporal stores (Program::stream in csrc/executors/tpu/fused_program.h). The stores
 change where values go, never what they are: with the threshold lowered to 0 bytes (every
-loop streams), results equal CPU PyTorch bit for bit wherever the ordinary loop does, on
+loop streams, except a softmax region's, which never does), results equal CPU PyTorch bit
+for bit wherever the ordinary loop does, on
 shapes whose rows start off the vector alignment and end in partial vectors, on one and
 on two threads."""
 import pytest

@@ -50,6 +50,7 @@ struct Program {
   std::vector<float*> outputs;          // contiguous device buffers written
   // Write `outputs` (and a RowAnchor's `out`) with non-temporal stores: each
   // value is computed into a cache-resident tile, then streamed to memory.
+  // Never set in a softmax region (fused_elementwise.cpp, measured there).
   bool stream = false;
 };
 
