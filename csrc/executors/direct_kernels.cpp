@@ -111,33 +111,34 @@ bool masked_fill(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs
   return true;
 }
 
-bool is_masked_fill(const c10::FunctionSchema& schema) {
-  return schema.name() == "aten::masked_fill" && (schema.overload_name() == "Scalar" || schema.overload_name() == "Tensor");
+// clone into a dense output is a copy (clone.out is clone plus a second copy).
+bool clone_into(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
+  outs.at(0).copy_(a.at(0).toTensor());
+  return true;
+}
+
+using DirectKernel = bool (*)(const torch::jit::Stack&, const std::vector<at::Tensor>&);
+
+// The direct kernel of an op, or null.
+DirectKernel direct_kernel(const c10::FunctionSchema& schema) {
+  const std::string& name = schema.name();
+  const std::string& overload = schema.overload_name();
+  if (name == "aten::masked_fill" && (overload == "Scalar" || overload == "Tensor")) return &masked_fill;
+  if (!overload.empty()) return nullptr;
+  if (name == "aten::native_layer_norm") return &layer_norm;
+  if (name == "aten::native_layer_norm_backward") return &layer_norm_backward;
+  if (name == "aten::clone") return &clone_into;
+  return nullptr;
 }
 
 }  // namespace
 
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs) {
-  const auto& schema = n.op.schema();
-  if (is_masked_fill(schema)) return masked_fill(args, outs);
-  if (!schema.overload_name().empty()) return false;
-  if (schema.name() == "aten::native_layer_norm") return layer_norm(args, outs);
-  if (schema.name() == "aten::native_layer_norm_backward") return layer_norm_backward(args, outs);
-  // clone into a dense output is a copy (clone.out is clone plus a second copy).
-  if (schema.name() == "aten::clone") {
-    outs.at(0).copy_(args.at(0).toTensor());
-    return true;
-  }
-  return false;
+  const DirectKernel kernel = direct_kernel(n.op.schema());
+  return kernel && kernel(args, outs);
 }
 
-bool has_direct_kernel(const Node& n) {
-  const auto& schema = n.op.schema();
-  if (is_masked_fill(schema)) return true;
-  if (!schema.overload_name().empty()) return false;
-  const std::string& name = schema.name();
-  return name == "aten::native_layer_norm" || name == "aten::native_layer_norm_backward" || name == "aten::clone";
-}
+bool has_direct_kernel(const Node& n) { return direct_kernel(n.op.schema()) != nullptr; }
 
 bool takes_strided_inputs(const Node& n) {
   const auto& schema = n.op.schema();

@@ -102,6 +102,39 @@ class TpuHooks final : public host::HostRunHooks {
   const at::Float32MatmulPrecision prec_;
 };
 
+// Marks the outputs of `head` that ops of `tail` read as materialized: they
+// cross from one part of a split region to the other.
+void materialize_read_by(const Region& tail, Region& head, const std::vector<Node>& graph) {
+  std::unordered_map<const DeferredStorage*, std::pair<size_t, size_t>> made;  // storage -> (node, output) in head
+  for (size_t k = 0; k < head.nodes.size(); ++k) {
+    const Node& n = graph[head.nodes[k]];
+    for (size_t j = 0; j < n.outputs.size(); ++j) made[n.outputs[j].storage.get()] = {k, j};
+  }
+  for (int i : tail.nodes) {
+    for (const auto& in : graph[i].inputs) {
+      auto it = made.find(in.ref.storage.get());
+      if (it != made.end()) head.materialize[it->second.first][it->second.second] = 1;
+    }
+  }
+}
+
+// Runs `part`, the ops at positions `pos` of a region: as fused loops when
+// `may_fuse` and they fuse, else op by op; a failure's position is reported
+// in the whole region.
+void run_part(const CompiledRegion& compiled, const Region& part, const std::vector<size_t>& pos, bool may_fuse,
+              std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
+  try {
+    if (may_fuse && tpu::run_fused_elementwise(part, graph, mem, stats)) {
+      for (int i : part.nodes) hooks.add_op_cost(graph[i], stats);
+      return;
+    }
+    host::run_ops(compiled, part, graph, mem, stats, hooks);
+  } catch (...) {
+    if (stats.failed_at >= 0) stats.failed_at = static_cast<int>(pos[stats.failed_at]);
+    throw;
+  }
+}
+
 // A region whose row reduction (softmax, log_softmax, layer_norm, logsumexp)
 // has elementwise consumers after it: the fused row loop ends at the
 // reduction, so the region runs in two parts, the producers and the reduction
@@ -123,29 +156,12 @@ bool run_split_at_row_reduction(const CompiledRegion& compiled, const Region& re
   head.materialize.assign(region.materialize.begin(), region.materialize.begin() + cut + 1);
   tail.nodes.assign(region.nodes.begin() + cut + 1, region.nodes.end());
   tail.materialize.assign(region.materialize.begin() + cut + 1, region.materialize.end());
-  std::unordered_map<const DeferredStorage*, std::pair<size_t, size_t>> made;  // storage -> (node, output) in head
-  for (size_t k = 0; k < head.nodes.size(); ++k) {
-    const Node& n = graph[head.nodes[k]];
-    for (size_t j = 0; j < n.outputs.size(); ++j) made[n.outputs[j].storage.get()] = {k, j};
-  }
-  for (int i : tail.nodes) {
-    for (const auto& in : graph[i].inputs) {
-      auto it = made.find(in.ref.storage.get());
-      if (it != made.end()) head.materialize[it->second.first][it->second.second] = 1;
-    }
-  }
+  materialize_read_by(tail, head, graph);
   if (!tpu::run_fused_elementwise(head, graph, mem, stats)) return false;
   for (int i : head.nodes) hooks.add_op_cost(graph[i], stats);
-  if (tpu::run_fused_elementwise(tail, graph, mem, stats)) {
-    for (int i : tail.nodes) hooks.add_op_cost(graph[i], stats);
-    return true;
-  }
-  try {
-    host::run_ops(compiled, tail, graph, mem, stats, hooks);
-  } catch (...) {
-    if (stats.failed_at >= 0) stats.failed_at += static_cast<int>(cut + 1);  // a position in the whole region
-    throw;
-  }
+  std::vector<size_t> tail_pos(tail.nodes.size());
+  for (size_t k = 0; k < tail_pos.size(); ++k) tail_pos[k] = cut + 1 + k;
+  run_part(compiled, tail, tail_pos, true, graph, mem, stats, hooks);
   return true;
 }
 
@@ -192,17 +208,7 @@ bool run_hoisting_other_shapes(const CompiledRegion& compiled, const Region& reg
     r.materialize.push_back(region.materialize[p]);
     (hoist[p] ? head_pos : tail_pos).push_back(p);
   }
-  std::unordered_map<const DeferredStorage*, std::pair<size_t, size_t>> made;  // storage -> (node, output) in head
-  for (size_t k = 0; k < head.nodes.size(); ++k) {
-    const Node& n = graph[head.nodes[k]];
-    for (size_t j = 0; j < n.outputs.size(); ++j) made[n.outputs[j].storage.get()] = {k, j};
-  }
-  for (int i : tail.nodes) {
-    for (const auto& in : graph[i].inputs) {
-      auto it = made.find(in.ref.storage.get());
-      if (it != made.end()) head.materialize[it->second.first][it->second.second] = 1;
-    }
-  }
+  materialize_read_by(tail, head, graph);
   // The hoisted ops run op by op, which marks a failing op's outputs with its
   // error; the rest then still runs (an op reading a failed value fails in
   // turn, as in run_ops), and the first error is rethrown.
@@ -219,33 +225,17 @@ bool run_hoisting_other_shapes(const CompiledRegion& compiled, const Region& reg
     stats.errors_marked = true;
     std::rethrow_exception(err);
   }
-  try {
-    if (tpu::run_fused_elementwise(tail, graph, mem, stats)) {
-      for (int i : tail.nodes) hooks.add_op_cost(graph[i], stats);
-    } else {
-      host::run_ops(compiled, tail, graph, mem, stats, hooks);
-    }
-  } catch (...) {
-    if (stats.failed_at >= 0) stats.failed_at = static_cast<int>(tail_pos[stats.failed_at]);
-    throw;
-  }
+  run_part(compiled, tail, tail_pos, true, graph, mem, stats, hooks);
   return true;
 }
 
-// The ops of `region` that its fused loops left (`rest`), op by op; a
-// failure's position is reported in the whole region.
+// The ops of `region` that its fused loops left (`rest`), op by op.
 void run_rest(const CompiledRegion& compiled, const Region& region, const Region& rest, std::vector<Node>& graph,
               host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
-  try {
-    host::run_ops(compiled, rest, graph, mem, stats, hooks);
-  } catch (...) {
-    if (stats.failed_at >= 0) {
-      const int node = rest.nodes[stats.failed_at];
-      stats.failed_at = static_cast<int>(std::find(region.nodes.begin(), region.nodes.end(), node) -
-                                         region.nodes.begin());
-    }
-    throw;
-  }
+  std::vector<size_t> pos;
+  for (int node : rest.nodes)
+    pos.push_back(static_cast<size_t>(std::find(region.nodes.begin(), region.nodes.end(), node) - region.nodes.begin()));
+  run_part(compiled, rest, pos, false, graph, mem, stats, hooks);
 }
 
 class TpuExecutor final : public Executor {
