@@ -247,3 +247,31 @@ def test_bool_alpha_on_float_add_raises_in_a_fused_region(form):
         else:
             (torch.add(da, db, alpha=True) * 2.0).cpu()
     assert torch.equal((db * 3.0).cpu(), b * 3.0)  # the queue and other tensors stay valid
+
+
+# Fixed in record.cpp (seventh session's QA pass): torch 2.13's meta kernels let
+# int32.mul_(0.5) and float16.add_(1j) through, where CPU raises at the call that its
+# result type cannot be cast to self's dtype; the device deferred the error, so the
+# call succeeded and every later read of self raised. Such calls now run eagerly.
+@pytest.mark.parametrize("dtype,op,other", [
+    (torch.int32, "mul_", 0.5), (torch.bool, "mul_", 2), (torch.int32, "mul_", 1j), (torch.int32, "add_", 1j),
+    (torch.int32, "sub_", 1j), (torch.float16, "mul_", 1j), (torch.float16, "add_", 1j),
+    (torch.int32, "mul_", "cpu_scalar_tensor"), (torch.int32, "mul_", "tpu_tensor")])
+def test_in_place_result_that_cannot_be_cast_raises_at_the_call(dtype, op, other):
+    def run(dev):
+        x = torch.tensor([1, 0, 1], dtype=dtype, device=dev)
+        o = (torch.tensor(0.5) if other == "cpu_scalar_tensor"
+             else torch.tensor([0.5, 1.5, 2.5], device=dev) if other == "tpu_tensor" else other)
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+            getattr(x, op)(o)
+        x.zero_()
+        return x
+    assert torch.equal(run("tpu").cpu(), run("cpu"))  # self is unchanged and still usable
+
+
+def test_bool_tensor_to_a_bool_power_stays_bool():
+    for exponent in (True, False):
+        t = torch.tensor([True, False])
+        got, want = t.to("tpu") ** exponent, t ** exponent
+        assert got.dtype == want.dtype == torch.bool
+        assert torch.equal(got.cpu(), want)

@@ -14,6 +14,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/result_type_native.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/irange.h>
@@ -137,14 +138,33 @@ bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack&
 }
 
 // The CPU call-time check an op needs (OpPlan::call_check).
-enum CallCheck : int { kNoCheck = 0, kPowTensorScalar, kPowScalarInPlace, kSubBool };
+enum CallCheck : int { kNoCheck = 0, kPowTensorScalar, kPowScalarInPlace, kSubBool, kInPlaceCast, kSubBoolInPlaceCast };
 
 CallCheck call_check_of(const c10::FunctionSchema& schema) {
   const std::string& name = schema.name();
   if (name == "aten::pow" && schema.overload_name().rfind("Tensor_Scalar", 0) == 0) return kPowTensorScalar;
   if (name == "aten::pow_" && schema.overload_name() == "Scalar") return kPowScalarInPlace;
+  const bool binary = schema.overload_name() == "Tensor" || schema.overload_name() == "Scalar";
+  if (name == "aten::sub_" && binary) return kSubBoolInPlaceCast;
   if (name == "aten::sub" || name == "aten::sub_" || name == "aten::rsub") return kSubBool;
+  if ((name == "aten::mul_" || name == "aten::add_") && binary) return kInPlaceCast;
   return kNoCheck;
+}
+
+// Whether an in-place binary op's result type (CPU's type promotion of self
+// and other) cannot be cast to self's dtype.
+bool in_place_result_cannot_cast(const c10::IValue& self, const c10::IValue& other) {
+  if (!self.isTensor() || !self.toTensor().defined()) return false;
+  const at::Tensor& s = self.toTensor();
+  at::ScalarType result;
+  if (other.isTensor() && other.toTensor().defined()) {
+    result = at::native::result_type(s, other.toTensor());
+  } else if (other.isScalar()) {
+    result = at::native::result_type(s, other.toScalar());
+  } else {
+    return false;
+  }
+  return !c10::canCast(result, s.scalar_type());
 }
 
 // Checks CPU kernels make at call time that the meta kernels do not. Such
@@ -167,12 +187,19 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   }
   // sub/rsub with a bool operand: CPU's sub_check rejects it at the call, but
   // the meta kernel lets a Python bool through (a Scalar there, not a bool tensor).
-  if (check == kSubBool) {
+  if (check == kSubBool || check == kSubBoolInPlaceCast) {
     auto is_bool = [](const c10::IValue& v) {
       return v.isBool() || (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kBool);
     };
     if (is_bool(stack[first]) || is_bool(stack[first + 1])) return true;
   }
+  // add_ / sub_ / mul_ whose result type cannot be cast to self's dtype
+  // (int32.mul_(0.5), float16.add_(1j)): CPU's TensorIterator raises at the
+  // call ("result type Float can't be cast to the desired output type Int");
+  // the meta kernels of torch 2.13 let mul_ and a complex add_ / sub_ through.
+  if ((check == kInPlaceCast || check == kSubBoolInPlaceCast) &&
+      in_place_result_cannot_cast(stack[first], stack[first + 1]))
+    return true;
   // Argument positions the two checks below read (OpPlan, found once per op).
   struct Positions {
     int alpha, values, indices;
@@ -396,6 +423,10 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
       for (size_t k = 1; k < 3 && k < outcome.returns.size(); ++k)
         for (auto& g : outcome.returns[k]) g.dtype = dt;
   }
+  // bool tensor ** bool: CPU's type promotion keeps bool; the meta kernel says int64.
+  if (name == "aten::pow" && schema.overload_name() == "Tensor_Scalar" && stack[first].isTensor() &&
+      stack[first].toTensor().scalar_type() == at::kBool && stack[first + 1].isBool() && !outcome.returns.empty())
+    for (auto& g : outcome.returns[0]) g.dtype = at::kBool;
   // CPU's log_softmax backward returns a contiguous gradient; the meta kernel
   // copies grad_output's strides (softmax's backward agrees with CPU).
   if (name == "aten::_log_softmax_backward_data" && schema.overload_name().empty() && !outcome.returns.empty()) {
