@@ -137,18 +137,20 @@ bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack&
   return false;
 }
 
-// The CPU call-time check an op needs (OpPlan::call_check).
-enum CallCheck : int { kNoCheck = 0, kPowTensorScalar, kPowScalarInPlace, kSubBool, kInPlaceCast, kSubBoolInPlaceCast };
+// The CPU call-time checks an op needs (OpPlan::call_check): a set of these bits.
+enum CallCheck : int { kNoCheck = 0, kPowTensorScalar = 1, kPowScalarInPlace = 2, kSubBool = 4, kInPlaceCast = 8 };
 
-CallCheck call_check_of(const c10::FunctionSchema& schema) {
+int call_check_of(const c10::FunctionSchema& schema) {
   const std::string& name = schema.name();
-  if (name == "aten::pow" && schema.overload_name().rfind("Tensor_Scalar", 0) == 0) return kPowTensorScalar;
-  if (name == "aten::pow_" && schema.overload_name() == "Scalar") return kPowScalarInPlace;
-  const bool binary = schema.overload_name() == "Tensor" || schema.overload_name() == "Scalar";
-  if (name == "aten::sub_" && binary) return kSubBoolInPlaceCast;
-  if (name == "aten::sub" || name == "aten::sub_" || name == "aten::rsub") return kSubBool;
-  if ((name == "aten::mul_" || name == "aten::add_") && binary) return kInPlaceCast;
-  return kNoCheck;
+  const std::string& overload = schema.overload_name();
+  if (name == "aten::pow" && overload.rfind("Tensor_Scalar", 0) == 0) return kPowTensorScalar;
+  if (name == "aten::pow_" && overload == "Scalar") return kPowScalarInPlace;
+  int checks = kNoCheck;
+  if (name == "aten::sub" || name == "aten::sub_" || name == "aten::rsub") checks |= kSubBool;
+  if ((name == "aten::add_" || name == "aten::sub_" || name == "aten::mul_") &&
+      (overload == "Tensor" || overload == "Scalar"))
+    checks |= kInPlaceCast;
+  return checks;
 }
 
 // Whether an in-place binary op's result type (CPU's type promotion of self
@@ -173,13 +175,13 @@ bool in_place_result_cannot_cast(const c10::IValue& self, const c10::IValue& oth
 bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_t first) {
   const int check = plan.call_check;
   // pow(int tensor, negative int scalar): "Integers to negative integer powers are not allowed."
-  if (check == kPowTensorScalar) {
+  if (check & kPowTensorScalar) {
     const c10::IValue& base = stack[first];
     const c10::IValue& exp = stack[first + 1];
     return base.isTensor() && c10::isIntegralType(base.toTensor().scalar_type(), /*includeBool=*/true) &&
            exp.isScalar() && exp.toScalar().isIntegral(false) && exp.toScalar().toLong() < 0;
   }
-  if (check == kPowScalarInPlace) {
+  if (check & kPowScalarInPlace) {
     const c10::IValue& base = stack[first];
     const c10::IValue& exp = stack[first + 1];
     return c10::isIntegralType(base.toTensor().scalar_type(), true) && exp.toScalar().isIntegral(false) &&
@@ -187,7 +189,7 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   }
   // sub/rsub with a bool operand: CPU's sub_check rejects it at the call, but
   // the meta kernel lets a Python bool through (a Scalar there, not a bool tensor).
-  if (check == kSubBool || check == kSubBoolInPlaceCast) {
+  if (check & kSubBool) {
     auto is_bool = [](const c10::IValue& v) {
       return v.isBool() || (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kBool);
     };
@@ -197,8 +199,7 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // (int32.mul_(0.5), float16.add_(1j)): CPU's TensorIterator raises at the
   // call ("result type Float can't be cast to the desired output type Int");
   // the meta kernels of torch 2.13 let mul_ and a complex add_ / sub_ through.
-  if ((check == kInPlaceCast || check == kSubBoolInPlaceCast) &&
-      in_place_result_cannot_cast(stack[first], stack[first + 1]))
+  if ((check & kInPlaceCast) && in_place_result_cannot_cast(stack[first], stack[first + 1]))
     return true;
   // Argument positions the two checks below read (OpPlan, found once per op).
   struct Positions {
