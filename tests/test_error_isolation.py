@@ -49,3 +49,52 @@ def test_an_in_place_write_by_a_failing_op_poisons_only_its_target():
         target.cpu()
     assert torch.equal(later.cpu(), x * 5 + x)
     assert torch.equal(other.cpu(), x * 5)
+
+
+def _poisoned_int8(value):
+    """An int8 "tpu" tensor holding `value` (CPU int8), then poisoned: a failing op's
+    result (300 does not fit int8) is copied into it and the read raises."""
+    target = value.to("tpu")
+    bad = torch.zeros(3, dtype=torch.int8, device="tpu").masked_fill(
+        torch.ones(3, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu"))
+    target.copy_(bad)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        target.cpu()
+    return target
+
+
+_OVERWRITES = {
+    "zero_": (lambda t: t.zero_(), lambda t: t.zero_()),
+    "fill_": (lambda t: t.fill_(7), lambda t: t.fill_(7)),
+    "copy_": (lambda t: t.copy_(torch.tensor([4, 5, 6], dtype=torch.int8)),) * 2,
+    "slice_assign": (lambda t: t.__setitem__(slice(None), 9),) * 2,
+    "out=": (lambda t: torch.add(torch.ones(3, dtype=torch.int8, device="tpu"), 2, out=t),
+             lambda t: torch.add(torch.ones(3, dtype=torch.int8), 2, out=t)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OVERWRITES))
+def test_a_full_overwrite_clears_an_earlier_failure(name):
+    # On CPU the failing op raised at its call and the target kept its value; an op
+    # that then replaces every element gives a valid tensor. Here the failure is
+    # deferred into the target, and the same overwrite must make it valid again.
+    on_tpu, on_cpu = _OVERWRITES[name]
+    start = torch.tensor([1, 2, 3], dtype=torch.int8)
+    target = _poisoned_int8(start)
+    on_tpu(target)
+    expected = start.clone()
+    on_cpu(expected)
+    assert torch.equal(target.cpu(), expected)
+    assert torch.equal((target + 1).cpu(), expected + 1)
+
+
+@pytest.mark.parametrize("write", [lambda t: t.__setitem__(0, 5), lambda t: t.add_(1),
+                                   lambda t: torch.add(t, 1, out=t)],
+                         ids=["partial", "in_place_read", "out_reads_self"])
+def test_a_write_that_keeps_or_reads_the_failed_value_still_raises(write):
+    # A partial overwrite leaves elements of the failed value; add_ and add(t, 1, out=t)
+    # read it: each must still report the original error, never return garbage.
+    target = _poisoned_int8(torch.tensor([1, 2, 3], dtype=torch.int8))
+    write(target)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        target.cpu()

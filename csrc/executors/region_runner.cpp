@@ -132,6 +132,21 @@ bool reads_written_value(const Node& n, const InputSlot& in) {
   return !overwrite.count(schema.name().substr(6));
 }
 
+namespace {
+// True when op `n` replaces every byte of the storage its written argument
+// `in` views, and no other argument of `n` reads that storage: a value an
+// earlier failed op left in it (DeferredStorage::error) is then gone, as on
+// CPU, where the failed op raised at its call and wrote nothing.
+bool overwrites_storage(const Node& n, const InputSlot& in) {
+  const TensorRef& r = in.ref;
+  if (!in.written || reads_written_value(n, in) || !r.covers_storage()) return false;
+  for (const auto& other : n.inputs)
+    if (&other != &in && other.ref.storage == r.storage && (!other.written || reads_written_value(n, other)))
+      return false;
+  return true;
+}
+}  // namespace
+
 std::string op_display_name(const Node& n) {
   const auto& schema = n.op.schema();
   return schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
@@ -164,6 +179,10 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       if (produced.count(s) || mem.is_temp(s) || (in.written && !reads_written_value(n, in))) continue;
       traffic(in.ref, reads, stats.bytes_read);
     }
+    // A storage this op overwrites whole loses an earlier op's error (if this
+    // op fails, the caller marks it with the new one).
+    for (const auto& in : n.inputs)
+      if (in.ref.storage->error && overwrites_storage(n, in)) in.ref.storage->error = nullptr;
     torch::jit::Stack stack = build_stack(n, mem);  // re-raises an input's earlier error as is
     std::vector<at::Tensor> results;
     const c10::OperatorHandle* out_op = nullptr;

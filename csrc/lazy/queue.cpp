@@ -110,6 +110,10 @@ bool TensorRef::is_dense() const {
 
 int64_t TensorRef::nbytes() const { return numel() * static_cast<int64_t>(c10::elementSize(dtype)); }
 
+bool TensorRef::covers_storage() const {
+  return offset == 0 && is_dense() && static_cast<size_t>(nbytes()) == storage->nbytes;
+}
+
 TensorRef make_ref(const at::Tensor& t) {
   TensorRef r;
   r.storage = StoragePtr::reclaim_copy(deferred_storage_of(t));

@@ -99,8 +99,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     TORCH_CHECK(self.device().is_cpu(), "copy from ", self.device(), " to tpu is not supported");
     auto* s = deferred_storage_of(dst);
     if (!storage_has_pending(s)) {
-      // Host to device, nothing queued on the destination: write it now.
-      check_storage_error(s);
+      // Host to device, nothing queued on the destination: write it now. A
+      // copy over the whole storage replaces a failed op's value (its error).
+      if (make_ref(dst).covers_storage())
+        s->error = nullptr;
+      else
+        check_storage_error(s);
       unshare_for_write(s);
       at::Tensor v = host_view(dst);
       v.copy_(self);
