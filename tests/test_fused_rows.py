@@ -153,3 +153,41 @@ def test_layer_norm_with_weight_and_bias_matches_cpu_exactly(shape, producers):
     got = [t.cpu() for t in prog(x.to("tpu"), w.to("tpu"), b.to("tpu"))]
     for g, e in zip(got, prog(x, w, b)):
         assert torch.equal(g, e)
+
+
+def _special_rows(rows, cols, seed):
+    """rows x cols float32 with rows of every special case next to ordinary ones: NaN,
+    +-inf, all -inf, -0 / +0 maxima, huge and tiny values (each row's max is reduced
+    while the previous row's exps are computed, so neighbours matter)."""
+    x = cpu_randn(rows, cols, seed=seed) * 30
+    specials = [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 3e38, -3e38, 1e-40]
+    for r in range(0, rows, 3):
+        x[r, (r * 7) % cols] = specials[(r // 3) % len(specials)]
+    if rows > 5:
+        x[5] = float("-inf")
+        x[4] = -0.0
+        x[4, 0] = -1.0
+    return x
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(40, 1), (40, 7), (33, 16), (37, 17), (64, 100), (300, 129), (9, 1024),
+                                   (2, 3, 2049)])
+def test_softmax_of_a_device_tensor_matches_cpu_exactly(shape, threads):
+    # A row input read straight from its buffer: the fused loop reduces each row's max
+    # inside the previous row's exp pass (fused_kernels.inc, softmax_row). Row counts
+    # that split unevenly between threads, columns below, at and off the vector width.
+    x = _special_rows(shape[0] * (shape[1] if len(shape) == 3 else 1), shape[-1], seed=12).reshape(shape)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        xd = x.to("tpu")
+        torch.tpu.synchronize()
+        torch_tpu_eager.reset_metrics()
+        actual = F.softmax(xd, dim=-1).cpu()
+        assert torch_tpu_eager.metrics()["regions_run"] == 1
+    finally:
+        torch.set_num_threads(previous)
+    expected = F.softmax(x, dim=-1)
+    assert torch.equal(actual.isnan(), expected.isnan())
+    assert torch.equal(actual.nan_to_num(), expected.nan_to_num())
