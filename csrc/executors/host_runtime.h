@@ -4,7 +4,6 @@
 
 #include <functional>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -35,7 +34,7 @@ class HostMemory {
   // their "device buffer" is flush-local CPU memory, freed by release() after
   // the last region that uses them, so a flush reuses memory as eager does
   // instead of writing every intermediate to a buffer of its own.
-  void set_transient(std::unordered_set<const DeferredStorage*> storages) { transient_ = std::move(storages); }
+  void set_transient(StorageSet storages) { transient_ = std::move(storages); }
   // Frees whatever holds the value of `s` (a transient storage after its last use).
   void release(DeferredStorage* s) { map_.erase(s); }
   // The value of r: a CPU tensor with r's dtype and geometry, read from the
@@ -62,7 +61,7 @@ class HostMemory {
     at::Tensor value;
   };
   std::unordered_map<DeferredStorage*, Entry> map_;
-  std::unordered_set<const DeferredStorage*> transient_;
+  StorageSet transient_;
   std::vector<PendingWrite> pending_writes_;
   bool resizable_;
   at::Tensor flat(const TensorRef& r);

@@ -9,7 +9,6 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "executors/executor.h"
 #include "jit/disk_cache.h"
@@ -41,8 +40,8 @@ std::unordered_map<uint64_t, std::shared_ptr<CompiledRegion>> g_cache;
 
 // Marks live nodes: a node is live when it writes a storage whose value is
 // observed later (by a live node, or after the flush: `observed`).
-std::vector<char> live_nodes(const std::vector<Node>& g, const std::unordered_set<const DeferredStorage*>& observed) {
-  std::unordered_set<const DeferredStorage*> needed(observed);
+std::vector<char> live_nodes(const std::vector<Node>& g, const StorageSet& observed) {
+  StorageSet needed(observed);
   std::vector<char> live(g.size(), 0);
   for (size_t i = g.size(); i-- > 0;) {
     const Node& n = g[i];
@@ -111,7 +110,7 @@ void poison(const std::vector<Node>& g, const Region& r, int from, const std::ex
 }  // namespace
 
 std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
-  const std::unordered_set<const DeferredStorage*> observed = observed_after_flush(g);
+  const StorageSet observed = observed_after_flush(g);
   std::vector<char> live = live_nodes(g, observed);
   int64_t n_live = 0;
   for (char l : live) n_live += l;
@@ -125,21 +124,23 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   // earlier keeps its device buffer: that holds its value.
   std::vector<std::vector<DeferredStorage*>> release_after(regions.size());
   {
-    std::unordered_set<const DeferredStorage*> made;
+    StorageSet made(g.size());
     for (size_t i = 0; i < g.size(); ++i)
       if (live[i])
         for (const auto& o : g[i].outputs)
-          if (!observed.count(o.storage.get())) made.insert(o.storage.get());
-    std::unordered_map<DeferredStorage*, size_t> last_region;
+          if (!observed.contains(o.storage.get())) made.insert(o.storage.get());
+    StorageMap<size_t> last_region(made.size());
     for (size_t ri = 0; ri < regions.size(); ++ri) {
       for (int i : regions[ri].nodes) {
         for (const auto& in : g[i].inputs)
-          if (made.count(in.ref.storage.get())) last_region[in.ref.storage.get()] = ri;
+          if (made.contains(in.ref.storage.get())) last_region[in.ref.storage.get()] = ri;
         for (const auto& o : g[i].outputs)
-          if (made.count(o.storage.get())) last_region[o.storage.get()] = ri;
+          if (made.contains(o.storage.get())) last_region[o.storage.get()] = ri;
       }
     }
-    for (const auto& [st, ri] : last_region) release_after[ri].push_back(st);
+    last_region.for_each([&](const DeferredStorage* st, size_t ri) {
+      release_after[ri].push_back(const_cast<DeferredStorage*>(st));
+    });
     mem.set_transient(std::move(made));
   }
   Executor& ex = active_executor();

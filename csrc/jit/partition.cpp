@@ -4,7 +4,6 @@
 #include "jit/dynamic_shapes.h"
 
 #include <string>
-#include <unordered_map>
 
 namespace tpu_eager {
 namespace jit {
@@ -56,16 +55,16 @@ bool fusible_into(const Region& r, const Dims& anchor_shape, const Node& n) {
 }  // namespace
 
 std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live,
-                              const std::unordered_set<const DeferredStorage*>& observed) {
+                              const StorageSet& observed) {
   std::vector<Region> regions;
   std::vector<Dims> anchor_shapes;
   // storage -> latest region that wrote it / that read or wrote it, in this flush
-  std::unordered_map<const DeferredStorage*, int> writer, last_access;
+  StorageMap<int> writer(2 * g.size()), last_access(2 * g.size());
   // storage -> (graph index, output index) of the fresh output that created it
-  std::unordered_map<const DeferredStorage*, std::pair<int, int>> producer;
-  auto lookup = [](const std::unordered_map<const DeferredStorage*, int>& m, const DeferredStorage* s) {
-    auto it = m.find(s);
-    return it == m.end() ? -1 : it->second;
+  StorageMap<std::pair<int, int>> producer(g.size());
+  auto lookup = [](const StorageMap<int>& m, const DeferredStorage* s) {
+    const int* v = m.find(s);
+    return v ? *v : -1;
   };
 
   for (int i = 0; i < static_cast<int>(g.size()); ++i) {
@@ -117,17 +116,17 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
   }
 
   // Materialize an output when something outside its region can observe it.
-  std::unordered_map<int, std::pair<int, int>> where;  // graph index -> (region, position)
+  // graph index -> (region, position); region -1 for a dead node
+  std::vector<std::pair<int, int>> where(g.size(), {-1, -1});
   for (int ri = 0; ri < static_cast<int>(regions.size()); ++ri)
     for (int p = 0; p < static_cast<int>(regions[ri].nodes.size()); ++p) where[regions[ri].nodes[p]] = {ri, p};
   for (int ri = 0; ri < static_cast<int>(regions.size()); ++ri) {
     for (int i : regions[ri].nodes) {
       for (const auto& in : g[i].inputs) {
-        auto it = producer.find(in.ref.storage.get());
-        if (it == producer.end()) continue;
-        auto w = where.find(it->second.first);
-        if (w == where.end()) continue;
-        if (w->second.first != ri) regions[w->second.first].materialize[w->second.second][it->second.second] = 1;
+        const std::pair<int, int>* made = producer.find(in.ref.storage.get());
+        if (!made) continue;
+        const std::pair<int, int>& w = where[made->first];
+        if (w.first >= 0 && w.first != ri) regions[w.first].materialize[w.second][made->second] = 1;
       }
     }
   }
@@ -145,7 +144,7 @@ namespace {
 // address, so the key means the same in every process (the on-disk cache).
 uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable) {
   uint64_t h = 0x51ED270B27A1ULL;
-  std::unordered_map<const DeferredStorage*, int> local;  // storages created in this region -> ordinal
+  StorageMap<int> local(r.nodes.size());  // storages created in this region -> ordinal
   for (size_t p = 0; p < r.nodes.size(); ++p) {
     const Node& n = g[r.nodes[p]];
     if (stable) {
@@ -156,20 +155,20 @@ uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable) {
     }
     for (const auto& in : n.inputs) {
       mix(h, static_cast<uint64_t>(in.arg) * 131 + static_cast<uint64_t>(in.elem + 1));
-      auto it = local.find(in.ref.storage.get());
-      mix(h, it == local.end() ? ~0ULL : static_cast<uint64_t>(it->second));
+      const int* made = local.find(in.ref.storage.get());
+      mix(h, made ? static_cast<uint64_t>(*made) : ~0ULL);
       mix(h, static_cast<uint64_t>(in.ref.dtype));
       mix(h, in.ref.sizes.size());
       // A value made inside the region has sizes that follow from the region's
       // inputs: only the inputs' sizes (bucketed) are part of the key.
-      if (it == local.end())
+      if (!made)
         for (auto b : size_buckets(in.ref)) mix(h, b);
       for (auto s : in.ref.strides) mix(h, s == 0 ? 0 : s == 1 ? 1 : 2);
       mix(h, in.written);
     }
     for (const auto& a : n.args) mix_ivalue(h, a);
     for (size_t j = 0; j < n.outputs.size(); ++j) {
-      local.emplace(n.outputs[j].storage.get(), static_cast<int>(local.size()));
+      local.get_or(n.outputs[j].storage.get(), static_cast<int>(local.size()));
       mix(h, static_cast<uint64_t>(n.outputs[j].dtype));
       mix(h, static_cast<uint64_t>(r.materialize[p][j]));
     }

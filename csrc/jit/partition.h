@@ -2,10 +2,10 @@
 #pragma once
 
 #include <cstdint>
-#include <unordered_set>
 #include <vector>
 
 #include "executors/executor.h"
+#include "lazy/storage_map.h"
 
 namespace tpu_eager {
 namespace jit {
@@ -18,7 +18,7 @@ namespace jit {
 // run alone; a region holds at most kMaxRegionOps ops. Outputs in `observed`
 // (lazy/queue.h observed_after_flush) are materialized.
 std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live,
-                              const std::unordered_set<const DeferredStorage*>& observed);
+                              const StorageSet& observed);
 
 // Structural key of a region: ops, argument structure (which value feeds
 // which argument), dtypes, the region inputs' sizes bucketed (dynamic_shapes.h), non-tensor

@@ -181,18 +181,19 @@ std::exception_ptr flush_all(FlushReason reason) {
   return error;
 }
 
-std::unordered_set<const DeferredStorage*> observed_after_flush(const std::vector<Node>& g) {
-  std::unordered_map<const DeferredStorage*, int64_t> uses;  // counted as touch() counts them
+StorageSet observed_after_flush(const std::vector<Node>& g) {
+  StorageMap<int64_t> uses(2 * g.size());  // counted as touch() counts them
   for (const auto& n : g) {
     for (const auto& in : n.inputs) uses[in.ref.storage.get()]++;
     for (const auto& out : n.outputs) uses[out.storage.get()]++;
   }
-  std::unordered_set<const DeferredStorage*> observed;
+  StorageSet observed(uses.size());
   std::lock_guard<std::mutex> lock(Q().mu);
   // external_alive first: a tensor that dies after recording a use of its
   // storage did so after that node's enqueue, which pending_uses then shows.
-  for (const auto& [s, k] : uses)
+  uses.for_each([&](const DeferredStorage* s, int64_t k) {
     if (s->external_alive.load(std::memory_order_acquire) || s->pending_uses > k) observed.insert(s);
+  });
   return observed;
 }
 

@@ -16,6 +16,7 @@
 #include <c10/util/SmallVector.h>
 
 #include "lazy/deferred_storage.h"
+#include "lazy/storage_map.h"
 
 namespace tpu_eager {
 
@@ -149,7 +150,7 @@ bool storage_has_pending(const DeferredStorage* s);
 // after it: a tensor still holds the storage, or a node recorded since (by
 // another thread, while this flush runs) uses it. Any other value the flush
 // computes is dead and need not be materialized.
-std::unordered_set<const DeferredStorage*> observed_after_flush(const std::vector<Node>& g);
+StorageSet observed_after_flush(const std::vector<Node>& g);
 // Runs `fn` under the queue lock when no queued node uses `s` (then nothing
 // can be enqueued meanwhile); returns whether it ran.
 bool run_if_idle(const DeferredStorage* s, c10::function_ref<void()> fn);

@@ -1,0 +1,107 @@
+// Maps and sets keyed by DeferredStorage pointers for the passes of one flush
+// (liveness, partition, structural keys, flush-local memory).
+//
+// Open addressing with linear probing in two flat arrays: an insert does not
+// allocate, unlike std::unordered_map's one node per entry. Those allocations
+// and frees were about half of partition()'s time and a third of a small
+// flush's (perf, a 16-op chain on 4x4 tensors: 19 us per flush).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "lazy/deferred_storage.h"
+
+namespace tpu_eager {
+
+template <typename V>
+class StorageMap {
+ public:
+  // Room for `expected` entries before the first growth.
+  explicit StorageMap(size_t expected = 8) { rehash(capacity_for(expected)); }
+
+  // The value of `s`, or nullptr when absent.
+  V* find(const DeferredStorage* s) {
+    for (size_t i = slot(s);; i = (i + 1) & mask_) {
+      if (keys_[i] == s) return &values_[i];
+      if (keys_[i] == nullptr) return nullptr;
+    }
+  }
+  const V* find(const DeferredStorage* s) const { return const_cast<StorageMap*>(this)->find(s); }
+  bool contains(const DeferredStorage* s) const { return find(s) != nullptr; }
+
+  // The value of `s`, inserted as `init` when absent.
+  V& get_or(const DeferredStorage* s, const V& init) {
+    if (2 * (size_ + 1) > keys_.size()) rehash(2 * keys_.size());
+    size_t i = slot(s);
+    for (; keys_[i] != nullptr; i = (i + 1) & mask_)
+      if (keys_[i] == s) return values_[i];
+    keys_[i] = s;
+    values_[i] = init;
+    ++size_;
+    return values_[i];
+  }
+  V& operator[](const DeferredStorage* s) { return get_or(s, V{}); }
+
+  size_t size() const { return size_; }
+
+  // Calls f(storage, value) for every entry, in no particular order.
+  template <typename F>
+  void for_each(F&& f) const {
+    for (size_t i = 0; i < keys_.size(); ++i)
+      if (keys_[i] != nullptr) f(keys_[i], values_[i]);
+  }
+
+ private:
+  static size_t capacity_for(size_t expected) {
+    size_t c = 16;
+    while (c < 2 * expected) c *= 2;
+    return c;
+  }
+  // Storages are heap objects at least 16 bytes apart: drop the low bits,
+  // then spread with a multiplicative (Fibonacci) hash.
+  size_t slot(const DeferredStorage* s) const {
+    const uint64_t h = (reinterpret_cast<uintptr_t>(s) >> 4) * 0x9E3779B97F4A7C15ULL;
+    return static_cast<size_t>(h >> 32) & mask_;
+  }
+  void rehash(size_t capacity) {
+    std::vector<const DeferredStorage*> keys(capacity, nullptr);
+    std::vector<V> values(capacity);
+    keys.swap(keys_);
+    values.swap(values_);
+    mask_ = capacity - 1;
+    size_ = 0;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] != nullptr) get_or(keys[i], values[i]);
+  }
+
+  std::vector<const DeferredStorage*> keys_;
+  std::vector<V> values_;
+  size_t size_ = 0;
+  size_t mask_ = 0;
+};
+
+// A set of storages: a StorageMap whose values are unused.
+class StorageSet {
+ public:
+  explicit StorageSet(size_t expected = 8) : map_(expected) {}
+  // True when `s` was not yet in the set.
+  bool insert(const DeferredStorage* s) {
+    const size_t before = map_.size();
+    map_.get_or(s, 1);
+    return map_.size() != before;
+  }
+  bool contains(const DeferredStorage* s) const { return map_.contains(s); }
+  size_t count(const DeferredStorage* s) const { return contains(s) ? 1 : 0; }
+  size_t size() const { return map_.size(); }
+  template <typename F>
+  void for_each(F&& f) const {
+    map_.for_each([&](const DeferredStorage* s, char) { f(s); });
+  }
+
+ private:
+  StorageMap<char> map_;
+};
+
+}  // namespace tpu_eager
