@@ -16,7 +16,6 @@
 #include <string_view>
 #include <utility>
 #include <unordered_map>
-#include <unordered_set>
 #include <cmath>
 #include <cstdint>
 
@@ -166,7 +165,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
     return cap == "AVX2" || cap == "AVX512";  // at DEFAULT CPU's softmax is lane by lane with libm
   }();
   const Dims* shape = nullptr;
-  std::unordered_map<const DeferredStorage*, Operand> reg_of;  // loop value -> register or output
+  StorageMap<Operand> reg_of(2 * ps.size());  // loop value -> register or output
   // External buffers read: storage, period (Program::period) and whether a bool mask.
   struct External {
     const DeferredStorage* storage;
@@ -185,8 +184,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
     size_t last = 0;
     bool made = false, kept = false;
   };
-  std::unordered_map<const DeferredStorage*, Written> written_by;
-  written_by.reserve(2 * ps.size());
+  StorageMap<Written> written_by(2 * ps.size());
   for (size_t k = 0; k < ps.size(); ++k) {
     const Node& n = graph[region.nodes[ps[k]]];
     for (size_t j = 0; j < n.outputs.size(); ++j) {
@@ -199,8 +197,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       if (in.written) written_by[in.ref.storage.get()].last = k;
   }
   auto is_made = [&](const DeferredStorage* s) {
-    auto it = written_by.find(s);
-    return it != written_by.end() && it->second.made;
+    const Written* w = written_by.find(s);
+    return w && w->made;
   };
 
   // A float tensor operand, or (`mask`) a bool one read as 0 / 1. One with
@@ -209,9 +207,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
   auto tensor_operand = [&](const TensorRef& r, Operand* op, bool mask = false) -> bool {
     if (r.dtype != (mask ? at::kBool : at::kFloat) || r.conj || r.neg) return false;
     DeferredStorage* s = r.storage.get();
-    auto it = reg_of.find(s);
-    if (r.sizes.empty() && it == reg_of.end() && !mask) {  // a 0-dim device tensor: a runtime constant
-      if (written_by.count(s)) return false;               // ... unless the loop writes it
+    const Operand* it = reg_of.find(s);
+    if (r.sizes.empty() && !it && !mask) {  // a 0-dim device tensor: a runtime constant
+      if (written_by.contains(s)) return false;            // ... unless the loop writes it
       op->kind = Operand::kConst;
       op->value = static_cast<const float*>(mem.storage_for(s).data())[r.offset];
       return true;
@@ -220,11 +218,11 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
     int64_t period = 0;
     if (r.sizes != *shape) {
       period = broadcast_period(r.sizes, *shape);
-      if (period == 0 || it != reg_of.end() || written_by.count(s)) return false;
+      if (period == 0 || it || written_by.contains(s)) return false;
     }
-    if (it != reg_of.end()) {
+    if (it) {
       if (mask) return false;  // loop values are floats
-      *op = it->second;
+      *op = *it;
       return true;
     }
     int index = 0;
@@ -254,7 +252,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
   // op k: stored to the device buffer when no later op of the loop writes
   // `s` and the buffer is observable, else kept in a register.
   auto define = [&](Instr ins, DeferredStorage* s, size_t k) {
-    const Written& w = written_by.at(s);
+    const Written& w = *written_by.find(s);  // every written storage has an entry
     const bool store = w.last == k && (w.kept || !w.made);
     Operand value;
     if (store) {
@@ -296,7 +294,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
         }
         const TensorRef& r = in.ref;
         if ((in.arg != 2 && in.arg != 3) || r.dtype != at::kFloat || r.conj || r.neg || !r.is_dense() ||
-            c10::multiply_integers(r.sizes) != anchor.cols || reg_of.count(r.storage.get()))
+            c10::multiply_integers(r.sizes) != anchor.cols || reg_of.contains(r.storage.get()))
           return false;
         plan->ln_params.push_back(mem.tensor(r));
         (in.arg == 2 ? anchor.gamma : anchor.beta) = plan->ln_params.back().data_ptr<float>();
@@ -529,14 +527,14 @@ std::vector<std::vector<size_t>> independent_loops(const Region& region, const s
     for (size_t p = 0; p < count; ++p) loops[0][p] = p;
     return loops;
   }
-  std::unordered_set<const DeferredStorage*> written;  // written or made by the region
+  StorageSet written(2 * count);  // written or made by the region
   for (int i : region.nodes) {
     for (const auto& o : graph[i].outputs) written.insert(o.storage.get());
     for (const auto& in : graph[i].inputs)
       if (in.written) written.insert(in.ref.storage.get());
   }
   // Union-find over storages: each op joins the sets of the storages it touches.
-  std::unordered_map<const DeferredStorage*, size_t> id;
+  StorageMap<size_t> id(2 * count);
   std::vector<size_t> parent;
   auto find = [&](size_t x) {
     while (parent[x] != x) x = parent[x] = parent[parent[x]];
@@ -548,10 +546,11 @@ std::vector<std::vector<size_t>> independent_loops(const Region& region, const s
     size_t root = SIZE_MAX;
     auto join = [&](const TensorRef& r) {
       const DeferredStorage* s = r.storage.get();
-      if (r.sizes.empty() && !written.count(s)) return;  // a shared constant
-      auto [it, fresh] = id.emplace(s, parent.size());
-      if (fresh) parent.push_back(parent.size());
-      const size_t x = find(it->second);
+      if (r.sizes.empty() && !written.contains(s)) return;  // a shared constant
+      const size_t known = id.size();
+      const size_t set = id.get_or(s, parent.size());
+      if (id.size() != known) parent.push_back(parent.size());
+      const size_t x = find(set);
       if (root == SIZE_MAX) {
         root = x;
       } else if (x != root) {
