@@ -1,6 +1,7 @@
 // Size buckets for the structural cache key.
 #include "jit/dynamic_shapes.h"
 
+#include <atomic>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -20,6 +21,8 @@ std::mutex g_mu;
 // Keyed by DeferredStorage id (ids are never reused, so a freed storage's
 // marks can only go stale, never apply to another tensor).
 std::unordered_map<uint64_t, std::vector<Range>> g_ranges;
+// Whether g_ranges has ever had an entry: until then size_buckets takes no lock.
+std::atomic<bool> g_any_ranges{false};
 std::set<std::tuple<uint64_t, int64_t, int64_t>> g_warned;
 
 uint64_t pow2_bucket(int64_t n) {
@@ -33,6 +36,7 @@ uint64_t pow2_bucket(int64_t n) {
 
 void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper) {
   std::lock_guard<std::mutex> lock(g_mu);
+  g_any_ranges.store(true, std::memory_order_release);
   auto& v = g_ranges[storage->id];
   for (auto& r : v) {
     if (r.ndim == ndim && r.dim == dim) {
@@ -44,10 +48,10 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
   v.push_back(Range{ndim, dim, lower, upper});
 }
 
-std::vector<uint64_t> size_buckets(const TensorRef& r) {
-  std::vector<uint64_t> out;
-  out.reserve(r.sizes.size());
+SizeBuckets size_buckets(const TensorRef& r) {
+  SizeBuckets out;
   for (auto s : r.sizes) out.push_back(pow2_bucket(s));
+  if (!g_any_ranges.load(std::memory_order_acquire)) return out;
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_ranges.empty()) return out;
   auto it = g_ranges.find(r.storage->id);

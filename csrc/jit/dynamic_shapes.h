@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <c10/util/SmallVector.h>
+
 #include "lazy/queue.h"
 
 namespace tpu_eager {
@@ -22,8 +24,10 @@ namespace jit {
 // [lower, upper]. Validated by the caller (Python API).
 void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper);
 
-// The bucket of each size of `r` (its dims, in order).
-std::vector<uint64_t> size_buckets(const TensorRef& r);
+// The bucket of each size of `r` (its dims, in order). Held inline: a
+// structural key computes one per region input at every flush.
+using SizeBuckets = c10::SmallVector<uint64_t, 6>;
+SizeBuckets size_buckets(const TensorRef& r);
 
 }  // namespace jit
 }  // namespace tpu_eager

@@ -12,8 +12,25 @@ namespace {
 inline void mix(uint64_t& h, uint64_t v) { h ^= v + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2); }
 
 
+// The kind of an argument (IValue's tag, which is private; tagKind() builds a string).
+uint64_t ivalue_kind(const c10::IValue& v) {
+  if (v.isTensor()) return 1;
+  if (v.isInt()) return 2;
+  if (v.isDouble()) return 3;
+  if (v.isBool()) return 4;
+  if (v.isNone()) return 5;
+  if (v.isIntList()) return 6;
+  if (v.isTensorList()) return 7;
+  if (v.isList()) return 8;
+  if (v.isString()) return 9;
+  if (v.isDevice()) return 10;
+  if (v.isGenerator()) return 11;
+  if (v.isComplexDouble()) return 12;
+  return 16 + v.tagKind().size();
+}
+
 void mix_ivalue(uint64_t& h, const c10::IValue& v) {
-  mix(h, static_cast<uint64_t>(v.tagKind().size()));
+  mix(h, ivalue_kind(v));
   if (v.isInt()) {
     mix(h, static_cast<uint64_t>(v.toInt()));  // dims, sizes, reduction kinds: structural
   } else if (v.isBool()) {
