@@ -2,6 +2,11 @@
 run as one loop over blocks of rows, and ops whose result is materialized write it
 straight into the device buffer through their out= overload. Results are compared with
 CPU PyTorch bit for bit (the fused loop uses CPU's reduction order and vector routines)."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -191,3 +196,42 @@ def test_softmax_of_a_device_tensor_matches_cpu_exactly(shape, threads):
     expected = F.softmax(x, dim=-1)
     assert torch.equal(actual.isnan(), expected.isnan())
     assert torch.equal(actual.nan_to_num(), expected.nan_to_num())
+
+
+# Rows with one NaN at the start, middle or end, for widths around both vector sizes.
+_NAN_ROWS_CHILD = r"""
+import json, torch, torch_tpu_eager
+import torch.nn.functional as F
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+res = {"capability": torch.backends.cpu.get_cpu_capability(), "bad": []}
+for cols in [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 1023, 1024, 1025]:
+    for pos in sorted({0, cols // 2, cols - 1}):
+        x = torch.randn(3, cols, generator=g)
+        x[1, pos] = float("nan")
+        for name, fn in (("device", lambda t: F.softmax(t, -1)), ("producer", lambda t: F.softmax(t * 2, -1))):
+            expected, actual = fn(x), fn(x.to("tpu")).cpu()
+            if not torch.equal(actual.view(torch.int32), expected.view(torch.int32)):
+                res["bad"].append(f"{name} {cols}/{pos}")
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.parametrize("capability", [None, "avx2"], ids=["default", "avx2"])
+def test_softmax_nan_rows_have_cpu_bits(capability, tmp_path):
+    # A row with a NaN is NaN throughout; CPU's kernels give each lane the sum's NaN or
+    # its own, by capability and by whole or partial vector. torch.equal on the int32
+    # view compares sign and payload too. Run in a child process so that
+    # ATEN_CPU_CAPABILITY=avx2 can select AVX2 code in CPU's kernels and the row loop.
+    env = dict(os.environ)
+    if capability:
+        env["ATEN_CPU_CAPABILITY"] = capability
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", _NAN_ROWS_CHILD], env=env, cwd=str(tmp_path), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if capability:
+        assert res["capability"] == capability.upper()
+    assert res["bad"] == []
