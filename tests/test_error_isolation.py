@@ -98,3 +98,47 @@ def test_a_write_that_keeps_or_reads_the_failed_value_still_raises(write):
     write(target)
     with pytest.raises(RuntimeError, match="without overflow"):
         target.cpu()
+
+
+def _poisoned_2d(shape, memory_format=torch.contiguous_format):
+    """A poisoned int8 "tpu" tensor of `shape` in `memory_format` (see _poisoned_int8)."""
+    target = torch.zeros(shape, dtype=torch.int8).contiguous(memory_format=memory_format).to("tpu")
+    n = target.numel()
+    bad = torch.zeros(n, dtype=torch.int8, device="tpu").masked_fill(
+        torch.ones(n, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu"))
+    target.copy_(bad.view(shape))
+    with pytest.raises(RuntimeError, match="without overflow"):
+        target.cpu()
+    return target
+
+
+_LAYOUT_OVERWRITES = {
+    "transposed_zero_": ((2, 3), torch.contiguous_format, lambda t: t.T.zero_()),
+    "transposed_copy_from_host": ((2, 3), torch.contiguous_format,
+                                  lambda t: t.T.copy_(torch.arange(6, dtype=torch.int8).view(3, 2))),
+    "permuted_fill_": ((2, 3, 4), torch.contiguous_format, lambda t: t.permute(2, 0, 1).fill_(5)),
+    "channels_last_zero_": ((2, 3, 2, 2), torch.channels_last, lambda t: t.zero_()),
+    "channels_last_copy_from_host": ((2, 3, 2, 2), torch.channels_last,
+                                     lambda t: t.copy_(torch.arange(24, dtype=torch.int8).view(2, 3, 2, 2))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LAYOUT_OVERWRITES))
+def test_a_full_overwrite_in_another_layout_clears_an_earlier_failure(name):
+    # A view that covers every byte once in another order of its dims (a transpose,
+    # a permutation, channels_last) overwrites the whole storage just the same.
+    shape, memory_format, write = _LAYOUT_OVERWRITES[name]
+    target = _poisoned_2d(shape, memory_format)
+    write(target)
+    expected = torch.zeros(shape, dtype=torch.int8).contiguous(memory_format=memory_format)
+    write(expected)
+    assert torch.equal(target.cpu(), expected)
+
+
+def test_an_overlapping_view_of_the_whole_storage_does_not_clear():
+    # unfold's windows overlap: as many elements as the storage has bytes, but they do
+    # not cover it (the last byte is never written), so the error stays.
+    target = _poisoned_2d((6,))
+    target.unfold(0, 3, 1)[:2].fill_(1)  # 2 windows x 3 = 6 elements over bytes 0..3
+    with pytest.raises(RuntimeError, match="without overflow"):
+        target.cpu()

@@ -111,7 +111,19 @@ bool TensorRef::is_dense() const {
 int64_t TensorRef::nbytes() const { return numel() * static_cast<int64_t>(c10::elementSize(dtype)); }
 
 bool TensorRef::covers_storage() const {
-  return offset == 0 && is_dense() && static_cast<size_t>(nbytes()) == storage->nbytes;
+  if (offset != 0 || static_cast<size_t>(nbytes()) != storage->nbytes) return false;
+  // Dense in some order of its dims (row-major, transposed, channels_last):
+  // sorted by stride, each dim's stride is the product of the sizes before it.
+  c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size) of dims longer than 1
+  for (size_t d = 0; d < sizes.size(); ++d)
+    if (sizes[d] != 1) dims.emplace_back(strides[d], sizes[d]);
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
 }
 
 TensorRef make_ref(const at::Tensor& t) {

@@ -62,7 +62,7 @@ struct TensorRef {
   int64_t numel() const;
   int64_t nbytes() const;  // numel * itemsize
   bool is_dense() const;   // row-major contiguous strides (size-1 dims may have any stride)
-  bool covers_storage() const;  // dense from offset 0 over every byte of its storage
+  bool covers_storage() const;  // every byte of its storage once, from offset 0, in some order of its dims
 };
 TensorRef make_ref(const at::Tensor& t);
 
