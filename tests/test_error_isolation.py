@@ -142,3 +142,36 @@ def test_an_overlapping_view_of_the_whole_storage_does_not_clear():
     target.unfold(0, 3, 1)[:2].fill_(1)  # 2 windows x 3 = 6 elements over bytes 0..3
     with pytest.raises(RuntimeError, match="without overflow"):
         target.cpu()
+
+
+_GROWING_OVERWRITES = {
+    # out= that grows its tensor (the resize keeps the failed value's bytes, then the
+    # op overwrites all of them), resize_ then zero_, and an op run eagerly at the call
+    # (masked_select: data-dependent shape) writing through out=.
+    "zeros_out_grows": lambda t, dev: torch.zeros(5, dtype=torch.int8, out=t),
+    "resize_then_zero_": lambda t, dev: t.resize_(5).zero_(),
+    "masked_select_out": lambda t, dev: torch.masked_select(
+        torch.arange(5, dtype=torch.int8, device=dev), torch.ones(5, dtype=torch.bool, device=dev), out=t),
+}
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+@pytest.mark.parametrize("name", sorted(_GROWING_OVERWRITES))
+def test_an_overwrite_that_resizes_clears_an_earlier_failure(name):
+    write = _GROWING_OVERWRITES[name]
+    target = _poisoned_int8(torch.tensor([1, 2, 3], dtype=torch.int8))
+    write(target, "tpu")  # CPU's call succeeds: so must this one
+    expected = torch.tensor([1, 2, 3], dtype=torch.int8)
+    write(expected, "cpu")
+    assert torch.equal(target.cpu(), expected)
+
+
+def test_an_eager_op_reading_a_failed_value_still_raises():
+    # masked_select runs at the call; reading the poisoned tensor raises its error there.
+    target = _poisoned_int8(torch.tensor([1, 2, 3], dtype=torch.int8))
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.masked_select(target, torch.ones(3, dtype=torch.bool, device="tpu"))
+    resized = _poisoned_int8(torch.tensor([1, 2, 3], dtype=torch.int8))
+    resized.resize_(5)  # keeps the failed value's bytes
+    with pytest.raises(RuntimeError, match="without overflow"):
+        resized.cpu()

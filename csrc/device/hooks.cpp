@@ -20,13 +20,17 @@ void resize_device_storage(const c10::Storage& storage, size_t newsize) {
   // into a new host buffer. Queued nodes keep the old DeferredStorage.
   auto* old = deferred_storage_of(storage);
   if (storage_has_pending(old)) (void)flush_all(FlushReason::kStorageResize);
-  check_storage_error(old);
+  // A value a failed op left (its error) moves with the bytes kept: the resize
+  // succeeds, as on CPU, and reading the result raises unless an op first
+  // overwrites it whole (torch.zeros(5, out=t) does).
+  const std::exception_ptr error = old->error;
   c10::DataPtr fresh = device_allocator()->allocate(newsize);
   const size_t keep = std::min(newsize, old->nbytes);
   if (keep > 0) std::memcpy(fresh.get(), old->data, keep);
   auto& st = const_cast<c10::Storage&>(storage);
   st.set_data_ptr_noswap(std::move(fresh));
   st.set_nbytes(newsize);
+  if (error && keep > 0) deferred_storage_of(storage)->error = error;
 }
 
 namespace {

@@ -42,6 +42,7 @@ class HostMemory {
   // storage unless the chain pads or gathers (then it is a copy).
   at::Tensor tensor(const TensorRef& r);
   // r as a strided CPU view of the storage (CPU semantics for the eager path).
+  // Unlike tensor(), it does not raise the storage's error: the caller decides.
   at::Tensor strided(const TensorRef& r);
   // The same for an argument the op writes: always an alias of the storage,
   // or a copy registered to be scattered back by finish_writes().
