@@ -175,3 +175,57 @@ def test_an_eager_op_reading_a_failed_value_still_raises():
     resized.resize_(5)  # keeps the failed value's bytes
     with pytest.raises(RuntimeError, match="without overflow"):
         resized.cpu()
+
+
+def _poison_unseen(target):
+    """Copies a failing op's value into `target` without reading it: the error is
+    recorded on target's storage but has not reached the user yet."""
+    n = target.numel()
+    bad = torch.zeros(n, dtype=torch.int8, device="tpu").masked_fill(
+        torch.ones(n, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu"))
+    target.copy_(bad.view(target.shape))
+
+
+def test_an_error_nobody_saw_is_not_lost_to_an_overwrite():
+    # On CPU the failing copy_ raises at its call. Deferred, the error must still reach
+    # the user: an overwrite recorded before any read does not swallow it. Once the
+    # user has seen it, the same overwrite makes the tensor valid.
+    target = torch.tensor([1, 2, 3], dtype=torch.int8).to("tpu")
+    _poison_unseen(target)
+    target.zero_()
+    with pytest.raises(RuntimeError, match="without overflow"):
+        target.cpu()
+    target.zero_()
+    assert torch.equal(target.cpu(), torch.zeros(3, dtype=torch.int8))
+
+
+def test_an_unseen_error_is_not_lost_to_a_host_copy_over_it():
+    target = torch.tensor([1, 2, 3], dtype=torch.int8).to("tpu")
+    _poison_unseen(target)
+    target.copy_(torch.tensor([4, 5, 6], dtype=torch.int8))  # queued behind the failing copy
+    with pytest.raises(RuntimeError, match="without overflow"):
+        target.cpu()
+    target.copy_(torch.tensor([4, 5, 6], dtype=torch.int8))  # written now: the error was seen
+    assert torch.equal(target.cpu(), torch.tensor([4, 5, 6], dtype=torch.int8))
+
+
+def test_a_host_copy_that_fails_does_not_clear_the_error():
+    # Spyre keeps int64 as int32: a value past int32 makes the host-to-device copy
+    # raise at its call, after which the tensor must still hold the earlier failure,
+    # not the rejected values.
+    previous = torch_tpu_eager.get_target()
+    torch_tpu_eager.set_target("spyre")
+    try:
+        target = torch.tensor([1, 2, 3], device="tpu")
+        n = target.numel()
+        bad = torch.zeros(n, dtype=torch.int8, device="tpu").masked_fill(
+            torch.ones(n, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu"))
+        target.copy_(bad)
+        with pytest.raises(RuntimeError, match="without overflow"):
+            target.tolist()
+        with pytest.raises(OverflowError):
+            target.copy_(torch.tensor([2**40, 5, 6]))
+        with pytest.raises(RuntimeError, match="without overflow"):
+            target.tolist()
+    finally:
+        torch_tpu_eager.set_target(previous)

@@ -24,13 +24,18 @@ void resize_device_storage(const c10::Storage& storage, size_t newsize) {
   // succeeds, as on CPU, and reading the result raises unless an op first
   // overwrites it whole (torch.zeros(5, out=t) does).
   const std::exception_ptr error = old->error;
+  const bool seen = old->error_seen;
   c10::DataPtr fresh = device_allocator()->allocate(newsize);
   const size_t keep = std::min(newsize, old->nbytes);
   if (keep > 0) std::memcpy(fresh.get(), old->data, keep);
   auto& st = const_cast<c10::Storage&>(storage);
   st.set_data_ptr_noswap(std::move(fresh));
   st.set_nbytes(newsize);
-  if (error && keep > 0) deferred_storage_of(storage)->error = error;
+  if (error && keep > 0) {
+    DeferredStorage* now = deferred_storage_of(storage);
+    now->set_error(error);
+    now->error_seen = seen;
+  }
 }
 
 namespace {

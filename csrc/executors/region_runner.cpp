@@ -179,10 +179,11 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       if (produced.count(s) || mem.is_temp(s) || (in.written && !reads_written_value(n, in))) continue;
       traffic(in.ref, reads, stats.bytes_read);
     }
-    // A storage this op overwrites whole loses an earlier op's error (if this
-    // op fails, the caller marks it with the new one).
+    // A storage this op overwrites whole loses an earlier op's error once the
+    // user has seen it (if this op fails, the caller marks it with the new one).
     for (const auto& in : n.inputs)
-      if (in.ref.storage->error && overwrites_storage(n, in)) in.ref.storage->error = nullptr;
+      if (in.ref.storage->error && in.ref.storage->error_seen && overwrites_storage(n, in))
+        in.ref.storage->set_error(nullptr);
     torch::jit::Stack stack = build_stack(n, mem);  // re-raises an input's earlier error as is
     std::vector<at::Tensor> results;
     const c10::OperatorHandle* out_op = nullptr;
@@ -235,9 +236,9 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       run_one(p, n);
     } catch (...) {
       const std::exception_ptr err = std::current_exception();
-      for (const auto& out : n.outputs) out.storage->error = err;
+      for (const auto& out : n.outputs) out.storage->set_error(err);
       for (const auto& in : n.inputs)
-        if (in.written) in.ref.storage->error = err;
+        if (in.written) in.ref.storage->set_error(err);
       if (!first_error) {
         first_error = err;
         stats.failed_at = static_cast<int>(p);

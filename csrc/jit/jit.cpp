@@ -101,9 +101,9 @@ void trace_region(const CompiledRegion& c, const std::vector<Node>& g, const Reg
 void poison(const std::vector<Node>& g, const Region& r, int from, const std::exception_ptr& err) {
   for (size_t p = static_cast<size_t>(std::max(from, 0)); p < r.nodes.size(); ++p) {
     const Node& n = g[r.nodes[p]];
-    for (const auto& out : n.outputs) out.storage->error = err;
+    for (const auto& out : n.outputs) out.storage->set_error(err);
     for (const auto& in : n.inputs)
-      if (in.written) in.ref.storage->error = err;
+      if (in.written) in.ref.storage->set_error(err);
   }
 }
 

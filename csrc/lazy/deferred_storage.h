@@ -35,6 +35,15 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   // Set when a flush failed to compute this storage's value; reading it
   // re-raises that error (same exception, naming the op and Python line).
   std::exception_ptr error;
+  // Whether `error` has reached the user (raise_storage_error: a host read, or
+  // a call on this tensor). Only then may an op that overwrites the storage
+  // whole clear it; an error nobody saw still raises at the next read, as
+  // CPU's failing call would have raised.
+  bool error_seen = false;
+  void set_error(std::exception_ptr e) {
+    error = std::move(e);
+    error_seen = false;
+  }
   // Set while CPU tensors share `data` copy-on-write (zero-copy t.cpu(),
   // device/host_share.h): a write to this storage first calls unshare_for_write.
   std::atomic<HostShare*> host_share{nullptr};

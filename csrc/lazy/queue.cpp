@@ -225,6 +225,12 @@ void check_storage_error(const DeferredStorage* s) {
   if (s->error) std::rethrow_exception(s->error);
 }
 
+void raise_storage_error(DeferredStorage* s) {
+  if (!s->error) return;
+  s->error_seen = true;
+  std::rethrow_exception(s->error);
+}
+
 Metrics metrics_snapshot() {
   std::lock_guard<std::mutex> lock(Q().mu);
   return Q().metrics;

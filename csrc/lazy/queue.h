@@ -160,6 +160,9 @@ void count_eager_op(bool fallback);
 void count_disk_cache(int64_t hits, int64_t misses, int64_t writes);
 // Raises the recorded error of a storage whose value a failed flush could not compute.
 void check_storage_error(const DeferredStorage* s);
+// The same where the error reaches the user (a host read, a call on the
+// tensor): marks it seen (DeferredStorage::error_seen).
+void raise_storage_error(DeferredStorage* s);
 
 Metrics metrics_snapshot();
 void reset_metrics();

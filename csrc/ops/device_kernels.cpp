@@ -71,7 +71,7 @@ at::Tensor host_view(const at::Tensor& t) {
 void make_current(const at::Tensor& t, FlushReason reason) {
   auto* s = deferred_storage_of(t);
   if (storage_has_pending(s)) (void)flush_all(reason);  // errors of other ops stay with their tensors
-  check_storage_error(s);
+  raise_storage_error(s);
 }
 
 // Device to device: recorded as aten::copy_ (broadcast and dtype conversion
@@ -100,11 +100,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     auto* s = deferred_storage_of(dst);
     if (!storage_has_pending(s)) {
       // Host to device, nothing queued on the destination: write it now. A
-      // copy over the whole storage replaces a failed op's value (its error).
-      if (make_ref(dst).covers_storage())
-        s->error = nullptr;
-      else
-        check_storage_error(s);
+      // copy over the whole storage replaces a failed op's value once the
+      // user has seen its error, and only if the copy succeeds.
+      const bool covers = make_ref(dst).covers_storage();
+      if (!covers || !s->error_seen) raise_storage_error(s);
       unshare_for_write(s);
       at::Tensor v = host_view(dst);
       v.copy_(self);
@@ -112,6 +111,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
         spyre::round_in_place(v);
         spyre::check_int32(v, "copy to the Spyre device");
       }
+      if (covers) s->set_error(nullptr);
       return dst;
     }
     // Queued ops still use the destination: stage the source in a fresh

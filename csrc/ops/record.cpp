@@ -827,13 +827,14 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   // CPU views over the device buffers: one CPU storage per device storage.
   host::HostMemory mem(/*resizable=*/true);  // CPU kernels may grow out= arguments
   torch::jit::Stack cpu(stack->begin() + first, stack->end());
-  // An out= argument is written, not read: a value a failed op left in it
-  // does not stop the call (it is cleared below if the op overwrites it whole).
+  // An out= argument is written, not read: a value a failed op left in it,
+  // once the user has seen its error, does not stop the call (it is cleared
+  // below if the op overwrites it whole).
   auto is_out = [&](int arg) { return schema.arguments()[arg].is_out(); };
   for_each_tensor(cpu, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
     if (!is_tpu(t)) return;
     TensorRef r = make_ref(t);
-    if (!is_out(arg)) check_storage_error(r.storage.get());
+    if (!is_out(arg) || !r.storage->error_seen) raise_storage_error(r.storage.get());
     at::Tensor v = mem.strided(r);
     host::set_tensor_slot(cpu[arg], elem, v);
   });
@@ -905,7 +906,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   }
   // out= arguments now hold the op's value, in their final geometry.
   for_each_tensor(*stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
-    if (is_tpu(t) && is_out(arg) && make_ref(t).covers_storage()) deferred_storage_of(t)->error = nullptr;
+    if (is_tpu(t) && is_out(arg) && make_ref(t).covers_storage()) deferred_storage_of(t)->set_error(nullptr);
   });
   torch::jit::drop(*stack, nargs);
   for (auto& r : results) stack->push_back(std::move(r));
