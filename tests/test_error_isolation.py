@@ -229,3 +229,14 @@ def test_a_host_copy_that_fails_does_not_clear_the_error():
             target.tolist()
     finally:
         torch_tpu_eager.set_target(previous)
+
+
+def test_an_error_raised_by_synchronize_counts_as_seen():
+    # synchronize() raises the flush's first error: the user has seen it, so a whole
+    # overwrite of the tensor holding it makes that tensor valid at once.
+    target = torch.tensor([1, 2, 3], dtype=torch.int8).to("tpu")
+    _poison_unseen(target)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.tpu.synchronize()
+    target.zero_()
+    assert torch.equal(target.cpu(), torch.zeros(3, dtype=torch.int8))

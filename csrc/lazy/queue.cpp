@@ -163,11 +163,12 @@ void enqueue(Node&& node, int64_t fresh_bytes) {
     }
   }
   if (reason == FlushReason::kCount) return;
-  std::exception_ptr error = flush_all(reason);
-  if (error && eager_mode() == EagerMode::kDeferNeverAndLaunchBlocking) std::rethrow_exception(error);
+  const bool blocking = eager_mode() == EagerMode::kDeferNeverAndLaunchBlocking;
+  std::exception_ptr error = flush_all(reason, blocking);
+  if (error && blocking) std::rethrow_exception(error);
 }
 
-std::exception_ptr flush_all(FlushReason reason) {
+std::exception_ptr flush_all(FlushReason reason, bool reported) {
   auto& q = Q();
   std::lock_guard<std::recursive_mutex> flush_lock(q.flush_mu);
   std::vector<Node> nodes;
@@ -181,6 +182,14 @@ std::exception_ptr flush_all(FlushReason reason) {
   }
   Metrics delta;
   std::exception_ptr error = jit::run_graph(nodes, delta);
+  if (error && reported) {
+    for (const auto& n : nodes) {
+      for (const auto& out : n.outputs)
+        if (out.storage->error == error) out.storage->error_seen = true;
+      for (const auto& in : n.inputs)
+        if (in.written && in.ref.storage->error == error) in.ref.storage->error_seen = true;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(q.mu);
     for (auto& n : nodes) touch(n, -1);

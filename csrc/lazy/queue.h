@@ -142,8 +142,9 @@ void enqueue(Node&& node, int64_t fresh_bytes);
 // it) should have written are marked with its error, which reading them
 // raises (check_storage_error); every other tensor stays valid. Returns the
 // first error of the flush, for callers that report it (synchronize,
-// DEFER_NEVER_AND_LAUNCH_BLOCKING).
-std::exception_ptr flush_all(FlushReason reason);
+// DEFER_NEVER_AND_LAUNCH_BLOCKING): with `reported`, the caller raises it, so
+// the storages that hold it count as having shown it (error_seen).
+std::exception_ptr flush_all(FlushReason reason, bool reported = false);
 // True when queued nodes still read or write `s` (its host buffer may be stale).
 bool storage_has_pending(const DeferredStorage* s);
 // Storages used by `g` (the nodes of one flush) whose value can be observed

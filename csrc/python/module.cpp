@@ -307,7 +307,7 @@ PYBIND11_MODULE(_C, m) {
         std::exception_ptr err;
         {
           py::gil_scoped_release no_gil;
-          err = flush_all(static_cast<FlushReason>(reason));
+          err = flush_all(static_cast<FlushReason>(reason), raise_error);
         }
         if (err && raise_error) std::rethrow_exception(err);
       },
