@@ -30,7 +30,7 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
 c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
   auto it = map_.find(s);
   if (it != map_.end() && !it->second.temp) return it->second.storage;
-  c10::Storage st = transient_.count(s)
+  c10::Storage st = transient_.contains(s)
                         ? at::empty({static_cast<int64_t>(s->nbytes)}, at::TensorOptions().dtype(at::kByte)).storage()
                         : wrap_device_buffer(s, resizable_);
   map_[s] = Entry{st, false};

@@ -236,9 +236,7 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       run_one(p, n);
     } catch (...) {
       const std::exception_ptr err = std::current_exception();
-      for (const auto& out : n.outputs) out.storage->set_error(err);
-      for (const auto& in : n.inputs)
-        if (in.written) in.ref.storage->set_error(err);
+      for_each_written_storage(n, [&](DeferredStorage* s) { s->set_error(err); });
       if (!first_error) {
         first_error = err;
         stats.failed_at = static_cast<int>(p);

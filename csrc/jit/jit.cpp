@@ -46,8 +46,7 @@ std::vector<char> live_nodes(const std::vector<Node>& g, const StorageSet& obser
   for (size_t i = g.size(); i-- > 0;) {
     const Node& n = g[i];
     bool l = false;
-    for (const auto& out : n.outputs) l = l || needed.count(out.storage.get());
-    for (const auto& in : n.inputs) l = l || (in.written && needed.count(in.ref.storage.get()));
+    for_each_written_storage(n, [&](const DeferredStorage* s) { l = l || needed.contains(s); });
     if (!l) continue;
     live[i] = 1;
     for (const auto& in : n.inputs) needed.insert(in.ref.storage.get());
@@ -100,10 +99,7 @@ void trace_region(const CompiledRegion& c, const std::vector<Node>& g, const Reg
 // written (ops before it completed).
 void poison(const std::vector<Node>& g, const Region& r, int from, const std::exception_ptr& err) {
   for (size_t p = static_cast<size_t>(std::max(from, 0)); p < r.nodes.size(); ++p) {
-    const Node& n = g[r.nodes[p]];
-    for (const auto& out : n.outputs) out.storage->set_error(err);
-    for (const auto& in : n.inputs)
-      if (in.written) in.ref.storage->set_error(err);
+    for_each_written_storage(g[r.nodes[p]], [&](DeferredStorage* s) { s->set_error(err); });
   }
 }
 

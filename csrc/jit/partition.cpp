@@ -150,7 +150,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
   for (auto& r : regions)
     for (size_t p = 0; p < r.nodes.size(); ++p)
       for (size_t j = 0; j < g[r.nodes[p]].outputs.size(); ++j)
-        if (observed.count(g[r.nodes[p]].outputs[j].storage.get()))
+        if (observed.contains(g[r.nodes[p]].outputs[j].storage.get()))
           r.materialize[p][j] = 1;
   return regions;
 }

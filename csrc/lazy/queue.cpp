@@ -183,12 +183,10 @@ std::exception_ptr flush_all(FlushReason reason, bool reported) {
   Metrics delta;
   std::exception_ptr error = jit::run_graph(nodes, delta);
   if (error && reported) {
-    for (const auto& n : nodes) {
-      for (const auto& out : n.outputs)
-        if (out.storage->error == error) out.storage->error_seen = true;
-      for (const auto& in : n.inputs)
-        if (in.written && in.ref.storage->error == error) in.ref.storage->error_seen = true;
-    }
+    for (const auto& n : nodes)
+      for_each_written_storage(n, [&](DeferredStorage* s) {
+        if (s->error == error) s->error_seen = true;
+      });
   }
   {
     std::lock_guard<std::mutex> lock(q.mu);

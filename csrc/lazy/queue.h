@@ -103,6 +103,15 @@ struct Node {
   uint64_t seq = 0;                 // program order
 };
 
+// Calls f(storage) for each storage node `n` writes: its fresh outputs, then
+// its written arguments (in place, out=).
+template <typename F>
+void for_each_written_storage(const Node& n, F&& f) {
+  for (const auto& out : n.outputs) f(out.storage.get());
+  for (const auto& in : n.inputs)
+    if (in.written) f(in.ref.storage.get());
+}
+
 // Counters reported by torch_tpu_eager.metrics().
 struct Metrics {
   int64_t ops_recorded = 0;

@@ -93,7 +93,6 @@ class StorageSet {
     return map_.size() != before;
   }
   bool contains(const DeferredStorage* s) const { return map_.contains(s); }
-  size_t count(const DeferredStorage* s) const { return contains(s) ? 1 : 0; }
   size_t size() const { return map_.size(); }
   template <typename F>
   void for_each(F&& f) const {
