@@ -231,6 +231,27 @@ def test_a_host_copy_that_fails_does_not_clear_the_error():
         torch_tpu_eager.set_target(previous)
 
 
+@pytest.mark.parametrize("source", [torch.tensor([2**40, 5, 6]), torch.tensor([5.0, 6.0, 1e12], dtype=torch.float64)],
+                         ids=["int64", "float64"])
+def test_a_rejected_host_copy_leaves_a_clean_destination_unchanged(source):
+    # Spyre keeps int64 as int32, so a value past int32 makes the host-to-device copy
+    # raise at its call; as for any bad input, the destination keeps its values.
+    previous = torch_tpu_eager.get_target()
+    torch_tpu_eager.set_target("spyre")
+    try:
+        target = torch.tensor([1, 2, 3], device="tpu")
+        with pytest.raises(OverflowError, match="int32"):
+            target.copy_(source)
+        assert target.tolist() == [1, 2, 3]
+        with pytest.raises(OverflowError, match="int32"):
+            target[1:].copy_(torch.stack([source.max(), source.min()]))  # through a view, the bad value first
+        assert target.tolist() == [1, 2, 3]
+        target.copy_(source.clamp(max=9))  # a valid copy still lands
+        assert target.tolist() == source.clamp(max=9).to(torch.int64).tolist()
+    finally:
+        torch_tpu_eager.set_target(previous)
+
+
 def test_an_error_raised_by_synchronize_counts_as_seen():
     # synchronize() raises the flush's first error: the user has seen it, so a whole
     # overwrite of the tensor holding it makes that tensor valid at once.

@@ -104,13 +104,17 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       // user has seen its error, and only if the copy succeeds.
       const bool covers = make_ref(dst).covers_storage();
       if (!covers || !s->error_seen) raise_storage_error(s);
+      // Spyre holds int64 as int32: the values are checked before any is
+      // written, so a rejected copy leaves the destination as it was.
+      at::Tensor src = self;
+      if (spyre::active() && dst.scalar_type() == c10::kLong) {
+        src = self.to(c10::kLong);
+        spyre::check_int32(src, "copy to the Spyre device");
+      }
       unshare_for_write(s);
       at::Tensor v = host_view(dst);
-      v.copy_(self);
-      if (spyre::active()) {  // Spyre stores 16-bit floats as df16 and int64 as int32
-        spyre::round_in_place(v);
-        spyre::check_int32(v, "copy to the Spyre device");
-      }
+      v.copy_(src);
+      if (spyre::active()) spyre::round_in_place(v);  // Spyre stores 16-bit floats as df16
       if (covers) s->set_error(nullptr);
       return dst;
     }
