@@ -231,23 +231,29 @@ def test_a_host_copy_that_fails_does_not_clear_the_error():
         torch_tpu_eager.set_target(previous)
 
 
-@pytest.mark.parametrize("source", [torch.tensor([2**40, 5, 6]), torch.tensor([5.0, 6.0, 1e12], dtype=torch.float64)],
-                         ids=["int64", "float64"])
-def test_a_rejected_host_copy_leaves_a_clean_destination_unchanged(source):
+@pytest.mark.parametrize("queued", [False, True], ids=["idle", "queued"])
+@pytest.mark.parametrize("dtype,bad", [(torch.int64, 2**40), (torch.float64, 1e12), (torch.float32, 3e9),
+                                       (torch.uint32, 2**32 - 1)], ids=["int64", "float64", "float32", "uint32"])
+def test_a_rejected_host_copy_leaves_the_destination_unchanged(dtype, bad, queued):
     # Spyre keeps int64 as int32, so a value past int32 makes the host-to-device copy
-    # raise at its call; as for any bad input, the destination keeps its values.
+    # raise at its call; as for any bad input, the destination keeps its values, also
+    # when ops on it are still queued (the copy is then staged and recorded).
     previous = torch_tpu_eager.get_target()
     torch_tpu_eager.set_target("spyre")
     try:
         target = torch.tensor([1, 2, 3], device="tpu")
+        if queued:
+            target.add_(1)
+        else:
+            torch.tpu.synchronize()
+        expected = [2, 3, 4] if queued else [1, 2, 3]
         with pytest.raises(OverflowError, match="int32"):
-            target.copy_(source)
-        assert target.tolist() == [1, 2, 3]
+            target.copy_(torch.tensor([5, 6, bad]).to(dtype))
         with pytest.raises(OverflowError, match="int32"):
-            target[1:].copy_(torch.stack([source.max(), source.min()]))  # through a view, the bad value first
-        assert target.tolist() == [1, 2, 3]
-        target.copy_(source.clamp(max=9))  # a valid copy still lands
-        assert target.tolist() == source.clamp(max=9).to(torch.int64).tolist()
+            target[1:].copy_(torch.tensor([bad, 6]).to(dtype))  # through a view, the bad value first
+        assert target.tolist() == expected
+        target.copy_(torch.tensor([5, 6, 9]).to(dtype))  # a valid copy still lands
+        assert target.tolist() == [5, 6, 9]
     finally:
         torch_tpu_eager.set_target(previous)
 

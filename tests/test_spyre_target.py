@@ -135,6 +135,26 @@ def test_int64_copy_to_device_outside_int32_raises(spyre_target):
         torch.tensor([2**40]).to("tpu")
 
 
+@pytest.mark.parametrize("queued", [False, True], ids=["idle", "queued"])
+@pytest.mark.parametrize("source,dtype", [
+    (torch.tensor([2**40 + 5, 7]), torch.int32),  # CPU wraps: no int32 check of a value never held as int64
+    (torch.tensor([2**40 + 5, 7]), torch.float32),
+    (torch.tensor([60000.0, 1.0009765625], dtype=torch.float16), torch.int64),  # no df16 rounding of the source
+    (torch.tensor([60000.0, 1.0009765625], dtype=torch.float16), torch.float32),
+], ids=["int64-to-int32", "int64-to-float32", "float16-to-int64", "float16-to-float32"])
+def test_host_copy_converts_as_cpu_whether_or_not_the_destination_is_queued(spyre_target, source, dtype, queued):
+    # Spyre's storage rules (int64 as int32, 16-bit floats as df16) apply to the
+    # destination's dtype, not to the source's: a copy converts as CPU's copy_ does.
+    expected = torch.zeros(2, dtype=dtype).copy_(source)
+    dst = torch.zeros(2, dtype=dtype, device="tpu")
+    if queued:
+        dst.mul_(1)  # still queued when the copy arrives: it is staged and recorded
+    else:
+        torch.tpu.synchronize()  # nothing queued: the copy writes the device buffer now
+    dst.copy_(source)
+    assert torch.equal(dst.cpu(), expected)
+
+
 def test_int64_is_unchecked_on_the_tpu_target():
     tte = _tte()
     assert tte.get_target().startswith("tpu")

@@ -119,8 +119,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       return dst;
     }
     // Queued ops still use the destination: stage the source in a fresh
-    // device tensor (written now) and record a device-to-device copy.
-    return record_copy(dst, self.to(dst.device()), false);
+    // device tensor (written now) and record a device-to-device copy. The
+    // source is converted to the destination's dtype on the host first, as
+    // the write above converts it: the staged values then pass the target's
+    // storage checks exactly when the destination's would (on Spyre: the
+    // int32 check, df16 rounding), and a rejected copy raises here, before
+    // anything is recorded.
+    return record_copy(dst, self.to(dst.scalar_type()).to(dst.device()), false);
   }
   if (is_tpu(self) && !is_tpu(dst)) {
     TORCH_CHECK(dst.device().is_cpu(), "copy from tpu to ", dst.device(), " is not supported");
