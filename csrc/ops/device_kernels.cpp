@@ -98,19 +98,18 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (!is_tpu(self) && is_tpu(dst)) {
     TORCH_CHECK(self.device().is_cpu(), "copy from ", self.device(), " to tpu is not supported");
     auto* s = deferred_storage_of(dst);
+    // The source in the destination's dtype, converted on the host as copy_
+    // converts: the target's storage rules (on Spyre, int64 held as int32 and
+    // 16-bit floats as df16) then apply to the values the destination will
+    // hold, and a rejected copy raises before anything is written or recorded.
+    const at::Tensor src = self.to(dst.scalar_type());
     if (!storage_has_pending(s)) {
       // Host to device, nothing queued on the destination: write it now. A
       // copy over the whole storage replaces a failed op's value once the
       // user has seen its error, and only if the copy succeeds.
       const bool covers = make_ref(dst).covers_storage();
       if (!covers || !s->error_seen) raise_storage_error(s);
-      // Spyre holds int64 as int32: the values are checked before any is
-      // written, so a rejected copy leaves the destination as it was.
-      at::Tensor src = self;
-      if (spyre::active() && dst.scalar_type() == c10::kLong) {
-        src = self.to(c10::kLong);
-        spyre::check_int32(src, "copy to the Spyre device");
-      }
+      if (spyre::active()) spyre::check_int32(src, "copy to the Spyre device");
       unshare_for_write(s);
       at::Tensor v = host_view(dst);
       v.copy_(src);
@@ -119,13 +118,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       return dst;
     }
     // Queued ops still use the destination: stage the source in a fresh
-    // device tensor (written now) and record a device-to-device copy. The
-    // source is converted to the destination's dtype on the host first, as
-    // the write above converts it: the staged values then pass the target's
-    // storage checks exactly when the destination's would (on Spyre: the
-    // int32 check, df16 rounding), and a rejected copy raises here, before
-    // anything is recorded.
-    return record_copy(dst, self.to(dst.scalar_type()).to(dst.device()), false);
+    // device tensor (written now, through the branch above) and record a
+    // device-to-device copy.
+    return record_copy(dst, src.to(dst.device()), false);
   }
   if (is_tpu(self) && !is_tpu(dst)) {
     TORCH_CHECK(dst.device().is_cpu(), "copy from tpu to ", dst.device(), " is not supported");
