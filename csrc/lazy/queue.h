@@ -149,7 +149,7 @@ void enqueue(Node&& node, int64_t fresh_bytes);
 // Flushes every pending op of the device; a no-op on an empty queue. An op
 // that fails does not stop the flush: the storages it (and ops depending on
 // it) should have written are marked with its error, which reading them
-// raises (check_storage_error); every other tensor stays valid. Returns the
+// raises (raise_storage_error); every other tensor stays valid. Returns the
 // first error of the flush, for callers that report it (synchronize,
 // DEFER_NEVER_AND_LAUNCH_BLOCKING): with `reported`, the caller raises it, so
 // the storages that hold it count as having shown it (error_seen).
