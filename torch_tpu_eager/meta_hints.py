@@ -9,7 +9,15 @@ where CPU's kernels keep channels_last, and FFT/histc/eig checks follow CUDA's
 rules. While the record kernel runs a meta kernel (``_C._in_device_meta_inference()``,
 set per thread in csrc/ops/memory_format.h), meta tensors answer ``"cpu"``.
 Meta tensors used directly by the program keep PyTorch's answer.
+
+Many of those meta kernels (every elementwise reference of ``torch._refs``) are
+wrapped in ``torch._disable_dynamo``, whose first call imports ``torch._dynamo``
+(about 0.8 s). CPU never runs them, so an eager program on "tpu" would pay that
+import on its first op. :func:`defer_dynamo_import` postpones it until Dynamo is
+imported for a real reason.
 """
+import sys
+
 import torch
 import torch._meta_registrations as _meta_registrations
 
@@ -17,6 +25,13 @@ from . import _C
 
 
 def install():
+    """Installs both adjustments: :func:`answer_cpu_for_device_hint` and
+    :func:`defer_dynamo_import`."""
+    answer_cpu_for_device_hint()
+    defer_dynamo_import()
+
+
+def answer_cpu_for_device_hint():
     """Wraps ``device_hint`` once. Looked up as a module global by the meta
     kernels (and imported at call time by torch._refs), so the wrapper applies
     to every call after this one."""
@@ -33,3 +48,62 @@ def install():
     device_hint._tpu_eager_wrapped = True
     device_hint.__doc__ = original.__doc__
     _meta_registrations.device_hint = device_hint
+
+
+def _lazily_disabled(fn):
+    """What ``torch._disable_dynamo``'s wrapper calls instead of ``torch._dynamo.disable(fn)``.
+
+    Disabling Dynamo only matters while Dynamo traces, which needs ``torch._dynamo``
+    imported; until then ``fn`` runs as is. Once Dynamo is imported, the real
+    disabled function is built and cached where the wrapper looks for it.
+    """
+
+    def call(*args, **kwargs):
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is None or not hasattr(dynamo, "disable"):
+            return fn(*args, **kwargs)
+        disabled = dynamo.disable(fn, True, wrapping=False)
+        fn.__dynamo_disable = disabled
+        return disabled(*args, **kwargs)
+
+    return call
+
+
+def defer_dynamo_import():
+    """Keeps the meta kernels from importing ``torch._dynamo`` at the first "tpu" op.
+
+    ``torch._disable_dynamo(fn)`` returns a wrapper that imports Dynamo on its first
+    call and caches ``torch._dynamo.disable(fn)`` as ``fn.__dynamo_disable``. For each
+    such wrapper reachable from PyTorch's meta kernels (the ``meta`` decomposition
+    table, following ``__wrapped__`` and closures), the cache is pre-filled with
+    :func:`_lazily_disabled`. Takes about 20 ms. Returns the number of functions
+    adjusted (0 if torch's wrapper changed shape, which tests/test_startup.py reports).
+    """
+    from torch._decomp import global_decomposition_table
+
+    wrapper_code = torch._disable_dynamo(lambda: None).__code__
+    if "fn" not in wrapper_code.co_freevars:
+        return 0
+    fn_cell = wrapper_code.co_freevars.index("fn")
+    seen = set()
+    adjusted = 0
+    stack = [f for table in global_decomposition_table.values() for f in table.values()]
+    while stack:
+        f = stack.pop()
+        if id(f) in seen or not callable(f):
+            continue
+        seen.add(id(f))
+        if getattr(f, "__code__", None) is wrapper_code:
+            fn = f.__closure__[fn_cell].cell_contents
+            if getattr(fn, "__dynamo_disable", None) is None:
+                fn.__dynamo_disable = _lazily_disabled(fn)
+                adjusted += 1
+        wrapped = getattr(f, "__wrapped__", None)
+        if wrapped is not None:
+            stack.append(wrapped)
+        for cell in getattr(f, "__closure__", None) or ():
+            try:
+                stack.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                pass
+    return adjusted
