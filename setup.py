@@ -41,7 +41,7 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch==2.13.0", "numpy"],
     extras_require={
-        "examples": ["scikit-learn"],
+        "examples": ["scikit-learn", "matplotlib"],
         "test": ["pytest", "hypothesis", "expecttest", "scikit-learn"],
     },
     ext_modules=[

@@ -1,9 +1,9 @@
-"""Roofline of the simulated TPU targets: square matmuls of growing size and a training step.
+"""Roofline of the simulated targets (every TPU chip and Spyre): square matmuls of growing size and a training step.
 
 For every target, prints the simulated time of square matmuls (bf16, and float32 at
 matmul precision "highest" = 6 bf16 MXU passes and "medium" = 1 pass) and the fraction
-of the chip's bf16 peak they reach; then one training step (forward, loss, backward,
-Adam) of the 64-128-64-10 MLP of train_digits.py on synthetic data. Times come from
+of the chip's 16-bit peak they reach (TPU: the bf16 MXU peak; Spyre: the df16 PE-array
+peak); then one training step (forward, loss, backward, Adam) of the 64-128-64-10 MLP of train_digits.py on synthetic data. Times come from
 the simulator's cost model (torch_tpu_eager.profile), not from the host clock.
 
     python examples/roofline.py                  # every target, n = 128 .. 2048
@@ -76,14 +76,39 @@ def mlp_step_point(seed=0):
     return measure(step)
 
 
+def roofline_of(info):
+    """(peak FLOP/s of 16-bit matmuls, memory bandwidth in bytes/s, one-line description).
+
+    TPU: the chip's bf16 peak and HBM bandwidth. Spyre: 2 FLOP per MAC at the
+    datasheet rate per core (matmul_peak_mac_per_ns_per_core) times the cores, and
+    the LPDDR5 aggregate peak (dram_bandwidth_spec); both from targets/spyre.json.
+    """
+    if info["kind"] == "spyre":
+        peak = 2 * info["matmul_peak_mac_per_ns_per_core"] * 1e9 * info["cores"]
+        bw = info["dram_bandwidth_spec"]
+        return peak, bw, (f"{peak / 1e12:.0f} TFLOP/s df16, {bw / 1e9:.0f} GB/s LPDDR5, "
+                          f"{info['cores']} cores x {info['corelets_per_core']} corelets of "
+                          f"{info['pe_array_rows']}x{info['pe_array_cols']} PEs, ridge {peak / bw:.0f} FLOP/byte")
+    peak, bw = info["peak_bf16_flops"], info["hbm_bandwidth"]
+    return peak, bw, (f"{peak / 1e12:.0f} TFLOP/s bf16, {bw / 1e9:.0f} GB/s HBM, "
+                      f"{info['tensor_cores']} TensorCore(s) x {info['mxus_per_core']} MXUs of "
+                      f"{info['mxu_size']}x{info['mxu_size']}, ridge {peak / bw:.0f} FLOP/byte")
+
+
+def launch_note(info, kernels):
+    """The step's launch overhead where the chip data has one (TPU's launch_s; Spyre's
+    cost model has no per-kernel launch term)."""
+    if "launch_s" not in info:
+        return ""
+    return f", launch cost {kernels * info['launch_s'] * 1e6:.0f} us"
+
+
 def run_target(name, sizes):
     """Prints the table of one target; returns its points for the plot."""
     tte.set_target(name)
     info = tte.target_info()
-    peak, bw = info["peak_bf16_flops"], info["hbm_bandwidth"]
-    print(f"\n{name}: {peak / 1e12:.0f} TFLOP/s bf16, {bw / 1e9:.0f} GB/s HBM, "
-          f"{info['tensor_cores']} TensorCore(s) x {info['mxus_per_core']} MXUs of "
-          f"{info['mxu_size']}x{info['mxu_size']}, ridge {peak / bw:.0f} FLOP/byte")
+    peak, bw, description = roofline_of(info)
+    print(f"\n{name}: {description}")
     print(f"  {'matmul':<12} {'n':>5} {'sim us':>10} {'TFLOP/s':>9} {'% of peak':>9}  bound")
     points = []
     for label, dtype, precision in MATMUL_KINDS:
@@ -96,7 +121,7 @@ def run_target(name, sizes):
     mem_bound = sum(k["memory_s"] > k["compute_s"] for k in ks)
     print(f"  digits MLP training step (batch {BATCH}): {len(ks)} kernels, {t * 1e6:.2f} us, "
           f"{flops / 1e6:.2f} MFLOP, {100 * flops / t / peak:.3f}% of peak, "
-          f"{mem_bound}/{len(ks)} kernels memory-bound, launch cost {len(ks) * info['launch_s'] * 1e6:.0f} us")
+          f"{mem_bound}/{len(ks)} kernels memory-bound" + launch_note(info, len(ks)))
     points.append(("MLP step", flops / hbm, flops / t))
     return {"peak": peak, "bw": bw, "points": points}
 
@@ -127,7 +152,7 @@ def plot(results, path):
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per HBM byte, padding included)")
     ax.set_ylabel("achieved FLOP/s (simulated)")
-    ax.set_title("Simulated TPU roofline: square matmuls and a digits-MLP training step")
+    ax.set_title("Simulated roofline: square matmuls and a digits-MLP training step")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
