@@ -1,7 +1,7 @@
 """Build torch_tpu_eager._C from csrc/ with torch.utils.cpp_extension (ninja).
 
 Debug info is off by default (it roughly doubles compile time on 2 cores);
-set TORCH_TPU_DEBUG=1 to build with -g -O0.
+set TORCH_TPU_DEBUG_BUILD=1 to build with -g -O0.
 """
 import glob
 import os
@@ -10,7 +10,7 @@ from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-DEBUG = os.environ.get("TORCH_TPU_DEBUG", "0") == "1"
+DEBUG = os.environ.get("TORCH_TPU_DEBUG_BUILD", "0") == "1"
 
 sources = sorted(
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True)

@@ -31,9 +31,10 @@ pytest.importorskip(
     "expecttest", reason="torch.testing._internal (the OpInfo database) needs `pip install expecttest`")
 
 from difftest import requires_tpu  # noqa: E402
+from torch_tpu_eager import env as tpu_env  # noqa: E402
 from torch_tpu_eager.testing import coverage, load_op_db, op_key, sweep_op  # noqa: E402
 
-FULL = os.environ.get("TORCH_TPU_FULL_OPS", "") not in ("", "0")
+FULL = tpu_env.get("TORCH_TPU_FULL_OPS")
 
 # OpInfo samples deliberately hit deprecated and edge-case paths; their UserWarnings
 # (emitted identically on CPU and tpu) would drown the summary.

@@ -17,6 +17,8 @@ import torch
 from . import _C
 from ._registration import install as _install
 
+_C._env_validate()  # a malformed TORCH_TPU_* variable fails here, naming itself (python -m torch_tpu_eager.env)
+
 _C._set_cache_runtime_tag(torch.__version__)  # part of the on-disk cache's version stamp
 
 _install()

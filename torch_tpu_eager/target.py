@@ -13,7 +13,6 @@ import os
 from . import _C
 
 ENV_VAR = "TORCH_TPU_TARGET"
-DEFAULT_TARGET = "tpu-v5e"
 _DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets")
 
 # Parameters a "tpu" data file must give (see targets/tpu-v5e.json).
@@ -164,7 +163,7 @@ def get_target() -> str:
 
 
 def _init_from_env() -> None:
-    name = os.environ.get(ENV_VAR) or DEFAULT_TARGET
+    name = _C._env_string(ENV_VAR)  # the knob registry's parse and default (torch_tpu_eager.env)
     try:
         set_target(name)
     except (ValueError, NotImplementedError) as e:

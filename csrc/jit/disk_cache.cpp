@@ -1,4 +1,5 @@
 // On-disk cache files: stamp, lazy load, checked records, locked appends.
+#include "device/env.h"
 #include "jit/disk_cache.h"
 
 #include <dlfcn.h>
@@ -289,10 +290,10 @@ bool enabled() {
   if (m >= 0) return m == 1;
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.mode.load(std::memory_order_relaxed) < 0) {
-    const char* v = std::getenv("TORCH_TPU_CACHE_DIR");
-    std::string err = (v && *v) ? open_dir_locked(v) : "off";
+    const auto v = env::raw("TORCH_TPU_CACHE_DIR");
+    std::string err = v ? open_dir_locked(*v) : "off";
     if (!err.empty() && err != "off")
-      warn_once(kWarnUnusable, "TORCH_TPU_CACHE_DIR=" + std::string(v) + " is not usable (" + err +
+      warn_once(kWarnUnusable, "TORCH_TPU_CACHE_DIR=" + *v + " is not usable (" + err +
                                    "); compiled regions and meta results stay in memory only");
     s.mode.store(err.empty() ? 1 : 0, std::memory_order_release);
   }

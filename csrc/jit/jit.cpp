@@ -1,5 +1,6 @@
 // JIT v1: dead-code elimination, partition into fused regions, structural
 // cache, execution through the active executor.
+#include "device/env.h"
 #include "jit/jit.h"
 
 #include <algorithm>
@@ -176,10 +177,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
       std::lock_guard<std::mutex> lock(g_cache_mu);
       g_cache.emplace(key, compiled);
     }
-    static const bool log_regions = [] {
-      const char* v = std::getenv("TORCH_TPU_LOG_REGIONS");
-      return v && std::string(v) == "1";
-    }();
+    static const bool log_regions = env::get_bool("TORCH_TPU_LOG_REGIONS");
     if (log_regions) std::fprintf(stderr, "[tpu] region %s (%zu ops)\n", compiled->name.c_str(), r.nodes.size());
     RegionStats st;
     bool failed = false;

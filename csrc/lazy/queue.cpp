@@ -9,22 +9,17 @@
 #include <exception>
 
 #include "device/device.h"
+#include "device/env.h"
 #include "device/host_share.h"
 #include "jit/jit.h"
 
 namespace tpu_eager {
 namespace {
 
-// Defaults: 4096 pending ops bounds record-to-flush latency and the graph the
-// JIT analyses; 1 GiB of pending fresh outputs bounds host memory held by
-// values nobody has read yet (DESIGN §4). Both can be changed at run time.
-constexpr int64_t kDefaultMaxOps = 4096;
-constexpr int64_t kDefaultMaxBytes = int64_t(1) << 30;
-
-int64_t env_int(const char* name, int64_t dflt) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? std::atoll(v) : dflt;
-}
+// Defaults (device/env.cpp): 4096 pending ops bounds record-to-flush latency
+// and the graph the JIT analyses; 1 GiB of pending fresh outputs bounds host
+// memory held by values nobody has read yet (DESIGN §4). Both can be changed at
+// run time.
 
 struct DeviceQueue {
   std::mutex mu;                   // guards everything below but flush_mu
@@ -33,12 +28,9 @@ struct DeviceQueue {
   int64_t pending_bytes = 0;
   uint64_t next_seq = 0;
   Metrics metrics;
-  int64_t max_ops = env_int("TORCH_TPU_MAX_PENDING_OPS", kDefaultMaxOps);
-  int64_t max_bytes = env_int("TORCH_TPU_MAX_PENDING_BYTES", kDefaultMaxBytes);
-  EagerMode mode = [] {
-    const char* v = std::getenv("TORCH_TPU_DEFER_AND_FUSE");
-    return (v && std::string(v) == "0") ? EagerMode::kDeferNever : EagerMode::kDeferAndFuse;
-  }();
+  int64_t max_ops = env::get_int("TORCH_TPU_MAX_PENDING_OPS");
+  int64_t max_bytes = env::get_int("TORCH_TPU_MAX_PENDING_BYTES");
+  EagerMode mode = env::get_bool("TORCH_TPU_DEFER_AND_FUSE") ? EagerMode::kDeferAndFuse : EagerMode::kDeferNever;
   std::atomic<LocationHook> location{nullptr};
   std::atomic<LocationFormatter> formatter{nullptr};
 };

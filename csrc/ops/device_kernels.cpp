@@ -16,6 +16,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include "device/env.h"
 #include "device/device.h"
 #include "device/host_share.h"
 #include "executors/host_runtime.h"
@@ -371,10 +372,7 @@ std::optional<torch::CppFunction> unboxed_record_kernel(const OpEntry& e) {
   return std::nullopt;
 }
 
-bool fallback_enabled() {
-  const char* v = std::getenv("TORCH_TPU_CPU_FALLBACK");
-  return v && std::string(v) == "1";
-}
+bool fallback_enabled() { return env::get_bool("TORCH_TPU_CPU_FALLBACK"); }
 
 void cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const auto& name = op.schema().operator_name();

@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
+#include "device/env.h"
 #include "device/block_cache.h"
 #include "device/device.h"
 #include "device/host_share.h"
@@ -312,6 +313,17 @@ PYBIND11_MODULE(_C, m) {
         if (err && raise_error) std::rethrow_exception(err);
       },
       py::arg("reason"), py::arg("raise_error") = true);
+  m.def("_env_knobs", [] {
+    static const char* kTypes[] = {"bool", "int", "string", "path"};
+    py::list out;
+    for (const env::Knob& k : env::knobs())
+      out.append(py::make_tuple(k.name, kTypes[static_cast<int>(k.type)], k.default_value, k.where, k.doc));
+    return out;
+  }, "Every environment knob: (name, type, default, where it is read, doc).");
+  m.def("_env_validate", &env::validate_all, "Raises ValueError naming the first malformed knob that is set.");
+  m.def("_env_bool", [](const std::string& n) { return env::get_bool(n.c_str()); });
+  m.def("_env_int", [](const std::string& n) { return env::get_int(n.c_str()); });
+  m.def("_env_string", [](const std::string& n) { return env::get_string(n.c_str()); });
   m.def("_metrics", &metrics_dict);
   m.def("_reset_metrics", [] {
     reset_metrics();

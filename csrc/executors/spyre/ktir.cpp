@@ -1,4 +1,5 @@
 // KTIR-like tile programs (see ktir.h for the format).
+#include "device/env.h"
 #include "executors/spyre/ktir.h"
 
 #include <algorithm>
@@ -117,13 +118,11 @@ void ktir_begin_flush() {
 }
 
 void ktir_record(const std::string& name, std::string text) {
-  if (const char* dir = std::getenv("TORCH_TPU_DUMP_DIR")) {
-    if (*dir) {
-      char num[32];
-      std::snprintf(num, sizeof num, "%06lld", static_cast<long long>(g_dumped.fetch_add(1)));
-      std::ofstream f(std::string(dir) + "/region_" + num + "_" + name + ".ktir");
-      f << text;
-    }
+  if (const auto dir = env::raw("TORCH_TPU_DUMP_DIR")) {
+    char num[32];
+    std::snprintf(num, sizeof num, "%06lld", static_cast<long long>(g_dumped.fetch_add(1)));
+    std::ofstream f(*dir + "/region_" + num + "_" + name + ".ktir");
+    f << text;
   }
   std::lock_guard<std::mutex> lock(g_mu);
   last().push_back(std::move(text));
