@@ -15,6 +15,11 @@ earlier process). Each figure is the median of --repeats processes. Every
 process checks its step against CPU PyTorch.
 
     python benchmarks/cold_start.py [--repeats 7] [--program train|infer] [--cpu-first]
+
+``--program first-op`` instead times whole processes, interleaved: the line
+``import torch, torch_tpu_eager; (torch.ones(3, device='tpu') + 1).cpu()`` against
+``import torch; (torch.ones(3) + 1).cpu()``, and prints the medians and their ratio
+(the start-up target is 1.15x; docs/performance.md).
 """
 import argparse
 import json
@@ -97,15 +102,46 @@ def run_child(cache_dir, cpu_first=False, program="train"):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+FIRST_OP = {
+    "cpu": "import torch; (torch.ones(3) + 1).cpu()",
+    "tpu": "import torch, torch_tpu_eager; (torch.ones(3, device='tpu') + 1).cpu()",
+}
+
+
+def first_op(repeats):
+    """Wall seconds of a whole ``python -c`` process per line of FIRST_OP, interleaved;
+    prints the median of each and the median of the per-repeat ratios tpu / cpu."""
+    import time
+
+    samples = {name: [] for name in FIRST_OP}
+    for r in range(repeats + 1):  # the first round warms the page cache and is dropped
+        for name in (list(FIRST_OP) if r % 2 else list(FIRST_OP)[::-1]):
+            t0 = time.perf_counter()
+            # CPU's line must not autoload the extension through torch's backend entry point.
+            env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0") if name == "cpu" else None
+            subprocess.run([sys.executable, "-c", FIRST_OP[name]], check=True, env=env)
+            if r:
+                samples[name].append(time.perf_counter() - t0)
+    ratios = [t / c for t, c in zip(samples["tpu"], samples["cpu"])]
+    for name, line in FIRST_OP.items():
+        print(f"{name}  {1e3 * statistics.median(samples[name]):8.1f} ms  python -c \"{line}\"")
+    print(f"tpu / cpu: {statistics.median(ratios):.3f} (median of {repeats} interleaved pairs)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--program", choices=("train", "infer"), default="train",
-                    help="train: one SGD step; infer: the forward pass and loss only (no torch.optim import)")
+    ap.add_argument("--repeats", type=int, default=2 if os.environ.get("TORCH_TPU_QUICK") == "1" else 7,
+                    help="processes per figure (default 7; 2 with TORCH_TPU_QUICK=1)")
+    ap.add_argument("--program", choices=("train", "infer", "first-op"), default="train",
+                    help="train: one SGD step; infer: the forward pass and loss only (no torch.optim import); "
+                         "first-op: whole processes running one op, against CPU")
     ap.add_argument("--cpu-first", action="store_true",
                     help="run the CPU reference step before the timed one, so the flush is not billed for "
                          "the first use of PyTorch's CPU kernels (oneDNN/MKL/OpenMP start-up)")
     args = ap.parse_args()
+    if args.program == "first-op":
+        first_op(args.repeats)
+        return
     tmp = tempfile.mkdtemp(prefix="tpu_cold_start_")
     try:
         warm_dir = os.path.join(tmp, "warm")

@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # find _timing however
 from _timing import clock, interleave, paired_ratio, summary  # noqa: E402
 
 import torch_tpu_eager  # noqa: E402  (registers the "tpu" device and torch.tpu)
+from torch_tpu_eager import env as tpu_env  # noqa: E402
 
 TPU = "tpu"
 SEED = 0
@@ -710,7 +711,7 @@ def format_checks(report):
 def run(argv=None):
     """Runs every benchmark; returns (report, machine info, config, parsed arguments)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few repeats and small sizes (smoke test)")
+    parser.add_argument("--quick", action="store_true", default=tpu_env.get("TORCH_TPU_QUICK"), help="few repeats and small sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="also write the results, with every sample, here")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per figure (default 15; 3 with --quick)")
     parser.add_argument("--threads", type=int, default=0,

@@ -3,6 +3,16 @@
 import math
 
 
+def quick_default():
+    """Whether --quick is on by default: the TORCH_TPU_QUICK knob (python -m torch_tpu_eager.env),
+    which the docs-command test sets so every documented command runs its short form."""
+    try:
+        from torch_tpu_eager import env
+    except ImportError:  # a CPU-only run before the extension is built
+        return False
+    return env.get("TORCH_TPU_QUICK")
+
+
 def require_device(device, package, import_error):
     """Fail with a clear message when ``device`` needs torch_tpu_eager and it did not import.
 

@@ -25,6 +25,7 @@ import torch
 
 import torch_tpu_eager as tte
 
+from _common import quick_default
 from train_digits import load_data, make_model
 
 BATCH = 64
@@ -113,7 +114,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="step_time.png", help="PNG to write (default step_time.png)")
     parser.add_argument("--target", default=None, help="simulated target (default: the active one)")
-    parser.add_argument("--steps", type=int, default=12, help="training steps (default 12)")
+    parser.add_argument("--steps", type=int, default=4 if quick_default() else 12,
+                        help="training steps (default 12; 4 with TORCH_TPU_QUICK=1)")
     args = parser.parse_args(argv)
     if args.target:
         tte.set_target(args.target)

@@ -17,6 +17,7 @@ import sys
 import torch
 
 import torch_tpu_eager as tte
+from _common import quick_default
 
 SIZES = [128, 256, 512, 1024, 2048]
 QUICK_SIZES = [128, 256, 512]
@@ -163,7 +164,7 @@ def plot(results, path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="two targets and n <= 512")
+    parser.add_argument("--quick", action="store_true", default=quick_default(), help="two targets and n <= 512")
     parser.add_argument("--targets", nargs="*", help="targets to run (default: all)")
     parser.add_argument("--plot", metavar="PNG", help="save a roofline plot (needs matplotlib)")
     args = parser.parse_args(argv)

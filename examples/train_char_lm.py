@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # find _common however
 from _common import (  # noqa: E402
     device_metrics,
     print_fusion_metrics,
+    quick_default,
     rel_diff,
     require_device,
     reset_device_metrics,
@@ -241,7 +242,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="tpu", help='device to test against CPU (default "tpu")')
     parser.add_argument("--steps", type=int, default=None, help=f"training steps (default {FULL_STEPS})")
-    parser.add_argument("--quick", action="store_true",
+    parser.add_argument("--quick", action="store_true", default=quick_default(),
                         help=f"{QUICK_STEPS} steps and a smaller required loss drop (for tests)")
     args = parser.parse_args(argv)
     steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else FULL_STEPS)

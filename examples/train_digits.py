@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # find _common however
 from _common import (  # noqa: E402
     device_metrics,
     print_fusion_metrics,
+    quick_default,
     rel_diff,
     require_device,
     reset_device_metrics,
@@ -119,7 +120,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="tpu", help='device to test against CPU (default "tpu")')
     parser.add_argument("--epochs", type=int, default=None, help=f"epochs (default {FULL_EPOCHS})")
-    parser.add_argument("--quick", action="store_true",
+    parser.add_argument("--quick", action="store_true", default=quick_default(),
                         help=f"{QUICK_EPOCHS} epochs and a relaxed accuracy bar (for tests)")
     args = parser.parse_args(argv)
     epochs = args.epochs if args.epochs is not None else (QUICK_EPOCHS if args.quick else FULL_EPOCHS)

@@ -494,6 +494,10 @@ def _cli_args(m: dict) -> str:
     return " ".join(parts)
 
 
+# OpInfos swept when TORCH_TPU_QUICK=1 and --ops is not given (2 samples each).
+QUICK_OPS = ("add", "mul", "sum", "softmax", "matmul", "index_select", "where", "cumsum")
+
+
 def main(argv: Optional[list] = None) -> int:
     """Command-line entry point; returns the exit status (0 ok, 2 bad arguments/target)."""
     p = argparse.ArgumentParser(prog="python -m torch_tpu_eager.coverage", description=__doc__.split("\n\n")[0])
@@ -510,6 +514,9 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--json", default=None, help="JSON report path")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = p.parse_args(argv)
+    if torch_tpu_eager._C._env_bool("TORCH_TPU_QUICK"):  # the short form the docs-command test runs
+        args.ops = args.ops or ",".join(QUICK_OPS)
+        args.max_samples = args.max_samples or 2
 
     # A crash in a kernel should name the op being swept rather than die silently.
     faulthandler.enable(file=sys.stderr)
