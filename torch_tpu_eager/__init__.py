@@ -28,7 +28,8 @@ from . import meta_hints as _meta_hints  # noqa: E402
 _meta_hints.install()  # Python meta kernels answer for CPU, whose kernels produce the results
 
 from .device import EagerMode, get_eager_mode, set_eager_mode, synchronize  # noqa: E402
-from .metrics import metrics, op_table, reset_metrics, set_queue_limits, queue_limits  # noqa: E402
+from .metrics import debug_summary, metrics, metrics_report, op_table, reset_metrics  # noqa: E402
+from .metrics import queue_limits, set_queue_limits  # noqa: E402
 from .dynamic import mark_dynamic  # noqa: E402
 from .disk_cache import cache_dir, set_cache_dir  # noqa: E402
 from . import spyre  # noqa: E402,F401  (df16 codec: torch_tpu_eager.spyre)
@@ -39,12 +40,20 @@ from . import target as _target  # noqa: E402
 
 _target._init_from_env()
 
+if _C._debug_level() >= 1:  # TORCH_TPU_DEBUG: the summary at exit
+    import atexit as _atexit
+    import sys as _sys
+
+    _atexit.register(lambda: print(debug_summary(), file=_sys.stderr))
+
 __all__ = [
     "EagerMode",
     "get_eager_mode",
     "set_eager_mode",
     "synchronize",
     "metrics",
+    "metrics_report",
+    "debug_summary",
     "reset_metrics",
     "set_queue_limits",
     "queue_limits",

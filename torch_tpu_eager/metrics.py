@@ -31,8 +31,63 @@ def metrics() -> dict:
 
 
 def reset_metrics() -> None:
-    """Zeroes every counter of :func:`metrics`."""
+    """Zeroes every counter of :func:`metrics` and the timers of :func:`metrics_report`."""
     _C._reset_metrics()
+    _C._reset_debug_report()
+
+
+def _percentile(sorted_values, q):
+    """The q-quantile (0..1) of a non-empty sorted list, by linear interpolation."""
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _format_value(value):
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def metrics_report() -> str:
+    """A text report of the device's counters and timers, like torch_xla's ``metrics_report()``.
+
+    Counters are those of :func:`metrics` (flush causes included), then one per ATen
+    op that ran through the CPU fallback (``cpu_fallback.<overload>``). Timers: ``flush`` (host time of each flush, all of
+    its regions), ``compile`` (host time compiling regions, per flush that compiled),
+    each with its count, total and the 50th/90th/99th percentiles of a uniform sample
+    of at most 4096 durations, in milliseconds. Does not flush.
+    """
+    lines = ["Counters:"]
+    for name, value in metrics().items():
+        if isinstance(value, dict):
+            for key, n in value.items():
+                if n:
+                    lines.append(f"  {name}.{key}: {_format_value(n)}")
+        else:
+            lines.append(f"  {name}: {_format_value(value)}")
+    for name, n in _C._op_counts():
+        lines.append(f"  {name}: {n}")
+    lines.append("Timers (ms):")
+    for name, (count, total_s, samples) in sorted(_C._timers().items()):
+        s = sorted(samples)
+        pct = ", ".join(f"p{int(q * 100)} {1e3 * _percentile(s, q):.3f}" for q in (0.5, 0.9, 0.99)) if s else ""
+        lines.append(f"  {name}: count {count}, total {1e3 * total_s:.3f}, {pct}")
+    return "\n".join(lines)
+
+
+def debug_summary(top: int = 5) -> str:
+    """What ``TORCH_TPU_DEBUG=1`` prints at exit: flushes per cause, compiles, and the
+    ``top`` Python lines that triggered the most flushes."""
+    m = metrics()
+    causes = ", ".join(f"{k} {v}" for k, v in m["flush_reasons"].items() if v) or "none"
+    lines = [f"[tpu debug] summary: {m['flushes']} flushes ({causes}); {m['compiles']} regions compiled, "
+             f"{m['cache_hits']} cache hits, {m['regions_run']} regions run, {m['ops_recorded']} ops recorded"]
+    by_line = sorted(_C._flushes_by_line(), key=lambda kv: -kv[1])[:top]
+    for line, n in by_line:
+        lines.append(f"[tpu debug]   {n:6d} flushes triggered at {line}")
+    return "\n".join(lines)
 
 
 def set_queue_limits(max_ops: int = 4096, max_bytes: int = 1 << 30) -> None:

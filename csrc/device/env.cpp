@@ -22,6 +22,9 @@ const std::vector<Knob>& knobs() {
        "queue length that triggers a flush (torch_tpu_eager.set_queue_limits)"},
       {"TORCH_TPU_MAX_PENDING_BYTES", KnobType::kInt, "1G", "runtime",
        "bytes of pending fresh outputs that trigger a flush (torch_tpu_eager.set_queue_limits)"},
+      {"TORCH_TPU_DEBUG", KnobType::kInt, "0", "runtime",
+       "1: one stderr line per flush (cause, ops, regions, compiles, cache hits, the Python line that triggered "
+       "it) and a summary at exit; 2: also each region as it runs"},
       {"TORCH_TPU_LOG_REGIONS", KnobType::kBool, "0", "runtime", "1: print each fused region to stderr as it runs"},
       {"TORCH_TPU_CACHE_DIR", KnobType::kPath, "", "runtime",
        "directory that keeps compiled regions and meta results across processes (torch_tpu_eager.set_cache_dir)"},

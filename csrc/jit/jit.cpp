@@ -1,6 +1,7 @@
 // JIT v1: dead-code elimination, partition into fused regions, structural
 // cache, execution through the active executor.
 #include "device/env.h"
+#include "lazy/debug_report.h"
 #include "jit/jit.h"
 
 #include <algorithm>
@@ -170,15 +171,21 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
       if (!compiled) {
         auto t0 = std::chrono::steady_clock::now();
         compiled = compile(key, g, r);
-        m.compile_time_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        m.compile_time_s += seconds;
+        if (debug::level() >= 1)
+          std::fprintf(stderr, "[tpu debug] compile: region %s (%zu ops), %.3f ms\n", compiled->name.c_str(),
+                       r.nodes.size(), seconds * 1e3);
         m.compiles++;
         if (!disk_key.empty() && store_region(disk_key, *compiled)) m.disk_cache_writes++;
       }
       std::lock_guard<std::mutex> lock(g_cache_mu);
       g_cache.emplace(key, compiled);
     }
-    static const bool log_regions = env::get_bool("TORCH_TPU_LOG_REGIONS");
-    if (log_regions) std::fprintf(stderr, "[tpu] region %s (%zu ops)\n", compiled->name.c_str(), r.nodes.size());
+    static const bool log_regions = env::get_bool("TORCH_TPU_LOG_REGIONS") || debug::level() >= 2;
+    if (log_regions)
+      std::fprintf(stderr, "[tpu] region %s (%zu ops, key %016llx, %s)\n", compiled->name.c_str(), r.nodes.size(),
+                   static_cast<unsigned long long>(key), cache_hit ? "cache hit" : "compiled or loaded");
     RegionStats st;
     bool failed = false;
     try {

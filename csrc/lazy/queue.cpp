@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 
 #include <cstdlib>
 #include <unordered_map>
@@ -10,6 +11,7 @@
 
 #include "device/device.h"
 #include "device/env.h"
+#include "lazy/debug_report.h"
 #include "device/host_share.h"
 #include "jit/jit.h"
 
@@ -173,7 +175,10 @@ std::exception_ptr flush_all(FlushReason reason, bool reported) {
     q.pending_bytes = 0;
   }
   Metrics delta;
+  const auto start = std::chrono::steady_clock::now();
   std::exception_ptr error = jit::run_graph(nodes, delta);
+  debug::on_flush(reason, nodes.size(), delta,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), current_location());
   if (error && reported) {
     for (const auto& n : nodes)
       for_each_written_storage(n, [&](DeferredStorage* s) {

@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include "device/env.h"
+#include "lazy/debug_report.h"
 #include "device/device.h"
 #include "device/host_share.h"
 #include "executors/host_runtime.h"
@@ -388,6 +389,7 @@ void cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
       TORCH_WARN("The operator '", full, "' has no tpu kernel; it runs on the host CPU (TORCH_TPU_CPU_FALLBACK=1). ",
                  "Each call flushes the queue.");
   }
+  debug::count_op("cpu_fallback", full);
   bool random = false;
   for (const auto& a : op.schema().arguments()) random = random || a.type()->str().find("Generator") != std::string::npos;
   run_eager(op, stack, random, /*fallback=*/true);

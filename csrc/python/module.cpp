@@ -8,6 +8,7 @@
 #include <torch/extension.h>
 
 #include "device/env.h"
+#include "lazy/debug_report.h"
 #include "device/block_cache.h"
 #include "device/device.h"
 #include "device/host_share.h"
@@ -320,6 +321,16 @@ PYBIND11_MODULE(_C, m) {
       out.append(py::make_tuple(k.name, kTypes[static_cast<int>(k.type)], k.default_value, k.where, k.doc));
     return out;
   }, "Every environment knob: (name, type, default, where it is read, doc).");
+  m.def("_debug_level", &debug::level);
+  m.def("_timers", [] {
+    py::dict out;
+    for (const auto& [name, t] : debug::timers())
+      out[py::str(name)] = py::make_tuple(t.count, t.total_s, t.samples);
+    return out;
+  }, "Timers of metrics_report(): name -> (count, total seconds, a sample of durations in seconds).");
+  m.def("_flushes_by_line", &debug::flushes_by_line, "Flushes per triggering Python 'file:line'.");
+  m.def("_reset_debug_report", &debug::reset);
+  m.def("_op_counts", &debug::op_counts, "Calls per 'category.op' (cpu_fallback, library_call).");
   m.def("_env_validate", &env::validate_all, "Raises ValueError naming the first malformed knob that is set.");
   m.def("_env_bool", [](const std::string& n) { return env::get_bool(n.c_str()); });
   m.def("_env_int", [](const std::string& n) { return env::get_int(n.c_str()); });
