@@ -214,3 +214,51 @@ STRIDE_CASES = {
 @pytest.mark.parametrize("case", sorted(STRIDE_CASES))
 def test_result_strides_match_cpu(dev, case):
     run_both(lambda d: STRIDE_CASES[case](d), dev, check_stride=True)
+
+
+@pytest.mark.parametrize("op", ["add", "eq", "exp", "mul_scalar"])
+@pytest.mark.parametrize("layout", ["dense", "sliced", "size1_sliced"])
+def test_strides_follow_every_input_permutation(dev, op, layout):
+    """Functional and out=empty results of elementwise ops over every permutation of a
+    dense, a sliced and a sliced-with-size-1-dims input, one- and two-sided broadcasts:
+    CPU's strides (TensorIterator's layout rule)."""
+    import itertools
+
+    fns = {"add": torch.add, "eq": torch.eq, "exp": lambda a, out=None: torch.exp(a, out=out),
+           "mul_scalar": lambda a, out=None: torch.mul(a, 2, out=out)}
+    binary = op in ("add", "eq")
+
+    def prog(d):
+        base = {"dense": lambda: _x(d, 2, 3, 4), "sliced": lambda: _x(d, 2, 3, 8)[:, :, ::2],
+                "size1_sliced": lambda: _x(d, 1, 1, 4, 12)[:, :, :, ::2]}[layout]()
+        seen = []
+        for p in itertools.permutations(range(base.dim())):
+            xp = base.permute(p)
+            cases = [(xp, xp), (xp, _x(d, xp.size(-1))), (_x(d, xp.size(-1)), xp)] if binary else [(xp,)]
+            for args in cases:
+                r = fns[op](*args)
+                o = torch.empty(0, dtype=r.dtype, device=d)
+                fns[op](*args, out=o)
+                seen.append((r.shape, r.stride(), o.stride()))
+        return seen
+
+    run_both(prog, dev)
+
+
+@pytest.mark.parametrize("op", ["flip", "flip_all", "sort", "sort_stable", "argsort", "tril", "triu",
+                                "log_softmax"])
+@pytest.mark.parametrize("perm", [(0, 2, 1, 3), (3, 1, 0, 2), (2, 0, 3, 1)])
+def test_size1_dim_strides_after_flip_sort(dev, op, perm):
+    """Permuted inputs with size-1 dims: flip / sort keep self's strides (empty_like
+    with Preserve), tril / triu / log_softmax are contiguous, size-1 dims included."""
+    fns = {"flip": lambda t: torch.flip(t, [1]), "flip_all": lambda t: torch.flip(t, [0, 1, 2, 3]),
+           "sort": lambda t: torch.sort(t, 2), "sort_stable": lambda t: torch.sort(t, dim=1, stable=True),
+           "argsort": lambda t: torch.argsort(t, 0), "tril": torch.tril, "triu": lambda t: torch.triu(t, 1),
+           "log_softmax": lambda t: torch.log_softmax(t, 0)}
+
+    def prog(d):
+        t = _x(d, 3, 1, 2, 3).permute(*perm)
+        r = fns[op](t)
+        return [(x, x.stride()) for x in (r if isinstance(r, tuple) else (r,))]
+
+    run_both(prog, dev, check_stride=True)
