@@ -109,10 +109,11 @@ void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit
   // (MemoryFormat::Preserve): a non-overlapping and dense self's strides are
   // kept exactly, size-1 dims included; the meta kernels recompute the strides
   // of size-1 dims. Kernels whose structured meta allocates contiguous results
-  // (tril, triu, log_softmax) get contiguous strides, size-1 dims included.
+  // (tril, triu, log_softmax), and roll and masked_fill (empty_like / clone in
+  // MemoryFormat::Contiguous), get contiguous strides, size-1 dims included.
   static const std::unordered_set<std::string> preserves_self = {"aten::flip", "aten::sort"};
-  static const std::unordered_set<std::string> contiguous_result = {"aten::tril", "aten::triu",
-                                                                      "aten::_log_softmax"};
+  static const std::unordered_set<std::string> contiguous_result = {"aten::tril", "aten::triu", "aten::_log_softmax",
+                                                                      "aten::roll", "aten::masked_fill"};
   const bool functional = schema.overload_name().find("out") == std::string::npos;
   if (functional && (preserves_self.count(name) || contiguous_result.count(name)) && stack[first].isTensor() &&
       !outcome.returns.empty()) {
