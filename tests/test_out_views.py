@@ -246,15 +246,16 @@ def test_strides_follow_every_input_permutation(dev, op, layout):
 
 
 @pytest.mark.parametrize("op", ["flip", "flip_all", "sort", "sort_stable", "argsort", "tril", "triu",
-                                "log_softmax"])
+                                "log_softmax", "masked_fill"])
 @pytest.mark.parametrize("perm", [(0, 2, 1, 3), (3, 1, 0, 2), (2, 0, 3, 1)])
 def test_size1_dim_strides_after_flip_sort(dev, op, perm):
     """Permuted inputs with size-1 dims: flip / sort keep self's strides (empty_like
-    with Preserve), tril / triu / log_softmax are contiguous, size-1 dims included."""
+    with Preserve), tril / triu / log_softmax / masked_fill are contiguous, size-1 dims
+    included."""
     fns = {"flip": lambda t: torch.flip(t, [1]), "flip_all": lambda t: torch.flip(t, [0, 1, 2, 3]),
            "sort": lambda t: torch.sort(t, 2), "sort_stable": lambda t: torch.sort(t, dim=1, stable=True),
            "argsort": lambda t: torch.argsort(t, 0), "tril": torch.tril, "triu": lambda t: torch.triu(t, 1),
-           "log_softmax": lambda t: torch.log_softmax(t, 0)}
+           "log_softmax": lambda t: torch.log_softmax(t, 0), "masked_fill": lambda t: t.masked_fill(t > 0, 1.)}
 
     def prog(d):
         t = _x(d, 3, 1, 2, 3).permute(*perm)
