@@ -1,6 +1,7 @@
 // Host runtime: device values as CPU tensors, CPU kernels as library calls.
 #include "executors/host_runtime.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -93,6 +94,10 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
   const int64_t numel = static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype));
   const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
   if (!chain.padded && !chain.gather) return with_bits(view_over(st, r), r);
+  // Elements that share memory: the op's CPU kernel writes the strided view
+  // itself, element by element in memory order as on CPU (a gathered copy
+  // scattered back would let stale copies overwrite new values).
+  if (chain.gather && views::overlaps_itself(r.sizes, r.strides)) return with_bits(view_over(st, r), r);
   at::Tensor f = flat(r);
   at::Tensor v = views::apply(f, chain, r.sizes, r.strides, r.offset);
   {
@@ -141,8 +146,27 @@ void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t) {
 
 torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
   torch::jit::Stack stack(n.args.begin(), n.args.end());
+  // A storage written through a view whose elements share memory is written
+  // in place (written_tensor); the op's reads of that storage (torch.add(v, 1,
+  // out=v)) must see the same memory as on CPU, not a gathered copy.
+  std::vector<const DeferredStorage*> overlapped;
   for (const auto& in : n.inputs)
-    set_tensor_slot(stack[in.arg], in.elem, in.written ? mem.written_tensor(in.ref) : mem.tensor(in.ref));
+    if (in.written && views::overlaps_itself(in.ref.sizes, in.ref.strides)) overlapped.push_back(in.ref.storage.get());
+  auto in_place = [&](const TensorRef& r) {
+    return std::find(overlapped.begin(), overlapped.end(), r.storage.get()) != overlapped.end();
+  };
+  for (const auto& in : n.inputs) {
+    at::Tensor t;
+    if (in.written) {
+      t = mem.written_tensor(in.ref);
+    } else if (!overlapped.empty() && in_place(in.ref)) {
+      check_storage_error(in.ref.storage.get());
+      t = mem.strided(in.ref);
+    } else {
+      t = mem.tensor(in.ref);
+    }
+    set_tensor_slot(stack[in.arg], in.elem, std::move(t));
+  }
   if (n.rng) {
     int g = generator_arg(n.op.schema());
     if (g >= 0) stack[g] = at::make_generator<at::CPUGeneratorImpl>(n.rng_seed);

@@ -105,6 +105,29 @@ void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit
       for (auto& g : outcome.returns[k]) restride(g, *fmt);
     return;
   }
+  // CPU kernels that allocate their results with empty_like(self) / clone(self)
+  // (MemoryFormat::Preserve): a non-overlapping and dense self's strides are
+  // kept exactly, size-1 dims included; the meta kernels recompute the strides
+  // of size-1 dims. Kernels whose structured meta allocates contiguous results
+  // (tril, triu, log_softmax), and roll and masked_fill (empty_like / clone in
+  // MemoryFormat::Contiguous), get contiguous strides, size-1 dims included.
+  static const std::unordered_set<std::string> preserves_self = {"aten::flip", "aten::sort"};
+  static const std::unordered_set<std::string> contiguous_result = {"aten::tril", "aten::triu", "aten::_log_softmax",
+                                                                      "aten::roll", "aten::masked_fill"};
+  const bool functional = schema.overload_name().find("out") == std::string::npos;
+  if (functional && (preserves_self.count(name) || contiguous_result.count(name)) && stack[first].isTensor() &&
+      !outcome.returns.empty()) {
+    const at::Tensor& self = stack[first].toTensor();
+    const bool preserve = preserves_self.count(name) > 0;
+    if (preserve && !self.is_non_overlapping_and_dense()) return;
+    for (auto& r : outcome.returns) {
+      for (auto& g : r) {
+        if (!g.defined || !self.sizes().equals(g.sizes)) continue;
+        g.strides = preserve ? self.strides().vec() : strides_for(g.sizes, at::MemoryFormat::Contiguous);
+      }
+    }
+    return;
+  }
   // CPU kernels that allocate their result in self.suggest_memory_format();
   // their meta kernels (decompositions) allocate it contiguous.
   static const std::unordered_set<std::string> keeps_format = {

@@ -27,6 +27,7 @@
 #include "lazy/queue.h"
 #include "ops/memory_format.h"
 #include "ops/meta_outcome.h"
+#include "ops/out_geometry.h"
 #include "ops/scalar_checks.h"
 
 namespace tpu_eager {
@@ -463,6 +464,22 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
       w.second.offset = t.storage_offset();
     }
   }
+  // Range factories' out= (record_op inferred on an empty twin): the given
+  // geometry when its numel is the result's, else [n] contiguous at its offset.
+  if (name == "aten::arange" || name == "aten::range" || name == "aten::linspace" || name == "aten::logspace") {
+    for (auto& w : outcome.written) {
+      const size_t i = first + static_cast<size_t>(w.first);
+      if (i >= stack.size() || !stack[i].isTensor() || !w.second.defined) continue;
+      const at::Tensor& t = stack[i].toTensor();
+      int64_t n = 1;
+      for (auto s : w.second.sizes) n *= s;
+      if (t.numel() == n) {
+        w.second.sizes = t.sizes().vec();
+        w.second.strides = t.strides().vec();
+      }
+      w.second.offset = t.storage_offset();
+    }
+  }
   // Channels-last results: convolution, and kernels that keep their input's format.
   apply_cpu_memory_format(schema, stack, first, outcome);
   // Backward ops with an output_mask: CPU returns an undefined tensor for each
@@ -500,6 +517,25 @@ void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Sta
 }
 
 at::Tensor fresh_tpu(const Geometry& g) { return fresh_tpu(g.sizes, g.strides, g.dtype); }
+
+// CPU's arange.out warns, on every call, when it resizes a non-empty out
+// tensor whose numel is not the result's (range, linspace, logspace do not).
+void warn_arange_out_resize(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
+                            const MetaOutcome& meta) {
+  if (schema.name() != "aten::arange") return;
+  for (const auto& w : meta.written) {
+    const size_t i = first + static_cast<size_t>(w.first);
+    if (i >= stack.size() || !stack[i].isTensor()) continue;
+    const at::Tensor& t = stack[i].toTensor();
+    int64_t n = 1;
+    for (auto s : w.second.sizes) n *= s;
+    if (t.numel() > 0 && t.numel() != n)
+      TORCH_WARN("The number of elements in the out tensor of shape ", t.sizes(), " is ", t.numel(),
+                 " which does not match the computed number of elements ", n,
+                 ". Note that this may occur as a result of rounding error. "
+                 "The out tensor will be resized to a tensor of shape (", n, ",).");
+  }
+}
 
 // The dtype of an op's first result (a written argument's for in-place and
 // out= ops), or Undefined when it has none.
@@ -616,6 +652,18 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     // Factories (triu_indices, ...) name their device: infer on meta, or the
     // meta call would come back to this kernel.
     retarget_device_args(meta_stack, 0, nargs, c10::DeviceType::Meta);
+    // Range factories (arange, range, linspace, logspace) with out=: CPU keeps
+    // the out tensor's shape and strides when its numel is the result's and
+    // otherwise resize_s it to [n] (no warning); the reference meta kernels
+    // resize it to [n] whenever the shape differs (and warn). Infer on an
+    // empty twin; correct_meta_outcome restores CPU's geometry.
+    if (plan.float_values) {
+      for (size_t i = 0; i < nargs; ++i) {
+        if (!schema.arguments()[i].is_out() || !meta_stack[i].isTensor()) continue;
+        const at::Tensor& o = meta_stack[i].toTensor();
+        meta_stack[i] = at::empty_strided({0}, {1}, o.options());
+      }
+    }
     // Keep the meta twins of written arguments: the kernel may resize them.
     std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
     try {
@@ -648,11 +696,17 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       }
       computed.returns.push_back(std::move(geoms));
     }
+    {
+      c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+      DeviceMetaInference as_cpu;
+      restride_resized_outs(op, *stack, first, meta_args, computed);
+    }
     correct_meta_outcome(schema, *stack, first, computed);
     if (!key.empty()) meta_cache().insert(schema, key, computed);
     cached = &computed;
   }
   const MetaOutcome& meta = *cached;
+  if (plan.float_values) warn_arange_out_resize(schema, *stack, first, meta);
   // CPU's Scalar overflow checks, on this call's values (the cache keys Scalars by type). A Scalar
   // that does not fit runs CPU's kernel now: it raises CPU's error at the call, or computes the
   // result where CPU skips the conversion (empty matmuls, a pad that only narrows).

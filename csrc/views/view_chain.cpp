@@ -120,6 +120,47 @@ ViewChain decompose(int64_t storage_numel, c10::IntArrayRef sizes, c10::IntArray
   return c;
 }
 
+bool overlaps_itself(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size) of the dims that move
+  int64_t numel = 1;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    numel *= sizes[d];
+    if (sizes[d] <= 1) continue;
+    if (strides[d] == 0) return true;
+    dims.emplace_back(strides[d] < 0 ? -strides[d] : strides[d], sizes[d]);
+  }
+  if (numel <= 1) return false;
+  std::sort(dims.begin(), dims.end());
+  // Sufficient: each dim steps past everything the inner dims span.
+  int64_t span = 0;  // largest offset reached by the inner dims
+  bool nested = true;
+  for (const auto& [stride, size] : dims) {
+    if (stride <= span) nested = false;
+    span += (size - 1) * stride;
+  }
+  if (nested) return false;
+  // Interleaved dims (sizes (2, 2), strides (3, 2)) may still be disjoint:
+  // decide exactly by marking every offset, when that is cheap enough.
+  constexpr int64_t kMaxExact = int64_t(1) << 24;
+  if (numel > kMaxExact || span >= kMaxExact) return true;
+  std::vector<bool> seen(static_cast<size_t>(span + 1), false);
+  std::vector<int64_t> idx(dims.size(), 0);
+  int64_t off = 0;
+  for (int64_t e = 0; e < numel; ++e) {
+    if (seen[static_cast<size_t>(off)]) return true;
+    seen[static_cast<size_t>(off)] = true;
+    for (size_t d = 0; d < dims.size(); ++d) {  // odometer over the dims
+      if (++idx[d] < dims[d].second) {
+        off += dims[d].first;
+        break;
+      }
+      off -= (idx[d] - 1) * dims[d].first;
+      idx[d] = 0;
+    }
+  }
+  return false;
+}
+
 std::string ViewChain::str() const {
   std::ostringstream o;
   auto list = [&](const std::vector<int64_t>& v) {

@@ -55,6 +55,14 @@ struct ViewChain {
 // view no chain describes becomes a gather.
 ViewChain decompose(int64_t storage_numel, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset);
 
+// True when two elements of the view (sizes, strides in elements) share a
+// memory location, or when that is too costly to decide exactly (then the
+// caller must treat the view as overlapping). A write through such a view
+// (unfold with step < size, overlapping as_strided) must run element by
+// element in memory order as CPU's kernels do, never as a gathered copy
+// scattered back: a stale copy of a shared element would overwrite the new one.
+bool overlaps_itself(c10::IntArrayRef sizes, c10::IntArrayRef strides);
+
 // Read: the value of the view, from the flat (1-D, contiguous) storage value.
 // Without pad/gather steps the result aliases `flat` (CPU views).
 at::Tensor apply(const at::Tensor& flat, const ViewChain& chain, c10::IntArrayRef sizes, c10::IntArrayRef strides,
