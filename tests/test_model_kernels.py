@@ -1,0 +1,383 @@
+"""Kernels real models reach (issue 17 §4), each compared with CPU.
+
+- integer ``torch.histc`` (CUDA's semantics; CPU has no integer kernel), against a
+  reference computed in float64 on CPU;
+- ``_weight_norm_interface`` and its backward (``nn.utils.weight_norm`` and
+  ``nn.utils.parametrizations.weight_norm``);
+- the fast paths of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``
+  (``_native_multi_head_attention``, ``_transformer_encoder_layer_fwd``);
+- ``F.scaled_dot_product_attention`` through ``_fused_sdp_choice`` and
+  ``_scaled_dot_product_fused_attention_overrideable`` (+ backward).
+
+Every op here runs natively: recorded, not through the CPU fallback nor eagerly.
+"""
+import contextlib
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from difftest import requires_tpu
+
+pytestmark = requires_tpu
+
+DEV = "tpu"
+
+
+@contextlib.contextmanager
+def recorded_only():
+    """Asserts that the ops run inside were recorded: no fallback, no eager (run-at-call) op."""
+    import torch_tpu_eager
+
+    before = torch_tpu_eager.metrics()
+    yield
+    torch.tpu.synchronize()
+    after = torch_tpu_eager.metrics()
+    assert after["fallback_ops"] == before["fallback_ops"]
+    assert after["eager_ops"] == before["eager_ops"]
+
+
+# ---- integer histc ---------------------------------------------------------------
+
+
+def histc_reference(x, bins, lo, hi):
+    """CUDA's integer histc computed in float64 on CPU: bounds are the Scalars
+    truncated to integers; equal bounds take the data's min/max, then widen by 1;
+    element v in [lo, hi] goes to floor((v - lo) * bins / (hi - lo)), hi to the last bin."""
+    lo, hi = int(lo), int(hi)
+    v = x.to(torch.float64).flatten()
+    if lo == hi and v.numel() > 0:
+        lo, hi = int(v.min()), int(v.max())
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    keep = (v >= lo) & (v <= hi)
+    b = torch.floor((v[keep] - lo) * bins / (hi - lo)).to(torch.int64)
+    b[b == bins] = bins - 1
+    counts = torch.bincount(b, minlength=bins)
+    return counts.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8])
+@pytest.mark.parametrize("bins,lo,hi", [(4, 0, 3), (8, 0, 7), (5, 0, 0), (3, -2, 9), (7, 2, 2), (10, 1.9, 6.7),
+                                        (1, 0, 100)])
+def test_histc_integer(dtype, bins, lo, hi):
+    g = torch.Generator().manual_seed(bins * 100 + int(hi))
+    low = 0 if dtype == torch.uint8 else -5
+    x = torch.randint(low, 12, (37,), generator=g).to(dtype)
+    with recorded_only():
+        r = torch.histc(x.to(DEV), bins=bins, min=lo, max=hi)
+    ref = histc_reference(x, bins, lo, hi)
+    assert r.dtype == dtype and r.device.type == DEV
+    assert torch.equal(r.cpu(), ref)
+
+
+def test_histc_integer_moe_routing():
+    # transformers' MoE load balancing: expert indices as int32, bins = experts, [0, experts - 1]
+    experts = 8
+    idx = torch.randint(0, experts, (64, 2), dtype=torch.int64)
+    r = torch.histc(idx.to(DEV).int(), bins=experts, min=0, max=experts - 1)
+    assert torch.equal(r.cpu(), torch.bincount(idx.flatten(), minlength=experts).int())
+
+
+def test_histc_integer_edge_cases():
+    # empty input with equal bounds: zeros; all-equal data: range widened to [v - 1, v + 1]
+    e = torch.histc(torch.empty(0, dtype=torch.int32, device=DEV), bins=3)
+    assert torch.equal(e.cpu(), torch.zeros(3, dtype=torch.int32))
+    c = torch.histc(torch.full((5,), 4, dtype=torch.int64, device=DEV), bins=4)
+    assert torch.equal(c.cpu(), histc_reference(torch.full((5,), 4), 4, 0, 0))
+    # a strided input
+    x = torch.arange(40, dtype=torch.int32).view(8, 5)
+    r = torch.histc(x.to(DEV).t()[1:, ::2], bins=6, min=0, max=39)
+    assert torch.equal(r.cpu(), histc_reference(x.t()[1:, ::2], 6, 0, 39))
+    # counts kept in the input's dtype wrap as CUDA's (uint8: 300 elements in one bin)
+    u = torch.histc(torch.zeros(300, dtype=torch.uint8, device=DEV), bins=2, min=0, max=1)
+    assert torch.equal(u.cpu(), torch.tensor([300 % 256, 0], dtype=torch.uint8))
+    # out=
+    out = torch.empty(0, dtype=torch.int32, device=DEV)
+    torch.histc(torch.tensor([0, 1, 1, 3], dtype=torch.int32, device=DEV), bins=4, min=0, max=3, out=out)
+    assert torch.equal(out.cpu(), torch.tensor([1, 2, 0, 1], dtype=torch.int32))
+
+
+def test_histc_integer_errors_at_call():
+    x = torch.tensor([1, 2], dtype=torch.int32, device=DEV)
+    with pytest.raises(RuntimeError, match="max must be larger than min"):
+        torch.histc(x, bins=4, min=3, max=1)
+    with pytest.raises(RuntimeError, match="bins must be > 0"):
+        torch.histc(x, bins=0)
+    assert torch.equal(x.cpu(), torch.tensor([1, 2], dtype=torch.int32))  # the queue and x stay valid
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_histc_float_matches_cpu(dtype):
+    x = torch.randn(100, dtype=dtype)
+    for bins, lo, hi in [(10, 0, 0), (7, -1, 1), (3, 0.5, 0.5)]:
+        assert torch.equal(torch.histc(x.to(DEV), bins, lo, hi).cpu(), torch.histc(x, bins, lo, hi))
+
+
+# ---- weight norm -------------------------------------------------------------------
+
+
+def _grads(m):
+    return [p.grad.cpu() if p.grad.device.type != "cpu" else p.grad for p in m.parameters()]
+
+
+@pytest.mark.parametrize("kind", ["legacy", "parametrization"])
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, None])
+def test_weight_norm_conv(kind, dim):
+    torch.manual_seed(0)
+    conv = nn.Conv1d(4, 6, 3)
+    wn = nn.utils.weight_norm if kind == "legacy" else nn.utils.parametrizations.weight_norm
+    cpu = wn(conv, dim=dim)
+    tpu = wn(nn.Conv1d(4, 6, 3), dim=dim)
+    tpu.load_state_dict(cpu.state_dict())
+    tpu.to(DEV)
+    x = torch.randn(2, 4, 9)
+    y_cpu = cpu(x)
+    with recorded_only():
+        y_tpu = tpu(x.to(DEV))
+    torch.testing.assert_close(y_tpu.cpu(), y_cpu)
+    y_cpu.square().sum().backward()
+    y_tpu.square().sum().backward()
+    for a, b in zip(_grads(tpu), _grads(cpu)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_weight_norm_interface_ops(dim):
+    v = torch.randn(5, 3, 4, dtype=torch.float64, requires_grad=True)
+    g_shape = [1, 1, 1]
+    g_shape[dim] = v.shape[dim]
+    g = torch.rand(*g_shape, dtype=torch.float64, requires_grad=True)
+    w = torch._weight_norm(v, g, dim if dim >= 0 else v.dim() + dim)
+    vt = v.detach().to(DEV).requires_grad_()
+    gt = g.detach().to(DEV).requires_grad_()
+    with recorded_only():
+        wt = torch._weight_norm(vt, gt, dim if dim >= 0 else v.dim() + dim)
+    torch.testing.assert_close(wt.cpu(), w)
+    go = torch.randn_like(w)
+    w.backward(go)
+    wt.backward(go.to(DEV))
+    torch.testing.assert_close(vt.grad.cpu(), v.grad)
+    torch.testing.assert_close(gt.grad.cpu(), g.grad)
+    # the fused op itself (dim 0 or last), forward and backward
+    d = 0 if dim == 0 else v.dim() - 1
+    if dim in (0, -1):
+        outs = torch._weight_norm_interface(v.detach(), g.detach(), d)
+        outs_t = torch._weight_norm_interface(v.detach().to(DEV), g.detach().to(DEV), d)
+        for a, b in zip(outs_t, outs):
+            torch.testing.assert_close(a.cpu(), b)
+        gb = torch.ops.aten._weight_norm_interface_backward(go, v.detach(), g.detach(), outs[1], d)
+        gb_t = torch.ops.aten._weight_norm_interface_backward(go.to(DEV), v.detach().to(DEV), g.detach().to(DEV),
+                                                     outs_t[1], d)
+        for a, b in zip(gb_t, gb):
+            torch.testing.assert_close(a.cpu(), b)
+
+
+# ---- MultiheadAttention / TransformerEncoderLayer fast paths ------------------------
+
+
+def _pair(make):
+    torch.manual_seed(0)
+    cpu = make().eval()
+    tpu = make().eval()
+    tpu.load_state_dict(cpu.state_dict())
+    return cpu, tpu.to(DEV)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("mask", [None, "key_padding", "attn"])
+def test_multihead_attention_fast_path(batch_first, need_weights, average, mask):
+    cpu, tpu = _pair(lambda: nn.MultiheadAttention(16, 4, batch_first=batch_first))
+    x = torch.randn(3, 5, 16) if batch_first else torch.randn(5, 3, 16)
+    kw = dict(need_weights=need_weights, average_attn_weights=average)
+    if mask == "key_padding":
+        kpm = torch.zeros(3, 5, dtype=torch.bool)
+        kpm[1, 3:] = True
+        kw_cpu, kw_tpu = dict(key_padding_mask=kpm), dict(key_padding_mask=kpm.to(DEV))
+    elif mask == "attn":
+        am = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
+        kw_cpu, kw_tpu = dict(attn_mask=am), dict(attn_mask=am.to(DEV))
+    else:
+        kw_cpu, kw_tpu = {}, {}
+    with torch.no_grad():
+        out_cpu, w_cpu = cpu(x, x, x, **kw, **kw_cpu)
+        xt = x.to(DEV)
+        with recorded_only():
+            out_tpu, w_tpu = tpu(xt, xt, xt, **kw, **kw_tpu)
+    torch.testing.assert_close(out_tpu.cpu(), out_cpu)
+    if w_cpu is None:
+        assert w_tpu is None
+    else:
+        torch.testing.assert_close(w_tpu.cpu(), w_cpu)
+
+
+def test_multihead_attention_takes_fast_path():
+    # the fast path is what runs on "tpu" in eval + no_grad (as on CPU and CUDA)
+    cpu, tpu = _pair(lambda: nn.MultiheadAttention(8, 2, batch_first=True))
+    x = torch.randn(2, 3, 8, device=DEV)
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        tpu(x, x, x)
+    assert any(e.name == "aten::_native_multi_head_attention" for e in prof.events())
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("mask", [None, "key_padding"])
+def test_transformer_encoder_layer_fast_path(norm_first, activation, mask):
+    cpu, tpu = _pair(lambda: nn.TransformerEncoderLayer(16, 4, 32, activation=activation, batch_first=True,
+                                                        norm_first=norm_first))
+    x = torch.randn(3, 6, 16)
+    kw_cpu, kw_tpu = {}, {}
+    if mask == "key_padding":
+        kpm = torch.zeros(3, 6, dtype=torch.bool)
+        kpm[0, 4:] = True
+        kw_cpu, kw_tpu = dict(src_key_padding_mask=kpm), dict(src_key_padding_mask=kpm.to(DEV))
+    with torch.no_grad():
+        y_cpu = cpu(x, **kw_cpu)
+        with recorded_only(), torch.profiler.profile() as prof:
+            y_tpu = tpu(x.to(DEV), **kw_tpu)
+    assert any(e.name == "aten::_transformer_encoder_layer_fwd" for e in prof.events())
+    torch.testing.assert_close(y_tpu.cpu(), y_cpu)
+
+
+def test_transformer_encoder_end_to_end():
+    # nn.TransformerEncoder (a ViT-style stack) in eval + no_grad, as torchvision's vit_b_32 runs it
+    def make():
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True,
+                                           activation="gelu")
+        return nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+
+    cpu, tpu = _pair(make)
+    x = torch.randn(2, 10, 32)
+    with torch.no_grad():
+        y_cpu = cpu(x)
+        with recorded_only():
+            y_tpu = tpu(x.to(DEV))
+    torch.testing.assert_close(y_tpu.cpu(), y_cpu)
+    # and in training mode with autograd (the slow path, through scaled_dot_product_attention)
+    cpu.train(), tpu.train()
+    cpu(x).sum().backward()
+    tpu(x.to(DEV)).sum().backward()
+    for a, b in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_weight_normed_conv_end_to_end():
+    # wav2vec2/hubert's positional convolution: weight_norm over dim=2 of a grouped Conv1d
+    def make():
+        conv = nn.Conv1d(16, 16, 5, padding=2, groups=4)
+        return nn.Sequential(nn.utils.parametrizations.weight_norm(conv, name="weight", dim=2), nn.GELU())
+
+    cpu, tpu = _pair(make)
+    cpu.train(), tpu.train()
+    x = torch.randn(2, 16, 20)
+    y_cpu = cpu(x)
+    y_tpu = tpu(x.to(DEV))
+    torch.testing.assert_close(y_tpu.cpu(), y_cpu)
+    y_cpu.pow(2).mean().backward()
+    y_tpu.pow(2).mean().backward()
+    for a, b in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad)
+
+
+# ---- scaled dot product attention ------------------------------------------------------
+
+OVERRIDEABLE = 4  # torch.nn.attention.SDPBackend.OVERRIDEABLE
+
+
+def _sdpa_case(case):
+    torch.manual_seed(1)
+    B, H, L, S, E = 2, 4, 5, 7, 8
+    kv_heads = 2 if case == "gqa" else H
+    q = torch.randn(B, H, L, E, dtype=torch.float64)
+    k = torch.randn(B, kv_heads, S, E, dtype=torch.float64)
+    v = torch.randn(B, kv_heads, S, E, dtype=torch.float64)
+    kw = {}
+    if case == "causal":
+        kw["is_causal"] = True
+    elif case == "bool_mask":
+        m = torch.rand(L, S) > 0.3
+        m[:, 0] = True
+        kw["attn_mask"] = m
+    elif case == "float_mask":
+        kw["attn_mask"] = torch.randn(B, 1, L, S, dtype=torch.float64)
+    elif case == "scale":
+        kw["scale"] = 0.3
+    elif case == "gqa":
+        kw["enable_gqa"] = True
+    return q, k, v, kw
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "bool_mask", "float_mask", "scale", "gqa"])
+def test_sdpa_forward_backward(case):
+    q, k, v, kw = _sdpa_case(case)
+    kw_t = {n: (a.to(DEV) if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
+    qt, kt, vt = (t.to(DEV).requires_grad_() for t in (q, k, v))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    choice_kw = {n: a for n, a in kw_t.items() if n in ("attn_mask", "is_causal", "scale", "enable_gqa")}
+    assert torch._fused_sdp_choice(qt, kt, vt, **choice_kw) == OVERRIDEABLE
+    out = F.scaled_dot_product_attention(q, k, v, **kw)
+    with recorded_only(), torch.profiler.profile() as prof:
+        out_t = F.scaled_dot_product_attention(qt, kt, vt, **kw_t)
+        go = torch.randn_like(out)
+        out_t.backward(go.to(DEV))
+    names = {e.name for e in prof.events()}
+    assert "aten::_scaled_dot_product_fused_attention_overrideable" in names
+    assert "aten::_scaled_dot_product_fused_attention_overrideable_backward" in names
+    out.backward(go)
+    torch.testing.assert_close(out_t.cpu(), out)
+    for a, b in ((qt, q), (kt, k), (vt, v)):
+        torch.testing.assert_close(a.grad.cpu(), b.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_dtypes_and_layouts(dtype):
+    # (B, L, H, E) inputs transposed to (B, H, L, E), as attention layers hand them over
+    q = torch.randn(2, 6, 3, 16).to(dtype).transpose(1, 2)
+    k = torch.randn(2, 6, 3, 16).to(dtype).transpose(1, 2)
+    v = torch.randn(2, 6, 3, 16).to(dtype).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with recorded_only():
+        out_t = F.scaled_dot_product_attention(q.to(DEV), k.to(DEV), v.to(DEV), is_causal=True)
+    assert out_t.dtype == dtype and out_t.shape == out.shape
+    torch.testing.assert_close(out_t.cpu(), out)
+
+
+def test_sdpa_falls_back_to_math_as_cpu():
+    # dropout, a mask that needs a gradient, 3-D inputs, different head dims: CPU's math path
+    q = torch.randn(2, 5, 8)
+    assert torch._fused_sdp_choice(q.to(DEV), q.to(DEV), q.to(DEV)) == torch._fused_sdp_choice(q, q, q)
+    q4 = torch.randn(1, 2, 5, 8, device=DEV)
+    assert torch._fused_sdp_choice(q4, q4, q4, dropout_p=0.5) == 0
+    v4 = torch.randn(1, 2, 5, 4, device=DEV)
+    assert torch._fused_sdp_choice(q4, q4, v4) == 0
+    out = F.scaled_dot_product_attention(q, q, q)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q.to(DEV), q.to(DEV), q.to(DEV)).cpu(), out)
+    # a mask with a gradient
+    m = torch.randn(5, 5, requires_grad=True)
+    mt = m.detach().to(DEV).requires_grad_()
+    q4c = q4.cpu()
+    F.scaled_dot_product_attention(q4c, q4c, q4c, attn_mask=m).sum().backward()
+    F.scaled_dot_product_attention(q4, q4, q4, attn_mask=mt).sum().backward()
+    torch.testing.assert_close(mt.grad.cpu(), m.grad)
+
+
+def test_sdpa_backend_switches():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, 2, 4, 8)
+    qt = q.to(DEV)
+    ref = F.scaled_dot_product_attention(q, q, q)
+    with sdpa_kernel(SDPBackend.OVERRIDEABLE):
+        assert torch._fused_sdp_choice(qt, qt, qt) == OVERRIDEABLE
+        torch.testing.assert_close(F.scaled_dot_product_attention(qt, qt, qt).cpu(), ref)
+    with sdpa_kernel(SDPBackend.MATH):
+        assert torch._fused_sdp_choice(qt, qt, qt) == 0
+        torch.testing.assert_close(F.scaled_dot_product_attention(qt, qt, qt).cpu(), ref)
+    with sdpa_kernel(SDPBackend.OVERRIDEABLE):
+        # no fused kernel for dropout and math disabled: CPU's error
+        with pytest.raises(RuntimeError, match="No viable backend"):
+            F.scaled_dot_product_attention(qt, qt, qt, dropout_p=0.5)
