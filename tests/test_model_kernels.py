@@ -381,3 +381,94 @@ def test_sdpa_backend_switches():
         # no fused kernel for dropout and math disabled: CPU's error
         with pytest.raises(RuntimeError, match="No viable backend"):
             F.scaled_dot_product_attention(qt, qt, qt, dropout_p=0.5)
+
+
+# ---- sparse COO ------------------------------------------------------------------------
+# Sparse tpu tensors hold tpu indices/values; their kernels run at the call on the host
+# (CPU's sparse kernels), as data-dependent ops do.
+
+
+def _sparse_pair(dtype=torch.float32):
+    i = torch.tensor([[0, 1, 1, 0], [2, 0, 2, 2]])
+    v = torch.tensor([3.0, 4.0, 5.0, -1.0]).to(dtype)
+    return torch.sparse_coo_tensor(i, v, (2, 3)), torch.sparse_coo_tensor(i.to(DEV), v.to(DEV), (2, 3))
+
+
+def _same_sparse(t, c):
+    assert t.device.type == DEV and t.layout == torch.sparse_coo
+    assert t.shape == c.shape and t.dtype == c.dtype and t._nnz() == c._nnz()
+    assert t.is_coalesced() == c.is_coalesced()
+    assert torch.equal(t._indices().cpu(), c._indices()) and torch.equal(t._values().cpu(), c._values())
+
+
+def test_sparse_construction_and_metadata():
+    c, t = _sparse_pair()
+    _same_sparse(t, c)
+    t2 = torch.sparse_coo_tensor(c._indices(), c._values(), (2, 3), device=DEV)
+    _same_sparse(t2, c)
+    assert (t.sparse_dim(), t.dense_dim()) == (c.sparse_dim(), c.dense_dim())
+    assert t._indices().device.type == DEV
+    # indices()/values() of a coalesced tensor alias its members, as on CPU
+    tc = t.coalesce()
+    tc.values().mul_(2)
+    assert torch.equal(tc._values().cpu(), c.coalesce()._values() * 2)
+    # round trips
+    _same_sparse(c.to(DEV), c)
+    back = t.cpu()
+    assert back.device.type == "cpu" and torch.equal(back.to_dense(), c.to_dense())
+    with pytest.raises(RuntimeError, match="size is inconsistent with indices"):
+        torch.sparse_coo_tensor(torch.tensor([[0, 5]]), torch.tensor([1.0, 2.0]), (3,), check_invariants=True,
+                                device=DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_sparse_ops_match_cpu(dtype):
+    c, t = _sparse_pair(dtype)
+    _same_sparse(t.coalesce(), c.coalesce())
+    assert torch.equal(t.to_dense().cpu(), c.to_dense())
+    for f in (lambda s: s + s, lambda s: s * 3, lambda s: s * s, lambda s: s - s.coalesce(), lambda s: -s,
+              lambda s: torch.sparse.sum(s, 1)):
+        _same_sparse(f(t), f(c))
+    if dtype.is_floating_point:
+        _same_sparse(t / 2, c / 2)
+    dense = torch.arange(6).view(2, 3).to(dtype)
+    assert torch.equal((dense.to(DEV) + t).cpu(), dense + c)
+    # dense -> sparse
+    d = torch.tensor([[0, 1, 0], [2, 0, 3]]).to(dtype)
+    _same_sparse(d.to(DEV).to_sparse(), d.to_sparse())
+    _same_sparse(d.to(DEV).to_sparse(1), d.to_sparse(1))
+
+
+def test_sparse_in_place_and_matmul():
+    c, t = _sparse_pair()
+    t.mul_(2)
+    c.mul_(2)
+    _same_sparse(t, c)
+    m = torch.randn(3, 4)
+    torch.testing.assert_close(torch.sparse.mm(t, m.to(DEV)).cpu(), torch.sparse.mm(c, m))
+    # the queue stays usable after sparse work
+    x = torch.ones(3, device=DEV) * 2
+    assert x.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+# ---- cov of complex64 with inf (issue 25) ----------------------------------------------
+
+
+def test_cov_complex_with_inf_matches_cpu():
+    import itertools
+
+    x = torch.tensor([0, -2, float("nan"), 10.2, float("inf")], dtype=torch.cfloat)
+    y = torch.tensor([[complex(float("inf"), 0), 1 + 2j, 3 - 1j], [2 + 0j, 1j, 4 + 4j]], dtype=torch.cfloat)
+    for t in (x, y):
+        n = t.numel() if t.dim() < 2 else t.size(1)
+        fw = torch.arange(1, n + 1)
+        aw = torch.linspace(1, 2, n)
+        for corr, f, a in itertools.product([0, 1, 2, n], [None, fw], [None, aw]):
+            ref = torch.cov(t, correction=corr, fweights=f, aweights=a)
+            got = torch.cov(t.to(DEV), correction=corr, fweights=None if f is None else f.to(DEV),
+                            aweights=None if a is None else a.to(DEV)).cpu()
+            torch.testing.assert_close(torch.view_as_real(got), torch.view_as_real(ref), equal_nan=True)
+    # complex division by zero, element by element as CPU
+    a = torch.tensor([complex(float("inf"), 0), complex(float("inf"), 1), 1 - 1j] * 7, dtype=torch.cfloat)
+    torch.testing.assert_close(torch.view_as_real((a.to(DEV) / torch.tensor(0.0, device=DEV)).cpu()),
+                               torch.view_as_real(a / torch.tensor(0.0)), equal_nan=True)
