@@ -472,3 +472,45 @@ def test_cov_complex_with_inf_matches_cpu():
     a = torch.tensor([complex(float("inf"), 0), complex(float("inf"), 1), 1 - 1j] * 7, dtype=torch.cfloat)
     torch.testing.assert_close(torch.view_as_real((a.to(DEV) / torch.tensor(0.0, device=DEV)).cpu()),
                                torch.view_as_real(a / torch.tensor(0.0)), equal_nan=True)
+
+
+# ---- quantized tensors -----------------------------------------------------------------
+# quantize_per_tensor/per_channel of a tpu tensor give a quantized tpu tensor (QTensorImpl
+# over device memory); views share its storage, other quantized ops run at the call on the host.
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("dtype", [torch.quint8, torch.qint8, torch.qint32])
+def test_quantize_per_tensor(dtype):
+    x = torch.randn(4, 6) * 3
+    q = torch.quantize_per_tensor(x, 0.05, 2 if dtype != torch.qint32 else 0, dtype)
+    qt = torch.quantize_per_tensor(x.to(DEV), 0.05, 2 if dtype != torch.qint32 else 0, dtype)
+    assert qt.device.type == DEV and qt.dtype == dtype and qt.is_quantized
+    assert (qt.q_scale(), qt.q_zero_point()) == (q.q_scale(), q.q_zero_point())
+    assert torch.equal(qt.int_repr().cpu(), q.int_repr())
+    assert torch.equal(qt.dequantize().cpu(), q.dequantize())
+    for f in (torch.flatten, torch.ravel, lambda t: t.t(), lambda t: t[1:, ::2], lambda t: t.reshape(3, 8),
+              lambda t: t.view(2, 12)):
+        v, vt = f(q), f(qt)
+        assert vt.shape == v.shape and vt.stride() == v.stride()
+        assert torch.equal(vt.int_repr().cpu(), v.int_repr())
+    assert torch.equal(qt.flatten().dequantize().cpu(), q.flatten().dequantize())
+    back = qt.cpu()
+    assert back.device.type == "cpu" and torch.equal(back.int_repr(), q.int_repr())
+    assert torch.equal(q.to(DEV).int_repr().cpu(), q.int_repr())
+    assert "quantization_scheme=torch.per_tensor_affine" in repr(qt) and "device='tpu:0'" in repr(qt)
+    # tensor qparams
+    qt2 = torch.quantize_per_tensor(x.to(DEV), torch.tensor(0.05, device=DEV), torch.tensor(1, device=DEV), dtype)
+    assert torch.equal(qt2.int_repr().cpu(), torch.quantize_per_tensor(x, torch.tensor(0.05), torch.tensor(1),
+                                                                        dtype).int_repr())
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_quantize_per_channel():
+    x = torch.randn(3, 5)
+    s, z = torch.tensor([0.1, 0.2, 0.05]), torch.tensor([0, 1, -2])
+    q = torch.quantize_per_channel(x, s, z, 0, torch.qint8)
+    qt = torch.quantize_per_channel(x.to(DEV), s.to(DEV), z.to(DEV), 0, torch.qint8)
+    assert torch.equal(qt.int_repr().cpu(), q.int_repr())
+    assert torch.equal(qt.dequantize().cpu(), q.dequantize())
+    assert torch.equal(qt.q_per_channel_scales().cpu(), q.q_per_channel_scales())
