@@ -223,23 +223,33 @@ def test_multihead_attention_takes_fast_path():
     assert any(e.name == "aten::_native_multi_head_attention" for e in prof.events())
 
 
+@pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-@pytest.mark.parametrize("mask", [None, "key_padding"])
-def test_transformer_encoder_layer_fast_path(norm_first, activation, mask):
-    cpu, tpu = _pair(lambda: nn.TransformerEncoderLayer(16, 4, 32, activation=activation, batch_first=True,
+@pytest.mark.parametrize("mask", [None, "key_padding", "causal"])
+def test_transformer_encoder_layer_fast_path(batch_first, norm_first, activation, mask):
+    cpu, tpu = _pair(lambda: nn.TransformerEncoderLayer(16, 4, 32, activation=activation, batch_first=batch_first,
                                                         norm_first=norm_first))
-    x = torch.randn(3, 6, 16)
+    x = torch.randn(3, 6, 16) if batch_first else torch.randn(6, 3, 16)
     kw_cpu, kw_tpu = {}, {}
     if mask == "key_padding":
         kpm = torch.zeros(3, 6, dtype=torch.bool)
         kpm[0, 4:] = True
         kw_cpu, kw_tpu = dict(src_key_padding_mask=kpm), dict(src_key_padding_mask=kpm.to(DEV))
+    elif mask == "causal":
+        m = nn.Transformer.generate_square_subsequent_mask(6)
+        kw_cpu, kw_tpu = dict(src_mask=m, is_causal=True), dict(src_mask=m.to(DEV), is_causal=True)
     with torch.no_grad():
-        y_cpu = cpu(x, **kw_cpu)
+        with torch.profiler.profile() as prof_cpu:
+            y_cpu = cpu(x, **kw_cpu)
         with recorded_only(), torch.profiler.profile() as prof:
             y_tpu = tpu(x.to(DEV), **kw_tpu)
-    assert any(e.name == "aten::_transformer_encoder_layer_fwd" for e in prof.events())
+    # "tpu" takes the fast path exactly when CPU does (batch_first, ...)
+    def fast(p):
+        return any(e.name == "aten::_transformer_encoder_layer_fwd" for e in p.events())
+
+    assert fast(prof) == fast(prof_cpu)
+    assert fast(prof) or not batch_first or mask == "causal"
     torch.testing.assert_close(y_tpu.cpu(), y_cpu)
 
 
