@@ -152,8 +152,8 @@ def test_missing_kernel_names_the_op_and_fallback_runs_it():
         "except NotImplementedError as e:\n"
         "    assert '{op}' in str(e); print('not implemented')\n"
     )
-    # an op with a CPU kernel that the op table leaves out (sparse layouts are not modelled)
-    snippet = code.format(op="_to_sparse", args=".to_dense().sum().item()")
+    # an op with a CPU kernel that the op table leaves out (compressed sparse layouts are not modelled)
+    snippet = code.format(op="_to_sparse_csr", args=".to_dense().sum().item()")
     out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
     assert "not implemented" in out.stdout, out.stdout + out.stderr
 
@@ -179,22 +179,22 @@ def test_error_at_flush_names_the_op_and_line_and_keeps_other_tensors():
 
 
 def test_cpu_fallback_runs_missing_op_with_one_warning():
-    # _weight_norm_interface has a CPU kernel but no row in the op table
+    # _dirichlet_grad has a CPU kernel but no row in the op table
     code = (
         "import torch, torch_tpu_eager\n"
-        "v, g = torch.randn(5, 3), torch.rand(5, 1) + 0.5\n"
-        "ref = torch.ops.aten._weight_norm_interface(v, g, 0)\n"
+        "x, a, t = torch.rand(5) * 0.8 + 0.1, torch.rand(5) + 0.5, torch.rand(5) + 2.0\n"
+        "ref = torch.ops.aten._dirichlet_grad(x, a, t)\n"
         "for _ in range(2):\n"
-        "    got = torch.ops.aten._weight_norm_interface(v.to('tpu'), g.to('tpu'), 0)\n"
-        "    assert all(torch.allclose(a.cpu(), b) for a, b in zip(got, ref))\n"
+        "    got = torch.ops.aten._dirichlet_grad(x.to('tpu'), a.to('tpu'), t.to('tpu'))\n"
+        "    assert torch.allclose(got.cpu(), ref)\n"
         "print('ok')\n"
     )
     env = dict(os.environ, TORCH_TPU_CPU_FALLBACK="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
-    assert out.stderr.count("_weight_norm_interface' has no tpu kernel") == 1, out.stderr
+    assert out.stderr.count("_dirichlet_grad' has no tpu kernel") == 1, out.stderr
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and "NotImplementedError" in out.stderr and "_weight_norm_interface" in out.stderr
+    assert out.returncode != 0 and "NotImplementedError" in out.stderr and "_dirichlet_grad" in out.stderr
 
 
 def test_torch_compile_runs_tpu_graphs_on_the_device():

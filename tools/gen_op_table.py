@@ -25,10 +25,10 @@ SPECIAL = {
 EXCLUDE = re.compile(
     r"quantiz|^q_|_per_tensor|_per_channel|sparse|mkldnn|fbgemm|nested|cudnn|miopen|_test_|_dyn_quant|vulkan|"
     r"xnnpack|_mps|_weight_int|_convert_weight|_cslt|_pin_memory|is_pinned|record_stream|_foobar|_fused_moving_avg|"
-    r"to_padded_tensor|_jagged|_padded_dense|_cufft|_fft_c2c_mkl|_fused_sdp|_scaled_dot_product_flash|_flash_attention|"
-    r"_efficient_attention|_scaled_dot_product_cudnn|_transformer_encoder_layer_fwd|_native_multi_head_attention|"
+    r"to_padded_tensor|_jagged|_padded_dense|_cufft|_fft_c2c_mkl|_fused_sdp|_scaled_dot_product_flash_attention(?!_for_cpu)|"
+    r"^_flash_attention|_efficient_attention|_scaled_dot_product_cudnn|"
     r"_triton|_cudnn|lstm_mps|_mkl|^_fake|histogramdd|_histogramdd|_make_dep_token|_assert|_functional_assert|"
-    r"_print|sym_|_nnpack|_use_|_has_compatible|_version|_weight_norm_interface|_fw_primal|_make_dual|_unpack_dual|"
+    r"_print|sym_|_nnpack|_use_|_has_compatible|_version|_fw_primal|_make_dual|_unpack_dual|"
     r"_thnn_fused_gru|_validate|_chunk_cat|_int_mm|_dimI|_dimV|_nnz|_coalesced|^_?indices(_copy)?(\.|$)|"
     r"^_?values(_copy)?(\.|$)|crow_|col_indices|"
     r"ccol_|row_indices|_to_dense|to_dense|_spdiags|_addmm_activation|_scaled_mm|_grouped_mm|_scaled_grouped|"

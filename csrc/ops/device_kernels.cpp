@@ -23,6 +23,7 @@
 #include "executors/host_runtime.h"
 #include "executors/spyre/spyre.h"
 #include "lazy/queue.h"
+#include "ops/model_kernels.h"
 #include "ops/op_table.h"
 #include "ops/record.h"
 #include "ops/rnn_cells.h"
@@ -431,10 +432,13 @@ int64_t register_device_kernels() {
              torch::CppFunction::makeFromBoxedFunction<&convolution_backward_kernel>());
     for (const char* v : {"view", "as_strided", "_reshape_alias"})
       lib.impl(v, torch::CppFunction::makeFromBoxedFunction<&view_kernel>());
+    for (const auto& name : register_model_kernels(lib)) special.insert(name);
     count = static_cast<int64_t>(special.size());
     for (const auto& e : op_table()) {
       if (special.count(e.name)) continue;
-      if (e.kind == PrimKind::kView) {
+      if (register_model_row_kernel(lib, e)) {
+        // integer histc: model_kernels.cpp
+      } else if (e.kind == PrimKind::kView) {
         lib.impl(e.name, torch::CppFunction::makeFromBoxedFunction<&view_kernel>());
       } else if (auto unboxed = unboxed_record_kernel(e)) {
         lib.impl(e.name, std::move(*unboxed));

@@ -480,6 +480,11 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
       w.second.offset = t.storage_offset();
     }
   }
+  // _native_multi_head_attention without need_weights: CPU returns no weights (an
+  // undefined tensor, None in Python); the meta kernel returns an empty tensor.
+  if (name == "aten::_native_multi_head_attention" && schema.overload_name().empty() &&
+      stack[first + 10].isBool() && !stack[first + 10].toBool() && outcome.returns.size() == 2)
+    for (auto& g : outcome.returns[1]) g = Geometry();
   // Channels-last results: convolution, and kernels that keep their input's format.
   apply_cpu_memory_format(schema, stack, first, outcome);
   // Backward ops with an output_mask: CPU returns an undefined tensor for each

@@ -1,0 +1,262 @@
+// Kernels for ops real models reach that are not plain op-table rows (see model_kernels.h).
+#include "ops/model_kernels.h"
+
+#include <array>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/native/transformers/sdp_utils_cpp.h>
+#include <ATen/ops/_fused_sdp_choice_native.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Array.h>
+#include <torch/library.h>
+
+#include "ops/record.h"
+
+namespace tpu_eager {
+namespace {
+
+// ---- integer histc -----------------------------------------------------------
+// CPU's histc has no integer kernel; CUDA's has one, and code written for
+// accelerators calls it (transformers' MoE routing counts tokens per expert with
+// torch.histc on int32 on every device but cpu/mps). An accelerator supports what
+// CUDA supports, so integer histc on "tpu" computes what CUDA's SummaryOps.cu
+// computes: bounds are the Scalars converted to int64 (CUDA's accumulate type
+// for integers; a float bound truncates toward zero); when they are equal and the
+// input is not empty, the input's min and max replace them; equal bounds widen
+// to [min - 1, max + 1]; each element v in [lo, hi] goes to bin
+// (int)((v - lo) * bins / (hi - lo)) in int64 integer arithmetic, the value hi to
+// the last bin; counts have the input's dtype (CUDA adds them in that type, so
+// they wrap as it does). The op is the device's own host op tpu_eager::histc_int,
+// recorded as a library call; its meta kernel does CUDA's call-time checks.
+
+// The bounds CUDA's kernel starts from, checked as CUDA checks them before reading data.
+std::pair<int64_t, int64_t> histc_int_bounds(int64_t bins, const at::Scalar& min, const at::Scalar& max) {
+  TORCH_CHECK(bins > 0, "bins must be > 0");
+  const int64_t lo = min.to<int64_t>(), hi = max.to<int64_t>();
+  // With lo == hi the data decides (and the range is then never empty).
+  TORCH_CHECK(lo == hi || lo < hi, "max must be larger than min");
+  return {lo, hi};
+}
+
+void check_histc_int_dtype(const at::Tensor& self) {
+  const auto dt = self.scalar_type();
+  TORCH_CHECK_NOT_IMPLEMENTED(dt == at::kByte || dt == at::kChar || dt == at::kShort || dt == at::kInt ||
+                                  dt == at::kLong,
+                              "\"histc\" not implemented for '", c10::toString(dt), "'");
+}
+
+at::Tensor histc_int_meta(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
+  check_histc_int_dtype(self);
+  (void)histc_int_bounds(bins, min, max);
+  return at::empty({bins}, self.options());
+}
+
+at::Tensor& histc_int_out_meta(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max,
+                               at::Tensor& out) {
+  check_histc_int_dtype(self);
+  (void)histc_int_bounds(bins, min, max);
+  at::native::resize_output(out, {bins});
+  return out;
+}
+
+at::Tensor histc_int_cpu(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
+  check_histc_int_dtype(self);
+  auto [lo, hi] = histc_int_bounds(bins, min, max);
+  if (lo == hi && self.numel() > 0) {
+    auto [mn, mx] = at::aminmax(self);
+    lo = mn.item<int64_t>();
+    hi = mx.item<int64_t>();
+  }
+  if (lo == hi) {
+    lo -= 1;
+    hi += 1;
+  }
+  std::vector<int64_t> counts(static_cast<size_t>(bins), 0);
+  AT_DISPATCH_INTEGRAL_TYPES(self.scalar_type(), "histc", [&] {
+    const at::Tensor x = self.contiguous();
+    const scalar_t* p = x.const_data_ptr<scalar_t>();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+      const int64_t v = static_cast<int64_t>(p[i]);
+      if (v < lo || v > hi) continue;
+      int64_t bin = static_cast<int>((v - lo) * bins / (hi - lo));
+      if (bin == bins) bin -= 1;
+      if (bin >= 0 && bin < bins) ++counts[static_cast<size_t>(bin)];  // (CUDA would write out of bounds otherwise)
+    }
+  });
+  at::Tensor out = at::empty({bins}, self.options());
+  AT_DISPATCH_INTEGRAL_TYPES(self.scalar_type(), "histc", [&] {
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    // Two's-complement wrap, as CUDA's atomic adds in scalar_t.
+    for (int64_t b = 0; b < bins; ++b) o[b] = static_cast<scalar_t>(static_cast<uint64_t>(counts[b]));
+  });
+  return out;
+}
+
+at::Tensor& histc_int_out_cpu(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max,
+                              at::Tensor& out) {
+  const at::Tensor r = histc_int_cpu(self, bins, min, max);
+  at::native::resize_output(out, r.sizes());
+  out.copy_(r);
+  return out;
+}
+
+TORCH_LIBRARY(tpu_eager, m) {
+  m.def("histc_int(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor");
+  m.def("histc_int.out(Tensor self, int bins=100, Scalar min=0, Scalar max=0, *, Tensor(a!) out) -> Tensor(a!)");
+}
+
+TORCH_LIBRARY_IMPL(tpu_eager, CPU, m) {
+  m.impl("histc_int", TORCH_FN(histc_int_cpu));
+  m.impl("histc_int.out", TORCH_FN(histc_int_out_cpu));
+}
+
+TORCH_LIBRARY_IMPL(tpu_eager, Meta, m) {
+  m.impl("histc_int", TORCH_FN(histc_int_meta));
+  m.impl("histc_int.out", TORCH_FN(histc_int_out_meta));
+}
+
+bool is_integer_histc_input(const c10::IValue& self) {
+  if (!self.isTensor()) return false;
+  const auto dt = self.toTensor().scalar_type();
+  return c10::isIntegralType(dt, /*includeBool=*/false);
+}
+
+// aten::histc / histc.out on "tpu": integer inputs record tpu_eager::histc_int
+// (same arguments), other dtypes the op-table row (CPU's kernel).
+struct HistcKernel final : c10::OperatorKernel {
+  explicit HistcKernel(const OpEntry* e, bool out) : entry(e), out_overload(out) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const size_t nargs = op.schema().arguments().size();
+    if (is_integer_histc_input((*stack)[stack->size() - nargs])) {
+      std::call_once(int_planned, [&] {
+        int_op = c10::Dispatcher::singleton().findSchemaOrThrow("tpu_eager::histc_int", out_overload ? "out" : "");
+        int_entry = OpEntry{out_overload ? "tpu_eager::histc_int.out" : "tpu_eager::histc_int", PrimKind::kLibrary, 0};
+        int_plan = plan_op(*int_op, int_entry);
+      });
+      record_op(*int_op, int_entry, *int_plan, stack);
+      return;
+    }
+    std::call_once(planned, [&] { plan = plan_op(op, *entry); });
+    record_op(op, *entry, *plan, stack);
+  }
+  const OpEntry* entry;
+  bool out_overload;
+  std::once_flag planned, int_planned;
+  const OpPlan* plan = nullptr;
+  std::optional<c10::OperatorHandle> int_op;
+  OpEntry int_entry{"tpu_eager::histc_int", PrimKind::kLibrary, 0};
+  const OpPlan* int_plan = nullptr;
+};
+
+// ---- scaled dot product attention ---------------------------------------------
+// ATen's scaled_dot_product_attention asks _fused_sdp_choice_stub of the query's
+// device which implementation to call; for SDPBackend::overrideable it calls
+// _scaled_dot_product_fused_attention_overrideable (and autograd its backward),
+// the entry points a PrivateUse1 device provides. The device's fused attention is
+// CPU's fused kernel (_scaled_dot_product_flash_attention_for_cpu and its
+// backward, op-table rows, recorded as library calls), so it serves exactly the
+// calls CPU's fused kernel serves (CPU's constraints, from sdp_utils_cpp.h) and
+// gives CPU's values; the overrideable switch of torch.nn.attention.sdpa_kernel
+// turns it on and off. Every other call gets CPU's own choice (its flash kernel,
+// recorded the same way, or the math path, whose ops are recorded as on CPU, or
+// CPU's error when no enabled backend fits).
+
+// CPU's fused-kernel constraints (sdp_utils_cpp.cpp, use_flash_attention_cpp)
+// without its runtime switch, which is CPU's flash switch, not this device's.
+bool fused_attention_fits(const sdp::sdp_params& p) {
+  constexpr bool debug = false;
+  if (!sdp::check_nested_tensor(p, debug) || !sdp::check_for_dropout(p, debug) ||
+      !sdp::check_tensor_shapes(p, debug) ||
+      !sdp::check_batch_size_and_num_heads_dense<true /*grouped query attention*/>(p, debug) ||
+      !sdp::check_attn_mask_shape(p, debug) || !sdp::check_nonzero_sequence_lengths_dense(p, debug) ||
+      !sdp::check_last_dim_stride_equals_1_dense<false /*ignore_singleton_dim*/>(p, debug))
+    return false;
+  if (p.query.size(-1) != p.key.size(-1) || p.query.size(-1) != p.value.size(-1)) return false;  // same head dim
+  constexpr auto dtypes = c10::array_of<at::ScalarType>(at::kFloat, at::kDouble, at::kBFloat16, at::kHalf);
+  return sdp::check_tensor_dtype(p, dtypes, debug);
+}
+
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  const sdp::sdp_params params{query, key, value, attn_mask, dropout_p, is_causal, enable_gqa};
+  if (at::globalContext().userEnabledOverrideableSDP() && fused_attention_fits(params))
+    return static_cast<int64_t>(sdp::SDPBackend::overrideable);
+  return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
+using FusedForward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor,
+                                at::Tensor, at::Tensor>;
+
+// Returns (output [B, H, L, Ev], logsumexp [B, H, L] float, undefined cum_seq_q/k,
+// max_q = L, max_k = S, philox seed/offset (0-dim int64, unused: no dropout),
+// undefined debug mask). attn_bias is additive (SDPA converts a bool mask first).
+FusedForward sdpa_overrideable(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                               const std::optional<at::Tensor>& attn_bias, double dropout_p, bool is_causal,
+                               bool return_debug_mask, std::optional<double> scale) {
+  TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0.0,
+                              "_scaled_dot_product_fused_attention_overrideable on tpu: dropout_p must be 0 "
+                              "(scaled_dot_product_attention takes the math path for dropout)");
+  TORCH_CHECK_NOT_IMPLEMENTED(!return_debug_mask,
+                              "_scaled_dot_product_fused_attention_overrideable on tpu: no debug attention mask");
+  auto [out, lse] =
+      at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, attn_bias, scale);
+  const auto seed_opts = query.options().dtype(at::kLong);
+  return FusedForward(std::move(out), std::move(lse), at::Tensor(), at::Tensor(), c10::SymInt(query.size(-2)),
+                      c10::SymInt(key.size(-2)), at::empty({}, seed_opts), at::empty({}, seed_opts), at::Tensor());
+}
+
+// Returns (grad_query, grad_key, grad_value, undefined grad_attn_bias): CPU's
+// fused backward. A bias that needs a gradient never takes the fused path (the
+// choice above gives math then, as on CPU).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask, const at::Tensor& out,
+    const at::Tensor& logsumexp, const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p,
+    bool is_causal, const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!grad_input_mask[3] || !attn_bias.defined(),
+                              "_scaled_dot_product_fused_attention_overrideable_backward on tpu: no gradient "
+                              "for attn_bias (scaled_dot_product_attention takes the math path for it)");
+  std::optional<at::Tensor> bias;
+  if (attn_bias.defined()) bias = attn_bias;
+  auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, bias, scale);
+  return {grad_input_mask[0] ? gq : at::Tensor(), grad_input_mask[1] ? gk : at::Tensor(),
+          grad_input_mask[2] ? gv : at::Tensor(), at::Tensor()};
+}
+
+}  // namespace
+
+std::unordered_set<std::string> register_model_kernels(torch::Library& lib) {
+  lib.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
+  lib.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(sdpa_overrideable));
+  lib.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(sdpa_overrideable_backward));
+  return {"_fused_sdp_choice", "_scaled_dot_product_fused_attention_overrideable",
+          "_scaled_dot_product_fused_attention_overrideable_backward"};
+}
+
+bool register_model_row_kernel(torch::Library& lib, const OpEntry& e) {
+  const std::string name = e.name;
+  if (name != "histc" && name != "histc.out") return false;
+  lib.impl(e.name, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<HistcKernel>(&e, name == "histc.out")));
+  return true;
+}
+
+}  // namespace tpu_eager
+
+namespace at::native {
+// The device's answer to scaled_dot_product_attention's backend question.
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &tpu_eager::fused_sdp_choice)
+}  // namespace at::native

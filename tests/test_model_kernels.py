@@ -1,0 +1,526 @@
+"""Kernels real models reach (issue 17 §4), each compared with CPU.
+
+- integer ``torch.histc`` (CUDA's semantics; CPU has no integer kernel), against a
+  reference computed in float64 on CPU;
+- ``_weight_norm_interface`` and its backward (``nn.utils.weight_norm`` and
+  ``nn.utils.parametrizations.weight_norm``);
+- the fast paths of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``
+  (``_native_multi_head_attention``, ``_transformer_encoder_layer_fwd``);
+- ``F.scaled_dot_product_attention`` through ``_fused_sdp_choice`` and
+  ``_scaled_dot_product_fused_attention_overrideable`` (+ backward).
+
+Every op here runs natively: recorded, not through the CPU fallback nor eagerly.
+"""
+import contextlib
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from difftest import requires_tpu
+
+pytestmark = requires_tpu
+
+DEV = "tpu"
+
+
+@contextlib.contextmanager
+def recorded_only():
+    """Asserts that the ops run inside were recorded: no fallback, no eager (run-at-call) op."""
+    import torch_tpu_eager
+
+    before = torch_tpu_eager.metrics()
+    yield
+    torch.tpu.synchronize()
+    after = torch_tpu_eager.metrics()
+    assert after["fallback_ops"] == before["fallback_ops"]
+    assert after["eager_ops"] == before["eager_ops"]
+
+
+# ---- integer histc ---------------------------------------------------------------
+
+
+def histc_reference(x, bins, lo, hi):
+    """CUDA's integer histc computed in float64 on CPU: bounds are the Scalars
+    truncated to integers; equal bounds take the data's min/max, then widen by 1;
+    element v in [lo, hi] goes to floor((v - lo) * bins / (hi - lo)), hi to the last bin."""
+    lo, hi = int(lo), int(hi)
+    v = x.to(torch.float64).flatten()
+    if lo == hi and v.numel() > 0:
+        lo, hi = int(v.min()), int(v.max())
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    keep = (v >= lo) & (v <= hi)
+    b = torch.floor((v[keep] - lo) * bins / (hi - lo)).to(torch.int64)
+    b[b == bins] = bins - 1
+    counts = torch.bincount(b, minlength=bins)
+    return counts.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8])
+@pytest.mark.parametrize("bins,lo,hi", [(4, 0, 3), (8, 0, 7), (5, 0, 0), (3, -2, 9), (7, 2, 2), (10, 1.9, 6.7),
+                                        (1, 0, 100)])
+def test_histc_integer(dtype, bins, lo, hi):
+    g = torch.Generator().manual_seed(bins * 100 + int(hi))
+    low = 0 if dtype == torch.uint8 else -5
+    x = torch.randint(low, 12, (37,), generator=g).to(dtype)
+    with recorded_only():
+        r = torch.histc(x.to(DEV), bins=bins, min=lo, max=hi)
+    ref = histc_reference(x, bins, lo, hi)
+    assert r.dtype == dtype and r.device.type == DEV
+    assert torch.equal(r.cpu(), ref)
+
+
+def test_histc_integer_moe_routing():
+    # transformers' MoE load balancing: expert indices as int32, bins = experts, [0, experts - 1]
+    experts = 8
+    idx = torch.randint(0, experts, (64, 2), dtype=torch.int64)
+    r = torch.histc(idx.to(DEV).int(), bins=experts, min=0, max=experts - 1)
+    assert torch.equal(r.cpu(), torch.bincount(idx.flatten(), minlength=experts).int())
+
+
+def test_histc_integer_edge_cases():
+    # empty input with equal bounds: zeros; all-equal data: range widened to [v - 1, v + 1]
+    e = torch.histc(torch.empty(0, dtype=torch.int32, device=DEV), bins=3)
+    assert torch.equal(e.cpu(), torch.zeros(3, dtype=torch.int32))
+    c = torch.histc(torch.full((5,), 4, dtype=torch.int64, device=DEV), bins=4)
+    assert torch.equal(c.cpu(), histc_reference(torch.full((5,), 4), 4, 0, 0))
+    # a strided input
+    x = torch.arange(40, dtype=torch.int32).view(8, 5)
+    r = torch.histc(x.to(DEV).t()[1:, ::2], bins=6, min=0, max=39)
+    assert torch.equal(r.cpu(), histc_reference(x.t()[1:, ::2], 6, 0, 39))
+    # counts kept in the input's dtype wrap as CUDA's (uint8: 300 elements in one bin)
+    u = torch.histc(torch.zeros(300, dtype=torch.uint8, device=DEV), bins=2, min=0, max=1)
+    assert torch.equal(u.cpu(), torch.tensor([300 % 256, 0], dtype=torch.uint8))
+    # out=
+    out = torch.empty(0, dtype=torch.int32, device=DEV)
+    torch.histc(torch.tensor([0, 1, 1, 3], dtype=torch.int32, device=DEV), bins=4, min=0, max=3, out=out)
+    assert torch.equal(out.cpu(), torch.tensor([1, 2, 0, 1], dtype=torch.int32))
+
+
+def test_histc_integer_errors_at_call():
+    x = torch.tensor([1, 2], dtype=torch.int32, device=DEV)
+    with pytest.raises(RuntimeError, match="max must be larger than min"):
+        torch.histc(x, bins=4, min=3, max=1)
+    with pytest.raises(RuntimeError, match="bins must be > 0"):
+        torch.histc(x, bins=0)
+    assert torch.equal(x.cpu(), torch.tensor([1, 2], dtype=torch.int32))  # the queue and x stay valid
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_histc_float_matches_cpu(dtype):
+    x = torch.randn(100, dtype=dtype)
+    for bins, lo, hi in [(10, 0, 0), (7, -1, 1), (3, 0.5, 0.5)]:
+        assert torch.equal(torch.histc(x.to(DEV), bins, lo, hi).cpu(), torch.histc(x, bins, lo, hi))
+
+
+# ---- weight norm -------------------------------------------------------------------
+
+
+def _grads(m):
+    return [p.grad.cpu() if p.grad.device.type != "cpu" else p.grad for p in m.parameters()]
+
+
+@pytest.mark.parametrize("kind", ["legacy", "parametrization"])
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, None])
+def test_weight_norm_conv(kind, dim):
+    torch.manual_seed(0)
+    conv = nn.Conv1d(4, 6, 3)
+    wn = nn.utils.weight_norm if kind == "legacy" else nn.utils.parametrizations.weight_norm
+    cpu = wn(conv, dim=dim)
+    tpu = wn(nn.Conv1d(4, 6, 3), dim=dim)
+    tpu.load_state_dict(cpu.state_dict())
+    tpu.to(DEV)
+    x = torch.randn(2, 4, 9)
+    y_cpu = cpu(x)
+    with recorded_only():
+        y_tpu = tpu(x.to(DEV))
+    torch.testing.assert_close(y_tpu.cpu(), y_cpu)
+    y_cpu.square().sum().backward()
+    y_tpu.square().sum().backward()
+    for a, b in zip(_grads(tpu), _grads(cpu)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_weight_norm_interface_ops(dim):
+    v = torch.randn(5, 3, 4, dtype=torch.float64, requires_grad=True)
+    g_shape = [1, 1, 1]
+    g_shape[dim] = v.shape[dim]
+    g = torch.rand(*g_shape, dtype=torch.float64, requires_grad=True)
+    w = torch._weight_norm(v, g, dim if dim >= 0 else v.dim() + dim)
+    vt = v.detach().to(DEV).requires_grad_()
+    gt = g.detach().to(DEV).requires_grad_()
+    with recorded_only():
+        wt = torch._weight_norm(vt, gt, dim if dim >= 0 else v.dim() + dim)
+    torch.testing.assert_close(wt.cpu(), w)
+    go = torch.randn_like(w)
+    w.backward(go)
+    wt.backward(go.to(DEV))
+    torch.testing.assert_close(vt.grad.cpu(), v.grad)
+    torch.testing.assert_close(gt.grad.cpu(), g.grad)
+    # the fused op itself (dim 0 or last), forward and backward
+    d = 0 if dim == 0 else v.dim() - 1
+    if dim in (0, -1):
+        outs = torch._weight_norm_interface(v.detach(), g.detach(), d)
+        outs_t = torch._weight_norm_interface(v.detach().to(DEV), g.detach().to(DEV), d)
+        for a, b in zip(outs_t, outs):
+            torch.testing.assert_close(a.cpu(), b)
+        gb = torch.ops.aten._weight_norm_interface_backward(go, v.detach(), g.detach(), outs[1], d)
+        gb_t = torch.ops.aten._weight_norm_interface_backward(go.to(DEV), v.detach().to(DEV), g.detach().to(DEV),
+                                                     outs_t[1], d)
+        for a, b in zip(gb_t, gb):
+            torch.testing.assert_close(a.cpu(), b)
+
+
+# ---- MultiheadAttention / TransformerEncoderLayer fast paths ------------------------
+
+
+def _pair(make):
+    torch.manual_seed(0)
+    cpu = make().eval()
+    tpu = make().eval()
+    tpu.load_state_dict(cpu.state_dict())
+    return cpu, tpu.to(DEV)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("mask", [None, "key_padding", "attn"])
+def test_multihead_attention_fast_path(batch_first, need_weights, average, mask):
+    cpu, tpu = _pair(lambda: nn.MultiheadAttention(16, 4, batch_first=batch_first))
+    x = torch.randn(3, 5, 16) if batch_first else torch.randn(5, 3, 16)
+    kw = dict(need_weights=need_weights, average_attn_weights=average)
+    if mask == "key_padding":
+        kpm = torch.zeros(3, 5, dtype=torch.bool)
+        kpm[1, 3:] = True
+        kw_cpu, kw_tpu = dict(key_padding_mask=kpm), dict(key_padding_mask=kpm.to(DEV))
+    elif mask == "attn":
+        am = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
+        kw_cpu, kw_tpu = dict(attn_mask=am), dict(attn_mask=am.to(DEV))
+    else:
+        kw_cpu, kw_tpu = {}, {}
+    with torch.no_grad():
+        out_cpu, w_cpu = cpu(x, x, x, **kw, **kw_cpu)
+        xt = x.to(DEV)
+        with recorded_only():
+            out_tpu, w_tpu = tpu(xt, xt, xt, **kw, **kw_tpu)
+    torch.testing.assert_close(out_tpu.cpu(), out_cpu)
+    if w_cpu is None:
+        assert w_tpu is None
+    else:
+        torch.testing.assert_close(w_tpu.cpu(), w_cpu)
+
+
+def test_multihead_attention_takes_fast_path():
+    # the fast path is what runs on "tpu" in eval + no_grad (as on CPU and CUDA)
+    cpu, tpu = _pair(lambda: nn.MultiheadAttention(8, 2, batch_first=True))
+    x = torch.randn(2, 3, 8, device=DEV)
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        tpu(x, x, x)
+    assert any(e.name == "aten::_native_multi_head_attention" for e in prof.events())
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("mask", [None, "key_padding", "causal"])
+def test_transformer_encoder_layer_fast_path(batch_first, norm_first, activation, mask):
+    cpu, tpu = _pair(lambda: nn.TransformerEncoderLayer(16, 4, 32, activation=activation, batch_first=batch_first,
+                                                        norm_first=norm_first))
+    x = torch.randn(3, 6, 16) if batch_first else torch.randn(6, 3, 16)
+    kw_cpu, kw_tpu = {}, {}
+    if mask == "key_padding":
+        kpm = torch.zeros(3, 6, dtype=torch.bool)
+        kpm[0, 4:] = True
+        kw_cpu, kw_tpu = dict(src_key_padding_mask=kpm), dict(src_key_padding_mask=kpm.to(DEV))
+    elif mask == "causal":
+        m = nn.Transformer.generate_square_subsequent_mask(6)
+        kw_cpu, kw_tpu = dict(src_mask=m, is_causal=True), dict(src_mask=m.to(DEV), is_causal=True)
+    with torch.no_grad():
+        with torch.profiler.profile() as prof_cpu:
+            y_cpu = cpu(x, **kw_cpu)
+        with recorded_only(), torch.profiler.profile() as prof:
+            y_tpu = tpu(x.to(DEV), **kw_tpu)
+    # "tpu" takes the fast path exactly when CPU does (batch_first, ...)
+    def fast(p):
+        return any(e.name == "aten::_transformer_encoder_layer_fwd" for e in p.events())
+
+    assert fast(prof) == fast(prof_cpu)
+    assert fast(prof) or not batch_first or mask == "causal"
+    torch.testing.assert_close(y_tpu.cpu(), y_cpu)
+
+
+def test_transformer_encoder_end_to_end():
+    # nn.TransformerEncoder (a ViT-style stack) in eval + no_grad, as torchvision's vit_b_32 runs it
+    def make():
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True,
+                                           activation="gelu")
+        return nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+
+    cpu, tpu = _pair(make)
+    x = torch.randn(2, 10, 32)
+    with torch.no_grad():
+        y_cpu = cpu(x)
+        with recorded_only():
+            y_tpu = tpu(x.to(DEV))
+    torch.testing.assert_close(y_tpu.cpu(), y_cpu)
+    # and in training mode with autograd (the slow path, through scaled_dot_product_attention)
+    cpu.train(), tpu.train()
+    cpu(x).sum().backward()
+    tpu(x.to(DEV)).sum().backward()
+    for a, b in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_weight_normed_conv_end_to_end():
+    # wav2vec2/hubert's positional convolution: weight_norm over dim=2 of a grouped Conv1d
+    def make():
+        conv = nn.Conv1d(16, 16, 5, padding=2, groups=4)
+        return nn.Sequential(nn.utils.parametrizations.weight_norm(conv, name="weight", dim=2), nn.GELU())
+
+    cpu, tpu = _pair(make)
+    cpu.train(), tpu.train()
+    x = torch.randn(2, 16, 20)
+    y_cpu = cpu(x)
+    y_tpu = tpu(x.to(DEV))
+    torch.testing.assert_close(y_tpu.cpu(), y_cpu)
+    y_cpu.pow(2).mean().backward()
+    y_tpu.pow(2).mean().backward()
+    for a, b in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad)
+
+
+# ---- scaled dot product attention ------------------------------------------------------
+
+OVERRIDEABLE = 4  # torch.nn.attention.SDPBackend.OVERRIDEABLE
+
+
+def _sdpa_case(case):
+    torch.manual_seed(1)
+    B, H, L, S, E = 2, 4, 5, 7, 8
+    kv_heads = 2 if case == "gqa" else H
+    q = torch.randn(B, H, L, E, dtype=torch.float64)
+    k = torch.randn(B, kv_heads, S, E, dtype=torch.float64)
+    v = torch.randn(B, kv_heads, S, E, dtype=torch.float64)
+    kw = {}
+    if case == "causal":
+        kw["is_causal"] = True
+    elif case == "bool_mask":
+        m = torch.rand(L, S) > 0.3
+        m[:, 0] = True
+        kw["attn_mask"] = m
+    elif case == "float_mask":
+        kw["attn_mask"] = torch.randn(B, 1, L, S, dtype=torch.float64)
+    elif case == "scale":
+        kw["scale"] = 0.3
+    elif case == "gqa":
+        kw["enable_gqa"] = True
+    return q, k, v, kw
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "bool_mask", "float_mask", "scale", "gqa"])
+def test_sdpa_forward_backward(case):
+    q, k, v, kw = _sdpa_case(case)
+    kw_t = {n: (a.to(DEV) if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
+    qt, kt, vt = (t.to(DEV).requires_grad_() for t in (q, k, v))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    choice_kw = {n: a for n, a in kw_t.items() if n in ("attn_mask", "is_causal", "scale", "enable_gqa")}
+    assert torch._fused_sdp_choice(qt, kt, vt, **choice_kw) == OVERRIDEABLE
+    out = F.scaled_dot_product_attention(q, k, v, **kw)
+    with recorded_only(), torch.profiler.profile() as prof:
+        out_t = F.scaled_dot_product_attention(qt, kt, vt, **kw_t)
+        go = torch.randn_like(out)
+        out_t.backward(go.to(DEV))
+    names = {e.name for e in prof.events()}
+    assert "aten::_scaled_dot_product_fused_attention_overrideable" in names
+    assert "aten::_scaled_dot_product_fused_attention_overrideable_backward" in names
+    out.backward(go)
+    torch.testing.assert_close(out_t.cpu(), out)
+    for a, b in ((qt, q), (kt, k), (vt, v)):
+        torch.testing.assert_close(a.grad.cpu(), b.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_dtypes_and_layouts(dtype):
+    # (B, L, H, E) inputs transposed to (B, H, L, E), as attention layers hand them over
+    q = torch.randn(2, 6, 3, 16).to(dtype).transpose(1, 2)
+    k = torch.randn(2, 6, 3, 16).to(dtype).transpose(1, 2)
+    v = torch.randn(2, 6, 3, 16).to(dtype).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with recorded_only():
+        out_t = F.scaled_dot_product_attention(q.to(DEV), k.to(DEV), v.to(DEV), is_causal=True)
+    assert out_t.dtype == dtype and out_t.shape == out.shape
+    torch.testing.assert_close(out_t.cpu(), out)
+
+
+def test_sdpa_falls_back_to_math_as_cpu():
+    # dropout, a mask that needs a gradient, 3-D inputs, different head dims: CPU's math path
+    q = torch.randn(2, 5, 8)
+    assert torch._fused_sdp_choice(q.to(DEV), q.to(DEV), q.to(DEV)) == torch._fused_sdp_choice(q, q, q)
+    q4 = torch.randn(1, 2, 5, 8, device=DEV)
+    assert torch._fused_sdp_choice(q4, q4, q4, dropout_p=0.5) == 0
+    v4 = torch.randn(1, 2, 5, 4, device=DEV)
+    assert torch._fused_sdp_choice(q4, q4, v4) == 0
+    out = F.scaled_dot_product_attention(q, q, q)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q.to(DEV), q.to(DEV), q.to(DEV)).cpu(), out)
+    # a mask with a gradient
+    m = torch.randn(5, 5, requires_grad=True)
+    mt = m.detach().to(DEV).requires_grad_()
+    q4c = q4.cpu()
+    F.scaled_dot_product_attention(q4c, q4c, q4c, attn_mask=m).sum().backward()
+    F.scaled_dot_product_attention(q4, q4, q4, attn_mask=mt).sum().backward()
+    torch.testing.assert_close(mt.grad.cpu(), m.grad)
+
+
+def test_sdpa_backend_switches():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, 2, 4, 8)
+    qt = q.to(DEV)
+    ref = F.scaled_dot_product_attention(q, q, q)
+    with sdpa_kernel(SDPBackend.OVERRIDEABLE):
+        assert torch._fused_sdp_choice(qt, qt, qt) == OVERRIDEABLE
+        torch.testing.assert_close(F.scaled_dot_product_attention(qt, qt, qt).cpu(), ref)
+    with sdpa_kernel(SDPBackend.MATH):
+        assert torch._fused_sdp_choice(qt, qt, qt) == 0
+        torch.testing.assert_close(F.scaled_dot_product_attention(qt, qt, qt).cpu(), ref)
+    with sdpa_kernel(SDPBackend.OVERRIDEABLE):
+        # no fused kernel for dropout and math disabled: CPU's error
+        with pytest.raises(RuntimeError, match="No viable backend"):
+            F.scaled_dot_product_attention(qt, qt, qt, dropout_p=0.5)
+
+
+# ---- sparse COO ------------------------------------------------------------------------
+# Sparse tpu tensors hold tpu indices/values; their kernels run at the call on the host
+# (CPU's sparse kernels), as data-dependent ops do.
+
+
+def _sparse_pair(dtype=torch.float32):
+    i = torch.tensor([[0, 1, 1, 0], [2, 0, 2, 2]])
+    v = torch.tensor([3.0, 4.0, 5.0, -1.0]).to(dtype)
+    return torch.sparse_coo_tensor(i, v, (2, 3)), torch.sparse_coo_tensor(i.to(DEV), v.to(DEV), (2, 3))
+
+
+def _same_sparse(t, c):
+    assert t.device.type == DEV and t.layout == torch.sparse_coo
+    assert t.shape == c.shape and t.dtype == c.dtype and t._nnz() == c._nnz()
+    assert t.is_coalesced() == c.is_coalesced()
+    assert torch.equal(t._indices().cpu(), c._indices()) and torch.equal(t._values().cpu(), c._values())
+
+
+def test_sparse_construction_and_metadata():
+    c, t = _sparse_pair()
+    _same_sparse(t, c)
+    t2 = torch.sparse_coo_tensor(c._indices(), c._values(), (2, 3), device=DEV)
+    _same_sparse(t2, c)
+    assert (t.sparse_dim(), t.dense_dim()) == (c.sparse_dim(), c.dense_dim())
+    assert t._indices().device.type == DEV
+    # indices()/values() of a coalesced tensor alias its members, as on CPU
+    tc = t.coalesce()
+    tc.values().mul_(2)
+    assert torch.equal(tc._values().cpu(), c.coalesce()._values() * 2)
+    # round trips
+    _same_sparse(c.to(DEV), c)
+    back = t.cpu()
+    assert back.device.type == "cpu" and torch.equal(back.to_dense(), c.to_dense())
+    with pytest.raises(RuntimeError, match="size is inconsistent with indices"):
+        torch.sparse_coo_tensor(torch.tensor([[0, 5]]), torch.tensor([1.0, 2.0]), (3,), check_invariants=True,
+                                device=DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_sparse_ops_match_cpu(dtype):
+    c, t = _sparse_pair(dtype)
+    _same_sparse(t.coalesce(), c.coalesce())
+    assert torch.equal(t.to_dense().cpu(), c.to_dense())
+    for f in (lambda s: s + s, lambda s: s * 3, lambda s: s * s, lambda s: s - s.coalesce(), lambda s: -s,
+              lambda s: torch.sparse.sum(s, 1)):
+        _same_sparse(f(t), f(c))
+    if dtype.is_floating_point:
+        _same_sparse(t / 2, c / 2)
+    dense = torch.arange(6).view(2, 3).to(dtype)
+    assert torch.equal((dense.to(DEV) + t).cpu(), dense + c)
+    # dense -> sparse
+    d = torch.tensor([[0, 1, 0], [2, 0, 3]]).to(dtype)
+    _same_sparse(d.to(DEV).to_sparse(), d.to_sparse())
+    _same_sparse(d.to(DEV).to_sparse(1), d.to_sparse(1))
+
+
+def test_sparse_in_place_and_matmul():
+    c, t = _sparse_pair()
+    t.mul_(2)
+    c.mul_(2)
+    _same_sparse(t, c)
+    m = torch.randn(3, 4)
+    torch.testing.assert_close(torch.sparse.mm(t, m.to(DEV)).cpu(), torch.sparse.mm(c, m))
+    # the queue stays usable after sparse work
+    x = torch.ones(3, device=DEV) * 2
+    assert x.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+# ---- cov of complex64 with inf (issue 25) ----------------------------------------------
+
+
+def test_cov_complex_with_inf_matches_cpu():
+    import itertools
+
+    x = torch.tensor([0, -2, float("nan"), 10.2, float("inf")], dtype=torch.cfloat)
+    y = torch.tensor([[complex(float("inf"), 0), 1 + 2j, 3 - 1j], [2 + 0j, 1j, 4 + 4j]], dtype=torch.cfloat)
+    for t in (x, y):
+        n = t.numel() if t.dim() < 2 else t.size(1)
+        fw = torch.arange(1, n + 1)
+        aw = torch.linspace(1, 2, n)
+        for corr, f, a in itertools.product([0, 1, 2, n], [None, fw], [None, aw]):
+            ref = torch.cov(t, correction=corr, fweights=f, aweights=a)
+            got = torch.cov(t.to(DEV), correction=corr, fweights=None if f is None else f.to(DEV),
+                            aweights=None if a is None else a.to(DEV)).cpu()
+            torch.testing.assert_close(torch.view_as_real(got), torch.view_as_real(ref), equal_nan=True)
+    # complex division by zero, element by element as CPU
+    a = torch.tensor([complex(float("inf"), 0), complex(float("inf"), 1), 1 - 1j] * 7, dtype=torch.cfloat)
+    torch.testing.assert_close(torch.view_as_real((a.to(DEV) / torch.tensor(0.0, device=DEV)).cpu()),
+                               torch.view_as_real(a / torch.tensor(0.0)), equal_nan=True)
+
+
+# ---- quantized tensors -----------------------------------------------------------------
+# quantize_per_tensor/per_channel of a tpu tensor give a quantized tpu tensor (QTensorImpl
+# over device memory); views share its storage, other quantized ops run at the call on the host.
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("dtype", [torch.quint8, torch.qint8, torch.qint32])
+def test_quantize_per_tensor(dtype):
+    x = torch.randn(4, 6) * 3
+    q = torch.quantize_per_tensor(x, 0.05, 2 if dtype != torch.qint32 else 0, dtype)
+    qt = torch.quantize_per_tensor(x.to(DEV), 0.05, 2 if dtype != torch.qint32 else 0, dtype)
+    assert qt.device.type == DEV and qt.dtype == dtype and qt.is_quantized
+    assert (qt.q_scale(), qt.q_zero_point()) == (q.q_scale(), q.q_zero_point())
+    assert torch.equal(qt.int_repr().cpu(), q.int_repr())
+    assert torch.equal(qt.dequantize().cpu(), q.dequantize())
+    for f in (torch.flatten, torch.ravel, lambda t: t.t(), lambda t: t[1:, ::2], lambda t: t.reshape(3, 8),
+              lambda t: t.view(2, 12)):
+        v, vt = f(q), f(qt)
+        assert vt.shape == v.shape and vt.stride() == v.stride()
+        assert torch.equal(vt.int_repr().cpu(), v.int_repr())
+    assert torch.equal(qt.flatten().dequantize().cpu(), q.flatten().dequantize())
+    back = qt.cpu()
+    assert back.device.type == "cpu" and torch.equal(back.int_repr(), q.int_repr())
+    assert torch.equal(q.to(DEV).int_repr().cpu(), q.int_repr())
+    assert "quantization_scheme=torch.per_tensor_affine" in repr(qt) and "device='tpu:0'" in repr(qt)
+    # tensor qparams
+    qt2 = torch.quantize_per_tensor(x.to(DEV), torch.tensor(0.05, device=DEV), torch.tensor(1, device=DEV), dtype)
+    assert torch.equal(qt2.int_repr().cpu(), torch.quantize_per_tensor(x, torch.tensor(0.05), torch.tensor(1),
+                                                                        dtype).int_repr())
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_quantize_per_channel():
+    x = torch.randn(3, 5)
+    s, z = torch.tensor([0.1, 0.2, 0.05]), torch.tensor([0, 1, -2])
+    q = torch.quantize_per_channel(x, s, z, 0, torch.qint8)
+    qt = torch.quantize_per_channel(x.to(DEV), s.to(DEV), z.to(DEV), 0, torch.qint8)
+    assert torch.equal(qt.int_repr().cpu(), q.int_repr())
+    assert torch.equal(qt.dequantize().cpu(), q.dequantize())
+    assert torch.equal(qt.q_per_channel_scales().cpu(), q.q_per_channel_scales())
