@@ -25,6 +25,7 @@ def install():
     from . import _storage
 
     _storage.install_storage_classes(device_module)
+    _storage.install_storage_methods()
     _storage.install_dlpack()
     _C._register_kernels()
     _C._install_location_hook()

@@ -88,6 +88,28 @@ def install_storage_classes(device_module, module_name="torch.tpu"):
         torch._storage_classes.add(cls)
 
 
+def install_storage_methods():
+    """``UntypedStorage._byteswap`` (behind ``storage.byteswap(dtype)``) of a "tpu"
+    storage: PyTorch's C++ method swaps the bytes of the host memory in place,
+    which on this device may not hold the storage's value yet (queued ops).
+    It runs on a host copy (same checks and errors) that is copied back."""
+    cls = torch.UntypedStorage
+    orig = cls._byteswap
+    if getattr(orig, "_tpu_wrapped", False):
+        return
+
+    @functools.wraps(orig)
+    def _byteswap(self, *args, **kwargs):
+        if self.device.type != "tpu":
+            return orig(self, *args, **kwargs)
+        host = self.cpu()
+        orig(host, *args, **kwargs)
+        self.copy_(host)
+
+    _byteswap._tpu_wrapped = True
+    cls._byteswap = _byteswap
+
+
 # ---- DLPack ----
 
 def _is_tpu(t):
