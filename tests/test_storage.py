@@ -292,6 +292,15 @@ def test_deterministic_fill_off_leaves_values_alone(deterministic):
     assert t.cpu()[:2].tolist() == [0.0, 0.0]  # the kept elements, whatever the new ones hold
 
 
+def test_deterministic_fill_then_host_copies(deterministic):
+    # New memory is filled at once, not left pending: a host-to-device copy into
+    # it (as_tensor, .to("tpu"), copy_) writes directly.
+    assert torch.as_tensor([1.0, 2.0], dtype=torch.float32, device="tpu").cpu().tolist() == [1.0, 2.0]
+    assert torch.arange(3).to("tpu").cpu().tolist() == [0, 1, 2]
+    t = torch.empty(2, device="tpu").copy_(torch.tensor([5.0, 6.0]))
+    assert t.cpu().tolist() == [5.0, 6.0]
+
+
 def test_deterministic_fill_keeps_old_elements(deterministic):
     t = torch.arange(3.0, device="tpu")
     t.mul_(2)  # queued when resize_ grows the storage

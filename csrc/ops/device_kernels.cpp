@@ -49,24 +49,31 @@ bool is_tpu(const at::Tensor& t) { return t.defined() && t.device().type() == c1
 // torch.utils.deterministic.fill_uninitialized_memory (the default): new
 // memory holds NaN (floating and complex types) or the type's maximum
 // (integers; True for bool), as CPU's empty, empty_strided and resize_
-// fill it (ATen's fill_empty_deterministic_). Recorded as a fill_, so the
-// target's storage rules apply to the value.
+// fill it (ATen's fill_empty_deterministic_).
 bool fill_uninitialized_memory() {
   const auto& ctx = at::globalContext();
   return C10_UNLIKELY(ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory());
 }
 
-void fill_empty_deterministic(at::Tensor& t) {
+at::Tensor host_view(const at::Tensor& t);
+
+// Writes the fill straight into the buffer: `t` is new memory (a fresh
+// storage, or the part a resize just added), which no queued op uses. A
+// recorded fill_ would leave it pending, and a host-to-device copy into a
+// pending tensor stages its source in another new (pending) tensor, forever.
+void fill_empty_deterministic(const at::Tensor& t) {
   if (t.numel() == 0) return;
+  at::Tensor v = host_view(t);
   const at::ScalarType st = t.scalar_type();
   if (at::isFloatingType(st) || at::isComplexType(st)) {
-    t.fill_(std::numeric_limits<double>::quiet_NaN());
-    return;
+    v.fill_(std::numeric_limits<double>::quiet_NaN());
+  } else {
+    at::Scalar x;
+    AT_DISPATCH_V2(st, "fill_empty_deterministic_", AT_WRAP([&] { x = at::Scalar(std::numeric_limits<scalar_t>::max()); }),
+                   at::kBool, AT_EXPAND(AT_INTEGRAL_TYPES_V2));
+    v.fill_(x);
   }
-  at::Scalar v;
-  AT_DISPATCH_V2(st, "fill_empty_deterministic_", AT_WRAP([&] { v = at::Scalar(std::numeric_limits<scalar_t>::max()); }),
-                 at::kBool, AT_EXPAND(AT_INTEGRAL_TYPES_V2));
-  t.fill_(v);
+  if (spyre::active()) spyre::round_in_place(v);  // Spyre stores 16-bit floats as df16
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
