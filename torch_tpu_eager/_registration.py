@@ -22,6 +22,11 @@ def install():
 
     torch._register_device_module("tpu", device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    from . import _storage
+
+    _storage.install_storage_classes(device_module)
+    _storage.install_storage_methods()
+    _storage.install_dlpack()
     _C._register_kernels()
     _C._install_location_hook()
     _install_repr()

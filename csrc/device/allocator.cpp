@@ -37,11 +37,60 @@ std::string human(int64_t bytes) {
   return buf;
 }
 
+// Registry of the storages that have holders outside the queue (a doubly
+// linked list through DeferredStorage::registry_prev/next): it maps a
+// pointer into device memory back to its storage, for StorageImpls that
+// PyTorch builds over device memory itself (alias storages, below). Linking
+// costs a lock and four pointer writes per allocation; lookups are rare.
+std::mutex g_registry_mu;
+DeferredStorage* g_registry_head = nullptr;
+
+void registry_add(DeferredStorage* ds) {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  ds->registry_next = g_registry_head;
+  if (g_registry_head) g_registry_head->registry_prev = ds;
+  g_registry_head = ds;
+}
+
+void registry_remove(DeferredStorage* ds) {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  if (ds->registry_prev) ds->registry_prev->registry_next = ds->registry_next;
+  else if (g_registry_head == ds) g_registry_head = ds->registry_next;
+  if (ds->registry_next) ds->registry_next->registry_prev = ds->registry_prev;
+  ds->registry_prev = ds->registry_next = nullptr;
+}
+
+// One holder outside the queue (a StorageImpl) is gone. After the last, only
+// queue nodes use the storage and its pending values need not be computed.
+void drop_external_holder(DeferredStorage* ds) {
+  if (ds->external_holders.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    ds->external_alive.store(false, std::memory_order_release);
+    registry_remove(ds);
+  }
+}
+
 void delete_storage_ctx(void* ctx) {
   // The StorageImpl died: its DeferredStorage lives on while queue nodes use it.
   auto* ds = static_cast<DeferredStorage*>(ctx);
-  ds->external_alive.store(false, std::memory_order_release);
+  drop_external_holder(ds);
   c10::intrusive_ptr<DeferredStorage>::reclaim(ds);  // drops the StorageImpl's reference
+}
+
+// The context of an alias storage: a "tpu" StorageImpl that PyTorch built over
+// device memory it did not allocate through us (torch.from_dlpack of a tpu
+// tensor, UntypedStorage slicing, from_blob over a device buffer in legacy
+// torch.save). Its DataPtr is re-homed onto this context the first time the
+// device sees it; the original DataPtr (and its deleter) lives on inside.
+struct AliasCtx {
+  c10::DataPtr original;  // what PyTorch built; released with this context
+  StoragePtr owner;       // the storage whose bytes these are
+  int64_t byte_offset;    // of the alias's first byte in `owner`
+};
+
+void delete_alias_ctx(void* ctx) {
+  auto* a = static_cast<AliasCtx*>(ctx);
+  drop_external_holder(a->owner.get());
+  delete a;
 }
 
 struct DeviceAllocator final : c10::Allocator {
@@ -76,6 +125,7 @@ struct DeviceAllocator final : c10::Allocator {
     }
     auto ds = c10::make_intrusive<DeferredStorage>(data, nbytes, g_next_id.fetch_add(1));
     DeferredStorage* raw = ds.release();
+    registry_add(raw);
     return {data, raw, &delete_storage_ctx, c10::Device(c10::DeviceType::PrivateUse1, 0)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -96,10 +146,67 @@ void account_free(size_t nbytes) { g_allocated.fetch_sub(static_cast<int64_t>(nb
 
 c10::Allocator* device_allocator() { return &g_allocator; }
 
-DeferredStorage* deferred_storage_of(const c10::Storage& storage) {
-  auto* ctx = storage.data_ptr().get_context();
-  TORCH_INTERNAL_ASSERT(ctx != nullptr, "tpu storage without a DeferredStorage context");
-  return static_cast<DeferredStorage*>(ctx);
+namespace {
+
+// Re-homes an alias storage (see AliasCtx): finds the storage whose buffer
+// holds its bytes and gives it an AliasCtx. A zero-byte storage over no
+// device buffer gets a fresh empty storage of its own.
+DeviceBytes adopt_alias(const c10::Storage& storage) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  auto* p = static_cast<char*>(storage.data_ptr().get());
+  const size_t n = storage.nbytes();
+  StoragePtr owner;
+  int64_t offset = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    const c10::DataPtr& dp = storage.data_ptr();
+    if (dp.get_deleter() == &delete_storage_ctx) return {static_cast<DeferredStorage*>(dp.get_context()), 0};
+    if (dp.get_deleter() == &delete_alias_ctx) {  // re-homed meanwhile by another thread
+      auto* a = static_cast<AliasCtx*>(dp.get_context());
+      return {a->owner.get(), a->byte_offset};
+    }
+    for (DeferredStorage* s = g_registry_head; s != nullptr && p != nullptr; s = s->registry_next) {
+      auto* base = static_cast<char*>(s->data);
+      if (base != nullptr && p >= base && p + n <= base + s->nbytes) {
+        owner = StoragePtr::reclaim_copy(s);
+        offset = p - base;
+        s->external_holders.fetch_add(1, std::memory_order_acq_rel);
+        s->address_exported.store(true, std::memory_order_release);
+        break;
+      }
+    }
+  }
+  if (!owner) {
+    TORCH_CHECK(n == 0, "tpu: a tensor's storage (", n, " bytes at ", static_cast<void*>(p),
+                ") is not memory of the tpu device: it was built over memory the device did not allocate "
+                "(a DLPack capsule of another library, or a storage of a freed or resized tensor). "
+                "Copy the data to the device with .to(\"tpu\") instead.");
+    // An empty storage over no device memory: give it a fresh empty storage.
+    c10::DataPtr fresh = g_allocator.allocate(0);
+    owner = StoragePtr::reclaim(static_cast<DeferredStorage*>(fresh.release_context()));
+  }
+  const DeviceBytes result{owner.get(), offset};
+  auto* ctx = new AliasCtx{std::move(impl->_mutable_data_ptr_no_checks()), std::move(owner), offset};
+  impl->set_data_ptr_noswap(c10::DataPtr(p, ctx, &delete_alias_ctx, impl->device()));
+  return result;
+}
+
+}  // namespace
+
+DeviceBytes device_bytes_of(const c10::Storage& storage) {
+  const c10::DataPtr& dp = storage.data_ptr();
+  if (C10_LIKELY(dp.get_deleter() == &delete_storage_ctx)) return {static_cast<DeferredStorage*>(dp.get_context()), 0};
+  if (dp.get_deleter() == &delete_alias_ctx) {
+    auto* a = static_cast<AliasCtx*>(dp.get_context());
+    return {a->owner.get(), a->byte_offset};
+  }
+  return adopt_alias(storage);
+}
+
+DeferredStorage* deferred_storage_of(const c10::Storage& storage) { return device_bytes_of(storage).storage; }
+
+bool is_alias_storage(const c10::Storage& storage) {
+  return storage.data_ptr().get_deleter() != &delete_storage_ctx;
 }
 
 void set_memory_capacity(int64_t bytes, const std::string& owner) {

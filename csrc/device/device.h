@@ -21,8 +21,22 @@ constexpr int kNumDevices = 1;
 // data pointers and PyTorch's overlap checks behave as on CPU.
 c10::Allocator* device_allocator();
 
-// The DeferredStorage behind a "tpu" tensor's storage (never null for a tensor
-// created by this device).
+// Where the bytes of a "tpu" StorageImpl live: a DeferredStorage and the byte
+// offset of the StorageImpl's first byte in it. 0 for storages the device
+// allocated; an alias storage (a StorageImpl PyTorch built over device
+// memory itself: torch.from_dlpack of a tpu tensor, UntypedStorage slicing,
+// from_blob over a device buffer) shares the bytes of the storage it was
+// built over, at its offset. Raises RuntimeError for a storage over memory
+// the device did not allocate.
+struct DeviceBytes {
+  DeferredStorage* storage;
+  int64_t byte_offset;  // bytes
+};
+DeviceBytes device_bytes_of(const c10::Storage& storage);
+// True for an alias storage (see DeviceBytes).
+bool is_alias_storage(const c10::Storage& storage);
+
+// The DeferredStorage behind a "tpu" tensor's storage (see device_bytes_of).
 DeferredStorage* deferred_storage_of(const c10::Storage& storage);
 inline DeferredStorage* deferred_storage_of(const at::Tensor& t) { return deferred_storage_of(t.storage()); }
 

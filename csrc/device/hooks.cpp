@@ -18,6 +18,9 @@ void resize_device_storage(const c10::Storage& storage, size_t newsize) {
   // Resizing needs the storage's current value: flush when queued ops still
   // use it (out= into a fresh empty tensor needs none), then move the bytes
   // into a new host buffer. Queued nodes keep the old DeferredStorage.
+  // As CPU's resize: storages over memory someone else owns (from_blob,
+  // DLPack imports, UntypedStorage slices) are not resizable.
+  TORCH_CHECK(storage.resizable(), "Trying to resize storage that is not resizable");
   auto* old = deferred_storage_of(storage);
   if (storage_has_pending(old)) (void)flush_all(FlushReason::kStorageResize);
   // A value a failed op left (its error) moves with the bytes kept: the resize

@@ -70,8 +70,13 @@ void materialize_cpu_side(c10::StorageImpl* st) {
 
 bool can_share_with_host(const at::Tensor& self) {
   const size_t nbytes = self.storage().nbytes();
-  return nbytes >= kHostShareMinBytes && self.storage_offset() == 0 && !self.is_conj() && !self.is_neg() &&
-         static_cast<size_t>(self.numel()) * self.itemsize() == nbytes && self.is_non_overlapping_and_dense();
+  if (!(nbytes >= kHostShareMinBytes && self.storage_offset() == 0 && !self.is_conj() && !self.is_neg() &&
+        static_cast<size_t>(self.numel()) * self.itemsize() == nbytes && self.is_non_overlapping_and_dense()))
+    return false;
+  // A buffer whose address was handed out (DLPack, alias storages) must not
+  // move, and a device write to a shared buffer moves the device side.
+  if (is_alias_storage(self.storage())) return false;
+  return !deferred_storage_of(self)->address_exported.load(std::memory_order_acquire);
 }
 
 at::Tensor share_with_host(const at::Tensor& self) {
@@ -138,6 +143,14 @@ void unshare_for_write(DeferredStorage* s) {
     impl->set_data_ptr_noswap(c10::DataPtr(fresh, s, deleter, device));
   }
   release(h);  // the CPU tensors own the old buffer now
+}
+
+void prepare_address_export(const at::Tensor& self) {
+  DeferredStorage* s = deferred_storage_of(self);
+  if (storage_has_pending(s)) (void)flush_all(FlushReason::kHostRead);  // errors of other ops stay with their tensors
+  raise_storage_error(s);
+  s->address_exported.store(true, std::memory_order_release);
+  unshare_for_write(s);
 }
 
 bool release_host_share(DeferredStorage* s) {

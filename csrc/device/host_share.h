@@ -42,6 +42,13 @@ void unshare_for_write(DeferredStorage* s);
 // `s` was not shared (the caller frees the buffer itself).
 bool release_host_share(DeferredStorage* s);
 
+// Before a raw pointer to `self`'s device memory leaves the device (DLPack
+// export): runs queued ops that use its storage (the bytes are current
+// after), raises the error a failed op left there, gives the device a
+// private buffer if CPU tensors share it, and pins the buffer's address
+// (later host reads copy instead of sharing; DeferredStorage::address_exported).
+void prepare_address_export(const at::Tensor& self);
+
 // Counters for torch_tpu_eager.metrics(), since start or the last reset.
 struct HostShareStats {
   int64_t reads = 0;        // host reads that shared the device buffer

@@ -27,8 +27,22 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   void* data;             // host buffer of `nbytes` bytes (nullptr when nbytes == 0)
   size_t nbytes;          // bytes
   uint64_t id;            // unique per process, for cache keys and traces
-  // False once the owning StorageImpl was destroyed: only queue nodes remain.
+  // False once the owning StorageImpl was destroyed and no alias storage
+  // (below) remains: only queue nodes remain.
   std::atomic<bool> external_alive{true};
+  // Holders outside the queue: the owning StorageImpl plus every alias
+  // StorageImpl over these bytes (a DLPack import, a slice of an untyped
+  // storage, PyTorch's from_blob over the buffer; device/allocator.cpp).
+  std::atomic<int32_t> external_holders{1};
+  // Set once a raw pointer into `data` was handed out (DLPack export, an
+  // alias storage): the buffer must then stay where it is, so zero-copy host
+  // reads (host_share.h), which move the device side on its next write, copy.
+  std::atomic<bool> address_exported{false};
+  // Links of the allocator's registry of storages with external holders,
+  // which resolves a pointer into device memory to its storage. Guarded by
+  // the registry's mutex (device/allocator.cpp).
+  DeferredStorage* registry_prev = nullptr;
+  DeferredStorage* registry_next = nullptr;
   // Number of queued (unflushed) nodes that read or write this storage.
   // Guarded by the queue mutex. Zero means the host buffer is current.
   int64_t pending_uses = 0;

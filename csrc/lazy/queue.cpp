@@ -120,13 +120,29 @@ bool TensorRef::covers_storage() const {
   return true;
 }
 
+namespace {
+
+// The storage offset, in elements of `t`, at which an alias storage (see
+// device_bytes_of) starts in the storage whose bytes it shares.
+int64_t alias_element_offset(const DeviceBytes& bytes, const at::Tensor& t) {
+  const auto itemsize = static_cast<int64_t>(t.itemsize());
+  TORCH_CHECK(bytes.byte_offset % itemsize == 0, "tpu: a ", t.scalar_type(), " tensor over a storage that starts ",
+              bytes.byte_offset, " bytes into a device buffer, which is not a multiple of its element size (",
+              itemsize, " bytes), is not supported");
+  return bytes.byte_offset / itemsize;
+}
+
+}  // namespace
+
 TensorRef make_ref(const at::Tensor& t) {
   TensorRef r;
-  r.storage = StoragePtr::reclaim_copy(deferred_storage_of(t));
+  const DeviceBytes bytes = device_bytes_of(t.storage());
+  r.storage = StoragePtr::reclaim_copy(bytes.storage);
   r.dtype = t.scalar_type();
   r.sizes.assign(t.sizes().begin(), t.sizes().end());
   r.strides.assign(t.strides().begin(), t.strides().end());
   r.offset = t.storage_offset();
+  if (C10_UNLIKELY(bytes.byte_offset != 0)) r.offset += alias_element_offset(bytes, t);
   r.conj = t.is_conj();
   r.neg = t.is_neg();
   return r;

@@ -1,11 +1,14 @@
 // Kernels every device needs regardless of ops (PRIVATEUSE1_NOTES), the
 // registration of the op table, and the CPU fallback.
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_set>
 
+#include <ATen/Context.h>
+#include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
@@ -45,19 +48,54 @@ bool is_tpu(const at::Tensor& t) { return t.defined() && t.device().type() == c1
 
 // ---- factories: allocate, record nothing (the memory is uninitialized) ----
 
+// torch.use_deterministic_algorithms(True) with
+// torch.utils.deterministic.fill_uninitialized_memory (the default): new
+// memory holds NaN (floating and complex types) or the type's maximum
+// (integers; True for bool), as CPU's empty, empty_strided and resize_
+// fill it (ATen's fill_empty_deterministic_).
+bool fill_uninitialized_memory() {
+  const auto& ctx = at::globalContext();
+  return C10_UNLIKELY(ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory());
+}
+
+at::Tensor host_view(const at::Tensor& t);
+
+// Writes the fill straight into the buffer: `t` is new memory (a fresh
+// storage, or the part a resize just added), which no queued op uses. A
+// recorded fill_ would leave it pending, and a host-to-device copy into a
+// pending tensor stages its source in another new (pending) tensor, forever.
+void fill_empty_deterministic(const at::Tensor& t) {
+  if (t.numel() == 0) return;
+  at::Tensor v = host_view(t);
+  const at::ScalarType st = t.scalar_type();
+  if (at::isFloatingType(st) || at::isComplexType(st)) {
+    v.fill_(std::numeric_limits<double>::quiet_NaN());
+  } else {
+    at::Scalar x;
+    AT_DISPATCH_V2(st, "fill_empty_deterministic_", AT_WRAP([&] { x = at::Scalar(std::numeric_limits<scalar_t>::max()); }),
+                   at::kBool, AT_EXPAND(AT_INTEGRAL_TYPES_V2));
+    v.fill_(x);
+  }
+  if (spyre::active()) spyre::round_in_place(v);  // Spyre stores 16-bit floats as df16
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
                                std::optional<bool> pin_memory, std::optional<at::MemoryFormat> memory_format) {
   TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
-  return at::detail::empty_generic(size, device_allocator(), kDeviceKeys,
-                                   dtype.value_or(c10::get_default_dtype_as_scalartype()), memory_format);
+  at::Tensor t = at::detail::empty_generic(size, device_allocator(), kDeviceKeys,
+                                           dtype.value_or(c10::get_default_dtype_as_scalartype()), memory_format);
+  if (fill_uninitialized_memory()) fill_empty_deterministic(t);
+  return t;
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                          std::optional<at::Layout> layout, std::optional<at::Device> device,
                          std::optional<bool> pin_memory) {
-  return at::detail::empty_strided_generic(size, stride, device_allocator(), kDeviceKeys,
-                                           dtype.value_or(c10::get_default_dtype_as_scalartype()));
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, device_allocator(), kDeviceKeys,
+                                                   dtype.value_or(c10::get_default_dtype_as_scalartype()));
+  if (fill_uninitialized_memory()) fill_empty_deterministic(t);
+  return t;
 }
 
 // ---- copies between host and device, and device to device ----
@@ -169,9 +207,22 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<at::MemoryFormat> mf) {
   if (self.sizes().equals(size) && !mf.has_value()) return self;
   const size_t need = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset());
-  if (need > self.storage().nbytes()) resize_device_storage(self.storage(), need);
+  const size_t old_nbytes = self.storage().nbytes();
+  if (need > old_nbytes) resize_device_storage(self.storage(), need);
   self.unsafeGetTensorImpl()->set_sizes_contiguous(size);
   if (mf.has_value() && *mf != at::MemoryFormat::Preserve) self.unsafeGetTensorImpl()->empty_tensor_restride(*mf);
+  if (need > old_nbytes && fill_uninitialized_memory()) {
+    // Only the elements the storage gained, as CPU's fill_resize_deterministic_.
+    const auto itemsize = static_cast<int64_t>(self.dtype().itemsize());
+    const int64_t old_numel = static_cast<int64_t>(old_nbytes) / itemsize;
+    const int64_t new_numel = static_cast<int64_t>(self.storage().nbytes()) / itemsize;
+    if (new_numel > old_numel) {
+      at::Tensor grown = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(self.storage()), kDeviceKeys, self.dtype());
+      const int64_t n = new_numel - old_numel, one = 1;
+      grown.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(n), c10::IntArrayRef(one), old_numel);
+      fill_empty_deterministic(grown);
+    }
+  }
   return self;
 }
 

@@ -922,19 +922,23 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     if (a >= 0 && v.isTensor() && (*stack)[first + a].isTensor()) {
       at::Tensor orig = (*stack)[first + a].toTensor();
       at::Tensor res = v.toTensor();
+      // CPU views are over the whole device buffer; an alias storage (see
+      // device_bytes_of) starts `bytes.byte_offset` bytes into it.
+      const DeviceBytes bytes = device_bytes_of(orig.storage());
       if (ra->isWrite()) {
         // Written in place on the host buffer, unless the CPU kernel grew it
         // into new CPU memory (then the value is copied back).
-        const bool moved = res.storage().data() != deferred_storage_of(orig)->data;
+        const bool moved = res.storage().data() != bytes.storage->data;
+        const int64_t shift = moved ? 0 : bytes.byte_offset / static_cast<int64_t>(orig.itemsize());
         if (moved || !res.sizes().equals(orig.sizes()) || !res.strides().equals(orig.strides()) ||
-            res.storage_offset() != orig.storage_offset()) {
-          adopt_geometry(orig, res.sizes(), res.strides(), res.storage_offset());
+            res.storage_offset() - shift != orig.storage_offset()) {
+          adopt_geometry(orig, res.sizes(), res.strides(), res.storage_offset() - shift);
           if (moved) host::view_over(host::wrap_device_buffer(deferred_storage_of(orig)), make_ref(orig)).copy_(res);
         }
         results.emplace_back(orig);
       } else {
         // A view of a tpu argument: same storage, geometry from the CPU result.
-        auto* base = static_cast<const char*>(deferred_storage_of(orig)->data);
+        auto* base = static_cast<const char*>(bytes.storage->data) + bytes.byte_offset;
         const int64_t off = (static_cast<const char*>(res.data_ptr()) - base) / static_cast<int64_t>(res.itemsize());
         at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(orig.storage()), orig.key_set(), res.dtype());
         alias.unsafeGetTensorImpl()->set_sizes_and_strides(res.sizes(), res.strides(), off);

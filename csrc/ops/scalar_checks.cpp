@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include <ATen/Dispatch.h>
+#include <ATen/Dispatch_v2.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -196,7 +197,8 @@ bool scalar_args_fit(const ScalarConversions& conv, const torch::jit::Stack& sta
     if (s.isComplex() && (!c10::isComplexType(result) || real_self(stack, first))) return false;
     if (integral) {
       if (!c.integral) continue;
-      AT_DISPATCH_INTEGRAL_TYPES(result, "scalar_args_fit", [&] { ok = fits<scalar_t>(s); });
+      // With the unsigned 16/32/64-bit types (AT_DISPATCH_INTEGRAL_TYPES lacks them).
+      AT_DISPATCH_V2(result, "scalar_args_fit", AT_WRAP([&] { ok = fits<scalar_t>(s); }), AT_EXPAND(AT_INTEGRAL_TYPES_V2));
     } else {
       ok = fits_as(s, converted_type(c.floating, result));
     }

@@ -419,6 +419,10 @@ PYBIND11_MODULE(_C, m) {
     return rows;
   });
   m.def("_storage_has_pending", [](const at::Tensor& t) { return storage_has_pending(deferred_storage_of(t)); });
+  m.def("_prepare_address_export", [](const at::Tensor& t) {
+    py::gil_scoped_release no_gil;  // a flush may wait for the autograd thread's ops
+    prepare_address_export(t);
+  });
   // View decomposition, exposed for tests and inspection.
   m.def("_view_chain", [](int64_t storage_numel, std::vector<int64_t> sizes, std::vector<int64_t> strides,
                           int64_t offset) {
