@@ -267,6 +267,34 @@ def test_float_random_factories_reject_integer_dtypes(dev, shape, factory):
     run_both_at_call(lambda d: (), lambda: getattr(torch, factory)(shape, dtype=torch.int64, device=dev), dev)
 
 
+RANDPERM = {
+    "uint8_257": (257, torch.uint8), "uint8_256": (256, torch.uint8), "half_2049": (2**11 + 1, torch.half),
+    "half_2050": (2**11 + 2, torch.half), "float_2pow24_plus_2": (2**24 + 2, torch.float32),
+    "int8_129": (129, torch.int8),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RANDPERM))
+@pytest.mark.parametrize("with_out", [False, True])
+def test_randperm_n_too_large_for_dtype(dev, case, with_out):
+    n, dtype = RANDPERM[case]
+
+    def act(out):
+        r = torch.randperm(n, out=out) if with_out else torch.randperm(n, dtype=dtype, device=out.device)
+        if with_out:
+            out.copy_(r.sort().values)  # the order is random: compare the values sorted
+        return r.shape
+
+    run_both_at_call(lambda d: (torch.empty(0, dtype=dtype, device=d),), act, dev)
+
+
+@pytest.mark.parametrize("op", [torch.complex, torch.polar])
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32),
+                                    (torch.float32, torch.float32)])
+def test_complex_parts_of_different_dtypes(dev, op, dtypes):
+    run_both_at_call(lambda d: (_f(2, dtype=dtypes[0])(d), _f(2, dtype=dtypes[1])(d)), op, dev)
+
+
 # ---- memory overlap ---------------------------------------------------------------
 OVERLAP = {
     "add_partial": lambda x: x[1:].add_(x[:-1]),
@@ -281,6 +309,13 @@ OVERLAP = {
     "expanded_copy_same": lambda x: x[:1].expand(3, 3).copy_(x[:1].expand(3, 3).transpose(0, 0)),
     "expanded_copy_other": lambda x: x[:1].expand(3).copy_(x[1:4]),
     "cat_out_input": lambda x: torch.cat([x[:2], x[:2]], out=x[1:5]),
+    "index_fill_own_index": lambda x: x.to(torch.int64).index_fill_(0, x.to(torch.int64)[:1] * 0, 0),
+    "put_own_index": lambda x: (lambda i: i.put_(i, i))(torch.tensor([2, 1, 0], device=x.device)),
+    "index_put_own_index": lambda x: (lambda i: i.index_put_((i,), i))(torch.tensor([2, 1, 0], device=x.device)),
+    "index_put_value_view": lambda x: x.index_put_((torch.tensor([2, 1, 0], device=x.device),), x[0]),
+    "scatter_own_src": lambda x: x.scatter_(0, torch.tensor([0, 1], device=x.device), x),
+    "mul_self_ok": lambda x: x.mul_(x),
+    "add_out_self_ok": lambda x: torch.add(x, x, out=x),
 }
 
 

@@ -16,6 +16,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/result_type_native.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -121,18 +122,25 @@ bool has_meta_kernel(const c10::OperatorHandle& op) {
 // argument. CPU kernels differ in what they allow there (fill_ and index_put_
 // accept it, add_ and copy_ raise), so such calls run eagerly through the CPU
 // kernel, which raises or computes exactly as CPU does. They are rare.
-bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack& stack, size_t first) {
+// The same tensor passed again (ind.index_fill_(0, ind, 0), ind.put_(ind, v))
+// counts too for data-movement ops, whose CPU kernels reject it
+// (assert_no_overlap); TensorIterator's elementwise kernels accept it (x.mul_(x)).
+bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack& stack, size_t first,
+                               bool same_tensor_overlaps) {
   if (writes == 0) return false;
-  std::vector<at::Tensor> written, all;
+  std::vector<std::pair<int, at::Tensor>> written, all;
   for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
     if (!is_tpu(t)) return;
-    if ((writes >> arg) & 1) written.push_back(t);
-    all.push_back(t);
+    if ((writes >> arg) & 1) written.emplace_back(arg, t);
+    all.emplace_back(arg, t);
   });
-  for (const auto& w : written) {
+  for (const auto& [warg, w] : written) {
     if (at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
-    for (const auto& r : all) {
-      if (r.unsafeGetTensorImpl() == w.unsafeGetTensorImpl()) continue;
+    for (const auto& [rarg, r] : all) {
+      if (r.unsafeGetTensorImpl() == w.unsafeGetTensorImpl()) {
+        if (same_tensor_overlaps && rarg != warg) return true;
+        continue;
+      }
       const auto st = at::get_overlap_status(w, r);
       if (st == at::MemOverlapStatus::Partial || st == at::MemOverlapStatus::Full) return true;
     }
@@ -150,6 +158,8 @@ enum CallCheck : int {
   kIndexPut = 16,
   kMaskedScatter = 32,
   kIndexBounds = 64,
+  kSameDtypePair = 128,
+  kRandperm = 256,
 };
 
 int call_check_of(const c10::FunctionSchema& schema) {
@@ -161,6 +171,9 @@ int call_check_of(const c10::FunctionSchema& schema) {
   if (name == "aten::sub" || name == "aten::sub_" || name == "aten::rsub") checks |= kSubBool;
   if (name == "aten::_index_put_impl_" || name == "aten::index_put_" || name == "aten::index_put") checks |= kIndexPut;
   if (name == "aten::masked_scatter_" || name == "aten::masked_scatter") checks |= kMaskedScatter;
+  // complex(real, imag) / polar(abs, angle): "Expected object of scalar type Float but got scalar type Double for second argument"
+  if (name == "aten::complex" || name == "aten::polar") checks |= kSameDtypePair;
+  if (name == "aten::randperm") checks |= kRandperm;
   if (name == "aten::index" || name == "aten::_index_put_impl_" || name == "aten::index_put_" ||
       name == "aten::index_put")
     checks |= kIndexBounds;
@@ -337,6 +350,9 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // call ("result type Float can't be cast to the desired output type Int");
   // the meta kernels of torch 2.13 let mul_ and a complex add_ / sub_ through.
   if ((check & kInPlaceCast) && in_place_result_cannot_cast(stack[first], stack[first + 1]))
+    return true;
+  if ((check & kSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
+      stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
     return true;
   if (check & kIndexPut) {
     try {
@@ -805,7 +821,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
     plan.has_meta.store(true, std::memory_order_relaxed);
   if (entry.kind == PrimKind::kSync || !plan.has_meta.load(std::memory_order_relaxed) ||
-      writes_overlapping_memory(nargs, plan.writes, *stack, first) ||
+      writes_overlapping_memory(nargs, plan.writes, *stack, first, entry.kind == PrimKind::kData) ||
       reduces_empty_input(entry.kind, plan.writes, *stack, first, nargs) ||
       cpu_checks_at_call_time(plan, *stack, first)) {
     if (borrowed) borrowed->own();
@@ -899,6 +915,15 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     if (borrowed) borrowed->own();
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
     return;
+  }
+  // randperm(n) into a dtype that cannot hold n distinct integers exactly:
+  // CPU's check, on an empty CPU tensor of the result dtype (same message).
+  if ((plan.call_check & kRandperm) && (*stack)[first].isInt()) {
+    const auto dtype = result_dtype(schema, meta);
+    if (dtype != c10::ScalarType::Undefined)
+      at::native::check_supported_max_int_with_precision(
+          (*stack)[first].toInt(),
+          at::detail::empty_cpu({0}, dtype, std::nullopt, std::nullopt, std::nullopt, std::nullopt));
   }
   // After the meta kernel's checks, as CPU checks index values after shapes.
   if ((plan.call_check & kIndexBounds) && (*stack)[first].isTensor())
