@@ -164,3 +164,43 @@ def aten_ops_during(fn):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     return [e.name for e in prof.events() if e.name.startswith("aten::")]
+
+
+def _call_outcome(build, act, device):
+    import warnings
+    tensors = build(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result, exc = act(*tensors), None  # not read: an error must come from the call itself
+        except Exception as e:  # noqa: BLE001 - any error is the outcome under test
+            result, exc = None, e
+    messages = sorted({(w.category.__name__, str(w.message)) for w in caught})
+    return tensors, result, exc, messages
+
+
+def run_both_at_call(build, act, dev, *, check_warnings=False):
+    """Differential check of one call, at the call.
+
+    ``build(device)`` returns a tuple of tensors; ``act(*tensors)`` makes the call
+    under test (its result is not read). When CPU raises, ``act`` on ``dev`` must
+    raise the same exception type with the same message itself, before anything is
+    read; otherwise both results are compared as in run_both. Either way every
+    tensor ``build`` made must afterwards be readable on ``dev`` and hold CPU's
+    values (a rejected call writes nothing). ``check_warnings``: the call's warnings
+    (category and message) must be CPU's too. Returns the CPU exception or None.
+    """
+    cpu_t, cpu_r, cpu_exc, cpu_w = _call_outcome(build, act, "cpu")
+    dev_t, dev_r, dev_exc, dev_w = _call_outcome(build, act, dev)
+    if cpu_exc is not None:
+        assert dev_exc is not None, f"CPU raised {type(cpu_exc).__name__}: {cpu_exc}; {dev} did not raise at the call"
+        assert type(dev_exc) is type(cpu_exc) and str(dev_exc) == str(cpu_exc), \
+            f"CPU raised {type(cpu_exc).__name__}: {cpu_exc}\n{dev} raised {type(dev_exc).__name__}: {dev_exc}"
+    else:
+        if dev_exc is not None:
+            raise AssertionError(f"{dev} raised {type(dev_exc).__name__} where CPU did not: {dev_exc}") from dev_exc
+        compare(materialize(cpu_r), materialize(dev_r), dev)
+    compare(materialize(cpu_t), materialize(dev_t), dev, path="arguments after the call")
+    if check_warnings:
+        assert dev_w == cpu_w, f"warnings differ: cpu {cpu_w}, {dev} {dev_w}"
+    return cpu_exc

@@ -2,6 +2,7 @@
 import torch
 
 from . import _C
+from ._args import int64_arg
 
 
 def mark_dynamic(t: torch.Tensor, dim: int, lower: int, upper: int) -> None:
@@ -14,13 +15,17 @@ def mark_dynamic(t: torch.Tensor, dim: int, lower: int, upper: int) -> None:
     one-time warning; it never fails.
 
     Raises ValueError when ``t`` is not a "tpu" tensor, ``dim`` is negative or
-    not below ``t.dim()``, or ``lower`` is negative or greater than ``upper``.
+    not below ``t.dim()``, or ``lower`` is negative or greater than ``upper``;
+    OverflowError when ``lower`` or ``upper`` is past 2**63 - 1.
     """
     if not isinstance(t, torch.Tensor) or t.device.type != "tpu":
         raise ValueError(f"mark_dynamic needs a tpu tensor, got {type(t).__name__} on "
                          f"{getattr(t, 'device', 'no device')}")
     if not isinstance(dim, int) or dim < 0 or dim >= t.dim():
         raise ValueError(f"mark_dynamic: dim must be in [0, {t.dim()}) for a {t.dim()}-d tensor, got {dim}")
+    if isinstance(lower, int) and isinstance(upper, int):
+        int64_arg("mark_dynamic", "lower", lower)
+        int64_arg("mark_dynamic", "upper", upper)
     if not (isinstance(lower, int) and isinstance(upper, int)) or lower < 0 or lower > upper:
         raise ValueError(f"mark_dynamic: need 0 <= lower <= upper, got lower={lower}, upper={upper}")
     _C._mark_dynamic(t, dim, lower, upper)

@@ -1,5 +1,6 @@
 """Counters of the DeferAndFuse queue, the JIT and the executor."""
 from . import _C
+from ._args import int64_arg
 
 
 def metrics() -> dict:
@@ -95,9 +96,11 @@ def set_queue_limits(max_ops: int = 4096, max_bytes: int = 1 << 30) -> None:
 
     Defaults: 4096 ops and 1 GiB (env vars TORCH_TPU_MAX_PENDING_OPS and
     TORCH_TPU_MAX_PENDING_BYTES set them at start). Raises ValueError for
-    values below 1.
+    values below 1, TypeError for a non-integer and OverflowError for a value
+    past 2**63 - 1 (each naming the argument).
     """
-    _C._set_queue_limits(int(max_ops), int(max_bytes))
+    _C._set_queue_limits(int64_arg("set_queue_limits", "max_ops", max_ops),
+                         int64_arg("set_queue_limits", "max_bytes", max_bytes))
 
 
 def queue_limits() -> tuple:

@@ -128,6 +128,13 @@ at::Tensor record_copy(const at::Tensor& dst, const at::Tensor& src, bool non_bl
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   // copy_(dst, self) reaches the device here: `self` is the source.
+  // CPU's copy_ returns at once when both are views of the same elements
+  // (before its overlap checks: `v.copy_(v.transpose(0, 0))` of an expanded v
+  // does nothing); copy_ reaches _copy_from before that check for a device.
+  if (dst.is_alias_of(self) && dst.storage_offset() == self.storage_offset() &&
+      dst.strides().equals(self.strides()) && dst.sizes().equals(self.sizes()) &&
+      dst.scalar_type() == self.scalar_type() && dst.is_conj() == self.is_conj() && dst.is_neg() == self.is_neg())
+    return dst;
   if (is_tpu(dst)) {
     at::assert_no_internal_overlap(dst);
     if (is_tpu(self)) at::assert_no_partial_overlap(dst, self);

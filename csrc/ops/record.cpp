@@ -10,10 +10,13 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/ops/aminmax.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/result_type_native.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -25,6 +28,7 @@
 #include "executors/spyre/spyre.h"
 #include "jit/disk_cache.h"
 #include "lazy/queue.h"
+#include "ops/cpu_meta.h"
 #include "ops/memory_format.h"
 #include "ops/meta_outcome.h"
 #include "ops/out_geometry.h"
@@ -119,18 +123,25 @@ bool has_meta_kernel(const c10::OperatorHandle& op) {
 // argument. CPU kernels differ in what they allow there (fill_ and index_put_
 // accept it, add_ and copy_ raise), so such calls run eagerly through the CPU
 // kernel, which raises or computes exactly as CPU does. They are rare.
-bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack& stack, size_t first) {
+// The same tensor passed again (ind.index_fill_(0, ind, 0), ind.put_(ind, v))
+// counts too for data-movement ops, whose CPU kernels reject it
+// (assert_no_overlap); TensorIterator's elementwise kernels accept it (x.mul_(x)).
+bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack& stack, size_t first,
+                               bool same_tensor_overlaps) {
   if (writes == 0) return false;
-  std::vector<at::Tensor> written, all;
+  std::vector<std::pair<int, at::Tensor>> written, all;
   for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
     if (!is_tpu(t)) return;
-    if ((writes >> arg) & 1) written.push_back(t);
-    all.push_back(t);
+    if ((writes >> arg) & 1) written.emplace_back(arg, t);
+    all.emplace_back(arg, t);
   });
-  for (const auto& w : written) {
+  for (const auto& [warg, w] : written) {
     if (at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
-    for (const auto& r : all) {
-      if (r.unsafeGetTensorImpl() == w.unsafeGetTensorImpl()) continue;
+    for (const auto& [rarg, r] : all) {
+      if (r.unsafeGetTensorImpl() == w.unsafeGetTensorImpl()) {
+        if (same_tensor_overlaps && rarg != warg) return true;
+        continue;
+      }
       const auto st = at::get_overlap_status(w, r);
       if (st == at::MemOverlapStatus::Partial || st == at::MemOverlapStatus::Full) return true;
     }
@@ -139,7 +150,18 @@ bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack&
 }
 
 // The CPU call-time checks an op needs (OpPlan::call_check): a set of these bits.
-enum CallCheck : int { kNoCheck = 0, kPowTensorScalar = 1, kPowScalarInPlace = 2, kSubBool = 4, kInPlaceCast = 8 };
+enum CallCheck : int {
+  kNoCheck = 0,
+  kPowTensorScalar = 1,
+  kPowScalarInPlace = 2,
+  kSubBool = 4,
+  kInPlaceCast = 8,
+  kIndexPut = 16,
+  kMaskedScatter = 32,
+  kIndexBounds = 64,
+  kSameDtypePair = 128,
+  kRandperm = 256,
+};
 
 int call_check_of(const c10::FunctionSchema& schema) {
   const std::string& name = schema.name();
@@ -148,6 +170,14 @@ int call_check_of(const c10::FunctionSchema& schema) {
   if (name == "aten::pow_" && overload == "Scalar") return kPowScalarInPlace;
   int checks = kNoCheck;
   if (name == "aten::sub" || name == "aten::sub_" || name == "aten::rsub") checks |= kSubBool;
+  if (name == "aten::_index_put_impl_" || name == "aten::index_put_" || name == "aten::index_put") checks |= kIndexPut;
+  if (name == "aten::masked_scatter_" || name == "aten::masked_scatter") checks |= kMaskedScatter;
+  // complex(real, imag) / polar(abs, angle): "Expected object of scalar type Float but got scalar type Double for second argument"
+  if (name == "aten::complex" || name == "aten::polar") checks |= kSameDtypePair;
+  if (name == "aten::randperm") checks |= kRandperm;
+  if (name == "aten::index" || name == "aten::_index_put_impl_" || name == "aten::index_put_" ||
+      name == "aten::index_put")
+    checks |= kIndexBounds;
   if ((name == "aten::add_" || name == "aten::sub_" || name == "aten::mul_") &&
       (overload == "Tensor" || overload == "Scalar"))
     checks |= kInPlaceCast;
@@ -168,6 +198,126 @@ bool in_place_result_cannot_cast(const c10::IValue& self, const c10::IValue& oth
     return false;
   }
   return !c10::canCast(result, s.scalar_type());
+}
+
+// Whether CPU's index_put_ (self[indices] = values) must decide this call:
+// the checks its kernel makes before it writes, which the meta kernel skips
+// (too many indices, index dtypes, values of another dtype than self — "Index
+// put requires the source and destination dtypes match" — values that do not
+// broadcast to the indexed shape, "shape mismatch: value tensor of shape ...",
+// a 0-dim self indexed by nothing), plus uint8 masks (CPU's deprecation
+// warning). CPU raises there, or (masked_fill for a one-element value with
+// another dtype) computes. A bool mask makes the indexed shape depend on the
+// mask's values: then only a one-element value (it broadcasts to any shape)
+// is recorded.
+bool index_put_needs_cpu(const c10::IValue& self_v, const c10::IValue& indices_v, const c10::IValue& values_v) {
+  if (!self_v.isTensor() || !values_v.isTensor() || !indices_v.isList()) return false;
+  const at::Tensor& self = self_v.toTensor();
+  const at::Tensor& values = values_v.toTensor();
+  if (values.scalar_type() != self.scalar_type()) return true;
+  const auto list = indices_v.toList();
+  if (static_cast<int64_t>(list.size()) > self.dim()) return true;
+  std::vector<int64_t> indexed;  // broadcast shape of the index tensors
+  int64_t first_dim = -1, last_dim = -1, dims_used = 0;
+  bool adjacent = true, mask = false;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const c10::IValue e = list.get(i);
+    if (!e.isTensor() || !e.toTensor().defined()) {
+      ++dims_used;
+      continue;
+    }
+    const at::Tensor& ix = e.toTensor();
+    const auto dt = ix.scalar_type();
+    if (dt == at::kByte) return true;
+    if (dt == at::kBool) {
+      mask = true;
+      dims_used += ix.dim();
+      continue;
+    }
+    if (dt != at::kLong && dt != at::kInt) return true;
+    if (last_dim >= 0 && last_dim != dims_used - 1) adjacent = false;
+    if (first_dim < 0) first_dim = dims_used;
+    last_dim = dims_used;
+    ++dims_used;
+    auto b = at::infer_size_dimvector(indexed, ix.sizes());  // throws for shapes that do not broadcast
+    indexed.assign(b.begin(), b.end());
+  }
+  if (dims_used > self.dim()) return true;
+  if (mask) return values.numel() != 1;
+  // The indexed shape: the index shape in place of the indexed dims when they
+  // are adjacent, else in front of the dims left.
+  std::vector<int64_t> shape;
+  if (first_dim < 0) {
+    shape = self.sizes().vec();
+  } else if (adjacent) {
+    shape.assign(self.sizes().begin(), self.sizes().begin() + first_dim);
+    shape.insert(shape.end(), indexed.begin(), indexed.end());
+    shape.insert(shape.end(), self.sizes().begin() + last_dim + 1, self.sizes().end());
+  } else {
+    shape = indexed;
+    for (size_t i = 0; i < static_cast<size_t>(self.dim()); ++i) {
+      const bool is_indexed = i < list.size() && list.get(i).isTensor() && list.get(i).toTensor().defined();
+      if (!is_indexed) shape.push_back(self.size(static_cast<int64_t>(i)));
+    }
+  }
+  return !at::is_expandable_to(values.sizes(), shape);
+}
+
+// The values of `t` when the host already holds them (no queued op reads or
+// writes its storage, no failed op left an error): CPU tensors, and device
+// tensors written from the host (`torch.tensor([...], device="tpu")`).
+// Undefined otherwise: reading them would need a flush.
+at::Tensor values_on_host(const at::Tensor& t) {
+  if (!is_tpu(t)) return t;
+  DeferredStorage* s = deferred_storage_of(t);
+  if (s->error || storage_has_pending(s)) return at::Tensor();
+  return host::view_over(host::wrap_device_buffer(s), make_ref(t));
+}
+
+// Advanced indexing's bounds check (self[indices], self[indices] = v), made
+// at the call when the integer index tensors' values are already on the host
+// (indices built from Python lists or copied from the host): CPU's kernel
+// checks every index before it reads or writes, and raises IndexError "index
+// 7 is out of bounds for dimension 0 with size 6" — for the first element in
+// the indices' broadcast order, the dimension counted among the indexed ones.
+// Indices computed on the device are checked by CPU's kernel at the flush.
+void check_index_bounds(const at::Tensor& self, const c10::IValue& indices_v) {
+  if (!indices_v.isList()) return;
+  const auto list = indices_v.toList();
+  std::vector<at::Tensor> idx;
+  std::vector<int64_t> sizes;
+  int64_t dim = 0;
+  for (size_t i = 0; i < list.size(); ++i, ++dim) {
+    const c10::IValue e = list.get(i);
+    if (!e.isTensor() || !e.toTensor().defined()) continue;
+    const at::Tensor& t = e.toTensor();
+    if (t.scalar_type() != at::kLong && t.scalar_type() != at::kInt) return;  // masks: their expansion needs data
+    if (dim >= self.dim()) return;
+    at::Tensor v = values_on_host(t);
+    if (!v.defined()) return;
+    idx.push_back(v);
+    sizes.push_back(self.size(dim));
+  }
+  if (idx.empty()) return;
+  at::DimVector shape;
+  for (const auto& v : idx) shape = at::infer_size_dimvector(shape, v.sizes());
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+  at::Tensor bad_any;
+  std::vector<at::Tensor> bad(idx.size());
+  for (size_t j = 0; j < idx.size(); ++j) {
+    if (idx[j].numel() == 0) continue;
+    const auto mm = at::aminmax(idx[j]);
+    if (std::get<0>(mm).item<int64_t>() >= -sizes[j] && std::get<1>(mm).item<int64_t>() < sizes[j]) continue;
+    bad[j] = idx[j].lt(-sizes[j]).logical_or_(idx[j].ge(sizes[j])).expand(shape).reshape(-1);
+    bad_any = bad_any.defined() ? bad_any.logical_or(bad[j]) : bad[j];
+  }
+  if (!bad_any.defined()) return;
+  const int64_t pos = bad_any.nonzero().min().item<int64_t>();
+  for (size_t j = 0; j < idx.size(); ++j) {
+    if (!bad[j].defined() || !bad[j][pos].item<bool>()) continue;
+    const int64_t value = idx[j].expand(shape).reshape(-1)[pos].item<int64_t>();
+    TORCH_CHECK_INDEX(false, "index ", value, " is out of bounds for dimension ", j, " with size ", sizes[j]);
+  }
 }
 
 // Checks CPU kernels make at call time that the meta kernels do not. Such
@@ -202,6 +352,27 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // the meta kernels of torch 2.13 let mul_ and a complex add_ / sub_ through.
   if ((check & kInPlaceCast) && in_place_result_cannot_cast(stack[first], stack[first + 1]))
     return true;
+  if ((check & kSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
+      stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
+    return true;
+  if (check & kIndexPut) {
+    try {
+      if (index_put_needs_cpu(stack[first], stack[first + 1], stack[first + 2])) return true;
+    } catch (const c10::Error&) {
+      return true;  // index shapes that do not broadcast: CPU's kernel raises its own error
+    }
+  }
+  // masked_scatter(_): CPU checks that the mask broadcasts to self and that
+  // the source holds an element per set mask element. The second needs the
+  // mask's values, unless the source has as many elements as self.
+  if (check & kMaskedScatter) {
+    const at::Tensor& self = stack[first].toTensor();
+    const at::Tensor& mask = stack[first + 1].toTensor();
+    const at::Tensor& source = stack[first + 2].toTensor();
+    if (source.numel() < self.numel() || mask.scalar_type() != at::kBool ||
+        source.scalar_type() != self.scalar_type() || !at::is_expandable_to(mask.sizes(), self.sizes()))
+      return true;
+  }
   // Argument positions the two checks below read (OpPlan, found once per op).
   struct Positions {
     int alpha, values, indices;
@@ -227,6 +398,65 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
     const c10::IValue& ix = stack[first + p.indices];
     return (ix.isTensor() && ix.toTensor().scalar_type() != at::kLong) ||
            (v.isTensor() && v.toTensor().scalar_type() != self.toTensor().scalar_type());
+  }
+  return false;
+}
+
+// A reduction over an input with no elements. CPU's kernels check such inputs
+// at their start (max()/min() without a dim, median/mode over an empty dim)
+// where several meta kernels return the reduction's identity; the CPU kernel
+// costs nothing on no data and raises, or computes, exactly as CPU does.
+// (out= arguments are not inputs: an empty out= is common.)
+bool reduces_empty_input(PrimKind kind, uint64_t writes, torch::jit::Stack& stack, size_t first, size_t nargs) {
+  if (kind != PrimKind::kReduction) return false;
+  bool empty = false;
+  for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
+    if (is_tpu(t) && t.numel() == 0 && !((writes >> arg) & 1)) empty = true;
+  });
+  return empty;
+}
+
+// RNG ops' argument checks (random_'s range for self's dtype, uniform_'s
+// from <= to, normal_'s std >= 0, bernoulli_'s p in [0, 1], ...): CPU's
+// kernels make them before they draw, for no elements too, and most meta
+// kernels skip them. For an in-place RNG op whose only tensor is self, CPU's
+// kernel runs at the call on an empty CPU stand-in of self: it raises CPU's
+// error, and warns as CPU warns (random_ past float's exact integers).
+void check_random_args(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Stack& stack, size_t first,
+                       size_t nargs) {
+  if ((plan.writes & 1) == 0 || !plan.aliased.empty() && plan.aliased[0] != 0) return;
+  torch::jit::Stack probe(stack.begin() + first, stack.end());
+  for (size_t i = 0; i < nargs; ++i) {
+    c10::IValue& v = probe[i];
+    if (v.isTensor() && v.toTensor().defined()) {
+      if (i != 0) return;  // other tensors (bernoulli_'s p tensor): their shapes matter; the meta kernel checks
+      v = at::detail::empty_cpu({0}, v.toTensor().scalar_type(), std::nullopt, std::nullopt, std::nullopt,
+                                std::nullopt);
+    } else if (v.isGenerator()) {
+      v = c10::IValue();  // no numbers are drawn; a tpu generator would not fit CPU's kernel
+    } else if (v.isTensorList() || v.isList()) {
+      return;
+    }
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &probe);
+}
+
+// Whether the meta kernel resized a tensor the op also reads: an in-place
+// self, or an out= that is also an input. CPU's kernels never do (TensorIterator:
+// "output with shape [3] doesn't match the broadcast shape [2, 3]"); the Python
+// meta kernels of non-structured ops (logical_and_, where's out=) do. CPU's
+// kernel then decides at the call.
+bool resizes_read_write_arg(const c10::FunctionSchema& schema, const MetaOutcome& meta, torch::jit::Stack& stack,
+                            size_t first, size_t nargs) {
+  for (const auto& w : meta.written) {
+    const c10::IValue& v = stack[first + w.first];
+    if (!v.isTensor() || !w.second.defined || v.toTensor().sizes().equals(w.second.sizes)) continue;
+    bool read = !schema.arguments()[w.first].is_out();
+    const c10::TensorImpl* impl = v.toTensor().unsafeGetTensorImpl();
+    for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
+      if (arg != w.first && t.unsafeGetTensorImpl() == impl) read = true;
+    });
+    if (read) return true;
   }
   return false;
 }
@@ -594,6 +824,7 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
     if (t->kind() == c10::TypeKind::NumberType) plan->scalar_args |= uint64_t(1) << i;
   }
   plan->call_check = call_check_of(schema);
+  plan->cpp_meta = shadowed_cpp_meta_kernel(op);
   plan->scalar_conversions = scalar_conversions_of(schema);
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].name() == "alpha") plan->alpha_arg = static_cast<int>(i);
@@ -631,12 +862,15 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
     plan.has_meta.store(true, std::memory_order_relaxed);
   if (entry.kind == PrimKind::kSync || !plan.has_meta.load(std::memory_order_relaxed) ||
-      writes_overlapping_memory(nargs, plan.writes, *stack, first) ||
+      writes_overlapping_memory(nargs, plan.writes, *stack, first, entry.kind == PrimKind::kData) ||
+      reduces_empty_input(entry.kind, plan.writes, *stack, first, nargs) ||
       cpu_checks_at_call_time(plan, *stack, first)) {
     if (borrowed) borrowed->own();
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
     return;
   }
+
+  if (entry.kind == PrimKind::kRandom) check_random_args(op, plan, *stack, first, nargs);
 
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
@@ -648,15 +882,25 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   if (cached == nullptr) {
     const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
     if (borrowed) borrowed->own();  // the meta call and run_eager copy and drop arguments
-    torch::jit::Stack meta_stack(stack->begin() + first, stack->end());
-    std::unordered_map<const void*, c10::Storage> meta_storages;
-    for_each_tensor(meta_stack, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
-      if (!is_tpu(t)) return;
-      host::set_tensor_slot(meta_stack[arg], elem, make_meta(t, meta_storages));
-    });
-    // Factories (triu_indices, ...) name their device: infer on meta, or the
-    // meta call would come back to this kernel.
-    retarget_device_args(meta_stack, 0, nargs, c10::DeviceType::Meta);
+    // The arguments with meta twins of the tpu tensors (one twin storage per tpu storage).
+    auto meta_twins = [&]() {
+      torch::jit::Stack twins(stack->begin() + first, stack->end());
+      std::unordered_map<const void*, c10::Storage> meta_storages;
+      // One twin per tensor: an out= that is also an input (torch.maximum(a, b,
+      // out=a)) is in place for TensorIterator, which then does not resize it.
+      std::unordered_map<const c10::TensorImpl*, at::Tensor> twin_of;
+      for_each_tensor(twins, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
+        if (!is_tpu(t)) return;
+        at::Tensor& m = twin_of[t.unsafeGetTensorImpl()];
+        if (!m.defined()) m = make_meta(t, meta_storages);
+        host::set_tensor_slot(twins[arg], elem, m);
+      });
+      // Factories (triu_indices, ...) name their device: infer on meta, or the
+      // meta call would come back to this kernel.
+      retarget_device_args(twins, 0, nargs, c10::DeviceType::Meta);
+      return twins;
+    };
+    torch::jit::Stack meta_stack = meta_twins();
     // Range factories (arange, range, linspace, logspace) with out=: CPU keeps
     // the out tensor's shape and strides when its numel is the result's and
     // otherwise resize_s it to [n] (no warning); the reference meta kernels
@@ -673,6 +917,20 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
     try {
       c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+      // CPU's own call-time checks first: the C++ meta kernel a Python one
+      // shadows (cpu_meta.h), on twins of its own (it may resize out= twins).
+      // Then the dispatcher's (Python) meta kernel, whose result geometry is
+      // recorded and which checks what hand-written C++ meta kernels skip
+      // (masked_fill_'s mask broadcast).
+      if (plan.cpp_meta) {
+        // Its warnings (an out= resized) come again from the kernel below.
+        struct DropWarnings : c10::WarningHandler {
+          void process(const c10::Warning&) override {}
+        } drop;
+        c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+        torch::jit::Stack cpp_stack = meta_twins();
+        plan.cpp_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &cpp_stack);
+      }
       DeviceMetaInference as_cpu;  // Python meta kernels reason as for CPU (device_hint)
       op.callBoxed(meta_stack);
     } catch (...) {
@@ -712,6 +970,23 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   }
   const MetaOutcome& meta = *cached;
   if (plan.float_values) warn_arange_out_resize(schema, *stack, first, meta);
+  if (!meta.written.empty() && resizes_read_write_arg(schema, meta, *stack, first, nargs)) {
+    if (borrowed) borrowed->own();
+    run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
+    return;
+  }
+  // randperm(n) into a dtype that cannot hold n distinct integers exactly:
+  // CPU's check, on an empty CPU tensor of the result dtype (same message).
+  if ((plan.call_check & kRandperm) && (*stack)[first].isInt()) {
+    const auto dtype = result_dtype(schema, meta);
+    if (dtype != c10::ScalarType::Undefined)
+      at::native::check_supported_max_int_with_precision(
+          (*stack)[first].toInt(),
+          at::detail::empty_cpu({0}, dtype, std::nullopt, std::nullopt, std::nullopt, std::nullopt));
+  }
+  // After the meta kernel's checks, as CPU checks index values after shapes.
+  if ((plan.call_check & kIndexBounds) && (*stack)[first].isTensor())
+    check_index_bounds((*stack)[first].toTensor(), (*stack)[first + 1]);
   // CPU's Scalar overflow checks, on this call's values (the cache keys Scalars by type). A Scalar
   // that does not fit runs CPU's kernel now: it raises CPU's error at the call, or computes the
   // result where CPU skips the conversion (empty matmuls, a pad that only narrows).
@@ -890,11 +1165,19 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   // once the user has seen its error, does not stop the call (it is cleared
   // below if the op overwrites it whole).
   auto is_out = [&](int arg) { return schema.arguments()[arg].is_out(); };
+  // One CPU view per tensor: an out= that is also an input (torch.add(a, b,
+  // out=a)) must be the same tensor for the CPU kernel too (in place: not resized).
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> view_of;
+  std::vector<std::pair<at::Tensor, at::Tensor>> written_views;  // (tpu tensor, its CPU view)
   for_each_tensor(cpu, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
     if (!is_tpu(t)) return;
     TensorRef r = make_ref(t);
     if (!is_out(arg) || !r.storage->error_seen) raise_storage_error(r.storage.get());
-    at::Tensor v = mem.strided(r);
+    at::Tensor& v = view_of[t.unsafeGetTensorImpl()];
+    if (!v.defined()) {
+      v = mem.strided(r);
+      if (arg < 64 && (writes >> arg & 1)) written_views.emplace_back(t, v);
+    }
     host::set_tensor_slot(cpu[arg], elem, v);
   });
   at::Generator user_gen;
@@ -907,7 +1190,21 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     for (size_t i = 0; i < nargs; ++i)
       if (cpu[i].isGenerator()) cpu[i] = at::make_generator<at::CPUGeneratorImpl>(pseudo.rng_seed);
   }
-  host::call_cpu(pseudo, cpu);
+  try {
+    host::call_cpu(pseudo, cpu);
+  } catch (...) {
+    // CPU's kernels may resize an out= before a later check fails (cat's
+    // overlap check): the tensor keeps the new geometry, as on CPU.
+    for (auto& [t, v] : written_views) {
+      if (v.sizes().equals(t.sizes()) && v.strides().equals(t.strides()) && v.storage_offset() == t.storage_offset())
+        continue;
+      at::Tensor orig = t;
+      const bool moved = v.storage().data() != deferred_storage_of(orig)->data;
+      adopt_geometry(orig, v.sizes(), v.strides(), v.storage_offset());
+      if (moved) host::view_over(host::wrap_device_buffer(deferred_storage_of(orig)), make_ref(orig)).copy_(v);
+    }
+    throw;
+  }
   if (spyre::active()) {  // Spyre's storage numerics hold for eagerly run ops too
     std::vector<c10::IValue> returns(cpu.begin(), cpu.begin() + schema.returns().size());
     const std::string name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -26,6 +27,9 @@ struct OpPlan {
   std::vector<int> aliased;      // per return: the argument it aliases, or -1
   std::vector<bool> list_return; // per return: a Tensor[] result
   ScalarConversions scalar_conversions;  // Scalars CPU converts with an overflow check (scalar_checks.h)
+  // ATen's C++ meta kernel when a Python meta kernel shadows it (cpu_meta.h):
+  // shape/dtype inference runs it, so CPU's call-time checks hold at the call.
+  std::optional<c10::KernelFunction> cpp_meta;
   mutable std::atomic<bool> has_meta{false};  // a meta kernel was found (kernels are never removed)
 };
 

@@ -162,12 +162,23 @@ ScalarConversions scalar_conversions_of(const c10::FunctionSchema& schema) {
     for (const Row& r : it->second)
       if (args[i].name() == r.arg) out.args.push_back({static_cast<int>(i), r.integral, r.floating});
   out.tensor_value = name == "masked_fill" || name == "index_fill";
+  // index_fill_ rejects a complex Scalar for every non-complex self, bool too
+  // ("index_fill_(): Converting complex Scalar to non-complex type is not supported").
+  out.complex_into_bool = name != "index_fill";
   return out;
 }
 
 bool scalar_args_fit(const ScalarConversions& conv, const torch::jit::Stack& stack, size_t first,
                      c10::ScalarType result) {
   const bool integral = c10::isIntegralType(result, /*includeBool=*/false);
+  if (result == c10::ScalarType::Bool && !conv.complex_into_bool) {
+    for (const ScalarConversion& c : conv.args) {
+      at::Scalar s;
+      if (first + c.arg < stack.size() && scalar_of(stack[first + c.arg], conv.tensor_value, &s) && s.isComplex())
+        return false;
+    }
+    return true;
+  }
   if (!integral && !c10::isFloatingType(result) && !c10::isComplexType(result)) return true;
   for (const ScalarConversion& c : conv.args) {
     if (first + c.arg >= stack.size()) continue;

@@ -34,6 +34,7 @@ struct ScalarConversion {
 struct ScalarConversions {
   std::vector<ScalarConversion> args;
   bool tensor_value = false;  // a 0-dim CPU tensor `value` is read with item() (masked_fill, index_fill)
+  bool complex_into_bool = true;  // a complex Scalar into a bool result is accepted (index_fill rejects it)
 };
 
 // The conversions of `schema`'s op, from the table found by sweeping CPU

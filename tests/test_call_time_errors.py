@@ -1,0 +1,358 @@
+"""Errors CPU raises at the call are raised by "tpu" at the call: same type, same message.
+
+DESIGN §4: everything CPU checks before it computes is checked when the op is
+recorded — the C++ meta functions of ATen's structured kernels (the code CPU's
+kernel runs first: TensorIterator's broadcast, in-place shape, out= dtype and
+overlap checks), index_put_'s and masked_scatter_'s shape/dtype checks, the RNG
+ops' argument checks, reductions over no elements, and index bounds when the
+indices are already on the host. A rejected call writes nothing: every tensor
+stays readable and holds CPU's values.
+
+Each case is a pair (build, act): ``build(device)`` makes the tensors, ``act``
+makes the call under test (difftest.run_both_at_call).
+"""
+import pytest
+import torch
+
+from difftest import requires_tpu, run_both_at_call
+
+
+def _f(*shape, dtype=torch.float32):
+    """Deterministic values (no RNG), so both devices build the same tensors."""
+    n = 1
+    for s in shape:
+        n *= s
+    return lambda d: torch.arange(1, n + 1, device=d).reshape(shape).to(dtype) / (n + 1)
+
+
+def _pair(a, b):
+    return lambda d: (a(d), b(d))
+
+
+# ---- in-place op whose other operand broadcasts to a larger shape ------------
+# CPU: "output with shape [3] doesn't match the broadcast shape [2, 3]"; the
+# in-place self is never resized.
+INPLACE_BINARY = ["atan2_", "eq_", "fmod_", "ge_", "gt_", "le_", "lt_", "ne_", "pow_", "remainder_", "add_",
+                  "mul_", "div_", "sub_", "hypot_", "copysign_", "maximum", "logaddexp", "xlogy_", "nextafter_",
+                  "float_power_", "ldexp_", "igamma_"]
+
+
+@pytest.mark.parametrize("op", INPLACE_BINARY)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_inplace_broadcast_to_larger_shape(dev, op, layout):
+    def build(d):
+        small = _f(3, 2)(d).t() if layout == "transposed" else _f(3)(d)
+        return small, _f(4, *small.shape)(d) + 0.5
+
+    def act(small, big):
+        if op.endswith("_"):
+            return getattr(small, op)(big)
+        return getattr(torch, op)(small, big, out=small)
+
+    run_both_at_call(build, act, dev)
+
+
+INPLACE_OTHER = {
+    "lerp_": lambda s, b: s.lerp_(b, 0.5),
+    "lerp_weight": lambda s, b: s.lerp_(s, b),
+    "addcmul_": lambda s, b: s.addcmul_(b, b),
+    "addcdiv_": lambda s, b: s.addcdiv_(s, b),
+    "clamp_min_tensor": lambda s, b: s.clamp_(min=b),
+    "where_out": lambda s, b: torch.where(b > 0.5, s, b, out=s),
+    "masked_fill_": lambda s, b: s.masked_fill_(b > 0.5, 1.0),
+    "masked_scatter_": lambda s, b: s.masked_scatter_(b > 0, b),
+    "copy_": lambda s, b: s.copy_(b),
+    "logical_and_": lambda s, b: s.logical_and_(b),
+    "bitwise_and_int": lambda s, b: s.to(torch.int64).bitwise_and_(b.to(torch.int64)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INPLACE_OTHER))
+def test_inplace_other_ops_never_resize_self(dev, case):
+    run_both_at_call(_pair(_f(3), _f(2, 3)), INPLACE_OTHER[case], dev)
+
+
+# ---- out= dtype and shape ------------------------------------------------------
+OUT = {
+    "neg_double_out": (lambda d: (torch.tensor(1., device=d), torch.zeros(0, dtype=torch.float64, device=d)),
+                       lambda x, o: torch.neg(x, out=o)),
+    "neg_int_out": (lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.int64, device=d)),
+                    lambda x, o: torch.neg(x, out=o)),
+    "abs_half_out": (lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.float16, device=d)),
+                     lambda x, o: torch.abs(x, out=o)),
+    "floor_complex_out": (lambda d: (torch.tensor([1 + 1j], device=d), torch.zeros(1, dtype=torch.complex64, device=d)),
+                          lambda x, o: torch.floor(x, out=o)),
+    "ceil_complex_out": (lambda d: (torch.tensor([1 + 1j], device=d), torch.zeros(1, dtype=torch.complex64, device=d)),
+                         lambda x, o: torch.ceil(x, out=o)),
+    "trunc_complex_out": (lambda d: (torch.tensor([1 + 1j], device=d), torch.zeros(1, dtype=torch.complex64, device=d)),
+                          lambda x, o: torch.trunc(x, out=o)),
+    "sin_int_out": (lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.int32, device=d)),
+                    lambda x, o: torch.sin(x, out=o)),
+    "add_int_out": (lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.int64, device=d)),
+                    lambda x, o: torch.add(x, x, out=o)),
+    "eq_float_out": (lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.float32, device=d)),
+                     lambda x, o: torch.eq(x, x, out=o)),
+    "sum_int_out": (lambda d: (_f(2, 3)(d), torch.zeros(2, dtype=torch.int64, device=d)),
+                    lambda x, o: torch.sum(x, 1, out=o)),
+    "cat_dtype_out": (lambda d: (_f(2)(d), torch.zeros(4, dtype=torch.int64, device=d)),
+                      lambda b, o: torch.cat([b, b], out=o)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT))
+def test_out_checks(dev, case):
+    build, act = OUT[case]
+    run_both_at_call(build, act, dev)
+
+
+def test_cat_into_its_own_input_that_must_grow(dev):
+    # CPU's overlap check rejects the call at once. (CPU's tensor comes back
+    # grown to [4], its new elements uninitialized; "tpu" keeps [2]: not compared.)
+    outcomes = []
+    for d in ("cpu", dev):
+        b = _f(2)(d)
+        with pytest.raises(RuntimeError) as info:
+            torch.cat([b, b], out=b)
+        outcomes.append((str(info.value), b[:2].cpu()))
+    assert outcomes[0][0] == outcomes[1][0]
+    torch.testing.assert_close(outcomes[1][1], outcomes[0][1])
+
+
+# ---- indexing ----------------------------------------------------------------
+INDEX = {
+    "put_int_into_double": (lambda d: (torch.zeros(2, 3, dtype=torch.double, device=d),
+                                       torch.ones(2, 1, dtype=torch.int32, device=d)),
+                            lambda a, v: a.__setitem__((slice(None), [1]), v)),
+    "put_float_into_half": (lambda d: (torch.zeros(4, dtype=torch.half, device=d), torch.ones(2, device=d)),
+                            lambda a, v: a.__setitem__(torch.tensor([0, 2], device=a.device), v)),
+    "put_true_index_expanded": (lambda d: (_f(1, 2, 3)(d),),
+                                lambda a: a.__setitem__(torch.tensor(True), a.expand(5, 1, 2, 3))),
+    "put_value_too_big": (lambda d: (torch.zeros(4, 3, device=d), torch.ones(2, 4, device=d)),
+                          lambda a, v: a.__setitem__(torch.tensor([0, 1], device=a.device), v)),
+    "put_0dim_no_index": (lambda d: (torch.tensor(1., device=d), torch.tensor([1.], device=d)),
+                          lambda s, v: s.index_put([], v, True)),
+    "put_0dim_no_index_inplace": (lambda d: (torch.tensor(1., device=d), torch.tensor([1.], device=d)),
+                                  lambda s, v: s.index_put_([], v)),
+    "put_too_many_indices": (lambda d: (torch.zeros(3, device=d), torch.ones(1, device=d)),
+                             lambda a, v: a.index_put_((torch.tensor([0], device=a.device),) * 2, v)),
+    "put_float_index": (lambda d: (torch.zeros(3, device=d), torch.ones(1, device=d)),
+                        lambda a, v: a.index_put_((torch.tensor([0.], device=a.device),), v)),
+    "put_non_adjacent": (lambda d: (torch.zeros(2, 3, 4, device=d), torch.ones(3, device=d)),
+                         lambda a, v: a.index_put_((torch.tensor([0, 1], device=a.device), None,
+                                                    torch.tensor([1, 2], device=a.device)), v)),
+    "put_non_adjacent_ok": (lambda d: (torch.zeros(2, 3, 4, device=d), torch.ones(2, 3, device=d)),
+                            lambda a, v: a.index_put_((torch.tensor([0, 1], device=a.device), None,
+                                                       torch.tensor([1, 2], device=a.device)), v)),
+    "get_empty_dim": (lambda d: (torch.empty(10, 0, device=d),), lambda a: a[:, [0, 1]]),
+    "get_out_of_bounds": (lambda d: (_f(6)(d),), lambda a: a[torch.tensor([1, 7], device=a.device)]),
+    "get_out_of_bounds_negative": (lambda d: (_f(2, 3)(d),),
+                                   lambda a: a[:, torch.tensor([[1, -9], [9, 0]], device=a.device)]),
+    "get_out_of_bounds_second_index": (lambda d: (_f(2, 3, 4)(d),),
+                                       lambda a: a[torch.tensor([0], device=a.device),
+                                                   torch.tensor([5], device=a.device)]),
+    "get_list_out_of_bounds": (lambda d: (_f(2, 3)(d),), lambda a: a[[0, 2]]),
+    "put_out_of_bounds": (lambda d: (_f(6)(d),),
+                          lambda a: a.__setitem__(torch.tensor([7], device=a.device), 1.)),
+    "put_out_of_bounds_accumulate": (lambda d: (_f(6)(d), torch.ones(1, device=d)),
+                                     lambda a, v: a.index_put_((torch.tensor([-7], device=a.device),), v,
+                                                               accumulate=True)),
+    "fill_bool_with_complex": (lambda d: (torch.zeros(3, dtype=torch.bool, device=d),),
+                               lambda a: a.index_fill_(0, torch.tensor([1], device=a.device), 1 + 2j)),
+    "fill_bool_with_float": (lambda d: (torch.zeros(3, dtype=torch.bool, device=d),),
+                             lambda a: a.index_fill_(0, torch.tensor([1], device=a.device), 2.5)),
+    "byte_mask_scalar": (lambda d: (torch.zeros(3, device=d),),
+                         lambda x: x.__setitem__(torch.tensor([1, 0, 1], dtype=torch.uint8, device=x.device), 2.)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INDEX))
+def test_indexing_checks(dev, case):
+    build, act = INDEX[case]
+    run_both_at_call(build, act, dev)
+
+
+def test_byte_mask_assignment_warns_like_cpu(dev):
+    # CPU warns that uint8 masks are deprecated (once per call) and then masks.
+    build = lambda d: (torch.zeros(3, 2, device=d), torch.ones(2, 2, device=d))  # noqa: E731
+    act = lambda x, v: x.__setitem__(torch.tensor([1, 0, 1], dtype=torch.uint8, device=x.device), v)  # noqa: E731
+    run_both_at_call(build, act, dev, check_warnings=True)
+
+
+# ---- masked_scatter_ ------------------------------------------------------------
+MASKED_SCATTER = {
+    "source_too_small": (3, (5,), (5,), True),
+    "source_large_enough": (5, (5,), (5,), True),
+    "mask_larger_than_self": (6, (3,), (2, 3), True),
+    "mask_broadcasts": (6, (2, 3), (3,), True),
+    "source_other_dtype": (6, (2, 3), (2, 3), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MASKED_SCATTER))
+def test_masked_scatter_checks(dev, case):
+    n, self_shape, mask_shape, same_dtype = MASKED_SCATTER[case]
+
+    def build(d):
+        src = _f(n)(d) if same_dtype else _f(n, dtype=torch.float64)(d)
+        return torch.zeros(self_shape, device=d), torch.ones(mask_shape, dtype=torch.bool, device=d), src
+
+    run_both_at_call(build, lambda s, m, src: s.masked_scatter_(m, src), dev)
+
+
+# ---- reductions over no elements ------------------------------------------------
+EMPTY_REDUCTIONS = {
+    "max": lambda x: x.max(),
+    "min": lambda x: x.min(),
+    "max_int": lambda x: x.to(torch.int64).max(),
+    "min_bool": lambda x: x.to(torch.bool).min(),
+    "max_2d": lambda x: x.reshape(0, 3).max(),
+    "amax": lambda x: x.amax(),
+    "argmin": lambda x: x.argmin(),
+    "aminmax": lambda x: torch.aminmax(x),
+    "max_dim": lambda x: x.reshape(0, 3).max(0),
+    "median_dim": lambda x: x.reshape(0, 3).median(0),
+    "nanmedian_dim": lambda x: x.reshape(0, 3).nanmedian(0),
+    "mode": lambda x: x.reshape(0, 3).mode(0),
+    "kthvalue": lambda x: x.reshape(0, 3).kthvalue(1, 0),
+    "max_out": lambda x: torch.max(x, out=torch.empty(0, device=x.device)),
+    "sum": lambda x: x.sum(),
+    "prod_dim": lambda x: x.reshape(0, 3).prod(0),
+    "logsumexp": lambda x: x.logsumexp(0),
+    "median": lambda x: x.median(),
+    "inf_norm": lambda x: torch.linalg.vector_norm(x, float("inf")),
+    "softmax": lambda x: x.softmax(0),
+}
+
+
+@pytest.mark.parametrize("mode", ["defer_and_fuse", "defer_never"])
+@pytest.mark.parametrize("case", sorted(EMPTY_REDUCTIONS))
+def test_reductions_of_empty_input(dev, case, mode):
+    def run():
+        run_both_at_call(lambda d: (torch.empty(0, device=d),), EMPTY_REDUCTIONS[case], dev)
+
+    if dev == "tpu" and mode == "defer_never":
+        with torch.tpu.set_eager_mode("DEFER_NEVER"):
+            run()
+    else:
+        run()
+
+
+# ---- RNG argument checks ----------------------------------------------------------
+RANDOM = {
+    "random_from_below_int8": (torch.int8, lambda t: t.random_(-200, 5)),
+    "random_to_above_int8": (torch.int8, lambda t: t.random_(0, 300)),
+    "random_to_above_uint8": (torch.uint8, lambda t: t.random_(256 + 1)),
+    "random_bool_range": (torch.bool, lambda t: t.random_(0, 3)),
+    "random_empty_range": (torch.int64, lambda t: t.random_(5, 5)),
+    "uniform_from_above_to": (torch.float32, lambda t: t.uniform_(3, 1)),
+    "normal_negative_std": (torch.float32, lambda t: t.normal_(0, -1)),
+    "exponential_negative": (torch.float32, lambda t: t.exponential_(-1)),
+    "geometric_p_above_1": (torch.float32, lambda t: t.geometric_(2)),
+    "bernoulli_p_above_1": (torch.float32, lambda t: t.bernoulli_(2.)),
+    "cauchy_negative_sigma": (torch.float32, lambda t: t.cauchy_(0, -1)),
+    "log_normal_negative_std": (torch.float32, lambda t: t.log_normal_(0, -1)),
+    "random_int_on_float_ok": (torch.float32, lambda t: t.random_(0, 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RANDOM))
+def test_random_argument_checks(dev, case):
+    dtype, act = RANDOM[case]
+    run_both_at_call(lambda d: (torch.zeros(4, dtype=dtype, device=d),), act, dev)
+
+
+@pytest.mark.parametrize("shape", [(0,), (3,)])
+@pytest.mark.parametrize("factory", ["rand", "randn"])
+def test_float_random_factories_reject_integer_dtypes(dev, shape, factory):
+    run_both_at_call(lambda d: (), lambda: getattr(torch, factory)(shape, dtype=torch.int64, device=dev), dev)
+
+
+RANDPERM = {
+    "uint8_257": (257, torch.uint8), "uint8_256": (256, torch.uint8), "half_2049": (2**11 + 1, torch.half),
+    "half_2050": (2**11 + 2, torch.half), "float_2pow24_plus_2": (2**24 + 2, torch.float32),
+    "int8_129": (129, torch.int8),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RANDPERM))
+@pytest.mark.parametrize("with_out", [False, True])
+def test_randperm_n_too_large_for_dtype(dev, case, with_out):
+    n, dtype = RANDPERM[case]
+
+    def act(out):
+        r = torch.randperm(n, out=out) if with_out else torch.randperm(n, dtype=dtype, device=out.device)
+        if with_out:
+            out.copy_(r.sort().values)  # the order is random: compare the values sorted
+        return r.shape
+
+    run_both_at_call(lambda d: (torch.empty(0, dtype=dtype, device=d),), act, dev)
+
+
+@pytest.mark.parametrize("op", [torch.complex, torch.polar])
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32),
+                                    (torch.float32, torch.float32)])
+def test_complex_parts_of_different_dtypes(dev, op, dtypes):
+    run_both_at_call(lambda d: (_f(2, dtype=dtypes[0])(d), _f(2, dtype=dtypes[1])(d)), op, dev)
+
+
+# ---- memory overlap ---------------------------------------------------------------
+OVERLAP = {
+    "add_partial": lambda x: x[1:].add_(x[:-1]),
+    "mul_out_partial": lambda x: torch.mul(x[:-1], 2, out=x[1:]),
+    "neg_out_partial": lambda x: torch.neg(x[:-1], out=x[1:]),
+    "sigmoid_out_partial": lambda x: torch.sigmoid(x[:-1], out=x[1:]),
+    "exp_out_same": lambda x: torch.exp(x, out=x),
+    "copy_partial": lambda x: x[1:].copy_(x[:-1]),
+    "index_select_out_overlap": lambda x: torch.index_select(x, 0, torch.tensor([0, 1], device=x.device),
+                                                             out=x[:2]),
+    "expanded_add_": lambda x: x[:1].expand(5).add_(1),
+    "expanded_copy_same": lambda x: x[:1].expand(3, 3).copy_(x[:1].expand(3, 3).transpose(0, 0)),
+    "expanded_copy_other": lambda x: x[:1].expand(3).copy_(x[1:4]),
+    "cat_out_input": lambda x: torch.cat([x[:2], x[:2]], out=x[1:5]),
+    "index_fill_own_index": lambda x: x.to(torch.int64).index_fill_(0, x.to(torch.int64)[:1] * 0, 0),
+    "put_own_index": lambda x: (lambda i: i.put_(i, i))(torch.tensor([2, 1, 0], device=x.device)),
+    "index_put_own_index": lambda x: (lambda i: i.index_put_((i,), i))(torch.tensor([2, 1, 0], device=x.device)),
+    "index_put_value_view": lambda x: x.index_put_((torch.tensor([2, 1, 0], device=x.device),), x[0]),
+    "scatter_own_src": lambda x: x.scatter_(0, torch.tensor([0, 1], device=x.device), x),
+    "mul_self_ok": lambda x: x.mul_(x),
+    "add_out_self_ok": lambda x: torch.add(x, x, out=x),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERLAP))
+def test_memory_overlap(dev, case):
+    run_both_at_call(lambda d: (_f(6)(d),), OVERLAP[case], dev)
+
+
+# ---- the queue survives ---------------------------------------------------------------
+@requires_tpu
+def test_pending_work_survives_a_rejected_call():
+    x = torch.arange(6., device="tpu")
+    pending = x * 2
+    small = torch.arange(3., device="tpu")
+    small_before = small + 0
+    with pytest.raises(RuntimeError, match=r"output with shape \[3\] doesn't match the broadcast shape \[2, 3\]"):
+        small.atan2_(torch.ones(2, 3, device="tpu"))
+    with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 6"):
+        x[torch.tensor([9], device="tpu")]
+    assert pending.cpu().tolist() == [0., 2., 4., 6., 8., 10.]
+    assert small.shape == (3,) and small.cpu().tolist() == small_before.cpu().tolist()
+
+
+# ---- Python API arguments -------------------------------------------------------------
+@requires_tpu
+@pytest.mark.parametrize("value", [2**64, 2**63, -(2**63) - 1])
+def test_api_int_arguments_past_int64(value):
+    import torch_tpu_eager as tte
+
+    before = tte.queue_limits()
+    with pytest.raises(OverflowError, match="set_queue_limits: max_ops="):
+        tte.set_queue_limits(value)
+    with pytest.raises(OverflowError, match="set_queue_limits: max_bytes="):
+        tte.set_queue_limits(100, value)
+    assert tte.queue_limits() == before
+    t = torch.zeros(4, device="tpu")
+    with pytest.raises((OverflowError, ValueError), match="mark_dynamic"):
+        tte.mark_dynamic(t, 0, 1, value)
+    with pytest.raises(TypeError, match="set_queue_limits: max_ops must be an integer"):
+        tte.set_queue_limits(1.5)
