@@ -55,6 +55,88 @@ def test_zero_dim_cpu_tensor_is_allowed(dev):
     assert r.device.type == torch.device(dev).type and r.cpu().tolist() == [1., 3., 5., 7.]
 
 
+# Written arguments (out=, in-place self) must be on the device even when 0-dim: CUDA's
+# TensorIterator admits a CPU scalar only as an input. Each case gets (tpu tensor, cpu tensor)
+# and writes into the CPU one, or reads a CPU tensor CUDA rejects.
+CPU_WRITTEN_OR_REJECTED = {
+    "nonzero_out_0dim": lambda t, c0, c: torch.nonzero(t, out=c0.long()),
+    "nonzero_out": lambda t, c0, c: torch.nonzero(t, out=c.long()),
+    "add_out_0dim": lambda t, c0, c: torch.add(t, t, out=c0),
+    "add_out": lambda t, c0, c: torch.add(t, t, out=c),
+    "sum_out_0dim": lambda t, c0, c: torch.sum(t, 0, out=c0),
+    "sort_out": lambda t, c0, c: torch.sort(t, out=(c, c.long())),
+    "max_dim_out_0dim": lambda t, c0, c: torch.max(t, 0, out=(c0, c0.long())),
+    "cumsum_out": lambda t, c0, c: torch.cumsum(t, 0, out=c),
+    "mm_out": lambda t, c0, c: torch.mm(t.view(2, 2), t.view(2, 2), out=c.view(2, 2)),
+    "cat_out": lambda t, c0, c: torch.cat([t, t], out=c),
+    "cpu_0dim_inplace_self": lambda t, c0, c: c0.add_(t[0]),
+    "cpu_inplace_self": lambda t, c0, c: c.mul_(t),
+    "inplace_cpu_other": lambda t, c0, c: t.add_(c),
+    "copy_into_index_of_cpu": lambda t, c0, c: c.index_copy_(0, torch.tensor([0], device=t.device), t[:1]),
+    "index_select_cpu_index": lambda t, c0, c: t.index_select(0, c.long()),
+    "index_add_cpu_source": lambda t, c0, c: t.index_add_(0, torch.tensor([0, 1, 2, 3], device=t.device), c),
+    "index_put_cpu_values": lambda t, c0, c: t.index_put_((torch.tensor([0, 1, 2, 3], device=t.device),), c),
+    "masked_scatter_cpu_source": lambda t, c0, c: t.masked_scatter_(t > 1, c),
+    "where_cpu_other": lambda t, c0, c: torch.where(t > 1, t, c),
+}
+
+
+@requires_tpu
+@pytest.mark.parametrize("case", sorted(CPU_WRITTEN_OR_REJECTED))
+def test_cpu_tensor_written_or_mixed_raises_at_call(dev, case):
+    """Every out= / in-place / tensor argument is checked before anything is written."""
+    t = torch.arange(4.).to(dev)
+    pending = t * 2  # a pending op: the failed call must leave the queue valid
+    c0 = torch.tensor(7.)
+    c = torch.arange(4.) + 10
+    with pytest.raises(RuntimeError, match=SAME_DEVICE_MSG):
+        CPU_WRITTEN_OR_REJECTED[case](t, c0, c)
+    assert c0.item() == 7. and c.tolist() == [10., 11., 12., 13.]
+    assert t.cpu().tolist() == [0., 1., 2., 3.] and pending.cpu().tolist() == [0., 2., 4., 6.]
+    assert (t + 1).cpu().tolist() == [1., 2., 3., 4.]
+
+
+CPU_ALLOWED = {  # CUDA admits these: a read-only CPU scalar, CPU index lists
+    "mul_cpu_scalar": lambda t: t * torch.tensor(3.),
+    "inplace_cpu_scalar_other": lambda t: t.clone().add_(torch.tensor(2.)),
+    "where_cpu_scalar": lambda t: torch.where(t > 1, t, torch.tensor(0.)),
+    "index_cpu_indices": lambda t: t[torch.tensor([0, 2])],
+    "index_put_cpu_indices_scalar_value": lambda t: t.clone().index_put_((torch.tensor([1]),), torch.tensor(5.)),
+    "masked_fill_cpu_scalar": lambda t: t.clone().masked_fill_(t > 1, torch.tensor(-1.)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CPU_ALLOWED))
+def test_cpu_scalars_and_indices_allowed_like_cuda(dev, case):
+    cpu = CPU_ALLOWED[case](torch.arange(4.))
+    got = CPU_ALLOWED[case](torch.arange(4.).to(dev))
+    assert got.device.type == torch.device(dev).type and torch.equal(got.cpu(), cpu)
+
+
+@requires_tpu
+def test_nonzero_out_checks_like_cuda(dev):
+    """PyTorch's test_nonzero: a 0-dim out of the wrong dtype / device raises; a device one is resized."""
+    for dtype in (torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.uint8):
+        x = torch.tensor([[0, 1], [1, 0]]).to(dtype).to(dev)
+        with pytest.raises(RuntimeError, match="scalar type Long"):
+            torch.nonzero(x, out=torch.empty([], dtype=torch.float, device=dev))
+        with pytest.raises(RuntimeError, match="on the same device"):
+            torch.nonzero(x, out=torch.empty([], dtype=torch.long))
+        out = torch.empty([], dtype=torch.long, device=dev)
+        torch.nonzero(x, out=out)
+        assert out.cpu().tolist() == [[0, 1], [1, 0]]
+
+
+@requires_tpu
+def test_cpu_fallback_checks_devices(dev, monkeypatch):
+    """An op run through the CPU fallback (no device kernel) checks devices the same way."""
+    monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "1")
+    v = torch.ones(2, 3).to(dev)
+    with pytest.raises(RuntimeError, match=SAME_DEVICE_MSG):
+        torch._weight_norm_interface(v, torch.ones(2, 1), 0)
+    assert v.cpu().tolist() == [[1.] * 3] * 2
+
+
 # ---------------------------------------------------------------------------
 # shape errors: raised like CPU; pending tensors stay valid
 # ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -845,19 +846,37 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
               other.device(), "!");
 }
 
+void check_same_device(const c10::FunctionSchema& schema, uint64_t writes, torch::jit::Stack& stack, size_t first) {
+  const size_t nargs = schema.arguments().size();
+  std::optional<c10::Device> common;  // the first tpu tensor's device (CUDA: the first non-CPU device)
+  std::optional<c10::Device> other;   // the first device that may not be mixed with it
+  for_each_tensor(stack, first, nargs, [&](int arg, int elem, const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (is_tpu(t)) {
+      if (!common) common = t.device();
+      else if (t.device() != *common && !other) other = t.device();
+      return;
+    }
+    const bool written = arg < 64 && ((writes >> arg) & 1);
+    if (!written && t.device().is_cpu()) {
+      if (t.dim() == 0) return;  // a CPU scalar, read only (TensorIterator's allow_cpu_scalars)
+      if (elem >= 0 && schema.arguments()[arg].name() == "indices") return;  // `t[cpu_index]`
+    }
+    if (!other) other = t.device();
+  });
+  if (common && other)
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", *common,
+                " and ", *other, "!");
+}
+
 void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack,
                BorrowedArgs* borrowed) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
 
-  // 1. Devices: tpu tensors, plus 0-dim CPU tensors (scalars), as CPU/CUDA allow.
-  for_each_tensor(*stack, first, nargs, [&](int arg, int elem, const at::Tensor& t) {
-    if (!t.defined() || is_tpu(t)) return;
-    if (t.device().is_cpu() && t.dim() == 0) return;
-    if (t.device().is_cpu() && elem >= 0 && schema.arguments()[arg].name() == "indices") return;  // index lists
-    raise_device_mismatch(t);
-  });
+  // 1. Devices, before anything is recorded or written.
+  check_same_device(schema, plan.writes, *stack, first);
 
   if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
     plan.has_meta.store(true, std::memory_order_relaxed);
@@ -1146,6 +1165,8 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
+  const uint64_t writes = plan ? plan->writes : written_args(schema);
+  if (plan == nullptr) check_same_device(schema, writes, *stack, first);  // record_op checked the others
   (void)flush_all(fallback ? FlushReason::kCpuFallback : FlushReason::kDataDependent);
   count_eager_op(fallback);
 
@@ -1153,7 +1174,6 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   // get their own buffer first, before any argument's CPU view is built: a
   // view built earlier (another argument on the same storage) would keep the
   // shared buffer.
-  const uint64_t writes = plan ? plan->writes : written_args(schema);
   for_each_tensor(*stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
     if (is_tpu(t) && arg < 64 && (writes >> arg & 1)) unshare_for_write(deferred_storage_of(t));
   });

@@ -81,4 +81,15 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
 // Raises the error CPU/CUDA raise when a tensor of another device is mixed in.
 [[noreturn]] void raise_device_mismatch(const at::Tensor& other);
 
+// CUDA's device rule for one call, checked before anything is recorded or
+// written: every tensor argument is on the device of the first tpu tensor,
+// except a CPU tensor that is only read and is 0-dim (a scalar, as
+// TensorIterator's allow_cpu_scalars admits) or an entry of an `indices` list
+// (`t[cpu_index]`). Written arguments (`writes`, bit per argument: out=,
+// in-place self, extra writes) are never exempt. Raises RuntimeError
+// "Expected all tensors to be on the same device, but found at least two
+// devices, tpu:0 and cpu!". Arguments: the op's schema and its arguments at
+// stack[first, first + schema.arguments().size()).
+void check_same_device(const c10::FunctionSchema& schema, uint64_t writes, torch::jit::Stack& stack, size_t first);
+
 }  // namespace tpu_eager
