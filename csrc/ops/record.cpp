@@ -25,6 +25,7 @@
 #include "executors/spyre/spyre.h"
 #include "jit/disk_cache.h"
 #include "lazy/queue.h"
+#include "ops/layout_kernels.h"
 #include "ops/memory_format.h"
 #include "ops/meta_outcome.h"
 #include "ops/scalar_checks.h"
@@ -890,6 +891,10 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
       at::Tensor res = v.toTensor();
       if (!res.defined() || !res.device().is_cpu()) {
         results.emplace_back(res);
+        continue;
+      }
+      if (res.layout() != at::kStrided || res.is_quantized()) {  // e.g. a sparse gradient
+        results.emplace_back(layout_result_to_tpu(res));
         continue;
       }
       at::Tensor t = at::detail::empty_strided_generic(res.sizes(), res.strides(), device_allocator(),
