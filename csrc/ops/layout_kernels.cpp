@@ -49,6 +49,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include "ops/layout_kernels.h"
+
 #include "device/device.h"
 #include "executors/host_runtime.h"
 #include "lazy/queue.h"
@@ -319,4 +321,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 }  // namespace
+
+at::Tensor layout_result_to_tpu(const at::Tensor& cpu_result) { return to_device(cpu_result, kTpu); }
+
 }  // namespace tpu_eager

@@ -30,6 +30,7 @@
 #include "jit/disk_cache.h"
 #include "lazy/queue.h"
 #include "ops/cpu_meta.h"
+#include "ops/layout_kernels.h"
 #include "ops/memory_format.h"
 #include "ops/meta_outcome.h"
 #include "ops/out_geometry.h"
@@ -1265,6 +1266,10 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
       at::Tensor res = v.toTensor();
       if (!res.defined() || !res.device().is_cpu()) {
         results.emplace_back(res);
+        continue;
+      }
+      if (res.layout() != at::kStrided || res.is_quantized()) {  // e.g. a sparse gradient
+        results.emplace_back(layout_result_to_tpu(res));
         continue;
       }
       at::Tensor t = at::detail::empty_strided_generic(res.sizes(), res.strides(), device_allocator(),
