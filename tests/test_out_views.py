@@ -263,3 +263,16 @@ def test_size1_dim_strides_after_flip_sort(dev, op, perm):
         return [(x, x.stride()) for x in (r if isinstance(r, tuple) else (r,))]
 
     run_both(prog, dev, check_stride=True)
+
+
+@pytest.mark.parametrize("layout", ["transposed_3d", "channels_last", "permuted_4d"])
+def test_batch_norm_output_layout(dev, layout):
+    """CPU's batch norm allocates in input.suggest_memory_format()."""
+    def prog(d):
+        x = {"transposed_3d": lambda: _x(d, 5, 5, 5).mT.contiguous().mT,
+             "channels_last": lambda: _cl(d),
+             "permuted_4d": lambda: _x(d, 2, 3, 4, 5).permute(0, 1, 3, 2)}[layout]()
+        r = torch.nn.functional.batch_norm(x, None, None, training=True)
+        return r, r.stride()
+
+    run_both(prog, dev, check_stride=True)

@@ -128,6 +128,17 @@ void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit
     }
     return;
   }
+  // Batch norm on CPU allocates its output in input.suggest_memory_format()
+  // (contiguous unless a 4-d / 5-d input is channels_last); the meta kernels
+  // keep the input's strides (a transposed 3-d input stays transposed).
+  if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
+       name == "aten::_batch_norm_with_update") &&
+      functional && stack[first].isTensor() && !outcome.returns.empty()) {
+    const at::Tensor& input = stack[first].toTensor();
+    for (auto& g : outcome.returns[0])
+      if (g.defined && input.sizes().equals(g.sizes)) g.strides = strides_for(g.sizes, input.suggest_memory_format());
+    return;
+  }
   // CPU kernels that allocate their result in self.suggest_memory_format();
   // their meta kernels (decompositions) allocate it contiguous.
   static const std::unordered_set<std::string> keeps_format = {
