@@ -42,20 +42,29 @@ std::string human(int64_t bytes) {
 // pointer into device memory back to its storage, for StorageImpls that
 // PyTorch builds over device memory itself (alias storages, below). Linking
 // costs a lock and four pointer writes per allocation; lookups are rare.
-std::mutex g_registry_mu;
-DeferredStorage* g_registry_head = nullptr;
+struct Registry {
+  std::mutex mu;
+  DeferredStorage* head = nullptr;
+};
+
+Registry& registry() {
+  static auto* r = new Registry();  // never destroyed: storages may die after static destructors
+  return *r;
+}
 
 void registry_add(DeferredStorage* ds) {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  ds->registry_next = g_registry_head;
-  if (g_registry_head) g_registry_head->registry_prev = ds;
-  g_registry_head = ds;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  ds->registry_next = r.head;
+  if (r.head) r.head->registry_prev = ds;
+  r.head = ds;
 }
 
 void registry_remove(DeferredStorage* ds) {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
   if (ds->registry_prev) ds->registry_prev->registry_next = ds->registry_next;
-  else if (g_registry_head == ds) g_registry_head = ds->registry_next;
+  else if (r.head == ds) r.head = ds->registry_next;
   if (ds->registry_next) ds->registry_next->registry_prev = ds->registry_prev;
   ds->registry_prev = ds->registry_next = nullptr;
 }
@@ -158,14 +167,15 @@ DeviceBytes adopt_alias(const c10::Storage& storage) {
   StoragePtr owner;
   int64_t offset = 0;
   {
-    std::lock_guard<std::mutex> lock(g_registry_mu);
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mu);
     const c10::DataPtr& dp = storage.data_ptr();
     if (dp.get_deleter() == &delete_storage_ctx) return {static_cast<DeferredStorage*>(dp.get_context()), 0};
     if (dp.get_deleter() == &delete_alias_ctx) {  // re-homed meanwhile by another thread
       auto* a = static_cast<AliasCtx*>(dp.get_context());
       return {a->owner.get(), a->byte_offset};
     }
-    for (DeferredStorage* s = g_registry_head; s != nullptr && p != nullptr; s = s->registry_next) {
+    for (DeferredStorage* s = reg.head; s != nullptr && p != nullptr; s = s->registry_next) {
       auto* base = static_cast<char*>(s->data);
       if (base != nullptr && p >= base && p + n <= base + s->nbytes) {
         owner = StoragePtr::reclaim_copy(s);
