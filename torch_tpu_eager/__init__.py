@@ -37,6 +37,10 @@ from . import target as _target  # noqa: E402
 
 _target._init_from_env()
 
+from . import _lifecycle  # noqa: E402
+
+_lifecycle.install()  # autograd's device thread must not abort interpreter exit
+
 __all__ = [
     "EagerMode",
     "get_eager_mode",

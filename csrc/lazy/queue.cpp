@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "device/device.h"
+#include "device/fork.h"
 #include "device/host_share.h"
 #include "jit/jit.h"
 
@@ -44,6 +45,8 @@ struct DeviceQueue {
 };
 
 DeviceQueue& Q() {
+  // In a forked child the parent's other threads may have held these locks: raise instead (device/fork.h).
+  check_not_in_bad_fork();
   static DeviceQueue* q = new DeviceQueue();  // never destroyed: storages may die after static destructors
   return *q;
 }
