@@ -439,3 +439,25 @@ def test_random_view_programs_match_cpu(dev, data):
             prog.apply(f"v{len(prog.live)} = live[{i}].{op}", lambda L, f=OUT_OF_PLACE[op], i=i: f(L[i]))
     for k in range(len(prog.live)):
         prog.check(k)
+
+
+# Printing a view with more elements than its storage copies the storage, not the
+# logical size (issue 17: expand(2**16, 2**16) tried to copy 16 GiB to the host).
+PRINT_VIEWS = {
+    "expand_huge": lambda d: torch.zeros(1, device=d).expand(2 ** 16, 2 ** 16),
+    "expand_rows": lambda d: torch.arange(5., device=d).expand(3000, 5),
+    "unfold_overlapping": lambda d: torch.arange(20000., device=d).unfold(0, 4096, 1),
+    "as_strided_overlap": lambda d: torch.arange(10., device=d).as_strided((4, 4), (1, 1), 2),
+    "stride0_offset": lambda d: torch.arange(6., device=d)[2:].as_strided((3, 1000), (1, 0)),
+    "small_view_of_big": lambda d: torch.arange(100000., device=d)[10:13],
+    "transposed": lambda d: torch.arange(6., device=d).view(2, 3).t(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PRINT_VIEWS))
+def test_print_view_reads_storage_like_cpu(dev, case):
+    cpu = repr(PRINT_VIEWS[case]("cpu"))
+    got = repr(PRINT_VIEWS[case](dev))
+    if torch.device(dev).type != "cpu":
+        got = got.replace(", device='tpu:0'", "")
+    assert got == cpu

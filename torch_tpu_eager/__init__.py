@@ -45,6 +45,9 @@ if _C._debug_level() >= 1:  # TORCH_TPU_DEBUG: the summary at exit
     import sys as _sys
 
     _atexit.register(lambda: print(debug_summary(), file=_sys.stderr))
+from . import _lifecycle  # noqa: E402
+
+_lifecycle.install()  # autograd's device thread must not abort interpreter exit
 
 __all__ = [
     "EagerMode",

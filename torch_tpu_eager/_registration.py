@@ -44,10 +44,27 @@ def _install_repr():
 
     def _tensor_str_on_host(self, indent):
         if self.device.type == "tpu":
-            self = self.detach().to("cpu")
+            self = _host_view_for_print(self.detach())
         return original(self, indent)
 
     _tensor_str._tensor_str = _tensor_str_on_host
+
+
+def _host_view_for_print(t):
+    """A CPU tensor with `t`'s values for printing, copying at most what `t`'s storage holds.
+
+    An expanded or unfolded view (`zeros(1).expand(2**16, 2**16)`) has far more
+    elements than its storage: copy the storage to the host once and view it with
+    `t`'s sizes, strides and offset (printing then summarizes as on CPU). A small
+    view of a big storage copies only the view.
+    """
+    itemsize = t.element_size()
+    storage = t.untyped_storage()
+    held = storage.nbytes() // itemsize
+    if t.is_conj() or t.is_neg() or t.numel() <= held or t.layout != torch.strided:
+        return t.to("cpu")
+    flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, 0, (held,), (1,))
+    return flat.cpu().as_strided(t.size(), t.stride(), t.storage_offset())
 
 
 def _after_import(module_name, fn):

@@ -23,11 +23,16 @@ def is_initialized() -> bool:
 
 
 def _lazy_init():
-    pass
+    """Raises RuntimeError in a process forked after its parent used the device (as CUDA's)."""
+    if _C._is_in_bad_fork():
+        raise RuntimeError(
+            "Cannot re-initialize tpu in forked subprocess. To use tpu with multiprocessing, "
+            "you must use the 'spawn' start method")
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a process forked after its parent used the device: tpu ops raise there."""
+    return _C._is_in_bad_fork()
 
 
 def device_count() -> int:

@@ -3,6 +3,7 @@
 #include "device/device.h"
 
 #include "device/block_cache.h"
+#include "device/fork.h"
 #include "device/host_share.h"
 
 #include <atomic>
@@ -79,6 +80,9 @@ void drop_external_holder(DeferredStorage* ds) {
 }
 
 void delete_storage_ctx(void* ctx) {
+  // In a bad fork the storage is the parent's: leak it rather than take locks
+  // a parent thread may have held at the fork (device/fork.h).
+  if (in_bad_fork()) return;
   // The StorageImpl died: its DeferredStorage lives on while queue nodes use it.
   auto* ds = static_cast<DeferredStorage*>(ctx);
   drop_external_holder(ds);
@@ -104,6 +108,8 @@ void delete_alias_ctx(void* ctx) {
 
 struct DeviceAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
+    check_not_in_bad_fork();
+    note_device_used();
     const auto n = static_cast<int64_t>(nbytes);
     // Reserve first, so concurrent allocations cannot both pass the capacity check.
     const int64_t now = g_allocated.fetch_add(n) + n;
@@ -146,6 +152,7 @@ DeviceAllocator g_allocator;
 }  // namespace
 
 DeferredStorage::~DeferredStorage() {
+  if (in_bad_fork()) return;  // the parent's buffer: leaked, no locks (device/fork.h)
   // A buffer that CPU tensors still share is freed by the last of them.
   if (!release_host_share(this)) block_free(data, nbytes);
   account_free(nbytes);

@@ -1,5 +1,6 @@
 // Host blocks with a cache of freed large blocks (see block_cache.h).
 #include "device/block_cache.h"
+#include "device/fork.h"
 
 #include <sys/mman.h>
 
@@ -75,7 +76,7 @@ void* block_alloc(size_t nbytes) {
 }
 
 void block_free(void* ptr, size_t nbytes) {
-  if (!ptr) return;
+  if (!ptr || in_bad_fork()) return;  // a bad fork leaks: the cache lock may be a dead thread's
   const size_t size = rounded(nbytes);
   g_live_padding.fetch_sub(static_cast<int64_t>(size - nbytes));
   if (size >= kCachedMin) {

@@ -12,6 +12,7 @@
 #include "device/device.h"
 #include "device/env.h"
 #include "lazy/debug_report.h"
+#include "device/fork.h"
 #include "device/host_share.h"
 #include "jit/jit.h"
 
@@ -38,6 +39,8 @@ struct DeviceQueue {
 };
 
 DeviceQueue& Q() {
+  // In a forked child the parent's other threads may have held these locks: raise instead (device/fork.h).
+  check_not_in_bad_fork();
   static DeviceQueue* q = new DeviceQueue();  // never destroyed: storages may die after static destructors
   return *q;
 }

@@ -24,6 +24,7 @@
 #include <c10/util/irange.h>
 
 #include "device/device.h"
+#include "device/fork.h"
 #include "device/host_share.h"
 #include "executors/host_runtime.h"
 #include "executors/spyre/spyre.h"
@@ -876,7 +877,8 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
 
-  // 1. Devices, before anything is recorded or written.
+  // 1. Devices, before anything is recorded or written (a forked child raises before meta inference).
+  check_not_in_bad_fork();
   check_same_device(schema, plan.writes, *stack, first);
 
   if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))

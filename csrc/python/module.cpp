@@ -9,8 +9,10 @@
 
 #include "device/env.h"
 #include "lazy/debug_report.h"
+#include "device/autograd_threads.h"
 #include "device/block_cache.h"
 #include "device/device.h"
+#include "device/fork.h"
 #include "device/host_share.h"
 #include "executors/executor.h"
 #include "executors/spyre/card.h"
@@ -301,6 +303,14 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu_eager native core: PrivateUse1 device, DeferAndFuse queue, JIT, executors";
   m.def("_register_kernels", &register_device_kernels, "Registers the op table's kernels; returns the overload count.");
   m.def("_install_location_hook", [] { install_python_location_hooks(); });
+  m.def("_is_in_bad_fork", &in_bad_fork, "True in a process forked after its parent used the device.");
+  m.def(
+      "_drain_autograd_device_thread",
+      [](int index) {
+        py::gil_scoped_release no_gil;  // the engine runs only without the GIL; the thread may need it
+        drain_autograd_device_thread(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)));
+      },
+      py::arg("index"), "Waits until autograd's worker thread of tpu:<index> finished its queued tasks.");
   m.def("_in_device_meta_inference", &in_device_meta_inference,
         "True while the record kernel runs a meta kernel on this thread (meta_hints.py).");
   m.def(
