@@ -37,6 +37,11 @@ from . import target as _target  # noqa: E402
 
 _target._init_from_env()
 
+
+def _autoload():
+    """Entry point of the ``torch.backends`` group (setup.py): ``import torch`` calls it
+    after importing this package, which has already installed the "tpu" device."""
+
 __all__ = [
     "EagerMode",
     "get_eager_mode",

@@ -568,9 +568,27 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
   return plan;
 }
 
-[[noreturn]] void raise_device_mismatch(const at::Tensor& other) {
-  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and ",
-              other.device(), "!");
+[[noreturn]] void raise_device_mismatch(int device, const c10::Device& other) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu:", device,
+              " and ", other, "!");
+}
+
+// The chip an op runs on: that of its first tpu tensor, else of a "tpu"
+// device argument (factories), else -1 (the current chip). Raises CUDA's
+// error for tpu tensors of two chips.
+int op_device(torch::jit::Stack& stack, size_t first, size_t nargs) {
+  int device = -1;
+  for_each_tensor(stack, first, nargs, [&](int, int, const at::Tensor& t) {
+    if (!is_tpu(t)) return;
+    if (device < 0) device = t.device().index();
+    else if (t.device().index() != device) raise_device_mismatch(device, t.device());
+  });
+  if (device >= 0) return device;
+  for (size_t i = first; i < first + nargs; ++i)
+    if (stack[i].isDevice() && stack[i].toDevice().type() == c10::DeviceType::PrivateUse1 &&
+        stack[i].toDevice().has_index())
+      return checked_device(stack[i].toDevice().index());
+  return -1;
 }
 
 void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack,
@@ -579,12 +597,15 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
 
-  // 1. Devices: tpu tensors, plus 0-dim CPU tensors (scalars), as CPU/CUDA allow.
+  // 1. Devices: tpu tensors of one chip, plus 0-dim CPU tensors (scalars), as
+  //    CPU/CUDA allow. Fresh results and the generator are that chip's.
+  const int device = op_device(*stack, first, nargs);
+  ChipGuard chip(device);
   for_each_tensor(*stack, first, nargs, [&](int arg, int elem, const at::Tensor& t) {
     if (!t.defined() || is_tpu(t)) return;
     if (t.device().is_cpu() && t.dim() == 0) return;
     if (t.device().is_cpu() && elem >= 0 && schema.arguments()[arg].name() == "indices") return;  // index lists
-    raise_device_mismatch(t);
+    raise_device_mismatch(device >= 0 ? device : current_device_index(), t.device());
   });
 
   if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
@@ -732,7 +753,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
                   "Expected a 'tpu' device type for generator but found '", user.device().type(), "'");
       node.rng_seed = reserve_random_stream(user);
     } else {
-      node.rng_seed = reserve_random_stream(default_device_generator(0));
+      node.rng_seed = reserve_random_stream(default_device_generator(current_device_index()));
     }
   }
 
@@ -812,6 +833,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
+  ChipGuard chip(op_device(*stack, first, nargs));  // results on the op's chip
   (void)flush_all(fallback ? FlushReason::kCpuFallback : FlushReason::kDataDependent);
   count_eager_op(fallback);
 
@@ -844,7 +866,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   Node pseudo(op);
   if (random) {
     pseudo.rng = true;
-    pseudo.rng_seed = reserve_random_stream(user_gen.defined() ? user_gen : default_device_generator(0));
+    pseudo.rng_seed = reserve_random_stream(user_gen.defined() ? user_gen : default_device_generator(current_device_index()));
     for (size_t i = 0; i < nargs; ++i)
       if (cpu[i].isGenerator()) cpu[i] = at::make_generator<at::CPUGeneratorImpl>(pseudo.rng_seed);
   }
