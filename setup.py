@@ -44,6 +44,9 @@ setup(
         "examples": ["scikit-learn", "matplotlib"],
         "test": ["pytest", "hypothesis", "expecttest", "scikit-learn"],
     },
+    # `import torch` loads the device (PyTorch's device-backend autoload; off with
+    # TORCH_DEVICE_BACKEND_AUTOLOAD=0).
+    entry_points={"torch.backends": ["tpu = torch_tpu_eager:_autoload"]},
     ext_modules=[
         CppExtension(
             name="torch_tpu_eager._C",

@@ -45,9 +45,15 @@ if _C._debug_level() >= 1:  # TORCH_TPU_DEBUG: the summary at exit
     import sys as _sys
 
     _atexit.register(lambda: print(debug_summary(), file=_sys.stderr))
+
 from . import _lifecycle  # noqa: E402
 
 _lifecycle.install()  # autograd's device thread must not abort interpreter exit
+
+
+def _autoload():
+    """Entry point of the ``torch.backends`` group (setup.py): ``import torch`` calls it
+    after importing this package, which has already installed the "tpu" device."""
 
 __all__ = [
     "EagerMode",

@@ -1,7 +1,15 @@
 """The ``torch.tpu`` device module (names follow ``torch.cuda`` and TorchTPU).
 
-One simulated device, ``tpu:0``. Memory numbers are bytes of simulated device
-memory held by live storages and pending values.
+Several simulated chips, ``tpu:0`` .. ``tpu:N-1`` (``device_count()``; env var
+``TORCH_TPU_NUM_DEVICES``, default 2, or :func:`set_device_count` before the
+device is first used). The current chip is per thread, as CUDA's current
+device is. Memory numbers are bytes of the chip's simulated HBM held by live
+storages and pending values.
+
+Bad arguments raise what ``torch.cuda`` raises: ``ValueError`` for a device of
+another type or an argument that is not a device, ``torch.AcceleratorError``
+(a RuntimeError) "invalid device ordinal" for an index outside
+``0 .. device_count() - 1``.
 """
 import contextlib
 import enum
@@ -9,8 +17,6 @@ import enum
 import torch
 
 from . import _C
-
-_current_device = 0
 
 
 def is_available() -> bool:
@@ -20,6 +26,10 @@ def is_available() -> bool:
 
 def is_initialized() -> bool:
     return True
+
+
+def init() -> None:
+    """Initializes the device (nothing to do: the simulated chips need no setup)."""
 
 
 def _lazy_init():
@@ -36,61 +46,213 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    """Number of "tpu" devices (always 1)."""
-    return 1
+    """Number of simulated "tpu" chips (``TORCH_TPU_NUM_DEVICES``, default 2)."""
+    return _C._device_count()
+
+
+def set_device_count(n: int) -> None:
+    """Sets the number of simulated chips; call it before the device is first used.
+
+    Raises ValueError for ``n`` outside 1..16, RuntimeError once the count is
+    fixed (any "tpu" tensor, generator or device query fixes it) and differs.
+    """
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise TypeError(f"set_device_count() expects an int, got {type(n).__name__}")
+    _C._set_device_count(n)
 
 
 def current_device() -> int:
-    """Index of the current "tpu" device (always 0)."""
-    return _current_device
+    """Index of this thread's current "tpu" chip."""
+    return _C._current_device()
 
 
-def _index(device) -> int:
+def _index(device, optional: bool = True) -> int:
+    """The chip index of ``device`` (int, "tpu[:i]", torch.device; None: the current one).
+
+    Raises ValueError for another device type or a non-device argument, and
+    torch.AcceleratorError for an invalid ordinal (as torch.cuda does).
+    """
     if device is None:
-        return _current_device
-    if isinstance(device, int):
+        return current_device()
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {device}")
+        idx = current_device() if device.index is None else device.index
+    elif isinstance(device, int) and not isinstance(device, bool):
         idx = device
     else:
-        dev = torch.device(device)
-        if dev.type != "tpu":
-            raise ValueError(f"expected a tpu device, got {dev}")
-        idx = 0 if dev.index is None else dev.index
-    if not 0 <= idx < device_count():
-        raise ValueError(f"tpu device index {idx} out of range; device_count() is {device_count()}")
-    return idx
+        raise ValueError(
+            f"Expected a torch.device with a specified index or an integer, but got:{device}")
+    return _C._checked_device(idx)
 
 
 def set_device(device) -> None:
-    """Selects the current device. Raises ValueError for an index other than 0."""
-    global _current_device
-    _current_device = _index(device)
+    """Makes ``device`` this thread's current chip (as ``torch.cuda.set_device``)."""
+    _C._set_device(_index(device))
 
 
 class device:
-    """Context manager that makes ``device`` current (used by ``torch.load``)."""
+    """Context manager that makes ``device`` current and restores the previous chip.
+
+    ``None`` or a negative index leaves the current chip unchanged (as torch.cuda.device).
+    Used by ``torch.load`` with ``map_location``.
+    """
 
     def __init__(self, device):
-        self.idx = _index(device) if device is not None else _current_device
+        if isinstance(device, int) and device < 0:
+            device = None
+        self.idx = _index(device) if device is not None else -1
+        self.prev = -1
 
     def __enter__(self):
-        global _current_device
-        self.prev = _current_device
-        _current_device = self.idx
+        self.prev = current_device()
+        if self.idx >= 0:
+            _C._set_device(self.idx)
 
     def __exit__(self, *exc):
-        global _current_device
-        _current_device = self.prev
+        _C._set_device(self.prev)
         return False
 
 
+class device_of(device):
+    """Context manager that makes the chip of tensor ``obj`` current (a CPU tensor: no change)."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == "tpu" else -1)
+
+
 def synchronize(device=None) -> None:
-    """Flushes every pending op of the device and waits for it (reason "synchronize").
+    """Flushes every pending op of chip ``device`` (default: the current one) and waits
+    for it (reason "synchronize"); other chips' queues are untouched, as CUDA's
+    ``synchronize(device)`` waits for that device only.
 
     Raises the first error of a failed op, naming the op and the Python line
     that recorded it.
     """
-    _index(device)
-    _C._flush(_C.FLUSH_SYNCHRONIZE)
+    _C._flush_device(_index(device), _C.FLUSH_SYNCHRONIZE)
+
+
+# ---- streams and events (lanes of a chip's queue; events time simulated device time) ----
+
+class Stream(torch.Stream):
+    """A stream of a "tpu" chip: an ordered lane of the chip's queue (as ``torch.cuda.Stream``).
+
+    Work on two streams is ordered only by the events between them. The chip's
+    pending ops are all of one stream: recording an op on another stream runs
+    the pending ones first (flush reason "stream_switch"), so each stream keeps
+    its own simulated clock. ``priority`` is accepted and ignored.
+    ``Stream(device)`` takes an index, "tpu:i" or a torch.device (default: the current chip).
+    """
+
+    def __new__(cls, device=None, priority=0, **kwargs):
+        if kwargs:  # wrapping an existing stream: stream_id, device_index, device_type
+            return super().__new__(cls, priority=priority, **kwargs)
+        return super().__new__(cls, device=torch.device("tpu", _index(device)), priority=priority)
+
+    def wait_event(self, event) -> None:
+        """Makes later work on this stream wait for ``event``."""
+        event.wait(self)
+
+    def wait_stream(self, stream) -> None:
+        """Makes later work on this stream wait for the work queued so far on ``stream``."""
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event=None):
+        """Records ``event`` (a new :class:`Event` by default) on this stream and returns it."""
+        if event is None:
+            event = torch.Event(device=self.device)
+        event.record(self)
+        return event
+
+
+class _EventMeta(type):
+    # torch.Event's methods accept only torch.Event objects (elapsed_time checks
+    # the exact type), so torch.tpu.Event makes torch.Event objects on "tpu" and
+    # isinstance(e, torch.tpu.Event) is true for any of them.
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Event) and obj.device.type == "tpu"
+
+    def __call__(cls, enable_timing=False, blocking=False, interprocess=False):
+        return torch.Event(device=torch.device("tpu", current_device()), enable_timing=enable_timing,
+                           blocking=blocking, interprocess=interprocess)
+
+
+class Event(metaclass=_EventMeta):
+    """An event of the current "tpu" chip (as ``torch.cuda.Event``); a ``torch.Event``.
+
+    ``record(stream)`` marks the point of the stream reached by the host program;
+    it runs the chip's pending ops (flush reason "event") so that the work before it
+    has a simulated end time. ``elapsed_time(end)`` is in **simulated device
+    milliseconds**: the simulated time of the kernels run on the stream between the
+    two events. Both events need ``enable_timing=True`` (else RuntimeError, as CUDA);
+    an event recorded on one chip cannot be recorded on another (RuntimeError).
+    ``query()`` is True once recorded; ``synchronize()`` returns at once (the work
+    before the event ran at ``record``); ``wait(stream)`` makes the stream's later
+    work start after the event in simulated time.
+    """
+
+
+def _check_stream(stream):
+    if not isinstance(stream, torch.Stream):
+        raise TypeError(f"expected a torch.Stream, got {type(stream).__name__}")
+    if stream.device.type != "tpu":
+        raise ValueError(f"Expected a tpu stream, but got a stream of {stream.device}")
+
+
+def _wrap(s: torch.Stream) -> Stream:
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
+def current_stream(device=None) -> Stream:
+    """This thread's current stream of chip ``device`` (default: the current chip)."""
+    return _wrap(torch.accelerator.current_stream(_index(device)))
+
+
+def default_stream(device=None) -> Stream:
+    """The default stream (id 0) of chip ``device``."""
+    idx = _index(device)
+    return Stream(stream_id=0, device_index=idx, device_type=torch.accelerator.current_stream(idx).device_type)
+
+
+def set_stream(stream) -> None:
+    """Makes ``stream`` the current stream of its chip (``None``: no-op, as torch.cuda)."""
+    if stream is None:
+        return
+    _check_stream(stream)
+    torch.accelerator.set_stream(stream)
+
+
+class StreamContext:
+    """Context manager that makes ``stream`` current on its chip (and that chip current),
+    restoring both on exit, also on exceptions (as ``torch.cuda.StreamContext``)."""
+
+    def __init__(self, stream):
+        if stream is not None:
+            _check_stream(stream)
+        self.stream = stream
+
+    def __enter__(self):
+        if self.stream is None:
+            return None
+        self.prev_device = current_device()
+        self.prev_stream = current_stream(self.stream.device_index)
+        _C._set_device(self.stream.device_index)
+        torch.accelerator.set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self.stream is None:
+            return False
+        torch.accelerator.set_stream(self.prev_stream)
+        _C._set_device(self.prev_device)
+        return False
+
+
+def stream(stream) -> StreamContext:
+    """``with torch.tpu.stream(s):`` makes ``s`` current (see :class:`StreamContext`)."""
+    return StreamContext(stream)
 
 
 # ---- RNG (device generator: seed + offset, consumed at record time) ----
@@ -143,23 +305,37 @@ def set_rng_state_all(states) -> None:
         set_rng_state(s, i)
 
 
-default_generators = tuple(_C._default_generator(i) for i in range(1))
+def __getattr__(name):
+    # Built on first use, so that importing the module does not fix device_count().
+    if name == "default_generators":
+        return tuple(_C._default_generator(i) for i in range(device_count()))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# ---- memory (simulated device memory, bytes) ----
+# ---- memory (simulated HBM of each chip, bytes; names and contract of torch.cuda's) ----
 
 def memory_allocated(device=None) -> int:
-    """Bytes of device memory held by storages (live tensors and pending values)."""
+    """Bytes of the chip's memory held by storages (live tensors and pending values)."""
     return _C._memory_allocated(_index(device))
 
 
 def max_memory_allocated(device=None) -> int:
-    """Peak of :func:`memory_allocated` since start or the last reset, bytes."""
+    """Peak of :func:`memory_allocated` since start or the last :func:`reset_peak_memory_stats`, bytes."""
     return _C._max_memory_allocated(_index(device))
 
 
 def reset_peak_memory_stats(device=None) -> None:
+    """Resets the peaks of :func:`max_memory_allocated` / :func:`max_memory_reserved` to the current values."""
     _C._reset_peak_memory_stats(_index(device))
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Resets the cumulative counters of :func:`memory_stats` (``*.allocated``, ``*.freed``, ``num_*``)."""
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
 
 
 def empty_cache() -> None:
@@ -169,11 +345,102 @@ def empty_cache() -> None:
 
 
 def memory_reserved(device=None) -> int:
-    """Bytes held by the device: :func:`memory_allocated`, the rounding of the blocks
+    """Bytes held for the chip: :func:`memory_allocated`, the rounding of the blocks
     behind it (to 64 B; 4 KiB from 1 MiB; 2 MiB from 4 MiB), and the freed blocks kept
-    for reuse (blocks of 1 MiB or more, at most 512 MiB in all; freed with
-    :func:`empty_cache`)."""
-    return _C._memory_allocated(_index(device)) + _C._live_padding_bytes() + _C._cached_bytes()
+    for reuse that this chip freed (blocks of 1 MiB or more, at most 512 MiB in all;
+    freed with :func:`empty_cache`)."""
+    return _C._memory_reserved(_index(device))
+
+
+def max_memory_reserved(device=None) -> int:
+    """Peak of :func:`memory_reserved` since start or the last :func:`reset_peak_memory_stats`, bytes."""
+    return _C._max_memory_reserved(_index(device))
+
+
+def memory_stats(device=None) -> dict:
+    """CUDA's ``memory_stats`` dictionary for the chip (``allocated_bytes.all.current``,
+    ``reserved_bytes.all.peak``, ``allocation.all.allocated``, ``num_ooms``, ...), from the
+    device allocator through ``torch.accelerator.memory_stats``. Byte counts are of
+    simulated HBM; only the ``all`` pools are filled."""
+    return torch.accelerator.memory_stats(_index(device))
+
+
+def mem_get_info(device=None) -> tuple:
+    """``(free, total)`` bytes of the chip's simulated HBM: total is the active target's
+    HBM size (``target_info()["hbm_bytes"]``; Spyre: its DRAM), free what
+    :func:`memory_reserved` does not hold."""
+    return torch.accelerator.get_memory_info(_index(device))
+
+
+# ---- device properties ----
+
+_GENERATIONS = {"tpu-v4": (4, 0), "tpu-v5e": (5, 0), "tpu-v5p": (5, 1), "tpu-v6e": (6, 0), "spyre": (1, 0)}
+_DISPLAY = {"tpu-v4": "TPU v4", "tpu-v5e": "TPU v5e", "tpu-v5p": "TPU v5p", "tpu-v6e": "TPU v6e",
+            "spyre": "IBM Spyre"}
+
+
+class _TpuDeviceProperties:
+    """Properties of one simulated chip, as ``torch.cuda.get_device_properties`` gives them.
+
+    Attributes: ``name`` (e.g. "TPU v5e (simulated)"), ``type`` ("tpu"), ``index``,
+    ``target`` (the torch_tpu_eager target name), ``major``/``minor`` (chip generation:
+    v4 (4, 0), v5e (5, 0), v5p (5, 1), v6e (6, 0); Spyre (1, 0)), ``total_memory`` (HBM
+    bytes; Spyre: card DRAM), ``multi_processor_count`` (TensorCores; Spyre: cores),
+    ``vmem_bytes`` (on-chip memory per core: TPU VMEM, Spyre LX scratchpad),
+    ``mxu_shape`` ((rows, columns) of one MXU; Spyre: its PE array), ``mxu_count`` (per core),
+    ``hbm_bandwidth`` (bytes/s), ``peak_bf16_flops`` (FLOP/s; None for Spyre),
+    ``sources`` (parameter -> published source of the number).
+    """
+
+    def __init__(self, index: int, info: dict):
+        name = info["name"]
+        self.index = index
+        self.type = "tpu"
+        self.target = name
+        self.name = f"{_DISPLAY.get(name, name)} (simulated)"
+        self.major, self.minor = _GENERATIONS.get(name, (0, 0))
+        if info["kind"] == "spyre":
+            self.total_memory = int(info["dram_bytes"])
+            self.multi_processor_count = int(info["cores"])
+            self.vmem_bytes = int(info["lx_bytes_per_core"])
+            self.mxu_shape = (int(info["pe_array_rows"]), int(info["pe_array_cols"]))
+            self.mxu_count = int(info["corelets_per_core"])
+            self.hbm_bandwidth = float(info["dram_bandwidth_spec"])
+            self.peak_bf16_flops = None
+        else:
+            self.total_memory = int(info["hbm_bytes"])
+            self.multi_processor_count = int(info["tensor_cores"])
+            self.vmem_bytes = int(info["vmem_bytes"])
+            self.mxu_shape = (int(info["mxu_size"]), int(info["mxu_size"]))
+            self.mxu_count = int(info["mxus_per_core"])
+            self.hbm_bandwidth = float(info["hbm_bandwidth"])
+            self.peak_bf16_flops = float(info["peak_bf16_flops"])
+        self.description = info.get("description", "")
+        self.sources = dict(info["sources"])
+
+    def __repr__(self):
+        return (f"_TpuDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+                f"multi_processor_count={self.multi_processor_count}, "
+                f"vmem_bytes={self.vmem_bytes}, mxu_shape={self.mxu_shape}, mxu_count={self.mxu_count})")
+
+
+def get_device_properties(device=None) -> _TpuDeviceProperties:
+    """Properties of chip ``device`` (default: the current one) from the active target's data file."""
+    from .target import target_info
+
+    return _TpuDeviceProperties(_index(device), target_info())
+
+
+def get_device_name(device=None) -> str:
+    """Name of chip ``device``, e.g. ``"TPU v5e (simulated)"``."""
+    return get_device_properties(device).name
+
+
+def get_device_capability(device=None) -> tuple:
+    """``(major, minor)`` of chip ``device``: its TPU generation (see :class:`_TpuDeviceProperties`)."""
+    prop = get_device_properties(device)
+    return prop.major, prop.minor
 
 
 def get_amp_supported_dtype():
@@ -182,6 +449,63 @@ def get_amp_supported_dtype():
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
+
+
+# ---- scoped matmul precision (names as TorchTPU's; values as torch.set_float32_matmul_precision) ----
+
+class Precision(str, enum.Enum):
+    """Precision of float32 matmuls and convolutions on the MXU.
+
+    ``HIGHEST``: float32 ("highest"); ``HIGH``: three bfloat16 passes ("high");
+    ``MEDIUM``/``DEFAULT``: one bfloat16 pass with float32 accumulation ("medium").
+    The values are those of ``torch.set_float32_matmul_precision``.
+    """
+
+    HIGHEST = "highest"
+    HIGH = "high"
+    MEDIUM = "medium"
+
+
+_precision_state = __import__("threading").local()
+
+
+class precision(contextlib.ContextDecorator):
+    """``with torch.tpu.precision(p):`` runs float32 matmuls recorded inside at precision ``p``
+    (a :class:`Precision` or one of "highest", "high", "medium"), restoring the previous
+    one on exit, also on exceptions. Nests. It sets ``torch.set_float32_matmul_precision``
+    for its scope, so the two always agree (``torch.get_float32_matmul_precision()`` inside
+    gives ``p``). Ops pending on entry and exit are run first (flush reason "synchronize"),
+    because the executor reads the precision when it runs a region.
+
+    The precision is PyTorch's process-wide setting, not a per-thread one: threads that
+    record matmuls concurrently inside different scopes share it. Each thread keeps its own
+    stack of scopes. Raises ValueError for an unknown precision.
+    """
+
+    def __init__(self, p):
+        try:
+            self.p = Precision(p.value if isinstance(p, Precision) else p)
+        except ValueError:
+            raise ValueError(f"unknown precision {p!r}; valid: {[m.value for m in Precision]}") from None
+
+    def __enter__(self):
+        stack = getattr(_precision_state, "stack", None)
+        if stack is None:
+            stack = _precision_state.stack = []
+        _C._flush(_C.FLUSH_SYNCHRONIZE, False)
+        stack.append(torch.get_float32_matmul_precision())
+        torch.set_float32_matmul_precision(self.p.value)
+        return self.p
+
+    def __exit__(self, *exc):
+        _C._flush(_C.FLUSH_SYNCHRONIZE, False)
+        torch.set_float32_matmul_precision(_precision_state.stack.pop())
+        return False
+
+
+def get_precision() -> Precision:
+    """The current :class:`Precision` (``torch.get_float32_matmul_precision()``)."""
+    return Precision(torch.get_float32_matmul_precision())
 
 
 # ---- eager modes (names as in TorchTPU) ----

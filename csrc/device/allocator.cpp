@@ -13,17 +13,45 @@
 #include <mutex>
 #include <string>
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
 namespace tpu_eager {
 namespace {
 
-std::atomic<int64_t> g_allocated{0};
-std::atomic<int64_t> g_peak{0};
+using c10::CachingAllocator::StatType;
+constexpr size_t kAll = static_cast<size_t>(StatType::AGGREGATE);
+
+// Per-chip counters (bytes unless named otherwise). Atomics: allocations come
+// from the Python thread and the autograd engine's device thread alike.
+struct ChipMemory {
+  std::atomic<int64_t> allocated{0};
+  std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> reserved_peak{0};
+  std::atomic<int64_t> allocated_total{0};  // cumulative bytes allocated (since the last reset of accumulated stats)
+  std::atomic<int64_t> freed_total{0};
+  std::atomic<int64_t> live_count{0};       // storages alive
+  std::atomic<int64_t> count_peak{0};
+  std::atomic<int64_t> alloc_count{0};      // cumulative allocations
+  std::atomic<int64_t> free_count{0};
+  std::atomic<int64_t> ooms{0};
+};
+
+ChipMemory g_mem[kMaxDevices];
 std::atomic<uint64_t> g_next_id{1};
-std::atomic<int64_t> g_capacity{0};  // simulated HBM bytes; 0: unlimited
+std::atomic<int64_t> g_capacity{0};  // simulated HBM bytes per chip; 0: unlimited
 std::mutex g_owner_mu;
 std::string g_owner;                  // the chip whose HBM g_capacity is
+
+void raise_max(std::atomic<int64_t>& peak, int64_t now) {
+  int64_t p = peak.load();
+  while (now > p && !peak.compare_exchange_weak(p, now)) {
+  }
+}
 
 std::string human(int64_t bytes) {
   const char* units[] = {"bytes", "KiB", "MiB", "GiB"};
@@ -106,45 +134,117 @@ void delete_alias_ctx(void* ctx) {
   delete a;
 }
 
-struct DeviceAllocator final : c10::Allocator {
+int64_t reserved_bytes(int device) {
+  return g_mem[device].allocated.load() + block_live_padding(device) + block_cache_bytes(device);
+}
+
+// A c10::DeviceAllocator, so torch.accelerator's memory API (memory_stats,
+// memory_allocated, get_memory_info, empty_cache, ...) reaches it. Each
+// allocation is accounted to the current chip (the device guard's index, as
+// CUDA's caching allocator uses the current device).
+struct DeviceAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
+    const int device = current_device_index();
+    ChipMemory& mem = g_mem[device];
     check_not_in_bad_fork();
     note_device_used();
     const auto n = static_cast<int64_t>(nbytes);
     // Reserve first, so concurrent allocations cannot both pass the capacity check.
-    const int64_t now = g_allocated.fetch_add(n) + n;
+    const int64_t now = mem.allocated.fetch_add(n) + n;
     const int64_t cap = g_capacity.load();
     if (cap > 0 && now > cap) {
-      g_allocated.fetch_sub(n);
+      mem.allocated.fetch_sub(n);
+      mem.ooms.fetch_add(1);
       std::string owner;
       {
         std::lock_guard<std::mutex> lock(g_owner_mu);
         owner = g_owner;
       }
       TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu: out of simulated HBM: tried to allocate ", human(n), " (",
-                       nbytes, " bytes); the simulated ", owner, " has ", human(cap), " of HBM, of which ",
-                       human(now - n), " are allocated. Free tensors or choose a target with more HBM "
-                       "(torch_tpu_eager.set_target).");
+                       nbytes, " bytes) on tpu:", device, "; the simulated ", owner, " has ", human(cap),
+                       " of HBM, of which ", human(now - n), " are allocated. Free tensors or choose a target "
+                       "with more HBM (torch_tpu_eager.set_target).");
     }
     void* data = nullptr;
     if (nbytes > 0) {
       // 64-byte alignment, like CPU's allocator, so vectorized kernels can read it.
-      data = block_alloc(nbytes);
+      data = block_alloc(nbytes, device);
       if (data == nullptr) {
-        g_allocated.fetch_sub(n);
+        mem.allocated.fetch_sub(n);
+        mem.ooms.fetch_add(1);
         TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu: failed to allocate ", nbytes, " bytes of host memory");
       }
     }
-    int64_t peak = g_peak.load();
-    while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-    }
+    raise_max(mem.peak, now);
+    mem.allocated_total.fetch_add(n);
+    mem.alloc_count.fetch_add(1);
+    raise_max(mem.count_peak, mem.live_count.fetch_add(1) + 1);
+    raise_max(mem.reserved_peak, reserved_bytes(device));
     auto ds = c10::make_intrusive<DeferredStorage>(data, nbytes, g_next_id.fetch_add(1));
+    ds->device = device;
     DeferredStorage* raw = ds.release();
     registry_add(raw);
-    return {data, raw, &delete_storage_ctx, c10::Device(c10::DeviceType::PrivateUse1, 0)};
+    return {data, raw, &delete_storage_ctx,
+            c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device))};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const final { std::memcpy(dest, src, count); }
+
+  bool initialized() override { return true; }
+  // Frees the host blocks of freed storages kept for reuse (every chip's:
+  // they are one pool of host memory).
+  void emptyCache(c10::MempoolId_t) override { block_cache_release(); }
+  // Storages are not reused while queued ops use them (queue nodes hold
+  // references), so there is nothing to record.
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    const int d = checked_device(device);
+    const ChipMemory& mem = g_mem[d];
+    c10::CachingDeviceAllocator::DeviceStats st;
+    const int64_t cur = mem.allocated.load();
+    for (auto* arr : {&st.allocated_bytes, &st.active_bytes, &st.requested_bytes}) {
+      auto& a = (*arr)[kAll];
+      a.current = cur;
+      a.peak = mem.peak.load();
+      a.allocated = mem.allocated_total.load();
+      a.freed = mem.freed_total.load();
+    }
+    auto& r = st.reserved_bytes[kAll];
+    r.current = reserved_bytes(d);
+    r.peak = std::max(mem.reserved_peak.load(), r.current);
+    r.allocated = mem.allocated_total.load();
+    r.freed = mem.freed_total.load();
+    for (auto* arr : {&st.allocation, &st.active, &st.segment}) {
+      auto& a = (*arr)[kAll];
+      a.current = mem.live_count.load();
+      a.peak = mem.count_peak.load();
+      a.allocated = mem.alloc_count.load();
+      a.freed = mem.free_count.load();
+    }
+    st.num_ooms = mem.ooms.load();
+    st.num_device_alloc = mem.alloc_count.load();
+    st.num_device_free = mem.free_count.load();
+    return st;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    ChipMemory& mem = g_mem[checked_device(device)];
+    mem.allocated_total = 0;
+    mem.freed_total = 0;
+    mem.alloc_count = 0;
+    mem.free_count = 0;
+    mem.ooms = 0;
+  }
+  void resetPeakStats(c10::DeviceIndex device) override { reset_peak_memory_stats(checked_device(device)); }
+  // (free, total) bytes of the chip's simulated HBM: total is the active
+  // target's capacity, free what the allocator does not hold (CUDA's
+  // cudaMemGetInfo also counts cached blocks as used).
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    const int d = checked_device(device);
+    const int64_t total = memory_capacity(d);
+    const int64_t used = std::min(total, reserved_bytes(d));
+    return {static_cast<size_t>(total - used), static_cast<size_t>(total)};
+  }
 };
 
 DeviceAllocator g_allocator;
@@ -154,11 +254,17 @@ DeviceAllocator g_allocator;
 DeferredStorage::~DeferredStorage() {
   if (in_bad_fork()) return;  // the parent's buffer: leaked, no locks (device/fork.h)
   // A buffer that CPU tensors still share is freed by the last of them.
-  if (!release_host_share(this)) block_free(data, nbytes);
-  account_free(nbytes);
+  if (!release_host_share(this)) block_free(data, nbytes, device);
+  account_free(nbytes, device);
 }
 
-void account_free(size_t nbytes) { g_allocated.fetch_sub(static_cast<int64_t>(nbytes)); }
+void account_free(size_t nbytes, int device) {
+  ChipMemory& mem = g_mem[device >= 0 && device < kMaxDevices ? device : 0];
+  mem.allocated.fetch_sub(static_cast<int64_t>(nbytes));
+  mem.freed_total.fetch_add(static_cast<int64_t>(nbytes));
+  mem.live_count.fetch_sub(1);
+  mem.free_count.fetch_add(1);
+}
 
 c10::Allocator* device_allocator() { return &g_allocator; }
 
@@ -232,11 +338,26 @@ void set_memory_capacity(int64_t bytes, const std::string& owner) {
   g_capacity.store(bytes > 0 ? bytes : 0);
 }
 
-int64_t memory_capacity(int) { return g_capacity.load(); }
+int64_t memory_capacity(int) {
+  const int64_t cap = g_capacity.load();
+  if (cap > 0) return cap;
+  // Unlimited (no target set yet): the host's physical memory.
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
+}
 
-int64_t memory_allocated(int) { return g_allocated.load(); }
-int64_t max_memory_allocated(int) { return g_peak.load(); }
-void reset_peak_memory_stats(int) { g_peak.store(g_allocated.load()); }
+int64_t memory_allocated(int device) { return g_mem[checked_device(device)].allocated.load(); }
+int64_t max_memory_allocated(int device) { return g_mem[checked_device(device)].peak.load(); }
+int64_t memory_reserved(int device) { return reserved_bytes(checked_device(device)); }
+int64_t max_memory_reserved(int device) {
+  const int d = checked_device(device);
+  return std::max(g_mem[d].reserved_peak.load(), reserved_bytes(d));
+}
+void reset_peak_memory_stats(int device) {
+  ChipMemory& mem = g_mem[checked_device(device)];
+  mem.peak.store(mem.allocated.load());
+  mem.reserved_peak.store(reserved_bytes(device));
+  mem.count_peak.store(mem.live_count.load());
+}
 
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
 

@@ -17,11 +17,19 @@ constexpr size_t kCachedMin = size_t{1} << 20;      // smaller blocks: glibc's o
 constexpr size_t kGranule = size_t{4} << 10;        // cache buckets: whole pages
 constexpr int64_t kCacheLimit = int64_t{512} << 20;  // bounded: a shape storm must not hoard memory
 
+struct Cached {
+  void* ptr;
+  int device;  // the chip that freed it (its memory_reserved counts it)
+};
+
 struct Cache {
   std::mutex mu;
-  std::unordered_map<size_t, std::vector<void*>> free_blocks;  // rounded size -> blocks
+  std::unordered_map<size_t, std::vector<Cached>> free_blocks;  // rounded size -> blocks
   int64_t bytes = 0;
+  int64_t device_bytes[kMaxBlockDevices] = {};
 };
+
+int slot(int device) { return device >= 0 && device < kMaxBlockDevices ? device : 0; }
 
 Cache& cache() {
   static auto* c = new Cache();  // never destroyed: storages may die after static destructors
@@ -49,7 +57,7 @@ void* fresh_block(size_t size) {
   return p;
 }
 
-std::atomic<int64_t> g_live_padding{0};  // rounded minus requested bytes of blocks in use
+std::atomic<int64_t> g_live_padding[kMaxBlockDevices] = {};  // rounded minus requested bytes of blocks in use
 
 void* take_block(size_t nbytes) {
   const size_t size = rounded(nbytes);
@@ -58,10 +66,11 @@ void* take_block(size_t nbytes) {
     std::lock_guard<std::mutex> lock(c.mu);
     auto it = c.free_blocks.find(size);
     if (it != c.free_blocks.end() && !it->second.empty()) {
-      void* p = it->second.back();
+      const Cached b = it->second.back();
       it->second.pop_back();
       c.bytes -= static_cast<int64_t>(size);
-      return p;
+      c.device_bytes[b.device] -= static_cast<int64_t>(size);
+      return b.ptr;
     }
   }
   return fresh_block(size);
@@ -69,22 +78,24 @@ void* take_block(size_t nbytes) {
 
 }  // namespace
 
-void* block_alloc(size_t nbytes) {
+void* block_alloc(size_t nbytes, int device) {
   void* p = take_block(nbytes);
-  if (p) g_live_padding.fetch_add(static_cast<int64_t>(rounded(nbytes) - nbytes));
+  if (p) g_live_padding[slot(device)].fetch_add(static_cast<int64_t>(rounded(nbytes) - nbytes));
   return p;
 }
 
-void block_free(void* ptr, size_t nbytes) {
+void block_free(void* ptr, size_t nbytes, int device) {
   if (!ptr || in_bad_fork()) return;  // a bad fork leaks: the cache lock may be a dead thread's
+  device = slot(device);
   const size_t size = rounded(nbytes);
-  g_live_padding.fetch_sub(static_cast<int64_t>(size - nbytes));
+  g_live_padding[device].fetch_sub(static_cast<int64_t>(size - nbytes));
   if (size >= kCachedMin) {
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.bytes + static_cast<int64_t>(size) <= kCacheLimit) {
-      c.free_blocks[size].push_back(ptr);
+      c.free_blocks[size].push_back({ptr, device});
       c.bytes += static_cast<int64_t>(size);
+      c.device_bytes[device] += static_cast<int64_t>(size);
       return;
     }
   }
@@ -95,17 +106,23 @@ void block_cache_release() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   for (auto& [size, blocks] : c.free_blocks)
-    for (void* p : blocks) std::free(p);
+    for (const Cached& b : blocks) std::free(b.ptr);
   c.free_blocks.clear();
   c.bytes = 0;
+  for (auto& b : c.device_bytes) b = 0;
 }
 
-int64_t block_live_padding() { return g_live_padding.load(); }
+int64_t block_live_padding(int device) {
+  if (device >= 0) return g_live_padding[slot(device)].load();
+  int64_t sum = 0;
+  for (const auto& p : g_live_padding) sum += p.load();
+  return sum;
+}
 
-int64_t block_cache_bytes() {
+int64_t block_cache_bytes(int device) {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
-  return c.bytes;
+  return device >= 0 ? c.device_bytes[slot(device)] : c.bytes;
 }
 
 }  // namespace tpu_eager

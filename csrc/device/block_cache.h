@@ -13,16 +13,23 @@ namespace tpu_eager {
 // Blocks of 1 MiB or more come from the cache when one of the same rounded
 // size (4 KiB granularity; 2 MiB from 4 MiB on, on transparent huge pages)
 // was freed.
-void* block_alloc(size_t nbytes);
+// `device` is the simulated chip the block is accounted to (its padding, and
+// its cached bytes once freed): the cache itself is one pool of host memory,
+// and a block freed by one chip may be reused by another.
+void* block_alloc(size_t nbytes, int device = 0);
 // Returns a block of `block_alloc(nbytes)` to the cache (large blocks, while
 // the cache holds at most 512 MiB) or to the C library.
-void block_free(void* ptr, size_t nbytes);
+void block_free(void* ptr, size_t nbytes, int device = 0);
 // Frees every cached block (torch.tpu.empty_cache).
 void block_cache_release();
-// Bytes held in the cache (torch.tpu.memory_reserved adds them).
-int64_t block_cache_bytes();
+// Bytes held in the cache (torch.tpu.memory_reserved adds them); with a
+// device >= 0, the bytes of the blocks that chip freed.
+int64_t block_cache_bytes(int device = -1);
 // Bytes by which the blocks in use exceed the sizes asked for (rounding to
-// 64 B, 4 KiB or 2 MiB); torch.tpu.memory_reserved adds them too.
-int64_t block_live_padding();
+// 64 B, 4 KiB or 2 MiB); torch.tpu.memory_reserved adds them too. With a
+// device >= 0, those of that chip's blocks.
+int64_t block_live_padding(int device = -1);
+// Chips the per-device counters above can tell apart.
+constexpr int kMaxBlockDevices = 16;
 
 }  // namespace tpu_eager

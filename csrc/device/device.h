@@ -14,7 +14,41 @@
 
 namespace tpu_eager {
 
-constexpr int kNumDevices = 1;
+// Chips a process can have (the per-chip tables' size).
+constexpr int kMaxDevices = 16;
+
+// Number of simulated chips: TORCH_TPU_NUM_DEVICES (1..kMaxDevices), default
+// kDefaultNumDevices; fixed at the first call (set_device_count may change it
+// before that).
+constexpr int kDefaultNumDevices = 2;  // also the registry default of TORCH_TPU_NUM_DEVICES (device/env.cpp)
+int device_count();
+// Sets the number of chips; raises RuntimeError once any chip was used
+// (device_count() was called) with a different count, ValueError outside 1..kMaxDevices.
+void set_device_count(int n);
+// Raises as CUDA does for an invalid ordinal ("Invalid device ordinal"?) -
+// here torch's own message for device indices: a ValueError-free
+// c10::Error naming the index and the count. Returns `device`, or the
+// current device for -1.
+int checked_device(int device);
+// The current device of this thread (the device guard's).
+c10::DeviceIndex current_device_index();
+void set_current_device_unchecked(c10::DeviceIndex d);
+// This thread's current stream of chip `device` (0: the default stream).
+int64_t current_stream_id(int device);
+
+// Makes chip `device` current for a scope (allocations of that scope are
+// accounted to it and their tensors live on it); -1 leaves it unchanged.
+struct ChipGuard {
+  explicit ChipGuard(int device) : prev_(current_device_index()) {
+    if (device >= 0) set_current_device_unchecked(static_cast<c10::DeviceIndex>(device));
+  }
+  ~ChipGuard() { set_current_device_unchecked(prev_); }
+  ChipGuard(const ChipGuard&) = delete;
+  ChipGuard& operator=(const ChipGuard&) = delete;
+
+ private:
+  c10::DeviceIndex prev_;
+};
 
 // The device allocator. Each allocation is a DeferredStorage whose host buffer
 // has the requested size, so distinct storages have distinct, non-overlapping
@@ -51,8 +85,10 @@ void set_memory_capacity(int64_t bytes, const std::string& owner);
 int64_t memory_capacity(int device);
 int64_t memory_allocated(int device);
 int64_t max_memory_allocated(int device);
+int64_t memory_reserved(int device);
+int64_t max_memory_reserved(int device);
 void reset_peak_memory_stats(int device);
-void account_free(size_t nbytes);
+void account_free(size_t nbytes, int device);
 
 // The device generator: a (seed, offset) pair. RNG ops take one offset at
 // record time, so their values do not depend on when the queue is flushed.

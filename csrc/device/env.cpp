@@ -14,6 +14,8 @@ const std::vector<Knob>& knobs() {
   static const std::vector<Knob> table = {
       {"TORCH_TPU_TARGET", KnobType::kString, "tpu-v5e", "python",
        "simulated chip at import: tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e or spyre (torch_tpu_eager.set_target)"},
+      {"TORCH_TPU_NUM_DEVICES", KnobType::kInt, "2", "runtime",
+       "simulated chips per process, 1..16 (torch.tpu.set_device_count before first use)"},
       {"TORCH_TPU_DEFER_AND_FUSE", KnobType::kBool, "1", "runtime",
        "0: DEFER_NEVER, every op is flushed as it is recorded (torch_tpu_eager.set_eager_mode)"},
       {"TORCH_TPU_CPU_FALLBACK", KnobType::kBool, "0", "runtime",

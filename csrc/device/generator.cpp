@@ -44,6 +44,19 @@ struct TpuGenerator final : c10::GeneratorImpl {
     p[1] = offset_;
     return t.getIntrusivePtr();
   }
+  // The state as a generator (torch.Generator.graphsafe_get_state /
+  // graphsafe_set_state, which torch 2.13's RNG-functionalization and
+  // checkpointing paths use): a copy of (seed, offset).
+  c10::intrusive_ptr<c10::GeneratorImpl> graphsafe_get_state() const override {
+    return c10::intrusive_ptr<c10::GeneratorImpl>::reclaim(clone_impl());
+  }
+  void graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>& state) override {
+    TORCH_CHECK(state && state->device().type() == c10::DeviceType::PrivateUse1,
+                "graphsafe_set_state expects the state of a tpu generator");
+    const auto* other = static_cast<const TpuGenerator*>(state.get());
+    seed_ = other->seed_;
+    offset_ = other->offset_;
+  }
   TpuGenerator* clone_impl() const override {
     auto* g = new TpuGenerator(device().index());
     g->seed_ = seed_;
@@ -71,14 +84,14 @@ uint64_t mix_seed(uint64_t seed, uint64_t offset) {
 at::Generator make_device_generator(c10::DeviceIndex index) { return at::make_generator<TpuGenerator>(index); }
 
 const at::Generator& default_device_generator(c10::DeviceIndex index) {
+  // One generator per chip, as CUDA keeps one per device.
   static std::once_flag once;
   static std::vector<at::Generator> gens;
+  const int d = checked_device(index);
   std::call_once(once, [] {
-    for (int i = 0; i < kNumDevices; ++i) gens.push_back(make_device_generator(static_cast<c10::DeviceIndex>(i)));
+    for (int i = 0; i < device_count(); ++i) gens.push_back(make_device_generator(static_cast<c10::DeviceIndex>(i)));
   });
-  if (index < 0) index = 0;
-  TORCH_CHECK(index < kNumDevices, "tpu device index out of range: ", static_cast<int>(index));
-  return gens[index];
+  return gens[d];
 }
 
 uint64_t reserve_random_stream(const at::Generator& gen) {

@@ -2,8 +2,13 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/alloc_cpu.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
 #include <cstring>
 
 #include "device/device.h"
@@ -11,6 +16,57 @@
 
 namespace tpu_eager {
 namespace {
+
+// ---- pinned host memory ----
+// Host buffers handed out by the pinned-memory allocator (t.pin_memory(),
+// pin_memory=True, DataLoader(pin_memory=True)). Device memory is host memory
+// here, so "pinned" changes nothing about copies; it is tracked so that
+// is_pinned() answers True for these buffers and their views, as on CUDA.
+struct PinnedBlocks {
+  std::mutex mu;
+  std::map<uintptr_t, size_t> blocks;  // start -> bytes
+};
+
+PinnedBlocks& pinned() {
+  static auto* p = new PinnedBlocks();  // never destroyed: pinned tensors may outlive static destructors
+  return *p;
+}
+
+void free_pinned(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    auto& p = pinned();
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.blocks.erase(reinterpret_cast<uintptr_t>(ptr));
+  }
+  c10::free_cpu(ptr);
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* data = nbytes > 0 ? c10::alloc_cpu(nbytes) : nullptr;
+    if (data != nullptr) {
+      auto& p = pinned();
+      std::lock_guard<std::mutex> lock(p.mu);
+      p.blocks[reinterpret_cast<uintptr_t>(data)] = nbytes;
+    }
+    return {data, data, &free_pinned, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const final { std::memcpy(dest, src, count); }
+};
+
+PinnedAllocator g_pinned_allocator;
+
+bool is_pinned_ptr(const void* ptr) {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  auto& p = pinned();
+  std::lock_guard<std::mutex> lock(p.mu);
+  auto it = p.blocks.upper_bound(addr);
+  if (it == p.blocks.begin()) return false;
+  --it;
+  return addr < it->first + it->second;
+}
 
 }  // namespace
 
@@ -43,17 +99,26 @@ void resize_device_storage(const c10::Storage& storage, size_t newsize) {
 
 namespace {
 
+constexpr c10::DeviceType kDev = c10::DeviceType::PrivateUse1;
+
 struct TpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
   const at::Generator& getDefaultGenerator(c10::DeviceIndex i) const override { return default_device_generator(i); }
-  at::Generator getNewGenerator(c10::DeviceIndex i) const override { return make_device_generator(i < 0 ? 0 : i); }
-  at::Device getDeviceFromPtr(void*) const override { return {c10::DeviceType::PrivateUse1, 0}; }
-  bool isPinnedPtr(const void*) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  at::Generator getNewGenerator(c10::DeviceIndex i) const override {
+    return make_device_generator(static_cast<c10::DeviceIndex>(checked_device(i)));
+  }
+  at::Device getDeviceFromPtr(void*) const override { return {c10::DeviceType::PrivateUse1, current_device_index()}; }
+  bool isPinnedPtr(const void* ptr) const override { return is_pinned_ptr(ptr); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
-  c10::DeviceIndex deviceCount() const override { return kNumDevices; }
-  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count()); }
+  c10::DeviceIndex getCurrentDevice() const override { return current_device_index(); }
+  void setCurrentDevice(c10::DeviceIndex d) const override { c10::impl::getDeviceGuardImpl(kDev)->setDevice({kDev, d}); }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    return c10::impl::getDeviceGuardImpl(kDev)->exchangeDevice({kDev, d}).index();
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     resize_device_storage(storage, newsize);
   }

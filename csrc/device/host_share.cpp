@@ -23,6 +23,7 @@ namespace tpu_eager {
 struct HostShare {
   void* data = nullptr;
   size_t nbytes = 0;  // bytes
+  int device = 0;     // the chip whose block accounting the buffer belongs to
   std::atomic<int64_t> refs{1};
   // The device's StorageImpl, whose DataPtr must follow the DeferredStorage
   // when the device moves to a private copy (PyTorch's overlap checks and
@@ -44,7 +45,7 @@ void count_cow_copy(size_t nbytes) {
 
 void release(HostShare* h) {
   if (h->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    block_free(h->data, h->nbytes);
+    block_free(h->data, h->nbytes, h->device);
     delete h;
   }
 }
@@ -92,6 +93,7 @@ at::Tensor share_with_host(const at::Tensor& self) {
       h = new HostShare;
       h->data = s->data;
       h->nbytes = s->nbytes;
+      h->device = s->device;
       h->device_impl = self.storage().getWeakStorageImpl();
       s->host_share.store(h, std::memory_order_release);
     }
@@ -126,7 +128,7 @@ void unshare_for_write(DeferredStorage* s) {
   }
   // CPU tensors still read the buffer: the device writes a private copy.
   // Allocated first, so that running out of memory leaves the share intact.
-  void* fresh = block_alloc(s->nbytes);
+  void* fresh = block_alloc(s->nbytes, s->device);
   TORCH_CHECK_WITH(OutOfMemoryError, fresh != nullptr, "tpu: failed to allocate ", s->nbytes,
                    " bytes of host memory for a copy-on-write of a buffer shared with the host");
   std::memcpy(fresh, s->data, s->nbytes);

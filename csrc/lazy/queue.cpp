@@ -24,12 +24,11 @@ namespace {
 // memory held by values nobody has read yet (DESIGN §4). Both can be changed at
 // run time.
 
+// State shared by every chip: counters, mode, limits, and the flush lock.
 struct DeviceQueue {
   std::mutex mu;                   // guards everything below but flush_mu
   std::recursive_mutex flush_mu;   // one flush at a time (backward runs on another thread)
-  std::vector<Node> nodes;
-  int64_t pending_bytes = 0;
-  uint64_t next_seq = 0;
+  std::atomic<uint64_t> next_seq{0};
   Metrics metrics;
   int64_t max_ops = env::get_int("TORCH_TPU_MAX_PENDING_OPS");
   int64_t max_bytes = env::get_int("TORCH_TPU_MAX_PENDING_BYTES");
@@ -43,6 +42,29 @@ DeviceQueue& Q() {
   check_not_in_bad_fork();
   static DeviceQueue* q = new DeviceQueue();  // never destroyed: storages may die after static destructors
   return *q;
+}
+
+// One queue per simulated chip: its pending nodes (every storage a node uses
+// lives on that chip; ops mixing chips raise at record time and chip-to-chip
+// copies go through the host) and its simulated clock.
+struct ChipQueue {
+  std::mutex mu;  // guards nodes, pending_bytes and pending_uses of the chip's storages
+  std::vector<Node> nodes;
+  int64_t pending_bytes = 0;
+  double sim_time_s = 0;  // simulated device time of every kernel run on the chip
+  int64_t stream = 0;     // the stream of the pending nodes
+  std::unordered_map<int64_t, double> stream_clock;  // stream id -> simulated end of its last kernel, s
+};
+
+ChipQueue& C(int device) {
+  static ChipQueue* chips = new ChipQueue[kMaxDevices];  // never destroyed, as Q()
+  return chips[device >= 0 && device < kMaxDevices ? device : 0];
+}
+
+int node_device(const Node& n) {
+  if (!n.outputs.empty()) return n.outputs[0].storage->device;
+  if (!n.inputs.empty()) return n.inputs[0].ref.storage->device;
+  return 0;
 }
 
 void touch(Node& n, int delta) {
@@ -64,6 +86,8 @@ const char* flush_reason_name(FlushReason r) {
     case FlushReason::kStorageResize: return "storage_resize";
     case FlushReason::kDeferNever: return "defer_never";
     case FlushReason::kTargetSwitch: return "target_switch";
+    case FlushReason::kStreamSwitch: return "stream_switch";
+    case FlushReason::kEvent: return "event";
     default: return "unknown";
   }
 }
@@ -153,9 +177,19 @@ TensorRef make_ref(const at::Tensor& t) {
 
 void enqueue(Node&& node, int64_t fresh_bytes) {
   auto& q = Q();
+  const int device = node_device(node);
+  auto& c = C(device);
+  const int64_t stream = current_stream_id(device);
+  bool other_stream;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    other_stream = !c.nodes.empty() && c.stream != stream;
+  }
+  if (other_stream) (void)flush_device(device, FlushReason::kStreamSwitch);  // errors stay with their tensors
   FlushReason reason = FlushReason::kCount;
   {
-    std::lock_guard<std::mutex> lock(q.mu);
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.nodes.empty()) c.stream = stream;
     // A storage read to the host without a copy gets its own buffer before
     // this op can write it (copy-on-write, device/host_share.h). Under the
     // queue lock, so a share is installed either before (and seen here) or
@@ -164,38 +198,55 @@ void enqueue(Node&& node, int64_t fresh_bytes) {
       if (in.written) unshare_for_write(in.ref.storage.get());
     node.seq = q.next_seq++;
     touch(node, +1);
-    q.nodes.push_back(std::move(node));
-    q.pending_bytes += fresh_bytes;
+    c.nodes.push_back(std::move(node));
+    c.pending_bytes += fresh_bytes;
+    std::lock_guard<std::mutex> glock(q.mu);  // order: chip, then shared
     q.metrics.ops_recorded++;
     if (q.mode != EagerMode::kDeferAndFuse) {
       reason = FlushReason::kDeferNever;
-    } else if (static_cast<int64_t>(q.nodes.size()) >= q.max_ops) {
+    } else if (static_cast<int64_t>(c.nodes.size()) >= q.max_ops) {
       reason = FlushReason::kQueueLength;
-    } else if (q.pending_bytes >= q.max_bytes) {
+    } else if (c.pending_bytes >= q.max_bytes) {
       reason = FlushReason::kPendingBytes;
     }
   }
   if (reason == FlushReason::kCount) return;
   const bool blocking = eager_mode() == EagerMode::kDeferNeverAndLaunchBlocking;
-  std::exception_ptr error = flush_all(reason, blocking);
+  std::exception_ptr error = flush_device(device, reason, blocking);
   if (error && blocking) std::rethrow_exception(error);
 }
 
 std::exception_ptr flush_all(FlushReason reason, bool reported) {
+  std::exception_ptr first;
+  for (int d = 0; d < device_count(); ++d) {
+    std::exception_ptr e = flush_device(d, reason, reported);
+    if (e && !first) first = e;
+  }
+  return first;
+}
+
+std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   auto& q = Q();
+  auto& c = C(device);
   std::lock_guard<std::recursive_mutex> flush_lock(q.flush_mu);
   std::vector<Node> nodes;
+  int64_t stream;
   {
-    std::lock_guard<std::mutex> lock(q.mu);
-    if (q.nodes.empty()) return nullptr;
-    nodes.swap(q.nodes);
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.nodes.empty()) return nullptr;
+    stream = c.stream;
+    nodes.swap(c.nodes);
     // Room for as many nodes as this flush had: growing the vector node by node moved every node ~once more.
-    q.nodes.reserve(std::min(nodes.size(), static_cast<size_t>(std::max<int64_t>(q.max_ops, 1))));
-    q.pending_bytes = 0;
+    c.nodes.reserve(std::min(nodes.size(), static_cast<size_t>(std::max<int64_t>(queue_limits().first, 1))));
+    c.pending_bytes = 0;
   }
   Metrics delta;
   const auto start = std::chrono::steady_clock::now();
-  std::exception_ptr error = jit::run_graph(nodes, delta);
+  std::exception_ptr error;
+  {
+    ChipGuard chip(device);  // storages the executor allocates belong to this chip
+    error = jit::run_graph(nodes, delta);
+  }
   debug::on_flush(reason, nodes.size(), delta,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), current_location());
   if (error && reported) {
@@ -205,8 +256,13 @@ std::exception_ptr flush_all(FlushReason reason, bool reported) {
       });
   }
   {
-    std::lock_guard<std::mutex> lock(q.mu);
+    std::lock_guard<std::mutex> lock(c.mu);
     for (auto& n : nodes) touch(n, -1);
+    c.sim_time_s += delta.sim_time_s;
+    c.stream_clock[stream] += delta.sim_time_s;
+  }
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
     auto& m = q.metrics;
     m.flushes++;
     m.flush_reasons[static_cast<int>(reason)]++;
@@ -223,7 +279,8 @@ StorageSet observed_after_flush(const std::vector<Node>& g) {
     for (const auto& out : n.outputs) uses[out.storage.get()]++;
   }
   StorageSet observed(uses.size());
-  std::lock_guard<std::mutex> lock(Q().mu);
+  if (g.empty()) return observed;
+  std::lock_guard<std::mutex> lock(C(node_device(g.front())).mu);
   // external_alive first: a tensor that dies after recording a use of its
   // storage did so after that node's enqueue, which pending_uses then shows.
   uses.for_each([&](const DeferredStorage* s, int64_t k) {
@@ -233,14 +290,14 @@ StorageSet observed_after_flush(const std::vector<Node>& g) {
 }
 
 bool run_if_idle(const DeferredStorage* s, c10::function_ref<void()> fn) {
-  std::lock_guard<std::mutex> lock(Q().mu);
+  std::lock_guard<std::mutex> lock(C(s->device).mu);
   if (s->pending_uses > 0) return false;
   fn();
   return true;
 }
 
 bool storage_has_pending(const DeferredStorage* s) {
-  std::lock_guard<std::mutex> lock(Q().mu);
+  std::lock_guard<std::mutex> lock(C(s->device).mu);
   return s->pending_uses > 0;
 }
 
@@ -288,8 +345,39 @@ EagerMode eager_mode() {
 }
 
 size_t pending_ops() {
-  std::lock_guard<std::mutex> lock(Q().mu);
-  return Q().nodes.size();
+  size_t n = 0;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    std::lock_guard<std::mutex> lock(C(d).mu);
+    n += C(d).nodes.size();
+  }
+  return n;
+}
+
+size_t pending_ops(int device) {
+  std::lock_guard<std::mutex> lock(C(device).mu);
+  return C(device).nodes.size();
+}
+
+bool stream_idle(int device, int64_t stream) {
+  std::lock_guard<std::mutex> lock(C(device).mu);
+  return C(device).nodes.empty() || C(device).stream != stream;
+}
+
+double stream_clock(int device, int64_t stream) {
+  std::lock_guard<std::mutex> lock(C(device).mu);
+  auto it = C(device).stream_clock.find(stream);
+  return it == C(device).stream_clock.end() ? 0.0 : it->second;
+}
+
+void stream_wait_until(int device, int64_t stream, double t) {
+  std::lock_guard<std::mutex> lock(C(device).mu);
+  double& clock = C(device).stream_clock[stream];
+  clock = std::max(clock, t);
+}
+
+double chip_sim_time(int device) {
+  std::lock_guard<std::mutex> lock(C(device).mu);
+  return C(device).sim_time_s;
 }
 
 void set_queue_limits(int64_t max_ops, int64_t max_bytes) {

@@ -32,6 +32,8 @@ enum class FlushReason : int {
   kStorageResize,     // a storage grew or shrank
   kDeferNever,        // eager mode DEFER_NEVER*: every op flushes
   kTargetSwitch,      // the active target changed
+  kStreamSwitch,      // an op on another stream of the chip than the pending ones
+  kEvent,             // an event was recorded (its simulated timestamp needs the work before it)
   kCount
 };
 const char* flush_reason_name(FlushReason r);
@@ -154,6 +156,22 @@ void enqueue(Node&& node, int64_t fresh_bytes);
 // DEFER_NEVER_AND_LAUNCH_BLOCKING): with `reported`, the caller raises it, so
 // the storages that hold it count as having shown it (error_seen).
 std::exception_ptr flush_all(FlushReason reason, bool reported = false);
+// The same for one simulated chip's queue (each chip has its own).
+std::exception_ptr flush_device(int device, FlushReason reason, bool reported = false);
+// Pending ops of one chip.
+size_t pending_ops(int device);
+// Simulated device time of every kernel run on `device` so far, seconds (the
+// chip's clock; stream and event timing read it).
+double chip_sim_time(int device);
+// Streams are lanes of a chip's queue: the pending ops of a chip are all of
+// one stream (an op on another stream flushes them first), so each flush's
+// simulated time goes to that stream's clock. Whether `stream` of `device`
+// has no pending op:
+bool stream_idle(int device, int64_t stream);
+// The stream's clock: simulated seconds at which its last flushed kernel ends.
+double stream_clock(int device, int64_t stream);
+// Makes the stream's later work start no earlier than `t` (waiting on an event).
+void stream_wait_until(int device, int64_t stream, double t);
 // True when queued nodes still read or write `s` (its host buffer may be stale).
 bool storage_has_pending(const DeferredStorage* s);
 // Storages used by `g` (the nodes of one flush) whose value can be observed

@@ -83,6 +83,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
                                std::optional<bool> pin_memory, std::optional<at::MemoryFormat> memory_format) {
   TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
+  ChipGuard chip(device && device->has_index() ? checked_device(device->index()) : -1);
   at::Tensor t = at::detail::empty_generic(size, device_allocator(), kDeviceKeys,
                                            dtype.value_or(c10::get_default_dtype_as_scalartype()), memory_format);
   if (fill_uninitialized_memory()) fill_empty_deterministic(t);
@@ -92,6 +93,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                          std::optional<at::Layout> layout, std::optional<at::Device> device,
                          std::optional<bool> pin_memory) {
+  ChipGuard chip(device && device->has_index() ? checked_device(device->index()) : -1);
   at::Tensor t = at::detail::empty_strided_generic(size, stride, device_allocator(), kDeviceKeys,
                                                    dtype.value_or(c10::get_default_dtype_as_scalartype()));
   if (fill_uninitialized_memory()) fill_empty_deterministic(t);
@@ -143,6 +145,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
   if (dst.numel() == 0) return dst;
+  if (is_tpu(self) && is_tpu(dst) && self.device() != dst.device()) {
+    // Chip to chip: the source's current value, read on the host, is copied
+    // to the destination's chip as a host-to-device copy (the branch below
+    // writes it now or stages it), so no queued op spans two chips.
+    make_current(self, FlushReason::kHostRead);
+    return copy_from(host_view(self), dst, non_blocking);
+  }
   if (!is_tpu(self) && is_tpu(dst)) {
     TORCH_CHECK(self.device().is_cpu(), "copy from ", self.device(), " to tpu is not supported");
     auto* s = deferred_storage_of(dst);

@@ -843,9 +843,27 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
   return plan;
 }
 
-[[noreturn]] void raise_device_mismatch(const at::Tensor& other) {
-  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and ",
-              other.device(), "!");
+[[noreturn]] void raise_device_mismatch(int device, const c10::Device& other) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu:", device,
+              " and ", other, "!");
+}
+
+// The chip an op runs on: that of its first tpu tensor, else of a "tpu"
+// device argument (factories), else -1 (the current chip). Raises CUDA's
+// error for tpu tensors of two chips.
+int op_device(torch::jit::Stack& stack, size_t first, size_t nargs) {
+  int device = -1;
+  for_each_tensor(stack, first, nargs, [&](int, int, const at::Tensor& t) {
+    if (!is_tpu(t)) return;
+    if (device < 0) device = t.device().index();
+    else if (t.device().index() != device) raise_device_mismatch(device, t.device());
+  });
+  if (device >= 0) return device;
+  for (size_t i = first; i < first + nargs; ++i)
+    if (stack[i].isDevice() && stack[i].toDevice().type() == c10::DeviceType::PrivateUse1 &&
+        stack[i].toDevice().has_index())
+      return checked_device(stack[i].toDevice().index());
+  return -1;
 }
 
 void check_same_device(const c10::FunctionSchema& schema, uint64_t writes, torch::jit::Stack& stack, size_t first) {
@@ -877,8 +895,12 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
 
-  // 1. Devices, before anything is recorded or written (a forked child raises before meta inference).
+  // 1. Devices, before anything is recorded or written (a forked child raises
+  //    before meta inference): tpu tensors of one chip, plus 0-dim CPU tensors
+  //    (scalars), as CPU/CUDA allow. Fresh results and the generator are that chip's.
   check_not_in_bad_fork();
+  const int device = op_device(*stack, first, nargs);  // raises CUDA's error for two chips
+  ChipGuard chip(device);
   check_same_device(schema, plan.writes, *stack, first);
 
   if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
@@ -1088,7 +1110,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
                   "Expected a 'tpu' device type for generator but found '", user.device().type(), "'");
       node.rng_seed = reserve_random_stream(user);
     } else {
-      node.rng_seed = reserve_random_stream(default_device_generator(0));
+      node.rng_seed = reserve_random_stream(default_device_generator(current_device_index()));
     }
   }
 
@@ -1170,6 +1192,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   const size_t first = stack->size() - nargs;
   const uint64_t writes = plan ? plan->writes : written_args(schema);
   if (plan == nullptr) check_same_device(schema, writes, *stack, first);  // record_op checked the others
+  ChipGuard chip(op_device(*stack, first, nargs));  // results on the op's chip
   (void)flush_all(fallback ? FlushReason::kCpuFallback : FlushReason::kDataDependent);
   count_eager_op(fallback);
 
@@ -1209,7 +1232,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   Node pseudo(op);
   if (random) {
     pseudo.rng = true;
-    pseudo.rng_seed = reserve_random_stream(user_gen.defined() ? user_gen : default_device_generator(0));
+    pseudo.rng_seed = reserve_random_stream(user_gen.defined() ? user_gen : default_device_generator(current_device_index()));
     for (size_t i = 0; i < nargs; ++i)
       if (cpu[i].isGenerator()) cpu[i] = at::make_generator<at::CPUGeneratorImpl>(pseudo.rng_seed);
   }

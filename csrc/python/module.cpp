@@ -345,6 +345,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("_env_bool", [](const std::string& n) { return env::get_bool(n.c_str()); });
   m.def("_env_int", [](const std::string& n) { return env::get_int(n.c_str()); });
   m.def("_env_string", [](const std::string& n) { return env::get_string(n.c_str()); });
+  m.def(
+      "_flush_device",
+      [](int device, int reason) {
+        std::exception_ptr err;
+        {
+          py::gil_scoped_release no_gil;
+          err = flush_device(checked_device(device), static_cast<FlushReason>(reason), /*reported=*/true);
+        }
+        if (err) std::rethrow_exception(err);
+      },
+      py::arg("device"), py::arg("reason"));
+  m.def("_chip_sim_time", [](int device) { return chip_sim_time(checked_device(device)); });
   m.def("_metrics", &metrics_dict);
   m.def("_reset_metrics", [] {
     reset_metrics();
@@ -352,7 +364,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_set_eager_mode", [](int mode) { set_eager_mode(static_cast<EagerMode>(mode)); });
   m.def("_eager_mode", [] { return static_cast<int>(eager_mode()); });
-  m.def("_pending_ops", &pending_ops);
+  m.def("_pending_ops", [] { return pending_ops(); });
   m.def("_set_queue_limits", &set_queue_limits, py::arg("max_ops"), py::arg("max_bytes"));
   m.def("_queue_limits", &queue_limits);
   m.def("_set_fused_math", [](bool cpu) {
@@ -422,6 +434,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cached_bytes", &block_cache_bytes);
   m.def("_live_padding_bytes", &block_live_padding);
   m.def("_reset_peak_memory_stats", &reset_peak_memory_stats);
+  // Chips and the current chip (torch_tpu_eager/device.py checks argument types).
+  m.def("_memory_reserved", &memory_reserved);
+  m.def("_max_memory_reserved", &max_memory_reserved);
+  m.def("_device_count", [] { return device_count(); });
+  m.def("_set_device_count", &set_device_count);
+  m.def("_checked_device", &checked_device);
+  m.def("_current_device", [] { return static_cast<int>(current_device_index()); });
+  m.def("_set_device", [](int d) {
+    c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
+        ->setDevice(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(d)));
+  });
   m.def("_default_generator", [](int index) { return default_device_generator(static_cast<c10::DeviceIndex>(index)); });
   m.def("_op_table", [] {
     py::list rows;

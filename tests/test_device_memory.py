@@ -1,0 +1,157 @@
+"""torch.accelerator / torch.tpu memory API against CUDA's documented contract.
+
+The allocator is a c10::DeviceAllocator, so torch.accelerator's memory functions
+reach it; numbers are bytes of the chip's simulated HBM.
+"""
+import gc
+
+import pytest
+import torch
+
+from difftest import requires_tpu
+
+pytestmark = requires_tpu
+
+
+def _tte():
+    import torch_tpu_eager
+
+    return torch_tpu_eager
+
+
+def test_accelerator_basics():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator() == torch.device("tpu")
+    assert torch.accelerator.device_count() == torch.tpu.device_count()
+    assert torch.accelerator.current_device_index() == torch.tpu.current_device()
+
+
+def test_accelerator_synchronize_runs_pending_ops():
+    x = torch.ones(8, device="tpu") * 3
+    assert _tte()._C._storage_has_pending(x)
+    torch.accelerator.synchronize()
+    assert not _tte()._C._storage_has_pending(x)
+    torch.accelerator.synchronize(0)
+    torch.accelerator.synchronize("tpu:0")
+    torch.accelerator.synchronize(torch.device("tpu", 0))
+
+
+def test_get_device_capability_lists_cpu_dtypes():
+    cap = torch.accelerator.get_device_capability()
+    assert isinstance(cap, dict)
+    dts = cap["supported_dtypes"]
+    for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool,
+               torch.complex64):
+        assert dt in dts
+
+
+def test_memory_allocated_agrees_between_apis():
+    gc.collect()
+    before = torch.accelerator.memory_allocated()
+    assert before == torch.tpu.memory_allocated() == torch.tpu.memory_stats()["allocated_bytes.all.current"]
+    x = torch.empty(1024, device="tpu")
+    assert torch.accelerator.memory_allocated() - before == 4096
+    assert torch.accelerator.max_memory_allocated() >= torch.accelerator.memory_allocated()
+    assert torch.accelerator.memory_reserved() >= torch.accelerator.memory_allocated()
+    assert torch.tpu.memory_reserved() == torch.accelerator.memory_reserved()
+    del x
+    assert torch.accelerator.memory_allocated() == before
+
+
+def test_peak_and_reset():
+    gc.collect()
+    torch.accelerator.reset_peak_memory_stats()
+    base = torch.accelerator.memory_allocated()
+    assert torch.accelerator.max_memory_allocated() == base
+    x = torch.empty(1 << 20, device="tpu")  # 4 MiB
+    del x
+    assert torch.accelerator.max_memory_allocated() >= base + (4 << 20)
+    assert torch.tpu.max_memory_allocated() == torch.accelerator.max_memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == torch.accelerator.memory_allocated()
+    assert torch.tpu.max_memory_reserved() >= torch.tpu.memory_reserved()
+
+
+def test_memory_stats_keys_and_accumulated_counters():
+    torch.accelerator.reset_accumulated_memory_stats()
+    stats = torch.accelerator.memory_stats()
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak", "allocated_bytes.all.allocated",
+                "allocated_bytes.all.freed", "reserved_bytes.all.current", "active_bytes.all.current",
+                "allocation.all.current", "num_ooms"):
+        assert key in stats, key
+    assert stats["allocated_bytes.all.allocated"] == 0
+    x = torch.empty(256, device="tpu")
+    del x
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocated_bytes.all.allocated"] >= 1024
+    assert stats["allocated_bytes.all.freed"] >= 1024
+    assert stats["allocation.all.allocated"] >= 1
+
+
+def test_mem_get_info_is_free_and_total_of_the_simulated_hbm():
+    tte = _tte()
+    torch.tpu.empty_cache()  # a cached block would be reused without changing what is free
+    free, total = torch.tpu.mem_get_info()
+    assert (free, total) == torch.accelerator.get_memory_info()
+    info = tte.target_info()
+    assert total == info["hbm_bytes"]
+    assert free == total - torch.tpu.memory_reserved()
+    x = torch.empty(1 << 20, device="tpu")
+    free2, _ = torch.tpu.mem_get_info()
+    assert free2 <= free - (4 << 20)
+    del x
+
+
+def test_mem_get_info_follows_the_target():
+    tte = _tte()
+    before = tte.get_target()
+    try:
+        tte.set_target("tpu-v5p")
+        assert torch.tpu.mem_get_info()[1] == tte.target_info()["hbm_bytes"]
+    finally:
+        tte.set_target(before)
+
+
+def test_empty_cache_releases_cached_blocks():
+    x = torch.empty(2 << 20, device="tpu")  # 8 MiB: a cached block once freed
+    del x
+    assert torch.tpu.memory_reserved() >= torch.tpu.memory_allocated()
+    torch.accelerator.empty_cache()
+    assert torch.tpu.memory_reserved() - torch.tpu.memory_allocated() < (8 << 20)
+    torch.tpu.empty_cache()
+
+
+@pytest.mark.parametrize("fn", [torch.tpu.memory_allocated, torch.tpu.max_memory_allocated,
+                                torch.tpu.memory_reserved, torch.tpu.memory_stats, torch.tpu.mem_get_info,
+                                torch.tpu.reset_peak_memory_stats])
+def test_bad_device_arguments_raise_as_cuda(fn):
+    n = torch.tpu.device_count()
+    with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
+        fn(n)
+    with pytest.raises(ValueError, match="Expected a tpu device"):
+        fn("cpu")
+    with pytest.raises(ValueError):
+        fn(1.5)
+    assert torch.ones(2, device="tpu").sum().item() == 2  # the device stays usable
+
+
+def test_accelerator_bad_index_raises():
+    n = torch.tpu.device_count()
+    with pytest.raises(RuntimeError):
+        torch.accelerator.memory_stats(n)
+    with pytest.raises(RuntimeError):
+        torch.accelerator.synchronize(n)
+    with pytest.raises(RuntimeError):
+        torch.accelerator.get_memory_info(n)
+    assert torch.ones(2, device="tpu").sum().item() == 2
+
+
+def test_out_of_memory_is_counted():
+    tte = _tte()
+    before = torch.tpu.memory_stats()["num_ooms"]
+    total = torch.tpu.mem_get_info()[1]
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(total // 4 + 1024, device="tpu")  # float32: more bytes than the HBM
+    assert torch.tpu.memory_stats()["num_ooms"] == before + 1
+    assert torch.ones(2, device="tpu").sum().item() == 2
+    del tte
