@@ -139,6 +139,7 @@ def per_run(delta, runs):
         "ops_per_region": delta.get("ops_executed", 0) / regions if regions else 0.0,
         "cache_hits": delta.get("cache_hits", 0),
         "compiles": delta.get("compiles", 0),
+        "plans_built": delta.get("plans_built", "-"),
         "library_calls_per_run": delta.get("library_calls", 0) / runs,
         "mb_materialized_per_run": delta.get("bytes_materialized", 0) / runs / 1e6,
         "flush_reasons": delta.get("flush_reasons", {}),
@@ -887,6 +888,12 @@ def format_metrics(report):
             f"[{reasons or 'none'}], library calls {m['library_calls_per_run']:.3g}, "
             f"MB materialized {m['mb_materialized_per_run']:.3g}; in total cache hits "
             f"{m['cache_hits']}, compiles {m['compiles']}")
+    for key, m in report.metrics.items():
+        if key.startswith("train ") and m:
+            lines.append(f"tpu metrics, {key[6:]}, per step: regions {m['regions_per_run']:.3g}, "
+                         f"ops/region {m['ops_per_region']:.3g}, flushes {m['flushes_per_run']:.3g}, "
+                         f"library calls {m['library_calls_per_run']:.3g}; in total cache hits "
+                         f"{m['cache_hits']}, compiles {m['compiles']}, plans built {m.get('plans_built', '-')}")
     if "torch_compile_seconds" in report.metrics:
         lines.append(f"torch.compile (inductor) of chain16: {report.metrics['torch_compile_seconds']:.1f} s, "
                      "once, before timing")
