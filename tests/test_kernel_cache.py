@@ -113,3 +113,28 @@ def test_cache_never_passes_its_bound():
         torch.testing.assert_close(torch.tril(x, 1).cpu(), torch.tril(x.cpu(), 1))
     finally:
         tte._C._set_kernel_cache_limit(before)
+
+
+def test_one_region_kind_with_several_layouts_per_step_keeps_its_plans():
+    # q, k and v are slices of one tensor (other offsets): the same region kind
+    # recurs with several exact layouts in one step; warm steps build no plan.
+    torch.manual_seed(0)
+    qkv = torch.nn.Linear(16, 48).to("tpu")
+    opt = torch.optim.AdamW(qkv.parameters(), lr=1e-3)
+    x = torch.randn(2, 8, 16).to("tpu")
+
+    def step():
+        q, k, v = qkv(x).split(16, dim=2)
+        loss = (q.exp() * 2 + k.exp() * 2 + v.exp() * 2).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    for _ in range(3):
+        step()
+    tte.reset_metrics()
+    for _ in range(3):
+        step()
+    m = tte.metrics()
+    assert m["plans_built"] == 0 and m["compiles"] == 0, m

@@ -323,18 +323,27 @@ class TpuKernel final : public Kernel {
  public:
   TpuKernel(const CompiledRegion& info, const Region& region, const std::vector<Node>& graph)
       : Kernel(info), range_("tpu::" + info.name), chip_(tpu::active_chip()) {
-    plan_ = build_plan(region, graph, chip_);
+    plans_.push_back(build_plan(region, graph, chip_));
   }
 
   void run(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats) override {
     std::lock_guard<std::mutex> lock(mu_);
     const auto prec = at::globalContext().float32MatmulPrecision();
     // A run with another exact layout (sizes inside one dynamic-shape
-    // bucket, offsets, strides, aliasing) plans again.
-    if (layout_signature(region, graph) != plan_.signature) {
-      plan_ = build_plan(region, graph, chip_);
+    // bucket, offsets, strides, aliasing) uses its own plan: one region kind
+    // recurs with several layouts in one step (a block's q, k and v slices),
+    // so the kernel keeps the last kMaxPlans, most recent first.
+    const std::vector<int64_t> sig = layout_signature(region, graph);
+    size_t at = 0;
+    while (at < plans_.size() && plans_[at].signature != sig) ++at;
+    if (at == plans_.size()) {
+      if (plans_.size() == kMaxPlans) plans_.pop_back();
+      plans_.insert(plans_.begin(), build_plan(region, graph, chip_));
       stats.plans_built++;
+    } else if (at > 0) {
+      std::rotate(plans_.begin(), plans_.begin() + at, plans_.begin() + at + 1);
     }
+    TpuPlan& plan_ = plans_.front();
     const bool tracing = jit::trace_active();
     if (tracing) {
       const tpu::TilingPlan t = plan_.has_tiling || !chip_.valid() ? plan_.tiling : tpu::plan_region(region, graph, chip_);
@@ -411,16 +420,16 @@ class TpuKernel final : public Kernel {
         host::run_ops(c, region, graph, mem, stats, hooks);
         break;
     }
-    finish(stats);
+    finish(plan_, stats);
   }
 
  private:
   // Simulated time of the region: max(compute, HBM traffic incl. padding and
   // the re-reads its tiling implies) + launch.
-  void finish(RegionStats& stats) const {
+  void finish(const TpuPlan& plan, RegionStats& stats) const {
     if (!chip_.valid()) return;  // no target set: no simulated time
     const double hbm = static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes +
-                                           plan_.tiling.hbm_reread_bytes);
+                                           plan.tiling.hbm_reread_bytes);
     stats.memory_s = hbm / chip_.hbm_bandwidth;
     stats.sim_time_s = std::max(stats.compute_s, stats.memory_s) + chip_.launch_s;
   }
@@ -428,7 +437,8 @@ class TpuKernel final : public Kernel {
   std::mutex mu_;
   const std::string range_;
   const tpu::ChipParams chip_;  // the JIT drops every kernel when the target changes
-  TpuPlan plan_;
+  static constexpr size_t kMaxPlans = 8;
+  std::vector<TpuPlan> plans_;  // by layout, most recently used first
 };
 
 class TpuExecutor final : public Executor {
