@@ -24,6 +24,12 @@ benchmark first checks its result against CPU PyTorch and is not timed if that f
    backward, clip_grad_norm_, step), loss read every step, "tpu" vs CPU eager; then the
    compiles counted over all timed steps, which follow 3 warm-up steps (target: 0).
 
+7. training steps, each on one thread and then on two, "tpu" vs CPU eager vs
+   torch.compile (the model wrapped in torch.compile, inductor, compiled before timing;
+   the optimizer eager): an MLP with Adam; a 2-layer nanoGPT (SDPA, GELU, LayerNorm,
+   tied head) with AdamW and clip_grad_norm_; a CNN (two conv + BatchNorm) with SGD
+   momentum. Loss read to the host every step. ``--only training`` runs just these.
+
 Every contender runs with torch's own intra-op thread count (one per core) unless
 ``--threads`` says otherwise. The "tpu" executor's fused loops split across the same
 threads (at::parallel_for) and it runs CPU kernels too, so both sides get the same
@@ -32,6 +38,7 @@ threads. ``--threads 1`` gives steadier figures on a machine that other jobs sha
     python benchmarks/run_all.py                 # full run (about 1 minute on 2 cores)
     python benchmarks/run_all.py --quick         # smoke test: 3 repeats, small sizes
     python benchmarks/run_all.py --json out.json # also write every sample as JSON
+    python benchmarks/run_all.py --only training # the three training steps, 1 and 2 threads
 """
 import argparse
 import datetime
@@ -57,10 +64,10 @@ SEED = 0
 
 FULL = dict(repeats=15, record_n=2000, flushes=100, chain_size=1000, chain_iters=3,
             mlp_steps=30, check_steps=10, rows_shape=(4096, 1024), rows_iters=3,
-            lm_steps=10, lm_check_steps=5)
+            lm_steps=10, lm_check_steps=5, train_steps=5, train_check_steps=3)
 QUICK = dict(repeats=3, record_n=200, flushes=10, chain_size=128, chain_iters=1,
              mlp_steps=10, check_steps=3, rows_shape=(256, 128), rows_iters=1,
-             lm_steps=2, lm_check_steps=2)
+             lm_steps=2, lm_check_steps=2, train_steps=2, train_check_steps=2)
 LM_WARMUP_STEPS = 3  # the issue's target: no compiles after step 3
 
 
@@ -133,6 +140,7 @@ def per_run(delta, runs):
         "ops_per_region": delta.get("ops_executed", 0) / regions if regions else 0.0,
         "cache_hits": delta.get("cache_hits", 0),
         "compiles": delta.get("compiles", 0),
+        "plans_built": delta.get("plans_built", "-"),
         "library_calls_per_run": delta.get("library_calls", 0) / runs,
         "mb_materialized_per_run": delta.get("bytes_materialized", 0) / runs / 1e6,
         "flush_reasons": delta.get("flush_reasons", {}),
@@ -627,6 +635,196 @@ def bench_char_lm(cfg, report):
                         "notes": {"tpu": f"{stats['compiles']} in {tpu_steps} steps"}})
 
 
+# ---------------------------------------------------------------- 7. training steps
+
+TRAINING_THREADS = (1, 2)
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self, d_in, hidden, classes):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(d_in, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(hidden, classes))
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.net(x), y)
+
+
+class _GPTBlock(torch.nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.fc, self.out = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).contiguous().view(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class _NanoGPT(torch.nn.Module):
+    """nanoGPT's shape at toy size: token + position embeddings, pre-LN blocks with SDPA, tied head."""
+
+    def __init__(self, vocab, block, d, heads, layers):
+        super().__init__()
+        self.tok, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Embedding(block, d)
+        self.blocks = torch.nn.ModuleList(_GPTBlock(d, heads) for _ in range(layers))
+        self.ln_f = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+class _CNN(torch.nn.Module):
+    def __init__(self, c, classes):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, c, 3, padding=1), torch.nn.BatchNorm2d(c), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(c, 2 * c, 3, padding=1), torch.nn.BatchNorm2d(2 * c), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(2 * c, classes))
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.net(x), y)
+
+
+def _training_cases(quick):
+    """(name, model factory, optimizer factory, clip, batches factory) of the three training steps."""
+    g = lambda: torch.Generator().manual_seed(SEED + 2)  # noqa: E731
+    if quick:
+        mlp, gpt, cnn = (64, 64, 10, 32), dict(vocab=32, block=16, d=32, heads=2, batch=4), (4, 8, 16)
+    else:
+        mlp, gpt, cnn = (256, 256, 10, 64), dict(vocab=65, block=64, d=64, heads=4, batch=8), (8, 16, 32)
+
+    def mlp_batches():
+        gen = g()
+        return [(torch.randn(mlp[3], mlp[0], generator=gen), torch.randint(0, mlp[2], (mlp[3],), generator=gen))
+                for _ in range(4)]
+
+    def gpt_batches():
+        gen = g()
+        return [(torch.randint(0, gpt["vocab"], (gpt["batch"], gpt["block"]), generator=gen),
+                 torch.randint(0, gpt["vocab"], (gpt["batch"], gpt["block"]), generator=gen)) for _ in range(4)]
+
+    def cnn_batches():
+        gen = g()
+        return [(torch.randn(cnn[2], 3, cnn[1], cnn[1], generator=gen), torch.randint(0, 10, (cnn[2],), generator=gen))
+                for _ in range(4)]
+
+    return [
+        (f"MLP {mlp[0]}-{mlp[1]}-{mlp[1]}-{mlp[2]} + Adam, batch {mlp[3]}",
+         lambda: _MLP(mlp[0], mlp[1], mlp[2]), lambda ps: torch.optim.Adam(ps, lr=1e-3), False, mlp_batches),
+        (f"nanoGPT 2L d{gpt['d']} T{gpt['block']} SDPA + AdamW + clip, batch {gpt['batch']}",
+         lambda: _NanoGPT(gpt["vocab"], gpt["block"], gpt["d"], gpt["heads"], 2),
+         lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1), True, gpt_batches),
+        (f"CNN 2conv+BN {cnn[1]}x{cnn[1]} + SGD momentum, batch {cnn[2]}",
+         lambda: _CNN(cnn[0], 10), lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9), False, cnn_batches),
+    ]
+
+
+class StepTrainer:
+    """One training step (forward, backward, optional clip_grad_norm_(1.0), optimizer step), loss read each step.
+
+    The model is built on CPU from one seed and moved, so every contender starts from the
+    same weights; ``compiled`` wraps the model in torch.compile (inductor; optimizer eager).
+    """
+
+    def __init__(self, device, make_model, make_opt, clip, batches, compiled=False):
+        torch.manual_seed(SEED)
+        self.model = make_model().to(device)
+        self.model.train()
+        self.opt = make_opt(self.model.parameters())
+        self.fn = torch.compile(self.model) if compiled else self.model
+        self.clip = clip
+        self.batches = [(a.to(device), b.to(device)) for a, b in batches]
+        self.i = 0
+
+    def step(self):
+        xb, yb = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        loss = self.fn(xb, yb)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        return loss.detach()
+
+    def steps(self, n):
+        for _ in range(n):
+            self.step().item()
+
+
+def bench_training(cfg, report, use_compile=True):
+    """The three training steps on "tpu", CPU eager and torch.compile, on one and on two threads."""
+    previous = torch.get_num_threads()
+    for name, make_model, make_opt, clip, make_batches in _training_cases(cfg["repeats"] <= 3):
+        batches = make_batches()
+
+        def check():
+            tpu = StepTrainer(TPU, make_model, make_opt, clip, batches)
+            cpu = StepTrainer("cpu", make_model, make_opt, clip, batches)
+            # The first step's gradients, then the losses of the next steps. Parameters are
+            # not compared: a gradient that is zero in exact arithmetic (attention's key bias)
+            # holds rounding noise, which Adam scales to a full lr-sized update.
+            torch.testing.assert_close(tpu.step().cpu(), cpu.step())
+            for p_tpu, p_cpu in zip(tpu.model.parameters(), cpu.model.parameters()):
+                torch.testing.assert_close(p_tpu.grad.cpu(), p_cpu.grad)
+            n = cfg["train_check_steps"]
+            torch.testing.assert_close(torch.stack([tpu.step() for _ in range(n)]).cpu(),
+                                       torch.stack([cpu.step() for _ in range(n)]))
+
+        if not report.check(name, check):
+            report.failed_row(name, "CHECK FAILED")
+            continue
+        tpu = StepTrainer(TPU, make_model, make_opt, clip, batches)
+        cpu = StepTrainer("cpu", make_model, make_opt, clip, batches)
+        notes, comp = {}, None
+        if use_compile:
+            try:
+                t0 = clock()
+                comp = StepTrainer("cpu", make_model, make_opt, clip, batches, compiled=True)
+                comp.steps(2)  # compiles forward and backward here, before timing
+                report.metrics[f"torch_compile_seconds {name}"] = clock() - t0
+            except Exception as exc:  # noqa: BLE001  (a compiler failure is a note, not an error)
+                notes["compile"] = f"failed: {type(exc).__name__}"
+                comp = None
+        steps = cfg["train_steps"]
+        for threads in TRAINING_THREADS:
+            torch.set_num_threads(threads)
+            contenders = {}
+            for key, trainer in (("tpu", tpu), ("cpu", cpu), ("compile", comp)):
+                if trainer is None:
+                    continue
+
+                def run(trainer=trainer):
+                    t0 = clock()
+                    trainer.steps(steps)
+                    return (clock() - t0) / steps
+                contenders[key] = run
+            tpu.steps(2)  # warm: compiles of this thread count happen here
+            before = torch_tpu_eager.metrics()
+            samples = interleave(contenders, cfg["repeats"])
+            delta = metrics_delta(before, torch_tpu_eager.metrics())
+            report.metrics[f"train {name} {threads}t"] = per_run(delta, steps * (cfg["repeats"] + 1))
+            report.row(f"{name}, {threads} thread{'s' if threads > 1 else ''}", "ms/step", samples, 1e3,
+                       ratios=[("cpu", "tpu"), ("compile", "tpu")], notes=notes)
+    torch.set_num_threads(previous)
+
+
 # ---------------------------------------------------------------- output
 
 CONTENDERS = (("tpu", "tpu"), ("cpu", "cpu eager"), ("compile", "cpu compile"))
@@ -691,6 +889,12 @@ def format_metrics(report):
             f"[{reasons or 'none'}], library calls {m['library_calls_per_run']:.3g}, "
             f"MB materialized {m['mb_materialized_per_run']:.3g}; in total cache hits "
             f"{m['cache_hits']}, compiles {m['compiles']}")
+    for key, m in report.metrics.items():
+        if key.startswith("train ") and m:
+            lines.append(f"tpu metrics, {key[6:]}, per step: regions {m['regions_per_run']:.3g}, "
+                         f"ops/region {m['ops_per_region']:.3g}, flushes {m['flushes_per_run']:.3g}, "
+                         f"library calls {m['library_calls_per_run']:.3g}; in total cache hits "
+                         f"{m['cache_hits']}, compiles {m['compiles']}, plans built {m.get('plans_built', '-')}")
     if "torch_compile_seconds" in report.metrics:
         lines.append(f"torch.compile (inductor) of chain16: {report.metrics['torch_compile_seconds']:.1f} s, "
                      "once, before timing")
@@ -717,6 +921,10 @@ def run(argv=None):
     parser.add_argument("--threads", type=int, default=0,
                         help="torch intra-op threads for every contender (default 0: torch's own choice, "
                              "one per core; 1 is steadier on a machine other jobs share)")
+    parser.add_argument("--only", choices=("all", "training"), default="all",
+                        help="'training': only the three training steps (7.), on one and two threads")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip torch.compile in the training steps (its compile takes minutes here)")
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     if args.repeats is not None:
@@ -739,14 +947,16 @@ def run(argv=None):
         info = machine_info()
         report = Report()
         t0 = clock()
-        bench_record(cfg, report)
-        bench_flush(cfg, report)
-        bench_chain16(cfg, report)
-        bench_chain16_bytes(cfg, report)
-        bench_rows(cfg, report)
-        bench_logsumexp(cfg, report)
-        bench_mlp(cfg, report)
-        bench_char_lm(cfg, report)
+        if args.only == "all":
+            bench_record(cfg, report)
+            bench_flush(cfg, report)
+            bench_chain16(cfg, report)
+            bench_chain16_bytes(cfg, report)
+            bench_rows(cfg, report)
+            bench_logsumexp(cfg, report)
+            bench_mlp(cfg, report)
+            bench_char_lm(cfg, report)
+        bench_training(cfg, report, use_compile=not args.no_compile)
         report.metrics["wall_seconds"] = clock() - t0
     finally:
         torch.set_num_threads(previous[0])

@@ -27,6 +27,8 @@ const std::vector<Knob>& knobs() {
       {"TORCH_TPU_DEBUG", KnobType::kInt, "0", "runtime",
        "1: one stderr line per flush (cause, ops, regions, compiles, cache hits, the Python line that triggered "
        "it) and a summary at exit; 2: also each region as it runs"},
+      {"TORCH_TPU_KERNEL_CACHE_SIZE", KnobType::kInt, "8192", "runtime",
+       "compiled kernels the JIT keeps in memory (least recently used evicted first)"},
       {"TORCH_TPU_LOG_REGIONS", KnobType::kBool, "0", "runtime", "1: print each fused region to stderr as it runs"},
       {"TORCH_TPU_CACHE_DIR", KnobType::kPath, "", "runtime",
        "directory that keeps compiled regions and meta results across processes (torch_tpu_eager.set_cache_dir)"},

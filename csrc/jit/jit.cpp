@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -37,8 +38,60 @@ const char* prim_kind_name(PrimKind k) {
 namespace jit {
 namespace {
 
+// The kernel cache: kernels by structural key, least recently used first
+// out once it holds `g_limit` kernels. A lookup compares the key's words
+// (full equality), not only its hash.
+struct CacheEntry {
+  uint64_t hash = 0;
+  std::vector<uint64_t> words;
+  std::shared_ptr<Kernel> kernel;
+};
 std::mutex g_cache_mu;
-std::unordered_map<uint64_t, std::shared_ptr<CompiledRegion>> g_cache;
+std::list<CacheEntry> g_lru;  // most recently used first
+std::unordered_multimap<uint64_t, std::list<CacheEntry>::iterator> g_index;
+size_t g_limit = [] {
+  const int64_t n = env::get_int("TORCH_TPU_KERNEL_CACHE_SIZE");
+  TORCH_CHECK_VALUE(n >= 1, "environment variable TORCH_TPU_KERNEL_CACHE_SIZE=", n, ": expected at least 1");
+  return static_cast<size_t>(n);
+}();
+int64_t g_evictions = 0;
+
+// The cached kernel of a key (moved to the front), or null. Caller holds g_cache_mu.
+std::shared_ptr<Kernel> cache_find(uint64_t hash, const std::vector<uint64_t>& words) {
+  auto [lo, hi] = g_index.equal_range(hash);
+  for (auto it = lo; it != hi; ++it) {
+    if (it->second->words != words) continue;
+    g_lru.splice(g_lru.begin(), g_lru, it->second);
+    return it->second->kernel;
+  }
+  return nullptr;
+}
+
+// Drops least recently used kernels until at most `limit` remain; returns how many.
+int64_t cache_trim(size_t limit) {
+  int64_t dropped = 0;
+  while (g_lru.size() > limit) {
+    auto last = std::prev(g_lru.end());
+    auto [lo, hi] = g_index.equal_range(last->hash);
+    for (auto it = lo; it != hi; ++it) {
+      if (it->second == last) {
+        g_index.erase(it);
+        break;
+      }
+    }
+    g_lru.pop_back();
+    ++dropped;
+  }
+  g_evictions += dropped;
+  return dropped;
+}
+
+// Adds a kernel (caller holds g_cache_mu); returns the evictions it caused.
+int64_t cache_insert(uint64_t hash, std::vector<uint64_t> words, std::shared_ptr<Kernel> kernel) {
+  g_lru.push_front(CacheEntry{hash, std::move(words), std::move(kernel)});
+  g_index.emplace(hash, g_lru.begin());
+  return cache_trim(g_limit);
+}
 
 // Marks live nodes: a node is live when it writes a storage whose value is
 // observed later (by a live node, or after the flush: `observed`).
@@ -66,7 +119,7 @@ std::string region_name(const CompiledRegion& c, const std::vector<Node>& g, con
   return name;
 }
 
-std::shared_ptr<CompiledRegion> compile(uint64_t key, const std::vector<Node>& g, const Region& r) {
+std::shared_ptr<CompiledRegion> describe(uint64_t key, const std::vector<Node>& g, const Region& r) {
   auto c = std::make_shared<CompiledRegion>();
   c->key = key;
   for (int i : r.nodes) c->kinds.push_back(static_cast<PrimKind>(g[i].kind));
@@ -147,56 +200,70 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   tpu_executor().begin_flush();
   spyre_executor().begin_flush();
   std::exception_ptr first_error;
+  std::vector<uint64_t> words;
   for (const Region& r : regions) {
-    uint64_t key = structural_key(g, r);
-    std::shared_ptr<CompiledRegion> compiled;
+    const uint64_t key = structural_key(g, r, &words);
+    std::shared_ptr<Kernel> kernel;
     bool cache_hit = false;
     {
       std::lock_guard<std::mutex> lock(g_cache_mu);
-      auto it = g_cache.find(key);
-      if (it != g_cache.end()) {
-        compiled = it->second;
+      kernel = cache_find(key, words);
+      if (kernel) {
         m.cache_hits++;
         cache_hit = true;
       }
     }
-    if (!compiled) {
-      // Not in memory: the on-disk cache (TORCH_TPU_CACHE_DIR), then compile.
-      std::string disk_key;
-      if (disk_cache::enabled()) {
-        disk_key = region_disk_key(g, r, ex.target());
-        compiled = load_region(disk_key, key, g, r);
-        (compiled ? m.disk_cache_hits : m.disk_cache_misses)++;
-      }
-      if (!compiled) {
+    RegionStats st;
+    bool failed = false;
+    std::shared_ptr<CompiledRegion> info;
+    try {
+      if (!kernel) {
+        // Not in memory: the on-disk cache (TORCH_TPU_CACHE_DIR) for its
+        // description, then compile: the executor plans the region.
+        std::string disk_key;
+        if (disk_cache::enabled()) {
+          disk_key = region_disk_key(g, r, ex.target());
+          info = load_region(disk_key, key, g, r);
+          (info ? m.disk_cache_hits : m.disk_cache_misses)++;
+        }
         auto t0 = std::chrono::steady_clock::now();
-        compiled = compile(key, g, r);
+        const bool from_disk = info != nullptr;
+        if (!info) info = describe(key, g, r);
+        kernel = ex.compile(*info, r, g);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         m.compile_time_s += seconds;
         if (debug::level() >= 1)
-          std::fprintf(stderr, "[tpu debug] compile: region %s (%zu ops), %.3f ms\n", compiled->name.c_str(),
+          std::fprintf(stderr, "[tpu debug] compile: region %s (%zu ops), %.3f ms\n", kernel->info().name.c_str(),
                        r.nodes.size(), seconds * 1e3);
-        m.compiles++;
-        if (!disk_key.empty() && store_region(disk_key, *compiled)) m.disk_cache_writes++;
+        if (!from_disk) m.compiles++;  // (a disk hit still plans: plans_built)
+        m.plans_built++;
+        if (!from_disk && !disk_key.empty() && store_region(disk_key, *info)) m.disk_cache_writes++;
+        std::lock_guard<std::mutex> lock(g_cache_mu);
+        m.kernel_cache_evictions += cache_insert(key, words, kernel);
       }
-      std::lock_guard<std::mutex> lock(g_cache_mu);
-      g_cache.emplace(key, compiled);
-    }
-    static const bool log_regions = env::get_bool("TORCH_TPU_LOG_REGIONS") || debug::level() >= 2;
-    if (log_regions)
-      std::fprintf(stderr, "[tpu] region %s (%zu ops, key %016llx, %s)\n", compiled->name.c_str(), r.nodes.size(),
-                   static_cast<unsigned long long>(key), cache_hit ? "cache hit" : "compiled or loaded");
-    RegionStats st;
-    bool failed = false;
-    try {
-      ex.run_region(*compiled, r, g, mem, st);
     } catch (...) {
       std::exception_ptr err = std::current_exception();
-      if (!st.errors_marked) poison(g, r, st.failed_at, err);
+      poison(g, r, 0, err);
       if (!first_error) first_error = err;
       failed = true;
     }
-    if (trace_active()) trace_region(*compiled, g, r, st, cache_hit, failed, ex.target());
+    if (!kernel && !info) info = describe(key, g, r);
+    const CompiledRegion& compiled = kernel ? kernel->info() : *info;
+    static const bool log_regions = env::get_bool("TORCH_TPU_LOG_REGIONS") || debug::level() >= 2;
+    if (log_regions)
+      std::fprintf(stderr, "[tpu] region %s (%zu ops, key %016llx, %s)\n", compiled.name.c_str(), r.nodes.size(),
+                   static_cast<unsigned long long>(key), cache_hit ? "cache hit" : "compiled or loaded");
+    if (!failed) {
+      try {
+        kernel->run(r, g, mem, st);
+      } catch (...) {
+        std::exception_ptr err = std::current_exception();
+        if (!st.errors_marked) poison(g, r, st.failed_at, err);
+        if (!first_error) first_error = err;
+        failed = true;
+      }
+    }
+    if (trace_active()) trace_region(compiled, g, r, st, cache_hit, failed, ex.target());
     for (DeferredStorage* done : release_after[&r - regions.data()]) mem.release(done);
     m.regions_run++;
     m.ops_executed += static_cast<int64_t>(r.nodes.size());
@@ -206,18 +273,36 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
     m.flops += st.flops;
     m.sim_time_s += st.sim_time_s;
     m.library_calls += st.library_calls;
+    m.plans_built += st.plans_built;
   }
   return first_error;
 }
 
 void clear_cache() {
   std::lock_guard<std::mutex> lock(g_cache_mu);
-  g_cache.clear();
+  g_lru.clear();
+  g_index.clear();
 }
 
 size_t cache_size() {
   std::lock_guard<std::mutex> lock(g_cache_mu);
-  return g_cache.size();
+  return g_lru.size();
+}
+
+size_t cache_limit() {
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  return g_limit;
+}
+
+void set_cache_limit(size_t limit) {
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  g_limit = std::max<size_t>(1, limit);
+  cache_trim(g_limit);
+}
+
+int64_t cache_evictions() {
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  return g_evictions;
 }
 
 }  // namespace jit

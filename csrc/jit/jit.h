@@ -18,9 +18,17 @@ namespace jit {
 // marked with the error.
 std::exception_ptr run_graph(std::vector<Node>& graph, Metrics& m);
 
-// Drops every compiled region (e.g. after a target switch).
+// The kernel cache (least recently used kernels evicted past its limit).
+// Drops every kernel (e.g. after a target switch).
 void clear_cache();
+// Kernels held; at most cache_limit().
 size_t cache_size();
+// The bound: TORCH_TPU_KERNEL_CACHE_SIZE, else 8192 kernels. Setting it
+// (at least 1) evicts down to it at once.
+size_t cache_limit();
+void set_cache_limit(size_t limit);
+// Kernels evicted since the process started.
+int64_t cache_evictions();
 
 }  // namespace jit
 }  // namespace tpu_eager

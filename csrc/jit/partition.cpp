@@ -3,6 +3,8 @@
 
 #include "jit/dynamic_shapes.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 namespace tpu_eager {
@@ -10,6 +12,17 @@ namespace jit {
 namespace {
 
 inline void mix(uint64_t& h, uint64_t v) { h ^= v + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2); }
+
+// A key being built: its hash and, when `words` is set, every value mixed
+// in (for a full equality check).
+struct KeyBuilder {
+  uint64_t h;
+  std::vector<uint64_t>* words;
+};
+inline void mix(KeyBuilder& k, uint64_t v) {
+  mix(k.h, v);
+  if (k.words) k.words->push_back(v);
+}
 
 
 // The kind of an argument (IValue's tag, which is private; tagKind() builds a string).
@@ -29,16 +42,26 @@ uint64_t ivalue_kind(const c10::IValue& v) {
   return 16 + v.tagKind().size();
 }
 
-void mix_ivalue(uint64_t& h, const c10::IValue& v) {
+void mix_ivalue(KeyBuilder& h, const c10::IValue& v) {
   mix(h, ivalue_kind(v));
   if (v.isInt()) {
     mix(h, static_cast<uint64_t>(v.toInt()));  // dims, sizes, reduction kinds: structural
   } else if (v.isBool()) {
     mix(h, v.toBool());
   } else if (v.isIntList()) {
+    mix(h, v.toIntList().size());
     for (auto x : v.toIntList()) mix(h, static_cast<uint64_t>(x));
   } else if (v.isString()) {
-    mix(h, std::hash<std::string>()(v.toStringRef()));
+    const std::string& str = v.toStringRef();
+    mix(h, std::hash<std::string>()(str));
+    if (h.words) {
+      mix(h, str.size());
+      for (size_t i = 0; i < str.size(); i += 8) {
+        uint64_t w = 0;
+        std::memcpy(&w, str.data() + i, std::min<size_t>(8, str.size() - i));
+        h.words->push_back(w);
+      }
+    }
   } else if (v.isScalar()) {
     // Runtime parameter: only whether it is integral, floating or boolean.
     auto s = v.toScalar();
@@ -159,14 +182,15 @@ namespace {
 
 // `stable`: name ops by qualified name and overload instead of their schema's
 // address, so the key means the same in every process (the on-disk cache).
-uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable) {
-  uint64_t h = 0x51ED270B27A1ULL;
+uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable, std::vector<uint64_t>* words) {
+  KeyBuilder h{0x51ED270B27A1ULL, words};
+  if (words) words->clear();
   StorageMap<int> local(r.nodes.size());  // storages created in this region -> ordinal
   for (size_t p = 0; p < r.nodes.size(); ++p) {
     const Node& n = g[r.nodes[p]];
     if (stable) {
       const auto& schema = n.op.schema();
-      mix(h, std::hash<std::string>()(schema.name() + "." + schema.overload_name()));
+      mix(h.h, std::hash<std::string>()(schema.name() + "." + schema.overload_name()));
     } else {
       mix(h, reinterpret_cast<uintptr_t>(&n.op.schema()));
     }
@@ -190,14 +214,46 @@ uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable) {
       mix(h, static_cast<uint64_t>(r.materialize[p][j]));
     }
   }
-  return h;
+  return h.h;
 }
 
 }  // namespace
 
-uint64_t structural_key(const std::vector<Node>& g, const Region& r) { return region_key(g, r, false); }
+uint64_t structural_key(const std::vector<Node>& g, const Region& r) { return region_key(g, r, false, nullptr); }
 
-uint64_t stable_structural_key(const std::vector<Node>& g, const Region& r) { return region_key(g, r, true); }
+uint64_t structural_key(const std::vector<Node>& g, const Region& r, std::vector<uint64_t>* words) {
+  return region_key(g, r, false, words);
+}
+
+}  // namespace jit
+
+std::vector<int64_t> layout_signature(const Region& region, const std::vector<Node>& graph) {
+  std::vector<int64_t> sig;
+  sig.reserve(region.nodes.size() * 24);
+  StorageMap<int> ordinal(2 * region.nodes.size() + 2);
+  auto ref = [&](const TensorRef& r) {
+    const int before = static_cast<int>(ordinal.size());
+    sig.push_back(ordinal.get_or(r.storage.get(), before));
+    sig.push_back(static_cast<int64_t>(r.dtype) | (int64_t{r.conj} << 8) | (int64_t{r.neg} << 9));
+    sig.push_back(r.offset);
+    sig.push_back(static_cast<int64_t>(r.sizes.size()));
+    sig.insert(sig.end(), r.sizes.begin(), r.sizes.end());
+    sig.insert(sig.end(), r.strides.begin(), r.strides.end());
+  };
+  for (int i : region.nodes) {
+    const Node& n = graph[i];
+    sig.push_back(static_cast<int64_t>(n.inputs.size()) << 16 | static_cast<int64_t>(n.outputs.size()));
+    for (const auto& in : n.inputs) ref(in.ref);
+    for (const auto& o : n.outputs) ref(o);
+  }
+  return sig;
+}
+
+namespace jit {
+
+uint64_t stable_structural_key(const std::vector<Node>& g, const Region& r) {
+  return region_key(g, r, true, nullptr);
+}
 
 }  // namespace jit
 }  // namespace tpu_eager

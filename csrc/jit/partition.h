@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "executors/executor.h"
+#include "jit/region.h"
 #include "lazy/storage_map.h"
 
 namespace tpu_eager {
@@ -26,6 +26,9 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
 // are materialized. Python float scalars are runtime parameters: only their
 // kind is part of the key, so a changing learning rate never recompiles.
 uint64_t structural_key(const std::vector<Node>& g, const Region& r);
+// The same key, and in `words` every value it was built from: two regions
+// share a kernel only when their words are equal (the hash alone may collide).
+uint64_t structural_key(const std::vector<Node>& g, const Region& r, std::vector<uint64_t>* words);
 
 // The same key with ops named by qualified name and overload instead of by
 // address: equal across processes of one build (the on-disk cache's key).

@@ -104,6 +104,8 @@ void Metrics::add(const Metrics& d) {
   library_calls += d.library_calls;
   cache_hits += d.cache_hits;
   compiles += d.compiles;
+  plans_built += d.plans_built;
+  kernel_cache_evictions += d.kernel_cache_evictions;
   bytes_materialized += d.bytes_materialized;
   bytes_read += d.bytes_read;
   padding_bytes += d.padding_bytes;

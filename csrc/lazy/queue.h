@@ -127,6 +127,8 @@ struct Metrics {
   int64_t library_calls = 0;        // ops run as a library call (not lowered)
   int64_t cache_hits = 0;
   int64_t compiles = 0;
+  int64_t plans_built = 0;          // kernel plans built: compiles plus re-plans for a new exact layout
+  int64_t kernel_cache_evictions = 0;  // kernels the bounded kernel cache dropped (least recently used)
   int64_t bytes_materialized = 0;   // bytes written to device storages by flushes
   int64_t bytes_read = 0;           // bytes read from device storages by flushes
   int64_t padding_bytes = 0;        // extra HBM bytes moved for tiled layouts (target's cost model)

@@ -58,6 +58,10 @@ py::dict metrics_dict() {
   d["library_calls"] = m.library_calls;
   d["cache_hits"] = m.cache_hits;
   d["compiles"] = m.compiles;
+  d["plans_built"] = m.plans_built;
+  d["kernel_cache_evictions"] = m.kernel_cache_evictions;
+  d["kernel_cache_size"] = static_cast<int64_t>(jit::cache_size());
+  d["kernel_cache_limit"] = static_cast<int64_t>(jit::cache_limit());
   d["bytes_materialized"] = m.bytes_materialized;
   d["bytes_read"] = m.bytes_read;
   d["padding_bytes"] = m.padding_bytes;
@@ -378,6 +382,7 @@ PYBIND11_MODULE(_C, m) {
     jit::mark_dynamic(deferred_storage_of(t), t.dim(), dim, lower, upper);
   });
   m.def("_clear_cache", &jit::clear_cache);
+  m.def("_set_kernel_cache_limit", &jit::set_cache_limit);
   m.def("_set_cache_dir", &disk_cache::set_dir, py::arg("dir"));
   m.def("_cache_dir", &disk_cache::dir);
   m.def("_cache_stamp", &disk_cache::stamp);

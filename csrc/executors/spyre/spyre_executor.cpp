@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include <ATen/ops/aminmax.h>
@@ -69,6 +71,61 @@ class SpyreHooks final : public host::HostRunHooks {
   const CardParams& card_;
 };
 
+// A region compiled for Spyre: its KTIR program and tile schedule, planned
+// once per layout; each run records them for inspection, adds the region to
+// the flush's job plan (binding its storages to device arguments) and runs
+// it op by op.
+class SpyreKernel final : public Kernel {
+ public:
+  SpyreKernel(const CompiledRegion& info, const Region& region, const std::vector<Node>& graph)
+      : Kernel(info), card_(active_card()) {
+    plan(region, graph);
+  }
+
+  void run(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const CompiledRegion& c = info();
+    if (layout_signature(region, graph) != signature_) {
+      plan(region, graph);  // throws (before any op runs) when the region cannot fit LX
+      stats.plans_built++;
+    }
+    ktir_record(c.name, ktir_);
+    job_plan_add_region(c.name, region, graph, card_);
+    // Op by op (no fused float32 loop): Spyre's traffic is counted per view
+    // in device dtypes and sticks by the shared loop.
+    SpyreHooks hooks(card_);
+    host::run_ops(c, region, graph, mem, stats, hooks);
+    if (card_.valid()) {
+      stats.memory_s =
+          static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes) / card_.dram_bandwidth;
+      stats.sim_time_s = region_seconds(stats.compute_s, stats.memory_s, card_);
+    }
+    Schedule s = schedule_;
+    time_schedule(s, stats.compute_s, stats.memory_s, card_);
+    schedule_record(std::move(s));
+  }
+
+ private:
+  void plan(const Region& region, const std::vector<Node>& graph) {
+    signature_.clear();
+    ktir_ = ktir_text(info(), region, graph, card_);
+    // Tiled before any op runs: a region that cannot fit LX fails untouched.
+    try {
+      schedule_ = plan_schedule(info().name, region, graph, card_);
+    } catch (...) {
+      ktir_record(info().name, ktir_);  // inspectable as before the failure
+      throw;
+    }
+    signature_ = layout_signature(region, graph);
+  }
+
+  std::mutex mu_;
+  const CardParams card_;  // the JIT drops every kernel when the target changes
+  std::vector<int64_t> signature_;
+  std::string ktir_;
+  Schedule schedule_;
+};
+
 class SpyreExecutor final : public Executor {
  public:
   const char* name() const override { return "spyre"; }
@@ -80,24 +137,9 @@ class SpyreExecutor final : public Executor {
     job_plan_begin_flush();
   }
 
-  void run_region(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
-                  host::HostMemory& mem, RegionStats& stats) override {
-    const CardParams card = active_card();
-    ktir_record(compiled.name, ktir_text(compiled, region, graph, card));
-    // Tiled before any op runs: a region that cannot fit LX fails untouched.
-    Schedule schedule = plan_schedule(compiled.name, region, graph, card);
-    job_plan_add_region(compiled.name, region, graph, card);
-    // Op by op (no fused float32 loop): Spyre's traffic is counted per view
-    // in device dtypes and sticks by the shared loop.
-    SpyreHooks hooks(card);
-    host::run_ops(compiled, region, graph, mem, stats, hooks);
-    if (card.valid()) {
-      stats.memory_s =
-          static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes) / card.dram_bandwidth;
-      stats.sim_time_s = region_seconds(stats.compute_s, stats.memory_s, card);
-    }
-    time_schedule(schedule, stats.compute_s, stats.memory_s, card);
-    schedule_record(std::move(schedule));
+  std::shared_ptr<Kernel> compile(const CompiledRegion& info, const Region& region,
+                                  const std::vector<Node>& graph) override {
+    return std::make_shared<SpyreKernel>(info, region, graph);
   }
 };
 

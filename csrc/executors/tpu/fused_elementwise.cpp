@@ -141,29 +141,57 @@ const InputSlot* written_slot(const Node& n) {
   return w;
 }
 
-// One fused loop, planned: a register program over one shape, and the row
-// reduction that ends it, if any.
-struct Plan {
-  fused::Program prog;
-  bool has_anchor = false;
-  fused::RowAnchor anchor;
-  std::vector<at::Tensor> ln_params;  // layer_norm's weight / bias, kept alive for the run
-  std::vector<DeferredStorage*> written;  // storages whose device buffers the loop writes
-  int64_t read = 0, written_bytes = 0;    // bytes the loop reads and writes
-};
+// The input index of `r` in `n.inputs` (r is one of them).
+int input_index(const Node& n, const TensorRef& r) {
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    if (&n.inputs[i].ref == &r) return static_cast<int>(i);
+  return -1;
+}
+
+// The runtime value of `p` for this run of `region`; false when it cannot
+// be read or a guard fails.
+bool param_value(const Param& p, const Region& region, const std::vector<Node>& graph, host::HostMemory& mem,
+                 float* v) {
+  const Node& n = graph[region.nodes[p.pos]];
+  if (p.input >= 0) {
+    const TensorRef& r = n.inputs[p.input].ref;
+    *v = static_cast<const float*>(mem.storage_for(r.storage.get()).data())[r.offset];
+  } else {
+    Operand c;
+    if (!scalar_operand(n.args[p.arg], &c)) return false;
+    if (p.check_overflow && std::isinf(c.value) && n.args[p.arg].isScalar() &&
+        std::isfinite(n.args[p.arg].toScalar().toDouble()))
+      return false;
+    *v = c.value;
+  }
+  if (p.abs_lt_half >= 0 && (std::abs(*v) < 0.5f) != (p.abs_lt_half == 1)) return false;  // on the argument
+  if (p.transform == Param::Transform::kNeg) *v = -*v;
+  if (p.transform == Param::Transform::kMinusOne) *v = *v - 1.0f;
+  if (p.is_one >= 0 && (*v == 1.0f) != (p.is_one == 1)) return false;  // on the value the loop uses
+  return true;
+}
+
+}  // namespace
+
+bool fused_loops_available() {
+  static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return cpu_ok;
+}
 
 // Plans the ops at positions `ps` of `region` (ascending) as one loop. An
 // elementwise op may write in place or through out=: its written tensor is
 // then a value like a fresh output, stored to its device buffer only by the
 // last op of the loop that writes it, when that buffer is observable (a
 // tensor from outside the loop, or a fresh output the region materializes).
-// False, having changed nothing, when an op is not supported.
-bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<Node>& graph, host::HostMemory& mem,
-               Plan* plan) {
+// Runtime scalars become Params (bound per run); a decision that depends on
+// a scalar's value becomes a guard of its Param. False when an op is not supported.
+bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::vector<Node>& graph, LoopPlan* plan) {
   static const bool vector_softmax = [] {
     const std::string cap = at::get_cpu_capability();
     return cap == "AVX2" || cap == "AVX512";  // at DEFAULT CPU's softmax is lane by lane with libm
   }();
+  *plan = LoopPlan{};
+  plan->pos = ps;
   const Dims* shape = nullptr;
   StorageMap<Operand> reg_of(2 * ps.size());  // loop value -> register or output
   // External buffers read: storage, period (Program::period) and whether a bool mask.
@@ -173,7 +201,6 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
     bool is_bool;
   };
   std::vector<External> ext_of;
-  std::vector<const float*> externals;
   std::vector<Instr> program;
   std::vector<DeferredStorage*> outputs;  // storages of the loop's stores, in instruction order
   int regs = 0;  // one per value until assign_registers renames them
@@ -200,18 +227,29 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
     const Written* w = written_by.find(s);
     return w && w->made;
   };
+  // A runtime constant operand taking param `p`.
+  auto param_operand = [&](const Param& p, Operand* op) {
+    plan->params.push_back(p);
+    op->kind = Operand::kConst;
+    op->index = static_cast<int>(plan->params.size());
+    op->value = 0.0f;
+  };
 
-  // A float tensor operand, or (`mask`) a bool one read as 0 / 1. One with
-  // fewer elements than the loop, broadcast along leading dims, is read from
-  // its buffer, which the loop must not write.
-  auto tensor_operand = [&](const TensorRef& r, Operand* op, bool mask = false) -> bool {
+  // A float tensor operand, or (`mask`) a bool one read as 0 / 1, the input
+  // `r` of the node at position `pos`. One with fewer elements than the loop,
+  // broadcast along leading dims, is read from its buffer, which the loop must not write.
+  auto tensor_operand = [&](size_t pos, const TensorRef& r, Operand* op, bool mask = false) -> bool {
     if (r.dtype != (mask ? at::kBool : at::kFloat) || r.conj || r.neg) return false;
     DeferredStorage* s = r.storage.get();
     const Operand* it = reg_of.find(s);
+    const Node& n = graph[region.nodes[pos]];
     if (r.sizes.empty() && !it && !mask) {  // a 0-dim device tensor: a runtime constant
       if (written_by.contains(s)) return false;            // ... unless the loop writes it
-      op->kind = Operand::kConst;
-      op->value = static_cast<const float*>(mem.storage_for(s).data())[r.offset];
+      Param p;
+      p.pos = static_cast<int>(pos);
+      p.input = input_index(n, r);
+      if (p.input < 0) return false;
+      param_operand(p, op);
       return true;
     }
     if (r.offset != 0 || !r.is_dense()) return false;
@@ -230,8 +268,10 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
            (ext_of[index].storage != s || ext_of[index].period != period || ext_of[index].is_bool != mask))
       ++index;
     if (index == static_cast<int>(ext_of.size())) {
+      const int in = input_index(n, r);
+      if (in < 0) return false;
       ext_of.push_back({s, period, mask});
-      externals.push_back(static_cast<const float*>(mem.storage_for(s).data()));
+      plan->externals.push_back(Slot{static_cast<int>(pos), in, -1});
     }
     op->kind = Operand::kExternal;
     op->index = index;
@@ -248,16 +288,18 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
     program.push_back(ins);
     return Operand{Operand::kReg, ins.dst, 0.0f};
   };
-  // The op's value, the last instruction `ins`, written to storage `s` by
-  // op k: stored to the device buffer when no later op of the loop writes
-  // `s` and the buffer is observable, else kept in a register.
-  auto define = [&](Instr ins, DeferredStorage* s, size_t k) {
+  // The op's value, the last instruction `ins`, written to storage `s` (the
+  // tensor `slot`) by op k: stored to the device buffer when no later op of
+  // the loop writes `s` and the buffer is observable, else kept in a register.
+  // `alpha_param`: the param of ins.alpha, or -1.
+  auto define = [&](Instr ins, DeferredStorage* s, Slot slot, size_t k, int alpha_param) {
     const Written& w = *written_by.find(s);  // every written storage has an entry
     const bool store = w.last == k && (w.kept || !w.made);
     Operand value;
     if (store) {
       ins.out = static_cast<int>(outputs.size());
       outputs.push_back(s);
+      plan->outputs.push_back(slot);
       value.kind = Operand::kOutput;
       value.index = ins.out;
     } else {
@@ -266,6 +308,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       value.index = ins.dst;
     }
     reg_of[s] = value;
+    if (alpha_param >= 0) plan->alpha_params.emplace_back(static_cast<int>(program.size()), alpha_param);
     program.push_back(ins);
   };
 
@@ -285,10 +328,11 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
                                       : nullptr;
       if (!anchor.ln_row || !region.materialize[p][0]) return false;
       if (n.outputs[0].sizes != *shape || !layer_norm_cols(n, *shape, &anchor.cols)) return false;
-      for (const auto& in : n.inputs) {
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const InputSlot& in = n.inputs[i];
         if (in.elem >= 0) return false;
         if (in.arg == 0) {
-          if (!tensor_operand(in.ref, &anchor.in) || anchor.in.kind == Operand::kConst || staged(anchor.in))
+          if (!tensor_operand(p, in.ref, &anchor.in) || anchor.in.kind == Operand::kConst || staged(anchor.in))
             return false;
           continue;
         }
@@ -296,8 +340,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
         if ((in.arg != 2 && in.arg != 3) || r.dtype != at::kFloat || r.conj || r.neg || !r.is_dense() ||
             c10::multiply_integers(r.sizes) != anchor.cols || reg_of.contains(r.storage.get()))
           return false;
-        plan->ln_params.push_back(mem.tensor(r));
-        (in.arg == 2 ? anchor.gamma : anchor.beta) = plan->ln_params.back().data_ptr<float>();
+        (in.arg == 2 ? plan->gamma : plan->beta) = Slot{static_cast<int>(p), static_cast<int>(i), -1};
+        plan->read += anchor.cols * 4;
       }
       if (anchor.in.kind == Operand::kConst) return false;  // no input slot
       // Alone with weight and bias it is CPU's own kernel that the existing
@@ -305,11 +349,15 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       // unless this loop streams its output (Program::stream), which CPU's
       // kernel does not; without them CPU's kernel takes a scalar loop and
       // this one is ~1.7x faster.
-      if (program.empty() && anchor.gamma && anchor.beta &&
+      if (program.empty() && plan->gamma.valid() && plan->beta.valid() &&
           2 * c10::multiply_integers(*shape) * static_cast<int64_t>(sizeof(float)) < fused::stream_store_threshold())
         return false;
       anchor.op = fused::RowOp::kLayerNorm;
-      anchor.eps = static_cast<float>(n.args[4].toDouble());  // CPU's kernel takes eps as the input's type
+      Param eps;  // CPU's kernel takes eps as the input's type
+      eps.pos = static_cast<int>(p);
+      eps.arg = 4;
+      plan->params.push_back(eps);
+      plan->eps_param = static_cast<int>(plan->params.size()) - 1;
       anchor.rows = anchor.cols ? c10::multiply_integers(*shape) / anchor.cols : 0;
       plan->has_anchor = true;
       break;
@@ -337,14 +385,16 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
     const auto& sizes = name == "logsumexp" && !w && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
     if (!shape) shape = &sizes;
     if (sizes != *shape || out.offset != 0 || !out.is_dense()) return false;
-    if (w && !is_made(w->ref.storage.get()) && mem.is_temp(w->ref.storage.get())) return false;
+    const Slot out_slot = w ? Slot{static_cast<int>(p), input_index(n, w->ref), -1} : Slot{static_cast<int>(p), -1, 0};
+    // Writing a flush temporary from an earlier region in place: checked when bound.
+    if (w && !is_made(w->ref.storage.get())) plan->written_inputs.push_back(out_slot);
     if (!w && last_op && row_anchor(name, n, sizes, &plan->anchor.op)) {
       // The loop's last op reduces rows of the program's last value (or of an input).
       fused::RowAnchor& anchor = plan->anchor;
       if (!region.materialize[p][0] || n.inputs.size() != 1 || n.inputs[0].arg != 0) return false;
       if (!vector_softmax && (anchor.op == fused::RowOp::kSoftmax || anchor.op == fused::RowOp::kLogSoftmax))
         return false;
-      if (!tensor_operand(n.inputs[0].ref, &anchor.in) || anchor.in.kind == Operand::kConst || staged(anchor.in))
+      if (!tensor_operand(p, n.inputs[0].ref, &anchor.in) || anchor.in.kind == Operand::kConst || staged(anchor.in))
         return false;
       anchor.cols = shape->back();
       anchor.rows = anchor.cols ? c10::multiply_integers(*shape) / anchor.cols : 0;
@@ -355,24 +405,31 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
     auto overload_is = [&](const char* functional, const char* out_form) {
       return overload == (is_out ? out_form : functional);
     };
+    // A Scalar (or wrapped number) argument as a runtime param; false when
+    // it is not a real number. Its value now only for the decisions below.
+    auto scalar_param = [&](int arg, Operand* op, float* now, bool check_overflow) -> int {
+      Operand c;
+      if (!scalar_operand(n.args[arg], &c)) return -1;
+      if (check_overflow && std::isinf(c.value) && n.args[arg].isScalar() &&
+          std::isfinite(n.args[arg].toScalar().toDouble()))
+        return -1;
+      Param prm;
+      prm.pos = static_cast<int>(p);
+      prm.arg = arg;
+      prm.check_overflow = check_overflow;
+      param_operand(prm, op);
+      if (now) *now = c.value;
+      return op->index - 1;
+    };
     // Arguments by position: tensors come from n.inputs (never the out=
     // argument), the rest from n.args.
     auto operand = [&](int arg, Operand* op) -> bool {
       for (const auto& in : n.inputs)
-        if (in.arg == arg && in.elem < 0) return tensor_operand(in.ref, op);
-      return scalar_operand(n.args[arg], op);
-    };
-    // A Scalar argument as the float CPU's kernel converts it to: one that
-    // overflows float makes CPU raise, so the op then runs op by op.
-    auto scalar_arg = [&](int arg, float* v) {
-      Operand c;
-      if (!scalar_operand(n.args[arg], &c)) return false;
-      if (std::isinf(c.value) && n.args[arg].isScalar() && std::isfinite(n.args[arg].toScalar().toDouble()))
-        return false;
-      *v = c.value;
-      return true;
+        if (in.arg == arg && in.elem < 0) return tensor_operand(p, in.ref, op);
+      return scalar_param(arg, op, nullptr, false) >= 0;
     };
     Instr ins;
+    int alpha_param = -1;
     if (name == "add" || name == "sub" || name == "mul" || name == "div") {
       const bool form_ok = is_out ? overload == "out" : (overload == "Tensor" || overload == "Scalar");
       if (!form_ok) return false;
@@ -381,12 +438,20 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       if (name == "add" || name == "sub") {
         // A bool alpha on a float result makes CPU raise (its alpha_check): op by op.
         if (n.args[2].isScalar() && n.args[2].toScalar().isBoolean()) return false;
-        if (!scalar_arg(2, &ins.alpha)) return false;
-        if (name == "sub") ins.alpha = -ins.alpha;
+        Operand alpha;
+        alpha_param = scalar_param(2, &alpha, &ins.alpha, true);
+        if (alpha_param < 0) return false;
+        if (name == "sub") {
+          plan->params[alpha_param].transform = Param::Transform::kNeg;
+          ins.alpha = -ins.alpha;
+        }
       }
       // The loop reads its first operand from memory; a product or plain sum
       // with a constant first (torch._foreach_mul_(xs, 0.99) records
       // mul.out(0.99, x, out=x)) is the same value with its operands swapped.
+      if (ins.a.kind == Operand::kConst && ins.fn == Fn::kAdd) {
+        plan->params[alpha_param].is_one = ins.alpha == 1.0f;  // guards the swap (or its absence)
+      }
       if (ins.a.kind == Operand::kConst && (ins.fn == Fn::kMul || (ins.fn == Fn::kAdd && ins.alpha == 1.0f)))
         std::swap(ins.a, ins.b);
       if (ins.a.kind == Operand::kConst) return false;
@@ -398,16 +463,21 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       for (const auto& in : n.inputs)
         if (in.arg == 1 && in.elem < 0) mask = &in;
       if (!mask || !operand(0, &ins.a) || ins.a.kind == Operand::kConst) return false;
-      if (!tensor_operand(mask->ref, &ins.b, /*mask=*/true) || !scalar_arg(2, &ins.alpha)) return false;
+      if (!tensor_operand(p, mask->ref, &ins.b, /*mask=*/true)) return false;
+      Operand value;
+      alpha_param = scalar_param(2, &value, &ins.alpha, true);
+      if (alpha_param < 0) return false;
     } else if (overload_is("", "out") && unary_fn(name, &ins.fn)) {
       if (!operand(0, &ins.a) || ins.a.kind == Operand::kConst) return false;
     } else if (name == "lerp" && overload_is("Scalar", "Scalar_out")) {
       // CPU's vector kernel (LerpKernel.cpp, lerp_vec): with a float weight
       // w, start + w * (end - start) when |w| < 0.5, else
       // end + (w - 1) * (end - start), each product-sum one FMA.
-      Operand start, end;
+      Operand start, end, wop;
       float weight;
-      if (!operand(0, &start) || !operand(1, &end) || !scalar_arg(2, &weight)) return false;
+      if (!operand(0, &start) || !operand(1, &end)) return false;
+      alpha_param = scalar_param(2, &wop, &weight, true);
+      if (alpha_param < 0) return false;
       if (start.kind == Operand::kConst || end.kind == Operand::kConst) return false;
       Instr diff;
       diff.fn = Fn::kAdd;
@@ -415,6 +485,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       diff.b = start;
       diff.alpha = -1.0f;  // end + (-1) * start: one rounding, as end - start
       const bool small = std::abs(weight) < 0.5f;
+      plan->params[alpha_param].abs_lt_half = small;
+      if (!small) plan->params[alpha_param].transform = Param::Transform::kMinusOne;
       ins.fn = Fn::kAdd;
       ins.a = small ? start : end;
       ins.b = temp(diff);
@@ -423,14 +495,14 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
       // CPU's kernels (PointwiseOpsKernel.cpp): addcmul = fma(value * t1,
       // t2, self) (its compiler contracts self + value * t1 * t2), addcdiv =
       // self + (value * t1) / t2; both measured bit-equal to these forms.
-      Operand self, t1, t2;
-      float value;
-      if (!operand(0, &self) || !operand(1, &t1) || !operand(2, &t2) || !scalar_arg(3, &value)) return false;
+      Operand self, t1, t2, value;
+      if (!operand(0, &self) || !operand(1, &t1) || !operand(2, &t2) || scalar_param(3, &value, nullptr, true) < 0)
+        return false;
       if (self.kind == Operand::kConst || t1.kind == Operand::kConst || t2.kind == Operand::kConst) return false;
       Instr scaled;
       scaled.fn = Fn::kMul;
       scaled.a = t1;
-      scaled.b = Operand{Operand::kConst, 0, value};
+      scaled.b = value;
       const Operand vt1 = temp(scaled);
       if (name == "addcmul") {
         ins.fn = Fn::kFma;
@@ -449,41 +521,27 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
     } else {
       return false;
     }
-    define(ins, (w ? w->ref : n.outputs[0]).storage.get(), k);
+    define(ins, (w ? w->ref : n.outputs[0]).storage.get(), out_slot, k, alpha_param);
   }
 
   if (!plan->has_anchor && program.empty()) return false;
   fused::RowAnchor& anchor = plan->anchor;
   if (plan->has_anchor && anchor.rows * anchor.cols == 0) return false;
   const int64_t numel = c10::multiply_integers(*shape);
-  std::vector<float*> out_ptr;
-  for (DeferredStorage* s : outputs) {
-    out_ptr.push_back(static_cast<float*>(mem.device_buffer(s).mutable_data()));
-    plan->written.push_back(s);
-  }
-  if (plan->has_anchor) {
-    DeferredStorage* s = graph[region.nodes[ps.back()]].outputs[0].storage.get();
-    anchor.out = static_cast<float*>(mem.device_buffer(s).mutable_data());
-    plan->written.push_back(s);
-  }
+  if (plan->has_anchor) plan->anchor_out = Slot{static_cast<int>(ps.back()), -1, 0};
   int64_t stat_bytes = 0;  // layer_norm's materialized mean / rstd
   if (plan->has_anchor && anchor.op == fused::RowOp::kLayerNorm) {
-    const Node& n = graph[region.nodes[ps.back()]];
     for (int j = 1; j <= 2; ++j) {
       if (!region.materialize[ps.back()][j]) continue;
-      DeferredStorage* s = n.outputs[j].storage.get();
-      (j == 1 ? anchor.mean : anchor.rstd) = static_cast<float*>(mem.device_buffer(s).mutable_data());
-      plan->written.push_back(s);
+      (j == 1 ? plan->mean : plan->rstd) = Slot{static_cast<int>(ps.back()), -1, j};
       stat_bytes += anchor.rows * 4;
     }
   }
   // Bytes the loop reads and writes: the counters, and whether it streams its outputs.
   int64_t& read = plan->read;
   int64_t& written = plan->written_bytes;
-  read = 0;
   for (const External& e : ext_of) read += (e.period > 0 ? e.period : numel) * (e.is_bool ? 1 : 4);
   written = static_cast<int64_t>(outputs.size()) * numel * 4 + stat_bytes;
-  for (auto& e : plan->ln_params) read += e.numel() * 4;
   if (plan->has_anchor) written += (anchor.op == fused::RowOp::kLogSumExp ? anchor.rows : numel) * 4;
   fused::Program& prog = plan->prog;
   // A softmax region never streams: its exp values, stored to y and scaled in
@@ -495,20 +553,91 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, std::vector<
   prog.regs = fused::assign_registers(program, plan->has_anchor ? &anchor.in : nullptr);
   prog.instrs = std::move(program);
   prog.numel = numel;
-  prog.externals = std::move(externals);
+  prog.externals.assign(ext_of.size(), nullptr);
   for (const External& e : ext_of) {
     prog.period.push_back(e.period);
     prog.is_bool.push_back(e.is_bool);
   }
-  prog.outputs = std::move(out_ptr);
+  prog.outputs.assign(outputs.size(), nullptr);
   return true;
 }
 
-// The ops of an anchor-free region split into independent loops when they
-// iterate over different shapes (an optimizer's multi-tensor ops, e.g. AdamW
-// over every parameter): ops that share a storage, read or written, go to the
-// same loop; a 0-dim tensor the region only reads is a constant of every
-// loop and joins none. Positions in region order; one loop when the shapes agree.
+namespace {
+
+DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::vector<Node>& graph) {
+  const Node& n = graph[region.nodes[s.pos]];
+  return s.input >= 0 ? n.inputs[s.input].ref.storage.get() : n.outputs[s.output].storage.get();
+}
+
+float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
+               LoopPlan& plan) {
+  DeferredStorage* st = slot_storage(s, region, graph);
+  plan.written.push_back(st);
+  return static_cast<float*>(mem.device_buffer(st).mutable_data());
+}
+
+}  // namespace
+
+bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem) {
+  plan.written.clear();
+  plan.keep_alive.clear();
+  for (const Slot& s : plan.written_inputs)
+    if (mem.is_temp(slot_storage(s, region, graph))) return false;
+  float values[64];
+  std::vector<float> many;
+  float* v = values;
+  if (plan.params.size() > 64) {
+    many.resize(plan.params.size());
+    v = many.data();
+  }
+  for (size_t i = 0; i < plan.params.size(); ++i)
+    if (!param_value(plan.params[i], region, graph, mem, &v[i])) return false;
+  for (Instr& ins : plan.prog.instrs)
+    for (Operand* o : {&ins.a, &ins.b, &ins.c})
+      if (o->kind == Operand::kConst && o->index > 0) o->value = v[o->index - 1];
+  for (const auto& [instr, param] : plan.alpha_params) plan.prog.instrs[instr].alpha = v[param];
+  fused::RowAnchor& anchor = plan.anchor;
+  if (plan.has_anchor && anchor.in.kind == Operand::kConst && anchor.in.index > 0) anchor.in.value = v[anchor.in.index - 1];
+  if (plan.eps_param >= 0) anchor.eps = v[plan.eps_param];
+  for (size_t i = 0; i < plan.externals.size(); ++i)
+    plan.prog.externals[i] = static_cast<const float*>(mem.storage_for(slot_storage(plan.externals[i], region, graph)).data());
+  for (size_t i = 0; i < plan.outputs.size(); ++i) plan.prog.outputs[i] = out_ptr(plan.outputs[i], region, graph, mem, plan);
+  if (plan.has_anchor) {
+    anchor.out = out_ptr(plan.anchor_out, region, graph, mem, plan);
+    for (auto [slot, ptr] : {std::pair<const Slot*, const float**>{&plan.gamma, &anchor.gamma}, {&plan.beta, &anchor.beta}}) {
+      *ptr = nullptr;
+      if (!slot->valid()) continue;
+      plan.keep_alive.push_back(mem.tensor(graph[region.nodes[slot->pos]].inputs[slot->input].ref));
+      *ptr = plan.keep_alive.back().data_ptr<float>();
+    }
+    anchor.mean = plan.mean.valid() ? out_ptr(plan.mean, region, graph, mem, plan) : nullptr;
+    anchor.rstd = plan.rstd.valid() ? out_ptr(plan.rstd, region, graph, mem, plan) : nullptr;
+  }
+  return true;
+}
+
+void run_loop(LoopPlan& plan, RegionStats& stats) {
+  // The capability ATen runs (the CPU's best unless ATEN_CPU_CAPABILITY asks for less).
+  static const bool use_avx512 = at::get_cpu_capability() == "AVX512";
+  for (DeferredStorage* s : plan.written) s->error = nullptr;
+  if (plan.has_anchor) {
+    if (use_avx512) {
+      fused::run_rows_avx512(plan.prog, plan.anchor);
+    } else {
+      fused::run_rows_avx2(plan.prog, plan.anchor);
+    }
+  } else if (use_avx512) {
+    fused::run_avx512(plan.prog);
+  } else {
+    fused::run_avx2(plan.prog);
+  }
+  stats.bytes_read += plan.read;
+  stats.bytes_written += plan.written_bytes;
+  plan.keep_alive.clear();
+}
+
+// See fused_elementwise.h. A 0-dim tensor the region only reads is a
+// constant of every loop and joins none.
 std::vector<std::vector<size_t>> independent_loops(const Region& region, const std::vector<Node>& graph) {
   const size_t count = region.nodes.size();
   std::vector<std::vector<size_t>> loops;
@@ -574,65 +703,21 @@ std::vector<std::vector<size_t>> independent_loops(const Region& region, const s
   return loops;
 }
 
-}  // namespace
 
-bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
-                           RegionStats& stats, Region* rest) {
-  // The loops match CPU's kernels of the same capability: use the one ATen uses.
-  static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  // The capability ATen runs (the CPU's best unless ATEN_CPU_CAPABILITY asks for less).
-  static const bool use_avx512 = at::get_cpu_capability() == "AVX512";
-  if (rest) *rest = Region{};
-  if (!cpu_ok || region.nodes.empty()) return false;
-  // An input that failed earlier: op by op (run_ops), where only the ops that
-  // read it fail.
-  for (int i : region.nodes)
-    for (const auto& in : graph[i].inputs)
-      if (in.ref.storage->error) return false;
+bool plan_all_loops(const Region& region, const std::vector<Node>& graph, std::vector<LoopPlan>* loops) {
+  loops->clear();
+  if (!fused_loops_available() || region.nodes.empty()) return false;
   // A single elementwise op gains nothing from the loop (CPU's kernel writes
   // the device buffer directly); a single row reduction still runs here.
   if (region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)
     return false;
-  // Every loop is planned before any runs. A loop that cannot be planned
-  // leaves its ops to `rest` (its loops share no tensor with the others, so
-  // they may run after them), or, without `rest`, the whole region.
-  const std::vector<std::vector<size_t>> loops = independent_loops(region, graph);
-  std::vector<Plan> plans(loops.size());
-  std::vector<char> planned(loops.size());
-  size_t n_planned = 0;
-  for (size_t l = 0; l < loops.size(); ++l) {
-    planned[l] = plan_loop(region, loops[l], graph, mem, &plans[l]);
-    n_planned += planned[l];
-  }
-  if (n_planned == 0 || (n_planned < loops.size() && !rest)) return false;
-  if (n_planned < loops.size()) {
-    std::vector<size_t> left;
-    for (size_t l = 0; l < loops.size(); ++l)
-      if (!planned[l]) left.insert(left.end(), loops[l].begin(), loops[l].end());
-    std::sort(left.begin(), left.end());  // region order
-    rest->anchor = region.anchor;
-    for (size_t p : left) {
-      rest->nodes.push_back(region.nodes[p]);
-      rest->materialize.push_back(region.materialize[p]);
+  const std::vector<std::vector<size_t>> sets = independent_loops(region, graph);
+  loops->resize(sets.size());
+  for (size_t l = 0; l < sets.size(); ++l) {
+    if (!plan_loop(region, sets[l], graph, &(*loops)[l])) {
+      loops->clear();
+      return false;
     }
-  }
-  for (size_t l = 0; l < loops.size(); ++l) {
-    if (!planned[l]) continue;
-    Plan& plan = plans[l];
-    for (DeferredStorage* s : plan.written) s->error = nullptr;
-    if (plan.has_anchor) {
-      if (use_avx512) {
-        fused::run_rows_avx512(plan.prog, plan.anchor);
-      } else {
-        fused::run_rows_avx2(plan.prog, plan.anchor);
-      }
-    } else if (use_avx512) {
-      fused::run_avx512(plan.prog);
-    } else {
-      fused::run_avx2(plan.prog);
-    }
-    stats.bytes_read += plan.read;
-    stats.bytes_written += plan.written_bytes;
   }
   return true;
 }

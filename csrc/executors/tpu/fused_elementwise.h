@@ -1,34 +1,95 @@
-// One fused loop for elementwise regions (DESIGN §5): the region's ops run
-// tile by tile over cache-resident buffers, and only materialized outputs
-// reach device memory.
+// Fused loops for elementwise regions (DESIGN §5): the region's ops run tile
+// by tile over cache-resident buffers, and only materialized outputs reach
+// device memory.
+//
+// Compile / run split: plan_loop() builds a loop's register program from
+// the region's structure and exact layout only (no buffer, no runtime
+// scalar); the TPU kernel caches it. Each run, bind_loop() fills in this
+// flush's buffer addresses and runtime scalars (learning rates, 0-dim
+// tensors) and checks the plan's guards; run_loop() runs it.
 #pragma once
 
 #include <vector>
 
 #include "executors/executor.h"
+#include "executors/tpu/fused_program.h"
 
 namespace tpu_eager {
 namespace tpu {
 
-// Runs `region` as a single tiled loop when every op is a supported float32
-// elementwise op (add, sub, mul, div, neg, abs, relu, exp, log, sin, cos,
-// tanh, sigmoid, sqrt, rsqrt, reciprocal, lerp with a scalar weight, addcmul,
-// addcdiv; functional, in-place or out= overloads) over one contiguous
-// shape, with 0-dim tensors and Python scalars as runtime parameters; the
-// region may end with _softmax / _log_softmax / logsumexp over the last dim
-// or native_layer_norm (float32 weight / bias or None; mean and rstd written
-// only when materialized), then run as one loop over blocks of rows
-// (producers and the row reduction in one pass over memory). An elementwise
-// region over several shapes (multi-tensor ops such as an optimizer step
-// over every parameter) runs as one such loop per set of ops that share
-// tensors; the sets that cannot run as a loop are left in `rest` (ops in
-// region order, to run op by op after the loops; they share no tensor with
-// them) when `rest` is given. Returns false, having done nothing, when no
-// loop runs (or, without `rest`, when not every op runs). Every op uses the
-// vectorized routines (SLEEF) and reduction order of CPU's kernel of the
-// same capability, so results equal CPU's.
-bool run_fused_elementwise(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
-                           RegionStats& stats, Region* rest = nullptr);
+// A tensor of a region, by position: inputs[input] (or outputs[output]) of
+// the node at region position `pos`.
+struct Slot {
+  int pos = -1;
+  int input = -1;
+  int output = -1;
+  bool valid() const { return pos >= 0; }
+};
+
+// A runtime scalar of a loop: a Scalar argument (`arg`) or a 0-dim float
+// device tensor (`input`) of the node at `pos`, as the float the loop uses.
+struct Param {
+  enum class Transform : uint8_t { kNone, kNeg, kMinusOne };
+  int pos = -1;
+  int arg = -1;
+  int input = -1;
+  Transform transform = Transform::kNone;
+  bool check_overflow = false;  // a finite Scalar that overflows float: CPU raises, the loop must not run
+  int8_t abs_lt_half = -1;      // guard: |argument| < 0.5 must be (1) true, (0) false, (-1) no guard
+  int8_t is_one = -1;           // guard: the transformed value == 1 must be (1) true, (0) false, (-1) none
+};
+
+// One fused loop of a region, planned (see plan_loop). The program's
+// pointers and the constants that come from Params are set by bind_loop.
+struct LoopPlan {
+  std::vector<size_t> pos;            // the region positions it runs
+  fused::Program prog;
+  bool has_anchor = false;
+  fused::RowAnchor anchor;
+  std::vector<Slot> externals;        // per Program::externals: the tensor read
+  std::vector<Slot> outputs;          // per Program::outputs: the tensor written
+  Slot anchor_out, gamma, beta, mean, rstd;
+  std::vector<Param> params;          // a kConst operand with index k > 0 takes params[k - 1]
+  std::vector<std::pair<int, int>> alpha_params;  // (instruction, param): Instr::alpha
+  int eps_param = -1;                 // anchor.eps
+  std::vector<Slot> written_inputs;   // tensors from outside the loop it writes (must not be flush temporaries)
+  int64_t read = 0, written_bytes = 0;  // bytes the loop reads and writes
+  // Bound by bind_loop, for one run.
+  std::vector<DeferredStorage*> written;  // storages whose device buffers the loop writes
+  std::vector<at::Tensor> keep_alive;     // layer_norm's weight / bias
+};
+
+// True when fused loops can run on this CPU (AVX2 + FMA, as CPU's kernels).
+bool fused_loops_available();
+
+// Plans the ops at positions `ps` of `region` (ascending) as one loop over
+// one contiguous shape: supported float32 elementwise ops (add, sub, mul,
+// div, neg, abs, relu, exp, log, sin, cos, tanh, sigmoid, sqrt, rsqrt,
+// reciprocal, lerp with a scalar weight, addcmul, addcdiv, masked_fill with
+// a Scalar; functional, in-place or out= overloads), 0-dim tensors and
+// Python scalars as runtime parameters, optionally ending with _softmax /
+// _log_softmax / logsumexp over the last dim or native_layer_norm, run then
+// as one loop over blocks of rows. Uses only the region's structure and
+// exact layout. False when an op is not supported.
+bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::vector<Node>& graph, LoopPlan* plan);
+
+// Binds `plan` to this run's buffers and runtime scalars; false (nothing
+// run, the ops must run op by op) when a guard fails.
+bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem);
+
+// Runs a bound loop and counts its bytes into `stats`.
+void run_loop(LoopPlan& plan, RegionStats& stats);
+
+// The ops of an anchor-free region split into independent loops when they
+// iterate over different shapes (an optimizer's multi-tensor ops): ops that
+// share a storage go to the same loop. Positions in region order; one loop
+// when the shapes agree.
+std::vector<std::vector<size_t>> independent_loops(const Region& region, const std::vector<Node>& graph);
+
+// Plans every op of `region` as fused loops (none left over): false when
+// some loop does not plan, or the region is a single elementwise op (CPU's
+// kernel writes the device buffer directly; nothing to gain).
+bool plan_all_loops(const Region& region, const std::vector<Node>& graph, std::vector<LoopPlan>* loops);
 
 }  // namespace tpu
 }  // namespace tpu_eager

@@ -2,6 +2,7 @@
 // numerics (MXU precision modes) and accounts, per region, HBM traffic with
 // tiled-layout padding and simulated time on the active chip (cost_model.h).
 #include <algorithm>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -118,70 +119,91 @@ void materialize_read_by(const Region& tail, Region& head, const std::vector<Nod
   }
 }
 
-// Runs `part`, the ops at positions `pos` of a region: as fused loops when
-// `may_fuse` and they fuse, else op by op; a failure's position is reported
-// in the whole region.
-void run_part(const CompiledRegion& compiled, const Region& part, const std::vector<size_t>& pos, bool may_fuse,
-              std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
-  try {
-    if (may_fuse && tpu::run_fused_elementwise(part, graph, mem, stats)) {
-      for (int i : part.nodes) hooks.add_op_cost(graph[i], stats);
-      return;
-    }
-    host::run_ops(compiled, part, graph, mem, stats, hooks);
-  } catch (...) {
-    if (stats.failed_at >= 0) stats.failed_at = static_cast<int>(pos[stats.failed_at]);
-    throw;
+// Ops of a region at some of its positions, with their materialization:
+// a part of a split region, as compiled (node indices are bound per run).
+struct Part {
+  std::vector<size_t> pos;
+  std::vector<std::vector<char>> materialize;
+  PrimKind anchor = PrimKind::kElementwise;
+  // This run's region of the part.
+  Region bind(const Region& region) const {
+    Region r;
+    r.anchor = anchor;
+    r.nodes.reserve(pos.size());
+    for (size_t p : pos) r.nodes.push_back(region.nodes[p]);
+    r.materialize = materialize;
+    return r;
   }
+};
+
+Part make_part(const Region& region, const std::vector<size_t>& pos, PrimKind anchor) {
+  Part part;
+  part.pos = pos;
+  part.anchor = anchor;
+  for (size_t p : pos) part.materialize.push_back(region.materialize[p]);
+  return part;
 }
 
-// A region whose row reduction (softmax, log_softmax, layer_norm, logsumexp)
-// has elementwise consumers after it: the fused row loop ends at the
-// reduction, so the region runs in two parts, the producers and the reduction
-// in the fused row loop, then the consumers (fused, or op by op) reading its
-// result from a device buffer, instead of every op one by one. Values the
-// first part produces and the second reads are materialized. Returns false,
-// having run nothing, when the region has no such reduction or its first part
-// does not fuse.
-bool run_split_at_row_reduction(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
-                                host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
+// How a region runs on the TPU, decided once per layout (compile):
+// - kLoops: fused loops over some sets of its ops (independent loops of a
+//   multi-tensor region), the ops no loop takes (`tail`) op by op after them;
+// - kSplitRow: the producers and a row reduction (softmax, log_softmax,
+//   layer_norm, logsumexp) as fused loops (`head`), then its consumers
+//   (`tail`: fused when they plan, else op by op) reading its result from a
+//   device buffer; values crossing the cut are materialized;
+// - kHoist: ops of another shape or dtype that depend on nothing the region
+//   makes (an attention mask `tril[..., :T, :T] == 0` among the scores'
+//   masked_fill and softmax) op by op first (`head`), then the rest
+//   (`tail`, fused when it plans); safe as they read only the region's
+//   inputs and write only their own fresh outputs;
+// - kOps: every op op by op.
+struct TpuPlan {
+  enum class Mode : uint8_t { kLoops, kSplitRow, kHoist, kOps } mode = Mode::kOps;
+  std::vector<int64_t> signature;
+  std::vector<tpu::LoopPlan> loops;       // kLoops, kSplitRow: the head's loops
+  std::vector<tpu::LoopPlan> tail_loops;  // kSplitRow, kHoist: the tail's loops (empty: op by op)
+  Part head, tail;
+  bool has_tiling = false;
+  tpu::TilingPlan tiling;
+  bool mxu = false;
+};
+
+// A region whose row reduction has elementwise consumers after it: the
+// fused row loop ends at the reduction. False when it has no such reduction
+// or its first part does not fuse.
+bool plan_split_at_row_reduction(const Region& region, const std::vector<Node>& graph, TpuPlan* plan) {
   if (region.anchor != PrimKind::kReduction) return false;
   size_t cut = 0;
   while (cut < region.nodes.size() && static_cast<PrimKind>(graph[region.nodes[cut]].kind) != PrimKind::kReduction)
     ++cut;
   if (cut + 1 >= region.nodes.size()) return false;  // nothing after the reduction
-  Region head, tail;
-  head.anchor = PrimKind::kReduction;
-  head.nodes.assign(region.nodes.begin(), region.nodes.begin() + cut + 1);
-  head.materialize.assign(region.materialize.begin(), region.materialize.begin() + cut + 1);
-  tail.nodes.assign(region.nodes.begin() + cut + 1, region.nodes.end());
-  tail.materialize.assign(region.materialize.begin() + cut + 1, region.materialize.end());
-  materialize_read_by(tail, head, graph);
-  if (!tpu::run_fused_elementwise(head, graph, mem, stats)) return false;
-  for (int i : head.nodes) hooks.add_op_cost(graph[i], stats);
-  std::vector<size_t> tail_pos(tail.nodes.size());
-  for (size_t k = 0; k < tail_pos.size(); ++k) tail_pos[k] = cut + 1 + k;
-  run_part(compiled, tail, tail_pos, true, graph, mem, stats, hooks);
+  std::vector<size_t> hp(cut + 1), tp(region.nodes.size() - cut - 1);
+  for (size_t k = 0; k < hp.size(); ++k) hp[k] = k;
+  for (size_t k = 0; k < tp.size(); ++k) tp[k] = cut + 1 + k;
+  Part head = make_part(region, hp, PrimKind::kReduction), tail = make_part(region, tp, PrimKind::kElementwise);
+  Region h = head.bind(region);
+  const Region t = tail.bind(region);
+  materialize_read_by(t, h, graph);
+  head.materialize = h.materialize;
+  if (!tpu::plan_all_loops(h, graph, &plan->loops)) return false;
+  tpu::plan_all_loops(t, graph, &plan->tail_loops);
+  plan->mode = TpuPlan::Mode::kSplitRow;
+  plan->head = std::move(head);
+  plan->tail = std::move(tail);
   return true;
 }
 
-// A region whose fused loop is blocked by ops of another shape or dtype that
-// depend on nothing the region makes (an attention mask `tril[..., :T, :T] == 0`
-// among the scores' masked_fill and softmax): those ops run first, op by op,
-// their results the rest reads materialized, then the rest runs fused (or op
-// by op). Hoisting them is safe: they read only the region's inputs and write
-// only their own fresh outputs. Returns false, having run nothing, when there
-// is nothing to hoist or only hoisted ops would be left.
-bool run_hoisting_other_shapes(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
-                               host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
+// A region whose fused loop is blocked by independent ops of another shape
+// or dtype (kHoist above). False when there is nothing to hoist or only
+// hoisted ops would be left.
+bool plan_hoisting_other_shapes(const Region& region, const std::vector<Node>& graph, TpuPlan* plan) {
   const Node& last = graph[region.nodes.back()];
   if (last.outputs.empty()) return false;
   const Dims& shape = last.kind == static_cast<int>(PrimKind::kReduction) && !last.inputs.empty()
                           ? last.inputs[0].ref.sizes
                           : last.outputs[0].sizes;
   std::unordered_set<const DeferredStorage*> made_in_main;  // made or written by ops that stay
-  std::vector<char> hoist(region.nodes.size(), 0);
-  size_t hoisted = 0;
+  std::vector<size_t> hp, tp;
   for (size_t p = 0; p < region.nodes.size(); ++p) {
     const Node& n = graph[region.nodes[p]];
     bool independent = !n.outputs.empty() && !n.rng;
@@ -190,104 +212,242 @@ bool run_hoisting_other_shapes(const CompiledRegion& compiled, const Region& reg
     bool other = false;
     for (const auto& o : n.outputs) other = other || o.sizes != shape || o.dtype != at::kFloat;
     if (independent && other) {
-      hoist[p] = 1;
-      ++hoisted;
+      hp.push_back(p);
       continue;
     }
+    tp.push_back(p);
     for (const auto& o : n.outputs) made_in_main.insert(o.storage.get());
     for (const auto& in : n.inputs)
       if (in.written) made_in_main.insert(in.ref.storage.get());
   }
-  if (hoisted == 0 || hoisted == region.nodes.size()) return false;
-  Region head, tail;
-  tail.anchor = region.anchor;
-  std::vector<size_t> head_pos, tail_pos;  // positions in `region`
-  for (size_t p = 0; p < region.nodes.size(); ++p) {
-    Region& r = hoist[p] ? head : tail;
-    r.nodes.push_back(region.nodes[p]);
-    r.materialize.push_back(region.materialize[p]);
-    (hoist[p] ? head_pos : tail_pos).push_back(p);
-  }
-  materialize_read_by(tail, head, graph);
-  // The hoisted ops run op by op, which marks a failing op's outputs with its
-  // error; the rest then still runs (an op reading a failed value fails in
-  // turn, as in run_ops), and the first error is rethrown.
-  try {
-    host::run_ops(compiled, head, graph, mem, stats, hooks);
-  } catch (...) {
-    const std::exception_ptr err = std::current_exception();
-    const int at = stats.failed_at >= 0 ? static_cast<int>(head_pos[stats.failed_at]) : -1;
-    try {
-      host::run_ops(compiled, tail, graph, mem, stats, hooks);
-    } catch (...) {
-    }
-    stats.failed_at = at;  // a position in the whole region
-    stats.errors_marked = true;
-    std::rethrow_exception(err);
-  }
-  run_part(compiled, tail, tail_pos, true, graph, mem, stats, hooks);
+  if (hp.empty() || tp.empty()) return false;
+  Part head = make_part(region, hp, PrimKind::kElementwise), tail = make_part(region, tp, region.anchor);
+  Region h = head.bind(region);
+  const Region t = tail.bind(region);
+  materialize_read_by(t, h, graph);
+  head.materialize = h.materialize;
+  tpu::plan_all_loops(t, graph, &plan->tail_loops);
+  plan->mode = TpuPlan::Mode::kHoist;
+  plan->head = std::move(head);
+  plan->tail = std::move(tail);
   return true;
 }
 
-// The ops of `region` that its fused loops left (`rest`), op by op.
-void run_rest(const CompiledRegion& compiled, const Region& region, const Region& rest, std::vector<Node>& graph,
-              host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
-  std::vector<size_t> pos;
-  for (int node : rest.nodes)
-    pos.push_back(static_cast<size_t>(std::find(region.nodes.begin(), region.nodes.end(), node) - region.nodes.begin()));
-  run_part(compiled, rest, pos, false, graph, mem, stats, hooks);
+// Plans `region` for its current layout.
+TpuPlan build_plan(const Region& region, const std::vector<Node>& graph, const tpu::ChipParams& chip) {
+  TpuPlan plan;
+  plan.signature = layout_signature(region, graph);
+  for (int i : region.nodes) plan.mxu = plan.mxu || static_cast<PrimKind>(graph[i].kind) == PrimKind::kMatmul;
+  // The VMEM tiling depends on shapes only. Only matmul plans re-read HBM,
+  // so a vector region is planned only for the profiler (at run).
+  if (chip.valid() && plan.mxu) {
+    plan.tiling = tpu::plan_region(region, graph, chip);
+    plan.has_tiling = true;
+  }
+  if (tpu::fused_loops_available() &&
+      !(region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)) {
+    // Independent loops; those that do not plan are left to run op by op.
+    const std::vector<std::vector<size_t>> sets = tpu::independent_loops(region, graph);
+    std::vector<size_t> left;
+    for (const auto& set : sets) {
+      tpu::LoopPlan lp;
+      if (tpu::plan_loop(region, set, graph, &lp)) {
+        plan.loops.push_back(std::move(lp));
+      } else {
+        left.insert(left.end(), set.begin(), set.end());
+      }
+    }
+    if (!plan.loops.empty()) {
+      std::sort(left.begin(), left.end());  // region order
+      plan.mode = TpuPlan::Mode::kLoops;
+      plan.tail = make_part(region, left, region.anchor);
+      return plan;
+    }
+  }
+  if (tpu::fused_loops_available() && plan_split_at_row_reduction(region, graph, &plan)) return plan;
+  plan.loops.clear();
+  if (plan_hoisting_other_shapes(region, graph, &plan)) return plan;
+  plan.mode = TpuPlan::Mode::kOps;
+  return plan;
 }
 
-class TpuExecutor final : public Executor {
- public:
-  const char* name() const override { return "tpu"; }
-  std::string target() const override { return tpu::active_chip().name; }
+// Runs `part` of `region` op by op; a failure's position is reported in the whole region.
+void run_part_ops(const CompiledRegion& info, const Region& part, const std::vector<size_t>& pos,
+                  std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
+  try {
+    host::run_ops(info, part, graph, mem, stats, hooks);
+  } catch (...) {
+    if (stats.failed_at >= 0) stats.failed_at = static_cast<int>(pos[stats.failed_at]);
+    throw;
+  }
+}
 
-  void run_region(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph,
-                  host::HostMemory& mem, RegionStats& stats) override {
+// Binds every loop of `loops` (planned on `r`); false when one does not bind.
+bool bind_all(std::vector<tpu::LoopPlan>& loops, const Region& r, std::vector<Node>& graph, host::HostMemory& mem) {
+  if (loops.empty()) return false;
+  for (auto& l : loops)
+    if (!tpu::bind_loop(l, r, graph, mem)) return false;
+  return true;
+}
+
+// Runs bound loops of `r` and adds their ops' costs.
+void run_all(std::vector<tpu::LoopPlan>& loops, const Region& r, std::vector<Node>& graph, RegionStats& stats,
+             host::HostRunHooks& hooks) {
+  for (auto& l : loops) {
+    tpu::run_loop(l, stats);
+    for (size_t p : l.pos) hooks.add_op_cost(graph[r.nodes[p]], stats);
+  }
+}
+
+// Runs the tail of a split region: its fused loops when they bind, else op by op.
+void run_tail(const CompiledRegion& info, TpuPlan& plan, const Region& region, std::vector<Node>& graph,
+              host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
+  const Region t = plan.tail.bind(region);
+  if (bind_all(plan.tail_loops, t, graph, mem)) {
+    run_all(plan.tail_loops, t, graph, stats, hooks);
+    return;
+  }
+  run_part_ops(info, t, plan.tail.pos, graph, mem, stats, hooks);
+}
+
+// True when some input of `region` holds an earlier failure: the region
+// then runs op by op (run_ops), where only the ops that read it fail.
+bool reads_failed_input(const Region& region, const std::vector<Node>& graph) {
+  for (int i : region.nodes)
+    for (const auto& in : graph[i].inputs)
+      if (in.ref.storage->error) return true;
+  return false;
+}
+
+class TpuKernel final : public Kernel {
+ public:
+  TpuKernel(const CompiledRegion& info, const Region& region, const std::vector<Node>& graph)
+      : Kernel(info), range_("tpu::" + info.name), chip_(tpu::active_chip()) {
+    plans_.push_back(build_plan(region, graph, chip_));
+  }
+
+  void run(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats) override {
+    std::lock_guard<std::mutex> lock(mu_);
     const auto prec = at::globalContext().float32MatmulPrecision();
-    const tpu::ChipParams chip = tpu::active_chip();
-    // The VMEM tiling depends on shapes only: planned before the run, so a
-    // failing region still reports it. Only matmul plans re-read HBM, so a
-    // vector region is planned only for the profiler.
+    // A run with another exact layout (sizes inside one dynamic-shape
+    // bucket, offsets, strides, aliasing) uses its own plan: one region kind
+    // recurs with several layouts in one step (a block's q, k and v slices),
+    // so the kernel keeps the last kMaxPlans, most recent first.
+    const std::vector<int64_t> sig = layout_signature(region, graph);
+    size_t at = 0;
+    while (at < plans_.size() && plans_[at].signature != sig) ++at;
+    if (at == plans_.size()) {
+      if (plans_.size() == kMaxPlans) plans_.pop_back();
+      plans_.insert(plans_.begin(), build_plan(region, graph, chip_));
+      stats.plans_built++;
+    } else if (at > 0) {
+      std::rotate(plans_.begin(), plans_.begin() + at, plans_.begin() + at + 1);
+    }
+    TpuPlan& plan_ = plans_.front();
     const bool tracing = jit::trace_active();
-    tpu::TilingPlan plan;
-    const bool mxu = std::find(compiled.kinds.begin(), compiled.kinds.end(), PrimKind::kMatmul) != compiled.kinds.end();
-    if (chip.valid() && (tracing || mxu)) plan = tpu::plan_region(region, graph, chip);
-    if (tracing) jit::trace_attach_tiling(tpu::tiling_record(plan));
+    if (tracing) {
+      const tpu::TilingPlan t = plan_.has_tiling || !chip_.valid() ? plan_.tiling : tpu::plan_region(region, graph, chip_);
+      jit::trace_attach_tiling(tpu::tiling_record(t));
+    }
     // A torch.profiler range per region ("tpu::fused_mul_add"), its ops in the
     // range's keyword inputs; one thread-local check when no profiler runs.
-    const std::string range = "tpu::" + compiled.name;
     at::RecordFunction guard(at::RecordScope::USER_SCOPE);
     if (guard.isActive()) {
       std::string ops;
       for (int i : region.nodes) ops += (ops.empty() ? "" : ",") + host::op_display_name(graph[i]).substr(6);
       const std::unordered_map<std::string, c10::IValue> kwargs = {{"ops", c10::IValue(ops)}};
-      guard.before(std::string_view(range), &kwargs);
+      guard.before(std::string_view(range_), &kwargs);
     }
-    TpuHooks hooks(chip, prec);
-    Region rest;  // ops of a multi-tensor region that no fused loop ran
-    if (tpu::run_fused_elementwise(region, graph, mem, stats, &rest)) {
-      const std::unordered_set<int> left(rest.nodes.begin(), rest.nodes.end());
-      for (int i : region.nodes)
-        if (!left.count(i)) hooks.add_op_cost(graph[i], stats);
-      if (!rest.nodes.empty()) run_rest(compiled, region, rest, graph, mem, stats, hooks);
-    } else if (!run_split_at_row_reduction(compiled, region, graph, mem, stats, hooks) &&
-               !run_hoisting_other_shapes(compiled, region, graph, mem, stats, hooks)) {
-      host::run_ops(compiled, region, graph, mem, stats, hooks);
+    TpuHooks hooks(chip_, prec);
+    const CompiledRegion& c = info();
+    using Mode = TpuPlan::Mode;
+    const Mode mode = reads_failed_input(region, graph) ? Mode::kOps : plan_.mode;
+    switch (mode) {
+      case Mode::kLoops: {
+        // Loops that do not bind (a guard failed) join the ops run op by op.
+        std::vector<size_t> left = plan_.tail.pos;
+        std::vector<tpu::LoopPlan*> bound;
+        for (auto& l : plan_.loops) {
+          if (tpu::bind_loop(l, region, graph, mem)) {
+            bound.push_back(&l);
+          } else {
+            left.insert(left.end(), l.pos.begin(), l.pos.end());
+          }
+        }
+        for (tpu::LoopPlan* l : bound) {
+          tpu::run_loop(*l, stats);
+          for (size_t p : l->pos) hooks.add_op_cost(graph[region.nodes[p]], stats);
+        }
+        if (!left.empty()) {
+          std::sort(left.begin(), left.end());
+          const Part rest = make_part(region, left, region.anchor);
+          run_part_ops(c, rest.bind(region), rest.pos, graph, mem, stats, hooks);
+        }
+        break;
+      }
+      case Mode::kSplitRow: {
+        const Region h = plan_.head.bind(region);
+        if (!bind_all(plan_.loops, h, graph, mem)) {
+          host::run_ops(c, region, graph, mem, stats, hooks);
+          break;
+        }
+        run_all(plan_.loops, h, graph, stats, hooks);
+        run_tail(c, plan_, region, graph, mem, stats, hooks);
+        break;
+      }
+      case Mode::kHoist: {
+        // The hoisted ops run op by op, which marks a failing op's outputs
+        // with its error; the rest then still runs (an op reading a failed
+        // value fails in turn, as in run_ops), and the first error is rethrown.
+        const Region h = plan_.head.bind(region);
+        try {
+          host::run_ops(c, h, graph, mem, stats, hooks);
+        } catch (...) {
+          const std::exception_ptr err = std::current_exception();
+          const int at = stats.failed_at >= 0 ? static_cast<int>(plan_.head.pos[stats.failed_at]) : -1;
+          try {
+            host::run_ops(c, plan_.tail.bind(region), graph, mem, stats, hooks);
+          } catch (...) {
+          }
+          stats.failed_at = at;  // a position in the whole region
+          stats.errors_marked = true;
+          std::rethrow_exception(err);
+        }
+        run_tail(c, plan_, region, graph, mem, stats, hooks);
+        break;
+      }
+      case Mode::kOps:
+        host::run_ops(c, region, graph, mem, stats, hooks);
+        break;
     }
-    finish(chip, plan, stats);
+    finish(plan_, stats);
   }
 
  private:
   // Simulated time of the region: max(compute, HBM traffic incl. padding and
   // the re-reads its tiling implies) + launch.
-  static void finish(const tpu::ChipParams& chip, const tpu::TilingPlan& plan, RegionStats& stats) {
-    if (!chip.valid()) return;  // no target set: no simulated time
-    const double hbm =
-        static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes + plan.hbm_reread_bytes);
-    stats.memory_s = hbm / chip.hbm_bandwidth;
-    stats.sim_time_s = std::max(stats.compute_s, stats.memory_s) + chip.launch_s;
+  void finish(const TpuPlan& plan, RegionStats& stats) const {
+    if (!chip_.valid()) return;  // no target set: no simulated time
+    const double hbm = static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes +
+                                           plan.tiling.hbm_reread_bytes);
+    stats.memory_s = hbm / chip_.hbm_bandwidth;
+    stats.sim_time_s = std::max(stats.compute_s, stats.memory_s) + chip_.launch_s;
+  }
+
+  std::mutex mu_;
+  const std::string range_;
+  const tpu::ChipParams chip_;  // the JIT drops every kernel when the target changes
+  static constexpr size_t kMaxPlans = 8;
+  std::vector<TpuPlan> plans_;  // by layout, most recently used first
+};
+
+class TpuExecutor final : public Executor {
+ public:
+  const char* name() const override { return "tpu"; }
+  std::string target() const override { return tpu::active_chip().name; }
+  std::shared_ptr<Kernel> compile(const CompiledRegion& info, const Region& region,
+                                  const std::vector<Node>& graph) override {
+    return std::make_shared<TpuKernel>(info, region, graph);
   }
 };
 

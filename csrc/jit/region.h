@@ -1,0 +1,81 @@
+// Regions and kernels: what the JIT hands to an executor (DESIGN §5, §6).
+//
+// partition() cuts a flush into Regions; an executor compiles a Region into
+// a Kernel (all planning: fused loop programs, tiling, cost, KTIR); the JIT
+// caches Kernels by structural key and runs them with each flush's buffers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "jit/ir.h"
+#include "lazy/queue.h"
+
+namespace tpu_eager {
+namespace host {
+class HostMemory;
+}  // namespace host
+
+// A fused region: consecutive live ops of one flush, in program order.
+struct Region {
+  std::vector<int> nodes;             // indices into the flushed graph
+  PrimKind anchor = PrimKind::kElementwise;  // reduction / matmul / library anchor, if any
+  // materialize[k][j]: output j of nodes[k] is written to its device storage
+  // (it is observed outside the region); otherwise it lives in a temporary.
+  std::vector<std::vector<char>> materialize;
+};
+
+// What identifies a compiled region: its key, kinds and name (also what the
+// on-disk cache stores).
+struct CompiledRegion {
+  uint64_t key = 0;
+  std::vector<PrimKind> kinds;        // lowered primitive of each op
+  std::string name;                   // e.g. "fused_add_mul_sum"
+  int64_t num_ops = 0;
+};
+
+// Counters of one region run, summed into Metrics by the JIT.
+struct RegionStats {
+  int64_t bytes_read = 0;             // bytes read from device storages (logical, unpadded)
+  int64_t bytes_written = 0;          // bytes written to device storages (logical, unpadded)
+  int64_t padding_bytes = 0;          // extra HBM bytes moved for the tiled layouts of those reads and writes
+  double flops = 0;                   // useful operations (MXU: 2*M*N*K; others one per element)
+  double mxu_flops = 0;               // FLOPs the MXUs spend on padded shapes, times precision passes
+  double compute_s = 0;               // simulated compute time, seconds
+  double memory_s = 0;                // simulated HBM time, seconds
+  double sim_time_s = 0;              // simulated kernel time: max(compute_s, memory_s) + launch, seconds
+  int64_t library_calls = 0;
+  int64_t plans_built = 0;            // plans the kernel built in this run (0 on a warm run)
+  int failed_at = -1;                 // position in the region of the (first) op that failed
+  bool errors_marked = false;         // the runner set each failed op's storage errors itself
+};
+
+// A compiled region. Built once by Executor::compile from a region's
+// structure (ops, argument structure, dtypes, layouts); run many times.
+// run() binds this flush's buffers (the device storages of the region's
+// TensorRefs), runtime scalars (Python floats, 0-dim tensors) and sizes,
+// then runs the plan. A kernel plans again (stats.plans_built) only when a
+// run's exact layout differs from the one it planned for (sizes inside one
+// dynamic-shape bucket, offsets, strides, aliasing of inputs).
+class Kernel {
+ public:
+  explicit Kernel(CompiledRegion info) : info_(std::move(info)) {}
+  virtual ~Kernel() = default;
+  const CompiledRegion& info() const { return info_; }
+  // Runs `region` (same structural key as the one compiled) of `graph`.
+  // Inputs are read from `mem`; outputs marked for materialization are
+  // written into their device storages, the rest bound as temporaries in
+  // `mem`. Throws on a data error (stats.failed_at, errors_marked as in run_ops).
+  virtual void run(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats) = 0;
+
+ private:
+  CompiledRegion info_;
+};
+
+// The exact layout of a region's tensors: per input and output, in order,
+// which region-local storage it views (aliasing), dtype, offset, sizes,
+// strides and flags. Two runs with equal signatures can share one plan.
+std::vector<int64_t> layout_signature(const Region& region, const std::vector<Node>& graph);
+
+}  // namespace tpu_eager
