@@ -49,3 +49,65 @@ def restore_target_and_precision():
     yield
     torch.set_float32_matmul_precision(precision)
     tte.set_target(target)
+
+
+# ---- test tiers (tests/README.md): fast, slow, subprocess ----
+#
+# `subprocess`: the test, a helper it calls or a fixture it uses runs a Python
+# process (found from the code, so new tests are classified too).
+# `slow`: listed in tests/tiers.py (measured with `python -m pytest tests
+# --durations=0`), chosen so that the rest, `fast`, runs in under a minute.
+# `fast`: every other test.
+
+from tiers import SLOW  # noqa: E402
+
+_SPAWN_NAMES = {"subprocess", "Popen", "check_output", "check_call", "executable", "spawn", "fork"}
+
+
+def _code_names(code):
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _code_names(const)
+    return names
+
+
+def _spawns(fn, seen):
+    """True if ``fn`` or a function of its module it calls (transitively) starts a process."""
+    fn = getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    names = _code_names(code)
+    if names & _SPAWN_NAMES:
+        return True
+    module_globals = getattr(fn, "__globals__", {})
+    for name in names:
+        g = module_globals.get(name)
+        if callable(g) and getattr(g, "__module__", None) == fn.__module__ and _spawns(g, seen):
+            return True
+    return False
+
+
+def _tier_key(nodeid):
+    """``tests/test_x.py::test_f[param]`` -> (file, function) without the parameters."""
+    path, _, name = nodeid.partition("::")
+    return path.rsplit("/", 1)[-1], name.split("[", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        file, name = _tier_key(item.nodeid)
+        seen = set()
+        fns = [getattr(item, "function", None)]
+        info = getattr(item, "_fixtureinfo", None)
+        if info is not None:
+            for defs in info.name2fixturedefs.values():
+                fns += [d.func for d in defs if getattr(d.func, "__module__", "").startswith("test")]
+        if any(_spawns(fn, seen) for fn in fns if fn is not None):
+            item.add_marker(pytest.mark.subprocess)
+        elif file in SLOW or f"{file}::{name}" in SLOW:
+            item.add_marker(pytest.mark.slow)
+        else:
+            item.add_marker(pytest.mark.fast)

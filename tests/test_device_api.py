@@ -230,6 +230,9 @@ def test_autocast_follows_cuda_policies():
 def test_freed_large_blocks_are_reused_and_released():
     torch.tpu.empty_cache()
     base = torch.tpu.memory_allocated()
+    # Small tensors left alive by earlier tests count their 64 B rounding in
+    # memory_reserved; what this test frees must bring it back to this value.
+    base_reserved = torch.tpu.memory_reserved()
     a = torch.full((1024, 1024), 3.0, device="tpu")
     torch.tpu.synchronize()
     assert torch.tpu.memory_allocated() == base + 4 * 2**20
@@ -242,7 +245,8 @@ def test_freed_large_blocks_are_reused_and_released():
     assert torch.tpu.memory_allocated() == base + 4 * 2**20
     del z
     torch.tpu.empty_cache()
-    assert torch.tpu.memory_reserved() == torch.tpu.memory_allocated() == base
+    assert torch.tpu.memory_allocated() == base
+    assert torch.tpu.memory_reserved() == base_reserved
 
 
 @pytest.mark.skipif(DEVICE != "tpu", reason="device memory caching is the tpu allocator's")

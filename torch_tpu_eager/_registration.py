@@ -1,12 +1,10 @@
 """Registration of the "tpu" device with PyTorch (order matters; see
 PRIVATEUSE1_NOTES: rename, device module, generated methods, kernels)."""
-import importlib.abc
-import importlib.util
-import sys
-
 import torch
 
-from . import _C
+from . import _C, _torch_patches
+
+_installed = False
 
 
 def install():
@@ -15,7 +13,8 @@ def install():
     Idempotent. Raises RuntimeError if PrivateUse1 was already renamed to
     another name by a different backend.
     """
-    if getattr(torch, "_tpu_eager_installed", False):
+    global _installed
+    if _installed:
         return
     torch.utils.rename_privateuse1_backend("tpu")
     from . import device as device_module
@@ -32,7 +31,7 @@ def install():
     _install_repr()
     _install_dynamo_interface()
     _install_inductor_redirect()
-    torch._tpu_eager_installed = True
+    _installed = True
 
 
 def _install_repr():
@@ -40,14 +39,14 @@ def _install_repr():
     # contents from one host copy instead: a single flush, no device ops.
     from torch import _tensor_str
 
-    original = _tensor_str._tensor_str
+    original = _torch_patches.original("torch._tensor_str._tensor_str")
 
     def _tensor_str_on_host(self, indent):
         if self.device.type == "tpu":
             self = _host_view_for_print(self.detach())
         return original(self, indent)
 
-    _tensor_str._tensor_str = _tensor_str_on_host
+    _torch_patches.patch(_tensor_str, "_tensor_str", _tensor_str_on_host, why="one host copy per print")
 
 
 def _host_view_for_print(t):
@@ -67,33 +66,6 @@ def _host_view_for_print(t):
     return flat.cpu().as_strided(t.size(), t.stride(), t.storage_offset())
 
 
-def _after_import(module_name, fn):
-    """Runs ``fn(module)`` once ``module_name`` is imported (now, if it already is).
-
-    Keeps ``import torch_tpu_eager`` from importing Dynamo (about a second)."""
-    if module_name in sys.modules:
-        fn(sys.modules[module_name])
-        return
-
-    class _Hook(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != module_name:
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            loader = spec.loader
-            exec_module = loader.exec_module
-
-            def exec_and_hook(module):
-                exec_module(module)
-                fn(module)
-
-            loader.exec_module = exec_and_hook
-            return spec
-
-    sys.meta_path.insert(0, _Hook())
-
-
 def _install_dynamo_interface():
     # torch 2.13's Dynamo registers its own "tpu" interface (for Google's
     # torch_tpu) the first time it initialises its device registry, silently
@@ -110,7 +82,7 @@ def _install_dynamo_interface():
         di.register_interface_for_device("tpu", TpuInterface)
         _install_compile_backends(registry)
 
-    _after_import("torch._dynamo", register)
+    _torch_patches.after_import("torch._dynamo", register, why="register after torch's own 'tpu' interface")
 
 
 def _install_compile_backends(registry):
@@ -126,13 +98,13 @@ def _install_compile_backends(registry):
 def _install_inductor_redirect():
     # torch.compile's default backend is this wrapper (not a registry lookup).
     wrapper = torch._TorchCompileInductorWrapper
-    inductor_call = wrapper.__call__
+    inductor_call = _torch_patches.original("torch._TorchCompileInductorWrapper.__call__")
 
-    def __call__(self, model_, inputs_):
+    def __call__(self, model_, inputs_, **kwargs):
         if any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in inputs_):
             from .dynamo import tpu_backend
 
             return tpu_backend(model_, inputs_)
-        return inductor_call(self, model_, inputs_)
+        return inductor_call(self, model_, inputs_, **kwargs)
 
-    wrapper.__call__ = __call__
+    _torch_patches.patch(wrapper, "__call__", __call__, why="graphs with 'tpu' inputs skip Inductor")

@@ -20,7 +20,7 @@ import torch
 from torch._utils import classproperty
 from torch.storage import _LegacyStorage, _warn_typed_storage_removal
 
-from . import _C
+from . import _C, _torch_patches
 
 # The legacy storage classes torch.cuda defines, by dtype (torch/cuda/__init__.py).
 _LEGACY_STORAGE_DTYPES = {
@@ -85,7 +85,7 @@ def install_storage_classes(device_module, module_name="torch.tpu"):
             continue
         cls = _make_legacy_storage_class(name, dtype, module_name)
         setattr(device_module, name, cls)
-        torch._storage_classes.add(cls)
+        _torch_patches.add_storage_class(cls, why="torch.is_storage accepts torch.tpu.<Type>Storage")
 
 
 def install_storage_methods():
@@ -94,9 +94,7 @@ def install_storage_methods():
     which on this device may not hold the storage's value yet (queued ops).
     It runs on a host copy (same checks and errors) that is copied back."""
     cls = torch.UntypedStorage
-    orig = cls._byteswap
-    if getattr(orig, "_tpu_wrapped", False):
-        return
+    orig = _torch_patches.original("torch.UntypedStorage._byteswap")
 
     @functools.wraps(orig)
     def _byteswap(self, *args, **kwargs):
@@ -106,8 +104,7 @@ def install_storage_methods():
         orig(host, *args, **kwargs)
         self.copy_(host)
 
-    _byteswap._tpu_wrapped = True
-    cls._byteswap = _byteswap
+    _torch_patches.patch(cls, "_byteswap", _byteswap, why="swap a host copy of queued values")
 
 
 # ---- DLPack ----
@@ -128,11 +125,9 @@ def install_dlpack():
     from torch.utils import dlpack as dl
 
     tensor_cls = torch.Tensor
-    if getattr(tensor_cls.__dlpack__, "_tpu_wrapped", False):
-        return
-    orig_dlpack = tensor_cls.__dlpack__
-    orig_dlpack_device = tensor_cls.__dlpack_device__
-    orig_to_dlpack = dl.to_dlpack
+    orig_dlpack = _torch_patches.original("torch.Tensor.__dlpack__")
+    orig_dlpack_device = _torch_patches.original("torch.Tensor.__dlpack_device__")
+    orig_to_dlpack = _torch_patches.original("torch.utils.dlpack.to_dlpack")
 
     @functools.wraps(orig_dlpack)
     def __dlpack__(self, *args, **kwargs):
@@ -153,9 +148,9 @@ def install_dlpack():
             _prepare_export(tensor)
         return orig_to_dlpack(tensor)
 
-    __dlpack__._tpu_wrapped = True
-    tensor_cls.__dlpack__ = __dlpack__
-    tensor_cls.__dlpack_device__ = __dlpack_device__
-    dl.to_dlpack = to_dlpack
-    if getattr(torch, "to_dlpack", None) is orig_to_dlpack:
-        torch.to_dlpack = to_dlpack
+    why = "DLPack export of a 'tpu' tensor runs its queued ops first"
+    _torch_patches.patch(tensor_cls, "__dlpack__", __dlpack__, why=why)
+    _torch_patches.patch(tensor_cls, "__dlpack_device__", __dlpack_device__, why="kDLExtDev for a renamed backend")
+    _torch_patches.patch(dl, "to_dlpack", to_dlpack, why=why)
+    if _torch_patches.original("torch.to_dlpack") is orig_to_dlpack:
+        _torch_patches.patch(torch, "to_dlpack", to_dlpack, why=why)

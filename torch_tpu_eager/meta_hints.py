@@ -21,7 +21,9 @@ import sys
 import torch
 import torch._meta_registrations as _meta_registrations
 
-from . import _C
+from . import _C, _torch_patches
+
+_WHY_DISABLE = "import Dynamo only when it traces"
 
 
 def install():
@@ -35,9 +37,7 @@ def answer_cpu_for_device_hint():
     """Wraps ``device_hint`` once. Looked up as a module global by the meta
     kernels (and imported at call time by torch._refs), so the wrapper applies
     to every call after this one."""
-    original = _meta_registrations.device_hint
-    if getattr(original, "_tpu_eager_wrapped", False):
-        return
+    original = _torch_patches.original("torch._meta_registrations.device_hint")
 
     def device_hint(tensor):
         if (_C._in_device_meta_inference() and isinstance(tensor, torch.Tensor)
@@ -45,9 +45,8 @@ def answer_cpu_for_device_hint():
             return "cpu"
         return original(tensor)
 
-    device_hint._tpu_eager_wrapped = True
     device_hint.__doc__ = original.__doc__
-    _meta_registrations.device_hint = device_hint
+    _torch_patches.patch(_meta_registrations, "device_hint", device_hint, why="meta kernels reason as for CPU")
 
 
 def _lazily_disabled(fn):
@@ -63,7 +62,7 @@ def _lazily_disabled(fn):
         if dynamo is None or not hasattr(dynamo, "disable"):
             return fn(*args, **kwargs)
         disabled = dynamo.disable(fn, True, wrapping=False)
-        fn.__dynamo_disable = disabled
+        _torch_patches.set_dynamo_disable_cache(fn, disabled, why=_WHY_DISABLE)
         return disabled(*args, **kwargs)
 
     return call
@@ -96,7 +95,7 @@ def defer_dynamo_import():
         if getattr(f, "__code__", None) is wrapper_code:
             fn = f.__closure__[fn_cell].cell_contents
             if getattr(fn, "__dynamo_disable", None) is None:
-                fn.__dynamo_disable = _lazily_disabled(fn)
+                _torch_patches.set_dynamo_disable_cache(fn, _lazily_disabled(fn), why=_WHY_DISABLE)
                 adjusted += 1
         wrapped = getattr(f, "__wrapped__", None)
         if wrapped is not None:
