@@ -130,8 +130,8 @@ def first_op(repeats):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=2 if os.environ.get("TORCH_TPU_QUICK") == "1" else 7,
-                    help="processes per figure (default 7; 2 with TORCH_TPU_QUICK=1)")
+    ap.add_argument("--repeats", type=int, default=1 if os.environ.get("TORCH_TPU_QUICK") == "1" else 7,
+                    help="processes per figure (default 7; 1 with TORCH_TPU_QUICK=1)")
     ap.add_argument("--program", choices=("train", "infer", "first-op"), default="train",
                     help="train: one SGD step; infer: the forward pass and loss only (no torch.optim import); "
                          "first-op: whole processes running one op, against CPU")

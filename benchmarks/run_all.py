@@ -923,8 +923,9 @@ def run(argv=None):
                              "one per core; 1 is steadier on a machine other jobs share)")
     parser.add_argument("--only", choices=("all", "training"), default="all",
                         help="'training': only the three training steps (7.), on one and two threads")
-    parser.add_argument("--no-compile", action="store_true",
-                        help="skip torch.compile in the training steps (its compile takes minutes here)")
+    parser.add_argument("--no-compile", action="store_true", default=tpu_env.get("TORCH_TPU_QUICK"),
+                        help="skip torch.compile in the training steps (its compile takes minutes here; "
+                             "on by default with TORCH_TPU_QUICK=1)")
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     if args.repeats is not None:
