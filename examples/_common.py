@@ -3,6 +3,20 @@
 import math
 
 
+def pyplot(flag, path):
+    """matplotlib.pyplot on the file-only Agg backend, or None (after saying so) when
+    matplotlib is not installed; ``flag`` and ``path`` name the option that asked for a plot."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"{flag} {path}: matplotlib is not installed; skipping the plot (pip install matplotlib)")
+        return None
+    return plt
+
+
 def quick_default():
     """Whether --quick is on by default: the TORCH_TPU_QUICK knob (python -m torch_tpu_eager.env),
     which the docs-command test sets so every documented command runs its short form."""

@@ -25,7 +25,7 @@ import torch
 
 import torch_tpu_eager as tte
 
-from _common import quick_default
+from _common import pyplot, quick_default
 from train_digits import load_data, make_model
 
 BATCH = 64
@@ -83,13 +83,8 @@ def profile_steps(steps, seed=0):
 
 def plot(parts, target, path):
     """Saves the stacked bars to ``path`` (PNG). Returns False when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"--out {path}: matplotlib is not installed; skipping the plot (pip install matplotlib)")
+    plt = pyplot("--out", path)
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(8, 4.5))
     steps = list(range(1, len(parts) + 1))

@@ -17,7 +17,7 @@ import sys
 import torch
 
 import torch_tpu_eager as tte
-from _common import quick_default
+from _common import pyplot, quick_default
 
 SIZES = [128, 256, 512, 1024, 2048]
 QUICK_SIZES = [128, 256, 512]
@@ -129,13 +129,8 @@ def run_target(name, sizes):
 
 def plot(results, path):
     """Saves a log-log roofline (achieved FLOP/s against FLOP per HBM byte) per target."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"--plot {path}: matplotlib is not installed; skipping the plot (pip install matplotlib)")
+    plt = pyplot("--plot", path)
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(8, 5.5))
     markers = {"bf16": "o", "f32 highest": "s", "f32 medium": "^", "MLP step": "*"}
