@@ -46,7 +46,7 @@ setup(
     },
     # `import torch` loads the device (PyTorch's device-backend autoload; off with
     # TORCH_DEVICE_BACKEND_AUTOLOAD=0).
-    entry_points={"torch.backends": ["tpu = torch_tpu_eager:_autoload"]},
+    entry_points={"torch.backends": ["tpu = torch_tpu_eager._autoload:load"]},
     ext_modules=[
         CppExtension(
             name="torch_tpu_eager._C",

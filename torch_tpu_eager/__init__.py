@@ -50,11 +50,6 @@ from . import _lifecycle  # noqa: E402
 
 _lifecycle.install()  # autograd's device thread must not abort interpreter exit
 
-
-def _autoload():
-    """Entry point of the ``torch.backends`` group (setup.py): ``import torch`` calls it
-    after importing this package, which has already installed the "tpu" device."""
-
 __all__ = [
     "EagerMode",
     "get_eager_mode",
