@@ -17,6 +17,14 @@ def pyplot(flag, path):
     return plt
 
 
+def save_figure(fig, path, what):
+    """Lays out ``fig``, writes it to ``path`` (PNG, 120 dpi) and says so; returns True."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"saved {what} plot to {path}")
+    return True
+
+
 def quick_default():
     """Whether --quick is on by default: the TORCH_TPU_QUICK knob (python -m torch_tpu_eager.env),
     which the docs-command test sets so every documented command runs its short form."""

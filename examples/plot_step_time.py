@@ -25,7 +25,7 @@ import torch
 
 import torch_tpu_eager as tte
 
-from _common import pyplot, quick_default
+from _common import pyplot, quick_default, save_figure
 from train_digits import load_data, make_model
 
 BATCH = 64
@@ -99,10 +99,7 @@ def plot(parts, target, path):
     ax.set_xticks(steps)
     ax.legend()
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"saved step-time plot to {path}")
-    return True
+    return save_figure(fig, path, "step-time")
 
 
 def main(argv=None):

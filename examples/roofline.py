@@ -17,7 +17,7 @@ import sys
 import torch
 
 import torch_tpu_eager as tte
-from _common import pyplot, quick_default
+from _common import pyplot, quick_default, save_figure
 
 SIZES = [128, 256, 512, 1024, 2048]
 QUICK_SIZES = [128, 256, 512]
@@ -151,10 +151,7 @@ def plot(results, path):
     ax.set_title("Simulated roofline: square matmuls and a digits-MLP training step")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"saved roofline plot to {path}")
-    return True
+    return save_figure(fig, path, "roofline")
 
 
 def main(argv=None):
