@@ -50,6 +50,10 @@ from . import _lifecycle  # noqa: E402
 
 _lifecycle.install()  # autograd's device thread must not abort interpreter exit
 
+from .distributed import register as _register_distributed  # noqa: E402
+
+_register_distributed()  # the c10d backend "tpu_ccl" (docs/distributed.md)
+
 __all__ = [
     "EagerMode",
     "get_eager_mode",

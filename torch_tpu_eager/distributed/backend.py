@@ -1,0 +1,444 @@
+"""The c10d backend ``"tpu_ccl"``: collectives on "tpu" tensors over gloo on host copies.
+
+How it plugs into torch.distributed (two public extension points, nothing patched):
+
+* :func:`register` calls ``torch.distributed.Backend.register_backend("tpu_ccl", ...,
+  extended_api=True, devices=["tpu"])``: the backend becomes the default of the "tpu"
+  device, so ``init_process_group()`` (torch picks the current accelerator, "tpu") and
+  ``init_process_group("cpu:gloo,tpu:tpu_ccl")`` use it. Its creator returns a
+  ``ProcessGroupGloo`` on its own prefix of the store: the **transport** between the
+  processes (TCP on localhost). The process group stays torch's C++ ``ProcessGroup``,
+  so DDP's reducer, functional collectives (DTensor, FSDP2) and the Python API all
+  reach it the same way.
+* The ``c10d::*`` collective ops are dispatcher ops with a kernel per dispatch key;
+  torch's generic PrivateUse1 kernels hand the device tensors to the backend, which
+  gloo would reject. :func:`register` installs this module's kernels for the
+  ``PrivateUse1`` key (``torch.library``), which do, per collective: flush the chip's
+  pending ops that produce the inputs and copy them to fresh host buffers (never a
+  zero-copy share: gloo writes host memory behind PyTorch's back), start the gloo
+  collective on the host buffers, and return a ``Work`` whose future completes after
+  the results were copied back, in place, into the "tpu" tensors (the copy is recorded
+  into the chip's queue, so it orders with later compute like any op).
+  ``work.wait()`` waits for both; errors of the transport (a peer that died, a
+  timeout, mismatched sizes) are raised by ``wait()`` — by the call itself when
+  ``async_op=False`` — as gloo raises them.
+
+Every collective is charged through :func:`_charge_collective`, the one place that
+accounts collectives (metrics now; the simulated ICI time once ``torch_tpu_eager.ici``
+provides ``collective_time``).
+
+Values are those gloo computes on the same CPU tensors, bit for bit: the backend does
+no arithmetic of its own (ReduceOp.AVG is gloo's; ReduceOp.PREMUL_SUM raises gloo's
+"Cannot use ReduceOp.PREMUL_SUM with Gloo": its factor is not visible to a kernel of
+the boxed op).
+"""
+import datetime
+import threading
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ProcessGroup,
+    ReduceOp,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+    _create_work_from_future,
+)
+
+BACKEND_NAME = "tpu_ccl"
+"""Name of the backend, after NCCL/oneCCL/"spyreccl": a collective communication library for "tpu"."""
+
+_DEVICE = torch.device("tpu")
+
+# ---- accounting: the one function every collective goes through ----
+
+_lock = threading.Lock()
+_metrics = {"collectives": 0, "collective_bytes": 0, "collective_time_s": 0.0, "per_op": {}}
+
+
+def _ici_time(op_name: str, nbytes: int, group_size: int) -> float:
+    """Simulated interconnect seconds of one collective (0.0 until the ICI model exists)."""
+    try:
+        from .. import ici
+    except ImportError:
+        return 0.0
+    return float(ici.collective_time(op_name, nbytes, group_size))
+
+
+def _charge_collective(op_name: str, nbytes: int, group_size: int, device: torch.device) -> float:
+    """Accounts one collective on ``device`` and returns its simulated time in seconds.
+
+    ``op_name`` is the collective ("all_reduce", "all_gather", "reduce_scatter",
+    "broadcast", "reduce", "all_to_all", "barrier", "send", "recv", "gather",
+    "scatter"); ``nbytes`` the bytes of this rank's payload (the input of an
+    all_gather / the full input of a reduce_scatter / the reduced tensor of an
+    all_reduce); ``group_size`` the ranks in the group. Every collective of the
+    backend calls this, and nothing else does.
+    """
+    t = _ici_time(op_name, nbytes, group_size)
+    with _lock:
+        _metrics["collectives"] += 1
+        _metrics["collective_bytes"] += int(nbytes)
+        _metrics["collective_time_s"] += t
+        per = _metrics["per_op"].setdefault(op_name, {"count": 0, "bytes": 0, "time_s": 0.0})
+        per["count"] += 1
+        per["bytes"] += int(nbytes)
+        per["time_s"] += t
+    return t
+
+
+def collective_metrics() -> dict:
+    """Counters of this process's collectives on "tpu" tensors since start or reset.
+
+    ``collectives`` (count), ``collective_bytes`` (payload bytes, see
+    :func:`_charge_collective`), ``collective_time_s`` (simulated interconnect
+    seconds; 0.0 while no ICI model is installed), ``per_op``: op name ->
+    ``{"count", "bytes", "time_s"}``.
+    """
+    with _lock:
+        return {k: ({o: dict(v) for o, v in val.items()} if k == "per_op" else val)
+                for k, val in _metrics.items()}
+
+
+def reset_collective_metrics() -> None:
+    """Zeroes :func:`collective_metrics`."""
+    with _lock:
+        _metrics.update(collectives=0, collective_bytes=0, collective_time_s=0.0, per_op={})
+
+
+# ---- helpers of the kernels ----
+
+def _check(tensors):
+    """Every tensor must be a dense "tpu" tensor (as NCCL requires CUDA dense tensors)."""
+    for t in tensors:
+        if t.device.type != "tpu" or t.layout != torch.strided:
+            raise ValueError(f"Tensors must be tpu and dense, got a {t.layout} tensor on {t.device}")
+
+
+def _to_host(t):
+    """A fresh contiguous host copy of ``t`` (flushes what produces it)."""
+    h = torch.empty(t.shape, dtype=t.dtype)
+    h.copy_(t)
+    return h
+
+
+def _host_empty(t):
+    return torch.empty(t.shape, dtype=t.dtype)
+
+
+def _unbox(process_group):
+    pg = ProcessGroup.unbox(process_group)
+    return pg, pg._get_backend(_DEVICE)
+
+
+def _reduce_op(boxed):
+    return ReduceOp(ReduceOp.RedOpType(int(boxed.op())))
+
+
+def _timeout(opts, timeout):
+    if timeout is not None and timeout >= 0:
+        opts.timeout = datetime.timedelta(milliseconds=timeout)
+    return opts
+
+
+def _nbytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _finish(work, pairs, result):
+    """A boxed Work that completes once ``work`` did and each (device, host) pair was copied back."""
+    def copy_back(fut):
+        fut.value()  # raises the transport's error
+        with torch.no_grad():
+            for dev, host in pairs:
+                dev.copy_(host)
+        return result
+
+    try:
+        fut = work.get_future()
+    except RuntimeError:  # gloo's send/recv works have no future: wait on a helper thread
+        fut = _future_of(work)
+    return _create_work_from_future(fut.then(copy_back)).boxed()
+
+
+def _future_of(work):
+    fut = torch.futures.Future()
+
+    def waiter():
+        try:
+            work.wait()
+        except BaseException as e:  # noqa: BLE001  (handed to the waiting rank)
+            fut.set_exception(e)
+        else:
+            fut.set_result(None)
+
+    threading.Thread(target=waiter, name="tpu_ccl-recv", daemon=True).start()
+    return fut
+
+
+# ---- kernels of the c10d ops for the PrivateUse1 ("tpu") dispatch key ----
+
+def _allreduce(tensors, process_group, reduce_op, sparse_indices=None, async_op=True, timeout=-1):
+    _check(tensors)
+    pg, be = _unbox(process_group)
+    host = [_to_host(t) for t in tensors]
+    _charge_collective("all_reduce", _nbytes(tensors), pg.size(), tensors[0].device)
+    opts = _timeout(AllreduceOptions(), timeout)
+    opts.reduceOp = _reduce_op(reduce_op)
+    w = be.allreduce(host, opts)
+    return tensors, _finish(w, list(zip(tensors, host)), tensors)
+
+
+def _allreduce_coalesced(tensors, process_group, reduce_op, async_op=True, timeout=-1):
+    _check(tensors)
+    pg, be = _unbox(process_group)
+    host = [_to_host(t) for t in tensors]
+    _charge_collective("all_reduce", _nbytes(tensors), pg.size(), tensors[0].device)
+    opts = _timeout(AllreduceCoalescedOptions(), timeout)
+    opts.reduceOp = _reduce_op(reduce_op)
+    return _finish(be.allreduce_coalesced(host, opts), list(zip(tensors, host)), tensors)
+
+
+def _broadcast(tensors, process_group, root_rank, root_tensor, async_op=True, timeout=-1):
+    _check(tensors)
+    pg, be = _unbox(process_group)
+    host = [_to_host(t) for t in tensors]
+    _charge_collective("broadcast", _nbytes(tensors), pg.size(), tensors[0].device)
+    opts = _timeout(BroadcastOptions(), timeout)
+    opts.rootRank, opts.rootTensor = root_rank, root_tensor
+    w = be.broadcast(host, opts)
+    return tensors, _finish(w, list(zip(tensors, host)), tensors)
+
+
+def _reduce(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):
+    _check(tensors)
+    pg, be = _unbox(process_group)
+    host = [_to_host(t) for t in tensors]
+    _charge_collective("reduce", _nbytes(tensors), pg.size(), tensors[0].device)
+    opts = _timeout(ReduceOptions(), timeout)
+    opts.reduceOp = _reduce_op(reduce_op)
+    opts.rootRank, opts.rootTensor = root_rank, root_tensor
+    # gloo writes the result on the root only; other ranks' tensors are left as they were.
+    pairs = list(zip(tensors, host)) if pg.rank() == root_rank else []
+    return _finish(be.reduce(host, opts), pairs, tensors)
+
+
+def _allgather(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
+    _check(input_tensors)
+    for outs in output_tensors:
+        _check(outs)
+    pg, be = _unbox(process_group)
+    host_in = [_to_host(t) for t in input_tensors]
+    host_out = [[_host_empty(t) for t in outs] for outs in output_tensors]
+    _charge_collective("all_gather", _nbytes(input_tensors), pg.size(), input_tensors[0].device)
+    w = be.allgather(host_out, host_in, _timeout(AllgatherOptions(), timeout))
+    pairs = [p for outs, houts in zip(output_tensors, host_out) for p in zip(outs, houts)]
+    return output_tensors, _finish(w, pairs, output_tensors)
+
+
+def _allgather_coalesced(output_lists, input_list, process_group, async_op=True):
+    _check(input_list)
+    for outs in output_lists:
+        _check(outs)
+    pg, be = _unbox(process_group)
+    host_in = [_to_host(t) for t in input_list]
+    host_out = [[_host_empty(t) for t in outs] for outs in output_lists]
+    _charge_collective("all_gather", _nbytes(input_list), pg.size(), input_list[0].device)
+    w = be.allgather_coalesced(host_out, host_in, AllgatherOptions())
+    pairs = [p for outs, houts in zip(output_lists, host_out) for p in zip(outs, houts)]
+    return _finish(w, pairs, output_lists)
+
+
+def _allgather_base(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):
+    _check([output_tensor, input_tensor])
+    pg, be = _unbox(process_group)
+    h_in, h_out = _to_host(input_tensor), _host_empty(output_tensor)
+    _charge_collective("all_gather", _nbytes([input_tensor]), pg.size(), input_tensor.device)
+    w = be._allgather_base(h_out, h_in, _timeout(AllgatherOptions(), timeout))
+    return output_tensor, _finish(w, [(output_tensor, h_out)], output_tensor)
+
+
+def _allgather_into_tensor_coalesced(outputs, inputs, process_group, async_op=True):
+    _check(outputs + inputs)
+    pg, be = _unbox(process_group)
+    h_in = [_to_host(t) for t in inputs]
+    h_out = [_host_empty(t) for t in outputs]
+    _charge_collective("all_gather", _nbytes(inputs), pg.size(), inputs[0].device)
+    w = be.allgather_into_tensor_coalesced(h_out, h_in, AllgatherOptions())
+    return _finish(w, list(zip(outputs, h_out)), outputs)
+
+
+def _reduce_scatter(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):
+    _check(output_tensors)
+    for ins in input_tensors:
+        _check(ins)
+    pg, be = _unbox(process_group)
+    h_out = [_host_empty(t) for t in output_tensors]
+    h_in = [[_to_host(t) for t in ins] for ins in input_tensors]
+    _charge_collective("reduce_scatter", sum(_nbytes(ins) for ins in input_tensors), pg.size(),
+                       output_tensors[0].device)
+    opts = _timeout(ReduceScatterOptions(), timeout)
+    opts.reduceOp = _reduce_op(reduce_op)
+    w = be.reduce_scatter(h_out, h_in, opts)
+    return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors)
+
+
+def _reduce_scatter_base(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):
+    _check([output_tensor, input_tensor])
+    pg, be = _unbox(process_group)
+    h_in, h_out = _to_host(input_tensor), _host_empty(output_tensor)
+    _charge_collective("reduce_scatter", _nbytes([input_tensor]), pg.size(), input_tensor.device)
+    opts = _timeout(ReduceScatterOptions(), timeout)
+    opts.reduceOp = _reduce_op(reduce_op)
+    w = be._reduce_scatter_base(h_out, h_in, opts)
+    return output_tensor, _finish(w, [(output_tensor, h_out)], output_tensor)
+
+
+def _reduce_scatter_tensor_coalesced(outputs, inputs, process_group, reduce_op, async_op=True, timeout=-1):
+    _check(outputs + inputs)
+    pg, be = _unbox(process_group)
+    h_in = [_to_host(t) for t in inputs]
+    h_out = [_host_empty(t) for t in outputs]
+    _charge_collective("reduce_scatter", _nbytes(inputs), pg.size(), inputs[0].device)
+    opts = _timeout(ReduceScatterOptions(), timeout)
+    opts.reduceOp = _reduce_op(reduce_op)
+    w = be.reduce_scatter_tensor_coalesced(h_out, h_in, opts)
+    return _finish(w, list(zip(outputs, h_out)), outputs)
+
+
+def _alltoall(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
+    _check(output_tensors + input_tensors)
+    pg, be = _unbox(process_group)
+    h_in = [_to_host(t) for t in input_tensors]
+    h_out = [_host_empty(t) for t in output_tensors]
+    _charge_collective("all_to_all", _nbytes(input_tensors), pg.size(), input_tensors[0].device)
+    w = be.alltoall(h_out, h_in, _timeout(AllToAllOptions(), timeout))
+    return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors)
+
+
+def _alltoall_base(output, input, process_group, output_split_sizes, input_split_sizes, async_op=True,
+                   timeout=-1):
+    _check([output, input])
+    pg, be = _unbox(process_group)
+    h_in, h_out = _to_host(input), _host_empty(output)
+    _charge_collective("all_to_all", _nbytes([input]), pg.size(), input.device)
+    w = be.alltoall_base(h_out, h_in, list(output_split_sizes), list(input_split_sizes),
+                         _timeout(AllToAllOptions(), timeout))
+    return _finish(w, [(output, h_out)], [output])
+
+
+def _barrier(tensor, process_group, device_ids, async_op=True, timeout=-1):
+    pg, be = _unbox(process_group)
+    _charge_collective("barrier", 0, pg.size(), tensor.device)
+    return be.barrier(_timeout(BarrierOptions(), timeout)).boxed()
+
+
+def _send(tensors, process_group, dst, tag):
+    _check(tensors)
+    pg, be = _unbox(process_group)
+    host = [_to_host(t) for t in tensors]
+    _charge_collective("send", _nbytes(tensors), 2, tensors[0].device)
+    return be.send(host, dst, tag).boxed()  # gloo's work keeps the host buffers alive
+
+
+def _recv(tensors, process_group, src, tag):
+    _check(tensors)
+    pg, be = _unbox(process_group)
+    host = [_host_empty(t) for t in tensors]
+    _charge_collective("recv", _nbytes(tensors), 2, tensors[0].device)
+    return _finish(be.recv(host, src, tag), list(zip(tensors, host)), tensors)
+
+
+def _recv_any_source(tensors, process_group, tag):
+    _check(tensors)
+    pg, be = _unbox(process_group)
+    host = [_host_empty(t) for t in tensors]
+    _charge_collective("recv", _nbytes(tensors), 2, tensors[0].device)
+    return _finish(be.recv_anysource(host, tag), list(zip(tensors, host)), tensors)
+
+
+def _gather(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
+    _check(input_tensors)
+    for outs in output_tensors:
+        _check(outs)
+    pg, be = _unbox(process_group)
+    h_in = [_to_host(t) for t in input_tensors]
+    h_out = [[_host_empty(t) for t in outs] for outs in output_tensors]
+    _charge_collective("gather", _nbytes(input_tensors), pg.size(), input_tensors[0].device)
+    opts = _timeout(GatherOptions(), timeout)
+    opts.rootRank = root_rank
+    w = be.gather(h_out, h_in, opts)
+    pairs = [p for outs, houts in zip(output_tensors, h_out) for p in zip(outs, houts)]
+    return _finish(w, pairs, output_tensors)
+
+
+def _scatter(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
+    _check(output_tensors)
+    for ins in input_tensors:
+        _check(ins)
+    pg, be = _unbox(process_group)
+    h_out = [_host_empty(t) for t in output_tensors]
+    h_in = [[_to_host(t) for t in ins] for ins in input_tensors]
+    _charge_collective("scatter", _nbytes(output_tensors), pg.size(), output_tensors[0].device)
+    opts = _timeout(ScatterOptions(), timeout)
+    opts.rootRank = root_rank
+    w = be.scatter(h_out, h_in, opts)
+    return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors)
+
+
+_KERNELS = {
+    "allreduce_": _allreduce,
+    "allreduce_coalesced_": _allreduce_coalesced,
+    "broadcast_": _broadcast,
+    "reduce_": _reduce,
+    "allgather_": _allgather,
+    "allgather_coalesced_": _allgather_coalesced,
+    "_allgather_base_": _allgather_base,
+    "allgather_into_tensor_coalesced_": _allgather_into_tensor_coalesced,
+    "reduce_scatter_": _reduce_scatter,
+    "_reduce_scatter_base_": _reduce_scatter_base,
+    "reduce_scatter_tensor_coalesced_": _reduce_scatter_tensor_coalesced,
+    "alltoall_": _alltoall,
+    "alltoall_base_": _alltoall_base,
+    "barrier": _barrier,
+    "send": _send,
+    "recv_": _recv,
+    "recv_any_source_": _recv_any_source,
+    "gather_": _gather,
+    "scatter_": _scatter,
+}
+
+
+def _create_backend(opts, backend_options):
+    """Creator of the "tpu_ccl" backend (extended API): a gloo backend as the transport."""
+    store = dist.PrefixStore(f"{BACKEND_NAME}/", opts.store)
+    return dist.ProcessGroupGloo(store, opts.group_rank, opts.group_size, opts.timeout)
+
+
+_lib = None
+
+
+def register() -> None:
+    """Registers the backend and the "tpu" kernels of the c10d ops (once; at ``import torch_tpu_eager``)."""
+    global _lib
+    if _lib is not None or not dist.is_available():
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["tpu"])
+    lib = torch.library.Library("c10d", "IMPL")
+    with warnings.catch_warnings():
+        # torch registers generic PrivateUse1 kernels (they pass device tensors to the
+        # backend); replacing them is what a device does here, not an accident.
+        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+        warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
+        for name, fn in _KERNELS.items():
+            lib.impl(name, fn, "PrivateUse1")
+    _lib = lib
