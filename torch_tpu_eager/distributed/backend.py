@@ -47,6 +47,7 @@ from torch._C._distributed_c10d import (
     BroadcastOptions,
     GatherOptions,
     ProcessGroup,
+    PythonCallbackWork,
     ReduceOp,
     ReduceOptions,
     ReduceScatterOptions,
@@ -141,7 +142,11 @@ def _unbox(process_group):
 
 
 def _reduce_op(boxed):
-    return ReduceOp(ReduceOp.RedOpType(int(boxed.op())))
+    kind = ReduceOp.RedOpType(int(boxed.op()))
+    if kind == ReduceOp.RedOpType.PREMUL_SUM:
+        # the factor does not survive boxing; gloo has no PREMUL_SUM either: its error
+        raise RuntimeError("Cannot use ReduceOp.PREMUL_SUM with Gloo")
+    return ReduceOp(kind)
 
 
 def _timeout(opts, timeout):
@@ -154,35 +159,44 @@ def _nbytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _copy_back(pairs):
+    with torch.no_grad():
+        for dev, host in pairs:
+            dev.copy_(host)  # recorded into the chip's queue, ordered with later compute
+
+
 def _finish(work, pairs, result):
-    """A boxed Work that completes once ``work`` did and each (device, host) pair was copied back."""
-    def copy_back(fut):
-        fut.value()  # raises the transport's error
-        with torch.no_grad():
-            for dev, host in pairs:
-                dev.copy_(host)
-        return result
+    """Waits for the gloo ``work`` (raising its error: a dead peer, a timeout), copies the
+    results back into the "tpu" tensors and returns a completed, boxed Work whose future
+    holds ``result``.
 
-    try:
-        fut = work.get_future()
-    except RuntimeError:  # gloo's send/recv works have no future: wait on a helper thread
-        fut = _future_of(work)
-    return _create_work_from_future(fut.then(copy_back)).boxed()
-
-
-def _future_of(work):
+    The collective completes at the call, also with ``async_op=True``: DDP's reducer
+    waits on ``work.get_future()`` without calling ``wait()``, and a Work built from a
+    Python future in torch 2.13 (``_create_work_from_future``) swallows the future's
+    error in ``wait()``; a completed Work has neither problem.
+    """
+    work.wait()
+    _copy_back(pairs)
     fut = torch.futures.Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut).boxed()
 
-    def waiter():
-        try:
+
+def _finish_later(work, pairs):
+    """A boxed Work for a receive: ``wait()`` waits for gloo's ``work`` (raising its error)
+    and then copies the message into the "tpu" tensors. Not completed at the call, so
+    that ``irecv`` before the matching ``send`` does not deadlock; its future completes
+    at ``wait()`` (c10d's PythonCallbackWork)."""
+    done = []
+
+    def wait(timeout):
+        if not done:
             work.wait()
-        except BaseException as e:  # noqa: BLE001  (handed to the waiting rank)
-            fut.set_exception(e)
-        else:
-            fut.set_result(None)
+            _copy_back(pairs)
+            done.append(True)
+        return True
 
-    threading.Thread(target=waiter, name="tpu_ccl-recv", daemon=True).start()
-    return fut
+    return PythonCallbackWork(wait).boxed()
 
 
 # ---- kernels of the c10d ops for the PrivateUse1 ("tpu") dispatch key ----
@@ -227,9 +241,8 @@ def _reduce(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=
     opts = _timeout(ReduceOptions(), timeout)
     opts.reduceOp = _reduce_op(reduce_op)
     opts.rootRank, opts.rootTensor = root_rank, root_tensor
-    # gloo writes the result on the root only; other ranks' tensors are left as they were.
-    pairs = list(zip(tensors, host)) if pg.rank() == root_rank else []
-    return _finish(be.reduce(host, opts), pairs, tensors)
+    # gloo uses the other ranks' buffers as scratch: copy back everywhere, as gloo leaves them.
+    return _finish(be.reduce(host, opts), list(zip(tensors, host)), tensors)
 
 
 def _allgather(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
@@ -355,7 +368,7 @@ def _recv(tensors, process_group, src, tag):
     pg, be = _unbox(process_group)
     host = [_host_empty(t) for t in tensors]
     _charge_collective("recv", _nbytes(tensors), 2, tensors[0].device)
-    return _finish(be.recv(host, src, tag), list(zip(tensors, host)), tensors)
+    return _finish_later(be.recv(host, src, tag), list(zip(tensors, host)))
 
 
 def _recv_any_source(tensors, process_group, tag):
@@ -363,7 +376,7 @@ def _recv_any_source(tensors, process_group, tag):
     pg, be = _unbox(process_group)
     host = [_host_empty(t) for t in tensors]
     _charge_collective("recv", _nbytes(tensors), 2, tensors[0].device)
-    return _finish(be.recv_anysource(host, tag), list(zip(tensors, host)), tensors)
+    return _finish_later(be.recv_anysource(host, tag), list(zip(tensors, host)))
 
 
 def _gather(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
@@ -419,9 +432,24 @@ _KERNELS = {
 
 
 def _create_backend(opts, backend_options):
-    """Creator of the "tpu_ccl" backend (extended API): a gloo backend as the transport."""
-    store = dist.PrefixStore(f"{BACKEND_NAME}/", opts.store)
-    return dist.ProcessGroupGloo(store, opts.group_rank, opts.group_size, opts.timeout)
+    """Creator of the "tpu_ccl" backend (extended API).
+
+    The transport is a gloo backend on its own prefix of the group's store, wrapped in
+    torch's ``_ProcessGroupWrapper`` with a second, small gloo backend that compares
+    each collective's fingerprint (op, shapes, dtypes) across the ranks first: plain
+    gloo *aborts the process* (an uncaught ``gloo::EnforceNotMet`` on its I/O thread)
+    when ranks pass different sizes; the wrapper raises torch's RuntimeError
+    "Detected mismatch between collectives on ranks" instead (what torch gives for
+    gloo and NCCL under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``). Costs one small host
+    all-gather per collective.
+    """
+    from torch._C._distributed_c10d import _ProcessGroupWrapper
+
+    transport = dist.ProcessGroupGloo(dist.PrefixStore(f"{BACKEND_NAME}/", opts.store),
+                                      opts.group_rank, opts.group_size, opts.timeout)
+    checker = dist.ProcessGroupGloo(dist.PrefixStore(f"{BACKEND_NAME}_check/", opts.store),
+                                    opts.group_rank, opts.group_size, opts.timeout)
+    return _ProcessGroupWrapper(transport, checker)
 
 
 _lib = None
