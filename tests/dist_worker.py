@@ -366,18 +366,23 @@ def case_ddp(rank, world):
             p.data.add_(torch.randn_like(p))
     model = model.to(dev)
     ddp = DDP(model, bucket_cap_mb=0.0005)  # several buckets (the model has ~2.5 KB of float32)
-    assert len(ddp.reducer._get_zeros_like_grad_buckets()) >= 2 if hasattr(ddp.reducer, "_get_zeros_like_grad_buckets") else True
+    from torch_tpu_eager.distributed import collective_metrics, reset_collective_metrics
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     xs, ys = _data(steps, batch)
     lo, hi = rank * 8, (rank + 1) * 8
     for s in range(steps):
         x, y = xs[s, lo:hi].to(dev), ys[s, lo:hi].to(dev)
         if s == 0:
+            reset_collective_metrics()
             with ddp.no_sync():  # accumulate locally; the next backward reduces both
                 torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            assert collective_metrics()["collectives"] == 0, collective_metrics()
             continue
+        reset_collective_metrics()
         loss = torch.nn.functional.cross_entropy(ddp(x), y)
         loss.backward()
+        n = collective_metrics()["per_op"]["all_reduce"]["count"]
+        assert s < 2 or n >= 2, f"expected several gradient buckets (rebuilt after step 1), got {n} all_reduce"
         opt.step()
         opt.zero_grad()
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):

@@ -117,6 +117,18 @@ PATCHES = {
             "Same as Tensor.__dlpack__: run the queued ops and pin the address first.",
         ),
         TorchPatch(
+            "torch.distributed.distributed_c10d._new_process_group_helper",
+            "(group_size, group_rank, global_ranks_in_group, backend, store, group_name: "
+            "torch.distributed.distributed_c10d.GroupName, backend_options=None, timeout=None, "
+            "pg_tag=None, device_id=None, group_desc=None)",
+            "With no backend argument (init_process_group()), torch 2.13 picks the accelerator's "
+            "backend ('tpu_ccl', registered with Backend.register_backend) but sets the group's "
+            "default backend type to GLOO unless it is NCCL, so DDP's logger fails with 'Could not "
+            "find backend type 1'. The replacement passes 'tpu_ccl' by name when that is the "
+            "backend torch picked, which is what init_process_group('tpu_ccl') does "
+            "(torch_tpu_eager.distributed.backend).",
+        ),
+        TorchPatch(
             "torch.to_dlpack",
             "<builtin builtin_function_or_method>",
             "The same function as torch.utils.dlpack.to_dlpack, re-exported; replaced together.",

@@ -470,3 +470,27 @@ def register() -> None:
         for name, fn in _KERNELS.items():
             lib.impl(name, fn, "PrivateUse1")
     _lib = lib
+    _patch_undefined_backend()
+
+
+def _patch_undefined_backend():
+    """``init_process_group()`` without a backend on "tpu": as ``init_process_group("tpu_ccl")``
+    (see the entry in torch_tpu_eager._torch_patches.PATCHES)."""
+    from .. import _torch_patches
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d._new_process_group_helper
+
+    def _new_process_group_helper(group_size, group_rank, global_ranks_in_group, backend, store,
+                                  group_name, backend_options=None, timeout=None, pg_tag=None,
+                                  device_id=None, group_desc=None):
+        if str(backend) == dist.Backend.UNDEFINED:
+            picked = c10d.BackendConfig(backend).get_device_backend_map()
+            if set(picked.values()) == {BACKEND_NAME}:
+                backend = dist.Backend(BACKEND_NAME)
+        return original(group_size, group_rank, global_ranks_in_group, backend, store, group_name,
+                        backend_options=backend_options, timeout=timeout, pg_tag=pg_tag,
+                        device_id=device_id, group_desc=group_desc)
+
+    _torch_patches.patch(c10d, "_new_process_group_helper", _new_process_group_helper,
+                         why="init_process_group() picks tpu_ccl as the group's default backend")
