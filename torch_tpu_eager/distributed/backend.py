@@ -159,6 +159,13 @@ def _nbytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+class _Done:
+    """A finished transport step (the coalesced collectives wait for each part themselves)."""
+
+    def wait(self):
+        return True
+
+
 def _copy_back(pairs):
     with torch.no_grad():
         for dev, host in pairs:
@@ -286,8 +293,10 @@ def _allgather_into_tensor_coalesced(outputs, inputs, process_group, async_op=Tr
     h_in = [_to_host(t) for t in inputs]
     h_out = [_host_empty(t) for t in outputs]
     _charge_collective("all_gather", _nbytes(inputs), pg.size(), inputs[0].device)
-    w = be.allgather_into_tensor_coalesced(h_out, h_in, AllgatherOptions())
-    return _finish(w, list(zip(outputs, h_out)), outputs)
+    # the Python binding of a c10d Backend has no coalesced all-gather: one per tensor
+    for o, i in zip(h_out, h_in):
+        be._allgather_base(o, i, AllgatherOptions()).wait()
+    return _finish(_Done(), list(zip(outputs, h_out)), outputs)
 
 
 def _reduce_scatter(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):
@@ -324,8 +333,9 @@ def _reduce_scatter_tensor_coalesced(outputs, inputs, process_group, reduce_op, 
     _charge_collective("reduce_scatter", _nbytes(inputs), pg.size(), inputs[0].device)
     opts = _timeout(ReduceScatterOptions(), timeout)
     opts.reduceOp = _reduce_op(reduce_op)
-    w = be.reduce_scatter_tensor_coalesced(h_out, h_in, opts)
-    return _finish(w, list(zip(outputs, h_out)), outputs)
+    for o, i in zip(h_out, h_in):  # no coalesced reduce-scatter in the binding: one per tensor
+        be._reduce_scatter_base(o, i, opts).wait()
+    return _finish(_Done(), list(zip(outputs, h_out)), outputs)
 
 
 def _alltoall(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
