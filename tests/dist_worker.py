@@ -508,6 +508,18 @@ def case_dtensor_tp(rank, world):
     dist.destroy_process_group()
 
 
+def case_api(rank, world):
+    """case_default then case_bad_input in one pair of processes."""
+    case_default(rank, world)
+    case_bad_input(rank, world)
+
+
+def case_parallel(rank, world):
+    """DDP, FSDP2, DTensor / tensor parallel / checkpoint in one pair of processes."""
+    for case in (case_ddp, case_fsdp, case_dtensor_tp):
+        case(rank, world)
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
