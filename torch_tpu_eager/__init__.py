@@ -9,7 +9,7 @@ Public API: :func:`metrics`, :func:`reset_metrics`, :func:`synchronize`,
 :class:`EagerMode`, :func:`set_eager_mode`, :func:`set_queue_limits`,
 :func:`op_table`, :func:`set_cache_dir` / :func:`cache_dir` (on-disk cache,
 env var ``TORCH_TPU_CACHE_DIR``), :func:`set_target` / :func:`get_target` / :func:`list_targets` /
-:func:`target_info` (the simulated chip), :func:`set_fused_math` / :func:`fused_math`
+:func:`target_info` (the simulated chip), :mod:`torch_tpu_eager.ici` (collective costs on the chip interconnect), :func:`set_fused_math` / :func:`fused_math`
 (float32 math routines of fused loops), :class:`profile` (simulated kernel profiler), plus ``torch.tpu`` (see :mod:`torch_tpu_eager.device`).
 """
 import torch
@@ -33,6 +33,7 @@ from .metrics import queue_limits, set_queue_limits  # noqa: E402
 from .dynamic import mark_dynamic  # noqa: E402
 from .disk_cache import cache_dir, set_cache_dir  # noqa: E402
 from . import spyre  # noqa: E402,F401  (df16 codec: torch_tpu_eager.spyre)
+from . import ici  # noqa: E402,F401  (collective costs on the simulated interconnect: torch_tpu_eager.ici)
 from .profiler import profile  # noqa: E402
 from .target import get_target, list_targets, set_target, target_info  # noqa: E402
 from .fused_math import fused_math, set_fused_math  # noqa: E402

@@ -53,6 +53,12 @@ class profile:
       included in ``memory_s``), ``mxu_utilization`` (useful / padded MACs; None without
       MXU work). See docs/tpu_target.md for the policy.
 
+    - ``kind``: ``"kernel"`` (a fused region), or ``"collective"`` for a collective charged by
+      :func:`torch_tpu_eager.ici.record_collective`: then ``name`` is the op
+      (``"all_reduce"``, ...), ``sim_time_s`` its simulated interconnect time, the byte and
+      FLOP counters 0, and ``collective`` a dict (``algorithm``, ``group_size``, ``nbytes``,
+      ``shape``, ``bytes_per_link``, ``hops``, ``latency_s``, ``bandwidth_s``; None for kernels)
+
     Inside a ``torch.profiler.profile()`` each kernel run on a TPU target also appears
     as a range ``"tpu::<name>"`` (host time of the simulation; its fused ops in the
     range's ``ops`` argument when ``record_shapes=True``).
@@ -86,7 +92,7 @@ class profile:
     def summary(self, sort_by: str = "sim_time_s") -> list:
         """Kernels grouped by name, sorted by ``sort_by`` (a numeric key), largest first.
 
-        Each row: ``name``, ``calls``, ``ops``, ``tiling`` (of its slowest call), and the
+        Each row: ``name``, ``calls``, ``ops``, ``kind``, ``tiling`` (of its slowest call), and the
         sums of ``sim_time_s``, ``compute_s``, ``memory_s``, ``flops``, ``bytes_read``,
         ``bytes_written``, ``padding_bytes``.
         """
@@ -94,7 +100,8 @@ class profile:
         rows = {}
         for k in self.kernels:
             row = rows.setdefault(k["name"], {"name": k["name"], "calls": 0, "ops": k["ops"], "tiling": None,
-                                              "_slowest": -1.0, **{x: 0 for x in keys}})
+                                              "kind": k.get("kind", "kernel"), "_slowest": -1.0,
+                                              **{x: 0 for x in keys}})
             if k.get("tiling") and k["sim_time_s"] > row["_slowest"]:
                 row["tiling"], row["_slowest"] = k["tiling"], k["sim_time_s"]
             row["calls"] += 1
@@ -126,7 +133,10 @@ class profile:
         for r in rows:
             hbm = r["bytes_read"] + r["bytes_written"] + r["padding_bytes"]
             tflops = r["flops"] / r["sim_time_s"] / 1e12 if r["sim_time_s"] > 0 else 0.0
-            bound = "compute" if r["compute_s"] >= r["memory_s"] else "memory"
+            if r.get("kind") == "collective":
+                bound = "ici"
+            else:
+                bound = "compute" if r["compute_s"] >= r["memory_s"] else "memory"
             lines.append(
                 f"{r['name'][:48]:<{width}}  {r['calls']:>5}  {r['sim_time_s'] * 1e6:>10.2f}  "
                 f"{r['sim_time_s'] * 1e6 / r['calls']:>9.2f}  {100 * r['sim_time_s'] / total:>5.1f}  "
@@ -152,7 +162,15 @@ class profile:
              "args": {"name": "tpu (simulated: " + ", ".join(sorted({k["target"] for k in self.kernels})) + ")"}},
             {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "kernels"}},
         ]
+        if any(k.get("kind") == "collective" for k in self.kernels):
+            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": 1,
+                           "args": {"name": "collectives (ICI)"}})
         for k in self.kernels:
+            if k.get("kind") == "collective":
+                events.append({"name": k["name"], "cat": "collective", "ph": "X", "pid": 0, "tid": 1,
+                               "ts": k["start_s"] * 1e6, "dur": k["sim_time_s"] * 1e6,
+                               "args": {"target": k["target"], **k["collective"]}})
+                continue
             args = {x: k[x] for x in ("ops", "shapes", "bytes_read", "bytes_written", "padding_bytes", "flops",
                                       "mxu_flops", "compute_s", "memory_s", "target", "cache_hit", "failed",
                                       "tiling")}

@@ -29,6 +29,17 @@ _TPU_PARAMS = (
     "launch_s",          # seconds per kernel
 )
 
+# Interconnect (ICI) parameters a "tpu" data file must give; the collective cost
+# model (torch_tpu_eager.ici) reads them, the executor does not.
+_ICI_PARAMS = (
+    "ici_link_bandwidth",   # bytes/s per link per direction
+    "ici_links",            # links (ports) per chip
+    "ici_hop_latency_s",    # seconds per hop
+    "ici_topology",         # "2d_torus" or "3d_torus"
+    "ici_max_slice_shape",  # chips per axis of the largest slice
+    "ici_wraparound",       # when an axis has its wraparound link: {"rule": ..., "n": ...}
+)
+
 # Parameters a "spyre" data file must give (see targets/spyre.json).
 _SPYRE_PARAMS = (
     "cores",
@@ -42,7 +53,7 @@ _SPYRE_PARAMS = (
     "dram_bandwidth_mixed",
     "overlap_factor",
 )
-_KINDS = {"tpu": _TPU_PARAMS, "spyre": _SPYRE_PARAMS}
+_KINDS = {"tpu": _TPU_PARAMS + _ICI_PARAMS, "spyre": _SPYRE_PARAMS}
 
 
 def _names():

@@ -35,7 +35,21 @@ struct TilingRecord {
   double mxu_utilization = -1;        // useful / padded MACs; -1 without MXU work
 };
 
+// A collective charged to the timeline (distributed/collective.h): what the
+// interconnect cost model chose.
+struct CollectiveRecord {
+  std::string algorithm;              // "ring", "bidirectional_ring", "torus", "direct", "point_to_point", "none"
+  int64_t group_size = 0;             // chips in the group
+  int64_t nbytes = 0;                 // buffer size the cost is for, bytes
+  std::vector<int64_t> shape;         // slice shape the group is laid out on (chips per axis)
+  double bytes_per_link = 0;          // most bytes one link carries in one direction
+  int64_t hops = 0;                   // link hops on the critical path
+  double latency_s = 0;               // hops x per-hop latency, seconds
+  double bandwidth_s = 0;             // bytes_per_link / link bandwidth, seconds
+};
+
 struct KernelRecord {
+  std::string kind = "kernel";                        // "kernel" (a fused region) or "collective"
   std::string name;                                   // compiled region name, e.g. "fused_mul_add_sum"
   std::string target;                                 // chip it was costed on
   std::vector<std::string> ops;                       // fused ATen ops, "add.Tensor"
@@ -46,6 +60,7 @@ struct KernelRecord {
   bool cache_hit = false;
   bool failed = false;                                // an op of the region raised
   TilingRecord tiling;                                // attached by the executor (trace_attach_tiling)
+  CollectiveRecord collective;                        // kind "collective" only
 };
 
 namespace detail {

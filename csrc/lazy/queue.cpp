@@ -88,6 +88,7 @@ const char* flush_reason_name(FlushReason r) {
     case FlushReason::kTargetSwitch: return "target_switch";
     case FlushReason::kStreamSwitch: return "stream_switch";
     case FlushReason::kEvent: return "event";
+    case FlushReason::kCollective: return "collective";
     default: return "unknown";
   }
 }
@@ -111,6 +112,8 @@ void Metrics::add(const Metrics& d) {
   padding_bytes += d.padding_bytes;
   flops += d.flops;
   sim_time_s += d.sim_time_s;
+  collectives += d.collectives;
+  collective_time_s += d.collective_time_s;
   compile_time_s += d.compile_time_s;
   disk_cache_hits += d.disk_cache_hits;
   disk_cache_misses += d.disk_cache_misses;
@@ -375,6 +378,23 @@ void stream_wait_until(int device, int64_t stream, double t) {
   std::lock_guard<std::mutex> lock(C(device).mu);
   double& clock = C(device).stream_clock[stream];
   clock = std::max(clock, t);
+}
+
+double charge_collective_time(int device, int64_t stream, double seconds) {
+  TORCH_CHECK_VALUE(seconds >= 0, "a collective's simulated time must be >= 0 seconds, got ", seconds);
+  double start;
+  {
+    std::lock_guard<std::mutex> lock(C(device).mu);
+    double& clock = C(device).stream_clock[stream];
+    start = clock;
+    clock += seconds;
+    C(device).sim_time_s += seconds;
+  }
+  std::lock_guard<std::mutex> lock(Q().mu);
+  Q().metrics.collectives++;
+  Q().metrics.collective_time_s += seconds;
+  Q().metrics.sim_time_s += seconds;
+  return start;
 }
 
 double chip_sim_time(int device) {

@@ -34,6 +34,7 @@ enum class FlushReason : int {
   kTargetSwitch,      // the active target changed
   kStreamSwitch,      // an op on another stream of the chip than the pending ones
   kEvent,             // an event was recorded (its simulated timestamp needs the work before it)
+  kCollective,        // a collective was charged to the chip's clock (it follows the work before it)
   kCount
 };
 const char* flush_reason_name(FlushReason r);
@@ -133,7 +134,9 @@ struct Metrics {
   int64_t bytes_read = 0;           // bytes read from device storages by flushes
   int64_t padding_bytes = 0;        // extra HBM bytes moved for tiled layouts (target's cost model)
   double flops = 0;                 // useful operations of the regions run (matmul 2*M*N*K)
-  double sim_time_s = 0;            // simulated device time, seconds
+  double sim_time_s = 0;            // simulated device time, seconds (kernels and collectives)
+  int64_t collectives = 0;          // collectives charged to a chip's clock (charge_collective_time)
+  double collective_time_s = 0;     // their simulated interconnect time, seconds (part of sim_time_s)
   double compile_time_s = 0;        // host seconds spent compiling regions
   // On-disk cache (TORCH_TPU_CACHE_DIR), compiled regions and meta results
   // together: entries found / not found on disk after an in-memory miss, and appended.
@@ -174,6 +177,13 @@ bool stream_idle(int device, int64_t stream);
 double stream_clock(int device, int64_t stream);
 // Makes the stream's later work start no earlier than `t` (waiting on an event).
 void stream_wait_until(int device, int64_t stream, double t);
+// Charges `seconds` of simulated device time that no kernel accounts for (a
+// collective over the chip interconnect) to `stream` of `device`: its clock and
+// the chip's clock advance as a flush advances them for its kernels, so events
+// recorded around it measure it. Counted in metrics (collectives,
+// collective_time_s, sim_time_s). The caller runs the chip's pending ops first
+// when the work must follow them. Returns the stream clock before (its start).
+double charge_collective_time(int device, int64_t stream, double seconds);
 // True when queued nodes still read or write `s` (its host buffer may be stale).
 bool storage_has_pending(const DeferredStorage* s);
 // Storages used by `g` (the nodes of one flush) whose value can be observed

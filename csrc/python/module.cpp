@@ -14,6 +14,7 @@
 #include "device/device.h"
 #include "device/fork.h"
 #include "device/host_share.h"
+#include "distributed/collective_clock.h"
 #include "executors/executor.h"
 #include "executors/spyre/card.h"
 #include "executors/spyre/df16.h"
@@ -67,6 +68,8 @@ py::dict metrics_dict() {
   d["padding_bytes"] = m.padding_bytes;
   d["flops"] = m.flops;
   d["sim_time_s"] = m.sim_time_s;
+  d["collectives"] = m.collectives;
+  d["collective_time_s"] = m.collective_time_s;
   d["compile_time_s"] = m.compile_time_s;
   d["disk_cache_hits"] = m.disk_cache_hits;
   d["disk_cache_misses"] = m.disk_cache_misses;
@@ -125,6 +128,22 @@ py::dict kernel_dict(const jit::KernelRecord& r) {
   d["cache_hit"] = r.cache_hit;
   d["failed"] = r.failed;
   d["tiling"] = tiling_dict(r.tiling);
+  d["kind"] = r.kind;
+  if (r.kind == "collective") {
+    const auto& c = r.collective;
+    py::dict cd;
+    cd["algorithm"] = c.algorithm;
+    cd["group_size"] = c.group_size;
+    cd["nbytes"] = c.nbytes;
+    cd["shape"] = py::tuple(py::cast(c.shape));
+    cd["bytes_per_link"] = c.bytes_per_link;
+    cd["hops"] = c.hops;
+    cd["latency_s"] = c.latency_s;
+    cd["bandwidth_s"] = c.bandwidth_s;
+    d["collective"] = cd;
+  } else {
+    d["collective"] = py::none();
+  }
   return d;
 }
 
@@ -361,6 +380,27 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("device"), py::arg("reason"));
   m.def("_chip_sim_time", [](int device) { return chip_sim_time(checked_device(device)); });
+  // A collective's simulated ICI time on a chip's timeline (torch_tpu_eager.ici.record_collective).
+  m.def(
+      "_record_collective",
+      [](int device, const std::string& op, const std::string& target, double seconds, const std::string& algorithm,
+         int64_t group_size, int64_t nbytes, std::vector<int64_t> shape, double bytes_per_link, int64_t hops,
+         double latency_s, double bandwidth_s) {
+        jit::CollectiveRecord info;
+        info.algorithm = algorithm;
+        info.group_size = group_size;
+        info.nbytes = nbytes;
+        info.shape = std::move(shape);
+        info.bytes_per_link = bytes_per_link;
+        info.hops = hops;
+        info.latency_s = latency_s;
+        info.bandwidth_s = bandwidth_s;
+        py::gil_scoped_release no_gil;  // the flush may wait for the autograd thread's ops
+        return distributed::record_collective(checked_device(device), op, target, seconds, info);
+      },
+      py::arg("device"), py::arg("op"), py::arg("target"), py::arg("seconds"), py::arg("algorithm"),
+      py::arg("group_size"), py::arg("nbytes"), py::arg("shape"), py::arg("bytes_per_link"), py::arg("hops"),
+      py::arg("latency_s"), py::arg("bandwidth_s"));
   m.def("_metrics", &metrics_dict);
   m.def("_reset_metrics", [] {
     reset_metrics();

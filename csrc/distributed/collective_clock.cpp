@@ -1,0 +1,30 @@
+// Collectives on the simulated timeline (see collective_clock.h).
+#include "distributed/collective_clock.h"
+
+#include <utility>
+
+#include "device/device.h"
+#include "lazy/queue.h"
+
+namespace tpu_eager {
+namespace distributed {
+
+double record_collective(int device, const std::string& op, const std::string& target, double seconds,
+                         const jit::CollectiveRecord& info) {
+  (void)flush_device(device, FlushReason::kCollective);  // errors stay with the tensors they poisoned
+  const double start = charge_collective_time(device, current_stream_id(device), seconds);
+  if (jit::trace_active()) {
+    jit::KernelRecord rec;
+    rec.kind = "collective";
+    rec.name = op;
+    rec.target = target;
+    rec.ops = {op};
+    rec.stats.sim_time_s = seconds;
+    rec.collective = info;
+    jit::trace_record(std::move(rec));
+  }
+  return start;
+}
+
+}  // namespace distributed
+}  // namespace tpu_eager
