@@ -7,6 +7,9 @@
 // so no value is rounded to float16 first and to df16 after (double rounding).
 #pragma once
 
+#include <functional>
+#include <vector>
+
 #include <ATen/core/stack.h>
 
 #include "lazy/queue.h"
@@ -25,6 +28,15 @@ bool computes_in_f32(const Node& n);
 // is df16(f32 result) in its recorded dtype, and each written 16-bit argument
 // receives df16 of the value the op wrote. Throws what the kernel throws.
 void call_in_f32(const Node& n, torch::jit::Stack& stack);
+
+// The same for any op: `stack` holds its CPU arguments; 16-bit tensors (and
+// tensors in lists) are widened, arguments the schema marks written receive
+// df16 of what the op wrote, 16-bit dtype arguments become float32, `call`
+// runs the op, and the op's fresh (non-aliasing) tensor results, in order, are
+// stored as df16 in `result_dtypes` (a result past its end keeps its dtype).
+void call_op_in_f32(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+                    const std::vector<c10::ScalarType>& result_dtypes,
+                    const std::function<void(torch::jit::Stack&)>& call);
 
 // df16 of `x` (any floating dtype) in dtype `dtype` (one rounding to df16;
 // then the exact, or storage-range, conversion to `dtype`).
