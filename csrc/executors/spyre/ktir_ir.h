@@ -85,11 +85,12 @@ KtirProgram ktir_parse(const std::string& text);
 // given, against the tensors bound to its arguments). Throws ValueError
 // naming the line and the rule.
 void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector<at::Tensor>* args = nullptr);
-// Runs the program on CPU tensors bound to its arguments in order (inputs
-// and in/out arguments; out arguments may be left off and are allocated):
-// each op in f32 from df16 inputs, rounded once to df16 (df16_ops.h). Returns
-// the out arguments. Verifies first.
-std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, std::vector<at::Tensor> args);
+// Runs the program on contiguous CPU tensors `inputs` bound to its in and
+// inout arguments in order (out arguments are allocated, zero-filled): each op
+// in f32 from df16 inputs, rounded once to df16 (df16_ops.h). inout tensors
+// are written in place. Returns the out and inout arguments (flat, in argument
+// order). Verifies first (ValueError naming the line and rule).
+std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, std::vector<at::Tensor> inputs);
 
 }  // namespace spyre
 }  // namespace tpu_eager

@@ -20,6 +20,7 @@
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/job_plan.h"
 #include "executors/spyre/ktir.h"
+#include "executors/spyre/ktir_ir.h"
 #include "executors/spyre/schedule.h"
 #include "executors/spyre/spyre.h"
 
@@ -120,7 +121,16 @@ class SpyreKernel final : public Kernel {
  private:
   void plan(const Region& region, const std::vector<Node>& graph) {
     signature_.clear();
-    ktir_ = ktir_text(info(), region, graph, card_);
+    program_ = ktir_build(info(), region, graph, card_);
+    ktir_ = ktir_print(program_);
+    // The verifier's rules (docs/ktir.md) hold for every program we build;
+    // a failure is a bug of the lowering, raised before any op runs.
+    try {
+      ktir_verify(program_, card_);
+    } catch (...) {
+      ktir_record(info().name, ktir_);
+      throw;
+    }
     // Tiled before any op runs: a region that cannot fit LX fails untouched.
     try {
       schedule_ = plan_schedule(info().name, region, graph, card_);
@@ -134,6 +144,7 @@ class SpyreKernel final : public Kernel {
   std::mutex mu_;
   const CardParams card_;  // the JIT drops every kernel when the target changes
   std::vector<int64_t> signature_;
+  KtirProgram program_;
   std::string ktir_;
   Schedule schedule_;
 };
