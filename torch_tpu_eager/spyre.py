@@ -29,6 +29,9 @@ __all__ = [
     "df16_decode",
     "df16_round",
     "dump_ktir",
+    "format_ktir",
+    "verify_ktir",
+    "run_ktir",
     "last_schedule",
     "dump_schedule",
     "job_plan",
@@ -155,6 +158,61 @@ def dump_ktir(format="text"):
     _check_option("format", format, _DUMP_FORMATS)
     _C._flush(_C.FLUSH_SYNCHRONIZE, raise_error=False)
     return "\n".join(_C._ktir_last())
+
+
+def format_ktir(text):
+    """Parses KTIR text (docs/ktir.md) and prints it back in canonical form.
+
+    ``format_ktir(t) == t`` for every program :func:`dump_ktir` prints.
+
+    Raises:
+        ValueError: text that does not parse ("KTIR line N: rule 'syntax': ...").
+    """
+    return _C._ktir_format(text)
+
+
+def verify_ktir(text):
+    """Parses and verifies KTIR text against the active Spyre card's rules
+    (docs/ktir.md: types, view bounds, tiles in whole sticks, LX capacity per
+    core, grid, def-use of views, known ops).
+
+    Raises:
+        ValueError: the first rule broken, as "KTIR line N: rule '<rule>': ...".
+    """
+    _C._ktir_verify(text)
+
+
+def run_ktir(path, *tensors):
+    """Runs a KTIR kernel file (e.g. one written to ``TORCH_TPU_DUMP_DIR`` and
+    edited) with Spyre's numerics: each op in float32 from its df16 inputs,
+    its result rounded once to df16 and stored in the view's dtype.
+
+    Args:
+        path: a ``.ktir`` file holding one ``ktir.kernel``.
+        *tensors: one tensor per ``in`` / ``inout`` argument (``%aK``) in order,
+            of the argument's dtype with at least its ``elems`` elements
+            (flattened; CPU or "tpu"). ``inout`` tensors are written in place
+            when on CPU and contiguous.
+
+    Returns:
+        A tuple with one flat tensor per ``out`` / ``inout`` argument, in
+        argument order, on the first tensor's device (CPU when none is given).
+
+    Raises:
+        ValueError: the file breaks a verifier rule (the message names the line
+            and rule), or the tensors do not match the arguments.
+    """
+    with open(path) as f:
+        text = f.read()
+    device = tensors[0].device if tensors else torch.device("cpu")
+    cpu = []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"run_ktir expects tensors, got {type(t).__name__}")
+        c = t.detach()
+        cpu.append(c if c.device.type == "cpu" and c.is_contiguous() else c.to("cpu").contiguous())
+    outs = _C._ktir_run(text, cpu)
+    return tuple(o if device.type == "cpu" else o.to(device) for o in outs)
 
 
 def last_schedule():

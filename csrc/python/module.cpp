@@ -20,6 +20,7 @@
 #include "executors/spyre/df16.h"
 #include "executors/spyre/job_plan.h"
 #include "executors/spyre/ktir.h"
+#include "executors/spyre/ktir_ir.h"
 #include "executors/spyre/schedule.h"
 #include "executors/spyre/spyre.h"
 #include "executors/tpu/chip.h"
@@ -458,6 +459,13 @@ PYBIND11_MODULE(_C, m) {
   });
   spyre::set_overflow_thrower(&throw_spyre_overflow);
   m.def("_ktir_last", &spyre::last_flush_ktir);
+  // KTIR text tools (executors/spyre/ktir_ir.h): round trip, verifier, interpreter.
+  m.def("_ktir_format", [](const std::string& text) { return spyre::ktir_print(spyre::ktir_parse(text)); });
+  m.def("_ktir_verify", [](const std::string& text) { spyre::ktir_verify(spyre::ktir_parse(text), spyre::active_card()); });
+  m.def("_ktir_run", [](const std::string& text, std::vector<at::Tensor> tensors) {
+    py::gil_scoped_release no_gil;
+    return spyre::ktir_run(spyre::ktir_parse(text), spyre::active_card(), std::move(tensors));
+  });
   m.def("_schedule_last", [] {
     py::list out;
     for (const auto& s : spyre::last_flush_schedules()) out.append(schedule_dict(s));

@@ -17,8 +17,10 @@
 #include "executors/region_runner.h"
 #include "executors/spyre/cost_model.h"
 #include "executors/spyre/df16.h"
+#include "executors/spyre/df16_ops.h"
 #include "executors/spyre/job_plan.h"
 #include "executors/spyre/ktir.h"
+#include "executors/spyre/ktir_ir.h"
 #include "executors/spyre/schedule.h"
 #include "executors/spyre/spyre.h"
 
@@ -37,21 +39,31 @@ std::string where_of(const Node& n) {
 class SpyreHooks final : public host::HostRunHooks {
  public:
   explicit SpyreHooks(const CardParams& card) : card_(card) {}
+  // 16-bit float ops compute in f32 and round once to df16 (df16_ops.h).
+  void call(const Node& n, torch::jit::Stack& stack) override {
+    in_f32_ = computes_in_f32(n);
+    if (in_f32_) call_in_f32(n, stack);
+    else host::call_cpu(n, stack);
+  }
+  bool direct_outputs_ok(const Node& n) override { return !computes_in_f32(n); }
   int64_t logical_bytes(const TensorRef& r) override { return device_bytes(r.sizes, r.dtype); }
   int64_t padding_bytes(const TensorRef& r) override {
     return stick_bytes(r.sizes, r.dtype, card_) - device_bytes(r.sizes, r.dtype);
   }
   void after_op(const Node& n, std::vector<at::Tensor>& results, host::HostMemory& mem) override {
+    // An op computed in f32 stored its results as df16 already (one rounding).
+    const bool stored = in_f32_;
+    in_f32_ = false;
     for (auto& r : results) {
       if (!r.defined()) continue;
       check_int32(r, where_of(n));
-      r = rounded(r);
+      if (!stored) r = rounded(r);
     }
     bool rewrote = false;
     for (const auto& in : n.inputs) {
       if (!in.written) continue;
       if (in.ref.dtype == c10::kLong) check_int32(mem.tensor(in.ref), where_of(n));
-      if (is_16bit_float(in.ref.dtype)) {
+      if (is_16bit_float(in.ref.dtype) && !stored) {
         at::Tensor w = mem.written_tensor(in.ref);
         w.copy_(df16_round(w));
         rewrote = true;
@@ -69,6 +81,7 @@ class SpyreHooks final : public host::HostRunHooks {
 
  private:
   const CardParams& card_;
+  bool in_f32_ = false;  // the op of the current call ran through call_in_f32
 };
 
 // A region compiled for Spyre: its KTIR program and tile schedule, planned
@@ -108,7 +121,16 @@ class SpyreKernel final : public Kernel {
  private:
   void plan(const Region& region, const std::vector<Node>& graph) {
     signature_.clear();
-    ktir_ = ktir_text(info(), region, graph, card_);
+    program_ = ktir_build(info(), region, graph, card_);
+    ktir_ = ktir_print(program_);
+    // The verifier's rules (docs/ktir.md) hold for every program we build;
+    // a failure is a bug of the lowering, raised before any op runs.
+    try {
+      ktir_verify(program_, card_);
+    } catch (...) {
+      ktir_record(info().name, ktir_);
+      throw;
+    }
     // Tiled before any op runs: a region that cannot fit LX fails untouched.
     try {
       schedule_ = plan_schedule(info().name, region, graph, card_);
@@ -122,6 +144,7 @@ class SpyreKernel final : public Kernel {
   std::mutex mu_;
   const CardParams card_;  // the JIT drops every kernel when the target changes
   std::vector<int64_t> signature_;
+  KtirProgram program_;
   std::string ktir_;
   Schedule schedule_;
 };

@@ -1,0 +1,118 @@
+// Spyre's per-op 16-bit numerics (see df16_ops.h).
+#include "executors/spyre/df16_ops.h"
+
+#include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+
+#include "executors/host_runtime.h"
+#include "executors/spyre/df16.h"
+
+namespace tpu_eager {
+namespace spyre {
+namespace {
+
+bool is16(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
+
+bool is_dtype_arg(const c10::Argument& a) {
+  const c10::TypePtr& t = a.real_type();  // type() says int for ScalarType
+  if (t->kind() == c10::TypeKind::ScalarTypeType) return true;
+  if (auto o = t->cast<c10::OptionalType>()) return o->getElementType()->kind() == c10::TypeKind::ScalarTypeType;
+  return false;
+}
+
+bool is_written(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
+
+}  // namespace
+
+bool computes_in_f32(const Node& n) {
+  if (n.rng) return false;
+  for (const auto& in : n.inputs)
+    if (is16(in.ref.dtype)) return true;
+  for (const auto& out : n.outputs)
+    if (is16(out.dtype)) return true;
+  const auto& args = n.op.schema().arguments();
+  for (size_t i = 0; i < args.size() && i < n.args.size(); ++i)
+    if (is_dtype_arg(args[i]) && n.args[i].isInt() && is16(static_cast<c10::ScalarType>(n.args[i].toInt())))
+      return true;
+  return false;
+}
+
+at::Tensor df16_store(const at::Tensor& x, c10::ScalarType dtype) {
+  // df16_decode(df16_encode(.)) is float32 holding df16 values exactly.
+  at::Tensor r = df16_decode(df16_encode(x));
+  return dtype == c10::kFloat ? r : r.to(dtype);
+}
+
+void call_op_in_f32(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+                    const std::vector<c10::ScalarType>& result_dtypes,
+                    const std::function<void(torch::jit::Stack&)>& call) {
+  const auto& args = schema.arguments();
+  // Each 16-bit tensor gets one f32 stand-in (a tensor filling several slots
+  // keeps one); written ones are copied back as df16 after the call.
+  std::vector<std::pair<at::Tensor, at::Tensor>> wide;
+  std::vector<std::pair<at::Tensor, at::Tensor>> writes;
+  auto widen = [&](const at::Tensor& t, bool written) -> at::Tensor {
+    if (!t.defined() || !is16(t.scalar_type())) return t;
+    for (const auto& w : wide)
+      if (w.first.is_same(t)) return w.second;
+    at::Tensor f = t.to(c10::kFloat);  // a copy with t's strides
+    wide.emplace_back(t, f);
+    if (written) writes.emplace_back(t, f);
+    return f;
+  };
+  for (size_t i = 0; i < args.size() && i < stack.size(); ++i) {
+    c10::IValue& v = stack[i];
+    const bool written = is_written(args[i]);
+    if (v.isTensor()) {
+      v = widen(v.toTensor(), written);
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> list = v.toTensorList().vec();
+      for (auto& t : list) t = widen(t, written);
+      v = c10::List<at::Tensor>(list);
+    } else if (v.isList() && args[i].real_type()->kind() == c10::TypeKind::ListType) {
+      c10::List<c10::IValue> list = v.toList();
+      c10::List<c10::IValue> out(list.elementType());
+      for (size_t e = 0; e < list.size(); ++e) {
+        const c10::IValue x = list.get(e);
+        out.push_back(x.isTensor() ? c10::IValue(widen(x.toTensor(), written)) : x);
+      }
+      v = out;
+    } else if (is_dtype_arg(args[i]) && v.isInt() && is16(static_cast<c10::ScalarType>(v.toInt()))) {
+      v = static_cast<int64_t>(c10::kFloat);
+    }
+  }
+  call(stack);
+  for (const auto& [orig, f] : writes) {
+    if (!orig.sizes().equals(f.sizes())) orig.resize_(f.sizes());  // an out= the kernel resized
+    orig.copy_(df16_store(f, orig.scalar_type()));
+  }
+  // Fresh results, in order, get their dtypes.
+  size_t j = 0;
+  auto fix = [&](const at::Tensor& t) -> at::Tensor {
+    if (j >= result_dtypes.size()) return t;
+    const c10::ScalarType want = result_dtypes[j++];
+    if (!t.defined()) return t;
+    if (is16(want)) return df16_store(t, want);
+    return t.scalar_type() == want ? t : t.to(want);
+  };
+  const auto& rets = schema.returns();
+  for (size_t k = 0; k < rets.size() && k < stack.size(); ++k) {
+    if (rets[k].alias_info()) continue;  // returns a written argument
+    if (stack[k].isTensor()) {
+      stack[k] = fix(stack[k].toTensor());
+    } else if (stack[k].isTensorList()) {
+      std::vector<at::Tensor> list = stack[k].toTensorList().vec();
+      for (auto& t : list) t = fix(t);
+      stack[k] = c10::List<at::Tensor>(list);
+    }
+  }
+}
+
+void call_in_f32(const Node& n, torch::jit::Stack& stack) {
+  std::vector<c10::ScalarType> dtypes;
+  for (const auto& o : n.outputs) dtypes.push_back(o.dtype);
+  call_op_in_f32(n.op.schema(), stack, dtypes, [&](torch::jit::Stack& s) { host::call_cpu(n, s); });
+}
+
+}  // namespace spyre
+}  // namespace tpu_eager

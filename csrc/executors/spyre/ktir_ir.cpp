@@ -1,0 +1,902 @@
+// KTIR data structure: build from a region, print, parse, verify, run
+// (format and rules in docs/ktir.md).
+#include "executors/spyre/ktir_ir.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+
+#include "executors/region_runner.h"
+#include "executors/spyre/df16_ops.h"
+#include "executors/spyre/layout.h"
+
+namespace tpu_eager {
+namespace spyre {
+namespace {
+
+[[noreturn]] void fail(int line, const std::string& rule, const std::string& msg) {
+  TORCH_CHECK_VALUE(false, "KTIR line ", line, ": rule '", rule, "': ", msg);
+}
+
+struct DtypeName {
+  c10::ScalarType t;
+  const char* host;    // in views and args
+  const char* torch;   // dtype literals
+};
+const DtypeName kDtypes[] = {
+    {c10::kFloat, "f32", "torch.float32"},   {c10::kHalf, "f16", "torch.float16"},
+    {c10::kBFloat16, "bf16", "torch.bfloat16"}, {c10::kDouble, "f64", "torch.float64"},
+    {c10::kLong, "i64", "torch.int64"},      {c10::kInt, "i32", "torch.int32"},
+    {c10::kShort, "i16", "torch.int16"},     {c10::kChar, "i8", "torch.int8"},
+    {c10::kByte, "u8", "torch.uint8"},       {c10::kBool, "bool", "torch.bool"},
+};
+
+std::string host_name(c10::ScalarType t) {
+  for (const auto& d : kDtypes)
+    if (d.t == t) return d.host;
+  TORCH_CHECK_VALUE(false, "KTIR has no name for dtype ", t);
+}
+
+// Device dtype token: the device's name, with the host dtype in parentheses
+// when the device holds it in another format (df16(f16), i32(i64)).
+std::string type_token(c10::ScalarType t) {
+  switch (t) {
+    case c10::kHalf: return "df16(f16)";
+    case c10::kBFloat16: return "df16(bf16)";
+    case c10::kLong: return "i32(i64)";
+    default: return host_name(t);
+  }
+}
+
+bool parse_type_token(const std::string& s, c10::ScalarType* out) {
+  if (s == "df16(f16)") return *out = c10::kHalf, true;
+  if (s == "df16(bf16)") return *out = c10::kBFloat16, true;
+  if (s == "i32(i64)") return *out = c10::kLong, true;
+  for (const auto& d : kDtypes)
+    if (s == d.host && d.t != c10::kHalf && d.t != c10::kBFloat16 && d.t != c10::kLong) return *out = d.t, true;
+  return false;
+}
+
+std::string list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// Shortest text that reads back as the same double, always with '.', 'e', inf or nan.
+std::string float_text(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  char buf[64];
+  for (int p = 1; p <= 17; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, d);
+    if (std::strtod(buf, nullptr) == d) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string value_text(const KtirValue& v) {
+  switch (v.kind) {
+    case KtirValue::kNone: return "None";
+    case KtirValue::kBool: return v.b ? "True" : "False";
+    case KtirValue::kInt: return std::to_string(v.i);
+    case KtirValue::kFloat: return float_text(v.f);
+    case KtirValue::kString: {
+      std::string s = "\"";
+      for (char c : v.s) s += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+      return s + "\"";
+    }
+    case KtirValue::kDtype:
+      for (const auto& d : kDtypes)
+        if (static_cast<int64_t>(d.t) == v.i) return d.torch;
+      return std::to_string(v.i);
+    case KtirValue::kView: return "%" + std::to_string(v.i);
+    case KtirValue::kList: {
+      std::string s = "[";
+      for (size_t i = 0; i < v.list.size(); ++i) s += (i ? ", " : "") + value_text(v.list[i]);
+      return s + "]";
+    }
+  }
+  return "None";
+}
+
+bool is_dtype_type(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::ScalarTypeType) return true;
+  if (auto o = t->cast<c10::OptionalType>()) return o->getElementType()->kind() == c10::TypeKind::ScalarTypeType;
+  return false;
+}
+
+KtirValue value_of(const c10::IValue& v, bool dtype) {
+  KtirValue k;
+  if (v.isNone()) return k;
+  if (v.isBool()) k.kind = KtirValue::kBool, k.b = v.toBool();
+  else if (v.isInt()) k.kind = dtype ? KtirValue::kDtype : KtirValue::kInt, k.i = v.toInt();
+  else if (v.isDouble()) k.kind = KtirValue::kFloat, k.f = v.toDouble();
+  else if (v.isString()) k.kind = KtirValue::kString, k.s = v.toStringRef();
+  else if (v.isDevice()) k.kind = KtirValue::kString, k.s = v.toDevice().str();
+  else if (v.isTensor() && v.toTensor().dim() == 0) {  // a Python number received as a 0-dim tensor
+    const c10::Scalar s = v.toTensor().item();
+    if (s.isBoolean()) k.kind = KtirValue::kBool, k.b = s.toBool();
+    else if (s.isIntegral(false)) k.kind = KtirValue::kInt, k.i = s.toLong();
+    else k.kind = KtirValue::kFloat, k.f = s.toDouble();
+  } else if (v.isList()) {
+    k.kind = KtirValue::kList;
+    for (const c10::IValue& e : v.toListRef()) k.list.push_back(value_of(e, false));
+  }
+  return k;  // generators and other opaque values: None
+}
+
+const c10::OperatorHandle* find_op(const std::string& name) {
+  const auto dot = name.find('.');
+  const std::string base = "aten::" + name.substr(0, dot);
+  const std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+  auto h = c10::Dispatcher::singleton().findSchema({base, overload});
+  if (!h) return nullptr;
+  static std::mutex mu;
+  static std::map<std::string, c10::OperatorHandle>* cache = new std::map<std::string, c10::OperatorHandle>();
+  std::lock_guard<std::mutex> lock(mu);
+  return &cache->emplace(name, *h).first->second;
+}
+
+// ---------------------------------------------------------------- parser
+
+struct Cursor {
+  const std::string& s;
+  size_t i = 0;
+  int line;
+  void ws() {
+    while (i < s.size() && s[i] == ' ') ++i;
+  }
+  bool eat(const std::string& t) {
+    ws();
+    if (s.compare(i, t.size(), t) != 0) return false;
+    i += t.size();
+    return true;
+  }
+  void expect(const std::string& t) {
+    if (!eat(t)) fail(line, "syntax", "expected '" + t + "' at column " + std::to_string(i + 1) + " in: " + s);
+  }
+  std::string word() {
+    ws();
+    size_t b = i;
+    while (i < s.size() && s[i] != ' ' && s[i] != '=' && s[i] != ',' && s[i] != ']' && s[i] != ')' && s[i] != '[')
+      ++i;
+    return s.substr(b, i - b);
+  }
+  std::string token() {  // up to the next space
+    ws();
+    size_t b = i;
+    while (i < s.size() && s[i] != ' ') ++i;
+    return s.substr(b, i - b);
+  }
+  int64_t integer() {
+    ws();
+    size_t b = i;
+    if (i < s.size() && s[i] == '-') ++i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    if (b == i || (s[b] == '-' && i == b + 1)) fail(line, "syntax", "expected an integer at column " + std::to_string(b + 1) + " in: " + s);
+    return std::stoll(s.substr(b, i - b));
+  }
+  std::vector<int64_t> int_list() {
+    expect("[");
+    std::vector<int64_t> v;
+    if (eat("]")) return v;
+    do v.push_back(integer());
+    while (eat(","));
+    expect("]");
+    return v;
+  }
+  int view_ref() {
+    expect("%");
+    return static_cast<int>(integer());
+  }
+  bool done() {
+    ws();
+    return i == s.size();
+  }
+  KtirValue value() {
+    ws();
+    KtirValue v;
+    if (eat("None")) return v;
+    if (eat("True")) return v.kind = KtirValue::kBool, v.b = true, v;
+    if (eat("False")) return v.kind = KtirValue::kBool, v.b = false, v;
+    if (eat("%")) return v.kind = KtirValue::kView, v.i = integer(), v;
+    if (eat("[")) {
+      v.kind = KtirValue::kList;
+      if (eat("]")) return v;
+      do v.list.push_back(value());
+      while (eat(","));
+      expect("]");
+      return v;
+    }
+    if (eat("\"")) {
+      v.kind = KtirValue::kString;
+      while (i < s.size() && s[i] != '"') {
+        if (s[i] == '\\' && i + 1 < s.size()) ++i;
+        v.s += s[i++];
+      }
+      expect("\"");
+      return v;
+    }
+    if (eat("torch.")) {
+      const std::string w = "torch." + word();
+      for (const auto& d : kDtypes)
+        if (w == d.torch) return v.kind = KtirValue::kDtype, v.i = static_cast<int64_t>(d.t), v;
+      fail(line, "syntax", "unknown dtype " + w);
+    }
+    const size_t b = i;
+    const std::string w = word();
+    if (w == "inf" || w == "-inf" || w == "nan") {
+      v.kind = KtirValue::kFloat;
+      v.f = w == "nan" ? NAN : (w == "inf" ? INFINITY : -INFINITY);
+      return v;
+    }
+    char* end = nullptr;
+    if (w.find_first_of(".eE") == std::string::npos) {
+      const long long x = std::strtoll(w.c_str(), &end, 10);
+      if (!w.empty() && *end == 0) return v.kind = KtirValue::kInt, v.i = x, v;
+    } else {
+      const double x = std::strtod(w.c_str(), &end);
+      if (!w.empty() && *end == 0) return v.kind = KtirValue::kFloat, v.f = x, v;
+    }
+    fail(line, "syntax", "bad operand '" + w + "' at column " + std::to_string(b + 1) + " in: " + s);
+  }
+};
+
+// Device element bytes of a host dtype (df16: 2, i64 held as i32: 4).
+int64_t device_elem_bytes(c10::ScalarType t) { return t == c10::kLong ? 4 : c10::elementSize(t); }
+
+int64_t last_elem(const KtirView& v) {
+  int64_t e = v.offset;
+  for (size_t d = 0; d < v.sizes.size(); ++d) {
+    if (v.sizes[d] == 0) return -1;
+    e += (v.sizes[d] - 1) * v.strides[d];
+  }
+  return e;
+}
+
+// Sticks of a tile: its innermost extent padded to whole sticks, times the other extents.
+int64_t tile_sticks(const std::vector<int64_t>& sizes, c10::ScalarType t, int64_t stick) {
+  const int64_t per = std::max<int64_t>(1, stick / device_elem_bytes(t));
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < sizes.size(); ++d) rows *= sizes[d];
+  const int64_t inner = sizes.empty() ? 1 : sizes.back();
+  return rows * ((inner + per - 1) / per);
+}
+
+c10::IValue to_ivalue(const KtirValue& v, const c10::TypePtr& type, const std::vector<at::Tensor>& views, int line);
+
+at::Tensor view_tensor(const KtirValue& v, const std::vector<at::Tensor>& views, int line) {
+  if (v.i < 0 || v.i >= static_cast<int64_t>(views.size()) || !views[v.i].defined())
+    fail(line, "def-use", "%" + std::to_string(v.i) + " is not defined here");
+  return views[v.i];
+}
+
+c10::IValue to_ivalue(const KtirValue& v, const c10::TypePtr& type, const std::vector<at::Tensor>& views, int line) {
+  c10::TypePtr t = type;
+  if (auto o = t->cast<c10::OptionalType>()) {
+    if (v.kind == KtirValue::kNone) return c10::IValue();
+    t = o->getElementType();
+  }
+  switch (t->kind()) {
+    case c10::TypeKind::TensorType:
+      if (v.kind == KtirValue::kView) return view_tensor(v, views, line);
+      if (v.kind == KtirValue::kInt || v.kind == KtirValue::kFloat || v.kind == KtirValue::kBool) {
+        at::Tensor s = v.kind == KtirValue::kInt    ? at::scalar_tensor(v.i, at::kLong)
+                       : v.kind == KtirValue::kBool ? at::scalar_tensor(v.b, at::kBool)
+                                                    : at::scalar_tensor(v.f, at::kDouble);
+        s.unsafeGetTensorImpl()->set_wrapped_number(true);
+        return s;
+      }
+      break;
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+    case c10::TypeKind::ScalarTypeType:
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:
+      if (v.kind == KtirValue::kInt || v.kind == KtirValue::kDtype) return v.i;
+      break;
+    case c10::TypeKind::FloatType:
+      if (v.kind == KtirValue::kFloat) return v.f;
+      if (v.kind == KtirValue::kInt) return static_cast<double>(v.i);
+      break;
+    case c10::TypeKind::BoolType:
+      if (v.kind == KtirValue::kBool) return v.b;
+      break;
+    case c10::TypeKind::NumberType:
+      if (v.kind == KtirValue::kInt) return v.i;
+      if (v.kind == KtirValue::kFloat) return v.f;
+      if (v.kind == KtirValue::kBool) return v.b;
+      break;
+    case c10::TypeKind::StringType:
+      if (v.kind == KtirValue::kString) return v.s;
+      break;
+    case c10::TypeKind::DeviceObjType:
+      if (v.kind == KtirValue::kString) return c10::Device(v.s);
+      break;
+    case c10::TypeKind::ListType: {
+      if (v.kind != KtirValue::kList) {
+        if (v.kind == KtirValue::kInt) return c10::List<int64_t>({v.i});  // int[1] given as an int
+        break;
+      }
+      const c10::TypePtr el = t->castRaw<c10::ListType>()->getElementType();
+      if (el->kind() == c10::TypeKind::TensorType) {
+        c10::List<at::Tensor> out;
+        for (const auto& e : v.list) out.push_back(to_ivalue(e, el, views, line).toTensor());
+        return out;
+      }
+      if (el->kind() == c10::TypeKind::OptionalType) {
+        c10::List<std::optional<at::Tensor>> out;
+        for (const auto& e : v.list) {
+          c10::IValue x = to_ivalue(e, el, views, line);
+          out.push_back(x.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(x.toTensor()));
+        }
+        return out;
+      }
+      if (el->kind() == c10::TypeKind::FloatType) {
+        c10::List<double> out;
+        for (const auto& e : v.list) out.push_back(to_ivalue(e, el, views, line).toDouble());
+        return out;
+      }
+      if (el->kind() == c10::TypeKind::BoolType) {
+        c10::List<bool> out;
+        for (const auto& e : v.list) out.push_back(to_ivalue(e, el, views, line).toBool());
+        return out;
+      }
+      c10::List<int64_t> out;
+      for (const auto& e : v.list) out.push_back(to_ivalue(e, c10::IntType::get(), views, line).toInt());
+      return out;
+    }
+    default:
+      if (v.kind == KtirValue::kNone) return c10::IValue();
+      break;
+  }
+  fail(line, "types", "operand " + value_text(v) + " does not fit argument type " + type->str());
+}
+
+// True when schema argument `a` of `op` is written without being read (out=,
+// the self of fill_, zero_, copy_ and RNG fills): its view needs no value yet.
+bool write_only(const std::string& op, const c10::FunctionSchema& schema, size_t a) {
+  const auto& arg = schema.arguments()[a];
+  if (!arg.alias_info() || !arg.alias_info()->isWrite()) return false;
+  if (arg.is_out()) return true;
+  static const std::set<std::string> overwrite = {"fill_", "zero_", "copy_", "normal_", "uniform_", "random_",
+                                                  "exponential_", "geometric_", "cauchy_", "log_normal_", "bernoulli_"};
+  return a == 0 && overwrite.count(op.substr(0, op.find('.')));
+}
+
+// Gives each write-only view operand of `o` a tensor from `make` when it has none.
+template <typename F>
+void define_written(const KtirOp& o, const c10::FunctionSchema& schema, std::vector<at::Tensor>& views, F&& make) {
+  for (size_t a = 0; a < o.args.size() && a < schema.arguments().size(); ++a) {
+    const KtirValue& v = o.args[a];
+    if (v.kind == KtirValue::kView && v.i >= 0 && v.i < static_cast<int64_t>(views.size()) && !views[v.i].defined() &&
+        write_only(o.op, schema, a))
+      views[v.i] = make(static_cast<int>(v.i));
+  }
+}
+
+// The CPU/meta stack of op `o` with view operands from `views`.
+torch::jit::Stack op_stack(const KtirOp& o, const c10::FunctionSchema& schema, const std::vector<at::Tensor>& views) {
+  const auto& args = schema.arguments();
+  if (o.args.size() > args.size())
+    fail(o.line, "op", o.op + " takes " + std::to_string(args.size()) + " arguments, got " + std::to_string(o.args.size()));
+  torch::jit::Stack stack;
+  for (size_t a = 0; a < args.size(); ++a) {
+    if (a < o.args.size()) {
+      stack.push_back(to_ivalue(o.args[a], args[a].real_type(), views, o.line));
+    } else if (args[a].default_value()) {
+      stack.push_back(*args[a].default_value());
+    } else {
+      fail(o.line, "op", o.op + ": missing argument '" + args[a].name() + "'");
+    }
+  }
+  return stack;
+}
+
+// Fresh (non-aliasing) tensor results of a call, in order.
+std::vector<at::Tensor> fresh(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  std::vector<at::Tensor> out;
+  const auto& rets = schema.returns();
+  for (size_t k = 0; k < rets.size() && k < stack.size(); ++k) {
+    if (rets[k].alias_info()) continue;
+    if (stack[k].isTensor()) out.push_back(stack[k].toTensor());
+    else if (stack[k].isTensorList())
+      for (const auto& t : stack[k].toTensorList()) out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- build
+
+KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, const std::vector<Node>& graph,
+                       const CardParams& card) {
+  const RegionLayout L = region_layout(region, graph, card);
+  KtirProgram p;
+  p.name = compiled.name;
+  p.grid = L.cores;
+  p.rows_per_core = L.rows_per_core;
+  p.cores_used = L.cores_used;
+  p.ring_reduce = L.ring_reduce;
+  // Arguments: the storages of HBM views, in order of first use.
+  std::map<const DeferredStorage*, int> arg_of;
+  std::vector<std::pair<bool, bool>> rw;  // loaded, stored
+  for (const auto& v : L.views) {
+    if (v.lx) continue;
+    const DeferredStorage* s = v.ref->storage.get();
+    auto it = arg_of.find(s);
+    if (it == arg_of.end()) {
+      it = arg_of.emplace(s, static_cast<int>(p.args.size())).first;
+      KtirArg a;
+      a.dtype = v.ref->dtype;
+      a.elems = static_cast<int64_t>(s->nbytes / c10::elementSize(v.ref->dtype));
+      p.args.push_back(a);
+      rw.emplace_back(false, false);
+    }
+    rw[it->second].first |= v.loaded;
+    rw[it->second].second |= v.stored;
+  }
+  for (size_t a = 0; a < p.args.size(); ++a)
+    p.args[a].kind = rw[a].first && rw[a].second ? KtirArg::kInOut : (rw[a].first ? KtirArg::kIn : KtirArg::kOut);
+  for (const auto& v : L.views) {
+    KtirView kv;
+    kv.lx = v.lx;
+    kv.dtype = v.ref->dtype;
+    kv.arg = v.lx ? -1 : arg_of.at(v.ref->storage.get());
+    kv.offset = v.ref->offset;
+    kv.sizes = v.ref->sizes;
+    kv.strides = v.ref->strides;
+    p.views.push_back(kv);
+    KtirTile t;
+    t.view = static_cast<int>(p.tiles.size());
+    t.sizes = kv.sizes;
+    if (v.split && !t.sizes.empty()) {
+      t.sizes[0] = L.rows_per_core;
+      t.core_stride = L.rows_per_core;
+    }
+    p.tiles.push_back(t);
+  }
+  for (int i : region.nodes) {
+    const Node& n = graph[i];
+    const auto& schema_args = n.op.schema().arguments();
+    KtirOp o;
+    o.op = host::op_display_name(n).substr(6);
+    for (size_t a = 0; a < n.args.size(); ++a)
+      o.args.push_back(value_of(n.args[a], a < schema_args.size() && is_dtype_type(schema_args[a].real_type())));
+    std::map<int, std::vector<std::pair<int, int>>> lists;
+    for (const auto& in : n.inputs) {
+      KtirValue ref;
+      ref.kind = KtirValue::kView;
+      ref.i = L.id(in.ref);
+      if (in.elem < 0) o.args.at(in.arg) = ref;
+      else lists[in.arg].push_back({in.elem, L.id(in.ref)});
+    }
+    for (auto& [a, elems] : lists) {
+      KtirValue& l = o.args.at(a);
+      // Tensor?[] keeps its Nones; fill the views in at their positions.
+      size_t len = 0;
+      for (const auto& e : elems) len = std::max<size_t>(len, e.first + 1);
+      if (l.kind != KtirValue::kList) l = KtirValue{}, l.kind = KtirValue::kList;
+      if (l.list.size() < len) l.list.resize(len);
+      for (const auto& [e, id] : elems) {
+        l.list[e] = KtirValue{};
+        l.list[e].kind = KtirValue::kView;
+        l.list[e].i = id;
+      }
+    }
+    for (const auto& out : n.outputs) o.results.push_back(L.id(out));
+    p.ops.push_back(std::move(o));
+  }
+  // Line numbers as printed (header, arguments, views, tiles, ops).
+  int line = 2;
+  for (auto& a : p.args) a.line = line++;
+  for (auto& v : p.views) v.line = line++;
+  for (auto& t : p.tiles) t.line = line++;
+  for (auto& o : p.ops) o.line = line++;
+  return p;
+}
+
+// ---------------------------------------------------------------- print
+
+std::string ktir_print(const KtirProgram& p) {
+  std::ostringstream os;
+  os << "ktir.kernel @" << p.name << " grid=[" << p.grid << "] split=dim0 rows_per_core=" << p.rows_per_core
+     << " cores_used=" << p.cores_used << (p.ring_reduce ? " reduce=ring" : "") << " {\n";
+  static const char* kinds[] = {"in", "out", "inout"};
+  for (size_t a = 0; a < p.args.size(); ++a)
+    os << "  %a" << a << " = arg " << kinds[p.args[a].kind] << " " << type_token(p.args[a].dtype)
+       << " elems=" << p.args[a].elems << "\n";
+  for (size_t v = 0; v < p.views.size(); ++v) {
+    const KtirView& w = p.views[v];
+    os << "  %" << v << " = view " << (w.lx ? "LX " : "HBM ") << type_token(w.dtype);
+    if (!w.lx) os << " %a" << w.arg;
+    os << " offset=" << w.offset << " sizes=" << list(w.sizes) << " strides=" << list(w.strides) << "\n";
+  }
+  for (const auto& t : p.tiles) {
+    os << "  tile %" << t.view << " sizes=" << list(t.sizes) << " at=[";
+    for (size_t d = 0; d < t.sizes.size(); ++d)
+      os << (d ? ", " : "") << (d == 0 && t.core_stride ? "core*" + std::to_string(t.core_stride) : "0");
+    os << "]\n";
+  }
+  for (const auto& o : p.ops) {
+    os << "  ";
+    if (o.results.size() == 1) os << "%" << o.results[0] << " = ";
+    if (o.results.size() > 1) {
+      os << "(";
+      for (size_t j = 0; j < o.results.size(); ++j) os << (j ? ", " : "") << "%" << o.results[j];
+      os << ") = ";
+    }
+    os << o.op << "(";
+    for (size_t a = 0; a < o.args.size(); ++a) os << (a ? ", " : "") << value_text(o.args[a]);
+    os << ")\n";
+  }
+  os << "}\n";
+  return os.str();
+}
+
+// ---------------------------------------------------------------- parse
+
+KtirProgram ktir_parse(const std::string& text) {
+  KtirProgram p;
+  std::istringstream in(text);
+  std::string raw;
+  int line = 0;
+  bool header = false, closed = false;
+  while (std::getline(in, raw)) {
+    ++line;
+    const size_t hash = raw.find("//");
+    std::string s = hash == std::string::npos ? raw : raw.substr(0, hash);
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\r')) s.pop_back();
+    if (s.find_first_not_of(' ') == std::string::npos) continue;
+    Cursor c{s, 0, line};
+    if (closed) fail(line, "syntax", "text after the kernel's closing '}'");
+    if (!header) {
+      c.expect("ktir.kernel");
+      c.expect("@");
+      p.name = c.word();
+      c.expect("grid=");
+      const auto g = c.int_list();
+      if (g.size() != 1) fail(line, "grid", "grid must have one dimension (cores)");
+      p.grid = g[0];
+      c.expect("split=dim0");
+      c.expect("rows_per_core=");
+      p.rows_per_core = c.integer();
+      c.expect("cores_used=");
+      p.cores_used = c.integer();
+      if (c.eat("reduce=ring")) p.ring_reduce = true;
+      c.expect("{");
+      if (!c.done()) fail(line, "syntax", "unexpected text after '{'");
+      header = true;
+      continue;
+    }
+    if (c.eat("}")) {
+      if (!c.done()) fail(line, "syntax", "unexpected text after '}'");
+      closed = true;
+      continue;
+    }
+    if (c.eat("tile")) {
+      KtirTile t;
+      t.line = line;
+      t.view = c.view_ref();
+      c.expect("sizes=");
+      t.sizes = c.int_list();
+      c.expect("at=");
+      c.expect("[");
+      size_t d = 0;
+      if (!c.eat("]")) {
+        do {
+          if (c.eat("core*")) {
+            if (d != 0) fail(line, "tile", "only dim 0 may be split over the cores");
+            t.core_stride = c.integer();
+          } else if (c.integer() != 0) {
+            fail(line, "tile", "a tile starts at 0 or core*<rows> in each dim");
+          }
+          ++d;
+        } while (c.eat(","));
+        c.expect("]");
+      }
+      if (d != t.sizes.size()) fail(line, "tile", "at= has " + std::to_string(d) + " dims, sizes= has " + std::to_string(t.sizes.size()));
+      if (!c.done()) fail(line, "syntax", "unexpected text at the end of the tile");
+      p.tiles.push_back(t);
+      continue;
+    }
+    // "%aK = arg", "%K = view", or an op with results.
+    if (c.eat("%a")) {
+      const int64_t k = c.integer();
+      if (k != static_cast<int64_t>(p.args.size())) fail(line, "arg", "arguments are numbered %a0, %a1, ... in order");
+      c.expect("=");
+      c.expect("arg");
+      KtirArg a;
+      a.line = line;
+      const std::string kind = c.word();
+      if (kind == "in") a.kind = KtirArg::kIn;
+      else if (kind == "out") a.kind = KtirArg::kOut;
+      else if (kind == "inout") a.kind = KtirArg::kInOut;
+      else fail(line, "arg", "an argument is in, out or inout, got '" + kind + "'");
+      const std::string ty = c.token();
+      if (!parse_type_token(ty, &a.dtype)) fail(line, "types", "unknown type '" + ty + "'");
+      c.expect("elems=");
+      a.elems = c.integer();
+      if (!c.done()) fail(line, "syntax", "unexpected text at the end of the argument");
+      p.args.push_back(a);
+      continue;
+    }
+    std::vector<int> results;
+    bool paren = false;
+    if (c.eat("(")) {
+      paren = true;
+      do results.push_back(c.view_ref());
+      while (c.eat(","));
+      c.expect(")");
+      c.expect("=");
+    } else if (c.s.compare(c.i, 1, "%") == 0 || (c.ws(), c.s.compare(c.i, 1, "%") == 0)) {
+      results.push_back(c.view_ref());
+      c.expect("=");
+    }
+    const size_t save = c.i;
+    if (!paren && results.size() == 1 && c.eat("view")) {
+      KtirView v;
+      v.line = line;
+      if (results[0] != static_cast<int>(p.views.size())) fail(line, "view", "views are numbered %0, %1, ... in order");
+      const std::string mem = c.word();
+      if (mem != "HBM" && mem != "LX") fail(line, "view", "memory is HBM or LX, got '" + mem + "'");
+      v.lx = mem == "LX";
+      const std::string ty = c.token();
+      if (!parse_type_token(ty, &v.dtype)) fail(line, "types", "unknown type '" + ty + "'");
+      if (!v.lx) {
+        c.expect("%a");
+        v.arg = static_cast<int>(c.integer());
+      }
+      c.expect("offset=");
+      v.offset = c.integer();
+      c.expect("sizes=");
+      v.sizes = c.int_list();
+      c.expect("strides=");
+      v.strides = c.int_list();
+      if (!c.done()) fail(line, "syntax", "unexpected text at the end of the view");
+      p.views.push_back(v);
+      continue;
+    }
+    c.i = save;
+    KtirOp o;
+    o.line = line;
+    o.results = results;
+    c.ws();
+    const size_t b = c.i;
+    while (c.i < s.size() && s[c.i] != '(' && s[c.i] != ' ') ++c.i;
+    o.op = s.substr(b, c.i - b);
+    if (o.op.empty()) fail(line, "syntax", "expected an op in: " + s);
+    c.expect("(");
+    if (!c.eat(")")) {
+      do o.args.push_back(c.value());
+      while (c.eat(","));
+      c.expect(")");
+    }
+    if (!c.done()) fail(line, "syntax", "unexpected text after the op");
+    p.ops.push_back(std::move(o));
+  }
+  if (!header) fail(line, "syntax", "no 'ktir.kernel' header");
+  if (!closed) fail(line, "syntax", "the kernel is not closed with '}'");
+  return p;
+}
+
+// ---------------------------------------------------------------- verify
+
+void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector<at::Tensor>* bound) {
+  const int hl = 1;  // the header line
+  if (p.grid < 1 || (card.cores > 0 && p.grid > card.cores))
+    fail(hl, "grid", "grid=[" + std::to_string(p.grid) + "] must be 1.." + std::to_string(card.cores) + " cores");
+  if (p.cores_used < 1 || p.cores_used > p.grid)
+    fail(hl, "grid", "cores_used=" + std::to_string(p.cores_used) + " must be 1..grid");
+  if (p.rows_per_core < 1) fail(hl, "grid", "rows_per_core must be >= 1");
+  for (size_t a = 0; a < p.args.size(); ++a) {
+    const KtirArg& g = p.args[a];
+    if (g.elems < 0) fail(g.line, "arg", "elems must be >= 0");
+    if (bound && a < bound->size()) {
+      const at::Tensor& t = (*bound)[a];
+      if (t.scalar_type() != g.dtype)
+        fail(g.line, "types", "%a" + std::to_string(a) + " is " + host_name(g.dtype) + ", the tensor bound to it is " +
+                                   c10::toString(t.scalar_type()));
+      if (t.numel() < g.elems)
+        fail(g.line, "view-bounds", "%a" + std::to_string(a) + " needs " + std::to_string(g.elems) +
+                                        " elements, the tensor bound to it has " + std::to_string(t.numel()));
+    }
+  }
+  std::vector<int> tile_of(p.views.size(), -1);
+  for (size_t k = 0; k < p.tiles.size(); ++k) {
+    const KtirTile& t = p.tiles[k];
+    if (t.view < 0 || t.view >= static_cast<int>(p.views.size())) fail(t.line, "tile", "tile of an undefined view");
+    if (tile_of[t.view] >= 0) fail(t.line, "tile", "view %" + std::to_string(t.view) + " has two tiles");
+    tile_of[t.view] = static_cast<int>(k);
+  }
+  int64_t lx_bytes = 0, lx_min_bytes = 0;
+  for (size_t v = 0; v < p.views.size(); ++v) {
+    const KtirView& w = p.views[v];
+    const std::string name = "%" + std::to_string(v);
+    if (w.sizes.size() != w.strides.size()) fail(w.line, "view", name + ": sizes and strides differ in rank");
+    for (size_t d = 0; d < w.sizes.size(); ++d)
+      if (w.sizes[d] < 0 || w.strides[d] < 0) fail(w.line, "view", name + ": negative size or stride");
+    if (w.offset < 0) fail(w.line, "view", name + ": negative offset");
+    if (!w.lx) {
+      if (w.arg < 0 || w.arg >= static_cast<int>(p.args.size()))
+        fail(w.line, "view", name + " views %a" + std::to_string(w.arg) + ", which is not an argument");
+      const KtirArg& g = p.args[w.arg];
+      if (g.dtype != w.dtype) fail(w.line, "types", name + " is " + host_name(w.dtype) + " over a " + host_name(g.dtype) + " argument");
+      const int64_t last = last_elem(w);
+      if (last >= g.elems)
+        fail(w.line, "view-bounds", name + " reaches element " + std::to_string(last) + " of %a" +
+                                        std::to_string(w.arg) + ", which has " + std::to_string(g.elems));
+    }
+    if (tile_of[v] < 0) fail(w.line, "tile", name + " has no tile");
+    const KtirTile& t = p.tiles[tile_of[v]];
+    if (t.sizes.size() != w.sizes.size()) fail(t.line, "tile", "the tile of " + name + " differs from the view in rank");
+    for (size_t d = 0; d < t.sizes.size(); ++d) {
+      if (t.sizes[d] < 0 || t.sizes[d] > w.sizes[d])
+        fail(t.line, "tile", "tile size " + std::to_string(t.sizes[d]) + " of dim " + std::to_string(d) + " of " + name +
+                                 " is outside 0.." + std::to_string(w.sizes[d]));
+      if (d > 0 && t.sizes[d] != w.sizes[d]) {
+        // Only the innermost dim may be cut, and then in whole sticks.
+        const int64_t bytes = t.sizes[d] * device_elem_bytes(w.dtype);
+        if (d + 1 != t.sizes.size() || bytes % card.stick_bytes != 0)
+          fail(t.line, "stick", "the tile of " + name + " cuts dim " + std::to_string(d) + " at " + std::to_string(t.sizes[d]) +
+                                    " elements: tiles hold whole rows or whole " + std::to_string(card.stick_bytes) + "-byte sticks");
+      }
+    }
+    if (t.core_stride) {
+      if (t.core_stride != p.rows_per_core || t.sizes[0] != p.rows_per_core)
+        fail(t.line, "grid", "a split tile takes rows_per_core=" + std::to_string(p.rows_per_core) + " rows at core*" +
+                                 std::to_string(p.rows_per_core));
+      if (p.cores_used * p.rows_per_core < w.sizes[0] || (p.cores_used - 1) * p.rows_per_core >= w.sizes[0])
+        fail(t.line, "grid", "cores_used=" + std::to_string(p.cores_used) + " cores of " + std::to_string(p.rows_per_core) +
+                                 " rows do not cover the " + std::to_string(w.sizes[0]) + " rows of " + name + " exactly");
+    } else if (!w.sizes.empty() && t.sizes[0] != w.sizes[0] && t.sizes.size() > 1) {
+      fail(t.line, "tile", "a replicated tile (at 0) holds all " + std::to_string(w.sizes[0]) + " rows of " + name);
+    }
+    lx_bytes += tile_sticks(t.sizes, w.dtype, card.stick_bytes) * card.stick_bytes;
+    lx_min_bytes += card.stick_bytes;
+  }
+  // LX: the schedule cuts each core's tiles into steps that fit double
+  // buffered; one stick of every view, twice, is the least it can do.
+  if (card.lx_usable_bytes_per_core > 0 && 2 * lx_min_bytes > card.lx_usable_bytes_per_core)
+    fail(hl, "lx-capacity", "one stick of each of the " + std::to_string(p.views.size()) +
+                                " views, double buffered, needs " + std::to_string(2 * lx_min_bytes) + " bytes; LX holds " +
+                                std::to_string(card.lx_usable_bytes_per_core) + " per core");
+  (void)lx_bytes;
+  // Ops: known, operands defined before use, result types and shapes (meta run).
+  std::vector<at::Tensor> meta(p.views.size());
+  auto meta_of = [&](const KtirView& w) {
+    return at::empty_strided(w.sizes, w.strides, at::TensorOptions().dtype(w.dtype).device(c10::kMeta));
+  };
+  for (size_t v = 0; v < p.views.size(); ++v) {
+    const KtirView& w = p.views[v];
+    if (!w.lx && p.args[w.arg].kind != KtirArg::kOut) meta[v] = meta_of(w);
+  }
+  for (const auto& o : p.ops) {
+    const c10::OperatorHandle* op = find_op(o.op);
+    if (!op) fail(o.line, "op", "unknown op '" + o.op + "' (an ATen op name with its overload, e.g. add.Tensor)");
+    const auto& schema = op->schema();
+    int fresh_returns = 0;
+    bool list_return = false;
+    for (const auto& r : schema.returns()) {
+      if (r.alias_info()) continue;
+      if (r.type()->kind() == c10::TypeKind::TensorType) fresh_returns++;
+      else if (r.type()->kind() == c10::TypeKind::ListType) list_return = true;
+    }
+    if (!list_return && static_cast<int>(o.results.size()) != fresh_returns)
+      fail(o.line, "op", o.op + " returns " + std::to_string(fresh_returns) + " new tensors, the line names " +
+                             std::to_string(o.results.size()));
+    for (int r : o.results)
+      if (r < 0 || r >= static_cast<int>(p.views.size())) fail(o.line, "def-use", "result %" + std::to_string(r) + " is not a view");
+    define_written(o, schema, meta, [&](int v) { return meta_of(p.views[v]); });
+    torch::jit::Stack stack = op_stack(o, schema, meta);  // def-use and operand types
+    try {
+      c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+      op->callBoxed(stack);
+    } catch (const c10::NotImplementedError&) {
+      stack.clear();  // no meta kernel: types checked when it runs
+    } catch (const c10::Error& e) {
+      fail(o.line, "types", o.op + " rejects its operands: " + e.what_without_backtrace());
+    }
+    const std::vector<at::Tensor> got = stack.empty() ? std::vector<at::Tensor>() : fresh(schema, stack);
+    for (size_t j = 0; j < o.results.size(); ++j) {
+      const KtirView& w = p.views[o.results[j]];
+      if (j < got.size() && got[j].defined()) {
+        if (!got[j].sizes().equals(w.sizes))
+          fail(o.line, "types", o.op + " result " + std::to_string(j) + " has sizes " + list(got[j].sizes().vec()) +
+                                    ", its view %" + std::to_string(o.results[j]) + " has " + list(w.sizes));
+        // The kind of dtype (meta kernels may differ from CPU's in width,
+        // e.g. native_layer_norm's mean in f32 for a 16-bit input).
+        auto kind = [](c10::ScalarType t) {
+          return c10::isFloatingType(t) ? 0 : (t == c10::kBool ? 1 : (c10::isComplexType(t) ? 2 : 3));
+        };
+        if (kind(got[j].scalar_type()) != kind(w.dtype))
+          fail(o.line, "types", o.op + " result " + std::to_string(j) + " is " + host_name(got[j].scalar_type()) +
+                                    ", its view %" + std::to_string(o.results[j]) + " is " + host_name(w.dtype));
+      }
+      meta[o.results[j]] = meta_of(w);
+    }
+    // Written arguments are defined after the op (an out= or in-place view).
+    const auto& sargs = schema.arguments();
+    for (size_t a = 0; a < o.args.size() && a < sargs.size(); ++a)
+      if (o.args[a].kind == KtirValue::kView && sargs[a].alias_info() && sargs[a].alias_info()->isWrite() &&
+          !meta[o.args[a].i].defined())
+        meta[o.args[a].i] = meta_of(p.views[o.args[a].i]);
+  }
+}
+
+// ---------------------------------------------------------------- run
+
+std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, std::vector<at::Tensor> inputs) {
+  // Inputs bind to the in and inout arguments in order; out arguments are allocated.
+  size_t n_in = 0;
+  for (const auto& g : p.args) n_in += g.kind != KtirArg::kOut;
+  TORCH_CHECK_VALUE(inputs.size() == n_in, "run_ktir: kernel @", p.name, " takes ", n_in,
+                    " input tensors (its in and inout arguments), got ", inputs.size());
+  std::vector<at::Tensor> args;
+  size_t next = 0;
+  for (const auto& g : p.args)
+    args.push_back(g.kind == KtirArg::kOut ? at::zeros({g.elems}, at::TensorOptions().dtype(g.dtype)) : inputs[next++]);
+  ktir_verify(p, card, &args);
+  std::vector<at::Tensor> flat(args.size());
+  for (size_t a = 0; a < args.size(); ++a) {
+    TORCH_CHECK_VALUE(args[a].is_contiguous(), "run_ktir: argument %a", a, " must be a contiguous tensor");
+    flat[a] = args[a].view({-1});
+  }
+  std::vector<at::Tensor> views(p.views.size());
+  auto hbm = [&](int v) {
+    const KtirView& w = p.views[v];
+    return flat[w.arg].as_strided(w.sizes, w.strides, w.offset);
+  };
+  for (size_t v = 0; v < p.views.size(); ++v)
+    if (!p.views[v].lx) views[v] = hbm(static_cast<int>(v));  // out views hold zeros until written
+  for (const auto& o : p.ops) {
+    const c10::OperatorHandle* op = find_op(o.op);
+    const auto& schema = op->schema();
+    define_written(o, schema, views, [&](int v) {
+      const KtirView& w = p.views[v];
+      return at::empty_strided(w.sizes, w.strides, at::TensorOptions().dtype(w.dtype));
+    });
+    torch::jit::Stack stack = op_stack(o, schema, views);
+    std::vector<c10::ScalarType> dtypes;
+    for (int r : o.results) dtypes.push_back(p.views[r].dtype);
+    try {
+      call_op_in_f32(schema, stack, dtypes, [&](torch::jit::Stack& s) {
+        c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+        op->callBoxed(s);
+      });
+    } catch (c10::Error& e) {
+      e.add_context("while running KTIR line " + std::to_string(o.line) + " (" + o.op + ")");
+      throw;
+    }
+    const std::vector<at::Tensor> got = fresh(schema, stack);
+    for (size_t j = 0; j < o.results.size() && j < got.size(); ++j) {
+      const int r = o.results[j];
+      if (p.views[r].lx) views[r] = got[j];
+      else views[r].copy_(got[j]);
+    }
+    // In-place writes to an LX view land in its tensor (the op wrote it).
+  }
+  std::vector<at::Tensor> outs;
+  for (size_t a = 0; a < p.args.size(); ++a)
+    if (p.args[a].kind != KtirArg::kIn) outs.push_back(args[a]);
+  return outs;
+}
+
+}  // namespace spyre
+}  // namespace tpu_eager
