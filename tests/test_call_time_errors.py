@@ -356,3 +356,64 @@ def test_api_int_arguments_past_int64(value):
         tte.mark_dynamic(t, 0, 1, value)
     with pytest.raises(TypeError, match="set_queue_limits: max_ops must be an integer"):
         tte.set_queue_limits(1.5)
+
+
+# ---- torch.use_deterministic_algorithms --------------------------------------
+# CPU's index-writing kernels read the flag when they run: index_copy takes a
+# deterministic order for duplicate indices, put_ (accumulate=False) raises or
+# warns "put_ does not have a deterministic implementation". The flag is the one
+# set at the call: results are read after the mode was switched off again.
+def _deterministic(act, warn_only=False):
+    def call(*tensors):
+        before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        try:
+            return act(*tensors)
+        finally:
+            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    return call
+
+
+def _dup_index(n, size, computed):
+    """n indices into [0, size) with many duplicates; `computed`: made on the device (pending)."""
+    if computed:
+        return lambda d: (torch.arange(n, device=d) * 7) % size
+    vals = [(i * 7) % size for i in range(n)]
+    return lambda d: torch.tensor(vals, device=d)
+
+
+DETERMINISTIC = {
+    "index_copy_dim0": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d))),
+                        lambda x, i, s: torch.index_copy(x, 0, i, s)),
+    "index_copy_dim1_inplace": (lambda i: (lambda d: (torch.zeros(3, 5, 2, device=d), i(d), _f(3, 60, 2)(d))),
+                                lambda x, i, s: x.index_copy_(1, i, s)),
+    "index_copy_out": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d),
+                                             torch.empty(5, 4, device=d))),
+                       lambda x, i, s, o: torch.index_copy(x, 0, i, s, out=o)),
+    "index_put_accumulate": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d))),
+                             lambda x, i, s: x.index_put_((i,), s, accumulate=True)),
+    "index_add": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d))),
+                  lambda x, i, s: x.index_add_(0, i, s)),
+    "put_accumulate": (lambda i: (lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d))),
+                       lambda x, i, s: x.put_(i, s, accumulate=True)),
+    "put_alert": (lambda i: (lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d))),
+                  lambda x, i, s: x.put_(i, s)),
+    "put_functional_alert": (lambda i: (lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d))),
+                             lambda x, i, s: x.put(i, s)),
+    "gather_unaffected": (lambda i: (lambda d: (_f(5, 4)(d), i(d).reshape(15, 4))),
+                          lambda x, i: torch.gather(x, 0, i)),
+}
+
+
+@pytest.mark.parametrize("computed", [False, True], ids=["host_index", "device_index"])
+@pytest.mark.parametrize("case", sorted(DETERMINISTIC))
+def test_deterministic_mode_is_the_one_set_at_the_call(dev, case, computed):
+    build, act = DETERMINISTIC[case]
+    run_both_at_call(build(_dup_index(60, 5, computed)), _deterministic(act), dev)
+
+
+@pytest.mark.parametrize("case", ["put_alert", "put_functional_alert", "index_copy_dim0"])
+def test_deterministic_warn_only_warns_at_the_call(dev, case):
+    build, act = DETERMINISTIC[case]
+    run_both_at_call(build(_dup_index(60, 5, True)), _deterministic(act, warn_only=True), dev,
+                     check_warnings=True)
