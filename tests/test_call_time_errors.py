@@ -417,3 +417,50 @@ def test_deterministic_warn_only_warns_at_the_call(dev, case):
     build, act = DETERMINISTIC[case]
     run_both_at_call(build(_dup_index(60, 5, True)), _deterministic(act, warn_only=True), dev,
                      check_warnings=True)
+
+
+# ---- normal(mean, std) with a tensor std ------------------------------------------
+# CPU (and CUDA, which reads the minimum back) check every element of std at the
+# call: "normal expects all elements of std >= 0.0". std = 0 draws nothing random
+# (the result is the mean), so both devices agree on the values too.
+def _std(values, computed):
+    if computed:  # pending on the device when the call is made
+        return lambda d: torch.tensor(values, device=d) * 1.0 + torch.zeros(len(values), device=d)
+    return lambda d: torch.tensor(values, device=d)
+
+
+NORMAL_STD = {
+    "tensor_tensor_negative": ([0.0, -1.0, 2.0], lambda m, s: torch.normal(m, s)),
+    "tensor_tensor_nan": ([0.0, float("nan"), 0.0], lambda m, s: torch.normal(m, s)),
+    "float_tensor_negative": ([-0.5, 0.0, 0.0], lambda m, s: torch.normal(1.5, s)),
+    "out_negative": ([0.0, 0.0, -3.0], lambda m, s: torch.normal(m, s, out=torch.empty(3, device=m.device))),
+    "tensor_tensor_zero_ok": ([0.0, 0.0, 0.0], lambda m, s: torch.normal(m, s)),
+    "float_tensor_zero_ok": ([0.0, 0.0, 0.0], lambda m, s: torch.normal(2.0, s)),
+    "broadcast_zero_ok": ([0.0], lambda m, s: torch.normal(m, s[0])),
+}
+
+
+@pytest.mark.parametrize("computed", [False, True], ids=["host_std", "device_std"])
+@pytest.mark.parametrize("case", sorted(NORMAL_STD))
+def test_normal_tensor_std_checked_at_the_call(dev, case, computed):
+    values, act = NORMAL_STD[case]
+    std = _std(values, computed)
+    run_both_at_call(lambda d: (torch.arange(3, device=d) * 1.0, std(d)), act, dev)
+
+
+# ---- advanced indexing with indices on another device --------------------------------
+# aten::index accepts index tensors on the CPU or on self's device only; CUDA's
+# message names self's device (also for a CPU self indexed by a device tensor).
+def test_index_with_indices_on_another_device(dev):
+    x = torch.randn(3, 4, 4)
+    ia, ib = torch.tensor([0, 2, 1]), torch.tensor([0, 2, 1], device=dev)
+    for self_t, idx in [(x, (ib,)), (x, (slice(None), ia, ib)), (x, (ia, ib))]:
+        with pytest.raises(RuntimeError, match=r"^indices should be either on cpu or on the same device as the "
+                                               r"indexed tensor \(cpu\)$"):
+            self_t[idx]
+    if torch.tpu.device_count() > 1:
+        xt, other = x.to(f"{dev}:0"), ia.to(f"{dev}:1")
+        with pytest.raises(RuntimeError, match=r"the same device as the indexed tensor \(tpu:0\)$"):
+            xt[ia, other]
+    xt = x.to(dev)  # a CPU index with a device self stays allowed
+    torch.testing.assert_close(xt[ia, ib].cpu(), x[ia, ia])
