@@ -1276,11 +1276,16 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     TensorRef r = make_ref(t);
     if (!is_out(arg) || !r.storage->error_seen) raise_storage_error(r.storage.get());
     at::Tensor& v = view_of[t.unsafeGetTensorImpl()];
-    if (!v.defined()) {
-      v = mem.strided(r);
-      if (arg < 64 && (writes >> arg & 1)) written_views.emplace_back(t, v);
-    }
+    if (!v.defined()) v = mem.strided(r);
     host::set_tensor_slot(cpu[arg], elem, v);
+  });
+  // Written tensors, also when the same tensor came first as an input
+  // (torch.cat([b, b], out=b)): one entry per tensor.
+  for_each_tensor(*stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
+    if (!is_tpu(t) || arg >= 64 || !(writes >> arg & 1)) return;
+    for (const auto& w : written_views)
+      if (w.first.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
+    written_views.emplace_back(t, view_of[t.unsafeGetTensorImpl()]);
   });
   at::Generator user_gen;
   for (size_t i = 0; i < nargs; ++i)
