@@ -105,17 +105,28 @@ def test_out_checks(dev, case):
     run_both_at_call(build, act, dev)
 
 
-def test_cat_into_its_own_input_that_must_grow(dev):
-    # CPU's overlap check rejects the call at once. (CPU's tensor comes back
-    # grown to [4], its new elements uninitialized; "tpu" keeps [2]: not compared.)
+CAT_GROW = {
+    "same_tensor_twice": lambda b, o: torch.cat([b, b], out=b),
+    "self_then_other": lambda b, o: torch.cat([b, o], out=b),
+    "other_then_self_dim1": lambda b, o: torch.cat([o.reshape(1, -1), b.reshape(1, -1)], dim=1,
+                                                   out=b.reshape(1, -1)),
+    "stack_into_input": lambda b, o: torch.stack([b, o], out=b),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CAT_GROW))
+def test_cat_into_its_own_input_that_must_grow(dev, case):
+    # CPU resizes the out= tensor, then its overlap check rejects the call: the
+    # tensor comes back grown (new elements uninitialized: only the old ones and
+    # the geometry are compared), on "tpu" too, even when it came first as an input.
     outcomes = []
     for d in ("cpu", dev):
-        b = _f(2)(d)
+        b, o = _f(2)(d), _f(2)(d) + 1
         with pytest.raises(RuntimeError) as info:
-            torch.cat([b, b], out=b)
-        outcomes.append((str(info.value), b[:2].cpu()))
-    assert outcomes[0][0] == outcomes[1][0]
-    torch.testing.assert_close(outcomes[1][1], outcomes[0][1])
+            CAT_GROW[case](b, o)
+        outcomes.append((str(info.value), b.shape, b.stride(), b.reshape(-1)[:2].cpu(), o.cpu()))
+    assert outcomes[0][:3] == outcomes[1][:3]
+    torch.testing.assert_close(outcomes[1][3:], outcomes[0][3:])
 
 
 # ---- indexing ----------------------------------------------------------------
@@ -356,3 +367,111 @@ def test_api_int_arguments_past_int64(value):
         tte.mark_dynamic(t, 0, 1, value)
     with pytest.raises(TypeError, match="set_queue_limits: max_ops must be an integer"):
         tte.set_queue_limits(1.5)
+
+
+# ---- torch.use_deterministic_algorithms --------------------------------------
+# CPU's index-writing kernels read the flag when they run: index_copy takes a
+# deterministic order for duplicate indices, put_ (accumulate=False) raises or
+# warns "put_ does not have a deterministic implementation". The flag is the one
+# set at the call: results are read after the mode was switched off again.
+def _deterministic(act, warn_only=False):
+    def call(*tensors):
+        before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        try:
+            return act(*tensors)
+        finally:
+            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    return call
+
+
+def _dup_index(n, size, computed):
+    """n indices into [0, size) with many duplicates; `computed`: made on the device (pending)."""
+    if computed:
+        return lambda d: (torch.arange(n, device=d) * 7) % size
+    vals = [(i * 7) % size for i in range(n)]
+    return lambda d: torch.tensor(vals, device=d)
+
+
+DETERMINISTIC = {
+    "index_copy_dim0": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d))),
+                        lambda x, i, s: torch.index_copy(x, 0, i, s)),
+    "index_copy_dim1_inplace": (lambda i: (lambda d: (torch.zeros(3, 5, 2, device=d), i(d), _f(3, 60, 2)(d))),
+                                lambda x, i, s: x.index_copy_(1, i, s)),
+    "index_copy_out": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d),
+                                             torch.empty(5, 4, device=d))),
+                       lambda x, i, s, o: torch.index_copy(x, 0, i, s, out=o)),
+    "index_put_accumulate": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d))),
+                             lambda x, i, s: x.index_put_((i,), s, accumulate=True)),
+    "index_add": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d))),
+                  lambda x, i, s: x.index_add_(0, i, s)),
+    "put_accumulate": (lambda i: (lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d))),
+                       lambda x, i, s: x.put_(i, s, accumulate=True)),
+    "put_alert": (lambda i: (lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d))),
+                  lambda x, i, s: x.put_(i, s)),
+    "put_functional_alert": (lambda i: (lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d))),
+                             lambda x, i, s: x.put(i, s)),
+    "gather_unaffected": (lambda i: (lambda d: (_f(5, 4)(d), i(d).reshape(15, 4))),
+                          lambda x, i: torch.gather(x, 0, i)),
+}
+
+
+@pytest.mark.parametrize("computed", [False, True], ids=["host_index", "device_index"])
+@pytest.mark.parametrize("case", sorted(DETERMINISTIC))
+def test_deterministic_mode_is_the_one_set_at_the_call(dev, case, computed):
+    build, act = DETERMINISTIC[case]
+    run_both_at_call(build(_dup_index(60, 5, computed)), _deterministic(act), dev)
+
+
+@pytest.mark.parametrize("case", ["put_alert", "put_functional_alert", "index_copy_dim0"])
+def test_deterministic_warn_only_warns_at_the_call(dev, case):
+    build, act = DETERMINISTIC[case]
+    run_both_at_call(build(_dup_index(60, 5, True)), _deterministic(act, warn_only=True), dev,
+                     check_warnings=True)
+
+
+# ---- normal(mean, std) with a tensor std ------------------------------------------
+# CPU (and CUDA, which reads the minimum back) check every element of std at the
+# call: "normal expects all elements of std >= 0.0". std = 0 draws nothing random
+# (the result is the mean), so both devices agree on the values too.
+def _std(values, computed):
+    if computed:  # pending on the device when the call is made
+        return lambda d: torch.tensor(values, device=d) * 1.0 + torch.zeros(len(values), device=d)
+    return lambda d: torch.tensor(values, device=d)
+
+
+NORMAL_STD = {
+    "tensor_tensor_negative": ([0.0, -1.0, 2.0], lambda m, s: torch.normal(m, s)),
+    "tensor_tensor_nan": ([0.0, float("nan"), 0.0], lambda m, s: torch.normal(m, s)),
+    "float_tensor_negative": ([-0.5, 0.0, 0.0], lambda m, s: torch.normal(1.5, s)),
+    "out_negative": ([0.0, 0.0, -3.0], lambda m, s: torch.normal(m, s, out=torch.empty(3, device=m.device))),
+    "tensor_tensor_zero_ok": ([0.0, 0.0, 0.0], lambda m, s: torch.normal(m, s)),
+    "float_tensor_zero_ok": ([0.0, 0.0, 0.0], lambda m, s: torch.normal(2.0, s)),
+    "broadcast_zero_ok": ([0.0], lambda m, s: torch.normal(m, s[0])),
+}
+
+
+@pytest.mark.parametrize("computed", [False, True], ids=["host_std", "device_std"])
+@pytest.mark.parametrize("case", sorted(NORMAL_STD))
+def test_normal_tensor_std_checked_at_the_call(dev, case, computed):
+    values, act = NORMAL_STD[case]
+    std = _std(values, computed)
+    run_both_at_call(lambda d: (torch.arange(3, device=d) * 1.0, std(d)), act, dev)
+
+
+# ---- advanced indexing with indices on another device --------------------------------
+# aten::index accepts index tensors on the CPU or on self's device only; CUDA's
+# message names self's device (also for a CPU self indexed by a device tensor).
+def test_index_with_indices_on_another_device(dev):
+    x = torch.randn(3, 4, 4)
+    ia, ib = torch.tensor([0, 2, 1]), torch.tensor([0, 2, 1], device=dev)
+    for self_t, idx in [(x, (ib,)), (x, (slice(None), ia, ib)), (x, (ia, ib))]:
+        with pytest.raises(RuntimeError, match=r"^indices should be either on cpu or on the same device as the "
+                                               r"indexed tensor \(cpu\)$"):
+            self_t[idx]
+    if torch.tpu.device_count() > 1:
+        xt, other = x.to(f"{dev}:0"), ia.to(f"{dev}:1")
+        with pytest.raises(RuntimeError, match=r"the same device as the indexed tensor \(tpu:0\)$"):
+            xt[ia, other]
+    xt = x.to(dev)  # a CPU index with a device self stays allowed
+    torch.testing.assert_close(xt[ia, ib].cpu(), x[ia, ia])

@@ -524,3 +524,53 @@ def test_quantize_per_channel():
     assert torch.equal(qt.int_repr().cpu(), q.int_repr())
     assert torch.equal(qt.dequantize().cpu(), q.dequantize())
     assert torch.equal(qt.q_per_channel_scales().cpu(), q.q_per_channel_scales())
+
+
+# Ops with a QuantizedCPU kernel and a composite kernel: the composite kernel used
+# to shadow the quantized fallback and fail (clone of a transposed quantized tensor
+# -> "cannot call qscheme on UnknownQuantizer", so .contiguous(), .reshape(),
+# .ravel() failed). Values, dtype, qparams and strides compared with CPU.
+_Q_OPS = {
+    "clone_t": lambda q: q.transpose(-1, -2).clone(),
+    "contiguous_t": lambda q: q.transpose(-1, -2).contiguous(),
+    "ravel_t": lambda q: q.transpose(-1, -2).ravel(),
+    "reshape_t": lambda q: q.transpose(1, 2).reshape(2, -1),
+    "channels_last": lambda q: q.contiguous(memory_format=torch.channels_last),
+    "clamp": lambda q: q.clamp(-0.5, 0.5),
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "hardsigmoid": F.hardsigmoid,
+    "leaky_relu": F.leaky_relu,
+    "gelu": F.gelu,
+    "threshold": lambda q: F.threshold(q, 0.1, 0.0),
+    "topk": lambda q: q.flatten().topk(3)[0],
+    "sort_stable": lambda q: q.flatten().sort(stable=True)[0],
+    "mean_dim": lambda q: q.mean(1),
+    "max_dim": lambda q: q.max(1)[0],
+    "min_dim": lambda q: q.min(1)[0],
+    "cat": lambda q: torch.cat([q, q]),
+    "gt_scalar": lambda q: q.gt(0.3),
+    "upsample_nearest": lambda q: F.interpolate(q, scale_factor=2),
+    "upsample_bilinear": lambda q: F.interpolate(q, scale_factor=2, mode="bilinear"),
+    "avg_pool2d": lambda q: F.avg_pool2d(q, 2),
+    "index": lambda q: q[torch.tensor([1, 0])],
+    "empty_like_shape": lambda q: torch.empty_like(q)[:0],
+    "squeeze_view": lambda q: q[:1].squeeze(0),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", sorted(_Q_OPS))
+def test_quantized_ops_with_composite_kernels(name):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 4)
+    q = torch.quantize_per_tensor(x, 0.1, 3, torch.quint8)
+    qt = torch.quantize_per_tensor(x.to(DEV), 0.1, 3, torch.quint8)
+    ref, got = _Q_OPS[name](q), _Q_OPS[name](qt)
+    assert got.device.type == DEV and got.dtype == ref.dtype and got.shape == ref.shape
+    assert got.stride() == ref.stride() and got.is_quantized == ref.is_quantized
+    got = got.cpu()
+    if ref.is_quantized:
+        assert (got.q_scale(), got.q_zero_point()) == (ref.q_scale(), ref.q_zero_point())
+        ref, got = ref.int_repr(), got.int_repr()
+    assert torch.equal(got, ref)

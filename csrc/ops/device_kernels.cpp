@@ -26,6 +26,7 @@
 #include "executors/host_runtime.h"
 #include "executors/spyre/spyre.h"
 #include "lazy/queue.h"
+#include "ops/layout_kernels.h"
 #include "ops/model_kernels.h"
 #include "ops/op_table.h"
 #include "ops/record.h"
@@ -514,6 +515,7 @@ int64_t register_device_kernels() {
       }
       ++count;
     }
+    register_quantized_host_kernels();
     static torch::Library fb(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
     fb.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
     // Pitfall 4: _copy_from is not a Conjugate/Negative fallthrough upstream.

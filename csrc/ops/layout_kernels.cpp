@@ -35,6 +35,7 @@
 #include <ATen/ops/view_native.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <string>
 #include <ATen/ops/_coalesced_native.h>
 #include <ATen/ops/_indices_native.h>
 #include <ATen/ops/_nnz_native.h>
@@ -298,8 +299,11 @@ TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
   m.impl("_empty_affine_quantized", TORCH_FN(empty_affine_quantized));
   m.impl("_empty_per_channel_affine_quantized", TORCH_FN(empty_per_channel_affine_quantized));
   m.impl("_to_copy", TORCH_FN(quantized_to_copy));
-  // copy_ has a composite kernel, which the fallback below would not override.
+  // copy_ and clone have composite kernels, which the fallback below would not
+  // override (the composite clone makes an empty_strided: no quantizer, and
+  // contiguous() / reshape() of a non-contiguous quantized tensor clone).
   m.impl("copy_", torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
+  m.impl("clone", torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
   // Views share the quantized storage (PyTorch's generic quantized view kernels).
   m.impl("view", TORCH_FN(at::native::view));
   m.impl("as_strided", TORCH_FN(at::native::as_strided_qtensorimpl));
@@ -321,6 +325,38 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 }  // namespace
+
+int64_t register_quantized_host_kernels() {
+  // An op with both a QuantizedCPU kernel and a composite one (clamp, sigmoid,
+  // topk, cat, mean.dim, upsample_*, avg_pool2d, index, empty_like, ...): the
+  // dispatcher prefers the composite kernel over the QuantizedPrivateUse1
+  // fallback, and the composite kernel, written for dense tensors, fails or
+  // calls an out= variant that has no quantized kernel. Such ops run CPU's
+  // quantized kernel on the host, as the fallback would. Views (a return that
+  // aliases an argument without writing it) keep their composite kernels: they
+  // share the quantized storage.
+  static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::QuantizedPrivateUse1, __FILE__,
+                            __LINE__);
+  int64_t count = 0;
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    const auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::QuantizedCPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::QuantizedPrivateUse1))
+      continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
+      continue;
+    bool view = false;
+    for (const auto& r : op->schema().returns())
+      view = view || (r.alias_info() != nullptr && !r.alias_info()->isWrite());
+    if (view) continue;
+    const std::string overload = name.overload_name.empty() ? name.name.substr(6) : name.name.substr(6) + "." + name.overload_name;
+    lib.impl(overload.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
+    ++count;
+  }
+  return count;
+}
 
 at::Tensor layout_result_to_tpu(const at::Tensor& cpu_result) { return to_device(cpu_result, kTpu); }
 

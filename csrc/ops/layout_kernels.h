@@ -11,4 +11,10 @@ namespace tpu_eager {
 // (e.g. embedding_bag's backward with sparse=True).
 at::Tensor layout_result_to_tpu(const at::Tensor& cpu_result);
 
+// Registers CPU's quantized kernel, run on the host, as the QuantizedPrivateUse1
+// kernel of every non-view op that has a QuantizedCPU kernel and a composite
+// kernel (which would otherwise shadow the quantized fallback). Called once from
+// register_device_kernels(); returns the number of overloads registered.
+int64_t register_quantized_host_kernels();
+
 }  // namespace tpu_eager

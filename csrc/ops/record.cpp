@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/aminmax.h>
@@ -164,6 +165,8 @@ enum CallCheck : int {
   kIndexBounds = 64,
   kSameDtypePair = 128,
   kRandperm = 256,
+  kNormalStd = 512,
+  kIndexDevices = 1024,
 };
 
 int call_check_of(const c10::FunctionSchema& schema) {
@@ -178,6 +181,11 @@ int call_check_of(const c10::FunctionSchema& schema) {
   // complex(real, imag) / polar(abs, angle): "Expected object of scalar type Float but got scalar type Double for second argument"
   if (name == "aten::complex" || name == "aten::polar") checks |= kSameDtypePair;
   if (name == "aten::randperm") checks |= kRandperm;
+  if (name == "aten::normal") {
+    for (const auto& a : schema.arguments())
+      if (a.name() == "std" && a.type()->kind() == c10::TypeKind::TensorType) checks |= kNormalStd;
+  }
+  if (name == "aten::index") checks |= kIndexDevices;
   if (name == "aten::index" || name == "aten::_index_put_impl_" || name == "aten::index_put_" ||
       name == "aten::index_put")
     checks |= kIndexBounds;
@@ -320,6 +328,42 @@ void check_index_bounds(const at::Tensor& self, const c10::IValue& indices_v) {
     if (!bad[j].defined() || !bad[j][pos].item<bool>()) continue;
     const int64_t value = idx[j].expand(shape).reshape(-1)[pos].item<int64_t>();
     TORCH_CHECK_INDEX(false, "index ", value, " is out of bounds for dimension ", j, " with size ", sizes[j]);
+  }
+}
+
+// normal(mean, std) with a tensor std: CPU's and CUDA's kernels check every
+// element of std before they draw (CUDA reads the minimum back: a sync), and
+// raise "normal expects all elements of std >= 0.0" at the call. The meta
+// kernels check only std's dtype (complex) and shapes. When std's values are not
+// on the host, its minimum is computed on the device and read, as CUDA does.
+void check_normal_std(const c10::FunctionSchema& schema, torch::jit::Stack& stack, size_t first) {
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name() != "std" || !stack[first + i].isTensor()) continue;
+    const at::Tensor& std = stack[first + i].toTensor();
+    if (!std.defined() || std.numel() == 0 || std.is_complex()) return;  // complex: the meta kernel's error
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+    at::Tensor v = values_on_host(std);
+    const bool ok = (v.defined() ? v : std).min().ge(0).item<bool>();
+    TORCH_CHECK(ok, "normal expects all elements of std >= 0.0");
+  }
+}
+
+// Advanced indexing (aten::index) with index tensors on another device than
+// self: CUDA's (and CPU's) meta function accepts only indices on the CPU or on
+// self's device, with its own message ("indices should be either on cpu or on
+// the same device as the indexed tensor (cpu)"), also when self is a CPU tensor
+// and the dispatcher chose this kernel for a tpu index.
+void check_index_devices(torch::jit::Stack& stack, size_t first) {
+  if (!stack[first].isTensor() || !stack[first + 1].isList()) return;
+  const c10::Device dev = stack[first].toTensor().device();
+  const auto list = stack[first + 1].toList();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const c10::IValue e = list.get(i);
+    if (!e.isTensor() || !e.toTensor().defined()) continue;
+    const c10::Device d = e.toTensor().device();
+    TORCH_CHECK(d.is_cpu() || d == dev, "indices should be either on ", c10::kCPU,
+                " or on the same device as the indexed tensor (", dev, ")");
   }
 }
 
@@ -836,6 +880,15 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
     if (args[i].name() == "values") plan->values_arg = static_cast<int>(i);
     if (args[i].name() == "indices") plan->indices_arg = static_cast<int>(i);
   }
+  if (entry.kind == PrimKind::kData) {
+    bool index_arg = false;
+    for (const auto& a : args) index_arg = index_arg || a.name() == "index" || a.name() == "indices";
+    // Functional variants (index_copy, scatter.src, put) write a copy: their in-place sibling exists.
+    const auto& overload = schema.overload_name();
+    const bool has_inplace = !name.empty() && name.back() != '_' &&
+                             c10::Dispatcher::singleton().findOp(c10::OperatorName(name + "_", overload)).has_value();
+    plan->indexed_write = index_arg && (plan->writes != 0 || has_inplace);
+  }
   for (size_t k = 0; k < schema.returns().size(); ++k) {
     plan->aliased.push_back(aliased_arg(schema, k));
     plan->list_return.push_back(schema.returns()[k].type()->kind() == c10::TypeKind::ListType);
@@ -899,6 +952,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   //    before meta inference): tpu tensors of one chip, plus 0-dim CPU tensors
   //    (scalars), as CPU/CUDA allow. Fresh results and the generator are that chip's.
   check_not_in_bad_fork();
+  if (plan.call_check & kIndexDevices) check_index_devices(*stack, first);
   const int device = op_device(*stack, first, nargs);  // raises CUDA's error for two chips
   ChipGuard chip(device);
   check_same_device(schema, plan.writes, *stack, first);
@@ -908,6 +962,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   if (entry.kind == PrimKind::kSync || !plan.has_meta.load(std::memory_order_relaxed) ||
       writes_overlapping_memory(nargs, plan.writes, *stack, first, entry.kind == PrimKind::kData) ||
       reduces_empty_input(entry.kind, plan.writes, *stack, first, nargs) ||
+      (plan.indexed_write && at::globalContext().deterministicAlgorithms()) ||
       cpu_checks_at_call_time(plan, *stack, first)) {
     if (borrowed) borrowed->own();
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
@@ -915,6 +970,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   }
 
   if (entry.kind == PrimKind::kRandom) check_random_args(op, plan, *stack, first, nargs);
+  if (plan.call_check & kNormalStd) check_normal_std(schema, *stack, first);
 
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
@@ -1220,11 +1276,16 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     TensorRef r = make_ref(t);
     if (!is_out(arg) || !r.storage->error_seen) raise_storage_error(r.storage.get());
     at::Tensor& v = view_of[t.unsafeGetTensorImpl()];
-    if (!v.defined()) {
-      v = mem.strided(r);
-      if (arg < 64 && (writes >> arg & 1)) written_views.emplace_back(t, v);
-    }
+    if (!v.defined()) v = mem.strided(r);
     host::set_tensor_slot(cpu[arg], elem, v);
+  });
+  // Written tensors, also when the same tensor came first as an input
+  // (torch.cat([b, b], out=b)): one entry per tensor.
+  for_each_tensor(*stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
+    if (!is_tpu(t) || arg >= 64 || !(writes >> arg & 1)) return;
+    for (const auto& w : written_views)
+      if (w.first.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
+    written_views.emplace_back(t, view_of[t.unsafeGetTensorImpl()]);
   });
   at::Generator user_gen;
   for (size_t i = 0; i < nargs; ++i)
