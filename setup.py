@@ -7,7 +7,7 @@ import glob
 import os
 
 from setuptools import find_packages, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEBUG = os.environ.get("TORCH_TPU_DEBUG_BUILD", "0") == "1"
@@ -51,7 +51,8 @@ setup(
         CppExtension(
             name="torch_tpu_eager._C",
             sources=sources,
-            include_dirs=[os.path.join(ROOT, "csrc")],
+            # + libkineto's headers, shipped with torch: the torch.profiler device tracer (csrc/device/kineto_profiler.cpp)
+            include_dirs=[os.path.join(ROOT, "csrc")] + [os.path.join(p, "kineto") for p in include_paths()[:1]],
             extra_compile_args={"cxx": cxx_flags},
             extra_link_args=["-fopenmp"],
         )

@@ -61,7 +61,15 @@ class profile:
 
     Inside a ``torch.profiler.profile()`` each kernel run on a TPU target also appears
     as a range ``"tpu::<name>"`` (host time of the simulation; its fused ops in the
-    range's ``ops`` argument when ``record_shapes=True``).
+    range's ``ops`` argument when ``record_shapes=True``). With
+    ``activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]`` every kernel
+    (any target) is also a device event of torch.profiler: same ``name``, lasting its
+    ``sim_time_s``, on the track of its chip (Chrome trace pid) and stream (tid),
+    starting when the host ran it or when the stream's previous kernel ended, and
+    linked to the op that ran it (so ``key_averages()`` fills the device-time columns).
+    ``torch.autograd.profiler.profile(use_device="tpu")`` gives each op the simulated
+    time of the kernels run during it. Both come from csrc/device/kineto_profiler.cpp
+    and csrc/lazy/profiler_stubs.cpp.
     """
 
     def __init__(self):

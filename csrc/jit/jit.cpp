@@ -1,6 +1,7 @@
 // JIT v1: dead-code elimination, partition into fused regions, structural
 // cache, execution through the active executor.
 #include "device/env.h"
+#include "device/kineto_profiler.h"
 #include "lazy/debug_report.h"
 #include "jit/jit.h"
 
@@ -253,6 +254,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
     if (log_regions)
       std::fprintf(stderr, "[tpu] region %s (%zu ops, key %016llx, %s)\n", compiled.name.c_str(), r.nodes.size(),
                    static_cast<unsigned long long>(key), cache_hit ? "cache hit" : "compiled or loaded");
+    const int64_t host_start_ns = kineto::recording() ? kineto::now_ns() : 0;
     if (!failed) {
       try {
         kernel->run(r, g, mem, st);
@@ -264,6 +266,12 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
       }
     }
     if (trace_active()) trace_region(compiled, g, r, st, cache_hit, failed, ex.target());
+    if (host_start_ns != 0 && kineto::recording()) {
+      std::string ops;
+      for (int i : r.nodes) ops += (ops.empty() ? "" : ",") + g[i].op.schema().name().substr(6);
+      kineto::record_kernel(compiled.name, ops, st.sim_time_s, host_start_ns, static_cast<double>(st.flops),
+                            static_cast<double>(st.bytes_read + st.bytes_written));
+    }
     for (DeferredStorage* done : release_after[&r - regions.data()]) mem.release(done);
     m.regions_run++;
     m.ops_executed += static_cast<int64_t>(r.nodes.size());

@@ -11,6 +11,7 @@
 
 #include "device/device.h"
 #include "device/env.h"
+#include "device/kineto_profiler.h"
 #include "lazy/debug_report.h"
 #include "device/fork.h"
 #include "device/host_share.h"
@@ -250,6 +251,7 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   std::exception_ptr error;
   {
     ChipGuard chip(device);  // storages the executor allocates belong to this chip
+    kineto::FlushLane lane(stream);  // torch.profiler puts the kernels on this stream's track
     error = jit::run_graph(nodes, delta);
   }
   debug::on_flush(reason, nodes.size(), delta,

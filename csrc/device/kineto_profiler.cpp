@@ -1,0 +1,208 @@
+// libkineto child profiler of the simulated device (see kineto_profiler.h).
+#ifndef USE_KINETO
+#define USE_KINETO 1  // torch's wheels are built with kineto; its registry header needs the flag
+#endif
+// libkineto's activity metadata formats with fmt, whose compiled part torch does
+// not export: this file compiles it inline (hidden, like all our symbols).
+#define FMT_HEADER_ONLY 1
+
+#include "device/kineto_profiler.h"
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include <IActivityProfiler.h>
+#include <libkineto.h>
+#include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
+
+#include "device/device.h"
+
+namespace tpu_eager {
+namespace kineto {
+
+namespace detail {
+std::atomic<bool> g_recording{false};
+}
+
+namespace {
+
+thread_local int64_t t_flush_stream = 0;
+// The correlation ids of the ops this thread is inside (torch.profiler pushes
+// one per op it records); a kernel links to the innermost: the call that ran it.
+thread_local std::vector<uint64_t> t_correlation;
+
+struct KernelActivity {
+  std::string name, ops;
+  int device = 0;
+  int64_t stream = 0;
+  int64_t start_ns = 0, end_ns = 0;
+  uint64_t correlation = 0;
+  double flops = 0, bytes = 0, sim_time_s = 0;
+};
+
+// What the running session collected; guarded by g_mu.
+std::mutex g_mu;
+std::vector<KernelActivity> g_activities;
+std::map<std::pair<int, int64_t>, int64_t> g_lane_end;  // (chip, stream) -> end of its last kernel, ns
+
+const std::set<libkineto::ActivityType>& device_activities() {
+  static const std::set<libkineto::ActivityType> s{libkineto::ActivityType::CONCURRENT_KERNEL};
+  return s;
+}
+
+class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
+ public:
+  TpuProfilerSession() : buffer_(std::make_unique<libkineto::CpuTraceBuffer>()) {
+    buffer_->span = libkineto::TraceSpan(0, 0, "tpu (simulated)");
+    buffer_->gpuOpCount = -1;
+  }
+  ~TpuProfilerSession() override {
+    if (started_ && !stopped_) stop();
+  }
+
+  void start() override {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_activities.clear();
+    g_lane_end.clear();
+    started_ = true;
+    status_ = libkineto::TraceStatus::RECORDING;
+    detail::g_recording.store(true);
+  }
+
+  void stop() override {
+    detail::g_recording.store(false);
+    std::lock_guard<std::mutex> lock(g_mu);
+    collected_.swap(g_activities);
+    g_activities.clear();
+    stopped_ = true;
+    status_ = libkineto::TraceStatus::READY;
+  }
+
+  std::vector<std::string> errors() override { return {}; }
+
+  void processTrace(libkineto::ActivityLogger& logger) override { process(logger, nullptr); }
+
+  void processTrace(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback linked, int64_t,
+                    int64_t) override {
+    process(logger, &linked);
+  }
+
+  std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {
+    // Chip 0's track; further chips' tracks carry their resource names.
+    return std::make_unique<libkineto::DeviceInfo>(libkineto::DeviceInfo{0, 0, "tpu:0 (simulated)", "tpu:0"});
+  }
+
+  std::vector<libkineto::ResourceInfo> getResourceInfos() override {
+    std::vector<libkineto::ResourceInfo> out;
+    for (const auto& lane : lanes_)
+      out.push_back(libkineto::ResourceInfo{lane.second, lane.second, lane.first,
+                                            "tpu:" + std::to_string(lane.first) + " stream " +
+                                                std::to_string(lane.second)});
+    return out;
+  }
+
+  std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override { return std::move(buffer_); }
+
+  void pushCorrelationId(uint64_t id) override { t_correlation.push_back(id); }
+  void popCorrelationId() override {
+    if (!t_correlation.empty()) t_correlation.pop_back();
+  }
+
+ private:
+  void process(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback* linked) {
+    if (!buffer_) return;
+    int32_t next_id = 1;
+    for (const KernelActivity& k : collected_) {
+      buffer_->emplace_activity(buffer_->span, libkineto::ActivityType::CONCURRENT_KERNEL, k.name);
+      auto& act = libkineto::CpuTraceBuffer::toRef(buffer_->activities.back());
+      act.device = k.device;
+      act.resource = static_cast<int32_t>(k.stream);
+      act.startTime = k.start_ns;
+      act.endTime = k.end_ns;
+      act.id = next_id++;
+      if (linked && *linked && k.correlation != 0) act.linked = (*linked)(static_cast<int32_t>(k.correlation));
+      act.addMetadata("device", k.device);
+      act.addMetadata("stream", k.stream);
+      act.addMetadataQuoted("ops", k.ops);
+      act.addMetadata("flops", k.flops);
+      act.addMetadata("bytes", k.bytes);
+      act.addMetadata("sim_time_us", k.sim_time_s * 1e6);
+      act.addMetadataQuoted("clock", "simulated device time");
+      lanes_.insert({k.device, k.stream});
+      act.log(logger);
+    }
+    if (!collected_.empty()) {
+      buffer_->span.startTime = collected_.front().start_ns;
+      buffer_->span.endTime = collected_.back().end_ns;
+    }
+    collected_.clear();
+  }
+
+  std::unique_ptr<libkineto::CpuTraceBuffer> buffer_;
+  std::vector<KernelActivity> collected_;
+  std::set<std::pair<int, int64_t>> lanes_;
+  bool started_ = false, stopped_ = false;
+};
+
+class TpuActivityProfiler final : public libkineto::IActivityProfiler {
+ public:
+  const std::string& name() const override { return name_; }
+  const std::set<libkineto::ActivityType>& availableActivities() const override { return device_activities(); }
+
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<libkineto::ActivityType>& types,
+                                                                  const libkineto::Config&) override {
+    // Only when the session asks for device kernels (ProfilerActivity.PrivateUse1).
+    if (!types.count(libkineto::ActivityType::CONCURRENT_KERNEL)) return nullptr;
+    return std::make_unique<TpuProfilerSession>();
+  }
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(int64_t, int64_t,
+                                                                  const std::set<libkineto::ActivityType>& types,
+                                                                  const libkineto::Config& config) override {
+    return configure(types, config);
+  }
+
+ private:
+  std::string name_{"tpu_simulated"};
+};
+
+REGISTER_PRIVATEUSE1_PROFILER(TpuActivityProfiler);
+
+}  // namespace
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void record_kernel(const std::string& name, const std::string& ops, double sim_time_s, int64_t host_start_ns,
+                   double flops, double bytes) {
+  KernelActivity k;
+  k.name = name;
+  k.ops = ops;
+  k.device = current_device_index() < 0 ? 0 : current_device_index();
+  k.stream = t_flush_stream;
+  k.correlation = t_correlation.empty() ? 0 : t_correlation.back();
+  k.flops = flops;
+  k.bytes = bytes;
+  k.sim_time_s = sim_time_s;
+  // At least 1 ns, so a kernel of no simulated work still shows on the track.
+  const int64_t dur = std::max<int64_t>(1, static_cast<int64_t>(sim_time_s * 1e9 + 0.5));
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!detail::g_recording.load()) return;
+  int64_t& lane_end = g_lane_end[{k.device, k.stream}];
+  k.start_ns = std::max(host_start_ns, lane_end);
+  k.end_ns = k.start_ns + dur;
+  lane_end = k.end_ns;
+  g_activities.push_back(std::move(k));
+}
+
+FlushLane::FlushLane(int64_t stream) : prev_(t_flush_stream) { t_flush_stream = stream; }
+FlushLane::~FlushLane() { t_flush_stream = prev_; }
+
+}  // namespace kineto
+}  // namespace tpu_eager
