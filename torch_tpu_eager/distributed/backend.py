@@ -66,13 +66,20 @@ _lock = threading.Lock()
 _metrics = {"collectives": 0, "collective_bytes": 0, "collective_time_s": 0.0, "per_op": {}}
 
 
+_ici = []  # [module or None], looked up once
+
+
 def _ici_time(op_name: str, nbytes: int, group_size: int) -> float:
     """Simulated interconnect seconds of one collective (0.0 until the ICI model exists)."""
-    try:
-        from .. import ici
-    except ImportError:
+    if not _ici:
+        try:
+            from .. import ici
+        except ImportError:
+            ici = None
+        _ici.append(ici)
+    if _ici[0] is None:
         return 0.0
-    return float(ici.collective_time(op_name, nbytes, group_size))
+    return float(_ici[0].collective_time(op_name, nbytes, group_size))
 
 
 def _charge_collective(op_name: str, nbytes: int, group_size: int, device: torch.device) -> float:
