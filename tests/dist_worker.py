@@ -22,6 +22,18 @@ if __name__ != "__main__":  # the ranks (spawned: "__mp_main__") or an importer;
 TIMEOUT = datetime.timedelta(seconds=30)
 
 
+_inits = [0]
+
+
+def _init(rank, world, backend=None, timeout=TIMEOUT):
+    """init_process_group on a fresh FileStore: the n-th init of each rank meets the n-th of the
+    others (a TCPStore on one port would still hold the keys of a destroyed group)."""
+    _inits[0] += 1
+    path = os.path.join(os.environ["TPU_DIST_TMP"], f"store{_inits[0]}")
+    dist.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=world,
+                            timeout=timeout)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,7 +66,7 @@ def _inputs(rank, dtype, shape=(3, 5)):
 
 def case_collectives(rank, world):
     """Every collective and dtype on "tpu" tensors equals gloo on the same CPU tensors, bit for bit."""
-    dist.init_process_group("cpu:gloo,tpu:tpu_ccl", rank=rank, world_size=world, timeout=TIMEOUT)
+    _init(rank, world, "cpu:gloo,tpu:tpu_ccl")
     dev = torch.device("tpu", rank % torch.tpu.device_count())
     torch.tpu.set_device(dev)
     R = dist.ReduceOp
@@ -203,7 +215,7 @@ def case_collectives(rank, world):
 
 def case_default(rank, world):
     """``init_process_group()`` with no backend picks tpu_ccl for "tpu"; CPU tensors raise NCCL's error."""
-    dist.init_process_group(rank=rank, world_size=world, timeout=TIMEOUT)
+    _init(rank, world)
     pg = dist.group.WORLD
     assert "tpu" in [d.type for d in pg._device_types], pg._device_types
     assert dist.Backend.default_device_backend_map["tpu"] == "tpu_ccl"
@@ -256,7 +268,7 @@ def _raises(fn, what):
 def case_bad_input(rank, world):
     """Mismatched shapes/dtypes across ranks raise torch's collective-mismatch error (plain gloo
     aborts the process there); errors raised at the call are gloo's, type and message."""
-    dist.init_process_group("cpu:gloo,tpu:tpu_ccl", rank=rank, world_size=world, timeout=TIMEOUT)
+    _init(rank, world, "cpu:gloo,tpu:tpu_ccl")
     dev = torch.device("tpu", rank % torch.tpu.device_count())
     torch.tpu.set_device(dev)
     report = {}
@@ -301,7 +313,7 @@ def case_bad_input(rank, world):
 
 def case_failing_rank(rank, world):
     """Rank 1 raises before a collective; the others get an error from it within the timeout."""
-    dist.init_process_group(rank=rank, world_size=world, timeout=datetime.timedelta(seconds=10))
+    _init(rank, world, timeout=datetime.timedelta(seconds=10))
     dev = torch.device("tpu", rank % torch.tpu.device_count())
     x = torch.ones(1 << 16, device=dev)
     dist.all_reduce(x)  # a healthy collective first
@@ -353,7 +365,7 @@ def case_ddp(rank, world):
     """DDP (small buckets, no_sync) on "tpu" equals single-process CPU training on the global batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    dist.init_process_group(rank=rank, world_size=world, timeout=TIMEOUT)
+    _init(rank, world)
     dev = torch.device("tpu", rank % torch.tpu.device_count())
     torch.tpu.set_device(dev)
     steps, batch = 4, 8 * world
@@ -394,7 +406,7 @@ def case_fsdp(rank, world):
     """FSDP2 fully_shard (f32, and bf16 params with f32 reduce) equals single-process CPU training."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    dist.init_process_group(rank=rank, world_size=world, timeout=TIMEOUT)
+    _init(rank, world)
     dev = torch.device("tpu", rank % torch.tpu.device_count())
     torch.tpu.set_device(dev)
     steps, batch = 3, 4 * world
@@ -449,7 +461,7 @@ def case_dtensor_tp(rank, world):
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    dist.init_process_group(rank=rank, world_size=world, timeout=TIMEOUT)
+    _init(rank, world)
     dev = torch.device("tpu", rank % torch.tpu.device_count())
     torch.tpu.set_device(dev)
     mesh = init_device_mesh("tpu", (world,))
@@ -517,7 +529,10 @@ def case_api(rank, world):
 def case_parallel(rank, world):
     """DDP, FSDP2, DTensor / tensor parallel / checkpoint in one pair of processes."""
     for case in (case_ddp, case_fsdp, case_dtensor_tp):
+        t0 = time.monotonic()
         case(rank, world)
+        if os.environ.get("TPU_DIST_VERBOSE"):
+            print(rank, case.__name__, f"{time.monotonic() - t0:.1f}s", flush=True)
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
@@ -559,7 +574,7 @@ def main(argv):
             p.start()
         if os.environ.get("TPU_DIST_VERBOSE"):
             print("started", time.time(), flush=True)
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + float(os.environ.get("TPU_DIST_DEADLINE", 400))
         for p in procs:
             p.join(max(1.0, deadline - time.monotonic()))
         hung = [r for r, p in enumerate(procs) if p.is_alive()]

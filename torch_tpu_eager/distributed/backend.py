@@ -1,30 +1,32 @@
 """The c10d backend ``"tpu_ccl"``: collectives on "tpu" tensors over gloo on host copies.
 
-How it plugs into torch.distributed (two public extension points, nothing patched):
+How it plugs into torch.distributed (docs/distributed.md):
 
 * :func:`register` calls ``torch.distributed.Backend.register_backend("tpu_ccl", ...,
   extended_api=True, devices=["tpu"])``: the backend becomes the default of the "tpu"
-  device, so ``init_process_group()`` (torch picks the current accelerator, "tpu") and
-  ``init_process_group("cpu:gloo,tpu:tpu_ccl")`` use it. Its creator returns a
-  ``ProcessGroupGloo`` on its own prefix of the store: the **transport** between the
-  processes (TCP on localhost). The process group stays torch's C++ ``ProcessGroup``,
+  device, so ``init_process_group()`` (torch picks the current accelerator, "tpu"),
+  ``init_process_group("tpu_ccl")`` and ``init_process_group("cpu:gloo,tpu:tpu_ccl")``
+  use it. Its creator (:func:`_create_backend`) returns the **transport**: a gloo
+  backend on its own prefix of the store (TCP on localhost), behind torch's
+  collective-fingerprint check. The process group stays torch's C++ ``ProcessGroup``,
   so DDP's reducer, functional collectives (DTensor, FSDP2) and the Python API all
   reach it the same way.
 * The ``c10d::*`` collective ops are dispatcher ops with a kernel per dispatch key;
   torch's generic PrivateUse1 kernels hand the device tensors to the backend, which
   gloo would reject. :func:`register` installs this module's kernels for the
-  ``PrivateUse1`` key (``torch.library``), which do, per collective: flush the chip's
-  pending ops that produce the inputs and copy them to fresh host buffers (never a
-  zero-copy share: gloo writes host memory behind PyTorch's back), start the gloo
-  collective on the host buffers, and return a ``Work`` whose future completes after
-  the results were copied back, in place, into the "tpu" tensors (the copy is recorded
-  into the chip's queue, so it orders with later compute like any op).
-  ``work.wait()`` waits for both; errors of the transport (a peer that died, a
-  timeout, mismatched sizes) are raised by ``wait()`` — by the call itself when
-  ``async_op=False`` — as gloo raises them.
+  ``PrivateUse1`` key (``torch.library``). Per collective they copy the inputs to
+  fresh host buffers (flushing the chip's pending ops that produce them; never a
+  zero-copy share: gloo writes host memory behind PyTorch's back), run the gloo
+  collective, wait for it, and copy the results back in place into the "tpu" tensors
+  (recorded into the chip's queue, so later compute orders after it). The returned
+  ``Work`` is complete (:func:`_finish`); errors of the transport (a dead peer, a
+  timeout) and mismatches between ranks are raised by the call. Receives finish in
+  ``wait()`` instead (:func:`_finish_later`).
+* One torch patch: ``init_process_group()`` without a backend gets tpu_ccl as its
+  default backend type (:func:`_patch_undefined_backend`).
 
 Every collective is charged through :func:`_charge_collective`, the one place that
-accounts collectives (metrics now; the simulated ICI time once ``torch_tpu_eager.ici``
+accounts collectives (metrics; the simulated ICI time once ``torch_tpu_eager.ici``
 provides ``collective_time``).
 
 Values are those gloo computes on the same CPU tensors, bit for bit: the backend does
@@ -66,13 +68,20 @@ _lock = threading.Lock()
 _metrics = {"collectives": 0, "collective_bytes": 0, "collective_time_s": 0.0, "per_op": {}}
 
 
+_ici = []  # [module or None], looked up once
+
+
 def _ici_time(op_name: str, nbytes: int, group_size: int) -> float:
     """Simulated interconnect seconds of one collective (0.0 until the ICI model exists)."""
-    try:
-        from .. import ici
-    except ImportError:
+    if not _ici:
+        try:
+            from .. import ici
+        except ImportError:
+            ici = None
+        _ici.append(ici)
+    if _ici[0] is None:
         return 0.0
-    return float(ici.collective_time(op_name, nbytes, group_size))
+    return float(_ici[0].collective_time(op_name, nbytes, group_size))
 
 
 def _charge_collective(op_name: str, nbytes: int, group_size: int, device: torch.device) -> float:
