@@ -39,6 +39,11 @@ threads. ``--threads 1`` gives steadier figures on a machine that other jobs sha
     python benchmarks/run_all.py --quick         # smoke test: 3 repeats, small sizes
     python benchmarks/run_all.py --json out.json # also write every sample as JSON
     python benchmarks/run_all.py --only training # the three training steps, 1 and 2 threads
+    python benchmarks/run_all.py --only ici      # only the simulated ICI collectives table
+
+8. simulated ICI collectives (benchmarks/ici_collectives.py): all_reduce / all_gather / reduce_scatter of
+   1-256 MiB over 2, 4 and 8 chips of every TPU target, simulated time and bus bandwidth from
+   torch_tpu_eager.ici's cost model (not timed). Printed after the table.
 """
 import argparse
 import datetime
@@ -921,8 +926,9 @@ def run(argv=None):
     parser.add_argument("--threads", type=int, default=0,
                         help="torch intra-op threads for every contender (default 0: torch's own choice, "
                              "one per core; 1 is steadier on a machine other jobs share)")
-    parser.add_argument("--only", choices=("all", "training"), default="all",
-                        help="'training': only the three training steps (7.), on one and two threads")
+    parser.add_argument("--only", choices=("all", "training", "ici"), default="all",
+                        help="'training': only the three training steps (7.), on one and two threads; "
+                             "'ici': only the simulated ICI collectives (8.)")
     parser.add_argument("--no-compile", action="store_true", default=tpu_env.get("TORCH_TPU_QUICK"),
                         help="skip torch.compile in the training steps (its compile takes minutes here; "
                              "on by default with TORCH_TPU_QUICK=1)")
@@ -957,7 +963,12 @@ def run(argv=None):
             bench_logsumexp(cfg, report)
             bench_mlp(cfg, report)
             bench_char_lm(cfg, report)
-        bench_training(cfg, report, use_compile=not args.no_compile)
+        if args.only in ("all", "training"):
+            bench_training(cfg, report, use_compile=not args.no_compile)
+        if args.only in ("all", "ici"):
+            import ici_collectives as ici_bench  # benchmarks/ici_collectives.py: the cost model's table, nothing timed
+
+            report.metrics["ici"] = ici_bench.simulated_rows()
         report.metrics["wall_seconds"] = clock() - t0
     finally:
         torch.set_num_threads(previous[0])
@@ -968,9 +979,18 @@ def run(argv=None):
 def main(argv=None):
     """Runs the benchmarks and prints the table; returns 0 if every correctness check passed."""
     report, info, cfg, args = run(argv)
-    print(format_table(report, info, cfg, args.quick))
-    print()
-    print(format_metrics(report))
+    if report.rows:
+        print(format_table(report, info, cfg, args.quick))
+        print()
+    metrics_text = format_metrics(report)
+    if metrics_text:
+        print(metrics_text)
+    if report.metrics.get("ici"):
+        import ici_collectives as ici_bench
+
+        print()
+        print(ici_bench.format_table(report.metrics["ici"]))
+        print()
     print(format_checks(report))
     print(f"wall time {report.metrics['wall_seconds']:.0f} s")
     ok = all(c["passed"] for c in report.checks.values())

@@ -36,10 +36,12 @@ def _ici():
 
 
 def _data(name):
+    """The numbers (``params``) and interconnect facts of a chip data file, read directly."""
     import torch_tpu_eager.target as t
 
     with open(os.path.join(os.path.dirname(t.__file__), "targets", name + ".json")) as f:
-        return json.load(f)["params"]
+        spec = json.load(f)
+    return {**spec["params"], **spec.get("interconnect", {})}
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """Simulated targets: which chip the "tpu" device models.
 
 Each chip is one data file, ``torch_tpu_eager/targets/<name>.json``, holding every
-number with its unit and its source. The active target sets the cost model of the
+number with its unit and its source (``params``), and the interconnect facts that are
+not a number (topology, largest slice shape, wraparound rule) likewise (``interconnect``). The active target sets the cost model of the
 executor (peak FLOP/s, HBM bandwidth, MXU size, ...) and the HBM capacity that
 allocations are checked against. Choose it with :func:`set_target` or, before
 import, the environment variable ``TORCH_TPU_TARGET`` (default ``"tpu-v5e"``).
@@ -29,12 +30,15 @@ _TPU_PARAMS = (
     "launch_s",          # seconds per kernel
 )
 
-# Interconnect (ICI) parameters a "tpu" data file must give; the collective cost
-# model (torch_tpu_eager.ici) reads them, the executor does not.
+# Interconnect (ICI) numbers a "tpu" data file must give in ``params``, and facts in
+# its ``interconnect`` section; the collective cost model (torch_tpu_eager.ici) reads
+# them, the executor does not.
 _ICI_PARAMS = (
     "ici_link_bandwidth",   # bytes/s per link per direction
     "ici_links",            # links (ports) per chip
     "ici_hop_latency_s",    # seconds per hop
+)
+_ICI_FACTS = (
     "ici_topology",         # "2d_torus" or "3d_torus"
     "ici_max_slice_shape",  # chips per axis of the largest slice
     "ici_wraparound",       # when an axis has its wraparound link: {"rule": ..., "n": ...}
@@ -66,11 +70,14 @@ def _load(name: str) -> dict:
         spec = json.load(f)
     if spec.get("name") != name:
         raise ValueError(f"targets/{name}.json names itself {spec.get('name')!r}")
-    for key, p in spec["params"].items():
+    entries = {**spec["params"], **spec.get("interconnect", {})}
+    for key, p in entries.items():
         if not isinstance(p, dict) or "value" not in p or not p.get("source"):
             raise ValueError(f"targets/{name}.json: parameter {key!r} needs a value and a source")
     if spec.get("kind") in _KINDS:
         missing = [k for k in _KINDS[spec["kind"]] if k not in spec["params"]]
+        if spec["kind"] == "tpu":
+            missing += [k for k in _ICI_FACTS if k not in spec.get("interconnect", {})]
         if missing:
             raise ValueError(f"targets/{name}.json lacks {missing}")
     return spec
@@ -100,7 +107,8 @@ def target_info(name: str = None) -> dict:
     """The numbers of target ``name`` (default: the active one) as a flat dict.
 
     Keys are the data file's parameters (units: bytes, bytes/s, FLOP/s, seconds;
-    see ``sources``) plus derived ``clock_hz`` (clock implied by the bf16 peak) and
+    see ``sources``) and interconnect facts (``ici_topology``, ``ici_max_slice_shape``,
+    ``ici_wraparound``; Spyre: ``card_interconnect``, None) plus derived ``clock_hz`` (clock implied by the bf16 peak) and
     ``vpu_elems_per_s`` (tensor_cores x sublanes x lanes x clock_hz), ``name``,
     ``kind``, ``description`` and ``sources`` (parameter -> source text).
     """
@@ -111,6 +119,9 @@ def target_info(name: str = None) -> dict:
     info = {"name": name, "kind": spec["kind"], "description": spec.get("description", "")}
     info.update(values)
     sources = {k: p["source"] for k, p in spec["params"].items()}
+    for k, p in spec.get("interconnect", {}).items():
+        info[k] = p["value"]
+        sources[k] = p["source"]
     if spec["kind"] == "tpu":
         info.update(_derived(values))
         sources["clock_hz"] = "derived: peak_bf16_flops / (2 * mxu_size**2 * mxus_per_core * tensor_cores)"
