@@ -1,6 +1,6 @@
 // KTIR-like tile programs of the simulated Spyre (issue 6, item 3): each
 // fused region printed as a kernel over a grid of cores with memory views,
-// access tiles and its op list. The text format (docs/spyre_ktir.md):
+// access tiles and its op list. The text format (docs/ktir.md):
 //
 //   ktir.kernel @<region name> grid=[<cores>] split=dim0 rows_per_core=<r> cores_used=<u> {
 //     %<i> = view <HBM|LX> <dtype> offset=<elements> sizes=[..] strides=[..]
