@@ -81,7 +81,7 @@ def test_edited_dump_runs_with_df16_numerics(spyre_target, tmp_path, monkeypatch
     for ln in lines:
         if ln.startswith("  %2 = view HBM"):
             edited.append(ln.replace("%2 = view HBM df16(f16) %a2", "%3 = view HBM df16(f16) %a2"))
-            edited.insert(len(edited) - 1, "  %2 = view LX df16(f16) offset=0 sizes=[64, 128] strides=[128, 1]")
+            edited.insert(len(edited) - 1, "  %2 = view LX df16(f16) %t0 offset=0 sizes=[64, 128] strides=[128, 1]")
         elif ln.startswith("  tile %2"):
             edited += [ln, ln.replace("tile %2", "tile %3")]
         elif "mul.Tensor" in ln:
@@ -114,7 +114,7 @@ BASE = """ktir.kernel @k grid=[32] split=dim0 rows_per_core=1 cores_used=4 {
   %a0 = arg in f32 elems=256
   %a1 = arg out f32 elems=256
   %0 = view HBM f32 %a0 offset=0 sizes=[4, 64] strides=[64, 1]
-  %1 = view LX f32 offset=0 sizes=[4, 64] strides=[64, 1]
+  %1 = view LX f32 %t0 offset=0 sizes=[4, 64] strides=[64, 1]
   %2 = view HBM f32 %a1 offset=0 sizes=[4, 64] strides=[64, 1]
   tile %0 sizes=[1, 64] at=[core*1, 0]
   tile %1 sizes=[1, 64] at=[core*1, 0]
@@ -150,7 +150,7 @@ BAD = [
     ("%2 = mul.Tensor(%1, 0.5)", "%2 = sum.dim_IntList(%1, [1], False, None)", 11, "types"),
     ("%2 = mul.Tensor(%1, 0.5)", "%2 = mul.Tensor(%1, \"x\")", 11, "types"),
     ("view LX f32", "view LX f17", 5, "types"),
-    ("%a1 = arg out f32", "%a1 = arg out df16(f16)", 6, "types"),
+    ("%a1 = arg out f32", "%a1 = arg out df16(f16)", 6, "view-bounds"),  # f32 view of 2-byte elements
     ("%a1 = arg out f32", "%a1 = arg out f16", 3, "types"),
     ("%1 = exp(%0)", "%1 = exp(%0", 10, "syntax"),
     ("  %2 = mul", "  tile %2 sizes=[1, 64] at=[core*1, 0]\n  %2 = mul", 11, "tile"),
@@ -171,7 +171,7 @@ def test_lx_capacity_and_bound_tensors(spyre_target, tmp_path):
     from torch_tpu_eager import spyre
 
     n = 2100  # one 128-byte stick per view, double buffered, exceeds 512 KB of LX
-    views = "".join(f"  %{i} = view LX f32 offset=0 sizes=[4] strides=[1]\n" for i in range(n))
+    views = "".join(f"  %{i} = view LX f32 %t{i} offset=0 sizes=[4] strides=[1]\n" for i in range(n))
     tiles = "".join(f"  tile %{i} sizes=[4] at=[0]\n" for i in range(n))
     text = "ktir.kernel @big grid=[32] split=dim0 rows_per_core=1 cores_used=1 {\n" + views + tiles + "}\n"
     with pytest.raises(ValueError, match="KTIR line 1: rule 'lx-capacity'"):

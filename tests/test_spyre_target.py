@@ -252,7 +252,7 @@ def test_env_var_selects_spyre_at_import():
 
 
 # ---------------------------------------------------------------- KTIR tile programs
-# Golden texts written by hand from the format in docs/spyre_ktir.md.
+# Golden texts written by hand from the format in docs/ktir.md.
 
 def test_ktir_of_an_add(spyre_target):
     from torch_tpu_eager import spyre
@@ -262,9 +262,12 @@ def test_ktir_of_an_add(spyre_target):
     text = spyre.dump_ktir()
     assert text == (
         "ktir.kernel @kernel_add grid=[32] split=dim0 rows_per_core=1 cores_used=4 {\n"
-        "  %0 = view HBM f32 offset=0 sizes=[4, 64] strides=[64, 1]\n"
-        "  %1 = view HBM f32 offset=0 sizes=[4, 64] strides=[64, 1]\n"
-        "  %2 = view HBM f32 offset=0 sizes=[4, 64] strides=[64, 1]\n"
+        "  %a0 = arg in f32 elems=256\n"
+        "  %a1 = arg in f32 elems=256\n"
+        "  %a2 = arg out f32 elems=256\n"
+        "  %0 = view HBM f32 %a0 offset=0 sizes=[4, 64] strides=[64, 1]\n"
+        "  %1 = view HBM f32 %a1 offset=0 sizes=[4, 64] strides=[64, 1]\n"
+        "  %2 = view HBM f32 %a2 offset=0 sizes=[4, 64] strides=[64, 1]\n"
         "  tile %0 sizes=[1, 64] at=[core*1, 0]\n"
         "  tile %1 sizes=[1, 64] at=[core*1, 0]\n"
         "  tile %2 sizes=[1, 64] at=[core*1, 0]\n"
@@ -282,8 +285,10 @@ def test_ktir_of_a_softmax(spyre_target):
     # 70 rows over 32 cores: 3 rows per core on 24 cores.
     assert spyre.dump_ktir() == (
         "ktir.kernel @kernel__softmax grid=[32] split=dim0 rows_per_core=3 cores_used=24 {\n"
-        "  %0 = view HBM df16 offset=0 sizes=[70, 128] strides=[128, 1]\n"
-        "  %1 = view HBM df16 offset=0 sizes=[70, 128] strides=[128, 1]\n"
+        "  %a0 = arg in df16(f16) elems=8960\n"
+        "  %a1 = arg out df16(f16) elems=8960\n"
+        "  %0 = view HBM df16(f16) %a0 offset=0 sizes=[70, 128] strides=[128, 1]\n"
+        "  %1 = view HBM df16(f16) %a1 offset=0 sizes=[70, 128] strides=[128, 1]\n"
         "  tile %0 sizes=[3, 128] at=[core*3, 0]\n"
         "  tile %1 sizes=[3, 128] at=[core*3, 0]\n"
         "  %1 = _softmax(%0, -1, False)\n"
@@ -300,9 +305,12 @@ def test_ktir_of_a_matmul_with_offset_and_transposed_views(spyre_target):
     # The right operand's dim 0 (32) is not the grid's rows (64): every core reads it whole.
     assert spyre.dump_ktir() == (
         "ktir.kernel @kernel_mm grid=[32] split=dim0 rows_per_core=2 cores_used=32 {\n"
-        "  %0 = view HBM f32 offset=32 sizes=[64, 32] strides=[32, 1]\n"
-        "  %1 = view HBM f32 offset=0 sizes=[32, 16] strides=[1, 32]\n"
-        "  %2 = view HBM f32 offset=0 sizes=[64, 16] strides=[16, 1]\n"
+        "  %a0 = arg in f32 elems=2112\n"
+        "  %a1 = arg in f32 elems=512\n"
+        "  %a2 = arg out f32 elems=1024\n"
+        "  %0 = view HBM f32 %a0 offset=32 sizes=[64, 32] strides=[32, 1]\n"
+        "  %1 = view HBM f32 %a1 offset=0 sizes=[32, 16] strides=[1, 32]\n"
+        "  %2 = view HBM f32 %a2 offset=0 sizes=[64, 16] strides=[16, 1]\n"
         "  tile %0 sizes=[2, 32] at=[core*2, 0]\n"
         "  tile %1 sizes=[32, 16] at=[0, 0]\n"
         "  tile %2 sizes=[2, 16] at=[core*2, 0]\n"

@@ -144,7 +144,7 @@ def dump_ktir(format="text"):
     memory, ``LX`` for region temporaries kept in the scratchpads; offset, sizes
     and strides in elements; device dtypes ``f32``, ``df16``, ``i32``), the
     access tile of each view per core and the op list. The format is described in
-    docs/spyre_ktir.md. Blocks are separated by a blank line; ``""`` when the last
+    docs/ktir.md. Blocks are separated by a blank line; ``""`` when the last
     flush ran no region on Spyre. Set the environment variable
     ``TORCH_TPU_DUMP_DIR`` to a directory to also write every region's program to
     its own file (``region_<n>_<name>.ktir``).

@@ -454,9 +454,11 @@ KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, con
   }
   for (size_t a = 0; a < p.args.size(); ++a)
     p.args[a].kind = rw[a].first && rw[a].second ? KtirArg::kInOut : (rw[a].first ? KtirArg::kIn : KtirArg::kOut);
+  std::map<const DeferredStorage*, int> buf_of;
   for (const auto& v : L.views) {
     KtirView kv;
     kv.lx = v.lx;
+    if (v.lx) kv.buf = buf_of.emplace(v.ref->storage.get(), static_cast<int>(buf_of.size())).first->second;
     kv.dtype = v.ref->dtype;
     kv.arg = v.lx ? -1 : arg_of.at(v.ref->storage.get());
     kv.offset = v.ref->offset;
@@ -525,7 +527,7 @@ std::string ktir_print(const KtirProgram& p) {
   for (size_t v = 0; v < p.views.size(); ++v) {
     const KtirView& w = p.views[v];
     os << "  %" << v << " = view " << (w.lx ? "LX " : "HBM ") << type_token(w.dtype);
-    if (!w.lx) os << " %a" << w.arg;
+    os << (w.lx ? " %t" + std::to_string(w.buf) : " %a" + std::to_string(w.arg));
     os << " offset=" << w.offset << " sizes=" << list(w.sizes) << " strides=" << list(w.strides) << "\n";
   }
   for (const auto& t : p.tiles) {
@@ -662,6 +664,10 @@ KtirProgram ktir_parse(const std::string& text) {
       if (!v.lx) {
         c.expect("%a");
         v.arg = static_cast<int>(c.integer());
+      } else {
+        c.expect("%t");
+        v.buf = static_cast<int>(c.integer());
+        if (v.buf < 0) fail(line, "view", "LX buffers are %t0, %t1, ...");
       }
       c.expect("offset=");
       v.offset = c.integer();
@@ -737,9 +743,10 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
       if (w.arg < 0 || w.arg >= static_cast<int>(p.args.size()))
         fail(w.line, "view", name + " views %a" + std::to_string(w.arg) + ", which is not an argument");
       const KtirArg& g = p.args[w.arg];
-      if (g.dtype != w.dtype) fail(w.line, "types", name + " is " + host_name(w.dtype) + " over a " + host_name(g.dtype) + " argument");
+      // A view may reinterpret its argument's bytes (x.view(dtype)); bounds in bytes.
       const int64_t last = last_elem(w);
-      if (last >= g.elems)
+      const int64_t vb = c10::elementSize(w.dtype), ab = c10::elementSize(g.dtype);
+      if ((last + 1) * vb > g.elems * ab)
         fail(w.line, "view-bounds", name + " reaches element " + std::to_string(last) + " of %a" +
                                         std::to_string(w.arg) + ", which has " + std::to_string(g.elems));
     }
@@ -776,16 +783,25 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
   if (card.lx_usable_bytes_per_core > 0 && 2 * lx_min_bytes > card.lx_usable_bytes_per_core)
     fail(hl, "lx-capacity", "one stick of each of the " + std::to_string(p.views.size()) +
                                 " views, double buffered, needs " + std::to_string(2 * lx_min_bytes) + " bytes; LX holds " +
-                                std::to_string(card.lx_usable_bytes_per_core) + " per core");
+                                std::to_string(card.lx_usable_bytes_per_core) +
+                                " per core: the region cannot be tiled to fit LX");
   (void)lx_bytes;
   // Ops: known, operands defined before use, result types and shapes (meta run).
+  // Def-use is per storage (an argument or an LX buffer): a write through
+  // one view defines every view of it.
   std::vector<at::Tensor> meta(p.views.size());
   auto meta_of = [&](const KtirView& w) {
     return at::empty_strided(w.sizes, w.strides, at::TensorOptions().dtype(w.dtype).device(c10::kMeta));
   };
+  auto key = [&](int v) { return p.views[v].lx ? -1 - p.views[v].buf : p.views[v].arg; };
+  auto define = [&](int v0) {
+    const int k = key(v0);
+    for (size_t v = 0; v < p.views.size(); ++v)
+      if (key(static_cast<int>(v)) == k && !meta[v].defined()) meta[v] = meta_of(p.views[v]);
+  };
   for (size_t v = 0; v < p.views.size(); ++v) {
     const KtirView& w = p.views[v];
-    if (!w.lx && p.args[w.arg].kind != KtirArg::kOut) meta[v] = meta_of(w);
+    if (!w.lx && p.args[w.arg].kind != KtirArg::kOut) define(static_cast<int>(v));
   }
   for (const auto& o : p.ops) {
     const c10::OperatorHandle* op = find_op(o.op);
@@ -803,7 +819,10 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
                              std::to_string(o.results.size()));
     for (int r : o.results)
       if (r < 0 || r >= static_cast<int>(p.views.size())) fail(o.line, "def-use", "result %" + std::to_string(r) + " is not a view");
-    define_written(o, schema, meta, [&](int v) { return meta_of(p.views[v]); });
+    define_written(o, schema, meta, [&](int v) {
+      define(v);
+      return meta[v];
+    });
     torch::jit::Stack stack = op_stack(o, schema, meta);  // def-use and operand types
     try {
       c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
@@ -829,14 +848,13 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
           fail(o.line, "types", o.op + " result " + std::to_string(j) + " is " + host_name(got[j].scalar_type()) +
                                     ", its view %" + std::to_string(o.results[j]) + " is " + host_name(w.dtype));
       }
-      meta[o.results[j]] = meta_of(w);
+      define(o.results[j]);
     }
     // Written arguments are defined after the op (an out= or in-place view).
     const auto& sargs = schema.arguments();
     for (size_t a = 0; a < o.args.size() && a < sargs.size(); ++a)
-      if (o.args[a].kind == KtirValue::kView && sargs[a].alias_info() && sargs[a].alias_info()->isWrite() &&
-          !meta[o.args[a].i].defined())
-        meta[o.args[a].i] = meta_of(p.views[o.args[a].i]);
+      if (o.args[a].kind == KtirValue::kView && sargs[a].alias_info() && sargs[a].alias_info()->isWrite())
+        define(static_cast<int>(o.args[a].i));
   }
 }
 
@@ -853,25 +871,28 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
   for (const auto& g : p.args)
     args.push_back(g.kind == KtirArg::kOut ? at::zeros({g.elems}, at::TensorOptions().dtype(g.dtype)) : inputs[next++]);
   ktir_verify(p, card, &args);
+  // Each storage as flat bytes; a view reinterprets them in its dtype.
   std::vector<at::Tensor> flat(args.size());
   for (size_t a = 0; a < args.size(); ++a) {
-    TORCH_CHECK_VALUE(args[a].is_contiguous(), "run_ktir: argument %a", a, " must be a contiguous tensor");
-    flat[a] = args[a].view({-1});
+    TORCH_CHECK_VALUE(args[a].is_contiguous() && args[a].device().is_cpu(), "run_ktir: argument %a", a,
+                      " must be a contiguous CPU tensor");
+    flat[a] = args[a].view({-1}).view(at::kByte);
   }
-  std::vector<at::Tensor> views(p.views.size());
-  auto hbm = [&](int v) {
-    const KtirView& w = p.views[v];
-    return flat[w.arg].as_strided(w.sizes, w.strides, w.offset);
+  std::map<int, int64_t> lx_bytes;
+  for (const auto& w : p.views)
+    if (w.lx) lx_bytes[w.buf] = std::max(lx_bytes[w.buf], (last_elem(w) + 1) * static_cast<int64_t>(c10::elementSize(w.dtype)));
+  std::map<int, at::Tensor> lx;
+  for (const auto& [b, n] : lx_bytes) lx[b] = at::zeros({std::max<int64_t>(n, 1)}, at::TensorOptions().dtype(at::kByte));
+  auto over = [](const at::Tensor& bytes, const KtirView& w) {
+    const int64_t es = c10::elementSize(w.dtype);
+    return bytes.narrow(0, 0, bytes.numel() / es * es).view(w.dtype).as_strided(w.sizes, w.strides, w.offset);
   };
+  std::vector<at::Tensor> views(p.views.size());
   for (size_t v = 0; v < p.views.size(); ++v)
-    if (!p.views[v].lx) views[v] = hbm(static_cast<int>(v));  // out views hold zeros until written
+    views[v] = over(p.views[v].lx ? lx.at(p.views[v].buf) : flat[p.views[v].arg], p.views[v]);
   for (const auto& o : p.ops) {
     const c10::OperatorHandle* op = find_op(o.op);
     const auto& schema = op->schema();
-    define_written(o, schema, views, [&](int v) {
-      const KtirView& w = p.views[v];
-      return at::empty_strided(w.sizes, w.strides, at::TensorOptions().dtype(w.dtype));
-    });
     torch::jit::Stack stack = op_stack(o, schema, views);
     std::vector<c10::ScalarType> dtypes;
     for (int r : o.results) dtypes.push_back(p.views[r].dtype);
@@ -887,10 +908,8 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
     const std::vector<at::Tensor> got = fresh(schema, stack);
     for (size_t j = 0; j < o.results.size() && j < got.size(); ++j) {
       const int r = o.results[j];
-      if (p.views[r].lx) views[r] = got[j];
-      else views[r].copy_(got[j]);
+      views[r].copy_(got[j]);  // stored through the view into its storage
     }
-    // In-place writes to an LX view land in its tensor (the op wrote it).
   }
   std::vector<at::Tensor> outs;
   for (size_t a = 0; a < p.args.size(); ++a)

@@ -29,6 +29,7 @@ struct KtirView {
   bool lx = false;
   c10::ScalarType dtype = c10::kFloat;  // host dtype; the device dtype follows (f32, df16, i32, ...)
   int arg = -1;                         // HBM: the argument it views
+  int buf = -1;                         // LX: the scratchpad buffer it views (%tK; views of one buffer alias)
   int64_t offset = 0;
   std::vector<int64_t> sizes, strides;
   int line = 0;

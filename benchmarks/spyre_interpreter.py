@@ -1,0 +1,67 @@
+"""Spyre interpreter speed: the same region run on the Spyre target and on the
+TPU target, side by side in one process (issue 21 target: Spyre within 3x).
+
+Each contender builds the same program on "tpu" tensors with its target active
+and flushes it (``.cpu()`` of the result); wall time of the whole step is
+counted, medians of warm repeats (a target switch drops compiled kernels, so
+each target runs its repeats in turn). The regions are a float16 MLP-like
+step (matmul, bias, gelu, layer_norm, softmax, sum) and a float32 one.
+
+    PYTHONPATH=. python benchmarks/spyre_interpreter.py [--repeats 15]
+"""
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import clock, interleave  # noqa: E402
+
+import torch_tpu_eager as tte  # noqa: E402
+
+
+def make_step(dtype, n=256, d=512, h=256):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=g).to(dtype)
+    w = (torch.randn(d, h, generator=g) / d**0.5).to(dtype)
+    b = torch.randn(h, generator=g).to(dtype)
+
+    def step():
+        def run():
+            dx, dw, db = x.to("tpu"), w.to("tpu"), b.to("tpu")
+            t0 = clock()
+            y = F.gelu(dx @ dw + db)
+            z = F.layer_norm(y, (h,))
+            out = torch.softmax(z * 2 + y, dim=-1).sum(dim=0)
+            out.cpu()
+            return clock() - t0
+
+        return run
+
+    return step
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=15)
+    args = p.parse_args(argv)
+    before = tte.get_target()
+    try:
+        for dtype in (torch.float16, torch.float32):
+            med = {}
+            for target in ("spyre", "tpu-v5e"):
+                # Switching targets drops compiled kernels: each target runs its
+                # repeats warm, one after the other (interleaving would recompile).
+                tte.set_target(target)
+                med[target] = statistics.median(interleave({target: make_step(dtype)()}, args.repeats, warmup=2)[target])
+            s, t = med["spyre"], med["tpu-v5e"]
+            print(f"{str(dtype):15s} spyre {s * 1e3:8.2f} ms  tpu-v5e {t * 1e3:8.2f} ms  ratio {s / t:5.2f}x (target <= 3x)")
+    finally:
+        tte.set_target(before)
+
+
+if __name__ == "__main__":
+    main()
