@@ -302,3 +302,24 @@ MIXED_LAYOUTS = {
 @pytest.mark.parametrize("op", sorted(MIXED_LAYOUT_OPS))
 def test_mixed_layout_elementwise_strides(dev, op, layout):
     run_both(lambda d: MIXED_LAYOUT_OPS[op](*MIXED_LAYOUTS[layout](d)), dev, check_stride=True)
+
+
+# roll along dims is CPU's cat of two narrowed views of self: the result is in their
+# common suggest_memory_format (channels-last stays channels-last unless a piece is
+# empty or ambiguous); roll without dims rolls the flattened tensor (contiguous).
+ROLL_INPUTS = {
+    "channels_last": lambda d: _cl(d),
+    "channels_last_size1": lambda d: _x(d, 1, 3, 1, 2).contiguous(memory_format=torch.channels_last),
+    "channels_last_3d": lambda d: _x(d, 2, 3, 2, 2, 2).contiguous(memory_format=torch.channels_last_3d),
+    "transposed": lambda d: _x(d, 3, 4).t(),
+    "permuted_size1": lambda d: _x(d, 2, 1, 3, 1).permute(3, 1, 2, 0),
+}
+ROLLS = {"dim0": lambda x: x.roll(1, 0), "dim1": lambda x: x.roll(1, 1), "flat": lambda x: x.roll(3),
+         "two_dims": lambda x: x.roll((1, 2), (0, 1)), "last_neg": lambda x: x.roll(-1, -1),
+         "full_turn": lambda x: x.roll(x.shape[-1], -1)}
+
+
+@pytest.mark.parametrize("roll", sorted(ROLLS))
+@pytest.mark.parametrize("inp", sorted(ROLL_INPUTS))
+def test_roll_result_layout(dev, inp, roll):
+    run_both(lambda d: ROLLS[roll](ROLL_INPUTS[inp](d)), dev, check_stride=True)
