@@ -276,3 +276,50 @@ def test_batch_norm_output_layout(dev, layout):
         return r, r.stride()
 
     run_both(prog, dev, check_stride=True)
+
+
+# Structured elementwise ops whose Python reference lays out a mixed-layout result
+# (a transposed operand with a contiguous one, size-1 dims, channels-last with a
+# contiguous operand) differently from CPU's TensorIterator: the result takes the
+# strides of the C++ meta function CPU's kernel runs.
+MIXED_LAYOUT_OPS = {
+    "copysign": torch.copysign, "clamp_tensor": lambda a, b: a.clamp(min=b), "atan2": torch.atan2,
+    "where": lambda a, b: torch.where(a > 0, a, b), "where_0dim": lambda a, b: torch.where(a > 0, a, b[(0,) * b.dim()]),
+    "hypot": torch.hypot, "fmod": torch.fmod, "maximum": torch.maximum, "xlogy": torch.xlogy,
+    "lerp_tensor": lambda a, b: torch.lerp(a, b, b), "heaviside": torch.heaviside, "div_floor": lambda a, b: torch.div(
+        a, b, rounding_mode="floor"),
+}
+MIXED_LAYOUTS = {
+    "transposed_3d": lambda d: (_x(d, 3, 1, 2).transpose(0, 2), _x(d, 2, 1, 3, seed=1)),
+    "transposed_4d_size1": lambda d: (_x(d, 2, 1, 3, 1).transpose(0, 3), _x(d, 1, 3, 1, 2, seed=1)),
+    "channels_last_size1": lambda d: (_x(d, 1, 3, 1, 2).contiguous(memory_format=torch.channels_last),
+                                      _x(d, 1, 3, 1, 2, seed=1)),
+    "second_transposed": lambda d: (_x(d, 2, 1, 3, seed=1), _x(d, 3, 1, 2).transpose(0, 2)),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(MIXED_LAYOUTS))
+@pytest.mark.parametrize("op", sorted(MIXED_LAYOUT_OPS))
+def test_mixed_layout_elementwise_strides(dev, op, layout):
+    run_both(lambda d: MIXED_LAYOUT_OPS[op](*MIXED_LAYOUTS[layout](d)), dev, check_stride=True)
+
+
+# roll along dims is CPU's cat of two narrowed views of self: the result is in their
+# common suggest_memory_format (channels-last stays channels-last unless a piece is
+# empty or ambiguous); roll without dims rolls the flattened tensor (contiguous).
+ROLL_INPUTS = {
+    "channels_last": lambda d: _cl(d),
+    "channels_last_size1": lambda d: _x(d, 1, 3, 1, 2).contiguous(memory_format=torch.channels_last),
+    "channels_last_3d": lambda d: _x(d, 2, 3, 2, 2, 2).contiguous(memory_format=torch.channels_last_3d),
+    "transposed": lambda d: _x(d, 3, 4).t(),
+    "permuted_size1": lambda d: _x(d, 2, 1, 3, 1).permute(3, 1, 2, 0),
+}
+ROLLS = {"dim0": lambda x: x.roll(1, 0), "dim1": lambda x: x.roll(1, 1), "flat": lambda x: x.roll(3),
+         "two_dims": lambda x: x.roll((1, 2), (0, 1)), "last_neg": lambda x: x.roll(-1, -1),
+         "full_turn": lambda x: x.roll(x.shape[-1], -1)}
+
+
+@pytest.mark.parametrize("roll", sorted(ROLLS))
+@pytest.mark.parametrize("inp", sorted(ROLL_INPUTS))
+def test_roll_result_layout(dev, inp, roll):
+    run_both(lambda d: ROLLS[roll](ROLL_INPUTS[inp](d)), dev, check_stride=True)

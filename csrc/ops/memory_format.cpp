@@ -10,6 +10,7 @@
 #include <ATen/core/function_schema.h>
 #include <ATen/native/ConvUtils.h>
 #include <c10/core/MemoryFormat.h>
+#include <c10/core/WrapDimMinimal.h>
 #include <c10/core/SymIntArrayRef.h>
 
 namespace tpu_eager {
@@ -113,8 +114,49 @@ void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit
   // MemoryFormat::Contiguous), get contiguous strides, size-1 dims included.
   static const std::unordered_set<std::string> preserves_self = {"aten::flip", "aten::sort"};
   static const std::unordered_set<std::string> contiguous_result = {"aten::tril", "aten::triu", "aten::_log_softmax",
-                                                                      "aten::roll", "aten::masked_fill"};
+                                                                      "aten::masked_fill"};
   const bool functional = schema.overload_name().find("out") == std::string::npos;
+  // roll along dims: CPU's kernel concatenates two narrowed views of self, and
+  // cat allocates in their common suggest_memory_format() (channels-last stays
+  // channels-last, a transposed matrix comes back contiguous); roll without
+  // dims rolls the flattened tensor (contiguous). No elements: clone(Preserve).
+  if (name == "aten::roll" && functional && stack[first].isTensor() && !outcome.returns.empty() &&
+      first + 2 < stack.size() && stack[first + 1].isIntList() && stack[first + 2].isIntList()) {
+    const at::Tensor& self = stack[first].toTensor();
+    if (self.numel() == 0) return;
+    const auto shifts = stack[first + 1].toIntVector(), dims = stack[first + 2].toIntVector();
+    std::vector<int64_t> strides = self.strides().vec();
+    if (dims.empty() || dims.size() != shifts.size()) {
+      strides = strides_for(self.sizes().vec(), at::MemoryFormat::Contiguous);
+    } else {
+      // One roll per dim, each a cat of the two pieces (shells: metadata only).
+      for (size_t i = 0; i < dims.size(); ++i) {
+        const int64_t d = c10::maybe_wrap_dim(dims[i], self.dim());
+        const int64_t size = self.size(d);
+        int64_t start = (size - shifts[i]) % size;
+        if (start < 0) start += size;
+        at::MemoryFormat fmt = at::MemoryFormat::Contiguous;
+        std::optional<at::MemoryFormat> common;
+        for (int64_t piece : {size - start, start}) {
+          std::vector<int64_t> sizes = self.sizes().vec();
+          sizes[d] = piece;
+          at::Tensor shell = cpu_shell(self);
+          shell.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, 0);
+          const at::MemoryFormat f = shell.suggest_memory_format();
+          if (f == at::MemoryFormat::Contiguous || (common && *common != f)) {
+            common = at::MemoryFormat::Contiguous;
+            break;
+          }
+          common = f;
+        }
+        fmt = common.value_or(fmt);
+        strides = strides_for(self.sizes().vec(), fmt);
+      }
+    }
+    for (auto& g : outcome.returns[0])
+      if (g.defined && self.sizes().equals(g.sizes)) g.strides = strides;
+    return;
+  }
   if (functional && (preserves_self.count(name) || contiguous_result.count(name)) && stack[first].isTensor() &&
       !outcome.returns.empty()) {
     const at::Tensor& self = stack[first].toTensor();

@@ -1015,6 +1015,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     }
     // Keep the meta twins of written arguments: the kernel may resize them.
     std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
+    std::vector<c10::IValue> cpp_returns;  // the C++ meta kernel's results, when it ran
     try {
       c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
       // CPU's own call-time checks first: the C++ meta kernel a Python one
@@ -1030,6 +1031,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
         c10::WarningUtils::WarningHandlerGuard quiet(&drop);
         torch::jit::Stack cpp_stack = meta_twins();
         plan.cpp_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &cpp_stack);
+        cpp_returns.assign(cpp_stack.begin(), cpp_stack.end());
       }
       DeviceMetaInference as_cpu;  // Python meta kernels reason as for CPU (device_hint)
       op.callBoxed(meta_stack);
@@ -1051,7 +1053,17 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
         for (const at::Tensor& m : meta_args[a].toTensorList().vec()) lg.push_back(geometry_of(m));
         computed.written_lists.emplace_back(a, std::move(lg));
       } else if (mv.isTensor()) {
-        geoms.push_back(geometry_of(mv.toTensor()));
+        // A fresh result of a structured elementwise kernel: its C++ meta
+        // function builds CPU's TensorIterator, so its strides are CPU's (the
+        // layout for mixed-layout operands and size-1 dims: copysign, clamp,
+        // ...), where the Python reference may choose others. (Not for other
+        // kinds: some CPU kernels restride their result after the meta function,
+        // e.g. replication_pad2d keeps channels-last.)
+        const at::Tensor& m = mv.toTensor();
+        const bool cpp = entry.kind == PrimKind::kElementwise && k < cpp_returns.size() && cpp_returns[k].isTensor() && cpp_returns[k].toTensor().defined() &&
+                         cpp_returns[k].toTensor().sizes().equals(m.sizes()) &&
+                         cpp_returns[k].toTensor().scalar_type() == m.scalar_type();
+        geoms.push_back(geometry_of(cpp ? cpp_returns[k].toTensor() : m));
       } else if (mv.isTensorList()) {
         for (const at::Tensor& m : mv.toTensorList().vec()) geoms.push_back(geometry_of(m));
       } else {
