@@ -43,6 +43,8 @@ setup(
     extras_require={
         "examples": ["scikit-learn", "matplotlib"],
         "test": ["pytest", "hypothesis", "expecttest", "scikit-learn"],
+        # torch_tpu_eager.pallas (JAX/Pallas kernels on "tpu"); Pallas's API moves fast: pinned.
+        "pallas": ["jax[cpu]==0.10.2"],
     },
     # `import torch` loads the device (PyTorch's device-backend autoload; off with
     # TORCH_DEVICE_BACKEND_AUTOLOAD=0).

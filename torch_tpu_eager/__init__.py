@@ -47,6 +47,10 @@ if _C._debug_level() >= 1:  # TORCH_TPU_DEBUG: the summary at exit
 
     _atexit.register(lambda: print(debug_summary(), file=_sys.stderr))
 
+from . import custom_ops as _custom_ops  # noqa: E402
+
+_custom_ops.install()  # torch.library ops with a "tpu" kernel are recorded (custom_ops.py)
+
 from . import _lifecycle  # noqa: E402
 
 _lifecycle.install()  # autograd's device thread must not abort interpreter exit

@@ -129,6 +129,16 @@ PATCHES = {
             "(torch_tpu_eager.distributed.backend).",
         ),
         TorchPatch(
+            "torch.library.Library.impl",
+            "(self, op_name, fn, dispatch_key='', *, with_keyset=False, allow_override=True)",
+            "A Python kernel registered for PrivateUse1 (custom_op's register_kernel('tpu'), "
+            "torch.library.impl/register_kernel) becomes the dispatcher's kernel and would run at the "
+            "call on 'tpu' tensors; the device must record the op instead and run that kernel at "
+            "flush. torch.library has no hook for a backend to wrap its kernels; the replacement "
+            "registers the device's record kernel with the user's function as what runs at flush "
+            "(torch_tpu_eager.custom_ops), and leaves every other registration to torch.",
+        ),
+        TorchPatch(
             "torch.to_dlpack",
             "<builtin builtin_function_or_method>",
             "The same function as torch.utils.dlpack.to_dlpack, re-exported; replaced together.",

@@ -10,6 +10,9 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "jit/ir.h"
+#include "ops/custom_ops.h"
+
 
 namespace tpu_eager {
 namespace host {
@@ -174,8 +177,42 @@ torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
   return stack;
 }
 
+namespace {
+// Runs a custom op's kernel (custom_ops.h) on host tensors and checks its
+// fresh results against what its fake impl said at the call.
+void call_custom(const Node& n, HostKernel& kernel, torch::jit::Stack& stack) {
+  const auto& schema = n.op.schema();
+  const std::string name = op_short_name(schema);
+  {
+    HostCodeScope host_code(name.c_str());  // its tpu ops would re-enter the queue being flushed
+    kernel.run(n.op, &stack, n.where);
+  }
+  if (n.outputs.empty()) return;  // run at the call (run_eager): nothing recorded to check against
+  size_t j = 0;
+  auto check = [&](const at::Tensor& t, size_t k) {
+    TORCH_CHECK(j < n.outputs.size(), "tpu: the kernel of ", name, " returned more tensors than its fake impl");
+    const TensorRef& ref = n.outputs[j++];
+    TORCH_CHECK(t.defined() && t.sizes().equals(ref.sizes) && t.scalar_type() == ref.dtype, "tpu: the kernel of ",
+                name, " returned ", (t.defined() ? c10::toString(t.scalar_type()) : "None"), " ",
+                (t.defined() ? t.sizes() : c10::IntArrayRef()), " for result ", k, " where its fake impl gave ",
+                c10::toString(ref.dtype), " ", c10::IntArrayRef(ref.sizes));
+  };
+  for (size_t k = 0; k < n.returns.size() && k < stack.size(); ++k) {
+    if (n.returns[k] == -1) check(stack[k].isTensor() ? stack[k].toTensor() : at::Tensor(), k);
+    if (n.returns[k] == -2)
+      for (const auto& t : stack[k].toTensorList()) check(t, k);
+  }
+}
+}  // namespace
+
 void call_cpu(const Node& n, torch::jit::Stack& stack) {
   c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+  if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) {
+    if (auto kernel = custom_host_kernel(n.op)) {
+      call_custom(n, *kernel, stack);
+      return;
+    }
+  }
   if (n.rng && generator_arg(n.op.schema()) < 0) {
     // The op draws from CPU's default generator: give it this node's stream,
     // then restore the user's CPU RNG state. The kernel locks the generator

@@ -14,6 +14,7 @@
 
 #include "executors/direct_kernels.h"
 #include "executors/out_variant.h"
+#include "ops/custom_ops.h"
 #include "views/view_chain.h"
 
 namespace tpu_eager {
@@ -63,6 +64,7 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
                                        HostRunHooks& hooks, const c10::OperatorHandle** out_op) {
   *out_op = nullptr;
   if (n.rng || n.outputs.empty() || !hooks.direct_outputs_ok(n)) return {};
+  if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary && custom_host_kernel(n.op)) return {};  // its author's kernel runs
   for (int r : n.returns)
     if (r != -1) return {};
   // Dense operands only, unless the op's out= kernel is its functional one
@@ -129,7 +131,7 @@ bool reads_written_value(const Node& n, const InputSlot& in) {
   static const std::unordered_set<std::string> overwrite = {
       "fill_", "zero_", "normal_", "uniform_", "random_", "exponential_",
       "geometric_", "cauchy_", "log_normal_", "bernoulli_", "copy_"};
-  return !overwrite.count(schema.name().substr(6));
+  return schema.name().rfind("aten::", 0) != 0 || !overwrite.count(schema.name().substr(6));
 }
 
 namespace {

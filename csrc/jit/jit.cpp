@@ -19,6 +19,7 @@
 #include "jit/kernel_trace.h"
 #include "jit/partition.h"
 #include "jit/region_disk_cache.h"
+#include "ops/custom_ops.h"
 
 namespace tpu_eager {
 
@@ -111,10 +112,13 @@ std::vector<char> live_nodes(const std::vector<Node>& g, const StorageSet& obser
 }
 
 std::string region_name(const CompiledRegion& c, const std::vector<Node>& g, const Region& r) {
+  // A custom op alone is its author's kernel: named by its qualified name.
+  if (r.nodes.size() == 1 && g[r.nodes[0]].op.schema().name().rfind("aten::", 0) != 0)
+    return g[r.nodes[0]].op.schema().name();
   std::string name = r.nodes.size() > 1 ? "fused" : "kernel";
   for (size_t k = 0; k < r.nodes.size() && k < 6; ++k) {
     name += "_";
-    name += g[r.nodes[k]].op.schema().name().substr(6);  // drop "aten::"
+    name += op_short_name(g[r.nodes[k]].op.schema());  // "add" for aten::add
   }
   if (r.nodes.size() > 6) name += "_etc";
   return name;
@@ -141,7 +145,7 @@ void trace_region(const CompiledRegion& c, const std::vector<Node>& g, const Reg
   for (int i : r.nodes) {
     const Node& n = g[i];
     const auto& schema = n.op.schema();
-    rec.ops.push_back(schema.name().substr(6) + (schema.overload_name().empty() ? "" : "." + schema.overload_name()));
+    rec.ops.push_back(op_short_name(schema) + (schema.overload_name().empty() ? "" : "." + schema.overload_name()));
     std::vector<std::vector<int64_t>> in, out;
     for (const auto& slot : n.inputs) in.push_back(slot.ref.sizes);
     for (const auto& o : n.outputs) out.push_back(o.sizes);

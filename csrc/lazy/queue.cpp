@@ -181,7 +181,24 @@ TensorRef make_ref(const at::Tensor& t) {
   return r;
 }
 
+namespace {
+thread_local const char* t_host_code = nullptr;  // HostCodeScope: host code running in a flush
+std::atomic<LockWaitHook> g_lock_wait_hook{nullptr};
+
+void check_not_in_host_code() {
+  TORCH_CHECK(t_host_code == nullptr, "tpu: ", t_host_code,
+              " runs while the queue is flushed, on host (CPU) tensors that hold the device buffers; it cannot "
+              "use 'tpu' tensors (record or read them). Compute on the tensors it receives.");
+}
+}  // namespace
+
+HostCodeScope::HostCodeScope(const char* what) : prev_(t_host_code) { t_host_code = what; }
+HostCodeScope::~HostCodeScope() { t_host_code = prev_; }
+
+void set_lock_wait_hook(LockWaitHook hook) { g_lock_wait_hook.store(hook); }
+
 void enqueue(Node&& node, int64_t fresh_bytes) {
+  check_not_in_host_code();
   auto& q = Q();
   const int device = node_device(node);
   auto& c = C(device);
@@ -234,7 +251,17 @@ std::exception_ptr flush_all(FlushReason reason, bool reported) {
 std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   auto& q = Q();
   auto& c = C(device);
-  std::lock_guard<std::recursive_mutex> flush_lock(q.flush_mu);
+  check_not_in_host_code();
+  std::unique_lock<std::recursive_mutex> flush_lock(q.flush_mu, std::try_to_lock);
+  if (!flush_lock.owns_lock()) {
+    // Another thread flushes: wait (without holding the GIL, see set_lock_wait_hook).
+    LockWaitHook hook = g_lock_wait_hook.load();
+    if (hook) {
+      hook([&] { flush_lock.lock(); });
+    } else {
+      flush_lock.lock();
+    }
+  }
   std::vector<Node> nodes;
   int64_t stream;
   {

@@ -219,4 +219,25 @@ using LocationFormatter = std::string (*)(int32_t);
 void set_location_hooks(LocationHook hook, LocationFormatter formatter);
 SourceLocation current_location();
 
+// Host code that runs inside a flush (a custom op's kernel, run on CPU
+// tensors): while a HostCodeScope is alive on a thread, recording a "tpu" op
+// (enqueue) or flushing on that thread raises RuntimeError naming `what`,
+// instead of re-entering the queue that is being flushed.
+class HostCodeScope {
+ public:
+  explicit HostCodeScope(const char* what);
+  ~HostCodeScope();
+  HostCodeScope(const HostCodeScope&) = delete;
+  HostCodeScope& operator=(const HostCodeScope&) = delete;
+
+ private:
+  const char* prev_;
+};
+
+// Waits for the flush lock. Installed by the Python binding: a thread that
+// holds the GIL releases it while it waits, since a flush may run Python
+// (custom op kernels) and so take the GIL while it holds the flush lock.
+using LockWaitHook = void (*)(c10::function_ref<void()> wait);
+void set_lock_wait_hook(LockWaitHook hook);
+
 }  // namespace tpu_eager

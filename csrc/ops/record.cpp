@@ -538,13 +538,13 @@ std::string meta_disk_key(const c10::FunctionSchema& schema, const std::vector<i
 // In memory, backed by the optional on-disk cache (jit/disk_cache.h).
 class MetaCache {
  public:
-  const MetaOutcome* find(const c10::FunctionSchema& schema, const std::vector<int64_t>& key) {
+  const MetaOutcome* find(const c10::FunctionSchema& schema, const std::vector<int64_t>& key, bool disk = true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = map_.find(key);
       if (it != map_.end()) return &it->second;
     }
-    if (!disk_cache::enabled()) return nullptr;
+    if (!disk || !disk_cache::enabled()) return nullptr;
     std::string bytes;
     MetaOutcome outcome;
     std::vector<int> aliased(schema.returns().size());
@@ -559,8 +559,8 @@ class MetaCache {
     if (map_.size() > kMaxEntries) map_.clear();
     return &map_.emplace(key, std::move(outcome)).first->second;
   }
-  void insert(const c10::FunctionSchema& schema, std::vector<int64_t> key, MetaOutcome outcome) {
-    if (disk_cache::enabled() &&
+  void insert(const c10::FunctionSchema& schema, std::vector<int64_t> key, MetaOutcome outcome, bool disk = true) {
+    if (disk && disk_cache::enabled() &&
         disk_cache::store(disk_cache::Table::kMeta, meta_disk_key(schema, key), encode_outcome(outcome)))
       count_disk_cache(0, 0, 1);
     std::lock_guard<std::mutex> lock(mu_);
@@ -674,6 +674,16 @@ void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v, bool float_values
   }
 }
 
+// Whether a custom op's fake impl failed because it cannot give shapes from
+// metadata alone (torch.library's messages: a fake impl that asks
+// get_ctx().new_dynamic_size() when called with meta tensors, and a
+// custom_op without a fake impl).
+bool fake_impl_needs_data(const std::exception& e) {
+  const std::string what = e.what();
+  return what.find("data-dependent shape") != std::string::npos ||
+         what.find("There was no fake impl registered") != std::string::npos;
+}
+
 // Replaces "tpu" device arguments of stack[first, first + n) by `type`.
 template <class Stack>
 void retarget_device_args(Stack& stack, size_t first, size_t n, c10::DeviceType type) {
@@ -783,6 +793,7 @@ void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Sta
               std::vector<int64_t>& k) {
   k.clear();
   k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
+  if (plan.custom_id) k.push_back(plan.custom_id);
   // Type promotion of an integer tensor with a float scalar, and factories, read the default dtype.
   k.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   try {
@@ -977,7 +988,8 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // The key's buffer is reused by the thread's next op (an allocation less per op).
   thread_local std::vector<int64_t> key_buffer;
   meta_key(op, plan, *stack, first, nargs, key_buffer);
-  const MetaOutcome* cached = key_buffer.empty() ? nullptr : meta_cache().find(schema, key_buffer);
+  const bool disk = plan.custom_id == 0;
+  const MetaOutcome* cached = key_buffer.empty() ? nullptr : meta_cache().find(schema, key_buffer, disk);
   MetaOutcome computed;
   if (cached == nullptr) {
     const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
@@ -1035,10 +1047,18 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       }
       DeviceMetaInference as_cpu;  // Python meta kernels reason as for CPU (device_hint)
       op.callBoxed(meta_stack);
-    } catch (...) {
+    } catch (const std::exception& e) {
+      // A custom op's fake impl is its call-time check: its error is the
+      // op's (there is no CPU kernel to ask), unless it cannot infer shapes
+      // without data; then the op runs now, after a flush, as nonzero does.
+      if (plan.custom_id && !fake_impl_needs_data(e)) throw;
       // The meta kernel rejected the call (or cannot infer a data-dependent
       // shape). Run CPU's own kernel on the current values: it raises exactly
       // the exception CPU raises (type and message), or computes the result.
+      run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
+      return;
+    } catch (...) {
+      if (plan.custom_id) throw;
       run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
       return;
     }
@@ -1077,7 +1097,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       restride_resized_outs(op, *stack, first, meta_args, computed);
     }
     correct_meta_outcome(schema, *stack, first, computed);
-    if (!key.empty()) meta_cache().insert(schema, key, computed);
+    if (!key.empty()) meta_cache().insert(schema, key, computed, disk);
     cached = &computed;
   }
   const MetaOutcome& meta = *cached;

@@ -37,6 +37,10 @@ struct OpPlan {
   // shape/dtype inference runs it, so CPU's call-time checks hold at the call.
   std::optional<c10::KernelFunction> cpp_meta;
   mutable std::atomic<bool> has_meta{false};  // a meta kernel was found (kernels are never removed)
+  // A custom op's registration (custom_ops.h), else 0: its meta results are
+  // cached under this id (never under a schema address a redefined op may
+  // reuse, never on disk), and its fake impl's errors are its call-time errors.
+  int64_t custom_id = 0;
 };
 
 // The plan of `op` recorded with `entry`. Arguments past the 64th are keyed by

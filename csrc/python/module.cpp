@@ -34,6 +34,7 @@
 #include "lazy/queue.h"
 #include "ops/memory_format.h"
 #include "ops/op_table.h"
+#include "python/custom_ops.h"
 #include "python/location.h"
 #include "views/view_chain.h"
 
@@ -537,4 +538,5 @@ PYBIND11_MODULE(_C, m) {
   m.attr("FLUSH_SYNCHRONIZE") = static_cast<int>(FlushReason::kSynchronize);
   m.attr("FLUSH_HOST_READ") = static_cast<int>(FlushReason::kHostRead);
   m.attr("FLUSH_TARGET_SWITCH") = static_cast<int>(FlushReason::kTargetSwitch);
+  bind_custom_ops(m);  // custom ops on tpu (python/custom_ops.cpp)
 }

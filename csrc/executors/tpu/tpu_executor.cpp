@@ -23,6 +23,7 @@
 #include "executors/tpu/fused_elementwise.h"
 #include "executors/tpu/tiling.h"
 #include "jit/kernel_trace.h"
+#include "ops/custom_ops.h"
 
 namespace tpu_eager {
 namespace {
@@ -91,6 +92,12 @@ class TpuHooks final : public host::HostRunHooks {
   }
   int64_t padding_bytes(const TensorRef& r) override { return tpu::tiled_bytes(r.sizes, r.dtype, chip_) - r.nbytes(); }
   void add_op_cost(const Node& n, RegionStats& stats) override {
+    if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) {
+      if (auto custom = custom_cost(n.op)) {
+        add_custom_cost(n, *custom, stats);
+        return;
+      }
+    }
     const tpu::OpCost cost = tpu::op_cost(n, chip_, prec_);
     stats.flops += cost.flops;
     stats.mxu_flops += cost.mxu_flops;
@@ -99,6 +106,43 @@ class TpuHooks final : public host::HostRunHooks {
   }
 
  private:
+  // A custom op's own cost (custom_ops.h: a Pallas kernel's grid and
+  // BlockSpecs): its FLOPs on the MXUs or the vector unit, and the HBM bytes
+  // its grid moves beyond the tensors it reads and writes once.
+  void add_custom_cost(const Node& n, const CustomCost& c, RegionStats& stats) {
+    stats.library_calls++;
+    if (c.flops >= 0) {
+      stats.flops += c.flops;
+      if (c.mxu) {
+        stats.mxu_flops += c.flops;
+        if (chip_.valid()) stats.compute_s += c.flops / chip_.peak_bf16_flops;
+      } else if (chip_.valid()) {
+        stats.compute_s += c.flops / chip_.vpu_elems_per_s;
+      }
+    } else {
+      const tpu::OpCost cost = tpu::op_cost(n, chip_, prec_);
+      stats.flops += cost.flops;
+      stats.compute_s += cost.seconds(chip_);
+    }
+    if (c.hbm_bytes >= 0) {
+      int64_t once = 0;
+      for (const auto& in : n.inputs) once += in.ref.nbytes();
+      for (const auto& out : n.outputs) once += out.nbytes();
+      stats.extra_hbm_bytes += std::max<int64_t>(0, c.hbm_bytes - once);
+    }
+    if (!c.grid.empty() && jit::trace_active()) {
+      jit::TilingRecord t;
+      t.kind = "pallas";
+      t.grid = c.grid;
+      for (const auto& b : c.blocks)
+        t.blocks.push_back(jit::TilingRecord::Block{b.role, b.dtype, b.shape, b.block, b.buffers, b.vmem_bytes});
+      t.vmem_bytes = c.vmem_bytes;
+      t.vmem_budget_bytes = chip_.vmem_bytes;
+      t.hbm_reread_bytes = stats.extra_hbm_bytes;
+      jit::trace_attach_tiling(std::move(t));
+    }
+  }
+
   const tpu::ChipParams& chip_;
   const at::Float32MatmulPrecision prec_;
 };
@@ -429,7 +473,7 @@ class TpuKernel final : public Kernel {
   void finish(const TpuPlan& plan, RegionStats& stats) const {
     if (!chip_.valid()) return;  // no target set: no simulated time
     const double hbm = static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes +
-                                           plan.tiling.hbm_reread_bytes);
+                                           plan.tiling.hbm_reread_bytes + stats.extra_hbm_bytes);
     stats.memory_s = hbm / chip_.hbm_bandwidth;
     stats.sim_time_s = std::max(stats.compute_s, stats.memory_s) + chip_.launch_s;
   }

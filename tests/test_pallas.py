@@ -1,0 +1,143 @@
+"""JAX / Pallas kernels on "tpu" (torch_tpu_eager.pallas): recorded at the call,
+run at flush in Pallas's interpret mode, costed from the grid and BlockSpecs.
+Every result is compared with the PyTorch computation on CPU."""
+import pytest
+import torch
+
+jax = pytest.importorskip("jax", reason="JAX is the optional extra 'pallas' (pip install -e '.[pallas]')")
+import jax.numpy as jnp  # noqa: E402
+from jax.experimental import pallas as pl  # noqa: E402
+
+import torch_tpu_eager  # noqa: E402
+from torch_tpu_eager.pallas import VmemExhaustedError, jax_op  # noqa: E402
+
+
+def _add_op(m, n, bm):
+    def add_kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] + y_ref[...] * 2
+
+    spec = pl.BlockSpec((bm, n), lambda i: (i, 0))
+    return jax_op(add_kernel, jax.ShapeDtypeStruct((m, n), jnp.float32), grid=(m // bm,), in_specs=[spec, spec],
+                  out_specs=spec)
+
+
+def _softmax_op(m, n, bm):
+    def softmax_kernel(x_ref, o_ref):
+        x = x_ref[...]
+        e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+        o_ref[...] = e / jnp.sum(e, axis=-1, keepdims=True)
+
+    spec = pl.BlockSpec((bm, n), lambda i: (i, 0))
+    return jax_op(softmax_kernel, jax.ShapeDtypeStruct((m, n), jnp.float32), grid=(m // bm,), in_specs=[spec],
+                  out_specs=spec, name="fused_softmax")
+
+
+def _matmul_op(m, k, n, b):
+    def matmul_kernel(x_ref, y_ref, o_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+    return jax_op(matmul_kernel, jax.ShapeDtypeStruct((m, n), jnp.float32), grid=(m // b, n // b, k // b),
+                  in_specs=[pl.BlockSpec((b, b), lambda i, j, kk: (i, kk)),
+                            pl.BlockSpec((b, b), lambda i, j, kk: (kk, j))],
+                  out_specs=pl.BlockSpec((b, b), lambda i, j, kk: (i, j)), flops=2 * m * n * k, mxu=True,
+                  name="tiled_matmul")
+
+
+def test_elementwise_kernel_recorded_and_equal_to_torch():
+    x, y = torch.randn(64, 128), torch.randn(64, 128)
+    op = _add_op(64, 128, 16)
+    torch_tpu_eager.synchronize()
+    before = torch_tpu_eager.metrics()["flushes"]
+    z = op(x.to("tpu"), y.to("tpu"))
+    assert z.device.type == "tpu" and z.shape == (64, 128) and z.dtype == torch.float32
+    assert torch_tpu_eager.metrics()["flushes"] == before  # recorded, not run
+    torch.testing.assert_close(z.cpu(), x + y * 2)
+    torch.testing.assert_close(op(x, y), x + y * 2)  # CPU tensors run at once
+
+
+def test_fused_softmax_equal_to_torch_and_profiled():
+    x = torch.randn(32, 256)
+    op = _softmax_op(32, 256, 8)
+    xt = x.to("tpu")
+    with torch_tpu_eager.profile() as prof:
+        out = op(xt * 1.0).cpu()
+    torch.testing.assert_close(out, torch.softmax(x, -1), rtol=1e-5, atol=1e-6)
+    k = next(k for k in prof.kernels if "fused_softmax" in k["name"])
+    assert k["sim_time_s"] > 0 and k["tiling"]["kind"] == "pallas" and k["tiling"]["grid"] == [4]
+    assert k["tiling"]["vmem_bytes"] == 2 * 2 * 8 * 256 * 4  # in + out blocks, two buffers each
+
+
+def test_tiled_matmul_equal_to_torch_and_costs_refetched_blocks():
+    m = k = n = 256
+    b = 128
+    x, y = torch.randn(m, k), torch.randn(k, n)
+    op = _matmul_op(m, k, n, b)
+    with torch_tpu_eager.profile() as prof:
+        out = op(x.to("tpu"), y.to("tpu")).cpu()
+    torch.testing.assert_close(out, x @ y, rtol=1e-4, atol=1e-4)
+    rec = next(r for r in prof.kernels if "tiled_matmul" in r["name"])
+    assert rec["flops"] == 2 * m * n * k
+    # grid (2, 2, 2), k fastest: x's block changes at every step (8 fetches), y's too (8),
+    # the output's block once per (i, j) (4): 20 blocks of 64 KiB; the tensors once are 3 * 256 KiB.
+    assert rec["tiling"]["hbm_reread_bytes"] == 20 * b * b * 4 - 3 * m * n * 4
+
+
+def test_blocks_that_do_not_fit_vmem_raise_at_the_call():
+    torch_tpu_eager.set_target("tpu-v4")  # 16 MiB of VMEM per core
+    try:
+        op = _add_op(1024, 2048, 1024)  # 3 operands x 2 buffers x 8 MiB blocks
+        x = torch.zeros(1024, 2048, device="tpu")
+        torch_tpu_eager.synchronize()
+        recorded = torch_tpu_eager.metrics()["ops_recorded"]
+        with pytest.raises(VmemExhaustedError, match=r"RESOURCE_EXHAUSTED.*vmem.*input 0: block \(1024, 2048\)"):
+            op(x, x)
+        assert torch_tpu_eager.metrics()["ops_recorded"] == recorded  # nothing recorded, nothing ran
+        small = _add_op(1024, 2048, 128)
+        torch.testing.assert_close(small(x, x).cpu(), torch.zeros(1024, 2048))
+    finally:
+        torch_tpu_eager.set_target("tpu-v5e")
+
+
+def test_plain_jax_function():
+    def f(x, y):
+        return jnp.tanh(x) @ y, jnp.sum(x, axis=0)
+
+    op = jax_op(f, (jax.ShapeDtypeStruct((16, 8), jnp.float32), jax.ShapeDtypeStruct((32,), jnp.float32)))
+    x, y = torch.randn(16, 32), torch.randn(32, 8)
+    with torch_tpu_eager.profile() as prof:
+        a, s = op(x.to("tpu"), y.to("tpu"))
+        a, s = a.cpu(), s.cpu()
+    torch.testing.assert_close(a, torch.tanh(x) @ y, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(s, x.sum(0), rtol=1e-5, atol=1e-5)
+    rec = next(r for r in prof.kernels if r["name"].startswith("tpu_jax::f_"))
+    assert rec["flops"] > 0
+
+
+def test_strided_input_is_copied_contiguous():
+    x, y = torch.randn(128, 64), torch.randn(64, 128)
+    op = _add_op(64, 128, 32)
+    torch.testing.assert_close(op(x.to("tpu").t(), y.to("tpu")).cpu(), x.t() + y * 2)
+
+
+def test_wrong_number_of_inputs_raises_at_the_call():
+    op = _add_op(64, 128, 16)
+    x = torch.randn(64, 128, device="tpu")
+    with pytest.raises(TypeError, match="2 inputs"):
+        op(x)
+    torch.testing.assert_close(op(x, x).cpu(), x.cpu() * 3)
+
+
+def test_kernel_error_at_flush_leaves_other_tensors_valid():
+    def bad_kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...].reshape(3, -1)  # a shape error, found when the kernel is traced
+
+    op = jax_op(bad_kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32), pallas=True)
+    good = torch.ones(4, device="tpu") + 1
+    bad = op(torch.randn(8, 128, device="tpu"))
+    with pytest.raises(Exception):
+        bad.cpu()
+    torch.testing.assert_close(good.cpu(), torch.full((4,), 2.0))
