@@ -34,6 +34,7 @@ enum class FlushReason : int {
   kTargetSwitch,      // the active target changed
   kStreamSwitch,      // an op on another stream of the chip than the pending ones
   kEvent,             // an event was recorded (its simulated timestamp needs the work before it)
+  kPrecisionSwitch,   // an op recorded at another float32 matmul precision than the pending ones
   kCount
 };
 const char* flush_reason_name(FlushReason r);
