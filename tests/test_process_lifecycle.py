@@ -280,3 +280,28 @@ def test_multiprocessing_queue_sends_tpu_tensors():
     lines = r.stdout.strip().splitlines()
     assert lines[0] == "('tpu', [[1.0], [3.0], [5.0], [7.0]], (2, 7), 1, 'Parameter', True, [3.0, 3.0])"
     assert lines[1] == "0"
+
+
+@requires_tpu
+def test_init_then_fork_child_init_raises_as_cuda():
+    """torch.tpu.init() initializes as torch.cuda.init(): a child forked after it cannot
+    re-initialize (CUDA's RuntimeError from init, is_initialized False, _is_in_bad_fork True)."""
+    code = """
+    import os, torch, torch_tpu_eager
+    torch.tpu.init()
+    assert torch.tpu.is_initialized()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            torch.tpu.init()
+            code = 4
+        except RuntimeError as e:
+            code = 0 if str(e).startswith("Cannot re-initialize tpu in forked subprocess") else 5
+        if torch.tpu.is_initialized() or not torch.tpu._is_in_bad_fork():
+            code = 6
+        os._exit(code)
+    _, st = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(st), torch.tpu.is_initialized(), (torch.ones(2, device="tpu") + 1).cpu().tolist())
+    """
+    r = run_python(code, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "0 True [2.0, 2.0]", (r.stdout, r.stderr[-3000:])

@@ -25,11 +25,16 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return True
+    """Whether this process initialized the device (:func:`init` or a first use), as
+    ``torch.cuda.is_initialized()``: False in a process forked after its parent used it."""
+    return _C._is_initialized()
 
 
 def init() -> None:
-    """Initializes the device (nothing to do: the simulated chips need no setup)."""
+    """Initializes the device, as ``torch.cuda.init()``: the simulated chips need no setup,
+    but from now on a forked child cannot use the device. Raises CUDA's RuntimeError
+    "Cannot re-initialize tpu in forked subprocess" in such a child."""
+    _C._init()
 
 
 def _lazy_init():
@@ -466,20 +471,23 @@ class Precision(str, enum.Enum):
     MEDIUM = "medium"
 
 
-_precision_state = __import__("threading").local()
+_PRECISION_CODES = {"highest": 0, "high": 1, "medium": 2}  # at::Float32MatmulPrecision
+_PRECISION_NAMES = {v: k for k, v in _PRECISION_CODES.items()}
 
 
 class precision(contextlib.ContextDecorator):
-    """``with torch.tpu.precision(p):`` runs float32 matmuls recorded inside at precision ``p``
-    (a :class:`Precision` or one of "highest", "high", "medium"), restoring the previous
-    one on exit, also on exceptions. Nests. It sets ``torch.set_float32_matmul_precision``
-    for its scope, so the two always agree (``torch.get_float32_matmul_precision()`` inside
-    gives ``p``). Ops pending on entry and exit are run first (flush reason "synchronize"),
-    because the executor reads the precision when it runs a region.
+    """``with torch.tpu.precision(p):`` runs float32 matmuls that this thread records inside
+    at precision ``p`` (a :class:`Precision` or one of "highest", "high", "medium"),
+    restoring the previous one on exit, also on exceptions. Nests.
 
-    The precision is PyTorch's process-wide setting, not a per-thread one: threads that
-    record matmuls concurrently inside different scopes share it. Each thread keeps its own
-    stack of scopes. Raises ValueError for an unknown precision.
+    The scope is per thread, as TorchTPU documents: other threads keep theirs, and ops
+    each records run at its own precision (a thread's scope never changes another
+    thread's results). Outside any scope an op runs at ``torch.get_float32_matmul_precision()``
+    as of its call (PyTorch's process-wide setting, which the scope does not change:
+    ``torch.get_float32_matmul_precision()`` keeps returning the process-wide value and
+    :func:`get_precision` returns the precision in effect for this thread). The precision
+    is fixed when an op is recorded: pending ops recorded at another precision run first
+    (flush reason ``"precision_switch"``). Raises ValueError for an unknown precision.
     """
 
     def __init__(self, p):
@@ -487,25 +495,23 @@ class precision(contextlib.ContextDecorator):
             self.p = Precision(p.value if isinstance(p, Precision) else p)
         except ValueError:
             raise ValueError(f"unknown precision {p!r}; valid: {[m.value for m in Precision]}") from None
+        self._prev = []
 
     def __enter__(self):
-        stack = getattr(_precision_state, "stack", None)
-        if stack is None:
-            stack = _precision_state.stack = []
-        _C._flush(_C.FLUSH_SYNCHRONIZE, False)
-        stack.append(torch.get_float32_matmul_precision())
-        torch.set_float32_matmul_precision(self.p.value)
+        self._prev.append(_C._thread_precision())
+        _C._set_thread_precision(_PRECISION_CODES[self.p.value])
         return self.p
 
     def __exit__(self, *exc):
-        _C._flush(_C.FLUSH_SYNCHRONIZE, False)
-        torch.set_float32_matmul_precision(_precision_state.stack.pop())
+        _C._set_thread_precision(self._prev.pop())
         return False
 
 
 def get_precision() -> Precision:
-    """The current :class:`Precision` (``torch.get_float32_matmul_precision()``)."""
-    return Precision(torch.get_float32_matmul_precision())
+    """The :class:`Precision` float32 matmuls this thread records now run at: the innermost
+    :class:`precision` scope of this thread, else ``torch.get_float32_matmul_precision()``."""
+    code = _C._thread_precision()
+    return Precision(_PRECISION_NAMES[code] if code >= 0 else torch.get_float32_matmul_precision())
 
 
 # ---- eager modes (names as in TorchTPU) ----

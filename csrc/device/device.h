@@ -36,6 +36,29 @@ void set_current_device_unchecked(c10::DeviceIndex d);
 // This thread's current stream of chip `device` (0: the default stream).
 int64_t current_stream_id(int device);
 
+// ---- float32 matmul precision (torch.tpu.precision) ----
+// Values are at::Float32MatmulPrecision's as int (HIGHEST 0, HIGH 1, MEDIUM 2),
+// keeping ATen/Context.h out of this header.
+// This thread's scoped precision (torch.tpu.precision), or none: -1.
+int thread_precision();
+void set_thread_precision(int p);
+// The precision an op recorded now by this thread runs at: the thread's scope,
+// else torch.set_float32_matmul_precision's process-wide setting.
+int recording_precision();
+// The precision the running flush's ops were recorded at (executors read it;
+// outside a flush: recording_precision()).
+int run_precision();
+// Sets run_precision() for the scope of one flush.
+struct RunPrecision {
+  explicit RunPrecision(int p);
+  ~RunPrecision();
+  RunPrecision(const RunPrecision&) = delete;
+  RunPrecision& operator=(const RunPrecision&) = delete;
+
+ private:
+  int prev_;
+};
+
 // Makes chip `device` current for a scope (allocations of that scope are
 // accounted to it and their tensors live on it); -1 leaves it unchanged.
 struct ChipGuard {

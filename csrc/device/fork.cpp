@@ -32,6 +32,8 @@ void note_device_used() {
 
 bool in_bad_fork() { return g_bad_fork.load(std::memory_order_relaxed); }
 
+bool device_initialized() { return g_used.load(std::memory_order_relaxed) && !in_bad_fork(); }
+
 void check_not_in_bad_fork() {
   TORCH_CHECK(!in_bad_fork(),
               "Cannot re-initialize tpu in forked subprocess. To use tpu with multiprocessing, you must use the "

@@ -17,6 +17,10 @@ void note_device_used();
 // True in a process forked after its parent used the device.
 bool in_bad_fork();
 
+// True once this process used (or initialized) the device, and not in a bad fork
+// (torch.tpu.is_initialized(), as torch.cuda.is_initialized()).
+bool device_initialized();
+
 // Raises RuntimeError "Cannot re-initialize tpu in forked subprocess. ..." in
 // a bad fork; no-op otherwise. Takes no lock.
 void check_not_in_bad_fork();

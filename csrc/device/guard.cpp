@@ -71,10 +71,11 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     if (d.index() >= 0 && d.index() < kMaxDevices) t_current_device = d.index();
   }
-  c10::Stream getStream(c10::Device d) const noexcept override {
-    const int i = index_of(d);
+  // An invalid ordinal raises as everywhere else (torch.accelerator.current_stream(99)).
+  c10::Stream getStream(c10::Device d) const override { return current_of(checked_device(index_of(d))); }
+  static c10::Stream current_of(int i) noexcept {
     return c10::Stream(c10::Stream::UNSAFE, c10::Device(D, static_cast<c10::DeviceIndex>(i)),
-                       i < kMaxDevices ? t_stream[i] : 0);
+                       i >= 0 && i < kMaxDevices ? t_stream[i] : 0);
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
     return c10::Stream(c10::Stream::DEFAULT, c10::Device(D, static_cast<c10::DeviceIndex>(checked_device(index_of(d)))));
@@ -86,9 +87,10 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*high_priority*/) const override {
     return getNewStream(d, 0);
   }
+  // noexcept: a stream of an invalid chip (a torch.Stream built from raw ids) changes nothing.
   c10::Stream exchangeStream(c10::Stream s) const noexcept override {
-    const c10::Stream old = getStream(s.device());
     const int i = index_of(s.device());
+    const c10::Stream old = current_of(i);
     if (i >= 0 && i < kMaxDevices) t_stream[i] = s.id();
     return old;
   }

@@ -54,6 +54,9 @@ struct ChipQueue {
   int64_t pending_bytes = 0;
   double sim_time_s = 0;  // simulated device time of every kernel run on the chip
   int64_t stream = 0;     // the stream of the pending nodes
+  // The float32 matmul precision the pending nodes were recorded at (all the
+  // same: an op recorded at another one flushes them first); their flush runs at it.
+  int precision = 0;  // at::Float32MatmulPrecision as int (device.h)
   std::unordered_map<int64_t, double> stream_clock;  // stream id -> simulated end of its last kernel, s
 };
 
@@ -90,6 +93,7 @@ const char* flush_reason_name(FlushReason r) {
     case FlushReason::kStreamSwitch: return "stream_switch";
     case FlushReason::kEvent: return "event";
     case FlushReason::kCollective: return "collective";
+    case FlushReason::kPrecisionSwitch: return "precision_switch";
     default: return "unknown";
   }
 }
@@ -203,16 +207,23 @@ void enqueue(Node&& node, int64_t fresh_bytes) {
   const int device = node_device(node);
   auto& c = C(device);
   const int64_t stream = current_stream_id(device);
-  bool other_stream;
+  const int precision = recording_precision();
+  bool other_stream, other_precision;
   {
     std::lock_guard<std::mutex> lock(c.mu);
     other_stream = !c.nodes.empty() && c.stream != stream;
+    other_precision = !c.nodes.empty() && c.precision != precision;
   }
-  if (other_stream) (void)flush_device(device, FlushReason::kStreamSwitch);  // errors stay with their tensors
+  // Errors of these flushes stay with their tensors.
+  if (other_stream) (void)flush_device(device, FlushReason::kStreamSwitch);
+  else if (other_precision) (void)flush_device(device, FlushReason::kPrecisionSwitch);
   FlushReason reason = FlushReason::kCount;
   {
     std::lock_guard<std::mutex> lock(c.mu);
-    if (c.nodes.empty()) c.stream = stream;
+    if (c.nodes.empty()) {
+      c.stream = stream;
+      c.precision = precision;
+    }
     // A storage read to the host without a copy gets its own buffer before
     // this op can write it (copy-on-write, device/host_share.h). Under the
     // queue lock, so a share is installed either before (and seen here) or
@@ -264,10 +275,12 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   }
   std::vector<Node> nodes;
   int64_t stream;
+  int precision;
   {
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.nodes.empty()) return nullptr;
     stream = c.stream;
+    precision = c.precision;
     nodes.swap(c.nodes);
     // Room for as many nodes as this flush had: growing the vector node by node moved every node ~once more.
     c.nodes.reserve(std::min(nodes.size(), static_cast<size_t>(std::max<int64_t>(queue_limits().first, 1))));
@@ -279,6 +292,7 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   {
     ChipGuard chip(device);  // storages the executor allocates belong to this chip
     kineto::FlushLane lane(stream);  // torch.profiler puts the kernels on this stream's track
+    RunPrecision run_at(precision);  // the precision the nodes were recorded at
     error = jit::run_graph(nodes, delta);
   }
   debug::on_flush(reason, nodes.size(), delta,

@@ -35,6 +35,7 @@ enum class FlushReason : int {
   kStreamSwitch,      // an op on another stream of the chip than the pending ones
   kEvent,             // an event was recorded (its simulated timestamp needs the work before it)
   kCollective,        // a collective was charged to the chip's clock (it follows the work before it)
+  kPrecisionSwitch,   // an op recorded at another float32 matmul precision than the pending ones
   kCount
 };
 const char* flush_reason_name(FlushReason r);

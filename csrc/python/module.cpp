@@ -329,6 +329,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("_register_kernels", &register_device_kernels, "Registers the op table's kernels; returns the overload count.");
   m.def("_install_location_hook", [] { install_python_location_hooks(); });
   m.def("_is_in_bad_fork", &in_bad_fork, "True in a process forked after its parent used the device.");
+  // torch.tpu.init() / is_initialized(), as CUDA's: init raises in a bad fork, else marks the device used.
+  m.def("_init", []() {
+    check_not_in_bad_fork();
+    note_device_used();
+  });
+  m.def("_is_initialized", &device_initialized);
   m.def(
       "_drain_autograd_device_thread",
       [](int index) {
@@ -403,6 +409,9 @@ PYBIND11_MODULE(_C, m) {
       py::arg("device"), py::arg("op"), py::arg("target"), py::arg("seconds"), py::arg("algorithm"),
       py::arg("group_size"), py::arg("nbytes"), py::arg("shape"), py::arg("bytes_per_link"), py::arg("hops"),
       py::arg("latency_s"), py::arg("bandwidth_s"));
+  // torch.tpu.precision: this thread's scoped float32 matmul precision (-1: none; device.h).
+  m.def("_thread_precision", []() { return thread_precision(); });
+  m.def("_set_thread_precision", [](int p) { set_thread_precision(p); });
   m.def("_metrics", &metrics_dict);
   m.def("_reset_metrics", [] {
     reset_metrics();

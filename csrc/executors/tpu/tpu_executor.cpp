@@ -18,6 +18,7 @@
 
 #include "executors/executor.h"
 #include "executors/region_runner.h"
+#include "device/device.h"
 #include "executors/tpu/chip.h"
 #include "executors/tpu/cost_model.h"
 #include "executors/tpu/fused_elementwise.h"
@@ -372,7 +373,8 @@ class TpuKernel final : public Kernel {
 
   void run(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats) override {
     std::lock_guard<std::mutex> lock(mu_);
-    const auto prec = at::globalContext().float32MatmulPrecision();
+    // The precision the region's ops were recorded at (torch.tpu.precision is per thread).
+    const auto prec = static_cast<at::Float32MatmulPrecision>(run_precision());
     // A run with another exact layout (sizes inside one dynamic-shape
     // bucket, offsets, strides, aliasing) uses its own plan: one region kind
     // recurs with several layouts in one step (a block's q, k and v slices),
