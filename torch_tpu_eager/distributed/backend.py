@@ -26,8 +26,8 @@ How it plugs into torch.distributed (docs/distributed.md):
   default backend type (:func:`_patch_undefined_backend`).
 
 Every collective is charged through :func:`_charge_collective`, the one place that
-accounts collectives (metrics; the simulated ICI time once ``torch_tpu_eager.ici``
-provides ``collective_time``).
+accounts collectives (metrics, and its simulated ICI time on the chip's clock and the
+profiler's device track through ``torch_tpu_eager.ici.record_collective``).
 
 Values are those gloo computes on the same CPU tensors, bit for bit: the backend does
 no arithmetic of its own (ReduceOp.AVG is gloo's; ReduceOp.PREMUL_SUM raises gloo's
@@ -68,20 +68,11 @@ _lock = threading.Lock()
 _metrics = {"collectives": 0, "collective_bytes": 0, "collective_time_s": 0.0, "per_op": {}}
 
 
-_ici = []  # [module or None], looked up once
-
-
-def _ici_time(op_name: str, nbytes: int, group_size: int) -> float:
-    """Simulated interconnect seconds of one collective (0.0 until the ICI model exists)."""
-    if not _ici:
-        try:
-            from .. import ici
-        except ImportError:
-            ici = None
-        _ici.append(ici)
-    if _ici[0] is None:
-        return 0.0
-    return float(_ici[0].collective_time(op_name, nbytes, group_size))
+# Ops whose ``nbytes`` below is one rank's share: the interconnect model (nccl-tests'
+# convention) costs the full buffer, ``group_size`` shares. A gather to one root or a
+# scatter from it moves what an all_gather moves through the root's ring link, so the
+# model costs them as one (torch_tpu_eager.ici has no separate rule for them).
+_PER_RANK_SHARE = {"all_gather": "all_gather", "gather": "all_gather", "scatter": "all_gather"}
 
 
 def _charge_collective(op_name: str, nbytes: int, group_size: int, device: torch.device) -> float:
@@ -90,11 +81,21 @@ def _charge_collective(op_name: str, nbytes: int, group_size: int, device: torch
     ``op_name`` is the collective ("all_reduce", "all_gather", "reduce_scatter",
     "broadcast", "reduce", "all_to_all", "barrier", "send", "recv", "gather",
     "scatter"); ``nbytes`` the bytes of this rank's payload (the input of an
-    all_gather / the full input of a reduce_scatter / the reduced tensor of an
-    all_reduce); ``group_size`` the ranks in the group. Every collective of the
-    backend calls this, and nothing else does.
+    all_gather or gather / the output of a scatter / the full input of a
+    reduce_scatter / the reduced tensor of an all_reduce); ``group_size`` the ranks
+    in the group. Every collective of the backend calls this, and nothing else does.
+
+    The collective is charged to the chip's simulated clock through
+    :func:`torch_tpu_eager.ici.record_collective` (its time on the active target's
+    interconnect; 0.0 on a target without one, such as Spyre), which also puts it
+    on the profiler's device track and runs the chip's pending ops first.
     """
-    t = _ici_time(op_name, nbytes, group_size)
+    from .. import ici
+
+    model_op = _PER_RANK_SHARE.get(op_name, op_name)
+    model_bytes = int(nbytes) * group_size if op_name in _PER_RANK_SHARE else int(nbytes)
+    cost = ici.record_collective(model_op, model_bytes, group_size, device)
+    t = 0.0 if cost is None else float(cost.time_s)
     with _lock:
         _metrics["collectives"] += 1
         _metrics["collective_bytes"] += int(nbytes)
@@ -111,7 +112,7 @@ def collective_metrics() -> dict:
 
     ``collectives`` (count), ``collective_bytes`` (payload bytes, see
     :func:`_charge_collective`), ``collective_time_s`` (simulated interconnect
-    seconds; 0.0 while no ICI model is installed), ``per_op``: op name ->
+    seconds from torch_tpu_eager.ici; 0.0 on a target without an interconnect model), ``per_op``: op name ->
     ``{"count", "bytes", "time_s"}``.
     """
     with _lock:
