@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-import torch_tpu_eager
+import torch_tpu_eager  # noqa: F401  (registers the "tpu" device for the in-process tests)
 from torch_tpu_eager import meta_hints
 
 
