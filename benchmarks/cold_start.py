@@ -21,6 +21,7 @@ process checks its step against CPU PyTorch.
 ``import torch; (torch.ones(3) + 1).cpu()``, and prints the medians and their ratio
 (the start-up target is 1.15x; docs/performance.md).
 """
+
 import argparse
 import json
 import os
@@ -115,7 +116,7 @@ def first_op(repeats):
 
     samples = {name: [] for name in FIRST_OP}
     for r in range(repeats + 1):  # the first round warms the page cache and is dropped
-        for name in (list(FIRST_OP) if r % 2 else list(FIRST_OP)[::-1]):
+        for name in list(FIRST_OP) if r % 2 else list(FIRST_OP)[::-1]:
             t0 = time.perf_counter()
             # CPU's line must not autoload the extension through torch's backend entry point.
             env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0") if name == "cpu" else None
@@ -124,20 +125,39 @@ def first_op(repeats):
                 samples[name].append(time.perf_counter() - t0)
     ratios = [t / c for t, c in zip(samples["tpu"], samples["cpu"])]
     for name, line in FIRST_OP.items():
-        print(f"{name}  {1e3 * statistics.median(samples[name]):8.1f} ms  python -c \"{line}\"")
+        print(f'{name}  {1e3 * statistics.median(samples[name]):8.1f} ms  python -c "{line}"')
     print(f"tpu / cpu: {statistics.median(ratios):.3f} (median of {repeats} interleaved pairs)")
+
+
+def quick():
+    """The TORCH_TPU_QUICK knob of the registry (python -m torch_tpu_eager.env)."""
+    sys.path.insert(0, ROOT)
+    from torch_tpu_eager import env
+
+    return env.get("TORCH_TPU_QUICK")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=1 if os.environ.get("TORCH_TPU_QUICK") == "1" else 7,
-                    help="processes per figure (default 7; 1 with TORCH_TPU_QUICK=1)")
-    ap.add_argument("--program", choices=("train", "infer", "first-op"), default="train",
-                    help="train: one SGD step; infer: the forward pass and loss only (no torch.optim import); "
-                         "first-op: whole processes running one op, against CPU")
-    ap.add_argument("--cpu-first", action="store_true",
-                    help="run the CPU reference step before the timed one, so the flush is not billed for "
-                         "the first use of PyTorch's CPU kernels (oneDNN/MKL/OpenMP start-up)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1 if quick() else 7,
+        help="processes per figure (default 7; 1 with TORCH_TPU_QUICK=1)",
+    )
+    ap.add_argument(
+        "--program",
+        choices=("train", "infer", "first-op"),
+        default="train",
+        help="train: one SGD step; infer: the forward pass and loss only (no torch.optim import); "
+        "first-op: whole processes running one op, against CPU",
+    )
+    ap.add_argument(
+        "--cpu-first",
+        action="store_true",
+        help="run the CPU reference step before the timed one, so the flush is not billed for "
+        "the first use of PyTorch's CPU kernels (oneDNN/MKL/OpenMP start-up)",
+    )
     args = ap.parse_args()
     if args.program == "first-op":
         first_op(args.repeats)
@@ -148,7 +168,7 @@ def main():
         run_child(warm_dir, args.cpu_first, args.program)  # fills it
         samples = {"off": [], "cold": [], "warm": []}
         for r in range(args.repeats):
-            names = list(samples)[r % 3:] + list(samples)[:r % 3]
+            names = list(samples)[r % 3 :] + list(samples)[: r % 3]
             for name in names:
                 d = {"off": None, "cold": os.path.join(tmp, f"cold{r}"), "warm": warm_dir}[name]
                 res = run_child(d, args.cpu_first, args.program)

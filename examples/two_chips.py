@@ -68,7 +68,7 @@ def main(argv=None):
             job["ms"].append(start.elapsed_time(end))
 
     for job in jobs:
-        losses = [l.item() for l in job["losses"]]
+        losses = [loss.item() for loss in job["losses"]]
         ms = job["ms"]
         print(f"{job['name']}: loss {losses[0]:.3f} -> {losses[-1]:.3f}; simulated step time "
               f"{sum(ms) / len(ms):.4f} ms (first {ms[0]:.4f} ms, total {sum(ms):.3f} ms)")

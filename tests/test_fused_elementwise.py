@@ -66,7 +66,8 @@ def test_many_live_values_share_few_registers_and_match():
 
 @pytest.mark.parametrize("n", [17, 1000 * 1000])
 def test_chain16_benchmark_program_matches_cpu(n):
-    import sys, os
+    import os
+    import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     from run_all import chain16
     x = cpu_randn(n, seed=5)

@@ -231,7 +231,9 @@ def test_sign_of_zero_matches_cpu(case):
 
     def fn(t, w, b):
         return F.layer_norm(t * 1.0, t.shape[-1:], w, b)  # a producer: the fused row loop
-    dev = lambda v: None if v is None else v.to("tpu")
+    def dev(v):
+        return None if v is None else v.to("tpu")
+
     got, want = fn(x.to("tpu"), dev(w), dev(b)).cpu(), fn(x, w, b)
     assert torch.equal(got.signbit(), want.signbit())
     assert torch.equal(got.nan_to_num(), want.nan_to_num())

@@ -12,7 +12,6 @@
 Every op here runs natively: recorded, not through the CPU fallback nor eagerly.
 """
 import contextlib
-import math
 
 import pytest
 import torch

@@ -20,7 +20,6 @@ is fixed the case XPASSes and fails, so the entry must be removed. Known-failure
 run all their samples but stop at the first failure.
 """
 import contextlib
-import os
 import warnings
 import zlib
 

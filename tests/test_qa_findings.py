@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_tpu_eager  # registers the "tpu" device
+import torch_tpu_eager  # noqa: F401  (registers the "tpu" device)
 
 
 # Fixed in record.cpp correct_meta_outcome: sort's meta kernel restrided a same-shaped out=.

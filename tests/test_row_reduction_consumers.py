@@ -14,7 +14,7 @@ from difftest import DEVICE, cpu_randn
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fusion exists only on the tpu device")
 
 if DEVICE == "tpu":
-    import torch_tpu_eager
+    import torch_tpu_eager  # noqa: F401  (registers the "tpu" device)
 
 
 def _run(fn, *args):

@@ -338,7 +338,7 @@ def _draw_view(data, t):
         if size == 1:
             shape[dim] = 3
             return f"expand{tuple(shape)}", lambda x: x.expand(*shape)
-        return f"unsqueeze(0).expand(2,...)", lambda x: x.unsqueeze(0).expand(2, *x.shape)
+        return "unsqueeze(0).expand(2,...)", lambda x: x.unsqueeze(0).expand(2, *x.shape)
     if kind == "unfold":
         sz = data.draw(st.integers(0, max(size, 0)), label="usize")
         step = data.draw(st.integers(1, 3), label="ustep")

@@ -1,15 +1,19 @@
 """Generate csrc/ops/op_table.inc: the ATen overloads the "tpu" device records.
 
 The table is data: one row per overload, its primitive kind (how the JIT lowers
-it) and the arguments it writes without saying so in its schema. Rows come from
+it), the arguments it writes without saying so in its schema, and its traits
+(OpTrait bits, csrc/ops/op_table.h). Rows come from
 the dispatcher of the installed torch (every aten overload with a CPU kernel and
 no composite kernel), filtered by the exclusion rules below and classified by the
 kind rules. Re-run after a torch upgrade:  python tools/gen_op_table.py
 """
+
 import os
 import re
 
 import torch
+import torchgen
+import yaml
 
 C = torch._C
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -17,9 +21,19 @@ OUT = os.path.join(HERE, "..", "csrc", "ops", "op_table.inc")
 
 # Overloads that the device implements with kernels of their own (csrc/ops/device_kernels.cpp).
 SPECIAL = {
-    "empty.memory_format", "empty_strided", "_copy_from", "_copy_from_and_resize", "_local_scalar_dense",
-    "resize_", "set_.source_Storage", "set_.source_Storage_storage_offset", "set_.source_Tensor", "set_",
-    "view", "as_strided", "_reshape_alias",
+    "empty.memory_format",
+    "empty_strided",
+    "_copy_from",
+    "_copy_from_and_resize",
+    "_local_scalar_dense",
+    "resize_",
+    "set_.source_Storage",
+    "set_.source_Storage_storage_offset",
+    "set_.source_Tensor",
+    "set_",
+    "view",
+    "as_strided",
+    "_reshape_alias",
 }
 # Backends, layouts and test ops the simulated device does not model.
 EXCLUDE = re.compile(
@@ -111,15 +125,37 @@ def kind_of(overload, schema):
         return "kData"
     if "backward" in core and core not in ELEMENTWISE_BACKWARD:
         return "kLibrary"
-    if b in {"_to_copy", "clone", "where", "_conj_physical", "conj_physical", "lerp", "addcmul", "addcdiv"} or is_pointwise(overload):
+    if b in {
+        "_to_copy",
+        "clone",
+        "where",
+        "_conj_physical",
+        "conj_physical",
+        "lerp",
+        "addcmul",
+        "addcdiv",
+    } or is_pointwise(overload):
         return "kElementwise"
     return "kLibrary"
 
 
 ELEMENTWISE_BACKWARD = {
-    "threshold_backward", "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "elu_backward",
-    "leaky_relu_backward", "hardtanh_backward", "hardsigmoid_backward", "hardswish_backward", "softplus_backward",
-    "log_sigmoid_backward", "logit_backward", "hardshrink_backward", "softshrink_backward", "mish_backward",
+    "threshold_backward",
+    "gelu_backward",
+    "silu_backward",
+    "sigmoid_backward",
+    "tanh_backward",
+    "elu_backward",
+    "leaky_relu_backward",
+    "hardtanh_backward",
+    "hardsigmoid_backward",
+    "hardswish_backward",
+    "softplus_backward",
+    "log_sigmoid_backward",
+    "logit_backward",
+    "hardshrink_backward",
+    "softshrink_backward",
+    "mish_backward",
 }
 
 
@@ -178,8 +214,11 @@ COMPOSITE_OUT_CPU_ONLY = {"mode.values"}
 def composite_out_cpu_only(full, overload):
     """True for a COMPOSITE_OUT_CPU_ONLY overload that still has no CPU kernel
     and has the Meta kernel the record kernel needs."""
-    return (overload in COMPOSITE_OUT_CPU_ONLY and not C._dispatch_has_kernel_for_dispatch_key(full, "CPU")
-            and C._dispatch_has_kernel_for_dispatch_key(full, "Meta"))
+    return (
+        overload in COMPOSITE_OUT_CPU_ONLY
+        and not C._dispatch_has_kernel_for_dispatch_key(full, "CPU")
+        and C._dispatch_has_kernel_for_dispatch_key(full, "Meta")
+    )
 
 
 # Functional composites recorded as one node: the JIT then sees the whole op and can run it
@@ -192,21 +231,66 @@ COMPOSITE_RECORDED = {"logsumexp"}
 def composite_recorded(full, overload):
     """True for a COMPOSITE_RECORDED overload whose only kernel is still the
     CompositeExplicitAutograd one and which has the Meta kernel the record kernel needs."""
-    return (overload in COMPOSITE_RECORDED and not C._dispatch_has_kernel_for_dispatch_key(full, "CPU")
-            and C._dispatch_has_kernel_for_dispatch_key(full, "CompositeExplicitAutograd")
-            and C._dispatch_has_kernel_for_dispatch_key(full, "Meta"))
+    return (
+        overload in COMPOSITE_RECORDED
+        and not C._dispatch_has_kernel_for_dispatch_key(full, "CPU")
+        and C._dispatch_has_kernel_for_dispatch_key(full, "CompositeExplicitAutograd")
+        and C._dispatch_has_kernel_for_dispatch_key(full, "Meta")
+    )
+
+
+def cpp_meta_is_cpu_overloads():
+    """Overloads whose C++ meta kernel gives CPU's result geometry and call-time errors,
+    from the native_functions.yaml torchgen ships with torch:
+
+    - structured kernels (``structured: True`` or a ``structured_delegate``): their meta
+      function is the code CPU's kernel runs first (TensorIterator's shape, dtype, stride
+      and overlap logic);
+    - in-place ops with a hand-written ``Meta`` kernel (``fill_``, ``zero_``): the result
+      is ``self`` as it is, and the kernel checks the arguments CPU checks before it
+      writes. Not the in-place RNG ops (``normal_``, ``uniform_``, ``random_``): their
+      meta kernels skip CPU's dtype checks (normal_ of an int64 tensor), which the Python
+      ones make (traits_of).
+
+    The record kernel infers these with the C++ kernel alone: the Python meta kernels
+    that shadow them (torch._refs) import sympy on their first call, which CPU never does."""
+    path = os.path.join(os.path.dirname(torchgen.__file__), "packaged", "ATen", "native", "native_functions.yaml")
+    with open(path) as f:
+        functions = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    found = set()
+    for fn in functions:
+        overload = fn["func"].split("(")[0]
+        meta_keys = [k for k in fn.get("dispatch", {}) if "Meta" in (x.strip() for x in k.split(","))]
+        if fn.get("structured") or fn.get("structured_delegate"):
+            found.add(overload)
+        elif meta_keys and overload.split(".")[0].endswith("_"):
+            found.add(overload)
+    return found
+
+
+def traits_of(overload, kind, cpp_meta_is_cpu):
+    """The OpTrait bits of an overload, as C++ source ("0" when it has none)."""
+    bits = []
+    if overload in cpp_meta_is_cpu and kind != "kRandom":
+        bits.append("kCppMetaIsCpu")
+    return " | ".join(bits) or "0"
 
 
 def main():
+    cpp_meta_is_cpu = cpp_meta_is_cpu_overloads()
     rows = []
     for full in sorted(C._dispatch_get_all_op_names()):
         if not full.startswith("aten::"):
             continue
         if C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
             continue
-        overload = full[len("aten::"):]
-        if not (C._dispatch_has_kernel_for_dispatch_key(full, "CPU") or composite_pointwise(full, overload)
-                or composite_out_cpu_only(full, overload) or composite_recorded(full, overload)):
+        overload = full[len("aten::") :]
+        if not (
+            C._dispatch_has_kernel_for_dispatch_key(full, "CPU")
+            or composite_pointwise(full, overload)
+            or composite_out_cpu_only(full, overload)
+            or composite_recorded(full, overload)
+        ):
             continue
         if overload in SPECIAL or EXCLUDE.search(overload):
             continue
@@ -219,14 +303,14 @@ def main():
         else:
             is_view = True
         kind = "kView" if is_view else kind_of(overload, schema)
-        rows.append((overload, kind, writes_without_annotation(overload)))
+        rows.append((overload, kind, writes_without_annotation(overload), traits_of(overload, kind, cpp_meta_is_cpu)))
     with open(OUT, "w") as f:
         f.write("// Generated by tools/gen_op_table.py from torch %s. Do not edit by hand.\n" % torch.__version__)
-        f.write("// overload name, primitive kind, bit mask of arguments written without a schema annotation\n")
-        for name, kind, writes in rows:
-            f.write('{"%s", PrimKind::%s, %s},\n' % (name, kind, writes))
+        f.write("// overload name, primitive kind, bit mask of arguments written without a schema annotation, traits\n")
+        for name, kind, writes, traits in rows:
+            f.write('{"%s", PrimKind::%s, %s, %s},\n' % (name, kind, writes, traits))
     counts = {}
-    for _, k, _ in rows:
+    for _, k, _, _ in rows:
         counts[k] = counts.get(k, 0) + 1
     print(len(rows), "overloads", counts)
 

@@ -200,8 +200,8 @@ def _target_name(owner, attr):
     return f"{owner.__module__}.{owner.__qualname__}.{attr}"
 
 
-_originals = {}  # target -> torch's object before patching
-_warned = set()
+_originals: dict[str, object] = {}  # target -> torch's object before patching
+_warned: set[str] = set()
 
 
 def original(target):

@@ -236,7 +236,8 @@ def run(ops: Optional[list] = None, dtypes=(torch.float32,), *, noncontiguous: b
     op_db = load_op_db()
     selected = _select_ops(op_db, ops)
 
-    covered, uncovered = [], []
+    covered: list = []
+    uncovered: list = []
     for op in selected:
         cov = coverage(op)
         (covered if cov.covered else uncovered).append((op, cov))
@@ -327,7 +328,7 @@ def totals(results: list) -> dict:
     ``op_pass_rate`` is OpInfos passing / OpInfos not skipped (one OpInfo with many
     failing samples weighs on the first, not on the second).
     """
-    out = {}
+    out: dict = {}
     for r in results:
         t = out.setdefault(_case(r), {"ops": 0, **{s: 0 for s in _STATUSES},
                                       "samples_passed": 0, "samples_failed": 0,
@@ -352,7 +353,7 @@ def totals(results: list) -> dict:
 def failure_groups(results: list) -> list:
     """Failing/erroring cases grouped by their first failure reason (numbers masked),
     largest group first: [{"reason", "cases", "samples", "ops"}]."""
-    groups = {}
+    groups: dict = {}
     for r in results:
         if r["status"] not in ("fail", "error"):
             continue

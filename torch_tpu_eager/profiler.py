@@ -105,7 +105,7 @@ class profile:
         ``bytes_written``, ``padding_bytes``.
         """
         keys = ("sim_time_s", "compute_s", "memory_s", "flops", "bytes_read", "bytes_written", "padding_bytes")
-        rows = {}
+        rows: dict[str, dict] = {}
         for k in self.kernels:
             row = rows.setdefault(k["name"], {"name": k["name"], "calls": 0, "ops": k["ops"], "tiling": None,
                                               "kind": k.get("kind", "kernel"), "_slowest": -1.0,
@@ -119,7 +119,7 @@ class profile:
             row.pop("_slowest", None)
         return sorted(rows.values(), key=lambda r: r[sort_by], reverse=True)
 
-    def table(self, sort_by: str = "sim_time_s", row_limit: int = None, file=sys.stdout) -> str:
+    def table(self, sort_by: str = "sim_time_s", row_limit: int | None = None, file=sys.stdout) -> str:
         """A text summary of :meth:`summary`, sorted by simulated time; printed to ``file``
         (pass ``file=None`` to only return it). Returns the text.
 

@@ -103,7 +103,7 @@ def _derived(values: dict) -> dict:
     }
 
 
-def target_info(name: str = None) -> dict:
+def target_info(name: str | None = None) -> dict:
     """The numbers of target ``name`` (default: the active one) as a flat dict.
 
     Keys are the data file's parameters (units: bytes, bytes/s, FLOP/s, seconds;

@@ -182,10 +182,11 @@ void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit
     return;
   }
   // CPU kernels that allocate their result in self.suggest_memory_format();
-  // their meta kernels (decompositions) allocate it contiguous.
+  // their meta kernels (decompositions, or the structured meta function of
+  // replication_pad2d/3d, which CPU's kernel restrides) allocate it contiguous.
   static const std::unordered_set<std::string> keeps_format = {
       "aten::channel_shuffle", "aten::native_channel_shuffle", "aten::max_unpool2d", "aten::reflection_pad3d",
-      "aten::replication_pad3d"};
+      "aten::replication_pad2d", "aten::replication_pad3d"};
   if (keeps_format.count(name) && schema.overload_name().empty() && stack[first].isTensor() &&
       !outcome.returns.empty()) {
     const at::Tensor& self = stack[first].toTensor();

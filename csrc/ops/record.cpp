@@ -883,6 +883,7 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
   }
   plan->call_check = call_check_of(schema);
   plan->cpp_meta = shadowed_cpp_meta_kernel(op);
+  plan->cpp_meta_only = plan->cpp_meta && (entry.traits & kCppMetaIsCpu);
   plan->scalar_conversions = scalar_conversions_of(schema);
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].name() == "alpha") plan->alpha_arg = static_cast<int>(i);
@@ -1035,18 +1036,24 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       // Then the dispatcher's (Python) meta kernel, whose result geometry is
       // recorded and which checks what hand-written C++ meta kernels skip
       // (masked_fill_'s mask broadcast).
-      if (plan.cpp_meta) {
-        // Its warnings (an out= resized) come again from the kernel below.
-        struct DropWarnings : c10::WarningHandler {
-          void process(const c10::Warning&) override {}
-        } drop;
-        c10::WarningUtils::WarningHandlerGuard quiet(&drop);
-        torch::jit::Stack cpp_stack = meta_twins();
-        plan.cpp_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &cpp_stack);
-        cpp_returns.assign(cpp_stack.begin(), cpp_stack.end());
+      if (plan.cpp_meta_only) {
+        // A structured kernel's meta function: CPU's own inference, and no Python
+        // (the reference meta kernels import sympy on their first call).
+        plan.cpp_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+      } else {
+        if (plan.cpp_meta) {
+          // Its warnings (an out= resized) come again from the kernel below.
+          struct DropWarnings : c10::WarningHandler {
+            void process(const c10::Warning&) override {}
+          } drop;
+          c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+          torch::jit::Stack cpp_stack = meta_twins();
+          plan.cpp_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &cpp_stack);
+          cpp_returns.assign(cpp_stack.begin(), cpp_stack.end());
+        }
+        DeviceMetaInference as_cpu;  // Python meta kernels reason as for CPU (device_hint)
+        op.callBoxed(meta_stack);
       }
-      DeviceMetaInference as_cpu;  // Python meta kernels reason as for CPU (device_hint)
-      op.callBoxed(meta_stack);
     } catch (const std::exception& e) {
       // A custom op's fake impl is its call-time check: its error is the
       // op's (there is no CPU kernel to ask), unless it cannot infer shapes
@@ -1091,7 +1098,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       }
       computed.returns.push_back(std::move(geoms));
     }
-    {
+    if (!plan.cpp_meta_only) {  // a structured out= kernel restrides a resized out= as CPU's does
       c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
       DeviceMetaInference as_cpu;
       restride_resized_outs(op, *stack, first, meta_args, computed);

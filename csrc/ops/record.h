@@ -36,6 +36,9 @@ struct OpPlan {
   // ATen's C++ meta kernel when a Python meta kernel shadows it (cpu_meta.h):
   // shape/dtype inference runs it, so CPU's call-time checks hold at the call.
   std::optional<c10::KernelFunction> cpp_meta;
+  // cpp_meta gives CPU's geometry and errors (OpTrait kCppMetaIsCpu): it alone
+  // infers the result, and no Python meta kernel runs.
+  bool cpp_meta_only = false;
   mutable std::atomic<bool> has_meta{false};  // a meta kernel was found (kernels are never removed)
   // A custom op's registration (custom_ops.h), else 0: its meta results are
   // cached under this id (never under a schema address a redefined op may

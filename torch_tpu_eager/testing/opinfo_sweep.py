@@ -477,8 +477,9 @@ class OpResult:
              f"{self.errors} errors, {self.skipped} skipped ({self.seconds:.2f}s)")
         if self.skip_reason:
             s += f" [skipped: {self.skip_reason}]"
-        if self.failures:
-            s += " | " + self.first_failure.splitlines()[0][:300]
+        first = self.first_failure
+        if first is not None:
+            s += " | " + first.splitlines()[0][:300]
         return s
 
 
@@ -600,8 +601,10 @@ def run_sample_grad(op, sample, device: str, tol: tuple) -> tuple:
     if expected is None:
         raise _SkipSample("no differentiable output")
     try:
-        actual = _grads(op, to_device(cpu_args, device), device)
-        actual = [None if g is None else g.to("cpu") for g in actual]
+        grads = _grads(op, to_device(cpu_args, device), device)
+        if grads is None:
+            return "error", f"backward: no differentiable output on {device}"
+        actual = [None if g is None else g.to("cpu") for g in grads]
     except Exception as e:  # noqa: BLE001
         return "error", "backward: " + _short(e)
     exp = [g for g in expected if g is not None]
@@ -710,7 +713,7 @@ def main(argv: Optional[list] = None) -> int:
     import json
     import warnings
 
-    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(main.__doc__ or "").splitlines()[0])
     parser.add_argument("--dtypes", default="float32", help="comma-separated dtype names")
     parser.add_argument("--noncontig", action="store_true", help="non-contiguous samples")
     parser.add_argument("--only", nargs="*", default=None, help="OpInfo names to sweep")
