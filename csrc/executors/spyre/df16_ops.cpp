@@ -3,6 +3,7 @@
 
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/MemoryOverlap.h>
 
 #include "executors/host_runtime.h"
 #include "executors/spyre/df16.h"
@@ -47,6 +48,30 @@ void call_op_in_f32(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
                     const std::vector<c10::ScalarType>& result_dtypes,
                     const std::function<void(torch::jit::Stack&)>& call) {
   const auto& args = schema.arguments();
+  // A written 16-bit view whose elements share memory (x.unfold(0, 3, 1).mul_(2))
+  // must be written in place as CPU does (an element is updated once per alias):
+  // an f32 copy would update it once. Such an op runs its 16-bit kernel and its
+  // written values and results are rounded to df16 after it.
+  for (size_t i = 0; i < args.size() && i < stack.size(); ++i) {
+    if (!is_written(args[i]) || !stack[i].isTensor()) continue;
+    const at::Tensor& t = stack[i].toTensor();
+    if (t.defined() && is16(t.scalar_type()) && at::has_internal_overlap(t) != at::MemOverlap::No) {
+      call(stack);
+      for (size_t k = 0; k < args.size() && k < stack.size(); ++k)
+        if (is_written(args[k]) && stack[k].isTensor() && is16(stack[k].toTensor().scalar_type()))
+          stack[k].toTensor().copy_(df16_store(stack[k].toTensor(), stack[k].toTensor().scalar_type()));
+      size_t j = 0;
+      const auto& rets = schema.returns();
+      for (size_t k = 0; k < rets.size() && k < stack.size(); ++k) {
+        if (rets[k].alias_info() || !stack[k].isTensor()) continue;
+        const at::Tensor r = stack[k].toTensor();
+        const c10::ScalarType want = j < result_dtypes.size() ? result_dtypes[j] : r.scalar_type();
+        ++j;
+        if (r.defined() && is16(want)) stack[k] = df16_store(r, want);
+      }
+      return;
+    }
+  }
   // Each 16-bit tensor gets one f32 stand-in (a tensor filling several slots
   // keeps one); written ones are copied back as df16 after the call.
   std::vector<std::pair<at::Tensor, at::Tensor>> wide;
