@@ -88,3 +88,19 @@ def test_cpu_fallback_ops_are_named_in_the_report():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^  cpu_fallback\.tpu_debug_test::twice: 2$", proc.stdout, re.M), proc.stdout
+
+
+def test_level_1_counts_ops_by_how_the_tpu_ran_them():
+    # A fused chain (mul -> add -> relu) and a matmul, which runs its CPU kernel.
+    code = textwrap.dedent("""
+        import torch, torch_tpu_eager as tte
+        a, b = torch.randn(8, 8).to("tpu"), torch.randn(8, 8).to("tpu")
+        ((a * 2 + b).relu()).cpu(); (a @ b).cpu()
+        print(tte.metrics_report())
+    """)
+    env = dict(os.environ, TORCH_TPU_DEBUG="1", TORCH_TPU_TARGET="tpu-v5e")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^  fused\.mul\.Tensor: 1$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^  fused\.relu: 1$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^  op_by_op\.mm: 1$", proc.stdout, re.M), proc.stdout

@@ -25,6 +25,7 @@
 #include "executors/tpu/tiling.h"
 #include "jit/kernel_trace.h"
 #include "ops/custom_ops.h"
+#include "lazy/debug_report.h"
 
 namespace tpu_eager {
 namespace {
@@ -316,9 +317,21 @@ TpuPlan build_plan(const Region& region, const std::vector<Node>& graph, const t
   return plan;
 }
 
+// TORCH_TPU_DEBUG >= 1: counts each op of a run by how it ran ("fused.<op>" in
+// a fused loop, "op_by_op.<op>" through its CPU kernel), for metrics_report().
+void count_ops(const char* how, const Region& region, const std::vector<size_t>& pos, const std::vector<Node>& graph) {
+  if (debug::level() < 1) return;
+  for (size_t p : pos) debug::count_op(how, host::op_display_name(graph[region.nodes[p]]).substr(6));
+}
+void count_ops(const char* how, const Region& part, const std::vector<Node>& graph) {
+  if (debug::level() < 1) return;
+  for (int i : part.nodes) debug::count_op(how, host::op_display_name(graph[i]).substr(6));
+}
+
 // Runs `part` of `region` op by op; a failure's position is reported in the whole region.
 void run_part_ops(const CompiledRegion& info, const Region& part, const std::vector<size_t>& pos,
                   std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
+  count_ops("op_by_op", part, graph);
   try {
     host::run_ops(info, part, graph, mem, stats, hooks);
   } catch (...) {
@@ -340,6 +353,7 @@ void run_all(std::vector<tpu::LoopPlan>& loops, const Region& r, std::vector<Nod
              host::HostRunHooks& hooks) {
   for (auto& l : loops) {
     tpu::run_loop(l, stats);
+    count_ops("fused", r, l.pos, graph);
     for (size_t p : l.pos) hooks.add_op_cost(graph[r.nodes[p]], stats);
   }
 }
@@ -422,6 +436,7 @@ class TpuKernel final : public Kernel {
         }
         for (tpu::LoopPlan* l : bound) {
           tpu::run_loop(*l, stats);
+          count_ops("fused", region, l->pos, graph);
           for (size_t p : l->pos) hooks.add_op_cost(graph[region.nodes[p]], stats);
         }
         if (!left.empty()) {
@@ -434,6 +449,7 @@ class TpuKernel final : public Kernel {
       case Mode::kSplitRow: {
         const Region h = plan_.head.bind(region);
         if (!bind_all(plan_.loops, h, graph, mem)) {
+          count_ops("op_by_op", region, graph);
           host::run_ops(c, region, graph, mem, stats, hooks);
           break;
         }
@@ -446,6 +462,7 @@ class TpuKernel final : public Kernel {
         // with its error; the rest then still runs (an op reading a failed
         // value fails in turn, as in run_ops), and the first error is rethrown.
         const Region h = plan_.head.bind(region);
+        count_ops("op_by_op", h, graph);
         try {
           host::run_ops(c, h, graph, mem, stats, hooks);
         } catch (...) {
@@ -463,6 +480,7 @@ class TpuKernel final : public Kernel {
         break;
       }
       case Mode::kOps:
+        count_ops("op_by_op", region, graph);
         host::run_ops(c, region, graph, mem, stats, hooks);
         break;
     }
