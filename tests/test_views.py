@@ -461,3 +461,36 @@ def test_print_view_reads_storage_like_cpu(dev, case):
     if torch.device(dev).type != "cpu":
         got = got.replace(", device='tpu:0'", "")
     assert got == cpu
+
+
+# Ops run by CPU kernels at the flush read a gathering view (overlapping unfold
+# windows, an overlapping as_strided, stride 0) as the strided view over its
+# storage, as CPU does, not as a copy of its whole logical size (issue 17: a
+# reduction over x.unfold(0, 4096, 1) copied ~0.5 GB for a 128 KB storage).
+READ_VIEWS = {
+    "unfold_sum_rows": lambda d: torch.arange(3000., device=d).unfold(0, 512, 1).sum(1),
+    "unfold_amax": lambda d: torch.arange(3000., device=d).unfold(0, 512, 3).amax(),
+    "unfold_mean_dim0": lambda d: torch.arange(300., device=d).unfold(0, 40, 7).mean(0),
+    "as_strided_overlap_cumsum": lambda d: torch.arange(10., device=d).as_strided((4, 4), (1, 1), 2).cumsum(1),
+    "expand_then_matmul": lambda d: torch.arange(5., device=d).expand(7, 5) @ torch.ones(5, 2, device=d),
+    "unfold_sort": lambda d: torch.arange(50., device=d).flip(0).unfold(0, 6, 2).sort(1).values,
+}
+
+
+@pytest.mark.parametrize("case", sorted(READ_VIEWS))
+def test_reads_of_gathering_views_match_cpu(dev, case):
+    torch.testing.assert_close(READ_VIEWS[case](dev).cpu(), READ_VIEWS[case]("cpu"))
+
+
+def test_reduction_over_unfolded_view_reads_the_storage(dev):
+    if torch.device(dev).type == "cpu":
+        pytest.skip("measures the device's host copies")
+    import resource
+
+    x = torch.randn(2 ** 15, device=dev)
+    torch.tpu.synchronize()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    s = x.unfold(0, 4096, 1).sum(1)  # logical size 470 MB over a 128 KB storage
+    torch.testing.assert_close(s.cpu(), x.cpu().unfold(0, 4096, 1).sum(1))
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 100, f"peak memory grew by {grown_mb:.0f} MB"

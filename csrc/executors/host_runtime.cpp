@@ -80,14 +80,14 @@ at::Tensor HostMemory::strided(const TensorRef& r) {
   return with_bits(view_over(storage_for(r.storage.get()), r), r);
 }
 
-at::Tensor HostMemory::tensor(const TensorRef& r) {
+at::Tensor HostMemory::tensor(const TensorRef& r, bool strided_gather) {
   check_storage_error(r.storage.get());
   c10::Storage st = storage_for(r.storage.get());
   const int64_t numel = static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype));
   const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
   // A chain of slices, reshapes, permutes and broadcasts aliases the storage:
   // on the host that is exactly the strided view, built in one step.
-  if (!chain.padded && !chain.gather) return with_bits(view_over(st, r), r);
+  if (!chain.padded && (!chain.gather || strided_gather)) return with_bits(view_over(st, r), r);
   return with_bits(views::apply(flat(r), chain, r.sizes, r.strides, r.offset), r);
 }
 
@@ -166,7 +166,7 @@ torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
       check_storage_error(in.ref.storage.get());
       t = mem.strided(in.ref);
     } else {
-      t = mem.tensor(in.ref);
+      t = mem.tensor(in.ref, /*strided_gather=*/true);  // CPU kernels read any strides
     }
     set_tensor_slot(stack[in.arg], in.elem, std::move(t));
   }

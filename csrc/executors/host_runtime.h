@@ -40,7 +40,11 @@ class HostMemory {
   // The value of r: a CPU tensor with r's dtype and geometry, read from the
   // storage's flat value through r's view chain (views/). It aliases the
   // storage unless the chain pads or gathers (then it is a copy).
-  at::Tensor tensor(const TensorRef& r);
+  // `strided_gather`: a gathering chain (overlapping windows such as unfold,
+  // an arbitrary as_strided) gives the strided view over the storage instead of
+  // a copy of the view's whole logical size: for readers that take any strides
+  // (CPU kernels), as CPU reads such a view.
+  at::Tensor tensor(const TensorRef& r, bool strided_gather = false);
   // r as a strided CPU view of the storage (CPU semantics for the eager path).
   // Unlike tensor(), it does not raise the storage's error: the caller decides.
   at::Tensor strided(const TensorRef& r);
