@@ -208,18 +208,18 @@ void enqueue(Node&& node, int64_t fresh_bytes) {
   auto& c = C(device);
   const int64_t stream = current_stream_id(device);
   const int precision = recording_precision();
-  bool other_stream, other_precision;
-  {
-    std::lock_guard<std::mutex> lock(c.mu);
-    other_stream = !c.nodes.empty() && c.stream != stream;
-    other_precision = !c.nodes.empty() && c.precision != precision;
-  }
-  // Errors of these flushes stay with their tensors.
-  if (other_stream) (void)flush_device(device, FlushReason::kStreamSwitch);
-  else if (other_precision) (void)flush_device(device, FlushReason::kPrecisionSwitch);
   FlushReason reason = FlushReason::kCount;
-  {
-    std::lock_guard<std::mutex> lock(c.mu);
+  for (;;) {
+    std::unique_lock<std::mutex> lock(c.mu);
+    // Pending ops of another stream or precision run first. Checked again after
+    // each flush, under the lock the push takes: another thread may have queued
+    // ops of its own stream or precision in between.
+    if (!c.nodes.empty() && (c.stream != stream || c.precision != precision)) {
+      const FlushReason why = c.stream != stream ? FlushReason::kStreamSwitch : FlushReason::kPrecisionSwitch;
+      lock.unlock();
+      (void)flush_device(device, why);  // errors of this flush stay with their tensors
+      continue;
+    }
     if (c.nodes.empty()) {
       c.stream = stream;
       c.precision = precision;
@@ -243,6 +243,7 @@ void enqueue(Node&& node, int64_t fresh_bytes) {
     } else if (c.pending_bytes >= q.max_bytes) {
       reason = FlushReason::kPendingBytes;
     }
+    break;
   }
   if (reason == FlushReason::kCount) return;
   const bool blocking = eager_mode() == EagerMode::kDeferNeverAndLaunchBlocking;
