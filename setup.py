@@ -3,6 +3,7 @@
 Debug info is off by default (it roughly doubles compile time on 2 cores);
 set TORCH_TPU_DEBUG_BUILD=1 to build with -g -O0.
 """
+
 import glob
 import os
 
@@ -12,9 +13,7 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, include_path
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEBUG = os.environ.get("TORCH_TPU_DEBUG_BUILD", "0") == "1"
 
-sources = sorted(
-    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True)
-)
+sources = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True))
 cxx_flags = ["-std=c++17", "-O0" if DEBUG else "-O2", "-fvisibility=hidden"]
 # No fused multiply-add in loop-carried chains of scalars and vectors up to 256
 # bits, as torch 2.13's GCC 13 build does by default: ATen's RowwiseMoments

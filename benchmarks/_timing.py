@@ -4,6 +4,7 @@ Each contender is a callable that runs one repeat and returns the seconds it wan
 counted. Letting the contender time itself allows a timed region smaller than the
 call (the "tpu" record benchmark keeps its flush outside the clock).
 """
+
 import gc
 import statistics
 import time

@@ -15,6 +15,7 @@ on this host) is not measured yet: see :func:`host_all_reduce_throughput`.
     python benchmarks/ici_collectives.py --target tpu-v5e  # one target
     python benchmarks/run_all.py --only ici                # the same table from the benchmark runner
 """
+
 import argparse
 import sys
 
@@ -39,11 +40,22 @@ def simulated_rows(targets=None, sizes_mib=SIZES_MIB, groups=GROUPS, ops=OPS):
             for n in groups:
                 for mib in sizes_mib:
                     c = ici.collective_cost(op, mib * MiB, n, target)
-                    rows.append({"target": target, "op": op, "chips": n, "shape": "x".join(map(str, c.shape)),
-                                 "algorithm": c.algorithm, "mib": mib, "time_s": c.time_s,
-                                 "latency_s": c.latency_s, "bandwidth_s": c.bandwidth_s,
-                                 "bus_bandwidth": c.bus_bandwidth, "alg_bandwidth": c.nbytes / c.time_s,
-                                 "link_bandwidth": c.link_bandwidth})
+                    rows.append(
+                        {
+                            "target": target,
+                            "op": op,
+                            "chips": n,
+                            "shape": "x".join(map(str, c.shape)),
+                            "algorithm": c.algorithm,
+                            "mib": mib,
+                            "time_s": c.time_s,
+                            "latency_s": c.latency_s,
+                            "bandwidth_s": c.bandwidth_s,
+                            "bus_bandwidth": c.bus_bandwidth,
+                            "alg_bandwidth": c.nbytes / c.time_s,
+                            "link_bandwidth": c.link_bandwidth,
+                        }
+                    )
     return rows
 
 
@@ -74,8 +86,14 @@ def format_table(rows):
     for (target, op, chips), group in groups.items():
         by_size = {r["mib"]: r for r in group}
         algorithms = list(dict.fromkeys(r["algorithm"] for r in group))
-        cells = [target, op, str(chips), group[0]["shape"], "/".join(algorithms),
-                 f"{group[0]['link_bandwidth'] / 1e9:.0f}"]
+        cells = [
+            target,
+            op,
+            str(chips),
+            group[0]["shape"],
+            "/".join(algorithms),
+            f"{group[0]['link_bandwidth'] / 1e9:.0f}",
+        ]
         for m in sizes:
             r = by_size.get(m)
             cells.append("-" if r is None else f"{r['time_s'] * 1e6:.1f}, {r['bus_bandwidth'] / 1e9:.1f}")
@@ -85,12 +103,15 @@ def format_table(rows):
     def fmt(cells):
         return " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
 
-    lines = ["simulated ICI collectives (torch_tpu_eager.ici cost model; not timed: the same on every machine)",
-             "per size: simulated time in us, nccl-tests bus bandwidth in GB/s (bytes / time x 2(n-1)/n for "
-             "all_reduce, (n-1)/n for all_gather and reduce_scatter); link GB/s: one ICI link, one direction",
-             "host all_reduce throughput: not measured (needs the c10d 'tpu' backend; "
-             "see host_all_reduce_throughput)",
-             "", fmt(header), "-+-".join("-" * w for w in widths)]
+    lines = [
+        "simulated ICI collectives (torch_tpu_eager.ici cost model; not timed: the same on every machine)",
+        "per size: simulated time in us, nccl-tests bus bandwidth in GB/s (bytes / time x 2(n-1)/n for "
+        "all_reduce, (n-1)/n for all_gather and reduce_scatter); link GB/s: one ICI link, one direction",
+        "host all_reduce throughput: not measured (needs the c10d 'tpu' backend; see host_all_reduce_throughput)",
+        "",
+        fmt(header),
+        "-+-".join("-" * w for w in widths),
+    ]
     lines.extend(fmt(r) for r in body)
     return "\n".join(lines)
 

@@ -45,6 +45,7 @@ threads. ``--threads 1`` gives steadier figures on a machine that other jobs sha
    1-256 MiB over 2, 4 and 8 chips of every TPU target, simulated time and bus bandwidth from
    torch_tpu_eager.ici's cost model (not timed). Printed after the table.
 """
+
 import argparse
 import datetime
 import json
@@ -67,16 +68,41 @@ from torch_tpu_eager import env as tpu_env  # noqa: E402
 TPU = "tpu"
 SEED = 0
 
-FULL = dict(repeats=15, record_n=2000, flushes=100, chain_size=1000, chain_iters=3,
-            mlp_steps=30, check_steps=10, rows_shape=(4096, 1024), rows_iters=3,
-            lm_steps=10, lm_check_steps=5, train_steps=5, train_check_steps=3)
-QUICK = dict(repeats=3, record_n=200, flushes=10, chain_size=128, chain_iters=1,
-             mlp_steps=10, check_steps=3, rows_shape=(256, 128), rows_iters=1,
-             lm_steps=2, lm_check_steps=2, train_steps=2, train_check_steps=2)
+FULL = dict(
+    repeats=15,
+    record_n=2000,
+    flushes=100,
+    chain_size=1000,
+    chain_iters=3,
+    mlp_steps=30,
+    check_steps=10,
+    rows_shape=(4096, 1024),
+    rows_iters=3,
+    lm_steps=10,
+    lm_check_steps=5,
+    train_steps=5,
+    train_check_steps=3,
+)
+QUICK = dict(
+    repeats=3,
+    record_n=200,
+    flushes=10,
+    chain_size=128,
+    chain_iters=1,
+    mlp_steps=10,
+    check_steps=3,
+    rows_shape=(256, 128),
+    rows_iters=1,
+    lm_steps=2,
+    lm_check_steps=2,
+    train_steps=2,
+    train_check_steps=2,
+)
 LM_WARMUP_STEPS = 3  # the issue's target: no compiles after step 3
 
 
 # ---------------------------------------------------------------- helpers
+
 
 class Report:
     """Rows of the table, correctness checks and device metrics, for printing and JSON."""
@@ -102,23 +128,28 @@ class Report:
         ``ratios`` are (numerator, denominator) contender pairs, reported as the median
         of per-repeat ratios. ``notes`` {contender: text} replaces a missing figure.
         """
-        values = {name: {k: (v * scale if k in ("median", "min", "max") else v)
-                         for k, v in summary(s).items()}
-                  for name, s in samples.items()}
-        self.rows.append({
-            "benchmark": bench,
-            "unit": unit,
-            "values": values,
-            "samples_s": samples,
-            "ratios": {f"{n}/{d}": paired_ratio(samples[n], samples[d])
-                       for n, d in ratios if n in samples and d in samples},
-            "notes": dict(notes or {}),
-        })
+        values = {
+            name: {k: (v * scale if k in ("median", "min", "max") else v) for k, v in summary(s).items()}
+            for name, s in samples.items()
+        }
+        self.rows.append(
+            {
+                "benchmark": bench,
+                "unit": unit,
+                "values": values,
+                "samples_s": samples,
+                "ratios": {
+                    f"{n}/{d}": paired_ratio(samples[n], samples[d]) for n, d in ratios if n in samples and d in samples
+                },
+                "notes": dict(notes or {}),
+            }
+        )
 
     def failed_row(self, bench, reason):
         """Adds a row for a benchmark that was not timed, showing ``reason``."""
-        self.rows.append({"benchmark": bench, "unit": "", "values": {}, "samples_s": {},
-                          "ratios": {}, "notes": {"tpu": reason}})
+        self.rows.append(
+            {"benchmark": bench, "unit": "", "values": {}, "samples_s": {}, "ratios": {}, "notes": {"tpu": reason}}
+        )
 
 
 def metrics_delta(before, after):
@@ -164,9 +195,16 @@ def machine_info():
     except OSError:
         pass
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=Path(__file__).resolve().parent,
-                                timeout=5).stdout.strip() or "?"
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).resolve().parent,
+                timeout=5,
+            ).stdout.strip()
+            or "?"
+        )
     except (OSError, subprocess.SubprocessError):
         commit = "?"
     return {
@@ -183,6 +221,7 @@ def machine_info():
 
 
 # ---------------------------------------------------------------- 1. record overhead
+
 
 def _record_add(a, b, n):
     for _ in range(n):
@@ -206,8 +245,9 @@ def bench_record(cfg, report):
     try:
         for label, loop, op in (("a + b", _record_add, torch.add), ("a.mul(b)", _record_mul, torch.mul)):
             bench = f"record {label} (1 elem, N={n})"
-            if not report.check(bench, lambda: torch.testing.assert_close(
-                    op(a, b).cpu(), op(a_cpu, b_cpu), rtol=0, atol=0)):
+            if not report.check(
+                bench, lambda: torch.testing.assert_close(op(a, b).cpu(), op(a_cpu, b_cpu), rtol=0, atol=0)
+            ):
                 report.failed_row(bench, "CHECK FAILED")
                 continue
             auto_flushes = [0]
@@ -229,8 +269,10 @@ def bench_record(cfg, report):
 
             samples = interleave({"tpu": run_tpu, "cpu": run_cpu}, cfg["repeats"])
             # A flush inside the timed region would make the figure meaningless.
-            report.check(f"{bench}: no flush while recording",
-                         lambda: _assert_equal(auto_flushes[0], 0, "flushes inside the timed region"))
+            report.check(
+                f"{bench}: no flush while recording",
+                lambda: _assert_equal(auto_flushes[0], 0, "flushes inside the timed region"),
+            )
             report.row(bench, "us/op", samples, 1e6, ratios=[("tpu", "cpu")])
     finally:
         torch_tpu_eager.set_queue_limits(*previous)
@@ -241,6 +283,7 @@ def _assert_equal(actual, expected, what):
 
 
 # ---------------------------------------------------------------- 2.-3. chain16 and its bytes
+
 
 def chain16(x):
     """16 elementwise ops; every intermediate stays in a range where exp/sin are tame."""
@@ -293,8 +336,10 @@ def bench_flush(cfg, report):
     runs = (cfg["repeats"] + 1) * flushes  # the interleave also runs one warmup round
     stats = per_run(delta, runs)
     report.metrics["flush_cache_hit"] = stats
-    report.check(f"{bench}: every flush hits the cache",
-                 lambda: _assert_equal(stats["compiles"], 0, "compiles during timed flushes"))
+    report.check(
+        f"{bench}: every flush hits the cache",
+        lambda: _assert_equal(stats["compiles"], 0, "compiles during timed flushes"),
+    )
     report.row(bench, "us/flush", samples, 1e6)
     per_op = {"tpu": [s / CHAIN_OPS for s in samples["tpu"]]}
     report.row("  same, per op of the chain", "us/op", per_op, 1e6)
@@ -346,11 +391,13 @@ def bench_chain16(cfg, report):
 
     contenders = {"tpu": run_tpu, "cpu": run_cpu}
     if compiled is not None:
+
         def run_compile():
             t0 = clock()
             for _ in range(iters):
                 compiled(x_cpu).cpu()
             return (clock() - t0) / iters
+
         contenders["compile"] = run_compile
 
     before = torch_tpu_eager.metrics()
@@ -372,14 +419,22 @@ def bench_chain16_bytes(cfg, report):
         before = torch_tpu_eager.metrics()
         chain16(x).cpu()
         after = torch_tpu_eager.metrics()
-        moved.append((after["bytes_read"] - before["bytes_read"])
-                     + (after["bytes_materialized"] - before["bytes_materialized"]))
+        moved.append(
+            (after["bytes_read"] - before["bytes_read"]) + (after["bytes_materialized"] - before["bytes_materialized"])
+        )
     # Counters, not clocks: the row reuses the table's median machinery with bytes for seconds.
-    report.row(bench, "MB/run", {"tpu": moved, "floor": [floor] * len(moved)}, 1e-6,
-               ratios=[("tpu", "floor")], notes={"cpu": f"floor {floor / 1e6:.3g} (in+out)"})
+    report.row(
+        bench,
+        "MB/run",
+        {"tpu": moved, "floor": [floor] * len(moved)},
+        1e-6,
+        ratios=[("tpu", "floor")],
+        notes={"cpu": f"floor {floor / 1e6:.3g} (in+out)"},
+    )
 
 
 # ---------------------------------------------------------------- 4. row-wise reductions
+
 
 def _layer_norm_params(cols):
     g = torch.Generator().manual_seed(SEED + 2)
@@ -461,6 +516,7 @@ def bench_logsumexp(cfg, report):
             for _ in range(iters):
                 torch.logsumexp(t * 2 + u, -1).cpu()
             return (clock() - t0) / iters
+
         return one_repeat
 
     samples = interleave({"tpu": run(x, b), "cpu": run(x_cpu, b_cpu)}, cfg["repeats"])
@@ -469,10 +525,12 @@ def bench_logsumexp(cfg, report):
 
 # ---------------------------------------------------------------- 5. digits MLP
 
+
 def digits_data(n_batches, batch=64):
     """(x, y) batches of the digits shape: load_digits if scikit-learn is there, else synthetic."""
     try:
         from sklearn.datasets import load_digits
+
         digits = load_digits()
         x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
         y = torch.tensor(digits.target, dtype=torch.int64)
@@ -483,8 +541,7 @@ def digits_data(n_batches, batch=64):
         y = torch.randint(0, 10, (1797,), generator=g)
         source = "synthetic (scikit-learn not installed)"
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(SEED + 1))
-    batches = [(x[perm[i * batch:(i + 1) * batch]], y[perm[i * batch:(i + 1) * batch]])
-               for i in range(n_batches)]
+    batches = [(x[perm[i * batch : (i + 1) * batch]], y[perm[i * batch : (i + 1) * batch]]) for i in range(n_batches)]
     return batches, source
 
 
@@ -495,8 +552,10 @@ class Trainer:
         torch.manual_seed(SEED)
         # Built on CPU from one seed and moved: identical initial weights on every device.
         self.model = torch.nn.Sequential(
-            torch.nn.Linear(64, 128), torch.nn.ReLU(),
-            torch.nn.Linear(128, 64), torch.nn.ReLU(),
+            torch.nn.Linear(64, 128),
+            torch.nn.ReLU(),
+            torch.nn.Linear(128, 64),
+            torch.nn.ReLU(),
             torch.nn.Linear(64, 10),
         ).to(device)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
@@ -570,12 +629,14 @@ def bench_mlp(cfg, report):
 
 # ---------------------------------------------------------------- 6. char-LM
 
+
 def _char_lm():
     """examples/train_char_lm.py as a module: the benchmark trains exactly its model."""
     examples = str(Path(__file__).resolve().parents[1] / "examples")
     if examples not in sys.path:
         sys.path.insert(0, examples)
     import train_char_lm
+
     return train_char_lm
 
 
@@ -635,9 +696,16 @@ def bench_char_lm(cfg, report):
     report.metrics["char_lm_step"] = stats
     report.row(bench, "ms/step", samples, 1e3, ratios=[("cpu", "tpu")])
     # A target, not a correctness check: a miss shows in the table, it does not fail the run.
-    report.rows.append({"benchmark": f"  compiles after {LM_WARMUP_STEPS} warm-up steps", "unit": "compiles",
-                        "values": {}, "samples_s": {}, "ratios": {},
-                        "notes": {"tpu": f"{stats['compiles']} in {tpu_steps} steps"}})
+    report.rows.append(
+        {
+            "benchmark": f"  compiles after {LM_WARMUP_STEPS} warm-up steps",
+            "unit": "compiles",
+            "values": {},
+            "samples_s": {},
+            "ratios": {},
+            "notes": {"tpu": f"{stats['compiles']} in {tpu_steps} steps"},
+        }
+    )
 
 
 # ---------------------------------------------------------------- 7. training steps
@@ -649,9 +717,12 @@ class _MLP(torch.nn.Module):
     def __init__(self, d_in, hidden, classes):
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(d_in, hidden), torch.nn.ReLU(),
-            torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-            torch.nn.Linear(hidden, classes))
+            torch.nn.Linear(d_in, hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(hidden, hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(hidden, classes),
+        )
 
     def forward(self, x, y):
         return F.cross_entropy(self.net(x), y)
@@ -698,9 +769,17 @@ class _CNN(torch.nn.Module):
     def __init__(self, c, classes):
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Conv2d(3, c, 3, padding=1), torch.nn.BatchNorm2d(c), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(c, 2 * c, 3, padding=1), torch.nn.BatchNorm2d(2 * c), torch.nn.ReLU(),
-            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(2 * c, classes))
+            torch.nn.Conv2d(3, c, 3, padding=1),
+            torch.nn.BatchNorm2d(c),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(c, 2 * c, 3, padding=1),
+            torch.nn.BatchNorm2d(2 * c),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(2 * c, classes),
+        )
 
     def forward(self, x, y):
         return F.cross_entropy(self.net(x), y)
@@ -716,27 +795,50 @@ def _training_cases(quick):
 
     def mlp_batches():
         gen = g()
-        return [(torch.randn(mlp[3], mlp[0], generator=gen), torch.randint(0, mlp[2], (mlp[3],), generator=gen))
-                for _ in range(4)]
+        return [
+            (torch.randn(mlp[3], mlp[0], generator=gen), torch.randint(0, mlp[2], (mlp[3],), generator=gen))
+            for _ in range(4)
+        ]
 
     def gpt_batches():
         gen = g()
-        return [(torch.randint(0, gpt["vocab"], (gpt["batch"], gpt["block"]), generator=gen),
-                 torch.randint(0, gpt["vocab"], (gpt["batch"], gpt["block"]), generator=gen)) for _ in range(4)]
+        return [
+            (
+                torch.randint(0, gpt["vocab"], (gpt["batch"], gpt["block"]), generator=gen),
+                torch.randint(0, gpt["vocab"], (gpt["batch"], gpt["block"]), generator=gen),
+            )
+            for _ in range(4)
+        ]
 
     def cnn_batches():
         gen = g()
-        return [(torch.randn(cnn[2], 3, cnn[1], cnn[1], generator=gen), torch.randint(0, 10, (cnn[2],), generator=gen))
-                for _ in range(4)]
+        return [
+            (torch.randn(cnn[2], 3, cnn[1], cnn[1], generator=gen), torch.randint(0, 10, (cnn[2],), generator=gen))
+            for _ in range(4)
+        ]
 
     return [
-        (f"MLP {mlp[0]}-{mlp[1]}-{mlp[1]}-{mlp[2]} + Adam, batch {mlp[3]}",
-         lambda: _MLP(mlp[0], mlp[1], mlp[2]), lambda ps: torch.optim.Adam(ps, lr=1e-3), False, mlp_batches),
-        (f"nanoGPT 2L d{gpt['d']} T{gpt['block']} SDPA + AdamW + clip, batch {gpt['batch']}",
-         lambda: _NanoGPT(gpt["vocab"], gpt["block"], gpt["d"], gpt["heads"], 2),
-         lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1), True, gpt_batches),
-        (f"CNN 2conv+BN {cnn[1]}x{cnn[1]} + SGD momentum, batch {cnn[2]}",
-         lambda: _CNN(cnn[0], 10), lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9), False, cnn_batches),
+        (
+            f"MLP {mlp[0]}-{mlp[1]}-{mlp[1]}-{mlp[2]} + Adam, batch {mlp[3]}",
+            lambda: _MLP(mlp[0], mlp[1], mlp[2]),
+            lambda ps: torch.optim.Adam(ps, lr=1e-3),
+            False,
+            mlp_batches,
+        ),
+        (
+            f"nanoGPT 2L d{gpt['d']} T{gpt['block']} SDPA + AdamW + clip, batch {gpt['batch']}",
+            lambda: _NanoGPT(gpt["vocab"], gpt["block"], gpt["d"], gpt["heads"], 2),
+            lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1),
+            True,
+            gpt_batches,
+        ),
+        (
+            f"CNN 2conv+BN {cnn[1]}x{cnn[1]} + SGD momentum, batch {cnn[2]}",
+            lambda: _CNN(cnn[0], 10),
+            lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
+            False,
+            cnn_batches,
+        ),
     ]
 
 
@@ -789,8 +891,9 @@ def bench_training(cfg, report, use_compile=True):
             for p_tpu, p_cpu in zip(tpu.model.parameters(), cpu.model.parameters()):
                 torch.testing.assert_close(p_tpu.grad.cpu(), p_cpu.grad)
             n = cfg["train_check_steps"]
-            torch.testing.assert_close(torch.stack([tpu.step() for _ in range(n)]).cpu(),
-                                       torch.stack([cpu.step() for _ in range(n)]))
+            torch.testing.assert_close(
+                torch.stack([tpu.step() for _ in range(n)]).cpu(), torch.stack([cpu.step() for _ in range(n)])
+            )
 
         if not report.check(name, check):
             report.failed_row(name, "CHECK FAILED")
@@ -819,14 +922,21 @@ def bench_training(cfg, report, use_compile=True):
                     t0 = clock()
                     trainer.steps(steps)
                     return (clock() - t0) / steps
+
                 contenders[key] = run
             tpu.steps(2)  # warm: compiles of this thread count happen here
             before = torch_tpu_eager.metrics()
             samples = interleave(contenders, cfg["repeats"])
             delta = metrics_delta(before, torch_tpu_eager.metrics())
             report.metrics[f"train {name} {threads}t"] = per_run(delta, steps * (cfg["repeats"] + 1))
-            report.row(f"{name}, {threads} thread{'s' if threads > 1 else ''}", "ms/step", samples, 1e3,
-                       ratios=[("cpu", "tpu"), ("compile", "tpu")], notes=notes)
+            report.row(
+                f"{name}, {threads} thread{'s' if threads > 1 else ''}",
+                "ms/step",
+                samples,
+                1e3,
+                ratios=[("cpu", "tpu"), ("compile", "tpu")],
+                notes=notes,
+            )
     torch.set_num_threads(previous)
 
 
@@ -846,8 +956,7 @@ def _fmt_value(v):
 def format_table(report, info, cfg, quick):
     """The table as text: one row per figure, medians ± half the interquartile range."""
     lines = [
-        f"torch_tpu_eager benchmarks{' (--quick)' if quick else ''} | {info['date']} | "
-        f"commit {info['commit']}",
+        f"torch_tpu_eager benchmarks{' (--quick)' if quick else ''} | {info['date']} | commit {info['commit']}",
         f"nproc {info['nproc']}, torch threads {info['torch_threads']}, torch {info['torch']}, "
         f"python {info['python']}, cpu: {info['cpu']}, load average at start {info['loadavg_1min']}",
         f"each figure: median of {cfg['repeats']} interleaved repeats (± half the IQR); "
@@ -855,8 +964,10 @@ def format_table(report, info, cfg, quick):
     ]
     load = info["loadavg_1min"]
     if load is not None and load >= info["nproc"]:
-        lines.append(f"WARNING: load average {load} >= {info['nproc']} cores: other jobs share this machine, "
-                     "figures are noisy (paired ratios suffer least)")
+        lines.append(
+            f"WARNING: load average {load} >= {info['nproc']} cores: other jobs share this machine, "
+            "figures are noisy (paired ratios suffer least)"
+        )
     lines.append("")
     header = ["benchmark", "unit"] + [label for _, label in CONTENDERS] + ["ratios"]
     body = []
@@ -880,8 +991,12 @@ def format_table(report, info, cfg, quick):
 def format_metrics(report):
     """Device counters per run for the flush, chain16 and MLP benchmarks."""
     lines = []
-    titles = (("flush_cache_hit", "flush (cache hit), per flush"), ("chain16", "chain16, per run"),
-              ("mlp_step", "digits MLP, per step"), ("char_lm_step", "char-LM, per step"))
+    titles = (
+        ("flush_cache_hit", "flush (cache hit), per flush"),
+        ("chain16", "chain16, per run"),
+        ("mlp_step", "digits MLP, per step"),
+        ("char_lm_step", "char-LM, per step"),
+    )
     for key, title in titles:
         m = report.metrics.get(key)
         if not m:
@@ -893,16 +1008,20 @@ def format_metrics(report):
             f"executed {m['ops_executed_per_run']:.3g}, flushes {m['flushes_per_run']:.3g} "
             f"[{reasons or 'none'}], library calls {m['library_calls_per_run']:.3g}, "
             f"MB materialized {m['mb_materialized_per_run']:.3g}; in total cache hits "
-            f"{m['cache_hits']}, compiles {m['compiles']}")
+            f"{m['cache_hits']}, compiles {m['compiles']}"
+        )
     for key, m in report.metrics.items():
         if key.startswith("train ") and m:
-            lines.append(f"tpu metrics, {key[6:]}, per step: regions {m['regions_per_run']:.3g}, "
-                         f"ops/region {m['ops_per_region']:.3g}, flushes {m['flushes_per_run']:.3g}, "
-                         f"library calls {m['library_calls_per_run']:.3g}; in total cache hits "
-                         f"{m['cache_hits']}, compiles {m['compiles']}, plans built {m.get('plans_built', '-')}")
+            lines.append(
+                f"tpu metrics, {key[6:]}, per step: regions {m['regions_per_run']:.3g}, "
+                f"ops/region {m['ops_per_region']:.3g}, flushes {m['flushes_per_run']:.3g}, "
+                f"library calls {m['library_calls_per_run']:.3g}; in total cache hits "
+                f"{m['cache_hits']}, compiles {m['compiles']}, plans built {m.get('plans_built', '-')}"
+            )
     if "torch_compile_seconds" in report.metrics:
-        lines.append(f"torch.compile (inductor) of chain16: {report.metrics['torch_compile_seconds']:.1f} s, "
-                     "once, before timing")
+        lines.append(
+            f"torch.compile (inductor) of chain16: {report.metrics['torch_compile_seconds']:.1f} s, once, before timing"
+        )
     if "mlp_data" in report.metrics:
         lines.append(f"digits data: {report.metrics['mlp_data']}")
     return "\n".join(lines)
@@ -913,25 +1032,44 @@ def format_checks(report):
     failed = {k: v for k, v in report.checks.items() if not v["passed"]}
     if not failed:
         return f"correctness vs CPU: all {len(report.checks)} checks passed"
-    return "\n".join([f"correctness vs CPU: {len(failed)} of {len(report.checks)} checks FAILED"]
-                     + [f"  {k}: {v['error']}" for k, v in failed.items()])
+    return "\n".join(
+        [f"correctness vs CPU: {len(failed)} of {len(report.checks)} checks FAILED"]
+        + [f"  {k}: {v['error']}" for k, v in failed.items()]
+    )
 
 
 def run(argv=None):
     """Runs every benchmark; returns (report, machine info, config, parsed arguments)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", default=tpu_env.get("TORCH_TPU_QUICK"), help="few repeats and small sizes (smoke test)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        default=tpu_env.get("TORCH_TPU_QUICK"),
+        help="few repeats and small sizes (smoke test)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results, with every sample, here")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per figure (default 15; 3 with --quick)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch intra-op threads for every contender (default 0: torch's own choice, "
-                             "one per core; 1 is steadier on a machine other jobs share)")
-    parser.add_argument("--only", choices=("all", "training", "ici"), default="all",
-                        help="'training': only the three training steps (7.), on one and two threads; "
-                             "'ici': only the simulated ICI collectives (8.)")
-    parser.add_argument("--no-compile", action="store_true", default=tpu_env.get("TORCH_TPU_QUICK"),
-                        help="skip torch.compile in the training steps (its compile takes minutes here; "
-                             "on by default with TORCH_TPU_QUICK=1)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads for every contender (default 0: torch's own choice, "
+        "one per core; 1 is steadier on a machine other jobs share)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("all", "training", "ici"),
+        default="all",
+        help="'training': only the three training steps (7.), on one and two threads; "
+        "'ici': only the simulated ICI collectives (8.)",
+    )
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        default=tpu_env.get("TORCH_TPU_QUICK"),
+        help="skip torch.compile in the training steps (its compile takes minutes here; "
+        "on by default with TORCH_TPU_QUICK=1)",
+    )
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     if args.repeats is not None:
@@ -996,9 +1134,19 @@ def main(argv=None):
     ok = all(c["passed"] for c in report.checks.values())
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": info, "config": cfg, "quick": args.quick, "all_checks_passed": ok,
-                       "checks": report.checks, "rows": report.rows, "metrics": report.metrics},
-                      f, indent=1)
+            json.dump(
+                {
+                    "machine": info,
+                    "config": cfg,
+                    "quick": args.quick,
+                    "all_checks_passed": ok,
+                    "checks": report.checks,
+                    "rows": report.rows,
+                    "metrics": report.metrics,
+                },
+                f,
+                indent=1,
+            )
     return 0 if ok else 1
 
 

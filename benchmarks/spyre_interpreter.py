@@ -9,6 +9,7 @@ step (matmul, bias, gelu, layer_norm, softmax, sum) and a float32 one.
 
     PYTHONPATH=. python benchmarks/spyre_interpreter.py [--repeats 15]
 """
+
 import argparse
 import statistics
 import sys
@@ -56,9 +57,13 @@ def main(argv=None):
                 # Switching targets drops compiled kernels: each target runs its
                 # repeats warm, one after the other (interleaving would recompile).
                 tte.set_target(target)
-                med[target] = statistics.median(interleave({target: make_step(dtype)()}, args.repeats, warmup=2)[target])
+                med[target] = statistics.median(
+                    interleave({target: make_step(dtype)()}, args.repeats, warmup=2)[target]
+                )
             s, t = med["spyre"], med["tpu-v5e"]
-            print(f"{str(dtype):15s} spyre {s * 1e3:8.2f} ms  tpu-v5e {t * 1e3:8.2f} ms  ratio {s / t:5.2f}x (target <= 3x)")
+            print(
+                f"{str(dtype):15s} spyre {s * 1e3:8.2f} ms  tpu-v5e {t * 1e3:8.2f} ms  ratio {s / t:5.2f}x (target <= 3x)"
+            )
     finally:
         tte.set_target(before)
 

@@ -45,9 +45,7 @@ def require_device(device, package, import_error):
     if device.split(":")[0] == "cpu":
         return
     if package is None:
-        raise RuntimeError(
-            f"device {device!r} needs torch_tpu_eager, which failed to import: {import_error!r}"
-        )
+        raise RuntimeError(f"device {device!r} needs torch_tpu_eager, which failed to import: {import_error!r}")
 
 
 def rel_diff(value, reference):

@@ -13,6 +13,7 @@ the active TPU target comes from ``torch_tpu_eager.profile``.
 
     python examples/custom_kernels.py [--quick]
 """
+
 import argparse
 import sys
 
@@ -72,8 +73,10 @@ def run_swiglu(quick):
         grads = [p.grad.cpu() for p in tpu]
     worst = max((g - c.grad).abs().max().item() for g, c in zip(grads, cpu))
     sim = sum(k["sim_time_s"] for k in prof.kernels if k["name"] == "demo::swiglu")
-    print(f"demo::swiglu (torch.library, forward + backward): max |grad diff| vs CPU {worst:.2e}; "
-          f"swiglu kernel {sim * 1e6:.2f} us of {prof.total_sim_time_s * 1e6:.2f} us simulated")
+    print(
+        f"demo::swiglu (torch.library, forward + backward): max |grad diff| vs CPU {worst:.2e}; "
+        f"swiglu kernel {sim * 1e6:.2f} us of {prof.total_sim_time_s * 1e6:.2f} us simulated"
+    )
     return worst < 1e-4
 
 
@@ -84,7 +87,7 @@ def run_pallas(quick):
         import jax.numpy as jnp
         from jax.experimental import pallas as pl
     except ImportError:
-        print("Pallas kernels: skipped (JAX is not installed: pip install -e \".[pallas]\")")
+        print('Pallas kernels: skipped (JAX is not installed: pip install -e ".[pallas]")')
         return True
     from torch_tpu_eager.pallas import jax_op
 
@@ -97,15 +100,23 @@ def run_pallas(quick):
         o_ref[...] = e / jnp.sum(e, axis=-1, keepdims=True)
 
     spec = pl.BlockSpec((bm, cols), lambda i: (i, 0))
-    softmax = jax_op(softmax_kernel, jax.ShapeDtypeStruct((rows, cols), jnp.float32), grid=(rows // bm,),
-                     in_specs=[spec], out_specs=spec, name="pallas_softmax")
+    softmax = jax_op(
+        softmax_kernel,
+        jax.ShapeDtypeStruct((rows, cols), jnp.float32),
+        grid=(rows // bm,),
+        in_specs=[spec],
+        out_specs=spec,
+        name="pallas_softmax",
+    )
     x = torch.randn(rows, cols)
     with torch_tpu_eager.profile() as prof:
         got = softmax(x.to("tpu")).cpu()
     err = (got - torch.softmax(x, -1)).abs().max().item()
     k = prof.kernels[-1]
-    print(f"Pallas fused softmax {rows}x{cols}, grid {k['tiling']['grid']}: max |diff| vs torch.softmax {err:.2e}; "
-          f"{k['sim_time_s'] * 1e6:.2f} us simulated, VMEM {k['tiling']['vmem_bytes'] / 2**10:.0f} KiB")
+    print(
+        f"Pallas fused softmax {rows}x{cols}, grid {k['tiling']['grid']}: max |diff| vs torch.softmax {err:.2e}; "
+        f"{k['sim_time_s'] * 1e6:.2f} us simulated, VMEM {k['tiling']['vmem_bytes'] / 2**10:.0f} KiB"
+    )
     ok &= err < 1e-5
 
     m = k_dim = n = 256 if quick else 1024
@@ -118,11 +129,16 @@ def run_pallas(quick):
 
         o_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
 
-    matmul = jax_op(matmul_kernel, jax.ShapeDtypeStruct((m, n), jnp.float32), grid=(m // b, n // b, k_dim // b),
-                    in_specs=[pl.BlockSpec((b, b), lambda i, j, kk: (i, kk)),
-                              pl.BlockSpec((b, b), lambda i, j, kk: (kk, j))],
-                    out_specs=pl.BlockSpec((b, b), lambda i, j, kk: (i, j)), flops=2 * m * n * k_dim, mxu=True,
-                    name="pallas_matmul")
+    matmul = jax_op(
+        matmul_kernel,
+        jax.ShapeDtypeStruct((m, n), jnp.float32),
+        grid=(m // b, n // b, k_dim // b),
+        in_specs=[pl.BlockSpec((b, b), lambda i, j, kk: (i, kk)), pl.BlockSpec((b, b), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((b, b), lambda i, j, kk: (i, j)),
+        flops=2 * m * n * k_dim,
+        mxu=True,
+        name="pallas_matmul",
+    )
     a, c = torch.randn(m, k_dim), torch.randn(k_dim, n)
     with torch_tpu_eager.profile() as prof:
         got = matmul(a.to("tpu"), c.to("tpu")).cpu()
@@ -130,9 +146,11 @@ def run_pallas(quick):
     err = ((got - a @ c).abs().max() / (a @ c).abs().max()).item()
     pk = next(r for r in prof.kernels if "pallas_matmul" in r["name"])
     mm = next(r for r in prof.kernels if r is not pk)
-    print(f"Pallas tiled matmul {m}x{k_dim}x{n}, blocks {b}x{b}: max rel diff vs torch {err:.2e}; "
-          f"{pk['sim_time_s'] * 1e6:.2f} us simulated (HBM re-reads {pk['tiling']['hbm_reread_bytes'] / 1e6:.2f} MB) "
-          f"vs the device's own matmul {mm['sim_time_s'] * 1e6:.2f} us")
+    print(
+        f"Pallas tiled matmul {m}x{k_dim}x{n}, blocks {b}x{b}: max rel diff vs torch {err:.2e}; "
+        f"{pk['sim_time_s'] * 1e6:.2f} us simulated (HBM re-reads {pk['tiling']['hbm_reread_bytes'] / 1e6:.2f} MB) "
+        f"vs the device's own matmul {mm['sim_time_s'] * 1e6:.2f} us"
+    )
     ok &= err < 1e-5 and torch.allclose(ref_tpu, a @ c, rtol=1e-4, atol=1e-3)
     return ok
 

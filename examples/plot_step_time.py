@@ -68,8 +68,8 @@ def profile_steps(steps, seed=0):
     parts, losses = [], []
     for step in range(steps):
         lo = (step * BATCH) % (len(x_train) - BATCH)
-        x = x_train[lo:lo + BATCH].to("tpu")
-        y = y_train[lo:lo + BATCH].to("tpu")
+        x = x_train[lo : lo + BATCH].to("tpu")
+        y = y_train[lo : lo + BATCH].to("tpu")
         with tte.profile() as prof:
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -106,8 +106,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="step_time.png", help="PNG to write (default step_time.png)")
     parser.add_argument("--target", default=None, help="simulated target (default: the active one)")
-    parser.add_argument("--steps", type=int, default=4 if quick_default() else 12,
-                        help="training steps (default 12; 4 with TORCH_TPU_QUICK=1)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=4 if quick_default() else 12,
+        help="training steps (default 12; 4 with TORCH_TPU_QUICK=1)",
+    )
     args = parser.parse_args(argv)
     if args.target:
         tte.set_target(args.target)
@@ -115,8 +119,11 @@ def main(argv=None):
     parts, losses = profile_steps(args.steps)
     print(f"{'step':>4} {'loss':>8} " + " ".join(f"{name + ' us':>18}" for name in parts[0]) + f" {'total us':>10}")
     for i, (p, loss) in enumerate(zip(parts, losses), 1):
-        print(f"{i:>4} {loss:>8.4f} " + " ".join(f"{v * 1e6:>18.2f}" for v in p.values())
-              + f" {sum(p.values()) * 1e6:>10.2f}")
+        print(
+            f"{i:>4} {loss:>8.4f} "
+            + " ".join(f"{v * 1e6:>18.2f}" for v in p.values())
+            + f" {sum(p.values()) * 1e6:>10.2f}"
+        )
     plot(parts, target, args.out)
     return 0
 

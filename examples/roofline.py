@@ -23,8 +23,11 @@ SIZES = [128, 256, 512, 1024, 2048]
 QUICK_SIZES = [128, 256, 512]
 QUICK_TARGETS = ["tpu-v5e", "tpu-v6e"]
 # (label, dtype, float32 matmul precision)
-MATMUL_KINDS = [("bf16", torch.bfloat16, "highest"), ("f32 highest", torch.float32, "highest"),
-                ("f32 medium", torch.float32, "medium")]
+MATMUL_KINDS = [
+    ("bf16", torch.bfloat16, "highest"),
+    ("f32 highest", torch.float32, "highest"),
+    ("f32 medium", torch.float32, "medium"),
+]
 BATCH = 64
 
 
@@ -59,8 +62,10 @@ def mlp_step_point(seed=0):
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(),
-        torch.nn.Linear(128, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 64),
+        torch.nn.ReLU(),
         torch.nn.Linear(64, 10),
     ).to("tpu")
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -87,13 +92,25 @@ def roofline_of(info):
     if info["kind"] == "spyre":
         peak = 2 * info["matmul_peak_mac_per_ns_per_core"] * 1e9 * info["cores"]
         bw = info["dram_bandwidth_spec"]
-        return peak, bw, (f"{peak / 1e12:.0f} TFLOP/s df16, {bw / 1e9:.0f} GB/s LPDDR5, "
-                          f"{info['cores']} cores x {info['corelets_per_core']} corelets of "
-                          f"{info['pe_array_rows']}x{info['pe_array_cols']} PEs, ridge {peak / bw:.0f} FLOP/byte")
+        return (
+            peak,
+            bw,
+            (
+                f"{peak / 1e12:.0f} TFLOP/s df16, {bw / 1e9:.0f} GB/s LPDDR5, "
+                f"{info['cores']} cores x {info['corelets_per_core']} corelets of "
+                f"{info['pe_array_rows']}x{info['pe_array_cols']} PEs, ridge {peak / bw:.0f} FLOP/byte"
+            ),
+        )
     peak, bw = info["peak_bf16_flops"], info["hbm_bandwidth"]
-    return peak, bw, (f"{peak / 1e12:.0f} TFLOP/s bf16, {bw / 1e9:.0f} GB/s HBM, "
-                      f"{info['tensor_cores']} TensorCore(s) x {info['mxus_per_core']} MXUs of "
-                      f"{info['mxu_size']}x{info['mxu_size']}, ridge {peak / bw:.0f} FLOP/byte")
+    return (
+        peak,
+        bw,
+        (
+            f"{peak / 1e12:.0f} TFLOP/s bf16, {bw / 1e9:.0f} GB/s HBM, "
+            f"{info['tensor_cores']} TensorCore(s) x {info['mxus_per_core']} MXUs of "
+            f"{info['mxu_size']}x{info['mxu_size']}, ridge {peak / bw:.0f} FLOP/byte"
+        ),
+    )
 
 
 def launch_note(info, kernels):
@@ -116,13 +133,17 @@ def run_target(name, sizes):
         for n in sizes:
             t, flops, hbm, ks = matmul_point(n, dtype, precision)
             bound = "compute" if sum(k["compute_s"] for k in ks) >= sum(k["memory_s"] for k in ks) else "memory"
-            print(f"  {label:<12} {n:>5} {t * 1e6:>10.2f} {flops / t / 1e12:>9.2f} {100 * flops / t / peak:>8.1f}%  {bound}")
+            print(
+                f"  {label:<12} {n:>5} {t * 1e6:>10.2f} {flops / t / 1e12:>9.2f} {100 * flops / t / peak:>8.1f}%  {bound}"
+            )
             points.append((label, flops / hbm, flops / t))
     t, flops, hbm, ks = mlp_step_point()
     mem_bound = sum(k["memory_s"] > k["compute_s"] for k in ks)
-    print(f"  digits MLP training step (batch {BATCH}): {len(ks)} kernels, {t * 1e6:.2f} us, "
-          f"{flops / 1e6:.2f} MFLOP, {100 * flops / t / peak:.3f}% of peak, "
-          f"{mem_bound}/{len(ks)} kernels memory-bound" + launch_note(info, len(ks)))
+    print(
+        f"  digits MLP training step (batch {BATCH}): {len(ks)} kernels, {t * 1e6:.2f} us, "
+        f"{flops / 1e6:.2f} MFLOP, {100 * flops / t / peak:.3f}% of peak, "
+        f"{mem_bound}/{len(ks)} kernels memory-bound" + launch_note(info, len(ks))
+    )
     points.append(("MLP step", flops / hbm, flops / t))
     return {"peak": peak, "bw": bw, "points": points}
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 try:
     import torch_tpu_eager  # registers the "tpu" device and torch.tpu
+
     _IMPORT_ERROR = None
 except ImportError as exc:  # a --device cpu run must work without the extension
     torch_tpu_eager = None
@@ -62,6 +63,7 @@ SAMPLE_CHARS = 200
 @dataclass
 class Config:
     """Model size; small enough that 200 steps take seconds on a CPU."""
+
     vocab_size: int
     block_size: int = 32
     n_layer: int = 2
@@ -172,8 +174,8 @@ def load_text():
 def get_batch(data, block_size, gen):
     """Sample BATCH_SIZE random windows (inputs, next-char targets) on CPU from ``gen``."""
     starts = torch.randint(len(data) - block_size - 1, (BATCH_SIZE,), generator=gen)
-    x = torch.stack([data[s:s + block_size] for s in starts.tolist()])
-    y = torch.stack([data[s + 1:s + 1 + block_size] for s in starts.tolist()])
+    x = torch.stack([data[s : s + block_size] for s in starts.tolist()])
+    y = torch.stack([data[s + 1 : s + 1 + block_size] for s in starts.tolist()])
     return x, y
 
 
@@ -181,8 +183,7 @@ def make_optimizer(model):
     """AdamW with weight decay on matrices and embeddings only, not on biases or LayerNorm."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": WEIGHT_DECAY},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.99))
 
 
@@ -230,11 +231,11 @@ def sample(model, itos, n_chars, prompt="\n", seed=SEED):
     gen = torch.Generator().manual_seed(seed + 2)
     tokens = [stoi[ch] for ch in prompt]
     for _ in range(n_chars):
-        idx = torch.tensor([tokens[-model.cfg.block_size:]], device="cpu").to(device)
+        idx = torch.tensor([tokens[-model.cfg.block_size :]], device="cpu").to(device)
         logits, _ = model(idx)
         probs = F.softmax(logits[0, -1], dim=-1).cpu()
         tokens.append(int(torch.multinomial(probs, 1, generator=gen)))
-    return "".join(itos[t] for t in tokens[len(prompt):])
+    return "".join(itos[t] for t in tokens[len(prompt) :])
 
 
 def main(argv=None):
@@ -242,8 +243,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="tpu", help='device to test against CPU (default "tpu")')
     parser.add_argument("--steps", type=int, default=None, help=f"training steps (default {FULL_STEPS})")
-    parser.add_argument("--quick", action="store_true", default=quick_default(),
-                        help=f"{QUICK_STEPS} steps and a smaller required loss drop (for tests)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        default=quick_default(),
+        help=f"{QUICK_STEPS} steps and a smaller required loss drop (for tests)",
+    )
     args = parser.parse_args(argv)
     steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else FULL_STEPS)
     min_drop = QUICK_MIN_DROP if args.quick else FULL_MIN_DROP
@@ -255,8 +260,10 @@ def main(argv=None):
     torch.set_float32_matmul_precision("highest")
     data, itos = load_text()
     dev = args.device
-    print(f"text: {len(data)} characters, vocabulary {len(itos)}, {steps} steps, "
-          f"batch {BATCH_SIZE}, device {dev!r} vs 'cpu'")
+    print(
+        f"text: {len(data)} characters, vocabulary {len(itos)}, {steps} steps, "
+        f"batch {BATCH_SIZE}, device {dev!r} vs 'cpu'"
+    )
 
     # CPU first, so that PyTorch's one-time start-up cost is not billed to the device run.
     t0 = time.perf_counter()
@@ -296,8 +303,10 @@ def main(argv=None):
         print(f"FAIL: {failure}")
     if failures:
         return 1
-    print(f"PASS: loss {first:.4f} -> {last:.4f} (drop > {min_drop}), "
-          f"final loss rel diff vs CPU {final_diff:.2e} <= {LOSS_RTOL:g}")
+    print(
+        f"PASS: loss {first:.4f} -> {last:.4f} (drop > {min_drop}), "
+        f"final loss rel diff vs CPU {final_diff:.2e} <= {LOSS_RTOL:g}"
+    )
     return 0
 
 

@@ -17,6 +17,7 @@ communication (the simulated interconnect time of its collectives, as charged by
 ``torch_tpu_eager.distributed``; 0 until an interconnect model is installed). Exit code 0
 when the losses agree.
 """
+
 import argparse
 import os
 import sys
@@ -42,7 +43,7 @@ def batches(n_train, epochs):
     shuffle = torch.Generator().manual_seed(SEED + 1)
     for _ in range(epochs):
         order = torch.randperm(n_train, generator=shuffle)
-        yield [order[s:s + GLOBAL_BATCH] for s in range(0, n_train - GLOBAL_BATCH + 1, GLOBAL_BATCH)]
+        yield [order[s : s + GLOBAL_BATCH] for s in range(0, n_train - GLOBAL_BATCH + 1, GLOBAL_BATCH)]
 
 
 def train_cpu(data, epochs):
@@ -95,7 +96,7 @@ def main(argv=None):
         reset_collective_metrics()
         loss_sum = torch.zeros((), device=device)
         for idx in epoch:
-            mine = idx[rank * share:(rank + 1) * share]
+            mine = idx[rank * share : (rank + 1) * share]
             xb, yb = x[mine].to(device), y[mine].to(device)
             loss = torch.nn.functional.cross_entropy(ddp(xb), yb)
             opt.zero_grad()
@@ -112,18 +113,26 @@ def main(argv=None):
     reference = train_cpu(data, epochs) if rank == 0 else None
     ok = True
     if rank == 0:
-        print(f"DDP on {world} simulated chips ({torch.tpu.get_device_name(device)}), global batch "
-              f"{GLOBAL_BATCH} ({share} per chip), {len(x)} training images")
-        print(f"{'epoch':>5} {'loss (ddp)':>12} {'loss (cpu)':>12} {'rel diff':>9} "
-              f"{'step ms':>9} {'compute':>9} {'comm':>9}")
+        print(
+            f"DDP on {world} simulated chips ({torch.tpu.get_device_name(device)}), global batch "
+            f"{GLOBAL_BATCH} ({share} per chip), {len(x)} training images"
+        )
+        print(
+            f"{'epoch':>5} {'loss (ddp)':>12} {'loss (cpu)':>12} {'rel diff':>9} "
+            f"{'step ms':>9} {'compute':>9} {'comm':>9}"
+        )
         for i, (loss, ref, (compute, comm)) in enumerate(zip(losses, reference, step_times)):
             diff = rel_diff(loss, ref)
             ok &= diff <= LOSS_RTOL
-            print(f"{i + 1:>5} {loss:>12.6f} {ref:>12.6f} {diff:>9.1e} {1e3 * (compute + comm):>9.3f} "
-                  f"{1e3 * compute:>9.3f} {1e3 * comm:>9.3f}")
+            print(
+                f"{i + 1:>5} {loss:>12.6f} {ref:>12.6f} {diff:>9.1e} {1e3 * (compute + comm):>9.3f} "
+                f"{1e3 * compute:>9.3f} {1e3 * comm:>9.3f}"
+            )
         per_op = collective_metrics()["per_op"]
-        print("collectives in the last epoch: " + ", ".join(
-            f"{op} x{v['count']} ({v['bytes'] / 1e6:.2f} MB)" for op, v in sorted(per_op.items())))
+        print(
+            "collectives in the last epoch: "
+            + ", ".join(f"{op} x{v['count']} ({v['bytes'] / 1e6:.2f} MB)" for op, v in sorted(per_op.items()))
+        )
         print("PASS" if ok else f"FAIL: losses differ by more than {LOSS_RTOL} relative")
     flag = torch.tensor([int(ok)], device=device)
     dist.broadcast(flag, src=0)

@@ -22,6 +22,7 @@ import torch
 
 try:
     import torch_tpu_eager  # registers the "tpu" device and torch.tpu
+
     _IMPORT_ERROR = None
 except ImportError as exc:  # a --device cpu run must work without the extension
     torch_tpu_eager = None
@@ -90,7 +91,7 @@ def train(device, epochs, data, seed=SEED):
         correct = torch.zeros((), dtype=torch.int64, device=device)
         order = torch.randperm(n_train, generator=shuffle)
         for start in range(0, n_train, BATCH_SIZE):
-            idx = order[start:start + BATCH_SIZE]
+            idx = order[start : start + BATCH_SIZE]
             xb, yb = x_train[idx].to(device), y_train[idx].to(device)
             logits = model(xb)
             loss = loss_fn(logits, yb)
@@ -107,11 +108,13 @@ def train(device, epochs, data, seed=SEED):
         # One host read per epoch for all three numbers.
         stats = torch.stack([loss_sum, correct.to(torch.float32), test_correct.to(torch.float32)])
         loss_total, n_correct, n_test_correct = stats.cpu().tolist()
-        history.append({
-            "loss": loss_total / n_train,
-            "train_acc": n_correct / n_train,
-            "test_acc": n_test_correct / len(x_test),
-        })
+        history.append(
+            {
+                "loss": loss_total / n_train,
+                "train_acc": n_correct / n_train,
+                "test_acc": n_test_correct / len(x_test),
+            }
+        )
     return history
 
 
@@ -120,8 +123,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="tpu", help='device to test against CPU (default "tpu")')
     parser.add_argument("--epochs", type=int, default=None, help=f"epochs (default {FULL_EPOCHS})")
-    parser.add_argument("--quick", action="store_true", default=quick_default(),
-                        help=f"{QUICK_EPOCHS} epochs and a relaxed accuracy bar (for tests)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        default=quick_default(),
+        help=f"{QUICK_EPOCHS} epochs and a relaxed accuracy bar (for tests)",
+    )
     args = parser.parse_args(argv)
     epochs = args.epochs if args.epochs is not None else (QUICK_EPOCHS if args.quick else FULL_EPOCHS)
     min_acc = QUICK_MIN_ACC if args.quick else FULL_MIN_ACC
@@ -133,8 +140,10 @@ def main(argv=None):
     # 1e-4 agreement with CPU is only expected at full f32.
     torch.set_float32_matmul_precision("highest")
     data = load_data()
-    print(f"digits: {len(data[0])} train / {len(data[2])} test images, {epochs} epochs, "
-          f"batch {BATCH_SIZE}, device {args.device!r} vs 'cpu'")
+    print(
+        f"digits: {len(data[0])} train / {len(data[2])} test images, {epochs} epochs, "
+        f"batch {BATCH_SIZE}, device {args.device!r} vs 'cpu'"
+    )
 
     # CPU first, so that PyTorch's one-time start-up cost is not billed to the device run.
     t0 = time.perf_counter()
@@ -148,15 +157,19 @@ def main(argv=None):
     metrics = device_metrics(args.device, torch_tpu_eager)
 
     dev = args.device
-    print(f"{'epoch':>5} | {'loss ' + dev:>12} {'loss cpu':>10} {'rel diff':>9} | "
-          f"{'train ' + dev:>10} {'train cpu':>9} | {'test ' + dev:>9} {'test cpu':>8}")
+    print(
+        f"{'epoch':>5} | {'loss ' + dev:>12} {'loss cpu':>10} {'rel diff':>9} | "
+        f"{'train ' + dev:>10} {'train cpu':>9} | {'test ' + dev:>9} {'test cpu':>8}"
+    )
     worst = 0.0
     for epoch, (d, c) in enumerate(zip(dev_hist, cpu_hist), 1):
         diff = rel_diff(d["loss"], c["loss"])
         worst = max(worst, diff)
-        print(f"{epoch:>5} | {d['loss']:>12.6f} {c['loss']:>10.6f} {diff:>9.2e} | "
-              f"{d['train_acc']:>10.4f} {c['train_acc']:>9.4f} | "
-              f"{d['test_acc']:>9.4f} {c['test_acc']:>8.4f}")
+        print(
+            f"{epoch:>5} | {d['loss']:>12.6f} {c['loss']:>10.6f} {diff:>9.2e} | "
+            f"{d['train_acc']:>10.4f} {c['train_acc']:>9.4f} | "
+            f"{d['test_acc']:>9.4f} {c['test_acc']:>8.4f}"
+        )
     print(f"time: {dev} {t_dev:.2f} s, cpu {t_cpu:.2f} s")
     n_steps = epochs * -(-len(data[0]) // BATCH_SIZE)
     print_fusion_metrics(metrics, n_steps)
@@ -171,8 +184,7 @@ def main(argv=None):
         print(f"FAIL: {failure}")
     if failures:
         return 1
-    print(f"PASS: test accuracy {final_acc:.4f} >= {min_acc}, "
-          f"max loss rel diff vs CPU {worst:.2e} <= {LOSS_RTOL:g}")
+    print(f"PASS: test accuracy {final_acc:.4f} >= {min_acc}, max loss rel diff vs CPU {worst:.2e} <= {LOSS_RTOL:g}")
     return 0
 
 

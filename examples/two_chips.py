@@ -11,6 +11,7 @@ script compares with the chips' own simulated clocks and prints per epoch.
 
 Needs TORCH_TPU_NUM_DEVICES >= 2 (the default is 2).
 """
+
 import argparse
 
 import torch
@@ -20,8 +21,12 @@ import torch_tpu_eager  # noqa: F401  (registers the "tpu" device; `import torch
 
 def make_model(width: int) -> torch.nn.Module:
     return torch.nn.Sequential(
-        torch.nn.Linear(64, width), torch.nn.GELU(), torch.nn.Linear(width, width), torch.nn.GELU(),
-        torch.nn.Linear(width, 10))
+        torch.nn.Linear(64, width),
+        torch.nn.GELU(),
+        torch.nn.Linear(width, width),
+        torch.nn.GELU(),
+        torch.nn.Linear(width, 10),
+    )
 
 
 def main(argv=None):
@@ -37,17 +42,19 @@ def main(argv=None):
     jobs = []
     for chip, width in ((0, 256), (1, 1024)):
         model = make_model(width).to(f"tpu:{chip}")
-        jobs.append({
-            "chip": chip,
-            "name": f"MLP(width={width}) on tpu:{chip}",
-            "model": model,
-            "opt": torch.optim.AdamW(model.parameters(), lr=1e-3),
-            "stream": torch.tpu.Stream(chip),
-            "x": xs.to(f"tpu:{chip}"),
-            "y": ys.to(f"tpu:{chip}"),
-            "ms": [],
-            "losses": [],
-        })
+        jobs.append(
+            {
+                "chip": chip,
+                "name": f"MLP(width={width}) on tpu:{chip}",
+                "model": model,
+                "opt": torch.optim.AdamW(model.parameters(), lr=1e-3),
+                "stream": torch.tpu.Stream(chip),
+                "x": xs.to(f"tpu:{chip}"),
+                "y": ys.to(f"tpu:{chip}"),
+                "ms": [],
+                "losses": [],
+            }
+        )
 
     for step in range(args.steps):
         for job in jobs:  # interleaved: chip 0's step, then chip 1's
@@ -70,11 +77,15 @@ def main(argv=None):
     for job in jobs:
         losses = [loss.item() for loss in job["losses"]]
         ms = job["ms"]
-        print(f"{job['name']}: loss {losses[0]:.3f} -> {losses[-1]:.3f}; simulated step time "
-              f"{sum(ms) / len(ms):.4f} ms (first {ms[0]:.4f} ms, total {sum(ms):.3f} ms)")
+        print(
+            f"{job['name']}: loss {losses[0]:.3f} -> {losses[-1]:.3f}; simulated step time "
+            f"{sum(ms) / len(ms):.4f} ms (first {ms[0]:.4f} ms, total {sum(ms):.3f} ms)"
+        )
     a, b = (sum(job["ms"]) for job in jobs)
-    print(f"simulated time ratio tpu:1 / tpu:0 = {b / a:.2f} (its hidden layer has {(1024 / 256) ** 2:.0f}x the "
-          "FLOPs; at batch 128 launches and HBM traffic take much of each step)")
+    print(
+        f"simulated time ratio tpu:1 / tpu:0 = {b / a:.2f} (its hidden layer has {(1024 / 256) ** 2:.0f}x the "
+        "FLOPs; at batch 128 launches and HBM traffic take much of each step)"
+    )
     return jobs
 
 

@@ -4,6 +4,7 @@ The suite runs against the "tpu" device by default. Setting the environment vari
 ``TPU_TEST_DEVICE=cpu`` runs every test against plain CPU PyTorch instead, which checks
 that the tests themselves encode CPU semantics before the device exists.
 """
+
 import math  # noqa: F401  (kept for tests that copy acceptance snippets verbatim)
 import os
 import sys

@@ -6,6 +6,7 @@ nested tuples/lists/dicts of them. ``run_both`` runs it on "cpu" and on the devi
 compares every returned value: dtype, shape, values, and for views also stride() and
 storage_offset().
 """
+
 import math
 import os
 
@@ -17,7 +18,8 @@ if DEVICE not in ("tpu", "cpu"):
     raise RuntimeError(f"TPU_TEST_DEVICE must be 'tpu' or 'cpu', got {DEVICE!r}")
 
 requires_tpu = pytest.mark.skipif(
-    DEVICE != "tpu", reason="needs the tpu device (TPU_TEST_DEVICE=cpu runs the CPU reference only)")
+    DEVICE != "tpu", reason="needs the tpu device (TPU_TEST_DEVICE=cpu runs the CPU reference only)"
+)
 
 
 class _Snapshot:
@@ -52,36 +54,37 @@ def compare(expected, actual, dev, *, rtol=None, atol=None, check_stride=False, 
     """Assert that a device snapshot tree equals the CPU snapshot tree."""
     if isinstance(expected, _Snapshot):
         assert isinstance(actual, _Snapshot), f"{path}: expected a tensor, got {type(actual)}"
-        assert actual.device_type == torch.device(dev).type, \
+        assert actual.device_type == torch.device(dev).type, (
             f"{path}: result is on {actual.device_type}, expected {dev}"
+        )
         assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"
         assert actual.shape == expected.shape, f"{path}: shape {actual.shape} != {expected.shape}"
         if expected.is_view or check_stride:
-            assert actual.stride == expected.stride, \
-                f"{path}: stride {actual.stride} != {expected.stride}"
-            assert actual.storage_offset == expected.storage_offset, \
+            assert actual.stride == expected.stride, f"{path}: stride {actual.stride} != {expected.stride}"
+            assert actual.storage_offset == expected.storage_offset, (
                 f"{path}: storage_offset {actual.storage_offset} != {expected.storage_offset}"
+            )
             assert actual.is_contiguous == expected.is_contiguous, f"{path}: is_contiguous differs"
-        assert actual.is_view == expected.is_view, \
-            f"{path}: is a view on one device only (cpu: {expected.is_view})"
+        assert actual.is_view == expected.is_view, f"{path}: is a view on one device only (cpu: {expected.is_view})"
         assert actual.requires_grad == expected.requires_grad, f"{path}: requires_grad differs"
         if rtol is None and atol is None:
             torch.testing.assert_close(actual.value, expected.value, equal_nan=True, msg=lambda m: f"{path}: {m}")
         else:
-            torch.testing.assert_close(actual.value, expected.value, rtol=rtol, atol=atol,
-                                       equal_nan=True, msg=lambda m: f"{path}: {m}")
+            torch.testing.assert_close(
+                actual.value, expected.value, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{path}: {m}"
+            )
         return
     if isinstance(expected, (list, tuple)):
-        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), \
+        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), (
             f"{path}: structure differs ({expected!r} vs {actual!r})"
+        )
         for i, (e, a) in enumerate(zip(expected, actual)):
             compare(e, a, dev, rtol=rtol, atol=atol, check_stride=check_stride, path=f"{path}[{i}]")
         return
     if isinstance(expected, dict):
         assert isinstance(actual, dict) and set(actual) == set(expected), f"{path}: keys differ"
         for k in expected:
-            compare(expected[k], actual[k], dev, rtol=rtol, atol=atol, check_stride=check_stride,
-                    path=f"{path}[{k!r}]")
+            compare(expected[k], actual[k], dev, rtol=rtol, atol=atol, check_stride=check_stride, path=f"{path}[{k!r}]")
         return
     if isinstance(expected, float) and isinstance(actual, float):
         if math.isnan(expected):
@@ -89,8 +92,9 @@ def compare(expected, actual, dev, *, rtol=None, atol=None, check_stride=False, 
         elif rtol is None and atol is None:
             assert actual == expected, f"{path}: {actual} != {expected}"
         else:
-            assert math.isclose(actual, expected, rel_tol=rtol or 0.0, abs_tol=atol or 0.0), \
+            assert math.isclose(actual, expected, rel_tol=rtol or 0.0, abs_tol=atol or 0.0), (
                 f"{path}: {actual} != {expected}"
+            )
         return
     assert type(actual) is type(expected) and actual == expected, f"{path}: {actual!r} != {expected!r}"
 
@@ -129,8 +133,9 @@ def run_both_outcome(fn, dev, **kw):
         dev_exc = e
     if cpu_exc is not None:
         assert dev_exc is not None, f"CPU raised {type(cpu_exc).__name__}: {cpu_exc}; {dev} did not raise"
-        assert isinstance(dev_exc, type(cpu_exc)), \
+        assert isinstance(dev_exc, type(cpu_exc)), (
             f"CPU raised {type(cpu_exc).__name__}, {dev} raised {type(dev_exc).__name__}: {dev_exc}"
+        )
         return cpu_exc
     if dev_exc is not None:
         raise AssertionError(f"{dev} raised {type(dev_exc).__name__} where CPU did not: {dev_exc}") from dev_exc
@@ -168,6 +173,7 @@ def aten_ops_during(fn):
 
 def _call_outcome(build, act, device):
     import warnings
+
     tensors = build(device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -194,8 +200,9 @@ def run_both_at_call(build, act, dev, *, check_warnings=False):
     dev_t, dev_r, dev_exc, dev_w = _call_outcome(build, act, dev)
     if cpu_exc is not None:
         assert dev_exc is not None, f"CPU raised {type(cpu_exc).__name__}: {cpu_exc}; {dev} did not raise at the call"
-        assert type(dev_exc) is type(cpu_exc) and str(dev_exc) == str(cpu_exc), \
+        assert type(dev_exc) is type(cpu_exc) and str(dev_exc) == str(cpu_exc), (
             f"CPU raised {type(cpu_exc).__name__}: {cpu_exc}\n{dev} raised {type(dev_exc).__name__}: {dev_exc}"
+        )
     else:
         if dev_exc is not None:
             raise AssertionError(f"{dev} raised {type(dev_exc).__name__} where CPU did not: {dev_exc}") from dev_exc

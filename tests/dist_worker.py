@@ -7,6 +7,7 @@ on CPU tensors, or a single-process CPU run) inside the ranks. Rank 0 prints
 ``CASE OK`` at the end. Grouping many checks per case keeps the process start-up
 (~3-5 s of imports) rare.
 """
+
 import datetime
 import os
 import socket
@@ -30,8 +31,7 @@ def _init(rank, world, backend=None, timeout=TIMEOUT):
     others (a TCPStore on one port would still hold the keys of a destroyed group)."""
     _inits[0] += 1
     path = os.path.join(os.environ["TPU_DIST_TMP"], f"store{_inits[0]}")
-    dist.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=world,
-                            timeout=timeout)
+    dist.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=world, timeout=timeout)
 
 
 def _free_port():
@@ -64,6 +64,7 @@ def _inputs(rank, dtype, shape=(3, 5)):
 
 # ---------------------------------------------------------------- cases
 
+
 def case_collectives(rank, world):
     """Every collective and dtype on "tpu" tensors equals gloo on the same CPU tensors, bit for bit."""
     _init(rank, world, "cpu:gloo,tpu:tpu_ccl")
@@ -71,8 +72,17 @@ def case_collectives(rank, world):
     torch.tpu.set_device(dev)
     R = dist.ReduceOp
     _t0 = time.monotonic()
-    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
-                  torch.uint8, torch.int8, torch.bool):
+    for dtype in (
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.uint8,
+        torch.int8,
+        torch.bool,
+    ):
         x = _inputs(rank, dtype)
         floating = dtype.is_floating_point
         ops = [R.SUM, R.PRODUCT, R.MIN, R.MAX] if dtype != torch.bool else [R.MIN, R.MAX]
@@ -86,7 +96,7 @@ def case_collectives(rank, world):
             c = x.clone()
             dist.all_reduce(c, op=op)
             # a pending (unflushed) input on the device, through a non-contiguous view
-            t = (x.to(dev).t().clone().t())
+            t = x.to(dev).t().clone().t()
             t = t + 0 if dtype != torch.bool else t
             dist.all_reduce(t, op=op)
             assert t.device == dev
@@ -197,8 +207,10 @@ def case_collectives(rank, world):
     ts = [torch.full((3,), 1.0 + rank, device=dev), torch.full((2, 2), 2.0 * rank, device=dev)]
     dist.all_reduce_coalesced(ts)
     assert ts[0].cpu().tolist() == [float(sum(1.0 + r for r in range(world)))] * 3
-    ops = [dist.P2POp(dist.isend, torch.full((2,), float(rank), device=dev), (rank + 1) % world),
-           dist.P2POp(dist.irecv, torch.empty(2, device=dev), (rank - 1) % world)]
+    ops = [
+        dist.P2POp(dist.isend, torch.full((2,), float(rank), device=dev), (rank + 1) % world),
+        dist.P2POp(dist.irecv, torch.empty(2, device=dev), (rank - 1) % world),
+    ]
     for r in dist.batch_isend_irecv(ops):
         r.wait()
     assert ops[1].tensor.cpu().tolist() == [float((rank - 1) % world)] * 2
@@ -208,6 +220,7 @@ def case_collectives(rank, world):
     dist.all_gather_object(objs, {"rank": rank})
     assert objs == [{"rank": r} for r in range(world)]
     from torch_tpu_eager.distributed import collective_metrics
+
     m = collective_metrics()
     assert m["collectives"] > 0 and m["per_op"]["all_reduce"]["bytes"] > 0, m
     dist.destroy_process_group()
@@ -279,28 +292,44 @@ def case_bad_input(rank, world):
         "all_reduce dtype": lambda: dist.all_reduce(torch.ones(4, dtype=dt, device=dev)),
         "broadcast shape": lambda: dist.broadcast(torch.ones(2, n, device=dev), src=0),
         "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
-            torch.empty(n * world, device=dev), torch.ones(n, device=dev)),
+            torch.empty(n * world, device=dev), torch.ones(n, device=dev)
+        ),
         "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
-            torch.empty(n, device=dev), torch.ones(n * world, device=dev)),
+            torch.empty(n, device=dev), torch.ones(n * world, device=dev)
+        ),
     }
     for what, fn in mismatches.items():
         typ, msg = _raises(fn, what)
         assert typ is RuntimeError and "Detected mismatch between collectives" in msg, (what, typ, msg)
         report[what] = msg[:100]
+
     # errors raised at the call: the same type and message as gloo on CPU tensors
     def same(what, cpu_fn, tpu_fn):
         a, b = _raises(cpu_fn, what), _raises(tpu_fn, what)
         assert a == b, (what, a, b)
         report[what] = a
+
     for op in (dist._make_nccl_premul_sum(2.0), "sum", 17):
-        same(f"op {op!r}", lambda: dist.all_reduce(torch.ones(2), op=op),
-             lambda: dist.all_reduce(torch.ones(2, device=dev), op=op))
-    same("int AVG", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.AVG),
-         lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64, device=dev), op=dist.ReduceOp.AVG))
-    same("all_gather_into_tensor local size", lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)),
-         lambda: dist.all_gather_into_tensor(torch.empty(3, device=dev), torch.ones(2, device=dev)))
-    same("int16", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)),
-         lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16, device=dev)))
+        same(
+            f"op {op!r}",
+            lambda: dist.all_reduce(torch.ones(2), op=op),
+            lambda: dist.all_reduce(torch.ones(2, device=dev), op=op),
+        )
+    same(
+        "int AVG",
+        lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.AVG),
+        lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64, device=dev), op=dist.ReduceOp.AVG),
+    )
+    same(
+        "all_gather_into_tensor local size",
+        lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)),
+        lambda: dist.all_gather_into_tensor(torch.empty(3, device=dev), torch.ones(2, device=dev)),
+    )
+    same(
+        "int16",
+        lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)),
+        lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16, device=dev)),
+    )
     # the group and the device still work after all that
     x = torch.ones(3, device=dev)
     dist.all_reduce(x)
@@ -325,8 +354,7 @@ def case_failing_rank(rank, world):
         x.cpu()
     except RuntimeError as e:
         elapsed = time.monotonic() - t0
-        print(f"rank {rank}: got {type(e).__name__} after {elapsed:.1f}s: {str(e).splitlines()[0][:120]}",
-              flush=True)
+        print(f"rank {rank}: got {type(e).__name__} after {elapsed:.1f}s: {str(e).splitlines()[0][:120]}", flush=True)
         assert elapsed < 25, elapsed
         # the device and its queue stay usable
         assert (torch.ones(2, device=dev) + 1).cpu().tolist() == [2.0, 2.0]
@@ -335,8 +363,9 @@ def case_failing_rank(rank, world):
 
 
 def _mlp():
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16),
-                               torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)
+    )
 
 
 def _data(steps, batch):
@@ -379,6 +408,7 @@ def case_ddp(rank, world):
     model = model.to(dev)
     ddp = DDP(model, bucket_cap_mb=0.0005)  # several buckets (the model has ~2.5 KB of float32)
     from torch_tpu_eager.distributed import collective_metrics, reset_collective_metrics
+
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     xs, ys = _data(steps, batch)
     lo, hi = rank * 8, (rank + 1) * 8
@@ -491,7 +521,7 @@ def case_dtensor_tp(rank, world):
     for _ in range(2):
         x = torch.randn(5, 8, generator=g)
         out = model(x.to(dev))
-        loss = (out ** 2).mean()
+        loss = (out**2).mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -539,8 +569,9 @@ CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case
 
 
 def _rank_main(rank, world, case, port, tmp):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), TPU_DIST_TMP=tmp)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), TPU_DIST_TMP=tmp
+    )
     import torch_tpu_eager  # noqa: F401
 
     verbose = os.environ.get("TPU_DIST_VERBOSE")

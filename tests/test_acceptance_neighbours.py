@@ -4,6 +4,7 @@ Every test runs the same program on CPU and on the device under test (see
 difftest.run_both) unless it checks a property CPU cannot serve as a reference for
 (RNG streams, queue metrics).
 """
+
 import warnings
 
 import pytest
@@ -19,12 +20,13 @@ OVERLAP_MSG = "single memory location"
 # view-mutation: writes through every kind of view (BR-01, BR-02, BR-08, BR-10)
 # ---------------------------------------------------------------------------
 
+
 def _base2d(d):
-    return torch.arange(24., device=d).reshape(4, 6)
+    return torch.arange(24.0, device=d).reshape(4, 6)
 
 
 def _base3d(d):
-    return torch.arange(24., device=d).reshape(2, 3, 4)
+    return torch.arange(24.0, device=d).reshape(2, 3, 4)
 
 
 # name -> (base factory, view function). Every view is non-overlapping so writes are defined.
@@ -113,8 +115,8 @@ def test_setitem_with_index_tensor_descending(dev):
     # Negative steps do not exist in torch; a descending index tensor is the flip-free way.
     def prog(d):
         x = torch.zeros(6, device=d)
-        x[torch.arange(5, -1, -1).to(d)] = torch.arange(6.).to(d)
-        y = torch.arange(12., device=d).reshape(3, 4)
+        x[torch.arange(5, -1, -1).to(d)] = torch.arange(6.0).to(d)
+        y = torch.arange(12.0, device=d).reshape(3, 4)
         y[:, torch.tensor([3, 1]).to(d)] = y[:, torch.tensor([0, 2]).to(d)] * -1
         return x, y
 
@@ -129,6 +131,7 @@ def test_negative_slice_step_rejected_like_cpu(dev):
 # ---------------------------------------------------------------------------
 # ordering of queued writes (BR-03): program order, each write to its own offset
 # ---------------------------------------------------------------------------
+
 
 def test_fibonacci_writes_read_previous_pending(dev):
     def prog(d):
@@ -160,7 +163,7 @@ def test_tuple_swap_uses_views_like_cpu(dev):
     # overwritten) into row 1: both rows end equal to the old x[1]. A backend that
     # snapshots views at creation would swap them instead.
     def prog(d):
-        x = torch.arange(6., device=d).reshape(2, 3)
+        x = torch.arange(6.0, device=d).reshape(2, 3)
         x[0], x[1] = x[1], x[0]
         return x
 
@@ -169,13 +172,13 @@ def test_tuple_swap_uses_views_like_cpu(dev):
 
 def test_out_of_place_result_is_not_affected_by_later_write(dev):
     def prog(d):
-        x = torch.arange(6., device=d).reshape(2, 3)
-        y = x * 2            # value captured now
+        x = torch.arange(6.0, device=d).reshape(2, 3)
+        y = x * 2  # value captured now
         s = x.sum()
         c = x.clone()
         tc = x.t().contiguous()  # a copy
-        tr = x.t().reshape(-1)   # reshape of a non-contiguous view copies
-        r = x.reshape(-1)        # reshape of a contiguous tensor is a view
+        tr = x.t().reshape(-1)  # reshape of a non-contiguous view copies
+        r = x.reshape(-1)  # reshape of a contiguous tensor is a view
         x.add_(100)
         x[1, 1] = -1
         return x, y, s, c, tc, tr, r
@@ -199,11 +202,11 @@ def test_write_read_write_through_different_aliases(dev):
         x = torch.zeros(4, 4, device=d)
         row, col, diag, flat = x[2], x[:, 1], x.diagonal(), x.view(-1)
         row.fill_(1)
-        col.add_(row.sum())       # reads the pending row write
-        diag.copy_(col * 2)       # reads the pending column write
-        flat[::5] += 1            # touches the diagonal again through a flat alias
+        col.add_(row.sum())  # reads the pending row write
+        diag.copy_(col * 2)  # reads the pending column write
+        flat[::5] += 1  # touches the diagonal again through a flat alias
         s = x.sum(0)
-        row.mul_(s)               # s was computed before this write
+        row.mul_(s)  # s was computed before this write
         return x, row, col, diag, flat, s
 
     run_both(prog, dev)
@@ -211,7 +214,7 @@ def test_write_read_write_through_different_aliases(dev):
 
 def test_interleaved_reads_and_writes(dev):
     def prog(d):
-        x = torch.arange(10.).to(d)
+        x = torch.arange(10.0).to(d)
         out = []
         for i in range(5):
             x[i] = x[9 - i] + i
@@ -226,7 +229,7 @@ def test_index_put_then_view_read(dev):
     def prog(d):
         x = torch.zeros(3, 4, device=d)
         v = x[:, 1:3]
-        x.index_put_((torch.tensor([0, 2]).to(d), torch.tensor([1, 2]).to(d)), torch.tensor([5., 6.]).to(d))
+        x.index_put_((torch.tensor([0, 2]).to(d), torch.tensor([1, 2]).to(d)), torch.tensor([5.0, 6.0]).to(d))
         v.add_(1)
         return x, v
 
@@ -237,21 +240,22 @@ def test_index_put_then_view_read(dev):
 # stale views with several aliases (BR-06)
 # ---------------------------------------------------------------------------
 
+
 def test_stale_views_many_aliases(dev):
     def prog(d):
-        t0 = torch.arange(12., device=d).view(3, 4)
+        t0 = torch.arange(12.0, device=d).view(3, 4)
         a = t0[1]
         b = t0.view(-1)
         c = t0.t()
         e = t0[:, 1:]
-        f = e[::2]          # view of a view
-        b[5] = 50           # t0[1, 1]
-        a[1] *= 2           # must read 50
-        c[1, 2] += 1        # t0[2, 1]
-        e[2, 0] -= 3        # t0[2, 1] again
+        f = e[::2]  # view of a view
+        b[5] = 50  # t0[1, 1]
+        a[1] *= 2  # must read 50
+        c[1, 2] += 1  # t0[2, 1]
+        e[2, 0] -= 3  # t0[2, 1] again
         f[1] = f[0] + f[1]  # rows 0 and 2 of e
         t0.mul_(-1)
-        a.add_(t0[0])       # another row of the same base, after the base-wide write
+        a.add_(t0[0])  # another row of the same base, after the base-wide write
         a[:3].add_(c[3].clone())  # column 3 includes a[3]; clone avoids partial overlap
         return t0, a, b, c, e, f
 
@@ -260,7 +264,7 @@ def test_stale_views_many_aliases(dev):
 
 def test_view_of_view_created_before_base_write(dev):
     def prog(d):
-        t0 = torch.arange(8.).to(d)
+        t0 = torch.arange(8.0).to(d)
         v = t0[2:]
         vv = v[1::2]
         t0.mul_(2)
@@ -295,14 +299,14 @@ EXPANDED_WRITES = {
     "clamp_": lambda y, d: y.clamp_(max=0),
     "copy_": lambda y, d: y.copy_(torch.ones(y.shape, device=d)),
     "out": lambda y, d: torch.neg(torch.ones(y.shape, device=d), out=y),
-    "fill_tensor": lambda y, d: y.fill_(torch.tensor(2., device=d)),
+    "fill_tensor": lambda y, d: y.fill_(torch.tensor(2.0, device=d)),
 }
 
 EXPANDED_VIEWS = {
     "expand_0dim": lambda d: torch.tensor(0.5).to(d).expand(3),
-    "expand_rows": lambda d: torch.arange(4.).to(d).expand(2, 4),
-    "expand_cols": lambda d: torch.arange(3.).to(d).unsqueeze(1).expand(3, 5),
-    "as_strided_stride0": lambda d: torch.arange(4.).to(d).as_strided((3, 3), (1, 0)),
+    "expand_rows": lambda d: torch.arange(4.0).to(d).expand(2, 4),
+    "expand_cols": lambda d: torch.arange(3.0).to(d).unsqueeze(1).expand(3, 5),
+    "as_strided_stride0": lambda d: torch.arange(4.0).to(d).as_strided((3, 3), (1, 0)),
 }
 
 
@@ -317,7 +321,7 @@ def test_inplace_on_internally_overlapping_raises(dev, view, write):
 
 def test_failed_overlapping_write_leaves_base_unchanged(dev):
     def prog(d):
-        base = torch.arange(4.).to(d)
+        base = torch.arange(4.0).to(d)
         y = base.expand(2, 4)
         try:
             y.add_(1)
@@ -362,21 +366,21 @@ PARTIAL_OVERLAP = {
 
 @pytest.mark.parametrize("case", sorted(PARTIAL_OVERLAP))
 def test_partial_overlap_between_input_and_output_raises(dev, case):
-    x = torch.arange(10.).to(dev)
+    x = torch.arange(10.0).to(dev)
     with pytest.raises(RuntimeError, match=OVERLAP_MSG):
         PARTIAL_OVERLAP[case](x)
         x.cpu()
-    assert x.cpu().tolist() == torch.arange(10.).tolist()
+    assert x.cpu().tolist() == torch.arange(10.0).tolist()
 
 
 def test_full_overlap_and_disjoint_writes_are_fine(dev):
     def prog(d):
-        x = torch.arange(10.).to(d)
-        torch.add(x, 1, out=x)          # identical input and output
-        x[:5].copy_(x[5:])              # disjoint halves
-        x[::2].mul_(x[1::2])            # interleaved, disjoint
-        t = torch.arange(9., device=d).reshape(3, 3)
-        t.t().add_(1)                   # transposed write has no internal overlap
+        x = torch.arange(10.0).to(d)
+        torch.add(x, 1, out=x)  # identical input and output
+        x[:5].copy_(x[5:])  # disjoint halves
+        x[::2].mul_(x[1::2])  # interleaved, disjoint
+        t = torch.arange(9.0, device=d).reshape(3, 3)
+        t.t().add_(1)  # transposed write has no internal overlap
         return x, t
 
     run_both(prog, dev)
@@ -395,21 +399,24 @@ OUT_CASES = {
     "cumsum_into_transposed": lambda x, d: torch.cumsum(x, 0, out=torch.empty(3, 3, device=d).t()),
     "cat_into_stepped": lambda x, d: torch.cat([x, x[:1]], out=torch.zeros(8, 3, device=d)[::2]),
     "index_select_into_view": lambda x, d: torch.index_select(
-        x, 1, torch.tensor([2, 0]).to(d), out=torch.zeros(3, 4, device=d)[:, 1:3]),
+        x, 1, torch.tensor([2, 0]).to(d), out=torch.zeros(3, 4, device=d)[:, 1:3]
+    ),
     "where_into_transposed": lambda x, d: torch.where(x > 3, x, -x, out=torch.empty(3, 3, device=d).t()),
     "add_f32_into_f64": lambda x, d: torch.add(x, 0.25, out=torch.empty(3, 3, dtype=torch.float64, device=d)),
     "add_f32_into_f16_view": lambda x, d: torch.add(
-        x, 0.1, out=torch.zeros(3, 6, dtype=torch.float16, device=d)[:, 2:5]),
+        x, 0.1, out=torch.zeros(3, 6, dtype=torch.float16, device=d)[:, 2:5]
+    ),
     "eq_into_float": lambda x, d: torch.eq(x, 4, out=torch.empty(3, 3, device=d)),
     "int_add_into_int64": lambda x, d: torch.add(
-        x.to(torch.int32), 7, out=torch.empty(3, 3, dtype=torch.int64, device=d)),
+        x.to(torch.int32), 7, out=torch.empty(3, 3, dtype=torch.int64, device=d)
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(OUT_CASES))
 def test_out_into_strided_destination(dev, case):
     def prog(d):
-        x = torch.arange(9., device=d).reshape(3, 3)
+        x = torch.arange(9.0, device=d).reshape(3, 3)
         out = OUT_CASES[case](x, d)
         return out, out._base if out._base is not None else out
 
@@ -430,10 +437,10 @@ def test_out_returns_the_destination_and_writes_base(dev):
 @pytest.mark.parametrize("shape", [(0,), (5,), (2, 3), (7, 1)])
 def test_out_wrong_size_is_resized(dev, shape):
     def prog(d):
-        out = torch.full(shape, -1., device=d)
+        out = torch.full(shape, -1.0, device=d)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # CPU warns when a non-empty out= is resized
-            torch.add(torch.arange(4., device=d).reshape(2, 2), 1, out=out)
+            torch.add(torch.arange(4.0, device=d).reshape(2, 2), 1, out=out)
         return out
 
     run_both(prog, dev, check_stride=True)
@@ -444,20 +451,28 @@ def test_out_wrong_size_transposed_destination_resized(dev):
         out = torch.empty(2, 2, device=d).t()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.mul(torch.arange(6., device=d).reshape(2, 3), 2, out=out)
+            torch.mul(torch.arange(6.0, device=d).reshape(2, 3), 2, out=out)
         return out
 
     run_both(prog, dev, check_stride=True)
 
 
 OUT_DTYPE_REJECTED = {
-    "add_float_into_int": lambda d: torch.add(torch.tensor([1]).to(d), 1.5, out=torch.empty(1, dtype=torch.long, device=d)),
-    "neg_float_into_int": lambda d: torch.neg(torch.tensor([1.]).to(d), out=torch.empty(1, dtype=torch.long, device=d)),
-    "mm_into_int": lambda d: torch.mm(torch.ones(2, 2, device=d), torch.ones(2, 2, device=d),
-                                      out=torch.empty(2, 2, dtype=torch.long, device=d)),
-    "add_int_into_bool": lambda d: torch.add(torch.ones(2, dtype=torch.int32, device=d), 1,
-                                             out=torch.empty(2, dtype=torch.bool, device=d)),
-    "cat_float_into_int": lambda d: torch.cat([torch.ones(2, device=d)], out=torch.empty(2, dtype=torch.long, device=d)),
+    "add_float_into_int": lambda d: torch.add(
+        torch.tensor([1]).to(d), 1.5, out=torch.empty(1, dtype=torch.long, device=d)
+    ),
+    "neg_float_into_int": lambda d: torch.neg(
+        torch.tensor([1.0]).to(d), out=torch.empty(1, dtype=torch.long, device=d)
+    ),
+    "mm_into_int": lambda d: torch.mm(
+        torch.ones(2, 2, device=d), torch.ones(2, 2, device=d), out=torch.empty(2, 2, dtype=torch.long, device=d)
+    ),
+    "add_int_into_bool": lambda d: torch.add(
+        torch.ones(2, dtype=torch.int32, device=d), 1, out=torch.empty(2, dtype=torch.bool, device=d)
+    ),
+    "cat_float_into_int": lambda d: torch.cat(
+        [torch.ones(2, device=d)], out=torch.empty(2, dtype=torch.long, device=d)
+    ),
     "inplace_int_add_float": lambda d: torch.ones(2, dtype=torch.long, device=d).add_(1.5),
     "inplace_bool_add_int": lambda d: torch.ones(2, dtype=torch.bool, device=d).add_(1),
 }
@@ -489,7 +504,7 @@ ALIASES = {
 @pytest.mark.parametrize("alias", sorted(ALIASES))
 def test_alias_writes_are_visible(dev, alias):
     def prog(d):
-        a = torch.arange(6., device=d).reshape(2, 3)
+        a = torch.arange(6.0, device=d).reshape(2, 3)
         v = ALIASES[alias](a)
         v.add_(1)
         a[0, 0] = -5
@@ -512,7 +527,7 @@ COPIES = {
 @pytest.mark.parametrize("copy", sorted(COPIES))
 def test_copies_are_independent(dev, copy):
     def prog(d):
-        a = torch.arange(6., device=d).reshape(2, 3)
+        a = torch.arange(6.0, device=d).reshape(2, 3)
         c = COPIES[copy](a)
         c.mul_(10)
         a.add_(1)
@@ -522,7 +537,7 @@ def test_copies_are_independent(dev, copy):
 
 
 def test_clone_of_transposed_preserves_strides(dev):
-    run_both(lambda d: torch.arange(6., device=d).reshape(2, 3).t().clone(), dev, check_stride=True)
+    run_both(lambda d: torch.arange(6.0, device=d).reshape(2, 3).t().clone(), dev, check_stride=True)
 
 
 def test_detach_shares_version_counter(dev):
@@ -555,16 +570,28 @@ def test_no_grad_inplace_on_leaf_keeps_leaf(dev):
 # H2D / D2H / device-to-device copies (BR-17)
 # ---------------------------------------------------------------------------
 
-DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-          torch.float16, torch.bfloat16, torch.float32, torch.float64]
+DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+]
 
 
 def _host_data(dtype):
     if dtype == torch.bool:
         return (torch.arange(24) % 3 == 0).reshape(4, 6)
     if dtype.is_floating_point:
-        v = torch.tensor([0.0, -0.0, 1.5, -2.25, float("inf"), -float("inf"), float("nan"), 1e-3,
-                          65504.0, 3.0e4, -7.0, 0.1] * 2, dtype=torch.float64)
+        v = torch.tensor(
+            [0.0, -0.0, 1.5, -2.25, float("inf"), -float("inf"), float("nan"), 1e-3, 65504.0, 3.0e4, -7.0, 0.1] * 2,
+            dtype=torch.float64,
+        )
         return v.to(dtype).reshape(4, 6)
     info = torch.iinfo(dtype)
     v = torch.tensor([info.min, info.max, 0, 1, -1 if info.min < 0 else 2, 7] * 4, dtype=torch.int64)
@@ -626,7 +653,7 @@ D2H_VIEWS = {
 
 @pytest.mark.parametrize("view", sorted(D2H_VIEWS))
 def test_d2h_of_device_views(dev, view):
-    host = torch.arange(12.).reshape(3, 4)
+    host = torch.arange(12.0).reshape(3, 4)
     x = host.clone().to(dev)  # clone: on CPU .to() would alias host
     x.mul_(2)  # pending write the read must observe
     got = D2H_VIEWS[view](x).cpu()
@@ -644,9 +671,9 @@ def test_d2h_via_copy_into_cpu_destination(dev):
         src = torch.arange(6, dtype=torch.int32, device=d).reshape(2, 3)
         dst = torch.zeros(3, 3, dtype=torch.float64)  # always a CPU destination
         dst[:2].copy_(src)
-        dst[2].copy_(src[1] * 0.5)     # broadcasting not needed; dtype conversion is
+        dst[2].copy_(src[1] * 0.5)  # broadcasting not needed; dtype conversion is
         dst2 = torch.zeros(2, 2, 3)
-        dst2.copy_(src)                # broadcast over the leading dim
+        dst2.copy_(src)  # broadcast over the leading dim
         return dst, dst2
 
     # Results live on CPU in both runs; compare values only.
@@ -658,29 +685,50 @@ def test_d2h_via_copy_into_cpu_destination(dev):
 
 
 COPY_CASES = {
-    "broadcast_row": (lambda d: torch.zeros(3, 4, device=d), lambda d: torch.arange(4.).to(d)),
-    "broadcast_col": (lambda d: torch.zeros(3, 4, device=d), lambda d: torch.arange(3.).to(d).unsqueeze(1)),
+    "broadcast_row": (lambda d: torch.zeros(3, 4, device=d), lambda d: torch.arange(4.0).to(d)),
+    "broadcast_col": (lambda d: torch.zeros(3, 4, device=d), lambda d: torch.arange(3.0).to(d).unsqueeze(1)),
     "broadcast_0dim": (lambda d: torch.zeros(2, 3, device=d), lambda d: torch.tensor(7.5).to(d)),
-    "float_to_int_truncates": (lambda d: torch.zeros(4, dtype=torch.int64, device=d),
-                               lambda d: torch.tensor([-1.7, 2.5, -0.5, 300.]).to(d)),
-    "float_to_bool": (lambda d: torch.zeros(4, dtype=torch.bool, device=d),
-                      lambda d: torch.tensor([0., -0.0, 0.1, float("nan")]).to(d)),
+    "float_to_int_truncates": (
+        lambda d: torch.zeros(4, dtype=torch.int64, device=d),
+        lambda d: torch.tensor([-1.7, 2.5, -0.5, 300.0]).to(d),
+    ),
+    "float_to_bool": (
+        lambda d: torch.zeros(4, dtype=torch.bool, device=d),
+        lambda d: torch.tensor([0.0, -0.0, 0.1, float("nan")]).to(d),
+    ),
     "bool_to_float": (lambda d: torch.zeros(3, device=d), lambda d: torch.tensor([True, False, True]).to(d)),
-    "int_to_half_rounds": (lambda d: torch.zeros(4, dtype=torch.float16, device=d),
-                           lambda d: torch.tensor([2049, 4097, 65519, -3]).to(d)),
-    "f32_to_bf16_ties_even": (lambda d: torch.zeros(4, dtype=torch.bfloat16, device=d),
-                              lambda d: torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.0e38]).to(d)),
-    "f64_to_f32": (lambda d: torch.zeros(3, device=d),
-                   lambda d: torch.tensor([1 / 3, 1e-300, 1e300], dtype=torch.float64).to(d)),
-    "bf16_to_f16": (lambda d: torch.zeros(3, dtype=torch.float16, device=d),
-                    lambda d: torch.tensor([1.5, 1e5, 3e-8], dtype=torch.bfloat16).to(d)),
-    "int64_to_int8_wraps": (lambda d: torch.zeros(3, dtype=torch.int8, device=d),
-                            lambda d: torch.tensor([300, -129, 127]).to(d)),
-    "noncontig_to_noncontig": (lambda d: torch.zeros(4, 6, device=d)[::2, 1::2],
-                               lambda d: torch.arange(20., device=d).reshape(5, 4).t()[1:3, ::2]),
-    "transposed_into_contig": (lambda d: torch.zeros(3, 2, device=d), lambda d: torch.arange(6., device=d).reshape(2, 3).t()),
-    "from_cpu_broadcast_convert": (lambda d: torch.zeros(2, 3, dtype=torch.float16, device=d),
-                                   lambda d: torch.tensor([1, 2, 3], dtype=torch.int32)),
+    "int_to_half_rounds": (
+        lambda d: torch.zeros(4, dtype=torch.float16, device=d),
+        lambda d: torch.tensor([2049, 4097, 65519, -3]).to(d),
+    ),
+    "f32_to_bf16_ties_even": (
+        lambda d: torch.zeros(4, dtype=torch.bfloat16, device=d),
+        lambda d: torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.0e38]).to(d),
+    ),
+    "f64_to_f32": (
+        lambda d: torch.zeros(3, device=d),
+        lambda d: torch.tensor([1 / 3, 1e-300, 1e300], dtype=torch.float64).to(d),
+    ),
+    "bf16_to_f16": (
+        lambda d: torch.zeros(3, dtype=torch.float16, device=d),
+        lambda d: torch.tensor([1.5, 1e5, 3e-8], dtype=torch.bfloat16).to(d),
+    ),
+    "int64_to_int8_wraps": (
+        lambda d: torch.zeros(3, dtype=torch.int8, device=d),
+        lambda d: torch.tensor([300, -129, 127]).to(d),
+    ),
+    "noncontig_to_noncontig": (
+        lambda d: torch.zeros(4, 6, device=d)[::2, 1::2],
+        lambda d: torch.arange(20.0, device=d).reshape(5, 4).t()[1:3, ::2],
+    ),
+    "transposed_into_contig": (
+        lambda d: torch.zeros(3, 2, device=d),
+        lambda d: torch.arange(6.0, device=d).reshape(2, 3).t(),
+    ),
+    "from_cpu_broadcast_convert": (
+        lambda d: torch.zeros(2, 3, dtype=torch.float16, device=d),
+        lambda d: torch.tensor([1, 2, 3], dtype=torch.int32),
+    ),
 }
 
 
@@ -700,8 +748,8 @@ def test_device_copy_broadcast_and_convert(dev, case):
 def test_copy_non_blocking_then_read(dev):
     def prog(d):
         dst = torch.zeros(5, device=d)
-        dst.copy_(torch.arange(5.), non_blocking=True)
-        src = torch.arange(5.).to(d, non_blocking=True)
+        dst.copy_(torch.arange(5.0), non_blocking=True)
+        src = torch.arange(5.0).to(d, non_blocking=True)
         return dst + src
 
     run_both(prog, dev)
@@ -749,8 +797,8 @@ def test_factories_match_cpu(dev, case):
 # Only values, dtype and shape are comparable.
 FROM_NUMPY = {
     "as_tensor_numpy_strided": lambda d: torch.as_tensor(torch.arange(12).reshape(3, 4).numpy()[:, ::2], device=d),
-    "from_numpy_then_to": lambda d: torch.from_numpy(torch.arange(8.).numpy()[1::3]).to(d),
-    "tensor_from_numpy_f16": lambda d: torch.tensor(torch.arange(6.).half().numpy()[::-1].copy(), device=d),
+    "from_numpy_then_to": lambda d: torch.from_numpy(torch.arange(8.0).numpy()[1::3]).to(d),
+    "tensor_from_numpy_f16": lambda d: torch.tensor(torch.arange(6.0).half().numpy()[::-1].copy(), device=d),
 }
 
 
@@ -766,15 +814,21 @@ def test_from_numpy_values(dev, case):
 # indexing (BR-21, BR-22)
 # ---------------------------------------------------------------------------
 
+
 def test_boolean_mask_reads(dev):
     host = cpu_randn(4, 5, seed=1)
 
     def prog(d):
         x = host.to(d)
-        return (x[x > 0], x[x > 0.5].sum(), torch.masked_select(x, x < 0),
-                x[torch.tensor([True, False, True, True]).to(d)],
-                x[:, torch.tensor([False, True, False, True, True]).to(d)],
-                x.t()[x.t() > 0], x[x > 100])
+        return (
+            x[x > 0],
+            x[x > 0.5].sum(),
+            torch.masked_select(x, x < 0),
+            x[torch.tensor([True, False, True, True]).to(d)],
+            x[:, torch.tensor([False, True, False, True, True]).to(d)],
+            x.t()[x.t() > 0],
+            x[x > 100],
+        )
 
     run_both(prog, dev)
 
@@ -811,15 +865,17 @@ def test_index_put_accumulate_duplicates_int_and_float(dev):
         b = torch.zeros(3, 4, device=d)
         rows = torch.tensor([0, 2, 0, 0, 1]).to(d)
         cols = torch.tensor([1, 3, 1, 1, 0]).to(d)
-        b.index_put_((rows, cols), torch.tensor([1., 2., 3., 4., 5.]).to(d), accumulate=True)
+        b.index_put_((rows, cols), torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]).to(d), accumulate=True)
         c = torch.zeros(3, 4, dtype=torch.int32, device=d)
-        c.index_put_((torch.tensor([[0, 2], [0, 0]]).to(d),), torch.ones(4, dtype=torch.int32, device=d), accumulate=True)
+        c.index_put_(
+            (torch.tensor([[0, 2], [0, 0]]).to(d),), torch.ones(4, dtype=torch.int32, device=d), accumulate=True
+        )
         e = torch.zeros(4, device=d)
         e.index_put_((torch.tensor([3, 3, 3]).to(d),), torch.tensor(0.5).to(d), accumulate=True)
         f = torch.ones(2, 3, device=d)
-        f.t().index_put_((torch.tensor([1, 1]).to(d),), torch.tensor([[1., 2.], [3., 4.]]).to(d), accumulate=True)
+        f.t().index_put_((torch.tensor([1, 1]).to(d),), torch.tensor([[1.0, 2.0], [3.0, 4.0]]).to(d), accumulate=True)
         g = torch.zeros(3, device=d)
-        g.index_put_((torch.tensor([True, False, True]).to(d),), torch.tensor([1., 2.]).to(d), accumulate=True)
+        g.index_put_((torch.tensor([True, False, True]).to(d),), torch.tensor([1.0, 2.0]).to(d), accumulate=True)
         return a, b, c, e, f, g
 
     run_both(prog, dev)
@@ -827,7 +883,7 @@ def test_index_put_accumulate_duplicates_int_and_float(dev):
 
 def test_index_add_duplicates(dev):
     def prog(d):
-        a = torch.zeros(5, device=d).index_add_(0, torch.tensor([1, 3, 1, 1]).to(d), torch.arange(4.).to(d), alpha=2)
+        a = torch.zeros(5, device=d).index_add_(0, torch.tensor([1, 3, 1, 1]).to(d), torch.arange(4.0).to(d), alpha=2)
         b = torch.ones(3, 4, dtype=torch.int64, device=d)
         b.index_add_(1, torch.tensor([0, 0, 3]).to(d), torch.arange(9, device=d).reshape(3, 3))
         c = torch.zeros(4, 3, device=d)
@@ -839,7 +895,7 @@ def test_index_add_duplicates(dev):
 
 def test_scatter_add_and_gather(dev):
     def prog(d):
-        src = torch.arange(1., 13., device=d).reshape(3, 4)
+        src = torch.arange(1.0, 13.0, device=d).reshape(3, 4)
         idx = torch.tensor([[0, 1, 0, 0], [2, 2, 1, 0], [0, 0, 0, 0]]).to(d)
         sa0 = torch.zeros(3, 4, device=d).scatter_add_(0, idx, src)
         sa1 = torch.zeros(3, 3, device=d).scatter_add_(1, idx[:, :3], src[:, :3])
@@ -847,10 +903,14 @@ def test_scatter_add_and_gather(dev):
         g0 = torch.gather(src, 0, idx)
         g1 = torch.gather(src, 1, torch.tensor([[3, 3], [0, 1], [2, 0]]).to(d))
         gt = torch.gather(src.t(), 1, torch.tensor([[1, 2], [0, 0], [2, 1], [1, 1]]).to(d))
-        sr = torch.zeros(3, device=d).scatter_reduce_(0, torch.tensor([0, 2, 0, 2]).to(d),
-                                                      torch.tensor([5., 1., 7., -2.]).to(d),
-                                                      reduce="amax", include_self=False)
-        sc = torch.zeros(2, 4, device=d).scatter_(1, torch.tensor([[3, 0], [1, 2]]).to(d), 9.)
+        sr = torch.zeros(3, device=d).scatter_reduce_(
+            0,
+            torch.tensor([0, 2, 0, 2]).to(d),
+            torch.tensor([5.0, 1.0, 7.0, -2.0]).to(d),
+            reduce="amax",
+            include_self=False,
+        )
+        sc = torch.zeros(2, 4, device=d).scatter_(1, torch.tensor([[3, 0], [1, 2]]).to(d), 9.0)
         return sa0, sa1, si, g0, g1, gt, sr, sc
 
     run_both(prog, dev)
@@ -858,16 +918,16 @@ def test_scatter_add_and_gather(dev):
 
 def test_advanced_indexing_reads_and_writes(dev):
     def prog(d):
-        x = torch.arange(20., device=d).reshape(4, 5)
+        x = torch.arange(20.0, device=d).reshape(4, 5)
         r1 = x[torch.tensor([-1, 0, 2]).to(d)]
         r2 = x[torch.tensor([[0], [3]]).to(d), torch.tensor([1, 4]).to(d)]  # broadcast index tensors
         r3 = x[1:, torch.tensor([0, 0, 3]).to(d)]
         r4 = x[torch.tensor([0, 2], dtype=torch.int32).to(d)]
         r5 = torch.take(x, torch.tensor([[19, 0], [7, 7]]).to(d))
         r6 = x.index_select(1, torch.tensor([4, 4, 1]).to(d))
-        x[torch.tensor([1, 3]).to(d), 2:] = torch.tensor([-1., -2., -3.]).to(d)
+        x[torch.tensor([1, 3]).to(d), 2:] = torch.tensor([-1.0, -2.0, -3.0]).to(d)
         x.index_fill_(1, torch.tensor([0]).to(d), 0.5)
-        x.index_copy_(0, torch.tensor([2, 0]).to(d), torch.full((2, 5), 7.).to(d))
+        x.index_copy_(0, torch.tensor([2, 0]).to(d), torch.full((2, 5), 7.0).to(d))
         return x, r1, r2, r3, r4, r5, r6
 
     run_both(prog, dev)
@@ -892,16 +952,24 @@ PROMOTION = {
     "int8_plus_big_scalar_wraps": lambda d: torch.tensor([1, -100], dtype=torch.int8).to(d) + 1000,
     "int8_mul_wraps": lambda d: torch.tensor([100, -100], dtype=torch.int8).to(d) * 3,
     "uint8_minus_one_wraps": lambda d: torch.tensor([0, 5], dtype=torch.uint8).to(d) - 1,
-    "uint8_minus_int8_promotes_int16": lambda d: torch.tensor([1], dtype=torch.uint8).to(d) - torch.tensor([2], dtype=torch.int8).to(d),
+    "uint8_minus_int8_promotes_int16": lambda d: (
+        torch.tensor([1], dtype=torch.uint8).to(d) - torch.tensor([2], dtype=torch.int8).to(d)
+    ),
     "int16_times_0dim_int64": lambda d: torch.tensor([300, -300], dtype=torch.int16).to(d) * torch.tensor(200).to(d),
-    "int32_plus_0dim_f64": lambda d: torch.arange(3, dtype=torch.int32).to(d) + torch.tensor(1.5, dtype=torch.float64).to(d),
-    "f16_plus_0dim_f64": lambda d: torch.ones(3, dtype=torch.float16).to(d) + torch.tensor(1e-3, dtype=torch.float64).to(d),
+    "int32_plus_0dim_f64": lambda d: (
+        torch.arange(3, dtype=torch.int32).to(d) + torch.tensor(1.5, dtype=torch.float64).to(d)
+    ),
+    "f16_plus_0dim_f64": lambda d: (
+        torch.ones(3, dtype=torch.float16).to(d) + torch.tensor(1e-3, dtype=torch.float64).to(d)
+    ),
     "f16_plus_python_float": lambda d: torch.ones(3, dtype=torch.float16).to(d) + 1e-3,
     "bf16_times_f32_tensor": lambda d: torch.ones(3, dtype=torch.bfloat16).to(d) * torch.full((3,), 1.001).to(d),
     "int_compare_float_scalar": lambda d: torch.arange(4).to(d) > 1.5,
-    "float_eq_int_tensor": lambda d: torch.tensor([1., 2.5]).to(d) == torch.tensor([1, 2]).to(d),
-    "int32_wrap_mul": lambda d: torch.tensor([2**30, -2**30], dtype=torch.int32).to(d) * 4,
-    "int32_add_wrap_tensor": lambda d: torch.tensor([2**31 - 1], dtype=torch.int32).to(d) + torch.tensor([2], dtype=torch.int32).to(d),
+    "float_eq_int_tensor": lambda d: torch.tensor([1.0, 2.5]).to(d) == torch.tensor([1, 2]).to(d),
+    "int32_wrap_mul": lambda d: torch.tensor([2**30, -(2**30)], dtype=torch.int32).to(d) * 4,
+    "int32_add_wrap_tensor": lambda d: (
+        torch.tensor([2**31 - 1], dtype=torch.int32).to(d) + torch.tensor([2], dtype=torch.int32).to(d)
+    ),
     "int64_big_add_wraps": lambda d: torch.tensor([2**62, 2**63 - 1]).to(d) * 2,
     "int64_exact_above_2p53": lambda d: torch.tensor([2**53 + 1, -(2**60) - 7]).to(d) + 0,
     "int64_big_floordiv": lambda d: torch.tensor([2**62 + 1, -(2**62) - 1]).to(d) // 3,
@@ -911,8 +979,12 @@ PROMOTION = {
     "int8_cumsum_dtype": lambda d: torch.tensor([100, 100, 100], dtype=torch.int8).to(d).cumsum(0),
     "int16_prod_dtype": lambda d: torch.tensor([300, 300, 300], dtype=torch.int16).to(d).prod(),
     "int32_big_sum_no_wrap": lambda d: torch.full((8,), 2**30, dtype=torch.int32).to(d).sum(),
-    "bitwise_ops": lambda d: (torch.tensor([6, -7]).to(d) & 3, torch.tensor([6, -7]).to(d) ^ -1, torch.tensor([1, -8]).to(d) >> 1),
-    "abs_int_min": lambda d: torch.tensor([-2**31], dtype=torch.int32).to(d).abs(),
+    "bitwise_ops": lambda d: (
+        torch.tensor([6, -7]).to(d) & 3,
+        torch.tensor([6, -7]).to(d) ^ -1,
+        torch.tensor([1, -8]).to(d) >> 1,
+    ),
+    "abs_int_min": lambda d: torch.tensor([-(2**31)], dtype=torch.int32).to(d).abs(),
 }
 
 
@@ -923,12 +995,23 @@ def test_promotion_and_integer_semantics(dev, case):
 
 def test_zero_dim_cpu_tensor_mixes_with_device_tensor(dev):
     def prog(d):
-        x = torch.arange(4.).to(d)
+        x = torch.arange(4.0).to(d)
         i = torch.arange(4, dtype=torch.int32).to(d)
-        s = torch.tensor(2.5)           # CPU 0-dim: allowed with any device
-        k = torch.tensor(3)             # CPU 0-dim int64
-        out = [x + s, s * x, x / s, x > s, i + k, i * s, torch.add(i, k), torch.mul(x, s), k - i,
-               torch.maximum(x, torch.tensor(1.5)), x == torch.tensor(1.)]
+        s = torch.tensor(2.5)  # CPU 0-dim: allowed with any device
+        k = torch.tensor(3)  # CPU 0-dim int64
+        out = [
+            x + s,
+            s * x,
+            x / s,
+            x > s,
+            i + k,
+            i * s,
+            torch.add(i, k),
+            torch.mul(x, s),
+            k - i,
+            torch.maximum(x, torch.tensor(1.5)),
+            x == torch.tensor(1.0),
+        ]
         y = x.clone()
         y.mul_(s)
         y[1] = torch.tensor(-1)
@@ -953,32 +1036,60 @@ def test_python_scalar_types_do_not_change_tensor_dtype(dev):
 # division modes (BR-27)
 # ---------------------------------------------------------------------------
 
+
 def test_division_modes_float_and_int(dev):
     def prog(d):
-        a = torch.tensor([-7., 7., -1., 5., -0.5, 6.]).to(d)
-        b = torch.tensor([2., -2., 3., 3., 2., -4.]).to(d)
+        a = torch.tensor([-7.0, 7.0, -1.0, 5.0, -0.5, 6.0]).to(d)
+        b = torch.tensor([2.0, -2.0, 3.0, 3.0, 2.0, -4.0]).to(d)
         ai = torch.tensor([-7, 7, -1, 5, 0, -9, 9]).to(d)
         bi = torch.tensor([2, -2, 2, 3, 5, -3, -4]).to(d)
         trunc = torch.div(a, b, rounding_mode="trunc")
         floor = torch.div(a, b, rounding_mode="floor")
-        return (trunc, floor, trunc.signbit(), floor.signbit(), a // b, a % b, torch.fmod(a, b),
-                torch.remainder(a, b).signbit(), torch.div(ai, bi, rounding_mode="trunc"),
-                torch.div(ai, bi, rounding_mode="floor"), ai // bi, ai % bi, torch.fmod(ai, bi),
-                ai / bi, ai // -3, ai % -3, torch.fmod(ai, -3), torch.div(ai, 2.0, rounding_mode="trunc"),
-                torch.div(ai, torch.tensor(2.).to(d), rounding_mode="floor"),
-                torch.tensor([-5.5, 5.5]).to(d) % -2, torch.remainder(ai.to(torch.int32), 4))
+        return (
+            trunc,
+            floor,
+            trunc.signbit(),
+            floor.signbit(),
+            a // b,
+            a % b,
+            torch.fmod(a, b),
+            torch.remainder(a, b).signbit(),
+            torch.div(ai, bi, rounding_mode="trunc"),
+            torch.div(ai, bi, rounding_mode="floor"),
+            ai // bi,
+            ai % bi,
+            torch.fmod(ai, bi),
+            ai / bi,
+            ai // -3,
+            ai % -3,
+            torch.fmod(ai, -3),
+            torch.div(ai, 2.0, rounding_mode="trunc"),
+            torch.div(ai, torch.tensor(2.0).to(d), rounding_mode="floor"),
+            torch.tensor([-5.5, 5.5]).to(d) % -2,
+            torch.remainder(ai.to(torch.int32), 4),
+        )
 
     run_both(prog, dev)
 
 
 def test_float_division_by_zero_and_non_finite(dev):
     def prog(d):
-        a = torch.tensor([1., -1., 0., float("inf"), -float("inf"), float("nan"), 3.]).to(d)
+        a = torch.tensor([1.0, -1.0, 0.0, float("inf"), -float("inf"), float("nan"), 3.0]).to(d)
         z = torch.zeros(7, device=d)
         nz = torch.full((7,), -0.0, device=d)
-        return (a / z, a / nz, a // z, torch.div(a, z, rounding_mode="trunc"), torch.remainder(a, z),
-                torch.fmod(a, z), a // float("inf"), a % float("inf"), torch.div(a, -float("inf"), rounding_mode="floor"),
-                torch.arange(3).to(d) / 0, (torch.arange(3).to(d) / 0).isnan())
+        return (
+            a / z,
+            a / nz,
+            a // z,
+            torch.div(a, z, rounding_mode="trunc"),
+            torch.remainder(a, z),
+            torch.fmod(a, z),
+            a // float("inf"),
+            a % float("inf"),
+            torch.div(a, -float("inf"), rounding_mode="floor"),
+            torch.arange(3).to(d) / 0,
+            (torch.arange(3).to(d) / 0).isnan(),
+        )
 
     run_both(prog, dev)
 
@@ -986,11 +1097,14 @@ def test_float_division_by_zero_and_non_finite(dev):
 INT_DIV_BY_ZERO = {
     "floor_divide_int64": lambda d: torch.tensor([1, 2]).to(d) // torch.tensor([1, 0]).to(d),
     "floor_divide_scalar_zero": lambda d: torch.tensor([1, 2]).to(d) // 0,
-    "trunc_div_int32": lambda d: torch.div(torch.tensor([1], dtype=torch.int32).to(d),
-                                           torch.tensor([0], dtype=torch.int32).to(d), rounding_mode="trunc"),
+    "trunc_div_int32": lambda d: torch.div(
+        torch.tensor([1], dtype=torch.int32).to(d), torch.tensor([0], dtype=torch.int32).to(d), rounding_mode="trunc"
+    ),
     "remainder_int": lambda d: torch.remainder(torch.tensor([5]).to(d), torch.tensor([0]).to(d)),
     "fmod_int": lambda d: torch.fmod(torch.tensor([5]).to(d), torch.tensor([0]).to(d)),
-    "floor_divide_uint8": lambda d: torch.tensor([3], dtype=torch.uint8).to(d) // torch.tensor([0], dtype=torch.uint8).to(d),
+    "floor_divide_uint8": lambda d: (
+        torch.tensor([3], dtype=torch.uint8).to(d) // torch.tensor([0], dtype=torch.uint8).to(d)
+    ),
     "inplace_floor_divide": lambda d: torch.tensor([4, 5]).to(d).floor_divide_(torch.tensor([2, 0]).to(d)),
     "true_div_int_by_zero_is_inf": lambda d: torch.tensor([1, 0, -1]).to(d) / torch.tensor([0, 0, 0]).to(d),
 }
@@ -1026,8 +1140,17 @@ def test_lowp_sum_of_ones_exact(dev, dtype):
     def prog(d):
         x = torch.ones(3000, dtype=dtype).to(d)
         y = torch.ones(6, 600, dtype=dtype).to(d)
-        return (x.sum(), x.mean(), y.sum(1), y.t().sum(0), y.sum(dtype=torch.float32),
-                x.cumsum(0)[-1], x[::2].sum(), y.mean(1, keepdim=True), x.view(3, 1000).sum(1))
+        return (
+            x.sum(),
+            x.mean(),
+            y.sum(1),
+            y.t().sum(0),
+            y.sum(dtype=torch.float32),
+            x.cumsum(0)[-1],
+            x[::2].sum(),
+            y.mean(1, keepdim=True),
+            x.view(3, 1000).sum(1),
+        )
 
     run_both(prog, dev, rtol=0, atol=0)
 
@@ -1038,9 +1161,20 @@ def test_lowp_reductions_of_random_data(dev, dtype):
 
     def prog(d):
         x = host.to(d)
-        return (x.sum(), x.sum(1), x.mean(1), x.var(1), x.std(), torch.softmax(x, 1),
-                torch.log_softmax(x, 1), torch.cumsum(x, 1), x.norm(dim=1), torch.logsumexp(x, 1),
-                (x @ x.t()), F.layer_norm(x, (1000,)))
+        return (
+            x.sum(),
+            x.sum(1),
+            x.mean(1),
+            x.var(1),
+            x.std(),
+            torch.softmax(x, 1),
+            torch.log_softmax(x, 1),
+            torch.cumsum(x, 1),
+            x.norm(dim=1),
+            torch.logsumexp(x, 1),
+            (x @ x.t()),
+            F.layer_norm(x, (1000,)),
+        )
 
     # Tolerances of the storage type: a bf16/fp16 accumulator would be off by far more.
     run_both(prog, dev, rtol=2e-2 if dtype == torch.bfloat16 else 2e-3, atol=1e-2)
@@ -1111,7 +1245,7 @@ def test_rng_value_properties(dev):
     assert p.dtype == torch.int64 and sorted(p.tolist()) == list(range(50))
     b = torch.bernoulli(torch.full((1000,), 0.25, device=dev)).cpu()
     assert set(b.unique().tolist()) <= {0.0, 1.0} and 0.15 < b.mean().item() < 0.35
-    x = torch.arange(1., 201.).to(dev)
+    x = torch.arange(1.0, 201.0).to(dev)
     y = F.dropout(x, p=0.4, training=True).cpu()
     kept = y != 0
     assert torch.allclose(y[kept], x.cpu()[kept] / 0.6) and 0.4 < kept.float().mean().item() < 0.8
@@ -1135,7 +1269,7 @@ def test_rng_unaffected_by_intervening_flush_or_other_ops(dev):
     ref = [r1.cpu(), r2.cpu()]
     torch.manual_seed(9)
     s1 = torch.rand(4, device=dev)
-    junk = (torch.arange(10.).to(dev) * 2).sum().item()  # a flush between the draws
+    junk = (torch.arange(10.0).to(dev) * 2).sum().item()  # a flush between the draws
     _ = s1 * 3 + junk  # non-RNG ops consume no generator state
     s2 = torch.rand(4, device=dev)
     assert torch.equal(s1.cpu(), ref[0]) and torch.equal(s2.cpu(), ref[1])
@@ -1203,6 +1337,7 @@ def test_tpu_seed_independent_of_cpu_generator(dev):
 # lazy-runtime growth (BR-36)
 # ---------------------------------------------------------------------------
 
+
 def test_long_loop_mixed_ops_no_reads(dev):
     def prog(d):
         x = torch.zeros(4, 3, device=d)
@@ -1221,7 +1356,7 @@ def test_long_chain_of_views_no_reads(dev):
         x = torch.zeros(8, device=d)
         for i in range(4000):
             x[i % 8] += 1
-            x[(i * 3) % 8: (i * 3) % 8 + 1].mul_(1.0)
+            x[(i * 3) % 8 : (i * 3) % 8 + 1].mul_(1.0)
         return x
 
     run_both(prog, dev)
@@ -1229,7 +1364,7 @@ def test_long_chain_of_views_no_reads(dev):
 
 def test_many_pending_tensors_kept_alive(dev):
     def prog(d):
-        base = torch.arange(4.).to(d)
+        base = torch.arange(4.0).to(d)
         outs = [base * i for i in range(2000)]
         base.zero_()  # must not affect the values computed before
         return torch.stack(outs[::97]), outs[-1]
@@ -1254,7 +1389,7 @@ def test_queue_autoflushes_without_reads(dev):
         max_ops = torch_tpu_eager.queue_limits()[0]
         # Each flush drains at most max_ops pending ops, so the queue never held more.
         assert m["flushes"] >= 20000 // max_ops
-    assert x.cpu().tolist() == [20000.] * 4
+    assert x.cpu().tolist() == [20000.0] * 4
 
 
 @requires_tpu
@@ -1268,4 +1403,4 @@ def test_inplace_loop_autoflushes_and_stays_correct(dev):
     for i in range(6000):
         views[i % 4].add_(1)
     assert torch_tpu_eager.metrics()["flushes"] >= 1
-    assert acc.cpu().tolist() == [1500.] * 8
+    assert acc.cpu().tolist() == [1500.0] * 8

@@ -1,4 +1,5 @@
 """Autograd through views and in-place ops on the device: gradients against CPU."""
+
 import copy
 
 import pytest
@@ -34,8 +35,8 @@ def test_inplace_on_transposed_view_of_non_leaf(dev):
         leaf = _leaf(host, d)
         x = leaf * 1.5
         y = x.t()
-        y.mul_(2)                 # in-place through a view of a non-leaf
-        loss = (y * w.to(d)).sum() + (x ** 2).sum()  # x saw the write
+        y.mul_(2)  # in-place through a view of a non-leaf
+        loss = (y * w.to(d)).sum() + (x**2).sum()  # x saw the write
         loss.backward()
         return loss.detach(), leaf.grad, x.detach(), y.grad_fn is not None
 
@@ -67,7 +68,7 @@ def test_split_chunk_unbind(dev):
         a, b, c = x.split([1, 2, 3], dim=0)
         p, q = x.chunk(2, dim=1)
         cols = x.unbind(1)
-        loss = a.sum() * 2 + (b ** 2).sum() + c.sin().sum() + (p * 3).sum() + q.exp().sum() + cols[3].pow(3).sum()
+        loss = a.sum() * 2 + (b**2).sum() + c.sin().sum() + (p * 3).sum() + q.exp().sum() + cols[3].pow(3).sum()
         loss.backward()
         return loss.detach(), x.grad
 
@@ -82,7 +83,7 @@ def test_expand_and_broadcast_grads(dev):
         x = _leaf(host, d)
         b = _leaf(b_host, d)
         e = x.expand(4, 3)
-        loss = (e * torch.arange(12., device=d).reshape(4, 3)).sum() + (x + b).pow(2).sum()
+        loss = (e * torch.arange(12.0, device=d).reshape(4, 3)).sum() + (x + b).pow(2).sum()
         loss.backward()
         return x.grad, b.grad
 
@@ -96,13 +97,13 @@ def test_index_and_index_put(dev):
     def prog(d):
         x = _leaf(host, d)
         v = _leaf(v_host, d)
-        idx = torch.tensor([0, 2, 0, 4, 0]).to(d)          # duplicates accumulate in backward
-        g1 = (x[idx] * torch.arange(15., device=d).reshape(5, 3)).sum()
+        idx = torch.tensor([0, 2, 0, 4, 0]).to(d)  # duplicates accumulate in backward
+        g1 = (x[idx] * torch.arange(15.0, device=d).reshape(5, 3)).sum()
         y = x.clone()
         y.index_put_((torch.tensor([1, 1, 3]).to(d),), v, accumulate=True)
         z = x.clone()
-        z[torch.tensor([0, 4, 2]).to(d)] = v * 2              # non-accumulating, distinct indices
-        g2 = (y ** 2).sum() + (z * 3).sum()
+        z[torch.tensor([0, 4, 2]).to(d)] = v * 2  # non-accumulating, distinct indices
+        g2 = (y**2).sum() + (z * 3).sum()
         (g1 + g2).backward()
         return x.grad, v.grad
 
@@ -118,7 +119,7 @@ def test_gather_scatter_index_select_grads(dev):
         g = torch.gather(x, 1, gi)
         s = torch.index_select(x, 0, torch.tensor([3, 3, 1]).to(d))
         sa = torch.zeros(4, 5, device=d).scatter_add(1, gi, g * 2)
-        loss = (g ** 2).sum() + s.sum() + (sa * x).sum()
+        loss = (g**2).sum() + s.sum() + (sa * x).sum()
         loss.backward()
         return x.grad
 
@@ -157,7 +158,7 @@ def test_softmax_layer_norm_cross_entropy(dev):
         ce = F.cross_entropy(ln, t)
         ce_ls = F.cross_entropy(x, t, label_smoothing=0.1, ignore_index=int(target[0]))
         nll = F.nll_loss(lsm.t(), torch.arange(10).remainder(6).to(d))  # class dim is the old dim 0
-        loss = (sm * torch.arange(10.).to(d)).sum() + ce + ce_ls + nll
+        loss = (sm * torch.arange(10.0).to(d)).sum() + ce + ce_ls + nll
         loss.backward()
         return loss.detach(), x.grad, w.grad, b.grad
 
@@ -169,7 +170,7 @@ def test_autograd_grad_and_double_backward(dev):
 
     def prog(d):
         x = _leaf(host, d)
-        y = (x ** 3).sum() + (x[1:] * x[:-1]).sum()
+        y = (x**3).sum() + (x[1:] * x[:-1]).sum()
         (gx,) = torch.autograd.grad(y, x, create_graph=True)
         (ggx,) = torch.autograd.grad(gx.sum(), x)
         return gx.detach(), ggx, x.grad is None
@@ -202,9 +203,9 @@ def test_second_backward_without_retain_raises(dev):
 
 def test_grad_device_dtype_and_views_of_grad(dev):
     x = torch.ones(2, 3, device=dev, requires_grad=True)
-    (x.t() * torch.arange(6., device=dev).reshape(3, 2)).sum().backward()
+    (x.t() * torch.arange(6.0, device=dev).reshape(3, 2)).sum().backward()
     assert x.grad.device.type == torch.device(dev).type and x.grad.dtype == torch.float32
-    assert x.grad.shape == (2, 3) and x.grad.cpu().tolist() == [[0., 2., 4.], [1., 3., 5.]]
+    assert x.grad.shape == (2, 3) and x.grad.cpu().tolist() == [[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
 
 
 def test_mlp_sgd_steps_match_cpu(dev):
@@ -243,8 +244,11 @@ def test_cnn_forward_backward_matches_cpu(dev):
     # Convolutions reach the device as convolution_overrideable (+ backward).
     torch.manual_seed(0)
     m = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(8, 4, 3, groups=2), torch.nn.ConvTranspose2d(4, 2, 3, stride=2),
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 4, 3, groups=2),
+        torch.nn.ConvTranspose2d(4, 2, 3, stride=2),
     )
     x = torch.randn(2, 3, 16, 16)
     outs = {}

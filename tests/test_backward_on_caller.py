@@ -4,6 +4,7 @@ The importing thread has autograd multithreading off, so a backward it calls run
 there (no hand-off to the device's ``pt_autograd_<i>`` thread); other threads keep
 PyTorch's default. Gradients equal CPU's either way.
 """
+
 import subprocess
 import sys
 import threading
@@ -51,10 +52,12 @@ def test_gradients_equal_cpu_from_the_main_and_another_thread():
 
 
 def test_knob_off_keeps_the_device_thread():
-    code = ("import threading, torch, torch_tpu_eager\n"
-            "x = torch.randn(3, device='tpu', requires_grad=True); seen = []\n"
-            "y = x * 2; y.register_hook(lambda g: seen.append(threading.current_thread().name) or g)\n"
-            "y.sum().backward(); print(torch.autograd.is_multithreading_enabled(), seen[0] != 'MainThread')\n")
+    code = (
+        "import threading, torch, torch_tpu_eager\n"
+        "x = torch.randn(3, device='tpu', requires_grad=True); seen = []\n"
+        "y = x * 2; y.register_hook(lambda g: seen.append(threading.current_thread().name) or g)\n"
+        "y.sum().backward(); print(torch.autograd.is_multithreading_enabled(), seen[0] != 'MainThread')\n"
+    )
     env = {**__import__("os").environ, "TORCH_TPU_BACKWARD_ON_CALLER": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr

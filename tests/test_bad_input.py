@@ -1,5 +1,6 @@
 """Bad input: errors of the same type as CPU, raised at the right time, with the queue
 left usable afterwards."""
+
 import re
 
 import pytest
@@ -34,25 +35,25 @@ MIXED = {
 @requires_tpu
 @pytest.mark.parametrize("op", sorted(MIXED))
 def test_mixing_device_and_cpu_tensor_raises(dev, op):
-    t = torch.arange(4.).to(dev)
-    c = torch.arange(4.)  # not 0-dim: only 0-dim CPU tensors may mix with device tensors
+    t = torch.arange(4.0).to(dev)
+    c = torch.arange(4.0)  # not 0-dim: only 0-dim CPU tensors may mix with device tensors
     with pytest.raises(RuntimeError, match=SAME_DEVICE_MSG):
         r = MIXED[op](t, c)
         r.cpu()
-    assert t.cpu().tolist() == [0., 1., 2., 3.] and c.tolist() == [0., 1., 2., 3.]
+    assert t.cpu().tolist() == [0.0, 1.0, 2.0, 3.0] and c.tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 @requires_tpu
 def test_mixing_one_element_cpu_tensor_that_is_not_0dim_raises(dev):
-    t = torch.arange(4.).to(dev)
+    t = torch.arange(4.0).to(dev)
     with pytest.raises(RuntimeError, match=SAME_DEVICE_MSG):
         (t + torch.ones(1)).cpu()
 
 
 def test_zero_dim_cpu_tensor_is_allowed(dev):
-    t = torch.arange(4.).to(dev)
-    r = t * torch.tensor(2.) + torch.tensor(1)
-    assert r.device.type == torch.device(dev).type and r.cpu().tolist() == [1., 3., 5., 7.]
+    t = torch.arange(4.0).to(dev)
+    r = t * torch.tensor(2.0) + torch.tensor(1)
+    assert r.device.type == torch.device(dev).type and r.cpu().tolist() == [1.0, 3.0, 5.0, 7.0]
 
 
 # Written arguments (out=, in-place self) must be on the device even when 0-dim: CUDA's
@@ -85,31 +86,31 @@ CPU_WRITTEN_OR_REJECTED = {
 @pytest.mark.parametrize("case", sorted(CPU_WRITTEN_OR_REJECTED))
 def test_cpu_tensor_written_or_mixed_raises_at_call(dev, case):
     """Every out= / in-place / tensor argument is checked before anything is written."""
-    t = torch.arange(4.).to(dev)
+    t = torch.arange(4.0).to(dev)
     pending = t * 2  # a pending op: the failed call must leave the queue valid
-    c0 = torch.tensor(7.)
-    c = torch.arange(4.) + 10
+    c0 = torch.tensor(7.0)
+    c = torch.arange(4.0) + 10
     with pytest.raises(RuntimeError, match=SAME_DEVICE_MSG):
         CPU_WRITTEN_OR_REJECTED[case](t, c0, c)
-    assert c0.item() == 7. and c.tolist() == [10., 11., 12., 13.]
-    assert t.cpu().tolist() == [0., 1., 2., 3.] and pending.cpu().tolist() == [0., 2., 4., 6.]
-    assert (t + 1).cpu().tolist() == [1., 2., 3., 4.]
+    assert c0.item() == 7.0 and c.tolist() == [10.0, 11.0, 12.0, 13.0]
+    assert t.cpu().tolist() == [0.0, 1.0, 2.0, 3.0] and pending.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert (t + 1).cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
 CPU_ALLOWED = {  # CUDA admits these: a read-only CPU scalar, CPU index lists
-    "mul_cpu_scalar": lambda t: t * torch.tensor(3.),
-    "inplace_cpu_scalar_other": lambda t: t.clone().add_(torch.tensor(2.)),
-    "where_cpu_scalar": lambda t: torch.where(t > 1, t, torch.tensor(0.)),
+    "mul_cpu_scalar": lambda t: t * torch.tensor(3.0),
+    "inplace_cpu_scalar_other": lambda t: t.clone().add_(torch.tensor(2.0)),
+    "where_cpu_scalar": lambda t: torch.where(t > 1, t, torch.tensor(0.0)),
     "index_cpu_indices": lambda t: t[torch.tensor([0, 2])],
-    "index_put_cpu_indices_scalar_value": lambda t: t.clone().index_put_((torch.tensor([1]),), torch.tensor(5.)),
-    "masked_fill_cpu_scalar": lambda t: t.clone().masked_fill_(t > 1, torch.tensor(-1.)),
+    "index_put_cpu_indices_scalar_value": lambda t: t.clone().index_put_((torch.tensor([1]),), torch.tensor(5.0)),
+    "masked_fill_cpu_scalar": lambda t: t.clone().masked_fill_(t > 1, torch.tensor(-1.0)),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CPU_ALLOWED))
 def test_cpu_scalars_and_indices_allowed_like_cuda(dev, case):
-    cpu = CPU_ALLOWED[case](torch.arange(4.))
-    got = CPU_ALLOWED[case](torch.arange(4.).to(dev))
+    cpu = CPU_ALLOWED[case](torch.arange(4.0))
+    got = CPU_ALLOWED[case](torch.arange(4.0).to(dev))
     assert got.device.type == torch.device(dev).type and torch.equal(got.cpu(), cpu)
 
 
@@ -134,7 +135,7 @@ def test_cpu_fallback_checks_devices(dev, monkeypatch):
     v = torch.ones(2, 3).to(dev)
     with pytest.raises(RuntimeError, match=SAME_DEVICE_MSG):
         torch._weight_norm_interface(v, torch.ones(2, 1), 0)
-    assert v.cpu().tolist() == [[1.] * 3] * 2
+    assert v.cpu().tolist() == [[1.0] * 3] * 2
 
 
 # ---------------------------------------------------------------------------
@@ -166,13 +167,13 @@ SHAPE_ERRORS = {
 @pytest.mark.parametrize("case", sorted(SHAPE_ERRORS))
 def test_invalid_call_raises_like_cpu_and_queue_survives(dev, case):
     def prog(d):
-        return SHAPE_ERRORS[case](torch.arange(6., device=d).reshape(2, 3))
+        return SHAPE_ERRORS[case](torch.arange(6.0, device=d).reshape(2, 3))
 
     exc = run_both_outcome(prog, dev)
     assert exc is not None, "CPU is expected to reject this call"
 
     # The error must not poison work recorded before or after it.
-    x = torch.arange(6., device=dev).reshape(2, 3)
+    x = torch.arange(6.0, device=dev).reshape(2, 3)
     pending = x * 2 + 1
     view_pending = x.t()
     view_pending.mul_(-1)
@@ -180,8 +181,8 @@ def test_invalid_call_raises_like_cpu_and_queue_survives(dev, case):
         r = SHAPE_ERRORS[case](x)
         if isinstance(r, torch.Tensor):
             r.cpu()
-    assert pending.cpu().tolist() == [[1., 3., 5.], [7., 9., 11.]]
-    assert x.cpu().tolist() == [[-0., -1., -2.], [-3., -4., -5.]]
+    assert pending.cpu().tolist() == [[1.0, 3.0, 5.0], [7.0, 9.0, 11.0]]
+    assert x.cpu().tolist() == [[-0.0, -1.0, -2.0], [-3.0, -4.0, -5.0]]
     assert (x + 1).sum().item() == -9.0
 
 
@@ -197,45 +198,53 @@ OOB = {
     "take": lambda x, d: torch.take(x, torch.tensor([6]).to(d)),
     "embedding": lambda x, d: F.embedding(torch.tensor([3]).to(d), x),
     "scatter_add_": lambda x, d: x.clone().scatter_add_(0, torch.tensor([[9, 0, 0]]).to(d), torch.ones(1, 3, device=d)),
-    "index_put_": lambda x, d: x.clone().index_put_((torch.tensor([4]).to(d),), torch.tensor(1.).to(d)),
+    "index_put_": lambda x, d: x.clone().index_put_((torch.tensor([4]).to(d),), torch.tensor(1.0).to(d)),
     "index_add_": lambda x, d: x.clone().index_add_(0, torch.tensor([2]).to(d), torch.ones(1, 3, device=d)),
     "index_copy_": lambda x, d: x.clone().index_copy_(0, torch.tensor([3]).to(d), torch.ones(1, 3, device=d)),
 }
 
 # Name of the ATen op whose data check fails; the device message must name it.
 OOB_OP_NAME = {
-    "index_select": "index_select", "gather": "gather", "index": "index", "index_negative": "index",
-    "take": "take", "embedding": "embedding|index_select", "scatter_add_": "scatter_add",
-    "index_put_": "index_put", "index_add_": "index_add", "index_copy_": "index_copy",
+    "index_select": "index_select",
+    "gather": "gather",
+    "index": "index",
+    "index_negative": "index",
+    "take": "take",
+    "embedding": "embedding|index_select",
+    "scatter_add_": "scatter_add",
+    "index_put_": "index_put",
+    "index_add_": "index_add",
+    "index_copy_": "index_copy",
 }
 
 
 @pytest.mark.parametrize("case", sorted(OOB))
 def test_out_of_range_index_raises_at_read(dev, case):
-    exc = run_both_outcome(lambda d: OOB[case](torch.arange(6., device=d).reshape(2, 3), d), dev)
+    exc = run_both_outcome(lambda d: OOB[case](torch.arange(6.0, device=d).reshape(2, 3), d), dev)
     assert isinstance(exc, (IndexError, RuntimeError)), "CPU is expected to reject the index"
 
-    x = torch.arange(6., device=dev).reshape(2, 3)
-    before = x.exp()          # pending before the bad op
+    x = torch.arange(6.0, device=dev).reshape(2, 3)
+    before = x.exp()  # pending before the bad op
     with pytest.raises(type(exc)) as info:
         bad = OOB[case](x, dev)
-        bad.cpu()             # a lazy device reports at the latest here
+        bad.cpu()  # a lazy device reports at the latest here
     if dev == "tpu":
         # Raised at the call (indices already on the host: CPU's own message), or
         # at the read (indices computed on the device: the message names the op).
-        assert str(info.value) == str(exc) or re.search(OOB_OP_NAME[case], str(info.value)), \
+        assert str(info.value) == str(exc) or re.search(OOB_OP_NAME[case], str(info.value)), (
             f"message is not CPU's and does not name the op: {info.value}"
-    after = x.sum(1)          # recorded after the failure
-    torch.testing.assert_close(before.cpu(), torch.arange(6.).reshape(2, 3).exp())
-    assert after.cpu().tolist() == [3., 12.]
-    assert x.cpu().tolist() == [[0., 1., 2.], [3., 4., 5.]]
+        )
+    after = x.sum(1)  # recorded after the failure
+    torch.testing.assert_close(before.cpu(), torch.arange(6.0).reshape(2, 3).exp())
+    assert after.cpu().tolist() == [3.0, 12.0]
+    assert x.cpu().tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
 
 
 def test_good_index_after_bad_index(dev):
-    x = torch.arange(10.).to(dev)
+    x = torch.arange(10.0).to(dev)
     with pytest.raises(IndexError):
         x[torch.tensor([10]).to(dev)].cpu()
-    assert x[torch.tensor([9, 0]).to(dev)].cpu().tolist() == [9., 0.]
+    assert x[torch.tensor([9, 0]).to(dev)].cpu().tolist() == [9.0, 0.0]
 
 
 # ---------------------------------------------------------------------------
@@ -243,15 +252,19 @@ def test_good_index_after_bad_index(dev):
 # ---------------------------------------------------------------------------
 
 DTYPE_ERRORS = {
-    "add_float_into_long_out": lambda d: torch.add(torch.ones(2, device=d), 0.5,
-                                                   out=torch.empty(2, dtype=torch.long, device=d)),
-    "mm_into_long_out": lambda d: torch.mm(torch.ones(2, 2, device=d), torch.ones(2, 2, device=d),
-                                           out=torch.empty(2, 2, dtype=torch.long, device=d)),
+    "add_float_into_long_out": lambda d: torch.add(
+        torch.ones(2, device=d), 0.5, out=torch.empty(2, dtype=torch.long, device=d)
+    ),
+    "mm_into_long_out": lambda d: torch.mm(
+        torch.ones(2, 2, device=d), torch.ones(2, 2, device=d), out=torch.empty(2, 2, dtype=torch.long, device=d)
+    ),
     "cat_into_long_out": lambda d: torch.cat([torch.ones(2, device=d)], out=torch.empty(2, dtype=torch.long, device=d)),
     "long_add_float_inplace": lambda d: torch.ones(2, dtype=torch.long, device=d).add_(0.5),
     "bool_sub": lambda d: torch.ones(2, dtype=torch.bool, device=d) - torch.ones(2, dtype=torch.bool, device=d),
     "float_bitwise_and": lambda d: torch.ones(2, device=d) & torch.ones(2, device=d),
-    "int_out_for_float_unary": lambda d: torch.sqrt(torch.ones(2, device=d), out=torch.empty(2, dtype=torch.int32, device=d)),
+    "int_out_for_float_unary": lambda d: torch.sqrt(
+        torch.ones(2, device=d), out=torch.empty(2, dtype=torch.int32, device=d)
+    ),
 }
 
 

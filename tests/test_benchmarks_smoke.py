@@ -2,6 +2,7 @@
 
 No timing is asserted: figures depend on the machine and its load.
 """
+
 import json
 import sys
 from pathlib import Path
@@ -16,13 +17,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 pytestmark = requires_tpu
 
 # One correctness check per benchmark, named as its table row starts.
-EXPECTED_CHECKS = ("record a + b", "record a.mul(b)", "flush, cache hit", "chain16", "softmax(dim=-1)",
-                   "layer_norm", "digits MLP step", "char-LM step")
+EXPECTED_CHECKS = (
+    "record a + b",
+    "record a.mul(b)",
+    "flush, cache hit",
+    "chain16",
+    "softmax(dim=-1)",
+    "layer_norm",
+    "digits MLP step",
+    "char-LM step",
+)
 
 
 @pytest.fixture(scope="module")
 def run_all():
     import run_all as module
+
     return module
 
 

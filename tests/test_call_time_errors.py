@@ -11,6 +11,7 @@ stays readable and holds CPU's values.
 Each case is a pair (build, act): ``build(device)`` makes the tensors, ``act``
 makes the call under test (difftest.run_both_at_call).
 """
+
 import pytest
 import torch
 
@@ -32,9 +33,31 @@ def _pair(a, b):
 # ---- in-place op whose other operand broadcasts to a larger shape ------------
 # CPU: "output with shape [3] doesn't match the broadcast shape [2, 3]"; the
 # in-place self is never resized.
-INPLACE_BINARY = ["atan2_", "eq_", "fmod_", "ge_", "gt_", "le_", "lt_", "ne_", "pow_", "remainder_", "add_",
-                  "mul_", "div_", "sub_", "hypot_", "copysign_", "maximum", "logaddexp", "xlogy_", "nextafter_",
-                  "float_power_", "ldexp_", "igamma_"]
+INPLACE_BINARY = [
+    "atan2_",
+    "eq_",
+    "fmod_",
+    "ge_",
+    "gt_",
+    "le_",
+    "lt_",
+    "ne_",
+    "pow_",
+    "remainder_",
+    "add_",
+    "mul_",
+    "div_",
+    "sub_",
+    "hypot_",
+    "copysign_",
+    "maximum",
+    "logaddexp",
+    "xlogy_",
+    "nextafter_",
+    "float_power_",
+    "ldexp_",
+    "igamma_",
+]
 
 
 @pytest.mark.parametrize("op", INPLACE_BINARY)
@@ -74,28 +97,50 @@ def test_inplace_other_ops_never_resize_self(dev, case):
 
 # ---- out= dtype and shape ------------------------------------------------------
 OUT = {
-    "neg_double_out": (lambda d: (torch.tensor(1., device=d), torch.zeros(0, dtype=torch.float64, device=d)),
-                       lambda x, o: torch.neg(x, out=o)),
-    "neg_int_out": (lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.int64, device=d)),
-                    lambda x, o: torch.neg(x, out=o)),
-    "abs_half_out": (lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.float16, device=d)),
-                     lambda x, o: torch.abs(x, out=o)),
-    "floor_complex_out": (lambda d: (torch.tensor([1 + 1j], device=d), torch.zeros(1, dtype=torch.complex64, device=d)),
-                          lambda x, o: torch.floor(x, out=o)),
-    "ceil_complex_out": (lambda d: (torch.tensor([1 + 1j], device=d), torch.zeros(1, dtype=torch.complex64, device=d)),
-                         lambda x, o: torch.ceil(x, out=o)),
-    "trunc_complex_out": (lambda d: (torch.tensor([1 + 1j], device=d), torch.zeros(1, dtype=torch.complex64, device=d)),
-                          lambda x, o: torch.trunc(x, out=o)),
-    "sin_int_out": (lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.int32, device=d)),
-                    lambda x, o: torch.sin(x, out=o)),
-    "add_int_out": (lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.int64, device=d)),
-                    lambda x, o: torch.add(x, x, out=o)),
-    "eq_float_out": (lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.float32, device=d)),
-                     lambda x, o: torch.eq(x, x, out=o)),
-    "sum_int_out": (lambda d: (_f(2, 3)(d), torch.zeros(2, dtype=torch.int64, device=d)),
-                    lambda x, o: torch.sum(x, 1, out=o)),
-    "cat_dtype_out": (lambda d: (_f(2)(d), torch.zeros(4, dtype=torch.int64, device=d)),
-                      lambda b, o: torch.cat([b, b], out=o)),
+    "neg_double_out": (
+        lambda d: (torch.tensor(1.0, device=d), torch.zeros(0, dtype=torch.float64, device=d)),
+        lambda x, o: torch.neg(x, out=o),
+    ),
+    "neg_int_out": (
+        lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.int64, device=d)),
+        lambda x, o: torch.neg(x, out=o),
+    ),
+    "abs_half_out": (
+        lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.float16, device=d)),
+        lambda x, o: torch.abs(x, out=o),
+    ),
+    "floor_complex_out": (
+        lambda d: (torch.tensor([1 + 1j], device=d), torch.zeros(1, dtype=torch.complex64, device=d)),
+        lambda x, o: torch.floor(x, out=o),
+    ),
+    "ceil_complex_out": (
+        lambda d: (torch.tensor([1 + 1j], device=d), torch.zeros(1, dtype=torch.complex64, device=d)),
+        lambda x, o: torch.ceil(x, out=o),
+    ),
+    "trunc_complex_out": (
+        lambda d: (torch.tensor([1 + 1j], device=d), torch.zeros(1, dtype=torch.complex64, device=d)),
+        lambda x, o: torch.trunc(x, out=o),
+    ),
+    "sin_int_out": (
+        lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.int32, device=d)),
+        lambda x, o: torch.sin(x, out=o),
+    ),
+    "add_int_out": (
+        lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.int64, device=d)),
+        lambda x, o: torch.add(x, x, out=o),
+    ),
+    "eq_float_out": (
+        lambda d: (_f(3)(d), torch.zeros(3, dtype=torch.float32, device=d)),
+        lambda x, o: torch.eq(x, x, out=o),
+    ),
+    "sum_int_out": (
+        lambda d: (_f(2, 3)(d), torch.zeros(2, dtype=torch.int64, device=d)),
+        lambda x, o: torch.sum(x, 1, out=o),
+    ),
+    "cat_dtype_out": (
+        lambda d: (_f(2)(d), torch.zeros(4, dtype=torch.int64, device=d)),
+        lambda b, o: torch.cat([b, b], out=o),
+    ),
 }
 
 
@@ -108,8 +153,7 @@ def test_out_checks(dev, case):
 CAT_GROW = {
     "same_tensor_twice": lambda b, o: torch.cat([b, b], out=b),
     "self_then_other": lambda b, o: torch.cat([b, o], out=b),
-    "other_then_self_dim1": lambda b, o: torch.cat([o.reshape(1, -1), b.reshape(1, -1)], dim=1,
-                                                   out=b.reshape(1, -1)),
+    "other_then_self_dim1": lambda b, o: torch.cat([o.reshape(1, -1), b.reshape(1, -1)], dim=1, out=b.reshape(1, -1)),
     "stack_into_input": lambda b, o: torch.stack([b, o], out=b),
 }
 
@@ -131,48 +175,78 @@ def test_cat_into_its_own_input_that_must_grow(dev, case):
 
 # ---- indexing ----------------------------------------------------------------
 INDEX = {
-    "put_int_into_double": (lambda d: (torch.zeros(2, 3, dtype=torch.double, device=d),
-                                       torch.ones(2, 1, dtype=torch.int32, device=d)),
-                            lambda a, v: a.__setitem__((slice(None), [1]), v)),
-    "put_float_into_half": (lambda d: (torch.zeros(4, dtype=torch.half, device=d), torch.ones(2, device=d)),
-                            lambda a, v: a.__setitem__(torch.tensor([0, 2], device=a.device), v)),
-    "put_true_index_expanded": (lambda d: (_f(1, 2, 3)(d),),
-                                lambda a: a.__setitem__(torch.tensor(True), a.expand(5, 1, 2, 3))),
-    "put_value_too_big": (lambda d: (torch.zeros(4, 3, device=d), torch.ones(2, 4, device=d)),
-                          lambda a, v: a.__setitem__(torch.tensor([0, 1], device=a.device), v)),
-    "put_0dim_no_index": (lambda d: (torch.tensor(1., device=d), torch.tensor([1.], device=d)),
-                          lambda s, v: s.index_put([], v, True)),
-    "put_0dim_no_index_inplace": (lambda d: (torch.tensor(1., device=d), torch.tensor([1.], device=d)),
-                                  lambda s, v: s.index_put_([], v)),
-    "put_too_many_indices": (lambda d: (torch.zeros(3, device=d), torch.ones(1, device=d)),
-                             lambda a, v: a.index_put_((torch.tensor([0], device=a.device),) * 2, v)),
-    "put_float_index": (lambda d: (torch.zeros(3, device=d), torch.ones(1, device=d)),
-                        lambda a, v: a.index_put_((torch.tensor([0.], device=a.device),), v)),
-    "put_non_adjacent": (lambda d: (torch.zeros(2, 3, 4, device=d), torch.ones(3, device=d)),
-                         lambda a, v: a.index_put_((torch.tensor([0, 1], device=a.device), None,
-                                                    torch.tensor([1, 2], device=a.device)), v)),
-    "put_non_adjacent_ok": (lambda d: (torch.zeros(2, 3, 4, device=d), torch.ones(2, 3, device=d)),
-                            lambda a, v: a.index_put_((torch.tensor([0, 1], device=a.device), None,
-                                                       torch.tensor([1, 2], device=a.device)), v)),
+    "put_int_into_double": (
+        lambda d: (torch.zeros(2, 3, dtype=torch.double, device=d), torch.ones(2, 1, dtype=torch.int32, device=d)),
+        lambda a, v: a.__setitem__((slice(None), [1]), v),
+    ),
+    "put_float_into_half": (
+        lambda d: (torch.zeros(4, dtype=torch.half, device=d), torch.ones(2, device=d)),
+        lambda a, v: a.__setitem__(torch.tensor([0, 2], device=a.device), v),
+    ),
+    "put_true_index_expanded": (
+        lambda d: (_f(1, 2, 3)(d),),
+        lambda a: a.__setitem__(torch.tensor(True), a.expand(5, 1, 2, 3)),
+    ),
+    "put_value_too_big": (
+        lambda d: (torch.zeros(4, 3, device=d), torch.ones(2, 4, device=d)),
+        lambda a, v: a.__setitem__(torch.tensor([0, 1], device=a.device), v),
+    ),
+    "put_0dim_no_index": (
+        lambda d: (torch.tensor(1.0, device=d), torch.tensor([1.0], device=d)),
+        lambda s, v: s.index_put([], v, True),
+    ),
+    "put_0dim_no_index_inplace": (
+        lambda d: (torch.tensor(1.0, device=d), torch.tensor([1.0], device=d)),
+        lambda s, v: s.index_put_([], v),
+    ),
+    "put_too_many_indices": (
+        lambda d: (torch.zeros(3, device=d), torch.ones(1, device=d)),
+        lambda a, v: a.index_put_((torch.tensor([0], device=a.device),) * 2, v),
+    ),
+    "put_float_index": (
+        lambda d: (torch.zeros(3, device=d), torch.ones(1, device=d)),
+        lambda a, v: a.index_put_((torch.tensor([0.0], device=a.device),), v),
+    ),
+    "put_non_adjacent": (
+        lambda d: (torch.zeros(2, 3, 4, device=d), torch.ones(3, device=d)),
+        lambda a, v: a.index_put_(
+            (torch.tensor([0, 1], device=a.device), None, torch.tensor([1, 2], device=a.device)), v
+        ),
+    ),
+    "put_non_adjacent_ok": (
+        lambda d: (torch.zeros(2, 3, 4, device=d), torch.ones(2, 3, device=d)),
+        lambda a, v: a.index_put_(
+            (torch.tensor([0, 1], device=a.device), None, torch.tensor([1, 2], device=a.device)), v
+        ),
+    ),
     "get_empty_dim": (lambda d: (torch.empty(10, 0, device=d),), lambda a: a[:, [0, 1]]),
     "get_out_of_bounds": (lambda d: (_f(6)(d),), lambda a: a[torch.tensor([1, 7], device=a.device)]),
-    "get_out_of_bounds_negative": (lambda d: (_f(2, 3)(d),),
-                                   lambda a: a[:, torch.tensor([[1, -9], [9, 0]], device=a.device)]),
-    "get_out_of_bounds_second_index": (lambda d: (_f(2, 3, 4)(d),),
-                                       lambda a: a[torch.tensor([0], device=a.device),
-                                                   torch.tensor([5], device=a.device)]),
+    "get_out_of_bounds_negative": (
+        lambda d: (_f(2, 3)(d),),
+        lambda a: a[:, torch.tensor([[1, -9], [9, 0]], device=a.device)],
+    ),
+    "get_out_of_bounds_second_index": (
+        lambda d: (_f(2, 3, 4)(d),),
+        lambda a: a[torch.tensor([0], device=a.device), torch.tensor([5], device=a.device)],
+    ),
     "get_list_out_of_bounds": (lambda d: (_f(2, 3)(d),), lambda a: a[[0, 2]]),
-    "put_out_of_bounds": (lambda d: (_f(6)(d),),
-                          lambda a: a.__setitem__(torch.tensor([7], device=a.device), 1.)),
-    "put_out_of_bounds_accumulate": (lambda d: (_f(6)(d), torch.ones(1, device=d)),
-                                     lambda a, v: a.index_put_((torch.tensor([-7], device=a.device),), v,
-                                                               accumulate=True)),
-    "fill_bool_with_complex": (lambda d: (torch.zeros(3, dtype=torch.bool, device=d),),
-                               lambda a: a.index_fill_(0, torch.tensor([1], device=a.device), 1 + 2j)),
-    "fill_bool_with_float": (lambda d: (torch.zeros(3, dtype=torch.bool, device=d),),
-                             lambda a: a.index_fill_(0, torch.tensor([1], device=a.device), 2.5)),
-    "byte_mask_scalar": (lambda d: (torch.zeros(3, device=d),),
-                         lambda x: x.__setitem__(torch.tensor([1, 0, 1], dtype=torch.uint8, device=x.device), 2.)),
+    "put_out_of_bounds": (lambda d: (_f(6)(d),), lambda a: a.__setitem__(torch.tensor([7], device=a.device), 1.0)),
+    "put_out_of_bounds_accumulate": (
+        lambda d: (_f(6)(d), torch.ones(1, device=d)),
+        lambda a, v: a.index_put_((torch.tensor([-7], device=a.device),), v, accumulate=True),
+    ),
+    "fill_bool_with_complex": (
+        lambda d: (torch.zeros(3, dtype=torch.bool, device=d),),
+        lambda a: a.index_fill_(0, torch.tensor([1], device=a.device), 1 + 2j),
+    ),
+    "fill_bool_with_float": (
+        lambda d: (torch.zeros(3, dtype=torch.bool, device=d),),
+        lambda a: a.index_fill_(0, torch.tensor([1], device=a.device), 2.5),
+    ),
+    "byte_mask_scalar": (
+        lambda d: (torch.zeros(3, device=d),),
+        lambda x: x.__setitem__(torch.tensor([1, 0, 1], dtype=torch.uint8, device=x.device), 2.0),
+    ),
 }
 
 
@@ -259,7 +333,7 @@ RANDOM = {
     "normal_negative_std": (torch.float32, lambda t: t.normal_(0, -1)),
     "exponential_negative": (torch.float32, lambda t: t.exponential_(-1)),
     "geometric_p_above_1": (torch.float32, lambda t: t.geometric_(2)),
-    "bernoulli_p_above_1": (torch.float32, lambda t: t.bernoulli_(2.)),
+    "bernoulli_p_above_1": (torch.float32, lambda t: t.bernoulli_(2.0)),
     "cauchy_negative_sigma": (torch.float32, lambda t: t.cauchy_(0, -1)),
     "log_normal_negative_std": (torch.float32, lambda t: t.log_normal_(0, -1)),
     "random_int_on_float_ok": (torch.float32, lambda t: t.random_(0, 1)),
@@ -279,8 +353,11 @@ def test_float_random_factories_reject_integer_dtypes(dev, shape, factory):
 
 
 RANDPERM = {
-    "uint8_257": (257, torch.uint8), "uint8_256": (256, torch.uint8), "half_2049": (2**11 + 1, torch.half),
-    "half_2050": (2**11 + 2, torch.half), "float_2pow24_plus_2": (2**24 + 2, torch.float32),
+    "uint8_257": (257, torch.uint8),
+    "uint8_256": (256, torch.uint8),
+    "half_2049": (2**11 + 1, torch.half),
+    "half_2050": (2**11 + 2, torch.half),
+    "float_2pow24_plus_2": (2**24 + 2, torch.float32),
     "int8_129": (129, torch.int8),
 }
 
@@ -300,8 +377,9 @@ def test_randperm_n_too_large_for_dtype(dev, case, with_out):
 
 
 @pytest.mark.parametrize("op", [torch.complex, torch.polar])
-@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32),
-                                    (torch.float32, torch.float32)])
+@pytest.mark.parametrize(
+    "dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32), (torch.float32, torch.float32)]
+)
 def test_complex_parts_of_different_dtypes(dev, op, dtypes):
     run_both_at_call(lambda d: (_f(2, dtype=dtypes[0])(d), _f(2, dtype=dtypes[1])(d)), op, dev)
 
@@ -314,8 +392,7 @@ OVERLAP = {
     "sigmoid_out_partial": lambda x: torch.sigmoid(x[:-1], out=x[1:]),
     "exp_out_same": lambda x: torch.exp(x, out=x),
     "copy_partial": lambda x: x[1:].copy_(x[:-1]),
-    "index_select_out_overlap": lambda x: torch.index_select(x, 0, torch.tensor([0, 1], device=x.device),
-                                                             out=x[:2]),
+    "index_select_out_overlap": lambda x: torch.index_select(x, 0, torch.tensor([0, 1], device=x.device), out=x[:2]),
     "expanded_add_": lambda x: x[:1].expand(5).add_(1),
     "expanded_copy_same": lambda x: x[:1].expand(3, 3).copy_(x[:1].expand(3, 3).transpose(0, 0)),
     "expanded_copy_other": lambda x: x[:1].expand(3).copy_(x[1:4]),
@@ -338,15 +415,15 @@ def test_memory_overlap(dev, case):
 # ---- the queue survives ---------------------------------------------------------------
 @requires_tpu
 def test_pending_work_survives_a_rejected_call():
-    x = torch.arange(6., device="tpu")
+    x = torch.arange(6.0, device="tpu")
     pending = x * 2
-    small = torch.arange(3., device="tpu")
+    small = torch.arange(3.0, device="tpu")
     small_before = small + 0
     with pytest.raises(RuntimeError, match=r"output with shape \[3\] doesn't match the broadcast shape \[2, 3\]"):
         small.atan2_(torch.ones(2, 3, device="tpu"))
     with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 6"):
         x[torch.tensor([9], device="tpu")]
-    assert pending.cpu().tolist() == [0., 2., 4., 6., 8., 10.]
+    assert pending.cpu().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert small.shape == (3,) and small.cpu().tolist() == small_before.cpu().tolist()
 
 
@@ -382,6 +459,7 @@ def _deterministic(act, warn_only=False):
             return act(*tensors)
         finally:
             torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
     return call
 
 
@@ -394,25 +472,36 @@ def _dup_index(n, size, computed):
 
 
 DETERMINISTIC = {
-    "index_copy_dim0": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d))),
-                        lambda x, i, s: torch.index_copy(x, 0, i, s)),
-    "index_copy_dim1_inplace": (lambda i: (lambda d: (torch.zeros(3, 5, 2, device=d), i(d), _f(3, 60, 2)(d))),
-                                lambda x, i, s: x.index_copy_(1, i, s)),
-    "index_copy_out": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d),
-                                             torch.empty(5, 4, device=d))),
-                       lambda x, i, s, o: torch.index_copy(x, 0, i, s, out=o)),
-    "index_put_accumulate": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d))),
-                             lambda x, i, s: x.index_put_((i,), s, accumulate=True)),
-    "index_add": (lambda i: (lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d))),
-                  lambda x, i, s: x.index_add_(0, i, s)),
-    "put_accumulate": (lambda i: (lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d))),
-                       lambda x, i, s: x.put_(i, s, accumulate=True)),
-    "put_alert": (lambda i: (lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d))),
-                  lambda x, i, s: x.put_(i, s)),
-    "put_functional_alert": (lambda i: (lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d))),
-                             lambda x, i, s: x.put(i, s)),
-    "gather_unaffected": (lambda i: (lambda d: (_f(5, 4)(d), i(d).reshape(15, 4))),
-                          lambda x, i: torch.gather(x, 0, i)),
+    "index_copy_dim0": (
+        lambda i: lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d)),
+        lambda x, i, s: torch.index_copy(x, 0, i, s),
+    ),
+    "index_copy_dim1_inplace": (
+        lambda i: lambda d: (torch.zeros(3, 5, 2, device=d), i(d), _f(3, 60, 2)(d)),
+        lambda x, i, s: x.index_copy_(1, i, s),
+    ),
+    "index_copy_out": (
+        lambda i: lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d), torch.empty(5, 4, device=d)),
+        lambda x, i, s, o: torch.index_copy(x, 0, i, s, out=o),
+    ),
+    "index_put_accumulate": (
+        lambda i: lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d)),
+        lambda x, i, s: x.index_put_((i,), s, accumulate=True),
+    ),
+    "index_add": (
+        lambda i: lambda d: (torch.zeros(5, 4, device=d), i(d), _f(60, 4)(d)),
+        lambda x, i, s: x.index_add_(0, i, s),
+    ),
+    "put_accumulate": (
+        lambda i: lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d)),
+        lambda x, i, s: x.put_(i, s, accumulate=True),
+    ),
+    "put_alert": (lambda i: lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d)), lambda x, i, s: x.put_(i, s)),
+    "put_functional_alert": (
+        lambda i: lambda d: (torch.zeros(5, device=d), i(d), _f(60)(d)),
+        lambda x, i, s: x.put(i, s),
+    ),
+    "gather_unaffected": (lambda i: lambda d: (_f(5, 4)(d), i(d).reshape(15, 4)), lambda x, i: torch.gather(x, 0, i)),
 }
 
 
@@ -426,8 +515,7 @@ def test_deterministic_mode_is_the_one_set_at_the_call(dev, case, computed):
 @pytest.mark.parametrize("case", ["put_alert", "put_functional_alert", "index_copy_dim0"])
 def test_deterministic_warn_only_warns_at_the_call(dev, case):
     build, act = DETERMINISTIC[case]
-    run_both_at_call(build(_dup_index(60, 5, True)), _deterministic(act, warn_only=True), dev,
-                     check_warnings=True)
+    run_both_at_call(build(_dup_index(60, 5, True)), _deterministic(act, warn_only=True), dev, check_warnings=True)
 
 
 # ---- normal(mean, std) with a tensor std ------------------------------------------
@@ -466,8 +554,11 @@ def test_index_with_indices_on_another_device(dev):
     x = torch.randn(3, 4, 4)
     ia, ib = torch.tensor([0, 2, 1]), torch.tensor([0, 2, 1], device=dev)
     for self_t, idx in [(x, (ib,)), (x, (slice(None), ia, ib)), (x, (ia, ib))]:
-        with pytest.raises(RuntimeError, match=r"^indices should be either on cpu or on the same device as the "
-                                               r"indexed tensor \(cpu\)$"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"^indices should be either on cpu or on the same device as the "
+            r"indexed tensor \(cpu\)$",
+        ):
             self_t[idx]
     if torch.tpu.device_count() > 1:
         xt, other = x.to(f"{dev}:0"), ia.to(f"{dev}:1")

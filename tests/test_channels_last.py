@@ -6,6 +6,7 @@ results in the geometry its meta inference gives, so a meta kernel that says
 contiguous would hand back NCHW strides. Gradients are checked with a contiguous
 and with a channels_last incoming gradient.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,20 +32,41 @@ def _weight(*shape, fmt=None):
 # name -> (input maker, extra leaf tensors (CPU), fn(x, leaves on the device) -> result(s))
 CASES = {
     "conv2d": (_x4, lambda: [_weight(6, 4, 3, 3)], lambda x, p: F.conv2d(x, p[0])),
-    "conv2d_bias_stride_pad": (_x4, lambda: [_weight(6, 4, 3, 3), torch.randn(6)],
-                               lambda x, p: F.conv2d(x, p[0], p[1], stride=2, padding=1)),
-    "conv2d_groups_dilation": (_x4, lambda: [_weight(6, 2, 3, 3)], lambda x, p: F.conv2d(x, p[0], groups=2, dilation=2)),
+    "conv2d_bias_stride_pad": (
+        _x4,
+        lambda: [_weight(6, 4, 3, 3), torch.randn(6)],
+        lambda x, p: F.conv2d(x, p[0], p[1], stride=2, padding=1),
+    ),
+    "conv2d_groups_dilation": (
+        _x4,
+        lambda: [_weight(6, 2, 3, 3)],
+        lambda x, p: F.conv2d(x, p[0], groups=2, dilation=2),
+    ),
     "conv2d_depthwise": (_x4, lambda: [_weight(4, 1, 3, 3)], lambda x, p: F.conv2d(x, p[0], groups=4)),
-    "conv2d_channels_last_weight_only": (lambda: torch.randn(2, 4, 8, 8), lambda: [_weight(6, 4, 3, 3, fmt=CL)],
-                                         lambda x, p: F.conv2d(x, p[0])),
-    "conv2d_float64": (lambda: _x4(torch.float64), lambda: [_weight(6, 4, 3, 3).double()], lambda x, p: F.conv2d(x, p[0])),
+    "conv2d_channels_last_weight_only": (
+        lambda: torch.randn(2, 4, 8, 8),
+        lambda: [_weight(6, 4, 3, 3, fmt=CL)],
+        lambda x, p: F.conv2d(x, p[0]),
+    ),
+    "conv2d_float64": (
+        lambda: _x4(torch.float64),
+        lambda: [_weight(6, 4, 3, 3).double()],
+        lambda x, p: F.conv2d(x, p[0]),
+    ),
     "conv_transpose2d": (_x4, lambda: [_weight(4, 6, 3, 3)], lambda x, p: F.conv_transpose2d(x, p[0], stride=2)),
     "conv3d": (_x5, lambda: [_weight(6, 4, 3, 3, 3)], lambda x, p: F.conv3d(x, p[0])),
-    "batch_norm_train": (_x4, lambda: [torch.randn(4), torch.randn(4)],
-                         lambda x, p: F.batch_norm(x, None, None, p[0], p[1], training=True)),
-    "batch_norm_eval": (_x4, lambda: [torch.randn(4), torch.randn(4)],
-                        lambda x, p: F.batch_norm(x, torch.zeros(4, device=x.device), torch.ones(4, device=x.device),
-                                                  p[0], p[1], training=False)),
+    "batch_norm_train": (
+        _x4,
+        lambda: [torch.randn(4), torch.randn(4)],
+        lambda x, p: F.batch_norm(x, None, None, p[0], p[1], training=True),
+    ),
+    "batch_norm_eval": (
+        _x4,
+        lambda: [torch.randn(4), torch.randn(4)],
+        lambda x, p: F.batch_norm(
+            x, torch.zeros(4, device=x.device), torch.ones(4, device=x.device), p[0], p[1], training=False
+        ),
+    ),
     "group_norm": (_x4, lambda: [torch.randn(4), torch.randn(4)], lambda x, p: F.group_norm(x, 2, p[0], p[1])),
     "max_pool2d_indices": (_x4, list, lambda x, p: F.max_pool2d(x, 3, 2, 1, return_indices=True)),
     "avg_pool2d": (_x4, list, lambda x, p: F.avg_pool2d(x, 3, 2, 1)),
@@ -57,8 +79,11 @@ CASES = {
     "upsample_nearest": (_x4, list, lambda x, p: F.interpolate(x, scale_factor=2, mode="nearest")),
     "upsample_bilinear": (_x4, list, lambda x, p: F.interpolate(x, size=(5, 7), mode="bilinear", align_corners=True)),
     "upsample_bicubic": (_x4, list, lambda x, p: F.interpolate(x, scale_factor=2, mode="bicubic")),
-    "upsample_bilinear_antialias": (_x4, list, lambda x, p: F.interpolate(x, size=(5, 5), mode="bilinear",
-                                                                         antialias=True)),
+    "upsample_bilinear_antialias": (
+        _x4,
+        list,
+        lambda x, p: F.interpolate(x, size=(5, 5), mode="bilinear", antialias=True),
+    ),
     "upsample_trilinear": (_x5, list, lambda x, p: F.interpolate(x, scale_factor=2, mode="trilinear")),
     "pixel_shuffle": (_x4, list, lambda x, p: F.pixel_shuffle(x, 2)),
     "pixel_unshuffle": (_x4, list, lambda x, p: F.pixel_unshuffle(x, 2)),
@@ -72,8 +97,11 @@ CASES = {
     "max_unpool3d": (_x5, list, lambda x, p: F.max_unpool3d(*F.max_pool3d(x, 2, return_indices=True), 2)),
     "prelu": (_x4, lambda: [torch.randn(4)], lambda x, p: F.prelu(x, p[0])),
     "softmax_channels": (_x4, list, lambda x, p: F.softmax(x, 1)),
-    "cross_entropy_2d": (_x4, list, lambda x, p: F.cross_entropy(
-        x, torch.zeros(2, 8, 8, dtype=torch.long, device=x.device), reduction="none")),
+    "cross_entropy_2d": (
+        _x4,
+        list,
+        lambda x, p: F.cross_entropy(x, torch.zeros(2, 8, 8, dtype=torch.long, device=x.device), reduction="none"),
+    ),
 }
 
 
@@ -91,8 +119,10 @@ def _run(dev, name, x0, leaves0, channels_last_grad):
     diff = [o for o in outs if o.requires_grad]
     torch.manual_seed(2)
     grads = [torch.randn(o.shape, dtype=o.dtype) for o in diff]
-    grads = [g.contiguous(memory_format=CL if g.dim() == 4 else CL3) if channels_last_grad and g.dim() in (4, 5)
-             else g for g in grads]
+    grads = [
+        g.contiguous(memory_format=CL if g.dim() == 4 else CL3) if channels_last_grad and g.dim() in (4, 5) else g
+        for g in grads
+    ]
     torch.autograd.backward(diff, [g.to(dev) for g in grads])
     return outs + [x.grad] + [p.grad for p in leaves]
 
@@ -140,4 +170,5 @@ def test_bad_convolution_raises_like_cpu_and_the_queue_survives():
 def test_plain_meta_tensors_keep_pytorchs_device_hint():
     # The CPU answer is for the device's own meta inference only.
     from torch._meta_registrations import device_hint
+
     assert device_hint(torch.empty(2, device="meta")) == "cuda"

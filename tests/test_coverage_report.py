@@ -4,6 +4,7 @@ Runs the CLI into temporary files and checks that the Markdown report, the JSON 
 dispatcher agree: registration counts, per-case totals, per-op rows and the lowering
 label of each OpInfo. No timing is asserted.
 """
+
 import json
 import os
 import re
@@ -13,8 +14,7 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip(
-    "expecttest", reason="torch.testing._internal (the OpInfo database) needs `pip install expecttest`")
+pytest.importorskip("expecttest", reason="torch.testing._internal (the OpInfo database) needs `pip install expecttest`")
 
 from difftest import requires_tpu  # noqa: E402
 
@@ -27,25 +27,45 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _cli(*args, cwd):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "torch_tpu_eager.coverage", *args],
-                          capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "torch_tpu_eager.coverage", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("coverage")
     md, js = tmp / "coverage.md", tmp / "coverage.json"
-    proc = _cli("--ops", ",".join(OPS), "--dtypes", ",".join(DTYPES), "--noncontiguous",
-                "--out", str(md), "--json", str(js), cwd=tmp)
+    proc = _cli(
+        "--ops",
+        ",".join(OPS),
+        "--dtypes",
+        ",".join(DTYPES),
+        "--noncontiguous",
+        "--out",
+        str(md),
+        "--json",
+        str(js),
+        cwd=tmp,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return md.read_text(), json.loads(js.read_text()), proc.stderr
 
 
 def _dispatcher_overloads():
     import torch_tpu_eager  # noqa: F401  (registers the kernels being counted)
+
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return {n[len("aten::"):] for n in torch._C._dispatch_get_all_op_names()
-            if n.startswith("aten::") and has(n, "PrivateUse1")}
+    return {
+        n[len("aten::") :]
+        for n in torch._C._dispatch_get_all_op_names()
+        if n.startswith("aten::") and has(n, "PrivateUse1")
+    }
 
 
 def _md_int(md, pattern):
@@ -63,12 +83,15 @@ def test_registration_counts_match_dispatcher(report):
     assert set(reg["overload_kinds"]) == overloads
     assert reg["names"] == len(names)
     assert _md_int(md, r"\*\*Registered ATen overloads\*\*: (\d+) \((\d+) distinct op names\)") == (
-        len(overloads), len(names))
+        len(overloads),
+        len(names),
+    )
     assert sum(reg["by_kind"].values()) == reg["overloads"]
 
 
 def test_lowered_counts_follow_op_table(report):
     import torch_tpu_eager
+
     md, data, _ = report
     reg = data["registration"]
     table = dict(torch_tpu_eager.op_table())
@@ -80,9 +103,10 @@ def test_lowered_counts_follow_op_table(report):
     assert reg["lowered_overloads"] == len(lowered)
     assert reg["lowered_names"] == len({o.split(".", 1)[0] for o in lowered})
     assert _md_int(md, r"\*\*Lowered to primitive IR\*\*: (\d+) overloads \((\d+) names\)") == (
-        reg["lowered_overloads"], reg["lowered_names"])
-    assert _md_int(md, r"\*\*Not lowered\*\*: (\d+) overloads") == (
-        reg["overloads"] - reg["lowered_overloads"],)
+        reg["lowered_overloads"],
+        reg["lowered_names"],
+    )
+    assert _md_int(md, r"\*\*Not lowered\*\*: (\d+) overloads") == (reg["overloads"] - reg["lowered_overloads"],)
     assert "674" in md and "483" in md  # the TorchTPU comparison
 
 
@@ -100,6 +124,7 @@ def test_results_cover_requested_cases(report):
 
 def test_lowering_label_matches_overloads_reached(report):
     from torch_tpu_eager.testing import coverage, load_op_db, op_key
+
     _, data, _ = report
     kinds = data["registration"]["overload_kinds"]
     by_name = {op_key(op): op for op in load_op_db() if op_key(op) in OPS}
@@ -108,8 +133,15 @@ def test_lowering_label_matches_overloads_reached(report):
         assert set(r["overloads"]) == set(cov.registered)
         compute = [o for o in cov.registered if kinds[o] not in ("view", "runtime")]
         lowered = [o for o in compute if kinds[o] in ("elementwise", "reduction", "matmul", "data", "random")]
-        want = ("view" if not compute else "lowered" if len(lowered) == len(compute)
-                else "library" if not lowered else f"mixed {len(lowered)}/{len(compute)}")
+        want = (
+            "view"
+            if not compute
+            else "lowered"
+            if len(lowered) == len(compute)
+            else "library"
+            if not lowered
+            else f"mixed {len(lowered)}/{len(compute)}"
+        )
         assert r["lowering"] == want, r["op"]
 
 
@@ -125,8 +157,12 @@ def test_totals_are_sums_of_rows(report):
         assert sum(t[s] for s in ("pass", "fail", "error", "skip")) == len(rows)
         assert t["pass_rate"] == pytest.approx(t["samples_passed"] / t["samples_run"])
         # The Markdown totals row shows the same numbers.
-        row = re.search(rf"^\| {re.escape(case)} \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| "
-                        rf"(\d+) / (\d+) \| \*\*([\d.]+)%\*\* \| ([\d.]+)%", md, re.M)
+        row = re.search(
+            rf"^\| {re.escape(case)} \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| "
+            rf"(\d+) / (\d+) \| \*\*([\d.]+)%\*\* \| ([\d.]+)%",
+            md,
+            re.M,
+        )
         assert row, case
         got = tuple(int(g) for g in row.groups()[:7])
         assert got == (t["ops"], t["pass"], t["fail"], t["error"], t["skip"], t["samples_passed"], t["samples_run"])
@@ -136,26 +172,41 @@ def test_totals_are_sums_of_rows(report):
 
 def test_markdown_rows_match_json(report):
     md, data, _ = report
-    rows = re.findall(r"^\| (\S+) \| (\S+) \| (pass|fail|error|skip) \| (\d+) / (\d+) \| (\d+) \| ([^|]+) \|",
-                      md, re.M)
-    want = [(r["op"], r["dtype"] + ("-noncontig" if r["noncontiguous"] else ""), r["status"],
-             str(r["passed"]), str(r["total"]), str(r["skipped"]), r["lowering"]) for r in data["results"]]
+    rows = re.findall(r"^\| (\S+) \| (\S+) \| (pass|fail|error|skip) \| (\d+) / (\d+) \| (\d+) \| ([^|]+) \|", md, re.M)
+    want = [
+        (
+            r["op"],
+            r["dtype"] + ("-noncontig" if r["noncontiguous"] else ""),
+            r["status"],
+            str(r["passed"]),
+            str(r["total"]),
+            str(r["skipped"]),
+            r["lowering"],
+        )
+        for r in data["results"]
+    ]
     assert [tuple(x.strip() for x in row) for row in rows] == want
 
 
 def test_sweep_counts_match_direct_sweep(report):
     """The CLI's counts are those of sweep_op on the same OpInfo (the sweep is seeded)."""
     from torch_tpu_eager.testing import load_op_db, sweep_op
+
     _, data, _ = report
     add = next(op for op in load_op_db() if op.name == "add")
     res = sweep_op(add, torch.float32, "tpu")
     row = next(r for r in data["results"] if r["op"] == "add" and r["dtype"] == "float32" and not r["noncontiguous"])
     assert (row["passed"], row["failed"], row["errors"], row["skipped"]) == (
-        res.passed, res.failed, res.errors, res.skipped)
+        res.passed,
+        res.failed,
+        res.errors,
+        res.skipped,
+    )
 
 
 def test_header_names_date_torch_and_target(report):
     import torch_tpu_eager
+
     md, data, _ = report
     assert torch.__version__ in md
     assert data["meta"]["torch"] == torch.__version__
@@ -178,6 +229,7 @@ def test_unknown_opinfo_name_is_rejected(tmp_path):
 
 def test_unbuilt_target_exits_with_a_message(tmp_path):
     import torch_tpu_eager
+
     if "spyre" in torch_tpu_eager.list_targets():
         pytest.skip("the spyre target is built; nothing to refuse")
     proc = _cli("--target", "spyre", "--ops", "add", "--out", str(tmp_path / "c.md"), cwd=tmp_path)

@@ -1,6 +1,7 @@
 """torch.library custom ops on "tpu": recorded at the call (fake impl), run at
 flush by the author's "tpu" kernel on host tensors (torch_tpu_eager.custom_ops).
 Every result is compared with the same op run on CPU."""
+
 import itertools
 
 import pytest

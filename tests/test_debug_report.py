@@ -1,4 +1,5 @@
 """TORCH_TPU_DEBUG (one line per flush and compile, a summary at exit) and metrics_report()."""
+
 import os
 import re
 import subprocess
@@ -44,8 +45,10 @@ def test_level_1_names_each_flush_cause_and_the_users_line(tmp_path):
 
 def test_level_1_summary_at_exit_counts_causes_and_top_lines(tmp_path):
     path, err = _run(tmp_path, 1)
-    summary = err[err.index("[tpu debug] summary:"):].splitlines()
-    assert re.match(r"\[tpu debug\] summary: 4 flushes \((host_read 1, item 3|item 3, host_read 1)\)", summary[0]), summary
+    summary = err[err.index("[tpu debug] summary:") :].splitlines()
+    assert re.match(r"\[tpu debug\] summary: 4 flushes \((host_read 1, item 3|item 3, host_read 1)\)", summary[0]), (
+        summary
+    )
     assert re.match(rf"\[tpu debug\]\s+3 flushes triggered at {re.escape(path)}:7$", summary[1]), summary
 
 

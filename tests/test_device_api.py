@@ -1,4 +1,5 @@
 """torch.tpu module, eager modes, metrics and fusion counts (device only)."""
+
 import os
 import subprocess
 import sys

@@ -3,6 +3,7 @@
 The allocator is a c10::DeviceAllocator, so torch.accelerator's memory functions
 reach it; numbers are bytes of the chip's simulated HBM.
 """
+
 import gc
 
 import pytest
@@ -40,8 +41,7 @@ def test_get_device_capability_lists_cpu_dtypes():
     cap = torch.accelerator.get_device_capability()
     assert isinstance(cap, dict)
     dts = cap["supported_dtypes"]
-    for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool,
-               torch.complex64):
+    for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.complex64):
         assert dt in dts
 
 
@@ -75,9 +75,16 @@ def test_peak_and_reset():
 def test_memory_stats_keys_and_accumulated_counters():
     torch.accelerator.reset_accumulated_memory_stats()
     stats = torch.accelerator.memory_stats()
-    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak", "allocated_bytes.all.allocated",
-                "allocated_bytes.all.freed", "reserved_bytes.all.current", "active_bytes.all.current",
-                "allocation.all.current", "num_ooms"):
+    for key in (
+        "allocated_bytes.all.current",
+        "allocated_bytes.all.peak",
+        "allocated_bytes.all.allocated",
+        "allocated_bytes.all.freed",
+        "reserved_bytes.all.current",
+        "active_bytes.all.current",
+        "allocation.all.current",
+        "num_ooms",
+    ):
         assert key in stats, key
     assert stats["allocated_bytes.all.allocated"] == 0
     x = torch.empty(256, device="tpu")
@@ -121,9 +128,17 @@ def test_empty_cache_releases_cached_blocks():
     torch.tpu.empty_cache()
 
 
-@pytest.mark.parametrize("fn", [torch.tpu.memory_allocated, torch.tpu.max_memory_allocated,
-                                torch.tpu.memory_reserved, torch.tpu.memory_stats, torch.tpu.mem_get_info,
-                                torch.tpu.reset_peak_memory_stats])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        torch.tpu.memory_allocated,
+        torch.tpu.max_memory_allocated,
+        torch.tpu.memory_reserved,
+        torch.tpu.memory_stats,
+        torch.tpu.mem_get_info,
+        torch.tpu.reset_peak_memory_stats,
+    ],
+)
 def test_bad_device_arguments_raise_as_cuda(fn):
     n = torch.tpu.device_count()
     with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):

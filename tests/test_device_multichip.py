@@ -1,4 +1,5 @@
 """Several simulated chips per process, against CUDA's multi-device contract."""
+
 import os
 
 import pytest

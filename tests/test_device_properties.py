@@ -1,4 +1,5 @@
 """torch.tpu.get_device_properties / get_device_name / get_device_capability."""
+
 import pytest
 import torch
 
@@ -13,12 +14,15 @@ def _tte():
     return torch_tpu_eager
 
 
-@pytest.mark.parametrize("target,name,major_minor", [
-    ("tpu-v4", "TPU v4 (simulated)", (4, 0)),
-    ("tpu-v5e", "TPU v5e (simulated)", (5, 0)),
-    ("tpu-v5p", "TPU v5p (simulated)", (5, 1)),
-    ("tpu-v6e", "TPU v6e (simulated)", (6, 0)),
-])
+@pytest.mark.parametrize(
+    "target,name,major_minor",
+    [
+        ("tpu-v4", "TPU v4 (simulated)", (4, 0)),
+        ("tpu-v5e", "TPU v5e (simulated)", (5, 0)),
+        ("tpu-v5p", "TPU v5p (simulated)", (5, 1)),
+        ("tpu-v6e", "TPU v6e (simulated)", (6, 0)),
+    ],
+)
 def test_properties_come_from_the_chip_data(target, name, major_minor):
     tte = _tte()
     before = tte.get_target()

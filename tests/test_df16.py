@@ -6,6 +6,7 @@ away) or rint (ties even), then applies the format's rules from issue 6 (exponen
 bias 31, E in 0..63, code 0 is zero, 0x7FFF is NaN/Inf). Decoding is checked against
 the formula (-1)^s * 2^(E-31) * (1 + F/512).
 """
+
 import math
 
 import numpy as np
@@ -19,6 +20,7 @@ MODES = [(r, o) for r in ("nearest_away", "nearest_even") for o in ("nan_inf", "
 
 
 # ---------------------------------------------------------------- reference
+
 
 def ref_encode(x32, rounding="nearest_away", overflow="nan_inf"):
     """df16 codes (uint16) of the float32 array x32, from the rules of issue 6."""
@@ -61,6 +63,7 @@ def ref_decode(codes):
 
 # ---------------------------------------------------------------- helpers
 
+
 def encode(x32, rounding="nearest_away", overflow="nan_inf"):
     t = torch.from_numpy(np.ascontiguousarray(x32, dtype=np.float32))
     return spyre.df16_encode(t, rounding=rounding, overflow=overflow).numpy().view(np.uint16)
@@ -78,8 +81,10 @@ def f32(bits):
 def assert_codes_equal(x32, got, want):
     bad = np.nonzero(got != want)[0]
     if bad.size:
-        rows = [f"x={x32[i]!r} (0x{x32[i:i + 1].view(np.uint32)[0]:08X}): got 0x{got[i]:04X} want 0x{want[i]:04X}"
-                for i in bad[:8]]
+        rows = [
+            f"x={x32[i]!r} (0x{x32[i : i + 1].view(np.uint32)[0]:08X}): got 0x{got[i]:04X} want 0x{want[i]:04X}"
+            for i in bad[:8]
+        ]
         pytest.fail(f"{bad.size} of {got.size} codes differ:\n" + "\n".join(rows))
 
 
@@ -98,8 +103,20 @@ def edge_values():
     fraction, the exact grid point, one f32 ulp either side, and the half-way tie
     with its two neighbours.
     """
-    specials = [0, 1, 2, 0x007FFFFF, 0x00800000, 0x00800001, 0x7F7FFFFF, 0x7F800000, 0x7F800001,
-                0x7FC00000, 0x7FFFFFFF, 0x3F800000]
+    specials = [
+        0,
+        1,
+        2,
+        0x007FFFFF,
+        0x00800000,
+        0x00800001,
+        0x7F7FFFFF,
+        0x7F800000,
+        0x7F800001,
+        0x7FC00000,
+        0x7FFFFFFF,
+        0x3F800000,
+    ]
     exp32 = np.arange(96 - 3, 96 + 67, dtype=np.uint32)
     frac9 = np.arange(512, dtype=np.uint32)
     base = ((exp32[:, None] << 23) | (frac9[None, :] << 14)).ravel()
@@ -126,6 +143,7 @@ ALL_CODES = np.arange(1 << 16, dtype=np.uint16)
 
 # ---------------------------------------------------------------- the reference itself
 
+
 def test_reference_matches_issue_golden_values():
     # The golden values of issue 6 hold for the reference, so it encodes the stated rules.
     x = np.array([1.0, -1.0, 2.0, 0.5, 0.1, 65504.0, 1 + 2.0**-10, 2.0**-31], dtype=np.float32)
@@ -135,12 +153,16 @@ def test_reference_matches_issue_golden_values():
 
 # ---------------------------------------------------------------- encode
 
+
 def test_golden_values():
     x = torch.tensor([1.0, -1.0, 2.0, 0.5, 0.1, 65504.0, 1 + 2.0**-10, 2.0**-31, 8573157376.0])
     got = spyre.df16_encode(x).numpy().view(np.uint16).tolist()
     assert got == [0x3E00, 0xBE00, 0x4000, 0x3C00, 0x3733, 0x5E00, 0x3E01, 0x0000, 0x7FFE]
     assert spyre.df16_decode(torch.tensor([0x7FFE, 0x5E00, 0x3E00], dtype=torch.int16)).tolist() == [
-        8573157376.0, 65536.0, 1.0]
+        8573157376.0,
+        65536.0,
+        1.0,
+    ]
     assert spyre.df16_round(torch.tensor([65504.0])).item() == 65536.0
 
 
@@ -186,6 +208,7 @@ def test_ties_and_limits():
 
 # ---------------------------------------------------------------- decode and round trips
 
+
 def test_decode_all_codes():
     assert_same_floats(decode(ALL_CODES), ref_decode(ALL_CODES))
 
@@ -220,6 +243,7 @@ def test_result_is_a_nearest_df16_value(rounding):
 
 # ---------------------------------------------------------------- tensor API
 
+
 def test_shapes_dtypes_and_layouts():
     x = torch.linspace(-3, 3, 24).reshape(2, 3, 4)
     codes = spyre.df16_encode(x)
@@ -228,8 +252,10 @@ def test_shapes_dtypes_and_layouts():
     assert codes.numpy().tolist() == want.tolist()
     # Strided input, 0-dim and empty tensors.
     xt = x.transpose(0, 2)
-    assert spyre.df16_encode(xt).tolist() == ref_encode(xt.contiguous().numpy().ravel()).view(np.int16).reshape(
-        xt.shape).tolist()
+    assert (
+        spyre.df16_encode(xt).tolist()
+        == ref_encode(xt.contiguous().numpy().ravel()).view(np.int16).reshape(xt.shape).tolist()
+    )
     assert spyre.df16_encode(torch.tensor(0.1)).shape == ()
     assert spyre.df16_decode(torch.zeros(0, 3, dtype=torch.int16)).shape == (0, 3)
     dec = spyre.df16_decode(codes)

@@ -4,6 +4,7 @@ clone write their device buffers directly even when their operands are strided
 no temporary result copied into the buffer afterwards (region_runner.cpp,
 direct_outputs; direct_kernels.h, takes_strided_inputs). Values, sizes and strides
 equal CPU's."""
+
 import pytest
 import torch
 
@@ -21,8 +22,13 @@ CASES = {
     "mm_sliced": lambda d: torch.mm(A.to(d)[::2], B.to(d)[:4]),
     "addmm_transposed": lambda d: torch.addmm(BIAS.to(d), A.to(d).t(), B.to(d)),
     "bmm_transposed": lambda d: torch.bmm(C.to(d), C.to(d).transpose(1, 2)),
-    "baddbmm_expanded": lambda d: torch.baddbmm(BIAS.to(d)[:4].view(1, 1, 4).expand(3, 4, 4), C.to(d)[:, :, :4],
-                                                C.to(d)[:, :, 2:].transpose(1, 2), beta=0.5, alpha=2.0),
+    "baddbmm_expanded": lambda d: torch.baddbmm(
+        BIAS.to(d)[:4].view(1, 1, 4).expand(3, 4, 4),
+        C.to(d)[:, :, :4],
+        C.to(d)[:, :, 2:].transpose(1, 2),
+        beta=0.5,
+        alpha=2.0,
+    ),
     "cat_transposed": lambda d: torch.cat([A.to(d).t(), B.to(d).t()], dim=0),
     "clone_transposed": lambda d: A.to(d).t().contiguous(),
     "clone_sliced_channels_last": lambda d: C.to(d).unsqueeze(0)[:, :, 1:].clone(memory_format=torch.channels_last),
@@ -43,8 +49,9 @@ def test_strided_operands_equal_cpu(name):
     assert got.shape == want.shape and got.stride() == want.stride()
 
 
-@pytest.mark.parametrize("name", ["mm_transposed", "addmm_transposed", "bmm_transposed", "cat_transposed",
-                                  "clone_transposed"])
+@pytest.mark.parametrize(
+    "name", ["mm_transposed", "addmm_transposed", "bmm_transposed", "cat_transposed", "clone_transposed"]
+)
 def test_result_is_written_once(name):
     # The flush copies no more than CPU's kernel does itself (clone's copy, addmm's
     # copy of the bias into its output): no temporary result copied into the buffer.

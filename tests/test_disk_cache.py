@@ -11,6 +11,7 @@ disk_cache_writes), nothing is compiled or appended, and the only disk misses
 left are the lookups the cold process could not store either (calls whose meta
 kernel rejected them run eagerly and are never cached).
 """
+
 import json
 import os
 import subprocess
@@ -88,8 +89,9 @@ def run_program(tmp_path, cache_dir):
     script = tmp_path / "program.py"
     script.write_text(PROGRAM)
     env = child_env(cache_dir)
-    out = subprocess.run([sys.executable, str(script)], env=env, cwd=str(tmp_path), capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(script)], env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     # Results match CPU PyTorch whatever the cache did.
@@ -132,7 +134,7 @@ def test_damaged_file_warns_and_keeps_its_valid_prefix(tmp_path, damage):
     data = bytearray(meta.read_bytes())
     cut = len(data) // 2
     if damage == "flip":
-        data[cut:cut + 8] = bytes(b ^ 0xFF for b in data[cut:cut + 8])
+        data[cut : cut + 8] = bytes(b ^ 0xFF for b in data[cut : cut + 8])
     else:
         data = data[:cut]
     meta.write_bytes(bytes(data))
@@ -167,7 +169,7 @@ def test_other_version_stamp_is_never_read(tmp_path):
         f = stamp_dir(cache, cold) / name
         data = f.read_bytes()
         stamp = cold["stamp"].encode()
-        assert stamp in data[:64 + len(stamp)]
+        assert stamp in data[: 64 + len(stamp)]
         f.write_bytes(data.replace(stamp, stamp[:-1] + (b"0" if stamp[-1:] != b"0" else b"1"), 1))
     third, err = run_program(tmp_path, cache)
     assert third["metrics"]["disk_cache_hits"] == 0
@@ -199,8 +201,17 @@ def test_concurrent_processes_share_a_dir(tmp_path):
     script = tmp_path / "program.py"
     script.write_text(PROGRAM)
     env = child_env(cache)
-    procs = [subprocess.Popen([sys.executable, str(script)], env=env, cwd=str(tmp_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env=env,
+            cwd=str(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
     assert all("disk cache" not in e for _, e in outs)
@@ -249,7 +260,6 @@ def test_set_cache_dir_in_process(tmp_path):
         torch_tpu_eager.set_cache_dir(prev)
 
 
-
 FORK_PROGRAM = r"""
 import json, os, sys
 import torch
@@ -295,8 +305,7 @@ def test_forked_child_and_parent_share_a_dir(tmp_path):
     env = child_env(cache)
 
     def run(*args):
-        out = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True,
-                             timeout=300)
+        out = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         assert "disk cache" not in out.stderr
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -329,7 +338,7 @@ def _rewrite_values(path, new_value):
     while pos < len(data):
         magic, klen, vlen, _ = struct.unpack_from("<IIIQ", data, pos)
         body = pos + 20
-        key, value = data[body:body + klen], new_value(data[body + klen:body + klen + vlen])
+        key, value = data[body : body + klen], new_value(data[body + klen : body + klen + vlen])
         out += struct.pack("<IIIQ", magic, klen, len(value), _fnv1a(value, _fnv1a(key))) + key + value
         pos, n = body + klen + vlen, n + 1
     path.write_bytes(bytes(out))

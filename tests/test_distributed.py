@@ -4,6 +4,7 @@ Multi-process checks run tests/dist_worker.py (2 processes on localhost, spawned
 each case under a timeout); every value is compared with gloo on CPU tensors or a
 single-process CPU run inside the ranks. In-process checks come first.
 """
+
 import os
 import subprocess
 import sys
@@ -22,8 +23,14 @@ ROOT = os.path.dirname(HERE)
 
 def _run_case(case, world=2, timeout=280):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, os.path.join(HERE, "dist_worker.py"), case, str(world)],
-                       capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, os.path.join(HERE, "dist_worker.py"), case, str(world)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, f"{case} failed:\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}"
     return r.stdout
 
@@ -96,8 +103,21 @@ def test_ddp_fsdp2_dtensor_tp_and_checkpoint_equal_single_process_cpu():
 
 def test_train_ddp_example_under_torchrun():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        os.path.join(ROOT, "examples", "train_ddp.py"), "--quick"],
-                       capture_output=True, text=True, timeout=280, env=env, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            os.path.join(ROOT, "examples", "train_ddp.py"),
+            "--quick",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     assert "PASS" in r.stdout and "all_reduce x" in r.stdout

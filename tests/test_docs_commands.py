@@ -11,6 +11,7 @@ The README's two set-up commands (install, tests) are not run here (one would
 reinstall, the other would run this test): CI runs them, so the test checks that
 ``.ci/run`` contains each verbatim.
 """
+
 import glob
 import os
 import re
@@ -70,8 +71,14 @@ def test_documented_command_runs(kind, text, tmp_path):
     for name in ("examples", "benchmarks", "tools", "csrc", "torch_tpu_eager"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     (tmp_path / "docs").mkdir()
-    env = dict(os.environ, TORCH_TPU_QUICK="1", MPLBACKEND="Agg",
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    env = dict(
+        os.environ,
+        TORCH_TPU_QUICK="1",
+        MPLBACKEND="Agg",
+        PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+    )
     argv = [sys.executable, "-c", text] if kind == "python" else ["bash", "-e", "-c", text]
     proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    )

@@ -1,4 +1,5 @@
 """Bounded dynamism: compile counts for growing and marked sizes."""
+
 import math
 import warnings
 
@@ -55,11 +56,11 @@ def test_mark_dynamic_range_compiles_once_and_outside_warns():
 @pytest.mark.parametrize(
     "args",
     [
-        (torch.ones(3), 0, 1, 2),            # not a tpu tensor
-        ("tpu", -1, 1, 2),                   # negative dim
-        ("tpu", 2, 1, 2),                    # dim out of range
-        ("tpu", 0, 5, 2),                    # lower > upper
-        ("tpu", 0, -1, 2),                   # negative lower
+        (torch.ones(3), 0, 1, 2),  # not a tpu tensor
+        ("tpu", -1, 1, 2),  # negative dim
+        ("tpu", 2, 1, 2),  # dim out of range
+        ("tpu", 0, 5, 2),  # lower > upper
+        ("tpu", 0, -1, 2),  # negative lower
     ],
 )
 def test_mark_dynamic_rejects_bad_input(args):

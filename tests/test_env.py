@@ -1,4 +1,5 @@
 """The environment knob registry (csrc/device/env.cpp, torch_tpu_eager.env)."""
+
 import glob
 import os
 import re
@@ -10,15 +11,30 @@ import pytest
 from torch_tpu_eager import env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["setup.py", "README.md", "csrc/**/*.cpp", "csrc/**/*.h", "torch_tpu_eager/**/*.py",
-           "examples/*.py", "benchmarks/*.py", "tools/*.py", "tests/*.py", "docs/*.md"]
+SOURCES = [
+    "setup.py",
+    "README.md",
+    "csrc/**/*.cpp",
+    "csrc/**/*.h",
+    "torch_tpu_eager/**/*.py",
+    "examples/*.py",
+    "benchmarks/*.py",
+    "tools/*.py",
+    "tests/*.py",
+    "docs/*.md",
+]
 
 
 def _import_with(**environ):
     code = "import torch_tpu_eager, torch_tpu_eager.env as e; print(e.get(%r))"
     name = next(iter(environ))
-    return subprocess.run([sys.executable, "-c", code % name], capture_output=True, text=True,
-                          env=dict(os.environ, **environ), timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code % name],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **environ),
+        timeout=120,
+    )
 
 
 def test_every_knob_named_in_the_repository_is_declared():
@@ -49,14 +65,17 @@ def test_report_lists_every_knob_with_its_current_value(monkeypatch):
     assert row.split()[1:4] == ["bool", "0", "0"]
 
 
-@pytest.mark.parametrize("name,value,parsed", [
-    ("TORCH_TPU_MAX_PENDING_OPS", "17", 17),
-    ("TORCH_TPU_MAX_PENDING_BYTES", "3M", 3 << 20),
-    ("TORCH_TPU_MAX_PENDING_BYTES", "2G", 2 << 30),
-    ("TORCH_TPU_CPU_FALLBACK", "1", True),
-    ("TORCH_TPU_DEFER_AND_FUSE", "0", False),
-    ("TORCH_TPU_TARGET", "tpu-v6e", "tpu-v6e"),
-])
+@pytest.mark.parametrize(
+    "name,value,parsed",
+    [
+        ("TORCH_TPU_MAX_PENDING_OPS", "17", 17),
+        ("TORCH_TPU_MAX_PENDING_BYTES", "3M", 3 << 20),
+        ("TORCH_TPU_MAX_PENDING_BYTES", "2G", 2 << 30),
+        ("TORCH_TPU_CPU_FALLBACK", "1", True),
+        ("TORCH_TPU_DEFER_AND_FUSE", "0", False),
+        ("TORCH_TPU_TARGET", "tpu-v6e", "tpu-v6e"),
+    ],
+)
 def test_values_parse(name, value, parsed, monkeypatch):
     monkeypatch.setenv(name, value)
     assert env.get(name) == parsed
@@ -69,11 +88,17 @@ def test_unset_and_empty_give_the_default(name, monkeypatch):
     assert str(int(env.get(name))) == default
 
 
-@pytest.mark.parametrize("name,value", [
-    ("TORCH_TPU_MAX_PENDING_OPS", "12x"), ("TORCH_TPU_MAX_PENDING_OPS", "-1"),
-    ("TORCH_TPU_MAX_PENDING_BYTES", "99999999999999999999"), ("TORCH_TPU_MAX_PENDING_BYTES", "9999999999G"),
-    ("TORCH_TPU_CPU_FALLBACK", "yes"), ("TORCH_TPU_DEFER_AND_FUSE", "true"),
-])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("TORCH_TPU_MAX_PENDING_OPS", "12x"),
+        ("TORCH_TPU_MAX_PENDING_OPS", "-1"),
+        ("TORCH_TPU_MAX_PENDING_BYTES", "99999999999999999999"),
+        ("TORCH_TPU_MAX_PENDING_BYTES", "9999999999G"),
+        ("TORCH_TPU_CPU_FALLBACK", "yes"),
+        ("TORCH_TPU_DEFER_AND_FUSE", "true"),
+    ],
+)
 def test_malformed_value_fails_the_import_naming_the_variable(name, value):
     proc = _import_with(**{name: value})
     assert proc.returncode != 0
@@ -87,7 +112,6 @@ def test_undeclared_name_is_an_error():
 
 
 def test_module_prints_the_table():
-    proc = subprocess.run([sys.executable, "-m", "torch_tpu_eager.env"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "torch_tpu_eager.env"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stderr == ""
     assert all(k.name in proc.stdout for k in env.knobs())

@@ -1,6 +1,7 @@
 """An op that fails at a flush loses nothing else: ops of the same region that do not
 depend on it still compute CPU's values, ops that read its result raise its error, and
 the queue stays usable (csrc/executors/region_runner.cpp, run_ops)."""
+
 import pytest
 import torch
 
@@ -16,8 +17,8 @@ def _program(x, y, value, mask):
     w = (x * 2).exp() * y + 1
     t = (w * 10).to(torch.int8)
     bad = t.masked_fill(mask, value)  # 300 does not fit int8: fails when it runs
-    after = w - 1                     # recorded after the failing op, independent of it
-    dependent = bad + 1               # reads the failing op's result
+    after = w - 1  # recorded after the failing op, independent of it
+    dependent = bad + 1  # reads the failing op's result
     return w, after, bad, dependent
 
 
@@ -56,7 +57,8 @@ def _poisoned_int8(value):
     result (300 does not fit int8) is copied into it and the read raises."""
     target = value.to("tpu")
     bad = torch.zeros(3, dtype=torch.int8, device="tpu").masked_fill(
-        torch.ones(3, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu"))
+        torch.ones(3, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu")
+    )
     target.copy_(bad)
     with pytest.raises(RuntimeError, match="without overflow"):
         target.cpu()
@@ -68,8 +70,10 @@ _OVERWRITES = {
     "fill_": (lambda t: t.fill_(7), lambda t: t.fill_(7)),
     "copy_": (lambda t: t.copy_(torch.tensor([4, 5, 6], dtype=torch.int8)),) * 2,
     "slice_assign": (lambda t: t.__setitem__(slice(None), 9),) * 2,
-    "out=": (lambda t: torch.add(torch.ones(3, dtype=torch.int8, device="tpu"), 2, out=t),
-             lambda t: torch.add(torch.ones(3, dtype=torch.int8), 2, out=t)),
+    "out=": (
+        lambda t: torch.add(torch.ones(3, dtype=torch.int8, device="tpu"), 2, out=t),
+        lambda t: torch.add(torch.ones(3, dtype=torch.int8), 2, out=t),
+    ),
 }
 
 
@@ -88,9 +92,11 @@ def test_a_full_overwrite_clears_an_earlier_failure(name):
     assert torch.equal((target + 1).cpu(), expected + 1)
 
 
-@pytest.mark.parametrize("write", [lambda t: t.__setitem__(0, 5), lambda t: t.add_(1),
-                                   lambda t: torch.add(t, 1, out=t)],
-                         ids=["partial", "in_place_read", "out_reads_self"])
+@pytest.mark.parametrize(
+    "write",
+    [lambda t: t.__setitem__(0, 5), lambda t: t.add_(1), lambda t: torch.add(t, 1, out=t)],
+    ids=["partial", "in_place_read", "out_reads_self"],
+)
 def test_a_write_that_keeps_or_reads_the_failed_value_still_raises(write):
     # A partial overwrite leaves elements of the failed value; add_ and add(t, 1, out=t)
     # read it: each must still report the original error, never return garbage.
@@ -105,7 +111,8 @@ def _poisoned_2d(shape, memory_format=torch.contiguous_format):
     target = torch.zeros(shape, dtype=torch.int8).contiguous(memory_format=memory_format).to("tpu")
     n = target.numel()
     bad = torch.zeros(n, dtype=torch.int8, device="tpu").masked_fill(
-        torch.ones(n, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu"))
+        torch.ones(n, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu")
+    )
     target.copy_(bad.view(shape))
     with pytest.raises(RuntimeError, match="without overflow"):
         target.cpu()
@@ -114,12 +121,18 @@ def _poisoned_2d(shape, memory_format=torch.contiguous_format):
 
 _LAYOUT_OVERWRITES = {
     "transposed_zero_": ((2, 3), torch.contiguous_format, lambda t: t.T.zero_()),
-    "transposed_copy_from_host": ((2, 3), torch.contiguous_format,
-                                  lambda t: t.T.copy_(torch.arange(6, dtype=torch.int8).view(3, 2))),
+    "transposed_copy_from_host": (
+        (2, 3),
+        torch.contiguous_format,
+        lambda t: t.T.copy_(torch.arange(6, dtype=torch.int8).view(3, 2)),
+    ),
     "permuted_fill_": ((2, 3, 4), torch.contiguous_format, lambda t: t.permute(2, 0, 1).fill_(5)),
     "channels_last_zero_": ((2, 3, 2, 2), torch.channels_last, lambda t: t.zero_()),
-    "channels_last_copy_from_host": ((2, 3, 2, 2), torch.channels_last,
-                                     lambda t: t.copy_(torch.arange(24, dtype=torch.int8).view(2, 3, 2, 2))),
+    "channels_last_copy_from_host": (
+        (2, 3, 2, 2),
+        torch.channels_last,
+        lambda t: t.copy_(torch.arange(24, dtype=torch.int8).view(2, 3, 2, 2)),
+    ),
 }
 
 
@@ -151,7 +164,8 @@ _GROWING_OVERWRITES = {
     "zeros_out_grows": lambda t, dev: torch.zeros(5, dtype=torch.int8, out=t),
     "resize_then_zero_": lambda t, dev: t.resize_(5).zero_(),
     "masked_select_out": lambda t, dev: torch.masked_select(
-        torch.arange(5, dtype=torch.int8, device=dev), torch.ones(5, dtype=torch.bool, device=dev), out=t),
+        torch.arange(5, dtype=torch.int8, device=dev), torch.ones(5, dtype=torch.bool, device=dev), out=t
+    ),
 }
 
 
@@ -182,7 +196,8 @@ def _poison_unseen(target):
     recorded on target's storage but has not reached the user yet."""
     n = target.numel()
     bad = torch.zeros(n, dtype=torch.int8, device="tpu").masked_fill(
-        torch.ones(n, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu"))
+        torch.ones(n, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu")
+    )
     target.copy_(bad.view(target.shape))
 
 
@@ -219,7 +234,8 @@ def test_a_host_copy_that_fails_does_not_clear_the_error():
         target = torch.tensor([1, 2, 3], device="tpu")
         n = target.numel()
         bad = torch.zeros(n, dtype=torch.int8, device="tpu").masked_fill(
-            torch.ones(n, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu"))
+            torch.ones(n, dtype=torch.bool, device="tpu"), torch.tensor(300, device="tpu")
+        )
         target.copy_(bad)
         with pytest.raises(RuntimeError, match="without overflow"):
             target.tolist()
@@ -232,8 +248,11 @@ def test_a_host_copy_that_fails_does_not_clear_the_error():
 
 
 @pytest.mark.parametrize("queued", [False, True], ids=["idle", "queued"])
-@pytest.mark.parametrize("dtype,bad", [(torch.int64, 2**40), (torch.float64, 1e12), (torch.float32, 3e9),
-                                       (torch.uint32, 2**32 - 1)], ids=["int64", "float64", "float32", "uint32"])
+@pytest.mark.parametrize(
+    "dtype,bad",
+    [(torch.int64, 2**40), (torch.float64, 1e12), (torch.float32, 3e9), (torch.uint32, 2**32 - 1)],
+    ids=["int64", "float64", "float32", "uint32"],
+)
 def test_a_rejected_host_copy_leaves_the_destination_unchanged(dtype, bad, queued):
     # Spyre keeps int64 as int32, so a value past int32 makes the host-to-device copy
     # raise at its call; as for any bad input, the destination keeps its values, also

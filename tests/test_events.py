@@ -1,4 +1,5 @@
 """Events of the "tpu" chips: record/query/synchronize/wait, elapsed_time in simulated time."""
+
 import pytest
 import torch
 

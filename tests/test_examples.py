@@ -1,4 +1,5 @@
 """Both examples in short form: the device run must match the CPU run."""
+
 import importlib.util
 import os
 

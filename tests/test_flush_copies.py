@@ -4,6 +4,7 @@ whose out= overload PyTorch generates as "functional op, then copy into out"
 (region_runner.cpp, direct_outputs; out_variant.h), and masked_fill writes its
 device buffer with CPU's own clone-then-fill (direct_kernels.h). Values, dtypes and
 strides equal CPU's; copies are counted with the profiler against CPU eager's."""
+
 import pytest
 import torch
 

@@ -5,6 +5,7 @@ masked_fill with a Scalar value is a select in the loop. A region's ops of anoth
 shape that depend on nothing it makes (the mask's `== 0`) run first, so the scores'
 scale, masked_fill and softmax still run as one row loop. Values equal CPU's bit for
 bit; the flush's ATen calls show what was fused."""
+
 import pytest
 import torch
 import torch.nn.functional as F

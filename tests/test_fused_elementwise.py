@@ -4,6 +4,7 @@ kinds (register, device buffer, constant) and sizes that end in a partial vector
 IEEE-exact ops are compared with CPU bit for bit; transcendental ones within an ulp or so
 under the default fused math (CPU's exp, sin, ... call MKL's VML, the fused loop ATen's
 SLEEF routines; tests/test_fused_math.py covers the bit-equal "cpu" mode)."""
+
 import pytest
 import torch
 
@@ -31,10 +32,11 @@ def _run_one_region(fn, *args):
 @pytest.mark.parametrize("n", SIZES)
 def test_exact_chain_matches_cpu_bit_for_bit(n):
     def prog(x, y):
-        h = (x + 1.0) * y - 0.5          # add, mul with a buffer, sub of a constant (alpha -1)
-        h = h / 3.0 + x.mul(0.25)        # div by a constant, a second read of x
-        h = h.sub(y, alpha=2.0).abs()    # a + alpha * b as one rounding, like CPU
+        h = (x + 1.0) * y - 0.5  # add, mul with a buffer, sub of a constant (alpha -1)
+        h = h / 3.0 + x.mul(0.25)  # div by a constant, a second read of x
+        h = h.sub(y, alpha=2.0).abs()  # a + alpha * b as one rounding, like CPU
         return (h * h).neg().relu() + h  # the same register as both operands
+
     x, y = cpu_randn(n, seed=1), cpu_randn(n, seed=2)
     assert torch.equal(_run_one_region(prog, x, y), prog(x, y))
 
@@ -46,6 +48,7 @@ def test_materialized_value_read_by_later_ops(n):
         h = x * 3.0 - 1.0
         g = h * h + h
         return h, g / 7.0, (g + h).abs()
+
     x = cpu_randn(n, seed=3)
     for got, exp in zip(_run_one_region(prog, x), prog(x)):
         assert torch.equal(got, exp)
@@ -60,6 +63,7 @@ def test_many_live_values_share_few_registers_and_match():
         for v in vals[1:]:
             acc = acc + v
         return acc
+
     x = cpu_randn(5000, seed=4)
     assert torch.equal(_run_one_region(prog, x), prog(x))
 
@@ -68,7 +72,9 @@ def test_many_live_values_share_few_registers_and_match():
 def test_chain16_benchmark_program_matches_cpu(n):
     import os
     import sys
+
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     from run_all import chain16
+
     x = cpu_randn(n, seed=5)
     torch.testing.assert_close(_run_one_region(chain16, x), chain16(x), rtol=2e-6, atol=1e-6)

@@ -2,6 +2,7 @@
 runs the producers and CPU's row arithmetic (ATen's RowwiseMoments, rstd, the normalize
 map), so the producers' value never reaches device memory. All three outputs (out, mean,
 rstd) are compared with CPU's torch.native_layer_norm bit for bit (torch.equal)."""
+
 import os
 import subprocess
 import sys
@@ -23,10 +24,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (input shape, normalized_shape): cols below one vector, not a multiple of 8 / 16 (Welford's
 # scalar tail), whole vectors, deep cascades (cols >> 16 vectors), one row, 3-d / 4-d inputs
 # and normalized_shape of two dims.
-CASES = [((1, 1), (1,)), ((3, 7), (7,)), ((5, 15), (15,)), ((2, 16), (16,)), ((4, 17), (17,)),
-         ((6, 37), (37,)), ((3, 100), (100,)), ((2, 1000), (1000,)), ((1, 1024), (1024,)),
-         ((4, 4097), (4097,)), ((2, 70001), (70001,)), ((2, 3, 1000), (1000,)), ((3, 5, 7), (5, 7)),
-         ((2, 4, 33, 5), (33, 5)), ((513, 24), (24,))]
+CASES = [
+    ((1, 1), (1,)),
+    ((3, 7), (7,)),
+    ((5, 15), (15,)),
+    ((2, 16), (16,)),
+    ((4, 17), (17,)),
+    ((6, 37), (37,)),
+    ((3, 100), (100,)),
+    ((2, 1000), (1000,)),
+    ((1, 1024), (1024,)),
+    ((4, 4097), (4097,)),
+    ((2, 70001), (70001,)),
+    ((2, 3, 1000), (1000,)),
+    ((3, 5, 7), (5, 7)),
+    ((2, 4, 33, 5), (33, 5)),
+    ((513, 24), (24,)),
+]
 AFFINE = [(True, True), (True, False), (False, True), (False, False)]
 AFFINE_IDS = ["weight+bias", "weight", "bias", "neither"]
 
@@ -78,8 +92,10 @@ def test_sleef_producer_chain_then_layer_norm_equals_cpu_on_the_same_input(affin
 
     h = chain(x.to("tpu"), r.to("tpu")).cpu()  # the producers alone, read back
     torch_tpu_eager.reset_metrics()
-    got = [t.cpu() for t in torch.native_layer_norm(chain(x.to("tpu"), r.to("tpu")), (300,), _to(w, "tpu"),
-                                                    _to(b, "tpu"), 1e-5)]
+    got = [
+        t.cpu()
+        for t in torch.native_layer_norm(chain(x.to("tpu"), r.to("tpu")), (300,), _to(w, "tpu"), _to(b, "tpu"), 1e-5)
+    ]
     assert torch_tpu_eager.metrics()["regions_run"] == 1, "chain and layer_norm should be one region"
     _assert_outputs_equal(got, torch.native_layer_norm(h, (300,), w, b, 1e-5))
     torch.testing.assert_close(got[0], torch.native_layer_norm(chain(x, r), (300,), w, b, 1e-5)[0])
@@ -158,10 +174,10 @@ def test_fallback_cases_still_match_cpu():
     x = cpu_randn(12, 40, seed=48)
     w = cpu_randn(80, seed=49)
     cases = [
-        lambda t, w: F.layer_norm(t.t() * 2, (12,)),                 # transposed input
-        lambda t, w: F.layer_norm(t + 1, (40,), w[::2]),             # strided weight
-        lambda t, w: F.layer_norm(t + 1, (40,)) * 3,                 # an epilogue after it
-        lambda t, w: F.layer_norm(t.double() + 1, (40,)),            # float64
+        lambda t, w: F.layer_norm(t.t() * 2, (12,)),  # transposed input
+        lambda t, w: F.layer_norm(t + 1, (40,), w[::2]),  # strided weight
+        lambda t, w: F.layer_norm(t + 1, (40,)) * 3,  # an epilogue after it
+        lambda t, w: F.layer_norm(t.double() + 1, (40,)),  # float64
     ]
     for fn in cases:
         assert torch.equal(fn(x.to("tpu"), w.to("tpu")).cpu(), fn(x, w))
@@ -231,6 +247,7 @@ def test_sign_of_zero_matches_cpu(case):
 
     def fn(t, w, b):
         return F.layer_norm(t * 1.0, t.shape[-1:], w, b)  # a producer: the fused row loop
+
     def dev(v):
         return None if v is None else v.to("tpu")
 

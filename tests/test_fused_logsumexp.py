@@ -3,6 +3,7 @@ row loop fused with its elementwise producers (csrc/executors/tpu/logsumexp_row.
 CPU computes logsumexp as a composite (amax, masking of infinite maxes, sum of exp(x - max),
 log, add); the row loop rounds every step as CPU's kernels do, so results are compared with
 CPU PyTorch bit for bit (torch.equal; NaN rows by position)."""
+
 import json
 import os
 import subprocess
@@ -25,9 +26,29 @@ INF, NAN = float("inf"), float("nan")
 # Rows shorter than an AVX2 vector (8) and an AVX512 one (16), partial last vectors, whole
 # vectors, the sum's 4-way split and 16-wide cascade levels (64, 1024 = 128 vectors), many
 # levels (70,000), one row, a 3-d tensor.
-SHAPES = [(1, 1), (3, 1), (4, 5), (2, 8), (5, 9), (3, 15), (3, 16), (7, 17), (6, 31), (3, 33), (2, 64),
-          (9, 127), (4, 129), (5, 1000), (64, 1024), (3, 4099), (2, 70000), (1, 3000), (5, 17, 33),
-          (2, 3, 1000), (4096, 3)]
+SHAPES = [
+    (1, 1),
+    (3, 1),
+    (4, 5),
+    (2, 8),
+    (5, 9),
+    (3, 15),
+    (3, 16),
+    (7, 17),
+    (6, 31),
+    (3, 33),
+    (2, 64),
+    (9, 127),
+    (4, 129),
+    (5, 1000),
+    (64, 1024),
+    (3, 4099),
+    (2, 70000),
+    (1, 3000),
+    (5, 17, 33),
+    (2, 3, 1000),
+    (4096, 3),
+]
 
 
 def assert_same(actual, expected):
@@ -105,10 +126,21 @@ def test_special_values_match_cpu():
     # An all -inf row (-inf), +inf entries (inf), +inf and -inf (inf), NaN (NaN), an infinite
     # max next to NaN, one finite entry among -inf, maxes near float32's limits, signed zeros,
     # exp's overflow and underflow edges.
-    rows = [[-INF] * 5, [INF, 1, 2, 3, 4], [INF, -INF, 0, 0, 0], [NAN, 1, 2, 3, 4], [INF] * 5,
-            [1, 2, NAN, INF, -INF], [-INF, 1, -INF, -INF, -INF], [3e38, 3e38, 3e38, 1, 0],
-            [-3e38, -3e38, 0, 0, 0], [1e-45, 0, -0.0, 0, -0.0], [-0.0] * 5, [88.7, 88.8, 89, 0, 0],
-            [-104, -103, -150, -88, -87]]
+    rows = [
+        [-INF] * 5,
+        [INF, 1, 2, 3, 4],
+        [INF, -INF, 0, 0, 0],
+        [NAN, 1, 2, 3, 4],
+        [INF] * 5,
+        [1, 2, NAN, INF, -INF],
+        [-INF, 1, -INF, -INF, -INF],
+        [3e38, 3e38, 3e38, 1, 0],
+        [-3e38, -3e38, 0, 0, 0],
+        [1e-45, 0, -0.0, 0, -0.0],
+        [-0.0] * 5,
+        [88.7, 88.8, 89, 0, 0],
+        [-104, -103, -150, -88, -87],
+    ]
     base = torch.tensor(rows)
     for cols in (5, 17, 40):  # scalar rows, one vector and a tail, several vectors
         x = base.repeat(1, 8)[:, :cols].contiguous()
@@ -161,8 +193,9 @@ def test_autograd_matches_cpu():
     assert_same(gx, gx_cpu)
 
 
-@pytest.mark.parametrize("case", ["dim0", "two_dims", "int64", "transposed", "transposed_producer", "empty_rows",
-                                  "one_long_row"])
+@pytest.mark.parametrize(
+    "case", ["dim0", "two_dims", "int64", "transposed", "transposed_producer", "empty_rows", "one_long_row"]
+)
 def test_other_cases_fall_back_and_match_cpu(case):
     # "transposed_producer": CPU's x.t() * 2 keeps the transposed layout, and its sum over
     # the strided last dim adds in another order than over a contiguous one.
@@ -197,16 +230,20 @@ def test_avx2_capability_matches_cpu_exactly(tmp_path):
     # ATEN_CPU_CAPABILITY=avx2 makes CPU's kernels and the row loop both use AVX2 code.
     env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", _AVX2_CHILD], env=env, cwd=str(tmp_path), capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _AVX2_CHILD], env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["capability"] == "AVX2"
     assert res["bad"] == []
 
 
-@pytest.mark.parametrize("payload", [0x7FC00000, 0xFFC00000, 0x7FC12345, 0xFFFFFFFF, 0x7F800001],
-                         ids=["nan", "minus_nan", "payload", "all_ones", "signaling"])
+@pytest.mark.parametrize(
+    "payload",
+    [0x7FC00000, 0xFFC00000, 0x7FC12345, 0xFFFFFFFF, 0x7F800001],
+    ids=["nan", "minus_nan", "payload", "all_ones", "signaling"],
+)
 @pytest.mark.parametrize("cols", [3, 17, 1025])
 def test_nan_rows_have_cpu_bits(payload, cols):
     # CPU's composite gives the default quiet NaN for a row holding any NaN; the row

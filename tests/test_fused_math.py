@@ -2,6 +2,7 @@
 and sqrt. "cpu" must equal CPU's ops bit for bit; "sleef" (the default) must stay
 within a few ulp (SLEEF's documented bounds; 1 ulp for our own exp and tanh). Both are
 checked against CPU PyTorch on inputs that end in partial vectors and tiles."""
+
 import pytest
 import torch
 
@@ -35,6 +36,7 @@ def _ulp_distance(a, b):
     def ordered(t):
         i = t.view(torch.int32).long()
         return torch.where(i < 0, -(i & 0x7FFFFFFF), i)
+
     return (ordered(a) - ordered(b)).abs()
 
 
@@ -72,8 +74,10 @@ def test_sleef_routines_are_within_a_few_ulp(mode, name):
 def test_cpu_routines_make_the_chain16_program_equal_cpu(mode):
     import os
     import sys
+
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     from run_all import chain16
+
     mode("cpu")
     x = torch.rand(300, 301, generator=torch.Generator().manual_seed(3))
     assert torch.equal(chain16(x.to("tpu")).cpu(), chain16(x))
@@ -103,10 +107,12 @@ def _tanh_sweep_inputs():
     # zeros, subnormals, the ends of the polynomial's range (0.625), where exp(2|x|)
     # overflows (~44.4), infinities and NaN.
     import numpy as np
+
     bits = np.arange(0x00800000, 0x7E967699, 4099, dtype=np.int64).astype(np.int32)
     sweep = torch.from_numpy(bits.view(np.float32).copy())
-    special = torch.tensor([0.0, 1e-45, 1e-40, 1.17e-38, 0.6249999, 0.625, 0.6250001, 9.0, 44.3, 44.4, 44.5,
-                            89.0, float("inf")])
+    special = torch.tensor(
+        [0.0, 1e-45, 1e-40, 1.17e-38, 0.6249999, 0.625, 0.6250001, 9.0, 44.3, 44.4, 44.5, 89.0, float("inf")]
+    )
     x = torch.cat([sweep, special])
     return torch.cat([x, -x, torch.tensor([float("nan")])])
 
@@ -133,10 +139,12 @@ def _exp_sweep_inputs():
     # zeros, subnormals, the ends of the inline range (87), where exp overflows (88.72)
     # and where its result becomes subnormal (-87.34) and zero (-103.97), inf and NaN.
     import numpy as np
+
     bits = np.arange(0, 0x42C80000, 1031, dtype=np.int64).astype(np.int32)
     sweep = torch.from_numpy(bits.view(np.float32).copy())
-    special = torch.tensor([0.0, 1e-45, 1e-40, 86.99999, 87.0, 87.00001, 88.72, 88.73, 89.0, 100.0,
-                            103.9, 104.0, float("inf")])
+    special = torch.tensor(
+        [0.0, 1e-45, 1e-40, 86.99999, 87.0, 87.00001, 88.72, 88.73, 89.0, 100.0, 103.9, 104.0, float("inf")]
+    )
     x = torch.cat([sweep, special])
     return torch.cat([x, -x, torch.tensor([float("nan")])])
 
@@ -160,9 +168,14 @@ def test_polynomials_are_the_ones_the_fit_tool_prints():
     import re
     import subprocess
     import sys
+
     root = os.path.join(os.path.dirname(__file__), "..")
-    out = subprocess.run([sys.executable, os.path.join(root, "tools", "fit_fused_math_polys.py")], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, os.path.join(root, "tools", "fit_fused_math_polys.py")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     with open(os.path.join(root, "csrc", "executors", "tpu", "fused_kernels.inc")) as f:
         source = f.read()
     for name, function in (("exp Q", "inline Vec exp_inline"), ("tanh P", "inline Vec tanh_via_exp")):

@@ -3,6 +3,7 @@ loops, one per set of ops that share tensors (fused_elementwise.cpp, independent
 with in-place and out= ops (mul_, lerp_, addcmul_, addcdiv_, mul.out ...) writing each
 tensor once. Every case is compared with CPU PyTorch bit for bit: these ops are
 IEEE-exact in the fused loops, and sqrt equals CPU's under set_fused_math("cpu")."""
+
 import pytest
 import torch
 
@@ -66,12 +67,15 @@ def test_adam_step_over_mixed_shapes_is_one_fused_region(cpu_math):
             assert torch.equal(g.cpu(), w)
 
 
-@pytest.mark.parametrize("opt_cls,kwargs", [
-    (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
-    (torch.optim.Adam, dict(lr=1e-2)),
-    (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True)),
-    (torch.optim.RMSprop, dict(lr=1e-2, momentum=0.5)),
-])
+@pytest.mark.parametrize(
+    "opt_cls,kwargs",
+    [
+        (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
+        (torch.optim.Adam, dict(lr=1e-2)),
+        (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True)),
+        (torch.optim.RMSprop, dict(lr=1e-2, momentum=0.5)),
+    ],
+)
 def test_foreach_optimizers_match_cpu(cpu_math, opt_cls, kwargs):
     params_cpu = [torch.nn.Parameter(t) for t in _tensors(40)]
     params_tpu = [torch.nn.Parameter(t.detach().clone().to("tpu")) for t in params_cpu]

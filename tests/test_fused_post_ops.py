@@ -4,6 +4,7 @@ op's pass over the tile (PostOp in csrc/executors/tpu/fused_kernels.inc); the
 intermediate value is then never stored.
 Grouping must not change a value or lose one that is read again: every case is
 compared with CPU PyTorch bit for bit (IEEE-exact ops, or set_fused_math("cpu"))."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,8 +35,9 @@ def _assert_equal(fn, *inputs):
 
 @pytest.mark.parametrize("n", SIZES)
 def test_run_of_cheap_ops_after_a_binary_op(n):
-    _assert_equal(lambda x, y: (((x * y - 0.5) / 3.0).neg().abs() + 1.0).relu() * 0.25, cpu_randn(n, seed=1),
-                  cpu_randn(n, seed=2))
+    _assert_equal(
+        lambda x, y: (((x * y - 0.5) / 3.0).neg().abs() + 1.0).relu() * 0.25, cpu_randn(n, seed=1), cpu_randn(n, seed=2)
+    )
 
 
 def test_more_cheap_ops_than_one_pass_takes():
@@ -63,7 +65,7 @@ def test_value_read_again_after_a_cheap_op_is_kept():
 
 def test_materialized_values_inside_a_run():
     def prog(x, y):
-        h = x * y          # returned: written to its buffer
+        h = x * y  # returned: written to its buffer
         g = (h - 1.0).abs()  # returned
         return h, g, (g * 3.0).neg()
 
@@ -76,16 +78,22 @@ def test_value_read_by_the_row_reduction_after_the_program():
         return h.neg() * 2.0, F.softmax(h, dim=-1)
 
     _assert_equal(prog, cpu_randn(33, 70, seed=11), cpu_randn(33, 70, seed=12))
-    _assert_equal(lambda x, y: F.log_softmax((x / y).abs() * 0.5, dim=-1), cpu_randn(9, 1000, seed=13),
-                  cpu_randn(9, 1000, seed=14))
+    _assert_equal(
+        lambda x, y: F.log_softmax((x / y).abs() * 0.5, dim=-1),
+        cpu_randn(9, 1000, seed=13),
+        cpu_randn(9, 1000, seed=14),
+    )
 
 
 def test_add_with_alpha_as_a_cheap_op():
     # 1024 elements: CPU's vector loop covers them all. Its scalar tail (the last n mod 32)
     # rounds alpha * b before adding, which the fused multiply-add does not
     # (docs/tpu_target.md), so another size could differ there by half an ulp of alpha * b.
-    _assert_equal(lambda x, y: torch.add(torch.sub(x * y, 0.3, alpha=7.0), 0.1, alpha=-3.0),
-                  cpu_randn(1024, seed=15), cpu_randn(1024, seed=16))
+    _assert_equal(
+        lambda x, y: torch.add(torch.sub(x * y, 0.3, alpha=7.0), 0.1, alpha=-3.0),
+        cpu_randn(1024, seed=15),
+        cpu_randn(1024, seed=16),
+    )
 
 
 @pytest.fixture
@@ -106,15 +114,15 @@ def test_tensor_operands_of_cheap_ops(n):
     # The value's partner is an input buffer, a materialized output, another live
     # register, or the value itself; the value may be either operand of mul and add.
     def prog(x, y):
-        h = x * 3.0                         # a register that stays live below
-        v = (y / 7.0) * x                   # external buffer
-        v = x + v                           # value as the second operand of an add
-        v = v * h                           # another live register
-        v = v * v                           # the value itself
-        v = y * v                           # value second in a mul
-        v = v - x                           # add with alpha -1, value first
-        v = x - v                           # value second of a sub: its own pass
-        v = x / v                           # value second of a div: its own pass
+        h = x * 3.0  # a register that stays live below
+        v = (y / 7.0) * x  # external buffer
+        v = x + v  # value as the second operand of an add
+        v = v * h  # another live register
+        v = v * v  # the value itself
+        v = y * v  # value second in a mul
+        v = v - x  # add with alpha -1, value first
+        v = x - v  # value second of a sub: its own pass
+        v = x / v  # value second of a div: its own pass
         return v + h
 
     _assert_equal(prog, cpu_randn(n, seed=18), cpu_randn(n, seed=19))
@@ -122,7 +130,7 @@ def test_tensor_operands_of_cheap_ops(n):
 
 def test_materialized_output_as_a_tensor_operand():
     def prog(x, y):
-        m = x * y                # returned: read back from its buffer below
+        m = x * y  # returned: read back from its buffer below
         v = (y + 2.0).neg() * m
         return m, (v + m).abs()
 

@@ -2,6 +2,7 @@
 run as one loop over blocks of rows, and ops whose result is materialized write it
 straight into the device buffer through their out= overload. Results are compared with
 CPU PyTorch bit for bit (the fused loop uses CPU's reduction order and vector routines)."""
+
 import json
 import os
 import subprocess
@@ -105,7 +106,6 @@ def test_cross_entropy_training_step_matches_cpu():
         torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=0, atol=0)
 
 
-
 def test_log_softmax_backward_has_cpu_strides_and_values():
     # Meta gives this gradient grad_output's (transposed) strides; CPU returns it contiguous.
     out = torch.log_softmax(cpu_randn(6, 10, seed=11), 0)
@@ -176,8 +176,9 @@ def _special_rows(rows, cols, seed):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("shape", [(40, 1), (40, 7), (33, 16), (37, 17), (64, 100), (300, 129), (9, 1024),
-                                   (2, 3, 2049)])
+@pytest.mark.parametrize(
+    "shape", [(40, 1), (40, 7), (33, 16), (37, 17), (64, 100), (300, 129), (9, 1024), (2, 3, 2049)]
+)
 def test_softmax_of_a_device_tensor_matches_cpu_exactly(shape, threads):
     # A row input read straight from its buffer: the fused loop reduces each row's max
     # inside the previous row's exp pass (fused_kernels.inc, softmax_row). Row counts
@@ -228,8 +229,9 @@ def test_softmax_nan_rows_have_cpu_bits(capability, tmp_path):
         env["ATEN_CPU_CAPABILITY"] = capability
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", _NAN_ROWS_CHILD], env=env, cwd=str(tmp_path), capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _NAN_ROWS_CHILD], env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     if capability:

@@ -4,6 +4,7 @@ storage hands the CPU tensor the device buffer, copy-on-write on both sides.
 Every test compares with the same program run on CPU tensors only: after any
 sequence of writes on either side, each tensor holds what it holds on CPU.
 """
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -90,10 +91,14 @@ _ALIASED_OUT = {  # out= whose input is another view of the same storage: run ea
     "add_data": (lambda x: torch.add(x.data, 1, out=x.data), lambda x: x + 1),
     "sigmoid_detach": (lambda x: torch.sigmoid(x.detach(), out=x), torch.sigmoid),
     "mul_view": (lambda x: torch.mul(x.view(ROWS, COLS), 2, out=x), lambda x: x * 2),
-    "where": (lambda x: torch.where(x.detach() > 0, x.detach(), torch.tensor(0.0), out=x),
-              lambda x: torch.where(x > 0, x, torch.tensor(0.0))),
-    "sort": (lambda x: torch.sort(x[:], out=(x, torch.empty(ROWS, COLS, dtype=torch.long, device=x.device))),
-             lambda x: torch.sort(x)[0]),
+    "where": (
+        lambda x: torch.where(x.detach() > 0, x.detach(), torch.tensor(0.0), out=x),
+        lambda x: torch.where(x > 0, x, torch.tensor(0.0)),
+    ),
+    "sort": (
+        lambda x: torch.sort(x[:], out=(x, torch.empty(ROWS, COLS, dtype=torch.long, device=x.device))),
+        lambda x: torch.sort(x)[0],
+    ),
     "cumsum": (lambda x: torch.cumsum(x[:], 1, out=x), lambda x: torch.cumsum(x, 1)),
 }
 
@@ -191,7 +196,9 @@ def test_gradient_flows_through_a_shared_read():
 # against the same program on CPU tensors only.
 _steps = st.lists(
     st.tuples(st.sampled_from(["read", "write_cpu", "write_dev", "drop_cpu", "drop_dev"]), st.integers(0, 3)),
-    min_size=1, max_size=12)
+    min_size=1,
+    max_size=12,
+)
 
 
 @settings(max_examples=25, deadline=None)

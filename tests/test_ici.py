@@ -3,6 +3,7 @@
 Expected values are computed here from the published constants (Google Cloud TPU docs,
 "How to Scale Your Model") and the textbook ring formulas, never from ici's own output.
 """
+
 import json
 import math
 import os
@@ -58,18 +59,35 @@ def on_target():
 
 # ---------------------------------------------------------------- chip data
 
+
 def test_chip_files_hold_the_published_interconnect_numbers():
     for name in TPUS:
         p = _data(name)
-        for key in ("ici_link_bandwidth", "ici_links", "ici_hop_latency_s", "ici_topology", "ici_max_slice_shape",
-                    "ici_wraparound"):
+        for key in (
+            "ici_link_bandwidth",
+            "ici_links",
+            "ici_hop_latency_s",
+            "ici_topology",
+            "ici_max_slice_shape",
+            "ici_wraparound",
+        ):
             assert p[key]["source"], (name, key)
         assert p["ici_link_bandwidth"]["value"] == pytest.approx(LINK_BW[name], rel=1e-12), name
         assert p["ici_hop_latency_s"]["value"] == ALPHA
-    topo = {n: (_data(n)["ici_topology"]["value"], _data(n)["ici_links"]["value"],
-                tuple(_data(n)["ici_max_slice_shape"]["value"])) for n in TPUS}
-    assert topo == {"tpu-v4": ("3d_torus", 6, (16, 16, 16)), "tpu-v5p": ("3d_torus", 6, (16, 16, 24)),
-                    "tpu-v5e": ("2d_torus", 4, (16, 16)), "tpu-v6e": ("2d_torus", 4, (16, 16))}
+    topo = {
+        n: (
+            _data(n)["ici_topology"]["value"],
+            _data(n)["ici_links"]["value"],
+            tuple(_data(n)["ici_max_slice_shape"]["value"]),
+        )
+        for n in TPUS
+    }
+    assert topo == {
+        "tpu-v4": ("3d_torus", 6, (16, 16, 16)),
+        "tpu-v5p": ("3d_torus", 6, (16, 16, 24)),
+        "tpu-v5e": ("2d_torus", 4, (16, 16)),
+        "tpu-v6e": ("2d_torus", 4, (16, 16)),
+    }
     # Cloud docs cross-checks: v5e/v6e bisection bandwidth of a 16x16 torus = 2 * 16 links cut.
     assert 2 * 16 * _data("tpu-v5e")["ici_link_bandwidth"]["value"] == pytest.approx(1.6e12)
     assert 2 * 16 * _data("tpu-v6e")["ici_link_bandwidth"]["value"] == pytest.approx(3.2e12)
@@ -90,12 +108,29 @@ def test_target_info_carries_the_ici_numbers():
 
 # ---------------------------------------------------------------- formulas, by hand
 
+
 def test_slice_shapes_follow_the_published_slices():
     ici = _ici()
     assert [ici.slice_shape(n, "tpu-v5e") for n in (1, 4, 8, 16, 32, 64, 128, 256)] == [
-        (1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16)]
+        (1, 1),
+        (2, 2),
+        (2, 4),
+        (4, 4),
+        (4, 8),
+        (8, 8),
+        (8, 16),
+        (16, 16),
+    ]
     assert [ici.slice_shape(n, "tpu-v4") for n in (4, 8, 16, 32, 64, 128, 256, 4096)] == [
-        (1, 2, 2), (2, 2, 2), (2, 2, 4), (2, 4, 4), (4, 4, 4), (4, 4, 8), (4, 8, 8), (16, 16, 16)]
+        (1, 2, 2),
+        (2, 2, 2),
+        (2, 2, 4),
+        (2, 4, 4),
+        (4, 4, 4),
+        (4, 4, 8),
+        (4, 8, 8),
+        (16, 16, 16),
+    ]
     assert ici.slice_shape(6144, "tpu-v5p") == (16, 16, 24)
     assert ici.slice_shape(17, "tpu-v5e") == (17,)  # no rectangle fits: a path
 
@@ -163,13 +198,18 @@ def test_all_to_all_is_limited_by_the_busiest_link():
 
 def test_aliases_of_c10d_names():
     ici = _ici()
-    for alias, op in (("allreduce", "all_reduce"), ("all_gather_into_tensor", "all_gather"),
-                      ("reduce_scatter_tensor", "reduce_scatter"), ("all_to_all_single", "all_to_all"),
-                      ("isend", "send")):
+    for alias, op in (
+        ("allreduce", "all_reduce"),
+        ("all_gather_into_tensor", "all_gather"),
+        ("reduce_scatter_tensor", "reduce_scatter"),
+        ("all_to_all_single", "all_to_all"),
+        ("isend", "send"),
+    ):
         assert ici.collective_cost(alias, MiB, 4, "tpu-v5e") == ici.collective_cost(op, MiB, 4, "tpu-v5e")
 
 
 # ---------------------------------------------------------------- properties
+
 
 @pytest.mark.parametrize("name", TPUS)
 def test_time_grows_with_bytes_and_bandwidth_term_is_linear(name):
@@ -228,6 +268,7 @@ def test_default_target_is_the_active_one(on_target):
 
 # ---------------------------------------------------------------- bad input
 
+
 def test_bad_input_raises():
     ici = _ici()
     with pytest.raises(ValueError, match="all_sum"):
@@ -254,6 +295,7 @@ def test_bad_input_raises():
 
 
 # ---------------------------------------------------------------- the simulated clock
+
 
 def _events():
     return torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)

@@ -3,6 +3,7 @@
 enough for several grains (ATen's 32,768 elements) give CPU PyTorch's values, bit for bit
 where the single-thread loop is bit-equal (IEEE-exact producers, row reductions), and the
 same bits as one thread where the fused math is SLEEF (transcendentals)."""
+
 import pytest
 import torch
 import torch.nn.functional as F

@@ -6,6 +6,7 @@ tiling plan); a cache hit only binds this flush's buffers and runtime scalars an
 layout): it must stay flat over the warm steps of a training loop. The cache is keyed by
 the region's structure with full equality (not a hash alone) and bounded (LRU).
 Values are compared with CPU PyTorch."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,8 +24,10 @@ def _mlp_step(device, steps, seed=0):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(seed + 1)
-    batches = [(torch.randn(8, 16, generator=g).to(device), torch.randint(0, 4, (8,), generator=g).to(device))
-               for _ in range(2)]
+    batches = [
+        (torch.randn(8, 16, generator=g).to(device), torch.randint(0, 4, (8,), generator=g).to(device))
+        for _ in range(2)
+    ]
     losses = []
     for i in range(steps):
         x, y = batches[i % 2]

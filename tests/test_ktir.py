@@ -2,6 +2,7 @@
 text, passes the verifier, and a dumped file edited by hand runs with
 spyre.run_ktir under Spyre's df16 numerics. Bad programs raise ValueError
 naming the line and the rule."""
+
 import re
 
 import pytest
@@ -148,7 +149,7 @@ BAD = [
     ("%1 = exp(%0)", "%1 = exp(%2)", 10, "def-use"),
     ("%2 = mul.Tensor(%1, 0.5)", "%2 = gt.Scalar(%1, 0.5)", 11, "types"),
     ("%2 = mul.Tensor(%1, 0.5)", "%2 = sum.dim_IntList(%1, [1], False, None)", 11, "types"),
-    ("%2 = mul.Tensor(%1, 0.5)", "%2 = mul.Tensor(%1, \"x\")", 11, "types"),
+    ("%2 = mul.Tensor(%1, 0.5)", '%2 = mul.Tensor(%1, "x")', 11, "types"),
     ("view LX f32", "view LX f17", 5, "types"),
     ("%a1 = arg out f32", "%a1 = arg out df16(f16)", 6, "view-bounds"),  # f32 view of 2-byte elements
     ("%a1 = arg out f32", "%a1 = arg out f16", 3, "types"),

@@ -1,4 +1,5 @@
 """The record path's meta-inference cache must not outlive the state it depends on."""
+
 import torch
 
 from difftest import requires_tpu

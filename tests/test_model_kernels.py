@@ -11,6 +11,7 @@
 
 Every op here runs natively: recorded, not through the CPU fallback nor eagerly.
 """
+
 import contextlib
 
 import pytest
@@ -59,8 +60,9 @@ def histc_reference(x, bins, lo, hi):
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8])
-@pytest.mark.parametrize("bins,lo,hi", [(4, 0, 3), (8, 0, 7), (5, 0, 0), (3, -2, 9), (7, 2, 2), (10, 1.9, 6.7),
-                                        (1, 0, 100)])
+@pytest.mark.parametrize(
+    "bins,lo,hi", [(4, 0, 3), (8, 0, 7), (5, 0, 0), (3, -2, 9), (7, 2, 2), (10, 1.9, 6.7), (1, 0, 100)]
+)
 def test_histc_integer(dtype, bins, lo, hi):
     g = torch.Generator().manual_seed(bins * 100 + int(hi))
     low = 0 if dtype == torch.uint8 else -5
@@ -168,8 +170,9 @@ def test_weight_norm_interface_ops(dim):
         for a, b in zip(outs_t, outs):
             torch.testing.assert_close(a.cpu(), b)
         gb = torch.ops.aten._weight_norm_interface_backward(go, v.detach(), g.detach(), outs[1], d)
-        gb_t = torch.ops.aten._weight_norm_interface_backward(go.to(DEV), v.detach().to(DEV), g.detach().to(DEV),
-                                                     outs_t[1], d)
+        gb_t = torch.ops.aten._weight_norm_interface_backward(
+            go.to(DEV), v.detach().to(DEV), g.detach().to(DEV), outs_t[1], d
+        )
         for a, b in zip(gb_t, gb):
             torch.testing.assert_close(a.cpu(), b)
 
@@ -227,8 +230,11 @@ def test_multihead_attention_takes_fast_path():
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("mask", [None, "key_padding", "causal"])
 def test_transformer_encoder_layer_fast_path(batch_first, norm_first, activation, mask):
-    cpu, tpu = _pair(lambda: nn.TransformerEncoderLayer(16, 4, 32, activation=activation, batch_first=batch_first,
-                                                        norm_first=norm_first))
+    cpu, tpu = _pair(
+        lambda: nn.TransformerEncoderLayer(
+            16, 4, 32, activation=activation, batch_first=batch_first, norm_first=norm_first
+        )
+    )
     x = torch.randn(3, 6, 16) if batch_first else torch.randn(6, 3, 16)
     kw_cpu, kw_tpu = {}, {}
     if mask == "key_padding":
@@ -243,6 +249,7 @@ def test_transformer_encoder_layer_fast_path(batch_first, norm_first, activation
             y_cpu = cpu(x, **kw_cpu)
         with recorded_only(), torch.profiler.profile() as prof:
             y_tpu = tpu(x.to(DEV), **kw_tpu)
+
     # "tpu" takes the fast path exactly when CPU does (batch_first, ...)
     def fast(p):
         return any(e.name == "aten::_transformer_encoder_layer_fwd" for e in p.events())
@@ -255,8 +262,7 @@ def test_transformer_encoder_layer_fast_path(batch_first, norm_first, activation
 def test_transformer_encoder_end_to_end():
     # nn.TransformerEncoder (a ViT-style stack) in eval + no_grad, as torchvision's vit_b_32 runs it
     def make():
-        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True,
-                                           activation="gelu")
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True, activation="gelu")
         return nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
 
     cpu, tpu = _pair(make)
@@ -426,8 +432,9 @@ def test_sparse_construction_and_metadata():
     back = t.cpu()
     assert back.device.type == "cpu" and torch.equal(back.to_dense(), c.to_dense())
     with pytest.raises(RuntimeError, match="size is inconsistent with indices"):
-        torch.sparse_coo_tensor(torch.tensor([[0, 5]]), torch.tensor([1.0, 2.0]), (3,), check_invariants=True,
-                                device=DEV)
+        torch.sparse_coo_tensor(
+            torch.tensor([[0, 5]]), torch.tensor([1.0, 2.0]), (3,), check_invariants=True, device=DEV
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
@@ -435,8 +442,14 @@ def test_sparse_ops_match_cpu(dtype):
     c, t = _sparse_pair(dtype)
     _same_sparse(t.coalesce(), c.coalesce())
     assert torch.equal(t.to_dense().cpu(), c.to_dense())
-    for f in (lambda s: s + s, lambda s: s * 3, lambda s: s * s, lambda s: s - s.coalesce(), lambda s: -s,
-              lambda s: torch.sparse.sum(s, 1)):
+    for f in (
+        lambda s: s + s,
+        lambda s: s * 3,
+        lambda s: s * s,
+        lambda s: s - s.coalesce(),
+        lambda s: -s,
+        lambda s: torch.sparse.sum(s, 1),
+    ):
         _same_sparse(f(t), f(c))
     if dtype.is_floating_point:
         _same_sparse(t / 2, c / 2)
@@ -474,13 +487,20 @@ def test_cov_complex_with_inf_matches_cpu():
         aw = torch.linspace(1, 2, n)
         for corr, f, a in itertools.product([0, 1, 2, n], [None, fw], [None, aw]):
             ref = torch.cov(t, correction=corr, fweights=f, aweights=a)
-            got = torch.cov(t.to(DEV), correction=corr, fweights=None if f is None else f.to(DEV),
-                            aweights=None if a is None else a.to(DEV)).cpu()
+            got = torch.cov(
+                t.to(DEV),
+                correction=corr,
+                fweights=None if f is None else f.to(DEV),
+                aweights=None if a is None else a.to(DEV),
+            ).cpu()
             torch.testing.assert_close(torch.view_as_real(got), torch.view_as_real(ref), equal_nan=True)
     # complex division by zero, element by element as CPU
     a = torch.tensor([complex(float("inf"), 0), complex(float("inf"), 1), 1 - 1j] * 7, dtype=torch.cfloat)
-    torch.testing.assert_close(torch.view_as_real((a.to(DEV) / torch.tensor(0.0, device=DEV)).cpu()),
-                               torch.view_as_real(a / torch.tensor(0.0)), equal_nan=True)
+    torch.testing.assert_close(
+        torch.view_as_real((a.to(DEV) / torch.tensor(0.0, device=DEV)).cpu()),
+        torch.view_as_real(a / torch.tensor(0.0)),
+        equal_nan=True,
+    )
 
 
 # ---- quantized tensors -----------------------------------------------------------------
@@ -498,8 +518,14 @@ def test_quantize_per_tensor(dtype):
     assert (qt.q_scale(), qt.q_zero_point()) == (q.q_scale(), q.q_zero_point())
     assert torch.equal(qt.int_repr().cpu(), q.int_repr())
     assert torch.equal(qt.dequantize().cpu(), q.dequantize())
-    for f in (torch.flatten, torch.ravel, lambda t: t.t(), lambda t: t[1:, ::2], lambda t: t.reshape(3, 8),
-              lambda t: t.view(2, 12)):
+    for f in (
+        torch.flatten,
+        torch.ravel,
+        lambda t: t.t(),
+        lambda t: t[1:, ::2],
+        lambda t: t.reshape(3, 8),
+        lambda t: t.view(2, 12),
+    ):
         v, vt = f(q), f(qt)
         assert vt.shape == v.shape and vt.stride() == v.stride()
         assert torch.equal(vt.int_repr().cpu(), v.int_repr())
@@ -510,8 +536,9 @@ def test_quantize_per_tensor(dtype):
     assert "quantization_scheme=torch.per_tensor_affine" in repr(qt) and "device='tpu:0'" in repr(qt)
     # tensor qparams
     qt2 = torch.quantize_per_tensor(x.to(DEV), torch.tensor(0.05, device=DEV), torch.tensor(1, device=DEV), dtype)
-    assert torch.equal(qt2.int_repr().cpu(), torch.quantize_per_tensor(x, torch.tensor(0.05), torch.tensor(1),
-                                                                        dtype).int_repr())
+    assert torch.equal(
+        qt2.int_repr().cpu(), torch.quantize_per_tensor(x, torch.tensor(0.05), torch.tensor(1), dtype).int_repr()
+    )
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -1,4 +1,5 @@
 """Simulated TPU numerics: MXU precision modes against an independent emulation."""
+
 import pytest
 import torch
 
@@ -75,16 +76,20 @@ def test_bf16_elementwise_rounds_once_per_op_like_cpu():
 )
 def test_fused_elementwise_loop_matches_cpu(fn):
     # Special values, a ramp and random data; sizes that end in a partial vector and tile.
-    x = torch.cat([
-        torch.tensor([0.0, -0.0, 1.0, -1.0, float("inf"), -float("inf"), float("nan"), 1e-38, -1e-38, 88.0, -88.0]),
-        torch.linspace(-10, 10, 2053),
-        torch.randn(3001, generator=torch.Generator().manual_seed(1)),
-    ])
+    x = torch.cat(
+        [
+            torch.tensor([0.0, -0.0, 1.0, -1.0, float("inf"), -float("inf"), float("nan"), 1e-38, -1e-38, 88.0, -88.0]),
+            torch.linspace(-10, 10, 2053),
+            torch.randn(3001, generator=torch.Generator().manual_seed(1)),
+        ]
+    )
+
     def prog(t):
         y = getattr(torch, fn)(t * 1.5 - 0.25)
         return (y + t) * 0.5, y / 3.0
 
     import torch_tpu_eager
+
     torch_tpu_eager.reset_metrics()
     got = prog(x.to("tpu"))
     got = [g.cpu() for g in got]

@@ -19,6 +19,7 @@ Known differences are listed in KNOWN_FAILURES and become strict xfails: once th
 is fixed the case XPASSes and fails, so the entry must be removed. Known-failure cases
 run all their samples but stop at the first failure.
 """
+
 import contextlib
 import warnings
 import zlib
@@ -26,8 +27,7 @@ import zlib
 import pytest
 import torch
 
-pytest.importorskip(
-    "expecttest", reason="torch.testing._internal (the OpInfo database) needs `pip install expecttest`")
+pytest.importorskip("expecttest", reason="torch.testing._internal (the OpInfo database) needs `pip install expecttest`")
 
 from difftest import requires_tpu  # noqa: E402
 from torch_tpu_eager import env as tpu_env  # noqa: E402
@@ -49,31 +49,34 @@ _BATCH_NORM_EVAL = (
     "(0)' when the result is read, where CPU computes: in eval mode (training=False, "
     "running stats given) CPU's native_batch_norm returns empty save_mean/save_invstd "
     "(shape [0]) while tpu's shape inference gives them shape [C], so the recorded "
-    "shapes and the executed kernel disagree. Device bug: F.batch_norm inference fails")
+    "shapes and the executed kernel disagree. Device bug: F.batch_norm inference fails"
+)
 _NORM_STATS_DTYPE = (
     "dtype differs: the saved statistics (mean/rstd, save_mean/save_invstd) of "
     "native_layer_norm / native_batch_norm / _batch_norm_with_update are float32 on tpu "
     "but have the input dtype (float16/bfloat16) on CPU; tpu follows CUDA's "
-    "accumulate-type rule instead of CPU's. Device bug (output dtype)")
+    "accumulate-type rule instead of CPU's. Device bug (output dtype)"
+)
 _BATCH_NORM_HALF = _NORM_STATS_DTYPE + "; its eval-mode samples also hit: " + _BATCH_NORM_EVAL
 _LCE_ACC_POLICY = (
     "values differ by a few bfloat16 ulps (1-4% relative, over the 1e-2 tolerance) in "
     "single elements of 2 samples: LinearCrossEntropyOptions resolves acc_policy='auto' "
     "per (device type, dtype); (cpu, bfloat16) accumulates the logits in float32 while "
     "an unknown device type like 'tpu' gets the fallback policy that keeps bfloat16 "
-    "logits. PyTorch picks a different algorithm per device; not a device bug")
+    "logits. PyTorch picks a different algorithm per device; not a device bug"
+)
 
 _SPARSE_GRAD_ACCUMULATE = (
     "backward of the sparse=True samples without per_sample_weights: the sparse (COO) "
     "gradient reaches AccumulateGrad, whose copy into a dense tensor raises 'copy_() "
     "between dense and sparse Tensors' where CPU keeps the sparse gradient (the samples "
-    "with per_sample_weights, and nn.functional.embedding's, pass). Device bug, open")
+    "with per_sample_weights, and nn.functional.embedding's, pass). Device bug, open"
+)
 
 KNOWN_FAILURES = {
     ("nn.functional.embedding_bag", "float32"): _SPARSE_GRAD_ACCUMULATE,
 }
-for _name in ("nn.functional.linear_cross_entropy.chunked",
-              "nn.functional.linear_cross_entropy.chunked_none"):
+for _name in ("nn.functional.linear_cross_entropy.chunked", "nn.functional.linear_cross_entropy.chunked_none"):
     KNOWN_FAILURES[(_name, "bfloat16")] = _LCE_ACC_POLICY
 
 # Cases that crash the interpreter on tpu cannot be xfailed (the crash ends the whole
@@ -84,6 +87,7 @@ CRASHES = {}
 # ---------------------------------------------------------------------------------------
 # Cases
 # ---------------------------------------------------------------------------------------
+
 
 def _case(dtype, noncontig):
     """The case name used in test ids and KNOWN_FAILURES keys: "float32-noncontig"."""
@@ -153,8 +157,14 @@ def test_op_matches_cpu(op, dtype, noncontig):
     known = (op_key(op), _case(dtype, noncontig)) in KNOWN_FAILURES
     # A known failure only has to fail once for its strict xfail.
     # Gradients too, for the float32 contiguous case of differentiable OpInfos.
-    res = sweep_op(op, dtype, "tpu", noncontiguous=noncontig, stop_at_first_failure=known,
-                   grads=dtype == torch.float32 and not noncontig)
+    res = sweep_op(
+        op,
+        dtype,
+        "tpu",
+        noncontiguous=noncontig,
+        stop_at_first_failure=known,
+        grads=dtype == torch.float32 and not noncontig,
+    )
     if res.skip_reason:
         pytest.skip(res.skip_reason)
     if res.total == 0:
@@ -181,6 +191,7 @@ def test_every_known_failure_names_a_case():
 # The harness itself must be able to fail: fake OpInfos that misbehave only on tpu.
 # ---------------------------------------------------------------------------------------
 
+
 def _fake_opinfo(fn, name="fake"):
     from torch.testing._internal.opinfo.core import OpInfo, SampleInput
 
@@ -203,6 +214,7 @@ def test_harness_passes_identical_op():
 @pytest.mark.parametrize("noncontig", [False, True])
 def test_harness_detects_wrong_values(noncontig):
     """An op that is off by one on tpu fails every sample, also with non-contiguous inputs."""
+
     def off_by_one_on_tpu(x):
         return x + (1 if x.device.type == "tpu" else 0)
 
@@ -213,11 +225,9 @@ def test_harness_detects_wrong_values(noncontig):
 @requires_tpu
 def test_harness_detects_wrong_dtype_and_device():
     """A wrong result dtype, or a result left on CPU, fails (values alone would match)."""
-    res = sweep_op(_fake_opinfo(lambda x: x.double() if x.device.type == "tpu" else x.clone()),
-                   torch.float32, "tpu")
+    res = sweep_op(_fake_opinfo(lambda x: x.double() if x.device.type == "tpu" else x.clone()), torch.float32, "tpu")
     assert res.failed == 3 and "dtype" in res.first_failure, res.summary()
-    res = sweep_op(_fake_opinfo(lambda x: x.cpu() if x.device.type == "tpu" else x.clone()),
-                   torch.float32, "tpu")
+    res = sweep_op(_fake_opinfo(lambda x: x.cpu() if x.device.type == "tpu" else x.clone()), torch.float32, "tpu")
     assert res.failed == 3 and "expected tpu" in res.first_failure, res.summary()
 
 
@@ -225,6 +235,7 @@ def test_harness_detects_wrong_dtype_and_device():
 def test_harness_compares_exceptions():
     """Raising only on tpu is an error; a different exception type, or not raising where
     CPU raises, is a failure; the same exception type on both passes."""
+
     def raises_on_tpu(x):
         if x.device.type == "tpu":
             raise RuntimeError("tpu only")

@@ -7,6 +7,7 @@ mode. Results, their sizes and strides, and the out= tensors' geometry match
 CPU, with empty (resized), right-sized and transposed out= tensors; bad out=
 tensors raise CPU's exception at the call.
 """
+
 import pytest
 import torch
 
@@ -31,8 +32,9 @@ def _t(d, rows, cols, dt=torch.float32):
 CASES = {
     "mode.values": lambda d: torch.mode(X.to(d), 1, out=(_e(d), _e(d, L))),
     "mode.values_keepdim": lambda d: torch.mode(X.to(d), 0, keepdim=True, out=(_e(d), _e(d, L))),
-    "mode.values_sized": lambda d: torch.mode(X.to(d), 1, out=(torch.zeros(3, device=d),
-                                                                torch.zeros(3, dtype=L, device=d))),
+    "mode.values_sized": lambda d: torch.mode(
+        X.to(d), 1, out=(torch.zeros(3, device=d), torch.zeros(3, dtype=L, device=d))
+    ),
     "mode.values_transposed": lambda d: torch.mode(X.to(d), 1, keepdim=True, out=(_t(d, 3, 1), _t(d, 3, 1, L))),
     "mode.values_int": lambda d: torch.mode(X.to(d).long(), 1, out=(_e(d, L), _e(d, L))),
     "sort.values": lambda d: torch.sort(X.to(d), 1, out=(_e(d), _e(d, L))),
@@ -43,33 +45,71 @@ CASES = {
     "count_nonzero.out": lambda d: A.count_nonzero.out(X.to(d), out=_e(d, L)),
     "count_nonzero.dim_IntList_out": lambda d: A.count_nonzero.dim_IntList_out(X.to(d), [1], out=_e(d, L)),
     "norm.Scalar_out": lambda d: A.norm.Scalar_out(X.to(d), 3, out=_e(d)),
-    "norm.ScalarOpt_dtype_out": lambda d: A.norm.ScalarOpt_dtype_out(X.to(d), 2, dtype=torch.float64,
-                                                                     out=_e(d, torch.float64)),
+    "norm.ScalarOpt_dtype_out": lambda d: A.norm.ScalarOpt_dtype_out(
+        X.to(d), 2, dtype=torch.float64, out=_e(d, torch.float64)
+    ),
     "trace.out": lambda d: A.trace.out(X.to(d), out=_e(d)),
     "std_mean.correction_out": lambda d: A.std_mean.correction_out(X.to(d), [1], out0=_e(d), out1=_e(d)),
-    "var_mean.correction_out": lambda d: A.var_mean.correction_out(X.to(d), [0], correction=0, keepdim=True,
-                                                                   out0=_e(d), out1=_e(d)),
+    "var_mean.correction_out": lambda d: A.var_mean.correction_out(
+        X.to(d), [0], correction=0, keepdim=True, out0=_e(d), out1=_e(d)
+    ),
     "_adaptive_avg_pool2d.out": lambda d: A._adaptive_avg_pool2d.out(X4.to(d), [2, 2], out=_e(d)),
     "_adaptive_avg_pool3d_backward.out": lambda d: A._adaptive_avg_pool3d_backward.out(
-        torch.ones(2, 1, 2, 2, device=d), X4.to(d), out=_e(d)),
+        torch.ones(2, 1, 2, 2, device=d), X4.to(d), out=_e(d)
+    ),
     "_pdist_forward.out": lambda d: A._pdist_forward.out(X.to(d), 2.0, out=_e(d)),
     "_pdist_backward.out": lambda d: A._pdist_backward.out(
-        torch.ones(3, device=d), X.to(d), 2.0, torch.cdist(X, X)[[0, 0, 1], [1, 2, 2]].to(d), out=_e(d)),
+        torch.ones(3, device=d), X.to(d), 2.0, torch.cdist(X, X)[[0, 0, 1], [1, 2, 2]].to(d), out=_e(d)
+    ),
     "_cdist_backward.out": lambda d: A._cdist_backward.out(
-        torch.ones(3, 3, device=d), X.to(d), X.to(d) + 1, 2.0, torch.cdist(X, X + 1).to(d), out=_e(d)),
-    "native_layer_norm.out": lambda d: A.native_layer_norm.out(X4.to(d), [4], None, None, 1e-5,
-                                                               out0=_e(d), out1=_e(d), out2=_e(d)),
+        torch.ones(3, 3, device=d), X.to(d), X.to(d) + 1, 2.0, torch.cdist(X, X + 1).to(d), out=_e(d)
+    ),
+    "native_layer_norm.out": lambda d: A.native_layer_norm.out(
+        X4.to(d), [4], None, None, 1e-5, out0=_e(d), out1=_e(d), out2=_e(d)
+    ),
     "native_layer_norm_backward.out": lambda d: A.native_layer_norm_backward.out(
-        torch.ones_like(X4).to(d), X4.to(d), [4], X4.mean(-1, keepdim=True).to(d),
-        X4.var(-1, unbiased=False, keepdim=True).add(1e-5).rsqrt().to(d), torch.ones(4, device=d),
+        torch.ones_like(X4).to(d),
+        X4.to(d),
+        [4],
+        X4.mean(-1, keepdim=True).to(d),
+        X4.var(-1, unbiased=False, keepdim=True).add(1e-5).rsqrt().to(d),
+        torch.ones(4, device=d),
         torch.zeros(4, device=d),
-        [True, True, True], out0=_e(d), out1=_e(d), out2=_e(d)),
+        [True, True, True],
+        out0=_e(d),
+        out1=_e(d),
+        out2=_e(d),
+    ),
     "native_batch_norm_backward.out": lambda d: A.native_batch_norm_backward.out(
-        torch.ones_like(X4).to(d), X4.to(d), torch.ones(3, device=d), None, None, torch.zeros(3, device=d),
-        torch.ones(3, device=d), True, 1e-5, [True, True, True], out0=_e(d), out1=_e(d), out2=_e(d)),
+        torch.ones_like(X4).to(d),
+        X4.to(d),
+        torch.ones(3, device=d),
+        None,
+        None,
+        torch.zeros(3, device=d),
+        torch.ones(3, device=d),
+        True,
+        1e-5,
+        [True, True, True],
+        out0=_e(d),
+        out1=_e(d),
+        out2=_e(d),
+    ),
     "native_group_norm_backward.out": lambda d: A.native_group_norm_backward.out(
-        torch.ones_like(X4).to(d), X4.to(d), torch.zeros(2, 3, device=d), torch.ones(2, 3, device=d),
-        torch.ones(3, device=d), 2, 3, 16, 3, [True, True, True], out0=_e(d), out1=_e(d), out2=_e(d)),
+        torch.ones_like(X4).to(d),
+        X4.to(d),
+        torch.zeros(2, 3, device=d),
+        torch.ones(2, 3, device=d),
+        torch.ones(3, device=d),
+        2,
+        3,
+        16,
+        3,
+        [True, True, True],
+        out0=_e(d),
+        out1=_e(d),
+        out2=_e(d),
+    ),
 }
 
 

@@ -4,6 +4,7 @@ and the out tensor's shape, strides and offset afterwards as on CPU.
 CPU keeps an out= tensor's geometry when it has the result's shape (the range factories:
 when it has the result's numel) and writes through its strides; a resized out= tensor of
 a structured (TensorIterator) kernel takes its inputs' layout."""
+
 import warnings
 
 import pytest
@@ -27,7 +28,7 @@ OUT_OPS = {
     "linspace": (lambda d, o: torch.linspace(0, 1, o.numel(), out=o), (2, 3)),
     "logspace": (lambda d, o: torch.logspace(0, 1, o.numel(), out=o), (2, 3)),
     "zeros": (lambda d, o: torch.zeros(o.shape, out=o), (2, 3)),
-    "full": (lambda d, o: torch.full(o.shape, 3., out=o), (2, 3)),
+    "full": (lambda d, o: torch.full(o.shape, 3.0, out=o), (2, 3)),
     "eye": (lambda d, o: torch.eye(3, out=o), (3, 3)),
     "add": (lambda d, o: torch.add(_x(d, 2, 3), _x(d, 2, 3, seed=1), out=o), (2, 3)),
     "neg": (lambda d, o: torch.neg(_x(d, 2, 3), out=o), (2, 3)),
@@ -52,26 +53,31 @@ OUT_OPS = {
     "median_dim": (lambda d, o: torch.median(_x(d, 2, 3, 5), 2, out=(o, _long0(d))), (2, 3)),
     "kthvalue": (lambda d, o: torch.kthvalue(_x(d, 2, 3, 5), 2, 2, out=(o, _long0(d))), (2, 3)),
     "cummax": (lambda d, o: torch.cummax(_x(d, 2, 3), 1, out=(o, _long0(d))), (2, 3)),
-    "index_select": (lambda d, o: torch.index_select(_x(d, 4, 3), 0, torch.tensor([2, 0], device=d), out=o),
-                     (2, 3)),
-    "gather": (lambda d, o: torch.gather(_x(d, 2, 3), 1, torch.tensor([[2, 0, 1], [1, 1, 0]], device=d), out=o),
-               (2, 3)),
+    "index_select": (lambda d, o: torch.index_select(_x(d, 4, 3), 0, torch.tensor([2, 0], device=d), out=o), (2, 3)),
+    "gather": (
+        lambda d, o: torch.gather(_x(d, 2, 3), 1, torch.tensor([[2, 0, 1], [1, 1, 0]], device=d), out=o),
+        (2, 3),
+    ),
     "tril": (lambda d, o: torch.tril(_x(d, 3, 3), out=o), (3, 3)),
     "nonzero": (lambda d, o: torch.nonzero(torch.tensor([[1, 0, 1], [0, 1, 1]], device=d), out=o), (4, 2)),
-    "masked_select": (lambda d, o: torch.masked_select(
-        _x(d, 2, 3), torch.tensor([[True, False, True], [True, True, True]], device=d), out=o), (5,)),
+    "masked_select": (
+        lambda d, o: torch.masked_select(
+            _x(d, 2, 3), torch.tensor([[True, False, True], [True, True, True]], device=d), out=o
+        ),
+        (5,),
+    ),
 }
 
 
 def _out_view(d, shape, kind, dtype=torch.float32):
     """(base, view of base with `shape`): a narrow, a transpose or a stepped slice."""
     if kind == "narrow":
-        base = torch.full(tuple(shape[:-1]) + (shape[-1] + 2,), -1., device=d).to(dtype)
+        base = torch.full(tuple(shape[:-1]) + (shape[-1] + 2,), -1.0, device=d).to(dtype)
         return base, base.narrow(-1, 1, shape[-1])
     if kind == "transposed":
-        base = torch.full(tuple(reversed(shape)), -1., device=d).to(dtype)
+        base = torch.full(tuple(reversed(shape)), -1.0, device=d).to(dtype)
         return base, base.permute(*reversed(range(len(shape))))
-    base = torch.full(tuple(shape[:-1]) + (shape[-1] * 2,), -1., device=d).to(dtype)
+    base = torch.full(tuple(shape[:-1]) + (shape[-1] * 2,), -1.0, device=d).to(dtype)
     return base, base[..., ::2]
 
 
@@ -94,7 +100,7 @@ def test_issue_repro_arange_narrow(dev):
         torch.arange(0, 4, out=x.narrow(1, 1, 2))
         return x
 
-    assert run_both(prog, dev).value.tolist() == [[0., 0., 1.], [0., 2., 3.]]
+    assert run_both(prog, dev).value.tolist() == [[0.0, 0.0, 1.0], [0.0, 2.0, 3.0]]
 
 
 RANGE_RESIZES = {
@@ -115,10 +121,11 @@ RANGE_RESIZES = {
 def test_range_factory_out_geometry_and_warning(dev, case):
     """Same numel: the out keeps its geometry; other numel: resize_ to [n] at its offset,
     and arange (only) warns as CPU's kernel does."""
+
     def prog(d):
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            base = torch.full((4, 5), -1., device=d)
+            base = torch.full((4, 5), -1.0, device=d)
             o = RANGE_RESIZES[case](base)
         msgs = [str(x.message) for x in w if "out tensor" in str(x.message)]
         return base, o, o.stride(), o.storage_offset(), [m.split(" (Triggered")[0] for m in msgs]
@@ -138,7 +145,9 @@ RESIZED_OUT = {
     "add_channels_last": lambda d, o: torch.add(_cl(d), 1, out=o),
     "exp_permuted": lambda d, o: torch.exp(_x(d, 2, 3, 4).permute(2, 0, 1), out=o),
     "mul_broadcast": lambda d, o: torch.mul(_x(d, 3, 1), _x(d, 4, 1).t(), out=o),
-    "where_transposed": lambda d, o: torch.where(_x(d, 3, 4).t() > 0, _x(d, 4, 3), torch.zeros(4, 3, device=d).t().t(), out=o),
+    "where_transposed": lambda d, o: torch.where(
+        _x(d, 3, 4).t() > 0, _x(d, 4, 3), torch.zeros(4, 3, device=d).t().t(), out=o
+    ),
     "clamp_channels_last": lambda d, o: torch.clamp(_cl(d), -0.1, 0.1, out=o),
     "lerp_transposed": lambda d, o: torch.lerp(_x(d, 3, 4).t(), _x(d, 4, 3), 0.3, out=o),
     "addcmul_transposed": lambda d, o: torch.addcmul(_x(d, 3, 4).t(), _x(d, 4, 3), _x(d, 4, 3, seed=1), out=o),
@@ -152,6 +161,7 @@ RESIZED_OUT = {
 
 def test_resized_fft_out_is_contiguous(dev):
     """fft's out= kernel computes the result, then resize_output + copy: contiguous."""
+
     def prog(d):
         o = torch.empty(0, dtype=torch.complex64, device=d)
         torch.fft.fft(_x(d, 3, 4).t().to(torch.complex64), out=o)
@@ -175,6 +185,7 @@ def test_resized_out_strides(dev, case, out_numel):
 
 def test_empty_out_then_view_raises_as_cpu(dev):
     """A transposed layout survives: .view(-1) raises on both devices."""
+
     def prog(d):
         o = torch.empty(0, device=d)
         torch.neg(_x(d, 3, 4).t(), out=o)
@@ -224,13 +235,20 @@ def test_strides_follow_every_input_permutation(dev, op, layout):
     CPU's strides (TensorIterator's layout rule)."""
     import itertools
 
-    fns = {"add": torch.add, "eq": torch.eq, "exp": lambda a, out=None: torch.exp(a, out=out),
-           "mul_scalar": lambda a, out=None: torch.mul(a, 2, out=out)}
+    fns = {
+        "add": torch.add,
+        "eq": torch.eq,
+        "exp": lambda a, out=None: torch.exp(a, out=out),
+        "mul_scalar": lambda a, out=None: torch.mul(a, 2, out=out),
+    }
     binary = op in ("add", "eq")
 
     def prog(d):
-        base = {"dense": lambda: _x(d, 2, 3, 4), "sliced": lambda: _x(d, 2, 3, 8)[:, :, ::2],
-                "size1_sliced": lambda: _x(d, 1, 1, 4, 12)[:, :, :, ::2]}[layout]()
+        base = {
+            "dense": lambda: _x(d, 2, 3, 4),
+            "sliced": lambda: _x(d, 2, 3, 8)[:, :, ::2],
+            "size1_sliced": lambda: _x(d, 1, 1, 4, 12)[:, :, :, ::2],
+        }[layout]()
         seen = []
         for p in itertools.permutations(range(base.dim())):
             xp = base.permute(p)
@@ -245,17 +263,25 @@ def test_strides_follow_every_input_permutation(dev, op, layout):
     run_both(prog, dev)
 
 
-@pytest.mark.parametrize("op", ["flip", "flip_all", "sort", "sort_stable", "argsort", "tril", "triu",
-                                "log_softmax", "masked_fill"])
+@pytest.mark.parametrize(
+    "op", ["flip", "flip_all", "sort", "sort_stable", "argsort", "tril", "triu", "log_softmax", "masked_fill"]
+)
 @pytest.mark.parametrize("perm", [(0, 2, 1, 3), (3, 1, 0, 2), (2, 0, 3, 1)])
 def test_size1_dim_strides_after_flip_sort(dev, op, perm):
     """Permuted inputs with size-1 dims: flip / sort keep self's strides (empty_like
     with Preserve), tril / triu / log_softmax / masked_fill are contiguous, size-1 dims
     included."""
-    fns = {"flip": lambda t: torch.flip(t, [1]), "flip_all": lambda t: torch.flip(t, [0, 1, 2, 3]),
-           "sort": lambda t: torch.sort(t, 2), "sort_stable": lambda t: torch.sort(t, dim=1, stable=True),
-           "argsort": lambda t: torch.argsort(t, 0), "tril": torch.tril, "triu": lambda t: torch.triu(t, 1),
-           "log_softmax": lambda t: torch.log_softmax(t, 0), "masked_fill": lambda t: t.masked_fill(t > 0, 1.)}
+    fns = {
+        "flip": lambda t: torch.flip(t, [1]),
+        "flip_all": lambda t: torch.flip(t, [0, 1, 2, 3]),
+        "sort": lambda t: torch.sort(t, 2),
+        "sort_stable": lambda t: torch.sort(t, dim=1, stable=True),
+        "argsort": lambda t: torch.argsort(t, 0),
+        "tril": torch.tril,
+        "triu": lambda t: torch.triu(t, 1),
+        "log_softmax": lambda t: torch.log_softmax(t, 0),
+        "masked_fill": lambda t: t.masked_fill(t > 0, 1.0),
+    }
 
     def prog(d):
         t = _x(d, 3, 1, 2, 3).permute(*perm)
@@ -268,10 +294,13 @@ def test_size1_dim_strides_after_flip_sort(dev, op, perm):
 @pytest.mark.parametrize("layout", ["transposed_3d", "channels_last", "permuted_4d"])
 def test_batch_norm_output_layout(dev, layout):
     """CPU's batch norm allocates in input.suggest_memory_format()."""
+
     def prog(d):
-        x = {"transposed_3d": lambda: _x(d, 5, 5, 5).mT.contiguous().mT,
-             "channels_last": lambda: _cl(d),
-             "permuted_4d": lambda: _x(d, 2, 3, 4, 5).permute(0, 1, 3, 2)}[layout]()
+        x = {
+            "transposed_3d": lambda: _x(d, 5, 5, 5).mT.contiguous().mT,
+            "channels_last": lambda: _cl(d),
+            "permuted_4d": lambda: _x(d, 2, 3, 4, 5).permute(0, 1, 3, 2),
+        }[layout]()
         r = torch.nn.functional.batch_norm(x, None, None, training=True)
         return r, r.stride()
 
@@ -283,17 +312,26 @@ def test_batch_norm_output_layout(dev, layout):
 # contiguous operand) differently from CPU's TensorIterator: the result takes the
 # strides of the C++ meta function CPU's kernel runs.
 MIXED_LAYOUT_OPS = {
-    "copysign": torch.copysign, "clamp_tensor": lambda a, b: a.clamp(min=b), "atan2": torch.atan2,
-    "where": lambda a, b: torch.where(a > 0, a, b), "where_0dim": lambda a, b: torch.where(a > 0, a, b[(0,) * b.dim()]),
-    "hypot": torch.hypot, "fmod": torch.fmod, "maximum": torch.maximum, "xlogy": torch.xlogy,
-    "lerp_tensor": lambda a, b: torch.lerp(a, b, b), "heaviside": torch.heaviside, "div_floor": lambda a, b: torch.div(
-        a, b, rounding_mode="floor"),
+    "copysign": torch.copysign,
+    "clamp_tensor": lambda a, b: a.clamp(min=b),
+    "atan2": torch.atan2,
+    "where": lambda a, b: torch.where(a > 0, a, b),
+    "where_0dim": lambda a, b: torch.where(a > 0, a, b[(0,) * b.dim()]),
+    "hypot": torch.hypot,
+    "fmod": torch.fmod,
+    "maximum": torch.maximum,
+    "xlogy": torch.xlogy,
+    "lerp_tensor": lambda a, b: torch.lerp(a, b, b),
+    "heaviside": torch.heaviside,
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
 }
 MIXED_LAYOUTS = {
     "transposed_3d": lambda d: (_x(d, 3, 1, 2).transpose(0, 2), _x(d, 2, 1, 3, seed=1)),
     "transposed_4d_size1": lambda d: (_x(d, 2, 1, 3, 1).transpose(0, 3), _x(d, 1, 3, 1, 2, seed=1)),
-    "channels_last_size1": lambda d: (_x(d, 1, 3, 1, 2).contiguous(memory_format=torch.channels_last),
-                                      _x(d, 1, 3, 1, 2, seed=1)),
+    "channels_last_size1": lambda d: (
+        _x(d, 1, 3, 1, 2).contiguous(memory_format=torch.channels_last),
+        _x(d, 1, 3, 1, 2, seed=1),
+    ),
     "second_transposed": lambda d: (_x(d, 2, 1, 3, seed=1), _x(d, 3, 1, 2).transpose(0, 2)),
 }
 
@@ -314,9 +352,14 @@ ROLL_INPUTS = {
     "transposed": lambda d: _x(d, 3, 4).t(),
     "permuted_size1": lambda d: _x(d, 2, 1, 3, 1).permute(3, 1, 2, 0),
 }
-ROLLS = {"dim0": lambda x: x.roll(1, 0), "dim1": lambda x: x.roll(1, 1), "flat": lambda x: x.roll(3),
-         "two_dims": lambda x: x.roll((1, 2), (0, 1)), "last_neg": lambda x: x.roll(-1, -1),
-         "full_turn": lambda x: x.roll(x.shape[-1], -1)}
+ROLLS = {
+    "dim0": lambda x: x.roll(1, 0),
+    "dim1": lambda x: x.roll(1, 1),
+    "flat": lambda x: x.roll(3),
+    "two_dims": lambda x: x.roll((1, 2), (0, 1)),
+    "last_neg": lambda x: x.roll(-1, -1),
+    "full_turn": lambda x: x.roll(x.shape[-1], -1),
+}
 
 
 @pytest.mark.parametrize("roll", sorted(ROLLS))

@@ -4,6 +4,7 @@ CPU applies an in-place op on a self-overlapping view (unfold with step < size, 
 overlapping as_strided) element by element in memory order, so later elements see
 earlier writes; a stride-0 (expanded) view makes most ops raise instead. The device must
 give exactly CPU's result or CPU's exception, never a gathered copy written back."""
+
 import random
 
 import pytest
@@ -25,16 +26,17 @@ INPLACE_OPS = {
     "sigmoid_": lambda v, d: v.sigmoid_(),
     "clamp_": lambda v, d: v.clamp_(0.2, 0.6),
     "pow_": lambda v, d: v.pow_(2),
-    "addcmul_": lambda v, d: v.addcmul_(torch.full(v.shape, 2., device=d), torch.full(v.shape, 0.5, device=d)),
+    "addcmul_": lambda v, d: v.addcmul_(torch.full(v.shape, 2.0, device=d), torch.full(v.shape, 0.5, device=d)),
     "lerp_": lambda v, d: v.lerp_(torch.ones(v.shape, device=d), 0.5),
-    "masked_fill_": lambda v, d: v.masked_fill_(torch.arange(v.shape[-1], device=d) % 2 == 0, 5.),
-    "index_fill_": lambda v, d: v.index_fill_(v.dim() - 1, torch.tensor([0], device=d), 7.),
-    "index_put_": lambda v, d: v.__setitem__(torch.tensor([0], device=d), 1.),
-    "index_put_accumulate": lambda v, d: v.index_put_((torch.tensor([0], device=d),),
-                                                      torch.tensor(2., device=d), accumulate=True),
-    "setitem_slice": lambda v, d: v.__setitem__(slice(None), 3.),
+    "masked_fill_": lambda v, d: v.masked_fill_(torch.arange(v.shape[-1], device=d) % 2 == 0, 5.0),
+    "index_fill_": lambda v, d: v.index_fill_(v.dim() - 1, torch.tensor([0], device=d), 7.0),
+    "index_put_": lambda v, d: v.__setitem__(torch.tensor([0], device=d), 1.0),
+    "index_put_accumulate": lambda v, d: v.index_put_(
+        (torch.tensor([0], device=d),), torch.tensor(2.0, device=d), accumulate=True
+    ),
+    "setitem_slice": lambda v, d: v.__setitem__(slice(None), 3.0),
     "copy_": lambda v, d: v.copy_(torch.arange(v.numel(), dtype=v.dtype, device=d).view(v.shape)),
-    "fill_": lambda v, d: v.fill_(4.),
+    "fill_": lambda v, d: v.fill_(4.0),
     "zero_": lambda v, d: v.zero_(),
     "relu_": lambda v, d: torch.relu_(v),
     "where_out": lambda v, d: torch.where(torch.arange(v.shape[-1], device=d) % 2 == 0, v, -v, out=v),
@@ -51,11 +53,14 @@ def _base(d, n):
 @pytest.mark.parametrize("view", ["unfold", "as_strided_rows", "as_strided_3d"])
 def test_inplace_on_self_overlapping_view(dev, op, view):
     """The repros of the crash-free issue and their neighbours: one op, one view."""
+
     def prog(d):
         b = _base(d, 12)
-        v = {"unfold": lambda: b.unfold(0, 3, 1),
-             "as_strided_rows": lambda: b.as_strided((2, 4), (2, 1)),
-             "as_strided_3d": lambda: b.as_strided((2, 3, 3), (3, 2, 1), 1)}[view]()
+        v = {
+            "unfold": lambda: b.unfold(0, 3, 1),
+            "as_strided_rows": lambda: b.as_strided((2, 4), (2, 1)),
+            "as_strided_3d": lambda: b.as_strided((2, 3, 3), (3, 2, 1), 1),
+        }[view]()
         INPLACE_OPS[op](v, d)
         return b
 
@@ -70,7 +75,7 @@ def test_issue_repro_index_put(dev):
         return b
 
     out = run_both(prog, dev)
-    assert out.value.tolist()[:4] == [1., 1., 1., 1.]
+    assert out.value.tolist()[:4] == [1.0, 1.0, 1.0, 1.0]
 
 
 def _random_view(rng, n):
@@ -100,6 +105,7 @@ def test_random_programs_on_overlapping_views(dev, seed):
             steps.append(("as_strided", _random_view(rng, 16), rng.choice(names)))
 
     for cut in range(1, len(steps) + 1):
+
         def prog(d, cut=cut):
             b = _base(d, 16)
             for step in steps[:cut]:
@@ -132,6 +138,7 @@ def test_overlapping_write_in_each_eager_mode(dev, mode):
 
 def test_overlapping_write_on_spyre(spyre_target, dev):
     """Spyre rounds written 16-bit values after the op: through the same strided alias."""
+
     def prog(d):
         b = torch.arange(10, device=d).to(torch.float16)
         b.unfold(0, 3, 1).mul_(2)

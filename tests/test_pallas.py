@@ -1,6 +1,7 @@
 """JAX / Pallas kernels on "tpu" (torch_tpu_eager.pallas): recorded at the call,
 run at flush in Pallas's interpret mode, costed from the grid and BlockSpecs.
 Every result is compared with the PyTorch computation on CPU."""
+
 import pytest
 import torch
 
@@ -17,8 +18,9 @@ def _add_op(m, n, bm):
         o_ref[...] = x_ref[...] + y_ref[...] * 2
 
     spec = pl.BlockSpec((bm, n), lambda i: (i, 0))
-    return jax_op(add_kernel, jax.ShapeDtypeStruct((m, n), jnp.float32), grid=(m // bm,), in_specs=[spec, spec],
-                  out_specs=spec)
+    return jax_op(
+        add_kernel, jax.ShapeDtypeStruct((m, n), jnp.float32), grid=(m // bm,), in_specs=[spec, spec], out_specs=spec
+    )
 
 
 def _softmax_op(m, n, bm):
@@ -28,8 +30,14 @@ def _softmax_op(m, n, bm):
         o_ref[...] = e / jnp.sum(e, axis=-1, keepdims=True)
 
     spec = pl.BlockSpec((bm, n), lambda i: (i, 0))
-    return jax_op(softmax_kernel, jax.ShapeDtypeStruct((m, n), jnp.float32), grid=(m // bm,), in_specs=[spec],
-                  out_specs=spec, name="fused_softmax")
+    return jax_op(
+        softmax_kernel,
+        jax.ShapeDtypeStruct((m, n), jnp.float32),
+        grid=(m // bm,),
+        in_specs=[spec],
+        out_specs=spec,
+        name="fused_softmax",
+    )
 
 
 def _matmul_op(m, k, n, b):
@@ -40,11 +48,16 @@ def _matmul_op(m, k, n, b):
 
         o_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
 
-    return jax_op(matmul_kernel, jax.ShapeDtypeStruct((m, n), jnp.float32), grid=(m // b, n // b, k // b),
-                  in_specs=[pl.BlockSpec((b, b), lambda i, j, kk: (i, kk)),
-                            pl.BlockSpec((b, b), lambda i, j, kk: (kk, j))],
-                  out_specs=pl.BlockSpec((b, b), lambda i, j, kk: (i, j)), flops=2 * m * n * k, mxu=True,
-                  name="tiled_matmul")
+    return jax_op(
+        matmul_kernel,
+        jax.ShapeDtypeStruct((m, n), jnp.float32),
+        grid=(m // b, n // b, k // b),
+        in_specs=[pl.BlockSpec((b, b), lambda i, j, kk: (i, kk)), pl.BlockSpec((b, b), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((b, b), lambda i, j, kk: (i, j)),
+        flops=2 * m * n * k,
+        mxu=True,
+        name="tiled_matmul",
+    )
 
 
 def test_elementwise_kernel_recorded_and_equal_to_torch():

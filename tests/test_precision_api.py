@@ -1,4 +1,5 @@
 """torch.tpu.Precision / torch.tpu.precision: scoped float32 matmul precision."""
+
 import pytest
 import torch
 
@@ -92,11 +93,13 @@ def _run_threads(*fns):
 
     errors, threads = [], []
     for fn in fns:
+
         def body(fn=fn):
             try:
                 fn()
             except BaseException as e:  # reported in the main thread
                 errors.append(e)
+
         threads.append(threading.Thread(target=body))
     for t in threads:
         t.start()

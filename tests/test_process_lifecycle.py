@@ -3,6 +3,7 @@
 Every test runs its program in a subprocess with a timeout, so a regression fails
 (exit status, or TimeoutExpired) instead of aborting or hanging the test run.
 """
+
 import os
 import subprocess
 import sys
@@ -18,8 +19,9 @@ ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH
 
 def run_python(code, timeout=300):
     """Runs `code` in a fresh interpreter; returns the CompletedProcess (raises TimeoutExpired on a hang)."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=ENV, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # The driver imports torch once and forks each run: every child runs the script's

@@ -9,6 +9,7 @@ columns and never shows a negative time. ``torch.autograd.profiler.profile(
 use_device="tpu")`` (the legacy, non-kineto path) gives each op the device
 time of the kernels that ran during it.
 """
+
 import json
 
 import pytest
@@ -43,8 +44,14 @@ def _step(x):
 
 def _no_negative(averages):
     for a in averages:
-        for attr in ("cpu_time_total", "self_cpu_time_total", "device_time_total", "self_device_time_total",
-                     "cpu_time", "device_time"):
+        for attr in (
+            "cpu_time_total",
+            "self_cpu_time_total",
+            "device_time_total",
+            "self_device_time_total",
+            "cpu_time",
+            "device_time",
+        ):
             assert getattr(a, attr) >= 0, (a.key, attr, getattr(a, attr))
 
 

@@ -3,6 +3,7 @@
 Open bugs are xfail(strict=True): a fix turns one into an XPASS failure, so whoever
 fixes the bug removes the marker. Tests without a marker are bugs already fixed.
 """
+
 import sys
 
 import pytest
@@ -56,9 +57,15 @@ def test_batch_norm_weight_grad_when_input_needs_no_grad():
     torch.testing.assert_close(grads["tpu"], grads["cpu"])
 
 
-@pytest.mark.parametrize("make", [lambda: torch.nn.BatchNorm2d(3), lambda: torch.nn.BatchNorm2d(3).eval(),
-                                  lambda: torch.nn.InstanceNorm2d(3, affine=True)],
-                         ids=["batch_norm_train", "batch_norm_eval", "instance_norm_affine"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.nn.BatchNorm2d(3),
+        lambda: torch.nn.BatchNorm2d(3).eval(),
+        lambda: torch.nn.InstanceNorm2d(3, affine=True),
+    ],
+    ids=["batch_norm_train", "batch_norm_eval", "instance_norm_affine"],
+)
 def test_norm_module_parameter_grads_when_input_needs_no_grad(make):
     torch.manual_seed(0)
     x = torch.randn(2, 3, 4, 4)
@@ -80,8 +87,9 @@ def test_native_batch_norm_backward_masked_grad_input_is_none():
     for dev in ("cpu", "tpu"):
         x, wd = img.to(dev), w.to(dev)
         _, mean, invstd = torch.native_batch_norm(x, wd, None, None, None, True, 0.1, 1e-5)
-        r = torch.ops.aten.native_batch_norm_backward(torch.ones_like(x), x, wd, None, None, mean, invstd, True,
-                                                      1e-5, [False, True, False])
+        r = torch.ops.aten.native_batch_norm_backward(
+            torch.ones_like(x), x, wd, None, None, mean, invstd, True, 1e-5, [False, True, False]
+        )
         res[dev] = r
     assert (res["tpu"][0] is None) == (res["cpu"][0] is None)
     torch.testing.assert_close(res["tpu"][1].cpu(), res["cpu"][1])
@@ -101,6 +109,7 @@ def _raises_at_call(fn):
 def test_renorm_negative_maxnorm_raises_at_call_after_a_cached_call():
     def call(dev, maxnorm):
         return torch.renorm(torch.ones(3, 3, device=dev), 2, 0, maxnorm)
+
     assert _raises_at_call(lambda: call("cpu", -1.0))
     call("tpu", 1.0).cpu()  # fills the meta cache for (renorm, float Scalar)
     assert _raises_at_call(lambda: call("tpu", -1.0))
@@ -109,6 +118,7 @@ def test_renorm_negative_maxnorm_raises_at_call_after_a_cached_call():
 def test_softshrink_negative_lambda_raises_at_call_after_a_cached_call():
     def call(dev, lambd):
         return F.softshrink(torch.ones(3, device=dev), lambd)
+
     assert _raises_at_call(lambda: call("cpu", -0.5))
     call("tpu", 0.5).cpu()
     assert _raises_at_call(lambda: call("tpu", -0.5))
@@ -117,6 +127,7 @@ def test_softshrink_negative_lambda_raises_at_call_after_a_cached_call():
 def test_vector_norm_negative_ord_on_empty_raises_at_call_after_a_cached_call():
     def call(dev, ord):
         return torch.linalg.vector_norm(torch.ones(0, device=dev), ord)
+
     assert _raises_at_call(lambda: call("cpu", -1.0))
     call("tpu", 2.0).cpu()
     assert _raises_at_call(lambda: call("tpu", -1.0))
@@ -152,6 +163,7 @@ def test_sub_with_a_bool_operand_raises_at_call():
 
 def test_spyre_job_plan_has_no_h2d_for_values_the_flush_creates(spyre_target):
     from torch_tpu_eager import spyre
+
     # Every value of this flush is created on the device (zero_, then add):
     # docs/spyre.md: H2D only for "a value the flush has not written".
     (torch.zeros(64, 32, device="tpu") + 1).cpu()
@@ -179,20 +191,29 @@ def test_mode_with_out_matches_cpu():
 
 
 # Fixed in ops/scalar_checks.cpp (float16/bfloat16/float32 rows); sweep: tests/test_scalar_overflow_float.py.
-@pytest.mark.parametrize("op", [lambda d: torch.full((3,), 1e6, dtype=torch.half, device=d),
-                                lambda d: torch.clamp(torch.zeros(3, dtype=torch.half, device=d), min=1e6)],
-                         ids=["full", "clamp"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda d: torch.full((3,), 1e6, dtype=torch.half, device=d),
+        lambda d: torch.clamp(torch.zeros(3, dtype=torch.half, device=d), min=1e6),
+    ],
+    ids=["full", "clamp"],
+)
 def test_float16_overflowing_scalar_raises_at_call(op):
     assert _raises_at_call(lambda: op("cpu"))
     assert _raises_at_call(lambda: op("tpu"))
 
 
-@pytest.mark.xfail(strict=True, reason="a dtype a CPU kernel does not implement (hardshrink on int8) raises at the "
-                                       "call on CPU (its AT_DISPATCH); the meta kernel accepts it, so on tpu the "
-                                       "NotImplementedError surfaces at the flush")
+@pytest.mark.xfail(
+    strict=True,
+    reason="a dtype a CPU kernel does not implement (hardshrink on int8) raises at the "
+    "call on CPU (its AT_DISPATCH); the meta kernel accepts it, so on tpu the "
+    "NotImplementedError surfaces at the flush",
+)
 def test_unsupported_dtype_raises_at_call():
     def call(dev):
         return F.hardshrink(torch.zeros(3, dtype=torch.int8, device=dev), 0.5)
+
     with pytest.raises(NotImplementedError):
         call("cpu")
     with pytest.raises(NotImplementedError):
@@ -253,25 +274,41 @@ def test_bool_alpha_on_float_add_raises_in_a_fused_region(form):
 # int32.mul_(0.5) and float16.add_(1j) through, where CPU raises at the call that its
 # result type cannot be cast to self's dtype; the device deferred the error, so the
 # call succeeded and every later read of self raised. Such calls now run eagerly.
-@pytest.mark.parametrize("dtype,op,other", [
-    (torch.int32, "mul_", 0.5), (torch.bool, "mul_", 2), (torch.int32, "mul_", 1j), (torch.int32, "add_", 1j),
-    (torch.int32, "sub_", 1j), (torch.float16, "mul_", 1j), (torch.float16, "add_", 1j),
-    (torch.int32, "mul_", "cpu_scalar_tensor"), (torch.int32, "mul_", "tpu_tensor")])
+@pytest.mark.parametrize(
+    "dtype,op,other",
+    [
+        (torch.int32, "mul_", 0.5),
+        (torch.bool, "mul_", 2),
+        (torch.int32, "mul_", 1j),
+        (torch.int32, "add_", 1j),
+        (torch.int32, "sub_", 1j),
+        (torch.float16, "mul_", 1j),
+        (torch.float16, "add_", 1j),
+        (torch.int32, "mul_", "cpu_scalar_tensor"),
+        (torch.int32, "mul_", "tpu_tensor"),
+    ],
+)
 def test_in_place_result_that_cannot_be_cast_raises_at_the_call(dtype, op, other):
     def run(dev):
         x = torch.tensor([1, 0, 1], dtype=dtype, device=dev)
-        o = (torch.tensor(0.5) if other == "cpu_scalar_tensor"
-             else torch.tensor([0.5, 1.5, 2.5], device=dev) if other == "tpu_tensor" else other)
+        o = (
+            torch.tensor(0.5)
+            if other == "cpu_scalar_tensor"
+            else torch.tensor([0.5, 1.5, 2.5], device=dev)
+            if other == "tpu_tensor"
+            else other
+        )
         with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
             getattr(x, op)(o)
         x.zero_()
         return x
+
     assert torch.equal(run("tpu").cpu(), run("cpu"))  # self is unchanged and still usable
 
 
 def test_bool_tensor_to_a_bool_power_stays_bool():
     for exponent in (True, False):
         t = torch.tensor([True, False])
-        got, want = t.to("tpu") ** exponent, t ** exponent
+        got, want = t.to("tpu") ** exponent, t**exponent
         assert got.dtype == want.dtype == torch.bool
         assert torch.equal(got.cpu(), want)

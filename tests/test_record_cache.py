@@ -1,6 +1,7 @@
 """The record path's meta cache keys Scalar arguments by type, not value (so a changing
 learning rate or Adam's bias corrections reuse the cached shapes), except for the range
 factories whose result size depends on the values. Each case is compared with CPU."""
+
 import pytest
 import torch
 
@@ -30,7 +31,7 @@ def test_changing_scalars_in_a_loop_match_cpu(dev):
             a = a.add(b, alpha=0.1 * k)
             a = torch.addcdiv(a, b, c, value=-0.3 / k)
             a = a.lerp(b, 1.0 / (k + 1))
-            outs.append(a * (0.5 ** k))
+            outs.append(a * (0.5**k))
         return outs
 
     run_both(prog, dev)
@@ -41,8 +42,16 @@ def test_scalar_type_still_drives_promotion(dev):
 
     def prog(d):
         t = ints.to(d)
-        return [t + 2, t + 2.5, t * 3, t * 0.5, t + True, torch.full((2,), 7, device=d),
-                torch.full((2,), 7.5, device=d), torch.full((2,), True, device=d)]
+        return [
+            t + 2,
+            t + 2.5,
+            t * 3,
+            t * 0.5,
+            t + True,
+            torch.full((2,), 7, device=d),
+            torch.full((2,), 7.5, device=d),
+            torch.full((2,), True, device=d),
+        ]
 
     run_both(prog, dev)
 
@@ -56,6 +65,7 @@ def test_integer_scalar_errors_still_raise_like_cpu(dev):
         return ok, t.pow(-1)
 
     from difftest import run_both_outcome
+
     run_both_outcome(prog, dev)
 
 

@@ -3,6 +3,7 @@ Tensor result) put the caller's tensors on the record stack without taking a ref
 These tests check that no reference is leaked or lost on any path (recorded, call-time
 error, run eagerly, meta-cache miss), that results still match CPU when the inputs die
 before the flush, and that recording from several threads stays correct."""
+
 import sys
 import threading
 
@@ -19,7 +20,15 @@ def _refcounts(*ts):
 def test_recorded_ops_keep_input_refcounts(dev):
     a, b = cpu_randn(3, 4, seed=1).to(dev), cpu_randn(3, 4, seed=2).to(dev)
     before = _refcounts(a, b)
-    outs = [a + b, a.mul(b), torch.add(a, b, alpha=2), a.exp(), a * 3, torch.ops.aten.add.Scalar(a, 2.5, 0.5), torch.sub(a, b)]
+    outs = [
+        a + b,
+        a.mul(b),
+        torch.add(a, b, alpha=2),
+        a.exp(),
+        a * 3,
+        torch.ops.aten.add.Scalar(a, 2.5, 0.5),
+        torch.sub(a, b),
+    ]
     assert _refcounts(a, b) == before
     del outs
     assert _refcounts(a, b) == before

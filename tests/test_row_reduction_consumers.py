@@ -4,6 +4,7 @@ fused row loop, then the consumers reading the reduction's result
 (csrc/executors/tpu/tpu_executor.cpp, run_split_at_row_reduction). Values are compared
 with CPU PyTorch bit for bit (producers and consumers are IEEE-exact ops), and the
 profiler shows that the reduction's ATen kernel did not run inside the region."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,7 @@ def _run(fn, *args):
         for c in ev.cpu_children:
             names += [c.name] + below(c)
         return names
+
     ops = [n for e in prof.events() if e.name.startswith("tpu::") for n in below(e)]
     return out, ops
 
@@ -58,6 +60,7 @@ def test_a_producer_read_by_a_consumer_is_materialized_and_equal():
     def fn(x, b, y):
         h = x * 3.0 - b
         return F.softmax(h, -1) + h, h
+
     x, b, y = (cpu_randn(33, 65, seed=k) for k in range(3))
     (s, h), ops = _run(fn, x, b, y)
     s_cpu, h_cpu = fn(x, b, y)
@@ -82,12 +85,16 @@ def test_a_failing_consumer_raises_and_keeps_the_queue_valid():
 
 # QA finding: planning a fused program converted Python scalars with a checked cast and
 # raised where CPU casts to float32 (x * 1e300 is inf), failing the whole region.
-@pytest.mark.parametrize("fn", [
-    lambda x: (x * 2) * 1e300,
-    lambda x: (x + 1) - 1e39,
-    lambda x: F.softmax(x * 2, -1) * 1e300 + 1,
-    lambda x: torch.logsumexp(x * 2, -1) * 1e300 + 1,
-], ids=["fused_chain", "fused_chain_sub", "softmax_tail", "logsumexp_tail"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: (x * 2) * 1e300,
+        lambda x: (x + 1) - 1e39,
+        lambda x: F.softmax(x * 2, -1) * 1e300 + 1,
+        lambda x: torch.logsumexp(x * 2, -1) * 1e300 + 1,
+    ],
+    ids=["fused_chain", "fused_chain_sub", "softmax_tail", "logsumexp_tail"],
+)
 def test_scalars_beyond_float32_range_give_cpu_infinities(fn):
     x = cpu_randn(4, 8, seed=5)
     out, _ = _run(fn, x)
@@ -111,6 +118,7 @@ def test_softmax_matches_cpu_at_the_default_capability(tmp_path):
     import os
     import subprocess
     import sys
+
     script = tmp_path / "softmax_default.py"
     script.write_text(SOFTMAX_AT_DEFAULT)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,6 +7,7 @@ that is no device raises ValueError (torch's _get_device_index); a negative
 index given to ``torch.cuda.device`` / ``torch.accelerator.set_device_index`` is
 a no-op.
 """
+
 import pytest
 import torch
 
@@ -17,14 +18,33 @@ pytestmark = requires_tpu
 N = torch.tpu.device_count() if hasattr(torch, "tpu") else 0
 
 TPU_FUNCS = [
-    "set_device", "current_stream", "default_stream", "synchronize", "memory_allocated",
-    "max_memory_allocated", "reset_peak_memory_stats", "memory_reserved", "max_memory_reserved",
-    "memory_stats", "mem_get_info", "get_device_properties", "get_device_name",
-    "get_device_capability", "get_rng_state", "Stream",
+    "set_device",
+    "current_stream",
+    "default_stream",
+    "synchronize",
+    "memory_allocated",
+    "max_memory_allocated",
+    "reset_peak_memory_stats",
+    "memory_reserved",
+    "max_memory_reserved",
+    "memory_stats",
+    "mem_get_info",
+    "get_device_properties",
+    "get_device_name",
+    "get_device_capability",
+    "get_rng_state",
+    "Stream",
 ]
 ACCEL_FUNCS = [
-    "synchronize", "memory_allocated", "max_memory_allocated", "memory_reserved", "memory_stats",
-    "reset_peak_memory_stats", "get_memory_info", "get_device_capability", "current_stream",
+    "synchronize",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "reset_peak_memory_stats",
+    "get_memory_info",
+    "get_device_capability",
+    "current_stream",
 ]
 
 

@@ -7,6 +7,7 @@ call. The device must raise the same error at the call (not at the next flush),
 also when an earlier call with a fitting value filled the meta cache (which keys
 Scalars by type), and leave the queue and other tensors valid.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -45,17 +46,24 @@ CASES = {
     "sub_alpha": lambda d, dt, v: torch.sub(_t(d, dt), _t(d, dt), alpha=v),
     "rsub_alpha": lambda d, dt, v: torch.rsub(_t(d, dt), 1, alpha=v),
     "addcmul": lambda d, dt, v: torch.addcmul(_t(d, dt), _t(d, dt), _t(d, dt), value=v),
-    "addmm_alpha": lambda d, dt, v: torch.addmm(torch.zeros(2, 2, dtype=dt, device=d),
-                                                torch.zeros(2, 2, dtype=dt, device=d),
-                                                torch.zeros(2, 2, dtype=dt, device=d), alpha=v),
-    "addmm_beta": lambda d, dt, v: torch.addmm(torch.zeros(2, 2, dtype=dt, device=d),
-                                               torch.zeros(2, 2, dtype=dt, device=d),
-                                               torch.zeros(2, 2, dtype=dt, device=d), beta=v),
+    "addmm_alpha": lambda d, dt, v: torch.addmm(
+        torch.zeros(2, 2, dtype=dt, device=d),
+        torch.zeros(2, 2, dtype=dt, device=d),
+        torch.zeros(2, 2, dtype=dt, device=d),
+        alpha=v,
+    ),
+    "addmm_beta": lambda d, dt, v: torch.addmm(
+        torch.zeros(2, 2, dtype=dt, device=d),
+        torch.zeros(2, 2, dtype=dt, device=d),
+        torch.zeros(2, 2, dtype=dt, device=d),
+        beta=v,
+    ),
     "addmv": lambda d, dt, v: torch.addmv(_t(d, dt, 2), torch.zeros(2, 2, dtype=dt, device=d), _t(d, dt, 2), alpha=v),
     "addr": lambda d, dt, v: torch.addr(torch.zeros(2, 2, dtype=dt, device=d), _t(d, dt, 2), _t(d, dt, 2), beta=v),
     "baddbmm": lambda d, dt, v: torch.baddbmm(*[torch.zeros(1, 2, 2, dtype=dt, device=d)] * 3, alpha=v),
-    "addbmm": lambda d, dt, v: torch.addbmm(torch.zeros(2, 2, dtype=dt, device=d),
-                                            *[torch.zeros(1, 2, 2, dtype=dt, device=d)] * 2, beta=v),
+    "addbmm": lambda d, dt, v: torch.addbmm(
+        torch.zeros(2, 2, dtype=dt, device=d), *[torch.zeros(1, 2, 2, dtype=dt, device=d)] * 2, beta=v
+    ),
     "clamp_min": lambda d, dt, v: torch.clamp(_t(d, dt), min=v),
     "clamp_max": lambda d, dt, v: torch.clamp(_t(d, dt), max=v),
     "clamp_min_fn": lambda d, dt, v: torch.clamp_min(_t(d, dt), v),
@@ -68,8 +76,14 @@ CASES = {
     "out_fill": lambda d, dt, v: torch.full((3,), v, out=torch.empty(3, dtype=dt, device=d)),
 }
 # (dtype, a value that overflows it, a value that fits)
-DTYPES = [(torch.int8, 300, 5), (torch.uint8, 300, 5), (torch.int8, 300.0, 2.0), (torch.int16, 70000, 5),
-          (torch.int32, 2 ** 40, 5), (torch.int64, 2.0 ** 70, 2.0)]
+DTYPES = [
+    (torch.int8, 300, 5),
+    (torch.uint8, 300, 5),
+    (torch.int8, 300.0, 2.0),
+    (torch.int16, 70000, 5),
+    (torch.int32, 2**40, 5),
+    (torch.int64, 2.0**70, 2.0),
+]
 
 
 def _outcome(fn):
@@ -109,8 +123,11 @@ def test_the_sweep_covers_cpu_overflow_errors():
         assert kind is RuntimeError and "without overflow" in msg, name
 
 
-@pytest.mark.parametrize("op", [lambda t: t + 300, lambda t: t * 300, lambda t: t == 300, lambda t: torch.rsub(t, 300),
-                                lambda t: t.fill_(-1)], ids=["add", "mul", "eq", "rsub", "uint8_fill_minus_one"])
+@pytest.mark.parametrize(
+    "op",
+    [lambda t: t + 300, lambda t: t * 300, lambda t: t == 300, lambda t: torch.rsub(t, 300), lambda t: t.fill_(-1)],
+    ids=["add", "mul", "eq", "rsub", "uint8_fill_minus_one"],
+)
 def test_scalars_cpu_wraps_without_a_check_still_record(op):
     # An operand Scalar wraps into a 0-dim tensor on CPU (no overflow check); uint8 accepts -1.
     for dt in (torch.int8, torch.uint8):
@@ -131,15 +148,29 @@ def test_queue_and_tensors_stay_valid_after_the_error():
     torch.testing.assert_close(a.fill_(7).cpu(), torch.full((6,), 7, dtype=torch.int8))
 
 
-@pytest.mark.parametrize("op", [
-    lambda d: torch.zeros(3, dtype=torch.int64, device=d).add_(torch.ones(3, dtype=torch.int64, device=d), alpha=2.0),
-    lambda d: torch.zeros(3, dtype=torch.int64, device=d).sub_(torch.ones(3, dtype=torch.int64, device=d), alpha=2.0),
-    lambda d: torch.add(torch.zeros(3, dtype=torch.int8, device=d), 1, alpha=0.5),
-    lambda d: torch.rsub(torch.zeros(3, dtype=torch.int8, device=d), 1, alpha=0.5),
-    lambda d: torch.add(torch.zeros(3, dtype=torch.int64, device=d), torch.ones(3, dtype=torch.int64, device=d),
-                        alpha=2.0, out=torch.empty(3, dtype=torch.int64, device=d)),
-    lambda d: torch.add(torch.zeros(3, dtype=torch.int64, device=d), torch.ones(3, device=d), alpha=2.0),  # CPU accepts
-], ids=["add_", "sub_", "add_scalar", "rsub", "add_out", "int_plus_float_tensor"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda d: torch.zeros(3, dtype=torch.int64, device=d).add_(
+            torch.ones(3, dtype=torch.int64, device=d), alpha=2.0
+        ),
+        lambda d: torch.zeros(3, dtype=torch.int64, device=d).sub_(
+            torch.ones(3, dtype=torch.int64, device=d), alpha=2.0
+        ),
+        lambda d: torch.add(torch.zeros(3, dtype=torch.int8, device=d), 1, alpha=0.5),
+        lambda d: torch.rsub(torch.zeros(3, dtype=torch.int8, device=d), 1, alpha=0.5),
+        lambda d: torch.add(
+            torch.zeros(3, dtype=torch.int64, device=d),
+            torch.ones(3, dtype=torch.int64, device=d),
+            alpha=2.0,
+            out=torch.empty(3, dtype=torch.int64, device=d),
+        ),
+        lambda d: torch.add(
+            torch.zeros(3, dtype=torch.int64, device=d), torch.ones(3, device=d), alpha=2.0
+        ),  # CPU accepts
+    ],
+    ids=["add_", "sub_", "add_scalar", "rsub", "add_out", "int_plus_float_tensor"],
+)
 def test_float_alpha_with_integer_self_behaves_like_cpu_at_the_call(op):
     # CPU's alpha_check rejects a float alpha for integer inputs at the call.
     cpu = _outcome(lambda: op("cpu"))

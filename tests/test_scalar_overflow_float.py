@@ -13,6 +13,7 @@ no exception and CPU's values. The call forms are those of
 tests/test_scalar_overflow.py plus the ops tools/sweep_scalar_conversions.py
 found in op_db, and ops whose Scalars CPU does not check.
 """
+
 import math
 
 import pytest
@@ -46,8 +47,9 @@ FLOAT_CASES = {
     "lerp_weight": lambda d, dt, v: torch.lerp(_r(d, dt, 4), _t(d, dt), v),
     "histc_max": lambda d, dt, v: torch.histc(_r(d, dt, 4), bins=3, min=-1, max=v),
     "histc_min": lambda d, dt, v: torch.histc(_r(d, dt, 4), bins=3, min=-v, max=v),
-    "multi_margin_loss_margin": lambda d, dt, v: F.multi_margin_loss(_r(d, dt, 2, 3), torch.tensor([0, 2], device=d),
-                                                                     margin=v),
+    "multi_margin_loss_margin": lambda d, dt, v: F.multi_margin_loss(
+        _r(d, dt, 2, 3), torch.tensor([0, 2], device=d), margin=v
+    ),
     "scalar_tensor": lambda d, dt, v: torch.scalar_tensor(v, dtype=dt, device=d),
     "pow_exponent_nonzero_base": lambda d, dt, v: torch.pow(_r(d, dt, 4), v),
     "clamp_both": lambda d, dt, v: torch.clamp(_r(d, dt, 4), min=-v, max=v),
@@ -74,13 +76,15 @@ ALL_CASES = {**CASES, **FLOAT_CASES}
 # an int), bfloat16 but not float (3.4e38), float (1e39), complex<float> and
 # complex<Half> (real or imaginary part), non-finite values, and a complex value
 # into a real dtype.
-VALUES = [(torch.float16, v) for v in (1e6, -1e6, 70000, 1e39, math.inf, -math.inf, math.nan)] + \
-         [(torch.bfloat16, v) for v in (3.4e38, -3.4e38, 1e39, math.inf, math.nan)] + \
-         [(torch.float32, v) for v in (1e39, -1e39, math.inf, math.nan)] + \
-         [(torch.float64, v) for v in (1e39, math.inf)] + \
-         [(torch.complex64, v) for v in (1e39, 1e39j, complex(math.inf, 0))] + \
-         [(torch.complex32, v) for v in (1e6, 1e6j)] + \
-         [(d, 1j) for d in (torch.float16, torch.float32, torch.float64)]  # a complex value into a real type
+VALUES = (
+    [(torch.float16, v) for v in (1e6, -1e6, 70000, 1e39, math.inf, -math.inf, math.nan)]
+    + [(torch.bfloat16, v) for v in (3.4e38, -3.4e38, 1e39, math.inf, math.nan)]
+    + [(torch.float32, v) for v in (1e39, -1e39, math.inf, math.nan)]
+    + [(torch.float64, v) for v in (1e39, math.inf)]
+    + [(torch.complex64, v) for v in (1e39, 1e39j, complex(math.inf, 0))]
+    + [(torch.complex32, v) for v in (1e6, 1e6j)]
+    + [(d, 1j) for d in (torch.float16, torch.float32, torch.float64)]
+)  # a complex value into a real type
 FITS = 2.0  # fits every dtype
 
 
@@ -131,35 +135,92 @@ def test_the_sweep_has_rows_and_non_rows():
     def rejects(name):
         kind, msg = _call(lambda: ALL_CASES[name]("cpu", torch.float16, 1e6))
         return kind is RuntimeError and "c10::Half without overflow" in msg
-    for name in ("full", "fill_", "masked_fill", "clamp_min", "add_alpha", "pow_exponent", "hardtanh_max",
-                 "index_fill", "addmv", "threshold_value"):
+
+    for name in (
+        "full",
+        "fill_",
+        "masked_fill",
+        "clamp_min",
+        "add_alpha",
+        "pow_exponent",
+        "hardtanh_max",
+        "index_fill",
+        "addmv",
+        "threshold_value",
+    ):
         assert rejects(name), name
-    for name in ("add_other", "mul_other", "div_other", "where_scalar", "lerp_weight", "threshold_threshold",
-                 "addcmul", "addmm_alpha", "scalar_tensor"):
+    for name in (
+        "add_other",
+        "mul_other",
+        "div_other",
+        "where_scalar",
+        "lerp_weight",
+        "threshold_threshold",
+        "addcmul",
+        "addmm_alpha",
+        "scalar_tensor",
+    ):
         assert not rejects(name), name
 
 
-@pytest.mark.parametrize("op", [
-    lambda d: torch.addmm(torch.zeros(2, 2, dtype=torch.half, device=d), torch.zeros(2, 0, dtype=torch.half, device=d),
-                          torch.zeros(0, 2, dtype=torch.half, device=d), alpha=1e39),
-    lambda d: torch.addmv(torch.zeros(2, dtype=torch.half, device=d), torch.zeros(2, 0, dtype=torch.half, device=d),
-                          torch.zeros(0, dtype=torch.half, device=d), beta=1e6),
-    lambda d: torch.addmv(torch.zeros(2, dtype=torch.int8, device=d), torch.zeros(2, 0, dtype=torch.int8, device=d),
-                          torch.zeros(0, dtype=torch.int8, device=d), alpha=300),
-    lambda d: torch.addmv(torch.zeros(2, dtype=torch.int8, device=d), torch.zeros(2, 0, dtype=torch.int8, device=d),
-                          torch.zeros(0, dtype=torch.int8, device=d), beta=300),
-    lambda d: torch.baddbmm(torch.zeros(1, 2, 2, dtype=torch.half, device=d),
-                            torch.zeros(1, 2, 0, dtype=torch.half, device=d),
-                            torch.zeros(1, 0, 2, dtype=torch.half, device=d), beta=1e39),
-    lambda d: torch.constant_pad_nd(torch.arange(4, dtype=torch.half, device=d), (0, -1), 1e6),
-    lambda d: torch.constant_pad_nd(torch.arange(4, dtype=torch.int8, device=d), (-1, 0), 300),
-    lambda d: torch.constant_pad_nd(torch.arange(4, dtype=torch.half, device=d), (1, -1), 1e6),
-    lambda d: torch.linspace(1e6, 0, 1, dtype=torch.half, device=d),
-    lambda d: torch.logspace(0, 1e6, 0, dtype=torch.half, device=d),
-    lambda d: torch.zeros(4, dtype=torch.half, device=d).scatter(0, torch.zeros(0, dtype=torch.long, device=d), 1e6),
-    lambda d: torch.empty(0, dtype=torch.half, device=d).fill_(1e6),
-], ids=["addmm_k0", "addmv_k0_beta", "int8_addmv_k0_alpha", "int8_addmv_k0_beta", "baddbmm_k0", "pad_narrows",
-        "int8_pad_narrows", "pad_grows", "linspace_1_step", "logspace_0_steps", "scatter_no_index", "fill_empty"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda d: torch.addmm(
+            torch.zeros(2, 2, dtype=torch.half, device=d),
+            torch.zeros(2, 0, dtype=torch.half, device=d),
+            torch.zeros(0, 2, dtype=torch.half, device=d),
+            alpha=1e39,
+        ),
+        lambda d: torch.addmv(
+            torch.zeros(2, dtype=torch.half, device=d),
+            torch.zeros(2, 0, dtype=torch.half, device=d),
+            torch.zeros(0, dtype=torch.half, device=d),
+            beta=1e6,
+        ),
+        lambda d: torch.addmv(
+            torch.zeros(2, dtype=torch.int8, device=d),
+            torch.zeros(2, 0, dtype=torch.int8, device=d),
+            torch.zeros(0, dtype=torch.int8, device=d),
+            alpha=300,
+        ),
+        lambda d: torch.addmv(
+            torch.zeros(2, dtype=torch.int8, device=d),
+            torch.zeros(2, 0, dtype=torch.int8, device=d),
+            torch.zeros(0, dtype=torch.int8, device=d),
+            beta=300,
+        ),
+        lambda d: torch.baddbmm(
+            torch.zeros(1, 2, 2, dtype=torch.half, device=d),
+            torch.zeros(1, 2, 0, dtype=torch.half, device=d),
+            torch.zeros(1, 0, 2, dtype=torch.half, device=d),
+            beta=1e39,
+        ),
+        lambda d: torch.constant_pad_nd(torch.arange(4, dtype=torch.half, device=d), (0, -1), 1e6),
+        lambda d: torch.constant_pad_nd(torch.arange(4, dtype=torch.int8, device=d), (-1, 0), 300),
+        lambda d: torch.constant_pad_nd(torch.arange(4, dtype=torch.half, device=d), (1, -1), 1e6),
+        lambda d: torch.linspace(1e6, 0, 1, dtype=torch.half, device=d),
+        lambda d: torch.logspace(0, 1e6, 0, dtype=torch.half, device=d),
+        lambda d: torch.zeros(4, dtype=torch.half, device=d).scatter(
+            0, torch.zeros(0, dtype=torch.long, device=d), 1e6
+        ),
+        lambda d: torch.empty(0, dtype=torch.half, device=d).fill_(1e6),
+    ],
+    ids=[
+        "addmm_k0",
+        "addmv_k0_beta",
+        "int8_addmv_k0_alpha",
+        "int8_addmv_k0_beta",
+        "baddbmm_k0",
+        "pad_narrows",
+        "int8_pad_narrows",
+        "pad_grows",
+        "linspace_1_step",
+        "logspace_0_steps",
+        "scatter_no_index",
+        "fill_empty",
+    ],
+)
 def test_shapes_where_cpu_skips_the_conversion(op):
     # CPU converts some Scalars only when the shapes need them (an empty
     # matmul, a pad that only narrows, one step): the device then runs CPU's

@@ -1,6 +1,7 @@
 """Errors raised at a flush name the Python line that recorded the failing op. On
 CPython 3.11 the line is read without the GIL and cached per thread, so these tests
 record from several lines, loops and threads and check each error names its own line."""
+
 import sys
 import threading
 

@@ -2,6 +2,7 @@
 (H2D, Compute, D2H steps over symbolic tensor arguments patched to device addresses at
 launch), and Spyre numerics on ops that run eagerly (record time), not through a region.
 """
+
 import json
 
 import pytest
@@ -37,7 +38,7 @@ def _check_plan(plan, stick):
         assert step["kind"] in ("H2D", "Compute", "D2H")
         if step["kind"] == "H2D":
             assert not seen_d2h and step["arg"] in args and step["arg"] not in on_device
-            assert any(step["arg"] in s.get("reads", ()) for s in plan["steps"][i + 1:])
+            assert any(step["arg"] in s.get("reads", ()) for s in plan["steps"][i + 1 :])
             on_device.add(step["arg"])
         elif step["kind"] == "Compute":
             assert not seen_d2h
@@ -101,11 +102,14 @@ def test_dump_job_plan_round_trips_json(spyre_target, tmp_path):
     assert torch.allclose(z.cpu(), torch.exp(x.cpu()) + x.cpu())
 
 
-@pytest.mark.parametrize("kwargs, exc", [
-    ({"format": "yaml"}, ValueError),
-    ({"indent": -1}, ValueError),
-    ({"indent": "2"}, ValueError),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc",
+    [
+        ({"format": "yaml"}, ValueError),
+        ({"indent": -1}, ValueError),
+        ({"indent": "2"}, ValueError),
+    ],
+)
 def test_dump_job_plan_bad_options_raise(tmp_path, kwargs, exc):
     from torch_tpu_eager import spyre
 
@@ -122,6 +126,7 @@ def test_dump_job_plan_bad_path_raises_type_error():
 
 
 # ------------------------------------------------ eager path keeps Spyre numerics
+
 
 def test_eager_float16_result_is_rounded_through_df16(spyre_target):
     tte = spyre_target

@@ -8,6 +8,7 @@ magnitudes <= 2**-31 are zero, one NaN/Inf code) is computed from its
 definition with float64 arithmetic (frexp, round half away from zero), and
 each reference op runs CPU's float32 kernel on float32 copies of the inputs.
 """
+
 import math
 
 import numpy as np

@@ -3,6 +3,7 @@ load -> compute -> store pipeline over tiles that fit the usable LX, the corelet
 ring reductions across the core-split dim. Tile rules are re-derived here from
 docs/spyre.md, independently of the C++ tiler.
 """
+
 import math
 
 import pytest
@@ -61,8 +62,11 @@ def _df16_sum(x, y, dtype):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rows=st.integers(1, 200), cols=st.integers(1, 70000),
-       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+@given(
+    rows=st.integers(1, 200),
+    cols=st.integers(1, 70000),
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+)
 def test_tiles_fit_lx_and_cover_the_share(spyre_target, rows, cols, dtype):
     from torch_tpu_eager import spyre
 
@@ -117,12 +121,17 @@ def test_region_that_cannot_fit_one_stick_raises_and_leaves_other_tensors_valid(
     ok = torch.arange(6.0).to("tpu") * 2
     assert torch.equal(ok.cpu(), torch.arange(6.0) * 2)
     params = {
-        "name": "spyre", "cores": info["cores"], "corelets_per_core": info["corelets_per_core"],
-        "lx_bytes_per_core": info["lx_bytes_per_core"], "lx_usable_bytes_per_core": 256,
-        "dram_bytes": int(info["dram_bytes"]), "stick_bytes": info["stick_bytes"],
+        "name": "spyre",
+        "cores": info["cores"],
+        "corelets_per_core": info["corelets_per_core"],
+        "lx_bytes_per_core": info["lx_bytes_per_core"],
+        "lx_usable_bytes_per_core": 256,
+        "dram_bytes": int(info["dram_bytes"]),
+        "stick_bytes": info["stick_bytes"],
         "matmul_macs_per_s_per_core": info["matmul_sustained_mac_per_ns_per_core"] * 1e9,
         "vector_elems_per_s_per_core": info["vector_elems_per_us_per_core"] * 1e6,
-        "dram_bandwidth": info["dram_bandwidth_mixed"], "overlap": info["overlap_factor"],
+        "dram_bandwidth": info["dram_bandwidth_mixed"],
+        "overlap": info["overlap_factor"],
     }
     _C._set_spyre_target(params)  # 256 bytes: not even 2 buffers x 2 views x one stick
     try:

@@ -5,6 +5,7 @@ numerics of 16-bit floats, int64 held as int32, the cost model.
 program on CPU in float32 with every op's result (and every host->device copy)
 passed once through the codec's ``spyre.df16_round``, op by op.
 """
+
 import importlib.util
 import os
 import subprocess
@@ -137,12 +138,16 @@ def test_int64_copy_to_device_outside_int32_raises(spyre_target):
 
 
 @pytest.mark.parametrize("queued", [False, True], ids=["idle", "queued"])
-@pytest.mark.parametrize("source,dtype", [
-    (torch.tensor([2**40 + 5, 7]), torch.int32),  # CPU wraps: no int32 check of a value never held as int64
-    (torch.tensor([2**40 + 5, 7]), torch.float32),
-    (torch.tensor([60000.0, 1.0009765625], dtype=torch.float16), torch.int64),  # no df16 rounding of the source
-    (torch.tensor([60000.0, 1.0009765625], dtype=torch.float16), torch.float32),
-], ids=["int64-to-int32", "int64-to-float32", "float16-to-int64", "float16-to-float32"])
+@pytest.mark.parametrize(
+    "source,dtype",
+    [
+        (torch.tensor([2**40 + 5, 7]), torch.int32),  # CPU wraps: no int32 check of a value never held as int64
+        (torch.tensor([2**40 + 5, 7]), torch.float32),
+        (torch.tensor([60000.0, 1.0009765625], dtype=torch.float16), torch.int64),  # no df16 rounding of the source
+        (torch.tensor([60000.0, 1.0009765625], dtype=torch.float16), torch.float32),
+    ],
+    ids=["int64-to-int32", "int64-to-float32", "float16-to-int64", "float16-to-float32"],
+)
 def test_host_copy_converts_as_cpu_whether_or_not_the_destination_is_queued(spyre_target, source, dtype, queued):
     # Spyre's storage rules (int64 as int32, 16-bit floats as df16) apply to the
     # destination's dtype, not to the source's: a copy converts as CPU's copy_ does.
@@ -165,6 +170,7 @@ def test_int64_is_unchecked_on_the_tpu_target():
 
 # ---------------------------------------------------------------- cost model
 
+
 def _card():
     info = _tte().target_info("spyre")
     return {
@@ -180,7 +186,13 @@ def _card():
 def test_data_file_holds_the_issues_calibrated_constants():
     c = _card()
     assert (c["cores"], c["mac_rate"], c["vec_rate"], c["bw"], c["overlap"], c["stick"]) == (
-        32, 1140e9, 1760e6, 105e9, 0.46, 128)
+        32,
+        1140e9,
+        1760e6,
+        105e9,
+        0.46,
+        128,
+    )
 
 
 def _profile_one(fn):
@@ -235,6 +247,7 @@ def test_sizes_are_padded_to_whole_sticks(spyre_target):
 
 # ---------------------------------------------------------------- programs
 
+
 def test_train_digits_quick_runs_on_spyre(spyre_target):
     pytest.importorskip("sklearn", reason="the digits data ships with scikit-learn (examples extra)")
     spec = importlib.util.spec_from_file_location("train_digits", os.path.join(EXAMPLES, "train_digits.py"))
@@ -253,6 +266,7 @@ def test_env_var_selects_spyre_at_import():
 
 # ---------------------------------------------------------------- KTIR tile programs
 # Golden texts written by hand from the format in docs/ktir.md.
+
 
 def test_ktir_of_an_add(spyre_target):
     from torch_tpu_eager import spyre

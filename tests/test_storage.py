@@ -7,6 +7,7 @@ and torch.tpu.<Type>Storage (§4); torch.use_deterministic_algorithms filling
 new memory (§3); DLPack export/import (§6, issue 17 §1); pickle, legacy and
 zipfile torch.save/load and deepcopy (issue 17 §3).
 """
+
 import copy
 import ctypes
 import io
@@ -167,9 +168,19 @@ def _tensor_over_slice(d):
 
 
 UNTYPED_CASES.update(
-    set_int=_set_int, set_bad=_set_bad, write_through_slice=_write_through_slice, fill=_fill, fill_slice=_fill_slice,
-    copy=_copy, copy_wrong_size=_copy_wrong_size, copy_into_slice=_copy_into_slice, resize_grow=_resize_grow,
-    resize_shrink=_resize_shrink, resize_slice=_resize_slice, byteswap=_byteswap, byteswap_complex=_byteswap_complex,
+    set_int=_set_int,
+    set_bad=_set_bad,
+    write_through_slice=_write_through_slice,
+    fill=_fill,
+    fill_slice=_fill_slice,
+    copy=_copy,
+    copy_wrong_size=_copy_wrong_size,
+    copy_into_slice=_copy_into_slice,
+    resize_grow=_resize_grow,
+    resize_shrink=_resize_shrink,
+    resize_slice=_resize_slice,
+    byteswap=_byteswap,
+    byteswap_complex=_byteswap_complex,
     tensor_over_slice=_tensor_over_slice,
 )
 
@@ -201,7 +212,9 @@ TYPED_CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bfloat16, torch.bool, torch.complex64, torch.uint8])
+@pytest.mark.parametrize(
+    "dtype", [torch.int64, torch.float32, torch.bfloat16, torch.bool, torch.complex64, torch.uint8]
+)
 @pytest.mark.parametrize("case", sorted(TYPED_CASES))
 def test_typed_storage_as_cpu(case, dtype):
     same_as_cpu(lambda d: TYPED_CASES[case](d, dtype))
@@ -213,13 +226,25 @@ def test_storage_device_helpers():
     t = s.tpu()
     assert t.device.type == "tpu" and t.is_tpu and not s.is_tpu
     assert t.tolist() == s.tolist() and t.cpu().tolist() == s.tolist()
-    assert torch.arange(3.).storage().tpu().device.type == "tpu"
+    assert torch.arange(3.0).storage().tpu().device.type == "tpu"
 
 
 # ---- storage_type (issue 25 §4) ----
 
-LEGACY_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-                 torch.float32, torch.float64, torch.bool, torch.complex64, torch.complex128]
+LEGACY_DTYPES = [
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+]
 
 
 @pytest.mark.parametrize("dtype", LEGACY_DTYPES)
@@ -243,9 +268,25 @@ def test_storage_type_of_newer_dtypes_is_none_as_on_cpu(dtype):
 
 # ---- deterministic fill of new memory (issue 25 §3) ----
 
-DET_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
-              torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool, torch.uint16, torch.uint32,
-              torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2]
+DET_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
 
 DET_FACTORIES = {
     "empty": lambda d, dt: torch.empty(3, 2, dtype=dt, device=d),
@@ -311,6 +352,7 @@ def test_deterministic_fill_keeps_old_elements(deterministic):
 
 # ---- DLPack (issue 25 §6, issue 17 §1) ----
 
+
 def test_dlpack_capsule_round_trip_shares_storage():
     x = torch.arange(6.0, device="tpu").view(2, 3)
     x.mul_(2)  # queued at export
@@ -335,13 +377,32 @@ def test_dlpack_protocol_round_trip():
     assert z.device.type == "cpu" and torch.equal(z, x.cpu())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
-                                   torch.uint8, torch.int32, torch.int64, torch.bool, torch.complex64])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+        torch.complex64,
+    ],
+)
 def test_dlpack_views_and_dtypes(dtype):
     base_cpu = torch.arange(24).view(4, 6).to(dtype)
     base = base_cpu.to("tpu")
-    for view in (lambda t: t, lambda t: t[1], lambda t: t[:, 2:5], lambda t: t[::2, 1::3], lambda t: t.t(),
-                 lambda t: t[1:2, 3:3]):
+    for view in (
+        lambda t: t,
+        lambda t: t[1],
+        lambda t: t[:, 2:5],
+        lambda t: t[::2, 1::3],
+        lambda t: t.t(),
+        lambda t: t[1:2, 3:3],
+    ):
         got = torch.from_dlpack(to_dlpack(view(base)))
         assert got.device.type == "tpu"
         assert got.stride() == view(base_cpu).stride()
@@ -373,8 +434,10 @@ def test_dlpack_export_bytes_are_current():
 
 
 def test_dlpack_errors_as_cpu():
-    for make in (lambda d: torch.ones(2, device=d, requires_grad=True),
-                 lambda d: torch.ones(2, dtype=torch.complex64, device=d).conj()):
+    for make in (
+        lambda d: torch.ones(2, device=d, requires_grad=True),
+        lambda d: torch.ones(2, dtype=torch.complex64, device=d).conj(),
+    ):
         with pytest.raises(BufferError) as cpu_err:
             make("cpu").__dlpack__()
         with pytest.raises(BufferError) as tpu_err:
@@ -400,6 +463,7 @@ def test_dlpack_of_empty_tensor():
 
 
 # ---- serialization (issue 17 §3) ----
+
 
 def _legacy(obj, **load):
     f = io.BytesIO()
@@ -429,9 +493,13 @@ SERIALIZERS = {
 def _objects(d):
     base = torch.arange(12.0, device=d).view(3, 4)
     base.add_(1)  # queued when saved
-    return {"base": base, "view": base[1:, ::2], "t": base.t(),
-            "ints": torch.tensor([1, -2, 3], dtype=torch.int8, device=d),
-            "bf16": torch.tensor([1.5, 2.25], dtype=torch.bfloat16, device=d)}
+    return {
+        "base": base,
+        "view": base[1:, ::2],
+        "t": base.t(),
+        "ints": torch.tensor([1, -2, 3], dtype=torch.int8, device=d),
+        "bf16": torch.tensor([1.5, 2.25], dtype=torch.bfloat16, device=d),
+    }
 
 
 @pytest.mark.parametrize("name", sorted(SERIALIZERS))
@@ -458,5 +526,6 @@ def test_pickle_parameter_and_storages():
     r = pickle.loads(pickle.dumps(st))
     assert r.device.type == "tpu" and r.dtype == torch.float32 and r.tolist() == [0.0, 1.0, 2.0]
     # Pickling an UntypedStorage fails on CPU too (torch 2.13): same error here.
-    assert outcome(lambda d: pickle.loads(pickle.dumps(torch.arange(3, device=d).untyped_storage())), "tpu") == \
-        outcome(lambda d: pickle.loads(pickle.dumps(torch.arange(3, device=d).untyped_storage())), "cpu")
+    assert outcome(lambda d: pickle.loads(pickle.dumps(torch.arange(3, device=d).untyped_storage())), "tpu") == outcome(
+        lambda d: pickle.loads(pickle.dumps(torch.arange(3, device=d).untyped_storage())), "cpu"
+    )

@@ -5,6 +5,7 @@ loop streams, except a softmax region's, which never does), results equal CPU Py
 for bit wherever the ordinary loop does, on
 shapes whose rows start off the vector alignment and end in partial vectors, on one and
 on two threads."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -54,8 +55,9 @@ def test_layer_norm_rows(streaming, shape, affine):
     dev = (lambda t: t.to("tpu")) if affine else (lambda t: None)
     for prologue in (lambda a, c: a, lambda a, c: a + c):  # alone, and fused with a producer
         expected = torch.native_layer_norm(prologue(x, r), shape[-1:], w, b, 1e-5)
-        actual = torch.native_layer_norm(prologue(x.to("tpu"), r.to("tpu")), shape[-1:], dev(w) if affine else None,
-                                         dev(b) if affine else None, 1e-5)
+        actual = torch.native_layer_norm(
+            prologue(x.to("tpu"), r.to("tpu")), shape[-1:], dev(w) if affine else None, dev(b) if affine else None, 1e-5
+        )
         for a, e in zip(actual, expected):
             assert torch.equal(a.cpu(), e)
 
@@ -65,7 +67,7 @@ def test_elementwise_outputs(streaming, numel):
     x, y = _pair((numel,), 7)
 
     def prog(a, c):
-        h = (a * 1.5 - c) / 3.0   # materialized: read below and returned
+        h = (a * 1.5 - c) / 3.0  # materialized: read below and returned
         return h, (h.abs() + c).neg()
 
     for got, want in zip(prog(x.to("tpu"), y.to("tpu")), prog(x, y)):
@@ -81,6 +83,7 @@ def test_misaligned_output_view_of_a_streamed_result(streaming):
 
 def test_default_threshold_is_three_quarters_of_the_l3_in_sysfs():
     import glob
+
     sizes = []
     for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
         try:

@@ -1,4 +1,5 @@
 """Streams of the "tpu" chips (lanes of a chip's queue), against CUDA's stream contract."""
+
 import pytest
 import torch
 

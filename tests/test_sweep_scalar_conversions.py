@@ -1,4 +1,5 @@
 """tools/sweep_scalar_conversions.py still finds what CPU does (the source of ops/scalar_checks.cpp's table)."""
+
 import importlib.util
 import os
 
@@ -17,8 +18,10 @@ def _load_tool():
 def test_sweep_tells_the_result_dtype_from_opmath():
     res = _load_tool().sweep([torch.float16], ops=["nn.functional.hardtanh", "addcmul"])["float16"]
     # CPU itself, independent of the sweep: hardtanh converts its bounds to Half, addcmul its value to float.
-    for fn, kind in ((lambda: torch.nn.functional.hardtanh(torch.zeros(2, dtype=torch.half), -1, 1e6), "c10::Half"),
-                     (lambda: torch.addcmul(*[torch.zeros(2, dtype=torch.half)] * 3, value=1e39), "float")):
+    for fn, kind in (
+        (lambda: torch.nn.functional.hardtanh(torch.zeros(2, dtype=torch.half), -1, 1e6), "c10::Half"),
+        (lambda: torch.addcmul(*[torch.zeros(2, dtype=torch.half)] * 3, value=1e39), "float"),
+    ):
         try:
             fn()
             raise AssertionError("CPU accepted the value")

@@ -5,6 +5,7 @@
 - No other module of the package assigns attributes of torch (an AST scan of
   the package source), so the table in _torch_patches stays complete.
 """
+
 import ast
 import pathlib
 
@@ -63,7 +64,8 @@ def test_shape_mismatch_warns_naming_the_patch(monkeypatch):
         pass
 
     monkeypatch.setitem(
-        _torch_patches.PATCHES, "fake.Owner.f",
+        _torch_patches.PATCHES,
+        "fake.Owner.f",
         _torch_patches.TorchPatch("fake.Owner.f", "(x)", "test"),
     )
     monkeypatch.setattr(_torch_patches, "_target_name", lambda owner, attr: "fake.Owner.f")
@@ -96,6 +98,7 @@ def test_inductor_redirect_forwards_config_patches():
 
 
 # ---- no other module patches torch ----
+
 
 def _torch_names(tree):
     """Names bound to torch objects in a module: imports from torch and names

@@ -4,6 +4,7 @@ Expected numbers are computed here from the chip data files and the published
 rules (tiles of (8,128) 32-bit / (16,128) 16-bit / (32,128) 8-bit, MXU passes,
 roofline), never taken from the device's own output.
 """
+
 import json
 import math
 import os
@@ -74,6 +75,7 @@ def only_kernel(prof, *op_names):
 
 # ---- chip data and set_target ----
 
+
 def test_chip_files_give_every_number_a_source():
     names = sorted(f[:-5] for f in os.listdir(_targets_dir()) if f.endswith(".json"))
     assert set(TPU_TARGETS) <= set(names)
@@ -90,9 +92,19 @@ def test_chip_files_give_every_number_a_source():
 def test_chip_files_hold_the_published_facts():
     # Google Cloud TPU docs and jax/_src/tpu_info.py, as quoted in issue 5.
     v5e, v6e, v4, v5p = (chip(n) for n in ("tpu-v5e", "tpu-v6e", "tpu-v4", "tpu-v5p"))
-    assert (v5e["peak_bf16_flops"], v5e["hbm_bandwidth"], v5e["mxus_per_core"], v5e["tensor_cores"]) == (197e12, 819e9, 4, 1)
+    assert (v5e["peak_bf16_flops"], v5e["hbm_bandwidth"], v5e["mxus_per_core"], v5e["tensor_cores"]) == (
+        197e12,
+        819e9,
+        4,
+        1,
+    )
     assert (v5e["hbm_bytes"], v5e["vmem_bytes"], v5e["mxu_size"]) == (16 * 2**30, 128 * 2**20, 128)
-    assert (v6e["peak_bf16_flops"], v6e["hbm_bandwidth"], v6e["hbm_bytes"], v6e["mxu_size"]) == (918e12, 1638e9, 32 * 2**30, 256)
+    assert (v6e["peak_bf16_flops"], v6e["hbm_bandwidth"], v6e["hbm_bytes"], v6e["mxu_size"]) == (
+        918e12,
+        1638e9,
+        32 * 2**30,
+        256,
+    )
     assert (v4["peak_bf16_flops"], v4["vmem_bytes"], v4["mxu_size"]) == (275e12, 16 * 2**20, 128)
     assert (v5p["peak_bf16_flops"], v5p["mxu_size"]) == (459e12, 128)
     for c in (v5e, v6e, v4, v5p):
@@ -156,6 +168,7 @@ def test_switch_flushes_pending_work_costed_on_the_previous_chip():
 
 # ---- layouts: padding bytes ----
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.bool, torch.int64])
 @pytest.mark.parametrize("shape", [(3, 5), (2, 3, 5), (100,), (8, 128), (17, 130), (16, 256), (40, 1)])
 def test_padding_bytes_follow_tiled_layout(dtype, shape):
@@ -175,6 +188,7 @@ def test_padding_bytes_follow_tiled_layout(dtype, shape):
 
 
 # ---- cost model ----
+
 
 @pytest.mark.parametrize("name", TPU_TARGETS)
 def test_large_bf16_matmul_is_costed_near_peak(name):
@@ -288,6 +302,7 @@ def test_two_views_of_one_storage_are_two_reads():
 
 # ---- HBM capacity ----
 
+
 @pytest.mark.parametrize("name", ["tpu-v5e", "tpu-v6e"])
 def test_allocation_past_hbm_raises_out_of_memory_and_keeps_tensors(name):
     tte = _tte()
@@ -306,6 +321,7 @@ def test_allocation_past_hbm_raises_out_of_memory_and_keeps_tensors(name):
 
 
 # ---- profiler ----
+
 
 def test_profiler_records_every_kernel_on_a_simulated_timeline():
     tte = _tte()
@@ -381,6 +397,7 @@ def test_profilers_nest():
 
 
 # ---- examples/roofline.py ----
+
 
 def test_roofline_example_runs(tmp_path, capsys):
     import importlib.util

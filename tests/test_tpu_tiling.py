@@ -5,6 +5,7 @@ Expected numbers come from the chip data files and rules written here: tiles of
 Pallas pipeline that fetches a block again only when its block index changes
 (simulated step by step below), implicit-GEMM shapes of convolutions.
 """
+
 import json
 import math
 import os
@@ -92,9 +93,16 @@ def check_matmul_plan(t, m, k, n, batch, ta, tb, tout, c):
     assert bm <= mp and bk <= kp and bn <= np_
     gm, gn, gk = -(-mp // bm), -(-np_ // bn), -(-kp // bk)
     assert t["grid"] == [batch, gm, gn, gk]
-    vmem = 2 * block_bytes(bm, bk, ia) + 2 * block_bytes(bk, bn, ib) + 2 * block_bytes(bm, bn, io) + block_bytes(bm, bn, 4)
+    vmem = (
+        2 * block_bytes(bm, bk, ia) + 2 * block_bytes(bk, bn, ib) + 2 * block_bytes(bm, bn, io) + block_bytes(bm, bn, 4)
+    )
     assert t["vmem_bytes"] == vmem <= budget
-    whole = 2 * block_bytes(mp, kp, ia) + 2 * block_bytes(kp, np_, ib) + 2 * block_bytes(mp, np_, io) + block_bytes(mp, np_, 4)
+    whole = (
+        2 * block_bytes(mp, kp, ia)
+        + 2 * block_bytes(kp, np_, ib)
+        + 2 * block_bytes(mp, np_, io)
+        + block_bytes(mp, np_, 4)
+    )
     a_bytes = batch * round_up(m, sub_tile(ia)) * round_up(k, 128) * ia
     b_bytes = batch * round_up(k, sub_tile(ib)) * round_up(n, 128) * ib
     if gm * gn * gk <= 20000:
@@ -122,10 +130,14 @@ DTYPES = [
 
 # ---- plans on random shapes, every chip ----
 
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     name=st.sampled_from(TPU_TARGETS),
-    m=st.integers(1, 20000), k=st.integers(1, 20000), n=st.integers(1, 20000), batch=st.integers(1, 4),
+    m=st.integers(1, 20000),
+    k=st.integers(1, 20000),
+    n=st.integers(1, 20000),
+    batch=st.integers(1, 4),
     dtypes=st.sampled_from(DTYPES),
 )
 def test_matmul_plans_fit_vmem_and_are_mxu_aligned(name, m, k, n, batch, dtypes):
@@ -144,9 +156,14 @@ def _shapes():
 @given(
     name=st.sampled_from(TPU_TARGETS),
     ops=st.lists(
-        st.tuples(_shapes(), st.sampled_from([torch.float32, torch.bfloat16, torch.int8, torch.int64, torch.float16]),
-                  st.sampled_from(["input", "output", "temporary"])),
-        min_size=1, max_size=6),
+        st.tuples(
+            _shapes(),
+            st.sampled_from([torch.float32, torch.bfloat16, torch.int8, torch.int64, torch.float16]),
+            st.sampled_from(["input", "output", "temporary"]),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
 )
 def test_vector_plans_fit_vmem_and_are_tile_aligned(name, ops):
     tte = _tte()
@@ -174,12 +191,15 @@ def test_vector_plans_fit_vmem_and_are_tile_aligned(name, ops):
     assert t["vmem_bytes"] == total <= c["vmem_bytes"]
     # The largest block: doubling the rows (when the grid has more) would not fit.
     if t["grid"][0] > 1:
-        bigger = sum(b["buffers"] * block_bytes(min(2 * br, b["shape"][0]), min(bc, b["shape"][1]), item(dt))
-                     for b, (_, dt, _) in zip(t["blocks"], ops))
+        bigger = sum(
+            b["buffers"] * block_bytes(min(2 * br, b["shape"][0]), min(bc, b["shape"][1]), item(dt))
+            for b, (_, dt, _) in zip(t["blocks"], ops)
+        )
         assert bigger > c["vmem_bytes"] or 2 * br >= round_up(rows, sub)
 
 
 # ---- plans of real programs ----
+
 
 def test_matmul_that_fits_vmem_has_no_rereads():
     tte = _tte()
@@ -302,6 +322,7 @@ def test_profiler_table_shows_the_tiling():
 
 # ---- convolutions: MXU work on the implicit GEMM ----
 
+
 def conv_out(size, k, stride, pad, dil):
     return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
@@ -317,7 +338,9 @@ def test_conv2d_is_costed_on_its_implicit_gemm(name, groups, stride, pad, dil):
     nb, cin, cout, h, w, kh, kw = 2, 8, 12, 17, 19, 3, 2
     xc, wc = torch.randn(nb, cin, h, w), torch.randn(cout, cin // groups, kh, kw)
     x, wt = xc.to("tpu"), wc.to("tpu")
-    prof, out = profiled(lambda: torch.nn.functional.conv2d(x, wt, stride=stride, padding=pad, dilation=dil, groups=groups))
+    prof, out = profiled(
+        lambda: torch.nn.functional.conv2d(x, wt, stride=stride, padding=pad, dilation=dil, groups=groups)
+    )
     k = only_kernel(prof, "convolution")
     ho, wo = conv_out(h, kh, stride, pad, dil), conv_out(w, kw, stride, pad, dil)
     gm, gk, gn = nb * ho * wo, cin // groups * kh * kw, cout
@@ -342,8 +365,9 @@ def test_bf16_conv1d_is_one_mxu_pass():
     k = only_kernel(prof, "convolution")
     gm, gk, gn = 4 * 46, 16 * 5, 32
     assert k["mxu_flops"] == 2 * round_up(gm, 8) * round_up(gk, d) * round_up(gn, d)
-    torch.testing.assert_close(out.cpu().float(), torch.nn.functional.conv1d(xc.float(), wc.float()),
-                               rtol=2e-2, atol=0.3)
+    torch.testing.assert_close(
+        out.cpu().float(), torch.nn.functional.conv1d(xc.float(), wc.float()), rtol=2e-2, atol=0.3
+    )
 
 
 def test_conv_backward_costs_both_gradients_on_the_mxu():
@@ -365,8 +389,8 @@ def test_conv_backward_costs_both_gradients_on_the_mxu():
     pos = nb * h * w  # padding 1 keeps 12x12
     macs = pos * cout * cin * kk * kk  # the forward's MACs; each gradient has as many
     assert k["flops"] == 2 * 2 * macs + nb * cout * h * w  # + grad_bias, one op per grad_output element
-    dx = (pos, cout, cin * kk * kk)       # grad_input in col2im form: (M, K, N)
-    dw = (cout, pos, cin * kk * kk)       # grad_weight
+    dx = (pos, cout, cin * kk * kk)  # grad_input in col2im form: (M, K, N)
+    dw = (cout, pos, cin * kk * kk)  # grad_weight
     padded = sum(round_up(m, 8) * round_up(k_, d) * round_up(n_, d) for m, k_, n_ in (dx, dw))
     assert k["mxu_flops"] == 2 * padded * 6
     ref = torch.nn.functional.conv2d(xc, wc, bc, padding=1)
@@ -409,6 +433,7 @@ def test_conv_transpose2d_forward_and_backward_are_costed_on_the_mxu(groups):
 
 # ---- torch.profiler ----
 
+
 def test_torch_profiler_lists_tpu_region_ranges(tmp_path):
     tte = _tte()
     tte.set_target("tpu-v5e")
@@ -429,4 +454,3 @@ def test_torch_profiler_lists_tpu_region_ranges(tmp_path):
     for k in prof.kernels:
         assert by_name["tpu::" + k["name"]]["args"]["ops"] == ",".join(k["ops"])
     torch.testing.assert_close(out, (xc * 2 + 1).relu() @ wc)
-

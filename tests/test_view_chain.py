@@ -1,4 +1,5 @@
 """View decomposition and inversion (csrc/views/) against CPU's strided views."""
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -58,8 +59,10 @@ def test_scatter_writes_what_as_strided_writes(v):
         (lambda x: x.view(4, 6)[:, 1:3], "narrow(0, 24) -> reshape[4, 6] -> slice(1, 1, 2)"),
         (lambda x: x.view(4, 6).t(), "narrow(0, 24) -> reshape[4, 6] -> permute[1, 0]"),
         (lambda x: x[::2], "narrow(0, 24) -> reshape[12, 2] -> select(1, 0)"),
-        (lambda x: x.view(4, 6)[1:, 0].unsqueeze(1).expand(3, 5),
-         "narrow(6, 18) -> reshape[3, 6] -> select(1, 0) -> unsqueeze(1) -> expand[3, 5]"),
+        (
+            lambda x: x.view(4, 6)[1:, 0].unsqueeze(1).expand(3, 5),
+            "narrow(6, 18) -> reshape[3, 6] -> select(1, 0) -> unsqueeze(1) -> expand[3, 5]",
+        ),
     ],
 )
 def test_common_views_need_no_gather(make, chain):

@@ -1,5 +1,6 @@
 """View semantics against CPU: metadata, aliasing identity, in-place metadata ops, and
 randomly generated programs of views, in-place writes and reads on one base tensor."""
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, note, settings
@@ -60,7 +61,7 @@ VIEW_FNS = {
 @pytest.mark.parametrize("name", sorted(VIEW_FNS))
 def test_view_metadata_matches_cpu(dev, name):
     def prog(d):
-        root = torch.arange(24., device=d).reshape(2, 3, 4).clone()  # clone: a root with no _base
+        root = torch.arange(24.0, device=d).reshape(2, 3, 4).clone()  # clone: a root with no _base
         v = VIEW_FNS[name](root)
         return _meta(v, root), v, v.is_contiguous(memory_format=torch.contiguous_format)
 
@@ -68,7 +69,7 @@ def test_view_metadata_matches_cpu(dev, name):
 
 
 def test_view_pointer_identities(dev):
-    x = torch.arange(12., device=dev).reshape(3, 4)
+    x = torch.arange(12.0, device=dev).reshape(3, 4)
     assert x.view(-1).data_ptr() == x.data_ptr()
     assert x[1].data_ptr() == x.data_ptr() + 4 * x.element_size()
     assert x[:, 2].data_ptr() == x.data_ptr() + 2 * x.element_size()
@@ -87,9 +88,9 @@ def test_dtype_view_reinterprets_bits(dev):
         i = x.view(torch.int32)
         b = x.view(torch.uint8)
         h = x.view(torch.int16)
-        i[1] = 0x3F800000        # the bits of 1.0f
-        b[0:4] = 0               # +0.0
-        h[7] ^= -32768           # flips the sign bit of x[3] (little-endian high half)
+        i[1] = 0x3F800000  # the bits of 1.0f
+        b[0:4] = 0  # +0.0
+        h[7] ^= -32768  # flips the sign bit of x[3] (little-endian high half)
         return x, i, b, h
 
     run_both(prog, dev)
@@ -98,8 +99,16 @@ def test_dtype_view_reinterprets_bits(dev):
 def test_view_chain_writes_visible_everywhere(dev):
     def prog(d):
         root = torch.zeros(2, 3, 4, device=d)
-        views = [f(root) for f in (VIEW_FNS["transpose"], VIEW_FNS["diagonal"], VIEW_FNS["split"],
-                                   VIEW_FNS["view_of_view"], VIEW_FNS["view_flat"])]
+        views = [
+            f(root)
+            for f in (
+                VIEW_FNS["transpose"],
+                VIEW_FNS["diagonal"],
+                VIEW_FNS["split"],
+                VIEW_FNS["view_of_view"],
+                VIEW_FNS["view_flat"],
+            )
+        ]
         for k, v in enumerate(views):
             v.add_(k + 1)
         return [root] + views
@@ -109,13 +118,19 @@ def test_view_chain_writes_visible_everywhere(dev):
 
 def test_channels_last_layouts(dev):
     def prog(d):
-        x = torch.arange(120., device=d).reshape(2, 3, 4, 5)
+        x = torch.arange(120.0, device=d).reshape(2, 3, 4, 5)
         cl = x.contiguous(memory_format=torch.channels_last)
         e = torch.empty(2, 3, 4, 5, device=d, memory_format=torch.channels_last)
         e.copy_(x)
         y = cl * 2  # elementwise ops preserve the layout
-        return (cl, e, y, cl.is_contiguous(memory_format=torch.channels_last),
-                e.is_contiguous(), y.is_contiguous(memory_format=torch.channels_last))
+        return (
+            cl,
+            e,
+            y,
+            cl.is_contiguous(memory_format=torch.channels_last),
+            e.is_contiguous(),
+            y.is_contiguous(memory_format=torch.channels_last),
+        )
 
     run_both(prog, dev, check_stride=True)
 
@@ -141,13 +156,13 @@ META_INPLACE = {
 @pytest.mark.parametrize("op", sorted(META_INPLACE))
 def test_inplace_metadata_op(dev, op):
     def prog(d):
-        base = torch.arange(12., device=d).reshape(3, 4)
+        base = torch.arange(12.0, device=d).reshape(3, 4)
         x = base[:, :3]  # a view, so the op also has to keep the aliasing
         r = META_INPLACE[op](x)
         assert r is x
         snapshot = x.clone()
         if x.numel() and 0 not in x.stride():
-            x.mul_(-1)   # writes must still land in the base through the new metadata
+            x.mul_(-1)  # writes must still land in the base through the new metadata
         return base, x, snapshot, (x.shape, x.stride(), x.storage_offset(), x.is_contiguous())
 
     run_both(prog, dev, check_stride=True)
@@ -156,7 +171,7 @@ def test_inplace_metadata_op(dev, op):
 @pytest.mark.parametrize("new_shape", [(2,), (2, 2), (3, 4), (5, 4), (0,), (7,)])
 def test_resize_grow_and_shrink(dev, new_shape):
     def prog(d):
-        x = torch.arange(12.).to(d)
+        x = torch.arange(12.0).to(d)
         x.add_(1)  # a pending value must survive the reallocation
         old = x.numel()
         x.resize_(new_shape)
@@ -172,7 +187,7 @@ def test_resize_grow_and_shrink(dev, new_shape):
 
 def test_resize_as_and_resize_of_shared_storage(dev):
     def prog(d):
-        a = torch.arange(6.).to(d)
+        a = torch.arange(6.0).to(d)
         b = torch.empty(0, device=d).resize_as_(torch.ones(2, 3))
         b.fill_(1)
         c = a.view(2, 3)
@@ -195,7 +210,7 @@ SET_OVERLOADS = {
 @pytest.mark.parametrize("overload", sorted(SET_OVERLOADS))
 def test_set_overloads(dev, overload):
     def prog(d):
-        src = torch.arange(10.).to(d)
+        src = torch.arange(10.0).to(d)
         src.mul_(2)  # pending value shared through set_
         x = torch.zeros(4, device=d)
         r = SET_OVERLOADS[overload](x, src)
@@ -224,6 +239,7 @@ def test_set_then_view_writes_both_ways(dev):
 # ---------------------------------------------------------------------------
 # random programs: views + in-place writes + reads on one base, checked against CPU
 # ---------------------------------------------------------------------------
+
 
 def _unique_locations(t):
     """True if every element of t maps to its own storage location."""
@@ -286,8 +302,9 @@ class _Program:
         # The stride of a size-1 dim never changes which element is addressed; out-of-place
         # results may pick any value there, so only dims of size > 1 are compared.
         if c.numel() > 0:
-            assert [s for s, n in zip(d.stride(), d.shape) if n > 1] == \
-                [s for s, n in zip(c.stride(), c.shape) if n > 1], f"{where}: stride {d.stride()} != {c.stride()}"
+            assert [s for s, n in zip(d.stride(), d.shape) if n > 1] == [
+                s for s, n in zip(c.stride(), c.shape) if n > 1
+            ], f"{where}: stride {d.stride()} != {c.stride()}"
         assert (d._base is None) == (c._base is None), where
         torch.testing.assert_close(d.cpu(), c, equal_nan=True, msg=lambda m: f"{where}: {m}")
 
@@ -356,8 +373,19 @@ def _draw_view(data, t):
     return f"as_strided({sizes},{strides},{off})", lambda x: x.as_strided(sizes, strides, off)
 
 
-WRITE_KINDS = ["add_", "mul_", "fill_", "zero_", "clamp_", "copy_clone", "add_clone", "neg_out",
-               "masked_fill_", "index_put_acc", "setitem_first"]
+WRITE_KINDS = [
+    "add_",
+    "mul_",
+    "fill_",
+    "zero_",
+    "clamp_",
+    "copy_clone",
+    "add_clone",
+    "neg_out",
+    "masked_fill_",
+    "index_put_acc",
+    "setitem_first",
+]
 
 
 def _draw_write(data, t, n_live):
@@ -366,8 +394,7 @@ def _draw_write(data, t, n_live):
     if _has_zero_stride(t):
         # CPU raises for these (internal overlap) or writes one constant everywhere;
         # masked_fill_/index_put_ on expanded tensors are deprecated, so not drawn.
-        kinds = ["add_", "mul_", "clamp_", "copy_clone", "add_clone", "neg_out", "fill_", "zero_",
-                 "setitem_first"]
+        kinds = ["add_", "mul_", "clamp_", "copy_clone", "add_clone", "neg_out", "fill_", "zero_", "setitem_first"]
     elif not _unique_locations(t):
         # Overlap without a zero stride: CPU does not raise and the result depends on its
         # loop order, so only writes of one constant are well defined.
@@ -394,9 +421,12 @@ def _draw_write(data, t, n_live):
         if t.dim() == 0 or t.shape[0] == 0:
             return f"add_({v})", lambda x, L: x.add_(v)
         idx = data.draw(st.lists(st.integers(0, t.shape[0] - 1), min_size=1, max_size=4), label="indices")
-        return (f"index_put_({idx}, 1., accumulate=True)",
-                lambda x, L: x.index_put_((torch.tensor(idx).to(x.device),), torch.tensor(1.).to(x.device),
-                                          accumulate=True))
+        return (
+            f"index_put_({idx}, 1., accumulate=True)",
+            lambda x, L: x.index_put_(
+                (torch.tensor(idx).to(x.device),), torch.tensor(1.0).to(x.device), accumulate=True
+            ),
+        )
     j = data.draw(st.integers(0, n_live - 1), label="source")
     # The source is cloned first: an overlapping source would make the write undefined.
     if kind == "copy_clone":
@@ -414,18 +444,21 @@ OUT_OF_PLACE = {
 BASE_SHAPES = [(24,), (4, 6), (2, 3, 4), (2, 2, 2, 3), (1, 24)]
 
 
-@settings(max_examples=100, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_random_view_programs_match_cpu(dev, data):
     shape = data.draw(st.sampled_from(BASE_SHAPES), label="base shape")
-    prog = _Program(dev, torch.arange(24.).reshape(shape) - 8)
+    prog = _Program(dev, torch.arange(24.0).reshape(shape) - 8)
     n_steps = data.draw(st.integers(1, 14), label="steps")
     for _ in range(n_steps):
         i = data.draw(st.integers(0, len(prog.live) - 1), label="target")
         t = prog.live_cpu[i]
-        action = data.draw(st.sampled_from(["view", "view", "write", "write", "read", "out_of_place"]),
-                           label="action")
+        action = data.draw(st.sampled_from(["view", "view", "write", "write", "read", "out_of_place"]), label="action")
         if action == "view":
             desc, fn = _draw_view(data, t)
             prog.apply(f"v{len(prog.live)} = live[{i}].{desc}", lambda L, fn=fn, i=i: fn(L[i]))
@@ -444,13 +477,13 @@ def test_random_view_programs_match_cpu(dev, data):
 # Printing a view with more elements than its storage copies the storage, not the
 # logical size (issue 17: expand(2**16, 2**16) tried to copy 16 GiB to the host).
 PRINT_VIEWS = {
-    "expand_huge": lambda d: torch.zeros(1, device=d).expand(2 ** 16, 2 ** 16),
-    "expand_rows": lambda d: torch.arange(5., device=d).expand(3000, 5),
-    "unfold_overlapping": lambda d: torch.arange(20000., device=d).unfold(0, 4096, 1),
-    "as_strided_overlap": lambda d: torch.arange(10., device=d).as_strided((4, 4), (1, 1), 2),
-    "stride0_offset": lambda d: torch.arange(6., device=d)[2:].as_strided((3, 1000), (1, 0)),
-    "small_view_of_big": lambda d: torch.arange(100000., device=d)[10:13],
-    "transposed": lambda d: torch.arange(6., device=d).view(2, 3).t(),
+    "expand_huge": lambda d: torch.zeros(1, device=d).expand(2**16, 2**16),
+    "expand_rows": lambda d: torch.arange(5.0, device=d).expand(3000, 5),
+    "unfold_overlapping": lambda d: torch.arange(20000.0, device=d).unfold(0, 4096, 1),
+    "as_strided_overlap": lambda d: torch.arange(10.0, device=d).as_strided((4, 4), (1, 1), 2),
+    "stride0_offset": lambda d: torch.arange(6.0, device=d)[2:].as_strided((3, 1000), (1, 0)),
+    "small_view_of_big": lambda d: torch.arange(100000.0, device=d)[10:13],
+    "transposed": lambda d: torch.arange(6.0, device=d).view(2, 3).t(),
 }
 
 
@@ -468,12 +501,12 @@ def test_print_view_reads_storage_like_cpu(dev, case):
 # storage, as CPU does, not as a copy of its whole logical size (issue 17: a
 # reduction over x.unfold(0, 4096, 1) copied ~0.5 GB for a 128 KB storage).
 READ_VIEWS = {
-    "unfold_sum_rows": lambda d: torch.arange(3000., device=d).unfold(0, 512, 1).sum(1),
-    "unfold_amax": lambda d: torch.arange(3000., device=d).unfold(0, 512, 3).amax(),
-    "unfold_mean_dim0": lambda d: torch.arange(300., device=d).unfold(0, 40, 7).mean(0),
-    "as_strided_overlap_cumsum": lambda d: torch.arange(10., device=d).as_strided((4, 4), (1, 1), 2).cumsum(1),
-    "expand_then_matmul": lambda d: torch.arange(5., device=d).expand(7, 5) @ torch.ones(5, 2, device=d),
-    "unfold_sort": lambda d: torch.arange(50., device=d).flip(0).unfold(0, 6, 2).sort(1).values,
+    "unfold_sum_rows": lambda d: torch.arange(3000.0, device=d).unfold(0, 512, 1).sum(1),
+    "unfold_amax": lambda d: torch.arange(3000.0, device=d).unfold(0, 512, 3).amax(),
+    "unfold_mean_dim0": lambda d: torch.arange(300.0, device=d).unfold(0, 40, 7).mean(0),
+    "as_strided_overlap_cumsum": lambda d: torch.arange(10.0, device=d).as_strided((4, 4), (1, 1), 2).cumsum(1),
+    "expand_then_matmul": lambda d: torch.arange(5.0, device=d).expand(7, 5) @ torch.ones(5, 2, device=d),
+    "unfold_sort": lambda d: torch.arange(50.0, device=d).flip(0).unfold(0, 6, 2).sort(1).values,
 }
 
 
@@ -487,7 +520,7 @@ def test_reduction_over_unfolded_view_reads_the_storage(dev):
         pytest.skip("measures the device's host copies")
     import resource
 
-    x = torch.randn(2 ** 15, device=dev)
+    x = torch.randn(2**15, device=dev)
     torch.tpu.synchronize()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     s = x.unfold(0, 4096, 1).sum(1)  # logical size 470 MB over a 128 KB storage

@@ -12,6 +12,7 @@ error in float32 ulp (units of 2^-24 relative). Needs numpy only; runs in under 
 
 Usage: python tools/fit_fused_math_polys.py
 """
+
 import numpy as np
 
 

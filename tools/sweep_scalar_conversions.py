@@ -16,6 +16,7 @@ tests/test_scalar_overflow_float.py check each row (and non-row) against CPU.
 Usage: python tools/sweep_scalar_conversions.py [--dtypes float16,bfloat16,float32] [--out FILE.json]
 (about 1 minute per dtype on 2 cores)
 """
+
 import argparse
 import json
 import math
@@ -37,14 +38,18 @@ VALUES = {
     torch.complex64: [1e39, complex(0, 1e39), math.inf],
     torch.complex32: [1e6, complex(0, 1e6), math.inf],
     torch.int8: [300, 300.0, -300, math.inf],
-    torch.int32: [2 ** 40, 2.0 ** 40],
+    torch.int32: [2**40, 2.0**40],
 }
 _OVERFLOW = re.compile(r"value cannot be converted to type (\S+) without overflow")
 
 
 def _scalar_positions(schema):
     """(index, name, kwarg_only) of the arguments typed Scalar or Scalar?."""
-    return [(i, a.name, a.kwarg_only) for i, a in enumerate(schema.arguments) if str(a.type) in ("number", "Optional[number]")]
+    return [
+        (i, a.name, a.kwarg_only)
+        for i, a in enumerate(schema.arguments)
+        if str(a.type) in ("number", "Optional[number]")
+    ]
 
 
 class _Probe(TorchDispatchMode):
@@ -94,6 +99,7 @@ def sweep(dtypes, ops=None):
     ``ops``: OpInfo names to sweep (all of op_db when None).
     """
     from torch_tpu_eager.testing import load_op_db
+
     result = {}
     for dtype in dtypes:
         found = defaultdict(dict)
@@ -115,7 +121,8 @@ def sweep(dtypes, ops=None):
                 except Exception:  # noqa: BLE001  (a sample CPU rejects says nothing here)
                     pass
         result[str(dtype).replace("torch.", "")] = {
-            f"{o} {a} {r}": {v: sorted(out) for v, out in vals.items()} for (o, a, r), vals in sorted(found.items())}
+            f"{o} {a} {r}": {v: sorted(out) for v, out in vals.items()} for (o, a, r), vals in sorted(found.items())
+        }
     return result
 
 

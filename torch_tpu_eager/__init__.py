@@ -12,6 +12,7 @@ env var ``TORCH_TPU_CACHE_DIR``), :func:`set_target` / :func:`get_target` / :fun
 :func:`target_info` (the simulated chip), :mod:`torch_tpu_eager.ici` (collective costs on the chip interconnect), :func:`set_fused_math` / :func:`fused_math`
 (float32 math routines of fused loops), :class:`profile` (simulated kernel profiler), plus ``torch.tpu`` (see :mod:`torch_tpu_eager.device`).
 """
+
 import torch
 
 from . import _C

@@ -3,6 +3,7 @@
 pybind11 rejects an int outside int64 with a TypeError that dumps the whole
 signature; these raise an error naming the function and the argument instead.
 """
+
 import operator
 
 _INT64_MAX = (1 << 63) - 1

@@ -6,6 +6,7 @@ in the package, because ``import torch_tpu_eager`` itself imports torch first: t
 then loads this entry point while the package is still initializing, and a
 package-level attribute would not exist yet.
 """
+
 import importlib
 
 

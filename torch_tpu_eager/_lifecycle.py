@@ -12,6 +12,7 @@ each such thread has finished its tasks (``_C._drain_autograd_device_thread``).
 
 Fork: see ``csrc/device/fork.h`` (``torch.tpu._is_in_bad_fork()``).
 """
+
 import atexit
 import os
 
@@ -33,8 +34,8 @@ def _autograd_device_threads():
                 name = f.read().strip()
         except OSError:
             continue
-        if name.startswith("pt_autograd_") and name[len("pt_autograd_"):].isdigit():
-            found.add(int(name[len("pt_autograd_"):]))
+        if name.startswith("pt_autograd_") and name[len("pt_autograd_") :].isdigit():
+            found.add(int(name[len("pt_autograd_") :]))
     return found
 
 
@@ -55,6 +56,7 @@ def _drain_autograd_device_threads():
 # ---------------------------------------------------------------------------
 # torch.multiprocessing: tpu tensors travel through shared host memory
 # ---------------------------------------------------------------------------
+
 
 def _rebuild_tpu_tensor(cls, host, size, stride, offset, requires_grad, index):
     """Unpickles a tpu tensor sent by `_reduce_tensor`: its storage's values (a CPU tensor in
@@ -78,8 +80,19 @@ def _make_tensor_reducer(torch_reduce):
         held = storage.nbytes() // tensor.element_size()
         flat = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(storage, 0, (held,), (1,))
         host = flat.detach().to("cpu", copy=True)
-        return (_rebuild_tpu_tensor, (type(tensor), host, tensor.size(), tensor.stride(), tensor.storage_offset(),
-                                      tensor.requires_grad, tensor.device.index or 0))
+        return (
+            _rebuild_tpu_tensor,
+            (
+                type(tensor),
+                host,
+                tensor.size(),
+                tensor.stride(),
+                tensor.storage_offset(),
+                tensor.requires_grad,
+                tensor.device.index or 0,
+            ),
+        )
+
     return _reduce_tensor
 
 

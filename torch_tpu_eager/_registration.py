@@ -1,5 +1,6 @@
 """Registration of the "tpu" device with PyTorch (order matters; see
 PRIVATEUSE1_NOTES: rename, device module, generated methods, kernels)."""
+
 import torch
 
 from . import _C, _torch_patches

@@ -14,6 +14,7 @@
   tensor sharing the exported tensor's storage (the device resolves the
   imported StorageImpl to the storage it was exported from).
 """
+
 import functools
 
 import torch
@@ -108,6 +109,7 @@ def install_storage_methods():
 
 
 # ---- DLPack ----
+
 
 def _is_tpu(t):
     return isinstance(t, torch.Tensor) and t.device.type == "tpu"

@@ -17,6 +17,7 @@ At import, a shape mismatch gives one :class:`TorchPatchWarning` per patch and
 the patch is still applied (the project pins torch==2.13.0; a mismatch means a
 different torch, where the test names what to re-check).
 """
+
 import dataclasses
 import importlib.abc
 import importlib.util

@@ -20,6 +20,7 @@ The Markdown report has a header (date, torch version, target, counts, compariso
 TorchTPU), per-dtype totals, failure groups, one row per (OpInfo, dtype) and the
 uncovered OpInfos; the JSON file holds the same data plus every overload and failure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,7 @@ _NEUTRAL_KINDS = frozenset({"view", RUNTIME_KIND})
 TORCHTPU_OVERLOADS = 674
 TORCHTPU_NAMES = 483
 
-_COMPOSITE_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd",
-                   "CompositeExplicitAutogradNonFunctional")
+_COMPOSITE_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
 _STATUSES = ("pass", "fail", "error", "skip")
 
 
@@ -77,12 +77,11 @@ def registration() -> dict:
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     table = dict(torch_tpu_eager.op_table())
     aten = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
-    overloads = sorted(n[len("aten::"):] for n in aten if has(n, "PrivateUse1"))
+    overloads = sorted(n[len("aten::") :] for n in aten if has(n, "PrivateUse1"))
     kinds = {o: table.get(o, RUNTIME_KIND) for o in overloads}
     by_kind = collections.Counter(kinds.values())
     lowered = [o for o in overloads if kinds[o] in LOWERED_KINDS]
-    parity = sorted(n[len("aten::"):] for n in aten
-                    if has(n, "CPU") and not any(has(n, k) for k in _COMPOSITE_KEYS))
+    parity = sorted(n[len("aten::") :] for n in aten if has(n, "CPU") and not any(has(n, k) for k in _COMPOSITE_KEYS))
     registered = set(overloads)
     return {
         "overloads": overloads,
@@ -156,8 +155,9 @@ def failure_group(message: str) -> str:
 def _git_commit() -> Optional[str]:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
@@ -189,8 +189,11 @@ class _Progress:
         elapsed = now - self.start
         eta = elapsed / self.done * (self.total - self.done)
         bar = "#" * int(20 * self.done / self.total)
-        print(f"[{bar:<20}] {self.done}/{self.total} ops, {_fmt_s(elapsed)} elapsed, "
-              f"eta {_fmt_s(eta)} (last: {name})", file=sys.stderr, flush=True)
+        print(
+            f"[{bar:<20}] {self.done}/{self.total} ops, {_fmt_s(elapsed)} elapsed, eta {_fmt_s(eta)} (last: {name})",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _parse_dtypes(text: str) -> list:
@@ -208,6 +211,7 @@ def _parse_dtypes(text: str) -> list:
 def _select_ops(op_db: list, names: Optional[list]) -> list:
     """OpInfos named in ``names`` (by name, or name.variant), else all of op_db."""
     from torch_tpu_eager.testing import op_key
+
     if not names:
         return list(op_db)
     wanted = set(names)
@@ -219,9 +223,15 @@ def _select_ops(op_db: list, names: Optional[list]) -> list:
     return chosen
 
 
-def run(ops: Optional[list] = None, dtypes=(torch.float32,), *, noncontiguous: bool = False,
-        max_numel: int = 1_000_000, max_samples: Optional[int] = None,
-        progress: bool = True) -> dict:
+def run(
+    ops: Optional[list] = None,
+    dtypes=(torch.float32,),
+    *,
+    noncontiguous: bool = False,
+    max_numel: int = 1_000_000,
+    max_samples: Optional[int] = None,
+    progress: bool = True,
+) -> dict:
     """Counts the registration and sweeps OpInfos; returns the report data (JSON-ready).
 
     ``ops``: OpInfo names (``name`` or ``name.variant``; all of op_db when None).
@@ -251,29 +261,31 @@ def run(ops: Optional[list] = None, dtypes=(torch.float32,), *, noncontiguous: b
         overloads = {o: kinds.get(o, RUNTIME_KIND) for o in sorted(cov.registered)}
         for dtype in dtypes:
             for nc in layouts:
-                res = sweep_op(op, dtype, "tpu", noncontiguous=nc, max_numel=max_numel,
-                               max_samples=max_samples)
+                res = sweep_op(op, dtype, "tpu", noncontiguous=nc, max_numel=max_numel, max_samples=max_samples)
                 status = status_of(res)
-                results.append({
-                    "op": op_key(op),
-                    "dtype": res.dtype,
-                    "noncontiguous": nc,
-                    "status": status,
-                    "passed": res.passed,
-                    "failed": res.failed,
-                    "errors": res.errors,
-                    "total": res.total,
-                    "skipped": res.skipped,
-                    "skipped_why": dict(res.skipped_why),
-                    "skip_reason": res.skip_reason,
-                    "reason": _reason(res, status),
-                    "failures": [{"sample": i, "kind": k, "message": m, "sample_desc": d}
-                                 for i, k, m, d in res.failures],
-                    "seconds": round(res.seconds, 4),
-                    "lowering": lowering,
-                    "overloads": overloads,
-                    "unregistered_reached": sorted(cov.unregistered),
-                })
+                results.append(
+                    {
+                        "op": op_key(op),
+                        "dtype": res.dtype,
+                        "noncontiguous": nc,
+                        "status": status,
+                        "passed": res.passed,
+                        "failed": res.failed,
+                        "errors": res.errors,
+                        "total": res.total,
+                        "skipped": res.skipped,
+                        "skipped_why": dict(res.skipped_why),
+                        "skip_reason": res.skip_reason,
+                        "reason": _reason(res, status),
+                        "failures": [
+                            {"sample": i, "kind": k, "message": m, "sample_desc": d} for i, k, m, d in res.failures
+                        ],
+                        "seconds": round(res.seconds, 4),
+                        "lowering": lowering,
+                        "overloads": overloads,
+                        "unregistered_reached": sorted(cov.unregistered),
+                    }
+                )
         bar.step(op_key(op))
 
     return {
@@ -308,8 +320,9 @@ def run(ops: Optional[list] = None, dtypes=(torch.float32,), *, noncontiguous: b
             "op_db": len(op_db),
             "selected": len(selected),
             "covered": len(covered),
-            "uncovered": [{"op": op_key(op), "reached": sorted(cov.reached), "error": cov.error}
-                          for op, cov in uncovered],
+            "uncovered": [
+                {"op": op_key(op), "reached": sorted(cov.reached), "error": cov.error} for op, cov in uncovered
+            ],
         },
         "totals": totals(results),
         "failure_groups": failure_groups(results),
@@ -330,10 +343,19 @@ def totals(results: list) -> dict:
     """
     out: dict = {}
     for r in results:
-        t = out.setdefault(_case(r), {"ops": 0, **{s: 0 for s in _STATUSES},
-                                      "samples_passed": 0, "samples_failed": 0,
-                                      "samples_errors": 0, "samples_run": 0,
-                                      "samples_skipped": 0, "seconds": 0.0})
+        t = out.setdefault(
+            _case(r),
+            {
+                "ops": 0,
+                **{s: 0 for s in _STATUSES},
+                "samples_passed": 0,
+                "samples_failed": 0,
+                "samples_errors": 0,
+                "samples_run": 0,
+                "samples_skipped": 0,
+                "seconds": 0.0,
+            },
+        )
         t["ops"] += 1
         t[r["status"]] += 1
         t["samples_passed"] += r["passed"]
@@ -388,51 +410,73 @@ def render_markdown(data: dict) -> str:
     ov_vs = reg["overloads"] - TORCHTPU_OVERLOADS
     nm_vs = reg["names"] - TORCHTPU_NAMES
     L = []
-    L.append("# ATen coverage of the \"tpu\" device")
+    L.append('# ATen coverage of the "tpu" device')
     L.append("")
     L.append(f"- **Date**: {m['date']}")
-    L.append(f"- **torch**: {m['torch']} (Python {m['python']})"
-             + (f"; torch_tpu_eager commit {m['commit']}" if m["commit"] else ""))
+    L.append(
+        f"- **torch**: {m['torch']} (Python {m['python']})"
+        + (f"; torch_tpu_eager commit {m['commit']}" if m["commit"] else "")
+    )
     L.append(f"- **Target**: {m['target']}; float32 matmul precision `{m['float32_matmul_precision']}`")
     ops_txt = ", ".join(m["ops_requested"]) if m["ops_requested"] else "all of op_db"
-    L.append(f"- **Sweep**: dtypes {', '.join(m['dtypes'])}"
-             + (" (contiguous and non-contiguous)" if m["noncontiguous"] else "")
-             + f"; OpInfos: {ops_txt}; samples over {m['max_numel']} elements skipped"
-             + (f"; at most {m['max_samples']} samples per case" if m["max_samples"] else "")
-             + f"; run time {_fmt_s(m['seconds_total'])}")
+    L.append(
+        f"- **Sweep**: dtypes {', '.join(m['dtypes'])}"
+        + (" (contiguous and non-contiguous)" if m["noncontiguous"] else "")
+        + f"; OpInfos: {ops_txt}; samples over {m['max_numel']} elements skipped"
+        + (f"; at most {m['max_samples']} samples per case" if m["max_samples"] else "")
+        + f"; run time {_fmt_s(m['seconds_total'])}"
+    )
     L.append(f"- **Command**: `python -m torch_tpu_eager.coverage {_cli_args(m)}`")
     L.append("")
     L.append("## Registered kernels (counted by the dispatcher)")
     L.append("")
-    L.append(f"- **Registered ATen overloads**: {reg['overloads']} ({reg['names']} distinct op names) "
-             "with their own PrivateUse1 kernel; the boxed fallback is not counted.")
-    L.append(f"- **Lowered to primitive IR**: {reg['lowered_overloads']} overloads "
-             f"({reg['lowered_names']} names): {lowered_detail}.")
-    L.append(f"- **Not lowered**: {reg['overloads'] - reg['lowered_overloads']} overloads: {non_lowered} "
-             "(library = CPU kernel on host buffers; sync = library call whose output shape depends "
-             "on data; runtime = allocation, copies and view metadata outside the op table).")
-    L.append(f"- **TorchTPU**: 674 ATen overloads / 483 names with their own kernels; \"tpu\" registers "
-             f"{reg['overloads']} / {reg['names']} ({ov_vs:+d} overloads, {nm_vs:+d} names).")
-    L.append(f"- **CPU parity set** (aten overloads with a CPU kernel and no composite kernel on "
-             f"torch {m['torch']}): {par['overloads']}; \"tpu\" registers {par['registered']} of them, "
-             f"{len(par['missing'])} missing (listed at the end).")
+    L.append(
+        f"- **Registered ATen overloads**: {reg['overloads']} ({reg['names']} distinct op names) "
+        "with their own PrivateUse1 kernel; the boxed fallback is not counted."
+    )
+    L.append(
+        f"- **Lowered to primitive IR**: {reg['lowered_overloads']} overloads "
+        f"({reg['lowered_names']} names): {lowered_detail}."
+    )
+    L.append(
+        f"- **Not lowered**: {reg['overloads'] - reg['lowered_overloads']} overloads: {non_lowered} "
+        "(library = CPU kernel on host buffers; sync = library call whose output shape depends "
+        "on data; runtime = allocation, copies and view metadata outside the op table)."
+    )
+    L.append(
+        f'- **TorchTPU**: 674 ATen overloads / 483 names with their own kernels; "tpu" registers '
+        f"{reg['overloads']} / {reg['names']} ({ov_vs:+d} overloads, {nm_vs:+d} names)."
+    )
+    L.append(
+        f"- **CPU parity set** (aten overloads with a CPU kernel and no composite kernel on "
+        f'torch {m["torch"]}): {par["overloads"]}; "tpu" registers {par["registered"]} of them, '
+        f"{len(par['missing'])} missing (listed at the end)."
+    )
     L.append("")
     L.append("## Sweep totals")
     L.append("")
-    L.append(f"OpInfos in op_db: {infos['op_db']}; selected: {infos['selected']}; covered (reach a "
-             f"registered overload): {infos['covered']}; uncovered: {len(infos['uncovered'])}.")
+    L.append(
+        f"OpInfos in op_db: {infos['op_db']}; selected: {infos['selected']}; covered (reach a "
+        f"registered overload): {infos['covered']}; uncovered: {len(infos['uncovered'])}."
+    )
     L.append("")
-    L.append("| case | OpInfos | pass | fail | error | skip | samples passed / run | "
-             "**sample pass rate** | OpInfo pass rate | samples skipped | time |")
+    L.append(
+        "| case | OpInfos | pass | fail | error | skip | samples passed / run | "
+        "**sample pass rate** | OpInfo pass rate | samples skipped | time |"
+    )
     L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for case, t in tot.items():
-        L.append(f"| {case} | {t['ops']} | {t['pass']} | {t['fail']} | {t['error']} | {t['skip']} | "
-                 f"{t['samples_passed']} / {t['samples_run']} | **{_pct(t['pass_rate'])}** | {_pct(t['op_pass_rate'])} | "
-                 f"{t['samples_skipped']} | {_fmt_s(t['seconds'])} |")
+        L.append(
+            f"| {case} | {t['ops']} | {t['pass']} | {t['fail']} | {t['error']} | {t['skip']} | "
+            f"{t['samples_passed']} / {t['samples_run']} | **{_pct(t['pass_rate'])}** | {_pct(t['op_pass_rate'])} | "
+            f"{t['samples_skipped']} | {_fmt_s(t['seconds'])} |"
+        )
     L.append("")
-    L.append("Status: *pass* every sample run matched CPU; *fail* a result (value, dtype, shape, "
-             "exception type) differs from CPU; *error* \"tpu\" raised where CPU did not; *skip* no "
-             "sample could be compared (random outputs, uninitialized memory, dtype unsupported).")
+    L.append(
+        "Status: *pass* every sample run matched CPU; *fail* a result (value, dtype, shape, "
+        'exception type) differs from CPU; *error* "tpu" raised where CPU did not; *skip* no '
+        "sample could be compared (random outputs, uninitialized memory, dtype unsupported)."
+    )
     L.append("")
     groups = data["failure_groups"]
     L.append("## Failure groups")
@@ -443,19 +487,27 @@ def render_markdown(data: dict) -> str:
         L.append("| cases | samples | reason | OpInfos |")
         L.append("|---|---|---|---|")
         for g in groups:
-            L.append(f"| {g['cases']} | {g['samples']} | {_md_cell(g['reason'], 160)} | "
-                     f"{_md_cell(', '.join(g['ops']), 400)} |")
+            L.append(
+                f"| {g['cases']} | {g['samples']} | {_md_cell(g['reason'], 160)} | "
+                f"{_md_cell(', '.join(g['ops']), 400)} |"
+            )
     L.append("")
     L.append("## Per OpInfo")
     L.append("")
-    L.append("Lowering: how the registered overloads the OpInfo reaches run (`lowered`: all lowered "
-             "to primitive IR; `library`: none; `mixed k/n`: k of n; `view`: views/allocation only).")
+    L.append(
+        "Lowering: how the registered overloads the OpInfo reaches run (`lowered`: all lowered "
+        "to primitive IR; `library`: none; `mixed k/n`: k of n; `view`: views/allocation only)."
+    )
     L.append("")
-    L.append("| OpInfo | dtype | status | passed / total | skipped | lowering | time (s) | first failure / skip reason |")
+    L.append(
+        "| OpInfo | dtype | status | passed / total | skipped | lowering | time (s) | first failure / skip reason |"
+    )
     L.append("|---|---|---|---|---|---|---|---|")
     for r in data["results"]:
-        L.append(f"| {_md_cell(r['op'])} | {_case(r)} | {r['status']} | {r['passed']} / {r['total']} | "
-                 f"{r['skipped']} | {r['lowering']} | {r['seconds']:.2f} | {_md_cell(r['reason'])} |")
+        L.append(
+            f"| {_md_cell(r['op'])} | {_case(r)} | {r['status']} | {r['passed']} / {r['total']} | "
+            f"{r['skipped']} | {r['lowering']} | {r['seconds']:.2f} | {_md_cell(r['reason'])} |"
+        )
     L.append("")
     failing = [r for r in data["results"] if r["status"] in ("fail", "error")]
     if failing:
@@ -471,13 +523,15 @@ def render_markdown(data: dict) -> str:
     if infos["uncovered"]:
         L.append("## Uncovered OpInfos")
         L.append("")
-        L.append("These reach no registered overload (composite ops that decompose into ops the "
-                 "device lacks, or ops with no kernel at all), so they are not swept.")
+        L.append(
+            "These reach no registered overload (composite ops that decompose into ops the "
+            "device lacks, or ops with no kernel at all), so they are not swept."
+        )
         L.append("")
         L.append(", ".join(u["op"] for u in infos["uncovered"]))
         L.append("")
     if par["missing"]:
-        L.append("## CPU-parity overloads without a \"tpu\" kernel")
+        L.append('## CPU-parity overloads without a "tpu" kernel')
         L.append("")
         L.append(", ".join(par["missing"]))
         L.append("")
@@ -502,13 +556,19 @@ QUICK_OPS = ("add", "mul", "sum", "softmax", "matmul", "index_select", "where", 
 def main(argv: Optional[list] = None) -> int:
     """Command-line entry point; returns the exit status (0 ok, 2 bad arguments/target)."""
     p = argparse.ArgumentParser(prog="python -m torch_tpu_eager.coverage", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", help="simulated chip (torch_tpu_eager.list_targets(); 'spyre' when built); "
-                                    "default: the active target")
+    p.add_argument(
+        "--target",
+        help="simulated chip (torch_tpu_eager.list_targets(); 'spyre' when built); default: the active target",
+    )
     p.add_argument("--ops", help="comma-separated OpInfo names (name or name.variant); default: all of op_db")
     p.add_argument("--dtypes", default="float32", help="comma-separated dtypes (default float32)")
     p.add_argument("--noncontiguous", action="store_true", help="also sweep non-contiguous samples")
-    p.add_argument("--precision", default="highest", choices=("highest", "high", "medium"),
-                   help="torch.set_float32_matmul_precision for the run (default highest)")
+    p.add_argument(
+        "--precision",
+        default="highest",
+        choices=("highest", "high", "medium"),
+        help="torch.set_float32_matmul_precision for the run (default highest)",
+    )
     p.add_argument("--max-numel", type=int, default=1_000_000, help="skip samples with more tensor elements")
     p.add_argument("--max-samples", type=int, default=None, help="run at most this many samples per case")
     p.add_argument("--out", default="coverage.md", help="Markdown report path")
@@ -540,8 +600,14 @@ def main(argv: Optional[list] = None) -> int:
     # OpInfo samples warn a lot (deprecations, degenerate reductions); keep stderr for progress.
     warnings.filterwarnings("ignore")
     try:
-        data = run(ops, dtypes, noncontiguous=args.noncontiguous, max_numel=args.max_numel,
-                   max_samples=args.max_samples, progress=not args.quiet)
+        data = run(
+            ops,
+            dtypes,
+            noncontiguous=args.noncontiguous,
+            max_numel=args.max_numel,
+            max_samples=args.max_samples,
+            progress=not args.quiet,
+        )
     except ValueError as e:
         print(f"coverage: {e}", file=sys.stderr)
         return 2
@@ -551,11 +617,15 @@ def main(argv: Optional[list] = None) -> int:
         with open(args.json, "w") as f:
             json.dump(data, f, indent=1)
     reg = data["registration"]
-    summary = "; ".join(f"{case} {_pct(t['pass_rate'])} of {t['samples_run']} samples"
-                        for case, t in data["totals"].items())
-    print(f"coverage: {reg['overloads']} overloads / {reg['names']} names registered, "
-          f"{reg['lowered_overloads']} lowered; {summary}; {_fmt_s(data['meta']['seconds_total'])}; "
-          f"wrote {args.out}" + (f" and {args.json}" if args.json else ""), file=sys.stderr)
+    summary = "; ".join(
+        f"{case} {_pct(t['pass_rate'])} of {t['samples_run']} samples" for case, t in data["totals"].items()
+    )
+    print(
+        f"coverage: {reg['overloads']} overloads / {reg['names']} names registered, "
+        f"{reg['lowered_overloads']} lowered; {summary}; {_fmt_s(data['meta']['seconds_total'])}; "
+        f"wrote {args.out}" + (f" and {args.json}" if args.json else ""),
+        file=sys.stderr,
+    )
     return 0
 
 

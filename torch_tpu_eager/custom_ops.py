@@ -41,6 +41,7 @@ Registration is intercepted by one patch of ``torch.library.Library.impl``
 kernel registered before ``torch_tpu_eager`` was imported (possible only with
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) runs at the call on "tpu" tensors.
 """
+
 import torch
 from torch._library.utils import RegistrationHandle
 
@@ -70,7 +71,8 @@ def _impl(self, op_name, fn, dispatch_key="", *, with_keyset=False, allow_overri
     if not allow_override and impl_key in torch.library._impls:
         raise RuntimeError(
             "This is not allowed since there's already a kernel registered from python overriding {}"
-            "'s behavior for {} dispatch key and {} namespace.".format(qualname.split("::")[-1], key, self.ns))
+            "'s behavior for {} dispatch key and {} namespace.".format(qualname.split("::")[-1], key, self.ns)
+        )
     if self.m is None:
         raise AssertionError("Library object has been destroyed")
     handle = _C._register_custom_op(qualname, fn, with_keyset)
@@ -89,8 +91,10 @@ def set_cost(op, flops=None, *, mxu=False, hbm_bytes=None):
     HBM bytes per call (None: the bytes of its tensors, read and written once).
     Applies to every later flush; ``set_cost(op)`` restores the defaults.
     """
-    _C._set_custom_op_cost(_op_qualname(op), None if flops is None and hbm_bytes is None else
-                           {"flops": flops, "mxu": bool(mxu), "hbm_bytes": hbm_bytes})
+    _C._set_custom_op_cost(
+        _op_qualname(op),
+        None if flops is None and hbm_bytes is None else {"flops": flops, "mxu": bool(mxu), "hbm_bytes": hbm_bytes},
+    )
 
 
 def _op_qualname(op):

@@ -11,6 +11,7 @@ another type or an argument that is not a device, ``torch.AcceleratorError``
 (a RuntimeError) "invalid device ordinal" for an index outside
 ``0 .. device_count() - 1``.
 """
+
 import contextlib
 import enum
 
@@ -42,7 +43,8 @@ def _lazy_init():
     if _C._is_in_bad_fork():
         raise RuntimeError(
             "Cannot re-initialize tpu in forked subprocess. To use tpu with multiprocessing, "
-            "you must use the 'spawn' start method")
+            "you must use the 'spawn' start method"
+        )
 
 
 def _is_in_bad_fork() -> bool:
@@ -88,8 +90,7 @@ def _index(device, optional: bool = True) -> int:
     elif isinstance(device, int) and not isinstance(device, bool):
         idx = device
     else:
-        raise ValueError(
-            f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
     return _C._checked_device(idx)
 
 
@@ -141,6 +142,7 @@ def synchronize(device=None) -> None:
 
 # ---- streams and events (lanes of a chip's queue; events time simulated device time) ----
 
+
 class Stream(torch.Stream):
     """A stream of a "tpu" chip: an ordered lane of the chip's queue (as ``torch.cuda.Stream``).
 
@@ -180,8 +182,12 @@ class _EventMeta(type):
         return isinstance(obj, torch.Event) and obj.device.type == "tpu"
 
     def __call__(cls, enable_timing=False, blocking=False, interprocess=False):
-        return torch.Event(device=torch.device("tpu", current_device()), enable_timing=enable_timing,
-                           blocking=blocking, interprocess=interprocess)
+        return torch.Event(
+            device=torch.device("tpu", current_device()),
+            enable_timing=enable_timing,
+            blocking=blocking,
+            interprocess=interprocess,
+        )
 
 
 class Event(metaclass=_EventMeta):
@@ -262,6 +268,7 @@ def stream(stream) -> StreamContext:
 
 # ---- RNG (device generator: seed + offset, consumed at record time) ----
 
+
 def _generator(device=None):
     return _C._default_generator(_index(device))
 
@@ -318,6 +325,7 @@ def __getattr__(name):
 
 
 # ---- memory (simulated HBM of each chip, bytes; names and contract of torch.cuda's) ----
+
 
 def memory_allocated(device=None) -> int:
     """Bytes of the chip's memory held by storages (live tensors and pending values)."""
@@ -380,8 +388,7 @@ def mem_get_info(device=None) -> tuple:
 # ---- device properties ----
 
 _GENERATIONS = {"tpu-v4": (4, 0), "tpu-v5e": (5, 0), "tpu-v5p": (5, 1), "tpu-v6e": (6, 0), "spyre": (1, 0)}
-_DISPLAY = {"tpu-v4": "TPU v4", "tpu-v5e": "TPU v5e", "tpu-v5p": "TPU v5p", "tpu-v6e": "TPU v6e",
-            "spyre": "IBM Spyre"}
+_DISPLAY = {"tpu-v4": "TPU v4", "tpu-v5e": "TPU v5e", "tpu-v5p": "TPU v5p", "tpu-v6e": "TPU v6e", "spyre": "IBM Spyre"}
 
 
 class _TpuDeviceProperties:
@@ -424,10 +431,12 @@ class _TpuDeviceProperties:
         self.sources = dict(info["sources"])
 
     def __repr__(self):
-        return (f"_TpuDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
-                f"total_memory={self.total_memory // (1024 * 1024)}MB, "
-                f"multi_processor_count={self.multi_processor_count}, "
-                f"vmem_bytes={self.vmem_bytes}, mxu_shape={self.mxu_shape}, mxu_count={self.mxu_count})")
+        return (
+            f"_TpuDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+            f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+            f"multi_processor_count={self.multi_processor_count}, "
+            f"vmem_bytes={self.vmem_bytes}, mxu_shape={self.mxu_shape}, mxu_count={self.mxu_count})"
+        )
 
 
 def get_device_properties(device=None) -> _TpuDeviceProperties:
@@ -457,6 +466,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 # ---- scoped matmul precision (names as TorchTPU's; values as torch.set_float32_matmul_precision) ----
+
 
 class Precision(str, enum.Enum):
     """Precision of float32 matmuls and convolutions on the MXU.
@@ -515,6 +525,7 @@ def get_precision() -> Precision:
 
 
 # ---- eager modes (names as in TorchTPU) ----
+
 
 class EagerMode(enum.IntEnum):
     """How ops run: deferred and fused (default), or flushed one by one."""

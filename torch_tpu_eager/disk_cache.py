@@ -1,4 +1,5 @@
 """The optional on-disk cache of compiled regions and meta-inference results."""
+
 import os
 import warnings
 

@@ -1,4 +1,5 @@
 """Bounded dynamism: sizes that share one compiled region (DESIGN §5)."""
+
 import torch
 
 from . import _C
@@ -19,8 +20,9 @@ def mark_dynamic(t: torch.Tensor, dim: int, lower: int, upper: int) -> None:
     OverflowError when ``lower`` or ``upper`` is past 2**63 - 1.
     """
     if not isinstance(t, torch.Tensor) or t.device.type != "tpu":
-        raise ValueError(f"mark_dynamic needs a tpu tensor, got {type(t).__name__} on "
-                         f"{getattr(t, 'device', 'no device')}")
+        raise ValueError(
+            f"mark_dynamic needs a tpu tensor, got {type(t).__name__} on {getattr(t, 'device', 'no device')}"
+        )
     if not isinstance(dim, int) or dim < 0 or dim >= t.dim():
         raise ValueError(f"mark_dynamic: dim must be in [0, {t.dim()}) for a {t.dim()}-d tensor, got {dim}")
     if isinstance(lower, int) and isinstance(upper, int):

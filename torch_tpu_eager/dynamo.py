@@ -1,5 +1,6 @@
 """Dynamo device interface for "tpu" (so torch.compile sees our device, not
 the built-in interface torch 2.13 ships for Google's torch_tpu)."""
+
 import torch
 from torch._dynamo.device_interface import DeviceInterface
 

@@ -6,6 +6,7 @@ the extension, so C++ and Python parse every knob the same way: a bool is exactl
 (powers of 2). ``import torch_tpu_eager`` validates every knob that is set and
 raises ``ValueError`` naming the first malformed one.
 """
+
 import os
 import sys
 from typing import NamedTuple
@@ -62,7 +63,9 @@ def markdown():
     markers (tests/test_env.py checks that they agree)."""
     lines = ["| variable | type | default | read by | meaning |", "|---|---|---|---|---|"]
     for k in knobs():
-        lines.append(f"| `{k.name}` | {k.type} | {('`' + k.default + '`') if k.default else 'unset'} | {k.where} | {k.doc} |")
+        lines.append(
+            f"| `{k.name}` | {k.type} | {('`' + k.default + '`') if k.default else 'unset'} | {k.where} | {k.doc} |"
+        )
     return "\n".join(lines)
 
 

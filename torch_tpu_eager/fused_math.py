@@ -22,6 +22,7 @@ Softmax, log_softmax, logsumexp and sigmoid always follow their CPU kernels' rou
 The choice is process-wide and applies to flushes after the call; it is not part of
 the compile cache key (a cached region picks its routines each time it runs).
 """
+
 from . import _C
 
 MODES = ("sleef", "cpu")

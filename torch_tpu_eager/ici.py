@@ -56,6 +56,7 @@ Not modelled: the reduction arithmetic (it overlaps the transfers and HBM is >10
 faster than ICI), link contention with other traffic, DCN between slices. Spyre has
 no published card-to-card interconnect (see targets/spyre.json), so it has no cost.
 """
+
 import dataclasses
 import functools
 import itertools
@@ -66,18 +67,29 @@ from . import target as _target
 # Public op names, and the names torch.distributed / c10d use for them.
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "send", "recv", "barrier")
 _ALIASES = {
-    "allreduce": "all_reduce", "allgather": "all_gather", "all_gather_into_tensor": "all_gather",
-    "_allgather_base": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "_allgather_base": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
     "_reduce_scatter_base": "reduce_scatter",
-    "alltoall": "all_to_all", "all_to_all_single": "all_to_all", "alltoall_base": "all_to_all",
-    "isend": "send", "irecv": "recv",
+    "alltoall": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "isend": "send",
+    "irecv": "recv",
 }
 # nccl-tests' bus bandwidth factors (nccl-tests doc/PERFORMANCE.md): bus bandwidth =
 # nbytes / time * factor, comparable with the link bandwidth whatever the group size.
 _BUS_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "send": lambda n: 1.0, "recv": lambda n: 1.0,
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 1.0,
     "barrier": lambda n: 0.0,
 }
 
@@ -137,7 +149,8 @@ def _ici(target):
         raise NotImplementedError(
             f"target {name!r} has no interconnect model: no card-to-card link, bandwidth or topology is published "
             "for it (see its data file); collective costs exist for the TPU targets "
-            f"{', '.join(n for n in _target.list_targets() if _target.target_info(n)['kind'] == 'tpu')}")
+            f"{', '.join(n for n in _target.list_targets() if _target.target_info(n)['kind'] == 'tpu')}"
+        )
     return name, info
 
 
@@ -198,8 +211,10 @@ def slice_shape(group_size: int, target: str = None) -> tuple:
 
 def _layout(n, info):
     if n > _max_chips(info):
-        raise ValueError(f"group_size {n} exceeds the largest {info['name']} slice "
-                         f"({'x'.join(map(str, info['ici_max_slice_shape']))} = {_max_chips(info)} chips)")
+        raise ValueError(
+            f"group_size {n} exceeds the largest {info['name']} slice "
+            f"({'x'.join(map(str, info['ici_max_slice_shape']))} = {_max_chips(info)} chips)"
+        )
     shape = _shape_for(n, info)
     if shape is None:
         return (n,), (False,)
@@ -229,8 +244,9 @@ def _flat_ring(shape, wrap):
     axes = [a for a in shape if a > 1]
     if n == 2:
         return 1, 1
-    hamiltonian = (len(axes) == 1 and all(w for a, w in zip(shape, wrap) if a > 1)) or \
-                  (len(axes) >= 2 and (all(w for a, w in zip(shape, wrap) if a > 1) or n % 2 == 0))
+    hamiltonian = (len(axes) == 1 and all(w for a, w in zip(shape, wrap) if a > 1)) or (
+        len(axes) >= 2 and (all(w for a, w in zip(shape, wrap) if a > 1) or n % 2 == 0)
+    )
     return (2, 1) if hamiltonian else (1, 2)
 
 
@@ -359,10 +375,20 @@ def collective_cost(op: str, nbytes: int, group_size: int, target: str = None) -
         plan = min(_broadcast_plans(shape, wrap, nbytes), key=lambda p: (p.hops * alpha + p.bw_bytes / bw, p.hops))
     else:  # all_to_all
         plan = _all_to_all_plan(shape, wrap, nbytes)[0]
-    return CollectiveCost(op=op, target=name, nbytes=nbytes, group_size=n, algorithm=plan.algorithm,
-                          shape=tuple(shape), wraparound=tuple(wrap), bytes_per_link=plan.link_bytes,
-                          hops=plan.hops, latency_s=plan.hops * alpha, bandwidth_s=plan.bw_bytes / bw,
-                          link_bandwidth=bw)
+    return CollectiveCost(
+        op=op,
+        target=name,
+        nbytes=nbytes,
+        group_size=n,
+        algorithm=plan.algorithm,
+        shape=tuple(shape),
+        wraparound=tuple(wrap),
+        bytes_per_link=plan.link_bytes,
+        hops=plan.hops,
+        latency_s=plan.hops * alpha,
+        bandwidth_s=plan.bw_bytes / bw,
+        link_bandwidth=bw,
+    )
 
 
 def collective_time(op: str, nbytes: int, group_size: int, target: str = None) -> float:
@@ -403,6 +429,18 @@ def record_collective(op: str, nbytes: int, group_size: int, device=None):
         return None
     from . import _C
 
-    _C._record_collective(index, cost.op, cost.target, cost.time_s, cost.algorithm, cost.group_size, cost.nbytes,
-                          list(cost.shape), cost.bytes_per_link, cost.hops, cost.latency_s, cost.bandwidth_s)
+    _C._record_collective(
+        index,
+        cost.op,
+        cost.target,
+        cost.time_s,
+        cost.algorithm,
+        cost.group_size,
+        cost.nbytes,
+        list(cost.shape),
+        cost.bytes_per_link,
+        cost.hops,
+        cost.latency_s,
+        cost.bandwidth_s,
+    )
     return cost

@@ -16,6 +16,7 @@ wrapped in ``torch._disable_dynamo``, whose first call imports ``torch._dynamo``
 import on its first op. :func:`defer_dynamo_import` postpones it until Dynamo is
 imported for a real reason.
 """
+
 import sys
 
 import torch
@@ -40,8 +41,12 @@ def answer_cpu_for_device_hint():
     original = _torch_patches.original("torch._meta_registrations.device_hint")
 
     def device_hint(tensor):
-        if (_C._in_device_meta_inference() and isinstance(tensor, torch.Tensor)
-                and not isinstance(tensor, torch._subclasses.FakeTensor) and tensor.device.type == "meta"):
+        if (
+            _C._in_device_meta_inference()
+            and isinstance(tensor, torch.Tensor)
+            and not isinstance(tensor, torch._subclasses.FakeTensor)
+            and tensor.device.type == "meta"
+        ):
             return "cpu"
         return original(tensor)
 

@@ -1,4 +1,5 @@
 """Counters of the DeferAndFuse queue, the JIT and the executor."""
+
 from . import _C
 from ._args import int64_arg
 
@@ -83,8 +84,10 @@ def debug_summary(top: int = 5) -> str:
     ``top`` Python lines that triggered the most flushes."""
     m = metrics()
     causes = ", ".join(f"{k} {v}" for k, v in m["flush_reasons"].items() if v) or "none"
-    lines = [f"[tpu debug] summary: {m['flushes']} flushes ({causes}); {m['compiles']} regions compiled, "
-             f"{m['cache_hits']} cache hits, {m['regions_run']} regions run, {m['ops_recorded']} ops recorded"]
+    lines = [
+        f"[tpu debug] summary: {m['flushes']} flushes ({causes}); {m['compiles']} regions compiled, "
+        f"{m['cache_hits']} cache hits, {m['regions_run']} regions run, {m['ops_recorded']} ops recorded"
+    ]
     by_line = sorted(_C._flushes_by_line(), key=lambda kv: -kv[1])[:top]
     for line, n in by_line:
         lines.append(f"[tpu debug]   {n:6d} flushes triggered at {line}")
@@ -99,8 +102,9 @@ def set_queue_limits(max_ops: int = 4096, max_bytes: int = 1 << 30) -> None:
     values below 1, TypeError for a non-integer and OverflowError for a value
     past 2**63 - 1 (each naming the argument).
     """
-    _C._set_queue_limits(int64_arg("set_queue_limits", "max_ops", max_ops),
-                         int64_arg("set_queue_limits", "max_bytes", max_bytes))
+    _C._set_queue_limits(
+        int64_arg("set_queue_limits", "max_ops", max_ops), int64_arg("set_queue_limits", "max_bytes", max_bytes)
+    )
 
 
 def queue_limits() -> tuple:

@@ -41,6 +41,7 @@ Only this module imports JAX, when first used. Install it with
 ``jax.config.update("jax_enable_x64", True)``. Calls are not differentiable
 (no autograd formula is registered).
 """
+
 import itertools
 import math
 import re
@@ -128,8 +129,9 @@ def _index_tuple(v):
 class JaxOp:
     """A JAX function or Pallas kernel callable on torch tensors (see :func:`jax_op`)."""
 
-    def __init__(self, fn, out_shape, *, grid=None, in_specs=None, out_specs=None, pallas=None, flops=None,
-                 mxu=False, name=None):
+    def __init__(
+        self, fn, out_shape, *, grid=None, in_specs=None, out_specs=None, pallas=None, flops=None, mxu=False, name=None
+    ):
         if out_shape is None:
             raise TypeError("jax_op: out_shape is required (a jax.ShapeDtypeStruct or a sequence of them)")
         self.fn = fn
@@ -155,8 +157,10 @@ class JaxOp:
 
     # -- the op's kernels -------------------------------------------------
     def _fake(self, inputs):
-        return [torch.empty(tuple(s.shape), dtype=_torch_dtype(s.dtype), device=inputs[0].device if inputs else "cpu")
-                for s in self.outs]
+        return [
+            torch.empty(tuple(s.shape), dtype=_torch_dtype(s.dtype), device=inputs[0].device if inputs else "cpu")
+            for s in self.outs
+        ]
 
     def _callable(self):
         if self._compiled is None:
@@ -203,10 +207,14 @@ class JaxOp:
             return self._checked[key]
         info = torch.tpu.get_device_properties()
         vmem = getattr(info, "vmem_bytes", 0) if chip.startswith("tpu") else 0
-        operands = [("input", i, tuple(t.shape), t.dtype, s)
-                    for i, (t, s) in enumerate(zip(inputs, self._specs(self.in_specs, len(inputs))))]
-        operands += [("output", j, tuple(o.shape), _torch_dtype(o.dtype), s)
-                     for j, (o, s) in enumerate(zip(self.outs, self._specs(self.out_specs, len(self.outs))))]
+        operands = [
+            ("input", i, tuple(t.shape), t.dtype, s)
+            for i, (t, s) in enumerate(zip(inputs, self._specs(self.in_specs, len(inputs))))
+        ]
+        operands += [
+            ("output", j, tuple(o.shape), _torch_dtype(o.dtype), s)
+            for j, (o, s) in enumerate(zip(self.outs, self._specs(self.out_specs, len(self.outs))))
+        ]
         steps = math.prod(self.grid) if self.grid else 1
         grid_points = list(itertools.product(*[range(g) for g in self.grid])) if steps <= 100_000 else None
         blocks, footprint, hbm = [], 0, 0
@@ -217,8 +225,17 @@ class JaxOp:
                 block = list(shape)
             buf = _tiled_bytes(block, itemsize)
             footprint += 2 * buf
-            blocks.append({"role": role, "index": idx, "dtype": str(dtype).replace("torch.", ""), "shape": list(shape),
-                           "block": list(block), "buffers": 2, "vmem_bytes": 2 * buf})
+            blocks.append(
+                {
+                    "role": role,
+                    "index": idx,
+                    "dtype": str(dtype).replace("torch.", ""),
+                    "shape": list(shape),
+                    "block": list(block),
+                    "buffers": 2,
+                    "vmem_bytes": 2 * buf,
+                }
+            )
             block_bytes = math.prod(block) * itemsize
             index_map = getattr(spec, "index_map", None) if spec is not None else None
             if not self.pallas or index_map is None or grid_points is None:
@@ -232,19 +249,28 @@ class JaxOp:
             hbm += moves * block_bytes
         if self.pallas and vmem and footprint > vmem:
             big = sorted(blocks, key=lambda b: -b["vmem_bytes"])[:3]
-            parts = "; ".join(f"{b['role']} {b['index']}: block {tuple(b['block'])} of {tuple(b['shape'])} "
-                              f"{b['dtype']} x{b['buffers']} buffers = {b['vmem_bytes'] / 2**20:.2f}M" for b in big)
+            parts = "; ".join(
+                f"{b['role']} {b['index']}: block {tuple(b['block'])} of {tuple(b['shape'])} "
+                f"{b['dtype']} x{b['buffers']} buffers = {b['vmem_bytes'] / 2**20:.2f}M"
+                for b in big
+            )
             raise VmemExhaustedError(
                 f"RESOURCE_EXHAUSTED: Ran out of memory in memory space vmem while compiling Pallas kernel "
                 f"'{self.name}' for {chip}: its blocks, double-buffered, need {footprint / 2**20:.2f}M of "
                 f"{vmem / 2**20:.2f}M vmem (exceeded by {(footprint - vmem) / 2**20:.2f}M). Largest: {parts}. "
-                f"Use smaller blocks in its BlockSpecs.")
+                f"Use smaller blocks in its BlockSpecs."
+            )
         flops = self.flops
         if flops is None and not self.pallas:
             flops = self._xla_flops(inputs)
-        cost = {"flops": flops, "mxu": bool(self.mxu), "hbm_bytes": hbm if self.pallas else None,
-                "vmem_bytes": footprint if self.pallas else 0, "grid": list(self.grid) if self.pallas else [],
-                "blocks": [{k: v for k, v in b.items() if k != "index"} for b in blocks] if self.pallas else []}
+        cost = {
+            "flops": flops,
+            "mxu": bool(self.mxu),
+            "hbm_bytes": hbm if self.pallas else None,
+            "vmem_bytes": footprint if self.pallas else 0,
+            "grid": list(self.grid) if self.pallas else [],
+            "blocks": [{k: v for k, v in b.items() if k != "index"} for b in blocks] if self.pallas else [],
+        }
         self._checked[key] = cost
         return cost
 
@@ -273,8 +299,9 @@ class JaxOp:
         return out[0] if self.single else tuple(out)
 
 
-def jax_op(fn=None, out_shape=None, *, grid=None, in_specs=None, out_specs=None, pallas=None, flops=None, mxu=False,
-           name=None):
+def jax_op(
+    fn=None, out_shape=None, *, grid=None, in_specs=None, out_specs=None, pallas=None, flops=None, mxu=False, name=None
+):
     """A Pallas kernel or JAX function as an op on torch tensors ("tpu": recorded).
 
     ``fn``: a Pallas kernel (``fn(*in_refs, *out_refs)``) when ``grid``,
@@ -288,8 +315,18 @@ def jax_op(fn=None, out_shape=None, *, grid=None, in_specs=None, out_specs=None,
     Without ``fn``, returns a decorator. The returned :class:`JaxOp` takes the
     input tensors positionally.
     """
+
     def make(f):
-        return JaxOp(f, out_shape, grid=grid, in_specs=in_specs, out_specs=out_specs, pallas=pallas, flops=flops,
-                     mxu=mxu, name=name)
+        return JaxOp(
+            f,
+            out_shape,
+            grid=grid,
+            in_specs=in_specs,
+            out_specs=out_specs,
+            pallas=pallas,
+            flops=flops,
+            mxu=mxu,
+            name=name,
+        )
 
     return make if fn is None else make(fn)

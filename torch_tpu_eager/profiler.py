@@ -5,6 +5,7 @@ record, costed on the active target (see :mod:`torch_tpu_eager.target`). Times
 are simulated device seconds, laid back to back on a simulated timeline; they
 say what the program would take on the chip, not how long the host took.
 """
+
 import json
 import sys
 
@@ -107,9 +108,18 @@ class profile:
         keys = ("sim_time_s", "compute_s", "memory_s", "flops", "bytes_read", "bytes_written", "padding_bytes")
         rows: dict[str, dict] = {}
         for k in self.kernels:
-            row = rows.setdefault(k["name"], {"name": k["name"], "calls": 0, "ops": k["ops"], "tiling": None,
-                                              "kind": k.get("kind", "kernel"), "_slowest": -1.0,
-                                              **{x: 0 for x in keys}})
+            row = rows.setdefault(
+                k["name"],
+                {
+                    "name": k["name"],
+                    "calls": 0,
+                    "ops": k["ops"],
+                    "tiling": None,
+                    "kind": k.get("kind", "kernel"),
+                    "_slowest": -1.0,
+                    **{x: 0 for x in keys},
+                },
+            )
             if k.get("tiling") and k["sim_time_s"] > row["_slowest"]:
                 row["tiling"], row["_slowest"] = k["tiling"], k["sim_time_s"]
             row["calls"] += 1
@@ -134,9 +144,11 @@ class profile:
             rows = rows[:row_limit]
         total = self.total_sim_time_s or 1.0
         width = max([len("kernel")] + [min(len(r["name"]), 48) for r in rows])
-        head = (f"{'kernel':<{width}}  {'calls':>5}  {'sim us':>10}  {'mean us':>9}  {'%':>5}  {'GFLOP':>9}  "
-                f"{'HBM MB':>9}  {'pad MB':>8}  {'TFLOP/s':>8}  {'bound':<7}  {'grid':>12}  {'VMEM MiB':>8}  "
-                f"{'reread MB':>9}  {'MXU %':>5}")
+        head = (
+            f"{'kernel':<{width}}  {'calls':>5}  {'sim us':>10}  {'mean us':>9}  {'%':>5}  {'GFLOP':>9}  "
+            f"{'HBM MB':>9}  {'pad MB':>8}  {'TFLOP/s':>8}  {'bound':<7}  {'grid':>12}  {'VMEM MiB':>8}  "
+            f"{'reread MB':>9}  {'MXU %':>5}"
+        )
         lines = [head, "-" * len(head)]
         for r in rows:
             hbm = r["bytes_read"] + r["bytes_written"] + r["padding_bytes"]
@@ -152,8 +164,10 @@ class profile:
                 f"{bound:<7}  {_tiling_cells(r['tiling'])}"
             )
         targets = sorted({k["target"] for k in self.kernels})
-        lines.append(f"{len(self.kernels)} kernels, {self.total_sim_time_s * 1e6:.2f} us simulated on "
-                     f"{', '.join(targets) or '-'}")
+        lines.append(
+            f"{len(self.kernels)} kernels, {self.total_sim_time_s * 1e6:.2f} us simulated on "
+            f"{', '.join(targets) or '-'}"
+        )
         text = "\n".join(lines)
         if file is not None:
             print(text, file=file)
@@ -166,24 +180,63 @@ class profile:
         counters in ``args``.
         """
         events = [
-            {"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
-             "args": {"name": "tpu (simulated: " + ", ".join(sorted({k["target"] for k in self.kernels})) + ")"}},
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": 0,
+                "tid": 0,
+                "args": {"name": "tpu (simulated: " + ", ".join(sorted({k["target"] for k in self.kernels})) + ")"},
+            },
             {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "kernels"}},
         ]
         if any(k.get("kind") == "collective" for k in self.kernels):
-            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": 1,
-                           "args": {"name": "collectives (ICI)"}})
+            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": 1, "args": {"name": "collectives (ICI)"}})
         for k in self.kernels:
             if k.get("kind") == "collective":
-                events.append({"name": k["name"], "cat": "collective", "ph": "X", "pid": 0, "tid": 1,
-                               "ts": k["start_s"] * 1e6, "dur": k["sim_time_s"] * 1e6,
-                               "args": {"target": k["target"], **k["collective"]}})
+                events.append(
+                    {
+                        "name": k["name"],
+                        "cat": "collective",
+                        "ph": "X",
+                        "pid": 0,
+                        "tid": 1,
+                        "ts": k["start_s"] * 1e6,
+                        "dur": k["sim_time_s"] * 1e6,
+                        "args": {"target": k["target"], **k["collective"]},
+                    }
+                )
                 continue
-            args = {x: k[x] for x in ("ops", "shapes", "bytes_read", "bytes_written", "padding_bytes", "flops",
-                                      "mxu_flops", "compute_s", "memory_s", "target", "cache_hit", "failed",
-                                      "tiling")}
-            events.append({"name": k["name"], "cat": "kernel", "ph": "X", "pid": 0, "tid": 0,
-                           "ts": k["start_s"] * 1e6, "dur": k["sim_time_s"] * 1e6, "args": args})
+            args = {
+                x: k[x]
+                for x in (
+                    "ops",
+                    "shapes",
+                    "bytes_read",
+                    "bytes_written",
+                    "padding_bytes",
+                    "flops",
+                    "mxu_flops",
+                    "compute_s",
+                    "memory_s",
+                    "target",
+                    "cache_hit",
+                    "failed",
+                    "tiling",
+                )
+            }
+            events.append(
+                {
+                    "name": k["name"],
+                    "cat": "kernel",
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": 0,
+                    "ts": k["start_s"] * 1e6,
+                    "dur": k["sim_time_s"] * 1e6,
+                    "args": args,
+                }
+            )
         with open(path, "w") as f:
-            json.dump({"traceEvents": events, "displayTimeUnit": "ns",
-                       "otherData": {"clock": "simulated device time"}}, f)
+            json.dump(
+                {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"clock": "simulated device time"}}, f
+            )

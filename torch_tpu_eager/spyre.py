@@ -14,6 +14,7 @@ Inspection of the Spyre target's work: :func:`dump_ktir` (tile programs),
 :func:`last_schedule` / :func:`dump_schedule` (dataflow schedules) and
 :func:`job_plan` / :func:`dump_job_plan` (the flush's job plan); see docs/spyre.md.
 """
+
 import json
 
 import torch

@@ -7,6 +7,7 @@ executor (peak FLOP/s, HBM bandwidth, MXU size, ...) and the HBM capacity that
 allocations are checked against. Choose it with :func:`set_target` or, before
 import, the environment variable ``TORCH_TPU_TARGET`` (default ``"tpu-v5e"``).
 """
+
 import functools
 import json
 import os
@@ -18,30 +19,30 @@ _DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets")
 
 # Parameters a "tpu" data file must give (see targets/tpu-v5e.json).
 _TPU_PARAMS = (
-    "tensor_cores",      # TensorCores per chip
-    "mxus_per_core",     # MXUs per TensorCore
-    "mxu_size",          # an MXU is mxu_size x mxu_size
-    "sublanes",          # vector register rows
-    "lanes",             # vector register lanes
-    "peak_bf16_flops",   # FLOP/s per chip
-    "hbm_bandwidth",     # bytes/s
-    "hbm_bytes",         # bytes
-    "vmem_bytes",        # bytes per TensorCore
-    "launch_s",          # seconds per kernel
+    "tensor_cores",  # TensorCores per chip
+    "mxus_per_core",  # MXUs per TensorCore
+    "mxu_size",  # an MXU is mxu_size x mxu_size
+    "sublanes",  # vector register rows
+    "lanes",  # vector register lanes
+    "peak_bf16_flops",  # FLOP/s per chip
+    "hbm_bandwidth",  # bytes/s
+    "hbm_bytes",  # bytes
+    "vmem_bytes",  # bytes per TensorCore
+    "launch_s",  # seconds per kernel
 )
 
 # Interconnect (ICI) numbers a "tpu" data file must give in ``params``, and facts in
 # its ``interconnect`` section; the collective cost model (torch_tpu_eager.ici) reads
 # them, the executor does not.
 _ICI_PARAMS = (
-    "ici_link_bandwidth",   # bytes/s per link per direction
-    "ici_links",            # links (ports) per chip
-    "ici_hop_latency_s",    # seconds per hop
+    "ici_link_bandwidth",  # bytes/s per link per direction
+    "ici_links",  # links (ports) per chip
+    "ici_hop_latency_s",  # seconds per hop
 )
 _ICI_FACTS = (
-    "ici_topology",         # "2d_torus" or "3d_torus"
+    "ici_topology",  # "2d_torus" or "3d_torus"
     "ici_max_slice_shape",  # chips per axis of the largest slice
-    "ici_wraparound",       # when an axis has its wraparound link: {"rule": ..., "n": ...}
+    "ici_wraparound",  # when an axis has its wraparound link: {"rule": ..., "n": ...}
 )
 
 # Parameters a "spyre" data file must give (see targets/spyre.json).
@@ -157,19 +158,21 @@ def set_target(name: str) -> None:
     _check_name(name)
     info = target_info(name)
     if info["kind"] == "spyre":
-        _C._set_spyre_target({
-            "name": name,
-            "cores": int(info["cores"]),
-            "corelets_per_core": int(info["corelets_per_core"]),
-            "lx_bytes_per_core": int(info["lx_bytes_per_core"]),
-            "lx_usable_bytes_per_core": int(info["lx_usable_bytes_per_core"]),
-            "dram_bytes": int(info["dram_bytes"]),
-            "stick_bytes": int(info["stick_bytes"]),
-            "matmul_macs_per_s_per_core": info["matmul_sustained_mac_per_ns_per_core"] * 1e9,
-            "vector_elems_per_s_per_core": info["vector_elems_per_us_per_core"] * 1e6,
-            "dram_bandwidth": info["dram_bandwidth_mixed"],
-            "overlap": info["overlap_factor"],
-        })
+        _C._set_spyre_target(
+            {
+                "name": name,
+                "cores": int(info["cores"]),
+                "corelets_per_core": int(info["corelets_per_core"]),
+                "lx_bytes_per_core": int(info["lx_bytes_per_core"]),
+                "lx_usable_bytes_per_core": int(info["lx_usable_bytes_per_core"]),
+                "dram_bytes": int(info["dram_bytes"]),
+                "stick_bytes": int(info["stick_bytes"]),
+                "matmul_macs_per_s_per_core": info["matmul_sustained_mac_per_ns_per_core"] * 1e9,
+                "vector_elems_per_s_per_core": info["vector_elems_per_us_per_core"] * 1e6,
+                "dram_bandwidth": info["dram_bandwidth_mixed"],
+                "overlap": info["overlap_factor"],
+            }
+        )
         return
     params = {k: info[k] for k in _TPU_PARAMS}
     params["hbm_bytes"] = int(params["hbm_bytes"])

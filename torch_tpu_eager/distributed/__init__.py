@@ -9,6 +9,7 @@ all give collectives on "tpu" tensors. See docs/distributed.md and
 
 Public: :data:`BACKEND_NAME`, :func:`collective_metrics`, :func:`reset_collective_metrics`.
 """
+
 from .backend import BACKEND_NAME, collective_metrics, register, reset_collective_metrics  # noqa: F401
 
 __all__ = ["BACKEND_NAME", "collective_metrics", "reset_collective_metrics"]

@@ -34,6 +34,7 @@ no arithmetic of its own (ReduceOp.AVG is gloo's; ReduceOp.PREMUL_SUM raises glo
 "Cannot use ReduceOp.PREMUL_SUM with Gloo": its factor is not visible to a kernel of
 the boxed op).
 """
+
 import datetime
 import threading
 import warnings
@@ -116,8 +117,7 @@ def collective_metrics() -> dict:
     ``{"count", "bytes", "time_s"}``.
     """
     with _lock:
-        return {k: ({o: dict(v) for o, v in val.items()} if k == "per_op" else val)
-                for k, val in _metrics.items()}
+        return {k: ({o: dict(v) for o, v in val.items()} if k == "per_op" else val) for k, val in _metrics.items()}
 
 
 def reset_collective_metrics() -> None:
@@ -127,6 +127,7 @@ def reset_collective_metrics() -> None:
 
 
 # ---- helpers of the kernels ----
+
 
 def _check(tensors):
     """Every tensor must be a dense "tpu" tensor (as NCCL requires CUDA dense tensors)."""
@@ -217,6 +218,7 @@ def _finish_later(work, pairs):
 
 
 # ---- kernels of the c10d ops for the PrivateUse1 ("tpu") dispatch key ----
+
 
 def _allreduce(tensors, process_group, reduce_op, sparse_indices=None, async_op=True, timeout=-1):
     _check(tensors)
@@ -316,8 +318,9 @@ def _reduce_scatter(output_tensors, input_tensors, process_group, reduce_op, asy
     pg, be = _unbox(process_group)
     h_out = [_host_empty(t) for t in output_tensors]
     h_in = [[_to_host(t) for t in ins] for ins in input_tensors]
-    _charge_collective("reduce_scatter", sum(_nbytes(ins) for ins in input_tensors), pg.size(),
-                       output_tensors[0].device)
+    _charge_collective(
+        "reduce_scatter", sum(_nbytes(ins) for ins in input_tensors), pg.size(), output_tensors[0].device
+    )
     opts = _timeout(ReduceScatterOptions(), timeout)
     opts.reduceOp = _reduce_op(reduce_op)
     w = be.reduce_scatter(h_out, h_in, opts)
@@ -358,14 +361,14 @@ def _alltoall(output_tensors, input_tensors, process_group, async_op=True, timeo
     return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors)
 
 
-def _alltoall_base(output, input, process_group, output_split_sizes, input_split_sizes, async_op=True,
-                   timeout=-1):
+def _alltoall_base(output, input, process_group, output_split_sizes, input_split_sizes, async_op=True, timeout=-1):
     _check([output, input])
     pg, be = _unbox(process_group)
     h_in, h_out = _to_host(input), _host_empty(output)
     _charge_collective("all_to_all", _nbytes([input]), pg.size(), input.device)
-    w = be.alltoall_base(h_out, h_in, list(output_split_sizes), list(input_split_sizes),
-                         _timeout(AllToAllOptions(), timeout))
+    w = be.alltoall_base(
+        h_out, h_in, list(output_split_sizes), list(input_split_sizes), _timeout(AllToAllOptions(), timeout)
+    )
     return _finish(w, [(output, h_out)], [output])
 
 
@@ -465,10 +468,12 @@ def _create_backend(opts, backend_options):
     """
     from torch._C._distributed_c10d import _ProcessGroupWrapper
 
-    transport = dist.ProcessGroupGloo(dist.PrefixStore(f"{BACKEND_NAME}/", opts.store),
-                                      opts.group_rank, opts.group_size, opts.timeout)
-    checker = dist.ProcessGroupGloo(dist.PrefixStore(f"{BACKEND_NAME}_check/", opts.store),
-                                    opts.group_rank, opts.group_size, opts.timeout)
+    transport = dist.ProcessGroupGloo(
+        dist.PrefixStore(f"{BACKEND_NAME}/", opts.store), opts.group_rank, opts.group_size, opts.timeout
+    )
+    checker = dist.ProcessGroupGloo(
+        dist.PrefixStore(f"{BACKEND_NAME}_check/", opts.store), opts.group_rank, opts.group_size, opts.timeout
+    )
     return _ProcessGroupWrapper(transport, checker)
 
 
@@ -501,16 +506,40 @@ def _patch_undefined_backend():
 
     original = c10d._new_process_group_helper
 
-    def _new_process_group_helper(group_size, group_rank, global_ranks_in_group, backend, store,
-                                  group_name, backend_options=None, timeout=None, pg_tag=None,
-                                  device_id=None, group_desc=None):
+    def _new_process_group_helper(
+        group_size,
+        group_rank,
+        global_ranks_in_group,
+        backend,
+        store,
+        group_name,
+        backend_options=None,
+        timeout=None,
+        pg_tag=None,
+        device_id=None,
+        group_desc=None,
+    ):
         if str(backend) == dist.Backend.UNDEFINED:
             picked = c10d.BackendConfig(backend).get_device_backend_map()
             if set(picked.values()) == {BACKEND_NAME}:
                 backend = dist.Backend(BACKEND_NAME)
-        return original(group_size, group_rank, global_ranks_in_group, backend, store, group_name,
-                        backend_options=backend_options, timeout=timeout, pg_tag=pg_tag,
-                        device_id=device_id, group_desc=group_desc)
+        return original(
+            group_size,
+            group_rank,
+            global_ranks_in_group,
+            backend,
+            store,
+            group_name,
+            backend_options=backend_options,
+            timeout=timeout,
+            pg_tag=pg_tag,
+            device_id=device_id,
+            group_desc=group_desc,
+        )
 
-    _torch_patches.patch(c10d, "_new_process_group_helper", _new_process_group_helper,
-                         why="init_process_group() picks tpu_ccl as the group's default backend")
+    _torch_patches.patch(
+        c10d,
+        "_new_process_group_helper",
+        _new_process_group_helper,
+        why="init_process_group() picks tpu_ccl as the group's default backend",
+    )

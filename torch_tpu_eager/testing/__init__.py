@@ -6,6 +6,7 @@ and on "tpu" and compares the outcomes (values, dtypes, shapes, raised exception
 The names below are loaded on first use, so importing this package stays cheap and
 ``python -m`` does not import the module twice.
 """
+
 import importlib
 
 __all__ = [

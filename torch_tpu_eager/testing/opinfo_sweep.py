@@ -21,6 +21,7 @@ Typical use::
     op = next(o for o in load_op_db() if o.name == "add")
     print(sweep_op(op, torch.float32))
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,21 +37,45 @@ import torch_tpu_eager
 
 # OpInfos whose outputs are random draws: CPU and "tpu" use different generators, so the
 # values cannot be compared sample by sample.
-RANDOM_OPS = frozenset({
-    "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial",
-    "normal", "normal.in_place", "normal.number_mean", "uniform",
-    "rand_like", "randint", "randint_like", "randn", "randn_like",
-    "nn.functional.alpha_dropout", "nn.functional.dropout", "nn.functional.dropout2d",
-    "nn.functional.dropout3d", "nn.functional.feature_alpha_dropout.with_train",
-    "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
-    "nn.functional.rrelu",
-})
+RANDOM_OPS = frozenset(
+    {
+        "bernoulli",
+        "cauchy",
+        "exponential",
+        "geometric",
+        "log_normal",
+        "multinomial",
+        "normal",
+        "normal.in_place",
+        "normal.number_mean",
+        "uniform",
+        "rand_like",
+        "randint",
+        "randint_like",
+        "randn",
+        "randn_like",
+        "nn.functional.alpha_dropout",
+        "nn.functional.dropout",
+        "nn.functional.dropout2d",
+        "nn.functional.dropout3d",
+        "nn.functional.feature_alpha_dropout.with_train",
+        "nn.functional.fractional_max_pool2d",
+        "nn.functional.fractional_max_pool3d",
+        "nn.functional.rrelu",
+    }
+)
 
 # OpInfos that return uninitialized memory: only metadata is defined, not values.
-UNINITIALIZED_OPS = frozenset({
-    "empty", "empty_like", "empty_permuted", "empty_strided", "new_empty",
-    "new_empty_strided",
-})
+UNINITIALIZED_OPS = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "empty_permuted",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+    }
+)
 
 # Tolerance for float16/bfloat16 when the OpInfo declares none: half precision keeps
 # ~3 significant digits, and CPU and the device may round intermediates differently.
@@ -66,6 +91,7 @@ def load_op_db() -> list:
     """
     assert torch_tpu_eager is not None
     from torch.testing._internal.common_methods_invocations import op_db
+
     return list(op_db)
 
 
@@ -372,14 +398,22 @@ def _compare(expected: Any, actual: Any, device: str, tol: tuple, path: str = "o
             raise AssertionError(f"{path}: dtype {actual.dtype} != CPU {expected.dtype}")
         if actual.shape != expected.shape:
             raise AssertionError(f"{path}: shape {tuple(actual.shape)} != CPU {tuple(expected.shape)}")
-        torch.testing.assert_close(actual.detach().to("cpu"), expected.detach(), rtol=rtol, atol=atol,
-                                   equal_nan=True, check_device=False,
-                                   msg=lambda m: f"{path}: {m}")
+        torch.testing.assert_close(
+            actual.detach().to("cpu"),
+            expected.detach(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
+            check_device=False,
+            msg=lambda m: f"{path}: {m}",
+        )
         return
     if isinstance(expected, (list, tuple)):
         if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
-            raise AssertionError(f"{path}: structure differs: CPU {type(expected).__name__} of "
-                                 f"{len(expected)}, device {type(actual).__name__}")
+            raise AssertionError(
+                f"{path}: structure differs: CPU {type(expected).__name__} of "
+                f"{len(expected)}, device {type(actual).__name__}"
+            )
         for i, (e, a) in enumerate(zip(expected, actual)):
             _compare(e, a, device, tol, f"{path}[{i}]")
         return
@@ -397,8 +431,9 @@ def _compare(expected: Any, actual: Any, device: str, tol: tuple, path: str = "o
     if isinstance(expected, float) and isinstance(actual, float):
         if math.isnan(expected) and math.isnan(actual):
             return
-        ok = math.isclose(actual, expected, rel_tol=rtol if rtol is not None else 1.3e-6,
-                          abs_tol=atol if atol is not None else 1e-5)
+        ok = math.isclose(
+            actual, expected, rel_tol=rtol if rtol is not None else 1.3e-6, abs_tol=atol if atol is not None else 1e-5
+        )
         if not ok:
             raise AssertionError(f"{path}: {actual!r} != CPU {expected!r}")
         return
@@ -412,6 +447,7 @@ def _numel(obj: Any) -> int:
 
 def _describe(sample) -> str:
     """Short description of a sample: tensor shapes/dtypes/strides and other arguments."""
+
     def d(x):
         if isinstance(x, torch.Tensor):
             s = f"T{tuple(x.shape)}:{str(x.dtype).replace('torch.', '')}"
@@ -421,6 +457,7 @@ def _describe(sample) -> str:
         if isinstance(x, dict):
             return "{" + ", ".join(f"{k}={d(v)}" for k, v in x.items()) + "}"
         return repr(x)
+
     return f"input={d(sample.input)} args={d(list(sample.args))} kwargs={d(sample.kwargs)}"
 
 
@@ -473,8 +510,10 @@ class OpResult:
     def summary(self) -> str:
         """One line: name, dtype, counts and the first failure's first line."""
         layout = "-noncontig" if self.noncontiguous else ""
-        s = (f"{self.op_name} {self.dtype}{layout}: {self.passed} passed, {self.failed} failed, "
-             f"{self.errors} errors, {self.skipped} skipped ({self.seconds:.2f}s)")
+        s = (
+            f"{self.op_name} {self.dtype}{layout}: {self.passed} passed, {self.failed} failed, "
+            f"{self.errors} errors, {self.skipped} skipped ({self.seconds:.2f}s)"
+        )
         if self.skip_reason:
             s += f" [skipped: {self.skip_reason}]"
         first = self.first_failure
@@ -533,20 +572,27 @@ def run_sample(op, sample, device: str, tol: tuple) -> tuple:
         if dev_exc is None:
             return "fail", f"CPU raised {_short(cpu_exc, 300)}; device did not raise"
         if not isinstance(dev_exc, type(cpu_exc)):
-            return "fail", (f"CPU raised {type(cpu_exc).__name__}, device raised {_short(dev_exc)}"
-                            f" (CPU: {_short(cpu_exc, 200)})")
+            return "fail", (
+                f"CPU raised {type(cpu_exc).__name__}, device raised {_short(dev_exc)} (CPU: {_short(cpu_exc, 200)})"
+            )
         return "pass", None
     if dev_exc is not None:
         return "error", _short(dev_exc)
     try:
         _compare(expected, actual, target, tol)
-        _compare(_tensor_leaves((sample.input, sample.args, sample.kwargs)),
-                 _tensor_leaves((dev_input, dev_args, dev_kwargs)), target, tol, "inputs after call")
+        _compare(
+            _tensor_leaves((sample.input, sample.args, sample.kwargs)),
+            _tensor_leaves((dev_input, dev_args, dev_kwargs)),
+            target,
+            tol,
+            "inputs after call",
+        )
     except AssertionError as e:
         if probe.seeded:
             # CPU and the device draw from different generators: a mismatch says nothing.
-            raise _SkipSample("draws random numbers (" + ", ".join(sorted(probe.seeded))
-                              + ") and outputs differ") from None
+            raise _SkipSample(
+                "draws random numbers (" + ", ".join(sorted(probe.seeded)) + ") and outputs differ"
+            ) from None
         return "fail", str(e)[:1500]
     except Exception as e:  # noqa: BLE001 - e.g. the read-back itself raised
         return "error", "reading results: " + _short(e)
@@ -581,8 +627,9 @@ def _grads(op, sample_args: tuple, device: str) -> Optional[list]:
     outs = [t for t in _tensor_leaves(op(inp, *args, **kwargs)) if t.requires_grad]
     if not outs or not leaves:
         return None
-    weights = [torch.linspace(-1, 1, t.numel(), dtype=torch.float32).reshape(t.shape).to(t.dtype).to(t.device)
-               for t in outs]
+    weights = [
+        torch.linspace(-1, 1, t.numel(), dtype=torch.float32).reshape(t.shape).to(t.dtype).to(t.device) for t in outs
+    ]
     grads = torch.autograd.grad(outs, leaves, grad_outputs=weights, allow_unused=True)
     return [None if g is None else g for g in grads]
 
@@ -618,9 +665,18 @@ def run_sample_grad(op, sample, device: str, tol: tuple) -> tuple:
     return "pass", None
 
 
-def sweep_op(op, dtype: torch.dtype, device: str = "tpu", *, noncontiguous: bool = False,
-             max_numel: int = 1_000_000, max_samples: Optional[int] = None,
-             stop_at_first_failure: bool = False, keep_failures: int = 5, grads: bool = False) -> OpResult:
+def sweep_op(
+    op,
+    dtype: torch.dtype,
+    device: str = "tpu",
+    *,
+    noncontiguous: bool = False,
+    max_numel: int = 1_000_000,
+    max_samples: Optional[int] = None,
+    stop_at_first_failure: bool = False,
+    keep_failures: int = 5,
+    grads: bool = False,
+) -> OpResult:
     """Runs every sample of ``op`` for ``dtype`` on CPU and on ``device`` and compares.
 
     ``noncontiguous=True`` transforms each sample with ``sample.noncontiguous()`` first.
@@ -680,16 +736,22 @@ def sweep_op(op, dtype: torch.dtype, device: str = "tpu", *, noncontiguous: bool
     return res
 
 
-def sweep(ops: Optional[Iterable] = None, dtypes: Iterable[torch.dtype] = (torch.float32,),
-          device: str = "tpu", *, covered_only: bool = True, noncontiguous: bool = False,
-          **kwargs) -> list:
+def sweep(
+    ops: Optional[Iterable] = None,
+    dtypes: Iterable[torch.dtype] = (torch.float32,),
+    device: str = "tpu",
+    *,
+    covered_only: bool = True,
+    noncontiguous: bool = False,
+    **kwargs,
+) -> list:
     """Sweeps OpInfos (default: all of op_db) for each dtype; returns OpResults.
 
     With ``covered_only`` OpInfos that reach no registered overload are left out.
     Extra keyword arguments go to :func:`sweep_op`.
     """
     results = []
-    for op in (load_op_db() if ops is None else ops):
+    for op in load_op_db() if ops is None else ops:
         if covered_only and not coverage(op).covered:
             continue
         for dtype in dtypes:
@@ -718,23 +780,25 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--noncontig", action="store_true", help="non-contiguous samples")
     parser.add_argument("--only", nargs="*", default=None, help="OpInfo names to sweep")
     parser.add_argument("--exclude", nargs="*", default=(), help="OpInfo names to leave out")
-    parser.add_argument("--all", action="store_true",
-                        help="also sweep OpInfos that reach no registered overload")
+    parser.add_argument("--all", action="store_true", help="also sweep OpInfos that reach no registered overload")
     parser.add_argument("--json", default=None, help="write every OpResult to this file")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)  # tiny samples: a second intra-op thread only spins
 
     dtypes = [getattr(torch, d.strip()) for d in args.dtypes.split(",") if d.strip()]
-    ops = [op for op in load_op_db()
-           if (args.only is None or op_key(op) in args.only) and op_key(op) not in args.exclude]
+    ops = [
+        op for op in load_op_db() if (args.only is None or op_key(op) in args.only) and op_key(op) not in args.exclude
+    ]
     results = sweep(ops, dtypes, covered_only=not args.all, noncontiguous=args.noncontig)
     for dtype in dtypes:
         rs = [r for r in results if r.dtype == str(dtype).replace("torch.", "") and not r.skip_reason]
         p, f, e = (sum(getattr(r, k) for r in rs) for k in ("passed", "failed", "errors"))
         n = p + f + e
-        print(f"{dtype}: {len(rs)} OpInfos, {n} samples: {p} passed, {f} failed, {e} errors"
-              f" ({100.0 * p / max(n, 1):.2f}% pass), {sum(r.skipped for r in rs)} skipped")
+        print(
+            f"{dtype}: {len(rs)} OpInfos, {n} samples: {p} passed, {f} failed, {e} errors"
+            f" ({100.0 * p / max(n, 1):.2f}% pass), {sum(r.skipped for r in rs)} skipped"
+        )
     bad = [r for r in results if not r.ok]
     for r in bad:
         print(f"({r.op_name!r}, {_case_name(r)!r}): {r.failed} failed, {r.errors} errors of {r.total}")
