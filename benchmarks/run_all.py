@@ -14,9 +14,9 @@ benchmark first checks its result against CPU PyTorch and is not timed if that f
 3. bytes moved by chain16 on "tpu" (the ``bytes_read`` + ``bytes_materialized`` counters
    per run) against the floor of reading its input once and writing its output once.
 4. softmax over the last dim, layer_norm (with weight and bias) and layer_norm of a sum
-   ``F.layer_norm(x + r)`` on 4096x1024 float32, "tpu" vs CPU eager, twice: result read to the host (the tpu figure then includes a
-   16 MB device-to-host copy that CPU eager does not make), and result left on the
-   device (``torch.tpu.synchronize()``, as device benchmarks time kernels); then
+   ``F.layer_norm(x + r)`` on 4096x1024 float32, "tpu" vs CPU eager, twice: result read to
+   the host (the tpu figure then includes a 16 MB device-to-host copy that CPU eager does
+   not make), and result left on the device (``torch.tpu.synchronize()``, as device benchmarks time kernels); then
    ``torch.logsumexp(x * 2 + b, -1)`` on 4096x1024 float32, result read to the host
    (checked bit for bit against CPU).
 5. digits MLP training step (64-128-64-10, batch 64, Adam), loss read every 10 steps.

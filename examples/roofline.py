@@ -3,8 +3,9 @@
 For every target, prints the simulated time of square matmuls (bf16, and float32 at
 matmul precision "highest" = 6 bf16 MXU passes and "medium" = 1 pass) and the fraction
 of the chip's 16-bit peak they reach (TPU: the bf16 MXU peak; Spyre: the df16 PE-array
-peak); then one training step (forward, loss, backward, Adam) of the 64-128-64-10 MLP of train_digits.py on synthetic data. Times come from
-the simulator's cost model (torch_tpu_eager.profile), not from the host clock.
+peak); then one training step (forward, loss, backward, Adam) of the 64-128-64-10 MLP of
+train_digits.py on synthetic data. Times come from the simulator's cost model
+(torch_tpu_eager.profile), not from the host clock.
 
     python examples/roofline.py                  # every target, n = 128 .. 2048
     python examples/roofline.py --quick          # two targets, n <= 512 (for tests)
@@ -133,9 +134,8 @@ def run_target(name, sizes):
         for n in sizes:
             t, flops, hbm, ks = matmul_point(n, dtype, precision)
             bound = "compute" if sum(k["compute_s"] for k in ks) >= sum(k["memory_s"] for k in ks) else "memory"
-            print(
-                f"  {label:<12} {n:>5} {t * 1e6:>10.2f} {flops / t / 1e12:>9.2f} {100 * flops / t / peak:>8.1f}%  {bound}"
-            )
+            tflops, pct = flops / t / 1e12, 100 * flops / t / peak
+            print(f"  {label:<12} {n:>5} {t * 1e6:>10.2f} {tflops:>9.2f} {pct:>8.1f}%  {bound}")
             points.append((label, flops / hbm, flops / t))
     t, flops, hbm, ks = mlp_step_point()
     mem_bound = sum(k["memory_s"] > k["compute_s"] for k in ks)

@@ -9,8 +9,9 @@ Public API: :func:`metrics`, :func:`reset_metrics`, :func:`synchronize`,
 :class:`EagerMode`, :func:`set_eager_mode`, :func:`set_queue_limits`,
 :func:`op_table`, :func:`set_cache_dir` / :func:`cache_dir` (on-disk cache,
 env var ``TORCH_TPU_CACHE_DIR``), :func:`set_target` / :func:`get_target` / :func:`list_targets` /
-:func:`target_info` (the simulated chip), :mod:`torch_tpu_eager.ici` (collective costs on the chip interconnect), :func:`set_fused_math` / :func:`fused_math`
-(float32 math routines of fused loops), :class:`profile` (simulated kernel profiler), plus ``torch.tpu`` (see :mod:`torch_tpu_eager.device`).
+:func:`target_info` (the simulated chip), :mod:`torch_tpu_eager.ici` (collective costs on the chip
+interconnect), :func:`set_fused_math` / :func:`fused_math` (float32 math routines of fused loops),
+:class:`profile` (simulated kernel profiler), plus ``torch.tpu`` (see :mod:`torch_tpu_eager.device`).
 """
 
 import torch

@@ -56,8 +56,8 @@ def metrics_report() -> str:
     """A text report of the device's counters and timers, like torch_xla's ``metrics_report()``.
 
     Counters are those of :func:`metrics` (flush causes included), then one per ATen
-    op that ran through the CPU fallback (``cpu_fallback.<overload>``). Timers: ``flush`` (host time of each flush, all of
-    its regions), ``compile`` (host time compiling regions, per flush that compiled),
+    op that ran through the CPU fallback (``cpu_fallback.<overload>``). Timers: ``flush``
+    (host time of each flush, all of its regions), ``compile`` (host time compiling regions, per flush that compiled),
     each with its count, total and the 50th/90th/99th percentiles of a uniform sample
     of at most 4096 durations, in milliseconds. Does not flush.
     """
