@@ -52,7 +52,8 @@ setup(
         CppExtension(
             name="torch_tpu_eager._C",
             sources=sources,
-            # + libkineto's headers, shipped with torch: the torch.profiler device tracer (csrc/device/kineto_profiler.cpp)
+            # + libkineto's headers, shipped with torch: the torch.profiler device tracer
+            # (csrc/device/kineto_profiler.cpp)
             include_dirs=[os.path.join(ROOT, "csrc")] + [os.path.join(p, "kineto") for p in include_paths()[:1]],
             extra_compile_args={"cxx": cxx_flags},
             extra_link_args=["-fopenmp"],

@@ -62,7 +62,8 @@ def main(argv=None):
                 )
             s, t = med["spyre"], med["tpu-v5e"]
             print(
-                f"{str(dtype):15s} spyre {s * 1e3:8.2f} ms  tpu-v5e {t * 1e3:8.2f} ms  ratio {s / t:5.2f}x (target <= 3x)"
+                f"{str(dtype):15s} spyre {s * 1e3:8.2f} ms  tpu-v5e {t * 1e3:8.2f} ms  "
+                f"ratio {s / t:5.2f}x (target <= 3x)"
             )
     finally:
         tte.set_target(before)

@@ -68,7 +68,6 @@ def _df16_sum(x, y, dtype):
     dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
 )
 def test_tiles_fit_lx_and_cover_the_share(spyre_target, rows, cols, dtype):
-    from torch_tpu_eager import spyre
 
     info = _info()
     x = torch.randn(rows, cols).to(dtype)
@@ -91,7 +90,6 @@ def test_tiles_fit_lx_and_cover_the_share(spyre_target, rows, cols, dtype):
 
 
 def test_16bit_add_matches_df16_rounded_cpu(spyre_target):
-    from torch_tpu_eager import spyre
 
     x, y = torch.randn(40, 300).half(), torch.randn(40, 300).half()
     got = (x.to("tpu") + y.to("tpu")).cpu()

@@ -195,7 +195,7 @@ def _shape_for(n, info):
     return None if best is None else best[1]
 
 
-def slice_shape(group_size: int, target: str = None) -> tuple:
+def slice_shape(group_size: int, target: str | None = None) -> tuple:
     """The slice shape (chips per axis, ascending) a group of ``group_size`` chips is
     laid out on: the most balanced one that fits the chip's largest slice, e.g.
     ``(2, 4)`` for 8 chips of v5e, ``(2, 2, 2)`` of v4, ``(16, 16)`` for 256 of v5e;
@@ -336,7 +336,7 @@ def _all_to_all_plan(shape, wrap, nbytes):
     return [p]
 
 
-def collective_cost(op: str, nbytes: int, group_size: int, target: str = None) -> CollectiveCost:
+def collective_cost(op: str, nbytes: int, group_size: int, target: str | None = None) -> CollectiveCost:
     """The simulated cost of collective ``op`` over ``group_size`` chips of ``target``.
 
     ``op``: one of ``all_reduce``, ``reduce_scatter``, ``all_gather``, ``broadcast``,
@@ -391,7 +391,7 @@ def collective_cost(op: str, nbytes: int, group_size: int, target: str = None) -
     )
 
 
-def collective_time(op: str, nbytes: int, group_size: int, target: str = None) -> float:
+def collective_time(op: str, nbytes: int, group_size: int, target: str | None = None) -> float:
     """Simulated seconds of collective ``op`` on ``nbytes`` bytes over ``group_size``
     chips of ``target`` (default: the active one): :func:`collective_cost` ``.time_s``.
     Raises as :func:`collective_cost`.

@@ -2,7 +2,8 @@
 
 Each chip is one data file, ``torch_tpu_eager/targets/<name>.json``, holding every
 number with its unit and its source (``params``), and the interconnect facts that are
-not a number (topology, largest slice shape, wraparound rule) likewise (``interconnect``). The active target sets the cost model of the
+not a number (topology, largest slice shape, wraparound rule) likewise (``interconnect``).
+The active target sets the cost model of the
 executor (peak FLOP/s, HBM bandwidth, MXU size, ...) and the HBM capacity that
 allocations are checked against. Choose it with :func:`set_target` or, before
 import, the environment variable ``TORCH_TPU_TARGET`` (default ``"tpu-v5e"``).
@@ -109,7 +110,8 @@ def target_info(name: str | None = None) -> dict:
 
     Keys are the data file's parameters (units: bytes, bytes/s, FLOP/s, seconds;
     see ``sources``) and interconnect facts (``ici_topology``, ``ici_max_slice_shape``,
-    ``ici_wraparound``; Spyre: ``card_interconnect``, None) plus derived ``clock_hz`` (clock implied by the bf16 peak) and
+    ``ici_wraparound``; Spyre: ``card_interconnect``, None) plus derived ``clock_hz``
+    (clock implied by the bf16 peak) and
     ``vpu_elems_per_s`` (tensor_cores x sublanes x lanes x clock_hz), ``name``,
     ``kind``, ``description`` and ``sources`` (parameter -> source text).
     """

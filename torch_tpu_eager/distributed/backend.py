@@ -41,7 +41,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import (
+from torch._C._distributed_c10d import (  # type: ignore[attr-defined]  # _create_work_from_future has no stub
     AllgatherOptions,
     AllreduceCoalescedOptions,
     AllreduceOptions,
@@ -66,7 +66,7 @@ _DEVICE = torch.device("tpu")
 # ---- accounting: the one function every collective goes through ----
 
 _lock = threading.Lock()
-_metrics = {"collectives": 0, "collective_bytes": 0, "collective_time_s": 0.0, "per_op": {}}
+_metrics: dict = {"collectives": 0, "collective_bytes": 0, "collective_time_s": 0.0, "per_op": {}}
 
 
 # Ops whose ``nbytes`` below is one rank's share: the interconnect model (nccl-tests'
