@@ -34,9 +34,9 @@ struct ChipMemory {
   std::atomic<int64_t> reserved_peak{0};
   std::atomic<int64_t> allocated_total{0};  // cumulative bytes allocated (since the last reset of accumulated stats)
   std::atomic<int64_t> freed_total{0};
-  std::atomic<int64_t> live_count{0};       // storages alive
+  std::atomic<int64_t> live_count{0};  // storages alive
   std::atomic<int64_t> count_peak{0};
-  std::atomic<int64_t> alloc_count{0};      // cumulative allocations
+  std::atomic<int64_t> alloc_count{0};  // cumulative allocations
   std::atomic<int64_t> free_count{0};
   std::atomic<int64_t> ooms{0};
 };
@@ -45,7 +45,7 @@ ChipMemory g_mem[kMaxDevices];
 std::atomic<uint64_t> g_next_id{1};
 std::atomic<int64_t> g_capacity{0};  // simulated HBM bytes per chip; 0: unlimited
 std::mutex g_owner_mu;
-std::string g_owner;                  // the chip whose HBM g_capacity is
+std::string g_owner;  // the chip whose HBM g_capacity is
 
 void raise_max(std::atomic<int64_t>& peak, int64_t now) {
   int64_t p = peak.load();
@@ -92,8 +92,10 @@ void registry_add(DeferredStorage* ds) {
 void registry_remove(DeferredStorage* ds) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (ds->registry_prev) ds->registry_prev->registry_next = ds->registry_next;
-  else if (r.head == ds) r.head = ds->registry_next;
+  if (ds->registry_prev)
+    ds->registry_prev->registry_next = ds->registry_next;
+  else if (r.head == ds)
+    r.head = ds->registry_next;
   if (ds->registry_next) ds->registry_next->registry_prev = ds->registry_prev;
   ds->registry_prev = ds->registry_next = nullptr;
 }
@@ -160,9 +162,10 @@ struct DeviceAllocator final : c10::DeviceAllocator {
         std::lock_guard<std::mutex> lock(g_owner_mu);
         owner = g_owner;
       }
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu: out of simulated HBM: tried to allocate ", human(n), " (",
-                       nbytes, " bytes) on tpu:", device, "; the simulated ", owner, " has ", human(cap),
-                       " of HBM, of which ", human(now - n), " are allocated. Free tensors or choose a target "
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu: out of simulated HBM: tried to allocate ", human(n), " (", nbytes,
+                       " bytes) on tpu:", device, "; the simulated ", owner, " has ", human(cap), " of HBM, of which ",
+                       human(now - n),
+                       " are allocated. Free tensors or choose a target "
                        "with more HBM (torch_tpu_eager.set_target).");
     }
     void* data = nullptr;
@@ -328,9 +331,7 @@ DeviceBytes device_bytes_of(const c10::Storage& storage) {
 
 DeferredStorage* deferred_storage_of(const c10::Storage& storage) { return device_bytes_of(storage).storage; }
 
-bool is_alias_storage(const c10::Storage& storage) {
-  return storage.data_ptr().get_deleter() != &delete_storage_ctx;
-}
+bool is_alias_storage(const c10::Storage& storage) { return storage.data_ptr().get_deleter() != &delete_storage_ctx; }
 
 void set_memory_capacity(int64_t bytes, const std::string& owner) {
   std::lock_guard<std::mutex> lock(g_owner_mu);

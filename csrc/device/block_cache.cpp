@@ -13,8 +13,8 @@
 namespace tpu_eager {
 namespace {
 
-constexpr size_t kCachedMin = size_t{1} << 20;      // smaller blocks: glibc's own bins reuse them
-constexpr size_t kGranule = size_t{4} << 10;        // cache buckets: whole pages
+constexpr size_t kCachedMin = size_t{1} << 20;       // smaller blocks: glibc's own bins reuse them
+constexpr size_t kGranule = size_t{4} << 10;         // cache buckets: whole pages
 constexpr int64_t kCacheLimit = int64_t{512} << 20;  // bounded: a shape storm must not hoard memory
 
 struct Cached {

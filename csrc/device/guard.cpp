@@ -78,7 +78,8 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
                        i >= 0 && i < kMaxDevices ? t_stream[i] : 0);
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, c10::Device(D, static_cast<c10::DeviceIndex>(checked_device(index_of(d)))));
+    return c10::Stream(c10::Stream::DEFAULT,
+                       c10::Device(D, static_cast<c10::DeviceIndex>(checked_device(index_of(d)))));
   }
   c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
     const int i = checked_device(index_of(d));
@@ -181,14 +182,15 @@ int device_count() {
 }
 
 void set_device_count(int n) {
-  TORCH_CHECK_VALUE(n >= 1 && n <= kMaxDevices, "the number of tpu devices must be in 1..", kMaxDevices,
-                    ", got ", n);
+  TORCH_CHECK_VALUE(n >= 1 && n <= kMaxDevices, "the number of tpu devices must be in 1..", kMaxDevices, ", got ", n);
   if (g_count.load() == 0) {
     g_requested.store(n);
     if (device_count() == n) return;  // fixed it now
   }
-  TORCH_CHECK(g_count.load() == n, "torch.tpu.set_device_count(", n, ") must be called before the device is first used; "
-              "device_count() is already ", g_count.load());
+  TORCH_CHECK(g_count.load() == n, "torch.tpu.set_device_count(", n,
+              ") must be called before the device is first used; "
+              "device_count() is already ",
+              g_count.load());
 }
 
 int checked_device(int device) {

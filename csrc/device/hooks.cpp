@@ -114,7 +114,9 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count()); }
   c10::DeviceIndex getCurrentDevice() const override { return current_device_index(); }
-  void setCurrentDevice(c10::DeviceIndex d) const override { c10::impl::getDeviceGuardImpl(kDev)->setDevice({kDev, d}); }
+  void setCurrentDevice(c10::DeviceIndex d) const override {
+    c10::impl::getDeviceGuardImpl(kDev)->setDevice({kDev, d});
+  }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
     return c10::impl::getDeviceGuardImpl(kDev)->exchangeDevice({kDev, d}).index();
   }

@@ -166,9 +166,7 @@ bool release_host_share(DeferredStorage* s) {
   return true;
 }
 
-HostShareStats host_share_stats() {
-  return {g_reads.load(), g_bytes.load(), g_cow_copies.load(), g_cow_bytes.load()};
-}
+HostShareStats host_share_stats() { return {g_reads.load(), g_bytes.load(), g_cow_copies.load(), g_cow_bytes.load()}; }
 
 void reset_host_share_stats() {
   g_reads = 0;

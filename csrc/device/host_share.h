@@ -51,10 +51,10 @@ void prepare_address_export(const at::Tensor& self);
 
 // Counters for torch_tpu_eager.metrics(), since start or the last reset.
 struct HostShareStats {
-  int64_t reads = 0;        // host reads that shared the device buffer
-  int64_t bytes = 0;        // bytes those reads did not copy
-  int64_t cow_copies = 0;   // copies made later by a write to a shared buffer (either side)
-  int64_t cow_bytes = 0;    // bytes of those copies
+  int64_t reads = 0;       // host reads that shared the device buffer
+  int64_t bytes = 0;       // bytes those reads did not copy
+  int64_t cow_copies = 0;  // copies made later by a write to a shared buffer (either side)
+  int64_t cow_bytes = 0;   // bytes of those copies
 };
 HostShareStats host_share_stats();
 void reset_host_share_stats();

@@ -100,9 +100,9 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
   std::vector<libkineto::ResourceInfo> getResourceInfos() override {
     std::vector<libkineto::ResourceInfo> out;
     for (const auto& lane : lanes_)
-      out.push_back(libkineto::ResourceInfo{lane.second, lane.second, lane.first,
-                                            "tpu:" + std::to_string(lane.first) + " stream " +
-                                                std::to_string(lane.second)});
+      out.push_back(
+          libkineto::ResourceInfo{lane.second, lane.second, lane.first,
+                                  "tpu:" + std::to_string(lane.first) + " stream " + std::to_string(lane.second)});
     return out;
   }
 
@@ -155,14 +155,14 @@ class TpuActivityProfiler final : public libkineto::IActivityProfiler {
   const std::set<libkineto::ActivityType>& availableActivities() const override { return device_activities(); }
 
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<libkineto::ActivityType>& types,
-                                                                  const libkineto::Config&) override {
+                                                                 const libkineto::Config&) override {
     // Only when the session asks for device kernels (ProfilerActivity.PrivateUse1).
     if (!types.count(libkineto::ActivityType::CONCURRENT_KERNEL)) return nullptr;
     return std::make_unique<TpuProfilerSession>();
   }
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(int64_t, int64_t,
-                                                                  const std::set<libkineto::ActivityType>& types,
-                                                                  const libkineto::Config& config) override {
+                                                                 const std::set<libkineto::ActivityType>& types,
+                                                                 const libkineto::Config& config) override {
     return configure(types, config);
   }
 

@@ -12,8 +12,6 @@ TargetKind active_target_kind() { return static_cast<TargetKind>(g_kind.load(std
 
 void set_active_target_kind(TargetKind kind) { g_kind.store(static_cast<int>(kind), std::memory_order_release); }
 
-Executor& active_executor() {
-  return active_target_kind() == TargetKind::kSpyre ? spyre_executor() : tpu_executor();
-}
+Executor& active_executor() { return active_target_kind() == TargetKind::kSpyre ? spyre_executor() : tpu_executor(); }
 
 }  // namespace tpu_eager

@@ -13,13 +13,13 @@
 #include "jit/ir.h"
 #include "ops/custom_ops.h"
 
-
 namespace tpu_eager {
 namespace host {
 
 c10::Storage wrap_device_buffer(DeferredStorage* s, bool resizable) {
   // Non-owning: the DeferredStorage outlives the flush (nodes hold it).
-  c10::DataPtr ptr(s->data, s->data, [](void*) {}, c10::Device(c10::DeviceType::CPU));
+  c10::DataPtr ptr(
+      s->data, s->data, [](void*) {}, c10::Device(c10::DeviceType::CPU));
   return c10::Storage(c10::Storage::use_byte_size_t(), s->nbytes, std::move(ptr),
                       resizable ? c10::GetCPUAllocator() : nullptr, resizable);
 }
@@ -76,9 +76,7 @@ at::Tensor with_bits(at::Tensor t, const TensorRef& r) {
 }
 }  // namespace
 
-at::Tensor HostMemory::strided(const TensorRef& r) {
-  return with_bits(view_over(storage_for(r.storage.get()), r), r);
-}
+at::Tensor HostMemory::strided(const TensorRef& r) { return with_bits(view_over(storage_for(r.storage.get()), r), r); }
 
 at::Tensor HostMemory::tensor(const TensorRef& r, bool strided_gather) {
   check_storage_error(r.storage.get());
@@ -112,8 +110,7 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
 }
 
 void HostMemory::finish_writes() {
-  for (auto& w : pending_writes_)
-    views::scatter(w.flat, w.chain, w.ref.sizes, w.ref.strides, w.ref.offset, w.value);
+  for (auto& w : pending_writes_) views::scatter(w.flat, w.chain, w.ref.sizes, w.ref.strides, w.ref.offset, w.value);
   pending_writes_.clear();
 }
 
@@ -192,8 +189,8 @@ void call_custom(const Node& n, HostKernel& kernel, torch::jit::Stack& stack) {
   auto check = [&](const at::Tensor& t, size_t k) {
     TORCH_CHECK(j < n.outputs.size(), "tpu: the kernel of ", name, " returned more tensors than its fake impl");
     const TensorRef& ref = n.outputs[j++];
-    TORCH_CHECK(t.defined() && t.sizes().equals(ref.sizes) && t.scalar_type() == ref.dtype, "tpu: the kernel of ",
-                name, " returned ", (t.defined() ? c10::toString(t.scalar_type()) : "None"), " ",
+    TORCH_CHECK(t.defined() && t.sizes().equals(ref.sizes) && t.scalar_type() == ref.dtype, "tpu: the kernel of ", name,
+                " returned ", (t.defined() ? c10::toString(t.scalar_type()) : "None"), " ",
                 (t.defined() ? t.sizes() : c10::IntArrayRef()), " for result ", k, " where its fake impl gave ",
                 c10::toString(ref.dtype), " ", c10::IntArrayRef(ref.sizes));
   };

@@ -117,8 +117,8 @@ bool conv_gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c
   const double kernel = spatial(w->sizes);
   // A transposed convolution is the input gradient of a direct one with x and y swapped.
   const double pos_src = batch * spatial(transposed ? x->sizes : y->sizes);  // direct conv: output positions
-  const double c_src = transposed ? cout : cin;   // channels of the direct conv's input
-  const double c_dst = transposed ? cin : cout;   // channels of the direct conv's output
+  const double c_src = transposed ? cout : cin;                              // channels of the direct conv's input
+  const double c_dst = transposed ? cin : cout;                              // channels of the direct conv's output
   if (forward) {
     if (transposed)
       out.push_back({1, pos_src, c_dst / groups, c_src * kernel});

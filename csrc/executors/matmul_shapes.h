@@ -39,8 +39,7 @@ bool gemm_operand_args(const Node& n, int& a, int& b);
 // `ta`, `tb` to the input and weight dtypes. `bias_elems` gets the elements a
 // grad_bias reduction reads (0 when not asked for). False for other ops or
 // operand ranks below 3.
-bool conv_gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c10::ScalarType& tb,
-                   double& bias_elems);
+bool conv_gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c10::ScalarType& tb, double& bias_elems);
 
 // Vector-unit work of a non-matmul op: `flops` useful operations (one per
 // element) and `padded_elems` elements as the target lays them out (`padded`

@@ -39,15 +39,14 @@ void bind_output(const TensorRef& ref, const at::Tensor& result, bool materializ
     flat_ref.sizes = {static_cast<int64_t>(s->nbytes / c10::elementSize(ref.dtype))};
     flat_ref.strides = {1};
     at::Tensor flat = view_over(mem.device_buffer(s), flat_ref);
-    views::scatter(flat, views::decompose(flat.numel(), ref.sizes, ref.strides, ref.offset), ref.sizes,
-                   ref.strides, ref.offset, result);
+    views::scatter(flat, views::decompose(flat.numel(), ref.sizes, ref.strides, ref.offset), ref.sizes, ref.strides,
+                   ref.offset, result);
     s->error = nullptr;
     return;
   }
   // A temporary: keep the CPU result's storage when it has the recorded layout.
-  if (result.scalar_type() == ref.dtype && result.storage_offset() == ref.offset &&
-      result.sizes().equals(ref.sizes) && result.strides().equals(ref.strides) &&
-      result.storage().nbytes() >= s->nbytes) {
+  if (result.scalar_type() == ref.dtype && result.storage_offset() == ref.offset && result.sizes().equals(ref.sizes) &&
+      result.strides().equals(ref.strides) && result.storage().nbytes() >= s->nbytes) {
     mem.bind_temp(s, result.storage());
     return;
   }
@@ -64,7 +63,8 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
                                        HostRunHooks& hooks, const c10::OperatorHandle** out_op) {
   *out_op = nullptr;
   if (n.rng || n.outputs.empty() || !hooks.direct_outputs_ok(n)) return {};
-  if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary && custom_host_kernel(n.op)) return {};  // its author's kernel runs
+  if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary && custom_host_kernel(n.op))
+    return {};  // its author's kernel runs
   for (int r : n.returns)
     if (r != -1) return {};
   // Dense operands only, unless the op's out= kernel is its functional one
@@ -128,9 +128,9 @@ bool reads_written_value(const Node& n, const InputSlot& in) {
   const auto& schema = n.op.schema();
   if (in.arg < static_cast<int>(schema.arguments().size()) && schema.arguments()[in.arg].is_out()) return false;
   if (in.arg != 0) return true;
-  static const std::unordered_set<std::string> overwrite = {
-      "fill_", "zero_", "normal_", "uniform_", "random_", "exponential_",
-      "geometric_", "cauchy_", "log_normal_", "bernoulli_", "copy_"};
+  static const std::unordered_set<std::string> overwrite = {"fill_",       "zero_",        "normal_",    "uniform_",
+                                                            "random_",     "exponential_", "geometric_", "cauchy_",
+                                                            "log_normal_", "bernoulli_",   "copy_"};
   return schema.name().rfind("aten::", 0) != 0 || !overwrite.count(schema.name().substr(6));
 }
 
@@ -210,8 +210,7 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       // location. Subclasses keep their own type (Python maps them differently).
       if (typeid(e) != typeid(std::runtime_error)) throw;
       throw std::runtime_error(std::string(e.what()) + " (while running " + op_display_name(n) + " recorded at " +
-                               (n.where.empty() ? std::string("<unknown>") : n.where) + " (in " + compiled.name +
-                               "))");
+                               (n.where.empty() ? std::string("<unknown>") : n.where) + " (in " + compiled.name + "))");
     }
     for (size_t j = 0; j < n.outputs.size(); ++j) {
       const bool materialize = region.materialize[p][j];

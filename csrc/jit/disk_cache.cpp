@@ -29,9 +29,9 @@ namespace {
 // Bump when the layout of a file or of any table's keys/values changes.
 constexpr uint32_t kFormatVersion = 1;
 constexpr char kMagic[8] = {'T', 'P', 'U', 'E', 'D', 'C', 'F', '1'};
-constexpr uint32_t kRecordMagic = 0x31434552;          // "REC1"
-constexpr uint32_t kMaxField = 1u << 20;               // a key or value above 1 MiB is corrupt
-constexpr int64_t kMaxFileBytes = int64_t(64) << 20;   // a shape storm must not fill the disk
+constexpr uint32_t kRecordMagic = 0x31434552;         // "REC1"
+constexpr uint32_t kMaxField = 1u << 20;              // a key or value above 1 MiB is corrupt
+constexpr int64_t kMaxFileBytes = int64_t(64) << 20;  // a shape storm must not fill the disk
 const char* const kFileNames[2] = {"regions.bin", "meta.bin"};
 
 uint64_t fnv1a(const void* p, size_t n, uint64_t h = 14695981039346656037ULL) {  // FNV-1a 64-bit offset basis
@@ -353,7 +353,8 @@ bool store(Table table, const std::string& key, const std::string& value) {
     warn_once(kWarnWrite, "cannot write to " + s.path + " (" + std::strerror(errno) + "); new entries stay in memory");
     t.writable = false;
   } else if (stat_ok && st.st_size + static_cast<int64_t>(rec.size()) > kMaxFileBytes) {
-    warn_once(kWarnFull, s.path + " reached " + std::to_string(kMaxFileBytes >> 20) + " MiB; new entries stay in memory");
+    warn_once(kWarnFull,
+              s.path + " reached " + std::to_string(kMaxFileBytes >> 20) + " MiB; new entries stay in memory");
     t.writable = false;
   } else if (write_all(t.fd, rec)) {
     ok = true;

@@ -25,14 +25,22 @@ namespace tpu_eager {
 
 const char* prim_kind_name(PrimKind k) {
   switch (k) {
-    case PrimKind::kLibrary: return "library";
-    case PrimKind::kElementwise: return "elementwise";
-    case PrimKind::kReduction: return "reduction";
-    case PrimKind::kMatmul: return "matmul";
-    case PrimKind::kData: return "data";
-    case PrimKind::kRandom: return "random";
-    case PrimKind::kView: return "view";
-    case PrimKind::kSync: return "sync";
+    case PrimKind::kLibrary:
+      return "library";
+    case PrimKind::kElementwise:
+      return "elementwise";
+    case PrimKind::kReduction:
+      return "reduction";
+    case PrimKind::kMatmul:
+      return "matmul";
+    case PrimKind::kData:
+      return "data";
+    case PrimKind::kRandom:
+      return "random";
+    case PrimKind::kView:
+      return "view";
+    case PrimKind::kSync:
+      return "sync";
   }
   return "?";
 }
@@ -194,9 +202,8 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
           if (made.contains(o.storage.get())) last_region[o.storage.get()] = ri;
       }
     }
-    last_region.for_each([&](const DeferredStorage* st, size_t ri) {
-      release_after[ri].push_back(const_cast<DeferredStorage*>(st));
-    });
+    last_region.for_each(
+        [&](const DeferredStorage* st, size_t ri) { release_after[ri].push_back(const_cast<DeferredStorage*>(st)); });
     mem.set_transient(std::move(made));
   }
   Executor& ex = active_executor();

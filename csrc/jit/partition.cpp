@@ -24,7 +24,6 @@ inline void mix(KeyBuilder& k, uint64_t v) {
   if (k.words) k.words->push_back(v);
 }
 
-
 // The kind of an argument (IValue's tag, which is private; tagKind() builds a string).
 uint64_t ivalue_kind(const c10::IValue& v) {
   if (v.isTensor()) return 1;
@@ -94,8 +93,7 @@ bool fusible_into(const Region& r, const Dims& anchor_shape, const Node& n) {
 
 }  // namespace
 
-std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live,
-                              const StorageSet& observed) {
+std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed) {
   std::vector<Region> regions;
   std::vector<Dims> anchor_shapes;
   // storage -> latest region that wrote it / that read or wrote it, in this flush
@@ -129,9 +127,8 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
     }
     if (target < 0) {
       Region r;
-      r.anchor = (k == PrimKind::kReduction || k == PrimKind::kMatmul || k == PrimKind::kLibrary)
-                     ? k
-                     : PrimKind::kElementwise;
+      r.anchor =
+          (k == PrimKind::kReduction || k == PrimKind::kMatmul || k == PrimKind::kLibrary) ? k : PrimKind::kElementwise;
       regions.push_back(std::move(r));
       const auto* shape = iteration_shape(n);
       anchor_shapes.emplace_back(shape ? *shape : Dims{});
@@ -173,8 +170,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
   for (auto& r : regions)
     for (size_t p = 0; p < r.nodes.size(); ++p)
       for (size_t j = 0; j < g[r.nodes[p]].outputs.size(); ++j)
-        if (observed.contains(g[r.nodes[p]].outputs[j].storage.get()))
-          r.materialize[p][j] = 1;
+        if (observed.contains(g[r.nodes[p]].outputs[j].storage.get())) r.materialize[p][j] = 1;
   return regions;
 }
 
@@ -251,9 +247,7 @@ std::vector<int64_t> layout_signature(const Region& region, const std::vector<No
 
 namespace jit {
 
-uint64_t stable_structural_key(const std::vector<Node>& g, const Region& r) {
-  return region_key(g, r, true, nullptr);
-}
+uint64_t stable_structural_key(const std::vector<Node>& g, const Region& r) { return region_key(g, r, true, nullptr); }
 
 }  // namespace jit
 }  // namespace tpu_eager

@@ -17,8 +17,7 @@ namespace jit {
 // iterate over its output (an epilogue); library calls and RNG-free sync ops
 // run alone; a region holds at most kMaxRegionOps ops. Outputs in `observed`
 // (lazy/queue.h observed_after_flush) are materialized.
-std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live,
-                              const StorageSet& observed);
+std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed);
 
 // Structural key of a region: ops, argument structure (which value feeds
 // which argument), dtypes, the region inputs' sizes bucketed (dynamic_shapes.h), non-tensor

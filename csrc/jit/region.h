@@ -19,7 +19,7 @@ class HostMemory;
 
 // A fused region: consecutive live ops of one flush, in program order.
 struct Region {
-  std::vector<int> nodes;             // indices into the flushed graph
+  std::vector<int> nodes;                    // indices into the flushed graph
   PrimKind anchor = PrimKind::kElementwise;  // reduction / matmul / library anchor, if any
   // materialize[k][j]: output j of nodes[k] is written to its device storage
   // (it is observed outside the region); otherwise it lives in a temporary.
@@ -30,26 +30,26 @@ struct Region {
 // on-disk cache stores).
 struct CompiledRegion {
   uint64_t key = 0;
-  std::vector<PrimKind> kinds;        // lowered primitive of each op
-  std::string name;                   // e.g. "fused_add_mul_sum"
+  std::vector<PrimKind> kinds;  // lowered primitive of each op
+  std::string name;             // e.g. "fused_add_mul_sum"
   int64_t num_ops = 0;
 };
 
 // Counters of one region run, summed into Metrics by the JIT.
 struct RegionStats {
-  int64_t bytes_read = 0;             // bytes read from device storages (logical, unpadded)
-  int64_t bytes_written = 0;          // bytes written to device storages (logical, unpadded)
-  int64_t padding_bytes = 0;          // extra HBM bytes moved for the tiled layouts of those reads and writes
-  double flops = 0;                   // useful operations (MXU: 2*M*N*K; others one per element)
-  double mxu_flops = 0;               // FLOPs the MXUs spend on padded shapes, times precision passes
-  double compute_s = 0;               // simulated compute time, seconds
-  double memory_s = 0;                // simulated HBM time, seconds
-  double sim_time_s = 0;              // simulated kernel time: max(compute_s, memory_s) + launch, seconds
-  int64_t extra_hbm_bytes = 0;         // HBM bytes a kernel's own cost adds (a Pallas grid's re-fetched blocks)
+  int64_t bytes_read = 0;       // bytes read from device storages (logical, unpadded)
+  int64_t bytes_written = 0;    // bytes written to device storages (logical, unpadded)
+  int64_t padding_bytes = 0;    // extra HBM bytes moved for the tiled layouts of those reads and writes
+  double flops = 0;             // useful operations (MXU: 2*M*N*K; others one per element)
+  double mxu_flops = 0;         // FLOPs the MXUs spend on padded shapes, times precision passes
+  double compute_s = 0;         // simulated compute time, seconds
+  double memory_s = 0;          // simulated HBM time, seconds
+  double sim_time_s = 0;        // simulated kernel time: max(compute_s, memory_s) + launch, seconds
+  int64_t extra_hbm_bytes = 0;  // HBM bytes a kernel's own cost adds (a Pallas grid's re-fetched blocks)
   int64_t library_calls = 0;
-  int64_t plans_built = 0;            // plans the kernel built in this run (0 on a warm run)
-  int failed_at = -1;                 // position in the region of the (first) op that failed
-  bool errors_marked = false;         // the runner set each failed op's storage errors itself
+  int64_t plans_built = 0;     // plans the kernel built in this run (0 on a warm run)
+  int failed_at = -1;          // position in the region of the (first) op that failed
+  bool errors_marked = false;  // the runner set each failed op's storage errors itself
 };
 
 // A compiled region. Built once by Executor::compile from a region's

@@ -15,7 +15,7 @@ struct State {
   std::mutex mu;
   std::map<std::string, TimerStats> timers;
   std::map<int32_t, int64_t> flushes_by_location;  // SourceLocation id -> flushes
-  std::map<std::string, int64_t> op_counts;         // "category.op" -> calls
+  std::map<std::string, int64_t> op_counts;        // "category.op" -> calls
   std::minstd_rand rng{12345};
 };
 

@@ -24,10 +24,10 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   DeferredStorage(void* data, size_t nbytes, uint64_t id) : data(data), nbytes(nbytes), id(id) {}
   ~DeferredStorage() override;
 
-  void* data;             // host buffer of `nbytes` bytes (nullptr when nbytes == 0)
-  size_t nbytes;          // bytes
-  uint64_t id;            // unique per process, for cache keys and traces
-  int device = 0;         // index of the simulated chip that holds it (its memory accounting)
+  void* data;      // host buffer of `nbytes` bytes (nullptr when nbytes == 0)
+  size_t nbytes;   // bytes
+  uint64_t id;     // unique per process, for cache keys and traces
+  int device = 0;  // index of the simulated chip that holds it (its memory accounting)
   // False once the owning StorageImpl was destroyed and no alias storage
   // (below) remains: only queue nodes remain.
   std::atomic<bool> external_alive{true};

@@ -27,8 +27,8 @@ namespace {
 
 // State shared by every chip: counters, mode, limits, and the flush lock.
 struct DeviceQueue {
-  std::mutex mu;                   // guards everything below but flush_mu
-  std::recursive_mutex flush_mu;   // one flush at a time (backward runs on another thread)
+  std::mutex mu;                  // guards everything below but flush_mu
+  std::recursive_mutex flush_mu;  // one flush at a time (backward runs on another thread)
   std::atomic<uint64_t> next_seq{0};
   Metrics metrics;
   int64_t max_ops = env::get_int("TORCH_TPU_MAX_PENDING_OPS");
@@ -56,7 +56,7 @@ struct ChipQueue {
   int64_t stream = 0;     // the stream of the pending nodes
   // The float32 matmul precision the pending nodes were recorded at (all the
   // same: an op recorded at another one flushes them first); their flush runs at it.
-  int precision = 0;  // at::Float32MatmulPrecision as int (device.h)
+  int precision = 0;                                 // at::Float32MatmulPrecision as int (device.h)
   std::unordered_map<int64_t, double> stream_clock;  // stream id -> simulated end of its last kernel, s
 };
 
@@ -80,21 +80,36 @@ void touch(Node& n, int delta) {
 
 const char* flush_reason_name(FlushReason r) {
   switch (r) {
-    case FlushReason::kHostRead: return "host_read";
-    case FlushReason::kItem: return "item";
-    case FlushReason::kSynchronize: return "synchronize";
-    case FlushReason::kDataDependent: return "data_dependent_shape";
-    case FlushReason::kCpuFallback: return "cpu_fallback";
-    case FlushReason::kQueueLength: return "queue_length_limit";
-    case FlushReason::kPendingBytes: return "pending_bytes_limit";
-    case FlushReason::kStorageResize: return "storage_resize";
-    case FlushReason::kDeferNever: return "defer_never";
-    case FlushReason::kTargetSwitch: return "target_switch";
-    case FlushReason::kStreamSwitch: return "stream_switch";
-    case FlushReason::kEvent: return "event";
-    case FlushReason::kCollective: return "collective";
-    case FlushReason::kPrecisionSwitch: return "precision_switch";
-    default: return "unknown";
+    case FlushReason::kHostRead:
+      return "host_read";
+    case FlushReason::kItem:
+      return "item";
+    case FlushReason::kSynchronize:
+      return "synchronize";
+    case FlushReason::kDataDependent:
+      return "data_dependent_shape";
+    case FlushReason::kCpuFallback:
+      return "cpu_fallback";
+    case FlushReason::kQueueLength:
+      return "queue_length_limit";
+    case FlushReason::kPendingBytes:
+      return "pending_bytes_limit";
+    case FlushReason::kStorageResize:
+      return "storage_resize";
+    case FlushReason::kDeferNever:
+      return "defer_never";
+    case FlushReason::kTargetSwitch:
+      return "target_switch";
+    case FlushReason::kStreamSwitch:
+      return "stream_switch";
+    case FlushReason::kEvent:
+      return "event";
+    case FlushReason::kCollective:
+      return "collective";
+    case FlushReason::kPrecisionSwitch:
+      return "precision_switch";
+    default:
+      return "unknown";
   }
 }
 
@@ -164,8 +179,8 @@ namespace {
 int64_t alias_element_offset(const DeviceBytes& bytes, const at::Tensor& t) {
   const auto itemsize = static_cast<int64_t>(t.itemsize());
   TORCH_CHECK(bytes.byte_offset % itemsize == 0, "tpu: a ", t.scalar_type(), " tensor over a storage that starts ",
-              bytes.byte_offset, " bytes into a device buffer, which is not a multiple of its element size (",
-              itemsize, " bytes), is not supported");
+              bytes.byte_offset, " bytes into a device buffer, which is not a multiple of its element size (", itemsize,
+              " bytes), is not supported");
   return bytes.byte_offset / itemsize;
 }
 
@@ -291,7 +306,7 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   const auto start = std::chrono::steady_clock::now();
   std::exception_ptr error;
   {
-    ChipGuard chip(device);  // storages the executor allocates belong to this chip
+    ChipGuard chip(device);          // storages the executor allocates belong to this chip
     kineto::FlushLane lane(stream);  // torch.profiler puts the kernels on this stream's track
     RunPrecision run_at(precision);  // the precision the nodes were recorded at
     error = jit::run_graph(nodes, delta);
@@ -372,7 +387,10 @@ void reset_metrics() {
 
 void count_eager_op(bool fallback) {
   std::lock_guard<std::mutex> lock(Q().mu);
-  if (fallback) Q().metrics.fallback_ops++; else Q().metrics.eager_ops++;
+  if (fallback)
+    Q().metrics.fallback_ops++;
+  else
+    Q().metrics.eager_ops++;
 }
 
 void count_disk_cache(int64_t hits, int64_t misses, int64_t writes) {

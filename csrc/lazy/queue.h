@@ -22,20 +22,20 @@ namespace tpu_eager {
 
 // Why a flush happened; reported by metrics().
 enum class FlushReason : int {
-  kHostRead = 0,      // .cpu(), .numpy(), repr, copy to host
-  kItem,              // .item(), bool(), int(), float()
-  kSynchronize,       // torch.tpu.synchronize()
-  kDataDependent,     // an op whose output shape depends on data (nonzero, unique, ...)
-  kCpuFallback,       // an op without a device kernel ran on the host
-  kQueueLength,       // pending ops reached the length limit
-  kPendingBytes,      // bytes of pending outputs reached the limit
-  kStorageResize,     // a storage grew or shrank
-  kDeferNever,        // eager mode DEFER_NEVER*: every op flushes
-  kTargetSwitch,      // the active target changed
-  kStreamSwitch,      // an op on another stream of the chip than the pending ones
-  kEvent,             // an event was recorded (its simulated timestamp needs the work before it)
-  kCollective,        // a collective was charged to the chip's clock (it follows the work before it)
-  kPrecisionSwitch,   // an op recorded at another float32 matmul precision than the pending ones
+  kHostRead = 0,     // .cpu(), .numpy(), repr, copy to host
+  kItem,             // .item(), bool(), int(), float()
+  kSynchronize,      // torch.tpu.synchronize()
+  kDataDependent,    // an op whose output shape depends on data (nonzero, unique, ...)
+  kCpuFallback,      // an op without a device kernel ran on the host
+  kQueueLength,      // pending ops reached the length limit
+  kPendingBytes,     // bytes of pending outputs reached the limit
+  kStorageResize,    // a storage grew or shrank
+  kDeferNever,       // eager mode DEFER_NEVER*: every op flushes
+  kTargetSwitch,     // the active target changed
+  kStreamSwitch,     // an op on another stream of the chip than the pending ones
+  kEvent,            // an event was recorded (its simulated timestamp needs the work before it)
+  kCollective,       // a collective was charged to the chip's clock (it follows the work before it)
+  kPrecisionSwitch,  // an op recorded at another float32 matmul precision than the pending ones
   kCount
 };
 const char* flush_reason_name(FlushReason r);
@@ -64,16 +64,16 @@ struct TensorRef {
   bool neg = false;
 
   int64_t numel() const;
-  int64_t nbytes() const;  // numel * itemsize
-  bool is_dense() const;   // row-major contiguous strides (size-1 dims may have any stride)
+  int64_t nbytes() const;       // numel * itemsize
+  bool is_dense() const;        // row-major contiguous strides (size-1 dims may have any stride)
   bool covers_storage() const;  // every byte of its storage once, from offset 0, in some order of its dims
 };
 TensorRef make_ref(const at::Tensor& t);
 
 // A tensor argument of a recorded op: where it sits in the argument list.
 struct InputSlot {
-  int arg = 0;         // index into Node::args
-  int elem = -1;       // index inside a Tensor[] / Tensor?[] argument, -1 otherwise
+  int arg = 0;    // index into Node::args
+  int elem = -1;  // index inside a Tensor[] / Tensor?[] argument, -1 otherwise
   TensorRef ref;
   bool written = false;  // the op writes it (in-place, out=, or a documented side effect)
 };
@@ -100,11 +100,11 @@ struct Node {
   // `list_len` fresh tensors. Used to rebuild results at execution.
   c10::SmallVector<int, 2> returns;
   c10::SmallVector<int, 2> list_lens;
-  int kind = 0;                     // jit::PrimKind of the op, from the op table
-  bool rng = false;                 // consumes a random stream
-  uint64_t rng_seed = 0;            // the stream reserved at record time
-  SourceLocation where;             // Python file:line that recorded it
-  uint64_t seq = 0;                 // program order
+  int kind = 0;           // jit::PrimKind of the op, from the op table
+  bool rng = false;       // consumes a random stream
+  uint64_t rng_seed = 0;  // the stream reserved at record time
+  SourceLocation where;   // Python file:line that recorded it
+  uint64_t seq = 0;       // program order
 };
 
 // Calls f(storage) for each storage node `n` writes: its fresh outputs, then
@@ -120,25 +120,25 @@ void for_each_written_storage(const Node& n, F&& f) {
 struct Metrics {
   int64_t ops_recorded = 0;
   int64_t ops_executed = 0;
-  int64_t ops_eliminated = 0;       // dead-code elimination
-  int64_t eager_ops = 0;            // ops run at record time (data-dependent shapes)
-  int64_t fallback_ops = 0;         // ops run through the CPU fallback
+  int64_t ops_eliminated = 0;  // dead-code elimination
+  int64_t eager_ops = 0;       // ops run at record time (data-dependent shapes)
+  int64_t fallback_ops = 0;    // ops run through the CPU fallback
   int64_t flushes = 0;
   int64_t flush_reasons[static_cast<int>(FlushReason::kCount)] = {};
   int64_t regions_run = 0;
-  int64_t library_calls = 0;        // ops run as a library call (not lowered)
+  int64_t library_calls = 0;  // ops run as a library call (not lowered)
   int64_t cache_hits = 0;
   int64_t compiles = 0;
-  int64_t plans_built = 0;          // kernel plans built: compiles plus re-plans for a new exact layout
+  int64_t plans_built = 0;             // kernel plans built: compiles plus re-plans for a new exact layout
   int64_t kernel_cache_evictions = 0;  // kernels the bounded kernel cache dropped (least recently used)
-  int64_t bytes_materialized = 0;   // bytes written to device storages by flushes
-  int64_t bytes_read = 0;           // bytes read from device storages by flushes
-  int64_t padding_bytes = 0;        // extra HBM bytes moved for tiled layouts (target's cost model)
-  double flops = 0;                 // useful operations of the regions run (matmul 2*M*N*K)
-  double sim_time_s = 0;            // simulated device time, seconds (kernels and collectives)
-  int64_t collectives = 0;          // collectives charged to a chip's clock (charge_collective_time)
-  double collective_time_s = 0;     // their simulated interconnect time, seconds (part of sim_time_s)
-  double compile_time_s = 0;        // host seconds spent compiling regions
+  int64_t bytes_materialized = 0;      // bytes written to device storages by flushes
+  int64_t bytes_read = 0;              // bytes read from device storages by flushes
+  int64_t padding_bytes = 0;           // extra HBM bytes moved for tiled layouts (target's cost model)
+  double flops = 0;                    // useful operations of the regions run (matmul 2*M*N*K)
+  double sim_time_s = 0;               // simulated device time, seconds (kernels and collectives)
+  int64_t collectives = 0;             // collectives charged to a chip's clock (charge_collective_time)
+  double collective_time_s = 0;        // their simulated interconnect time, seconds (part of sim_time_s)
+  double compile_time_s = 0;           // host seconds spent compiling regions
   // On-disk cache (TORCH_TPU_CACHE_DIR), compiled regions and meta results
   // together: entries found / not found on disk after an in-memory miss, and appended.
   int64_t disk_cache_hits = 0;

@@ -27,9 +27,7 @@ template struct MemberAccess<KernelsTag, &c10::impl::OperatorEntry::kernels_>;
 
 // ATen's generated Meta registrations (structured kernels' meta functions and
 // the few hand-written C++ Meta kernels) say where they come from.
-bool is_aten_cpp_meta(const c10::impl::AnnotatedKernel& k) {
-  return k.debug.find("RegisterMeta") != std::string::npos;
-}
+bool is_aten_cpp_meta(const c10::impl::AnnotatedKernel& k) { return k.debug.find("RegisterMeta") != std::string::npos; }
 
 }  // namespace
 

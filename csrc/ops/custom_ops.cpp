@@ -57,8 +57,8 @@ at::Tensor meta_twin(const at::Tensor& t) {
   c10::Storage st(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
                   c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)), c10::GetAllocator(c10::DeviceType::Meta),
                   /*resizable=*/true);
-  auto m = at::detail::make_tensor<c10::TensorImpl>(std::move(st), c10::DispatchKeySet(c10::DispatchKey::Meta),
-                                                    t.dtype());
+  auto m =
+      at::detail::make_tensor<c10::TensorImpl>(std::move(st), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
   m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return m;
 }
@@ -106,7 +106,8 @@ void record_view(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                                 schema.name(), ": result ", k, " is a view of an argument that is not one tensor");
     const at::Tensor orig = (*stack)[first + a].toTensor();
     const at::Tensor m = meta[k].toTensor();
-    at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(orig.storage()), orig.key_set(), m.dtype());
+    at::Tensor alias =
+        at::detail::make_tensor<c10::TensorImpl>(c10::Storage(orig.storage()), orig.key_set(), m.dtype());
     alias.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes(), m.strides(), m.storage_offset());
     results.emplace_back(std::move(alias));
   }
@@ -145,8 +146,8 @@ int64_t register_custom_op(const std::string& qualname, std::shared_ptr<HostKern
   TORCH_CHECK(!is_aten(name), "tpu: ", qualname, " is an ATen op; its tpu kernel is the device's own");
   const std::string ns = name.name.substr(0, name.name.find("::"));
   const std::string full = name.name + (name.overload_name.empty() ? "" : "." + name.overload_name);
-  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__,
-                                              __LINE__);
+  auto lib =
+      std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   // The dispatcher warns when a kernel replaces one registered before for
   // the same key (a second registration of one op): the stack below is the
   // intended behaviour, so the warning is dropped.

@@ -40,12 +40,12 @@ class HostKernel {
 // `grid` and `blocks` describe a tiled (Pallas) kernel for the profiler.
 struct CustomCost {
   double flops = -1;
-  bool mxu = false;             // flops run on the MXUs (else on the vector unit)
-  int64_t hbm_bytes = -1;       // HBM bytes the kernel moves over its whole grid
-  int64_t vmem_bytes = 0;       // VMEM footprint (double-buffered blocks)
+  bool mxu = false;        // flops run on the MXUs (else on the vector unit)
+  int64_t hbm_bytes = -1;  // HBM bytes the kernel moves over its whole grid
+  int64_t vmem_bytes = 0;  // VMEM footprint (double-buffered blocks)
   std::vector<int64_t> grid;
   struct Block {
-    std::string role;           // "input" / "output"
+    std::string role;  // "input" / "output"
     std::string dtype;
     std::vector<int64_t> shape, block;
     int buffers = 2;

@@ -73,8 +73,9 @@ void fill_empty_deterministic(const at::Tensor& t) {
     v.fill_(std::numeric_limits<double>::quiet_NaN());
   } else {
     at::Scalar x;
-    AT_DISPATCH_V2(st, "fill_empty_deterministic_", AT_WRAP([&] { x = at::Scalar(std::numeric_limits<scalar_t>::max()); }),
-                   at::kBool, AT_EXPAND(AT_INTEGRAL_TYPES_V2));
+    AT_DISPATCH_V2(st, "fill_empty_deterministic_",
+                   AT_WRAP([&] { x = at::Scalar(std::numeric_limits<scalar_t>::max()); }), at::kBool,
+                   AT_EXPAND(AT_INTEGRAL_TYPES_V2));
     v.fill_(x);
   }
   if (spyre::active()) spyre::round_in_place(v);  // Spyre stores 16-bit floats as df16
@@ -134,9 +135,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // CPU's copy_ returns at once when both are views of the same elements
   // (before its overlap checks: `v.copy_(v.transpose(0, 0))` of an expanded v
   // does nothing); copy_ reaches _copy_from before that check for a device.
-  if (dst.is_alias_of(self) && dst.storage_offset() == self.storage_offset() &&
-      dst.strides().equals(self.strides()) && dst.sizes().equals(self.sizes()) &&
-      dst.scalar_type() == self.scalar_type() && dst.is_conj() == self.is_conj() && dst.is_neg() == self.is_neg())
+  if (dst.is_alias_of(self) && dst.storage_offset() == self.storage_offset() && dst.strides().equals(self.strides()) &&
+      dst.sizes().equals(self.sizes()) && dst.scalar_type() == self.scalar_type() && dst.is_conj() == self.is_conj() &&
+      dst.is_neg() == self.is_neg())
     return dst;
   if (is_tpu(dst)) {
     at::assert_no_internal_overlap(dst);
@@ -234,7 +235,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::op
     const int64_t old_numel = static_cast<int64_t>(old_nbytes) / itemsize;
     const int64_t new_numel = static_cast<int64_t>(self.storage().nbytes()) / itemsize;
     if (new_numel > old_numel) {
-      at::Tensor grown = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(self.storage()), kDeviceKeys, self.dtype());
+      at::Tensor grown =
+          at::detail::make_tensor<c10::TensorImpl>(c10::Storage(self.storage()), kDeviceKeys, self.dtype());
       const int64_t n = new_numel - old_numel, one = 1;
       grown.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(n), c10::IntArrayRef(one), old_numel);
       fill_empty_deterministic(grown);
@@ -304,7 +306,8 @@ void view_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   torch::jit::Stack meta(stack->begin() + first, stack->end());
   c10::Storage mst(c10::Storage::use_byte_size_t(), self.storage().nbytes(),
                    c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)), nullptr, false);
-  auto m = at::detail::make_tensor<c10::TensorImpl>(std::move(mst), c10::DispatchKeySet(c10::DispatchKey::Meta), self.dtype());
+  auto m = at::detail::make_tensor<c10::TensorImpl>(std::move(mst), c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                                    self.dtype());
   m.unsafeGetTensorImpl()->set_sizes_and_strides(self.sizes(), self.strides(), self.storage_offset());
   meta[0] = m;
   {
@@ -315,8 +318,8 @@ void view_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   for (auto& r : meta) {
     const at::Tensor mv = r.toTensor();
     // The meta kernel does not bound-check against a storage without data.
-    const size_t need = at::detail::computeStorageNbytes(mv.sizes(), mv.strides(), mv.dtype().itemsize(),
-                                                         mv.storage_offset());
+    const size_t need =
+        at::detail::computeStorageNbytes(mv.sizes(), mv.strides(), mv.dtype().itemsize(), mv.storage_offset());
     TORCH_CHECK(mv.numel() == 0 || need <= self.storage().nbytes(), "setStorage: sizes ", mv.sizes(), ", strides ",
                 mv.strides(), ", storage offset ", mv.storage_offset(), ", and itemsize ", mv.dtype().itemsize(),
                 " requiring a storage size of ", need, " are out of bounds for storage of size ",
@@ -408,7 +411,7 @@ enum class ArgKind { kTensor, kScalar, kOther };
 ArgKind arg_kind(const c10::Argument& a) {
   if (a.alias_info() != nullptr) return ArgKind::kOther;
   const auto kind = a.real_type()->kind();
-  return kind == c10::TypeKind::TensorType ? ArgKind::kTensor
+  return kind == c10::TypeKind::TensorType   ? ArgKind::kTensor
          : kind == c10::TypeKind::NumberType ? ArgKind::kScalar
                                              : ArgKind::kOther;
 }
@@ -460,7 +463,8 @@ void cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
   }
   debug::count_op("cpu_fallback", full);
   bool random = false;
-  for (const auto& a : op.schema().arguments()) random = random || a.type()->str().find("Generator") != std::string::npos;
+  for (const auto& a : op.schema().arguments())
+    random = random || a.type()->str().find("Generator") != std::string::npos;
   run_eager(op, stack, random, /*fallback=*/true);
 }
 
@@ -471,13 +475,26 @@ int64_t register_device_kernels() {
   static int64_t count = 0;
   std::call_once(once, [] {
     static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-    std::unordered_set<std::string> special = {"empty.memory_format", "empty_strided", "_copy_from",
-                                               "_copy_from_and_resize", "_to_copy", "_local_scalar_dense", "resize_",
-                                               "set_.source_Storage", "set_.source_Storage_storage_offset",
-                                               "set_.source_Tensor", "set_", "view", "as_strided", "_reshape_alias",
-                                               "_has_compatible_shallow_copy_type", "convolution_overrideable",
-                                               "convolution_backward_overrideable", "_thnn_fused_lstm_cell",
-                                               "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",
+    std::unordered_set<std::string> special = {"empty.memory_format",
+                                               "empty_strided",
+                                               "_copy_from",
+                                               "_copy_from_and_resize",
+                                               "_to_copy",
+                                               "_local_scalar_dense",
+                                               "resize_",
+                                               "set_.source_Storage",
+                                               "set_.source_Storage_storage_offset",
+                                               "set_.source_Tensor",
+                                               "set_",
+                                               "view",
+                                               "as_strided",
+                                               "_reshape_alias",
+                                               "_has_compatible_shallow_copy_type",
+                                               "convolution_overrideable",
+                                               "convolution_backward_overrideable",
+                                               "_thnn_fused_lstm_cell",
+                                               "_thnn_fused_lstm_cell_backward_impl",
+                                               "_thnn_fused_gru_cell",
                                                "_thnn_fused_gru_cell_backward"};
     lib.impl("empty.memory_format", TORCH_FN(empty_memory_format));
     lib.impl("empty_strided", TORCH_FN(empty_strided));

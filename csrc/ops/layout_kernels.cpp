@@ -72,8 +72,7 @@ bool is_tpu(const at::Tensor& t) { return t.defined() && t.device().type() == c1
 at::Tensor make_sparse(const at::Tensor& like, const at::Tensor& indices, const at::Tensor& values) {
   return at::_sparse_coo_tensor_with_dims_and_tensors(
       like.sparse_dim(), like.dense_dim(), like.sizes(), indices, values,
-      at::TensorOptions().dtype(values.scalar_type()).layout(at::kSparse).device(values.device()),
-      like.is_coalesced());
+      at::TensorOptions().dtype(values.scalar_type()).layout(at::kSparse).device(values.device()), like.is_coalesced());
 }
 
 at::Tensor sparse_to_cpu(const at::Tensor& t) {
@@ -88,8 +87,9 @@ at::Tensor sparse_to_tpu(const at::Tensor& t, c10::Device device) {
 
 // A quantized tensor like `t` (sizes, strides, offset, quantizer) over `storage`.
 at::Tensor make_quantized(const at::Tensor& t, c10::Storage storage, c10::DispatchKey key) {
-  auto q = at::detail::make_tensor<at::QTensorImpl>(std::move(storage), c10::DispatchKeySet(key), t.dtype(),
-                                                    static_cast<at::QTensorImpl*>(t.unsafeGetTensorImpl())->quantizer());
+  auto q =
+      at::detail::make_tensor<at::QTensorImpl>(std::move(storage), c10::DispatchKeySet(key), t.dtype(),
+                                               static_cast<at::QTensorImpl*>(t.unsafeGetTensorImpl())->quantizer());
   q.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return q;
 }
@@ -161,8 +161,7 @@ void write_back(const at::Tensor& dst, const at::Tensor& res) {
     const at::Tensor moved = sparse_to_tpu(res, dst.device());
     auto* impl = sparse_impl(dst);
     impl->resize_(res.sparse_dim(), res.dense_dim(), res.sizes());
-    impl->set_indices_and_values_unsafe(sparse_impl(moved)->indices(),
-                                        sparse_impl(moved)->values());
+    impl->set_indices_and_values_unsafe(sparse_impl(moved)->indices(), sparse_impl(moved)->values());
     impl->set_coalesced(res.is_coalesced());
     return;
   }
@@ -229,8 +228,8 @@ at::Tensor sparse_coo_with_dims_and_tensors(int64_t sparse_dim, int64_t dense_di
                                             std::optional<bool> is_coalesced) {
   TORCH_CHECK(is_tpu(indices) && is_tpu(values), "sparse tpu tensor: indices and values must be on tpu, got ",
               indices.device(), " and ", values.device());
-  return at::native::new_with_dims_and_tensor_sparse_symint(sparse_dim, dense_dim, size, indices, values, dtype,
-                                                            layout, device, pin_memory, is_coalesced);
+  return at::native::new_with_dims_and_tensor_sparse_symint(sparse_dim, dense_dim, size, indices, values, dtype, layout,
+                                                            device, pin_memory, is_coalesced);
 }
 
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
@@ -257,16 +256,17 @@ at::Tensor empty_quantized_tpu(c10::IntArrayRef size, std::optional<at::ScalarTy
   const size_t n = static_cast<size_t>(c10::multiply_integers(size)) * c10::elementSize(dt);
   c10::Allocator* alloc = device_allocator();
   c10::Storage st(c10::Storage::use_byte_size_t(), n, alloc->allocate(n), alloc, /*resizable=*/true);
-  auto q = at::detail::make_tensor<at::QTensorImpl>(std::move(st), c10::DispatchKeySet(c10::DispatchKey::QuantizedPrivateUse1),
+  auto q = at::detail::make_tensor<at::QTensorImpl>(std::move(st),
+                                                    c10::DispatchKeySet(c10::DispatchKey::QuantizedPrivateUse1),
                                                     c10::scalarTypeToTypeMeta(dt), std::move(quantizer));
   q.unsafeGetTensorImpl()->set_sizes_contiguous(size);
   q.unsafeGetTensorImpl()->empty_tensor_restride(memory_format.value_or(at::MemoryFormat::Contiguous));
   return q;
 }
 
-at::Tensor empty_affine_quantized(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
-                                  std::optional<at::Layout>, std::optional<at::Device>, std::optional<bool>,
-                                  double scale, int64_t zero_point, std::optional<at::MemoryFormat> memory_format) {
+at::Tensor empty_affine_quantized(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
+                                  std::optional<at::Device>, std::optional<bool>, double scale, int64_t zero_point,
+                                  std::optional<at::MemoryFormat> memory_format) {
   const at::ScalarType dt = dtype.value_or(at::kQUInt8);
   return empty_quantized_tpu(size, dt, memory_format, at::make_per_tensor_affine_quantizer(scale, zero_point, dt));
 }
@@ -335,8 +335,7 @@ int64_t register_quantized_host_kernels() {
   // quantized kernel on the host, as the fallback would. Views (a return that
   // aliases an argument without writing it) keep their composite kernels: they
   // share the quantized storage.
-  static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::QuantizedPrivateUse1, __FILE__,
-                            __LINE__);
+  static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::QuantizedPrivateUse1, __FILE__, __LINE__);
   int64_t count = 0;
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
@@ -351,7 +350,8 @@ int64_t register_quantized_host_kernels() {
     for (const auto& r : op->schema().returns())
       view = view || (r.alias_info() != nullptr && !r.alias_info()->isWrite());
     if (view) continue;
-    const std::string overload = name.overload_name.empty() ? name.name.substr(6) : name.name.substr(6) + "." + name.overload_name;
+    const std::string overload =
+        name.overload_name.empty() ? name.name.substr(6) : name.name.substr(6) + "." + name.overload_name;
     lib.impl(overload.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
     ++count;
   }

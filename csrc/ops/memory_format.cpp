@@ -37,10 +37,10 @@ void restride(Geometry& g, at::MemoryFormat fmt) {
 // A CPU tensor with `t`'s dtype, sizes and strides and no data: enough for
 // ATen's convolution backend choice, which reads only metadata.
 at::Tensor cpu_shell(const at::Tensor& t) {
-  c10::Storage st(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)),
-                  nullptr, false);
-  auto s = at::detail::make_tensor<c10::TensorImpl>(std::move(st), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                    t.dtype());
+  c10::Storage st(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)), nullptr,
+                  false);
+  auto s =
+      at::detail::make_tensor<c10::TensorImpl>(std::move(st), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   s.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), 0);
   return s;
 }
@@ -76,8 +76,8 @@ std::optional<at::MemoryFormat> conv_memory_format(const torch::jit::Stack& stac
   const at::Tensor in = cpu_shell(input), w = cpu_shell(weight);
   at::OptionalSymIntArrayRef bs;
   if (bias_sizes) bs = c10::SymIntArrayRef(*bias_sizes);
-  const auto backend = at::native::select_conv_backend(in, w, bias, stride, padding, dilation, transposed,
-                                                       output_padding, groups, bs);
+  const auto backend =
+      at::native::select_conv_backend(in, w, bias, stride, padding, dilation, transposed, output_padding, groups, bs);
   return at::native::_determine_backend_memory_format(in, w, backend);
 }
 
@@ -114,7 +114,7 @@ void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit
   // MemoryFormat::Contiguous), get contiguous strides, size-1 dims included.
   static const std::unordered_set<std::string> preserves_self = {"aten::flip", "aten::sort"};
   static const std::unordered_set<std::string> contiguous_result = {"aten::tril", "aten::triu", "aten::_log_softmax",
-                                                                      "aten::masked_fill"};
+                                                                    "aten::masked_fill"};
   const bool functional = schema.overload_name().find("out") == std::string::npos;
   // roll along dims: CPU's kernel concatenates two narrowed views of self, and
   // cat allocates in their common suggest_memory_format() (channels-last stays
@@ -185,8 +185,8 @@ void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit
   // their meta kernels (decompositions, or the structured meta function of
   // replication_pad2d/3d, which CPU's kernel restrides) allocate it contiguous.
   static const std::unordered_set<std::string> keeps_format = {
-      "aten::channel_shuffle", "aten::native_channel_shuffle", "aten::max_unpool2d", "aten::reflection_pad3d",
-      "aten::replication_pad2d", "aten::replication_pad3d"};
+      "aten::channel_shuffle",  "aten::native_channel_shuffle", "aten::max_unpool2d",
+      "aten::reflection_pad3d", "aten::replication_pad2d",      "aten::replication_pad3d"};
   if (keeps_format.count(name) && schema.overload_name().empty() && stack[first].isTensor() &&
       !outcome.returns.empty()) {
     const at::Tensor& self = stack[first].toTensor();

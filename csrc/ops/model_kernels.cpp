@@ -52,9 +52,9 @@ std::pair<int64_t, int64_t> histc_int_bounds(int64_t bins, const at::Scalar& min
 
 void check_histc_int_dtype(const at::Tensor& self) {
   const auto dt = self.scalar_type();
-  TORCH_CHECK_NOT_IMPLEMENTED(dt == at::kByte || dt == at::kChar || dt == at::kShort || dt == at::kInt ||
-                                  dt == at::kLong,
-                              "\"histc\" not implemented for '", c10::toString(dt), "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      dt == at::kByte || dt == at::kChar || dt == at::kShort || dt == at::kInt || dt == at::kLong,
+      "\"histc\" not implemented for '", c10::toString(dt), "'");
 }
 
 at::Tensor histc_int_meta(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
@@ -177,8 +177,7 @@ struct HistcKernel final : c10::OperatorKernel {
 // without its runtime switch, which is CPU's flash switch, not this device's.
 bool fused_attention_fits(const sdp::sdp_params& p) {
   constexpr bool debug = false;
-  if (!sdp::check_nested_tensor(p, debug) || !sdp::check_for_dropout(p, debug) ||
-      !sdp::check_tensor_shapes(p, debug) ||
+  if (!sdp::check_nested_tensor(p, debug) || !sdp::check_for_dropout(p, debug) || !sdp::check_tensor_shapes(p, debug) ||
       !sdp::check_batch_size_and_num_heads_dense<true /*grouped query attention*/>(p, debug) ||
       !sdp::check_attn_mask_shape(p, debug) || !sdp::check_nonzero_sequence_lengths_dense(p, debug) ||
       !sdp::check_last_dim_stride_equals_1_dense<false /*ignore_singleton_dim*/>(p, debug))

@@ -20,10 +20,10 @@ enum OpTrait : uint32_t {
 };
 
 struct OpEntry {
-  const char* name;        // "add.Tensor"
+  const char* name;  // "add.Tensor"
   PrimKind kind;
-  uint32_t extra_writes;   // bit i: argument i is written though its schema does not say so
-  uint32_t traits = 0;     // OpTrait bits
+  uint32_t extra_writes;  // bit i: argument i is written though its schema does not say so
+  uint32_t traits = 0;    // OpTrait bits
 };
 
 const std::vector<OpEntry>& op_table();

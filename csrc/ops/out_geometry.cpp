@@ -31,9 +31,8 @@ size_t outs_of(const c10::FunctionSchema& f, const c10::FunctionSchema& o) {
 // functional result's layout).
 bool out_resized_contiguous(const c10::FunctionSchema& s) {
   const std::string& n = s.name();
-  return n == "aten::_fft_c2c" || n == "aten::_fft_r2c" || n == "aten::_fft_c2r" ||
-         n == "aten::native_batch_norm" || n == "aten::_native_batch_norm_legit" || n == "aten::normal" ||
-         n == "aten::mvlgamma";
+  return n == "aten::_fft_c2c" || n == "aten::_fft_r2c" || n == "aten::_fft_c2r" || n == "aten::native_batch_norm" ||
+         n == "aten::_native_batch_norm_legit" || n == "aten::normal" || n == "aten::mvlgamma";
 }
 
 }  // namespace

@@ -91,12 +91,12 @@ at::Tensor make_meta(const at::Tensor& t, std::unordered_map<const void*, c10::S
   auto it = storages.find(key);
   if (it == storages.end()) {
     c10::Storage st(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
-                    c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)),
-                    c10::GetAllocator(c10::DeviceType::Meta), /*resizable=*/true);
+                    c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)), c10::GetAllocator(c10::DeviceType::Meta),
+                    /*resizable=*/true);
     it = storages.emplace(key, std::move(st)).first;
   }
-  auto m = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta),
-                                                    t.dtype());
+  auto m = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second),
+                                                    c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
   m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   if (t.is_conj()) m._set_conj(true);
   if (t.is_neg()) m._set_neg(true);
@@ -178,7 +178,8 @@ int call_check_of(const c10::FunctionSchema& schema) {
   if (name == "aten::sub" || name == "aten::sub_" || name == "aten::rsub") checks |= kSubBool;
   if (name == "aten::_index_put_impl_" || name == "aten::index_put_" || name == "aten::index_put") checks |= kIndexPut;
   if (name == "aten::masked_scatter_" || name == "aten::masked_scatter") checks |= kMaskedScatter;
-  // complex(real, imag) / polar(abs, angle): "Expected object of scalar type Float but got scalar type Double for second argument"
+  // complex(real, imag) / polar(abs, angle): "Expected object of scalar type Float but got scalar type Double for
+  // second argument"
   if (name == "aten::complex" || name == "aten::polar") checks |= kSameDtypePair;
   if (name == "aten::randperm") checks |= kRandperm;
   if (name == "aten::normal") {
@@ -397,8 +398,7 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // (int32.mul_(0.5), float16.add_(1j)): CPU's TensorIterator raises at the
   // call ("result type Float can't be cast to the desired output type Int");
   // the meta kernels of torch 2.13 let mul_ and a complex add_ / sub_ through.
-  if ((check & kInPlaceCast) && in_place_result_cannot_cast(stack[first], stack[first + 1]))
-    return true;
+  if ((check & kInPlaceCast) && in_place_result_cannot_cast(stack[first], stack[first + 1])) return true;
   if ((check & kSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
       stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
     return true;
@@ -688,8 +688,7 @@ bool fake_impl_needs_data(const std::exception& e) {
 template <class Stack>
 void retarget_device_args(Stack& stack, size_t first, size_t n, c10::DeviceType type) {
   for (size_t i = first; i < first + n; ++i)
-    if (stack[i].isDevice() && stack[i].toDevice().type() == c10::DeviceType::PrivateUse1)
-      stack[i] = c10::Device(type);
+    if (stack[i].isDevice() && stack[i].toDevice().type() == c10::DeviceType::PrivateUse1) stack[i] = c10::Device(type);
 }
 
 // Where a meta kernel's result shapes differ from CPU's kernel, CPU's win
@@ -740,8 +739,7 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
   // sort's out=: the meta kernel restrides values/indices to the input's
   // layout even when they already have the right shape; CPU keeps the given
   // strides (it only restrides an out= tensor it has to resize).
-  if (name == "aten::sort" &&
-      (schema.overload_name() == "values" || schema.overload_name() == "values_stable")) {
+  if (name == "aten::sort" && (schema.overload_name() == "values" || schema.overload_name() == "values_stable")) {
     for (auto& w : outcome.written) {
       const size_t i = first + static_cast<size_t>(w.first);
       if (i >= stack.size() || !stack[i].isTensor() || !w.second.defined) continue;
@@ -769,8 +767,8 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
   }
   // _native_multi_head_attention without need_weights: CPU returns no weights (an
   // undefined tensor, None in Python); the meta kernel returns an empty tensor.
-  if (name == "aten::_native_multi_head_attention" && schema.overload_name().empty() &&
-      stack[first + 10].isBool() && !stack[first + 10].toBool() && outcome.returns.size() == 2)
+  if (name == "aten::_native_multi_head_attention" && schema.overload_name().empty() && stack[first + 10].isBool() &&
+      !stack[first + 10].toBool() && outcome.returns.size() == 2)
     for (auto& g : outcome.returns[1]) g = Geometry();
   // Channels-last results: convolution, and kernels that keep their input's format.
   apply_cpu_memory_format(schema, stack, first, outcome);
@@ -826,7 +824,8 @@ void warn_arange_out_resize(const c10::FunctionSchema& schema, const torch::jit:
       TORCH_WARN("The number of elements in the out tensor of shape ", t.sizes(), " is ", t.numel(),
                  " which does not match the computed number of elements ", n,
                  ". Note that this may occur as a result of rounding error. "
-                 "The out tensor will be resized to a tensor of shape (", n, ",).");
+                 "The out tensor will be resized to a tensor of shape (",
+                 n, ",).");
   }
 }
 
@@ -855,7 +854,7 @@ void BorrowedArgs::push(torch::jit::Stack* stack, const at::Tensor& t) {
 void BorrowedArgs::own() {
   for (int i = 0; i < n_; ++i) {
     c10::IValue& v = (*stack_)[slots_[i]];
-    c10::IValue owned(v);  // takes a reference
+    c10::IValue owned(v);                                  // takes a reference
     c10::MaybeOwnedTraits<c10::IValue>::destroyBorrow(v);  // the borrowed entry held none
     v = std::move(owned);
   }
@@ -873,8 +872,8 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
   plan->writes = written_args(schema) | entry.extra_writes;
   const std::string& name = schema.name();
   // Ops whose result size is computed from Scalar values.
-  plan->float_values = name == "aten::arange" || name == "aten::range" || name == "aten::linspace" ||
-                       name == "aten::logspace";
+  plan->float_values =
+      name == "aten::arange" || name == "aten::range" || name == "aten::linspace" || name == "aten::logspace";
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 64; ++i) {
     c10::TypePtr t = args[i].real_type();
@@ -920,8 +919,10 @@ int op_device(torch::jit::Stack& stack, size_t first, size_t nargs) {
   int device = -1;
   for_each_tensor(stack, first, nargs, [&](int, int, const at::Tensor& t) {
     if (!is_tpu(t)) return;
-    if (device < 0) device = t.device().index();
-    else if (t.device().index() != device) raise_device_mismatch(device, t.device());
+    if (device < 0)
+      device = t.device().index();
+    else if (t.device().index() != device)
+      raise_device_mismatch(device, t.device());
   });
   if (device >= 0) return device;
   for (size_t i = first; i < first + nargs; ++i)
@@ -938,8 +939,10 @@ void check_same_device(const c10::FunctionSchema& schema, uint64_t writes, torch
   for_each_tensor(stack, first, nargs, [&](int arg, int elem, const at::Tensor& t) {
     if (!t.defined()) return;
     if (is_tpu(t)) {
-      if (!common) common = t.device();
-      else if (t.device() != *common && !other) other = t.device();
+      if (!common)
+        common = t.device();
+      else if (t.device() != *common && !other)
+        other = t.device();
       return;
     }
     const bool written = arg < 64 && ((writes >> arg) & 1);
@@ -994,7 +997,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   MetaOutcome computed;
   if (cached == nullptr) {
     const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
-    if (borrowed) borrowed->own();  // the meta call and run_eager copy and drop arguments
+    if (borrowed) borrowed->own();                // the meta call and run_eager copy and drop arguments
     // The arguments with meta twins of the tpu tensors (one twin storage per tpu storage).
     auto meta_twins = [&]() {
       torch::jit::Stack twins(stack->begin() + first, stack->end());
@@ -1087,8 +1090,8 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
         // kinds: some CPU kernels restride their result after the meta function,
         // e.g. replication_pad2d keeps channels-last.)
         const at::Tensor& m = mv.toTensor();
-        const bool cpp = entry.kind == PrimKind::kElementwise && k < cpp_returns.size() && cpp_returns[k].isTensor() && cpp_returns[k].toTensor().defined() &&
-                         cpp_returns[k].toTensor().sizes().equals(m.sizes()) &&
+        const bool cpp = entry.kind == PrimKind::kElementwise && k < cpp_returns.size() && cpp_returns[k].isTensor() &&
+                         cpp_returns[k].toTensor().defined() && cpp_returns[k].toTensor().sizes().equals(m.sizes()) &&
                          cpp_returns[k].toTensor().scalar_type() == m.scalar_type();
         geoms.push_back(geometry_of(cpp ? cpp_returns[k].toTensor() : m));
       } else if (mv.isTensorList()) {
@@ -1287,7 +1290,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   const size_t first = stack->size() - nargs;
   const uint64_t writes = plan ? plan->writes : written_args(schema);
   if (plan == nullptr) check_same_device(schema, writes, *stack, first);  // record_op checked the others
-  ChipGuard chip(op_device(*stack, first, nargs));  // results on the op's chip
+  ChipGuard chip(op_device(*stack, first, nargs));                        // results on the op's chip
   (void)flush_all(fallback ? FlushReason::kCpuFallback : FlushReason::kDataDependent);
   count_eager_op(fallback);
 
@@ -1332,7 +1335,8 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   Node pseudo(op);
   if (random) {
     pseudo.rng = true;
-    pseudo.rng_seed = reserve_random_stream(user_gen.defined() ? user_gen : default_device_generator(current_device_index()));
+    pseudo.rng_seed =
+        reserve_random_stream(user_gen.defined() ? user_gen : default_device_generator(current_device_index()));
     for (size_t i = 0; i < nargs; ++i)
       if (cpu[i].isGenerator()) cpu[i] = at::make_generator<at::CPUGeneratorImpl>(pseudo.rng_seed);
   }
@@ -1383,7 +1387,8 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
         // A view of a tpu argument: same storage, geometry from the CPU result.
         auto* base = static_cast<const char*>(bytes.storage->data) + bytes.byte_offset;
         const int64_t off = (static_cast<const char*>(res.data_ptr()) - base) / static_cast<int64_t>(res.itemsize());
-        at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(orig.storage()), orig.key_set(), res.dtype());
+        at::Tensor alias =
+            at::detail::make_tensor<c10::TensorImpl>(c10::Storage(orig.storage()), orig.key_set(), res.dtype());
         alias.unsafeGetTensorImpl()->set_sizes_and_strides(res.sizes(), res.strides(), off);
         results.emplace_back(alias);
       }
@@ -1397,15 +1402,17 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
         results.emplace_back(layout_result_to_tpu(res));
         continue;
       }
-      at::Tensor t = at::detail::empty_strided_generic(res.sizes(), res.strides(), device_allocator(),
-                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), res.scalar_type());
+      at::Tensor t =
+          at::detail::empty_strided_generic(res.sizes(), res.strides(), device_allocator(),
+                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), res.scalar_type());
       host::view_over(host::wrap_device_buffer(deferred_storage_of(t)), make_ref(t)).copy_(res);
       results.emplace_back(std::move(t));
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> out;
       for (const at::Tensor& res : v.toTensorList().vec()) {
-        at::Tensor t = at::detail::empty_strided_generic(res.sizes(), res.strides(), device_allocator(),
-                                                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), res.scalar_type());
+        at::Tensor t =
+            at::detail::empty_strided_generic(res.sizes(), res.strides(), device_allocator(),
+                                              c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), res.scalar_type());
         host::view_over(host::wrap_device_buffer(deferred_storage_of(t)), make_ref(t)).copy_(res);
         out.push_back(std::move(t));
       }

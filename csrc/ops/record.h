@@ -17,12 +17,12 @@ namespace tpu_eager {
 // What recording needs to know about an op's schema, worked out once per op:
 // walking the schema and comparing names on every call cost ~0.1 us an op.
 struct OpPlan {
-  uint64_t writes = 0;           // bit i: argument i is written (schema alias info | OpEntry::extra_writes)
-  uint64_t scalar_args = 0;      // bit i: argument i is a Scalar (or Scalar?): keyed by type, not value
-  bool float_values = false;     // range factories: Scalar values size the result, so key them by value
-  int call_check = 0;            // which CPU call-time checks apply (record.cpp, CallCheck bits)
-  int alpha_arg = -1;            // position of an `alpha` argument (CPU's alpha_check), or -1
-  int values_arg = -1;           // positions of kwarg-only written `values` / `indices` (sort's out=), or -1
+  uint64_t writes = 0;        // bit i: argument i is written (schema alias info | OpEntry::extra_writes)
+  uint64_t scalar_args = 0;   // bit i: argument i is a Scalar (or Scalar?): keyed by type, not value
+  bool float_values = false;  // range factories: Scalar values size the result, so key them by value
+  int call_check = 0;         // which CPU call-time checks apply (record.cpp, CallCheck bits)
+  int alpha_arg = -1;         // position of an `alpha` argument (CPU's alpha_check), or -1
+  int values_arg = -1;        // positions of kwarg-only written `values` / `indices` (sort's out=), or -1
   int indices_arg = -1;
   // A data-movement op that writes through an index tensor (index_copy, index_put,
   // put, scatter*, index_add, index_reduce; in place, out= or functional): CPU's
@@ -30,8 +30,8 @@ struct OpPlan {
   // duplicate indices, or the nondeterministic alert), so in that mode it runs at
   // the call, where the flag holds as set.
   bool indexed_write = false;
-  std::vector<int> aliased;      // per return: the argument it aliases, or -1
-  std::vector<bool> list_return; // per return: a Tensor[] result
+  std::vector<int> aliased;              // per return: the argument it aliases, or -1
+  std::vector<bool> list_return;         // per return: a Tensor[] result
   ScalarConversions scalar_conversions;  // Scalars CPU converts with an overflow check (scalar_checks.h)
   // ATen's C++ meta kernel when a Python meta kernel shadows it (cpu_meta.h):
   // shape/dtype inference runs it, so CPU's call-time checks hold at the call.

@@ -66,7 +66,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru
   auto w = workspace.chunk(5, 1);
   const at::Tensor &r = w[0], &z = w[1], &n = w[2], &hx = w[3], &hn = w[4];
   const at::Tensor grad_hx = grad_hy * z;
-  const at::Tensor grad_n = grad_hy * (1 - z) * (1 - n * n);  // through tanh
+  const at::Tensor grad_n = grad_hy * (1 - z) * (1 - n * n);   // through tanh
   const at::Tensor grad_z = grad_hy * (hx - n) * z * (1 - z);  // through sigmoid
   const at::Tensor grad_r = grad_n * hn * r * (1 - r);
   at::Tensor grad_input_gates = at::cat({grad_r, grad_z, grad_n}, 1);

@@ -111,14 +111,22 @@ bool fits(const at::Scalar& s) {
 bool fits_as(const at::Scalar& s, c10::ScalarType t) {
   using c10::ScalarType;
   switch (t) {
-    case ScalarType::Half: return fits<c10::Half>(s);
-    case ScalarType::BFloat16: return fits<c10::BFloat16>(s);
-    case ScalarType::Float: return fits<float>(s);
-    case ScalarType::Double: return fits<double>(s);  // fails only for a complex value
-    case ScalarType::ComplexHalf: return fits<c10::complex<c10::Half>>(s);
-    case ScalarType::ComplexFloat: return fits<c10::complex<float>>(s);
-    case ScalarType::Int: return fits<int>(s);
-    default: return true;  // complex<double> holds every Scalar
+    case ScalarType::Half:
+      return fits<c10::Half>(s);
+    case ScalarType::BFloat16:
+      return fits<c10::BFloat16>(s);
+    case ScalarType::Float:
+      return fits<float>(s);
+    case ScalarType::Double:
+      return fits<double>(s);  // fails only for a complex value
+    case ScalarType::ComplexHalf:
+      return fits<c10::complex<c10::Half>>(s);
+    case ScalarType::ComplexFloat:
+      return fits<c10::complex<float>>(s);
+    case ScalarType::Int:
+      return fits<int>(s);
+    default:
+      return true;  // complex<double> holds every Scalar
   }
 }
 
@@ -191,11 +199,20 @@ bool scalar_args_fit(const ScalarConversions& conv, const torch::jit::Stack& sta
       const double d = v.toDouble();
       bool fits_d = true;
       switch (converted_type(c.floating, result)) {
-        case c10::ScalarType::Half: fits_d = !c10::overflows<c10::Half, double>(d); break;
-        case c10::ScalarType::BFloat16: fits_d = !c10::overflows<c10::BFloat16, double>(d); break;
-        case c10::ScalarType::Float: fits_d = !c10::overflows<float, double>(d); break;
-        case c10::ScalarType::Int: fits_d = !c10::overflows<int, double>(d); break;
-        default: break;  // double, complex<float>, complex<Half>: see fits_as
+        case c10::ScalarType::Half:
+          fits_d = !c10::overflows<c10::Half, double>(d);
+          break;
+        case c10::ScalarType::BFloat16:
+          fits_d = !c10::overflows<c10::BFloat16, double>(d);
+          break;
+        case c10::ScalarType::Float:
+          fits_d = !c10::overflows<float, double>(d);
+          break;
+        case c10::ScalarType::Int:
+          fits_d = !c10::overflows<int, double>(d);
+          break;
+        default:
+          break;  // double, complex<float>, complex<Half>: see fits_as
       }
       if (!fits_d) return false;
       if (!c10::isComplexType(result)) continue;
@@ -209,7 +226,8 @@ bool scalar_args_fit(const ScalarConversions& conv, const torch::jit::Stack& sta
     if (integral) {
       if (!c.integral) continue;
       // With the unsigned 16/32/64-bit types (AT_DISPATCH_INTEGRAL_TYPES lacks them).
-      AT_DISPATCH_V2(result, "scalar_args_fit", AT_WRAP([&] { ok = fits<scalar_t>(s); }), AT_EXPAND(AT_INTEGRAL_TYPES_V2));
+      AT_DISPATCH_V2(result, "scalar_args_fit", AT_WRAP([&] { ok = fits<scalar_t>(s); }),
+                     AT_EXPAND(AT_INTEGRAL_TYPES_V2));
     } else {
       ok = fits_as(s, converted_type(c.floating, result));
     }

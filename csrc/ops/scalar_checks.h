@@ -33,7 +33,7 @@ struct ScalarConversion {
 // the check then costs one branch per call.
 struct ScalarConversions {
   std::vector<ScalarConversion> args;
-  bool tensor_value = false;  // a 0-dim CPU tensor `value` is read with item() (masked_fill, index_fill)
+  bool tensor_value = false;      // a 0-dim CPU tensor `value` is read with item() (masked_fill, index_fill)
   bool complex_into_bool = true;  // a complex Scalar into a bool result is accepted (index_fill rejects it)
 };
 

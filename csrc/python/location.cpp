@@ -108,7 +108,7 @@ int32_t python_location_id() {
 #else
   PyGILState_STATE gil = PyGILState_Ensure();
   int32_t id = -1;
-  if (PyFrameObject* f = PyEval_GetFrame()) {                             // borrowed
+  if (PyFrameObject* f = PyEval_GetFrame()) {                          // borrowed
     PyObject* code = reinterpret_cast<PyObject*>(PyFrame_GetCode(f));  // new reference
     id = intern({code, PyFrame_GetLasti(f)});
     Py_DECREF(code);

@@ -355,20 +355,26 @@ PYBIND11_MODULE(_C, m) {
         if (err && raise_error) std::rethrow_exception(err);
       },
       py::arg("reason"), py::arg("raise_error") = true);
-  m.def("_env_knobs", [] {
-    static const char* kTypes[] = {"bool", "int", "string", "path"};
-    py::list out;
-    for (const env::Knob& k : env::knobs())
-      out.append(py::make_tuple(k.name, kTypes[static_cast<int>(k.type)], k.default_value, k.where, k.doc));
-    return out;
-  }, "Every environment knob: (name, type, default, where it is read, doc).");
+  m.def(
+      "_env_knobs",
+      [] {
+        static const char* kTypes[] = {"bool", "int", "string", "path"};
+        py::list out;
+        for (const env::Knob& k : env::knobs())
+          out.append(py::make_tuple(k.name, kTypes[static_cast<int>(k.type)], k.default_value, k.where, k.doc));
+        return out;
+      },
+      "Every environment knob: (name, type, default, where it is read, doc).");
   m.def("_debug_level", &debug::level);
-  m.def("_timers", [] {
-    py::dict out;
-    for (const auto& [name, t] : debug::timers())
-      out[py::str(name)] = py::make_tuple(t.count, t.total_s, t.samples);
-    return out;
-  }, "Timers of metrics_report(): name -> (count, total seconds, a sample of durations in seconds).");
+  m.def(
+      "_timers",
+      [] {
+        py::dict out;
+        for (const auto& [name, t] : debug::timers())
+          out[py::str(name)] = py::make_tuple(t.count, t.total_s, t.samples);
+        return out;
+      },
+      "Timers of metrics_report(): name -> (count, total seconds, a sample of durations in seconds).");
   m.def("_flushes_by_line", &debug::flushes_by_line, "Flushes per triggering Python 'file:line'.");
   m.def("_reset_debug_report", &debug::reset);
   m.def("_op_counts", &debug::op_counts, "Calls per 'category.op' (cpu_fallback, library_call).");
@@ -471,7 +477,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ktir_last", &spyre::last_flush_ktir);
   // KTIR text tools (executors/spyre/ktir_ir.h): round trip, verifier, interpreter.
   m.def("_ktir_format", [](const std::string& text) { return spyre::ktir_print(spyre::ktir_parse(text)); });
-  m.def("_ktir_verify", [](const std::string& text) { spyre::ktir_verify(spyre::ktir_parse(text), spyre::active_card()); });
+  m.def("_ktir_verify",
+        [](const std::string& text) { spyre::ktir_verify(spyre::ktir_parse(text), spyre::active_card()); });
   m.def("_ktir_run", [](const std::string& text, std::vector<at::Tensor> tensors) {
     py::gil_scoped_release no_gil;
     return spyre::ktir_run(spyre::ktir_parse(text), spyre::active_card(), std::move(tensors));
@@ -520,15 +527,15 @@ PYBIND11_MODULE(_C, m) {
     prepare_address_export(t);
   });
   // View decomposition, exposed for tests and inspection.
-  m.def("_view_chain", [](int64_t storage_numel, std::vector<int64_t> sizes, std::vector<int64_t> strides,
-                          int64_t offset) {
-    auto c = views::decompose(storage_numel, sizes, strides, offset);
-    return py::make_tuple(c.str(), c.gather, c.padded);
-  });
-  m.def("_view_apply", [](const at::Tensor& flat, std::vector<int64_t> sizes, std::vector<int64_t> strides,
-                          int64_t offset) {
-    return views::apply(flat, views::decompose(flat.numel(), sizes, strides, offset), sizes, strides, offset);
-  });
+  m.def("_view_chain",
+        [](int64_t storage_numel, std::vector<int64_t> sizes, std::vector<int64_t> strides, int64_t offset) {
+          auto c = views::decompose(storage_numel, sizes, strides, offset);
+          return py::make_tuple(c.str(), c.gather, c.padded);
+        });
+  m.def("_view_apply",
+        [](const at::Tensor& flat, std::vector<int64_t> sizes, std::vector<int64_t> strides, int64_t offset) {
+          return views::apply(flat, views::decompose(flat.numel(), sizes, strides, offset), sizes, strides, offset);
+        });
   m.def("_view_scatter", [](at::Tensor flat, std::vector<int64_t> sizes, std::vector<int64_t> strides, int64_t offset,
                             const at::Tensor& value) {
     views::scatter(flat, views::decompose(flat.numel(), sizes, strides, offset), sizes, strides, offset, value);

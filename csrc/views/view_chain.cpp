@@ -172,15 +172,36 @@ std::string ViewChain::str() const {
     const auto& s = steps[i];
     if (i) o << " -> ";
     switch (s.kind) {
-      case StepKind::kNarrow: o << "narrow(" << s.start << ", " << s.length << ")"; break;
-      case StepKind::kPad: o << "pad(" << s.length << ")"; break;
-      case StepKind::kReshape: o << "reshape"; list(s.shape); break;
-      case StepKind::kSlice: o << "slice(" << s.dim << ", " << s.start << ", " << s.length << ")"; break;
-      case StepKind::kSelect: o << "select(" << s.dim << ", " << s.start << ")"; break;
-      case StepKind::kPermute: o << "permute"; list(s.shape); break;
-      case StepKind::kUnsqueeze: o << "unsqueeze(" << s.dim << ")"; break;
-      case StepKind::kExpand: o << "expand"; list(s.shape); break;
-      case StepKind::kGather: o << "gather"; break;
+      case StepKind::kNarrow:
+        o << "narrow(" << s.start << ", " << s.length << ")";
+        break;
+      case StepKind::kPad:
+        o << "pad(" << s.length << ")";
+        break;
+      case StepKind::kReshape:
+        o << "reshape";
+        list(s.shape);
+        break;
+      case StepKind::kSlice:
+        o << "slice(" << s.dim << ", " << s.start << ", " << s.length << ")";
+        break;
+      case StepKind::kSelect:
+        o << "select(" << s.dim << ", " << s.start << ")";
+        break;
+      case StepKind::kPermute:
+        o << "permute";
+        list(s.shape);
+        break;
+      case StepKind::kUnsqueeze:
+        o << "unsqueeze(" << s.dim << ")";
+        break;
+      case StepKind::kExpand:
+        o << "expand";
+        list(s.shape);
+        break;
+      case StepKind::kGather:
+        o << "gather";
+        break;
     }
   }
   return o.str();
@@ -191,23 +212,41 @@ at::Tensor apply(const at::Tensor& flat, const ViewChain& chain, c10::IntArrayRe
   at::Tensor t = flat;
   for (const auto& s : chain.steps) {
     switch (s.kind) {
-      case StepKind::kNarrow: t = t.narrow(0, s.start, s.length); break;
-      case StepKind::kPad: t = at::constant_pad_nd(t, {0, s.length - t.numel()}, 0); break;
-      case StepKind::kReshape: t = t.view(s.shape); break;
-      case StepKind::kSlice: t = t.narrow(s.dim, s.start, s.length); break;
-      case StepKind::kSelect: t = t.select(s.dim, s.start); break;
-      case StepKind::kPermute: t = t.permute(s.shape); break;
-      case StepKind::kUnsqueeze: t = t.unsqueeze(s.dim); break;
-      case StepKind::kExpand: t = t.expand(s.shape); break;
+      case StepKind::kNarrow:
+        t = t.narrow(0, s.start, s.length);
+        break;
+      case StepKind::kPad:
+        t = at::constant_pad_nd(t, {0, s.length - t.numel()}, 0);
+        break;
+      case StepKind::kReshape:
+        t = t.view(s.shape);
+        break;
+      case StepKind::kSlice:
+        t = t.narrow(s.dim, s.start, s.length);
+        break;
+      case StepKind::kSelect:
+        t = t.select(s.dim, s.start);
+        break;
+      case StepKind::kPermute:
+        t = t.permute(s.shape);
+        break;
+      case StepKind::kUnsqueeze:
+        t = t.unsqueeze(s.dim);
+        break;
+      case StepKind::kExpand:
+        t = t.expand(s.shape);
+        break;
       // The index gather: on the host, a strided read of the flat value.
-      case StepKind::kGather: t = at::as_strided(flat, sizes, strides, offset).clone(); break;
+      case StepKind::kGather:
+        t = at::as_strided(flat, sizes, strides, offset).clone();
+        break;
     }
   }
   return t;
 }
 
-void scatter(at::Tensor& flat, const ViewChain& chain, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-             int64_t offset, const at::Tensor& value) {
+void scatter(at::Tensor& flat, const ViewChain& chain, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset,
+             const at::Tensor& value) {
   if (chain.gather) {
     at::as_strided(flat, sizes, strides, offset).copy_(value);  // index scatter
     return;

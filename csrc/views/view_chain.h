@@ -71,8 +71,8 @@ at::Tensor apply(const at::Tensor& flat, const ViewChain& chain, c10::IntArrayRe
 // Write: stores `value` (the new value of the view) into `flat` through the
 // inverse chain (expand -> reduce is invalid for writes: a view with stride-0
 // dims must not be written; callers check internal overlap first).
-void scatter(at::Tensor& flat, const ViewChain& chain, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-             int64_t offset, const at::Tensor& value);
+void scatter(at::Tensor& flat, const ViewChain& chain, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset,
+             const at::Tensor& value);
 
 }  // namespace views
 }  // namespace tpu_eager

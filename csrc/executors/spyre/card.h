@@ -10,17 +10,17 @@ namespace tpu_eager {
 namespace spyre {
 
 struct CardParams {
-  std::string name;                  // "spyre"
+  std::string name;  // "spyre"
   int64_t cores = 32;
   int64_t corelets_per_core = 2;
-  int64_t lx_bytes_per_core = 0;     // scratchpad per core
+  int64_t lx_bytes_per_core = 0;  // scratchpad per core
   int64_t lx_usable_bytes_per_core = 0;
-  int64_t dram_bytes = 0;            // LPDDR5 capacity
-  int64_t stick_bytes = 128;         // data moves in sticks of this many bytes
+  int64_t dram_bytes = 0;                 // LPDDR5 capacity
+  int64_t stick_bytes = 128;              // data moves in sticks of this many bytes
   double matmul_macs_per_s_per_core = 0;  // sustained
   double vector_elems_per_s_per_core = 0;
-  double dram_bandwidth = 0;         // bytes/s, mixed read/write (calibrated)
-  double overlap = 0;                // T = C + M - overlap * min(C, M)
+  double dram_bandwidth = 0;  // bytes/s, mixed read/write (calibrated)
+  double overlap = 0;         // T = C + M - overlap * min(C, M)
 
   bool valid() const {
     return cores > 0 && stick_bytes > 0 && matmul_macs_per_s_per_core > 0 && vector_elems_per_s_per_core > 0 &&

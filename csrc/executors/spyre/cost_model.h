@@ -28,9 +28,9 @@ int64_t stick_bytes(c10::IntArrayRef sizes, c10::ScalarType dtype, const CardPar
 int64_t stick_elems(c10::ScalarType dtype, const CardParams& card);
 
 struct OpCost {
-  double flops = 0;        // useful operations: matmul 2*B*M*K*N, others one per element
-  double macs = 0;         // matmul MACs on stick-padded K and N
-  double vector_elems = 0; // vector-unit elements, stick-padded
+  double flops = 0;         // useful operations: matmul 2*B*M*K*N, others one per element
+  double macs = 0;          // matmul MACs on stick-padded K and N
+  double vector_elems = 0;  // vector-unit elements, stick-padded
   double seconds(const CardParams& card) const;
 };
 // Work of node `n` (matmul family by its products, reductions by their

@@ -36,8 +36,7 @@ void decode_loop(const uint16_t* __restrict src, uint32_t* __restrict dst, int64
 
 }  // namespace
 
-void df16_encode_array(const uint32_t* src, uint16_t* dst, int64_t n, Df16Rounding rounding,
-                       Df16Overflow overflow) {
+void df16_encode_array(const uint32_t* src, uint16_t* dst, int64_t n, Df16Rounding rounding, Df16Overflow overflow) {
   const bool away = rounding == Df16Rounding::kNearestAway;
   const bool nan_inf = overflow == Df16Overflow::kNanInf;
   if (away && nan_inf)

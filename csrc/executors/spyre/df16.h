@@ -56,8 +56,7 @@ inline uint16_t df16_from_f32_bits(uint32_t u, Df16Rounding rounding = Df16Round
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t mag = u & 0x7FFFFFFFu;
   // Rounding on the whole magnitude lets the fraction's carry reach the exponent.
-  const uint32_t bias = rounding == Df16Rounding::kNearestAway ? detail::kHalf
-                                                               : detail::kHalf - 1 + ((mag >> 14) & 1u);
+  const uint32_t bias = rounding == Df16Rounding::kNearestAway ? detail::kHalf : detail::kHalf - 1 + ((mag >> 14) & 1u);
   const int32_t t = static_cast<int32_t>((mag + bias) >> 14) - detail::kExpShift;
   const uint32_t ovf = overflow == Df16Overflow::kNanInf ? kDf16NanInf : kDf16MaxFinite;
   uint32_t code = t < 0 ? 0u : (t >= static_cast<int32_t>(kDf16NanInf) ? ovf : static_cast<uint32_t>(t));

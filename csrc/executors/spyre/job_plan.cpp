@@ -68,9 +68,10 @@ void job_plan_add_region(const std::string& kernel, const Region& region, const 
     const int k = arg_for(*v.ref);
     if (v.loaded && !reads.count(k)) {
       // First read of a value the flush has not produced: the host copies it in.
-      const bool known = st.written.count(k) || std::any_of(st.plan.steps.begin(), st.plan.steps.end(), [&](const JobStep& s) {
-        return s.kind == "H2D" && s.arg == st.plan.args[k].symbol;
-      });
+      const bool known =
+          st.written.count(k) || std::any_of(st.plan.steps.begin(), st.plan.steps.end(), [&](const JobStep& s) {
+            return s.kind == "H2D" && s.arg == st.plan.args[k].symbol;
+          });
       if (!known) st.plan.steps.push_back({"H2D", st.plan.args[k].symbol, st.plan.args[k].bytes});
       reads.insert(k);
       compute.reads.push_back(st.plan.args[k].symbol);

@@ -25,14 +25,14 @@ namespace tpu_eager {
 namespace spyre {
 
 struct JobArg {
-  std::string symbol;           // "%arg<k>"
-  std::string dtype;            // device dtype: f32, df16, i32, ...
-  int64_t numel = 0;            // elements of the storage
-  std::vector<int64_t> sizes;   // sizes of the first view that used it
-  int64_t stick_elems = 0;      // elements per 128-byte stick
-  int64_t sticks = 0;           // sticks of the flat storage (numel padded to whole sticks)
-  int64_t bytes = 0;            // sticks * stick bytes
-  int64_t address = -1;         // simulated device address once patched, else -1
+  std::string symbol;          // "%arg<k>"
+  std::string dtype;           // device dtype: f32, df16, i32, ...
+  int64_t numel = 0;           // elements of the storage
+  std::vector<int64_t> sizes;  // sizes of the first view that used it
+  int64_t stick_elems = 0;     // elements per 128-byte stick
+  int64_t sticks = 0;          // sticks of the flat storage (numel padded to whole sticks)
+  int64_t bytes = 0;           // sticks * stick bytes
+  int64_t address = -1;        // simulated device address once patched, else -1
 };
 
 struct JobStep {

@@ -32,15 +32,15 @@ namespace {
 
 struct DtypeName {
   c10::ScalarType t;
-  const char* host;    // in views and args
-  const char* torch;   // dtype literals
+  const char* host;   // in views and args
+  const char* torch;  // dtype literals
 };
 const DtypeName kDtypes[] = {
-    {c10::kFloat, "f32", "torch.float32"},   {c10::kHalf, "f16", "torch.float16"},
+    {c10::kFloat, "f32", "torch.float32"},      {c10::kHalf, "f16", "torch.float16"},
     {c10::kBFloat16, "bf16", "torch.bfloat16"}, {c10::kDouble, "f64", "torch.float64"},
-    {c10::kLong, "i64", "torch.int64"},      {c10::kInt, "i32", "torch.int32"},
-    {c10::kShort, "i16", "torch.int16"},     {c10::kChar, "i8", "torch.int8"},
-    {c10::kByte, "u8", "torch.uint8"},       {c10::kBool, "bool", "torch.bool"},
+    {c10::kLong, "i64", "torch.int64"},         {c10::kInt, "i32", "torch.int32"},
+    {c10::kShort, "i16", "torch.int16"},        {c10::kChar, "i8", "torch.int8"},
+    {c10::kByte, "u8", "torch.uint8"},          {c10::kBool, "bool", "torch.bool"},
 };
 
 std::string host_name(c10::ScalarType t) {
@@ -53,10 +53,14 @@ std::string host_name(c10::ScalarType t) {
 // when the device holds it in another format (df16(f16), i32(i64)).
 std::string type_token(c10::ScalarType t) {
   switch (t) {
-    case c10::kHalf: return "df16(f16)";
-    case c10::kBFloat16: return "df16(bf16)";
-    case c10::kLong: return "i32(i64)";
-    default: return host_name(t);
+    case c10::kHalf:
+      return "df16(f16)";
+    case c10::kBFloat16:
+      return "df16(bf16)";
+    case c10::kLong:
+      return "i32(i64)";
+    default:
+      return host_name(t);
   }
 }
 
@@ -91,10 +95,14 @@ std::string float_text(double d) {
 
 std::string value_text(const KtirValue& v) {
   switch (v.kind) {
-    case KtirValue::kNone: return "None";
-    case KtirValue::kBool: return v.b ? "True" : "False";
-    case KtirValue::kInt: return std::to_string(v.i);
-    case KtirValue::kFloat: return float_text(v.f);
+    case KtirValue::kNone:
+      return "None";
+    case KtirValue::kBool:
+      return v.b ? "True" : "False";
+    case KtirValue::kInt:
+      return std::to_string(v.i);
+    case KtirValue::kFloat:
+      return float_text(v.f);
     case KtirValue::kString: {
       std::string s = "\"";
       for (char c : v.s) s += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
@@ -104,7 +112,8 @@ std::string value_text(const KtirValue& v) {
       for (const auto& d : kDtypes)
         if (static_cast<int64_t>(d.t) == v.i) return d.torch;
       return std::to_string(v.i);
-    case KtirValue::kView: return "%" + std::to_string(v.i);
+    case KtirValue::kView:
+      return "%" + std::to_string(v.i);
     case KtirValue::kList: {
       std::string s = "[";
       for (size_t i = 0; i < v.list.size(); ++i) s += (i ? ", " : "") + value_text(v.list[i]);
@@ -123,16 +132,24 @@ bool is_dtype_type(const c10::TypePtr& t) {
 KtirValue value_of(const c10::IValue& v, bool dtype) {
   KtirValue k;
   if (v.isNone()) return k;
-  if (v.isBool()) k.kind = KtirValue::kBool, k.b = v.toBool();
-  else if (v.isInt()) k.kind = dtype ? KtirValue::kDtype : KtirValue::kInt, k.i = v.toInt();
-  else if (v.isDouble()) k.kind = KtirValue::kFloat, k.f = v.toDouble();
-  else if (v.isString()) k.kind = KtirValue::kString, k.s = v.toStringRef();
-  else if (v.isDevice()) k.kind = KtirValue::kString, k.s = v.toDevice().str();
+  if (v.isBool())
+    k.kind = KtirValue::kBool, k.b = v.toBool();
+  else if (v.isInt())
+    k.kind = dtype ? KtirValue::kDtype : KtirValue::kInt, k.i = v.toInt();
+  else if (v.isDouble())
+    k.kind = KtirValue::kFloat, k.f = v.toDouble();
+  else if (v.isString())
+    k.kind = KtirValue::kString, k.s = v.toStringRef();
+  else if (v.isDevice())
+    k.kind = KtirValue::kString, k.s = v.toDevice().str();
   else if (v.isTensor() && v.toTensor().dim() == 0) {  // a Python number received as a 0-dim tensor
     const c10::Scalar s = v.toTensor().item();
-    if (s.isBoolean()) k.kind = KtirValue::kBool, k.b = s.toBool();
-    else if (s.isIntegral(false)) k.kind = KtirValue::kInt, k.i = s.toLong();
-    else k.kind = KtirValue::kFloat, k.f = s.toDouble();
+    if (s.isBoolean())
+      k.kind = KtirValue::kBool, k.b = s.toBool();
+    else if (s.isIntegral(false))
+      k.kind = KtirValue::kInt, k.i = s.toLong();
+    else
+      k.kind = KtirValue::kFloat, k.f = s.toDouble();
   } else if (v.isList()) {
     k.kind = KtirValue::kList;
     for (const c10::IValue& e : v.toListRef()) k.list.push_back(value_of(e, false));
@@ -173,8 +190,7 @@ struct Cursor {
   std::string word() {
     ws();
     size_t b = i;
-    while (i < s.size() && s[i] != ' ' && s[i] != '=' && s[i] != ',' && s[i] != ']' && s[i] != ')' && s[i] != '[')
-      ++i;
+    while (i < s.size() && s[i] != ' ' && s[i] != '=' && s[i] != ',' && s[i] != ']' && s[i] != ')' && s[i] != '[') ++i;
     return s.substr(b, i - b);
   }
   std::string token() {  // up to the next space
@@ -188,7 +204,8 @@ struct Cursor {
     size_t b = i;
     if (i < s.size() && s[i] == '-') ++i;
     while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
-    if (b == i || (s[b] == '-' && i == b + 1)) fail(line, "syntax", "expected an integer at column " + std::to_string(b + 1) + " in: " + s);
+    if (b == i || (s[b] == '-' && i == b + 1))
+      fail(line, "syntax", "expected an integer at column " + std::to_string(b + 1) + " in: " + s);
     return std::stoll(s.substr(b, i - b));
   }
   std::vector<int64_t> int_list() {
@@ -374,8 +391,9 @@ bool write_only(const std::string& op, const c10::FunctionSchema& schema, size_t
   const auto& arg = schema.arguments()[a];
   if (!arg.alias_info() || !arg.alias_info()->isWrite()) return false;
   if (arg.is_out()) return true;
-  static const std::set<std::string> overwrite = {"fill_", "zero_", "copy_", "normal_", "uniform_", "random_",
-                                                  "exponential_", "geometric_", "cauchy_", "log_normal_", "bernoulli_"};
+  static const std::set<std::string> overwrite = {"fill_",    "zero_",       "copy_",        "normal_",
+                                                  "uniform_", "random_",     "exponential_", "geometric_",
+                                                  "cauchy_",  "log_normal_", "bernoulli_"};
   return a == 0 && overwrite.count(op.substr(0, op.find('.')));
 }
 
@@ -394,7 +412,8 @@ void define_written(const KtirOp& o, const c10::FunctionSchema& schema, std::vec
 torch::jit::Stack op_stack(const KtirOp& o, const c10::FunctionSchema& schema, const std::vector<at::Tensor>& views) {
   const auto& args = schema.arguments();
   if (o.args.size() > args.size())
-    fail(o.line, "op", o.op + " takes " + std::to_string(args.size()) + " arguments, got " + std::to_string(o.args.size()));
+    fail(o.line, "op",
+         o.op + " takes " + std::to_string(args.size()) + " arguments, got " + std::to_string(o.args.size()));
   torch::jit::Stack stack;
   for (size_t a = 0; a < args.size(); ++a) {
     if (a < o.args.size()) {
@@ -414,7 +433,8 @@ std::vector<at::Tensor> fresh(const c10::FunctionSchema& schema, const torch::ji
   const auto& rets = schema.returns();
   for (size_t k = 0; k < rets.size() && k < stack.size(); ++k) {
     if (rets[k].alias_info()) continue;
-    if (stack[k].isTensor()) out.push_back(stack[k].toTensor());
+    if (stack[k].isTensor())
+      out.push_back(stack[k].toTensor());
     else if (stack[k].isTensorList())
       for (const auto& t : stack[k].toTensorList()) out.push_back(t);
   }
@@ -486,8 +506,10 @@ KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, con
       KtirValue ref;
       ref.kind = KtirValue::kView;
       ref.i = L.id(in.ref);
-      if (in.elem < 0) o.args.at(in.arg) = ref;
-      else lists[in.arg].push_back({in.elem, L.id(in.ref)});
+      if (in.elem < 0)
+        o.args.at(in.arg) = ref;
+      else
+        lists[in.arg].push_back({in.elem, L.id(in.ref)});
     }
     for (auto& [a, elems] : lists) {
       KtirValue& l = o.args.at(a);
@@ -613,7 +635,8 @@ KtirProgram ktir_parse(const std::string& text) {
         } while (c.eat(","));
         c.expect("]");
       }
-      if (d != t.sizes.size()) fail(line, "tile", "at= has " + std::to_string(d) + " dims, sizes= has " + std::to_string(t.sizes.size()));
+      if (d != t.sizes.size())
+        fail(line, "tile", "at= has " + std::to_string(d) + " dims, sizes= has " + std::to_string(t.sizes.size()));
       if (!c.done()) fail(line, "syntax", "unexpected text at the end of the tile");
       p.tiles.push_back(t);
       continue;
@@ -627,10 +650,14 @@ KtirProgram ktir_parse(const std::string& text) {
       KtirArg a;
       a.line = line;
       const std::string kind = c.word();
-      if (kind == "in") a.kind = KtirArg::kIn;
-      else if (kind == "out") a.kind = KtirArg::kOut;
-      else if (kind == "inout") a.kind = KtirArg::kInOut;
-      else fail(line, "arg", "an argument is in, out or inout, got '" + kind + "'");
+      if (kind == "in")
+        a.kind = KtirArg::kIn;
+      else if (kind == "out")
+        a.kind = KtirArg::kOut;
+      else if (kind == "inout")
+        a.kind = KtirArg::kInOut;
+      else
+        fail(line, "arg", "an argument is in, out or inout, got '" + kind + "'");
       const std::string ty = c.token();
       if (!parse_type_token(ty, &a.dtype)) fail(line, "types", "unknown type '" + ty + "'");
       c.expect("elems=");
@@ -717,11 +744,13 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
     if (bound && a < bound->size()) {
       const at::Tensor& t = (*bound)[a];
       if (t.scalar_type() != g.dtype)
-        fail(g.line, "types", "%a" + std::to_string(a) + " is " + host_name(g.dtype) + ", the tensor bound to it is " +
-                                   c10::toString(t.scalar_type()));
+        fail(g.line, "types",
+             "%a" + std::to_string(a) + " is " + host_name(g.dtype) + ", the tensor bound to it is " +
+                 c10::toString(t.scalar_type()));
       if (t.numel() < g.elems)
-        fail(g.line, "view-bounds", "%a" + std::to_string(a) + " needs " + std::to_string(g.elems) +
-                                        " elements, the tensor bound to it has " + std::to_string(t.numel()));
+        fail(g.line, "view-bounds",
+             "%a" + std::to_string(a) + " needs " + std::to_string(g.elems) + " elements, the tensor bound to it has " +
+                 std::to_string(t.numel()));
     }
   }
   std::vector<int> tile_of(p.views.size(), -1);
@@ -747,31 +776,37 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
       const int64_t last = last_elem(w);
       const int64_t vb = c10::elementSize(w.dtype), ab = c10::elementSize(g.dtype);
       if ((last + 1) * vb > g.elems * ab)
-        fail(w.line, "view-bounds", name + " reaches element " + std::to_string(last) + " of %a" +
-                                        std::to_string(w.arg) + ", which has " + std::to_string(g.elems));
+        fail(w.line, "view-bounds",
+             name + " reaches element " + std::to_string(last) + " of %a" + std::to_string(w.arg) + ", which has " +
+                 std::to_string(g.elems));
     }
     if (tile_of[v] < 0) fail(w.line, "tile", name + " has no tile");
     const KtirTile& t = p.tiles[tile_of[v]];
-    if (t.sizes.size() != w.sizes.size()) fail(t.line, "tile", "the tile of " + name + " differs from the view in rank");
+    if (t.sizes.size() != w.sizes.size())
+      fail(t.line, "tile", "the tile of " + name + " differs from the view in rank");
     for (size_t d = 0; d < t.sizes.size(); ++d) {
       if (t.sizes[d] < 0 || t.sizes[d] > w.sizes[d])
-        fail(t.line, "tile", "tile size " + std::to_string(t.sizes[d]) + " of dim " + std::to_string(d) + " of " + name +
-                                 " is outside 0.." + std::to_string(w.sizes[d]));
+        fail(t.line, "tile",
+             "tile size " + std::to_string(t.sizes[d]) + " of dim " + std::to_string(d) + " of " + name +
+                 " is outside 0.." + std::to_string(w.sizes[d]));
       if (d > 0 && t.sizes[d] != w.sizes[d]) {
         // Only the innermost dim may be cut, and then in whole sticks.
         const int64_t bytes = t.sizes[d] * device_elem_bytes(w.dtype);
         if (d + 1 != t.sizes.size() || bytes % card.stick_bytes != 0)
-          fail(t.line, "stick", "the tile of " + name + " cuts dim " + std::to_string(d) + " at " + std::to_string(t.sizes[d]) +
-                                    " elements: tiles hold whole rows or whole " + std::to_string(card.stick_bytes) + "-byte sticks");
+          fail(t.line, "stick",
+               "the tile of " + name + " cuts dim " + std::to_string(d) + " at " + std::to_string(t.sizes[d]) +
+                   " elements: tiles hold whole rows or whole " + std::to_string(card.stick_bytes) + "-byte sticks");
       }
     }
     if (t.core_stride) {
       if (t.core_stride != p.rows_per_core || t.sizes[0] != p.rows_per_core)
-        fail(t.line, "grid", "a split tile takes rows_per_core=" + std::to_string(p.rows_per_core) + " rows at core*" +
-                                 std::to_string(p.rows_per_core));
+        fail(t.line, "grid",
+             "a split tile takes rows_per_core=" + std::to_string(p.rows_per_core) + " rows at core*" +
+                 std::to_string(p.rows_per_core));
       if (p.cores_used * p.rows_per_core < w.sizes[0] || (p.cores_used - 1) * p.rows_per_core >= w.sizes[0])
-        fail(t.line, "grid", "cores_used=" + std::to_string(p.cores_used) + " cores of " + std::to_string(p.rows_per_core) +
-                                 " rows do not cover the " + std::to_string(w.sizes[0]) + " rows of " + name + " exactly");
+        fail(t.line, "grid",
+             "cores_used=" + std::to_string(p.cores_used) + " cores of " + std::to_string(p.rows_per_core) +
+                 " rows do not cover the " + std::to_string(w.sizes[0]) + " rows of " + name + " exactly");
     } else if (!w.sizes.empty() && t.sizes[0] != w.sizes[0] && t.sizes.size() > 1) {
       fail(t.line, "tile", "a replicated tile (at 0) holds all " + std::to_string(w.sizes[0]) + " rows of " + name);
     }
@@ -781,10 +816,10 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
   // LX: the schedule cuts each core's tiles into steps that fit double
   // buffered; one stick of every view, twice, is the least it can do.
   if (card.lx_usable_bytes_per_core > 0 && 2 * lx_min_bytes > card.lx_usable_bytes_per_core)
-    fail(hl, "lx-capacity", "one stick of each of the " + std::to_string(p.views.size()) +
-                                " views, double buffered, needs " + std::to_string(2 * lx_min_bytes) + " bytes; LX holds " +
-                                std::to_string(card.lx_usable_bytes_per_core) +
-                                " per core: the region cannot be tiled to fit LX");
+    fail(hl, "lx-capacity",
+         "one stick of each of the " + std::to_string(p.views.size()) + " views, double buffered, needs " +
+             std::to_string(2 * lx_min_bytes) + " bytes; LX holds " + std::to_string(card.lx_usable_bytes_per_core) +
+             " per core: the region cannot be tiled to fit LX");
   (void)lx_bytes;
   // Ops: known, operands defined before use, result types and shapes (meta run).
   // Def-use is per storage (an argument or an LX buffer): a write through
@@ -811,14 +846,18 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
     bool list_return = false;
     for (const auto& r : schema.returns()) {
       if (r.alias_info()) continue;
-      if (r.type()->kind() == c10::TypeKind::TensorType) fresh_returns++;
-      else if (r.type()->kind() == c10::TypeKind::ListType) list_return = true;
+      if (r.type()->kind() == c10::TypeKind::TensorType)
+        fresh_returns++;
+      else if (r.type()->kind() == c10::TypeKind::ListType)
+        list_return = true;
     }
     if (!list_return && static_cast<int>(o.results.size()) != fresh_returns)
-      fail(o.line, "op", o.op + " returns " + std::to_string(fresh_returns) + " new tensors, the line names " +
-                             std::to_string(o.results.size()));
+      fail(o.line, "op",
+           o.op + " returns " + std::to_string(fresh_returns) + " new tensors, the line names " +
+               std::to_string(o.results.size()));
     for (int r : o.results)
-      if (r < 0 || r >= static_cast<int>(p.views.size())) fail(o.line, "def-use", "result %" + std::to_string(r) + " is not a view");
+      if (r < 0 || r >= static_cast<int>(p.views.size()))
+        fail(o.line, "def-use", "result %" + std::to_string(r) + " is not a view");
     define_written(o, schema, meta, [&](int v) {
       define(v);
       return meta[v];
@@ -837,16 +876,18 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
       const KtirView& w = p.views[o.results[j]];
       if (j < got.size() && got[j].defined()) {
         if (!got[j].sizes().equals(w.sizes))
-          fail(o.line, "types", o.op + " result " + std::to_string(j) + " has sizes " + list(got[j].sizes().vec()) +
-                                    ", its view %" + std::to_string(o.results[j]) + " has " + list(w.sizes));
+          fail(o.line, "types",
+               o.op + " result " + std::to_string(j) + " has sizes " + list(got[j].sizes().vec()) + ", its view %" +
+                   std::to_string(o.results[j]) + " has " + list(w.sizes));
         // The kind of dtype (meta kernels may differ from CPU's in width,
         // e.g. native_layer_norm's mean in f32 for a 16-bit input).
         auto kind = [](c10::ScalarType t) {
           return c10::isFloatingType(t) ? 0 : (t == c10::kBool ? 1 : (c10::isComplexType(t) ? 2 : 3));
         };
         if (kind(got[j].scalar_type()) != kind(w.dtype))
-          fail(o.line, "types", o.op + " result " + std::to_string(j) + " is " + host_name(got[j].scalar_type()) +
-                                    ", its view %" + std::to_string(o.results[j]) + " is " + host_name(w.dtype));
+          fail(o.line, "types",
+               o.op + " result " + std::to_string(j) + " is " + host_name(got[j].scalar_type()) + ", its view %" +
+                   std::to_string(o.results[j]) + " is " + host_name(w.dtype));
       }
       define(o.results[j]);
     }
@@ -880,9 +921,11 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
   }
   std::map<int, int64_t> lx_bytes;
   for (const auto& w : p.views)
-    if (w.lx) lx_bytes[w.buf] = std::max(lx_bytes[w.buf], (last_elem(w) + 1) * static_cast<int64_t>(c10::elementSize(w.dtype)));
+    if (w.lx)
+      lx_bytes[w.buf] = std::max(lx_bytes[w.buf], (last_elem(w) + 1) * static_cast<int64_t>(c10::elementSize(w.dtype)));
   std::map<int, at::Tensor> lx;
-  for (const auto& [b, n] : lx_bytes) lx[b] = at::zeros({std::max<int64_t>(n, 1)}, at::TensorOptions().dtype(at::kByte));
+  for (const auto& [b, n] : lx_bytes)
+    lx[b] = at::zeros({std::max<int64_t>(n, 1)}, at::TensorOptions().dtype(at::kByte));
   auto over = [](const at::Tensor& bytes, const KtirView& w) {
     const int64_t es = c10::elementSize(w.dtype);
     return bytes.narrow(0, 0, bytes.numel() / es * es).view(w.dtype).as_strided(w.sizes, w.strides, w.offset);

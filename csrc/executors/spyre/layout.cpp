@@ -28,8 +28,10 @@ std::set<int64_t> reduced_dims(const Node& n) {
   for (size_t a = 0; a < args.size() && a < n.args.size(); ++a) {
     if (args[a].name() != "dim") continue;
     const c10::IValue& v = n.args[a];
-    if (v.isNone()) all();
-    else if (v.isInt()) dims.insert(v.toInt() < 0 ? v.toInt() + rank : v.toInt());
+    if (v.isNone())
+      all();
+    else if (v.isInt())
+      dims.insert(v.toInt() < 0 ? v.toInt() + rank : v.toInt());
     else if (v.isIntList()) {
       const auto l = v.toIntList();
       if (l.empty()) all();
@@ -118,11 +120,15 @@ RegionLayout region_layout(const Region& region, const std::vector<Node>& graph,
 
 std::string device_dtype_name(c10::ScalarType t) {
   switch (t) {
-    case c10::kFloat: return "f32";
+    case c10::kFloat:
+      return "f32";
     case c10::kHalf:
-    case c10::kBFloat16: return "df16";
-    case c10::kLong: return "i32";
-    default: return c10::toString(t);
+    case c10::kBFloat16:
+      return "df16";
+    case c10::kLong:
+      return "i32";
+    default:
+      return c10::toString(t);
   }
 }
 

@@ -23,9 +23,7 @@ struct Share {
   int64_t row_sticks = 0;  // sticks of one row
   int64_t sticks() const { return rows * row_sticks; }
   // Sticks of one of n tiles: whole rows while n <= rows, else parts of rows.
-  int64_t tile_sticks(int64_t n) const {
-    return n <= rows ? ceil_div(rows, n) * row_sticks : ceil_div(sticks(), n);
-  }
+  int64_t tile_sticks(int64_t n) const { return n <= rows ? ceil_div(rows, n) * row_sticks : ceil_div(sticks(), n); }
 };
 
 Share share_of(const LayoutView& v, const RegionLayout& L, const CardParams& card) {
@@ -94,15 +92,16 @@ Schedule plan_schedule(const std::string& kernel, const Region& region, const st
     TORCH_CHECK_VALUE(footprint(most) <= s.lx_budget_bytes, "Spyre: region ", kernel,
                       " cannot be tiled to fit LX: one ", stick, "-byte stick of each of its ", shares.size(),
                       " views in ", s.buffers, " buffers needs ", footprint(most),
-                      " bytes, more than the usable LX of a core (lx_usable_bytes_per_core = ", s.lx_budget_bytes,
-                      ")");
+                      " bytes, more than the usable LX of a core (lx_usable_bytes_per_core = ", s.lx_budget_bytes, ")");
     // The fewest tiles that fit (the footprint only shrinks as n grows), and
     // at least two when the share allows, so loads overlap compute.
     int64_t lo = most >= 2 ? 2 : 1, hi = std::max(lo, most);
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
-      if (footprint(mid) <= s.lx_budget_bytes) hi = mid;
-      else lo = mid + 1;
+      if (footprint(mid) <= s.lx_budget_bytes)
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     n = lo;
   }
@@ -145,7 +144,8 @@ Schedule plan_schedule(const std::string& kernel, const Region& region, const st
   s.tile_rows = s.row_split ? 0 : ceil_div(split_rows, n);
   // Multi-instance: the corelets divide each tile's rows, or a row's sticks.
   const bool by_rows = !s.row_split && s.tile_rows >= s.corelets;
-  const int64_t units = by_rows ? s.tile_rows : (s.row_split ? ceil_div(split_rows * split_row_sticks, n) : split_row_sticks);
+  const int64_t units =
+      by_rows ? s.tile_rows : (s.row_split ? ceil_div(split_rows * split_row_sticks, n) : split_row_sticks);
   s.corelet_split = by_rows ? "rows" : "sticks";
   for (int64_t c = 0, left = units; c < s.corelets; ++c) {
     const int64_t part = ceil_div(left, s.corelets - c);

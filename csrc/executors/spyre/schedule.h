@@ -45,43 +45,43 @@ namespace tpu_eager {
 namespace spyre {
 
 struct ScheduleStage {
-  std::string kind;     // "load", "compute", "store" or "ring_reduce"
-  int64_t tile = -1;    // tile index on the core; -1 for ring_reduce
-  int buffer = -1;      // LX buffer (0 or 1); -1 for ring_reduce
-  int64_t bytes = 0;    // load/store: DRAM bytes; compute: LX bytes of the tile; ring: bytes over the ring
-  double start_s = 0;   // seconds from the region's start
+  std::string kind;    // "load", "compute", "store" or "ring_reduce"
+  int64_t tile = -1;   // tile index on the core; -1 for ring_reduce
+  int buffer = -1;     // LX buffer (0 or 1); -1 for ring_reduce
+  int64_t bytes = 0;   // load/store: DRAM bytes; compute: LX bytes of the tile; ring: bytes over the ring
+  double start_s = 0;  // seconds from the region's start
   double end_s = 0;
 };
 
 struct ScheduleView {
-  int id = 0;                      // KTIR view number (%id)
+  int id = 0;  // KTIR view number (%id)
   bool lx = false, loaded = false, stored = false, split = false;
-  std::vector<int64_t> tile_sizes; // elements of one tile
-  int64_t tile_sticks = 0;         // 128-byte sticks of one tile
-  int64_t tile_bytes = 0;          // tile_sticks * stick bytes
+  std::vector<int64_t> tile_sizes;  // elements of one tile
+  int64_t tile_sticks = 0;          // 128-byte sticks of one tile
+  int64_t tile_bytes = 0;           // tile_sticks * stick bytes
 };
 
 struct Schedule {
   std::string kernel;
   int64_t cores = 0, cores_used = 0, corelets = 0;
   int64_t rows = 0, rows_per_core = 0;
-  int64_t n_tiles = 1;             // tiles per core
-  int64_t tile_rows = 0;           // rows per tile of the split views; 0 when rows are split into sticks
+  int64_t n_tiles = 1;    // tiles per core
+  int64_t tile_rows = 0;  // rows per tile of the split views; 0 when rows are split into sticks
   bool row_split = false;
-  std::string corelet_split;       // "rows" or "sticks": what each tile divides between the corelets
+  std::string corelet_split;           // "rows" or "sticks": what each tile divides between the corelets
   std::vector<int64_t> corelet_share;  // rows (or sticks) of the first tile per corelet
   int buffers = 2;
-  int64_t lx_budget_bytes = 0;     // lx_usable_bytes_per_core
-  int64_t lx_bytes_used = 0;       // buffers * sum of tile bytes
+  int64_t lx_budget_bytes = 0;  // lx_usable_bytes_per_core
+  int64_t lx_bytes_used = 0;    // buffers * sum of tile bytes
   std::vector<ScheduleView> views;
   int64_t load_bytes_per_tile = 0, store_bytes_per_tile = 0;
   // Ring reduction over the cores (0 when none).
   int64_t ring_steps = 0, ring_bytes = 0, ring_cycles = 0, partial_bytes = 0;
   // Timing, seconds (see the header comment).
-  double compute_s = 0, memory_s = 0;               // the region's C and M
+  double compute_s = 0, memory_s = 0;  // the region's C and M
   double tile_load_s = 0, tile_compute_s = 0, tile_store_s = 0;
   double fill_s = 0, steady_s = 0, drain_s = 0, pipelined_s = 0;
-  double calibrated_s = 0;                           // C + M - overlap * min(C, M)
+  double calibrated_s = 0;  // C + M - overlap * min(C, M)
   // Stages of the first tiles and the last (in start order); the stages of
   // the other tiles repeat the steady state and are left out.
   std::vector<ScheduleStage> stages;

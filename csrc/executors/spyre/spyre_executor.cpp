@@ -42,8 +42,10 @@ class SpyreHooks final : public host::HostRunHooks {
   // 16-bit float ops compute in f32 and round once to df16 (df16_ops.h).
   void call(const Node& n, torch::jit::Stack& stack) override {
     in_f32_ = computes_in_f32(n);
-    if (in_f32_) call_in_f32(n, stack);
-    else host::call_cpu(n, stack);
+    if (in_f32_)
+      call_in_f32(n, stack);
+    else
+      host::call_cpu(n, stack);
   }
   bool direct_outputs_ok(const Node& n) override { return !computes_in_f32(n); }
   int64_t logical_bytes(const TensorRef& r) override { return device_bytes(r.sizes, r.dtype); }
@@ -186,8 +188,8 @@ void check_int32(const at::Tensor& t, const std::string& what) {
   constexpr int64_t kMin = std::numeric_limits<int32_t>::min(), kMax = std::numeric_limits<int32_t>::max();
   if (lo >= kMin && hi <= kMax) return;
   throw_overflow(what + ": int64 value " + std::to_string(lo < kMin ? lo : hi) +
-                 " does not fit int32 (the Spyre target holds int64 as int32, range [" + std::to_string(kMin) +
-                 ", " + std::to_string(kMax) + "])");
+                 " does not fit int32 (the Spyre target holds int64 as int32, range [" + std::to_string(kMin) + ", " +
+                 std::to_string(kMax) + "])");
 }
 
 void after_eager_op(std::vector<c10::IValue>& returns, const std::string& what) {
@@ -196,7 +198,8 @@ void after_eager_op(std::vector<c10::IValue>& returns, const std::string& what) 
     round_in_place(t);
   };
   for (const auto& v : returns) {
-    if (v.isTensor()) treat(v.toTensor());
+    if (v.isTensor())
+      treat(v.toTensor());
     else if (v.isTensorList())
       for (const at::Tensor& t : v.toTensorList().vec()) treat(t);
   }

@@ -43,9 +43,12 @@ int mxu_passes(c10::ScalarType a, c10::ScalarType b, at::Float32MatmulPrecision 
   const bool floats = (a == c10::kFloat || is_float16(a)) && (b == c10::kFloat || is_float16(b));
   if (!floats) return 6;
   switch (prec) {
-    case at::Float32MatmulPrecision::MEDIUM: return 1;
-    case at::Float32MatmulPrecision::HIGH: return 3;
-    default: return 6;
+    case at::Float32MatmulPrecision::MEDIUM:
+      return 1;
+    case at::Float32MatmulPrecision::HIGH:
+      return 3;
+    default:
+      return 6;
   }
 }
 

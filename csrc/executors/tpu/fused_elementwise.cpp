@@ -19,7 +19,6 @@
 #include <cmath>
 #include <cstdint>
 
-
 namespace tpu_eager {
 namespace tpu {
 namespace {
@@ -31,8 +30,8 @@ using fused::Operand;
 bool unary_fn(std::string_view name, Fn* fn) {
   // A scan of twelve names: cheaper than hashing a string per planned op.
   static constexpr std::pair<std::string_view, Fn> table[] = {
-      {"neg", Fn::kNeg},   {"abs", Fn::kAbs},   {"relu", Fn::kRelu},         {"exp", Fn::kExp},
-      {"log", Fn::kLog},   {"sin", Fn::kSin},   {"cos", Fn::kCos},           {"tanh", Fn::kTanh},
+      {"neg", Fn::kNeg},         {"abs", Fn::kAbs},   {"relu", Fn::kRelu},   {"exp", Fn::kExp},
+      {"log", Fn::kLog},         {"sin", Fn::kSin},   {"cos", Fn::kCos},     {"tanh", Fn::kTanh},
       {"sigmoid", Fn::kSigmoid}, {"sqrt", Fn::kSqrt}, {"rsqrt", Fn::kRsqrt}, {"reciprocal", Fn::kReciprocal}};
   for (const auto& [n, f] : table) {
     if (n == name) {
@@ -203,7 +202,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   std::vector<External> ext_of;
   std::vector<Instr> program;
   std::vector<DeferredStorage*> outputs;  // storages of the loop's stores, in instruction order
-  int regs = 0;  // one per value until assign_registers renames them
+  int regs = 0;                           // one per value until assign_registers renames them
 
   // Per storage the loop writes: its last writer, whether the loop creates it
   // (`made`) and whether it must then be stored (`kept`: a materialized fresh output).
@@ -243,8 +242,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     DeferredStorage* s = r.storage.get();
     const Operand* it = reg_of.find(s);
     const Node& n = graph[region.nodes[pos]];
-    if (r.sizes.empty() && !it && !mask) {  // a 0-dim device tensor: a runtime constant
-      if (written_by.contains(s)) return false;            // ... unless the loop writes it
+    if (r.sizes.empty() && !it && !mask) {       // a 0-dim device tensor: a runtime constant
+      if (written_by.contains(s)) return false;  // ... unless the loop writes it
       Param p;
       p.pos = static_cast<int>(pos);
       p.input = input_index(n, r);
@@ -548,8 +547,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   // place, are read back from cache; measured on 4096x1024 (interleaved
   // medians of 40, softmax(x).cpu()): 2.42 vs 2.51-2.61 ms streamed on one
   // thread, 1.32-1.49 vs 1.40-1.49 ms on two.
-  prog.stream = read + written >= fused::stream_store_threshold() &&
-                !(plan->has_anchor && anchor.op == fused::RowOp::kSoftmax);
+  prog.stream =
+      read + written >= fused::stream_store_threshold() && !(plan->has_anchor && anchor.op == fused::RowOp::kSoftmax);
   prog.regs = fused::assign_registers(program, plan->has_anchor ? &anchor.in : nullptr);
   prog.instrs = std::move(program);
   prog.numel = numel;
@@ -569,8 +568,7 @@ DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::ve
   return s.input >= 0 ? n.inputs[s.input].ref.storage.get() : n.outputs[s.output].storage.get();
 }
 
-float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
-               LoopPlan& plan) {
+float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan) {
   DeferredStorage* st = slot_storage(s, region, graph);
   plan.written.push_back(st);
   return static_cast<float*>(mem.device_buffer(st).mutable_data());
@@ -597,14 +595,18 @@ bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, h
       if (o->kind == Operand::kConst && o->index > 0) o->value = v[o->index - 1];
   for (const auto& [instr, param] : plan.alpha_params) plan.prog.instrs[instr].alpha = v[param];
   fused::RowAnchor& anchor = plan.anchor;
-  if (plan.has_anchor && anchor.in.kind == Operand::kConst && anchor.in.index > 0) anchor.in.value = v[anchor.in.index - 1];
+  if (plan.has_anchor && anchor.in.kind == Operand::kConst && anchor.in.index > 0)
+    anchor.in.value = v[anchor.in.index - 1];
   if (plan.eps_param >= 0) anchor.eps = v[plan.eps_param];
   for (size_t i = 0; i < plan.externals.size(); ++i)
-    plan.prog.externals[i] = static_cast<const float*>(mem.storage_for(slot_storage(plan.externals[i], region, graph)).data());
-  for (size_t i = 0; i < plan.outputs.size(); ++i) plan.prog.outputs[i] = out_ptr(plan.outputs[i], region, graph, mem, plan);
+    plan.prog.externals[i] =
+        static_cast<const float*>(mem.storage_for(slot_storage(plan.externals[i], region, graph)).data());
+  for (size_t i = 0; i < plan.outputs.size(); ++i)
+    plan.prog.outputs[i] = out_ptr(plan.outputs[i], region, graph, mem, plan);
   if (plan.has_anchor) {
     anchor.out = out_ptr(plan.anchor_out, region, graph, mem, plan);
-    for (auto [slot, ptr] : {std::pair<const Slot*, const float**>{&plan.gamma, &anchor.gamma}, {&plan.beta, &anchor.beta}}) {
+    for (auto [slot, ptr] :
+         {std::pair<const Slot*, const float**>{&plan.gamma, &anchor.gamma}, {&plan.beta, &anchor.beta}}) {
       *ptr = nullptr;
       if (!slot->valid()) continue;
       plan.keep_alive.push_back(mem.tensor(graph[region.nodes[slot->pos]].inputs[slot->input].ref));
@@ -702,7 +704,6 @@ std::vector<std::vector<size_t>> independent_loops(const Region& region, const s
   }
   return loops;
 }
-
 
 bool plan_all_loops(const Region& region, const std::vector<Node>& graph, std::vector<LoopPlan>* loops) {
   loops->clear();

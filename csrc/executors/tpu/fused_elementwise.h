@@ -42,17 +42,17 @@ struct Param {
 // One fused loop of a region, planned (see plan_loop). The program's
 // pointers and the constants that come from Params are set by bind_loop.
 struct LoopPlan {
-  std::vector<size_t> pos;            // the region positions it runs
+  std::vector<size_t> pos;  // the region positions it runs
   fused::Program prog;
   bool has_anchor = false;
   fused::RowAnchor anchor;
-  std::vector<Slot> externals;        // per Program::externals: the tensor read
-  std::vector<Slot> outputs;          // per Program::outputs: the tensor written
+  std::vector<Slot> externals;  // per Program::externals: the tensor read
+  std::vector<Slot> outputs;    // per Program::outputs: the tensor written
   Slot anchor_out, gamma, beta, mean, rstd;
-  std::vector<Param> params;          // a kConst operand with index k > 0 takes params[k - 1]
+  std::vector<Param> params;                      // a kConst operand with index k > 0 takes params[k - 1]
   std::vector<std::pair<int, int>> alpha_params;  // (instruction, param): Instr::alpha
-  int eps_param = -1;                 // anchor.eps
-  std::vector<Slot> written_inputs;   // tensors from outside the loop it writes (must not be flush temporaries)
+  int eps_param = -1;                             // anchor.eps
+  std::vector<Slot> written_inputs;     // tensors from outside the loop it writes (must not be flush temporaries)
   int64_t read = 0, written_bytes = 0;  // bytes the loop reads and writes
   // Bound by bind_loop, for one run.
   std::vector<DeferredStorage*> written;  // storages whose device buffers the loop writes

@@ -13,8 +13,25 @@ namespace fused {
 // self + value * t1 * t2 as fma(value * t1, t2, self), its compiler having
 // contracted the multiply and add; measured bit-equal on torch 2.13).
 // kWhere: b != 0 ? alpha : a (masked_fill with a Scalar value: b the mask as 0 / 1).
-enum class Fn : uint8_t { kAdd, kMul, kDiv, kNeg, kAbs, kRelu, kExp, kLog, kSin, kCos, kTanh, kSigmoid, kSqrt,
-                          kRsqrt, kReciprocal, kFma, kWhere };
+enum class Fn : uint8_t {
+  kAdd,
+  kMul,
+  kDiv,
+  kNeg,
+  kAbs,
+  kRelu,
+  kExp,
+  kLog,
+  kSin,
+  kCos,
+  kTanh,
+  kSigmoid,
+  kSqrt,
+  kRsqrt,
+  kReciprocal,
+  kFma,
+  kWhere
+};
 
 // An operand: a tile register, an external (device) buffer read, a
 // materialized output already written by an earlier instruction, or a constant.
@@ -26,7 +43,7 @@ struct Operand {
 
 struct Instr {
   Fn fn;
-  int dst = -1;        // register written, when out < 0
+  int dst = -1;  // register written, when out < 0
   Operand a, b;
   Operand c;           // kFma's addend
   float alpha = 1.0f;  // add/sub: a + alpha * b (one rounding, like CPU's fused multiply-add); kWhere's fill value
@@ -47,7 +64,7 @@ struct Program {
   // instructions run.
   std::vector<int64_t> period;
   std::vector<char> is_bool;
-  std::vector<float*> outputs;          // contiguous device buffers written
+  std::vector<float*> outputs;  // contiguous device buffers written
   // Write `outputs` (and a RowAnchor's `out`) with non-temporal stores: each
   // value is computed into a cache-resident tile, then streamed to memory.
   // Never set in a softmax region (fused_elementwise.cpp, measured there).

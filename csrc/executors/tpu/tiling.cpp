@@ -118,8 +118,8 @@ TilingPlan plan_matmul(const MatmulProblem& p, const ChipParams& chip) {
   TilingPlan plan;
   plan.kind = "matmul";
   plan.vmem_budget_bytes = chip.vmem_bytes;
-  const auto M = static_cast<int64_t>(p.gemm.m), K = static_cast<int64_t>(p.gemm.k),
-             N = static_cast<int64_t>(p.gemm.n), B = static_cast<int64_t>(p.gemm.batch);
+  const auto M = static_cast<int64_t>(p.gemm.m), K = static_cast<int64_t>(p.gemm.k), N = static_cast<int64_t>(p.gemm.n),
+             B = static_cast<int64_t>(p.gemm.batch);
   const int64_t am = std::max(sublane_tile(p.ta, chip), sublane_tile(p.tout, chip)), d = chip.mxu_size;
   const int64_t Mp = round_up(std::max<int64_t>(M, 1), am), Kp = round_up(std::max<int64_t>(K, 1), d),
                 Np = round_up(std::max<int64_t>(N, 1), d);
@@ -268,7 +268,8 @@ std::vector<NodeGemm> node_gemms(const Node& n, const ChipParams& chip) {
       gemm_operand_args(n, a, b);
     } else if (backward) {
       // lhs: grad_output; rhs: the weight for grad_input, the input for grad_weight.
-      const bool grad_w = gemms.size() == 2 ? i == 1 : !(n.args.back().isBoolList() && n.args.back().toBoolList().get(0));
+      const bool grad_w =
+          gemms.size() == 2 ? i == 1 : !(n.args.back().isBoolList() && n.args.back().toBoolList().get(0));
       a = 0;
       b = grad_w ? 1 : 2;
     }

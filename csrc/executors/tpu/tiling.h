@@ -44,26 +44,26 @@ namespace tpu {
 
 // One operand of a plan and its VMEM block.
 struct BlockSpec {
-  std::string role;              // "input", "output", "temporary"; matmul: "lhs", "rhs", "out", "acc"
+  std::string role;  // "input", "output", "temporary"; matmul: "lhs", "rhs", "out", "acc"
   c10::ScalarType dtype = c10::kFloat;
-  std::vector<int64_t> shape;    // the operand as a 2-D (rows, cols) array, or the GEMM matrix
-  std::vector<int64_t> block;    // its block, (rows, cols)
-  int buffers = 2;               // 2: double-buffered HBM operand; 1: lives in VMEM only
-  int64_t vmem_bytes = 0;        // buffers x block bytes padded to (sublane tile, 128) tiles
+  std::vector<int64_t> shape;  // the operand as a 2-D (rows, cols) array, or the GEMM matrix
+  std::vector<int64_t> block;  // its block, (rows, cols)
+  int buffers = 2;             // 2: double-buffered HBM operand; 1: lives in VMEM only
+  int64_t vmem_bytes = 0;      // buffers x block bytes padded to (sublane tile, 128) tiles
 };
 
 // The tiling of one region.
 struct TilingPlan {
-  std::string kind;              // "vector" or "matmul"; empty: nothing to tile
-  std::string order;             // matmul grid order, "mnk" or "nmk" (k innermost)
-  std::vector<int64_t> grid;     // vector: (row blocks, col blocks); matmul: (batch, M/bm, N/bn, K/bk)
-  std::vector<int64_t> block;    // vector: (br, bc); matmul: (bm, bk, bn)
+  std::string kind;            // "vector" or "matmul"; empty: nothing to tile
+  std::string order;           // matmul grid order, "mnk" or "nmk" (k innermost)
+  std::vector<int64_t> grid;   // vector: (row blocks, col blocks); matmul: (batch, M/bm, N/bn, K/bk)
+  std::vector<int64_t> block;  // vector: (br, bc); matmul: (bm, bk, bn)
   std::vector<BlockSpec> blocks;
-  int64_t vmem_bytes = 0;        // total VMEM footprint, bytes
-  int64_t vmem_budget_bytes = 0; // the chip's VMEM per TensorCore, bytes
-  int64_t hbm_reread_bytes = 0;  // HBM bytes read again because of the blocking (all matmuls of the region)
-  double useful_macs = 0;        // matmul: B*M*K*N summed over the region's products
-  double padded_macs = 0;        // the same on shapes padded to (sublanes, MXU, MXU) tiles
+  int64_t vmem_bytes = 0;         // total VMEM footprint, bytes
+  int64_t vmem_budget_bytes = 0;  // the chip's VMEM per TensorCore, bytes
+  int64_t hbm_reread_bytes = 0;   // HBM bytes read again because of the blocking (all matmuls of the region)
+  double useful_macs = 0;         // matmul: B*M*K*N summed over the region's products
+  double padded_macs = 0;         // the same on shapes padded to (sublanes, MXU, MXU) tiles
   // Useful / padded MACs (1 for a perfectly aligned product); -1 for vector plans.
   double mxu_utilization() const { return padded_macs > 0 ? useful_macs / padded_macs : -1.0; }
   bool fits() const { return vmem_bytes <= vmem_budget_bytes; }
@@ -73,7 +73,7 @@ struct TilingPlan {
 struct PlanOperand {
   std::vector<int64_t> sizes;
   c10::ScalarType dtype = c10::kFloat;
-  std::string role;              // "input", "output", "temporary"
+  std::string role;  // "input", "output", "temporary"
 };
 
 // VMEM bytes of a (rows, cols) block of `dtype`, padded to whole tiles.

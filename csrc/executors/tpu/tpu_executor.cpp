@@ -406,7 +406,8 @@ class TpuKernel final : public Kernel {
     TpuPlan& plan_ = plans_.front();
     const bool tracing = jit::trace_active();
     if (tracing) {
-      const tpu::TilingPlan t = plan_.has_tiling || !chip_.valid() ? plan_.tiling : tpu::plan_region(region, graph, chip_);
+      const tpu::TilingPlan t =
+          plan_.has_tiling || !chip_.valid() ? plan_.tiling : tpu::plan_region(region, graph, chip_);
       jit::trace_attach_tiling(tpu::tiling_record(t));
     }
     // A torch.profiler range per region ("tpu::fused_mul_add"), its ops in the
