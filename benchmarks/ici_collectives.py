@@ -8,11 +8,12 @@ time x 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter), whic
 comparable with the link bandwidth whatever the group size. Nothing is timed: the
 figures are the model's, identical on every machine.
 
-Host throughput of all_reduce (bytes/s through the c10d "tpu" backend between processes
-on this host) is not measured yet: see :func:`host_all_reduce_throughput`.
+``--host`` also measures the host throughput of all_reduce (bytes/s through the c10d
+backend tpu_ccl between processes on this host): :func:`host_all_reduce_throughput`.
 
     python benchmarks/ici_collectives.py                   # every TPU target
     python benchmarks/ici_collectives.py --target tpu-v5e  # one target
+    python benchmarks/ici_collectives.py --host            # + host all_reduce, 2 processes
     python benchmarks/run_all.py --only ici                # the same table from the benchmark runner
 """
 
@@ -59,19 +60,76 @@ def simulated_rows(targets=None, sizes_mib=SIZES_MIB, groups=GROUPS, ops=OPS):
     return rows
 
 
-def host_all_reduce_throughput(sizes_mib=SIZES_MIB, world_sizes=(2,)):
-    """Host all_reduce throughput through the c10d "tpu" backend (bytes/s), to be filled in.
+def _host_worker(rank, world_size, init_file, sizes_mib, repeats, out):
+    """One rank of :func:`host_all_reduce_throughput` (a spawned process)."""
+    import statistics
+    import time
 
-    Not built here: it needs the c10d backend for "tpu" (torch_tpu_eager.distributed,
-    issue 20 item 1), which is developed separately. The intended measurement: spawn
-    ``world_size`` processes (torch.multiprocessing, localhost), all_reduce a float32
-    tensor of each size on "tpu" a few times, and report the median wall time per call
-    and bytes / time, beside the simulated ICI time of :func:`simulated_rows`. Returns
-    a list of row dicts (``world_size``, ``mib``, ``host_s``, ``host_bandwidth``); for
-    now always ``[]``.
+    import torch
+    import torch.distributed as dist
+
+    import torch_tpu_eager  # noqa: F401  (registers "tpu" and the tpu_ccl backend)
+
+    device = torch.device("tpu", rank % torch.tpu.device_count())
+    dist.init_process_group(
+        "tpu_ccl", init_method=f"file://{init_file}", rank=rank, world_size=world_size, device_id=device
+    )
+    rows = []
+    for mib in sizes_mib:
+        t = torch.ones(mib * MiB // 4, device=device)
+        dist.all_reduce(t)  # warm: first-call costs (gloo pairs, buffers) out of the timing
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(t)
+            t.view(-1)[:1].cpu()  # the result is back on the device
+            times.append(time.perf_counter() - start)
+        host_s = statistics.median(times)
+        rows.append({"world_size": world_size, "mib": mib, "host_s": host_s, "host_bandwidth": mib * MiB / host_s})
+    dist.destroy_process_group()
+    if rank == 0:
+        out.put(rows)
+
+
+def host_all_reduce_throughput(sizes_mib=SIZES_MIB, world_sizes=(2,), repeats=3):
+    """Host all_reduce throughput through the c10d backend "tpu_ccl" between processes on
+    this host (torch_tpu_eager.distributed: gloo over host copies of the tensors).
+
+    For each world size, spawns that many processes (localhost, FileStore), each with a
+    float32 tensor of every size in ``sizes_mib`` (MiB) on its chip ``tpu:rank % N``; times
+    ``repeats`` all_reduce calls after one warm call, each until the result is back on the
+    device. Returns one dict per (world size, size): ``world_size``, ``mib``, ``host_s``
+    (median wall seconds per call) and ``host_bandwidth`` (bytes of the tensor / host_s,
+    bytes/s). A wall-clock measurement of this machine, unlike the simulated rows.
     """
-    del sizes_mib, world_sizes
-    return []
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    rows = []
+    for world_size in world_sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = ctx.SimpleQueue()
+            mp.start_processes(
+                _host_worker,
+                args=(world_size, os.path.join(tmp, "store"), tuple(sizes_mib), repeats, out),
+                nprocs=world_size,
+                start_method="spawn",
+            )
+            rows.extend(out.get())
+    return rows
+
+
+def format_host_table(rows):
+    """The host rows as text: world size, size (MiB), median ms per all_reduce, GB/s."""
+    lines = ["host all_reduce through tpu_ccl (gloo over host copies; wall time of this machine)", ""]
+    lines.append("processes | MiB | ms per all_reduce | GB/s")
+    for r in rows:
+        lines.append(f"{r['world_size']} | {r['mib']} | {r['host_s'] * 1e3:.2f} | {r['host_bandwidth'] / 1e9:.2f}")
+    return "\n".join(lines)
 
 
 def format_table(rows):
@@ -107,7 +165,7 @@ def format_table(rows):
         "simulated ICI collectives (torch_tpu_eager.ici cost model; not timed: the same on every machine)",
         "per size: simulated time in us, nccl-tests bus bandwidth in GB/s (bytes / time x 2(n-1)/n for "
         "all_reduce, (n-1)/n for all_gather and reduce_scatter); link GB/s: one ICI link, one direction",
-        "host all_reduce throughput: not measured (needs the c10d 'tpu' backend; see host_all_reduce_throughput)",
+        "host all_reduce throughput: python benchmarks/ici_collectives.py --host (host_all_reduce_throughput)",
         "",
         fmt(header),
         "-+-".join("-" * w for w in widths),
@@ -120,8 +178,15 @@ def main(argv=None):
     """Prints the table; returns 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", action="append", help="a TPU target (repeatable; default: every TPU target)")
+    parser.add_argument("--host", action="store_true", help="also time all_reduce between 2 processes on this host")
     args = parser.parse_args(argv)
     print(format_table(simulated_rows(args.target)))
+    if args.host:
+        from torch_tpu_eager.env import get as env_get
+
+        sizes = SIZES_MIB[:2] if env_get("TORCH_TPU_QUICK") else SIZES_MIB
+        print()
+        print(format_host_table(host_all_reduce_throughput(sizes)))
     return 0
 
 

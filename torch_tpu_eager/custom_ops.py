@@ -25,7 +25,9 @@ it runs inside the flush, where "tpu" tensors cannot be used: recording or
 reading one there would re-enter the queue being flushed, so it raises
 RuntimeError naming the op. (A kernel registered for all devices, with
 ``device_types=None`` / ``CompositeExplicitAutograd``, is not intercepted: it
-runs at the call on the "tpu" tensors and its ops are recorded and fused.)
+runs at the call on the "tpu" tensors and its ops are recorded and fused; so does
+the "tpu" kernel of an op with a TorchScript class in its schema, such as c10d's
+collectives, which a queued node cannot hold.)
 
 ``register_autograd``, ``mutates_args`` (the mutation is seen by later reads and
 by every view of the mutated tensor), several results, Tensor[] arguments and
@@ -56,6 +58,20 @@ def _qualname(lib, op_name):
     return name if "::" in name else f"{lib.ns}::{name}"
 
 
+def _recordable(qualname):
+    """Whether the op's schema can be recorded: no TorchScript class (``__torch__.*``,
+    e.g. c10d's ProcessGroup and Work) among its arguments or results, whose objects a
+    queued node cannot hold and a fake impl cannot produce. Kernels of other ops run at
+    the call (torch_tpu_eager.distributed registers its collectives' kernels so)."""
+    name, _, overload = qualname.partition(".")
+    try:
+        schema = torch._C._get_schema(name, overload)
+    except RuntimeError:  # not defined yet: torch's own registration reports it
+        return True
+    types = [a.type for a in schema.arguments] + [r.type for r in schema.returns]
+    return not any("__torch__." in str(t) for t in types)
+
+
 def _impl(self, op_name, fn, dispatch_key="", *, with_keyset=False, allow_override=True):
     """``Library.impl`` with "tpu" (PrivateUse1) kernels of non-ATen ops registered
     as recorded ops; every other registration is torch's own."""
@@ -64,7 +80,8 @@ def _impl(self, op_name, fn, dispatch_key="", *, with_keyset=False, allow_overri
     if key != _DEVICE_KEY or not callable(fn) or fn is torch.library.fallthrough_kernel:
         return original(self, op_name, fn, dispatch_key, with_keyset=with_keyset, allow_override=allow_override)
     qualname = _qualname(self, op_name)
-    if qualname.startswith("aten::"):  # an ATen override: the user's kernel runs at the call
+    if qualname.startswith("aten::") or not _recordable(qualname):
+        # An ATen override, or an op the queue cannot hold: the user's kernel runs at the call.
         return original(self, op_name, fn, dispatch_key, with_keyset=with_keyset, allow_override=allow_override)
     # torch.library's own bookkeeping of Python registrations (Library.impl).
     impl_key = self.ns + "/" + qualname.split("::")[-1] + "/" + key
