@@ -8,6 +8,7 @@
 
 #include "device/kineto_profiler.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -35,6 +36,9 @@ thread_local int64_t t_flush_stream = 0;
 // The correlation ids of the ops this thread is inside (torch.profiler pushes
 // one per op it records); a kernel links to the innermost: the call that ran it.
 thread_local std::vector<uint64_t> t_correlation;
+// Likewise for user scopes (record_function); a collective called outside any op
+// links to the innermost.
+thread_local std::vector<uint64_t> t_user_correlation;
 
 struct KernelActivity {
   std::string name, ops;
@@ -43,6 +47,8 @@ struct KernelActivity {
   int64_t start_ns = 0, end_ns = 0;
   uint64_t correlation = 0;
   double flops = 0, bytes = 0, sim_time_s = 0;
+  bool collective = false;
+  CollectiveArgs coll;  // collective only
 };
 
 // What the running session collected; guarded by g_mu.
@@ -112,6 +118,10 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
   void popCorrelationId() override {
     if (!t_correlation.empty()) t_correlation.pop_back();
   }
+  void pushUserCorrelationId(uint64_t id) override { t_user_correlation.push_back(id); }
+  void popUserCorrelationId() override {
+    if (!t_user_correlation.empty()) t_user_correlation.pop_back();
+  }
 
  private:
   void process(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback* linked) {
@@ -128,17 +138,31 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
       if (linked && *linked && k.correlation != 0) act.linked = (*linked)(static_cast<int32_t>(k.correlation));
       act.addMetadata("device", k.device);
       act.addMetadata("stream", k.stream);
-      act.addMetadataQuoted("ops", k.ops);
-      act.addMetadata("flops", k.flops);
-      act.addMetadata("bytes", k.bytes);
+      if (k.collective) {
+        act.addMetadataQuoted("kind", "collective");
+        act.addMetadataQuoted("algorithm", k.coll.algorithm);
+        act.addMetadata("group_size", k.coll.group_size);
+        act.addMetadata("bytes", k.coll.nbytes);
+        act.addMetadata("hops", k.coll.hops);
+        act.addMetadata("bytes_per_link", k.coll.bytes_per_link);
+      } else {
+        act.addMetadataQuoted("kind", "kernel");
+        act.addMetadataQuoted("ops", k.ops);
+        act.addMetadata("flops", k.flops);
+        act.addMetadata("bytes", k.bytes);
+      }
       act.addMetadata("sim_time_us", k.sim_time_s * 1e6);
       act.addMetadataQuoted("clock", "simulated device time");
       lanes_.insert({k.device, k.stream});
       act.log(logger);
     }
-    if (!collected_.empty()) {
+    if (!collected_.empty()) {  // lanes overlap: the span is the earliest start to the latest end
       buffer_->span.startTime = collected_.front().start_ns;
-      buffer_->span.endTime = collected_.back().end_ns;
+      buffer_->span.endTime = collected_.front().end_ns;
+      for (const KernelActivity& k : collected_) {
+        buffer_->span.startTime = std::min<int64_t>(buffer_->span.startTime, k.start_ns);
+        buffer_->span.endTime = std::max<int64_t>(buffer_->span.endTime, k.end_ns);
+      }
     }
     collected_.clear();
   }
@@ -172,6 +196,21 @@ class TpuActivityProfiler final : public libkineto::IActivityProfiler {
 
 REGISTER_PRIVATEUSE1_PROFILER(TpuActivityProfiler);
 
+// Puts `k` on its (chip, stream) lane: it starts when the host issued it or
+// when the lane's previous activity ended, whichever is later, and lasts its
+// simulated time (at least 1 ns, so an activity of no simulated work still
+// shows on the track).
+void place(KernelActivity k, int64_t host_start_ns) {
+  const int64_t dur = std::max<int64_t>(1, static_cast<int64_t>(k.sim_time_s * 1e9 + 0.5));
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!detail::g_recording.load()) return;
+  int64_t& lane_end = g_lane_end[{k.device, k.stream}];
+  k.start_ns = std::max(host_start_ns, lane_end);
+  k.end_ns = k.start_ns + dur;
+  lane_end = k.end_ns;
+  g_activities.push_back(std::move(k));
+}
+
 }  // namespace
 
 int64_t now_ns() {
@@ -190,15 +229,24 @@ void record_kernel(const std::string& name, const std::string& ops, double sim_t
   k.flops = flops;
   k.bytes = bytes;
   k.sim_time_s = sim_time_s;
-  // At least 1 ns, so a kernel of no simulated work still shows on the track.
-  const int64_t dur = std::max<int64_t>(1, static_cast<int64_t>(sim_time_s * 1e9 + 0.5));
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (!detail::g_recording.load()) return;
-  int64_t& lane_end = g_lane_end[{k.device, k.stream}];
-  k.start_ns = std::max(host_start_ns, lane_end);
-  k.end_ns = k.start_ns + dur;
-  lane_end = k.end_ns;
-  g_activities.push_back(std::move(k));
+  place(std::move(k), host_start_ns);
+}
+
+void record_collective(int device, int64_t stream, const std::string& op, double sim_time_s, int64_t host_start_ns,
+                       const CollectiveArgs& args) {
+  if (!recording()) return;
+  KernelActivity k;
+  k.name = "ici::" + op;
+  k.ops = op;
+  k.device = device;
+  k.stream = stream;
+  k.correlation = !t_correlation.empty()        ? t_correlation.back()
+                  : !t_user_correlation.empty() ? t_user_correlation.back()
+                                                : 0;
+  k.sim_time_s = sim_time_s;
+  k.collective = true;
+  k.coll = args;
+  place(std::move(k), host_start_ns);
 }
 
 FlushLane::FlushLane(int64_t stream) : prev_(t_flush_stream) { t_flush_stream = stream; }

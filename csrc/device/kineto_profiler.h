@@ -7,7 +7,9 @@
 // on the track of its chip (Chrome trace pid) and stream (tid), lasts the
 // kernel's simulated time, and starts when the host ran it or when the
 // previous kernel of its stream ended, whichever is later (the device is
-// asynchronous to the host, as a GPU's). Costs one relaxed atomic load per
+// asynchronous to the host, as a GPU's). Collectives charged to a chip's
+// clock (distributed/collective_clock.h) are activities "ici::<op>" of the
+// same kind on their stream's track. Costs one relaxed atomic load per
 // kernel when no session records.
 #pragma once
 
@@ -31,6 +33,23 @@ inline bool recording() { return detail::g_recording.load(std::memory_order_rela
 // go into the activity's metadata.
 void record_kernel(const std::string& name, const std::string& ops, double sim_time_s, int64_t host_start_ns,
                    double flops, double bytes);
+
+// What the interconnect cost model chose for a collective (the activity's args).
+struct CollectiveArgs {
+  std::string algorithm;  // "ring", "torus", ...
+  int64_t group_size = 0;
+  int64_t nbytes = 0;
+  int64_t hops = 0;
+  double bytes_per_link = 0;
+};
+
+// A collective `op` ("all_reduce") charged to stream `stream` of chip `device`
+// at host time `host_start_ns`: a device activity "ici::<op>" on that chip's
+// and stream's track, lasting `sim_time_s` simulated seconds and placed as a
+// kernel is (after the stream's previous activity, not before the host call),
+// so that it overlaps the other streams' kernels.
+void record_collective(int device, int64_t stream, const std::string& op, double sim_time_s, int64_t host_start_ns,
+                       const CollectiveArgs& args);
 
 // Now, ns since the Unix epoch (the clock torch.profiler's events use).
 int64_t now_ns();

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "device/device.h"
+#include "device/kineto_profiler.h"
 #include "lazy/queue.h"
 
 namespace tpu_eager {
@@ -12,7 +13,13 @@ namespace distributed {
 double record_collective(int device, const std::string& op, const std::string& target, double seconds,
                          const jit::CollectiveRecord& info) {
   (void)flush_device(device, FlushReason::kCollective);  // errors stay with the tensors they poisoned
-  const double start = charge_collective_time(device, current_stream_id(device), seconds);
+  const int64_t stream = current_stream_id(device);
+  const int64_t host_start_ns = kineto::recording() ? kineto::now_ns() : 0;
+  const double start = charge_collective_time(device, stream, seconds);
+  if (host_start_ns != 0)
+    kineto::record_collective(
+        device, stream, op, seconds, host_start_ns,
+        kineto::CollectiveArgs{info.algorithm, info.group_size, info.nbytes, info.hops, info.bytes_per_link});
   if (jit::trace_active()) {
     jit::KernelRecord rec;
     rec.kind = "collective";
