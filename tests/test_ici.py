@@ -411,3 +411,112 @@ def test_record_collective_bad_input_charges_nothing(on_target):
         ici.record_collective("all_reduce", MiB, 257)
     assert tte.metrics()["collectives"] == before
     assert math.isfinite(tte.metrics()["sim_time_s"])
+
+
+# ---------------------------------------------------------------- torch.profiler (kineto)
+
+
+def _kineto_profile():
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])
+
+
+def _device_events(prof):
+    from torch.autograd import DeviceType
+
+    return [e for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+
+
+def test_torch_profiler_shows_the_collective_on_the_device_track(on_target, tmp_path):
+    on_target("tpu-v5e")
+    ici, n, B = _ici(), 2, 64 * MiB
+    expected_s = 2 * (n - 1) / n * B / LINK_BW["tpu-v5e"] + 2 * (n - 1) * ALPHA  # two-chip ring all_reduce
+    torch.tpu.synchronize()
+    with _kineto_profile() as prof:
+        cost = ici.record_collective("all_reduce", B, n)
+    assert cost.time_s == pytest.approx(expected_s)
+    (ev,) = _device_events(prof)
+    assert ev.name == "ici::all_reduce" and ev.device_index == 0 and ev.device_resource_id == 0
+    assert ev.time_range.elapsed_us() == pytest.approx(expected_s * 1e6, abs=1e-3)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    (dev,) = [e for e in events if e.get("cat") == "kernel"]
+    assert dev["name"] == "ici::all_reduce" and dev["ph"] == "X" and (dev["pid"], dev["tid"]) == (0, 0)
+    assert dev["dur"] == pytest.approx(expected_s * 1e6, abs=1e-3)
+    args = dev["args"]
+    assert (args["kind"], args["algorithm"], args["bytes"], args["group_size"]) == ("collective", "ring", B, n)
+    assert args["clock"] == "simulated device time"
+    # Linked to the host range of the same name, which encloses its issue.
+    (host,) = [e for e in events if e.get("cat") == "user_annotation" and e["name"] == "ici::all_reduce"]
+    assert args["External id"] == host["args"]["External id"]
+    assert host["ts"] <= dev["ts"]
+
+
+def test_torch_profiler_collective_follows_the_streams_pending_kernels(on_target):
+    on_target("tpu-v5e")
+    ici = _ici()
+    x = torch.randn(128, 128, device="tpu")
+    torch.tpu.synchronize()
+    with _kineto_profile() as prof:
+        y = x @ x  # pending: runs before the collective, on the same track
+        cost = ici.record_collective("all_gather", 4 * MiB, 4)
+    dev = sorted(_device_events(prof), key=lambda e: e.time_range.start)
+    assert [e.name for e in dev][-1] == "ici::all_gather" and len(dev) == 2
+    kernel, coll = dev
+    assert coll.time_range.start >= kernel.time_range.end - 1e-3
+    assert coll.time_range.elapsed_us() == pytest.approx(cost.time_s * 1e6, abs=1e-3)
+    assert {e.device_resource_id for e in dev} == {0}
+    torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu())
+
+
+def test_torch_profiler_collective_on_a_side_stream_overlaps_compute(on_target):
+    on_target("tpu-v5e")
+    ici = _ici()
+    x = torch.randn(128, 128, device="tpu")
+    torch.tpu.synchronize()
+    side = torch.tpu.Stream()
+    with _kineto_profile() as prof:
+        with torch.tpu.stream(side):
+            # 1 TiB: tens of simulated seconds, far longer than the host takes to issue the matmul.
+            cost = ici.record_collective("all_reduce", 2**40, 2)
+        y = (x @ x).cpu()
+    dev = _device_events(prof)
+    (coll,) = [e for e in dev if e.name == "ici::all_reduce"]
+    kernels = [e for e in dev if e.name != "ici::all_reduce"]
+    assert coll.device_resource_id == side.stream_id and coll.device_index == 0
+    assert coll.time_range.elapsed_us() == pytest.approx(cost.time_s * 1e6, rel=1e-9)
+    assert kernels and {k.device_resource_id for k in kernels} == {0}
+    for k in kernels:  # the default stream's kernels run while the side stream's collective does
+        assert coll.time_range.start <= k.time_range.start and k.time_range.end <= coll.time_range.end
+    torch.testing.assert_close(y, x.cpu() @ x.cpu())
+
+
+@two_chips
+def test_torch_profiler_collective_is_on_its_chips_track(on_target):
+    on_target("tpu-v5e")
+    ici = _ici()
+    torch.tpu.synchronize()
+    with _kineto_profile() as prof:
+        ici.record_collective("broadcast", MiB, 2, device=1)
+    (ev,) = _device_events(prof)
+    assert ev.name == "ici::broadcast" and ev.device_index == 1
+
+
+def test_torch_profiler_spyre_collective_is_no_device_event(on_target):
+    on_target("spyre")
+    with _kineto_profile() as prof:
+        assert _ici().record_collective("all_reduce", MiB, 2) is None
+    assert _device_events(prof) == []
+
+
+def test_collective_outside_a_torch_profiler_session_is_recorded_nowhere(on_target):
+    on_target("tpu-v5e")
+    ici = _ici()
+    with _kineto_profile() as p1:
+        pass
+    ici.record_collective("all_reduce", MiB, 2)
+    with _kineto_profile() as p2:
+        pass
+    assert _device_events(p1) == _device_events(p2) == []

@@ -7,7 +7,9 @@ pid = chip, tid = stream), lasting its (here: simulated) device time; kernels
 of one stream do not overlap; ``key_averages()`` fills the device-time
 columns and never shows a negative time. ``torch.autograd.profiler.profile(
 use_device="tpu")`` (the legacy, non-kineto path) gives each op the device
-time of the kernels that ran during it.
+time of the kernels that ran during it. A c10d collective of "tpu_ccl" is a
+device event "ici::<op>" linked to its c10d op (tests/test_ici.py checks its
+simulated time, track and overlap).
 """
 
 import json
@@ -234,3 +236,30 @@ def test_legacy_profiler_backward_no_negative():
         (w @ w).sum().backward()
         w.grad.cpu()
     _no_negative(prof.key_averages())
+
+
+def test_c10d_collective_is_a_device_event_linked_to_its_op(tmp_path):
+    # A one-rank "tpu_ccl" group in this process (no sockets: an in-memory store).
+    import torch.distributed as dist
+
+    import torch_tpu_eager.distributed  # noqa: F401  registers tpu_ccl
+
+    assert not dist.is_initialized()
+    dist.init_process_group("tpu_ccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = torch.ones(1024, device="tpu")
+        torch.tpu.synchronize()
+        with profile(activities=ACTIVITIES) as prof:
+            dist.all_reduce(x)
+            out = x.cpu()
+        path = tmp_path / "trace.json"
+        prof.export_chrome_trace(str(path))
+    finally:
+        dist.destroy_process_group()
+    torch.testing.assert_close(out, torch.ones(1024))
+    assert [e.name for e in _device_events(prof) if e.name.startswith("ici::")] == ["ici::all_reduce"]
+    events = json.loads(path.read_text())["traceEvents"]
+    (dev,) = [e for e in events if e.get("cat") == "kernel" and e["name"] == "ici::all_reduce"]
+    (op,) = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "c10d::allreduce_"]
+    assert dev["args"]["External id"] == op["args"]["External id"]
+    assert (dev["args"]["bytes"], dev["args"]["group_size"]) == (4096, 1)

@@ -57,12 +57,15 @@ faster than ICI), link contention with other traffic, DCN between slices. Spyre 
 no published card-to-card interconnect (see targets/spyre.json), so it has no cost.
 """
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 import math
 
 from . import target as _target
+
+_NO_SCOPE = contextlib.nullcontext()
 
 # Public op names, and the names torch.distributed / c10d use for them.
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "send", "recv", "barrier")
@@ -410,7 +413,12 @@ def record_collective(op: str, nbytes: int, group_size: int, device=None):
     around it measures its simulated time, work on another stream overlaps it, and
     inside :func:`torch_tpu_eager.profile` it is a record of ``kind`` ``"collective"``
     (its ``collective`` dict holds the cost's algorithm, shape, bytes per link, hops,
-    latency and bandwidth terms). Counted in ``metrics()`` (``collectives``,
+    latency and bandwidth terms). Under ``torch.profiler.profile(activities=[...,
+    ProfilerActivity.PrivateUse1])`` it is a device event ``"ici::<op>"`` on the chip's
+    and stream's track (Chrome trace pid = chip, tid = stream) lasting its simulated
+    time, with args ``bytes``, ``algorithm``, ``group_size``, ``hops``, linked to the
+    enclosing op (the c10d collective) or to a host range of the same name; on a side
+    stream it overlaps the default stream's kernels. Counted in ``metrics()`` (``collectives``,
     ``collective_time_s``, included in ``sim_time_s``).
 
     Returns the :class:`CollectiveCost` charged, or None when the active target has no
@@ -427,20 +435,26 @@ def record_collective(op: str, nbytes: int, group_size: int, device=None):
         _check_int(nbytes, "nbytes", 0)
         _check_int(group_size, "group_size", 1)
         return None
+    import torch
+
     from . import _C
 
-    _C._record_collective(
-        index,
-        cost.op,
-        cost.target,
-        cost.time_s,
-        cost.algorithm,
-        cost.group_size,
-        cost.nbytes,
-        list(cost.shape),
-        cost.bytes_per_link,
-        cost.hops,
-        cost.latency_s,
-        cost.bandwidth_s,
-    )
+    # Under a torch.profiler session, a host range of the same name that the device
+    # activity links to (under a c10d op it links to that op instead).
+    scope = torch.profiler.record_function("ici::" + cost.op) if torch.autograd._profiler_enabled() else _NO_SCOPE
+    with scope:
+        _C._record_collective(
+            index,
+            cost.op,
+            cost.target,
+            cost.time_s,
+            cost.algorithm,
+            cost.group_size,
+            cost.nbytes,
+            list(cost.shape),
+            cost.bytes_per_link,
+            cost.hops,
+            cost.latency_s,
+            cost.bandwidth_s,
+        )
     return cost
