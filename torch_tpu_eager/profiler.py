@@ -67,7 +67,9 @@ class profile:
     (any target) is also a device event of torch.profiler: same ``name``, lasting its
     ``sim_time_s``, on the track of its chip (Chrome trace pid) and stream (tid),
     starting when the host ran it or when the stream's previous kernel ended, and
-    linked to the op that ran it (so ``key_averages()`` fills the device-time columns).
+    linked to the op that ran it (so ``key_averages()`` fills the device-time columns);
+    a collective charged by :func:`torch_tpu_eager.ici.record_collective` likewise is a
+    device event ``"ici::<op>"`` lasting its simulated ICI time.
     ``torch.autograd.profiler.profile(use_device="tpu")`` gives each op the simulated
     time of the kernels run during it. Both come from csrc/device/kineto_profiler.cpp
     and csrc/lazy/profiler_stubs.cpp.
