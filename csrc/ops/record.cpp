@@ -693,15 +693,13 @@ void retarget_device_args(Stack& stack, size_t first, size_t n, c10::DeviceType 
 
 // Where a meta kernel's result shapes differ from CPU's kernel, CPU's win
 // (the executor writes CPU results into the shapes recorded here).
-void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& stack, size_t first,
+// `traits`: the op's OpTrait bits, which name the corrections it needs.
+void correct_meta_outcome(const c10::FunctionSchema& schema, uint32_t traits, torch::jit::Stack& stack, size_t first,
                           MetaOutcome& outcome) {
-  const std::string& name = schema.name();
   // Norm statistics of 16-bit inputs: CPU's kernels keep them in the input
   // dtype unless a parameter (weight, bias, running stats) is float32 ("mixed
   // type"); the meta kernels always say float32.
-  if ((name == "aten::native_layer_norm" || name == "aten::native_batch_norm" ||
-       name == "aten::_native_batch_norm_legit" || name == "aten::_batch_norm_with_update") &&
-      (schema.overload_name().empty() || schema.overload_name() == "no_stats") && stack[first].isTensor()) {
+  if ((traits & kNormStatsInInputDtype) && stack[first].isTensor()) {
     const auto dt = stack[first].toTensor().scalar_type();
     bool mixed = false;
     for (size_t i = first + 1; i < stack.size(); ++i)
@@ -712,12 +710,12 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
         for (auto& g : outcome.returns[k]) g.dtype = dt;
   }
   // bool tensor ** bool: CPU's type promotion keeps bool; the meta kernel says int64.
-  if (name == "aten::pow" && schema.overload_name() == "Tensor_Scalar" && stack[first].isTensor() &&
-      stack[first].toTensor().scalar_type() == at::kBool && stack[first + 1].isBool() && !outcome.returns.empty())
+  if ((traits & kBoolPowKeepsBool) && stack[first].isTensor() && stack[first].toTensor().scalar_type() == at::kBool &&
+      stack[first + 1].isBool() && !outcome.returns.empty())
     for (auto& g : outcome.returns[0]) g.dtype = at::kBool;
   // CPU's log_softmax backward returns a contiguous gradient; the meta kernel
   // copies grad_output's strides (softmax's backward agrees with CPU).
-  if (name == "aten::_log_softmax_backward_data" && schema.overload_name().empty() && !outcome.returns.empty()) {
+  if ((traits & kContiguousGradient) && !outcome.returns.empty()) {
     for (auto& g : outcome.returns[0]) {
       int64_t stride = 1;
       for (size_t d = g.sizes.size(); d-- > 0;) {
@@ -727,8 +725,7 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
     }
   }
   // Batch norm in eval mode: CPU returns empty save_mean / save_invstd; the meta kernels return [C].
-  if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit") &&
-      schema.overload_name().empty() && stack[first + 5].isBool() && !stack[first + 5].toBool()) {
+  if ((traits & kEvalEmptySaveStats) && stack[first + 5].isBool() && !stack[first + 5].toBool()) {
     for (size_t k = 1; k < 3 && k < outcome.returns.size(); ++k) {
       for (auto& g : outcome.returns[k]) {
         g.sizes = {0};
@@ -739,7 +736,7 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
   // sort's out=: the meta kernel restrides values/indices to the input's
   // layout even when they already have the right shape; CPU keeps the given
   // strides (it only restrides an out= tensor it has to resize).
-  if (name == "aten::sort" && (schema.overload_name() == "values" || schema.overload_name() == "values_stable")) {
+  if (traits & kOutKeepsGivenStrides) {
     for (auto& w : outcome.written) {
       const size_t i = first + static_cast<size_t>(w.first);
       if (i >= stack.size() || !stack[i].isTensor() || !w.second.defined) continue;
@@ -751,7 +748,7 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
   }
   // Range factories' out= (record_op inferred on an empty twin): the given
   // geometry when its numel is the result's, else [n] contiguous at its offset.
-  if (name == "aten::arange" || name == "aten::range" || name == "aten::linspace" || name == "aten::logspace") {
+  if (traits & kRangeFactory) {
     for (auto& w : outcome.written) {
       const size_t i = first + static_cast<size_t>(w.first);
       if (i >= stack.size() || !stack[i].isTensor() || !w.second.defined) continue;
@@ -767,11 +764,11 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
   }
   // _native_multi_head_attention without need_weights: CPU returns no weights (an
   // undefined tensor, None in Python); the meta kernel returns an empty tensor.
-  if (name == "aten::_native_multi_head_attention" && schema.overload_name().empty() && stack[first + 10].isBool() &&
-      !stack[first + 10].toBool() && outcome.returns.size() == 2)
+  if ((traits & kNoUnrequestedWeights) && stack[first + 10].isBool() && !stack[first + 10].toBool() &&
+      outcome.returns.size() == 2)
     for (auto& g : outcome.returns[1]) g = Geometry();
   // Channels-last results: convolution, and kernels that keep their input's format.
-  apply_cpu_memory_format(schema, stack, first, outcome);
+  apply_cpu_memory_format(traits, stack, first, outcome);
   // Backward ops with an output_mask: CPU returns an undefined tensor for each
   // gradient that is off; native_batch_norm_backward's meta kernel still
   // returns a grad_input, so the flush would bind an undefined result.
@@ -811,9 +808,8 @@ at::Tensor fresh_tpu(const Geometry& g) { return fresh_tpu(g.sizes, g.strides, g
 
 // CPU's arange.out warns, on every call, when it resizes a non-empty out
 // tensor whose numel is not the result's (range, linspace, logspace do not).
-void warn_arange_out_resize(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
-                            const MetaOutcome& meta) {
-  if (schema.name() != "aten::arange") return;
+// (The caller checks the op's kWarnsOnOutResize trait.)
+void warn_arange_out_resize(const torch::jit::Stack& stack, size_t first, const MetaOutcome& meta) {
   for (const auto& w : meta.written) {
     const size_t i = first + static_cast<size_t>(w.first);
     if (i >= stack.size() || !stack[i].isTensor()) continue;
@@ -870,10 +866,9 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
   const auto& schema = op.schema();
   auto* plan = new OpPlan();
   plan->writes = written_args(schema) | entry.extra_writes;
-  const std::string& name = schema.name();
+  plan->traits = entry.traits;
   // Ops whose result size is computed from Scalar values.
-  plan->float_values =
-      name == "aten::arange" || name == "aten::range" || name == "aten::linspace" || name == "aten::logspace";
+  plan->float_values = (entry.traits & kRangeFactory) != 0;
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 64; ++i) {
     c10::TypePtr t = args[i].real_type();
@@ -895,6 +890,7 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
     bool index_arg = false;
     for (const auto& a : args) index_arg = index_arg || a.name() == "index" || a.name() == "indices";
     // Functional variants (index_copy, scatter.src, put) write a copy: their in-place sibling exists.
+    const std::string& name = schema.name();
     const auto& overload = schema.overload_name();
     const bool has_inplace = !name.empty() && name.back() != '_' &&
                              c10::Dispatcher::singleton().findOp(c10::OperatorName(name + "_", overload)).has_value();
@@ -1101,17 +1097,19 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       }
       computed.returns.push_back(std::move(geoms));
     }
-    if (!plan.cpp_meta_only) {  // a structured out= kernel restrides a resized out= as CPU's does
+    // A structured out= kernel restrides a resized out= as CPU's does; kOutResizedContiguous
+    // kernels copy into a resized out, which comes back contiguous as the meta kernel says.
+    if (!plan.cpp_meta_only && !(plan.traits & kOutResizedContiguous)) {
       c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
       DeviceMetaInference as_cpu;
       restride_resized_outs(op, *stack, first, meta_args, computed);
     }
-    correct_meta_outcome(schema, *stack, first, computed);
+    correct_meta_outcome(schema, plan.traits, *stack, first, computed);
     if (!key.empty()) meta_cache().insert(schema, key, computed, disk);
     cached = &computed;
   }
   const MetaOutcome& meta = *cached;
-  if (plan.float_values) warn_arange_out_resize(schema, *stack, first, meta);
+  if (plan.traits & kWarnsOnOutResize) warn_arange_out_resize(*stack, first, meta);
   if (!meta.written.empty() && resizes_read_write_arg(schema, meta, *stack, first, nargs)) {
     if (borrowed) borrowed->own();
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
