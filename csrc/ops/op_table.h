@@ -37,6 +37,19 @@ enum OpTrait : uint32_t {
   kOutResizedContiguous = 1u << 14,  // the out= kernel resizes out and copies: a resized out is contiguous
   kConvolutionFormat = 1u << 15,     // convolution: ATen's backend choice decides the result's format
   kConvolutionBackwardFormat = 1u << 16,  // convolution_backward: the same for grad_input / grad_weight
+  // CPU call-time checks the meta kernels do not make (record.cpp cpu_checks_at_call_time and
+  // record_op): a call that fails one runs eagerly, so CPU's kernel raises its own error.
+  kCheckPowTensorScalar = 1u << 17,   // int tensor ** negative int
+  kCheckPowScalarInPlace = 1u << 18,  // int tensor **= negative int
+  kCheckSubBool = 1u << 19,           // sub / rsub of a bool operand
+  kCheckInPlaceCast = 1u << 20,       // add_ / sub_ / mul_ whose result type cannot be cast to self's
+  kCheckIndexPut = 1u << 21,          // index_put: what CPU's kernel decides at the call
+  kCheckMaskedScatter = 1u << 22,     // mask broadcast and source size
+  kCheckIndexBounds = 1u << 23,       // index / index_put: indices in range
+  kCheckSameDtypePair = 1u << 24,     // complex / polar: both arguments of one dtype
+  kCheckRandperm = 1u << 25,          // randperm(n) into a dtype that cannot hold n
+  kCheckNormalStd = 1u << 26,         // normal with a std tensor: std >= 0
+  kCheckIndexDevices = 1u << 27,      // index: indices on CPU or self's device
 };
 
 struct OpEntry {

@@ -153,49 +153,6 @@ bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack&
   return false;
 }
 
-// The CPU call-time checks an op needs (OpPlan::call_check): a set of these bits.
-enum CallCheck : int {
-  kNoCheck = 0,
-  kPowTensorScalar = 1,
-  kPowScalarInPlace = 2,
-  kSubBool = 4,
-  kInPlaceCast = 8,
-  kIndexPut = 16,
-  kMaskedScatter = 32,
-  kIndexBounds = 64,
-  kSameDtypePair = 128,
-  kRandperm = 256,
-  kNormalStd = 512,
-  kIndexDevices = 1024,
-};
-
-int call_check_of(const c10::FunctionSchema& schema) {
-  const std::string& name = schema.name();
-  const std::string& overload = schema.overload_name();
-  if (name == "aten::pow" && overload.rfind("Tensor_Scalar", 0) == 0) return kPowTensorScalar;
-  if (name == "aten::pow_" && overload == "Scalar") return kPowScalarInPlace;
-  int checks = kNoCheck;
-  if (name == "aten::sub" || name == "aten::sub_" || name == "aten::rsub") checks |= kSubBool;
-  if (name == "aten::_index_put_impl_" || name == "aten::index_put_" || name == "aten::index_put") checks |= kIndexPut;
-  if (name == "aten::masked_scatter_" || name == "aten::masked_scatter") checks |= kMaskedScatter;
-  // complex(real, imag) / polar(abs, angle): "Expected object of scalar type Float but got scalar type Double for
-  // second argument"
-  if (name == "aten::complex" || name == "aten::polar") checks |= kSameDtypePair;
-  if (name == "aten::randperm") checks |= kRandperm;
-  if (name == "aten::normal") {
-    for (const auto& a : schema.arguments())
-      if (a.name() == "std" && a.type()->kind() == c10::TypeKind::TensorType) checks |= kNormalStd;
-  }
-  if (name == "aten::index") checks |= kIndexDevices;
-  if (name == "aten::index" || name == "aten::_index_put_impl_" || name == "aten::index_put_" ||
-      name == "aten::index_put")
-    checks |= kIndexBounds;
-  if ((name == "aten::add_" || name == "aten::sub_" || name == "aten::mul_") &&
-      (overload == "Tensor" || overload == "Scalar"))
-    checks |= kInPlaceCast;
-  return checks;
-}
-
 // Whether an in-place binary op's result type (CPU's type promotion of self
 // and other) cannot be cast to self's dtype.
 bool in_place_result_cannot_cast(const c10::IValue& self, const c10::IValue& other) {
@@ -372,15 +329,15 @@ void check_index_devices(torch::jit::Stack& stack, size_t first) {
 // calls run eagerly, so CPU's own kernel raises its error at the call.
 // (Only checks that need no data belong here.)
 bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_t first) {
-  const int check = plan.call_check;
+  const uint32_t check = plan.traits;
   // pow(int tensor, negative int scalar): "Integers to negative integer powers are not allowed."
-  if (check & kPowTensorScalar) {
+  if (check & kCheckPowTensorScalar) {
     const c10::IValue& base = stack[first];
     const c10::IValue& exp = stack[first + 1];
     return base.isTensor() && c10::isIntegralType(base.toTensor().scalar_type(), /*includeBool=*/true) &&
            exp.isScalar() && exp.toScalar().isIntegral(false) && exp.toScalar().toLong() < 0;
   }
-  if (check & kPowScalarInPlace) {
+  if (check & kCheckPowScalarInPlace) {
     const c10::IValue& base = stack[first];
     const c10::IValue& exp = stack[first + 1];
     return c10::isIntegralType(base.toTensor().scalar_type(), true) && exp.toScalar().isIntegral(false) &&
@@ -388,7 +345,7 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   }
   // sub/rsub with a bool operand: CPU's sub_check rejects it at the call, but
   // the meta kernel lets a Python bool through (a Scalar there, not a bool tensor).
-  if (check & kSubBool) {
+  if (check & kCheckSubBool) {
     auto is_bool = [](const c10::IValue& v) {
       return v.isBool() || (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kBool);
     };
@@ -398,11 +355,11 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // (int32.mul_(0.5), float16.add_(1j)): CPU's TensorIterator raises at the
   // call ("result type Float can't be cast to the desired output type Int");
   // the meta kernels of torch 2.13 let mul_ and a complex add_ / sub_ through.
-  if ((check & kInPlaceCast) && in_place_result_cannot_cast(stack[first], stack[first + 1])) return true;
-  if ((check & kSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
+  if ((check & kCheckInPlaceCast) && in_place_result_cannot_cast(stack[first], stack[first + 1])) return true;
+  if ((check & kCheckSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
       stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
     return true;
-  if (check & kIndexPut) {
+  if (check & kCheckIndexPut) {
     try {
       if (index_put_needs_cpu(stack[first], stack[first + 1], stack[first + 2])) return true;
     } catch (const c10::Error&) {
@@ -412,7 +369,7 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // masked_scatter(_): CPU checks that the mask broadcasts to self and that
   // the source holds an element per set mask element. The second needs the
   // mask's values, unless the source has as many elements as self.
-  if (check & kMaskedScatter) {
+  if (check & kCheckMaskedScatter) {
     const at::Tensor& self = stack[first].toTensor();
     const at::Tensor& mask = stack[first + 1].toTensor();
     const at::Tensor& source = stack[first + 2].toTensor();
@@ -875,7 +832,6 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
     if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
     if (t->kind() == c10::TypeKind::NumberType) plan->scalar_args |= uint64_t(1) << i;
   }
-  plan->call_check = call_check_of(schema);
   plan->cpp_meta = shadowed_cpp_meta_kernel(op);
   plan->cpp_meta_only = plan->cpp_meta && (entry.traits & kCppMetaIsCpu);
   plan->scalar_conversions = scalar_conversions_of(schema);
@@ -963,7 +919,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   //    before meta inference): tpu tensors of one chip, plus 0-dim CPU tensors
   //    (scalars), as CPU/CUDA allow. Fresh results and the generator are that chip's.
   check_not_in_bad_fork();
-  if (plan.call_check & kIndexDevices) check_index_devices(*stack, first);
+  if (plan.traits & kCheckIndexDevices) check_index_devices(*stack, first);
   const int device = op_device(*stack, first, nargs);  // raises CUDA's error for two chips
   ChipGuard chip(device);
   check_same_device(schema, plan.writes, *stack, first);
@@ -981,7 +937,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   }
 
   if (entry.kind == PrimKind::kRandom) check_random_args(op, plan, *stack, first, nargs);
-  if (plan.call_check & kNormalStd) check_normal_std(schema, *stack, first);
+  if (plan.traits & kCheckNormalStd) check_normal_std(schema, *stack, first);
 
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
@@ -1117,7 +1073,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   }
   // randperm(n) into a dtype that cannot hold n distinct integers exactly:
   // CPU's check, on an empty CPU tensor of the result dtype (same message).
-  if ((plan.call_check & kRandperm) && (*stack)[first].isInt()) {
+  if ((plan.traits & kCheckRandperm) && (*stack)[first].isInt()) {
     const auto dtype = result_dtype(schema, meta);
     if (dtype != c10::ScalarType::Undefined)
       at::native::check_supported_max_int_with_precision(
@@ -1125,7 +1081,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
           at::detail::empty_cpu({0}, dtype, std::nullopt, std::nullopt, std::nullopt, std::nullopt));
   }
   // After the meta kernel's checks, as CPU checks index values after shapes.
-  if ((plan.call_check & kIndexBounds) && (*stack)[first].isTensor())
+  if ((plan.traits & kCheckIndexBounds) && (*stack)[first].isTensor())
     check_index_bounds((*stack)[first].toTensor(), (*stack)[first + 1]);
   // CPU's Scalar overflow checks, on this call's values (the cache keys Scalars by type). A Scalar
   // that does not fit runs CPU's kernel now: it raises CPU's error at the call, or computes the
