@@ -268,11 +268,101 @@ def cpp_meta_is_cpu_overloads():
     return found
 
 
-def traits_of(overload, kind, cpp_meta_is_cpu):
+def _every(ov):
+    return True
+
+
+def _default(ov):
+    return ov == ""
+
+
+def _no_out_in_name(ov):
+    # memory-format fixes skip the out= forms (CPU keeps a given out's strides); an
+    # overload counts as out= when its name contains "out" (sort.values does not)
+    return "out" not in ov
+
+
+# Per-op knowledge of the record kernel: where an op's meta kernel disagrees with
+# CPU's kernel, or CPU does something at the call. Each row: an OpTrait bit (what it
+# does is documented in csrc/ops/op_table.h), the base names it applies to, and which
+# of their overloads (by overload name). The table is the one place these ops are named.
+OP_TRAITS = [
+    # Scalar values size the result: key meta results by value; an out= keeps its geometry when its numel fits.
+    ("kRangeFactory", {"arange", "range", "linspace", "logspace"}, _every),
+    # CPU's arange.out warns when it resizes a non-empty out tensor (range, linspace, logspace do not).
+    ("kWarnsOnOutResize", {"arange"}, _every),
+    # 16-bit inputs keep mean/rstd in their dtype unless a parameter is float32.
+    (
+        "kNormStatsInInputDtype",
+        {"native_layer_norm", "native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update"},
+        lambda ov: ov in ("", "no_stats"),
+    ),
+    # bool tensor ** bool stays bool.
+    ("kBoolPowKeepsBool", {"pow"}, lambda ov: ov == "Tensor_Scalar"),
+    # The gradient is contiguous whatever grad_output's strides.
+    ("kContiguousGradient", {"_log_softmax_backward_data"}, _default),
+    # Eval mode: save_mean / save_invstd are empty.
+    ("kEvalEmptySaveStats", {"native_batch_norm", "_native_batch_norm_legit"}, _default),
+    # out= tensors of the right shape keep their strides.
+    ("kOutKeepsGivenStrides", {"sort"}, lambda ov: ov in ("values", "values_stable")),
+    # need_weights=False: no weights (None), not an empty tensor.
+    ("kNoUnrequestedWeights", {"_native_multi_head_attention"}, _default),
+    # Result memory formats (csrc/ops/memory_format.cpp).
+    ("kPreservesSelfStrides", {"flip", "sort"}, _no_out_in_name),
+    ("kContiguousResult", {"tril", "triu", "_log_softmax", "masked_fill"}, _no_out_in_name),
+    ("kRollFormat", {"roll"}, _no_out_in_name),
+    (
+        "kInputFormatResult",
+        {"native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update"},
+        _no_out_in_name,
+    ),
+    (
+        "kSelfFormatResult",
+        {
+            "channel_shuffle",
+            "native_channel_shuffle",
+            "max_unpool2d",
+            "reflection_pad3d",
+            "replication_pad2d",
+            "replication_pad3d",
+        },
+        _default,
+    ),
+    # The out= kernel resizes out and copies the functional result: a resized out is contiguous.
+    (
+        "kOutResizedContiguous",
+        {"_fft_c2c", "_fft_r2c", "_fft_c2r", "native_batch_norm", "_native_batch_norm_legit", "normal", "mvlgamma"},
+        _every,
+    ),
+]
+
+# CPU call-time checks the meta kernels do not make (OpTrait kCheck* bits): same row form.
+CALL_CHECKS = [
+    ("kCheckPowTensorScalar", {"pow"}, lambda ov: ov.startswith("Tensor_Scalar")),
+    ("kCheckPowScalarInPlace", {"pow_"}, lambda ov: ov == "Scalar"),
+    ("kCheckSubBool", {"sub", "sub_", "rsub"}, _every),
+    ("kCheckInPlaceCast", {"add_", "sub_", "mul_"}, lambda ov: ov in ("Tensor", "Scalar")),
+    ("kCheckIndexPut", {"_index_put_impl_", "index_put_", "index_put"}, _every),
+    ("kCheckMaskedScatter", {"masked_scatter_", "masked_scatter"}, _every),
+    ("kCheckIndexBounds", {"index", "_index_put_impl_", "index_put_", "index_put"}, _every),
+    ("kCheckSameDtypePair", {"complex", "polar"}, _every),
+    ("kCheckRandperm", {"randperm"}, _every),
+    ("kCheckIndexDevices", {"index"}, _every),
+]
+
+
+def traits_of(overload, kind, schema, cpp_meta_is_cpu):
     """The OpTrait bits of an overload, as C++ source ("0" when it has none)."""
     bits = []
     if overload in cpp_meta_is_cpu and kind != "kRandom":
         bits.append("kCppMetaIsCpu")
+    base, _, ov = overload.partition(".")
+    for trait, bases, overloads in OP_TRAITS + CALL_CHECKS:
+        if base in bases and overloads(ov):
+            bits.append(trait)
+    # normal with a std tensor: CPU checks std >= 0 (its meta kernel does not)
+    if base == "normal" and any(a.name == "std" and a.type.kind() == "TensorType" for a in schema.arguments):
+        bits.append("kCheckNormalStd")
     return " | ".join(bits) or "0"
 
 
@@ -303,7 +393,9 @@ def main():
         else:
             is_view = True
         kind = "kView" if is_view else kind_of(overload, schema)
-        rows.append((overload, kind, writes_without_annotation(overload), traits_of(overload, kind, cpp_meta_is_cpu)))
+        rows.append(
+            (overload, kind, writes_without_annotation(overload), traits_of(overload, kind, schema, cpp_meta_is_cpu))
+        )
     with open(OUT, "w") as f:
         f.write("// Generated by tools/gen_op_table.py from torch %s. Do not edit by hand.\n" % torch.__version__)
         f.write("// overload name, primitive kind, bit mask of arguments written without a schema annotation, traits\n")

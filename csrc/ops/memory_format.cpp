@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <optional>
 #include <string>
-#include <unordered_set>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/function_schema.h>
@@ -12,6 +11,8 @@
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/WrapDimMinimal.h>
 #include <c10/core/SymIntArrayRef.h>
+
+#include "ops/op_table.h"
 
 namespace tpu_eager {
 namespace {
@@ -88,11 +89,9 @@ bool in_device_meta_inference() { return t_in_meta; }
 DeviceMetaInference::DeviceMetaInference() : prev_(t_in_meta) { t_in_meta = true; }
 DeviceMetaInference::~DeviceMetaInference() { t_in_meta = prev_; }
 
-void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
-                             MetaOutcome& outcome) {
-  const std::string& name = schema.name();
-  const bool fwd = name == "aten::convolution" && schema.overload_name().empty();
-  const bool bwd = name == "aten::convolution_backward" && schema.overload_name().empty();
+void apply_cpu_memory_format(uint32_t traits, const torch::jit::Stack& stack, size_t first, MetaOutcome& outcome) {
+  const bool fwd = (traits & kConvolutionFormat) != 0;
+  const bool bwd = (traits & kConvolutionBackwardFormat) != 0;
   if (fwd || bwd) {
     std::optional<at::MemoryFormat> fmt;
     try {
@@ -112,16 +111,13 @@ void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit
   // of size-1 dims. Kernels whose structured meta allocates contiguous results
   // (tril, triu, log_softmax), and roll and masked_fill (empty_like / clone in
   // MemoryFormat::Contiguous), get contiguous strides, size-1 dims included.
-  static const std::unordered_set<std::string> preserves_self = {"aten::flip", "aten::sort"};
-  static const std::unordered_set<std::string> contiguous_result = {"aten::tril", "aten::triu", "aten::_log_softmax",
-                                                                    "aten::masked_fill"};
-  const bool functional = schema.overload_name().find("out") == std::string::npos;
+  // (kPreservesSelfStrides / kContiguousResult; out= forms keep their given strides.)
   // roll along dims: CPU's kernel concatenates two narrowed views of self, and
   // cat allocates in their common suggest_memory_format() (channels-last stays
   // channels-last, a transposed matrix comes back contiguous); roll without
   // dims rolls the flattened tensor (contiguous). No elements: clone(Preserve).
-  if (name == "aten::roll" && functional && stack[first].isTensor() && !outcome.returns.empty() &&
-      first + 2 < stack.size() && stack[first + 1].isIntList() && stack[first + 2].isIntList()) {
+  if ((traits & kRollFormat) && stack[first].isTensor() && !outcome.returns.empty() && first + 2 < stack.size() &&
+      stack[first + 1].isIntList() && stack[first + 2].isIntList()) {
     const at::Tensor& self = stack[first].toTensor();
     if (self.numel() == 0) return;
     const auto shifts = stack[first + 1].toIntVector(), dims = stack[first + 2].toIntVector();
@@ -157,10 +153,9 @@ void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit
       if (g.defined && self.sizes().equals(g.sizes)) g.strides = strides;
     return;
   }
-  if (functional && (preserves_self.count(name) || contiguous_result.count(name)) && stack[first].isTensor() &&
-      !outcome.returns.empty()) {
+  if ((traits & (kPreservesSelfStrides | kContiguousResult)) && stack[first].isTensor() && !outcome.returns.empty()) {
     const at::Tensor& self = stack[first].toTensor();
-    const bool preserve = preserves_self.count(name) > 0;
+    const bool preserve = (traits & kPreservesSelfStrides) != 0;
     if (preserve && !self.is_non_overlapping_and_dense()) return;
     for (auto& r : outcome.returns) {
       for (auto& g : r) {
@@ -173,9 +168,7 @@ void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit
   // Batch norm on CPU allocates its output in input.suggest_memory_format()
   // (contiguous unless a 4-d / 5-d input is channels_last); the meta kernels
   // keep the input's strides (a transposed 3-d input stays transposed).
-  if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
-       name == "aten::_batch_norm_with_update") &&
-      functional && stack[first].isTensor() && !outcome.returns.empty()) {
+  if ((traits & kInputFormatResult) && stack[first].isTensor() && !outcome.returns.empty()) {
     const at::Tensor& input = stack[first].toTensor();
     for (auto& g : outcome.returns[0])
       if (g.defined && input.sizes().equals(g.sizes)) g.strides = strides_for(g.sizes, input.suggest_memory_format());
@@ -184,11 +177,8 @@ void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit
   // CPU kernels that allocate their result in self.suggest_memory_format();
   // their meta kernels (decompositions, or the structured meta function of
   // replication_pad2d/3d, which CPU's kernel restrides) allocate it contiguous.
-  static const std::unordered_set<std::string> keeps_format = {
-      "aten::channel_shuffle",  "aten::native_channel_shuffle", "aten::max_unpool2d",
-      "aten::reflection_pad3d", "aten::replication_pad2d",      "aten::replication_pad3d"};
-  if (keeps_format.count(name) && schema.overload_name().empty() && stack[first].isTensor() &&
-      !outcome.returns.empty()) {
+  // (kSelfFormatResult)
+  if ((traits & kSelfFormatResult) && stack[first].isTensor() && !outcome.returns.empty()) {
     const at::Tensor& self = stack[first].toTensor();
     const at::MemoryFormat fmt = self.suggest_memory_format();
     for (auto& g : outcome.returns[0])

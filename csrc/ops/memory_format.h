@@ -1,6 +1,8 @@
 // Output memory formats of CPU's kernels where the meta kernels do not know them.
 #pragma once
 
+#include <cstdint>
+
 #include <ATen/core/stack.h>
 
 #include "ops/meta_outcome.h"
@@ -31,8 +33,8 @@ class DeviceMetaInference {
 // convolution and its backward (ATen's own backend choice decides, as in
 // CPU's _convolution), and ops whose CPU kernel allocates in
 // input.suggest_memory_format() (channel_shuffle, max_unpool2d, 3-d reflection/replication pads).
-// `stack[first...]` holds the op's (device) arguments.
-void apply_cpu_memory_format(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
-                             MetaOutcome& outcome);
+// `traits` are the op's OpTrait bits (op_table.h), which say which of these
+// applies; `stack[first...]` holds the op's (device) arguments.
+void apply_cpu_memory_format(uint32_t traits, const torch::jit::Stack& stack, size_t first, MetaOutcome& outcome);
 
 }  // namespace tpu_eager

@@ -17,6 +17,39 @@ enum OpTrait : uint32_t {
   // Shape/dtype inference runs it instead of the Python meta kernel that shadows
   // it (tools/gen_op_table.py, cpp_meta_is_cpu_overloads).
   kCppMetaIsCpu = 1u << 0,
+  // Where a meta kernel's result differs from CPU's kernel, the record kernel
+  // corrects it (record.cpp correct_meta_outcome, memory_format.cpp); each bit
+  // names one correction. The ops carrying each: tools/gen_op_table.py OP_TRAITS
+  // (the convolution bits: the device's own convolution entries, device_kernels.cpp).
+  kRangeFactory = 1u << 1,           // Scalar values size the result (keyed by value); out= keeps a fitting geometry
+  kWarnsOnOutResize = 1u << 2,       // CPU warns when it resizes a non-empty out= tensor (arange)
+  kNormStatsInInputDtype = 1u << 3,  // 16-bit input: mean/rstd in its dtype unless a parameter is float32
+  kBoolPowKeepsBool = 1u << 4,       // bool tensor ** bool is bool (meta: int64)
+  kContiguousGradient = 1u << 5,     // the result is contiguous (meta: grad_output's strides)
+  kEvalEmptySaveStats = 1u << 6,     // batch norm in eval mode: save_mean / save_invstd are empty
+  kOutKeepsGivenStrides = 1u << 7,   // out= tensors of the right shape keep their strides
+  kNoUnrequestedWeights = 1u << 8,   // need_weights=False: the weights are undefined (None)
+  kPreservesSelfStrides = 1u << 9,   // result in empty_like(self, Preserve): a dense self's strides exactly
+  kContiguousResult = 1u << 10,      // result contiguous, size-1 dims included
+  kRollFormat = 1u << 11,            // roll: the format of cat of self's two pieces
+  kInputFormatResult = 1u << 12,     // result in input.suggest_memory_format() (any rank)
+  kSelfFormatResult = 1u << 13,      // result in self.suggest_memory_format() (4-d / 5-d)
+  kOutResizedContiguous = 1u << 14,  // the out= kernel resizes out and copies: a resized out is contiguous
+  kConvolutionFormat = 1u << 15,     // convolution: ATen's backend choice decides the result's format
+  kConvolutionBackwardFormat = 1u << 16,  // convolution_backward: the same for grad_input / grad_weight
+  // CPU call-time checks the meta kernels do not make (record.cpp cpu_checks_at_call_time and
+  // record_op): a call that fails one runs eagerly, so CPU's kernel raises its own error.
+  kCheckPowTensorScalar = 1u << 17,   // int tensor ** negative int
+  kCheckPowScalarInPlace = 1u << 18,  // int tensor **= negative int
+  kCheckSubBool = 1u << 19,           // sub / rsub of a bool operand
+  kCheckInPlaceCast = 1u << 20,       // add_ / sub_ / mul_ whose result type cannot be cast to self's
+  kCheckIndexPut = 1u << 21,          // index_put: what CPU's kernel decides at the call
+  kCheckMaskedScatter = 1u << 22,     // mask broadcast and source size
+  kCheckIndexBounds = 1u << 23,       // index / index_put: indices in range
+  kCheckSameDtypePair = 1u << 24,     // complex / polar: both arguments of one dtype
+  kCheckRandperm = 1u << 25,          // randperm(n) into a dtype that cannot hold n
+  kCheckNormalStd = 1u << 26,         // normal with a std tensor: std >= 0
+  kCheckIndexDevices = 1u << 27,      // index: indices on CPU or self's device
 };
 
 struct OpEntry {

@@ -26,15 +26,6 @@ size_t outs_of(const c10::FunctionSchema& f, const c10::FunctionSchema& o) {
   return nret;
 }
 
-// CPU out= kernels that compute the functional result and then resize_output
-// + copy it into out (a resized out comes back contiguous, whatever the
-// functional result's layout).
-bool out_resized_contiguous(const c10::FunctionSchema& s) {
-  const std::string& n = s.name();
-  return n == "aten::_fft_c2c" || n == "aten::_fft_r2c" || n == "aten::_fft_c2r" || n == "aten::native_batch_norm" ||
-         n == "aten::_native_batch_norm_legit" || n == "aten::normal" || n == "aten::mvlgamma";
-}
-
 }  // namespace
 
 const c10::OperatorHandle* functional_variant(const c10::OperatorHandle& op) {
@@ -66,7 +57,7 @@ void restride_resized_outs(const c10::OperatorHandle& op, const torch::jit::Stac
     if (!args[w.first].is_out() || i >= stack.size() || !stack[i].isTensor() || !w.second.defined) continue;
     if (!stack[i].toTensor().sizes().equals(w.second.sizes)) any = true;
   }
-  if (!any || out_resized_contiguous(op.schema())) return;
+  if (!any) return;
   const c10::OperatorHandle* f = functional_variant(op);
   if (!f) return;
   const size_t nf = f->schema().arguments().size();

@@ -23,7 +23,9 @@ const c10::OperatorHandle* functional_variant(const c10::OperatorHandle& op);
 // contiguous instead. For every out= argument of `op` whose shape the meta
 // kernel changed, take the strides of the functional op's meta result.
 // `stack[first...]` holds the call's (device) arguments before the call,
-// `meta_args` their meta twins (inputs unchanged by the call).
+// `meta_args` their meta twins (inputs unchanged by the call). The record kernel
+// skips ops with the kOutResizedContiguous trait (op_table.h): their out= kernel
+// copies into a resized out, which comes back contiguous.
 void restride_resized_outs(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first,
                            const std::vector<c10::IValue>& meta_args, MetaOutcome& outcome);
 

@@ -153,49 +153,6 @@ bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack&
   return false;
 }
 
-// The CPU call-time checks an op needs (OpPlan::call_check): a set of these bits.
-enum CallCheck : int {
-  kNoCheck = 0,
-  kPowTensorScalar = 1,
-  kPowScalarInPlace = 2,
-  kSubBool = 4,
-  kInPlaceCast = 8,
-  kIndexPut = 16,
-  kMaskedScatter = 32,
-  kIndexBounds = 64,
-  kSameDtypePair = 128,
-  kRandperm = 256,
-  kNormalStd = 512,
-  kIndexDevices = 1024,
-};
-
-int call_check_of(const c10::FunctionSchema& schema) {
-  const std::string& name = schema.name();
-  const std::string& overload = schema.overload_name();
-  if (name == "aten::pow" && overload.rfind("Tensor_Scalar", 0) == 0) return kPowTensorScalar;
-  if (name == "aten::pow_" && overload == "Scalar") return kPowScalarInPlace;
-  int checks = kNoCheck;
-  if (name == "aten::sub" || name == "aten::sub_" || name == "aten::rsub") checks |= kSubBool;
-  if (name == "aten::_index_put_impl_" || name == "aten::index_put_" || name == "aten::index_put") checks |= kIndexPut;
-  if (name == "aten::masked_scatter_" || name == "aten::masked_scatter") checks |= kMaskedScatter;
-  // complex(real, imag) / polar(abs, angle): "Expected object of scalar type Float but got scalar type Double for
-  // second argument"
-  if (name == "aten::complex" || name == "aten::polar") checks |= kSameDtypePair;
-  if (name == "aten::randperm") checks |= kRandperm;
-  if (name == "aten::normal") {
-    for (const auto& a : schema.arguments())
-      if (a.name() == "std" && a.type()->kind() == c10::TypeKind::TensorType) checks |= kNormalStd;
-  }
-  if (name == "aten::index") checks |= kIndexDevices;
-  if (name == "aten::index" || name == "aten::_index_put_impl_" || name == "aten::index_put_" ||
-      name == "aten::index_put")
-    checks |= kIndexBounds;
-  if ((name == "aten::add_" || name == "aten::sub_" || name == "aten::mul_") &&
-      (overload == "Tensor" || overload == "Scalar"))
-    checks |= kInPlaceCast;
-  return checks;
-}
-
 // Whether an in-place binary op's result type (CPU's type promotion of self
 // and other) cannot be cast to self's dtype.
 bool in_place_result_cannot_cast(const c10::IValue& self, const c10::IValue& other) {
@@ -372,15 +329,15 @@ void check_index_devices(torch::jit::Stack& stack, size_t first) {
 // calls run eagerly, so CPU's own kernel raises its error at the call.
 // (Only checks that need no data belong here.)
 bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_t first) {
-  const int check = plan.call_check;
+  const uint32_t check = plan.traits;
   // pow(int tensor, negative int scalar): "Integers to negative integer powers are not allowed."
-  if (check & kPowTensorScalar) {
+  if (check & kCheckPowTensorScalar) {
     const c10::IValue& base = stack[first];
     const c10::IValue& exp = stack[first + 1];
     return base.isTensor() && c10::isIntegralType(base.toTensor().scalar_type(), /*includeBool=*/true) &&
            exp.isScalar() && exp.toScalar().isIntegral(false) && exp.toScalar().toLong() < 0;
   }
-  if (check & kPowScalarInPlace) {
+  if (check & kCheckPowScalarInPlace) {
     const c10::IValue& base = stack[first];
     const c10::IValue& exp = stack[first + 1];
     return c10::isIntegralType(base.toTensor().scalar_type(), true) && exp.toScalar().isIntegral(false) &&
@@ -388,7 +345,7 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   }
   // sub/rsub with a bool operand: CPU's sub_check rejects it at the call, but
   // the meta kernel lets a Python bool through (a Scalar there, not a bool tensor).
-  if (check & kSubBool) {
+  if (check & kCheckSubBool) {
     auto is_bool = [](const c10::IValue& v) {
       return v.isBool() || (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == at::kBool);
     };
@@ -398,11 +355,11 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // (int32.mul_(0.5), float16.add_(1j)): CPU's TensorIterator raises at the
   // call ("result type Float can't be cast to the desired output type Int");
   // the meta kernels of torch 2.13 let mul_ and a complex add_ / sub_ through.
-  if ((check & kInPlaceCast) && in_place_result_cannot_cast(stack[first], stack[first + 1])) return true;
-  if ((check & kSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
+  if ((check & kCheckInPlaceCast) && in_place_result_cannot_cast(stack[first], stack[first + 1])) return true;
+  if ((check & kCheckSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
       stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
     return true;
-  if (check & kIndexPut) {
+  if (check & kCheckIndexPut) {
     try {
       if (index_put_needs_cpu(stack[first], stack[first + 1], stack[first + 2])) return true;
     } catch (const c10::Error&) {
@@ -412,7 +369,7 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // masked_scatter(_): CPU checks that the mask broadcasts to self and that
   // the source holds an element per set mask element. The second needs the
   // mask's values, unless the source has as many elements as self.
-  if (check & kMaskedScatter) {
+  if (check & kCheckMaskedScatter) {
     const at::Tensor& self = stack[first].toTensor();
     const at::Tensor& mask = stack[first + 1].toTensor();
     const at::Tensor& source = stack[first + 2].toTensor();
@@ -693,15 +650,13 @@ void retarget_device_args(Stack& stack, size_t first, size_t n, c10::DeviceType 
 
 // Where a meta kernel's result shapes differ from CPU's kernel, CPU's win
 // (the executor writes CPU results into the shapes recorded here).
-void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& stack, size_t first,
+// `traits`: the op's OpTrait bits, which name the corrections it needs.
+void correct_meta_outcome(const c10::FunctionSchema& schema, uint32_t traits, torch::jit::Stack& stack, size_t first,
                           MetaOutcome& outcome) {
-  const std::string& name = schema.name();
   // Norm statistics of 16-bit inputs: CPU's kernels keep them in the input
   // dtype unless a parameter (weight, bias, running stats) is float32 ("mixed
   // type"); the meta kernels always say float32.
-  if ((name == "aten::native_layer_norm" || name == "aten::native_batch_norm" ||
-       name == "aten::_native_batch_norm_legit" || name == "aten::_batch_norm_with_update") &&
-      (schema.overload_name().empty() || schema.overload_name() == "no_stats") && stack[first].isTensor()) {
+  if ((traits & kNormStatsInInputDtype) && stack[first].isTensor()) {
     const auto dt = stack[first].toTensor().scalar_type();
     bool mixed = false;
     for (size_t i = first + 1; i < stack.size(); ++i)
@@ -712,12 +667,12 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
         for (auto& g : outcome.returns[k]) g.dtype = dt;
   }
   // bool tensor ** bool: CPU's type promotion keeps bool; the meta kernel says int64.
-  if (name == "aten::pow" && schema.overload_name() == "Tensor_Scalar" && stack[first].isTensor() &&
-      stack[first].toTensor().scalar_type() == at::kBool && stack[first + 1].isBool() && !outcome.returns.empty())
+  if ((traits & kBoolPowKeepsBool) && stack[first].isTensor() && stack[first].toTensor().scalar_type() == at::kBool &&
+      stack[first + 1].isBool() && !outcome.returns.empty())
     for (auto& g : outcome.returns[0]) g.dtype = at::kBool;
   // CPU's log_softmax backward returns a contiguous gradient; the meta kernel
   // copies grad_output's strides (softmax's backward agrees with CPU).
-  if (name == "aten::_log_softmax_backward_data" && schema.overload_name().empty() && !outcome.returns.empty()) {
+  if ((traits & kContiguousGradient) && !outcome.returns.empty()) {
     for (auto& g : outcome.returns[0]) {
       int64_t stride = 1;
       for (size_t d = g.sizes.size(); d-- > 0;) {
@@ -727,8 +682,7 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
     }
   }
   // Batch norm in eval mode: CPU returns empty save_mean / save_invstd; the meta kernels return [C].
-  if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit") &&
-      schema.overload_name().empty() && stack[first + 5].isBool() && !stack[first + 5].toBool()) {
+  if ((traits & kEvalEmptySaveStats) && stack[first + 5].isBool() && !stack[first + 5].toBool()) {
     for (size_t k = 1; k < 3 && k < outcome.returns.size(); ++k) {
       for (auto& g : outcome.returns[k]) {
         g.sizes = {0};
@@ -739,7 +693,7 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
   // sort's out=: the meta kernel restrides values/indices to the input's
   // layout even when they already have the right shape; CPU keeps the given
   // strides (it only restrides an out= tensor it has to resize).
-  if (name == "aten::sort" && (schema.overload_name() == "values" || schema.overload_name() == "values_stable")) {
+  if (traits & kOutKeepsGivenStrides) {
     for (auto& w : outcome.written) {
       const size_t i = first + static_cast<size_t>(w.first);
       if (i >= stack.size() || !stack[i].isTensor() || !w.second.defined) continue;
@@ -751,7 +705,7 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
   }
   // Range factories' out= (record_op inferred on an empty twin): the given
   // geometry when its numel is the result's, else [n] contiguous at its offset.
-  if (name == "aten::arange" || name == "aten::range" || name == "aten::linspace" || name == "aten::logspace") {
+  if (traits & kRangeFactory) {
     for (auto& w : outcome.written) {
       const size_t i = first + static_cast<size_t>(w.first);
       if (i >= stack.size() || !stack[i].isTensor() || !w.second.defined) continue;
@@ -767,11 +721,11 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, torch::jit::Stack& 
   }
   // _native_multi_head_attention without need_weights: CPU returns no weights (an
   // undefined tensor, None in Python); the meta kernel returns an empty tensor.
-  if (name == "aten::_native_multi_head_attention" && schema.overload_name().empty() && stack[first + 10].isBool() &&
-      !stack[first + 10].toBool() && outcome.returns.size() == 2)
+  if ((traits & kNoUnrequestedWeights) && stack[first + 10].isBool() && !stack[first + 10].toBool() &&
+      outcome.returns.size() == 2)
     for (auto& g : outcome.returns[1]) g = Geometry();
   // Channels-last results: convolution, and kernels that keep their input's format.
-  apply_cpu_memory_format(schema, stack, first, outcome);
+  apply_cpu_memory_format(traits, stack, first, outcome);
   // Backward ops with an output_mask: CPU returns an undefined tensor for each
   // gradient that is off; native_batch_norm_backward's meta kernel still
   // returns a grad_input, so the flush would bind an undefined result.
@@ -811,9 +765,8 @@ at::Tensor fresh_tpu(const Geometry& g) { return fresh_tpu(g.sizes, g.strides, g
 
 // CPU's arange.out warns, on every call, when it resizes a non-empty out
 // tensor whose numel is not the result's (range, linspace, logspace do not).
-void warn_arange_out_resize(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
-                            const MetaOutcome& meta) {
-  if (schema.name() != "aten::arange") return;
+// (The caller checks the op's kWarnsOnOutResize trait.)
+void warn_arange_out_resize(const torch::jit::Stack& stack, size_t first, const MetaOutcome& meta) {
   for (const auto& w : meta.written) {
     const size_t i = first + static_cast<size_t>(w.first);
     if (i >= stack.size() || !stack[i].isTensor()) continue;
@@ -870,17 +823,15 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
   const auto& schema = op.schema();
   auto* plan = new OpPlan();
   plan->writes = written_args(schema) | entry.extra_writes;
-  const std::string& name = schema.name();
+  plan->traits = entry.traits;
   // Ops whose result size is computed from Scalar values.
-  plan->float_values =
-      name == "aten::arange" || name == "aten::range" || name == "aten::linspace" || name == "aten::logspace";
+  plan->float_values = (entry.traits & kRangeFactory) != 0;
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 64; ++i) {
     c10::TypePtr t = args[i].real_type();
     if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
     if (t->kind() == c10::TypeKind::NumberType) plan->scalar_args |= uint64_t(1) << i;
   }
-  plan->call_check = call_check_of(schema);
   plan->cpp_meta = shadowed_cpp_meta_kernel(op);
   plan->cpp_meta_only = plan->cpp_meta && (entry.traits & kCppMetaIsCpu);
   plan->scalar_conversions = scalar_conversions_of(schema);
@@ -895,6 +846,7 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
     bool index_arg = false;
     for (const auto& a : args) index_arg = index_arg || a.name() == "index" || a.name() == "indices";
     // Functional variants (index_copy, scatter.src, put) write a copy: their in-place sibling exists.
+    const std::string& name = schema.name();
     const auto& overload = schema.overload_name();
     const bool has_inplace = !name.empty() && name.back() != '_' &&
                              c10::Dispatcher::singleton().findOp(c10::OperatorName(name + "_", overload)).has_value();
@@ -967,7 +919,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   //    before meta inference): tpu tensors of one chip, plus 0-dim CPU tensors
   //    (scalars), as CPU/CUDA allow. Fresh results and the generator are that chip's.
   check_not_in_bad_fork();
-  if (plan.call_check & kIndexDevices) check_index_devices(*stack, first);
+  if (plan.traits & kCheckIndexDevices) check_index_devices(*stack, first);
   const int device = op_device(*stack, first, nargs);  // raises CUDA's error for two chips
   ChipGuard chip(device);
   check_same_device(schema, plan.writes, *stack, first);
@@ -985,7 +937,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   }
 
   if (entry.kind == PrimKind::kRandom) check_random_args(op, plan, *stack, first, nargs);
-  if (plan.call_check & kNormalStd) check_normal_std(schema, *stack, first);
+  if (plan.traits & kCheckNormalStd) check_normal_std(schema, *stack, first);
 
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
@@ -1101,17 +1053,19 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       }
       computed.returns.push_back(std::move(geoms));
     }
-    if (!plan.cpp_meta_only) {  // a structured out= kernel restrides a resized out= as CPU's does
+    // A structured out= kernel restrides a resized out= as CPU's does; kOutResizedContiguous
+    // kernels copy into a resized out, which comes back contiguous as the meta kernel says.
+    if (!plan.cpp_meta_only && !(plan.traits & kOutResizedContiguous)) {
       c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
       DeviceMetaInference as_cpu;
       restride_resized_outs(op, *stack, first, meta_args, computed);
     }
-    correct_meta_outcome(schema, *stack, first, computed);
+    correct_meta_outcome(schema, plan.traits, *stack, first, computed);
     if (!key.empty()) meta_cache().insert(schema, key, computed, disk);
     cached = &computed;
   }
   const MetaOutcome& meta = *cached;
-  if (plan.float_values) warn_arange_out_resize(schema, *stack, first, meta);
+  if (plan.traits & kWarnsOnOutResize) warn_arange_out_resize(*stack, first, meta);
   if (!meta.written.empty() && resizes_read_write_arg(schema, meta, *stack, first, nargs)) {
     if (borrowed) borrowed->own();
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
@@ -1119,7 +1073,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   }
   // randperm(n) into a dtype that cannot hold n distinct integers exactly:
   // CPU's check, on an empty CPU tensor of the result dtype (same message).
-  if ((plan.call_check & kRandperm) && (*stack)[first].isInt()) {
+  if ((plan.traits & kCheckRandperm) && (*stack)[first].isInt()) {
     const auto dtype = result_dtype(schema, meta);
     if (dtype != c10::ScalarType::Undefined)
       at::native::check_supported_max_int_with_precision(
@@ -1127,7 +1081,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
           at::detail::empty_cpu({0}, dtype, std::nullopt, std::nullopt, std::nullopt, std::nullopt));
   }
   // After the meta kernel's checks, as CPU checks index values after shapes.
-  if ((plan.call_check & kIndexBounds) && (*stack)[first].isTensor())
+  if ((plan.traits & kCheckIndexBounds) && (*stack)[first].isTensor())
     check_index_bounds((*stack)[first].toTensor(), (*stack)[first + 1]);
   // CPU's Scalar overflow checks, on this call's values (the cache keys Scalars by type). A Scalar
   // that does not fit runs CPU's kernel now: it raises CPU's error at the call, or computes the

@@ -20,7 +20,7 @@ struct OpPlan {
   uint64_t writes = 0;        // bit i: argument i is written (schema alias info | OpEntry::extra_writes)
   uint64_t scalar_args = 0;   // bit i: argument i is a Scalar (or Scalar?): keyed by type, not value
   bool float_values = false;  // range factories: Scalar values size the result, so key them by value
-  int call_check = 0;         // which CPU call-time checks apply (record.cpp, CallCheck bits)
+  uint32_t traits = 0;        // OpEntry::traits (OpTrait bits): per-op corrections and CPU call-time checks
   int alpha_arg = -1;         // position of an `alpha` argument (CPU's alpha_check), or -1
   int values_arg = -1;        // positions of kwarg-only written `values` / `indices` (sort's out=), or -1
   int indices_arg = -1;
