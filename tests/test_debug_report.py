@@ -1,10 +1,12 @@
 """TORCH_TPU_DEBUG (one line per flush and compile, a summary at exit) and metrics_report()."""
 
+import inspect
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import torch
 
@@ -107,3 +109,110 @@ def test_level_1_counts_ops_by_how_the_tpu_ran_them():
     assert re.search(r"^  fused\.mul\.Tensor: 1$", proc.stdout, re.M), proc.stdout
     assert re.search(r"^  fused\.relu: 1$", proc.stdout, re.M), proc.stdout
     assert re.search(r"^  op_by_op\.mm: 1$", proc.stdout, re.M), proc.stdout
+
+
+# ---- recompile warnings (RecompileWarning, once per line at the 8th compile) ----
+
+
+def _recompile_warnings(caught):
+    return [w for w in caught if issubclass(w.category, tte.RecompileWarning)]
+
+
+def test_recompile_warning_when_an_argument_changes_says_mark_dynamic_cannot_help():
+    # torch.arange(n)'s end is an argument of the region, part of its key: each new n compiles.
+    w = torch.randn(61, 5, dtype=torch.float64)
+    wd = w.to("tpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(1, 30):
+            line = inspect.currentframe().f_lineno + 1
+            got = wd.index_select(0, torch.arange(n, device="tpu")).sum(0).cpu()
+            torch.testing.assert_close(got, w.index_select(0, torch.arange(n)).sum(0), rtol=0, atol=1e-12)
+            if n == tte_threshold() - 1:
+                assert _recompile_warnings(caught) == []  # not before the 8th compile
+    rec = _recompile_warnings(caught)
+    assert len(rec) == 1, [str(r.message) for r in rec]  # once per line
+    assert issubclass(tte.RecompileWarning, UserWarning)
+    assert rec[0].filename == __file__ and rec[0].lineno == line
+    msg = str(rec[0].message)
+    assert f"{__file__}:{line}" in msg and "compiled for 8 different values of its size or index arguments" in msg
+    assert "mark_dynamic" in msg and "would not help" in msg
+
+
+def tte_threshold():
+    return 8  # debug::kRecompileWarnThreshold, documented in RecompileWarning
+
+
+def _sin_sum_loop(mark, sizes):
+    """(ms) for sizes: the values of a loop whose input size changes every step."""
+    out = []
+    for k in sizes:
+        x = torch.arange(k * 3, dtype=torch.float32).reshape(k, 3)
+        xd = x.to("tpu")
+        if mark:
+            tte.mark_dynamic(xd, 0, 1, 1 << 12)
+        got = (xd.cos() * 3).sum().cpu()
+        torch.testing.assert_close(got, (x.cos() * 3).sum())
+        out.append(got)
+    return out
+
+
+def test_recompile_warning_for_new_input_sizes_suggests_mark_dynamic_and_it_helps():
+    sizes = [1 << k for k in range(11)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _sin_sum_loop(False, sizes)
+    rec = _recompile_warnings(caught)
+    assert len(rec) == 1, [str(r.message) for r in rec]
+    msg = str(rec[0].message)
+    assert (
+        "8 different sizes of one dim of its inputs" in msg
+        and "torch_tpu_eager.mark_dynamic(tensor, dim, lower, upper)" in msg
+    )
+    assert rec[0].filename == __file__
+    # The advice holds: with the dim marked, the loop compiles its region once, and does not warn.
+    tte.reset_metrics()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _sin_sum_loop(True, [k + 5 for k in sizes])
+    assert _recompile_warnings(caught) == []
+    assert tte.metrics()["compiles"] <= 2  # the marked region, once (plus at most a host copy region)
+
+
+def test_recompile_warning_is_filterable_and_an_error_filter_does_not_break_the_loop(monkeypatch):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=tte.RecompileWarning)
+        for n in range(2, 14):
+            torch.testing.assert_close(torch.arange(n, device="tpu").mul(7).cpu(), torch.arange(n).mul(7))
+    assert _recompile_warnings(caught) == []
+    # "error": raised inside a flush, it goes to sys.unraisablehook; the values stay right.
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tte.RecompileWarning)
+        for n in range(2, 14):
+            torch.testing.assert_close(torch.arange(n, device="tpu").add(5).cpu(), torch.arange(n).add(5))
+    assert seen == [tte.RecompileWarning]
+
+
+def test_metrics_report_times_record_and_region_run():
+    tte.reset_metrics()
+    x = torch.randn(32, device="tpu")
+    xc = x.cpu()
+    y = x
+    for _ in range(200):  # 200 recorded ops: at least 3 are timed (1 in 64; every op at TORCH_TPU_DEBUG>=1)
+        y = y * 0.5 + 0.25
+    torch.testing.assert_close(y.cpu(), _affine(xc, 200))
+    timers = {name: count for name, (count, _, _) in tte._C._timers().items()}
+    assert timers["record"] >= 3
+    assert timers["region_run"] == tte.metrics()["regions_run"] > 0
+    report = tte.metrics_report()
+    for name in ("record", "region_run", "flush"):
+        assert re.search(rf"^  {name}: count \d+, total [\d.]+, p50 [\d.]+, p90 [\d.]+, p99 [\d.]+$", report, re.M)
+
+
+def _affine(x, n):
+    for _ in range(n):
+        x = x * 0.5 + 0.25
+    return x

@@ -33,6 +33,7 @@ from .device import EagerMode, get_eager_mode, set_eager_mode, synchronize  # no
 from .metrics import debug_summary, metrics, metrics_report, op_table, reset_metrics  # noqa: E402
 from .metrics import queue_limits, set_queue_limits  # noqa: E402
 from .dynamic import mark_dynamic as mark_dynamic  # noqa: E402  (public API)
+from .dynamic import RecompileWarning as RecompileWarning  # noqa: E402  (public API)
 from .disk_cache import cache_dir, set_cache_dir  # noqa: E402
 from . import spyre  # noqa: E402,F401  (df16 codec: torch_tpu_eager.spyre)
 from . import ici  # noqa: E402,F401  (collective costs on the simulated interconnect: torch_tpu_eager.ici)

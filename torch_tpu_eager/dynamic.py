@@ -6,6 +6,24 @@ from . import _C
 from ._args import int64_arg
 
 
+class RecompileWarning(UserWarning):
+    """A region kept compiling again: the same ops, dtypes and ranks recorded at one
+    Python line compiled for 8 different values of its arguments, or for 8 different
+    (power-of-two bucketed) sizes of one dim of its inputs.
+
+    Issued once per line (through :mod:`warnings`, at that line, so
+    ``warnings.filterwarnings("ignore", category=RecompileWarning)`` silences it).
+    The message says whether :func:`mark_dynamic` helps: only when input tensor
+    sizes changed and the ops' arguments (``torch.arange``'s end, a view's shape)
+    did not, since argument values are part of a compiled region's key. It is
+    issued inside a flush, which cannot raise: an ``"error"`` filter makes it an
+    unraisable-exception report (``sys.unraisablehook``) instead of an exception.
+    """
+
+
+_C._set_recompile_warning(RecompileWarning)
+
+
 def mark_dynamic(t: torch.Tensor, dim: int, lower: int, upper: int) -> None:
     """Declares that dim ``dim`` of ``t`` takes sizes in ``[lower, upper]``.
 

@@ -58,6 +58,10 @@ def metrics_report() -> str:
     Counters are those of :func:`metrics` (flush causes included), then one per ATen
     op that ran through the CPU fallback (``cpu_fallback.<overload>``). Timers: ``flush``
     (host time of each flush, all of its regions), ``compile`` (host time compiling regions, per flush that compiled),
+    ``region_run`` (host time running one compiled region), ``record`` (host time of one
+    op call on "tpu": recording it, or running it at the call when it must, e.g. a
+    data-dependent shape or a flush the queue limits trigger; every op when
+    ``TORCH_TPU_DEBUG`` >= 1, else 1 op in 64, so its count is the ops timed),
     each with its count, total and the 50th/90th/99th percentiles of a uniform sample
     of at most 4096 durations, in milliseconds. Does not flush.
     """

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -16,6 +17,7 @@
 
 #include "executors/executor.h"
 #include "jit/disk_cache.h"
+#include "jit/dynamic_shapes.h"
 #include "jit/kernel_trace.h"
 #include "jit/partition.h"
 #include "jit/region_disk_cache.h"
@@ -171,6 +173,60 @@ void poison(const std::vector<Node>& g, const Region& r, int from, const std::ex
   }
 }
 
+// Hashes of region `r` for recompile detection (debug::on_compile): its
+// structure without sizes or argument values, the size buckets of its inputs
+// from outside the region, and a hash of its int/float/bool/list argument values.
+// Compile path only.
+void note_compile(const std::vector<Node>& g, const Region& r, const std::string& name) {
+  auto mix = [](uint64_t& h, uint64_t v) { h = (h ^ v) * 0x100000001B3ULL; };
+  uint64_t structure = 0xCBF29CE484222325ULL, args = structure;
+  std::vector<uint64_t> dims;
+  std::unordered_map<const void*, int> made;  // storages created in the region
+  SourceLocation where;
+  for (size_t p = 0; p < r.nodes.size(); ++p) {
+    const Node& n = g[r.nodes[p]];
+    if (where.empty()) where = n.where;
+    mix(structure, reinterpret_cast<uintptr_t>(&n.op.schema()));
+    for (const auto& in : n.inputs) {
+      const bool local = made.count(in.ref.storage.get()) != 0;
+      mix(structure, static_cast<uint64_t>(in.arg) * 131 + static_cast<uint64_t>(in.elem + 1));
+      mix(structure, local);
+      mix(structure, static_cast<uint64_t>(in.ref.dtype));
+      mix(structure, in.ref.sizes.size());
+      for (auto st : in.ref.strides) mix(structure, st == 0 ? 0 : st == 1 ? 1 : 2);
+      mix(structure, in.written);
+      if (!local)
+        for (auto b : size_buckets(in.ref)) dims.push_back(b);
+    }
+    for (const auto& a : n.args) {
+      if (a.isInt()) {
+        mix(structure, 1);
+        mix(args, static_cast<uint64_t>(a.toInt()));
+      } else if (a.isDouble()) {
+        mix(structure, 2);
+        const double d = a.toDouble();
+        uint64_t bits;
+        std::memcpy(&bits, &d, sizeof bits);
+        mix(args, bits);
+      } else if (a.isBool()) {
+        mix(structure, 3);
+        mix(args, a.toBool());
+      } else if (a.isIntList()) {
+        mix(structure, 4);
+        mix(structure, a.toIntList().size());  // the list's length is the rank: structural
+        for (auto x : a.toIntList()) mix(args, static_cast<uint64_t>(x));
+      } else {
+        mix(structure, a.isNone() ? 5 : 6);
+      }
+    }
+    for (const auto& o : n.outputs) {
+      made.emplace(o.storage.get(), 0);
+      mix(structure, static_cast<uint64_t>(o.dtype));
+    }
+  }
+  debug::on_compile(structure, dims, args, where, name);
+}
+
 }  // namespace
 
 std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
@@ -247,7 +303,10 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
         if (debug::level() >= 1)
           std::fprintf(stderr, "[tpu debug] compile: region %s (%zu ops), %.3f ms\n", kernel->info().name.c_str(),
                        r.nodes.size(), seconds * 1e3);
-        if (!from_disk) m.compiles++;  // (a disk hit still plans: plans_built)
+        if (!from_disk) {
+          m.compiles++;  // (a disk hit still plans: plans_built)
+          note_compile(g, r, kernel->info().name);
+        }
         m.plans_built++;
         if (!from_disk && !disk_key.empty() && store_region(disk_key, *info)) m.disk_cache_writes++;
         std::lock_guard<std::mutex> lock(g_cache_mu);
@@ -268,7 +327,10 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
     const int64_t host_start_ns = kineto::recording() ? kineto::now_ns() : 0;
     if (!failed) {
       try {
+        // Timed for metrics_report() ("region_run": two clock reads a region).
+        const auto run_start = std::chrono::steady_clock::now();
         kernel->run(r, g, mem, st);
+        debug::time("region_run", std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count());
       } catch (...) {
         std::exception_ptr err = std::current_exception();
         if (!st.errors_marked) poison(g, r, st.failed_at, err);

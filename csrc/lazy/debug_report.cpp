@@ -1,9 +1,12 @@
 #include "lazy/debug_report.h"
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 
 #include "device/env.h"
 
@@ -17,7 +20,16 @@ struct State {
   std::map<int32_t, int64_t> flushes_by_location;  // SourceLocation id -> flushes
   std::map<std::string, int64_t> op_counts;        // "category.op" -> calls
   std::minstd_rand rng{12345};
+  // Distinct values seen (each set stops growing at kRecompileWarnThreshold).
+  struct Recompiles {
+    std::set<uint64_t> args;
+    std::vector<std::set<uint64_t>> dims;  // per input dim: its size buckets
+  };
+  std::map<std::pair<uint64_t, int32_t>, Recompiles> recompiles;  // (structure, location id)
+  std::set<std::string> warned_lines;                             // never cleared: once per process
 };
+constexpr size_t kMaxRecompileEntries = 1 << 14;  // bounds the map in programs with many region kinds
+std::atomic<WarnHook> g_warn_hook{nullptr};
 
 State& S() {
   static auto* s = new State();  // never destroyed: flushes may run during interpreter shutdown
@@ -100,9 +112,64 @@ std::vector<std::pair<std::string, int64_t>> flushes_by_line() {
   return {by_line.begin(), by_line.end()};
 }
 
+void set_warn_hook(WarnHook hook) { g_warn_hook.store(hook); }
+
+void on_compile(uint64_t structure, const std::vector<uint64_t>& dims, uint64_t args, SourceLocation where,
+                const std::string& region) {
+  if (where.empty()) return;  // no user line to name
+  State& s = S();
+  bool args_varied = false;
+  int varied_dim = -1;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.recompiles.find({structure, where.id});
+    if (it == s.recompiles.end()) {
+      if (s.recompiles.size() >= kMaxRecompileEntries) return;
+      it = s.recompiles.emplace(std::make_pair(structure, where.id), State::Recompiles{}).first;
+      it->second.dims.resize(dims.size());
+    }
+    auto& r = it->second;
+    if (r.dims.size() != dims.size()) return;  // a hash collision of two structures
+    const auto n = static_cast<size_t>(kRecompileWarnThreshold);
+    if (r.args.size() < n) args_varied = r.args.insert(args).second && r.args.size() == n;
+    for (size_t d = 0; d < dims.size(); ++d)
+      if (r.dims[d].size() < n && r.dims[d].insert(dims[d]).second && r.dims[d].size() == n && varied_dim < 0)
+        varied_dim = static_cast<int>(d);
+    if (!args_varied && varied_dim < 0) return;
+  }
+  const std::string line = where.str();  // takes the GIL: outside our lock
+  if (line.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.warned_lines.insert(line).second) return;
+  }
+  std::string msg =
+      "region " + region + " recorded at " + line + " was compiled for " + std::to_string(kRecompileWarnThreshold);
+  if (args_varied) {
+    msg +=
+        " different values of its size or index arguments (e.g. torch.arange(n), a view's shape, a dim): "
+        "argument values are part of the compiled region's key, so each new value compiles again. "
+        "torch_tpu_eager.mark_dynamic(tensor, dim, lower, upper) buckets tensor sizes only and would not "
+        "help here; keep these arguments the same across steps (e.g. pad to a fixed length) to compile once.";
+  } else {
+    msg +=
+        " different sizes of one dim of its inputs (power-of-two buckets): mark that dim of the input with "
+        "torch_tpu_eager.mark_dynamic(tensor, dim, lower, upper) to compile once for the whole range.";
+  }
+  const size_t colon = line.rfind(':');
+  const std::string file = line.substr(0, colon);
+  const int lineno = colon == std::string::npos ? 0 : std::atoi(line.c_str() + colon + 1);
+  if (WarnHook hook = g_warn_hook.load()) {
+    hook(msg, file, lineno);
+  } else {
+    std::fprintf(stderr, "torch_tpu_eager RecompileWarning: %s\n", msg.c_str());
+  }
+}
+
 void reset() {
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
+  s.recompiles.clear();
   s.timers.clear();
   s.flushes_by_location.clear();
   s.op_counts.clear();

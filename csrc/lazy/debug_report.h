@@ -48,5 +48,25 @@ std::vector<std::pair<std::string, int64_t>> op_counts();  // "category.op" -> c
 std::vector<std::pair<std::string, int64_t>> flushes_by_line();
 void reset();
 
+// Recompile detection: a region with the same structure (ops, dtypes, ranks,
+// argument kinds) recorded at the same Python line compiled again with new
+// argument values (`args`, a hash of its int/float/bool/list arguments, e.g.
+// torch.arange's end) or new sizes (`dims`: the size bucket of each dim of its
+// inputs from outside the region, in order). When the arguments took
+// kRecompileWarnThreshold distinct values, or one dim that many buckets, the
+// warn hook gets one message per line (once per process) saying whether
+// mark_dynamic helps: only for sizes, since argument values are part of the
+// cache key. Counting distinct values per dim (not compiles) keeps regions
+// that share a line but differ in a fixed size (the Linear layers of a model,
+// all recorded in torch's linear.py) from adding up.
+constexpr int64_t kRecompileWarnThreshold = 8;
+void on_compile(uint64_t structure, const std::vector<uint64_t>& dims, uint64_t args, SourceLocation where,
+                const std::string& region);
+
+// Receives a recompile warning: its text and the user's "file" and line it names.
+// Installed by the Python module (a RecompileWarning); without it, stderr.
+using WarnHook = void (*)(const std::string& message, const std::string& file, int line);
+void set_warn_hook(WarnHook hook);
+
 }  // namespace debug
 }  // namespace tpu_eager

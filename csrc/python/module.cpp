@@ -366,6 +366,27 @@ PYBIND11_MODULE(_C, m) {
       },
       "Every environment knob: (name, type, default, where it is read, doc).");
   m.def("_debug_level", &debug::level);
+  // Recompile warnings (debug::on_compile) as Python warnings of category `cls`.
+  m.def(
+      "_set_recompile_warning",
+      [](py::object cls) {
+        static PyObject* category = nullptr;  // kept for the life of the process
+        Py_XDECREF(category);
+        category = cls.release().ptr();
+        debug::set_warn_hook([](const std::string& msg, const std::string& file, int line) {
+          if (!Py_IsInitialized()) return;
+          PyGILState_STATE gil = PyGILState_Ensure();
+          PyObject *type, *value, *tb;
+          PyErr_Fetch(&type, &value, &tb);
+          // Issued inside a flush, which cannot raise: a filter that turns it
+          // into an error reports it as unraisable instead.
+          if (PyErr_WarnExplicit(category, msg.c_str(), file.c_str(), line, nullptr, nullptr) < 0)
+            PyErr_WriteUnraisable(category);
+          PyErr_Restore(type, value, tb);
+          PyGILState_Release(gil);
+        });
+      },
+      "Issues recompile warnings as Python warnings of category `cls` (a Warning subclass).");
   m.def(
       "_timers",
       [] {
