@@ -18,7 +18,7 @@ cxx_flags = ["-std=c++17", "-O0" if DEBUG else "-O2", "-fvisibility=hidden"]
 # No fused multiply-add in loop-carried chains of scalars and vectors up to 256
 # bits, as torch 2.13's GCC 13 build does by default: ATen's RowwiseMoments
 # (inlined in our layer_norm row loop) then rounds bit for bit as CPU's
-# LayerNormKernel (tests/test_fused_layer_norm.py checks it).
+# LayerNormKernel (tests/executors/tpu/test_fused_layer_norm.py checks it).
 cxx_flags.append("--param=avoid-fma-max-bits=256")
 # at::parallel_for is a header template: without -fopenmp it compiles to a serial
 # loop in this extension (ATen's OpenMP path is under #ifdef _OPENMP), so our fused

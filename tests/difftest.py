@@ -13,6 +13,10 @@ import os
 import pytest
 import torch
 
+# The repository root, for tests that run its examples, benchmarks and tools (tests live
+# in stage subdirectories of tests/, so paths are taken from here, not from a test file).
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 DEVICE = os.environ.get("TPU_TEST_DEVICE", "tpu").strip().lower() or "tpu"
 if DEVICE not in ("tpu", "cpu"):
     raise RuntimeError(f"TPU_TEST_DEVICE must be 'tpu' or 'cpu', got {DEVICE!r}")

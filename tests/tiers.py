@@ -9,15 +9,15 @@ more than 0.5 s. Tests not listed, and not `subprocess`, are `fast`.
 
 SLOW = {
     "test_acceptance.py::test_br36_unflushed_graph_stays_bounded",  # 1.0 s, 1 test
-    "test_acceptance_neighbours.py::test_write_through_view",  # 12.9 s, 374 tests
-    "test_acceptance_neighbours.py::test_division_modes_float_and_int",  # 3.9 s, 1 test
-    "test_acceptance_neighbours.py::test_long_loop_mixed_ops_no_reads",  # 1.0 s, 1 test
-    "test_acceptance_neighbours.py::test_h2d_d2h_round_trip",  # 0.9 s, 110 tests
-    "test_acceptance_neighbours.py::test_lowp_reductions_of_random_data",  # 0.8 s, 2 tests
-    "test_acceptance_neighbours.py::test_long_chain_of_views_no_reads",  # 0.8 s, 1 test
-    "test_acceptance_neighbours.py::test_read_through_view_after_base_write",  # 0.7 s, 34 tests
-    "test_acceptance_neighbours.py::test_queue_autoflushes_without_reads",  # 0.6 s, 1 test
-    "test_acceptance_neighbours.py::test_lowp_softmax_uniform_exact",  # 0.5 s, 2 tests
+    "test_writes_through_views.py::test_write_through_view",  # 12.9 s, 374 tests
+    "test_division_modes.py::test_division_modes_float_and_int",  # 3.9 s, 1 test
+    "test_queue_growth.py::test_long_loop_mixed_ops_no_reads",  # 1.0 s, 1 test
+    "test_host_device_copies.py::test_h2d_d2h_round_trip",  # 0.9 s, 110 tests
+    "test_low_precision_reductions.py::test_lowp_reductions_of_random_data",  # 0.8 s, 2 tests
+    "test_queue_growth.py::test_long_chain_of_views_no_reads",  # 0.8 s, 1 test
+    "test_writes_through_views.py::test_read_through_view_after_base_write",  # 0.7 s, 34 tests
+    "test_queue_growth.py::test_queue_autoflushes_without_reads",  # 0.6 s, 1 test
+    "test_low_precision_reductions.py::test_lowp_softmax_uniform_exact",  # 0.5 s, 2 tests
     "test_autograd.py::test_column_select_in_loss",  # 7.5 s, 1 test
     "test_autograd.py::test_mlp_sgd_steps_match_cpu",  # 4.8 s, 1 test
     "test_autograd.py::test_cnn_forward_backward_matches_cpu",  # 2.5 s, 1 test

@@ -207,7 +207,7 @@ def writes_without_annotation(overload):
 # the Meta kernel sizes the out= tensors and the executor runs CPU's composite.
 # Found by comparing, for every recorded reduction/sort, CPU's registered out=
 # overloads with the table; the others' composites call the recorded functional
-# op and copy, which works on "tpu" (tests/test_out_overloads.py sweeps them).
+# op and copy, which works on "tpu" (tests/api/test_out_overloads.py sweeps them).
 COMPOSITE_OUT_CPU_ONLY = {"mode.values"}
 
 

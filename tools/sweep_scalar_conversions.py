@@ -10,8 +10,8 @@ non-finite values (inf, -inf, nan), and records whether CPU raises
 
 Prints one line per (overload, argument, dtype): the values that raise and the
 type named in the message ("result" when it is the result dtype's type). Feeds
-the tables of csrc/ops/scalar_checks.cpp; tests/test_scalar_overflow.py and
-tests/test_scalar_overflow_float.py check each row (and non-row) against CPU.
+the tables of csrc/ops/scalar_checks.cpp; tests/record/test_scalar_overflow.py and
+tests/record/test_scalar_overflow_float.py check each row (and non-row) against CPU.
 
 Usage: python tools/sweep_scalar_conversions.py [--dtypes float16,bfloat16,float32] [--out FILE.json]
 (about 1 minute per dtype on 2 cores)

@@ -9,7 +9,7 @@ torch object replaced, the torch version it was checked against, the shape of
 the original it expects (``inspect.signature`` text, or a description of the
 code it relies on) and why it exists. Every change goes through :func:`patch`
 (or one of the small helpers below, one per kind of change), which refuses a
-name missing from the table. tests/test_torch_patches.py fails, naming the
+name missing from the table. tests/device/test_torch_patches.py fails, naming the
 patch, when the installed torch's original no longer has the expected shape,
 and fails when another module of the package assigns attributes of torch.
 

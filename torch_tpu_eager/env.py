@@ -60,7 +60,7 @@ def report():
 
 def markdown():
     """The registry as the Markdown table README.md carries between its ``knobs``
-    markers (tests/test_env.py checks that they agree)."""
+    markers (tests/device/test_env.py checks that they agree)."""
     lines = ["| variable | type | default | read by | meaning |", "|---|---|---|---|---|"]
     for k in knobs():
         lines.append(

@@ -81,7 +81,7 @@ def defer_dynamo_import():
     such wrapper reachable from PyTorch's meta kernels (the ``meta`` decomposition
     table, following ``__wrapped__`` and closures), the cache is pre-filled with
     :func:`_lazily_disabled`. Takes about 20 ms. Returns the number of functions
-    adjusted (0 if torch's wrapper changed shape, which tests/test_startup.py reports).
+    adjusted (0 if torch's wrapper changed shape, which tests/device/test_startup.py reports).
     """
     from torch._decomp import global_decomposition_table
 

@@ -41,7 +41,7 @@ const std::vector<Knob>& knobs() {
       {"TORCH_TPU_QUICK", KnobType::kBool, "0", "examples",
        "1: examples/, benchmarks/run_all.py and the coverage sweep run their short form (--quick)"},
       {"TORCH_TPU_FULL_OPS", KnobType::kBool, "0", "tests",
-       "1: tests/test_ops.py also sweeps the second 16-bit float type"},
+       "1: tests/api/test_ops.py also sweeps the second 16-bit float type"},
       {"TORCH_TPU_DEBUG_BUILD", KnobType::kBool, "0", "build", "1: pip install builds csrc/ with -g -O0"},
   };
   return table;

@@ -27,7 +27,7 @@ constexpr FloatTarget O = FloatTarget::kOpmath;
 // Per op (name without "aten::" and without a trailing "_"), the arguments
 // CPU's kernel converts with Scalar::to<T>(). Found by sweeping CPU
 // (tools/sweep_scalar_conversions.py over op_db's samples, plus the call forms
-// of tests/test_scalar_overflow*.py): int8 results with 300, float16 with 1e6
+// of tests/record/test_scalar_overflow*.py): int8 results with 300, float16 with 1e6
 // and 70000, bfloat16 with 3.4e38, float32 and complex64 with 1e39, complex32
 // with 1e6; the type named in CPU's message tells the result dtype from float
 // (opmath). An operand Scalar that

@@ -38,7 +38,7 @@ struct ScalarConversions {
 };
 
 // The conversions of `schema`'s op, from the table found by sweeping CPU
-// (tools/sweep_scalar_conversions.py; tests/test_scalar_overflow*.py keep
+// (tools/sweep_scalar_conversions.py; tests/record/test_scalar_overflow*.py keep
 // every row honest against CPU).
 ScalarConversions scalar_conversions_of(const c10::FunctionSchema& schema);
 

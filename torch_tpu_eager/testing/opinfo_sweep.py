@@ -769,7 +769,7 @@ def main(argv: Optional[list] = None) -> int:
     ``python -m torch_tpu_eager.testing.opinfo_sweep [--dtypes float32,int64]
     [--noncontig] [--only NAME ...] [--exclude NAME ...] [--all] [--json FILE]``. Exits 1 when a
     sample failed. The output lists failing cases in the ``(name, case)`` form of
-    tests/test_ops.py's KNOWN_FAILURES, each with its first failure.
+    tests/api/test_ops.py's KNOWN_FAILURES, each with its first failure.
     """
     import argparse
     import json

@@ -1,0 +1,98 @@
+"""Results where torch's meta kernels disagree with CPU's kernel, corrected at record time
+(record.cpp correct_meta_outcome): out= strides, masked gradients, out= of composite reductions."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_tpu_eager  # noqa: F401  (registers the "tpu" device)
+
+
+# Fixed in record.cpp correct_meta_outcome: sort's meta kernel restrided a same-shaped out=.
+@pytest.mark.parametrize("stable", [False, True])
+def test_sort_into_transposed_out_matches_cpu(stable):
+    x = torch.tensor([[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]])
+    got = {}
+    for dev in ("cpu", "tpu"):
+        v = torch.zeros(3, 2, device=dev)
+        i = torch.zeros(3, 2, dtype=torch.long, device=dev)
+        r = torch.sort(x.to(dev), stable=stable, dim=1, out=(v.t(), i.t()))
+        got[dev] = (r[0].stride(), v.cpu(), i.cpu())
+    assert got["tpu"][0] == got["cpu"][0]
+    torch.testing.assert_close(got["tpu"][1], got["cpu"][1])
+    torch.testing.assert_close(got["tpu"][2], got["cpu"][2])
+
+
+def test_msort_into_strided_out_matches_cpu():
+    x = torch.tensor([3.0, 1.0, 2.0, 0.0])
+    got = {}
+    for dev in ("cpu", "tpu"):
+        buf = torch.full((8,), -1.0, device=dev)
+        r = torch.msort(x.to(dev), out=buf[::2])
+        got[dev] = (r.stride(), buf.cpu())
+    assert got["tpu"][0] == got["cpu"][0]
+    torch.testing.assert_close(got["tpu"][1], got["cpu"][1])
+
+
+# Fixed in record.cpp correct_meta_outcome (masked gradients are undefined, as on CPU).
+def test_batch_norm_weight_grad_when_input_needs_no_grad():
+    torch.manual_seed(0)
+    img = torch.randn(2, 3, 4, 4)
+    w0 = torch.randn(3)
+    grads = {}
+    for dev in ("cpu", "tpu"):
+        w = w0.clone().to(dev).requires_grad_()
+        out = F.batch_norm(img.to(dev), None, None, w, None, training=True)
+        (out.sin()).sum().backward()
+        grads[dev] = w.grad.cpu()
+    torch.testing.assert_close(grads["tpu"], grads["cpu"])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.nn.BatchNorm2d(3),
+        lambda: torch.nn.BatchNorm2d(3).eval(),
+        lambda: torch.nn.InstanceNorm2d(3, affine=True),
+    ],
+    ids=["batch_norm_train", "batch_norm_eval", "instance_norm_affine"],
+)
+def test_norm_module_parameter_grads_when_input_needs_no_grad(make):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 4)
+    grads = {}
+    for dev in ("cpu", "tpu"):
+        torch.manual_seed(1)
+        m = make().to(dev)
+        m(x.to(dev)).sin().sum().backward()
+        grads[dev] = [p.grad.cpu() for p in m.parameters()]
+    for g_tpu, g_cpu in zip(grads["tpu"], grads["cpu"]):
+        torch.testing.assert_close(g_tpu, g_cpu)
+
+
+def test_native_batch_norm_backward_masked_grad_input_is_none():
+    torch.manual_seed(0)
+    img = torch.randn(2, 3, 4, 4)
+    w = torch.randn(3)
+    res = {}
+    for dev in ("cpu", "tpu"):
+        x, wd = img.to(dev), w.to(dev)
+        _, mean, invstd = torch.native_batch_norm(x, wd, None, None, None, True, 0.1, 1e-5)
+        r = torch.ops.aten.native_batch_norm_backward(
+            torch.ones_like(x), x, wd, None, None, mean, invstd, True, 1e-5, [False, True, False]
+        )
+        res[dev] = r
+    assert (res["tpu"][0] is None) == (res["cpu"][0] is None)
+    torch.testing.assert_close(res["tpu"][1].cpu(), res["cpu"][1])
+
+
+# Fixed by an op-table row (tools/gen_op_table.py composite_reduction_out); sweep: tests/api/test_out_overloads.py.
+def test_mode_with_out_matches_cpu():
+    x = torch.tensor([[1.0, 2.0, 2.0], [3.0, 3.0, 0.0]])
+    res = {}
+    for dev in ("cpu", "tpu"):
+        v = torch.empty(2, device=dev)
+        i = torch.empty(2, dtype=torch.long, device=dev)
+        torch.mode(x.to(dev), 1, out=(v, i))
+        res[dev] = (v.cpu(), i.cpu())
+    torch.testing.assert_close(res["tpu"][0], res["cpu"][0])
+    torch.testing.assert_close(res["tpu"][1], res["cpu"][1])

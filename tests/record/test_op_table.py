@@ -1,0 +1,45 @@
+"""The op table (csrc/ops/op_table.inc) is what tools/gen_op_table.py generates, and
+its per-op traits are consistent with csrc/ops/op_table.h.
+
+Per-op knowledge of the record kernel lives in the table's traits column (generated
+from OP_TRAITS / CALL_CHECKS), not in op-name comparisons in csrc/ops: these tests
+catch a stale table after the lists change, and a trait the C++ side does not declare.
+"""
+
+import importlib.util
+import os
+import re
+
+from difftest import REPO_ROOT
+
+ROOT = REPO_ROOT
+INC = os.path.join(ROOT, "csrc", "ops", "op_table.inc")
+HEADER = os.path.join(ROOT, "csrc", "ops", "op_table.h")
+
+
+def load_generator():
+    spec = importlib.util.spec_from_file_location("gen_op_table", os.path.join(ROOT, "tools", "gen_op_table.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_table_is_generated_from_the_lists(tmp_path):
+    gen = load_generator()
+    gen.OUT = str(tmp_path / "op_table.inc")
+    gen.main()
+    with open(INC) as f, open(gen.OUT) as g:
+        assert f.read() == g.read(), "csrc/ops/op_table.inc is stale: run python tools/gen_op_table.py"
+
+
+def test_every_trait_is_declared_and_listed_traits_reach_a_row():
+    gen = load_generator()
+    with open(HEADER) as f:
+        declared = set(re.findall(r"^\s*(k[A-Za-z0-9]+) = 1u << \d+,", f.read(), re.M))
+    with open(INC) as f:
+        used = set(re.findall(r"\bk(?!Elementwise|Library|Reduction|Sync|Data|Matmul|Random|View)[A-Z]\w*", f.read()))
+    assert used <= declared, used - declared
+    listed = {t for t, _, _ in gen.OP_TRAITS + gen.CALL_CHECKS} | {"kCppMetaIsCpu", "kCheckNormalStd"}
+    assert listed <= declared, listed - declared
+    # a list entry that no longer names any recorded overload (a torch rename) drops its correction silently
+    assert listed <= used, listed - used
