@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "jit/ir.h"
@@ -65,5 +67,10 @@ const std::vector<OpEntry>& op_table();
 // kernels (empty, copies, scalar reads, resize_, set_, views). Called once at
 // import; returns the number of overloads registered.
 int64_t register_device_kernels();
+
+// Overloads registered with a kernel of their own instead of the op table's
+// record kernel (device_kernels.cpp, model_kernels.cpp), after
+// register_device_kernels().
+const std::unordered_set<std::string>& hand_written_kernels();
 
 }  // namespace tpu_eager

@@ -542,6 +542,11 @@ PYBIND11_MODULE(_C, m) {
     for (const auto& e : op_table()) rows.append(py::make_tuple(e.name, prim_kind_name(e.kind)));
     return rows;
   });
+  m.def("_hand_written_kernels", [] {
+    std::vector<std::string> names(hand_written_kernels().begin(), hand_written_kernels().end());
+    std::sort(names.begin(), names.end());
+    return names;
+  });
   m.def("_storage_has_pending", [](const at::Tensor& t) { return storage_has_pending(deferred_storage_of(t)); });
   m.def("_prepare_address_export", [](const at::Tensor& t) {
     py::gil_scoped_release no_gil;  // a flush may wait for the autograd thread's ops

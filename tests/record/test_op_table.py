@@ -43,3 +43,17 @@ def test_every_trait_is_declared_and_listed_traits_reach_a_row():
     assert listed <= declared, listed - declared
     # a list entry that no longer names any recorded overload (a torch rename) drops its correction silently
     assert listed <= used, listed - used
+
+
+def test_hand_written_kernels_and_the_generators_special_list_agree():
+    """tools/gen_op_table.py leaves SPECIAL out of the table because the device registers
+    kernels of its own for them; every such kernel is one the registration made, and no
+    table row also has a hand-written kernel."""
+    import torch_tpu_eager  # noqa: F401  (registers the kernels)
+    from torch_tpu_eager import _C
+
+    gen = load_generator()
+    hand = set(_C._hand_written_kernels())
+    assert gen.SPECIAL <= hand, sorted(gen.SPECIAL - hand)
+    rows = {name for name, _ in _C._op_table()}
+    assert len(hand) > len(gen.SPECIAL) and rows.isdisjoint(hand), sorted(rows & hand)
