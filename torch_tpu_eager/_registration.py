@@ -1,6 +1,8 @@
 """Registration of the "tpu" device with PyTorch (order matters; see
 PRIVATEUSE1_NOTES: rename, device module, generated methods, kernels)."""
 
+import sys
+
 import torch
 
 from . import _C, _torch_patches
@@ -28,11 +30,23 @@ def install():
     _storage.install_storage_methods()
     _storage.install_dlpack()
     _C._register_kernels()
+    _C._set_library_paths(*_library_paths())
     _C._install_location_hook()
     _install_repr()
     _install_dynamo_interface()
     _install_inductor_redirect()
     _installed = True
+
+
+def _library_paths():
+    """Directories of library code for the source line an op is reported at: torch's and
+    this package's (the innermost frame outside them, and outside the standard library, is
+    the user's line)."""
+    import os
+    import sysconfig
+
+    dirs = [os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, sys.modules[__package__])]
+    return dirs, os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 
 
 def _install_repr():

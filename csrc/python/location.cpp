@@ -1,7 +1,10 @@
 // Python source locations of recorded ops. Recording keeps only an id of the
-// innermost frame's (code object, bytecode offset); "file:line" is computed
-// when an error names the op. Interning keeps the record path to a GIL
-// round trip and one hash lookup.
+// innermost frame's (code object, bytecode offset) and, when that frame is in
+// library code (torch, torch_tpu_eager, the standard library), of the innermost
+// frame outside it: the user's line, which messages name (an op torch.nn
+// creates is reported at the user's line that called the module or function).
+// "file:line" is computed when a message names the op. Interning keeps the
+// record path to one per-thread cache lookup (CPython 3.11) or a GIL round trip.
 #include "python/location.h"
 
 #include <Python.h>
@@ -27,17 +30,33 @@
 namespace tpu_eager {
 namespace {
 
-struct PairHash {
-  size_t operator()(const std::pair<PyObject*, int>& k) const {
-    return std::hash<void*>()(k.first) * 31 + static_cast<size_t>(k.second);
+using Frame = std::pair<PyObject*, int>;  // (code object, bytecode offset in bytes)
+
+// The innermost frame and, when it is library code, the innermost user frame
+// ({nullptr, -1} when it is not, or when every frame is library code).
+struct Key {
+  Frame inner;
+  Frame user{nullptr, -1};
+  bool operator==(const Key& o) const { return inner == o.inner && user == o.user; }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    auto h = [](const Frame& f) { return std::hash<void*>()(f.first) * 31 + static_cast<size_t>(f.second); };
+    return h(k.inner) * 1000003u ^ h(k.user);
   }
 };
 
-// Guarded by the GIL. Entries hold a reference to their code object, so an id
+// Guarded by the GIL. Entries hold a reference to their code objects, so an id
 // stays valid for the life of the process; the table is bounded.
 struct LocationTable {
-  std::unordered_map<std::pair<PyObject*, int>, int32_t, PairHash> ids;
-  std::vector<std::pair<PyObject*, int>> entries;
+  std::unordered_map<Key, int32_t, KeyHash> ids;
+  std::vector<Key> entries;
+  // Path prefixes of library code (set_library_paths), and the verdict for each
+  // code object seen (holding a reference to it, so its address stays unique).
+  std::vector<std::string> library_prefixes;
+  std::string stdlib_prefix;
+  std::unordered_map<PyObject*, bool> is_library;
 };
 constexpr size_t kMaxEntries = 1 << 20;
 
@@ -46,27 +65,102 @@ LocationTable& table() {
   return *t;
 }
 
+// Per-thread, direct-mapped verdicts for code objects the table holds.
+struct LibraryCache {
+  struct Entry {
+    PyObject* code = nullptr;
+    bool library = false;
+  };
+  Entry e[256];
+  Entry& slot(PyObject* code) { return e[(reinterpret_cast<uintptr_t>(code) >> 4) & 255]; }
+};
+
+LibraryCache& library_cache() {
+  static thread_local LibraryCache cache;
+  return cache;
+}
+
+bool path_is_library(const LocationTable& t, const char* file) {
+  const std::string f = file ? file : "";
+  for (const auto& p : t.library_prefixes)
+    if (!p.empty() && f.compare(0, p.size(), p) == 0) return true;
+  // The standard library, but not the packages installed under it.
+  return !t.stdlib_prefix.empty() && f.compare(0, t.stdlib_prefix.size(), t.stdlib_prefix) == 0 &&
+         f.find("-packages") == std::string::npos;
+}
+
+// Whether `code` is library code. Call with the GIL held.
+bool classify(PyObject* code) {
+  LocationTable& t = table();
+  auto it = t.is_library.find(code);
+  bool lib;
+  if (it != t.is_library.end()) {
+    lib = it->second;
+  } else {
+    lib = path_is_library(t, PyUnicode_AsUTF8(reinterpret_cast<PyCodeObject*>(code)->co_filename));
+    if (!PyErr_Occurred()) {
+      Py_INCREF(code);  // keeps the address unique while the verdict is cached
+      t.is_library.emplace(code, lib);
+    } else {
+      PyErr_Clear();
+    }
+  }
+  library_cache().slot(code) = {code, lib};
+  return lib;
+}
+
+// The verdict for `code` from this thread's cache; false in *known when absent.
+bool cached_library(PyObject* code, bool* known) {
+  const LibraryCache::Entry& e = library_cache().slot(code);
+  *known = e.code == code;
+  return e.library;
+}
+
 #ifdef TPU_EAGER_FRAME_WITHOUT_GIL
 // The (code object, bytecode offset in bytes, as PyFrame_GetLasti) of the
 // innermost complete frame of `ts`, this thread's own state. Torch's bindings
 // released the GIL before dispatching, but this thread is blocked inside the
 // call, so its frames cannot change and the frame holds its code object:
 // reading them needs no lock.
-bool current_key(PyThreadState* ts, std::pair<PyObject*, int>* key) {
+Frame frame_of(_PyInterpreterFrame* f) {
+  const int lasti = _PyInterpreterFrame_LASTI(f);
+  return {reinterpret_cast<PyObject*>(f->f_code), lasti < 0 ? -1 : lasti * static_cast<int>(sizeof(_Py_CODEUNIT))};
+}
+
+// Fills `key` from this thread's frames. Returns false when there is no frame,
+// or when a code object's verdict is not cached and `gil` is false (the caller
+// then retries holding the GIL).
+bool current_key(PyThreadState* ts, bool gil, Key* key, bool* need_gil) {
+  *need_gil = false;
   _PyInterpreterFrame* f = ts->cframe ? ts->cframe->current_frame : nullptr;
   while (f && _PyFrame_IsIncomplete(f)) f = f->previous;
   if (!f) return false;
-  const int lasti = _PyInterpreterFrame_LASTI(f);
-  *key = {reinterpret_cast<PyObject*>(f->f_code), lasti < 0 ? -1 : lasti * static_cast<int>(sizeof(_Py_CODEUNIT))};
-  return true;
+  *key = Key{frame_of(f)};
+  for (bool first = true; f; f = f->previous, first = false) {
+    if (_PyFrame_IsIncomplete(f)) continue;
+    auto* code = reinterpret_cast<PyObject*>(f->f_code);
+    bool known = false;
+    bool lib = cached_library(code, &known);
+    if (!known) {
+      if (!gil) {
+        *need_gil = true;
+        return false;
+      }
+      lib = classify(code);
+    }
+    if (!lib) {
+      if (!first) key->user = frame_of(f);
+      return true;
+    }
+  }
+  return true;  // every frame is library code: name the innermost
 }
 
 // Per-thread, direct-mapped: (code, offset) -> id for keys the table holds
 // (so the code object outlives the entry). A hit takes neither the GIL nor a lock.
 struct LocalCache {
   struct Entry {
-    PyObject* code = nullptr;
-    int lasti = 0;
+    Key key{{nullptr, 0}};
     int32_t id = -1;
   };
   Entry e[256];
@@ -75,13 +169,14 @@ struct LocalCache {
 
 // The id of `key` in the table, adding it (with a new reference to its code
 // object) when absent; -1 when the table is full. Call with the GIL held.
-int32_t intern(const std::pair<PyObject*, int>& key) {
+int32_t intern(const Key& key) {
   LocationTable& t = table();
   auto it = t.ids.find(key);
   if (it != t.ids.end()) return it->second;
   if (t.entries.size() >= kMaxEntries) return -1;
   const auto id = static_cast<int32_t>(t.entries.size());
-  Py_INCREF(key.first);  // the entry keeps its code object (and so its address) alive
+  Py_INCREF(key.inner.first);  // the entry keeps its code objects (and so their addresses) alive
+  Py_XINCREF(key.user.first);
   t.entries.push_back(key);
   t.ids.emplace(key, id);
   return id;
@@ -96,22 +191,43 @@ int32_t python_location_id() {
   if (ts == nullptr) return -1;
 #ifdef TPU_EAGER_FRAME_WITHOUT_GIL
   static thread_local LocalCache cache;
-  std::pair<PyObject*, int> key;
-  if (!current_key(ts, &key)) return -1;
-  LocalCache::Entry& slot = cache.e[PairHash()(key) & 255];
-  if (slot.code == key.first && slot.lasti == key.second) return slot.id;
+  Key key{{nullptr, 0}};
+  bool need_gil = false;
+  if (!current_key(ts, false, &key, &need_gil) && !need_gil) return -1;
+  if (!need_gil) {
+    LocalCache::Entry& slot = cache.e[KeyHash()(key) & 255];
+    if (slot.key == key) return slot.id;
+  }
   PyGILState_STATE gil = PyGILState_Ensure();
-  const int32_t id = intern(key);
+  int32_t id = -1;
+  if (!need_gil || current_key(ts, true, &key, &need_gil)) id = intern(key);
   PyGILState_Release(gil);
-  if (id >= 0) slot = {key.first, key.second, id};
+  if (id >= 0) cache.e[KeyHash()(key) & 255] = {key, id};
   return id;
 #else
   PyGILState_STATE gil = PyGILState_Ensure();
   int32_t id = -1;
-  if (PyFrameObject* f = PyEval_GetFrame()) {                          // borrowed
-    PyObject* code = reinterpret_cast<PyObject*>(PyFrame_GetCode(f));  // new reference
-    id = intern({code, PyFrame_GetLasti(f)});
-    Py_DECREF(code);
+  if (PyFrameObject* f = PyEval_GetFrame()) {  // borrowed
+    Py_INCREF(f);
+    Key key{{nullptr, 0}};
+    for (bool first = true; f; first = false) {
+      PyObject* code = reinterpret_cast<PyObject*>(PyFrame_GetCode(f));  // new reference
+      const Frame here{code, PyFrame_GetLasti(f)};
+      if (first) key.inner = here;
+      const bool lib = classify(code);
+      Py_DECREF(code);  // the table holds its own references
+      if (!lib) {
+        if (!first) key.user = here;
+        Py_DECREF(f);
+        f = nullptr;
+        break;
+      }
+      PyFrameObject* back = PyFrame_GetBack(f);  // new reference
+      Py_DECREF(f);
+      f = back;
+    }
+    Py_XDECREF(f);
+    id = intern(key);
   }
   PyGILState_Release(gil);
   return id;
@@ -124,9 +240,11 @@ std::string format_location(int32_t id) {
   std::string where;
   LocationTable& t = table();
   if (id >= 0 && static_cast<size_t>(id) < t.entries.size()) {
-    auto* code = reinterpret_cast<PyCodeObject*>(t.entries[id].first);
+    const Key& k = t.entries[id];
+    const Frame& f = k.user.first ? k.user : k.inner;  // the user's line when there is one
+    auto* code = reinterpret_cast<PyCodeObject*>(f.first);
     if (const char* file = PyUnicode_AsUTF8(code->co_filename)) where = file;
-    where += ":" + std::to_string(PyCode_Addr2Line(code, t.entries[id].second));
+    where += ":" + std::to_string(PyCode_Addr2Line(code, f.second));
   }
   PyGILState_Release(gil);
   return where;
@@ -135,5 +253,13 @@ std::string format_location(int32_t id) {
 }  // namespace
 
 void install_python_location_hooks() { set_location_hooks(&python_location_id, &format_location); }
+
+void set_library_paths(const std::vector<std::string>& prefixes, const std::string& stdlib) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  LocationTable& t = table();
+  t.library_prefixes = prefixes;
+  t.stdlib_prefix = stdlib;
+  PyGILState_Release(gil);
+}
 
 }  // namespace tpu_eager

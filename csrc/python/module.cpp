@@ -328,6 +328,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu_eager native core: PrivateUse1 device, DeferAndFuse queue, JIT, executors";
   m.def("_register_kernels", &register_device_kernels, "Registers the op table's kernels; returns the overload count.");
   m.def("_install_location_hook", [] { install_python_location_hooks(); });
+  m.def("_set_library_paths", &set_library_paths, "Path prefixes of library code for source locations.");
   m.def("_is_in_bad_fork", &in_bad_fork, "True in a process forked after its parent used the device.");
   // torch.tpu.init() / is_initialized(), as CUDA's: init raises in a bad fork, else marks the device used.
   m.def("_init", []() {

@@ -139,6 +139,25 @@ def test_recompile_warning_when_an_argument_changes_says_mark_dynamic_cannot_hel
     assert "mark_dynamic" in msg and "would not help" in msg
 
 
+def test_recompile_warning_for_ops_torch_records_names_the_users_line():
+    # F.normalize is Python code in torch: its ops' innermost frames are torch's lines.
+    # The warning names the user's line that called it (the innermost frame outside
+    # torch, torch_tpu_eager and the standard library).
+    import torch.nn.functional as F
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(11):
+            x = torch.randn(1 << k, 3)
+            line = inspect.currentframe().f_lineno + 1
+            got = F.normalize(x.to("tpu"), dim=1).cpu()
+            torch.testing.assert_close(got, F.normalize(x, dim=1))
+    rec = _recompile_warnings(caught)
+    assert len(rec) == 1, [str(r.message) for r in rec]
+    assert rec[0].filename == __file__ and rec[0].lineno == line, (rec[0].filename, rec[0].lineno)
+    assert f"{__file__}:{line}" in str(rec[0].message)
+
+
 def tte_threshold():
     return 8  # debug::kRecompileWarnThreshold, documented in RecompileWarning
 
