@@ -22,6 +22,11 @@ How it plugs into torch.distributed (docs/distributed.md):
   ``Work`` is complete (:func:`_finish`); errors of the transport (a dead peer, a
   timeout) and mismatches between ranks are raised by the call. Receives finish in
   ``wait()`` instead (:func:`_finish_later`).
+* **On the simulated timeline** each collective runs on the chip's interconnect
+  stream (:func:`ici_stream`), after the work queued on the stream that issued it,
+  and the issuing stream waits for it only where the program waits (``wait()``, the
+  work's future, ``async_op=False``): compute recorded in between overlaps it, as
+  compute overlaps an NCCL collective on its own CUDA stream.
 * One torch patch: ``init_process_group()`` without a backend gets tpu_ccl as its
   default backend type (:func:`_patch_undefined_backend`).
 
@@ -30,11 +35,14 @@ accounts collectives (metrics, and its simulated ICI time on the chip's clock an
 profiler's device track through ``torch_tpu_eager.ici.record_collective``).
 
 Values are those gloo computes on the same CPU tensors, bit for bit: the backend does
-no arithmetic of its own (ReduceOp.AVG is gloo's; ReduceOp.PREMUL_SUM raises gloo's
-"Cannot use ReduceOp.PREMUL_SUM with Gloo": its factor is not visible to a kernel of
-the boxed op).
+no arithmetic of its own (ReduceOp.AVG is gloo's), but for ReduceOp.PREMUL_SUM, which
+gloo lacks: NCCL's semantics (each input times the factor rounded to the data's scalar
+type, then gloo's SUM; :func:`_premultiply`); the factor is read by the C++ op
+``tpu_eager::_premul_sum_factor`` (csrc/distributed/premul_sum.cpp), since the boxed
+ReduceOp shows only its kind to Python.
 """
 
+import contextlib
 import datetime
 import threading
 import warnings
@@ -152,12 +160,70 @@ def _unbox(process_group):
     return pg, pg._get_backend(_DEVICE)
 
 
+# NCCL's PREMUL_SUM data types; the factor is read as this dtype (torch's NCCL
+# backend passes a float factor for bfloat16 data, the data's own dtype otherwise).
+_PREMUL_SCALAR_DTYPE = {
+    torch.float16: torch.float16,
+    torch.float32: torch.float32,
+    torch.bfloat16: torch.float32,
+    torch.float64: torch.float64,
+}
+
+
 def _reduce_op(boxed):
+    """(the ReduceOp gloo runs, the PREMUL_SUM factor or None) of a boxed c10d ReduceOp.
+
+    PREMUL_SUM (``torch.distributed._make_nccl_premul_sum(factor)``, which gloo does
+    not have) runs as NCCL defines it: every rank's input times the factor, then SUM;
+    :func:`_premultiply` does the product, gloo the sum."""
     kind = ReduceOp.RedOpType(int(boxed.op()))
     if kind == ReduceOp.RedOpType.PREMUL_SUM:
-        # the factor does not survive boxing; gloo has no PREMUL_SUM either: its error
-        raise RuntimeError("Cannot use ReduceOp.PREMUL_SUM with Gloo")
-    return ReduceOp(kind)
+        return ReduceOp(ReduceOp.RedOpType.SUM), torch.ops.tpu_eager._premul_sum_factor(boxed)
+    return ReduceOp(kind), None
+
+
+def _premultiply(host_tensors, premul):
+    """Multiplies each host tensor in place by the PREMUL_SUM factor, as NCCL's
+    ncclRedOpCreatePreMulSum does before the sum: the factor (a number, or a
+    1-element tensor on "tpu" as NCCL wants it on the GPU) is rounded to the
+    scalar dtype (float32 for bfloat16 data, the data's dtype otherwise) and each
+    element becomes the rounded product. No-op when ``premul`` is None.
+
+    Raises NCCL's errors: TypeError "PreMulSum Data type must be half, float,
+    bfloat16 or double" for other dtypes; RuntimeError "expected scalar type X but
+    found Y" for a factor tensor of another dtype; ValueError for a factor tensor
+    that is not one element on "tpu"."""
+    if premul is None:
+        return host_tensors
+    number, tensor = premul
+    for h in host_tensors:
+        scalar_dtype = _PREMUL_SCALAR_DTYPE.get(h.dtype)
+        if scalar_dtype is None:
+            raise TypeError("PreMulSum Data type must be half, float, bfloat16 or double")
+        if tensor is not None:
+            if tensor.device.type != "tpu" or tensor.numel() != 1:
+                raise ValueError(
+                    f"ReduceOp.PREMUL_SUM: the factor tensor must have 1 element on tpu (NCCL reads it on the "
+                    f"device), got {tensor.numel()} on {tensor.device}"
+                )
+            if tensor.dtype != scalar_dtype:
+                found = _SCALAR_NAME.get(tensor.dtype, str(tensor.dtype))
+                raise RuntimeError(f"expected scalar type {_SCALAR_NAME[scalar_dtype]} but found {found}")
+            factor = float(tensor.reshape(()).item())
+        else:
+            factor = float(torch.tensor(number, dtype=scalar_dtype).item())  # rounded to the scalar dtype
+        h.mul_(factor)  # CPU: float(x) * factor in the op's math type, rounded once to h's dtype
+    return host_tensors
+
+
+_SCALAR_NAME = {
+    torch.float16: "Half",
+    torch.float32: "Float",
+    torch.bfloat16: "BFloat16",
+    torch.float64: "Double",
+    torch.int64: "Long",
+    torch.int32: "Int",
+}
 
 
 def _timeout(opts, timeout):
@@ -177,40 +243,92 @@ class _Done:
         return True
 
 
+# ---- the chip's timeline: collectives on the chip's interconnect stream ----
+
+_lanes: dict = {}
+_lanes_lock = threading.Lock()
+
+
+def ici_stream(device=None):
+    """The stream of chip ``device`` (index, "tpu:i", torch.device; None: the current
+    one) on which this process's collectives run: the chip's interconnect lane, as
+    NCCL runs a CUDA device's collectives on a stream of its own.
+
+    Each collective is ordered after the work queued so far on the stream that issued
+    it, occupies this stream for its simulated ICI time, and is joined back only where
+    the program waits for it: ``work.wait()``, ``work.get_future().wait()`` (DDP waits
+    on its buckets' futures at the end of backward), the synchronous form of a
+    collective (``async_op=False`` waits at the call) or a ``wait_stream`` on this
+    stream. Compute recorded in between that does not wait overlaps the collective on
+    the simulated timeline (the kernels' stream and this one each keep a clock).
+    """
+    from ..device import _index
+
+    index = _index(device)
+    with _lanes_lock:
+        lane = _lanes.get(index)
+        if lane is None:
+            lane = _lanes[index] = torch.tpu.Stream(index)
+        return lane
+
+
+@contextlib.contextmanager
+def _on_lane(device):
+    """Runs the body (host copies, the transport, the charge, the copy back) on the
+    chip's interconnect stream, after the work queued on the issuing stream."""
+    issuing = torch.tpu.current_stream(device)
+    lane = ici_stream(device)
+    if issuing.stream_id == lane.stream_id:  # already on the lane (a collective issued there)
+        yield lane
+        return
+    lane.wait_stream(issuing)  # runs the chip's pending ops: the inputs exist
+    with torch.tpu.stream(lane):
+        yield lane
+
+
 def _copy_back(pairs):
     with torch.no_grad():
         for dev, host in pairs:
             dev.copy_(host)  # recorded into the chip's queue, ordered with later compute
 
 
-def _finish(work, pairs, result):
+def _finish(work, pairs, result, device):
     """Waits for the gloo ``work`` (raising its error: a dead peer, a timeout), copies the
     results back into the "tpu" tensors and returns a completed, boxed Work whose future
-    holds ``result``.
+    holds ``result``. Called on the chip's interconnect stream (:func:`_on_lane`).
 
     The collective completes at the call, also with ``async_op=True``: DDP's reducer
     waits on ``work.get_future()`` without calling ``wait()``, and a Work built from a
     Python future in torch 2.13 (``_create_work_from_future``) swallows the future's
-    error in ``wait()``; a completed Work has neither problem.
+    error in ``wait()``; a completed Work has neither problem. The future is one of
+    ``device`` (``torch.futures.Future(devices=...)``), so completing it records an event
+    on the interconnect stream at the collective's simulated end, and waiting on it
+    (``Work.wait()``, ``Future.wait()``, DDP's reducer) makes the waiting stream's later
+    work start after that end, as a CUDA future of an NCCL collective does.
     """
     work.wait()
     _copy_back(pairs)
-    fut = torch.futures.Future()
+    fut = torch.futures.Future(devices=[device])
     fut.set_result(result)
     return _create_work_from_future(fut).boxed()
 
 
-def _finish_later(work, pairs):
-    """A boxed Work for a receive: ``wait()`` waits for gloo's ``work`` (raising its error)
-    and then copies the message into the "tpu" tensors. Not completed at the call, so
-    that ``irecv`` before the matching ``send`` does not deadlock; its future completes
-    at ``wait()`` (c10d's PythonCallbackWork)."""
+def _finish_later(work, pairs, device):
+    """A boxed Work for a point-to-point transfer: ``wait()`` waits for gloo's ``work``
+    (raising its error), copies a received message into the "tpu" tensors on the chip's
+    interconnect stream and makes the waiting stream's later work start after it. Not
+    completed at the call, so that ``irecv`` before the matching ``send`` does not
+    deadlock; its future completes at ``wait()`` (c10d's PythonCallbackWork)."""
     done = []
 
     def wait(timeout):
         if not done:
             work.wait()
-            _copy_back(pairs)
+            lane = ici_stream(device)
+            with torch.tpu.stream(lane):
+                _copy_back(pairs)
+                end = lane.record_event()
+            torch.tpu.current_stream(device).wait_event(end)
             done.append(True)
         return True
 
@@ -218,50 +336,62 @@ def _finish_later(work, pairs):
 
 
 # ---- kernels of the c10d ops for the PrivateUse1 ("tpu") dispatch key ----
+#
+# Each one: checks its tensors, then on the chip's interconnect stream (_on_lane) copies
+# the inputs to host buffers, charges the collective (_charge_collective), runs gloo on
+# the host buffers and copies the results back (_finish).
 
 
 def _allreduce(tensors, process_group, reduce_op, sparse_indices=None, async_op=True, timeout=-1):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_to_host(t) for t in tensors]
-    _charge_collective("all_reduce", _nbytes(tensors), pg.size(), tensors[0].device)
     opts = _timeout(AllreduceOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
-    w = be.allreduce(host, opts)
-    return tensors, _finish(w, list(zip(tensors, host)), tensors)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
+    dev = tensors[0].device
+    with _on_lane(dev):
+        host = _premultiply([_to_host(t) for t in tensors], premul)
+        _charge_collective("all_reduce", _nbytes(tensors), pg.size(), dev)
+        w = be.allreduce(host, opts)
+        return tensors, _finish(w, list(zip(tensors, host)), tensors, dev)
 
 
 def _allreduce_coalesced(tensors, process_group, reduce_op, async_op=True, timeout=-1):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_to_host(t) for t in tensors]
-    _charge_collective("all_reduce", _nbytes(tensors), pg.size(), tensors[0].device)
     opts = _timeout(AllreduceCoalescedOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
-    return _finish(be.allreduce_coalesced(host, opts), list(zip(tensors, host)), tensors)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
+    dev = tensors[0].device
+    with _on_lane(dev):
+        host = _premultiply([_to_host(t) for t in tensors], premul)
+        _charge_collective("all_reduce", _nbytes(tensors), pg.size(), dev)
+        return _finish(be.allreduce_coalesced(host, opts), list(zip(tensors, host)), tensors, dev)
 
 
 def _broadcast(tensors, process_group, root_rank, root_tensor, async_op=True, timeout=-1):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_to_host(t) for t in tensors]
-    _charge_collective("broadcast", _nbytes(tensors), pg.size(), tensors[0].device)
     opts = _timeout(BroadcastOptions(), timeout)
     opts.rootRank, opts.rootTensor = root_rank, root_tensor
-    w = be.broadcast(host, opts)
-    return tensors, _finish(w, list(zip(tensors, host)), tensors)
+    dev = tensors[0].device
+    with _on_lane(dev):
+        host = [_to_host(t) for t in tensors]
+        _charge_collective("broadcast", _nbytes(tensors), pg.size(), dev)
+        w = be.broadcast(host, opts)
+        return tensors, _finish(w, list(zip(tensors, host)), tensors, dev)
 
 
 def _reduce(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_to_host(t) for t in tensors]
-    _charge_collective("reduce", _nbytes(tensors), pg.size(), tensors[0].device)
     opts = _timeout(ReduceOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
     opts.rootRank, opts.rootTensor = root_rank, root_tensor
-    # gloo uses the other ranks' buffers as scratch: copy back everywhere, as gloo leaves them.
-    return _finish(be.reduce(host, opts), list(zip(tensors, host)), tensors)
+    dev = tensors[0].device
+    with _on_lane(dev):
+        host = _premultiply([_to_host(t) for t in tensors], premul)
+        _charge_collective("reduce", _nbytes(tensors), pg.size(), dev)
+        # gloo uses the other ranks' buffers as scratch: copy back everywhere, as gloo leaves them.
+        return _finish(be.reduce(host, opts), list(zip(tensors, host)), tensors, dev)
 
 
 def _allgather(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
@@ -269,12 +399,14 @@ def _allgather(output_tensors, input_tensors, process_group, async_op=True, time
     for outs in output_tensors:
         _check(outs)
     pg, be = _unbox(process_group)
-    host_in = [_to_host(t) for t in input_tensors]
-    host_out = [[_host_empty(t) for t in outs] for outs in output_tensors]
-    _charge_collective("all_gather", _nbytes(input_tensors), pg.size(), input_tensors[0].device)
-    w = be.allgather(host_out, host_in, _timeout(AllgatherOptions(), timeout))
-    pairs = [p for outs, houts in zip(output_tensors, host_out) for p in zip(outs, houts)]
-    return output_tensors, _finish(w, pairs, output_tensors)
+    dev = input_tensors[0].device
+    with _on_lane(dev):
+        host_in = [_to_host(t) for t in input_tensors]
+        host_out = [[_host_empty(t) for t in outs] for outs in output_tensors]
+        _charge_collective("all_gather", _nbytes(input_tensors), pg.size(), dev)
+        w = be.allgather(host_out, host_in, _timeout(AllgatherOptions(), timeout))
+        pairs = [p for outs, houts in zip(output_tensors, host_out) for p in zip(outs, houts)]
+        return output_tensors, _finish(w, pairs, output_tensors, dev)
 
 
 def _allgather_coalesced(output_lists, input_list, process_group, async_op=True):
@@ -282,33 +414,39 @@ def _allgather_coalesced(output_lists, input_list, process_group, async_op=True)
     for outs in output_lists:
         _check(outs)
     pg, be = _unbox(process_group)
-    host_in = [_to_host(t) for t in input_list]
-    host_out = [[_host_empty(t) for t in outs] for outs in output_lists]
-    _charge_collective("all_gather", _nbytes(input_list), pg.size(), input_list[0].device)
-    w = be.allgather_coalesced(host_out, host_in, AllgatherOptions())
-    pairs = [p for outs, houts in zip(output_lists, host_out) for p in zip(outs, houts)]
-    return _finish(w, pairs, output_lists)
+    dev = input_list[0].device
+    with _on_lane(dev):
+        host_in = [_to_host(t) for t in input_list]
+        host_out = [[_host_empty(t) for t in outs] for outs in output_lists]
+        _charge_collective("all_gather", _nbytes(input_list), pg.size(), dev)
+        w = be.allgather_coalesced(host_out, host_in, AllgatherOptions())
+        pairs = [p for outs, houts in zip(output_lists, host_out) for p in zip(outs, houts)]
+        return _finish(w, pairs, output_lists, dev)
 
 
 def _allgather_base(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):
     _check([output_tensor, input_tensor])
     pg, be = _unbox(process_group)
-    h_in, h_out = _to_host(input_tensor), _host_empty(output_tensor)
-    _charge_collective("all_gather", _nbytes([input_tensor]), pg.size(), input_tensor.device)
-    w = be._allgather_base(h_out, h_in, _timeout(AllgatherOptions(), timeout))
-    return output_tensor, _finish(w, [(output_tensor, h_out)], output_tensor)
+    dev = input_tensor.device
+    with _on_lane(dev):
+        h_in, h_out = _to_host(input_tensor), _host_empty(output_tensor)
+        _charge_collective("all_gather", _nbytes([input_tensor]), pg.size(), dev)
+        w = be._allgather_base(h_out, h_in, _timeout(AllgatherOptions(), timeout))
+        return output_tensor, _finish(w, [(output_tensor, h_out)], output_tensor, dev)
 
 
 def _allgather_into_tensor_coalesced(outputs, inputs, process_group, async_op=True):
     _check(outputs + inputs)
     pg, be = _unbox(process_group)
-    h_in = [_to_host(t) for t in inputs]
-    h_out = [_host_empty(t) for t in outputs]
-    _charge_collective("all_gather", _nbytes(inputs), pg.size(), inputs[0].device)
-    # the Python binding of a c10d Backend has no coalesced all-gather: one per tensor
-    for o, i in zip(h_out, h_in):
-        be._allgather_base(o, i, AllgatherOptions()).wait()
-    return _finish(_Done(), list(zip(outputs, h_out)), outputs)
+    dev = inputs[0].device
+    with _on_lane(dev):
+        h_in = [_to_host(t) for t in inputs]
+        h_out = [_host_empty(t) for t in outputs]
+        _charge_collective("all_gather", _nbytes(inputs), pg.size(), dev)
+        # the Python binding of a c10d Backend has no coalesced all-gather: one per tensor
+        for o, i in zip(h_out, h_in):
+            be._allgather_base(o, i, AllgatherOptions()).wait()
+        return _finish(_Done(), list(zip(outputs, h_out)), outputs, dev)
 
 
 def _reduce_scatter(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):
@@ -316,90 +454,107 @@ def _reduce_scatter(output_tensors, input_tensors, process_group, reduce_op, asy
     for ins in input_tensors:
         _check(ins)
     pg, be = _unbox(process_group)
-    h_out = [_host_empty(t) for t in output_tensors]
-    h_in = [[_to_host(t) for t in ins] for ins in input_tensors]
-    _charge_collective(
-        "reduce_scatter", sum(_nbytes(ins) for ins in input_tensors), pg.size(), output_tensors[0].device
-    )
     opts = _timeout(ReduceScatterOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
-    w = be.reduce_scatter(h_out, h_in, opts)
-    return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
+    dev = output_tensors[0].device
+    with _on_lane(dev):
+        h_out = [_host_empty(t) for t in output_tensors]
+        h_in = [_premultiply([_to_host(t) for t in ins], premul) for ins in input_tensors]
+        _charge_collective("reduce_scatter", sum(_nbytes(ins) for ins in input_tensors), pg.size(), dev)
+        w = be.reduce_scatter(h_out, h_in, opts)
+        return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors, dev)
 
 
 def _reduce_scatter_base(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):
     _check([output_tensor, input_tensor])
     pg, be = _unbox(process_group)
-    h_in, h_out = _to_host(input_tensor), _host_empty(output_tensor)
-    _charge_collective("reduce_scatter", _nbytes([input_tensor]), pg.size(), input_tensor.device)
     opts = _timeout(ReduceScatterOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
-    w = be._reduce_scatter_base(h_out, h_in, opts)
-    return output_tensor, _finish(w, [(output_tensor, h_out)], output_tensor)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
+    dev = input_tensor.device
+    with _on_lane(dev):
+        h_in, h_out = _premultiply([_to_host(input_tensor)], premul)[0], _host_empty(output_tensor)
+        _charge_collective("reduce_scatter", _nbytes([input_tensor]), pg.size(), dev)
+        w = be._reduce_scatter_base(h_out, h_in, opts)
+        return output_tensor, _finish(w, [(output_tensor, h_out)], output_tensor, dev)
 
 
 def _reduce_scatter_tensor_coalesced(outputs, inputs, process_group, reduce_op, async_op=True, timeout=-1):
     _check(outputs + inputs)
     pg, be = _unbox(process_group)
-    h_in = [_to_host(t) for t in inputs]
-    h_out = [_host_empty(t) for t in outputs]
-    _charge_collective("reduce_scatter", _nbytes(inputs), pg.size(), inputs[0].device)
     opts = _timeout(ReduceScatterOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
-    for o, i in zip(h_out, h_in):  # no coalesced reduce-scatter in the binding: one per tensor
-        be._reduce_scatter_base(o, i, opts).wait()
-    return _finish(_Done(), list(zip(outputs, h_out)), outputs)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
+    dev = inputs[0].device
+    with _on_lane(dev):
+        h_in = _premultiply([_to_host(t) for t in inputs], premul)
+        h_out = [_host_empty(t) for t in outputs]
+        _charge_collective("reduce_scatter", _nbytes(inputs), pg.size(), dev)
+        for o, i in zip(h_out, h_in):  # no coalesced reduce-scatter in the binding: one per tensor
+            be._reduce_scatter_base(o, i, opts).wait()
+        return _finish(_Done(), list(zip(outputs, h_out)), outputs, dev)
 
 
 def _alltoall(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
     _check(output_tensors + input_tensors)
     pg, be = _unbox(process_group)
-    h_in = [_to_host(t) for t in input_tensors]
-    h_out = [_host_empty(t) for t in output_tensors]
-    _charge_collective("all_to_all", _nbytes(input_tensors), pg.size(), input_tensors[0].device)
-    w = be.alltoall(h_out, h_in, _timeout(AllToAllOptions(), timeout))
-    return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors)
+    dev = input_tensors[0].device
+    with _on_lane(dev):
+        h_in = [_to_host(t) for t in input_tensors]
+        h_out = [_host_empty(t) for t in output_tensors]
+        _charge_collective("all_to_all", _nbytes(input_tensors), pg.size(), dev)
+        w = be.alltoall(h_out, h_in, _timeout(AllToAllOptions(), timeout))
+        return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors, dev)
 
 
 def _alltoall_base(output, input, process_group, output_split_sizes, input_split_sizes, async_op=True, timeout=-1):
     _check([output, input])
     pg, be = _unbox(process_group)
-    h_in, h_out = _to_host(input), _host_empty(output)
-    _charge_collective("all_to_all", _nbytes([input]), pg.size(), input.device)
-    w = be.alltoall_base(
-        h_out, h_in, list(output_split_sizes), list(input_split_sizes), _timeout(AllToAllOptions(), timeout)
-    )
-    return _finish(w, [(output, h_out)], [output])
+    dev = input.device
+    with _on_lane(dev):
+        h_in, h_out = _to_host(input), _host_empty(output)
+        _charge_collective("all_to_all", _nbytes([input]), pg.size(), dev)
+        w = be.alltoall_base(
+            h_out, h_in, list(output_split_sizes), list(input_split_sizes), _timeout(AllToAllOptions(), timeout)
+        )
+        return _finish(w, [(output, h_out)], [output], dev)
 
 
 def _barrier(tensor, process_group, device_ids, async_op=True, timeout=-1):
     pg, be = _unbox(process_group)
-    _charge_collective("barrier", 0, pg.size(), tensor.device)
-    return be.barrier(_timeout(BarrierOptions(), timeout)).boxed()
+    dev = tensor.device
+    with _on_lane(dev):
+        _charge_collective("barrier", 0, pg.size(), dev)
+        # its future holds the op's tensor (one of the chip), so waiting on it joins the lane
+        return _finish(be.barrier(_timeout(BarrierOptions(), timeout)), [], [tensor], dev)
 
 
 def _send(tensors, process_group, dst, tag):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_to_host(t) for t in tensors]
-    _charge_collective("send", _nbytes(tensors), 2, tensors[0].device)
-    return be.send(host, dst, tag).boxed()  # gloo's work keeps the host buffers alive
+    dev = tensors[0].device
+    with _on_lane(dev):
+        host = [_to_host(t) for t in tensors]
+        _charge_collective("send", _nbytes(tensors), 2, dev)
+        return _finish_later(be.send(host, dst, tag), [], dev)  # gloo's work keeps the host buffers alive
 
 
 def _recv(tensors, process_group, src, tag):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_host_empty(t) for t in tensors]
-    _charge_collective("recv", _nbytes(tensors), 2, tensors[0].device)
-    return _finish_later(be.recv(host, src, tag), list(zip(tensors, host)))
+    dev = tensors[0].device
+    with _on_lane(dev):
+        host = [_host_empty(t) for t in tensors]
+        _charge_collective("recv", _nbytes(tensors), 2, dev)
+    return _finish_later(be.recv(host, src, tag), list(zip(tensors, host)), dev)
 
 
 def _recv_any_source(tensors, process_group, tag):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_host_empty(t) for t in tensors]
-    _charge_collective("recv", _nbytes(tensors), 2, tensors[0].device)
-    return _finish_later(be.recv_anysource(host, tag), list(zip(tensors, host)))
+    dev = tensors[0].device
+    with _on_lane(dev):
+        host = [_host_empty(t) for t in tensors]
+        _charge_collective("recv", _nbytes(tensors), 2, dev)
+    return _finish_later(be.recv_anysource(host, tag), list(zip(tensors, host)), dev)
 
 
 def _gather(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
@@ -407,14 +562,16 @@ def _gather(output_tensors, input_tensors, process_group, root_rank, async_op=Tr
     for outs in output_tensors:
         _check(outs)
     pg, be = _unbox(process_group)
-    h_in = [_to_host(t) for t in input_tensors]
-    h_out = [[_host_empty(t) for t in outs] for outs in output_tensors]
-    _charge_collective("gather", _nbytes(input_tensors), pg.size(), input_tensors[0].device)
     opts = _timeout(GatherOptions(), timeout)
     opts.rootRank = root_rank
-    w = be.gather(h_out, h_in, opts)
-    pairs = [p for outs, houts in zip(output_tensors, h_out) for p in zip(outs, houts)]
-    return _finish(w, pairs, output_tensors)
+    dev = input_tensors[0].device
+    with _on_lane(dev):
+        h_in = [_to_host(t) for t in input_tensors]
+        h_out = [[_host_empty(t) for t in outs] for outs in output_tensors]
+        _charge_collective("gather", _nbytes(input_tensors), pg.size(), dev)
+        w = be.gather(h_out, h_in, opts)
+        pairs = [p for outs, houts in zip(output_tensors, h_out) for p in zip(outs, houts)]
+        return _finish(w, pairs, output_tensors, dev)
 
 
 def _scatter(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
@@ -422,13 +579,15 @@ def _scatter(output_tensors, input_tensors, process_group, root_rank, async_op=T
     for ins in input_tensors:
         _check(ins)
     pg, be = _unbox(process_group)
-    h_out = [_host_empty(t) for t in output_tensors]
-    h_in = [[_to_host(t) for t in ins] for ins in input_tensors]
-    _charge_collective("scatter", _nbytes(output_tensors), pg.size(), output_tensors[0].device)
     opts = _timeout(ScatterOptions(), timeout)
     opts.rootRank = root_rank
-    w = be.scatter(h_out, h_in, opts)
-    return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors)
+    dev = output_tensors[0].device
+    with _on_lane(dev):
+        h_out = [_host_empty(t) for t in output_tensors]
+        h_in = [[_to_host(t) for t in ins] for ins in input_tensors]
+        _charge_collective("scatter", _nbytes(output_tensors), pg.size(), dev)
+        w = be.scatter(h_out, h_in, opts)
+        return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors, dev)
 
 
 _KERNELS = {
