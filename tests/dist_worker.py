@@ -479,7 +479,8 @@ def case_ddp(rank, world):
 
 
 def case_fsdp(rank, world):
-    """FSDP2 fully_shard (f32, and bf16 params with f32 reduce) equals single-process CPU training."""
+    """FSDP2 fully_shard (f32; bf16 params with f32 reduce; a gradient divide factor, which FSDP2
+    reduces with ReduceOp.PREMUL_SUM) equals single-process CPU training."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     _init(rank, world)
@@ -488,7 +489,9 @@ def case_fsdp(rank, world):
     steps, batch = 3, 4 * world
     xs, ys = _data(steps, batch)
     lo, hi = rank * 4, (rank + 1) * 4
-    for mp in (None, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)):
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # divide factor 4 (not the group size): FSDP2 reduce-scatters with ReduceOp.PREMUL_SUM(1/4)
+    for mp, divide in ((None, None), (bf16, None), (None, 4.0)):
         torch.manual_seed(0)
         ref = _mlp()
         torch.manual_seed(0)
@@ -497,6 +500,14 @@ def case_fsdp(rank, world):
         for layer in (model[0], model[2], model[4]):
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
+        premuls = []
+        if divide is not None:
+            for m in (model[0], model[2], model[4], model):
+                m.set_gradient_divide_factor(divide)
+            from torch_tpu_eager.distributed import backend as tpu_ccl
+
+            plain = tpu_ccl._premultiply
+            tpu_ccl._premultiply = lambda h, p: (premuls.append(p) if p is not None else None, plain(h, p))[1]
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
         for s in range(steps):
@@ -506,11 +517,15 @@ def case_fsdp(rank, world):
             opt.zero_grad()
             if mp is None:
                 rloss = torch.nn.functional.cross_entropy(ref(xs[s]), ys[s])
-                rloss.backward()
+                # the sum of the ranks' mean-loss gradients over `divide`: world / divide times the global one
+                (rloss * (world / divide) if divide is not None else rloss).backward()
             else:  # the reference computes in bf16 too, from f32 master weights
                 _bf16_backward(ref, xs[s], ys[s])
             ref_opt.step()
             ref_opt.zero_grad()
+        if divide is not None:
+            tpu_ccl._premultiply = plain
+            assert premuls and all(p[0] == 1 / divide for p in premuls), premuls  # FSDP2 used PREMUL_SUM
         tol = dict(rtol=1e-5, atol=1e-6) if mp is None else dict(rtol=2e-2, atol=2e-3)
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
@@ -750,6 +765,9 @@ def _rank_main(rank, world, case, port, tmp):
     )
     import torch_tpu_eager  # noqa: F401
 
+    # one intra-op thread per rank, as torchrun sets: OpenMP threads of several processes
+    # spinning against each other made every host copy ~100x slower on a loaded host
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     verbose = os.environ.get("TPU_DIST_VERBOSE")
     if verbose:
         print(rank, "imported", time.time(), flush=True)

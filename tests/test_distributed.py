@@ -23,6 +23,8 @@ ROOT = os.path.dirname(HERE)
 
 def _run_case(case, world=2, timeout=280):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+    # the worker kills its ranks at this deadline, before the timeout below kills only the worker
+    env["TPU_DIST_DEADLINE"] = str(timeout - 30)
     r = subprocess.run(
         [sys.executable, os.path.join(HERE, "dist_worker.py"), case, str(world)],
         capture_output=True,

@@ -144,15 +144,55 @@ def _check(tensors):
             raise ValueError(f"Tensors must be tpu and dense, got a {t.layout} tensor on {t.device}")
 
 
+# Host staging buffers, reused across collectives: a fresh buffer of tens of MiB is
+# mmap'ed and page-faulted on every call (glibc maps allocations above 32 MiB), which
+# cost more than the copy itself. Buffers taken inside a collective (_on_lane) go back
+# to the pool when it completed (the copy back into the chip has run by then); at most
+# _POOL_MAX_BYTES stay pooled. Receives and sends allocate their own (they finish later).
+_POOL_MAX_BYTES = 512 << 20
+_pool: dict = {}  # (dtype, numel) -> free flat host tensors
+_pool_bytes = [0]
+_pool_lock = threading.Lock()
+_staging = threading.local()  # .taken: the buffers of the collective running on this thread, or None
+
+
+def _take(dtype, shape):
+    numel = 1
+    for d in shape:
+        numel *= d
+    taken = getattr(_staging, "taken", None)
+    buf = None
+    if taken is not None:
+        with _pool_lock:
+            free = _pool.get((dtype, numel))
+            if free:
+                buf = free.pop()
+                _pool_bytes[0] -= buf.numel() * buf.element_size()
+    if buf is None:
+        buf = torch.empty(numel, dtype=dtype)
+    if taken is not None:
+        taken.append(buf)
+    return buf.view(shape)
+
+
+def _release(buffers):
+    with _pool_lock:
+        for b in buffers:
+            nbytes = b.numel() * b.element_size()
+            if _pool_bytes[0] + nbytes <= _POOL_MAX_BYTES:
+                _pool.setdefault((b.dtype, b.numel()), []).append(b)
+                _pool_bytes[0] += nbytes
+
+
 def _to_host(t):
-    """A fresh contiguous host copy of ``t`` (flushes what produces it)."""
-    h = torch.empty(t.shape, dtype=t.dtype)
+    """A contiguous host copy of ``t`` (flushes what produces it)."""
+    h = _take(t.dtype, tuple(t.shape))
     h.copy_(t)
     return h
 
 
 def _host_empty(t):
-    return torch.empty(t.shape, dtype=t.dtype)
+    return _take(t.dtype, tuple(t.shape))
 
 
 def _unbox(process_group):
@@ -273,17 +313,27 @@ def ici_stream(device=None):
 
 
 @contextlib.contextmanager
-def _on_lane(device):
+def _on_lane(device, staged=True):
     """Runs the body (host copies, the transport, the charge, the copy back) on the
-    chip's interconnect stream, after the work queued on the issuing stream."""
+    chip's interconnect stream, after the work queued on the issuing stream. With
+    ``staged``, the host buffers the body takes (:func:`_to_host`, :func:`_host_empty`)
+    return to the pool when it completes without an error (the body then has waited
+    for the transport and copied the results back, :func:`_finish`)."""
     issuing = torch.tpu.current_stream(device)
     lane = ici_stream(device)
-    if issuing.stream_id == lane.stream_id:  # already on the lane (a collective issued there)
-        yield lane
-        return
-    lane.wait_stream(issuing)  # runs the chip's pending ops: the inputs exist
-    with torch.tpu.stream(lane):
-        yield lane
+    outer = getattr(_staging, "taken", None)
+    _staging.taken = [] if staged else None
+    try:
+        if issuing.stream_id == lane.stream_id:  # already on the lane (a collective issued there)
+            yield lane
+        else:
+            lane.wait_stream(issuing)  # runs the chip's pending ops: the inputs exist
+            with torch.tpu.stream(lane):
+                yield lane
+        if staged:
+            _release(_staging.taken)
+    finally:
+        _staging.taken = outer
 
 
 def _copy_back(pairs):
@@ -531,7 +581,7 @@ def _send(tensors, process_group, dst, tag):
     _check(tensors)
     pg, be = _unbox(process_group)
     dev = tensors[0].device
-    with _on_lane(dev):
+    with _on_lane(dev, staged=False):
         host = [_to_host(t) for t in tensors]
         _charge_collective("send", _nbytes(tensors), 2, dev)
         return _finish_later(be.send(host, dst, tag), [], dev)  # gloo's work keeps the host buffers alive
@@ -541,7 +591,7 @@ def _recv(tensors, process_group, src, tag):
     _check(tensors)
     pg, be = _unbox(process_group)
     dev = tensors[0].device
-    with _on_lane(dev):
+    with _on_lane(dev, staged=False):
         host = [_host_empty(t) for t in tensors]
         _charge_collective("recv", _nbytes(tensors), 2, dev)
     return _finish_later(be.recv(host, src, tag), list(zip(tensors, host)), dev)
@@ -551,7 +601,7 @@ def _recv_any_source(tensors, process_group, tag):
     _check(tensors)
     pg, be = _unbox(process_group)
     dev = tensors[0].device
-    with _on_lane(dev):
+    with _on_lane(dev, staged=False):
         host = [_host_empty(t) for t in tensors]
         _charge_collective("recv", _nbytes(tensors), 2, dev)
     return _finish_later(be.recv_anysource(host, tag), list(zip(tensors, host)), dev)
