@@ -82,6 +82,11 @@ def test_every_collective_and_dtype_equals_gloo_bit_for_bit():
     assert "collectives OK" in _run_case("collectives")
 
 
+def test_every_collective_on_three_processes_equals_gloo():
+    # 3 ranks: gloo's reduction order over more than two inputs, uneven all_to_all splits
+    assert "collectives OK" in _run_case("collectives", world=3)
+
+
 def test_collectives_overlap_compute_on_the_simulated_timeline():
     # an async all_reduce on the chip's interconnect stream overlaps the compute recorded
     # after it until wait(): serial = comm + compute, overlapped = max(comm, compute) (the
