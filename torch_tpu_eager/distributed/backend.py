@@ -15,7 +15,7 @@ How it plugs into torch.distributed (docs/distributed.md):
   torch's generic PrivateUse1 kernels hand the device tensors to the backend, which
   gloo would reject. :func:`register` installs this module's kernels for the
   ``PrivateUse1`` key (``torch.library``). Per collective they copy the inputs to
-  fresh host buffers (flushing the chip's pending ops that produce them; never a
+  host staging buffers (reused; flushing the chip's pending ops that produce them; never a
   zero-copy share: gloo writes host memory behind PyTorch's back), run the gloo
   collective, wait for it, and copy the results back in place into the "tpu" tensors
   (recorded into the chip's queue, so later compute orders after it). The returned
