@@ -7,8 +7,8 @@ How it plugs into torch.distributed (docs/distributed.md):
   device, so ``init_process_group()`` (torch picks the current accelerator, "tpu"),
   ``init_process_group("tpu_ccl")`` and ``init_process_group("cpu:gloo,tpu:tpu_ccl")``
   use it. Its creator (:func:`_create_backend`) returns the **transport**: a gloo
-  backend on its own prefix of the store (TCP on localhost), behind torch's
-  collective-fingerprint check. The process group stays torch's C++ ``ProcessGroup``,
+  backend on its own prefix of the store (TCP on localhost), behind a
+  collective-fingerprint check (:func:`_verify`). The process group stays torch's C++ ``ProcessGroup``,
   so DDP's reducer, functional collectives (DTensor, FSDP2) and the Python API all
   reach it the same way.
 * The ``c10d::*`` collective ops are dispatcher ops with a kernel per dispatch key;
@@ -46,6 +46,7 @@ import contextlib
 import datetime
 import threading
 import warnings
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -197,7 +198,121 @@ def _host_empty(t):
 
 def _unbox(process_group):
     pg = ProcessGroup.unbox(process_group)
-    return pg, pg._get_backend(_DEVICE)
+    return pg, _Transport(pg._get_backend(_DEVICE), pg.group_name)
+
+
+# ---- the transport: gloo behind a collective-fingerprint check ----
+#
+# Plain gloo *aborts the process* (an uncaught gloo::EnforceNotMet on its I/O thread) when
+# ranks pass different sizes to a collective. Before each collective the ranks therefore
+# all-gather a fixed-size fingerprint of it (op, sequence number, the dtypes and shapes of
+# the tensors torch's _ProcessGroupWrapper compares for that op) and every rank raises
+# torch's RuntimeError "Detected mismatch between collectives on ranks" on a difference,
+# as torch does for gloo and NCCL under TORCH_DISTRIBUTED_DEBUG=DETAIL. One all-gather of
+# 512 bytes: torch's wrapper needs a monitored barrier and two all-gathers (the
+# fingerprint's length, then the fingerprint), each a rendezvous of every rank.
+
+# The tensors each Backend method's fingerprint describes (its positional arguments ->
+# tensors), as _ProcessGroupWrapper chooses them; none where sizes may differ by design
+# (all_to_all's uneven splits, the coalesced forms). Point-to-point is not checked.
+_FINGERPRINTED = {
+    "broadcast": lambda a: a[0],
+    "allreduce": lambda a: a[0],
+    "allreduce_coalesced": lambda a: [],
+    "reduce": lambda a: a[0],
+    "allgather": lambda a: a[1],
+    "_allgather_base": lambda a: [a[1]],
+    "allgather_coalesced": lambda a: [],
+    "gather": lambda a: a[1],
+    "scatter": lambda a: a[0],
+    "reduce_scatter": lambda a: a[0],
+    "_reduce_scatter_base": lambda a: [a[1], a[0]],
+    "alltoall": lambda a: [],
+    "alltoall_base": lambda a: [],
+    "barrier": lambda a: [],
+}
+_FP_OPS = tuple(_FINGERPRINTED)
+_FP_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+)
+_FP_SLOTS = 64  # int64 slots: op, sequence number, payload length, payload checksum, payload
+_fp_seq: dict = {}  # group name -> collectives checked in this process
+
+
+class _Transport:
+    """The gloo backend of a tpu_ccl group; its collectives run after the fingerprint check."""
+
+    def __init__(self, gloo, group):
+        self._gloo, self._group = gloo, group
+
+    def __getattr__(self, name):
+        method = getattr(self._gloo, name)
+        pick = _FINGERPRINTED.get(name)
+        if pick is None:
+            return method
+
+        def checked(*args):
+            _verify(self._gloo, self._group, name, list(pick(args)))
+            return method(*args)
+
+        return checked
+
+
+def _fingerprint(op, seq, tensors):
+    payload = [len(tensors)] + [_FP_DTYPES.index(t.dtype) if t.dtype in _FP_DTYPES else 99 for t in tensors]
+    for t in tensors:
+        payload += [t.dim(), *t.shape]
+    room = _FP_SLOTS - 4
+    crc = zlib.crc32(repr(payload).encode())
+    head = [_FP_OPS.index(op), seq, len(payload), crc]
+    body = payload[:room] + [-1] * (room - min(room, len(payload)))
+    return torch.tensor(head + body, dtype=torch.int64)
+
+
+def _describe(fp):
+    """torch's text of a fingerprint: CollectiveFingerPrint(SequenceNumber=..., OpType=..., ...)."""
+    v = fp.tolist()
+    op, seq, n_payload, body = _FP_OPS[v[0]].upper(), v[1], v[2], v[4:]
+    if n_payload > len(body) or not body or body[0] <= 0:
+        more = "" if n_payload <= len(body) else ", ..."
+        return f"CollectiveFingerPrint(SequenceNumber={seq}, OpType={op}{more})"
+    n = body[0]
+    dtypes = [str(_FP_DTYPES[c]).replace("torch.", "") if c < len(_FP_DTYPES) else "?" for c in body[1 : 1 + n]]
+    shapes, i = [], 1 + n
+    for _ in range(n):
+        dim = body[i]
+        shapes.append(list(body[i + 1 : i + 1 + dim]))
+        i += 1 + dim
+    return f"CollectiveFingerPrint(SequenceNumber={seq}, OpType={op}, TensorShape={shapes}, TensorDtypes={dtypes})"
+
+
+def _verify(gloo, group, op, tensors):
+    """All-gathers this rank's fingerprint of collective ``op`` on ``tensors`` (host
+    buffers) and raises RuntimeError "Detected mismatch between collectives on ranks. Rank
+    i is running collective: ..., but Rank j is running collective: ..." on every rank when
+    one differs. Errors of the all-gather itself (a dead peer, the group's timeout) are
+    gloo's RuntimeError."""
+    seq = _fp_seq[group] = _fp_seq.get(group, 0) + 1
+    mine = _fingerprint(op, seq, tensors)
+    theirs = [torch.empty_like(mine) for _ in range(gloo.size())]
+    gloo.allgather([theirs], [mine]).wait()
+    for rank, other in enumerate(theirs):
+        if not torch.equal(other, mine):
+            raise RuntimeError(
+                f"Detected mismatch between collectives on ranks. Rank {gloo.rank()} is running collective: "
+                f"{_describe(mine)}, but Rank {rank} is running collective: {_describe(other)}."
+            )
 
 
 # NCCL's PREMUL_SUM data types; the factor is read as this dtype (torch's NCCL
@@ -664,26 +779,14 @@ _KERNELS = {
 
 
 def _create_backend(opts, backend_options):
-    """Creator of the "tpu_ccl" backend (extended API).
-
-    The transport is a gloo backend on its own prefix of the group's store, wrapped in
-    torch's ``_ProcessGroupWrapper`` with a second, small gloo backend that compares
-    each collective's fingerprint (op, shapes, dtypes) across the ranks first: plain
-    gloo *aborts the process* (an uncaught ``gloo::EnforceNotMet`` on its I/O thread)
-    when ranks pass different sizes; the wrapper raises torch's RuntimeError
-    "Detected mismatch between collectives on ranks" instead (what torch gives for
-    gloo and NCCL under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``). Costs one small host
-    all-gather per collective.
-    """
-    from torch._C._distributed_c10d import _ProcessGroupWrapper
-
-    transport = dist.ProcessGroupGloo(
+    """Creator of the "tpu_ccl" backend (extended API): the transport, a gloo backend on
+    its own prefix of the group's store (TCP on localhost). The kernels of this module
+    run each collective on it after a fingerprint check across the ranks
+    (:class:`_Transport`, :func:`_verify`)."""
+    _fp_seq[opts.group_id] = 0  # the group's name (ProcessGroup.group_name): a new group counts from 0
+    return dist.ProcessGroupGloo(
         dist.PrefixStore(f"{BACKEND_NAME}/", opts.store), opts.group_rank, opts.group_size, opts.timeout
     )
-    checker = dist.ProcessGroupGloo(
-        dist.PrefixStore(f"{BACKEND_NAME}_check/", opts.store), opts.group_rank, opts.group_size, opts.timeout
-    )
-    return _ProcessGroupWrapper(transport, checker)
 
 
 _lib = None
