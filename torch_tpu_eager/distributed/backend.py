@@ -416,6 +416,10 @@ def ici_stream(device=None):
     collective (``async_op=False`` waits at the call) or a ``wait_stream`` on this
     stream. Compute recorded in between that does not wait overlaps the collective on
     the simulated timeline (the kernels' stream and this one each keep a clock).
+
+    Returns a ``torch.tpu.Stream``, the same one for every call on that chip in this
+    process. Raises ValueError for a non-"tpu" device and torch.AcceleratorError for an
+    invalid chip index, as ``torch.tpu.Stream`` does.
     """
     from ..device import _index
 
