@@ -8,8 +8,9 @@ time x 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter), whic
 comparable with the link bandwidth whatever the group size. Nothing is timed: the
 figures are the model's, identical on every machine.
 
-``--host`` also measures the host throughput of all_reduce (bytes/s through the c10d
-backend tpu_ccl between processes on this host): :func:`host_all_reduce_throughput`.
+``--host`` also measures the host throughput of all_reduce between processes on this host
+(bytes/s through the c10d backend tpu_ccl, beside gloo's own on CPU tensors) next to the
+simulated ICI time, 1-256 MiB: :func:`host_all_reduce_throughput`.
 
     python benchmarks/ici_collectives.py                   # every TPU target
     python benchmarks/ici_collectives.py --target tpu-v5e  # one target
@@ -62,6 +63,7 @@ def simulated_rows(targets=None, sizes_mib=SIZES_MIB, groups=GROUPS, ops=OPS):
 
 def _host_worker(rank, world_size, init_file, sizes_mib, repeats, out):
     """One rank of :func:`host_all_reduce_throughput` (a spawned process)."""
+    import os
     import statistics
     import time
 
@@ -69,39 +71,63 @@ def _host_worker(rank, world_size, init_file, sizes_mib, repeats, out):
     import torch.distributed as dist
 
     import torch_tpu_eager  # noqa: F401  (registers "tpu" and the tpu_ccl backend)
+    from torch_tpu_eager import ici
 
+    # One intra-op thread per process, as torchrun sets (OMP_NUM_THREADS=1): with torch's
+    # default (one per core) the processes' OpenMP threads spin against each other and a
+    # 1 MiB host copy took ~35 ms instead of ~0.05 ms on this loaded 2-core machine.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     device = torch.device("tpu", rank % torch.tpu.device_count())
-    dist.init_process_group(
-        "tpu_ccl", init_method=f"file://{init_file}", rank=rank, world_size=world_size, device_id=device
-    )
-    rows = []
-    for mib in sizes_mib:
-        t = torch.ones(mib * MiB // 4, device=device)
+    torch.tpu.set_device(device)
+    dist.init_process_group("cpu:gloo,tpu:tpu_ccl", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+
+    def median_s(t, finish):
         dist.all_reduce(t)  # warm: first-call costs (gloo pairs, buffers) out of the timing
         times = []
         for _ in range(repeats):
             dist.barrier()
             start = time.perf_counter()
             dist.all_reduce(t)
-            t.view(-1)[:1].cpu()  # the result is back on the device
+            finish(t)
             times.append(time.perf_counter() - start)
-        host_s = statistics.median(times)
-        rows.append({"world_size": world_size, "mib": mib, "host_s": host_s, "host_bandwidth": mib * MiB / host_s})
+        return statistics.median(times)
+
+    rows = []
+    for mib in sizes_mib:
+        n = mib * MiB // 4
+        host_s = median_s(torch.ones(n, device=device), lambda t: t.view(-1)[:1].cpu())  # back on the device
+        gloo_s = median_s(torch.ones(n), lambda t: None)  # the transport alone: gloo on CPU tensors
+        rows.append(
+            {
+                "world_size": world_size,
+                "mib": mib,
+                "host_s": host_s,
+                "host_bandwidth": mib * MiB / host_s,
+                "gloo_s": gloo_s,
+                "gloo_bandwidth": mib * MiB / gloo_s,
+                "target": torch_tpu_eager.get_target(),
+                "sim_s": ici.collective_time("all_reduce", mib * MiB, world_size),
+            }
+        )
     dist.destroy_process_group()
     if rank == 0:
         out.put(rows)
 
 
-def host_all_reduce_throughput(sizes_mib=SIZES_MIB, world_sizes=(2,), repeats=3):
+def host_all_reduce_throughput(sizes_mib=SIZES_MIB, world_sizes=(2,), repeats=5):
     """Host all_reduce throughput through the c10d backend "tpu_ccl" between processes on
-    this host (torch_tpu_eager.distributed: gloo over host copies of the tensors).
+    this host (torch_tpu_eager.distributed: gloo over host copies of the tensors), beside
+    gloo's own on CPU tensors of the same size and the simulated ICI time of the collective.
 
-    For each world size, spawns that many processes (localhost, FileStore), each with a
-    float32 tensor of every size in ``sizes_mib`` (MiB) on its chip ``tpu:rank % N``; times
-    ``repeats`` all_reduce calls after one warm call, each until the result is back on the
-    device. Returns one dict per (world size, size): ``world_size``, ``mib``, ``host_s``
-    (median wall seconds per call) and ``host_bandwidth`` (bytes of the tensor / host_s,
-    bytes/s). A wall-clock measurement of this machine, unlike the simulated rows.
+    For each world size, spawns that many processes (localhost, FileStore, group
+    ``"cpu:gloo,tpu:tpu_ccl"``), each with a float32 tensor of every size in ``sizes_mib``
+    (MiB) on its chip ``tpu:rank % N`` and one on CPU; times ``repeats`` all_reduce calls of
+    each after one warm call, the "tpu" one until the result is back on the device. Returns
+    one dict per (world size, size): ``world_size``, ``mib``, ``host_s`` and ``gloo_s``
+    (median wall seconds per call: tpu_ccl on "tpu" tensors, gloo on CPU tensors),
+    ``host_bandwidth`` and ``gloo_bandwidth`` (tensor bytes / seconds, bytes/s), ``target``
+    and ``sim_s`` (simulated seconds of the all_reduce on that many chips of the active
+    target, torch_tpu_eager.ici). Wall-clock figures of this machine, unlike ``sim_s``.
     """
     import os
     import tempfile
@@ -124,11 +150,20 @@ def host_all_reduce_throughput(sizes_mib=SIZES_MIB, world_sizes=(2,), repeats=3)
 
 
 def format_host_table(rows):
-    """The host rows as text: world size, size (MiB), median ms per all_reduce, GB/s."""
-    lines = ["host all_reduce through tpu_ccl (gloo over host copies; wall time of this machine)", ""]
-    lines.append("processes | MiB | ms per all_reduce | GB/s")
+    """The host rows as text: per world size and size (MiB), median ms per all_reduce and GB/s
+    through tpu_ccl and through gloo on CPU tensors, and the simulated ICI time (us)."""
+    target = rows[0]["target"] if rows else "?"
+    lines = [
+        "all_reduce, float32: host wall time through tpu_ccl (gloo over host copies) and through gloo on "
+        f"CPU tensors, this machine; simulated ICI time on {target}",
+        "",
+        "processes | MiB | tpu_ccl ms | tpu_ccl GB/s | gloo (CPU) ms | gloo GB/s | simulated ICI us",
+    ]
     for r in rows:
-        lines.append(f"{r['world_size']} | {r['mib']} | {r['host_s'] * 1e3:.2f} | {r['host_bandwidth'] / 1e9:.2f}")
+        lines.append(
+            f"{r['world_size']} | {r['mib']} | {r['host_s'] * 1e3:.2f} | {r['host_bandwidth'] / 1e9:.2f} | "
+            f"{r['gloo_s'] * 1e3:.2f} | {r['gloo_bandwidth'] / 1e9:.2f} | {r['sim_s'] * 1e6:.1f}"
+        )
     return "\n".join(lines)
 
 

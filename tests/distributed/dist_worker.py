@@ -103,6 +103,8 @@ def case_collectives(rank, world):
             dist.all_reduce(t, op=op)
             assert t.device == dev
             assert_bits(t, c, f"all_reduce {op} {dtype}")
+        if dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            _check_premul_sum(rank, world, dev, x, dtype)
         # broadcast from each root
         for root in range(world):
             c = x.clone()
@@ -228,6 +230,39 @@ def case_collectives(rank, world):
     dist.destroy_process_group()
 
 
+def _premul_rounded(factor, dtype):
+    """The PREMUL_SUM factor as NCCL uses it: rounded to the data's dtype (float32 for bfloat16)."""
+    return float(torch.tensor(factor, dtype=torch.float32 if dtype == torch.bfloat16 else dtype).item())
+
+
+def _check_premul_sum(rank, world, dev, x, dtype):
+    """ReduceOp.PREMUL_SUM (gloo has none): NCCL's semantics, each rank's input times the factor
+    rounded to the data's scalar type, then SUM; compared bit for bit with gloo's SUM of the
+    premultiplied CPU tensors. Factors as a number and as a 1-element "tpu" tensor (per rank)."""
+    scalar_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
+    for factor, op in (
+        (1 / 3, dist._make_nccl_premul_sum(1 / 3)),
+        (0.5 + rank, dist._make_nccl_premul_sum(torch.tensor([0.5 + rank], dtype=scalar_dtype, device=dev))),
+    ):
+        c = x.clone().mul_(_premul_rounded(factor, dtype))
+        dist.all_reduce(c, op=dist.ReduceOp.SUM)
+        t = x.to(dev)
+        dist.all_reduce(t, op=op)
+        assert_bits(t, c, f"all_reduce PREMUL_SUM({factor}) {dtype}")
+        big = _inputs(rank + 70, dtype, (world * 3, 5))
+        c = torch.empty_like(x)
+        dist.reduce_scatter_tensor(c, big.clone().mul_(_premul_rounded(factor, dtype)))
+        t = torch.empty_like(x, device=dev)
+        dist.reduce_scatter_tensor(t, big.to(dev), op=op)
+        assert_bits(t, c, f"reduce_scatter_tensor PREMUL_SUM({factor}) {dtype}")
+        c = x.clone().mul_(_premul_rounded(factor, dtype))
+        dist.reduce(c, dst=0)
+        t = x.to(dev)
+        dist.reduce(t, dst=0, op=op)
+        if rank == 0:
+            assert_bits(t, c, f"reduce PREMUL_SUM({factor}) {dtype}")
+
+
 def case_default(rank, world):
     """``init_process_group()`` with no backend picks tpu_ccl for "tpu"; CPU tensors raise NCCL's error."""
     _init(rank, world)
@@ -303,6 +338,8 @@ def case_bad_input(rank, world):
     for what, fn in mismatches.items():
         typ, msg = _raises(fn, what)
         assert typ is RuntimeError and "Detected mismatch between collectives" in msg, (what, typ, msg)
+        if what == "all_reduce numel":  # both ranks' collectives are named, as torch's wrapper names them
+            assert "OpType=ALLREDUCE, TensorShape=[[4]]" in msg and "TensorShape=[[6]]" in msg, msg
         report[what] = msg[:100]
 
     # errors raised at the call: the same type and message as gloo on CPU tensors
@@ -311,12 +348,23 @@ def case_bad_input(rank, world):
         assert a == b, (what, a, b)
         report[what] = a
 
-    for op in (dist._make_nccl_premul_sum(2.0), "sum", 17):
+    for op in ("sum", 17):
         same(
             f"op {op!r}",
             lambda: dist.all_reduce(torch.ones(2), op=op),
             lambda: dist.all_reduce(torch.ones(2, device=dev), op=op),
         )
+    # ReduceOp.PREMUL_SUM: gloo has none; NCCL's errors (ProcessGroupNCCL getNcclReduceOp / the factor's dtype)
+    typ, msg = _raises(
+        lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64, device=dev), op=dist._make_nccl_premul_sum(2.0)),
+        "PREMUL_SUM int64",
+    )
+    assert (typ, msg) == (TypeError, "PreMulSum Data type must be half, float, bfloat16 or double"), (typ, msg)
+    report["PREMUL_SUM int64"] = msg
+    f64 = dist._make_nccl_premul_sum(torch.tensor([2.0], dtype=torch.float64, device=dev))
+    typ, msg = _raises(lambda: dist.all_reduce(torch.ones(2, device=dev), op=f64), "PREMUL_SUM factor dtype")
+    assert typ is RuntimeError and msg == "expected scalar type Float but found Double", (typ, msg)
+    report["PREMUL_SUM float64 factor, float32 data"] = msg
     same(
         "int AVG",
         lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.AVG),
@@ -435,7 +483,8 @@ def case_ddp(rank, world):
 
 
 def case_fsdp(rank, world):
-    """FSDP2 fully_shard (f32, and bf16 params with f32 reduce) equals single-process CPU training."""
+    """FSDP2 fully_shard (f32; bf16 params with f32 reduce; a gradient divide factor, which FSDP2
+    reduces with ReduceOp.PREMUL_SUM) equals single-process CPU training."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     _init(rank, world)
@@ -444,7 +493,9 @@ def case_fsdp(rank, world):
     steps, batch = 3, 4 * world
     xs, ys = _data(steps, batch)
     lo, hi = rank * 4, (rank + 1) * 4
-    for mp in (None, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)):
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # divide factor 4 (not the group size): FSDP2 reduce-scatters with ReduceOp.PREMUL_SUM(1/4)
+    for mp, divide in ((None, None), (bf16, None), (None, 4.0)):
         torch.manual_seed(0)
         ref = _mlp()
         torch.manual_seed(0)
@@ -453,6 +504,14 @@ def case_fsdp(rank, world):
         for layer in (model[0], model[2], model[4]):
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
+        premuls = []
+        if divide is not None:
+            for m in (model[0], model[2], model[4], model):
+                m.set_gradient_divide_factor(divide)
+            from torch_tpu_eager.distributed import backend as tpu_ccl
+
+            plain = tpu_ccl._premultiply
+            tpu_ccl._premultiply = lambda h, p: (premuls.append(p) if p is not None else None, plain(h, p))[1]
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
         for s in range(steps):
@@ -462,11 +521,15 @@ def case_fsdp(rank, world):
             opt.zero_grad()
             if mp is None:
                 rloss = torch.nn.functional.cross_entropy(ref(xs[s]), ys[s])
-                rloss.backward()
+                # the sum of the ranks' mean-loss gradients over `divide`: world / divide times the global one
+                (rloss * (world / divide) if divide is not None else rloss).backward()
             else:  # the reference computes in bf16 too, from f32 master weights
                 _bf16_backward(ref, xs[s], ys[s])
             ref_opt.step()
             ref_opt.zero_grad()
+        if divide is not None:
+            tpu_ccl._premultiply = plain
+            assert premuls and all(p[0] == 1 / divide for p in premuls), premuls  # FSDP2 used PREMUL_SUM
         tol = dict(rtol=1e-5, atol=1e-6) if mp is None else dict(rtol=2e-2, atol=2e-3)
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
@@ -552,6 +615,136 @@ def case_dtensor_tp(rank, world):
     dist.destroy_process_group()
 
 
+def _sim_seconds(fn, dev):
+    """Simulated seconds of ``fn()`` on the current stream of ``dev`` (an Event pair around it)."""
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    start.record(torch.tpu.current_stream(dev))
+    fn()
+    end.record(torch.tpu.current_stream(dev))
+    return start.elapsed_time(end) / 1e3
+
+
+def case_overlap(rank, world):
+    """Collectives on the chip's interconnect stream: an async all_reduce overlaps the compute
+    recorded after it until wait(); the simulated times follow the model (serial: comm +
+    compute; overlapped: max of the two), the values do not change; DDP's bucketed all_reduce
+    overlaps backward; torch.profiler shows the collective on the interconnect stream's track."""
+    import torch_tpu_eager
+    from torch_tpu_eager import ici
+    from torch_tpu_eager.distributed import collective_metrics, ici_stream, reset_collective_metrics
+
+    _init(rank, world)
+    dev = torch.device("tpu", rank % torch.tpu.device_count())
+    torch.tpu.set_device(dev)
+    n = 1 << 20  # float32: 4 MiB
+    comm = ici.collective_time("all_reduce", 4 * n, world)
+    g = torch.Generator().manual_seed(5)
+    a_cpu = torch.randn(256, 256, generator=g) / 16
+    a = a_cpu.to(dev)
+    out = {}
+
+    def compute(reps):
+        y = a
+        for _ in range(reps):
+            y = torch.tanh(y @ a)
+        out["y"] = y
+        torch.tpu.current_stream(dev).synchronize()  # run it: its kernels' time is on the clock
+
+    torch.tpu.synchronize()
+    one = _sim_seconds(lambda: compute(1), dev)
+    # enough compute to hide the collective (overlapped = comm... = compute) and too little (= comm)
+    for reps in (1, max(2, int(comm / one) + 2)):
+        k = _sim_seconds(lambda: compute(reps), dev)
+        buf = torch.full((n,), float(rank + 1), device=dev)
+        serial = _sim_seconds(lambda: (dist.all_reduce(buf), compute(reps)), dev)
+        expect = torch.full((n,), float(world * (world + 1) // 2))
+        assert torch.equal(buf.cpu(), expect)
+
+        b = torch.full((n,), float(rank + 1), device=dev)
+
+        def overlapped():
+            work = dist.all_reduce(b, async_op=True)
+            compute(reps)
+            work.wait()
+
+        both = _sim_seconds(overlapped, dev)
+        assert torch.equal(b.cpu(), expect)
+        torch.testing.assert_close(out["y"].cpu(), _cpu_chain(a_cpu, reps), rtol=1e-5, atol=1e-6)
+        assert abs(serial - (comm + k)) <= 1e-9 + 1e-6 * serial, (reps, serial, comm, k)
+        assert abs(both - max(comm, k)) <= 1e-9 + 1e-6 * both, (reps, both, comm, k)
+        assert both < serial, (both, serial)
+        if rank == 0:
+            print(
+                f"  {reps} matmuls: compute {k * 1e6:.1f} us, all_reduce {comm * 1e6:.1f} us, "
+                f"serial {serial * 1e6:.1f} us, overlapped {both * 1e6:.1f} us",
+                flush=True,
+            )
+    # a future of the work joins as wait() does
+    b = torch.ones(n, device=dev)
+    t = _sim_seconds(lambda: dist.all_reduce(b, async_op=True).get_future().wait(), dev)
+    assert abs(t - comm) <= 1e-9 + 1e-6 * t, (t, comm)
+    # DDP: the buckets' all_reduce overlaps the rest of backward
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 256),
+    ).to(dev)
+    ddp = DDP(model, bucket_cap_mb=1)
+    x = torch.randn(64, 256, generator=g).to(dev)
+    for step in range(3):  # buckets are rebuilt after the first step
+        torch.tpu.synchronize()
+        before = torch_tpu_eager.metrics()
+        reset_collective_metrics()
+        t = _sim_seconds(lambda: ddp(x).square().mean().backward(), dev)
+        after = torch_tpu_eager.metrics()
+        comm_s = collective_metrics()["collective_time_s"]
+        kernels = (after["sim_time_s"] - after["collective_time_s"]) - (
+            before["sim_time_s"] - before["collective_time_s"]
+        )
+        buckets = collective_metrics()["per_op"]["all_reduce"]["count"]
+    assert buckets >= 2, buckets
+    assert max(kernels, comm_s) <= t + 1e-12 and t < kernels + comm_s, (t, kernels, comm_s)
+    if rank == 0:
+        print(
+            f"  DDP backward ({buckets} buckets): kernels {kernels * 1e6:.1f} us, all_reduce {comm_s * 1e6:.1f} us, "
+            f"step {t * 1e6:.1f} us",
+            flush=True,
+        )
+    # torch.profiler: the collective is a device event on the interconnect stream's track
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        b = torch.ones(n, device=dev)
+        work = dist.all_reduce(b, async_op=True)
+        compute(1)
+        work.wait()
+    path = os.path.join(os.environ["TPU_DIST_TMP"], f"trace{rank}.json")
+    prof.export_chrome_trace(path)
+    import json
+
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    coll = [e for e in events if e.get("name") == "ici::all_reduce" and e.get("cat") == "kernel"]
+    assert len(coll) == 1, [e.get("name") for e in events][:50]
+    kernels_on = {e["tid"] for e in events if e.get("cat") == "kernel" and e.get("name") != "ici::all_reduce"}
+    lane = ici_stream(dev).stream_id
+    assert (coll[0]["pid"], coll[0]["tid"], coll[0]["args"]["stream"]) == (dev.index, lane, lane), coll[0]
+    assert kernels_on and lane not in kernels_on, (coll[0], kernels_on)  # the matmuls: the default stream's track
+    dist.destroy_process_group()
+
+
+def _cpu_chain(a, reps):
+    y = a
+    for _ in range(reps):
+        y = torch.tanh(y @ a)
+    return y
+
+
 def case_api(rank, world):
     """case_default then case_bad_input in one pair of processes."""
     case_default(rank, world)
@@ -576,6 +769,9 @@ def _rank_main(rank, world, case, port, tmp):
     )
     import torch_tpu_eager  # noqa: F401
 
+    # one intra-op thread per rank, as torchrun sets: OpenMP threads of several processes
+    # spinning against each other made every host copy ~100x slower on a loaded host
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     verbose = os.environ.get("TPU_DIST_VERBOSE")
     if verbose:
         print(rank, "imported", time.time(), flush=True)

@@ -7,9 +7,10 @@ device, so ``torch.distributed.init_process_group()`` (no backend argument),
 all give collectives on "tpu" tensors. See docs/distributed.md and
 :mod:`torch_tpu_eager.distributed.backend`.
 
-Public: :data:`BACKEND_NAME`, :func:`collective_metrics`, :func:`reset_collective_metrics`.
+Public: :data:`BACKEND_NAME`, :func:`collective_metrics`, :func:`reset_collective_metrics`,
+:func:`ici_stream` (the stream a chip's collectives run on).
 """
 
-from .backend import BACKEND_NAME, collective_metrics, register, reset_collective_metrics  # noqa: F401
+from .backend import BACKEND_NAME, collective_metrics, ici_stream, register, reset_collective_metrics  # noqa: F401
 
-__all__ = ["BACKEND_NAME", "collective_metrics", "reset_collective_metrics"]
+__all__ = ["BACKEND_NAME", "collective_metrics", "ici_stream", "reset_collective_metrics"]

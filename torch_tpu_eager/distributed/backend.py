@@ -7,21 +7,26 @@ How it plugs into torch.distributed (docs/distributed.md):
   device, so ``init_process_group()`` (torch picks the current accelerator, "tpu"),
   ``init_process_group("tpu_ccl")`` and ``init_process_group("cpu:gloo,tpu:tpu_ccl")``
   use it. Its creator (:func:`_create_backend`) returns the **transport**: a gloo
-  backend on its own prefix of the store (TCP on localhost), behind torch's
-  collective-fingerprint check. The process group stays torch's C++ ``ProcessGroup``,
+  backend on its own prefix of the store (TCP on localhost), behind a
+  collective-fingerprint check (:func:`_verify`). The process group stays torch's C++ ``ProcessGroup``,
   so DDP's reducer, functional collectives (DTensor, FSDP2) and the Python API all
   reach it the same way.
 * The ``c10d::*`` collective ops are dispatcher ops with a kernel per dispatch key;
   torch's generic PrivateUse1 kernels hand the device tensors to the backend, which
   gloo would reject. :func:`register` installs this module's kernels for the
   ``PrivateUse1`` key (``torch.library``). Per collective they copy the inputs to
-  fresh host buffers (flushing the chip's pending ops that produce them; never a
+  host staging buffers (reused; flushing the chip's pending ops that produce them; never a
   zero-copy share: gloo writes host memory behind PyTorch's back), run the gloo
   collective, wait for it, and copy the results back in place into the "tpu" tensors
   (recorded into the chip's queue, so later compute orders after it). The returned
   ``Work`` is complete (:func:`_finish`); errors of the transport (a dead peer, a
   timeout) and mismatches between ranks are raised by the call. Receives finish in
   ``wait()`` instead (:func:`_finish_later`).
+* **On the simulated timeline** each collective runs on the chip's interconnect
+  stream (:func:`ici_stream`), after the work queued on the stream that issued it,
+  and the issuing stream waits for it only where the program waits (``wait()``, the
+  work's future, ``async_op=False``): compute recorded in between overlaps it, as
+  compute overlaps an NCCL collective on its own CUDA stream.
 * One torch patch: ``init_process_group()`` without a backend gets tpu_ccl as its
   default backend type (:func:`_patch_undefined_backend`).
 
@@ -30,14 +35,18 @@ accounts collectives (metrics, and its simulated ICI time on the chip's clock an
 profiler's device track through ``torch_tpu_eager.ici.record_collective``).
 
 Values are those gloo computes on the same CPU tensors, bit for bit: the backend does
-no arithmetic of its own (ReduceOp.AVG is gloo's; ReduceOp.PREMUL_SUM raises gloo's
-"Cannot use ReduceOp.PREMUL_SUM with Gloo": its factor is not visible to a kernel of
-the boxed op).
+no arithmetic of its own (ReduceOp.AVG is gloo's), but for ReduceOp.PREMUL_SUM, which
+gloo lacks: NCCL's semantics (each input times the factor rounded to the data's scalar
+type, then gloo's SUM; :func:`_premultiply`); the factor is read by the C++ op
+``tpu_eager::_premul_sum_factor`` (csrc/distributed/premul_sum.cpp), since the boxed
+ReduceOp shows only its kind to Python.
 """
 
+import contextlib
 import datetime
 import threading
 import warnings
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -136,28 +145,240 @@ def _check(tensors):
             raise ValueError(f"Tensors must be tpu and dense, got a {t.layout} tensor on {t.device}")
 
 
+# Host staging buffers, reused across collectives: a fresh buffer of tens of MiB is
+# mmap'ed and page-faulted on every call (glibc maps allocations above 32 MiB), which
+# cost more than the copy itself. Buffers taken inside a collective (_on_lane) go back
+# to the pool when it completed (the copy back into the chip has run by then); at most
+# _POOL_MAX_BYTES stay pooled. Receives and sends allocate their own (they finish later).
+_POOL_MAX_BYTES = 512 << 20
+_pool: dict = {}  # (dtype, numel) -> free flat host tensors
+_pool_bytes = [0]
+_pool_lock = threading.Lock()
+_staging = threading.local()  # .taken: the buffers of the collective running on this thread, or None
+
+
+def _take(dtype, shape):
+    numel = 1
+    for d in shape:
+        numel *= d
+    taken = getattr(_staging, "taken", None)
+    buf = None
+    if taken is not None:
+        with _pool_lock:
+            free = _pool.get((dtype, numel))
+            if free:
+                buf = free.pop()
+                _pool_bytes[0] -= buf.numel() * buf.element_size()
+    if buf is None:
+        buf = torch.empty(numel, dtype=dtype)
+    if taken is not None:
+        taken.append(buf)
+    return buf.view(shape)
+
+
+def _release(buffers):
+    with _pool_lock:
+        for b in buffers:
+            nbytes = b.numel() * b.element_size()
+            if _pool_bytes[0] + nbytes <= _POOL_MAX_BYTES:
+                _pool.setdefault((b.dtype, b.numel()), []).append(b)
+                _pool_bytes[0] += nbytes
+
+
 def _to_host(t):
-    """A fresh contiguous host copy of ``t`` (flushes what produces it)."""
-    h = torch.empty(t.shape, dtype=t.dtype)
+    """A contiguous host copy of ``t`` (flushes what produces it)."""
+    h = _take(t.dtype, tuple(t.shape))
     h.copy_(t)
     return h
 
 
 def _host_empty(t):
-    return torch.empty(t.shape, dtype=t.dtype)
+    return _take(t.dtype, tuple(t.shape))
 
 
 def _unbox(process_group):
     pg = ProcessGroup.unbox(process_group)
-    return pg, pg._get_backend(_DEVICE)
+    return pg, _Transport(pg._get_backend(_DEVICE), pg.group_name)
+
+
+# ---- the transport: gloo behind a collective-fingerprint check ----
+#
+# Plain gloo *aborts the process* (an uncaught gloo::EnforceNotMet on its I/O thread) when
+# ranks pass different sizes to a collective. Before each collective the ranks therefore
+# all-gather a fixed-size fingerprint of it (op, sequence number, the dtypes and shapes of
+# the tensors torch's _ProcessGroupWrapper compares for that op) and every rank raises
+# torch's RuntimeError "Detected mismatch between collectives on ranks" on a difference,
+# as torch does for gloo and NCCL under TORCH_DISTRIBUTED_DEBUG=DETAIL. One all-gather of
+# 512 bytes: torch's wrapper needs a monitored barrier and two all-gathers (the
+# fingerprint's length, then the fingerprint), each a rendezvous of every rank.
+
+# The tensors each Backend method's fingerprint describes (its positional arguments ->
+# tensors), as _ProcessGroupWrapper chooses them; none where sizes may differ by design
+# (all_to_all's uneven splits, the coalesced forms). Point-to-point is not checked.
+_FINGERPRINTED = {
+    "broadcast": lambda a: a[0],
+    "allreduce": lambda a: a[0],
+    "allreduce_coalesced": lambda a: [],
+    "reduce": lambda a: a[0],
+    "allgather": lambda a: a[1],
+    "_allgather_base": lambda a: [a[1]],
+    "allgather_coalesced": lambda a: [],
+    "gather": lambda a: a[1],
+    "scatter": lambda a: a[0],
+    "reduce_scatter": lambda a: a[0],
+    "_reduce_scatter_base": lambda a: [a[1], a[0]],
+    "alltoall": lambda a: [],
+    "alltoall_base": lambda a: [],
+    "barrier": lambda a: [],
+}
+_FP_OPS = tuple(_FINGERPRINTED)
+_FP_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+)
+_FP_SLOTS = 64  # int64 slots: op, sequence number, payload length, payload checksum, payload
+_fp_seq: dict = {}  # group name -> collectives checked in this process
+
+
+class _Transport:
+    """The gloo backend of a tpu_ccl group; its collectives run after the fingerprint check."""
+
+    def __init__(self, gloo, group):
+        self._gloo, self._group = gloo, group
+
+    def __getattr__(self, name):
+        method = getattr(self._gloo, name)
+        pick = _FINGERPRINTED.get(name)
+        if pick is None:
+            return method
+
+        def checked(*args):
+            _verify(self._gloo, self._group, name, list(pick(args)))
+            return method(*args)
+
+        return checked
+
+
+def _fingerprint(op, seq, tensors):
+    payload = [len(tensors)] + [_FP_DTYPES.index(t.dtype) if t.dtype in _FP_DTYPES else 99 for t in tensors]
+    for t in tensors:
+        payload += [t.dim(), *t.shape]
+    room = _FP_SLOTS - 4
+    crc = zlib.crc32(repr(payload).encode())
+    head = [_FP_OPS.index(op), seq, len(payload), crc]
+    body = payload[:room] + [-1] * (room - min(room, len(payload)))
+    return torch.tensor(head + body, dtype=torch.int64)
+
+
+def _describe(fp):
+    """torch's text of a fingerprint: CollectiveFingerPrint(SequenceNumber=..., OpType=..., ...)."""
+    v = fp.tolist()
+    op, seq, n_payload, body = _FP_OPS[v[0]].upper(), v[1], v[2], v[4:]
+    if n_payload > len(body) or not body or body[0] <= 0:
+        more = "" if n_payload <= len(body) else ", ..."
+        return f"CollectiveFingerPrint(SequenceNumber={seq}, OpType={op}{more})"
+    n = body[0]
+    dtypes = [str(_FP_DTYPES[c]).replace("torch.", "") if c < len(_FP_DTYPES) else "?" for c in body[1 : 1 + n]]
+    shapes, i = [], 1 + n
+    for _ in range(n):
+        dim = body[i]
+        shapes.append(list(body[i + 1 : i + 1 + dim]))
+        i += 1 + dim
+    return f"CollectiveFingerPrint(SequenceNumber={seq}, OpType={op}, TensorShape={shapes}, TensorDtypes={dtypes})"
+
+
+def _verify(gloo, group, op, tensors):
+    """All-gathers this rank's fingerprint of collective ``op`` on ``tensors`` (host
+    buffers) and raises RuntimeError "Detected mismatch between collectives on ranks. Rank
+    i is running collective: ..., but Rank j is running collective: ..." on every rank when
+    one differs. Errors of the all-gather itself (a dead peer, the group's timeout) are
+    gloo's RuntimeError."""
+    seq = _fp_seq[group] = _fp_seq.get(group, 0) + 1
+    mine = _fingerprint(op, seq, tensors)
+    theirs = [torch.empty_like(mine) for _ in range(gloo.size())]
+    gloo.allgather([theirs], [mine]).wait()
+    for rank, other in enumerate(theirs):
+        if not torch.equal(other, mine):
+            raise RuntimeError(
+                f"Detected mismatch between collectives on ranks. Rank {gloo.rank()} is running collective: "
+                f"{_describe(mine)}, but Rank {rank} is running collective: {_describe(other)}."
+            )
+
+
+# NCCL's PREMUL_SUM data types; the factor is read as this dtype (torch's NCCL
+# backend passes a float factor for bfloat16 data, the data's own dtype otherwise).
+_PREMUL_SCALAR_DTYPE = {
+    torch.float16: torch.float16,
+    torch.float32: torch.float32,
+    torch.bfloat16: torch.float32,
+    torch.float64: torch.float64,
+}
 
 
 def _reduce_op(boxed):
+    """(the ReduceOp gloo runs, the PREMUL_SUM factor or None) of a boxed c10d ReduceOp.
+
+    PREMUL_SUM (``torch.distributed._make_nccl_premul_sum(factor)``, which gloo does
+    not have) runs as NCCL defines it: every rank's input times the factor, then SUM;
+    :func:`_premultiply` does the product, gloo the sum."""
     kind = ReduceOp.RedOpType(int(boxed.op()))
     if kind == ReduceOp.RedOpType.PREMUL_SUM:
-        # the factor does not survive boxing; gloo has no PREMUL_SUM either: its error
-        raise RuntimeError("Cannot use ReduceOp.PREMUL_SUM with Gloo")
-    return ReduceOp(kind)
+        return ReduceOp(ReduceOp.RedOpType.SUM), torch.ops.tpu_eager._premul_sum_factor(boxed)
+    return ReduceOp(kind), None
+
+
+def _premultiply(host_tensors, premul):
+    """Multiplies each host tensor in place by the PREMUL_SUM factor, as NCCL's
+    ncclRedOpCreatePreMulSum does before the sum: the factor (a number, or a
+    1-element tensor on "tpu" as NCCL wants it on the GPU) is rounded to the
+    scalar dtype (float32 for bfloat16 data, the data's dtype otherwise) and each
+    element becomes the rounded product. No-op when ``premul`` is None.
+
+    Raises NCCL's errors: TypeError "PreMulSum Data type must be half, float,
+    bfloat16 or double" for other dtypes; RuntimeError "expected scalar type X but
+    found Y" for a factor tensor of another dtype; ValueError for a factor tensor
+    that is not one element on "tpu"."""
+    if premul is None:
+        return host_tensors
+    number, tensor = premul
+    for h in host_tensors:
+        scalar_dtype = _PREMUL_SCALAR_DTYPE.get(h.dtype)
+        if scalar_dtype is None:
+            raise TypeError("PreMulSum Data type must be half, float, bfloat16 or double")
+        if tensor is not None:
+            if tensor.device.type != "tpu" or tensor.numel() != 1:
+                raise ValueError(
+                    f"ReduceOp.PREMUL_SUM: the factor tensor must have 1 element on tpu (NCCL reads it on the "
+                    f"device), got {tensor.numel()} on {tensor.device}"
+                )
+            if tensor.dtype != scalar_dtype:
+                found = _SCALAR_NAME.get(tensor.dtype, str(tensor.dtype))
+                raise RuntimeError(f"expected scalar type {_SCALAR_NAME[scalar_dtype]} but found {found}")
+            factor = float(tensor.reshape(()).item())
+        else:
+            factor = float(torch.tensor(number, dtype=scalar_dtype).item())  # rounded to the scalar dtype
+        h.mul_(factor)  # CPU: float(x) * factor in the op's math type, rounded once to h's dtype
+    return host_tensors
+
+
+_SCALAR_NAME = {
+    torch.float16: "Half",
+    torch.float32: "Float",
+    torch.bfloat16: "BFloat16",
+    torch.float64: "Double",
+    torch.int64: "Long",
+    torch.int32: "Int",
+}
 
 
 def _timeout(opts, timeout):
@@ -177,40 +398,106 @@ class _Done:
         return True
 
 
+# ---- the chip's timeline: collectives on the chip's interconnect stream ----
+
+_lanes: dict = {}
+_lanes_lock = threading.Lock()
+
+
+def ici_stream(device=None):
+    """The stream of chip ``device`` (index, "tpu:i", torch.device; None: the current
+    one) on which this process's collectives run: the chip's interconnect lane, as
+    NCCL runs a CUDA device's collectives on a stream of its own.
+
+    Each collective is ordered after the work queued so far on the stream that issued
+    it, occupies this stream for its simulated ICI time, and is joined back only where
+    the program waits for it: ``work.wait()``, ``work.get_future().wait()`` (DDP waits
+    on its buckets' futures at the end of backward), the synchronous form of a
+    collective (``async_op=False`` waits at the call) or a ``wait_stream`` on this
+    stream. Compute recorded in between that does not wait overlaps the collective on
+    the simulated timeline (the kernels' stream and this one each keep a clock).
+
+    Returns a ``torch.tpu.Stream``, the same one for every call on that chip in this
+    process. Raises ValueError for a non-"tpu" device and torch.AcceleratorError for an
+    invalid chip index, as ``torch.tpu.Stream`` does.
+    """
+    from ..device import _index
+
+    index = _index(device)
+    with _lanes_lock:
+        lane = _lanes.get(index)
+        if lane is None:
+            lane = _lanes[index] = torch.tpu.Stream(index)
+        return lane
+
+
+@contextlib.contextmanager
+def _on_lane(device, staged=True):
+    """Runs the body (host copies, the transport, the charge, the copy back) on the
+    chip's interconnect stream, after the work queued on the issuing stream. With
+    ``staged``, the host buffers the body takes (:func:`_to_host`, :func:`_host_empty`)
+    return to the pool when it completes without an error (the body then has waited
+    for the transport and copied the results back, :func:`_finish`)."""
+    issuing = torch.tpu.current_stream(device)
+    lane = ici_stream(device)
+    outer = getattr(_staging, "taken", None)
+    _staging.taken = [] if staged else None
+    try:
+        if issuing.stream_id == lane.stream_id:  # already on the lane (a collective issued there)
+            yield lane
+        else:
+            lane.wait_stream(issuing)  # runs the chip's pending ops: the inputs exist
+            with torch.tpu.stream(lane):
+                yield lane
+        if staged:
+            _release(_staging.taken)
+    finally:
+        _staging.taken = outer
+
+
 def _copy_back(pairs):
     with torch.no_grad():
         for dev, host in pairs:
             dev.copy_(host)  # recorded into the chip's queue, ordered with later compute
 
 
-def _finish(work, pairs, result):
+def _finish(work, pairs, result, device):
     """Waits for the gloo ``work`` (raising its error: a dead peer, a timeout), copies the
     results back into the "tpu" tensors and returns a completed, boxed Work whose future
-    holds ``result``.
+    holds ``result``. Called on the chip's interconnect stream (:func:`_on_lane`).
 
     The collective completes at the call, also with ``async_op=True``: DDP's reducer
     waits on ``work.get_future()`` without calling ``wait()``, and a Work built from a
     Python future in torch 2.13 (``_create_work_from_future``) swallows the future's
-    error in ``wait()``; a completed Work has neither problem.
+    error in ``wait()``; a completed Work has neither problem. The future is one of
+    ``device`` (``torch.futures.Future(devices=...)``), so completing it records an event
+    on the interconnect stream at the collective's simulated end, and waiting on it
+    (``Work.wait()``, ``Future.wait()``, DDP's reducer) makes the waiting stream's later
+    work start after that end, as a CUDA future of an NCCL collective does.
     """
     work.wait()
     _copy_back(pairs)
-    fut = torch.futures.Future()
+    fut = torch.futures.Future(devices=[device])
     fut.set_result(result)
     return _create_work_from_future(fut).boxed()
 
 
-def _finish_later(work, pairs):
-    """A boxed Work for a receive: ``wait()`` waits for gloo's ``work`` (raising its error)
-    and then copies the message into the "tpu" tensors. Not completed at the call, so
-    that ``irecv`` before the matching ``send`` does not deadlock; its future completes
-    at ``wait()`` (c10d's PythonCallbackWork)."""
+def _finish_later(work, pairs, device):
+    """A boxed Work for a point-to-point transfer: ``wait()`` waits for gloo's ``work``
+    (raising its error), copies a received message into the "tpu" tensors on the chip's
+    interconnect stream and makes the waiting stream's later work start after it. Not
+    completed at the call, so that ``irecv`` before the matching ``send`` does not
+    deadlock; its future completes at ``wait()`` (c10d's PythonCallbackWork)."""
     done = []
 
     def wait(timeout):
         if not done:
             work.wait()
-            _copy_back(pairs)
+            lane = ici_stream(device)
+            with torch.tpu.stream(lane):
+                _copy_back(pairs)
+                end = lane.record_event()
+            torch.tpu.current_stream(device).wait_event(end)
             done.append(True)
         return True
 
@@ -218,50 +505,62 @@ def _finish_later(work, pairs):
 
 
 # ---- kernels of the c10d ops for the PrivateUse1 ("tpu") dispatch key ----
+#
+# Each one: checks its tensors, then on the chip's interconnect stream (_on_lane) copies
+# the inputs to host buffers, charges the collective (_charge_collective), runs gloo on
+# the host buffers and copies the results back (_finish).
 
 
 def _allreduce(tensors, process_group, reduce_op, sparse_indices=None, async_op=True, timeout=-1):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_to_host(t) for t in tensors]
-    _charge_collective("all_reduce", _nbytes(tensors), pg.size(), tensors[0].device)
     opts = _timeout(AllreduceOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
-    w = be.allreduce(host, opts)
-    return tensors, _finish(w, list(zip(tensors, host)), tensors)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
+    dev = tensors[0].device
+    with _on_lane(dev):
+        host = _premultiply([_to_host(t) for t in tensors], premul)
+        _charge_collective("all_reduce", _nbytes(tensors), pg.size(), dev)
+        w = be.allreduce(host, opts)
+        return tensors, _finish(w, list(zip(tensors, host)), tensors, dev)
 
 
 def _allreduce_coalesced(tensors, process_group, reduce_op, async_op=True, timeout=-1):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_to_host(t) for t in tensors]
-    _charge_collective("all_reduce", _nbytes(tensors), pg.size(), tensors[0].device)
     opts = _timeout(AllreduceCoalescedOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
-    return _finish(be.allreduce_coalesced(host, opts), list(zip(tensors, host)), tensors)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
+    dev = tensors[0].device
+    with _on_lane(dev):
+        host = _premultiply([_to_host(t) for t in tensors], premul)
+        _charge_collective("all_reduce", _nbytes(tensors), pg.size(), dev)
+        return _finish(be.allreduce_coalesced(host, opts), list(zip(tensors, host)), tensors, dev)
 
 
 def _broadcast(tensors, process_group, root_rank, root_tensor, async_op=True, timeout=-1):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_to_host(t) for t in tensors]
-    _charge_collective("broadcast", _nbytes(tensors), pg.size(), tensors[0].device)
     opts = _timeout(BroadcastOptions(), timeout)
     opts.rootRank, opts.rootTensor = root_rank, root_tensor
-    w = be.broadcast(host, opts)
-    return tensors, _finish(w, list(zip(tensors, host)), tensors)
+    dev = tensors[0].device
+    with _on_lane(dev):
+        host = [_to_host(t) for t in tensors]
+        _charge_collective("broadcast", _nbytes(tensors), pg.size(), dev)
+        w = be.broadcast(host, opts)
+        return tensors, _finish(w, list(zip(tensors, host)), tensors, dev)
 
 
 def _reduce(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_to_host(t) for t in tensors]
-    _charge_collective("reduce", _nbytes(tensors), pg.size(), tensors[0].device)
     opts = _timeout(ReduceOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
     opts.rootRank, opts.rootTensor = root_rank, root_tensor
-    # gloo uses the other ranks' buffers as scratch: copy back everywhere, as gloo leaves them.
-    return _finish(be.reduce(host, opts), list(zip(tensors, host)), tensors)
+    dev = tensors[0].device
+    with _on_lane(dev):
+        host = _premultiply([_to_host(t) for t in tensors], premul)
+        _charge_collective("reduce", _nbytes(tensors), pg.size(), dev)
+        # gloo uses the other ranks' buffers as scratch: copy back everywhere, as gloo leaves them.
+        return _finish(be.reduce(host, opts), list(zip(tensors, host)), tensors, dev)
 
 
 def _allgather(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
@@ -269,12 +568,14 @@ def _allgather(output_tensors, input_tensors, process_group, async_op=True, time
     for outs in output_tensors:
         _check(outs)
     pg, be = _unbox(process_group)
-    host_in = [_to_host(t) for t in input_tensors]
-    host_out = [[_host_empty(t) for t in outs] for outs in output_tensors]
-    _charge_collective("all_gather", _nbytes(input_tensors), pg.size(), input_tensors[0].device)
-    w = be.allgather(host_out, host_in, _timeout(AllgatherOptions(), timeout))
-    pairs = [p for outs, houts in zip(output_tensors, host_out) for p in zip(outs, houts)]
-    return output_tensors, _finish(w, pairs, output_tensors)
+    dev = input_tensors[0].device
+    with _on_lane(dev):
+        host_in = [_to_host(t) for t in input_tensors]
+        host_out = [[_host_empty(t) for t in outs] for outs in output_tensors]
+        _charge_collective("all_gather", _nbytes(input_tensors), pg.size(), dev)
+        w = be.allgather(host_out, host_in, _timeout(AllgatherOptions(), timeout))
+        pairs = [p for outs, houts in zip(output_tensors, host_out) for p in zip(outs, houts)]
+        return output_tensors, _finish(w, pairs, output_tensors, dev)
 
 
 def _allgather_coalesced(output_lists, input_list, process_group, async_op=True):
@@ -282,33 +583,39 @@ def _allgather_coalesced(output_lists, input_list, process_group, async_op=True)
     for outs in output_lists:
         _check(outs)
     pg, be = _unbox(process_group)
-    host_in = [_to_host(t) for t in input_list]
-    host_out = [[_host_empty(t) for t in outs] for outs in output_lists]
-    _charge_collective("all_gather", _nbytes(input_list), pg.size(), input_list[0].device)
-    w = be.allgather_coalesced(host_out, host_in, AllgatherOptions())
-    pairs = [p for outs, houts in zip(output_lists, host_out) for p in zip(outs, houts)]
-    return _finish(w, pairs, output_lists)
+    dev = input_list[0].device
+    with _on_lane(dev):
+        host_in = [_to_host(t) for t in input_list]
+        host_out = [[_host_empty(t) for t in outs] for outs in output_lists]
+        _charge_collective("all_gather", _nbytes(input_list), pg.size(), dev)
+        w = be.allgather_coalesced(host_out, host_in, AllgatherOptions())
+        pairs = [p for outs, houts in zip(output_lists, host_out) for p in zip(outs, houts)]
+        return _finish(w, pairs, output_lists, dev)
 
 
 def _allgather_base(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):
     _check([output_tensor, input_tensor])
     pg, be = _unbox(process_group)
-    h_in, h_out = _to_host(input_tensor), _host_empty(output_tensor)
-    _charge_collective("all_gather", _nbytes([input_tensor]), pg.size(), input_tensor.device)
-    w = be._allgather_base(h_out, h_in, _timeout(AllgatherOptions(), timeout))
-    return output_tensor, _finish(w, [(output_tensor, h_out)], output_tensor)
+    dev = input_tensor.device
+    with _on_lane(dev):
+        h_in, h_out = _to_host(input_tensor), _host_empty(output_tensor)
+        _charge_collective("all_gather", _nbytes([input_tensor]), pg.size(), dev)
+        w = be._allgather_base(h_out, h_in, _timeout(AllgatherOptions(), timeout))
+        return output_tensor, _finish(w, [(output_tensor, h_out)], output_tensor, dev)
 
 
 def _allgather_into_tensor_coalesced(outputs, inputs, process_group, async_op=True):
     _check(outputs + inputs)
     pg, be = _unbox(process_group)
-    h_in = [_to_host(t) for t in inputs]
-    h_out = [_host_empty(t) for t in outputs]
-    _charge_collective("all_gather", _nbytes(inputs), pg.size(), inputs[0].device)
-    # the Python binding of a c10d Backend has no coalesced all-gather: one per tensor
-    for o, i in zip(h_out, h_in):
-        be._allgather_base(o, i, AllgatherOptions()).wait()
-    return _finish(_Done(), list(zip(outputs, h_out)), outputs)
+    dev = inputs[0].device
+    with _on_lane(dev):
+        h_in = [_to_host(t) for t in inputs]
+        h_out = [_host_empty(t) for t in outputs]
+        _charge_collective("all_gather", _nbytes(inputs), pg.size(), dev)
+        # the Python binding of a c10d Backend has no coalesced all-gather: one per tensor
+        for o, i in zip(h_out, h_in):
+            be._allgather_base(o, i, AllgatherOptions()).wait()
+        return _finish(_Done(), list(zip(outputs, h_out)), outputs, dev)
 
 
 def _reduce_scatter(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):
@@ -316,90 +623,107 @@ def _reduce_scatter(output_tensors, input_tensors, process_group, reduce_op, asy
     for ins in input_tensors:
         _check(ins)
     pg, be = _unbox(process_group)
-    h_out = [_host_empty(t) for t in output_tensors]
-    h_in = [[_to_host(t) for t in ins] for ins in input_tensors]
-    _charge_collective(
-        "reduce_scatter", sum(_nbytes(ins) for ins in input_tensors), pg.size(), output_tensors[0].device
-    )
     opts = _timeout(ReduceScatterOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
-    w = be.reduce_scatter(h_out, h_in, opts)
-    return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
+    dev = output_tensors[0].device
+    with _on_lane(dev):
+        h_out = [_host_empty(t) for t in output_tensors]
+        h_in = [_premultiply([_to_host(t) for t in ins], premul) for ins in input_tensors]
+        _charge_collective("reduce_scatter", sum(_nbytes(ins) for ins in input_tensors), pg.size(), dev)
+        w = be.reduce_scatter(h_out, h_in, opts)
+        return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors, dev)
 
 
 def _reduce_scatter_base(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):
     _check([output_tensor, input_tensor])
     pg, be = _unbox(process_group)
-    h_in, h_out = _to_host(input_tensor), _host_empty(output_tensor)
-    _charge_collective("reduce_scatter", _nbytes([input_tensor]), pg.size(), input_tensor.device)
     opts = _timeout(ReduceScatterOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
-    w = be._reduce_scatter_base(h_out, h_in, opts)
-    return output_tensor, _finish(w, [(output_tensor, h_out)], output_tensor)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
+    dev = input_tensor.device
+    with _on_lane(dev):
+        h_in, h_out = _premultiply([_to_host(input_tensor)], premul)[0], _host_empty(output_tensor)
+        _charge_collective("reduce_scatter", _nbytes([input_tensor]), pg.size(), dev)
+        w = be._reduce_scatter_base(h_out, h_in, opts)
+        return output_tensor, _finish(w, [(output_tensor, h_out)], output_tensor, dev)
 
 
 def _reduce_scatter_tensor_coalesced(outputs, inputs, process_group, reduce_op, async_op=True, timeout=-1):
     _check(outputs + inputs)
     pg, be = _unbox(process_group)
-    h_in = [_to_host(t) for t in inputs]
-    h_out = [_host_empty(t) for t in outputs]
-    _charge_collective("reduce_scatter", _nbytes(inputs), pg.size(), inputs[0].device)
     opts = _timeout(ReduceScatterOptions(), timeout)
-    opts.reduceOp = _reduce_op(reduce_op)
-    for o, i in zip(h_out, h_in):  # no coalesced reduce-scatter in the binding: one per tensor
-        be._reduce_scatter_base(o, i, opts).wait()
-    return _finish(_Done(), list(zip(outputs, h_out)), outputs)
+    opts.reduceOp, premul = _reduce_op(reduce_op)
+    dev = inputs[0].device
+    with _on_lane(dev):
+        h_in = _premultiply([_to_host(t) for t in inputs], premul)
+        h_out = [_host_empty(t) for t in outputs]
+        _charge_collective("reduce_scatter", _nbytes(inputs), pg.size(), dev)
+        for o, i in zip(h_out, h_in):  # no coalesced reduce-scatter in the binding: one per tensor
+            be._reduce_scatter_base(o, i, opts).wait()
+        return _finish(_Done(), list(zip(outputs, h_out)), outputs, dev)
 
 
 def _alltoall(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
     _check(output_tensors + input_tensors)
     pg, be = _unbox(process_group)
-    h_in = [_to_host(t) for t in input_tensors]
-    h_out = [_host_empty(t) for t in output_tensors]
-    _charge_collective("all_to_all", _nbytes(input_tensors), pg.size(), input_tensors[0].device)
-    w = be.alltoall(h_out, h_in, _timeout(AllToAllOptions(), timeout))
-    return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors)
+    dev = input_tensors[0].device
+    with _on_lane(dev):
+        h_in = [_to_host(t) for t in input_tensors]
+        h_out = [_host_empty(t) for t in output_tensors]
+        _charge_collective("all_to_all", _nbytes(input_tensors), pg.size(), dev)
+        w = be.alltoall(h_out, h_in, _timeout(AllToAllOptions(), timeout))
+        return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors, dev)
 
 
 def _alltoall_base(output, input, process_group, output_split_sizes, input_split_sizes, async_op=True, timeout=-1):
     _check([output, input])
     pg, be = _unbox(process_group)
-    h_in, h_out = _to_host(input), _host_empty(output)
-    _charge_collective("all_to_all", _nbytes([input]), pg.size(), input.device)
-    w = be.alltoall_base(
-        h_out, h_in, list(output_split_sizes), list(input_split_sizes), _timeout(AllToAllOptions(), timeout)
-    )
-    return _finish(w, [(output, h_out)], [output])
+    dev = input.device
+    with _on_lane(dev):
+        h_in, h_out = _to_host(input), _host_empty(output)
+        _charge_collective("all_to_all", _nbytes([input]), pg.size(), dev)
+        w = be.alltoall_base(
+            h_out, h_in, list(output_split_sizes), list(input_split_sizes), _timeout(AllToAllOptions(), timeout)
+        )
+        return _finish(w, [(output, h_out)], [output], dev)
 
 
 def _barrier(tensor, process_group, device_ids, async_op=True, timeout=-1):
     pg, be = _unbox(process_group)
-    _charge_collective("barrier", 0, pg.size(), tensor.device)
-    return be.barrier(_timeout(BarrierOptions(), timeout)).boxed()
+    dev = tensor.device
+    with _on_lane(dev):
+        _charge_collective("barrier", 0, pg.size(), dev)
+        # its future holds the op's tensor (one of the chip), so waiting on it joins the lane
+        return _finish(be.barrier(_timeout(BarrierOptions(), timeout)), [], [tensor], dev)
 
 
 def _send(tensors, process_group, dst, tag):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_to_host(t) for t in tensors]
-    _charge_collective("send", _nbytes(tensors), 2, tensors[0].device)
-    return be.send(host, dst, tag).boxed()  # gloo's work keeps the host buffers alive
+    dev = tensors[0].device
+    with _on_lane(dev, staged=False):
+        host = [_to_host(t) for t in tensors]
+        _charge_collective("send", _nbytes(tensors), 2, dev)
+        return _finish_later(be.send(host, dst, tag), [], dev)  # gloo's work keeps the host buffers alive
 
 
 def _recv(tensors, process_group, src, tag):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_host_empty(t) for t in tensors]
-    _charge_collective("recv", _nbytes(tensors), 2, tensors[0].device)
-    return _finish_later(be.recv(host, src, tag), list(zip(tensors, host)))
+    dev = tensors[0].device
+    with _on_lane(dev, staged=False):
+        host = [_host_empty(t) for t in tensors]
+        _charge_collective("recv", _nbytes(tensors), 2, dev)
+    return _finish_later(be.recv(host, src, tag), list(zip(tensors, host)), dev)
 
 
 def _recv_any_source(tensors, process_group, tag):
     _check(tensors)
     pg, be = _unbox(process_group)
-    host = [_host_empty(t) for t in tensors]
-    _charge_collective("recv", _nbytes(tensors), 2, tensors[0].device)
-    return _finish_later(be.recv_anysource(host, tag), list(zip(tensors, host)))
+    dev = tensors[0].device
+    with _on_lane(dev, staged=False):
+        host = [_host_empty(t) for t in tensors]
+        _charge_collective("recv", _nbytes(tensors), 2, dev)
+    return _finish_later(be.recv_anysource(host, tag), list(zip(tensors, host)), dev)
 
 
 def _gather(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
@@ -407,14 +731,16 @@ def _gather(output_tensors, input_tensors, process_group, root_rank, async_op=Tr
     for outs in output_tensors:
         _check(outs)
     pg, be = _unbox(process_group)
-    h_in = [_to_host(t) for t in input_tensors]
-    h_out = [[_host_empty(t) for t in outs] for outs in output_tensors]
-    _charge_collective("gather", _nbytes(input_tensors), pg.size(), input_tensors[0].device)
     opts = _timeout(GatherOptions(), timeout)
     opts.rootRank = root_rank
-    w = be.gather(h_out, h_in, opts)
-    pairs = [p for outs, houts in zip(output_tensors, h_out) for p in zip(outs, houts)]
-    return _finish(w, pairs, output_tensors)
+    dev = input_tensors[0].device
+    with _on_lane(dev):
+        h_in = [_to_host(t) for t in input_tensors]
+        h_out = [[_host_empty(t) for t in outs] for outs in output_tensors]
+        _charge_collective("gather", _nbytes(input_tensors), pg.size(), dev)
+        w = be.gather(h_out, h_in, opts)
+        pairs = [p for outs, houts in zip(output_tensors, h_out) for p in zip(outs, houts)]
+        return _finish(w, pairs, output_tensors, dev)
 
 
 def _scatter(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
@@ -422,13 +748,15 @@ def _scatter(output_tensors, input_tensors, process_group, root_rank, async_op=T
     for ins in input_tensors:
         _check(ins)
     pg, be = _unbox(process_group)
-    h_out = [_host_empty(t) for t in output_tensors]
-    h_in = [[_to_host(t) for t in ins] for ins in input_tensors]
-    _charge_collective("scatter", _nbytes(output_tensors), pg.size(), output_tensors[0].device)
     opts = _timeout(ScatterOptions(), timeout)
     opts.rootRank = root_rank
-    w = be.scatter(h_out, h_in, opts)
-    return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors)
+    dev = output_tensors[0].device
+    with _on_lane(dev):
+        h_out = [_host_empty(t) for t in output_tensors]
+        h_in = [[_to_host(t) for t in ins] for ins in input_tensors]
+        _charge_collective("scatter", _nbytes(output_tensors), pg.size(), dev)
+        w = be.scatter(h_out, h_in, opts)
+        return output_tensors, _finish(w, list(zip(output_tensors, h_out)), output_tensors, dev)
 
 
 _KERNELS = {
@@ -455,26 +783,14 @@ _KERNELS = {
 
 
 def _create_backend(opts, backend_options):
-    """Creator of the "tpu_ccl" backend (extended API).
-
-    The transport is a gloo backend on its own prefix of the group's store, wrapped in
-    torch's ``_ProcessGroupWrapper`` with a second, small gloo backend that compares
-    each collective's fingerprint (op, shapes, dtypes) across the ranks first: plain
-    gloo *aborts the process* (an uncaught ``gloo::EnforceNotMet`` on its I/O thread)
-    when ranks pass different sizes; the wrapper raises torch's RuntimeError
-    "Detected mismatch between collectives on ranks" instead (what torch gives for
-    gloo and NCCL under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``). Costs one small host
-    all-gather per collective.
-    """
-    from torch._C._distributed_c10d import _ProcessGroupWrapper
-
-    transport = dist.ProcessGroupGloo(
+    """Creator of the "tpu_ccl" backend (extended API): the transport, a gloo backend on
+    its own prefix of the group's store (TCP on localhost). The kernels of this module
+    run each collective on it after a fingerprint check across the ranks
+    (:class:`_Transport`, :func:`_verify`)."""
+    _fp_seq[opts.group_id] = 0  # the group's name (ProcessGroup.group_name): a new group counts from 0
+    return dist.ProcessGroupGloo(
         dist.PrefixStore(f"{BACKEND_NAME}/", opts.store), opts.group_rank, opts.group_size, opts.timeout
     )
-    checker = dist.ProcessGroupGloo(
-        dist.PrefixStore(f"{BACKEND_NAME}_check/", opts.store), opts.group_rank, opts.group_size, opts.timeout
-    )
-    return _ProcessGroupWrapper(transport, checker)
 
 
 _lib = None
