@@ -10,6 +10,7 @@
 
 #include "device/env.h"
 #include "device/device.h"
+#include "device/kineto_profiler.h"
 #include "lazy/queue.h"
 
 namespace tpu_eager {
@@ -32,6 +33,10 @@ struct TpuEvent {
   int64_t stream = 0;
   bool timing = false;
   double time_s = 0;  // simulated seconds on the stream's clock
+  // torch.profiler only: where the event lies on its stream's device track
+  // (ns since the Unix epoch) and the op that recorded it (0: none).
+  int64_t trace_ns = 0;
+  uint64_t correlation = 0;
 };
 
 int index_of(const c10::Device& d) { return d.has_index() ? d.index() : t_current_device; }
@@ -143,13 +148,24 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
     }
     e->stream = stream.id();
     e->time_s = stream_clock(d, stream.id());
+    if (kineto::recording()) {
+      e->trace_ns = kineto::stream_point(d, stream.id());
+      e->correlation = kineto::current_correlation();
+    } else {
+      e->trace_ns = 0;
+      e->correlation = 0;
+    }
   }
   // The stream's later work starts no earlier than the event (an unrecorded
   // event: nothing to wait for, as on CUDA).
   void block(void* event, const c10::Stream& stream) const override {
     if (event == nullptr) return;
     const auto* e = static_cast<const TpuEvent*>(event);
-    stream_wait_until(checked_device(stream.device_index()), stream.id(), e->time_s);
+    const int d = checked_device(stream.device_index());
+    // Work the stream recorded before the wait runs before it.
+    if (!stream_idle(d, stream.id())) (void)flush_device(d, FlushReason::kEvent);
+    stream_wait_until(d, stream.id(), e->time_s);
+    kineto::record_stream_wait(d, stream.id(), e->stream, e->trace_ns, e->correlation);
   }
   bool queryEvent(void*) const override { return true; }
   void synchronizeEvent(void*) const override {}

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -41,23 +42,28 @@ thread_local std::vector<uint64_t> t_correlation;
 thread_local std::vector<uint64_t> t_user_correlation;
 
 struct KernelActivity {
+  enum Kind { kKernel, kCollective, kStreamWait };
   std::string name, ops;
   int device = 0;
   int64_t stream = 0;
   int64_t start_ns = 0, end_ns = 0;
   uint64_t correlation = 0;
   double flops = 0, bytes = 0, sim_time_s = 0;
-  bool collective = false;
-  CollectiveArgs coll;  // collective only
+  Kind kind = kKernel;
+  CollectiveArgs coll;             // collective only
+  int64_t waited_stream = 0;       // stream wait only
+  uint64_t event_correlation = 0;  // stream wait only: the op that recorded the event
 };
 
 // What the running session collected; guarded by g_mu.
 std::mutex g_mu;
 std::vector<KernelActivity> g_activities;
-std::map<std::pair<int, int64_t>, int64_t> g_lane_end;  // (chip, stream) -> end of its last kernel, ns
+std::map<std::pair<int, int64_t>, int64_t> g_lane_end;    // (chip, stream) -> end of its last kernel, ns
+std::unordered_map<uint64_t, uint64_t> g_op_correlation;  // queue op number -> correlation id (note_op)
 
 const std::set<libkineto::ActivityType>& device_activities() {
-  static const std::set<libkineto::ActivityType> s{libkineto::ActivityType::CONCURRENT_KERNEL};
+  static const std::set<libkineto::ActivityType> s{libkineto::ActivityType::CONCURRENT_KERNEL,
+                                                   libkineto::ActivityType::CUDA_SYNC};
   return s;
 }
 
@@ -75,6 +81,7 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
     std::lock_guard<std::mutex> lock(g_mu);
     g_activities.clear();
     g_lane_end.clear();
+    g_op_correlation.clear();
     started_ = true;
     status_ = libkineto::TraceStatus::RECORDING;
     detail::g_recording.store(true);
@@ -85,6 +92,7 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
     std::lock_guard<std::mutex> lock(g_mu);
     collected_.swap(g_activities);
     g_activities.clear();
+    g_op_correlation.clear();
     stopped_ = true;
     status_ = libkineto::TraceStatus::READY;
   }
@@ -126,19 +134,37 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
  private:
   void process(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback* linked) {
     if (!buffer_) return;
-    int32_t next_id = 1;
+    // An activity's own id is what the trace prints as its "External id" when it
+    // links to no op: numbered from 2^30, clear of the ids torch.profiler gives
+    // its ops (1, 2, ...), so that no tool pairs it with an unrelated op.
+    int32_t next_id = 1 << 30;
     for (const KernelActivity& k : collected_) {
-      buffer_->emplace_activity(buffer_->span, libkineto::ActivityType::CONCURRENT_KERNEL, k.name);
+      const bool wait = k.kind == KernelActivity::kStreamWait;
+      buffer_->emplace_activity(buffer_->span,
+                                wait ? libkineto::ActivityType::CUDA_SYNC : libkineto::ActivityType::CONCURRENT_KERNEL,
+                                k.name);
       auto& act = libkineto::CpuTraceBuffer::toRef(buffer_->activities.back());
       act.device = k.device;
       act.resource = static_cast<int32_t>(k.stream);
       act.startTime = k.start_ns;
       act.endTime = k.end_ns;
       act.id = next_id++;
-      if (linked && *linked && k.correlation != 0) act.linked = (*linked)(static_cast<int32_t>(k.correlation));
+      // A wait is no work of the op that asked for it: linked to none, so that
+      // key_averages() charges its stall to no op's device time.
+      if (!wait && linked && *linked && k.correlation != 0) act.linked = (*linked)(static_cast<int32_t>(k.correlation));
       act.addMetadata("device", k.device);
       act.addMetadata("stream", k.stream);
-      if (k.collective) {
+      if (wait) {
+        act.addMetadataQuoted("kind", "stream_wait");
+        act.addMetadata("wait_on_stream", k.waited_stream);
+        act.addMetadata("wait_on_event_record_corr_id", k.event_correlation);
+        act.addMetadata("correlation", k.correlation);
+        act.addMetadataQuoted("clock", "simulated device time");
+        lanes_.insert({k.device, k.stream});
+        act.log(logger);
+        continue;
+      }
+      if (k.kind == KernelActivity::kCollective) {
         act.addMetadataQuoted("kind", "collective");
         act.addMetadataQuoted("algorithm", k.coll.algorithm);
         act.addMetadata("group_size", k.coll.group_size);
@@ -218,14 +244,31 @@ int64_t now_ns() {
       .count();
 }
 
+uint64_t current_correlation() { return recording() && !t_correlation.empty() ? t_correlation.back() : 0; }
+
+void note_op(uint64_t seq) {
+  const uint64_t correlation = current_correlation();
+  if (correlation == 0) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (detail::g_recording.load()) g_op_correlation[seq] = correlation;
+}
+
 void record_kernel(const std::string& name, const std::string& ops, double sim_time_s, int64_t host_start_ns,
-                   double flops, double bytes) {
+                   double flops, double bytes, const std::vector<uint64_t>& seqs) {
   KernelActivity k;
   k.name = name;
   k.ops = ops;
   k.device = current_device_index() < 0 ? 0 : current_device_index();
   k.stream = t_flush_stream;
-  k.correlation = t_correlation.empty() ? 0 : t_correlation.back();
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (uint64_t seq : seqs) {  // each op runs once: its entry is dropped here
+      const auto it = g_op_correlation.find(seq);
+      if (it == g_op_correlation.end()) continue;
+      if (k.correlation == 0) k.correlation = it->second;
+      g_op_correlation.erase(it);
+    }
+  }
   k.flops = flops;
   k.bytes = bytes;
   k.sim_time_s = sim_time_s;
@@ -244,9 +287,38 @@ void record_collective(int device, int64_t stream, const std::string& op, double
                   : !t_user_correlation.empty() ? t_user_correlation.back()
                                                 : 0;
   k.sim_time_s = sim_time_s;
-  k.collective = true;
+  k.kind = KernelActivity::kCollective;
   k.coll = args;
   place(std::move(k), host_start_ns);
+}
+
+int64_t stream_point(int device, int64_t stream) {
+  const int64_t now = now_ns();
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto it = g_lane_end.find({device, stream});
+  return it == g_lane_end.end() ? now : std::max(now, it->second);
+}
+
+void record_stream_wait(int device, int64_t stream, int64_t waited_stream, int64_t event_ns,
+                        uint64_t event_correlation) {
+  if (!recording()) return;
+  KernelActivity k;
+  k.name = "Stream Wait Event";
+  k.ops = "wait_event";
+  k.device = device;
+  k.stream = stream;
+  k.kind = KernelActivity::kStreamWait;
+  k.correlation = current_correlation();
+  k.waited_stream = waited_stream;
+  k.event_correlation = event_correlation;
+  const int64_t now = now_ns();
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!detail::g_recording.load()) return;
+  int64_t& lane_end = g_lane_end[{device, stream}];
+  k.start_ns = std::max(now, lane_end);
+  k.end_ns = std::max(k.start_ns + 1, event_ns);
+  lane_end = k.end_ns;
+  g_activities.push_back(std::move(k));
 }
 
 FlushLane::FlushLane(int64_t stream) : prev_(t_flush_stream) { t_flush_stream = stream; }

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tpu_eager {
 namespace kineto {
@@ -26,13 +27,41 @@ extern std::atomic<bool> g_recording;
 // True while a torch.profiler session collects device activities.
 inline bool recording() { return detail::g_recording.load(std::memory_order_relaxed); }
 
+// The correlation id of the innermost op torch.profiler records on this thread
+// (0 when none, or no session collects device activities).
+uint64_t current_correlation();
+
+// The queue recorded its op number `seq` (Node::seq) now: remembers
+// current_correlation() for it, so that the kernel running that op links to
+// the op that recorded it (record_kernel). Called only while recording().
+void note_op(uint64_t seq);
+
 // The kernel's host run began at `host_start_ns` (ns since the Unix epoch,
 // system clock): records it as a device activity of the current chip and the
 // stream of the running flush, lasting `sim_time_s` simulated seconds.
 // `ops` names its fused ops ("add.Tensor,mul.Tensor"); `flops` and `bytes`
-// go into the activity's metadata.
+// go into the activity's metadata. `seqs` are the queue's numbers of its ops
+// (Node::seq), in region order: torch.profiler links the kernel to the op that
+// recorded the first of them noted in this session (note_op), so
+// key_averages() charges its device time there, not to the op whose host read
+// flushed the queue; ops all recorded before the session: linked to no op.
 void record_kernel(const std::string& name, const std::string& ops, double sim_time_s, int64_t host_start_ns,
-                   double flops, double bytes);
+                   double flops, double bytes, const std::vector<uint64_t>& seqs);
+
+// Where an event recorded now on (`device`, `stream`) lies on that stream's
+// device track: ns since the Unix epoch, after the stream's last traced
+// activity and not before now. (Meaningful while a session records; now otherwise.)
+int64_t stream_point(int device, int64_t stream);
+
+// `stream` of chip `device` waits (wait_event / wait_stream) for an event
+// recorded at track time `event_ns` on `waited_stream`, by the op with
+// correlation id `event_correlation`: a device activity "Stream Wait Event"
+// (category "cuda_sync", as CUDA's traces show stream waits) on the waiting
+// stream's track, from where that stream is (not before now) to the event
+// (at least 1 ns), with args wait_on_stream and
+// wait_on_event_record_corr_id; the stream's next activities start after it.
+void record_stream_wait(int device, int64_t stream, int64_t waited_stream, int64_t event_ns,
+                        uint64_t event_correlation);
 
 // What the interconnect cost model chose for a collective (the activity's args).
 struct CollectiveArgs {

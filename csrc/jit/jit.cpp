@@ -341,9 +341,13 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
     if (trace_active()) trace_region(compiled, g, r, st, cache_hit, failed, ex.target());
     if (host_start_ns != 0 && kineto::recording()) {
       std::string ops;
-      for (int i : r.nodes) ops += (ops.empty() ? "" : ",") + g[i].op.schema().name().substr(6);
+      std::vector<uint64_t> seqs;  // the kernel links to the op that recorded the first of them
+      for (int i : r.nodes) {
+        ops += (ops.empty() ? "" : ",") + g[i].op.schema().name().substr(6);
+        seqs.push_back(g[i].seq);
+      }
       kineto::record_kernel(compiled.name, ops, st.sim_time_s, host_start_ns, static_cast<double>(st.flops),
-                            static_cast<double>(st.bytes_read + st.bytes_written));
+                            static_cast<double>(st.bytes_read + st.bytes_written), seqs);
     }
     for (DeferredStorage* done : release_after[&r - regions.data()]) mem.release(done);
     m.regions_run++;

@@ -246,6 +246,7 @@ void enqueue(Node&& node, int64_t fresh_bytes) {
     for (const auto& in : node.inputs)
       if (in.written) unshare_for_write(in.ref.storage.get());
     node.seq = q.next_seq++;
+    if (kineto::recording()) kineto::note_op(node.seq);
     touch(node, +1);
     c.nodes.push_back(std::move(node));
     c.pending_bytes += fresh_bytes;

@@ -2,6 +2,7 @@
 #include "ops/model_kernels.h"
 
 #include <array>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <tuple>
@@ -18,6 +19,7 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <ATen/ops/aminmax.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Array.h>
 #include <torch/library.h>
@@ -173,13 +175,24 @@ struct HistcKernel final : c10::OperatorKernel {
 // recorded the same way, or the math path, whose ops are recorded as on CPU, or
 // CPU's error when no enabled backend fits).
 
+// CPU's mask-shape constraint (sdp::check_attn_mask_shape) without its refusal
+// of a mask that needs a gradient: the device's backward gives the bias its
+// gradient (as CUDA's memory-efficient kernel does), so such a call stays fused.
+bool attn_mask_shape_fits(const sdp::sdp_params& p) {
+  if (!p.attn_mask.has_value() || !p.attn_mask->requires_grad()) return sdp::check_attn_mask_shape(p, false);
+  sdp::sdp_params shape_only = p;
+  shape_only.attn_mask = p.attn_mask->detach();
+  return sdp::check_attn_mask_shape(shape_only, false);
+}
+
 // CPU's fused-kernel constraints (sdp_utils_cpp.cpp, use_flash_attention_cpp)
-// without its runtime switch, which is CPU's flash switch, not this device's.
+// without its runtime switch, which is CPU's flash switch, not this device's,
+// and with attn_mask_shape_fits for CPU's mask-shape check.
 bool fused_attention_fits(const sdp::sdp_params& p) {
   constexpr bool debug = false;
   if (!sdp::check_nested_tensor(p, debug) || !sdp::check_for_dropout(p, debug) || !sdp::check_tensor_shapes(p, debug) ||
       !sdp::check_batch_size_and_num_heads_dense<true /*grouped query attention*/>(p, debug) ||
-      !sdp::check_attn_mask_shape(p, debug) || !sdp::check_nonzero_sequence_lengths_dense(p, debug) ||
+      !attn_mask_shape_fits(p) || !sdp::check_nonzero_sequence_lengths_dense(p, debug) ||
       !sdp::check_last_dim_stride_equals_1_dense<false /*ignore_singleton_dim*/>(p, debug))
     return false;
   if (p.query.size(-1) != p.key.size(-1) || p.query.size(-1) != p.value.size(-1)) return false;  // same head dim
@@ -217,23 +230,61 @@ FusedForward sdpa_overrideable(const at::Tensor& query, const at::Tensor& key, c
                       c10::SymInt(key.size(-2)), at::empty({}, seed_opts), at::empty({}, seed_opts), at::Tensor());
 }
 
-// Returns (grad_query, grad_key, grad_value, undefined grad_attn_bias): CPU's
-// fused backward. A bias that needs a gradient never takes the fused path (the
-// choice above gives math then, as on CPU).
+// The gradient of the additive bias of a fused attention call. With
+// S = scale * Q K^T + bias (+ -inf above the diagonal when causal) and
+// P = softmax(S) = exp(S - lse), dS = P * (dP - rowsum(P * dP)) with dP = dO V^T,
+// and dbias is dS summed over the dims the bias was broadcast along. Shapes:
+// query [B, Hq, L, E], key/value [B, Hkv, S, E/Ev] with Hq a multiple of Hkv
+// (grouped-query attention: query head h reads key/value head h / (Hq / Hkv)),
+// grad_out [B, Hq, L, Ev], logsumexp [B, Hq, L] (the forward's, float; -inf on a
+// row the mask hides entirely, whose P is 0 as in CPU's kernels), attn_bias
+// broadcastable to [B, Hq, L, S]. Computed in float (double for double inputs);
+// returned in the bias's dtype and shape. Recorded as device ops.
+at::Tensor sdpa_bias_grad(const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+                          const at::Tensor& value, const at::Tensor& attn_bias, const at::Tensor& logsumexp,
+                          bool is_causal, std::optional<double> scale) {
+  const auto acc = query.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor q = query.to(acc), go = grad_out.to(acc);
+  at::Tensor k = key.to(acc), v = value.to(acc);
+  const int64_t heads = q.size(-3), kv_heads = k.size(-3);
+  if (kv_heads != heads) {
+    k = k.repeat_interleave(heads / kv_heads, -3);
+    v = v.repeat_interleave(heads / kv_heads, -3);
+  }
+  const double s = sdp::calculate_scale(query, scale).guard_float(__FILE__, __LINE__);
+  at::Tensor scores = q.matmul(k.transpose(-2, -1)).mul_(s).add_(attn_bias.to(acc));
+  if (is_causal) {  // top-left aligned, as CPU's kernels: query i sees keys j <= i
+    const at::Tensor hidden = at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).triu_(1);
+    scores.masked_fill_(hidden, -std::numeric_limits<double>::infinity());
+  }
+  const at::Tensor lse = logsumexp.to(acc).unsqueeze(-1);
+  const at::Tensor p = scores.sub(lse).exp_().masked_fill_(lse.isneginf(), 0.0);
+  const at::Tensor dp = go.matmul(v.transpose(-2, -1));
+  const at::Tensor ds = p.mul(dp.sub(p.mul(dp).sum(-1, /*keepdim=*/true)));
+  return ds.sum_to_size(attn_bias.sizes()).to(attn_bias.scalar_type());
+}
+
+// Returns (grad_query, grad_key, grad_value, grad_attn_bias): CPU's fused
+// backward for query, key and value; sdpa_bias_grad for a bias that needs one.
+// dropout_p is 0 (the forward refuses any other).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_backward(
     const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask, const at::Tensor& out,
     const at::Tensor& logsumexp, const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p,
     bool is_causal, const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!grad_input_mask[3] || !attn_bias.defined(),
-                              "_scaled_dot_product_fused_attention_overrideable_backward on tpu: no gradient "
-                              "for attn_bias (scaled_dot_product_attention takes the math path for it)");
+  TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0.0,
+                              "_scaled_dot_product_fused_attention_overrideable_backward on tpu: dropout_p must be 0 "
+                              "(scaled_dot_product_attention takes the math path for dropout)");
   std::optional<at::Tensor> bias;
   if (attn_bias.defined()) bias = attn_bias;
-  auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-      grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, bias, scale);
+  at::Tensor gq, gk, gv, gb;
+  if (grad_input_mask[0] || grad_input_mask[1] || grad_input_mask[2])
+    std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, bias, scale);
+  if (grad_input_mask[3] && attn_bias.defined())
+    gb = sdpa_bias_grad(grad_out, query, key, value, attn_bias, logsumexp, is_causal, scale);
   return {grad_input_mask[0] ? gq : at::Tensor(), grad_input_mask[1] ? gk : at::Tensor(),
-          grad_input_mask[2] ? gv : at::Tensor(), at::Tensor()};
+          grad_input_mask[2] ? gv : at::Tensor(), gb};
 }
 
 }  // namespace

@@ -10,6 +10,14 @@ use_device="tpu")`` (the legacy, non-kineto path) gives each op the device
 time of the kernels that ran during it. A c10d collective of "tpu_ccl" is a
 device event "ici::<op>" linked to its c10d op (tests/distributed/test_ici.py checks its
 simulated time, track and overlap).
+
+Deferred execution: a kernel runs when the queue flushes, but it is linked
+(kineto correlation) to the op that recorded its first op, as a CUDA kernel is
+to the op that launched it; work recorded before the session is linked to no
+op. A stream's wait on an event (``wait_event`` / ``wait_stream``) is a device
+event "Stream Wait Event" (``"cat": "cuda_sync"``, as in CUDA's traces) on the
+waiting stream's track, with ``wait_on_stream``; the stream's next kernels
+start after it.
 """
 
 import json
@@ -95,22 +103,117 @@ def test_kernels_of_one_stream_do_not_overlap_and_follow_host_launch():
         assert a.time_range.end <= b.time_range.start + 1e-3
 
 
-def test_device_time_goes_to_the_op_that_ran_the_kernels():
+def _trace(prof, tmp_path):
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    return json.loads(path.read_text())["traceEvents"]
+
+
+def test_device_time_goes_to_the_op_that_recorded_the_kernel():
+    # As on CUDA, where a kernel links to the op that launched it: the deferred
+    # matmul runs when the host reads it back, but its device time is aten::mm's.
     x = torch.randn(128, 128, device="tpu")
     torch.tpu.synchronize()
     with profile(activities=ACTIVITIES) as prof:
-        y = x @ x
+        with record_function("compute"):
+            y = x @ x
         with record_function("read_back"):
             y.cpu()
     total = sum(e.time_range.elapsed_us() for e in _device_events(prof))
     assert total > 0
     avg = {a.key: a for a in prof.key_averages()}
-    # The deferred matmul runs when the host reads it: under the read-back range.
-    assert avg["read_back"].device_time_total == pytest.approx(total, rel=1e-6)
-    assert avg["aten::mm"].device_time_total == 0
+    assert avg["aten::mm"].device_time_total == pytest.approx(total, rel=1e-6)
+    assert avg["compute"].device_time_total == pytest.approx(total, rel=1e-6)
+    assert avg["read_back"].device_time_total == 0
     _no_negative(prof.key_averages())
     text = prof.key_averages().table(sort_by="self_device_time_total", row_limit=5)
     assert "TPU" in text and "-" not in text.split("\n")[3].split()[1]
+
+
+def test_fused_kernel_links_to_the_first_op_it_ran(tmp_path):
+    x = torch.randn(64, 64, device="tpu")
+    torch.tpu.synchronize()
+    with profile(activities=ACTIVITIES) as prof:
+        y = (x * 2 + 1).tanh()
+        y.cpu()
+    events = _trace(prof, tmp_path)
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    assert len(kernels) == 1 and kernels[0]["args"]["ops"].split(",")[:2] == ["mul", "add"]
+    (mul,) = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::mul"]
+    assert kernels[0]["args"]["External id"] == mul["args"]["External id"]
+    avg = {a.key: a for a in prof.key_averages()}
+    assert avg["aten::mul"].self_device_time_total > 0
+    assert avg["aten::add"].device_time_total == avg["aten::tanh"].device_time_total == 0
+
+
+def test_work_recorded_before_the_session_links_to_no_op():
+    x = torch.randn(64, 64, device="tpu")
+    torch.tpu.synchronize()
+    y = x @ x  # recorded before the session, run inside it
+    with profile(activities=ACTIVITIES) as prof:
+        y.cpu()
+    dev = _device_events(prof)
+    assert len(dev) == 1
+    avg = {a.key: a for a in prof.key_averages()}
+    # not charged to the read-back that happened to flush it
+    assert all(avg[k].device_time_total == 0 for k in avg if k.startswith("aten::"))
+    _no_negative(prof.key_averages())
+
+
+def test_backward_kernels_link_to_backward_ops():
+    w = torch.randn(32, 32, device="tpu", requires_grad=True)
+    x = torch.randn(8, 32, device="tpu")
+    torch.tpu.synchronize()
+    with profile(activities=ACTIVITIES) as prof:
+        (x @ w).relu().sum().backward()
+        w.grad.cpu()
+    avg = {a.key: a for a in prof.key_averages()}
+    total = sum(e.time_range.elapsed_us() for e in _device_events(prof))
+    assert total > 0
+    assert avg["aten::mm"].device_time_total > 0
+    assert avg["aten::to"].device_time_total == 0
+    _no_negative(prof.key_averages())
+
+
+def test_stream_wait_event_is_on_the_waiting_streams_track(tmp_path):
+    x = torch.randn(256, 256, device="tpu")
+    torch.tpu.synchronize()
+    s1, s2 = torch.tpu.Stream(), torch.tpu.Stream()
+    with profile(activities=ACTIVITIES) as prof:
+        with torch.tpu.stream(s1):
+            y = x @ x
+            done = s1.record_event()
+        with torch.tpu.stream(s2):
+            s2.wait_event(done)
+            z = y + 1
+        s2.wait_stream(s1)
+        z.cpu()
+    events = _trace(prof, tmp_path)
+    waits = [e for e in events if e.get("cat") == "cuda_sync"]
+    assert [w["name"] for w in waits] == ["Stream Wait Event"] * 2
+    for w in waits:
+        assert w["ph"] == "X" and w["pid"] == 0 and w["tid"] == s2.stream_id and w["dur"] >= 0
+        assert w["args"]["wait_on_stream"] == s1.stream_id
+        assert w["args"]["kind"] == "stream_wait"
+        assert w["args"]["External id"] >= 2**30  # its own id: paired with no op
+    # the recorded matmul (the flush's host run of it shows again, later, under "tpu::kernel_mm")
+    record = min((e for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::mm"), key=lambda e: e["ts"])
+    mm_kernel = next(e for e in events if e.get("cat") == "kernel" and e["tid"] == s1.stream_id)
+    add_kernel = next(e for e in events if e.get("cat") == "kernel" and e["tid"] == s2.stream_id)
+    # s2's work starts after the wait, which ends no earlier than s1's matmul
+    assert waits[0]["ts"] + waits[0]["dur"] >= mm_kernel["ts"] + mm_kernel["dur"] - 1e-3
+    assert add_kernel["ts"] >= waits[0]["ts"] + waits[0]["dur"] - 1e-3
+    assert record["args"]["External id"] == mm_kernel["args"]["External id"]
+    # waits are device events too, charged to no op
+    assert sum(1 for e in _device_events(prof) if e.name == "Stream Wait Event") == 2
+    _no_negative(prof.key_averages())
+
+
+def test_no_wait_events_without_the_device_activity():
+    s1, s2 = torch.tpu.Stream(), torch.tpu.Stream()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        s2.wait_stream(s1)
+    assert _device_events(prof) == []
 
 
 def test_key_averages_never_negative_with_backward_and_shapes():

@@ -97,6 +97,30 @@ def test_events_order_work_between_streams():
     assert start.elapsed_time(end) >= start.elapsed_time(done) - 1e-12
 
 
+def test_work_recorded_before_a_wait_runs_before_it():
+    # CUDA: a stream's work enqueued before wait_event is not delayed by the event.
+    x = torch.randn(256, 256, device="tpu")
+    torch.tpu.synchronize()
+    s1, s2 = torch.tpu.Stream(), torch.tpu.Stream()
+    one = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    with torch.tpu.stream(s1):
+        one[0].record()
+        y = x @ x
+        one[1].record()
+        done = s1.record_event()
+    matmul_ms = one[0].elapsed_time(one[1])
+    with torch.tpu.stream(s2):
+        start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+        start.record()
+        w = x @ x  # still queued when s2 starts waiting
+        s2.wait_event(done)
+        end.record()
+    # s2 runs its matmul while s1 runs its own: both end together, one matmul after the start
+    assert matmul_ms > 0
+    assert start.elapsed_time(end) == pytest.approx(matmul_ms, rel=1e-9)
+    torch.testing.assert_close(w.cpu(), y.cpu())
+
+
 def test_event_wait_unrecorded_is_noop_and_record_on_other_stream():
     e = torch.tpu.Event()
     e.wait()  # never recorded: nothing to wait for, as on CUDA

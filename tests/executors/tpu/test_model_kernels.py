@@ -361,8 +361,156 @@ def test_sdpa_dtypes_and_layouts(dtype):
     torch.testing.assert_close(out_t.cpu(), out)
 
 
+# An additive bias that needs a gradient stays on the fused path (as on CUDA's
+# memory-efficient kernel): the device's backward gives it dS summed to its shape.
+BIAS_CASES = {
+    # name: (bias shape or None, bias kind, kv heads, extra kwargs)
+    "full": ((2, 4, 5, 7), "float", 4, {}),
+    "broadcast_2d": ((5, 7), "float", 4, {}),
+    "broadcast_batch": ((1, 4, 5, 7), "float", 4, {}),
+    "broadcast_heads": ((2, 1, 5, 7), "float", 4, {}),
+    "masked_row": ((2, 1, 5, 7), "masked_row", 4, {}),
+    "gqa": ((2, 4, 5, 7), "float", 2, {"enable_gqa": True}),
+    "gqa_broadcast": ((5, 7), "float", 1, {"enable_gqa": True}),
+    "scale": ((1, 4, 5, 7), "float", 4, {"scale": 0.3}),
+}
+
+
+def _bias_case(name, dtype):
+    shape, kind, kv_heads, kw = BIAS_CASES[name]
+    torch.manual_seed(3)
+    B, H, L, S, E = 2, 4, 5, 7, 8
+    q = torch.randn(B, H, L, E).to(dtype)
+    k = torch.randn(B, kv_heads, S, E).to(dtype)
+    v = torch.randn(B, kv_heads, S, E).to(dtype)
+    bias = torch.randn(shape).to(dtype)
+    if kind == "masked_row":  # a query row the bias hides entirely: output 0, gradients 0
+        bias[:, :, 1] = float("-inf")
+    return q, k, v, bias, kw
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("name", list(BIAS_CASES))
+def test_sdpa_bias_gradient_on_the_fused_path(name, dtype):
+    q, k, v, bias, kw = _bias_case(name, dtype)
+    cpu = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    dev = [t.to(DEV).requires_grad_() for t in (q, k, v, bias)]
+    assert torch._fused_sdp_choice(*dev[:3], attn_mask=dev[3], **kw) == OVERRIDEABLE
+    out = F.scaled_dot_product_attention(*cpu[:3], attn_mask=cpu[3], **kw)
+    go = torch.randn_like(out)
+    out.backward(go)
+    with recorded_only(), torch.profiler.profile() as prof:
+        out_t = F.scaled_dot_product_attention(*dev[:3], attn_mask=dev[3], **kw)
+        out_t.backward(go.to(DEV))
+    names = {e.name for e in prof.events()}
+    assert "aten::_scaled_dot_product_fused_attention_overrideable_backward" in names
+    # bf16: CPU's math path rounds each intermediate to bf16, the fused kernels keep float
+    tol = {"atol": 3e-2, "rtol": 3e-2} if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(out_t.cpu(), out, **tol)
+    for a, b in zip(dev, cpu):
+        assert a.grad.dtype == b.grad.dtype and a.grad.shape == b.grad.shape
+        torch.testing.assert_close(a.grad.cpu(), b.grad, **tol)
+
+
+def _attention_reference(q, k, v, bias, is_causal, scale):
+    """softmax(scale * q k^T + bias (+ causal mask)) v in float64 on CPU (GQA by repeating heads)."""
+    q, k, v, bias = (t.double() for t in (q, k, v, bias))
+    rep = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(rep, -3), v.repeat_interleave(rep, -3)
+    s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5) + bias
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_sdpa_overrideable_op_bias_gradient_with_causal_and_gqa(is_causal, kv_heads):
+    # The op called directly (as torch_openreg's test_sdpa does): causal and a bias together,
+    # which scaled_dot_product_attention does not allow; CPU has no kernel for this op, so
+    # the reference is the attention formula under CPU autograd in float64.
+    torch.manual_seed(4)
+    q = torch.randn(2, 4, 6, 8)
+    k, v = torch.randn(2, kv_heads, 6, 8), torch.randn(2, kv_heads, 6, 8)
+    bias = torch.randn(1, 4, 6, 6)
+    cpu = [t.double().requires_grad_() for t in (q, k, v, bias)]
+    dev = [t.to(DEV).requires_grad_() for t in (q, k, v, bias)]
+    ref = _attention_reference(*cpu, is_causal, None)
+    go = torch.randn(ref.shape, dtype=torch.float64)
+    ref.backward(go)
+    out = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(*dev, is_causal=is_causal)[0]
+    out.backward(go.float().to(DEV))
+    torch.testing.assert_close(out.cpu(), ref.float())
+    for a, b in zip(dev, cpu):
+        torch.testing.assert_close(a.grad.cpu(), b.grad.float())
+    # the backward called directly with every gradient asked for
+    res = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
+        *(t.detach() for t in dev), is_causal=is_causal
+    )
+    grads = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+        go.float().to(DEV),
+        *(t.detach() for t in dev),
+        [True, True, True, True],
+        res[0],
+        res[1],
+        res[2],
+        res[3],
+        res[4],
+        res[5],
+        dropout_p=0.0,
+        is_causal=is_causal,
+        philox_seed=res[6],
+        philox_offset=res[7],
+    )
+    for g, b in zip(grads, cpu):
+        torch.testing.assert_close(g.cpu(), b.grad.float())
+    # a gradient not asked for is undefined
+    grads = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+        go.float().to(DEV),
+        *(t.detach() for t in dev),
+        [True, False, True, False],
+        res[0],
+        res[1],
+        res[2],
+        res[3],
+        res[4],
+        res[5],
+        dropout_p=0.0,
+        is_causal=is_causal,
+        philox_seed=res[6],
+        philox_offset=res[7],
+    )
+    assert grads[1] is None and grads[3] is None
+    torch.testing.assert_close(grads[0].cpu(), cpu[0].grad.float())
+
+
+def test_sdpa_overrideable_backward_refuses_dropout_and_stays_usable():
+    q = torch.randn(1, 2, 4, 8, device=DEV)
+    res = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, q, q)
+    with pytest.raises(NotImplementedError, match="dropout_p must be 0"):
+        torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+            q,
+            q,
+            q,
+            q,
+            None,
+            [True, True, True, False],
+            res[0],
+            res[1],
+            res[2],
+            res[3],
+            res[4],
+            res[5],
+            dropout_p=0.5,
+            is_causal=False,
+            philox_seed=res[6],
+            philox_offset=res[7],
+        )
+    torch.testing.assert_close(res[0].cpu(), F.scaled_dot_product_attention(q.cpu(), q.cpu(), q.cpu()))
+
+
 def test_sdpa_falls_back_to_math_as_cpu():
-    # dropout, a mask that needs a gradient, 3-D inputs, different head dims: CPU's math path
+    # dropout, 3-D inputs, different head dims: CPU's math path
     q = torch.randn(2, 5, 8)
     assert torch._fused_sdp_choice(q.to(DEV), q.to(DEV), q.to(DEV)) == torch._fused_sdp_choice(q, q, q)
     q4 = torch.randn(1, 2, 5, 8, device=DEV)
@@ -371,7 +519,7 @@ def test_sdpa_falls_back_to_math_as_cpu():
     assert torch._fused_sdp_choice(q4, q4, v4) == 0
     out = F.scaled_dot_product_attention(q, q, q)
     torch.testing.assert_close(F.scaled_dot_product_attention(q.to(DEV), q.to(DEV), q.to(DEV)).cpu(), out)
-    # a mask with a gradient
+    # a mask with a gradient (the fused path, see test_sdpa_bias_gradient_on_the_fused_path)
     m = torch.randn(5, 5, requires_grad=True)
     mt = m.detach().to(DEV).requires_grad_()
     q4c = q4.cpu()
