@@ -92,6 +92,16 @@ void job_plan_add_region(const std::string& kernel, const Region& region, const 
   st.plan.steps.push_back(std::move(compute));
 }
 
+void job_plan_bind_last(std::vector<std::pair<std::string, int64_t>> binding) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& steps = state().plan.steps;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+    if (it->kind == "Compute") {
+      it->binding = std::move(binding);
+      return;
+    }
+}
+
 JobPlan last_job_plan() {
   std::lock_guard<std::mutex> lock(g_mu);
   const State& st = state();
