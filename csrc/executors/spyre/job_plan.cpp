@@ -37,7 +37,10 @@ void job_plan_begin_flush() {
 
 void job_plan_add_region(const std::string& kernel, const Region& region, const std::vector<Node>& graph,
                          const CardParams& card) {
-  const RegionLayout L = region_layout(region, graph, card);
+  job_plan_add_region(kernel, region_layout(region, graph, card), card);
+}
+
+void job_plan_add_region(const std::string& kernel, const RegionLayout& L, const CardParams& card) {
   std::lock_guard<std::mutex> lock(g_mu);
   State& st = state();
   const int64_t stick = std::max<int64_t>(1, card.stick_bytes);

@@ -60,6 +60,9 @@ void job_plan_begin_flush();
 // steps, and patches its arguments.
 void job_plan_add_region(const std::string& kernel, const Region& region, const std::vector<Node>& graph,
                          const CardParams& card);
+struct RegionLayout;
+// The same with the region's layout (layout.h) already computed.
+void job_plan_add_region(const std::string& kernel, const RegionLayout& layout, const CardParams& card);
 // Sets the binding of the last Compute step added.
 void job_plan_bind_last(std::vector<std::pair<std::string, int64_t>> binding);
 // The plan of the last flush run on Spyre, with its D2H steps.

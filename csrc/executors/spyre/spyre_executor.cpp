@@ -203,7 +203,7 @@ class SpyreKernel final : public Kernel {
       bound_ = std::move(launch);  // same geometry; this launch's literal operands
     }
     ktir_record(c.name, ktir_);
-    job_plan_add_region(c.name, region, graph, card_);
+    job_plan_add_region(c.name, L, card_);
     job_plan_bind_last(binding_);
     if (interpretable_) {
       interpret(region, graph, L, mem, stats);
