@@ -159,3 +159,20 @@ def test_digits_mlp_trains_in_float16_on_spyre(spyre_target):
     acc = (pred == y[test]).float().mean().item()
     assert acc >= 0.90, acc
     print(f"digits float16 on Spyre: test accuracy {acc:.4f}")
+
+
+def test_symbolic_text_errors_name_line_and_rule(spyre_target):
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    d = torch.randn(20, 64).to("tpu")
+    tte.mark_dynamic(d, 0, 1, 64)
+    _ = d + 1.0
+    text = spyre.dump_ktir()
+    assert "syms=[s0=20]" in text
+    with pytest.raises(ValueError, match=r"KTIR line 2: rule 'syntax': symbol s1 is not declared"):
+        spyre.verify_ktir(text.replace("elems=64*s0", "elems=64*s1", 1))
+    # Every size follows s0, so another binding is consistent and verifies.
+    spyre.verify_ktir(text.replace("s0=20", "s0=64"))
+    with pytest.raises(ValueError, match=r"rule 'tile'"):
+        spyre.verify_ktir(text.replace("at=[core*?, 0]", "at=[0, 0]", 1))
