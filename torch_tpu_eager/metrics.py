@@ -16,7 +16,9 @@ def metrics() -> dict:
     ``padding_bytes`` (extra HBM bytes the tiled layouts of those reads and writes
     move), ``flops`` (useful operations: matmul 2*M*N*K, others one per element),
     ``sim_time_s`` (simulated device seconds on the active target, see
-    :func:`torch_tpu_eager.set_target`), ``compile_time_s`` (host seconds),
+    :func:`torch_tpu_eager.set_target`), ``schedule_time_s`` (on Spyre, the same
+    kernels timed by their double-buffered load/compute/store schedules; 0 on the
+    TPU targets; docs/spyre.md relates it to ``sim_time_s``), ``compile_time_s`` (host seconds),
     ``disk_cache_hits`` / ``disk_cache_misses`` (compiled regions and meta-
     inference results found / not found in the on-disk cache after an
     in-memory miss; a region loaded from disk is not counted in ``compiles``),

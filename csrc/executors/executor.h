@@ -27,6 +27,24 @@ class Executor {
                                           const std::vector<Node>& graph) = 0;
   // Called by the JIT before the regions of one flush run.
   virtual void begin_flush() {}
+
+  // The target's storage numerics, for values that reach a device storage
+  // outside a region (host copies, ops run eagerly, deterministic fills).
+  // Defaults: the storage holds host values as they are.
+  //
+  // Checks a host value (CPU, already in the destination's dtype) before a
+  // copy writes it into a device storage; raises (e.g. OverflowError for an
+  // int64 outside int32 on Spyre) before anything is written. `what` names the copy.
+  virtual void check_host_value(const at::Tensor& value, const char* what) {}
+  // Rewrites values just written into a device storage (`written`, a CPU
+  // view of the storage) in the target's storage format (Spyre: 16-bit floats as df16).
+  virtual void to_storage_format(const at::Tensor& written) {}
+  // True when the target applies its storage numerics to ops run eagerly
+  // (then after_eager_op is called with the op's returns).
+  virtual bool has_eager_numerics() const { return false; }
+  // Applies them to `returns` (CPU tensors, fresh results and written
+  // arguments of an op run at record time); `what` names the op and its line.
+  virtual void after_eager_op(std::vector<c10::IValue>& returns, const std::string& what) {}
 };
 
 // Which executor runs regions: set with the target (torch_tpu_eager.set_target).

@@ -357,6 +357,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
     m.padding_bytes += st.padding_bytes;
     m.flops += st.flops;
     m.sim_time_s += st.sim_time_s;
+    m.schedule_time_s += st.schedule_time_s;
     m.library_calls += st.library_calls;
     m.plans_built += st.plans_built;
   }

@@ -45,6 +45,7 @@ struct RegionStats {
   double compute_s = 0;         // simulated compute time, seconds
   double memory_s = 0;          // simulated HBM time, seconds
   double sim_time_s = 0;        // simulated kernel time: max(compute_s, memory_s) + launch, seconds
+  double schedule_time_s = 0;   // the target's pipelined-schedule time of the kernel, seconds (0: none; Spyre)
   int64_t extra_hbm_bytes = 0;  // HBM bytes a kernel's own cost adds (a Pallas grid's re-fetched blocks)
   int64_t library_calls = 0;
   int64_t plans_built = 0;     // plans the kernel built in this run (0 on a warm run)

@@ -132,6 +132,7 @@ void Metrics::add(const Metrics& d) {
   padding_bytes += d.padding_bytes;
   flops += d.flops;
   sim_time_s += d.sim_time_s;
+  schedule_time_s += d.schedule_time_s;
   collectives += d.collectives;
   collective_time_s += d.collective_time_s;
   compile_time_s += d.compile_time_s;

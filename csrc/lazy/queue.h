@@ -136,6 +136,7 @@ struct Metrics {
   int64_t padding_bytes = 0;           // extra HBM bytes moved for tiled layouts (target's cost model)
   double flops = 0;                    // useful operations of the regions run (matmul 2*M*N*K)
   double sim_time_s = 0;               // simulated device time, seconds (kernels and collectives)
+  double schedule_time_s = 0;          // the same kernels timed by their pipelined schedules (Spyre), seconds
   int64_t collectives = 0;             // collectives charged to a chip's clock (charge_collective_time)
   double collective_time_s = 0;        // their simulated interconnect time, seconds (part of sim_time_s)
   double compile_time_s = 0;           // host seconds spent compiling regions

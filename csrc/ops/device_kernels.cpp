@@ -24,7 +24,7 @@
 #include "device/device.h"
 #include "device/host_share.h"
 #include "executors/host_runtime.h"
-#include "executors/spyre/spyre.h"
+#include "executors/executor.h"
 #include "lazy/queue.h"
 #include "ops/layout_kernels.h"
 #include "ops/model_kernels.h"
@@ -78,7 +78,7 @@ void fill_empty_deterministic(const at::Tensor& t) {
                    AT_EXPAND(AT_INTEGRAL_TYPES_V2));
     v.fill_(x);
   }
-  if (spyre::active()) spyre::round_in_place(v);  // Spyre stores 16-bit floats as df16
+  active_executor().to_storage_format(v);  // e.g. Spyre stores 16-bit floats as df16
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
@@ -168,11 +168,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       // user has seen its error, and only if the copy succeeds.
       const bool covers = make_ref(dst).covers_storage();
       if (!covers || !s->error_seen) raise_storage_error(s);
-      if (spyre::active()) spyre::check_int32(src, "copy to the Spyre device");
+      Executor& ex = active_executor();
+      ex.check_host_value(src, "copy to the device");
       unshare_for_write(s);
       at::Tensor v = host_view(dst);
       v.copy_(src);
-      if (spyre::active()) spyre::round_in_place(v);  // Spyre stores 16-bit floats as df16
+      ex.to_storage_format(v);  // e.g. Spyre stores 16-bit floats as df16
       if (covers) s->set_error(nullptr);
       return dst;
     }

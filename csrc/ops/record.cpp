@@ -29,7 +29,7 @@
 #include "device/fork.h"
 #include "device/host_share.h"
 #include "executors/host_runtime.h"
-#include "executors/spyre/spyre.h"
+#include "executors/executor.h"
 #include "jit/disk_cache.h"
 #include "lazy/debug_report.h"
 #include "lazy/queue.h"
@@ -1331,10 +1331,10 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     }
     throw;
   }
-  if (spyre::active()) {  // Spyre's storage numerics hold for eagerly run ops too
+  if (Executor& ex = active_executor(); ex.has_eager_numerics()) {  // e.g. Spyre's storage numerics
     std::vector<c10::IValue> returns(cpu.begin(), cpu.begin() + schema.returns().size());
     const std::string name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
-    spyre::after_eager_op(returns, name + " (run eagerly at " + current_location().str() + ")");
+    ex.after_eager_op(returns, name + " (run eagerly at " + current_location().str() + ")");
   }
 
   std::vector<c10::IValue> results;

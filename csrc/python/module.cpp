@@ -70,6 +70,7 @@ py::dict metrics_dict() {
   d["padding_bytes"] = m.padding_bytes;
   d["flops"] = m.flops;
   d["sim_time_s"] = m.sim_time_s;
+  d["schedule_time_s"] = m.schedule_time_s;
   d["collectives"] = m.collectives;
   d["collective_time_s"] = m.collective_time_s;
   d["compile_time_s"] = m.compile_time_s;
@@ -309,6 +310,9 @@ py::dict job_plan_dict(const spyre::JobPlan& p) {
       e["region"] = s.region;
       e["reads"] = s.reads;
       e["writes"] = s.writes;
+      py::dict binding;
+      for (const auto& [name, value] : s.binding) binding[py::str(name)] = value;
+      e["binding"] = binding;
     } else {
       e["arg"] = s.arg;
       e["bytes"] = s.bytes;

@@ -37,7 +37,10 @@ void job_plan_begin_flush() {
 
 void job_plan_add_region(const std::string& kernel, const Region& region, const std::vector<Node>& graph,
                          const CardParams& card) {
-  const RegionLayout L = region_layout(region, graph, card);
+  job_plan_add_region(kernel, region_layout(region, graph, card), card);
+}
+
+void job_plan_add_region(const std::string& kernel, const RegionLayout& L, const CardParams& card) {
   std::lock_guard<std::mutex> lock(g_mu);
   State& st = state();
   const int64_t stick = std::max<int64_t>(1, card.stick_bytes);
@@ -90,6 +93,16 @@ void job_plan_add_region(const std::string& kernel, const Region& region, const 
     st.plan.device_bytes += a.bytes;
   }
   st.plan.steps.push_back(std::move(compute));
+}
+
+void job_plan_bind_last(std::vector<std::pair<std::string, int64_t>> binding) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& steps = state().plan.steps;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+    if (it->kind == "Compute") {
+      it->binding = std::move(binding);
+      return;
+    }
 }
 
 JobPlan last_job_plan() {

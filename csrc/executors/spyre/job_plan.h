@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "executors/executor.h"
@@ -43,6 +44,9 @@ struct JobStep {
   int64_t region = -1;              // Compute: index into dump_ktir() / last_schedule() of the flush
   std::vector<std::string> reads;   // Compute: arguments read from device memory
   std::vector<std::string> writes;  // Compute: arguments written to device memory
+  // Compute: the launch's binding of the kernel's symbolic sizes (KTIR
+  // symbols s0, s1, ... and, with symbolic rows, rows_per_core and cores_used).
+  std::vector<std::pair<std::string, int64_t>> binding;
 };
 
 struct JobPlan {
@@ -56,6 +60,11 @@ void job_plan_begin_flush();
 // steps, and patches its arguments.
 void job_plan_add_region(const std::string& kernel, const Region& region, const std::vector<Node>& graph,
                          const CardParams& card);
+struct RegionLayout;
+// The same with the region's layout (layout.h) already computed.
+void job_plan_add_region(const std::string& kernel, const RegionLayout& layout, const CardParams& card);
+// Sets the binding of the last Compute step added.
+void job_plan_bind_last(std::vector<std::pair<std::string, int64_t>> binding);
 // The plan of the last flush run on Spyre, with its D2H steps.
 JobPlan last_job_plan();
 

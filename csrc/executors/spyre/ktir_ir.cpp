@@ -10,6 +10,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <stdexcept>
+#include <typeinfo>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
@@ -36,11 +38,24 @@ struct DtypeName {
   const char* torch;  // dtype literals
 };
 const DtypeName kDtypes[] = {
-    {c10::kFloat, "f32", "torch.float32"},      {c10::kHalf, "f16", "torch.float16"},
-    {c10::kBFloat16, "bf16", "torch.bfloat16"}, {c10::kDouble, "f64", "torch.float64"},
-    {c10::kLong, "i64", "torch.int64"},         {c10::kInt, "i32", "torch.int32"},
-    {c10::kShort, "i16", "torch.int16"},        {c10::kChar, "i8", "torch.int8"},
-    {c10::kByte, "u8", "torch.uint8"},          {c10::kBool, "bool", "torch.bool"},
+    {c10::kFloat, "f32", "torch.float32"},
+    {c10::kHalf, "f16", "torch.float16"},
+    {c10::kBFloat16, "bf16", "torch.bfloat16"},
+    {c10::kDouble, "f64", "torch.float64"},
+    {c10::kLong, "i64", "torch.int64"},
+    {c10::kInt, "i32", "torch.int32"},
+    {c10::kShort, "i16", "torch.int16"},
+    {c10::kChar, "i8", "torch.int8"},
+    {c10::kByte, "u8", "torch.uint8"},
+    {c10::kBool, "bool", "torch.bool"},
+    {c10::kUInt16, "u16", "torch.uint16"},
+    {c10::kUInt32, "u32", "torch.uint32"},
+    {c10::kUInt64, "u64", "torch.uint64"},
+    {c10::kComplexHalf, "c32", "torch.complex32"},
+    {c10::kComplexFloat, "c64", "torch.complex64"},
+    {c10::kComplexDouble, "c128", "torch.complex128"},
+    {c10::kFloat8_e4m3fn, "f8e4m3fn", "torch.float8_e4m3fn"},
+    {c10::kFloat8_e5m2, "f8e5m2", "torch.float8_e5m2"},
 };
 
 std::string host_name(c10::ScalarType t) {
@@ -215,6 +230,36 @@ struct Cursor {
     do v.push_back(integer());
     while (eat(","));
     expect("]");
+    return v;
+  }
+  // A size list whose entries may be symbols "s<k>" (syms[i] = k, else -1)
+  // or, when `q` is given, "?" at dim 0 (*q set).
+  std::vector<int64_t> sym_int_list(std::vector<int>* syms, bool* q = nullptr) {
+    expect("[");
+    std::vector<int64_t> v;
+    syms->clear();
+    bool any = false;
+    if (eat("]")) return v;
+    do {
+      ws();
+      if (q && v.empty() && eat("?")) {
+        *q = true;
+        v.push_back(0);
+        syms->push_back(-1);
+      } else if (i < s.size() && s[i] == 's') {
+        ++i;
+        const int64_t k = integer();
+        if (k < 0 || k > 1000) fail(line, "syntax", "bad symbol s" + std::to_string(k));
+        v.push_back(0);
+        syms->push_back(static_cast<int>(k));
+        any = true;
+      } else {
+        v.push_back(integer());
+        syms->push_back(-1);
+      }
+    } while (eat(","));
+    expect("]");
+    if (!any) syms->clear();
     return v;
   }
   int view_ref() {
@@ -447,7 +492,11 @@ std::vector<at::Tensor> fresh(const c10::FunctionSchema& schema, const torch::ji
 
 KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, const std::vector<Node>& graph,
                        const CardParams& card) {
-  const RegionLayout L = region_layout(region, graph, card);
+  return ktir_build(compiled, region, graph, card, region_layout(region, graph, card));
+}
+
+KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, const std::vector<Node>& graph,
+                       const CardParams& card, const RegionLayout& L) {
   KtirProgram p;
   p.name = compiled.name;
   p.grid = L.cores;
@@ -499,6 +548,7 @@ KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, con
     const auto& schema_args = n.op.schema().arguments();
     KtirOp o;
     o.op = host::op_display_name(n).substr(6);
+    o.handle = &n.op;
     for (size_t a = 0; a < n.args.size(); ++a)
       o.args.push_back(value_of(n.args[a], a < schema_args.size() && is_dtype_type(schema_args[a].real_type())));
     std::map<int, std::vector<std::pair<int, int>>> lists;
@@ -524,7 +574,18 @@ KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, con
         l.list[e].i = id;
       }
     }
-    for (const auto& out : n.outputs) o.results.push_back(L.id(out));
+    // Fresh results in return order; an undefined one (an output_mask entry
+    // that was off) is None (-1).
+    size_t next_out = 0;
+    for (size_t k = 0; k < n.returns.size(); ++k) {
+      const int r = n.returns[k];
+      if (r == -1 && next_out < n.outputs.size()) o.results.push_back(L.id(n.outputs[next_out++]));
+      if (r == -4) o.results.push_back(-1);
+      if (r == -2)
+        for (int e = 0; e < n.list_lens[k] && next_out < n.outputs.size(); ++e)
+          o.results.push_back(L.id(n.outputs[next_out++]));
+    }
+    while (next_out < n.outputs.size()) o.results.push_back(L.id(n.outputs[next_out++]));
     p.ops.push_back(std::move(o));
   }
   // Line numbers as printed (header, arguments, views, tiles, ops).
@@ -536,34 +597,183 @@ KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, con
   return p;
 }
 
+// ---------------------------------------------------------------- symbols
+
+void ktir_symbolize(KtirProgram& p, const std::vector<int64_t>& dynamic) {
+  std::vector<int64_t> values;
+  for (int64_t v : dynamic)
+    if (v > 1 && std::find(values.begin(), values.end(), v) == values.end()) values.push_back(v);
+  if (values.empty()) return;
+  auto sym_of = [&](int64_t v) -> int {
+    for (size_t k = 0; k < values.size(); ++k)
+      if (values[k] == v) return static_cast<int>(k);
+    return -1;
+  };
+  std::vector<char> used(values.size(), 0);
+  auto mark = [&](const std::vector<int64_t>& sizes, std::vector<int>& sym) {
+    sym.assign(sizes.size(), -1);
+    bool any = false;
+    for (size_t d = 0; d < sizes.size(); ++d)
+      if ((sym[d] = sym_of(sizes[d])) >= 0) any = true, used[sym[d]] = 1;
+    if (!any) sym.clear();
+  };
+  for (auto& v : p.views) mark(v.sizes, v.size_sym);
+  // The split rows: the dim 0 of a split tile's view.
+  for (const auto& t : p.tiles) {
+    if (!t.core_stride) continue;
+    const KtirView& w = p.views[t.view];
+    if (!w.size_sym.empty() && w.size_sym[0] >= 0) p.rows_sym = w.size_sym[0];
+    break;
+  }
+  for (auto& t : p.tiles) {
+    const KtirView& w = p.views[t.view];
+    t.size_sym = w.size_sym;
+    if (t.core_stride && !t.size_sym.empty()) t.size_sym[0] = -1;  // rows_per_core
+    bool any = false;
+    for (int k : t.size_sym) any |= k >= 0;
+    if (!any) t.size_sym.clear();
+  }
+  for (auto& a : p.args) {
+    for (size_t k = 0; k < values.size(); ++k) {
+      if (!used[k] || a.elems <= 0 || a.elems % values[k] != 0) continue;
+      a.elems_sym = static_cast<int>(k);
+      a.elems_coef = a.elems / values[k];
+      break;
+    }
+  }
+  // Symbols nobody uses are dropped (renumbered).
+  std::vector<int> renum(values.size(), -1);
+  p.sym_values.clear();
+  for (size_t k = 0; k < values.size(); ++k)
+    if (used[k]) renum[k] = static_cast<int>(p.sym_values.size()), p.sym_values.push_back(values[k]);
+  auto fix = [&](int& k) {
+    if (k >= 0) k = renum[k];
+  };
+  fix(p.rows_sym);
+  for (auto& a : p.args) fix(a.elems_sym);
+  for (auto& v : p.views)
+    for (int& k : v.size_sym) fix(k);
+  for (auto& t : p.tiles)
+    for (int& k : t.size_sym) fix(k);
+}
+
+void ktir_bind(KtirProgram& p, const std::vector<int64_t>& values) {
+  p.sym_values = values;
+  auto val = [&](int k) { return k >= 0 && k < static_cast<int>(values.size()) ? values[k] : 0; };
+  for (auto& a : p.args)
+    if (a.elems_sym >= 0) a.elems = a.elems_coef * val(a.elems_sym);
+  for (auto& v : p.views)
+    for (size_t d = 0; d < v.size_sym.size() && d < v.sizes.size(); ++d)
+      if (v.size_sym[d] >= 0) v.sizes[d] = val(v.size_sym[d]);
+  if (p.rows_sym >= 0) {
+    const int64_t rows = val(p.rows_sym);
+    p.rows_per_core = rows > 0 ? (rows + p.grid - 1) / std::max<int64_t>(1, p.grid) : 1;
+    p.cores_used = rows > 0 ? (rows + p.rows_per_core - 1) / p.rows_per_core : 1;
+  }
+  for (auto& t : p.tiles) {
+    for (size_t d = 0; d < t.size_sym.size() && d < t.sizes.size(); ++d)
+      if (t.size_sym[d] >= 0) t.sizes[d] = val(t.size_sym[d]);
+    if (t.core_stride && p.rows_sym >= 0) {
+      t.core_stride = p.rows_per_core;
+      if (!t.sizes.empty()) t.sizes[0] = p.rows_per_core;
+    }
+  }
+}
+
+std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirProgram& launch) {
+  if (!ktir_same_structure(p, launch)) return std::nullopt;
+  std::vector<int64_t> values(p.sym_values.size(), -1);
+  auto take = [&](int k, int64_t v) {
+    if (k < 0) return true;
+    if (values[k] < 0) values[k] = v;
+    return values[k] == v;
+  };
+  for (size_t v = 0; v < p.views.size(); ++v)
+    for (size_t d = 0; d < p.views[v].size_sym.size(); ++d)
+      if (!take(p.views[v].size_sym[d], launch.views[v].sizes[d])) return std::nullopt;
+  for (int64_t x : values)
+    if (x < 0) return std::nullopt;
+  KtirProgram b = p;
+  ktir_bind(b, values);
+  if (b.rows_per_core != launch.rows_per_core || b.cores_used != launch.cores_used) return std::nullopt;
+  for (size_t a = 0; a < b.args.size(); ++a)
+    if (b.args[a].elems != launch.args[a].elems) return std::nullopt;
+  for (size_t v = 0; v < b.views.size(); ++v) {
+    const KtirView &x = b.views[v], &y = launch.views[v];
+    if (x.offset != y.offset || x.sizes != y.sizes || x.strides != y.strides) return std::nullopt;
+  }
+  for (size_t t = 0; t < b.tiles.size(); ++t)
+    if (b.tiles[t].sizes != launch.tiles[t].sizes || b.tiles[t].core_stride != launch.tiles[t].core_stride)
+      return std::nullopt;
+  return values;
+}
+
 // ---------------------------------------------------------------- print
+
+namespace {
+// A size list with symbols: "s<k>" where `sym` names one; "?" for a split
+// dim 0 bound from the symbolic rows.
+std::string sym_list(const std::vector<int64_t>& v, const std::vector<int>& sym, bool rows_first) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    s += i ? ", " : "";
+    if (i == 0 && rows_first)
+      s += "?";
+    else if (i < sym.size() && sym[i] >= 0)
+      s += "s" + std::to_string(sym[i]);
+    else
+      s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+}  // namespace
 
 std::string ktir_print(const KtirProgram& p) {
   std::ostringstream os;
-  os << "ktir.kernel @" << p.name << " grid=[" << p.grid << "] split=dim0 rows_per_core=" << p.rows_per_core
-     << " cores_used=" << p.cores_used << (p.ring_reduce ? " reduce=ring" : "") << " {\n";
+  const bool rs = p.rows_sym >= 0;
+  os << "ktir.kernel @" << p.name << " grid=[" << p.grid << "] split=dim0";
+  if (rs)
+    os << "(s" << p.rows_sym << ") rows_per_core=? cores_used=?";
+  else
+    os << " rows_per_core=" << p.rows_per_core << " cores_used=" << p.cores_used;
+  os << (p.ring_reduce ? " reduce=ring" : "");
+  if (!p.sym_values.empty()) {
+    os << " syms=[";
+    for (size_t k = 0; k < p.sym_values.size(); ++k) os << (k ? ", " : "") << "s" << k << "=" << p.sym_values[k];
+    os << "]";
+  }
+  os << " {\n";
   static const char* kinds[] = {"in", "out", "inout"};
-  for (size_t a = 0; a < p.args.size(); ++a)
-    os << "  %a" << a << " = arg " << kinds[p.args[a].kind] << " " << type_token(p.args[a].dtype)
-       << " elems=" << p.args[a].elems << "\n";
+  for (size_t a = 0; a < p.args.size(); ++a) {
+    const KtirArg& g = p.args[a];
+    os << "  %a" << a << " = arg " << kinds[g.kind] << " " << type_token(g.dtype) << " elems=";
+    if (g.elems_sym >= 0)
+      os << (g.elems_coef == 1 ? "" : std::to_string(g.elems_coef) + "*") << "s" << g.elems_sym << "\n";
+    else
+      os << g.elems << "\n";
+  }
   for (size_t v = 0; v < p.views.size(); ++v) {
     const KtirView& w = p.views[v];
     os << "  %" << v << " = view " << (w.lx ? "LX " : "HBM ") << type_token(w.dtype);
     os << (w.lx ? " %t" + std::to_string(w.buf) : " %a" + std::to_string(w.arg));
-    os << " offset=" << w.offset << " sizes=" << list(w.sizes) << " strides=" << list(w.strides) << "\n";
+    os << " offset=" << w.offset << " sizes=" << sym_list(w.sizes, w.size_sym, false) << " strides=" << list(w.strides)
+       << "\n";
   }
   for (const auto& t : p.tiles) {
-    os << "  tile %" << t.view << " sizes=" << list(t.sizes) << " at=[";
+    const bool q = rs && t.core_stride;
+    os << "  tile %" << t.view << " sizes=" << sym_list(t.sizes, t.size_sym, q) << " at=[";
     for (size_t d = 0; d < t.sizes.size(); ++d)
-      os << (d ? ", " : "") << (d == 0 && t.core_stride ? "core*" + std::to_string(t.core_stride) : "0");
+      os << (d ? ", " : "")
+         << (d == 0 && t.core_stride ? "core*" + (q ? std::string("?") : std::to_string(t.core_stride)) : "0");
     os << "]\n";
   }
   for (const auto& o : p.ops) {
     os << "  ";
-    if (o.results.size() == 1) os << "%" << o.results[0] << " = ";
-    if (o.results.size() > 1) {
+    auto res = [](int r) { return r < 0 ? std::string("None") : "%" + std::to_string(r); };
+    if (o.results.size() == 1 && o.results[0] >= 0) os << "%" << o.results[0] << " = ";
+    if (o.results.size() > 1 || (o.results.size() == 1 && o.results[0] < 0)) {
       os << "(";
-      for (size_t j = 0; j < o.results.size(); ++j) os << (j ? ", " : "") << "%" << o.results[j];
+      for (size_t j = 0; j < o.results.size(); ++j) os << (j ? ", " : "") << res(o.results[j]);
       os << ") = ";
     }
     os << o.op << "(";
@@ -599,11 +809,31 @@ KtirProgram ktir_parse(const std::string& text) {
       if (g.size() != 1) fail(line, "grid", "grid must have one dimension (cores)");
       p.grid = g[0];
       c.expect("split=dim0");
-      c.expect("rows_per_core=");
-      p.rows_per_core = c.integer();
-      c.expect("cores_used=");
-      p.cores_used = c.integer();
+      if (c.eat("(s")) {
+        p.rows_sym = static_cast<int>(c.integer());
+        c.expect(")");
+        c.expect("rows_per_core=?");
+        c.expect("cores_used=?");
+      } else {
+        c.expect("rows_per_core=");
+        p.rows_per_core = c.integer();
+        c.expect("cores_used=");
+        p.cores_used = c.integer();
+      }
       if (c.eat("reduce=ring")) p.ring_reduce = true;
+      if (c.eat("syms=")) {
+        c.expect("[");
+        if (!c.eat("]")) {
+          do {
+            c.expect("s");
+            if (c.integer() != static_cast<int64_t>(p.sym_values.size()))
+              fail(line, "syntax", "symbols are declared s0, s1, ... in order");
+            c.expect("=");
+            p.sym_values.push_back(c.integer());
+          } while (c.eat(","));
+          c.expect("]");
+        }
+      }
       c.expect("{");
       if (!c.done()) fail(line, "syntax", "unexpected text after '{'");
       header = true;
@@ -619,7 +849,8 @@ KtirProgram ktir_parse(const std::string& text) {
       t.line = line;
       t.view = c.view_ref();
       c.expect("sizes=");
-      t.sizes = c.int_list();
+      bool q = false;
+      t.sizes = c.sym_int_list(&t.size_sym, &q);
       c.expect("at=");
       c.expect("[");
       size_t d = 0;
@@ -627,7 +858,12 @@ KtirProgram ktir_parse(const std::string& text) {
         do {
           if (c.eat("core*")) {
             if (d != 0) fail(line, "tile", "only dim 0 may be split over the cores");
-            t.core_stride = c.integer();
+            if (c.eat("?")) {
+              if (!q || p.rows_sym < 0) fail(line, "tile", "core*? needs a split dim 0 of '?' and symbolic rows");
+              t.core_stride = 1;  // bound with the rows
+            } else {
+              t.core_stride = c.integer();
+            }
           } else if (c.integer() != 0) {
             fail(line, "tile", "a tile starts at 0 or core*<rows> in each dim");
           }
@@ -637,6 +873,7 @@ KtirProgram ktir_parse(const std::string& text) {
       }
       if (d != t.sizes.size())
         fail(line, "tile", "at= has " + std::to_string(d) + " dims, sizes= has " + std::to_string(t.sizes.size()));
+      if (q && !t.core_stride) fail(line, "tile", "a '?' size is the split dim 0 of a tile at core*?");
       if (!c.done()) fail(line, "syntax", "unexpected text at the end of the tile");
       p.tiles.push_back(t);
       continue;
@@ -661,7 +898,18 @@ KtirProgram ktir_parse(const std::string& text) {
       const std::string ty = c.token();
       if (!parse_type_token(ty, &a.dtype)) fail(line, "types", "unknown type '" + ty + "'");
       c.expect("elems=");
-      a.elems = c.integer();
+      c.ws();
+      if (c.i < s.size() && s[c.i] == 's') {
+        ++c.i;
+        a.elems_sym = static_cast<int>(c.integer());
+      } else {
+        a.elems = c.integer();
+        if (c.eat("*")) {
+          a.elems_coef = a.elems;
+          c.expect("s");
+          a.elems_sym = static_cast<int>(c.integer());
+        }
+      }
       if (!c.done()) fail(line, "syntax", "unexpected text at the end of the argument");
       p.args.push_back(a);
       continue;
@@ -670,7 +918,7 @@ KtirProgram ktir_parse(const std::string& text) {
     bool paren = false;
     if (c.eat("(")) {
       paren = true;
-      do results.push_back(c.view_ref());
+      do results.push_back(c.eat("None") ? -1 : c.view_ref());
       while (c.eat(","));
       c.expect(")");
       c.expect("=");
@@ -699,7 +947,7 @@ KtirProgram ktir_parse(const std::string& text) {
       c.expect("offset=");
       v.offset = c.integer();
       c.expect("sizes=");
-      v.sizes = c.int_list();
+      v.sizes = c.sym_int_list(&v.size_sym);
       c.expect("strides=");
       v.strides = c.int_list();
       if (!c.done()) fail(line, "syntax", "unexpected text at the end of the view");
@@ -726,6 +974,21 @@ KtirProgram ktir_parse(const std::string& text) {
   }
   if (!header) fail(line, "syntax", "no 'ktir.kernel' header");
   if (!closed) fail(line, "syntax", "the kernel is not closed with '}'");
+  // Every symbol used is declared with its value in the header.
+  const int n_syms = static_cast<int>(p.sym_values.size());
+  auto check_sym = [&](int k, int at) {
+    if (k >= n_syms) fail(at, "syntax", "symbol s" + std::to_string(k) + " is not declared in the header's syms=[...]");
+  };
+  if (p.rows_sym >= 0) check_sym(p.rows_sym, 1);
+  for (const auto& a : p.args)
+    if (a.elems_sym >= 0) check_sym(a.elems_sym, a.line);
+  for (const auto& v : p.views)
+    for (int k : v.size_sym)
+      if (k >= 0) check_sym(k, v.line);
+  for (const auto& t : p.tiles)
+    for (int k : t.size_sym)
+      if (k >= 0) check_sym(k, t.line);
+  if (n_syms) ktir_bind(p, p.sym_values);
   return p;
 }
 
@@ -856,7 +1119,7 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
            o.op + " returns " + std::to_string(fresh_returns) + " new tensors, the line names " +
                std::to_string(o.results.size()));
     for (int r : o.results)
-      if (r < 0 || r >= static_cast<int>(p.views.size()))
+      if (r < -1 || r >= static_cast<int>(p.views.size()))
         fail(o.line, "def-use", "result %" + std::to_string(r) + " is not a view");
     define_written(o, schema, meta, [&](int v) {
       define(v);
@@ -873,6 +1136,7 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
     }
     const std::vector<at::Tensor> got = stack.empty() ? std::vector<at::Tensor>() : fresh(schema, stack);
     for (size_t j = 0; j < o.results.size(); ++j) {
+      if (o.results[j] < 0) continue;  // None: an undefined result
       const KtirView& w = p.views[o.results[j]];
       if (j < got.size() && got[j].defined()) {
         if (!got[j].sizes().equals(w.sizes))
@@ -901,24 +1165,59 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
 
 // ---------------------------------------------------------------- run
 
-std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, std::vector<at::Tensor> inputs) {
-  // Inputs bind to the in and inout arguments in order; out arguments are allocated.
-  size_t n_in = 0;
-  for (const auto& g : p.args) n_in += g.kind != KtirArg::kOut;
-  TORCH_CHECK_VALUE(inputs.size() == n_in, "run_ktir: kernel @", p.name, " takes ", n_in,
-                    " input tensors (its in and inout arguments), got ", inputs.size());
-  std::vector<at::Tensor> args;
-  size_t next = 0;
-  for (const auto& g : p.args)
-    args.push_back(g.kind == KtirArg::kOut ? at::zeros({g.elems}, at::TensorOptions().dtype(g.dtype)) : inputs[next++]);
-  ktir_verify(p, card, &args);
-  // Each storage as flat bytes; a view reinterprets them in its dtype.
-  std::vector<at::Tensor> flat(args.size());
-  for (size_t a = 0; a < args.size(); ++a) {
-    TORCH_CHECK_VALUE(args[a].is_contiguous() && args[a].device().is_cpu(), "run_ktir: argument %a", a,
-                      " must be a contiguous CPU tensor");
-    flat[a] = args[a].view({-1}).view(at::kByte);
+bool ktir_same_structure(const KtirProgram& a, const KtirProgram& b) {
+  if (a.name != b.name || a.grid != b.grid || a.ring_reduce != b.ring_reduce || a.args.size() != b.args.size() ||
+      a.views.size() != b.views.size() || a.tiles.size() != b.tiles.size() || a.ops.size() != b.ops.size())
+    return false;
+  for (size_t i = 0; i < a.args.size(); ++i)
+    if (a.args[i].kind != b.args[i].kind || a.args[i].dtype != b.args[i].dtype) return false;
+  for (size_t i = 0; i < a.views.size(); ++i) {
+    const KtirView &x = a.views[i], &y = b.views[i];
+    if (x.lx != y.lx || x.dtype != y.dtype || x.arg != y.arg || x.buf != y.buf || x.sizes.size() != y.sizes.size())
+      return false;
   }
+  for (size_t i = 0; i < a.tiles.size(); ++i)
+    if (a.tiles[i].view != b.tiles[i].view || (a.tiles[i].core_stride == 0) != (b.tiles[i].core_stride == 0))
+      return false;
+  for (size_t i = 0; i < a.ops.size(); ++i) {
+    const KtirOp &x = a.ops[i], &y = b.ops[i];
+    if (x.op != y.op || x.results != y.results || x.args.size() != y.args.size()) return false;
+    for (size_t k = 0; k < x.args.size(); ++k) {
+      const KtirValue &u = x.args[k], &v = y.args[k];
+      if ((u.kind == KtirValue::kView) != (v.kind == KtirValue::kView)) return false;
+      if (u.kind == KtirValue::kView && u.i != v.i) return false;
+      if (u.kind == KtirValue::kList && v.kind == KtirValue::kList && u.list.size() != v.list.size()) return false;
+    }
+  }
+  return true;
+}
+
+void KtirRunHooks::call(size_t, const c10::OperatorHandle& op, torch::jit::Stack& stack,
+                        const std::vector<c10::ScalarType>& result_dtypes) {
+  call_op_in_f32(op.schema(), stack, result_dtypes, [&](torch::jit::Stack& s) {
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    op.callBoxed(s);
+  });
+}
+
+std::string KtirRunHooks::where(const KtirProgram& p, size_t k) {
+  return "KTIR line " + std::to_string(p.ops[k].line) + " (" + p.ops[k].op + ")";
+}
+
+namespace {
+// Storage key of a view: its argument (>= 0) or its LX buffer (< 0).
+int storage_key(const KtirView& w) { return w.lx ? -1 - w.buf : w.arg; }
+
+template <typename F>
+void for_each_view_operand(const KtirValue& v, F&& f) {
+  if (v.kind == KtirValue::kView) f(static_cast<int>(v.i));
+  if (v.kind == KtirValue::kList)
+    for (const auto& e : v.list) for_each_view_operand(e, f);
+}
+}  // namespace
+
+void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes, KtirRunHooks& hooks, int* failed_at) {
+  TORCH_CHECK(arg_bytes.size() == p.args.size(), "ktir_execute: ", p.args.size(), " arguments, got ", arg_bytes.size());
   std::map<int, int64_t> lx_bytes;
   for (const auto& w : p.views)
     if (w.lx)
@@ -932,31 +1231,127 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
   };
   std::vector<at::Tensor> views(p.views.size());
   for (size_t v = 0; v < p.views.size(); ++v)
-    views[v] = over(p.views[v].lx ? lx.at(p.views[v].buf) : flat[p.views[v].arg], p.views[v]);
-  for (const auto& o : p.ops) {
-    const c10::OperatorHandle* op = find_op(o.op);
-    const auto& schema = op->schema();
-    torch::jit::Stack stack = op_stack(o, schema, views);
-    std::vector<c10::ScalarType> dtypes;
-    for (int r : o.results) dtypes.push_back(p.views[r].dtype);
-    try {
-      call_op_in_f32(schema, stack, dtypes, [&](torch::jit::Stack& s) {
-        c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
-        op->callBoxed(s);
-      });
-    } catch (c10::Error& e) {
-      e.add_context("while running KTIR line " + std::to_string(o.line) + " (" + o.op + ")");
-      throw;
+    views[v] = over(p.views[v].lx ? lx.at(p.views[v].buf) : arg_bytes.at(p.views[v].arg), p.views[v]);
+  std::map<int, std::exception_ptr> poisoned;  // storage key -> the error of the op that should have written it
+  std::exception_ptr first_error;
+  if (failed_at) *failed_at = -1;
+  for (size_t k = 0; k < p.ops.size(); ++k) {
+    const KtirOp& o = p.ops[k];
+    if (!o.handle) {
+      o.handle = find_op(o.op);
+      TORCH_CHECK_VALUE(o.handle, "KTIR line ", o.line, ": rule 'op': unknown op '", o.op, "'");
     }
-    const std::vector<at::Tensor> got = fresh(schema, stack);
-    for (size_t j = 0; j < o.results.size() && j < got.size(); ++j) {
-      const int r = o.results[j];
-      views[r].copy_(got[j]);  // stored through the view into its storage
+    const c10::OperatorHandle& op = *o.handle;
+    const auto& schema = op.schema();
+    const auto& sargs = schema.arguments();
+    std::vector<int> written;
+    std::exception_ptr err;
+    for (size_t a = 0; a < o.args.size() && a < sargs.size(); ++a) {
+      const bool w = sargs[a].alias_info() && sargs[a].alias_info()->isWrite();
+      const bool reads = !w || !write_only(o.op, schema, a);
+      for_each_view_operand(o.args[a], [&](int v) {
+        if (w) written.push_back(v);
+        if (reads && !err) {
+          auto it = poisoned.find(storage_key(p.views.at(v)));
+          if (it != poisoned.end()) err = it->second;
+        }
+      });
+    }
+    try {
+      if (err) std::rethrow_exception(err);
+      hooks.before_op(k);
+      try {
+        torch::jit::Stack stack = op_stack(o, schema, views);
+        std::vector<c10::ScalarType> dtypes;
+        for (int r : o.results) dtypes.push_back(r < 0 ? c10::kFloat : p.views[r].dtype);
+        hooks.call(k, op, stack, dtypes);
+        const std::vector<at::Tensor> got = fresh(schema, stack);
+        std::vector<at::Tensor> results, writes;
+        for (size_t j = 0; j < o.results.size() && j < got.size(); ++j) {
+          if (o.results[j] < 0) continue;
+          at::Tensor& view = views[o.results[j]];
+          if (!got[j].is_same(view)) view.copy_(got[j]);  // stored through the view into its storage
+          results.push_back(view);
+        }
+        for (int v : written) writes.push_back(views[v]);
+        hooks.after_op(k, results, writes);
+      } catch (c10::Error& e) {
+        e.add_context("while running " + hooks.where(p, k));
+        throw;
+      } catch (const std::runtime_error& e) {
+        // Plain runtime_errors (c10::checked_convert's overflow) get the location
+        // too; subclasses keep their type (Python maps them differently).
+        if (typeid(e) != typeid(std::runtime_error)) throw;
+        throw std::runtime_error(std::string(e.what()) + " (while running " + hooks.where(p, k) + ")");
+      }
+    } catch (...) {
+      const std::exception_ptr e = std::current_exception();
+      for (int r : o.results)
+        if (r >= 0) poisoned[storage_key(p.views.at(r))] = e;
+      for (int v : written) poisoned[storage_key(p.views.at(v))] = e;
+      hooks.failed(k, e);
+      if (!first_error) {
+        first_error = e;
+        if (failed_at) *failed_at = static_cast<int>(k);
+      }
     }
   }
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, std::vector<at::Tensor> inputs) {
+  // Inputs bind to the in and inout arguments in order; out arguments are allocated.
+  size_t n_in = 0;
+  for (const auto& g : p.args) n_in += g.kind != KtirArg::kOut;
+  TORCH_CHECK_VALUE(inputs.size() == n_in, "run_ktir: kernel @", p.name, " takes ", n_in,
+                    " input tensors (its in and inout arguments), got ", inputs.size());
+  // A symbolic program is bound as a job plan binds it at launch: each
+  // symbol from the element count of an input argument whose elems is a
+  // multiple of it (else the header's value).
+  KtirProgram bound;
+  const KtirProgram* run = &p;
+  if (!p.sym_values.empty()) {
+    std::vector<int64_t> values = p.sym_values;
+    std::vector<char> from_input(values.size(), 0);
+    size_t k = 0;
+    for (const auto& g : p.args) {
+      if (g.kind == KtirArg::kOut) continue;
+      const at::Tensor& t = inputs[k++];
+      if (g.elems_sym < 0 || !t.defined()) continue;
+      const int64_t n = t.numel();
+      if (n % g.elems_coef != 0)
+        fail(g.line, "view-bounds",
+             "the tensor bound to an argument of " + std::to_string(g.elems_coef) + "*s" + std::to_string(g.elems_sym) +
+                 " elements has " + std::to_string(n));
+      const int64_t v = n / g.elems_coef;
+      if (from_input[g.elems_sym] && values[g.elems_sym] != v)
+        fail(g.line, "view-bounds",
+             "the tensors bind s" + std::to_string(g.elems_sym) + " to " + std::to_string(values[g.elems_sym]) +
+                 " and " + std::to_string(v));
+      values[g.elems_sym] = v;
+      from_input[g.elems_sym] = 1;
+    }
+    bound = p;
+    ktir_bind(bound, values);
+    run = &bound;
+  }
+  std::vector<at::Tensor> args;
+  size_t next = 0;
+  for (const auto& g : run->args)
+    args.push_back(g.kind == KtirArg::kOut ? at::zeros({g.elems}, at::TensorOptions().dtype(g.dtype)) : inputs[next++]);
+  ktir_verify(*run, card, &args);
+  // Each storage as flat bytes; a view reinterprets them in its dtype.
+  std::vector<at::Tensor> flat(args.size());
+  for (size_t a = 0; a < args.size(); ++a) {
+    TORCH_CHECK_VALUE(args[a].is_contiguous() && args[a].device().is_cpu(), "run_ktir: argument %a", a,
+                      " must be a contiguous CPU tensor");
+    flat[a] = args[a].view({-1}).view(at::kByte);
+  }
+  KtirRunHooks hooks;
+  ktir_execute(*run, flat, hooks);
   std::vector<at::Tensor> outs;
-  for (size_t a = 0; a < p.args.size(); ++a)
-    if (p.args[a].kind != KtirArg::kIn) outs.push_back(args[a]);
+  for (size_t a = 0; a < run->args.size(); ++a)
+    if (run->args[a].kind != KtirArg::kIn) outs.push_back(args[a]);
   return outs;
 }
 

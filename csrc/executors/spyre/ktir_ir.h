@@ -4,10 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 
 #include "executors/executor.h"
 #include "executors/spyre/card.h"
@@ -20,8 +24,11 @@ struct KtirArg {
   enum Kind : uint8_t { kIn, kOut, kInOut };
   Kind kind = kIn;
   c10::ScalarType dtype = c10::kFloat;  // host dtype of the storage
-  int64_t elems = 0;                    // storage size in elements
+  int64_t elems = 0;                    // storage size in elements (bound)
   int line = 0;
+  // Symbolic: elems = elems_coef * s<elems_sym>, bound at launch (-1: a constant).
+  int elems_sym = -1;
+  int64_t elems_coef = 1;
 };
 
 // A memory view: HBM (over an argument's storage) or LX (a temporary).
@@ -31,8 +38,9 @@ struct KtirView {
   int arg = -1;                         // HBM: the argument it views
   int buf = -1;                         // LX: the scratchpad buffer it views (%tK; views of one buffer alias)
   int64_t offset = 0;
-  std::vector<int64_t> sizes, strides;
+  std::vector<int64_t> sizes, strides;  // bound
   int line = 0;
+  std::vector<int> size_sym;  // per dim: the symbol s<k> its size is, or -1 (empty: no symbol)
 };
 
 // The access tile of a view on one core: `sizes` elements at `at`, where a
@@ -43,6 +51,7 @@ struct KtirTile {
   std::vector<int64_t> sizes;
   int64_t core_stride = 0;  // 0: replicated (every core reads the tile at 0)
   int line = 0;
+  std::vector<int> size_sym;  // per dim as the view's (a split dim 0 follows rows_per_core)
 };
 
 // One literal or view operand of an op.
@@ -62,6 +71,8 @@ struct KtirOp {
   std::string op;
   std::vector<KtirValue> args;
   int line = 0;
+  // The resolved op (set by ktir_build, else on first use); not printed.
+  mutable const c10::OperatorHandle* handle = nullptr;
 };
 
 struct KtirProgram {
@@ -70,15 +81,78 @@ struct KtirProgram {
   int64_t rows_per_core = 1;  // rows of the split dim per core
   int64_t cores_used = 1;
   bool ring_reduce = false;
+  // Symbolic SpyreCode: sizes that vary inside a dynamic-shape range are
+  // symbols s0, s1, ... whose values are bound at launch (sym_values, printed
+  // in the header as syms=[s0=V, ...]). When the split rows are a symbol
+  // (rows_sym), rows_per_core and cores_used are bound from it ("?" in text).
+  int rows_sym = -1;
+  std::vector<int64_t> sym_values;
   std::vector<KtirArg> args;
   std::vector<KtirView> views;
   std::vector<KtirTile> tiles;
   std::vector<KtirOp> ops;
 };
 
-// Builds the program of `region` (views, grid and tiles of layout.h).
+struct RegionLayout;
+// Builds the program of `region` (views, grid and tiles of layout.h; `layout`
+// when the caller computed it already).
 KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, const std::vector<Node>& graph,
                        const CardParams& card);
+KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, const std::vector<Node>& graph,
+                       const CardParams& card, const RegionLayout& layout);
+// True when `a` and `b` are one compiled program at two launches: the same
+// ops, arguments (kinds, dtypes), views (memory, buffer, dtype, rank) and
+// tiling structure; sizes, strides, offsets, element counts, rows and literal
+// operands may differ (they are bound at launch).
+bool ktir_same_structure(const KtirProgram& a, const KtirProgram& b);
+
+// Per-op customization of ktir_execute (the executor's storage errors,
+// int32 checks, library calls, error context). The defaults serve run_ktir.
+class KtirRunHooks {
+ public:
+  virtual ~KtirRunHooks() = default;
+  // Before op `k` runs (outside its error context): may throw, e.g. an
+  // operand's earlier error. `k` indexes KtirProgram::ops.
+  virtual void before_op(size_t k) {}
+  // Runs op `k` on its CPU stack (view operands bound): default: in f32 from
+  // df16 operands, each 16-bit result rounded once to df16 (df16_ops.h).
+  virtual void call(size_t k, const c10::OperatorHandle& op, torch::jit::Stack& stack,
+                    const std::vector<c10::ScalarType>& result_dtypes);
+  // After op `k` stored its results: `results` (its result views) and
+  // `written` (its view operands the op writes).
+  virtual void after_op(size_t k, const std::vector<at::Tensor>& results, const std::vector<at::Tensor>& written) {}
+  // Op `k` failed with `e` (also when an operand was poisoned by an earlier failure).
+  virtual void failed(size_t k, const std::exception_ptr& e) {}
+  // "KTIR line N (op)" by default: appended to an op's c10 error as context.
+  virtual std::string where(const KtirProgram& p, size_t k);
+};
+
+// Makes the sizes of `p` (built for one launch) symbolic: every view size
+// (and tile size) equal to one of `dynamic` (sizes of dims the region reads
+// that lie in a mark_dynamic range, > 1) becomes that value's symbol, an
+// argument's elems a multiple of it, the split rows too. Binds the symbols
+// to those values.
+void ktir_symbolize(KtirProgram& p, const std::vector<int64_t>& dynamic);
+// Sets the symbol values and every size, element count, rows_per_core,
+// cores_used and tile size that follows from them.
+void ktir_bind(KtirProgram& p, const std::vector<int64_t>& values);
+// The symbol values under which `p` describes `launch` (a concrete program
+// built for one launch): p bound to them equals launch in every size,
+// stride, offset, element count, tile and grid field. Empty optional when
+// no binding does (the launch needs its own program).
+std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirProgram& launch);
+
+// The interpreter: runs `p` on `arg_bytes` (one flat CPU byte tensor per
+// argument: the storage its HBM views address; LX buffers are allocated
+// here, zero-filled, and freed at the end). Ops run in program order on
+// their views (element `idx` of a view at offset + sum idx[d] * strides[d]),
+// results stored through their views. An op that fails poisons the storages
+// it writes: later ops reading them fail with the same error, the others run;
+// the first error is rethrown at the end, and `failed_at` (if given) is its
+// op index (-1 when none failed). The program must have been verified.
+void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes, KtirRunHooks& hooks,
+                  int* failed_at = nullptr);
+
 std::string ktir_print(const KtirProgram& p);
 // Parses KTIR text; throws ValueError "line N: rule 'syntax': ..." on bad text.
 KtirProgram ktir_parse(const std::string& text);

@@ -1,17 +1,30 @@
-// The simulated Spyre executor: runs regions with the host loop shared with
-// the TPU executor (region_runner.h) and Spyre's storage numerics: every
-// float16/bfloat16 result of an op, fresh or written in place, is rounded
-// through df16 once after the op; int64 results must fit int32. Regions are
-// costed with Spyre's cost model (cost_model.h).
+// The simulated Spyre executor. compile() builds a region's KTIR program
+// (ktir_ir.h), verifies it and tiles it (schedule.h) once; run() binds the
+// launch (job plan: each argument to its device storage, the views' sizes,
+// strides and offsets and the literal operands of this launch) and
+// interprets the program (ktir_execute): each op on its views, in f32 from
+// df16 operands with one df16 rounding per result (df16_ops.h), results
+// stored through their views. Ops without a KTIR lowering (PrimKind
+// kLibrary) run the same way as library calls, counted in metrics
+// (library_calls, metrics_report's "spyre_library_call.<op>"). Regions the
+// interpreter does not take (RNG ops, custom-op kernels, conjugate/negative
+// views) run through the host loop shared with the TPU executor
+// (region_runner.h) with the same per-op numerics ("spyre_host_loop.<kernel>").
+// int64 results must fit int32. Regions are costed with Spyre's cost model
+// (cost_model.h).
 #include <atomic>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include <ATen/ops/aminmax.h>
 #include <c10/util/Exception.h>
+
+#include "lazy/debug_report.h"
+#include "ops/custom_ops.h"
 
 #include "executors/executor.h"
 #include "executors/region_runner.h"
@@ -19,10 +32,12 @@
 #include "executors/spyre/df16.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/job_plan.h"
+#include "executors/spyre/layout.h"
 #include "executors/spyre/ktir.h"
 #include "executors/spyre/ktir_ir.h"
 #include "executors/spyre/schedule.h"
 #include "executors/spyre/spyre.h"
+#include "jit/dynamic_shapes.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -86,30 +101,117 @@ class SpyreHooks final : public host::HostRunHooks {
   bool in_f32_ = false;  // the op of the current call ran through call_in_f32
 };
 
-// A region compiled for Spyre: its KTIR program and tile schedule, planned
-// once per layout; each run records them for inspection, adds the region to
-// the flush's job plan (binding its storages to device arguments) and runs
-// it op by op.
+// The executor's per-op hooks of the KTIR interpreter: operands' earlier
+// errors, int32 checks, library calls and error context name the recorded op.
+class InterpreterHooks final : public KtirRunHooks {
+ public:
+  InterpreterHooks(const CompiledRegion& c, const Region& region, const std::vector<Node>& graph)
+      : c_(c), region_(region), graph_(graph) {}
+  const Node& node(size_t k) const { return graph_[region_.nodes[k]]; }
+  void before_op(size_t k) override {
+    const Node& n = node(k);
+    // A storage this op overwrites whole loses an earlier op's error once the
+    // user has seen it (as in the host loop, region_runner.cpp).
+    for (const auto& in : n.inputs) {
+      DeferredStorage* s = in.ref.storage.get();
+      if (!s->error || !s->error_seen || !in.written || host::reads_written_value(n, in) || !in.ref.covers_storage())
+        continue;
+      bool read_elsewhere = false;
+      for (const auto& other : n.inputs)
+        if (&other != &in && other.ref.storage == in.ref.storage &&
+            (!other.written || host::reads_written_value(n, other)))
+          read_elsewhere = true;
+      if (!read_elsewhere) s->set_error(nullptr);
+    }
+    for (const auto& in : n.inputs)
+      if (!in.written || host::reads_written_value(n, in)) check_storage_error(in.ref.storage.get());
+  }
+  void call(size_t k, const c10::OperatorHandle& op, torch::jit::Stack& stack,
+            const std::vector<c10::ScalarType>& result_dtypes) override {
+    if (static_cast<PrimKind>(node(k).kind) == PrimKind::kLibrary) debug::count_op("spyre_library_call", op_name(k));
+    KtirRunHooks::call(k, op, stack, result_dtypes);
+  }
+  void after_op(size_t k, const std::vector<at::Tensor>& results, const std::vector<at::Tensor>& written) override {
+    for (const auto& t : results) check_int32(t, where_of(node(k)));
+    for (const auto& t : written) check_int32(t, where_of(node(k)));
+    for (const auto& o : node(k).outputs) o.storage->error = nullptr;  // a fresh value
+  }
+  void failed(size_t k, const std::exception_ptr& e) override {
+    for_each_written_storage(node(k), [&](DeferredStorage* s) { s->set_error(e); });
+  }
+  std::string where(const KtirProgram& p, size_t k) override {
+    const Node& n = node(k);
+    return host::op_display_name(n) + " recorded at " + (n.where.empty() ? std::string("<unknown>") : n.where) +
+           " (in " + c_.name + ", KTIR line " + std::to_string(p.ops[k].line) + ")";
+  }
+
+ private:
+  std::string op_name(size_t k) const { return host::op_display_name(node(k)).substr(6); }
+  const CompiledRegion& c_;
+  const Region& region_;
+  const std::vector<Node>& graph_;
+};
+
+// True when the KTIR interpreter runs `region`: no RNG op (their streams are
+// seeded by the host loop), no custom-op kernel, no conjugate or negative view.
+bool interpretable(const Region& region, const std::vector<Node>& graph) {
+  for (int i : region.nodes) {
+    const Node& n = graph[i];
+    if (n.rng) return false;
+    if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary && custom_host_kernel(n.op)) return false;
+    for (const auto& in : n.inputs)
+      if (in.ref.conj || in.ref.neg) return false;
+    for (const auto& o : n.outputs)
+      if (o.conj || o.neg) return false;
+  }
+  return true;
+}
+
+// A region compiled for Spyre: its KTIR program and tile schedule, built
+// once per region structure. A launch whose exact layout (sizes inside a
+// dynamic-shape bucket, strides, offsets) differs from the last one is bound
+// again (the verifier and the tiling rerun on the bound geometry) without
+// compiling a new program; each run records the program for inspection, adds
+// the region to the flush's job plan and interprets the bound program.
 class SpyreKernel final : public Kernel {
  public:
   SpyreKernel(const CompiledRegion& info, const Region& region, const std::vector<Node>& graph)
       : Kernel(info), card_(active_card()) {
-    plan(region, graph);
+    const RegionLayout L = region_layout(region, graph, card_);
+    KtirProgram launch = ktir_build(info, region, graph, card_, L);
+    compile_program(launch, L);
+    bind(std::move(launch), program_.sym_values, region, graph);
+    interpretable_ = interpretable(region, graph);
   }
 
   void run(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats) override {
     std::lock_guard<std::mutex> lock(mu_);
     const CompiledRegion& c = info();
+    const RegionLayout L = region_layout(region, graph, card_);
+    KtirProgram launch = ktir_build(c, region, graph, card_, L);  // this launch's geometry and literals
     if (layout_signature(region, graph) != signature_) {
-      plan(region, graph);  // throws (before any op runs) when the region cannot fit LX
-      stats.plans_built++;
+      // A new exact layout: the compiled (symbolic) program serves it when
+      // some symbol values make it this launch's program; else it compiles anew.
+      std::optional<std::vector<int64_t>> values = ktir_match(program_, launch);
+      if (!values) {
+        compile_program(launch, L);
+        values = program_.sym_values;
+        stats.plans_built++;
+      }
+      bind(std::move(launch), *values, region, graph);  // throws (before any op runs) when it cannot fit LX
+    } else {
+      bound_ = std::move(launch);  // same geometry; this launch's literal operands
     }
     ktir_record(c.name, ktir_);
-    job_plan_add_region(c.name, region, graph, card_);
-    // Op by op (no fused float32 loop): Spyre's traffic is counted per view
-    // in device dtypes and sticks by the shared loop.
-    SpyreHooks hooks(card_);
-    host::run_ops(c, region, graph, mem, stats, hooks);
+    job_plan_add_region(c.name, L, card_);
+    job_plan_bind_last(binding_);
+    if (interpretable_) {
+      interpret(region, graph, L, mem, stats);
+    } else {
+      if (debug::level() >= 1) debug::count_op("spyre_host_loop", c.name);
+      SpyreHooks hooks(card_);
+      host::run_ops(c, region, graph, mem, stats, hooks);
+    }
     if (card_.valid()) {
       stats.memory_s =
           static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes) / card_.dram_bandwidth;
@@ -117,18 +219,45 @@ class SpyreKernel final : public Kernel {
     }
     Schedule s = schedule_;
     time_schedule(s, stats.compute_s, stats.memory_s, card_);
+    stats.schedule_time_s = s.pipelined_s;
     schedule_record(std::move(s));
   }
 
  private:
-  void plan(const Region& region, const std::vector<Node>& graph) {
+  // The compiled program: `launch` with the sizes the region reads from
+  // mark_dynamic ranges made symbols (ktir_symbolize).
+  void compile_program(const KtirProgram& launch, const RegionLayout& L) {
+    std::vector<int64_t> dynamic;
+    for (const auto& v : L.views) {
+      if (v.lx || !v.loaded) continue;
+      const jit::SizeBuckets b = jit::size_buckets(*v.ref);
+      for (size_t d = 0; d < b.size() && d < v.ref->sizes.size(); ++d)
+        if (b[d] >> 63) dynamic.push_back(v.ref->sizes[d]);  // a mark_dynamic range's bucket
+    }
+    program_ = launch;
+    ktir_symbolize(program_, dynamic);
+  }
+
+  // Binds the compiled program to `launch` (its concrete form under symbol
+  // `values`): verifies it and tiles it for LX, before any op runs. The text
+  // recorded per run is the compiled program with this binding.
+  void bind(KtirProgram launch, const std::vector<int64_t>& values, const Region& region,
+            const std::vector<Node>& graph) {
     signature_.clear();
-    program_ = ktir_build(info(), region, graph, card_);
-    ktir_ = ktir_print(program_);
+    bound_ = std::move(launch);
+    KtirProgram shown = program_;
+    ktir_bind(shown, values);
+    ktir_ = ktir_print(shown);
+    binding_.clear();
+    for (size_t k = 0; k < values.size(); ++k) binding_.emplace_back("s" + std::to_string(k), values[k]);
+    if (program_.rows_sym >= 0) {
+      binding_.emplace_back("rows_per_core", shown.rows_per_core);
+      binding_.emplace_back("cores_used", shown.cores_used);
+    }
     // The verifier's rules (docs/ktir.md) hold for every program we build;
     // a failure is a bug of the lowering, raised before any op runs.
     try {
-      ktir_verify(program_, card_);
+      ktir_verify(bound_, card_);
     } catch (...) {
       ktir_record(info().name, ktir_);
       throw;
@@ -143,12 +272,58 @@ class SpyreKernel final : public Kernel {
     signature_ = layout_signature(region, graph);
   }
 
+  // Runs the bound program on the launch's device storages (the job plan's
+  // arguments), then adds its traffic (each HBM view once, loaded or stored,
+  // in device bytes plus stick padding) and its ops' work to `stats`.
+  void interpret(const Region& region, std::vector<Node>& graph, const RegionLayout& L, host::HostMemory& mem,
+                 RegionStats& stats) {
+    std::vector<at::Tensor> arg_bytes(bound_.args.size());
+    for (size_t v = 0; v < L.views.size(); ++v) {
+      const KtirView& w = bound_.views[v];
+      if (w.lx || arg_bytes[w.arg].defined()) continue;
+      DeferredStorage* s = L.views[v].ref->storage.get();
+      TensorRef flat;
+      flat.dtype = at::kByte;
+      flat.sizes = {static_cast<int64_t>(s->nbytes)};
+      flat.strides = {1};
+      arg_bytes[w.arg] = host::view_over(mem.storage_for(s), flat);
+    }
+    for (const auto& v : L.views) {
+      if (v.lx) continue;
+      const int64_t logical = device_bytes(v.ref->sizes, v.ref->dtype);
+      const int64_t padding = stick_bytes(v.ref->sizes, v.ref->dtype, card_) - logical;
+      if (v.loaded) stats.bytes_read += logical, stats.padding_bytes += padding;
+      if (v.stored) stats.bytes_written += logical, stats.padding_bytes += padding;
+    }
+    InterpreterHooks hooks(info(), region, graph);
+    int failed_at = -1;
+    try {
+      ktir_execute(bound_, arg_bytes, hooks, &failed_at);
+    } catch (...) {
+      stats.failed_at = failed_at;
+      stats.errors_marked = true;
+      throw;
+    }
+    stats.failed_at = -1;
+    for (int i : region.nodes) {
+      const Node& n = graph[i];
+      const OpCost cost = op_cost(n, card_);
+      stats.flops += cost.flops;
+      stats.mxu_flops += 2.0 * cost.macs;
+      stats.compute_s += cost.seconds(card_);
+      if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) stats.library_calls++;
+    }
+  }
+
   std::mutex mu_;
   const CardParams card_;  // the JIT drops every kernel when the target changes
   std::vector<int64_t> signature_;
-  KtirProgram program_;
-  std::string ktir_;
+  KtirProgram program_;  // the compiled program (symbolic where sizes vary in a mark_dynamic range)
+  KtirProgram bound_;    // the program bound to the last launch (concrete)
+  std::string ktir_;     // text of the compiled program with the last binding
+  std::vector<std::pair<std::string, int64_t>> binding_;  // symbol values of the last binding
   Schedule schedule_;
+  bool interpretable_ = true;
 };
 
 class SpyreExecutor final : public Executor {
@@ -165,6 +340,13 @@ class SpyreExecutor final : public Executor {
   std::shared_ptr<Kernel> compile(const CompiledRegion& info, const Region& region,
                                   const std::vector<Node>& graph) override {
     return std::make_shared<SpyreKernel>(info, region, graph);
+  }
+
+  void check_host_value(const at::Tensor& value, const char* what) override { check_int32(value, what); }
+  void to_storage_format(const at::Tensor& written) override { round_in_place(written); }
+  bool has_eager_numerics() const override { return true; }
+  void after_eager_op(std::vector<c10::IValue>& returns, const std::string& what) override {
+    spyre::after_eager_op(returns, what);
   }
 };
 
