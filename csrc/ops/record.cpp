@@ -728,6 +728,8 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, uint32_t traits, to
     for (auto& g : outcome.returns[1]) g = Geometry();
   // Channels-last results: convolution, and kernels that keep their input's format.
   apply_cpu_memory_format(traits, stack, first, outcome);
+  // Non-structured kernels: CPU's TensorIterator or empty_like(self) lays out the result.
+  apply_cpu_result_layout(schema, traits, stack, first, outcome);
   // Backward ops with an output_mask: CPU returns an undefined tensor for each
   // gradient that is off; native_batch_norm_backward's meta kernel still
   // returns a grad_input, so the flush would bind an undefined result.
