@@ -46,7 +46,7 @@ EXCLUDE = re.compile(
     r"_thnn_fused_gru|_validate|_chunk_cat|_int_mm|_dimI|_dimV|_nnz|_coalesced|^_?indices(_copy)?(\.|$)|"
     r"^_?values(_copy)?(\.|$)|crow_|col_indices|"
     r"ccol_|row_indices|_to_dense|to_dense|_spdiags|_addmm_activation|_scaled_mm|_grouped_mm|_scaled_grouped|"
-    r"_mixed_dtypes|_convert_indices|_dirichlet_grad|_fused_adam|_fused_adagrad|_fused_sgd|_fused_rms|_fused_adamw|"
+    r"_mixed_dtypes|_convert_indices|_dirichlet_grad|_fused_rms|"
     r"_wrapped_|_sobol|_propagate_xla|_lazy_clone|_nested|_safe_softmax"
 )
 # Data-dependent output shapes, or non-tensor results: run at record time after a flush.
