@@ -1,6 +1,6 @@
 """Result strides of kernels that are not structured, over mixed operand layouts.
 
-CPU's floor_divide, logical_and/or/xor, complex, polar, ldexp, hardtanh/hardswish
+CPU's floor_divide, logical_and/or/xor, complex, polar, ldexp, hardtanh/hardswish/dropout
 backward, huber_loss, binary_cross_entropy (and backward) and mse_loss_backward lay
 out a fresh result with their TensorIterator (or empty_like(self)); they have no
 C++ meta function, and the Python reference meta kernels choose other strides for
@@ -52,6 +52,7 @@ OPS = {
     "polar": lambda a, b: torch.polar(a.abs(), b),
     "hardtanh_backward": lambda a, b: A.hardtanh_backward(a, b, -1.0, 1.0),
     "hardswish_backward": lambda a, b: A.hardswish_backward(a, b),
+    "native_dropout_backward": lambda a, b: A.native_dropout_backward(a, b > 0, 2.0),
     # kIteratorLayout + kOtherContiguous
     "ldexp": torch.ldexp,
     # kEmptyLikeSelf

@@ -342,6 +342,7 @@ OP_TRAITS = [
             "polar",
             "hardtanh_backward",
             "hardswish_backward",
+            "native_dropout_backward",
         },
         _every,
     ),
