@@ -28,6 +28,7 @@ SLOW = {
     "test_call_time_errors.py::test_float_random_factories_reject_integer_dtypes",  # 1.5 s, 4 tests
     "test_call_time_errors.py::test_inplace_broadcast_to_larger_shape",  # 0.7 s, 46 tests
     "test_channels_last.py::test_channels_last_input_matches_cpu",  # 8.7 s, 74 tests
+    "test_output_strides.py::test_fresh_result_strides",  # 12 s, 980 tests
     "test_device_api.py::test_torch_compile_runs_tpu_graphs_on_the_device",  # 8.2 s, 1 test
     "test_df16.py::test_edge_values",  # 0.7 s, 4 tests
     "test_dynamic_shapes.py::test_growing_size_compiles_log2_times_per_region_kind",  # 1.8 s, 1 test

@@ -46,7 +46,7 @@ EXCLUDE = re.compile(
     r"_thnn_fused_gru|_validate|_chunk_cat|_int_mm|_dimI|_dimV|_nnz|_coalesced|^_?indices(_copy)?(\.|$)|"
     r"^_?values(_copy)?(\.|$)|crow_|col_indices|"
     r"ccol_|row_indices|_to_dense|to_dense|_spdiags|_addmm_activation|_scaled_mm|_grouped_mm|_scaled_grouped|"
-    r"_mixed_dtypes|_convert_indices|_dirichlet_grad|_fused_adam|_fused_adagrad|_fused_sgd|_fused_rms|_fused_adamw|"
+    r"_mixed_dtypes|_convert_indices|_dirichlet_grad|_fused_rms|"
     r"_wrapped_|_sobol|_propagate_xla|_lazy_clone|_nested|_safe_softmax"
 )
 # Data-dependent output shapes, or non-tensor results: run at record time after a flush.
@@ -309,7 +309,7 @@ OP_TRAITS = [
     ("kNoUnrequestedWeights", {"_native_multi_head_attention"}, _default),
     # Result memory formats (csrc/ops/memory_format.cpp).
     ("kPreservesSelfStrides", {"flip", "sort"}, _no_out_in_name),
-    ("kContiguousResult", {"tril", "triu", "_log_softmax", "masked_fill"}, _no_out_in_name),
+    ("kContiguousResult", {"tril", "triu", "_log_softmax", "masked_fill", "mse_loss_backward"}, _no_out_in_name),
     ("kRollFormat", {"roll"}, _no_out_in_name),
     (
         "kInputFormatResult",
@@ -328,6 +328,31 @@ OP_TRAITS = [
         },
         _default,
     ),
+    # Kernels that are not structured (no C++ meta function gives their strides): CPU's
+    # TensorIterator over the tensor arguments lays out a fresh or resized result
+    # (csrc/ops/memory_format.cpp apply_cpu_result_layout; tests/record/test_output_strides.py).
+    (
+        "kIteratorLayout",
+        {
+            "floor_divide",
+            "logical_and",
+            "logical_or",
+            "logical_xor",
+            "complex",
+            "polar",
+            "hardtanh_backward",
+            "hardswish_backward",
+            "native_dropout_backward",
+        },
+        _every,
+    ),
+    # ldexp (self * pow(2, other)): the iterator sees pow's result, which is contiguous.
+    ("kIteratorLayout", {"ldexp"}, _every),
+    # huber_loss's out= kernel iterates over (self, target) into the out tensor it resizes.
+    ("kIteratorLayout", {"huber_loss"}, lambda ov: ov == "out"),
+    ("kOtherContiguous", {"ldexp"}, _every),
+    # ... or empty_like(self), which the kernel then iterates into.
+    ("kEmptyLikeSelf", {"huber_loss", "binary_cross_entropy", "binary_cross_entropy_backward"}, _default),
     # The out= kernel resizes out and copies the functional result: a resized out is contiguous.
     (
         "kOutResizedContiguous",

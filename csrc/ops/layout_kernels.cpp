@@ -244,6 +244,11 @@ TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
   m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse));
   m.impl("is_coalesced", TORCH_FN(at::native::is_coalesced_sparse));
   m.impl("_coalesced_", TORCH_FN(at::native::_coalesced_sparse_));
+  // copy_ and clone have CompositeExplicitAutograd kernels, which the dispatcher
+  // prefers to the fallback below; they end in _copy_from between layouts, which
+  // has no sparse kernel. CPU's sparse kernels decide them instead (as for SparseCPU).
+  m.impl("copy_", torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
+  m.impl("clone", torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
 }
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&run_on_host>()); }

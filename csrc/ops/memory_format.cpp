@@ -5,9 +5,13 @@
 #include <optional>
 #include <string>
 
+#include <ATen/EmptyTensor.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/function_schema.h>
 #include <ATen/native/ConvUtils.h>
+#include <ATen/native/TypeProperties.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/WrapDimMinimal.h>
 #include <c10/core/SymIntArrayRef.h>
@@ -80,6 +84,60 @@ std::optional<at::MemoryFormat> conv_memory_format(const torch::jit::Stack& stac
   const auto backend =
       at::native::select_conv_backend(in, w, bias, stride, padding, dilation, transposed, output_padding, groups, bs);
   return at::native::_determine_backend_memory_format(in, w, backend);
+}
+
+// The strides `.to(dtype)` gives `t` (empty_like, MemoryFormat::Preserve):
+// a dense tensor keeps its strides, another strided one gets the dense
+// strides of its permutation (expanded dims become real ones).
+std::vector<int64_t> empty_like_strides(const at::Tensor& t) {
+  if (t.is_non_overlapping_and_dense()) return t.strides().vec();
+  return at::infer_dense_strides(t.sizes(), t.strides());
+}
+
+// Meta tensor of `t`'s sizes and dtype with `strides`.
+at::Tensor meta_tensor(const at::Tensor& t, c10::IntArrayRef strides) {
+  return at::detail::empty_strided_meta(t.sizes(), strides, t.scalar_type(), std::nullopt, c10::Device(c10::kMeta),
+                                        std::nullopt);
+}
+
+// Meta twins of the call's tensor arguments in schema order, out= tensors
+// excluded; with `other_contiguous`, the argument `other` made contiguous.
+std::vector<at::Tensor> tensor_inputs(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
+                                      bool other_contiguous) {
+  std::vector<at::Tensor> in;
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size() && first + i < stack.size(); ++i) {
+    if (args[i].is_out() || !stack[first + i].isTensor()) continue;
+    const at::Tensor& t = stack[first + i].toTensor();
+    if (!t.defined()) continue;
+    if (other_contiguous && args[i].name() == "other")
+      in.push_back(meta_tensor(t, strides_for(t.sizes().vec(), at::MemoryFormat::Contiguous)));
+    else
+      in.push_back(meta_tensor(t, t.strides()));
+  }
+  return in;
+}
+
+// The strides of the output CPU's TensorIterator allocates for `inputs` (meta tensors)
+// (binary_op / comparison_op style: inputs promoted to their common dtype).
+// On CPU the iterator replaces an input of another dtype by `.to(common)`
+// before it orders the dimensions, so that input counts with the strides of
+// its converted copy. The iterator itself runs on meta tensors with the same
+// geometry: ATen's own broadcast, dimension ordering and allocation.
+std::optional<std::vector<int64_t>> iterator_output_strides(const std::vector<at::Tensor>& inputs,
+                                                            c10::ScalarType out_dtype) {
+  if (inputs.empty()) return std::nullopt;
+  at::native::ResultTypeState state;
+  for (const auto& t : inputs) state = at::native::update_result_type_state(t, state);
+  const c10::ScalarType common = at::native::result_type(state);
+  at::TensorIteratorConfig config;
+  config.set_check_mem_overlap(false).check_all_same_dtype(false).declare_static_dtype(out_dtype);
+  config.add_owned_output(at::Tensor());
+  for (const auto& t : inputs) {
+    config.add_owned_const_input(t.scalar_type() == common ? t : meta_tensor(t, empty_like_strides(t)));
+  }
+  auto iter = config.build();
+  return iter.output(0).strides().vec();
 }
 
 }  // namespace
@@ -184,6 +242,42 @@ void apply_cpu_memory_format(uint32_t traits, const torch::jit::Stack& stack, si
     for (auto& g : outcome.returns[0])
       if (static_cast<int64_t>(g.sizes.size()) == self.dim()) restride(g, fmt);
   }
+}
+
+void apply_cpu_result_layout(const c10::FunctionSchema& schema, uint32_t traits, const torch::jit::Stack& stack,
+                             size_t first, MetaOutcome& outcome) {
+  if (!(traits & (kIteratorLayout | kEmptyLikeSelf))) return;
+  // The geometries CPU's kernel lays out: the fresh results, and the out=
+  // tensors it resizes (their shape changes); the first gives sizes and dtype.
+  std::vector<Geometry*> laid_out;
+  for (auto& r : outcome.returns)
+    for (auto& g : r)
+      if (g.defined) laid_out.push_back(&g);
+  const auto& args = schema.arguments();
+  for (auto& w : outcome.written) {
+    const size_t i = first + static_cast<size_t>(w.first);
+    if (!args[w.first].is_out() || i >= stack.size() || !stack[i].isTensor() || !w.second.defined) continue;
+    if (!stack[i].toTensor().sizes().equals(w.second.sizes)) laid_out.push_back(&w.second);
+  }
+  if (laid_out.empty()) return;
+  const std::vector<int64_t> sizes = laid_out.front()->sizes;
+  std::optional<std::vector<int64_t>> strides;
+  if (traits & kIteratorLayout) {
+    try {
+      strides = iterator_output_strides(tensor_inputs(schema, stack, first, (traits & kOtherContiguous) != 0),
+                                        laid_out.front()->dtype);
+    } catch (const c10::Error&) {
+      return;  // the meta kernel accepted the call; keep its answer
+    }
+  } else {
+    for (size_t i = 0; i < args.size() && first + i < stack.size() && !strides; ++i)
+      if ((args[i].name() == "self" || args[i].name() == "input") && stack[first + i].isTensor() &&
+          stack[first + i].toTensor().defined() && stack[first + i].toTensor().sizes().equals(sizes))
+        strides = empty_like_strides(stack[first + i].toTensor());
+  }
+  if (!strides || strides->size() != sizes.size()) return;
+  for (Geometry* g : laid_out)
+    if (g->sizes == sizes) g->strides = *strides;
 }
 
 }  // namespace tpu_eager

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include <ATen/core/function_schema.h>
 #include <ATen/core/stack.h>
 
 #include "ops/meta_outcome.h"
@@ -36,5 +37,23 @@ class DeviceMetaInference {
 // `traits` are the op's OpTrait bits (op_table.h), which say which of these
 // applies; `stack[first...]` holds the op's (device) arguments.
 void apply_cpu_memory_format(uint32_t traits, const torch::jit::Stack& stack, size_t first, MetaOutcome& outcome);
+
+// Result strides of CPU kernels that are not structured, where the Python
+// reference meta kernels choose others for mixed layouts, expanded operands or
+// size-1 dims. `traits` (op_table.h) say which rule CPU's kernel follows:
+//  - kIteratorLayout: the kernel builds a TensorIterator whose inputs are the
+//    op's tensor arguments in schema order (floor_divide, logical_and, complex,
+//    hardtanh_backward, ...). The strides are those of a TensorIterator built
+//    over meta tensors of the same geometry: the same code on the same
+//    metadata (permutation from the first input whose strides decide, broadcast
+//    and size-1 dims included).
+//  - kEmptyLikeSelf: the kernel allocates empty_like(self) (MemoryFormat::
+//    Preserve) and iterates into it (huber_loss, binary_cross_entropy and its
+//    backward): a dense self's strides, else its inferred dense permutation.
+// Applies to the fresh results (`outcome.returns`) and to out= tensors the
+// kernel resizes (shape changed: CPU restrides them the same way); in-place
+// self and out= tensors that keep their shape keep their strides.
+void apply_cpu_result_layout(const c10::FunctionSchema& schema, uint32_t traits, const torch::jit::Stack& stack,
+                             size_t first, MetaOutcome& outcome);
 
 }  // namespace tpu_eager

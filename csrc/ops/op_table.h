@@ -52,6 +52,11 @@ enum OpTrait : uint32_t {
   kCheckRandperm = 1u << 25,          // randperm(n) into a dtype that cannot hold n
   kCheckNormalStd = 1u << 26,         // normal with a std tensor: std >= 0
   kCheckIndexDevices = 1u << 27,      // index: indices on CPU or self's device
+  // Result layouts of CPU kernels that are not structured (no C++ meta function to read them
+  // from; memory_format.cpp apply_cpu_result_layout), for fresh results and resized out= tensors.
+  kIteratorLayout = 1u << 28,   // CPU's TensorIterator over the tensor arguments, in schema order
+  kEmptyLikeSelf = 1u << 29,    // CPU allocates empty_like(self) (Preserve), then iterates into it
+  kOtherContiguous = 1u << 30,  // with kIteratorLayout: `other` enters as a contiguous tensor of its shape
 };
 
 struct OpEntry {

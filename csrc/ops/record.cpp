@@ -728,6 +728,8 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, uint32_t traits, to
     for (auto& g : outcome.returns[1]) g = Geometry();
   // Channels-last results: convolution, and kernels that keep their input's format.
   apply_cpu_memory_format(traits, stack, first, outcome);
+  // Non-structured kernels: CPU's TensorIterator or empty_like(self) lays out the result.
+  apply_cpu_result_layout(schema, traits, stack, first, outcome);
   // Backward ops with an output_mask: CPU returns an undefined tensor for each
   // gradient that is off; native_batch_norm_backward's meta kernel still
   // returns a grad_input, so the flush would bind an undefined result.
@@ -1006,7 +1008,15 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     // Keep the meta twins of written arguments: the kernel may resize them.
     std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
     std::vector<c10::IValue> cpp_returns;  // the C++ meta kernel's results, when it ran
+    // The meta kernels' warnings (a uint8 mask's deprecation, an out= resized) are
+    // held until inference succeeds; when it fails, CPU's kernel runs instead and
+    // gives its own, so each warning comes once, as on CPU.
+    struct HeldWarnings : c10::WarningHandler {
+      std::vector<c10::Warning> held;
+      void process(const c10::Warning& w) override { held.push_back(w); }
+    } held;
     try {
+      c10::WarningUtils::WarningHandlerGuard hold(&held);
       c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
       // CPU's own call-time checks first: the C++ meta kernel a Python one
       // shadows (cpu_meta.h), on twins of its own (it may resize out= twins).
@@ -1046,6 +1056,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
       return;
     }
+    for (const c10::Warning& w : held.held) c10::warn(w);
     for (size_t k = 0; k < schema.returns().size(); ++k) {
       std::vector<Geometry> geoms;
       const c10::IValue& mv = meta_stack[k];

@@ -263,6 +263,43 @@ def test_byte_mask_assignment_warns_like_cpu(dev):
     run_both_at_call(build, act, dev, check_warnings=True)
 
 
+# Calls whose meta inference warns and then gives up (data-dependent shapes), so CPU's
+# kernel runs at the call: each warning comes once, as on CPU (the meta kernels' warnings
+# are held until inference succeeds).
+WARN_ONCE = {
+    "getitem_byte_mask": (
+        lambda d: (torch.ones(10, 10, device=d),),
+        lambda y: y[torch.zeros(10, dtype=torch.uint8, device=y.device)],
+    ),
+    "getitem_two_byte_masks": (
+        lambda d: (torch.ones(5, 7, 3, device=d),),
+        lambda v: v[
+            torch.tensor([1, 0, 1, 1, 0], dtype=torch.uint8, device=v.device),
+            :,
+            torch.tensor([1, 1, 1], dtype=torch.uint8, device=v.device),
+        ],
+    ),
+    "index_put_byte_mask_accumulate": (
+        lambda d: (torch.ones(10, 10, device=d), torch.ones(0, 10, device=d)),
+        lambda y, v: y.index_put_((torch.zeros(10, dtype=torch.uint8, device=y.device),), v, accumulate=True),
+    ),
+    "out_resized": (
+        lambda d: (torch.ones(4, device=d), torch.empty(3, device=d)),
+        lambda a, o: torch.add(a, 1, out=o),
+    ),
+    "nonzero_out_resized": (
+        lambda d: (torch.tensor([0.0, 1.0, 2.0], device=d), torch.empty(1, dtype=torch.int64, device=d)),
+        lambda a, o: torch.nonzero(a, out=o),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WARN_ONCE))
+def test_meta_inference_warnings_come_once(dev, case):
+    build, act = WARN_ONCE[case]
+    run_both_at_call(build, act, dev, check_warnings=True)
+
+
 # ---- masked_scatter_ ------------------------------------------------------------
 MASKED_SCATTER = {
     "source_too_small": (3, (5,), (5,), True),

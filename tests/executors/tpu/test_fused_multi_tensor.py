@@ -91,6 +91,51 @@ def test_foreach_optimizers_match_cpu(cpu_math, opt_cls, kwargs):
             assert torch.equal(pt.detach().cpu(), pc.detach())
 
 
+@pytest.mark.parametrize(
+    "opt_cls,kwargs",
+    [
+        (torch.optim.Adam, dict(lr=1e-2)),
+        (torch.optim.Adam, dict(lr=torch.tensor(1e-2))),
+        (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1, amsgrad=True)),
+        (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True)),
+        (torch.optim.SGD, dict(lr=0.1)),
+        (torch.optim.Adagrad, dict(lr=0.1)),
+    ],
+)
+@pytest.mark.parametrize("scaled", [False, True])
+def test_fused_optimizers_match_cpu(opt_cls, kwargs, scaled):
+    # fused=True (CPU's _fused_adam_ / _fused_adamw_ / _fused_sgd_ / _fused_adagrad_ kernels, as
+    # CUDA offers them): op-table rows run by CPU's kernel, bit-equal to CPU; with a GradScaler
+    # the kernels read grad_scale / found_inf (an inf gradient skips the step).
+    params_cpu = [torch.nn.Parameter(t) for t in _tensors(50)]
+    params_tpu = [torch.nn.Parameter(t.detach().clone().to("tpu")) for t in params_cpu]
+    opt_cpu = opt_cls(params_cpu, fused=True, **kwargs)
+    opt_tpu = opt_cls(params_tpu, fused=True, **kwargs)
+    scalers = [torch.amp.GradScaler(d, init_scale=4.0) for d in ("cpu", "tpu")] if scaled else []
+    for sc, d in zip(scalers, ("cpu", "tpu")):
+        sc.scale(torch.ones((), device=d))  # creates the scale; the gradients below count as scaled
+    for step in range(3):
+        for i, (pc, pt) in enumerate(zip(params_cpu, params_tpu)):
+            g = cpu_randn(*pc.shape, seed=200 * step + i)
+            if scaled and step == 1 and i == 0:
+                g[0] = float("inf")  # this step is skipped on both devices
+            pc.grad, pt.grad = g, g.to("tpu")
+        if scaled:
+            for sc, opt in zip(scalers, (opt_cpu, opt_tpu)):
+                sc.step(opt)
+                sc.update()
+            assert scalers[1].get_scale() == scalers[0].get_scale()
+        else:
+            opt_cpu.step()
+            opt_tpu.step()
+        for pc, pt in zip(params_cpu, params_tpu):
+            assert torch.equal(pt.detach().cpu(), pc.detach())
+    for sc, st in zip(opt_cpu.state.values(), opt_tpu.state.values()):
+        for k, v in sc.items():
+            if isinstance(v, torch.Tensor):
+                assert torch.equal(st[k].cpu(), v), k
+
+
 @pytest.mark.parametrize("weight", [0.1, -0.3, 0.5, 0.9, 2.0])
 def test_lerp_in_place_both_weight_branches(weight):
     starts, ends = _tensors(50), _tensors(60)

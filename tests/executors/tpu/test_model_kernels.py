@@ -621,6 +621,32 @@ def test_sparse_in_place_and_matmul():
     assert x.cpu().tolist() == [2.0, 2.0, 2.0]
 
 
+@pytest.mark.parametrize("coalesced", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_sparse_copies_match_cpu(coalesced, dtype):
+    # clone and copy_ have composite kernels that would copy between layouts through
+    # _copy_from (no sparse kernel); CPU's sparse kernels decide them, for every copy path.
+    import copy
+
+    c, t = _sparse_pair(dtype)
+    if coalesced:
+        c, t = c.coalesce(), t.coalesce()
+    _same_sparse(t.clone(), c.clone())
+    _same_sparse(copy.deepcopy(t), copy.deepcopy(c))
+    for src_t, src_c in ((t, c), (c, c)):  # from a tpu and from a CPU sparse tensor
+        dst_t, dst_c = torch.sparse_coo_tensor(size=(2, 3), device=DEV), torch.sparse_coo_tensor(size=(2, 3))
+        _same_sparse(dst_t.copy_(src_t), dst_c.copy_(src_c))
+    if dtype != torch.bool:
+        _same_sparse(t.clone().add_(t), c.clone().add_(c))  # in-place on a copy leaves the source alone
+        _same_sparse(t, c)
+    # copying between dense and sparse raises CPU's error
+    with pytest.raises(RuntimeError) as cpu_err:
+        torch.zeros(2, 3, dtype=dtype).copy_(c)
+    with pytest.raises(RuntimeError) as dev_err:
+        torch.zeros(2, 3, dtype=dtype, device=DEV).copy_(t)
+    assert str(dev_err.value) == str(cpu_err.value)
+
+
 # ---- cov of complex64 with inf (issue 25) ----------------------------------------------
 
 

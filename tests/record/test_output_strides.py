@@ -1,0 +1,160 @@
+"""Result strides of kernels that are not structured, over mixed operand layouts.
+
+CPU's floor_divide, logical_and/or/xor, complex, polar, ldexp, hardtanh/hardswish/dropout
+backward, huber_loss, binary_cross_entropy (and backward) and mse_loss_backward lay
+out a fresh result with their TensorIterator (or empty_like(self)); they have no
+C++ meta function, and the Python reference meta kernels choose other strides for
+mixed layouts, expanded operands and size-1 dims. The op table's kIteratorLayout,
+kOtherContiguous, kEmptyLikeSelf and kContiguousResult traits give CPU's rule
+(csrc/ops/memory_format.cpp). Every case compares sizes, strides and values with
+CPU; structured neighbours (add, where, atan2, ...) guard the other path.
+"""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu_eager  # noqa: F401  (registers the "tpu" device)
+
+A = torch.ops.aten
+
+
+def _layouts():
+    """name -> (CPU base tensor maker, view applied on each device): each layout is made
+    on the device from the same base values, so both devices see the same geometry."""
+    return {
+        "contiguous": (lambda: torch.randn(2, 3, 4, 5), lambda t: t),
+        "transposed": (lambda: torch.randn(2, 5, 4, 3), lambda t: t.transpose(1, 3)),
+        "channels_last": (lambda: torch.randn(2, 3, 4, 5), lambda t: t.contiguous(memory_format=torch.channels_last)),
+        "expanded": (lambda: torch.randn(1, 3, 1, 5), lambda t: t.expand(2, 3, 4, 5)),
+        "size1": (lambda: torch.randn(2, 1, 4, 1), lambda t: t),
+        "size1_transposed": (lambda: torch.randn(4, 1, 2, 1), lambda t: t.transpose(0, 2)),
+        "permuted": (lambda: torch.randn(5, 4, 3, 2), lambda t: t.permute(3, 2, 1, 0)),
+    }
+
+
+LAYOUTS = _layouts()
+PAIRS = list(itertools.product(LAYOUTS, LAYOUTS))
+
+# name -> fn(a, b) with a, b float tensors on one device (shapes broadcast to (2, 3, 4, 5))
+OPS = {
+    # kIteratorLayout
+    "floor_divide": lambda a, b: torch.floor_divide(a, b),
+    "floor_divide_int": lambda a, b: torch.floor_divide((a * 10).to(torch.int32), (b * 10).to(torch.int32) | 1),
+    "logical_and": torch.logical_and,
+    "logical_or": torch.logical_or,
+    "logical_xor": torch.logical_xor,
+    "logical_and_bool_float": lambda a, b: torch.logical_and(a > 0, b),
+    "logical_or_bool": lambda a, b: torch.logical_or(a > 0, b > 0),
+    "complex": torch.complex,
+    "polar": lambda a, b: torch.polar(a.abs(), b),
+    "hardtanh_backward": lambda a, b: A.hardtanh_backward(a, b, -1.0, 1.0),
+    "hardswish_backward": lambda a, b: A.hardswish_backward(a, b),
+    "native_dropout_backward": lambda a, b: A.native_dropout_backward(a, b > 0, 2.0),
+    # kIteratorLayout + kOtherContiguous
+    "ldexp": torch.ldexp,
+    # kEmptyLikeSelf
+    "huber_loss": lambda a, b: F.huber_loss(a, b, reduction="none"),
+    "binary_cross_entropy": lambda a, b: F.binary_cross_entropy(a.sigmoid(), b.sigmoid(), reduction="none"),
+    "binary_cross_entropy_backward": lambda a, b: A.binary_cross_entropy_backward(a, b.sigmoid(), a.sigmoid(), None, 0),
+    # structured neighbours (their C++ meta function gives the layout)
+    "add": torch.add,
+    "atan2": torch.atan2,
+    "where": lambda a, b: torch.where(b > 0, a, b),
+    "eq": torch.eq,
+    "lerp_tensor_weight": lambda a, b: torch.lerp(a, b, b),
+}
+
+# Called directly with operands of different shapes, CPU's binary_cross_entropy_backward
+# iterates over squeezed operands (an error for most pairs, which the device does not raise).
+SAME_SHAPE_ONLY = {"binary_cross_entropy_backward"}
+
+
+def _pair(la, lb):
+    (ma, fa), (mb, fb) = LAYOUTS[la], LAYOUTS[lb]
+    a0, b0 = ma(), mb()
+    return (fa(a0), fb(b0)), (fa(a0.to("tpu")), fb(b0.to("tpu")))
+
+
+def _check(expected, got):
+    assert got.device.type == "tpu"
+    assert got.shape == expected.shape
+    assert got.dtype == expected.dtype
+    assert got.stride() == expected.stride(), (expected.stride(), got.stride())
+    torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("la,lb", PAIRS, ids=[f"{x}-{y}" for x, y in PAIRS])
+def test_fresh_result_strides(op, la, lb):
+    (a, b), (ta, tb) = _pair(la, lb)
+    assert (ta.stride(), tb.stride()) == (a.stride(), b.stride())
+    if op in SAME_SHAPE_ONLY and a.shape != b.shape:
+        pytest.skip("operands of different shapes: CPU's kernel squeezes them (not a broadcast this test covers)")
+    try:
+        expected = OPS[op](a, b)
+    except (RuntimeError, ValueError) as e:  # CPU rejects the pair: so must the device, with its error
+        with pytest.raises(type(e)):
+            OPS[op](ta, tb)
+        return
+    _check(expected, OPS[op](ta, tb))
+
+
+# out= with an empty out tensor: CPU's kernel resizes it and lays it out as a fresh result.
+OUT_OPS = {
+    "floor_divide": lambda a, b, out: torch.floor_divide(a, b, out=out),
+    "logical_xor": lambda a, b, out: torch.logical_xor(a, b, out=out),
+    "complex": lambda a, b, out: torch.complex(a, b, out=out),
+    "polar": lambda a, b, out: torch.polar(a.abs(), b, out=out),
+    "huber_loss": lambda a, b, out: torch._C._nn.huber_loss(a, b, 0, 1.0, out=out),
+}
+OUT_DTYPES = {"logical_xor": torch.bool, "complex": torch.complex64, "polar": torch.complex64}
+
+
+@pytest.mark.parametrize("op", list(OUT_OPS))
+@pytest.mark.parametrize(
+    "la,lb",
+    [("contiguous", "transposed"), ("expanded", "channels_last"), ("size1", "permuted"), ("transposed", "size1")],
+)
+def test_resized_out_strides(op, la, lb):
+    (a, b), (ta, tb) = _pair(la, lb)
+    dtype = OUT_DTYPES.get(op, torch.float32)
+    out, tout = torch.empty(0, dtype=dtype), torch.empty(0, dtype=dtype, device="tpu")
+    OUT_OPS[op](a, b, out)
+    OUT_OPS[op](ta, tb, tout)
+    _check(out, tout)
+
+
+@pytest.mark.parametrize("op", ["floor_divide", "logical_and"])
+def test_out_of_the_right_shape_keeps_its_strides(op):
+    # CPU writes into an out= of the result's shape as it is (here: transposed).
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    out = torch.empty(4, 3, dtype=torch.bool if op == "logical_and" else torch.float32).t()
+    tout = out.to("tpu").t().contiguous().t()
+    assert tout.stride() == out.stride()
+    getattr(torch, op)(a, b, out=out)
+    getattr(torch, op)(a.to("tpu"), b.to("tpu"), out=tout)
+    _check(out, tout)
+
+
+@pytest.mark.parametrize("la", ["contiguous", "transposed", "channels_last", "permuted"])
+def test_mse_loss_backward_is_contiguous(la):
+    # CPU allocates grad_input with zeros_like(input, contiguous) and iterates into it.
+    (g, x), (tg, tx) = _pair(la, la)
+    y = torch.randn_like(x)
+    expected = A.mse_loss_backward(g, x, y, 0)
+    _check(expected, A.mse_loss_backward(tg, tx, y.to("tpu"), 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64, torch.int8, torch.float16])
+@pytest.mark.parametrize(
+    "la,lb", [("contiguous", "transposed"), ("expanded", "permuted"), ("size1_transposed", "channels_last")]
+)
+def test_floor_divide_dtypes(dtype, la, lb):
+    (a, b), (ta, tb) = _pair(la, lb)
+    a, ta = (a * 20).to(dtype), (ta * 20).to(dtype)
+    b, tb = (b * 20).to(dtype).abs() + 1, (tb * 20).to(dtype).abs() + 1  # no integer division by zero
+    assert (ta.stride(), tb.stride()) == (a.stride(), b.stride())
+    _check(torch.floor_divide(a, b), torch.floor_divide(ta, tb))
