@@ -20,12 +20,14 @@ simulated time does not include host compile time.
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
 import torch_tpu_eager as tte
 
-from _common import pyplot, quick_default, save_figure
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # find _common however we are loaded
+from _common import pyplot, quick_default, save_figure  # noqa: E402
 from train_digits import load_data, make_model
 
 BATCH = 64

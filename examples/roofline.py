@@ -14,11 +14,14 @@ train_digits.py on synthetic data. Times come from the simulator's cost model
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
 import torch_tpu_eager as tte
-from _common import pyplot, quick_default, save_figure
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # find _common however we are loaded
+from _common import pyplot, quick_default, save_figure  # noqa: E402
 
 SIZES = [128, 256, 512, 1024, 2048]
 QUICK_SIZES = [128, 256, 512]

@@ -34,6 +34,7 @@ import torch_tpu_eager  # noqa: F401  (registers "tpu" and the c10d backend "tpu
 from torch_tpu_eager.distributed import collective_metrics, reset_collective_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # find _common however we are loaded
 from _common import quick_default, rel_diff  # noqa: E402
 from train_digits import LR, SEED, load_data, make_model  # noqa: E402
 
