@@ -176,3 +176,11 @@ def test_symbolic_text_errors_name_line_and_rule(spyre_target):
     spyre.verify_ktir(text.replace("s0=20", "s0=64"))
     with pytest.raises(ValueError, match=r"rule 'tile'"):
         spyre.verify_ktir(text.replace("at=[core*?, 0]", "at=[0, 0]", 1))
+
+
+def test_batch_norm_in_eval_mode_runs(spyre_target):
+    # CPU returns empty save_mean/save_invstd in eval mode where the meta kernel
+    # gives [C]: the verifier accepts an empty result view.
+    x, m, v = torch.randn(4, 3, 5), torch.randn(3), torch.rand(3) + 0.5
+    got = torch.nn.functional.batch_norm(x.to("tpu"), m.to("tpu"), v.to("tpu"), training=False).cpu()
+    torch.testing.assert_close(got, torch.nn.functional.batch_norm(x, m, v, training=False))
