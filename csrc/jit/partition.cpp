@@ -178,6 +178,39 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
     }
   }
 
+  // A fused region of one elementwise op gains nothing from a loop (its CPU
+  // kernel writes the device buffer directly): next to an op-by-op group it
+  // joins that group instead (one region fewer, and the group's inputs stay
+  // the flush's own, whose mark_dynamic ranges key it). Adjacent regions run
+  // one after the other, so the op may run at the start or, in program order,
+  // inside its neighbour.
+  for (size_t ri = 0; ri < regions.size(); ++ri) {
+    Region& r = regions[ri];
+    if (growing[ri].by_ops || r.anchor != PrimKind::kElementwise || r.nodes.size() != 1) continue;
+    const int into = ri + 1 < regions.size() && growing[ri + 1].by_ops ? static_cast<int>(ri) + 1
+                     : ri > 0 && growing[ri - 1].by_ops                ? static_cast<int>(ri) - 1
+                                                                       : -1;
+    if (into < 0 || regions[into].nodes.size() >= kMaxRegionOps) continue;
+    Region& to = regions[into];
+    const auto at = std::lower_bound(to.nodes.begin(), to.nodes.end(), r.nodes[0]) - to.nodes.begin();
+    to.nodes.insert(to.nodes.begin() + at, r.nodes[0]);
+    to.materialize.insert(to.materialize.begin() + at, std::move(r.materialize[0]));
+    r.nodes.clear();
+  }
+  {
+    size_t kept = 0;
+    for (size_t ri = 0; ri < regions.size(); ++ri) {
+      if (regions[ri].nodes.empty()) continue;
+      if (kept != ri) {
+        regions[kept] = std::move(regions[ri]);
+        growing[kept] = std::move(growing[ri]);
+      }
+      ++kept;
+    }
+    regions.resize(kept);
+    growing.resize(kept);
+  }
+
   // Materialize an output when something outside its region can observe it.
   // graph index -> (region, position); region -1 for a dead node
   std::vector<std::pair<int, int>> where(g.size(), {-1, -1});

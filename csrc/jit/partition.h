@@ -19,7 +19,8 @@ namespace jit {
 // target ends its loop at that reduction (OpFusion::kEndsLoop: its consumers
 // start a new region); ops the target cannot fuse (OpFusion::kOpByOp) are cut
 // out into regions of their own (anchor kLibrary) that run op by op, so they
-// never keep a fused chain from fusing; library calls run alone; a region
+// never keep a fused chain from fusing (a lone fusable elementwise op next to
+// such a region joins it: a loop of one op gains nothing); library calls run alone; a region
 // holds at most kMaxRegionOps ops. Outputs in `observed` (lazy/queue.h
 // observed_after_flush) and outputs read by a later region are materialized.
 std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed,
