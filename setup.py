@@ -1,7 +1,7 @@
 """Build torch_tpu_eager._C from csrc/ with torch.utils.cpp_extension (ninja).
 
 Debug info is off by default (it roughly doubles compile time on 2 cores);
-set TORCH_TPU_DEBUG_BUILD=1 to build with -g -O0.
+set TORCH_TPU_DEBUG_BUILD=1 to build with -g -O0 and the debug checks (the region verifier).
 """
 
 import glob
@@ -28,6 +28,7 @@ cxx_flags.append("--param=avoid-fma-max-bits=256")
 cxx_flags.append("-fopenmp")
 if DEBUG:
     cxx_flags.append("-g")
+    cxx_flags.append("-DTORCH_TPU_DEBUG_BUILD")  # e.g. the region verifier runs on every flush (csrc/jit/verify.h)
 else:
     cxx_flags.append("-g0")
 

@@ -112,3 +112,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         else:
             item.add_marker(pytest.mark.fast)
+
+
+if DEVICE == "tpu":
+    # Every flush of the suite checks partition's regions (csrc/jit/verify.h).
+    torch_tpu_eager._C._jit_set_verify(True)

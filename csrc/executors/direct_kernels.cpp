@@ -15,6 +15,8 @@
 #include <ATen/Version.h>
 #include <ATen/native/layer_norm.h>
 
+#include "jit/lowering.h"
+
 namespace tpu_eager {
 namespace host {
 namespace {
@@ -119,34 +121,33 @@ bool clone_into(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs)
 
 using DirectKernel = bool (*)(const torch::jit::Stack&, const std::vector<at::Tensor>&);
 
-// The direct kernel of an op, or null.
-DirectKernel direct_kernel(const c10::FunctionSchema& schema) {
-  const std::string& name = schema.name();
-  const std::string& overload = schema.overload_name();
-  if (name == "aten::masked_fill" && (overload == "Scalar" || overload == "Tensor")) return &masked_fill;
-  if (!overload.empty()) return nullptr;
-  if (name == "aten::native_layer_norm") return &layer_norm;
-  if (name == "aten::native_layer_norm_backward") return &layer_norm_backward;
-  if (name == "aten::clone") return &clone_into;
+// The direct kernel of an op (the lowering table's DirectImpl), or null.
+DirectKernel direct_kernel(const c10::OperatorHandle& op) {
+  switch (lowering_of(op).host) {
+    case DirectImpl::kMaskedFill:
+      return &masked_fill;
+    case DirectImpl::kLayerNorm:
+      return &layer_norm;
+    case DirectImpl::kLayerNormBackward:
+      return &layer_norm_backward;
+    case DirectImpl::kClone:
+      return &clone_into;
+    case DirectImpl::kNone:
+      break;
+  }
   return nullptr;
 }
 
 }  // namespace
 
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs) {
-  const DirectKernel kernel = direct_kernel(n.op.schema());
+  const DirectKernel kernel = direct_kernel(n.op);
   return kernel && kernel(args, outs);
 }
 
-bool has_direct_kernel(const Node& n) { return direct_kernel(n.op.schema()) != nullptr; }
+bool has_direct_kernel(const Node& n) { return direct_kernel(n.op) != nullptr; }
 
-bool takes_strided_inputs(const Node& n) {
-  const auto& schema = n.op.schema();
-  if (!schema.overload_name().empty()) return false;
-  const std::string& name = schema.name();
-  return name == "aten::mm" || name == "aten::addmm" || name == "aten::bmm" || name == "aten::baddbmm" ||
-         name == "aten::cat" || name == "aten::clone";
-}
+bool takes_strided_inputs(const Node& n) { return lowering_of(n.op).strided_inputs; }
 
 }  // namespace host
 }  // namespace tpu_eager

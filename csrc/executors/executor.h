@@ -13,7 +13,8 @@
 
 namespace tpu_eager {
 
-class Executor {
+// A target: its fusion rules (asked by partition), compile and run.
+class Executor : public FusionRules {
  public:
   virtual ~Executor() = default;
   virtual const char* name() const = 0;

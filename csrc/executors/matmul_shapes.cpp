@@ -1,6 +1,8 @@
 // The products of a matmul-family op (see matmul_shapes.h).
 #include "executors/matmul_shapes.h"
 
+#include "jit/lowering.h"
+
 #include <string>
 #include <utility>
 
@@ -13,66 +15,51 @@ const TensorRef* arg_ref(const Node& n, int arg) {
 }
 
 bool gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c10::ScalarType& tb) {
-  std::string base = n.op.schema().name().substr(6);  // drop "aten::"
-  if (!base.empty() && base.back() == '_') base.pop_back();
-  auto operands = [&](int ia, int ib) -> std::pair<const TensorRef*, const TensorRef*> {
-    const TensorRef* a = arg_ref(n, ia);
-    const TensorRef* b = arg_ref(n, ib);
-    if (a && b) {
-      ta = a->dtype;
-      tb = b->dtype;
-    }
-    return {a, b};
-  };
+  const Lowering& l = lowering_of(n.op);
+  const TensorRef* a = l.a_arg >= 0 ? arg_ref(n, l.a_arg) : nullptr;
+  const TensorRef* b = l.b_arg >= 0 ? arg_ref(n, l.b_arg) : nullptr;
+  if (a && b) {
+    ta = a->dtype;
+    tb = b->dtype;
+  }
   auto dims_ok = [](const TensorRef* r, size_t rank) { return r && r->sizes.size() == rank; };
-
-  if (base == "mm" || base == "addmm") {
-    auto [a, b] = base == "mm" ? operands(0, 1) : operands(1, 2);
-    if (!dims_ok(a, 2) || !dims_ok(b, 2)) return false;
-    out.push_back({1, double(a->sizes[0]), double(a->sizes[1]), double(b->sizes[1])});
-    return true;
+  switch (l.mxu) {
+    case MxuOp::kMm:
+    case MxuOp::kAddmm:
+      if (!dims_ok(a, 2) || !dims_ok(b, 2)) return false;
+      out.push_back({1, double(a->sizes[0]), double(a->sizes[1]), double(b->sizes[1])});
+      return true;
+    case MxuOp::kBmm:
+    case MxuOp::kBaddbmm:
+    case MxuOp::kAddbmm:
+      if (!dims_ok(a, 3) || !dims_ok(b, 3)) return false;
+      out.push_back({double(a->sizes[0]), double(a->sizes[1]), double(a->sizes[2]), double(b->sizes[2])});
+      return true;
+    case MxuOp::kMv:
+    case MxuOp::kAddmv:
+      if (!dims_ok(a, 2) || !dims_ok(b, 1)) return false;
+      out.push_back({1, double(a->sizes[0]), double(a->sizes[1]), 1});
+      return true;
+    case MxuOp::kDot:
+    case MxuOp::kVdot:
+      if (!dims_ok(a, 1) || !dims_ok(b, 1)) return false;
+      out.push_back({1, 1, double(a->sizes[0]), 1});
+      return true;
+    case MxuOp::kAddr:  // outer product: K = 1
+      if (!dims_ok(a, 1) || !dims_ok(b, 1)) return false;
+      out.push_back({1, double(a->sizes[0]), 1, double(b->sizes[0])});
+      return true;
+    default:
+      return false;
   }
-  if (base == "bmm" || base == "baddbmm" || base == "addbmm") {
-    auto [a, b] = base == "bmm" ? operands(0, 1) : operands(1, 2);
-    if (!dims_ok(a, 3) || !dims_ok(b, 3)) return false;
-    out.push_back({double(a->sizes[0]), double(a->sizes[1]), double(a->sizes[2]), double(b->sizes[2])});
-    return true;
-  }
-  if (base == "mv" || base == "addmv") {
-    auto [a, b] = base == "mv" ? operands(0, 1) : operands(1, 2);
-    if (!dims_ok(a, 2) || !dims_ok(b, 1)) return false;
-    out.push_back({1, double(a->sizes[0]), double(a->sizes[1]), 1});
-    return true;
-  }
-  if (base == "dot" || base == "vdot") {
-    auto [a, b] = operands(0, 1);
-    if (!dims_ok(a, 1) || !dims_ok(b, 1)) return false;
-    out.push_back({1, 1, double(a->sizes[0]), 1});
-    return true;
-  }
-  if (base == "addr") {  // outer product: K = 1
-    auto [a, b] = operands(1, 2);
-    if (!dims_ok(a, 1) || !dims_ok(b, 1)) return false;
-    out.push_back({1, double(a->sizes[0]), 1, double(b->sizes[0])});
-    return true;
-  }
-  return false;
 }
 
 bool gemm_operand_args(const Node& n, int& a, int& b) {
-  std::string base = n.op.schema().name().substr(6);
-  if (!base.empty() && base.back() == '_') base.pop_back();
-  if (base == "mm" || base == "bmm" || base == "mv" || base == "dot" || base == "vdot" || base == "convolution") {
-    a = 0;
-    b = 1;
-    return true;
-  }
-  if (base == "addmm" || base == "baddbmm" || base == "addbmm" || base == "addmv" || base == "addr") {
-    a = 1;
-    b = 2;
-    return true;
-  }
-  return false;
+  const Lowering& l = lowering_of(n.op);
+  if (l.a_arg < 0 || l.mxu == MxuOp::kConvolutionBackward) return false;
+  a = l.a_arg;
+  b = l.b_arg;
+  return true;
 }
 
 namespace {
@@ -88,9 +75,9 @@ double spatial(const std::vector<int64_t>& sizes) {  // product of the dims afte
 bool conv_gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c10::ScalarType& tb,
                    double& bias_elems) {
   bias_elems = 0;
-  const std::string base = n.op.schema().name().substr(6);
-  const bool forward = base == "convolution";
-  if (!forward && base != "convolution_backward") return false;
+  const MxuOp op = lowering_of(n.op).mxu;
+  const bool forward = op == MxuOp::kConvolution;
+  if (!forward && op != MxuOp::kConvolutionBackward) return false;
   // forward: (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
   // backward: (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
   //            output_padding, groups, output_mask)

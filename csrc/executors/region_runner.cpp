@@ -14,6 +14,7 @@
 
 #include "executors/direct_kernels.h"
 #include "executors/out_variant.h"
+#include "jit/lowering.h"
 #include "ops/custom_ops.h"
 #include "views/view_chain.h"
 
@@ -127,11 +128,7 @@ bool call_direct(const Node& n, const c10::OperatorHandle& out_op, const torch::
 bool reads_written_value(const Node& n, const InputSlot& in) {
   const auto& schema = n.op.schema();
   if (in.arg < static_cast<int>(schema.arguments().size()) && schema.arguments()[in.arg].is_out()) return false;
-  if (in.arg != 0) return true;
-  static const std::unordered_set<std::string> overwrite = {"fill_",       "zero_",        "normal_",    "uniform_",
-                                                            "random_",     "exponential_", "geometric_", "cauchy_",
-                                                            "log_normal_", "bernoulli_",   "copy_"};
-  return schema.name().rfind("aten::", 0) != 0 || !overwrite.count(schema.name().substr(6));
+  return in.arg != 0 || !lowering_of(n.op).overwrites_self;
 }
 
 namespace {

@@ -21,6 +21,7 @@
 #include "jit/kernel_trace.h"
 #include "jit/partition.h"
 #include "jit/region_disk_cache.h"
+#include "jit/verify.h"
 #include "ops/custom_ops.h"
 
 namespace tpu_eager {
@@ -236,7 +237,24 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   for (char l : live) n_live += l;
   m.ops_eliminated += static_cast<int64_t>(g.size()) - n_live;
 
-  std::vector<Region> regions = partition(g, live, observed);
+  Executor& ex = active_executor();
+  std::vector<Region> regions = partition(g, live, observed, &ex);
+  apply_test_break(regions);
+  if (verify_enabled()) {
+    const std::string bad = verify_regions(g, live, observed, regions);
+    if (!bad.empty()) {
+      // A partition bug: nothing of the flush runs; what it writes holds the error.
+      std::exception_ptr err;
+      try {
+        TORCH_CHECK(false, "region verifier: ", bad, " (a partition bug; please report it)");
+      } catch (...) {
+        err = std::current_exception();
+      }
+      for (size_t i = 0; i < g.size(); ++i)
+        if (live[i]) for_each_written_storage(g[i], [&](DeferredStorage* s) { s->set_error(err); });
+      return err;
+    }
+  }
   host::HostMemory mem;
   // Storages a live node of this flush creates and nothing observes after it
   // hold values only between its regions: flush-local memory, freed after the
@@ -262,7 +280,6 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
         [&](const DeferredStorage* st, size_t ri) { release_after[ri].push_back(const_cast<DeferredStorage*>(st)); });
     mem.set_transient(std::move(made));
   }
-  Executor& ex = active_executor();
   // Every target starts a new flush, so inspection of "the last flush" of an
   // inactive target (e.g. Spyre's schedule after a TPU flush) is empty.
   tpu_executor().begin_flush();

@@ -78,24 +78,39 @@ const Dims* iteration_shape(const Node& n) {
   return nullptr;
 }
 
-// Whether `n` may join region `r` under the fusion rules.
-bool fusible_into(const Region& r, const Dims& anchor_shape, const Node& n) {
+// What partition knows of a region while it grows.
+struct Growing {
+  Dims anchor_shape;    // the shape an anchored region's epilogue iterates over
+  bool by_ops = false;  // a group of lowered ops the target runs op by op (anchor kLibrary)
+  bool closed = false;  // ends with a row reduction that ends the target's loop: takes no consumers
+};
+
+// Whether `n` (fusion `f` on the target) may join region `r` under the fusion rules.
+bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f) {
   const auto k = static_cast<PrimKind>(n.kind);
-  if (k == PrimKind::kLibrary || r.anchor == PrimKind::kLibrary || r.nodes.size() >= kMaxRegionOps) return false;
+  if (k == PrimKind::kLibrary || r.nodes.size() >= kMaxRegionOps) return false;
+  if (s.by_ops) return f == OpFusion::kOpByOp;  // op-by-op groups take only such ops
+  if (r.anchor == PrimKind::kLibrary || s.closed) return false;
   const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
   if (k == PrimKind::kElementwise) {
     const auto* shape = iteration_shape(n);
-    return !anchored || (shape && *shape == anchor_shape);  // an epilogue iterates over the anchor's output
+    const bool epilogue = shape && *shape == s.anchor_shape;  // iterates over the anchor's output
+    if (r.anchor == PrimKind::kMatmul) return epilogue;       // the MXU kernel's epilogue takes any elementwise op
+    return f != OpFusion::kOpByOp && (!anchored || epilogue);
   }
+  if (f == OpFusion::kOpByOp) return false;
   if (k == PrimKind::kData || k == PrimKind::kRandom || k == PrimKind::kReduction) return !anchored;
   return false;  // a matmul starts its own region
 }
 
 }  // namespace
 
-std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed) {
+std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed,
+                              const FusionRules* rules) {
+  static const FusionRules kDefaultRules;
+  if (!rules) rules = &kDefaultRules;
   std::vector<Region> regions;
-  std::vector<Dims> anchor_shapes;
+  std::vector<Growing> growing;
   // storage -> latest region that wrote it / that read or wrote it, in this flush
   StorageMap<int> writer(2 * g.size()), last_access(2 * g.size());
   // storage -> (graph index, output index) of the fresh output that created it
@@ -109,6 +124,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
     if (!live[i]) continue;
     const Node& n = g[i];
     const auto k = static_cast<PrimKind>(n.kind);
+    const OpFusion f = k == PrimKind::kLibrary ? OpFusion::kOpByOp : rules->op_fusion(g, i);
     // The op may run in region R no earlier than the last region that wrote
     // one of its inputs, and only if no later region touches what it writes.
     int producer_region = -1, write_conflict = -1;
@@ -119,25 +135,35 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
     const int last = static_cast<int>(regions.size()) - 1;
     int target = -1;
     if (producer_region >= 0 && write_conflict <= producer_region &&
-        fusible_into(regions[producer_region], anchor_shapes[producer_region], n)) {
+        fusible_into(regions[producer_region], growing[producer_region], n, f)) {
       target = producer_region;  // vertical fusion with the op's producer
-    } else if (last >= 0 && regions[last].anchor == PrimKind::kElementwise && k == PrimKind::kElementwise &&
-               fusible_into(regions[last], anchor_shapes[last], n)) {
-      target = last;  // horizontal fusion of independent elementwise ops (multi-tensor kernels)
+    } else if (last >= 0 && k == PrimKind::kElementwise &&
+               (regions[last].anchor == PrimKind::kElementwise || growing[last].by_ops) &&
+               fusible_into(regions[last], growing[last], n, f)) {
+      // horizontal fusion of independent elementwise ops (multi-tensor kernels; in
+      // an op-by-op group when the target runs them op by op)
+      target = last;
     }
     if (target < 0) {
       Region r;
-      r.anchor =
-          (k == PrimKind::kReduction || k == PrimKind::kMatmul || k == PrimKind::kLibrary) ? k : PrimKind::kElementwise;
-      regions.push_back(std::move(r));
+      Growing s;
       const auto* shape = iteration_shape(n);
-      anchor_shapes.emplace_back(shape ? *shape : Dims{});
+      s.anchor_shape = shape ? *shape : Dims{};
+      if (k == PrimKind::kLibrary || f == OpFusion::kOpByOp) {
+        r.anchor = PrimKind::kLibrary;
+        s.by_ops = k != PrimKind::kLibrary;  // a library op runs alone
+      } else {
+        r.anchor = (k == PrimKind::kReduction || k == PrimKind::kMatmul) ? k : PrimKind::kElementwise;
+      }
+      regions.push_back(std::move(r));
+      growing.push_back(std::move(s));
       target = static_cast<int>(regions.size()) - 1;
-    } else if (k == PrimKind::kReduction) {
+    } else if (k == PrimKind::kReduction && !growing[target].by_ops) {
       regions[target].anchor = k;
       const auto* shape = iteration_shape(n);
-      anchor_shapes[target] = shape ? *shape : Dims{};
+      growing[target].anchor_shape = shape ? *shape : Dims{};
     }
+    if (f == OpFusion::kEndsLoop) growing[target].closed = true;
     regions[target].nodes.push_back(i);
     regions[target].materialize.emplace_back(n.outputs.size(), 0);
     for (int j = 0; j < static_cast<int>(n.outputs.size()); ++j) {
@@ -150,6 +176,39 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       last_access[st] = std::max(lookup(last_access, st), target);
       if (in.written) writer[st] = std::max(lookup(writer, st), target);
     }
+  }
+
+  // A fused region of one elementwise op gains nothing from a loop (its CPU
+  // kernel writes the device buffer directly): next to an op-by-op group it
+  // joins that group instead (one region fewer, and the group's inputs stay
+  // the flush's own, whose mark_dynamic ranges key it). Adjacent regions run
+  // one after the other, so the op may run at the start or, in program order,
+  // inside its neighbour.
+  for (size_t ri = 0; ri < regions.size(); ++ri) {
+    Region& r = regions[ri];
+    if (growing[ri].by_ops || r.anchor != PrimKind::kElementwise || r.nodes.size() != 1) continue;
+    const int into = ri + 1 < regions.size() && growing[ri + 1].by_ops ? static_cast<int>(ri) + 1
+                     : ri > 0 && growing[ri - 1].by_ops                ? static_cast<int>(ri) - 1
+                                                                       : -1;
+    if (into < 0 || regions[into].nodes.size() >= kMaxRegionOps) continue;
+    Region& to = regions[into];
+    const auto at = std::lower_bound(to.nodes.begin(), to.nodes.end(), r.nodes[0]) - to.nodes.begin();
+    to.nodes.insert(to.nodes.begin() + at, r.nodes[0]);
+    to.materialize.insert(to.materialize.begin() + at, std::move(r.materialize[0]));
+    r.nodes.clear();
+  }
+  {
+    size_t kept = 0;
+    for (size_t ri = 0; ri < regions.size(); ++ri) {
+      if (regions[ri].nodes.empty()) continue;
+      if (kept != ri) {
+        regions[kept] = std::move(regions[ri]);
+        growing[kept] = std::move(growing[ri]);
+      }
+      ++kept;
+    }
+    regions.resize(kept);
+    growing.resize(kept);
   }
 
   // Materialize an output when something outside its region can observe it.
@@ -181,7 +240,8 @@ namespace {
 uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable, std::vector<uint64_t>* words) {
   KeyBuilder h{0x51ED270B27A1ULL, words};
   if (words) words->clear();
-  StorageMap<int> local(r.nodes.size());  // storages created in this region -> ordinal
+  mix(h, static_cast<uint64_t>(r.anchor));  // how the target runs it (op by op or fused) follows from the partition
+  StorageMap<int> local(r.nodes.size());    // storages created in this region -> ordinal
   for (size_t p = 0; p < r.nodes.size(); ++p) {
     const Node& n = g[r.nodes[p]];
     if (stable) {

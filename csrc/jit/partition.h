@@ -10,19 +10,26 @@
 namespace tpu_eager {
 namespace jit {
 
-// Cuts the live nodes of `g` (program order) into fused regions and decides
-// which outputs each region materializes. Rules (DESIGN §5): elementwise ops
-// and data movement fuse with the ops that produce their inputs; producers
-// fuse into a reduction or matmul, which then only takes consumers that
-// iterate over its output (an epilogue); library calls and RNG-free sync ops
-// run alone; a region holds at most kMaxRegionOps ops. Outputs in `observed`
-// (lazy/queue.h observed_after_flush) are materialized.
-std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed);
+// Cuts the live nodes of `g` (program order) into regions and decides which
+// outputs each materializes. Fusion is decided here only, asking the target
+// (`rules`, the active executor; null: FusionRules' defaults) how each op runs
+// (DESIGN §5): elementwise ops and data movement fuse with the ops that
+// produce their inputs; producers fuse into a reduction or matmul, which then
+// only takes consumers that iterate over its output (an epilogue), unless the
+// target ends its loop at that reduction (OpFusion::kEndsLoop: its consumers
+// start a new region); ops the target cannot fuse (OpFusion::kOpByOp) are cut
+// out into regions of their own (anchor kLibrary) that run op by op, so they
+// never keep a fused chain from fusing (a lone fusable elementwise op next to
+// such a region joins it: a loop of one op gains nothing); library calls run alone; a region
+// holds at most kMaxRegionOps ops. Outputs in `observed` (lazy/queue.h
+// observed_after_flush) and outputs read by a later region are materialized.
+std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed,
+                              const FusionRules* rules = nullptr);
 
 // Structural key of a region: ops, argument structure (which value feeds
 // which argument), dtypes, the region inputs' sizes bucketed (dynamic_shapes.h), non-tensor
 // arguments that shape the computation (dims, sizes, flags), and which outputs
-// are materialized. Python float scalars are runtime parameters: only their
+// are materialized, and the region's anchor. Python float scalars are runtime parameters: only their
 // kind is part of the key, so a changing learning rate never recompiles.
 uint64_t structural_key(const std::vector<Node>& g, const Region& r);
 // The same key, and in `words` every value it was built from: two regions

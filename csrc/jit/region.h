@@ -18,6 +18,8 @@ class HostMemory;
 }  // namespace host
 
 // A fused region: consecutive live ops of one flush, in program order.
+// anchor kLibrary: the region's ops run op by op, each through its library
+// (CPU ATen) kernel: a library op alone, or lowered ops the target cannot fuse.
 struct Region {
   std::vector<int> nodes;                    // indices into the flushed graph
   PrimKind anchor = PrimKind::kElementwise;  // reduction / matmul / library anchor, if any
@@ -73,6 +75,29 @@ class Kernel {
 
  private:
   CompiledRegion info_;
+};
+
+// How a target runs one op inside a region (FusionRules::op_fusion).
+enum class OpFusion : uint8_t {
+  kFuses,     // joins a fused loop with its producers and consumers
+  kEndsLoop,  // a row reduction that ends a fused loop: its consumers start a new region
+  kAnchor,    // anchors a region of its own kind that takes an elementwise epilogue (MXU ops)
+  kOpByOp,    // runs through its library kernel: cut out of fused regions
+};
+
+// What the target can fuse, asked by partition() once per op per flush: fusion is decided there
+// only, and the executor runs the regions it is given (DESIGN §5). Implemented by each Executor.
+class FusionRules {
+ public:
+  virtual ~FusionRules() = default;
+  // How graph[i] (a live op of a lowered kind: elementwise, reduction, matmul, data, random)
+  // runs on this target. Must be cheap (called per op per flush) and depend only on the op,
+  // its dtypes and layouts and the kinds of its scalar arguments (it shapes the structural key).
+  // The default keeps every lowered op in fused regions (reductions anchor, matmuls anchor).
+  virtual OpFusion op_fusion(const std::vector<Node>& graph, int i) const {
+    const auto k = static_cast<PrimKind>(graph[i].kind);
+    return k == PrimKind::kMatmul ? OpFusion::kAnchor : OpFusion::kFuses;
+  }
 };
 
 // The exact layout of a region's tensors: per input and output, in order,

@@ -30,6 +30,7 @@
 #include "jit/disk_cache.h"
 #include "jit/dynamic_shapes.h"
 #include "jit/jit.h"
+#include "jit/verify.h"
 #include "jit/kernel_trace.h"
 #include "lazy/queue.h"
 #include "ops/memory_format.h"
@@ -466,6 +467,10 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_clear_cache", &jit::clear_cache);
   m.def("_set_kernel_cache_limit", &jit::set_cache_limit);
+  m.def("_jit_set_verify", &jit::set_verify, "Verifies every flush's regions (jit/verify.h) when True.");
+  m.def("_jit_verify_enabled", &jit::verify_enabled);
+  m.def("_jit_break_next_partition", &jit::set_break_next_partition,
+        "Test hook: corrupts the next flush's regions once (1 order, 2 materialize, 3 anchor).");
   m.def("_set_cache_dir", &disk_cache::set_dir, py::arg("dir"));
   m.def("_cache_dir", &disk_cache::dir);
   m.def("_cache_stamp", &disk_cache::stamp);

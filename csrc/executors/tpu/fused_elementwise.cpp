@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 
 namespace tpu_eager {
 namespace tpu {
@@ -171,6 +172,10 @@ bool param_value(const Param& p, const Region& region, const std::vector<Node>& 
 }
 
 }  // namespace
+
+// Set while loop_accepts plans an op alone: whether the loop can take it at
+// all, not whether it is worth a loop by itself (it will have producers).
+static thread_local bool g_probing = false;
 
 bool fused_loops_available() {
   static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -348,7 +353,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       // unless this loop streams its output (Program::stream), which CPU's
       // kernel does not; without them CPU's kernel takes a scalar loop and
       // this one is ~1.7x faster.
-      if (program.empty() && plan->gamma.valid() && plan->beta.valid() &&
+      if (!g_probing && program.empty() && plan->gamma.valid() && plan->beta.valid() &&
           2 * c10::multiply_integers(*shape) * static_cast<int64_t>(sizeof(float)) < fused::stream_store_threshold())
         return false;
       anchor.op = fused::RowOp::kLayerNorm;
@@ -559,6 +564,93 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   }
   prog.outputs.assign(outputs.size(), nullptr);
   return true;
+}
+
+namespace {
+
+// The facts plan_loop's acceptance of node `n` alone depends on: the op,
+// its tensors' dtypes and layouts, its structural arguments' values and its
+// scalars' kinds (and whether a finite one overflows float).
+void acceptance_key(const Node& n, std::vector<int64_t>& key) {
+  key.clear();
+  key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&n.op.schema())));
+  auto ref = [&](const TensorRef& r) {
+    key.push_back(static_cast<int64_t>(r.dtype) | (int64_t{r.conj} << 8) | (int64_t{r.neg} << 9) |
+                  (int64_t{r.offset != 0} << 10) | (int64_t{r.is_dense()} << 11));
+    key.push_back(static_cast<int64_t>(r.sizes.size()));
+    key.insert(key.end(), r.sizes.begin(), r.sizes.end());
+    key.insert(key.end(), r.strides.begin(), r.strides.end());
+  };
+  for (const auto& in : n.inputs) {
+    key.push_back((static_cast<int64_t>(in.arg) << 20) | (static_cast<int64_t>(in.elem + 1) << 1) | in.written);
+    ref(in.ref);
+  }
+  key.push_back(-1);
+  for (const auto& o : n.outputs) ref(o);
+  for (const auto& a : n.args) {
+    if (a.isInt()) {
+      key.insert(key.end(), {1, a.toInt()});
+    } else if (a.isBool()) {
+      key.insert(key.end(), {2, a.toBool()});
+    } else if (a.isIntList()) {
+      key.push_back(3);
+      key.push_back(static_cast<int64_t>(a.toIntList().size()));
+      for (auto x : a.toIntList()) key.push_back(x);
+    } else if (a.isScalar()) {
+      const auto sc = a.toScalar();
+      const bool overflows =
+          sc.isFloatingPoint() && std::isfinite(sc.toDouble()) && std::isinf(static_cast<float>(sc.toDouble()));
+      key.push_back(4 + 8 * (sc.isFloatingPoint() + 2 * sc.isBoolean() + 4 * sc.isComplex() + 8 * overflows));
+    } else if (a.isTensor()) {
+      const at::Tensor& t = a.toTensor();  // a wrapped number (CPU 0-dim tensor)
+      key.push_back(t.defined() ? 5 + 8 * (static_cast<int64_t>(t.scalar_type()) + 64 * t.dim()) : 5);
+    } else {
+      key.push_back(6 + 8 * static_cast<int64_t>(a.isNone()));
+    }
+  }
+}
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& k) const {
+    uint64_t h = 0xCBF29CE484222325ULL;
+    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 0x100000001B3ULL;
+    return static_cast<size_t>(h);
+  }
+};
+
+}  // namespace
+
+LoopAccept loop_accepts(const std::vector<Node>& graph, int i) {
+  if (!fused_loops_available()) return LoopAccept::kNo;
+  static std::mutex mu;
+  static std::unordered_map<std::vector<int64_t>, LoopAccept, KeyHash> memo;
+  const Node& n = graph[i];
+  thread_local std::vector<int64_t> key;  // reused: no allocation per query
+  acceptance_key(n, key);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = memo.find(key);
+    if (it != memo.end()) return it->second;
+  }
+  // The op alone, every output materialized (a row anchor stores its result).
+  Region probe;
+  probe.nodes = {i};
+  probe.anchor = static_cast<PrimKind>(n.kind) == PrimKind::kReduction ? PrimKind::kReduction : PrimKind::kElementwise;
+  probe.materialize.emplace_back(n.outputs.size(), 1);
+  LoopAccept accept = LoopAccept::kNo;
+  try {
+    LoopPlan lp;
+    g_probing = true;
+    const bool ok = plan_loop(probe, {0}, graph, &lp);
+    g_probing = false;
+    if (ok) accept = lp.has_anchor ? LoopAccept::kRowAnchor : LoopAccept::kElementwise;
+  } catch (...) {  // planning never decides an error: the op runs through its CPU kernel
+    g_probing = false;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (memo.size() >= 16384) memo.clear();  // bounded: distinct ops x layouts of a program
+  memo.emplace(key, accept);
+  return accept;
 }
 
 namespace {

@@ -73,6 +73,15 @@ bool fused_loops_available();
 // exact layout. False when an op is not supported.
 bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::vector<Node>& graph, LoopPlan* plan);
 
+// Whether a fused loop takes graph[i] (plan_loop's own acceptance of the op
+// alone, for its dtypes, layout and the kinds of its scalar arguments):
+// kElementwise as a loop op, kRowAnchor as the row reduction that ends a
+// loop, kNo not at all (it runs through its CPU kernel). The TPU's answer to
+// partition's fusion query; memoized per op and layout, so it costs one hash
+// lookup per op per flush.
+enum class LoopAccept : uint8_t { kNo, kElementwise, kRowAnchor };
+LoopAccept loop_accepts(const std::vector<Node>& graph, int i);
+
 // Binds `plan` to this run's buffers and runtime scalars; false (nothing
 // run, the ops must run op by op) when a guard fails.
 bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem);

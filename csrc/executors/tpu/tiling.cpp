@@ -10,6 +10,7 @@
 #include <c10/util/accumulate.h>
 
 #include "executors/tpu/cost_model.h"
+#include "jit/lowering.h"
 
 namespace tpu_eager {
 namespace tpu {
@@ -244,7 +245,7 @@ std::vector<NodeGemm> node_gemms(const Node& n, const ChipParams& chip) {
   double bias_elems = 0;
   const bool conv = !gemms_of(n, gemms, ta, tb);
   if (conv && !conv_gemms_of(n, gemms, ta, tb, bias_elems)) return out;
-  const bool backward = n.op.schema().name() == "aten::convolution_backward";
+  const bool backward = lowering_of(n.op).mxu == MxuOp::kConvolutionBackward;
   // The node's own operands (the products' lhs / rhs and the results); a bias stays an extra operand.
   std::vector<int> own_args = {0, 1};
   if (backward) own_args = {0, 1, 2};

@@ -24,6 +24,7 @@
 #include "executors/tpu/fused_elementwise.h"
 #include "executors/tpu/tiling.h"
 #include "jit/kernel_trace.h"
+#include "jit/lowering.h"
 #include "ops/custom_ops.h"
 #include "lazy/debug_report.h"
 
@@ -37,18 +38,29 @@ at::Tensor round_bf16(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::k
 // three largest partial products of the hi/lo split); both accumulate in f32.
 bool run_mxu_emulated(const Node& n, torch::jit::Stack& stack, at::Float32MatmulPrecision prec) {
   if (prec == at::Float32MatmulPrecision::HIGHEST) return false;
-  const auto& schema = n.op.schema();
-  std::string base = schema.name().substr(6);
-  const bool inplace = !base.empty() && base.back() == '_';
-  if (inplace) base.pop_back();
+  const Lowering& l = lowering_of(n.op);
   at::Tensor (*prod)(const at::Tensor&, const at::Tensor&) = nullptr;
-  bool has_bias = false;
-  if (base == "mm" || base == "addmm") prod = &at::mm;
-  if (base == "bmm" || base == "baddbmm") prod = &at::bmm;
-  if (base == "mv" || base == "addmv") prod = &at::mv;
-  if (base == "dot") prod = &at::dot;
-  if (!prod) return false;
-  has_bias = base.rfind("add", 0) == 0;
+  switch (l.mxu) {
+    case MxuOp::kMm:
+    case MxuOp::kAddmm:
+      prod = &at::mm;
+      break;
+    case MxuOp::kBmm:
+    case MxuOp::kBaddbmm:
+      prod = &at::bmm;
+      break;
+    case MxuOp::kMv:
+    case MxuOp::kAddmv:
+      prod = &at::mv;
+      break;
+    case MxuOp::kDot:
+      prod = &at::dot;
+      break;
+    default:
+      return false;
+  }
+  const bool inplace = l.form == OpForm::kInPlace;
+  const bool has_bias = l.has_bias();
   const int a_i = has_bias ? 1 : 0;
   const at::Tensor a = stack[a_i].toTensor(), b = stack[a_i + 1].toTensor();
   if (a.scalar_type() != at::kFloat || b.scalar_type() != at::kFloat) return false;
@@ -71,7 +83,7 @@ bool run_mxu_emulated(const Node& n, torch::jit::Stack& stack, at::Float32Matmul
   if (inplace) {
     ret = stack[0].toTensor();
     ret.copy_(result);
-  } else if (schema.is_mutable()) {  // .out overload: the out argument is last
+  } else if (l.form == OpForm::kOut) {  // .out overload: the out argument is last
     ret = stack.back().toTensor();
     ret.copy_(result);
   }
@@ -289,6 +301,11 @@ TpuPlan build_plan(const Region& region, const std::vector<Node>& graph, const t
   if (chip.valid() && plan.mxu) {
     plan.tiling = tpu::plan_region(region, graph, chip);
     plan.has_tiling = true;
+  }
+  // Partition cut out the ops that do not fuse (TpuExecutor::op_fusion): they run op by op.
+  if (region.anchor == PrimKind::kLibrary) {
+    plan.mode = TpuPlan::Mode::kOps;
+    return plan;
   }
   if (tpu::fused_loops_available() &&
       !(region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)) {
@@ -509,6 +526,21 @@ class TpuKernel final : public Kernel {
 class TpuExecutor final : public Executor {
  public:
   const char* name() const override { return "tpu"; }
+  // Fusion as the fused loop plans it (tpu::loop_accepts): an op it does not
+  // take is cut out of fused regions; a row reduction ends its loop; an MXU
+  // op anchors its region with an elementwise epilogue (tiling.h costs them as one kernel).
+  OpFusion op_fusion(const std::vector<Node>& graph, int i) const override {
+    if (static_cast<PrimKind>(graph[i].kind) == PrimKind::kMatmul) return OpFusion::kAnchor;
+    switch (tpu::loop_accepts(graph, i)) {
+      case tpu::LoopAccept::kElementwise:
+        return OpFusion::kFuses;
+      case tpu::LoopAccept::kRowAnchor:
+        return OpFusion::kEndsLoop;
+      case tpu::LoopAccept::kNo:
+        break;
+    }
+    return OpFusion::kOpByOp;
+  }
   std::string target() const override { return tpu::active_chip().name; }
   std::shared_ptr<Kernel> compile(const CompiledRegion& info, const Region& region,
                                   const std::vector<Node>& graph) override {

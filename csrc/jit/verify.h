@@ -1,0 +1,41 @@
+// The region verifier: checks partition()'s output between the JIT's stages.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "jit/region.h"
+#include "lazy/storage_map.h"
+
+namespace tpu_eager {
+namespace jit {
+
+// Checks `regions` cut from the live nodes of `g` (`live`, `observed` as
+// given to partition): every live node in exactly one region and no dead
+// one; each region's nodes in program order and at most kMaxRegionOps;
+// operands defined before use (a value produced in this flush comes from an
+// earlier node in the same or an earlier region; reads and writes of one
+// storage keep their program order across regions); materialize flags sized
+// to the nodes' outputs and set on every output a later region reads or that
+// is observed after the flush; the anchor consistent with the ops' kinds
+// (kLibrary: one library op alone, or lowered non-matmul ops run op by op;
+// kMatmul: one matmul first, elementwise epilogue after it; kReduction: no
+// library or matmul op and at least one reduction; kElementwise: only
+// elementwise, data and random ops). Returns "" or the first violation.
+std::string verify_regions(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed,
+                           const std::vector<Region>& regions);
+
+// Whether run_graph verifies each flush's regions: TORCH_TPU_DEBUG >= 2, a
+// debug build (TORCH_TPU_DEBUG_BUILD=1 python setup.py ...), or _C._jit_set_verify(True) (tests).
+bool verify_enabled();
+void set_verify(bool on);
+
+// Test hook (_C._jit_break_next_partition): corrupts the next flush's regions
+// once, after partition, so tests can see the verifier catch it. 1: swaps the
+// first two nodes of the first region with two; 2: clears the first set
+// materialize flag; 3: marks the first region's anchor kMatmul. 0: off.
+void set_break_next_partition(int mode);
+void apply_test_break(std::vector<Region>& regions);
+
+}  // namespace jit
+}  // namespace tpu_eager
