@@ -77,6 +77,13 @@ class HostMemory {
 // shared with the caller's. An undefined `t` in a Tensor?[] becomes None.
 void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t);
 
+// A CPU storage of `nbytes` for a flush's temporary (a value that never
+// reaches device memory), from the block cache (device/block_cache.h,
+// host_block_alloc): a training step's temporaries reuse last step's pages
+// instead of the C library's, which trims and regrows its heap (page faults).
+// Throws c10::OutOfMemoryError when the host has no memory.
+c10::Storage scratch_storage(size_t nbytes);
+
 // A CPU tensor with r's dtype and geometry over `storage`.
 at::Tensor view_over(const c10::Storage& storage, const TensorRef& r);
 // A CPU storage wrapping the device buffer of `s` without owning it. A

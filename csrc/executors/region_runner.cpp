@@ -50,9 +50,9 @@ void bind_output(const TensorRef& ref, const at::Tensor& result, bool materializ
     mem.bind_temp(s, result.storage());
     return;
   }
-  at::Tensor buf = at::empty({static_cast<int64_t>(s->nbytes)}, at::TensorOptions().dtype(at::kByte));
-  view_over(buf.storage(), ref).copy_(result);
-  mem.bind_temp(s, buf.storage());
+  c10::Storage buf = scratch_storage(s->nbytes);
+  view_over(buf, ref).copy_(result);
+  mem.bind_temp(s, std::move(buf));
 }
 
 // Out= tensors for op `n` when its CPU kernel can write its results in place:
@@ -94,8 +94,7 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
     if (region.materialize[p][j]) {
       outs.push_back(view_over(mem.device_buffer(s), ref));
     } else {
-      at::Tensor buf = at::empty({static_cast<int64_t>(s->nbytes)}, at::TensorOptions().dtype(at::kByte));
-      outs.push_back(view_over(buf.storage(), ref));
+      outs.push_back(view_over(scratch_storage(s->nbytes), ref));
     }
   }
   *out_op = op;
