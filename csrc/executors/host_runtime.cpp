@@ -61,6 +61,12 @@ c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
   return st;
 }
 
+bool HostMemory::adopt_transient(DeferredStorage* s, c10::Storage storage) {
+  if (!transient_.contains(s)) return false;
+  map_[s] = Entry{std::move(storage), false};
+  return true;
+}
+
 void HostMemory::bind_temp(DeferredStorage* s, c10::Storage storage) { map_[s] = Entry{std::move(storage), true}; }
 
 bool HostMemory::is_temp(DeferredStorage* s) const {

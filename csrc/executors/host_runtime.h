@@ -35,6 +35,10 @@ class HostMemory {
   // the last region that uses them, so a flush reuses memory as eager does
   // instead of writing every intermediate to a buffer of its own.
   void set_transient(StorageSet storages) { transient_ = std::move(storages); }
+  // For a transient storage: `storage` (a CPU kernel's fresh result covering all of
+  // `s`) becomes what holds its value, instead of a copy into flush-local memory;
+  // false (nothing bound) for any other storage.
+  bool adopt_transient(DeferredStorage* s, c10::Storage storage);
   // Frees whatever holds the value of `s` (a transient storage after its last use).
   void release(DeferredStorage* s) { map_.erase(s); }
   // The value of r: a CPU tensor with r's dtype and geometry, read from the
