@@ -39,6 +39,7 @@ threads. ``--threads 1`` gives steadier figures on a machine that other jobs sha
     python benchmarks/run_all.py --quick         # smoke test: 3 repeats, small sizes
     python benchmarks/run_all.py --json out.json # also write every sample as JSON
     python benchmarks/run_all.py --only training # the three training steps, 1 and 2 threads
+    python benchmarks/run_all.py --only overhead # record overhead and the cache-hit flush (1.)
     python benchmarks/run_all.py --only ici      # only the simulated ICI collectives table
 
 8. simulated ICI collectives (benchmarks/ici_collectives.py): all_reduce / all_gather / reduce_scatter of
@@ -1058,9 +1059,10 @@ def run(argv=None):
     )
     parser.add_argument(
         "--only",
-        choices=("all", "training", "ici"),
+        choices=("all", "training", "overhead", "ici"),
         default="all",
         help="'training': only the three training steps (7.), on one and two threads; "
+        "'overhead': only the record and cache-hit flush rows (1.); "
         "'ici': only the simulated ICI collectives (8.)",
     )
     parser.add_argument(
@@ -1092,9 +1094,10 @@ def run(argv=None):
         info = machine_info()
         report = Report()
         t0 = clock()
-        if args.only == "all":
+        if args.only in ("all", "overhead"):
             bench_record(cfg, report)
             bench_flush(cfg, report)
+        if args.only == "all":
             bench_chain16(cfg, report)
             bench_chain16_bytes(cfg, report)
             bench_rows(cfg, report)

@@ -11,7 +11,9 @@ def metrics() -> dict:
     ``ops_eliminated`` (dead code), ``eager_ops`` (run at record time: data-
     dependent shapes), ``fallback_ops``, ``flushes``, ``flush_reasons`` (reason ->
     count), ``regions_run`` (fused regions executed), ``ops_per_region``,
-    ``library_calls`` (ops not lowered), ``cache_hits``, ``compiles``,
+    ``library_calls`` (ops not lowered), ``output_copies`` (op results the CPU
+    kernel did not write into their device storage, copied there after it: CPU
+    eager makes no such copy), ``cache_hits``, ``compiles``,
     ``bytes_materialized`` (bytes written to device storages), ``bytes_read``,
     ``padding_bytes`` (extra HBM bytes the tiled layouts of those reads and writes
     move), ``flops`` (useful operations: matmul 2*M*N*K, others one per element),

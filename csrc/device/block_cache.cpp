@@ -13,7 +13,7 @@
 namespace tpu_eager {
 namespace {
 
-constexpr size_t kCachedMin = size_t{1} << 20;       // smaller blocks: glibc's own bins reuse them
+constexpr size_t kCachedMin = size_t{64} << 10;      // smaller blocks: glibc's own bins reuse them
 constexpr size_t kGranule = size_t{4} << 10;         // cache buckets: whole pages
 constexpr int64_t kCacheLimit = int64_t{512} << 20;  // bounded: a shape storm must not hoard memory
 
@@ -22,11 +22,14 @@ struct Cached {
   int device;  // the chip that freed it (its memory_reserved counts it)
 };
 
+// Per-chip counters have one more slot: the host temporaries' (counted to no chip).
+constexpr int kHostSlot = kMaxBlockDevices;
+
 struct Cache {
   std::mutex mu;
   std::unordered_map<size_t, std::vector<Cached>> free_blocks;  // rounded size -> blocks
   int64_t bytes = 0;
-  int64_t device_bytes[kMaxBlockDevices] = {};
+  int64_t device_bytes[kMaxBlockDevices + 1] = {};
 };
 
 int slot(int device) { return device >= 0 && device < kMaxBlockDevices ? device : 0; }
@@ -57,7 +60,7 @@ void* fresh_block(size_t size) {
   return p;
 }
 
-std::atomic<int64_t> g_live_padding[kMaxBlockDevices] = {};  // rounded minus requested bytes of blocks in use
+std::atomic<int64_t> g_live_padding[kMaxBlockDevices + 1] = {};  // rounded minus requested bytes of blocks in use
 
 void* take_block(size_t nbytes) {
   const size_t size = rounded(nbytes);
@@ -76,17 +79,14 @@ void* take_block(size_t nbytes) {
   return fresh_block(size);
 }
 
-}  // namespace
-
-void* block_alloc(size_t nbytes, int device) {
+void* alloc_in(size_t nbytes, int s) {
   void* p = take_block(nbytes);
-  if (p) g_live_padding[slot(device)].fetch_add(static_cast<int64_t>(rounded(nbytes) - nbytes));
+  if (p) g_live_padding[s].fetch_add(static_cast<int64_t>(rounded(nbytes) - nbytes));
   return p;
 }
 
-void block_free(void* ptr, size_t nbytes, int device) {
+void free_in(void* ptr, size_t nbytes, int device) {
   if (!ptr || in_bad_fork()) return;  // a bad fork leaks: the cache lock may be a dead thread's
-  device = slot(device);
   const size_t size = rounded(nbytes);
   g_live_padding[device].fetch_sub(static_cast<int64_t>(size - nbytes));
   if (size >= kCachedMin) {
@@ -101,6 +101,13 @@ void block_free(void* ptr, size_t nbytes, int device) {
   }
   std::free(ptr);
 }
+
+}  // namespace
+
+void* block_alloc(size_t nbytes, int device) { return alloc_in(nbytes, slot(device)); }
+void block_free(void* ptr, size_t nbytes, int device) { free_in(ptr, nbytes, slot(device)); }
+void* host_block_alloc(size_t nbytes) { return alloc_in(nbytes, kHostSlot); }
+void host_block_free(void* ptr, size_t nbytes) { free_in(ptr, nbytes, kHostSlot); }
 
 void block_cache_release() {
   Cache& c = cache();

@@ -1,7 +1,11 @@
-// Host memory blocks behind device storages, with a cache of freed large
-// blocks (as CUDA's caching allocator keeps freed device memory): a fresh
-// block from the C library is new pages, and first-touching them costs
+// Host memory blocks behind device storages, with a cache of freed blocks of
+// 64 KiB or more (as CUDA's caching allocator keeps freed device memory): a
+// fresh block from the C library is new pages, and first-touching them costs
 // ~0.25 us per 4 KiB page (a 16 MiB result paid ~1 ms a flush in faults).
+// Handing blocks back to the C library also made it trim the top of its heap
+// and grow it again every training step (brk): the CNN step of
+// benchmarks/run_all.py took ~450 page faults and 0.3-0.6 ms of system time a
+// step, where CPU eager took ~1 (docs/performance.md, 2026-12-04).
 #pragma once
 
 #include <cstddef>
@@ -10,7 +14,7 @@
 namespace tpu_eager {
 
 // A 64-byte-aligned block of at least `nbytes`; nullptr when out of memory.
-// Blocks of 1 MiB or more come from the cache when one of the same rounded
+// Blocks of 64 KiB or more come from the cache when one of the same rounded
 // size (4 KiB granularity; 2 MiB from 4 MiB on, on transparent huge pages)
 // was freed.
 // `device` is the simulated chip the block is accounted to (its padding, and
@@ -20,6 +24,11 @@ void* block_alloc(size_t nbytes, int device = 0);
 // Returns a block of `block_alloc(nbytes)` to the cache (large blocks, while
 // the cache holds at most 512 MiB) or to the C library.
 void block_free(void* ptr, size_t nbytes, int device = 0);
+// The same for a flush's host temporaries (values that never reach device
+// memory: executors/host_runtime.h, scratch_storage): one cache with the
+// device blocks, counted to no chip.
+void* host_block_alloc(size_t nbytes);
+void host_block_free(void* ptr, size_t nbytes);
 // Frees every cached block (torch.tpu.empty_cache).
 void block_cache_release();
 // Bytes held in the cache (torch.tpu.memory_reserved adds them); with a

@@ -10,6 +10,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "device/block_cache.h"
 #include "jit/ir.h"
 #include "ops/custom_ops.h"
 
@@ -24,6 +25,27 @@ c10::Storage wrap_device_buffer(DeferredStorage* s, bool resizable) {
                       resizable ? c10::GetCPUAllocator() : nullptr, resizable);
 }
 
+namespace {
+// What a scratch block's DataPtr frees: its address and size (the cache's bucket).
+struct ScratchBlock {
+  void* ptr;
+  size_t nbytes;
+};
+void free_scratch(void* ctx) {
+  auto* b = static_cast<ScratchBlock*>(ctx);
+  host_block_free(b->ptr, b->nbytes);
+  delete b;
+}
+}  // namespace
+
+c10::Storage scratch_storage(size_t nbytes) {
+  void* p = host_block_alloc(std::max<size_t>(nbytes, 1));
+  TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr, "tpu: out of host memory for a temporary of ", nbytes, " bytes");
+  c10::DataPtr ptr(p, new ScratchBlock{p, std::max<size_t>(nbytes, 1)}, &free_scratch,
+                   c10::Device(c10::DeviceType::CPU));
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, std::move(ptr), nullptr, /*resizable=*/false);
+}
+
 at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
   auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                     c10::scalarTypeToTypeMeta(r.dtype));
@@ -34,11 +56,15 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
 c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
   auto it = map_.find(s);
   if (it != map_.end() && !it->second.temp) return it->second.storage;
-  c10::Storage st = transient_.contains(s)
-                        ? at::empty({static_cast<int64_t>(s->nbytes)}, at::TensorOptions().dtype(at::kByte)).storage()
-                        : wrap_device_buffer(s, resizable_);
+  c10::Storage st = transient_.contains(s) ? scratch_storage(s->nbytes) : wrap_device_buffer(s, resizable_);
   map_[s] = Entry{st, false};
   return st;
+}
+
+bool HostMemory::adopt_transient(DeferredStorage* s, c10::Storage storage) {
+  if (!transient_.contains(s)) return false;
+  map_[s] = Entry{std::move(storage), false};
+  return true;
 }
 
 void HostMemory::bind_temp(DeferredStorage* s, c10::Storage storage) { map_[s] = Entry{std::move(storage), true}; }

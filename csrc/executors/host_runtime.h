@@ -35,6 +35,10 @@ class HostMemory {
   // the last region that uses them, so a flush reuses memory as eager does
   // instead of writing every intermediate to a buffer of its own.
   void set_transient(StorageSet storages) { transient_ = std::move(storages); }
+  // For a transient storage: `storage` (a CPU kernel's fresh result covering all of
+  // `s`) becomes what holds its value, instead of a copy into flush-local memory;
+  // false (nothing bound) for any other storage.
+  bool adopt_transient(DeferredStorage* s, c10::Storage storage);
   // Frees whatever holds the value of `s` (a transient storage after its last use).
   void release(DeferredStorage* s) { map_.erase(s); }
   // The value of r: a CPU tensor with r's dtype and geometry, read from the
@@ -76,6 +80,13 @@ class HostMemory {
 // Tensor?[] argument (elem < 0 for a single Tensor). Lists are copied, never
 // shared with the caller's. An undefined `t` in a Tensor?[] becomes None.
 void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t);
+
+// A CPU storage of `nbytes` for a flush's temporary (a value that never
+// reaches device memory), from the block cache (device/block_cache.h,
+// host_block_alloc): a training step's temporaries reuse last step's pages
+// instead of the C library's, which trims and regrows its heap (page faults).
+// Throws c10::OutOfMemoryError when the host has no memory.
+c10::Storage scratch_storage(size_t nbytes);
 
 // A CPU tensor with r's dtype and geometry over `storage`.
 at::Tensor view_over(const c10::Storage& storage, const TensorRef& r);

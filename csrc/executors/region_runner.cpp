@@ -15,6 +15,7 @@
 #include "executors/direct_kernels.h"
 #include "executors/out_variant.h"
 #include "jit/lowering.h"
+#include "lazy/debug_report.h"
 #include "ops/custom_ops.h"
 #include "views/view_chain.h"
 
@@ -28,12 +29,23 @@ ViewKey view_key(const TensorRef& r) {
   return {r.storage.get(), r.offset, r.sizes, r.strides, static_cast<int>(r.dtype)};
 }
 
-void bind_output(const TensorRef& ref, const at::Tensor& result, bool materialize, HostMemory& mem,
-                 const at::Tensor& written_directly) {
+// Binds result `result` of op `n` to its output `ref`; counts a copy into device memory in `stats`.
+void bind_output(const Node& n, const TensorRef& ref, const at::Tensor& result, bool materialize, HostMemory& mem,
+                 const at::Tensor& written_directly, RegionStats& stats) {
   DeferredStorage* s = ref.storage.get();
   s->error = nullptr;
   if (materialize && written_directly.defined() && result.is_same(written_directly)) return;  // already in place
+  // A value that lives only between this flush's regions (transient): the CPU
+  // kernel's fresh result becomes its flush-local memory, when it is the whole
+  // storage in the recorded layout and nothing else holds it (not an input's alias).
+  if (materialize && result.scalar_type() == ref.dtype && result.storage_offset() == 0 && ref.offset == 0 &&
+      result.sizes().equals(ref.sizes) && result.strides().equals(ref.strides) && ref.covers_storage() && !ref.conj &&
+      !ref.neg && !result.is_conj() && !result.is_neg() && result.storage().nbytes() >= s->nbytes &&
+      result.storage().use_count() == 1 && result.device().is_cpu() && mem.adopt_transient(s, result.storage()))
+    return;
   if (materialize) {
+    stats.output_copies++;
+    if (debug::level() >= 1) debug::count_op("output_copy", op_display_name(n).substr(6));
     // Store through the inverse of the output's view chain.
     TensorRef flat_ref;
     flat_ref.dtype = ref.dtype;
@@ -51,9 +63,9 @@ void bind_output(const TensorRef& ref, const at::Tensor& result, bool materializ
     mem.bind_temp(s, result.storage());
     return;
   }
-  at::Tensor buf = at::empty({static_cast<int64_t>(s->nbytes)}, at::TensorOptions().dtype(at::kByte));
-  view_over(buf.storage(), ref).copy_(result);
-  mem.bind_temp(s, buf.storage());
+  c10::Storage buf = scratch_storage(s->nbytes);
+  view_over(buf, ref).copy_(result);
+  mem.bind_temp(s, std::move(buf));
 }
 
 // Out= tensors for op `n` when its CPU kernel can write its results in place:
@@ -95,8 +107,7 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
     if (region.materialize[p][j]) {
       outs.push_back(view_over(mem.device_buffer(s), ref));
     } else {
-      at::Tensor buf = at::empty({static_cast<int64_t>(s->nbytes)}, at::TensorOptions().dtype(at::kByte));
-      outs.push_back(view_over(buf.storage(), ref));
+      outs.push_back(view_over(scratch_storage(s->nbytes), ref));
     }
   }
   *out_op = op;
@@ -211,7 +222,7 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     }
     for (size_t j = 0; j < n.outputs.size(); ++j) {
       const bool materialize = region.materialize[p][j];
-      bind_output(n.outputs[j], results.at(j), materialize, mem, direct.empty() ? at::Tensor() : direct[j]);
+      bind_output(n, n.outputs[j], results.at(j), materialize, mem, direct.empty() ? at::Tensor() : direct[j], stats);
       if (materialize) traffic(n.outputs[j], writes, stats.bytes_written);
       produced.insert(n.outputs[j].storage.get());
     }

@@ -376,6 +376,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
     m.sim_time_s += st.sim_time_s;
     m.schedule_time_s += st.schedule_time_s;
     m.library_calls += st.library_calls;
+    m.output_copies += st.output_copies;
     m.plans_built += st.plans_built;
   }
   return first_error;

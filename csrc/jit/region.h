@@ -50,6 +50,7 @@ struct RegionStats {
   double schedule_time_s = 0;   // the target's pipelined-schedule time of the kernel, seconds (0: none; Spyre)
   int64_t extra_hbm_bytes = 0;  // HBM bytes a kernel's own cost adds (a Pallas grid's re-fetched blocks)
   int64_t library_calls = 0;
+  int64_t output_copies = 0;   // materialized outputs copied into their device storage (not written in place)
   int64_t plans_built = 0;     // plans the kernel built in this run (0 on a warm run)
   int failed_at = -1;          // position in the region of the (first) op that failed
   bool errors_marked = false;  // the runner set each failed op's storage errors itself

@@ -123,6 +123,7 @@ void Metrics::add(const Metrics& d) {
   for (int r = 0; r < static_cast<int>(FlushReason::kCount); ++r) flush_reasons[r] += d.flush_reasons[r];
   regions_run += d.regions_run;
   library_calls += d.library_calls;
+  output_copies += d.output_copies;
   cache_hits += d.cache_hits;
   compiles += d.compiles;
   plans_built += d.plans_built;

@@ -127,6 +127,7 @@ struct Metrics {
   int64_t flush_reasons[static_cast<int>(FlushReason::kCount)] = {};
   int64_t regions_run = 0;
   int64_t library_calls = 0;  // ops run as a library call (not lowered)
+  int64_t output_copies = 0;  // op results copied into their device storage (the kernel did not write it)
   int64_t cache_hits = 0;
   int64_t compiles = 0;
   int64_t plans_built = 0;             // kernel plans built: compiles plus re-plans for a new exact layout

@@ -60,6 +60,7 @@ py::dict metrics_dict() {
   d["regions_run"] = m.regions_run;
   d["ops_per_region"] = m.regions_run ? static_cast<double>(m.ops_executed) / static_cast<double>(m.regions_run) : 0.0;
   d["library_calls"] = m.library_calls;
+  d["output_copies"] = m.output_copies;
   d["cache_hits"] = m.cache_hits;
   d["compiles"] = m.compiles;
   d["plans_built"] = m.plans_built;

@@ -1,0 +1,148 @@
+"""Warm training steps of benchmarks/run_all.py (section 7) for a profiler.
+
+Builds one of the three training steps (``mlp``, ``gpt``, ``cnn``) on one device,
+warms it up, then runs ``--steps`` steps on one thread. ``--model flush`` instead
+records run_all's 16-op chain on a 4x4 tensor and flushes it (``--steps`` times, every
+flush a cache hit); ``--model record`` records 1000 ``a + b`` on 1-element tensors per
+step and flushes them outside the profiled part. Under callgrind, start with
+collection off and let the script switch it on around the timed steps only:
+
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.%p \\
+        python benchmarks/profile_step.py --model cnn --device tpu --steps 5 --callgrind
+
+(``--callgrind`` runs ``callgrind_control -i on`` / ``-i off`` on this process around
+the steps). Without a profiler it prints the wall time per step.
+"""
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run_all  # noqa: E402  (imports torch_tpu_eager)
+
+
+def toggle(args, state):
+    """Switches callgrind's instrumentation of this process on or off (with --callgrind)."""
+    if args.callgrind:
+        subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], check=True, capture_output=True)
+
+
+def micro(args):
+    """The flush or record micro-benchmark; returns (name, profiled seconds)."""
+    sync = torch.tpu.synchronize if args.device == "tpu" else (lambda: None)
+    if args.model == "flush":
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0)).to(args.device)
+        for _ in range(args.warmup):
+            run_all.chain16(x)
+            sync()
+        seconds = 0.0
+        for i in range(args.steps):
+            y = run_all.chain16(x)
+            if i == 0:
+                toggle(args, "on")
+            t0 = time.perf_counter()
+            sync()
+            seconds += time.perf_counter() - t0
+            del y
+        toggle(args, "off")
+        return "flush of a 16-op chain (cache hit)", seconds
+    a, b = torch.tensor([1.5]).to(args.device), torch.tensor([-0.25]).to(args.device)
+    if args.device == "tpu":  # no auto-flush inside the recorded ops
+        run_all.torch_tpu_eager.set_queue_limits(max_ops=10**6, max_bytes=run_all.torch_tpu_eager.queue_limits()[1])
+    for _ in range(args.warmup):
+        run_all._record_add(a, b, 1000)
+        sync()
+    toggle(args, "on")
+    seconds = 0.0
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        run_all._record_add(a, b, 1000)
+        seconds += time.perf_counter() - t0
+        sync()
+    toggle(args, "off")
+    return "record of 1000 a + b", seconds
+
+
+def compare(args):
+    """Interleaved blocks of training steps on tpu and cpu: median thread CPU time per step."""
+    import statistics
+
+    index = {"mlp": 0, "gpt": 1, "cnn": 2}[args.model]
+    name, make_model, make_opt, clip, make_batches = run_all._training_cases(False)[index]
+    batches = make_batches()
+    trainers = {d: run_all.StepTrainer(d, make_model, make_opt, clip, batches) for d in ("tpu", "cpu")}
+    for t in trainers.values():
+        t.steps(args.warmup)
+    times = {d: [] for d in trainers}
+    faults = {d: 0 for d in trainers}
+    for b in range(args.compare):
+        order = list(trainers) if b % 2 == 0 else list(reversed(list(trainers)))
+        for d in order:
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            t0 = time.thread_time()
+            trainers[d].steps(args.steps)
+            times[d].append((time.thread_time() - t0) / args.steps)
+            faults[d] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    ratios = [c / t for c, t in zip(times["cpu"], times["tpu"])]
+    n = args.compare * args.steps
+    print(
+        f"{name}: CPU ms/step tpu {statistics.median(times['tpu']) * 1e3:.3f}, cpu "
+        f"{statistics.median(times['cpu']) * 1e3:.3f}, cpu/tpu {statistics.median(ratios):.3f} "
+        f"(median of {args.compare} blocks of {args.steps}); page faults/step tpu {faults['tpu'] / n:.1f}, "
+        f"cpu {faults['cpu'] / n:.1f}"
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=("mlp", "gpt", "cnn", "flush", "record"), default="cnn")
+    parser.add_argument("--device", default="tpu")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--compare",
+        type=int,
+        default=0,
+        metavar="BLOCKS",
+        help="training steps only: interleave BLOCKS blocks of --steps steps on tpu and on cpu in this "
+        "process and print the median CPU time per step of each (thread time: what the step costs "
+        "the core, less sensitive to other jobs than wall time) and their ratio",
+    )
+    parser.add_argument("--callgrind", action="store_true", help="toggle callgrind collection around the steps")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.set_float32_matmul_precision("highest")
+    if args.compare:
+        compare(args)
+        return
+    if args.model in ("flush", "record"):
+        name, seconds = micro(args)
+    else:
+        index = {"mlp": 0, "gpt": 1, "cnn": 2}[args.model]
+        name, make_model, make_opt, clip, make_batches = run_all._training_cases(False)[index]
+        trainer = run_all.StepTrainer(args.device, make_model, make_opt, clip, make_batches())
+        trainer.steps(args.warmup)
+        toggle(args, "on")
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        trainer.steps(args.steps)
+        seconds = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        toggle(args, "off")
+        user, system = (r1.ru_utime - r0.ru_utime) / args.steps, (r1.ru_stime - r0.ru_stime) / args.steps
+        print(
+            f"per step: user {user * 1e3:.3f} ms, system {system * 1e3:.3f} ms, "
+            f"minor page faults {(r1.ru_minflt - r0.ru_minflt) / args.steps:.1f}"
+        )
+    print(f"{name} on {args.device}: {seconds / args.steps * 1e3:.3f} ms/step (wall) over {args.steps} steps")
+
+
+if __name__ == "__main__":
+    main()

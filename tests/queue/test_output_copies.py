@@ -1,0 +1,91 @@
+"""Copies of op results into device memory at the flush (metrics()["output_copies"]).
+
+An op whose CPU kernel cannot write its result where the device keeps it (no out=
+kernel: convolution, batch_norm_backward, ...) returns a fresh CPU tensor. A value
+observed after the flush is copied into its device storage (CPU eager has no such
+storage). A value that lives only between the flush's regions (transient) is not
+copied: the fresh result itself becomes its flush-local memory (region_runner.cpp,
+bind_output; host_runtime.h, adopt_transient). Values are compared with CPU.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu_eager
+from difftest import DEVICE, cpu_randn
+
+pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="flush copies are the tpu device's")
+
+X = cpu_randn(2, 3, 8, 8, seed=31)
+W = cpu_randn(4, 3, 3, 3, seed=32)
+M = cpu_randn(4 * 6 * 6, 5, seed=33)
+
+
+def _copies_of_flush(fn):
+    before = torch_tpu_eager.metrics()["output_copies"]
+    out = fn()
+    torch.tpu.synchronize()
+    return out, torch_tpu_eager.metrics()["output_copies"] - before
+
+
+def _on_tpu():
+    x, w, m = X.to("tpu"), W.to("tpu"), M.to("tpu")
+    torch.tpu.synchronize()
+    return x, w, m
+
+
+def test_transient_convolution_result_is_not_copied():
+    x, w, m = _on_tpu()
+    # conv2d's result is read by the matmul's region and by nothing after the flush
+    got, copies = _copies_of_flush(lambda: F.conv2d(x, w).flatten(1) @ m)
+    assert copies == 0
+    torch.testing.assert_close(got.cpu(), F.conv2d(X, W).flatten(1) @ M, rtol=0, atol=0)
+
+
+def test_observed_convolution_result_is_copied_once():
+    x, w, _ = _on_tpu()
+    got, copies = _copies_of_flush(lambda: F.conv2d(x, w))
+    assert copies == 1  # into the device storage that `got` keeps
+    assert got.stride() == F.conv2d(X, W).stride()
+    torch.testing.assert_close(got.cpu(), F.conv2d(X, W), rtol=0, atol=0)
+
+
+def test_transient_result_read_by_two_later_regions_and_written_in_place():
+    x, w, m = _on_tpu()
+
+    def prog(x, w, m):
+        y = F.conv2d(x, w)  # transient
+        a = y.flatten(1) @ m  # one region reads it
+        y.mul_(2.0)  # an in-place write to the adopted memory
+        b = y.flatten(1) @ m  # another region reads the new value
+        return a + b
+
+    got, _ = _copies_of_flush(lambda: prog(x, w, m))
+    torch.testing.assert_close(got.cpu(), prog(X, W, M), rtol=0, atol=0)
+
+
+def test_training_step_with_batch_norm_matches_cpu():
+    def step(dev):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3),
+            torch.nn.BatchNorm2d(4),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(144, 5),
+        ).to(dev)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        losses = []
+        for _ in range(3):
+            loss = net(X.to(dev)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return torch.stack(losses).cpu(), [p.detach().cpu() for p in net.parameters()]
+
+    (want_l, want_p), (got_l, got_p) = step("cpu"), step("tpu")
+    torch.testing.assert_close(got_l, want_l)
+    for g, w in zip(got_p, want_p):
+        torch.testing.assert_close(g, w)
