@@ -24,6 +24,9 @@ import torch_tpu_eager  # noqa: E402, F401
 
 aten = torch.ops.aten
 N = (4096, 1024)  # 4M elements
+QUICK = os.environ.get("TORCH_TPU_QUICK") == "1"  # the docs test's short form: small tensors, 2 repeats
+if QUICK:
+    N = (64, 1024)
 
 
 def swiglu(a, b):
@@ -65,6 +68,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    if QUICK:
+        args.repeats = 2
     torch.set_num_threads(args.threads)
     print(f"threads {args.threads}, repeats {args.repeats}, tensors {N[0]}x{N[1]}, load {os.getloadavg()[0]:.1f}")
     print(f"{'chain':38} | {'dtype':8} | {'tpu ms':>8} | {'cpu ms':>8} | cpu/tpu")

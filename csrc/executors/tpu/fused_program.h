@@ -142,6 +142,15 @@ void set_stream_store_threshold(int64_t bytes);
 // the routines CPU's unary kernels call (at::vml: MKL's VML in torch's x86-64
 // wheels, cpu_vml.h), so each fused value equals torch.exp(x) etc. bit for
 // bit, at about twice the cost on a transcendental-heavy chain. Process-wide.
+// The same choice covers float32 erf (VML's under kCpu, at::vec's under
+// kSleef: within 8 float32 eps) and gelu / gelu_backward with
+// approximate='none' in every type: CPU runs them through oneDNN's kernels
+// for contiguous tensors, so kCpu calls CPU's op on each tile (bit-equal;
+// a library call per tile), kSleef computes ATen's own at::vec formula
+// (what CPU runs without oneDNN): within 16 float32 eps absolute (times
+// |grad| for the backward) and one ulp in bfloat16 / float16; oneDNN also
+// flushes subnormal results to zero and gives NaN for gelu(+inf), which
+// kSleef does not (tests/test_fused_vocab.py).
 enum class MathRoutines : uint8_t { kSleef, kCpu };
 void set_math_routines(MathRoutines m);
 MathRoutines math_routines();
