@@ -305,6 +305,41 @@ def test_in_place_and_out_forms():
         _assert_bits_equal(got.cpu(), want)
 
 
+@pytest.mark.parametrize("dtype", ALL, ids=["f32", "bf16", "f16"])
+def test_scalar_arguments_enter_as_cpus_kernel_takes_them(dtype):
+    # Thresholds and bounds that round up or down in bfloat16 / float16, and values equal
+    # to their rounded forms: CPU compares a reduced self with threshold_backward's
+    # threshold in float32, and casts clamp's bounds, where's comparison scalar and
+    # masked_fill's value to the tensor's type.
+    g = torch.Generator().manual_seed(9)
+    x = (torch.randn(3000, generator=g) * 0.3).to(dtype)
+    grad = torch.randn(3000, generator=g).to(dtype)
+    for i, v in enumerate((0.1, 0.3, 0.3333, 0.7)):
+        x[i * 20 : i * 20 + 10] = v  # rounded to the type
+
+    def prog(a, gr):
+        a = -(-a)
+        out = [aten.threshold_backward(gr * 1.0, a, t) for t in (0.1, 0.3, 0.3333)]
+        out.append(a.clamp(0.1, 0.3))
+        out.append(torch.where(a > 0.3, a, gr))
+        out.append(a.masked_fill(a <= 0.7, 0.3333))
+        return out
+
+    got = prog(x.to("tpu"), grad.to("tpu"))
+    for gt, want in zip(got, prog(x, grad)):
+        _assert_bits_equal(gt.cpu(), want)
+
+
+def test_sum_of_two_zero_dim_tensors_runs_and_matches():
+    # Both operands runtime constants (torch.trapz(y) adds y[0] and y[-1]): no loop operand
+    # to read from memory, so the op does not plan; it must still run and equal CPU.
+    y = torch.randn(6)
+    yd = y.to("tpu")
+    for got, want in ((yd[0] + yd[-1]) * 0.5, (y[0] + y[-1]) * 0.5), (torch.trapz(yd), torch.trapz(y)):
+        _assert_bits_equal(got.cpu(), want)
+    _assert_bits_equal((1.0 - yd[2] - yd[3]).cpu(), 1.0 - y[2] - y[3])
+
+
 def test_pow_exponent_is_guarded_per_run():
     # One recorded program, two exponents: the cached loop must not reuse the first.
     x = torch.randn(512)

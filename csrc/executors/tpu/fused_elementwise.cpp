@@ -116,7 +116,8 @@ constexpr Lowering kLowerings[] = {
     {"pow", "Tensor_Scalar,Scalar", "Tensor_Scalar_out", Form::kPowScalar, Fn::kMul, kF32 | kBF16},
     {"gelu", "", "out", Form::kGelu, Fn::kGelu, kAnyFloat},
     {"gelu_backward", "", "grad_input", Form::kGeluBwd, Fn::kGeluBwd, kAnyFloat},
-    {"threshold_backward", "", "grad_input", Form::kThresholdBwd, Fn::kThresholdBwd, kAnyFloat},
+    // CPU's threshold kernel compares a bfloat16 / float16 self with the threshold as float32.
+    {"threshold_backward", "", "grad_input", Form::kThresholdBwd, Fn::kThresholdBwd, kAnyFloat, ScalarIn::kOpmath},
     {"sigmoid_backward", "", "grad_input", Form::kBinary, Fn::kSigmoidBwd, kF32 | kBF16},
     {"tanh_backward", "", "grad_input", Form::kBinary, Fn::kTanhBwd, kAnyFloat},
     {"lerp", "Scalar", "Scalar_out", Form::kLerp, Fn::kAdd, kF32},
@@ -712,6 +713,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
             return false;
           }
         }
+        if (ins.a.kind == Operand::kConst) return false;  // the loop reads its first operand from memory
         break;
       }
       case Form::kWhereSelf: {
