@@ -1,6 +1,6 @@
 // The fused elementwise tile loop for AVX2 (see fused_kernels.inc). Only
 // this unit is compiled for AVX2; fused_elementwise.cpp checks the CPU.
-#pragma GCC target("avx2,fma,f16c")
+#pragma GCC target("avx2,fma")
 // The pragma enables the instructions; SLEEF's header also looks at the macros.
 #ifndef __AVX__
 #define __AVX__ 1

@@ -1,6 +1,6 @@
 // The fused elementwise tile loop for AVX512 (see fused_kernels.inc). Only
 // this unit is compiled for AVX512; fused_elementwise.cpp checks the CPU.
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl")
 // The pragma enables the instructions; SLEEF's header also looks at the macros.
 #ifndef __AVX__
 #define __AVX__ 1

@@ -73,6 +73,14 @@ enum class Fn : uint8_t {
 // c10::Half convert.
 enum class Elem : uint8_t { kFloat, kBool, kBFloat16, kHalf };
 
+// Conversions of n values for the tiles (fused_convert.cpp; AVX2 + F16C):
+// bfloat16 / float16 bits widened to float (exact); floats rounded to
+// bfloat16 / float16 (to nearest even, as CPU's vector kernels convert:
+// at::vec::convert); floats rounded to the type in place, kept as float.
+void widen_reduced(const uint16_t* src, float* dst, int64_t n, Elem t);
+void narrow_reduced(const float* src, void* dst, int64_t n, Elem t);
+void round_reduced(float* v, int64_t n, Elem t);
+
 // An operand: a tile register, an external (device) buffer read, a
 // materialized output already written by an earlier instruction, or a constant.
 struct Operand {
