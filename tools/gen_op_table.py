@@ -134,6 +134,7 @@ def kind_of(overload, schema):
         "lerp",
         "addcmul",
         "addcdiv",
+        "rsub",  # rsub.Tensor has no pointwise tag (rsub.Scalar has); both are other - alpha * self
     } or is_pointwise(overload):
         return "kElementwise"
     return "kLibrary"

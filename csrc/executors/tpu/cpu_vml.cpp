@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 
 // MKL's VML entry points (mkl_vml_functions.h), exported by libtorch_cpu when
@@ -15,6 +16,7 @@ __attribute__((weak)) void vmsSin(int n, const float* a, float* r, long long mod
 __attribute__((weak)) void vmsCos(int n, const float* a, float* r, long long mode);
 __attribute__((weak)) void vmsTanh(int n, const float* a, float* r, long long mode);
 __attribute__((weak)) void vmsSqrt(int n, const float* a, float* r, long long mode);
+__attribute__((weak)) void vmsErf(int n, const float* a, float* r, long long mode);
 }
 
 namespace tpu_eager {
@@ -37,7 +39,7 @@ void chunked(F f, const float* x, float* y, int64_t n) {
 
 bool available() {
   static const bool ok = at::hasMKL() && vmsExp != nullptr && vmsLn != nullptr && vmsSin != nullptr &&
-                         vmsCos != nullptr && vmsTanh != nullptr && vmsSqrt != nullptr;
+                         vmsCos != nullptr && vmsTanh != nullptr && vmsSqrt != nullptr && vmsErf != nullptr;
   return ok;
 }
 
@@ -52,6 +54,40 @@ void cos(const float* x, float* y, int64_t n) { chunked(vmsCos, x, y, n); }
 void tanh(const float* x, float* y, int64_t n) { chunked(vmsTanh, x, y, n); }
 
 void sqrt(const float* x, float* y, int64_t n) { chunked(vmsSqrt, x, y, n); }
+
+void erf(const float* x, float* y, int64_t n) { chunked(vmsErf, x, y, n); }
+
+namespace {
+
+at::ScalarType scalar_type(int type) { return type == 1 ? at::kBFloat16 : type == 2 ? at::kHalf : at::kFloat; }
+
+// A tensor of `type` over (float32) or converted from (bfloat16 / float16) n floats.
+at::Tensor wrap(int type, const float* x, int64_t n) {
+  const at::Tensor f = at::from_blob(const_cast<float*>(x), {n}, at::TensorOptions().dtype(at::kFloat));
+  return type == 0 ? f : f.to(scalar_type(type));
+}
+
+// Writes t (of n elements) into y as floats.
+void unwrap(const at::Tensor& t, float* y, int64_t n) {
+  at::Tensor out = at::from_blob(y, {n}, at::TensorOptions().dtype(at::kFloat));
+  if (t.data_ptr() != out.data_ptr()) out.copy_(t);
+}
+
+}  // namespace
+
+void gelu(int type, const float* x, float* y, int64_t n) {
+  const at::Tensor in = wrap(type, x, n);
+  at::Tensor out = type == 0 ? at::from_blob(y, {n}, at::TensorOptions().dtype(at::kFloat)) : at::empty_like(in);
+  at::gelu_out(out, in, "none");
+  unwrap(out, y, n);
+}
+
+void gelu_backward(int type, const float* grad, const float* x, float* y, int64_t n) {
+  const at::Tensor g = wrap(type, grad, n), in = wrap(type, x, n);
+  at::Tensor out = type == 0 ? at::from_blob(y, {n}, at::TensorOptions().dtype(at::kFloat)) : at::empty_like(in);
+  at::gelu_backward_out(out, g, in, "none");
+  unwrap(out, y, n);
+}
 
 }  // namespace vml
 }  // namespace tpu

@@ -23,6 +23,20 @@ void sin(const float* x, float* y, int64_t n);
 void cos(const float* x, float* y, int64_t n);
 void tanh(const float* x, float* y, int64_t n);
 void sqrt(const float* x, float* y, int64_t n);
+// CPU's float32 erf kernel calls VML's erf too (vmsErf); bfloat16 / float16
+// erf use at::vec's erf, as the fused loop does.
+void erf(const float* x, float* y, int64_t n);
+
+// gelu / gelu_backward with approximate='none' as CPU computes them, on n
+// contiguous values of `type` (0 float32, 1 bfloat16, 2 float16) held as
+// float32 (exactly representable in `type`): CPU's gelu and gelu_backward
+// run oneDNN's eltwise kernels for contiguous float32 (and, on CPUs with
+// AVX512 BW/VL/DQ, bfloat16) tensors instead of ATen's at::vec formula, so
+// these call the CPU op itself (at::gelu_out / at::gelu_backward_out on
+// tensors over the buffers, converted to `type`), rounding exactly as
+// torch.nn.functional.gelu does. For MathRoutines::kCpu. x may equal y.
+void gelu(int type, const float* x, float* y, int64_t n);
+void gelu_backward(int type, const float* grad, const float* x, float* y, int64_t n);
 
 }  // namespace vml
 }  // namespace tpu

@@ -28,19 +28,151 @@ using fused::Fn;
 using fused::Instr;
 using fused::Operand;
 
-bool unary_fn(std::string_view name, Fn* fn) {
-  // A scan of twelve names: cheaper than hashing a string per planned op.
-  static constexpr std::pair<std::string_view, Fn> table[] = {
-      {"neg", Fn::kNeg},         {"abs", Fn::kAbs},   {"relu", Fn::kRelu},   {"exp", Fn::kExp},
-      {"log", Fn::kLog},         {"sin", Fn::kSin},   {"cos", Fn::kCos},     {"tanh", Fn::kTanh},
-      {"sigmoid", Fn::kSigmoid}, {"sqrt", Fn::kSqrt}, {"rsqrt", Fn::kRsqrt}, {"reciprocal", Fn::kReciprocal}};
-  for (const auto& [n, f] : table) {
-    if (n == name) {
-      *fn = f;
-      return true;
-    }
+using fused::Elem;
+
+// How an op's arguments map to loop instructions (plan_loop lowers each form).
+enum class Form : uint8_t {
+  kUnary,         // fn(self)
+  kBinary,        // fn(self, other): other a tensor or a Scalar
+  kAddSub,        // self + alpha * other (sub: alpha negated)
+  kRsub,          // other - alpha * self
+  kCompare,       // fn(self, other) as a bool (or self's type, in place)
+  kWhereSelf,     // where(condition, self, other)
+  kMaskedFill,    // masked_fill(self, mask, value: Scalar)
+  kClamp,         // clamp(self, min?, max?), Scalar or Tensor bounds
+  kClampOne,      // clamp_min / clamp_max(self, bound)
+  kPowScalar,     // pow(self, exponent: Scalar), exponents 2, 3 (0.5, -0.5, -1 for float32)
+  kGelu,          // gelu(self, approximate)
+  kGeluBwd,       // gelu_backward(grad_output, self, approximate)
+  kThresholdBwd,  // threshold_backward(grad_output, self, threshold)
+  kLerp,          // lerp(self, end, weight: Scalar)
+  kAddcmul,       // addcmul(self, t1, t2, value)
+  kAddcdiv,
+};
+
+// How a Scalar (or 0-dim tensor) operand of a bfloat16 / float16 op enters
+// its computation: rounded to the op's type (kCast: CPU's TensorIterator
+// casts it to the common type), or as float32 (kOpmath: CPU's mul / div
+// kernels read a scalar operand's original value, BinaryOpsKernel.cpp).
+enum class ScalarIn : uint8_t { kCast, kOpmath };
+
+constexpr uint8_t kF32 = 1, kBF16 = 2, kF16 = 4, kAnyFloat = kF32 | kBF16 | kF16;
+
+// One op's lowering: its name (without "aten::" and an in-place '_'), the
+// overloads taken (comma-separated; functional / in-place, then out=), its
+// form and function, the types it is bit-equal to CPU's kernel in (tested in
+// tests/executors/tpu/test_fused_vocab.py; see docs/performance.md for where CPU's kernel
+// differs and why a type is left out), and how a Scalar enters.
+struct Lowering {
+  std::string_view name;
+  std::string_view overloads;
+  std::string_view out_overloads;
+  Form form;
+  Fn fn;
+  uint8_t dtypes;
+  ScalarIn scalar = ScalarIn::kCast;
+};
+
+// The fused loops' vocabulary, one row per op. Transcendental float32 unary
+// ops follow set_fused_math (fused_program.h); bfloat16 / float16 versions of
+// them call SLEEF in CPU's kernels and are left to run op by op.
+// - sigmoid_backward: CPU's float16 kernel rounds each product to float16
+//   (Vectorized<Half> arithmetic); bfloat16 computes in float32.
+// - pow: float16 calls SLEEF's pow; bfloat16 0.5 / -0.5 / -1 are sqrt / rsqrt
+//   / reciprocal kernels of their own.
+constexpr Lowering kLowerings[] = {
+    {"add", "Tensor,Scalar", "out", Form::kAddSub, Fn::kAdd, kAnyFloat},
+    {"sub", "Tensor,Scalar", "out", Form::kAddSub, Fn::kAdd, kAnyFloat},
+    {"rsub", "Tensor,Scalar", "Tensor_out,Scalar_out", Form::kRsub, Fn::kAdd, kAnyFloat},
+    {"mul", "Tensor,Scalar", "out", Form::kBinary, Fn::kMul, kAnyFloat, ScalarIn::kOpmath},
+    {"div", "Tensor,Scalar", "out", Form::kBinary, Fn::kDiv, kAnyFloat, ScalarIn::kOpmath},
+    {"neg", "", "out", Form::kUnary, Fn::kNeg, kAnyFloat},
+    {"abs", "", "out", Form::kUnary, Fn::kAbs, kAnyFloat},
+    {"relu", "", "out", Form::kUnary, Fn::kRelu, kAnyFloat},
+    {"exp", "", "out", Form::kUnary, Fn::kExp, kF32},
+    {"log", "", "out", Form::kUnary, Fn::kLog, kF32},
+    {"sin", "", "out", Form::kUnary, Fn::kSin, kF32},
+    {"cos", "", "out", Form::kUnary, Fn::kCos, kF32},
+    {"tanh", "", "out", Form::kUnary, Fn::kTanh, kF32},
+    {"sigmoid", "", "out", Form::kUnary, Fn::kSigmoid, kF32},
+    {"sqrt", "", "out", Form::kUnary, Fn::kSqrt, kF32},
+    {"rsqrt", "", "out", Form::kUnary, Fn::kRsqrt, kF32},
+    {"reciprocal", "", "out", Form::kUnary, Fn::kReciprocal, kF32},
+    {"sign", "", "out", Form::kUnary, Fn::kSign, kAnyFloat},
+    {"silu", "", "out", Form::kUnary, Fn::kSilu, kAnyFloat},
+    {"erf", "", "out", Form::kUnary, Fn::kErf, kAnyFloat},
+    {"eq", "Tensor,Scalar", "Tensor_out,Scalar_out", Form::kCompare, Fn::kEq, kAnyFloat},
+    {"ne", "Tensor,Scalar", "Tensor_out,Scalar_out", Form::kCompare, Fn::kNe, kAnyFloat},
+    {"lt", "Tensor,Scalar", "Tensor_out,Scalar_out", Form::kCompare, Fn::kLt, kAnyFloat},
+    {"le", "Tensor,Scalar", "Tensor_out,Scalar_out", Form::kCompare, Fn::kLe, kAnyFloat},
+    {"gt", "Tensor,Scalar", "Tensor_out,Scalar_out", Form::kCompare, Fn::kGt, kAnyFloat},
+    {"ge", "Tensor,Scalar", "Tensor_out,Scalar_out", Form::kCompare, Fn::kGe, kAnyFloat},
+    {"where", "self", "self_out", Form::kWhereSelf, Fn::kSelect, kAnyFloat},
+    {"masked_fill", "Scalar", "Scalar_out", Form::kMaskedFill, Fn::kWhere, kAnyFloat},
+    {"maximum", "", "out", Form::kBinary, Fn::kMaximum, kAnyFloat},
+    {"minimum", "", "out", Form::kBinary, Fn::kMinimum, kAnyFloat},
+    {"clamp", ",Tensor", "out,Tensor_out", Form::kClamp, Fn::kClampMin, kAnyFloat},
+    {"clamp_min", ",Tensor", "out,Tensor_out", Form::kClampOne, Fn::kClampMin, kAnyFloat},
+    {"clamp_max", ",Tensor", "out,Tensor_out", Form::kClampOne, Fn::kClampMax, kAnyFloat},
+    {"pow", "Tensor_Scalar,Scalar", "Tensor_Scalar_out", Form::kPowScalar, Fn::kMul, kF32 | kBF16},
+    {"gelu", "", "out", Form::kGelu, Fn::kGelu, kAnyFloat},
+    {"gelu_backward", "", "grad_input", Form::kGeluBwd, Fn::kGeluBwd, kAnyFloat},
+    // CPU's threshold kernel compares a bfloat16 / float16 self with the threshold as float32.
+    {"threshold_backward", "", "grad_input", Form::kThresholdBwd, Fn::kThresholdBwd, kAnyFloat, ScalarIn::kOpmath},
+    {"sigmoid_backward", "", "grad_input", Form::kBinary, Fn::kSigmoidBwd, kF32 | kBF16},
+    {"tanh_backward", "", "grad_input", Form::kBinary, Fn::kTanhBwd, kAnyFloat},
+    {"lerp", "Scalar", "Scalar_out", Form::kLerp, Fn::kAdd, kF32},
+    {"addcmul", "", "out", Form::kAddcmul, Fn::kFma, kF32},
+    {"addcdiv", "", "out", Form::kAddcdiv, Fn::kAdd, kF32},
+};
+
+// Whether `overload` is one of the comma-separated `list` ("" an entry too).
+bool in_list(std::string_view list, std::string_view overload) {
+  while (true) {
+    const size_t comma = list.find(',');
+    if (list.substr(0, comma) == overload) return true;
+    if (comma == std::string_view::npos) return false;
+    list.remove_prefix(comma + 1);
   }
-  return false;
+}
+
+// The lowering of op `name` (no in-place '_') at `overload`, or null.
+const Lowering* lowering_of(std::string_view name, std::string_view overload, bool is_out) {
+  for (const Lowering& l : kLowerings)
+    if (l.name == name) return in_list(is_out ? l.out_overloads : l.overloads, overload) ? &l : nullptr;
+  return nullptr;
+}
+
+// The loop element type of a tensor type; kFloat for an unsupported one is
+// never returned: `ok` says whether it is one.
+Elem elem_of(at::ScalarType t, bool* ok = nullptr) {
+  if (ok) *ok = true;
+  switch (t) {
+    case at::kFloat:
+      return Elem::kFloat;
+    case at::kBool:
+      return Elem::kBool;
+    case at::kBFloat16:
+      return Elem::kBFloat16;
+    case at::kHalf:
+      return Elem::kHalf;
+    default:
+      if (ok) *ok = false;
+      return Elem::kBool;  // never a computation type
+  }
+}
+
+uint8_t dtype_bit(Elem e) {
+  return e == Elem::kFloat ? kF32 : e == Elem::kBFloat16 ? kBF16 : e == Elem::kHalf ? kF16 : 0;
+}
+
+int64_t elem_size(Elem e) { return e == Elem::kFloat ? 4 : e == Elem::kBool ? 1 : 2; }
+
+// v rounded to bfloat16 / float16 as c10 converts (kFloat: v).
+float round_to(float v, Elem e) {
+  if (e == Elem::kBFloat16) return static_cast<float>(c10::BFloat16(v));
+  if (e == Elem::kHalf) return static_cast<float>(c10::Half(v));
+  return v;
 }
 
 // A real Scalar as the float32 the computation uses. CPU wraps such an
@@ -155,7 +287,20 @@ bool param_value(const Param& p, const Region& region, const std::vector<Node>& 
   const Node& n = graph[region.nodes[p.pos]];
   if (p.input >= 0) {
     const TensorRef& r = n.inputs[p.input].ref;
-    *v = static_cast<const float*>(mem.storage_for(r.storage.get()).data())[r.offset];
+    const void* data = mem.storage_for(r.storage.get()).data();
+    switch (r.dtype) {
+      case at::kFloat:
+        *v = static_cast<const float*>(data)[r.offset];
+        break;
+      case at::kBFloat16:
+        *v = static_cast<float>(static_cast<const c10::BFloat16*>(data)[r.offset]);
+        break;
+      case at::kHalf:
+        *v = static_cast<float>(static_cast<const c10::Half*>(data)[r.offset]);
+        break;
+      default:
+        return false;
+    }
   } else {
     Operand c;
     if (!scalar_operand(n.args[p.arg], &c)) return false;
@@ -167,7 +312,11 @@ bool param_value(const Param& p, const Region& region, const std::vector<Node>& 
   if (p.abs_lt_half >= 0 && (std::abs(*v) < 0.5f) != (p.abs_lt_half == 1)) return false;  // on the argument
   if (p.transform == Param::Transform::kNeg) *v = -*v;
   if (p.transform == Param::Transform::kMinusOne) *v = *v - 1.0f;
+  *v = round_to(*v, p.round);
   if (p.is_one >= 0 && (*v == 1.0f) != (p.is_one == 1)) return false;  // on the value the loop uses
+  if (p.abs_one >= 0 && (std::abs(*v) == 1.0f) != (p.abs_one == 1)) return false;
+  if (p.reject_nan && std::isnan(*v)) return false;
+  if (p.has_equals && !(*v == p.equals)) return false;
   return true;
 }
 
@@ -178,8 +327,42 @@ bool param_value(const Param& p, const Region& region, const std::vector<Node>& 
 static thread_local bool g_probing = false;
 
 bool fused_loops_available() {
-  static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                             __builtin_cpu_supports("f16c");  // float16 conversions (F16C)
   return cpu_ok;
+}
+
+bool has_fused_lowering(const Node& n) {
+  const auto& schema = n.op.schema();
+  std::string_view name = std::string_view(schema.name()).substr(6);
+  const std::string& overload = schema.overload_name();
+  bool is_out = false;
+  const TensorRef* out = nullptr;
+  if (schema.is_mutable()) {
+    const InputSlot* w = written_slot(n);
+    if (!w || w->elem >= 0 || !n.outputs.empty()) return false;
+    is_out = schema.arguments()[w->arg].is_out();
+    if (!is_out) {
+      if (w->arg != 0 || name.empty() || name.back() != '_') return false;
+      name.remove_suffix(1);
+    }
+    out = &w->ref;
+  } else if (n.outputs.size() == 1) {
+    out = &n.outputs[0];
+  } else {
+    return false;
+  }
+  const Lowering* lw = lowering_of(name, overload, is_out);
+  if (!lw) return false;
+  at::ScalarType t = out->dtype;
+  if (lw->form == Form::kCompare) {
+    t = at::ScalarType::Undefined;
+    for (const auto& in : n.inputs)
+      if (in.arg == 0 && in.elem < 0 && !in.written) t = in.ref.dtype;
+  }
+  bool ok = false;
+  const Elem e = elem_of(t, &ok);
+  return ok && (lw->dtypes & dtype_bit(e)) != 0;
 }
 
 // Plans the ops at positions `ps` of `region` (ascending) as one loop. An
@@ -198,15 +381,16 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   plan->pos = ps;
   const Dims* shape = nullptr;
   StorageMap<Operand> reg_of(2 * ps.size());  // loop value -> register or output
-  // External buffers read: storage, period (Program::period) and whether a bool mask.
+  // External buffers read: storage, period (Program::period) and element type.
   struct External {
     const DeferredStorage* storage;
     int64_t period;
-    bool is_bool;
+    Elem elem;
   };
   std::vector<External> ext_of;
   std::vector<Instr> program;
   std::vector<DeferredStorage*> outputs;  // storages of the loop's stores, in instruction order
+  std::vector<Elem> out_types;            // their element types
   int regs = 0;                           // one per value until assign_registers renames them
 
   // Per storage the loop writes: its last writer, whether the loop creates it
@@ -239,11 +423,18 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     op->value = 0.0f;
   };
 
-  // A float tensor operand, or (`mask`) a bool one read as 0 / 1, the input
-  // `r` of the node at position `pos`. One with fewer elements than the loop,
-  // broadcast along leading dims, is read from its buffer, which the loop must not write.
-  auto tensor_operand = [&](size_t pos, const TensorRef& r, Operand* op, bool mask = false) -> bool {
-    if (r.dtype != (mask ? at::kBool : at::kFloat) || r.conj || r.neg) return false;
+  // A tensor operand of type `want` (a bool mask read as 0 / 1; bfloat16 /
+  // float16 widened to float), the input `r` of the node at position `pos`.
+  // One with fewer elements than the loop, broadcast along leading dims, is
+  // read from its buffer, which the loop must not write. A 0-dim one (any
+  // float type) is a runtime constant.
+  auto tensor_operand = [&](size_t pos, const TensorRef& r, Operand* op, Elem want = Elem::kFloat) -> bool {
+    if (r.conj || r.neg) return false;
+    bool known = false;
+    const Elem elem = elem_of(r.dtype, &known);
+    const bool mask = want == Elem::kBool;
+    const bool zero_dim_const = r.sizes.empty() && !mask && known && elem != Elem::kBool;
+    if (!known || (elem != want && !zero_dim_const)) return false;
     DeferredStorage* s = r.storage.get();
     const Operand* it = reg_of.find(s);
     const Node& n = graph[region.nodes[pos]];
@@ -262,19 +453,19 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       period = broadcast_period(r.sizes, *shape);
       if (period == 0 || it || written_by.contains(s)) return false;
     }
-    if (it) {
-      if (mask) return false;  // loop values are floats
+    if (elem != want) return false;
+    if (it) {  // a loop value (a bool one held as 0.0f / 1.0f)
       *op = *it;
       return true;
     }
     int index = 0;
     while (index < static_cast<int>(ext_of.size()) &&
-           (ext_of[index].storage != s || ext_of[index].period != period || ext_of[index].is_bool != mask))
+           (ext_of[index].storage != s || ext_of[index].period != period || ext_of[index].elem != elem))
       ++index;
     if (index == static_cast<int>(ext_of.size())) {
       const int in = input_index(n, r);
       if (in < 0) return false;
-      ext_of.push_back({s, period, mask});
+      ext_of.push_back({s, period, elem});
       plan->externals.push_back(Slot{static_cast<int>(pos), in, -1});
     }
     op->kind = Operand::kExternal;
@@ -284,7 +475,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   // A staged external (broadcast or bool) lives in a tile register: a row
   // anchor reads its input in place, so it must be something else.
   auto staged = [&](const Operand& o) {
-    return o.kind == Operand::kExternal && (ext_of[o.index].period > 0 || ext_of[o.index].is_bool);
+    return o.kind == Operand::kExternal && (ext_of[o.index].period > 0 || ext_of[o.index].elem != Elem::kFloat);
   };
   // An intermediate value of a multi-instruction op: a register.
   auto temp = [&](Instr ins) {
@@ -296,13 +487,18 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   // tensor `slot`) by op k: stored to the device buffer when no later op of
   // the loop writes `s` and the buffer is observable, else kept in a register.
   // `alpha_param`: the param of ins.alpha, or -1.
-  auto define = [&](Instr ins, DeferredStorage* s, Slot slot, size_t k, int alpha_param) {
+  auto define = [&](Instr ins, const TensorRef& ref, Slot slot, size_t k, int alpha_param) {
+    DeferredStorage* s = ref.storage.get();
     const Written& w = *written_by.find(s);  // every written storage has an entry
     const bool store = w.last == k && (w.kept || !w.made);
     Operand value;
+    // A bfloat16 / float16 result is rounded to its type, as CPU stores it.
+    const Elem type = elem_of(ref.dtype);
+    if (type == Elem::kBFloat16 || type == Elem::kHalf) ins.round = type;
     if (store) {
       ins.out = static_cast<int>(outputs.size());
       outputs.push_back(s);
+      out_types.push_back(type);
       plan->outputs.push_back(slot);
       value.kind = Operand::kOutput;
       value.index = ins.out;
@@ -384,7 +580,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       return false;
     }
     const TensorRef& out = w ? w->ref : n.outputs[0];
-    if (out.dtype != at::kFloat || out.conj || out.neg) return false;
+    bool known_type = false;
+    elem_of(out.dtype, &known_type);
+    if (!known_type || out.conj || out.neg) return false;
     // The shape the op iterates over: logsumexp's input (its output has one value per row).
     const auto& sizes = name == "logsumexp" && !w && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
     if (!shape) shape = &sizes;
@@ -392,7 +590,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     const Slot out_slot = w ? Slot{static_cast<int>(p), input_index(n, w->ref), -1} : Slot{static_cast<int>(p), -1, 0};
     // Writing a flush temporary from an earlier region in place: checked when bound.
     if (w && !is_made(w->ref.storage.get())) plan->written_inputs.push_back(out_slot);
-    if (!w && last_op && row_anchor(name, n, sizes, &plan->anchor.op)) {
+    if (!w && last_op && out.dtype == at::kFloat && row_anchor(name, n, sizes, &plan->anchor.op)) {
       // The loop's last op reduces rows of the program's last value (or of an input).
       fused::RowAnchor& anchor = plan->anchor;
       if (!region.materialize[p][0] || n.inputs.size() != 1 || n.inputs[0].arg != 0) return false;
@@ -405,12 +603,26 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       plan->has_anchor = true;
       break;
     }
-    // Overloads by form: functional, in-place, out=.
-    auto overload_is = [&](const char* functional, const char* out_form) {
-      return overload == (is_out ? out_form : functional);
-    };
+    // The op's lowering rule (kLowerings); none: the loop does not plan.
+    const Lowering* lw = lowering_of(name, overload, is_out);
+    if (!lw) return false;
+    // The type the op computes in: its operands' (comparisons) or its result's.
+    const InputSlot* self_in = nullptr;
+    for (const auto& in : n.inputs)
+      if (in.arg == (lw->form == Form::kWhereSelf ? 1 : 0) && in.elem < 0 && !in.written) self_in = &in;
+    if (lw->form == Form::kWhereSelf || lw->form == Form::kCompare) {
+      if (!self_in) return false;
+    }
+    const at::ScalarType compute_dtype = lw->form == Form::kCompare ? self_in->ref.dtype : out.dtype;
+    const Elem ct = elem_of(compute_dtype);
+    if (ct == Elem::kBool || !(lw->dtypes & dtype_bit(ct))) return false;
+    if (lw->form == Form::kCompare ? out.dtype != at::kBool && out.dtype != compute_dtype : out.dtype != compute_dtype)
+      return false;
+    const bool reduced = ct != Elem::kFloat;
     // A Scalar (or wrapped number) argument as a runtime param; false when
     // it is not a real number. Its value now only for the decisions below.
+    // A bfloat16 / float16 op rounds it to its type unless its kernel keeps
+    // it in float32 (ScalarIn::kOpmath).
     auto scalar_param = [&](int arg, Operand* op, float* now, bool check_overflow) -> int {
       Operand c;
       if (!scalar_operand(n.args[arg], &c)) return -1;
@@ -421,111 +633,253 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       prm.pos = static_cast<int>(p);
       prm.arg = arg;
       prm.check_overflow = check_overflow;
+      if (reduced && lw->scalar == ScalarIn::kCast) prm.round = ct;
       param_operand(prm, op);
-      if (now) *now = c.value;
+      if (now) *now = round_to(c.value, prm.round);
       return op->index - 1;
     };
     // Arguments by position: tensors come from n.inputs (never the out=
-    // argument), the rest from n.args.
-    auto operand = [&](int arg, Operand* op) -> bool {
-      for (const auto& in : n.inputs)
-        if (in.arg == arg && in.elem < 0) return tensor_operand(p, in.ref, op);
-      return scalar_param(arg, op, nullptr, false) >= 0;
+    // argument), the rest from n.args. A tensor operand has the op's type
+    // (`want`; a bool mask for where / masked_fill); a 0-dim one is a runtime
+    // constant, rounded as a Scalar is.
+    auto operand = [&](int arg, Operand* op, Elem want) -> bool {
+      for (const auto& in : n.inputs) {
+        if (in.arg != arg || in.elem >= 0) continue;
+        if (!tensor_operand(p, in.ref, op, want)) return false;
+        if (op->kind == Operand::kConst && reduced && lw->scalar == ScalarIn::kCast)
+          plan->params[op->index - 1].round = ct;
+        return true;
+      }
+      return want != Elem::kBool && scalar_param(arg, op, nullptr, false) >= 0;
+    };
+    auto tensor_arg = [&](int arg, Operand* op, Elem want) {
+      return operand(arg, op, want) && op->kind != Operand::kConst;
+    };
+    // A rounding step of CPU's kernel inside the op (bfloat16 x ** 3 rounds x * x).
+    auto rounded_temp = [&](Instr t) {
+      t.round = reduced ? ct : Elem::kFloat;
+      return temp(t);
     };
     Instr ins;
+    ins.fn = lw->fn;
     int alpha_param = -1;
-    if (name == "add" || name == "sub" || name == "mul" || name == "div") {
-      const bool form_ok = is_out ? overload == "out" : (overload == "Tensor" || overload == "Scalar");
-      if (!form_ok) return false;
-      if (!operand(0, &ins.a) || !operand(1, &ins.b)) return false;
-      ins.fn = name == "mul" ? Fn::kMul : name == "div" ? Fn::kDiv : Fn::kAdd;
-      if (name == "add" || name == "sub") {
+    switch (lw->form) {
+      case Form::kUnary:
+        if (!tensor_arg(0, &ins.a, ct)) return false;
+        break;
+      case Form::kBinary:
+        // The loop reads its first operand from memory; a product with a
+        // constant first (torch._foreach_mul_(xs, 0.99) records
+        // mul.out(0.99, x, out=x)) is the same value with its operands swapped.
+        if (!operand(0, &ins.a, ct) || !operand(1, &ins.b, ct)) return false;
+        if (ins.a.kind == Operand::kConst && ins.fn == Fn::kMul && !reduced) std::swap(ins.a, ins.b);
+        if (ins.a.kind == Operand::kConst) return false;
+        break;
+      case Form::kCompare:
+        if (!tensor_arg(0, &ins.a, ct) || !operand(1, &ins.b, ct)) return false;
+        break;
+      case Form::kAddSub:
+      case Form::kRsub: {
+        // add / sub: self + alpha * other (sub negates alpha) as one FMA, as
+        // CPU's kernel; rsub: other - alpha * self.
+        const bool rsub = lw->form == Form::kRsub;
+        if (!operand(rsub ? 1 : 0, &ins.a, ct) || !operand(rsub ? 0 : 1, &ins.b, ct)) return false;
         // A bool alpha on a float result makes CPU raise (its alpha_check): op by op.
         if (n.args[2].isScalar() && n.args[2].toScalar().isBoolean()) return false;
         Operand alpha;
         alpha_param = scalar_param(2, &alpha, &ins.alpha, true);
         if (alpha_param < 0) return false;
-        if (name == "sub") {
+        if (name != "add") {
           plan->params[alpha_param].transform = Param::Transform::kNeg;
           ins.alpha = -ins.alpha;
         }
+        // CPU's scalar loop (the last elements) computes a bfloat16 / float16
+        // alpha * other rounded before the sum: equal only for alpha = +-1.
+        if (reduced) {
+          plan->params[alpha_param].abs_one = 1;
+          if (std::abs(ins.alpha) != 1.0f) return false;
+        }
+        if (ins.a.kind == Operand::kConst) {
+          // A constant first: c + alpha * x. Plain sum (alpha 1): swapped;
+          // c - x (alpha -1): -x + c, the same single rounding.
+          plan->params[alpha_param].is_one = ins.alpha == 1.0f;  // guards the choice
+          if (ins.alpha == 1.0f) {
+            std::swap(ins.a, ins.b);
+          } else if (ins.alpha == -1.0f && ins.b.kind != Operand::kConst) {
+            plan->params[alpha_param].abs_one = 1;
+            Instr neg;
+            neg.fn = Fn::kNeg;
+            neg.a = ins.b;
+            ins.b = ins.a;
+            ins.a = temp(neg);
+            alpha_param = -1;
+            ins.alpha = 1.0f;
+          } else {
+            return false;
+          }
+        }
+        if (ins.a.kind == Operand::kConst) return false;  // the loop reads its first operand from memory
+        break;
       }
-      // The loop reads its first operand from memory; a product or plain sum
-      // with a constant first (torch._foreach_mul_(xs, 0.99) records
-      // mul.out(0.99, x, out=x)) is the same value with its operands swapped.
-      if (ins.a.kind == Operand::kConst && ins.fn == Fn::kAdd) {
-        plan->params[alpha_param].is_one = ins.alpha == 1.0f;  // guards the swap (or its absence)
+      case Form::kWhereSelf: {
+        // where(condition, self, other): CPU's kernel picks self or other (cast to the result type).
+        if (!tensor_arg(0, &ins.a, Elem::kBool) || !operand(1, &ins.b, ct) || !operand(2, &ins.c, ct)) return false;
+        break;
       }
-      if (ins.a.kind == Operand::kConst && (ins.fn == Fn::kMul || (ins.fn == Fn::kAdd && ins.alpha == 1.0f)))
-        std::swap(ins.a, ins.b);
-      if (ins.a.kind == Operand::kConst) return false;
-    } else if (name == "masked_fill" && overload_is("Scalar", "Scalar_out")) {
-      // CPU's kernel (masked_fill_kernel) stores the value, converted to
-      // float, where the mask is set; a value that overflows float raises there.
-      ins.fn = Fn::kWhere;
-      const InputSlot* mask = nullptr;
-      for (const auto& in : n.inputs)
-        if (in.arg == 1 && in.elem < 0) mask = &in;
-      if (!mask || !operand(0, &ins.a) || ins.a.kind == Operand::kConst) return false;
-      if (!tensor_operand(p, mask->ref, &ins.b, /*mask=*/true)) return false;
-      Operand value;
-      alpha_param = scalar_param(2, &value, &ins.alpha, true);
-      if (alpha_param < 0) return false;
-    } else if (overload_is("", "out") && unary_fn(name, &ins.fn)) {
-      if (!operand(0, &ins.a) || ins.a.kind == Operand::kConst) return false;
-    } else if (name == "lerp" && overload_is("Scalar", "Scalar_out")) {
-      // CPU's vector kernel (LerpKernel.cpp, lerp_vec): with a float weight
-      // w, start + w * (end - start) when |w| < 0.5, else
-      // end + (w - 1) * (end - start), each product-sum one FMA.
-      Operand start, end, wop;
-      float weight;
-      if (!operand(0, &start) || !operand(1, &end)) return false;
-      alpha_param = scalar_param(2, &wop, &weight, true);
-      if (alpha_param < 0) return false;
-      if (start.kind == Operand::kConst || end.kind == Operand::kConst) return false;
-      Instr diff;
-      diff.fn = Fn::kAdd;
-      diff.a = end;
-      diff.b = start;
-      diff.alpha = -1.0f;  // end + (-1) * start: one rounding, as end - start
-      const bool small = std::abs(weight) < 0.5f;
-      plan->params[alpha_param].abs_lt_half = small;
-      if (!small) plan->params[alpha_param].transform = Param::Transform::kMinusOne;
-      ins.fn = Fn::kAdd;
-      ins.a = small ? start : end;
-      ins.b = temp(diff);
-      ins.alpha = small ? weight : weight - 1.0f;
-    } else if ((name == "addcmul" || name == "addcdiv") && overload_is("", "out")) {
-      // CPU's kernels (PointwiseOpsKernel.cpp): addcmul = fma(value * t1,
-      // t2, self) (its compiler contracts self + value * t1 * t2), addcdiv =
-      // self + (value * t1) / t2; both measured bit-equal to these forms.
-      Operand self, t1, t2, value;
-      if (!operand(0, &self) || !operand(1, &t1) || !operand(2, &t2) || scalar_param(3, &value, nullptr, true) < 0)
-        return false;
-      if (self.kind == Operand::kConst || t1.kind == Operand::kConst || t2.kind == Operand::kConst) return false;
-      Instr scaled;
-      scaled.fn = Fn::kMul;
-      scaled.a = t1;
-      scaled.b = value;
-      const Operand vt1 = temp(scaled);
-      if (name == "addcmul") {
-        ins.fn = Fn::kFma;
-        ins.a = vt1;
-        ins.b = t2;
-        ins.c = self;
-      } else {
-        Instr quot;
-        quot.fn = Fn::kDiv;
-        quot.a = vt1;
-        quot.b = t2;
+      case Form::kMaskedFill: {
+        // CPU's kernel (masked_fill_kernel) stores the value, converted to
+        // the tensor's type, where the mask is set; a value that overflows float raises there.
+        if (!tensor_arg(0, &ins.a, ct) || !tensor_arg(1, &ins.b, Elem::kBool)) return false;
+        Operand value;
+        alpha_param = scalar_param(2, &value, &ins.alpha, true);
+        if (alpha_param < 0) return false;
+        break;
+      }
+      case Form::kClamp:
+      case Form::kClampOne: {
+        // clamp with Scalar bounds: at::vec::clamp (CPU's clamp_scalar
+        // kernel), which is clamp_min then clamp_max; with both Tensor
+        // bounds: maximum then minimum (NaN bounds propagate); one bound:
+        // CPU's clamp_min / clamp_max kernel. A NaN Scalar bound fills NaN
+        // at CPU's op level: guarded.
+        if (!tensor_arg(0, &ins.a, ct)) return false;
+        const bool has_min = lw->form == Form::kClampOne ? lw->fn == Fn::kClampMin : !n.args[1].isNone();
+        const bool has_max = lw->form == Form::kClampOne ? lw->fn == Fn::kClampMax : !n.args[2].isNone();
+        if (!has_min && !has_max) return false;
+        Operand lo, hi;
+        if (has_min && !operand(1, &lo, ct)) return false;
+        if (has_max && !operand(lw->form == Form::kClampOne ? 1 : 2, &hi, ct)) return false;
+        for (const Operand* o : {&lo, &hi})
+          if (o->kind == Operand::kConst && o->index > 0) plan->params[o->index - 1].reject_nan = true;
+        // Tensor bounds: CPU's kernels take at::vec::maximum / minimum (a NaN bound gives NaN).
+        const bool tensors = overload == "Tensor" || overload == "Tensor_out";
+        const Fn lower = tensors ? Fn::kMaximum : Fn::kClampMin, upper = tensors ? Fn::kMinimum : Fn::kClampMax;
+        if (has_min && has_max) {
+          Instr first;
+          first.fn = lower;
+          first.a = ins.a;
+          first.b = lo;
+          ins.fn = upper;
+          ins.a = temp(first);
+          ins.b = hi;
+        } else {
+          ins.fn = has_min ? lower : upper;
+          ins.b = has_min ? lo : hi;
+        }
+        break;
+      }
+      case Form::kPowScalar: {
+        // CPU's pow with a Scalar exponent (PowKernel.cpp): 2 -> x * x,
+        // 3 -> x * x * x (bfloat16: rounded after each product), and for
+        // float32 0.5 / -0.5 / -1 its sqrt / rsqrt / reciprocal kernels. The
+        // exponent's value is guarded (other exponents: op by op; 0 and 1
+        // are a fill and a copy at CPU's op level).
+        if (!tensor_arg(0, &ins.a, ct)) return false;
+        Operand e;
+        float ev = 0.0f;
+        const int ep = scalar_param(1, &e, &ev, false);
+        if (ep < 0 || !n.args[1].isScalar() || n.args[1].toScalar().isBoolean()) return false;
+        plan->params[ep].round = Elem::kFloat;  // compared as given
+        plan->params[ep].equals = ev;
+        plan->params[ep].has_equals = true;
+        if (ev == 2.0f || ev == 3.0f) {
+          Instr sq;
+          sq.fn = Fn::kMul;
+          sq.a = ins.a;
+          sq.b = ins.a;
+          if (ev == 2.0f) {
+            ins = sq;
+          } else {
+            ins.fn = Fn::kMul;
+            ins.b = ins.a;
+            ins.a = rounded_temp(sq);
+          }
+        } else if (!reduced && (ev == 0.5f || ev == -0.5f || ev == -1.0f)) {
+          ins.fn = ev == 0.5f ? Fn::kSqrt : ev == -0.5f ? Fn::kRsqrt : Fn::kReciprocal;
+        } else {
+          return false;
+        }
+        break;
+      }
+      case Form::kGelu:
+      case Form::kGeluBwd: {
+        const int approx_arg = lw->form == Form::kGelu ? 1 : 2;
+        if (!n.args[approx_arg].isString()) return false;
+        const std::string& approx = n.args[approx_arg].toStringRef();
+        if (approx != "none" && approx != "tanh") return false;
+        const bool tanh = approx == "tanh";
+        if (lw->form == Form::kGelu) {
+          ins.fn = tanh ? Fn::kGeluTanh : Fn::kGelu;
+          if (!tensor_arg(0, &ins.a, ct)) return false;
+        } else {
+          ins.fn = tanh ? Fn::kGeluTanhBwd : Fn::kGeluBwd;
+          if (!tensor_arg(0, &ins.a, ct) || !operand(1, &ins.b, ct)) return false;
+        }
+        break;
+      }
+      case Form::kThresholdBwd: {
+        // threshold_backward(grad, self, threshold): self <= threshold ? 0 : grad.
+        if (!tensor_arg(0, &ins.a, ct) || !operand(1, &ins.b, ct)) return false;
+        Operand th;
+        alpha_param = scalar_param(2, &th, &ins.alpha, false);
+        if (alpha_param < 0) return false;
+        break;
+      }
+      case Form::kLerp: {
+        // CPU's vector kernel (LerpKernel.cpp, lerp_vec): with a float weight
+        // w, start + w * (end - start) when |w| < 0.5, else
+        // end + (w - 1) * (end - start), each product-sum one FMA.
+        Operand start, end, wop;
+        float weight;
+        if (!tensor_arg(0, &start, ct) || !tensor_arg(1, &end, ct)) return false;
+        alpha_param = scalar_param(2, &wop, &weight, true);
+        if (alpha_param < 0) return false;
+        Instr diff;
+        diff.fn = Fn::kAdd;
+        diff.a = end;
+        diff.b = start;
+        diff.alpha = -1.0f;  // end + (-1) * start: one rounding, as end - start
+        const bool small = std::abs(weight) < 0.5f;
+        plan->params[alpha_param].abs_lt_half = small;
+        if (!small) plan->params[alpha_param].transform = Param::Transform::kMinusOne;
         ins.fn = Fn::kAdd;
-        ins.a = self;
-        ins.b = temp(quot);
+        ins.a = small ? start : end;
+        ins.b = temp(diff);
+        ins.alpha = small ? weight : weight - 1.0f;
+        break;
       }
-    } else {
-      return false;
+      case Form::kAddcmul:
+      case Form::kAddcdiv: {
+        // CPU's kernels (PointwiseOpsKernel.cpp): addcmul = fma(value * t1,
+        // t2, self) (its compiler contracts self + value * t1 * t2), addcdiv =
+        // self + (value * t1) / t2; both measured bit-equal to these forms.
+        Operand self, t1, t2, value;
+        if (!tensor_arg(0, &self, ct) || !tensor_arg(1, &t1, ct) || !tensor_arg(2, &t2, ct) ||
+            scalar_param(3, &value, nullptr, true) < 0)
+          return false;
+        Instr scaled;
+        scaled.fn = Fn::kMul;
+        scaled.a = t1;
+        scaled.b = value;
+        const Operand vt1 = temp(scaled);
+        if (lw->form == Form::kAddcmul) {
+          ins.fn = Fn::kFma;
+          ins.a = vt1;
+          ins.b = t2;
+          ins.c = self;
+        } else {
+          Instr quot;
+          quot.fn = Fn::kDiv;
+          quot.a = vt1;
+          quot.b = t2;
+          ins.fn = Fn::kAdd;
+          ins.a = self;
+          ins.b = temp(quot);
+        }
+        break;
+      }
     }
-    define(ins, (w ? w->ref : n.outputs[0]).storage.get(), out_slot, k, alpha_param);
+    define(ins, w ? w->ref : n.outputs[0], out_slot, k, alpha_param);
   }
 
   if (!plan->has_anchor && program.empty()) return false;
@@ -544,8 +898,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   // Bytes the loop reads and writes: the counters, and whether it streams its outputs.
   int64_t& read = plan->read;
   int64_t& written = plan->written_bytes;
-  for (const External& e : ext_of) read += (e.period > 0 ? e.period : numel) * (e.is_bool ? 1 : 4);
-  written = static_cast<int64_t>(outputs.size()) * numel * 4 + stat_bytes;
+  for (const External& e : ext_of) read += (e.period > 0 ? e.period : numel) * elem_size(e.elem);
+  written = stat_bytes;
+  for (Elem t : out_types) written += numel * elem_size(t);
   if (plan->has_anchor) written += (anchor.op == fused::RowOp::kLogSumExp ? anchor.rows : numel) * 4;
   fused::Program& prog = plan->prog;
   // A softmax region never streams: its exp values, stored to y and scaled in
@@ -560,9 +915,10 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   prog.externals.assign(ext_of.size(), nullptr);
   for (const External& e : ext_of) {
     prog.period.push_back(e.period);
-    prog.is_bool.push_back(e.is_bool);
+    prog.ext_type.push_back(e.elem);
   }
   prog.outputs.assign(outputs.size(), nullptr);
+  prog.out_type = std::move(out_types);
   return true;
 }
 
@@ -660,10 +1016,13 @@ DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::ve
   return s.input >= 0 ? n.inputs[s.input].ref.storage.get() : n.outputs[s.output].storage.get();
 }
 
-float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan) {
+void* out_buffer(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan) {
   DeferredStorage* st = slot_storage(s, region, graph);
   plan.written.push_back(st);
-  return static_cast<float*>(mem.device_buffer(st).mutable_data());
+  return mem.device_buffer(st).mutable_data();
+}
+float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan) {
+  return static_cast<float*>(out_buffer(s, region, graph, mem, plan));
 }
 
 }  // namespace
@@ -691,10 +1050,9 @@ bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, h
     anchor.in.value = v[anchor.in.index - 1];
   if (plan.eps_param >= 0) anchor.eps = v[plan.eps_param];
   for (size_t i = 0; i < plan.externals.size(); ++i)
-    plan.prog.externals[i] =
-        static_cast<const float*>(mem.storage_for(slot_storage(plan.externals[i], region, graph)).data());
+    plan.prog.externals[i] = mem.storage_for(slot_storage(plan.externals[i], region, graph)).data();
   for (size_t i = 0; i < plan.outputs.size(); ++i)
-    plan.prog.outputs[i] = out_ptr(plan.outputs[i], region, graph, mem, plan);
+    plan.prog.outputs[i] = out_buffer(plan.outputs[i], region, graph, mem, plan);
   if (plan.has_anchor) {
     anchor.out = out_ptr(plan.anchor_out, region, graph, mem, plan);
     for (auto [slot, ptr] :

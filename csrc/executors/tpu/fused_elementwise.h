@@ -36,7 +36,14 @@ struct Param {
   Transform transform = Transform::kNone;
   bool check_overflow = false;  // a finite Scalar that overflows float: CPU raises, the loop must not run
   int8_t abs_lt_half = -1;      // guard: |argument| < 0.5 must be (1) true, (0) false, (-1) no guard
-  int8_t is_one = -1;           // guard: the transformed value == 1 must be (1) true, (0) false, (-1) none
+  // The value is rounded to this type after the transform (a Scalar of a
+  // bfloat16 / float16 op that CPU casts to the op's type); kFloat: none.
+  fused::Elem round = fused::Elem::kFloat;
+  int8_t is_one = -1;       // guard: the transformed value == 1 must be (1) true, (0) false, (-1) none
+  int8_t abs_one = -1;      // guard: |transformed value| == 1 must be (1) true, (0) false, (-1) none
+  bool reject_nan = false;  // guard: the value must not be NaN (a clamp bound: CPU fills NaN)
+  bool has_equals = false;  // guard: the value must equal `equals` (pow's exponent)
+  float equals = 0.0f;
 };
 
 // One fused loop of a region, planned (see plan_loop). The program's
@@ -63,10 +70,12 @@ struct LoopPlan {
 bool fused_loops_available();
 
 // Plans the ops at positions `ps` of `region` (ascending) as one loop over
-// one contiguous shape: supported float32 elementwise ops (add, sub, mul,
-// div, neg, abs, relu, exp, log, sin, cos, tanh, sigmoid, sqrt, rsqrt,
-// reciprocal, lerp with a scalar weight, addcmul, addcdiv, masked_fill with
-// a Scalar; functional, in-place or out= overloads), 0-dim tensors and
+// one contiguous shape: the elementwise ops of the lowering table
+// (kLowerings in fused_elementwise.cpp: arithmetic, comparisons, where,
+// masked_fill, clamp, pow by 2 / 3, activations and their backward formulas,
+// lerp, addcmul, addcdiv; functional, in-place or out= overloads) in
+// float32, and those CPU computes in float32 and rounds per op also in
+// bfloat16 / float16 (with bool results and masks), 0-dim tensors and
 // Python scalars as runtime parameters, optionally ending with _softmax /
 // _log_softmax / logsumexp over the last dim or native_layer_norm, run then
 // as one loop over blocks of rows. Uses only the region's structure and
@@ -81,6 +90,11 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
 // lookup per op per flush.
 enum class LoopAccept : uint8_t { kNo, kElementwise, kRowAnchor };
 LoopAccept loop_accepts(const std::vector<Node>& graph, int i);
+// Whether the op of `n` has a fused-loop lowering (an entry of the lowering
+// table for its name and overload, and its result type among that entry's
+// types); one query for deciding fusion. An op that lowers may still not
+// plan in a given region (layout, broadcasting, scalar guards).
+bool has_fused_lowering(const Node& n);
 
 // Binds `plan` to this run's buffers and runtime scalars; false (nothing
 // run, the ops must run op by op) when a guard fails.

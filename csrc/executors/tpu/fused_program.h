@@ -13,6 +13,18 @@ namespace fused {
 // self + value * t1 * t2 as fma(value * t1, t2, self), its compiler having
 // contracted the multiply and add; measured bit-equal on torch 2.13).
 // kWhere: b != 0 ? alpha : a (masked_fill with a Scalar value: b the mask as 0 / 1).
+// The functions after kWhere (the wider vocabulary, lowered per op by the
+// table in fused_elementwise.cpp) compute what CPU's vector kernel of the op
+// computes, in float32 (see fused_kernels.inc, apply):
+//   kSelect           a != 0 ? b : c (where.self: a the condition as 0 / 1)
+//   kEq .. kGe        1.0f when a OP b holds, else 0.0f (a bool result)
+//   kMaximum/kMinimum at::vec::maximum / minimum (NaN from either operand)
+//   kClampMin/Max     at::vec::clamp_min(a, b) / clamp_max(a, b) (NaN of a propagates)
+//   kThresholdBwd     b <= alpha ? 0 : a (threshold_backward: a the gradient, b self)
+//   kSigmoidBwd       a * (1 - b) * b, kTanhBwd a * (1 - b * b) (b the forward result)
+//   kGelu, kGeluTanh  gelu(a), approximate 'none' / 'tanh'
+//   kGeluBwd, kGeluTanhBwd  gelu_backward(grad a, self b)
+//   kSilu             a / (1 + exp(-a)), kErf erf(a), kSign sign(a)
 enum class Fn : uint8_t {
   kAdd,
   kMul,
@@ -30,8 +42,44 @@ enum class Fn : uint8_t {
   kRsqrt,
   kReciprocal,
   kFma,
-  kWhere
+  kWhere,
+  kSelect,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kMaximum,
+  kMinimum,
+  kClampMin,
+  kClampMax,
+  kThresholdBwd,
+  kSigmoidBwd,
+  kTanhBwd,
+  kGelu,
+  kGeluTanh,
+  kGeluBwd,
+  kGeluTanhBwd,
+  kSilu,
+  kErf,
+  kSign
 };
+
+// The element type of a buffer a loop reads or writes. Loop values are
+// float32; a kBool buffer holds one byte per element (read as 0.0f / 1.0f,
+// written as value != 0), kBFloat16 / kHalf buffers are widened to float32
+// on read (exact) and rounded to nearest even on write, as c10::BFloat16 /
+// c10::Half convert.
+enum class Elem : uint8_t { kFloat, kBool, kBFloat16, kHalf };
+
+// Conversions of n values for the tiles (fused_convert.cpp; AVX2 + F16C):
+// bfloat16 / float16 bits widened to float (exact); floats rounded to
+// bfloat16 / float16 (to nearest even, as CPU's vector kernels convert:
+// at::vec::convert); floats rounded to the type in place, kept as float.
+void widen_reduced(const uint16_t* src, float* dst, int64_t n, Elem t);
+void narrow_reduced(const float* src, void* dst, int64_t n, Elem t);
+void round_reduced(float* v, int64_t n, Elem t);
 
 // An operand: a tile register, an external (device) buffer read, a
 // materialized output already written by an earlier instruction, or a constant.
@@ -48,6 +96,10 @@ struct Instr {
   Operand c;           // kFma's addend
   float alpha = 1.0f;  // add/sub: a + alpha * b (one rounding, like CPU's fused multiply-add); kWhere's fill value
   int out = -1;        // index of the materialized output it writes (directly, no register), or -1
+  // kBFloat16 / kHalf: the value is rounded to that type (and kept as the
+  // float32 it rounds to), as CPU's kernel of a bfloat16 / float16 op rounds
+  // its result (or an intermediate it computes in that type); kFloat: none.
+  Elem round = Elem::kFloat;
 };
 
 // The program and where its operands live.
@@ -55,16 +107,19 @@ struct Program {
   std::vector<Instr> instrs;
   int regs = 0;
   int64_t numel = 0;
-  std::vector<const float*> externals;  // contiguous device buffers read
+  std::vector<const void*> externals;  // contiguous device buffers read
   // Per external: a broadcast operand (its shape the loop's last dims, the
   // leading ones size 1 or absent) has `period` < numel elements, element i of
-  // the loop reading element i % period; 0 when it has numel elements. A bool
-  // external (`is_bool`, one byte per element, a mask) reads as 0.0f / 1.0f.
-  // Both are staged into a tile register of floats before the tile's
-  // instructions run.
+  // the loop reading element i % period; 0 when it has numel elements. An
+  // external of another type than float (`ext_type`: a bool mask, bfloat16,
+  // float16) is converted to float. Both are staged into a tile register of
+  // floats before the tile's instructions run.
   std::vector<int64_t> period;
-  std::vector<char> is_bool;
-  std::vector<float*> outputs;  // contiguous device buffers written
+  std::vector<Elem> ext_type;
+  std::vector<void*> outputs;  // contiguous device buffers written
+  // Per output: its element type; a value stored to an output of another
+  // type than float is computed into a scratch slot, then converted.
+  std::vector<Elem> out_type;
   // Write `outputs` (and a RowAnchor's `out`) with non-temporal stores: each
   // value is computed into a cache-resident tile, then streamed to memory.
   // Never set in a softmax region (fused_elementwise.cpp, measured there).
@@ -95,6 +150,15 @@ void set_stream_store_threshold(int64_t bytes);
 // the routines CPU's unary kernels call (at::vml: MKL's VML in torch's x86-64
 // wheels, cpu_vml.h), so each fused value equals torch.exp(x) etc. bit for
 // bit, at about twice the cost on a transcendental-heavy chain. Process-wide.
+// The same choice covers float32 erf (VML's under kCpu, at::vec's under
+// kSleef: within 8 float32 eps) and gelu / gelu_backward with
+// approximate='none' in every type: CPU runs them through oneDNN's kernels
+// for contiguous tensors, so kCpu calls CPU's op on each tile (bit-equal;
+// a library call per tile), kSleef computes ATen's own at::vec formula
+// (what CPU runs without oneDNN): within 16 float32 eps absolute (times
+// |grad| for the backward) and one ulp in bfloat16 / float16; oneDNN also
+// flushes subnormal results to zero and gives NaN for gelu(+inf), which
+// kSleef does not (tests/executors/tpu/test_fused_vocab.py).
 enum class MathRoutines : uint8_t { kSleef, kCpu };
 void set_math_routines(MathRoutines m);
 MathRoutines math_routines();

@@ -1,0 +1,104 @@
+"""Elementwise chains from training code that use the fused loops' wider vocabulary
+(issue 18 item 5): "tpu" against CPU eager, side by side in one process, interleaved.
+
+Each chain is one region; before the lowering table (commit 3f23aeb) every one of them ran
+op by op through CPU kernels, since one op of each was outside the float32 vocabulary.
+Per chain: the median ms of "tpu" (record and flush) and of CPU eager, and the median of
+per-repeat ratios (cpu/tpu > 1: tpu faster).
+
+    PYTHONPATH=. python benchmarks/fused_vocab.py [--repeats 15] [--threads 1]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _timing import interleave, paired_ratio, summary  # noqa: E402
+
+import torch_tpu_eager  # noqa: E402, F401
+
+aten = torch.ops.aten
+N = (4096, 1024)  # 4M elements
+QUICK = os.environ.get("TORCH_TPU_QUICK") == "1"  # the docs test's short form: small tensors, 2 repeats
+if QUICK:
+    N = (64, 1024)
+
+
+def swiglu(a, b):
+    return F.silu(a) * b
+
+
+def gelu_tanh_bias(x, b):
+    return F.gelu(x + b[0], approximate="tanh")
+
+
+def gelu_backward_chain(g, x):
+    return aten.gelu_backward(g * 0.5, x) + g
+
+
+def leaky_where_clamp(x, y):
+    return torch.where(x > 0, x, x * 0.01).clamp(-3.0, 3.0) + y
+
+
+def relu_backward_scaled(g, x):
+    return aten.threshold_backward(g, x, 0.0) * 0.5 + x
+
+
+def sq_diff(x, y):
+    return (x - y).pow(2) * 0.5
+
+
+CHAINS = [
+    ("silu(a) * b", swiglu),
+    ("gelu(x + b, tanh)", gelu_tanh_bias),
+    ("gelu_backward(g * 0.5, x) + g", gelu_backward_chain),
+    ("where(x > 0, x, 0.01x).clamp + y", leaky_where_clamp),
+    ("threshold_backward(g, x) * 0.5 + x", relu_backward_scaled),
+    ("(x - y) ** 2 * 0.5", sq_diff),
+]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    if QUICK:
+        args.repeats = 2
+    torch.set_num_threads(args.threads)
+    print(f"threads {args.threads}, repeats {args.repeats}, tensors {N[0]}x{N[1]}, load {os.getloadavg()[0]:.1f}")
+    print(f"{'chain':38} | {'dtype':8} | {'tpu ms':>8} | {'cpu ms':>8} | cpu/tpu")
+    for dtype in (torch.float32, torch.bfloat16):
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(*N, generator=g).to(dtype)
+        b = torch.randn(*N, generator=g).to(dtype)
+        da, db = a.to("tpu"), b.to("tpu")
+        for label, fn in CHAINS:
+            torch.testing.assert_close(fn(da, db).cpu(), fn(a, b), rtol=2e-2, atol=1e-2)
+
+            def run_tpu(fn=fn):
+                t0 = time.perf_counter()
+                out = fn(da, db)
+                torch.tpu.synchronize()  # record and flush, as CPU eager computes at the call
+                seconds = time.perf_counter() - t0
+                del out
+                return seconds
+
+            def run_cpu(fn=fn):
+                t0 = time.perf_counter()
+                fn(a, b)
+                return time.perf_counter() - t0
+
+            s = interleave({"tpu": run_tpu, "cpu": run_cpu}, args.repeats)
+            tpu_ms, cpu_ms = summary(s["tpu"])["median"] * 1e3, summary(s["cpu"])["median"] * 1e3
+            ratio = paired_ratio(s["cpu"], s["tpu"])
+            print(f"{label:38} | {str(dtype)[6:]:8} | {tpu_ms:8.2f} | {cpu_ms:8.2f} | {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
