@@ -451,6 +451,15 @@ def test_cpp_kernel_error_surfaces_with_its_type_and_op(cppk):
     torch.testing.assert_close(ok.cpu(), torch.full((3,), 2.0))
 
 
+def test_cpp_kernel_under_torch_compile(cppk):
+    def f(x, y):
+        return cppk.scaled_add(x.sin(), y, 0.25).relu() * 2
+
+    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    got = torch.compile(f, fullgraph=True)(x.to("tpu"), y.to("tpu")).cpu()
+    torch.testing.assert_close(got, torch.relu(x.sin() + 0.25 * y) * 2)
+
+
 def test_cpp_kernels_adopted_once(cppk):
     assert torch_tpu_eager.custom_ops.adopt_cpp_kernels("cppk") == 0  # load_library adopted them already
     assert torch_tpu_eager.custom_ops.adopt_cpp_kernels() == 0

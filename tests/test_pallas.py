@@ -266,3 +266,16 @@ def test_pallas_kernel_without_backward_raises_at_backward():
     assert out.requires_grad
     with pytest.raises(NotImplementedError, match="no backward for this Pallas kernel"):
         out.sum().backward()
+
+
+def test_jax_op_under_torch_compile():
+    op = _softmax_op(32, 256, 8)
+
+    def f(x):
+        return op(x * 2) + 1
+
+    x = torch.randn(32, 256)
+    got = torch.compile(f, fullgraph=True)(x.to("tpu")).cpu()
+    torch.testing.assert_close(got, torch.softmax(x * 2, -1) + 1, rtol=1e-5, atol=1e-6)
+    with pytest.raises(Exception, match=r"input 0 of shape \(16, 256\).*grid point"):
+        torch.compile(f, fullgraph=True)(torch.randn(16, 256, device="tpu"))  # checked at trace time

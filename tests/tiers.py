@@ -30,6 +30,7 @@ SLOW = {
     "test_custom_ops.py::test_cpp_kernel_without_fake_runs_at_the_call",
     "test_custom_ops.py::test_cpp_kernel_error_surfaces_with_its_type_and_op",
     "test_custom_ops.py::test_cpp_kernels_adopted_once",
+    "test_custom_ops.py::test_cpp_kernel_under_torch_compile",
     "test_op_table.py::test_table_is_generated_from_the_lists",  # 1.6 s, 1 test
     "test_call_time_errors.py::test_float_random_factories_reject_integer_dtypes",  # 1.5 s, 4 tests
     "test_call_time_errors.py::test_inplace_broadcast_to_larger_shape",  # 0.7 s, 46 tests

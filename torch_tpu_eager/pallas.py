@@ -46,6 +46,7 @@ function through ``jax.vjp``, a Pallas kernel through the ``backward`` given to
 import itertools
 import math
 import re
+from typing import NamedTuple
 
 import torch
 
@@ -127,6 +128,14 @@ def _index_tuple(v):
     return (int(v),)
 
 
+class _Operand(NamedTuple):
+    """Shape, dtype and device of an input (what the call-time checks read)."""
+
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+
 class JaxOp:
     """A JAX function or Pallas kernel callable on torch tensors (see :func:`jax_op`)."""
 
@@ -172,6 +181,14 @@ class JaxOp:
 
     # -- the op's kernels -------------------------------------------------
     def _fake(self, inputs):
+        if torch.compiler.is_compiling():
+            # torch.compile traces the op, not __call__'s checks (JAX code): they run here,
+            # at trace time, on the fake inputs' shapes and dtypes.
+            # Symbolic sizes are specialized (int() guards on them): a kernel's BlockSpecs fix its shapes.
+            specs = [_Operand(tuple(int(d) for d in t.shape), t.dtype, t.device) for t in inputs]
+            self._check_call(specs)
+            if any(t.device.type == "tpu" for t in inputs):
+                _C._set_custom_op_cost(self.qualname, self._cost(specs))
         return [
             torch.empty(tuple(s.shape), dtype=_torch_dtype(s.dtype), device=inputs[0].device if inputs else "cpu")
             for s in self.outs
@@ -399,9 +416,10 @@ class JaxOp:
         for i, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{self.name}: input {i} is a {type(t).__name__}, not a Tensor")
-        self._check_call(inputs)
-        if any(t.device.type == "tpu" for t in inputs):
-            _C._set_custom_op_cost(self.qualname, self._cost(inputs))
+        if not torch.compiler.is_compiling():  # (compiling: the fake impl checks)
+            self._check_call(inputs)
+            if any(t.device.type == "tpu" for t in inputs):
+                _C._set_custom_op_cost(self.qualname, self._cost(inputs))
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             out = _JaxOpFunction.apply(self, *inputs)
         else:
