@@ -41,7 +41,9 @@ runs its CPU kernel with ``TORCH_TPU_CPU_FALLBACK=1``.
 Registration is intercepted by one patch of ``torch.library.Library.impl``
 (see :mod:`torch_tpu_eager._torch_patches`), installed at import: a "tpu"
 kernel registered before ``torch_tpu_eager`` was imported (possible only with
-``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) runs at the call on "tpu" tensors.
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) is, to the dispatcher, a kernel like a C++
+one: it is adopted as below (then it runs at flush on host tensors), or, until then,
+runs at the call on "tpu" tensors.
 
 **C++ kernels.** A "tpu" kernel registered in C++ by a user's extension
 (``TORCH_LIBRARY_IMPL(ns, PrivateUse1, m)``) never passes through Python; it is
