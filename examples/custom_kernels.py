@@ -3,7 +3,8 @@
 1. ``demo::swiglu`` (torch.library.custom_op): SwiGLU, silu(a) * b, with a "tpu"
    kernel written in torch ops (it runs at flush on the host buffers), a fake
    impl and a backward; a small MLP block uses it forward and backward on "tpu".
-2. A Pallas fused softmax (one block of rows per grid step) and a tiled matmul
+2. A Pallas fused softmax (one block of rows per grid step; with a backward for
+   autograd) and a tiled matmul
    (grid over M, N, K blocks, accumulating in the output block), run through
    ``torch_tpu_eager.pallas.jax_op`` (needs the ``pallas`` extra; skipped
    without JAX).
@@ -118,6 +119,22 @@ def run_pallas(quick):
         f"{k['sim_time_s'] * 1e6:.2f} us simulated, VMEM {k['tiling']['vmem_bytes'] / 2**10:.0f} KiB"
     )
     ok &= err < 1e-5
+
+    # Autograd: JAX cannot differentiate a pallas_call, so the kernel gets a backward
+    # (torch ops here; recorded and fused on "tpu" like any op).
+    @softmax.register_backward
+    def _(inputs, outputs, grads):
+        y, g = outputs[0], grads[0]
+        return (y * (g - (g * y).sum(-1, keepdim=True)),)
+
+    w = torch.randn(rows, cols)
+    xc = x.clone().requires_grad_()
+    (torch.softmax(xc, -1) * w).sum().backward()
+    xt = x.to("tpu").requires_grad_()
+    (softmax(xt) * w.to("tpu")).sum().backward()
+    gerr = (xt.grad.cpu() - xc.grad).abs().max().item()
+    print(f"Pallas fused softmax backward (user-given): max |grad diff| vs torch {gerr:.2e}")
+    ok &= gerr < 1e-5
 
     m = k_dim = n = 256 if quick else 1024
     b = 128

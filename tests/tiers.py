@@ -24,6 +24,13 @@ SLOW = {
     "test_autograd.py::test_recurrent_layers_match_cpu",  # 1.6 s, 4 tests
     "test_autograd.py::test_softmax_layer_norm_cross_entropy",  # 0.9 s, 1 test
     "test_benchmarks_smoke.py::test_quick_run_completes_and_checks_pass",  # 197.5 s, 1 test
+    # builds (first run, ~1 min on the loaded machine; then cached) and loads a C++ extension:
+    "test_custom_ops.py::test_cpp_kernel_is_recorded_and_runs_at_flush",
+    "test_custom_ops.py::test_cpp_mutating_kernel_seen_by_later_reads",
+    "test_custom_ops.py::test_cpp_kernel_without_fake_runs_at_the_call",
+    "test_custom_ops.py::test_cpp_kernel_error_surfaces_with_its_type_and_op",
+    "test_custom_ops.py::test_cpp_kernels_adopted_once",
+    "test_custom_ops.py::test_cpp_kernel_under_torch_compile",
     "test_op_table.py::test_table_is_generated_from_the_lists",  # 1.6 s, 1 test
     "test_call_time_errors.py::test_float_random_factories_reject_integer_dtypes",  # 1.5 s, 4 tests
     "test_call_time_errors.py::test_inplace_broadcast_to_larger_shape",  # 0.7 s, 46 tests

@@ -140,6 +140,23 @@ PATCHES = {
             "(torch_tpu_eager.custom_ops), and leaves every other registration to torch.",
         ),
         TorchPatch(
+            "torch._ops._OpNamespace.__getattr__",
+            "(self, op_name: str) -> torch._ops.OpOverloadPacket",
+            "A 'tpu' kernel registered in C++ (TORCH_LIBRARY_IMPL(ns, PrivateUse1, m) in a user's "
+            "extension) bypasses Library.impl and would run at the call on 'tpu' tensors whose "
+            "buffers are not computed yet; the dispatcher has no hook on kernel registration. The "
+            "first torch.ops.<ns>.<name> lookup is where Python code reaches such an op: the "
+            "replacement adopts its C++ kernel (torch_tpu_eager.custom_ops.adopt_cpp_kernels) so the "
+            "op is recorded and the kernel runs at flush.",
+        ),
+        TorchPatch(
+            "torch._ops._Ops.load_library",
+            "(self, path)",
+            "Loading a library (torch.ops.load_library, cpp_extension.load(is_python_module=False)) "
+            "can register C++ 'tpu' kernels of custom ops; the replacement adopts them afterwards "
+            "(torch_tpu_eager.custom_ops.adopt_cpp_kernels), as for the lookup above.",
+        ),
+        TorchPatch(
             "torch.to_dlpack",
             "<builtin builtin_function_or_method>",
             "The same function as torch.utils.dlpack.to_dlpack, re-exported; replaced together.",

@@ -41,7 +41,27 @@ runs its CPU kernel with ``TORCH_TPU_CPU_FALLBACK=1``.
 Registration is intercepted by one patch of ``torch.library.Library.impl``
 (see :mod:`torch_tpu_eager._torch_patches`), installed at import: a "tpu"
 kernel registered before ``torch_tpu_eager`` was imported (possible only with
-``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) runs at the call on "tpu" tensors.
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) is, to the dispatcher, a kernel like a C++
+one: it is adopted as below (then it runs at flush on host tensors), or, until then,
+runs at the call on "tpu" tensors.
+
+**C++ kernels.** A "tpu" kernel registered in C++ by a user's extension
+(``TORCH_LIBRARY_IMPL(ns, PrivateUse1, m)``) never passes through Python; it is
+*adopted* (:func:`adopt_cpp_kernels`): the record kernel is registered over it
+and the C++ kernel, taken from the dispatcher (``torch.library.get_kernel``'s
+``SafeKernelFunction``), runs at flush, boxed, on CPU tensors holding the device
+buffers — the contract of Python kernels, so a kernel that computes on
+``data_ptr()`` and allocates its results with its arguments' options runs
+unchanged (one that insists on ``is_privateuseone()`` arguments fails at flush
+with its own error). Shapes come from its fake impl (Python ``register_fake``
+or a C++ ``Meta`` kernel); without one it runs at the call after a flush.
+Adoption happens when the library is loaded with ``torch.ops.load_library``
+(so ``torch.utils.cpp_extension.load(..., is_python_module=False)``), when the
+op is first looked up as ``torch.ops.<ns>.<name>``, and on a call of
+:func:`adopt_cpp_kernels`; an extension imported as a Python module that calls
+its op only from its own C++ code must call ``adopt_cpp_kernels(ns)`` once after
+import, or its kernel runs at the call on "tpu" tensors whose buffers are not
+computed yet.
 """
 
 import torch
@@ -50,6 +70,8 @@ from torch._library.utils import RegistrationHandle
 from . import _C, _torch_patches
 
 _TARGET = "torch.library.Library.impl"
+_GETATTR_TARGET = "torch._ops._OpNamespace.__getattr__"
+_LOAD_TARGET = "torch._ops._Ops.load_library"
 _DEVICE_KEY = "PrivateUse1"
 
 
@@ -98,6 +120,58 @@ def _impl(self, op_name, fn, dispatch_key="", *, with_keyset=False, allow_overri
     self._op_impls.add(impl_key)
 
 
+def _adopt(qualname):
+    """Adopts the C++ "tpu" kernel of one overload; True when it was adopted."""
+    if qualname.startswith("aten::") or not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, _DEVICE_KEY):
+        return False
+    return _recordable(qualname) and _C._adopt_cpp_kernel(qualname) != 0
+
+
+def _adopt_overloads(name):
+    """Adopts the C++ "tpu" kernels of every overload of ``"ns::name"``."""
+    n = 0
+    for schema in torch._C._jit_get_schemas_for_operator(name):
+        n += _adopt(name + ("." + schema.overload_name if schema.overload_name else ""))
+    return n
+
+
+def adopt_cpp_kernels(namespace=None):
+    """Records the ops whose "tpu" (PrivateUse1) kernel was registered in C++.
+
+    ``namespace``: only ops of this namespace (``"mylib"``); None: every
+    non-aten op. Each op whose PrivateUse1 kernel is a C++ kernel (not a
+    composite or fallthrough one, not already recorded, and no TorchScript
+    class in its schema) is recorded from then on, its C++ kernel running at
+    flush on host tensors (see the module docstring). Called automatically
+    after ``torch.ops.load_library`` and at the first ``torch.ops.<ns>.<name>``
+    lookup; call it after importing an extension module that registers such
+    kernels and calls them from C++. Cost: one pass over the dispatcher's
+    ~3,600 op names (about 50 ms). Returns how many overloads were adopted.
+    """
+    prefix = None if namespace is None else namespace + "::"
+    n = 0
+    for name in torch._C._dispatch_get_all_op_names():
+        if prefix is not None and not name.startswith(prefix):
+            continue
+        n += _adopt(name)
+    return n
+
+
+def _namespace_getattr(self, op_name):
+    """``torch.ops.<ns>.<name>`` lookup, adopting the op's C++ "tpu" kernels first."""
+    packet = _torch_patches.original(_GETATTR_TARGET)(self, op_name)
+    if self.name != "aten":
+        _adopt_overloads(f"{self.name}::{op_name}")
+    return packet
+
+
+def _load_library(self, path):
+    """``torch.ops.load_library``, adopting the C++ "tpu" kernels the library registered."""
+    result = _torch_patches.original(_LOAD_TARGET)(self, path)
+    adopt_cpp_kernels()
+    return result
+
+
 def set_cost(op, flops=None, *, mxu=False, hbm_bytes=None):
     """Sets what one call of custom op ``op`` costs on the simulated TPU.
 
@@ -128,3 +202,5 @@ def _op_qualname(op):
 def install():
     """Intercepts "tpu" kernel registrations (called once at import)."""
     _torch_patches.patch(torch.library.Library, "impl", _impl, why="record custom ops on tpu")
+    _torch_patches.patch(torch._ops._OpNamespace, "__getattr__", _namespace_getattr, why="adopt C++ tpu kernels")
+    _torch_patches.patch(torch._ops._Ops, "load_library", _load_library, why="adopt C++ tpu kernels")

@@ -22,6 +22,30 @@ namespace {
 
 std::atomic<int64_t> g_next_id{1};
 
+// The "file" of the record kernel's registrations: the dispatcher's debug
+// string of a kernel names it ("registered at <file>:<line>"), which tells the
+// record kernel apart from a user's C++ kernel in adopt_cpp_kernel.
+constexpr char kRecordKernelFile[] = "torch_tpu_eager/csrc/ops/custom_ops.cpp (tpu record kernel)";
+
+// A user's C++ PrivateUse1 kernel, run at flush on host tensors.
+class CppHostKernel final : public HostKernel {
+ public:
+  explicit CppHostKernel(c10::SafeKernelFunction kernel) : kernel_(std::move(kernel)) {}
+  void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, const SourceLocation& where) override {
+    try {
+      kernel_.callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    } catch (c10::Error& e) {
+      // Its own exception type and message, plus the op and the line that recorded it.
+      e.add_context("while running the C++ tpu kernel of " + op.schema().name() + " (" + kernel_.debug() +
+                    ") at a flush (recorded at " + (where.empty() ? std::string("<unknown>") : where.str()) + ")");
+      throw;
+    }
+  }
+
+ private:
+  c10::SafeKernelFunction kernel_;
+};
+
 struct Registry {
   std::mutex mu;
   struct Registration {
@@ -147,7 +171,7 @@ int64_t register_custom_op(const std::string& qualname, std::shared_ptr<HostKern
   const std::string ns = name.name.substr(0, name.name.find("::"));
   const std::string full = name.name + (name.overload_name.empty() ? "" : "." + name.overload_name);
   auto lib =
-      std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+      std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, kRecordKernelFile, 0);
   // The dispatcher warns when a kernel replaces one registered before for
   // the same key (a second registration of one op): the stack below is the
   // intended behaviour, so the warning is dropped.
@@ -188,6 +212,19 @@ void deregister_custom_op(int64_t handle) {
   // (a Python callable) is released by its own destructor.
   lib.reset();
   kernel.reset();
+}
+
+int64_t adopt_cpp_kernel(const std::string& qualname) {
+  const c10::OperatorName name = parse_name(qualname);
+  if (is_aten(name)) return 0;
+  static std::mutex adopt_mu;  // two adoptions of one op must not stack two record kernels
+  std::lock_guard<std::mutex> lock(adopt_mu);
+  auto op = c10::Dispatcher::singleton().findOp(name);
+  if (!op || !op->hasSchema() || !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) return 0;
+  if (op->isKernelFallthroughKernel(c10::DispatchKey::PrivateUse1)) return 0;
+  c10::SafeKernelFunction kernel = op->getComputedKernelForDispatchKey(c10::DispatchKey::PrivateUse1);
+  if (kernel.debug().find(kRecordKernelFile) != std::string::npos) return 0;  // already recorded
+  return register_custom_op(qualname, std::make_shared<CppHostKernel>(std::move(kernel)));
 }
 
 std::shared_ptr<HostKernel> custom_host_kernel(const c10::OperatorHandle& op) {

@@ -63,6 +63,18 @@ struct CustomCost {
 int64_t register_custom_op(const std::string& qualname, std::shared_ptr<HostKernel> kernel);
 void deregister_custom_op(int64_t handle);
 
+// Adopts a "tpu" kernel registered in C++ (TORCH_LIBRARY_IMPL(ns, PrivateUse1,
+// m) in a user's extension, which the dispatcher would run at the call on
+// "tpu" tensors whose buffers are not yet computed): the kernel is taken from
+// the dispatcher (a SafeKernelFunction, valid while its registration lives)
+// and the record kernel is registered over it, with that C++ kernel as what
+// runs at flush on CPU tensors holding the device buffers (boxed, with the
+// CPU dispatch key set), as Python kernels run. Returns the registration's
+// handle, or 0 when `qualname` ("ns::name[.overload]") is not defined, is an
+// aten op, has no PrivateUse1 kernel of its own (a composite or fallthrough
+// kernel is left alone), or its PrivateUse1 kernel is already the record kernel.
+int64_t adopt_cpp_kernel(const std::string& qualname);
+
 // The author's kernel of `op` when it is a registered custom op, else null.
 // Cheap for aten ops (no lookup).
 std::shared_ptr<HostKernel> custom_host_kernel(const c10::OperatorHandle& op);

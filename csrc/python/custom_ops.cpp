@@ -130,6 +130,8 @@ void bind_custom_ops(py::module& m) {
       py::arg("qualname"), py::arg("fn"), py::arg("with_keyset") = false,
       "Records `qualname` on tpu; `fn` runs at flush on CPU tensors. Returns a handle.");
   m.def("_deregister_custom_op", &deregister_custom_op, py::arg("handle"));
+  m.def("_adopt_cpp_kernel", &adopt_cpp_kernel, py::arg("qualname"),
+        "Records `qualname` on tpu when its PrivateUse1 kernel is a C++ one (run at flush). Returns a handle or 0.");
   m.def(
       "_set_custom_op_cost",
       [](const std::string& qualname, const py::object& cost) {

@@ -295,8 +295,18 @@ def test_data_dependent_fake_runs_at_the_call(lib):
     torch.testing.assert_close(positives(xc.to("tpu") * 2).cpu(), positives(xc * 2))
 
 
-def test_set_cost_changes_simulated_time(lib):
+@pytest.mark.parametrize("target", ["tpu-v5e", "spyre"])
+def test_set_cost_changes_simulated_time(lib, target):
     ns, _ = lib
+    before = torch_tpu_eager.get_target()
+    torch_tpu_eager.set_target(target)
+    try:
+        _check_set_cost(ns, lib)
+    finally:
+        torch_tpu_eager.set_target(before)
+
+
+def _check_set_cost(ns, lib):
     op, _ = _scaled_add(ns, lib)
     x = torch.randn(64, 128, device="tpu")
 
@@ -312,3 +322,166 @@ def test_set_cost_changes_simulated_time(lib):
     finally:
         torch_tpu_eager.custom_ops.set_cost(op)
     assert costly["flops"] == 1e12 and costly["sim_time_s"] > 100 * base["sim_time_s"]
+
+
+# ---- "tpu" kernels registered in C++ (TORCH_LIBRARY_IMPL(ns, PrivateUse1, m)) ----------
+# A tiny extension, built once with torch.utils.cpp_extension.load into a cached
+# directory (a rebuild only when the source changes; listed as slow in tests/tiers.py).
+# Its kernels compute on data_ptr() as a device kernel of this device would.
+_CPP_SOURCE = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+namespace {
+at::Tensor scaled_add(const at::Tensor& x, const at::Tensor& y, double alpha) {
+  TORCH_CHECK(x.is_contiguous() && y.is_contiguous() && x.numel() == y.numel(), "cppk::scaled_add: bad arguments");
+  at::Tensor out = at::empty_like(x);
+  const float* a = x.data_ptr<float>();
+  const float* b = y.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = a[i] + static_cast<float>(alpha) * b[i];
+  return out;
+}
+void add_into_(const at::Tensor& out, const at::Tensor& src) {
+  TORCH_CHECK(out.is_contiguous() && src.is_contiguous() && out.numel() == src.numel(), "cppk::add_into_: bad");
+  float* o = out.data_ptr<float>();
+  const float* s = src.data_ptr<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) o[i] += s[i];
+}
+at::Tensor twice(const at::Tensor& x) { return scaled_add(x, x, 1.0); }
+at::Tensor strict(const at::Tensor& x) {
+  TORCH_CHECK_VALUE(x.device().is_privateuseone(), "cppk::strict wants tpu tensors, got ", x.device());
+  return x.clone();
+}
+}  // namespace
+
+TORCH_LIBRARY(cppk, m) {
+  m.def("scaled_add(Tensor x, Tensor y, float alpha) -> Tensor");
+  m.def("add_into_(Tensor(a!) out, Tensor src) -> ()");
+  m.def("twice(Tensor x) -> Tensor");
+  m.def("strict(Tensor x) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(cppk, PrivateUse1, m) {
+  m.impl("scaled_add", &scaled_add);
+  m.impl("add_into_", &add_into_);
+  m.impl("twice", &twice);
+  m.impl("strict", &strict);
+}
+"""
+
+
+def _cpp_ext_dir():
+    import os
+    import tempfile
+
+    d = os.environ.get("TORCH_TPU_TEST_EXT_DIR") or os.path.join(tempfile.gettempdir(), "torch_tpu_eager_test_ext")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def _cpp_ext_source():
+    import os
+
+    path = os.path.join(_cpp_ext_dir(), "cppk.cpp")
+    old = open(path).read() if os.path.exists(path) else None
+    if old != _CPP_SOURCE:
+        with open(path, "w") as f:
+            f.write(_CPP_SOURCE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cppk():
+    """Builds (or reuses) and loads the extension; fake impls for two of its ops."""
+    from torch.utils import cpp_extension
+
+    cpp_extension.load(
+        "tpu_eager_test_cppk",
+        [_cpp_ext_source()],
+        build_directory=_cpp_ext_dir(),
+        is_python_module=False,
+        extra_cflags=["-O1"],
+        verbose=False,
+    )
+    holder = torch.library.Library("cppk", "FRAGMENT")
+    torch.library.register_fake("cppk::scaled_add", lambda x, y, alpha: torch.empty_like(x), lib=holder)
+    torch.library.register_fake("cppk::add_into_", lambda out, src: None, lib=holder)
+    torch.library.register_fake("cppk::strict", lambda x: torch.empty_like(x), lib=holder)
+    yield torch.ops.cppk
+    holder._destroy()
+
+
+def test_cpp_kernel_is_recorded_and_runs_at_flush(cppk):
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    xt, yt = x.to("tpu") * 2, y.to("tpu") + 1  # pending: the kernel must see computed buffers
+    with torch_tpu_eager.profile() as prof:  # (entering it flushes)
+        torch_tpu_eager.reset_metrics()
+        xt, yt = xt * 1, yt * 1
+        r = cppk.scaled_add(xt, yt, 0.5)
+        assert r.device.type == "tpu" and r.shape == (4, 5) and r.dtype == torch.float32
+        assert torch_tpu_eager.metrics()["flushes"] == 0  # recorded, not run
+        out = (r * 3).cpu()
+    torch.testing.assert_close(out, (x * 2 + 0.5 * (y + 1)) * 3)
+    assert "cppk::scaled_add" in [k["name"] for k in prof.kernels]
+    assert "custom_op.cppk::scaled_add: 1" in torch_tpu_eager.metrics_report()
+
+
+def test_cpp_mutating_kernel_seen_by_later_reads(cppk):
+    base_c = torch.arange(12.0).reshape(3, 4)
+    base_t = base_c.to("tpu") * 1
+    src_c = torch.randn(3, 4)
+    cppk.add_into_(base_t, src_c.to("tpu") - 1)
+    base_c += src_c - 1
+    torch.testing.assert_close(base_t.t().cpu(), base_c.t())
+    torch.testing.assert_close((base_t + 1).cpu(), base_c + 1)
+
+
+def test_cpp_kernel_without_fake_runs_at_the_call(cppk):
+    x = torch.randn(6)
+    torch.testing.assert_close(cppk.twice(x.to("tpu") + 1).cpu(), 2 * (x + 1))
+
+
+def test_cpp_kernel_error_surfaces_with_its_type_and_op(cppk):
+    x = torch.ones(3, device="tpu")
+    r = cppk.strict(x)  # it insists on PrivateUse1 arguments; at flush it gets host tensors
+    ok = x + 1
+    with pytest.raises(ValueError, match=r"(?s)cppk::strict wants tpu tensors.*C\+\+ tpu kernel of cppk::strict"):
+        r.cpu()
+    torch.testing.assert_close(ok.cpu(), torch.full((3,), 2.0))
+
+
+def test_cpp_kernel_under_torch_compile(cppk):
+    def f(x, y):
+        return cppk.scaled_add(x.sin(), y, 0.25).relu() * 2
+
+    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    got = torch.compile(f, fullgraph=True)(x.to("tpu"), y.to("tpu")).cpu()
+    torch.testing.assert_close(got, torch.relu(x.sin() + 0.25 * y) * 2)
+
+
+def test_cpp_kernels_adopted_once(cppk):
+    assert torch_tpu_eager.custom_ops.adopt_cpp_kernels("cppk") == 0  # load_library adopted them already
+    assert torch_tpu_eager.custom_ops.adopt_cpp_kernels() == 0
+
+
+def test_cpp_kernel_adopted_at_torch_ops_lookup(cppk):
+    """A library loaded without torch.ops.load_library (ctypes): the first
+    torch.ops.<ns>.<name> lookup adopts the kernel."""
+    import glob
+    import os
+    import subprocess
+    import sys
+
+    (so,) = glob.glob(os.path.join(_cpp_ext_dir(), "tpu_eager_test_cppk*.so"))
+    code = (
+        "import ctypes, torch, torch_tpu_eager\n"
+        f"ctypes.CDLL({so!r}, mode=ctypes.RTLD_GLOBAL)\n"
+        "torch.library.register_fake('cppk::scaled_add', lambda x, y, a: torch.empty_like(x))\n"
+        "x = torch.arange(4.0, device='tpu') * 2\n"
+        "r = torch.ops.cppk.scaled_add(x, x, 1.0)\n"
+        "assert torch_tpu_eager.metrics()['flushes'] == 0, 'ran at the call'\n"
+        "assert r.cpu().tolist() == [0.0, 4.0, 8.0, 12.0], r.cpu()\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr

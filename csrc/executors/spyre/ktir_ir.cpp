@@ -172,9 +172,12 @@ KtirValue value_of(const c10::IValue& v, bool dtype) {
   return k;  // generators and other opaque values: None
 }
 
+// `name`: an ATen op without its namespace ("add.Tensor"), or another
+// namespace's op with it ("mylib::scaled_add", a custom op's library call).
 const c10::OperatorHandle* find_op(const std::string& name) {
-  const auto dot = name.find('.');
-  const std::string base = "aten::" + name.substr(0, dot);
+  const bool qualified = name.find("::") != std::string::npos;
+  const auto dot = name.find('.', qualified ? name.find("::") + 2 : 0);
+  const std::string base = (qualified ? "" : "aten::") + name.substr(0, dot);
   const std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
   auto h = c10::Dispatcher::singleton().findSchema({base, overload});
   if (!h) return nullptr;
@@ -547,7 +550,8 @@ KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, con
     const Node& n = graph[i];
     const auto& schema_args = n.op.schema().arguments();
     KtirOp o;
-    o.op = host::op_display_name(n).substr(6);
+    o.op = host::op_display_name(n);
+    if (o.op.rfind("aten::", 0) == 0) o.op = o.op.substr(6);  // other namespaces keep theirs
     o.handle = &n.op;
     for (size_t a = 0; a < n.args.size(); ++a)
       o.args.push_back(value_of(n.args[a], a < schema_args.size() && is_dtype_type(schema_args[a].real_type())));

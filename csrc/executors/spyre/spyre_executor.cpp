@@ -12,6 +12,7 @@
 // (region_runner.h) with the same per-op numerics ("spyre_host_loop.<kernel>").
 // int64 results must fit int32. Regions are costed with Spyre's cost model
 // (cost_model.h).
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <limits>
@@ -38,6 +39,7 @@
 #include "executors/spyre/schedule.h"
 #include "executors/spyre/spyre.h"
 #include "jit/dynamic_shapes.h"
+#include "ops/custom_ops.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -89,11 +91,46 @@ class SpyreHooks final : public host::HostRunHooks {
     if (rewrote) mem.finish_writes();
   }
   void add_op_cost(const Node& n, RegionStats& stats) override {
+    if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) {
+      if (auto custom = custom_cost(n.op)) {
+        add_custom_cost(n, *custom, stats);
+        return;
+      }
+    }
     const OpCost c = op_cost(n, card_);
     stats.flops += c.flops;
     stats.mxu_flops += 2.0 * c.macs;
     stats.compute_s += c.seconds(card_);
     if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) stats.library_calls++;
+  }
+
+  // A custom op's own cost (custom_ops.set_cost): its FLOPs on all cores'
+  // matmul units (MACs = FLOPs / 2) or vector units, and the HBM bytes it moves
+  // beyond its tensors read and written once. A Pallas kernel's grid and
+  // blocks describe TPU VMEM tiles and are not used here (no LX check: a
+  // Pallas kernel has no Spyre lowering whose failure to mimic).
+  void add_custom_cost(const Node& n, const CustomCost& c, RegionStats& stats) {
+    stats.library_calls++;
+    if (c.flops < 0) {
+      const OpCost d = op_cost(n, card_);
+      stats.flops += d.flops;
+      stats.mxu_flops += 2.0 * d.macs;
+      stats.compute_s += d.seconds(card_);
+    } else {
+      stats.flops += c.flops;
+      if (c.mxu) stats.mxu_flops += c.flops;
+      if (card_.valid()) {
+        const double cores = static_cast<double>(card_.cores);
+        stats.compute_s += c.mxu ? c.flops / 2.0 / (card_.matmul_macs_per_s_per_core * cores)
+                                 : c.flops / (card_.vector_elems_per_s_per_core * cores);
+      }
+    }
+    if (c.hbm_bytes >= 0) {
+      int64_t once = 0;
+      for (const auto& in : n.inputs) once += in.ref.nbytes();
+      for (const auto& out : n.outputs) once += out.nbytes();
+      stats.extra_hbm_bytes += std::max<int64_t>(0, c.hbm_bytes - once);
+    }
   }
 
  private:
@@ -214,7 +251,8 @@ class SpyreKernel final : public Kernel {
     }
     if (card_.valid()) {
       stats.memory_s =
-          static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes) / card_.dram_bandwidth;
+          static_cast<double>(stats.bytes_read + stats.bytes_written + stats.padding_bytes + stats.extra_hbm_bytes) /
+          card_.dram_bandwidth;
       stats.sim_time_s = region_seconds(stats.compute_s, stats.memory_s, card_);
     }
     Schedule s = schedule_;
