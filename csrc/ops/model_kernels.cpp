@@ -175,24 +175,15 @@ struct HistcKernel final : c10::OperatorKernel {
 // recorded the same way, or the math path, whose ops are recorded as on CPU, or
 // CPU's error when no enabled backend fits).
 
-// CPU's mask-shape constraint (sdp::check_attn_mask_shape) without its refusal
-// of a mask that needs a gradient: the device's backward gives the bias its
-// gradient (as CUDA's memory-efficient kernel does), so such a call stays fused.
-bool attn_mask_shape_fits(const sdp::sdp_params& p) {
-  if (!p.attn_mask.has_value() || !p.attn_mask->requires_grad()) return sdp::check_attn_mask_shape(p, false);
-  sdp::sdp_params shape_only = p;
-  shape_only.attn_mask = p.attn_mask->detach();
-  return sdp::check_attn_mask_shape(shape_only, false);
-}
-
 // CPU's fused-kernel constraints (sdp_utils_cpp.cpp, use_flash_attention_cpp)
-// without its runtime switch, which is CPU's flash switch, not this device's,
-// and with attn_mask_shape_fits for CPU's mask-shape check.
+// without its runtime switch, which is CPU's flash switch, not this device's.
+// A mask that needs a gradient takes the math path, as on CPU (its values are
+// CPU's; sdpa_bias_grad serves direct calls of the fused backward).
 bool fused_attention_fits(const sdp::sdp_params& p) {
   constexpr bool debug = false;
   if (!sdp::check_nested_tensor(p, debug) || !sdp::check_for_dropout(p, debug) || !sdp::check_tensor_shapes(p, debug) ||
       !sdp::check_batch_size_and_num_heads_dense<true /*grouped query attention*/>(p, debug) ||
-      !attn_mask_shape_fits(p) || !sdp::check_nonzero_sequence_lengths_dense(p, debug) ||
+      !sdp::check_attn_mask_shape(p, debug) || !sdp::check_nonzero_sequence_lengths_dense(p, debug) ||
       !sdp::check_last_dim_stride_equals_1_dense<false /*ignore_singleton_dim*/>(p, debug))
     return false;
   if (p.query.size(-1) != p.key.size(-1) || p.query.size(-1) != p.value.size(-1)) return false;  // same head dim

@@ -9,9 +9,20 @@ import subprocess
 import sys
 import threading
 
+import pytest
 import torch
 
-import torch_tpu_eager  # noqa: F401
+import torch_tpu_eager
+
+
+@pytest.fixture(autouse=True)
+def _cpu_fused_math():
+    # Bit-equal gradients need CPU's own gelu in fused loops (the default "sleef"
+    # routines are within the ulps docs/tpu_target.md gives, not bit-equal).
+    before = torch_tpu_eager.fused_math()
+    torch_tpu_eager.set_fused_math("cpu")
+    yield
+    torch_tpu_eager.set_fused_math(before)
 
 
 def _grads(device):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import torch_tpu_eager
-from difftest import DEVICE, cpu_randn
+from difftest import DEVICE, REPO_ROOT, cpu_randn
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="the block cache is the tpu device's")
 
@@ -100,7 +100,7 @@ print(json.dumps({"losses": losses, "tpu": faults(trainers["tpu"]), "cpu": fault
 def test_warm_cnn_step_touches_no_fresh_pages_and_matches_cpu():
     # A fresh process, as the benchmark runs: the C library's heap state decides whether
     # freed blocks make it trim (the pytest process's own allocations hid it).
-    root = Path(__file__).resolve().parent.parent
+    root = Path(REPO_ROOT)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run(
         [sys.executable, "-c", _FAULTS_CHILD, str(root / "benchmarks")],

@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from difftest import requires_tpu
+from difftest import REPO_ROOT, requires_tpu
 
 pytestmark = requires_tpu
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = REPO_ROOT
 
 
 def _run_case(case, world=2, timeout=280):
