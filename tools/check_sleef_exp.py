@@ -33,6 +33,7 @@ def build_and_run(avx512, workdir, quick=False):
         os.path.join(ROOT, "tools", "check_sleef_exp.cpp"),
         os.path.join(ROOT, "csrc", "executors", "tpu", "fused_program.cpp"),
         os.path.join(ROOT, "csrc", "executors", "tpu", "cpu_vml.cpp"),
+        os.path.join(ROOT, "csrc", "executors", "tpu", "fused_convert.cpp"),
         f"-L{lib}",
         "-ltorch_cpu",
         "-lc10",

@@ -70,7 +70,7 @@ def test_ci_runs_the_readme_setup_commands_verbatim():
 
 @pytest.mark.parametrize("kind,text", [c[1:] for c in COMMANDS], ids=[c[0] for c in COMMANDS])
 def test_documented_command_runs(kind, text, tmp_path):
-    for name in ("examples", "benchmarks", "tools", "csrc", "torch_tpu_eager"):
+    for name in ("examples", "benchmarks", "tools", "csrc", "torch_tpu_eager", "tests"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     (tmp_path / "docs").mkdir()
     env = dict(

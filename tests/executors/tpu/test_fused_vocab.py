@@ -271,7 +271,7 @@ def test_broadcast_and_zero_dim_operands(dtype):
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=["f32", "bf16", "f16"])
-def test_non_contiguous_inputs_match_cpu(dtype):
+def test_non_contiguous_inputs_match_cpu(dtype, mode):
     # Transposed and strided inputs do not take the contiguous loop; values must still be CPU's.
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(64, 48, generator=g) * 2).to(dtype)
@@ -281,9 +281,12 @@ def test_non_contiguous_inputs_match_cpu(dtype):
         h = torch.maximum(-a, b[:, ::2].t())
         return h, torch.where(h > 0.5, aten.gelu_backward(h, a), h.clamp(-1.0, 1.0))
 
+    # Partition may fuse these ops around the strided reads; with CPU's routines for
+    # gelu_backward's erf/exp (set_fused_math("cpu")) every value is CPU's bit for bit.
+    torch_tpu_eager.set_fused_math("cpu")  # restored by the `mode` fixture
     xd, yd = x.to("tpu"), y.to("tpu")
     for got, want in zip(prog(xd, yd), prog(x, y)):
-        _assert_bits_equal(got.cpu(), want, ulps=1)
+        _assert_bits_equal(got.cpu(), want)
 
 
 def test_in_place_and_out_forms():
