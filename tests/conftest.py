@@ -74,7 +74,8 @@ def _code_names(code):
 
 
 def _spawns(fn, seen):
-    """True if ``fn`` or a function of its module it calls (transitively) starts a process."""
+    """True if ``fn`` or a function of its module or of difftest it calls (transitively)
+    starts a process."""
     fn = getattr(fn, "__wrapped__", fn)
     code = getattr(fn, "__code__", None)
     if code is None or code in seen:
@@ -86,7 +87,7 @@ def _spawns(fn, seen):
     module_globals = getattr(fn, "__globals__", {})
     for name in names:
         g = module_globals.get(name)
-        if callable(g) and getattr(g, "__module__", None) == fn.__module__ and _spawns(g, seen):
+        if callable(g) and getattr(g, "__module__", None) in (fn.__module__, "difftest") and _spawns(g, seen):
             return True
     return False
 

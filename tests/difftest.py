@@ -9,6 +9,9 @@ storage_offset().
 
 import math
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -16,6 +19,18 @@ import torch
 # The repository root, for tests that run its examples, benchmarks and tools (tests live
 # in stage subdirectories of tests/, so paths are taken from here, not from a test file).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The environment of a child Python process that imports this repository's package.
+PYTHON_ENV = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def run_python(code, timeout=300):
+    """Runs `code` (dedented) in a fresh interpreter with PYTHON_ENV; returns the
+    CompletedProcess. Raises subprocess.TimeoutExpired on a hang."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=PYTHON_ENV, capture_output=True, text=True, timeout=timeout
+    )
+
 
 DEVICE = os.environ.get("TPU_TEST_DEVICE", "tpu").strip().lower() or "tpu"
 if DEVICE not in ("tpu", "cpu"):

@@ -1,0 +1,49 @@
+"""Sharing tpu tensors between processes: torch.multiprocessing queues carry them (values,
+strides, offset, Parameter type); the consumer never waits forever.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+
+from difftest import PYTHON_ENV as ENV
+from difftest import requires_tpu
+
+
+@requires_tpu
+def test_multiprocessing_queue_sends_tpu_tensors():
+    """A tpu tensor put on a torch.multiprocessing queue arrives (values, strides, device,
+    Parameter type); the consumer never waits forever (timeouts everywhere)."""
+    code = """
+    import torch, torch_tpu_eager, torch.multiprocessing as mp
+
+    def consumer(q, out):
+        t, p = q.get(timeout=120)
+        out.put((t.device.type, t.cpu().tolist(), t.stride(), t.storage_offset(),
+                 type(p).__name__, p.requires_grad, p.detach().cpu().tolist()))
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("spawn")
+        q, out = ctx.Queue(), ctx.Queue()
+        proc = ctx.Process(target=consumer, args=(q, out))
+        proc.start()
+        x = torch.arange(8.).to("tpu")[1:].view(1, 7)[:, ::2].t()  # a strided view with an offset
+        p = torch.nn.Parameter(torch.ones(2, device="tpu") * 3)
+        q.put((x, p))
+        print(out.get(timeout=240))
+        proc.join(60)
+        print(proc.exitcode)
+    """
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tpu_mp_queue_{os.getpid()}.py")
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(code))
+    try:
+        r = subprocess.run([sys.executable, path], env=ENV, capture_output=True, text=True, timeout=300)
+    finally:
+        os.unlink(path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "('tpu', [[1.0], [3.0], [5.0], [7.0]], (2, 7), 1, 'Parameter', True, [3.0, 3.0])"
+    assert lines[1] == "0"
