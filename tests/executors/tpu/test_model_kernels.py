@@ -445,39 +445,24 @@ def test_sdpa_overrideable_op_bias_gradient_with_causal_and_gqa(is_causal, kv_he
     res = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
         *(t.detach() for t in dev), is_causal=is_causal
     )
-    grads = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
-        go.float().to(DEV),
-        *(t.detach() for t in dev),
-        [True, True, True, True],
-        res[0],
-        res[1],
-        res[2],
-        res[3],
-        res[4],
-        res[5],
-        dropout_p=0.0,
-        is_causal=is_causal,
-        philox_seed=res[6],
-        philox_offset=res[7],
-    )
+
+    def backward(mask):
+        return torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+            go.float().to(DEV),
+            *(t.detach() for t in dev),
+            mask,
+            *res[:6],
+            dropout_p=0.0,
+            is_causal=is_causal,
+            philox_seed=res[6],
+            philox_offset=res[7],
+        )
+
+    grads = backward([True, True, True, True])
     for g, b in zip(grads, cpu):
         torch.testing.assert_close(g.cpu(), b.grad.float())
     # a gradient not asked for is undefined
-    grads = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
-        go.float().to(DEV),
-        *(t.detach() for t in dev),
-        [True, False, True, False],
-        res[0],
-        res[1],
-        res[2],
-        res[3],
-        res[4],
-        res[5],
-        dropout_p=0.0,
-        is_causal=is_causal,
-        philox_seed=res[6],
-        philox_offset=res[7],
-    )
+    grads = backward([True, False, True, False])
     assert grads[1] is None and grads[3] is None
     torch.testing.assert_close(grads[0].cpu(), cpu[0].grad.float())
 
