@@ -33,9 +33,7 @@ struct TpuEvent {
   int64_t stream = 0;
   bool timing = false;
   double time_s = 0;  // simulated seconds on the stream's clock
-  // torch.profiler only: where the event lies on its stream's device track
-  // (ns since the Unix epoch) and the op that recorded it (0: none).
-  int64_t trace_ns = 0;
+  // torch.profiler only: the op that recorded it (0: none).
   uint64_t correlation = 0;
 };
 
@@ -148,13 +146,7 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
     }
     e->stream = stream.id();
     e->time_s = stream_clock(d, stream.id());
-    if (kineto::recording()) {
-      e->trace_ns = kineto::stream_point(d, stream.id());
-      e->correlation = kineto::current_correlation();
-    } else {
-      e->trace_ns = 0;
-      e->correlation = 0;
-    }
+    e->correlation = kineto::recording() ? kineto::current_correlation() : 0;
   }
   // The stream's later work starts no earlier than the event (an unrecorded
   // event: nothing to wait for, as on CUDA).
@@ -164,8 +156,9 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
     const int d = checked_device(stream.device_index());
     // Work the stream recorded before the wait runs before it.
     if (!stream_idle(d, stream.id())) (void)flush_device(d, FlushReason::kEvent);
+    const double from_s = stream_clock(d, stream.id());
     stream_wait_until(d, stream.id(), e->time_s);
-    kineto::record_stream_wait(d, stream.id(), e->stream, e->trace_ns, e->correlation);
+    kineto::record_stream_wait(d, stream.id(), e->stream, from_s, e->time_s, e->correlation);
   }
   bool queryEvent(void*) const override { return true; }
   void synchronizeEvent(void*) const override {}

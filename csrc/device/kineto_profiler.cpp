@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,8 @@ std::atomic<bool> g_recording{false};
 namespace {
 
 thread_local int64_t t_flush_stream = 0;
+// Simulated seconds at which the running flush's next kernel starts (FlushLane).
+thread_local double t_flush_clock_s = 0;
 // The correlation ids of the ops this thread is inside (torch.profiler pushes
 // one per op it records); a kernel links to the innermost: the call that ran it.
 thread_local std::vector<uint64_t> t_correlation;
@@ -46,9 +49,10 @@ struct KernelActivity {
   std::string name, ops;
   int device = 0;
   int64_t stream = 0;
-  int64_t start_ns = 0, end_ns = 0;
+  double start_s = 0;  // simulated seconds on the chip's clock (its stream's clock at the start)
+  double sim_time_s = 0;
   uint64_t correlation = 0;
-  double flops = 0, bytes = 0, sim_time_s = 0;
+  double flops = 0, bytes = 0;
   Kind kind = kKernel;
   CollectiveArgs coll;             // collective only
   int64_t waited_stream = 0;       // stream wait only
@@ -58,8 +62,44 @@ struct KernelActivity {
 // What the running session collected; guarded by g_mu.
 std::mutex g_mu;
 std::vector<KernelActivity> g_activities;
-std::map<std::pair<int, int64_t>, int64_t> g_lane_end;    // (chip, stream) -> end of its last kernel, ns
 std::unordered_map<uint64_t, uint64_t> g_op_correlation;  // queue op number -> correlation id (note_op)
+int64_t g_session_start_ns = 0;                           // host time the running session started
+
+// Where each activity lies on the trace, ns since the Unix epoch: chip d's
+// simulated time t at anchor_ns + (t - t0_d), t0_d the earliest simulated start
+// among the chip's kernels and collectives; as long as its simulated time (at
+// least 1 ns). A stream wait starts no earlier than t0_d: a stream idle since
+// long before the session (an interconnect stream's clock before its first
+// collective) does not stretch the trace back to when it was last busy. An
+// activity starts no earlier than the previous one of its (chip, stream)
+// ended, so that rounding to ns never makes one stream's activities overlap.
+// Returns (start, end) per activity, in the order of `acts`.
+std::vector<std::pair<int64_t, int64_t>> lay_out(const std::vector<KernelActivity>& acts, int64_t anchor_ns) {
+  std::map<int, double> t0, t0_waits;  // chip -> earliest start of its work, of its waits
+  for (const KernelActivity& k : acts) {
+    auto& first = k.kind == KernelActivity::kStreamWait ? t0_waits : t0;
+    const auto it = first.find(k.device);
+    if (it == first.end())
+      first[k.device] = k.start_s;
+    else
+      it->second = std::min(it->second, k.start_s);
+  }
+  for (const auto& w : t0_waits) t0.insert(w);  // a chip with nothing but waits: from its first wait
+  std::map<std::pair<int, int64_t>, int64_t> lane_end;
+  std::vector<std::pair<int64_t, int64_t>> out;
+  out.reserve(acts.size());
+  for (const KernelActivity& k : acts) {
+    const double from = std::max(k.start_s, t0[k.device]);
+    const double end = k.start_s + k.sim_time_s;
+    int64_t start = anchor_ns + static_cast<int64_t>(std::llround((from - t0[k.device]) * 1e9));
+    const int64_t dur = std::max<int64_t>(1, static_cast<int64_t>(std::llround((end - from) * 1e9)));
+    auto lane = lane_end.find({k.device, k.stream});
+    if (lane != lane_end.end()) start = std::max(start, lane->second);
+    out.emplace_back(start, start + dur);
+    lane_end[{k.device, k.stream}] = start + dur;
+  }
+  return out;
+}
 
 const std::set<libkineto::ActivityType>& device_activities() {
   static const std::set<libkineto::ActivityType> s{libkineto::ActivityType::CONCURRENT_KERNEL,
@@ -80,8 +120,8 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
   void start() override {
     std::lock_guard<std::mutex> lock(g_mu);
     g_activities.clear();
-    g_lane_end.clear();
     g_op_correlation.clear();
+    g_session_start_ns = now_ns();
     started_ = true;
     status_ = libkineto::TraceStatus::RECORDING;
     detail::g_recording.store(true);
@@ -91,6 +131,7 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
     detail::g_recording.store(false);
     std::lock_guard<std::mutex> lock(g_mu);
     collected_.swap(g_activities);
+    anchor_ns_ = g_session_start_ns;
     g_activities.clear();
     g_op_correlation.clear();
     stopped_ = true;
@@ -138,7 +179,9 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
     // links to no op: numbered from 2^30, clear of the ids torch.profiler gives
     // its ops (1, 2, ...), so that no tool pairs it with an unrelated op.
     int32_t next_id = 1 << 30;
-    for (const KernelActivity& k : collected_) {
+    const std::vector<std::pair<int64_t, int64_t>> spans = lay_out(collected_, anchor_ns_);
+    for (size_t i = 0; i < collected_.size(); ++i) {
+      const KernelActivity& k = collected_[i];
       const bool wait = k.kind == KernelActivity::kStreamWait;
       buffer_->emplace_activity(buffer_->span,
                                 wait ? libkineto::ActivityType::CUDA_SYNC : libkineto::ActivityType::CONCURRENT_KERNEL,
@@ -146,8 +189,8 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
       auto& act = libkineto::CpuTraceBuffer::toRef(buffer_->activities.back());
       act.device = k.device;
       act.resource = static_cast<int32_t>(k.stream);
-      act.startTime = k.start_ns;
-      act.endTime = k.end_ns;
+      act.startTime = spans[i].first;
+      act.endTime = spans[i].second;
       act.id = next_id++;
       // A wait is no work of the op that asked for it: linked to none, so that
       // key_averages() charges its stall to no op's device time.
@@ -159,6 +202,7 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
         act.addMetadata("wait_on_stream", k.waited_stream);
         act.addMetadata("wait_on_event_record_corr_id", k.event_correlation);
         act.addMetadata("correlation", k.correlation);
+        act.addMetadata("sim_start_us", k.start_s * 1e6);
         act.addMetadataQuoted("clock", "simulated device time");
         lanes_.insert({k.device, k.stream});
         act.log(logger);
@@ -178,16 +222,17 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
         act.addMetadata("bytes", k.bytes);
       }
       act.addMetadata("sim_time_us", k.sim_time_s * 1e6);
+      act.addMetadata("sim_start_us", k.start_s * 1e6);
       act.addMetadataQuoted("clock", "simulated device time");
       lanes_.insert({k.device, k.stream});
       act.log(logger);
     }
-    if (!collected_.empty()) {  // lanes overlap: the span is the earliest start to the latest end
-      buffer_->span.startTime = collected_.front().start_ns;
-      buffer_->span.endTime = collected_.front().end_ns;
-      for (const KernelActivity& k : collected_) {
-        buffer_->span.startTime = std::min<int64_t>(buffer_->span.startTime, k.start_ns);
-        buffer_->span.endTime = std::max<int64_t>(buffer_->span.endTime, k.end_ns);
+    if (!spans.empty()) {  // lanes overlap: the span is the earliest start to the latest end
+      buffer_->span.startTime = spans.front().first;
+      buffer_->span.endTime = spans.front().second;
+      for (const auto& sp : spans) {
+        buffer_->span.startTime = std::min<int64_t>(buffer_->span.startTime, sp.first);
+        buffer_->span.endTime = std::max<int64_t>(buffer_->span.endTime, sp.second);
       }
     }
     collected_.clear();
@@ -196,6 +241,7 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
   std::unique_ptr<libkineto::CpuTraceBuffer> buffer_;
   std::vector<KernelActivity> collected_;
   std::set<std::pair<int, int64_t>> lanes_;
+  int64_t anchor_ns_ = 0;  // host time the session started: where each chip's earliest activity lies
   bool started_ = false, stopped_ = false;
 };
 
@@ -222,18 +268,10 @@ class TpuActivityProfiler final : public libkineto::IActivityProfiler {
 
 REGISTER_PRIVATEUSE1_PROFILER(TpuActivityProfiler);
 
-// Puts `k` on its (chip, stream) lane: it starts when the host issued it or
-// when the lane's previous activity ended, whichever is later, and lasts its
-// simulated time (at least 1 ns, so an activity of no simulated work still
-// shows on the track).
-void place(KernelActivity k, int64_t host_start_ns) {
-  const int64_t dur = std::max<int64_t>(1, static_cast<int64_t>(k.sim_time_s * 1e9 + 0.5));
+// Adds `k` to the running session's activities (none when no session records).
+void collect(KernelActivity k) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!detail::g_recording.load()) return;
-  int64_t& lane_end = g_lane_end[{k.device, k.stream}];
-  k.start_ns = std::max(host_start_ns, lane_end);
-  k.end_ns = k.start_ns + dur;
-  lane_end = k.end_ns;
   g_activities.push_back(std::move(k));
 }
 
@@ -253,8 +291,8 @@ void note_op(uint64_t seq) {
   if (detail::g_recording.load()) g_op_correlation[seq] = correlation;
 }
 
-void record_kernel(const std::string& name, const std::string& ops, double sim_time_s, int64_t host_start_ns,
-                   double flops, double bytes, const std::vector<uint64_t>& seqs) {
+void record_kernel(const std::string& name, const std::string& ops, double sim_time_s, double flops, double bytes,
+                   const std::vector<uint64_t>& seqs) {
   KernelActivity k;
   k.name = name;
   k.ops = ops;
@@ -271,11 +309,13 @@ void record_kernel(const std::string& name, const std::string& ops, double sim_t
   }
   k.flops = flops;
   k.bytes = bytes;
+  k.start_s = t_flush_clock_s;
   k.sim_time_s = sim_time_s;
-  place(std::move(k), host_start_ns);
+  t_flush_clock_s += sim_time_s;  // the flush's next kernel starts after this one
+  collect(std::move(k));
 }
 
-void record_collective(int device, int64_t stream, const std::string& op, double sim_time_s, int64_t host_start_ns,
+void record_collective(int device, int64_t stream, const std::string& op, double start_s, double sim_time_s,
                        const CollectiveArgs& args) {
   if (!recording()) return;
   KernelActivity k;
@@ -286,20 +326,14 @@ void record_collective(int device, int64_t stream, const std::string& op, double
   k.correlation = !t_correlation.empty()        ? t_correlation.back()
                   : !t_user_correlation.empty() ? t_user_correlation.back()
                                                 : 0;
+  k.start_s = start_s;
   k.sim_time_s = sim_time_s;
   k.kind = KernelActivity::kCollective;
   k.coll = args;
-  place(std::move(k), host_start_ns);
+  collect(std::move(k));
 }
 
-int64_t stream_point(int device, int64_t stream) {
-  const int64_t now = now_ns();
-  std::lock_guard<std::mutex> lock(g_mu);
-  const auto it = g_lane_end.find({device, stream});
-  return it == g_lane_end.end() ? now : std::max(now, it->second);
-}
-
-void record_stream_wait(int device, int64_t stream, int64_t waited_stream, int64_t event_ns,
+void record_stream_wait(int device, int64_t stream, int64_t waited_stream, double from_s, double event_s,
                         uint64_t event_correlation) {
   if (!recording()) return;
   KernelActivity k;
@@ -311,18 +345,19 @@ void record_stream_wait(int device, int64_t stream, int64_t waited_stream, int64
   k.correlation = current_correlation();
   k.waited_stream = waited_stream;
   k.event_correlation = event_correlation;
-  const int64_t now = now_ns();
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (!detail::g_recording.load()) return;
-  int64_t& lane_end = g_lane_end[{device, stream}];
-  k.start_ns = std::max(now, lane_end);
-  k.end_ns = std::max(k.start_ns + 1, event_ns);
-  lane_end = k.end_ns;
-  g_activities.push_back(std::move(k));
+  k.start_s = from_s;
+  k.sim_time_s = std::max(0.0, event_s - from_s);
+  collect(std::move(k));
 }
 
-FlushLane::FlushLane(int64_t stream) : prev_(t_flush_stream) { t_flush_stream = stream; }
-FlushLane::~FlushLane() { t_flush_stream = prev_; }
+FlushLane::FlushLane(int64_t stream, double start_s) : prev_stream_(t_flush_stream), prev_clock_s_(t_flush_clock_s) {
+  t_flush_stream = stream;
+  t_flush_clock_s = start_s;
+}
+FlushLane::~FlushLane() {
+  t_flush_stream = prev_stream_;
+  t_flush_clock_s = prev_clock_s_;
+}
 
 }  // namespace kineto
 }  // namespace tpu_eager

@@ -4,13 +4,23 @@
 // that the backend registers (torch::profiler::impl::PrivateUse1ProfilerRegistry).
 // Ours collects one activity per kernel (fused region) run while a
 // torch.profiler session with ProfilerActivity.PrivateUse1 records; each lies
-// on the track of its chip (Chrome trace pid) and stream (tid), lasts the
-// kernel's simulated time, and starts when the host ran it or when the
-// previous kernel of its stream ended, whichever is later (the device is
-// asynchronous to the host, as a GPU's). Collectives charged to a chip's
+// on the track of its chip (Chrome trace pid) and stream (tid).
+//
+// Device tracks are on the simulated clock, host tracks on host time. Each
+// activity keeps the simulated seconds at which it starts on its stream (the
+// stream's clock: when the stream was free and the events it waited for had
+// happened, lazy/queue.h stream_clock) and its simulated duration. When the
+// session stops, every chip's activities are laid out on one axis: the
+// earliest simulated start among the chip's activities is placed at the host
+// time the session started, later ones after it by their simulated distance.
+// So work of two streams that overlaps on the simulated timeline (a
+// collective on the interconnect stream during backward kernels) overlaps on
+// the trace, work that waited does not, and each lasts exactly its simulated
+// time; a device activity may start before the host op that issued it (the
+// simulated device is faster than this host). Collectives charged to a chip's
 // clock (distributed/collective_clock.h) are activities "ici::<op>" of the
-// same kind on their stream's track. Costs one relaxed atomic load per
-// kernel when no session records.
+// same kind on their stream's track. Costs one relaxed atomic load per kernel
+// when no session records.
 #pragma once
 
 #include <atomic>
@@ -36,31 +46,27 @@ uint64_t current_correlation();
 // the op that recorded it (record_kernel). Called only while recording().
 void note_op(uint64_t seq);
 
-// The kernel's host run began at `host_start_ns` (ns since the Unix epoch,
-// system clock): records it as a device activity of the current chip and the
-// stream of the running flush, lasting `sim_time_s` simulated seconds.
+// Records a kernel the running flush ran as a device activity of the current
+// chip and the flush's stream, lasting `sim_time_s` simulated seconds and
+// starting where the flush's previous kernels ended on that stream's clock
+// (FlushLane; kernels of a flush run one after another).
 // `ops` names its fused ops ("add.Tensor,mul.Tensor"); `flops` and `bytes`
 // go into the activity's metadata. `seqs` are the queue's numbers of its ops
 // (Node::seq), in region order: torch.profiler links the kernel to the op that
 // recorded the first of them noted in this session (note_op), so
 // key_averages() charges its device time there, not to the op whose host read
 // flushed the queue; ops all recorded before the session: linked to no op.
-void record_kernel(const std::string& name, const std::string& ops, double sim_time_s, int64_t host_start_ns,
-                   double flops, double bytes, const std::vector<uint64_t>& seqs);
-
-// Where an event recorded now on (`device`, `stream`) lies on that stream's
-// device track: ns since the Unix epoch, after the stream's last traced
-// activity and not before now. (Meaningful while a session records; now otherwise.)
-int64_t stream_point(int device, int64_t stream);
+void record_kernel(const std::string& name, const std::string& ops, double sim_time_s, double flops, double bytes,
+                   const std::vector<uint64_t>& seqs);
 
 // `stream` of chip `device` waits (wait_event / wait_stream) for an event
-// recorded at track time `event_ns` on `waited_stream`, by the op with
-// correlation id `event_correlation`: a device activity "Stream Wait Event"
-// (category "cuda_sync", as CUDA's traces show stream waits) on the waiting
-// stream's track, from where that stream is (not before now) to the event
-// (at least 1 ns), with args wait_on_stream and
-// wait_on_event_record_corr_id; the stream's next activities start after it.
-void record_stream_wait(int device, int64_t stream, int64_t waited_stream, int64_t event_ns,
+// recorded at simulated time `event_s` on `waited_stream`, by the op with
+// correlation id `event_correlation`; the waiting stream's clock was at
+// `from_s` (simulated seconds) before the wait. A device activity "Stream Wait
+// Event" (category "cuda_sync", as CUDA's traces show stream waits) on the
+// waiting stream's track, from `from_s` to max(`from_s`, `event_s`) (drawn at
+// least 1 ns long), with args wait_on_stream and wait_on_event_record_corr_id.
+void record_stream_wait(int device, int64_t stream, int64_t waited_stream, double from_s, double event_s,
                         uint64_t event_correlation);
 
 // What the interconnect cost model chose for a collective (the activity's args).
@@ -72,27 +78,29 @@ struct CollectiveArgs {
   double bytes_per_link = 0;
 };
 
-// A collective `op` ("all_reduce") charged to stream `stream` of chip `device`
-// at host time `host_start_ns`: a device activity "ici::<op>" on that chip's
-// and stream's track, lasting `sim_time_s` simulated seconds and placed as a
-// kernel is (after the stream's previous activity, not before the host call),
-// so that it overlaps the other streams' kernels.
-void record_collective(int device, int64_t stream, const std::string& op, double sim_time_s, int64_t host_start_ns,
+// A collective `op` ("all_reduce") charged to stream `stream` of chip `device`,
+// starting at simulated time `start_s` of that stream's clock: a device
+// activity "ici::<op>" on that chip's and stream's track, lasting `sim_time_s`
+// simulated seconds, so that it overlaps the other streams' kernels where the
+// simulated timeline does.
+void record_collective(int device, int64_t stream, const std::string& op, double start_s, double sim_time_s,
                        const CollectiveArgs& args);
 
 // Now, ns since the Unix epoch (the clock torch.profiler's events use).
 int64_t now_ns();
 
-// The stream whose work a flush runs, for the scope of that flush (set by the
-// queue; read by record_kernel).
+// The stream whose work a flush runs and the simulated time at which its
+// first kernel starts (the stream's clock when the flush began), for the
+// scope of that flush (set by the queue; read and advanced by record_kernel).
 struct FlushLane {
-  explicit FlushLane(int64_t stream);
+  FlushLane(int64_t stream, double start_s);
   ~FlushLane();
   FlushLane(const FlushLane&) = delete;
   FlushLane& operator=(const FlushLane&) = delete;
 
  private:
-  int64_t prev_;
+  int64_t prev_stream_;
+  double prev_clock_s_;
 };
 
 }  // namespace kineto

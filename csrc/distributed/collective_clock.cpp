@@ -14,11 +14,10 @@ double record_collective(int device, const std::string& op, const std::string& t
                          const jit::CollectiveRecord& info) {
   (void)flush_device(device, FlushReason::kCollective);  // errors stay with the tensors they poisoned
   const int64_t stream = current_stream_id(device);
-  const int64_t host_start_ns = kineto::recording() ? kineto::now_ns() : 0;
   const double start = charge_collective_time(device, stream, seconds);
-  if (host_start_ns != 0)
+  if (kineto::recording())  // on the stream's track, from where its clock was
     kineto::record_collective(
-        device, stream, op, seconds, host_start_ns,
+        device, stream, op, start, seconds,
         kineto::CollectiveArgs{info.algorithm, info.group_size, info.nbytes, info.hops, info.bytes_per_link});
   if (jit::trace_active()) {
     jit::KernelRecord rec;

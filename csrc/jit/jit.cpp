@@ -341,7 +341,6 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
     if (log_regions)
       std::fprintf(stderr, "[tpu] region %s (%zu ops, key %016llx, %s)\n", compiled.name.c_str(), r.nodes.size(),
                    static_cast<unsigned long long>(key), cache_hit ? "cache hit" : "compiled or loaded");
-    const int64_t host_start_ns = kineto::recording() ? kineto::now_ns() : 0;
     if (!failed) {
       try {
         // Timed for metrics_report() ("region_run": two clock reads a region).
@@ -356,14 +355,14 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
       }
     }
     if (trace_active()) trace_region(compiled, g, r, st, cache_hit, failed, ex.target());
-    if (host_start_ns != 0 && kineto::recording()) {
+    if (kineto::recording()) {  // on the simulated clock, after the flush's previous kernels (FlushLane)
       std::string ops;
       std::vector<uint64_t> seqs;  // the kernel links to the op that recorded the first of them
       for (int i : r.nodes) {
         ops += (ops.empty() ? "" : ",") + g[i].op.schema().name().substr(6);
         seqs.push_back(g[i].seq);
       }
-      kineto::record_kernel(compiled.name, ops, st.sim_time_s, host_start_ns, static_cast<double>(st.flops),
+      kineto::record_kernel(compiled.name, ops, st.sim_time_s, static_cast<double>(st.flops),
                             static_cast<double>(st.bytes_read + st.bytes_written), seqs);
     }
     for (DeferredStorage* done : release_after[&r - regions.data()]) mem.release(done);

@@ -295,11 +295,14 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   std::vector<Node> nodes;
   int64_t stream;
   int precision;
+  double start_s;  // the stream's clock: where the flush's first kernel starts
   {
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.nodes.empty()) return nullptr;
     stream = c.stream;
     precision = c.precision;
+    const auto clock = c.stream_clock.find(stream);
+    start_s = clock == c.stream_clock.end() ? 0.0 : clock->second;
     nodes.swap(c.nodes);
     // Room for as many nodes as this flush had: growing the vector node by node moved every node ~once more.
     c.nodes.reserve(std::min(nodes.size(), static_cast<size_t>(std::max<int64_t>(queue_limits().first, 1))));
@@ -309,9 +312,9 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   const auto start = std::chrono::steady_clock::now();
   std::exception_ptr error;
   {
-    ChipGuard chip(device);          // storages the executor allocates belong to this chip
-    kineto::FlushLane lane(stream);  // torch.profiler puts the kernels on this stream's track
-    RunPrecision run_at(precision);  // the precision the nodes were recorded at
+    ChipGuard chip(device);                   // storages the executor allocates belong to this chip
+    kineto::FlushLane lane(stream, start_s);  // torch.profiler: the stream's track, from its clock
+    RunPrecision run_at(precision);           // the precision the nodes were recorded at
     error = jit::run_graph(nodes, delta);
   }
   debug::on_flush(reason, nodes.size(), delta,

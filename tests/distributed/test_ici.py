@@ -451,7 +451,10 @@ def test_torch_profiler_shows_the_collective_on_the_device_track(on_target, tmp_
     # Linked to the host range of the same name, which encloses its issue.
     (host,) = [e for e in events if e.get("cat") == "user_annotation" and e["name"] == "ici::all_reduce"]
     assert args["External id"] == host["args"]["External id"]
-    assert host["ts"] <= dev["ts"]
+    # The device track is on the simulated clock, anchored at the session's start: the chip's
+    # first device event lies there, before the host range that issued it.
+    (session,) = [e for e in events if e.get("cat") == "Trace" and e["name"].startswith("PyTorch Profiler")]
+    assert session["ts"] <= dev["ts"] <= host["ts"]
 
 
 def test_torch_profiler_collective_follows_the_streams_pending_kernels(on_target):
@@ -491,6 +494,79 @@ def test_torch_profiler_collective_on_a_side_stream_overlaps_compute(on_target):
     for k in kernels:  # the default stream's kernels run while the side stream's collective does
         assert coll.time_range.start <= k.time_range.start and k.time_range.end <= coll.time_range.end
     torch.testing.assert_close(y, x.cpu() @ x.cpu())
+
+
+def _trace_events(prof, tmp_path):
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    return json.loads(path.read_text())["traceEvents"]
+
+
+def test_torch_profiler_device_tracks_follow_the_simulated_clock(on_target, tmp_path):
+    # An async collective on a side stream, independent compute on the default stream, then
+    # the default stream waits for the collective: the trace's device tracks show what the
+    # simulated clocks say (Event pairs measure the same), not when the host issued the work.
+    on_target("tpu-v5e")
+    tte, ici = _tte(), _ici()
+    n, B = 2, 4 * MiB
+    expected_s = 2 * (n - 1) / n * B / LINK_BW["tpu-v5e"] + 2 * (n - 1) * ALPHA  # two-chip ring all_reduce
+    a_cpu = torch.randn(256, 256) / 16
+    a = a_cpu.to("tpu")
+    torch.tpu.synchronize()
+    main, side = torch.tpu.current_stream(), torch.tpu.Stream()
+    start, end = _events()
+    before = tte.metrics()
+    with _kineto_profile() as prof:
+        start.record()
+        side.wait_stream(main)  # the collective starts where the default stream is
+        with torch.tpu.stream(side):
+            cost = ici.record_collective("all_reduce", B, n)
+        y = a
+        for _ in range(4):  # 4 kernels of ~3 us: far shorter than the collective
+            y = torch.tanh(y @ a)
+            main.synchronize()  # run it now: one kernel each
+        main.wait_stream(side)
+        z = y * 2
+        main.synchronize()
+        end.record()
+    after = tte.metrics()
+    torch.testing.assert_close(z.cpu(), 2 * _tanh_chain(a_cpu, 4), rtol=1e-5, atol=1e-6)
+    events = _trace_events(prof, tmp_path)
+    dev = [e for e in events if e.get("cat") == "kernel"]
+    (coll,) = [e for e in dev if e["name"] == "ici::all_reduce"]
+    compute = sorted((e for e in dev if e["tid"] == main.stream_id), key=lambda e: e["ts"])
+    waits = [e for e in events if e.get("cat") == "cuda_sync" and e["tid"] == main.stream_id]
+    assert coll["tid"] == side.stream_id and len(compute) == 5 and len(waits) == 1, (coll, compute, waits)
+    assert cost.time_s == pytest.approx(expected_s)
+    assert coll["dur"] == pytest.approx(expected_s * 1e6, abs=1e-3)  # the cost model's time
+    c0, c1 = coll["ts"], coll["ts"] + coll["dur"]
+    # the independent compute overlaps the collective: it starts with it, on the other track
+    first, *_, last_before, after_wait = compute
+    assert first["ts"] == pytest.approx(c0, abs=1e-3)
+    assert last_before["ts"] + last_before["dur"] < c1
+    # serial dependencies do not overlap: one stream's kernels follow each other; the wait
+    # ends with the collective; the kernel after it starts there
+    for p, q in zip(compute, compute[1:]):
+        assert p["ts"] + p["dur"] <= q["ts"] + 1e-3
+    (wait,) = waits
+    assert wait["ts"] == pytest.approx(last_before["ts"] + last_before["dur"], abs=1e-3)
+    assert wait["ts"] + wait["dur"] == pytest.approx(c1, abs=1e-3)
+    assert after_wait["ts"] == pytest.approx(c1, abs=1e-3)
+    # the kernels last their simulated time; start to end is what the Event pair measures
+    kernels_s = (after["sim_time_s"] - after["collective_time_s"]) - (
+        before["sim_time_s"] - before["collective_time_s"]
+    )
+    assert sum(e["dur"] for e in compute) == pytest.approx(kernels_s * 1e6, abs=5e-3)
+    span_us = after_wait["ts"] + after_wait["dur"] - first["ts"]
+    assert span_us == pytest.approx(start.elapsed_time(end) * 1e3, abs=5e-3)
+    assert span_us == pytest.approx((expected_s * 1e6) + after_wait["dur"], abs=5e-3)
+
+
+def _tanh_chain(a, reps):
+    y = a
+    for _ in range(reps):
+        y = torch.tanh(y @ a)
+    return y
 
 
 @two_chips
