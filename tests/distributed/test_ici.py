@@ -540,18 +540,19 @@ def test_torch_profiler_device_tracks_follow_the_simulated_clock(on_target, tmp_
     assert cost.time_s == pytest.approx(expected_s)
     assert coll["dur"] == pytest.approx(expected_s * 1e6, abs=1e-3)  # the cost model's time
     c0, c1 = coll["ts"], coll["ts"] + coll["dur"]
+    ns = 3e-3  # us: the trace's ts are whole ns, and a 1 ns wait shifts its stream's next event
     # the independent compute overlaps the collective: it starts with it, on the other track
     first, *_, last_before, after_wait = compute
-    assert first["ts"] == pytest.approx(c0, abs=1e-3)
+    assert first["ts"] == pytest.approx(c0, abs=ns)
     assert last_before["ts"] + last_before["dur"] < c1
     # serial dependencies do not overlap: one stream's kernels follow each other; the wait
     # ends with the collective; the kernel after it starts there
     for p, q in zip(compute, compute[1:]):
-        assert p["ts"] + p["dur"] <= q["ts"] + 1e-3
+        assert p["ts"] + p["dur"] <= q["ts"] + ns
     (wait,) = waits
-    assert wait["ts"] == pytest.approx(last_before["ts"] + last_before["dur"], abs=1e-3)
-    assert wait["ts"] + wait["dur"] == pytest.approx(c1, abs=1e-3)
-    assert after_wait["ts"] == pytest.approx(c1, abs=1e-3)
+    assert wait["ts"] == pytest.approx(last_before["ts"] + last_before["dur"], abs=ns)
+    assert wait["ts"] + wait["dur"] == pytest.approx(c1, abs=ns)
+    assert after_wait["ts"] == pytest.approx(c1, abs=ns)
     # the kernels last their simulated time; start to end is what the Event pair measures
     kernels_s = (after["sim_time_s"] - after["collective_time_s"]) - (
         before["sim_time_s"] - before["collective_time_s"]
