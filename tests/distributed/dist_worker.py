@@ -735,7 +735,74 @@ def case_overlap(rank, world):
     lane = ici_stream(dev).stream_id
     assert (coll[0]["pid"], coll[0]["tid"], coll[0]["args"]["stream"]) == (dev.index, lane, lane), coll[0]
     assert kernels_on and lane not in kernels_on, (coll[0], kernels_on)  # the matmuls: the default stream's track
+    _check_ddp_trace(rank, world, ddp, x, dev, lane)
     dist.destroy_process_group()
+
+
+def _check_ddp_trace(rank, world, ddp, x, dev, lane):
+    """The Chrome trace of a DDP step (torch.profiler, ProfilerActivity.PrivateUse1) shows the
+    device tracks on the simulated clock: a bucket's all_reduce on the interconnect stream's
+    track overlaps backward kernels on the compute track; what depends on a collective does
+    not overlap it; each collective lasts the ICI model's time for its bytes."""
+    import json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from torch_tpu_eager import ici
+
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    torch.tpu.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        ddp(x).square().mean().backward()
+        torch.tpu.synchronize()  # the optimizer's kernels apart from the gradients' copy back
+        opt.step()  # DDP waited for every bucket's future at the end of backward
+        torch.tpu.synchronize()
+        opt.zero_grad()
+    path = os.path.join(os.environ["TPU_DIST_TMP"], f"ddp_trace{rank}.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    ns = 3e-3  # us: whole-ns timestamps
+    dev_events = [e for e in events if e.get("cat") == "kernel" and e["pid"] == dev.index]
+    colls = sorted((e for e in dev_events if e["name"] == "ici::all_reduce"), key=lambda e: e["ts"])
+    compute = sorted((e for e in dev_events if not e["name"].startswith("ici::")), key=lambda e: e["ts"])
+    assert len(colls) >= 2 and compute, ([e["name"] for e in dev_events], len(colls))
+    assert {e["tid"] for e in colls} == {lane} and lane not in {e["tid"] for e in compute}
+    for c in colls:  # the cost model's time for the bucket's bytes
+        expect_us = ici.collective_time("all_reduce", int(c["args"]["bytes"]), world) * 1e6
+        assert abs(c["dur"] - expect_us) <= 1e-3, (c, expect_us)
+    for a, b in zip(colls, colls[1:]):  # one interconnect stream: its collectives follow each other
+        assert a["ts"] + a["dur"] <= b["ts"] + ns, (a, b)
+    by_track: dict = {}
+    for k in compute:
+        by_track.setdefault(k["tid"], []).append(k)
+    for track in by_track.values():  # one stream's kernels follow each other
+        for a, b in zip(track, track[1:]):
+            assert a["ts"] + a["dur"] <= b["ts"] + ns, (a, b)
+
+    def overlap(k, c):
+        return min(k["ts"] + k["dur"], c["ts"] + c["dur"]) - max(k["ts"], c["ts"])
+
+    hidden = sum(max(0.0, overlap(k, c)) for k in compute for c in colls)
+    assert hidden > 1.0, hidden  # us of all_reduce under compute kernels (backward, the first bucket's copy back)
+    # what uses the reduced gradients does not overlap their all_reduce: the optimizer's
+    # kernels (linked to the ops inside its step) start after the last bucket's ends
+    (step,) = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step#")]
+    in_step = {
+        e["args"]["External id"]
+        for e in events
+        if e.get("cat") == "cpu_op" and step["ts"] <= e["ts"] <= step["ts"] + step["dur"]
+    }
+    opt_kernels = [k for k in compute if k["args"].get("External id") in in_step]
+    last_end = max(c["ts"] + c["dur"] for c in colls)
+    assert opt_kernels and all(k["ts"] >= last_end - ns for k in opt_kernels), (last_end, opt_kernels[:3])
+    if rank == 0:
+        comm = sum(c["dur"] for c in colls)
+        print(
+            f"  DDP step trace: {len(colls)} all_reduce ({comm:.1f} us) on the interconnect track, "
+            f"{hidden:.1f} us of them under compute kernels",
+            flush=True,
+        )
 
 
 def _cpu_chain(a, reps):
