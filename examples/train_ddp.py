@@ -14,8 +14,9 @@ changes where the work runs, not what is computed.
 Prints per epoch the loss of both runs and the simulated step time of a chip (an Event pair
 on its default stream around the epoch, per step), split into compute (the simulated time of
 its kernels, ``torch_tpu_eager.metrics()``), communication (the simulated interconnect time of
-its collectives, ``torch_tpu_eager.distributed.collective_metrics()``) and the exposed part of
-the communication (step - compute: what compute did not hide). Collectives run on the chip's
+its collectives, ``torch_tpu_eager.distributed.collective_metrics()``), the overlap (the
+communication that ran while the chip computed: compute + communication - step) and the
+exposed communication (step - compute: what compute did not hide). Collectives run on the chip's
 interconnect stream, so a gradient bucket's all_reduce overlaps the backward of the layers
 before it; the buckets are small here (``BUCKET_CAP_MB``: 2 buckets for the 69 KB of
 gradients), as a large model's gradients fill many 25 MB buckets. Exit code 0 when the losses
@@ -129,15 +130,23 @@ def main(argv=None):
         )
         print(
             f"{'epoch':>5} {'loss (ddp)':>12} {'loss (cpu)':>12} {'rel diff':>9} "
-            f"{'step us':>9} {'compute':>9} {'comm':>9} {'exposed':>9}  (simulated, per step)"
+            f"{'step us':>9} {'compute':>9} {'comm':>9} {'overlap':>9} {'exposed':>9}  (simulated, per step)"
         )
         for i, (loss, ref, (step, compute, comm)) in enumerate(zip(losses, reference, step_times)):
             diff = rel_diff(loss, ref)
             ok &= diff <= LOSS_RTOL
+            exposed = min(max(step - compute, 0.0), comm)
             print(
                 f"{i + 1:>5} {loss:>12.6f} {ref:>12.6f} {diff:>9.1e} {1e6 * step:>9.2f} "
-                f"{1e6 * compute:>9.2f} {1e6 * comm:>9.2f} {1e6 * max(step - compute, 0.0):>9.2f}"
+                f"{1e6 * compute:>9.2f} {1e6 * comm:>9.2f} {1e6 * (comm - exposed):>9.2f} {1e6 * exposed:>9.2f}"
             )
+        step, compute, comm = step_times[-1]
+        hidden = comm - min(max(step - compute, 0.0), comm)
+        print(
+            f"per step: {1e6 * step:.2f} us = {1e6 * compute:.2f} us compute + {1e6 * (comm - hidden):.2f} us "
+            f"exposed communication; {1e6 * hidden:.2f} of the {1e6 * comm:.2f} us of communication "
+            f"({100 * hidden / comm if comm else 0.0:.0f}%) overlap compute"
+        )
         per_op = collective_metrics()["per_op"]
         print(
             "collectives in the last epoch: "

@@ -66,7 +66,8 @@ class profile:
     ``activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]`` every kernel
     (any target) is also a device event of torch.profiler: same ``name``, lasting its
     ``sim_time_s``, on the track of its chip (Chrome trace pid) and stream (tid),
-    starting when the host ran it or when the stream's previous kernel ended, and
+    starting where its stream's simulated clock was (each chip's earliest device event at
+    the host time the session started; docs/interconnect.md), and
     linked to the op that ran it (so ``key_averages()`` fills the device-time columns);
     a collective charged by :func:`torch_tpu_eager.ici.record_collective` likewise is a
     device event ``"ici::<op>"`` lasting its simulated ICI time.
