@@ -1,6 +1,7 @@
 """Multi-process programs for tests/distributed/test_distributed.py.
 
-Run as ``python tests/distributed/dist_worker.py CASE [WORLD]``.
+Run as ``python tests/distributed/dist_worker.py CASE [WORLD]`` (``torch_spawn:CASE``: the
+processes started by ``torch.multiprocessing`` instead of ``multiprocessing``).
 
 Starts WORLD (default 2) processes with the "spawn" method on localhost, each
 rank on chip ``tpu:<rank % device_count>``, runs the case in every rank and exits
@@ -288,13 +289,26 @@ def case_default(rank, world):
         assert "No backend type associated with device type cpu" in str(e), e
     else:
         raise AssertionError("a CPU tensor on a tpu-only group did not raise")
-    # a CPU tensor among tpu tensors
-    try:
-        dist.all_gather([torch.empty(2, device=dev) for _ in range(world)], torch.ones(2))
-    except (RuntimeError, ValueError) as e:
-        assert "tpu" in str(e) or "cpu" in str(e), e
-    else:
-        raise AssertionError("a CPU input with tpu outputs did not raise")
+    # a CPU tensor among tpu tensors: torch picks the backend by the input's device (as for
+    # NCCL: a CPU input has no backend here); a CPU output beside a tpu input reaches the
+    # backend, which raises NCCL's ValueError "Tensors must be CUDA and dense" for "tpu"
+    typ, msg = _raises(
+        lambda: dist.all_gather([torch.empty(2, device=dev) for _ in range(world)], torch.ones(2)), "cpu input"
+    )
+    assert (typ, msg) == (RuntimeError, "No backend type associated with device type cpu"), (typ, msg)
+    for what, fn in (
+        (
+            "all_gather_into_tensor",
+            lambda: dist.all_gather_into_tensor(torch.empty(2 * world), torch.ones(2, device=dev)),
+        ),
+        ("reduce_scatter", lambda: dist.reduce_scatter(torch.empty(2, device=dev), [torch.ones(2)] * world)),
+        (
+            "all_to_all_single",
+            lambda: dist.all_to_all_single(torch.empty(2 * world, device=dev), torch.ones(2 * world)),
+        ),
+    ):
+        typ, msg = _raises(fn, what)
+        assert typ is ValueError and msg.startswith("Tensors must be tpu and dense"), (what, typ, msg)
     # new_group with the backend by name, and the group still works after the errors
     g = dist.new_group(backend="tpu_ccl")
     y = torch.ones(3, device=dev)
@@ -857,10 +871,42 @@ def _rank_main(rank, world, case, port, tmp):
     os._exit(0)  # the case destroyed its group; skip the interpreter's teardown (seconds per rank)
 
 
+def _torch_spawn(case, world, port, tmp, deadline):
+    """Runs ``case`` in ``world`` processes started by ``torch.multiprocessing`` (``spawn``,
+    as ``torch.multiprocessing.spawn`` does, but not joined past ``deadline``). Returns
+    (exit codes, ranks that hung)."""
+    import torch.multiprocessing as tmp_mp
+
+    ctx = tmp_mp.start_processes(
+        _rank_main, args=(world, case, port, tmp), nprocs=world, join=False, start_method="spawn"
+    )
+    try:
+        while not ctx.join(timeout=max(0.5, min(5.0, deadline - time.monotonic()))):
+            if time.monotonic() > deadline:
+                break
+    except tmp_mp.ProcessRaisedException:
+        pass
+    except tmp_mp.ProcessExitedException:
+        pass
+    hung = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
+    for p in ctx.processes:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return [p.exitcode for p in ctx.processes], hung
+
+
 def main(argv):
     case = argv[0]
     world = int(argv[1]) if len(argv) > 1 else 2
     import multiprocessing as mp
+
+    if case.startswith("torch_spawn:"):  # the same case, launched by torch.multiprocessing
+        with tempfile.TemporaryDirectory() as tmp:
+            deadline = time.monotonic() + float(os.environ.get("TPU_DIST_DEADLINE", 400))
+            codes, hung = _torch_spawn(case.split(":", 1)[1], world, _free_port(), tmp, deadline)
+        print(f"exit codes {codes}" + (f", ranks {hung} hung" if hung else ""), flush=True)
+        return 0 if all(c == 0 for c in codes) else 1
 
     ctx = mp.get_context("spawn")
     port = _free_port()

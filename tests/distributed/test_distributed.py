@@ -107,6 +107,13 @@ def test_default_init_cpu_tensors_and_bad_input():
     assert "api OK" in out and "Detected mismatch between collectives" in out
 
 
+def test_torch_multiprocessing_spawn_launches_one_process_per_chip():
+    # the same program as test_default_init_cpu_tensors_and_bad_input's first half, its two
+    # processes started by torch.multiprocessing (spawn), as torchrun starts the example's
+    out = _run_case("torch_spawn:default")
+    assert "default OK" in out and "exit codes [0, 0]" in out
+
+
 def test_failing_rank_reaches_the_others_as_an_error():
     out = _run_case("failing_rank")
     assert "rank 0: got RuntimeError" in out
