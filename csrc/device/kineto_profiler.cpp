@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -71,9 +72,9 @@ int64_t g_session_start_ns = 0;                           // host time the runni
 // least 1 ns). A stream wait starts no earlier than t0_d: a stream idle since
 // long before the session (an interconnect stream's clock before its first
 // collective) does not stretch the trace back to when it was last busy. An
-// activity starts no earlier than the previous one of its (chip, stream)
-// ended, so that rounding to ns never makes one stream's activities overlap.
-// Returns (start, end) per activity, in the order of `acts`.
+// activity starts no earlier than the previous one (in simulated time) of its
+// (chip, stream) ended, so that rounding to ns never makes one stream's
+// activities overlap. Returns (start, end) per activity, in the order of `acts`.
 std::vector<std::pair<int64_t, int64_t>> lay_out(const std::vector<KernelActivity>& acts, int64_t anchor_ns) {
   std::map<int, double> t0, t0_waits;  // chip -> earliest start of its work, of its waits
   for (const KernelActivity& k : acts) {
@@ -85,18 +86,24 @@ std::vector<std::pair<int64_t, int64_t>> lay_out(const std::vector<KernelActivit
       it->second = std::min(it->second, k.start_s);
   }
   for (const auto& w : t0_waits) t0.insert(w);  // a chip with nothing but waits: from its first wait
-  std::map<std::pair<int, int64_t>, int64_t> lane_end;
-  std::vector<std::pair<int64_t, int64_t>> out;
-  out.reserve(acts.size());
-  for (const KernelActivity& k : acts) {
+  std::vector<size_t> order(acts.size());       // by lane, then simulated start (collection order on ties)
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const KernelActivity &x = acts[a], &y = acts[b];
+    return std::tie(x.device, x.stream, x.start_s) < std::tie(y.device, y.stream, y.start_s);
+  });
+  std::vector<std::pair<int64_t, int64_t>> out(acts.size());
+  int64_t lane_end = 0;
+  for (size_t j = 0; j < order.size(); ++j) {
+    const KernelActivity& k = acts[order[j]];
+    const bool new_lane = j == 0 || acts[order[j - 1]].device != k.device || acts[order[j - 1]].stream != k.stream;
     const double from = std::max(k.start_s, t0[k.device]);
     const double end = k.start_s + k.sim_time_s;
     int64_t start = anchor_ns + static_cast<int64_t>(std::llround((from - t0[k.device]) * 1e9));
     const int64_t dur = std::max<int64_t>(1, static_cast<int64_t>(std::llround((end - from) * 1e9)));
-    auto lane = lane_end.find({k.device, k.stream});
-    if (lane != lane_end.end()) start = std::max(start, lane->second);
-    out.emplace_back(start, start + dur);
-    lane_end[{k.device, k.stream}] = start + dur;
+    if (!new_lane) start = std::max(start, lane_end);
+    out[order[j]] = {start, start + dur};
+    lane_end = start + dur;
   }
   return out;
 }
