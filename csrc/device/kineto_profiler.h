@@ -11,8 +11,9 @@
 // stream's clock: when the stream was free and the events it waited for had
 // happened, lazy/queue.h stream_clock) and its simulated duration. When the
 // session stops, every chip's activities are laid out on one axis: the
-// earliest simulated start among the chip's activities is placed at the host
-// time the session started, later ones after it by their simulated distance.
+// earliest simulated start among the chip's kernels and collectives is placed
+// at the host time the session started, every activity after it by its
+// simulated distance (a stream wait starts no earlier).
 // So work of two streams that overlaps on the simulated timeline (a
 // collective on the interconnect stream during backward kernels) overlaps on
 // the trace, work that waited does not, and each lasts exactly its simulated
