@@ -35,6 +35,7 @@
 #include "executors/region_runner.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/layout.h"
+#include "jit/lowering.h"
 #include "ops/op_table.h"
 
 namespace tpu_eager {
@@ -1291,9 +1292,12 @@ std::set<int64_t> dims_of(const KtirValue* v, int64_t rank) {
 // (the op table), the dims it names, and the operands that address elements
 // by position. Elementwise ops and matmuls never do (their shapes decide);
 // reductions and data movement only along the dims they name.
-bool mixes_rows(const KtirOp& o, const c10::FunctionSchema& schema, int64_t rank) {
+bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
+  const c10::FunctionSchema& schema = op.schema();
   const PrimKind kind = kind_of_op(o.op);
   if (kind == PrimKind::kElementwise || kind == PrimKind::kMatmul) return false;
+  // copy_, fill_, zero_ (the device's own kernels): each element from its own (or none).
+  if (lowering_of(op).overwrites_self) return false;
   if (kind != PrimKind::kReduction && kind != PrimKind::kData) return true;  // library calls: unknown
   const KtirValue* dim = arg_named(o, schema, "dim");
   if (!dim) dim = arg_named(o, schema, "dims");
@@ -1387,7 +1391,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
     const int64_t rank0 = operands.empty() ? 0 : static_cast<int64_t>(p.views[operands[0]].sizes.size());
     // The ring reduction: the last reduction of the split rows.
     if (p.ring_reduce && !operands.empty() && (state[operands[0]] == 1 || candidate[operands[0]]) &&
-        kind_of_op(o.op) == PrimKind::kReduction && mixes_rows(o, schema, rank0)) {
+        kind_of_op(o.op) == PrimKind::kReduction && mixes_rows(o, *h, rank0)) {
       if (ring_seen) return whole("two reductions over the split rows");
       plan.combine = ring_combine_of(o.op);
       if (plan.combine == KtirTilePlan::kNone) return whole(o.op + " has no ring combine");
@@ -1417,7 +1421,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       continue;
     }
     if (reads_ring) return whole(o.op + " reads the ring result on the split rows");
-    if (mixes_rows(o, schema, rank0)) return whole(o.op + " is not row-local");
+    if (mixes_rows(o, *h, rank0)) return whole(o.op + " is not row-local");
     // Shapes: on `probe` rows of its split operands, each result (and written
     // operand) must be `probe` rows of its view. Undecided inputs are first
     // all split, then only those of the result's rank, then only the first

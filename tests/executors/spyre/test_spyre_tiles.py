@@ -150,3 +150,21 @@ def test_run_ktir_walks_the_cores_and_the_ring(spyre_target, tmp_path, monkeypat
     (path,) = [p for p in tmp_path.iterdir() if p.suffix == ".ktir"]
     (out,) = spyre.run_ktir(str(path), a)
     assert torch.equal(out.view(got.shape), got)
+
+
+def test_copy_into_a_tensor_walks_tiles(spyre_target):
+    x = torch.randn(64, 48)
+    d = torch.zeros(64, 48, device="tpu")
+    d.copy_(x.to("tpu") * 2.0)
+    got = d.cpu()
+    assert torch.equal(got, x * 2.0)
+    s = _schedules()[-1]
+    assert s["executed"] == "tiles", s["whole_reason"]
+
+
+def test_gather_region_runs_whole_with_cpu_values(spyre_target):
+    x, idx = torch.randn(64, 40), torch.randint(0, 64, (64,))
+    got = (x.to("tpu")[idx.to("tpu")] * 2.0).cpu()
+    assert torch.equal(got, x[idx] * 2.0)
+    reasons = [s["whole_reason"] for s in _schedules() if s["executed"] == "whole"]
+    assert any("index.Tensor" in r for r in reasons), _schedules()
