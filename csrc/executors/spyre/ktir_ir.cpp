@@ -1390,11 +1390,13 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
     for (int v : outs) any_split |= state[v] == 1 || (state[v] == -1 && candidate[v]);
     const int64_t rank0 = operands.empty() ? 0 : static_cast<int64_t>(p.views[operands[0]].sizes.size());
     // The ring reduction: the last reduction of the split rows.
-    if (p.ring_reduce && !operands.empty() && (state[operands[0]] == 1 || candidate[operands[0]]) &&
+    if (p.ring_reduce && !operands.empty() &&
+        (state[operands[0]] == 1 || (state[operands[0]] == -1 && candidate[operands[0]])) &&
         kind_of_op(o.op) == PrimKind::kReduction && mixes_rows(o, *h, rank0)) {
       if (ring_seen) return whole("two reductions over the split rows");
       plan.combine = ring_combine_of(o.op);
       if (plan.combine == KtirTilePlan::kNone) return whole(o.op + " has no ring combine");
+      if (c10::isComplexType(p.views[operands[0]].dtype)) return whole(o.op + " of complex values over the ring");
       if (o.results.size() != 1 || o.results[0] < 0 || !written.empty())
         return whole(o.op + ": a ring reduction with one fresh result");
       for (size_t j = 1; j < operands.size(); ++j)
@@ -1668,17 +1670,27 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         run_op(k, vt, nullptr);
       } else if (P.phase[k] == KtirTilePlan::kRing) {
         run_op(k, vt, [&] {
-          // Each core reduces its rows of the step in f32; its accumulator adds them in tile order.
-          const at::Tensor& x = vt[ring_in];
+          // Each core's corelets reduce their share of the core's rows of
+          // the step in f32 (corelet j: ceil(left / (corelets - j)) rows),
+          // the core adds the corelet partials in order, and its
+          // accumulator adds the step partials in tile order.
+          const at::Tensor x = vt[ring_in].to(acc_dtype).contiguous();  // one widening per step
           int64_t off = 0;
           for (size_t c = 0; c < cores.size(); ++c) {
             const int64_t rows = cores[c].second - cores[c].first;
             if (rows == 0) continue;
-            const at::Tensor seg = x.narrow(0, off, rows).to(acc_dtype);
-            off += rows;
-            at::Tensor part = P.combine == KtirTilePlan::kMax   ? at::amax(seg, P.ring_dims, true)
-                              : P.combine == KtirTilePlan::kMin ? at::amin(seg, P.ring_dims, true)
-                                                                : at::sum(seg, P.ring_dims, true, acc_dtype);
+            const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
+            at::Tensor part;
+            for (int64_t j = 0, left = rows; j < corelets; ++j) {
+              const int64_t n = (left + corelets - j - 1) / (corelets - j);
+              const at::Tensor seg = x.narrow(0, off, n);
+              off += n;
+              left -= n;
+              at::Tensor q = P.combine == KtirTilePlan::kMax   ? at::amax(seg, P.ring_dims, true)
+                             : P.combine == KtirTilePlan::kMin ? at::amin(seg, P.ring_dims, true)
+                                                               : at::sum(seg, P.ring_dims, true, acc_dtype);
+              part = part.defined() ? combine(part, q) : q;
+            }
             acc[c] = acc[c].defined() ? combine(acc[c], part) : part;
           }
         });
@@ -1771,6 +1783,7 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
   tiling.rows_per_core = run->rows_per_core;
   tiling.cores_used = run->cores_used;
   tiling.tile_rows = run->rows_per_core;
+  tiling.corelets = std::max<int64_t>(1, card.corelets_per_core);
   const KtirTilePlan plan = ktir_tile_plan(*run, tiling);
   KtirRunHooks hooks;
   ktir_execute(*run, flat, hooks, nullptr, &plan);

@@ -151,6 +151,7 @@ std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirP
 // lockstep, each on its own rows.
 struct KtirTiling {
   int64_t rows_per_core = 1, cores_used = 1, tile_rows = 1, n_tiles = 1;
+  int64_t corelets = 2;  // of a core (a ring partial per corelet: ktir_execute)
 };
 
 // The interpreter's plan of a program under a tiling (ktir_tile_plan):

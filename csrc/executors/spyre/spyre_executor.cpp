@@ -334,6 +334,7 @@ class SpyreKernel final : public Kernel {
     tiling.rows_per_core = schedule_.rows_per_core;
     tiling.cores_used = schedule_.cores_used;
     tiling.tile_rows = schedule_.row_split ? 1 : std::max<int64_t>(1, schedule_.tile_rows);
+    tiling.corelets = std::max<int64_t>(1, schedule_.corelets);
     plan_ = ktir_tile_plan(bound_, tiling);
     signature_ = layout_signature(region, graph);
   }

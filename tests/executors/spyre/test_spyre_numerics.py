@@ -177,8 +177,9 @@ def test_casts_round_once(spyre_target):
 
 def _ring_reference(x32, kind, dims, sched):
     """An op reducing the split rows (dim 0), in the order the device defines
-    (docs/ktir.md, "Ring reductions"): each core reduces its rows tile by tile
-    (CPU's float32 kernel on the tile's rows, tiles combined in order), then the
+    (docs/ktir.md, "Ring reductions"): each core reduces its rows tile by tile,
+    a tile's rows split between the 2 corelets (CPU's float32 kernel on each
+    corelet's rows, corelet 0 + corelet 1), tiles combined in order, then the
     cores' partials are combined along the ring in core order. float32 result."""
     rows, rpc, used = x32.shape[0], sched["rows_per_core"], sched["cores_used"]
     tile = sched["tile_rows"] or 1
@@ -189,7 +190,11 @@ def _ring_reference(x32, kind, dims, sched):
         part = None
         for b in range(c * rpc, min((c + 1) * rpc, rows), tile):
             e = min(b + tile, (c + 1) * rpc, rows)
-            p = reduce(x32[b:e], dim=dims, keepdim=True)
+            halves = [(b, e)] if e - b < 2 else [(b, b + (e - b + 1) // 2), (b + (e - b + 1) // 2, e)]
+            p = None
+            for lo, hi in halves:
+                q = reduce(x32[lo:hi], dim=dims, keepdim=True)
+                p = q if p is None else combine(p, q)
             part = p if part is None else combine(part, p)
         total = part if total is None else combine(total, part)
     if kind == "mean":
