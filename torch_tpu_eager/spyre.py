@@ -248,6 +248,18 @@ def last_schedule():
       ``"ring_reduce"``), ``tile``, ``buffer`` (0/1; -1 for the ring), ``bytes``,
       ``start_s``, ``end_s``, in start order, for tiles 0-2 and the last tile;
       ``stages_omitted`` counts the others. ``text``: the printed schedule.
+    - How the interpreter ran the region (docs/ktir.md, "How the executor runs a
+      program"): ``executed`` (``"tiles"``: step by step over the schedule's
+      tiles of every core; ``"whole"``: every op once on whole views),
+      ``whole_reason`` (why not tiles, e.g. ``"index.Tensor is not row-local"``;
+      ``""`` when tiled), ``tile_steps``, ``ring_steps_run`` (partials combined
+      along the ring).
+    - The executed schedule (docs/spyre.md, "The executed schedule"):
+      ``executed_s`` (seconds: the latest core's pipeline end; what
+      ``metrics()["schedule_time_s"]`` sums) and ``per_core``: per core used,
+      dicts ``core``, ``rows`` (rows of the split dim it processed), ``tiles``,
+      ``load_s``, ``compute_s``, ``store_s`` (summed stage seconds), ``end_s``
+      and ``overlap_s`` (load + compute + store - end).
 
     Returns ``[]`` when the last flush ran no region on Spyre.
     """

@@ -38,6 +38,13 @@ namespace {
 thread_local int64_t t_flush_stream = 0;
 // Simulated seconds at which the running flush's next kernel starts (FlushLane).
 thread_local double t_flush_clock_s = 0;
+// note_kernel_schedule's values for this thread's next record_kernel (schedule_s < 0: none).
+struct ScheduleNote {
+  std::string kernel;
+  double schedule_s = -1, pipelined_s = 0;
+  std::vector<double> core_end_s;
+};
+thread_local ScheduleNote t_schedule;
 // The correlation ids of the ops this thread is inside (torch.profiler pushes
 // one per op it records); a kernel links to the innermost: the call that ran it.
 thread_local std::vector<uint64_t> t_correlation;
@@ -56,6 +63,7 @@ struct KernelActivity {
   double flops = 0, bytes = 0;
   Kind kind = kKernel;
   CollectiveArgs coll;             // collective only
+  ScheduleNote schedule;           // kernel with an executed tile schedule (Spyre) only
   int64_t waited_stream = 0;       // stream wait only
   uint64_t event_correlation = 0;  // stream wait only: the op that recorded the event
 };
@@ -227,6 +235,14 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
         act.addMetadataQuoted("ops", k.ops);
         act.addMetadata("flops", k.flops);
         act.addMetadata("bytes", k.bytes);
+        if (k.schedule.schedule_s >= 0) {
+          act.addMetadata("schedule_time_us", k.schedule.schedule_s * 1e6);
+          act.addMetadata("pipelined_us", k.schedule.pipelined_s * 1e6);
+          std::string cores = "[";
+          for (size_t c = 0; c < k.schedule.core_end_s.size(); ++c)
+            cores += (c ? "," : "") + std::to_string(k.schedule.core_end_s[c] * 1e6);
+          act.addMetadata("core_busy_us", cores + "]");
+        }
       }
       act.addMetadata("sim_time_us", k.sim_time_s * 1e6);
       act.addMetadata("sim_start_us", k.start_s * 1e6);
@@ -318,8 +334,18 @@ void record_kernel(const std::string& name, const std::string& ops, double sim_t
   k.bytes = bytes;
   k.start_s = t_flush_clock_s;
   k.sim_time_s = sim_time_s;
+  if (t_schedule.kernel == name) k.schedule = std::move(t_schedule);
+  t_schedule = ScheduleNote();
   t_flush_clock_s += sim_time_s;  // the flush's next kernel starts after this one
   collect(std::move(k));
+}
+
+void note_kernel_schedule(const std::string& kernel, double schedule_s, double pipelined_s,
+                          const std::vector<double>& core_end_s) {
+  t_schedule.kernel = kernel;
+  t_schedule.schedule_s = schedule_s;
+  t_schedule.pipelined_s = pipelined_s;
+  t_schedule.core_end_s = core_end_s;
 }
 
 void record_collective(int device, int64_t stream, const std::string& op, double start_s, double sim_time_s,

@@ -286,6 +286,25 @@ py::dict schedule_dict(const spyre::Schedule& s) {
   }
   d["stages"] = stages;
   d["stages_omitted"] = s.stages_omitted;
+  d["executed"] = s.executed_tiles ? "tiles" : "whole";
+  d["whole_reason"] = s.whole_reason;
+  d["tile_steps"] = s.tile_steps;
+  d["ring_steps_run"] = s.ring_steps_run;
+  d["executed_s"] = s.executed_s;
+  py::list cores;
+  for (const auto& t : s.per_core) {
+    py::dict e;
+    e["core"] = t.core;
+    e["rows"] = t.rows;
+    e["tiles"] = t.tiles;
+    e["load_s"] = t.load_s;
+    e["compute_s"] = t.compute_s;
+    e["store_s"] = t.store_s;
+    e["end_s"] = t.end_s;
+    e["overlap_s"] = t.overlap_s;
+    cores.append(e);
+  }
+  d["per_core"] = cores;
   d["text"] = spyre::schedule_text(s);
   return d;
 }

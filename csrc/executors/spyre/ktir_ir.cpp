@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -17,12 +18,25 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/amin.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/div.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/index_copy.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include "executors/region_runner.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/layout.h"
+#include "jit/lowering.h"
+#include "ops/op_table.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -1225,7 +1239,287 @@ void for_each_view_operand(const KtirValue& v, F&& f) {
 }
 }  // namespace
 
-void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes, KtirRunHooks& hooks, int* failed_at) {
+// ---------------------------------------------------------------- tiles
+
+namespace {
+
+// The op table's primitive kind of an op by its KTIR name ("add.Tensor");
+// kLibrary for ops the table does not list (other namespaces' ops).
+PrimKind kind_of_op(const std::string& name) {
+  static const std::map<std::string, PrimKind>* kinds = [] {
+    auto* m = new std::map<std::string, PrimKind>();
+    for (const auto& e : op_table()) m->emplace(e.name, e.kind);
+    return m;
+  }();
+  const auto it = kinds->find(name);
+  return it == kinds->end() ? PrimKind::kLibrary : it->second;
+}
+
+// How a ring reduction combines the cores' partials: by the op (sum and mean
+// add f32 partials, amax/amin take their max/min); kNone for other ops.
+KtirTilePlan::Combine ring_combine_of(const std::string& op) {
+  const std::string base = op.substr(0, op.find('.'));
+  if (base == "sum") return KtirTilePlan::kSum;
+  if (base == "mean") return KtirTilePlan::kMean;
+  if (base == "amax") return KtirTilePlan::kMax;
+  if (base == "amin") return KtirTilePlan::kMin;
+  return KtirTilePlan::kNone;
+}
+
+const KtirValue* arg_named(const KtirOp& o, const c10::FunctionSchema& schema, const char* name) {
+  const auto& args = schema.arguments();
+  for (size_t a = 0; a < args.size() && a < o.args.size(); ++a)
+    if (args[a].name() == name) return &o.args[a];
+  return nullptr;
+}
+
+// The dims a "dim"/"dims" operand names in a tensor of rank `rank` (None or
+// an empty list: all of them).
+std::set<int64_t> dims_of(const KtirValue* v, int64_t rank) {
+  std::set<int64_t> dims;
+  auto wrap = [&](int64_t d) { dims.insert(rank > 0 && d < 0 ? d + rank : d); };
+  if (!v || v->kind == KtirValue::kNone || (v->kind == KtirValue::kList && v->list.empty())) {
+    for (int64_t d = 0; d < std::max<int64_t>(rank, 1); ++d) dims.insert(d);
+  } else if (v->kind == KtirValue::kInt) {
+    wrap(v->i);
+  } else if (v->kind == KtirValue::kList) {
+    for (const auto& e : v->list) wrap(e.kind == KtirValue::kInt ? e.i : 0);
+  }
+  return dims;
+}
+
+// True when op `o` may mix rows whatever its operand shapes: by its kind
+// (the op table), the dims it names, and the operands that address elements
+// by position. Elementwise ops and matmuls never do (their shapes decide);
+// reductions and data movement only along the dims they name.
+bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
+  const c10::FunctionSchema& schema = op.schema();
+  const PrimKind kind = kind_of_op(o.op);
+  if (kind == PrimKind::kElementwise || kind == PrimKind::kMatmul) return false;
+  // copy_, fill_, zero_ (the device's own kernels): each element from its own (or none).
+  if (lowering_of(op).overwrites_self) return false;
+  if (kind != PrimKind::kReduction && kind != PrimKind::kData) return true;  // library calls: unknown
+  const KtirValue* dim = arg_named(o, schema, "dim");
+  if (!dim) dim = arg_named(o, schema, "dims");
+  if (dim) return dims_of(dim, rank).count(0) > 0;
+  if (const KtirValue* ns = arg_named(o, schema, "normalized_shape"))
+    return ns->kind != KtirValue::kList || static_cast<int64_t>(ns->list.size()) >= rank;
+  if (kind == PrimKind::kReduction) return true;  // reduces everything (nll_loss, mse_loss, ...)
+  for (const char* positional : {"index", "indices", "diagonal", "pad", "repeats", "shifts", "offset", "size"})
+    if (arg_named(o, schema, positional)) return true;
+  return false;
+}
+
+}  // namespace
+
+KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
+  KtirTilePlan plan;
+  plan.tiling = tiling;
+  plan.tiling.rows_per_core = std::max<int64_t>(1, tiling.rows_per_core);
+  plan.tiling.tile_rows = std::clamp<int64_t>(tiling.tile_rows, 1, plan.tiling.rows_per_core);
+  plan.tiling.n_tiles = (plan.tiling.rows_per_core + plan.tiling.tile_rows - 1) / plan.tiling.tile_rows;
+  const KtirTiling& T = plan.tiling;
+  const size_t nv = p.views.size(), no = p.ops.size();
+  plan.phase.assign(no, KtirTilePlan::kPre);
+  plan.split.assign(nv, 0);
+  plan.load.assign(nv, 0);
+  plan.store.assign(nv, 0);
+  auto whole = [&](std::string why) {
+    plan.tiled = false;
+    plan.whole_reason = std::move(why);
+    return plan;
+  };
+  // Rows: dim 0 of the views the program splits over the cores.
+  for (const auto& t : p.tiles)
+    if (t.core_stride > 0 && !p.views[t.view].sizes.empty()) plan.rows = p.views[t.view].sizes[0];
+  if (plan.rows <= 1) return whole("no split rows");
+  // The geometry of each step (whether or not the ops can be tiled: timing uses it).
+  for (int64_t i = 0; i < T.n_tiles; ++i) {
+    std::vector<std::pair<int64_t, int64_t>> cores;
+    std::vector<int64_t> rows;
+    for (int64_t c = 0; c < T.cores_used; ++c) {
+      const int64_t b = std::min(plan.rows, c * T.rows_per_core + i * T.tile_rows);
+      const int64_t e = std::min({plan.rows, b + T.tile_rows, (c + 1) * T.rows_per_core});
+      cores.emplace_back(b, std::max(b, e));
+      for (int64_t r = b; r < e; ++r) rows.push_back(r);
+    }
+    plan.steps.push_back(std::move(cores));
+    const bool one_range = rows.empty() || rows.back() - rows.front() + 1 == static_cast<int64_t>(rows.size());
+    plan.step_index.push_back(one_range ? at::Tensor() : at::tensor(rows, at::kLong));
+  }
+
+  // Each view's state: -1 undecided (an input), 0 replicated, 1 split, 2 the ring's result.
+  std::vector<int> state(nv, -1);
+  std::vector<char> candidate(nv, 0);
+  for (const auto& t : p.tiles)
+    if (t.core_stride > 0) candidate[t.view] = 1;
+  int64_t probe = 2;  // a row count no size of the program has
+  for (const auto& w : p.views)
+    for (int64_t s : w.sizes) probe = std::max(probe, s + 1);
+  std::map<int, std::vector<int>> views_of;  // storage -> its views
+  for (size_t v = 0; v < nv; ++v) views_of[storage_key(p.views[v])].push_back(static_cast<int>(v));
+  std::set<int> tile_written;               // storages tile ops write
+  std::vector<std::set<int>> accessed(no);  // storages each op touches
+  std::vector<std::set<int>> writes(no);    // storages each op writes
+  bool ring_seen = false;
+  for (size_t k = 0; k < no; ++k) {
+    const KtirOp& o = p.ops[k];
+    const c10::OperatorHandle* h = o.handle ? o.handle : find_op(o.op);
+    if (!h) return whole("unknown op " + o.op);
+    o.handle = h;
+    const auto& schema = h->schema();
+    const auto& sargs = schema.arguments();
+    std::vector<int> operands, written;
+    for (size_t a = 0; a < o.args.size() && a < sargs.size(); ++a) {
+      const bool w = sargs[a].alias_info() && sargs[a].alias_info()->isWrite();
+      for_each_view_operand(o.args[a], [&](int v) {
+        operands.push_back(v);
+        if (w) written.push_back(v);
+      });
+    }
+    std::vector<int> outs = written;
+    for (int r : o.results)
+      if (r >= 0) outs.push_back(r);
+    for (int v : operands) accessed[k].insert(storage_key(p.views[v]));
+    for (int v : outs) accessed[k].insert(storage_key(p.views[v])), writes[k].insert(storage_key(p.views[v]));
+    bool reads_ring = false, any_split = false;
+    for (int v : operands) {
+      reads_ring |= state[v] == 2;
+      any_split |= state[v] == 1 || (state[v] == -1 && candidate[v]);
+    }
+    for (int v : outs) any_split |= state[v] == 1 || (state[v] == -1 && candidate[v]);
+    const int64_t rank0 = operands.empty() ? 0 : static_cast<int64_t>(p.views[operands[0]].sizes.size());
+    // The ring reduction: the last reduction of the split rows.
+    if (p.ring_reduce && !operands.empty() &&
+        (state[operands[0]] == 1 || (state[operands[0]] == -1 && candidate[operands[0]])) &&
+        kind_of_op(o.op) == PrimKind::kReduction && mixes_rows(o, *h, rank0)) {
+      if (ring_seen) return whole("two reductions over the split rows");
+      plan.combine = ring_combine_of(o.op);
+      if (plan.combine == KtirTilePlan::kNone) return whole(o.op + " has no ring combine");
+      if (c10::isComplexType(p.views[operands[0]].dtype)) return whole(o.op + " of complex values over the ring");
+      if (o.results.size() != 1 || o.results[0] < 0 || !written.empty())
+        return whole(o.op + ": a ring reduction with one fresh result");
+      for (size_t j = 1; j < operands.size(); ++j)
+        if (state[operands[j]] == 1) return whole(o.op + ": a second split operand");
+      state[operands[0]] = 1;
+      plan.split[operands[0]] = 1;
+      const std::set<int64_t> d = dims_of(arg_named(o, schema, "dim"), rank0);
+      plan.ring_dims.assign(d.begin(), d.end());
+      const auto& in = p.views[operands[0]].sizes;
+      plan.ring_count = 1;
+      for (int64_t x : plan.ring_dims)
+        if (x >= 0 && x < static_cast<int64_t>(in.size())) plan.ring_count *= in[x];
+      state[o.results[0]] = 2;
+      plan.phase[k] = KtirTilePlan::kRing;
+      plan.ring_op = static_cast<int>(k);
+      ring_seen = true;
+      continue;
+    }
+    if (!any_split) {  // replicated operands only: once, before the tiles (or after the ring)
+      for (int v : operands)
+        if (state[v] == -1) state[v] = 0;
+      for (int v : outs) state[v] = 0;
+      plan.phase[k] = reads_ring || ring_seen ? KtirTilePlan::kPost : KtirTilePlan::kPre;
+      continue;
+    }
+    if (reads_ring) return whole(o.op + " reads the ring result on the split rows");
+    if (mixes_rows(o, *h, rank0)) return whole(o.op + " is not row-local");
+    // Shapes: on `probe` rows of its split operands, each result (and written
+    // operand) must be `probe` rows of its view. Undecided inputs are first
+    // all split, then only those of the result's rank, then only the first
+    // (a matmul's right operand may have the rows' size, replicated).
+    const int64_t out_rank = outs.empty() ? -1 : static_cast<int64_t>(p.views[outs[0]].sizes.size());
+    for (int v : outs)
+      if (!(state[v] == 1 || (state[v] == -1 && candidate[v])))
+        return whole(o.op + " writes a replicated view from split rows");
+    bool ok = false;
+    std::vector<int> chosen;
+    int first = -1;
+    for (int v : operands)
+      if (first < 0 && state[v] == -1 && candidate[v]) first = v;
+    for (int attempt = 0; attempt < 3 && !ok; ++attempt) {
+      std::vector<char> sp(nv, 0);
+      for (int v : operands)
+        sp[v] = state[v] == 1 ||
+                (state[v] == -1 && candidate[v] &&
+                 (attempt == 0 || (attempt == 1 && static_cast<int64_t>(p.views[v].sizes.size()) == out_rank) ||
+                  (attempt == 2 && v == first)));
+      for (int v : outs) sp[v] = 1;
+      std::vector<at::Tensor> meta(nv);
+      for (size_t v = 0; v < nv; ++v) {
+        std::vector<int64_t> sizes = p.views[v].sizes;
+        if (sp[v] && !sizes.empty()) sizes[0] = probe;
+        meta[v] = at::empty(sizes, at::TensorOptions().dtype(p.views[v].dtype).device(c10::kMeta));
+      }
+      try {
+        torch::jit::Stack stack = op_stack(o, schema, meta);
+        c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+        h->callBoxed(stack);
+        const std::vector<at::Tensor> got = fresh(schema, stack);
+        ok = got.size() >= o.results.size();
+        for (size_t j = 0; ok && j < o.results.size(); ++j)
+          if (o.results[j] >= 0 && (!got[j].defined() || !got[j].sizes().equals(meta[o.results[j]].sizes())))
+            ok = false;
+      } catch (...) {
+        ok = false;
+      }
+      if (ok)
+        for (size_t v = 0; v < nv; ++v)
+          if (sp[v]) chosen.push_back(static_cast<int>(v));
+    }
+    if (!ok) return whole(o.op + ": its results are not rows of its split operands");
+    for (int v : operands)
+      if (state[v] == -1) state[v] = 0;
+    for (int v : chosen) state[v] = 1, plan.split[v] = 1;
+    for (int v : outs) tile_written.insert(storage_key(p.views[v]));
+    plan.phase[k] = KtirTilePlan::kTile;
+  }
+  // Aliasing: a storage the tile steps write is accessed through one view
+  // only, and no op run outside the steps touches it; an op hoisted before
+  // the steps writes nothing an earlier step op touches.
+  for (int s : tile_written)
+    if (views_of[s].size() > 1) return whole("views of a written storage alias");
+  for (size_t k = 0; k < no; ++k) {
+    if (plan.phase[k] == KtirTilePlan::kTile || plan.phase[k] == KtirTilePlan::kRing) continue;
+    for (int s : accessed[k])
+      if (tile_written.count(s)) return whole(p.ops[k].op + " outside the tile steps touches a tiled storage");
+    if (plan.phase[k] == KtirTilePlan::kPre)
+      for (size_t j = 0; j < k; ++j)
+        if (plan.phase[j] == KtirTilePlan::kTile || plan.phase[j] == KtirTilePlan::kRing)
+          for (int s : writes[k])
+            if (accessed[j].count(s)) return whole(p.ops[k].op + " overwrites what an earlier tile op read");
+  }
+  bool any_tile = false;
+  for (uint8_t ph : plan.phase) any_tile |= ph == KtirTilePlan::kTile || ph == KtirTilePlan::kRing;
+  if (!any_tile) return whole("no op on the split rows");
+  // Loads: split views a step reads before writing them whole (a fresh
+  // result needs no load); stores: split HBM views the steps write.
+  std::vector<char> seen(nv, 0);
+  for (size_t k = 0; k < no; ++k) {
+    if (plan.phase[k] != KtirTilePlan::kTile && plan.phase[k] != KtirTilePlan::kRing) continue;
+    const KtirOp& o = p.ops[k];
+    const auto& sargs = o.handle->schema().arguments();
+    for (size_t a = 0; a < o.args.size() && a < sargs.size(); ++a) {
+      const bool w = sargs[a].alias_info() && sargs[a].alias_info()->isWrite();
+      for_each_view_operand(o.args[a], [&](int v) {
+        if (!plan.split[v]) return;
+        if (!seen[v] && !(w && write_only(o.op, o.handle->schema(), a))) plan.load[v] = 1;
+        seen[v] = 1;
+        if (w && !p.views[v].lx) plan.store[v] = 1;
+      });
+    }
+    for (int r : o.results)
+      if (r >= 0 && plan.split[r]) {
+        seen[r] = 1;
+        if (!p.views[r].lx) plan.store[r] = 1;
+      }
+  }
+  plan.tiled = true;
+  return plan;
+}
+
+void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes, KtirRunHooks& hooks, int* failed_at,
+                  const KtirTilePlan* plan, KtirWalk* walk) {
   TORCH_CHECK(arg_bytes.size() == p.args.size(), "ktir_execute: ", p.args.size(), " arguments, got ", arg_bytes.size());
   std::map<int, int64_t> lx_bytes;
   for (const auto& w : p.views)
@@ -1243,8 +1537,14 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     views[v] = over(p.views[v].lx ? lx.at(p.views[v].buf) : arg_bytes.at(p.views[v].arg), p.views[v]);
   std::map<int, std::exception_ptr> poisoned;  // storage key -> the error of the op that should have written it
   std::exception_ptr first_error;
+  std::vector<char> failed(p.ops.size(), 0);
   if (failed_at) *failed_at = -1;
-  for (size_t k = 0; k < p.ops.size(); ++k) {
+  if (walk) *walk = KtirWalk();
+
+  // Runs op k on the view tensors `vt` (whole views, or a step's tiles);
+  // `body` (when given) replaces the call: the ring op's partials.
+  auto run_op = [&](size_t k, std::vector<at::Tensor>& vt, const std::function<void()>& body) {
+    if (failed[k]) return;
     const KtirOp& o = p.ops[k];
     if (!o.handle) {
       o.handle = find_op(o.op);
@@ -1270,7 +1570,11 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
       if (err) std::rethrow_exception(err);
       hooks.before_op(k);
       try {
-        torch::jit::Stack stack = op_stack(o, schema, views);
+        if (body) {
+          body();
+          return;
+        }
+        torch::jit::Stack stack = op_stack(o, schema, vt);
         std::vector<c10::ScalarType> dtypes;
         for (int r : o.results) dtypes.push_back(r < 0 ? c10::kFloat : p.views[r].dtype);
         hooks.call(k, op, stack, dtypes);
@@ -1278,11 +1582,11 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         std::vector<at::Tensor> results, writes;
         for (size_t j = 0; j < o.results.size() && j < got.size(); ++j) {
           if (o.results[j] < 0) continue;
-          at::Tensor& view = views[o.results[j]];
+          at::Tensor& view = vt[o.results[j]];
           if (!got[j].is_same(view)) view.copy_(got[j]);  // stored through the view into its storage
           results.push_back(view);
         }
-        for (int v : written) writes.push_back(views[v]);
+        for (int v : written) writes.push_back(vt[v]);
         hooks.after_op(k, results, writes);
       } catch (c10::Error& e) {
         e.add_context("while running " + hooks.where(p, k));
@@ -1295,6 +1599,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
       }
     } catch (...) {
       const std::exception_ptr e = std::current_exception();
+      failed[k] = 1;
       for (int r : o.results)
         if (r >= 0) poisoned[storage_key(p.views.at(r))] = e;
       for (int v : written) poisoned[storage_key(p.views.at(v))] = e;
@@ -1304,7 +1609,123 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         if (failed_at) *failed_at = static_cast<int>(k);
       }
     }
+  };
+
+  if (!plan || !plan->tiled) {
+    for (size_t k = 0; k < p.ops.size(); ++k) run_op(k, views, nullptr);
+    if (first_error) std::rethrow_exception(first_error);
+    return;
   }
+  const KtirTilePlan& P = *plan;
+  if (walk) walk->tiled = true;
+  for (size_t k = 0; k < p.ops.size(); ++k)
+    if (P.phase[k] == KtirTilePlan::kPre) run_op(k, views, nullptr);
+  // The ring op's accumulators: per core, its f32 (or f64, int64) partial.
+  std::vector<at::Tensor> acc(P.tiling.cores_used);
+  const KtirOp* ring = P.ring_op >= 0 ? &p.ops[P.ring_op] : nullptr;
+  int ring_in = -1;
+  c10::ScalarType acc_dtype = c10::kFloat;
+  if (ring) {
+    for_each_view_operand(ring->args[0], [&](int v) {
+      if (ring_in < 0) ring_in = v;
+    });
+    const c10::ScalarType in_t = p.views[ring_in].dtype, out_t = p.views[ring->results[0]].dtype;
+    if (c10::isFloatingType(in_t))
+      acc_dtype = in_t == c10::kDouble || out_t == c10::kDouble ? c10::kDouble : c10::kFloat;
+    else
+      acc_dtype = P.combine == KtirTilePlan::kSum ? c10::kLong : in_t;
+  }
+  auto combine = [&](const at::Tensor& a, const at::Tensor& b) {
+    if (P.combine == KtirTilePlan::kMax) return at::maximum(a, b);
+    if (P.combine == KtirTilePlan::kMin) return at::minimum(a, b);
+    return at::add(a, b);
+  };
+  std::vector<at::Tensor> vt(views.size());
+  for (size_t i = 0; i < P.steps.size(); ++i) {
+    const auto& cores = P.steps[i];
+    int64_t lo = -1, n = 0;
+    for (const auto& [b, e] : cores) {
+      if (e > b && lo < 0) lo = b;
+      n += e - b;
+    }
+    if (n == 0) continue;
+    const at::Tensor& idx = P.step_index[i];
+    const bool whole_rows = P.steps.size() == 1;  // one step holds every row: the views themselves
+    // Load: each split view's rows of this step into an LX tile.
+    for (size_t v = 0; v < views.size(); ++v) {
+      if (!P.split[v] || whole_rows) {
+        vt[v] = views[v];
+        continue;
+      }
+      if (P.load[v]) {
+        vt[v] = idx.defined() ? views[v].index_select(0, idx) : views[v].narrow(0, lo, n).clone();
+      } else {
+        std::vector<int64_t> sizes = p.views[v].sizes;
+        sizes[0] = n;
+        vt[v] = at::empty(sizes, views[v].options());
+      }
+    }
+    for (size_t k = 0; k < p.ops.size(); ++k) {
+      if (P.phase[k] == KtirTilePlan::kTile) {
+        run_op(k, vt, nullptr);
+      } else if (P.phase[k] == KtirTilePlan::kRing) {
+        run_op(k, vt, [&] {
+          // Each core's corelets reduce their share of the core's rows of
+          // the step in f32 (corelet j: ceil(left / (corelets - j)) rows),
+          // the core adds the corelet partials in order, and its
+          // accumulator adds the step partials in tile order.
+          const at::Tensor x = vt[ring_in].to(acc_dtype).contiguous();  // one widening per step
+          int64_t off = 0;
+          for (size_t c = 0; c < cores.size(); ++c) {
+            const int64_t rows = cores[c].second - cores[c].first;
+            if (rows == 0) continue;
+            const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
+            at::Tensor part;
+            for (int64_t j = 0, left = rows; j < corelets; ++j) {
+              const int64_t n = (left + corelets - j - 1) / (corelets - j);
+              const at::Tensor seg = x.narrow(0, off, n);
+              off += n;
+              left -= n;
+              at::Tensor q = P.combine == KtirTilePlan::kMax   ? at::amax(seg, P.ring_dims, true)
+                             : P.combine == KtirTilePlan::kMin ? at::amin(seg, P.ring_dims, true)
+                                                               : at::sum(seg, P.ring_dims, true, acc_dtype);
+              part = part.defined() ? combine(part, q) : q;
+            }
+            acc[c] = acc[c].defined() ? combine(acc[c], part) : part;
+          }
+        });
+      }
+    }
+    // Store: the split HBM views the step wrote, back to their rows.
+    if (!whole_rows)
+      for (size_t v = 0; v < views.size(); ++v) {
+        if (!P.store[v]) continue;
+        if (idx.defined())
+          views[v].index_copy_(0, idx, vt[v]);
+        else
+          views[v].narrow(0, lo, n).copy_(vt[v]);
+      }
+    if (walk) walk->tile_steps++;
+  }
+  if (ring && !failed[P.ring_op]) {
+    // The ring: core 0's partial passes to core 1, which adds its own, and so on.
+    run_op(P.ring_op, views, [&] {
+      at::Tensor total;
+      for (const auto& a : acc) {
+        if (!a.defined()) continue;
+        if (total.defined() && walk) walk->ring_steps++;
+        total = total.defined() ? combine(total, a) : a;
+      }
+      if (P.combine == KtirTilePlan::kMean) total = at::div(total, static_cast<double>(P.ring_count));
+      at::Tensor& out = views[ring->results[0]];
+      const c10::ScalarType t = p.views[ring->results[0]].dtype;
+      const bool is16 = t == c10::kHalf || t == c10::kBFloat16;
+      out.copy_((is16 ? df16_store(total, t) : total.to(t)).reshape(out.sizes()));
+      hooks.after_op(P.ring_op, {out}, {});
+    });
+  }
+  for (size_t k = 0; k < p.ops.size(); ++k)
+    if (P.phase[k] == KtirTilePlan::kPost) run_op(k, views, nullptr);
   if (first_error) std::rethrow_exception(first_error);
 }
 
@@ -1356,8 +1777,16 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
                       " must be a contiguous CPU tensor");
     flat[a] = args[a].view({-1}).view(at::kByte);
   }
+  // A file has no LX schedule: each core's rows are one tile (the cores and
+  // the ring reduction as in a compiled region).
+  KtirTiling tiling;
+  tiling.rows_per_core = run->rows_per_core;
+  tiling.cores_used = run->cores_used;
+  tiling.tile_rows = run->rows_per_core;
+  tiling.corelets = std::max<int64_t>(1, card.corelets_per_core);
+  const KtirTilePlan plan = ktir_tile_plan(*run, tiling);
   KtirRunHooks hooks;
-  ktir_execute(*run, flat, hooks);
+  ktir_execute(*run, flat, hooks, nullptr, &plan);
   std::vector<at::Tensor> outs;
   for (size_t a = 0; a < run->args.size(); ++a)
     if (run->args[a].kind != KtirArg::kIn) outs.push_back(args[a]);

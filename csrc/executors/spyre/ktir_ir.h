@@ -142,6 +142,54 @@ void ktir_bind(KtirProgram& p, const std::vector<int64_t>& values);
 // no binding does (the launch needs its own program).
 std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirProgram& launch);
 
+// How the interpreter walks a program over the grid (docs/ktir.md, "How the
+// executor runs a program"): dim 0 of the split views ("rows", `rows` of
+// them) is cut into `rows_per_core` rows on each of `cores_used` cores, and
+// each core's share into tiles of `tile_rows` rows (the dataflow schedule's
+// tiles, schedule.h; tile_rows == rows_per_core: one tile per core). Tile
+// step i holds tile i of every core: the cores run the same pipeline in
+// lockstep, each on its own rows.
+struct KtirTiling {
+  int64_t rows_per_core = 1, cores_used = 1, tile_rows = 1, n_tiles = 1;
+  int64_t corelets = 2;  // of a core (a ring partial per corelet: ktir_execute)
+};
+
+// The interpreter's plan of a program under a tiling (ktir_tile_plan):
+// which ops run per tile step and which views are cut into tiles. Built once
+// per bound program; `tiled` is false (with `whole_reason`) when some op is
+// not row-local (its values on a tile of rows are not those rows of its
+// values on the whole views) or views of a written storage alias: then
+// every op runs once on whole views, still in program order.
+struct KtirTilePlan {
+  enum Phase : uint8_t { kPre, kTile, kRing, kPost };
+  bool tiled = false;
+  std::string whole_reason;
+  KtirTiling tiling;
+  int64_t rows = 0;               // rows of the split views (dim 0)
+  std::vector<uint8_t> phase;     // per op: kPre (replicated operands only, once before the tiles),
+                                  // kTile (per tile step), kRing (the ring reduction), kPost (after it)
+  std::vector<char> split;        // per view: cut into tiles
+  std::vector<char> load, store;  // per view: copied HBM -> LX before a step / LX -> HBM after it
+  // The ring reduction (kRing op): how partials combine, its reduced dims of
+  // the input, and the element count each result element reduces.
+  enum Combine : uint8_t { kNone, kSum, kMean, kMax, kMin };
+  int ring_op = -1;
+  Combine combine = kNone;
+  std::vector<int64_t> ring_dims;
+  int64_t ring_count = 1;
+  // Per tile step: per core, [begin, end) of its rows (empty when it has none).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> steps;
+  std::vector<at::Tensor> step_index;  // per step: its rows in core order (int64), undefined when one range
+};
+KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling);
+
+// What a walk did: tile steps run (0 when whole), ring combine steps.
+struct KtirWalk {
+  bool tiled = false;
+  int64_t tile_steps = 0;
+  int64_t ring_steps = 0;
+};
+
 // The interpreter: runs `p` on `arg_bytes` (one flat CPU byte tensor per
 // argument: the storage its HBM views address; LX buffers are allocated
 // here, zero-filled, and freed at the end). Ops run in program order on
@@ -150,8 +198,16 @@ std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirP
 // it writes: later ops reading them fail with the same error, the others run;
 // the first error is rethrown at the end, and `failed_at` (if given) is its
 // op index (-1 when none failed). The program must have been verified.
+//
+// With `plan` (tiled), the walk follows the schedule: kPre ops once on the
+// whole views, then per tile step: the step's rows of every split view that
+// is read are loaded (copied into an LX tile), the kTile ops run on the
+// tiles (the ring op adds each core's f32 partial of the step to the core's
+// accumulator), the written split views are stored; then the ring combines
+// the cores' partials in core order (core 0 + core 1, + core 2, ...), the
+// result is rounded once and stored, and kPost ops run on whole views.
 void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes, KtirRunHooks& hooks,
-                  int* failed_at = nullptr);
+                  int* failed_at = nullptr, const KtirTilePlan* plan = nullptr, KtirWalk* walk = nullptr);
 
 std::string ktir_print(const KtirProgram& p);
 // Parses KTIR text; throws ValueError "line N: rule 'syntax': ..." on bad text.

@@ -208,6 +208,81 @@ void time_schedule(Schedule& s, double compute_s, double memory_s, const CardPar
   if (s.ring_steps > 0) s.stages.push_back({"ring_reduce", -1, -1, s.ring_bytes, s.pipelined_s, s.pipelined_s});
 }
 
+namespace {
+// The double-buffered pipeline of one core over its tiles (one DMA queue:
+// L0, L1, S0, L2, S1, ...): its end, seconds.
+double pipeline_end(const std::vector<double>& load, const std::vector<double>& comp,
+                    const std::vector<double>& store) {
+  const size_t n = comp.size();
+  if (n == 0) return 0;
+  double dma = load[0], load_end = load[0], comp_end = 0, prev_store_end = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double cs = std::max(load_end, comp_end);
+    comp_end = cs + comp[i];
+    if (i + 1 < n) {
+      const double ls = std::max(dma, i >= 1 ? prev_store_end : 0.0);
+      load_end = ls + load[i + 1];
+      dma = load_end;
+    }
+    const double ss = std::max(dma, comp_end);
+    prev_store_end = ss + store[i];
+    dma = prev_store_end;
+  }
+  return prev_store_end;
+}
+}  // namespace
+
+void time_executed(Schedule& s, const std::vector<std::vector<double>>& step_rows, double rows) {
+  s.per_core.clear();
+  if (step_rows.empty() || rows <= 0) {
+    CoreTiming t;
+    t.rows = static_cast<double>(s.rows);
+    t.tiles = s.n_tiles;
+    t.load_s = s.tile_load_s * s.n_tiles;
+    t.compute_s = s.tile_compute_s * s.n_tiles;
+    t.store_s = s.tile_store_s * s.n_tiles;
+    t.end_s = s.pipelined_s;
+    t.overlap_s = t.load_s + t.compute_s + t.store_s - t.end_s;
+    s.per_core.push_back(t);
+    s.executed_s = s.pipelined_s;
+    return;
+  }
+  const double moved = static_cast<double>(s.load_bytes_per_tile + s.store_bytes_per_tile);
+  const double load_share = moved > 0 ? s.load_bytes_per_tile / moved : 0.5;
+  const double cores = static_cast<double>(std::max<int64_t>(1, s.cores));
+  const double used = static_cast<double>(std::max<int64_t>(1, s.cores_used));
+  const size_t steps = step_rows.size();
+  const int64_t sub =
+      s.row_split ? std::max<int64_t>(1, (s.n_tiles + static_cast<int64_t>(steps) - 1) / static_cast<int64_t>(steps))
+                  : 1;
+  const size_t n_cores = step_rows[0].size();
+  s.executed_s = 0;
+  for (size_t c = 0; c < n_cores; ++c) {
+    std::vector<double> load, comp, store;
+    CoreTiming t;
+    t.core = static_cast<int64_t>(c);
+    for (size_t i = 0; i < steps; ++i) {
+      const double n = c < step_rows[i].size() ? step_rows[i][c] : 0;
+      if (n <= 0) continue;
+      t.rows += n;
+      for (int64_t j = 0; j < sub; ++j) {
+        const double f = n / static_cast<double>(sub) / rows;
+        load.push_back(s.memory_s * load_share * used * f);
+        comp.push_back(s.compute_s * cores * f);
+        store.push_back(s.memory_s * (1 - load_share) * used * f);
+        t.load_s += load.back();
+        t.compute_s += comp.back();
+        t.store_s += store.back();
+      }
+    }
+    t.tiles = static_cast<int64_t>(comp.size());
+    t.end_s = pipeline_end(load, comp, store);
+    t.overlap_s = t.load_s + t.compute_s + t.store_s - t.end_s;
+    s.executed_s = std::max(s.executed_s, t.end_s);
+    s.per_core.push_back(t);
+  }
+}
+
 std::string schedule_text(const Schedule& s) {
   std::ostringstream os;
   os << "schedule @" << s.kernel << " cores_used=" << s.cores_used << "/" << s.cores << " corelets=" << s.corelets
@@ -231,7 +306,10 @@ std::string schedule_text(const Schedule& s) {
   }
   if (s.stages_omitted) os << "  ... " << s.stages_omitted << " stages of tiles 3.." << s.n_tiles - 2 << " omitted\n";
   os << "  time fill=" << secs(s.fill_s) << " steady=" << secs(s.steady_s) << " drain=" << secs(s.drain_s)
-     << " pipelined=" << secs(s.pipelined_s) << " calibrated=" << secs(s.calibrated_s) << "\n}\n";
+     << " pipelined=" << secs(s.pipelined_s) << " calibrated=" << secs(s.calibrated_s) << "\n";
+  os << "  executed " << (s.executed_tiles ? "tiles" : "whole") << " steps=" << s.tile_steps
+     << " ring_steps=" << s.ring_steps_run << " time=" << secs(s.executed_s)
+     << (s.whole_reason.empty() ? "" : " (whole: " + s.whole_reason + ")") << "\n}\n";
   return os.str();
 }
 

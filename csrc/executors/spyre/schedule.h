@@ -61,6 +61,17 @@ struct ScheduleView {
   int64_t tile_bytes = 0;           // tile_sticks * stick bytes
 };
 
+// One core's share of an executed schedule (time_executed): the rows it
+// processed, its summed stage times and when its pipeline ended.
+struct CoreTiming {
+  int64_t core = 0;
+  double rows = 0;  // rows of the split dim processed
+  int64_t tiles = 0;
+  double load_s = 0, compute_s = 0, store_s = 0;
+  double end_s = 0;      // its pipeline's end (seconds from the region's start)
+  double overlap_s = 0;  // load + compute + store - end: time hidden by double buffering
+};
+
 struct Schedule {
   std::string kernel;
   int64_t cores = 0, cores_used = 0, corelets = 0;
@@ -86,6 +97,14 @@ struct Schedule {
   // the other tiles repeat the steady state and are left out.
   std::vector<ScheduleStage> stages;
   int64_t stages_omitted = 0;
+  // The executed schedule (time_executed): how the interpreter walked the
+  // region (tiles, or whole views and why), and each core's pipeline over
+  // the rows it processed in each step. executed_s = the latest core's end.
+  bool executed_tiles = false;
+  std::string whole_reason;
+  int64_t tile_steps = 0, ring_steps_run = 0;
+  std::vector<CoreTiming> per_core;
+  double executed_s = 0;
 };
 
 // Tiles the region (throws a ValueError-typed c10 error when one stick of
@@ -94,6 +113,17 @@ Schedule plan_schedule(const std::string& kernel, const Region& region, const st
                        const CardParams& card);
 // Fills the timing fields and stages from the region's C and M (seconds).
 void time_schedule(Schedule& s, double compute_s, double memory_s, const CardParams& card);
+// The executed timing from the tile steps of the walk: per core c and step
+// i with n rows of the `rows` split rows, load = M_load x cores_used x n /
+// rows, compute = C x cores x n / rows (C assumes every core of the card
+// busy), store likewise; each core's steps run through the double-buffered
+// pipeline of time_schedule; executed_s is the latest core's end. A row cut
+// into sticks (row_split) counts as n_tiles / steps sub-steps. The walk's
+// tiles are whole rows, ceil(rows_per_core / tile_rows) of them: fewer than
+// n_tiles when n_tiles does not divide the rows (the model's even split). `step_rows`
+// [step][core] = rows; empty: the region has no split rows (one core, the
+// schedule's pipelined time). Call after time_schedule.
+void time_executed(Schedule& s, const std::vector<std::vector<double>>& step_rows, double rows);
 // Human-readable text (docs/spyre.md).
 std::string schedule_text(const Schedule& s);
 

@@ -24,6 +24,7 @@
 #include <ATen/ops/aminmax.h>
 #include <c10/util/Exception.h>
 
+#include "device/kineto_profiler.h"
 #include "lazy/debug_report.h"
 #include "ops/custom_ops.h"
 
@@ -242,6 +243,7 @@ class SpyreKernel final : public Kernel {
     ktir_record(c.name, ktir_);
     job_plan_add_region(c.name, L, card_);
     job_plan_bind_last(binding_);
+    walk_ = KtirWalk();
     if (interpretable_) {
       interpret(region, graph, L, mem, stats);
     } else {
@@ -257,7 +259,26 @@ class SpyreKernel final : public Kernel {
     }
     Schedule s = schedule_;
     time_schedule(s, stats.compute_s, stats.memory_s, card_);
-    stats.schedule_time_s = s.pipelined_s;
+    // The executed schedule: each core's pipeline over the rows it processed
+    // in each tile step of the walk (the plan's steps; the same geometry when
+    // the program ran on whole views).
+    s.executed_tiles = walk_.tiled;
+    s.whole_reason = interpretable_ ? plan_.whole_reason : "host loop";
+    s.tile_steps = walk_.tile_steps;
+    s.ring_steps_run = walk_.ring_steps;
+    std::vector<std::vector<double>> step_rows;
+    for (const auto& step : plan_.steps) {
+      std::vector<double> r;
+      for (const auto& [b, e] : step) r.push_back(static_cast<double>(e - b));
+      step_rows.push_back(std::move(r));
+    }
+    time_executed(s, step_rows, static_cast<double>(plan_.rows));
+    stats.schedule_time_s = s.executed_s;
+    if (kineto::recording()) {
+      std::vector<double> busy;
+      for (const auto& t : s.per_core) busy.push_back(t.end_s);
+      kineto::note_kernel_schedule(c.name, s.executed_s, s.pipelined_s, busy);
+    }
     schedule_record(std::move(s));
   }
 
@@ -307,6 +328,14 @@ class SpyreKernel final : public Kernel {
       ktir_record(info().name, ktir_);  // inspectable as before the failure
       throw;
     }
+    // How the interpreter walks the bound program: the schedule's tiles of
+    // whole rows (a row cut into sticks runs one row per step).
+    KtirTiling tiling;
+    tiling.rows_per_core = schedule_.rows_per_core;
+    tiling.cores_used = schedule_.cores_used;
+    tiling.tile_rows = schedule_.row_split ? 1 : std::max<int64_t>(1, schedule_.tile_rows);
+    tiling.corelets = std::max<int64_t>(1, schedule_.corelets);
+    plan_ = ktir_tile_plan(bound_, tiling);
     signature_ = layout_signature(region, graph);
   }
 
@@ -336,7 +365,7 @@ class SpyreKernel final : public Kernel {
     InterpreterHooks hooks(info(), region, graph);
     int failed_at = -1;
     try {
-      ktir_execute(bound_, arg_bytes, hooks, &failed_at);
+      ktir_execute(bound_, arg_bytes, hooks, &failed_at, &plan_, &walk_);
     } catch (...) {
       stats.failed_at = failed_at;
       stats.errors_marked = true;
@@ -361,6 +390,8 @@ class SpyreKernel final : public Kernel {
   std::string ktir_;     // text of the compiled program with the last binding
   std::vector<std::pair<std::string, int64_t>> binding_;  // symbol values of the last binding
   Schedule schedule_;
+  KtirTilePlan plan_;  // how the interpreter walks bound_ (tiles of the schedule, or whole views)
+  KtirWalk walk_;      // what the last run's walk did
   bool interpretable_ = true;
 };
 

@@ -173,3 +173,68 @@ def test_casts_round_once(spyre_target):
         assert same(got, store(x, dtype)) == 0
         back = got.to("tpu").float().cpu()
         assert torch.equal(back, got.float())
+
+
+def _ring_reference(x32, kind, dims, sched):
+    """An op reducing the split rows (dim 0), in the order the device defines
+    (docs/ktir.md, "Ring reductions"): each core reduces its rows tile by tile,
+    a tile's rows split between the 2 corelets (CPU's float32 kernel on each
+    corelet's rows, corelet 0 + corelet 1), tiles combined in order, then the
+    cores' partials are combined along the ring in core order. float32 result."""
+    rows, rpc, used = x32.shape[0], sched["rows_per_core"], sched["cores_used"]
+    tile = sched["tile_rows"] or 1
+    reduce = {"sum": torch.sum, "mean": torch.sum, "amax": torch.amax, "amin": torch.amin}[kind]
+    combine = {"sum": torch.add, "mean": torch.add, "amax": torch.maximum, "amin": torch.minimum}[kind]
+    total = None
+    for c in range(used):
+        part = None
+        for b in range(c * rpc, min((c + 1) * rpc, rows), tile):
+            e = min(b + tile, (c + 1) * rpc, rows)
+            halves = [(b, e)] if e - b < 2 else [(b, b + (e - b + 1) // 2), (b + (e - b + 1) // 2, e)]
+            p = None
+            for lo, hi in halves:
+                q = reduce(x32[lo:hi], dim=dims, keepdim=True)
+                p = q if p is None else combine(p, q)
+            part = p if part is None else combine(part, p)
+        total = part if total is None else combine(total, part)
+    if kind == "mean":
+        count = 1
+        for d in dims:
+            count *= x32.shape[d]
+        total = total / count
+    return total
+
+
+RING_CASES = [
+    ("sum", (0,), lambda t: t.sum(dim=0)),
+    ("sum", (0, 1), lambda t: t.sum()),
+    ("mean", (0,), lambda t: t.mean(dim=0)),
+    ("amax", (0,), lambda t: t.amax(dim=0)),
+    ("amin", (0, 1), lambda t: t.amin(dim=(0, 1))),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float32], ids=["f16", "bf16", "f32"])
+@pytest.mark.parametrize("shape", [(64, 300), (1000, 300), (37, 2000)], ids=["64x300", "1000x300", "37x2000"])
+def test_ring_reductions_in_the_defined_order(spyre_target, dtype, shape):
+    # 16-bit: 0 mismatches against the df16 rounding of the ring-order f32 result;
+    # float32: that result bit for bit (and CPU's sum up to summation order).
+    from torch_tpu_eager import spyre
+
+    a = _inputs(dtype, seed=15, shape=shape) if dtype != torch.float32 else _inputs(torch.float32, seed=15, shape=shape)
+    d = a.to("tpu")
+    checked = 0
+    for kind, dims, f in RING_CASES:
+        got = f(d).cpu()
+        (sched,) = spyre.last_schedule()
+        assert sched["executed"] == "tiles", sched["whole_reason"]
+        assert sched["ring_steps_run"] == sched["cores_used"] - 1
+        ref = _ring_reference(a.float(), kind, dims, sched).reshape(got.shape)
+        want = ref if dtype == torch.float32 else store(ref, dtype)
+        assert got.dtype == dtype
+        assert same(got, want) == 0, kind
+        torch.testing.assert_close(
+            got.float(), f(a.float()).float(), rtol=2e-2 if dtype != torch.float32 else 1e-5, atol=1e-3
+        )
+        checked += got.numel()
+    assert checked > 0

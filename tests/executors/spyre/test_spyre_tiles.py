@@ -1,0 +1,170 @@
+"""The Spyre interpreter walks the dataflow schedule (issue 21): tile step by
+tile step, each core on its own rows (loads into LX, the ops on the tiles,
+stores), a reduction of the split rows combined over the ring of cores; a region
+whose ops are not row-local runs on whole views (and says why). The executed
+schedule gives each core's pipeline time; the profiler's device event carries it.
+
+Values are checked against CPU PyTorch (float32) or the independent df16
+reference of test_spyre_numerics (16-bit), never against the executor itself.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from difftest import requires_tpu
+from test_spyre_numerics import _inputs, same, store
+
+pytestmark = requires_tpu
+
+
+def _schedules():
+    from torch_tpu_eager import spyre
+
+    return spyre.last_schedule()
+
+
+def test_mlp_step_runs_tile_by_tile(spyre_target):
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(256, 512, generator=g), torch.randn(512, 256, generator=g) / 20, torch.randn(256, generator=g)
+    y = F.gelu(x.to("tpu") @ w.to("tpu") + b.to("tpu"))
+    z = F.layer_norm(y, (256,))
+    out = torch.softmax(z * 2 + y, dim=-1)
+    got = out.cpu()
+    want = torch.softmax(F.layer_norm(F.gelu(x @ w + b), (256,)) * 2 + F.gelu(x @ w + b), dim=-1)
+    assert torch.equal(got, want)
+    for s in _schedules():
+        assert s["executed"] == "tiles", (s["kernel"], s["whole_reason"])
+        # Tile step i holds tile i of every core: ceil(rows_per_core / tile_rows) steps.
+        assert s["tile_steps"] == math.ceil(s["rows_per_core"] / s["tile_rows"])
+        assert s["tile_steps"] >= 2  # loads overlap compute: more than one tile
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_tiles_keep_one_rounding_per_op(spyre_target, dtype):
+    a = _inputs(dtype, seed=21, shape=(200, 256))
+    w = _inputs(dtype, seed=22, shape=(256, 128))
+    d = a.to("tpu") @ w.to("tpu")
+    got = torch.tanh(d * 0.5).cpu()
+    (s,) = _schedules()
+    assert s["executed"] == "tiles" and s["tile_steps"] >= 2
+    mm = store(a.float() @ w.float(), dtype)
+    half = store(mm.float() * 0.5, dtype)
+    assert same(got, store(torch.tanh(half.float()), dtype)) == 0
+
+
+def test_uneven_rows_cover_every_row_once(spyre_target):
+    # 70 rows on 32 cores: 3 rows per core on 24 cores, the last core 1 row.
+    x = torch.randn(70, 96)
+    got = (x.to("tpu") * 3.0 - 1.0).cpu()
+    assert torch.equal(got, x * 3.0 - 1.0)
+    (s,) = _schedules()
+    assert s["executed"] == "tiles"
+    rows = [c["rows"] for c in s["per_core"]]
+    assert len(rows) == s["cores_used"] == 24 and sum(rows) == 70 and rows[-1] == 1
+
+
+def test_not_row_local_runs_whole_and_says_why(spyre_target):
+    x = torch.randn(64, 32)
+    got = torch.cumsum(x.to("tpu") * 2.0, dim=0).cpu()
+    assert torch.equal(got, torch.cumsum(x * 2.0, dim=0))
+    (s,) = _schedules()
+    assert s["executed"] == "whole" and "cumsum" in s["whole_reason"]
+    # A square matmul: the right operand has the rows' size but is replicated.
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    got = (a.to("tpu") @ b.to("tpu")).cpu()
+    assert torch.equal(got, a @ b)
+    (s,) = _schedules()
+    assert s["executed"] == "tiles", s["whole_reason"]
+
+
+def test_executed_schedule_times_each_core(spyre_target):
+    from torch_tpu_eager import metrics
+
+    tte = spyre_target
+    tte.reset_metrics()
+    x, w = torch.randn(512, 1024), torch.randn(1024, 768)
+    (x.to("tpu") @ w.to("tpu")).cpu()
+    (s,) = _schedules()
+    cores = s["per_core"]
+    assert len(cores) == s["cores_used"] == 32
+    assert s["executed_s"] == max(c["end_s"] for c in cores)
+    for c in cores:
+        busy = c["load_s"] + c["compute_s"] + c["store_s"]
+        assert c["end_s"] <= busy + 1e-15 and c["overlap_s"] >= 0
+        assert c["end_s"] >= max(c["compute_s"], c["load_s"] + c["store_s"]) - 1e-15
+    # The model spreads C and M over n_tiles = 13 tiles; the walk's tiles are
+    # whole rows: 8 tiles of 2 of the core's 16 rows. Close, not equal.
+    assert (s["n_tiles"], s["tile_rows"], s["tile_steps"]) == (13, 2, 8)
+    assert s["executed_s"] == pytest.approx(s["pipelined_s"], rel=0.02)
+    m = metrics()
+    assert m["schedule_time_s"] == pytest.approx(s["executed_s"], rel=1e-9)
+    assert m["sim_time_s"] == pytest.approx(s["calibrated_s"], rel=1e-9)
+
+
+def test_full_shares_equal_the_one_core_model(spyre_target):
+    x, w = torch.randn(256, 512).half(), torch.randn(512, 256).half()
+    (x.to("tpu") @ w.to("tpu")).cpu()
+    (s,) = _schedules()
+    assert s["tile_steps"] == s["n_tiles"] == 2 and len(s["per_core"]) == 32
+    assert s["executed_s"] == pytest.approx(s["pipelined_s"], rel=1e-9)
+
+
+def test_few_rows_make_the_executed_time_exceed_the_law(spyre_target):
+    # 4 rows use 4 of 32 cores: each core does 8x the work the law spreads over all.
+    x = torch.randn(4, 4096)
+    torch.exp(x.to("tpu")).cpu()
+    (s,) = _schedules()
+    assert s["cores_used"] == 4
+    assert s["executed_s"] > s["calibrated_s"]
+    assert sum(c["compute_s"] for c in s["per_core"]) == pytest.approx(32 * s["compute_s"], rel=1e-9)
+
+
+def test_profiler_event_carries_the_schedule_time(spyre_target, tmp_path):
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(128, 256).to("tpu")
+    torch.tpu.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        torch.tanh(x * 2.0).cpu()
+    (s,) = _schedules()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    (k,) = [e for e in events if e.get("cat") == "kernel"]
+    assert k["args"]["sim_time_us"] == pytest.approx(s["calibrated_s"] * 1e6, rel=1e-6)
+    assert k["args"]["schedule_time_us"] == pytest.approx(s["executed_s"] * 1e6, rel=1e-6)
+    assert k["args"]["core_busy_us"] == pytest.approx([c["end_s"] * 1e6 for c in s["per_core"]], rel=1e-5)
+
+
+def test_run_ktir_walks_the_cores_and_the_ring(spyre_target, tmp_path, monkeypatch):
+    from torch_tpu_eager import spyre
+
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path))
+    a = _inputs(torch.float16, seed=23, shape=(64, 128))
+    d = a.to("tpu")
+    got = d.sum(dim=0).cpu()
+    (path,) = [p for p in tmp_path.iterdir() if p.suffix == ".ktir"]
+    (out,) = spyre.run_ktir(str(path), a)
+    assert torch.equal(out.view(got.shape), got)
+
+
+def test_copy_into_a_tensor_walks_tiles(spyre_target):
+    x = torch.randn(64, 48)
+    d = torch.zeros(64, 48, device="tpu")
+    d.copy_(x.to("tpu") * 2.0)
+    got = d.cpu()
+    assert torch.equal(got, x * 2.0)
+    s = _schedules()[-1]
+    assert s["executed"] == "tiles", s["whole_reason"]
+
+
+def test_gather_region_runs_whole_with_cpu_values(spyre_target):
+    x, idx = torch.randn(64, 40), torch.randint(0, 64, (64,))
+    got = (x.to("tpu")[idx.to("tpu")] * 2.0).cpu()
+    assert torch.equal(got, x[idx] * 2.0)
+    reasons = [s["whole_reason"] for s in _schedules() if s["executed"] == "whole"]
+    assert any("index.Tensor" in r for r in reasons), _schedules()
