@@ -181,7 +181,8 @@ bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f) 
   if (k == PrimKind::kElementwise) {
     const auto* shape = iteration_shape(n);
     const bool epilogue = shape && *shape == s.anchor_shape;  // iterates over the anchor's output
-    if (r.anchor == PrimKind::kMatmul) return epilogue;       // the MXU kernel's epilogue takes any elementwise op
+    // The MXU kernel's epilogue: the elementwise ops over its product the target fuses.
+    if (r.anchor == PrimKind::kMatmul) return epilogue && f != OpFusion::kOpByOp;
     return f != OpFusion::kOpByOp && (!anchored || epilogue);
   }
   if (f == OpFusion::kOpByOp) return false;

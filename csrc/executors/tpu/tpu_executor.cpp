@@ -221,6 +221,10 @@ struct TpuPlan {
   bool has_tiling = false;
   tpu::TilingPlan tiling;
   bool mxu = false;
+  // kMatmul: the MXU op's outputs the region does not materialize, handed to
+  // the epilogue in flush-local memory: on the TPU the epilogue runs on the
+  // MXU's result tiles in VMEM, so their HBM write and read are not counted.
+  std::vector<size_t> handed_over;
 };
 
 // The positions of each loop of `region` (Region::loop; one loop of every
@@ -245,6 +249,8 @@ void plan_matmul_epilogue(const Region& region, const std::vector<Node>& graph, 
   const Region t = tail.bind(region);
   materialize_read_by(t, h, graph);
   head.materialize = h.materialize;
+  for (size_t j = 0; j < h.materialize[0].size(); ++j)
+    if (h.materialize[0][j] && !region.materialize[0][j]) plan->handed_over.push_back(j);
   std::vector<size_t> all(tp.size());
   for (size_t k = 0; k < all.size(); ++k) all[k] = k;
   tpu::LoopPlan lp;
@@ -451,6 +457,12 @@ class TpuKernel final : public Kernel {
           std::rethrow_exception(err);
         }
         run_tail(c, plan_, region, graph, mem, stats, hooks);
+        for (size_t j : plan_.handed_over) {  // written once by the MXU op, read once by the epilogue
+          const TensorRef& r = graph[region.nodes[0]].outputs[j];
+          stats.bytes_written -= hooks.logical_bytes(r);
+          stats.bytes_read -= hooks.logical_bytes(r);
+          stats.padding_bytes -= 2 * hooks.padding_bytes(r);
+        }
         break;
       }
       case Mode::kOps:
