@@ -48,6 +48,8 @@ enum class Form : uint8_t {
   kLerp,          // lerp(self, end, weight: Scalar)
   kAddcmul,       // addcmul(self, t1, t2, value)
   kAddcdiv,
+  kLogical,     // fn(self, other) of bool tensors into a bool (0 / 1 values: and = a * b, or = max, xor = a != b)
+  kLogicalNot,  // not(self) of a bool tensor (a == 0)
 };
 
 // How a Scalar (or 0-dim tensor) operand of a bfloat16 / float16 op enters
@@ -57,6 +59,7 @@ enum class Form : uint8_t {
 enum class ScalarIn : uint8_t { kCast, kOpmath };
 
 constexpr uint8_t kF32 = 1, kBF16 = 2, kF16 = 4, kAnyFloat = kF32 | kBF16 | kF16;
+constexpr uint8_t kB = 8;  // bool operands and result only (exact as the loop's 0.0f / 1.0f)
 
 // One op's lowering: its name (without "aten::" and an in-place '_'), the
 // overloads taken (comma-separated; functional / in-place, then out=), its
@@ -124,6 +127,14 @@ constexpr Lowering kLowerings[] = {
     {"lerp", "Scalar", "Scalar_out", Form::kLerp, Fn::kAdd, kF32},
     {"addcmul", "", "out", Form::kAddcmul, Fn::kFma, kF32},
     {"addcdiv", "", "out", Form::kAddcdiv, Fn::kAdd, kF32},
+    {"logical_and", "", "out", Form::kLogical, Fn::kMul, kB},
+    {"logical_or", "", "out", Form::kLogical, Fn::kMaximum, kB},
+    {"logical_xor", "", "out", Form::kLogical, Fn::kNe, kB},
+    {"logical_not", "", "out", Form::kLogicalNot, Fn::kEq, kB},
+    {"bitwise_and", "Tensor", "Tensor_out", Form::kLogical, Fn::kMul, kB},
+    {"bitwise_or", "Tensor", "Tensor_out", Form::kLogical, Fn::kMaximum, kB},
+    {"bitwise_xor", "Tensor", "Tensor_out", Form::kLogical, Fn::kNe, kB},
+    {"bitwise_not", "", "out", Form::kLogicalNot, Fn::kEq, kB},
 };
 
 // Whether `overload` is one of the comma-separated `list` ("" an entry too).
@@ -163,7 +174,7 @@ Elem elem_of(at::ScalarType t, bool* ok = nullptr) {
 }
 
 uint8_t dtype_bit(Elem e) {
-  return e == Elem::kFloat ? kF32 : e == Elem::kBFloat16 ? kBF16 : e == Elem::kHalf ? kF16 : 0;
+  return e == Elem::kFloat ? kF32 : e == Elem::kBFloat16 ? kBF16 : e == Elem::kHalf ? kF16 : kB;
 }
 
 int64_t elem_size(Elem e) { return e == Elem::kFloat ? 4 : e == Elem::kBool ? 1 : 2; }
@@ -614,11 +625,13 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       if (!self_in) return false;
     }
     const at::ScalarType compute_dtype = lw->form == Form::kCompare ? self_in->ref.dtype : out.dtype;
-    const Elem ct = elem_of(compute_dtype);
-    if (ct == Elem::kBool || !(lw->dtypes & dtype_bit(ct))) return false;
+    bool known = false;
+    const Elem ct = elem_of(compute_dtype, &known);
+    // Bool math only in the bool rows (kB), and those only on bool.
+    if (!known || (ct == Elem::kBool) != (lw->dtypes == kB) || !(lw->dtypes & dtype_bit(ct))) return false;
     if (lw->form == Form::kCompare ? out.dtype != at::kBool && out.dtype != compute_dtype : out.dtype != compute_dtype)
       return false;
-    const bool reduced = ct != Elem::kFloat;
+    const bool reduced = ct == Elem::kBFloat16 || ct == Elem::kHalf;
     // A Scalar (or wrapped number) argument as a runtime param; false when
     // it is not a real number. Its value now only for the decisions below.
     // A bfloat16 / float16 op rounds it to its type unless its kernel keeps
@@ -677,6 +690,13 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
         break;
       case Form::kCompare:
         if (!tensor_arg(0, &ins.a, ct) || !operand(1, &ins.b, ct)) return false;
+        break;
+      case Form::kLogical:
+        if (!tensor_arg(0, &ins.a, Elem::kBool) || !tensor_arg(1, &ins.b, Elem::kBool)) return false;
+        break;
+      case Form::kLogicalNot:
+        if (!tensor_arg(0, &ins.a, Elem::kBool)) return false;
+        ins.b = Operand{Operand::kConst, 0, 0.0f};
         break;
       case Form::kAddSub:
       case Form::kRsub: {
