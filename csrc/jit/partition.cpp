@@ -3,6 +3,8 @@
 
 #include "jit/dynamic_shapes.h"
 
+#include <c10/util/accumulate.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -172,7 +174,11 @@ struct Growing {
 };
 
 // Whether `n` (fusion `f` on the target) may join region `r` under the fusion rules.
-bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f) {
+// `one_shape`: the target's loops iterate over one shape (FusionRules::loops_of_one_shape):
+// the first op of a matmul's epilogue may then iterate over a reshape of the
+// product (a linear layer on [B, T, C] makes its product [B * T, N] and reads
+// it as [B, T, N]); the epilogue's later ops iterate over that shape.
+bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f, bool one_shape) {
   const auto k = static_cast<PrimKind>(n.kind);
   if (k == PrimKind::kLibrary || r.nodes.size() >= kMaxRegionOps) return false;
   if (s.by_ops) return f == OpFusion::kOpByOp;  // op-by-op groups take only such ops
@@ -180,7 +186,9 @@ bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f) 
   const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
   if (k == PrimKind::kElementwise) {
     const auto* shape = iteration_shape(n);
-    const bool epilogue = shape && *shape == s.anchor_shape;  // iterates over the anchor's output
+    bool epilogue = shape && *shape == s.anchor_shape;  // iterates over the anchor's output
+    if (shape && !epilogue && one_shape && r.anchor == PrimKind::kMatmul && r.nodes.size() == 1)
+      epilogue = c10::multiply_integers(*shape) == c10::multiply_integers(s.anchor_shape);
     // The MXU kernel's epilogue: the elementwise ops over its product the target fuses.
     if (r.anchor == PrimKind::kMatmul) return epilogue && f != OpFusion::kOpByOp;
     return f != OpFusion::kOpByOp && (!anchored || epilogue);
@@ -214,7 +222,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
   // Whether `n` may join region `r`: the fusion rules, and on a target of
   // one-shape loops, a loop of `r` it can run in.
   auto may_join = [&](int r, const Node& n, OpFusion f) {
-    if (!fusible_into(regions[r], growing[r], n, f)) return false;
+    if (!fusible_into(regions[r], growing[r], n, f, one_shape)) return false;
     if (!growing[r].loops(regions[r], one_shape)) return true;
     return loops.join_of(r, n, touch, &join, &reads);
   };
@@ -263,6 +271,8 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       growing[target].anchor_shape = shape ? *shape : Dims{};
     }
     if (f == OpFusion::kEndsLoop) growing[target].closed = true;
+    if (regions[target].anchor == PrimKind::kMatmul && regions[target].nodes.size() == 1 && iteration_shape(n))
+      growing[target].anchor_shape = *iteration_shape(n);  // the epilogue's shape (a reshape of the product)
     if (one_shape) {
       // The op's loop: the groups it joins merged, or a new one.
       int grp = -1;

@@ -1,6 +1,8 @@
 // The region verifier (see verify.h).
 #include "jit/verify.h"
 
+#include <c10/util/accumulate.h>
+
 #include <algorithm>
 #include <atomic>
 #include <string>
@@ -84,10 +86,14 @@ const Dims* loop_shape_of(const Node& n) {
 // matmul's epilogue iterates over the product's shape.
 std::string check_loops(const std::vector<Node>& g, const Region& r) {
   if (r.anchor == PrimKind::kMatmul) {
+    // Every epilogue op over one shape: the product's, or (a one-shape-loop
+    // target) a reshape of it with as many elements.
     const Dims* product = loop_shape_of(g[r.nodes[0]]);
+    const Dims* first = r.nodes.size() > 1 ? loop_shape_of(g[r.nodes[1]]) : nullptr;
     for (size_t p = 1; p < r.nodes.size(); ++p) {
       const Dims* s = loop_shape_of(g[r.nodes[p]]);
-      if (!product || !s || *s != *product) return "a matmul epilogue op does not iterate over the product's shape";
+      if (!product || !s || *s != *first || c10::multiply_integers(*s) != c10::multiply_integers(*product))
+        return "a matmul epilogue op does not iterate over the product's shape";
     }
   }
   if (r.loop.empty()) return "";

@@ -129,3 +129,19 @@ def test_a_failing_product_fails_its_epilogue_and_the_queue_stays_valid():
     with pytest.raises(RuntimeError):
         torch.mm(a, bad).relu().cpu()  # shapes checked at record time
     _same(y.cpu(), (a.cpu() @ b.cpu()).relu() + bad.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_on_3d_input_takes_its_epilogue_over_the_reshaped_product(dtype):
+    # F.linear on [B, T, C] makes its product [B * T, N] and reads it as [B, T, N]:
+    # the epilogue (residual add, relu, scale) still runs in the matmul's region.
+    x, w = cpu_randn(4, 8, 16, seed=14).to(dtype), cpu_randn(24, 16, seed=15).to(dtype)
+    b, r = cpu_randn(24, seed=16).to(dtype), cpu_randn(4, 8, 24, seed=17).to(dtype)
+
+    def fn(x, w, b, r):
+        return (r + F.linear(x, w, b)).relu() * 2.0
+
+    got, ops, regions, _, _ = _run(fn, x, w, b, r)
+    _same(got, fn(x, w, b, r))
+    assert regions == 1
+    assert "aten::relu" not in ops and "aten::add" not in ops, ops
