@@ -76,9 +76,10 @@ def main():
             return time.perf_counter() - t0
 
         before = torch_tpu_eager.metrics()["regions_run"]
-        fn(*dev)
-        torch.tpu.synchronize()
+        out = fn(*dev)
+        torch.tpu.synchronize()  # `out` alive: the flush computes it
         regions = torch_tpu_eager.metrics()["regions_run"] - before
+        del out
         s = interleave({"tpu": run_tpu, "cpu": run_cpu}, args.repeats)
         tpu_ms, cpu_ms = summary(s["tpu"])["median"] * 1e3, summary(s["cpu"])["median"] * 1e3
         ratio = paired_ratio(s["cpu"], s["tpu"])

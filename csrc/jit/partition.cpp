@@ -358,6 +358,13 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       // The region's groups in order of their first op, then numbered so
       // that a loop comes after those whose values it reads (Kahn's order,
       // the earliest first op first; sealed makers take no ops: no cycle).
+      const int first_root = loops.find(group_of[r.nodes[0]]);
+      bool one = true;
+      for (int i : r.nodes) one = one && loops.find(group_of[i]) == first_root;
+      if (one) {  // the common case: one loop
+        r.loop.assign(r.nodes.size(), 0);
+        continue;
+      }
       std::vector<int> roots;
       for (int i : r.nodes) {
         const int root = loops.find(group_of[i]);
@@ -431,9 +438,12 @@ uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable, st
   KeyBuilder h{0x51ED270B27A1ULL, words};
   if (words) words->clear();
   mix(h, static_cast<uint64_t>(r.anchor));  // how the target runs it (op by op or fused) follows from the partition
-  mix(h, r.loop.size());
-  for (int l : r.loop) mix(h, static_cast<uint64_t>(l));  // which ops share a loop
-  StorageMap<int> local(r.nodes.size());                  // storages created in this region -> ordinal
+  // Which ops share a loop (several loops only; one loop or none adds nothing).
+  int loops = 0;
+  for (int l : r.loop) loops = std::max(loops, l + 1);
+  if (loops > 1)
+    for (int l : r.loop) mix(h, static_cast<uint64_t>(l));
+  StorageMap<int> local(r.nodes.size());  // storages created in this region -> ordinal
   for (size_t p = 0; p < r.nodes.size(); ++p) {
     const Node& n = g[r.nodes[p]];
     if (stable) {
