@@ -3,6 +3,8 @@
 
 #include "jit/dynamic_shapes.h"
 
+#include <c10/util/accumulate.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -78,15 +80,105 @@ const Dims* iteration_shape(const Node& n) {
   return nullptr;
 }
 
+// The shape a fused loop running `n` iterates over: a reduction's input
+// (the rows it reduces), else its iteration shape; null when it has none.
+const Dims* loop_shape(const Node& n) {
+  if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction && !n.inputs.empty()) return &n.inputs[0].ref.sizes;
+  return iteration_shape(n);
+}
+
+// The latest region that touched a storage, and in it the loop (a group of
+// partition's union-find) that did: -1 none (not a fused region), -2 read
+// by loops of different shapes (only reads may follow). `written`: made or
+// written in that region; `maker`: the loop that made it there as a fresh
+// output (-1: none), `inplace`: an op of that region wrote it in place.
+struct Touch {
+  int region = -1;
+  int group = -1;
+  bool written = false;
+  int maker = -1;
+  bool inplace = false;
+};
+
+// The loops of the fused regions of one flush (targets whose loops iterate
+// over one shape each, FusionRules::loops_of_one_shape): a union-find over
+// groups of ops, each with its loop shape. A loop whose fresh value a loop
+// of another shape reads (an attention mask `tril == 0` of shape [1, 1, T,
+// T] read by the masked_fill of the scores [B, H, T, T]) is sealed: it takes
+// no more ops, runs before its readers and stores that value.
+struct Loops {
+  std::vector<int> parent;
+  std::vector<Dims> shape;
+  std::vector<char> sealed;
+  std::vector<std::pair<int, int>> edges;  // (maker, reader) groups of cross-loop reads
+  int find(int x) {
+    while (parent[x] != x) x = parent[x] = parent[parent[x]];
+    return x;
+  }
+  int add(const Dims& s) {
+    const int g = static_cast<int>(parent.size());
+    parent.push_back(g);
+    shape.push_back(s);
+    sealed.push_back(0);
+    return g;
+  }
+  // The groups of region `r` that `n` must (or, reading the same region
+  // input in the same shape, may) join into `join`, and those whose fresh
+  // values it reads in another shape into `reads`; false when `n` cannot
+  // run in a loop of `r`: it writes a value of a loop of another shape or
+  // of a sealed one, reads a 0-dim value or one written in place of another
+  // loop, or touches a storage a later region touched (not tracked here).
+  bool join_of(int r, const Node& n, const StorageMap<Touch>& touch, std::vector<int>* join, std::vector<int>* reads) {
+    join->clear();
+    reads->clear();
+    const Dims* s = loop_shape(n);
+    for (const auto& in : n.inputs) {
+      const Touch* t = touch.find(in.ref.storage.get());
+      if (!t || t->region < r) continue;
+      if (t->region > r || t->group == -1) return false;
+      if (t->written || in.written) {
+        if (t->group >= 0) {
+          const int g = find(t->group);
+          if (s && shape[g] == *s && !sealed[g]) {
+            join->push_back(g);
+            continue;
+          }
+        }
+        if (!in.written && t->maker >= 0 && !t->inplace && !in.ref.sizes.empty()) {
+          reads->push_back(find(t->maker));
+          continue;
+        }
+        return false;
+      }
+      if (t->group == -2) continue;  // a region input read by loops of several shapes
+      const int g = find(t->group);
+      if (s && shape[g] == *s && !sealed[g]) join->push_back(g);
+    }
+    for (int m : *reads)
+      for (int j : *join)
+        if (m == j) return false;
+    return true;
+  }
+};
+
 // What partition knows of a region while it grows.
 struct Growing {
   Dims anchor_shape;    // the shape an anchored region's epilogue iterates over
   bool by_ops = false;  // a group of lowered ops the target runs op by op (anchor kLibrary)
   bool closed = false;  // ends with a row reduction that ends the target's loop: takes no consumers
+  // Whether its ops run in loops of one shape each (Region::loop): a fused
+  // elementwise or reduction region on a target that asks for them.
+  bool loops(const Region& r, bool one_shape) const {
+    return one_shape && !by_ops && (r.anchor == PrimKind::kElementwise || r.anchor == PrimKind::kReduction);
+  }
 };
 
 // Whether `n` (fusion `f` on the target) may join region `r` under the fusion rules.
-bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f) {
+// `one_shape`: the target's loops iterate over one shape (FusionRules::loops_of_one_shape):
+// the first op of a matmul's epilogue may then iterate over a reshape of the
+// product (a linear layer on [B, T, C] makes its product [B * T, N] and reads
+// it as [B, T, N]); the epilogue's later ops iterate over that shape.
+bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f, bool one_shape) {
   const auto k = static_cast<PrimKind>(n.kind);
   if (k == PrimKind::kLibrary || r.nodes.size() >= kMaxRegionOps) return false;
   if (s.by_ops) return f == OpFusion::kOpByOp;  // op-by-op groups take only such ops
@@ -94,8 +186,11 @@ bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f) 
   const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
   if (k == PrimKind::kElementwise) {
     const auto* shape = iteration_shape(n);
-    const bool epilogue = shape && *shape == s.anchor_shape;  // iterates over the anchor's output
-    if (r.anchor == PrimKind::kMatmul) return epilogue;       // the MXU kernel's epilogue takes any elementwise op
+    bool epilogue = shape && *shape == s.anchor_shape;  // iterates over the anchor's output
+    if (shape && !epilogue && one_shape && r.anchor == PrimKind::kMatmul && r.nodes.size() == 1)
+      epilogue = c10::multiply_integers(*shape) == c10::multiply_integers(s.anchor_shape);
+    // The MXU kernel's epilogue: the elementwise ops over its product the target fuses.
+    if (r.anchor == PrimKind::kMatmul) return epilogue && f != OpFusion::kOpByOp;
     return f != OpFusion::kOpByOp && (!anchored || epilogue);
   }
   if (f == OpFusion::kOpByOp) return false;
@@ -119,6 +214,18 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
     const int* v = m.find(s);
     return v ? *v : -1;
   };
+  const bool one_shape = rules->loops_of_one_shape();
+  Loops loops;
+  StorageMap<Touch> touch(one_shape ? 2 * g.size() : 1);
+  std::vector<int> group_of(one_shape ? g.size() : 0, -1);  // graph index -> loop group
+  std::vector<int> join, reads;
+  // Whether `n` may join region `r`: the fusion rules, and on a target of
+  // one-shape loops, a loop of `r` it can run in.
+  auto may_join = [&](int r, const Node& n, OpFusion f) {
+    if (!fusible_into(regions[r], growing[r], n, f, one_shape)) return false;
+    if (!growing[r].loops(regions[r], one_shape)) return true;
+    return loops.join_of(r, n, touch, &join, &reads);
+  };
 
   for (int i = 0; i < static_cast<int>(g.size()); ++i) {
     if (!live[i]) continue;
@@ -134,17 +241,17 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
     }
     const int last = static_cast<int>(regions.size()) - 1;
     int target = -1;
-    if (producer_region >= 0 && write_conflict <= producer_region &&
-        fusible_into(regions[producer_region], growing[producer_region], n, f)) {
+    if (producer_region >= 0 && write_conflict <= producer_region && may_join(producer_region, n, f)) {
       target = producer_region;  // vertical fusion with the op's producer
     } else if (last >= 0 && k == PrimKind::kElementwise &&
-               (regions[last].anchor == PrimKind::kElementwise || growing[last].by_ops) &&
-               fusible_into(regions[last], growing[last], n, f)) {
+               (regions[last].anchor == PrimKind::kElementwise || growing[last].by_ops) && may_join(last, n, f)) {
       // horizontal fusion of independent elementwise ops (multi-tensor kernels; in
       // an op-by-op group when the target runs them op by op)
       target = last;
     }
     if (target < 0) {
+      join.clear();
+      reads.clear();
       Region r;
       Growing s;
       const auto* shape = iteration_shape(n);
@@ -164,6 +271,38 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       growing[target].anchor_shape = shape ? *shape : Dims{};
     }
     if (f == OpFusion::kEndsLoop) growing[target].closed = true;
+    if (regions[target].anchor == PrimKind::kMatmul && regions[target].nodes.size() == 1 && iteration_shape(n))
+      growing[target].anchor_shape = *iteration_shape(n);  // the epilogue's shape (a reshape of the product)
+    if (one_shape) {
+      // The op's loop: the groups it joins merged, or a new one.
+      int grp = -1;
+      if (growing[target].loops(regions[target], true)) {
+        if (join.empty()) {
+          const Dims* shape = loop_shape(n);
+          grp = loops.add(shape ? *shape : Dims{});
+        } else {
+          grp = loops.find(join[0]);
+          for (int o : join) loops.parent[loops.find(o)] = grp;
+        }
+        for (int m : reads) {
+          loops.sealed[m] = 1;
+          loops.edges.emplace_back(m, grp);
+        }
+        group_of[i] = grp;
+      }
+      auto touched = [&](const DeferredStorage* st, bool writes, bool inplace, bool fresh) {
+        Touch& t = touch[st];
+        if (t.region != target || grp < 0) {
+          t = Touch{target, grp, writes, fresh ? grp : -1, inplace};
+        } else {
+          if (t.group >= 0 && loops.find(t.group) != grp) t.group = -2;  // read by loops of different shapes
+          t.written = t.written || writes;
+          t.inplace = t.inplace || inplace;
+        }
+      };
+      for (const auto& in : n.inputs) touched(in.ref.storage.get(), in.written, in.written, false);
+      for (const auto& o : n.outputs) touched(o.storage.get(), true, false, true);
+    }
     regions[target].nodes.push_back(i);
     regions[target].materialize.emplace_back(n.outputs.size(), 0);
     for (int j = 0; j < static_cast<int>(n.outputs.size()); ++j) {
@@ -211,6 +350,51 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
     growing.resize(kept);
   }
 
+  // Each fused region's loops, numbered in order of their first op.
+  if (one_shape) {
+    for (size_t ri = 0; ri < regions.size(); ++ri) {
+      Region& r = regions[ri];
+      if (!growing[ri].loops(r, true)) continue;
+      // The region's groups in order of their first op, then numbered so
+      // that a loop comes after those whose values it reads (Kahn's order,
+      // the earliest first op first; sealed makers take no ops: no cycle).
+      const int first_root = loops.find(group_of[r.nodes[0]]);
+      bool one = true;
+      for (int i : r.nodes) one = one && loops.find(group_of[i]) == first_root;
+      if (one) {  // the common case: one loop
+        r.loop.assign(r.nodes.size(), 0);
+        continue;
+      }
+      std::vector<int> roots;
+      for (int i : r.nodes) {
+        const int root = loops.find(group_of[i]);
+        if (std::find(roots.begin(), roots.end(), root) == roots.end()) roots.push_back(root);
+      }
+      auto index_of = [&](int root) {
+        return static_cast<int>(std::find(roots.begin(), roots.end(), root) - roots.begin());
+      };
+      const int count = static_cast<int>(roots.size());
+      std::vector<int> waits(count, 0), number(count, -1);
+      std::vector<std::pair<int, int>> deps;  // (maker, reader) as indices into roots
+      for (const auto& [m, rd] : loops.edges) {
+        const int a = index_of(loops.find(m)), b = index_of(loops.find(rd));
+        if (a >= count || b >= count || a == b) continue;  // another region's groups
+        deps.emplace_back(a, b);
+        ++waits[b];
+      }
+      for (int next = 0; next < count; ++next) {
+        int pick = 0;
+        while (pick < count && (number[pick] >= 0 || waits[pick] > 0)) ++pick;
+        if (pick == count) break;  // never: sealed makers form no cycle
+        number[pick] = next;
+        for (const auto& [a, b] : deps)
+          if (a == pick) --waits[b];
+      }
+      r.loop.reserve(r.nodes.size());
+      for (int i : r.nodes) r.loop.push_back(number[index_of(loops.find(group_of[i]))]);
+    }
+  }
+
   // Materialize an output when something outside its region can observe it.
   // graph index -> (region, position); region -1 for a dead node
   std::vector<std::pair<int, int>> where(g.size(), {-1, -1});
@@ -223,6 +407,19 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
         if (!made) continue;
         const std::pair<int, int>& w = where[made->first];
         if (w.first >= 0 && w.first != ri) regions[w.first].materialize[w.second][made->second] = 1;
+      }
+    }
+  }
+  // ... and a fresh value one loop of a region reads from another (it is stored by its maker).
+  for (auto& r : regions) {
+    if (r.loop.empty()) continue;
+    for (size_t p = 0; p < r.nodes.size(); ++p) {
+      for (const auto& in : g[r.nodes[p]].inputs) {
+        const std::pair<int, int>* made = producer.find(in.ref.storage.get());
+        if (!made) continue;
+        const std::pair<int, int>& w = where[made->first];
+        if (w.first >= 0 && &regions[w.first] == &r && r.loop[w.second] != r.loop[p])
+          r.materialize[w.second][made->second] = 1;
       }
     }
   }
@@ -241,7 +438,12 @@ uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable, st
   KeyBuilder h{0x51ED270B27A1ULL, words};
   if (words) words->clear();
   mix(h, static_cast<uint64_t>(r.anchor));  // how the target runs it (op by op or fused) follows from the partition
-  StorageMap<int> local(r.nodes.size());    // storages created in this region -> ordinal
+  // Which ops share a loop (several loops only; one loop or none adds nothing).
+  int loops = 0;
+  for (int l : r.loop) loops = std::max(loops, l + 1);
+  if (loops > 1)
+    for (int l : r.loop) mix(h, static_cast<uint64_t>(l));
+  StorageMap<int> local(r.nodes.size());  // storages created in this region -> ordinal
   for (size_t p = 0; p < r.nodes.size(); ++p) {
     const Node& n = g[r.nodes[p]];
     if (stable) {

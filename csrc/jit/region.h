@@ -26,6 +26,14 @@ struct Region {
   // materialize[k][j]: output j of nodes[k] is written to its device storage
   // (it is observed outside the region); otherwise it lives in a temporary.
   std::vector<std::vector<char>> materialize;
+  // The fused loop each op runs in, decided by partition (one entry per
+  // node; empty when the target asks for none, FusionRules::loops_of_one_shape,
+  // and in kLibrary and kMatmul regions). Loops are numbered from 0 in order
+  // of their first op; two loops share no value made or written in the
+  // region, each iterates over one shape (a reduction's: its input's), and a
+  // reduction is the last op of its loop. A region with several loops is a
+  // multi-tensor loop (an optimizer step over parameters of several shapes).
+  std::vector<int> loop;
 };
 
 // What identifies a compiled region: its key, kinds and name (also what the
@@ -99,6 +107,12 @@ class FusionRules {
     const auto k = static_cast<PrimKind>(graph[i].kind);
     return k == PrimKind::kMatmul ? OpFusion::kAnchor : OpFusion::kFuses;
   }
+  // Whether the target runs a fused region as loops each over one shape
+  // (TPU): partition then assigns each op its loop (Region::loop) and cuts
+  // a region where an op would join a loop of another shape (a value made
+  // in the region read as a broadcast operand, an attention mask of another
+  // shape than the scores it masks). False: regions carry no loops (Spyre).
+  virtual bool loops_of_one_shape() const { return false; }
 };
 
 // The exact layout of a region's tensors: per input and output, in order,

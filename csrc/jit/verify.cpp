@@ -1,6 +1,9 @@
 // The region verifier (see verify.h).
 #include "jit/verify.h"
 
+#include <c10/util/accumulate.h>
+
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <utility>
@@ -66,6 +69,83 @@ std::string check_anchor(const std::vector<Node>& g, const Region& r) {
   }
 }
 
+// The shape a loop running `n` iterates over (partition.cpp's loop_shape).
+const Dims* loop_shape_of(const Node& n) {
+  if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction && !n.inputs.empty()) return &n.inputs[0].ref.sizes;
+  if (!n.outputs.empty()) return &n.outputs[0].sizes;
+  for (const auto& in : n.inputs)
+    if (in.written) return &in.ref.sizes;
+  return nullptr;
+}
+
+// Region::loop of `r` and the matmul epilogue's shape; "" when consistent:
+// loop ids 0 .. L-1 each used, each loop over one shape, a reduction the
+// last op of its loop; a value made or written by one loop is touched by no
+// other, except that a later loop may read a fresh output of an earlier one
+// that nothing in the region writes in place, not 0-dim, materialized; a
+// matmul's epilogue iterates over the product's shape.
+std::string check_loops(const std::vector<Node>& g, const Region& r) {
+  if (r.anchor == PrimKind::kMatmul) {
+    // Every epilogue op over one shape: the product's, or (a one-shape-loop
+    // target) a reshape of it with as many elements.
+    const Dims* product = loop_shape_of(g[r.nodes[0]]);
+    const Dims* first = r.nodes.size() > 1 ? loop_shape_of(g[r.nodes[1]]) : nullptr;
+    for (size_t p = 1; p < r.nodes.size(); ++p) {
+      const Dims* s = loop_shape_of(g[r.nodes[p]]);
+      if (!product || !s || *s != *first || c10::multiply_integers(*s) != c10::multiply_integers(*product))
+        return "a matmul epilogue op does not iterate over the product's shape";
+    }
+  }
+  if (r.loop.empty()) return "";
+  if (r.loop.size() != r.nodes.size()) return "loop ids sized wrong";
+  if (r.anchor != PrimKind::kElementwise && r.anchor != PrimKind::kReduction)
+    return "loops in a region that is not fused";
+  const int count = *std::max_element(r.loop.begin(), r.loop.end()) + 1;
+  std::vector<const Dims*> shape(count, nullptr);
+  std::vector<int> last(count, -1);  // per loop: its last position so far
+  for (size_t p = 0; p < r.nodes.size(); ++p) {
+    const int l = r.loop[p];
+    if (l < 0) return "a negative loop id";
+    const Dims* s = loop_shape_of(g[r.nodes[p]]);
+    if (last[l] < 0) shape[l] = s;
+    if (!s || !shape[l] || *s != *shape[l]) return "loop " + std::to_string(l) + " iterates over two shapes";
+    if (last[l] >= 0 && static_cast<PrimKind>(g[r.nodes[last[l]]].kind) == PrimKind::kReduction)
+      return "loop " + std::to_string(l) + " goes on after its reduction";
+    last[l] = static_cast<int>(p);
+  }
+  for (int l = 0; l < count; ++l)
+    if (last[l] < 0) return "loop " + std::to_string(l) + " has no op";
+  // storage -> (loop, position, output) that made it fresh / loop that wrote it in place
+  StorageMap<std::pair<int, std::pair<size_t, size_t>>> made(2 * r.nodes.size());
+  StorageMap<int> written(2 * r.nodes.size());
+  for (size_t p = 0; p < r.nodes.size(); ++p) {
+    const Node& n = g[r.nodes[p]];
+    for (size_t j = 0; j < n.outputs.size(); ++j) made[n.outputs[j].storage.get()] = {r.loop[p], {p, j}};
+    for (const auto& in : n.inputs) {
+      if (!in.written) continue;
+      const int* w = written.find(in.ref.storage.get());
+      if (w && *w != r.loop[p])
+        return "loops " + std::to_string(*w) + " and " + std::to_string(r.loop[p]) + " write one storage";
+      written[in.ref.storage.get()] = r.loop[p];
+    }
+  }
+  for (size_t p = 0; p < r.nodes.size(); ++p) {
+    for (const auto& in : g[r.nodes[p]].inputs) {
+      const DeferredStorage* st = in.ref.storage.get();
+      const int* w = written.find(st);
+      const auto* m = made.find(st);
+      const int l = r.loop[p];
+      if (w && *w != l)
+        return "loop " + std::to_string(l) + " touches a storage loop " + std::to_string(*w) + " writes in place";
+      if (!m || m->first == l) continue;
+      if (in.written || w || in.ref.sizes.empty() || m->first > l || !r.materialize[m->second.first][m->second.second])
+        return "loop " + std::to_string(l) + " reads a value of loop " + std::to_string(m->first) +
+               " that is not an earlier loop's stored fresh output";
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string verify_regions(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed,
@@ -90,6 +170,8 @@ std::string verify_regions(const std::vector<Node>& g, const std::vector<char>& 
     }
     const std::string anchor = check_anchor(g, r);
     if (!anchor.empty()) return "region " + std::to_string(ri) + ": " + anchor;
+    const std::string loops = check_loops(g, r);
+    if (!loops.empty()) return "region " + std::to_string(ri) + ": " + loops;
   }
   // In program order: a read comes after the last write of the storage, a
   // write after its last access, in the same or a later region; a value read
@@ -164,6 +246,13 @@ void apply_test_break(std::vector<Region>& regions) {
           }
   } else if (mode == 3 && !regions.empty()) {
     regions[0].anchor = PrimKind::kMatmul;
+  } else if (mode == 4) {
+    // A second loop for the last op of a one-loop region (it shares a value with the others).
+    for (auto& r : regions)
+      if (r.loop.size() >= 2 && r.loop.back() == 0) {
+        r.loop.back() = 1;
+        return;
+      }
   }
 }
 

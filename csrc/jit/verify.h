@@ -21,7 +21,11 @@ namespace jit {
 // (kLibrary: one library op alone, or lowered non-matmul ops run op by op;
 // kMatmul: one matmul first, elementwise epilogue after it; kReduction: no
 // library or matmul op and at least one reduction; kElementwise: only
-// elementwise, data and random ops). Returns "" or the first violation.
+// elementwise, data and random ops); the loops partition assigned
+// (Region::loop): numbered in order of first op, each over one shape, a
+// reduction last in its loop, no value made or written in one loop touched
+// by another; a matmul's epilogue iterating over the product's shape.
+// Returns "" or the first violation.
 std::string verify_regions(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed,
                            const std::vector<Region>& regions);
 
@@ -33,7 +37,9 @@ void set_verify(bool on);
 // Test hook (_C._jit_break_next_partition): corrupts the next flush's regions
 // once, after partition, so tests can see the verifier catch it. 1: swaps the
 // first two nodes of the first region with two; 2: clears the first set
-// materialize flag; 3: marks the first region's anchor kMatmul. 0: off.
+// materialize flag; 3: marks the first region's anchor kMatmul; 4: moves
+// the last op of the first one-loop region of two ops or more into a loop
+// of its own. 0: off.
 void set_break_next_partition(int mode);
 void apply_test_break(std::vector<Region>& regions);
 

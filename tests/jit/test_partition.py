@@ -104,7 +104,7 @@ def test_softmax_consumers_start_a_new_region(dev):
 
 @pytest.mark.parametrize(
     "mode, message",
-    [(1, "out of program order"), (2, "not materialized"), (3, "matmul region")],
+    [(1, "out of program order"), (2, "not materialized"), (3, "matmul region"), (4, "reads a value of loop 0")],
 )
 def test_verifier_catches_a_broken_region(dev, mode, message):
     import torch_tpu_eager as tte
@@ -149,3 +149,45 @@ def test_lowering_table_baddbmm_at_reduced_precision(dev, precision, restore_tar
     torch.set_float32_matmul_precision(precision)
     got = torch.baddbmm(s.to(dev), b1.to(dev), b2.to(dev), beta=0.5, alpha=2).cpu()
     assert torch.equal(got, expected)
+
+
+def test_multi_tensor_region_is_one_region_of_one_loop_per_shape(dev):
+    # Independent updates of tensors of three shapes: one region (a multi-tensor loop),
+    # its loops decided by partition (Region::loop), every op fused; values equal CPU.
+    import torch_tpu_eager as tte
+
+    tte._C._jit_set_verify(True)
+    shapes = [(7,), (5, 3), (32, 64)]
+    xs = [torch.randn(*s) for s in shapes]
+    ds = [x.to(dev) for x in xs]
+    torch.tpu.synchronize()
+    before = tte.metrics()["regions_run"]
+    for d in ds:
+        d.mul_(0.9).add_(1.0)
+    torch.tpu.synchronize()
+    assert tte.metrics()["regions_run"] - before == 1
+    for x, d in zip(xs, ds):
+        assert torch.equal(d.cpu(), x.mul(0.9).add(1.0))
+
+
+def test_value_read_in_another_shape_is_cut_or_ordered(dev):
+    # b (shape [64]) made in the flush and read broadcast by x + b (shape [32, 64]):
+    # partition puts them in two loops, the maker first, its value stored; a value
+    # written in place after a loop of another shape read it starts a new region.
+    import torch_tpu_eager as tte
+
+    tte._C._jit_set_verify(True)
+    x, v = torch.randn(32, 64), torch.randn(64)
+    xd, vd = x.to(dev), v.to(dev)
+    torch.tpu.synchronize()
+    before = tte.metrics()["regions_run"]
+    b = vd * 2 + 1
+    y = (xd * 3 + b).relu()
+    yc = y.cpu()
+    assert tte.metrics()["regions_run"] - before == 1
+    assert torch.equal(yc, (x * 3 + (v * 2 + 1)).relu())
+    b2 = vd * 2
+    y2 = xd + b2
+    b2.add_(1)  # written after a loop of another shape read it: not in that region
+    y2c, b2c = y2.cpu(), b2.cpu()
+    assert torch.equal(y2c, x + v * 2) and torch.equal(b2c, v * 2 + 1)

@@ -48,6 +48,8 @@ enum class Form : uint8_t {
   kLerp,          // lerp(self, end, weight: Scalar)
   kAddcmul,       // addcmul(self, t1, t2, value)
   kAddcdiv,
+  kLogical,     // fn(self, other) of bool tensors into a bool (0 / 1 values: and = a * b, or = max, xor = a != b)
+  kLogicalNot,  // not(self) of a bool tensor (a == 0)
 };
 
 // How a Scalar (or 0-dim tensor) operand of a bfloat16 / float16 op enters
@@ -57,6 +59,7 @@ enum class Form : uint8_t {
 enum class ScalarIn : uint8_t { kCast, kOpmath };
 
 constexpr uint8_t kF32 = 1, kBF16 = 2, kF16 = 4, kAnyFloat = kF32 | kBF16 | kF16;
+constexpr uint8_t kB = 8;  // bool operands and result only (exact as the loop's 0.0f / 1.0f)
 
 // One op's lowering: its name (without "aten::" and an in-place '_'), the
 // overloads taken (comma-separated; functional / in-place, then out=), its
@@ -124,6 +127,14 @@ constexpr Lowering kLowerings[] = {
     {"lerp", "Scalar", "Scalar_out", Form::kLerp, Fn::kAdd, kF32},
     {"addcmul", "", "out", Form::kAddcmul, Fn::kFma, kF32},
     {"addcdiv", "", "out", Form::kAddcdiv, Fn::kAdd, kF32},
+    {"logical_and", "", "out", Form::kLogical, Fn::kMul, kB},
+    {"logical_or", "", "out", Form::kLogical, Fn::kMaximum, kB},
+    {"logical_xor", "", "out", Form::kLogical, Fn::kNe, kB},
+    {"logical_not", "", "out", Form::kLogicalNot, Fn::kEq, kB},
+    {"bitwise_and", "Tensor", "Tensor_out", Form::kLogical, Fn::kMul, kB},
+    {"bitwise_or", "Tensor", "Tensor_out", Form::kLogical, Fn::kMaximum, kB},
+    {"bitwise_xor", "Tensor", "Tensor_out", Form::kLogical, Fn::kNe, kB},
+    {"bitwise_not", "", "out", Form::kLogicalNot, Fn::kEq, kB},
 };
 
 // Whether `overload` is one of the comma-separated `list` ("" an entry too).
@@ -163,7 +174,7 @@ Elem elem_of(at::ScalarType t, bool* ok = nullptr) {
 }
 
 uint8_t dtype_bit(Elem e) {
-  return e == Elem::kFloat ? kF32 : e == Elem::kBFloat16 ? kBF16 : e == Elem::kHalf ? kF16 : 0;
+  return e == Elem::kFloat ? kF32 : e == Elem::kBFloat16 ? kBF16 : e == Elem::kHalf ? kF16 : kB;
 }
 
 int64_t elem_size(Elem e) { return e == Elem::kFloat ? 4 : e == Elem::kBool ? 1 : 2; }
@@ -614,11 +625,13 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       if (!self_in) return false;
     }
     const at::ScalarType compute_dtype = lw->form == Form::kCompare ? self_in->ref.dtype : out.dtype;
-    const Elem ct = elem_of(compute_dtype);
-    if (ct == Elem::kBool || !(lw->dtypes & dtype_bit(ct))) return false;
+    bool known = false;
+    const Elem ct = elem_of(compute_dtype, &known);
+    // Bool math only in the bool rows (kB), and those only on bool.
+    if (!known || (ct == Elem::kBool) != (lw->dtypes == kB) || !(lw->dtypes & dtype_bit(ct))) return false;
     if (lw->form == Form::kCompare ? out.dtype != at::kBool && out.dtype != compute_dtype : out.dtype != compute_dtype)
       return false;
-    const bool reduced = ct != Elem::kFloat;
+    const bool reduced = ct == Elem::kBFloat16 || ct == Elem::kHalf;
     // A Scalar (or wrapped number) argument as a runtime param; false when
     // it is not a real number. Its value now only for the decisions below.
     // A bfloat16 / float16 op rounds it to its type unless its kernel keeps
@@ -677,6 +690,13 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
         break;
       case Form::kCompare:
         if (!tensor_arg(0, &ins.a, ct) || !operand(1, &ins.b, ct)) return false;
+        break;
+      case Form::kLogical:
+        if (!tensor_arg(0, &ins.a, Elem::kBool) || !tensor_arg(1, &ins.b, Elem::kBool)) return false;
+        break;
+      case Form::kLogicalNot:
+        if (!tensor_arg(0, &ins.a, Elem::kBool)) return false;
+        ins.b = Operand{Operand::kConst, 0, 0.0f};
         break;
       case Form::kAddSub:
       case Form::kRsub: {
@@ -1086,91 +1106,6 @@ void run_loop(LoopPlan& plan, RegionStats& stats) {
   stats.bytes_read += plan.read;
   stats.bytes_written += plan.written_bytes;
   plan.keep_alive.clear();
-}
-
-// See fused_elementwise.h. A 0-dim tensor the region only reads is a
-// constant of every loop and joins none.
-std::vector<std::vector<size_t>> independent_loops(const Region& region, const std::vector<Node>& graph) {
-  const size_t count = region.nodes.size();
-  std::vector<std::vector<size_t>> loops;
-  const Dims* first = nullptr;
-  bool one_shape = true;
-  static const Dims kNoShape;
-  for (int i : region.nodes) {
-    const Node& n = graph[i];
-    const InputSlot* w = written_slot(n);
-    const Dims& shape = !n.outputs.empty() ? n.outputs[0].sizes : w ? w->ref.sizes : kNoShape;
-    if (!first) first = &shape;
-    one_shape = one_shape && shape == *first;
-  }
-  if (one_shape || region.anchor != PrimKind::kElementwise) {
-    loops.emplace_back(count);
-    for (size_t p = 0; p < count; ++p) loops[0][p] = p;
-    return loops;
-  }
-  StorageSet written(2 * count);  // written or made by the region
-  for (int i : region.nodes) {
-    for (const auto& o : graph[i].outputs) written.insert(o.storage.get());
-    for (const auto& in : graph[i].inputs)
-      if (in.written) written.insert(in.ref.storage.get());
-  }
-  // Union-find over storages: each op joins the sets of the storages it touches.
-  StorageMap<size_t> id(2 * count);
-  std::vector<size_t> parent;
-  auto find = [&](size_t x) {
-    while (parent[x] != x) x = parent[x] = parent[parent[x]];
-    return x;
-  };
-  std::vector<size_t> op_set(count);
-  for (size_t p = 0; p < count; ++p) {
-    const Node& n = graph[region.nodes[p]];
-    size_t root = SIZE_MAX;
-    auto join = [&](const TensorRef& r) {
-      const DeferredStorage* s = r.storage.get();
-      if (r.sizes.empty() && !written.contains(s)) return;  // a shared constant
-      const size_t known = id.size();
-      const size_t set = id.get_or(s, parent.size());
-      if (id.size() != known) parent.push_back(parent.size());
-      const size_t x = find(set);
-      if (root == SIZE_MAX) {
-        root = x;
-      } else if (x != root) {
-        parent[x] = root;
-      }
-    };
-    for (const auto& in : n.inputs) join(in.ref);
-    for (const auto& o : n.outputs) join(o);
-    if (root == SIZE_MAX) {  // reads only constants (and has no output): a loop of its own
-      root = parent.size();
-      parent.push_back(root);
-    }
-    op_set[p] = root;
-  }
-  std::unordered_map<size_t, size_t> loop_of;  // set root -> loop
-  for (size_t p = 0; p < count; ++p) {
-    auto [it, fresh] = loop_of.emplace(find(op_set[p]), loops.size());
-    if (fresh) loops.emplace_back();
-    loops[it->second].push_back(p);
-  }
-  return loops;
-}
-
-bool plan_all_loops(const Region& region, const std::vector<Node>& graph, std::vector<LoopPlan>* loops) {
-  loops->clear();
-  if (!fused_loops_available() || region.nodes.empty()) return false;
-  // A single elementwise op gains nothing from the loop (CPU's kernel writes
-  // the device buffer directly); a single row reduction still runs here.
-  if (region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)
-    return false;
-  const std::vector<std::vector<size_t>> sets = independent_loops(region, graph);
-  loops->resize(sets.size());
-  for (size_t l = 0; l < sets.size(); ++l) {
-    if (!plan_loop(region, sets[l], graph, &(*loops)[l])) {
-      loops->clear();
-      return false;
-    }
-  }
-  return true;
 }
 
 }  // namespace tpu

@@ -103,16 +103,5 @@ bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, h
 // Runs a bound loop and counts its bytes into `stats`.
 void run_loop(LoopPlan& plan, RegionStats& stats);
 
-// The ops of an anchor-free region split into independent loops when they
-// iterate over different shapes (an optimizer's multi-tensor ops): ops that
-// share a storage go to the same loop. Positions in region order; one loop
-// when the shapes agree.
-std::vector<std::vector<size_t>> independent_loops(const Region& region, const std::vector<Node>& graph);
-
-// Plans every op of `region` as fused loops (none left over): false when
-// some loop does not plan, or the region is a single elementwise op (CPU's
-// kernel writes the device buffer directly; nothing to gain).
-bool plan_all_loops(const Region& region, const std::vector<Node>& graph, std::vector<LoopPlan>* loops);
-
 }  // namespace tpu
 }  // namespace tpu_eager

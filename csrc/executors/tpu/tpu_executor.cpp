@@ -202,93 +202,62 @@ Part make_part(const Region& region, const std::vector<size_t>& pos, PrimKind an
   return part;
 }
 
-// How a region runs on the TPU, decided once per layout (compile):
-// - kLoops: fused loops over some sets of its ops (independent loops of a
-//   multi-tensor region), the ops no loop takes (`tail`) op by op after them;
-// - kSplitRow: the producers and a row reduction (softmax, log_softmax,
-//   layer_norm, logsumexp) as fused loops (`head`), then its consumers
-//   (`tail`: fused when they plan, else op by op) reading its result from a
-//   device buffer; values crossing the cut are materialized;
-// - kHoist: ops of another shape or dtype that depend on nothing the region
-//   makes (an attention mask `tril[..., :T, :T] == 0` among the scores'
-//   masked_fill and softmax) op by op first (`head`), then the rest
-//   (`tail`, fused when it plans); safe as they read only the region's
-//   inputs and write only their own fresh outputs;
-// - kOps: every op op by op.
+// How a region runs on the TPU. Partition decided the region (one
+// executable unit) and its loops (Region::loop); compile only maps it:
+// - kLoops: a fused region's loops (several: a multi-tensor loop) in their
+//   order (a loop reading another's stored value comes after it), each
+//   planned for this layout; a loop that does not plan for it (an operand's
+//   layout, a broadcast the loop would write) runs op by op in its turn;
+// - kMatmul: an MXU op (`head`) then its elementwise epilogue (`tail`) as one
+//   fused loop over the product, read from where the MXU op wrote it;
+// - kOps: every op op by op (anchor kLibrary, a single elementwise op).
 struct TpuPlan {
-  enum class Mode : uint8_t { kLoops, kSplitRow, kHoist, kOps } mode = Mode::kOps;
+  enum class Mode : uint8_t { kLoops, kMatmul, kOps } mode = Mode::kOps;
   std::vector<int64_t> signature;
-  std::vector<tpu::LoopPlan> loops;       // kLoops, kSplitRow: the head's loops
-  std::vector<tpu::LoopPlan> tail_loops;  // kSplitRow, kHoist: the tail's loops (empty: op by op)
+  std::vector<tpu::LoopPlan> loops;       // kLoops: per loop of the region, its plan
+  std::vector<char> planned;              // kLoops: per loop, whether it planned (else op by op)
+  std::vector<tpu::LoopPlan> tail_loops;  // kMatmul: the epilogue's loop (empty: op by op)
   Part head, tail;
   bool has_tiling = false;
   tpu::TilingPlan tiling;
   bool mxu = false;
+  // kMatmul: the MXU op's outputs the region does not materialize, handed to
+  // the epilogue in flush-local memory: on the TPU the epilogue runs on the
+  // MXU's result tiles in VMEM, so their HBM write and read are not counted.
+  std::vector<size_t> handed_over;
 };
 
-// A region whose row reduction has elementwise consumers after it: the
-// fused row loop ends at the reduction. False when it has no such reduction
-// or its first part does not fuse.
-bool plan_split_at_row_reduction(const Region& region, const std::vector<Node>& graph, TpuPlan* plan) {
-  if (region.anchor != PrimKind::kReduction) return false;
-  size_t cut = 0;
-  while (cut < region.nodes.size() && static_cast<PrimKind>(graph[region.nodes[cut]].kind) != PrimKind::kReduction)
-    ++cut;
-  if (cut + 1 >= region.nodes.size()) return false;  // nothing after the reduction
-  std::vector<size_t> hp(cut + 1), tp(region.nodes.size() - cut - 1);
-  for (size_t k = 0; k < hp.size(); ++k) hp[k] = k;
-  for (size_t k = 0; k < tp.size(); ++k) tp[k] = cut + 1 + k;
-  Part head = make_part(region, hp, PrimKind::kReduction), tail = make_part(region, tp, PrimKind::kElementwise);
-  Region h = head.bind(region);
-  const Region t = tail.bind(region);
-  materialize_read_by(t, h, graph);
-  head.materialize = h.materialize;
-  if (!tpu::plan_all_loops(h, graph, &plan->loops)) return false;
-  tpu::plan_all_loops(t, graph, &plan->tail_loops);
-  plan->mode = TpuPlan::Mode::kSplitRow;
-  plan->head = std::move(head);
-  plan->tail = std::move(tail);
-  return true;
+// The positions of each loop of `region` (Region::loop; one loop of every
+// op when partition assigned none).
+std::vector<std::vector<size_t>> loop_sets(const Region& region) {
+  std::vector<std::vector<size_t>> sets;
+  for (size_t p = 0; p < region.nodes.size(); ++p) {
+    const size_t l = region.loop.empty() ? 0 : static_cast<size_t>(region.loop[p]);
+    if (l >= sets.size()) sets.resize(l + 1);
+    sets[l].push_back(p);
+  }
+  return sets;
 }
 
-// A region whose fused loop is blocked by independent ops of another shape
-// or dtype (kHoist above). False when there is nothing to hoist or only
-// hoisted ops would be left.
-bool plan_hoisting_other_shapes(const Region& region, const std::vector<Node>& graph, TpuPlan* plan) {
-  const Node& last = graph[region.nodes.back()];
-  if (last.outputs.empty()) return false;
-  const Dims& shape = last.kind == static_cast<int>(PrimKind::kReduction) && !last.inputs.empty()
-                          ? last.inputs[0].ref.sizes
-                          : last.outputs[0].sizes;
-  std::unordered_set<const DeferredStorage*> made_in_main;  // made or written by ops that stay
-  std::vector<size_t> hp, tp;
-  for (size_t p = 0; p < region.nodes.size(); ++p) {
-    const Node& n = graph[region.nodes[p]];
-    bool independent = !n.outputs.empty() && !n.rng;
-    for (const auto& in : n.inputs)
-      independent = independent && !in.written && !made_in_main.count(in.ref.storage.get());
-    bool other = false;
-    for (const auto& o : n.outputs) other = other || o.sizes != shape || o.dtype != at::kFloat;
-    if (independent && other) {
-      hp.push_back(p);
-      continue;
-    }
-    tp.push_back(p);
-    for (const auto& o : n.outputs) made_in_main.insert(o.storage.get());
-    for (const auto& in : n.inputs)
-      if (in.written) made_in_main.insert(in.ref.storage.get());
-  }
-  if (hp.empty() || tp.empty()) return false;
-  Part head = make_part(region, hp, PrimKind::kElementwise), tail = make_part(region, tp, region.anchor);
+// A matmul region: the MXU op, then its epilogue as one loop reading the
+// product (materialized in the part, so it outlives the MXU op's run).
+void plan_matmul_epilogue(const Region& region, const std::vector<Node>& graph, TpuPlan* plan) {
+  std::vector<size_t> tp(region.nodes.size() - 1);
+  for (size_t k = 0; k < tp.size(); ++k) tp[k] = k + 1;
+  Part head = make_part(region, {0}, PrimKind::kMatmul), tail = make_part(region, tp, PrimKind::kElementwise);
   Region h = head.bind(region);
   const Region t = tail.bind(region);
   materialize_read_by(t, h, graph);
   head.materialize = h.materialize;
-  tpu::plan_all_loops(t, graph, &plan->tail_loops);
-  plan->mode = TpuPlan::Mode::kHoist;
+  for (size_t j = 0; j < h.materialize[0].size(); ++j)
+    if (h.materialize[0][j] && !region.materialize[0][j]) plan->handed_over.push_back(j);
+  std::vector<size_t> all(tp.size());
+  for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+  tpu::LoopPlan lp;
+  if (tpu::fused_loops_available() && tpu::plan_loop(t, all, graph, &lp)) plan->tail_loops.push_back(std::move(lp));
+  plan->mode = TpuPlan::Mode::kMatmul;
   plan->head = std::move(head);
   plan->tail = std::move(tail);
-  return true;
 }
 
 // Plans `region` for its current layout.
@@ -302,35 +271,31 @@ TpuPlan build_plan(const Region& region, const std::vector<Node>& graph, const t
     plan.tiling = tpu::plan_region(region, graph, chip);
     plan.has_tiling = true;
   }
-  // Partition cut out the ops that do not fuse (TpuExecutor::op_fusion): they run op by op.
-  if (region.anchor == PrimKind::kLibrary) {
-    plan.mode = TpuPlan::Mode::kOps;
+  plan.mode = TpuPlan::Mode::kOps;
+  if (region.anchor == PrimKind::kLibrary) return plan;  // cut out by partition: op by op
+  if (region.anchor == PrimKind::kMatmul) {
+    if (region.nodes.size() > 1) plan_matmul_epilogue(region, graph, &plan);
     return plan;
   }
-  if (tpu::fused_loops_available() &&
-      !(region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction)) {
-    // Independent loops; those that do not plan are left to run op by op.
-    const std::vector<std::vector<size_t>> sets = tpu::independent_loops(region, graph);
-    std::vector<size_t> left;
-    for (const auto& set : sets) {
-      tpu::LoopPlan lp;
-      if (tpu::plan_loop(region, set, graph, &lp)) {
-        plan.loops.push_back(std::move(lp));
-      } else {
-        left.insert(left.end(), set.begin(), set.end());
-      }
-    }
-    if (!plan.loops.empty()) {
-      std::sort(left.begin(), left.end());  // region order
-      plan.mode = TpuPlan::Mode::kLoops;
-      plan.tail = make_part(region, left, region.anchor);
-      return plan;
-    }
+  // A single elementwise op gains nothing from a loop (CPU's kernel writes
+  // the device buffer directly); a single row reduction still runs in one.
+  if (!tpu::fused_loops_available() ||
+      (region.nodes.size() == 1 && static_cast<PrimKind>(graph[region.nodes[0]].kind) != PrimKind::kReduction))
+    return plan;
+  bool any = false;
+  for (const auto& set : loop_sets(region)) {
+    plan.loops.emplace_back();
+    const bool ok = tpu::plan_loop(region, set, graph, &plan.loops.back());
+    if (!ok) plan.loops.back().pos = set;
+    plan.planned.push_back(ok);
+    any = any || ok;
   }
-  if (tpu::fused_loops_available() && plan_split_at_row_reduction(region, graph, &plan)) return plan;
-  plan.loops.clear();
-  if (plan_hoisting_other_shapes(region, graph, &plan)) return plan;
-  plan.mode = TpuPlan::Mode::kOps;
+  if (!any) {
+    plan.loops.clear();
+    plan.planned.clear();
+    return plan;
+  }
+  plan.mode = TpuPlan::Mode::kLoops;
   return plan;
 }
 
@@ -442,59 +407,62 @@ class TpuKernel final : public Kernel {
     const Mode mode = reads_failed_input(region, graph) ? Mode::kOps : plan_.mode;
     switch (mode) {
       case Mode::kLoops: {
-        // Loops that do not bind (a guard failed) join the ops run op by op.
-        std::vector<size_t> left = plan_.tail.pos;
-        std::vector<tpu::LoopPlan*> bound;
-        for (auto& l : plan_.loops) {
-          if (tpu::bind_loop(l, region, graph, mem)) {
-            bound.push_back(&l);
-          } else {
-            left.insert(left.end(), l.pos.begin(), l.pos.end());
+        // Each loop in its turn; one that does not plan or bind (a guard
+        // failed) runs op by op. After an error the rest runs op by op, where
+        // ops reading a failed value fail in turn, and the first error is rethrown.
+        for (size_t l = 0; l < plan_.loops.size(); ++l) {
+          tpu::LoopPlan& lp = plan_.loops[l];
+          if (plan_.planned[l] && tpu::bind_loop(lp, region, graph, mem)) {
+            tpu::run_loop(lp, stats);
+            count_ops("fused", region, lp.pos, graph);
+            for (size_t p : lp.pos) hooks.add_op_cost(graph[region.nodes[p]], stats);
+            continue;
+          }
+          const Part part = make_part(region, lp.pos, region.anchor);
+          try {
+            run_part_ops(c, part.bind(region), part.pos, graph, mem, stats, hooks);
+          } catch (...) {
+            const std::exception_ptr err = std::current_exception();
+            const int at = stats.failed_at;
+            std::vector<size_t> rest;
+            for (size_t k = l + 1; k < plan_.loops.size(); ++k)
+              rest.insert(rest.end(), plan_.loops[k].pos.begin(), plan_.loops[k].pos.end());
+            std::sort(rest.begin(), rest.end());
+            if (!rest.empty()) {
+              try {
+                host::run_ops(c, make_part(region, rest, region.anchor).bind(region), graph, mem, stats, hooks);
+              } catch (...) {
+              }
+            }
+            stats.failed_at = at;
+            stats.errors_marked = true;
+            std::rethrow_exception(err);
           }
         }
-        for (tpu::LoopPlan* l : bound) {
-          tpu::run_loop(*l, stats);
-          count_ops("fused", region, l->pos, graph);
-          for (size_t p : l->pos) hooks.add_op_cost(graph[region.nodes[p]], stats);
-        }
-        if (!left.empty()) {
-          std::sort(left.begin(), left.end());
-          const Part rest = make_part(region, left, region.anchor);
-          run_part_ops(c, rest.bind(region), rest.pos, graph, mem, stats, hooks);
-        }
         break;
       }
-      case Mode::kSplitRow: {
-        const Region h = plan_.head.bind(region);
-        if (!bind_all(plan_.loops, h, graph, mem)) {
-          count_ops("op_by_op", region, graph);
-          host::run_ops(c, region, graph, mem, stats, hooks);
-          break;
-        }
-        run_all(plan_.loops, h, graph, stats, hooks);
-        run_tail(c, plan_, region, graph, mem, stats, hooks);
-        break;
-      }
-      case Mode::kHoist: {
-        // The hoisted ops run op by op, which marks a failing op's outputs
-        // with its error; the rest then still runs (an op reading a failed
-        // value fails in turn, as in run_ops), and the first error is rethrown.
-        const Region h = plan_.head.bind(region);
-        count_ops("op_by_op", h, graph);
+      case Mode::kMatmul: {
+        // The MXU op; a failure fails the region (its epilogue reads the product).
         try {
-          host::run_ops(c, h, graph, mem, stats, hooks);
+          run_part_ops(c, plan_.head.bind(region), plan_.head.pos, graph, mem, stats, hooks);
         } catch (...) {
           const std::exception_ptr err = std::current_exception();
-          const int at = stats.failed_at >= 0 ? static_cast<int>(plan_.head.pos[stats.failed_at]) : -1;
+          const int at = stats.failed_at;
           try {
             host::run_ops(c, plan_.tail.bind(region), graph, mem, stats, hooks);
           } catch (...) {
           }
-          stats.failed_at = at;  // a position in the whole region
+          stats.failed_at = at;
           stats.errors_marked = true;
           std::rethrow_exception(err);
         }
         run_tail(c, plan_, region, graph, mem, stats, hooks);
+        for (size_t j : plan_.handed_over) {  // written once by the MXU op, read once by the epilogue
+          const TensorRef& r = graph[region.nodes[0]].outputs[j];
+          stats.bytes_written -= hooks.logical_bytes(r);
+          stats.bytes_read -= hooks.logical_bytes(r);
+          stats.padding_bytes -= 2 * hooks.padding_bytes(r);
+        }
         break;
       }
       case Mode::kOps:
@@ -529,6 +497,7 @@ class TpuExecutor final : public Executor {
   // Fusion as the fused loop plans it (tpu::loop_accepts): an op it does not
   // take is cut out of fused regions; a row reduction ends its loop; an MXU
   // op anchors its region with an elementwise epilogue (tiling.h costs them as one kernel).
+  bool loops_of_one_shape() const override { return true; }
   OpFusion op_fusion(const std::vector<Node>& graph, int i) const override {
     if (static_cast<PrimKind>(graph[i].kind) == PrimKind::kMatmul) return OpFusion::kAnchor;
     switch (tpu::loop_accepts(graph, i)) {

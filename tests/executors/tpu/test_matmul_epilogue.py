@@ -1,0 +1,147 @@
+"""Matmul + epilogue (executors/tpu, kMatmul): partition puts an MXU op (mm, addmm, bmm,
+linear) and the elementwise ops over its product that the fused loop takes (bias add,
+relu, gelu, scale, residual add) into one region; the TPU kernel runs the product, then
+the epilogue as one fused loop reading it. The product is handed to the loop in
+flush-local memory and not materialized when nothing else reads it.
+
+The product is CPU's own GEMM over the whole operands: CPU's GEMM (MKL / oneDNN) picks
+its K blocking by the number of rows, so products of row blocks differ from the whole
+product in the last bit (measured on this machine: 512x1024 @ 1024x1024 in blocks of
+8-128 rows), and a per-tile product would not equal CPU's. Every value here is compared
+with CPU PyTorch bit for bit (fused gelu as CPU's routine: set_fused_math("cpu"))."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from difftest import DEVICE, aten_ops_during, cpu_randn, restoring
+
+pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="matmul epilogues are the tpu executor's")
+
+if DEVICE == "tpu":
+    import torch_tpu_eager
+
+
+@pytest.fixture(autouse=True)
+def cpu_math_and_verifier():
+    """Fused gelu as CPU's routine (bit-equal), and the region verifier on."""
+    torch_tpu_eager._C._jit_set_verify(True)
+    for set_ in restoring(torch_tpu_eager.fused_math, torch_tpu_eager.set_fused_math):
+        set_("cpu")
+        yield
+
+
+def _run(fn, *cpu_args):
+    """(result on "tpu" read back, ATen ops its flush ran on the host, regions run)."""
+    args = [a.to("tpu") for a in cpu_args]
+    torch.tpu.synchronize()
+    before = torch_tpu_eager.metrics()
+    out = fn(*args)
+    ops = aten_ops_during(torch.tpu.synchronize)
+    after = torch_tpu_eager.metrics()
+    return out.cpu(), ops, after["regions_run"] - before["regions_run"], after, before
+
+
+def _same(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+EPILOGUES = {
+    "linear_relu": lambda x, w, b, r: F.relu(F.linear(x, w, b)),
+    "linear_gelu_scale_residual": lambda x, w, b, r: F.gelu(F.linear(x, w, b)) * 0.5 + r,
+    "linear_gelu_tanh": lambda x, w, b, r: F.gelu(F.linear(x, w, b), approximate="tanh"),
+    "mm_bias_relu": lambda x, w, b, r: (x @ w.t() + b).relu(),
+    "mm_scale_sub": lambda x, w, b, r: (x @ w.t()) * 0.125 - r,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(EPILOGUES))
+@pytest.mark.parametrize("m,k,n", [(64, 32, 48), (5, 7, 3), (130, 64, 96)])
+def test_epilogue_is_one_region_and_equals_cpu(name, dtype, m, k, n):
+    fn = EPILOGUES[name]
+    x, w = cpu_randn(m, k, seed=1).to(dtype), cpu_randn(n, k, seed=2).to(dtype)
+    b, r = cpu_randn(n, seed=3).to(dtype), cpu_randn(m, n, seed=4).to(dtype)
+    got, ops, regions, _, _ = _run(fn, x, w, b, r)
+    if name == "linear_gelu_tanh":
+        # The fused loop's gelu(approximate='tanh') differs from CPU's by an ulp when the
+        # element count is not a multiple of 64 (CPU's tail path), with or without a
+        # matmul before it (also on main: F.gelu(x * 1.0, approximate="tanh"), 15 elements).
+        torch.testing.assert_close(got, fn(x, w, b, r))
+    else:
+        _same(got, fn(x, w, b, r))
+    assert regions == 1
+    for op in ("aten::relu", "aten::mul", "aten::add", "aten::sub"):
+        assert op not in ops, ops  # the epilogue ran in the fused loop
+    # (gelu with approximate='none' calls CPU's gelu per tile under set_fused_math("cpu"))
+
+
+def test_product_is_not_materialized_when_only_the_epilogue_reads_it():
+    x, w, b = cpu_randn(64, 32, seed=5), cpu_randn(48, 32, seed=6), cpu_randn(48, seed=7)
+    got, _, regions, after, before = _run(lambda x, w, b: F.relu(F.linear(x, w, b)) * 2.0, x, w, b)
+    _same(got, F.relu(F.linear(x, w, b)) * 2.0)
+    assert regions == 1
+    # Only the result (64 x 48 float32) reaches device memory.
+    assert after["bytes_materialized"] - before["bytes_materialized"] == 64 * 48 * 4
+
+
+def test_product_also_read_elsewhere_is_materialized_and_equal():
+    x, w = cpu_randn(16, 8, seed=8), cpu_randn(12, 8, seed=9)
+    xd, wd = x.to("tpu"), w.to("tpu")
+    p = xd @ wd.t()
+    y = p.relu() + 1
+    _same(y.cpu(), (x @ w.t()).relu() + 1)
+    _same(p.cpu(), x @ w.t())
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_bmm_scale_epilogue_with_non_contiguous_operands(transpose):
+    q, kk = cpu_randn(3, 10, 16, seed=10), cpu_randn(3, 10, 16, seed=11)
+
+    def scores(q, k):
+        kt = k.transpose(-1, -2) if transpose else k.transpose(-1, -2).contiguous()
+        return (q @ kt) * 0.25 + 1.0
+
+    got, ops, regions, _, _ = _run(scores, q, kk)
+    _same(got, scores(q, kk))
+    assert "aten::mul" not in ops and "aten::add" not in ops, ops
+
+
+def test_an_op_the_loop_does_not_take_is_cut_out_of_the_epilogue():
+    # The cast to bfloat16 is not a loop op: the relu still fuses after the product,
+    # the cast runs by itself; values equal CPU's.
+    x, w = cpu_randn(32, 16, seed=12), cpu_randn(24, 16, seed=13)
+
+    def fn(x, w):
+        return ((x @ w.t()).relu() * 3.0).to(torch.bfloat16)
+
+    got, ops, _, _, _ = _run(fn, x, w)
+    _same(got, fn(x, w))
+    assert "aten::relu" not in ops and "aten::mul" not in ops, ops
+
+
+def test_a_failing_product_fails_its_epilogue_and_the_queue_stays_valid():
+    a, b = torch.randn(4, 5).to("tpu"), torch.randn(5, 3).to("tpu")
+    bad = torch.randn(4, 3).to("tpu")
+    torch.tpu.synchronize()
+    y = (a @ b).relu() + bad
+    with pytest.raises(RuntimeError):
+        torch.mm(a, bad).relu().cpu()  # shapes checked at record time
+    _same(y.cpu(), (a.cpu() @ b.cpu()).relu() + bad.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_on_3d_input_takes_its_epilogue_over_the_reshaped_product(dtype):
+    # F.linear on [B, T, C] makes its product [B * T, N] and reads it as [B, T, N]:
+    # the epilogue (residual add, relu, scale) still runs in the matmul's region.
+    x, w = cpu_randn(4, 8, 16, seed=14).to(dtype), cpu_randn(24, 16, seed=15).to(dtype)
+    b, r = cpu_randn(24, seed=16).to(dtype), cpu_randn(4, 8, 24, seed=17).to(dtype)
+
+    def fn(x, w, b, r):
+        return (r + F.linear(x, w, b)).relu() * 2.0
+
+    got, ops, regions, _, _ = _run(fn, x, w, b, r)
+    _same(got, fn(x, w, b, r))
+    assert regions == 1
+    assert "aten::relu" not in ops and "aten::add" not in ops, ops
