@@ -77,6 +77,12 @@ bool push_arg(std::vector<uint64_t>& w, const c10::IValue& a) {
     const auto list = a.toBoolList();
     w.push_back(15 | static_cast<uint64_t>(list.size()) << 8);
     for (bool x : list) w.push_back(x);
+  } else if (a.isList()) {
+    // Any other list (optional ints, tensors replaced by None): its elements.
+    const auto list = a.toListRef();
+    w.push_back(16 | static_cast<uint64_t>(list.size()) << 8);
+    for (const c10::IValue& x : list)
+      if (!push_arg(w, x)) return false;
   } else {
     return false;
   }
