@@ -154,3 +154,15 @@ def test_cache_stays_within_its_bound():
     finally:
         tte._C._set_flush_cache_limit(before)
     assert tte.metrics()["flush_cache_limit"] == before
+
+
+def test_a_tensor_list_argument_is_cacheable():
+    # cat's Tensor[] argument (its tensors recorded as inputs) is part of the structure.
+    x = cpu_randn(3, 4, seed=8)
+    xd = x.to("tpu")
+    for _ in range(2):
+        torch.cat([xd * 2, xd + 1]).exp().cpu()
+    before = _hits()
+    for _ in range(2):
+        torch.testing.assert_close(torch.cat([xd * 2, xd + 1]).exp().cpu(), torch.cat([x * 2, x + 1]).exp())
+    assert _hits() - before == 2
