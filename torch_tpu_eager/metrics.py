@@ -14,6 +14,10 @@ def metrics() -> dict:
     ``library_calls`` (ops not lowered), ``output_copies`` (op results the CPU
     kernel did not write into their device storage, copied there after it: CPU
     eager makes no such copy), ``cache_hits``, ``compiles``,
+    ``flush_cache_hits`` (flushes whose structure an earlier flush had: its
+    partition, keys and kernels reused, so the flush only binds and runs;
+    ``flush_cache_size`` / ``flush_cache_limit``: plans held and their bound,
+    ``TORCH_TPU_FLUSH_CACHE_SIZE``),
     ``bytes_materialized`` (bytes written to device storages), ``bytes_read``,
     ``padding_bytes`` (extra HBM bytes the tiled layouts of those reads and writes
     move), ``flops`` (useful operations: matmul 2*M*N*K, others one per element),

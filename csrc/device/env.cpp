@@ -29,6 +29,9 @@ const std::vector<Knob>& knobs() {
        "it) and a summary at exit; 2: also each region as it runs"},
       {"TORCH_TPU_KERNEL_CACHE_SIZE", KnobType::kInt, "8192", "runtime",
        "compiled kernels the JIT keeps in memory (least recently used evicted first)"},
+      {"TORCH_TPU_FLUSH_CACHE_SIZE", KnobType::kInt, "256", "runtime",
+       "flush plans the JIT keeps (partition, keys and kernels of a flush structure, reused by a later flush of the "
+       "same structure; least recently used evicted first)"},
       {"TORCH_TPU_BACKWARD_ON_CALLER", KnobType::kBool, "1", "python",
        "1: backward runs on the thread that calls it (torch.autograd.set_multithreading_enabled(False) in the thread "
        "that imports torch_tpu_eager), saving two thread hand-offs per backward; 0: on the device's autograd "

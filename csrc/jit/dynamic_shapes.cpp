@@ -70,5 +70,16 @@ SizeBuckets size_buckets(const TensorRef& r) {
   return out;
 }
 
+uint64_t dynamic_marks_hash(const DeferredStorage* storage) {
+  if (!g_any_ranges.load(std::memory_order_acquire)) return 0;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_ranges.find(storage->id);
+  if (it == g_ranges.end()) return 0;
+  uint64_t h = 0xCBF29CE484222325ULL;
+  for (const Range& m : it->second)
+    for (int64_t v : {m.ndim, m.dim, m.lower, m.upper}) h = (h ^ static_cast<uint64_t>(v)) * 0x100000001B3ULL;
+  return h | 1;
+}
+
 }  // namespace jit
 }  // namespace tpu_eager

@@ -29,5 +29,9 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
 using SizeBuckets = c10::SmallVector<uint64_t, 6>;
 SizeBuckets size_buckets(const TensorRef& r);
 
+// A hash of the mark_dynamic ranges declared for `storage` (0: none; no lock
+// taken until some range was declared): part of a flush's structure (flush_cache.h).
+uint64_t dynamic_marks_hash(const DeferredStorage* storage);
+
 }  // namespace jit
 }  // namespace tpu_eager

@@ -18,6 +18,7 @@
 #include "executors/executor.h"
 #include "jit/disk_cache.h"
 #include "jit/dynamic_shapes.h"
+#include "jit/flush_cache.h"
 #include "jit/kernel_trace.h"
 #include "jit/partition.h"
 #include "jit/region_disk_cache.h"
@@ -230,55 +231,50 @@ void note_compile(const std::vector<Node>& g, const Region& r, const std::string
 
 }  // namespace
 
-std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
-  const StorageSet observed = observed_after_flush(g);
-  std::vector<char> live = live_nodes(g, observed);
-  int64_t n_live = 0;
-  for (char l : live) n_live += l;
-  m.ops_eliminated += static_cast<int64_t>(g.size()) - n_live;
+namespace {
 
-  Executor& ex = active_executor();
-  std::vector<Region> regions = partition(g, live, observed, &ex);
-  apply_test_break(regions);
-  if (verify_enabled()) {
-    const std::string bad = verify_regions(g, live, observed, regions);
-    if (!bad.empty()) {
-      // A partition bug: nothing of the flush runs; what it writes holds the error.
-      std::exception_ptr err;
-      try {
-        TORCH_CHECK(false, "region verifier: ", bad, " (a partition bug; please report it)");
-      } catch (...) {
-        err = std::current_exception();
-      }
-      for (size_t i = 0; i < g.size(); ++i)
-        if (live[i]) for_each_written_storage(g[i], [&](DeferredStorage* s) { s->set_error(err); });
-      return err;
+// The flush-local memory schedule of `plan` (regions, live set): storages a
+// live node of this flush creates and nothing observes after it hold values
+// only between its regions: flush-local memory, freed after the last region
+// that uses them (host_runtime.h, set_transient). A storage made earlier
+// keeps its device buffer: that holds its value. Storages by number.
+void plan_transients(const std::vector<Node>& g, const FlushStorages& fs, FlushPlan& plan) {
+  std::vector<size_t> first_ref(g.size() + 1, 0);  // index into fs.numbers of each node's first reference
+  for (size_t i = 0; i < g.size(); ++i) first_ref[i + 1] = first_ref[i] + g[i].inputs.size() + g[i].outputs.size();
+  std::vector<char> made(fs.storages.size(), 0);
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!plan.live[i]) continue;
+    for (size_t j = 0; j < g[i].outputs.size(); ++j) {
+      const int32_t k = fs.numbers[first_ref[i] + g[i].inputs.size() + j];
+      if (!fs.observed[k]) made[k] = 1;
     }
   }
+  std::vector<int32_t> last_region(fs.storages.size(), -1);
+  for (size_t ri = 0; ri < plan.regions.size(); ++ri)
+    for (int i : plan.regions[ri].nodes)
+      for (size_t r = first_ref[i]; r < first_ref[i + 1]; ++r)
+        if (made[fs.numbers[r]]) last_region[fs.numbers[r]] = static_cast<int32_t>(ri);
+  plan.release_after.assign(plan.regions.size(), {});
+  plan.transient.clear();
+  for (size_t k = 0; k < made.size(); ++k) {
+    if (!made[k]) continue;
+    plan.transient.push_back(static_cast<int32_t>(k));
+    if (last_region[k] >= 0) plan.release_after[last_region[k]].push_back(static_cast<int32_t>(k));
+  }
+}
+
+// Runs the regions of `plan` on this flush's graph. `building` (the plan
+// itself, on a flush-cache miss) gets each region's key, kernel and layout as
+// it is looked up or compiled; false in `*complete` when some region has no
+// kernel (its compile failed: the plan is not kept).
+std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, const FlushPlan& plan,
+                               FlushPlan* building, bool* complete, Metrics& m) {
+  Executor& ex = active_executor();
   host::HostMemory mem;
-  // Storages a live node of this flush creates and nothing observes after it
-  // hold values only between its regions: flush-local memory, freed after the
-  // last region that uses them (host_runtime.h, set_transient). A storage made
-  // earlier keeps its device buffer: that holds its value.
-  std::vector<std::vector<DeferredStorage*>> release_after(regions.size());
   {
-    StorageSet made(g.size());
-    for (size_t i = 0; i < g.size(); ++i)
-      if (live[i])
-        for (const auto& o : g[i].outputs)
-          if (!observed.contains(o.storage.get())) made.insert(o.storage.get());
-    StorageMap<size_t> last_region(made.size());
-    for (size_t ri = 0; ri < regions.size(); ++ri) {
-      for (int i : regions[ri].nodes) {
-        for (const auto& in : g[i].inputs)
-          if (made.contains(in.ref.storage.get())) last_region[in.ref.storage.get()] = ri;
-        for (const auto& o : g[i].outputs)
-          if (made.contains(o.storage.get())) last_region[o.storage.get()] = ri;
-      }
-    }
-    last_region.for_each(
-        [&](const DeferredStorage* st, size_t ri) { release_after[ri].push_back(const_cast<DeferredStorage*>(st)); });
-    mem.set_transient(std::move(made));
+    StorageSet transient(plan.transient.size());
+    for (int32_t k : plan.transient) transient.insert(fs.storages[k]);
+    mem.set_transient(std::move(transient));
   }
   // Every target starts a new flush, so inspection of "the last flush" of an
   // inactive target (e.g. Spyre's schedule after a TPU flush) is empty.
@@ -286,11 +282,18 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   spyre_executor().begin_flush();
   std::exception_ptr first_error;
   std::vector<uint64_t> words;
-  for (const Region& r : regions) {
-    const uint64_t key = structural_key(g, r, &words);
+  for (size_t ri = 0; ri < plan.regions.size(); ++ri) {
+    const Region& r = plan.regions[ri];
+    uint64_t key;
     std::shared_ptr<Kernel> kernel;
     bool cache_hit = false;
-    {
+    if (!building) {
+      key = plan.keys[ri];
+      kernel = plan.kernels[ri];
+      cache_hit = true;
+      m.cache_hits++;
+    } else {
+      key = structural_key(g, r, &words);
       std::lock_guard<std::mutex> lock(g_cache_mu);
       kernel = cache_find(key, words);
       if (kernel) {
@@ -335,6 +338,12 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
       if (!first_error) first_error = err;
       failed = true;
     }
+    if (building) {
+      building->keys.push_back(key);
+      building->kernels.push_back(kernel);
+      building->layouts.push_back(layout_signature(r, g));
+      *complete = *complete && kernel != nullptr;
+    }
     if (!kernel && !info) info = describe(key, g, r);
     const CompiledRegion& compiled = kernel ? kernel->info() : *info;
     static const bool log_regions = env::get_bool("TORCH_TPU_LOG_REGIONS") || debug::level() >= 2;
@@ -345,7 +354,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
       try {
         // Timed for metrics_report() ("region_run": two clock reads a region).
         const auto run_start = std::chrono::steady_clock::now();
-        kernel->run(r, g, mem, st);
+        kernel->run_with_layout(r, g, mem, st, plan.layouts[ri]);
         debug::time("region_run", std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count());
       } catch (...) {
         std::exception_ptr err = std::current_exception();
@@ -365,7 +374,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
       kineto::record_kernel(compiled.name, ops, st.sim_time_s, static_cast<double>(st.flops),
                             static_cast<double>(st.bytes_read + st.bytes_written), seqs);
     }
-    for (DeferredStorage* done : release_after[&r - regions.data()]) mem.release(done);
+    for (int32_t k : plan.release_after[ri]) mem.release(fs.storages[k]);
     m.regions_run++;
     m.ops_executed += static_cast<int64_t>(r.nodes.size());
     m.bytes_read += st.bytes_read;
@@ -381,7 +390,66 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   return first_error;
 }
 
+// A partition bug found by the verifier: nothing of the flush runs; what its
+// live nodes write holds the error.
+std::exception_ptr verifier_error(std::vector<Node>& g, const std::vector<char>& live, const std::string& bad) {
+  std::exception_ptr err;
+  try {
+    TORCH_CHECK(false, "region verifier: ", bad, " (a partition bug; please report it)");
+  } catch (...) {
+    err = std::current_exception();
+  }
+  for (size_t i = 0; i < g.size(); ++i)
+    if (live[i]) for_each_written_storage(g[i], [&](DeferredStorage* s) { s->set_error(err); });
+  return err;
+}
+
+}  // namespace
+
+std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
+  const FlushStorages fs = index_flush_storages(g);
+  // The flush's structure, looked up in the flush cache (flush_cache.h). A
+  // pending test break of the partition bypasses it (the flush must partition).
+  thread_local std::vector<uint64_t> words;
+  bool cacheable = !test_break_pending();
+  uint64_t hash = 0;
+  if (cacheable) hash = flush_structure(g, fs, &words, &cacheable);
+  if (cacheable) {
+    if (std::shared_ptr<const FlushPlan> plan = flush_cache_find(hash, words)) {
+      m.flush_cache_hits++;
+      m.ops_eliminated += static_cast<int64_t>(g.size()) - plan->n_live;
+      if (verify_enabled()) {
+        const std::string bad = verify_regions(g, plan->live, fs.observed_set(), plan->regions);
+        if (!bad.empty()) return verifier_error(g, plan->live, bad);
+      }
+      return run_regions(g, fs, *plan, nullptr, nullptr, m);
+    }
+  }
+
+  auto plan = std::make_shared<FlushPlan>();
+  const StorageSet observed = fs.observed_set();
+  plan->live = live_nodes(g, observed);
+  for (char l : plan->live) plan->n_live += l;
+  m.ops_eliminated += static_cast<int64_t>(g.size()) - plan->n_live;
+  plan->regions = partition(g, plan->live, observed, &active_executor());
+  apply_test_break(plan->regions);
+  if (verify_enabled()) {
+    const std::string bad = verify_regions(g, plan->live, observed, plan->regions);
+    if (!bad.empty()) return verifier_error(g, plan->live, bad);
+  }
+  plan_transients(g, fs, *plan);
+  bool complete = true;
+  std::exception_ptr err = run_regions(g, fs, *plan, plan.get(), &complete, m);
+  if (cacheable && complete) {
+    plan->hash = hash;
+    plan->words = words;
+    flush_cache_insert(std::move(plan));
+  }
+  return err;
+}
+
 void clear_cache() {
+  flush_cache_clear();
   std::lock_guard<std::mutex> lock(g_cache_mu);
   g_lru.clear();
   g_index.clear();

@@ -81,6 +81,13 @@ class Kernel {
   // written into their device storages, the rest bound as temporaries in
   // `mem`. Throws on a data error (stats.failed_at, errors_marked as in run_ops).
   virtual void run(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats) = 0;
+  // The same, given `layout` == layout_signature(region, graph) (the JIT's
+  // flush cache holds it): a kernel that picks its plan by layout need not
+  // compute it. The default ignores it.
+  virtual void run_with_layout(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
+                               RegionStats& stats, const std::vector<int64_t>& layout) {
+    run(region, graph, mem, stats);
+  }
 
  private:
   CompiledRegion info_;

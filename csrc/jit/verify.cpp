@@ -226,6 +226,8 @@ void set_verify(bool on) { g_verify.store(on); }
 
 void set_break_next_partition(int mode) { g_break.store(mode); }
 
+bool test_break_pending() { return g_break.load() != 0; }
+
 void apply_test_break(std::vector<Region>& regions) {
   const int mode = g_break.exchange(0);
   if (mode == 0) return;

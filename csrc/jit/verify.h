@@ -42,6 +42,8 @@ void set_verify(bool on);
 // of its own. 0: off.
 void set_break_next_partition(int mode);
 void apply_test_break(std::vector<Region>& regions);
+// Whether a test break waits for the next partition (the flush cache then lets the flush partition).
+bool test_break_pending();
 
 }  // namespace jit
 }  // namespace tpu_eager

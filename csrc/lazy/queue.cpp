@@ -51,6 +51,10 @@ DeviceQueue& Q() {
 struct ChipQueue {
   std::mutex mu;  // guards nodes, pending_bytes and pending_uses of the chip's storages
   std::vector<Node> nodes;
+  // An empty vector with room for the last flush's nodes: the next flush's
+  // queue (allocating and freeing that room at every flush cost a small
+  // flush ~7 K instructions in malloc).
+  std::vector<Node> spare;
   int64_t pending_bytes = 0;
   double sim_time_s = 0;  // simulated device time of every kernel run on the chip
   int64_t stream = 0;     // the stream of the pending nodes
@@ -125,6 +129,7 @@ void Metrics::add(const Metrics& d) {
   library_calls += d.library_calls;
   output_copies += d.output_copies;
   cache_hits += d.cache_hits;
+  flush_cache_hits += d.flush_cache_hits;
   compiles += d.compiles;
   plans_built += d.plans_built;
   kernel_cache_evictions += d.kernel_cache_evictions;
@@ -305,6 +310,7 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
     start_s = clock == c.stream_clock.end() ? 0.0 : clock->second;
     nodes.swap(c.nodes);
     // Room for as many nodes as this flush had: growing the vector node by node moved every node ~once more.
+    c.nodes.swap(c.spare);
     c.nodes.reserve(std::min(nodes.size(), static_cast<size_t>(std::max<int64_t>(queue_limits().first, 1))));
     c.pending_bytes = 0;
   }
@@ -339,24 +345,53 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
     m.add(delta);
   }
   nodes.clear();  // drop storage references outside the lock
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    // Keeps the room (nodes is empty), up to 1024 nodes' worth.
+    if (c.spare.capacity() < nodes.capacity() && nodes.capacity() <= 1024) c.spare.swap(nodes);
+  }
   return error;
 }
 
-StorageSet observed_after_flush(const std::vector<Node>& g) {
-  StorageMap<int64_t> uses(2 * g.size());  // counted as touch() counts them
+StorageSet observed_after_flush(const std::vector<Node>& g) { return index_flush_storages(g).observed_set(); }
+
+FlushStorages index_flush_storages(const std::vector<Node>& g) {
+  FlushStorages f;
+  StorageMap<int32_t> number(2 * g.size());
+  std::vector<int64_t> uses;  // by number, counted as touch() counts them
+  f.storages.reserve(2 * g.size());
+  f.numbers.reserve(3 * g.size());
+  auto visit = [&](DeferredStorage* s) {
+    const int32_t next = static_cast<int32_t>(f.storages.size());
+    const int32_t k = number.get_or(s, next);
+    if (k == next) {
+      f.storages.push_back(s);
+      uses.push_back(0);
+    }
+    uses[k]++;
+    f.numbers.push_back(k);
+  };
   for (const auto& n : g) {
-    for (const auto& in : n.inputs) uses[in.ref.storage.get()]++;
-    for (const auto& out : n.outputs) uses[out.storage.get()]++;
+    for (const auto& in : n.inputs) visit(in.ref.storage.get());
+    for (const auto& out : n.outputs) visit(out.storage.get());
   }
-  StorageSet observed(uses.size());
-  if (g.empty()) return observed;
+  f.observed.assign(f.storages.size(), 0);
+  if (g.empty()) return f;
   std::lock_guard<std::mutex> lock(C(node_device(g.front())).mu);
   // external_alive first: a tensor that dies after recording a use of its
   // storage did so after that node's enqueue, which pending_uses then shows.
-  uses.for_each([&](const DeferredStorage* s, int64_t k) {
-    if (s->external_alive.load(std::memory_order_acquire) || s->pending_uses > k) observed.insert(s);
-  });
-  return observed;
+  for (size_t k = 0; k < f.storages.size(); ++k) {
+    const DeferredStorage* s = f.storages[k];
+    f.observed[k] = s->external_alive.load(std::memory_order_acquire) || s->pending_uses > uses[k];
+  }
+  return f;
+}
+
+StorageSet FlushStorages::observed_set() const {
+  StorageSet set(storages.size());
+  for (size_t k = 0; k < storages.size(); ++k)
+    if (observed[k]) set.insert(storages[k]);
+  return set;
 }
 
 bool run_if_idle(const DeferredStorage* s, c10::function_ref<void()> fn) {

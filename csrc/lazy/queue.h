@@ -129,6 +129,7 @@ struct Metrics {
   int64_t library_calls = 0;  // ops run as a library call (not lowered)
   int64_t output_copies = 0;  // op results copied into their device storage (the kernel did not write it)
   int64_t cache_hits = 0;
+  int64_t flush_cache_hits = 0;  // flushes that reused an earlier flush's plan (jit/flush_cache.h)
   int64_t compiles = 0;
   int64_t plans_built = 0;             // kernel plans built: compiles plus re-plans for a new exact layout
   int64_t kernel_cache_evictions = 0;  // kernels the bounded kernel cache dropped (least recently used)
@@ -194,6 +195,20 @@ bool storage_has_pending(const DeferredStorage* s);
 // another thread, while this flush runs) uses it. Any other value the flush
 // computes is dead and need not be materialized.
 StorageSet observed_after_flush(const std::vector<Node>& g);
+// The storages one flush uses, numbered in order of first use: each node's
+// inputs, then its outputs, in program order. The JIT's flush cache keys a
+// flush by these numbers (which tensor references share a storage), not by
+// the storages themselves.
+struct FlushStorages {
+  std::vector<DeferredStorage*> storages;  // by number
+  std::vector<char> observed;              // by number: observed_after_flush holds it
+  std::vector<int32_t> numbers;            // per tensor reference, in the order above
+  // The observed storages as a set (what partition and liveness take).
+  StorageSet observed_set() const;
+};
+// Numbers the storages of `g` and finds which are observed after the flush
+// (as observed_after_flush, in one pass over the graph).
+FlushStorages index_flush_storages(const std::vector<Node>& g);
 // Runs `fn` under the queue lock when no queued node uses `s` (then nothing
 // can be enqueued meanwhile); returns whether it ran.
 bool run_if_idle(const DeferredStorage* s, c10::function_ref<void()> fn);

@@ -29,6 +29,7 @@
 #include "executors/tpu/tiling.h"
 #include "jit/disk_cache.h"
 #include "jit/dynamic_shapes.h"
+#include "jit/flush_cache.h"
 #include "jit/jit.h"
 #include "jit/verify.h"
 #include "jit/kernel_trace.h"
@@ -62,6 +63,9 @@ py::dict metrics_dict() {
   d["library_calls"] = m.library_calls;
   d["output_copies"] = m.output_copies;
   d["cache_hits"] = m.cache_hits;
+  d["flush_cache_hits"] = m.flush_cache_hits;
+  d["flush_cache_size"] = static_cast<int64_t>(jit::flush_cache_size());
+  d["flush_cache_limit"] = static_cast<int64_t>(jit::flush_cache_limit());
   d["compiles"] = m.compiles;
   d["plans_built"] = m.plans_built;
   d["kernel_cache_evictions"] = m.kernel_cache_evictions;
@@ -487,6 +491,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_clear_cache", &jit::clear_cache);
   m.def("_set_kernel_cache_limit", &jit::set_cache_limit);
+  m.def("_set_flush_cache_limit", &jit::set_flush_cache_limit);
   m.def("_jit_set_verify", &jit::set_verify, "Verifies every flush's regions (jit/verify.h) when True.");
   m.def("_jit_verify_enabled", &jit::verify_enabled);
   m.def("_jit_break_next_partition", &jit::set_break_next_partition,

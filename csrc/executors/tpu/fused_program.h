@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace tpu_eager {
@@ -124,6 +125,22 @@ struct Program {
   // value is computed into a cache-resident tile, then streamed to memory.
   // Never set in a softmax region (fused_elementwise.cpp, measured there).
   bool stream = false;
+  // The run's compiled form (fused_kernels.inc: tile functions, instruction
+  // groups, scratch slots), built by the first run and kept with the program
+  // (its kernel's plan), so a later run only refreshes the constants it
+  // copied. Not copied with the program.
+  struct CompiledCache {
+    std::shared_ptr<void> p;
+    CompiledCache() = default;
+    CompiledCache(const CompiledCache&) {}
+    CompiledCache& operator=(const CompiledCache&) {
+      p.reset();
+      return *this;
+    }
+    CompiledCache(CompiledCache&&) = default;
+    CompiledCache& operator=(CompiledCache&&) = default;
+  };
+  mutable CompiledCache compiled;
 };
 
 // Bytes a fused region must touch (inputs read + outputs written) before its

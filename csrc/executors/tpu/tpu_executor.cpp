@@ -368,6 +368,11 @@ class TpuKernel final : public Kernel {
   }
 
   void run(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats) override {
+    run_with_layout(region, graph, mem, stats, layout_signature(region, graph));
+  }
+
+  void run_with_layout(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats,
+                       const std::vector<int64_t>& sig) override {
     std::lock_guard<std::mutex> lock(mu_);
     // The precision the region's ops were recorded at (torch.tpu.precision is per thread).
     const auto prec = static_cast<at::Float32MatmulPrecision>(run_precision());
@@ -375,7 +380,6 @@ class TpuKernel final : public Kernel {
     // bucket, offsets, strides, aliasing) uses its own plan: one region kind
     // recurs with several layouts in one step (a block's q, k and v slices),
     // so the kernel keeps the last kMaxPlans, most recent first.
-    const std::vector<int64_t> sig = layout_signature(region, graph);
     size_t at = 0;
     while (at < plans_.size() && plans_[at].signature != sig) ++at;
     if (at == plans_.size()) {

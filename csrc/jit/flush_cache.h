@@ -1,0 +1,64 @@
+// The flush cache: what the JIT decided for a flush, reused by a later flush
+// of the same structure (a training step's flushes recur every step).
+//
+// A flush's structure is its graph with storages replaced by their numbers
+// (lazy/queue.h FlushStorages): per op, the operator, its primitive kind and
+// random-stream use, its tensor arguments (argument position, storage number,
+// dtype, conj / neg bits, exact offset, sizes and strides, whether written),
+// its fresh outputs (the same), its non-tensor arguments as the structural
+// key takes them (ints, bools, int lists, strings exactly; Python scalars
+// and wrapped-number tensors by kind only: runtime parameters), and per
+// storage whether it is observed after the flush, its size in bytes and its
+// mark_dynamic ranges. Two flushes of equal structure get the same liveness,
+// partition, structural keys, layout signatures and flush-local memory
+// schedule; a hit reuses them with the earlier flush's kernels, so the flush
+// only binds this flush's buffers and scalars and runs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "jit/region.h"
+#include "lazy/queue.h"
+
+namespace tpu_eager {
+namespace jit {
+
+// What run_graph decided for a flush of one structure. Storages are named by
+// their FlushStorages numbers.
+struct FlushPlan {
+  uint64_t hash = 0;
+  std::vector<uint64_t> words;  // the structure (full equality on lookup)
+  std::vector<char> live;       // per node: not dead code
+  int64_t n_live = 0;
+  std::vector<Region> regions;
+  std::vector<uint64_t> keys;                       // per region: structural key
+  std::vector<std::shared_ptr<Kernel>> kernels;     // per region
+  std::vector<std::vector<int64_t>> layouts;        // per region: layout_signature
+  std::vector<std::vector<int32_t>> release_after;  // per region: flush-local storages freed after it
+  std::vector<int32_t> transient;                   // flush-local storages (HostMemory::set_transient)
+};
+
+// The structure of `g` (storages numbered by `fs`) into `words` (cleared
+// first); returns its hash. False in `*cacheable` when an argument has a kind
+// the structure does not describe (the flush then bypasses the cache).
+uint64_t flush_structure(const std::vector<Node>& g, const FlushStorages& fs, std::vector<uint64_t>* words,
+                         bool* cacheable);
+
+// The plan of an earlier flush with this structure (moved to the front of
+// the LRU order), or null.
+std::shared_ptr<const FlushPlan> flush_cache_find(uint64_t hash, const std::vector<uint64_t>& words);
+// Adds a plan; drops least recently used plans past the limit.
+void flush_cache_insert(std::shared_ptr<const FlushPlan> plan);
+// Drops every plan (with the kernel cache: a target switch).
+void flush_cache_clear();
+// Plans held; at most flush_cache_limit().
+size_t flush_cache_size();
+// The bound: TORCH_TPU_FLUSH_CACHE_SIZE, else 256 plans. Setting it (at
+// least 1) drops plans down to it at once.
+size_t flush_cache_limit();
+void set_flush_cache_limit(size_t limit);
+
+}  // namespace jit
+}  // namespace tpu_eager

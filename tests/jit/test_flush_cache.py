@@ -1,0 +1,168 @@
+"""The JIT's flush cache (csrc/jit/flush_cache.h, issue 18: a cache-hit flush only binds and runs).
+
+A flush with the same structure as an earlier one (same ops, argument relations and exact
+geometry, same storages observed after it, same structural argument values) reuses that
+flush's partition, structural keys, kernels and flush-local memory schedule
+(``metrics()["flush_cache_hits"]``); a flush that differs in one of those details plans
+anew. Runtime scalars (Python floats, 0-dim tensors) are bound per flush. Errors poison
+the same storages on a hit as on the flush that planned. The cache is bounded (LRU,
+``flush_cache_size`` <= ``flush_cache_limit``). Values are compared with CPU PyTorch."""
+
+import pytest
+import torch
+
+from difftest import DEVICE, cpu_randn
+
+pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="the flush cache exists only on the tpu device")
+
+if DEVICE == "tpu":
+    import torch_tpu_eager as tte
+
+
+def _chain(x, s=0.25):
+    y = (x + 1.0) * x
+    y = y.sin().exp() - x
+    return (y * s).abs() + x
+
+
+def _hits():
+    return tte.metrics()["flush_cache_hits"]
+
+
+def test_repeated_flush_hits_and_equals_cpu():
+    x = cpu_randn(4, 4, seed=1)
+    xd = x.to("tpu")
+    for _ in range(2):  # plans this structure (the first flush may also hold the copy to the device)
+        _chain(xd).cpu()
+    tte.reset_metrics()
+    for _ in range(3):
+        torch.testing.assert_close(_chain(xd).cpu(), _chain(x))
+    m = tte.metrics()
+    assert m["flush_cache_hits"] == 3, m
+    assert m["compiles"] == 0 and m["cache_hits"] == m["regions_run"] > 0, m
+    assert 1 <= m["flush_cache_size"] <= m["flush_cache_limit"], m
+
+
+def test_runtime_scalars_are_bound_on_a_hit():
+    # The scale is a Python float (a runtime parameter): every value hits the same plan.
+    # add's alpha of 1 and of other values take different tile functions in the fused loop.
+    x, y = cpu_randn(3, 5, seed=2), cpu_randn(3, 5, seed=3)
+    xd, yd = x.to("tpu"), y.to("tpu")
+    _chain(xd, 0.5).cpu()
+    before = _hits()
+    for s in (0.5, -2.0, 3.0, 1.0, 0.125):
+        torch.testing.assert_close(_chain(xd, s).cpu(), _chain(x, s))
+        torch.testing.assert_close(torch.add(xd * 2, yd, alpha=s).neg().cpu(), torch.add(x * 2, y, alpha=s).neg())
+    assert _hits() - before >= 8
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["transposed_input", "offset_view", "other_size", "reduction_dim", "observed_intermediate", "dtype"],
+)
+def test_a_flush_differing_in_one_detail_misses(variant):
+    base = cpu_randn(6, 6, seed=4)
+
+    def program(x, kind):
+        if kind == "transposed_input":
+            x = x.t()  # same sizes, other strides
+        elif kind == "offset_view":
+            x = x.view(-1)[1:].view(5, 7)[:, :6]  # same ops on a view at another offset
+        elif kind == "other_size":
+            x = x[:5]
+        elif kind == "dtype":
+            x = x.double()
+        keep = x * 3.0
+        y = (keep + 1.0).exp().sum(dim=1 if kind == "reduction_dim" else 0)
+        return y, keep
+
+    xd = base.to("tpu")
+    for _ in range(2):  # the base structure, planned then hit
+        y = program(xd, "base")[0]  # `keep` dies before the flush: nothing observes it
+        torch.testing.assert_close(y.cpu(), program(base, "base")[0])
+    before = _hits()
+    y, keep = program(xd, variant)
+    if variant != "observed_intermediate":
+        del keep  # as in the base program
+    expected_y, expected_keep = program(base, variant)
+    torch.testing.assert_close(y.cpu(), expected_y)
+    assert _hits() == before, f"{variant}: a flush of another structure must not hit"
+    if variant == "observed_intermediate":
+        torch.testing.assert_close(keep.cpu(), expected_keep)
+
+
+def _failing(x, value, mask):
+    w = (x * 2).abs() + 1
+    t = (w * 10).to(torch.int8)
+    bad = t.masked_fill(mask, value)  # 300 does not fit int8: fails when it runs
+    after = w - 1  # independent of the failing op
+    dependent = bad + 1
+    return w, after, bad, dependent
+
+
+def test_an_error_in_a_cached_flush_poisons_what_it_did_on_the_planning_flush():
+    x = cpu_randn(4, 8, seed=5)
+    mask = torch.ones(4, 8, dtype=torch.bool)
+    xd, maskd = x.to("tpu"), mask.to("tpu")
+    w_cpu, after_cpu, _, _ = _failing(x, torch.tensor(3), mask)
+    messages = []
+    for attempt in range(3):  # the first flush plans, the later ones hit
+        hits = _hits()
+        w, after, bad, dependent = _failing(xd, torch.tensor(300, device="tpu"), maskd)
+        with pytest.raises(RuntimeError, match="without overflow") as first:
+            bad.cpu()
+        if attempt > 0:
+            assert _hits() == hits + 1
+        torch.testing.assert_close(after.cpu(), after_cpu)
+        torch.testing.assert_close(w.cpu(), w_cpu)
+        with pytest.raises(RuntimeError, match="without overflow") as second:
+            dependent.cpu()
+        assert str(second.value) == str(first.value)
+        messages.append(str(first.value))
+    assert messages[1] == messages[2]
+    # The same cached structure without the error computes CPU's values.
+    w, after, bad, dependent = _failing(xd, torch.tensor(3, device="tpu"), maskd)
+    _, _, bad_cpu, dependent_cpu = _failing(x, torch.tensor(3), mask)
+    torch.testing.assert_close(dependent.cpu(), dependent_cpu)
+    torch.testing.assert_close(bad.cpu(), bad_cpu)
+
+
+def test_verifier_runs_on_a_hit():
+    x = cpu_randn(5, seed=6)
+    xd = x.to("tpu")
+    # On for the rest of the session, as tests/jit/test_partition.py leaves it (no getter to restore).
+    tte._C._jit_set_verify(True)
+    before = _hits()
+    for _ in range(3):
+        torch.testing.assert_close(_chain(xd).cpu(), _chain(x))
+    assert _hits() - before >= 2
+
+
+def test_cache_stays_within_its_bound():
+    before = tte.metrics()["flush_cache_limit"]
+    tte._C._set_flush_cache_limit(4)
+    try:
+        x = cpu_randn(8, seed=7)
+        xd = x.to("tpu")
+        for n in range(1, 30):  # 29 distinct structures: chains of n ops
+            y, yc = xd, x
+            for _ in range(n):
+                y, yc = y * 1.5 + 1.0, yc * 1.5 + 1.0
+            torch.testing.assert_close(y.cpu(), yc)
+            m = tte.metrics()
+            assert m["flush_cache_size"] <= 4 == m["flush_cache_limit"], m
+    finally:
+        tte._C._set_flush_cache_limit(before)
+    assert tte.metrics()["flush_cache_limit"] == before
+
+
+def test_a_tensor_list_argument_is_cacheable():
+    # cat's Tensor[] argument (its tensors recorded as inputs) is part of the structure.
+    x = cpu_randn(3, 4, seed=8)
+    xd = x.to("tpu")
+    for _ in range(2):
+        torch.cat([xd * 2, xd + 1]).exp().cpu()
+    before = _hits()
+    for _ in range(2):
+        torch.testing.assert_close(torch.cat([xd * 2, xd + 1]).exp().cpu(), torch.cat([x * 2, x + 1]).exp())
+    assert _hits() - before == 2
