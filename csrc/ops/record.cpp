@@ -70,19 +70,35 @@ void for_each_tensor(torch::jit::Stack& stack, size_t first, size_t n, F&& f) {
   }
 }
 
+// Calls f(tensor) for each tensor among the written arguments (bit i of
+// `writes`: argument i, i < 64) of the op's arguments at stack[first, first + n).
+template <typename F>
+void for_each_written_tensor(uint64_t writes, torch::jit::Stack& stack, size_t first, size_t n, F&& f) {
+  for (uint64_t w = writes; w != 0; w &= w - 1) {
+    const auto i = static_cast<size_t>(__builtin_ctzll(w));
+    if (i >= n) break;
+    const c10::IValue& v = stack[first + i];
+    if (v.isTensor()) {
+      f(v.toTensor());
+    } else if (v.isTensorList()) {
+      const auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) f(list.get(j));
+    }
+  }
+}
+
 // Whether the op writes a "tpu" argument that is a lazy clone (ops/lazy_clone.h).
 bool writes_lazy_clone(uint64_t writes, torch::jit::Stack& stack, size_t first, size_t n) {
   bool any = false;
-  for_each_tensor(stack, first, n, [&](int arg, int, const at::Tensor& t) {
-    any = any || (arg < 64 && (writes >> arg & 1) && is_tpu(t) && needs_prepare_write(t));
-  });
+  for_each_written_tensor(writes, stack, first, n,
+                          [&](const at::Tensor& t) { any = any || (is_tpu(t) && needs_prepare_write(t)); });
   return any;
 }
 
 // Gives every lazy clone the op writes its own bytes (a copy recorded before the op).
 void prepare_writes(uint64_t writes, torch::jit::Stack& stack, size_t first, size_t n) {
-  for_each_tensor(stack, first, n, [&](int arg, int, const at::Tensor& t) {
-    if (arg < 64 && (writes >> arg & 1) && is_tpu(t)) prepare_write(t);
+  for_each_written_tensor(writes, stack, first, n, [&](const at::Tensor& t) {
+    if (is_tpu(t)) prepare_write(t);
   });
 }
 
@@ -1376,8 +1392,8 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   // raise their call-time errors before taking a mutable pointer).
   LazyCloneWrites cow;
   if (writes != 0 && writes_lazy_clone(writes, *stack, first, nargs)) {
-    for_each_tensor(*stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
-      if (arg < 64 && (writes >> arg & 1) && is_tpu(t) && needs_prepare_write(t)) cow.add(t);
+    for_each_written_tensor(writes, *stack, first, nargs, [&](const at::Tensor& t) {
+      if (is_tpu(t) && needs_prepare_write(t)) cow.add(t);
     });
   }
 
