@@ -180,6 +180,28 @@ def test_every_kind_of_write_materializes(dev, write):
     run_both(prog, dev)
 
 
+MIXED = {
+    "out_of_source": lambda t, c: torch.add(t, 1, out=c),
+    "copy_flipped_source": lambda t, c: c.copy_(t.flip(0)),
+    "source_reads_clone": lambda t, c: t.add_(c),
+    "cat_out": lambda t, c: torch.cat([t[2:], t[:2]], out=c),
+    "set_shares_storage": lambda t, c: torch.empty(0, device=c.device).set_(c.untyped_storage(), 0, (4,)).fill_(8),
+    "index_copy_": lambda t, c: c.index_copy_(0, torch.tensor([3, 0], device=c.device), t[:2]),
+}
+
+
+@pytest.mark.parametrize("op", sorted(MIXED))
+def test_ops_reading_one_side_and_writing_the_other(dev, op):
+    def prog(d):
+        t = _base(d)
+        data = C._data_address(t)
+        c = t._lazy_clone()
+        MIXED[op](t, c)
+        return t, c, _flags(t, c), C._data_address(t) == data, C._data_address(c) == data
+
+    run_both(prog, dev)
+
+
 def test_failed_write_leaves_the_share(dev):
     def prog(d):
         t = _base(d)
@@ -341,5 +363,19 @@ def test_second_chip(dev):
         c = t._lazy_clone()
         t.add_(1)
         return t.to(d).clone(), c.to(d).clone(), _flags(t, c)
+
+    run_both(prog, dev)
+
+
+@requires_tpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int64, torch.float32], ids=str)
+def test_spyre_target(dev, spyre_target, dtype):
+    # Small integers: exact in df16 and in Spyre's int32-held int64, so CPU is the reference.
+    def prog(d):
+        t = _base(d, dtype)
+        c = t._lazy_clone()
+        t.add_(1)
+        c.mul_(2)
+        return t, c, _flags(t, c)
 
     run_both(prog, dev)
