@@ -95,6 +95,16 @@ bool writes_lazy_clone(uint64_t writes, torch::jit::Stack& stack, size_t first, 
   return any;
 }
 
+// The arguments an op writes on this call (plan.writes): batch norm in eval
+// mode (training, argument 5, false) leaves its running statistics
+// (arguments 3 and 4) as they are, so CPU does not make lazy clones of them
+// copy (kEvalEmptySaveStats marks the ops).
+uint64_t writes_of_call(const OpPlan& plan, torch::jit::Stack& stack, size_t first) {
+  if ((plan.traits & kEvalEmptySaveStats) && stack[first + 5].isBool() && !stack[first + 5].toBool())
+    return plan.writes & ~((uint64_t{1} << 3) | (uint64_t{1} << 4));
+  return plan.writes;
+}
+
 // Gives every lazy clone the op writes its own bytes (a copy recorded before the op).
 void prepare_writes(uint64_t writes, torch::jit::Stack& stack, size_t first, size_t n) {
   for_each_written_tensor(writes, stack, first, n, [&](const at::Tensor& t) {
@@ -1136,12 +1146,12 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // CPU's kernels take a mutable pointer once their checks passed). The copy is
   // recorded first, and may evict the meta cache's entry: keep it.
   MetaOutcome held;
-  if (plan.writes != 0 && writes_lazy_clone(plan.writes, *stack, first, nargs)) {
+  if (plan.writes != 0 && writes_lazy_clone(writes_of_call(plan, *stack, first), *stack, first, nargs)) {
     if (cached != &computed) {
       held = *cached;
       cached = &held;
     }
-    prepare_writes(plan.writes, *stack, first, nargs);
+    prepare_writes(writes_of_call(plan, *stack, first), *stack, first, nargs);
   }
   const MetaOutcome& meta = *cached;
   if (plan.traits & kWarnsOnOutResize) warn_arange_out_resize(*stack, first, meta);

@@ -202,6 +202,38 @@ def test_ops_reading_one_side_and_writing_the_other(dev, op):
     run_both(prog, dev)
 
 
+STORAGE_WRITES = {
+    "slice_of_source": lambda t, c: t.untyped_storage()[0:8].fill_(0),
+    "slice_of_clone": lambda t, c: c.untyped_storage()[4:8].fill_(0),
+    "typed_setitem": lambda t, c: c.untyped_storage().__setitem__(slice(0, 4), 255),
+}
+
+
+@pytest.mark.parametrize("write", sorted(STORAGE_WRITES))
+def test_storage_writes(dev, write):
+    def prog(d):
+        t = _base(d)
+        c = t._lazy_clone()
+        STORAGE_WRITES[write](t, c)
+        return t, c, _flags(t, c)
+
+    run_both(prog, dev)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_running_stats(dev, training):
+    # Training updates the running statistics (a write: they get their own memory);
+    # eval mode only reads them (they stay shared), as on CPU.
+    def prog(d):
+        mean, var = torch.zeros(3, device=d), torch.ones(3, device=d)
+        rm, rv = mean._lazy_clone(), var._lazy_clone()
+        x = cpu_randn(4, 3).to(d)
+        out = torch.nn.functional.batch_norm(x, rm, rv, training=training, momentum=0.5)
+        return out, mean, var, rm, rv, _flags(mean, var, rm, rv)
+
+    run_both(prog, dev)
+
+
 def test_failed_write_leaves_the_share(dev):
     def prog(d):
         t = _base(d)
