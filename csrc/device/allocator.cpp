@@ -19,6 +19,11 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/impl/COWDeleter.h>
+
+#include <unordered_map>
+#include <variant>
 
 namespace tpu_eager {
 namespace {
@@ -100,6 +105,38 @@ void registry_remove(DeferredStorage* ds) {
   ds->registry_prev = ds->registry_next = nullptr;
 }
 
+// The lazy-clone table: for each storage that lazy clones share, PyTorch's
+// copy-on-write context (which keeps what it wraps private) -> the storage.
+struct CowTable {
+  std::mutex mu;
+  std::unordered_map<const void*, DeferredStorage*> storage_of;
+};
+
+CowTable& cow_table() {
+  static auto* t = new CowTable();  // never destroyed: storages may die after static destructors
+  return *t;
+}
+
+// Forgets the copy-on-write context of `ds` (destroyed, or `ds` taken back
+// out of it). A new context at the same address maps another storage and stays.
+void cow_forget(DeferredStorage* ds) {
+  CowTable& t = cow_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (ds->cow_context == nullptr) return;
+  auto it = t.storage_of.find(ds->cow_context);
+  if (it != t.storage_of.end() && it->second == ds) t.storage_of.erase(it);
+  ds->cow_context = nullptr;
+}
+
+DeferredStorage* cow_storage(const void* cow_context) {
+  CowTable& t = cow_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.storage_of.find(cow_context);
+  TORCH_CHECK(it != t.storage_of.end(),
+              "tpu: a copy-on-write storage that the device did not make (torch._lazy_clone makes them)");
+  return it->second;
+}
+
 // One holder outside the queue (a StorageImpl) is gone. After the last, only
 // queue nodes use the storage and its pending values need not be computed.
 void drop_external_holder(DeferredStorage* ds) {
@@ -115,6 +152,8 @@ void delete_storage_ctx(void* ctx) {
   if (in_bad_fork()) return;
   // The StorageImpl died: its DeferredStorage lives on while queue nodes use it.
   auto* ds = static_cast<DeferredStorage*>(ctx);
+  // The last lazy clone died unmaterialized: its copy-on-write context is going.
+  if (ds->cow_context != nullptr) cow_forget(ds);
   drop_external_holder(ds);
   c10::intrusive_ptr<DeferredStorage>::reclaim(ds);  // drops the StorageImpl's reference
 }
@@ -326,7 +365,81 @@ DeviceBytes device_bytes_of(const c10::Storage& storage) {
     auto* a = static_cast<AliasCtx*>(dp.get_context());
     return {a->owner.get(), a->byte_offset};
   }
+  if (dp.get_deleter() == &c10::impl::cow::cow_deleter) return {cow_storage(dp.get_context()), 0};
   return adopt_alias(storage);
+}
+
+bool is_copy_on_write(const c10::DataPtr& dp) { return dp.get_deleter() == &c10::impl::cow::cow_deleter; }
+
+c10::DataPtr share_copy_on_write(c10::StorageImpl& impl) {
+  using c10::impl::cow::COWDeleterContext;
+  const c10::DeleterFnPtr deleter = impl.data_ptr().get_deleter();
+  void* data = impl.data_ptr().get();
+  const c10::Device device = impl.data_ptr().device();
+  COWDeleterContext* ctx = nullptr;
+  if (deleter == &delete_storage_ctx) {
+    // A plain device storage: its reference to the DeferredStorage moves into
+    // a new copy-on-write context, which this and every later lazy clone share.
+    auto* ds = static_cast<DeferredStorage*>(impl.data_ptr().get_context());
+    std::unique_ptr<void, c10::DeleterFnPtr> own(std::move(impl._mutable_data_ptr_no_checks().move_context()));
+    ctx = new COWDeleterContext(std::move(own));
+    {
+      CowTable& t = cow_table();
+      std::lock_guard<std::mutex> lock(t.mu);
+      t.storage_of[ctx] = ds;
+      ds->cow_context = ctx;
+    }
+    impl.set_data_ptr_noswap(c10::DataPtr(data, ctx, &c10::impl::cow::cow_deleter, device));
+  } else if (deleter == &c10::impl::cow::cow_deleter) {
+    ctx = impl.data_ptr().cast_context<COWDeleterContext>(&c10::impl::cow::cow_deleter);
+  } else {
+    // An alias storage (a DLPack import, an UntypedStorage slice): CPU's
+    // lazy clone refuses a storage whose context it does not know, with this error.
+    TORCH_CHECK(false,
+                "Expected storage != nullptr to be true, but got false.  (Could this error message be improved?  ",
+                "If so, please report an enhancement request to PyTorch.)");
+  }
+  ctx->increment_refcount();
+  return c10::DataPtr(data, ctx, &c10::impl::cow::cow_deleter, device);
+}
+
+bool end_copy_on_write(c10::StorageImpl& impl, const c10::Storage& copy, c10::function_ref<void()> fill_copy) {
+  using c10::impl::cow::COWDeleterContext;
+  auto* ctx = impl.data_ptr().cast_context<COWDeleterContext>(&c10::impl::cow::cow_deleter);
+  TORCH_INTERNAL_ASSERT(ctx != nullptr, "end_copy_on_write: not a copy-on-write storage");
+  DeferredStorage* ds = cow_storage(ctx);
+  const c10::Device device = impl.data_ptr().device();
+  // While `result` holds a NotLastReference (a shared lock on the context),
+  // the context and the bytes it wraps stay alive.
+  auto result = ctx->decrement_refcount();
+  c10::DataPtr now;
+  std::exception_ptr error;
+  const bool last = std::holds_alternative<COWDeleterContext::LastReference>(result);
+  if (last) {
+    // The only holder left: take the storage back (the context is gone).
+    std::unique_ptr<void, c10::DeleterFnPtr> own = std::get<COWDeleterContext::LastReference>(std::move(result));
+    TORCH_INTERNAL_ASSERT(own.get() == ds);
+    cow_forget(ds);
+    const c10::DeleterFnPtr deleter = own.get_deleter();
+    now = c10::DataPtr(ds->data, own.release(), deleter, device);
+  } else {
+    try {
+      fill_copy();
+    } catch (...) {
+      // The copy could not be recorded: the storage takes it anyway (the
+      // others keep the shared bytes) and reading it raises this error.
+      error = std::current_exception();
+    }
+    now = std::move(const_cast<c10::Storage&>(copy).unsafeGetStorageImpl()->_mutable_data_ptr_no_checks());
+    if (error) static_cast<DeferredStorage*>(now.get_context())->set_error(error);
+  }
+  // The old DataPtr's count on the context was dropped above.
+  impl._mutable_data_ptr_no_checks().release_context();
+  impl.set_data_ptr_noswap(std::move(now));
+  if (last && ds->host_share.load(std::memory_order_acquire) != nullptr)
+    host_share_follow(ds, c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(&impl)));
+  if (error) std::rethrow_exception(error);
+  return last;
 }
 
 DeferredStorage* deferred_storage_of(const c10::Storage& storage) { return device_bytes_of(storage).storage; }

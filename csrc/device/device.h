@@ -9,6 +9,7 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
+#include <c10/util/FunctionRef.h>
 
 #include "lazy/deferred_storage.h"
 
@@ -90,8 +91,32 @@ struct DeviceBytes {
   int64_t byte_offset;  // bytes
 };
 DeviceBytes device_bytes_of(const c10::Storage& storage);
-// True for an alias storage (see DeviceBytes).
+// True for an alias storage (see DeviceBytes), and for the shared storage of
+// lazy clones (is_copy_on_write below): neither may move its bytes.
 bool is_alias_storage(const c10::Storage& storage);
+
+// ---- Lazy clones (torch._lazy_clone; PyTorch's c10/core/impl/COW.h) ----
+// A lazy clone and its source are distinct StorageImpls over one
+// DeferredStorage, through PyTorch's own copy-on-write context
+// (c10::impl::cow::COWDeleterContext, deleter cow::cow_deleter), so
+// torch._C._is_cow_tensor, data addresses and device_bytes_of answer as for
+// CPU's lazy clones. The first write through any of them gives that one its
+// own bytes (ops/lazy_clone.h); the last one keeps the shared storage.
+//
+// Whether `dp` is such a shared (copy-on-write) DataPtr.
+bool is_copy_on_write(const c10::DataPtr& dp);
+// Makes `impl` copy-on-write (if it is a plain device storage) and returns one
+// more reference to its bytes, for the StorageImpl of a new lazy clone.
+// Raises CPU's RuntimeError for an alias storage (a DLPack import, an
+// UntypedStorage slice), whose memory CPU's lazy clone refuses too.
+c10::DataPtr share_copy_on_write(c10::StorageImpl& impl);
+// Ends `impl`'s share of copy-on-write bytes. When other StorageImpls still
+// share them, calls fill_copy() (which records the copy of the shared bytes
+// into `copy`, a fresh device storage of the same size) and moves `copy`'s
+// bytes into `impl` (`copy` keeps none), and returns false. When `impl` was
+// the last holder it takes the shared DeferredStorage back, returns true,
+// and `copy` is left as it was. Requires is_copy_on_write(impl.data_ptr()).
+bool end_copy_on_write(c10::StorageImpl& impl, const c10::Storage& copy, c10::function_ref<void()> fill_copy);
 
 // The DeferredStorage behind a "tpu" tensor's storage (see device_bytes_of).
 DeferredStorage* deferred_storage_of(const c10::Storage& storage);

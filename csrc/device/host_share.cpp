@@ -147,7 +147,17 @@ void unshare_for_write(DeferredStorage* s) {
   release(h);  // the CPU tensors own the old buffer now
 }
 
+void host_share_follow(DeferredStorage* s, const c10::Storage& storage) {
+  std::lock_guard<std::mutex> lock(g_share_mu);
+  HostShare* h = s->host_share.load(std::memory_order_acquire);
+  if (h != nullptr) h->device_impl = storage.getWeakStorageImpl();
+}
+
 void prepare_address_export(const at::Tensor& self) {
+  // A writable address leaves the device: a lazy clone gets its own bytes
+  // first (recorded, so run by the flush below), as CPU's export does.
+  c10::StorageImpl* impl = self.storage().unsafeGetStorageImpl();
+  if (impl->has_materializer()) (void)impl->mutable_data_ptr();
   DeferredStorage* s = deferred_storage_of(self);
   if (storage_has_pending(s)) (void)flush_all(FlushReason::kHostRead);  // errors of other ops stay with their tensors
   raise_storage_error(s);

@@ -37,6 +37,12 @@ at::Tensor share_with_host(const at::Tensor& self);
 // gone). Cheap when `s` is not shared (one atomic load).
 void unshare_for_write(DeferredStorage* s);
 
+// Makes `storage` the device StorageImpl whose DataPtr follows `s` when the
+// device moves to a private copy (unshare_for_write): `s` passed from one
+// StorageImpl to another (a lazy clone took the shared bytes back,
+// end_copy_on_write). A no-op when `s` is not shared.
+void host_share_follow(DeferredStorage* s, const c10::Storage& storage);
+
 // Releases the device's share of `s`'s buffer (from ~DeferredStorage): the
 // buffer is freed when the last CPU tensor sharing it is. Returns false when
 // `s` was not shared (the caller frees the buffer itself).

@@ -62,6 +62,13 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   // Set while CPU tensors share `data` copy-on-write (zero-copy t.cpu(),
   // device/host_share.h): a write to this storage first calls unshare_for_write.
   std::atomic<HostShare*> host_share{nullptr};
+  // Set while "tpu" StorageImpls share this storage as lazy clones
+  // (torch._lazy_clone): PyTorch's copy-on-write context
+  // (c10::impl::cow::COWDeleterContext) that owns the storage's reference for
+  // them all. Written under the mutex of the allocator's lazy-clone table
+  // (device/allocator.cpp); read without it only when the last holder outside
+  // the queue releases the storage, when nothing can write it any more.
+  void* cow_context = nullptr;
 };
 
 using StoragePtr = c10::intrusive_ptr<DeferredStorage>;

@@ -27,6 +27,7 @@
 #include "executors/executor.h"
 #include "lazy/queue.h"
 #include "ops/layout_kernels.h"
+#include "ops/lazy_clone.h"
 #include "ops/model_kernels.h"
 #include "ops/op_table.h"
 #include "ops/record.h"
@@ -119,8 +120,8 @@ void make_current(const at::Tensor& t, FlushReason reason) {
   raise_storage_error(s);
 }
 
-// Device to device: recorded as aten::copy_ (broadcast and dtype conversion
-// happen in the executor, as CPU's copy_ does them).
+}  // namespace
+
 at::Tensor record_copy(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
   static const auto copy_op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
   static const OpEntry entry{"copy_", PrimKind::kData, 0};
@@ -129,6 +130,8 @@ at::Tensor record_copy(const at::Tensor& dst, const at::Tensor& src, bool non_bl
   record_op(copy_op, entry, *plan, &stack);
   return dst;
 }
+
+namespace {
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   // copy_(dst, self) reaches the device here: `self` is the source.
@@ -156,6 +159,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   if (!is_tpu(self) && is_tpu(dst)) {
     TORCH_CHECK(self.device().is_cpu(), "copy from ", self.device(), " to tpu is not supported");
+    prepare_write(dst);  // a lazy clone gets its own bytes first (ops/lazy_clone.h)
     auto* s = deferred_storage_of(dst);
     // The source in the destination's dtype, converted on the host as copy_
     // converts: the target's storage rules (on Spyre, int64 held as int32 and
@@ -503,6 +507,7 @@ int64_t register_device_kernels() {
     impl("set_.source_Tensor", torch::CppFunction(TORCH_FN(set_tensor)));
     impl("set_", torch::CppFunction(TORCH_FN(set_empty)));
     impl("_has_compatible_shallow_copy_type", torch::CppFunction(TORCH_FN(has_compatible_shallow_copy_type)));
+    impl("_lazy_clone", torch::CppFunction(TORCH_FN(lazy_clone)));
     impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&convolution_kernel>());
     impl("convolution_backward_overrideable",
          torch::CppFunction::makeFromBoxedFunction<&convolution_backward_kernel>());

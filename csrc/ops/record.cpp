@@ -1,6 +1,7 @@
 // The generic record kernel: meta inference, one Node, fresh outputs.
 #include "ops/record.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/aminmax.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
@@ -37,6 +39,7 @@
 #include "ops/layout_kernels.h"
 #include "ops/memory_format.h"
 #include "ops/meta_outcome.h"
+#include "ops/lazy_clone.h"
 #include "ops/out_geometry.h"
 #include "ops/scalar_checks.h"
 
@@ -65,6 +68,48 @@ void for_each_tensor(torch::jit::Stack& stack, size_t first, size_t n, F&& f) {
       }
     }
   }
+}
+
+// Calls f(tensor) for each tensor among the written arguments (bit i of
+// `writes`: argument i, i < 64) of the op's arguments at stack[first, first + n).
+template <typename F>
+void for_each_written_tensor(uint64_t writes, torch::jit::Stack& stack, size_t first, size_t n, F&& f) {
+  for (uint64_t w = writes; w != 0; w &= w - 1) {
+    const auto i = static_cast<size_t>(__builtin_ctzll(w));
+    if (i >= n) break;
+    const c10::IValue& v = stack[first + i];
+    if (v.isTensor()) {
+      f(v.toTensor());
+    } else if (v.isTensorList()) {
+      const auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) f(list.get(j));
+    }
+  }
+}
+
+// Whether the op writes a "tpu" argument that is a lazy clone (ops/lazy_clone.h).
+bool writes_lazy_clone(uint64_t writes, torch::jit::Stack& stack, size_t first, size_t n) {
+  bool any = false;
+  for_each_written_tensor(writes, stack, first, n,
+                          [&](const at::Tensor& t) { any = any || (is_tpu(t) && needs_prepare_write(t)); });
+  return any;
+}
+
+// The arguments an op writes on this call (plan.writes): batch norm in eval
+// mode (training, argument 5, false) leaves its running statistics
+// (arguments 3 and 4) as they are, so CPU does not make lazy clones of them
+// copy (kEvalEmptySaveStats marks the ops).
+uint64_t writes_of_call(const OpPlan& plan, torch::jit::Stack& stack, size_t first) {
+  if ((plan.traits & kEvalEmptySaveStats) && stack[first + 5].isBool() && !stack[first + 5].toBool())
+    return plan.writes & ~((uint64_t{1} << 3) | (uint64_t{1} << 4));
+  return plan.writes;
+}
+
+// Gives every lazy clone the op writes its own bytes (a copy recorded before the op).
+void prepare_writes(uint64_t writes, torch::jit::Stack& stack, size_t first, size_t n) {
+  for_each_written_tensor(writes, stack, first, n, [&](const at::Tensor& t) {
+    if (is_tpu(t)) prepare_write(t);
+  });
 }
 
 // Arguments the schema marks as written (Tensor(a!)), as a bit mask.
@@ -1097,6 +1142,17 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     if (!key.empty()) meta_cache().insert(schema, key, computed, disk);
     cached = &computed;
   }
+  // Written lazy clones get their bytes now, after CPU's call-time checks (as
+  // CPU's kernels take a mutable pointer once their checks passed). The copy is
+  // recorded first, and may evict the meta cache's entry: keep it.
+  MetaOutcome held;
+  if (plan.writes != 0 && writes_lazy_clone(writes_of_call(plan, *stack, first), *stack, first, nargs)) {
+    if (cached != &computed) {
+      held = *cached;
+      cached = &held;
+    }
+    prepare_writes(writes_of_call(plan, *stack, first), *stack, first, nargs);
+  }
   const MetaOutcome& meta = *cached;
   if (plan.traits & kWarnsOnOutResize) warn_arange_out_resize(*stack, first, meta);
   if (!meta.written.empty() && resizes_read_write_arg(schema, meta, *stack, first, nargs)) {
@@ -1270,6 +1326,65 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   enqueue(std::move(node), fresh_bytes);
 }
 
+namespace {
+
+// The eager path's lazy clones that an op writes (run_eager): one host copy of
+// the shared bytes per StorageImpl, which the CPU kernel reads and writes;
+// commit() then gives the StorageImpl bytes of its own holding that copy.
+class LazyCloneWrites {
+ public:
+  bool empty() const { return copies_.empty(); }
+  // Makes a host copy of `t`'s storage (current: the caller flushed).
+  void add(const at::Tensor& t) {
+    const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    for (const auto& c : copies_)
+      if (c.impl == impl) return;
+    DeviceBytes b = device_bytes_of(t.storage());
+    raise_storage_error(b.storage);
+    const auto nbytes = static_cast<int64_t>(t.storage().nbytes());
+    at::Tensor host = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte));
+    if (nbytes > 0) std::memcpy(host.data_ptr(), static_cast<const char*>(b.storage->data) + b.byte_offset, nbytes);
+    copies_.push_back({impl, host.storage(), false});
+  }
+  // The CPU view of argument `t` (snapshot `r`): over the host copy when `t`
+  // shares a copied StorageImpl, else over the device buffer.
+  at::Tensor view(const at::Tensor& t, const TensorRef& r, host::HostMemory& mem) {
+    for (const auto& c : copies_)
+      if (c.impl == t.storage().unsafeGetStorageImpl()) return host::view_over(c.host, r);
+    return mem.strided(r);
+  }
+  // The host copy's first byte for a tensor over a copied StorageImpl, else nullptr.
+  const void* host_bytes(const at::Tensor& t) const {
+    for (const auto& c : copies_)
+      if (c.impl == t.storage().unsafeGetStorageImpl()) return c.host.data();
+    return nullptr;
+  }
+  // After the kernel wrote the host copy of `t`'s StorageImpl: the StorageImpl
+  // gets bytes of its own (prepare_write) and they take the host copy's value.
+  void commit(const at::Tensor& t) {
+    for (auto& c : copies_) {
+      if (c.impl != t.storage().unsafeGetStorageImpl() || c.done) continue;
+      c.done = true;
+      prepare_write(t);
+      DeferredStorage* now = device_bytes_of(t.storage()).storage;
+      if (storage_has_pending(now)) (void)flush_all(FlushReason::kDataDependent);  // the copy prepare_write recorded
+      unshare_for_write(now);
+      const size_t n = std::min(c.host.nbytes(), now->nbytes);
+      if (n > 0) std::memcpy(now->data, c.host.data(), n);
+    }
+  }
+
+ private:
+  struct Copy {
+    const c10::StorageImpl* impl;
+    c10::Storage host;  // CPU bytes, the StorageImpl's whole size (a kernel may grow them)
+    bool done;
+  };
+  std::vector<Copy> copies_;
+};
+
+}  // namespace
+
 void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool random, bool fallback,
                const OpPlan* plan) {
   const auto& schema = op.schema();
@@ -1280,6 +1395,17 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   ChipGuard chip(op_device(*stack, first, nargs));                        // results on the op's chip
   (void)flush_all(fallback ? FlushReason::kCpuFallback : FlushReason::kDataDependent);
   count_eager_op(fallback);
+
+  // Lazy clones the op writes (ops/lazy_clone.h): the CPU kernel runs on a host
+  // copy of their shared bytes, for every argument over the same StorageImpl,
+  // and they get bytes of their own only once it succeeded (as CPU's kernels
+  // raise their call-time errors before taking a mutable pointer).
+  LazyCloneWrites cow;
+  if (writes != 0 && writes_lazy_clone(writes, *stack, first, nargs)) {
+    for_each_written_tensor(writes, *stack, first, nargs, [&](const at::Tensor& t) {
+      if (is_tpu(t) && needs_prepare_write(t)) cow.add(t);
+    });
+  }
 
   // Storages this op writes and that CPU tensors share (zero-copy host reads)
   // get their own buffer first, before any argument's CPU view is built: a
@@ -1305,7 +1431,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     TensorRef r = make_ref(t);
     if (!is_out(arg) || !r.storage->error_seen) raise_storage_error(r.storage.get());
     at::Tensor& v = view_of[t.unsafeGetTensorImpl()];
-    if (!v.defined()) v = mem.strided(r);
+    if (!v.defined()) v = cow.empty() ? mem.strided(r) : cow.view(t, r, mem);
     host::set_tensor_slot(cpu[arg], elem, v);
   });
   // Written tensors, also when the same tensor came first as an input
@@ -1335,6 +1461,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     for (auto& [t, v] : written_views) {
       if (v.sizes().equals(t.sizes()) && v.strides().equals(t.strides()) && v.storage_offset() == t.storage_offset())
         continue;
+      cow.commit(t);  // a lazy clone resized: new memory of its own, as CPU's resize_ gives it
       at::Tensor orig = t;
       const bool moved = v.storage().data() != deferred_storage_of(orig)->data;
       adopt_geometry(orig, v.sizes(), v.strides(), v.storage_offset());
@@ -1342,6 +1469,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
     }
     throw;
   }
+  for (auto& [t, v] : written_views) cow.commit(t);
   if (Executor& ex = active_executor(); ex.has_eager_numerics()) {  // e.g. Spyre's storage numerics
     std::vector<c10::IValue> returns(cpu.begin(), cpu.begin() + schema.returns().size());
     const std::string name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
@@ -1372,7 +1500,9 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
         results.emplace_back(orig);
       } else {
         // A view of a tpu argument: same storage, geometry from the CPU result.
-        auto* base = static_cast<const char*>(bytes.storage->data) + bytes.byte_offset;
+        const void* host = cow.host_bytes(orig);
+        auto* base =
+            host ? static_cast<const char*>(host) : static_cast<const char*>(bytes.storage->data) + bytes.byte_offset;
         const int64_t off = (static_cast<const char*>(res.data_ptr()) - base) / static_cast<int64_t>(res.itemsize());
         at::Tensor alias =
             at::detail::make_tensor<c10::TensorImpl>(c10::Storage(orig.storage()), orig.key_set(), res.dtype());

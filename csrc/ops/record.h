@@ -91,6 +91,11 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
 void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool random, bool fallback,
                const OpPlan* plan = nullptr);
 
+// Records dst.copy_(src) between "tpu" tensors of one chip (broadcast and
+// dtype conversion happen in the executor, as CPU's copy_ does them); returns
+// `dst`. Defined in device_kernels.cpp.
+at::Tensor record_copy(const at::Tensor& dst, const at::Tensor& src, bool non_blocking);
+
 // Raises the error CPU/CUDA raise when a tensor of another device is mixed in.
 [[noreturn]] void raise_device_mismatch(const at::Tensor& other);
 
