@@ -105,9 +105,14 @@ at::Tensor make_meta(const at::Tensor& t, std::unordered_map<const void*, c10::S
   return m;
 }
 
+// A fresh result of a recorded op. Its storage remembers its StorageImpl, so a
+// flush may make the CPU kernel's result its memory (adopt_host_buffer).
 at::Tensor fresh_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype) {
-  return at::detail::empty_strided_generic(sizes, strides, device_allocator(),
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+  at::Tensor t = at::detail::empty_strided_generic(sizes, strides, device_allocator(),
+                                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+  const c10::Storage& st = t.storage();
+  static_cast<DeferredStorage*>(st.data_ptr().get_context())->impl.emplace(st.getWeakStorageImpl());
+  return t;
 }
 
 // Gives a tpu tensor the geometry the meta kernel gave its meta twin (out=
