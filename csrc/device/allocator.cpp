@@ -275,8 +275,8 @@ bool adopt_host_buffer(DeferredStorage* s, const c10::Storage& buffer) {
   if (!impl) return false;
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);  // alias lookups (adopt_alias) read s->data under it
-  if (s->address_exported.load(std::memory_order_acquire) ||
-      s->host_share.load(std::memory_order_acquire) != nullptr || s->host_owner)
+  if (s->address_exported.load(std::memory_order_acquire) || s->host_share.load(std::memory_order_acquire) != nullptr ||
+      s->host_owner)
     return false;
   c10::DataPtr& old = impl->_mutable_data_ptr_no_checks();
   if (old.get_context() != s || old.get_deleter() != &delete_storage_ctx) return false;  // resized meanwhile
