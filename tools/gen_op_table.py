@@ -312,6 +312,8 @@ OP_TRAITS = [
             "native_layer_norm",
             "native_layer_norm_backward",
             "relu",
+            "_adaptive_avg_pool2d",
+            "_adaptive_avg_pool2d_backward",
         },
         _default,
     ),

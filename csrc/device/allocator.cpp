@@ -267,8 +267,10 @@ DeferredStorage::~DeferredStorage() {
 
 bool adopt_host_buffer(DeferredStorage* s, const c10::Storage& buffer) {
   if (!s->impl || s->nbytes == 0 || buffer.nbytes() != s->nbytes || !buffer.device().is_cpu()) return false;
+  // No buffer (a ZeroTensor's storage has none), or not the device's alignment (block_alloc).
+  const void* data_const = buffer.data();
+  if (data_const == nullptr || reinterpret_cast<uintptr_t>(data_const) % 64 != 0) return false;
   void* data = buffer.unsafeGetStorageImpl()->mutable_data();
-  if (reinterpret_cast<uintptr_t>(data) % 64 != 0) return false;  // the device's alignment (block_alloc)
   // Declared before the lock: if this is the last reference, the StorageImpl
   // dies (and takes the registry lock) after the unlock.
   c10::intrusive_ptr<c10::StorageImpl> impl = s->impl->lock();

@@ -43,7 +43,8 @@ void bind_output(const Node& n, const TensorRef& ref, const at::Tensor& result, 
   if (materialize && result.scalar_type() == ref.dtype && result.storage_offset() == 0 && ref.offset == 0 &&
       result.sizes().equals(ref.sizes) && result.strides().equals(ref.strides) && ref.covers_storage() && !ref.conj &&
       !ref.neg && !result.is_conj() && !result.is_neg() && result.storage().nbytes() >= s->nbytes &&
-      result.storage().use_count() == 1 && result.device().is_cpu() && mem.adopt_output(s, result.storage()))
+      result.storage().use_count() == 1 && result.device().is_cpu() && !result._is_zerotensor() &&
+      mem.adopt_output(s, result.storage()))
     return;
   if (materialize) {
     stats.output_copies++;

@@ -144,3 +144,14 @@ def test_training_step_with_batch_norm_matches_cpu():
     torch.testing.assert_close(got_l, want_l)
     for g, w in zip(got_p, want_p):
         torch.testing.assert_close(g, w)
+
+
+def test_zero_tensor_result_is_copied_not_adopted():
+    # sgn's backward of a real input is an efficient zero tensor on CPU: a storage
+    # without a buffer, which must not become the gradient's device memory.
+    def grad(dev):
+        a = X.detach().to(dev).requires_grad_()
+        torch.sgn(a).sum().backward()
+        return a.grad.cpu()
+
+    torch.testing.assert_close(grad("tpu"), grad("cpu"), rtol=0, atol=0)

@@ -1,6 +1,7 @@
 """Shape inference by CPU's own kernel (OpTrait kInferOnCpu, record.cpp cpu_twins).
 
-For batch norm, layer norm (forward and backward) and relu, the record kernel infers a
+For batch norm, layer norm, adaptive average pooling (forward and backward) and relu, the
+record kernel infers a
 call's result geometry by running CPU's kernel on zero-filled CPU twins of the arguments
 instead of PyTorch's Python meta kernels (decompositions into dozens of reference ops,
 most of a training program's first step). The results, their strides and dtypes, the
@@ -103,3 +104,18 @@ def test_input_above_the_twin_bound_infers_with_the_meta_kernel():
     # 17 MiB of float32: past record.cpp's kInferOnCpuMaxBytes (16 MiB), the meta kernel infers.
     x = cpu_randn(17 * 2**18, 4, seed=18)
     run_both(lambda dev: torch.relu(x.to(dev)), DEVICE, check_stride=True)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_adaptive_avg_pool_forward_and_backward(channels_last):
+    x0 = cpu_randn(2, 3, 9, 7, seed=19)
+    if channels_last:
+        x0 = x0.contiguous(memory_format=torch.channels_last)
+
+    def fn(dev):
+        x = x0.detach().to(dev).requires_grad_()
+        y = F.adaptive_avg_pool2d(x, (4, 3))
+        y.square().sum().backward()
+        return y.detach(), x.grad
+
+    run_both(fn, DEVICE, check_stride=True)
