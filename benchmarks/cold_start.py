@@ -16,6 +16,18 @@ process checks its step against CPU PyTorch.
 
     python benchmarks/cold_start.py [--repeats 7] [--program train|infer] [--cpu-first]
 
+``--program steps`` times the first training step of each of the three steps of
+benchmarks/run_all.py section 7 (MLP + Adam, nanoGPT + AdamW + clip, CNN + BN + SGD
+momentum; one thread), each contender in a fresh process: "tpu" against CPU eager,
+interleaved, medians of --repeats processes and the median of the per-repeat ratios
+tpu / cpu (issue 18's target: <= 1.5). "setup" moves the model and batches and builds
+the optimizer (PyTorch's optimizer constructor imports torch._dynamo: not billed to
+the step); "first" is the first step with its loss read to the host; "second" the
+next step, for scale. For "tpu" it also reports, from metrics(), the JIT's compile
+time (``compile_time_s``), compiles and kernel plans built during the first step. With
+``--profile NAME`` it instead runs one "tpu" process of that case (mlp, gpt or cnn)
+under cProfile and prints the first step's top functions by cumulative time.
+
 ``--program first-op`` instead times whole processes, interleaved: the line
 ``import torch, torch_tpu_eager; (torch.ones(3, device='tpu') + 1).cpu()`` against
 ``import torch; (torch.ones(3) + 1).cpu()``, and prints the medians and their ratio
@@ -91,6 +103,76 @@ print(json.dumps({"import": t_import, "setup": t1 - t_setup, "record": t2 - t1, 
 """
 
 
+STEPS_CHILD = r"""
+import json, os, sys, time
+import torch
+import torch_tpu_eager
+sys.path.insert(0, os.path.join(os.environ["COLD_START_ROOT"], "benchmarks"))
+from run_all import StepTrainer, _training_cases
+
+torch.set_num_threads(1)
+case = int(os.environ["COLD_START_CASE"])
+device = os.environ["COLD_START_DEVICE"]
+name, make_model, make_opt, clip, make_batches = _training_cases(False)[case]
+batches = make_batches()
+t0 = time.perf_counter()
+trainer = StepTrainer(device, make_model, make_opt, clip, batches)
+if device != "cpu":
+    torch_tpu_eager.synchronize()
+m0 = torch_tpu_eager.metrics()
+t1 = time.perf_counter()
+profile = os.environ.get("COLD_START_PROFILE") == "1"
+if profile:
+    import cProfile, pstats
+    prof = cProfile.Profile()
+    prof.enable()
+loss = trainer.step().item()
+t2 = time.perf_counter()
+if profile:
+    prof.disable()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
+m1 = torch_tpu_eager.metrics()
+trainer.step().item()
+t3 = time.perf_counter()
+d = {k: m1[k] - m0[k] for k in ("compile_time_s", "compiles", "plans_built", "ops_recorded", "flushes")}
+print(json.dumps({"name": name, "setup": t1 - t0, "first": t2 - t1, "second": t3 - t2, "loss": loss, **d}))
+"""
+
+STEP_CASES = ("mlp", "gpt", "cnn")
+
+
+def run_steps_child(case, device, profile=False):
+    env = dict(os.environ, COLD_START_ROOT=ROOT, COLD_START_CASE=str(case), COLD_START_DEVICE=device)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("TORCH_TPU_CACHE_DIR", None)
+    if profile:
+        env["COLD_START_PROFILE"] = "1"
+    out = subprocess.run([sys.executable, "-c", STEPS_CHILD], env=env, capture_output=True, text=True, check=True)
+    if profile:
+        print(out.stdout)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def first_steps(repeats):
+    """First training step of run_all.py's section 7 steps, "tpu" vs CPU, a fresh process each."""
+    print(
+        f"{'step':44}{'cpu ms':>9}{'tpu ms':>9}{'tpu/cpu':>9}{'compile ms':>11}{'compiles':>9}"
+        f"{'plans':>7}{'cpu 2nd':>9}{'tpu 2nd':>9}"
+    )
+    for case in range(len(STEP_CASES)):
+        rows = {"cpu": [], "tpu": []}
+        for r in range(repeats):
+            for dev in ("cpu", "tpu") if r % 2 else ("tpu", "cpu"):
+                rows[dev].append(run_steps_child(case, dev))
+        ratio = statistics.median(t["first"] / c["first"] for t, c in zip(rows["tpu"], rows["cpu"]))
+        med = lambda dev, k: statistics.median(x[k] for x in rows[dev])  # noqa: E731
+        print(
+            f"{rows['tpu'][0]['name'][:43]:44}{1e3 * med('cpu', 'first'):9.1f}{1e3 * med('tpu', 'first'):9.1f}"
+            f"{ratio:9.2f}{1e3 * med('tpu', 'compile_time_s'):11.1f}{med('tpu', 'compiles'):9.0f}"
+            f"{med('tpu', 'plans_built'):7.0f}{1e3 * med('cpu', 'second'):9.1f}{1e3 * med('tpu', 'second'):9.1f}"
+        )
+
+
 def run_child(cache_dir, cpu_first=False, program="train"):
     env = dict(os.environ)
     env["COLD_START_PROGRAM"] = program
@@ -147,10 +229,16 @@ def main():
     )
     ap.add_argument(
         "--program",
-        choices=("train", "infer", "first-op"),
+        choices=("train", "infer", "first-op", "steps"),
         default="train",
         help="train: one SGD step; infer: the forward pass and loss only (no torch.optim import); "
-        "first-op: whole processes running one op, against CPU",
+        "first-op: whole processes running one op, against CPU; "
+        "steps: the first step of run_all.py's three training steps, against CPU",
+    )
+    ap.add_argument(
+        "--profile",
+        choices=STEP_CASES,
+        help="with --program steps: profile the first tpu step of this case (cProfile) instead",
     )
     ap.add_argument(
         "--cpu-first",
@@ -161,6 +249,12 @@ def main():
     args = ap.parse_args()
     if args.program == "first-op":
         first_op(args.repeats)
+        return
+    if args.program == "steps":
+        if args.profile:
+            run_steps_child(STEP_CASES.index(args.profile), "tpu", profile=True)
+        else:
+            first_steps(args.repeats)
         return
     tmp = tempfile.mkdtemp(prefix="tpu_cold_start_")
     try:

@@ -300,6 +300,23 @@ OP_TRAITS = [
     ),
     # bool tensor ** bool stays bool.
     ("kBoolPowKeepsBool", {"pow"}, lambda ov: ov == "Tensor_Scalar"),
+    # Shapes from CPU's kernel on zero-filled CPU twins: their Python meta kernels are
+    # decompositions into dozens of reference ops (1-5 ms a call), and CPU's kernels read
+    # no values to size results or raise (docs/performance.md, cold start, 2026-12-05).
+    (
+        "kInferOnCpu",
+        {
+            "native_batch_norm",
+            "native_batch_norm_backward",
+            "_native_batch_norm_legit",
+            "native_layer_norm",
+            "native_layer_norm_backward",
+            "relu",
+            "_adaptive_avg_pool2d",
+            "_adaptive_avg_pool2d_backward",
+        },
+        _default,
+    ),
     # The gradient is contiguous whatever grad_output's strides.
     ("kContiguousGradient", {"_log_softmax_backward_data"}, _default),
     # Eval mode: save_mean / save_invstd are empty.

@@ -294,10 +294,40 @@ DeviceAllocator g_allocator;
 }  // namespace
 
 DeferredStorage::~DeferredStorage() {
-  if (in_bad_fork()) return;  // the parent's buffer: leaked, no locks (device/fork.h)
-  // A buffer that CPU tensors still share is freed by the last of them.
-  if (!release_host_share(this)) block_free(data, nbytes, device);
+  if (in_bad_fork()) {  // the parent's buffer: leaked, no locks (device/fork.h)
+    if (host_owner) (void)host_owner.unsafeReleaseStorageImpl();
+    return;
+  }
+  // A buffer that CPU tensors still share is freed by the last of them; an
+  // adopted CPU buffer (host_owner) by its storage.
+  if (!release_host_share(this) && !host_owner) block_free(data, nbytes, device);
   account_free(nbytes, device);
+}
+
+bool adopt_host_buffer(DeferredStorage* s, const c10::Storage& buffer) {
+  if (!s->impl || s->nbytes == 0 || buffer.nbytes() != s->nbytes || !buffer.device().is_cpu()) return false;
+  // No buffer (a ZeroTensor's storage has none), or not the device's alignment (block_alloc).
+  const void* data_const = buffer.data();
+  if (data_const == nullptr || reinterpret_cast<uintptr_t>(data_const) % 64 != 0) return false;
+  void* data = buffer.unsafeGetStorageImpl()->mutable_data();
+  // Declared before the lock: if this is the last reference, the StorageImpl
+  // dies (and takes the registry lock) after the unlock.
+  c10::intrusive_ptr<c10::StorageImpl> impl = s->impl->lock();
+  if (!impl) return false;
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);  // alias lookups (adopt_alias) read s->data under it
+  if (s->address_exported.load(std::memory_order_acquire) || s->host_share.load(std::memory_order_acquire) != nullptr ||
+      s->host_owner)
+    return false;
+  c10::DataPtr& old = impl->_mutable_data_ptr_no_checks();
+  if (old.get_context() != s || old.get_deleter() != &delete_storage_ctx) return false;  // resized meanwhile
+  const c10::Device device = old.device();
+  old.release_context();  // the same context (one reference to `s`) goes into the new DataPtr
+  impl->set_data_ptr_noswap(c10::DataPtr(data, s, &delete_storage_ctx, device));
+  block_free(s->data, s->nbytes, s->device);
+  s->data = data;
+  s->host_owner = buffer;
+  return true;
 }
 
 void account_free(size_t nbytes, int device) {

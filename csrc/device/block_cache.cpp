@@ -13,7 +13,9 @@
 namespace tpu_eager {
 namespace {
 
-constexpr size_t kCachedMin = size_t{64} << 10;      // smaller blocks: glibc's own bins reuse them
+constexpr size_t kCachedMin = size_t{64} << 10;      // blocks from here on: by rounded size, in `free_blocks`
+constexpr size_t kSmallMax = size_t{4} << 10;        // blocks up to here: by 64-byte granule, in `small`
+constexpr int64_t kSmallLimit = int64_t{16} << 20;   // bytes of cached small blocks
 constexpr size_t kGranule = size_t{4} << 10;         // cache buckets: whole pages
 constexpr int64_t kCacheLimit = int64_t{512} << 20;  // bounded: a shape storm must not hoard memory
 
@@ -28,8 +30,17 @@ constexpr int kHostSlot = kMaxBlockDevices;
 struct Cache {
   std::mutex mu;
   std::unordered_map<size_t, std::vector<Cached>> free_blocks;  // rounded size -> blocks
-  int64_t bytes = 0;
-  int64_t device_bytes[kMaxBlockDevices + 1] = {};
+  // Small blocks (a scalar, a bias, an optimizer's step count): one bucket
+  // per 64-byte size. A fresh 64-byte-aligned block from the C library costs
+  // ~500 instructions (aligned_alloc's memalign path) and its free ~300; the
+  // record path allocates one per fresh result (docs/performance.md).
+  std::vector<Cached> small[kSmallMax / 64 + 1];
+  int64_t small_bytes = 0;
+  // Written under `mu`; read without it (block_cache_bytes: every device
+  // allocation updates the chip's reserved peak, and a lock there cost the
+  // record path ~100 instructions an op).
+  std::atomic<int64_t> bytes{0};
+  std::atomic<int64_t> device_bytes[kMaxBlockDevices + 1] = {};
 };
 
 int slot(int device) { return device >= 0 && device < kMaxBlockDevices ? device : 0; }
@@ -64,7 +75,19 @@ std::atomic<int64_t> g_live_padding[kMaxBlockDevices + 1] = {};  // rounded minu
 
 void* take_block(size_t nbytes) {
   const size_t size = rounded(nbytes);
-  if (size >= kCachedMin) {
+  if (size <= kSmallMax) {
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto& bucket = c.small[size / 64];
+    if (!bucket.empty()) {
+      const Cached b = bucket.back();
+      bucket.pop_back();
+      c.small_bytes -= static_cast<int64_t>(size);
+      c.bytes -= static_cast<int64_t>(size);
+      c.device_bytes[b.device] -= static_cast<int64_t>(size);
+      return b.ptr;
+    }
+  } else if (size >= kCachedMin) {
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
     auto it = c.free_blocks.find(size);
@@ -89,7 +112,17 @@ void free_in(void* ptr, size_t nbytes, int device) {
   if (!ptr || in_bad_fork()) return;  // a bad fork leaks: the cache lock may be a dead thread's
   const size_t size = rounded(nbytes);
   g_live_padding[device].fetch_sub(static_cast<int64_t>(size - nbytes));
-  if (size >= kCachedMin) {
+  if (size <= kSmallMax) {
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.small_bytes + static_cast<int64_t>(size) <= kSmallLimit) {
+      c.small[size / 64].push_back({ptr, device});
+      c.small_bytes += static_cast<int64_t>(size);
+      c.bytes += static_cast<int64_t>(size);
+      c.device_bytes[device] += static_cast<int64_t>(size);
+      return;
+    }
+  } else if (size >= kCachedMin) {
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.bytes + static_cast<int64_t>(size) <= kCacheLimit) {
@@ -115,8 +148,13 @@ void block_cache_release() {
   for (auto& [size, blocks] : c.free_blocks)
     for (const Cached& b : blocks) std::free(b.ptr);
   c.free_blocks.clear();
+  for (auto& bucket : c.small) {
+    for (const Cached& b : bucket) std::free(b.ptr);
+    bucket.clear();
+  }
+  c.small_bytes = 0;
   c.bytes = 0;
-  for (auto& b : c.device_bytes) b = 0;
+  for (auto& b : c.device_bytes) b.store(0);
 }
 
 int64_t block_live_padding(int device) {
@@ -127,9 +165,9 @@ int64_t block_live_padding(int device) {
 }
 
 int64_t block_cache_bytes(int device) {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  return device >= 0 ? c.device_bytes[slot(device)] : c.bytes;
+  const Cache& c = cache();
+  return device >= 0 ? c.device_bytes[slot(device)].load(std::memory_order_relaxed)
+                     : c.bytes.load(std::memory_order_relaxed);
 }
 
 }  // namespace tpu_eager

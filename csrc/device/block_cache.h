@@ -1,11 +1,15 @@
 // Host memory blocks behind device storages, with a cache of freed blocks of
-// 64 KiB or more (as CUDA's caching allocator keeps freed device memory): a
+// 64 KiB or more and of 4 KiB or less (as CUDA's caching allocator keeps freed
+// device memory, small blocks included): a
 // fresh block from the C library is new pages, and first-touching them costs
 // ~0.25 us per 4 KiB page (a 16 MiB result paid ~1 ms a flush in faults).
 // Handing blocks back to the C library also made it trim the top of its heap
 // and grow it again every training step (brk): the CNN step of
 // benchmarks/run_all.py took ~450 page faults and 0.3-0.6 ms of system time a
-// step, where CPU eager took ~1 (docs/performance.md, 2026-12-04).
+// step, where CPU eager took ~1 (docs/performance.md, 2026-12-04). Small
+// blocks are cached because every recorded op's fresh result takes one, and a
+// 64-byte-aligned block from the C library cost ~800 instructions to allocate
+// and free, a tenth of the record path (docs/performance.md, 2026-12-05).
 #pragma once
 
 #include <cstddef>
@@ -16,13 +20,15 @@ namespace tpu_eager {
 // A 64-byte-aligned block of at least `nbytes`; nullptr when out of memory.
 // Blocks of 64 KiB or more come from the cache when one of the same rounded
 // size (4 KiB granularity; 2 MiB from 4 MiB on, on transparent huge pages)
-// was freed.
+// was freed; blocks of 4 KiB or less when one of the same 64-byte multiple was
+// (up to 16 MiB of them are kept).
 // `device` is the simulated chip the block is accounted to (its padding, and
 // its cached bytes once freed): the cache itself is one pool of host memory,
 // and a block freed by one chip may be reused by another.
 void* block_alloc(size_t nbytes, int device = 0);
 // Returns a block of `block_alloc(nbytes)` to the cache (large blocks, while
-// the cache holds at most 512 MiB) or to the C library.
+// the cache holds at most 512 MiB; small ones, while it holds at most 16 MiB
+// of them) or to the C library.
 void block_free(void* ptr, size_t nbytes, int device = 0);
 // The same for a flush's host temporaries (values that never reach device
 // memory: executors/host_runtime.h, scratch_storage): one cache with the

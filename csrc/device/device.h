@@ -122,6 +122,18 @@ bool end_copy_on_write(c10::StorageImpl& impl, const c10::Storage& copy, c10::fu
 DeferredStorage* deferred_storage_of(const c10::Storage& storage);
 inline DeferredStorage* deferred_storage_of(const at::Tensor& t) { return deferred_storage_of(t.storage()); }
 
+// Makes `buffer` the device memory of `s` in place of its block, which goes
+// back to the block cache: a flush then keeps a CPU kernel's fresh result as
+// the device value instead of copying it (the device is simulated in host
+// memory). `buffer`: a CPU storage of exactly s->nbytes bytes, 64-byte
+// aligned, holding s's value in s's layout, that nothing else writes (a CPU
+// kernel's fresh result); `s` keeps a reference to it. The owning "tpu"
+// StorageImpl's DataPtr follows. Returns false, changing nothing, when the
+// buffer must stay where it is: `s` has no recorded owner (not an op's fresh
+// result), its address was handed out (DLPack, alias storages), CPU tensors
+// share it (host_share.h), or it was resized away.
+bool adopt_host_buffer(DeferredStorage* s, const c10::Storage& buffer);
+
 // Grows or shrinks the storage to `nbytes` keeping its bytes (flushes first).
 void resize_device_storage(const c10::Storage& storage, size_t nbytes);
 

@@ -29,6 +29,9 @@ struct HostShare {
   // when the device moves to a private copy (PyTorch's overlap checks and
   // Tensor.data_ptr() read it).
   std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> device_impl;
+  // The CPU storage that owns `data` when the device had adopted a CPU
+  // kernel's result (DeferredStorage::host_owner); else `data` is a block.
+  c10::Storage owner;
 };
 
 namespace {
@@ -45,8 +48,8 @@ void count_cow_copy(size_t nbytes) {
 
 void release(HostShare* h) {
   if (h->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    block_free(h->data, h->nbytes, h->device);
-    delete h;
+    if (!h->owner) block_free(h->data, h->nbytes, h->device);
+    delete h;  // drops `owner`, which frees an adopted buffer
   }
 }
 
@@ -94,6 +97,7 @@ at::Tensor share_with_host(const at::Tensor& self) {
       h->data = s->data;
       h->nbytes = s->nbytes;
       h->device = s->device;
+      h->owner = s->host_owner;
       h->device_impl = self.storage().getWeakStorageImpl();
       s->host_share.store(h, std::memory_order_release);
     }
@@ -134,6 +138,7 @@ void unshare_for_write(DeferredStorage* s) {
   std::memcpy(fresh, s->data, s->nbytes);
   count_cow_copy(s->nbytes);
   s->data = fresh;
+  s->host_owner = c10::Storage();  // the share keeps an adopted buffer (HostShare::owner)
   s->host_share.store(nullptr, std::memory_order_release);
   if (h->device_impl) impl = h->device_impl->lock();
   if (impl && impl->data_ptr().get_context() == s) {

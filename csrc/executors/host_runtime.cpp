@@ -11,6 +11,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "device/block_cache.h"
+#include "device/device.h"
 #include "jit/ir.h"
 #include "ops/custom_ops.h"
 
@@ -64,6 +65,13 @@ c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
 bool HostMemory::adopt_transient(DeferredStorage* s, c10::Storage storage) {
   if (!transient_.contains(s)) return false;
   map_[s] = Entry{std::move(storage), false};
+  return true;
+}
+
+bool HostMemory::adopt_output(DeferredStorage* s, c10::Storage storage) {
+  if (adopt_transient(s, storage)) return true;
+  if (!adopt_host_buffer(s, storage)) return false;
+  map_[s] = Entry{std::move(storage), false};  // the same bytes as s->data now
   return true;
 }
 

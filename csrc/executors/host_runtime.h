@@ -39,6 +39,11 @@ class HostMemory {
   // `s`) becomes what holds its value, instead of a copy into flush-local memory;
   // false (nothing bound) for any other storage.
   bool adopt_transient(DeferredStorage* s, c10::Storage storage);
+  // The same for any output: a transient one as above; for a storage that
+  // outlives the flush, `storage` (exactly s->nbytes, nothing else holding it)
+  // becomes its device memory (adopt_host_buffer, device/device.h). False
+  // (nothing bound) when neither applies: the caller copies.
+  bool adopt_output(DeferredStorage* s, c10::Storage storage);
   // Frees whatever holds the value of `s` (a transient storage after its last use).
   void release(DeferredStorage* s) { map_.erase(s); }
   // The value of r: a CPU tensor with r's dtype and geometry, read from the

@@ -35,13 +35,16 @@ void bind_output(const Node& n, const TensorRef& ref, const at::Tensor& result, 
   DeferredStorage* s = ref.storage.get();
   s->error = nullptr;
   if (materialize && written_directly.defined() && result.is_same(written_directly)) return;  // already in place
-  // A value that lives only between this flush's regions (transient): the CPU
-  // kernel's fresh result becomes its flush-local memory, when it is the whole
-  // storage in the recorded layout and nothing else holds it (not an input's alias).
+  // The CPU kernel's fresh result becomes the storage's memory, when it is the
+  // whole storage in the recorded layout and nothing else holds it (not an
+  // input's alias): flush-local memory for a value that lives only between this
+  // flush's regions (transient), else its device memory (the device is
+  // simulated in host memory; HostMemory::adopt_output).
   if (materialize && result.scalar_type() == ref.dtype && result.storage_offset() == 0 && ref.offset == 0 &&
       result.sizes().equals(ref.sizes) && result.strides().equals(ref.strides) && ref.covers_storage() && !ref.conj &&
       !ref.neg && !result.is_conj() && !result.is_neg() && result.storage().nbytes() >= s->nbytes &&
-      result.storage().use_count() == 1 && result.device().is_cpu() && mem.adopt_transient(s, result.storage()))
+      result.storage().use_count() == 1 && result.device().is_cpu() && !result._is_zerotensor() &&
+      mem.adopt_output(s, result.storage()))
     return;
   if (materialize) {
     stats.output_copies++;

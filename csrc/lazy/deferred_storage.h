@@ -13,7 +13,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <optional>
 
+#include <c10/core/Storage.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
 namespace tpu_eager {
@@ -69,6 +72,14 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   // (device/allocator.cpp); read without it only when the last holder outside
   // the queue releases the storage, when nothing can write it any more.
   void* cow_context = nullptr;
+  // The "tpu" StorageImpl whose DataPtr points at `data`, for an op's fresh
+  // result (set when the op is recorded): when a flush makes the CPU kernel's
+  // result buffer the device memory (adopt_host_buffer, device/device.h), that
+  // DataPtr follows (Tensor.data_ptr() and PyTorch's overlap checks read it).
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> impl;
+  // When set, `data` is this CPU storage's buffer (adopted from a CPU kernel's
+  // result) instead of a block of the block cache; it is freed with it.
+  c10::Storage host_owner;
 };
 
 using StoragePtr = c10::intrusive_ptr<DeferredStorage>;

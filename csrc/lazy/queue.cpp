@@ -223,20 +223,22 @@ HostCodeScope::~HostCodeScope() { t_host_code = prev_; }
 
 void set_lock_wait_hook(LockWaitHook hook) { g_lock_wait_hook.store(hook); }
 
-void enqueue(Node&& node, int64_t fresh_bytes) {
+void enqueue(Node&& node, int64_t fresh_bytes) { enqueue(std::move(node), fresh_bytes, recording_precision()); }
+
+void enqueue(Node&& node, int64_t fresh_bytes, int precision) {
   check_not_in_host_code();
   auto& q = Q();
   const int device = node_device(node);
   auto& c = C(device);
   const int64_t stream = current_stream_id(device);
-  const int precision = recording_precision();
   FlushReason reason = FlushReason::kCount;
   for (;;) {
     std::unique_lock<std::mutex> lock(c.mu);
     // Pending ops of another stream or precision run first. Checked again after
     // each flush, under the lock the push takes: another thread may have queued
     // ops of its own stream or precision in between.
-    if (!c.nodes.empty() && (c.stream != stream || c.precision != precision)) {
+    const bool other_precision = precision != kAnyPrecision && c.precision != kAnyPrecision && c.precision != precision;
+    if (!c.nodes.empty() && (c.stream != stream || other_precision)) {
       const FlushReason why = c.stream != stream ? FlushReason::kStreamSwitch : FlushReason::kPrecisionSwitch;
       lock.unlock();
       (void)flush_device(device, why);  // errors of this flush stay with their tensors
@@ -245,6 +247,8 @@ void enqueue(Node&& node, int64_t fresh_bytes) {
     if (c.nodes.empty()) {
       c.stream = stream;
       c.precision = precision;
+    } else if (c.precision == kAnyPrecision) {
+      c.precision = precision;  // the first pending node that reads it
     }
     // A storage read to the host without a copy gets its own buffer before
     // this op can write it (copy-on-write, device/host_share.h). Under the

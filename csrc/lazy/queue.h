@@ -156,6 +156,14 @@ struct Metrics {
 enum class EagerMode : int { kDeferAndFuse = 0, kDeferNever = 1, kDeferNeverAndLaunchBlocking = 2 };
 
 // Appends a node to the device queue; may flush (mode, length and byte limits).
+// `precision`: the float32 matmul precision the node runs at (device.h,
+// recording_precision()), or kAnyPrecision for a node that does not read it
+// (the record path passes it for matmul-class ops only: reading it costs a
+// hash lookup in at::Context). Pending nodes that read another precision are
+// flushed first (FlushReason::kPrecisionSwitch).
+constexpr int kAnyPrecision = -1;
+void enqueue(Node&& node, int64_t fresh_bytes, int precision);
+// The same at the calling thread's recording precision.
 void enqueue(Node&& node, int64_t fresh_bytes);
 // Flushes every pending op of the device; a no-op on an empty queue. An op
 // that fails does not stop the flush: the storages it (and ops depending on

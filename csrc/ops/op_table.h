@@ -57,6 +57,11 @@ enum OpTrait : uint32_t {
   kIteratorLayout = 1u << 28,   // CPU's TensorIterator over the tensor arguments, in schema order
   kEmptyLikeSelf = 1u << 29,    // CPU allocates empty_like(self) (Preserve), then iterates into it
   kOtherContiguous = 1u << 30,  // with kIteratorLayout: `other` enters as a contiguous tensor of its shape
+  // Shape inference by CPU's own kernel on zero-filled CPU twins of the arguments
+  // (record.cpp, cpu_twins): for ops whose result geometry and call-time errors depend
+  // on argument metadata only, and whose Python meta kernel is a decomposition into
+  // dozens of reference ops (1-5 ms a call, most of a training program's first step).
+  kInferOnCpu = 1u << 31,
 };
 
 struct OpEntry {

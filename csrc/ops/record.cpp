@@ -23,6 +23,7 @@
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/result_type_native.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/irange.h>
@@ -150,9 +151,24 @@ at::Tensor make_meta(const at::Tensor& t, std::unordered_map<const void*, c10::S
   return m;
 }
 
+// A fresh result of a recorded op (sizes and strides from a meta kernel:
+// valid, non-negative). Built directly, as at::empty_strided would for the
+// device without its checks and dispatch (~300 instructions an op). Its
+// storage remembers its StorageImpl, so a flush may make the CPU kernel's
+// result its memory (adopt_host_buffer).
 at::Tensor fresh_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype) {
-  return at::detail::empty_strided_generic(sizes, strides, device_allocator(),
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+  const caffe2::TypeMeta meta = c10::scalarTypeToTypeMeta(dtype);
+  const size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, meta.itemsize());
+  c10::Allocator* alloc = device_allocator();
+  c10::DataPtr data = alloc->allocate(nbytes);
+  auto* ds = static_cast<DeferredStorage*>(data.get_context());
+  auto impl = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes, std::move(data), alloc,
+                                                    /*resizable=*/true);
+  ds->impl.emplace(impl);
+  static const c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(impl)), keys, meta);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  return t;
 }
 
 // Gives a tpu tensor the geometry the meta kernel gave its meta twin (out=
@@ -789,6 +805,53 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, uint32_t traits, to
   }
 }
 
+// Twins' storages of at most this many bytes in all for kInferOnCpu (running
+// CPU's kernel costs its compute; past this size the meta kernel is cheaper).
+constexpr size_t kInferOnCpuMaxBytes = size_t{16} << 20;
+
+// stack[first, first + nargs) with zero-filled CPU twins of the tpu tensors
+// (one twin storage per tpu storage, so aliasing is CPU's) and "tpu" device
+// arguments made CPU, for shape inference by CPU's own kernel (OpTrait
+// kInferOnCpu). Nothing when the twins would exceed kInferOnCpuMaxBytes or an
+// argument has conjugate / negative bits: the meta kernel infers then.
+std::optional<torch::jit::Stack> cpu_twins(const torch::jit::Stack& stack, size_t first, size_t nargs) {
+  torch::jit::Stack twins(stack.begin() + first, stack.end());
+  std::unordered_map<const void*, c10::Storage> storages;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> twin_of;
+  size_t bytes = 0;
+  bool ok = true;
+  for_each_tensor(twins, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
+    if (!ok || !is_tpu(t)) return;
+    if (t.is_conj() || t.is_neg()) {
+      ok = false;
+      return;
+    }
+    at::Tensor& c = twin_of[t.unsafeGetTensorImpl()];
+    if (!c.defined()) {
+      auto it = storages.find(t.storage().unsafeGetStorageImpl());
+      if (it == storages.end()) {
+        const size_t n = t.storage().nbytes();
+        bytes += n;
+        if (bytes > kInferOnCpuMaxBytes) {
+          ok = false;
+          return;
+        }
+        c10::Allocator* cpu = c10::GetCPUAllocator();
+        c10::Storage st(c10::Storage::use_byte_size_t(), n, cpu->allocate(n), cpu, /*resizable=*/true);
+        if (n > 0) std::memset(st.mutable_data(), 0, n);
+        it = storages.emplace(t.storage().unsafeGetStorageImpl(), std::move(st)).first;
+      }
+      c = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                   t.dtype());
+      c.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    }
+    host::set_tensor_slot(twins[arg], elem, c);
+  });
+  if (!ok) return std::nullopt;
+  retarget_device_args(twins, 0, nargs, c10::DeviceType::CPU);
+  return twins;
+}
+
 // The cache key of a call into `k`, or an empty key when some argument is not cacheable.
 void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Stack& stack, size_t first, size_t n,
               std::vector<int64_t>& k) {
@@ -1037,7 +1100,10 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       retarget_device_args(twins, 0, nargs, c10::DeviceType::Meta);
       return twins;
     };
-    torch::jit::Stack meta_stack = meta_twins();
+    std::optional<torch::jit::Stack> on_cpu;
+    if (plan.traits & kInferOnCpu) on_cpu = cpu_twins(*stack, first, nargs);
+    const bool inferred_on_cpu = on_cpu.has_value();
+    torch::jit::Stack meta_stack = inferred_on_cpu ? std::move(*on_cpu) : meta_twins();
     // Range factories (arange, range, linspace, logspace) with out=: CPU keeps
     // the out tensor's shape and strides when its numel is the result's and
     // otherwise resize_s it to [n] (no warning); the reference meta kernels
@@ -1068,7 +1134,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       // Then the dispatcher's (Python) meta kernel, whose result geometry is
       // recorded and which checks what hand-written C++ meta kernels skip
       // (masked_fill_'s mask broadcast).
-      if (plan.cpp_meta_only) {
+      if (inferred_on_cpu) {
+        op.callBoxed(meta_stack);  // CPU's kernel: its geometry and its errors
+      } else if (plan.cpp_meta_only) {
         // A structured kernel's meta function: CPU's own inference, and no Python
         // (the reference meta kernels import sympy on their first call).
         plan.cpp_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
@@ -1126,6 +1194,8 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
         geoms.push_back(geometry_of(cpp ? cpp_returns[k].toTensor() : m));
       } else if (mv.isTensorList()) {
         for (const at::Tensor& m : mv.toTensorList().vec()) geoms.push_back(geometry_of(m));
+      } else if (inferred_on_cpu && mv.isNone()) {
+        geoms.push_back(Geometry());  // an undefined result (an output_mask entry that was off)
       } else {
         TORCH_INTERNAL_ASSERT(false, "record: unexpected return of ", schema.name());
       }
@@ -1133,12 +1203,12 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     }
     // A structured out= kernel restrides a resized out= as CPU's does; kOutResizedContiguous
     // kernels copy into a resized out, which comes back contiguous as the meta kernel says.
-    if (!plan.cpp_meta_only && !(plan.traits & kOutResizedContiguous)) {
+    if (!inferred_on_cpu && !plan.cpp_meta_only && !(plan.traits & kOutResizedContiguous)) {
       c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
       DeviceMetaInference as_cpu;
       restride_resized_outs(op, *stack, first, meta_args, computed);
     }
-    correct_meta_outcome(schema, plan.traits, *stack, first, computed);
+    if (!inferred_on_cpu) correct_meta_outcome(schema, plan.traits, *stack, first, computed);  // CPU's are CPU's
     if (!key.empty()) meta_cache().insert(schema, key, computed, disk);
     cached = &computed;
   }
@@ -1323,7 +1393,8 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   if (borrowed) borrowed->release();
   torch::jit::drop(*stack, nargs);
   for (auto& r : results) stack->push_back(std::move(r));
-  enqueue(std::move(node), fresh_bytes);
+  // Only matmul-class ops run at a float32 matmul precision (the MXU's passes).
+  enqueue(std::move(node), fresh_bytes, entry.kind == PrimKind::kMatmul ? recording_precision() : kAnyPrecision);
 }
 
 namespace {
