@@ -19,6 +19,28 @@ def timed(fn, *args):
     return clock() - t0
 
 
+def tpu_against_cpu(fn, dev_args, cpu_args, repeats):
+    """Interleaved samples of ``fn`` on "tpu" and CPU tensors: {"tpu": [s], "cpu": [s]}.
+
+    The "tpu" repeat includes recording and the flush (``torch.tpu.synchronize()``),
+    as CPU eager computes at the call; its result dies outside the clock.
+    """
+    import torch
+
+    def run_tpu():
+        t0 = clock()
+        out = fn(*dev_args)
+        torch.tpu.synchronize()
+        seconds = clock() - t0
+        del out
+        return seconds
+
+    def run_cpu():
+        return timed(fn, *cpu_args)
+
+    return interleave({"tpu": run_tpu, "cpu": run_cpu}, repeats)
+
+
 def interleave(contenders, repeats, warmup=1):
     """Run ``repeats`` rounds; in each, every contender runs once, in a rotating order.
 

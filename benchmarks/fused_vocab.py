@@ -12,13 +12,12 @@ per-repeat ratios (cpu/tpu > 1: tpu faster).
 import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import interleave, paired_ratio, summary  # noqa: E402
+from _timing import paired_ratio, summary, tpu_against_cpu  # noqa: E402
 
 import torch_tpu_eager  # noqa: E402, F401
 
@@ -81,20 +80,7 @@ def main():
         for label, fn in CHAINS:
             torch.testing.assert_close(fn(da, db).cpu(), fn(a, b), rtol=2e-2, atol=1e-2)
 
-            def run_tpu(fn=fn):
-                t0 = time.perf_counter()
-                out = fn(da, db)
-                torch.tpu.synchronize()  # record and flush, as CPU eager computes at the call
-                seconds = time.perf_counter() - t0
-                del out
-                return seconds
-
-            def run_cpu(fn=fn):
-                t0 = time.perf_counter()
-                fn(a, b)
-                return time.perf_counter() - t0
-
-            s = interleave({"tpu": run_tpu, "cpu": run_cpu}, args.repeats)
+            s = tpu_against_cpu(fn, (da, db), (a, b), args.repeats)
             tpu_ms, cpu_ms = summary(s["tpu"])["median"] * 1e3, summary(s["cpu"])["median"] * 1e3
             ratio = paired_ratio(s["cpu"], s["tpu"])
             print(f"{label:38} | {str(dtype)[6:]:8} | {tpu_ms:8.2f} | {cpu_ms:8.2f} | {ratio:.2f}")

@@ -13,13 +13,12 @@ epilogue ran op by op, one pass over the product per op. Per case: the median ms
 import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import interleave, paired_ratio, summary  # noqa: E402
+from _timing import paired_ratio, summary, tpu_against_cpu  # noqa: E402
 
 import torch_tpu_eager  # noqa: E402
 
@@ -62,25 +61,12 @@ def main():
     for label, fn in CASES:
         torch.testing.assert_close(fn(*dev).cpu(), fn(*cpu))
 
-        def run_tpu(fn=fn):
-            t0 = time.perf_counter()
-            out = fn(*dev)
-            torch.tpu.synchronize()  # record and flush, as CPU eager computes at the call
-            seconds = time.perf_counter() - t0
-            del out
-            return seconds
-
-        def run_cpu(fn=fn):
-            t0 = time.perf_counter()
-            fn(*cpu)
-            return time.perf_counter() - t0
-
         before = torch_tpu_eager.metrics()["regions_run"]
         out = fn(*dev)
         torch.tpu.synchronize()  # `out` alive: the flush computes it
         regions = torch_tpu_eager.metrics()["regions_run"] - before
         del out
-        s = interleave({"tpu": run_tpu, "cpu": run_cpu}, args.repeats)
+        s = tpu_against_cpu(fn, dev, cpu, args.repeats)
         tpu_ms, cpu_ms = summary(s["tpu"])["median"] * 1e3, summary(s["cpu"])["median"] * 1e3
         ratio = paired_ratio(s["cpu"], s["tpu"])
         print(f"{label:34} | {tpu_ms:8.2f} | {cpu_ms:8.2f} | {ratio:.2f}   ({regions} region(s))")
