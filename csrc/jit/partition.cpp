@@ -292,6 +292,10 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       }
       auto touched = [&](const DeferredStorage* st, bool writes, bool inplace, bool fresh) {
         Touch& t = touch[st];
+        // An op placed in an earlier region than the storage's latest (an
+        // op-by-op group taking a later op) leaves the later region's record:
+        // its loops must still see who read or wrote the storage.
+        if (t.region > target) return;
         if (t.region != target || grp < 0) {
           t = Touch{target, grp, writes, fresh ? grp : -1, inplace};
         } else {

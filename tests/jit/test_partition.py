@@ -191,3 +191,25 @@ def test_value_read_in_another_shape_is_cut_or_ordered(dev):
     b2.add_(1)  # written after a loop of another shape read it: not in that region
     y2c, b2c = y2.cpu(), b2.cpu()
     assert torch.equal(y2c, x + v * 2) and torch.equal(b2c, v * 2 + 1)
+
+
+def test_in_place_write_after_a_read_moved_into_an_earlier_region(dev):
+    # x comes from an op-by-op region (arange); x * 2 starts a fused region; x.sum()
+    # and the copies go back into arange's earlier region; x.add_ then writes x in the
+    # fused region. Partition must still see that the fused region's loop read x, so
+    # the write joins that loop (or is cut), never a second loop of the same region
+    # (the verifier rejects that); values equal CPU.
+    import torch_tpu_eager as tte
+
+    tte._C._jit_set_verify(True)
+
+    def prog(d):
+        x = torch.arange(6.0, device=d).reshape(2, 3)
+        y = x * 2
+        s = x.sum()
+        c = x.t().contiguous()
+        x.add_(100)
+        return [t.cpu() for t in (x, y, s, c)]
+
+    for got, expected in zip(prog(dev), prog("cpu")):
+        assert torch.equal(got, expected)
