@@ -42,9 +42,11 @@ type, then gloo's SUM; :func:`_premultiply`); the factor is read by the C++ op
 ReduceOp shows only its kind to Python.
 """
 
+import atexit
 import contextlib
 import datetime
 import threading
+import time
 import warnings
 import zlib
 
@@ -250,8 +252,65 @@ _FP_SLOTS = 64  # int64 slots: op, sequence number, payload length, payload chec
 _fp_seq: dict = {}  # group name -> collectives checked in this process
 
 
+# ---- interpreter exit: gloo's worker threads release our host tensors ----
+#
+# ProcessGroupGloo's worker thread (pt_gloo_runloop) drops its reference to a work -- and so
+# to the host tensors the work holds -- after it completed the work, i.e. after ``wait()`` may
+# have returned to us. Those tensors were made in Python, and releasing a C++ reference of a
+# tensor that has a Python object takes the GIL (c10::TensorImpl::decref_pyobject). If the
+# interpreter is finalizing by then (the last collective of a program is just before its
+# exit), CPython ends that thread with pthread_exit, whose unwinding through a noexcept
+# destructor aborts the process ("terminate called without an active exception", SIGABRT).
+# So every tensor handed to gloo stays listed here until only Python holds it, and an atexit
+# handler (:func:`_drain_transport`, run while Python is whole) waits for the workers to let
+# go of the listed ones.
+_handed: list = []
+_handed_lock = threading.Lock()
+_DRAIN_TIMEOUT_S = 5.0
+
+
+def _tensors_in(args):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from _tensors_in(a)
+
+
+def _held_by_gloo(t):
+    return t._use_count() > 1  # 1: only its Python object's reference
+
+
+def _hand_to_gloo(args):
+    """Lists the tensors in ``args`` (about to be passed to a gloo call) until gloo lets go."""
+    fresh = list(_tensors_in(args))
+    if not fresh:
+        return
+    with _handed_lock:
+        _handed[:] = [t for t in _handed if _held_by_gloo(t)] + fresh
+
+
+def _drain_transport(timeout_s=_DRAIN_TIMEOUT_S):
+    """atexit: waits (up to ``timeout_s`` seconds) until gloo's worker threads released every
+    listed tensor, so none of them takes the GIL once the interpreter is finalizing. A work
+    never waited for (an unmatched ``irecv``) can hold its tensors forever: then gives up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with _handed_lock:
+            _handed[:] = [t for t in _handed if _held_by_gloo(t)]
+            if not _handed:
+                return
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.001)
+
+
+atexit.register(_drain_transport)
+
+
 class _Transport:
-    """The gloo backend of a tpu_ccl group; its collectives run after the fingerprint check."""
+    """The gloo backend of a tpu_ccl group; its collectives run after the fingerprint check.
+    Every call's tensors are listed for :func:`_drain_transport`."""
 
     def __init__(self, gloo, group):
         self._gloo, self._group = gloo, group
@@ -259,14 +318,14 @@ class _Transport:
     def __getattr__(self, name):
         method = getattr(self._gloo, name)
         pick = _FINGERPRINTED.get(name)
-        if pick is None:
-            return method
 
-        def checked(*args):
-            _verify(self._gloo, self._group, name, list(pick(args)))
+        def call(*args):
+            if pick is not None:
+                _verify(self._gloo, self._group, name, list(pick(args)))
+            _hand_to_gloo(args)
             return method(*args)
 
-        return checked
+        return call if callable(method) else method
 
 
 def _fingerprint(op, seq, tensors):
@@ -306,6 +365,7 @@ def _verify(gloo, group, op, tensors):
     seq = _fp_seq[group] = _fp_seq.get(group, 0) + 1
     mine = _fingerprint(op, seq, tensors)
     theirs = [torch.empty_like(mine) for _ in range(gloo.size())]
+    _hand_to_gloo((theirs, mine))
     gloo.allgather([theirs], [mine]).wait()
     for rank, other in enumerate(theirs):
         if not torch.equal(other, mine):
