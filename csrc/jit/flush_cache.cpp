@@ -15,15 +15,6 @@ namespace tpu_eager {
 namespace jit {
 namespace {
 
-// Appends a tensor reference's layout: storage number and flags, offset, sizes, strides.
-inline void push_ref(std::vector<uint64_t>& w, const TensorRef& r, int32_t number, uint64_t flags) {
-  w.push_back(static_cast<uint64_t>(static_cast<uint32_t>(number)) | static_cast<uint64_t>(r.dtype) << 32 |
-              uint64_t{r.conj} << 40 | uint64_t{r.neg} << 41 | flags << 42 | uint64_t{r.sizes.size()} << 56);
-  w.push_back(static_cast<uint64_t>(r.offset));
-  for (auto s : r.sizes) w.push_back(static_cast<uint64_t>(s));
-  for (auto s : r.strides) w.push_back(static_cast<uint64_t>(s));
-}
-
 // Appends a non-tensor argument as the structural key and the fusion rules
 // see it (partition.cpp mix_ivalue, fused_elementwise.cpp acceptance_key):
 // structural values exactly, runtime scalars by kind. False for a kind

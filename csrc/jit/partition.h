@@ -22,7 +22,7 @@ namespace jit {
 // never keep a fused chain from fusing (a lone fusable elementwise op next to
 // such a region joins it: a loop of one op gains nothing); library calls run alone; a region
 // holds at most kMaxRegionOps ops. Outputs in `observed` (lazy/queue.h
-// observed_after_flush) and outputs read by a later region are materialized.
+// FlushStorages::observed) and outputs read by a later region are materialized.
 std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed,
                               const FusionRules* rules = nullptr);
 

@@ -357,8 +357,6 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   return error;
 }
 
-StorageSet observed_after_flush(const std::vector<Node>& g) { return index_flush_storages(g).observed_set(); }
-
 FlushStorages index_flush_storages(const std::vector<Node>& g) {
   FlushStorages f;
   StorageMap<int32_t> number(2 * g.size());

@@ -198,24 +198,23 @@ void stream_wait_until(int device, int64_t stream, double t);
 double charge_collective_time(int device, int64_t stream, double seconds);
 // True when queued nodes still read or write `s` (its host buffer may be stale).
 bool storage_has_pending(const DeferredStorage* s);
-// Storages used by `g` (the nodes of one flush) whose value can be observed
-// after it: a tensor still holds the storage, or a node recorded since (by
-// another thread, while this flush runs) uses it. Any other value the flush
-// computes is dead and need not be materialized.
-StorageSet observed_after_flush(const std::vector<Node>& g);
-// The storages one flush uses, numbered in order of first use: each node's
-// inputs, then its outputs, in program order. The JIT's flush cache keys a
-// flush by these numbers (which tensor references share a storage), not by
-// the storages themselves.
+// The storages one flush uses (the nodes `g`), numbered in order of first
+// use: each node's inputs, then its outputs, in program order. The JIT's flush
+// cache keys a flush by these numbers (which tensor references share a
+// storage), not by the storages themselves.
 struct FlushStorages {
   std::vector<DeferredStorage*> storages;  // by number
-  std::vector<char> observed;              // by number: observed_after_flush holds it
-  std::vector<int32_t> numbers;            // per tensor reference, in the order above
+  // By number: the storage's value can be observed after the flush (a tensor
+  // still holds it, or a node recorded since, by another thread while this
+  // flush runs, uses it). Any other value the flush computes is dead and need
+  // not be materialized.
+  std::vector<char> observed;
+  std::vector<int32_t> numbers;  // per tensor reference, in the order above
   // The observed storages as a set (what partition and liveness take).
   StorageSet observed_set() const;
 };
-// Numbers the storages of `g` and finds which are observed after the flush
-// (as observed_after_flush, in one pass over the graph).
+// Numbers the storages of `g` and finds which are observed after the flush,
+// in one pass over the graph.
 FlushStorages index_flush_storages(const std::vector<Node>& g);
 // Runs `fn` under the queue lock when no queued node uses `s` (then nothing
 // can be enqueued meanwhile); returns whether it ran.
