@@ -19,6 +19,24 @@ def timed(fn, *args):
     return clock() - t0
 
 
+def bench_args(doc, quick):
+    """Parses ``--repeats`` (default 15; 2 when ``quick``, the docs test's short form) and
+    ``--threads`` (default 1, applied with torch.set_num_threads) of a side-by-side benchmark
+    whose module docstring is ``doc``."""
+    import argparse
+
+    import torch
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    if quick:
+        args.repeats = 2
+    torch.set_num_threads(args.threads)
+    return args
+
+
 def tpu_against_cpu(fn, dev_args, cpu_args, repeats):
     """Interleaved samples of ``fn`` on "tpu" and CPU tensors: {"tpu": [s], "cpu": [s]}.
 

@@ -9,7 +9,6 @@ per-repeat ratios (cpu/tpu > 1: tpu faster).
     PYTHONPATH=. python benchmarks/fused_vocab.py [--repeats 15] [--threads 1]
 """
 
-import argparse
 import os
 import sys
 
@@ -17,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import paired_ratio, summary, tpu_against_cpu  # noqa: E402
+from _timing import bench_args, paired_ratio, summary, tpu_against_cpu  # noqa: E402
 
 import torch_tpu_eager  # noqa: E402, F401
 
@@ -63,13 +62,7 @@ CHAINS = [
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    if QUICK:
-        args.repeats = 2
-    torch.set_num_threads(args.threads)
+    args = bench_args(__doc__, QUICK)
     print(f"threads {args.threads}, repeats {args.repeats}, tensors {N[0]}x{N[1]}, load {os.getloadavg()[0]:.1f}")
     print(f"{'chain':38} | {'dtype':8} | {'tpu ms':>8} | {'cpu ms':>8} | cpu/tpu")
     for dtype in (torch.float32, torch.bfloat16):

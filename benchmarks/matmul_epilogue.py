@@ -10,7 +10,6 @@ epilogue ran op by op, one pass over the product per op. Per case: the median ms
     PYTHONPATH=. python benchmarks/matmul_epilogue.py [--repeats 15] [--threads 1]
 """
 
-import argparse
 import os
 import sys
 
@@ -18,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import paired_ratio, summary, tpu_against_cpu  # noqa: E402
+from _timing import bench_args, paired_ratio, summary, tpu_against_cpu  # noqa: E402
 
 import torch_tpu_eager  # noqa: E402
 
@@ -46,13 +45,7 @@ CASES = [
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    if QUICK:
-        args.repeats = 2
-    torch.set_num_threads(args.threads)
+    args = bench_args(__doc__, QUICK)
     print(f"threads {args.threads}, repeats {args.repeats}, x {M}x{K}, w {N}x{K}, load {os.getloadavg()[0]:.1f}")
     print(f"{'case':34} | {'tpu ms':>8} | {'cpu ms':>8} | cpu/tpu")
     g = torch.Generator().manual_seed(0)

@@ -134,6 +134,15 @@ int aliased_arg(const c10::FunctionSchema& s, size_t ret) {
   return -1;
 }
 
+// A tensor of `t`'s dtype and geometry (sizes, strides, offset) over
+// `storage`, dispatched to `key`: `t`'s twin on another device.
+at::Tensor twin_over(const at::Tensor& t, const c10::Storage& storage, c10::DispatchKey key) {
+  at::Tensor twin =
+      at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(key), t.dtype());
+  twin.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return twin;
+}
+
 at::Tensor make_meta(const at::Tensor& t, std::unordered_map<const void*, c10::Storage>& storages) {
   auto key = t.storage().unsafeGetStorageImpl();
   auto it = storages.find(key);
@@ -143,9 +152,7 @@ at::Tensor make_meta(const at::Tensor& t, std::unordered_map<const void*, c10::S
                     /*resizable=*/true);
     it = storages.emplace(key, std::move(st)).first;
   }
-  auto m = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second),
-                                                    c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
-  m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  at::Tensor m = twin_over(t, it->second, c10::DispatchKey::Meta);
   if (t.is_conj()) m._set_conj(true);
   if (t.is_neg()) m._set_neg(true);
   return m;
@@ -841,9 +848,7 @@ std::optional<torch::jit::Stack> cpu_twins(const torch::jit::Stack& stack, size_
         if (n > 0) std::memset(st.mutable_data(), 0, n);
         it = storages.emplace(t.storage().unsafeGetStorageImpl(), std::move(st)).first;
       }
-      c = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                   t.dtype());
-      c.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+      c = twin_over(t, it->second, c10::DispatchKey::CPU);
     }
     host::set_tensor_slot(twins[arg], elem, c);
   });
@@ -1216,12 +1221,15 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // CPU's kernels take a mutable pointer once their checks passed). The copy is
   // recorded first, and may evict the meta cache's entry: keep it.
   MetaOutcome held;
-  if (plan.writes != 0 && writes_lazy_clone(writes_of_call(plan, *stack, first), *stack, first, nargs)) {
-    if (cached != &computed) {
-      held = *cached;
-      cached = &held;
+  if (plan.writes != 0) {
+    const uint64_t writes = writes_of_call(plan, *stack, first);
+    if (writes_lazy_clone(writes, *stack, first, nargs)) {
+      if (cached != &computed) {
+        held = *cached;
+        cached = &held;
+      }
+      prepare_writes(writes, *stack, first, nargs);
     }
-    prepare_writes(writes_of_call(plan, *stack, first), *stack, first, nargs);
   }
   const MetaOutcome& meta = *cached;
   if (plan.traits & kWarnsOnOutResize) warn_arange_out_resize(*stack, first, meta);
