@@ -348,12 +348,30 @@ def case_bad_input(rank, world):
         "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
             torch.empty(n, device=dev), torch.ones(n * world, device=dev)
         ),
+        # all-to-alls may differ in size between ranks; what rank i sends to rank j must be what
+        # j expects from i (plain gloo aborts the process for the lists, leaves garbage for the splits)
+        "all_to_all list": lambda: dist.all_to_all(
+            [torch.empty(n, device=dev) for _ in range(world)], [torch.ones(n, device=dev) for _ in range(world)]
+        ),
+        "all_to_all_single splits": lambda: dist.all_to_all_single(  # rank 0 sends the last rank 2 rows, not 1
+            torch.empty(world, 2, device=dev),
+            torch.ones(world + (rank == 0), 2, device=dev),
+            [1] * world,
+            [1] * (world - 1) + [1 + (rank == 0)],
+        ),
+        "all_to_all_single dtype": lambda: dist.all_to_all_single(
+            torch.empty(world, dtype=dt, device=dev), torch.ones(world, dtype=dt, device=dev)
+        ),
     }
     for what, fn in mismatches.items():
         typ, msg = _raises(fn, what)
         assert typ is RuntimeError and "Detected mismatch between collectives" in msg, (what, typ, msg)
         if what == "all_reduce numel":  # both ranks' collectives are named, as torch's wrapper names them
             assert "OpType=ALLREDUCE, TensorShape=[[4]]" in msg and "TensorShape=[[6]]" in msg, msg
+        if what == "all_to_all_single splits":
+            assert f"Rank 0 sends 4 elements of float32 to rank {world - 1} in ALLTOALL_BASE" in msg, msg
+        if what == "all_to_all list":
+            assert "Rank 0 sends 4 elements of float32 to rank 1 in ALLTOALL, but Rank 1 expects 6" in msg, msg
         report[what] = msg[:100]
 
     # errors raised at the call: the same type and message as gloo on CPU tensors
@@ -826,10 +844,53 @@ def _cpu_chain(a, reps):
     return y
 
 
+def case_chips(rank, world):
+    """Several chips in one process: rank r drives chips 2r and 2r+1 (TORCH_TPU_NUM_DEVICES >= 2 x
+    world); collectives on either chip, the non-current one included, equal gloo on CPU bit for bit,
+    each charged to its own chip's simulated clock only, on that chip's interconnect stream."""
+    import torch_tpu_eager
+    from torch_tpu_eager.distributed import ici_stream
+
+    assert torch.tpu.device_count() >= 2 * world, torch.tpu.device_count()
+    _init(rank, world, "cpu:gloo,tpu:tpu_ccl")
+    chips = [torch.device("tpu", 2 * rank), torch.device("tpu", 2 * rank + 1)]
+    torch.tpu.set_device(chips[0])
+    clock = torch_tpu_eager._C._chip_sim_time
+    for k, dev in enumerate(chips):
+        other = chips[1 - k]
+        torch.tpu.synchronize(other)
+        other_t0, t0 = clock(other.index), clock(dev.index)
+        x = _inputs(rank + 10 * k, torch.float32, (64, 33))
+        c = x.clone()
+        dist.all_reduce(c)
+        t = x.to(dev)
+        w = dist.all_reduce(t, async_op=True)
+        w.wait()
+        assert t.device == dev
+        assert_bits(t, c, f"all_reduce on {dev}")
+        c = torch.empty(world * 64, 33)
+        dist.all_gather_into_tensor(c, x)
+        t = torch.empty(world * 64, 33, device=dev)
+        dist.all_gather_into_tensor(t, x.to(dev))
+        assert_bits(t, c, f"all_gather_into_tensor on {dev}")
+        torch.tpu.synchronize(dev)
+        assert clock(dev.index) > t0 and clock(other.index) == other_t0, (dev, clock(dev.index), t0)
+        assert ici_stream(dev).device_index == dev.index
+    # both chips' collectives in flight at once, then waited for
+    xs = [torch.full((8,), float(rank + 1 + k), device=d) for k, d in enumerate(chips)]
+    works = [dist.all_reduce(x, async_op=True) for x in xs]
+    for w in works:
+        w.wait()
+    for k, x in enumerate(xs):
+        assert x.cpu().tolist() == [float(sum(r + 1 + k for r in range(world)))] * 8
+    dist.destroy_process_group()
+
+
 def case_api(rank, world):
-    """case_default then case_bad_input in one pair of processes."""
+    """case_default, case_bad_input and case_chips in one pair of processes."""
     case_default(rank, world)
     case_bad_input(rank, world)
+    case_chips(rank, world)
 
 
 def case_parallel(rank, world):

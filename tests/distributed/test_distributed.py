@@ -21,8 +21,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = REPO_ROOT
 
 
-def _run_case(case, world=2, timeout=280):
+def _run_case(case, world=2, timeout=280, chips=None):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+    if chips is not None:
+        env["TORCH_TPU_NUM_DEVICES"] = str(chips)
     # the worker kills its ranks at this deadline, before the timeout below kills only the worker
     env["TPU_DIST_DEADLINE"] = str(timeout - 30)
     r = subprocess.run(
@@ -97,13 +99,15 @@ def test_collectives_overlap_compute_on_the_simulated_timeline():
     assert "overlap OK" in _run_case("overlap")
 
 
-def test_default_init_cpu_tensors_and_bad_input():
+def test_default_init_cpu_tensors_bad_input_and_several_chips_per_process():
     # init_process_group() with no backend, tpu:0 and tpu:1 in two processes, object
     # collectives through "tpu" tensors, NCCL's error for a CPU tensor; then mismatched
     # shapes/dtypes across ranks (torch's collective-mismatch error where plain gloo
     # aborts the process), gloo's errors for unsupported ops/dtypes, NCCL's for
     # PREMUL_SUM on integers / a factor tensor of another dtype, the group usable after
-    out = _run_case("api")
+    # mismatched all-to-all exchanges (plain gloo aborts or leaves garbage); then several chips in
+    # one process: each rank drives 2 of 4 chips, collectives on both equal gloo's
+    out = _run_case("api", chips=4)
     assert "api OK" in out and "Detected mismatch between collectives" in out
 
 

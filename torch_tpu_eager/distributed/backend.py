@@ -216,7 +216,8 @@ def _unbox(process_group):
 
 # The tensors each Backend method's fingerprint describes (its positional arguments ->
 # tensors), as _ProcessGroupWrapper chooses them; none where sizes may differ by design
-# (all_to_all's uneven splits, the coalesced forms). Point-to-point is not checked.
+# (all_to_all's uneven splits, the coalesced forms). Point-to-point is not checked (gloo
+# neither checks a message's size or dtype against the receive buffer, nor aborts there).
 _FINGERPRINTED = {
     "broadcast": lambda a: a[0],
     "allreduce": lambda a: a[0],
@@ -234,6 +235,42 @@ _FINGERPRINTED = {
     "barrier": lambda a: [],
 }
 _FP_OPS = tuple(_FINGERPRINTED)
+
+
+def _split_numels(t, splits, world):
+    """Elements of ``t`` per peer in an ``alltoall_base``: ``splits`` rows each (its rows split
+    evenly when ``splits`` is empty)."""
+    if not splits:
+        return [t.numel() // world] * world
+    if len(splits) != world:
+        return None
+    row = 1
+    for d in t.shape[1:]:
+        row *= d
+    return [int(n) * row for n in splits]
+
+
+# The all-to-alls legitimately differ in size between ranks, so their fingerprint describes
+# no tensor; instead each rank adds its exchange -- (input dtype, output dtype, elements sent
+# to each peer, elements expected from each peer) -- and every rank checks the whole matrix:
+# what rank i sends to rank j must be what rank j expects from rank i. Plain gloo aborts the
+# process when all_to_all's lists disagree and silently leaves garbage when all_to_all_single's
+# splits do. Arguments -> (input dtype, output dtype, sent per peer, expected per peer).
+# An exchange that is malformed on this rank alone (lists or splits not one per peer) is left
+# to gloo's own error at the call (None).
+_EXCHANGES = {
+    "alltoall": lambda a, world: (
+        (a[1][0].dtype, a[0][0].dtype, [t.numel() for t in a[1]], [t.numel() for t in a[0]])
+        if len(a[0]) == len(a[1]) == world
+        else None
+    ),
+    "alltoall_base": lambda a, world: (
+        a[1].dtype,
+        a[0].dtype,
+        _split_numels(a[1], a[3], world),
+        _split_numels(a[0], a[2], world),
+    ),
+}
 _FP_DTYPES = (
     torch.float32,
     torch.float64,
@@ -321,7 +358,9 @@ class _Transport:
 
         def call(*args):
             if pick is not None:
-                _verify(self._gloo, self._group, name, list(pick(args)))
+                exchange = _EXCHANGES.get(name)
+                world = self._gloo.size()
+                _verify(self._gloo, self._group, name, list(pick(args)), exchange and exchange(args, world))
             _hand_to_gloo(args)
             return method(*args)
 
@@ -356,23 +395,57 @@ def _describe(fp):
     return f"CollectiveFingerPrint(SequenceNumber={seq}, OpType={op}, TensorShape={shapes}, TensorDtypes={dtypes})"
 
 
-def _verify(gloo, group, op, tensors):
+def _verify(gloo, group, op, tensors, exchange=None):
     """All-gathers this rank's fingerprint of collective ``op`` on ``tensors`` (host
     buffers) and raises RuntimeError "Detected mismatch between collectives on ranks. Rank
     i is running collective: ..., but Rank j is running collective: ..." on every rank when
-    one differs. Errors of the all-gather itself (a dead peer, the group's timeout) are
-    gloo's RuntimeError."""
+    one differs. For an all-to-all, ``exchange`` (see ``_EXCHANGES``) travels with it, and
+    every rank raises RuntimeError "Detected mismatch between collectives on ranks. Rank i
+    sends n elements of dtype to rank j, but Rank j expects m elements of dtype from rank i"
+    when the ranks' sizes or dtypes do not pair up. Errors of the all-gather itself (a dead
+    peer, the group's timeout) are gloo's RuntimeError."""
     seq = _fp_seq[group] = _fp_seq.get(group, 0) + 1
-    mine = _fingerprint(op, seq, tensors)
-    theirs = [torch.empty_like(mine) for _ in range(gloo.size())]
+    world = gloo.size()
+    # the same length on every rank whatever the op (gloo aborts on all-gathers of different sizes)
+    mine = torch.full((_FP_SLOTS + 2 + 2 * world,), -1, dtype=torch.int64)
+    mine[:_FP_SLOTS] = _fingerprint(op, seq, tensors)
+    if exchange is not None and (exchange[2] is None or exchange[3] is None):
+        exchange = None
+    if exchange is not None:
+        dt_in, dt_out, sent, expected = exchange
+        mine[_FP_SLOTS : _FP_SLOTS + 2] = torch.tensor([_dtype_code(dt_in), _dtype_code(dt_out)])
+        mine[_FP_SLOTS + 2 :] = torch.tensor(list(sent) + list(expected), dtype=torch.int64)
+    theirs = [torch.empty_like(mine) for _ in range(world)]
     _hand_to_gloo((theirs, mine))
     gloo.allgather([theirs], [mine]).wait()
+    me = gloo.rank()
     for rank, other in enumerate(theirs):
-        if not torch.equal(other, mine):
+        if not torch.equal(other[:_FP_SLOTS], mine[:_FP_SLOTS]):
             raise RuntimeError(
-                f"Detected mismatch between collectives on ranks. Rank {gloo.rank()} is running collective: "
-                f"{_describe(mine)}, but Rank {rank} is running collective: {_describe(other)}."
+                f"Detected mismatch between collectives on ranks. Rank {me} is running collective: "
+                f"{_describe(mine[:_FP_SLOTS])}, but Rank {rank} is running collective: "
+                f"{_describe(other[:_FP_SLOTS])}."
             )
+    if exchange is not None:
+        rows = [t[_FP_SLOTS:].tolist() for t in theirs]
+        for i, row_i in enumerate(rows):
+            for j, row_j in enumerate(rows):
+                sent, dt_sent = row_i[2 + j], row_i[0]
+                expected, dt_expected = row_j[2 + world + i], row_j[1]
+                if (sent, dt_sent) != (expected, dt_expected):
+                    raise RuntimeError(
+                        f"Detected mismatch between collectives on ranks. Rank {i} sends {sent} elements of "
+                        f"{_dtype_name(dt_sent)} to rank {j} in {op.upper()}, but Rank {j} expects {expected} "
+                        f"elements of {_dtype_name(dt_expected)} from rank {i}."
+                    )
+
+
+def _dtype_code(dtype):
+    return _FP_DTYPES.index(dtype) if dtype in _FP_DTYPES else 99
+
+
+def _dtype_name(code):
+    return str(_FP_DTYPES[code]).replace("torch.", "") if 0 <= code < len(_FP_DTYPES) else "?"
 
 
 # NCCL's PREMUL_SUM data types; the factor is read as this dtype (torch's NCCL
