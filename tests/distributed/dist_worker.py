@@ -423,13 +423,26 @@ def case_bad_input(rank, world):
 
 
 def case_failing_rank(rank, world):
-    """Rank 1 raises before a collective; the others get an error from it within the timeout."""
+    """A rank that stays alive but skips a collective: the others get gloo's timeout error at the
+    group's timeout. Then rank 1 raises (its process exits) before a collective; the others get an
+    error from it within the timeout."""
     _init(rank, world, timeout=datetime.timedelta(seconds=10))
     dev = torch.device("tpu", rank % torch.tpu.device_count())
     x = torch.ones(1 << 16, device=dev)
     dist.all_reduce(x)  # a healthy collective first
+    side = dist.new_group(backend="tpu_ccl", timeout=datetime.timedelta(seconds=3))
     if rank == 1:
+        time.sleep(5)  # alive, but never joins the collective on `side`
         raise RuntimeError("rank 1 failed on purpose")
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4, device=dev), group=side)
+    except RuntimeError as e:
+        elapsed = time.monotonic() - t0
+        assert "Timed out" in str(e) and 2.5 < elapsed < 15, (elapsed, e)
+        print(f"rank {rank}: timed out after {elapsed:.1f}s: {str(e).splitlines()[0][:120]}", flush=True)
+    else:
+        raise AssertionError("a collective a live peer never joined did not time out")
     t0 = time.monotonic()
     try:
         dist.all_reduce(x)
