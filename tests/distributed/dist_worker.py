@@ -219,6 +219,25 @@ def case_collectives(rank, world):
     for r in dist.batch_isend_irecv(ops):
         r.wait()
     assert ops[1].tensor.cpu().tolist() == [float((rank - 1) % world)] * 2
+    # a receive from any source (recv without src: c10d asks the work for the sender), and what a
+    # point-to-point work answers besides wait(), as gloo's on CPU tensors
+    for d in (torch.device("cpu"), dev):
+        if rank == 1:
+            got = torch.zeros(3, device=d)
+            assert dist.recv(got) == 0, d
+            assert got.cpu().tolist() == [1.0, 2.0, 3.0], (d, got)
+            w = dist.irecv(got)
+            typ, msg = _raises(w.get_future, "irecv get_future")
+            assert (typ, msg) == (RuntimeError, "Work::getFuture not implemented."), (d, typ, msg)
+            w.wait()  # gloo's point-to-point work completes in wait()
+            assert w.is_completed() and w._source_rank() == 0, d
+            assert got.cpu().tolist() == [4.0, 5.0, 6.0], (d, got)
+        elif rank == 0:
+            dist.send(torch.tensor([1.0, 2.0, 3.0], device=d), dst=1)
+            w = dist.isend(torch.tensor([4.0, 5.0, 6.0], device=d), dst=1)
+            typ, msg = _raises(w.get_future, "isend get_future")
+            assert (typ, msg) == (RuntimeError, "Work::getFuture not implemented."), (d, typ, msg)
+            w.wait()
     dist.barrier()
     # object collectives (pickled through the cpu backend here)
     objs = [None] * world

@@ -620,7 +620,11 @@ def _finish_later(work, pairs, device):
     (raising its error), copies a received message into the "tpu" tensors on the chip's
     interconnect stream and makes the waiting stream's later work start after it. Not
     completed at the call, so that ``irecv`` before the matching ``send`` does not
-    deadlock; its future completes at ``wait()`` (c10d's PythonCallbackWork)."""
+    deadlock. Otherwise it answers as gloo's Work (the C++ op ``tpu_eager::_p2p_work``,
+    csrc/distributed/p2p_work.cpp): ``_source_rank()`` is the sender of a receive from any
+    source, ``get_future()`` raises gloo's RuntimeError "Work::getFuture not implemented.",
+    ``is_completed()`` as gloo's (True after ``wait()``; the message is then in the chip's
+    tensors)."""
     done = []
 
     def wait(timeout):
@@ -634,7 +638,7 @@ def _finish_later(work, pairs, device):
             done.append(True)
         return True
 
-    return PythonCallbackWork(wait).boxed()
+    return torch.ops.tpu_eager._p2p_work(work.boxed(), PythonCallbackWork(wait).boxed())
 
 
 # ---- kernels of the c10d ops for the PrivateUse1 ("tpu") dispatch key ----
