@@ -965,14 +965,12 @@ def _rank_main(rank, world, case, port, tmp):
 
 
 def _torch_spawn(case, world, port, tmp, deadline):
-    """Runs ``case`` in ``world`` processes started by ``torch.multiprocessing`` (``spawn``,
-    as ``torch.multiprocessing.spawn`` does, but not joined past ``deadline``). Returns
+    """Runs ``case`` in ``world`` processes started by ``torch.multiprocessing.spawn`` (not
+    joined past ``deadline``). Returns
     (exit codes, ranks that hung)."""
     import torch.multiprocessing as tmp_mp
 
-    ctx = tmp_mp.start_processes(
-        _rank_main, args=(world, case, port, tmp), nprocs=world, join=False, start_method="spawn"
-    )
+    ctx = tmp_mp.spawn(_rank_main, args=(world, case, port, tmp), nprocs=world, join=False)
     try:
         while not ctx.join(timeout=max(0.5, min(5.0, deadline - time.monotonic()))):
             if time.monotonic() > deadline:
