@@ -1,0 +1,276 @@
+"""Ring reductions beyond sum/mean/amax/amin (issue 21): var/std (a
+count/mean/M2 merge), prod, argmax/argmin (value/index pairs, the first index
+on ties), softmax/log_softmax (max, then the sum rescaled to the new max) and
+layer_norm over every dim (count/mean/M2, then a normalizing pass) when the
+reduced dim is dim 0, split over the cores.
+
+The reference is independent of the executor: it follows the order the
+device defines (docs/ktir.md, "Ring reductions": each corelet's rows of each
+core's tile with CPU's float32 kernels, corelet 0 then 1, tiles in order, the
+cores' partials along the ring in core order), written here from that text
+with float32 tensor ops, and rounds once with the df16 codec of
+test_spyre_numerics (its own definition of df16). 16-bit results must equal
+it with 0 mismatches, float32 ones bit for bit; each is also close to CPU's
+op (which sums in another order).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from difftest import requires_tpu
+from test_spyre_numerics import _inputs, df16_ref, same, store
+
+pytestmark = requires_tpu
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+IDS = ["f16", "bf16", "f32"]
+SHAPES = [(64, 300), (1000, 300), (37, 2000)]
+SHAPE_IDS = ["64x300", "1000x300", "37x2000"]
+
+
+def _segments(rows, sched):
+    """Per core, per tile step, the (lo, hi) rows of each corelet."""
+    rpc, used = sched["rows_per_core"], sched["cores_used"]
+    tile = sched["tile_rows"] or 1  # a row cut into sticks runs one row per step
+    cores = []
+    for c in range(used):
+        steps = []
+        for b in range(c * rpc, min((c + 1) * rpc, rows), tile):
+            e = min(b + tile, (c + 1) * rpc, rows)
+            if e - b < 2:
+                steps.append([(b, e)])
+            else:
+                mid = b + (e - b + 1) // 2
+                steps.append([(b, mid), (mid, e)])
+        cores.append(steps)
+    return cores
+
+
+def _partial(kind, seg, first_row, dims):
+    if kind in ("var", "ln"):
+        s = seg.sum(dim=dims, keepdim=True)
+        n = seg.numel() // s.numel()
+        mean = s / n
+        d = seg - mean
+        return [mean, (d * d).sum(dim=dims, keepdim=True)], float(n)
+    if kind == "prod":
+        if len(dims) == 1:
+            return [seg.prod(dim=dims[0], keepdim=True)], 0.0
+        return [seg.reshape(-1).prod(0).reshape([1] * seg.dim())], 0.0
+    if kind in ("argmax", "argmin", "argmax_flat", "argmin_flat"):
+        f = torch.argmax if kind.startswith("argmax") else torch.argmin
+        if kind.endswith("_flat"):
+            flat = seg.reshape(-1)
+            i = f(flat, 0, keepdim=True)
+            return [flat.gather(0, i), i + first_row * (seg.numel() // seg.shape[0])], 0.0
+        i = f(seg, 0, keepdim=True)
+        return [seg.gather(0, i), i + first_row], 0.0
+    if kind in ("softmax", "log_softmax"):
+        m = seg.amax(dim=dims, keepdim=True)
+        return [m, (seg - m).exp().sum(dim=dims, keepdim=True)], 0.0
+    raise AssertionError(kind)
+
+
+def _merge(kind, a, b):
+    if a is None:
+        return b
+    (ta, na), (tb, nb) = a, b
+    if kind in ("var", "ln"):
+        n = na + nb
+        d = tb[0] - ta[0]
+        return [ta[0] + d * (nb / n), (ta[1] + tb[1]) + (d * d) * (na * nb / n)], n
+    if kind == "prod":
+        return [ta[0] * tb[0]], 0.0
+    if kind.startswith("argmax") or kind.startswith("argmin"):
+        better = tb[0] > ta[0] if kind.startswith("argmax") else tb[0] < ta[0]
+        take = better | (torch.isnan(tb[0]) & ~torch.isnan(ta[0]))
+        return [torch.where(take, tb[0], ta[0]), torch.where(take, tb[1], ta[1])], 0.0
+    m = torch.maximum(ta[0], tb[0])
+    return [m, ta[1] * (ta[0] - m).exp() + tb[1] * (tb[0] - m).exp()], 0.0
+
+
+def _ring_total(kind, x32, dims, sched):
+    total = None
+    for steps in _segments(x32.shape[0], sched):
+        acc = None
+        for halves in steps:
+            part = None
+            for lo, hi in halves:
+                part = _merge(kind, part, _partial(kind, x32[lo:hi], lo, dims))
+            acc = _merge(kind, acc, part)
+        total = _merge(kind, total, acc)
+    return total
+
+
+def _check(got, ref, dtype):
+    want = ref if dtype == torch.float32 or not got.is_floating_point() else store(ref, dtype)
+    assert same(got, want) == 0
+
+
+def _schedule():
+    from torch_tpu_eager import spyre
+
+    (s,) = spyre.last_schedule()
+    assert s["executed"] == "tiles", s["whole_reason"]
+    assert s["ring_steps_run"] == s["cores_used"] - 1
+    return s
+
+
+def _close(got, want, dtype):
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_var_std_merge_count_mean_m2(spyre_target, dtype, shape):
+    a = _inputs(dtype, seed=31, shape=shape)
+    d = a.to("tpu")
+    for name, dims, f in [
+        ("var", (0,), lambda t: t.var(0)),
+        ("std", (0,), lambda t: t.std(0, correction=0)),
+        ("var_all", (0, 1), lambda t: t.var()),
+        ("var_mean", (0,), lambda t: torch.var_mean(t, 0, keepdim=True)),
+        ("std_mean", (0, 1), lambda t: torch.std_mean(t, correction=2)),
+    ]:
+        got = f(d)
+        got = tuple(g.cpu() for g in got) if isinstance(got, tuple) else (got.cpu(),)
+        s = _schedule()
+        (mean, m2), n = _ring_total("var", a.float(), dims, s)
+        correction = 0 if name == "std" else (2 if name == "std_mean" else 1)
+        var = m2 / max(0.0, n - correction)
+        first = var.sqrt() if name.startswith("std") else var
+        refs = [first, mean][: len(got)]
+        for g, r in zip(got, refs):
+            assert g.dtype == dtype
+            _check(g, r.reshape(g.shape), dtype)
+        want = f(a.float())
+        want = want if isinstance(want, tuple) else (want,)
+        for g, w in zip(got, want):
+            _close(g, w, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_prod_multiplies_partials(spyre_target, dtype, shape):
+    g = torch.Generator().manual_seed(32)
+    # Mostly ones, 2% of the elements near 1: products over 600,000 stay finite.
+    noise = torch.where(torch.rand(shape, generator=g) < 0.02, 0.05 * torch.randn(shape, generator=g), 0.0)
+    a = (1.0 + noise).to(dtype)
+    if dtype != torch.float32:
+        a = df16_ref(a.float()).to(dtype)
+    d = a.to("tpu")
+    for dims, f in [((0,), lambda t: t.prod(0)), ((0, 1), lambda t: t.prod())]:
+        got = f(d).cpu()
+        s = _schedule()
+        (p,), _ = _ring_total("prod", a.float(), dims, s)
+        _check(got, p.reshape(got.shape), dtype)
+        _close(got, f(a.float()), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64], ids=IDS + ["i64"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_argmax_argmin_first_index_on_ties(spyre_target, dtype, shape):
+    if dtype == torch.int64:
+        a = torch.randint(-20, 20, shape, generator=torch.Generator().manual_seed(33))
+    else:
+        # Coarse values: many ties across rows, tiles and cores.
+        a = (_inputs(dtype, seed=33, shape=shape).float() * 4).round().to(dtype)
+    d = a.to("tpu")
+    for kind, f in [
+        ("argmax", lambda t: t.argmax(0)),
+        ("argmin", lambda t: t.argmin(0, keepdim=True)),
+        ("argmax_flat", lambda t: t.argmax()),
+        ("argmin_flat", lambda t: t.argmin()),
+    ]:
+        got = f(d).cpu()
+        s = _schedule()
+        x = a.float() if dtype != torch.int64 else a
+        (_, idx), _ = _ring_total(kind, x, (0,), s)
+        assert got.dtype == torch.int64
+        assert torch.equal(got, idx.reshape(got.shape)), kind
+        assert torch.equal(got, f(a)), kind  # CPU: the first index on ties
+
+
+def test_argmax_nan_wins_first(spyre_target):
+    a = torch.randn(200, 64)
+    a[150, 3] = float("nan")
+    a[170, 3] = float("nan")
+    a[5, 7] = float("nan")
+    got = a.to("tpu").argmax(0).cpu()
+    assert torch.equal(got, a.argmax(0))
+    assert got[3] == 150 and got[7] == 5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_softmax_over_split_rows(spyre_target, dtype, shape):
+    a = _inputs(dtype, seed=34, shape=shape)
+    d = a.to("tpu")
+    x = a.float()
+    for kind, f in [("softmax", lambda t: torch.softmax(t, 0)), ("log_softmax", lambda t: torch.log_softmax(t, 0))]:
+        got = f(d).cpu()
+        s = _schedule()
+        (m, tot), _ = _ring_total(kind, x, (0,), s)
+        ref = (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log()
+        assert got.dtype == dtype
+        _check(got, ref, dtype)
+        _close(got, f(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_layer_norm_over_every_dim(spyre_target, dtype, shape):
+    a = _inputs(dtype, seed=35, shape=shape)
+    w = _inputs(dtype, seed=36, shape=shape)
+    b = _inputs(dtype, seed=37, shape=shape)
+    x = a.float()
+    sched = _probe_schedule(a)
+    (mean, m2), n = _ring_total("ln", x, (0, 1), sched)
+    rstd = (m2 / n + 1e-5).rsqrt()
+    got = F.layer_norm(a.to("tpu"), shape).cpu()
+    s = _schedule()
+    assert (s["rows_per_core"], s["tile_rows"]) == (sched["rows_per_core"], sched["tile_rows"])
+    _check(got, (x - mean) * rstd, dtype)
+    _close(got, F.layer_norm(x, shape), dtype)
+    got = F.layer_norm(a.to("tpu"), shape, w.to("tpu"), b.to("tpu"), eps=1e-3).cpu()
+    _schedule()
+    rstd = (m2 / n + 1e-3).rsqrt()
+    _check(got, (x - mean) * rstd * w.float() + b.float(), dtype)
+    _close(got, F.layer_norm(x, shape, w.float(), b.float(), eps=1e-3), dtype)
+    # The statistics too (native_layer_norm's mean and rstd).
+    out, mu, rs = torch.native_layer_norm(a.to("tpu"), shape, None, None, 1e-5)
+    _schedule()
+    rstd = (m2 / n + 1e-5).rsqrt()
+    _check(mu.cpu(), mean.reshape(mu.shape), dtype)
+    _check(rs.cpu(), rstd.reshape(rs.shape), dtype)
+
+
+_SCHED = {}
+
+
+def _probe_schedule(a):
+    """The schedule of a layer_norm over every dim of `a`'s shape and dtype
+    (the reference needs its tiles before computing)."""
+    key = (tuple(a.shape), a.dtype)
+    if key not in _SCHED:
+        F.layer_norm(torch.zeros(a.shape, dtype=a.dtype, device="tpu"), a.shape).cpu()
+        _SCHED[key] = _schedule()
+    return _SCHED[key]
+
+
+def test_normalized_result_feeds_later_ops(spyre_target):
+    # The ring result on the split rows feeds an op after the ring: it runs
+    # after the normalizing pass, on the whole views.
+    a = _inputs(torch.float16, seed=38, shape=(256, 128))
+    got = (torch.softmax(a.to("tpu") * 2.0, 0) * 3.0).cpu()
+    x = store(a.float() * 2.0, torch.float16).float()
+    from torch_tpu_eager import spyre
+
+    (s,) = spyre.last_schedule()
+    assert s["executed"] == "tiles", s["whole_reason"]
+    (m, tot), _ = _ring_total("softmax", x, (0,), s)
+    sm = store((x - m).exp() / tot, torch.float16).float()
+    assert same(got, store(sm * 3.0, torch.float16)) == 0
+
