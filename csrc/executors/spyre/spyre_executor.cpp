@@ -277,7 +277,7 @@ class SpyreKernel final : public Kernel {
     if (kineto::recording()) {
       std::vector<double> busy;
       for (const auto& t : s.per_core) busy.push_back(t.end_s);
-      kineto::note_kernel_schedule(c.name, s.executed_s, s.pipelined_s, busy);
+      kineto::note_kernel_schedule(c.name, s.executed_s, s.pipelined_s, busy, s.ring_s);
     }
     schedule_record(std::move(s));
   }
@@ -336,6 +336,10 @@ class SpyreKernel final : public Kernel {
     tiling.tile_rows = schedule_.row_split ? 1 : std::max<int64_t>(1, schedule_.tile_rows);
     tiling.corelets = std::max<int64_t>(1, schedule_.corelets);
     plan_ = ktir_tile_plan(bound_, tiling);
+    if (plan_.tiled && plan_.ring_op >= 0) {
+      const RegionLayout L = region_layout(region, graph, card_);
+      schedule_ring_payload(schedule_, L.partial_sizes, plan_.ring_dtype, plan_.ring_stats, plan_.normalize, card_);
+    }
     signature_ = layout_signature(region, graph);
   }
 

@@ -274,3 +274,57 @@ def test_normalized_result_feeds_later_ops(spyre_target):
     sm = store((x - m).exp() / tot, torch.float16).float()
     assert same(got, store(sm * 3.0, torch.float16)) == 0
 
+
+def _stick_bytes(elems, elem_bytes=4, stick=128):
+    return -(-elems * elem_bytes // stick) * stick
+
+
+def test_ring_time_is_bytes_over_the_link_bandwidth(spyre_target):
+    from torch_tpu_eager import spyre
+    from torch_tpu_eager.target import target_info
+
+    info = target_info("spyre")
+    # 128 B per cycle per direction (torch-spyre docs) at the assumed clock.
+    assert info["ring_link_bandwidth"] == info["ring_bytes_per_cycle"] * info["core_clock_hz"]
+    assert "ASSUMED" in info["sources"]["core_clock_hz"]
+    x = torch.randn(64, 100).to("tpu")
+    for f, stats, hops in [
+        (lambda t: t.sum(0), 1, 31),  # one f32 partial of 100 per core, chained over 32 cores
+        (lambda t: t.var(0), 2, 31),  # (mean, M2)
+        (lambda t: torch.softmax(t, 0), 2, 62),  # (max, sum), then back to every core
+    ]:
+        f(x).cpu()
+        (s,) = spyre.last_schedule()
+        assert s["ring_steps"] == hops
+        assert s["partial_bytes"] == stats * _stick_bytes(100)
+        assert s["ring_bytes"] == hops * s["partial_bytes"]
+        assert s["ring_s"] == pytest.approx(s["ring_bytes"] / info["ring_link_bandwidth"], rel=1e-12)
+        assert s["ring_s"] > 0
+        assert s["executed_s"] == pytest.approx(max(c["end_s"] for c in s["per_core"]) + s["ring_s"], rel=1e-12)
+        ring = s["stages"][-1]
+        assert ring["kind"] == "ring_reduce"
+        assert ring["end_s"] - ring["start_s"] == pytest.approx(s["ring_s"], rel=1e-9)
+    # No ring, no ring time.
+    (x * 2.0).cpu()
+    (s,) = spyre.last_schedule()
+    assert s["ring_steps"] == 0 and s["ring_s"] == 0
+
+
+def test_profiler_row_carries_the_ring_time(spyre_target, tmp_path):
+    import json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from torch_tpu_eager import spyre
+
+    x = torch.randn(256, 128).to("tpu")
+    torch.tpu.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        x.sum(0).cpu()
+    (s,) = spyre.last_schedule()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    (k,) = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    assert k["args"]["ring_us"] == pytest.approx(s["ring_s"] * 1e6, rel=1e-6)
+    assert k["args"]["ring_us"] > 0
+    assert k["args"]["schedule_time_us"] == pytest.approx(s["executed_s"] * 1e6, rel=1e-6)
