@@ -17,6 +17,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/amax.h>
 #include <ATen/ops/amin.h>
@@ -1271,6 +1272,8 @@ KtirTilePlan::Combine ring_combine_of(const std::string& op) {
   if (base == "_softmax") return KtirTilePlan::kSoftmax;
   if (base == "_log_softmax") return KtirTilePlan::kLogSoftmax;
   if (base == "native_layer_norm") return KtirTilePlan::kLayerNorm;
+  if (base == "cumsum") return KtirTilePlan::kCumsum;
+  if (base == "nll_loss_forward") return KtirTilePlan::kNllLoss;
   return KtirTilePlan::kNone;
 }
 
@@ -1303,6 +1306,15 @@ std::set<int64_t> dims_of(const KtirValue* v, int64_t rank) {
 bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
   const c10::FunctionSchema& schema = op.schema();
   const PrimKind kind = kind_of_op(o.op);
+  // nll_loss's gradient: row i of grad_input from row i of self, target
+  // (and grad_output with reduction='none'); the weight and total_weight
+  // are replicated. The shape probe below checks the rest.
+  const std::string base = o.op.substr(0, o.op.find('.'));
+  if (base == "nll_loss_backward" || base == "nll_loss2d_backward") return false;
+  if (base == "nll_loss_forward") {  // reduction='none': one loss per row
+    const KtirValue* r = arg_named(o, schema, "reduction");
+    if (r && r->kind == KtirValue::kInt && r->i == 0) return false;
+  }
   if (kind == PrimKind::kElementwise || kind == PrimKind::kMatmul) return false;
   // copy_, fill_, zero_ (the device's own kernels): each element from its own (or none).
   if (lowering_of(op).overwrites_self) return false;
@@ -1316,6 +1328,44 @@ bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
   for (const char* positional : {"index", "indices", "diagonal", "pad", "repeats", "shifts", "offset", "size"})
     if (arg_named(o, schema, positional)) return true;
   return false;
+}
+
+// A gather of rows: op `o` reads rows of a table along its dim 0 at the
+// positions an integer index tensor gives, one result row per index row
+// (index_select(t, 0, i), t[i], embedding(t, i), gather(t, 0, i)). Then a
+// tile of the index rows gives the same tile of result rows from the whole
+// table: the index is split (per-tile index loads), the table replicated.
+// Sets the table and index view ids.
+bool gathers_rows(const KtirOp& o, const c10::FunctionSchema& schema, const KtirProgram& p, int* table, int* index) {
+  const std::string base = o.op.substr(0, o.op.find('.'));
+  auto view = [](const KtirValue* v) { return v && v->kind == KtirValue::kView ? static_cast<int>(v->i) : -1; };
+  auto dim0 = [&](int t) {
+    const KtirValue* d = arg_named(o, schema, "dim");
+    if (!d || d->kind != KtirValue::kInt || t < 0) return false;
+    const int64_t rank = static_cast<int64_t>(p.views[t].sizes.size());
+    return d->i == 0 || (rank > 0 && d->i == -rank);
+  };
+  *table = *index = -1;
+  if (base == "index_select" || base == "gather") {
+    *table = view(arg_named(o, schema, "self"));
+    if (!dim0(*table)) return false;
+    *index = view(arg_named(o, schema, "index"));
+  } else if (o.op == "index.Tensor") {
+    const KtirValue* l = arg_named(o, schema, "indices");
+    if (!l || l->kind != KtirValue::kList || l->list.empty()) return false;
+    for (size_t j = 1; j < l->list.size(); ++j)
+      if (l->list[j].kind != KtirValue::kNone) return false;
+    *table = view(arg_named(o, schema, "self"));
+    *index = view(&l->list[0]);
+  } else if (base == "embedding") {
+    *table = view(arg_named(o, schema, "weight"));
+    *index = view(arg_named(o, schema, "indices"));
+  } else {
+    return false;
+  }
+  if (*table < 0 || *index < 0 || *table == *index) return false;
+  const c10::ScalarType it = p.views[*index].dtype;
+  return (it == c10::kLong || it == c10::kInt) && !p.views[*index].sizes.empty();
 }
 
 }  // namespace
@@ -1333,8 +1383,10 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
   plan.load.assign(nv, 0);
   plan.store.assign(nv, 0);
   plan.keep.assign(nv, 0);
+  std::string cur_op;  // the op the loop below looks at ("" outside it)
   auto whole = [&](std::string why) {
     plan.tiled = false;
+    plan.whole_op = cur_op.empty() ? why : cur_op;
     plan.whole_reason = std::move(why);
     return plan;
   };
@@ -1373,6 +1425,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
   bool ring_seen = false;
   for (size_t k = 0; k < no; ++k) {
     const KtirOp& o = p.ops[k];
+    cur_op = o.op;
     const c10::OperatorHandle* h = o.handle ? o.handle : find_op(o.op);
     if (!h) return whole("unknown op " + o.op);
     o.handle = h;
@@ -1391,6 +1444,10 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       if (r >= 0) outs.push_back(r);
     for (int v : operands) accessed[k].insert(storage_key(p.views[v]));
     for (int v : outs) accessed[k].insert(storage_key(p.views[v])), writes[k].insert(storage_key(p.views[v]));
+    int g_table = -1, g_index = -1;
+    const bool gather = gathers_rows(o, schema, p, &g_table, &g_index);
+    if (gather && state[g_table] == 1) return whole(o.op + " gathers from rows the tile steps produce");
+    if (gather) state[g_table] = 0;  // read whole by every tile step at the indexed rows
     bool reads_ring = false, any_split = false;
     for (int v : operands) {
       reads_ring |= state[v] == 2;
@@ -1406,15 +1463,28 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       plan.combine = ring_combine_of(o.op);
       if (plan.combine == KtirTilePlan::kNone) return whole(o.op + " has no ring combine");
       if (c10::isComplexType(p.views[operands[0]].dtype)) return whole(o.op + " of complex values over the ring");
-      const bool multi = plan.combine == KtirTilePlan::kVar || plan.combine == KtirTilePlan::kLayerNorm;
+      const bool multi = plan.combine == KtirTilePlan::kVar || plan.combine == KtirTilePlan::kLayerNorm ||
+                         plan.combine == KtirTilePlan::kNllLoss;
+      // nll_loss: its target has the rows too, split and loaded with them.
+      int nll_target = -1;
+      if (plan.combine == KtirTilePlan::kNllLoss) {
+        if (p.views[operands[0]].sizes.size() != 2) return whole(o.op + ": not a [rows, classes] input");
+        const KtirValue* t = arg_named(o, schema, "target");
+        nll_target = t && t->kind == KtirValue::kView ? static_cast<int>(t->i) : -1;
+        // (a target the steps produce, e.g. a batch gather, is that step's rows)
+        if (nll_target < 0 || !(state[nll_target] == 1 || (state[nll_target] == -1 && candidate[nll_target])))
+          return whole(o.op + ": a target that is not split with the rows");
+      }
       if (o.results.empty() || (!multi && o.results.size() != 1) || !written.empty())
         return whole(o.op + ": a ring reduction with fresh results");
       for (int r : o.results)
         if (r < 0) return whole(o.op + ": a ring reduction with fresh results");
       for (size_t j = 1; j < operands.size(); ++j) {
+        if (operands[j] == nll_target) continue;
         if (state[operands[j]] == 1) return whole(o.op + ": a second split operand");
         if (state[operands[j]] == -1) state[operands[j]] = 0;  // layer_norm's weight/bias: read per row range
       }
+      if (nll_target >= 0) state[nll_target] = 1, plan.split[nll_target] = 1;
       state[operands[0]] = 1;
       plan.split[operands[0]] = 1;
       const KtirValue* dim = arg_named(o, schema, "dim");
@@ -1423,12 +1493,14 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       plan.ring_flat = (plan.combine == KtirTilePlan::kArgMax || plan.combine == KtirTilePlan::kArgMin) &&
                        (!dim || dim->kind == KtirValue::kNone);
       plan.normalize = plan.combine == KtirTilePlan::kSoftmax || plan.combine == KtirTilePlan::kLogSoftmax ||
-                       plan.combine == KtirTilePlan::kLayerNorm;
+                       plan.combine == KtirTilePlan::kLayerNorm || plan.combine == KtirTilePlan::kCumsum;
       // The normalizing pass reads the input whole after the ring: an LX
-      // input the steps produce is kept in its buffer.
-      if (plan.normalize && p.views[operands[0]].lx) plan.keep[operands[0]] = 1;
-      const bool two =
-          multi || plan.normalize || plan.combine == KtirTilePlan::kArgMax || plan.combine == KtirTilePlan::kArgMin;
+      // input the steps produce is kept in its buffer (a scan keeps its
+      // partial sums instead).
+      if (plan.normalize && plan.combine != KtirTilePlan::kCumsum && p.views[operands[0]].lx)
+        plan.keep[operands[0]] = 1;
+      const bool two = multi || (plan.normalize && plan.combine != KtirTilePlan::kCumsum) ||
+                       plan.combine == KtirTilePlan::kArgMax || plan.combine == KtirTilePlan::kArgMin;
       plan.ring_stats = two ? 2 : 1;  // (mean, M2), (max, sum), (value, index); the counts follow from the tiling
       plan.ring_dtype = p.views[operands[0]].dtype == c10::kDouble ? c10::kDouble : c10::kFloat;
       const auto& in = p.views[operands[0]].sizes;
@@ -1464,7 +1536,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       }
     }
     if (reads_ring) return whole(o.op + " reads the ring result on the split rows");
-    if (mixes_rows(o, *h, rank0)) return whole(o.op + " is not row-local");
+    if (!gather && mixes_rows(o, *h, rank0)) return whole(o.op + " is not row-local");
     // Shapes: on `probe` rows of its split operands, each result (and written
     // operand) must be `probe` rows of its view. Undecided inputs are first
     // all split, then only those of the result's rank, then only the first
@@ -1515,6 +1587,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
     for (int v : outs) tile_written.insert(storage_key(p.views[v]));
     plan.phase[k] = KtirTilePlan::kTile;
   }
+  cur_op.clear();
   // Aliasing: a storage the tile steps write is accessed through one view
   // only, and no op run outside the steps touches it; an op hoisted before
   // the steps writes nothing an earlier step op touches.
@@ -1577,6 +1650,9 @@ struct RingParams {
   bool std = false;       // std/std_mean: the square root of the variance
   double eps = 1e-5;      // layer_norm
   int weight = -1, bias = -1;
+  int target = -1;        // nll_loss
+  int64_t reduction = 1;  // nll_loss: 1 mean, 2 sum
+  int64_t ignore_index = -100;
   int64_t row_elems = 1;  // elements of one row of the input (flat argmax/argmin indices)
 };
 
@@ -1597,6 +1673,12 @@ RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
     if (w->kind == KtirValue::kView) rp.weight = static_cast<int>(w->i);
   if (const KtirValue* b = arg_named(o, schema, "bias"))
     if (b->kind == KtirValue::kView) rp.bias = static_cast<int>(b->i);
+  if (const KtirValue* t = arg_named(o, schema, "target"))
+    if (t->kind == KtirValue::kView) rp.target = static_cast<int>(t->i);
+  if (const KtirValue* r = arg_named(o, schema, "reduction"))
+    if (r->kind == KtirValue::kInt) rp.reduction = r->i;
+  if (const KtirValue* g = arg_named(o, schema, "ignore_index"))
+    if (g->kind == KtirValue::kInt) rp.ignore_index = g->i;
   for (size_t d = 1; d < in_sizes.size(); ++d) rp.row_elems *= in_sizes[d];
   return rp;
 }
@@ -1696,6 +1778,9 @@ RingPart ring_merge(const KtirTilePlan& P, RingPart a, const RingPart& b) {
       r.t = {m, a.t[1].mul(a.t[0].sub(m).exp()).add(b.t[1].mul(b.t[0].sub(m).exp()))};
       break;
     }
+    case KtirTilePlan::kNllLoss:
+      r.t = {a.t[0].add(b.t[0]), a.t[1].add(b.t[1])};
+      break;
     default:  // kSum, kMean
       r.t = {a.t[0].add(b.t[0])};
   }
@@ -1715,6 +1800,8 @@ std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp,
     case KtirTilePlan::kArgMax:
     case KtirTilePlan::kArgMin:
       return {total.t[1]};
+    case KtirTilePlan::kNllLoss:  // (loss, total_weight); reduction 1 = mean, 2 = sum
+      return {rp.reduction == 1 ? total.t[0].div(total.t[1]) : total.t[0], total.t[1]};
     default:
       return {total.t[0]};
   }
@@ -1866,10 +1953,19 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     if (c10::isFloatingType(in_t))
       acc_dtype = in_t == c10::kDouble || out_t == c10::kDouble ? c10::kDouble : c10::kFloat;
     else
-      acc_dtype = P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kProd ? c10::kLong : in_t;
+      acc_dtype =
+          P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kProd || P.combine == KtirTilePlan::kCumsum
+              ? c10::kLong
+              : in_t;
     rp = ring_params(*ring, p.views[ring_in].sizes);
   }
   std::vector<RingPart> acc(P.tiling.cores_used);
+  // A scan (cumsum): each core's running total after its last rows, and the
+  // partial sums of every row (f32, rounded only after the core's prefix is added).
+  std::vector<at::Tensor> carry(P.tiling.cores_used);
+  at::Tensor scan;
+  if (ring && P.combine == KtirTilePlan::kCumsum)
+    scan = at::empty(p.views[ring_in].sizes, at::TensorOptions().dtype(acc_dtype));
   // The rows of step i of a whole view (the load of a tile), and their store.
   auto step_rows = [&](size_t i, int64_t* lo, int64_t* n) {
     *lo = -1, *n = 0;
@@ -1911,6 +2007,48 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           // the step partials in tile order.
           const at::Tensor x = vt[ring_in].to(acc_dtype).contiguous();  // one widening per step
           int64_t off = 0;
+          if (P.combine == KtirTilePlan::kNllLoss) {
+            // Per corelet: (sum of -w[t] x[i, t], sum of w[t]) over its rows,
+            // w[t] = 0 where t is ignore_index.
+            const at::Tensor tgt = vt[rp.target];
+            for (size_t c = 0; c < cores.size(); ++c) {
+              const int64_t rows = cores[c].second - cores[c].first;
+              if (rows == 0) continue;
+              const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
+              RingPart part;
+              for (int64_t j = 0, left = rows; j < corelets; ++j) {
+                const int64_t m = (left + corelets - j - 1) / (corelets - j);
+                const at::Tensor t = tgt.narrow(0, off, m);
+                const at::Tensor keep = t.ne(rp.ignore_index);
+                const at::Tensor safe = at::where(keep, t, at::zeros({}, t.options()));
+                at::Tensor w =
+                    rp.weight >= 0 ? views[rp.weight].to(acc_dtype).index_select(0, safe) : at::ones({m}, x.options());
+                w = at::where(keep, w, at::zeros({}, w.options()));
+                const at::Tensor picked = x.narrow(0, off, m).gather(1, safe.unsqueeze(1)).squeeze(1);
+                RingPart q;
+                q.t = {picked.mul(w).sum().neg(), w.sum()};
+                part = ring_merge(P, std::move(part), q);
+                off += m;
+                left -= m;
+              }
+              acc[c] = ring_merge(P, std::move(acc[c]), part);
+            }
+            return;
+          }
+          if (P.combine == KtirTilePlan::kCumsum) {
+            // Each core scans its rows of the step, carrying its running
+            // total from its previous tile.
+            for (size_t c = 0; c < cores.size(); ++c) {
+              const int64_t rows = cores[c].second - cores[c].first;
+              if (rows == 0) continue;
+              at::Tensor local = x.narrow(0, off, rows).cumsum(0, acc_dtype);
+              if (carry[c].defined()) local = local.add(carry[c]);
+              carry[c] = local.narrow(0, rows - 1, 1);
+              scan.narrow(0, cores[c].first, rows).copy_(local);
+              off += rows;
+            }
+            return;
+          }
           for (size_t c = 0; c < cores.size(); ++c) {
             const int64_t rows = cores[c].second - cores[c].first;
             if (rows == 0) continue;
@@ -1970,6 +2108,26 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         // The normalizing pass: each step's rows of the input (read again
         // from HBM, or from the LX buffer the steps kept) are normalized with
         // the combined statistics, rounded once and stored to their rows.
+        if (P.combine == KtirTilePlan::kCumsum) {
+          // The ring passes each core the total of the cores before it
+          // (core 0 none); the second pass adds it to the core's rows.
+          std::vector<at::Tensor> prefix(carry.size());
+          for (size_t c = 1; c < carry.size(); ++c) {
+            if (!carry[c - 1].defined()) break;
+            prefix[c] = prefix[c - 1].defined() ? prefix[c - 1].add(carry[c - 1]) : carry[c - 1];
+            if (walk) walk->ring_steps++;
+          }
+          for (const auto& step : P.steps)
+            for (size_t c = 0; c < step.size(); ++c) {
+              const auto [lo, hi] = step[c];
+              if (hi <= lo) continue;
+              at::Tensor y = scan.narrow(0, lo, hi - lo);
+              if (prefix[c].defined()) y = y.add(prefix[c]);
+              store(ring->results[0], y, nullptr, lo, hi - lo);
+            }
+          hooks.after_op(P.ring_op, results, {});
+          return;
+        }
         const RingStats st = ring_stats(P, rp, total);
         for (size_t i = 0; i < P.steps.size(); ++i) {
           int64_t lo = -1, n = 0;

@@ -164,6 +164,7 @@ struct KtirTilePlan {
   enum Phase : uint8_t { kPre, kTile, kRing, kPost };
   bool tiled = false;
   std::string whole_reason;
+  std::string whole_op;  // the op that is not row-local, else the reason (metrics key)
   KtirTiling tiling;
   int64_t rows = 0;               // rows of the split views (dim 0)
   std::vector<uint8_t> phase;     // per op: kPre (replicated operands only, once before the tiles),
@@ -178,7 +179,12 @@ struct KtirTilePlan {
   // keep (value, index) pairs, the first index on ties; kSoftmax/kLogSoftmax
   // merge (max, sum of exp(x - max)) partials and kLayerNorm (count, mean,
   // M2) ones, then run a second pass over the tile steps that normalizes
-  // each core's rows with the combined statistics (`normalize`).
+  // each core's rows with the combined statistics (`normalize`). kCumsum
+  // scans each core's rows tile by tile with a carried prefix, passes each
+  // core's total along the ring (an exclusive prefix per core) and adds it to
+  // the core's rows in a second pass (also `normalize`). kNllLoss adds
+  // (sum of -weight[t] x[i, t], sum of weight[t]) partials over the rows
+  // (nll_loss with reduction mean or sum; the target is split with the rows).
   enum Combine : uint8_t {
     kNone,
     kSum,
@@ -191,11 +197,13 @@ struct KtirTilePlan {
     kArgMin,
     kSoftmax,
     kLogSoftmax,
-    kLayerNorm
+    kLayerNorm,
+    kCumsum,
+    kNllLoss
   };
   int ring_op = -1;
   Combine combine = kNone;
-  bool normalize = false;  // the ring op's first result is the split rows (softmax, layer_norm)
+  bool normalize = false;  // the ring op's first result is the split rows (softmax, layer_norm, cumsum)
   bool ring_flat = false;  // argmax/argmin without a dim: indices into the flattened input
   std::vector<int64_t> ring_dims;
   int64_t ring_count = 1;

@@ -263,6 +263,9 @@ class SpyreKernel final : public Kernel {
     // in each tile step of the walk (the plan's steps; the same geometry when
     // the program ran on whole views).
     s.executed_tiles = walk_.tiled;
+    // A region with split rows that ran on whole views, by the op (or rule)
+    // that kept it whole: metrics_report()'s "spyre_whole_region.<op>".
+    if (interpretable_ && !walk_.tiled && plan_.rows > 1) debug::count_op("spyre_whole_region", plan_.whole_op);
     s.whole_reason = interpretable_ ? plan_.whole_reason : "host loop";
     s.tile_steps = walk_.tile_steps;
     s.ring_steps_run = walk_.ring_steps;
@@ -338,7 +341,10 @@ class SpyreKernel final : public Kernel {
     plan_ = ktir_tile_plan(bound_, tiling);
     if (plan_.tiled && plan_.ring_op >= 0) {
       const RegionLayout L = region_layout(region, graph, card_);
-      schedule_ring_payload(schedule_, L.partial_sizes, plan_.ring_dtype, plan_.ring_stats, plan_.normalize, card_);
+      // A normalizing op's statistics go back to every core; a scan's
+      // prefixes only travel forward.
+      const bool back = plan_.normalize && plan_.combine != KtirTilePlan::kCumsum;
+      schedule_ring_payload(schedule_, L.partial_sizes, plan_.ring_dtype, plan_.ring_stats, back, card_);
     }
     signature_ = layout_signature(region, graph);
   }

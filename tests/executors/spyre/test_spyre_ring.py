@@ -1,8 +1,10 @@
 """Ring reductions beyond sum/mean/amax/amin (issue 21): var/std (a
 count/mean/M2 merge), prod, argmax/argmin (value/index pairs, the first index
 on ties), softmax/log_softmax (max, then the sum rescaled to the new max) and
-layer_norm over every dim (count/mean/M2, then a normalizing pass) when the
-reduced dim is dim 0, split over the cores.
+layer_norm over every dim (count/mean/M2, then a normalizing pass), cumsum
+(a carried prefix per core, then the cores' exclusive prefix) and nll_loss
+(loss and weight sums) when the reduced dim is dim 0, split over the cores;
+and the ring's time in the schedule and the profiler row.
 
 The reference is independent of the executor: it follows the order the
 device defines (docs/ktir.md, "Ring reductions": each corelet's rows of each
@@ -328,3 +330,105 @@ def test_profiler_row_carries_the_ring_time(spyre_target, tmp_path):
     assert k["args"]["ring_us"] == pytest.approx(s["ring_s"] * 1e6, rel=1e-6)
     assert k["args"]["ring_us"] > 0
     assert k["args"]["schedule_time_us"] == pytest.approx(s["executed_s"] * 1e6, rel=1e-6)
+
+
+def _cumsum_reference(x, sched):
+    """cumsum over the split rows in the defined order: each core scans its
+    rows tile by tile, carrying its running total; the ring passes each core
+    the total of the cores before it, which the second pass adds."""
+    rows, rpc, used = x.shape[0], sched["rows_per_core"], sched["cores_used"]
+    tile = sched["tile_rows"] or 1
+    scan = torch.empty_like(x)
+    carries = []
+    for c in range(used):
+        carry = None
+        for b in range(c * rpc, min((c + 1) * rpc, rows), tile):
+            e = min(b + tile, (c + 1) * rpc, rows)
+            local = torch.cumsum(x[b:e], 0)
+            if carry is not None:
+                local = local + carry
+            carry = local[-1:]
+            scan[b:e] = local
+        carries.append(carry)
+    out = scan.clone()
+    prefix = None
+    for c in range(1, used):
+        prefix = carries[c - 1] if prefix is None else prefix + carries[c - 1]
+        lo, hi = c * rpc, min((c + 1) * rpc, rows)
+        out[lo:hi] = scan[lo:hi] + prefix
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64], ids=IDS + ["i64"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_cumsum_over_split_rows_carries_the_prefix(spyre_target, dtype, shape):
+    if dtype == torch.int64:
+        a = torch.randint(-1000, 1000, shape, generator=torch.Generator().manual_seed(39))
+    else:
+        a = _inputs(dtype, seed=39, shape=shape)
+    got = torch.cumsum(a.to("tpu"), 0).cpu()
+    s = _schedule()
+    x = a if dtype == torch.int64 else a.float()
+    ref = _cumsum_reference(x, s)
+    assert got.dtype == torch.cumsum(a, 0).dtype
+    if dtype == torch.int64:
+        assert torch.equal(got, torch.cumsum(a, 0))
+    else:
+        _check(got, ref, dtype)
+        torch.testing.assert_close(
+            got.float(), torch.cumsum(x, 0), rtol=2e-2 if dtype != torch.float32 else 1e-4, atol=0.1
+        )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("rows", [64, 1000, 37], ids=["64", "1000", "37"])
+def test_nll_loss_over_split_rows(spyre_target, dtype, rows):
+    # Per corelet (sum of -w[t] x[i, t], sum of w[t]), merged by adding; mean
+    # divides the two once.
+    x = _inputs(dtype, seed=40, shape=(rows, 10))
+    g = torch.Generator().manual_seed(41)
+    target = torch.randint(0, 10, (rows,), generator=g)
+    target[::7] = -100  # ignored rows
+    weight = _inputs(dtype, seed=42, shape=(10,), positive=True)
+    for reduction, w in [("mean", None), ("sum", None), ("mean", weight), ("sum", weight)]:
+        got = F.nll_loss(x.to("tpu"), target.to("tpu"), None if w is None else w.to("tpu"), reduction=reduction).cpu()
+        s = _schedule()
+        rpc, used = s["rows_per_core"], s["cores_used"]
+        tile = s["tile_rows"] or 1
+        wt = torch.ones(10) if w is None else w.float()
+        total = None
+        for c in range(used):
+            acc = None
+            for b in range(c * rpc, min((c + 1) * rpc, rows), tile):
+                e = min(b + tile, (c + 1) * rpc, rows)
+                halves = [(b, e)] if e - b < 2 else [(b, b + (e - b + 1) // 2), (b + (e - b + 1) // 2, e)]
+                part = None
+                for lo, hi in halves:
+                    t = target[lo:hi]
+                    keep = t != -100
+                    safe = torch.where(keep, t, 0)
+                    wi = torch.where(keep, wt[safe], 0.0)
+                    picked = x.float()[lo:hi].gather(1, safe.unsqueeze(1)).squeeze(1)
+                    q = [-(picked * wi).sum(), wi.sum()]
+                    part = q if part is None else [part[0] + q[0], part[1] + q[1]]
+                acc = part if acc is None else [acc[0] + part[0], acc[1] + part[1]]
+            total = acc if total is None else [total[0] + acc[0], total[1] + acc[1]]
+        ref = total[0] / total[1] if reduction == "mean" else total[0]
+        _check(got, ref, dtype)
+        _close(got, F.nll_loss(x.float(), target, None if w is None else w.float(), reduction=reduction), dtype)
+
+
+def test_cross_entropy_of_a_gathered_batch_walks_tiles(spyre_target):
+    # The digits step's loss region: the target is a batch gather the steps produce.
+    g = torch.Generator().manual_seed(43)
+    logits, y, idx = (
+        torch.randn(200, 10, generator=g),
+        torch.randint(0, 10, (500,), generator=g),
+        torch.arange(0, 400, 2),
+    )
+    got = F.cross_entropy(logits.to("tpu"), y.to("tpu")[idx.to("tpu")]).cpu()
+    from torch_tpu_eager import spyre
+
+    for s in spyre.last_schedule():
+        assert s["executed"] == "tiles", (s["kernel"], s["whole_reason"])
+    torch.testing.assert_close(got, F.cross_entropy(logits, y[idx]), rtol=1e-5, atol=1e-6)
