@@ -238,11 +238,13 @@ def last_schedule():
       ``tile_bytes``.
     - ``load_bytes_per_tile``, ``store_bytes_per_tile`` (bytes).
     - ``ring_steps``, ``ring_bytes``, ``ring_cycles`` (at 128 B per cycle),
-      ``partial_bytes``: the cross-core reduction over the ring of a region that
-      reduces its split dim (all 0 otherwise).
+      ``partial_bytes`` (what one hop carries), ``ring_s`` (seconds:
+      ``ring_bytes / ring_link_bandwidth``, the link bandwidth from an assumed
+      clock, see ``target_info("spyre")["sources"]``): the cross-core reduction
+      over the ring of a region that reduces its split dim (all 0 otherwise).
     - Seconds: ``compute_s`` and ``memory_s`` (the region's C and M),
       ``tile_load_s``, ``tile_compute_s``, ``tile_store_s``, ``fill_s``,
-      ``steady_s``, ``drain_s``, ``pipelined_s`` (fill + steady + drain) and
+      ``steady_s``, ``drain_s``, ``pipelined_s`` (fill + steady + drain + ring) and
       ``calibrated_s`` (C + M - 0.46 min(C, M), the region's reported time).
     - ``stages``: dicts ``kind`` (``"load"``, ``"compute"``, ``"store"``,
       ``"ring_reduce"``), ``tile``, ``buffer`` (0/1; -1 for the ring), ``bytes``,
@@ -255,7 +257,8 @@ def last_schedule():
       ``""`` when tiled), ``tile_steps``, ``ring_steps_run`` (partials combined
       along the ring).
     - The executed schedule (docs/spyre.md, "The executed schedule"):
-      ``executed_s`` (seconds: the latest core's pipeline end; what
+      ``executed_s`` (seconds: the latest core's pipeline end plus
+      ``ring_s``; what
       ``metrics()["schedule_time_s"]`` sums) and ``per_core``: per core used,
       dicts ``core``, ``rows`` (rows of the split dim it processed), ``tiles``,
       ``load_s``, ``compute_s``, ``store_s`` (summed stage seconds), ``end_s``

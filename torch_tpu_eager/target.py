@@ -58,6 +58,8 @@ _SPYRE_PARAMS = (
     "vector_elems_per_us_per_core",
     "dram_bandwidth_mixed",
     "overlap_factor",
+    "ring_bytes_per_cycle",
+    "core_clock_hz",
 )
 _KINDS = {"tpu": _TPU_PARAMS + _ICI_PARAMS, "spyre": _SPYRE_PARAMS}
 
@@ -110,7 +112,8 @@ def target_info(name: str | None = None) -> dict:
 
     Keys are the data file's parameters (units: bytes, bytes/s, FLOP/s, seconds;
     see ``sources``) and interconnect facts (``ici_topology``, ``ici_max_slice_shape``,
-    ``ici_wraparound``; Spyre: ``card_interconnect``, None) plus derived ``clock_hz``
+    ``ici_wraparound``; Spyre: ``card_interconnect``, None, and derived
+    ``ring_link_bandwidth``, bytes/s per direction) plus derived ``clock_hz``
     (clock implied by the bf16 peak) and
     ``vpu_elems_per_s`` (tensor_cores x sublanes x lanes x clock_hz), ``name``,
     ``kind``, ``description`` and ``sources`` (parameter -> source text).
@@ -125,6 +128,12 @@ def target_info(name: str | None = None) -> dict:
     for k, p in spec.get("interconnect", {}).items():
         info[k] = p["value"]
         sources[k] = p["source"]
+    if spec["kind"] == "spyre":
+        info["ring_link_bandwidth"] = values["ring_bytes_per_cycle"] * values["core_clock_hz"]
+        sources["ring_link_bandwidth"] = (
+            "derived: ring_bytes_per_cycle x core_clock_hz (bytes/s per direction of one ring link; "
+            "the clock is an assumption, see core_clock_hz)"
+        )
     if spec["kind"] == "tpu":
         info.update(_derived(values))
         sources["clock_hz"] = "derived: peak_bf16_flops / (2 * mxu_size**2 * mxus_per_core * tensor_cores)"
@@ -173,6 +182,7 @@ def set_target(name: str) -> None:
                 "vector_elems_per_s_per_core": info["vector_elems_per_us_per_core"] * 1e6,
                 "dram_bandwidth": info["dram_bandwidth_mixed"],
                 "overlap": info["overlap_factor"],
+                "ring_link_bandwidth": info["ring_link_bandwidth"],
             }
         )
         return

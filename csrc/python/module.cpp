@@ -196,6 +196,7 @@ void set_spyre_target(const py::dict& p) {
   c.vector_elems_per_s_per_core = p["vector_elems_per_s_per_core"].cast<double>();
   c.dram_bandwidth = p["dram_bandwidth"].cast<double>();
   c.overlap = p["overlap"].cast<double>();
+  if (p.contains("ring_link_bandwidth")) c.ring_link_bandwidth = p["ring_link_bandwidth"].cast<double>();
   TORCH_CHECK_VALUE(c.valid() && c.dram_bytes > 0, "invalid card parameters for target ", c.name);
   py::gil_scoped_release no_gil;
   (void)flush_all(FlushReason::kTargetSwitch);
@@ -295,6 +296,7 @@ py::dict schedule_dict(const spyre::Schedule& s) {
   d["tile_steps"] = s.tile_steps;
   d["ring_steps_run"] = s.ring_steps_run;
   d["executed_s"] = s.executed_s;
+  d["ring_s"] = s.ring_s;
   py::list cores;
   for (const auto& t : s.per_core) {
     py::dict e;

@@ -21,6 +21,10 @@ struct CardParams {
   double vector_elems_per_s_per_core = 0;
   double dram_bandwidth = 0;  // bytes/s, mixed read/write (calibrated)
   double overlap = 0;         // T = C + M - overlap * min(C, M)
+  // One ring link between neighbouring cores, bytes/s per direction:
+  // ring_bytes_per_cycle (128, torch-spyre docs) x core_clock_hz (assumed;
+  // spyre.json). 0: unknown, the ring adds no time.
+  double ring_link_bandwidth = 0;
 
   bool valid() const {
     return cores > 0 && stick_bytes > 0 && matmul_macs_per_s_per_core > 0 && vector_elems_per_s_per_core > 0 &&

@@ -17,6 +17,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/amax.h>
 #include <ATen/ops/amin.h>
@@ -29,6 +30,7 @@
 #include <ATen/ops/div.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/index_copy.h>
+#include <ATen/ops/where.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -1263,6 +1265,15 @@ KtirTilePlan::Combine ring_combine_of(const std::string& op) {
   if (base == "mean") return KtirTilePlan::kMean;
   if (base == "amax") return KtirTilePlan::kMax;
   if (base == "amin") return KtirTilePlan::kMin;
+  if (base == "prod") return KtirTilePlan::kProd;
+  if (base == "var" || base == "std" || base == "var_mean" || base == "std_mean") return KtirTilePlan::kVar;
+  if (base == "argmax") return KtirTilePlan::kArgMax;
+  if (base == "argmin") return KtirTilePlan::kArgMin;
+  if (base == "_softmax") return KtirTilePlan::kSoftmax;
+  if (base == "_log_softmax") return KtirTilePlan::kLogSoftmax;
+  if (base == "native_layer_norm") return KtirTilePlan::kLayerNorm;
+  if (base == "cumsum") return KtirTilePlan::kCumsum;
+  if (base == "nll_loss_forward") return KtirTilePlan::kNllLoss;
   return KtirTilePlan::kNone;
 }
 
@@ -1295,6 +1306,15 @@ std::set<int64_t> dims_of(const KtirValue* v, int64_t rank) {
 bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
   const c10::FunctionSchema& schema = op.schema();
   const PrimKind kind = kind_of_op(o.op);
+  // nll_loss's gradient: row i of grad_input from row i of self, target
+  // (and grad_output with reduction='none'); the weight and total_weight
+  // are replicated. The shape probe below checks the rest.
+  const std::string base = o.op.substr(0, o.op.find('.'));
+  if (base == "nll_loss_backward" || base == "nll_loss2d_backward") return false;
+  if (base == "nll_loss_forward") {  // reduction='none': one loss per row
+    const KtirValue* r = arg_named(o, schema, "reduction");
+    if (r && r->kind == KtirValue::kInt && r->i == 0) return false;
+  }
   if (kind == PrimKind::kElementwise || kind == PrimKind::kMatmul) return false;
   // copy_, fill_, zero_ (the device's own kernels): each element from its own (or none).
   if (lowering_of(op).overwrites_self) return false;
@@ -1308,6 +1328,44 @@ bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
   for (const char* positional : {"index", "indices", "diagonal", "pad", "repeats", "shifts", "offset", "size"})
     if (arg_named(o, schema, positional)) return true;
   return false;
+}
+
+// A gather of rows: op `o` reads rows of a table along its dim 0 at the
+// positions an integer index tensor gives, one result row per index row
+// (index_select(t, 0, i), t[i], embedding(t, i), gather(t, 0, i)). Then a
+// tile of the index rows gives the same tile of result rows from the whole
+// table: the index is split (per-tile index loads), the table replicated.
+// Sets the table and index view ids.
+bool gathers_rows(const KtirOp& o, const c10::FunctionSchema& schema, const KtirProgram& p, int* table, int* index) {
+  const std::string base = o.op.substr(0, o.op.find('.'));
+  auto view = [](const KtirValue* v) { return v && v->kind == KtirValue::kView ? static_cast<int>(v->i) : -1; };
+  auto dim0 = [&](int t) {
+    const KtirValue* d = arg_named(o, schema, "dim");
+    if (!d || d->kind != KtirValue::kInt || t < 0) return false;
+    const int64_t rank = static_cast<int64_t>(p.views[t].sizes.size());
+    return d->i == 0 || (rank > 0 && d->i == -rank);
+  };
+  *table = *index = -1;
+  if (base == "index_select" || base == "gather") {
+    *table = view(arg_named(o, schema, "self"));
+    if (!dim0(*table)) return false;
+    *index = view(arg_named(o, schema, "index"));
+  } else if (o.op == "index.Tensor") {
+    const KtirValue* l = arg_named(o, schema, "indices");
+    if (!l || l->kind != KtirValue::kList || l->list.empty()) return false;
+    for (size_t j = 1; j < l->list.size(); ++j)
+      if (l->list[j].kind != KtirValue::kNone) return false;
+    *table = view(arg_named(o, schema, "self"));
+    *index = view(&l->list[0]);
+  } else if (base == "embedding") {
+    *table = view(arg_named(o, schema, "weight"));
+    *index = view(arg_named(o, schema, "indices"));
+  } else {
+    return false;
+  }
+  if (*table < 0 || *index < 0 || *table == *index) return false;
+  const c10::ScalarType it = p.views[*index].dtype;
+  return (it == c10::kLong || it == c10::kInt) && !p.views[*index].sizes.empty();
 }
 
 }  // namespace
@@ -1324,8 +1382,11 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
   plan.split.assign(nv, 0);
   plan.load.assign(nv, 0);
   plan.store.assign(nv, 0);
+  plan.keep.assign(nv, 0);
+  std::string cur_op;  // the op the loop below looks at ("" outside it)
   auto whole = [&](std::string why) {
     plan.tiled = false;
+    plan.whole_op = cur_op.empty() ? why : cur_op;
     plan.whole_reason = std::move(why);
     return plan;
   };
@@ -1364,6 +1425,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
   bool ring_seen = false;
   for (size_t k = 0; k < no; ++k) {
     const KtirOp& o = p.ops[k];
+    cur_op = o.op;
     const c10::OperatorHandle* h = o.handle ? o.handle : find_op(o.op);
     if (!h) return whole("unknown op " + o.op);
     o.handle = h;
@@ -1382,6 +1444,10 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       if (r >= 0) outs.push_back(r);
     for (int v : operands) accessed[k].insert(storage_key(p.views[v]));
     for (int v : outs) accessed[k].insert(storage_key(p.views[v])), writes[k].insert(storage_key(p.views[v]));
+    int g_table = -1, g_index = -1;
+    const bool gather = gathers_rows(o, schema, p, &g_table, &g_index);
+    if (gather && state[g_table] == 1) return whole(o.op + " gathers from rows the tile steps produce");
+    if (gather) state[g_table] = 0;  // read whole by every tile step at the indexed rows
     bool reads_ring = false, any_split = false;
     for (int v : operands) {
       reads_ring |= state[v] == 2;
@@ -1397,19 +1463,51 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       plan.combine = ring_combine_of(o.op);
       if (plan.combine == KtirTilePlan::kNone) return whole(o.op + " has no ring combine");
       if (c10::isComplexType(p.views[operands[0]].dtype)) return whole(o.op + " of complex values over the ring");
-      if (o.results.size() != 1 || o.results[0] < 0 || !written.empty())
-        return whole(o.op + ": a ring reduction with one fresh result");
-      for (size_t j = 1; j < operands.size(); ++j)
+      const bool multi = plan.combine == KtirTilePlan::kVar || plan.combine == KtirTilePlan::kLayerNorm ||
+                         plan.combine == KtirTilePlan::kNllLoss;
+      // nll_loss: its target has the rows too, split and loaded with them.
+      int nll_target = -1;
+      if (plan.combine == KtirTilePlan::kNllLoss) {
+        if (p.views[operands[0]].sizes.size() != 2) return whole(o.op + ": not a [rows, classes] input");
+        const KtirValue* t = arg_named(o, schema, "target");
+        nll_target = t && t->kind == KtirValue::kView ? static_cast<int>(t->i) : -1;
+        // (a target the steps produce, e.g. a batch gather, is that step's rows)
+        if (nll_target < 0 || !(state[nll_target] == 1 || (state[nll_target] == -1 && candidate[nll_target])))
+          return whole(o.op + ": a target that is not split with the rows");
+      }
+      if (o.results.empty() || (!multi && o.results.size() != 1) || !written.empty())
+        return whole(o.op + ": a ring reduction with fresh results");
+      for (int r : o.results)
+        if (r < 0) return whole(o.op + ": a ring reduction with fresh results");
+      for (size_t j = 1; j < operands.size(); ++j) {
+        if (operands[j] == nll_target) continue;
         if (state[operands[j]] == 1) return whole(o.op + ": a second split operand");
+        if (state[operands[j]] == -1) state[operands[j]] = 0;  // layer_norm's weight/bias: read per row range
+      }
+      if (nll_target >= 0) state[nll_target] = 1, plan.split[nll_target] = 1;
       state[operands[0]] = 1;
       plan.split[operands[0]] = 1;
-      const std::set<int64_t> d = dims_of(arg_named(o, schema, "dim"), rank0);
+      const KtirValue* dim = arg_named(o, schema, "dim");
+      const std::set<int64_t> d = dims_of(dim, rank0);
       plan.ring_dims.assign(d.begin(), d.end());
+      plan.ring_flat = (plan.combine == KtirTilePlan::kArgMax || plan.combine == KtirTilePlan::kArgMin) &&
+                       (!dim || dim->kind == KtirValue::kNone);
+      plan.normalize = plan.combine == KtirTilePlan::kSoftmax || plan.combine == KtirTilePlan::kLogSoftmax ||
+                       plan.combine == KtirTilePlan::kLayerNorm || plan.combine == KtirTilePlan::kCumsum;
+      // The normalizing pass reads the input whole after the ring: an LX
+      // input the steps produce is kept in its buffer (a scan keeps its
+      // partial sums instead).
+      if (plan.normalize && plan.combine != KtirTilePlan::kCumsum && p.views[operands[0]].lx)
+        plan.keep[operands[0]] = 1;
+      const bool two = multi || (plan.normalize && plan.combine != KtirTilePlan::kCumsum) ||
+                       plan.combine == KtirTilePlan::kArgMax || plan.combine == KtirTilePlan::kArgMin;
+      plan.ring_stats = two ? 2 : 1;  // (mean, M2), (max, sum), (value, index); the counts follow from the tiling
+      plan.ring_dtype = p.views[operands[0]].dtype == c10::kDouble ? c10::kDouble : c10::kFloat;
       const auto& in = p.views[operands[0]].sizes;
       plan.ring_count = 1;
       for (int64_t x : plan.ring_dims)
         if (x >= 0 && x < static_cast<int64_t>(in.size())) plan.ring_count *= in[x];
-      state[o.results[0]] = 2;
+      for (int r : o.results) state[r] = 2;
       plan.phase[k] = KtirTilePlan::kRing;
       plan.ring_op = static_cast<int>(k);
       ring_seen = true;
@@ -1422,8 +1520,23 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       plan.phase[k] = reads_ring || ring_seen ? KtirTilePlan::kPost : KtirTilePlan::kPre;
       continue;
     }
+    if (reads_ring && plan.normalize) {
+      // A normalized result (the split rows, whole after the ring's second
+      // pass) feeds this op: it runs after the ring on whole views, unless
+      // it also reads rows the steps produce.
+      bool tiled_operand = false;
+      for (int v : operands) tiled_operand |= state[v] == 1;
+      for (int v : outs) tiled_operand |= state[v] == 1;
+      if (!tiled_operand) {
+        for (int v : operands)
+          if (state[v] == -1) state[v] = 0;
+        for (int v : outs) state[v] = 2;
+        plan.phase[k] = KtirTilePlan::kPost;
+        continue;
+      }
+    }
     if (reads_ring) return whole(o.op + " reads the ring result on the split rows");
-    if (mixes_rows(o, *h, rank0)) return whole(o.op + " is not row-local");
+    if (!gather && mixes_rows(o, *h, rank0)) return whole(o.op + " is not row-local");
     // Shapes: on `probe` rows of its split operands, each result (and written
     // operand) must be `probe` rows of its view. Undecided inputs are first
     // all split, then only those of the result's rank, then only the first
@@ -1474,6 +1587,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
     for (int v : outs) tile_written.insert(storage_key(p.views[v]));
     plan.phase[k] = KtirTilePlan::kTile;
   }
+  cur_op.clear();
   // Aliasing: a storage the tile steps write is accessed through one view
   // only, and no op run outside the steps touches it; an op hoisted before
   // the steps writes nothing an earlier step op touches.
@@ -1517,6 +1631,211 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
   plan.tiled = true;
   return plan;
 }
+
+namespace {
+
+// One core's (or corelet's) partial of a ring reduction: its statistics
+// (kSum/kMean/kMax/kMin/kProd: one tensor; kVar/kLayerNorm: mean, M2 with
+// `n` elements per result element; kArgMax/kArgMin: value, index;
+// kSoftmax/kLogSoftmax: max, sum of exp(x - max)), each with the reduced
+// dims kept. Empty before its first rows.
+struct RingPart {
+  std::vector<at::Tensor> t;
+  double n = 0;
+};
+
+// The ring op's literal operands, read at each run (they are the launch's).
+struct RingParams {
+  double correction = 1;  // var/std: the divisor is max(0, n - correction)
+  bool std = false;       // std/std_mean: the square root of the variance
+  double eps = 1e-5;      // layer_norm
+  int weight = -1, bias = -1;
+  int target = -1;        // nll_loss
+  int64_t reduction = 1;  // nll_loss: 1 mean, 2 sum
+  int64_t ignore_index = -100;
+  int64_t row_elems = 1;  // elements of one row of the input (flat argmax/argmin indices)
+};
+
+RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
+  RingParams rp;
+  const c10::FunctionSchema& schema = o.handle->schema();
+  const std::string base = o.op.substr(0, o.op.find('.'));
+  rp.std = base == "std" || base == "std_mean";
+  if (const KtirValue* c = arg_named(o, schema, "correction")) {
+    if (c->kind == KtirValue::kInt) rp.correction = static_cast<double>(c->i);
+    if (c->kind == KtirValue::kFloat) rp.correction = c->f;
+  } else if (const KtirValue* u = arg_named(o, schema, "unbiased")) {
+    rp.correction = u->kind == KtirValue::kBool && !u->b ? 0 : 1;
+  }
+  if (const KtirValue* e = arg_named(o, schema, "eps"))
+    if (e->kind == KtirValue::kFloat) rp.eps = e->f;
+  if (const KtirValue* w = arg_named(o, schema, "weight"))
+    if (w->kind == KtirValue::kView) rp.weight = static_cast<int>(w->i);
+  if (const KtirValue* b = arg_named(o, schema, "bias"))
+    if (b->kind == KtirValue::kView) rp.bias = static_cast<int>(b->i);
+  if (const KtirValue* t = arg_named(o, schema, "target"))
+    if (t->kind == KtirValue::kView) rp.target = static_cast<int>(t->i);
+  if (const KtirValue* r = arg_named(o, schema, "reduction"))
+    if (r->kind == KtirValue::kInt) rp.reduction = r->i;
+  if (const KtirValue* g = arg_named(o, schema, "ignore_index"))
+    if (g->kind == KtirValue::kInt) rp.ignore_index = g->i;
+  for (size_t d = 1; d < in_sizes.size(); ++d) rp.row_elems *= in_sizes[d];
+  return rp;
+}
+
+// The partial of `seg` (rows of the input in the accumulator dtype, its
+// first row `first_row` of the whole input), in f32 (CPU's float32 kernels).
+RingPart ring_partial(const KtirTilePlan& P, const at::Tensor& seg, int64_t first_row, c10::ScalarType acc) {
+  RingPart q;
+  const at::IntArrayRef dims(P.ring_dims);
+  switch (P.combine) {
+    case KtirTilePlan::kMax:
+      q.t = {seg.amax(dims, true)};
+      break;
+    case KtirTilePlan::kMin:
+      q.t = {seg.amin(dims, true)};
+      break;
+    case KtirTilePlan::kProd: {
+      // prod takes one dim; a product over every dim is over the flattened rows.
+      if (P.ring_dims.size() == 1) {
+        q.t = {seg.prod(P.ring_dims[0], true, acc)};
+      } else {
+        std::vector<int64_t> ones(seg.dim(), 1);
+        q.t = {seg.reshape({-1}).prod(0, false, acc).reshape(ones)};
+      }
+      break;
+    }
+    case KtirTilePlan::kVar:
+    case KtirTilePlan::kLayerNorm: {
+      const at::Tensor s = seg.sum(dims, true, acc);
+      q.n = static_cast<double>(seg.numel() / std::max<int64_t>(1, s.numel()));
+      const at::Tensor mean = s.div(q.n);
+      const at::Tensor d = seg.sub(mean);
+      q.t = {mean, d.mul(d).sum(dims, true, acc)};
+      break;
+    }
+    case KtirTilePlan::kArgMax:
+    case KtirTilePlan::kArgMin: {
+      const bool is_max = P.combine == KtirTilePlan::kArgMax;
+      if (P.ring_flat) {
+        const at::Tensor flat = seg.reshape({-1});
+        const at::Tensor i = is_max ? flat.argmax(0, true) : flat.argmin(0, true);
+        const int64_t row_elems = seg.dim() > 0 ? seg.numel() / std::max<int64_t>(1, seg.size(0)) : 1;
+        q.t = {flat.gather(0, i), i.add(first_row * row_elems)};
+      } else {
+        const at::Tensor i = is_max ? seg.argmax(0, true) : seg.argmin(0, true);
+        q.t = {seg.gather(0, i), i.add(first_row)};
+      }
+      break;
+    }
+    case KtirTilePlan::kSoftmax:
+    case KtirTilePlan::kLogSoftmax: {
+      const at::Tensor m = seg.amax(dims, true);
+      q.t = {m, seg.sub(m).exp().sum(dims, true, acc)};
+      break;
+    }
+    default:  // kSum, kMean
+      q.t = {seg.sum(dims, true, acc)};
+  }
+  return q;
+}
+
+// Merges partial `b` (later rows) into `a` (earlier rows).
+RingPart ring_merge(const KtirTilePlan& P, RingPart a, const RingPart& b) {
+  if (a.t.empty()) return b;
+  if (b.t.empty()) return a;
+  RingPart r;
+  switch (P.combine) {
+    case KtirTilePlan::kMax:
+      r.t = {at::maximum(a.t[0], b.t[0])};
+      break;
+    case KtirTilePlan::kMin:
+      r.t = {at::minimum(a.t[0], b.t[0])};
+      break;
+    case KtirTilePlan::kProd:
+      r.t = {a.t[0].mul(b.t[0])};
+      break;
+    case KtirTilePlan::kVar:
+    case KtirTilePlan::kLayerNorm: {
+      // Chan et al.'s pairwise merge of (count, mean, M2).
+      r.n = a.n + b.n;
+      const at::Tensor d = b.t[0].sub(a.t[0]);
+      r.t = {a.t[0].add(d.mul(b.n / r.n)), a.t[1].add(b.t[1]).add(d.mul(d).mul(a.n * b.n / r.n))};
+      break;
+    }
+    case KtirTilePlan::kArgMax:
+    case KtirTilePlan::kArgMin: {
+      // b wins only when strictly better (or NaN where a is not): ties keep
+      // a, the earlier rows, so the first index wins as on CPU.
+      const at::Tensor better = P.combine == KtirTilePlan::kArgMax ? b.t[0].gt(a.t[0]) : b.t[0].lt(a.t[0]);
+      const at::Tensor take = better.logical_or(b.t[0].isnan().logical_and(a.t[0].isnan().logical_not()));
+      r.t = {at::where(take, b.t[0], a.t[0]), at::where(take, b.t[1], a.t[1])};
+      break;
+    }
+    case KtirTilePlan::kSoftmax:
+    case KtirTilePlan::kLogSoftmax: {
+      const at::Tensor m = at::maximum(a.t[0], b.t[0]);
+      r.t = {m, a.t[1].mul(a.t[0].sub(m).exp()).add(b.t[1].mul(b.t[0].sub(m).exp()))};
+      break;
+    }
+    case KtirTilePlan::kNllLoss:
+      r.t = {a.t[0].add(b.t[0]), a.t[1].add(b.t[1])};
+      break;
+    default:  // kSum, kMean
+      r.t = {a.t[0].add(b.t[0])};
+  }
+  return r;
+}
+
+// The results of a reducing ring op from the ring's total (before rounding).
+std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp, const RingPart& total) {
+  switch (P.combine) {
+    case KtirTilePlan::kMean:
+      return {total.t[0].div(static_cast<double>(P.ring_count))};
+    case KtirTilePlan::kVar: {
+      at::Tensor v = total.t[1].div(std::max(0.0, total.n - rp.correction));
+      if (rp.std) v = v.sqrt();
+      return {v, total.t[0]};  // var_mean/std_mean: (var or std, mean)
+    }
+    case KtirTilePlan::kArgMax:
+    case KtirTilePlan::kArgMin:
+      return {total.t[1]};
+    case KtirTilePlan::kNllLoss:  // (loss, total_weight); reduction 1 = mean, 2 = sum
+      return {rp.reduction == 1 ? total.t[0].div(total.t[1]) : total.t[0], total.t[1]};
+    default:
+      return {total.t[0]};
+  }
+}
+
+// A normalizing ring op's statistics: softmax (max, sum), layer_norm (mean, rstd).
+struct RingStats {
+  at::Tensor a, b;
+};
+
+RingStats ring_stats(const KtirTilePlan& P, const RingParams& rp, const RingPart& total) {
+  if (P.combine != KtirTilePlan::kLayerNorm) return {total.t[0], total.t[1]};
+  const at::Tensor var = total.t[1].div(total.n);  // biased, as layer_norm's
+  return {total.t[0], var.add(rp.eps).rsqrt()};
+}
+
+// The normalized rows `x` (f32) with the combined statistics.
+at::Tensor ring_normalize(const KtirTilePlan& P, const RingStats& st, const at::Tensor& x, const at::Tensor& w,
+                          const at::Tensor& b) {
+  switch (P.combine) {
+    case KtirTilePlan::kSoftmax:
+      return x.sub(st.a).exp().div(st.b);
+    case KtirTilePlan::kLogSoftmax:
+      return x.sub(st.a).sub(st.b.log());
+    default: {  // kLayerNorm
+      at::Tensor y = x.sub(st.a).mul(st.b);
+      if (w.defined()) y = y.mul(w);
+      if (b.defined()) y = y.add(b);
+      return y;
+    }
+  }
+}
+
+}  // namespace
 
 void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes, KtirRunHooks& hooks, int* failed_at,
                   const KtirTilePlan* plan, KtirWalk* walk) {
@@ -1620,11 +1939,12 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   if (walk) walk->tiled = true;
   for (size_t k = 0; k < p.ops.size(); ++k)
     if (P.phase[k] == KtirTilePlan::kPre) run_op(k, views, nullptr);
-  // The ring op's accumulators: per core, its f32 (or f64, int64) partial.
-  std::vector<at::Tensor> acc(P.tiling.cores_used);
+  // The ring op's partials: per core, its f32 (f64 for float64, int64 for an
+  // integer sum or product) statistics (docs/ktir.md, "Ring reductions").
   const KtirOp* ring = P.ring_op >= 0 ? &p.ops[P.ring_op] : nullptr;
   int ring_in = -1;
   c10::ScalarType acc_dtype = c10::kFloat;
+  RingParams rp;
   if (ring) {
     for_each_view_operand(ring->args[0], [&](int v) {
       if (ring_in < 0) ring_in = v;
@@ -1633,21 +1953,32 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     if (c10::isFloatingType(in_t))
       acc_dtype = in_t == c10::kDouble || out_t == c10::kDouble ? c10::kDouble : c10::kFloat;
     else
-      acc_dtype = P.combine == KtirTilePlan::kSum ? c10::kLong : in_t;
+      acc_dtype =
+          P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kProd || P.combine == KtirTilePlan::kCumsum
+              ? c10::kLong
+              : in_t;
+    rp = ring_params(*ring, p.views[ring_in].sizes);
   }
-  auto combine = [&](const at::Tensor& a, const at::Tensor& b) {
-    if (P.combine == KtirTilePlan::kMax) return at::maximum(a, b);
-    if (P.combine == KtirTilePlan::kMin) return at::minimum(a, b);
-    return at::add(a, b);
+  std::vector<RingPart> acc(P.tiling.cores_used);
+  // A scan (cumsum): each core's running total after its last rows, and the
+  // partial sums of every row (f32, rounded only after the core's prefix is added).
+  std::vector<at::Tensor> carry(P.tiling.cores_used);
+  at::Tensor scan;
+  if (ring && P.combine == KtirTilePlan::kCumsum)
+    scan = at::empty(p.views[ring_in].sizes, at::TensorOptions().dtype(acc_dtype));
+  // The rows of step i of a whole view (the load of a tile), and their store.
+  auto step_rows = [&](size_t i, int64_t* lo, int64_t* n) {
+    *lo = -1, *n = 0;
+    for (const auto& [b, e] : P.steps[i]) {
+      if (e > b && *lo < 0) *lo = b;
+      *n += e - b;
+    }
   };
   std::vector<at::Tensor> vt(views.size());
   for (size_t i = 0; i < P.steps.size(); ++i) {
     const auto& cores = P.steps[i];
     int64_t lo = -1, n = 0;
-    for (const auto& [b, e] : cores) {
-      if (e > b && lo < 0) lo = b;
-      n += e - b;
-    }
+    step_rows(i, &lo, &n);
     if (n == 0) continue;
     const at::Tensor& idx = P.step_index[i];
     const bool whole_rows = P.steps.size() == 1;  // one step holds every row: the views themselves
@@ -1671,35 +2002,75 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
       } else if (P.phase[k] == KtirTilePlan::kRing) {
         run_op(k, vt, [&] {
           // Each core's corelets reduce their share of the core's rows of
-          // the step in f32 (corelet j: ceil(left / (corelets - j)) rows),
-          // the core adds the corelet partials in order, and its
-          // accumulator adds the step partials in tile order.
+          // the step (corelet j: ceil(left / (corelets - j)) rows), the core
+          // merges the corelet partials in order, and its accumulator merges
+          // the step partials in tile order.
           const at::Tensor x = vt[ring_in].to(acc_dtype).contiguous();  // one widening per step
           int64_t off = 0;
+          if (P.combine == KtirTilePlan::kNllLoss) {
+            // Per corelet: (sum of -w[t] x[i, t], sum of w[t]) over its rows,
+            // w[t] = 0 where t is ignore_index.
+            const at::Tensor tgt = vt[rp.target];
+            for (size_t c = 0; c < cores.size(); ++c) {
+              const int64_t rows = cores[c].second - cores[c].first;
+              if (rows == 0) continue;
+              const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
+              RingPart part;
+              for (int64_t j = 0, left = rows; j < corelets; ++j) {
+                const int64_t m = (left + corelets - j - 1) / (corelets - j);
+                const at::Tensor t = tgt.narrow(0, off, m);
+                const at::Tensor keep = t.ne(rp.ignore_index);
+                const at::Tensor safe = at::where(keep, t, at::zeros({}, t.options()));
+                at::Tensor w =
+                    rp.weight >= 0 ? views[rp.weight].to(acc_dtype).index_select(0, safe) : at::ones({m}, x.options());
+                w = at::where(keep, w, at::zeros({}, w.options()));
+                const at::Tensor picked = x.narrow(0, off, m).gather(1, safe.unsqueeze(1)).squeeze(1);
+                RingPart q;
+                q.t = {picked.mul(w).sum().neg(), w.sum()};
+                part = ring_merge(P, std::move(part), q);
+                off += m;
+                left -= m;
+              }
+              acc[c] = ring_merge(P, std::move(acc[c]), part);
+            }
+            return;
+          }
+          if (P.combine == KtirTilePlan::kCumsum) {
+            // Each core scans its rows of the step, carrying its running
+            // total from its previous tile.
+            for (size_t c = 0; c < cores.size(); ++c) {
+              const int64_t rows = cores[c].second - cores[c].first;
+              if (rows == 0) continue;
+              at::Tensor local = x.narrow(0, off, rows).cumsum(0, acc_dtype);
+              if (carry[c].defined()) local = local.add(carry[c]);
+              carry[c] = local.narrow(0, rows - 1, 1);
+              scan.narrow(0, cores[c].first, rows).copy_(local);
+              off += rows;
+            }
+            return;
+          }
           for (size_t c = 0; c < cores.size(); ++c) {
             const int64_t rows = cores[c].second - cores[c].first;
             if (rows == 0) continue;
             const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
-            at::Tensor part;
+            RingPart part;
             for (int64_t j = 0, left = rows; j < corelets; ++j) {
-              const int64_t n = (left + corelets - j - 1) / (corelets - j);
-              const at::Tensor seg = x.narrow(0, off, n);
-              off += n;
-              left -= n;
-              at::Tensor q = P.combine == KtirTilePlan::kMax   ? at::amax(seg, P.ring_dims, true)
-                             : P.combine == KtirTilePlan::kMin ? at::amin(seg, P.ring_dims, true)
-                                                               : at::sum(seg, P.ring_dims, true, acc_dtype);
-              part = part.defined() ? combine(part, q) : q;
+              const int64_t m = (left + corelets - j - 1) / (corelets - j);
+              const int64_t first_row = cores[c].first + (rows - left);
+              part = ring_merge(P, std::move(part), ring_partial(P, x.narrow(0, off, m), first_row, acc_dtype));
+              off += m;
+              left -= m;
             }
-            acc[c] = acc[c].defined() ? combine(acc[c], part) : part;
+            acc[c] = ring_merge(P, std::move(acc[c]), part);
           }
         });
       }
     }
-    // Store: the split HBM views the step wrote, back to their rows.
+    // Store: the split HBM views the step wrote (and the LX views a later
+    // pass reads whole), back to their rows.
     if (!whole_rows)
       for (size_t v = 0; v < views.size(); ++v) {
-        if (!P.store[v]) continue;
+        if (!P.store[v] && !P.keep[v]) continue;
         if (idx.defined())
           views[v].index_copy_(0, idx, vt[v]);
         else
@@ -1708,20 +2079,76 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     if (walk) walk->tile_steps++;
   }
   if (ring && !failed[P.ring_op]) {
-    // The ring: core 0's partial passes to core 1, which adds its own, and so on.
+    // The ring: core 0's partial passes to core 1, which merges its own, and so on.
     run_op(P.ring_op, views, [&] {
-      at::Tensor total;
-      for (const auto& a : acc) {
-        if (!a.defined()) continue;
-        if (total.defined() && walk) walk->ring_steps++;
-        total = total.defined() ? combine(total, a) : a;
+      RingPart total;
+      for (auto& a : acc) {
+        if (a.t.empty()) continue;
+        if (!total.t.empty() && walk) walk->ring_steps++;
+        total = ring_merge(P, std::move(total), a);
       }
-      if (P.combine == KtirTilePlan::kMean) total = at::div(total, static_cast<double>(P.ring_count));
-      at::Tensor& out = views[ring->results[0]];
-      const c10::ScalarType t = p.views[ring->results[0]].dtype;
-      const bool is16 = t == c10::kHalf || t == c10::kBFloat16;
-      out.copy_((is16 ? df16_store(total, t) : total.to(t)).reshape(out.sizes()));
-      hooks.after_op(P.ring_op, {out}, {});
+      auto store = [&](int view, const at::Tensor& value, const at::Tensor* rows_idx, int64_t lo, int64_t n) {
+        const c10::ScalarType t = p.views[view].dtype;
+        const bool is16 = t == c10::kHalf || t == c10::kBFloat16;
+        at::Tensor out = views[view];
+        if (rows_idx && rows_idx->defined()) {
+          out.index_copy_(0, *rows_idx, is16 ? df16_store(value, t) : value.to(t));
+          return;
+        }
+        if (n >= 0) out = out.narrow(0, lo, n);
+        out.copy_((is16 ? df16_store(value, t) : value.to(t)).reshape(out.sizes()));
+      };
+      std::vector<at::Tensor> results;
+      for (int r : ring->results) results.push_back(views[r]);
+      if (!P.normalize) {
+        const std::vector<at::Tensor> vals = ring_finish(P, rp, total);
+        for (size_t j = 0; j < vals.size() && j < ring->results.size(); ++j)
+          store(ring->results[j], vals[j], nullptr, 0, -1);
+      } else {
+        // The normalizing pass: each step's rows of the input (read again
+        // from HBM, or from the LX buffer the steps kept) are normalized with
+        // the combined statistics, rounded once and stored to their rows.
+        if (P.combine == KtirTilePlan::kCumsum) {
+          // The ring passes each core the total of the cores before it
+          // (core 0 none); the second pass adds it to the core's rows.
+          std::vector<at::Tensor> prefix(carry.size());
+          for (size_t c = 1; c < carry.size(); ++c) {
+            if (!carry[c - 1].defined()) break;
+            prefix[c] = prefix[c - 1].defined() ? prefix[c - 1].add(carry[c - 1]) : carry[c - 1];
+            if (walk) walk->ring_steps++;
+          }
+          for (const auto& step : P.steps)
+            for (size_t c = 0; c < step.size(); ++c) {
+              const auto [lo, hi] = step[c];
+              if (hi <= lo) continue;
+              at::Tensor y = scan.narrow(0, lo, hi - lo);
+              if (prefix[c].defined()) y = y.add(prefix[c]);
+              store(ring->results[0], y, nullptr, lo, hi - lo);
+            }
+          hooks.after_op(P.ring_op, results, {});
+          return;
+        }
+        const RingStats st = ring_stats(P, rp, total);
+        for (size_t i = 0; i < P.steps.size(); ++i) {
+          int64_t lo = -1, n = 0;
+          step_rows(i, &lo, &n);
+          if (n == 0) continue;
+          const at::Tensor& idx = P.step_index[i];
+          auto rows_of = [&](int v) {
+            return idx.defined() ? views[v].index_select(0, idx) : views[v].narrow(0, lo, n);
+          };
+          const at::Tensor x = rows_of(ring_in).to(acc_dtype);
+          at::Tensor w, b;
+          if (rp.weight >= 0) w = rows_of(rp.weight).to(acc_dtype);
+          if (rp.bias >= 0) b = rows_of(rp.bias).to(acc_dtype);
+          store(ring->results[0], ring_normalize(P, st, x, w, b), &idx, lo, n);
+        }
+        if (P.combine == KtirTilePlan::kLayerNorm) {
+          if (ring->results.size() > 1) store(ring->results[1], st.a, nullptr, 0, -1);
+          if (ring->results.size() > 2) store(ring->results[2], st.b, nullptr, 0, -1);
+        }
+      }
+      hooks.after_op(P.ring_op, results, {});
     });
   }
   for (size_t k = 0; k < p.ops.size(); ++k)

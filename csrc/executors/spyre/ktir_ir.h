@@ -164,6 +164,7 @@ struct KtirTilePlan {
   enum Phase : uint8_t { kPre, kTile, kRing, kPost };
   bool tiled = false;
   std::string whole_reason;
+  std::string whole_op;  // the op that is not row-local, else the reason (metrics key)
   KtirTiling tiling;
   int64_t rows = 0;               // rows of the split views (dim 0)
   std::vector<uint8_t> phase;     // per op: kPre (replicated operands only, once before the tiles),
@@ -171,12 +172,46 @@ struct KtirTilePlan {
   std::vector<char> split;        // per view: cut into tiles
   std::vector<char> load, store;  // per view: copied HBM -> LX before a step / LX -> HBM after it
   // The ring reduction (kRing op): how partials combine, its reduced dims of
-  // the input, and the element count each result element reduces.
-  enum Combine : uint8_t { kNone, kSum, kMean, kMax, kMin };
+  // the input, and the element count each result element reduces
+  // (docs/ktir.md, "Ring reductions"). kSum/kMean add f32 partials, kMax/kMin
+  // take their max/min, kProd multiplies them, kVar merges (count, mean, M2)
+  // partials (Chan et al.; var, std, var_mean, std_mean), kArgMax/kArgMin
+  // keep (value, index) pairs, the first index on ties; kSoftmax/kLogSoftmax
+  // merge (max, sum of exp(x - max)) partials and kLayerNorm (count, mean,
+  // M2) ones, then run a second pass over the tile steps that normalizes
+  // each core's rows with the combined statistics (`normalize`). kCumsum
+  // scans each core's rows tile by tile with a carried prefix, passes each
+  // core's total along the ring (an exclusive prefix per core) and adds it to
+  // the core's rows in a second pass (also `normalize`). kNllLoss adds
+  // (sum of -weight[t] x[i, t], sum of weight[t]) partials over the rows
+  // (nll_loss with reduction mean or sum; the target is split with the rows).
+  enum Combine : uint8_t {
+    kNone,
+    kSum,
+    kMean,
+    kMax,
+    kMin,
+    kProd,
+    kVar,
+    kArgMax,
+    kArgMin,
+    kSoftmax,
+    kLogSoftmax,
+    kLayerNorm,
+    kCumsum,
+    kNllLoss
+  };
   int ring_op = -1;
   Combine combine = kNone;
+  bool normalize = false;  // the ring op's first result is the split rows (softmax, layer_norm, cumsum)
+  bool ring_flat = false;  // argmax/argmin without a dim: indices into the flattened input
   std::vector<int64_t> ring_dims;
   int64_t ring_count = 1;
+  // What one ring hop carries: `ring_stats` tensors of the partial's shape
+  // in `ring_dtype` (f32; f64 for a float64 input).
+  int64_t ring_stats = 1;
+  c10::ScalarType ring_dtype = c10::kFloat;
+  std::vector<char> keep;  // per view: an LX view a step writes that a later pass reads whole (stored to its buffer)
   // Per tile step: per core, [begin, end) of its rows (empty when it has none).
   std::vector<std::vector<std::pair<int64_t, int64_t>>> steps;
   std::vector<at::Tensor> step_index;  // per step: its rows in core order (int64), undefined when one range

@@ -16,7 +16,8 @@ RegionLayout::Key key_of(const TensorRef& r) {
 }
 
 // Dims of its first input that reduction `n` reduces; empty when it does not
-// name them and keeps the input's rank (e.g. layer_norm's trailing dims).
+// name them and keeps the input's rank (layer_norm over trailing dims; over
+// every dim it reduces them all).
 std::set<int64_t> reduced_dims(const Node& n) {
   std::set<int64_t> dims;
   if (n.inputs.empty()) return dims;
@@ -39,6 +40,13 @@ std::set<int64_t> reduced_dims(const Node& n) {
     }
     return dims;
   }
+  // layer_norm over every dim (normalized_shape as long as the input's rank).
+  for (size_t a = 0; a < args.size() && a < n.args.size(); ++a)
+    if (args[a].name() == "normalized_shape" && n.args[a].isIntList() &&
+        static_cast<int64_t>(n.args[a].toIntList().size()) >= rank && rank > 0) {
+      all();
+      return dims;
+    }
   // No dim argument: a full reduction when the result has rank 0.
   if (!n.outputs.empty() && n.outputs[0].sizes.empty()) all();
   return dims;

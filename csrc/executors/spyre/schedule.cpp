@@ -161,6 +161,16 @@ Schedule plan_schedule(const std::string& kernel, const Region& region, const st
   return s;
 }
 
+void schedule_ring_payload(Schedule& s, const std::vector<int64_t>& partial_sizes, c10::ScalarType dtype, int64_t stats,
+                           bool broadcast, const CardParams& card) {
+  if (s.ring_steps == 0 || s.cores_used <= 1) return;
+  const int64_t stick = std::max<int64_t>(1, card.stick_bytes);
+  s.partial_bytes = std::max<int64_t>(1, stats) * stick_bytes(partial_sizes, dtype, card);
+  s.ring_steps = (s.cores_used - 1) * (broadcast ? 2 : 1);
+  s.ring_bytes = s.ring_steps * s.partial_bytes;
+  s.ring_cycles = ceil_div(s.ring_bytes, stick);
+}
+
 void time_schedule(Schedule& s, double compute_s, double memory_s, const CardParams& card) {
   const int64_t n = std::max<int64_t>(1, s.n_tiles);
   s.compute_s = compute_s;
@@ -205,7 +215,13 @@ void time_schedule(Schedule& s, double compute_s, double memory_s, const CardPar
   std::stable_sort(s.stages.begin(), s.stages.end(),
                    [](const ScheduleStage& a, const ScheduleStage& b) { return a.start_s < b.start_s; });
   s.stages_omitted = n > 4 ? 3 * (n - 4) : 0;
-  if (s.ring_steps > 0) s.stages.push_back({"ring_reduce", -1, -1, s.ring_bytes, s.pipelined_s, s.pipelined_s});
+  s.ring_s = s.ring_steps > 0 && card.ring_link_bandwidth > 0
+                 ? static_cast<double>(s.ring_bytes) / card.ring_link_bandwidth
+                 : 0.0;
+  if (s.ring_steps > 0) {
+    s.stages.push_back({"ring_reduce", -1, -1, s.ring_bytes, s.pipelined_s, s.pipelined_s + s.ring_s});
+    s.pipelined_s += s.ring_s;
+  }
 }
 
 namespace {
@@ -244,7 +260,7 @@ void time_executed(Schedule& s, const std::vector<std::vector<double>>& step_row
     t.end_s = s.pipelined_s;
     t.overlap_s = t.load_s + t.compute_s + t.store_s - t.end_s;
     s.per_core.push_back(t);
-    s.executed_s = s.pipelined_s;
+    s.executed_s = s.pipelined_s;  // includes ring_s
     return;
   }
   const double moved = static_cast<double>(s.load_bytes_per_tile + s.store_bytes_per_tile);
@@ -281,6 +297,9 @@ void time_executed(Schedule& s, const std::vector<std::vector<double>>& step_row
     s.executed_s = std::max(s.executed_s, t.end_s);
     s.per_core.push_back(t);
   }
+  // The ring starts when the cores' pipelines have ended (the chain passes
+  // the partials one hop at a time).
+  s.executed_s += s.ring_s;
 }
 
 std::string schedule_text(const Schedule& s) {
@@ -298,7 +317,7 @@ std::string schedule_text(const Schedule& s) {
   for (const auto& st : s.stages) {
     if (st.kind == "ring_reduce") {
       os << "  ring_reduce steps=" << s.ring_steps << " bytes=" << s.ring_bytes << " cycles=" << s.ring_cycles
-         << " partial_bytes=" << s.partial_bytes << "\n";
+         << " partial_bytes=" << s.partial_bytes << " time=" << secs(s.ring_s) << "\n";
       continue;
     }
     os << "  " << st.kind << " tile=" << st.tile << " buffer=" << st.buffer << " bytes=" << st.bytes << " t=["

@@ -30,8 +30,8 @@
 // overlap. The region's time stays the calibrated law
 // T = C + M - overlap x min(C, M), measured on hardware, which sits between
 // the two (docs/spyre.md relates them); the ring reduction is counted in
-// steps, bytes and ring cycles at 128 B per cycle (no clock rate is
-// published, so it adds no seconds).
+// steps, bytes and ring cycles at 128 B per cycle and timed at the card's
+// ring_link_bandwidth (card.h; its clock is an assumption, spyre.json).
 #pragma once
 
 #include <cstdint>
@@ -87,7 +87,11 @@ struct Schedule {
   std::vector<ScheduleView> views;
   int64_t load_bytes_per_tile = 0, store_bytes_per_tile = 0;
   // Ring reduction over the cores (0 when none).
+  // ring_steps hops of partial_bytes each, one after the other; ring_s =
+  // ring_bytes / ring_link_bandwidth (0 when the card gives no bandwidth),
+  // added after the cores' pipelines (pipelined_s, executed_s).
   int64_t ring_steps = 0, ring_bytes = 0, ring_cycles = 0, partial_bytes = 0;
+  double ring_s = 0;
   // Timing, seconds (see the header comment).
   double compute_s = 0, memory_s = 0;  // the region's C and M
   double tile_load_s = 0, tile_compute_s = 0, tile_store_s = 0;
@@ -111,6 +115,13 @@ struct Schedule {
 // every view does not fit LX twice). Timing fields are left 0.
 Schedule plan_schedule(const std::string& kernel, const Region& region, const std::vector<Node>& graph,
                        const CardParams& card);
+// The ring's payload once the interpreter's plan is known: each hop carries
+// `stats` partial tensors of `partial_sizes` in `dtype` (f32, f64 for a
+// float64 reduction), stick padded; `broadcast`: the combined statistics
+// travel back to every core (a normalizing pass: softmax, layer_norm), so
+// the chain runs twice.
+void schedule_ring_payload(Schedule& s, const std::vector<int64_t>& partial_sizes, c10::ScalarType dtype, int64_t stats,
+                           bool broadcast, const CardParams& card);
 // Fills the timing fields and stages from the region's C and M (seconds).
 void time_schedule(Schedule& s, double compute_s, double memory_s, const CardParams& card);
 // The executed timing from the tile steps of the walk: per core c and step

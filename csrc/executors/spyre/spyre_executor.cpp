@@ -263,6 +263,9 @@ class SpyreKernel final : public Kernel {
     // in each tile step of the walk (the plan's steps; the same geometry when
     // the program ran on whole views).
     s.executed_tiles = walk_.tiled;
+    // A region with split rows that ran on whole views, by the op (or rule)
+    // that kept it whole: metrics_report()'s "spyre_whole_region.<op>".
+    if (interpretable_ && !walk_.tiled && plan_.rows > 1) debug::count_op("spyre_whole_region", plan_.whole_op);
     s.whole_reason = interpretable_ ? plan_.whole_reason : "host loop";
     s.tile_steps = walk_.tile_steps;
     s.ring_steps_run = walk_.ring_steps;
@@ -277,7 +280,7 @@ class SpyreKernel final : public Kernel {
     if (kineto::recording()) {
       std::vector<double> busy;
       for (const auto& t : s.per_core) busy.push_back(t.end_s);
-      kineto::note_kernel_schedule(c.name, s.executed_s, s.pipelined_s, busy);
+      kineto::note_kernel_schedule(c.name, s.executed_s, s.pipelined_s, busy, s.ring_s);
     }
     schedule_record(std::move(s));
   }
@@ -336,6 +339,13 @@ class SpyreKernel final : public Kernel {
     tiling.tile_rows = schedule_.row_split ? 1 : std::max<int64_t>(1, schedule_.tile_rows);
     tiling.corelets = std::max<int64_t>(1, schedule_.corelets);
     plan_ = ktir_tile_plan(bound_, tiling);
+    if (plan_.tiled && plan_.ring_op >= 0) {
+      const RegionLayout L = region_layout(region, graph, card_);
+      // A normalizing op's statistics go back to every core; a scan's
+      // prefixes only travel forward.
+      const bool back = plan_.normalize && plan_.combine != KtirTilePlan::kCumsum;
+      schedule_ring_payload(schedule_, L.partial_sizes, plan_.ring_dtype, plan_.ring_stats, back, card_);
+    }
     signature_ = layout_signature(region, graph);
   }
 

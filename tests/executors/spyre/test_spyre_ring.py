@@ -1,0 +1,434 @@
+"""Ring reductions beyond sum/mean/amax/amin (issue 21): var/std (a
+count/mean/M2 merge), prod, argmax/argmin (value/index pairs, the first index
+on ties), softmax/log_softmax (max, then the sum rescaled to the new max) and
+layer_norm over every dim (count/mean/M2, then a normalizing pass), cumsum
+(a carried prefix per core, then the cores' exclusive prefix) and nll_loss
+(loss and weight sums) when the reduced dim is dim 0, split over the cores;
+and the ring's time in the schedule and the profiler row.
+
+The reference is independent of the executor: it follows the order the
+device defines (docs/ktir.md, "Ring reductions": each corelet's rows of each
+core's tile with CPU's float32 kernels, corelet 0 then 1, tiles in order, the
+cores' partials along the ring in core order), written here from that text
+with float32 tensor ops, and rounds once with the df16 codec of
+test_spyre_numerics (its own definition of df16). 16-bit results must equal
+it with 0 mismatches, float32 ones bit for bit; each is also close to CPU's
+op (which sums in another order).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from difftest import requires_tpu
+from test_spyre_numerics import _inputs, df16_ref, same, store
+
+pytestmark = requires_tpu
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+IDS = ["f16", "bf16", "f32"]
+SHAPES = [(64, 300), (1000, 300), (37, 2000)]
+SHAPE_IDS = ["64x300", "1000x300", "37x2000"]
+
+
+def _segments(rows, sched):
+    """Per core, per tile step, the (lo, hi) rows of each corelet."""
+    rpc, used = sched["rows_per_core"], sched["cores_used"]
+    tile = sched["tile_rows"] or 1  # a row cut into sticks runs one row per step
+    cores = []
+    for c in range(used):
+        steps = []
+        for b in range(c * rpc, min((c + 1) * rpc, rows), tile):
+            e = min(b + tile, (c + 1) * rpc, rows)
+            if e - b < 2:
+                steps.append([(b, e)])
+            else:
+                mid = b + (e - b + 1) // 2
+                steps.append([(b, mid), (mid, e)])
+        cores.append(steps)
+    return cores
+
+
+def _partial(kind, seg, first_row, dims):
+    if kind in ("var", "ln"):
+        s = seg.sum(dim=dims, keepdim=True)
+        n = seg.numel() // s.numel()
+        mean = s / n
+        d = seg - mean
+        return [mean, (d * d).sum(dim=dims, keepdim=True)], float(n)
+    if kind == "prod":
+        if len(dims) == 1:
+            return [seg.prod(dim=dims[0], keepdim=True)], 0.0
+        return [seg.reshape(-1).prod(0).reshape([1] * seg.dim())], 0.0
+    if kind in ("argmax", "argmin", "argmax_flat", "argmin_flat"):
+        f = torch.argmax if kind.startswith("argmax") else torch.argmin
+        if kind.endswith("_flat"):
+            flat = seg.reshape(-1)
+            i = f(flat, 0, keepdim=True)
+            return [flat.gather(0, i), i + first_row * (seg.numel() // seg.shape[0])], 0.0
+        i = f(seg, 0, keepdim=True)
+        return [seg.gather(0, i), i + first_row], 0.0
+    if kind in ("softmax", "log_softmax"):
+        m = seg.amax(dim=dims, keepdim=True)
+        return [m, (seg - m).exp().sum(dim=dims, keepdim=True)], 0.0
+    raise AssertionError(kind)
+
+
+def _merge(kind, a, b):
+    if a is None:
+        return b
+    (ta, na), (tb, nb) = a, b
+    if kind in ("var", "ln"):
+        n = na + nb
+        d = tb[0] - ta[0]
+        return [ta[0] + d * (nb / n), (ta[1] + tb[1]) + (d * d) * (na * nb / n)], n
+    if kind == "prod":
+        return [ta[0] * tb[0]], 0.0
+    if kind.startswith("argmax") or kind.startswith("argmin"):
+        better = tb[0] > ta[0] if kind.startswith("argmax") else tb[0] < ta[0]
+        take = better | (torch.isnan(tb[0]) & ~torch.isnan(ta[0]))
+        return [torch.where(take, tb[0], ta[0]), torch.where(take, tb[1], ta[1])], 0.0
+    m = torch.maximum(ta[0], tb[0])
+    return [m, ta[1] * (ta[0] - m).exp() + tb[1] * (tb[0] - m).exp()], 0.0
+
+
+def _ring_total(kind, x32, dims, sched):
+    total = None
+    for steps in _segments(x32.shape[0], sched):
+        acc = None
+        for halves in steps:
+            part = None
+            for lo, hi in halves:
+                part = _merge(kind, part, _partial(kind, x32[lo:hi], lo, dims))
+            acc = _merge(kind, acc, part)
+        total = _merge(kind, total, acc)
+    return total
+
+
+def _check(got, ref, dtype):
+    want = ref if dtype == torch.float32 or not got.is_floating_point() else store(ref, dtype)
+    assert same(got, want) == 0
+
+
+def _schedule():
+    from torch_tpu_eager import spyre
+
+    (s,) = spyre.last_schedule()
+    assert s["executed"] == "tiles", s["whole_reason"]
+    assert s["ring_steps_run"] == s["cores_used"] - 1
+    return s
+
+
+def _close(got, want, dtype):
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_var_std_merge_count_mean_m2(spyre_target, dtype, shape):
+    a = _inputs(dtype, seed=31, shape=shape)
+    d = a.to("tpu")
+    for name, dims, f in [
+        ("var", (0,), lambda t: t.var(0)),
+        ("std", (0,), lambda t: t.std(0, correction=0)),
+        ("var_all", (0, 1), lambda t: t.var()),
+        ("var_mean", (0,), lambda t: torch.var_mean(t, 0, keepdim=True)),
+        ("std_mean", (0, 1), lambda t: torch.std_mean(t, correction=2)),
+    ]:
+        got = f(d)
+        got = tuple(g.cpu() for g in got) if isinstance(got, tuple) else (got.cpu(),)
+        s = _schedule()
+        (mean, m2), n = _ring_total("var", a.float(), dims, s)
+        correction = 0 if name == "std" else (2 if name == "std_mean" else 1)
+        var = m2 / max(0.0, n - correction)
+        first = var.sqrt() if name.startswith("std") else var
+        refs = [first, mean][: len(got)]
+        for g, r in zip(got, refs):
+            assert g.dtype == dtype
+            _check(g, r.reshape(g.shape), dtype)
+        want = f(a.float())
+        want = want if isinstance(want, tuple) else (want,)
+        for g, w in zip(got, want):
+            _close(g, w, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_prod_multiplies_partials(spyre_target, dtype, shape):
+    g = torch.Generator().manual_seed(32)
+    # Mostly ones, 2% of the elements near 1: products over 600,000 stay finite.
+    noise = torch.where(torch.rand(shape, generator=g) < 0.02, 0.05 * torch.randn(shape, generator=g), 0.0)
+    a = (1.0 + noise).to(dtype)
+    if dtype != torch.float32:
+        a = df16_ref(a.float()).to(dtype)
+    d = a.to("tpu")
+    for dims, f in [((0,), lambda t: t.prod(0)), ((0, 1), lambda t: t.prod())]:
+        got = f(d).cpu()
+        s = _schedule()
+        (p,), _ = _ring_total("prod", a.float(), dims, s)
+        _check(got, p.reshape(got.shape), dtype)
+        _close(got, f(a.float()), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64], ids=IDS + ["i64"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_argmax_argmin_first_index_on_ties(spyre_target, dtype, shape):
+    if dtype == torch.int64:
+        a = torch.randint(-20, 20, shape, generator=torch.Generator().manual_seed(33))
+    else:
+        # Coarse values: many ties across rows, tiles and cores.
+        a = (_inputs(dtype, seed=33, shape=shape).float() * 4).round().to(dtype)
+    d = a.to("tpu")
+    for kind, f in [
+        ("argmax", lambda t: t.argmax(0)),
+        ("argmin", lambda t: t.argmin(0, keepdim=True)),
+        ("argmax_flat", lambda t: t.argmax()),
+        ("argmin_flat", lambda t: t.argmin()),
+    ]:
+        got = f(d).cpu()
+        s = _schedule()
+        x = a.float() if dtype != torch.int64 else a
+        (_, idx), _ = _ring_total(kind, x, (0,), s)
+        assert got.dtype == torch.int64
+        assert torch.equal(got, idx.reshape(got.shape)), kind
+        assert torch.equal(got, f(a)), kind  # CPU: the first index on ties
+
+
+def test_argmax_nan_wins_first(spyre_target):
+    a = torch.randn(200, 64)
+    a[150, 3] = float("nan")
+    a[170, 3] = float("nan")
+    a[5, 7] = float("nan")
+    got = a.to("tpu").argmax(0).cpu()
+    assert torch.equal(got, a.argmax(0))
+    assert got[3] == 150 and got[7] == 5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_softmax_over_split_rows(spyre_target, dtype, shape):
+    a = _inputs(dtype, seed=34, shape=shape)
+    d = a.to("tpu")
+    x = a.float()
+    for kind, f in [("softmax", lambda t: torch.softmax(t, 0)), ("log_softmax", lambda t: torch.log_softmax(t, 0))]:
+        got = f(d).cpu()
+        s = _schedule()
+        (m, tot), _ = _ring_total(kind, x, (0,), s)
+        ref = (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log()
+        assert got.dtype == dtype
+        _check(got, ref, dtype)
+        _close(got, f(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_layer_norm_over_every_dim(spyre_target, dtype, shape):
+    a = _inputs(dtype, seed=35, shape=shape)
+    w = _inputs(dtype, seed=36, shape=shape)
+    b = _inputs(dtype, seed=37, shape=shape)
+    x = a.float()
+    sched = _probe_schedule(a)
+    (mean, m2), n = _ring_total("ln", x, (0, 1), sched)
+    rstd = (m2 / n + 1e-5).rsqrt()
+    got = F.layer_norm(a.to("tpu"), shape).cpu()
+    s = _schedule()
+    assert (s["rows_per_core"], s["tile_rows"]) == (sched["rows_per_core"], sched["tile_rows"])
+    _check(got, (x - mean) * rstd, dtype)
+    _close(got, F.layer_norm(x, shape), dtype)
+    got = F.layer_norm(a.to("tpu"), shape, w.to("tpu"), b.to("tpu"), eps=1e-3).cpu()
+    _schedule()
+    rstd = (m2 / n + 1e-3).rsqrt()
+    _check(got, (x - mean) * rstd * w.float() + b.float(), dtype)
+    _close(got, F.layer_norm(x, shape, w.float(), b.float(), eps=1e-3), dtype)
+    # The statistics too (native_layer_norm's mean and rstd).
+    out, mu, rs = torch.native_layer_norm(a.to("tpu"), shape, None, None, 1e-5)
+    _schedule()
+    rstd = (m2 / n + 1e-5).rsqrt()
+    _check(mu.cpu(), mean.reshape(mu.shape), dtype)
+    _check(rs.cpu(), rstd.reshape(rs.shape), dtype)
+
+
+_SCHED = {}
+
+
+def _probe_schedule(a):
+    """The schedule of a layer_norm over every dim of `a`'s shape and dtype
+    (the reference needs its tiles before computing)."""
+    key = (tuple(a.shape), a.dtype)
+    if key not in _SCHED:
+        F.layer_norm(torch.zeros(a.shape, dtype=a.dtype, device="tpu"), a.shape).cpu()
+        _SCHED[key] = _schedule()
+    return _SCHED[key]
+
+
+def test_normalized_result_feeds_later_ops(spyre_target):
+    # The ring result on the split rows feeds an op after the ring: it runs
+    # after the normalizing pass, on the whole views.
+    a = _inputs(torch.float16, seed=38, shape=(256, 128))
+    got = (torch.softmax(a.to("tpu") * 2.0, 0) * 3.0).cpu()
+    x = store(a.float() * 2.0, torch.float16).float()
+    from torch_tpu_eager import spyre
+
+    (s,) = spyre.last_schedule()
+    assert s["executed"] == "tiles", s["whole_reason"]
+    (m, tot), _ = _ring_total("softmax", x, (0,), s)
+    sm = store((x - m).exp() / tot, torch.float16).float()
+    assert same(got, store(sm * 3.0, torch.float16)) == 0
+
+
+def _stick_bytes(elems, elem_bytes=4, stick=128):
+    return -(-elems * elem_bytes // stick) * stick
+
+
+def test_ring_time_is_bytes_over_the_link_bandwidth(spyre_target):
+    from torch_tpu_eager import spyre
+    from torch_tpu_eager.target import target_info
+
+    info = target_info("spyre")
+    # 128 B per cycle per direction (torch-spyre docs) at the assumed clock.
+    assert info["ring_link_bandwidth"] == info["ring_bytes_per_cycle"] * info["core_clock_hz"]
+    assert "ASSUMED" in info["sources"]["core_clock_hz"]
+    x = torch.randn(64, 100).to("tpu")
+    for f, stats, hops in [
+        (lambda t: t.sum(0), 1, 31),  # one f32 partial of 100 per core, chained over 32 cores
+        (lambda t: t.var(0), 2, 31),  # (mean, M2)
+        (lambda t: torch.softmax(t, 0), 2, 62),  # (max, sum), then back to every core
+    ]:
+        f(x).cpu()
+        (s,) = spyre.last_schedule()
+        assert s["ring_steps"] == hops
+        assert s["partial_bytes"] == stats * _stick_bytes(100)
+        assert s["ring_bytes"] == hops * s["partial_bytes"]
+        assert s["ring_s"] == pytest.approx(s["ring_bytes"] / info["ring_link_bandwidth"], rel=1e-12)
+        assert s["ring_s"] > 0
+        assert s["executed_s"] == pytest.approx(max(c["end_s"] for c in s["per_core"]) + s["ring_s"], rel=1e-12)
+        ring = s["stages"][-1]
+        assert ring["kind"] == "ring_reduce"
+        assert ring["end_s"] - ring["start_s"] == pytest.approx(s["ring_s"], rel=1e-9)
+    # No ring, no ring time.
+    (x * 2.0).cpu()
+    (s,) = spyre.last_schedule()
+    assert s["ring_steps"] == 0 and s["ring_s"] == 0
+
+
+def test_profiler_row_carries_the_ring_time(spyre_target, tmp_path):
+    import json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from torch_tpu_eager import spyre
+
+    x = torch.randn(256, 128).to("tpu")
+    torch.tpu.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        x.sum(0).cpu()
+    (s,) = spyre.last_schedule()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    (k,) = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    assert k["args"]["ring_us"] == pytest.approx(s["ring_s"] * 1e6, rel=1e-6)
+    assert k["args"]["ring_us"] > 0
+    assert k["args"]["schedule_time_us"] == pytest.approx(s["executed_s"] * 1e6, rel=1e-6)
+
+
+def _cumsum_reference(x, sched):
+    """cumsum over the split rows in the defined order: each core scans its
+    rows tile by tile, carrying its running total; the ring passes each core
+    the total of the cores before it, which the second pass adds."""
+    rows, rpc, used = x.shape[0], sched["rows_per_core"], sched["cores_used"]
+    tile = sched["tile_rows"] or 1
+    scan = torch.empty_like(x)
+    carries = []
+    for c in range(used):
+        carry = None
+        for b in range(c * rpc, min((c + 1) * rpc, rows), tile):
+            e = min(b + tile, (c + 1) * rpc, rows)
+            local = torch.cumsum(x[b:e], 0)
+            if carry is not None:
+                local = local + carry
+            carry = local[-1:]
+            scan[b:e] = local
+        carries.append(carry)
+    out = scan.clone()
+    prefix = None
+    for c in range(1, used):
+        prefix = carries[c - 1] if prefix is None else prefix + carries[c - 1]
+        lo, hi = c * rpc, min((c + 1) * rpc, rows)
+        out[lo:hi] = scan[lo:hi] + prefix
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64], ids=IDS + ["i64"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_cumsum_over_split_rows_carries_the_prefix(spyre_target, dtype, shape):
+    if dtype == torch.int64:
+        a = torch.randint(-1000, 1000, shape, generator=torch.Generator().manual_seed(39))
+    else:
+        a = _inputs(dtype, seed=39, shape=shape)
+    got = torch.cumsum(a.to("tpu"), 0).cpu()
+    s = _schedule()
+    x = a if dtype == torch.int64 else a.float()
+    ref = _cumsum_reference(x, s)
+    assert got.dtype == torch.cumsum(a, 0).dtype
+    if dtype == torch.int64:
+        assert torch.equal(got, torch.cumsum(a, 0))
+    else:
+        _check(got, ref, dtype)
+        torch.testing.assert_close(
+            got.float(), torch.cumsum(x, 0), rtol=2e-2 if dtype != torch.float32 else 1e-4, atol=0.1
+        )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("rows", [64, 1000, 37], ids=["64", "1000", "37"])
+def test_nll_loss_over_split_rows(spyre_target, dtype, rows):
+    # Per corelet (sum of -w[t] x[i, t], sum of w[t]), merged by adding; mean
+    # divides the two once.
+    x = _inputs(dtype, seed=40, shape=(rows, 10))
+    g = torch.Generator().manual_seed(41)
+    target = torch.randint(0, 10, (rows,), generator=g)
+    target[::7] = -100  # ignored rows
+    weight = _inputs(dtype, seed=42, shape=(10,), positive=True)
+    for reduction, w in [("mean", None), ("sum", None), ("mean", weight), ("sum", weight)]:
+        got = F.nll_loss(x.to("tpu"), target.to("tpu"), None if w is None else w.to("tpu"), reduction=reduction).cpu()
+        s = _schedule()
+        rpc, used = s["rows_per_core"], s["cores_used"]
+        tile = s["tile_rows"] or 1
+        wt = torch.ones(10) if w is None else w.float()
+        total = None
+        for c in range(used):
+            acc = None
+            for b in range(c * rpc, min((c + 1) * rpc, rows), tile):
+                e = min(b + tile, (c + 1) * rpc, rows)
+                halves = [(b, e)] if e - b < 2 else [(b, b + (e - b + 1) // 2), (b + (e - b + 1) // 2, e)]
+                part = None
+                for lo, hi in halves:
+                    t = target[lo:hi]
+                    keep = t != -100
+                    safe = torch.where(keep, t, 0)
+                    wi = torch.where(keep, wt[safe], 0.0)
+                    picked = x.float()[lo:hi].gather(1, safe.unsqueeze(1)).squeeze(1)
+                    q = [-(picked * wi).sum(), wi.sum()]
+                    part = q if part is None else [part[0] + q[0], part[1] + q[1]]
+                acc = part if acc is None else [acc[0] + part[0], acc[1] + part[1]]
+            total = acc if total is None else [total[0] + acc[0], total[1] + acc[1]]
+        ref = total[0] / total[1] if reduction == "mean" else total[0]
+        _check(got, ref, dtype)
+        _close(got, F.nll_loss(x.float(), target, None if w is None else w.float(), reduction=reduction), dtype)
+
+
+def test_cross_entropy_of_a_gathered_batch_walks_tiles(spyre_target):
+    # The digits step's loss region: the target is a batch gather the steps produce.
+    g = torch.Generator().manual_seed(43)
+    logits, y, idx = (
+        torch.randn(200, 10, generator=g),
+        torch.randint(0, 10, (500,), generator=g),
+        torch.arange(0, 400, 2),
+    )
+    got = F.cross_entropy(logits.to("tpu"), y.to("tpu")[idx.to("tpu")]).cpu()
+    from torch_tpu_eager import spyre
+
+    for s in spyre.last_schedule():
+        assert s["executed"] == "tiles", (s["kernel"], s["whole_reason"])
+    torch.testing.assert_close(got, F.cross_entropy(logits, y[idx]), rtol=1e-5, atol=1e-6)
