@@ -15,69 +15,126 @@ namespace tpu_eager {
 namespace jit {
 namespace {
 
+// The words of a flush's structure, written through a cursor into a buffer
+// that keeps its size between flushes: room() grows it ahead of a write (the
+// per-word capacity checks of push_back, and clearing the buffer each flush,
+// were most of this pass's cost).
+struct Words {
+  std::vector<uint64_t>& buf;
+  size_t n = 0;
+  void room(size_t extra) {
+    if (n + extra > buf.size()) buf.resize(std::max(2 * buf.size(), n + extra + 256));
+  }
+  void put(uint64_t v) { buf[n++] = v; }  // after room()
+};
+
 // Appends a non-tensor argument as the structural key and the fusion rules
 // see it (partition.cpp mix_ivalue, fused_elementwise.cpp acceptance_key):
 // structural values exactly, runtime scalars by kind. False for a kind
-// neither describes.
-bool push_arg(std::vector<uint64_t>& w, const c10::IValue& a) {
+// neither describes. (The common kinds are tested first.)
+bool push_arg(Words& w, const c10::IValue& a) {
+  w.room(2);
   if (a.isNone()) {
-    w.push_back(1);
-  } else if (a.isInt()) {
-    w.push_back(2);
-    w.push_back(static_cast<uint64_t>(a.toInt()));
-  } else if (a.isBool()) {
-    w.push_back(a.toBool() ? 4 : 3);
+    w.put(1);
   } else if (a.isDouble()) {
     // A runtime parameter: only whether a finite value overflows float
     // (the fused loop's acceptance of the op depends on that).
     const double d = a.toDouble();
-    w.push_back(std::isfinite(d) && std::isinf(static_cast<float>(d)) ? 6 : 5);
-  } else if (a.isComplexDouble()) {
-    w.push_back(7);
-  } else if (a.isIntList()) {
-    const auto list = a.toIntList();
-    w.push_back(8 | static_cast<uint64_t>(list.size()) << 8);
-    for (auto x : list) w.push_back(static_cast<uint64_t>(x));
+    w.put(std::isfinite(d) && std::isinf(static_cast<float>(d)) ? 6 : 5);
+  } else if (a.isInt()) {
+    w.put(2);
+    w.put(static_cast<uint64_t>(a.toInt()));
   } else if (a.isTensor()) {
     // A wrapped number (CPU 0-dim tensor): its dtype and rank.
     const at::Tensor& t = a.toTensor();
-    w.push_back(t.defined() ? 9 | static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()) << 16
-                            : 10);
+    w.put(t.defined() ? 9 | static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()) << 16 : 10);
+  } else if (a.isBool()) {
+    w.put(a.toBool() ? 4 : 3);
+  } else if (a.isList()) {
+    if (a.isIntList()) {
+      const auto list = a.toIntList();
+      w.room(1 + list.size());
+      w.put(8 | static_cast<uint64_t>(list.size()) << 8);
+      for (auto x : list) w.put(static_cast<uint64_t>(x));
+    } else if (a.isDoubleList()) {
+      const auto list = a.toDoubleList();
+      w.room(1 + list.size());
+      w.put(14 | static_cast<uint64_t>(list.size()) << 8);
+      for (double x : list) {
+        uint64_t bits;
+        std::memcpy(&bits, &x, sizeof bits);
+        w.put(bits);
+      }
+    } else if (a.isBoolList()) {
+      const auto list = a.toBoolList();
+      w.room(1 + list.size());
+      w.put(15 | static_cast<uint64_t>(list.size()) << 8);
+      for (bool x : list) w.put(x);
+    } else {
+      // Any other list (optional ints, tensors replaced by None): its elements.
+      const auto list = a.toListRef();
+      w.put(16 | static_cast<uint64_t>(list.size()) << 8);
+      for (const c10::IValue& x : list)
+        if (!push_arg(w, x)) return false;
+    }
+  } else if (a.isComplexDouble()) {
+    w.put(7);
   } else if (a.isString()) {
     const std::string& str = a.toStringRef();
-    w.push_back(11 | static_cast<uint64_t>(str.size()) << 8);
+    w.room(1 + (str.size() + 7) / 8);
+    w.put(11 | static_cast<uint64_t>(str.size()) << 8);
     for (size_t i = 0; i < str.size(); i += 8) {
       uint64_t v = 0;
       std::memcpy(&v, str.data() + i, std::min<size_t>(8, str.size() - i));
-      w.push_back(v);
+      w.put(v);
     }
   } else if (a.isDevice()) {
     const c10::Device d = a.toDevice();
-    w.push_back(12 | static_cast<uint64_t>(d.type()) << 8 | static_cast<uint64_t>(d.index() + 1) << 24);
+    w.put(12 | static_cast<uint64_t>(d.type()) << 8 | static_cast<uint64_t>(d.index() + 1) << 24);
   } else if (a.isGenerator()) {
-    w.push_back(13);  // the node's random stream was reserved at record time (Node::rng_seed)
-  } else if (a.isDoubleList()) {
-    const auto list = a.toDoubleList();
-    w.push_back(14 | static_cast<uint64_t>(list.size()) << 8);
-    for (double x : list) {
-      uint64_t bits;
-      std::memcpy(&bits, &x, sizeof bits);
-      w.push_back(bits);
-    }
-  } else if (a.isBoolList()) {
-    const auto list = a.toBoolList();
-    w.push_back(15 | static_cast<uint64_t>(list.size()) << 8);
-    for (bool x : list) w.push_back(x);
-  } else if (a.isList()) {
-    // Any other list (optional ints, tensors replaced by None): its elements.
-    const auto list = a.toListRef();
-    w.push_back(16 | static_cast<uint64_t>(list.size()) << 8);
-    for (const c10::IValue& x : list)
-      if (!push_arg(w, x)) return false;
+    w.put(13);  // the node's random stream was reserved at record time (Node::rng_seed)
   } else {
     return false;
   }
   return true;
+}
+
+// Appends a tensor reference: its storage number, dtype, conj / neg bits,
+// `flags`, rank, offset, sizes and strides.
+inline void put_ref(Words& w, const TensorRef& r, int32_t number, uint64_t flags) {
+  const size_t rank = r.sizes.size();
+  w.room(2 + 2 * rank);
+  uint64_t* p = w.buf.data() + w.n;
+  p[0] = static_cast<uint64_t>(static_cast<uint32_t>(number)) | static_cast<uint64_t>(r.dtype) << 32 |
+         uint64_t{r.conj} << 40 | uint64_t{r.neg} << 41 | flags << 42 | uint64_t{rank} << 56;
+  p[1] = static_cast<uint64_t>(r.offset);
+  const int64_t* sizes = r.sizes.data();
+  const int64_t* strides = r.strides.data();
+  for (size_t d = 0; d < rank; ++d) {  // ranks are small: no memcpy call
+    p[2 + d] = static_cast<uint64_t>(sizes[d]);
+    p[2 + rank + d] = static_cast<uint64_t>(strides[d]);
+  }
+  w.n += 2 + 2 * rank;
+}
+
+// A hash of `n` words: four independent multiply-xor lanes (a quarter of the
+// loop overhead of one), then folded.
+uint64_t hash_words(const uint64_t* p, size_t n) {
+  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ULL;
+  uint64_t h0 = 0xCBF29CE484222325ULL ^ n, h1 = 0x84222325CBF29CE4ULL, h2 = 0x2545F4914F6CDD1DULL, h3 = kMul;
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    h0 = (h0 ^ p[i]) * kMul;
+    h1 = (h1 ^ p[i + 1]) * kMul;
+    h2 = (h2 ^ p[i + 2]) * kMul;
+    h3 = (h3 ^ p[i + 3]) * kMul;
+  }
+  for (; i < n; ++i) h0 = (h0 ^ p[i]) * kMul;
+  uint64_t h = h0;
+  h = (h ^ (h1 >> 29 | h1 << 35)) * kMul;
+  h = (h ^ (h2 >> 17 | h2 << 47)) * kMul;
+  h = (h ^ (h3 >> 41 | h3 << 23)) * kMul;
+  return h ^ (h >> 31);
 }
 
 struct Cache {
@@ -112,73 +169,48 @@ Cache& cache() {
 
 }  // namespace
 
-uint64_t flush_structure(const std::vector<Node>& g, const FlushStorages& fs, std::vector<uint64_t>* words,
-                         bool* cacheable) {
-  std::vector<uint64_t>& w = *words;
-  *cacheable = true;
-  // Written through a cursor into a buffer grown ahead of each node (the
-  // per-word capacity checks of push_back were most of this pass's cost).
-  size_t n = 0;
-  auto room = [&](size_t extra) {
-    if (n + extra > w.size()) w.resize(std::max(2 * w.size(), n + extra));
-  };
-  auto put_ref = [&](const TensorRef& r, int32_t number, uint64_t flags) {
-    uint64_t* p = w.data() + n;
-    const size_t rank = r.sizes.size();
-    p[0] = static_cast<uint64_t>(static_cast<uint32_t>(number)) | static_cast<uint64_t>(r.dtype) << 32 |
-           uint64_t{r.conj} << 40 | uint64_t{r.neg} << 41 | flags << 42 | uint64_t{rank} << 56;
-    p[1] = static_cast<uint64_t>(r.offset);
-    for (size_t d = 0; d < rank; ++d) {  // ranks are small: no memcpy call
-      p[2 + d] = static_cast<uint64_t>(r.sizes[d]);
-      p[2 + rank + d] = static_cast<uint64_t>(r.strides[d]);
-    }
-    n += 2 + 2 * rank;
-  };
-  size_t ref = 0;                                     // index into fs.numbers
-  thread_local std::vector<uint64_t> kept_arg_words;  // kept: no allocation per flush
-  std::vector<uint64_t>& arg_words = kept_arg_words;  // (one thread-local lookup)
+void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushKey* key) {
+  Words w{key->buf};
+  bool cacheable = true;
+  size_t ref = 0;  // index into fs.numbers
+  const int32_t* numbers = fs.numbers.data();
   for (const Node& node : g) {
-    size_t bound = 3 + node.returns.size() + node.list_lens.size();
-    for (const auto& in : node.inputs) bound += 3 + 2 * in.ref.sizes.size();
-    for (const auto& o : node.outputs) bound += 2 + 2 * o.sizes.size();
-    room(bound);
-    w[n++] = reinterpret_cast<uintptr_t>(&node.op.schema());
-    w[n++] = static_cast<uint64_t>(node.kind) | uint64_t{node.rng} << 8 | uint64_t{node.inputs.size()} << 16 |
-             uint64_t{node.outputs.size()} << 32 | uint64_t{node.args.size()} << 48;
+    w.room(3 + node.returns.size() + node.list_lens.size() + node.inputs.size());
+    w.put(reinterpret_cast<uintptr_t>(&node.op.schema()));
+    w.put(static_cast<uint64_t>(node.kind) | uint64_t{node.rng} << 8 | uint64_t{node.inputs.size()} << 16 |
+          uint64_t{node.outputs.size()} << 32 | uint64_t{node.args.size()} << 48);
     for (const auto& in : node.inputs) {
-      put_ref(in.ref, fs.numbers[ref++], uint64_t{in.written});
-      w[n++] = static_cast<uint64_t>(static_cast<uint32_t>(in.arg)) |
-               static_cast<uint64_t>(static_cast<uint32_t>(in.elem + 1)) << 32;
+      put_ref(w, in.ref, numbers[ref++], uint64_t{in.written});
+      w.room(1);
+      w.put(static_cast<uint64_t>(static_cast<uint32_t>(in.arg)) |
+            static_cast<uint64_t>(static_cast<uint32_t>(in.elem + 1)) << 32);
     }
-    for (const auto& o : node.outputs) put_ref(o, fs.numbers[ref++], 0);
-    w[n++] = static_cast<uint64_t>(node.returns.size()) | static_cast<uint64_t>(node.list_lens.size()) << 32;
-    for (int r : node.returns) w[n++] = static_cast<uint64_t>(static_cast<int64_t>(r));
-    for (int l : node.list_lens) w[n++] = static_cast<uint64_t>(static_cast<int64_t>(l));
-    arg_words.clear();
+    for (const auto& o : node.outputs) put_ref(w, o, numbers[ref++], 0);
+    w.room(1 + node.returns.size() + node.list_lens.size());
+    w.put(static_cast<uint64_t>(node.returns.size()) | static_cast<uint64_t>(node.list_lens.size()) << 32);
+    for (int r : node.returns) w.put(static_cast<uint64_t>(static_cast<int64_t>(r)));
+    for (int l : node.list_lens) w.put(static_cast<uint64_t>(static_cast<int64_t>(l)));
     for (const auto& a : node.args)
-      if (!push_arg(arg_words, a)) *cacheable = false;
-    room(arg_words.size());
-    std::memcpy(w.data() + n, arg_words.data(), arg_words.size() * sizeof(uint64_t));
-    n += arg_words.size();
+      if (!push_arg(w, a)) cacheable = false;
   }
-  room(2 * fs.storages.size());
+  w.room(2 * fs.storages.size());
   for (size_t k = 0; k < fs.storages.size(); ++k) {
     const DeferredStorage* s = fs.storages[k];
-    w[n++] = static_cast<uint64_t>(s->nbytes) << 1 | uint64_t{fs.observed[k] != 0};
-    w[n++] = dynamic_marks_hash(s);
+    w.put(static_cast<uint64_t>(s->nbytes) << 1 | uint64_t{fs.observed[k] != 0});
+    w.put(dynamic_marks_hash(s));
   }
-  w.resize(n);
-  uint64_t h = 0xCBF29CE484222325ULL ^ n;
-  for (uint64_t v : w) h = (h ^ v) * 0x9E3779B97F4A7C15ULL;
-  return h ^ (h >> 31);
+  key->n = w.n;
+  key->cacheable = cacheable;
+  key->hash = hash_words(key->buf.data(), w.n);
 }
 
-std::shared_ptr<const FlushPlan> flush_cache_find(uint64_t hash, const std::vector<uint64_t>& words) {
+std::shared_ptr<const FlushPlan> flush_cache_find(const FlushKey& key) {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
-  auto [lo, hi] = c.index.equal_range(hash);
+  auto [lo, hi] = c.index.equal_range(key.hash);
   for (auto it = lo; it != hi; ++it) {
-    if ((*it->second)->words != words) continue;
+    const std::vector<uint64_t>& words = (*it->second)->words;
+    if (words.size() != key.n || std::memcmp(words.data(), key.buf.data(), key.n * sizeof(uint64_t)) != 0) continue;
     c.lru.splice(c.lru.begin(), c.lru, it->second);
     return *it->second;
   }

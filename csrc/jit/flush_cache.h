@@ -40,15 +40,22 @@ struct FlushPlan {
   std::vector<int32_t> transient;                   // flush-local storages (HostMemory::set_transient)
 };
 
-// The structure of `g` (storages numbered by `fs`) into `words` (cleared
-// first); returns its hash. False in `*cacheable` when an argument has a kind
-// the structure does not describe (the flush then bypasses the cache).
-uint64_t flush_structure(const std::vector<Node>& g, const FlushStorages& fs, std::vector<uint64_t>* words,
-                         bool* cacheable);
+// A flush's structure as flush_structure writes it: the first `n` words of
+// `buf` (which keeps its size from flush to flush: no allocation or clearing
+// per flush), their hash, and whether the flush may use the cache.
+struct FlushKey {
+  std::vector<uint64_t> buf;
+  size_t n = 0;
+  uint64_t hash = 0;
+  bool cacheable = true;  // false when an argument has a kind the structure does not describe
+};
+
+// The structure of `g` (storages numbered by `fs`) into `key`.
+void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushKey* key);
 
 // The plan of an earlier flush with this structure (moved to the front of
-// the LRU order), or null.
-std::shared_ptr<const FlushPlan> flush_cache_find(uint64_t hash, const std::vector<uint64_t>& words);
+// the LRU order), or null. Full equality of the words, not the hash alone.
+std::shared_ptr<const FlushPlan> flush_cache_find(const FlushKey& key);
 // Adds a plan; drops least recently used plans past the limit.
 void flush_cache_insert(std::shared_ptr<const FlushPlan> plan);
 // Drops every plan (with the kernel cache: a target switch).

@@ -271,7 +271,7 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
                                FlushPlan* building, bool* complete, Metrics& m) {
   Executor& ex = active_executor();
   host::HostMemory mem;
-  {
+  if (!plan.transient.empty()) {
     StorageSet transient(plan.transient.size());
     for (int32_t k : plan.transient) transient.insert(fs.storages[k]);
     mem.set_transient(std::move(transient));
@@ -410,12 +410,14 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   const FlushStorages fs = index_flush_storages(g);
   // The flush's structure, looked up in the flush cache (flush_cache.h). A
   // pending test break of the partition bypasses it (the flush must partition).
-  thread_local std::vector<uint64_t> words;
+  thread_local FlushKey key;
   bool cacheable = !test_break_pending();
-  uint64_t hash = 0;
-  if (cacheable) hash = flush_structure(g, fs, &words, &cacheable);
   if (cacheable) {
-    if (std::shared_ptr<const FlushPlan> plan = flush_cache_find(hash, words)) {
+    flush_structure(g, fs, &key);
+    cacheable = key.cacheable;
+  }
+  if (cacheable) {
+    if (std::shared_ptr<const FlushPlan> plan = flush_cache_find(key)) {
       m.flush_cache_hits++;
       m.ops_eliminated += static_cast<int64_t>(g.size()) - plan->n_live;
       if (verify_enabled()) {
@@ -427,6 +429,10 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   }
 
   auto plan = std::make_shared<FlushPlan>();
+  if (cacheable) {  // copied now: a flush nested in this one's run reuses the thread's key
+    plan->hash = key.hash;
+    plan->words.assign(key.buf.begin(), key.buf.begin() + static_cast<std::ptrdiff_t>(key.n));
+  }
   const StorageSet observed = fs.observed_set();
   plan->live = live_nodes(g, observed);
   for (char l : plan->live) plan->n_live += l;
@@ -440,11 +446,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   plan_transients(g, fs, *plan);
   bool complete = true;
   std::exception_ptr err = run_regions(g, fs, *plan, plan.get(), &complete, m);
-  if (cacheable && complete) {
-    plan->hash = hash;
-    plan->words = words;
-    flush_cache_insert(std::move(plan));
-  }
+  if (cacheable && complete) flush_cache_insert(std::move(plan));
   return err;
 }
 

@@ -50,6 +50,13 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   // Number of queued (unflushed) nodes that read or write this storage.
   // Guarded by the queue mutex. Zero means the host buffer is current.
   int64_t pending_uses = 0;
+  // Scratch of index_flush_storages (lazy/queue.h), which runs under the flush
+  // lock: the storage's number in the flush being indexed and its uses there,
+  // valid while `index_stamp` is that pass's stamp (numbering by a field of
+  // the storage instead of a map of storages: no hashing, no allocation).
+  uint64_t index_stamp = 0;
+  int32_t index_number = 0;
+  int32_t index_uses = 0;
   // Set when a flush failed to compute this storage's value; reading it
   // re-raises that error (same exception, naming the op and Python line).
   std::exception_ptr error;

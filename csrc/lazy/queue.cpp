@@ -198,8 +198,8 @@ TensorRef make_ref(const at::Tensor& t) {
   const DeviceBytes bytes = device_bytes_of(t.storage());
   r.storage = StoragePtr::reclaim_copy(bytes.storage);
   r.dtype = t.scalar_type();
-  r.sizes.assign(t.sizes().begin(), t.sizes().end());
-  r.strides.assign(t.strides().begin(), t.strides().end());
+  r.sizes.set(t.sizes());
+  r.strides.set(t.strides());
   r.offset = t.storage_offset();
   if (C10_UNLIKELY(bytes.byte_offset != 0)) r.offset += alias_element_offset(bytes, t);
   r.conj = t.is_conj();
@@ -358,33 +358,39 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
 }
 
 FlushStorages index_flush_storages(const std::vector<Node>& g) {
+  // Each pass has its own stamp; a storage whose stamp is not this pass's is
+  // not numbered yet. Passes run one at a time (under the flush lock, from
+  // run_graph); a nested flush's pass starts after the outer one ended.
+  static uint64_t last_stamp = 0;
+  const uint64_t stamp = ++last_stamp;
   FlushStorages f;
-  StorageMap<int32_t> number(2 * g.size());
-  std::vector<int64_t> uses;  // by number, counted as touch() counts them
-  f.storages.reserve(2 * g.size());
-  f.numbers.reserve(3 * g.size());
+  size_t nrefs = 0;
+  for (const auto& n : g) nrefs += n.inputs.size() + n.outputs.size();
+  f.numbers.resize(nrefs);
+  f.storages.reserve(nrefs);
+  int32_t* number = f.numbers.data();
   auto visit = [&](DeferredStorage* s) {
-    const int32_t next = static_cast<int32_t>(f.storages.size());
-    const int32_t k = number.get_or(s, next);
-    if (k == next) {
+    if (s->index_stamp != stamp) {
+      s->index_stamp = stamp;
+      s->index_number = static_cast<int32_t>(f.storages.size());
+      s->index_uses = 0;
       f.storages.push_back(s);
-      uses.push_back(0);
     }
-    uses[k]++;
-    f.numbers.push_back(k);
+    s->index_uses++;
+    *number++ = s->index_number;
   };
   for (const auto& n : g) {
     for (const auto& in : n.inputs) visit(in.ref.storage.get());
     for (const auto& out : n.outputs) visit(out.storage.get());
   }
-  f.observed.assign(f.storages.size(), 0);
+  f.observed.resize(f.storages.size());
   if (g.empty()) return f;
   std::lock_guard<std::mutex> lock(C(node_device(g.front())).mu);
   // external_alive first: a tensor that dies after recording a use of its
   // storage did so after that node's enqueue, which pending_uses then shows.
   for (size_t k = 0; k < f.storages.size(); ++k) {
     const DeferredStorage* s = f.storages[k];
-    f.observed[k] = s->external_alive.load(std::memory_order_acquire) || s->pending_uses > uses[k];
+    f.observed[k] = s->external_alive.load(std::memory_order_acquire) || s->pending_uses > s->index_uses;
   }
   return f;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -46,12 +47,61 @@ const char* flush_reason_name(FlushReason r);
 // Sizes or strides of a recorded tensor, held inline up to 6 dims: recording
 // an op builds one TensorRef per tensor, and two heap vectors each were ~10%
 // of the record path. Converts to std::vector for the stages that keep them.
+// Moves and set() copy inline dims in an inlined loop: SmallVector's
+// out-of-line move (and its memcpy call) cost ~55 instructions per Dims, and
+// moving a recorded Node into the queue moves six of them.
 struct Dims : c10::SmallVector<int64_t, 6> {
   using c10::SmallVector<int64_t, 6>::SmallVector;
   Dims() = default;
+  Dims(const Dims&) = default;
+  Dims& operator=(const Dims&) = default;
+  Dims(Dims&& o) noexcept { take(o); }
+  Dims& operator=(Dims&& o) noexcept {
+    if (this != &o) {
+      release();
+      take(o);
+    }
+    return *this;
+  }
   Dims(const std::vector<int64_t>& v) : c10::SmallVector<int64_t, 6>(v.begin(), v.end()) {}  // NOLINT: implicit
   operator std::vector<int64_t>() const { return std::vector<int64_t>(begin(), end()); }     // NOLINT: implicit
   operator c10::IntArrayRef() const { return c10::IntArrayRef(data(), size()); }             // NOLINT: implicit
+  // Replaces the dims by `v`.
+  void set(c10::IntArrayRef v) {
+    if (v.size() > kInline || !this->isSmall()) {
+      assign(v.begin(), v.end());
+      return;
+    }
+    int64_t* d = data();
+    for (size_t i = 0; i < v.size(); ++i) d[i] = v[i];
+    this->set_size(v.size());
+  }
+
+ private:
+  static constexpr size_t kInline = 6;
+  // Frees a heap buffer; the dims are then empty and inline.
+  void release() {
+    if (!this->isSmall()) std::free(this->begin());
+    this->resetToSmall();
+    this->Capacity = kInline;
+  }
+  // Takes `o`'s dims (`this` is empty and inline); `o` is left empty.
+  void take(Dims& o) {
+    if (o.isSmall()) {
+      const size_t n = o.size();
+      int64_t* d = data();
+      const int64_t* from = o.data();
+      for (size_t i = 0; i < n; ++i) d[i] = from[i];
+      this->set_size(n);
+      o.set_size(0);
+    } else {
+      this->BeginX = o.BeginX;
+      this->Size = o.Size;
+      this->Capacity = o.Capacity;
+      o.resetToSmall();
+      o.Capacity = kInline;
+    }
+  }
 };
 
 struct TensorRef {
@@ -214,7 +264,8 @@ struct FlushStorages {
   StorageSet observed_set() const;
 };
 // Numbers the storages of `g` and finds which are observed after the flush,
-// in one pass over the graph.
+// in one pass over the graph. Called under the flush lock (run_graph): the
+// numbering writes scratch fields of the storages (DeferredStorage::index_stamp).
 FlushStorages index_flush_storages(const std::vector<Node>& g);
 // Runs `fn` under the queue lock when no queued node uses `s` (then nothing
 // can be enqueued meanwhile); returns whether it ran.

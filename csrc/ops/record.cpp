@@ -566,10 +566,19 @@ std::string meta_disk_key(const c10::FunctionSchema& schema, const std::vector<i
 class MetaCache {
  public:
   const MetaOutcome* find(const c10::FunctionSchema& schema, const std::vector<int64_t>& key, bool disk = true) {
+    // The calling thread's last hit in this key's memo slot first: no lock, no
+    // hash of the whole key. (Entries stay where they are until map_.clear(),
+    // which bumps generation_.)
+    Memo& memo = memo_slot(key);
+    if (memo.key != nullptr && memo.generation == generation_.load(std::memory_order_acquire) && *memo.key == key)
+      return memo.outcome;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = map_.find(key);
-      if (it != map_.end()) return &it->second;
+      if (it != map_.end()) {
+        memo = Memo{&it->first, &it->second, generation_.load(std::memory_order_relaxed)};
+        return &it->second;
+      }
     }
     if (!disk || !disk_cache::enabled()) return nullptr;
     std::string bytes;
@@ -583,7 +592,7 @@ class MetaCache {
     }
     count_disk_cache(1, 0, 0);
     std::lock_guard<std::mutex> lock(mu_);
-    if (map_.size() > kMaxEntries) map_.clear();
+    if (map_.size() > kMaxEntries) clear();
     return &map_.emplace(key, std::move(outcome)).first->second;
   }
   void insert(const c10::FunctionSchema& schema, std::vector<int64_t> key, MetaOutcome outcome, bool disk = true) {
@@ -591,12 +600,33 @@ class MetaCache {
         disk_cache::store(disk_cache::Table::kMeta, meta_disk_key(schema, key), encode_outcome(outcome)))
       count_disk_cache(0, 0, 1);
     std::lock_guard<std::mutex> lock(mu_);
-    if (map_.size() > kMaxEntries) map_.clear();  // bounded: a shape storm must not grow it without end
+    if (map_.size() > kMaxEntries) clear();  // bounded: a shape storm must not grow it without end
     map_.emplace(std::move(key), std::move(outcome));
   }
 
  private:
   static constexpr size_t kMaxEntries = 1 << 16;
+  // A thread's memo of recent hits: 64 slots, chosen by a few words of the key
+  // (the op, the key's length, two argument words).
+  struct Memo {
+    const std::vector<int64_t>* key = nullptr;
+    const MetaOutcome* outcome = nullptr;
+    uint64_t generation = 0;
+  };
+  static Memo& memo_slot(const std::vector<int64_t>& key) {
+    thread_local Memo memo[64];
+    const size_t n = key.size();
+    uint64_t h = static_cast<uint64_t>(key[0]) ^ n;
+    if (n > 2) h = (h ^ static_cast<uint64_t>(key[n / 2])) * 0x9E3779B97F4A7C15ULL;
+    h = (h ^ static_cast<uint64_t>(key[n - 1])) * 0x9E3779B97F4A7C15ULL;
+    return memo[h >> 58];
+  }
+  // Caller holds mu_. Every memo (of any thread) is stale from here on.
+  void clear() {
+    map_.clear();
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  std::atomic<uint64_t> generation_{1};
   struct Hash {
     size_t operator()(const std::vector<int64_t>& v) const {
       uint64_t h = 1469598103934665603ULL;
@@ -1001,6 +1031,27 @@ int op_device(torch::jit::Stack& stack, size_t first, size_t nargs) {
   return -1;
 }
 
+namespace {
+// The chip of an op whose defined tensor arguments are "tpu" tensors of one
+// chip (at least one) and CPU scalars it only reads: what op_device returns
+// for it, and check_same_device accepts, in one walk over the arguments; -1
+// for any other op (those two then decide, and raise).
+int single_chip_of(uint64_t writes, torch::jit::Stack& stack, size_t first, size_t nargs) {
+  int device = -1;
+  bool one = true;
+  for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
+    if (!t.defined()) return;
+    const c10::Device d = t.device();
+    if (d.type() == c10::DeviceType::CPU && t.dim() == 0 && !(arg < 64 && ((writes >> arg) & 1))) return;
+    if (d.type() != c10::DeviceType::PrivateUse1 || (device >= 0 && d.index() != device))
+      one = false;
+    else
+      device = d.index();
+  });
+  return one ? device : -1;
+}
+}  // namespace
+
 void check_same_device(const c10::FunctionSchema& schema, uint64_t writes, torch::jit::Stack& stack, size_t first) {
   const size_t nargs = schema.arguments().size();
   std::optional<c10::Device> common;  // the first tpu tensor's device (CUDA: the first non-CPU device)
@@ -1057,9 +1108,11 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   //    (scalars), as CPU/CUDA allow. Fresh results and the generator are that chip's.
   check_not_in_bad_fork();
   if (plan.traits & kCheckIndexDevices) check_index_devices(*stack, first);
-  const int device = op_device(*stack, first, nargs);  // raises CUDA's error for two chips
+  int device = single_chip_of(plan.writes, *stack, first, nargs);  // the common case: nothing to raise
+  const bool one_chip = device >= 0;
+  if (!one_chip) device = op_device(*stack, first, nargs);  // raises CUDA's error for two chips
   ChipGuard chip(device);
-  check_same_device(schema, plan.writes, *stack, first);
+  if (!one_chip) check_same_device(schema, plan.writes, *stack, first);
 
   if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
     plan.has_meta.store(true, std::memory_order_relaxed);
@@ -1304,12 +1357,11 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       host::set_tensor_slot(slot, elem, t.clone());
       return;
     }
-    InputSlot in;
+    InputSlot& in = node.inputs.emplace_back();  // built in place: no move of its dims
     in.arg = arg;
     in.elem = elem;
     in.written = (writes >> arg) & 1;
-    node.inputs.push_back(std::move(in));
-    node.inputs.back().ref = make_ref(t);
+    in.ref = make_ref(t);
     // Drop the reference: a pending node must not keep the tensor alive (DCE).
     host::set_tensor_slot(slot, elem, at::Tensor());
   });
