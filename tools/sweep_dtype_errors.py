@@ -1,9 +1,10 @@
 """Sweep: does "tpu" raise CPU's dtype errors at the call, as CPU does?
 
-For every OpInfo of op_db (random ops left out) and every dtype (bool, integers, floats,
-complex), runs the OpInfo's first samples in that dtype on CPU and on "tpu" and records
-for each device whether the call raised (exception type and message) and, on "tpu",
-whether an error only came when the result was read back ("late").
+For every OpInfo of op_db (random ops left out) and every dtype it does not support on
+CPU (bool, integers, floats, complex; --all-dtypes: every dtype), runs the OpInfo's
+first samples in that dtype on CPU and on "tpu" and records for each device whether
+the call raised (exception type and message) and, on "tpu", whether an error only came
+when the result was read back ("late").
 
 Prints one line per (OpInfo, dtype, sample) whose outcomes differ:
 
@@ -21,6 +22,7 @@ Usage: python tools/sweep_dtype_errors.py [--ops add,gcd] [--dtypes float32,int6
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import re
 import sys
@@ -78,8 +80,20 @@ def outcome(op, sample, device: str) -> tuple:
     return "ok", None
 
 
-def sweep(ops: Optional[list] = None, dtypes: Optional[list] = None, samples: int = 1) -> list:
-    """Rows {op, dtype, sample, cpu, tpu, kind} where CPU's and "tpu"'s outcomes differ."""
+def sweep(
+    ops: Optional[list] = None,
+    dtypes: Optional[list] = None,
+    samples: int = 1,
+    all_dtypes: bool = False,
+    skip: Optional[list] = None,
+    progress: bool = False,
+) -> list:
+    """Rows {op, dtype, sample, cpu, tpu, kind} where CPU's and "tpu"'s outcomes differ.
+
+    By default only the dtypes an OpInfo does not list as supported on CPU are run
+    (where CPU raises); ``all_dtypes`` runs every dtype. ``skip``: OpInfo names left out.
+    ``progress``: each OpInfo's name and every row go to stderr as they come.
+    """
     from torch_tpu_eager.testing.opinfo_sweep import RANDOM_OPS, UNINITIALIZED_OPS, load_op_db, op_key, sample_inputs
 
     rows = []
@@ -87,9 +101,12 @@ def sweep(ops: Optional[list] = None, dtypes: Optional[list] = None, samples: in
         key = op_key(op)
         if ops is not None and key not in ops and op.name not in ops:
             continue
-        if key in RANDOM_OPS or key in UNINITIALIZED_OPS:
+        if key in RANDOM_OPS or key in UNINITIALIZED_OPS or key in (skip or ()):
             continue
-        for dtype in dtypes or DTYPES:
+        if progress:
+            print("op", key, file=sys.stderr, flush=True)
+        supported = op.supported_dtypes("cpu")
+        for dtype in dtypes or [d for d in DTYPES if all_dtypes or d not in supported]:
             try:
                 gen = sample_inputs(op, dtype)
                 chosen = []
@@ -113,33 +130,45 @@ def sweep(ops: Optional[list] = None, dtypes: Optional[list] = None, samples: in
                 elif cpu[0] == "call" and cpu[1] != tpu[1]:
                     kind = "message"
                 if kind:
-                    rows.append(
-                        {
-                            "op": key,
-                            "dtype": str(dtype)[6:],
-                            "sample": i,
-                            "kind": kind,
-                            "cpu": [cpu[0], *(cpu[1] or ())],
-                            "tpu": [tpu[0], *(tpu[1] or ())],
-                        }
-                    )
+                    row = {"op": key, "dtype": str(dtype)[6:], "sample": i, "kind": kind}
+                    row.update(cpu=[cpu[0], *(cpu[1] or ())], tpu=[tpu[0], *(tpu[1] or ())])
+                    rows.append(row)
+                    if progress:
+                        print(_line(row), file=sys.stderr, flush=True)
     return rows
 
 
+def _line(r: dict) -> str:
+    return " ".join(
+        [r["kind"], r["op"], r["dtype"], str(r["sample"]), "cpu:", " | ".join(r["cpu"]), "tpu:", " | ".join(r["tpu"])]
+    )
+
+
 def main(argv=None) -> int:
+    faulthandler.enable()  # a crash names the op it happened in
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ops", help="comma-separated OpInfo names (default: all of op_db)")
     p.add_argument("--dtypes", help="comma-separated dtypes (default: " + ",".join(str(d)[6:] for d in DTYPES) + ")")
     p.add_argument("--samples", type=int, default=1)
+    p.add_argument("--all-dtypes", action="store_true", help="also the dtypes the OpInfo supports on CPU")
+    p.add_argument("--skip", help="comma-separated OpInfo names to leave out")
+    p.add_argument("--progress", action="store_true", help="OpInfo names and rows to stderr as they come")
     p.add_argument("--out")
     ns = p.parse_args(argv)
     dtypes = [getattr(torch, d) for d in ns.dtypes.split(",")] if ns.dtypes else None
-    rows = sweep(ns.ops.split(",") if ns.ops else None, dtypes, ns.samples)
+    rows = sweep(
+        ns.ops.split(",") if ns.ops else None,
+        dtypes,
+        ns.samples,
+        all_dtypes=ns.all_dtypes,
+        skip=ns.skip.split(",") if ns.skip else None,
+        progress=ns.progress,
+    )
     if ns.out:
         with open(ns.out, "w") as f:
             json.dump(rows, f, indent=1)
     for r in rows:
-        print(r["kind"], r["op"], r["dtype"], r["sample"], "cpu:", " | ".join(r["cpu"]), "tpu:", " | ".join(r["tpu"]))
+        print(_line(r))
     return 0
 
 

@@ -2,6 +2,7 @@
 #include "ops/cpu_probe.h"
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -185,20 +186,59 @@ torch::jit::Stack probe_args(const c10::FunctionSchema& schema, const torch::jit
   return args;
 }
 
-// Whether the probe's error is CPU's kernel rejecting a dtype: a
-// NotImplementedError (AT_DISPATCH's "\"op_cpu\" not implemented for 'Float'"),
-// except the dispatcher's "Could not run ... with arguments from the 'CPU'
-// backend", or an error worded the same way.
-bool is_dtype_rejection(const c10::Error& e) {
+// Whether `msg` has `word` with no letter or digit on either side.
+bool has_word(const std::string& msg, const std::string& word) {
+  auto is_alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+  for (size_t at = msg.find(word); at != std::string::npos; at = msg.find(word, at + 1)) {
+    const size_t end = at + word.size();
+    if ((at == 0 || !is_alnum(msg[at - 1])) && (end == msg.size() || !is_alnum(msg[end]))) return true;
+  }
+  return false;
+}
+
+// Whether the probe's error is CPU's kernel rejecting a dtype of the call
+// (`dtypes`: its tensors' dtypes): a NotImplementedError (AT_DISPATCH's
+// "\"op_cpu\" not implemented for 'Float'", clamp's "not supported for complex
+// types"), except the dispatcher's "Could not run ... with arguments from the
+// 'CPU' backend"; or an error that names one of the call's dtypes ("expected
+// scalar type Float but found Bool", "MKL FFT doesn't support tensors of type:
+// Half", "may not be a boolean tensor"). Errors about the twins' shapes name
+// no dtype.
+bool is_dtype_rejection(const c10::Error& e, const std::vector<c10::ScalarType>& dtypes) {
   const std::string& msg = e.msg();
   if (msg.rfind("Could not run", 0) == 0) return false;
   if (dynamic_cast<const c10::NotImplementedError*>(&e)) return true;
-  return msg.find(" not implemented for '") != std::string::npos;
+  for (const auto dt : dtypes) {
+    if (has_word(msg, c10::toString(dt))) return true;
+    if (dt == c10::kBool && has_word(msg, "boolean")) return true;
+    if (c10::isComplexType(dt) && has_word(msg, "complex")) return true;
+  }
+  return false;
+}
+
+// The dtypes of the tensors among the arguments.
+std::vector<c10::ScalarType> dtypes_of(const torch::jit::Stack& args) {
+  std::vector<c10::ScalarType> dts;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined() && std::find(dts.begin(), dts.end(), t.scalar_type()) == dts.end()) dts.push_back(t.scalar_type());
+  };
+  for (const auto& v : args) {
+    if (v.isTensor()) {
+      add(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) add(t);
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toList().vec())
+        if (e.isTensor()) add(e.toTensor());
+    }
+  }
+  return dts;
 }
 
 bool probe(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs) {
   ++n_probes;
   torch::jit::Stack args = probe_args(op.schema(), stack, first, nargs);
+  const std::vector<c10::ScalarType> dtypes = dtypes_of(args);
   struct DropWarnings : c10::WarningHandler {
     void process(const c10::Warning&) override {}
   } drop;
@@ -207,7 +247,7 @@ bool probe(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &args);
   } catch (const c10::Error& e) {
-    if (is_dtype_rejection(e)) {
+    if (is_dtype_rejection(e, dtypes)) {
       ++n_rejects;
       return true;
     }

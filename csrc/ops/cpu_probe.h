@@ -25,9 +25,9 @@ namespace tpu_eager {
 // zero-filled CPU tensors of the same dtype and rank with every size clamped
 // to 1 (sizes 0 stay 0: some kernels return before their dtype dispatch on no
 // elements), a "size" argument clamped the same way, "tpu" devices made CPU.
-// A NotImplementedError from the probe, or an error naming a dtype CPU's
-// kernel does not implement, is the verdict "rejects"; any other error is the
-// twins' doing (their shapes) and says nothing. The verdict is cached: later
+// A NotImplementedError from the probe, or an error that names one of the
+// call's dtypes ("expected scalar type Float but found Bool"), is the verdict
+// "rejects"; any other error is the twins' doing (their shapes) and says nothing. The verdict is cached: later
 // calls with the key pay one hash lookup, and only on a meta-cache miss (the
 // record path's hit path never calls this).
 //

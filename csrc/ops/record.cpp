@@ -1539,6 +1539,10 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
       if (w.first.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
     written_views.emplace_back(t, view_of[t.unsafeGetTensorImpl()]);
   });
+  // A factory's "tpu" device argument (triu_indices(3, 3, dtype=torch.float32,
+  // device="tpu")): CPU's kernel makes its result on the host (copied to a tpu
+  // tensor below); left as "tpu", the call would come back to this kernel.
+  retarget_device_args(cpu, 0, nargs, c10::DeviceType::CPU);
   at::Generator user_gen;
   for (size_t i = 0; i < nargs; ++i)
     if (cpu[i].isGenerator()) user_gen = (*stack)[first + i].toGenerator();

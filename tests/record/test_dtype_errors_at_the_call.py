@@ -94,6 +94,12 @@ def test_empty_tensors_raise_too(dev):
         ("logit_bool", lambda t: torch.logit(t.to(torch.bool))),
         ("erfinv_int64", lambda t: torch.erfinv(t.to(torch.int64))),
         ("heaviside_mixed", lambda t: torch.heaviside(t, t.to(torch.float64))),
+        # Errors that are not NotImplementedError but name the call's dtype.
+        ("sdpa_int32", lambda t: F.scaled_dot_product_attention(*[t.to(torch.int32).reshape(1, 1, 2, 3)] * 3)),
+        ("hardtanh_complex", lambda t: F.hardtanh(t.to(torch.complex64))),
+        ("mvlgamma_bool", lambda t: torch.mvlgamma(t.to(torch.bool), 1)),
+        ("renorm_int64", lambda t: torch.renorm(t.to(torch.int64), 2, 0, 1.0)),
+        ("stft_half", lambda t: torch.stft(t.reshape(-1).repeat(8).half(), 16, return_complex=True)),
     ],
     ids=lambda c: c[0],
 )
@@ -102,6 +108,27 @@ def test_other_ops_the_probe_covers(dev, case):
         return (_values(d, torch.float32),)
 
     run_both_at_call(build, case[1], dev)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.int64], ids=str)
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda d, dt: torch.triu_indices(3, 3, dtype=dt, device=d),
+        lambda d, dt: torch.tril_indices(3, 4, 1, dtype=dt, device=d),
+        lambda d, dt: torch.arange(0, 3, dtype=dt, device=d),
+        lambda d, dt: torch.linspace(0, 3, 4, dtype=dt, device=d),
+    ],
+    ids=["triu_indices", "tril_indices", "arange", "linspace"],
+)
+def test_factories(dev, factory, dtype):
+    """Factories with a dtype CPU's kernel rejects raise it at the call (triu_indices in
+    float32 used to recurse until the stack overflowed: the eager run kept device="tpu")."""
+
+    def build(d):
+        return (torch.zeros(1, device=d),)  # names the device; also checked readable afterwards
+
+    run_both_at_call(build, lambda t: factory(t.device, dtype), dev)
 
 
 @requires_tpu
