@@ -41,11 +41,13 @@ int64_t tensor_tag(const at::Tensor& t) {
 }
 
 // `t`'s twin: a zero-filled contiguous CPU tensor of its dtype and rank, every
-// size clamped to 1 (0 stays 0). A 0-dim CPU tensor (a scalar) is used as is.
-at::Tensor twin_of(const at::Tensor& t) {
+// size clamped to 1 (0 stays 0), or of its sizes when `full`. A 0-dim CPU
+// tensor (a scalar) is used as is.
+at::Tensor twin_of(const at::Tensor& t, bool full) {
   if (!t.defined() || (!is_tpu(t) && t.dim() == 0)) return t;
   std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
-  for (auto& s : sizes) s = std::min<int64_t>(s, 1);
+  if (!full)
+    for (auto& s : sizes) s = std::min<int64_t>(s, 1);
   at::Tensor c = at::detail::empty_cpu(sizes, t.scalar_type(), std::nullopt, std::nullopt, std::nullopt, std::nullopt);
   if (c.numel() > 0) std::memset(c.data_ptr(), 0, c.nbytes());
   if (t.is_conj()) c._set_conj(true);
@@ -147,16 +149,16 @@ bool probe_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, si
 }
 
 // The probe's arguments: twins of tensors (one per TensorImpl, so a tensor
-// passed twice stays one tensor), CPU devices, no generator, and for a
-// factory (no tensor argument) its sizing values clamped.
+// passed twice stays one tensor; of full size when `full`), CPU devices, no
+// generator, and for a factory (no tensor argument) its sizing values clamped.
 torch::jit::Stack probe_args(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
-                             size_t nargs) {
+                             size_t nargs, bool full) {
   torch::jit::Stack args(stack.begin() + first, stack.begin() + first + nargs);
   std::unordered_map<const c10::TensorImpl*, at::Tensor> twins;
   auto twin = [&](const at::Tensor& t) {
     if (!t.defined()) return t;
     at::Tensor& c = twins[t.unsafeGetTensorImpl()];
-    if (!c.defined()) c = twin_of(t);
+    if (!c.defined()) c = twin_of(t, full);
     return c;
   };
   bool any_tensor = false;
@@ -235,9 +237,39 @@ std::vector<c10::ScalarType> dtypes_of(const torch::jit::Stack& args) {
   return dts;
 }
 
-bool probe(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs) {
+// Full-size twins of at most this many bytes in all: the second probe, when
+// the twins of size 1 fail on their shapes (glu halves an even dim, a pool's
+// kernel needs room, cross needs a dim of 3) before the dtype dispatch.
+constexpr int64_t kFullTwinMaxBytes = int64_t{1} << 20;
+
+// Whether the call has a tensor argument and its tensors hold at most kFullTwinMaxBytes.
+bool full_twins_fit(const torch::jit::Stack& stack, size_t first, size_t nargs) {
+  int64_t bytes = 0;
+  bool any = false;
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    any = true;
+    bytes += t.numel() * static_cast<int64_t>(t.itemsize());
+  };
+  for (size_t i = first; i < first + nargs; ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      add(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) add(t);
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toList().vec())
+        if (e.isTensor()) add(e.toTensor());
+    }
+  }
+  return any && bytes <= kFullTwinMaxBytes;
+}
+
+// One run of CPU's kernel on twins: 1 it rejects a dtype, 0 it accepts, -1 it
+// failed otherwise (the twins' shapes).
+int probe_once(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs, bool full) {
   ++n_probes;
-  torch::jit::Stack args = probe_args(op.schema(), stack, first, nargs);
+  torch::jit::Stack args = probe_args(op.schema(), stack, first, nargs, full);
   const std::vector<c10::ScalarType> dtypes = dtypes_of(args);
   struct DropWarnings : c10::WarningHandler {
     void process(const c10::Warning&) override {}
@@ -249,12 +281,23 @@ bool probe(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t
   } catch (const c10::Error& e) {
     if (is_dtype_rejection(e, dtypes)) {
       ++n_rejects;
-      return true;
+      return 1;
     }
+    return -1;
   } catch (const std::exception&) {
-    // The twins' shapes or values: says nothing about dtypes.
+    return -1;
   }
-  return false;
+  return 0;
+}
+
+// The verdict (1 rejects, 0 accepts), or -1 when neither probe could tell:
+// twins of size 1 first, then, when they fail on their shapes and the call's
+// tensors are small, full-size twins.
+int probe(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs) {
+  const int tiny = probe_once(op, stack, first, nargs, /*full=*/false);
+  if (tiny >= 0 || !full_twins_fit(stack, first, nargs)) return tiny;
+  const int full = probe_once(op, stack, first, nargs, /*full=*/true);
+  return full == 1 ? 1 : 0;  // full-size twins that fail otherwise: CPU's kernel decides at the flush
 }
 
 }  // namespace
@@ -268,8 +311,9 @@ bool cpu_kernel_rejects_dtypes(const c10::OperatorHandle& op, const torch::jit::
   if (!probe_key(op, stack, first, nargs, *key)) return false;
   int verdict = verdicts().find(*key);
   if (verdict < 0) {
-    verdict = probe(op, stack, first, nargs) ? 1 : 0;
-    verdicts().set(*key, verdict == 1);
+    verdict = probe(op, stack, first, nargs);
+    // No verdict (shapes too large for full-size twins): probed again on the next miss.
+    if (verdict >= 0) verdicts().set(*key, verdict == 1);
   }
   return verdict == 1;
 }

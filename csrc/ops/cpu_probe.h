@@ -27,7 +27,10 @@ namespace tpu_eager {
 // elements), a "size" argument clamped the same way, "tpu" devices made CPU.
 // A NotImplementedError from the probe, or an error that names one of the
 // call's dtypes ("expected scalar type Float but found Bool"), is the verdict
-// "rejects"; any other error is the twins' doing (their shapes) and says nothing. The verdict is cached: later
+// "rejects"; any other error is the twins' doing (their shapes: glu halves an
+// even dim, a pool's kernel needs room). Then, when the call's tensors hold at
+// most 1 MiB, the probe runs again on zero-filled twins of their full sizes;
+// else no verdict is kept and the next miss probes again. The verdict is cached: later
 // calls with the key pay one hash lookup, and only on a meta-cache miss (the
 // record path's hit path never calls this).
 //

@@ -100,6 +100,14 @@ def test_empty_tensors_raise_too(dev):
         ("mvlgamma_bool", lambda t: torch.mvlgamma(t.to(torch.bool), 1)),
         ("renorm_int64", lambda t: torch.renorm(t.to(torch.int64), 2, 0, 1.0)),
         ("stft_half", lambda t: torch.stft(t.reshape(-1).repeat(8).half(), 16, return_complex=True)),
+        # Twins of size 1 fail on their shapes first; full-size twins (small calls) tell.
+        ("glu_int64", lambda t: F.glu(t.to(torch.int64).repeat(2, 2))),
+        ("max_pool2d_bool", lambda t: F.max_pool2d(t.to(torch.bool).repeat(2, 2).reshape(1, 1, 4, 6), 2)),
+        ("avg_pool2d_int32", lambda t: F.avg_pool2d(t.to(torch.int32).repeat(2, 2).reshape(1, 1, 4, 6), 2)),
+        ("unfold_int32", lambda t: F.unfold(t.to(torch.int32).repeat(2, 2).reshape(1, 1, 4, 6), 2)),
+        ("cross_bool", lambda t: torch.linalg.cross(t.to(torch.bool), t.to(torch.bool).flip(0))),
+        ("kthvalue_bool", lambda t: torch.kthvalue(t.to(torch.bool), 1)),
+        ("group_norm_complex", lambda t: F.group_norm(t.to(torch.complex64).reshape(1, 2, 3), 2)),
     ],
     ids=lambda c: c[0],
 )
