@@ -204,12 +204,14 @@ bool has_word(const std::string& msg, const std::string& word) {
 // types"), except the dispatcher's "Could not run ... with arguments from the
 // 'CPU' backend"; or an error that names one of the call's dtypes ("expected
 // scalar type Float but found Bool", "MKL FFT doesn't support tensors of type:
-// Half", "may not be a boolean tensor"). Errors about the twins' shapes name
-// no dtype.
+// Half", "may not be a boolean tensor") or speaks of dtypes or floating point.
+// Errors about the twins' shapes do not.
 bool is_dtype_rejection(const c10::Error& e, const std::vector<c10::ScalarType>& dtypes) {
   const std::string& msg = e.msg();
   if (msg.rfind("Could not run", 0) == 0) return false;
   if (dynamic_cast<const c10::NotImplementedError*>(&e)) return true;
+  // std/var: "std and var only support floating point and complex dtypes".
+  if (has_word(msg, "dtype") || has_word(msg, "dtypes") || has_word(msg, "floating point")) return true;
   for (const auto dt : dtypes) {
     if (has_word(msg, c10::toString(dt))) return true;
     if (dt == c10::kBool && has_word(msg, "boolean")) return true;

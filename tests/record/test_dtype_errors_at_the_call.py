@@ -108,6 +108,8 @@ def test_empty_tensors_raise_too(dev):
         ("cross_bool", lambda t: torch.linalg.cross(t.to(torch.bool), t.to(torch.bool).flip(0))),
         ("kthvalue_bool", lambda t: torch.kthvalue(t.to(torch.bool), 1)),
         ("group_norm_complex", lambda t: F.group_norm(t.to(torch.complex64).reshape(1, 2, 3), 2)),
+        ("std_int64", lambda t: torch.std(t.to(torch.int64))),
+        ("var_mean_bool", lambda t: torch.var_mean(t.to(torch.bool), 0)),
     ],
     ids=lambda c: c[0],
 )
