@@ -12,6 +12,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -278,6 +279,7 @@ int probe_once(const c10::OperatorHandle& op, const torch::jit::Stack& stack, si
   } drop;
   c10::WarningUtils::WarningHandlerGuard quiet(&drop);
   c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+  at::RecordFunctionGuard untraced(false);  // the probe's CPU ops are not the user's: no profiler events
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &args);
   } catch (const c10::Error& e) {
