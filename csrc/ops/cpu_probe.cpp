@@ -245,13 +245,20 @@ std::vector<c10::ScalarType> dtypes_of(const torch::jit::Stack& args) {
 // kernel needs room, cross needs a dim of 3) before the dtype dispatch.
 constexpr int64_t kFullTwinMaxBytes = int64_t{1} << 20;
 
-// Whether the call has a tensor argument and its tensors hold at most kFullTwinMaxBytes.
-bool full_twins_fit(const torch::jit::Stack& stack, size_t first, size_t nargs) {
+// Whether the full-size probe is worth its cost for this call (1), is not (0:
+// all float), or would be but the tensors are too large (-1): its tensors
+// hold at most kFullTwinMaxBytes, and one of them is of a dtype that CPU's
+// floating-point kernels (pools, convolutions, glu, unfold) have no loop for:
+// bool, integer or complex. (The full-size probe runs CPU's kernel for real:
+// a convolution's backward costs ~150 ms on its first call, oneDNN's setup,
+// so float calls, by far the most common, never pay it.)
+int full_twins_fit(const torch::jit::Stack& stack, size_t first, size_t nargs) {
   int64_t bytes = 0;
   bool any = false;
   auto add = [&](const at::Tensor& t) {
     if (!t.defined()) return;
-    any = true;
+    const auto dt = t.scalar_type();
+    if (c10::isIntegralType(dt, /*includeBool=*/true) || c10::isComplexType(dt)) any = true;
     bytes += t.numel() * static_cast<int64_t>(t.itemsize());
   };
   for (size_t i = first; i < first + nargs; ++i) {
@@ -265,7 +272,8 @@ bool full_twins_fit(const torch::jit::Stack& stack, size_t first, size_t nargs) 
         if (e.isTensor()) add(e.toTensor());
     }
   }
-  return any && bytes <= kFullTwinMaxBytes;
+  if (!any) return 0;
+  return bytes <= kFullTwinMaxBytes ? 1 : -1;
 }
 
 // One run of CPU's kernel on twins: 1 it rejects a dtype, 0 it accepts, -1 it
@@ -295,11 +303,13 @@ int probe_once(const c10::OperatorHandle& op, const torch::jit::Stack& stack, si
 }
 
 // The verdict (1 rejects, 0 accepts), or -1 when neither probe could tell:
-// twins of size 1 first, then, when they fail on their shapes and the call's
-// tensors are small, full-size twins.
+// twins of size 1 first, then, when they fail on their shapes, full-size twins
+// if full_twins_fit.
 int probe(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs) {
   const int tiny = probe_once(op, stack, first, nargs, /*full=*/false);
-  if (tiny >= 0 || !full_twins_fit(stack, first, nargs)) return tiny;
+  if (tiny >= 0) return tiny;
+  const int fit = full_twins_fit(stack, first, nargs);
+  if (fit <= 0) return fit;  // float calls: accepted; too large: no verdict
   const int full = probe_once(op, stack, first, nargs, /*full=*/true);
   return full == 1 ? 1 : 0;  // full-size twins that fail otherwise: CPU's kernel decides at the flush
 }

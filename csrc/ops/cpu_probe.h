@@ -29,8 +29,11 @@ namespace tpu_eager {
 // call's dtypes ("expected scalar type Float but found Bool"), is the verdict
 // "rejects"; any other error is the twins' doing (their shapes: glu halves an
 // even dim, a pool's kernel needs room). Then, when the call's tensors hold at
-// most 1 MiB, the probe runs again on zero-filled twins of their full sizes;
-// else no verdict is kept and the next miss probes again. The verdict is cached: later
+// most 1 MiB and one is bool, integer or complex, the probe runs again on
+// zero-filled twins of their full sizes; else no verdict is kept and the next
+// miss probes again. (So a float16 call that only full-size twins would reveal,
+// avg_pool3d's, still raises at the flush: full-size probes of float calls
+// would cost every model's first step CPU's kernel setup.) The verdict is cached: later
 // calls with the key pay one hash lookup, and only on a meta-cache miss (the
 // record path's hit path never calls this).
 //
