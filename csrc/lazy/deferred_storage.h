@@ -23,6 +23,14 @@ namespace tpu_eager {
 
 struct HostShare;  // device/host_share.cpp
 
+// Errors of failed ops that reached the user (lazy/queue.cpp keeps the most
+// recent ones). A value computed from a failed value fails with the same
+// exception at a later flush (a copy of it, an op reading it); when the user
+// already saw that exception, so did the storage that now holds it.
+bool error_was_seen(const std::exception_ptr& e);
+// Records that `e` reached the user.
+void note_error_seen(const std::exception_ptr& e);
+
 struct DeferredStorage : c10::intrusive_ptr_target {
   DeferredStorage(void* data, size_t nbytes, uint64_t id) : data(data), nbytes(nbytes), id(id) {}
   ~DeferredStorage() override;
@@ -64,10 +72,19 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   // a call on this tensor). Only then may an op that overwrites the storage
   // whole clear it; an error nobody saw still raises at the next read, as
   // CPU's failing call would have raised.
+  // An error the user already saw (error_was_seen) counts as seen here too:
+  // a lazy clone's copy of a failed value, or an op that read one, fails with
+  // it again at a flush, and an op that then overwrites the storage whole
+  // must succeed as it would on CPU (the failed call raised there, once).
   bool error_seen = false;
   void set_error(std::exception_ptr e) {
     error = std::move(e);
-    error_seen = false;
+    error_seen = error != nullptr && error_was_seen(error);
+  }
+  // The user saw `error` (a read or call raised it).
+  void mark_error_seen() {
+    error_seen = true;
+    note_error_seen(error);
   }
   // Set while CPU tensors share `data` copy-on-write (zero-copy t.cpu(),
   // device/host_share.h): a write to this storage first calls unshare_for_write.

@@ -332,7 +332,7 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   if (error && reported) {
     for (const auto& n : nodes)
       for_each_written_storage(n, [&](DeferredStorage* s) {
-        if (s->error == error) s->error_seen = true;
+        if (s->error == error) s->mark_error_seen();
       });
   }
   {
@@ -414,13 +414,44 @@ bool storage_has_pending(const DeferredStorage* s) {
   return s->pending_uses > 0;
 }
 
+namespace {
+// The errors most recently seen by the user, newest last: a bounded window (a
+// storage holds its error until it is overwritten, and the values computed
+// from it fail in the next flushes, not much later).
+struct SeenErrors {
+  static constexpr size_t kKeep = 64;
+  std::mutex mu;
+  std::vector<std::exception_ptr> errors;
+};
+SeenErrors& seen_errors() {
+  static SeenErrors* s = new SeenErrors();
+  return *s;
+}
+}  // namespace
+
+bool error_was_seen(const std::exception_ptr& e) {
+  if (!e) return false;
+  auto& s = seen_errors();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return std::find(s.errors.begin(), s.errors.end(), e) != s.errors.end();
+}
+
+void note_error_seen(const std::exception_ptr& e) {
+  if (!e) return;
+  auto& s = seen_errors();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (std::find(s.errors.begin(), s.errors.end(), e) != s.errors.end()) return;
+  if (s.errors.size() >= SeenErrors::kKeep) s.errors.erase(s.errors.begin());
+  s.errors.push_back(e);
+}
+
 void check_storage_error(const DeferredStorage* s) {
   if (s->error) std::rethrow_exception(s->error);
 }
 
 void raise_storage_error(DeferredStorage* s) {
   if (!s->error) return;
-  s->error_seen = true;
+  s->mark_error_seen();
   std::rethrow_exception(s->error);
 }
 

@@ -37,6 +37,7 @@
 #include "lazy/debug_report.h"
 #include "lazy/queue.h"
 #include "ops/cpu_meta.h"
+#include "ops/cpu_probe.h"
 #include "ops/layout_kernels.h"
 #include "ops/memory_format.h"
 #include "ops/meta_outcome.h"
@@ -1078,6 +1079,20 @@ void check_same_device(const c10::FunctionSchema& schema, uint64_t writes, torch
 }
 
 namespace {
+// CPU's dtype checks that no meta kernel makes (ops/cpu_probe.h), on a meta-cache
+// miss after the meta kernel accepted the call: when CPU's kernel rejects these
+// dtypes, the call runs eagerly, where CPU's kernel raises its error at the call
+// (or computes, when the probe's twins misled it). True when it ran eagerly.
+bool ran_for_cpu_dtype_check(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan,
+                             torch::jit::Stack* stack, size_t first, size_t nargs) {
+  if (plan.custom_id || entry.kind == PrimKind::kRandom) return false;
+  std::vector<int64_t> key;
+  if (!cpu_kernel_rejects_dtypes(op, *stack, first, nargs, &key)) return false;
+  run_eager(op, stack, /*random=*/false, /*fallback=*/false, &plan);
+  cpu_probe_misled(key);  // reached only when CPU's kernel computed the call
+  return true;
+}
+
 // The "record" timer of metrics_report(): every op at TORCH_TPU_DEBUG >= 1,
 // else 1 op in 64, so the record path pays a thread-local increment per op.
 class RecordTimer {
@@ -1227,6 +1242,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
       return;
     }
+    if (!inferred_on_cpu && ran_for_cpu_dtype_check(op, entry, plan, stack, first, nargs)) return;
     for (const c10::Warning& w : held.held) c10::warn(w);
     for (size_t k = 0; k < schema.returns().size(); ++k) {
       std::vector<Geometry> geoms;
@@ -1471,7 +1487,9 @@ class LazyCloneWrites {
     for (const auto& c : copies_)
       if (c.impl == impl) return;
     DeviceBytes b = device_bytes_of(t.storage());
-    raise_storage_error(b.storage);
+    // A failed value whose error the user saw is copied as is: an out= that
+    // overwrites it whole succeeds (run_eager raises it for other arguments).
+    if (!b.storage->error_seen) raise_storage_error(b.storage);
     const auto nbytes = static_cast<int64_t>(t.storage().nbytes());
     at::Tensor host = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte));
     if (nbytes > 0) std::memcpy(host.data_ptr(), static_cast<const char*>(b.storage->data) + b.byte_offset, nbytes);
@@ -1573,6 +1591,10 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
       if (w.first.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
     written_views.emplace_back(t, view_of[t.unsafeGetTensorImpl()]);
   });
+  // A factory's "tpu" device argument (triu_indices(3, 3, dtype=torch.float32,
+  // device="tpu")): CPU's kernel makes its result on the host (copied to a tpu
+  // tensor below); left as "tpu", the call would come back to this kernel.
+  retarget_device_args(cpu, 0, nargs, c10::DeviceType::CPU);
   at::Generator user_gen;
   for (size_t i = 0; i < nargs; ++i)
     if (cpu[i].isGenerator()) user_gen = (*stack)[first + i].toGenerator();

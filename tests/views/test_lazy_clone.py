@@ -411,3 +411,59 @@ def test_spyre_target(dev, spyre_target, dtype):
         return t, c, _flags(t, c)
 
     run_both(prog, dev)
+
+
+def _failed_write(t):
+    """index_add_ with indices computed on the device: CPU raises at the call, "tpu" at
+    the first read of t (the error is then seen). Either way the call raised once."""
+    idx = torch.tensor([0, 1], device=t.device) + 100
+    try:
+        t.index_add_(0, idx, torch.ones(2, *t.shape[1:], device=t.device, dtype=t.dtype))
+        t.cpu()
+    except (RuntimeError, IndexError):
+        pass
+
+
+@pytest.mark.parametrize("when", ["failed_then_cloned", "cloned_then_source_failed", "cloned_then_clone_failed"])
+@pytest.mark.parametrize("write", ["out", "eager_out", "copy", "fill"])
+def test_overwriting_a_clone_of_a_failed_value(dev, when, write):
+    """A lazy clone whose shared bytes a failed op left: overwriting it whole is a valid
+    use, as on CPU (whose failed call raised once, at the call); its error is not raised again."""
+
+    def prog(d):
+        t = torch.zeros(15, 2, dtype=torch.int64, device=d)
+        x = torch.arange(16.0, device=d).reshape(4, 4)
+        if when == "failed_then_cloned":
+            _failed_write(t)
+            c = t._lazy_clone()
+        else:
+            c = t._lazy_clone()
+            _failed_write(t if when == "cloned_then_source_failed" else c)
+        if write == "out":
+            torch.add(torch.ones(15, 2, dtype=torch.int64, device=d), 1, out=c)
+        elif write == "eager_out":
+            torch.nonzero(x, out=c)  # data-dependent: runs eagerly, into c's 15 x 2
+        elif write == "copy":
+            c.copy_(torch.full((15, 2), 3, device=d))
+        else:
+            c.fill_(4)
+        return c
+
+    run_both(prog, dev)
+
+
+def test_a_value_computed_from_a_failed_value_can_be_overwritten(dev):
+    """u = t + 1 after t's op failed (and raised): u holds no new error, so out= into it succeeds."""
+
+    def prog(d):
+        t = torch.zeros(4, 3, device=d)
+        _failed_write(t)
+        u = t + 1
+        try:
+            u.cpu()  # "tpu": t's error again (u was computed from it)
+        except RuntimeError:
+            pass
+        torch.mul(torch.ones(4, 3, device=d), 5, out=u)
+        return u
+
+    run_both(prog, dev)

@@ -1,0 +1,57 @@
+// Dtype checks that only CPU's kernel makes: a probe of the kernel on tiny CPU twins.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+namespace tpu_eager {
+
+// Whether CPU's kernel of `op` rejects the dtypes of this call (arguments at
+// stack[first, first + nargs)), which the meta kernel accepted.
+//
+// Why: CPU's kernels pick their loop by dtype (AT_DISPATCH_*) after the
+// structured meta function ran, and raise there for a dtype they have no loop
+// for — `float & float`: NotImplementedError "\"bitwise_and_cpu\" not
+// implemented for 'Float'". The meta kernels check shapes and type promotion
+// only, so a recorded call would raise that error at the flush, when a result
+// is read, instead of at the call.
+//
+// How: once per key — the op, the default dtype, and per argument its dtype,
+// rank, emptiness and device for tensors, its type for Scalars, its value for
+// other non-tensor arguments — CPU's kernel runs on twins of the arguments:
+// zero-filled CPU tensors of the same dtype and rank with every size clamped
+// to 1 (sizes 0 stay 0: some kernels return before their dtype dispatch on no
+// elements), a "size" argument clamped the same way, "tpu" devices made CPU.
+// A NotImplementedError from the probe, or an error that names one of the
+// call's dtypes ("expected scalar type Float but found Bool"), is the verdict
+// "rejects"; any other error is the twins' doing (their shapes: glu halves an
+// even dim, a pool's kernel needs room). Then, when the call's tensors hold at
+// most 1 MiB and one is bool, integer or complex, the probe runs again on
+// zero-filled twins of their full sizes; else no verdict is kept and the next
+// miss probes again. (So a float16 call that only full-size twins would reveal,
+// avg_pool3d's, still raises at the flush: full-size probes of float calls
+// would cost every model's first step CPU's kernel setup.) The verdict is cached: later
+// calls with the key pay one hash lookup, and only on a meta-cache miss (the
+// record path's hit path never calls this).
+//
+// A "rejects" verdict is a reason to run CPU's kernel on the real values now
+// (run_eager), which raises CPU's exact error at the call; if instead it
+// computes, the caller reports cpu_probe_misled(key) and the key's verdict
+// becomes "accepts". Random ops (the probe would draw from CPU's generator)
+// and custom ops are never probed (false).
+//
+// `key` receives the verdict's key (for cpu_probe_misled).
+bool cpu_kernel_rejects_dtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first,
+                               size_t nargs, std::vector<int64_t>* key);
+
+// CPU's kernel computed a call whose key the probe said it rejects (the twins
+// hit a dtype path the real arguments do not): the key's verdict becomes "accepts".
+void cpu_probe_misled(const std::vector<int64_t>& key);
+
+// Probe statistics since start: {probes run, verdicts "rejects", probes misled}.
+std::vector<int64_t> cpu_probe_counts();
+
+}  // namespace tpu_eager
