@@ -19,7 +19,9 @@ namespace host {
 // float32, with the kernels CPU's layer_norm_cpu / layer_norm_backward_cpu
 // call (the LayerNormKernel / LayerNormBackwardKernel dispatch stubs), clone
 // (a copy into the output) and masked_fill.Scalar / .Tensor (a copy of self,
-// then masked_fill_, as CPU's kernel). Returns false, having written nothing,
+// then masked_fill_, as CPU's kernel) and max_pool2d_with_indices on dense
+// float32 with square windows and no padding or dilation (its own loop, the
+// same comparisons as CPU's kernel: equal values and indices). Returns false, having written nothing,
 // for any other op or case; a CPU error it raises leaves its outputs, which
 // nothing else reads, partly written.
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs);

@@ -41,6 +41,7 @@ constexpr HostRule kHostRules[] = {
     {"native_layer_norm", "", DirectImpl::kLayerNorm},
     {"native_layer_norm_backward", "", DirectImpl::kLayerNormBackward},
     {"clone", "", DirectImpl::kClone},
+    {"max_pool2d_with_indices", "", DirectImpl::kMaxPool2dWithIndices},
 };
 // Default overloads whose CPU kernel takes strided inputs as they are.
 constexpr std::string_view kStridedInputs[] = {"mm", "addmm", "bmm", "baddbmm", "cat", "clone"};
