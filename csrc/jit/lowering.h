@@ -37,7 +37,8 @@ enum class DirectImpl : uint8_t {
   kLayerNorm,
   kLayerNormBackward,
   kClone,
-  kMaxPool2dWithIndices
+  kMaxPool2dWithIndices,
+  kBatchNormTrain
 };
 
 // Whether an op returns a fresh result, writes its self in place, or writes out= arguments.

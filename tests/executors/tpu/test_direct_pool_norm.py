@@ -1,5 +1,6 @@
 """The host runtime's own kernels for training-step ops (executors/direct_kernels.cpp):
-max_pool2d_with_indices on dense float32 with square windows. Values and indices equal
+max_pool2d_with_indices on dense float32 with square windows, and native_batch_norm in
+training mode (its statistics loop). Values and indices equal
 CPU's bit for bit, including NaN, -inf and ties (the first maximum in row-major order
 wins, a later NaN replaces an earlier one), for the cases the kernel takes and the
 cases it leaves to CPU's kernel (padding, dilation, ceil_mode's partial windows)."""
@@ -77,3 +78,67 @@ def test_max_pool2d_relu_backward_equals_cpu():
         grads.append((y.detach().cpu(), xd.grad.cpu()))
     assert torch.equal(grads[0][0], grads[1][0])
     assert torch.equal(grads[0][1], grads[1][1])
+
+
+BN_CASES = {
+    "cnn_block": dict(shape=(32, 8, 16, 16)),
+    "channels_not_multiple_of_4": dict(shape=(3, 7, 5, 6)),
+    "one_channel": dict(shape=(4, 1, 3, 3)),
+    "conv1d": dict(shape=(5, 6, 11)),
+    "volumetric": dict(shape=(2, 5, 3, 4, 3)),
+    "large_offset": dict(shape=(4, 6, 8, 8), scale=1e3, shift=1e4),
+    "no_affine_falls_back": dict(shape=(4, 6, 5, 5), affine=False),
+    "no_running_stats_falls_back": dict(shape=(4, 6, 5, 5), track=False),
+    "channels_last_falls_back": dict(shape=(4, 6, 5, 5), channels_last=True),
+    "batchnorm1d_2d_falls_back": dict(shape=(16, 6)),
+}
+
+
+@pytest.mark.parametrize("case", list(BN_CASES))
+def test_batch_norm_train_equals_cpu(case):
+    """BatchNorm in training mode, two steps: output, running statistics and gradients bit for bit."""
+    kw = dict(BN_CASES[case])
+    shape = kw["shape"]
+    bn_cls = {2: torch.nn.BatchNorm1d, 3: torch.nn.BatchNorm1d, 4: torch.nn.BatchNorm2d, 5: torch.nn.BatchNorm3d}
+    torch.manual_seed(0)
+    ref = bn_cls[len(shape)](
+        shape[1], momentum=0.3, eps=1e-3, affine=kw.get("affine", True), track_running_stats=kw.get("track", True)
+    )
+    if kw.get("affine", True):
+        with torch.no_grad():
+            ref.weight.copy_(cpu_randn(shape[1], seed=7))
+            ref.bias.copy_(cpu_randn(shape[1], seed=8))
+    dev = bn_cls[len(shape)](
+        shape[1], momentum=0.3, eps=1e-3, affine=kw.get("affine", True), track_running_stats=kw.get("track", True)
+    )
+    dev.load_state_dict(ref.state_dict())
+    dev = dev.to(DEVICE)
+    for step in range(2):
+        x = cpu_randn(*shape, seed=20 + step) * kw.get("scale", 1.0) + kw.get("shift", 0.0)
+        if kw.get("channels_last"):
+            x = x.contiguous(memory_format=torch.channels_last)
+        xd = x.to(DEVICE).detach().requires_grad_()
+        x = x.detach().requires_grad_()
+        y, yd = ref(x), dev(xd)
+        g = cpu_randn(*shape, seed=30 + step)
+        y.backward(g)
+        yd.backward(g.to(DEVICE))
+        assert torch.equal(yd.detach().cpu(), y.detach())
+        assert torch.equal(xd.grad.cpu(), x.grad)
+    for name, value in ref.state_dict().items():
+        assert torch.equal(dev.state_dict()[name].cpu(), value), name
+    for (name, p), q in zip(ref.named_parameters(), dev.parameters()):
+        assert torch.equal(q.grad.cpu(), p.grad), name
+
+
+@pytest.mark.parametrize("case,own", [("cnn_block", True), ("no_affine_falls_back", False)])
+def test_batch_norm_train_runs_own_kernel(case, own):
+    """Training-mode batch norm with affine parameters and running statistics runs no CPU batch_norm op."""
+    shape = BN_CASES[case]["shape"]
+    bn = torch.nn.BatchNorm2d(shape[1], affine=BN_CASES[case].get("affine", True)).to(DEVICE)
+    x = cpu_randn(*shape, seed=5).to(DEVICE)
+    torch.tpu.synchronize()
+    y = bn(x)
+    ran = [op for op in aten_ops_during(torch.tpu.synchronize) if "batch_norm" in op]
+    assert (ran == []) == own, ran
+    del y
