@@ -1,6 +1,11 @@
 // CPU kernels writing into given outputs (see direct_kernels.h).
 #include "executors/direct_kernels.h"
 
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 
 // The per-capability kernel pointers of a dispatch stub are exported, its
@@ -13,6 +18,8 @@
 #define HAVE_AVX512_CPU_DEFINITION
 #endif
 #include <ATen/Version.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/batch_norm.h>
 #include <ATen/native/layer_norm.h>
 
 #include "jit/lowering.h"
@@ -119,6 +126,245 @@ bool clone_into(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs)
   return true;
 }
 
+// One (height, width) parameter of max_pool2d: one value for both, or two.
+bool pool_pair(const c10::IValue& v, int64_t fallback, int64_t* h, int64_t* w) {
+  if (!v.isIntList()) return false;
+  const auto list = v.toIntVector();
+  if (list.empty()) {
+    *h = *w = fallback;
+  } else if (list.size() == 1) {
+    *h = *w = list[0];
+  } else if (list.size() == 2) {
+    *h = list[0];
+    *w = list[1];
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The K x K windows at stride S of one plane: each output is the first of the
+// window's maximum in row-major order, a NaN replacing any earlier value (the
+// comparison `v > max || isnan(v)` CPU's max-pooling kernel makes, from -inf
+// with the window's first position), so values and indices equal CPU's.
+// K == 0: the kernel size `k` at run time.
+template <int K>
+void max_pool_plane(const float* in, float* out, int64_t* idx, int64_t width, int64_t oh_n, int64_t ow_n, int64_t k,
+                    int64_t s) {
+  const int64_t kk = K ? K : k;
+  for (int64_t oh = 0; oh < oh_n; ++oh) {
+    const int64_t h0 = oh * s;
+    for (int64_t ow = 0; ow < ow_n; ++ow) {
+      const int64_t w0 = ow * s;
+      float best = -std::numeric_limits<float>::infinity();
+      int64_t at = h0 * width + w0;
+      for (int64_t dh = 0; dh < kk; ++dh) {
+        const float* row = in + (h0 + dh) * width + w0;
+        for (int64_t dw = 0; dw < kk; ++dw) {
+          const float v = row[dw];
+          const bool take = (v > best) | (v != v);
+          best = take ? v : best;
+          at = take ? (h0 + dh) * width + w0 + dw : at;
+        }
+      }
+      out[oh * ow_n + ow] = best;
+      idx[oh * ow_n + ow] = at;
+    }
+  }
+}
+
+// max_pool_plane<2> with stride 2, eight outputs at a time (AVX2): the even
+// and odd columns of the window's two rows are the four candidates, taken in
+// the same order with the same comparison. Indices fit int32 (checked by the caller).
+// Columns 0, 2, .., 14 (even_cols) or 1, 3, .., 15 (odd_cols) of the 16 floats
+// a, b: (a0 a2 b0 b2 | a4 a6 b4 b6) -> (a0 a2 a4 a6 b0 b2 b4 b6).
+__attribute__((target("avx2"))) inline __m256 even_cols(__m256 a, __m256 b) {
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+}
+__attribute__((target("avx2"))) inline __m256 odd_cols(__m256 a, __m256 b) {
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+
+__attribute__((target("avx2"))) void max_pool_plane_2x2_avx2(const float* in, float* out, int64_t* idx, int64_t width,
+                                                             int64_t oh_n, int64_t ow_n) {
+  const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const int32_t offs[4] = {0, 1, static_cast<int32_t>(width), static_cast<int32_t>(width) + 1};
+  for (int64_t oh = 0; oh < oh_n; ++oh) {
+    const float* r0 = in + 2 * oh * width;
+    const float* r1 = r0 + width;
+    int64_t ow = 0;
+    for (; ow + 8 <= ow_n; ow += 8) {
+      const __m256 a0 = _mm256_loadu_ps(r0 + 2 * ow), b0 = _mm256_loadu_ps(r0 + 2 * ow + 8);
+      const __m256 a1 = _mm256_loadu_ps(r1 + 2 * ow), b1 = _mm256_loadu_ps(r1 + 2 * ow + 8);
+      const __m256 cand[4] = {even_cols(a0, b0), odd_cols(a0, b0), even_cols(a1, b1), odd_cols(a1, b1)};
+      const __m256i base = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(2 * oh * width + 2 * ow)), lane2);
+      __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+      __m256i at = base;
+      for (int k = 0; k < 4; ++k) {
+        const __m256 v = cand[k];
+        const __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        best = _mm256_blendv_ps(best, v, take);
+        const __m256i pos = _mm256_add_epi32(base, _mm256_set1_epi32(offs[k]));
+        at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(at), _mm256_castsi256_ps(pos), take));
+      }
+      _mm256_storeu_ps(out + oh * ow_n + ow, best);
+      int64_t* dst = idx + oh * ow_n + ow;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_cvtepi32_epi64(_mm256_castsi256_si128(at)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 4), _mm256_cvtepi32_epi64(_mm256_extracti128_si256(at, 1)));
+    }
+    for (; ow < ow_n; ++ow) {
+      float best = -std::numeric_limits<float>::infinity();
+      int64_t at = 2 * oh * width + 2 * ow;
+      for (int k = 0; k < 4; ++k) {
+        const int64_t pos = 2 * oh * width + 2 * ow + offs[k];
+        const float v = in[pos];
+        const bool take = (v > best) | (v != v);
+        best = take ? v : best;
+        at = take ? pos : at;
+      }
+      out[oh * ow_n + ow] = best;
+      idx[oh * ow_n + ow] = at;
+    }
+  }
+}
+
+// max_pool2d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode)
+//   -> (out, indices) on dense float32 (N,)C,H,W with square windows, one
+// stride for both dims, no padding or dilation, and every window inside the
+// input (other cases, and ceil_mode's partial last window, are left to CPU's
+// out= kernel). CPU's generic kernel spends ~160 instructions per 2x2 window
+// on index arithmetic (benchmarks/run_all.py's CNN step: its largest kernel).
+bool max_pool2d_with_indices(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
+  if (a.size() != 6 || outs.size() != 2 || !a[0].isTensor()) return false;
+  const at::Tensor x = a[0].toTensor();
+  int64_t kh = 0, kw = 0, sh = 0, sw = 0, ph = 0, pw = 0, dh = 0, dw = 0;
+  if (!pool_pair(a[1], -1, &kh, &kw) || kh <= 0 || !pool_pair(a[2], kh, &sh, &sw) || !pool_pair(a[3], 0, &ph, &pw) ||
+      !pool_pair(a[4], 1, &dh, &dw))
+    return false;
+  if (kh != kw || sh != sw || sh <= 0 || ph != 0 || pw != 0 || dh != 1 || dw != 1) return false;
+  if (!dense_f32(x) || (x.dim() != 3 && x.dim() != 4) || !dense_f32(outs[0]) || !outs[1].is_contiguous() ||
+      outs[1].scalar_type() != at::kLong || outs[0].dim() != x.dim() || !outs[0].sizes().equals(outs[1].sizes()))
+    return false;
+  const int64_t height = x.size(-2), width = x.size(-1);
+  const int64_t oh_n = outs[0].size(-2), ow_n = outs[0].size(-1);
+  const int64_t planes = x.numel() / std::max<int64_t>(height * width, 1);
+  if (outs[0].numel() != planes * oh_n * ow_n || (oh_n > 0 && (oh_n - 1) * sh + kh > height) ||
+      (ow_n > 0 && (ow_n - 1) * sw + kw > width) || x.numel() == 0)
+    return false;
+  const float* in = x.const_data_ptr<float>();
+  float* out = outs[0].data_ptr<float>();
+  int64_t* idx = outs[1].data_ptr<int64_t>();
+  const int64_t in_plane = height * width, out_plane = oh_n * ow_n;
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  at::parallel_for(0, planes, 0, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const float* pi = in + c * in_plane;
+      float* po = out + c * out_plane;
+      int64_t* px = idx + c * out_plane;
+      if (kh == 2 && sh == 2 && avx2 && in_plane < (int64_t{1} << 31)) {
+        max_pool_plane_2x2_avx2(pi, po, px, width, oh_n, ow_n);
+      } else if (kh == 2) {
+        max_pool_plane<2>(pi, po, px, width, oh_n, ow_n, kh, sh);
+      } else if (kh == 3) {
+        max_pool_plane<3>(pi, po, px, width, oh_n, ow_n, kh, sh);
+      } else {
+        max_pool_plane<0>(pi, po, px, width, oh_n, ow_n, kh, sh);
+      }
+    }
+  });
+  return true;
+}
+
+// Per-channel sum and sum of squared deviations of `planes` channels of a
+// contiguous (N, C, S) float32 input, channels c .. c + L - 1: each channel's
+// sums are the same sequence of double additions CPU's contiguous batch-norm
+// statistics make (sum += x; mean = float(sum / count); var_sum += float((x -
+// mean) * (x - mean)), batch by batch, element by element), so the results are
+// equal; L channels at once only interleave independent chains.
+template <int L>
+void channel_stats(const float* x, int64_t batch, int64_t channels, int64_t plane, int64_t c, float* mean,
+                   float* var_sum) {
+  const int64_t count = batch * plane;
+  double sum[L] = {};
+  for (int64_t n = 0; n < batch; ++n) {
+    const float* p = x + (n * channels + c) * plane;
+    for (int64_t i = 0; i < plane; ++i)
+      for (int l = 0; l < L; ++l) sum[l] += p[l * plane + i];
+  }
+  float m[L];
+  for (int l = 0; l < L; ++l) m[l] = mean[c + l] = static_cast<float>(sum[l] / count);
+  double var[L] = {};
+  for (int64_t n = 0; n < batch; ++n) {
+    const float* p = x + (n * channels + c) * plane;
+    for (int64_t i = 0; i < plane; ++i)
+      for (int l = 0; l < L; ++l) {
+        const float d = p[l * plane + i] - m[l];
+        var[l] += d * d;
+      }
+  }
+  for (int l = 0; l < L; ++l) var_sum[c + l] = static_cast<float>(var[l]);
+}
+
+// native_batch_norm(input, weight, bias, running_mean, running_var, training=True, momentum, eps)
+//   -> (out, save_mean, save_invstd) on contiguous float32 (N, C, *) input with a
+// plane of more than one element, weight, bias and running statistics all
+// given. CPU's batch_norm_cpu_out: the statistics (channel_stats), then per
+// channel save_invstd = 1 / sqrt(double(var_sum / count) + eps), running_mean
+// = m * mean + (1 - m) * running_mean in float, running_var = m * double(var_sum
+// / (count - 1)) + (1 - m) * running_var (m = float(momentum)), then CPU's own
+// normalization kernel (batch_norm_cpu_stub). CPU's statistics loop is one
+// serial chain of double additions per channel (the CNN step's second largest
+// kernel); interleaving channels makes it several times faster, equal bit for bit.
+bool batch_norm_train(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
+  if (a.size() != 8 || outs.size() != 3 || !a[0].isTensor()) return false;
+  for (int i = 1; i <= 4; ++i)
+    if (!a[i].isTensor()) return false;
+  if (!a[5].isBool() || !a[5].toBool()) return false;
+  const at::Tensor x = a[0].toTensor(), w = a[1].toTensor(), b = a[2].toTensor();
+  at::Tensor rm = a[3].toTensor(), rv = a[4].toTensor();
+  if (!dense_f32(x) || x.dim() < 3 || x.suggest_memory_format() != at::MemoryFormat::Contiguous) return false;
+  const int64_t batch = x.size(0), channels = x.size(1);
+  if (batch == 0 || channels == 0) return false;
+  const int64_t plane = x.numel() / (batch * channels), count = batch * plane;
+  if (plane <= 1 || count <= 1 || count > (int64_t{1} << 24)) return false;  // count exact in float
+  for (const at::Tensor* t : {&w, &b, static_cast<const at::Tensor*>(&rm), static_cast<const at::Tensor*>(&rv)})
+    if (!dense_f32(*t) || t->dim() != 1 || t->numel() != channels) return false;
+  at::Tensor out = outs[0], save_mean = outs[1], save_invstd = outs[2];
+  if (!dense_f32(out) || !out.sizes().equals(x.sizes()) || !dense_f32(save_mean) || !dense_f32(save_invstd) ||
+      save_mean.numel() != channels || save_invstd.numel() != channels)
+    return false;
+  auto* normalize = cpu_kernel<at::native::batch_norm_cpu_stub_DECLARE_DISPATCH_type>();
+  if (!normalize) return false;
+  std::vector<float> var_sum(channels);
+  float* mean = save_mean.data_ptr<float>();
+  const float* xp = x.const_data_ptr<float>();
+  at::parallel_for(0, (channels + 3) / 4, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t c = g * 4;
+      if (c + 4 <= channels) {
+        channel_stats<4>(xp, batch, channels, plane, c, mean, var_sum.data());
+      } else {
+        for (int64_t k = c; k < channels; ++k) channel_stats<1>(xp, batch, channels, plane, k, mean, var_sum.data());
+      }
+    }
+  });
+  const double eps = a[7].toDouble();
+  const float m = static_cast<float>(a[6].toDouble());
+  float* invstd = save_invstd.data_ptr<float>();
+  float* rmp = rm.data_ptr<float>();
+  float* rvp = rv.data_ptr<float>();
+  const float count_f = static_cast<float>(count), unbiased_f = static_cast<float>(count - 1);
+  for (int64_t c = 0; c < channels; ++c) {
+    const float var = var_sum[c] / count_f;
+    invstd[c] = (var == 0 && eps == 0) ? 0.0f : static_cast<float>(1 / std::sqrt(static_cast<double>(var) + eps));
+    rmp[c] = m * mean[c] + (1 - m) * rmp[c];
+    const double unbiased = var_sum[c] / unbiased_f;
+    rvp[c] = static_cast<float>(m * unbiased + (1 - m) * rvp[c]);
+  }
+  normalize(out, x, w, b, save_mean, save_invstd, rm, rv, /*train=*/true, eps);
+  return true;
+}
+
 using DirectKernel = bool (*)(const torch::jit::Stack&, const std::vector<at::Tensor>&);
 
 // The direct kernel of an op (the lowering table's DirectImpl), or null.
@@ -132,6 +378,10 @@ DirectKernel direct_kernel(const c10::OperatorHandle& op) {
       return &layer_norm_backward;
     case DirectImpl::kClone:
       return &clone_into;
+    case DirectImpl::kMaxPool2dWithIndices:
+      return &max_pool2d_with_indices;
+    case DirectImpl::kBatchNormTrain:
+      return &batch_norm_train;
     case DirectImpl::kNone:
       break;
   }

@@ -19,8 +19,13 @@ namespace host {
 // float32, with the kernels CPU's layer_norm_cpu / layer_norm_backward_cpu
 // call (the LayerNormKernel / LayerNormBackwardKernel dispatch stubs), clone
 // (a copy into the output) and masked_fill.Scalar / .Tensor (a copy of self,
-// then masked_fill_, as CPU's kernel). Returns false, having written nothing,
-// for any other op or case; a CPU error it raises leaves its outputs, which
+// then masked_fill_, as CPU's kernel), max_pool2d_with_indices on dense
+// float32 with square windows and no padding or dilation (its own loop, the
+// same comparisons as CPU's kernel: equal values and indices) and
+// native_batch_norm in training mode on contiguous float32 with affine
+// parameters and running statistics (CPU's statistics recomputed with the same
+// double sums, channels interleaved; CPU's normalization stub). Returns false,
+// having written nothing, for any other op or case; a CPU error it raises leaves its outputs, which
 // nothing else reads, partly written.
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs);
 

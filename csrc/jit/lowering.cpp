@@ -41,6 +41,8 @@ constexpr HostRule kHostRules[] = {
     {"native_layer_norm", "", DirectImpl::kLayerNorm},
     {"native_layer_norm_backward", "", DirectImpl::kLayerNormBackward},
     {"clone", "", DirectImpl::kClone},
+    {"max_pool2d_with_indices", "", DirectImpl::kMaxPool2dWithIndices},
+    {"native_batch_norm", "", DirectImpl::kBatchNormTrain},
 };
 // Default overloads whose CPU kernel takes strided inputs as they are.
 constexpr std::string_view kStridedInputs[] = {"mm", "addmm", "bmm", "baddbmm", "cat", "clone"};

@@ -31,7 +31,15 @@ enum class MxuOp : uint8_t {
 
 // The host runtime's own kernel for an op (executors/direct_kernels.cpp):
 // writes a dense device output directly instead of CPU's kernel plus a copy.
-enum class DirectImpl : uint8_t { kNone = 0, kMaskedFill, kLayerNorm, kLayerNormBackward, kClone };
+enum class DirectImpl : uint8_t {
+  kNone = 0,
+  kMaskedFill,
+  kLayerNorm,
+  kLayerNormBackward,
+  kClone,
+  kMaxPool2dWithIndices,
+  kBatchNormTrain
+};
 
 // Whether an op returns a fresh result, writes its self in place, or writes out= arguments.
 enum class OpForm : uint8_t { kFunctional = 0, kInPlace, kOut };
