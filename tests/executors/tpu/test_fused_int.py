@@ -280,3 +280,54 @@ def test_float_scalar_operand_keeps_cpu_promotion():
 
     got, _ = _flush(fn, a)
     _same(got, fn(a))
+
+
+I32_SCALAR_EDGES = {
+    "gt_2^40": lambda a: (a * 1) > 2**40,  # the Scalar wraps to the op's type, as CPU casts it
+    "eq_2^32+5": lambda a: (a * 1) == 2**32 + 5,
+    "add_2^40": lambda a: (a * 1) + 2**40,
+    "mul_2^33": lambda a: (a * 1) * 2**33,
+    "shl_2^32+1": lambda a: (a * 1) << (2**32 + 1),
+    "floordiv_2^32+3": lambda a: (a * 1) // (2**32 + 3),
+    "floordiv_2^32": lambda a: (a * 1) // (2**32),  # 0 as int32: ZeroDivisionError
+    "clamp_overflow": lambda a: (a * 1).clamp(0, 2**40),  # CPU's Scalar::to<int> raises
+    "alpha_overflow": lambda a: torch.add(a * 1, a, alpha=2**40),
+    "rem_true": lambda a: (a * 1) % True,
+    "and_true": lambda a: (a * 1) & True,
+}
+
+
+@pytest.mark.parametrize("name", sorted(I32_SCALAR_EDGES))
+def test_int32_scalars_out_of_range_as_cpu(name):
+    # Values, or CPU's error type and message (on "tpu" at the call when the record path
+    # checks it, as for the overflowing Scalars, else at the flush: the zero divisor).
+    fn = I32_SCALAR_EDGES[name]
+    a = torch.tensor([5, -5, I32_MAX, I32_MIN, 0, 77], dtype=torch.int32)
+    try:
+        want, want_err = fn(a), None
+    except RuntimeError as e:
+        want, want_err = None, str(e)
+    if want_err is None:
+        _same([fn(a.to("tpu")).cpu()], [want])
+    else:
+        with pytest.raises(RuntimeError) as info:
+            fn(a.to("tpu")).cpu()
+        assert want_err in str(info.value)
+
+
+@pytest.mark.parametrize("name", sorted(DIVISION))
+def test_division_quotients_next_to_integers_near_2_pow_53(name):
+    # a = q * b + {-1, 0, 1} with |a| up to 2^53 + a few: the float64 quotient the loop
+    # starts from rounds across an integer here; its correction step must give CPU's value.
+    op = DIVISION[name]
+    g = torch.Generator().manual_seed(16)
+    b = torch.randint(2, 2**26, (6000,), generator=g) * (torch.randint(0, 2, (6000,), generator=g) * 2 - 1)
+    q = torch.randint(-(2**53), 2**53, (6000,), generator=g) // b.abs()
+    a = q * b + torch.randint(-1, 2, (6000,), generator=g)
+    a[:6] = torch.tensor([2**53 - 1, 2**53, 2**53 + 1, -(2**53) + 1, -(2**53), -(2**53) - 1])
+    b[:6] = torch.tensor([3, 3, 3, -3, -3, -3])
+
+    def fn(a, b):
+        return op(a + 0, b), op(a - 0, 2**52 + 1)
+
+    _check_fused(fn, a, b)
