@@ -367,9 +367,10 @@ constexpr IntLowering kIntLowerings[] = {
     {"logical_xor", "", "out", IForm::kLogical, IFn::kLXor},
     {"logical_not", "", "out", IForm::kLogicalNot, IFn::kLNot},
     {"__lshift__", "Tensor,Scalar", "", IForm::kBinary, IFn::kShl},
-    {"__ilshift__", "Tensor,Scalar", "", IForm::kBinary, IFn::kShl},
+    // In place: the planner drops the trailing '_' of the op name ("__ilshift__" -> "__ilshift_").
+    {"__ilshift_", "Tensor,Scalar", "", IForm::kBinary, IFn::kShl},
     {"__rshift__", "Tensor,Scalar", "", IForm::kBinary, IFn::kShr},
-    {"__irshift__", "Tensor,Scalar", "", IForm::kBinary, IFn::kShr},
+    {"__irshift_", "Tensor,Scalar", "", IForm::kBinary, IFn::kShr},
     {"bitwise_left_shift", "Tensor,Tensor_Scalar", "Tensor_out,Tensor_Scalar_out", IForm::kBinary, IFn::kShl},
     {"bitwise_right_shift", "Tensor,Tensor_Scalar", "Tensor_out,Tensor_Scalar_out", IForm::kBinary, IFn::kShr},
     {"floor_divide", ",Scalar,Tensor", "out", IForm::kDivide, IFn::kFloorDiv},
@@ -686,7 +687,7 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
     };
     auto operand = [&](int arg, IOperand* op, IElem want) -> bool {
       for (const auto& in : n.inputs) {
-        if (in.arg != arg || in.elem >= 0 || in.written) continue;
+        if (in.arg != arg || in.elem >= 0) continue;  // (an in-place op's self is read too)
         return tensor_operand(p, in.ref, op, want);
       }
       return scalar_param(arg, op, want) != nullptr;

@@ -221,13 +221,23 @@ def test_in_place_and_broadcast_operands():
     row = _values(torch.int64, 48, 12)
 
     def fn(a, row):
-        x = a.clone()  # clone runs op by op; the loop writes x in place
+        x = a * 1
         x.mul_(3).add_(row).bitwise_xor_(row >> 2)
         x //= 7
+        x %= 1000
+        x <<= 3
+        x >>= 1
         return x, x > row
 
-    got, _ = _flush(fn, a, row)
-    _same(got, fn(a, row))
+    _check_fused(fn, a, row)
+
+    def writes_input(a, row):
+        a.add_(row).mul_(5)  # a region input written in place
+        return (a,)
+
+    got, ops = _flush(writes_input, a, row)
+    _same(got, writes_input(a.clone(), row))
+    assert ops == [], ops
 
 
 def test_mixed_float_and_int_loops_in_one_region():
