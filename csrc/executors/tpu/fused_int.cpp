@@ -325,9 +325,10 @@ enum class IForm : uint8_t {
   kCompare,  // fn(self, other) as bool (or self's type, in place)
   kLogical,  // fn(self, other) of a != 0, b != 0 as bool
   kLogicalNot,
-  kWhere,  // where(condition, self, other)
-  kClamp,  // clamp(self, min?, max?), clamp_min / clamp_max(self, bound)
-  kCopy,   // copy_(self, src): a cast
+  kWhere,       // where(condition, self, other)
+  kMaskedFill,  // masked_fill(self, mask, value: Scalar): mask ? value : self
+  kClamp,       // clamp(self, min?, max?), clamp_min / clamp_max(self, bound)
+  kCopy,        // copy_(self, src): a cast
 };
 
 struct IntLowering {
@@ -352,6 +353,7 @@ constexpr IntLowering kIntLowerings[] = {
     {"clamp_min", ",Tensor", "out,Tensor_out", IForm::kClamp, IFn::kMax},
     {"clamp_max", ",Tensor", "out,Tensor_out", IForm::kClamp, IFn::kMin},
     {"where", "self", "self_out", IForm::kWhere, IFn::kSelect},
+    {"masked_fill", "Scalar", "Scalar_out", IForm::kMaskedFill, IFn::kSelect},
     {"eq", "Tensor,Scalar", "Tensor_out,Scalar_out", IForm::kCompare, IFn::kEq},
     {"ne", "Tensor,Scalar", "Tensor_out,Scalar_out", IForm::kCompare, IFn::kNe},
     {"lt", "Tensor,Scalar", "Tensor_out,Scalar_out", IForm::kCompare, IFn::kLt},
@@ -418,6 +420,23 @@ int64_t isize(IElem e) { return e == IElem::kInt64 ? 8 : e == IElem::kBool ? 1 :
 
 bool is_int(IElem e) { return e == IElem::kInt64 || e == IElem::kInt32; }
 
+// Element `i` of an int64 / int32 / bool buffer of type `t` as int64; false for another type.
+bool read_int(const void* data, at::ScalarType t, int64_t i, int64_t* out) {
+  switch (t) {
+    case at::kLong:
+      *out = static_cast<const int64_t*>(data)[i];
+      return true;
+    case at::kInt:
+      *out = static_cast<const int32_t*>(data)[i];
+      return true;
+    case at::kBool:
+      *out = static_cast<const uint8_t*>(data)[i] != 0;
+      return true;
+    default:
+      return false;
+  }
+}
+
 // An integral scalar argument (Python int or bool, or a wrapped integer
 // number) as int64; false for anything else (a float makes CPU compute in float).
 bool int_scalar(const c10::IValue& v, int64_t* out) {
@@ -431,22 +450,8 @@ bool int_scalar(const c10::IValue& v, int64_t* out) {
     *out = s.toLong();
     return true;
   }
-  if (v.isTensor() && v.toTensor().defined() && v.toTensor().dim() == 0 && v.toTensor().device().is_cpu()) {
-    const at::Tensor& t = v.toTensor();
-    switch (t.scalar_type()) {
-      case at::kLong:
-        *out = *t.const_data_ptr<int64_t>();
-        return true;
-      case at::kInt:
-        *out = *t.const_data_ptr<int32_t>();
-        return true;
-      case at::kBool:
-        *out = *t.const_data_ptr<bool>();
-        return true;
-      default:
-        return false;
-    }
-  }
+  if (v.isTensor() && v.toTensor().defined() && v.toTensor().dim() == 0 && v.toTensor().device().is_cpu())
+    return read_int(v.toTensor().const_data_ptr(), v.toTensor().scalar_type(), 0, out);
   return false;
 }
 
@@ -462,20 +467,7 @@ bool int_param_value(const IntParam& p, const Region& region, const std::vector<
   const Node& n = graph[region.nodes[p.pos]];
   if (p.input >= 0) {
     const TensorRef& r = n.inputs[p.input].ref;
-    const void* data = mem.storage_for(r.storage.get()).data();
-    switch (r.dtype) {
-      case at::kLong:
-        *v = static_cast<const int64_t*>(data)[r.offset];
-        break;
-      case at::kInt:
-        *v = static_cast<const int32_t*>(data)[r.offset];
-        break;
-      case at::kBool:
-        *v = static_cast<const uint8_t*>(data)[r.offset] != 0;
-        break;
-      default:
-        return false;
-    }
+    if (!read_int(mem.storage_for(r.storage.get()).data(), r.dtype, r.offset, v)) return false;
   } else if (!int_scalar(n.args[p.arg], v)) {
     return false;
   }
@@ -661,8 +653,8 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
       if (!self_in || !ielem_of(self_in->ref.dtype, &ct)) return false;
     }
     const bool bool_ok = lw->form == IForm::kLogical || lw->form == IForm::kLogicalNot || lw->form == IForm::kCopy ||
-                         lw->form == IForm::kWhere || lw->fn == IFn::kAnd || lw->fn == IFn::kOr ||
-                         lw->fn == IFn::kXor || lw->fn == IFn::kNot;
+                         lw->form == IForm::kWhere || lw->form == IForm::kMaskedFill || lw->fn == IFn::kAnd ||
+                         lw->fn == IFn::kOr || lw->fn == IFn::kXor || lw->fn == IFn::kNot;
     if (ct == IElem::kFloat && lw->form != IForm::kCopy) return false;
     if (ct == IElem::kBool && !bool_ok) return false;
     if (ot == IElem::kFloat && lw->form != IForm::kCopy) return false;
@@ -751,6 +743,14 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
       case IForm::kWhere:
         if (!tensor_arg(0, &ins.a, IElem::kBool) || !operand(1, &ins.b, ct) || !operand(2, &ins.c, ct)) return false;
         break;
+      case IForm::kMaskedFill: {
+        // CPU's kernel stores the value converted with Scalar::to<T> (raises when it overflows T).
+        if (!tensor_arg(1, &ins.a, IElem::kBool) || !tensor_arg(0, &ins.c, ct)) return false;
+        IntParam* v = scalar_param(2, &ins.b, ct);
+        if (!v) return false;
+        v->fits = true;
+        break;
+      }
       case IForm::kClamp: {
         if (!tensor_arg(0, &ins.a, ct)) return false;
         const bool one = name != "clamp";

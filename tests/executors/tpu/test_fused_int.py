@@ -341,3 +341,17 @@ def test_division_quotients_next_to_integers_near_2_pow_53(name):
         return op(a + 0, b), op(a - 0, 2**52 + 1)
 
     _check_fused(fn, a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=["i64", "i32"])
+def test_masked_fill_of_labels(dtype):
+    # cross-entropy style labels: positions past a length get ignore_index, in the loop
+    y = _values(dtype, 32 * 24, 17).reshape(32, 24)
+    lengths = torch.randint(0, 24, (32, 1), generator=torch.Generator().manual_seed(18)).expand(32, 24).contiguous()
+    pos = torch.arange(24).expand(32, 24).contiguous()
+
+    def fn(y, lengths, pos):
+        m = pos >= lengths
+        return y.remainder(1000).masked_fill(m, -100), (y * 2).masked_fill_(~m, 7)
+
+    _check_fused(fn, y, lengths, pos)
