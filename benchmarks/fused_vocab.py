@@ -4,7 +4,8 @@
 Each chain is one region; before the lowering table (commit 3f23aeb) every one of them ran
 op by op through CPU kernels, since one op of each was outside the float32 vocabulary.
 Per chain: the median ms of "tpu" (record and flush) and of CPU eager, and the median of
-per-repeat ratios (cpu/tpu > 1: tpu faster).
+per-repeat ratios (cpu/tpu > 1: tpu faster). The int64 index-math chains (1M elements) run
+in the integer loop (executors/tpu/fused_int.cpp); before it they ran op by op.
 
     PYTHONPATH=. python benchmarks/fused_vocab.py [--repeats 15] [--threads 1]
 """
@@ -61,6 +62,22 @@ CHAINS = [
 ]
 
 
+def index_math(i, j):
+    return (i * 31 + 7) % 1000 // 3
+
+
+def hash_mask(i, j):
+    h = (i ^ (i >> 7)) * 0x9E3779B1 + j
+    return torch.where((h & 15) < 3, h % 977, -j)
+
+
+INT_CHAINS = [
+    ("(i * 31 + 7) % 1000 // 3", index_math),
+    ("where((h & 15) < 3, h % 977, -j), h hash", hash_mask),
+]
+INT_N = 1 << 20 if not QUICK else 1 << 14
+
+
 def main():
     args = bench_args(__doc__, QUICK)
     print(f"threads {args.threads}, repeats {args.repeats}, tensors {N[0]}x{N[1]}, load {os.getloadavg()[0]:.1f}")
@@ -77,6 +94,16 @@ def main():
             tpu_ms, cpu_ms = summary(s["tpu"])["median"] * 1e3, summary(s["cpu"])["median"] * 1e3
             ratio = paired_ratio(s["cpu"], s["tpu"])
             print(f"{label:38} | {str(dtype)[6:]:8} | {tpu_ms:8.2f} | {cpu_ms:8.2f} | {ratio:.2f}")
+    g = torch.Generator().manual_seed(1)
+    i = torch.randint(-(2**40), 2**40, (INT_N,), generator=g)
+    j = torch.randint(-(2**62), 2**62, (INT_N,), generator=g)
+    di, dj = i.to("tpu"), j.to("tpu")
+    for label, fn in INT_CHAINS:
+        assert torch.equal(fn(di, dj).cpu(), fn(i, j))
+        s = tpu_against_cpu(fn, (di, dj), (i, j), args.repeats)
+        tpu_ms, cpu_ms = summary(s["tpu"])["median"] * 1e3, summary(s["cpu"])["median"] * 1e3
+        ratio = paired_ratio(s["cpu"], s["tpu"])
+        print(f"{label:38} | {'int64':8} | {tpu_ms:8.2f} | {cpu_ms:8.2f} | {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -135,6 +135,10 @@ def kind_of(overload, schema):
         "addcmul",
         "addcdiv",
         "rsub",  # rsub.Tensor has no pointwise tag (rsub.Scalar has); both are other - alpha * self
+        # Integer index math without a pointwise tag (executors/tpu/fused_int.cpp lowers them).
+        "floor_divide",
+        "floor_divide_",
+        "__irshift__",
     } or is_pointwise(overload):
         return "kElementwise"
     return "kLibrary"

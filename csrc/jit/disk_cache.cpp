@@ -48,7 +48,7 @@ struct TableState {
   std::unordered_map<std::string, std::string> entries;
 };
 
-enum Warn : unsigned { kWarnUnusable = 1, kWarnCorrupt = 2, kWarnWrite = 4, kWarnFull = 8 };
+enum Warn : unsigned { kWarnUnusable = 1, kWarnCorrupt = 2, kWarnWrite = 4, kWarnFull = 8, kWarnMismatch = 16 };
 
 struct State {
   std::mutex mu;
@@ -331,6 +331,14 @@ bool lookup(Table table, const std::string& key, std::string* value) {
   if (it == entries.end()) return false;
   *value = it->second;
   return true;
+}
+
+void reject(Table table, const std::string& why) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  warn_once(kWarnMismatch, std::string(kFileNames[static_cast<int>(table)]) + " in " + s.path +
+                               " has an entry that does not match its key (" + why +
+                               "); it is rejected, recompiled and replaced");
 }
 
 bool store(Table table, const std::string& key, const std::string& value) {

@@ -9,7 +9,8 @@
 // interleave records. A table's file is read lazily, once per process, at the
 // first lookup in that table. A corrupt or truncated file gives a one-time
 // warning: its valid prefix is kept (rewritten to a temporary file and
-// atomically renamed) and the rest is ignored. A directory that cannot be
+// atomically renamed) and the rest is ignored. A well-formed entry that does
+// not fit its key gives a one-time warning too (reject). A directory that cannot be
 // written gives a one-time warning and the caches stay in memory only.
 #pragma once
 
@@ -28,6 +29,12 @@ bool enabled();
 // Returns false when disabled or absent. Keys and values are opaque bytes;
 // callers make keys stable across processes (no addresses).
 bool lookup(Table table, const std::string& key, std::string* value);
+
+// A value found under a key that its reader cannot use (it does not decode,
+// or describes another region or op than the key's): gives a one-time
+// warning naming the table; the caller then recompiles (or re-infers) and
+// stores the right value, which replaces it.
+void reject(Table table, const std::string& why);
 
 // Appends (key, value) to `table`'s file; returns true when written. A key
 // already stored with another value (one its reader rejected) is replaced:

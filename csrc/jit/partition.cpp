@@ -109,18 +109,28 @@ struct Touch {
 struct Loops {
   std::vector<int> parent;
   std::vector<Dims> shape;
+  std::vector<int> domain;  // FusionRules::loop_domain of its ops (2 while it has only ops of either kind)
   std::vector<char> sealed;
   std::vector<std::pair<int, int>> edges;  // (maker, reader) groups of cross-loop reads
   int find(int x) {
     while (parent[x] != x) x = parent[x] = parent[parent[x]];
     return x;
   }
-  int add(const Dims& s) {
+  int add(const Dims& s, int d) {
     const int g = static_cast<int>(parent.size());
     parent.push_back(g);
     shape.push_back(s);
+    domain.push_back(d);
     sealed.push_back(0);
     return g;
+  }
+  // Whether loop group `g` can take an op of domain `d` (see loop_domain).
+  bool same_kind(int g, int d) const { return domain[g] == 2 || d == 2 || domain[g] == d; }
+  // The domain of loop groups `groups` merged with an op of domain `d`.
+  int merged_domain(const std::vector<int>& groups, int d) {
+    for (int g : groups)
+      if (domain[find(g)] != 2) d = domain[find(g)];
+    return d;
   }
   // The groups of region `r` that `n` must (or, reading the same region
   // input in the same shape, may) join into `join`, and those whose fresh
@@ -128,10 +138,17 @@ struct Loops {
   // run in a loop of `r`: it writes a value of a loop of another shape or
   // of a sealed one, reads a 0-dim value or one written in place of another
   // loop, or touches a storage a later region touched (not tracked here).
-  bool join_of(int r, const Node& n, const StorageMap<Touch>& touch, std::vector<int>* join, std::vector<int>* reads) {
+  // `dom`: the op's FusionRules::loop_domain; it joins only loops of its kind.
+  bool join_of(int r, const Node& n, int dom, const StorageMap<Touch>& touch, std::vector<int>* join,
+               std::vector<int>* reads) {
     join->clear();
     reads->clear();
     const Dims* s = loop_shape(n);
+    auto joinable = [&](int g) {
+      if (!s || shape[g] != *s || sealed[g] || !same_kind(g, dom)) return false;
+      if (domain[g] != 2) dom = domain[g];
+      return true;
+    };
     for (const auto& in : n.inputs) {
       const Touch* t = touch.find(in.ref.storage.get());
       if (!t || t->region < r) continue;
@@ -139,7 +156,7 @@ struct Loops {
       if (t->written || in.written) {
         if (t->group >= 0) {
           const int g = find(t->group);
-          if (s && shape[g] == *s && !sealed[g]) {
+          if (joinable(g)) {
             join->push_back(g);
             continue;
           }
@@ -152,7 +169,7 @@ struct Loops {
       }
       if (t->group == -2) continue;  // a region input read by loops of several shapes
       const int g = find(t->group);
-      if (s && shape[g] == *s && !sealed[g]) join->push_back(g);
+      if (joinable(g)) join->push_back(g);
     }
     for (int m : *reads)
       for (int j : *join)
@@ -224,7 +241,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
   auto may_join = [&](int r, const Node& n, OpFusion f) {
     if (!fusible_into(regions[r], growing[r], n, f, one_shape)) return false;
     if (!growing[r].loops(regions[r], one_shape)) return true;
-    return loops.join_of(r, n, touch, &join, &reads);
+    return loops.join_of(r, n, rules->loop_domain(g, static_cast<int>(&n - g.data())), touch, &join, &reads);
   };
 
   for (int i = 0; i < static_cast<int>(g.size()); ++i) {
@@ -277,12 +294,15 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       // The op's loop: the groups it joins merged, or a new one.
       int grp = -1;
       if (growing[target].loops(regions[target], true)) {
+        const int dom = rules->loop_domain(g, i);
         if (join.empty()) {
           const Dims* shape = loop_shape(n);
-          grp = loops.add(shape ? *shape : Dims{});
+          grp = loops.add(shape ? *shape : Dims{}, dom);
         } else {
+          const int d = loops.merged_domain(join, dom);
           grp = loops.find(join[0]);
           for (int o : join) loops.parent[loops.find(o)] = grp;
+          loops.domain[grp] = d;
         }
         for (int m : reads) {
           loops.sealed[m] = 1;

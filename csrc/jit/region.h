@@ -120,6 +120,11 @@ class FusionRules {
   // in the region read as a broadcast operand, an attention mask of another
   // shape than the scores it masks). False: regions carry no loops (Spyre).
   virtual bool loops_of_one_shape() const { return false; }
+  // With loops of one shape: the kind of values graph[i] computes in a loop.
+  // Partition puts ops of different kinds (other than 2) in different loops
+  // (one reading another's value as a materialized input): 0 float (the
+  // default), 1 integer, 2 either (bool logic). Cheap; from dtypes only.
+  virtual int loop_domain(const std::vector<Node>& graph, int i) const { return 0; }
 };
 
 // The exact layout of a region's tensors: per input and output, in order,

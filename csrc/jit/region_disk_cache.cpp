@@ -41,14 +41,21 @@ std::shared_ptr<CompiledRegion> load_region(const std::string& disk_key, uint64_
   c->key = key;
   size_t pos = 0;
   int64_t num_ops = 0, name_len = 0;
-  if (!get(b, pos, &num_ops) || num_ops != static_cast<int64_t>(r.nodes.size())) return nullptr;
+  // A stored entry that does not describe `r`: rejected with a warning (the caller recompiles).
+  auto mismatch = [&](const char* why) {
+    disk_cache::reject(disk_cache::Table::kRegions, why);
+    return nullptr;
+  };
+  if (!get(b, pos, &num_ops) || num_ops != static_cast<int64_t>(r.nodes.size()))
+    return mismatch("op count of the region");
   c->num_ops = num_ops;
   for (int i : r.nodes) {
     int64_t kind = 0;
-    if (!get(b, pos, &kind) || kind != g[i].kind) return nullptr;
+    if (!get(b, pos, &kind) || kind != g[i].kind) return mismatch("primitive kinds of the region's ops");
     c->kinds.push_back(static_cast<PrimKind>(kind));
   }
-  if (!get(b, pos, &name_len) || name_len <= 0 || static_cast<size_t>(name_len) != b.size() - pos) return nullptr;
+  if (!get(b, pos, &name_len) || name_len <= 0 || static_cast<size_t>(name_len) != b.size() - pos)
+    return mismatch("kernel name");
   c->name = b.substr(pos);
   return c;
 }

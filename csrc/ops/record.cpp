@@ -586,8 +586,9 @@ class MetaCache {
     MetaOutcome outcome;
     std::vector<int> aliased(schema.returns().size());
     for (size_t k = 0; k < aliased.size(); ++k) aliased[k] = aliased_arg(schema, k);
-    if (!disk_cache::lookup(disk_cache::Table::kMeta, meta_disk_key(schema, key), &bytes) ||
-        !decode_outcome(bytes, schema.arguments().size(), aliased, &outcome)) {
+    const bool found = disk_cache::lookup(disk_cache::Table::kMeta, meta_disk_key(schema, key), &bytes);
+    if (!found || !decode_outcome(bytes, schema.arguments().size(), aliased, &outcome)) {
+      if (found) disk_cache::reject(disk_cache::Table::kMeta, "an outcome that does not decode for its op");
       count_disk_cache(0, 1, 0);
       return nullptr;
     }

@@ -350,19 +350,22 @@ def test_well_formed_but_wrong_entries_are_misses_and_get_replaced(tmp_path):
     cold, _ = run_program(tmp_path, cache)
     writes = cold["metrics"]["disk_cache_writes"]
     d = stamp_dir(cache, cold)
-    # Checksums match, so the files load without a warning; the values cannot be decoded
-    # (meta: a count out of range) or do not fit their region (regions: 0 ops).
+    # Checksums match, so the files load; the values cannot be decoded (meta: a count out of
+    # range) or do not fit their region (regions: 0 ops): each is rejected, with one warning
+    # per process (issue 18, "Bad input"), recompiled and replaced.
     n_meta = _rewrite_values(d / "meta.bin", lambda v: b"\xff" * 8)
     n_regions = _rewrite_values(d / "regions.bin", lambda v: b"\x00" * len(v))
     assert n_meta + n_regions == writes
 
     second, err = run_program(tmp_path, cache)
-    assert "disk cache" not in err
+    assert err.count("does not match its key") == 1, err
+    assert "is corrupt" not in err
     m2 = second["metrics"]
     assert m2["disk_cache_hits"] == 0
     assert m2["compiles"] == cold["metrics"]["compiles"]
     assert m2["disk_cache_writes"] == writes  # each wrong entry is replaced by a right one
     assert second["tpu_hex"] == cold["tpu_hex"]
 
-    third, _ = run_program(tmp_path, cache)
+    third, err = run_program(tmp_path, cache)
+    assert "disk cache" not in err
     assert third["metrics"]["disk_cache_hits"] == writes and third["metrics"]["compiles"] == 0

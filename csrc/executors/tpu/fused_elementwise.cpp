@@ -255,42 +255,6 @@ bool layer_norm_cols(const Node& n, c10::IntArrayRef shape, int64_t* cols) {
   return true;
 }
 
-// The elements per repetition of a row-major tensor of `sizes` broadcast to
-// `shape` along leading dims only (its shape is shape's last dims, with any
-// dims before them 1): element i of the broadcast is element i % period.
-// 0 when it is not such a broadcast.
-int64_t broadcast_period(const Dims& sizes, const Dims& shape) {
-  if (sizes.size() > shape.size()) return 0;
-  const size_t lead = shape.size() - sizes.size();
-  size_t first = 0;  // the first dim of `sizes` that is not 1
-  while (first < sizes.size() && sizes[first] == 1) ++first;
-  int64_t period = 1;
-  for (size_t d = first; d < sizes.size(); ++d) {
-    if (sizes[d] != shape[lead + d]) return 0;
-    period *= sizes[d];
-  }
-  return period;
-}
-
-// The tensor an op writes in place (its self) or as its out= argument; null
-// for a functional op and for one that writes more than one tensor.
-const InputSlot* written_slot(const Node& n) {
-  const InputSlot* w = nullptr;
-  for (const auto& in : n.inputs) {
-    if (!in.written) continue;
-    if (w) return nullptr;
-    w = &in;
-  }
-  return w;
-}
-
-// The input index of `r` in `n.inputs` (r is one of them).
-int input_index(const Node& n, const TensorRef& r) {
-  for (size_t i = 0; i < n.inputs.size(); ++i)
-    if (&n.inputs[i].ref == &r) return static_cast<int>(i);
-  return -1;
-}
-
 // The runtime value of `p` for this run of `region`; false when it cannot
 // be read or a guard fails.
 bool param_value(const Param& p, const Region& region, const std::vector<Node>& graph, host::HostMemory& mem,
@@ -332,6 +296,42 @@ bool param_value(const Param& p, const Region& region, const std::vector<Node>& 
 }
 
 }  // namespace
+
+// (fused_elementwise.h) The elements per repetition of a row-major tensor of `sizes` broadcast to
+// `shape` along leading dims only (its shape is shape's last dims, with any
+// dims before them 1): element i of the broadcast is element i % period.
+// 0 when it is not such a broadcast.
+int64_t broadcast_period(const Dims& sizes, const Dims& shape) {
+  if (sizes.size() > shape.size()) return 0;
+  const size_t lead = shape.size() - sizes.size();
+  size_t first = 0;  // the first dim of `sizes` that is not 1
+  while (first < sizes.size() && sizes[first] == 1) ++first;
+  int64_t period = 1;
+  for (size_t d = first; d < sizes.size(); ++d) {
+    if (sizes[d] != shape[lead + d]) return 0;
+    period *= sizes[d];
+  }
+  return period;
+}
+
+// The tensor an op writes in place (its self) or as its out= argument; null
+// for a functional op and for one that writes more than one tensor.
+const InputSlot* written_slot(const Node& n) {
+  const InputSlot* w = nullptr;
+  for (const auto& in : n.inputs) {
+    if (!in.written) continue;
+    if (w) return nullptr;
+    w = &in;
+  }
+  return w;
+}
+
+// The input index of `r` in `n.inputs` (r is one of them).
+int input_index(const Node& n, const TensorRef& r) {
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    if (&n.inputs[i].ref == &r) return static_cast<int>(i);
+  return -1;
+}
 
 // Set while loop_accepts plans an op alone: whether the loop can take it at
 // all, not whether it is worth a loop by itself (it will have producers).
@@ -388,6 +388,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     const std::string cap = at::get_cpu_capability();
     return cap == "AVX2" || cap == "AVX512";  // at DEFAULT CPU's softmax is lane by lane with libm
   }();
+  // A loop over integers (an int32 / int64 value among its ops) is the integer planner's.
+  for (size_t p : ps)
+    if (int_loop_domain(graph[region.nodes[p]]) == 1) return plan_int_loop(region, ps, graph, plan);
   *plan = LoopPlan{};
   plan->pos = ps;
   const Dims* shape = nullptr;
@@ -1029,12 +1032,12 @@ LoopAccept loop_accepts(const std::vector<Node>& graph, int i) {
   return accept;
 }
 
-namespace {
-
 DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::vector<Node>& graph) {
   const Node& n = graph[region.nodes[s.pos]];
   return s.input >= 0 ? n.inputs[s.input].ref.storage.get() : n.outputs[s.output].storage.get();
 }
+
+namespace {
 
 void* out_buffer(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan) {
   DeferredStorage* st = slot_storage(s, region, graph);
@@ -1048,6 +1051,7 @@ float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, ho
 }  // namespace
 
 bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem) {
+  if (plan.int_loop) return bind_int_loop(plan, region, graph, mem);
   plan.written.clear();
   plan.keep_alive.clear();
   for (const Slot& s : plan.written_inputs)
@@ -1089,6 +1093,10 @@ bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, h
 }
 
 void run_loop(LoopPlan& plan, RegionStats& stats) {
+  if (plan.int_loop) {
+    run_int_loop(plan, stats);
+    return;
+  }
   // The capability ATen runs (the CPU's best unless ATEN_CPU_CAPABILITY asks for less).
   static const bool use_avx512 = at::get_cpu_capability() == "AVX512";
   for (DeferredStorage* s : plan.written) s->error = nullptr;

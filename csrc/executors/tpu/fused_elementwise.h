@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "executors/executor.h"
+#include "executors/tpu/fused_int.h"
 #include "executors/tpu/fused_program.h"
 
 namespace tpu_eager {
@@ -64,7 +65,23 @@ struct LoopPlan {
   // Bound by bind_loop, for one run.
   std::vector<DeferredStorage*> written;  // storages whose device buffers the loop writes
   std::vector<at::Tensor> keep_alive;     // layer_norm's weight / bias
+  // Set when the loop computes in integers (fused_int.h): it runs that
+  // program instead of `prog` (externals, outputs, written_inputs and the
+  // byte counts above are shared).
+  std::shared_ptr<IntLoop> int_loop;
 };
+
+// Helpers shared by the float32 and integer planners (fused_int.cpp).
+// The elements per repetition of a row-major tensor of `sizes` broadcast to
+// `shape` along leading dims only; 0 when it is not such a broadcast.
+int64_t broadcast_period(const Dims& sizes, const Dims& shape);
+// The tensor an op writes in place or as its out= argument; null for a
+// functional op and for one that writes more than one tensor.
+const InputSlot* written_slot(const Node& n);
+// The input index of `r` in `n.inputs` (r is one of them), or -1.
+int input_index(const Node& n, const TensorRef& r);
+// The storage of slot `s` of `region`.
+DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::vector<Node>& graph);
 
 // True when fused loops can run on this CPU (AVX2 + FMA, as CPU's kernels).
 bool fused_loops_available();

@@ -514,6 +514,8 @@ class TpuExecutor final : public Executor {
     }
     return OpFusion::kOpByOp;
   }
+  // Integer loops are loops of their own (tpu::plan_int_loop).
+  int loop_domain(const std::vector<Node>& graph, int i) const override { return tpu::int_loop_domain(graph[i]); }
   std::string target() const override { return tpu::active_chip().name; }
   std::shared_ptr<Kernel> compile(const CompiledRegion& info, const Region& region,
                                   const std::vector<Node>& graph) override {
