@@ -85,10 +85,12 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
 // Whether a fused loop takes graph[i] (plan_loop's own acceptance of the op
 // alone, for its dtypes, layout and the kinds of its scalar arguments):
 // kElementwise as a loop op, kRowAnchor as the row reduction that ends a
-// loop, kNo not at all (it runs through its CPU kernel). The TPU's answer to
+// loop, kRowValue as a row reduction to one value per row (sum / mean over
+// the last dim) whose consumers may run in later loops of the same region,
+// kNo not at all (it runs through its CPU kernel). The TPU's answer to
 // partition's fusion query; memoized per op and layout, so it costs one hash
 // lookup per op per flush.
-enum class LoopAccept : uint8_t { kNo, kElementwise, kRowAnchor };
+enum class LoopAccept : uint8_t { kNo, kElementwise, kRowAnchor, kRowValue };
 LoopAccept loop_accepts(const std::vector<Node>& graph, int i);
 // Whether the op of `n` has a fused-loop lowering (an entry of the lowering
 // table for its name and overload, and its result type among that entry's
