@@ -191,6 +191,24 @@ bool row_value_consumer(const Region& r, const Growing& s, const Node& n, OpFusi
          static_cast<PrimKind>(n.kind) == PrimKind::kElementwise && f == OpFusion::kFuses;
 }
 
+// Row-value rule: a fused elementwise op with no producer in the flush may
+// also join the previous region when that holds a per-row reduction (RMSNorm
+// backward's rstd ** 3 beside the row sum it scales), in a loop of its own
+// shape, as it joins the previous elementwise region (horizontal fusion).
+bool row_values_take_independent(const Growing& last, const Node& n, OpFusion f) {
+  return last.row_values && static_cast<PrimKind>(n.kind) == PrimKind::kElementwise && f == OpFusion::kFuses;
+}
+
+// Row-value rule: the region before an op-by-op group `last` when it holds a
+// per-row reduction that takes `n` horizontally (the weight gradient's
+// column sum of an RMSNorm backward runs op by op between the row sum and
+// rstd ** 3); -1 otherwise. The caller checks that `n` reads nothing made or
+// written after that region and writes nothing touched after it.
+int row_values_before_ops(const std::vector<Growing>& growing, int last, const Node& n, OpFusion f) {
+  if (last < 1 || !growing[last].by_ops) return -1;
+  return row_values_take_independent(growing[last - 1], n, f) ? last - 1 : -1;
+}
+
 // Whether the region takes no more ops after `f` joined it (row-value rule:
 // a kRowValue reduction leaves it open on targets of one-shape loops).
 bool closes_region(OpFusion f, bool one_shape) {
@@ -264,10 +282,15 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
     if (producer_region >= 0 && write_conflict <= producer_region && may_join(producer_region, n, f)) {
       target = producer_region;  // vertical fusion with the op's producer
     } else if (last >= 0 && k == PrimKind::kElementwise &&
-               (regions[last].anchor == PrimKind::kElementwise || growing[last].by_ops) && may_join(last, n, f)) {
+               (regions[last].anchor == PrimKind::kElementwise || growing[last].by_ops ||
+                row_values_take_independent(growing[last], n, f)) &&
+               may_join(last, n, f)) {
       // horizontal fusion of independent elementwise ops (multi-tensor kernels; in
       // an op-by-op group when the target runs them op by op)
       target = last;
+    } else if (const int rv = row_values_before_ops(growing, last, n, f);
+               rv >= 0 && producer_region <= rv && write_conflict <= rv && may_join(rv, n, f)) {
+      target = rv;  // horizontal fusion into a per-row reduction's region, over an op-by-op group
     }
     if (target < 0) {
       join.clear();

@@ -305,6 +305,21 @@ int64_t row_broadcast(const Dims& sizes, const Dims& shape) {
   return shape.back();
 }
 
+// The row length when `r` is a tensor of one value per row expanded along
+// its last dim (stride 0 there, size > 1; the leading dims row-major over
+// those values, as expand(..., C) of a contiguous [..., 1] makes): element i
+// of it is value i / cols. 0 otherwise.
+int64_t expanded_row(const TensorRef& r) {
+  const size_t n = r.sizes.size();
+  if (n == 0 || r.strides.size() != n || r.strides[n - 1] != 0 || r.sizes[n - 1] <= 1) return 0;
+  int64_t expect = 1;
+  for (size_t d = n - 1; d-- > 0;) {
+    if (r.sizes[d] != 1 && r.strides[d] != expect) return 0;
+    expect *= r.sizes[d];
+  }
+  return r.sizes[n - 1];
+}
+
 // The tensor an op writes in place (its self) or as its out= argument; null
 // for a functional op and for one that writes more than one tensor.
 const InputSlot* written_slot(const Node& n) {
@@ -492,9 +507,14 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       param_operand(p, op);
       return true;
     }
-    if (r.offset != 0 || !r.is_dense()) return false;
+    if (r.offset != 0) return false;
     int64_t period = 0, repeat = 0;
-    if (r.sizes != *shape) {
+    if (!r.is_dense()) {
+      // A per-row value expanded along the row (expand of [..., 1]: an
+      // RMSNorm backward's mean gradient): read as a row broadcast.
+      repeat = elem == Elem::kFloat && r.sizes == *shape ? expanded_row(r) : 0;
+      if (repeat == 0 || it || written_by.contains(s)) return false;
+    } else if (r.sizes != *shape) {
       period = broadcast_period(r.sizes, *shape);
       if (period == 0 && elem == Elem::kFloat) repeat = row_broadcast(r.sizes, *shape);
       if ((period == 0 && repeat == 0) || it || written_by.contains(s)) return false;
@@ -851,6 +871,11 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
             ins.b = ins.a;
             ins.a = rounded_temp(sq);
           }
+        } else if (ev == 1.0f) {
+          // CPU's pow_out copies the base for an exponent of 1 (Pow.cpp): x * 1
+          // is x in every type (a signaling NaN would come out quiet).
+          ins.fn = Fn::kMul;
+          ins.b = Operand{Operand::kConst, 0, 1.0f};
         } else if (!reduced && (ev == 0.5f || ev == -0.5f || ev == -1.0f)) {
           ins.fn = ev == 0.5f ? Fn::kSqrt : ev == -0.5f ? Fn::kRsqrt : Fn::kReciprocal;
         } else {

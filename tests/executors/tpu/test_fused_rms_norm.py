@@ -141,3 +141,53 @@ def test_rms_norm_module_regions_in_a_step_fall():
     torch.set_float32_matmul_precision("highest")
     assert torch.allclose(out, fn(x, w1, w2, lin.weight.detach()), rtol=1e-5, atol=1e-5)
     assert sum("mean" in k for k in kernels) == 2 and len(kernels) <= 3, kernels
+
+
+def test_rms_norm_backward_regions():
+    # The backward: the row sum of gy * x, rstd ** 3, the mean gradient expanded along
+    # each row, x ** 1 and the sums of the input gradient run in one region; the weight
+    # gradient's column sum (over the leading dims) runs op by op beside it.
+    x, w, g = cpu_randn(2, 16, 64, seed=1), cpu_randn(64, seed=2), cpu_randn(2, 16, 64, seed=3)
+    xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    y = rms_norm(xt, wt)
+    torch.tpu.synchronize()
+
+    def backward(gd):
+        y.backward(gd)
+        return xt.grad, wt.grad
+
+    (gx, gw), kernels = _kernels(backward, g.to("tpu"))
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    rms_norm(xc, wc).backward(g)
+    assert torch.equal(gx, xc.grad) and torch.equal(gw, wc.grad)
+    assert len(kernels) == 2, kernels
+    assert any("sum_pow" in k for k in kernels), kernels
+
+
+@pytest.mark.parametrize("shape", [(3, 17), (2, 4, 9), (5, 1, 33)], ids=lambda s: "x".join(map(str, s)))
+def test_expanded_row_value_is_read_as_a_row_broadcast(shape):
+    # expand(v[..., :1]) along the row (stride 0 in the last dim) is a loop operand.
+    def fn(x, v):
+        r = v.sum(-1, keepdim=True) * 0.5
+        return x / r.expand(x.shape) + 1, r
+
+    x, v = cpu_randn(*shape, seed=14), cpu_randn(*shape, seed=15)
+    (out, r), kernels = _kernels(fn, x.to("tpu"), v.to("tpu"))
+    eo, er = fn(x, v)
+    assert torch.equal(out, eo) and torch.equal(r, er)
+    assert len(kernels) == 1, kernels
+
+
+def test_pow_by_one_is_a_copy_in_the_loop():
+    x = cpu_randn(7, 13, seed=16)
+    x[0, 0], x[1, 1], x[2, 2] = float("inf"), -0.0, float("nan")
+
+    def fn(t):
+        return t.pow(1) * 2 + t.pow(1.0)
+
+    out, kernels = _kernels(fn, x.to("tpu"))
+    expected = fn(x)
+    assert torch.equal(out.isnan(), expected.isnan())
+    ok = ~expected.isnan()
+    assert torch.equal(out[ok], expected[ok]) and torch.equal(out[ok].signbit(), expected[ok].signbit())
+    assert len(kernels) == 1 and kernels[0].startswith("fused_"), kernels
