@@ -77,7 +77,7 @@ bool fused_loops_available();
 // float32, and those CPU computes in float32 and rounds per op also in
 // bfloat16 / float16 (with bool results and masks), 0-dim tensors and
 // Python scalars as runtime parameters, optionally ending with _softmax /
-// _log_softmax / logsumexp over the last dim or native_layer_norm, run then
+// _log_softmax / logsumexp / sum / mean over the last dim or native_layer_norm, run then
 // as one loop over blocks of rows. Uses only the region's structure and
 // exact layout. False when an op is not supported.
 bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::vector<Node>& graph, LoopPlan* plan);

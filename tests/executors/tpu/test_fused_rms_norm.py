@@ -191,3 +191,15 @@ def test_pow_by_one_is_a_copy_in_the_loop():
     ok = ~expected.isnan()
     assert torch.equal(out[ok], expected[ok]) and torch.equal(out[ok].signbit(), expected[ok].signbit())
     assert len(kernels) == 1 and kernels[0].startswith("fused_"), kernels
+
+
+def test_rms_norm_is_independent_of_the_thread_split():
+    # Rows are split between intra-op threads in whole rows: each row's sum order is CPU's.
+    x, w = cpu_randn(4096, 64, seed=17), cpu_randn(64, seed=18)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two, _ = _kernels(rms_norm, x.to("tpu"), w.to("tpu"))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(two, rms_norm(x, w))
