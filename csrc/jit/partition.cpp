@@ -180,9 +180,10 @@ struct Loops {
 
 // What partition knows of a region while it grows.
 struct Growing {
-  Dims anchor_shape;    // the shape an anchored region's epilogue iterates over
-  bool by_ops = false;  // a group of lowered ops the target runs op by op (anchor kLibrary)
-  bool closed = false;  // ends with a row reduction that ends the target's loop: takes no consumers
+  Dims anchor_shape;        // the shape an anchored region's epilogue iterates over
+  bool by_ops = false;      // a group of lowered ops the target runs op by op (anchor kLibrary)
+  bool closed = false;      // ends with a row reduction that ends the target's loop: takes no consumers
+  bool row_values = false;  // holds a kRowValue reduction: its consumers join in loops of their own
   // Whether its ops run in loops of one shape each (Region::loop): a fused
   // elementwise or reduction region on a target that asks for them.
   bool loops(const Region& r, bool one_shape) const {
@@ -195,11 +196,48 @@ struct Growing {
 // the first op of a matmul's epilogue may then iterate over a reshape of the
 // product (a linear layer on [B, T, C] makes its product [B * T, N] and reads
 // it as [B, T, N]); the epilogue's later ops iterate over that shape.
+// Row-value rule (OpFusion::kRowValue): a fused op after a per-row
+// reduction joins its region whatever shape it iterates over: one of the
+// reduction's output shape ([B, T, 1]: eps + rsqrt) or of its input's
+// ([B, T, C]: x * rstd, * weight) runs in a later loop of that shape, which
+// reads the per-row values the earlier loops stored (partition's Loops place
+// it, or cut the region when no loop can take it). Only elementwise ops, and
+// only on targets of one-shape loops.
+bool row_value_consumer(const Region& r, const Growing& s, const Node& n, OpFusion f, bool one_shape) {
+  return one_shape && s.row_values && r.anchor == PrimKind::kReduction &&
+         static_cast<PrimKind>(n.kind) == PrimKind::kElementwise && f == OpFusion::kFuses;
+}
+
+// Row-value rule: a fused elementwise op with no producer in the flush may
+// also join the previous region when that holds a per-row reduction (RMSNorm
+// backward's rstd ** 3 beside the row sum it scales), in a loop of its own
+// shape, as it joins the previous elementwise region (horizontal fusion).
+bool row_values_take_independent(const Growing& last, const Node& n, OpFusion f) {
+  return last.row_values && static_cast<PrimKind>(n.kind) == PrimKind::kElementwise && f == OpFusion::kFuses;
+}
+
+// Row-value rule: the region before an op-by-op group `last` when it holds a
+// per-row reduction that takes `n` horizontally (the weight gradient's
+// column sum of an RMSNorm backward runs op by op between the row sum and
+// rstd ** 3); -1 otherwise. The caller checks that `n` reads nothing made or
+// written after that region and writes nothing touched after it.
+int row_values_before_ops(const std::vector<Growing>& growing, int last, const Node& n, OpFusion f) {
+  if (last < 1 || !growing[last].by_ops) return -1;
+  return row_values_take_independent(growing[last - 1], n, f) ? last - 1 : -1;
+}
+
+// Whether the region takes no more ops after `f` joined it (row-value rule:
+// a kRowValue reduction leaves it open on targets of one-shape loops).
+bool closes_region(OpFusion f, bool one_shape) {
+  return f == OpFusion::kEndsLoop || (f == OpFusion::kRowValue && !one_shape);
+}
+
 bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f, bool one_shape) {
   const auto k = static_cast<PrimKind>(n.kind);
   if (k == PrimKind::kLibrary || r.nodes.size() >= kMaxRegionOps) return false;
   if (s.by_ops) return f == OpFusion::kOpByOp;  // op-by-op groups take only such ops
   if (r.anchor == PrimKind::kLibrary || s.closed) return false;
+  if (row_value_consumer(r, s, n, f, one_shape)) return true;
   const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
   if (k == PrimKind::kElementwise) {
     const auto* shape = iteration_shape(n);
@@ -261,10 +299,15 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
     if (producer_region >= 0 && write_conflict <= producer_region && may_join(producer_region, n, f)) {
       target = producer_region;  // vertical fusion with the op's producer
     } else if (last >= 0 && k == PrimKind::kElementwise &&
-               (regions[last].anchor == PrimKind::kElementwise || growing[last].by_ops) && may_join(last, n, f)) {
+               (regions[last].anchor == PrimKind::kElementwise || growing[last].by_ops ||
+                row_values_take_independent(growing[last], n, f)) &&
+               may_join(last, n, f)) {
       // horizontal fusion of independent elementwise ops (multi-tensor kernels; in
       // an op-by-op group when the target runs them op by op)
       target = last;
+    } else if (const int rv = row_values_before_ops(growing, last, n, f);
+               rv >= 0 && producer_region <= rv && write_conflict <= rv && may_join(rv, n, f)) {
+      target = rv;  // horizontal fusion into a per-row reduction's region, over an op-by-op group
     }
     if (target < 0) {
       join.clear();
@@ -287,7 +330,8 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       const auto* shape = iteration_shape(n);
       growing[target].anchor_shape = shape ? *shape : Dims{};
     }
-    if (f == OpFusion::kEndsLoop) growing[target].closed = true;
+    if (closes_region(f, one_shape)) growing[target].closed = true;
+    if (f == OpFusion::kRowValue && one_shape) growing[target].row_values = true;
     if (regions[target].anchor == PrimKind::kMatmul && regions[target].nodes.size() == 1 && iteration_shape(n))
       growing[target].anchor_shape = *iteration_shape(n);  // the epilogue's shape (a reshape of the product)
     if (one_shape) {
@@ -309,6 +353,9 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
           loops.edges.emplace_back(m, grp);
         }
         group_of[i] = grp;
+        // Row-value rule: the reduction is its loop's last op (its
+        // consumers, even of the same shape, read its value in a later loop).
+        if (f == OpFusion::kRowValue) loops.sealed[grp] = 1;
       }
       auto touched = [&](const DeferredStorage* st, bool writes, bool inplace, bool fresh) {
         Touch& t = touch[st];

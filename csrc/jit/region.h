@@ -99,6 +99,11 @@ enum class OpFusion : uint8_t {
   kEndsLoop,  // a row reduction that ends a fused loop: its consumers start a new region
   kAnchor,    // anchors a region of its own kind that takes an elementwise epilogue (MXU ops)
   kOpByOp,    // runs through its library kernel: cut out of fused regions
+  // A row reduction to one value per row (sum / mean over the last dim) that
+  // ends its loop; on a target of one-shape loops its consumers, of its
+  // shape or of its input's, join the region in later loops (RMSNorm's
+  // mean, eps + rsqrt, x * rstd * weight: one region). Else as kEndsLoop.
+  kRowValue,
 };
 
 // What the target can fuse, asked by partition() once per op per flush: fusion is decided there

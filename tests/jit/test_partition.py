@@ -66,7 +66,8 @@ print(json.dumps({"ok": ok, "counts": counts()}))
 
 
 def test_unfusable_reduction_is_cut_out_and_producers_fuse():
-    # sum is not a loop op on the tpu: the chain before it fuses, sum runs by itself.
+    # A sum over the first dim is not a loop op on the tpu (a sum over the last dim is,
+    # tests/executors/tpu/test_fused_rms_norm.py): the chain before it fuses, sum runs by itself.
     code = (
         _PRELUDE
         + """
@@ -74,9 +75,9 @@ x = torch.randn(32, 48)
 y = torch.randn(32, 48)
 xd, yd = x.to("tpu"), y.to("tpu")
 _C._reset_debug_report()
-s = ((xd * yd + 1).relu() * 3).sum(dim=1)
+s = ((xd * yd + 1).relu() * 3).sum(dim=0)
 r = s.cpu()
-print(json.dumps({"ok": torch.equal(r, ((x * y + 1).relu() * 3).sum(dim=1)), "counts": counts()}))
+print(json.dumps({"ok": torch.equal(r, ((x * y + 1).relu() * 3).sum(dim=0)), "counts": counts()}))
 """
     )
     out = _run_debug(code)

@@ -218,8 +218,30 @@ bool scalar_operand(const c10::IValue& v, Operand* op) {
   return false;
 }
 
+// sum.dim_IntList / mean.dim over one dim (`*dim`) of a float32 tensor of
+// shape `sizes` with no dtype argument (kSum / kMean): CPU's float sum over a
+// contiguous last dim (lse::sum_row's order), mean its sum divided by the
+// count. False for anything else, and for one row of at least GRAIN_SIZE
+// (32,768) floats, which CPU's sum splits between threads.
+bool per_row_sum(std::string_view name, const Node& n, c10::IntArrayRef sizes, fused::RowOp* op, int64_t* dim) {
+  const std::string& overload = n.op.schema().overload_name();
+  if (!((name == "sum" && overload == "dim_IntList") || (name == "mean" && overload == "dim"))) return false;
+  if (n.args.size() < 4 || !n.args[1].isIntList() || n.args[1].toIntList().size() != 1 || !n.args[2].isBool() ||
+      !n.args[3].isNone())
+    return false;
+  if (n.inputs.size() != 1 || n.inputs[0].ref.dtype != at::kFloat) return false;
+  if (!sizes.empty() && sizes.back() >= 32768 && c10::multiply_integers(sizes) == sizes.back()) return false;
+  *op = name == "sum" ? fused::RowOp::kSum : fused::RowOp::kMean;
+  *dim = n.args[1].toIntList().get(0);
+  return true;
+}
+
+// Whether `op` leaves one value per row that later loops of the region read
+// (kSum / kMean: an RMSNorm's mean(x ** 2, -1, keepdim=True)).
+bool per_row_value(fused::RowOp op) { return op == fused::RowOp::kSum || op == fused::RowOp::kMean; }
+
 // _softmax / _log_softmax / logsumexp over the last dim of a float32 tensor of
-// shape `sizes`, as CPU computes them.
+// shape `sizes`, as CPU computes them; sum / mean (per_row_sum).
 bool row_anchor(std::string_view name, const Node& n, c10::IntArrayRef sizes, fused::RowOp* op) {
   int64_t dim = 0;
   if (name == "_softmax" || name == "_log_softmax") {
@@ -233,7 +255,7 @@ bool row_anchor(std::string_view name, const Node& n, c10::IntArrayRef sizes, fu
     // A single row of at least GRAIN_SIZE (32,768) floats: CPU's sum splits it
     // between threads (two-pass reduction), an order the row loop does not follow.
     if (!sizes.empty() && sizes.back() >= 32768 && c10::multiply_integers(sizes) == sizes.back()) return false;
-  } else {
+  } else if (!per_row_sum(name, n, sizes, op, &dim)) {
     return false;
   }
   const int64_t ndim = static_cast<int64_t>(sizes.size());
@@ -253,6 +275,32 @@ bool layer_norm_cols(const Node& n, c10::IntArrayRef shape, int64_t* cols) {
   for (const auto& o : n.outputs)
     if (o.dtype != at::kFloat || o.offset != 0 || !o.is_dense()) return false;
   return true;
+}
+
+// The row length when a row-major tensor of `sizes` is `shape` with its last
+// dim 1 (one value per row, broadcast along the row: an RMSNorm's rstd of
+// [B, T, 1] scaling x of [B, T, C]); element i of the broadcast is element
+// i / cols. 0 otherwise.
+int64_t row_broadcast(const Dims& sizes, const Dims& shape) {
+  if (sizes.size() != shape.size() || shape.empty() || sizes.back() != 1 || shape.back() <= 1) return 0;
+  for (size_t d = 0; d + 1 < shape.size(); ++d)
+    if (sizes[d] != shape[d]) return 0;
+  return shape.back();
+}
+
+// The row length when `r` is a tensor of one value per row expanded along
+// its last dim (stride 0 there, size > 1; the leading dims row-major over
+// those values, as expand(..., C) of a contiguous [..., 1] makes): element i
+// of it is value i / cols. 0 otherwise.
+int64_t expanded_row(const TensorRef& r) {
+  const size_t n = r.sizes.size();
+  if (n == 0 || r.strides.size() != n || r.strides[n - 1] != 0 || r.sizes[n - 1] <= 1) return 0;
+  int64_t expect = 1;
+  for (size_t d = n - 1; d-- > 0;) {
+    if (r.sizes[d] != 1 && r.strides[d] != expect) return 0;
+    expect *= r.sizes[d];
+  }
+  return r.sizes[n - 1];
 }
 
 // The runtime value of `p` for this run of `region`; false when it cannot
@@ -400,6 +448,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     const DeferredStorage* storage;
     int64_t period;
     Elem elem;
+    int64_t repeat = 0;  // Program::repeat
   };
   std::vector<External> ext_of;
   std::vector<Instr> program;
@@ -461,11 +510,17 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       param_operand(p, op);
       return true;
     }
-    if (r.offset != 0 || !r.is_dense()) return false;
-    int64_t period = 0;
-    if (r.sizes != *shape) {
+    if (r.offset != 0) return false;
+    int64_t period = 0, repeat = 0;
+    if (!r.is_dense()) {
+      // A per-row value expanded along the row (expand of [..., 1]: an
+      // RMSNorm backward's mean gradient): read as a row broadcast.
+      repeat = elem == Elem::kFloat && r.sizes == *shape ? expanded_row(r) : 0;
+      if (repeat == 0 || it || written_by.contains(s)) return false;
+    } else if (r.sizes != *shape) {
       period = broadcast_period(r.sizes, *shape);
-      if (period == 0 || it || written_by.contains(s)) return false;
+      if (period == 0 && elem == Elem::kFloat) repeat = row_broadcast(r.sizes, *shape);
+      if ((period == 0 && repeat == 0) || it || written_by.contains(s)) return false;
     }
     if (elem != want) return false;
     if (it) {  // a loop value (a bool one held as 0.0f / 1.0f)
@@ -473,13 +528,13 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       return true;
     }
     int index = 0;
-    while (index < static_cast<int>(ext_of.size()) &&
-           (ext_of[index].storage != s || ext_of[index].period != period || ext_of[index].elem != elem))
+    while (index < static_cast<int>(ext_of.size()) && (ext_of[index].storage != s || ext_of[index].period != period ||
+                                                       ext_of[index].elem != elem || ext_of[index].repeat != repeat))
       ++index;
     if (index == static_cast<int>(ext_of.size())) {
       const int in = input_index(n, r);
       if (in < 0) return false;
-      ext_of.push_back({s, period, elem});
+      ext_of.push_back({s, period, elem, repeat});
       plan->externals.push_back(Slot{static_cast<int>(pos), in, -1});
     }
     op->kind = Operand::kExternal;
@@ -489,7 +544,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   // A staged external (broadcast or bool) lives in a tile register: a row
   // anchor reads its input in place, so it must be something else.
   auto staged = [&](const Operand& o) {
-    return o.kind == Operand::kExternal && (ext_of[o.index].period > 0 || ext_of[o.index].elem != Elem::kFloat);
+    return o.kind == Operand::kExternal &&
+           (ext_of[o.index].period > 0 || ext_of[o.index].elem != Elem::kFloat || ext_of[o.index].repeat > 0);
   };
   // An intermediate value of a multi-instruction op: a register.
   auto temp = [&](Instr ins) {
@@ -598,7 +654,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     elem_of(out.dtype, &known_type);
     if (!known_type || out.conj || out.neg) return false;
     // The shape the op iterates over: logsumexp's input (its output has one value per row).
-    const auto& sizes = name == "logsumexp" && !w && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
+    const bool reduces = name == "logsumexp" || name == "sum" || name == "mean";
+    const auto& sizes = reduces && !w && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
     if (!shape) shape = &sizes;
     if (sizes != *shape || out.offset != 0 || !out.is_dense()) return false;
     const Slot out_slot = w ? Slot{static_cast<int>(p), input_index(n, w->ref), -1} : Slot{static_cast<int>(p), -1, 0};
@@ -817,6 +874,11 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
             ins.b = ins.a;
             ins.a = rounded_temp(sq);
           }
+        } else if (ev == 1.0f) {
+          // CPU's pow_out copies the base for an exponent of 1 (Pow.cpp): x * 1
+          // is x in every type (a signaling NaN would come out quiet).
+          ins.fn = Fn::kMul;
+          ins.b = Operand{Operand::kConst, 0, 1.0f};
         } else if (!reduced && (ev == 0.5f || ev == -0.5f || ev == -1.0f)) {
           ins.fn = ev == 0.5f ? Fn::kSqrt : ev == -0.5f ? Fn::kRsqrt : Fn::kReciprocal;
         } else {
@@ -921,10 +983,12 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   // Bytes the loop reads and writes: the counters, and whether it streams its outputs.
   int64_t& read = plan->read;
   int64_t& written = plan->written_bytes;
-  for (const External& e : ext_of) read += (e.period > 0 ? e.period : numel) * elem_size(e.elem);
+  for (const External& e : ext_of)
+    read += (e.period > 0 ? e.period : e.repeat > 0 ? numel / e.repeat : numel) * elem_size(e.elem);
   written = stat_bytes;
   for (Elem t : out_types) written += numel * elem_size(t);
-  if (plan->has_anchor) written += (anchor.op == fused::RowOp::kLogSumExp ? anchor.rows : numel) * 4;
+  const bool one_per_row = anchor.op == fused::RowOp::kLogSumExp || per_row_value(anchor.op);
+  if (plan->has_anchor) written += (one_per_row ? anchor.rows : numel) * 4;
   fused::Program& prog = plan->prog;
   // A softmax region never streams: its exp values, stored to y and scaled in
   // place, are read back from cache; measured on 4096x1024 (interleaved
@@ -939,6 +1003,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   for (const External& e : ext_of) {
     prog.period.push_back(e.period);
     prog.ext_type.push_back(e.elem);
+    prog.repeat.push_back(e.repeat);
   }
   prog.outputs.assign(outputs.size(), nullptr);
   prog.out_type = std::move(out_types);
@@ -1022,7 +1087,10 @@ LoopAccept loop_accepts(const std::vector<Node>& graph, int i) {
     g_probing = true;
     const bool ok = plan_loop(probe, {0}, graph, &lp);
     g_probing = false;
-    if (ok) accept = lp.has_anchor ? LoopAccept::kRowAnchor : LoopAccept::kElementwise;
+    if (ok)
+      accept = !lp.has_anchor                ? LoopAccept::kElementwise
+               : per_row_value(lp.anchor.op) ? LoopAccept::kRowValue
+                                             : LoopAccept::kRowAnchor;
   } catch (...) {  // planning never decides an error: the op runs through its CPU kernel
     g_probing = false;
   }

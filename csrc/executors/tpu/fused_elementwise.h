@@ -94,7 +94,7 @@ bool fused_loops_available();
 // float32, and those CPU computes in float32 and rounds per op also in
 // bfloat16 / float16 (with bool results and masks), 0-dim tensors and
 // Python scalars as runtime parameters, optionally ending with _softmax /
-// _log_softmax / logsumexp over the last dim or native_layer_norm, run then
+// _log_softmax / logsumexp / sum / mean over the last dim or native_layer_norm, run then
 // as one loop over blocks of rows. Uses only the region's structure and
 // exact layout. False when an op is not supported.
 bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::vector<Node>& graph, LoopPlan* plan);
@@ -102,10 +102,12 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
 // Whether a fused loop takes graph[i] (plan_loop's own acceptance of the op
 // alone, for its dtypes, layout and the kinds of its scalar arguments):
 // kElementwise as a loop op, kRowAnchor as the row reduction that ends a
-// loop, kNo not at all (it runs through its CPU kernel). The TPU's answer to
+// loop, kRowValue as a row reduction to one value per row (sum / mean over
+// the last dim) whose consumers may run in later loops of the same region,
+// kNo not at all (it runs through its CPU kernel). The TPU's answer to
 // partition's fusion query; memoized per op and layout, so it costs one hash
 // lookup per op per flush.
-enum class LoopAccept : uint8_t { kNo, kElementwise, kRowAnchor };
+enum class LoopAccept : uint8_t { kNo, kElementwise, kRowAnchor, kRowValue };
 LoopAccept loop_accepts(const std::vector<Node>& graph, int i);
 // Whether the op of `n` has a fused-loop lowering (an entry of the lowering
 // table for its name and overload, and its result type among that entry's

@@ -117,6 +117,11 @@ struct Program {
   // floats before the tile's instructions run.
   std::vector<int64_t> period;
   std::vector<Elem> ext_type;
+  // Per external (may be empty: none): a per-row value broadcast along the
+  // loop's last dim (an RMSNorm's rstd of shape [..., 1] read by the
+  // [..., cols] scaling) has `repeat` = cols > 0, element i of the loop
+  // reading element i / repeat; staged like a broadcast operand. 0: none.
+  std::vector<int64_t> repeat;
   std::vector<void*> outputs;  // contiguous device buffers written
   // Per output: its element type; a value stored to an output of another
   // type than float is computed into a scratch slot, then converted.
@@ -207,6 +212,8 @@ enum class RowOp : uint8_t {
   kLogSoftmax,
   kLayerNorm,  // native_layer_norm over the last dims flattened to `cols`
   kLogSumExp,
+  kSum,   // sum over the last dim (sum.dim_IntList): one value per row, in CPU's order
+  kMean,  // mean over the last dim (mean.dim): CPU's sum, then divided by cols
 };
 struct RowAnchor {
   RowOp op = RowOp::kSoftmax;

@@ -509,6 +509,8 @@ class TpuExecutor final : public Executor {
         return OpFusion::kFuses;
       case tpu::LoopAccept::kRowAnchor:
         return OpFusion::kEndsLoop;
+      case tpu::LoopAccept::kRowValue:
+        return OpFusion::kRowValue;
       case tpu::LoopAccept::kNo:
         break;
     }
