@@ -190,6 +190,28 @@ def aten_ops_during(fn):
     return [e.name for e in prof.events() if e.name.startswith("aten::")]
 
 
+def flush_on_tpu(fn, *cpu_args):
+    """Copies ``cpu_args`` to "tpu", flushes, records ``fn(*args)`` (a sequence of
+    tensors) and flushes it with the region verifier on: returns (the results read
+    back to CPU, the ATen ops that flush ran on the host)."""
+    import torch_tpu_eager
+
+    torch_tpu_eager._C._jit_set_verify(True)
+    args = [a.to("tpu") for a in cpu_args]
+    torch.tpu.synchronize()
+    out = fn(*args)
+    ops = aten_ops_during(torch.tpu.synchronize)
+    return [o.cpu() for o in out], ops
+
+
+def assert_bit_equal(got, want):
+    """Each tensor of ``got`` has the dtype, shape and exact values (torch.equal) of
+    the one at its position in ``want``."""
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        assert torch.equal(g, w), (g, w)
+
+
 def _call_outcome(build, act, device):
     import warnings
 

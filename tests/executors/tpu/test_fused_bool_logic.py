@@ -7,28 +7,9 @@ CPU's bit for bit; the flush's ATen calls show what was fused."""
 import pytest
 import torch
 
-from difftest import DEVICE, aten_ops_during, cpu_randn
+from difftest import DEVICE, assert_bit_equal, flush_on_tpu, cpu_randn
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops are the tpu executor's")
-
-if DEVICE == "tpu":
-    import torch_tpu_eager
-
-
-def _flush(fn, *cpu_args):
-    """(results on "tpu" read back, the ATen ops the flush ran on the host)."""
-    torch_tpu_eager._C._jit_set_verify(True)
-    args = [a.to("tpu") for a in cpu_args]
-    torch.tpu.synchronize()
-    out = fn(*args)
-    ops = aten_ops_during(torch.tpu.synchronize)
-    return [o.cpu() for o in out], ops
-
-
-def _same(got, want):
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        assert torch.equal(g, w)
 
 
 BINARY = {
@@ -51,8 +32,8 @@ def test_binary_bool_ops_fuse_with_comparisons_and_where(name, shape_b):
         m = op(x > 0, y < 0.3)  # y's mask broadcast over x's rows
         return torch.where(m, x, x * 2.0), m
 
-    got, ops = _flush(fn, x, y)
-    _same(got, fn(x, y))
+    got, ops = flush_on_tpu(fn, x, y)
+    assert_bit_equal(got, fn(x, y))
     assert ops == [], ops
 
 
@@ -68,8 +49,8 @@ def test_not_and_in_place_forms(not_op):
         k.bitwise_or_(x > 2.0)
         return n, k, torch.where(k, x, 0.0 * x)
 
-    got, ops = _flush(fn, x)
-    _same(got, fn(x))
+    got, ops = flush_on_tpu(fn, x)
+    assert_bit_equal(got, fn(x))
     assert ops == [], ops
 
 
@@ -82,8 +63,8 @@ def test_out_form_and_non_contiguous_input_runs_equal():
         torch.logical_or(a, x.t() < -1.0, out=out)
         return (out, ~out)
 
-    got, _ = _flush(fn, x)
-    _same(got, fn(x))
+    got, _ = flush_on_tpu(fn, x)
+    assert_bit_equal(got, fn(x))
 
 
 def test_integer_math_fuses_and_equals_cpu():
@@ -94,6 +75,6 @@ def test_integer_math_fuses_and_equals_cpu():
     def fn(a, b):
         return (a + b * 3, torch.div(a, b, rounding_mode="floor"), a % b, (a * b) > 0, a.to(torch.int64) * 2**40)
 
-    got, ops = _flush(fn, a, b)
-    _same(got, fn(a, b))
+    got, ops = flush_on_tpu(fn, a, b)
+    assert_bit_equal(got, fn(a, b))
     assert ops == [], ops

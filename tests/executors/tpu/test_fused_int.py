@@ -11,12 +11,9 @@ unfused path does. Each chain is checked fused: the flush runs no ATen op on the
 import pytest
 import torch
 
-from difftest import DEVICE, aten_ops_during
+from difftest import DEVICE, assert_bit_equal, flush_on_tpu
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops are the tpu executor's")
-
-if DEVICE == "tpu":
-    import torch_tpu_eager
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
@@ -38,25 +35,9 @@ def _values(dtype, n, seed):
     return v[torch.randperm(n, generator=g)]
 
 
-def _flush(fn, *cpu_args):
-    """(results on "tpu" read back, the ATen ops the flush ran on the host)."""
-    torch_tpu_eager._C._jit_set_verify(True)
-    args = [a.to("tpu") for a in cpu_args]
-    torch.tpu.synchronize()
-    out = fn(*args)
-    ops = aten_ops_during(torch.tpu.synchronize)
-    return [o.cpu() for o in out], ops
-
-
-def _same(got, want):
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
-        assert torch.equal(g, w), (g, w)
-
-
 def _check_fused(fn, *cpu_args):
-    got, ops = _flush(fn, *cpu_args)
-    _same(got, fn(*cpu_args))
+    got, ops = flush_on_tpu(fn, *cpu_args)
+    assert_bit_equal(got, fn(*cpu_args))
     assert ops == [], ops
 
 
@@ -235,8 +216,8 @@ def test_in_place_and_broadcast_operands():
         a.add_(row).mul_(5)  # a region input written in place
         return (a,)
 
-    got, ops = _flush(writes_input, a, row)
-    _same(got, writes_input(a.clone(), row))
+    got, ops = flush_on_tpu(writes_input, a, row)
+    assert_bit_equal(got, writes_input(a.clone(), row))
     assert ops == [], ops
 
 
@@ -288,8 +269,8 @@ def test_float_scalar_operand_keeps_cpu_promotion():
     def fn(a):
         return (a * 2) > 2.5, (a + 1) * 0.5
 
-    got, _ = _flush(fn, a)
-    _same(got, fn(a))
+    got, _ = flush_on_tpu(fn, a)
+    assert_bit_equal(got, fn(a))
 
 
 I32_SCALAR_EDGES = {
@@ -318,7 +299,7 @@ def test_int32_scalars_out_of_range_as_cpu(name):
     except RuntimeError as e:
         want, want_err = None, str(e)
     if want_err is None:
-        _same([fn(a.to("tpu")).cpu()], [want])
+        assert_bit_equal([fn(a.to("tpu")).cpu()], [want])
     else:
         with pytest.raises(RuntimeError) as info:
             fn(a.to("tpu")).cpu()
