@@ -381,6 +381,22 @@ int input_index(const Node& n, const TensorRef& r) {
   return -1;
 }
 
+StorageMap<LoopWrite> loop_writes(const Region& region, const std::vector<size_t>& ps, const std::vector<Node>& graph) {
+  StorageMap<LoopWrite> writes(2 * ps.size());
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const Node& n = graph[region.nodes[ps[k]]];
+    for (size_t j = 0; j < n.outputs.size(); ++j) {
+      LoopWrite& w = writes[n.outputs[j].storage.get()];
+      w.last = k;
+      w.made = true;
+      w.kept = w.kept || region.materialize[ps[k]][j];
+    }
+    for (const auto& in : n.inputs)
+      if (in.written) writes[in.ref.storage.get()].last = k;
+  }
+  return writes;
+}
+
 // Set while loop_accepts plans an op alone: whether the loop can take it at
 // all, not whether it is worth a loop by itself (it will have producers).
 static thread_local bool g_probing = false;
@@ -456,26 +472,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   std::vector<Elem> out_types;            // their element types
   int regs = 0;                           // one per value until assign_registers renames them
 
-  // Per storage the loop writes: its last writer, whether the loop creates it
-  // (`made`) and whether it must then be stored (`kept`: a materialized fresh output).
-  struct Written {
-    size_t last = 0;
-    bool made = false, kept = false;
-  };
-  StorageMap<Written> written_by(2 * ps.size());
-  for (size_t k = 0; k < ps.size(); ++k) {
-    const Node& n = graph[region.nodes[ps[k]]];
-    for (size_t j = 0; j < n.outputs.size(); ++j) {
-      Written& w = written_by[n.outputs[j].storage.get()];
-      w.last = k;
-      w.made = true;
-      w.kept = w.kept || region.materialize[ps[k]][j];
-    }
-    for (const auto& in : n.inputs)
-      if (in.written) written_by[in.ref.storage.get()].last = k;
-  }
+  const StorageMap<LoopWrite> written_by = loop_writes(region, ps, graph);
   auto is_made = [&](const DeferredStorage* s) {
-    const Written* w = written_by.find(s);
+    const LoopWrite* w = written_by.find(s);
     return w && w->made;
   };
   // A runtime constant operand taking param `p`.
@@ -559,7 +558,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   // `alpha_param`: the param of ins.alpha, or -1.
   auto define = [&](Instr ins, const TensorRef& ref, Slot slot, size_t k, int alpha_param) {
     DeferredStorage* s = ref.storage.get();
-    const Written& w = *written_by.find(s);  // every written storage has an entry
+    const LoopWrite& w = *written_by.find(s);  // every written storage has an entry
     const bool store = w.last == k && (w.kept || !w.made);
     Operand value;
     // A bfloat16 / float16 result is rounded to its type, as CPU stores it.

@@ -14,6 +14,7 @@
 #include "executors/executor.h"
 #include "executors/tpu/fused_int.h"
 #include "executors/tpu/fused_program.h"
+#include "lazy/storage_map.h"
 
 namespace tpu_eager {
 namespace tpu {
@@ -82,6 +83,14 @@ const InputSlot* written_slot(const Node& n);
 int input_index(const Node& n, const TensorRef& r);
 // The storage of slot `s` of `region`.
 DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::vector<Node>& graph);
+// Per storage a loop over the region positions `ps` writes: its last writer
+// (an index into ps), whether the loop creates it (`made`) and whether it must
+// then be stored (`kept`: a materialized fresh output).
+struct LoopWrite {
+  size_t last = 0;
+  bool made = false, kept = false;
+};
+StorageMap<LoopWrite> loop_writes(const Region& region, const std::vector<size_t>& ps, const std::vector<Node>& graph);
 
 // True when fused loops can run on this CPU (AVX2 + FMA, as CPU's kernels).
 bool fused_loops_available();

@@ -520,24 +520,9 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
   std::vector<IInstr> program;
   std::vector<IElem> out_types;
   int regs = 0;
-  struct Written {
-    size_t last = 0;
-    bool made = false, kept = false;
-  };
-  StorageMap<Written> written_by(2 * ps.size());
-  for (size_t k = 0; k < ps.size(); ++k) {
-    const Node& n = graph[region.nodes[ps[k]]];
-    for (size_t j = 0; j < n.outputs.size(); ++j) {
-      Written& w = written_by[n.outputs[j].storage.get()];
-      w.last = k;
-      w.made = true;
-      w.kept = w.kept || region.materialize[ps[k]][j];
-    }
-    for (const auto& in : n.inputs)
-      if (in.written) written_by[in.ref.storage.get()].last = k;
-  }
+  const StorageMap<LoopWrite> written_by = loop_writes(region, ps, graph);
   auto is_made = [&](const DeferredStorage* s) {
-    const Written* w = written_by.find(s);
+    const LoopWrite* w = written_by.find(s);
     return w && w->made;
   };
   auto param_operand = [&](IntParam p, IOperand* op) {
@@ -596,7 +581,7 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
   };
   auto define = [&](IInstr ins, const TensorRef& ref, Slot slot, size_t k) -> bool {
     DeferredStorage* s = ref.storage.get();
-    const Written& w = *written_by.find(s);
+    const LoopWrite& w = *written_by.find(s);
     IElem type;
     if (!ielem_of(ref.dtype, &type)) return false;
     ins.type = type;
