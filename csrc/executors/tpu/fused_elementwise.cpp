@@ -381,6 +381,21 @@ int input_index(const Node& n, const TensorRef& r) {
   return -1;
 }
 
+bool loop_op_form(const Node& n, std::string_view* name, const InputSlot** w, bool* is_out) {
+  const auto& schema = n.op.schema();
+  *name = std::string_view(schema.name()).substr(6);  // without "aten::"
+  *w = nullptr;
+  *is_out = false;
+  if (!schema.is_mutable()) return n.outputs.size() == 1;
+  *w = written_slot(n);
+  if (!*w || (*w)->elem >= 0 || !n.outputs.empty()) return false;
+  *is_out = schema.arguments()[(*w)->arg].is_out();
+  if (*is_out) return true;
+  if ((*w)->arg != 0 || name->back() != '_') return false;
+  name->remove_suffix(1);
+  return true;
+}
+
 StorageMap<LoopWrite> loop_writes(const Region& region, const std::vector<size_t>& ps, const std::vector<Node>& graph) {
   StorageMap<LoopWrite> writes(2 * ps.size());
   for (size_t k = 0; k < ps.size(); ++k) {
@@ -631,23 +646,11 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       plan->has_anchor = true;
       break;
     }
-    std::string_view name = std::string_view(schema.name()).substr(6);
+    std::string_view name;
     const std::string& overload = schema.overload_name();
-    // Where the op's value goes: its fresh output, or the tensor it writes
-    // in place (name ends in '_', writes self) or through out=.
     const InputSlot* w = nullptr;
     bool is_out = false;
-    if (schema.is_mutable()) {
-      w = written_slot(n);
-      if (!w || w->elem >= 0 || !n.outputs.empty()) return false;
-      is_out = schema.arguments()[w->arg].is_out();
-      if (!is_out) {
-        if (w->arg != 0 || name.back() != '_') return false;
-        name.remove_suffix(1);
-      }
-    } else if (n.outputs.size() != 1) {
-      return false;
-    }
+    if (!loop_op_form(n, &name, &w, &is_out)) return false;
     const TensorRef& out = w ? w->ref : n.outputs[0];
     bool known_type = false;
     elem_of(out.dtype, &known_type);

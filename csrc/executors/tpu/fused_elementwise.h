@@ -9,6 +9,7 @@
 // tensors) and checks the plan's guards; run_loop() runs it.
 #pragma once
 
+#include <string_view>
 #include <vector>
 
 #include "executors/executor.h"
@@ -79,6 +80,13 @@ int64_t broadcast_period(const Dims& sizes, const Dims& shape);
 // The tensor an op writes in place or as its out= argument; null for a
 // functional op and for one that writes more than one tensor.
 const InputSlot* written_slot(const Node& n);
+// The form a loop can take op `n` in: its ATen name without "aten::" and
+// without the in-place '_' (`name`), the tensor it writes in place or through
+// out= (`w`, null for a functional op) and whether that is out= (`is_out`).
+// False for a functional op without exactly one output and for a mutable op
+// that writes more than one tensor, one element of a list, or self of an op
+// whose name does not end in '_'.
+bool loop_op_form(const Node& n, std::string_view* name, const InputSlot** w, bool* is_out);
 // The input index of `r` in `n.inputs` (r is one of them), or -1.
 int input_index(const Node& n, const TensorRef& r);
 // The storage of slot `s` of `region`.

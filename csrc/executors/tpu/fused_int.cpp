@@ -602,21 +602,11 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
     const size_t p = ps[k];
     const Node& n = graph[region.nodes[p]];
     const auto& schema = n.op.schema();
-    std::string_view name = std::string_view(schema.name()).substr(6);
+    std::string_view name;
     const std::string& overload = schema.overload_name();
     const InputSlot* w = nullptr;
     bool is_out = false;
-    if (schema.is_mutable()) {
-      w = written_slot(n);
-      if (!w || w->elem >= 0 || !n.outputs.empty()) return false;
-      is_out = schema.arguments()[w->arg].is_out();
-      if (!is_out) {
-        if (w->arg != 0 || name.back() != '_') return false;
-        name.remove_suffix(1);
-      }
-    } else if (n.outputs.size() != 1) {
-      return false;
-    }
+    if (!loop_op_form(n, &name, &w, &is_out)) return false;
     const IntLowering* lw = int_lowering_of(name, overload, is_out);
     if (!lw) return false;
     const TensorRef& out = w ? w->ref : n.outputs[0];
