@@ -17,6 +17,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include "ops/stack_tensors.h"
+
 namespace tpu_eager {
 namespace {
 
@@ -227,16 +229,7 @@ std::vector<c10::ScalarType> dtypes_of(const torch::jit::Stack& args) {
   auto add = [&](const at::Tensor& t) {
     if (t.defined() && std::find(dts.begin(), dts.end(), t.scalar_type()) == dts.end()) dts.push_back(t.scalar_type());
   };
-  for (const auto& v : args) {
-    if (v.isTensor()) {
-      add(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList().vec()) add(t);
-    } else if (v.isList()) {
-      for (const c10::IValue& e : v.toList().vec())
-        if (e.isTensor()) add(e.toTensor());
-    }
-  }
+  for_each_tensor(args, 0, args.size(), [&](int, int, const at::Tensor& t) { add(t); });
   return dts;
 }
 
@@ -261,17 +254,7 @@ int full_twins_fit(const torch::jit::Stack& stack, size_t first, size_t nargs) {
     if (c10::isIntegralType(dt, /*includeBool=*/true) || c10::isComplexType(dt)) any = true;
     bytes += t.numel() * static_cast<int64_t>(t.itemsize());
   };
-  for (size_t i = first; i < first + nargs; ++i) {
-    const c10::IValue& v = stack[i];
-    if (v.isTensor()) {
-      add(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList().vec()) add(t);
-    } else if (v.isList()) {
-      for (const c10::IValue& e : v.toList().vec())
-        if (e.isTensor()) add(e.toTensor());
-    }
-  }
+  for_each_tensor(stack, first, nargs, [&](int, int, const at::Tensor& t) { add(t); });
   if (!any) return 0;
   return bytes <= kFullTwinMaxBytes ? 1 : -1;
 }

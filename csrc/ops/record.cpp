@@ -44,6 +44,7 @@
 #include "ops/lazy_clone.h"
 #include "ops/out_geometry.h"
 #include "ops/scalar_checks.h"
+#include "ops/stack_tensors.h"
 
 namespace tpu_eager {
 namespace {
@@ -51,26 +52,6 @@ namespace {
 const c10::DispatchKeySet kAutograd = c10::autograd_dispatch_keyset_with_ADInplaceOrView;
 
 bool is_tpu(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
-
-// Visits every tensor among the op's arguments with (arg index, list index).
-template <typename F>
-void for_each_tensor(torch::jit::Stack& stack, size_t first, size_t n, F&& f) {
-  for (size_t i = 0; i < n; ++i) {
-    c10::IValue& v = stack[first + i];
-    if (v.isTensor()) {
-      f(static_cast<int>(i), -1, v.toTensor());
-    } else if (v.isTensorList()) {
-      auto list = v.toTensorList();
-      for (size_t j = 0; j < list.size(); ++j) f(static_cast<int>(i), static_cast<int>(j), list.get(j));
-    } else if (v.isList()) {
-      auto list = v.toList();
-      for (size_t j = 0; j < list.size(); ++j) {
-        c10::IValue e = list.get(j);
-        if (e.isTensor()) f(static_cast<int>(i), static_cast<int>(j), e.toTensor());
-      }
-    }
-  }
-}
 
 // Calls f(tensor) for each tensor among the written arguments (bit i of
 // `writes`: argument i, i < 64) of the op's arguments at stack[first, first + n).
