@@ -2006,11 +2006,9 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           // merges the corelet partials in order, and its accumulator merges
           // the step partials in tile order.
           const at::Tensor x = vt[ring_in].to(acc_dtype).contiguous();  // one widening per step
-          int64_t off = 0;
-          if (P.combine == KtirTilePlan::kNllLoss) {
-            // Per corelet: (sum of -w[t] x[i, t], sum of w[t]) over its rows,
-            // w[t] = 0 where t is ignore_index.
-            const at::Tensor tgt = vt[rp.target];
+          // partial(offset in x, rows, first row of the whole tensor) -> one corelet's RingPart.
+          auto per_corelet = [&](auto&& partial) {
+            int64_t off = 0;
             for (size_t c = 0; c < cores.size(); ++c) {
               const int64_t rows = cores[c].second - cores[c].first;
               if (rows == 0) continue;
@@ -2018,26 +2016,35 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               RingPart part;
               for (int64_t j = 0, left = rows; j < corelets; ++j) {
                 const int64_t m = (left + corelets - j - 1) / (corelets - j);
-                const at::Tensor t = tgt.narrow(0, off, m);
-                const at::Tensor keep = t.ne(rp.ignore_index);
-                const at::Tensor safe = at::where(keep, t, at::zeros({}, t.options()));
-                at::Tensor w =
-                    rp.weight >= 0 ? views[rp.weight].to(acc_dtype).index_select(0, safe) : at::ones({m}, x.options());
-                w = at::where(keep, w, at::zeros({}, w.options()));
-                const at::Tensor picked = x.narrow(0, off, m).gather(1, safe.unsqueeze(1)).squeeze(1);
-                RingPart q;
-                q.t = {picked.mul(w).sum().neg(), w.sum()};
-                part = ring_merge(P, std::move(part), q);
+                part = ring_merge(P, std::move(part), partial(off, m, cores[c].first + (rows - left)));
                 off += m;
                 left -= m;
               }
               acc[c] = ring_merge(P, std::move(acc[c]), part);
             }
+          };
+          if (P.combine == KtirTilePlan::kNllLoss) {
+            // Per corelet: (sum of -w[t] x[i, t], sum of w[t]) over its rows,
+            // w[t] = 0 where t is ignore_index.
+            const at::Tensor tgt = vt[rp.target];
+            per_corelet([&](int64_t off, int64_t m, int64_t) {
+              const at::Tensor t = tgt.narrow(0, off, m);
+              const at::Tensor keep = t.ne(rp.ignore_index);
+              const at::Tensor safe = at::where(keep, t, at::zeros({}, t.options()));
+              at::Tensor w =
+                  rp.weight >= 0 ? views[rp.weight].to(acc_dtype).index_select(0, safe) : at::ones({m}, x.options());
+              w = at::where(keep, w, at::zeros({}, w.options()));
+              const at::Tensor picked = x.narrow(0, off, m).gather(1, safe.unsqueeze(1)).squeeze(1);
+              RingPart q;
+              q.t = {picked.mul(w).sum().neg(), w.sum()};
+              return q;
+            });
             return;
           }
           if (P.combine == KtirTilePlan::kCumsum) {
             // Each core scans its rows of the step, carrying its running
             // total from its previous tile.
+            int64_t off = 0;
             for (size_t c = 0; c < cores.size(); ++c) {
               const int64_t rows = cores[c].second - cores[c].first;
               if (rows == 0) continue;
@@ -2049,20 +2056,9 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             }
             return;
           }
-          for (size_t c = 0; c < cores.size(); ++c) {
-            const int64_t rows = cores[c].second - cores[c].first;
-            if (rows == 0) continue;
-            const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
-            RingPart part;
-            for (int64_t j = 0, left = rows; j < corelets; ++j) {
-              const int64_t m = (left + corelets - j - 1) / (corelets - j);
-              const int64_t first_row = cores[c].first + (rows - left);
-              part = ring_merge(P, std::move(part), ring_partial(P, x.narrow(0, off, m), first_row, acc_dtype));
-              off += m;
-              left -= m;
-            }
-            acc[c] = ring_merge(P, std::move(acc[c]), part);
-          }
+          per_corelet([&](int64_t off, int64_t m, int64_t first_row) {
+            return ring_partial(P, x.narrow(0, off, m), first_row, acc_dtype);
+          });
         });
       }
     }
