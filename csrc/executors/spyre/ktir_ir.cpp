@@ -1261,6 +1261,13 @@ PrimKind kind_of_op(const std::string& name) {
 // add f32 partials, amax/amin take their max/min); kNone for other ops.
 KtirTilePlan::Combine ring_combine_of(const std::string& op) {
   const std::string base = op.substr(0, op.find('.'));
+  // max.dim/min.dim: (value, index) pairs as argmax/argmin; max/min of every element: amax/amin.
+  if (op == "max.dim") return KtirTilePlan::kArgMax;
+  if (op == "min.dim") return KtirTilePlan::kArgMin;
+  if (op == "max") return KtirTilePlan::kMax;
+  if (op == "min") return KtirTilePlan::kMin;
+  if (base == "logsumexp") return KtirTilePlan::kLogSumExp;
+  if (base == "cumprod") return KtirTilePlan::kCumprod;
   if (base == "sum") return KtirTilePlan::kSum;
   if (base == "mean") return KtirTilePlan::kMean;
   if (base == "amax") return KtirTilePlan::kMax;
@@ -1276,6 +1283,9 @@ KtirTilePlan::Combine ring_combine_of(const std::string& op) {
   if (base == "nll_loss_forward") return KtirTilePlan::kNllLoss;
   return KtirTilePlan::kNone;
 }
+
+// A scan over the split rows (cumsum, cumprod): a carried prefix per core.
+bool is_scan(KtirTilePlan::Combine c) { return c == KtirTilePlan::kCumsum || c == KtirTilePlan::kCumprod; }
 
 const KtirValue* arg_named(const KtirOp& o, const c10::FunctionSchema& schema, const char* name) {
   const auto& args = schema.arguments();
@@ -1464,7 +1474,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       if (plan.combine == KtirTilePlan::kNone) return whole(o.op + " has no ring combine");
       if (c10::isComplexType(p.views[operands[0]].dtype)) return whole(o.op + " of complex values over the ring");
       const bool multi = plan.combine == KtirTilePlan::kVar || plan.combine == KtirTilePlan::kLayerNorm ||
-                         plan.combine == KtirTilePlan::kNllLoss;
+                         plan.combine == KtirTilePlan::kNllLoss || o.op == "max.dim" || o.op == "min.dim";
       // nll_loss: its target has the rows too, split and loaded with them.
       int nll_target = -1;
       if (plan.combine == KtirTilePlan::kNllLoss) {
@@ -1492,15 +1502,15 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       plan.ring_dims.assign(d.begin(), d.end());
       plan.ring_flat = (plan.combine == KtirTilePlan::kArgMax || plan.combine == KtirTilePlan::kArgMin) &&
                        (!dim || dim->kind == KtirValue::kNone);
+      plan.ring_values = o.op == "max.dim" || o.op == "min.dim";
       plan.normalize = plan.combine == KtirTilePlan::kSoftmax || plan.combine == KtirTilePlan::kLogSoftmax ||
-                       plan.combine == KtirTilePlan::kLayerNorm || plan.combine == KtirTilePlan::kCumsum;
+                       plan.combine == KtirTilePlan::kLayerNorm || is_scan(plan.combine);
       // The normalizing pass reads the input whole after the ring: an LX
       // input the steps produce is kept in its buffer (a scan keeps its
       // partial sums instead).
-      if (plan.normalize && plan.combine != KtirTilePlan::kCumsum && p.views[operands[0]].lx)
-        plan.keep[operands[0]] = 1;
-      const bool two = multi || (plan.normalize && plan.combine != KtirTilePlan::kCumsum) ||
-                       plan.combine == KtirTilePlan::kArgMax || plan.combine == KtirTilePlan::kArgMin;
+      if (plan.normalize && !is_scan(plan.combine) && p.views[operands[0]].lx) plan.keep[operands[0]] = 1;
+      const bool two = multi || (plan.normalize && !is_scan(plan.combine)) || plan.combine == KtirTilePlan::kArgMax ||
+                       plan.combine == KtirTilePlan::kArgMin || plan.combine == KtirTilePlan::kLogSumExp;
       plan.ring_stats = two ? 2 : 1;  // (mean, M2), (max, sum), (value, index); the counts follow from the tiling
       plan.ring_dtype = p.views[operands[0]].dtype == c10::kDouble ? c10::kDouble : c10::kFloat;
       const auto& in = p.views[operands[0]].sizes;
@@ -1683,6 +1693,11 @@ RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
   return rp;
 }
 
+// m where it is finite, else 0 (logsumexp's shift).
+at::Tensor finite_or_zero(const at::Tensor& m) {
+  return at::where(m.abs().eq(INFINITY), at::zeros({}, m.options()), m);
+}
+
 // The partial of `seg` (rows of the input in the accumulator dtype, its
 // first row `first_row` of the whole input), in f32 (CPU's float32 kernels).
 RingPart ring_partial(const KtirTilePlan& P, const at::Tensor& seg, int64_t first_row, c10::ScalarType acc) {
@@ -1734,6 +1749,13 @@ RingPart ring_partial(const KtirTilePlan& P, const at::Tensor& seg, int64_t firs
       q.t = {m, seg.sub(m).exp().sum(dims, true, acc)};
       break;
     }
+    case KtirTilePlan::kLogSumExp: {
+      // (max, sum of exp(x - finite(max))), finite(m) = 0 where m is +-inf
+      // (CPU's logsumexp shifts by that): all -inf sums to 0, not NaN.
+      const at::Tensor m = seg.amax(dims, true);
+      q.t = {m, seg.sub(finite_or_zero(m)).exp().sum(dims, true, acc)};
+      break;
+    }
     default:  // kSum, kMean
       q.t = {seg.sum(dims, true, acc)};
   }
@@ -1778,6 +1800,13 @@ RingPart ring_merge(const KtirTilePlan& P, RingPart a, const RingPart& b) {
       r.t = {m, a.t[1].mul(a.t[0].sub(m).exp()).add(b.t[1].mul(b.t[0].sub(m).exp()))};
       break;
     }
+    case KtirTilePlan::kLogSumExp: {
+      // Each sum is relative to its finite(max); rescaled to the new one.
+      const at::Tensor m = at::maximum(a.t[0], b.t[0]);
+      const at::Tensor f = finite_or_zero(m);
+      r.t = {m, a.t[1].mul(finite_or_zero(a.t[0]).sub(f).exp()).add(b.t[1].mul(finite_or_zero(b.t[0]).sub(f).exp()))};
+      break;
+    }
     case KtirTilePlan::kNllLoss:
       r.t = {a.t[0].add(b.t[0]), a.t[1].add(b.t[1])};
       break;
@@ -1799,7 +1828,10 @@ std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp,
     }
     case KtirTilePlan::kArgMax:
     case KtirTilePlan::kArgMin:
+      if (P.ring_values) return {total.t[0], total.t[1]};  // max.dim/min.dim: (values, indices)
       return {total.t[1]};
+    case KtirTilePlan::kLogSumExp:  // log(sum) + finite(max), as CPU's
+      return {total.t[1].log().add(finite_or_zero(total.t[0]))};
     case KtirTilePlan::kNllLoss:  // (loss, total_weight); reduction 1 = mean, 2 = sum
       return {rp.reduction == 1 ? total.t[0].div(total.t[1]) : total.t[0], total.t[1]};
     default:
@@ -1954,9 +1986,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
       acc_dtype = in_t == c10::kDouble || out_t == c10::kDouble ? c10::kDouble : c10::kFloat;
     else
       acc_dtype =
-          P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kProd || P.combine == KtirTilePlan::kCumsum
-              ? c10::kLong
-              : in_t;
+          P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kProd || is_scan(P.combine) ? c10::kLong : in_t;
     rp = ring_params(*ring, p.views[ring_in].sizes);
   }
   std::vector<RingPart> acc(P.tiling.cores_used);
@@ -1964,8 +1994,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   // partial sums of every row (f32, rounded only after the core's prefix is added).
   std::vector<at::Tensor> carry(P.tiling.cores_used);
   at::Tensor scan;
-  if (ring && P.combine == KtirTilePlan::kCumsum)
-    scan = at::empty(p.views[ring_in].sizes, at::TensorOptions().dtype(acc_dtype));
+  if (ring && is_scan(P.combine)) scan = at::empty(p.views[ring_in].sizes, at::TensorOptions().dtype(acc_dtype));
   // The rows of step i of a whole view (the load of a tile), and their store.
   auto step_rows = [&](size_t i, int64_t* lo, int64_t* n) {
     *lo = -1, *n = 0;
@@ -2041,15 +2070,17 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             });
             return;
           }
-          if (P.combine == KtirTilePlan::kCumsum) {
+          if (is_scan(P.combine)) {
             // Each core scans its rows of the step, carrying its running
-            // total from its previous tile.
+            // total (product) from its previous tile.
+            const bool prod = P.combine == KtirTilePlan::kCumprod;
             int64_t off = 0;
             for (size_t c = 0; c < cores.size(); ++c) {
               const int64_t rows = cores[c].second - cores[c].first;
               if (rows == 0) continue;
-              at::Tensor local = x.narrow(0, off, rows).cumsum(0, acc_dtype);
-              if (carry[c].defined()) local = local.add(carry[c]);
+              const at::Tensor seg = x.narrow(0, off, rows);
+              at::Tensor local = prod ? seg.cumprod(0, acc_dtype) : seg.cumsum(0, acc_dtype);
+              if (carry[c].defined()) local = prod ? local.mul(carry[c]) : local.add(carry[c]);
               carry[c] = local.narrow(0, rows - 1, 1);
               scan.narrow(0, cores[c].first, rows).copy_(local);
               off += rows;
@@ -2104,13 +2135,17 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         // The normalizing pass: each step's rows of the input (read again
         // from HBM, or from the LX buffer the steps kept) are normalized with
         // the combined statistics, rounded once and stored to their rows.
-        if (P.combine == KtirTilePlan::kCumsum) {
-          // The ring passes each core the total of the cores before it
-          // (core 0 none); the second pass adds it to the core's rows.
+        if (is_scan(P.combine)) {
+          // The ring passes each core the total (product) of the cores
+          // before it (core 0 none); the second pass applies it to the
+          // core's rows.
+          const bool prod = P.combine == KtirTilePlan::kCumprod;
           std::vector<at::Tensor> prefix(carry.size());
           for (size_t c = 1; c < carry.size(); ++c) {
             if (!carry[c - 1].defined()) break;
-            prefix[c] = prefix[c - 1].defined() ? prefix[c - 1].add(carry[c - 1]) : carry[c - 1];
+            prefix[c] = !prefix[c - 1].defined() ? carry[c - 1]
+                        : prod                   ? prefix[c - 1].mul(carry[c - 1])
+                                                 : prefix[c - 1].add(carry[c - 1]);
             if (walk) walk->ring_steps++;
           }
           for (const auto& step : P.steps)
@@ -2118,7 +2153,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               const auto [lo, hi] = step[c];
               if (hi <= lo) continue;
               at::Tensor y = scan.narrow(0, lo, hi - lo);
-              if (prefix[c].defined()) y = y.add(prefix[c]);
+              if (prefix[c].defined()) y = prod ? y.mul(prefix[c]) : y.add(prefix[c]);
               store(ring->results[0], y, nullptr, lo, hi - lo);
             }
           hooks.after_op(P.ring_op, results, {});

@@ -185,6 +185,12 @@ struct KtirTilePlan {
   // the core's rows in a second pass (also `normalize`). kNllLoss adds
   // (sum of -weight[t] x[i, t], sum of weight[t]) partials over the rows
   // (nll_loss with reduction mean or sum; the target is split with the rows).
+  // max.dim/min.dim combine as kArgMax/kArgMin and return both the values
+  // and the indices (`ring_values`); max()/min() of every element as
+  // kMax/kMin. kLogSumExp merges (max, sum of exp(x - finite(max)))
+  // partials, finite(m) = m, or 0 where m is +-inf (CPU's shift), and
+  // returns log(sum) + finite(max). kCumprod scans as kCumsum with
+  // products (the carried and ring prefixes multiply).
   enum Combine : uint8_t {
     kNone,
     kSum,
@@ -199,12 +205,15 @@ struct KtirTilePlan {
     kLogSoftmax,
     kLayerNorm,
     kCumsum,
-    kNllLoss
+    kNllLoss,
+    kLogSumExp,
+    kCumprod
   };
   int ring_op = -1;
   Combine combine = kNone;
-  bool normalize = false;  // the ring op's first result is the split rows (softmax, layer_norm, cumsum)
-  bool ring_flat = false;  // argmax/argmin without a dim: indices into the flattened input
+  bool normalize = false;    // the ring op's first result is the split rows (softmax, layer_norm, cumsum)
+  bool ring_flat = false;    // argmax/argmin without a dim: indices into the flattened input
+  bool ring_values = false;  // max.dim/min.dim: the (value, index) pair, both results
   std::vector<int64_t> ring_dims;
   int64_t ring_count = 1;
   // What one ring hop carries: `ring_stats` tensors of the partial's shape

@@ -343,7 +343,8 @@ class SpyreKernel final : public Kernel {
       const RegionLayout L = region_layout(region, graph, card_);
       // A normalizing op's statistics go back to every core; a scan's
       // prefixes only travel forward.
-      const bool back = plan_.normalize && plan_.combine != KtirTilePlan::kCumsum;
+      const bool back =
+          plan_.normalize && plan_.combine != KtirTilePlan::kCumsum && plan_.combine != KtirTilePlan::kCumprod;
       schedule_ring_payload(schedule_, L.partial_sizes, plan_.ring_dtype, plan_.ring_stats, back, card_);
     }
     signature_ = layout_signature(region, graph);

@@ -2,8 +2,10 @@
 count/mean/M2 merge), prod, argmax/argmin (value/index pairs, the first index
 on ties), softmax/log_softmax (max, then the sum rescaled to the new max) and
 layer_norm over every dim (count/mean/M2, then a normalizing pass), cumsum
-(a carried prefix per core, then the cores' exclusive prefix) and nll_loss
-(loss and weight sums) when the reduced dim is dim 0, split over the cores;
+(a carried prefix per core, then the cores' exclusive prefix), cumprod (the
+same with products), nll_loss (loss and weight sums), max.dim/min.dim (value
+and index), max()/min() and logsumexp (softmax's partials, CPU's shift for
+infinite maxes) when the reduced dim is dim 0, split over the cores;
 and the ring's time in the schedule and the profiler row.
 
 The reference is independent of the executor: it follows the order the
@@ -432,3 +434,104 @@ def test_cross_entropy_of_a_gathered_batch_walks_tiles(spyre_target):
     for s in spyre.last_schedule():
         assert s["executed"] == "tiles", (s["kernel"], s["whole_reason"])
     torch.testing.assert_close(got, F.cross_entropy(logits, y[idx]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64], ids=IDS + ["i64"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_max_min_dim_return_values_and_first_indices(spyre_target, dtype, shape):
+    # max.dim/min.dim over the split rows combine (value, index) pairs as
+    # argmax/argmin; max()/min() of every element as amax/amin.
+    if dtype == torch.int64:
+        a = torch.randint(-20, 20, shape, generator=torch.Generator().manual_seed(43))
+    else:
+        a = (_inputs(dtype, seed=43, shape=shape).float() * 4).round().to(dtype)  # many ties
+    d = a.to("tpu")
+    for f in [lambda t: torch.max(t, 0), lambda t: torch.min(t, 0, keepdim=True)]:
+        values, indices = f(d)
+        values, indices = values.cpu(), indices.cpu()
+        _schedule()
+        want_v, want_i = f(a)
+        assert values.dtype == dtype and indices.dtype == torch.int64
+        assert torch.equal(values, want_v)  # a stored input value: no rounding
+        assert torch.equal(indices, want_i)  # CPU: the first index on ties
+    for f in [lambda t: t.max(), lambda t: t.min()]:
+        got = f(d).cpu()
+        _schedule()
+        assert torch.equal(got, f(a))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_logsumexp_over_split_rows(spyre_target, dtype, shape):
+    # The softmax partials (max, sum of exp(x - max)) merged over the ring,
+    # then log(sum) + max rounded once.
+    a = _inputs(dtype, seed=44, shape=shape)
+    d = a.to("tpu")
+    x = a.float()
+    for dims in [(0,), (0, 1)]:
+        got = torch.logsumexp(d, dims).cpu()
+        s = _schedule()
+        (m, tot), _ = _ring_total("softmax", x, dims, s)
+        assert got.dtype == dtype
+        _check(got, (tot.log() + m).reshape(got.shape), dtype)
+        _close(got, torch.logsumexp(x, dims), dtype)
+
+
+def test_logsumexp_infinities_as_cpu(spyre_target):
+    # CPU shifts by max where it is finite, else by 0: an all -inf column
+    # gives -inf (not NaN), a +inf gives +inf, a NaN gives NaN.
+    a = torch.randn(200, 8)
+    a[:, 1] = float("-inf")
+    a[150, 2] = float("inf")
+    a[3, 3] = float("nan")
+    a[170, 4] = float("-inf")
+    got = torch.logsumexp(a.to("tpu"), 0).cpu()
+    _schedule()
+    torch.testing.assert_close(got, torch.logsumexp(a, 0), equal_nan=True)
+
+
+def _cumprod_reference(x, sched):
+    """cumprod in the order of _cumsum_reference, with products."""
+    rows, rpc, used = x.shape[0], sched["rows_per_core"], sched["cores_used"]
+    tile = sched["tile_rows"] or 1
+    scan = torch.empty_like(x)
+    carries = []
+    for c in range(used):
+        carry = None
+        for b in range(c * rpc, min((c + 1) * rpc, rows), tile):
+            e = min(b + tile, (c + 1) * rpc, rows)
+            local = torch.cumprod(x[b:e], 0)
+            if carry is not None:
+                local = local * carry
+            carry = local[-1:]
+            scan[b:e] = local
+        carries.append(carry)
+    out = scan.clone()
+    prefix = None
+    for c in range(1, used):
+        prefix = carries[c - 1] if prefix is None else prefix * carries[c - 1]
+        lo, hi = c * rpc, min((c + 1) * rpc, rows)
+        out[lo:hi] = scan[lo:hi] * prefix
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64], ids=IDS + ["i64"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_cumprod_over_split_rows_carries_the_prefix(spyre_target, dtype, shape):
+    if dtype == torch.int64:
+        g = torch.Generator().manual_seed(45)
+        a = torch.where(torch.rand(shape, generator=g) < 0.01, torch.randint(-2, 3, shape, generator=g), 1)
+    else:
+        g = torch.Generator().manual_seed(45)
+        noise = torch.where(torch.rand(shape, generator=g) < 0.02, 0.05 * torch.randn(shape, generator=g), 0.0)
+        a = (1.0 + noise).to(dtype)
+        if dtype != torch.float32:
+            a = df16_ref(a.float()).to(dtype)
+    got = torch.cumprod(a.to("tpu"), 0).cpu()
+    s = _schedule()
+    assert got.dtype == torch.cumprod(a, 0).dtype
+    if dtype == torch.int64:
+        assert torch.equal(got, torch.cumprod(a, 0))
+    else:
+        _check(got, _cumprod_reference(a.float(), s), dtype)
+        _close(got, torch.cumprod(a.float(), 0), dtype)
