@@ -1698,11 +1698,24 @@ at::Tensor finite_or_zero(const at::Tensor& m) {
   return at::where(m.abs().eq(INFINITY), at::zeros({}, m.options()), m);
 }
 
-// The partial of `seg` (rows of the input in the accumulator dtype, its
-// first row `first_row` of the whole input), in f32 (CPU's float32 kernels).
-RingPart ring_partial(const KtirTilePlan& P, const at::Tensor& seg, int64_t first_row, c10::ScalarType acc) {
+// The partials of `G` corelets at once: `seg` is [G, m, ...] (m rows of the
+// input per corelet, in the accumulator dtype), `first_rows` [G] (int64) the
+// first row of each in the whole input. Each partial is [G, <the partial of
+// one corelet's rows, reduced dims kept>], computed with CPU's float32
+// kernels over dim 1 onwards (each corelet's values are those of its rows
+// alone).
+RingPart ring_partial(const KtirTilePlan& P, const at::Tensor& seg, const at::Tensor& first_rows, c10::ScalarType acc) {
   RingPart q;
-  const at::IntArrayRef dims(P.ring_dims);
+  const int64_t G = seg.size(0);
+  std::vector<int64_t> shifted;
+  for (int64_t d : P.ring_dims) shifted.push_back(d + 1);
+  const at::IntArrayRef dims(shifted);
+  // first_rows shaped to broadcast against a [G, 1, ...] partial of rank r.
+  auto per_g = [&](int64_t rank) {
+    std::vector<int64_t> sizes(rank, 1);
+    sizes[0] = G;
+    return first_rows.view(sizes);
+  };
   switch (P.combine) {
     case KtirTilePlan::kMax:
       q.t = {seg.amax(dims, true)};
@@ -1712,11 +1725,12 @@ RingPart ring_partial(const KtirTilePlan& P, const at::Tensor& seg, int64_t firs
       break;
     case KtirTilePlan::kProd: {
       // prod takes one dim; a product over every dim is over the flattened rows.
-      if (P.ring_dims.size() == 1) {
-        q.t = {seg.prod(P.ring_dims[0], true, acc)};
+      if (shifted.size() == 1) {
+        q.t = {seg.prod(shifted[0], true, acc)};
       } else {
         std::vector<int64_t> ones(seg.dim(), 1);
-        q.t = {seg.reshape({-1}).prod(0, false, acc).reshape(ones)};
+        ones[0] = G;
+        q.t = {seg.reshape({G, -1}).prod(1, false, acc).reshape(ones)};
       }
       break;
     }
@@ -1733,13 +1747,13 @@ RingPart ring_partial(const KtirTilePlan& P, const at::Tensor& seg, int64_t firs
     case KtirTilePlan::kArgMin: {
       const bool is_max = P.combine == KtirTilePlan::kArgMax;
       if (P.ring_flat) {
-        const at::Tensor flat = seg.reshape({-1});
-        const at::Tensor i = is_max ? flat.argmax(0, true) : flat.argmin(0, true);
-        const int64_t row_elems = seg.dim() > 0 ? seg.numel() / std::max<int64_t>(1, seg.size(0)) : 1;
-        q.t = {flat.gather(0, i), i.add(first_row * row_elems)};
+        const at::Tensor flat = seg.reshape({G, -1});
+        const at::Tensor i = is_max ? flat.argmax(1, true) : flat.argmin(1, true);
+        const int64_t row_elems = seg.dim() > 1 ? seg.numel() / std::max<int64_t>(1, G * seg.size(1)) : 1;
+        q.t = {flat.gather(1, i), i.add(per_g(2).mul(row_elems))};
       } else {
-        const at::Tensor i = is_max ? seg.argmax(0, true) : seg.argmin(0, true);
-        q.t = {seg.gather(0, i), i.add(first_row)};
+        const at::Tensor i = is_max ? seg.argmax(1, true) : seg.argmin(1, true);
+        q.t = {seg.gather(1, i), i.add(per_g(i.dim()))};
       }
       break;
     }
@@ -1990,6 +2004,12 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     rp = ring_params(*ring, p.views[ring_in].sizes);
   }
   std::vector<RingPart> acc(P.tiling.cores_used);
+  // The batched accumulators (all ring ops but nll_loss and the scans): per
+  // statistic one [cores_used, ...] tensor, per core whether it has rows yet
+  // and its element count.
+  std::vector<at::Tensor> acc_b;
+  std::vector<char> acc_has(P.tiling.cores_used, 0);
+  std::vector<double> acc_n(P.tiling.cores_used, 0);
   // A scan (cumsum): each core's running total after its last rows, and the
   // partial sums of every row (f32, rounded only after the core's prefix is added).
   std::vector<at::Tensor> carry(P.tiling.cores_used);
@@ -2087,9 +2107,55 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             }
             return;
           }
-          per_corelet([&](int64_t off, int64_t m, int64_t first_row) {
-            return ring_partial(P, x.narrow(0, off, m), first_row, acc_dtype);
-          });
+          // The other ring ops: the cores of a run with equal rows (and
+          // equal accumulated counts) compute their corelet partials and
+          // merges as one batch ([G, ...] tensors, each core's values those
+          // of its own rows), the accumulators of all cores live in one
+          // [cores_used, ...] tensor per statistic.
+          int64_t off = 0;
+          for (size_t c = 0; c < cores.size();) {
+            const int64_t rows = cores[c].second - cores[c].first;
+            if (rows == 0) {
+              ++c;
+              continue;
+            }
+            size_t e = c + 1;
+            while (e < cores.size() && cores[e].second - cores[e].first == rows && acc_has[e] == acc_has[c] &&
+                   acc_n[e] == acc_n[c])
+              ++e;
+            const int64_t G = static_cast<int64_t>(e - c);
+            std::vector<int64_t> sizes = x.sizes().vec();
+            sizes[0] = rows;
+            sizes.insert(sizes.begin(), G);
+            const at::Tensor X = x.narrow(0, off, G * rows).view(sizes);
+            std::vector<int64_t> firsts(G);
+            const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
+            RingPart part;
+            for (int64_t j = 0, left = rows; j < corelets; ++j) {
+              const int64_t m = (left + corelets - j - 1) / (corelets - j);
+              for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first + (rows - left);
+              part = ring_merge(P, std::move(part),
+                                ring_partial(P, X.narrow(1, rows - left, m), at::tensor(firsts, at::kLong), acc_dtype));
+              left -= m;
+            }
+            if (acc_b.empty())
+              for (const at::Tensor& t : part.t) {
+                std::vector<int64_t> all = t.sizes().vec();
+                all[0] = static_cast<int64_t>(cores.size());
+                acc_b.push_back(at::empty(all, t.options()));
+              }
+            RingPart merged = std::move(part);
+            if (acc_has[c]) {
+              RingPart a;
+              for (const at::Tensor& t : acc_b) a.t.push_back(t.narrow(0, c, G));
+              a.n = acc_n[c];
+              merged = ring_merge(P, std::move(a), merged);
+            }
+            for (size_t j = 0; j < acc_b.size(); ++j) acc_b[j].narrow(0, c, G).copy_(merged.t[j]);
+            for (size_t g = c; g < e; ++g) acc_has[g] = 1, acc_n[g] = merged.n;
+            off += G * rows;
+            c = e;
+          }
         });
       }
     }
@@ -2108,6 +2174,12 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   if (ring && !failed[P.ring_op]) {
     // The ring: core 0's partial passes to core 1, which merges its own, and so on.
     run_op(P.ring_op, views, [&] {
+      for (size_t c = 0; c < acc.size() && !acc_b.empty(); ++c) {
+        if (!acc_has[c]) continue;
+        acc[c].t.clear();
+        for (const at::Tensor& t : acc_b) acc[c].t.push_back(t.select(0, static_cast<int64_t>(c)));
+        acc[c].n = acc_n[c];
+      }
       RingPart total;
       for (auto& a : acc) {
         if (a.t.empty()) continue;
