@@ -5,7 +5,9 @@ Each contender builds the same program on "tpu" tensors with its target active
 and flushes it (``.cpu()`` of the result); wall time of the whole step is
 counted, medians of warm repeats (a target switch drops compiled kernels, so
 each target runs its repeats in turn). The regions are a float16 MLP-like
-step (matmul, bias, gelu, layer_norm, softmax, sum) and a float32 one.
+step (matmul, bias, gelu, layer_norm, softmax, sum) and a float32 one, then
+``softmax(x, 0)`` of a 1000x300 bfloat16 tensor (dim 0 is the split rows: a
+ring reduction with a normalizing second pass on Spyre).
 
     PYTHONPATH=. python benchmarks/spyre_interpreter.py [--repeats 15] [--cpu-time]
 
@@ -50,6 +52,21 @@ def make_step(dtype, n=256, d=512, h=256, timer=clock):
     return step
 
 
+def make_ring_step(dtype=torch.bfloat16, shape=(1000, 300), timer=clock):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+
+    def step():
+        def run():
+            dx = x.to("tpu")
+            t0 = timer()
+            torch.softmax(dx, dim=0).cpu()
+            return timer() - t0
+
+        return run
+
+    return step
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=15)
@@ -61,18 +78,18 @@ def main(argv=None):
         timer = time.process_time
     before = tte.get_target()
     try:
-        for dtype in (torch.float16, torch.float32):
+        cases = [(str(dtype), make_step(dtype, timer=timer)) for dtype in (torch.float16, torch.float32)]
+        cases.append(("softmax(x, 0) bf16", make_ring_step(timer=timer)))
+        for name, make in cases:
             med = {}
             for target in ("spyre", "tpu-v5e"):
                 # Switching targets drops compiled kernels: each target runs its
                 # repeats warm, one after the other (interleaving would recompile).
                 tte.set_target(target)
-                med[target] = statistics.median(
-                    interleave({target: make_step(dtype, timer=timer)()}, args.repeats, warmup=2)[target]
-                )
+                med[target] = statistics.median(interleave({target: make()}, args.repeats, warmup=2)[target])
             s, t = med["spyre"], med["tpu-v5e"]
             print(
-                f"{str(dtype):15s} spyre {s * 1e3:8.2f} ms  tpu-v5e {t * 1e3:8.2f} ms  "
+                f"{name:18s} spyre {s * 1e3:8.2f} ms  tpu-v5e {t * 1e3:8.2f} ms  "
                 f"ratio {s / t:5.2f}x (target <= 3x){' [CPU time, 1 thread]' if args.cpu_time else ''}"
             )
     finally:

@@ -239,8 +239,9 @@ def last_schedule():
     - ``load_bytes_per_tile``, ``store_bytes_per_tile`` (bytes).
     - ``ring_steps``, ``ring_bytes``, ``ring_cycles`` (at 128 B per cycle),
       ``partial_bytes`` (what one hop carries), ``ring_s`` (seconds:
-      ``ring_bytes / ring_link_bandwidth``, the link bandwidth from an assumed
-      clock, see ``target_info("spyre")["sources"]``): the cross-core reduction
+      ``ring_bytes / ring_link_bandwidth``, the link bandwidth from an ASSUMED
+      1.5 GHz clock, see ``target_info("spyre")["sources"]["core_clock_hz"]``;
+      the ring part of ``executed_s`` depends on it too): the cross-core reduction
       over the ring of a region that reduces its split dim (all 0 otherwise).
     - Seconds: ``compute_s`` and ``memory_s`` (the region's C and M),
       ``tile_load_s``, ``tile_compute_s``, ``tile_store_s``, ``fill_s``,

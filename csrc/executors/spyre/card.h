@@ -22,8 +22,12 @@ struct CardParams {
   double dram_bandwidth = 0;  // bytes/s, mixed read/write (calibrated)
   double overlap = 0;         // T = C + M - overlap * min(C, M)
   // One ring link between neighbouring cores, bytes/s per direction:
-  // ring_bytes_per_cycle (128, torch-spyre docs) x core_clock_hz (assumed;
-  // spyre.json). 0: unknown, the ring adds no time.
+  // ring_bytes_per_cycle (128, torch-spyre docs) x core_clock_hz (1.5 GHz,
+  // an ASSUMPTION: Spyre's clock is not published; IBM's 14 nm prototype of
+  // the core it descends from ran at 1.5 GHz; spyre.json has the sources).
+  // Only the ring's time depends on it: Schedule::ring_s, the ring part of
+  // executed_s (metrics schedule_time_s) and the profiler's ring_us /
+  // schedule_time_us. 0: unknown, the ring adds no time.
   double ring_link_bandwidth = 0;
 
   bool valid() const {
