@@ -1294,6 +1294,15 @@ const KtirValue* arg_named(const KtirOp& o, const c10::FunctionSchema& schema, c
   return nullptr;
 }
 
+// A result of op `o` whose value does not depend on the rows it reads (a
+// replicated view a tile step may write, every step the same value), or -1:
+// nll_loss_forward's total_weight with reduction='none' (0 on CPU).
+int row_free_result(const KtirOp& o, const c10::FunctionSchema& schema) {
+  if (o.op.substr(0, o.op.find('.')) != "nll_loss_forward" || o.results.size() != 2) return -1;
+  const KtirValue* r = arg_named(o, schema, "reduction");
+  return r && r->kind == KtirValue::kInt && r->i == 0 ? o.results[1] : -1;
+}
+
 // The dims a "dim"/"dims" operand names in a tensor of rank `rank` (None or
 // an empty list: all of them).
 std::set<int64_t> dims_of(const KtirValue* v, int64_t rank) {
@@ -1547,6 +1556,13 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
     }
     if (reads_ring) return whole(o.op + " reads the ring result on the split rows");
     if (!gather && mixes_rows(o, *h, rank0)) return whole(o.op + " is not row-local");
+    // nll_loss with reduction='none': its total_weight result is 0 whatever
+    // the rows (CPU's kernel), so every step writes the same replicated value.
+    if (const int tw = row_free_result(o, schema); tw >= 0) {
+      outs.erase(std::remove(outs.begin(), outs.end(), tw), outs.end());
+      state[tw] = 0;
+      tile_written.insert(storage_key(p.views[tw]));
+    }
     // Shapes: on `probe` rows of its split operands, each result (and written
     // operand) must be `probe` rows of its view. Undecided inputs are first
     // all split, then only those of the result's rank, then only the first

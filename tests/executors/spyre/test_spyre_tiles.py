@@ -205,3 +205,33 @@ def test_nll_loss_backward_walks_tiles(spyre_target):
         want = F.nll_loss(F.log_softmax(lc, 1), target, reduction=reduction)
         (want.sum() if reduction == "none" else want).backward()
         torch.testing.assert_close(got, lc.grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+def test_nll_loss_none_walks_tiles(spyre_target, dtype):
+    # reduction='none': one loss per row (row-local); its total_weight result
+    # is 0 whatever the rows (CPU's kernel), written alike by every step.
+    x = _inputs(dtype, seed=27, shape=(1000, 10))
+    g = torch.Generator().manual_seed(28)
+    target = torch.randint(0, 10, (1000,), generator=g)
+    target[::9] = -100
+    weight = _inputs(dtype, seed=29, shape=(10,), positive=True)
+    for w in (None, weight):
+        out, total = torch.ops.aten.nll_loss_forward(
+            x.to("tpu"), target.to("tpu"), None if w is None else w.to("tpu"), 0, -100
+        )
+        out, total = out.cpu(), total.cpu()
+        kernels = {s["kernel"]: s for s in _schedules()}
+        (name,) = [k for k in kernels if "nll_loss_forward" in k]
+        assert kernels[name]["executed"] == "tiles", kernels[name]["whole_reason"]
+        want, want_total = torch.ops.aten.nll_loss_forward(x, target, w, 0, -100)
+        assert want_total.item() == 0 and total.item() == 0
+        if dtype == torch.float32:
+            assert torch.equal(out, want)
+        else:  # one rounding of the f32 product of the df16 inputs
+            keep = target != -100
+            ref = torch.zeros(1000)
+            picked = x.float()[keep.nonzero()[:, 0], target[keep]]
+            wt = torch.ones(10) if w is None else w.float()
+            ref[keep] = -(picked * wt[target[keep]])
+            assert same(out, store(ref, dtype)) == 0
