@@ -138,6 +138,31 @@ def test_base_program_is_valid_and_runs(spyre_target, tmp_path):
     assert torch.equal(out, torch.exp(x) * 0.5)
 
 
+def test_edited_address_arithmetic_is_what_runs(spyre_target, tmp_path):
+    # The walk reads the views' offsets and strides as the text gives them:
+    # the input view moved by one row (offset 64, 3 rows) and a row stride of
+    # 0 (every core reads row 0) each give the values of those addresses.
+    from torch_tpu_eager import spyre
+
+    x = torch.randn(256)
+    rows = x.view(4, 64)
+    shifted = BASE.replace("cores_used=4", "cores_used=3").replace(
+        "%a0 offset=0 sizes=[4, 64]", "%a0 offset=64 sizes=[3, 64]"
+    )
+    shifted = shifted.replace("%t0 offset=0 sizes=[4, 64]", "%t0 offset=0 sizes=[3, 64]")
+    shifted = shifted.replace("%a1 offset=0 sizes=[4, 64]", "%a1 offset=0 sizes=[3, 64]")
+    p = tmp_path / "shifted.ktir"
+    p.write_text(shifted)
+    (out,) = spyre.run_ktir(p, x)
+    assert torch.equal(out.view(4, 64)[:3], torch.exp(rows[1:]) * 0.5)
+    assert torch.equal(out.view(4, 64)[3], torch.zeros(64))  # never written
+    broadcast = BASE.replace("%a0 offset=0 sizes=[4, 64] strides=[64, 1]", "%a0 offset=0 sizes=[4, 64] strides=[0, 1]")
+    p = tmp_path / "broadcast.ktir"
+    p.write_text(broadcast)
+    (out,) = spyre.run_ktir(p, x)
+    assert torch.equal(out.view(4, 64), (torch.exp(rows[0]) * 0.5).expand(4, 64))
+
+
 BAD = [
     ("sizes=[4, 64] strides=[64, 1]\n  %1", "sizes=[4, 65] strides=[64, 1]\n  %1", 4, "view-bounds"),
     ("%a0 offset=0", "%a0 offset=200", 4, "view-bounds"),
