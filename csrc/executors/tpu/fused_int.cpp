@@ -320,14 +320,16 @@ enum class IForm : uint8_t {
   kBinary,   // fn(self, other): other a tensor, a 0-dim tensor or a Scalar
   kDivide,   // floor_divide / remainder / fmod: fn(self, divisor) (divisor not a loop value)
   kDivMode,  // div(self, other, rounding_mode='floor' | 'trunc')
-  kAddSub,   // self + alpha * other (sub: alpha negated)
+  kAdd,      // self + alpha * other
+  kSub,      // self - alpha * other
   kRsub,     // other - alpha * self
   kCompare,  // fn(self, other) as bool (or self's type, in place)
   kLogical,  // fn(self, other) of a != 0, b != 0 as bool
   kLogicalNot,
   kWhere,       // where(condition, self, other)
   kMaskedFill,  // masked_fill(self, mask, value: Scalar): mask ? value : self
-  kClamp,       // clamp(self, min?, max?), clamp_min / clamp_max(self, bound)
+  kClamp,       // clamp(self, min?, max?)
+  kClampOne,    // clamp_min / clamp_max(self, bound)
   kCopy,        // copy_(self, src): a cast
 };
 
@@ -341,8 +343,8 @@ struct IntLowering {
 
 // The integer loops' vocabulary, one row per op.
 constexpr IntLowering kIntLowerings[] = {
-    {"add", "Tensor,Scalar", "out", IForm::kAddSub, IFn::kAdd},
-    {"sub", "Tensor,Scalar", "out", IForm::kAddSub, IFn::kAdd},
+    {"add", "Tensor,Scalar", "out", IForm::kAdd, IFn::kAdd},
+    {"sub", "Tensor,Scalar", "out", IForm::kSub, IFn::kAdd},
     {"rsub", "Tensor,Scalar", "Tensor_out,Scalar_out", IForm::kRsub, IFn::kAdd},
     {"mul", "Tensor,Scalar", "out", IForm::kBinary, IFn::kMul},
     {"neg", "", "out", IForm::kUnary, IFn::kNeg},
@@ -350,8 +352,8 @@ constexpr IntLowering kIntLowerings[] = {
     {"maximum", "", "out", IForm::kBinary, IFn::kMax},
     {"minimum", "", "out", IForm::kBinary, IFn::kMin},
     {"clamp", ",Tensor", "out,Tensor_out", IForm::kClamp, IFn::kMax},
-    {"clamp_min", ",Tensor", "out,Tensor_out", IForm::kClamp, IFn::kMax},
-    {"clamp_max", ",Tensor", "out,Tensor_out", IForm::kClamp, IFn::kMin},
+    {"clamp_min", ",Tensor", "out,Tensor_out", IForm::kClampOne, IFn::kMax},
+    {"clamp_max", ",Tensor", "out,Tensor_out", IForm::kClampOne, IFn::kMin},
     {"where", "self", "self_out", IForm::kWhere, IFn::kSelect},
     {"masked_fill", "Scalar", "Scalar_out", IForm::kMaskedFill, IFn::kSelect},
     {"eq", "Tensor,Scalar", "Tensor_out,Scalar_out", IForm::kCompare, IFn::kEq},
@@ -382,19 +384,8 @@ constexpr IntLowering kIntLowerings[] = {
     {"copy", "", "", IForm::kCopy, IFn::kCopy},
 };
 
-bool in_list(std::string_view list, std::string_view overload) {
-  while (true) {
-    const size_t comma = list.find(',');
-    if (list.substr(0, comma) == overload) return true;
-    if (comma == std::string_view::npos) return false;
-    list.remove_prefix(comma + 1);
-  }
-}
-
 const IntLowering* int_lowering_of(std::string_view name, std::string_view overload, bool is_out) {
-  for (const IntLowering& l : kIntLowerings)
-    if (l.name == name) return in_list(is_out ? l.out_overloads : l.overloads, overload) ? &l : nullptr;
-  return nullptr;
+  return find_lowering(kIntLowerings, name, overload, is_out);
 }
 
 bool ielem_of(at::ScalarType t, IElem* e) {
@@ -500,7 +491,14 @@ int int_loop_domain(const Node& n) {
   }
   for (const auto& o : n.outputs) see(o.dtype);
   // A float -> bool cast (copy_ into a bool tensor) is the integer loop's kCvtF.
-  if (!any_int && !all_bool && writes_bool && n.op.schema().name() == "aten::copy_") return 1;
+  if (!any_int && !all_bool && writes_bool) {
+    std::string_view name;
+    const InputSlot* w = nullptr;
+    bool is_out = false;
+    const IntLowering* lw =
+        loop_op_form(n, &name, &w, &is_out) ? int_lowering_of(name, n.op.schema().overload_name(), is_out) : nullptr;
+    if (lw && lw->form == IForm::kCopy) return 1;
+  }
   return any_int ? 1 : all_bool ? 2 : 0;
 }
 
@@ -515,6 +513,7 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
     const DeferredStorage* storage;
     int64_t period;
     IElem elem;
+    bool operator==(const External& o) const { return storage == o.storage && period == o.period && elem == o.elem; }
   };
   std::vector<External> ext_of;
   std::vector<IInstr> program;
@@ -560,19 +559,9 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
       *op = *it;
       return true;
     }
-    int index = 0;
-    while (index < static_cast<int>(ext_of.size()) &&
-           (ext_of[index].storage != s || ext_of[index].period != period || ext_of[index].elem != e))
-      ++index;
-    if (index == static_cast<int>(ext_of.size())) {
-      const int in = input_index(n, r);
-      if (in < 0) return false;
-      ext_of.push_back({s, period, e});
-      plan->externals.push_back(Slot{static_cast<int>(pos), in, -1});
-    }
     op->kind = IOperand::kExternal;
-    op->index = index;
-    return true;
+    op->index = external_index(ext_of, External{s, period, e}, n, r, pos, plan->externals);
+    return op->index >= 0;
   };
   auto temp = [&](IInstr ins) {
     ins.dst = regs++;
@@ -702,7 +691,8 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
         }
         break;
       }
-      case IForm::kAddSub:
+      case IForm::kAdd:
+      case IForm::kSub:
       case IForm::kRsub: {
         const bool rsub = lw->form == IForm::kRsub;
         if (!operand(rsub ? 1 : 0, &ins.a, ct) || !operand(rsub ? 0 : 1, &ins.b, ct)) return false;
@@ -712,7 +702,7 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
         IntParam* alpha = scalar_param(2, &ins.c, ct);
         if (!alpha) return false;
         alpha->fits = true;
-        alpha->negate = name != "add";
+        alpha->negate = lw->form != IForm::kAdd;
         break;
       }
       case IForm::kWhere:
@@ -726,9 +716,10 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
         v->fits = true;
         break;
       }
-      case IForm::kClamp: {
+      case IForm::kClamp:
+      case IForm::kClampOne: {
         if (!tensor_arg(0, &ins.a, ct)) return false;
-        const bool one = name != "clamp";
+        const bool one = lw->form == IForm::kClampOne;
         const bool has_min = one ? lw->fn == IFn::kMax : !n.args[1].isNone();
         const bool has_max = one ? lw->fn == IFn::kMin : !n.args[2].isNone();
         if (!has_min && !has_max) return false;
@@ -774,37 +765,7 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
   for (const External& e : ext_of) plan->read += (e.period > 0 ? e.period : numel) * isize(e.elem);
   for (IElem t : out_types) plan->written_bytes += numel * isize(t);
   // Registers: one per value, renamed so that one is reused once its value is dead.
-  {
-    std::vector<int> last_use(regs, -1);
-    const int ni = static_cast<int>(program.size());
-    for (int i = 0; i < ni; ++i)
-      for (const IOperand* o : {&program[i].a, &program[i].b, &program[i].c})
-        if (o->kind == IOperand::kReg) last_use[o->index] = i;
-    std::vector<int> phys(regs, -1), free_regs;
-    int count = 0;
-    for (int i = 0; i < ni; ++i) {
-      IInstr& in = program[i];
-      std::vector<int> release;
-      for (IOperand* o : {&in.a, &in.b, &in.c}) {
-        if (o->kind != IOperand::kReg) continue;
-        const int v = o->index;
-        o->index = phys[v];
-        if (last_use[v] == i) release.push_back(phys[v]);
-      }
-      for (int r : release)
-        if (std::find(free_regs.begin(), free_regs.end(), r) == free_regs.end()) free_regs.push_back(r);
-      const int v = in.dst;
-      if (free_regs.empty()) {
-        in.dst = count++;
-      } else {
-        in.dst = free_regs.back();
-        free_regs.pop_back();
-      }
-      phys[v] = in.dst;
-      if (last_use[v] < 0) free_regs.push_back(in.dst);
-    }
-    prog.regs = count;
-  }
+  prog.regs = fused::rename_registers(program, static_cast<IOperand*>(nullptr), true);
   prog.instrs = std::move(program);
   prog.numel = numel;
   prog.externals.assign(ext_of.size(), nullptr);
