@@ -87,6 +87,20 @@ inline int64_t fmod_int(int64_t a, int64_t b) {
   return r - ((r != 0) & ((a < 0) != (b < 0))) * b;
 }
 
+// a ** e as ATen's powi computes it for a signed integer type, modulo 2^64
+// (the caller wraps to the type): squaring, with e < 0 giving 1 for a == 1,
+// +-1 for a == -1 and 0 otherwise. Products modulo 2^n do not depend on
+// their order, so any multiplication order gives CPU's wrapped value.
+inline int64_t int_pow(int64_t a, int64_t e) {
+  if (e < 0) return a == 1 ? 1 : a == -1 ? ((e & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, x = static_cast<uint64_t>(a);
+  for (uint64_t k = static_cast<uint64_t>(e); k != 0; k >>= 1) {
+    if (k & 1) r *= x;
+    x *= x;
+  }
+  return static_cast<int64_t>(r);
+}
+
 // float32 to `t` as CPU's static_cast on x86 (cvttss2si: NaN and values
 // outside the range give the type's minimum); to bool: v != 0.
 inline int64_t cvt_float(float v, IElem t) {
@@ -193,6 +207,12 @@ void apply(const IInstr& in, int64_t n, const int64_t* a, const int64_t* b, cons
       break;
     case IFn::kCvtF:
       for (int64_t j = 0; j < n; ++j) d[j] = cvt_float(af[j], t);
+      break;
+    case IFn::kSign:
+      for (int64_t j = 0; j < n; ++j) d[j] = (0 < a[j]) - (a[j] < 0);
+      break;
+    case IFn::kPow:
+      for (int64_t j = 0; j < n; ++j) d[j] = wrap(U(int_pow(a[j], b[j])), t);
       break;
     case IFn::kCopy:
       if (t == IElem::kBool) {
@@ -331,6 +351,7 @@ enum class IForm : uint8_t {
   kClamp,       // clamp(self, min?, max?)
   kClampOne,    // clamp_min / clamp_max(self, bound)
   kCopy,        // copy_(self, src): a cast
+  kPowScalar,   // pow(self, exponent: an integral Scalar)
 };
 
 struct IntLowering {
@@ -382,6 +403,9 @@ constexpr IntLowering kIntLowerings[] = {
     {"fmod", "Tensor,Scalar", "Tensor_out,Scalar_out", IForm::kDivide, IFn::kFmod},
     {"div", "Tensor_mode,Scalar_mode", "out_mode,Scalar_mode_out", IForm::kDivMode, IFn::kFloorDiv},
     {"copy", "", "", IForm::kCopy, IFn::kCopy},
+    {"sign", "", "out", IForm::kUnary, IFn::kSign},
+    // CPU's pow_out fills 1 for an exponent of 0 and copies for 1: powi's values too.
+    {"pow", "Tensor_Scalar,Scalar", "Tensor_Scalar_out", IForm::kPowScalar, IFn::kPow},
 };
 
 const IntLowering* int_lowering_of(std::string_view name, std::string_view overload, bool is_out) {
@@ -743,6 +767,14 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
           ins.fn = has_min ? IFn::kMax : IFn::kMin;
           ins.b = has_min ? lo : hi;
         }
+        break;
+      }
+      case IForm::kPowScalar: {
+        // The exponent as the op's type, checked as CPU's Scalar::to<T> (int32: raises when it overflows).
+        if (!tensor_arg(0, &ins.a, ct)) return false;
+        IntParam* e = scalar_param(1, &ins.b, ct);
+        if (!e || !n.args[1].isScalar() || n.args[1].toScalar().isBoolean()) return false;
+        e->fits = true;
         break;
       }
       case IForm::kCopy: {
