@@ -1,6 +1,7 @@
 """Integer fused loops (executors/tpu/fused_int.cpp; issue 18 item 5): int64 / int32 / bool
 elementwise math, comparisons, bitwise ops, shifts, where, clamp, floor division and
-remainder, sign, pow by an integral Scalar, and casts (copy_ between int64, int32, bool and float32) run as one loop over
+remainder, sign, pow by an integral Scalar, and casts (copy_ between int64, int32, bool
+and float32) run as one loop over
 int64 registers, bit-equal to CPU's kernels: int32 wraps modulo 2^32 as CPU's does, int64
 values above 2^53 and INT64_MIN stay exact (a float32 loop would round them), float -> int
 casts give what CPU's static_cast gives on x86 (NaN / out of range: the type's minimum).
