@@ -53,6 +53,7 @@ enum class Form : uint8_t {
   kAddcdiv,
   kLogical,     // fn(self, other) of bool tensors into a bool (0 / 1 values: and = a * b, or = max, xor = a != b)
   kLogicalNot,  // not(self) of a bool tensor (a == 0)
+  kCast,        // copy_(self, src): an int32 / int64 / bool src into a float32 self (src * 1, exact)
 };
 
 // How a Scalar (or 0-dim tensor) operand of a bfloat16 / float16 op enters
@@ -138,6 +139,8 @@ constexpr Lowering kLowerings[] = {
     {"bitwise_or", "Tensor", "Tensor_out", Form::kLogical, Fn::kMaximum, kB},
     {"bitwise_xor", "Tensor", "Tensor_out", Form::kLogical, Fn::kNe, kB},
     {"bitwise_not", "", "out", Form::kLogicalNot, Fn::kEq, kB},
+    // An integer or bool tensor cast into a float32 one joins the float loop (int_loop_domain 2).
+    {"copy", "", "", Form::kCast, Fn::kMul, kF32},
 };
 
 // The lowering of op `name` (no in-place '_') at `overload`, or null.
@@ -146,10 +149,15 @@ const Lowering* lowering_of(std::string_view name, std::string_view overload, bo
 }
 
 // The loop element type of a tensor type; kFloat for an unsupported one is
-// never returned: `ok` says whether it is one.
-Elem elem_of(at::ScalarType t, bool* ok = nullptr) {
+// never returned: `ok` says whether it is one. int32 / int64 are loop types
+// only as a cast's source (`ints`).
+Elem elem_of(at::ScalarType t, bool* ok = nullptr, bool ints = false) {
   if (ok) *ok = true;
   switch (t) {
+    case at::kInt:
+    case at::kLong:
+      if (ok) *ok = ints;
+      return t == at::kInt ? Elem::kInt32 : Elem::kInt64;
     case at::kFloat:
       return Elem::kFloat;
     case at::kBool:
@@ -168,7 +176,9 @@ uint8_t dtype_bit(Elem e) {
   return e == Elem::kFloat ? kF32 : e == Elem::kBFloat16 ? kBF16 : e == Elem::kHalf ? kF16 : kB;
 }
 
-int64_t elem_size(Elem e) { return e == Elem::kFloat ? 4 : e == Elem::kBool ? 1 : 2; }
+int64_t elem_size(Elem e) {
+  return e == Elem::kInt64 ? 8 : e == Elem::kFloat || e == Elem::kInt32 ? 4 : e == Elem::kBool ? 1 : 2;
+}
 
 // v rounded to bfloat16 / float16 as c10 converts (kFloat: v).
 float round_to(float v, Elem e) {
@@ -498,7 +508,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   auto tensor_operand = [&](size_t pos, const TensorRef& r, Operand* op, Elem want = Elem::kFloat) -> bool {
     if (r.conj || r.neg) return false;
     bool known = false;
-    const Elem elem = elem_of(r.dtype, &known);
+    const bool ints = want == Elem::kInt32 || want == Elem::kInt64;  // a cast's source
+    const Elem elem = elem_of(r.dtype, &known, ints);
+    if (ints && r.sizes.empty()) return false;  // (a 0-dim one would be a runtime constant: none of int type)
     const bool mask = want == Elem::kBool;
     const bool zero_dim_const = r.sizes.empty() && !mask && known && elem != Elem::kBool;
     if (!known || (elem != want && !zero_dim_const)) return false;
@@ -737,6 +749,20 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       case Form::kLogical:
         if (!tensor_arg(0, &ins.a, Elem::kBool) || !tensor_arg(1, &ins.b, Elem::kBool)) return false;
         break;
+      case Form::kCast: {
+        // copy_(self, src): src (int32, int64 or bool, read converted to
+        // float32 as CPU's copy converts; of self's shape or broadcast along
+        // leading dims) times 1, which is exact.
+        const InputSlot* src = nullptr;
+        for (const auto& in : n.inputs)
+          if (in.arg == 1 && in.elem < 0 && !in.written) src = &in;
+        if (!src) return false;
+        const at::ScalarType st = src->ref.dtype;
+        if (st != at::kInt && st != at::kLong && st != at::kBool) return false;
+        if (!tensor_arg(1, &ins.a, elem_of(st, nullptr, true))) return false;
+        ins.b = Operand{Operand::kConst, 0, 1.0f};
+        break;
+      }
       case Form::kLogicalNot:
         if (!tensor_arg(0, &ins.a, Elem::kBool)) return false;
         ins.b = Operand{Operand::kConst, 0, 0.0f};

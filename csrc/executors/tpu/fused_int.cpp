@@ -514,14 +514,20 @@ int int_loop_domain(const Node& n) {
     writes_bool = writes_bool || (in.written && in.ref.dtype == at::kBool);
   }
   for (const auto& o : n.outputs) see(o.dtype);
-  // A float -> bool cast (copy_ into a bool tensor) is the integer loop's kCvtF.
-  if (!any_int && !all_bool && writes_bool) {
-    std::string_view name;
-    const InputSlot* w = nullptr;
-    bool is_out = false;
-    const IntLowering* lw =
-        loop_op_form(n, &name, &w, &is_out) ? int_lowering_of(name, n.op.schema().overload_name(), is_out) : nullptr;
-    if (lw && lw->form == IForm::kCopy) return 1;
+  std::string_view name;
+  const InputSlot* w = nullptr;
+  bool is_out = false;
+  const IntLowering* lw =
+      loop_op_form(n, &name, &w, &is_out) ? int_lowering_of(name, n.op.schema().overload_name(), is_out) : nullptr;
+  if (lw && lw->form == IForm::kCopy && w) {
+    // A float -> bool cast (copy_ into a bool tensor) is the integer loop's kCvtF.
+    if (!any_int && !all_bool && writes_bool) return 1;
+    // An int32 / int64 / bool -> float32 cast joins either loop (the float loop reads its source converted).
+    bool int_src = false;
+    for (const auto& in : n.inputs)
+      if (!in.written && in.arg == 1)
+        int_src = in.ref.dtype == at::kInt || in.ref.dtype == at::kLong || in.ref.dtype == at::kBool;
+    if (w->ref.dtype == at::kFloat && int_src) return 2;
   }
   return any_int ? 1 : all_bool ? 2 : 0;
 }

@@ -73,7 +73,10 @@ enum class Fn : uint8_t {
 // written as value != 0), kBFloat16 / kHalf buffers are widened to float32
 // on read (exact) and rounded to nearest even on write, as c10::BFloat16 /
 // c10::Half convert.
-enum class Elem : uint8_t { kFloat, kBool, kBFloat16, kHalf };
+// kInt32 / kInt64: only an external that a cast (copy_ into a float32
+// tensor) reads; staged as floats, each converted as static_cast<float>
+// (to nearest even, as CPU's copy kernel converts).
+enum class Elem : uint8_t { kFloat, kBool, kBFloat16, kHalf, kInt32, kInt64 };
 
 // Conversions of n values for the tiles (fused_convert.cpp; AVX2 + F16C):
 // bfloat16 / float16 bits widened to float (exact); floats rounded to

@@ -372,3 +372,24 @@ def test_pow_and_sign_in_place_and_out_as_cpu(dtype):
         return b, out, s
 
     _check_fused(fn, a)
+
+
+@pytest.mark.parametrize("src", [torch.int64, torch.int32, torch.bool], ids=["i64", "i32", "bool"])
+def test_int_to_float_cast_joins_the_float_loop(src):
+    # A cast of an integer or bool tensor into float32 (copy_, as .float() / .to() record it)
+    # runs in the float loop of its consumers: the source read converted as CPU's copy
+    # converts (int64 to nearest even: values above 2^24 and 2^53 round), alone or broadcast.
+    if src == torch.bool:
+        a = _values(torch.int64, 4096, 15) > 0
+    else:
+        a = _values(src, 4096, 15)
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(16))
+    row = a[:64]
+
+    def fn(a, x, row):
+        y = a.float() * x + 1.5
+        z = torch.empty(64, 64)
+        z.copy_(row)  # broadcast along the leading dim
+        return y, torch.sigmoid(a.to(torch.float32)), z * 2
+
+    _check_fused(fn, a, x, row)
