@@ -44,6 +44,16 @@ constexpr HostRule kHostRules[] = {
     {"max_pool2d_with_indices", "", DirectImpl::kMaxPool2dWithIndices},
     {"native_batch_norm", "", DirectImpl::kBatchNormTrain},
 };
+// Row reductions and normalizations (functional overloads), by name and overload.
+struct RowRule {
+  std::string_view name, overload;
+  RowReduce row;
+};
+constexpr RowRule kRowRules[] = {
+    {"_softmax", "", RowReduce::kSoftmax},    {"_log_softmax", "", RowReduce::kLogSoftmax},
+    {"logsumexp", "", RowReduce::kLogSumExp}, {"sum", "dim_IntList", RowReduce::kSum},
+    {"mean", "dim", RowReduce::kMean},        {"native_layer_norm", "", RowReduce::kLayerNorm},
+};
 // Default overloads whose CPU kernel takes strided inputs as they are.
 constexpr std::string_view kStridedInputs[] = {"mm", "addmm", "bmm", "baddbmm", "cat", "clone"};
 // In-place ops that replace all of self without reading it.
@@ -64,6 +74,8 @@ Lowering lower(const c10::FunctionSchema& schema) {
   const std::string_view overload = schema.overload_name();
   for (const HostRule& r : kHostRules)
     if (r.name == name && r.overload == overload) l.host = r.kernel;
+  for (const RowRule& r : kRowRules)
+    if (r.name == name && r.overload == overload) l.row = r.row;
   for (std::string_view n : kStridedInputs) l.strided_inputs = l.strided_inputs || (overload.empty() && n == name);
   for (std::string_view n : kOverwriteSelf) l.overwrites_self = l.overwrites_self || n == name;
   if (!name.empty() && name.back() == '_') name.remove_suffix(1);

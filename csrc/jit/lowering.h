@@ -41,6 +41,13 @@ enum class DirectImpl : uint8_t {
   kBatchNormTrain
 };
 
+// The row-wise reduction or normalization a functional op computes over the
+// last dim (kLayerNorm: the trailing normalized_shape dims flattened), which a
+// fused loop can end with: _softmax, _log_softmax, logsumexp, sum.dim_IntList,
+// mean.dim, native_layer_norm. Whether a given call qualifies (its dim
+// arguments, dtypes, sizes) is the executor's to check.
+enum class RowReduce : uint8_t { kNone = 0, kSoftmax, kLogSoftmax, kLogSumExp, kSum, kMean, kLayerNorm };
+
 // Whether an op returns a fresh result, writes its self in place, or writes out= arguments.
 enum class OpForm : uint8_t { kFunctional = 0, kInPlace, kOut };
 
@@ -53,6 +60,7 @@ struct Lowering {
   DirectImpl host = DirectImpl::kNone;
   bool strided_inputs = false;   // its CPU kernel takes strided inputs as they are (no dense copy first)
   bool overwrites_self = false;  // an in-place op that replaces all of self without reading it (fill_, normal_, copy_)
+  RowReduce row = RowReduce::kNone;
   bool has_bias() const { return a_arg == 1; }  // beta * self + alpha * product
 };
 

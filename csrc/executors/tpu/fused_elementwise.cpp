@@ -8,6 +8,7 @@
 #include "executors/direct_kernels.h"
 #include "executors/tpu/cpu_vml.h"
 #include "executors/tpu/fused_program.h"
+#include "jit/lowering.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -29,12 +30,14 @@ using fused::Instr;
 using fused::Operand;
 
 using fused::Elem;
+using tpu_eager::RowReduce;
 
 // How an op's arguments map to loop instructions (plan_loop lowers each form).
 enum class Form : uint8_t {
   kUnary,         // fn(self)
   kBinary,        // fn(self, other): other a tensor or a Scalar
-  kAddSub,        // self + alpha * other (sub: alpha negated)
+  kAdd,           // self + alpha * other
+  kSub,           // self - alpha * other
   kRsub,          // other - alpha * self
   kCompare,       // fn(self, other) as a bool (or self's type, in place)
   kWhereSelf,     // where(condition, self, other)
@@ -50,6 +53,7 @@ enum class Form : uint8_t {
   kAddcdiv,
   kLogical,     // fn(self, other) of bool tensors into a bool (0 / 1 values: and = a * b, or = max, xor = a != b)
   kLogicalNot,  // not(self) of a bool tensor (a == 0)
+  kCast,        // copy_(self, src): an int32 / int64 / bool src into a float32 self (src * 1, exact)
 };
 
 // How a Scalar (or 0-dim tensor) operand of a bfloat16 / float16 op enters
@@ -84,8 +88,8 @@ struct Lowering {
 // - pow: float16 calls SLEEF's pow; bfloat16 0.5 / -0.5 / -1 are sqrt / rsqrt
 //   / reciprocal kernels of their own.
 constexpr Lowering kLowerings[] = {
-    {"add", "Tensor,Scalar", "out", Form::kAddSub, Fn::kAdd, kAnyFloat},
-    {"sub", "Tensor,Scalar", "out", Form::kAddSub, Fn::kAdd, kAnyFloat},
+    {"add", "Tensor,Scalar", "out", Form::kAdd, Fn::kAdd, kAnyFloat},
+    {"sub", "Tensor,Scalar", "out", Form::kSub, Fn::kAdd, kAnyFloat},
     {"rsub", "Tensor,Scalar", "Tensor_out,Scalar_out", Form::kRsub, Fn::kAdd, kAnyFloat},
     {"mul", "Tensor,Scalar", "out", Form::kBinary, Fn::kMul, kAnyFloat, ScalarIn::kOpmath},
     {"div", "Tensor,Scalar", "out", Form::kBinary, Fn::kDiv, kAnyFloat, ScalarIn::kOpmath},
@@ -135,30 +139,25 @@ constexpr Lowering kLowerings[] = {
     {"bitwise_or", "Tensor", "Tensor_out", Form::kLogical, Fn::kMaximum, kB},
     {"bitwise_xor", "Tensor", "Tensor_out", Form::kLogical, Fn::kNe, kB},
     {"bitwise_not", "", "out", Form::kLogicalNot, Fn::kEq, kB},
+    // An integer or bool tensor cast into a float32 one joins the float loop (int_loop_domain 2).
+    {"copy", "", "", Form::kCast, Fn::kMul, kF32},
 };
-
-// Whether `overload` is one of the comma-separated `list` ("" an entry too).
-bool in_list(std::string_view list, std::string_view overload) {
-  while (true) {
-    const size_t comma = list.find(',');
-    if (list.substr(0, comma) == overload) return true;
-    if (comma == std::string_view::npos) return false;
-    list.remove_prefix(comma + 1);
-  }
-}
 
 // The lowering of op `name` (no in-place '_') at `overload`, or null.
 const Lowering* lowering_of(std::string_view name, std::string_view overload, bool is_out) {
-  for (const Lowering& l : kLowerings)
-    if (l.name == name) return in_list(is_out ? l.out_overloads : l.overloads, overload) ? &l : nullptr;
-  return nullptr;
+  return find_lowering(kLowerings, name, overload, is_out);
 }
 
 // The loop element type of a tensor type; kFloat for an unsupported one is
-// never returned: `ok` says whether it is one.
-Elem elem_of(at::ScalarType t, bool* ok = nullptr) {
+// never returned: `ok` says whether it is one. int32 / int64 are loop types
+// only as a cast's source (`ints`).
+Elem elem_of(at::ScalarType t, bool* ok = nullptr, bool ints = false) {
   if (ok) *ok = true;
   switch (t) {
+    case at::kInt:
+    case at::kLong:
+      if (ok) *ok = ints;
+      return t == at::kInt ? Elem::kInt32 : Elem::kInt64;
     case at::kFloat:
       return Elem::kFloat;
     case at::kBool:
@@ -177,7 +176,9 @@ uint8_t dtype_bit(Elem e) {
   return e == Elem::kFloat ? kF32 : e == Elem::kBFloat16 ? kBF16 : e == Elem::kHalf ? kF16 : kB;
 }
 
-int64_t elem_size(Elem e) { return e == Elem::kFloat ? 4 : e == Elem::kBool ? 1 : 2; }
+int64_t elem_size(Elem e) {
+  return e == Elem::kInt64 ? 8 : e == Elem::kFloat || e == Elem::kInt32 ? 4 : e == Elem::kBool ? 1 : 2;
+}
 
 // v rounded to bfloat16 / float16 as c10 converts (kFloat: v).
 float round_to(float v, Elem e) {
@@ -218,20 +219,19 @@ bool scalar_operand(const c10::IValue& v, Operand* op) {
   return false;
 }
 
-// sum.dim_IntList / mean.dim over one dim (`*dim`) of a float32 tensor of
-// shape `sizes` with no dtype argument (kSum / kMean): CPU's float sum over a
-// contiguous last dim (lse::sum_row's order), mean its sum divided by the
-// count. False for anything else, and for one row of at least GRAIN_SIZE
+// sum.dim_IntList / mean.dim (`row`: kSum / kMean) over one dim (`*dim`) of
+// a float32 tensor of shape `sizes` with no dtype argument: CPU's float sum
+// over a contiguous last dim (lse::sum_row's order), mean its sum divided by
+// the count. False for anything else, and for one row of at least GRAIN_SIZE
 // (32,768) floats, which CPU's sum splits between threads.
-bool per_row_sum(std::string_view name, const Node& n, c10::IntArrayRef sizes, fused::RowOp* op, int64_t* dim) {
-  const std::string& overload = n.op.schema().overload_name();
-  if (!((name == "sum" && overload == "dim_IntList") || (name == "mean" && overload == "dim"))) return false;
+bool per_row_sum(RowReduce row, const Node& n, c10::IntArrayRef sizes, fused::RowOp* op, int64_t* dim) {
+  if (row != RowReduce::kSum && row != RowReduce::kMean) return false;
   if (n.args.size() < 4 || !n.args[1].isIntList() || n.args[1].toIntList().size() != 1 || !n.args[2].isBool() ||
       !n.args[3].isNone())
     return false;
   if (n.inputs.size() != 1 || n.inputs[0].ref.dtype != at::kFloat) return false;
   if (!sizes.empty() && sizes.back() >= 32768 && c10::multiply_integers(sizes) == sizes.back()) return false;
-  *op = name == "sum" ? fused::RowOp::kSum : fused::RowOp::kMean;
+  *op = row == RowReduce::kSum ? fused::RowOp::kSum : fused::RowOp::kMean;
   *dim = n.args[1].toIntList().get(0);
   return true;
 }
@@ -240,22 +240,23 @@ bool per_row_sum(std::string_view name, const Node& n, c10::IntArrayRef sizes, f
 // (kSum / kMean: an RMSNorm's mean(x ** 2, -1, keepdim=True)).
 bool per_row_value(fused::RowOp op) { return op == fused::RowOp::kSum || op == fused::RowOp::kMean; }
 
-// _softmax / _log_softmax / logsumexp over the last dim of a float32 tensor of
-// shape `sizes`, as CPU computes them; sum / mean (per_row_sum).
-bool row_anchor(std::string_view name, const Node& n, c10::IntArrayRef sizes, fused::RowOp* op) {
+// _softmax / _log_softmax / logsumexp (`row`, the op's lowering) over the
+// last dim of a float32 tensor of shape `sizes`, as CPU computes them; sum /
+// mean (per_row_sum).
+bool row_anchor(RowReduce row, const Node& n, c10::IntArrayRef sizes, fused::RowOp* op) {
   int64_t dim = 0;
-  if (name == "_softmax" || name == "_log_softmax") {
+  if (row == RowReduce::kSoftmax || row == RowReduce::kLogSoftmax) {
     if (!n.args[1].isInt() || !n.args[2].isBool() || n.args[2].toBool()) return false;
-    *op = name == "_softmax" ? fused::RowOp::kSoftmax : fused::RowOp::kLogSoftmax;
+    *op = row == RowReduce::kSoftmax ? fused::RowOp::kSoftmax : fused::RowOp::kLogSoftmax;
     dim = n.args[1].toInt();
-  } else if (name == "logsumexp") {
+  } else if (row == RowReduce::kLogSumExp) {
     if (!tpu::vml::available() || !n.args[1].isIntList() || n.args[1].toIntList().size() != 1) return false;
     *op = fused::RowOp::kLogSumExp;
     dim = n.args[1].toIntList().get(0);
     // A single row of at least GRAIN_SIZE (32,768) floats: CPU's sum splits it
     // between threads (two-pass reduction), an order the row loop does not follow.
     if (!sizes.empty() && sizes.back() >= 32768 && c10::multiply_integers(sizes) == sizes.back()) return false;
-  } else if (!per_row_sum(name, n, sizes, op, &dim)) {
+  } else if (!per_row_sum(row, n, sizes, op, &dim)) {
     return false;
   }
   const int64_t ndim = static_cast<int64_t>(sizes.size());
@@ -381,6 +382,15 @@ int input_index(const Node& n, const TensorRef& r) {
   return -1;
 }
 
+bool overload_in_list(std::string_view list, std::string_view overload) {
+  while (true) {
+    const size_t comma = list.find(',');
+    if (list.substr(0, comma) == overload) return true;
+    if (comma == std::string_view::npos) return false;
+    list.remove_prefix(comma + 1);
+  }
+}
+
 bool loop_op_form(const Node& n, std::string_view* name, const InputSlot** w, bool* is_out) {
   const auto& schema = n.op.schema();
   *name = std::string_view(schema.name()).substr(6);  // without "aten::"
@@ -423,25 +433,12 @@ bool fused_loops_available() {
 }
 
 bool has_fused_lowering(const Node& n) {
-  const auto& schema = n.op.schema();
-  std::string_view name = std::string_view(schema.name()).substr(6);
-  const std::string& overload = schema.overload_name();
+  std::string_view name;
+  const InputSlot* w = nullptr;
   bool is_out = false;
-  const TensorRef* out = nullptr;
-  if (schema.is_mutable()) {
-    const InputSlot* w = written_slot(n);
-    if (!w || w->elem >= 0 || !n.outputs.empty()) return false;
-    is_out = schema.arguments()[w->arg].is_out();
-    if (!is_out) {
-      if (w->arg != 0 || name.empty() || name.back() != '_') return false;
-      name.remove_suffix(1);
-    }
-    out = &w->ref;
-  } else if (n.outputs.size() == 1) {
-    out = &n.outputs[0];
-  } else {
-    return false;
-  }
+  if (!loop_op_form(n, &name, &w, &is_out)) return false;
+  const TensorRef* out = w ? &w->ref : &n.outputs[0];
+  const std::string& overload = n.op.schema().overload_name();
   const Lowering* lw = lowering_of(name, overload, is_out);
   if (!lw) return false;
   at::ScalarType t = out->dtype;
@@ -480,6 +477,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     int64_t period;
     Elem elem;
     int64_t repeat = 0;  // Program::repeat
+    bool operator==(const External& o) const {
+      return storage == o.storage && period == o.period && elem == o.elem && repeat == o.repeat;
+    }
   };
   std::vector<External> ext_of;
   std::vector<Instr> program;
@@ -508,7 +508,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   auto tensor_operand = [&](size_t pos, const TensorRef& r, Operand* op, Elem want = Elem::kFloat) -> bool {
     if (r.conj || r.neg) return false;
     bool known = false;
-    const Elem elem = elem_of(r.dtype, &known);
+    const bool ints = want == Elem::kInt32 || want == Elem::kInt64;  // a cast's source
+    const Elem elem = elem_of(r.dtype, &known, ints);
+    if (ints && r.sizes.empty()) return false;  // (a 0-dim one would be a runtime constant: none of int type)
     const bool mask = want == Elem::kBool;
     const bool zero_dim_const = r.sizes.empty() && !mask && known && elem != Elem::kBool;
     if (!known || (elem != want && !zero_dim_const)) return false;
@@ -541,19 +543,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       *op = *it;
       return true;
     }
-    int index = 0;
-    while (index < static_cast<int>(ext_of.size()) && (ext_of[index].storage != s || ext_of[index].period != period ||
-                                                       ext_of[index].elem != elem || ext_of[index].repeat != repeat))
-      ++index;
-    if (index == static_cast<int>(ext_of.size())) {
-      const int in = input_index(n, r);
-      if (in < 0) return false;
-      ext_of.push_back({s, period, elem, repeat});
-      plan->externals.push_back(Slot{static_cast<int>(pos), in, -1});
-    }
     op->kind = Operand::kExternal;
-    op->index = index;
-    return true;
+    op->index = external_index(ext_of, External{s, period, elem, repeat}, n, r, pos, plan->externals);
+    return op->index >= 0;
   };
   // A staged external (broadcast or bool) lives in a tile register: a row
   // anchor reads its input in place, so it must be something else.
@@ -601,7 +593,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     const bool last_op = k + 1 == ps.size();
     const Node& n = graph[region.nodes[p]];
     const auto& schema = n.op.schema();
-    if (last_op && schema.name() == "aten::native_layer_norm") {
+    const RowReduce row = tpu_eager::lowering_of(n.op).row;
+    if (last_op && row == RowReduce::kLayerNorm) {
       // The loop's last op normalizes rows of the program's last value (or of an input).
       if (!shape) shape = &n.outputs[0].sizes;
       // The row kernel of the capability CPU's layer_norm runs (none for DEFAULT).
@@ -655,15 +648,15 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     bool known_type = false;
     elem_of(out.dtype, &known_type);
     if (!known_type || out.conj || out.neg) return false;
-    // The shape the op iterates over: logsumexp's input (its output has one value per row).
-    const bool reduces = name == "logsumexp" || name == "sum" || name == "mean";
+    // The shape the op iterates over: a row reduction's input (its output has one value per row).
+    const bool reduces = row == RowReduce::kLogSumExp || row == RowReduce::kSum || row == RowReduce::kMean;
     const auto& sizes = reduces && !w && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
     if (!shape) shape = &sizes;
     if (sizes != *shape || out.offset != 0 || !out.is_dense()) return false;
     const Slot out_slot = w ? Slot{static_cast<int>(p), input_index(n, w->ref), -1} : Slot{static_cast<int>(p), -1, 0};
     // Writing a flush temporary from an earlier region in place: checked when bound.
     if (w && !is_made(w->ref.storage.get())) plan->written_inputs.push_back(out_slot);
-    if (!w && last_op && out.dtype == at::kFloat && row_anchor(name, n, sizes, &plan->anchor.op)) {
+    if (!w && last_op && out.dtype == at::kFloat && row_anchor(row, n, sizes, &plan->anchor.op)) {
       // The loop's last op reduces rows of the program's last value (or of an input).
       fused::RowAnchor& anchor = plan->anchor;
       if (!region.materialize[p][0] || n.inputs.size() != 1 || n.inputs[0].arg != 0) return false;
@@ -756,11 +749,26 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       case Form::kLogical:
         if (!tensor_arg(0, &ins.a, Elem::kBool) || !tensor_arg(1, &ins.b, Elem::kBool)) return false;
         break;
+      case Form::kCast: {
+        // copy_(self, src): src (int32, int64 or bool, read converted to
+        // float32 as CPU's copy converts; of self's shape or broadcast along
+        // leading dims) times 1, which is exact.
+        const InputSlot* src = nullptr;
+        for (const auto& in : n.inputs)
+          if (in.arg == 1 && in.elem < 0 && !in.written) src = &in;
+        if (!src) return false;
+        const at::ScalarType st = src->ref.dtype;
+        if (st != at::kInt && st != at::kLong && st != at::kBool) return false;
+        if (!tensor_arg(1, &ins.a, elem_of(st, nullptr, true))) return false;
+        ins.b = Operand{Operand::kConst, 0, 1.0f};
+        break;
+      }
       case Form::kLogicalNot:
         if (!tensor_arg(0, &ins.a, Elem::kBool)) return false;
         ins.b = Operand{Operand::kConst, 0, 0.0f};
         break;
-      case Form::kAddSub:
+      case Form::kAdd:
+      case Form::kSub:
       case Form::kRsub: {
         // add / sub: self + alpha * other (sub negates alpha) as one FMA, as
         // CPU's kernel; rsub: other - alpha * self.
@@ -771,7 +779,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
         Operand alpha;
         alpha_param = scalar_param(2, &alpha, &ins.alpha, true);
         if (alpha_param < 0) return false;
-        if (name != "add") {
+        if (lw->form != Form::kAdd) {
           plan->params[alpha_param].transform = Param::Transform::kNeg;
           ins.alpha = -ins.alpha;
         }

@@ -89,6 +89,30 @@ const InputSlot* written_slot(const Node& n);
 bool loop_op_form(const Node& n, std::string_view* name, const InputSlot** w, bool* is_out);
 // The input index of `r` in `n.inputs` (r is one of them), or -1.
 int input_index(const Node& n, const TensorRef& r);
+// Whether `overload` is one of the comma-separated `list` ("" an entry too).
+bool overload_in_list(std::string_view list, std::string_view overload);
+// The row of a planner's lowering table (rows with `name`, `overloads` and
+// `out_overloads`) for op `name` (no in-place '_') at `overload`, or null.
+template <typename Row, size_t N>
+const Row* find_lowering(const Row (&table)[N], std::string_view name, std::string_view overload, bool is_out) {
+  for (const Row& l : table)
+    if (l.name == name) return overload_in_list(is_out ? l.out_overloads : l.overloads, overload) ? &l : nullptr;
+  return nullptr;
+}
+// The index of the external read `e` in `ext` (compared with ==); a new one
+// is appended, with its slot in `slots`: input `r` of node `n` at region
+// position `pos`. -1 when r is not one of n's inputs.
+template <typename E>
+int external_index(std::vector<E>& ext, const E& e, const Node& n, const TensorRef& r, size_t pos,
+                   std::vector<Slot>& slots) {
+  for (size_t i = 0; i < ext.size(); ++i)
+    if (ext[i] == e) return static_cast<int>(i);
+  const int in = input_index(n, r);
+  if (in < 0) return -1;
+  ext.push_back(e);
+  slots.push_back(Slot{static_cast<int>(pos), in, -1});
+  return static_cast<int>(ext.size()) - 1;
+}
 // The storage of slot `s` of `region`.
 DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::vector<Node>& graph);
 // Per storage a loop over the region positions `ps` writes: its last writer

@@ -87,6 +87,20 @@ inline int64_t fmod_int(int64_t a, int64_t b) {
   return r - ((r != 0) & ((a < 0) != (b < 0))) * b;
 }
 
+// a ** e as ATen's powi computes it for a signed integer type, modulo 2^64
+// (the caller wraps to the type): squaring, with e < 0 giving 1 for a == 1,
+// +-1 for a == -1 and 0 otherwise. Products modulo 2^n do not depend on
+// their order, so any multiplication order gives CPU's wrapped value.
+inline int64_t int_pow(int64_t a, int64_t e) {
+  if (e < 0) return a == 1 ? 1 : a == -1 ? ((e & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, x = static_cast<uint64_t>(a);
+  for (uint64_t k = static_cast<uint64_t>(e); k != 0; k >>= 1) {
+    if (k & 1) r *= x;
+    x *= x;
+  }
+  return static_cast<int64_t>(r);
+}
+
 // float32 to `t` as CPU's static_cast on x86 (cvttss2si: NaN and values
 // outside the range give the type's minimum); to bool: v != 0.
 inline int64_t cvt_float(float v, IElem t) {
@@ -193,6 +207,12 @@ void apply(const IInstr& in, int64_t n, const int64_t* a, const int64_t* b, cons
       break;
     case IFn::kCvtF:
       for (int64_t j = 0; j < n; ++j) d[j] = cvt_float(af[j], t);
+      break;
+    case IFn::kSign:
+      for (int64_t j = 0; j < n; ++j) d[j] = (0 < a[j]) - (a[j] < 0);
+      break;
+    case IFn::kPow:
+      for (int64_t j = 0; j < n; ++j) d[j] = wrap(U(int_pow(a[j], b[j])), t);
       break;
     case IFn::kCopy:
       if (t == IElem::kBool) {
@@ -320,15 +340,18 @@ enum class IForm : uint8_t {
   kBinary,   // fn(self, other): other a tensor, a 0-dim tensor or a Scalar
   kDivide,   // floor_divide / remainder / fmod: fn(self, divisor) (divisor not a loop value)
   kDivMode,  // div(self, other, rounding_mode='floor' | 'trunc')
-  kAddSub,   // self + alpha * other (sub: alpha negated)
+  kAdd,      // self + alpha * other
+  kSub,      // self - alpha * other
   kRsub,     // other - alpha * self
   kCompare,  // fn(self, other) as bool (or self's type, in place)
   kLogical,  // fn(self, other) of a != 0, b != 0 as bool
   kLogicalNot,
   kWhere,       // where(condition, self, other)
   kMaskedFill,  // masked_fill(self, mask, value: Scalar): mask ? value : self
-  kClamp,       // clamp(self, min?, max?), clamp_min / clamp_max(self, bound)
+  kClamp,       // clamp(self, min?, max?)
+  kClampOne,    // clamp_min / clamp_max(self, bound)
   kCopy,        // copy_(self, src): a cast
+  kPowScalar,   // pow(self, exponent: an integral Scalar)
 };
 
 struct IntLowering {
@@ -341,8 +364,8 @@ struct IntLowering {
 
 // The integer loops' vocabulary, one row per op.
 constexpr IntLowering kIntLowerings[] = {
-    {"add", "Tensor,Scalar", "out", IForm::kAddSub, IFn::kAdd},
-    {"sub", "Tensor,Scalar", "out", IForm::kAddSub, IFn::kAdd},
+    {"add", "Tensor,Scalar", "out", IForm::kAdd, IFn::kAdd},
+    {"sub", "Tensor,Scalar", "out", IForm::kSub, IFn::kAdd},
     {"rsub", "Tensor,Scalar", "Tensor_out,Scalar_out", IForm::kRsub, IFn::kAdd},
     {"mul", "Tensor,Scalar", "out", IForm::kBinary, IFn::kMul},
     {"neg", "", "out", IForm::kUnary, IFn::kNeg},
@@ -350,8 +373,8 @@ constexpr IntLowering kIntLowerings[] = {
     {"maximum", "", "out", IForm::kBinary, IFn::kMax},
     {"minimum", "", "out", IForm::kBinary, IFn::kMin},
     {"clamp", ",Tensor", "out,Tensor_out", IForm::kClamp, IFn::kMax},
-    {"clamp_min", ",Tensor", "out,Tensor_out", IForm::kClamp, IFn::kMax},
-    {"clamp_max", ",Tensor", "out,Tensor_out", IForm::kClamp, IFn::kMin},
+    {"clamp_min", ",Tensor", "out,Tensor_out", IForm::kClampOne, IFn::kMax},
+    {"clamp_max", ",Tensor", "out,Tensor_out", IForm::kClampOne, IFn::kMin},
     {"where", "self", "self_out", IForm::kWhere, IFn::kSelect},
     {"masked_fill", "Scalar", "Scalar_out", IForm::kMaskedFill, IFn::kSelect},
     {"eq", "Tensor,Scalar", "Tensor_out,Scalar_out", IForm::kCompare, IFn::kEq},
@@ -380,21 +403,13 @@ constexpr IntLowering kIntLowerings[] = {
     {"fmod", "Tensor,Scalar", "Tensor_out,Scalar_out", IForm::kDivide, IFn::kFmod},
     {"div", "Tensor_mode,Scalar_mode", "out_mode,Scalar_mode_out", IForm::kDivMode, IFn::kFloorDiv},
     {"copy", "", "", IForm::kCopy, IFn::kCopy},
+    {"sign", "", "out", IForm::kUnary, IFn::kSign},
+    // CPU's pow_out fills 1 for an exponent of 0 and copies for 1: powi's values too.
+    {"pow", "Tensor_Scalar,Scalar", "Tensor_Scalar_out", IForm::kPowScalar, IFn::kPow},
 };
 
-bool in_list(std::string_view list, std::string_view overload) {
-  while (true) {
-    const size_t comma = list.find(',');
-    if (list.substr(0, comma) == overload) return true;
-    if (comma == std::string_view::npos) return false;
-    list.remove_prefix(comma + 1);
-  }
-}
-
 const IntLowering* int_lowering_of(std::string_view name, std::string_view overload, bool is_out) {
-  for (const IntLowering& l : kIntLowerings)
-    if (l.name == name) return in_list(is_out ? l.out_overloads : l.overloads, overload) ? &l : nullptr;
-  return nullptr;
+  return find_lowering(kIntLowerings, name, overload, is_out);
 }
 
 bool ielem_of(at::ScalarType t, IElem* e) {
@@ -499,8 +514,21 @@ int int_loop_domain(const Node& n) {
     writes_bool = writes_bool || (in.written && in.ref.dtype == at::kBool);
   }
   for (const auto& o : n.outputs) see(o.dtype);
-  // A float -> bool cast (copy_ into a bool tensor) is the integer loop's kCvtF.
-  if (!any_int && !all_bool && writes_bool && n.op.schema().name() == "aten::copy_") return 1;
+  std::string_view name;
+  const InputSlot* w = nullptr;
+  bool is_out = false;
+  const IntLowering* lw =
+      loop_op_form(n, &name, &w, &is_out) ? int_lowering_of(name, n.op.schema().overload_name(), is_out) : nullptr;
+  if (lw && lw->form == IForm::kCopy && w) {
+    // A float -> bool cast (copy_ into a bool tensor) is the integer loop's kCvtF.
+    if (!any_int && !all_bool && writes_bool) return 1;
+    // An int32 / int64 / bool -> float32 cast joins either loop (the float loop reads its source converted).
+    bool int_src = false;
+    for (const auto& in : n.inputs)
+      if (!in.written && in.arg == 1)
+        int_src = in.ref.dtype == at::kInt || in.ref.dtype == at::kLong || in.ref.dtype == at::kBool;
+    if (w->ref.dtype == at::kFloat && int_src) return 2;
+  }
   return any_int ? 1 : all_bool ? 2 : 0;
 }
 
@@ -515,6 +543,7 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
     const DeferredStorage* storage;
     int64_t period;
     IElem elem;
+    bool operator==(const External& o) const { return storage == o.storage && period == o.period && elem == o.elem; }
   };
   std::vector<External> ext_of;
   std::vector<IInstr> program;
@@ -560,19 +589,9 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
       *op = *it;
       return true;
     }
-    int index = 0;
-    while (index < static_cast<int>(ext_of.size()) &&
-           (ext_of[index].storage != s || ext_of[index].period != period || ext_of[index].elem != e))
-      ++index;
-    if (index == static_cast<int>(ext_of.size())) {
-      const int in = input_index(n, r);
-      if (in < 0) return false;
-      ext_of.push_back({s, period, e});
-      plan->externals.push_back(Slot{static_cast<int>(pos), in, -1});
-    }
     op->kind = IOperand::kExternal;
-    op->index = index;
-    return true;
+    op->index = external_index(ext_of, External{s, period, e}, n, r, pos, plan->externals);
+    return op->index >= 0;
   };
   auto temp = [&](IInstr ins) {
     ins.dst = regs++;
@@ -702,7 +721,8 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
         }
         break;
       }
-      case IForm::kAddSub:
+      case IForm::kAdd:
+      case IForm::kSub:
       case IForm::kRsub: {
         const bool rsub = lw->form == IForm::kRsub;
         if (!operand(rsub ? 1 : 0, &ins.a, ct) || !operand(rsub ? 0 : 1, &ins.b, ct)) return false;
@@ -712,7 +732,7 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
         IntParam* alpha = scalar_param(2, &ins.c, ct);
         if (!alpha) return false;
         alpha->fits = true;
-        alpha->negate = name != "add";
+        alpha->negate = lw->form != IForm::kAdd;
         break;
       }
       case IForm::kWhere:
@@ -726,9 +746,10 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
         v->fits = true;
         break;
       }
-      case IForm::kClamp: {
+      case IForm::kClamp:
+      case IForm::kClampOne: {
         if (!tensor_arg(0, &ins.a, ct)) return false;
-        const bool one = name != "clamp";
+        const bool one = lw->form == IForm::kClampOne;
         const bool has_min = one ? lw->fn == IFn::kMax : !n.args[1].isNone();
         const bool has_max = one ? lw->fn == IFn::kMin : !n.args[2].isNone();
         if (!has_min && !has_max) return false;
@@ -754,6 +775,14 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
         }
         break;
       }
+      case IForm::kPowScalar: {
+        // The exponent as the op's type, checked as CPU's Scalar::to<T> (int32: raises when it overflows).
+        if (!tensor_arg(0, &ins.a, ct)) return false;
+        IntParam* e = scalar_param(1, &ins.b, ct);
+        if (!e || !n.args[1].isScalar() || n.args[1].toScalar().isBoolean()) return false;
+        e->fits = true;
+        break;
+      }
       case IForm::kCopy: {
         // copy_(self, src): src of self's shape (or broadcast along leading dims).
         if (!self_in) return false;
@@ -774,37 +803,7 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
   for (const External& e : ext_of) plan->read += (e.period > 0 ? e.period : numel) * isize(e.elem);
   for (IElem t : out_types) plan->written_bytes += numel * isize(t);
   // Registers: one per value, renamed so that one is reused once its value is dead.
-  {
-    std::vector<int> last_use(regs, -1);
-    const int ni = static_cast<int>(program.size());
-    for (int i = 0; i < ni; ++i)
-      for (const IOperand* o : {&program[i].a, &program[i].b, &program[i].c})
-        if (o->kind == IOperand::kReg) last_use[o->index] = i;
-    std::vector<int> phys(regs, -1), free_regs;
-    int count = 0;
-    for (int i = 0; i < ni; ++i) {
-      IInstr& in = program[i];
-      std::vector<int> release;
-      for (IOperand* o : {&in.a, &in.b, &in.c}) {
-        if (o->kind != IOperand::kReg) continue;
-        const int v = o->index;
-        o->index = phys[v];
-        if (last_use[v] == i) release.push_back(phys[v]);
-      }
-      for (int r : release)
-        if (std::find(free_regs.begin(), free_regs.end(), r) == free_regs.end()) free_regs.push_back(r);
-      const int v = in.dst;
-      if (free_regs.empty()) {
-        in.dst = count++;
-      } else {
-        in.dst = free_regs.back();
-        free_regs.pop_back();
-      }
-      phys[v] = in.dst;
-      if (last_use[v] < 0) free_regs.push_back(in.dst);
-    }
-    prog.regs = count;
-  }
+  prog.regs = fused::rename_registers(program, static_cast<IOperand*>(nullptr), true);
   prog.instrs = std::move(program);
   prog.numel = numel;
   prog.externals.assign(ext_of.size(), nullptr);

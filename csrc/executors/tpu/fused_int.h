@@ -48,6 +48,9 @@ enum class IElem : uint8_t { kInt64, kInt32, kBool, kFloat };
 //              (cvtt: NaN and values outside t's range give t's minimum;
 //              to bool: a != 0, NaN is true)
 //   kCopy      a converted to t (int64 -> int32 keeps the low 32 bits, -> bool a != 0)
+//   kSign      (0 < a) - (a < 0)
+//   kPow       a ** b by squaring, wrapping in t (ATen's powi; b < 0: 1 for a == 1,
+//              +-1 for a == -1, else 0); modulo 2^bits the product's order does not matter
 enum class IFn : uint8_t {
   kAdd,
   kMul,
@@ -78,6 +81,8 @@ enum class IFn : uint8_t {
   kFmod,
   kCvtF,
   kCopy,
+  kSign,
+  kPow,
 };
 
 // An operand: a register, an external buffer (Program::externals) or a

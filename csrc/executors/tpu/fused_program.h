@@ -2,6 +2,7 @@
 // compiled once per instruction set (fused_kernels_avx2.cpp, _avx512.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -72,7 +73,10 @@ enum class Fn : uint8_t {
 // written as value != 0), kBFloat16 / kHalf buffers are widened to float32
 // on read (exact) and rounded to nearest even on write, as c10::BFloat16 /
 // c10::Half convert.
-enum class Elem : uint8_t { kFloat, kBool, kBFloat16, kHalf };
+// kInt32 / kInt64: only an external that a cast (copy_ into a float32
+// tensor) reads; staged as floats, each converted as static_cast<float>
+// (to nearest even, as CPU's copy kernel converts).
+enum class Elem : uint8_t { kFloat, kBool, kBFloat16, kHalf, kInt32, kInt64 };
 
 // Conversions of n values for the tiles (fused_convert.cpp; AVX2 + F16C):
 // bfloat16 / float16 bits widened to float (exact); floats rounded to
@@ -191,6 +195,62 @@ MathRoutines math_routines();
 // Fewer registers keep a tile's working set in L1 (32 KB L1d per core on this
 // machine's AMD EPYC, lscpu).
 int assign_registers(std::vector<Instr>& instrs, Operand* extra_use);
+
+// The renaming of assign_registers for any program whose instructions have
+// operands a, b, c (kind kReg: a register `index`), a destination register
+// `dst` and an output `out` (>= 0: stored). `stored_in_register`: a stored
+// value also takes a register (the integer loop computes into one, then
+// stores it); otherwise it has none. Returns the register count.
+template <typename I, typename O>
+int rename_registers(std::vector<I>& instrs, O* extra_use, bool stored_in_register) {
+  auto has_dst = [&](const I& in) { return stored_in_register || in.out < 0; };
+  int planned = 0;  // last reader of each planned register (instrs.size() for extra_use)
+  for (const I& in : instrs)
+    if (has_dst(in)) planned = std::max(planned, in.dst + 1);
+  std::vector<int> last_use(planned, -1);
+  const int n = static_cast<int>(instrs.size());
+  for (int i = 0; i < n; ++i)
+    for (const O* o : {&instrs[i].a, &instrs[i].b, &instrs[i].c})
+      if (o->kind == O::kReg) last_use[o->index] = i;
+  if (extra_use && extra_use->kind == O::kReg) last_use[extra_use->index] = n;
+
+  std::vector<int> phys(planned, -1), free_regs;
+  int count = 0;
+  for (int i = 0; i < n; ++i) {
+    I& in = instrs[i];
+    for (O* o : {&in.a, &in.b, &in.c}) {
+      if (o->kind != O::kReg) continue;
+      const int v = o->index;
+      o->index = phys[v];
+      // Freed before the destination is chosen: an elementwise pass may write
+      // the register it reads (each element is read before it is written).
+      if (last_use[v] == i && phys[v] >= 0) {
+        free_regs.push_back(phys[v]);
+        phys[v] = -1 - phys[v];  // keep it resolvable for the second operand (a * a)
+      }
+    }
+    for (O* o : {&in.a, &in.b, &in.c})
+      if (o->kind == O::kReg && o->index < 0) o->index = -1 - o->index;
+    if (!has_dst(in)) continue;
+    const int v = in.dst;
+    if (free_regs.empty()) {
+      in.dst = count++;
+    } else {
+      in.dst = free_regs.back();
+      free_regs.pop_back();
+    }
+    phys[v] = in.dst;
+    if (last_use[v] < 0) {  // never read: its register is free again at once
+      free_regs.push_back(in.dst);
+      phys[v] = -1 - in.dst;
+    }
+  }
+  if (extra_use && extra_use->kind == O::kReg) {
+    const int p = phys[extra_use->index];
+    extra_use->index = p >= 0 ? p : -1 - p;
+  }
+  return count;
+}
 
 // A row reduction over the last dim that ends a region, fed by the program
 // (its input is a register, an external buffer or a materialized output of

@@ -1,6 +1,7 @@
 """Integer fused loops (executors/tpu/fused_int.cpp; issue 18 item 5): int64 / int32 / bool
 elementwise math, comparisons, bitwise ops, shifts, where, clamp, floor division and
-remainder, and casts (copy_ between int64, int32, bool and float32) run as one loop over
+remainder, sign, pow by an integral Scalar, and casts (copy_ between int64, int32, bool
+and float32) run as one loop over
 int64 registers, bit-equal to CPU's kernels: int32 wraps modulo 2^32 as CPU's does, int64
 values above 2^53 and INT64_MIN stay exact (a float32 loop would round them), float -> int
 casts give what CPU's static_cast gives on x86 (NaN / out of range: the type's minimum).
@@ -285,6 +286,8 @@ I32_SCALAR_EDGES = {
     "alpha_overflow": lambda a: torch.add(a * 1, a, alpha=2**40),
     "rem_true": lambda a: (a * 1) % True,
     "and_true": lambda a: (a * 1) & True,
+    "pow_2^40": lambda a: (a * 1) ** 2**40,  # CPU's Scalar::to<int> raises
+    "pow_true": lambda a: (a * 1) ** True,  # a copy (op by op: bool exponents are not lowered)
 }
 
 
@@ -336,3 +339,57 @@ def test_masked_fill_of_labels(dtype):
         return y.remainder(1000).masked_fill(m, -100), (y * 2).masked_fill_(~m, 7)
 
     _check_fused(fn, y, lengths, pos)
+
+
+POW_EXPONENTS = [0, 1, 2, 3, 5, 31, 32, 62, 63, 64, 1000003]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=["i64", "i32"])
+def test_sign_and_pow_by_integral_scalars_wrap_as_cpu(dtype):
+    # pow: ATen's powi by squaring, wrapped to the type (exponent 0: CPU fills 1; 1: a copy);
+    # sign: (0 < a) - (a < 0). Large exponents overflow and wrap as CPU's products do.
+    a = _values(dtype, 3001, 5)
+
+    def fn(a):
+        outs = [a.sign() * 5 + a, torch.sign(-a) - 1]
+        outs += [(a**e) ^ a for e in POW_EXPONENTS]
+        return tuple(outs)
+
+    _check_fused(fn, a)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=["i64", "i32"])
+def test_pow_and_sign_in_place_and_out_as_cpu(dtype):
+    a = _values(dtype, 1037, 6)
+
+    def fn(a):
+        b = a * 3
+        b.pow_(3)
+        out = torch.empty_like(a)
+        torch.pow(b + 1, 2, out=out)
+        s = torch.empty_like(a)
+        torch.sign(out - a, out=s)
+        return b, out, s
+
+    _check_fused(fn, a)
+
+
+@pytest.mark.parametrize("src", [torch.int64, torch.int32, torch.bool], ids=["i64", "i32", "bool"])
+def test_int_to_float_cast_joins_the_float_loop(src):
+    # A cast of an integer or bool tensor into float32 (copy_, as .float() / .to() record it)
+    # runs in the float loop of its consumers: the source read converted as CPU's copy
+    # converts (int64 to nearest even: values above 2^24 and 2^53 round), alone or broadcast.
+    if src == torch.bool:
+        a = _values(torch.int64, 4096, 15) > 0
+    else:
+        a = _values(src, 4096, 15)
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(16))
+    row = a[:64]
+
+    def fn(a, x, row):
+        y = a.float() * x + 1.5
+        z = torch.empty(64, 64)
+        z.copy_(row)  # broadcast along the leading dim
+        return y, torch.sigmoid(a.to(torch.float32)), z * 2
+
+    _check_fused(fn, a, x, row)

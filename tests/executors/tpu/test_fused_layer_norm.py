@@ -254,3 +254,25 @@ def test_sign_of_zero_matches_cpu(case):
     got, want = fn(x.to("tpu"), dev(w), dev(b)).cpu(), fn(x, w, b)
     assert torch.equal(got.signbit(), want.signbit())
     assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+@pytest.mark.parametrize("cols", [7, 300, 1024, 4097])
+def test_row_pairs_with_different_statistics_equal_cpu(cols):
+    # Each row's statistics are its own: neighbouring rows of very different scales, a
+    # constant row (variance 0), a row holding inf and one holding NaN, over an odd row
+    # count, each give CPU's values (a row loop that took its moments several rows at a
+    # time must keep them apart).
+    rows = 9
+    x = cpu_randn(rows, cols, seed=61)
+    scales = torch.tensor([1e-3, 1e4, 1.0, 0.0, 3.0, 1.0, 1.0, 7.5, 1e-20]).unsqueeze(1)
+    x = x * scales + torch.arange(rows, dtype=torch.float32).unsqueeze(1) * 100
+    x[5, cols // 2] = float("inf")
+    x[6, 0] = float("nan")
+    r = cpu_randn(rows, cols, seed=62)
+    w, b = cpu_randn(cols, seed=63), cpu_randn(cols, seed=64)
+    for args in ((w, b), (None, None)):
+        expected = torch.native_layer_norm(x + r, (cols,), *args, 1e-5)
+        dev = [_to(t, "tpu") for t in args]
+        got = [t.cpu() for t in torch.native_layer_norm(x.to("tpu") + r.to("tpu"), (cols,), *dev, 1e-5)]
+        for g, e in zip(got, expected):  # bit for bit, NaN where CPU has NaN
+            torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True)
