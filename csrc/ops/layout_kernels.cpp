@@ -34,7 +34,8 @@
 // (_nested_tensor_size, ...) are PyTorch's generic nested kernels instead: views
 // share the "tpu" storage, and the metadata stays a CPU tensor as on CUDA. The
 // dense-to-nested constructors (_nested_from_padded, _nested_tensor_from_mask, the
-// transformer fast path's inputs) are PrivateUse1 kernels of this file.
+// transformer fast path's inputs) and the jagged layout's padding conversions are
+// PrivateUse1 kernels of this file.
 #include <cstring>
 #include <optional>
 
@@ -402,6 +403,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* op : {"_nested_from_padded", "_nested_tensor_from_mask", "_nested_tensor_from_mask_left_aligned"})
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
   m.impl("_nested_view_from_buffer", torch::CppFunction::makeFromBoxedFunction<&nested_view_from_buffer>());
+  // Jagged-layout nested tensors (torch.nested with layout=torch.jagged) are dense
+  // "tpu" values and offsets; their padding conversions have CPU and CUDA kernels only.
+  for (const char* op : {"_jagged_to_padded_dense_forward", "_padded_dense_to_jagged_forward"})
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
   // Dense "tpu" to sparse: the number of non-zeros depends on the data.
   m.impl("_to_sparse", torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
   m.impl("_to_sparse.sparse_dim", torch::CppFunction::makeFromBoxedFunction<&run_on_host>());

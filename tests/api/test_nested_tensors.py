@@ -165,3 +165,17 @@ def test_errors_are_cpus_and_the_queue_stays_valid():
     with pytest.raises(type(want.value), match="Expected both to be nested"):
         torch.matmul(t, dense.to(DEV))
     _same_nested(t + 1, c + 1)
+
+
+def test_jagged_layout_matches_cpu():
+    # torch.nested's jagged layout: a Python subclass over dense values and offsets
+    results = []
+    for dev in ("cpu", DEV):
+        nt = torch.nested.nested_tensor([p.to(dev) for p in _parts()], layout=torch.jagged, requires_grad=True)
+        padded = (F.gelu(nt) * 2).to_padded_tensor(0.0)  # _jagged_to_padded_dense_forward
+        padded.sum().backward()  # _padded_dense_to_jagged_forward
+        lin = F.linear(nt, torch.ones(2, 3, device=dev))
+        results.append((padded, nt.grad.values(), lin.values(), nt.offsets()))
+    for got, want in zip(results[1], results[0], strict=True):
+        assert got.device.type == DEV
+        torch.testing.assert_close(got.cpu(), want)
