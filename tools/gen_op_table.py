@@ -296,10 +296,18 @@ OP_TRAITS = [
     ("kRangeFactory", {"arange", "range", "linspace", "logspace"}, _every),
     # CPU's arange.out warns when it resizes a non-empty out tensor (range, linspace, logspace do not).
     ("kWarnsOnOutResize", {"arange"}, _every),
-    # 16-bit inputs keep mean/rstd in their dtype unless a parameter is float32.
+    # 16-bit inputs keep mean/rstd in their dtype unless a parameter is float32 (then
+    # float32); group norm's backward gives each gradient its argument's dtype.
     (
         "kNormStatsInInputDtype",
-        {"native_layer_norm", "native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update"},
+        {
+            "native_layer_norm",
+            "native_batch_norm",
+            "_native_batch_norm_legit",
+            "_batch_norm_with_update",
+            "native_group_norm",
+            "native_group_norm_backward",
+        },
         lambda ov: ov in ("", "no_stats"),
     ),
     # bool tensor ** bool stays bool.
