@@ -427,7 +427,12 @@ def main():
     for full in sorted(C._dispatch_get_all_op_names()):
         if not full.startswith("aten::"):
             continue
-        if C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
+        # A composite op is decomposed before it reaches the device, except where CPU has a
+        # kernel of its own, which the dispatcher prefers (silu_backward, mish_backward:
+        # their decompositions round every 16-bit intermediate, CPU's kernels once).
+        if C._dispatch_has_kernel_for_dispatch_key(
+            full, "CompositeImplicitAutograd"
+        ) and not C._dispatch_has_kernel_for_dispatch_key(full, "CPU"):
             continue
         overload = full[len("aten::") :]
         if not (
