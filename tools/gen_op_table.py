@@ -296,10 +296,18 @@ OP_TRAITS = [
     ("kRangeFactory", {"arange", "range", "linspace", "logspace"}, _every),
     # CPU's arange.out warns when it resizes a non-empty out tensor (range, linspace, logspace do not).
     ("kWarnsOnOutResize", {"arange"}, _every),
-    # 16-bit inputs keep mean/rstd in their dtype unless a parameter is float32.
+    # 16-bit inputs keep mean/rstd in their dtype unless a parameter is float32 (then
+    # float32); group norm's backward gives each gradient its argument's dtype.
     (
         "kNormStatsInInputDtype",
-        {"native_layer_norm", "native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update"},
+        {
+            "native_layer_norm",
+            "native_batch_norm",
+            "_native_batch_norm_legit",
+            "_batch_norm_with_update",
+            "native_group_norm",
+            "native_group_norm_backward",
+        },
         lambda ov: ov in ("", "no_stats"),
     ),
     # bool tensor ** bool stays bool.
@@ -419,7 +427,12 @@ def main():
     for full in sorted(C._dispatch_get_all_op_names()):
         if not full.startswith("aten::"):
             continue
-        if C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
+        # A composite op is decomposed before it reaches the device, except where CPU has a
+        # kernel of its own, which the dispatcher prefers (silu_backward, mish_backward:
+        # their decompositions round every 16-bit intermediate, CPU's kernels once).
+        if C._dispatch_has_kernel_for_dispatch_key(
+            full, "CompositeImplicitAutograd"
+        ) and not C._dispatch_has_kernel_for_dispatch_key(full, "CPU"):
             continue
         overload = full[len("aten::") :]
         if not (

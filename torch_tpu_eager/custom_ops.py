@@ -120,9 +120,23 @@ def _impl(self, op_name, fn, dispatch_key="", *, with_keyset=False, allow_overri
     self._op_impls.add(impl_key)
 
 
+def _in_dispatcher(qualname):
+    """Whether the overload ``"ns::name[.overload]"`` is a dispatcher operator. TorchScript's
+    own operators (``prim::layout``, ...) have schemas (``torch.ops.prim.layout``) but no
+    dispatcher entry, hence no kernels to adopt."""
+    name, _, overload = qualname.partition(".")
+    try:
+        torch._C._dispatch_find_schema_or_throw(name, overload)
+    except RuntimeError:
+        return False
+    return True
+
+
 def _adopt(qualname):
     """Adopts the C++ "tpu" kernel of one overload; True when it was adopted."""
-    if qualname.startswith("aten::") or not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, _DEVICE_KEY):
+    if qualname.startswith("aten::") or not _in_dispatcher(qualname):
+        return False
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, _DEVICE_KEY):
         return False
     return _recordable(qualname) and _C._adopt_cpp_kernel(qualname) != 0
 

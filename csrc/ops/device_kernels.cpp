@@ -533,6 +533,7 @@ int64_t register_device_kernels() {
       ++count;
     }
     register_quantized_host_kernels();
+    register_nested_host_kernels();
     static torch::Library fb(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
     fb.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
     // Pitfall 4: _copy_from is not a Conjugate/Negative fallthrough upstream.

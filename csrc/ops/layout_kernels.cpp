@@ -1,4 +1,4 @@
-// Sparse COO and quantized tensors on "tpu".
+// Sparse COO, quantized and nested tensors on "tpu".
 //
 // Sparse: torch.sparse_coo_tensor(..., device="tpu"), Tensor.to_sparse(),
 // sparse add/mul/div, coalesce, to_dense, ...
@@ -22,9 +22,24 @@
 // int_repr, q_scale, ...) runs at the call on the host as above: CPU's quantized
 // kernels are the reference, and quantized tensors are outside what the fused
 // targets model.
+//
+// Nested (torch.nested, strided layout): a nested "tpu" tensor is PyTorch's own
+// NestedTensorImpl (dispatch key NestedTensorPrivateUse1) over device memory; its
+// nested sizes, strides and storage offsets are CPU tensors, as for every nested
+// tensor. ATen registers its nested kernels for NestedTensorCPU/CUDA only, and
+// several of them call CPU kernels (dispatch stubs) directly, so a nested op runs
+// at the call on the host like the sparse ones: the storage is read after the
+// flush, CPU's nested kernel runs, and nested results come back over device
+// memory. Views (unbind, select, transpose, ...) and the metadata getters
+// (_nested_tensor_size, ...) are PyTorch's generic nested kernels instead: views
+// share the "tpu" storage, and the metadata stays a CPU tensor as on CUDA. The
+// dense-to-nested constructors (_nested_from_padded, _nested_tensor_from_mask, the
+// transformer fast path's inputs) and the jagged layout's padding conversions are
+// PrivateUse1 kernels of this file.
 #include <cstring>
 #include <optional>
 
+#include <ATen/NestedTensorImpl.h>
 #include <ATen/SparseTensorImpl.h>
 #include <ATen/quantized/QTensorImpl.h>
 #include <c10/core/CPUAllocator.h>
@@ -116,10 +131,26 @@ at::Tensor quantized_to_tpu(const at::Tensor& t) {
   return q;
 }
 
+// The whole storage of nested tensor `t` as a dense 1-D tensor on `device` (a copy
+// unless `device` is t's own). Its nested sizes, strides and offsets index it.
+at::Tensor nested_storage_on(const at::Tensor& t, c10::Device device) {
+  return at::native::get_nested_tensor_impl(t)->get_unsafe_storage_as_tensor().to(device);
+}
+
+// A nested tensor with t's nested sizes, strides and storage offsets over `storage`
+// (a dense 1-D tensor of t's storage size, e.g. from nested_storage_on).
+at::Tensor nested_over(const at::Tensor& t, const at::Tensor& storage) {
+  auto* impl = at::native::get_nested_tensor_impl(t);
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(storage, impl->get_nested_sizes().clone(),
+                                                               impl->get_nested_strides().clone(),
+                                                               impl->get_storage_offsets().clone());
+}
+
 // A "tpu" argument as the CPU kernel takes it (dense: a host copy after the flush).
 at::Tensor to_host(const at::Tensor& t) {
   if (!is_tpu(t)) return t;
   if (t.is_quantized()) return quantized_to_cpu(t);
+  if (t.is_nested()) return nested_over(t, nested_storage_on(t, c10::Device(c10::kCPU)));
   return t.layout() == at::kSparse ? sparse_to_cpu(t) : t.cpu();
 }
 
@@ -127,6 +158,7 @@ at::Tensor to_host(const at::Tensor& t) {
 at::Tensor to_device(const at::Tensor& t, c10::Device device) {
   if (!t.defined() || !t.device().is_cpu() || device.is_cpu()) return t;
   if (t.is_quantized()) return quantized_to_tpu(t);
+  if (t.is_nested()) return nested_over(t, nested_storage_on(t, device));
   return t.layout() == at::kSparse ? sparse_to_tpu(t, device) : t.to(device);
 }
 
@@ -155,6 +187,19 @@ void write_back(const at::Tensor& dst, const at::Tensor& res) {
     dst.unsafeGetTensorImpl()->set_sizes_and_strides(res.sizes(), res.strides(), res.storage_offset());
     static_cast<at::QTensorImpl*>(dst.unsafeGetTensorImpl())
         ->set_quantizer_(static_cast<at::QTensorImpl*>(res.unsafeGetTensorImpl())->quantizer());
+    return;
+  }
+  if (dst.is_nested()) {
+    // In-place nested kernels keep the nested geometry: the host copy of the
+    // storage, written, goes back into the "tpu" storage.
+    auto* dst_impl = at::native::get_nested_tensor_impl(dst);
+    auto* res_impl = at::native::get_nested_tensor_impl(res);
+    at::Tensor storage = dst_impl->get_unsafe_storage_as_tensor();
+    const at::Tensor written = res_impl->get_unsafe_storage_as_tensor();
+    TORCH_CHECK(
+        storage.sizes().equals(written.sizes()) && dst_impl->get_nested_sizes().equal(res_impl->get_nested_sizes()),
+        "nested tpu tensor: an in-place op changed the nested sizes");
+    storage.copy_(written);
     return;
   }
   if (dst.layout() == at::kSparse) {
@@ -319,7 +364,49 @@ TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
 }
 
+// True for a nested op that only makes metadata: a view of its argument (a return
+// that aliases an argument without writing it) or a getter of the nested sizes,
+// strides or offsets (CPU tensors for every device).
+bool nested_metadata_op(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  for (const auto& r : schema.returns())
+    if (r.alias_info() != nullptr && !r.alias_info()->isWrite()) return true;
+  const std::string& name = schema.operator_name().name;
+  return name == "aten::_nested_tensor_size" || name == "aten::_nested_tensor_strides" ||
+         name == "aten::_nested_tensor_storage_offsets";
+}
+
+// Every NestedTensorPrivateUse1 op (see the file comment): metadata ops run
+// PyTorch's generic nested kernel (the NestedTensorCPU one: it builds metadata over
+// the argument's own storage, whatever its device), the others run on the host.
+void nested_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (nested_metadata_op(op)) {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::NestedTensorCPU), stack);
+    return;
+  }
+  run_on_host(op, ks, stack);
+}
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_kernel>());
+}
+
+// _nested_view_from_buffer: a nested view of a dense "tpu" buffer (PyTorch's
+// generic kernel, registered upstream for CPU and CUDA only).
+void nested_view_from_buffer(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // Dense "tpu" to nested (CPU's kernels, registered upstream for CPU and CUDA only):
+  // the nested sizes of _nested_tensor_from_mask depend on the data.
+  for (const char* op : {"_nested_from_padded", "_nested_tensor_from_mask", "_nested_tensor_from_mask_left_aligned"})
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
+  m.impl("_nested_view_from_buffer", torch::CppFunction::makeFromBoxedFunction<&nested_view_from_buffer>());
+  // Jagged-layout nested tensors (torch.nested with layout=torch.jagged) are dense
+  // "tpu" values and offsets; their padding conversions have CPU and CUDA kernels only.
+  for (const char* op : {"_jagged_to_padded_dense_forward", "_padded_dense_to_jagged_forward"})
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
   // Dense "tpu" to sparse: the number of non-zeros depends on the data.
   m.impl("_to_sparse", torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
   m.impl("_to_sparse.sparse_dim", torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
@@ -358,6 +445,32 @@ int64_t register_quantized_host_kernels() {
     const std::string overload =
         name.overload_name.empty() ? name.name.substr(6) : name.name.substr(6) + "." + name.overload_name;
     lib.impl(overload.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
+    ++count;
+  }
+  return count;
+}
+
+int64_t register_nested_host_kernels() {
+  // An op with a NestedTensorCPU kernel and a composite one (linear, matmul,
+  // dropout, ...): NestedTensorPrivateUse1 would get the composite kernel, written
+  // for dense tensors (it fails on the nested sizes), where CPU runs its nested
+  // kernel. Each such op gets nested_kernel, as the fallback would give it.
+  static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::NestedTensorPrivateUse1, __FILE__,
+                            __LINE__);
+  int64_t count = 0;
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    const auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorPrivateUse1))
+      continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
+      continue;
+    const std::string overload =
+        name.overload_name.empty() ? name.name.substr(6) : name.name.substr(6) + "." + name.overload_name;
+    lib.impl(overload.c_str(), torch::CppFunction::makeFromBoxedFunction<&nested_kernel>());
     ++count;
   }
   return count;

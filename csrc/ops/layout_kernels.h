@@ -1,4 +1,4 @@
-// Sparse COO and quantized "tpu" tensors (layout_kernels.cpp).
+// Sparse COO, quantized and nested "tpu" tensors (layout_kernels.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,5 +16,12 @@ at::Tensor layout_result_to_tpu(const at::Tensor& cpu_result);
 // kernel (which would otherwise shadow the quantized fallback). Called once from
 // register_device_kernels(); returns the number of overloads registered.
 int64_t register_quantized_host_kernels();
+
+// Registers nested_kernel (CPU's nested kernel run on the host; views and nested
+// metadata as PyTorch's generic nested kernels) as the NestedTensorPrivateUse1
+// kernel of every op that has a NestedTensorCPU kernel and a composite kernel
+// (which would otherwise shadow the nested fallback). Called once from
+// register_device_kernels(); returns the number of overloads registered.
+int64_t register_nested_host_kernels();
 
 }  // namespace tpu_eager

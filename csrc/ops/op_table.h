@@ -25,7 +25,8 @@ enum OpTrait : uint32_t {
   // (the convolution bits: the device's own convolution entries, device_kernels.cpp).
   kRangeFactory = 1u << 1,           // Scalar values size the result (keyed by value); out= keeps a fitting geometry
   kWarnsOnOutResize = 1u << 2,       // CPU warns when it resizes a non-empty out= tensor (arange)
-  kNormStatsInInputDtype = 1u << 3,  // 16-bit input: mean/rstd in its dtype unless a parameter is float32
+  kNormStatsInInputDtype = 1u << 3,  // 16-bit input: mean/rstd in its dtype unless a parameter is float32;
+                                     // backward: grad_input in input's dtype, grad_weight/bias in weight's
   kBoolPowKeepsBool = 1u << 4,       // bool tensor ** bool is bool (meta: int64)
   kContiguousGradient = 1u << 5,     // the result is contiguous (meta: grad_output's strides)
   kEvalEmptySaveStats = 1u << 6,     // batch norm in eval mode: save_mean / save_invstd are empty

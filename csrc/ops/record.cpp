@@ -731,6 +731,14 @@ void retarget_device_args(Stack& stack, size_t first, size_t n, c10::DeviceType 
     if (stack[i].isDevice() && stack[i].toDevice().type() == c10::DeviceType::PrivateUse1) stack[i] = c10::Device(type);
 }
 
+// The index of `schema`'s argument called `name`, or -1.
+int schema_arg_index(const c10::FunctionSchema& schema, const char* name) {
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].name() == name) return static_cast<int>(i);
+  return -1;
+}
+
 // Where a meta kernel's result shapes differ from CPU's kernel, CPU's win
 // (the executor writes CPU results into the shapes recorded here).
 // `traits`: the op's OpTrait bits, which name the corrections it needs.
@@ -738,16 +746,33 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, uint32_t traits, to
                           MetaOutcome& outcome) {
   // Norm statistics of 16-bit inputs: CPU's kernels keep them in the input
   // dtype unless a parameter (weight, bias, running stats) is float32 ("mixed
-  // type"); the meta kernels always say float32.
-  if ((traits & kNormStatsInInputDtype) && stack[first].isTensor()) {
+  // type"), then float32; the meta kernels say float32 (batch / layer norm) or
+  // the input's dtype (group norm) whatever the parameters.
+  const int grad_of_input = schema_arg_index(schema, "input");
+  const int grad_of_weight = schema_arg_index(schema, "weight");
+  const bool norm_backward = schema_arg_index(schema, "output_mask") >= 0;
+  if ((traits & kNormStatsInInputDtype) && !norm_backward && stack[first].isTensor()) {
     const auto dt = stack[first].toTensor().scalar_type();
     bool mixed = false;
     for (size_t i = first + 1; i < stack.size(); ++i)
       if (stack[i].isTensor() && stack[i].toTensor().defined() && stack[i].toTensor().scalar_type() == at::kFloat)
         mixed = true;
-    if ((dt == at::kHalf || dt == at::kBFloat16) && !mixed)
+    if (dt == at::kHalf || dt == at::kBFloat16)
       for (size_t k = 1; k < 3 && k < outcome.returns.size(); ++k)
-        for (auto& g : outcome.returns[k]) g.dtype = dt;
+        for (auto& g : outcome.returns[k]) g.dtype = mixed ? at::kFloat : dt;
+  }
+  // Their backward (group norm's): CPU allocates grad_input like the input and
+  // grad_weight / grad_bias like the weight (mixed type: 16-bit and float32);
+  // the meta kernel gives every gradient the weight's dtype.
+  if ((traits & kNormStatsInInputDtype) && norm_backward && grad_of_input >= 0 && grad_of_weight >= 0) {
+    const c10::IValue& in = stack[first + static_cast<size_t>(grad_of_input)];
+    const c10::IValue& w = stack[first + static_cast<size_t>(grad_of_weight)];
+    for (size_t k = 0; k < 3 && k < outcome.returns.size(); ++k) {
+      const c10::IValue& like = k == 0 ? in : w;
+      if (!like.isTensor() || !like.toTensor().defined()) continue;
+      for (auto& g : outcome.returns[k])
+        if (g.defined) g.dtype = like.toTensor().scalar_type();
+    }
   }
   // bool tensor ** bool: CPU's type promotion keeps bool; the meta kernel says int64.
   if ((traits & kBoolPowKeepsBool) && stack[first].isTensor() && stack[first].toTensor().scalar_type() == at::kBool &&

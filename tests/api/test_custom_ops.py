@@ -485,3 +485,14 @@ def test_cpp_kernel_adopted_at_torch_ops_lookup(cppk):
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
+
+
+def test_torch_ops_lookup_of_torchscript_only_operators():
+    # torch.ops.<ns>.<name> adopts C++ "tpu" kernels first; TorchScript's own operators
+    # (prim::layout, ...) have a schema but no dispatcher entry, and their lookup must
+    # give the packet as without the package (torch.nested's jagged layout looks up
+    # torch.ops.prim.layout when it is first used).
+    fresh = torch._ops._OpNamespace("prim")  # not the cached torch.ops.prim
+    for name in ("layout", "device", "dtype"):
+        assert torch._C._jit_get_schemas_for_operator(f"prim::{name}")
+        assert getattr(fresh, name).default._schema.name == f"prim::{name}"

@@ -96,3 +96,28 @@ def test_mode_with_out_matches_cpu():
         res[dev] = (v.cpu(), i.cpu())
     torch.testing.assert_close(res["tpu"][0], res["cpu"][0])
     torch.testing.assert_close(res["tpu"][1], res["cpu"][1])
+
+
+# Fixed in record.cpp correct_meta_outcome (kNormStatsInInputDtype): group norm of a
+# 16-bit input with float32 parameters ("mixed type", PyTorch's test_nn test_groupnorm_nhwc):
+# CPU keeps mean/rstd in float32 and gives grad_input the input's dtype and
+# grad_weight/bias the weight's; the meta kernels say otherwise.
+@pytest.mark.parametrize("xdtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("wdtype", [torch.float32, "same", None])
+def test_group_norm_mixed_dtypes_match_cpu(xdtype, wdtype):
+    N, C, G = 2, 8, 4
+    wd = xdtype if wdtype == "same" else wdtype
+    res = {}
+    for dev in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        x = torch.randn(N, C, 5, 5).to(xdtype).to(dev).requires_grad_()
+        w = None if wd is None else torch.randn(C).to(wd).to(dev).requires_grad_()
+        b = None if wd is None else torch.randn(C).to(wd).to(dev).requires_grad_()
+        out, mean, rstd = torch.ops.aten.native_group_norm(x.detach(), w, b, N, C, 25, G, 1e-5)
+        y = F.group_norm(x, G, w, b)
+        y.backward(torch.ones_like(y))
+        grads = [t.grad for t in (x, w, b) if t is not None]
+        res[dev] = [out, mean, rstd, y, *grads]
+    for got, want in zip(res["tpu"], res["cpu"], strict=True):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want)
