@@ -161,3 +161,19 @@ def test_scaled_value_operands(n):
         return torch.add(torch.full_like(x, 0.25), v.abs(), alpha=3.0) + h
 
     _assert_equal(prog, cpu_randn(n, seed=24), cpu_randn(n, seed=25))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_fused_multiply_add_after_its_first_factor(n):
+    # addcmul(self, t1, t2, value) is (value * t1) * t2 + self with one rounding: the
+    # multiply-add runs in the pass of value * t1 (a PostOp), its addend a register,
+    # an input buffer, or a constant; the value may be either factor, or both.
+    def prog(v, g):
+        r = v * 0.999
+        out = torch.addcmul(r, g, g, value=0.001)  # Adam's exp_avg_sq update
+        w = torch.addcmul(g, g * 0.5, v)  # addend an input buffer
+        s = g * 0.25
+        z = torch.addcmul(torch.full_like(g, 2.0), s, s, value=3.0)  # both factors the value
+        return out, w, z
+
+    _assert_equal(prog, cpu_randn(n, seed=26).abs(), cpu_randn(n, seed=27))
