@@ -108,6 +108,15 @@ at::Tensor with_bits(at::Tensor t, const TensorRef& r) {
   if (r.neg) t._set_neg(true);
   return t;
 }
+
+// True when the view `r` is row-major contiguous and lies inside the
+// `storage_numel` elements of its storage: its view chain is at most a
+// narrow and a reshape (never padded, never a gather), so the strided view is
+// the tensor without decomposing the chain (an allocation per step of it; the
+// digits step ran ~200 such decompositions per step for plain operands).
+bool plain_in_bounds(const TensorRef& r, int64_t storage_numel) {
+  return r.offset >= 0 && r.is_dense() && r.offset + r.numel() <= storage_numel;
+}
 }  // namespace
 
 at::Tensor HostMemory::strided(const TensorRef& r) { return with_bits(view_over(storage_for(r.storage.get()), r), r); }
@@ -116,6 +125,7 @@ at::Tensor HostMemory::tensor(const TensorRef& r, bool strided_gather) {
   check_storage_error(r.storage.get());
   c10::Storage st = storage_for(r.storage.get());
   const int64_t numel = static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype));
+  if (plain_in_bounds(r, numel)) return with_bits(view_over(st, r), r);
   const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
   // A chain of slices, reshapes, permutes and broadcasts aliases the storage:
   // on the host that is exactly the strided view, built in one step.
@@ -127,6 +137,7 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
   check_storage_error(r.storage.get());
   c10::Storage st = storage_for(r.storage.get());
   const int64_t numel = static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype));
+  if (plain_in_bounds(r, numel)) return with_bits(view_over(st, r), r);
   const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
   if (!chain.padded && !chain.gather) return with_bits(view_over(st, r), r);
   // Elements that share memory: the op's CPU kernel writes the strided view

@@ -11,7 +11,10 @@ namespace host {
 // The out= overload of the functional op `op` (e.g. aten::_softmax ->
 // aten::_softmax.out): same name, the same non-out arguments (names and
 // types, in order) followed by one out= Tensor per Tensor return. nullptr
-// when none exists or `op` returns anything but Tensors. Cached per op.
+// when none exists or `op` returns anything but Tensors. Cached per op. An
+// aten op's candidate is the one overload named by out_overloads.inc
+// (generated from the installed torch by tools/gen_op_table.py), looked up by
+// name; other namespaces search all overloads of the op's name.
 // `functional_plus_copy`, when given, is set to whether that overload's only
 // kernel is the functional op followed by a copy into out (PyTorch generates
 // such out= overloads for ops that have no out= kernel of their own).

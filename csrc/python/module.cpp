@@ -16,6 +16,7 @@
 #include "device/host_share.h"
 #include "distributed/collective_clock.h"
 #include "executors/executor.h"
+#include "executors/out_variant.h"
 #include "executors/spyre/card.h"
 #include "executors/spyre/df16.h"
 #include "executors/spyre/job_plan.h"
@@ -584,6 +585,18 @@ PYBIND11_MODULE(_C, m) {
     std::sort(names.begin(), names.end());
     return names;
   });
+  m.def(
+      "_out_overload",
+      [](const std::string& qualname) -> py::object {
+        auto dot = qualname.find('.');
+        auto h = c10::Dispatcher::singleton().findOp(
+            c10::OperatorName(qualname.substr(0, dot), dot == std::string::npos ? "" : qualname.substr(dot + 1)));
+        if (!h || !h->hasSchema()) throw py::value_error("no registered operator " + qualname);
+        const c10::OperatorHandle* out = host::out_variant(*h);
+        return out ? py::cast(out->operator_name().overload_name) : py::none();
+      },
+      py::arg("qualname"),
+      "Overload name of the out= overload region runs use for the functional op 'ns::name[.overload]', or None.");
   m.def("_storage_has_pending", [](const at::Tensor& t) { return storage_has_pending(deferred_storage_of(t)); });
   m.def("_prepare_address_export", [](const at::Tensor& t) {
     py::gil_scoped_release no_gil;  // a flush may wait for the autograd thread's ops

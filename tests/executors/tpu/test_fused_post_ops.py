@@ -121,7 +121,7 @@ def test_tensor_operands_of_cheap_ops(n):
         v = v * v  # the value itself
         v = y * v  # value second in a mul
         v = v - x  # add with alpha -1, value first
-        v = x - v  # value second of a sub: its own pass
+        v = x - v  # value second of a sub: x + (-1) * value, in the same pass (value_scaled)
         v = x / v  # value second of a div: its own pass
         return v + h
 
@@ -135,3 +135,45 @@ def test_materialized_output_as_a_tensor_operand():
         return m, (v + m).abs()
 
     _assert_equal(prog, cpu_randn(3001, seed=20), cpu_randn(3001, seed=21))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("weight", [0.1, 0.7])
+def test_lerp_second_step_in_the_first_steps_pass(n, weight):
+    # lerp is end - self, then self + weight * that: the second step takes the value as
+    # its scaled operand (PostOp::value_scaled), in the first step's pass; then Adam's
+    # next ops on the result. Weights on both sides of 0.5 (CPU's two formulas).
+    def prog(m, g):
+        m = m.clone()
+        m.lerp_(g, weight)
+        return m, torch.lerp(g, m, weight) * 2.0 + 1.0
+
+    _assert_equal(prog, cpu_randn(n, seed=22), cpu_randn(n, seed=23))
+
+
+@pytest.mark.parametrize("n", [1, 33, 4099])
+def test_scaled_value_operands(n):
+    # a + alpha * value with a constant, a buffer, and a live register as a.
+    def prog(x, y):
+        h = x * 0.5
+        v = torch.add(y, x * y, alpha=-0.3)
+        v = torch.add(h, v * 2.0, alpha=1.7)
+        return torch.add(torch.full_like(x, 0.25), v.abs(), alpha=3.0) + h
+
+    _assert_equal(prog, cpu_randn(n, seed=24), cpu_randn(n, seed=25))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_fused_multiply_add_after_its_first_factor(n):
+    # addcmul(self, t1, t2, value) is (value * t1) * t2 + self with one rounding: the
+    # multiply-add runs in the pass of value * t1 (a PostOp), its addend a register,
+    # an input buffer, or a constant; the value may be either factor, or both.
+    def prog(v, g):
+        r = v * 0.999
+        out = torch.addcmul(r, g, g, value=0.001)  # Adam's exp_avg_sq update
+        w = torch.addcmul(g, g * 0.5, v)  # addend an input buffer
+        s = g * 0.25
+        z = torch.addcmul(torch.full_like(g, 2.0), s, s, value=3.0)  # both factors the value
+        return out, w, z
+
+    _assert_equal(prog, cpu_randn(n, seed=26).abs(), cpu_randn(n, seed=27))
