@@ -295,10 +295,10 @@ DeviceAllocator g_allocator;
 
 namespace {
 // Freed DeferredStorage blocks kept by a thread for its next storages (at
-// most kKeptStorageBlocks, ~10 KiB): one thread records ops and frees the
+// most kKeptStorageBlocks, ~40 KiB): one thread records ops and frees the
 // flush's dying intermediates, so nearly every storage reuses a block without
 // malloc / free. A block freed by another thread joins that thread's list.
-constexpr int kKeptStorageBlocks = 64;
+constexpr int kKeptStorageBlocks = 256;
 thread_local bool t_storage_blocks_gone = false;  // the thread's list was destroyed (thread exit)
 struct StorageBlocks {
   void* blocks[kKeptStorageBlocks];
