@@ -293,6 +293,44 @@ DeviceAllocator g_allocator;
 
 }  // namespace
 
+namespace {
+// Freed DeferredStorage blocks kept by a thread for its next storages (at
+// most kKeptStorageBlocks, ~40 KiB): one thread records ops and frees the
+// flush's dying intermediates, so nearly every storage reuses a block without
+// malloc / free. A block freed by another thread joins that thread's list.
+constexpr int kKeptStorageBlocks = 256;
+thread_local bool t_storage_blocks_gone = false;  // the thread's list was destroyed (thread exit)
+struct StorageBlocks {
+  void* blocks[kKeptStorageBlocks];
+  int n = 0;
+  ~StorageBlocks() {
+    for (int i = 0; i < n; ++i) ::operator delete(blocks[i]);
+    n = 0;
+    t_storage_blocks_gone = true;  // storages freed later by this thread go to the C library
+  }
+};
+thread_local StorageBlocks t_storage_blocks;
+}  // namespace
+
+void* DeferredStorage::operator new(size_t size) {
+  if (size == sizeof(DeferredStorage) && !t_storage_blocks_gone) {
+    StorageBlocks& b = t_storage_blocks;
+    if (b.n > 0) return b.blocks[--b.n];
+  }
+  return ::operator new(size);
+}
+
+void DeferredStorage::operator delete(void* p, size_t size) {
+  if (size == sizeof(DeferredStorage) && !t_storage_blocks_gone) {
+    StorageBlocks& b = t_storage_blocks;
+    if (b.n < kKeptStorageBlocks) {
+      b.blocks[b.n++] = p;
+      return;
+    }
+  }
+  ::operator delete(p);
+}
+
 DeferredStorage::~DeferredStorage() {
   if (in_bad_fork()) {  // the parent's buffer: leaked, no locks (device/fork.h)
     if (host_owner) (void)host_owner.unsafeReleaseStorageImpl();

@@ -171,6 +171,11 @@ void prepare_address_export(const at::Tensor& self) {
 }
 
 bool release_host_share(DeferredStorage* s) {
+  // Called by ~DeferredStorage: no other thread holds `s`, so none can
+  // install a share now (share_with_host holds a tensor of it), and an
+  // unshared storage (nearly all: every dying intermediate of a flush) skips
+  // the lock.
+  if (C10_LIKELY(s->host_share.load(std::memory_order_acquire) == nullptr)) return false;
   HostShare* h = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_share_mu);

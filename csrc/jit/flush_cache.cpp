@@ -99,6 +99,23 @@ bool push_arg(Words& w, const c10::IValue& a) {
   return true;
 }
 
+// push_arg with its most common kinds (an argument tensors were taken out
+// of, a Python float or int) inline.
+inline bool put_arg(Words& w, const c10::IValue& a) {
+  if (a.isNone()) {
+    w.room(1);
+    w.put(1);
+    return true;
+  }
+  if (a.isInt()) {
+    w.room(2);
+    w.put(2);
+    w.put(static_cast<uint64_t>(a.toInt()));
+    return true;
+  }
+  return push_arg(w, a);
+}
+
 // Appends a tensor reference: its storage number, dtype, conj / neg bits,
 // `flags`, rank, offset, sizes and strides.
 inline void put_ref(Words& w, const TensorRef& r, int32_t number, uint64_t flags) {
@@ -191,7 +208,7 @@ void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushK
     for (int r : node.returns) w.put(static_cast<uint64_t>(static_cast<int64_t>(r)));
     for (int l : node.list_lens) w.put(static_cast<uint64_t>(static_cast<int64_t>(l)));
     for (const auto& a : node.args)
-      if (!push_arg(w, a)) cacheable = false;
+      if (!put_arg(w, a)) cacheable = false;
   }
   w.room(2 * fs.storages.size());
   for (size_t k = 0; k < fs.storages.size(); ++k) {
@@ -201,23 +218,87 @@ void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushK
   }
   key->n = w.n;
   key->cacheable = cacheable;
-  key->hash = hash_words(key->buf.data(), w.n);
+  key->hashed = false;
 }
 
-std::shared_ptr<const FlushPlan> flush_cache_find(const FlushKey& key) {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  auto [lo, hi] = c.index.equal_range(key.hash);
-  for (auto it = lo; it != hi; ++it) {
-    const std::vector<uint64_t>& words = (*it->second)->words;
-    if (words.size() != key.n || std::memcmp(words.data(), key.buf.data(), key.n * sizeof(uint64_t)) != 0) continue;
-    c.lru.splice(c.lru.begin(), c.lru, it->second);
-    return *it->second;
+uint64_t flush_key_hash(FlushKey* key) {
+  if (!key->hashed) {
+    key->hash = hash_words(key->buf.data(), key->n);
+    key->hashed = true;
   }
-  return nullptr;
+  return key->hash;
+}
+
+namespace {
+
+// The plans this thread found or inserted last, most recent first, with
+// their word counts (compared before anything else). Weak: the cache alone
+// keeps plans alive, and a plan found here is used only while the cache
+// still holds it (flush_cache_clear, eviction).
+struct RecentPlan {
+  std::weak_ptr<const FlushPlan> plan;
+  size_t n = 0;
+};
+constexpr size_t kRecentPlans = 8;
+thread_local RecentPlan t_recent[kRecentPlans];
+
+// Makes `plan` this thread's most recent plan.
+void note_recent(const std::shared_ptr<const FlushPlan>& plan) {
+  size_t at = 0;
+  while (at + 1 < kRecentPlans && t_recent[at].n != 0 && t_recent[at].plan.lock() != plan) ++at;
+  for (size_t k = at; k > 0; --k) t_recent[k] = std::move(t_recent[k - 1]);
+  t_recent[0] = {plan, plan->words.size()};
+}
+
+// Moves the index entry of `plan` to the front of the LRU order; false when
+// the cache no longer holds it. Under c.mu.
+bool touch_locked(Cache& c, const FlushPlan* plan) {
+  auto [lo, hi] = c.index.equal_range(plan->hash);
+  for (auto it = lo; it != hi; ++it) {
+    if (it->second->get() != plan) continue;
+    c.lru.splice(c.lru.begin(), c.lru, it->second);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::shared_ptr<const FlushPlan> flush_cache_find(FlushKey* key) {
+  Cache& c = cache();
+  const size_t bytes = key->n * sizeof(uint64_t);
+  for (size_t k = 0; k < kRecentPlans && t_recent[k].n != 0; ++k) {
+    if (t_recent[k].n != key->n) continue;
+    std::shared_ptr<const FlushPlan> plan = t_recent[k].plan.lock();
+    if (!plan || std::memcmp(plan->words.data(), key->buf.data(), bytes) != 0) continue;
+    bool held;
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      held = touch_locked(c, plan.get());
+    }
+    if (!held) break;  // evicted or cleared: the index decides
+    if (k > 0) note_recent(plan);
+    return plan;
+  }
+  const uint64_t hash = flush_key_hash(key);
+  std::shared_ptr<const FlushPlan> found;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto [lo, hi] = c.index.equal_range(hash);
+    for (auto it = lo; it != hi; ++it) {
+      const std::vector<uint64_t>& words = (*it->second)->words;
+      if (words.size() != key->n || std::memcmp(words.data(), key->buf.data(), bytes) != 0) continue;
+      c.lru.splice(c.lru.begin(), c.lru, it->second);
+      found = *it->second;
+      break;
+    }
+  }
+  if (found) note_recent(found);
+  return found;
 }
 
 void flush_cache_insert(std::shared_ptr<const FlushPlan> plan) {
+  note_recent(plan);
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   const uint64_t hash = plan->hash;

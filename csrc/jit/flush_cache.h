@@ -42,20 +42,28 @@ struct FlushPlan {
 
 // A flush's structure as flush_structure writes it: the first `n` words of
 // `buf` (which keeps its size from flush to flush: no allocation or clearing
-// per flush), their hash, and whether the flush may use the cache.
+// per flush), their hash (computed by flush_cache_find when it needs it),
+// and whether the flush may use the cache.
 struct FlushKey {
   std::vector<uint64_t> buf;
   size_t n = 0;
   uint64_t hash = 0;
+  bool hashed = false;    // `hash` is the hash of the words
   bool cacheable = true;  // false when an argument has a kind the structure does not describe
 };
 
-// The structure of `g` (storages numbered by `fs`) into `key`.
+// The structure of `g` (storages numbered by `fs`) into `key` (not hashed).
 void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushKey* key);
+
+// The hash of `key`'s words (computed once; FlushPlan::hash of a plan built for it).
+uint64_t flush_key_hash(FlushKey* key);
 
 // The plan of an earlier flush with this structure (moved to the front of
 // the LRU order), or null. Full equality of the words, not the hash alone.
-std::shared_ptr<const FlushPlan> flush_cache_find(const FlushKey& key);
+// The plans this thread used last are compared first (their word counts,
+// then their words): a step's flushes recur in order, so a hit usually
+// needs no hash of the words and no index lookup.
+std::shared_ptr<const FlushPlan> flush_cache_find(FlushKey* key);
 // Adds a plan; drops least recently used plans past the limit.
 void flush_cache_insert(std::shared_ptr<const FlushPlan> plan);
 // Drops every plan (with the kernel cache: a target switch).

@@ -417,7 +417,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
     cacheable = key.cacheable;
   }
   if (cacheable) {
-    if (std::shared_ptr<const FlushPlan> plan = flush_cache_find(key)) {
+    if (std::shared_ptr<const FlushPlan> plan = flush_cache_find(&key)) {
       m.flush_cache_hits++;
       m.ops_eliminated += static_cast<int64_t>(g.size()) - plan->n_live;
       if (verify_enabled()) {
@@ -430,7 +430,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
 
   auto plan = std::make_shared<FlushPlan>();
   if (cacheable) {  // copied now: a flush nested in this one's run reuses the thread's key
-    plan->hash = key.hash;
+    plan->hash = flush_key_hash(&key);
     plan->words.assign(key.buf.begin(), key.buf.begin() + static_cast<std::ptrdiff_t>(key.n));
   }
   const StorageSet observed = fs.observed_set();

@@ -17,6 +17,12 @@ namespace {
 struct State {
   std::mutex mu;
   std::map<std::string, TimerStats> timers;
+  // The timers time() found last by the address of their name (a literal:
+  // "flush", "region_run" every flush), before a map lookup by string.
+  static constexpr int kRecentTimers = 4;
+  const char* recent_names[kRecentTimers] = {};
+  TimerStats* recent_timers[kRecentTimers] = {};
+  int recent_next = 0;
   std::map<int32_t, int64_t> flushes_by_location;  // SourceLocation id -> flushes
   std::map<std::string, int64_t> op_counts;        // "category.op" -> calls
   std::minstd_rand rng{12345};
@@ -58,7 +64,16 @@ int level() {
 void time(const char* name, double seconds) {
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
-  add_sample(s.timers[name], seconds, s.rng);
+  TimerStats* t = nullptr;
+  for (int k = 0; k < State::kRecentTimers; ++k)
+    if (s.recent_names[k] == name) t = s.recent_timers[k];
+  if (t == nullptr) {
+    t = &s.timers[name];  // std::map: the entry stays where it is until reset()
+    s.recent_names[s.recent_next] = name;
+    s.recent_timers[s.recent_next] = t;
+    s.recent_next = (s.recent_next + 1) % State::kRecentTimers;
+  }
+  add_sample(*t, seconds, s.rng);
 }
 
 void on_flush(FlushReason reason, size_t ops, const Metrics& delta, double seconds, SourceLocation where) {
@@ -171,6 +186,10 @@ void reset() {
   std::lock_guard<std::mutex> lock(s.mu);
   s.recompiles.clear();
   s.timers.clear();
+  for (int k = 0; k < State::kRecentTimers; ++k) {
+    s.recent_names[k] = nullptr;
+    s.recent_timers[k] = nullptr;
+  }
   s.flushes_by_location.clear();
   s.op_counts.clear();
 }

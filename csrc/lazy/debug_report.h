@@ -35,6 +35,8 @@ struct TimerStats {
 constexpr size_t kMaxSamples = 4096;
 
 // Adds one duration to the named timer ("flush", "compile", "record", ...).
+// `name` must live as long as the process (a string literal): the timer is
+// remembered by its address.
 void time(const char* name, double seconds);
 std::vector<std::pair<std::string, TimerStats>> timers();
 

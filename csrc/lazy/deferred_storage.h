@@ -34,6 +34,12 @@ void note_error_seen(const std::exception_ptr& e);
 struct DeferredStorage : c10::intrusive_ptr_target {
   DeferredStorage(void* data, size_t nbytes, uint64_t id) : data(data), nbytes(nbytes), id(id) {}
   ~DeferredStorage() override;
+  // From a per-thread list of freed DeferredStorage blocks (device/allocator.cpp):
+  // every recorded op's fresh result makes one and a flush frees its dying
+  // intermediates', and the C library's malloc / free of each cost ~200
+  // instructions (docs/performance.md, 2026-12-05 hit18b).
+  static void* operator new(size_t size);
+  static void operator delete(void* p, size_t size);
 
   void* data;      // host buffer of `nbytes` bytes (nullptr when nbytes == 0)
   size_t nbytes;   // bytes

@@ -166,3 +166,40 @@ def test_a_tensor_list_argument_is_cacheable():
     for _ in range(2):
         torch.testing.assert_close(torch.cat([xd * 2, xd + 1]).exp().cpu(), torch.cat([x * 2, x + 1]).exp())
     assert _hits() - before == 2
+
+
+def test_a_dropped_plan_is_not_reused_and_lru_order_holds():
+    # A hit first compares the plans this thread used last (flush_cache.cpp); a plan the
+    # cache evicted or cleared must still plan anew, and a hit found that way still
+    # counts as the most recent use for the LRU order.
+    before = tte.metrics()["flush_cache_limit"]
+    x = cpu_randn(6, seed=11)
+    xd = x.to("tpu")
+    xd.cpu()
+
+    def chain(t, k):
+        for _ in range(k):
+            t = t * 1.5 + 1.0
+        return t
+
+    def hit(k):
+        h = _hits()
+        torch.testing.assert_close(chain(xd, k).cpu(), chain(x, k))
+        return _hits() - h == 1
+
+    tte._C._set_flush_cache_limit(2)
+    try:
+        hit(1)
+        assert hit(1)  # A planned, then hit
+        assert not hit(2)  # B planned: the cache holds A and B
+        assert hit(1)  # A again (not this thread's last plan): now the most recently used
+        assert not hit(3)  # C planned: evicts B, the least recently used
+        assert hit(1)
+        assert not hit(2)  # B was evicted: planned anew (the cache now holds B and A)
+        tte._C._set_flush_cache_limit(1)  # keeps B only
+        assert not hit(1)
+        tte._C._clear_cache()
+        assert not hit(1)  # cleared: planned anew
+        assert hit(1)
+    finally:
+        tte._C._set_flush_cache_limit(before)

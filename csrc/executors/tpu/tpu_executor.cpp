@@ -92,6 +92,14 @@ bool run_mxu_emulated(const Node& n, torch::jit::Stack& stack, at::Float32Matmul
   return true;
 }
 
+// One op's simulated cost as it adds to RegionStats: FLOPs, MXU FLOPs and
+// compute seconds on the active chip (cost_model.h OpCost).
+struct OpCostAdd {
+  double flops = 0;
+  double mxu_flops = 0;
+  double compute_s = 0;
+};
+
 // The TPU's hooks into the shared host loop: MXU numerics, tiled-layout
 // padding, roofline costs.
 class TpuHooks final : public host::HostRunHooks {
@@ -112,11 +120,21 @@ class TpuHooks final : public host::HostRunHooks {
         return;
       }
     }
-    const tpu::OpCost cost = tpu::op_cost(n, chip_, prec_);
-    stats.flops += cost.flops;
-    stats.mxu_flops += cost.mxu_flops;
-    stats.compute_s += cost.seconds(chip_);
+    add_cost(op_cost_of(n), stats);
     if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) stats.library_calls++;
+  }
+  // What add_op_cost adds for `n` when it is not a library call (cost_model.h
+  // op_cost): fixed by the op, its operands' sizes and dtypes, the chip and
+  // the precision, so a plan keeps it (TpuPlan::loop_costs).
+  OpCostAdd op_cost_of(const Node& n) const {
+    const tpu::OpCost cost = tpu::op_cost(n, chip_, prec_);
+    return {cost.flops, cost.mxu_flops, cost.seconds(chip_)};
+  }
+  // Adds `c` to `stats` (the same sums in the same order as add_op_cost).
+  static void add_cost(const OpCostAdd& c, RegionStats& stats) {
+    stats.flops += c.flops;
+    stats.mxu_flops += c.mxu_flops;
+    stats.compute_s += c.compute_s;
   }
 
  private:
@@ -225,7 +243,39 @@ struct TpuPlan {
   // the epilogue in flush-local memory: on the TPU the epilogue runs on the
   // MXU's result tiles in VMEM, so their HBM write and read are not counted.
   std::vector<size_t> handed_over;
+  // Per loop that ran fused (kLoops: of `loops`; kMatmul: of `tail_loops`),
+  // its ops' simulated costs in loop order, computed at its first fused run:
+  // fixed by this plan's layout, the chip and the precision `cost_prec` (a
+  // cache-hit run adds them instead of costing every op again). Empty: not
+  // computed yet, or a loop holding a library call (costed per run).
+  std::vector<std::vector<OpCostAdd>> loop_costs;
+  int cost_prec = -1;
 };
+
+// Adds the simulated costs of the ops of loop `l` (`lp`, run fused on `r`)
+// of `plan` to `stats`, from the plan's loop_costs (computed at the first run
+// at precision `prec`).
+void add_loop_costs(TpuPlan& plan, size_t l, const tpu::LoopPlan& lp, const Region& r, const std::vector<Node>& graph,
+                    TpuHooks& hooks, int prec, RegionStats& stats) {
+  if (plan.cost_prec != prec) {
+    plan.loop_costs.clear();
+    plan.cost_prec = prec;
+  }
+  if (plan.loop_costs.size() <= l) plan.loop_costs.resize(l + 1);
+  std::vector<OpCostAdd>& costs = plan.loop_costs[l];
+  if (costs.size() != lp.pos.size()) {
+    costs.clear();
+    for (size_t p : lp.pos) {
+      if (static_cast<PrimKind>(graph[r.nodes[p]].kind) == PrimKind::kLibrary) {  // costed per run
+        costs.clear();
+        for (size_t q : lp.pos) hooks.add_op_cost(graph[r.nodes[q]], stats);
+        return;
+      }
+      costs.push_back(hooks.op_cost_of(graph[r.nodes[p]]));
+    }
+  }
+  for (const OpCostAdd& c : costs) TpuHooks::add_cost(c, stats);
+}
 
 // The positions of each loop of `region` (Region::loop; one loop of every
 // op when partition assigned none).
@@ -330,22 +380,22 @@ bool bind_all(std::vector<tpu::LoopPlan>& loops, const Region& r, std::vector<No
   return true;
 }
 
-// Runs bound loops of `r` and adds their ops' costs.
-void run_all(std::vector<tpu::LoopPlan>& loops, const Region& r, std::vector<Node>& graph, RegionStats& stats,
-             host::HostRunHooks& hooks) {
-  for (auto& l : loops) {
-    tpu::run_loop(l, stats);
-    count_ops("fused", r, l.pos, graph);
-    for (size_t p : l.pos) hooks.add_op_cost(graph[r.nodes[p]], stats);
+// Runs the bound tail loops of `plan` on `r` and adds their ops' costs.
+void run_all(TpuPlan& plan, const Region& r, std::vector<Node>& graph, RegionStats& stats, TpuHooks& hooks, int prec) {
+  for (size_t l = 0; l < plan.tail_loops.size(); ++l) {
+    tpu::LoopPlan& lp = plan.tail_loops[l];
+    tpu::run_loop(lp, stats);
+    count_ops("fused", r, lp.pos, graph);
+    add_loop_costs(plan, l, lp, r, graph, hooks, prec, stats);
   }
 }
 
 // Runs the tail of a split region: its fused loops when they bind, else op by op.
 void run_tail(const CompiledRegion& info, TpuPlan& plan, const Region& region, std::vector<Node>& graph,
-              host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
+              host::HostMemory& mem, RegionStats& stats, TpuHooks& hooks, int prec) {
   const Region t = plan.tail.bind(region);
   if (bind_all(plan.tail_loops, t, graph, mem)) {
-    run_all(plan.tail_loops, t, graph, stats, hooks);
+    run_all(plan, t, graph, stats, hooks, prec);
     return;
   }
   run_part_ops(info, t, plan.tail.pos, graph, mem, stats, hooks);
@@ -374,8 +424,6 @@ class TpuKernel final : public Kernel {
   void run_with_layout(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats,
                        const std::vector<int64_t>& sig) override {
     std::lock_guard<std::mutex> lock(mu_);
-    // The precision the region's ops were recorded at (torch.tpu.precision is per thread).
-    const auto prec = static_cast<at::Float32MatmulPrecision>(run_precision());
     // A run with another exact layout (sizes inside one dynamic-shape
     // bucket, offsets, strides, aliasing) uses its own plan: one region kind
     // recurs with several layouts in one step (a block's q, k and v slices),
@@ -390,6 +438,12 @@ class TpuKernel final : public Kernel {
       std::rotate(plans_.begin(), plans_.begin() + at, plans_.begin() + at + 1);
     }
     TpuPlan& plan_ = plans_.front();
+    // The precision the region's ops were recorded at (torch.tpu.precision is
+    // per thread). Only MXU ops read it (their numerics and cost), so a
+    // region without one skips reading it (the global setting's read is
+    // ~300 instructions when the flush's ops did not fix one).
+    const auto prec =
+        plan_.mxu ? static_cast<at::Float32MatmulPrecision>(run_precision()) : at::Float32MatmulPrecision::HIGHEST;
     const bool tracing = jit::trace_active();
     if (tracing) {
       const tpu::TilingPlan t =
@@ -419,7 +473,7 @@ class TpuKernel final : public Kernel {
           if (plan_.planned[l] && tpu::bind_loop(lp, region, graph, mem)) {
             tpu::run_loop(lp, stats);
             count_ops("fused", region, lp.pos, graph);
-            for (size_t p : lp.pos) hooks.add_op_cost(graph[region.nodes[p]], stats);
+            add_loop_costs(plan_, l, lp, region, graph, hooks, static_cast<int>(prec), stats);
             continue;
           }
           const Part part = make_part(region, lp.pos, region.anchor);
@@ -460,7 +514,7 @@ class TpuKernel final : public Kernel {
           stats.errors_marked = true;
           std::rethrow_exception(err);
         }
-        run_tail(c, plan_, region, graph, mem, stats, hooks);
+        run_tail(c, plan_, region, graph, mem, stats, hooks, static_cast<int>(prec));
         for (size_t j : plan_.handed_over) {  // written once by the MXU op, read once by the epilogue
           const TensorRef& r = graph[region.nodes[0]].outputs[j];
           stats.bytes_written -= hooks.logical_bytes(r);
