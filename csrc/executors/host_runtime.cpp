@@ -110,12 +110,23 @@ at::Tensor with_bits(at::Tensor t, const TensorRef& r) {
 }
 }  // namespace
 
+namespace {
+// Whether `r` is a row-major dense view lying inside a buffer of
+// `storage_numel` elements: views::decompose then gives a chain of a narrow
+// and a reshape (no pad, no gather), i.e. the strided view itself, so the
+// decomposition is skipped (a flush's op-by-op inputs are mostly such views).
+bool dense_in_bounds(const TensorRef& r, int64_t storage_numel) {
+  return r.offset >= 0 && r.is_dense() && r.offset + r.numel() <= storage_numel;
+}
+}  // namespace
+
 at::Tensor HostMemory::strided(const TensorRef& r) { return with_bits(view_over(storage_for(r.storage.get()), r), r); }
 
 at::Tensor HostMemory::tensor(const TensorRef& r, bool strided_gather) {
   check_storage_error(r.storage.get());
   c10::Storage st = storage_for(r.storage.get());
   const int64_t numel = static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype));
+  if (dense_in_bounds(r, numel)) return with_bits(view_over(st, r), r);
   const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
   // A chain of slices, reshapes, permutes and broadcasts aliases the storage:
   // on the host that is exactly the strided view, built in one step.
@@ -127,6 +138,7 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
   check_storage_error(r.storage.get());
   c10::Storage st = storage_for(r.storage.get());
   const int64_t numel = static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype));
+  if (dense_in_bounds(r, numel)) return with_bits(view_over(st, r), r);
   const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
   if (!chain.padded && !chain.gather) return with_bits(view_over(st, r), r);
   // Elements that share memory: the op's CPU kernel writes the strided view
