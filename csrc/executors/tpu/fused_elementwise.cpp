@@ -346,6 +346,40 @@ bool param_value(const Param& p, const Region& region, const std::vector<Node>& 
 
 }  // namespace
 
+namespace {
+
+// Whether the float32 tensor `r` can be read by a loop over `shape` through
+// its strides (fused::StridedRead in `*out`): its sizes broadcast to `shape`
+// (right-aligned; a missing or size-1 dim reads stride 0), its strides are
+// non-negative, and `shape` has at most StridedRead::kMaxDims dims and
+// elements. Covers the views the dense, period and repeat forms do not: a
+// transposed q of attention heads, a column half q[..., D/2:] of rotary
+// embedding, cos of [B, 1, T, D] broadcast over the heads.
+bool strided_read(const TensorRef& r, const Dims& shape, fused::StridedRead* out) {
+  const size_t nd = shape.size(), nr = r.sizes.size();
+  if (nd == 0 || nd > fused::StridedRead::kMaxDims || nr > nd || r.strides.size() != nr || r.offset < 0) return false;
+  out->offset = r.offset;
+  out->extent = r.offset + 1;
+  out->sizes.assign(shape.begin(), shape.end());
+  out->strides.assign(nd, 0);
+  for (size_t j = 0; j < nr; ++j) {
+    const size_t d = nd - nr + j;
+    if (shape[d] == 0) return false;
+    if (r.sizes[j] == shape[d] && shape[d] > 1) {
+      if (r.strides[j] < 0) return false;
+      out->strides[d] = r.strides[j];
+      out->extent += (shape[d] - 1) * r.strides[j];
+    } else if (r.sizes[j] != 1 && r.sizes[j] != shape[d]) {
+      return false;
+    }
+  }
+  for (size_t d = 0; d < nd - nr; ++d)
+    if (shape[d] == 0) return false;
+  return true;
+}
+
+}  // namespace
+
 // (fused_elementwise.h) The elements per repetition of a row-major tensor of `sizes` broadcast to
 // `shape` along leading dims only (its shape is shape's last dims, with any
 // dims before them 1): element i of the broadcast is element i % period.
@@ -477,11 +511,13 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     int64_t period;
     Elem elem;
     int64_t repeat = 0;  // Program::repeat
+    int strided = -1;    // index in strided_of (Program::strided), or -1
     bool operator==(const External& o) const {
-      return storage == o.storage && period == o.period && elem == o.elem && repeat == o.repeat;
+      return storage == o.storage && period == o.period && elem == o.elem && repeat == o.repeat && strided == o.strided;
     }
   };
   std::vector<External> ext_of;
+  std::vector<fused::StridedRead> strided_of;
   std::vector<Instr> program;
   std::vector<DeferredStorage*> outputs;  // storages of the loop's stores, in instruction order
   std::vector<Elem> out_types;            // their element types
@@ -526,17 +562,31 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       param_operand(p, op);
       return true;
     }
-    if (r.offset != 0) return false;
+    // Any other layout of a float32 tensor the loop does not make or write
+    // is read through its strides (strided_read).
+    auto read_strided = [&]() {
+      fused::StridedRead sr;
+      if (it || written_by.contains(s) || elem != want || !strided_read(r, *shape, &sr)) return false;
+      const int in = input_index(n, r);
+      if (in < 0) return false;
+      op->kind = Operand::kExternal;
+      op->index = static_cast<int>(ext_of.size());
+      ext_of.push_back({s, 0, elem, 0, static_cast<int>(strided_of.size())});
+      strided_of.push_back(std::move(sr));
+      plan->externals.push_back(Slot{static_cast<int>(pos), in, -1});
+      return true;
+    };
+    if (r.offset != 0) return read_strided();
     int64_t period = 0, repeat = 0;
     if (!r.is_dense()) {
       // A per-row value expanded along the row (expand of [..., 1]: an
       // RMSNorm backward's mean gradient): read as a row broadcast.
       repeat = elem == Elem::kFloat && r.sizes == *shape ? expanded_row(r) : 0;
-      if (repeat == 0 || it || written_by.contains(s)) return false;
+      if (repeat == 0 || it || written_by.contains(s)) return read_strided();
     } else if (r.sizes != *shape) {
       period = broadcast_period(r.sizes, *shape);
       if (period == 0 && elem == Elem::kFloat) repeat = row_broadcast(r.sizes, *shape);
-      if ((period == 0 && repeat == 0) || it || written_by.contains(s)) return false;
+      if ((period == 0 && repeat == 0) || it || written_by.contains(s)) return read_strided();
     }
     if (elem != want) return false;
     if (it) {  // a loop value (a bool one held as 0.0f / 1.0f)
@@ -550,8 +600,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   // A staged external (broadcast or bool) lives in a tile register: a row
   // anchor reads its input in place, so it must be something else.
   auto staged = [&](const Operand& o) {
-    return o.kind == Operand::kExternal &&
-           (ext_of[o.index].period > 0 || ext_of[o.index].elem != Elem::kFloat || ext_of[o.index].repeat > 0);
+    return o.kind == Operand::kExternal && (ext_of[o.index].period > 0 || ext_of[o.index].elem != Elem::kFloat ||
+                                            ext_of[o.index].repeat > 0 || ext_of[o.index].strided >= 0);
   };
   // An intermediate value of a multi-instruction op: a register.
   auto temp = [&](Instr ins) {
@@ -1014,6 +1064,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     prog.period.push_back(e.period);
     prog.ext_type.push_back(e.elem);
     prog.repeat.push_back(e.repeat);
+    prog.strided.push_back(e.strided >= 0 ? strided_of[e.strided] : fused::StridedRead{});
   }
   prog.outputs.assign(outputs.size(), nullptr);
   prog.out_type = std::move(out_types);
@@ -1151,8 +1202,14 @@ bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, h
   if (plan.has_anchor && anchor.in.kind == Operand::kConst && anchor.in.index > 0)
     anchor.in.value = v[anchor.in.index - 1];
   if (plan.eps_param >= 0) anchor.eps = v[plan.eps_param];
-  for (size_t i = 0; i < plan.externals.size(); ++i)
-    plan.prog.externals[i] = mem.storage_for(slot_storage(plan.externals[i], region, graph)).data();
+  for (size_t i = 0; i < plan.externals.size(); ++i) {
+    const c10::Storage st = mem.storage_for(slot_storage(plan.externals[i], region, graph));
+    // A strided read must lie inside this run's buffer (else the loop runs op by op).
+    if (i < plan.prog.strided.size() &&
+        plan.prog.strided[i].extent * static_cast<int64_t>(sizeof(float)) > static_cast<int64_t>(st.nbytes()))
+      return false;
+    plan.prog.externals[i] = st.data();
+  }
   for (size_t i = 0; i < plan.outputs.size(); ++i)
     plan.prog.outputs[i] = out_buffer(plan.outputs[i], region, graph, mem, plan);
   if (plan.has_anchor) {

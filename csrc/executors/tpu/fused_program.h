@@ -107,6 +107,19 @@ struct Instr {
   Elem round = Elem::kFloat;
 };
 
+// A float32 external read through strides (Program::strided): loop element
+// i, at index (i_0, ..., i_{n-1}) of the loop's shape `sizes` in row-major
+// order, reads buffer element offset + sum_d i_d * strides[d] (stride 0: a
+// broadcast dim). `sizes` empty: not a strided read. At most kMaxDims dims;
+// `extent` is one past the largest element it reads (bind checks the buffer
+// holds it).
+struct StridedRead {
+  static constexpr size_t kMaxDims = 8;
+  int64_t offset = 0;
+  int64_t extent = 0;
+  std::vector<int64_t> sizes, strides;
+};
+
 // The program and where its operands live.
 struct Program {
   std::vector<Instr> instrs;
@@ -126,6 +139,10 @@ struct Program {
   // [..., cols] scaling) has `repeat` = cols > 0, element i of the loop
   // reading element i / repeat; staged like a broadcast operand. 0: none.
   std::vector<int64_t> repeat;
+  // Per external (may be empty: none): a float32 view read through its
+  // strides (StridedRead: a transposed or sliced tensor, a column half of
+  // a row, a broadcast along any dim); staged like a broadcast operand.
+  std::vector<StridedRead> strided;
   std::vector<void*> outputs;  // contiguous device buffers written
   // Per output: its element type; a value stored to an output of another
   // type than float is computed into a scratch slot, then converted.
