@@ -7,6 +7,7 @@ compares every returned value: dtype, shape, values, and for views also stride()
 storage_offset().
 """
 
+import importlib.util
 import math
 import os
 import subprocess
@@ -22,6 +23,15 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The environment of a child Python process that imports this repository's package.
 PYTHON_ENV = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def load_tool(name):
+    """Imports tools/<name>.py of this repository as a fresh module (tools/ is
+    not a package); returns the module."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "tools", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def run_python(code, timeout=300):

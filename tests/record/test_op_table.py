@@ -6,26 +6,18 @@ from OP_TRAITS / CALL_CHECKS), not in op-name comparisons in csrc/ops: these tes
 catch a stale table after the lists change, and a trait the C++ side does not declare.
 """
 
-import importlib.util
 import os
 import re
 
-from difftest import REPO_ROOT
+from difftest import REPO_ROOT, load_tool
 
 ROOT = REPO_ROOT
 INC = os.path.join(ROOT, "csrc", "ops", "op_table.inc")
 HEADER = os.path.join(ROOT, "csrc", "ops", "op_table.h")
 
 
-def load_generator():
-    spec = importlib.util.spec_from_file_location("gen_op_table", os.path.join(ROOT, "tools", "gen_op_table.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_table_is_generated_from_the_lists(tmp_path):
-    gen = load_generator()
+    gen = load_tool("gen_op_table")
     gen.OUT = str(tmp_path / "op_table.inc")
     gen.main()
     with open(INC) as f, open(gen.OUT) as g:
@@ -33,7 +25,7 @@ def test_table_is_generated_from_the_lists(tmp_path):
 
 
 def test_every_trait_is_declared_and_listed_traits_reach_a_row():
-    gen = load_generator()
+    gen = load_tool("gen_op_table")
     with open(HEADER) as f:
         declared = set(re.findall(r"^\s*(k[A-Za-z0-9]+) = 1u << \d+,", f.read(), re.M))
     with open(INC) as f:
@@ -52,7 +44,7 @@ def test_hand_written_kernels_and_the_generators_special_list_agree():
     import torch_tpu_eager  # noqa: F401  (registers the kernels)
     from torch_tpu_eager import _C
 
-    gen = load_generator()
+    gen = load_tool("gen_op_table")
     hand = set(_C._hand_written_kernels())
     assert gen.SPECIAL <= hand, sorted(gen.SPECIAL - hand)
     rows = {name for name, _ in _C._op_table()}

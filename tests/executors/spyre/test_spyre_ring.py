@@ -334,10 +334,12 @@ def test_profiler_row_carries_the_ring_time(spyre_target, tmp_path):
     assert k["args"]["schedule_time_us"] == pytest.approx(s["executed_s"] * 1e6, rel=1e-6)
 
 
-def _cumsum_reference(x, sched):
-    """cumsum over the split rows in the defined order: each core scans its
-    rows tile by tile, carrying its running total; the ring passes each core
-    the total of the cores before it, which the second pass adds."""
+def _scan_reference(x, sched, scan_fn, combine):
+    """A scan (cumsum / cumprod) over the split rows in the defined order: each
+    core scans its rows tile by tile, carrying its running result; the ring
+    passes each core the combined totals of the cores before it, which the
+    second pass combines in. `scan_fn(x, 0)` is torch.cumsum or torch.cumprod,
+    `combine` its binary op (torch.add / torch.mul)."""
     rows, rpc, used = x.shape[0], sched["rows_per_core"], sched["cores_used"]
     tile = sched["tile_rows"] or 1
     scan = torch.empty_like(x)
@@ -346,19 +348,23 @@ def _cumsum_reference(x, sched):
         carry = None
         for b in range(c * rpc, min((c + 1) * rpc, rows), tile):
             e = min(b + tile, (c + 1) * rpc, rows)
-            local = torch.cumsum(x[b:e], 0)
+            local = scan_fn(x[b:e], 0)
             if carry is not None:
-                local = local + carry
+                local = combine(local, carry)
             carry = local[-1:]
             scan[b:e] = local
         carries.append(carry)
     out = scan.clone()
     prefix = None
     for c in range(1, used):
-        prefix = carries[c - 1] if prefix is None else prefix + carries[c - 1]
+        prefix = carries[c - 1] if prefix is None else combine(prefix, carries[c - 1])
         lo, hi = c * rpc, min((c + 1) * rpc, rows)
-        out[lo:hi] = scan[lo:hi] + prefix
+        out[lo:hi] = combine(scan[lo:hi], prefix)
     return out
+
+
+def _cumsum_reference(x, sched):
+    return _scan_reference(x, sched, torch.cumsum, torch.add)
 
 
 @pytest.mark.parametrize("dtype", DTYPES + [torch.int64], ids=IDS + ["i64"])
@@ -491,28 +497,7 @@ def test_logsumexp_infinities_as_cpu(spyre_target):
 
 
 def _cumprod_reference(x, sched):
-    """cumprod in the order of _cumsum_reference, with products."""
-    rows, rpc, used = x.shape[0], sched["rows_per_core"], sched["cores_used"]
-    tile = sched["tile_rows"] or 1
-    scan = torch.empty_like(x)
-    carries = []
-    for c in range(used):
-        carry = None
-        for b in range(c * rpc, min((c + 1) * rpc, rows), tile):
-            e = min(b + tile, (c + 1) * rpc, rows)
-            local = torch.cumprod(x[b:e], 0)
-            if carry is not None:
-                local = local * carry
-            carry = local[-1:]
-            scan[b:e] = local
-        carries.append(carry)
-    out = scan.clone()
-    prefix = None
-    for c in range(1, used):
-        prefix = carries[c - 1] if prefix is None else prefix * carries[c - 1]
-        lo, hi = c * rpc, min((c + 1) * rpc, rows)
-        out[lo:hi] = scan[lo:hi] * prefix
-    return out
+    return _scan_reference(x, sched, torch.cumprod, torch.mul)
 
 
 @pytest.mark.parametrize("dtype", DTYPES + [torch.int64], ids=IDS + ["i64"])

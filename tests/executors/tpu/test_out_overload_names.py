@@ -6,27 +6,19 @@ returns, for every functional aten overload, the overload that a search over all
 overloads of its name (the schema rule, written here independently) finds.
 """
 
-import importlib.util
 import os
 
 import torch
 
 import torch_tpu_eager  # noqa: F401
-from difftest import REPO_ROOT
+from difftest import REPO_ROOT, load_tool
 from torch_tpu_eager import _C
 
 INC = os.path.join(REPO_ROOT, "csrc", "executors", "out_overloads.inc")
 
 
-def load_generator():
-    spec = importlib.util.spec_from_file_location("gen_op_table", os.path.join(REPO_ROOT, "tools", "gen_op_table.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_list_is_generated_from_the_installed_torch(tmp_path):
-    gen = load_generator()
+    gen = load_tool("gen_op_table")
     path = str(tmp_path / "out_overloads.inc")
     gen.write_out_overloads(path)
     with open(INC) as f, open(path) as g:
