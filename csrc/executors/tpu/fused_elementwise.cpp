@@ -566,7 +566,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     // is read through its strides (strided_read).
     auto read_strided = [&]() {
       fused::StridedRead sr;
-      if (it || written_by.contains(s) || elem != want || !strided_read(r, *shape, &sr)) return false;
+      // (float32 only: stage_strided copies float elements; a 16-bit one is widened by stage_external)
+      if (it || written_by.contains(s) || elem != want || elem != Elem::kFloat || !strided_read(r, *shape, &sr))
+        return false;
       const int in = input_index(n, r);
       if (in < 0) return false;
       op->kind = Operand::kExternal;

@@ -72,6 +72,25 @@ def test_strided_reads_fuse_and_are_bit_equal(case):
     assert _fused(ops), ops
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("case", CASES)
+def test_16_bit_views_equal_cpu(case, dtype):
+    # Strided reads are float32 only: a 16-bit view at an offset or with
+    # strides must not be read as float32 elements (torch.gradient's edge
+    # differences x[1:2] - x[0:1] in float16 did before the fix).
+    fn, make = CASES[case]
+    args = [a.to(dtype) for a in make()]
+    got, _ = flush_on_tpu(fn, *args)
+    assert_bit_equal(got, fn(*args))
+
+
+def test_gradient_of_16_bit_values_equals_cpu():
+    for dtype in (torch.float16, torch.bfloat16):
+        x = cpu_randn(5, seed=13).to(dtype)
+        got = [g.cpu() for g in torch.gradient(x.to(DEVICE))]
+        assert_bit_equal(got, list(torch.gradient(x)))
+
+
 def test_strided_read_of_a_value_the_loop_writes_is_not_fused_wrongly():
     # x is written in place, then read transposed: the loop must not read a
     # stale or half-written buffer through the strided view (it runs op by op).
