@@ -173,14 +173,18 @@ def test_prod_multiplies_partials(spyre_target, dtype, shape):
         _close(got, f(a.float()), dtype)
 
 
+def _tied_inputs(dtype, seed, shape):
+    """Coarse values (integers in [-20, 20), or 4x random floats rounded to integers):
+    many ties across rows, tiles and cores, for first-index tie rules."""
+    if dtype == torch.int64:
+        return torch.randint(-20, 20, shape, generator=torch.Generator().manual_seed(seed))
+    return (_inputs(dtype, seed=seed, shape=shape).float() * 4).round().to(dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES + [torch.int64], ids=IDS + ["i64"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_argmax_argmin_first_index_on_ties(spyre_target, dtype, shape):
-    if dtype == torch.int64:
-        a = torch.randint(-20, 20, shape, generator=torch.Generator().manual_seed(33))
-    else:
-        # Coarse values: many ties across rows, tiles and cores.
-        a = (_inputs(dtype, seed=33, shape=shape).float() * 4).round().to(dtype)
+    a = _tied_inputs(dtype, 33, shape)
     d = a.to("tpu")
     for kind, f in [
         ("argmax", lambda t: t.argmax(0)),
@@ -447,10 +451,7 @@ def test_cross_entropy_of_a_gathered_batch_walks_tiles(spyre_target):
 def test_max_min_dim_return_values_and_first_indices(spyre_target, dtype, shape):
     # max.dim/min.dim over the split rows combine (value, index) pairs as
     # argmax/argmin; max()/min() of every element as amax/amin.
-    if dtype == torch.int64:
-        a = torch.randint(-20, 20, shape, generator=torch.Generator().manual_seed(43))
-    else:
-        a = (_inputs(dtype, seed=43, shape=shape).float() * 4).round().to(dtype)  # many ties
+    a = _tied_inputs(dtype, 43, shape)
     d = a.to("tpu")
     for f in [lambda t: torch.max(t, 0), lambda t: torch.min(t, 0, keepdim=True)]:
         values, indices = f(d)
