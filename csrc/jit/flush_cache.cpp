@@ -28,29 +28,15 @@ struct Words {
   void put(uint64_t v) { buf[n++] = v; }  // after room()
 };
 
-// Appends a non-tensor argument as the structural key and the fusion rules
-// see it (partition.cpp mix_ivalue, fused_elementwise.cpp acceptance_key):
-// structural values exactly, runtime scalars by kind. False for a kind
-// neither describes. (The common kinds are tested first.)
-bool push_arg(Words& w, const c10::IValue& a) {
+// (push_arg, below, is declared first: a list's elements recurse into it.)
+inline bool push_arg(Words& w, const c10::IValue& a);
+
+// push_arg's kinds other than the scalar ones it tests inline (None, float,
+// int, wrapped number, bool): lists, complex, strings, devices, generators.
+// Out of line: rare, and recursive for lists.
+bool push_rare_arg(Words& w, const c10::IValue& a) {
   w.room(2);
-  if (a.isNone()) {
-    w.put(1);
-  } else if (a.isDouble()) {
-    // A runtime parameter: only whether a finite value overflows float
-    // (the fused loop's acceptance of the op depends on that).
-    const double d = a.toDouble();
-    w.put(std::isfinite(d) && std::isinf(static_cast<float>(d)) ? 6 : 5);
-  } else if (a.isInt()) {
-    w.put(2);
-    w.put(static_cast<uint64_t>(a.toInt()));
-  } else if (a.isTensor()) {
-    // A wrapped number (CPU 0-dim tensor): its dtype and rank.
-    const at::Tensor& t = a.toTensor();
-    w.put(t.defined() ? 9 | static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()) << 16 : 10);
-  } else if (a.isBool()) {
-    w.put(a.toBool() ? 4 : 3);
-  } else if (a.isList()) {
+  if (a.isList()) {
     if (a.isIntList()) {
       const auto list = a.toIntList();
       w.room(1 + list.size());
@@ -99,21 +85,32 @@ bool push_arg(Words& w, const c10::IValue& a) {
   return true;
 }
 
-// push_arg with its most common kinds (an argument tensors were taken out
-// of, a Python float or int) inline.
-inline bool put_arg(Words& w, const c10::IValue& a) {
+// Appends a non-tensor argument as the structural key and the fusion rules
+// see it (partition.cpp mix_ivalue, fused_elementwise.cpp acceptance_key):
+// structural values exactly, runtime scalars by kind. False for a kind
+// neither describes. (The common kinds are tested first.)
+inline bool push_arg(Words& w, const c10::IValue& a) {
+  w.room(2);
   if (a.isNone()) {
-    w.room(1);
     w.put(1);
-    return true;
-  }
-  if (a.isInt()) {
-    w.room(2);
+  } else if (a.isDouble()) {
+    // A runtime parameter: only whether a finite value overflows float
+    // (the fused loop's acceptance of the op depends on that).
+    const double d = a.toDouble();
+    w.put(std::isfinite(d) && std::isinf(static_cast<float>(d)) ? 6 : 5);
+  } else if (a.isInt()) {
     w.put(2);
     w.put(static_cast<uint64_t>(a.toInt()));
-    return true;
+  } else if (a.isTensor()) {
+    // A wrapped number (CPU 0-dim tensor): its dtype and rank.
+    const at::Tensor& t = a.toTensor();
+    w.put(t.defined() ? 9 | static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()) << 16 : 10);
+  } else if (a.isBool()) {
+    w.put(a.toBool() ? 4 : 3);
+  } else {
+    return push_rare_arg(w, a);
   }
-  return push_arg(w, a);
+  return true;
 }
 
 // Appends a tensor reference: its storage number, dtype, conj / neg bits,
@@ -208,7 +205,7 @@ void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushK
     for (int r : node.returns) w.put(static_cast<uint64_t>(static_cast<int64_t>(r)));
     for (int l : node.list_lens) w.put(static_cast<uint64_t>(static_cast<int64_t>(l)));
     for (const auto& a : node.args)
-      if (!put_arg(w, a)) cacheable = false;
+      if (!push_arg(w, a)) cacheable = false;
   }
   w.room(2 * fs.storages.size());
   for (size_t k = 0; k < fs.storages.size(); ++k) {
