@@ -748,10 +748,9 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, uint32_t traits, to
   // dtype unless a parameter (weight, bias, running stats) is float32 ("mixed
   // type"), then float32; the meta kernels say float32 (batch / layer norm) or
   // the input's dtype (group norm) whatever the parameters.
-  const int grad_of_input = schema_arg_index(schema, "input");
-  const int grad_of_weight = schema_arg_index(schema, "weight");
-  const bool norm_backward = schema_arg_index(schema, "output_mask") >= 0;
-  if ((traits & kNormStatsInInputDtype) && !norm_backward && stack[first].isTensor()) {
+  const bool norm_ops = (traits & kNormStatsInInputDtype) != 0;
+  const bool norm_backward = norm_ops && schema_arg_index(schema, "output_mask") >= 0;
+  if (norm_ops && !norm_backward && stack[first].isTensor()) {
     const auto dt = stack[first].toTensor().scalar_type();
     bool mixed = false;
     for (size_t i = first + 1; i < stack.size(); ++i)
@@ -764,7 +763,9 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, uint32_t traits, to
   // Their backward (group norm's): CPU allocates grad_input like the input and
   // grad_weight / grad_bias like the weight (mixed type: 16-bit and float32);
   // the meta kernel gives every gradient the weight's dtype.
-  if ((traits & kNormStatsInInputDtype) && norm_backward && grad_of_input >= 0 && grad_of_weight >= 0) {
+  const int grad_of_input = norm_backward ? schema_arg_index(schema, "input") : -1;
+  const int grad_of_weight = norm_backward ? schema_arg_index(schema, "weight") : -1;
+  if (grad_of_input >= 0 && grad_of_weight >= 0) {
     const c10::IValue& in = stack[first + static_cast<size_t>(grad_of_input)];
     const c10::IValue& w = stack[first + static_cast<size_t>(grad_of_weight)];
     for (size_t k = 0; k < 3 && k < outcome.returns.size(); ++k) {
