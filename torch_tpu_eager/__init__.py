@@ -16,8 +16,12 @@ interconnect), :func:`set_fused_math` / :func:`fused_math` (float32 math routine
 
 import torch
 
-from . import _C
-from ._registration import install as _install
+from ._cpu_math import initialize_cpu_vector_math as _initialize_cpu_vector_math
+
+_initialize_cpu_vector_math()  # before anything computes: CPU's reference results must not vary by run
+
+from . import _C  # noqa: E402
+from ._registration import install as _install  # noqa: E402
 
 _C._env_validate()  # a malformed TORCH_TPU_* variable fails here, naming itself (python -m torch_tpu_eager.env)
 
