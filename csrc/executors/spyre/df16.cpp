@@ -34,7 +34,18 @@ void decode_loop(const uint16_t* __restrict src, uint32_t* __restrict dst, int64
   for (; i < n; ++i) dst[i] = df16_to_f32_bits(src[i]);
 }
 
+// Built for AVX2 and for the baseline; the loader picks the CPU's (ifunc).
+__attribute__((target_clones("avx2", "default"))) void round_loop(const uint32_t* __restrict src,
+                                                                  uint32_t* __restrict dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = df16_round_f32_bits(src[i + j]);
+  for (; i < n; ++i) dst[i] = df16_round_f32_bits(src[i]);
+}
+
 }  // namespace
+
+void df16_round_array(const uint32_t* src, uint32_t* dst, int64_t n) { round_loop(src, dst, n); }
 
 void df16_encode_array(const uint32_t* src, uint16_t* dst, int64_t n, Df16Rounding rounding, Df16Overflow overflow) {
   const bool away = rounding == Df16Rounding::kNearestAway;
@@ -81,6 +92,18 @@ at::Tensor df16_decode(const at::Tensor& bits) {
 }
 
 at::Tensor df16_round(const at::Tensor& x, Df16Rounding rounding, Df16Overflow overflow) {
+  if (rounding == Df16Rounding::kNearestAway && overflow == Df16Overflow::kNanInf) {
+    // The default modes: one 32-bit pass (the same values as encode + decode).
+    TORCH_CHECK_TYPE(at::isFloatingType(x.scalar_type()), "df16_encode expects a floating-point tensor, got ",
+                     x.scalar_type());
+    TORCH_CHECK(x.device().is_cpu(), "df16_encode expects a CPU tensor, got one on ", x.device());
+    const at::Tensor src = x.to(at::kFloat).contiguous().view(at::kInt);
+    at::Tensor out = at::empty(src.sizes(), src.options());
+    const auto* in = reinterpret_cast<const uint32_t*>(src.const_data_ptr<int32_t>());
+    auto* o = reinterpret_cast<uint32_t*>(out.mutable_data_ptr<int32_t>());
+    at::parallel_for(0, src.numel(), kGrain, [&](int64_t b, int64_t e) { df16_round_array(in + b, o + b, e - b); });
+    return out.view(at::kFloat).to(x.scalar_type());
+  }
   return df16_decode(df16_encode(x, rounding, overflow)).to(x.scalar_type());
 }
 

@@ -81,6 +81,21 @@ inline uint32_t df16_to_f32_bits(uint16_t c) {
   return m == kDf16NanInf ? (sign | 0x7FC00000u) : bits;  // quiet NaN
 }
 
+// df16 of one float32, given and returned as IEEE bits: the same value as
+// df16_to_f32_bits(df16_from_f32_bits(u)) for the default modes (ties away
+// from zero, NaN/Inf code) on every one of the 2^32 inputs (checked
+// exhaustively), in 32-bit arithmetic only, so an array loop vectorizes
+// without the 16-bit packing of the code. The rounded magnitude r (fraction
+// rounded to 9 bits, carry into the exponent) is its own decoded value,
+// except r <= 2^-31 (df16 code 0 or below: zero) and r >= the NaN/Inf code's
+// f32 image 0x4FFFC000 (and f32 NaN/Inf): a quiet NaN with the sign.
+inline uint32_t df16_round_f32_bits(uint32_t u) {
+  const uint32_t sign = u & 0x80000000u;
+  const uint32_t r = ((u & 0x7FFFFFFFu) + detail::kHalf) & ~0x3FFFu;
+  const uint32_t v = r <= 0x30000000u ? 0u : r;
+  return sign | (r >= 0x4FFFC000u ? 0x7FC00000u : v);
+}
+
 // One df16 code -> float32 (exact).
 inline float df16_to_float(uint16_t c) {
   const uint32_t bits = df16_to_f32_bits(c);
@@ -95,6 +110,8 @@ inline float df16_to_float(uint16_t c) {
 void df16_encode_array(const uint32_t* f32_bits, uint16_t* dst, int64_t n, Df16Rounding rounding,
                        Df16Overflow overflow);
 void df16_decode_array(const uint16_t* src, uint32_t* f32_bits, int64_t n);
+// dst[i] = df16_round_f32_bits(src[i]) (default modes); AVX2 when the CPU has it.
+void df16_round_array(const uint32_t* f32_bits, uint32_t* dst, int64_t n);
 
 // Tensor forms (CPU tensors; large ones are split with at::parallel_for).
 // x: any floating dtype; float64 is first rounded to float32 (Spyre converts

@@ -42,18 +42,6 @@ bool computes_in_f32(const Node& n) {
   return false;
 }
 
-namespace {
-// df16 of each float32 bit pattern, as float32 bits: one branch-free pass
-// (fixed-size blocks so GCC vectorizes it, as df16.cpp's codec loops).
-void round_loop(const uint32_t* __restrict src, uint32_t* __restrict dst, int64_t n) {
-  constexpr int64_t kBlock = 64;
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = df16_to_f32_bits(df16_from_f32_bits(src[i + j]));
-  for (; i < n; ++i) dst[i] = df16_to_f32_bits(df16_from_f32_bits(src[i]));
-}
-}  // namespace
-
 at::Tensor df16_store(const at::Tensor& x, c10::ScalarType dtype) {
   // float32 holding df16 values exactly (one pass), then the exact (or
   // storage-range) conversion to dtype.
@@ -62,7 +50,7 @@ at::Tensor df16_store(const at::Tensor& x, c10::ScalarType dtype) {
   const auto* in = reinterpret_cast<const uint32_t*>(src.const_data_ptr<int32_t>());
   auto* o = reinterpret_cast<uint32_t*>(out.mutable_data_ptr<int32_t>());
   constexpr int64_t kGrain = 1 << 15;  // below this one thread is faster than waking the pool
-  at::parallel_for(0, src.numel(), kGrain, [&](int64_t b, int64_t e) { round_loop(in + b, o + b, e - b); });
+  at::parallel_for(0, src.numel(), kGrain, [&](int64_t b, int64_t e) { df16_round_array(in + b, o + b, e - b); });
   at::Tensor r = out.view(at::kFloat);
   return dtype == c10::kFloat ? r : r.to(dtype);
 }

@@ -1884,14 +1884,16 @@ RingStats ring_stats(const KtirTilePlan& P, const RingParams& rp, const RingPart
 at::Tensor ring_normalize(const KtirTilePlan& P, const RingStats& st, const at::Tensor& x, const at::Tensor& w,
                           const at::Tensor& b) {
   switch (P.combine) {
+    // The first op makes a fresh tensor of x's shape; the rest update it in
+    // place (the same kernels and values, without a buffer per op).
     case KtirTilePlan::kSoftmax:
-      return x.sub(st.a).exp().div(st.b);
+      return x.sub(st.a).exp_().div_(st.b);
     case KtirTilePlan::kLogSoftmax:
-      return x.sub(st.a).sub(st.b.log());
+      return x.sub(st.a).sub_(st.b.log());
     default: {  // kLayerNorm
-      at::Tensor y = x.sub(st.a).mul(st.b);
-      if (w.defined()) y = y.mul(w);
-      if (b.defined()) y = y.add(b);
+      at::Tensor y = x.sub(st.a).mul_(st.b);
+      if (w.defined()) y = y.mul_(w);
+      if (b.defined()) y = y.add_(b);
       return y;
     }
   }
@@ -2248,7 +2250,28 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           return;
         }
         const RingStats st = ring_stats(P, rp, total);
+        // Every step of this pass runs the same elementwise ops on its own
+        // rows with the same statistics, so when the steps cover every row
+        // of the input they run as one batch (all rows at once, in place of
+        // a gather and a scatter per step): each row's value is the one its
+        // step computes.
+        int64_t covered = 0;
         for (size_t i = 0; i < P.steps.size(); ++i) {
+          int64_t lo = -1, n = 0;
+          step_rows(i, &lo, &n);
+          covered += n;
+        }
+        const bool batch = covered == views[ring_in].size(0) &&
+                           (rp.weight < 0 || views[rp.weight].size(0) == covered) &&
+                           (rp.bias < 0 || views[rp.bias].size(0) == covered);
+        if (batch) {
+          const at::Tensor x = views[ring_in].to(acc_dtype);
+          at::Tensor w, b;
+          if (rp.weight >= 0) w = views[rp.weight].to(acc_dtype);
+          if (rp.bias >= 0) b = views[rp.bias].to(acc_dtype);
+          store(ring->results[0], ring_normalize(P, st, x, w, b), nullptr, 0, -1);
+        }
+        for (size_t i = 0; i < P.steps.size() && !batch; ++i) {
           int64_t lo = -1, n = 0;
           step_rows(i, &lo, &n);
           if (n == 0) continue;
