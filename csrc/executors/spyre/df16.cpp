@@ -43,7 +43,26 @@ __attribute__((target_clones("avx2", "default"))) void round_loop(const uint32_t
   for (; i < n; ++i) dst[i] = df16_round_f32_bits(src[i]);
 }
 
+__attribute__((target_clones("avx2", "default"))) void round_bf16_loop(const uint32_t* __restrict src,
+                                                                       uint16_t* __restrict dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = df16_round_bf16_bits(src[i + j]);
+  for (; i < n; ++i) dst[i] = df16_round_bf16_bits(src[i]);
+}
+
+__attribute__((target_clones("avx2", "default"))) void round_bf16_in_place_loop(uint16_t* __restrict p, int64_t n) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int64_t j = 0; j < kBlock; ++j) p[i + j] = df16_round_bf16_bits(static_cast<uint32_t>(p[i + j]) << 16);
+  for (; i < n; ++i) p[i] = df16_round_bf16_bits(static_cast<uint32_t>(p[i]) << 16);
+}
+
 }  // namespace
+
+void df16_round_bf16_in_place(uint16_t* p, int64_t n) { round_bf16_in_place_loop(p, n); }
+
+void df16_round_bf16_array(const uint32_t* src, uint16_t* dst, int64_t n) { round_bf16_loop(src, dst, n); }
 
 void df16_round_array(const uint32_t* src, uint32_t* dst, int64_t n) { round_loop(src, dst, n); }
 
@@ -98,13 +117,29 @@ at::Tensor df16_round(const at::Tensor& x, Df16Rounding rounding, Df16Overflow o
                      x.scalar_type());
     TORCH_CHECK(x.device().is_cpu(), "df16_encode expects a CPU tensor, got one on ", x.device());
     const at::Tensor src = x.to(at::kFloat).contiguous().view(at::kInt);
-    at::Tensor out = at::empty(src.sizes(), src.options());
     const auto* in = reinterpret_cast<const uint32_t*>(src.const_data_ptr<int32_t>());
+    if (x.scalar_type() == at::kBFloat16) {  // rounding and conversion in one pass
+      at::Tensor b16 = at::empty(src.sizes(), src.options().dtype(at::kShort));
+      auto* o = reinterpret_cast<uint16_t*>(b16.mutable_data_ptr<int16_t>());
+      at::parallel_for(0, src.numel(), kGrain,
+                       [&](int64_t b, int64_t e) { df16_round_bf16_array(in + b, o + b, e - b); });
+      return b16.view(at::kBFloat16);
+    }
+    at::Tensor out = at::empty(src.sizes(), src.options());
     auto* o = reinterpret_cast<uint32_t*>(out.mutable_data_ptr<int32_t>());
     at::parallel_for(0, src.numel(), kGrain, [&](int64_t b, int64_t e) { df16_round_array(in + b, o + b, e - b); });
     return out.view(at::kFloat).to(x.scalar_type());
   }
   return df16_decode(df16_encode(x, rounding, overflow)).to(x.scalar_type());
+}
+
+void df16_round_(const at::Tensor& x) {
+  if (x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.device().is_cpu()) {
+    auto* p = reinterpret_cast<uint16_t*>(x.mutable_data_ptr<at::BFloat16>());
+    at::parallel_for(0, x.numel(), kGrain, [&](int64_t b, int64_t e) { df16_round_bf16_in_place(p + b, e - b); });
+    return;
+  }
+  x.copy_(df16_round(x));
 }
 
 }  // namespace spyre

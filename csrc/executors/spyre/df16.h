@@ -96,6 +96,16 @@ inline uint32_t df16_round_f32_bits(uint32_t u) {
   return sign | (r >= 0x4FFFC000u ? 0x7FC00000u : v);
 }
 
+// bfloat16 bits of df16(u) (u: float32 bits): df16_round_f32_bits, then
+// float32 -> bfloat16 as ATen converts it (round to nearest even; any NaN
+// -> 0xFFFF, ATen's vectorized conversion; df16 values never overflow
+// bfloat16). One pass instead of a rounding pass and a conversion pass.
+inline uint16_t df16_round_bf16_bits(uint32_t u) {
+  const uint32_t r = df16_round_f32_bits(u);
+  const uint32_t b = (r + 0x7FFFu + ((r >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((r & 0x7FFFFFFFu) > 0x7F800000u ? 0xFFFFu : b);
+}
+
 // One df16 code -> float32 (exact).
 inline float df16_to_float(uint16_t c) {
   const uint32_t bits = df16_to_f32_bits(c);
@@ -112,6 +122,11 @@ void df16_encode_array(const uint32_t* f32_bits, uint16_t* dst, int64_t n, Df16R
 void df16_decode_array(const uint16_t* src, uint32_t* f32_bits, int64_t n);
 // dst[i] = df16_round_f32_bits(src[i]) (default modes); AVX2 when the CPU has it.
 void df16_round_array(const uint32_t* f32_bits, uint32_t* dst, int64_t n);
+// dst[i] = df16_round_bf16_bits(src[i]); AVX2 when the CPU has it.
+void df16_round_bf16_array(const uint32_t* f32_bits, uint16_t* dst, int64_t n);
+// bf16[i] = df16_round_bf16_bits(bf16[i] << 16): bfloat16 values (as bits)
+// rounded through df16 in place (a bfloat16 widens to f32 exactly).
+void df16_round_bf16_in_place(uint16_t* bf16, int64_t n);
 
 // Tensor forms (CPU tensors; large ones are split with at::parallel_for).
 // x: any floating dtype; float64 is first rounded to float32 (Spyre converts
@@ -124,6 +139,9 @@ at::Tensor df16_decode(const at::Tensor& bits);
 // after a round trip through Spyre memory.
 at::Tensor df16_round(const at::Tensor& x, Df16Rounding rounding = Df16Rounding::kNearestAway,
                       Df16Overflow overflow = Df16Overflow::kNanInf);
+// x = df16_round(x) (default modes) without temporaries when x is a
+// contiguous bfloat16 tensor; any floating x otherwise.
+void df16_round_(const at::Tensor& x);
 
 }  // namespace spyre
 }  // namespace tpu_eager

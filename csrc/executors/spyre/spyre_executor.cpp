@@ -85,7 +85,7 @@ class SpyreHooks final : public host::HostRunHooks {
       if (in.ref.dtype == c10::kLong) check_int32(mem.tensor(in.ref), where_of(n));
       if (is_16bit_float(in.ref.dtype) && !stored) {
         at::Tensor w = mem.written_tensor(in.ref);
-        w.copy_(df16_round(w));
+        df16_round_(w);
         rewrote = true;
       }
     }
@@ -440,7 +440,7 @@ at::Tensor rounded(const at::Tensor& t) {
 }
 
 void round_in_place(const at::Tensor& t) {
-  if (t.defined() && is_16bit_float(t.scalar_type()) && t.numel() > 0) t.copy_(df16_round(t));
+  if (t.defined() && is_16bit_float(t.scalar_type()) && t.numel() > 0) df16_round_(t);
 }
 
 void check_int32(const at::Tensor& t, const std::string& what) {

@@ -175,6 +175,28 @@ def test_casts_round_once(spyre_target):
         assert torch.equal(back, got.float())
 
 
+def test_casts_bit_exact_on_every_df16_value_and_tie(spyre_target):
+    """A float32 -> float16/bfloat16 cast on Spyre stores dtype(df16(x)) bit for
+    bit (bfloat16's rounding of df16's 2 extra fraction bits is ties to even)
+    on every df16 value, every midpoint between neighbours (df16's own ties),
+    their neighbours one f32 ulp away, and random float32 bit patterns."""
+    c = np.arange(1 << 16, dtype=np.uint32)
+    s, e, f = c >> 15, (c >> 9) & 63, c & 511
+    vals = np.ldexp(1 + f / 512, e.astype(np.int64) - 31) * np.where(s == 1, -1.0, 1.0)
+    vals = vals[((c & 0x7FFF) != 0) & ((c & 0x7FFF) != 0x7FFF)]  # finite, nonzero codes
+    mids = (vals[:-1] + vals[1:]) / 2  # exact in float64; float32 holds them (11 bits)
+    x = torch.from_numpy(np.concatenate([vals, mids]).astype(np.float32))
+    bits = x.view(torch.int32)
+    rnd = torch.randint(-(2**31), 2**31 - 1, (1 << 18,), generator=torch.Generator().manual_seed(21))
+    x = torch.cat([x, (bits + 1).view(torch.float32), (bits - 1).view(torch.float32), rnd.int().view(torch.float32)])
+    for dtype in DTYPES:
+        got = x.to("tpu").to(dtype).cpu()
+        want = store(x, dtype)
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(got), nan)
+        assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan]), dtype
+
+
 def _ring_reference(x32, kind, dims, sched):
     """An op reducing the split rows (dim 0), in the order the device defines
     (docs/ktir.md, "Ring reductions"): each core reduces its rows tile by tile,
