@@ -64,6 +64,17 @@ at::Tensor df16_store(const at::Tensor& x, c10::ScalarType dtype) {
   return dtype == c10::kFloat ? r : r.to(dtype);
 }
 
+bool df16_store_into(const at::Tensor& out, const at::Tensor& x) {
+  if (out.scalar_type() != c10::kBFloat16 || x.scalar_type() != c10::kFloat || !out.is_contiguous() ||
+      !x.is_contiguous() || out.numel() != x.numel() || !out.device().is_cpu() || !x.device().is_cpu())
+    return false;
+  const auto* in = reinterpret_cast<const uint32_t*>(x.const_data_ptr<float>());
+  auto* o = reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>());
+  constexpr int64_t kGrain = 1 << 15;
+  at::parallel_for(0, x.numel(), kGrain, [&](int64_t b, int64_t e) { df16_round_bf16_array(in + b, o + b, e - b); });
+  return true;
+}
+
 void call_op_in_f32(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
                     const std::vector<c10::ScalarType>& result_dtypes,
                     const std::function<void(torch::jit::Stack&)>& call) {

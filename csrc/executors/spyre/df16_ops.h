@@ -42,5 +42,10 @@ void call_op_in_f32(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
 // then the exact, or storage-range, conversion to `dtype`).
 at::Tensor df16_store(const at::Tensor& x, c10::ScalarType dtype);
 
+// out.copy_(df16_store(x, out's dtype)) in one pass, without temporaries,
+// when out is a contiguous bfloat16 tensor and x a contiguous float32 one of
+// its size (returns true); otherwise does nothing and returns false.
+bool df16_store_into(const at::Tensor& out, const at::Tensor& x);
+
 }  // namespace spyre
 }  // namespace tpu_eager
