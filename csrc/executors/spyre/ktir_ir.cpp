@@ -2114,7 +2114,9 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         continue;
       }
       if (wide_in.defined() && static_cast<int>(v) == ring_in) {
-        vt[v] = idx.defined() ? wide_in.index_select(0, idx) : wide_in.narrow(0, lo, n);
+        // The ring op reads each core's rows of the widened copy in place
+        // (below); the tile is that copy's rows, not a gathered one.
+        vt[v] = wide_in;
       } else if (P.load[v]) {
         vt[v] = idx.defined() ? views[v].index_select(0, idx) : views[v].narrow(0, lo, n).clone();
       } else {
@@ -2132,7 +2134,8 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           // the step (corelet j: ceil(left / (corelets - j)) rows), the core
           // merges the corelet partials in order, and its accumulator merges
           // the step partials in tile order.
-          const at::Tensor x = vt[ring_in].to(acc_dtype).contiguous();  // one widening per step
+          // One widening per step; with a widened input, its rows are read where they are.
+          const at::Tensor x = wide_in.defined() ? wide_in : vt[ring_in].to(acc_dtype).contiguous();
           // partial(offset in x, rows, first row of the whole tensor) -> one corelet's RingPart.
           auto per_corelet = [&](auto&& partial) {
             int64_t off = 0;
@@ -2205,7 +2208,22 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             std::vector<int64_t> sizes = x.sizes().vec();
             sizes[0] = rows;
             sizes.insert(sizes.begin(), G);
-            const at::Tensor X = x.narrow(0, off, G * rows).view(sizes);
+            // The G cores' rows of the step: [G, rows, ...], from the step's
+            // tile, or, with the widened input, a strided view of it (the
+            // cores' first rows are evenly spaced; each op's values are the
+            // same on a view as on a copy, its results are fresh tensors).
+            at::Tensor X;
+            if (wide_in.defined()) {
+              const int64_t gap = G > 1 ? cores[c + 1].first - cores[c].first : rows;
+              bool even = true;
+              for (size_t g = c + 1; g < e; ++g) even = even && cores[g].first - cores[g - 1].first == gap;
+              TORCH_CHECK(even, "ktir_execute: uneven core rows in a ring step");
+              std::vector<int64_t> strides = x.strides().vec();
+              strides.insert(strides.begin(), gap * x.stride(0));
+              X = x.as_strided(sizes, strides, x.storage_offset() + cores[c].first * x.stride(0));
+            } else {
+              X = x.narrow(0, off, G * rows).view(sizes);
+            }
             std::vector<int64_t> firsts(G);
             const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
             RingPart part;
