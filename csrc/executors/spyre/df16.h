@@ -90,10 +90,15 @@ inline uint32_t df16_to_f32_bits(uint16_t c) {
 // except r <= 2^-31 (df16 code 0 or below: zero) and r >= the NaN/Inf code's
 // f32 image 0x4FFFC000 (and f32 NaN/Inf): a quiet NaN with the sign.
 inline uint32_t df16_round_f32_bits(uint32_t u) {
+  // The two limits as conditions on the magnitude before rounding (signed
+  // compares, one instruction each in a vector loop): r <= 2^-31 exactly
+  // when mag < 0x30002000, r >= 0x4FFFC000 exactly when mag >= 0x4FFFA000.
   const uint32_t sign = u & 0x80000000u;
-  const uint32_t r = ((u & 0x7FFFFFFFu) + detail::kHalf) & ~0x3FFFu;
-  const uint32_t v = r <= 0x30000000u ? 0u : r;
-  return sign | (r >= 0x4FFFC000u ? 0x7FC00000u : v);
+  const int32_t mag = static_cast<int32_t>(u & 0x7FFFFFFFu);
+  const uint32_t r = (static_cast<uint32_t>(mag) + detail::kHalf) & ~0x3FFFu;
+  const uint32_t keep = 0u - static_cast<uint32_t>(mag >= 0x30002000);
+  const uint32_t nan = 0u - static_cast<uint32_t>(mag >= 0x4FFFA000);
+  return sign | (r & keep & ~nan) | (0x7FC00000u & nan);
 }
 
 // bfloat16 bits of df16(u) (u: float32 bits): df16_round_f32_bits, then
@@ -101,9 +106,12 @@ inline uint32_t df16_round_f32_bits(uint32_t u) {
 // -> 0xFFFF, ATen's vectorized conversion; df16 values never overflow
 // bfloat16). One pass instead of a rounding pass and a conversion pass.
 inline uint16_t df16_round_bf16_bits(uint32_t u) {
-  const uint32_t r = df16_round_f32_bits(u);
-  const uint32_t b = (r + 0x7FFFu + ((r >> 16) & 1u)) >> 16;
-  return static_cast<uint16_t>((r & 0x7FFFFFFFu) > 0x7F800000u ? 0xFFFFu : b);
+  const uint32_t sign = u & 0x80000000u;
+  const int32_t mag = static_cast<int32_t>(u & 0x7FFFFFFFu);
+  const uint32_t r = (static_cast<uint32_t>(mag) + detail::kHalf) & ~0x3FFFu;
+  const uint32_t v = sign | (r & (0u - static_cast<uint32_t>(mag >= 0x30002000)));  // df16 value, or +-0
+  const uint32_t b = (v + 0x7FFFu + ((v >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(mag >= 0x4FFFA000 ? 0xFFFFu : b);
 }
 
 // One df16 code -> float32 (exact).
