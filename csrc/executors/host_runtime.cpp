@@ -55,8 +55,7 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
 }
 
 c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
-  auto it = map_.find(s);
-  if (it != map_.end() && !it->second.temp) return it->second.storage;
+  if (const Entry* e = map_.find(s); e != nullptr && !e->temp) return e->storage;
   c10::Storage st = transient_.contains(s) ? scratch_storage(s->nbytes) : wrap_device_buffer(s, resizable_);
   map_[s] = Entry{st, false};
   return st;
@@ -78,18 +77,17 @@ bool HostMemory::adopt_output(DeferredStorage* s, c10::Storage storage) {
 void HostMemory::bind_temp(DeferredStorage* s, c10::Storage storage) { map_[s] = Entry{std::move(storage), true}; }
 
 bool HostMemory::is_temp(DeferredStorage* s) const {
-  auto it = map_.find(s);
-  return it != map_.end() && it->second.temp;
+  const Entry* e = map_.find(s);
+  return e != nullptr && e->temp;
 }
 
 void HostMemory::release_temp(DeferredStorage* s) {
-  auto it = map_.find(s);
-  if (it != map_.end() && it->second.temp) map_.erase(it);
+  const Entry* e = map_.find(s);
+  if (e != nullptr && e->temp) (void)map_.erase(s);
 }
 
 c10::Storage HostMemory::storage_for(DeferredStorage* s) {
-  auto it = map_.find(s);
-  if (it != map_.end()) return it->second.storage;
+  if (const Entry* e = map_.find(s)) return e->storage;
   return device_buffer(s);
 }
 
@@ -190,11 +188,17 @@ void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t) {
 }
 
 torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
-  torch::jit::Stack stack(n.args.begin(), n.args.end());
+  torch::jit::Stack stack;
+  build_stack(n, mem, stack);
+  return stack;
+}
+
+void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack) {
+  stack.assign(n.args.begin(), n.args.end());
   // A storage written through a view whose elements share memory is written
   // in place (written_tensor); the op's reads of that storage (torch.add(v, 1,
   // out=v)) must see the same memory as on CPU, not a gathered copy.
-  std::vector<const DeferredStorage*> overlapped;
+  c10::SmallVector<const DeferredStorage*, 2> overlapped;
   for (const auto& in : n.inputs)
     if (in.written && views::overlaps_itself(in.ref.sizes, in.ref.strides)) overlapped.push_back(in.ref.storage.get());
   auto in_place = [&](const TensorRef& r) {
@@ -216,7 +220,6 @@ torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
     int g = generator_arg(n.op.schema());
     if (g >= 0) stack[g] = at::make_generator<at::CPUGeneratorImpl>(n.rng_seed);
   }
-  return stack;
 }
 
 namespace {
@@ -284,6 +287,12 @@ void call_cpu(const Node& n, torch::jit::Stack& stack) {
 
 std::vector<at::Tensor> fresh_results(const Node& n, torch::jit::Stack& stack) {
   std::vector<at::Tensor> out;
+  fresh_results(n, stack, out);
+  return out;
+}
+
+void fresh_results(const Node& n, torch::jit::Stack& stack, std::vector<at::Tensor>& out) {
+  out.clear();
   out.reserve(n.outputs.size());
   for (size_t k = 0; k < n.returns.size(); ++k) {
     const c10::IValue& v = stack[k];
@@ -293,7 +302,6 @@ std::vector<at::Tensor> fresh_results(const Node& n, torch::jit::Stack& stack) {
       for (const auto& t : v.toTensorList()) out.push_back(t);
     }
   }
-  return out;
 }
 
 }  // namespace host
