@@ -9,6 +9,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
 
 #include "device/block_cache.h"
 #include "device/device.h"
@@ -112,8 +113,28 @@ at::Tensor with_bits(at::Tensor t, const TensorRef& r) {
 // narrow and a reshape (never padded, never a gather), so the strided view is
 // the tensor without decomposing the chain (an allocation per step of it; the
 // digits step ran ~200 such decompositions per step for plain operands).
+// Also true for a permutation of such a view (a transposed weight, a
+// channels-last activation): every element once, strides the sizes' products
+// in some order of the dims. views::decompose gives it a narrow, a reshape and
+// a permute (no pad: its block is the view's own elements, inside the storage),
+// so it is the strided view too; decomposing it cost ~8 allocations an operand.
+bool dense_in_some_order(const TensorRef& r) {
+  c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size) of dims longer than 1
+  for (size_t d = 0; d < r.sizes.size(); ++d) {
+    if (r.sizes[d] == 0) return false;
+    if (r.sizes[d] != 1) dims.emplace_back(r.strides[d], r.sizes[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
 bool plain_in_bounds(const TensorRef& r, int64_t storage_numel) {
-  return r.offset >= 0 && r.is_dense() && r.offset + r.numel() <= storage_numel;
+  return r.offset >= 0 && (r.is_dense() || dense_in_some_order(r)) && r.offset + r.numel() <= storage_numel;
 }
 }  // namespace
 
