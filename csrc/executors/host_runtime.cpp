@@ -9,10 +9,10 @@
 #include <c10/core/CPUAllocator.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/util/SmallVector.h>
 
 #include "device/block_cache.h"
 #include "device/device.h"
+#include "lazy/dense_order.h"
 #include "jit/ir.h"
 #include "ops/custom_ops.h"
 
@@ -118,23 +118,9 @@ at::Tensor with_bits(at::Tensor t, const TensorRef& r) {
 // in some order of the dims. views::decompose gives it a narrow, a reshape and
 // a permute (no pad: its block is the view's own elements, inside the storage),
 // so it is the strided view too; decomposing it cost ~8 allocations an operand.
-bool dense_in_some_order(const TensorRef& r) {
-  c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size) of dims longer than 1
-  for (size_t d = 0; d < r.sizes.size(); ++d) {
-    if (r.sizes[d] == 0) return false;
-    if (r.sizes[d] != 1) dims.emplace_back(r.strides[d], r.sizes[d]);
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t expected = 1;
-  for (const auto& [stride, size] : dims) {
-    if (stride != expected) return false;
-    expected *= size;
-  }
-  return true;
-}
-
 bool plain_in_bounds(const TensorRef& r, int64_t storage_numel) {
-  return r.offset >= 0 && (r.is_dense() || dense_in_some_order(r)) && r.offset + r.numel() <= storage_numel;
+  if (r.offset < 0 || r.offset + r.numel() > storage_numel) return false;
+  return r.is_dense() || (r.numel() > 0 && dense_in_some_order(r.sizes, r.strides));
 }
 }  // namespace
 

@@ -189,13 +189,14 @@ void direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& m
 // Runs `n`'s CPU kernel with outputs `outs` (direct_kernels.h), else its
 // out= overload `out_op` on the functional stack plus `outs`; false (and nothing
 // bound) when the out= kernel rejects the call, so the functional kernel runs
-// and raises CPU's own error if there is one.
+// and raises CPU's own error if there is one. `stack`: room for the out=
+// call's arguments (its elements replaced, its capacity kept).
 bool call_direct(const Node& n, const c10::OperatorHandle& out_op, const torch::jit::Stack& functional,
-                 const std::vector<at::Tensor>& outs) {
+                 const std::vector<at::Tensor>& outs, torch::jit::Stack& stack) {
   c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
   try {
     if (run_direct_kernel(n, functional, outs)) return true;
-    torch::jit::Stack stack(functional);
+    stack.assign(functional.begin(), functional.end());
     for (const auto& o : outs) stack.emplace_back(o);
     out_op.callBoxed(stack);
   } catch (const c10::Error&) {
@@ -249,10 +250,11 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
   RegionStorages storages(region, graph);
   // One op's argument stack, results and out= tensors: kept across ops (their
   // capacity; emptied after each op, which frees what they held).
-  torch::jit::Stack stack;
+  torch::jit::Stack stack, out_stack;
   std::vector<at::Tensor> results, direct;
   auto clear_op_state = [&] {
     stack.clear();
+    out_stack.clear();
     results.clear();
     direct.clear();
   };
@@ -273,7 +275,7 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     const c10::OperatorHandle* out_op = nullptr;
     direct_outputs(n, region, p, mem, hooks, &out_op, direct);
     try {
-      if (out_op && call_direct(n, *out_op, stack, direct)) {
+      if (out_op && call_direct(n, *out_op, stack, direct, out_stack)) {
         results = direct;
       } else {
         direct.clear();
