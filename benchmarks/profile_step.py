@@ -1,7 +1,8 @@
 """Warm training steps of benchmarks/run_all.py (section 7) for a profiler.
 
 Builds one of the three training steps (``mlp``, ``gpt``, ``cnn``) on one device,
-warms it up, then runs ``--steps`` steps on one thread. ``--model flush`` instead
+warms it up, then runs ``--steps`` steps on one thread. ``--model digits`` runs run_all's
+section 5 digits MLP + Adam step (loss read every 10 steps). ``--model flush`` instead
 records run_all's 16-op chain on a 4x4 tensor and flushes it (``--steps`` times, every
 flush a cache hit); ``--model record`` records 1000 ``a + b`` on 1-element tensors per
 step and flushes them outside the profiled part. Under callgrind, start with
@@ -102,7 +103,7 @@ def compare(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("mlp", "gpt", "cnn", "flush", "record"), default="cnn")
+    parser.add_argument("--model", choices=("mlp", "gpt", "cnn", "digits", "flush", "record"), default="cnn")
     parser.add_argument("--device", default="tpu")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -125,9 +126,12 @@ def main():
     if args.model in ("flush", "record"):
         name, seconds = micro(args)
     else:
-        index = {"mlp": 0, "gpt": 1, "cnn": 2}[args.model]
-        name, make_model, make_opt, clip, make_batches = run_all._training_cases(False)[index]
-        trainer = run_all.StepTrainer(args.device, make_model, make_opt, clip, make_batches())
+        if args.model == "digits":
+            name, trainer = "digits MLP + Adam step", run_all.Trainer(args.device, run_all.digits_data(10)[0])
+        else:
+            index = {"mlp": 0, "gpt": 1, "cnn": 2}[args.model]
+            name, make_model, make_opt, clip, make_batches = run_all._training_cases(False)[index]
+            trainer = run_all.StepTrainer(args.device, make_model, make_opt, clip, make_batches())
         trainer.steps(args.warmup)
         toggle(args, "on")
         r0 = resource.getrusage(resource.RUSAGE_SELF)

@@ -12,6 +12,7 @@
 
 #include "device/block_cache.h"
 #include "device/device.h"
+#include "lazy/dense_order.h"
 #include "jit/ir.h"
 #include "ops/custom_ops.h"
 
@@ -55,8 +56,7 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
 }
 
 c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
-  auto it = map_.find(s);
-  if (it != map_.end() && !it->second.temp) return it->second.storage;
+  if (const Entry* e = map_.find(s); e != nullptr && !e->temp) return e->storage;
   c10::Storage st = transient_.contains(s) ? scratch_storage(s->nbytes) : wrap_device_buffer(s, resizable_);
   map_[s] = Entry{st, false};
   return st;
@@ -78,18 +78,17 @@ bool HostMemory::adopt_output(DeferredStorage* s, c10::Storage storage) {
 void HostMemory::bind_temp(DeferredStorage* s, c10::Storage storage) { map_[s] = Entry{std::move(storage), true}; }
 
 bool HostMemory::is_temp(DeferredStorage* s) const {
-  auto it = map_.find(s);
-  return it != map_.end() && it->second.temp;
+  const Entry* e = map_.find(s);
+  return e != nullptr && e->temp;
 }
 
 void HostMemory::release_temp(DeferredStorage* s) {
-  auto it = map_.find(s);
-  if (it != map_.end() && it->second.temp) map_.erase(it);
+  const Entry* e = map_.find(s);
+  if (e != nullptr && e->temp) (void)map_.erase(s);
 }
 
 c10::Storage HostMemory::storage_for(DeferredStorage* s) {
-  auto it = map_.find(s);
-  if (it != map_.end()) return it->second.storage;
+  if (const Entry* e = map_.find(s)) return e->storage;
   return device_buffer(s);
 }
 
@@ -114,8 +113,14 @@ at::Tensor with_bits(at::Tensor t, const TensorRef& r) {
 // narrow and a reshape (never padded, never a gather), so the strided view is
 // the tensor without decomposing the chain (an allocation per step of it; the
 // digits step ran ~200 such decompositions per step for plain operands).
+// Also true for a permutation of such a view (a transposed weight, a
+// channels-last activation): every element once, strides the sizes' products
+// in some order of the dims. views::decompose gives it a narrow, a reshape and
+// a permute (no pad: its block is the view's own elements, inside the storage),
+// so it is the strided view too; decomposing it cost ~8 allocations an operand.
 bool plain_in_bounds(const TensorRef& r, int64_t storage_numel) {
-  return r.offset >= 0 && r.is_dense() && r.offset + r.numel() <= storage_numel;
+  if (r.offset < 0 || r.offset + r.numel() > storage_numel) return false;
+  return r.is_dense() || (r.numel() > 0 && dense_in_some_order(r.sizes, r.strides));
 }
 }  // namespace
 
@@ -190,11 +195,17 @@ void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t) {
 }
 
 torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
-  torch::jit::Stack stack(n.args.begin(), n.args.end());
+  torch::jit::Stack stack;
+  build_stack(n, mem, stack);
+  return stack;
+}
+
+void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack) {
+  stack.assign(n.args.begin(), n.args.end());
   // A storage written through a view whose elements share memory is written
   // in place (written_tensor); the op's reads of that storage (torch.add(v, 1,
   // out=v)) must see the same memory as on CPU, not a gathered copy.
-  std::vector<const DeferredStorage*> overlapped;
+  c10::SmallVector<const DeferredStorage*, 2> overlapped;
   for (const auto& in : n.inputs)
     if (in.written && views::overlaps_itself(in.ref.sizes, in.ref.strides)) overlapped.push_back(in.ref.storage.get());
   auto in_place = [&](const TensorRef& r) {
@@ -216,7 +227,6 @@ torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
     int g = generator_arg(n.op.schema());
     if (g >= 0) stack[g] = at::make_generator<at::CPUGeneratorImpl>(n.rng_seed);
   }
-  return stack;
 }
 
 namespace {
@@ -284,6 +294,12 @@ void call_cpu(const Node& n, torch::jit::Stack& stack) {
 
 std::vector<at::Tensor> fresh_results(const Node& n, torch::jit::Stack& stack) {
   std::vector<at::Tensor> out;
+  fresh_results(n, stack, out);
+  return out;
+}
+
+void fresh_results(const Node& n, torch::jit::Stack& stack, std::vector<at::Tensor>& out) {
+  out.clear();
   out.reserve(n.outputs.size());
   for (size_t k = 0; k < n.returns.size(); ++k) {
     const c10::IValue& v = stack[k];
@@ -293,7 +309,6 @@ std::vector<at::Tensor> fresh_results(const Node& n, torch::jit::Stack& stack) {
       for (const auto& t : v.toTensorList()) out.push_back(t);
     }
   }
-  return out;
 }
 
 }  // namespace host

@@ -45,7 +45,7 @@ class HostMemory {
   // (nothing bound) when neither applies: the caller copies.
   bool adopt_output(DeferredStorage* s, c10::Storage storage);
   // Frees whatever holds the value of `s` (a transient storage after its last use).
-  void release(DeferredStorage* s) { map_.erase(s); }
+  void release(DeferredStorage* s) { (void)map_.erase(s); }
   // The value of r: a CPU tensor with r's dtype and geometry, read from the
   // storage's flat value through r's view chain (views/). It aliases the
   // storage unless the chain pads or gathers (then it is a copy).
@@ -66,7 +66,7 @@ class HostMemory {
  private:
   struct Entry {
     c10::Storage storage;
-    bool temp;
+    bool temp = false;
   };
   struct PendingWrite {
     at::Tensor flat;
@@ -74,7 +74,8 @@ class HostMemory {
     views::ViewChain chain;  // of ref over flat, found when the copy was made
     at::Tensor value;
   };
-  std::unordered_map<DeferredStorage*, Entry> map_;
+  // Open addressing (lazy/storage_map.h): no allocation per storage of the flush.
+  StorageMap<Entry> map_;
   StorageSet transient_;
   std::vector<PendingWrite> pending_writes_;
   bool resizable_;
@@ -103,12 +104,17 @@ c10::Storage wrap_device_buffer(DeferredStorage* s, bool resizable = false);
 // Builds the CPU argument stack of `n` (tensors from `mem`, generators seeded
 // from the node's reserved stream).
 torch::jit::Stack build_stack(const Node& n, HostMemory& mem);
+// The same into `stack` (its elements replaced, its capacity kept): a loop
+// over ops reuses one stack instead of allocating one per op.
+void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack);
 // Calls the op's CPU kernel on `stack` (autograd excluded); for RNG ops
 // without a generator argument, CPU's default generator is seeded with the
 // node's stream and restored afterwards.
 void call_cpu(const Node& n, torch::jit::Stack& stack);
 // The fresh tensor results left on `stack` by call_cpu, in Node::outputs order.
 std::vector<at::Tensor> fresh_results(const Node& n, torch::jit::Stack& stack);
+// The same into `out` (cleared first, its capacity kept).
+void fresh_results(const Node& n, torch::jit::Stack& stack, std::vector<at::Tensor>& out);
 
 }  // namespace host
 }  // namespace tpu_eager

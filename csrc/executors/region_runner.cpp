@@ -1,13 +1,12 @@
 // The op-by-op host loop shared by the executors (see region_runner.h).
 #include "executors/region_runner.h"
 
-#include <set>
-#include <string>
-#include <tuple>
-#include <unordered_map>
+#include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <typeinfo>
-#include <unordered_set>
+
+#include <c10/util/SmallVector.h>
 
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -23,11 +22,82 @@ namespace tpu_eager {
 namespace host {
 namespace {
 
-// Identity of a view for counting HBM traffic once per region.
-using ViewKey = std::tuple<const DeferredStorage*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>;
-ViewKey view_key(const TensorRef& r) {
-  return {r.storage.get(), r.offset, r.sizes, r.strides, static_cast<int>(r.dtype)};
+// Order of views by identity (storage, offset, dtype, sizes, strides): the
+// views one region counts HBM traffic for, each once.
+bool view_less(const TensorRef* a, const TensorRef* b) {
+  if (a->storage.get() != b->storage.get()) return a->storage.get() < b->storage.get();
+  if (a->offset != b->offset) return a->offset < b->offset;
+  if (a->dtype != b->dtype) return a->dtype < b->dtype;
+  if (a->sizes.size() != b->sizes.size()) return a->sizes.size() < b->sizes.size();
+  for (size_t d = 0; d < a->sizes.size(); ++d) {
+    if (a->sizes[d] != b->sizes[d]) return a->sizes[d] < b->sizes[d];
+    if (a->strides[d] != b->strides[d]) return a->strides[d] < b->strides[d];
+  }
+  return false;
 }
+
+// A set of views (TensorRefs of the region's nodes, which outlive it), kept
+// sorted by view_less: inline for up to 16 views. A std::set of (storage,
+// offset, sizes, strides, dtype) tuples cost three heap allocations per view
+// an op-by-op op read or wrote.
+class ViewSet {
+ public:
+  // Adds `r`; false when an equal view is in the set.
+  bool insert(const TensorRef& r) {
+    auto* it = std::lower_bound(views_.begin(), views_.end(), &r, view_less);
+    if (it != views_.end() && !view_less(&r, *it)) return false;
+    views_.insert(it, &r);
+    return true;
+  }
+
+ private:
+  c10::SmallVector<const TensorRef*, 16> views_;
+};
+
+// Per storage a region uses: the position of its last op that uses it, and
+// whether an op of the region produced it so far. Sorted by storage (built
+// once per region), inline for up to 32 storages: no allocation per storage,
+// as a std::unordered_map and std::unordered_set had.
+class RegionStorages {
+ public:
+  RegionStorages(const Region& region, const std::vector<Node>& graph) {
+    for (size_t p = 0; p < region.nodes.size(); ++p) {
+      const Node& n = graph[region.nodes[p]];
+      for (const auto& in : n.inputs) entries_.push_back(Entry{in.ref.storage.get(), p, false});
+      for (const auto& out : n.outputs) entries_.push_back(Entry{out.storage.get(), p, false});
+    }
+    // By storage, then position: the last of each run of one storage holds its last use.
+    std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+      return a.storage != b.storage ? a.storage < b.storage : a.last_use < b.last_use;
+    });
+    size_t kept = 0;
+    for (size_t k = 0; k < entries_.size(); ++k) {
+      if (kept > 0 && entries_[kept - 1].storage == entries_[k].storage)
+        entries_[kept - 1] = entries_[k];
+      else
+        entries_[kept++] = entries_[k];
+    }
+    entries_.resize(kept);
+  }
+  size_t last_use(const DeferredStorage* s) const { return find(s).last_use; }
+  bool produced(const DeferredStorage* s) const { return find(s).produced; }
+  void set_produced(const DeferredStorage* s) { const_cast<Entry&>(find(s)).produced = true; }
+
+ private:
+  struct Entry {
+    const DeferredStorage* storage;
+    size_t last_use;
+    bool produced;
+  };
+  // Every storage the region's nodes use has an entry.
+  const Entry& find(const DeferredStorage* s) const {
+    const Entry* it = std::lower_bound(entries_.begin(), entries_.end(), s,
+                                       [](const Entry& e, const DeferredStorage* v) { return e.storage < v; });
+    TORCH_INTERNAL_ASSERT(it != entries_.end() && it->storage == s, "run_ops: a storage outside the region's nodes");
+    return *it;
+  }
+  c10::SmallVector<Entry, 32> entries_;
+};
 
 // Binds result `result` of op `n` to its output `ref`; counts a copy into device memory in `stats`.
 void bind_output(const Node& n, const TensorRef& ref, const at::Tensor& result, bool materialize, HostMemory& mem,
@@ -74,15 +144,16 @@ void bind_output(const Node& n, const TensorRef& ref, const at::Tensor& result, 
 // Out= tensors for op `n` when its CPU kernel can write its results in place:
 // each materialized output is its device buffer, each other output a
 // temporary with the recorded layout. Empty when the op has no out= overload or the
-// target computes it its own way.
-std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& mem,
-                                       HostRunHooks& hooks, const c10::OperatorHandle** out_op) {
+// target computes it its own way. Into `outs` (cleared first, its capacity kept).
+void direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& mem, HostRunHooks& hooks,
+                    const c10::OperatorHandle** out_op, std::vector<at::Tensor>& outs) {
   *out_op = nullptr;
-  if (n.rng || n.outputs.empty() || !hooks.direct_outputs_ok(n)) return {};
+  outs.clear();
+  if (n.rng || n.outputs.empty() || !hooks.direct_outputs_ok(n)) return;
   if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary && custom_host_kernel(n.op))
-    return {};  // its author's kernel runs
+    return;  // its author's kernel runs
   for (int r : n.returns)
-    if (r != -1) return {};
+    if (r != -1) return;
   // Dense operands only, unless the op's out= kernel is its functional one
   // (takes_strided_inputs): CPU's other out= kernels are less exercised than
   // the functional ones and some mis-handle strided tensors (torch 2.13:
@@ -90,23 +161,22 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
   // with a strided input give wrong values).
   for (const auto& in : n.inputs) {
     if (in.ref.is_dense()) continue;
-    if (!takes_strided_inputs(n)) return {};
+    if (!takes_strided_inputs(n)) return;
     break;
   }
   bool plus_copy = false;
   const c10::OperatorHandle* op = out_variant(n.op, &plus_copy);
-  if (!op) return {};
+  if (!op) return;
   // An out= overload that is the functional op plus a copy gains nothing: the
   // functional result is copied into a materialized output all the same, and a
   // temporary keeps it without the copy (bind_output).
-  if (plus_copy && !has_direct_kernel(n)) return {};
-  std::vector<at::Tensor> outs;
+  if (plus_copy && !has_direct_kernel(n)) return;
+  for (const TensorRef& ref : n.outputs)
+    if (ref.conj || ref.neg || ref.offset != 0 || !ref.is_dense()) return;
   outs.reserve(n.outputs.size());
   for (size_t j = 0; j < n.outputs.size(); ++j) {
     const TensorRef& ref = n.outputs[j];
-    if (ref.conj || ref.neg) return {};
     DeferredStorage* s = ref.storage.get();
-    if (ref.offset != 0 || !ref.is_dense()) return {};
     if (region.materialize[p][j]) {
       outs.push_back(view_over(mem.device_buffer(s), ref));
     } else {
@@ -114,19 +184,19 @@ std::vector<at::Tensor> direct_outputs(const Node& n, const Region& region, size
     }
   }
   *out_op = op;
-  return outs;
 }
 
 // Runs `n`'s CPU kernel with outputs `outs` (direct_kernels.h), else its
 // out= overload `out_op` on the functional stack plus `outs`; false (and nothing
 // bound) when the out= kernel rejects the call, so the functional kernel runs
-// and raises CPU's own error if there is one.
+// and raises CPU's own error if there is one. `stack`: room for the out=
+// call's arguments (its elements replaced, its capacity kept).
 bool call_direct(const Node& n, const c10::OperatorHandle& out_op, const torch::jit::Stack& functional,
-                 const std::vector<at::Tensor>& outs) {
+                 const std::vector<at::Tensor>& outs, torch::jit::Stack& stack) {
   c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
   try {
     if (run_direct_kernel(n, functional, outs)) return true;
-    torch::jit::Stack stack(functional);
+    stack.assign(functional.begin(), functional.end());
     for (const auto& o : outs) stack.emplace_back(o);
     out_op.callBoxed(stack);
   } catch (const c10::Error&) {
@@ -167,29 +237,33 @@ std::string op_display_name(const Node& n) {
 
 void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph, HostMemory& mem,
              RegionStats& stats, HostRunHooks& hooks) {
-  std::unordered_set<const DeferredStorage*> produced;
-  std::set<ViewKey> reads, writes;
+  ViewSet reads, writes;
   // Device traffic of one view, once per region: logical bytes plus its layout padding.
-  auto traffic = [&](const TensorRef& r, std::set<ViewKey>& seen, int64_t& logical) {
-    if (!seen.insert(view_key(r)).second) return;
+  auto traffic = [&](const TensorRef& r, ViewSet& seen, int64_t& logical) {
+    if (!seen.insert(r)) return;
     logical += hooks.logical_bytes(r);
     stats.padding_bytes += hooks.padding_bytes(r);
   };
   // Position of the last op of the region that uses each storage: a
   // temporary is freed right after it, as eager frees a dead intermediate
   // (keeps the working set, and the allocator's reuse, like eager's).
-  std::unordered_map<DeferredStorage*, size_t> last_use;
-  for (size_t p = 0; p < region.nodes.size(); ++p) {
-    const Node& n = graph[region.nodes[p]];
-    for (const auto& in : n.inputs) last_use[in.ref.storage.get()] = p;
-    for (const auto& out : n.outputs) last_use.emplace(out.storage.get(), p);
-  }
+  RegionStorages storages(region, graph);
+  // One op's argument stack, results and out= tensors: kept across ops (their
+  // capacity; emptied after each op, which frees what they held).
+  torch::jit::Stack stack, out_stack;
+  std::vector<at::Tensor> results, direct;
+  auto clear_op_state = [&] {
+    stack.clear();
+    out_stack.clear();
+    results.clear();
+    direct.clear();
+  };
   // One op: its inputs' traffic, the CPU kernel (or out= overload writing the
   // device buffer), its outputs bound, dead temporaries freed.
   auto run_one = [&](size_t p, Node& n) {
     for (const auto& in : n.inputs) {
       DeferredStorage* s = in.ref.storage.get();
-      if (produced.count(s) || mem.is_temp(s) || (in.written && !reads_written_value(n, in))) continue;
+      if (storages.produced(s) || mem.is_temp(s) || (in.written && !reads_written_value(n, in))) continue;
       traffic(in.ref, reads, stats.bytes_read);
     }
     // A storage this op overwrites whole loses an earlier op's error once the
@@ -197,18 +271,17 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     for (const auto& in : n.inputs)
       if (in.ref.storage->error && in.ref.storage->error_seen && overwrites_storage(n, in))
         in.ref.storage->set_error(nullptr);
-    torch::jit::Stack stack = build_stack(n, mem);  // re-raises an input's earlier error as is
-    std::vector<at::Tensor> results;
+    build_stack(n, mem, stack);  // re-raises an input's earlier error as is
     const c10::OperatorHandle* out_op = nullptr;
-    std::vector<at::Tensor> direct = direct_outputs(n, region, p, mem, hooks, &out_op);
+    direct_outputs(n, region, p, mem, hooks, &out_op, direct);
     try {
-      if (out_op && call_direct(n, *out_op, stack, direct)) {
+      if (out_op && call_direct(n, *out_op, stack, direct, out_stack)) {
         results = direct;
       } else {
         direct.clear();
         hooks.call(n, stack);
         mem.finish_writes();
-        results = fresh_results(n, stack);
+        fresh_results(n, stack, results);
       }
       hooks.after_op(n, results, mem);
     } catch (c10::Error& e) {
@@ -227,15 +300,16 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       const bool materialize = region.materialize[p][j];
       bind_output(n, n.outputs[j], results.at(j), materialize, mem, direct.empty() ? at::Tensor() : direct[j], stats);
       if (materialize) traffic(n.outputs[j], writes, stats.bytes_written);
-      produced.insert(n.outputs[j].storage.get());
+      storages.set_produced(n.outputs[j].storage.get());
     }
     for (const auto& in : n.inputs)
       if (in.written && !mem.is_temp(in.ref.storage.get())) traffic(in.ref, writes, stats.bytes_written);
     for (const auto& in : n.inputs)
-      if (last_use[in.ref.storage.get()] == p) mem.release_temp(in.ref.storage.get());
+      if (storages.last_use(in.ref.storage.get()) == p) mem.release_temp(in.ref.storage.get());
     for (const auto& out : n.outputs)
-      if (last_use[out.storage.get()] == p) mem.release_temp(out.storage.get());
+      if (storages.last_use(out.storage.get()) == p) mem.release_temp(out.storage.get());
     hooks.add_op_cost(n, stats);
+    clear_op_state();
   };
   // An op that fails marks its outputs and written inputs with its error and
   // the region goes on: ops that read them fail in turn (build_stack re-raises
@@ -247,6 +321,7 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     try {
       run_one(p, n);
     } catch (...) {
+      clear_op_state();
       const std::exception_ptr err = std::current_exception();
       for_each_written_storage(n, [&](DeferredStorage* s) { s->set_error(err); });
       if (!first_error) {

@@ -13,6 +13,7 @@
 #include "device/env.h"
 #include "device/kineto_profiler.h"
 #include "lazy/debug_report.h"
+#include "lazy/dense_order.h"
 #include "device/fork.h"
 #include "device/host_share.h"
 #include "jit/jit.h"
@@ -165,18 +166,7 @@ int64_t TensorRef::nbytes() const { return numel() * static_cast<int64_t>(c10::e
 
 bool TensorRef::covers_storage() const {
   if (offset != 0 || static_cast<size_t>(nbytes()) != storage->nbytes) return false;
-  // Dense in some order of its dims (row-major, transposed, channels_last):
-  // sorted by stride, each dim's stride is the product of the sizes before it.
-  c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size) of dims longer than 1
-  for (size_t d = 0; d < sizes.size(); ++d)
-    if (sizes[d] != 1) dims.emplace_back(strides[d], sizes[d]);
-  std::sort(dims.begin(), dims.end());
-  int64_t expected = 1;
-  for (const auto& [stride, size] : dims) {
-    if (stride != expected) return false;
-    expected *= size;
-  }
-  return true;
+  return dense_in_some_order(sizes, strides);
 }
 
 namespace {

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "lazy/deferred_storage.h"
@@ -43,6 +44,30 @@ class StorageMap {
     return values_[i];
   }
   V& operator[](const DeferredStorage* s) { return get_or(s, V{}); }
+
+  // Removes `s` and destroys its value now; false when absent. Backward-shift
+  // deletion: entries after it in its probe run move up into the hole, so
+  // lookups need no tombstones.
+  bool erase(const DeferredStorage* s) {
+    size_t hole = slot(s);
+    for (;; hole = (hole + 1) & mask_) {
+      if (keys_[hole] == nullptr) return false;
+      if (keys_[hole] == s) break;
+    }
+    for (size_t j = (hole + 1) & mask_; keys_[j] != nullptr; j = (j + 1) & mask_) {
+      // The entry at j stays when its home slot lies cyclically in (hole, j].
+      const size_t home = slot(keys_[j]);
+      const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+      if (stays) continue;
+      keys_[hole] = keys_[j];
+      values_[hole] = std::move(values_[j]);
+      hole = j;
+    }
+    keys_[hole] = nullptr;
+    values_[hole] = V{};
+    --size_;
+    return true;
+  }
 
   size_t size() const { return size_; }
 

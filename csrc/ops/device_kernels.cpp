@@ -387,14 +387,63 @@ inline void push_arg(torch::jit::Stack& stack, BorrowedArgs& borrowed, const at:
 }
 inline void push_arg(torch::jit::Stack& stack, BorrowedArgs&, const at::Scalar& s) { stack.emplace_back(s); }
 
+// The unboxed record kernels' argument stacks, kept per thread and nesting
+// depth (recording an op may record another: a meta kernel, a lazy clone's
+// copy) with their capacity: recording an op allocates no stack (a heap
+// allocation an op before). The pool is a heap object the thread's exit frees;
+// a record after that (a thread_local destructor's) or deeper than kDepth
+// uses a stack of its own.
+class PooledStack {
+ public:
+  PooledStack() {
+    if (t_pool == nullptr && !t_pool_dead) {
+      static thread_local PoolOwner owner;  // registers the pool's release at thread exit
+      (void)owner;
+      t_pool = new Pool();
+    }
+    stack_ = t_pool != nullptr && t_depth < kDepth ? &t_pool->stacks[t_depth] : &own_;
+    ++t_depth;
+  }
+  ~PooledStack() {
+    stack_->clear();  // drops the op's arguments and results now, as a local stack did
+    --t_depth;
+  }
+  PooledStack(const PooledStack&) = delete;
+  PooledStack& operator=(const PooledStack&) = delete;
+  torch::jit::Stack& get() { return *stack_; }
+
+ private:
+  static constexpr int kDepth = 4;
+  struct Pool {
+    torch::jit::Stack stacks[kDepth];
+  };
+  struct PoolOwner {
+    ~PoolOwner() {
+      delete t_pool;
+      t_pool = nullptr;
+      t_pool_dead = true;
+    }
+  };
+  // Trivially destructible, so usable during the thread's exit.
+  static thread_local Pool* t_pool;
+  static thread_local int t_depth;
+  static thread_local bool t_pool_dead;
+  torch::jit::Stack* stack_;
+  torch::jit::Stack own_;
+};
+thread_local PooledStack::Pool* PooledStack::t_pool = nullptr;
+thread_local int PooledStack::t_depth = 0;
+thread_local bool PooledStack::t_pool_dead = false;
+
 struct UnboxedRecordState {
   UnboxedRecordState(const OpEntry* e, c10::OperatorHandle o) : entry(e), op(std::move(o)) {}
   template <class... Args>
   at::Tensor record(Args... args) {
     std::call_once(planned, [&] { plan = plan_op(op, *entry); });
-    torch::jit::Stack stack;
+    PooledStack pooled;
+    torch::jit::Stack& stack = pooled.get();
     stack.reserve(sizeof...(Args));
-    BorrowedArgs borrowed;  // declared after the stack: clears its entries before the stack is destroyed
+    BorrowedArgs borrowed;  // declared after the stack: clears its entries before the stack is cleared
     (push_arg(stack, borrowed, args), ...);
     record_op(op, *entry, *plan, &stack, &borrowed);
     return std::move(stack.back()).toTensor();

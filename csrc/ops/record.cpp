@@ -185,7 +185,9 @@ bool has_meta_kernel(const c10::OperatorHandle& op) {
 bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack& stack, size_t first,
                                bool same_tensor_overlaps) {
   if (writes == 0) return false;
-  std::vector<std::pair<int, at::Tensor>> written, all;
+  // Inline: every in-place / out= op is checked, and two heap vectors were ~4 allocations of each call.
+  c10::SmallVector<std::pair<int, at::Tensor>, 2> written;
+  c10::SmallVector<std::pair<int, at::Tensor>, 6> all;
   for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
     if (!is_tpu(t)) return;
     if ((writes >> arg) & 1) written.emplace_back(arg, t);

@@ -130,3 +130,22 @@ def test_threads_reading_their_results_while_others_record(dev):
     # are still observed (by the new nodes) and must be materialized.
     for _ in range(3):
         _chains_in_threads(dev, read_inside=True)
+
+
+def test_short_lived_threads_record_and_exit(dev):
+    # Each thread's record stacks are a per-thread pool freed at the thread's exit;
+    # values recorded by threads that have exited are flushed after it.
+    base = cpu_randn(16, seed=3)
+    shared = base.to(dev)
+    results = []
+
+    def worker(k):
+        results.append((k, (shared * (k + 1) + 0.5).exp().sub(shared)))
+
+    for k in range(40):
+        t = threading.Thread(target=worker, args=(k,))
+        t.start()
+        t.join()
+    for k, r in results:
+        # Default float32 tolerances: the fused exp may differ from CPU's by an ulp (as on main).
+        torch.testing.assert_close(r.cpu(), (base * (k + 1) + 0.5).exp().sub(base))
