@@ -17,45 +17,41 @@ constexpr int64_t kGrain = 1 << 15;
 // vectorizer take the loop; the tail runs scalar.
 constexpr int64_t kBlock = 64;
 
+// dst[i] = f(src[i]) in blocks of kBlock (src and dst may be the same array:
+// each element is read before it is written). Inlined into each caller, so it
+// takes the caller's target (the AVX2 clones below vectorize it).
+template <typename In, typename Out, typename F>
+inline void map_blocked(const In* src, Out* dst, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = f(src[i + j]);
+  for (; i < n; ++i) dst[i] = f(src[i]);
+}
+
 // The modes are template parameters so each loop body is one fixed select
 // chain. Works on the IEEE bits (memcpy'd floats do not vectorize).
 template <Df16Rounding R, Df16Overflow O>
 void encode_loop(const uint32_t* __restrict src, uint16_t* __restrict dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = df16_from_f32_bits(src[i + j], R, O);
-  for (; i < n; ++i) dst[i] = df16_from_f32_bits(src[i], R, O);
+  map_blocked(src, dst, n, [](uint32_t u) { return df16_from_f32_bits(u, R, O); });
 }
 
 void decode_loop(const uint16_t* __restrict src, uint32_t* __restrict dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = df16_to_f32_bits(src[i + j]);
-  for (; i < n; ++i) dst[i] = df16_to_f32_bits(src[i]);
+  map_blocked(src, dst, n, [](uint16_t h) { return df16_to_f32_bits(h); });
 }
 
 // Built for AVX2 and for the baseline; the loader picks the CPU's (ifunc).
 __attribute__((target_clones("avx2", "default"))) void round_loop(const uint32_t* __restrict src,
                                                                   uint32_t* __restrict dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = df16_round_f32_bits(src[i + j]);
-  for (; i < n; ++i) dst[i] = df16_round_f32_bits(src[i]);
+  map_blocked(src, dst, n, [](uint32_t u) { return df16_round_f32_bits(u); });
 }
 
 __attribute__((target_clones("avx2", "default"))) void round_bf16_loop(const uint32_t* __restrict src,
                                                                        uint16_t* __restrict dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = df16_round_bf16_bits(src[i + j]);
-  for (; i < n; ++i) dst[i] = df16_round_bf16_bits(src[i]);
+  map_blocked(src, dst, n, [](uint32_t u) { return df16_round_bf16_bits(u); });
 }
 
-__attribute__((target_clones("avx2", "default"))) void round_bf16_in_place_loop(uint16_t* __restrict p, int64_t n) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t j = 0; j < kBlock; ++j) p[i + j] = df16_round_bf16_bits(static_cast<uint32_t>(p[i + j]) << 16);
-  for (; i < n; ++i) p[i] = df16_round_bf16_bits(static_cast<uint32_t>(p[i]) << 16);
+__attribute__((target_clones("avx2", "default"))) void round_bf16_in_place_loop(uint16_t* p, int64_t n) {
+  map_blocked(p, p, n, [](uint16_t b) { return df16_round_bf16_bits(static_cast<uint32_t>(b) << 16); });
 }
 
 }  // namespace
@@ -110,26 +106,30 @@ at::Tensor df16_decode(const at::Tensor& bits) {
   return out.view(at::kFloat);
 }
 
-at::Tensor df16_round(const at::Tensor& x, Df16Rounding rounding, Df16Overflow overflow) {
-  if (rounding == Df16Rounding::kNearestAway && overflow == Df16Overflow::kNanInf) {
-    // The default modes: one 32-bit pass (the same values as encode + decode).
-    TORCH_CHECK_TYPE(at::isFloatingType(x.scalar_type()), "df16_encode expects a floating-point tensor, got ",
-                     x.scalar_type());
-    TORCH_CHECK(x.device().is_cpu(), "df16_encode expects a CPU tensor, got one on ", x.device());
-    const at::Tensor src = x.to(at::kFloat).contiguous().view(at::kInt);
-    const auto* in = reinterpret_cast<const uint32_t*>(src.const_data_ptr<int32_t>());
-    if (x.scalar_type() == at::kBFloat16) {  // rounding and conversion in one pass
-      at::Tensor b16 = at::empty(src.sizes(), src.options().dtype(at::kShort));
-      auto* o = reinterpret_cast<uint16_t*>(b16.mutable_data_ptr<int16_t>());
-      at::parallel_for(0, src.numel(), kGrain,
-                       [&](int64_t b, int64_t e) { df16_round_bf16_array(in + b, o + b, e - b); });
-      return b16.view(at::kBFloat16);
-    }
-    at::Tensor out = at::empty(src.sizes(), src.options());
-    auto* o = reinterpret_cast<uint32_t*>(out.mutable_data_ptr<int32_t>());
-    at::parallel_for(0, src.numel(), kGrain, [&](int64_t b, int64_t e) { df16_round_array(in + b, o + b, e - b); });
-    return out.view(at::kFloat).to(x.scalar_type());
+at::Tensor df16_round_as(const at::Tensor& x, c10::ScalarType dtype) {
+  TORCH_CHECK_TYPE(at::isFloatingType(x.scalar_type()), "df16_round expects a floating-point tensor, got ",
+                   x.scalar_type());
+  TORCH_CHECK(x.device().is_cpu(), "df16_round expects a CPU tensor, got one on ", x.device());
+  const at::Tensor src = x.to(at::kFloat).contiguous().view(at::kInt);
+  const auto* in = reinterpret_cast<const uint32_t*>(src.const_data_ptr<int32_t>());
+  if (dtype == at::kBFloat16) {  // rounding and conversion in one pass
+    at::Tensor b16 = at::empty(src.sizes(), src.options().dtype(at::kShort));
+    auto* o = reinterpret_cast<uint16_t*>(b16.mutable_data_ptr<int16_t>());
+    at::parallel_for(0, src.numel(), kGrain,
+                     [&](int64_t b, int64_t e) { df16_round_bf16_array(in + b, o + b, e - b); });
+    return b16.view(at::kBFloat16);
   }
+  at::Tensor out = at::empty(src.sizes(), src.options());
+  auto* o = reinterpret_cast<uint32_t*>(out.mutable_data_ptr<int32_t>());
+  at::parallel_for(0, src.numel(), kGrain, [&](int64_t b, int64_t e) { df16_round_array(in + b, o + b, e - b); });
+  const at::Tensor r = out.view(at::kFloat);
+  return dtype == at::kFloat ? r : r.to(dtype);
+}
+
+at::Tensor df16_round(const at::Tensor& x, Df16Rounding rounding, Df16Overflow overflow) {
+  // The default modes: one 32-bit pass (the same values as encode + decode).
+  if (rounding == Df16Rounding::kNearestAway && overflow == Df16Overflow::kNanInf)
+    return df16_round_as(x, x.scalar_type());
   return df16_decode(df16_encode(x, rounding, overflow)).to(x.scalar_type());
 }
 

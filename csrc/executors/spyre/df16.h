@@ -143,6 +143,12 @@ at::Tensor df16_encode(const at::Tensor& x, Df16Rounding rounding = Df16Rounding
                        Df16Overflow overflow = Df16Overflow::kNanInf);
 // bits: int16 tensor of df16 codes. Returns float32 of the same shape.
 at::Tensor df16_decode(const at::Tensor& bits);
+// df16_round in the default modes (nearest-away, NaN/Inf), returned as dtype:
+// float32 holding the df16 values exactly, converted to dtype (float16 turns
+// df16 values past its range into +-inf; bfloat16 is converted in the same
+// pass as the rounding). Same shape as x. Throws c10::TypeError for a
+// non-floating x and c10::Error for a non-CPU x.
+at::Tensor df16_round_as(const at::Tensor& x, c10::ScalarType dtype);
 // decode(encode(x)) cast back to x's dtype: what a tensor of x's dtype holds
 // after a round trip through Spyre memory.
 at::Tensor df16_round(const at::Tensor& x, Df16Rounding rounding = Df16Rounding::kNearestAway,

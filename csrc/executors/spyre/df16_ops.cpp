@@ -45,23 +45,7 @@ bool computes_in_f32(const Node& n) {
 at::Tensor df16_store(const at::Tensor& x, c10::ScalarType dtype) {
   // float32 holding df16 values exactly (one pass), then the exact (or
   // storage-range) conversion to dtype.
-  const at::Tensor src = x.to(at::kFloat).contiguous().view(at::kInt);
-  constexpr int64_t kGrain = 1 << 15;  // below this one thread is faster than waking the pool
-  if (dtype == c10::kBFloat16) {
-    // Rounding and the bfloat16 conversion in one pass (df16.h).
-    at::Tensor out = at::empty(src.sizes(), src.options().dtype(at::kShort));
-    const auto* in = reinterpret_cast<const uint32_t*>(src.const_data_ptr<int32_t>());
-    auto* o = reinterpret_cast<uint16_t*>(out.mutable_data_ptr<int16_t>());
-    at::parallel_for(0, src.numel(), kGrain,
-                     [&](int64_t b, int64_t e) { df16_round_bf16_array(in + b, o + b, e - b); });
-    return out.view(c10::kBFloat16);
-  }
-  at::Tensor out = at::empty(src.sizes(), src.options());
-  const auto* in = reinterpret_cast<const uint32_t*>(src.const_data_ptr<int32_t>());
-  auto* o = reinterpret_cast<uint32_t*>(out.mutable_data_ptr<int32_t>());
-  at::parallel_for(0, src.numel(), kGrain, [&](int64_t b, int64_t e) { df16_round_array(in + b, o + b, e - b); });
-  at::Tensor r = out.view(at::kFloat);
-  return dtype == c10::kFloat ? r : r.to(dtype);
+  return df16_round_as(x, dtype);
 }
 
 bool df16_store_into(const at::Tensor& out, const at::Tensor& x) {
