@@ -194,12 +194,6 @@ void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t) {
   }
 }
 
-torch::jit::Stack build_stack(const Node& n, HostMemory& mem) {
-  torch::jit::Stack stack;
-  build_stack(n, mem, stack);
-  return stack;
-}
-
 void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack) {
   stack.assign(n.args.begin(), n.args.end());
   // A storage written through a view whose elements share memory is written
@@ -290,12 +284,6 @@ void call_cpu(const Node& n, torch::jit::Stack& stack) {
     return;
   }
   n.op.callBoxed(stack);
-}
-
-std::vector<at::Tensor> fresh_results(const Node& n, torch::jit::Stack& stack) {
-  std::vector<at::Tensor> out;
-  fresh_results(n, stack, out);
-  return out;
 }
 
 void fresh_results(const Node& n, torch::jit::Stack& stack, std::vector<at::Tensor>& out) {

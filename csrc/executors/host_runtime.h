@@ -102,18 +102,15 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r);
 c10::Storage wrap_device_buffer(DeferredStorage* s, bool resizable = false);
 
 // Builds the CPU argument stack of `n` (tensors from `mem`, generators seeded
-// from the node's reserved stream).
-torch::jit::Stack build_stack(const Node& n, HostMemory& mem);
-// The same into `stack` (its elements replaced, its capacity kept): a loop
-// over ops reuses one stack instead of allocating one per op.
+// from the node's reserved stream) into `stack` (its elements replaced, its
+// capacity kept: a loop over ops reuses one stack instead of allocating one per op).
 void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack);
 // Calls the op's CPU kernel on `stack` (autograd excluded); for RNG ops
 // without a generator argument, CPU's default generator is seeded with the
 // node's stream and restored afterwards.
 void call_cpu(const Node& n, torch::jit::Stack& stack);
-// The fresh tensor results left on `stack` by call_cpu, in Node::outputs order.
-std::vector<at::Tensor> fresh_results(const Node& n, torch::jit::Stack& stack);
-// The same into `out` (cleared first, its capacity kept).
+// The fresh tensor results left on `stack` by call_cpu, in Node::outputs
+// order, into `out` (cleared first, its capacity kept).
 void fresh_results(const Node& n, torch::jit::Stack& stack, std::vector<at::Tensor>& out);
 
 }  // namespace host

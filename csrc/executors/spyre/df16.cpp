@@ -106,19 +106,24 @@ at::Tensor df16_decode(const at::Tensor& bits) {
   return out.view(at::kFloat);
 }
 
+void df16_round_bf16_into(const at::Tensor& out, const at::Tensor& x) {
+  const auto* in = reinterpret_cast<const uint32_t*>(x.const_data_ptr<float>());
+  auto* o = reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>());
+  at::parallel_for(0, x.numel(), kGrain, [&](int64_t b, int64_t e) { df16_round_bf16_array(in + b, o + b, e - b); });
+}
+
 at::Tensor df16_round_as(const at::Tensor& x, c10::ScalarType dtype) {
   TORCH_CHECK_TYPE(at::isFloatingType(x.scalar_type()), "df16_round expects a floating-point tensor, got ",
                    x.scalar_type());
   TORCH_CHECK(x.device().is_cpu(), "df16_round expects a CPU tensor, got one on ", x.device());
+  if (dtype == at::kBFloat16) {  // rounding and conversion in one pass
+    const at::Tensor f32 = x.to(at::kFloat).contiguous();
+    at::Tensor b16 = at::empty(f32.sizes(), f32.options().dtype(at::kBFloat16));
+    df16_round_bf16_into(b16, f32);
+    return b16;
+  }
   const at::Tensor src = x.to(at::kFloat).contiguous().view(at::kInt);
   const auto* in = reinterpret_cast<const uint32_t*>(src.const_data_ptr<int32_t>());
-  if (dtype == at::kBFloat16) {  // rounding and conversion in one pass
-    at::Tensor b16 = at::empty(src.sizes(), src.options().dtype(at::kShort));
-    auto* o = reinterpret_cast<uint16_t*>(b16.mutable_data_ptr<int16_t>());
-    at::parallel_for(0, src.numel(), kGrain,
-                     [&](int64_t b, int64_t e) { df16_round_bf16_array(in + b, o + b, e - b); });
-    return b16.view(at::kBFloat16);
-  }
   at::Tensor out = at::empty(src.sizes(), src.options());
   auto* o = reinterpret_cast<uint32_t*>(out.mutable_data_ptr<int32_t>());
   at::parallel_for(0, src.numel(), kGrain, [&](int64_t b, int64_t e) { df16_round_array(in + b, o + b, e - b); });

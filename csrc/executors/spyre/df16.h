@@ -149,6 +149,10 @@ at::Tensor df16_decode(const at::Tensor& bits);
 // pass as the rounding). Same shape as x. Throws c10::TypeError for a
 // non-floating x and c10::Error for a non-CPU x.
 at::Tensor df16_round_as(const at::Tensor& x, c10::ScalarType dtype);
+// out = df16_round_as(x, bfloat16), written into out: x a contiguous float32
+// CPU tensor, out a contiguous bfloat16 CPU tensor with x's number of
+// elements (the caller checks; nothing here does).
+void df16_round_bf16_into(const at::Tensor& out, const at::Tensor& x);
 // decode(encode(x)) cast back to x's dtype: what a tensor of x's dtype holds
 // after a round trip through Spyre memory.
 at::Tensor df16_round(const at::Tensor& x, Df16Rounding rounding = Df16Rounding::kNearestAway,

@@ -4,8 +4,6 @@
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/MemoryOverlap.h>
-#include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
 
 #include <cstring>
 
@@ -52,10 +50,7 @@ bool df16_store_into(const at::Tensor& out, const at::Tensor& x) {
   if (out.scalar_type() != c10::kBFloat16 || x.scalar_type() != c10::kFloat || !out.is_contiguous() ||
       !x.is_contiguous() || out.numel() != x.numel() || !out.device().is_cpu() || !x.device().is_cpu())
     return false;
-  const auto* in = reinterpret_cast<const uint32_t*>(x.const_data_ptr<float>());
-  auto* o = reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>());
-  constexpr int64_t kGrain = 1 << 15;
-  at::parallel_for(0, x.numel(), kGrain, [&](int64_t b, int64_t e) { df16_round_bf16_array(in + b, o + b, e - b); });
+  df16_round_bf16_into(out, x);
   return true;
 }
 
