@@ -230,8 +230,10 @@ def composite_out_cpu_only(full, overload):
 # Functional composites recorded as one node: the JIT then sees the whole op and can run it
 # as one row loop fused with its producers (csrc/executors/tpu/logsumexp_row.inc); elsewhere
 # the executor runs CPU's out= composite on host buffers, so results equal CPU's. Autograd is
-# unaffected: the op's derivative is registered above the backend key.
-COMPOSITE_RECORDED = {"logsumexp"}
+# unaffected: the op's derivative is registered above the backend key. cummax/cummin: their
+# composite calls _cummax_helper/_cummin_helper, which have no Meta kernel (every call ran
+# eagerly); recorded whole, the Spyre target scans them over its cores (docs/ktir.md).
+COMPOSITE_RECORDED = {"logsumexp", "cummax", "cummin"}
 
 
 def composite_recorded(full, overload):

@@ -12,7 +12,9 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 #include <typeinfo>
+#include <utility>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
@@ -32,6 +34,8 @@
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/index_copy.h>
 #include <ATen/ops/where.h>
+#include <ATen/ops/cummax.h>
+#include <ATen/ops/cummin.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -1244,6 +1248,11 @@ void for_each_view_operand(const KtirValue& v, F&& f) {
 
 // ---------------------------------------------------------------- tiles
 
+bool ktir_is_scan(KtirTilePlan::Combine c) {
+  return c == KtirTilePlan::kCumsum || c == KtirTilePlan::kCumprod || c == KtirTilePlan::kCummax ||
+         c == KtirTilePlan::kCummin;
+}
+
 namespace {
 
 // The op table's primitive kind of an op by its KTIR name ("add.Tensor");
@@ -1282,11 +1291,20 @@ KtirTilePlan::Combine ring_combine_of(const std::string& op) {
   if (base == "native_layer_norm") return KtirTilePlan::kLayerNorm;
   if (base == "cumsum") return KtirTilePlan::kCumsum;
   if (base == "nll_loss_forward") return KtirTilePlan::kNllLoss;
+  if (base == "linalg_vector_norm" || base == "norm") return KtirTilePlan::kNorm;
+  if (base == "aminmax") return KtirTilePlan::kMinMax;
+  if (base == "cummax") return KtirTilePlan::kCummax;
+  if (base == "cummin") return KtirTilePlan::kCummin;
+  if (base == "nansum") return KtirTilePlan::kNanSum;
+  if (base == "count_nonzero") return KtirTilePlan::kCountNonzero;
+  if (base == "any") return KtirTilePlan::kAny;
+  if (base == "all") return KtirTilePlan::kAll;
   return KtirTilePlan::kNone;
 }
 
-// A scan over the split rows (cumsum, cumprod): a carried prefix per core.
-bool is_scan(KtirTilePlan::Combine c) { return c == KtirTilePlan::kCumsum || c == KtirTilePlan::kCumprod; }
+bool is_scan(KtirTilePlan::Combine c) { return ktir_is_scan(c); }
+// cummax/cummin: a scan of (value, index) pairs.
+bool is_extremum_scan(KtirTilePlan::Combine c) { return c == KtirTilePlan::kCummax || c == KtirTilePlan::kCummin; }
 
 const KtirValue* arg_named(const KtirOp& o, const c10::FunctionSchema& schema, const char* name) {
   const auto& args = schema.arguments();
@@ -1481,10 +1499,14 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
         kind_of_op(o.op) == PrimKind::kReduction && mixes_rows(o, *h, rank0)) {
       if (ring_seen) return whole("two reductions over the split rows");
       plan.combine = ring_combine_of(o.op);
-      if (plan.combine == KtirTilePlan::kNone) return whole(o.op + " has no ring combine");
+      if (plan.combine == KtirTilePlan::kNone) {
+        plan.whole_library = true;  // runs its whole reduction as a library call
+        return whole(o.op + " has no ring combine");
+      }
       if (c10::isComplexType(p.views[operands[0]].dtype)) return whole(o.op + " of complex values over the ring");
       const bool multi = plan.combine == KtirTilePlan::kVar || plan.combine == KtirTilePlan::kLayerNorm ||
-                         plan.combine == KtirTilePlan::kNllLoss || o.op == "max.dim" || o.op == "min.dim";
+                         plan.combine == KtirTilePlan::kNllLoss || plan.combine == KtirTilePlan::kMinMax ||
+                         is_extremum_scan(plan.combine) || o.op == "max.dim" || o.op == "min.dim";
       // nll_loss: its target has the rows too, split and loaded with them.
       int nll_target = -1;
       if (plan.combine == KtirTilePlan::kNllLoss) {
@@ -1520,7 +1542,8 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       // partial sums instead).
       if (plan.normalize && !is_scan(plan.combine) && p.views[operands[0]].lx) plan.keep[operands[0]] = 1;
       const bool two = multi || (plan.normalize && !is_scan(plan.combine)) || plan.combine == KtirTilePlan::kArgMax ||
-                       plan.combine == KtirTilePlan::kArgMin || plan.combine == KtirTilePlan::kLogSumExp;
+                       plan.combine == KtirTilePlan::kArgMin || plan.combine == KtirTilePlan::kLogSumExp ||
+                       is_extremum_scan(plan.combine);
       plan.ring_stats = two ? 2 : 1;  // (mean, M2), (max, sum), (value, index); the counts follow from the tiling
       plan.ring_dtype = p.views[operands[0]].dtype == c10::kDouble ? c10::kDouble : c10::kFloat;
       const auto& in = p.views[operands[0]].sizes;
@@ -1681,6 +1704,7 @@ struct RingParams {
   int64_t reduction = 1;  // nll_loss: 1 mean, 2 sum
   int64_t ignore_index = -100;
   int64_t row_elems = 1;  // elements of one row of the input (flat argmax/argmin indices)
+  double ord = 2;         // norm: the order (inf, -inf, 0, 1, 2, any p)
 };
 
 RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
@@ -1707,6 +1731,11 @@ RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
   if (const KtirValue* g = arg_named(o, schema, "ignore_index"))
     if (g->kind == KtirValue::kInt) rp.ignore_index = g->i;
   for (size_t d = 1; d < in_sizes.size(); ++d) rp.row_elems *= in_sizes[d];
+  // linalg_vector_norm's "ord", norm's "p" (None: 2).
+  const KtirValue* ord = arg_named(o, schema, "ord");
+  if (!ord) ord = arg_named(o, schema, "p");
+  if (ord && ord->kind == KtirValue::kInt) rp.ord = static_cast<double>(ord->i);
+  if (ord && ord->kind == KtirValue::kFloat) rp.ord = ord->f;
   return rp;
 }
 
@@ -1721,7 +1750,8 @@ at::Tensor finite_or_zero(const at::Tensor& m) {
 // one corelet's rows, reduced dims kept>], computed with CPU's float32
 // kernels over dim 1 onwards (each corelet's values are those of its rows
 // alone).
-RingPart ring_partial(const KtirTilePlan& P, const at::Tensor& seg, const at::Tensor& first_rows, c10::ScalarType acc) {
+RingPart ring_partial(const KtirTilePlan& P, const RingParams& rp, const at::Tensor& seg, const at::Tensor& first_rows,
+                      c10::ScalarType acc) {
   RingPart q;
   const int64_t G = seg.size(0);
   std::vector<int64_t> shifted;
@@ -1739,6 +1769,35 @@ RingPart ring_partial(const KtirTilePlan& P, const at::Tensor& seg, const at::Te
       break;
     case KtirTilePlan::kMin:
       q.t = {seg.amin(dims, true)};
+      break;
+    case KtirTilePlan::kMinMax:
+      q.t = {seg.amin(dims, true), seg.amax(dims, true)};
+      break;
+    case KtirTilePlan::kNanSum:
+      q.t = {seg.nansum(dims, true, acc)};
+      break;
+    case KtirTilePlan::kCountNonzero:
+      q.t = {seg.ne(0).sum(dims, true, c10::kLong)};
+      break;
+    case KtirTilePlan::kAny:  // bool max / min: or / and
+      q.t = {seg.ne(0).amax(dims, true)};
+      break;
+    case KtirTilePlan::kAll:
+      q.t = {seg.ne(0).amin(dims, true)};
+      break;
+    case KtirTilePlan::kNorm:
+      // The powers |x|^ord of the corelet's df16 (f32) values, summed in f32
+      // (ord +-inf: the max/min of |x|; ord 0: the count of nonzeros).
+      if (std::isinf(rp.ord))
+        q.t = {rp.ord > 0 ? seg.abs().amax(dims, true) : seg.abs().amin(dims, true)};
+      else if (rp.ord == 0)
+        q.t = {seg.ne(0).sum(dims, true, acc)};
+      else if (rp.ord == 1)
+        q.t = {seg.abs().sum(dims, true, acc)};
+      else if (rp.ord == 2)
+        q.t = {seg.mul(seg).sum(dims, true, acc)};
+      else
+        q.t = {seg.abs().pow(rp.ord).sum(dims, true, acc)};
       break;
     case KtirTilePlan::kProd: {
       // prod takes one dim; a product over every dim is over the flattened rows.
@@ -1794,7 +1853,7 @@ RingPart ring_partial(const KtirTilePlan& P, const at::Tensor& seg, const at::Te
 }
 
 // Merges partial `b` (later rows) into `a` (earlier rows).
-RingPart ring_merge(const KtirTilePlan& P, RingPart a, const RingPart& b) {
+RingPart ring_merge(const KtirTilePlan& P, const RingParams& rp, RingPart a, const RingPart& b) {
   if (a.t.empty()) return b;
   if (b.t.empty()) return a;
   RingPart r;
@@ -1804,6 +1863,21 @@ RingPart ring_merge(const KtirTilePlan& P, RingPart a, const RingPart& b) {
       break;
     case KtirTilePlan::kMin:
       r.t = {at::minimum(a.t[0], b.t[0])};
+      break;
+    case KtirTilePlan::kMinMax:
+      r.t = {at::minimum(a.t[0], b.t[0]), at::maximum(a.t[1], b.t[1])};
+      break;
+    case KtirTilePlan::kAny:
+      r.t = {a.t[0].logical_or(b.t[0])};
+      break;
+    case KtirTilePlan::kAll:
+      r.t = {a.t[0].logical_and(b.t[0])};
+      break;
+    case KtirTilePlan::kNorm:
+      if (std::isinf(rp.ord))
+        r.t = {rp.ord > 0 ? at::maximum(a.t[0], b.t[0]) : at::minimum(a.t[0], b.t[0])};
+      else
+        r.t = {a.t[0].add(b.t[0])};
       break;
     case KtirTilePlan::kProd:
       r.t = {a.t[0].mul(b.t[0])};
@@ -1841,7 +1915,7 @@ RingPart ring_merge(const KtirTilePlan& P, RingPart a, const RingPart& b) {
     case KtirTilePlan::kNllLoss:
       r.t = {a.t[0].add(b.t[0]), a.t[1].add(b.t[1])};
       break;
-    default:  // kSum, kMean
+    default:  // kSum, kMean, kNanSum, kCountNonzero: add
       r.t = {a.t[0].add(b.t[0])};
   }
   return r;
@@ -1887,6 +1961,19 @@ RingPart softmax_ring_chain(const std::vector<RingPart>& acc, KtirWalk* walk) {
   return r;
 }
 
+// cummax/cummin: the scan state after the earlier rows' pair (av, ai) and
+// then the later rows' running pairs (bv, bi) (broadcast over their rows).
+// CPU's scan takes an element when it is NaN, or when the running value is
+// not NaN and the element is >= it (cummax; <= for cummin): the later rows'
+// pair wins under the same rule, so ties keep the later index and a NaN the
+// last NaN's index, as a scan over all the rows gives.
+std::pair<at::Tensor, at::Tensor> extremum_merge(const KtirTilePlan& P, const at::Tensor& av, const at::Tensor& ai,
+                                                 const at::Tensor& bv, const at::Tensor& bi) {
+  const at::Tensor better = P.combine == KtirTilePlan::kCummax ? bv.ge(av) : bv.le(av);
+  const at::Tensor take = bv.isnan().logical_or(av.isnan().logical_not().logical_and(better));
+  return {at::where(take, bv, av), at::where(take, bi, ai)};
+}
+
 // The results of a reducing ring op from the ring's total (before rounding).
 std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp, const RingPart& total) {
   switch (P.combine) {
@@ -1905,6 +1992,12 @@ std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp,
       return {total.t[1].log().add(finite_or_zero(total.t[0]))};
     case KtirTilePlan::kNllLoss:  // (loss, total_weight); reduction 1 = mean, 2 = sum
       return {rp.reduction == 1 ? total.t[0].div(total.t[1]) : total.t[0], total.t[1]};
+    case KtirTilePlan::kMinMax:
+      return {total.t[0], total.t[1]};
+    case KtirTilePlan::kNorm:  // the ord-th root of the summed powers, once
+      if (std::isinf(rp.ord) || rp.ord == 0 || rp.ord == 1) return {total.t[0]};
+      if (rp.ord == 2) return {total.t[0].sqrt()};
+      return {total.t[0].pow(1.0 / rp.ord)};
     default:
       return {total.t[0]};
   }
@@ -2060,8 +2153,10 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     if (c10::isFloatingType(in_t))
       acc_dtype = in_t == c10::kDouble || out_t == c10::kDouble ? c10::kDouble : c10::kFloat;
     else
-      acc_dtype =
-          P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kProd || is_scan(P.combine) ? c10::kLong : in_t;
+      acc_dtype = P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kProd ||
+                          P.combine == KtirTilePlan::kNanSum || (is_scan(P.combine) && !is_extremum_scan(P.combine))
+                      ? c10::kLong
+                      : in_t;
     rp = ring_params(*ring, p.views[ring_in].sizes);
   }
   std::vector<RingPart> acc(P.tiling.cores_used);
@@ -2073,9 +2168,12 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   std::vector<double> acc_n(P.tiling.cores_used, 0);
   // A scan (cumsum): each core's running total after its last rows, and the
   // partial sums of every row (f32, rounded only after the core's prefix is added).
-  std::vector<at::Tensor> carry(P.tiling.cores_used);
-  at::Tensor scan;
+  // cummax/cummin carry (value, index) pairs: the indices in `carry_idx` and `scan_idx`.
+  std::vector<at::Tensor> carry(P.tiling.cores_used), carry_idx(P.tiling.cores_used);
+  at::Tensor scan, scan_idx;
   if (ring && is_scan(P.combine)) scan = at::empty(p.views[ring_in].sizes, at::TensorOptions().dtype(acc_dtype));
+  if (ring && is_extremum_scan(P.combine))
+    scan_idx = at::empty(p.views[ring_in].sizes, at::TensorOptions().dtype(at::kLong));
   // The rows of step i of a whole view (the load of a tile), and their store.
   auto step_rows = [&](size_t i, int64_t* lo, int64_t* n) {
     *lo = -1, *n = 0;
@@ -2146,11 +2244,11 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               RingPart part;
               for (int64_t j = 0, left = rows; j < corelets; ++j) {
                 const int64_t m = (left + corelets - j - 1) / (corelets - j);
-                part = ring_merge(P, std::move(part), partial(off, m, cores[c].first + (rows - left)));
+                part = ring_merge(P, rp, std::move(part), partial(off, m, cores[c].first + (rows - left)));
                 off += m;
                 left -= m;
               }
-              acc[c] = ring_merge(P, std::move(acc[c]), part);
+              acc[c] = ring_merge(P, rp, std::move(acc[c]), part);
             }
           };
           if (P.combine == KtirTilePlan::kNllLoss) {
@@ -2180,6 +2278,19 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               const int64_t rows = cores[c].second - cores[c].first;
               if (rows == 0) continue;
               const at::Tensor seg = x.narrow(0, off, rows);
+              if (is_extremum_scan(P.combine)) {
+                // CPU's scan of the step's rows (indices from the rows' first
+                // row), then the carried pair of the core's earlier tiles merged in.
+                auto [v, ix] = P.combine == KtirTilePlan::kCummax ? at::cummax(seg, 0) : at::cummin(seg, 0);
+                ix.add_(cores[c].first);
+                if (carry[c].defined()) std::tie(v, ix) = extremum_merge(P, carry[c], carry_idx[c], v, ix);
+                carry[c] = v.narrow(0, rows - 1, 1);
+                carry_idx[c] = ix.narrow(0, rows - 1, 1);
+                scan.narrow(0, cores[c].first, rows).copy_(v);
+                scan_idx.narrow(0, cores[c].first, rows).copy_(ix);
+                off += rows;
+                continue;
+              }
               at::Tensor local = prod ? seg.cumprod(0, acc_dtype) : seg.cumsum(0, acc_dtype);
               if (carry[c].defined()) local = prod ? local.mul(carry[c]) : local.add(carry[c]);
               carry[c] = local.narrow(0, rows - 1, 1);
@@ -2230,8 +2341,9 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             for (int64_t j = 0, left = rows; j < corelets; ++j) {
               const int64_t m = (left + corelets - j - 1) / (corelets - j);
               for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first + (rows - left);
-              part = ring_merge(P, std::move(part),
-                                ring_partial(P, X.narrow(1, rows - left, m), at::tensor(firsts, at::kLong), acc_dtype));
+              part = ring_merge(
+                  P, rp, std::move(part),
+                  ring_partial(P, rp, X.narrow(1, rows - left, m), at::tensor(firsts, at::kLong), acc_dtype));
               left -= m;
             }
             if (acc_b.empty())
@@ -2245,7 +2357,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               RingPart a;
               for (const at::Tensor& t : acc_b) a.t.push_back(t.narrow(0, c, G));
               a.n = acc_n[c];
-              merged = ring_merge(P, std::move(a), merged);
+              merged = ring_merge(P, rp, std::move(a), merged);
             }
             for (size_t j = 0; j < acc_b.size(); ++j) acc_b[j].narrow(0, c, G).copy_(merged.t[j]);
             for (size_t g = c; g < e; ++g) acc_has[g] = 1, acc_n[g] = merged.n;
@@ -2284,7 +2396,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         for (auto& a : acc) {
           if (a.t.empty()) continue;
           if (!total.t.empty() && walk) walk->ring_steps++;
-          total = ring_merge(P, std::move(total), a);
+          total = ring_merge(P, rp, std::move(total), a);
         }
       auto store = [&](int view, const at::Tensor& value, const at::Tensor* rows_idx, int64_t lo, int64_t n) {
         const c10::ScalarType t = p.views[view].dtype;
@@ -2313,6 +2425,31 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           // before it (core 0 none); the second pass applies it to the
           // core's rows.
           const bool prod = P.combine == KtirTilePlan::kCumprod;
+          if (is_extremum_scan(P.combine)) {
+            // The ring passes each core the pair of the cores before it (their
+            // last pairs merged in core order); the second pass merges it into
+            // the core's rows.
+            std::vector<at::Tensor> pv(carry.size()), pi(carry.size());
+            for (size_t c = 1; c < carry.size(); ++c) {
+              if (!carry[c - 1].defined()) break;
+              if (!pv[c - 1].defined())
+                pv[c] = carry[c - 1], pi[c] = carry_idx[c - 1];
+              else
+                std::tie(pv[c], pi[c]) = extremum_merge(P, pv[c - 1], pi[c - 1], carry[c - 1], carry_idx[c - 1]);
+              if (walk) walk->ring_steps++;
+            }
+            for (const auto& step : P.steps)
+              for (size_t c = 0; c < step.size(); ++c) {
+                const auto [lo, hi] = step[c];
+                if (hi <= lo) continue;
+                at::Tensor v = scan.narrow(0, lo, hi - lo), ix = scan_idx.narrow(0, lo, hi - lo);
+                if (pv[c].defined()) std::tie(v, ix) = extremum_merge(P, pv[c], pi[c], v, ix);
+                store(ring->results[0], v, nullptr, lo, hi - lo);
+                if (ring->results.size() > 1) store(ring->results[1], ix, nullptr, lo, hi - lo);
+              }
+            hooks.after_op(P.ring_op, results, {});
+            return;
+          }
           std::vector<at::Tensor> prefix(carry.size());
           for (size_t c = 1; c < carry.size(); ++c) {
             if (!carry[c - 1].defined()) break;

@@ -165,6 +165,9 @@ struct KtirTilePlan {
   bool tiled = false;
   std::string whole_reason;
   std::string whole_op;  // the op that is not row-local, else the reason (metrics key)
+  // The region runs whole because a reduction of the split rows has no tile
+  // program (median, sort, topk, ...): that op runs as a library call.
+  bool whole_library = false;
   KtirTiling tiling;
   int64_t rows = 0;               // rows of the split views (dim 0)
   std::vector<uint8_t> phase;     // per op: kPre (replicated operands only, once before the tiles),
@@ -190,7 +193,14 @@ struct KtirTilePlan {
   // kMax/kMin. kLogSumExp merges (max, sum of exp(x - finite(max)))
   // partials, finite(m) = m, or 0 where m is +-inf (CPU's shift), and
   // returns log(sum) + finite(max). kCumprod scans as kCumsum with
-  // products (the carried and ring prefixes multiply).
+  // products (the carried and ring prefixes multiply). kNorm adds f32
+  // partials of |x|^ord (x * x for ord 2, x != 0 for ord 0; max/min of |x|
+  // for ord +-inf) and takes the ord-th root of the total once. kMinMax
+  // (aminmax) keeps (min, max) pairs. kCummax/kCummin scan each core's rows
+  // with a carried (value, index) pair and merge the cores' last pairs along
+  // the ring with CPU's rule (the later element wins on ties and NaN wins).
+  // kNanSum adds partials with NaNs as 0, kCountNonzero int64 counts of
+  // x != 0, kAny/kAll or/and the partials of x != 0.
   enum Combine : uint8_t {
     kNone,
     kSum,
@@ -207,7 +217,15 @@ struct KtirTilePlan {
     kCumsum,
     kNllLoss,
     kLogSumExp,
-    kCumprod
+    kCumprod,
+    kNorm,
+    kMinMax,
+    kCummax,
+    kCummin,
+    kNanSum,
+    kCountNonzero,
+    kAny,
+    kAll
   };
   int ring_op = -1;
   Combine combine = kNone;
@@ -226,6 +244,9 @@ struct KtirTilePlan {
   std::vector<at::Tensor> step_index;  // per step: its rows in core order (int64), undefined when one range
 };
 KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling);
+// A scan over the split rows (cumsum, cumprod, cummax, cummin): a carried
+// prefix per core, passed forward along the ring only.
+bool ktir_is_scan(KtirTilePlan::Combine c);
 
 // What a walk did: tile steps run (0 when whole), ring combine steps.
 struct KtirWalk {

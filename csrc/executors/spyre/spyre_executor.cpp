@@ -265,7 +265,15 @@ class SpyreKernel final : public Kernel {
     s.executed_tiles = walk_.tiled;
     // A region with split rows that ran on whole views, by the op (or rule)
     // that kept it whole: metrics_report()'s "spyre_whole_region.<op>".
-    if (interpretable_ && !walk_.tiled && plan_.rows > 1) debug::count_op("spyre_whole_region", plan_.whole_op);
+    if (interpretable_ && !walk_.tiled && plan_.rows > 1) {
+      debug::count_op("spyre_whole_region", plan_.whole_op);
+      // A reduction of the split rows without a tile program (median, sort,
+      // topk, ...) runs on the whole rows as a library call.
+      if (plan_.whole_library) {
+        stats.library_calls++;
+        debug::count_op("spyre_library_call", plan_.whole_op);
+      }
+    }
     s.whole_reason = interpretable_ ? plan_.whole_reason : "host loop";
     s.tile_steps = walk_.tile_steps;
     s.ring_steps_run = walk_.ring_steps;
@@ -343,8 +351,7 @@ class SpyreKernel final : public Kernel {
       const RegionLayout L = region_layout(region, graph, card_);
       // A normalizing op's statistics go back to every core; a scan's
       // prefixes only travel forward.
-      const bool back =
-          plan_.normalize && plan_.combine != KtirTilePlan::kCumsum && plan_.combine != KtirTilePlan::kCumprod;
+      const bool back = plan_.normalize && !ktir_is_scan(plan_.combine);
       schedule_ring_payload(schedule_, L.partial_sizes, plan_.ring_dtype, plan_.ring_stats, back, card_);
     }
     signature_ = layout_signature(region, graph);
