@@ -34,6 +34,8 @@
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/index_copy.h>
 #include <ATen/ops/where.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/ops/maximum.h>
 #include <ATen/ops/cummax.h>
 #include <ATen/ops/cummin.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -1974,6 +1976,56 @@ std::pair<at::Tensor, at::Tensor> extremum_merge(const KtirTilePlan& P, const at
   return {at::where(take, bv, av), at::where(take, bi, ai)};
 }
 
+// softmax_ring_chain for every core's partials at once: `m_all`, `s_all`
+// [U, ...] (f32, core c's max and sum in row c), merged in core order with
+// the same values. The running max M_c = maximum(M_{c-1}, m_c) is computed
+// as a Hillis-Steele scan, M_c = maximum(M_{c-d}, M_c) for d = 1, 2, 4, ...
+// (log2 U at::maximum calls instead of U - 1): each call takes the earlier
+// range's max first, as the chain does, so a tie (+-0) resolves to the same
+// operand and a NaN to the same canonical NaN at every element; each row is
+// kept its own inner loop (a padded row stride, so TensorIterator does not
+// fuse the rows) and the call stays under ATen's grain size (one chunk), so
+// every element takes the same vector or scalar path as in a call on its row
+// alone. The caller checks U * n < at::internal::GRAIN_SIZE.
+RingPart softmax_ring_chain_all(const at::Tensor& m_all, const at::Tensor& s_all, KtirWalk* walk) {
+  const int64_t U = m_all.size(0);
+  RingPart r;
+  if (U == 1) {
+    r.t = {m_all.select(0, 0), s_all.select(0, 0)};
+    return r;
+  }
+  const int64_t n = m_all.numel() / U;
+  const int64_t ld = (n / 16 + 1) * 16;  // > n: rows never coalesce
+  const auto f32 = m_all.options().dtype(at::kFloat);
+  at::Tensor A = at::empty({U, ld}, f32).narrow(1, 0, n), B = at::empty({U, ld}, f32).narrow(1, 0, n);
+  const at::Tensor m = m_all.reshape({U, n});
+  A.copy_(m);
+  for (int64_t d = 1; d < U; d *= 2) {
+    B.narrow(0, 0, d).copy_(A.narrow(0, 0, d));
+    at::Tensor later = B.narrow(0, d, U - d);
+    at::maximum_out(later, A.narrow(0, 0, U - d), A.narrow(0, d, U - d));
+    std::swap(A, B);
+  }
+  const at::Tensor M = A;
+  const at::Tensor fa = M.narrow(0, 0, U - 1).sub(M.narrow(0, 1, U - 1)).exp_().contiguous();
+  const at::Tensor fb = m.narrow(0, 1, U - 1).sub(M.narrow(0, 1, U - 1)).exp_();
+  const at::Tensor sc = s_all.reshape({U, n});
+  const at::Tensor t2 = sc.narrow(0, 1, U - 1).mul(fb).contiguous();
+  at::Tensor s = sc.select(0, 0).contiguous().clone();
+  float* sp = s.mutable_data_ptr<float>();
+  const float* fap = fa.const_data_ptr<float>();
+  const float* t2p = t2.const_data_ptr<float>();
+  for (int64_t c = 0; c < U - 1; ++c)
+    for (int64_t j = 0; j < n; ++j) {
+      const float scaled = sp[j] * fap[c * n + j];
+      sp[j] = scaled + t2p[c * n + j];
+    }
+  if (walk) walk->ring_steps += static_cast<int>(U - 1);
+  const auto part_sizes = m_all.sizes().slice(1);
+  r.t = {M.select(0, U - 1).reshape(part_sizes), s.reshape(part_sizes)};
+  return r;
+}
+
 // The results of a reducing ring op from the ring's total (before rounding).
 std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp, const RingPart& total) {
   switch (P.combine) {
@@ -2337,14 +2389,24 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             }
             std::vector<int64_t> firsts(G);
             const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
+            // Only argmax/argmin partials read their rows' first row (the index offset).
+            const bool positions = P.combine == KtirTilePlan::kArgMax || P.combine == KtirTilePlan::kArgMin;
             RingPart part;
             for (int64_t j = 0, left = rows; j < corelets; ++j) {
               const int64_t m = (left + corelets - j - 1) / (corelets - j);
               for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first + (rows - left);
-              part = ring_merge(
-                  P, rp, std::move(part),
-                  ring_partial(P, rp, X.narrow(1, rows - left, m), at::tensor(firsts, at::kLong), acc_dtype));
+              const at::Tensor first_rows = positions ? at::tensor(firsts, at::kLong) : at::Tensor();
+              part = ring_merge(P, rp, std::move(part),
+                                ring_partial(P, rp, X.narrow(1, rows - left, m), first_rows, acc_dtype));
               left -= m;
+            }
+            if (acc_b.empty() && c == 0 && e == cores.size()) {
+              // Every core in one batch at its first step: the partials are the accumulators.
+              for (at::Tensor& t : part.t) acc_b.push_back(t.contiguous());
+              for (size_t g = c; g < e; ++g) acc_has[g] = 1, acc_n[g] = part.n;
+              off += G * rows;
+              c = e;
+              continue;
             }
             if (acc_b.empty())
               for (const at::Tensor& t : part.t) {
@@ -2382,15 +2444,21 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   if (ring && !failed[P.ring_op]) {
     // The ring: core 0's partial passes to core 1, which merges its own, and so on.
     run_op(P.ring_op, views, [&] {
-      for (size_t c = 0; c < acc.size() && !acc_b.empty(); ++c) {
+      const bool chain = (P.combine == KtirTilePlan::kSoftmax || P.combine == KtirTilePlan::kLogSoftmax) &&
+                         acc_b.size() == 2 && acc_b[1].scalar_type() == c10::kFloat;
+      const bool every_core = !acc_b.empty() && std::all_of(acc_has.begin(), acc_has.end(), [](char h) { return h; });
+      RingPart total;
+      if (chain && every_core && acc_b[0].numel() < at::internal::GRAIN_SIZE)
+        total = softmax_ring_chain_all(acc_b[0], acc_b[1], walk);
+      for (size_t c = 0; c < acc.size() && !acc_b.empty() && total.t.empty(); ++c) {
         if (!acc_has[c]) continue;
         acc[c].t.clear();
         for (const at::Tensor& t : acc_b) acc[c].t.push_back(t.select(0, static_cast<int64_t>(c)));
         acc[c].n = acc_n[c];
       }
-      RingPart total;
-      if ((P.combine == KtirTilePlan::kSoftmax || P.combine == KtirTilePlan::kLogSoftmax) && acc_b.size() == 2 &&
-          acc_b[1].scalar_type() == c10::kFloat)
+      if (!total.t.empty())
+        ;  // the batched chain above
+      else if (chain)
         total = softmax_ring_chain(acc, walk);
       else
         for (auto& a : acc) {

@@ -236,3 +236,27 @@ def test_position_ops_without_a_ring_program_are_library_calls(spyre_target):
         lines = [line.strip() for line in metrics_report().splitlines()]
         assert f"spyre_library_call.{name}: 1" in lines, (name, lines)
         assert f"spyre_whole_region.{name}: 1" in lines, (name, lines)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_softmax_ring_chain_on_special_values(spyre_target, dtype, shape):
+    # The cores' (max, sum) partials merged in core order (the running max
+    # as one batched scan since 2026-12-05): equal to the defined chain's
+    # values with NaN, +-0, +-inf and ties in the columns (whole columns of
+    # -inf too), the sign of zero included.
+    from test_spyre_ring import _ring_total
+
+    a = _special(dtype, shape, 56)
+    a[:, 1] = float("-inf")
+    a[:, 2] = 0.0
+    a[::3, 2] = -0.0
+    d = a.to("tpu")
+    x = a.float()
+    for name, f in [("softmax", lambda t: torch.softmax(t, 0)), ("log_softmax", lambda t: torch.log_softmax(t, 0))]:
+        got = f(d).cpu()
+        s = _schedule()
+        (m, tot), _ = _ring_total("softmax", x, (0,), s)
+        ref = (x - m).exp() / tot if name == "softmax" else (x - m) - tot.log()
+        want = ref if dtype == torch.float32 else store(ref, dtype)
+        assert _same_bits(got, want) == 0, name
