@@ -7,7 +7,10 @@ counted, medians of warm repeats (a target switch drops compiled kernels, so
 each target runs its repeats in turn). The regions are a float16 MLP-like
 step (matmul, bias, gelu, layer_norm, softmax, sum) and a float32 one, then
 ``softmax(x, 0)`` of a 1000x300 bfloat16 tensor (dim 0 is the split rows: a
-ring reduction with a normalizing second pass on Spyre).
+ring reduction with a normalizing second pass on Spyre), and the ring
+programs added on 2026-12-05 on the same tensor: ``cummax(x, 0)`` (a scan of
+(value, index) pairs) and ``linalg.vector_norm(x, 2, 0)`` (f32 sums of df16
+powers).
 
     PYTHONPATH=. python benchmarks/spyre_interpreter.py [--repeats 15] [--cpu-time]
 
@@ -52,14 +55,15 @@ def make_step(dtype, n=256, d=512, h=256, timer=clock):
     return step
 
 
-def make_ring_step(dtype=torch.bfloat16, shape=(1000, 300), timer=clock):
+def make_ring_step(dtype=torch.bfloat16, shape=(1000, 300), timer=clock, op=lambda t: torch.softmax(t, dim=0)):
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(dtype)
 
     def step():
         def run():
             dx = x.to("tpu")
             t0 = timer()
-            torch.softmax(dx, dim=0).cpu()
+            out = op(dx)
+            (out[0] if isinstance(out, tuple) else out).cpu()
             return timer() - t0
 
         return run
@@ -80,6 +84,10 @@ def main(argv=None):
     try:
         cases = [(str(dtype), make_step(dtype, timer=timer)) for dtype in (torch.float16, torch.float32)]
         cases.append(("softmax(x, 0) bf16", make_ring_step(timer=timer)))
+        cases.append(("cummax(x, 0) bf16", make_ring_step(timer=timer, op=lambda t: torch.cummax(t, 0))))
+        cases.append(
+            ("norm(x, dim=0) bf16", make_ring_step(timer=timer, op=lambda t: torch.linalg.vector_norm(t, 2, 0)))
+        )
         for name, make in cases:
             med = {}
             for target in ("spyre", "tpu-v5e"):
@@ -89,7 +97,7 @@ def main(argv=None):
                 med[target] = statistics.median(interleave({target: make()}, args.repeats, warmup=2)[target])
             s, t = med["spyre"], med["tpu-v5e"]
             print(
-                f"{name:18s} spyre {s * 1e3:8.2f} ms  tpu-v5e {t * 1e3:8.2f} ms  "
+                f"{name:19s} spyre {s * 1e3:8.2f} ms  tpu-v5e {t * 1e3:8.2f} ms  "
                 f"ratio {s / t:5.2f}x (target <= 3x){' [CPU time, 1 thread]' if args.cpu_time else ''}"
             )
     finally:

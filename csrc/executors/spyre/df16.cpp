@@ -1,6 +1,9 @@
 // df16 codec over arrays and tensors (format and rounding rules in df16.h).
 #include "executors/spyre/df16.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -54,7 +57,45 @@ __attribute__((target_clones("avx2", "default"))) void round_bf16_in_place_loop(
   map_blocked(p, p, n, [](uint16_t b) { return df16_round_bf16_bits(static_cast<uint32_t>(b) << 16); });
 }
 
+// dst[r * n + j] = df16_round_bf16_bits(x[r * n + j] / d[j]): the quotient in
+// f32 (IEEE division, as ATen's div), then rounded and converted as
+// round_bf16_loop does, block by block (the quotients of a block go through
+// a bits buffer, which keeps both loops vectorizable).
+__attribute__((target_clones("avx2", "default"))) void div_round_bf16_loop(const float* __restrict x,
+                                                                           const float* __restrict d,
+                                                                           uint16_t* __restrict dst, int64_t rows,
+                                                                           int64_t n) {
+  alignas(64) float q[kBlock];
+  alignas(64) uint32_t u[kBlock];
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    uint16_t* o = dst + r * n;
+    int64_t j = 0;
+    for (; j + kBlock <= n; j += kBlock) {
+      for (int64_t k = 0; k < kBlock; ++k) q[k] = xr[j + k] / d[j + k];
+      std::memcpy(u, q, sizeof q);
+      for (int64_t k = 0; k < kBlock; ++k) o[j + k] = df16_round_bf16_bits(u[k]);
+    }
+    for (; j < n; ++j) {
+      const float v = xr[j] / d[j];
+      uint32_t b;
+      std::memcpy(&b, &v, sizeof b);
+      o[j] = df16_round_bf16_bits(b);
+    }
+  }
+}
+
 }  // namespace
+
+void df16_div_round_bf16_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& d) {
+  const int64_t n = d.numel();
+  const int64_t rows = n > 0 ? x.numel() / n : 0;
+  const float* in = x.const_data_ptr<float>();
+  const float* dv = d.const_data_ptr<float>();
+  auto* o = reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>());
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, n)),
+                   [&](int64_t b, int64_t e) { div_round_bf16_loop(in + b * n, dv, o + b * n, e - b, n); });
+}
 
 void df16_round_bf16_in_place(uint16_t* p, int64_t n) { round_bf16_in_place_loop(p, n); }
 

@@ -16,6 +16,7 @@
 #include <typeinfo>
 #include <utility>
 
+#include <ATen/Dispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/stack.h>
@@ -36,12 +37,14 @@
 #include <ATen/ops/where.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/ops/maximum.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/cummax.h>
 #include <ATen/ops/cummin.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include "executors/region_runner.h"
+#include "executors/spyre/df16.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/layout.h"
 #include "jit/lowering.h"
@@ -2026,6 +2029,83 @@ RingPart softmax_ring_chain_all(const at::Tensor& m_all, const at::Tensor& s_all
   return r;
 }
 
+// cummax/cummin of x [G, rows, ...] along dim 1 by CPU's rule (an element
+// is taken when it is NaN, or when the running value is not NaN and the
+// element is >= it for cummax, <= for cummin), each of the G blocks from its
+// carried pair (cv, ci [G, 1, ...]) when given, else from its first row;
+// indices count from firsts[g]. Returns (values [G, rows, ...], indices
+// int64). The values are selections, so they equal CPU's scan exactly.
+template <typename T>
+void extremum_scan_loop(bool is_max, const T* x, int64_t G, int64_t rows, int64_t inner, const int64_t* firsts,
+                        const T* cv, const int64_t* ci, T* ov, int64_t* oi) {
+  for (int64_t g = 0; g < G; ++g) {
+    const T* xg = x + g * rows * inner;
+    T* vg = ov + g * rows * inner;
+    int64_t* ig = oi + g * rows * inner;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* pv = r > 0 ? vg + (r - 1) * inner : (cv ? cv + g * inner : nullptr);
+      const int64_t* pi = r > 0 ? ig + (r - 1) * inner : (ci ? ci + g * inner : nullptr);
+      const int64_t at_row = firsts[g] + r;
+      for (int64_t j = 0; j < inner; ++j) {
+        const T cur = xg[r * inner + j];
+        bool take = true;
+        if (pv) {
+          const T prev = pv[j];
+          const bool cur_nan = cur != cur, prev_nan = prev != prev;  // false for integers
+          take = cur_nan || (!prev_nan && (is_max ? cur >= prev : cur <= prev));
+        }
+        vg[r * inner + j] = take ? cur : pv[j];
+        ig[r * inner + j] = take ? at_row : pi[j];
+      }
+    }
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> extremum_scan(bool is_max, const at::Tensor& x, const std::vector<int64_t>& firsts,
+                                                const at::Tensor& cv, const at::Tensor& ci) {
+  const at::Tensor xc = x.contiguous();
+  const int64_t G = xc.size(0), rows = xc.size(1), inner = rows > 0 ? xc.numel() / std::max<int64_t>(1, G * rows) : 0;
+  at::Tensor v = at::empty(xc.sizes(), xc.options()), ix = at::empty(xc.sizes(), xc.options().dtype(at::kLong));
+  const at::Tensor cvc = cv.defined() ? cv.contiguous() : cv, cic = ci.defined() ? ci.contiguous() : ci;
+  AT_DISPATCH_ALL_TYPES_AND(at::kBool, xc.scalar_type(), "extremum_scan", [&] {
+    extremum_scan_loop<scalar_t>(is_max, xc.const_data_ptr<scalar_t>(), G, rows, inner, firsts.data(),
+                                 cvc.defined() ? cvc.const_data_ptr<scalar_t>() : nullptr,
+                                 cic.defined() ? cic.const_data_ptr<int64_t>() : nullptr,
+                                 v.mutable_data_ptr<scalar_t>(), ix.mutable_data_ptr<int64_t>());
+  });
+  return {v, ix};
+}
+
+// extremum_merge of the pairs (av, ai) [G, 1, ...] of the earlier rows into
+// each row of (bv, bi) [G, rows, ...], by the same rule, in one loop.
+template <typename T>
+void extremum_merge_loop(bool is_max, const T* av, const int64_t* ai, const T* bv, const int64_t* bi, int64_t G,
+                         int64_t rows, int64_t inner, T* ov, int64_t* oi) {
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t o = (g * rows + r) * inner;
+      for (int64_t j = 0; j < inner; ++j) {
+        const T a = av[g * inner + j], b = bv[o + j];
+        const bool take = b != b || (!(a != a) && (is_max ? b >= a : b <= a));
+        ov[o + j] = take ? b : a;
+        oi[o + j] = take ? bi[o + j] : ai[g * inner + j];
+      }
+    }
+}
+
+std::pair<at::Tensor, at::Tensor> extremum_merge_rows(bool is_max, const at::Tensor& av, const at::Tensor& ai,
+                                                      const at::Tensor& bv, const at::Tensor& bi) {
+  const at::Tensor a = av.contiguous(), a_i = ai.contiguous(), b = bv.contiguous(), b_i = bi.contiguous();
+  const int64_t G = b.size(0), rows = b.size(1), inner = rows > 0 ? b.numel() / std::max<int64_t>(1, G * rows) : 0;
+  at::Tensor v = at::empty(b.sizes(), b.options()), ix = at::empty(b.sizes(), b_i.options());
+  AT_DISPATCH_ALL_TYPES_AND(at::kBool, b.scalar_type(), "extremum_merge_rows", [&] {
+    extremum_merge_loop<scalar_t>(is_max, a.const_data_ptr<scalar_t>(), a_i.const_data_ptr<int64_t>(),
+                                  b.const_data_ptr<scalar_t>(), b_i.const_data_ptr<int64_t>(), G, rows, inner,
+                                  v.mutable_data_ptr<scalar_t>(), ix.mutable_data_ptr<int64_t>());
+  });
+  return {v, ix};
+}
+
 // The results of a reducing ring op from the ring's total (before rounding).
 std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp, const RingPart& total) {
   switch (P.combine) {
@@ -2223,6 +2303,9 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   // cummax/cummin carry (value, index) pairs: the indices in `carry_idx` and `scan_idx`.
   std::vector<at::Tensor> carry(P.tiling.cores_used), carry_idx(P.tiling.cores_used);
   at::Tensor scan, scan_idx;
+  // cummax/cummin: each core's last (value, index) pair so far, [cores_used, 1, ...], and whether it has one.
+  at::Tensor ext_v, ext_i;
+  std::vector<char> ext_has(P.tiling.cores_used, 0);
   if (ring && is_scan(P.combine)) scan = at::empty(p.views[ring_in].sizes, at::TensorOptions().dtype(acc_dtype));
   if (ring && is_extremum_scan(P.combine))
     scan_idx = at::empty(p.views[ring_in].sizes, at::TensorOptions().dtype(at::kLong));
@@ -2321,6 +2404,54 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             });
             return;
           }
+          if (is_extremum_scan(P.combine)) {
+            // The cores of a run with equal rows, evenly spaced, and the same
+            // carry state scan their rows of the step as one batch (CPU's
+            // scan along dim 1 of [G, rows, ...]: each core's pairs those of
+            // its rows alone, indices from its rows' first row), then merge
+            // in the pair carried from their earlier tiles.
+            int64_t off = 0;
+            for (size_t c = 0; c < cores.size();) {
+              const int64_t rows = cores[c].second - cores[c].first;
+              if (rows == 0) {
+                ++c;
+                continue;
+              }
+              const int64_t gap = c + 1 < cores.size() ? cores[c + 1].first - cores[c].first : rows;
+              size_t e = c + 1;
+              while (e < cores.size() && cores[e].second - cores[e].first == rows && ext_has[e] == ext_has[c] &&
+                     cores[e].first - cores[e - 1].first == gap)
+                ++e;
+              const int64_t G = static_cast<int64_t>(e - c);
+              std::vector<int64_t> sizes = x.sizes().vec();
+              sizes[0] = rows;
+              sizes.insert(sizes.begin(), G);
+              std::vector<int64_t> firsts(G);
+              for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first;
+              at::Tensor v, ix;
+              std::tie(v, ix) = extremum_scan(
+                  P.combine == KtirTilePlan::kCummax, x.narrow(0, off, G * rows).view(sizes), firsts,
+                  ext_has[c] ? ext_v.narrow(0, c, G) : at::Tensor(), ext_has[c] ? ext_i.narrow(0, c, G) : at::Tensor());
+              if (!ext_v.defined()) {
+                std::vector<int64_t> last = v.sizes().vec();
+                last[0] = static_cast<int64_t>(cores.size());
+                last[1] = 1;
+                ext_v = at::empty(last, v.options());
+                ext_i = at::empty(last, ix.options());
+              }
+              ext_v.narrow(0, c, G).copy_(v.narrow(1, rows - 1, 1));
+              ext_i.narrow(0, c, G).copy_(ix.narrow(1, rows - 1, 1));
+              // The G cores' rows of `scan`: evenly spaced blocks of `rows` rows.
+              std::vector<int64_t> strides = scan.strides().vec();
+              strides.insert(strides.begin(), (G > 1 ? gap : rows) * scan.stride(0));
+              scan.as_strided(sizes, strides, cores[c].first * scan.stride(0)).copy_(v);
+              scan_idx.as_strided(sizes, strides, cores[c].first * scan_idx.stride(0)).copy_(ix);
+              for (size_t g = c; g < e; ++g) ext_has[g] = 1;
+              off += G * rows;
+              c = e;
+            }
+            return;
+          }
           if (is_scan(P.combine)) {
             // Each core scans its rows of the step, carrying its running
             // total (product) from its previous tile.
@@ -2330,19 +2461,6 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               const int64_t rows = cores[c].second - cores[c].first;
               if (rows == 0) continue;
               const at::Tensor seg = x.narrow(0, off, rows);
-              if (is_extremum_scan(P.combine)) {
-                // CPU's scan of the step's rows (indices from the rows' first
-                // row), then the carried pair of the core's earlier tiles merged in.
-                auto [v, ix] = P.combine == KtirTilePlan::kCummax ? at::cummax(seg, 0) : at::cummin(seg, 0);
-                ix.add_(cores[c].first);
-                if (carry[c].defined()) std::tie(v, ix) = extremum_merge(P, carry[c], carry_idx[c], v, ix);
-                carry[c] = v.narrow(0, rows - 1, 1);
-                carry_idx[c] = ix.narrow(0, rows - 1, 1);
-                scan.narrow(0, cores[c].first, rows).copy_(v);
-                scan_idx.narrow(0, cores[c].first, rows).copy_(ix);
-                off += rows;
-                continue;
-              }
               at::Tensor local = prod ? seg.cumprod(0, acc_dtype) : seg.cumsum(0, acc_dtype);
               if (carry[c].defined()) local = prod ? local.mul(carry[c]) : local.add(carry[c]);
               carry[c] = local.narrow(0, rows - 1, 1);
@@ -2497,24 +2615,48 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             // The ring passes each core the pair of the cores before it (their
             // last pairs merged in core order); the second pass merges it into
             // the core's rows.
-            std::vector<at::Tensor> pv(carry.size()), pi(carry.size());
-            for (size_t c = 1; c < carry.size(); ++c) {
-              if (!carry[c - 1].defined()) break;
-              if (!pv[c - 1].defined())
-                pv[c] = carry[c - 1], pi[c] = carry_idx[c - 1];
-              else
-                std::tie(pv[c], pi[c]) = extremum_merge(P, pv[c - 1], pi[c - 1], carry[c - 1], carry_idx[c - 1]);
-              if (walk) walk->ring_steps++;
+            // The merge is a selection under one rule (associative: any
+            // grouping gives the pair of the rows in order), so the inclusive
+            // prefix of the cores' pairs is a Hillis-Steele scan in log2(cores)
+            // batched merges; core c takes the prefix of cores 0..c-1.
+            int64_t K = 0;
+            while (K < static_cast<int64_t>(ext_has.size()) && ext_has[K]) ++K;
+            at::Tensor av = K > 0 ? ext_v.narrow(0, 0, K) : at::Tensor(),
+                       ai = K > 0 ? ext_i.narrow(0, 0, K) : at::Tensor();
+            for (int64_t d = 1; d < K; d *= 2) {
+              auto [mv, mi] = extremum_merge(P, av.narrow(0, 0, K - d), ai.narrow(0, 0, K - d), av.narrow(0, d, K - d),
+                                             ai.narrow(0, d, K - d));
+              av = at::cat({av.narrow(0, 0, d), mv});
+              ai = at::cat({ai.narrow(0, 0, d), mi});
             }
-            for (const auto& step : P.steps)
-              for (size_t c = 0; c < step.size(); ++c) {
-                const auto [lo, hi] = step[c];
-                if (hi <= lo) continue;
-                at::Tensor v = scan.narrow(0, lo, hi - lo), ix = scan_idx.narrow(0, lo, hi - lo);
-                if (pv[c].defined()) std::tie(v, ix) = extremum_merge(P, pv[c], pi[c], v, ix);
-                store(ring->results[0], v, nullptr, lo, hi - lo);
-                if (ring->results.size() > 1) store(ring->results[1], ix, nullptr, lo, hi - lo);
-              }
+            if (walk && K > 1) walk->ring_steps += static_cast<int>(K - 1);
+            const int64_t total_rows = scan.size(0), rpc = P.tiling.rows_per_core;
+            auto put = [&](const at::Tensor& v, const at::Tensor& ix, int64_t lo, int64_t n) {
+              store(ring->results[0], v, nullptr, lo, n);
+              if (ring->results.size() > 1) store(ring->results[1], ix, nullptr, lo, n);
+            };
+            put(scan.narrow(0, 0, std::min(rpc, total_rows)), scan_idx.narrow(0, 0, std::min(rpc, total_rows)), 0,
+                std::min(rpc, total_rows));
+            // Cores 1..F-1 hold rpc rows each: one batched merge with their prefixes.
+            const int64_t F = std::min(K, total_rows / rpc);
+            if (F > 1) {
+              std::vector<int64_t> sizes = scan.sizes().vec();
+              sizes[0] = rpc;
+              sizes.insert(sizes.begin(), F - 1);
+              auto [v, ix] = extremum_merge_rows(P.combine == KtirTilePlan::kCummax, av.narrow(0, 0, F - 1),
+                                                 ai.narrow(0, 0, F - 1), scan.narrow(0, rpc, (F - 1) * rpc).view(sizes),
+                                                 scan_idx.narrow(0, rpc, (F - 1) * rpc).view(sizes));
+              sizes.erase(sizes.begin());
+              sizes[0] = (F - 1) * rpc;
+              put(v.view(sizes), ix.view(sizes), rpc, (F - 1) * rpc);
+            }
+            for (int64_t c = std::max<int64_t>(F, 1); c < K; ++c) {  // a last core with fewer rows
+              const int64_t lo = c * rpc, n = std::min(rpc, total_rows - lo);
+              if (n <= 0) break;
+              auto [v, ix] = extremum_merge(P, av.select(0, c - 1), ai.select(0, c - 1), scan.narrow(0, lo, n),
+                                            scan_idx.narrow(0, lo, n));
+              put(v, ix, lo, n);
+            }
             hooks.after_op(P.ring_op, results, {});
             return;
           }
@@ -2558,7 +2700,18 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           if (rp.weight >= 0) w = views[rp.weight].to(acc_dtype);
           if (rp.bias >= 0) b = views[rp.bias].to(acc_dtype);
           const bool own = !x.is_alias_of(views[ring_in]) && x.sizes().equals(views[ring_in].sizes());
-          store(ring->results[0], ring_normalize(P, st, x, w, b, own), nullptr, 0, -1);
+          const at::Tensor& out = views[ring->results[0]];
+          if (own && P.combine == KtirTilePlan::kSoftmax && out.scalar_type() == c10::kBFloat16 &&
+              out.is_contiguous() && x.is_contiguous() && x.scalar_type() == c10::kFloat && x.dim() > 0 &&
+              st.b.scalar_type() == c10::kFloat && st.b.is_contiguous() && st.b.dim() == x.dim() && st.b.size(0) == 1 &&
+              st.b.sizes().slice(1).equals(x.sizes().slice(1)) && out.numel() == x.numel()) {
+            // softmax to bfloat16: the division by the sum fused into the df16 store
+            // (the same f32 quotients, one pass less over the rows).
+            x.sub_(st.a).exp_();
+            df16_div_round_bf16_into(out, x, st.b);
+          } else {
+            store(ring->results[0], ring_normalize(P, st, x, w, b, own), nullptr, 0, -1);
+          }
         }
         for (size_t i = 0; i < P.steps.size() && !batch; ++i) {
           int64_t lo = -1, n = 0;
