@@ -27,9 +27,11 @@ pytestmark = requires_tpu
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 IDS = ["f16", "bf16", "f32"]
-# (2000, 3000): 7 tile steps per core, so the carried pairs cross tiles too.
-SCAN_SHAPES = SHAPES + [(2000, 300)]
-SCAN_IDS = SHAPE_IDS + ["2000x300"]
+# Every shape runs 2+ tile steps per core, so the carried pairs cross tiles;
+# 2000x300: 63 rows per core (steps of 32 and 31 rows, a last core of 47);
+# 1200x2000: 3-4 tile steps per core.
+SCAN_SHAPES = SHAPES + [(2000, 300), (1200, 2000)]
+SCAN_IDS = SHAPE_IDS + ["2000x300", "1200x2000"]
 
 
 def _special(dtype, shape, seed):
