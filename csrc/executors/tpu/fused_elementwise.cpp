@@ -378,6 +378,61 @@ bool strided_read(const TensorRef& r, const Dims& shape, fused::StridedRead* out
   return true;
 }
 
+// The order a fused loop iterates in: its outputs' memory order. Row-major
+// outputs (`permuted` false) iterate in their own index order; outputs laid
+// out densely in another order of their dims (CPU keeps an input's permuted
+// layout for an elementwise result: q * cos, q a transposed view
+// [B, H, T, D] of [B, T, H, D], has q's strides) iterate over `perm`'s
+// order: loop element i is the element at memory offset i of every output,
+// and each operand is read in that order (a dense one with the outputs'
+// strides as is, any other float32 one through its strides permuted).
+struct LoopOrder {
+  bool permuted = false;
+  std::vector<int> perm;  // loop dim k is tensor dim perm[k] (outermost first)
+  Dims strides;           // the outputs' strides (size-1 dims: 0)
+};
+
+// The loop order of an op writing `out` of `shape`: permuted when `out`
+// (offset 0) is not row-major but dense in the order of its dims by
+// decreasing stride (size-1 dims first, in their order). False otherwise.
+bool permuted_order(const TensorRef& out, LoopOrder* order) {
+  const size_t nd = out.sizes.size();
+  if (nd < 2 || nd > fused::StridedRead::kMaxDims || out.strides.size() != nd || out.offset != 0 || out.is_dense())
+    return false;
+  std::vector<int> perm, big;
+  for (size_t d = 0; d < nd; ++d) {
+    if (out.sizes[d] == 0) return false;
+    (out.sizes[d] == 1 ? perm : big).push_back(static_cast<int>(d));
+  }
+  std::stable_sort(big.begin(), big.end(), [&](int a, int b) { return out.strides[a] > out.strides[b]; });
+  perm.insert(perm.end(), big.begin(), big.end());
+  Dims strides;
+  strides.resize(nd, 0);
+  int64_t expect = 1;
+  for (size_t k = nd; k-- > 0;) {
+    const int d = perm[k];
+    if (out.sizes[d] == 1) continue;
+    if (out.strides[d] != expect) return false;
+    strides[d] = expect;
+    expect *= out.sizes[d];
+  }
+  order->permuted = true;
+  order->perm = std::move(perm);
+  order->strides = std::move(strides);
+  return true;
+}
+
+// Whether `r` (sizes `shape`) lies in memory as the loop's outputs do: offset
+// 0 and the outputs' strides on every dim of size > 1 (read element i of it
+// is loop element i).
+bool in_loop_order(const TensorRef& r, const Dims& shape, const LoopOrder& order) {
+  if (!order.permuted) return r.offset == 0 && r.sizes == shape && r.is_dense();
+  if (r.offset != 0 || r.sizes != shape || r.strides.size() != shape.size()) return false;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != 1 && r.strides[d] != order.strides[d]) return false;
+  return true;
+}
+
 }  // namespace
 
 // (fused_elementwise.h) The elements per repetition of a row-major tensor of `sizes` broadcast to
@@ -504,6 +559,17 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   *plan = LoopPlan{};
   plan->pos = ps;
   const Dims* shape = nullptr;
+  // The loop's order: its first op's output's memory order (LoopOrder); a
+  // permuted loop has no row reduction.
+  LoopOrder order;
+  {
+    const Node& first = graph[region.nodes[ps[0]]];
+    std::string_view nm;
+    const InputSlot* fw = nullptr;
+    bool fo = false;
+    if (tpu_eager::lowering_of(first.op).row == RowReduce::kNone && loop_op_form(first, &nm, &fw, &fo))
+      permuted_order(fw ? fw->ref : first.outputs[0], &order);
+  }
   StorageMap<Operand> reg_of(2 * ps.size());  // loop value -> register or output
   // External buffers read: storage, period (Program::period) and element type.
   struct External {
@@ -569,6 +635,13 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       // (float32 only: stage_strided copies float elements; a 16-bit one is widened by stage_external)
       if (it || written_by.contains(s) || elem != want || elem != Elem::kFloat || !strided_read(r, *shape, &sr))
         return false;
+      if (order.permuted) {  // read in the loop's order: its dims permuted as the outputs' are
+        fused::StridedRead logical = sr;
+        for (size_t k = 0; k < order.perm.size(); ++k) {
+          sr.sizes[k] = logical.sizes[order.perm[k]];
+          sr.strides[k] = logical.strides[order.perm[k]];
+        }
+      }
       const int in = input_index(n, r);
       if (in < 0) return false;
       op->kind = Operand::kExternal;
@@ -578,6 +651,19 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       plan->externals.push_back(Slot{static_cast<int>(pos), in, -1});
       return true;
     };
+    if (order.permuted) {
+      // A permuted loop reads an operand laid out as its outputs as is,
+      // any other through its strides.
+      if (!in_loop_order(r, *shape, order)) return read_strided();
+      if (elem != want) return false;
+      if (it) {
+        *op = *it;
+        return true;
+      }
+      op->kind = Operand::kExternal;
+      op->index = external_index(ext_of, External{s, 0, elem, 0}, n, r, pos, plan->externals);
+      return op->index >= 0;
+    }
     if (r.offset != 0) return read_strided();
     int64_t period = 0, repeat = 0;
     if (!r.is_dense()) {
@@ -646,6 +732,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     const Node& n = graph[region.nodes[p]];
     const auto& schema = n.op.schema();
     const RowReduce row = tpu_eager::lowering_of(n.op).row;
+    if (order.permuted && row != RowReduce::kNone) return false;
     if (last_op && row == RowReduce::kLayerNorm) {
       // The loop's last op normalizes rows of the program's last value (or of an input).
       if (!shape) shape = &n.outputs[0].sizes;
@@ -704,7 +791,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     const bool reduces = row == RowReduce::kLogSumExp || row == RowReduce::kSum || row == RowReduce::kMean;
     const auto& sizes = reduces && !w && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
     if (!shape) shape = &sizes;
-    if (sizes != *shape || out.offset != 0 || !out.is_dense()) return false;
+    if (sizes != *shape || (order.permuted ? !in_loop_order(out, *shape, order) : out.offset != 0 || !out.is_dense()))
+      return false;
     const Slot out_slot = w ? Slot{static_cast<int>(p), input_index(n, w->ref), -1} : Slot{static_cast<int>(p), -1, 0};
     // Writing a flush temporary from an earlier region in place: checked when bound.
     if (w && !is_made(w->ref.storage.get())) plan->written_inputs.push_back(out_slot);
