@@ -2,6 +2,7 @@
 #include "jit/partition.h"
 
 #include "jit/dynamic_shapes.h"
+#include "jit/lowering.h"
 
 #include <c10/util/accumulate.h>
 
@@ -80,12 +81,19 @@ const Dims* iteration_shape(const Node& n) {
   return nullptr;
 }
 
-// The shape a fused loop running `n` iterates over: a reduction's input
-// (the rows it reduces), else its iteration shape; null when it has none.
+}  // namespace
+
+// (partition.h)
 const Dims* loop_shape(const Node& n) {
   if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction && !n.inputs.empty()) return &n.inputs[0].ref.sizes;
+  if (lowering_of(n.op).concat) {  // cat: over its inputs' shape (Lowering::concat)
+    for (const auto& in : n.inputs)
+      if (!(in.ref.sizes.size() == 1 && in.ref.sizes[0] == 0)) return &in.ref.sizes;
+  }
   return iteration_shape(n);
 }
+
+namespace {
 
 // The key of the loop a fused op runs in (`*key`; false when it iterates
 // over no shape): its loop shape, and when the tensor it iterates over is
@@ -97,7 +105,7 @@ bool loop_key(const Node& n, Dims* key) {
   const Dims* s = loop_shape(n);
   if (!s) return false;
   *key = *s;
-  if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction) return true;
+  if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction || lowering_of(n.op).concat) return true;
   const TensorRef* it = n.outputs.empty() ? nullptr : &n.outputs[0];
   for (const auto& in : n.inputs)
     if (!it && in.written) it = &in.ref;
@@ -166,8 +174,15 @@ struct Loops {
     reads->clear();
     Dims key;
     const bool has_key = loop_key(n, &key);
+    // cat writes its output through strides in any loop order: it joins a
+    // loop of its inputs' shape in any layout.
+    const bool any_layout = lowering_of(n.op).concat;
+    auto same_key = [&](const Dims& k) {
+      if (!any_layout || k.size() <= key.size()) return k == key;
+      return k[key.size()] == -1 && std::equal(key.begin(), key.end(), k.begin());
+    };
     auto joinable = [&](int g) {
-      if (!has_key || shape[g] != key || sealed[g] || !same_kind(g, dom)) return false;
+      if (!has_key || !same_key(shape[g]) || sealed[g] || !same_kind(g, dom)) return false;
       if (domain[g] != 2) dom = domain[g];
       return true;
     };

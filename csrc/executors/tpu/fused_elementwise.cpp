@@ -567,7 +567,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     std::string_view nm;
     const InputSlot* fw = nullptr;
     bool fo = false;
-    if (tpu_eager::lowering_of(first.op).row == RowReduce::kNone && loop_op_form(first, &nm, &fw, &fo))
+    const auto& fl = tpu_eager::lowering_of(first.op);
+    if (fl.row == RowReduce::kNone && !fl.concat && loop_op_form(first, &nm, &fw, &fo))
       permuted_order(fw ? fw->ref : first.outputs[0], &order);
   }
   StorageMap<Operand> reg_of(2 * ps.size());  // loop value -> register or output
@@ -585,9 +586,11 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   std::vector<External> ext_of;
   std::vector<fused::StridedRead> strided_of;
   std::vector<Instr> program;
-  std::vector<DeferredStorage*> outputs;  // storages of the loop's stores, in instruction order
-  std::vector<Elem> out_types;            // their element types
-  int regs = 0;                           // one per value until assign_registers renames them
+  std::vector<DeferredStorage*> outputs;            // storages of the loop's stores, in instruction order
+  std::vector<Elem> out_types;                      // their element types
+  std::vector<fused::StridedRead> out_writes;       // their strided writes (Program::out_strided; none: dense)
+  std::vector<const DeferredStorage*> concat_made;  // cat outputs: written through strides, never read back
+  int regs = 0;                                     // one per value until assign_registers renames them
 
   const StorageMap<LoopWrite> written_by = loop_writes(region, ps, graph);
   auto is_made = [&](const DeferredStorage* s) {
@@ -609,6 +612,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   // float type) is a runtime constant.
   auto tensor_operand = [&](size_t pos, const TensorRef& r, Operand* op, Elem want = Elem::kFloat) -> bool {
     if (r.conj || r.neg) return false;
+    if (std::find(concat_made.begin(), concat_made.end(), r.storage.get()) != concat_made.end()) return false;
     bool known = false;
     const bool ints = want == Elem::kInt32 || want == Elem::kInt64;  // a cast's source
     const Elem elem = elem_of(r.dtype, &known, ints);
@@ -713,6 +717,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       ins.out = static_cast<int>(outputs.size());
       outputs.push_back(s);
       out_types.push_back(type);
+      out_writes.emplace_back();
       plan->outputs.push_back(slot);
       value.kind = Operand::kOutput;
       value.index = ins.out;
@@ -733,6 +738,60 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     const auto& schema = n.op.schema();
     const RowReduce row = tpu_eager::lowering_of(n.op).row;
     if (order.permuted && row != RowReduce::kNone) return false;
+    if (tpu_eager::lowering_of(n.op).concat) {
+      // cat(tensors, dim) of float32 inputs of the loop's shape (empty 1-D
+      // ones skipped, as CPU skips them): input j is stored (as x * 1, exact)
+      // through the output's strides at offset j * width along `dim`, in the
+      // loop's order. The output is written only here, never read back.
+      if (n.outputs.size() != 1 || n.args.size() < 2 || !n.args[1].isInt() || !region.materialize[p][0]) return false;
+      const TensorRef& out = n.outputs[0];
+      if (out.dtype != at::kFloat || out.conj || out.neg || out.offset < 0) return false;
+      std::vector<const InputSlot*> parts;
+      for (const auto& in : n.inputs) {
+        if (in.elem < 0 || in.written) return false;
+        if (in.ref.sizes.size() == 1 && in.ref.sizes[0] == 0) continue;
+        parts.push_back(&in);
+      }
+      if (parts.empty()) return false;
+      if (!shape) shape = &parts[0]->ref.sizes;
+      const int64_t nd = static_cast<int64_t>(shape->size());
+      int64_t dim = n.args[1].toInt();
+      if (dim < 0) dim += nd;
+      if (nd == 0 || nd > static_cast<int64_t>(fused::StridedRead::kMaxDims) || dim < 0 || dim >= nd ||
+          static_cast<int64_t>(out.sizes.size()) != nd || static_cast<int64_t>(out.strides.size()) != nd)
+        return false;
+      for (int64_t d = 0; d < nd; ++d) {
+        const int64_t want = d == dim ? (*shape)[d] * static_cast<int64_t>(parts.size()) : (*shape)[d];
+        if (out.sizes[d] != want || (*shape)[d] == 0 || out.strides[d] < 0) return false;
+      }
+      for (size_t j = 0; j < parts.size(); ++j) {
+        const TensorRef& r = parts[j]->ref;
+        if (r.dtype != at::kFloat || r.sizes != *shape) return false;
+        Instr ins;
+        ins.fn = Fn::kMul;
+        if (!tensor_operand(p, r, &ins.a) || ins.a.kind == Operand::kConst) return false;
+        ins.b = Operand{Operand::kConst, 0, 1.0f};
+        fused::StridedRead wr;  // where input j lands, dims in the loop's order
+        wr.offset = out.offset + static_cast<int64_t>(j) * (*shape)[dim] * out.strides[dim];
+        wr.extent = wr.offset + 1;
+        wr.sizes.resize(nd);
+        wr.strides.resize(nd);
+        for (int64_t k = 0; k < nd; ++k) {
+          const int64_t d = order.permuted ? order.perm[k] : k;
+          wr.sizes[k] = (*shape)[d];
+          wr.strides[k] = out.strides[d];
+          wr.extent += ((*shape)[d] - 1) * out.strides[d];
+        }
+        ins.out = static_cast<int>(outputs.size());
+        outputs.push_back(out.storage.get());
+        out_types.push_back(Elem::kFloat);
+        out_writes.push_back(std::move(wr));
+        plan->outputs.push_back(Slot{static_cast<int>(p), -1, 0});
+        program.push_back(ins);
+      }
+      concat_made.push_back(out.storage.get());
+      continue;
+    }
     if (last_op && row == RowReduce::kLayerNorm) {
       // The loop's last op normalizes rows of the program's last value (or of an input).
       if (!shape) shape = &n.outputs[0].sizes;
@@ -1118,6 +1177,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   }
 
   if (!plan->has_anchor && program.empty()) return false;
+  if (plan->has_anchor && !concat_made.empty()) return false;  // (the row loop writes dense outputs only)
   fused::RowAnchor& anchor = plan->anchor;
   if (plan->has_anchor && anchor.rows * anchor.cols == 0) return false;
   const int64_t numel = c10::multiply_integers(*shape);
@@ -1158,6 +1218,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   }
   prog.outputs.assign(outputs.size(), nullptr);
   prog.out_type = std::move(out_types);
+  if (!concat_made.empty()) prog.out_strided = std::move(out_writes);
   return true;
 }
 
@@ -1300,8 +1361,14 @@ bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, h
       return false;
     plan.prog.externals[i] = st.data();
   }
-  for (size_t i = 0; i < plan.outputs.size(); ++i)
+  for (size_t i = 0; i < plan.outputs.size(); ++i) {
     plan.prog.outputs[i] = out_buffer(plan.outputs[i], region, graph, mem, plan);
+    // A strided write must lie inside this run's buffer (else the loop runs op by op).
+    if (i < plan.prog.out_strided.size() && !plan.prog.out_strided[i].sizes.empty() &&
+        plan.prog.out_strided[i].extent * static_cast<int64_t>(sizeof(float)) >
+            static_cast<int64_t>(mem.device_buffer(slot_storage(plan.outputs[i], region, graph)).nbytes()))
+      return false;
+  }
   if (plan.has_anchor) {
     anchor.out = out_ptr(plan.anchor_out, region, graph, mem, plan);
     for (auto [slot, ptr] :

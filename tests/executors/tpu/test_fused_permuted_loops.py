@@ -120,3 +120,76 @@ def test_16_bit_permuted_results_equal_cpu(dtype):
         return (q * 2.0 + q, q * c.unsqueeze(1))
 
     _check(fn, [cpu_randn(32, 64, seed=8).to(dtype), cpu_randn(2, 16, 16, seed=9).to(dtype)], fused=False)
+
+
+# cat as a loop op (Lowering::concat): the loop runs over its inputs' shape and
+# writes each input through the output's strides at its offset along the cat dim.
+CAT_OPS = ELEMENTWISE + ("aten::cat",)
+
+
+def _check_cat(fn, args):
+    got, strides, ops = _run(fn, *args)
+    want = fn(*[a.clone() for a in args])
+    assert_bit_equal(got, want)
+    assert strides == [w.stride() for w in want], (strides, [w.stride() for w in want])
+    assert not [o for o in ops if o.startswith(CAT_OPS)], ops
+
+
+def test_rotate_half_cat_joins_its_producers_loop():
+    # transformers' rotate_half on transposed heads: cat((-x2, x1), -1) with
+    # -x2 kept in q's layout and x1 a column half read through strides.
+    def fn(x, cos, sin):
+        q = x.view(2, 16, 4, 16).transpose(1, 2)
+        r = torch.cat((-q[..., 8:], q[..., :8]), dim=-1)
+        return (r, q * cos.unsqueeze(1) + r * sin.unsqueeze(1))
+
+    _check_cat(fn, [cpu_randn(32, 64, seed=20), cpu_randn(2, 16, 16, seed=21), cpu_randn(2, 16, 16, seed=22)])
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_cat_of_loop_values_along_any_dim(dim):
+    def fn(a, b):
+        return (torch.cat((a * 2.0, b + 1.0, -a), dim=dim),)
+
+    _check_cat(fn, [cpu_randn(5, 7, 9, seed=23), cpu_randn(5, 7, 9, seed=24)])
+
+
+def test_cat_skips_empty_one_dim_inputs():
+    # A key-value cache's first step: cat of an empty 1-D tensor and k along -2 (CPU skips it).
+    def fn(k):
+        return (torch.cat((torch.empty(0, device=k.device), k * 3.0), dim=-2),)
+
+    _check_cat(fn, [cpu_randn(2, 2, 16, 16, seed=25)])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cat_of_random_permuted_layouts(seed):
+    rng = random.Random(seed)
+    nd = rng.randint(2, 4)
+    shape = [rng.randint(1, 9) for _ in range(nd)]
+    perm = list(range(nd))
+    rng.shuffle(perm)
+    dim = rng.randrange(-nd, nd)
+    x0 = cpu_randn(*[shape[p] for p in perm], seed=300 + seed)
+    y = cpu_randn(*shape, seed=400 + seed)
+    inv = [perm.index(d) for d in range(nd)]
+
+    def fn(x0, y):
+        x = x0.permute(*inv)  # logical shape `shape`, permuted memory order
+        a = x * 2.0
+        return (a, torch.cat((-a, y, x), dim=dim))
+
+    got, strides, ops = _run(fn, x0, y)
+    want = fn(x0.clone(), y.clone())
+    assert_bit_equal(got, want)
+    assert strides == [w.stride() for w in want]
+
+
+def test_cat_not_fused_when_types_differ():
+    def fn(a, b):
+        return (torch.cat((a * 2.0, b), dim=-1),)
+
+    got, strides, _ = _run(fn, cpu_randn(4, 6, seed=26), cpu_randn(4, 6, seed=27).to(torch.float64))
+    want = fn(cpu_randn(4, 6, seed=26), cpu_randn(4, 6, seed=27).to(torch.float64))
+    assert_bit_equal(got, want)
+    assert strides == [w.stride() for w in want]
