@@ -77,6 +77,7 @@ Lowering lower(const c10::FunctionSchema& schema) {
   for (const RowRule& r : kRowRules)
     if (r.name == name && r.overload == overload) l.row = r.row;
   for (std::string_view n : kStridedInputs) l.strided_inputs = l.strided_inputs || (overload.empty() && n == name);
+  l.concat = name == "cat" && overload.empty();
   for (std::string_view n : kOverwriteSelf) l.overwrites_self = l.overwrites_self || n == name;
   if (!name.empty() && name.back() == '_') name.remove_suffix(1);
   for (const MxuRule& r : kMxuRules) {

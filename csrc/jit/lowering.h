@@ -61,6 +61,11 @@ struct Lowering {
   bool strided_inputs = false;   // its CPU kernel takes strided inputs as they are (no dense copy first)
   bool overwrites_self = false;  // an in-place op that replaces all of self without reading it (fill_, normal_, copy_)
   RowReduce row = RowReduce::kNone;
+  // cat (default overload): a fused loop runs it over its inputs' shape (all
+  // equal, empty 1-D inputs skipped as CPU skips them), writing each input at
+  // its offset along the cat dim of the output; partition's loop shape is then
+  // its first non-empty input's.
+  bool concat = false;
   bool has_bias() const { return a_arg == 1; }  // beta * self + alpha * product
 };
 

@@ -2,6 +2,7 @@
 #include "jit/partition.h"
 
 #include "jit/dynamic_shapes.h"
+#include "jit/lowering.h"
 
 #include <c10/util/accumulate.h>
 
@@ -80,11 +81,39 @@ const Dims* iteration_shape(const Node& n) {
   return nullptr;
 }
 
-// The shape a fused loop running `n` iterates over: a reduction's input
-// (the rows it reduces), else its iteration shape; null when it has none.
+}  // namespace
+
+// (partition.h)
 const Dims* loop_shape(const Node& n) {
   if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction && !n.inputs.empty()) return &n.inputs[0].ref.sizes;
+  if (lowering_of(n.op).concat) {  // cat: over its inputs' shape (Lowering::concat)
+    for (const auto& in : n.inputs)
+      if (!(in.ref.sizes.size() == 1 && in.ref.sizes[0] == 0)) return &in.ref.sizes;
+  }
   return iteration_shape(n);
+}
+
+namespace {
+
+// The key of the loop a fused op runs in (`*key`; false when it iterates
+// over no shape): its loop shape, and when the tensor it iterates over is
+// not row-major, -1 and that tensor's offset and strides (0 on size-1
+// dims): a target's loop iterates in its outputs' memory order, so ops of
+// one shape written in different layouts (q * cos keeping a transposed q's
+// layout, a product of the row-major rotate_half) run in different loops.
+bool loop_key(const Node& n, Dims* key) {
+  const Dims* s = loop_shape(n);
+  if (!s) return false;
+  *key = *s;
+  if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction || lowering_of(n.op).concat) return true;
+  const TensorRef* it = n.outputs.empty() ? nullptr : &n.outputs[0];
+  for (const auto& in : n.inputs)
+    if (!it && in.written) it = &in.ref;
+  if (!it || (it->offset == 0 && it->is_dense())) return true;
+  key->push_back(-1);
+  key->push_back(it->offset);
+  for (size_t d = 0; d < it->strides.size(); ++d) key->push_back(it->sizes[d] == 1 ? 0 : it->strides[d]);
+  return true;
 }
 
 // The latest region that touched a storage, and in it the loop (a group of
@@ -108,7 +137,7 @@ struct Touch {
 // no more ops, runs before its readers and stores that value.
 struct Loops {
   std::vector<int> parent;
-  std::vector<Dims> shape;
+  std::vector<Dims> shape;  // per group: its loop_key
   std::vector<int> domain;  // FusionRules::loop_domain of its ops (2 while it has only ops of either kind)
   std::vector<char> sealed;
   std::vector<std::pair<int, int>> edges;  // (maker, reader) groups of cross-loop reads
@@ -143,9 +172,17 @@ struct Loops {
                std::vector<int>* reads) {
     join->clear();
     reads->clear();
-    const Dims* s = loop_shape(n);
+    Dims key;
+    const bool has_key = loop_key(n, &key);
+    // cat writes its output through strides in any loop order: it joins a
+    // loop of its inputs' shape in any layout.
+    const bool any_layout = lowering_of(n.op).concat;
+    auto same_key = [&](const Dims& k) {
+      if (!any_layout || k.size() <= key.size()) return k == key;
+      return k[key.size()] == -1 && std::equal(key.begin(), key.end(), k.begin());
+    };
     auto joinable = [&](int g) {
-      if (!s || shape[g] != *s || sealed[g] || !same_kind(g, dom)) return false;
+      if (!has_key || !same_key(shape[g]) || sealed[g] || !same_kind(g, dom)) return false;
       if (domain[g] != 2) dom = domain[g];
       return true;
     };
@@ -340,8 +377,9 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       if (growing[target].loops(regions[target], true)) {
         const int dom = rules->loop_domain(g, i);
         if (join.empty()) {
-          const Dims* shape = loop_shape(n);
-          grp = loops.add(shape ? *shape : Dims{}, dom);
+          Dims key;
+          loop_key(n, &key);  // (empty when it has none)
+          grp = loops.add(key, dom);
         } else {
           const int d = loops.merged_domain(join, dom);
           grp = loops.find(join[0]);

@@ -42,5 +42,10 @@ uint64_t stable_structural_key(const std::vector<Node>& g, const Region& r);
 
 constexpr size_t kMaxRegionOps = 256;
 
+// The shape a fused loop running `n` iterates over: a reduction's input (the
+// rows it reduces), cat's first non-empty input (Lowering::concat), else its
+// first fresh output or first written argument; null when it has none.
+const Dims* loop_shape(const Node& n);
+
 }  // namespace jit
 }  // namespace tpu_eager

@@ -69,14 +69,8 @@ std::string check_anchor(const std::vector<Node>& g, const Region& r) {
   }
 }
 
-// The shape a loop running `n` iterates over (partition.cpp's loop_shape).
-const Dims* loop_shape_of(const Node& n) {
-  if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction && !n.inputs.empty()) return &n.inputs[0].ref.sizes;
-  if (!n.outputs.empty()) return &n.outputs[0].sizes;
-  for (const auto& in : n.inputs)
-    if (in.written) return &in.ref.sizes;
-  return nullptr;
-}
+// The shape a loop running `n` iterates over (partition's).
+const Dims* loop_shape_of(const Node& n) { return loop_shape(n); }
 
 // Region::loop of `r` and the matmul epilogue's shape; "" when consistent:
 // loop ids 0 .. L-1 each used, each loop over one shape, a reduction the

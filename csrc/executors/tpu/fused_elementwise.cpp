@@ -378,6 +378,61 @@ bool strided_read(const TensorRef& r, const Dims& shape, fused::StridedRead* out
   return true;
 }
 
+// The order a fused loop iterates in: its outputs' memory order. Row-major
+// outputs (`permuted` false) iterate in their own index order; outputs laid
+// out densely in another order of their dims (CPU keeps an input's permuted
+// layout for an elementwise result: q * cos, q a transposed view
+// [B, H, T, D] of [B, T, H, D], has q's strides) iterate over `perm`'s
+// order: loop element i is the element at memory offset i of every output,
+// and each operand is read in that order (a dense one with the outputs'
+// strides as is, any other float32 one through its strides permuted).
+struct LoopOrder {
+  bool permuted = false;
+  std::vector<int> perm;  // loop dim k is tensor dim perm[k] (outermost first)
+  Dims strides;           // the outputs' strides (size-1 dims: 0)
+};
+
+// The loop order of an op writing `out` of `shape`: permuted when `out`
+// (offset 0) is not row-major but dense in the order of its dims by
+// decreasing stride (size-1 dims first, in their order). False otherwise.
+bool permuted_order(const TensorRef& out, LoopOrder* order) {
+  const size_t nd = out.sizes.size();
+  if (nd < 2 || nd > fused::StridedRead::kMaxDims || out.strides.size() != nd || out.offset != 0 || out.is_dense())
+    return false;
+  std::vector<int> perm, big;
+  for (size_t d = 0; d < nd; ++d) {
+    if (out.sizes[d] == 0) return false;
+    (out.sizes[d] == 1 ? perm : big).push_back(static_cast<int>(d));
+  }
+  std::stable_sort(big.begin(), big.end(), [&](int a, int b) { return out.strides[a] > out.strides[b]; });
+  perm.insert(perm.end(), big.begin(), big.end());
+  Dims strides;
+  strides.resize(nd, 0);
+  int64_t expect = 1;
+  for (size_t k = nd; k-- > 0;) {
+    const int d = perm[k];
+    if (out.sizes[d] == 1) continue;
+    if (out.strides[d] != expect) return false;
+    strides[d] = expect;
+    expect *= out.sizes[d];
+  }
+  order->permuted = true;
+  order->perm = std::move(perm);
+  order->strides = std::move(strides);
+  return true;
+}
+
+// Whether `r` (sizes `shape`) lies in memory as the loop's outputs do: offset
+// 0 and the outputs' strides on every dim of size > 1 (read element i of it
+// is loop element i).
+bool in_loop_order(const TensorRef& r, const Dims& shape, const LoopOrder& order) {
+  if (!order.permuted) return r.offset == 0 && r.sizes == shape && r.is_dense();
+  if (r.offset != 0 || r.sizes != shape || r.strides.size() != shape.size()) return false;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != 1 && r.strides[d] != order.strides[d]) return false;
+  return true;
+}
+
 }  // namespace
 
 // (fused_elementwise.h) The elements per repetition of a row-major tensor of `sizes` broadcast to
@@ -504,6 +559,18 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   *plan = LoopPlan{};
   plan->pos = ps;
   const Dims* shape = nullptr;
+  // The loop's order: its first op's output's memory order (LoopOrder); a
+  // permuted loop has no row reduction.
+  LoopOrder order;
+  {
+    const Node& first = graph[region.nodes[ps[0]]];
+    std::string_view nm;
+    const InputSlot* fw = nullptr;
+    bool fo = false;
+    const auto& fl = tpu_eager::lowering_of(first.op);
+    if (fl.row == RowReduce::kNone && !fl.concat && loop_op_form(first, &nm, &fw, &fo))
+      permuted_order(fw ? fw->ref : first.outputs[0], &order);
+  }
   StorageMap<Operand> reg_of(2 * ps.size());  // loop value -> register or output
   // External buffers read: storage, period (Program::period) and element type.
   struct External {
@@ -519,9 +586,11 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   std::vector<External> ext_of;
   std::vector<fused::StridedRead> strided_of;
   std::vector<Instr> program;
-  std::vector<DeferredStorage*> outputs;  // storages of the loop's stores, in instruction order
-  std::vector<Elem> out_types;            // their element types
-  int regs = 0;                           // one per value until assign_registers renames them
+  std::vector<DeferredStorage*> outputs;            // storages of the loop's stores, in instruction order
+  std::vector<Elem> out_types;                      // their element types
+  std::vector<fused::StridedRead> out_writes;       // their strided writes (Program::out_strided; none: dense)
+  std::vector<const DeferredStorage*> concat_made;  // cat outputs: written through strides, never read back
+  int regs = 0;                                     // one per value until assign_registers renames them
 
   const StorageMap<LoopWrite> written_by = loop_writes(region, ps, graph);
   auto is_made = [&](const DeferredStorage* s) {
@@ -543,6 +612,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   // float type) is a runtime constant.
   auto tensor_operand = [&](size_t pos, const TensorRef& r, Operand* op, Elem want = Elem::kFloat) -> bool {
     if (r.conj || r.neg) return false;
+    if (std::find(concat_made.begin(), concat_made.end(), r.storage.get()) != concat_made.end()) return false;
     bool known = false;
     const bool ints = want == Elem::kInt32 || want == Elem::kInt64;  // a cast's source
     const Elem elem = elem_of(r.dtype, &known, ints);
@@ -569,6 +639,13 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       // (float32 only: stage_strided copies float elements; a 16-bit one is widened by stage_external)
       if (it || written_by.contains(s) || elem != want || elem != Elem::kFloat || !strided_read(r, *shape, &sr))
         return false;
+      if (order.permuted) {  // read in the loop's order: its dims permuted as the outputs' are
+        fused::StridedRead logical = sr;
+        for (size_t k = 0; k < order.perm.size(); ++k) {
+          sr.sizes[k] = logical.sizes[order.perm[k]];
+          sr.strides[k] = logical.strides[order.perm[k]];
+        }
+      }
       const int in = input_index(n, r);
       if (in < 0) return false;
       op->kind = Operand::kExternal;
@@ -578,6 +655,19 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       plan->externals.push_back(Slot{static_cast<int>(pos), in, -1});
       return true;
     };
+    if (order.permuted) {
+      // A permuted loop reads an operand laid out as its outputs as is,
+      // any other through its strides.
+      if (!in_loop_order(r, *shape, order)) return read_strided();
+      if (elem != want) return false;
+      if (it) {
+        *op = *it;
+        return true;
+      }
+      op->kind = Operand::kExternal;
+      op->index = external_index(ext_of, External{s, 0, elem, 0}, n, r, pos, plan->externals);
+      return op->index >= 0;
+    }
     if (r.offset != 0) return read_strided();
     int64_t period = 0, repeat = 0;
     if (!r.is_dense()) {
@@ -627,6 +717,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       ins.out = static_cast<int>(outputs.size());
       outputs.push_back(s);
       out_types.push_back(type);
+      out_writes.emplace_back();
       plan->outputs.push_back(slot);
       value.kind = Operand::kOutput;
       value.index = ins.out;
@@ -646,6 +737,61 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     const Node& n = graph[region.nodes[p]];
     const auto& schema = n.op.schema();
     const RowReduce row = tpu_eager::lowering_of(n.op).row;
+    if (order.permuted && row != RowReduce::kNone) return false;
+    if (tpu_eager::lowering_of(n.op).concat) {
+      // cat(tensors, dim) of float32 inputs of the loop's shape (empty 1-D
+      // ones skipped, as CPU skips them): input j is stored (as x * 1, exact)
+      // through the output's strides at offset j * width along `dim`, in the
+      // loop's order. The output is written only here, never read back.
+      if (n.outputs.size() != 1 || n.args.size() < 2 || !n.args[1].isInt() || !region.materialize[p][0]) return false;
+      const TensorRef& out = n.outputs[0];
+      if (out.dtype != at::kFloat || out.conj || out.neg || out.offset < 0) return false;
+      std::vector<const InputSlot*> parts;
+      for (const auto& in : n.inputs) {
+        if (in.elem < 0 || in.written) return false;
+        if (in.ref.sizes.size() == 1 && in.ref.sizes[0] == 0) continue;
+        parts.push_back(&in);
+      }
+      if (parts.empty()) return false;
+      if (!shape) shape = &parts[0]->ref.sizes;
+      const int64_t nd = static_cast<int64_t>(shape->size());
+      int64_t dim = n.args[1].toInt();
+      if (dim < 0) dim += nd;
+      if (nd == 0 || nd > static_cast<int64_t>(fused::StridedRead::kMaxDims) || dim < 0 || dim >= nd ||
+          static_cast<int64_t>(out.sizes.size()) != nd || static_cast<int64_t>(out.strides.size()) != nd)
+        return false;
+      for (int64_t d = 0; d < nd; ++d) {
+        const int64_t want = d == dim ? (*shape)[d] * static_cast<int64_t>(parts.size()) : (*shape)[d];
+        if (out.sizes[d] != want || (*shape)[d] == 0 || out.strides[d] < 0) return false;
+      }
+      for (size_t j = 0; j < parts.size(); ++j) {
+        const TensorRef& r = parts[j]->ref;
+        if (r.dtype != at::kFloat || r.sizes != *shape) return false;
+        Instr ins;
+        ins.fn = Fn::kMul;
+        if (!tensor_operand(p, r, &ins.a) || ins.a.kind == Operand::kConst) return false;
+        ins.b = Operand{Operand::kConst, 0, 1.0f};
+        fused::StridedRead wr;  // where input j lands, dims in the loop's order
+        wr.offset = out.offset + static_cast<int64_t>(j) * (*shape)[dim] * out.strides[dim];
+        wr.extent = wr.offset + 1;
+        wr.sizes.resize(nd);
+        wr.strides.resize(nd);
+        for (int64_t k = 0; k < nd; ++k) {
+          const int64_t d = order.permuted ? order.perm[k] : k;
+          wr.sizes[k] = (*shape)[d];
+          wr.strides[k] = out.strides[d];
+          wr.extent += ((*shape)[d] - 1) * out.strides[d];
+        }
+        ins.out = static_cast<int>(outputs.size());
+        outputs.push_back(out.storage.get());
+        out_types.push_back(Elem::kFloat);
+        out_writes.push_back(std::move(wr));
+        plan->outputs.push_back(Slot{static_cast<int>(p), -1, 0});
+        program.push_back(ins);
+      }
+      concat_made.push_back(out.storage.get());
+      continue;
+    }
     if (last_op && row == RowReduce::kLayerNorm) {
       // The loop's last op normalizes rows of the program's last value (or of an input).
       if (!shape) shape = &n.outputs[0].sizes;
@@ -704,7 +850,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     const bool reduces = row == RowReduce::kLogSumExp || row == RowReduce::kSum || row == RowReduce::kMean;
     const auto& sizes = reduces && !w && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
     if (!shape) shape = &sizes;
-    if (sizes != *shape || out.offset != 0 || !out.is_dense()) return false;
+    if (sizes != *shape || (order.permuted ? !in_loop_order(out, *shape, order) : out.offset != 0 || !out.is_dense()))
+      return false;
     const Slot out_slot = w ? Slot{static_cast<int>(p), input_index(n, w->ref), -1} : Slot{static_cast<int>(p), -1, 0};
     // Writing a flush temporary from an earlier region in place: checked when bound.
     if (w && !is_made(w->ref.storage.get())) plan->written_inputs.push_back(out_slot);
@@ -1030,6 +1177,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   }
 
   if (!plan->has_anchor && program.empty()) return false;
+  if (plan->has_anchor && !concat_made.empty()) return false;  // (the row loop writes dense outputs only)
   fused::RowAnchor& anchor = plan->anchor;
   if (plan->has_anchor && anchor.rows * anchor.cols == 0) return false;
   const int64_t numel = c10::multiply_integers(*shape);
@@ -1070,6 +1218,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   }
   prog.outputs.assign(outputs.size(), nullptr);
   prog.out_type = std::move(out_types);
+  if (!concat_made.empty()) prog.out_strided = std::move(out_writes);
   return true;
 }
 
@@ -1212,8 +1361,14 @@ bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, h
       return false;
     plan.prog.externals[i] = st.data();
   }
-  for (size_t i = 0; i < plan.outputs.size(); ++i)
+  for (size_t i = 0; i < plan.outputs.size(); ++i) {
     plan.prog.outputs[i] = out_buffer(plan.outputs[i], region, graph, mem, plan);
+    // A strided write must lie inside this run's buffer (else the loop runs op by op).
+    if (i < plan.prog.out_strided.size() && !plan.prog.out_strided[i].sizes.empty() &&
+        plan.prog.out_strided[i].extent * static_cast<int64_t>(sizeof(float)) >
+            static_cast<int64_t>(mem.device_buffer(slot_storage(plan.outputs[i], region, graph)).nbytes()))
+      return false;
+  }
   if (plan.has_anchor) {
     anchor.out = out_ptr(plan.anchor_out, region, graph, mem, plan);
     for (auto [slot, ptr] :

@@ -143,7 +143,13 @@ struct Program {
   // strides (StridedRead: a transposed or sliced tensor, a column half of
   // a row, a broadcast along any dim); staged like a broadcast operand.
   std::vector<StridedRead> strided;
-  std::vector<void*> outputs;  // contiguous device buffers written
+  std::vector<void*> outputs;  // device buffers written (contiguous unless out_strided says otherwise)
+  // Per output (may be empty: none): an output written through strides
+  // (StridedRead's layout: loop element i goes to buffer element offset +
+  // sum_d i_d * strides[d]); `sizes` empty: written densely. cat's inputs
+  // land at their offsets along the cat dim this way. Computed into a
+  // scratch slot, then scattered.
+  std::vector<StridedRead> out_strided;
   // Per output: its element type; a value stored to an output of another
   // type than float is computed into a scratch slot, then converted.
   std::vector<Elem> out_type;
