@@ -150,12 +150,30 @@ struct Node {
   // `list_len` fresh tensors. Used to rebuild results at execution.
   c10::SmallVector<int, 2> returns;
   c10::SmallVector<int, 2> list_lens;
+  // Bit i: args[i] is a Python number the call passed as a wrapped-number
+  // tensor (`x + 1.0`, `x * 0.5`), kept as its Scalar (a double, int64, bool
+  // or complex double IValue: the wrapped tensor's dtype, wrapped_number_dtype).
+  // It promotes as a wrapped number and is a runtime scalar; the host loop
+  // gives the CPU kernel a wrapped-number tensor again (host::build_stack).
+  uint32_t wrapped = 0;
   int kind = 0;           // jit::PrimKind of the op, from the op table
   bool rng = false;       // consumes a random stream
   uint64_t rng_seed = 0;  // the stream reserved at record time
   SourceLocation where;   // Python file:line that recorded it
   uint64_t seq = 0;       // program order
 };
+
+// Whether args[i] of `n` is a wrapped number kept as a Scalar (Node::wrapped).
+inline bool is_wrapped_arg(const Node& n, size_t i) { return i < 32 && ((n.wrapped >> i) & 1u) != 0; }
+// The dtype of the wrapped-number tensor a Scalar argument `v` stands for
+// (Node::wrapped): double, int64, bool or complex double, as PyTorch's
+// scalar_to_tensor makes them.
+inline c10::ScalarType wrapped_number_dtype(const c10::IValue& v) {
+  return v.isDouble() ? c10::ScalarType::Double
+         : v.isInt()  ? c10::ScalarType::Long
+         : v.isBool() ? c10::ScalarType::Bool
+                      : c10::ScalarType::ComplexDouble;
+}
 
 // Calls f(storage) for each storage node `n` writes: its fresh outputs, then
 // its written arguments (in place, out=).
