@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <exception>
 
+#include "device/block_cache.h"
 #include "device/device.h"
 #include "device/env.h"
 #include "device/kineto_profiler.h"
@@ -338,7 +339,10 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
     m.flush_reasons[static_cast<int>(reason)]++;
     m.add(delta);
   }
-  nodes.clear();  // drop storage references outside the lock
+  {
+    BlockFreeBatch batch;  // the dying intermediates' blocks go back to the cache under one lock
+    nodes.clear();         // drop storage references outside the lock
+  }
   {
     std::lock_guard<std::mutex> lock(c.mu);
     // Keeps the room (nodes is empty), up to 1024 nodes' worth.
