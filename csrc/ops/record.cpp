@@ -628,6 +628,15 @@ MetaCache& meta_cache() {
   return *c;
 }
 
+// The calling thread's meta-key buffer. Out of line, and passed down by
+// reference: the key builders, specialized by the compiler for a
+// thread_local buffer, looked its address up (a __tls_get_addr call: this
+// library's thread_locals are dynamic TLS) at every append.
+__attribute__((noinline)) std::vector<int64_t>& thread_key_buffer() {
+  thread_local std::vector<int64_t> buffer;
+  return buffer;
+}
+
 // A wrapped-number tensor `t` (a Python number passed for a Tensor argument)
 // as the Scalar IValue it was made from, into `*slot`; false for a dtype
 // PyTorch's scalar_to_tensor does not make (the tensor is then kept).
@@ -1180,7 +1189,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
   // The key's buffer is reused by the thread's next op (an allocation less per op).
-  thread_local std::vector<int64_t> key_buffer;
+  std::vector<int64_t>& key_buffer = thread_key_buffer();
   meta_key(op, plan, *stack, first, nargs, key_buffer);
   const bool disk = plan.custom_id == 0;
   const MetaOutcome* cached = key_buffer.empty() ? nullptr : meta_cache().find(schema, key_buffer, disk);
