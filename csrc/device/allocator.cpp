@@ -94,9 +94,11 @@ void registry_add(DeferredStorage* ds) {
   r.head = ds;
 }
 
-void registry_remove(DeferredStorage* ds) {
+// `forget_impl`: also drops the storage's weak reference to its StorageImpl (see drop_external_holder).
+void registry_remove(DeferredStorage* ds, bool forget_impl) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
+  if (forget_impl) ds->impl.reset();
   if (ds->registry_prev)
     ds->registry_prev->registry_next = ds->registry_next;
   else if (r.head == ds)
@@ -139,10 +141,19 @@ DeferredStorage* cow_storage(const void* cow_context) {
 
 // One holder outside the queue (a StorageImpl) is gone. After the last, only
 // queue nodes use the storage and its pending values need not be computed.
-void drop_external_holder(DeferredStorage* ds) {
+// Drops one holder of `ds` outside the queue. `owner`: the holder is the
+// StorageImpl whose DataPtr has `ds` as its context, and that DataPtr is going
+// (the StorageImpl dies, or its memory was replaced): the weak reference to
+// it (DeferredStorage::impl, for adopt_host_buffer, which reads it under the
+// registry's mutex) is dropped now, so the dying StorageImpl is freed at once,
+// as a CPU tensor's is, instead of by the flush that frees `ds`.
+void drop_external_holder(DeferredStorage* ds, bool owner) {
   if (ds->external_holders.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     ds->external_alive.store(false, std::memory_order_release);
-    registry_remove(ds);
+    registry_remove(ds, owner);
+  } else if (owner && ds->impl) {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    ds->impl.reset();
   }
 }
 
@@ -154,7 +165,7 @@ void delete_storage_ctx(void* ctx) {
   auto* ds = static_cast<DeferredStorage*>(ctx);
   // The last lazy clone died unmaterialized: its copy-on-write context is going.
   if (ds->cow_context != nullptr) cow_forget(ds);
-  drop_external_holder(ds);
+  drop_external_holder(ds, /*owner=*/true);
   c10::intrusive_ptr<DeferredStorage>::reclaim(ds);  // drops the StorageImpl's reference
 }
 
@@ -171,7 +182,7 @@ struct AliasCtx {
 
 void delete_alias_ctx(void* ctx) {
   auto* a = static_cast<AliasCtx*>(ctx);
-  drop_external_holder(a->owner.get());
+  drop_external_holder(a->owner.get(), /*owner=*/false);
   delete a;
 }
 
@@ -343,17 +354,19 @@ DeferredStorage::~DeferredStorage() {
 }
 
 bool adopt_host_buffer(DeferredStorage* s, const c10::Storage& buffer) {
-  if (!s->impl || s->nbytes == 0 || buffer.nbytes() != s->nbytes || !buffer.device().is_cpu()) return false;
+  if (s->nbytes == 0 || buffer.nbytes() != s->nbytes || !buffer.device().is_cpu()) return false;
   // No buffer (a ZeroTensor's storage has none), or not the device's alignment (block_alloc).
   const void* data_const = buffer.data();
   if (data_const == nullptr || reinterpret_cast<uintptr_t>(data_const) % 64 != 0) return false;
   void* data = buffer.unsafeGetStorageImpl()->mutable_data();
   // Declared before the lock: if this is the last reference, the StorageImpl
   // dies (and takes the registry lock) after the unlock.
-  c10::intrusive_ptr<c10::StorageImpl> impl = s->impl->lock();
-  if (!impl) return false;
+  c10::intrusive_ptr<c10::StorageImpl> impl;
   Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);  // alias lookups (adopt_alias) read s->data under it
+  // Alias lookups (adopt_alias) read s->data under it; a dying StorageImpl drops s->impl under it.
+  std::lock_guard<std::mutex> lock(reg.mu);
+  if (s->impl) impl = s->impl->lock();
+  if (!impl) return false;
   if (s->address_exported.load(std::memory_order_acquire) || s->host_share.load(std::memory_order_acquire) != nullptr ||
       s->host_owner)
     return false;

@@ -2,6 +2,7 @@
 #include "device/block_cache.h"
 #include "device/fork.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -108,11 +109,58 @@ void* alloc_in(size_t nbytes, int s) {
   return p;
 }
 
+// The small blocks freed while a BlockFreeBatch is alive, by the thread that
+// made it (`owner`; one thread at a time, in practice the flushing one). A
+// global rather than a thread_local: this library's thread_locals cost a
+// __tls_get_addr call (~30 instructions) per access, pthread_self() a load.
+struct FreeBatch {
+  static constexpr int kCap = 64;
+  std::atomic<pthread_t> owner{0};  // 0: none
+  int depth = 0;                    // the owner's BlockFreeBatch scopes; the fields below are the owner's
+  int n = 0;
+  struct Item {
+    void* ptr;
+    size_t size;  // rounded
+    int device;
+  } items[kCap];
+};
+FreeBatch g_batch;
+
+// Returns the batch's blocks to the cache under one lock (those past the
+// small-block limit to the C library, after it).
+void drain(FreeBatch& b) {
+  if (b.n == 0) return;
+  Cache& c = cache();
+  int spill = 0;  // items[0, spill): over the limit
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (int i = 0; i < b.n; ++i) {
+      const FreeBatch::Item it = b.items[i];
+      if (c.small_bytes + static_cast<int64_t>(it.size) > kSmallLimit) {
+        b.items[spill++] = it;
+        continue;
+      }
+      c.small[it.size / 64].push_back({it.ptr, it.device});
+      c.small_bytes += static_cast<int64_t>(it.size);
+      c.bytes += static_cast<int64_t>(it.size);
+      c.device_bytes[it.device] += static_cast<int64_t>(it.size);
+    }
+  }
+  for (int i = 0; i < spill; ++i) std::free(b.items[i].ptr);
+  b.n = 0;
+}
+
 void free_in(void* ptr, size_t nbytes, int device) {
   if (!ptr || in_bad_fork()) return;  // a bad fork leaks: the cache lock may be a dead thread's
   const size_t size = rounded(nbytes);
   g_live_padding[device].fetch_sub(static_cast<int64_t>(size - nbytes));
   if (size <= kSmallMax) {
+    FreeBatch& b = g_batch;
+    if (b.owner.load(std::memory_order_relaxed) == pthread_self()) {
+      if (b.n == FreeBatch::kCap) drain(b);
+      b.items[b.n++] = {ptr, size, device};
+      return;
+    }
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.small_bytes + static_cast<int64_t>(size) <= kSmallLimit) {
@@ -136,6 +184,25 @@ void free_in(void* ptr, size_t nbytes, int device) {
 }
 
 }  // namespace
+
+BlockFreeBatch::BlockFreeBatch() {
+  FreeBatch& b = g_batch;
+  const pthread_t self = pthread_self();
+  pthread_t none = 0;
+  if (b.owner.load(std::memory_order_relaxed) == self || b.owner.compare_exchange_strong(none, self)) {
+    ++b.depth;
+    active_ = true;
+  }
+}
+
+BlockFreeBatch::~BlockFreeBatch() {
+  if (!active_) return;
+  FreeBatch& b = g_batch;
+  if (--b.depth > 0) return;
+  if (!in_bad_fork()) drain(b);
+  b.n = 0;
+  b.owner.store(0, std::memory_order_release);
+}
 
 void* block_alloc(size_t nbytes, int device) { return alloc_in(nbytes, slot(device)); }
 void block_free(void* ptr, size_t nbytes, int device) { free_in(ptr, nbytes, slot(device)); }

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/CPUAllocator.h>
 #include <ATen/ops/empty.h>
@@ -180,6 +181,29 @@ int generator_arg(const c10::FunctionSchema& schema) {
 
 }  // namespace
 
+namespace {
+
+// Writes the Scalar `v` into the 0-dim tensor `t` of its wrapped_number_dtype; returns `t`.
+at::Tensor fill_wrapped(const at::Tensor& t, const c10::IValue& v) {
+  switch (t.scalar_type()) {
+    case c10::ScalarType::Double:
+      *t.mutable_data_ptr<double>() = v.toDouble();
+      break;
+    case c10::ScalarType::Long:
+      *t.mutable_data_ptr<int64_t>() = v.toInt();
+      break;
+    case c10::ScalarType::Bool:
+      *t.mutable_data_ptr<bool>() = v.toBool();
+      break;
+    default:
+      *t.mutable_data_ptr<c10::complex<double>>() = v.toComplexDouble();
+      break;
+  }
+  return t;
+}
+
+}  // namespace
+
 void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t) {
   if (elem < 0) {
     slot = std::move(t);
@@ -194,8 +218,39 @@ void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t) {
   }
 }
 
+at::Tensor wrapped_number(const c10::IValue& v) {
+  // Per thread, a few wrapped numbers per dtype to reuse: one is free when
+  // nothing but this pool holds it or its storage (a kernel's result never
+  // aliases an input that is a wrapped number, but the check costs two loads).
+  constexpr size_t kPool = 8;
+  thread_local at::Tensor pool[kPool];
+  const c10::ScalarType dtype = wrapped_number_dtype(v);
+  at::Tensor* slot = nullptr;
+  for (auto& t : pool) {
+    if (!t.defined()) {
+      if (!slot) slot = &t;
+      continue;
+    }
+    if (t.scalar_type() == dtype && t.use_count() == 1 && t.storage().use_count() == 1) {
+      slot = &t;
+      break;
+    }
+  }
+  if (!slot || !slot->defined()) {
+    at::Tensor t = at::detail::empty_cpu({}, dtype, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    if (!slot) return fill_wrapped(t, v);
+    *slot = std::move(t);
+  }
+  return fill_wrapped(*slot, v);
+}
+
 void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack) {
   stack.assign(n.args.begin(), n.args.end());
+  for (uint32_t w = n.wrapped; w != 0; w &= w - 1) {
+    const int a = __builtin_ctz(w);
+    stack[a] = wrapped_number(stack[a]);
+  }
   // A storage written through a view whose elements share memory is written
   // in place (written_tensor); the op's reads of that storage (torch.add(v, 1,
   // out=v)) must see the same memory as on CPU, not a gathered copy.

@@ -101,9 +101,15 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r);
 // CPU memory, which the caller copies back (the eager path does).
 c10::Storage wrap_device_buffer(DeferredStorage* s, bool resizable = false);
 
+// A wrapped-number CPU tensor (0-dim, the dtype wrapped_number_dtype gives)
+// holding the Scalar argument `v` of a node (Node::wrapped), as the call
+// passed it to CPU's kernel. Taken from a small per-thread pool: valid for
+// one kernel call (the next call may reuse it once nothing else holds it).
+at::Tensor wrapped_number(const c10::IValue& v);
 // Builds the CPU argument stack of `n` (tensors from `mem`, generators seeded
 // from the node's reserved stream) into `stack` (its elements replaced, its
 // capacity kept: a loop over ops reuses one stack instead of allocating one per op).
+// Wrapped numbers kept as Scalars become wrapped-number tensors again (wrapped_number).
 void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack);
 // Calls the op's CPU kernel on `stack` (autograd excluded); for RNG ops
 // without a generator argument, CPU's default generator is seeded with the

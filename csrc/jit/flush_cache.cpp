@@ -204,8 +204,15 @@ void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushK
     w.put(static_cast<uint64_t>(node.returns.size()) | static_cast<uint64_t>(node.list_lens.size()) << 32);
     for (int r : node.returns) w.put(static_cast<uint64_t>(static_cast<int64_t>(r)));
     for (int l : node.list_lens) w.put(static_cast<uint64_t>(static_cast<int64_t>(l)));
-    for (const auto& a : node.args)
-      if (!push_arg(w, a)) cacheable = false;
+    for (size_t a = 0; a < node.args.size(); ++a) {
+      if (is_wrapped_arg(node, a)) {
+        // A wrapped number kept as its Scalar: the words its tensor had (dtype, rank 0).
+        w.room(1);
+        w.put(9 | static_cast<uint64_t>(wrapped_number_dtype(node.args[a])) << 8);
+      } else if (!push_arg(w, node.args[a])) {
+        cacheable = false;
+      }
+    }
   }
   w.room(2 * fs.storages.size());
   for (size_t k = 0; k < fs.storages.size(); ++k) {

@@ -200,8 +200,11 @@ void note_compile(const std::vector<Node>& g, const Region& r, const std::string
       if (!local)
         for (auto b : size_buckets(in.ref)) dims.push_back(b);
     }
-    for (const auto& a : n.args) {
-      if (a.isInt()) {
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const c10::IValue& a = n.args[i];
+      if (is_wrapped_arg(n, i)) {
+        mix(structure, 6);  // a wrapped number: a runtime value, as its tensor was
+      } else if (a.isInt()) {
         mix(structure, 1);
         mix(args, static_cast<uint64_t>(a.toInt()));
       } else if (a.isDouble()) {

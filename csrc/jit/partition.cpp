@@ -574,7 +574,12 @@ uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable, st
       for (auto s : in.ref.strides) mix(h, s == 0 ? 0 : s == 1 ? 1 : 2);
       mix(h, in.written);
     }
-    for (const auto& a : n.args) mix_ivalue(h, a);
+    for (size_t a = 0; a < n.args.size(); ++a) {
+      if (is_wrapped_arg(n, a))
+        mix(h, 1);  // a wrapped number kept as its Scalar: the kind its tensor had, a runtime value
+      else
+        mix_ivalue(h, n.args[a]);
+    }
     for (size_t j = 0; j < n.outputs.size(); ++j) {
       local.get_or(n.outputs[j].storage.get(), static_cast<int>(local.size()));
       mix(h, static_cast<uint64_t>(n.outputs[j].dtype));

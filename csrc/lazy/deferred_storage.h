@@ -106,6 +106,9 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   // result (set when the op is recorded): when a flush makes the CPU kernel's
   // result buffer the device memory (adopt_host_buffer, device/device.h), that
   // DataPtr follows (Tensor.data_ptr() and PyTorch's overlap checks read it).
+  // Dropped when that DataPtr goes (the StorageImpl dies: it is then freed at
+  // once, not kept by this weak reference until the flush frees the storage);
+  // read and dropped under the allocator's registry mutex (device/allocator.cpp).
   std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> impl;
   // When set, `data` is this CPU storage's buffer (adopted from a CPU kernel's
   // result) instead of a block of the block cache; it is freed with it.

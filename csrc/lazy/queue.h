@@ -120,6 +120,54 @@ struct TensorRef {
 };
 TensorRef make_ref(const at::Tensor& t);
 
+// A small vector whose moves relocate inline elements in an inlined loop
+// (and take a heap buffer whole), as Dims does for its ints: SmallVector's
+// generic out-of-line move assignment cost ~570 instructions for the five
+// lists of a recorded `a + b` moved into the queue. A moved-from one is empty.
+template <typename T, unsigned N>
+struct InlineVec : c10::SmallVector<T, N> {
+  using Base = c10::SmallVector<T, N>;
+  using Base::Base;
+  InlineVec() = default;
+  InlineVec(const InlineVec&) = default;
+  InlineVec& operator=(const InlineVec&) = default;
+  InlineVec(InlineVec&& o) noexcept { take(o); }
+  InlineVec& operator=(InlineVec&& o) noexcept {
+    if (this != &o) {
+      this->clear();
+      if (!this->isSmall()) {
+        std::free(this->begin());
+        this->resetToSmall();
+        this->Capacity = N;
+      }
+      take(o);
+    }
+    return *this;
+  }
+
+ private:
+  // Takes `o`'s elements (`this` is empty and inline); `o` is left empty.
+  void take(InlineVec& o) {
+    if (o.isSmall()) {
+      const size_t n = o.size();
+      T* d = this->data();
+      T* from = o.data();
+      for (size_t i = 0; i < n; ++i) {
+        new (d + i) T(std::move(from[i]));
+        from[i].~T();
+      }
+      this->set_size(n);
+      o.set_size(0);
+    } else {
+      this->BeginX = o.BeginX;
+      this->Size = o.Size;
+      this->Capacity = o.Capacity;
+      o.resetToSmall();
+      o.Capacity = N;
+    }
+  }
+};
+
 // A tensor argument of a recorded op: where it sits in the argument list.
 struct InputSlot {
   int arg = 0;    // index into Node::args
@@ -143,19 +191,37 @@ struct SourceLocation {
 struct Node {
   explicit Node(const c10::OperatorHandle& o) : op(o) {}
   c10::OperatorHandle op;
-  c10::SmallVector<c10::IValue, 4> args;  // tensor arguments replaced by None; see inputs
-  c10::SmallVector<InputSlot, 2> inputs;
-  c10::SmallVector<TensorRef, 1> outputs;  // fresh (non-aliasing) tensor results, in return order
+  InlineVec<c10::IValue, 4> args;  // tensor arguments replaced by None; see inputs
+  InlineVec<InputSlot, 2> inputs;
+  InlineVec<TensorRef, 1> outputs;  // fresh (non-aliasing) tensor results, in return order
   // Per schema return: >= 0 aliases inputs[i]; -1 one fresh tensor; -2 a list of
   // `list_len` fresh tensors. Used to rebuild results at execution.
-  c10::SmallVector<int, 2> returns;
-  c10::SmallVector<int, 2> list_lens;
+  InlineVec<int, 2> returns;
+  InlineVec<int, 2> list_lens;
+  // Bit i: args[i] is a Python number the call passed as a wrapped-number
+  // tensor (`x + 1.0`, `x * 0.5`), kept as its Scalar (a double, int64, bool
+  // or complex double IValue: the wrapped tensor's dtype, wrapped_number_dtype).
+  // It promotes as a wrapped number and is a runtime scalar; the host loop
+  // gives the CPU kernel a wrapped-number tensor again (host::build_stack).
+  uint32_t wrapped = 0;
   int kind = 0;           // jit::PrimKind of the op, from the op table
   bool rng = false;       // consumes a random stream
   uint64_t rng_seed = 0;  // the stream reserved at record time
   SourceLocation where;   // Python file:line that recorded it
   uint64_t seq = 0;       // program order
 };
+
+// Whether args[i] of `n` is a wrapped number kept as a Scalar (Node::wrapped).
+inline bool is_wrapped_arg(const Node& n, size_t i) { return i < 32 && ((n.wrapped >> i) & 1u) != 0; }
+// The dtype of the wrapped-number tensor a Scalar argument `v` stands for
+// (Node::wrapped): double, int64, bool or complex double, as PyTorch's
+// scalar_to_tensor makes them.
+inline c10::ScalarType wrapped_number_dtype(const c10::IValue& v) {
+  return v.isDouble() ? c10::ScalarType::Double
+         : v.isInt()  ? c10::ScalarType::Long
+         : v.isBool() ? c10::ScalarType::Bool
+                      : c10::ScalarType::ComplexDouble;
+}
 
 // Calls f(storage) for each storage node `n` writes: its fresh outputs, then
 // its written arguments (in place, out=).

@@ -628,6 +628,38 @@ MetaCache& meta_cache() {
   return *c;
 }
 
+// The calling thread's meta-key buffer. Out of line, and passed down by
+// reference: the key builders, specialized by the compiler for a
+// thread_local buffer, looked its address up (a __tls_get_addr call: this
+// library's thread_locals are dynamic TLS) at every append.
+__attribute__((noinline)) std::vector<int64_t>& thread_key_buffer() {
+  thread_local std::vector<int64_t> buffer;
+  return buffer;
+}
+
+// A wrapped-number tensor `t` (a Python number passed for a Tensor argument)
+// as the Scalar IValue it was made from, into `*slot`; false for a dtype
+// PyTorch's scalar_to_tensor does not make (the tensor is then kept).
+bool wrapped_to_scalar(const at::Tensor& t, c10::IValue* slot) {
+  if (t.dim() != 0 || !t.device().is_cpu()) return false;
+  switch (t.scalar_type()) {
+    case c10::ScalarType::Double:
+      *slot = *t.const_data_ptr<double>();
+      return true;
+    case c10::ScalarType::Long:
+      *slot = *t.const_data_ptr<int64_t>();
+      return true;
+    case c10::ScalarType::Bool:
+      *slot = *t.const_data_ptr<bool>();
+      return true;
+    case c10::ScalarType::ComplexDouble:
+      *slot = *t.const_data_ptr<c10::complex<double>>();
+      return true;
+    default:
+      return false;
+  }
+}
+
 void key_tensor(std::vector<int64_t>& k, const at::Tensor& t) {
   if (!t.defined()) {
     k.push_back(-7);
@@ -1157,7 +1189,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
   // The key's buffer is reused by the thread's next op (an allocation less per op).
-  thread_local std::vector<int64_t> key_buffer;
+  std::vector<int64_t>& key_buffer = thread_key_buffer();
   meta_key(op, plan, *stack, first, nargs, key_buffer);
   const bool disk = plan.custom_id == 0;
   const MetaOutcome* cached = key_buffer.empty() ? nullptr : meta_cache().find(schema, key_buffer, disk);
@@ -1377,6 +1409,12 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       // wrapped number (a clone drops the flag; the CPU kernel would then promote
       // float32 * 0.1 to float64).
       if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        // A top-level one (all a Python call makes) is kept as its Scalar
+        // (Node::wrapped): the tensor is freed at the call, as CPU eager frees it.
+        if (elem < 0 && arg < 32 && wrapped_to_scalar(t, &slot)) {
+          node.wrapped |= 1u << arg;
+          return;
+        }
         host::set_tensor_slot(slot, elem, t);
         return;
       }

@@ -201,15 +201,26 @@ struct Part {
   std::vector<size_t> pos;
   std::vector<std::vector<char>> materialize;
   PrimKind anchor = PrimKind::kElementwise;
-  // This run's region of the part.
-  Region bind(const Region& region) const {
-    Region r;
-    r.anchor = anchor;
-    r.nodes.reserve(pos.size());
-    for (size_t p : pos) r.nodes.push_back(region.nodes[p]);
-    r.materialize = materialize;
-    return r;
+  // This run's region of the part: valid until the next bind of this part.
+  // Only its node indices change from run to run, so the region is kept
+  // with the part and they are rewritten in place (a copy of the
+  // materialize flags was one allocation per op of the part, every run).
+  const Region& bind(const Region& region) const {
+    if (!ready_) {
+      bound_.anchor = anchor;
+      bound_.materialize = materialize;
+      ready_ = true;
+    }
+    bound_.nodes.resize(pos.size());
+    for (size_t k = 0; k < pos.size(); ++k) bound_.nodes[k] = region.nodes[pos[k]];
+    return bound_;
   }
+  // Set the materialize flags again (they changed after a bind).
+  void forget_bound() { ready_ = false; }
+
+ private:
+  mutable Region bound_;  // kept with the part; its kernel runs one region at a time (TpuKernel::mu_)
+  mutable bool ready_ = false;
 };
 
 Part make_part(const Region& region, const std::vector<size_t>& pos, PrimKind anchor) {
@@ -299,6 +310,7 @@ void plan_matmul_epilogue(const Region& region, const std::vector<Node>& graph, 
   const Region t = tail.bind(region);
   materialize_read_by(t, h, graph);
   head.materialize = h.materialize;
+  head.forget_bound();
   for (size_t j = 0; j < h.materialize[0].size(); ++j)
     if (h.materialize[0][j] && !region.materialize[0][j]) plan->handed_over.push_back(j);
   std::vector<size_t> all(tp.size());
@@ -393,7 +405,7 @@ void run_all(TpuPlan& plan, const Region& r, std::vector<Node>& graph, RegionSta
 // Runs the tail of a split region: its fused loops when they bind, else op by op.
 void run_tail(const CompiledRegion& info, TpuPlan& plan, const Region& region, std::vector<Node>& graph,
               host::HostMemory& mem, RegionStats& stats, TpuHooks& hooks, int prec) {
-  const Region t = plan.tail.bind(region);
+  const Region& t = plan.tail.bind(region);
   if (bind_all(plan.tail_loops, t, graph, mem)) {
     run_all(plan, t, graph, stats, hooks, prec);
     return;
