@@ -41,89 +41,10 @@ enum class FlushReason : int {
 };
 const char* flush_reason_name(FlushReason r);
 
-// Snapshot of a tensor's view of a deferred storage at record time:
-// (storage, dtype, sizes, strides, storage offset). Later metadata changes of
-// the tensor (resize_, set_, t_) do not affect a recorded op.
-// Sizes or strides of a recorded tensor, held inline up to 6 dims: recording
-// an op builds one TensorRef per tensor, and two heap vectors each were ~10%
-// of the record path. Converts to std::vector for the stages that keep them.
-// Moves and set() copy inline dims in an inlined loop: SmallVector's
-// out-of-line move (and its memcpy call) cost ~55 instructions per Dims, and
-// moving a recorded Node into the queue moves six of them.
-struct Dims : c10::SmallVector<int64_t, 6> {
-  using c10::SmallVector<int64_t, 6>::SmallVector;
-  Dims() = default;
-  Dims(const Dims&) = default;
-  Dims& operator=(const Dims&) = default;
-  Dims(Dims&& o) noexcept { take(o); }
-  Dims& operator=(Dims&& o) noexcept {
-    if (this != &o) {
-      release();
-      take(o);
-    }
-    return *this;
-  }
-  Dims(const std::vector<int64_t>& v) : c10::SmallVector<int64_t, 6>(v.begin(), v.end()) {}  // NOLINT: implicit
-  operator std::vector<int64_t>() const { return std::vector<int64_t>(begin(), end()); }     // NOLINT: implicit
-  operator c10::IntArrayRef() const { return c10::IntArrayRef(data(), size()); }             // NOLINT: implicit
-  // Replaces the dims by `v`.
-  void set(c10::IntArrayRef v) {
-    if (v.size() > kInline || !this->isSmall()) {
-      assign(v.begin(), v.end());
-      return;
-    }
-    int64_t* d = data();
-    for (size_t i = 0; i < v.size(); ++i) d[i] = v[i];
-    this->set_size(v.size());
-  }
-
- private:
-  static constexpr size_t kInline = 6;
-  // Frees a heap buffer; the dims are then empty and inline.
-  void release() {
-    if (!this->isSmall()) std::free(this->begin());
-    this->resetToSmall();
-    this->Capacity = kInline;
-  }
-  // Takes `o`'s dims (`this` is empty and inline); `o` is left empty.
-  void take(Dims& o) {
-    if (o.isSmall()) {
-      const size_t n = o.size();
-      int64_t* d = data();
-      const int64_t* from = o.data();
-      for (size_t i = 0; i < n; ++i) d[i] = from[i];
-      this->set_size(n);
-      o.set_size(0);
-    } else {
-      this->BeginX = o.BeginX;
-      this->Size = o.Size;
-      this->Capacity = o.Capacity;
-      o.resetToSmall();
-      o.Capacity = kInline;
-    }
-  }
-};
-
-struct TensorRef {
-  StoragePtr storage;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  Dims sizes;
-  Dims strides;
-  int64_t offset = 0;
-  bool conj = false;  // conjugate / negative view bits of the tensor
-  bool neg = false;
-
-  int64_t numel() const;
-  int64_t nbytes() const;       // numel * itemsize
-  bool is_dense() const;        // row-major contiguous strides (size-1 dims may have any stride)
-  bool covers_storage() const;  // every byte of its storage once, from offset 0, in some order of its dims
-};
-TensorRef make_ref(const at::Tensor& t);
-
 // A small vector whose moves relocate inline elements in an inlined loop
-// (and take a heap buffer whole), as Dims does for its ints: SmallVector's
-// generic out-of-line move assignment cost ~570 instructions for the five
-// lists of a recorded `a + b` moved into the queue. A moved-from one is empty.
+// (and take a heap buffer whole): SmallVector's generic out-of-line move
+// assignment cost ~570 instructions for the five lists of a recorded `a + b`
+// moved into the queue. A moved-from one is empty.
 template <typename T, unsigned N>
 struct InlineVec : c10::SmallVector<T, N> {
   using Base = c10::SmallVector<T, N>;
@@ -167,6 +88,50 @@ struct InlineVec : c10::SmallVector<T, N> {
     }
   }
 };
+
+// Sizes or strides of a recorded tensor, held inline up to 6 dims: recording
+// an op builds one TensorRef per tensor, and two heap vectors each were ~10%
+// of the record path. Converts to std::vector for the stages that keep them.
+// Moves (InlineVec's) and set() copy inline dims in an inlined loop:
+// SmallVector's out-of-line move (and its memcpy call) cost ~55 instructions
+// per Dims, and moving a recorded Node into the queue moves six of them.
+struct Dims : InlineVec<int64_t, 6> {
+  using InlineVec<int64_t, 6>::InlineVec;
+  static constexpr size_t kInline = 6;
+  Dims() = default;
+  Dims(const std::vector<int64_t>& v) : InlineVec<int64_t, 6>(v.begin(), v.end()) {}      // NOLINT: implicit
+  operator std::vector<int64_t>() const { return std::vector<int64_t>(begin(), end()); }  // NOLINT: implicit
+  operator c10::IntArrayRef() const { return c10::IntArrayRef(data(), size()); }          // NOLINT: implicit
+  // Replaces the dims by `v`.
+  void set(c10::IntArrayRef v) {
+    if (v.size() > kInline || !this->isSmall()) {
+      assign(v.begin(), v.end());
+      return;
+    }
+    int64_t* d = data();
+    for (size_t i = 0; i < v.size(); ++i) d[i] = v[i];
+    this->set_size(v.size());
+  }
+};
+
+// Snapshot of a tensor's view of a deferred storage at record time:
+// (storage, dtype, sizes, strides, storage offset). Later metadata changes of
+// the tensor (resize_, set_, t_) do not affect a recorded op.
+struct TensorRef {
+  StoragePtr storage;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  Dims sizes;
+  Dims strides;
+  int64_t offset = 0;
+  bool conj = false;  // conjugate / negative view bits of the tensor
+  bool neg = false;
+
+  int64_t numel() const;
+  int64_t nbytes() const;       // numel * itemsize
+  bool is_dense() const;        // row-major contiguous strides (size-1 dims may have any stride)
+  bool covers_storage() const;  // every byte of its storage once, from offset 0, in some order of its dims
+};
+TensorRef make_ref(const at::Tensor& t);
 
 // A tensor argument of a recorded op: where it sits in the argument list.
 struct InputSlot {

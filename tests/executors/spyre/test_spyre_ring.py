@@ -94,17 +94,26 @@ def _merge(kind, a, b):
     return [m, ta[1] * (ta[0] - m).exp() + tb[1] * (tb[0] - m).exp()], 0.0
 
 
-def _ring_total(kind, x32, dims, sched):
+def _ordered_total(x32, sched, partial, merge):
+    """partial(lo, hi) of each corelet's rows [lo, hi), merged in the ring's order: corelet 0
+    then 1, a core's tiles in order, cores in order (merge(a, b): b holds the later rows)."""
     total = None
     for steps in _segments(x32.shape[0], sched):
         acc = None
         for halves in steps:
             part = None
             for lo, hi in halves:
-                part = _merge(kind, part, _partial(kind, x32[lo:hi], lo, dims))
-            acc = _merge(kind, acc, part)
-        total = _merge(kind, total, acc)
+                q = partial(lo, hi)
+                part = q if part is None else merge(part, q)
+            acc = part if acc is None else merge(acc, part)
+        total = acc if total is None else merge(total, acc)
     return total
+
+
+def _ring_total(kind, x32, dims, sched):
+    return _ordered_total(
+        x32, sched, lambda lo, hi: _partial(kind, x32[lo:hi], lo, dims), lambda a, b: _merge(kind, a, b)
+    )
 
 
 def _check(got, ref, dtype):

@@ -21,7 +21,7 @@ import torch
 
 from difftest import requires_tpu
 from test_spyre_numerics import df16_ref, same, store
-from test_spyre_ring import SHAPE_IDS, SHAPES, _close, _schedule, _segments
+from test_spyre_ring import SHAPE_IDS, SHAPES, _close, _ordered_total, _schedule
 
 pytestmark = requires_tpu
 
@@ -112,21 +112,6 @@ def _norm_partial(seg, ord_, dims):
     return seg.abs().pow(ord_).sum(dim=dims, keepdim=True)
 
 
-def _ordered_total(x32, dims, sched, partial, merge):
-    """partial() of each corelet's rows, merged corelet 0 then 1, tiles in order, cores in order."""
-    total = None
-    for steps in _segments(x32.shape[0], sched):
-        acc = None
-        for halves in steps:
-            part = None
-            for lo, hi in halves:
-                q = partial(x32[lo:hi], dims)
-                part = q if part is None else merge(part, q)
-            acc = part if acc is None else merge(acc, part)
-        total = acc if total is None else merge(total, acc)
-    return total
-
-
 def _norm_merge(ord_):
     if ord_ == float("inf"):
         return torch.maximum
@@ -168,7 +153,7 @@ def test_norm_sums_df16_powers_over_the_ring(spyre_target, dtype, shape, special
     for ord_, dims, f in cases:
         got = f(d).cpu()
         s = _schedule()
-        total = _ordered_total(x, dims, s, lambda seg, dm: _norm_partial(seg, ord_, dm), _norm_merge(ord_))
+        total = _ordered_total(x, s, lambda lo, hi: _norm_partial(x[lo:hi], ord_, dims), _norm_merge(ord_))
         ref = _norm_root(total, ord_).reshape(got.shape)
         assert got.dtype == dtype
         want = ref if dtype == torch.float32 else store(ref, dtype)
@@ -208,7 +193,7 @@ def test_aminmax_count_any_all_nansum(spyre_target, dtype, shape):
     for dims in [(0,), (0, 1)]:
         got = torch.nansum(d, dims).cpu()
         s = _schedule()
-        total = _ordered_total(x, dims, s, lambda seg, dm: torch.nansum(seg, dim=dm, keepdim=True), torch.add).reshape(
+        total = _ordered_total(x, s, lambda lo, hi: torch.nansum(x[lo:hi], dim=dims, keepdim=True), torch.add).reshape(
             got.shape
         )
         assert got.dtype == dtype
