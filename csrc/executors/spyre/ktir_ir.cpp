@@ -1258,6 +1258,11 @@ bool ktir_is_scan(KtirTilePlan::Combine c) {
          c == KtirTilePlan::kCummin;
 }
 
+bool ktir_is_order(KtirTilePlan::Combine c) {
+  return c == KtirTilePlan::kSort || c == KtirTilePlan::kTopk || c == KtirTilePlan::kKthvalue ||
+         c == KtirTilePlan::kMedian || c == KtirTilePlan::kNanMedian || c == KtirTilePlan::kMode;
+}
+
 namespace {
 
 // The op table's primitive kind of an op by its KTIR name ("add.Tensor");
@@ -1304,6 +1309,13 @@ KtirTilePlan::Combine ring_combine_of(const std::string& op) {
   if (base == "count_nonzero") return KtirTilePlan::kCountNonzero;
   if (base == "any") return KtirTilePlan::kAny;
   if (base == "all") return KtirTilePlan::kAll;
+  // The order statistics (argsort and msort record sort.stable).
+  if (base == "sort") return KtirTilePlan::kSort;
+  if (base == "topk") return KtirTilePlan::kTopk;
+  if (base == "kthvalue") return KtirTilePlan::kKthvalue;
+  if (base == "median") return KtirTilePlan::kMedian;
+  if (base == "nanmedian") return KtirTilePlan::kNanMedian;
+  if (base == "mode") return KtirTilePlan::kMode;
   return KtirTilePlan::kNone;
 }
 
@@ -1509,9 +1521,14 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
         return whole(o.op + " has no ring combine");
       }
       if (c10::isComplexType(p.views[operands[0]].dtype)) return whole(o.op + " of complex values over the ring");
+      const bool order = ktir_is_order(plan.combine);
       const bool multi = plan.combine == KtirTilePlan::kVar || plan.combine == KtirTilePlan::kLayerNorm ||
                          plan.combine == KtirTilePlan::kNllLoss || plan.combine == KtirTilePlan::kMinMax ||
-                         is_extremum_scan(plan.combine) || o.op == "max.dim" || o.op == "min.dim";
+                         is_extremum_scan(plan.combine) || o.op == "max.dim" || o.op == "min.dim" || order;
+      // The result views: fresh results, or an order statistic's out= operands
+      // (median.dim_values(x, 0, False, %values, %indices)).
+      plan.ring_outs = o.results;
+      if (order && o.results.empty()) plan.ring_outs = written;
       // nll_loss: its target has the rows too, split and loaded with them.
       int nll_target = -1;
       if (plan.combine == KtirTilePlan::kNllLoss) {
@@ -1522,12 +1539,14 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
         if (nll_target < 0 || !(state[nll_target] == 1 || (state[nll_target] == -1 && candidate[nll_target])))
           return whole(o.op + ": a target that is not split with the rows");
       }
-      if (o.results.empty() || (!multi && o.results.size() != 1) || !written.empty())
+      const auto& outs_r = plan.ring_outs;
+      if (outs_r.empty() || (!multi && outs_r.size() != 1) || (!written.empty() && !(order && o.results.empty())))
         return whole(o.op + ": a ring reduction with fresh results");
-      for (int r : o.results)
+      for (int r : outs_r)
         if (r < 0) return whole(o.op + ": a ring reduction with fresh results");
       for (size_t j = 1; j < operands.size(); ++j) {
         if (operands[j] == nll_target) continue;
+        if (std::find(outs_r.begin(), outs_r.end(), operands[j]) != outs_r.end()) continue;  // out= results
         if (state[operands[j]] == 1) return whole(o.op + ": a second split operand");
         if (state[operands[j]] == -1) state[operands[j]] = 0;  // layer_norm's weight/bias: read per row range
       }
@@ -1537,7 +1556,8 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       const KtirValue* dim = arg_named(o, schema, "dim");
       const std::set<int64_t> d = dims_of(dim, rank0);
       plan.ring_dims.assign(d.begin(), d.end());
-      plan.ring_flat = (plan.combine == KtirTilePlan::kArgMax || plan.combine == KtirTilePlan::kArgMin) &&
+      plan.ring_flat = (plan.combine == KtirTilePlan::kArgMax || plan.combine == KtirTilePlan::kArgMin ||
+                        plan.combine == KtirTilePlan::kMedian || plan.combine == KtirTilePlan::kNanMedian) &&
                        (!dim || dim->kind == KtirValue::kNone);
       plan.ring_values = o.op == "max.dim" || o.op == "min.dim";
       plan.normalize = plan.combine == KtirTilePlan::kSoftmax || plan.combine == KtirTilePlan::kLogSoftmax ||
@@ -1548,14 +1568,27 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       if (plan.normalize && !is_scan(plan.combine) && p.views[operands[0]].lx) plan.keep[operands[0]] = 1;
       const bool two = multi || (plan.normalize && !is_scan(plan.combine)) || plan.combine == KtirTilePlan::kArgMax ||
                        plan.combine == KtirTilePlan::kArgMin || plan.combine == KtirTilePlan::kLogSumExp ||
-                       is_extremum_scan(plan.combine);
+                       is_extremum_scan(plan.combine) || order;
       plan.ring_stats = two ? 2 : 1;  // (mean, M2), (max, sum), (value, index); the counts follow from the tiling
       plan.ring_dtype = p.views[operands[0]].dtype == c10::kDouble ? c10::kDouble : c10::kFloat;
       const auto& in = p.views[operands[0]].sizes;
       plan.ring_count = 1;
       for (int64_t x : plan.ring_dims)
         if (x >= 0 && x < static_cast<int64_t>(in.size())) plan.ring_count *= in[x];
-      for (int r : o.results) state[r] = 2;
+      if (order) {
+        // A hop of the chain carries the runs of the cores before it: on
+        // average half the rows (topk: at most k of them).
+        std::vector<int64_t> ps = in;
+        if (plan.ring_flat) ps = {static_cast<int64_t>(plan.ring_count)};
+        if (!ps.empty()) {
+          ps[0] = (ps[0] + 1) / 2;
+          const KtirValue* kv = arg_named(o, schema, "k");
+          if (plan.combine == KtirTilePlan::kTopk && kv && kv->kind == KtirValue::kInt)
+            ps[0] = std::min(ps[0], std::max<int64_t>(kv->i, 1));
+        }
+        plan.ring_payload_sizes = std::move(ps);
+      }
+      for (int r : outs_r) state[r] = 2;
       plan.phase[k] = KtirTilePlan::kRing;
       plan.ring_op = static_cast<int>(k);
       ring_seen = true;
@@ -1708,8 +1741,10 @@ struct RingParams {
   int target = -1;        // nll_loss
   int64_t reduction = 1;  // nll_loss: 1 mean, 2 sum
   int64_t ignore_index = -100;
-  int64_t row_elems = 1;  // elements of one row of the input (flat argmax/argmin indices)
-  double ord = 2;         // norm: the order (inf, -inf, 0, 1, 2, any p)
+  int64_t row_elems = 1;    // elements of one row of the input (flat argmax/argmin indices)
+  double ord = 2;           // norm: the order (inf, -inf, 0, 1, 2, any p)
+  int64_t k = 1;            // topk, kthvalue
+  bool descending = false;  // sort's descending, topk's largest: the run's order
 };
 
 RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
@@ -1741,6 +1776,11 @@ RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
   if (!ord) ord = arg_named(o, schema, "p");
   if (ord && ord->kind == KtirValue::kInt) rp.ord = static_cast<double>(ord->i);
   if (ord && ord->kind == KtirValue::kFloat) rp.ord = ord->f;
+  if (const KtirValue* k = arg_named(o, schema, "k"))
+    if (k->kind == KtirValue::kInt) rp.k = k->i;
+  const KtirValue* desc = arg_named(o, schema, "descending");
+  if (!desc) desc = arg_named(o, schema, "largest");
+  if (desc && desc->kind == KtirValue::kBool) rp.descending = desc->b;
   return rp;
 }
 
@@ -2106,6 +2146,131 @@ std::pair<at::Tensor, at::Tensor> extremum_merge_rows(bool is_max, const at::Ten
   return {v, ix};
 }
 
+// An order statistic's sorted run of a set of columns: values [inner, n]
+// (each row of the tensor one column of the input, sorted) and the input
+// rows they come from [inner, n] (int64), both contiguous.
+struct OrderRun {
+  at::Tensor v, i;
+  bool empty() const { return !v.defined(); }
+};
+
+// True when `b` goes strictly before `a` in the run's order: ascending with
+// NaN after every number, or descending with NaN before (CPU's sort and topk
+// order); equal values (0.0 and -0.0, NaN and NaN) are not, so the earlier
+// run's element stays first (stable).
+template <typename T>
+inline bool order_before(T b, T a, bool desc) {
+  const bool bn = b != b, an = a != a;  // false for integers
+  return desc ? (bn && !an) || b > a : (!bn && an) || b < a;
+}
+
+template <typename T>
+void order_merge_loop(const T* av, const int64_t* ai, int64_t na, const T* bv, const int64_t* bi, int64_t nb,
+                      int64_t inner, int64_t n_out, bool desc, T* ov, int64_t* oi) {
+  for (int64_t j = 0; j < inner; ++j) {
+    const T *a = av + j * na, *b = bv + j * nb;
+    const int64_t *ax = ai + j * na, *bx = bi + j * nb;
+    T* o = ov + j * n_out;
+    int64_t* ox = oi + j * n_out;
+    int64_t p = 0, q = 0;
+    for (int64_t r = 0; r < n_out; ++r) {
+      if (q < nb && (p >= na || order_before(b[q], a[p], desc))) {
+        o[r] = b[q], ox[r] = bx[q++];
+      } else {
+        o[r] = a[p], ox[r] = ax[p++];
+      }
+    }
+  }
+}
+
+// The stable merge of run `a` (earlier rows) and run `b` (later rows), the
+// first `limit` of it (topk's k; -1: all).
+OrderRun order_merge(const OrderRun& a, const OrderRun& b, bool desc, int64_t limit) {
+  if (a.empty()) return b;
+  if (b.empty()) return a;
+  const int64_t inner = a.v.size(0), na = a.v.size(1), nb = b.v.size(1);
+  const int64_t n = limit >= 0 ? std::min(limit, na + nb) : na + nb;
+  OrderRun r{at::empty({inner, n}, a.v.options()), at::empty({inner, n}, a.i.options())};
+  AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, a.v.scalar_type(), "order_merge", [&] {
+    order_merge_loop<scalar_t>(a.v.const_data_ptr<scalar_t>(), a.i.const_data_ptr<int64_t>(), na,
+                               b.v.const_data_ptr<scalar_t>(), b.i.const_data_ptr<int64_t>(), nb, inner, n, desc,
+                               r.v.mutable_data_ptr<scalar_t>(), r.i.mutable_data_ptr<int64_t>());
+  });
+  return r;
+}
+
+// mode from the ascending run: per column the most frequent value (the
+// first of the runs of equal values with the largest count: the smallest
+// value on a tie of counts; NaN != NaN, so each NaN is a run of one, as in
+// CPU's scan) and the index of its last occurrence in the run (the largest
+// row holding it: equal values stay in row order).
+template <typename T>
+void order_mode_loop(const T* v, const int64_t* ix, int64_t inner, int64_t n, T* ov, int64_t* oi) {
+  for (int64_t j = 0; j < inner; ++j) {
+    const T* c = v + j * n;
+    int64_t best = 0, best_f = 0, f = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      ++f;
+      if (r == n - 1 || c[r] != c[r + 1]) {
+        if (f > best_f) best_f = f, best = r;
+        f = 0;
+      }
+    }
+    ov[j] = c[best];
+    oi[j] = ix[j * n + best];
+  }
+}
+
+// The results of an order statistic from the merged run of every row
+// (values [inner, N], indices): sort (values, indices) and topk (the first
+// k) as [N or k, ...]; kthvalue the k-th smallest; median the element at
+// (N - 1) / 2, or the first NaN of a column holding one; nanmedian the
+// element at (m - 1) / 2 of the m non-NaN ones (an all-NaN column: its
+// first NaN); mode (order_mode_loop). Shaped as `outs` (the result views).
+std::vector<at::Tensor> order_finish(const KtirTilePlan& P, const RingParams& rp, const OrderRun& t,
+                                     const std::vector<at::Tensor>& outs) {
+  const int64_t inner = t.v.size(0), N = t.v.size(1);
+  std::vector<at::Tensor> r;
+  switch (P.combine) {
+    case KtirTilePlan::kSort:
+      r = {t.v.t(), t.i.t()};
+      break;
+    case KtirTilePlan::kTopk: {
+      const int64_t k = std::min(rp.k, N);
+      r = {t.v.narrow(1, 0, k).t(), t.i.narrow(1, 0, k).t()};
+      break;
+    }
+    case KtirTilePlan::kKthvalue:
+      TORCH_CHECK_INDEX(rp.k >= 1 && rp.k <= N, "kthvalue(): selected number k out of range for dimension 0");
+      r = {t.v.select(1, rp.k - 1), t.i.select(1, rp.k - 1)};
+      break;
+    case KtirTilePlan::kMedian:
+    case KtirTilePlan::kNanMedian: {
+      const at::Tensor nan = t.v.isnan().sum(1, true);  // NaN sort last: [N - nan, N)
+      at::Tensor pos;
+      if (P.combine == KtirTilePlan::kMedian) {
+        pos = at::where(nan.gt(0), nan.neg().add(N), at::zeros({}, nan.options()).add_((N - 1) / 2));
+      } else {
+        const at::Tensor m = nan.neg().add(N);
+        pos = at::where(m.gt(0), m.sub(1).div(2, "floor"), at::zeros({}, nan.options()));
+      }
+      r = {t.v.gather(1, pos).squeeze(1), t.i.gather(1, pos).squeeze(1)};
+      break;
+    }
+    default: {  // kMode
+      at::Tensor v = at::empty({inner}, t.v.options()), ix = at::empty({inner}, t.i.options());
+      AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, t.v.scalar_type(), "order_mode", [&] {
+        order_mode_loop<scalar_t>(t.v.const_data_ptr<scalar_t>(), t.i.const_data_ptr<int64_t>(), inner, N,
+                                  v.mutable_data_ptr<scalar_t>(), ix.mutable_data_ptr<int64_t>());
+      });
+      r = {v, ix};
+    }
+  }
+  for (size_t j = 0; j < r.size() && j < outs.size(); ++j) r[j] = r[j].reshape(outs[j].sizes());
+  r.resize(std::min(r.size(), outs.size()));
+  return r;
+}
+
 // The results of a reducing ring op from the ring's total (before rounding).
 std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp, const RingPart& total) {
   switch (P.combine) {
@@ -2281,7 +2446,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     for_each_view_operand(ring->args[0], [&](int v) {
       if (ring_in < 0) ring_in = v;
     });
-    const c10::ScalarType in_t = p.views[ring_in].dtype, out_t = p.views[ring->results[0]].dtype;
+    const c10::ScalarType in_t = p.views[ring_in].dtype, out_t = p.views[P.ring_outs.at(0)].dtype;
     if (c10::isFloatingType(in_t))
       acc_dtype = in_t == c10::kDouble || out_t == c10::kDouble ? c10::kDouble : c10::kFloat;
     else
@@ -2292,6 +2457,9 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     rp = ring_params(*ring, p.views[ring_in].sizes);
   }
   std::vector<RingPart> acc(P.tiling.cores_used);
+  // An order statistic: each core's sorted run of its rows so far.
+  std::vector<OrderRun> runs(P.tiling.cores_used);
+  const bool order = ring && ktir_is_order(P.combine);
   // The batched accumulators (all ring ops but nll_loss and the scans): per
   // statistic one [cores_used, ...] tensor, per core whether it has rows yet
   // and its element count.
@@ -2386,6 +2554,46 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               acc[c] = ring_merge(P, rp, std::move(acc[c]), part);
             }
           };
+          if (order) {
+            // Each core sorts its rows of the step per column (stable; its
+            // two corelets' sorted halves merged give the same run, the merge
+            // being a selection) and merges the run into the one of its
+            // earlier tiles; topk keeps the first k. Cores with equal rows
+            // sort as one batch: the step's columns [inner, G, rows], sorted
+            // along the rows. Without a dim (median()), the flattened elements
+            // form one column.
+            const int64_t n_rows = x.size(0);
+            const int64_t scale = P.ring_flat ? (n_rows > 0 ? x.numel() / n_rows : 1) : 1;
+            const at::Tensor cols =
+                (P.ring_flat ? x.reshape({1, -1}) : x.reshape({n_rows, -1}).t()).contiguous();  // [inner, elems]
+            const int64_t inner = cols.size(0);
+            const int64_t limit = P.combine == KtirTilePlan::kTopk ? std::max<int64_t>(rp.k, 0) : -1;
+            int64_t off = 0;
+            for (size_t c = 0; c < cores.size();) {
+              const int64_t rows = cores[c].second - cores[c].first;
+              if (rows == 0) {
+                ++c;
+                continue;
+              }
+              size_t e = c + 1;
+              while (e < cores.size() && cores[e].second - cores[e].first == rows) ++e;
+              const int64_t G = static_cast<int64_t>(e - c), len = rows * scale;
+              auto [sv, si] =
+                  cols.narrow(1, off, G * len).view({inner, G, len}).sort(/*stable=*/true, 2, rp.descending);
+              std::vector<int64_t> firsts(G);
+              for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first * scale;
+              si.add_(at::tensor(firsts, at::kLong).view({1, G, 1}));
+              const int64_t keep = limit >= 0 ? std::min(limit, len) : len;
+              for (int64_t g = 0; g < G; ++g) {
+                OrderRun part{sv.select(1, g).narrow(1, 0, keep).contiguous(),
+                              si.select(1, g).narrow(1, 0, keep).contiguous()};
+                runs[c + g] = order_merge(runs[c + g], part, rp.descending, limit);
+              }
+              off += G * len;
+              c = e;
+            }
+            return;
+          }
           if (P.combine == KtirTilePlan::kNllLoss) {
             // Per corelet: (sum of -w[t] x[i, t], sum of w[t]) over its rows,
             // w[t] = 0 where t is ignore_index.
@@ -2562,6 +2770,38 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   if (ring && !failed[P.ring_op]) {
     // The ring: core 0's partial passes to core 1, which merges its own, and so on.
     run_op(P.ring_op, views, [&] {
+      if (order) {
+        // The ring merges the cores' runs in core order (earlier rows first
+        // on ties). A stable merge is associative (any grouping gives the
+        // stable order of the rows), so the cores_used - 1 merges run as a
+        // tree: core 2j with 2j + 1, then the pairs, ... with the chain's values.
+        std::vector<OrderRun> level;
+        for (auto& r : runs)
+          if (!r.empty()) level.push_back(std::move(r));
+        const int64_t limit = P.combine == KtirTilePlan::kTopk ? std::max<int64_t>(rp.k, 0) : -1;
+        if (walk && !level.empty()) walk->ring_steps += static_cast<int64_t>(level.size()) - 1;
+        while (level.size() > 1) {
+          std::vector<OrderRun> next;
+          for (size_t j = 0; j + 1 < level.size(); j += 2)
+            next.push_back(order_merge(level[j], level[j + 1], rp.descending, limit));
+          if (level.size() % 2) next.push_back(std::move(level.back()));
+          level = std::move(next);
+        }
+        TORCH_CHECK(!level.empty(), "ktir_execute: an order statistic over no rows");
+        std::vector<at::Tensor> outs;
+        for (int r : P.ring_outs) outs.push_back(views[r]);
+        const std::vector<at::Tensor> vals = order_finish(P, rp, level[0], outs);
+        for (size_t j = 0; j < vals.size(); ++j) {
+          const c10::ScalarType t = p.views[P.ring_outs[j]].dtype;
+          // Values are stored values (selections: no rounding), indices int64.
+          outs[j].copy_(vals[j].to(t));
+        }
+        if (ring->results.empty())
+          hooks.after_op(P.ring_op, {}, outs);
+        else
+          hooks.after_op(P.ring_op, outs, {});
+        return;
+      }
       const bool chain = (P.combine == KtirTilePlan::kSoftmax || P.combine == KtirTilePlan::kLogSoftmax) &&
                          acc_b.size() == 2 && acc_b[1].scalar_type() == c10::kFloat;
       const bool every_core = !acc_b.empty() && std::all_of(acc_has.begin(), acc_has.end(), [](char h) { return h; });

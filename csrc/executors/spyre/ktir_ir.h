@@ -201,6 +201,12 @@ struct KtirTilePlan {
   // the ring with CPU's rule (the later element wins on ties and NaN wins).
   // kNanSum adds partials with NaNs as 0, kCountNonzero int64 counts of
   // x != 0, kAny/kAll or/and the partials of x != 0.
+  // The order statistics (kSort, kTopk, kKthvalue, kMedian, kNanMedian,
+  // kMode; ktir_is_order) keep per core a sorted run of its rows (values and
+  // their row indices per column, stable: equal values in row order, NaN
+  // after every number ascending, before descending), merged stably in tile
+  // order and then in core order; topk keeps the first k of each run. The
+  // result is read off the merged order (docs/ktir.md, "Order statistics").
   enum Combine : uint8_t {
     kNone,
     kSum,
@@ -225,7 +231,13 @@ struct KtirTilePlan {
     kNanSum,
     kCountNonzero,
     kAny,
-    kAll
+    kAll,
+    kSort,
+    kTopk,
+    kKthvalue,
+    kMedian,
+    kNanMedian,
+    kMode
   };
   int ring_op = -1;
   Combine combine = kNone;
@@ -234,6 +246,13 @@ struct KtirTilePlan {
   bool ring_values = false;  // max.dim/min.dim: the (value, index) pair, both results
   std::vector<int64_t> ring_dims;
   int64_t ring_count = 1;
+  // The ring op's result views: its results, or (median.dim_values,
+  // kthvalue.values, ...) the out= operands it writes.
+  std::vector<int> ring_outs;
+  // Order statistics: the sizes of the run one ring hop carries on average
+  // (values and indices: ring_stats 2): half the rows of a chain's growing
+  // runs, k rows for topk; the input's other sizes (flat: one column).
+  std::vector<int64_t> ring_payload_sizes;
   // What one ring hop carries: `ring_stats` tensors of the partial's shape
   // in `ring_dtype` (f32; f64 for a float64 input).
   int64_t ring_stats = 1;
@@ -247,6 +266,9 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling);
 // A scan over the split rows (cumsum, cumprod, cummax, cummin): a carried
 // prefix per core, passed forward along the ring only.
 bool ktir_is_scan(KtirTilePlan::Combine c);
+// An order statistic over the split rows (sort, topk, kthvalue, median,
+// nanmedian, mode): sorted runs merged along the ring.
+bool ktir_is_order(KtirTilePlan::Combine c);
 
 // What a walk did: tile steps run (0 when whole), ring combine steps.
 struct KtirWalk {

@@ -352,7 +352,9 @@ class SpyreKernel final : public Kernel {
       // A normalizing op's statistics go back to every core; a scan's
       // prefixes only travel forward.
       const bool back = plan_.normalize && !ktir_is_scan(plan_.combine);
-      schedule_ring_payload(schedule_, L.partial_sizes, plan_.ring_dtype, plan_.ring_stats, back, card_);
+      // An order statistic's hops carry sorted runs (plan_.ring_payload_sizes).
+      const std::vector<int64_t>& partial = ktir_is_order(plan_.combine) ? plan_.ring_payload_sizes : L.partial_sizes;
+      schedule_ring_payload(schedule_, partial, plan_.ring_dtype, plan_.ring_stats, back, card_);
     }
     signature_ = layout_signature(region, graph);
   }
