@@ -1601,10 +1601,11 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       plan.phase[k] = reads_ring || ring_seen ? KtirTilePlan::kPost : KtirTilePlan::kPre;
       continue;
     }
-    if (reads_ring && plan.normalize) {
+    if (reads_ring && (plan.normalize || ktir_is_order(plan.combine))) {
       // A normalized result (the split rows, whole after the ring's second
-      // pass) feeds this op: it runs after the ring on whole views, unless
-      // it also reads rows the steps produce.
+      // pass) or an order statistic's (sort's rows, topk's k) feeds this op:
+      // it runs after the ring on whole views, unless it also reads rows the
+      // steps produce.
       bool tiled_operand = false;
       for (int v : operands) tiled_operand |= state[v] == 1;
       for (int v : outs) tiled_operand |= state[v] == 1;

@@ -3,7 +3,7 @@
 tile by tile with a carried pair, the cores' last pairs merged along the
 ring), norm / linalg_vector_norm (f32 partials of df16 powers, one root),
 aminmax ((min, max) pairs), nansum, count_nonzero, any and all over dim 0;
-and the position ops that still run their regions whole (median, sort, ...)
+and the reductions that still run their regions whole (mse_loss, trace, ...)
 counted as library calls.
 
 The references are independent of the executor: cummax/cummin by CPU's scan
@@ -200,23 +200,29 @@ def test_aminmax_count_any_all_nansum(spyre_target, dtype, shape):
         assert same(got, total if dtype == torch.float32 else store(total, dtype)) == 0
 
 
-def test_position_ops_without_a_ring_program_are_library_calls(spyre_target):
-    # median, kthvalue, mode, sort, topk over the split rows keep their
-    # regions whole: each runs its whole column as a library call (metrics).
+def test_reductions_without_a_ring_program_are_library_calls(spyre_target):
+    # Reductions of the split rows without a ring combine (the losses that
+    # reduce everything, trace) keep their regions whole: each runs its whole
+    # input as a library call (metrics). The order statistics (median,
+    # kthvalue, sort, topk, ...) have ring programs since 2026-12-05
+    # (test_spyre_ring_order.py).
     from torch_tpu_eager import metrics, metrics_report, reset_metrics, spyre
 
     a = _special(torch.float32, (200, 64), 55)
-    d = a.to("tpu")
+    b = _special(torch.float32, (200, 64), 57)
+    d, e = a.to("tpu"), b.to("tpu")
+    a, b = a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0)
+    d, e = d.nan_to_num(0.0, 1.0, -1.0), e.nan_to_num(0.0, 1.0, -1.0)
     cases = {
-        "median.dim_values": lambda t: t.median(0).values,
-        "kthvalue.values": lambda t: t.kthvalue(3, 0).values,
-        "sort.stable": lambda t: t.sort(0).values,
-        "topk": lambda t: t.topk(3, 0).values,
+        "mse_loss": lambda t, u: torch.nn.functional.mse_loss(t, u),
+        "huber_loss": lambda t, u: torch.nn.functional.huber_loss(t, u),
+        "trace": lambda t, u: torch.trace(t),
     }
     for name, f in cases.items():
+        d.cpu(), e.cpu()
         reset_metrics()
-        got = f(d).cpu()
-        assert same(got, f(a)) == 0
+        got = f(d, e).cpu()
+        _close(got, f(a, b), torch.float32)
         (s,) = spyre.last_schedule()
         assert s["executed"] == "whole" and "no ring combine" in s["whole_reason"]
         assert metrics()["library_calls"] == 1, name
