@@ -10,7 +10,9 @@ step (matmul, bias, gelu, layer_norm, softmax, sum) and a float32 one, then
 ring reduction with a normalizing second pass on Spyre), and the ring
 programs added on 2026-12-05 on the same tensor: ``cummax(x, 0)`` (a scan of
 (value, index) pairs) and ``linalg.vector_norm(x, 2, 0)`` (f32 sums of df16
-powers).
+powers), and the order statistics on the ring (2026-12-05, branch spyre21e:
+per-core sorted runs merged in core order): ``sort(x, 0)``, ``topk(x, 8, 0)``
+and ``median(x, 0)``.
 
     PYTHONPATH=. python benchmarks/spyre_interpreter.py [--repeats 15] [--cpu-time]
 
@@ -88,6 +90,9 @@ def main(argv=None):
         cases.append(
             ("norm(x, dim=0) bf16", make_ring_step(timer=timer, op=lambda t: torch.linalg.vector_norm(t, 2, 0)))
         )
+        cases.append(("sort(x, 0) bf16", make_ring_step(timer=timer, op=lambda t: torch.sort(t, 0))))
+        cases.append(("topk(x, 8, 0) bf16", make_ring_step(timer=timer, op=lambda t: torch.topk(t, 8, 0))))
+        cases.append(("median(x, 0) bf16", make_ring_step(timer=timer, op=lambda t: torch.median(t, 0))))
         for name, make in cases:
             med = {}
             for target in ("spyre", "tpu-v5e"):

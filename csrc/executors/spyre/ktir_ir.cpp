@@ -2173,22 +2173,67 @@ void order_merge_loop(const T* av, const int64_t* ai, int64_t na, const T* bv, c
     const int64_t *ax = ai + j * na, *bx = bi + j * nb;
     T* o = ov + j * n_out;
     int64_t* ox = oi + j * n_out;
+    // Branch-free: each step takes b's head when it goes strictly before
+    // a's (or a is used up), else a's (the clamped reads stay in bounds).
     int64_t p = 0, q = 0;
     for (int64_t r = 0; r < n_out; ++r) {
-      if (q < nb && (p >= na || order_before(b[q], a[p], desc))) {
-        o[r] = b[q], ox[r] = bx[q++];
-      } else {
-        o[r] = a[p], ox[r] = ax[p++];
-      }
+      const int64_t pc = std::min(p, na - 1), qc = std::min(q, nb - 1);
+      const bool tb = q < nb && (p >= na || order_before(b[qc], a[pc], desc));
+      o[r] = tb ? b[qc] : a[pc];
+      ox[r] = tb ? bx[qc] : ax[pc];
+      q += tb;
+      p += !tb;
     }
   }
+}
+
+// Each of G cores' sorted runs of its `len` elements per column: `cols`
+// [inner, elems] holds the columns, core g's elements of column j at
+// j * elems + off + g * len. The run is the first `keep` of the stable order
+// (order_before, then the row: a strict total order, so a partial sort
+// gives exactly the stable order's first `keep`); indices count from
+// firsts[g]. Out: [G, inner, keep] values and indices.
+template <typename T>
+void order_runs_loop(const T* cols, int64_t inner, int64_t elems, int64_t off, int64_t G, int64_t len,
+                     const int64_t* firsts, bool desc, int64_t keep, T* ov, int64_t* oi) {
+  std::vector<int64_t> perm(len);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t j = 0; j < inner; ++j) {
+      const T* v = cols + j * elems + off + g * len;
+      if (keep == 0) continue;
+      T* o = ov + (g * inner + j) * keep;
+      int64_t* ox = oi + (g * inner + j) * keep;
+      if (keep <= 32 || len <= 64) {
+        // Short runs (a tile's rows, topk's k): insertion in row order into
+        // the sorted run, after the equal values already in it (stable); an
+        // element not before the last of a full run is skipped.
+        int64_t n = 0;
+        for (int64_t r = 0; r < len; ++r) {
+          const T x = v[r];
+          if (n == keep && !order_before(x, o[n - 1], desc)) continue;
+          int64_t q = n < keep ? n++ : n - 1;
+          for (; q > 0 && order_before(x, o[q - 1], desc); --q) o[q] = o[q - 1], ox[q] = ox[q - 1];
+          o[q] = x, ox[q] = firsts[g] + r;
+        }
+        continue;
+      }
+      for (int64_t r = 0; r < len; ++r) perm[r] = r;
+      auto cmp = [&](int64_t a, int64_t b) {
+        return order_before(v[a], v[b], desc) || (!order_before(v[b], v[a], desc) && a < b);
+      };
+      if (keep < len)
+        std::partial_sort(perm.begin(), perm.begin() + keep, perm.end(), cmp);
+      else
+        std::sort(perm.begin(), perm.end(), cmp);
+      for (int64_t r = 0; r < keep; ++r) o[r] = v[perm[r]], ox[r] = firsts[g] + perm[r];
+    }
 }
 
 // The stable merge of run `a` (earlier rows) and run `b` (later rows), the
 // first `limit` of it (topk's k; -1: all).
 OrderRun order_merge(const OrderRun& a, const OrderRun& b, bool desc, int64_t limit) {
-  if (a.empty()) return b;
-  if (b.empty()) return a;
+  if (a.empty() || a.v.size(1) == 0) return b;
+  if (b.empty() || b.v.size(1) == 0) return a;
   const int64_t inner = a.v.size(0), na = a.v.size(1), nb = b.v.size(1);
   const int64_t n = limit >= 0 ? std::min(limit, na + nb) : na + nb;
   OrderRun r{at::empty({inner, n}, a.v.options()), at::empty({inner, n}, a.i.options())};
@@ -2559,10 +2604,8 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             // Each core sorts its rows of the step per column (stable; its
             // two corelets' sorted halves merged give the same run, the merge
             // being a selection) and merges the run into the one of its
-            // earlier tiles; topk keeps the first k. Cores with equal rows
-            // sort as one batch: the step's columns [inner, G, rows], sorted
-            // along the rows. Without a dim (median()), the flattened elements
-            // form one column.
+            // earlier tiles; topk keeps the first k (a partial sort). Without
+            // a dim (median()), the flattened elements form one column.
             const int64_t n_rows = x.size(0);
             const int64_t scale = P.ring_flat ? (n_rows > 0 ? x.numel() / n_rows : 1) : 1;
             const at::Tensor cols =
@@ -2579,17 +2622,18 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               size_t e = c + 1;
               while (e < cores.size() && cores[e].second - cores[e].first == rows) ++e;
               const int64_t G = static_cast<int64_t>(e - c), len = rows * scale;
-              auto [sv, si] =
-                  cols.narrow(1, off, G * len).view({inner, G, len}).sort(/*stable=*/true, 2, rp.descending);
               std::vector<int64_t> firsts(G);
               for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first * scale;
-              si.add_(at::tensor(firsts, at::kLong).view({1, G, 1}));
               const int64_t keep = limit >= 0 ? std::min(limit, len) : len;
-              for (int64_t g = 0; g < G; ++g) {
-                OrderRun part{sv.select(1, g).narrow(1, 0, keep).contiguous(),
-                              si.select(1, g).narrow(1, 0, keep).contiguous()};
-                runs[c + g] = order_merge(runs[c + g], part, rp.descending, limit);
-              }
+              at::Tensor sv = at::empty({G, inner, keep}, cols.options());
+              at::Tensor si = at::empty({G, inner, keep}, cols.options().dtype(at::kLong));
+              AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, cols.scalar_type(), "order_runs", [&] {
+                order_runs_loop<scalar_t>(cols.const_data_ptr<scalar_t>(), inner, cols.size(1), off, G, len,
+                                          firsts.data(), rp.descending, keep, sv.mutable_data_ptr<scalar_t>(),
+                                          si.mutable_data_ptr<int64_t>());
+              });
+              for (int64_t g = 0; g < G; ++g)
+                runs[c + g] = order_merge(runs[c + g], OrderRun{sv[g], si[g]}, rp.descending, limit);
               off += G * len;
               c = e;
             }
