@@ -176,6 +176,18 @@ def test_order_results_feed_later_ops_and_round_trip(spyre_target):
     spyre.verify_ktir(text)
     assert torch.equal(d.argsort(dim=0, stable=True).cpu(), a.argsort(dim=0, stable=True))
     _on_ring("argsort")
+    # out= forms write their out operands on the ring.
+    o = (torch.empty(300, 40, dtype=torch.float16, device="tpu"), torch.empty(300, 40, dtype=torch.long, device="tpu"))
+    torch.sort(d, dim=0, stable=True, out=o)
+    want = _stable(a)
+    assert _same_bits(o[0].cpu(), want.values) == 0
+    _on_ring("sort.values_stable")
+    assert torch.equal(o[1].cpu(), want.indices)
+    m = (torch.empty(40, dtype=torch.float16, device="tpu"), torch.empty(40, dtype=torch.long, device="tpu"))
+    torch.median(d, 0, out=m)
+    assert _same_bits(m[0].cpu(), a.median(0).values) == 0
+    _on_ring("median.dim_values")
+    assert torch.equal(m[1].cpu(), a.median(0).indices)
     col = a[:, 0].contiguous()
     v, i = col.to("tpu").sort(stable=True)
     assert _same_bits(v.cpu(), col.sort(stable=True).values) == 0 and torch.equal(
