@@ -82,7 +82,13 @@ def test_max_pool2d_relu_backward_equals_cpu():
 
 BN_CASES = {
     "cnn_block": dict(shape=(32, 8, 16, 16)),
+    "cnn_block2": dict(shape=(32, 16, 8, 8)),  # run_all.py's second batch norm: sixteen AVX2 lanes
     "channels_not_multiple_of_4": dict(shape=(3, 7, 5, 6)),
+    # channel blocks of 16, 8 and 4 and a remainder; planes not a multiple of 4
+    "channels_30_plane_9": dict(shape=(2, 30, 3, 3)),
+    "channels_20_plane_25": dict(shape=(3, 20, 5, 5)),
+    "channels_12_plane_2": dict(shape=(8, 12, 2)),
+    "channels_24_large_offset": dict(shape=(4, 24, 7, 7), scale=1e-2, shift=3e3),
     "one_channel": dict(shape=(4, 1, 3, 3)),
     "conv1d": dict(shape=(5, 6, 11)),
     "volumetric": dict(shape=(2, 5, 3, 4, 3)),
