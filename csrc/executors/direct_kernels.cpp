@@ -4,6 +4,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -275,6 +277,53 @@ bool max_pool2d_with_indices(const torch::jit::Stack& a, const std::vector<at::T
   return true;
 }
 
+// max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride,
+// padding, dilation, ceil_mode, indices) -> grad_input on a contiguous
+// float32 (N,)C,H,W self, dense float32 gradients and int64 indices. CPU's
+// out= kernel zeroes the whole gradient (a pass of its own), then adds each
+// output's gradient at its index, plane by plane in output order, skipping
+// index -1; here each plane is zeroed just before its additions (in cache),
+// and the additions are the same, in the same order (+0.0 + g, repeated
+// indices summed in output order), so the values equal CPU's for any indices
+// in range. A plane holding an index outside it makes the kernel decline
+// (CPU's kernel then runs, as before, and writes the whole gradient again).
+bool max_pool2d_backward(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
+  if (a.size() != 8 || outs.size() != 1 || !a[0].isTensor() || !a[1].isTensor() || !a[7].isTensor()) return false;
+  const at::Tensor go = a[0].toTensor(), x = a[1].toTensor(), ind = a[7].toTensor();
+  const at::Tensor& gi = outs[0];
+  if (!dense_f32(go) || !dense_f32(x) || !dense_f32(gi) || (x.dim() != 3 && x.dim() != 4) ||
+      x.suggest_memory_format() != at::MemoryFormat::Contiguous || !gi.sizes().equals(x.sizes()) ||
+      !ind.is_contiguous() || ind.scalar_type() != at::kLong || !ind.sizes().equals(go.sizes()) ||
+      go.dim() != x.dim() || x.numel() == 0)
+    return false;
+  const int64_t in_plane = x.size(-2) * x.size(-1), out_plane = go.size(-2) * go.size(-1);
+  const int64_t planes = x.numel() / in_plane;
+  if (go.numel() != planes * out_plane) return false;
+  const float* g = go.const_data_ptr<float>();
+  const int64_t* idx = ind.const_data_ptr<int64_t>();
+  float* out = gi.data_ptr<float>();
+  std::atomic<bool> out_of_range{false};
+  at::parallel_for(0, planes, 0, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t* __restrict pi = idx + c * out_plane;
+      const float* __restrict pg = g + c * out_plane;
+      float* __restrict po = out + c * in_plane;
+      std::memset(po, 0, static_cast<size_t>(in_plane) * sizeof(float));
+      bool bad = false;
+      for (int64_t o = 0; o < out_plane; ++o) {
+        const int64_t k = pi[o];
+        if (static_cast<uint64_t>(k) < static_cast<uint64_t>(in_plane)) {
+          po[k] += pg[o];
+        } else {
+          bad = bad || k != -1;
+        }
+      }
+      if (bad) out_of_range.store(true, std::memory_order_relaxed);
+    }
+  });
+  return !out_of_range.load();
+}
+
 // Per-channel sum and sum of squared deviations of `planes` channels of a
 // contiguous (N, C, S) float32 input, channels c .. c + L - 1: each channel's
 // sums are the same sequence of double additions CPU's contiguous batch-norm
@@ -484,6 +533,8 @@ DirectKernel direct_kernel(const c10::OperatorHandle& op) {
       return &max_pool2d_with_indices;
     case DirectImpl::kBatchNormTrain:
       return &batch_norm_train;
+    case DirectImpl::kMaxPool2dBackward:
+      return &max_pool2d_backward;
     case DirectImpl::kNone:
       break;
   }
