@@ -4,6 +4,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -275,6 +277,53 @@ bool max_pool2d_with_indices(const torch::jit::Stack& a, const std::vector<at::T
   return true;
 }
 
+// max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride,
+// padding, dilation, ceil_mode, indices) -> grad_input on a contiguous
+// float32 (N,)C,H,W self, dense float32 gradients and int64 indices. CPU's
+// out= kernel zeroes the whole gradient (a pass of its own), then adds each
+// output's gradient at its index, plane by plane in output order, skipping
+// index -1; here each plane is zeroed just before its additions (in cache),
+// and the additions are the same, in the same order (+0.0 + g, repeated
+// indices summed in output order), so the values equal CPU's for any indices
+// in range. A plane holding an index outside it makes the kernel decline
+// (CPU's kernel then runs, as before, and writes the whole gradient again).
+bool max_pool2d_backward(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
+  if (a.size() != 8 || outs.size() != 1 || !a[0].isTensor() || !a[1].isTensor() || !a[7].isTensor()) return false;
+  const at::Tensor go = a[0].toTensor(), x = a[1].toTensor(), ind = a[7].toTensor();
+  const at::Tensor& gi = outs[0];
+  if (!dense_f32(go) || !dense_f32(x) || !dense_f32(gi) || (x.dim() != 3 && x.dim() != 4) ||
+      x.suggest_memory_format() != at::MemoryFormat::Contiguous || !gi.sizes().equals(x.sizes()) ||
+      !ind.is_contiguous() || ind.scalar_type() != at::kLong || !ind.sizes().equals(go.sizes()) ||
+      go.dim() != x.dim() || x.numel() == 0)
+    return false;
+  const int64_t in_plane = x.size(-2) * x.size(-1), out_plane = go.size(-2) * go.size(-1);
+  const int64_t planes = x.numel() / in_plane;
+  if (go.numel() != planes * out_plane) return false;
+  const float* g = go.const_data_ptr<float>();
+  const int64_t* idx = ind.const_data_ptr<int64_t>();
+  float* out = gi.data_ptr<float>();
+  std::atomic<bool> out_of_range{false};
+  at::parallel_for(0, planes, 0, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t* __restrict pi = idx + c * out_plane;
+      const float* __restrict pg = g + c * out_plane;
+      float* __restrict po = out + c * in_plane;
+      std::memset(po, 0, static_cast<size_t>(in_plane) * sizeof(float));
+      bool bad = false;
+      for (int64_t o = 0; o < out_plane; ++o) {
+        const int64_t k = pi[o];
+        if (static_cast<uint64_t>(k) < static_cast<uint64_t>(in_plane)) {
+          po[k] += pg[o];
+        } else {
+          bad = bad || k != -1;
+        }
+      }
+      if (bad) out_of_range.store(true, std::memory_order_relaxed);
+    }
+  });
+  return !out_of_range.load();
+}
+
 // Per-channel sum and sum of squared deviations of `planes` channels of a
 // contiguous (N, C, S) float32 input, channels c .. c + L - 1: each channel's
 // sums are the same sequence of double additions CPU's contiguous batch-norm
@@ -305,6 +354,114 @@ void channel_stats(const float* x, int64_t batch, int64_t channels, int64_t plan
   for (int l = 0; l < L; ++l) var_sum[c + l] = static_cast<float>(var[l]);
 }
 
+// Element i of four channel rows (r[k] + i, k = 0..3) as one vector (channel k in lane k).
+__attribute__((target("avx2"))) inline __m128 lanes_at(const float* const* r, int64_t i) {
+  return _mm_setr_ps(r[0][i], r[1][i], r[2][i], r[3][i]);
+}
+
+// (v - m) * (v - m) in float, then widened: the scalar loop's float product
+// added to its double sum (no fused multiply-add across the two types).
+__attribute__((target("avx2"))) inline __m256d squared_deviation(__m128 v, __m128 m) {
+  const __m128 d = _mm_sub_ps(v, m);
+  return _mm256_cvtps_pd(_mm_mul_ps(d, d));
+}
+
+// channel_stats of 4 * G channels c .. c + 4G - 1 with AVX2: each channel's
+// double sum is one lane of a vector accumulator, fed element by element in
+// the scalar loop's order (batch by batch, i = 0 .. plane - 1), so every lane
+// makes channel_stats<1>'s sequence of additions and the results are equal.
+// Four elements of four channels are loaded as four rows and transposed
+// (lane k of vector j: channel k, element i + j); the G accumulators are
+// independent chains (G = 4: sixteen channels' additions in flight, where the
+// scalar loop of four channels has four).
+template <int G>
+__attribute__((target("avx2"))) void channel_stats_avx2(const float* x, int64_t batch, int64_t channels, int64_t plane,
+                                                        int64_t c, float* mean, float* var_sum) {
+  const int64_t count = batch * plane;
+  __m256d acc[G];
+  const float* r[G][4];
+  auto rows = [&](int64_t n) {
+    for (int g = 0; g < G; ++g)
+      for (int k = 0; k < 4; ++k) r[g][k] = x + (n * channels + c + 4 * g + k) * plane;
+  };
+  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_pd();
+  for (int64_t n = 0; n < batch; ++n) {
+    rows(n);
+    int64_t i = 0;
+    for (; i + 4 <= plane; i += 4) {
+      for (int g = 0; g < G; ++g) {
+        __m128 v0 = _mm_loadu_ps(r[g][0] + i), v1 = _mm_loadu_ps(r[g][1] + i);
+        __m128 v2 = _mm_loadu_ps(r[g][2] + i), v3 = _mm_loadu_ps(r[g][3] + i);
+        _MM_TRANSPOSE4_PS(v0, v1, v2, v3);
+        acc[g] = _mm256_add_pd(acc[g], _mm256_cvtps_pd(v0));
+        acc[g] = _mm256_add_pd(acc[g], _mm256_cvtps_pd(v1));
+        acc[g] = _mm256_add_pd(acc[g], _mm256_cvtps_pd(v2));
+        acc[g] = _mm256_add_pd(acc[g], _mm256_cvtps_pd(v3));
+      }
+    }
+    for (; i < plane; ++i)
+      for (int g = 0; g < G; ++g) acc[g] = _mm256_add_pd(acc[g], _mm256_cvtps_pd(lanes_at(r[g], i)));
+  }
+  __m128 m[G];
+  for (int g = 0; g < G; ++g) {
+    alignas(32) double s[4];
+    _mm256_store_pd(s, acc[g]);
+    for (int k = 0; k < 4; ++k) mean[c + 4 * g + k] = static_cast<float>(s[k] / count);
+    m[g] = _mm_loadu_ps(mean + c + 4 * g);
+    acc[g] = _mm256_setzero_pd();
+  }
+  for (int64_t n = 0; n < batch; ++n) {
+    rows(n);
+    int64_t i = 0;
+    for (; i + 4 <= plane; i += 4) {
+      for (int g = 0; g < G; ++g) {
+        __m128 v0 = _mm_loadu_ps(r[g][0] + i), v1 = _mm_loadu_ps(r[g][1] + i);
+        __m128 v2 = _mm_loadu_ps(r[g][2] + i), v3 = _mm_loadu_ps(r[g][3] + i);
+        _MM_TRANSPOSE4_PS(v0, v1, v2, v3);
+        acc[g] = _mm256_add_pd(acc[g], squared_deviation(v0, m[g]));
+        acc[g] = _mm256_add_pd(acc[g], squared_deviation(v1, m[g]));
+        acc[g] = _mm256_add_pd(acc[g], squared_deviation(v2, m[g]));
+        acc[g] = _mm256_add_pd(acc[g], squared_deviation(v3, m[g]));
+      }
+    }
+    for (; i < plane; ++i)
+      for (int g = 0; g < G; ++g) acc[g] = _mm256_add_pd(acc[g], squared_deviation(lanes_at(r[g], i), m[g]));
+  }
+  for (int g = 0; g < G; ++g) {
+    alignas(32) double s[4];
+    _mm256_store_pd(s, acc[g]);
+    for (int k = 0; k < 4; ++k) var_sum[c + 4 * g + k] = static_cast<float>(s[k]);
+  }
+}
+
+// The statistics of channel groups [begin, end) (four channels a group; the
+// last may be partial): sixteen, eight or four channels at a time with AVX2,
+// else (and for a partial group) channel by channel in groups of four.
+void channel_stats_range(const float* x, int64_t batch, int64_t channels, int64_t plane, int64_t begin, int64_t end,
+                         float* mean, float* var_sum) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  int64_t g = begin;
+  while (g < end) {
+    const int64_t c = g * 4, full = std::min(end, channels / 4) - g;  // whole groups from g
+    if (avx2 && full >= 4) {
+      channel_stats_avx2<4>(x, batch, channels, plane, c, mean, var_sum);
+      g += 4;
+    } else if (avx2 && full >= 2) {
+      channel_stats_avx2<2>(x, batch, channels, plane, c, mean, var_sum);
+      g += 2;
+    } else if (avx2 && full >= 1) {
+      channel_stats_avx2<1>(x, batch, channels, plane, c, mean, var_sum);
+      g += 1;
+    } else if (c + 4 <= channels) {
+      channel_stats<4>(x, batch, channels, plane, c, mean, var_sum);
+      g += 1;
+    } else {
+      for (int64_t k = c; k < channels; ++k) channel_stats<1>(x, batch, channels, plane, k, mean, var_sum);
+      g += 1;
+    }
+  }
+}
+
 // native_batch_norm(input, weight, bias, running_mean, running_var, training=True, momentum, eps)
 //   -> (out, save_mean, save_invstd) on contiguous float32 (N, C, *) input with a
 // plane of more than one element, weight, bias and running statistics all
@@ -314,7 +471,8 @@ void channel_stats(const float* x, int64_t batch, int64_t channels, int64_t plan
 // / (count - 1)) + (1 - m) * running_var (m = float(momentum)), then CPU's own
 // normalization kernel (batch_norm_cpu_stub). CPU's statistics loop is one
 // serial chain of double additions per channel (the CNN step's second largest
-// kernel); interleaving channels makes it several times faster, equal bit for bit.
+// kernel); interleaving channels (channel_stats_range: sixteen a time in AVX2
+// lanes) makes it several times faster, equal bit for bit.
 bool batch_norm_train(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
   if (a.size() != 8 || outs.size() != 3 || !a[0].isTensor()) return false;
   for (int i = 1; i <= 4; ++i)
@@ -339,14 +497,7 @@ bool batch_norm_train(const torch::jit::Stack& a, const std::vector<at::Tensor>&
   float* mean = save_mean.data_ptr<float>();
   const float* xp = x.const_data_ptr<float>();
   at::parallel_for(0, (channels + 3) / 4, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      const int64_t c = g * 4;
-      if (c + 4 <= channels) {
-        channel_stats<4>(xp, batch, channels, plane, c, mean, var_sum.data());
-      } else {
-        for (int64_t k = c; k < channels; ++k) channel_stats<1>(xp, batch, channels, plane, k, mean, var_sum.data());
-      }
-    }
+    channel_stats_range(xp, batch, channels, plane, begin, end, mean, var_sum.data());
   });
   const double eps = a[7].toDouble();
   const float m = static_cast<float>(a[6].toDouble());
@@ -382,6 +533,8 @@ DirectKernel direct_kernel(const c10::OperatorHandle& op) {
       return &max_pool2d_with_indices;
     case DirectImpl::kBatchNormTrain:
       return &batch_norm_train;
+    case DirectImpl::kMaxPool2dBackward:
+      return &max_pool2d_backward;
     case DirectImpl::kNone:
       break;
   }

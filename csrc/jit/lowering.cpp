@@ -43,6 +43,7 @@ constexpr HostRule kHostRules[] = {
     {"clone", "", DirectImpl::kClone},
     {"max_pool2d_with_indices", "", DirectImpl::kMaxPool2dWithIndices},
     {"native_batch_norm", "", DirectImpl::kBatchNormTrain},
+    {"max_pool2d_with_indices_backward", "", DirectImpl::kMaxPool2dBackward},
 };
 // Row reductions and normalizations (functional overloads), by name and overload.
 struct RowRule {

@@ -38,7 +38,8 @@ enum class DirectImpl : uint8_t {
   kLayerNormBackward,
   kClone,
   kMaxPool2dWithIndices,
-  kBatchNormTrain
+  kBatchNormTrain,
+  kMaxPool2dBackward
 };
 
 // The row-wise reduction or normalization a functional op computes over the

@@ -1,6 +1,6 @@
 """The host runtime's own kernels for training-step ops (executors/direct_kernels.cpp):
-max_pool2d_with_indices on dense float32 with square windows, and native_batch_norm in
-training mode (its statistics loop). Values and indices equal
+max_pool2d_with_indices on dense float32 with square windows, its backward (the input
+gradient), and native_batch_norm in training mode (its statistics loop). Values and indices equal
 CPU's bit for bit, including NaN, -inf and ties (the first maximum in row-major order
 wins, a later NaN replaces an earlier one), for the cases the kernel takes and the
 cases it leaves to CPU's kernel (padding, dilation, ceil_mode's partial windows)."""
@@ -82,7 +82,13 @@ def test_max_pool2d_relu_backward_equals_cpu():
 
 BN_CASES = {
     "cnn_block": dict(shape=(32, 8, 16, 16)),
+    "cnn_block2": dict(shape=(32, 16, 8, 8)),  # run_all.py's second batch norm: sixteen AVX2 lanes
     "channels_not_multiple_of_4": dict(shape=(3, 7, 5, 6)),
+    # channel blocks of 16, 8 and 4 and a remainder; planes not a multiple of 4
+    "channels_30_plane_9": dict(shape=(2, 30, 3, 3)),
+    "channels_20_plane_25": dict(shape=(3, 20, 5, 5)),
+    "channels_12_plane_2": dict(shape=(8, 12, 2)),
+    "channels_24_large_offset": dict(shape=(4, 24, 7, 7), scale=1e-2, shift=3e3),
     "one_channel": dict(shape=(4, 1, 3, 3)),
     "conv1d": dict(shape=(5, 6, 11)),
     "volumetric": dict(shape=(2, 5, 3, 4, 3)),
@@ -142,3 +148,53 @@ def test_batch_norm_train_runs_own_kernel(case, own):
     ran = [op for op in aten_ops_during(torch.tpu.synchronize) if "batch_norm" in op]
     assert (ran == []) == own, ran
     del y
+
+
+def _pool_backward(dev, x, grad_seed, special, kw):
+    """max_pool2d(x) forward on `dev` and its input gradient for a random output gradient."""
+    xd = x.to(dev).detach().requires_grad_()
+    y = F.max_pool2d(xd, **kw)
+    g = _special(y.shape, grad_seed) if special else cpu_randn(*y.shape, seed=grad_seed)
+    y.backward(g.to(dev))
+    return xd.grad.cpu()
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["randn", "nan_inf_signed_zero"])
+@pytest.mark.parametrize("case", list(POOL_CASES))
+def test_max_pool2d_backward_equals_cpu(case, special):
+    """The input gradient bit for bit: overlapping windows sum repeated indices in output order;
+    NaN, inf and -0.0 gradients land as CPU's +0.0 + g does."""
+    kw = dict(POOL_CASES[case])
+    shape = kw.pop("shape")
+    x = _special(shape, 6) if special else cpu_randn(*shape, seed=6)
+    want, got = _pool_backward("cpu", x, 9, special, kw), _pool_backward(DEVICE, x, 9, special, kw)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_max_pool2d_backward_given_indices_equals_cpu(dtype):
+    """The backward op called with indices of its own: repeated indices (summed in output order),
+    -1 (skipped), indices anywhere in the plane; 16-bit types run CPU's kernel."""
+    g = torch.Generator().manual_seed(11)
+    x = cpu_randn(3, 4, 6, 6, seed=12).to(dtype)
+    grad = cpu_randn(3, 4, 3, 3, seed=13).to(dtype)
+    idx = torch.randint(-1, 36, (3, 4, 3, 3), generator=g)
+    idx[0, 0] = 7  # one input element takes every output's gradient of a plane
+    args = ([2, 2], [2, 2], [0, 0], [1, 1], False)
+    want = torch.ops.aten.max_pool2d_with_indices_backward(grad, x, *args, idx)
+    got = torch.ops.aten.max_pool2d_with_indices_backward(grad.to(DEVICE), x.to(DEVICE), *args, idx.to(DEVICE)).cpu()
+    assert got.dtype == want.dtype and got.stride() == want.stride()
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("case", ["k2s2_cnn", "k3s2_overlap", "padding_falls_back"])
+def test_max_pool2d_backward_runs_own_kernel(case):
+    """A dense float32 pooling gradient runs no CPU max-pooling backward kernel in the flush
+    (with padding too: the forward runs CPU's kernel, its indices are in range)."""
+    kw = dict(POOL_CASES[case])
+    x = cpu_randn(*kw.pop("shape"), seed=4).to(DEVICE).requires_grad_()
+    y = F.max_pool2d(x, **kw)
+    y.backward(torch.ones_like(y))
+    ran = [op for op in aten_ops_during(torch.tpu.synchronize) if "max_pool2d_with_indices_backward" in op]
+    assert ran == [], ran

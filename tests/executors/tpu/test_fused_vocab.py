@@ -196,6 +196,22 @@ def test_sleef_mode_bounds(mode, name, dtype):
     assert ((got.float() - want.float()).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("dtype", ALL, ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("name", ["gelu", "gelu_backward"])
+def test_sleef_mode_gelu_equals_aten_kernel(mode, name, dtype):
+    """By default the loop computes ATen's own gelu formula (at::vec's erf, its SLEEF exp
+    inlined): bit-equal to CPU's kernel when oneDNN is off, where CPU's vector loop takes
+    every element (2,048), special values included."""
+    mode("sleef")
+    prog = OPS[name][0]
+    x, y, m = _inputs(2048, dtype, seed=len(name))
+    got, ops = _run(prog, x, y, m)
+    assert ops == [], ops
+    with torch.backends.mkldnn.flags(enabled=False):
+        want = prog(-x, y, m)
+    _assert_bits_equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", (BF16, F16), ids=["bf16", "f16"])
 def test_every_reduced_value_through_unary_ops(mode, dtype):
     # All 65,536 bit patterns of the type, through each unary op and a chain of several:
