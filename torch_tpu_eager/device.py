@@ -19,6 +19,9 @@ import torch
 
 from . import _C
 
+# torch.cuda.OutOfMemoryError's name: what an allocation beyond a chip's simulated HBM raises.
+OutOfMemoryError = torch.OutOfMemoryError
+
 
 def is_available() -> bool:
     """True: the simulated device needs no hardware."""
