@@ -67,6 +67,24 @@ def _rebuild_tpu_tensor(cls, host, size, stride, offset, requires_grad, index):
     return t.requires_grad_(requires_grad)
 
 
+def _keep_for_spawning_process(host):
+    """Keeps the host copy of a tpu tensor alive while a process that receives it starts.
+
+    Pickled as an argument of a spawn/forkserver ``Process`` (``Process(args=(t,))``,
+    ``torch.multiprocessing.spawn(fn, args=(t,))``), the copy's shared memory travels as a
+    file descriptor that the child inherits only when it is launched, after pickling; the
+    copy, which nothing else references, must outlive this call or the descriptor is closed
+    first (the child failed with "unable to resize file ... Invalid argument"). It lives as
+    long as the Popen object (the Process's ``_popen``). A queue duplicates the descriptor
+    while it pickles, so nothing is kept there."""
+    from multiprocessing import context
+
+    popen = context.get_spawning_popen()
+    if popen is not None:
+        kept = popen.__dict__.setdefault("_tpu_host_copies", [])
+        kept.append(host)
+
+
 def _make_tensor_reducer(torch_reduce):
     def _reduce_tensor(tensor):
         """ForkingPickler's reducer for tensors: tpu tensors are sent by value through a CPU
@@ -80,6 +98,7 @@ def _make_tensor_reducer(torch_reduce):
         held = storage.nbytes() // tensor.element_size()
         flat = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(storage, 0, (held,), (1,))
         host = flat.detach().to("cpu", copy=True)
+        _keep_for_spawning_process(host)
         return (
             _rebuild_tpu_tensor,
             (

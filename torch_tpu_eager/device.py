@@ -19,6 +19,9 @@ import torch
 
 from . import _C
 
+# torch.cuda.OutOfMemoryError's name: what an allocation beyond a chip's simulated HBM raises.
+OutOfMemoryError = torch.OutOfMemoryError
+
 
 def is_available() -> bool:
     """True: the simulated device needs no hardware."""
@@ -321,6 +324,10 @@ def __getattr__(name):
     # Built on first use, so that importing the module does not fix device_count().
     if name == "default_generators":
         return tuple(_C._default_generator(i) for i in range(device_count()))
+    if name == "_initialized":
+        # torch.cuda's module flag, read by torch.utils.checkpoint (and others) to decide
+        # whether to save and restore the device generators around a recomputation.
+        return is_initialized()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

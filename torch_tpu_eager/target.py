@@ -148,6 +148,17 @@ def _check_name(name, include_placeholders=False):
         raise ValueError(f"unknown target {name!r}; valid targets: {', '.join(list_targets())}")
 
 
+def _check_settable(name: str) -> None:
+    """Raises what :func:`set_target` raises for ``name`` itself: ValueError for an unknown
+    name, NotImplementedError for a data file of a kind no executor exists for."""
+    if name in _names() and _load(name).get("kind") not in _KINDS:
+        raise NotImplementedError(
+            f"target {name!r} is not built yet ({_load(name).get('status', 'placeholder')}); "
+            f"available targets: {', '.join(list_targets())}"
+        )
+    _check_name(name)
+
+
 def set_target(name: str) -> None:
     """Makes ``name`` the simulated chip: one of :func:`list_targets`, e.g. ``"tpu-v6e"``.
 
@@ -161,12 +172,7 @@ def set_target(name: str) -> None:
     Raises ValueError listing the valid names for an unknown name, and
     NotImplementedError for a data file of a kind no executor exists for.
     """
-    if name in _names() and _load(name).get("kind") not in _KINDS:
-        raise NotImplementedError(
-            f"target {name!r} is not built yet ({_load(name).get('status', 'placeholder')}); "
-            f"available targets: {', '.join(list_targets())}"
-        )
-    _check_name(name)
+    _check_settable(name)
     info = target_info(name)
     if info["kind"] == "spyre":
         _C._set_spyre_target(
@@ -202,6 +208,7 @@ def get_target() -> str:
 def _init_from_env() -> None:
     name = _C._env_string(ENV_VAR)  # the knob registry's parse and default (torch_tpu_eager.env)
     try:
-        set_target(name)
+        _check_settable(name)
     except (ValueError, NotImplementedError) as e:
         raise type(e)(f"{ENV_VAR}={name!r}: {e}") from None
+    set_target(name)  # its other errors (e.g. a malformed TORCH_TPU_NUM_DEVICES) name their own variable

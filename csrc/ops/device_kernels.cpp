@@ -302,6 +302,18 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
   return dense(self) && dense(from);
 }
 
+// Tensor.record_stream(s) (CUDA's caching-allocator contract: the memory of a tensor freed
+// while work queued on stream s may still use it is not reused before that work ran).
+// Every queued op holds a reference to the storages it reads and writes, and a chip's
+// queue only holds ops of one stream at a time (recording on another stream runs the
+// pending ones first), so a freed storage is never reused under pending work: the call
+// only checks its stream, as CUDA's (RuntimeError for a stream of another device type).
+void record_stream(at::Tensor& self, c10::Stream s) {
+  (void)self;
+  TORCH_CHECK(s.device_type() == c10::DeviceType::PrivateUse1,
+              "record_stream: expected a tpu stream, got a stream of device type ", s.device_type());
+}
+
 // ---- views: metadata from the meta kernel, same storage ----
 
 void view_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -557,6 +569,7 @@ int64_t register_device_kernels() {
     impl("set_", torch::CppFunction(TORCH_FN(set_empty)));
     impl("_has_compatible_shallow_copy_type", torch::CppFunction(TORCH_FN(has_compatible_shallow_copy_type)));
     impl("_lazy_clone", torch::CppFunction(TORCH_FN(lazy_clone)));
+    impl("record_stream", torch::CppFunction(TORCH_FN(record_stream)));
     impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&convolution_kernel>());
     impl("convolution_backward_overrideable",
          torch::CppFunction::makeFromBoxedFunction<&convolution_backward_kernel>());

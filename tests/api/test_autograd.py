@@ -290,3 +290,19 @@ def test_recurrent_layers_match_cpu(dev, cls, kwargs):
         m = m.to("cpu")
     for a, b in zip(outs["cpu"], outs[dev]):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_checkpoint_recomputes_dropout_with_the_forward_mask(dev, use_reentrant):
+    """torch.utils.checkpoint restores the device generator before the recomputation
+    (it asks ``torch.<device>._initialized``), so the backward sees the forward's
+    dropout mask: the gradient is (mask * 2) @ W, computed here on CPU from the output."""
+    import torch.utils.checkpoint as cp
+
+    lin = nn.Linear(4, 4).to(dev)
+    x = cpu_randn(4, 4, seed=5).to(dev).requires_grad_()
+    torch.manual_seed(1)
+    y = cp.checkpoint(lambda t: F.dropout(lin(t), 0.5), x, use_reentrant=use_reentrant)
+    y.sum().backward()
+    mask = (y.detach().cpu() != 0).float() * 2
+    torch.testing.assert_close(x.grad.cpu(), mask @ lin.weight.detach().cpu())

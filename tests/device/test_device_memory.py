@@ -165,6 +165,7 @@ def test_out_of_memory_is_counted():
     tte = _tte()
     before = torch.tpu.memory_stats()["num_ooms"]
     total = torch.tpu.mem_get_info()[1]
+    assert torch.tpu.OutOfMemoryError is torch.OutOfMemoryError  # as torch.cuda.OutOfMemoryError
     with pytest.raises(torch.OutOfMemoryError):
         torch.empty(total // 4 + 1024, device="tpu")  # float32: more bytes than the HBM
     assert torch.tpu.memory_stats()["num_ooms"] == before + 1

@@ -108,6 +108,17 @@ def test_malformed_value_fails_the_import_naming_the_variable(name, value):
     assert last.startswith("ValueError:") and name in last and repr(value) in last, last
 
 
+@pytest.mark.parametrize("value", ["0", "17"])
+def test_device_count_out_of_range_fails_the_import_naming_only_that_variable(value):
+    # Read while the import applies the target: the error names TORCH_TPU_NUM_DEVICES,
+    # not TORCH_TPU_TARGET (whose default value is fine).
+    proc = _import_with(TORCH_TPU_NUM_DEVICES=value)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError:") and "TORCH_TPU_NUM_DEVICES" in last, last
+    assert "TORCH_TPU_TARGET" not in last, last
+
+
 def test_undeclared_name_is_an_error():
     with pytest.raises(RuntimeError, match="not a torch_tpu_eager environment knob"):
         env.get("TORCH_TPU_NO_SUCH_KNOB")

@@ -119,3 +119,21 @@ def test_accelerator_synchronize_with_streams():
         y = torch.ones(8, device="tpu") * 5
     torch.accelerator.synchronize()
     assert s.query() and y.sum().item() == 40
+
+
+def test_record_stream_keeps_values_of_a_tensor_freed_under_pending_work():
+    # CUDA's contract: after t.record_stream(s), t's memory is not reused before the work
+    # queued on s ran; the values read there are t's (CPU reference: the host copy).
+    host = torch.arange(1000.0)
+    s = torch.tpu.Stream()
+    t = host.to("tpu")
+    with torch.tpu.stream(s):
+        t.record_stream(s)
+        u = t * 2
+    del t
+    v = torch.full((1000,), -1.0, device="tpu")  # may take t's freed block
+    torch.tpu.current_stream().wait_stream(s)
+    torch.testing.assert_close(u.cpu(), host * 2)
+    torch.testing.assert_close(v.cpu(), torch.full((1000,), -1.0))
+    with pytest.raises(RuntimeError):
+        torch.ones(2, device="tpu").record_stream(torch.Stream(device="cpu"))

@@ -543,6 +543,11 @@ def case_ddp(rank, world):
         opt.zero_grad()
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)
+    # DDP's runtime statistics, sampled by the c10d Timer of the device type as on CPU and
+    # CUDA (without one DDP warns "Time stats are currently only collected for CPU and CUDA").
+    stats = ddp._get_ddp_logging_data()
+    for k in ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time"):
+        assert stats.get(k, 0) > 0, (k, stats)
     dist.destroy_process_group()
 
 

@@ -250,6 +250,8 @@ struct Cursor {
     while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
     if (b == i || (s[b] == '-' && i == b + 1))
       fail(line, "syntax", "expected an integer at column " + std::to_string(b + 1) + " in: " + s);
+    if (i - b > (s[b] == '-' ? 19u : 18u))
+      fail(line, "syntax", "integer out of range at column " + std::to_string(b + 1) + " in: " + s);
     return std::stoll(s.substr(b, i - b));
   }
   std::vector<int64_t> int_list() {

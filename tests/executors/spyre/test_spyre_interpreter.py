@@ -184,3 +184,16 @@ def test_batch_norm_in_eval_mode_runs(spyre_target):
     x, m, v = torch.randn(4, 3, 5), torch.randn(3), torch.rand(3) + 0.5
     got = torch.nn.functional.batch_norm(x.to("tpu"), m.to("tpu"), v.to("tpu"), training=False).cpu()
     torch.testing.assert_close(got, torch.nn.functional.batch_norm(x, m, v, training=False))
+
+
+def test_integer_too_large_for_int64_is_a_syntax_error(spyre_target):
+    # A hand-edited number past int64 is reported like every other text error
+    # (ValueError naming line and rule), not as std::stoll's out_of_range.
+    from torch_tpu_eager import spyre
+
+    _ = torch.randn(4, 64).to("tpu") * 2.0
+    text = spyre.dump_ktir()
+    bad = text.replace("elems=256", "elems=99999999999999999999", 1)
+    assert bad != text
+    with pytest.raises(ValueError, match=r"KTIR line \d+: rule 'syntax': integer out of range"):
+        spyre.verify_ktir(bad)
