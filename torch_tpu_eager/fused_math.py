@@ -18,7 +18,8 @@ other for those six functions:
   (chain16 of ``benchmarks/run_all.py``, one thread: 2.6 vs 7.6 ms on this machine).
 
 Softmax, log_softmax, logsumexp and sigmoid always follow their CPU kernels' routines
-(sigmoid's last few elements, which CPU computes with scalar libm, within 1 ulp).
+(sigmoid's last few elements of each CPU thread's range, which CPU computes with
+scalar libm, with that formula too: bit-equal).
 The choice is process-wide and applies to flushes after the call; it is not part of
 the compile cache key (a cached region picks its routines each time it runs).
 """
