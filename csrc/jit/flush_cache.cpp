@@ -183,11 +183,14 @@ inline uint64_t* write_ref(uint64_t* __restrict p, const TensorRef& r, int32_t n
   return p + 2 + 2 * rank;
 }
 
-// The words push_arg gives the common argument kinds (None, float, int,
-// bool, a wrapped-number tensor), at `p`; null for any other kind (then
-// push_arg writes it).
+// The words push_arg gives the common argument kinds (a tensor slot, None,
+// float, int, bool), at `p`; null for any other kind (then push_arg writes it).
 inline uint64_t* write_common_arg(uint64_t* __restrict p, const c10::IValue& a) {
-  if (a.isNone()) {
+  if (a.isTensor()) {
+    // The slot a recorded tensor left (undefined), or a wrapped number (CPU 0-dim tensor): its dtype and rank.
+    const at::Tensor& t = a.toTensor();
+    *p = t.defined() ? 9 | static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()) << 16 : 10;
+  } else if (a.isNone()) {
     *p = 1;
   } else if (a.isDouble()) {
     const double d = a.toDouble();
