@@ -160,6 +160,12 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
   return with_bits(v, r);
 }
 
+void HostMemory::clear(size_t expected) {
+  pending_writes_.clear();
+  transient_.clear(expected);
+  map_.clear(expected);
+}
+
 void HostMemory::finish_writes() {
   for (auto& w : pending_writes_) views::scatter(w.flat, w.chain, w.ref.sizes, w.ref.strides, w.ref.offset, w.value);
   pending_writes_.clear();

@@ -35,6 +35,12 @@ class HostMemory {
   // the last region that uses them, so a flush reuses memory as eager does
   // instead of writing every intermediate to a buffer of its own.
   void set_transient(StorageSet storages) { transient_ = std::move(storages); }
+  // The same, filled in place: the set (empty after clear()) to insert them into.
+  StorageSet& transient() { return transient_; }
+  // Frees what every storage's value was held in, as destruction does, and
+  // keeps the maps' room for another flush (jit::run_graph reuses one
+  // HostMemory per thread); `expected`: storages the next use will bind.
+  void clear(size_t expected = 8);
   // For a transient storage: `storage` (a CPU kernel's fresh result covering all of
   // `s`) becomes what holds its value, instead of a copy into flush-local memory;
   // false (nothing bound) for any other storage.

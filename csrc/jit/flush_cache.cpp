@@ -113,24 +113,6 @@ inline bool push_arg(Words& w, const c10::IValue& a) {
   return true;
 }
 
-// Appends a tensor reference: its storage number, dtype, conj / neg bits,
-// `flags`, rank, offset, sizes and strides.
-inline void put_ref(Words& w, const TensorRef& r, int32_t number, uint64_t flags) {
-  const size_t rank = r.sizes.size();
-  w.room(2 + 2 * rank);
-  uint64_t* p = w.buf.data() + w.n;
-  p[0] = static_cast<uint64_t>(static_cast<uint32_t>(number)) | static_cast<uint64_t>(r.dtype) << 32 |
-         uint64_t{r.conj} << 40 | uint64_t{r.neg} << 41 | flags << 42 | uint64_t{rank} << 56;
-  p[1] = static_cast<uint64_t>(r.offset);
-  const int64_t* sizes = r.sizes.data();
-  const int64_t* strides = r.strides.data();
-  for (size_t d = 0; d < rank; ++d) {  // ranks are small: no memcpy call
-    p[2 + d] = static_cast<uint64_t>(sizes[d]);
-    p[2 + rank + d] = static_cast<uint64_t>(strides[d]);
-  }
-  w.n += 2 + 2 * rank;
-}
-
 // A hash of `n` words: four independent multiply-xor lanes (a quarter of the
 // loop overhead of one), then folded.
 uint64_t hash_words(const uint64_t* p, size_t n) {
@@ -183,36 +165,93 @@ Cache& cache() {
 
 }  // namespace
 
+namespace {
+
+// The words of a tensor reference at `p`: its storage number, dtype, conj /
+// neg bits, `flags`, rank, offset, sizes and strides. Returns the end.
+inline uint64_t* write_ref(uint64_t* __restrict p, const TensorRef& r, int32_t number, uint64_t flags) {
+  const size_t rank = r.sizes.size();
+  p[0] = static_cast<uint64_t>(static_cast<uint32_t>(number)) | static_cast<uint64_t>(r.dtype) << 32 |
+         uint64_t{r.conj} << 40 | uint64_t{r.neg} << 41 | flags << 42 | uint64_t{rank} << 56;
+  p[1] = static_cast<uint64_t>(r.offset);
+  const int64_t* sizes = r.sizes.data();
+  const int64_t* strides = r.strides.data();
+  for (size_t d = 0; d < rank; ++d) {  // ranks are small: no memcpy call
+    p[2 + d] = static_cast<uint64_t>(sizes[d]);
+    p[2 + rank + d] = static_cast<uint64_t>(strides[d]);
+  }
+  return p + 2 + 2 * rank;
+}
+
+// The words push_arg gives the common argument kinds (a tensor slot, None,
+// float, int, bool), at `p`; null for any other kind (then push_arg writes it).
+inline uint64_t* write_common_arg(uint64_t* __restrict p, const c10::IValue& a) {
+  if (a.isTensor()) {
+    // The slot a recorded tensor left (undefined), or a wrapped number (CPU 0-dim tensor): its dtype and rank.
+    const at::Tensor& t = a.toTensor();
+    *p = t.defined() ? 9 | static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()) << 16 : 10;
+  } else if (a.isNone()) {
+    *p = 1;
+  } else if (a.isDouble()) {
+    const double d = a.toDouble();
+    *p = std::isfinite(d) && std::isinf(static_cast<float>(d)) ? 6 : 5;
+  } else if (a.isInt()) {
+    p[0] = 2;
+    p[1] = static_cast<uint64_t>(a.toInt());
+    return p + 2;
+  } else if (a.isBool()) {
+    *p = a.toBool() ? 4 : 3;
+  } else {
+    return nullptr;
+  }
+  return p + 1;
+}
+
+}  // namespace
+
 void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushKey* key) {
+  // The words go through a local cursor into room made once per node (its
+  // words' upper bound); only an argument of a rare kind goes through Words
+  // (push_arg). A per-word room check and a cursor kept in memory were most
+  // of this pass's ~5 K instructions for a 16-op flush.
   Words w{key->buf};
   bool cacheable = true;
-  size_t ref = 0;  // index into fs.numbers
   const int32_t* numbers = fs.numbers.data();
   for (const Node& node : g) {
-    w.room(3 + node.returns.size() + node.list_lens.size() + node.inputs.size());
-    w.put(reinterpret_cast<uintptr_t>(&node.op.schema()));
-    w.put(static_cast<uint64_t>(node.kind) | uint64_t{node.rng} << 8 | uint64_t{node.inputs.size()} << 16 |
-          uint64_t{node.outputs.size()} << 32 | uint64_t{node.args.size()} << 48);
+    size_t bound = 3 + node.returns.size() + node.list_lens.size() + 2 * node.args.size();
+    for (const auto& in : node.inputs) bound += 3 + 2 * in.ref.sizes.size();
+    for (const auto& o : node.outputs) bound += 2 + 2 * o.sizes.size();
+    w.room(bound);
+    uint64_t* p = w.buf.data() + w.n;
+    *p++ = reinterpret_cast<uintptr_t>(&node.op.schema());
+    *p++ = static_cast<uint64_t>(node.kind) | uint64_t{node.rng} << 8 | uint64_t{node.inputs.size()} << 16 |
+           uint64_t{node.outputs.size()} << 32 | uint64_t{node.args.size()} << 48;
     for (const auto& in : node.inputs) {
-      put_ref(w, in.ref, numbers[ref++], uint64_t{in.written});
-      w.room(1);
-      w.put(static_cast<uint64_t>(static_cast<uint32_t>(in.arg)) |
-            static_cast<uint64_t>(static_cast<uint32_t>(in.elem + 1)) << 32);
+      p = write_ref(p, in.ref, *numbers++, uint64_t{in.written});
+      *p++ = static_cast<uint64_t>(static_cast<uint32_t>(in.arg)) |
+             static_cast<uint64_t>(static_cast<uint32_t>(in.elem + 1)) << 32;
     }
-    for (const auto& o : node.outputs) put_ref(w, o, numbers[ref++], 0);
-    w.room(1 + node.returns.size() + node.list_lens.size());
-    w.put(static_cast<uint64_t>(node.returns.size()) | static_cast<uint64_t>(node.list_lens.size()) << 32);
-    for (int r : node.returns) w.put(static_cast<uint64_t>(static_cast<int64_t>(r)));
-    for (int l : node.list_lens) w.put(static_cast<uint64_t>(static_cast<int64_t>(l)));
-    for (size_t a = 0; a < node.args.size(); ++a) {
+    for (const auto& o : node.outputs) p = write_ref(p, o, *numbers++, 0);
+    *p++ = static_cast<uint64_t>(node.returns.size()) | static_cast<uint64_t>(node.list_lens.size()) << 32;
+    for (int r : node.returns) *p++ = static_cast<uint64_t>(static_cast<int64_t>(r));
+    for (int l : node.list_lens) *p++ = static_cast<uint64_t>(static_cast<int64_t>(l));
+    const size_t nargs = node.args.size();
+    for (size_t a = 0; a < nargs; ++a) {
+      const c10::IValue& arg = node.args[a];
       if (is_wrapped_arg(node, a)) {
         // A wrapped number kept as its Scalar: the words its tensor had (dtype, rank 0).
-        w.room(1);
-        w.put(9 | static_cast<uint64_t>(wrapped_number_dtype(node.args[a])) << 8);
-      } else if (!push_arg(w, node.args[a])) {
-        cacheable = false;
+        *p++ = 9 | static_cast<uint64_t>(wrapped_number_dtype(arg)) << 8;
+      } else if (uint64_t* next = write_common_arg(p, arg)) {
+        p = next;
+      } else {
+        // A rare kind: through Words, which may grow the buffer; then room for the rest.
+        w.n = static_cast<size_t>(p - w.buf.data());
+        if (!push_arg(w, arg)) cacheable = false;
+        w.room(2 * (nargs - a));
+        p = w.buf.data() + w.n;
       }
     }
+    w.n = static_cast<size_t>(p - w.buf.data());
   }
   w.room(2 * fs.storages.size());
   for (size_t k = 0; k < fs.storages.size(); ++k) {

@@ -271,14 +271,9 @@ void plan_transients(const std::vector<Node>& g, const FlushStorages& fs, FlushP
 // it is looked up or compiled; false in `*complete` when some region has no
 // kernel (its compile failed: the plan is not kept).
 std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, const FlushPlan& plan,
-                               FlushPlan* building, bool* complete, Metrics& m) {
+                               FlushPlan* building, bool* complete, host::HostMemory& mem, Metrics& m) {
   Executor& ex = active_executor();
-  host::HostMemory mem;
-  if (!plan.transient.empty()) {
-    StorageSet transient(plan.transient.size());
-    for (int32_t k : plan.transient) transient.insert(fs.storages[k]);
-    mem.set_transient(std::move(transient));
-  }
+  for (int32_t k : plan.transient) mem.transient().insert(fs.storages[k]);
   // Every target starts a new flush, so inspection of "the last flush" of an
   // inactive target (e.g. Spyre's schedule after a TPU flush) is empty.
   tpu_executor().begin_flush();
@@ -407,10 +402,51 @@ std::exception_ptr verifier_error(std::vector<Node>& g, const std::vector<char>&
   return err;
 }
 
+// What a flush fills and drops every time: the storage numbering and the
+// HostMemory of its regions. One per thread, reused (their vectors and maps
+// keep their room: allocating, growing and freeing them was ~1.5 K
+// instructions of a cache-hit flush); a flush nested in another on the same
+// thread gets its own.
+struct FlushScratch {
+  FlushStorages fs;
+  host::HostMemory mem;
+  bool busy = false;
+};
+
+// This thread's FlushScratch for one flush, or a fresh one when it is in use.
+// Its HostMemory is emptied at the end (what held the values is freed then,
+// as the HostMemory's destruction freed it).
+class ScratchLease {
+ public:
+  ScratchLease() {
+    thread_local FlushScratch t_scratch;
+    if (!t_scratch.busy) {
+      s_ = &t_scratch;
+    } else {
+      own_ = std::make_unique<FlushScratch>();
+      s_ = own_.get();
+    }
+    s_->busy = true;
+  }
+  ~ScratchLease() {
+    s_->mem.clear(s_->fs.storages.size());
+    s_->busy = false;
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  FlushScratch* operator->() const { return s_; }
+
+ private:
+  FlushScratch* s_ = nullptr;
+  std::unique_ptr<FlushScratch> own_;
+};
+
 }  // namespace
 
 std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
-  const FlushStorages fs = index_flush_storages(g);
+  ScratchLease scratch;
+  index_flush_storages(g, scratch->fs);
+  const FlushStorages& fs = scratch->fs;
   // The flush's structure, looked up in the flush cache (flush_cache.h). A
   // pending test break of the partition bypasses it (the flush must partition).
   thread_local FlushKey key;
@@ -427,7 +463,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
         const std::string bad = verify_regions(g, plan->live, fs.observed_set(), plan->regions);
         if (!bad.empty()) return verifier_error(g, plan->live, bad);
       }
-      return run_regions(g, fs, *plan, nullptr, nullptr, m);
+      return run_regions(g, fs, *plan, nullptr, nullptr, scratch->mem, m);
     }
   }
 
@@ -448,7 +484,7 @@ std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   }
   plan_transients(g, fs, *plan);
   bool complete = true;
-  std::exception_ptr err = run_regions(g, fs, *plan, plan.get(), &complete, m);
+  std::exception_ptr err = run_regions(g, fs, *plan, plan.get(), &complete, scratch->mem, m);
   if (cacheable && complete) flush_cache_insert(std::move(plan));
   return err;
 }

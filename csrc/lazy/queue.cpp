@@ -356,15 +356,21 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
 }
 
 FlushStorages index_flush_storages(const std::vector<Node>& g) {
+  FlushStorages f;
+  index_flush_storages(g, f);
+  return f;
+}
+
+void index_flush_storages(const std::vector<Node>& g, FlushStorages& f) {
   // Each pass has its own stamp; a storage whose stamp is not this pass's is
   // not numbered yet. Passes run one at a time (under the flush lock, from
   // run_graph); a nested flush's pass starts after the outer one ended.
   static uint64_t last_stamp = 0;
   const uint64_t stamp = ++last_stamp;
-  FlushStorages f;
   size_t nrefs = 0;
   for (const auto& n : g) nrefs += n.inputs.size() + n.outputs.size();
   f.numbers.resize(nrefs);
+  f.storages.clear();
   f.storages.reserve(nrefs);
   int32_t* number = f.numbers.data();
   auto visit = [&](DeferredStorage* s) {
@@ -382,7 +388,7 @@ FlushStorages index_flush_storages(const std::vector<Node>& g) {
     for (const auto& out : n.outputs) visit(out.storage.get());
   }
   f.observed.resize(f.storages.size());
-  if (g.empty()) return f;
+  if (g.empty()) return;
   std::lock_guard<std::mutex> lock(C(node_device(g.front())).mu);
   // external_alive first: a tensor that dies after recording a use of its
   // storage did so after that node's enqueue, which pending_uses then shows.
@@ -390,7 +396,6 @@ FlushStorages index_flush_storages(const std::vector<Node>& g) {
     const DeferredStorage* s = f.storages[k];
     f.observed[k] = s->external_alive.load(std::memory_order_acquire) || s->pending_uses > s->index_uses;
   }
-  return f;
 }
 
 StorageSet FlushStorages::observed_set() const {

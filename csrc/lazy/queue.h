@@ -298,6 +298,8 @@ struct FlushStorages {
 // in one pass over the graph. Called under the flush lock (run_graph): the
 // numbering writes scratch fields of the storages (DeferredStorage::index_stamp).
 FlushStorages index_flush_storages(const std::vector<Node>& g);
+// The same into `f`, whose vectors keep their room (a thread's flushes reuse one).
+void index_flush_storages(const std::vector<Node>& g, FlushStorages& f);
 // Runs `fn` under the queue lock when no queued node uses `s` (then nothing
 // can be enqueued meanwhile); returns whether it ran.
 bool run_if_idle(const DeferredStorage* s, c10::function_ref<void()> fn);

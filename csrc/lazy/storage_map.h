@@ -71,6 +71,27 @@ class StorageMap {
 
   size_t size() const { return size_; }
 
+  // Removes every entry, destroying the values now, and keeps the room for
+  // the next use (a flush's maps are reused by the thread's next flush:
+  // growing them again by rehash every flush cost ~1 K instructions). A map
+  // more than four times the room `expected` entries need shrinks to it.
+  void clear(size_t expected = 8) {
+    const size_t want = capacity_for(expected);
+    if (keys_.size() > 4 * want) {
+      std::vector<const DeferredStorage*>(want, nullptr).swap(keys_);
+      std::vector<V>(want).swap(values_);
+      mask_ = want - 1;
+      size_ = 0;
+      return;
+    }
+    for (size_t i = 0; size_ > 0 && i < keys_.size(); ++i) {
+      if (keys_[i] == nullptr) continue;
+      keys_[i] = nullptr;
+      values_[i] = V{};
+      --size_;
+    }
+  }
+
   // Calls f(storage, value) for every entry, in no particular order.
   template <typename F>
   void for_each(F&& f) const {
@@ -119,6 +140,8 @@ class StorageSet {
   }
   bool contains(const DeferredStorage* s) const { return map_.contains(s); }
   size_t size() const { return map_.size(); }
+  // Empties the set, keeping its room (StorageMap::clear).
+  void clear(size_t expected = 8) { map_.clear(expected); }
   template <typename F>
   void for_each(F&& f) const {
     map_.for_each([&](const DeferredStorage* s, char) { f(s); });

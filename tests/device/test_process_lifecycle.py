@@ -78,6 +78,28 @@ EXIT_SCRIPTS = {
         [t.start() for t in ts]
         [t.join() for t in ts]
     """,
+    "storages_outlive_their_thread": """
+        # A thread keeps freed storage blocks for its next tensors; threads that made
+        # (and freed, > 1024) tensors exit, and the main thread frees the ones they returned.
+        import threading
+        out = {}
+        def work(i):
+            x = torch.full((3, 3), float(i), device="tpu")
+            for _ in range(1200):
+                x = x * 0.5 + 1.0
+            out[i] = [x, x + 1]
+            out[i][0].cpu()
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        for i in range(3):
+            assert torch.allclose(out[i][1].cpu(), torch.full((3, 3), 3.0)), out[i][1].cpu()
+        out.clear()
+        y = torch.ones(4, device="tpu")
+        for _ in range(300):
+            y = y * 2.0 - 1.0
+        assert y.cpu().eq(1.0).all()
+    """,
     "custom_function_backward": """
         class Twice(torch.autograd.Function):
             @staticmethod

@@ -203,3 +203,44 @@ def test_a_dropped_plan_is_not_reused_and_lru_order_holds():
         assert hit(1)
     finally:
         tte._C._set_flush_cache_limit(before)
+
+
+def _mixed(x, kind):
+    # Arguments of every kind the structure reads, in the middle of a trace: an int list,
+    # a string, an int, a bool, a float; then a detail changed at one op.
+    y = x.permute(1, 0) * 2.0
+    y = torch.div(y, 3.0, rounding_mode="floor" if kind != "trunc" else "trunc")
+    y = y.sum(dim=[0] if kind != "dim1" else [1], keepdim=kind != "nokeep")
+    y = y + x.narrow(0, 1 if kind != "narrow2" else 2, 2).sum(0, keepdim=True).sum()
+    return (y.clamp(min=-1.5) if kind != "max" else y.clamp(max=1.5)) * 0.5
+
+
+@pytest.mark.parametrize("kind", ["trunc", "dim1", "nokeep", "narrow2", "max"])
+def test_a_detail_changed_mid_trace_misses_and_gives_cpu_values(kind):
+    x = cpu_randn(5, 5, seed=11) * 4
+    xd = x.to("tpu")
+    for _ in range(2):  # planned, then hit
+        torch.testing.assert_close(_mixed(xd, "base").cpu(), _mixed(x, "base"))
+    before = _hits()
+    torch.testing.assert_close(_mixed(xd, "base").cpu(), _mixed(x, "base"))
+    assert _hits() == before + 1
+    torch.testing.assert_close(_mixed(xd, kind).cpu(), _mixed(x, kind))
+    assert _hits() == before + 1, f"{kind}: a flush of another structure must not hit"
+    torch.testing.assert_close(_mixed(xd, "base").cpu(), _mixed(x, "base"))  # the base plan again
+    assert _hits() == before + 2
+
+
+def test_per_thread_flush_memory_reused_across_flush_sizes():
+    # A thread reuses one storage numbering and one HostMemory for its flushes; a long
+    # flush grows them, a short one after it shrinks or reuses them: values stay CPU's.
+    x = cpu_randn(8, 8, seed=12)
+    xd = x.to("tpu")
+
+    def long_chain(t, n):
+        for i in range(n):
+            t = (t * 0.5 + float(i % 3)).sin()
+        return t
+
+    for n in (300, 2, 300, 1, 40, 2):
+        for _ in range(2):
+            torch.testing.assert_close(long_chain(xd, n).cpu(), long_chain(x, n))
