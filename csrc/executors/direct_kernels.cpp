@@ -366,6 +366,44 @@ __attribute__((target("avx2"))) inline __m256d squared_deviation(__m128 v, __m12
   return _mm256_cvtps_pd(_mm_mul_ps(d, d));
 }
 
+// The term one pass adds per element: the widened element (the mean's sum) or
+// its squared deviation from the channel's mean m (the variance's sum).
+template <bool kDeviation>
+__attribute__((target("avx2"))) inline __m256d pass_term(__m128 v, __m128 m) {
+  if constexpr (kDeviation) return squared_deviation(v, m);
+  return _mm256_cvtps_pd(v);
+}
+
+// One pass of channel_stats_avx2 over all batches: acc[g] (zeroed here) gets
+// pass_term of each element in the scalar loop's order (m read only by the
+// variance's pass).
+template <int G, bool kDeviation>
+__attribute__((target("avx2"))) void channel_pass_avx2(const float* x, int64_t batch, int64_t channels, int64_t plane,
+                                                       int64_t c, const __m128* m, __m256d* acc) {
+  const float* r[G][4];
+  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_pd();
+  for (int64_t n = 0; n < batch; ++n) {
+    for (int g = 0; g < G; ++g)
+      for (int k = 0; k < 4; ++k) r[g][k] = x + (n * channels + c + 4 * g + k) * plane;
+    int64_t i = 0;
+    for (; i + 4 <= plane; i += 4) {
+      for (int g = 0; g < G; ++g) {
+        const __m128 mg = kDeviation ? m[g] : _mm_setzero_ps();
+        __m128 v0 = _mm_loadu_ps(r[g][0] + i), v1 = _mm_loadu_ps(r[g][1] + i);
+        __m128 v2 = _mm_loadu_ps(r[g][2] + i), v3 = _mm_loadu_ps(r[g][3] + i);
+        _MM_TRANSPOSE4_PS(v0, v1, v2, v3);
+        acc[g] = _mm256_add_pd(acc[g], pass_term<kDeviation>(v0, mg));
+        acc[g] = _mm256_add_pd(acc[g], pass_term<kDeviation>(v1, mg));
+        acc[g] = _mm256_add_pd(acc[g], pass_term<kDeviation>(v2, mg));
+        acc[g] = _mm256_add_pd(acc[g], pass_term<kDeviation>(v3, mg));
+      }
+    }
+    for (; i < plane; ++i)
+      for (int g = 0; g < G; ++g)
+        acc[g] = _mm256_add_pd(acc[g], pass_term<kDeviation>(lanes_at(r[g], i), kDeviation ? m[g] : _mm_setzero_ps()));
+  }
+}
+
 // channel_stats of 4 * G channels c .. c + 4G - 1 with AVX2: each channel's
 // double sum is one lane of a vector accumulator, fed element by element in
 // the scalar loop's order (batch by batch, i = 0 .. plane - 1), so every lane
@@ -379,54 +417,15 @@ __attribute__((target("avx2"))) void channel_stats_avx2(const float* x, int64_t 
                                                         int64_t c, float* mean, float* var_sum) {
   const int64_t count = batch * plane;
   __m256d acc[G];
-  const float* r[G][4];
-  auto rows = [&](int64_t n) {
-    for (int g = 0; g < G; ++g)
-      for (int k = 0; k < 4; ++k) r[g][k] = x + (n * channels + c + 4 * g + k) * plane;
-  };
-  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_pd();
-  for (int64_t n = 0; n < batch; ++n) {
-    rows(n);
-    int64_t i = 0;
-    for (; i + 4 <= plane; i += 4) {
-      for (int g = 0; g < G; ++g) {
-        __m128 v0 = _mm_loadu_ps(r[g][0] + i), v1 = _mm_loadu_ps(r[g][1] + i);
-        __m128 v2 = _mm_loadu_ps(r[g][2] + i), v3 = _mm_loadu_ps(r[g][3] + i);
-        _MM_TRANSPOSE4_PS(v0, v1, v2, v3);
-        acc[g] = _mm256_add_pd(acc[g], _mm256_cvtps_pd(v0));
-        acc[g] = _mm256_add_pd(acc[g], _mm256_cvtps_pd(v1));
-        acc[g] = _mm256_add_pd(acc[g], _mm256_cvtps_pd(v2));
-        acc[g] = _mm256_add_pd(acc[g], _mm256_cvtps_pd(v3));
-      }
-    }
-    for (; i < plane; ++i)
-      for (int g = 0; g < G; ++g) acc[g] = _mm256_add_pd(acc[g], _mm256_cvtps_pd(lanes_at(r[g], i)));
-  }
   __m128 m[G];
+  channel_pass_avx2<G, false>(x, batch, channels, plane, c, m, acc);
   for (int g = 0; g < G; ++g) {
     alignas(32) double s[4];
     _mm256_store_pd(s, acc[g]);
     for (int k = 0; k < 4; ++k) mean[c + 4 * g + k] = static_cast<float>(s[k] / count);
     m[g] = _mm_loadu_ps(mean + c + 4 * g);
-    acc[g] = _mm256_setzero_pd();
   }
-  for (int64_t n = 0; n < batch; ++n) {
-    rows(n);
-    int64_t i = 0;
-    for (; i + 4 <= plane; i += 4) {
-      for (int g = 0; g < G; ++g) {
-        __m128 v0 = _mm_loadu_ps(r[g][0] + i), v1 = _mm_loadu_ps(r[g][1] + i);
-        __m128 v2 = _mm_loadu_ps(r[g][2] + i), v3 = _mm_loadu_ps(r[g][3] + i);
-        _MM_TRANSPOSE4_PS(v0, v1, v2, v3);
-        acc[g] = _mm256_add_pd(acc[g], squared_deviation(v0, m[g]));
-        acc[g] = _mm256_add_pd(acc[g], squared_deviation(v1, m[g]));
-        acc[g] = _mm256_add_pd(acc[g], squared_deviation(v2, m[g]));
-        acc[g] = _mm256_add_pd(acc[g], squared_deviation(v3, m[g]));
-      }
-    }
-    for (; i < plane; ++i)
-      for (int g = 0; g < G; ++g) acc[g] = _mm256_add_pd(acc[g], squared_deviation(lanes_at(r[g], i), m[g]));
-  }
+  channel_pass_avx2<G, true>(x, batch, channels, plane, c, m, acc);
   for (int g = 0; g < G; ++g) {
     alignas(32) double s[4];
     _mm256_store_pd(s, acc[g]);

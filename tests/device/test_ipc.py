@@ -12,6 +12,20 @@ from difftest import PYTHON_ENV as ENV
 from difftest import requires_tpu
 
 
+def _run_script(code: str, name: str) -> list[str]:
+    """Run ``code`` as a script file (spawned children re-import ``__main__`` from a file) and
+    return its stdout lines; asserts it exited 0."""
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tpu_mp_{name}_{os.getpid()}.py")
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(code))
+    try:
+        r = subprocess.run([sys.executable, path], env=ENV, capture_output=True, text=True, timeout=300)
+    finally:
+        os.unlink(path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip().splitlines()
+
+
 @requires_tpu
 def test_multiprocessing_queue_sends_tpu_tensors():
     """A tpu tensor put on a torch.multiprocessing queue arrives (values, strides, device,
@@ -36,15 +50,7 @@ def test_multiprocessing_queue_sends_tpu_tensors():
         proc.join(60)
         print(proc.exitcode)
     """
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tpu_mp_queue_{os.getpid()}.py")
-    with open(path, "w") as f:
-        f.write(textwrap.dedent(code))
-    try:
-        r = subprocess.run([sys.executable, path], env=ENV, capture_output=True, text=True, timeout=300)
-    finally:
-        os.unlink(path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = r.stdout.strip().splitlines()
+    lines = _run_script(code, "queue")
     assert lines[0] == "('tpu', [[1.0], [3.0], [5.0], [7.0]], (2, 7), 1, 'Parameter', True, [3.0, 3.0])"
     assert lines[1] == "0"
 
@@ -70,14 +76,6 @@ def test_spawned_process_receives_tpu_tensor_arguments():
         proc.join(60)
         print(proc.exitcode)
     """
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tpu_mp_args_{os.getpid()}.py")
-    with open(path, "w") as f:
-        f.write(textwrap.dedent(code))
-    try:
-        r = subprocess.run([sys.executable, path], env=ENV, capture_output=True, text=True, timeout=300)
-    finally:
-        os.unlink(path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = r.stdout.strip().splitlines()
+    lines = _run_script(code, "args")
     assert lines[0] == "('tpu', [[0.0, 6.0], [2.0, 8.0], [4.0, 10.0]], (1, 3), 'Parameter', [1.0, 1.0])"
     assert lines[1] == "0"

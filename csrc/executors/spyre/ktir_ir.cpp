@@ -2319,6 +2319,20 @@ std::vector<at::Tensor> order_finish(const KtirTilePlan& P, const RingParams& rp
   return r;
 }
 
+// The cores of a tile step batched together: from core c (empty cores
+// skipped), the run [begin, end) of cores with c's row count for which
+// joins(c, e) holds (the batch's other conditions, e.g. equal carry state);
+// begin == cores.size() when none is left.
+template <class Joins>
+std::pair<size_t, size_t> core_run(const std::vector<std::pair<int64_t, int64_t>>& cores, size_t c, Joins&& joins) {
+  while (c < cores.size() && cores[c].second == cores[c].first) ++c;
+  if (c == cores.size()) return {c, c};
+  const int64_t rows = cores[c].second - cores[c].first;
+  size_t e = c + 1;
+  while (e < cores.size() && cores[e].second - cores[e].first == rows && joins(c, e)) ++e;
+  return {c, e};
+}
+
 // The results of a reducing ring op from the ring's total (before rounding).
 std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp, const RingPart& total) {
   switch (P.combine) {
@@ -2615,14 +2629,10 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             const int64_t inner = cols.size(0);
             const int64_t limit = P.combine == KtirTilePlan::kTopk ? std::max<int64_t>(rp.k, 0) : -1;
             int64_t off = 0;
-            for (size_t c = 0; c < cores.size();) {
+            auto any = [](size_t, size_t) { return true; };
+            for (auto run = core_run(cores, 0, any); run.first < cores.size(); run = core_run(cores, run.second, any)) {
+              const size_t c = run.first, e = run.second;
               const int64_t rows = cores[c].second - cores[c].first;
-              if (rows == 0) {
-                ++c;
-                continue;
-              }
-              size_t e = c + 1;
-              while (e < cores.size() && cores[e].second - cores[e].first == rows) ++e;
               const int64_t G = static_cast<int64_t>(e - c), len = rows * scale;
               std::vector<int64_t> firsts(G);
               for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first * scale;
@@ -2637,7 +2647,6 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               for (int64_t g = 0; g < G; ++g)
                 runs[c + g] = order_merge(runs[c + g], OrderRun{sv[g], si[g]}, rp.descending, limit);
               off += G * len;
-              c = e;
             }
             return;
           }
@@ -2666,17 +2675,15 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             // its rows alone, indices from its rows' first row), then merge
             // in the pair carried from their earlier tiles.
             int64_t off = 0;
-            for (size_t c = 0; c < cores.size();) {
+            // Evenly spaced: each core's first row the same gap from the previous one's.
+            auto joins = [&](size_t c, size_t e) {
+              return ext_has[e] == ext_has[c] &&
+                     cores[e].first - cores[e - 1].first == cores[c + 1].first - cores[c].first;
+            };
+            for (auto run = core_run(cores, 0, joins); run.first < cores.size();
+                 run = core_run(cores, run.second, joins)) {
+              const size_t c = run.first, e = run.second;
               const int64_t rows = cores[c].second - cores[c].first;
-              if (rows == 0) {
-                ++c;
-                continue;
-              }
-              const int64_t gap = c + 1 < cores.size() ? cores[c + 1].first - cores[c].first : rows;
-              size_t e = c + 1;
-              while (e < cores.size() && cores[e].second - cores[e].first == rows && ext_has[e] == ext_has[c] &&
-                     cores[e].first - cores[e - 1].first == gap)
-                ++e;
               const int64_t G = static_cast<int64_t>(e - c);
               std::vector<int64_t> sizes = x.sizes().vec();
               sizes[0] = rows;
@@ -2698,12 +2705,11 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               ext_i.narrow(0, c, G).copy_(ix.narrow(1, rows - 1, 1));
               // The G cores' rows of `scan`: evenly spaced blocks of `rows` rows.
               std::vector<int64_t> strides = scan.strides().vec();
-              strides.insert(strides.begin(), (G > 1 ? gap : rows) * scan.stride(0));
+              strides.insert(strides.begin(), (G > 1 ? cores[c + 1].first - cores[c].first : rows) * scan.stride(0));
               scan.as_strided(sizes, strides, cores[c].first * scan.stride(0)).copy_(v);
               scan_idx.as_strided(sizes, strides, cores[c].first * scan_idx.stride(0)).copy_(ix);
               for (size_t g = c; g < e; ++g) ext_has[g] = 1;
               off += G * rows;
-              c = e;
             }
             return;
           }
@@ -2730,16 +2736,11 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           // of its own rows), the accumulators of all cores live in one
           // [cores_used, ...] tensor per statistic.
           int64_t off = 0;
-          for (size_t c = 0; c < cores.size();) {
+          auto joins = [&](size_t c, size_t e) { return acc_has[e] == acc_has[c] && acc_n[e] == acc_n[c]; };
+          for (auto run = core_run(cores, 0, joins); run.first < cores.size();
+               run = core_run(cores, run.second, joins)) {
+            const size_t c = run.first, e = run.second;
             const int64_t rows = cores[c].second - cores[c].first;
-            if (rows == 0) {
-              ++c;
-              continue;
-            }
-            size_t e = c + 1;
-            while (e < cores.size() && cores[e].second - cores[e].first == rows && acc_has[e] == acc_has[c] &&
-                   acc_n[e] == acc_n[c])
-              ++e;
             const int64_t G = static_cast<int64_t>(e - c);
             std::vector<int64_t> sizes = x.sizes().vec();
             sizes[0] = rows;
@@ -2778,7 +2779,6 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               for (at::Tensor& t : part.t) acc_b.push_back(t.contiguous());
               for (size_t g = c; g < e; ++g) acc_has[g] = 1, acc_n[g] = part.n;
               off += G * rows;
-              c = e;
               continue;
             }
             if (acc_b.empty())
@@ -2797,7 +2797,6 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             for (size_t j = 0; j < acc_b.size(); ++j) acc_b[j].narrow(0, c, G).copy_(merged.t[j]);
             for (size_t g = c; g < e; ++g) acc_has[g] = 1, acc_n[g] = merged.n;
             off += G * rows;
-            c = e;
           }
         });
       }
