@@ -2319,6 +2319,15 @@ std::vector<at::Tensor> order_finish(const KtirTilePlan& P, const RingParams& rp
   return r;
 }
 
+// CPU's nll_loss check, with its exception type (IndexError) and message:
+// every target not ignored is a class index in [0, classes).
+void check_nll_targets(const at::Tensor& t, const at::Tensor& keep, int64_t classes) {
+  const at::Tensor bad = keep.logical_and(t.lt(0).logical_or(t.ge(classes)));
+  if (!bad.any().item<bool>()) return;
+  const int64_t first = t.masked_select(bad)[0].item<int64_t>();
+  TORCH_CHECK_INDEX(false, "Target ", first, " is out of bounds.");
+}
+
 // The cores of a tile step batched together: from core c (empty cores
 // skipped), the run [begin, end) of cores with c's row count for which
 // joins(c, e) holds (the batch's other conditions, e.g. equal carry state);
@@ -2657,6 +2666,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             per_corelet([&](int64_t off, int64_t m, int64_t) {
               const at::Tensor t = tgt.narrow(0, off, m);
               const at::Tensor keep = t.ne(rp.ignore_index);
+              check_nll_targets(t, keep, x.size(1));
               const at::Tensor safe = at::where(keep, t, at::zeros({}, t.options()));
               at::Tensor w =
                   rp.weight >= 0 ? views[rp.weight].to(acc_dtype).index_select(0, safe) : at::ones({m}, x.options());

@@ -401,6 +401,27 @@ def test_cumsum_over_split_rows_carries_the_prefix(spyre_target, dtype, shape):
         )
 
 
+@pytest.mark.parametrize("bad", [12, 10, -1, -5], ids=["12", "classes", "-1", "-5"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+def test_nll_loss_target_out_of_range_raises_cpu_index_error(spyre_target, bad, weighted):
+    # CPU's check and exception type: a target outside [0, classes) that is not
+    # ignore_index raises IndexError "Target <t> is out of bounds." (at the read,
+    # the value being computed on the device); other tensors stay valid.
+    rows, classes = 300, 10
+    x = torch.randn(rows, classes, generator=torch.Generator().manual_seed(5))
+    target = torch.randint(0, classes, (rows,), generator=torch.Generator().manual_seed(6))
+    target[::9] = -100
+    target[rows // 2] = bad
+    w = torch.rand(classes) + 0.5 if weighted else None
+    with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
+        F.nll_loss(x, target, w)
+    other = torch.arange(4.0, device="tpu") * 2
+    loss = F.nll_loss(x.to("tpu"), target.to("tpu"), None if w is None else w.to("tpu"))
+    with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
+        loss.item()
+    assert other.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("rows", [64, 1000, 37], ids=["64", "1000", "37"])
 def test_nll_loss_over_split_rows(spyre_target, dtype, rows):
