@@ -385,6 +385,65 @@ def memory_stats(device=None) -> dict:
     return torch.accelerator.memory_stats(_index(device))
 
 
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A printable table of :func:`memory_stats` for chip ``device``, as
+    ``torch.cuda.memory_summary`` prints (FSDP and training scripts log it on an
+    out-of-memory error): bytes (allocated, active, requested, reserved) and counts
+    (allocations, active, segments), each current, peak, total allocated and total
+    freed. Only the ``all`` pool is kept (``abbreviated`` is accepted for CUDA's
+    signature; the device has no large/small pool split)."""
+    index = _index(device)
+    stats = memory_stats(index)
+    rows = [
+        ("allocated_bytes", "Allocated memory", True),
+        ("active_bytes", "Active memory", True),
+        ("requested_bytes", "Requested memory", True),
+        ("reserved_bytes", "Device reserved memory", True),
+        ("allocation", "Allocations", False),
+        ("active", "Active allocs", False),
+        ("segment", "Device reserved segments", False),
+    ]
+
+    def cell(value: int, is_bytes: bool) -> str:
+        if not is_bytes:
+            return f"{value:>10d}"
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if abs(value) < 1024 * 768 or unit == "GiB":
+                return f"{value:>6d} {unit:<3}"
+            value //= 1024
+        return f"{value:>10d}"
+
+    rule = "=" * 79
+    lines = [
+        rule,
+        f" torch_tpu_eager memory summary, device tpu:{index} ({get_device_name(index)})",
+        f" OOMs: {stats.get('num_ooms', 0)}",
+        rule,
+        f" {'Metric':<25}| {'Cur Usage':>10} | {'Peak Usage':>10} | {'Tot Alloc':>10} | {'Tot Freed':>10}",
+    ]
+    for key, name, is_bytes in rows:
+        values = [stats.get(f"{key}.all.{k}", 0) for k in ("current", "peak", "allocated", "freed")]
+        lines.append("-" * 79)
+        lines.append(f" {name:<25}| " + " | ".join(cell(v, is_bytes) for v in values))
+    lines.append(rule)
+    return "\n".join(lines) + "\n"
+
+
+def is_current_stream_capturing() -> bool:
+    """False: the device has no graph capture (``torch.cuda.is_current_stream_capturing``;
+    code that skips work during a CUDA graph capture asks it)."""
+    return False
+
+
+def get_arch_list() -> list:
+    """The chips this build simulates (``torch.cuda.get_arch_list`` lists the compute
+    architectures a build supports): the target names :func:`torch_tpu_eager.set_target`
+    accepts (:func:`torch_tpu_eager.list_targets`), e.g. ``["tpu-v4", "tpu-v5e", ...]``."""
+    from .target import list_targets
+
+    return list_targets()
+
+
 def mem_get_info(device=None) -> tuple:
     """``(free, total)`` bytes of the chip's simulated HBM: total is the active target's
     HBM size (``target_info()["hbm_bytes"]``; Spyre: its DRAM), free what

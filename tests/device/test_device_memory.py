@@ -171,3 +171,29 @@ def test_out_of_memory_is_counted():
     assert torch.tpu.memory_stats()["num_ooms"] == before + 1
     assert torch.ones(2, device="tpu").sum().item() == 2
     del tte
+
+
+def test_memory_summary_prints_memory_stats():
+    # torch.cuda.memory_summary's contract: a printable table of memory_stats
+    # (current / peak / total allocated / total freed per metric).
+    x = torch.ones(4096, device="tpu") + 1
+    x.cpu()
+    stats = torch.tpu.memory_stats()
+    text = torch.tpu.memory_summary()
+    assert isinstance(text, str) and "tpu:0" in text
+    rows = {line.split("|")[0].strip(): line.split("|")[1:] for line in text.splitlines() if "|" in line}
+    counts = [int(v) for v in rows["Allocations"]]
+    assert counts == [stats[f"allocation.all.{k}"] for k in ("current", "peak", "allocated", "freed")]
+    cur_bytes = rows["Allocated memory"][0].split()
+    assert cur_bytes[1] == "B" or stats["allocated_bytes.all.current"] >= 768 * 1024
+    if cur_bytes[1] == "B":
+        assert int(cur_bytes[0]) == stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    assert torch.tpu.memory_summary(abbreviated=True) == torch.tpu.memory_summary()
+    del x
+
+
+def test_cuda_names_for_capture_and_arch_list():
+    tte = _tte()
+    assert torch.tpu.is_current_stream_capturing() is False
+    assert torch.tpu.get_arch_list() == tte.list_targets()
+    assert tte.get_target() in torch.tpu.get_arch_list()
