@@ -3072,6 +3072,8 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
     ktir_bind(bound, values);
     run = &bound;
   }
+  // The program's own rules first (an out argument's elems sizes its allocation).
+  ktir_verify(*run, card, nullptr);
   std::vector<at::Tensor> args;
   size_t next = 0;
   for (const auto& g : run->args)

@@ -210,3 +210,8 @@ def test_lx_capacity_and_bound_tensors(spyre_target, tmp_path):
         spyre.run_ktir(p, torch.randn(256).half())
     with pytest.raises(ValueError, match="takes 1 input"):
         spyre.run_ktir(p)
+    # A negative elems on an out argument (whose allocation it sizes) is the
+    # verifier's error too, not the allocator's.
+    p.write_text(BASE.replace("%a1 = arg out f32 elems=256", "%a1 = arg out f32 elems=-5"))
+    with pytest.raises(ValueError, match="KTIR line 3: rule 'arg'"):
+        spyre.run_ktir(p, torch.randn(256))
