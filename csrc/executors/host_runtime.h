@@ -30,12 +30,11 @@ class HostMemory {
   void release_temp(DeferredStorage* s);
   // The CPU storage that holds the current value of `s`.
   c10::Storage storage_for(DeferredStorage* s);
-  // Storages made by this flush that nothing reads after it (jit::run_graph):
-  // their "device buffer" is flush-local CPU memory, freed by release() after
-  // the last region that uses them, so a flush reuses memory as eager does
-  // instead of writing every intermediate to a buffer of its own.
-  void set_transient(StorageSet storages) { transient_ = std::move(storages); }
-  // The same, filled in place: the set (empty after clear()) to insert them into.
+  // Storages made by this flush that nothing reads after it (jit::run_graph
+  // inserts them; empty after clear()): their "device buffer" is flush-local
+  // CPU memory, freed by release() after the last region that uses them, so a
+  // flush reuses memory as eager does instead of writing every intermediate to
+  // a buffer of its own.
   StorageSet& transient() { return transient_; }
   // Frees what every storage's value was held in, as destruction does, and
   // keeps the maps' room for another flush (jit::run_graph reuses one

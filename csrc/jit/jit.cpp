@@ -239,7 +239,7 @@ namespace {
 // The flush-local memory schedule of `plan` (regions, live set): storages a
 // live node of this flush creates and nothing observes after it hold values
 // only between its regions: flush-local memory, freed after the last region
-// that uses them (host_runtime.h, set_transient). A storage made earlier
+// that uses them (host_runtime.h, HostMemory::transient). A storage made earlier
 // keeps its device buffer: that holds its value. Storages by number.
 void plan_transients(const std::vector<Node>& g, const FlushStorages& fs, FlushPlan& plan) {
   std::vector<size_t> first_ref(g.size() + 1, 0);  // index into fs.numbers of each node's first reference
