@@ -28,10 +28,37 @@ struct Words {
   void put(uint64_t v) { buf[n++] = v; }  // after room()
 };
 
+// The words of the common argument kinds (a tensor slot, None, float, int,
+// bool) at `p` (room for two words); returns the end, or null for any other
+// kind (push_rare_arg writes those). Structural values exactly, a float by
+// whether it overflows float only (a runtime parameter: the fused loop's
+// acceptance of the op depends on that).
+inline uint64_t* write_common_arg(uint64_t* __restrict p, const c10::IValue& a) {
+  if (a.isTensor()) {
+    // The slot a recorded tensor left (undefined), or a wrapped number (CPU 0-dim tensor): its dtype and rank.
+    const at::Tensor& t = a.toTensor();
+    *p = t.defined() ? 9 | static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()) << 16 : 10;
+  } else if (a.isNone()) {
+    *p = 1;
+  } else if (a.isDouble()) {
+    const double d = a.toDouble();
+    *p = std::isfinite(d) && std::isinf(static_cast<float>(d)) ? 6 : 5;
+  } else if (a.isInt()) {
+    p[0] = 2;
+    p[1] = static_cast<uint64_t>(a.toInt());
+    return p + 2;
+  } else if (a.isBool()) {
+    *p = a.toBool() ? 4 : 3;
+  } else {
+    return nullptr;
+  }
+  return p + 1;
+}
+
 // (push_arg, below, is declared first: a list's elements recurse into it.)
 inline bool push_arg(Words& w, const c10::IValue& a);
 
-// push_arg's kinds other than the scalar ones it tests inline (None, float,
+// push_arg's kinds other than the common ones write_common_arg writes (None, float,
 // int, wrapped number, bool): lists, complex, strings, devices, generators.
 // Out of line: rare, and recursive for lists.
 bool push_rare_arg(Words& w, const c10::IValue& a) {
@@ -91,26 +118,11 @@ bool push_rare_arg(Words& w, const c10::IValue& a) {
 // neither describes. (The common kinds are tested first.)
 inline bool push_arg(Words& w, const c10::IValue& a) {
   w.room(2);
-  if (a.isNone()) {
-    w.put(1);
-  } else if (a.isDouble()) {
-    // A runtime parameter: only whether a finite value overflows float
-    // (the fused loop's acceptance of the op depends on that).
-    const double d = a.toDouble();
-    w.put(std::isfinite(d) && std::isinf(static_cast<float>(d)) ? 6 : 5);
-  } else if (a.isInt()) {
-    w.put(2);
-    w.put(static_cast<uint64_t>(a.toInt()));
-  } else if (a.isTensor()) {
-    // A wrapped number (CPU 0-dim tensor): its dtype and rank.
-    const at::Tensor& t = a.toTensor();
-    w.put(t.defined() ? 9 | static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()) << 16 : 10);
-  } else if (a.isBool()) {
-    w.put(a.toBool() ? 4 : 3);
-  } else {
-    return push_rare_arg(w, a);
+  if (uint64_t* end = write_common_arg(w.buf.data() + w.n, a)) {
+    w.n = static_cast<size_t>(end - w.buf.data());
+    return true;
   }
-  return true;
+  return push_rare_arg(w, a);
 }
 
 // A hash of `n` words: four independent multiply-xor lanes (a quarter of the
@@ -183,30 +195,6 @@ inline uint64_t* write_ref(uint64_t* __restrict p, const TensorRef& r, int32_t n
   return p + 2 + 2 * rank;
 }
 
-// The words push_arg gives the common argument kinds (a tensor slot, None,
-// float, int, bool), at `p`; null for any other kind (then push_arg writes it).
-inline uint64_t* write_common_arg(uint64_t* __restrict p, const c10::IValue& a) {
-  if (a.isTensor()) {
-    // The slot a recorded tensor left (undefined), or a wrapped number (CPU 0-dim tensor): its dtype and rank.
-    const at::Tensor& t = a.toTensor();
-    *p = t.defined() ? 9 | static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()) << 16 : 10;
-  } else if (a.isNone()) {
-    *p = 1;
-  } else if (a.isDouble()) {
-    const double d = a.toDouble();
-    *p = std::isfinite(d) && std::isinf(static_cast<float>(d)) ? 6 : 5;
-  } else if (a.isInt()) {
-    p[0] = 2;
-    p[1] = static_cast<uint64_t>(a.toInt());
-    return p + 2;
-  } else if (a.isBool()) {
-    *p = a.toBool() ? 4 : 3;
-  } else {
-    return nullptr;
-  }
-  return p + 1;
-}
-
 }  // namespace
 
 void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushKey* key) {
@@ -246,7 +234,7 @@ void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushK
       } else {
         // A rare kind: through Words, which may grow the buffer; then room for the rest.
         w.n = static_cast<size_t>(p - w.buf.data());
-        if (!push_arg(w, arg)) cacheable = false;
+        if (!push_rare_arg(w, arg)) cacheable = false;
         w.room(2 * (nargs - a));
         p = w.buf.data() + w.n;
       }
