@@ -482,11 +482,21 @@ def is_out_of(functional, candidate):
     return all(b.is_out and b.type.kind() == "TensorType" for b in oa[len(fa) :])
 
 
+# Functional ops whose CPU out= kernel computes the unreduced elementwise loss
+# into `out` before reducing, so a correctly sized 0-dim out is resized to the
+# input's shape first: PyTorch's deprecation warning "An output with one or
+# more elements was resized" on every call (torch 2.13; found by running the
+# OpInfo samples of every op on "tpu" with warnings recorded). The host runs
+# their functional kernel and copies, as CPU's functional call warns nothing.
+OUT_KERNEL_RESIZES = {"mse_loss", "huber_loss", "smooth_l1_loss", "binary_cross_entropy"}
+
+
 def out_overload_names():
     """{"sum.dim_IntList": "IntList_out", ...}: every functional aten overload of the
     installed torch's dispatcher whose returns are fresh Tensors, mapped to the overload
     name of its out= overload (out_variant.cpp looks the latter up by name instead of
-    walking every registered operator). Functional overloads without one are absent."""
+    walking every registered operator). Functional overloads without one, and those of
+    OUT_KERNEL_RESIZES, are absent."""
     registered = set(C._dispatch_get_all_op_names())
     by_name = {}
     for s in C._jit_get_all_schemas():
@@ -502,8 +512,8 @@ def out_overload_names():
                 continue
             outs = [o.overload_name for o in schemas if is_out_of(f, o)]
             assert len(outs) <= 1, (name, f.overload_name, outs)
-            if outs:
-                key = name[len("aten::") :] + ("." + f.overload_name if f.overload_name else "")
+            key = name[len("aten::") :] + ("." + f.overload_name if f.overload_name else "")
+            if outs and key not in OUT_KERNEL_RESIZES:
                 found[key] = outs[0]
     return found
 
