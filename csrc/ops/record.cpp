@@ -549,18 +549,20 @@ std::string meta_disk_key(const c10::FunctionSchema& schema, const std::vector<i
 // In memory, backed by the optional on-disk cache (jit/disk_cache.h).
 class MetaCache {
  public:
-  const MetaOutcome* find(const c10::FunctionSchema& schema, const std::vector<int64_t>& key, bool disk = true) {
+  // `memos`: the calling thread's (RecordThread::memo).
+  const MetaOutcome* find(const c10::FunctionSchema& schema, const std::vector<int64_t>& key, bool disk,
+                          RecordThread::MetaMemo* memos) {
     // The calling thread's last hit in this key's memo slot first: no lock, no
     // hash of the whole key. (Entries stay where they are until map_.clear(),
     // which bumps generation_.)
-    Memo& memo = memo_slot(key);
+    RecordThread::MetaMemo& memo = memos[memo_slot(key)];
     if (memo.key != nullptr && memo.generation == generation_.load(std::memory_order_acquire) && *memo.key == key)
-      return memo.outcome;
+      return static_cast<const MetaOutcome*>(memo.outcome);
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = map_.find(key);
       if (it != map_.end()) {
-        memo = Memo{&it->first, &it->second, generation_.load(std::memory_order_relaxed)};
+        memo = RecordThread::MetaMemo{&it->first, &it->second, generation_.load(std::memory_order_relaxed)};
         return &it->second;
       }
     }
@@ -591,20 +593,15 @@ class MetaCache {
 
  private:
   static constexpr size_t kMaxEntries = 1 << 16;
-  // A thread's memo of recent hits: 64 slots, chosen by a few words of the key
-  // (the op, the key's length, two argument words).
-  struct Memo {
-    const std::vector<int64_t>* key = nullptr;
-    const MetaOutcome* outcome = nullptr;
-    uint64_t generation = 0;
-  };
-  static Memo& memo_slot(const std::vector<int64_t>& key) {
-    thread_local Memo memo[64];
+  // A thread's memo of recent hits (RecordThread::memo): 64 slots, chosen by
+  // a few words of the key (the op, the key's length, two argument words).
+  static_assert(RecordThread::kMemoSlots == 64, "memo_slot takes the hash's top 6 bits");
+  static size_t memo_slot(const std::vector<int64_t>& key) {
     const size_t n = key.size();
     uint64_t h = static_cast<uint64_t>(key[0]) ^ n;
     if (n > 2) h = (h ^ static_cast<uint64_t>(key[n / 2])) * 0x9E3779B97F4A7C15ULL;
     h = (h ^ static_cast<uint64_t>(key[n - 1])) * 0x9E3779B97F4A7C15ULL;
-    return memo[h >> 58];
+    return h >> 58;
   }
   // Caller holds mu_. Every memo (of any thread) is stale from here on.
   void clear() {
@@ -628,13 +625,25 @@ MetaCache& meta_cache() {
   return *c;
 }
 
-// The calling thread's meta-key buffer. Out of line, and passed down by
-// reference: the key builders, specialized by the compiler for a
-// thread_local buffer, looked its address up (a __tls_get_addr call: this
-// library's thread_locals are dynamic TLS) at every append.
-__attribute__((noinline)) std::vector<int64_t>& thread_key_buffer() {
-  thread_local std::vector<int64_t> buffer;
-  return buffer;
+thread_local RecordThread t_record;  // plain data: no guard (see RecordThread)
+
+// Frees the thread's RecordThread heap parts at its exit.
+struct RecordThreadReaper {
+  ~RecordThreadReaper() {
+    RecordThread& r = t_record;
+    delete[] r.stacks;
+    delete r.key;
+    r.stacks = nullptr;
+    r.key = nullptr;  // armed stays set: nothing is made again on this thread
+  }
+};
+
+__attribute__((noinline)) void arm_record_thread(RecordThread& r) {
+  thread_local RecordThreadReaper reaper;
+  (void)reaper;
+  r.armed = true;
+  r.key = new std::vector<int64_t>();
+  r.stacks = new torch::jit::Stack[RecordThread::kStackDepth];
 }
 
 // A wrapped-number tensor `t` (a Python number passed for a Tensor argument)
@@ -1149,9 +1158,8 @@ bool ran_for_cpu_dtype_check(const c10::OperatorHandle& op, const OpEntry& entry
 // else 1 op in 64, so the record path pays a thread-local increment per op.
 class RecordTimer {
  public:
-  RecordTimer() {
-    thread_local uint32_t n = 0;
-    if (debug::level() >= 1 || (++n & 63) == 0) start_ = std::chrono::steady_clock::now();
+  explicit RecordTimer(RecordThread& rt) {
+    if (debug::level() >= 1 || (++rt.ops & 63) == 0) start_ = std::chrono::steady_clock::now();
   }
   ~RecordTimer() {
     if (start_ != std::chrono::steady_clock::time_point{})
@@ -1163,9 +1171,16 @@ class RecordTimer {
 };
 }  // namespace
 
+__attribute__((noinline)) RecordThread& record_thread() {
+  RecordThread& r = t_record;
+  if (__builtin_expect(!r.armed, 0)) arm_record_thread(r);
+  return r;
+}
+
 void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack,
-               BorrowedArgs* borrowed) {
-  RecordTimer timer;
+               BorrowedArgs* borrowed, RecordThread* thread) {
+  RecordThread& rt = thread != nullptr ? *thread : record_thread();
+  RecordTimer timer(rt);
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
@@ -1199,10 +1214,11 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
   // The key's buffer is reused by the thread's next op (an allocation less per op).
-  std::vector<int64_t>& key_buffer = thread_key_buffer();
+  std::vector<int64_t> own_key;  // after the thread's exit released its buffer
+  std::vector<int64_t>& key_buffer = rt.key != nullptr ? *rt.key : own_key;
   meta_key(op, plan, *stack, first, nargs, key_buffer);
   const bool disk = plan.custom_id == 0;
-  const MetaOutcome* cached = key_buffer.empty() ? nullptr : meta_cache().find(schema, key_buffer, disk);
+  const MetaOutcome* cached = key_buffer.empty() ? nullptr : meta_cache().find(schema, key_buffer, disk, rt.memo);
   MetaOutcome computed;
   if (cached == nullptr) {
     const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
