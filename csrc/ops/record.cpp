@@ -1193,7 +1193,10 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   int device = single_chip_of(plan.writes, *stack, first, nargs);  // the common case: nothing to raise
   const bool one_chip = device >= 0;
   if (!one_chip) device = op_device(*stack, first, nargs);  // raises CUDA's error for two chips
-  ChipGuard chip(device);
+  // Switched only when it differs (nearly always the current chip already):
+  // each switch is a call and a TLS lookup, twice.
+  std::optional<ChipGuard> chip;
+  if (device >= 0 && device != current_device_index()) chip.emplace(device);
   if (!one_chip) check_same_device(schema, plan.writes, *stack, first);
 
   if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
