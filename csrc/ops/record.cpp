@@ -1456,7 +1456,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     in.written = (writes >> arg) & 1;
     in.ref = make_ref(t);
     // Drop the reference: a pending node must not keep the tensor alive (DCE).
-    host::set_tensor_slot(slot, elem, at::Tensor());
+    // A top-level tensor's slot is already the undefined tensor (above); a
+    // list's element is the list copy's.
+    if (elem >= 0) host::set_tensor_slot(slot, elem, at::Tensor());
   });
 
   if (entry.kind == PrimKind::kRandom) {
