@@ -669,20 +669,59 @@ bool wrapped_to_scalar(const at::Tensor& t, c10::IValue* slot) {
   }
 }
 
-void key_tensor(std::vector<int64_t>& k, const at::Tensor& t) {
+// Writes a meta key into a reused std::vector through a cursor: the vector
+// is opened at kOpen words (one value-initializing resize an op; a binary op
+// on rank-4 tensors keys 25), words are plain stores into room checked
+// inline (growing it when a key is longer), and close() (or the destructor)
+// cuts it to the words written. A resize or push_back per tensor or word was
+// an out-of-line call each (~60 and ~23 instructions).
+class KeyWriter {
+ public:
+  static constexpr size_t kOpen = 48;
+  explicit KeyWriter(std::vector<int64_t>& v) : v_(v) {
+    v_.resize(kOpen);
+    p_ = v_.data();
+    end_ = p_ + v_.size();
+  }
+  ~KeyWriter() { close(); }
+  KeyWriter(const KeyWriter&) = delete;
+  KeyWriter& operator=(const KeyWriter&) = delete;
+  // Room for `n` more words, returned for plain stores.
+  int64_t* room(size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) grow(n);
+    int64_t* r = p_;
+    p_ += n;
+    return r;
+  }
+  void put(int64_t w) { *room(1) = w; }
+  void discard() { p_ = v_.data(); }  // an uncacheable call: the empty key
+  void close() {
+    if (p_ != nullptr) v_.resize(static_cast<size_t>(p_ - v_.data()));
+    p_ = end_ = nullptr;
+  }
+
+ private:
+  void grow(size_t n) {
+    const size_t used = static_cast<size_t>(p_ - v_.data());
+    v_.resize(std::max(2 * v_.size(), used + n));
+    p_ = v_.data() + used;
+    end_ = v_.data() + v_.size();
+  }
+  std::vector<int64_t>& v_;
+  int64_t* p_;
+  int64_t* end_;
+};
+
+void key_tensor(KeyWriter& k, const at::Tensor& t) {
   if (!t.defined()) {
-    k.push_back(-7);
+    k.put(-7);
     return;
   }
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   const c10::IntArrayRef sizes = impl->sizes();
   const c10::IntArrayRef strides = impl->strides();
   const size_t rank = sizes.size();
-  // One resize, then plain stores: a push_back per word (an out-of-line
-  // call each) was ~140 instructions a tensor.
-  const size_t at = k.size();
-  k.resize(at + 3 + 2 * rank);
-  int64_t* p = k.data() + at;
+  int64_t* p = k.room(3 + 2 * rank);
   // A wrapped Python number promotes like a Scalar, a 0-dim tensor like a
   // tensor (t * 0.01 stays float32; t * tensor(0.01, float64) does not).
   p[0] = static_cast<int64_t>(t.scalar_type()) | (is_tpu(t) ? 1 << 8 : 0) | (t.is_conj() ? 1 << 9 : 0) |
@@ -711,57 +750,57 @@ int64_t value_class(double d) {
 // range factories, and keying it made every step of an optimizer whose
 // scalars change (Adam's bias corrections, a learning-rate schedule) rerun
 // the Python meta kernels (~50 us an op).
-void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v, bool float_values) {
+void key_ivalue(KeyWriter& k, const c10::IValue& v, bool float_values) {
   if (v.isTensor()) {
     key_tensor(k, v.toTensor());
   } else if (v.isTensorList()) {
-    k.push_back(-1);
+    k.put(-1);
     for (const at::Tensor& t : v.toTensorList().vec()) key_tensor(k, t);
   } else if (v.isList()) {
-    k.push_back(-2);
+    k.put(-2);
     for (const c10::IValue& e : v.toList().vec()) key_ivalue(k, e, float_values);
   } else if (v.isInt()) {
-    k.push_back(-3);
-    k.push_back(v.toInt());
+    k.put(-3);
+    k.put(v.toInt());
   } else if (v.isDouble() && !float_values) {
-    k.push_back(-28);
-    k.push_back(value_class(v.toDouble()));
+    k.put(-28);
+    k.put(value_class(v.toDouble()));
   } else if (v.isDouble()) {
-    k.push_back(-4);
+    k.put(-4);
     const double d = v.toDouble();
     int64_t bits;
     std::memcpy(&bits, &d, sizeof(bits));
-    k.push_back(bits);
+    k.put(bits);
   } else if (v.isBool()) {
-    k.push_back(v.toBool() ? -5 : -6);
+    k.put(v.toBool() ? -5 : -6);
   } else if (v.isNone()) {
-    k.push_back(-8);
+    k.put(-8);
   } else if (v.isScalar()) {
     const at::Scalar sc = v.toScalar();
-    k.push_back(-9 - static_cast<int64_t>(sc.type()));
+    k.put(-9 - static_cast<int64_t>(sc.type()));
     if (sc.isIntegral(false)) {
-      k.push_back(sc.toLong());
+      k.put(sc.toLong());
     } else if (sc.isFloatingPoint() && !float_values) {
-      k.push_back(-29);
-      k.push_back(value_class(sc.toDouble()));
+      k.put(-29);
+      k.put(value_class(sc.toDouble()));
     } else if (sc.isFloatingPoint()) {
       const double d = sc.toDouble();
       int64_t bits;
       std::memcpy(&bits, &d, sizeof(bits));
-      k.push_back(bits);
+      k.put(bits);
     } else if (sc.isBoolean()) {
-      k.push_back(sc.toBool());
+      k.put(sc.toBool());
     } else {
       throw std::invalid_argument("uncacheable scalar");
     }
   } else if (v.isString()) {
-    k.push_back(-30);
-    k.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+    k.put(-30);
+    k.put(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
   } else if (v.isGenerator()) {
-    k.push_back(-31);
+    k.put(-31);
   } else if (v.isDevice()) {
-    k.push_back(-32);
-    k.push_back(static_cast<int64_t>(v.toDevice().type()));
+    k.put(-32);
+    k.put(static_cast<int64_t>(v.toDevice().type()));
   } else {
     throw std::invalid_argument("uncacheable argument");  // e.g. dimension names: not cached
   }
@@ -951,12 +990,12 @@ std::optional<torch::jit::Stack> cpu_twins(const torch::jit::Stack& stack, size_
 
 // The cache key of a call into `k`, or an empty key when some argument is not cacheable.
 void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Stack& stack, size_t first, size_t n,
-              std::vector<int64_t>& k) {
-  k.clear();
-  k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
-  if (plan.custom_id) k.push_back(plan.custom_id);
+              std::vector<int64_t>& key) {
+  KeyWriter k(key);
+  k.put(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
+  if (plan.custom_id) k.put(plan.custom_id);
   // Type promotion of an integer tensor with a float scalar, and factories, read the default dtype.
-  k.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
+  k.put(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   try {
     for (size_t i = 0; i < n; ++i) {
       // A Scalar argument (a float Scalar arrives as a double) keys by type,
@@ -966,7 +1005,7 @@ void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Sta
       key_ivalue(k, stack[first + i], plan.float_values || !scalar_arg);
     }
   } catch (const std::invalid_argument&) {
-    k.clear();
+    k.discard();
   }
 }
 
