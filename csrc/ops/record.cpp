@@ -1261,8 +1261,11 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   meta_key(op, plan, *stack, first, nargs, key_buffer);
   const bool disk = plan.custom_id == 0;
   const MetaOutcome* cached = key_buffer.empty() ? nullptr : meta_cache().find(schema, key_buffer, disk, rt.memo);
-  MetaOutcome computed;
+  // Made only on a miss (an empty MetaOutcome's construction and destruction
+  // were ~40 instructions an op, twice with `held` below).
+  std::optional<MetaOutcome> computed_store;
   if (cached == nullptr) {
+    MetaOutcome& computed = computed_store.emplace();
     const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
     if (borrowed) borrowed->own();                // the meta call and run_eager copy and drop arguments
     // The arguments with meta twins of the tpu tensors (one twin storage per tpu storage).
@@ -1399,14 +1402,11 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // Written lazy clones get their bytes now, after CPU's call-time checks (as
   // CPU's kernels take a mutable pointer once their checks passed). The copy is
   // recorded first, and may evict the meta cache's entry: keep it.
-  MetaOutcome held;
+  std::optional<MetaOutcome> held;
   if (plan.writes != 0) {
     const uint64_t writes = writes_of_call(plan, *stack, first);
     if (writes_lazy_clone(writes, *stack, first, nargs)) {
-      if (cached != &computed) {
-        held = *cached;
-        cached = &held;
-      }
+      if (!computed_store) cached = &held.emplace(*cached);
       prepare_writes(writes, *stack, first, nargs);
     }
   }
