@@ -5,6 +5,7 @@
 #include "device/block_cache.h"
 #include "device/fork.h"
 #include "device/host_share.h"
+#include "device/spin_lock.h"
 
 #include <atomic>
 #include <cstdio>
@@ -77,7 +78,7 @@ std::string human(int64_t bytes) {
 // PyTorch builds over device memory itself (alias storages, below). Linking
 // costs a lock and four pointer writes per allocation; lookups are rare.
 struct Registry {
-  std::mutex mu;
+  SpinLock mu;  // taken twice an op (a fresh result's link, a dead tensor's unlink): see SpinLock
   DeferredStorage* head = nullptr;
 };
 
@@ -88,7 +89,7 @@ Registry& registry() {
 
 void registry_add(DeferredStorage* ds) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  std::lock_guard<SpinLock> lock(r.mu);
   ds->registry_next = r.head;
   if (r.head) r.head->registry_prev = ds;
   r.head = ds;
@@ -97,7 +98,7 @@ void registry_add(DeferredStorage* ds) {
 // `forget_impl`: also drops the storage's weak reference to its StorageImpl (see drop_external_holder).
 void registry_remove(DeferredStorage* ds, bool forget_impl) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  std::lock_guard<SpinLock> lock(r.mu);
   if (forget_impl) ds->impl.reset();
   if (ds->registry_prev)
     ds->registry_prev->registry_next = ds->registry_next;
@@ -152,7 +153,7 @@ void drop_external_holder(DeferredStorage* ds, bool owner) {
     ds->external_alive.store(false, std::memory_order_release);
     registry_remove(ds, owner);
   } else if (owner && ds->impl) {
-    std::lock_guard<std::mutex> lock(registry().mu);
+    std::lock_guard<SpinLock> lock(registry().mu);
     ds->impl.reset();
   }
 }
@@ -379,7 +380,7 @@ bool adopt_host_buffer(DeferredStorage* s, const c10::Storage& buffer) {
   c10::intrusive_ptr<c10::StorageImpl> impl;
   Registry& reg = registry();
   // Alias lookups (adopt_alias) read s->data under it; a dying StorageImpl drops s->impl under it.
-  std::lock_guard<std::mutex> lock(reg.mu);
+  std::lock_guard<SpinLock> lock(reg.mu);
   if (s->impl) impl = s->impl->lock();
   if (!impl) return false;
   if (s->address_exported.load(std::memory_order_acquire) || s->host_share.load(std::memory_order_acquire) != nullptr ||
@@ -419,7 +420,7 @@ DeviceBytes adopt_alias(const c10::Storage& storage) {
   int64_t offset = 0;
   {
     Registry& reg = registry();
-    std::lock_guard<std::mutex> lock(reg.mu);
+    std::lock_guard<SpinLock> lock(reg.mu);
     const c10::DataPtr& dp = storage.data_ptr();
     if (dp.get_deleter() == &delete_storage_ctx) return {static_cast<DeferredStorage*>(dp.get_context()), 0};
     if (dp.get_deleter() == &delete_alias_ctx) {  // re-homed meanwhile by another thread

@@ -1,6 +1,7 @@
 // Host blocks with a cache of freed large blocks (see block_cache.h).
 #include "device/block_cache.h"
 #include "device/fork.h"
+#include "device/spin_lock.h"
 
 #include <pthread.h>
 #include <sys/mman.h>
@@ -29,7 +30,7 @@ struct Cached {
 constexpr int kHostSlot = kMaxBlockDevices;
 
 struct Cache {
-  std::mutex mu;
+  SpinLock mu;  // taken once an op (a fresh result's small block): see SpinLock
   std::unordered_map<size_t, std::vector<Cached>> free_blocks;  // rounded size -> blocks
   // Small blocks (a scalar, a bias, an optimizer's step count): one bucket
   // per 64-byte size. A fresh 64-byte-aligned block from the C library costs
@@ -78,7 +79,7 @@ void* take_block(size_t nbytes) {
   const size_t size = rounded(nbytes);
   if (size <= kSmallMax) {
     Cache& c = cache();
-    std::lock_guard<std::mutex> lock(c.mu);
+    std::lock_guard<SpinLock> lock(c.mu);
     auto& bucket = c.small[size / 64];
     if (!bucket.empty()) {
       const Cached b = bucket.back();
@@ -90,7 +91,7 @@ void* take_block(size_t nbytes) {
     }
   } else if (size >= kCachedMin) {
     Cache& c = cache();
-    std::lock_guard<std::mutex> lock(c.mu);
+    std::lock_guard<SpinLock> lock(c.mu);
     auto it = c.free_blocks.find(size);
     if (it != c.free_blocks.end() && !it->second.empty()) {
       const Cached b = it->second.back();
@@ -133,7 +134,7 @@ void drain(FreeBatch& b) {
   Cache& c = cache();
   int spill = 0;  // items[0, spill): over the limit
   {
-    std::lock_guard<std::mutex> lock(c.mu);
+    std::lock_guard<SpinLock> lock(c.mu);
     for (int i = 0; i < b.n; ++i) {
       const FreeBatch::Item it = b.items[i];
       if (c.small_bytes + static_cast<int64_t>(it.size) > kSmallLimit) {
@@ -162,7 +163,7 @@ void free_in(void* ptr, size_t nbytes, int device) {
       return;
     }
     Cache& c = cache();
-    std::lock_guard<std::mutex> lock(c.mu);
+    std::lock_guard<SpinLock> lock(c.mu);
     if (c.small_bytes + static_cast<int64_t>(size) <= kSmallLimit) {
       c.small[size / 64].push_back({ptr, device});
       c.small_bytes += static_cast<int64_t>(size);
@@ -172,7 +173,7 @@ void free_in(void* ptr, size_t nbytes, int device) {
     }
   } else if (size >= kCachedMin) {
     Cache& c = cache();
-    std::lock_guard<std::mutex> lock(c.mu);
+    std::lock_guard<SpinLock> lock(c.mu);
     if (c.bytes + static_cast<int64_t>(size) <= kCacheLimit) {
       c.free_blocks[size].push_back({ptr, device});
       c.bytes += static_cast<int64_t>(size);
@@ -211,7 +212,7 @@ void host_block_free(void* ptr, size_t nbytes) { free_in(ptr, nbytes, kHostSlot)
 
 void block_cache_release() {
   Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
+  std::lock_guard<SpinLock> lock(c.mu);
   for (auto& [size, blocks] : c.free_blocks)
     for (const Cached& b : blocks) std::free(b.ptr);
   c.free_blocks.clear();

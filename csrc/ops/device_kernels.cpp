@@ -383,12 +383,10 @@ struct RecordKernel final : c10::OperatorKernel {
   explicit RecordKernel(const OpEntry* e) : entry(e) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     // The plan needs the op's schema, which the kernel first sees here.
-    std::call_once(planned, [&] { plan = plan_op(op, *entry); });
-    record_op(op, *entry, *plan, stack);
+    record_op(op, *entry, plan.get(op, *entry), stack);
   }
   const OpEntry* entry;
-  std::once_flag planned;
-  const OpPlan* plan = nullptr;
+  PlanOnce plan;
 };
 
 // The same, unboxed, for the most common signatures (elementwise ops): the
@@ -402,68 +400,46 @@ inline void push_arg(torch::jit::Stack& stack, BorrowedArgs&, const at::Scalar& 
 // The unboxed record kernels' argument stacks, kept per thread and nesting
 // depth (recording an op may record another: a meta kernel, a lazy clone's
 // copy) with their capacity: recording an op allocates no stack (a heap
-// allocation an op before). The pool is a heap object the thread's exit frees;
-// a record after that (a thread_local destructor's) or deeper than kDepth
-// uses a stack of its own.
+// allocation an op before). They live in the thread's RecordThread (one TLS
+// lookup an op, record.h), which its exit frees; a record after that (a
+// thread_local destructor's) or deeper than kStackDepth uses a stack of its own.
 class PooledStack {
  public:
-  PooledStack() {
-    if (t_pool == nullptr && !t_pool_dead) {
-      static thread_local PoolOwner owner;  // registers the pool's release at thread exit
-      (void)owner;
-      t_pool = new Pool();
-    }
-    stack_ = t_pool != nullptr && t_depth < kDepth ? &t_pool->stacks[t_depth] : &own_;
-    ++t_depth;
+  explicit PooledStack(RecordThread& rt) : rt_(rt) {
+    stack_ = rt.stacks != nullptr && rt.depth < RecordThread::kStackDepth ? &rt.stacks[rt.depth] : &own_;
+    ++rt.depth;
   }
   ~PooledStack() {
     stack_->clear();  // drops the op's arguments and results now, as a local stack did
-    --t_depth;
+    --rt_.depth;
   }
   PooledStack(const PooledStack&) = delete;
   PooledStack& operator=(const PooledStack&) = delete;
   torch::jit::Stack& get() { return *stack_; }
 
  private:
-  static constexpr int kDepth = 4;
-  struct Pool {
-    torch::jit::Stack stacks[kDepth];
-  };
-  struct PoolOwner {
-    ~PoolOwner() {
-      delete t_pool;
-      t_pool = nullptr;
-      t_pool_dead = true;
-    }
-  };
-  // Trivially destructible, so usable during the thread's exit.
-  static thread_local Pool* t_pool;
-  static thread_local int t_depth;
-  static thread_local bool t_pool_dead;
+  RecordThread& rt_;  // plain thread data: valid until the thread ends, also after its exit released the stacks
   torch::jit::Stack* stack_;
   torch::jit::Stack own_;
 };
-thread_local PooledStack::Pool* PooledStack::t_pool = nullptr;
-thread_local int PooledStack::t_depth = 0;
-thread_local bool PooledStack::t_pool_dead = false;
 
 struct UnboxedRecordState {
   UnboxedRecordState(const OpEntry* e, c10::OperatorHandle o) : entry(e), op(std::move(o)) {}
   template <class... Args>
   at::Tensor record(Args... args) {
-    std::call_once(planned, [&] { plan = plan_op(op, *entry); });
-    PooledStack pooled;
+    const OpPlan& p = plan.get(op, *entry);
+    RecordThread& rt = record_thread();
+    PooledStack pooled(rt);
     torch::jit::Stack& stack = pooled.get();
     stack.reserve(sizeof...(Args));
     BorrowedArgs borrowed;  // declared after the stack: clears its entries before the stack is cleared
     (push_arg(stack, borrowed, args), ...);
-    record_op(op, *entry, *plan, &stack, &borrowed);
+    record_op(op, *entry, p, &stack, &borrowed, &rt);
     return std::move(stack.back()).toTensor();
   }
   const OpEntry* entry;
   c10::OperatorHandle op;
-  std::once_flag planned;
-  const OpPlan* plan = nullptr;
+  PlanOnce plan;
 };
 
 template <class... Args>

@@ -549,18 +549,20 @@ std::string meta_disk_key(const c10::FunctionSchema& schema, const std::vector<i
 // In memory, backed by the optional on-disk cache (jit/disk_cache.h).
 class MetaCache {
  public:
-  const MetaOutcome* find(const c10::FunctionSchema& schema, const std::vector<int64_t>& key, bool disk = true) {
+  // `memos`: the calling thread's (RecordThread::memo).
+  const MetaOutcome* find(const c10::FunctionSchema& schema, const std::vector<int64_t>& key, bool disk,
+                          RecordThread::MetaMemo* memos) {
     // The calling thread's last hit in this key's memo slot first: no lock, no
     // hash of the whole key. (Entries stay where they are until map_.clear(),
     // which bumps generation_.)
-    Memo& memo = memo_slot(key);
+    RecordThread::MetaMemo& memo = memos[memo_slot(key)];
     if (memo.key != nullptr && memo.generation == generation_.load(std::memory_order_acquire) && *memo.key == key)
-      return memo.outcome;
+      return static_cast<const MetaOutcome*>(memo.outcome);
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = map_.find(key);
       if (it != map_.end()) {
-        memo = Memo{&it->first, &it->second, generation_.load(std::memory_order_relaxed)};
+        memo = RecordThread::MetaMemo{&it->first, &it->second, generation_.load(std::memory_order_relaxed)};
         return &it->second;
       }
     }
@@ -591,20 +593,15 @@ class MetaCache {
 
  private:
   static constexpr size_t kMaxEntries = 1 << 16;
-  // A thread's memo of recent hits: 64 slots, chosen by a few words of the key
-  // (the op, the key's length, two argument words).
-  struct Memo {
-    const std::vector<int64_t>* key = nullptr;
-    const MetaOutcome* outcome = nullptr;
-    uint64_t generation = 0;
-  };
-  static Memo& memo_slot(const std::vector<int64_t>& key) {
-    thread_local Memo memo[64];
+  // A thread's memo of recent hits (RecordThread::memo): 64 slots, chosen by
+  // a few words of the key (the op, the key's length, two argument words).
+  static_assert(RecordThread::kMemoSlots == 64, "memo_slot takes the hash's top 6 bits");
+  static size_t memo_slot(const std::vector<int64_t>& key) {
     const size_t n = key.size();
     uint64_t h = static_cast<uint64_t>(key[0]) ^ n;
     if (n > 2) h = (h ^ static_cast<uint64_t>(key[n / 2])) * 0x9E3779B97F4A7C15ULL;
     h = (h ^ static_cast<uint64_t>(key[n - 1])) * 0x9E3779B97F4A7C15ULL;
-    return memo[h >> 58];
+    return h >> 58;
   }
   // Caller holds mu_. Every memo (of any thread) is stale from here on.
   void clear() {
@@ -628,13 +625,25 @@ MetaCache& meta_cache() {
   return *c;
 }
 
-// The calling thread's meta-key buffer. Out of line, and passed down by
-// reference: the key builders, specialized by the compiler for a
-// thread_local buffer, looked its address up (a __tls_get_addr call: this
-// library's thread_locals are dynamic TLS) at every append.
-__attribute__((noinline)) std::vector<int64_t>& thread_key_buffer() {
-  thread_local std::vector<int64_t> buffer;
-  return buffer;
+thread_local RecordThread t_record;  // plain data: no guard (see RecordThread)
+
+// Frees the thread's RecordThread heap parts at its exit.
+struct RecordThreadReaper {
+  ~RecordThreadReaper() {
+    RecordThread& r = t_record;
+    delete[] r.stacks;
+    delete r.key;
+    r.stacks = nullptr;
+    r.key = nullptr;  // armed stays set: nothing is made again on this thread
+  }
+};
+
+__attribute__((noinline)) void arm_record_thread(RecordThread& r) {
+  thread_local RecordThreadReaper reaper;
+  (void)reaper;
+  r.armed = true;
+  r.key = new std::vector<int64_t>();
+  r.stacks = new torch::jit::Stack[RecordThread::kStackDepth];
 }
 
 // A wrapped-number tensor `t` (a Python number passed for a Tensor argument)
@@ -660,20 +669,59 @@ bool wrapped_to_scalar(const at::Tensor& t, c10::IValue* slot) {
   }
 }
 
-void key_tensor(std::vector<int64_t>& k, const at::Tensor& t) {
+// Writes a meta key into a reused std::vector through a cursor: the vector
+// is opened at kOpen words (one value-initializing resize an op; a binary op
+// on rank-4 tensors keys 25), words are plain stores into room checked
+// inline (growing it when a key is longer), and close() (or the destructor)
+// cuts it to the words written. A resize or push_back per tensor or word was
+// an out-of-line call each (~60 and ~23 instructions).
+class KeyWriter {
+ public:
+  static constexpr size_t kOpen = 48;
+  explicit KeyWriter(std::vector<int64_t>& v) : v_(v) {
+    v_.resize(kOpen);
+    p_ = v_.data();
+    end_ = p_ + v_.size();
+  }
+  ~KeyWriter() { close(); }
+  KeyWriter(const KeyWriter&) = delete;
+  KeyWriter& operator=(const KeyWriter&) = delete;
+  // Room for `n` more words, returned for plain stores.
+  int64_t* room(size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) grow(n);
+    int64_t* r = p_;
+    p_ += n;
+    return r;
+  }
+  void put(int64_t w) { *room(1) = w; }
+  void discard() { p_ = v_.data(); }  // an uncacheable call: the empty key
+  void close() {
+    if (p_ != nullptr) v_.resize(static_cast<size_t>(p_ - v_.data()));
+    p_ = end_ = nullptr;
+  }
+
+ private:
+  void grow(size_t n) {
+    const size_t used = static_cast<size_t>(p_ - v_.data());
+    v_.resize(std::max(2 * v_.size(), used + n));
+    p_ = v_.data() + used;
+    end_ = v_.data() + v_.size();
+  }
+  std::vector<int64_t>& v_;
+  int64_t* p_;
+  int64_t* end_;
+};
+
+void key_tensor(KeyWriter& k, const at::Tensor& t) {
   if (!t.defined()) {
-    k.push_back(-7);
+    k.put(-7);
     return;
   }
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   const c10::IntArrayRef sizes = impl->sizes();
   const c10::IntArrayRef strides = impl->strides();
   const size_t rank = sizes.size();
-  // One resize, then plain stores: a push_back per word (an out-of-line
-  // call each) was ~140 instructions a tensor.
-  const size_t at = k.size();
-  k.resize(at + 3 + 2 * rank);
-  int64_t* p = k.data() + at;
+  int64_t* p = k.room(3 + 2 * rank);
   // A wrapped Python number promotes like a Scalar, a 0-dim tensor like a
   // tensor (t * 0.01 stays float32; t * tensor(0.01, float64) does not).
   p[0] = static_cast<int64_t>(t.scalar_type()) | (is_tpu(t) ? 1 << 8 : 0) | (t.is_conj() ? 1 << 9 : 0) |
@@ -702,57 +750,57 @@ int64_t value_class(double d) {
 // range factories, and keying it made every step of an optimizer whose
 // scalars change (Adam's bias corrections, a learning-rate schedule) rerun
 // the Python meta kernels (~50 us an op).
-void key_ivalue(std::vector<int64_t>& k, const c10::IValue& v, bool float_values) {
+void key_ivalue(KeyWriter& k, const c10::IValue& v, bool float_values) {
   if (v.isTensor()) {
     key_tensor(k, v.toTensor());
   } else if (v.isTensorList()) {
-    k.push_back(-1);
+    k.put(-1);
     for (const at::Tensor& t : v.toTensorList().vec()) key_tensor(k, t);
   } else if (v.isList()) {
-    k.push_back(-2);
+    k.put(-2);
     for (const c10::IValue& e : v.toList().vec()) key_ivalue(k, e, float_values);
   } else if (v.isInt()) {
-    k.push_back(-3);
-    k.push_back(v.toInt());
+    k.put(-3);
+    k.put(v.toInt());
   } else if (v.isDouble() && !float_values) {
-    k.push_back(-28);
-    k.push_back(value_class(v.toDouble()));
+    k.put(-28);
+    k.put(value_class(v.toDouble()));
   } else if (v.isDouble()) {
-    k.push_back(-4);
+    k.put(-4);
     const double d = v.toDouble();
     int64_t bits;
     std::memcpy(&bits, &d, sizeof(bits));
-    k.push_back(bits);
+    k.put(bits);
   } else if (v.isBool()) {
-    k.push_back(v.toBool() ? -5 : -6);
+    k.put(v.toBool() ? -5 : -6);
   } else if (v.isNone()) {
-    k.push_back(-8);
+    k.put(-8);
   } else if (v.isScalar()) {
     const at::Scalar sc = v.toScalar();
-    k.push_back(-9 - static_cast<int64_t>(sc.type()));
+    k.put(-9 - static_cast<int64_t>(sc.type()));
     if (sc.isIntegral(false)) {
-      k.push_back(sc.toLong());
+      k.put(sc.toLong());
     } else if (sc.isFloatingPoint() && !float_values) {
-      k.push_back(-29);
-      k.push_back(value_class(sc.toDouble()));
+      k.put(-29);
+      k.put(value_class(sc.toDouble()));
     } else if (sc.isFloatingPoint()) {
       const double d = sc.toDouble();
       int64_t bits;
       std::memcpy(&bits, &d, sizeof(bits));
-      k.push_back(bits);
+      k.put(bits);
     } else if (sc.isBoolean()) {
-      k.push_back(sc.toBool());
+      k.put(sc.toBool());
     } else {
       throw std::invalid_argument("uncacheable scalar");
     }
   } else if (v.isString()) {
-    k.push_back(-30);
-    k.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+    k.put(-30);
+    k.put(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
   } else if (v.isGenerator()) {
-    k.push_back(-31);
+    k.put(-31);
   } else if (v.isDevice()) {
-    k.push_back(-32);
-    k.push_back(static_cast<int64_t>(v.toDevice().type()));
+    k.put(-32);
+    k.put(static_cast<int64_t>(v.toDevice().type()));
   } else {
     throw std::invalid_argument("uncacheable argument");  // e.g. dimension names: not cached
   }
@@ -942,12 +990,12 @@ std::optional<torch::jit::Stack> cpu_twins(const torch::jit::Stack& stack, size_
 
 // The cache key of a call into `k`, or an empty key when some argument is not cacheable.
 void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Stack& stack, size_t first, size_t n,
-              std::vector<int64_t>& k) {
-  k.clear();
-  k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
-  if (plan.custom_id) k.push_back(plan.custom_id);
+              std::vector<int64_t>& key) {
+  KeyWriter k(key);
+  k.put(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
+  if (plan.custom_id) k.put(plan.custom_id);
   // Type promotion of an integer tensor with a float scalar, and factories, read the default dtype.
-  k.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
+  k.put(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   try {
     for (size_t i = 0; i < n; ++i) {
       // A Scalar argument (a float Scalar arrives as a double) keys by type,
@@ -957,7 +1005,7 @@ void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Sta
       key_ivalue(k, stack[first + i], plan.float_values || !scalar_arg);
     }
   } catch (const std::invalid_argument&) {
-    k.clear();
+    k.discard();
   }
 }
 
@@ -1149,9 +1197,8 @@ bool ran_for_cpu_dtype_check(const c10::OperatorHandle& op, const OpEntry& entry
 // else 1 op in 64, so the record path pays a thread-local increment per op.
 class RecordTimer {
  public:
-  RecordTimer() {
-    thread_local uint32_t n = 0;
-    if (debug::level() >= 1 || (++n & 63) == 0) start_ = std::chrono::steady_clock::now();
+  explicit RecordTimer(RecordThread& rt) {
+    if (debug::level() >= 1 || (++rt.ops & 63) == 0) start_ = std::chrono::steady_clock::now();
   }
   ~RecordTimer() {
     if (start_ != std::chrono::steady_clock::time_point{})
@@ -1163,9 +1210,16 @@ class RecordTimer {
 };
 }  // namespace
 
+__attribute__((noinline)) RecordThread& record_thread() {
+  RecordThread& r = t_record;
+  if (__builtin_expect(!r.armed, 0)) arm_record_thread(r);
+  return r;
+}
+
 void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack,
-               BorrowedArgs* borrowed) {
-  RecordTimer timer;
+               BorrowedArgs* borrowed, RecordThread* thread) {
+  RecordThread& rt = thread != nullptr ? *thread : record_thread();
+  RecordTimer timer(rt);
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
@@ -1178,7 +1232,10 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   int device = single_chip_of(plan.writes, *stack, first, nargs);  // the common case: nothing to raise
   const bool one_chip = device >= 0;
   if (!one_chip) device = op_device(*stack, first, nargs);  // raises CUDA's error for two chips
-  ChipGuard chip(device);
+  // Switched only when it differs (nearly always the current chip already):
+  // each switch is a call and a TLS lookup, twice.
+  std::optional<ChipGuard> chip;
+  if (device >= 0 && device != current_device_index()) chip.emplace(device);
   if (!one_chip) check_same_device(schema, plan.writes, *stack, first);
 
   if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
@@ -1199,12 +1256,16 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // 2. Shape/dtype inference and call-time checks with the meta kernel
   //    (cached per op and argument metadata).
   // The key's buffer is reused by the thread's next op (an allocation less per op).
-  std::vector<int64_t>& key_buffer = thread_key_buffer();
+  std::vector<int64_t> own_key;  // after the thread's exit released its buffer
+  std::vector<int64_t>& key_buffer = rt.key != nullptr ? *rt.key : own_key;
   meta_key(op, plan, *stack, first, nargs, key_buffer);
   const bool disk = plan.custom_id == 0;
-  const MetaOutcome* cached = key_buffer.empty() ? nullptr : meta_cache().find(schema, key_buffer, disk);
-  MetaOutcome computed;
+  const MetaOutcome* cached = key_buffer.empty() ? nullptr : meta_cache().find(schema, key_buffer, disk, rt.memo);
+  // Made only on a miss (an empty MetaOutcome's construction and destruction
+  // were ~40 instructions an op, twice with `held` below).
+  std::optional<MetaOutcome> computed_store;
   if (cached == nullptr) {
+    MetaOutcome& computed = computed_store.emplace();
     const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
     if (borrowed) borrowed->own();                // the meta call and run_eager copy and drop arguments
     // The arguments with meta twins of the tpu tensors (one twin storage per tpu storage).
@@ -1341,14 +1402,11 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // Written lazy clones get their bytes now, after CPU's call-time checks (as
   // CPU's kernels take a mutable pointer once their checks passed). The copy is
   // recorded first, and may evict the meta cache's entry: keep it.
-  MetaOutcome held;
+  std::optional<MetaOutcome> held;
   if (plan.writes != 0) {
     const uint64_t writes = writes_of_call(plan, *stack, first);
     if (writes_lazy_clone(writes, *stack, first, nargs)) {
-      if (cached != &computed) {
-        held = *cached;
-        cached = &held;
-      }
+      if (!computed_store) cached = &held.emplace(*cached);
       prepare_writes(writes, *stack, first, nargs);
     }
   }
@@ -1437,7 +1495,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     in.written = (writes >> arg) & 1;
     in.ref = make_ref(t);
     // Drop the reference: a pending node must not keep the tensor alive (DCE).
-    host::set_tensor_slot(slot, elem, at::Tensor());
+    // A top-level tensor's slot is already the undefined tensor (above); a
+    // list's element is the list copy's.
+    if (elem >= 0) host::set_tensor_slot(slot, elem, at::Tensor());
   });
 
   if (entry.kind == PrimKind::kRandom) {

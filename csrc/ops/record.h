@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -75,13 +76,66 @@ class BorrowedArgs {
   int n_ = 0;
 };
 
+// The calling thread's record state, reached through one TLS lookup: this
+// library's thread_locals are dynamic TLS (a __tls_get_addr call each; the
+// library's TLS is too large for the initial-exec model), and the record path
+// used ~13 of them an op for these fields alone (the unboxed kernels' pooled
+// stacks, their depth and thread-exit flags with their guards, the meta-key
+// buffer's guard, the meta cache's memo, the record timer's counter). Plain
+// data: zero-initialized, no destructor, so no guard per use. The heap parts
+// (`stacks`, `key`) are made by the thread's first record and freed at its exit;
+// they are nullptr before that first call returns and after the exit released
+// them (a record from another thread_local's destructor then uses its own).
+struct RecordThread {
+  static constexpr int kStackDepth =
+      4;  // nesting depth with a pooled stack (a record inside a record: a meta kernel's)
+  static constexpr int kMemoSlots = 64;
+  // A recent hit of the meta cache (its key and outcome live in the cache's map
+  // until the map is cleared, which bumps the cache's generation).
+  struct MetaMemo {
+    const std::vector<int64_t>* key;
+    const void* outcome;
+    uint64_t generation;
+  };
+  torch::jit::Stack* stacks;  // kStackDepth argument stacks of the unboxed record kernels
+  std::vector<int64_t>* key;  // the meta-key buffer, reused by the thread's next op
+  int depth;                  // unboxed record kernels active on this thread
+  uint32_t ops;               // ops recorded (the record timer samples 1 in 64)
+  bool armed;                 // the heap parts were made and their release at thread exit registered
+  MetaMemo memo[kMemoSlots];
+};
+// The calling thread's RecordThread (one TLS lookup; makes the heap parts on
+// first use). Out of line, so callers hold the reference: inlined, GCC
+// re-derived the thread_local's address (a __tls_get_addr call) after each call.
+RecordThread& record_thread();
+
 // Records `op` (arguments on `stack`) into the queue: shape/dtype inference
 // with the op's meta kernel (same call-time errors as CPU), one Node, fresh
 // "tpu" outputs. Ops whose output shape depends on data, or that have no meta
 // kernel, run through run_eager. `plan` is plan_op(op, entry). `borrowed`
 // names stack entries that hold no reference (nullptr: none do).
+// `rt`: the calling thread's record_thread(), when the caller has it (nullptr: looked up).
 void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack,
-               BorrowedArgs* borrowed = nullptr);
+               BorrowedArgs* borrowed = nullptr, RecordThread* rt = nullptr);
+
+// An op's plan, made by its first call (plan_op) and read without a lock
+// after it. std::call_once costs two thread_local writes (libstdc++'s
+// __once_callable / __once_call: two __tls_get_addr calls) on every call.
+class PlanOnce {
+ public:
+  const OpPlan& get(const c10::OperatorHandle& op, const OpEntry& entry) {
+    const OpPlan* p = plan_.load(std::memory_order_acquire);
+    return p != nullptr ? *p : make(op, entry);
+  }
+
+ private:
+  const OpPlan& make(const c10::OperatorHandle& op, const OpEntry& entry) {
+    std::call_once(once_, [&] { plan_.store(plan_op(op, entry), std::memory_order_release); });
+    return *plan_.load(std::memory_order_acquire);
+  }
+  std::once_flag once_;
+  std::atomic<const OpPlan*> plan_{nullptr};
+};
 
 // Flushes the queue and runs `op` with its CPU kernel on the host buffers,
 // writing results back to "tpu" tensors. Used for data-dependent shapes and

@@ -192,6 +192,10 @@ bool scalar_args_fit(const ScalarConversions& conv, const torch::jit::Stack& sta
     if (first + c.arg >= stack.size()) continue;
     const c10::IValue& v = stack[first + c.arg];
     if (v.isNone()) continue;
+    // A small int (add's alpha=1, a step count) into a floating or complex
+    // result fits every type CPU converts it to (Half's +-65504 is the
+    // narrowest; int32 for FloatTarget::kInt), without building a Scalar.
+    if (v.isInt() && !integral && v.toInt() >= -65504 && v.toInt() <= 65504) continue;
     // The common case, a Python float into a floating result: the overflow
     // test Scalar::to<T>() makes for a double (c10::overflows), without
     // building a Scalar (part of every add/clamp/fill call).
