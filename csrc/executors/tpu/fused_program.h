@@ -320,7 +320,9 @@ struct RowAnchor {
 // registers are live, so that a tile's registers, inputs and outputs stay in
 // L1), split across torch's intra-op threads (at::parallel_for). Each
 // instruction is one pass over the tile, together with the cheap ops after it
-// that read only its value (fused_kernels.inc, group_posts); materialized
+// that read only its value (fused_kernels.inc, group_posts); a program that
+// ends in Adam's / AdamW's per-parameter update runs that update as one pass
+// with its intermediates in vector registers (match_adam); materialized
 // values are stored by their instruction into the output (streamed when
 // Program::stream).
 void run_avx2(const Program& p);
