@@ -43,6 +43,11 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/cummax.h>
 #include <ATen/ops/cummin.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/binary_cross_entropy.h>
+#include <ATen/ops/huber_loss.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/smooth_l1_loss.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -1335,6 +1340,17 @@ KtirTilePlan::Combine ring_combine_of(const std::string& op) {
   return KtirTilePlan::kNone;
 }
 
+// The losses of two row operands (self, target) whose partial is the sum of
+// their elementwise loss (KtirTilePlan::RingPre); kPreNone for other ops.
+KtirTilePlan::RingPre pair_loss_of(const std::string& op) {
+  const std::string base = op.substr(0, op.find('.'));
+  if (base == "mse_loss") return KtirTilePlan::kPreMse;
+  if (base == "huber_loss") return KtirTilePlan::kPreHuber;
+  if (base == "smooth_l1_loss") return KtirTilePlan::kPreSmoothL1;
+  if (base == "binary_cross_entropy") return KtirTilePlan::kPreBce;
+  return KtirTilePlan::kPreNone;
+}
+
 bool is_scan(KtirTilePlan::Combine c) { return ktir_is_scan(c); }
 // cummax/cummin: a scan of (value, index) pairs.
 bool is_extremum_scan(KtirTilePlan::Combine c) { return c == KtirTilePlan::kCummax || c == KtirTilePlan::kCummin; }
@@ -1385,6 +1401,19 @@ bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
   if (base == "nll_loss_forward") {  // reduction='none': one loss per row
     const KtirValue* r = arg_named(o, schema, "reduction");
     if (r && r->kind == KtirValue::kInt && r->i == 0) return false;
+  }
+  if (pair_loss_of(o.op) != KtirTilePlan::kPreNone) {  // reduction='none': one loss per element
+    const KtirValue* r = arg_named(o, schema, "reduction");
+    if (r && r->kind == KtirValue::kInt && r->i == 0) return false;
+  }
+  // Their gradients are elementwise in self, target (and grad_output with
+  // 'none'; a 0-dim one otherwise) except with 'mean', whose kernel divides
+  // by the element count of the operands it is given (a tile's, not the
+  // whole's): 'mean' keeps the region whole.
+  if (base.size() > 9 && base.compare(base.size() - 9, 9, "_backward") == 0 &&
+      pair_loss_of(base.substr(0, base.size() - 9)) != KtirTilePlan::kPreNone) {
+    const KtirValue* r = arg_named(o, schema, "reduction");
+    if (r && r->kind == KtirValue::kInt && (r->i == 0 || r->i == 2)) return false;
   }
   if (kind == PrimKind::kElementwise || kind == PrimKind::kMatmul) return false;
   // copy_, fill_, zero_ (the device's own kernels): each element from its own (or none).
@@ -1532,6 +1561,25 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
         kind_of_op(o.op) == PrimKind::kReduction && mixes_rows(o, *h, rank0)) {
       if (ring_seen) return whole("two reductions over the split rows");
       plan.combine = ring_combine_of(o.op);
+      // The two-operand losses (mean, sum) and trace: f32 sums of their
+      // elementwise loss (of the diagonal) over the ring, as sum/mean.
+      int pair_target = -1;
+      if (plan.combine == KtirTilePlan::kNone && pair_loss_of(o.op) != KtirTilePlan::kPreNone) {
+        const KtirValue* r = arg_named(o, schema, "reduction");
+        const KtirValue* t = arg_named(o, schema, "target");
+        const KtirValue* w = arg_named(o, schema, "weight");
+        const int tv = t && t->kind == KtirValue::kView ? static_cast<int>(t->i) : -1;
+        if (r && r->kind == KtirValue::kInt && (r->i == 1 || r->i == 2) && tv >= 0 && tv != operands[0] &&
+            (!w || w->kind == KtirValue::kNone) && p.views[tv].sizes == p.views[operands[0]].sizes &&
+            (state[tv] == 1 || (state[tv] == -1 && candidate[tv]))) {
+          plan.combine = r->i == 1 ? KtirTilePlan::kMean : KtirTilePlan::kSum;
+          plan.ring_pre = pair_loss_of(o.op);
+          pair_target = tv;
+        }
+      } else if (plan.combine == KtirTilePlan::kNone && o.op.substr(0, o.op.find('.')) == "trace" && rank0 == 2) {
+        plan.combine = KtirTilePlan::kSum;
+        plan.ring_pre = KtirTilePlan::kPreDiag;
+      }
       if (plan.combine == KtirTilePlan::kNone) {
         plan.whole_library = true;  // runs its whole reduction as a library call
         return whole(o.op + " has no ring combine");
@@ -1561,12 +1609,13 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       for (int r : outs_r)
         if (r < 0) return whole(o.op + ": a ring reduction with fresh results");
       for (size_t j = 1; j < operands.size(); ++j) {
-        if (operands[j] == nll_target) continue;
+        if (operands[j] == nll_target || operands[j] == pair_target) continue;
         if (std::find(outs_r.begin(), outs_r.end(), operands[j]) != outs_r.end()) continue;  // out= results
         if (state[operands[j]] == 1) return whole(o.op + ": a second split operand");
         if (state[operands[j]] == -1) state[operands[j]] = 0;  // layer_norm's weight/bias: read per row range
       }
       if (nll_target >= 0) state[nll_target] = 1, plan.split[nll_target] = 1;
+      if (pair_target >= 0) state[pair_target] = 1, plan.split[pair_target] = 1, plan.ring_target = pair_target;
       state[operands[0]] = 1;
       plan.split[operands[0]] = 1;
       const KtirValue* dim = arg_named(o, schema, "dim");
@@ -2561,6 +2610,42 @@ std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp,
   }
 }
 
+// The values a loss's or trace's ring partials sum, for the step's rows
+// (RingPre): the elementwise loss of the rows of self and target, by CPU's
+// kernel with reduction 'none' on their f32 (df16) values (its errors, e.g.
+// binary_cross_entropy's input outside [0, 1], are CPU's), or the diagonal
+// element of each row ([rows, 1]: x[i, i] of the step's row i, 0 past the
+// last column). `idx` (or [lo, lo + n)) are the step's rows.
+at::Tensor ring_pre_values(const KtirTilePlan& P, const KtirOp& o, const std::vector<at::Tensor>& vt, int in,
+                           c10::ScalarType acc, const at::Tensor& idx, int64_t lo, int64_t n) {
+  const at::Tensor x = vt[in].to(acc);
+  if (P.ring_pre == KtirTilePlan::kPreDiag) {
+    const int64_t cols = x.size(1);
+    const at::Tensor rows = idx.defined() ? idx : at::arange(lo, lo + n, at::TensorOptions().dtype(at::kLong));
+    const at::Tensor on = rows.lt(cols).unsqueeze(1);
+    const at::Tensor d = x.gather(1, rows.clamp_max(std::max<int64_t>(cols - 1, 0)).unsqueeze(1));
+    return at::where(on, d, at::zeros({}, d.options()));
+  }
+  const at::Tensor y = vt[P.ring_target].to(acc);
+  const c10::FunctionSchema& schema = o.handle->schema();
+  auto param = [&](const char* name, double dflt) {
+    const KtirValue* v = arg_named(o, schema, name);
+    return v && v->kind == KtirValue::kFloat ? v->f
+           : v && v->kind == KtirValue::kInt ? static_cast<double>(v->i)
+                                             : dflt;
+  };
+  switch (P.ring_pre) {
+    case KtirTilePlan::kPreMse:
+      return at::mse_loss(x, y, 0);
+    case KtirTilePlan::kPreHuber:
+      return at::huber_loss(x, y, 0, param("delta", 1.0));
+    case KtirTilePlan::kPreSmoothL1:
+      return at::smooth_l1_loss(x, y, 0, param("beta", 1.0));
+    default:  // kPreBce
+      return at::binary_cross_entropy(x, y, {}, 0);
+  }
+}
+
 // A normalizing ring op's statistics: softmax (max, sum), layer_norm (mean, rstd).
 struct RingStats {
   at::Tensor a, b;
@@ -2812,7 +2897,11 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             return;
           }
           // One widening per step; with a widened input, its rows are read where they are.
-          const at::Tensor x = wide_in.defined() ? wide_in : vt[ring_in].to(acc_dtype).contiguous();
+          // A loss or trace: the values its partials sum (ring_pre_values).
+          const at::Tensor x = wide_in.defined() ? wide_in
+                               : P.ring_pre == KtirTilePlan::kPreNone
+                                   ? vt[ring_in].to(acc_dtype).contiguous()
+                                   : ring_pre_values(P, *ring, vt, ring_in, acc_dtype, idx, lo, n);
           // partial(offset in x, rows, first row of the whole tensor) -> one corelet's RingPart.
           auto per_corelet = [&](auto&& partial) {
             int64_t off = 0;
