@@ -1563,18 +1563,25 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       plan.combine = ring_combine_of(o.op);
       // The two-operand losses (mean, sum) and trace: f32 sums of their
       // elementwise loss (of the diagonal) over the ring, as sum/mean.
-      int pair_target = -1;
+      int pair_target = -1, pair_weight = -1;
       if (plan.combine == KtirTilePlan::kNone && pair_loss_of(o.op) != KtirTilePlan::kPreNone) {
         const KtirValue* r = arg_named(o, schema, "reduction");
         const KtirValue* t = arg_named(o, schema, "target");
         const KtirValue* w = arg_named(o, schema, "weight");
         const int tv = t && t->kind == KtirValue::kView ? static_cast<int>(t->i) : -1;
-        if (r && r->kind == KtirValue::kInt && (r->i == 1 || r->i == 2) && tv >= 0 && tv != operands[0] &&
-            (!w || w->kind == KtirValue::kNone) && p.views[tv].sizes == p.views[operands[0]].sizes &&
-            (state[tv] == 1 || (state[tv] == -1 && candidate[tv]))) {
+        const int wv = w && w->kind == KtirValue::kView ? static_cast<int>(w->i) : -1;
+        // A row operand: the input's sizes, split with its rows (F.binary_cross_entropy
+        // expands its weight to the input's sizes).
+        auto row_operand = [&](int v) {
+          return v >= 0 && v != operands[0] && p.views[v].sizes == p.views[operands[0]].sizes &&
+                 (state[v] == 1 || (state[v] == -1 && candidate[v]));
+        };
+        if (r && r->kind == KtirValue::kInt && (r->i == 1 || r->i == 2) && row_operand(tv) &&
+            ((!w || w->kind == KtirValue::kNone) || (row_operand(wv) && wv != tv))) {
           plan.combine = r->i == 1 ? KtirTilePlan::kMean : KtirTilePlan::kSum;
           plan.ring_pre = pair_loss_of(o.op);
           pair_target = tv;
+          pair_weight = wv;
         }
       } else if (plan.combine == KtirTilePlan::kNone && o.op.substr(0, o.op.find('.')) == "trace" && rank0 == 2) {
         plan.combine = KtirTilePlan::kSum;
@@ -1609,13 +1616,14 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       for (int r : outs_r)
         if (r < 0) return whole(o.op + ": a ring reduction with fresh results");
       for (size_t j = 1; j < operands.size(); ++j) {
-        if (operands[j] == nll_target || operands[j] == pair_target) continue;
+        if (operands[j] == nll_target || operands[j] == pair_target || operands[j] == pair_weight) continue;
         if (std::find(outs_r.begin(), outs_r.end(), operands[j]) != outs_r.end()) continue;  // out= results
         if (state[operands[j]] == 1) return whole(o.op + ": a second split operand");
         if (state[operands[j]] == -1) state[operands[j]] = 0;  // layer_norm's weight/bias: read per row range
       }
       if (nll_target >= 0) state[nll_target] = 1, plan.split[nll_target] = 1;
       if (pair_target >= 0) state[pair_target] = 1, plan.split[pair_target] = 1, plan.ring_target = pair_target;
+      if (pair_weight >= 0) state[pair_weight] = 1, plan.split[pair_weight] = 1, plan.ring_weight = pair_weight;
       state[operands[0]] = 1;
       plan.split[operands[0]] = 1;
       const KtirValue* dim = arg_named(o, schema, "dim");
@@ -2642,7 +2650,7 @@ at::Tensor ring_pre_values(const KtirTilePlan& P, const KtirOp& o, const std::ve
     case KtirTilePlan::kPreSmoothL1:
       return at::smooth_l1_loss(x, y, 0, param("beta", 1.0));
     default:  // kPreBce
-      return at::binary_cross_entropy(x, y, {}, 0);
+      return at::binary_cross_entropy(x, y, P.ring_weight >= 0 ? vt[P.ring_weight].to(acc) : at::Tensor(), 0);
   }
 }
 

@@ -244,3 +244,26 @@ def test_mse_loss_of_a_broadcast_target(spyre_target, dtype):
         got = F.mse_loss(x.to("tpu"), y[0].to("tpu")).cpu()
     s = _last_schedule()
     _check(got, _ring_sum((x.float() - y[0].float()) ** 2, s) / float(x.numel()), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("wshape", [(1000, 300), (300,)], ids=["full", "broadcast"])
+def test_bce_with_a_weight_on_the_ring(spyre_target, dtype, wshape):
+    # F.binary_cross_entropy expands the weight to the input's sizes: a third
+    # row operand split with the rows (a stride-0 view for a broadcast one).
+    from torch_tpu_eager import metrics, reset_metrics
+
+    x, y = _operands("bce", dtype, (1000, 300), special=True)
+    w = store(_inputs(dtype, seed=54, shape=wshape, positive=True).float(), dtype)
+    wx = w.float().expand(x.shape)
+    for reduction in ("mean", "sum", "none"):
+        reset_metrics()
+        got = F.binary_cross_entropy(x.to("tpu"), y.to("tpu"), w.to("tpu"), reduction=reduction).cpu()
+        s = _last_schedule()
+        elementwise = F.binary_cross_entropy(x.float(), y.float(), wx, reduction="none")
+        if reduction == "none":
+            _check(got, elementwise, dtype)
+        else:
+            total = _ring_sum(elementwise, s)
+            _check(got, total / float(x.numel()) if reduction == "mean" else total, dtype)
+        assert metrics()["library_calls"] == 0
