@@ -1351,6 +1351,18 @@ KtirTilePlan::RingPre pair_loss_of(const std::string& op) {
   return KtirTilePlan::kPreNone;
 }
 
+// The spatial dims (1, 2, 3) of a pooling or upsampling op or gradient by
+// its ATen name ("max_pool2d_with_indices_backward", "upsample_bilinear2d",
+// "_adaptive_avg_pool3d"), 0 for other ops (fractional max pooling, whose
+// random samples are an operand of their own, included).
+int pool_spatial_dims(const std::string& base) {
+  const bool pool = base.find("pool") != std::string::npos || base.find("upsample") != std::string::npos;
+  if (!pool || base.find("fractional") != std::string::npos || base.find("unpool") != std::string::npos) return 0;
+  for (int k = 1; k <= 3; ++k)
+    if (base.find(std::to_string(k) + "d") != std::string::npos) return k;
+  return 0;
+}
+
 bool is_scan(KtirTilePlan::Combine c) { return ktir_is_scan(c); }
 // cummax/cummin: a scan of (value, index) pairs.
 bool is_extremum_scan(KtirTilePlan::Combine c) { return c == KtirTilePlan::kCummax || c == KtirTilePlan::kCummin; }
@@ -1402,6 +1414,12 @@ bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
     const KtirValue* r = arg_named(o, schema, "reduction");
     if (r && r->kind == KtirValue::kInt && r->i == 0) return false;
   }
+  // Pooling and upsampling (and their gradients) work on the last 1, 2 or 3
+  // dims, each plane of the leading dims on its own: with more dims than
+  // that, dim 0 is a batch or channel dim and each row's planes are its own.
+  // (An operand that fixes the whole sizes, e.g. upsample's input_size, is
+  // caught by the shape probe.)
+  if (const int k = pool_spatial_dims(base); k > 0 && rank > k) return false;
   if (pair_loss_of(o.op) != KtirTilePlan::kPreNone) {  // reduction='none': one loss per element
     const KtirValue* r = arg_named(o, schema, "reduction");
     if (r && r->kind == KtirValue::kInt && r->i == 0) return false;
