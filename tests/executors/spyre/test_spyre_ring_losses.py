@@ -267,3 +267,21 @@ def test_bce_with_a_weight_on_the_ring(spyre_target, dtype, wshape):
             total = _ring_sum(elementwise, s)
             _check(got, total / float(x.numel()) if reduction == "mean" else total, dtype)
         assert metrics()["library_calls"] == 0
+
+
+def test_run_ktir_runs_dumped_loss_and_trace(spyre_target, tmp_path, monkeypatch):
+    # A dumped loss / trace program runs with run_ktir (one tile per core,
+    # the cores' partials summed along the ring): the compiled region's value.
+    from torch_tpu_eager import spyre
+
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path))
+    a, b = _operands("mse", torch.float32, (256, 64))
+    loss = F.mse_loss(a.to("tpu"), b.to("tpu")).cpu()  # 8 rows per core: one tile each
+    tr = torch.trace(a.to("tpu")).cpu()
+    mse_path, trace_path = sorted(tmp_path.glob("*.ktir"))
+    assert "mse_loss(" in mse_path.read_text() and "trace(" in trace_path.read_text()
+    (got,) = spyre.run_ktir(str(mse_path), a, b)
+    assert same(got.reshape(()), loss) == 0
+    (got,) = spyre.run_ktir(str(trace_path), a)
+    assert same(got.reshape(()), tr) == 0
+    torch.testing.assert_close(loss, F.mse_loss(a, b))
