@@ -12,7 +12,10 @@ programs added on 2026-12-05 on the same tensor: ``cummax(x, 0)`` (a scan of
 (value, index) pairs) and ``linalg.vector_norm(x, 2, 0)`` (f32 sums of df16
 powers), and the order statistics on the ring (2026-12-05, branch spyre21e:
 per-core sorted runs merged in core order): ``sort(x, 0)``, ``topk(x, 8, 0)``
-and ``median(x, 0)``.
+and ``median(x, 0)``, with ``kthvalue``, ``nanmedian`` and ``mode`` (topk,
+kthvalue, median and nanmedian by radix selection since branch spyre21f),
+and ``mse_loss(x * 0.5, x)`` (a two-operand loss summed over the ring, branch
+spyre21f).
 
     PYTHONPATH=. python benchmarks/spyre_interpreter.py [--repeats 15] [--cpu-time]
 
@@ -93,6 +96,10 @@ def main(argv=None):
         cases.append(("sort(x, 0) bf16", make_ring_step(timer=timer, op=lambda t: torch.sort(t, 0))))
         cases.append(("topk(x, 8, 0) bf16", make_ring_step(timer=timer, op=lambda t: torch.topk(t, 8, 0))))
         cases.append(("median(x, 0) bf16", make_ring_step(timer=timer, op=lambda t: torch.median(t, 0))))
+        cases.append(("kthvalue(x,300,0)", make_ring_step(timer=timer, op=lambda t: torch.kthvalue(t, 300, 0))))
+        cases.append(("nanmedian(x, 0)", make_ring_step(timer=timer, op=lambda t: torch.nanmedian(t, 0))))
+        cases.append(("mode(x, 0) bf16", make_ring_step(timer=timer, op=lambda t: torch.mode(t, 0))))
+        cases.append(("mse_loss(x/2, x)", make_ring_step(timer=timer, op=lambda t: F.mse_loss(t * 0.5, t))))
         for name, make in cases:
             med = {}
             for target in ("spyre", "tpu-v5e"):

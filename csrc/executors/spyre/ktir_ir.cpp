@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <type_traits>
 #include <functional>
 #include <map>
 #include <set>
@@ -40,6 +43,11 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/cummax.h>
 #include <ATen/ops/cummin.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/binary_cross_entropy.h>
+#include <ATen/ops/huber_loss.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/smooth_l1_loss.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -1267,6 +1275,17 @@ bool ktir_is_order(KtirTilePlan::Combine c) {
 
 namespace {
 
+// The ring passes of a selection of `t` values: one per 8-bit digit of the
+// key, and one for the prefix of equal keys (the row among ties).
+int64_t order_select_passes(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)) + 1; }
+
+// The order statistics computed by selection (order_select) rather than
+// from merged runs.
+bool order_by_selection(KtirTilePlan::Combine c) {
+  return c == KtirTilePlan::kTopk || c == KtirTilePlan::kKthvalue || c == KtirTilePlan::kMedian ||
+         c == KtirTilePlan::kNanMedian;
+}
+
 // The op table's primitive kind of an op by its KTIR name ("add.Tensor");
 // kLibrary for ops the table does not list (other namespaces' ops).
 PrimKind kind_of_op(const std::string& name) {
@@ -1321,6 +1340,29 @@ KtirTilePlan::Combine ring_combine_of(const std::string& op) {
   return KtirTilePlan::kNone;
 }
 
+// The losses of two row operands (self, target) whose partial is the sum of
+// their elementwise loss (KtirTilePlan::RingPre); kPreNone for other ops.
+KtirTilePlan::RingPre pair_loss_of(const std::string& op) {
+  const std::string base = op.substr(0, op.find('.'));
+  if (base == "mse_loss") return KtirTilePlan::kPreMse;
+  if (base == "huber_loss") return KtirTilePlan::kPreHuber;
+  if (base == "smooth_l1_loss") return KtirTilePlan::kPreSmoothL1;
+  if (base == "binary_cross_entropy") return KtirTilePlan::kPreBce;
+  return KtirTilePlan::kPreNone;
+}
+
+// The spatial dims (1, 2, 3) of a pooling or upsampling op or gradient by
+// its ATen name ("max_pool2d_with_indices_backward", "upsample_bilinear2d",
+// "_adaptive_avg_pool3d"), 0 for other ops (fractional max pooling, whose
+// random samples are an operand of their own, included).
+int pool_spatial_dims(const std::string& base) {
+  const bool pool = base.find("pool") != std::string::npos || base.find("upsample") != std::string::npos;
+  if (!pool || base.find("fractional") != std::string::npos || base.find("unpool") != std::string::npos) return 0;
+  for (int k = 1; k <= 3; ++k)
+    if (base.find(std::to_string(k) + "d") != std::string::npos) return k;
+  return 0;
+}
+
 bool is_scan(KtirTilePlan::Combine c) { return ktir_is_scan(c); }
 // cummax/cummin: a scan of (value, index) pairs.
 bool is_extremum_scan(KtirTilePlan::Combine c) { return c == KtirTilePlan::kCummax || c == KtirTilePlan::kCummin; }
@@ -1371,6 +1413,25 @@ bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
   if (base == "nll_loss_forward") {  // reduction='none': one loss per row
     const KtirValue* r = arg_named(o, schema, "reduction");
     if (r && r->kind == KtirValue::kInt && r->i == 0) return false;
+  }
+  // Pooling and upsampling (and their gradients) work on the last 1, 2 or 3
+  // dims, each plane of the leading dims on its own: with more dims than
+  // that, dim 0 is a batch or channel dim and each row's planes are its own.
+  // (An operand that fixes the whole sizes, e.g. upsample's input_size, is
+  // caught by the shape probe.)
+  if (const int k = pool_spatial_dims(base); k > 0 && rank > k) return false;
+  if (pair_loss_of(o.op) != KtirTilePlan::kPreNone) {  // reduction='none': one loss per element
+    const KtirValue* r = arg_named(o, schema, "reduction");
+    if (r && r->kind == KtirValue::kInt && r->i == 0) return false;
+  }
+  // Their gradients are elementwise in self, target (and grad_output with
+  // 'none'; a 0-dim one otherwise) except with 'mean', whose kernel divides
+  // by the element count of the operands it is given (a tile's, not the
+  // whole's): 'mean' keeps the region whole.
+  if (base.size() > 9 && base.compare(base.size() - 9, 9, "_backward") == 0 &&
+      pair_loss_of(base.substr(0, base.size() - 9)) != KtirTilePlan::kPreNone) {
+    const KtirValue* r = arg_named(o, schema, "reduction");
+    if (r && r->kind == KtirValue::kInt && (r->i == 0 || r->i == 2)) return false;
   }
   if (kind == PrimKind::kElementwise || kind == PrimKind::kMatmul) return false;
   // copy_, fill_, zero_ (the device's own kernels): each element from its own (or none).
@@ -1518,6 +1579,32 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
         kind_of_op(o.op) == PrimKind::kReduction && mixes_rows(o, *h, rank0)) {
       if (ring_seen) return whole("two reductions over the split rows");
       plan.combine = ring_combine_of(o.op);
+      // The two-operand losses (mean, sum) and trace: f32 sums of their
+      // elementwise loss (of the diagonal) over the ring, as sum/mean.
+      int pair_target = -1, pair_weight = -1;
+      if (plan.combine == KtirTilePlan::kNone && pair_loss_of(o.op) != KtirTilePlan::kPreNone) {
+        const KtirValue* r = arg_named(o, schema, "reduction");
+        const KtirValue* t = arg_named(o, schema, "target");
+        const KtirValue* w = arg_named(o, schema, "weight");
+        const int tv = t && t->kind == KtirValue::kView ? static_cast<int>(t->i) : -1;
+        const int wv = w && w->kind == KtirValue::kView ? static_cast<int>(w->i) : -1;
+        // A row operand: the input's sizes, split with its rows (F.binary_cross_entropy
+        // expands its weight to the input's sizes).
+        auto row_operand = [&](int v) {
+          return v >= 0 && v != operands[0] && p.views[v].sizes == p.views[operands[0]].sizes &&
+                 (state[v] == 1 || (state[v] == -1 && candidate[v]));
+        };
+        if (r && r->kind == KtirValue::kInt && (r->i == 1 || r->i == 2) && row_operand(tv) &&
+            ((!w || w->kind == KtirValue::kNone) || (row_operand(wv) && wv != tv))) {
+          plan.combine = r->i == 1 ? KtirTilePlan::kMean : KtirTilePlan::kSum;
+          plan.ring_pre = pair_loss_of(o.op);
+          pair_target = tv;
+          pair_weight = wv;
+        }
+      } else if (plan.combine == KtirTilePlan::kNone && o.op.substr(0, o.op.find('.')) == "trace" && rank0 == 2) {
+        plan.combine = KtirTilePlan::kSum;
+        plan.ring_pre = KtirTilePlan::kPreDiag;
+      }
       if (plan.combine == KtirTilePlan::kNone) {
         plan.whole_library = true;  // runs its whole reduction as a library call
         return whole(o.op + " has no ring combine");
@@ -1547,12 +1634,14 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       for (int r : outs_r)
         if (r < 0) return whole(o.op + ": a ring reduction with fresh results");
       for (size_t j = 1; j < operands.size(); ++j) {
-        if (operands[j] == nll_target) continue;
+        if (operands[j] == nll_target || operands[j] == pair_target || operands[j] == pair_weight) continue;
         if (std::find(outs_r.begin(), outs_r.end(), operands[j]) != outs_r.end()) continue;  // out= results
         if (state[operands[j]] == 1) return whole(o.op + ": a second split operand");
         if (state[operands[j]] == -1) state[operands[j]] = 0;  // layer_norm's weight/bias: read per row range
       }
       if (nll_target >= 0) state[nll_target] = 1, plan.split[nll_target] = 1;
+      if (pair_target >= 0) state[pair_target] = 1, plan.split[pair_target] = 1, plan.ring_target = pair_target;
+      if (pair_weight >= 0) state[pair_weight] = 1, plan.split[pair_weight] = 1, plan.ring_weight = pair_weight;
       state[operands[0]] = 1;
       plan.split[operands[0]] = 1;
       const KtirValue* dim = arg_named(o, schema, "dim");
@@ -1587,6 +1676,13 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
           const KtirValue* kv = arg_named(o, schema, "k");
           if (plan.combine == KtirTilePlan::kTopk && kv && kv->kind == KtirValue::kInt)
             ps[0] = std::min(ps[0], std::max<int64_t>(kv->i, 1));
+        }
+        if (order_by_selection(plan.combine) && !ps.empty()) {
+          // A selection's hop carries a histogram of 256 counts per column
+          // for each 8-bit digit of the key, then the counts of equal keys.
+          ps[0] = 256 * (order_select_passes(p.views[operands[0]].dtype) - 1) + 1;
+          plan.ring_stats = 1;
+          plan.ring_dtype = c10::kInt;
         }
         plan.ring_payload_sizes = std::move(ps);
       }
@@ -2319,6 +2415,175 @@ std::vector<at::Tensor> order_finish(const KtirTilePlan& P, const RingParams& rp
   return r;
 }
 
+// ---- Order statistics by selection (topk, kthvalue, median, nanmedian) ----
+// An element's order key: an unsigned integer of the value's width whose
+// ascending order is the run's order (order_before): ascending with every
+// NaN equal and after every number, 0.0 and -0.0 equal; `desc` inverts it
+// (descending with NaN first). Equal keys are equal values of the order,
+// whose ties go by row (the stable order).
+template <typename T, typename K>
+struct OrderKey {
+  static constexpr K kSign = static_cast<K>(K(1) << (8 * sizeof(K) - 1));
+  bool floating, is_signed, desc;
+  K inf = 0;  // the bits of +inf (floating types)
+  explicit OrderKey(bool d)
+      : floating(std::is_floating_point_v<T> || std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>),
+        is_signed(std::numeric_limits<T>::is_signed),
+        desc(d) {
+    if (floating) {
+      const T i = std::numeric_limits<T>::infinity();
+      std::memcpy(&inf, &i, sizeof(K));
+    }
+  }
+  K operator()(T v) const {
+    K b;
+    std::memcpy(&b, &v, sizeof(K));
+    K k;
+    if (floating) {
+      const K m = static_cast<K>(b & static_cast<K>(~kSign));
+      k = m > inf       ? static_cast<K>(~K(0))
+          : m == 0      ? kSign
+          : (b & kSign) ? static_cast<K>(~b)
+                        : static_cast<K>(b | kSign);
+    } else {
+      k = is_signed ? static_cast<K>(b ^ kSign) : b;
+    }
+    return desc ? static_cast<K>(~k) : k;
+  }
+};
+
+// Per column j of `keys` [N, C] (row-major), the key at position pos[j] of
+// the column's stable order and the count of keys before it (`less`): a
+// radix selection, one 8-bit digit per pass from the top, each pass a
+// histogram of the digit over the keys that match the key found so far on
+// the higher digits (what the cores' histograms summed over the ring give).
+template <typename K>
+void radix_select(const K* keys, int64_t N, int64_t C, const int64_t* pos, K* found, int64_t* less) {
+  constexpr int kBits = 8 * sizeof(K);
+  std::vector<uint32_t> hist(static_cast<size_t>(C) * 256);
+  for (int64_t j = 0; j < C; ++j) found[j] = 0, less[j] = 0;
+  for (int shift = kBits - 8; shift >= 0; shift -= 8) {
+    std::fill(hist.begin(), hist.end(), 0u);
+    const int hs = shift + 8;
+    for (int64_t r = 0; r < N; ++r) {
+      const K* row = keys + r * C;
+      if (hs >= kBits) {
+        for (int64_t j = 0; j < C; ++j) ++hist[j * 256 + ((row[j] >> shift) & 255)];
+      } else {
+        for (int64_t j = 0; j < C; ++j)
+          if (static_cast<K>(row[j] >> hs) == static_cast<K>(found[j] >> hs))
+            ++hist[j * 256 + ((row[j] >> shift) & 255)];
+      }
+    }
+    for (int64_t j = 0; j < C; ++j) {
+      const uint32_t* h = hist.data() + j * 256;
+      int64_t cum = less[j];
+      for (int b = 0; b < 256; ++b) {
+        if (cum + h[b] > pos[j]) {
+          found[j] = static_cast<K>(found[j] | (static_cast<K>(b) << shift));
+          break;
+        }
+        cum += h[b];
+      }
+      less[j] = cum;
+    }
+  }
+}
+
+// The results of topk, kthvalue, median and nanmedian of the rows `x`
+// ([N, C] contiguous, the op's input dtype; a flat median: [N*C, 1]) by
+// selection, equal to order_finish's on the merged run: per column the
+// wanted position of the stable order (kthvalue k - 1; median the first NaN,
+// else (N - 1) / 2; nanmedian (m - 1) / 2 of the m non-NaN, or the first
+// NaN), its key by radix_select, and its row: the (pos - less)-th row in row
+// order holding that key. topk: every key before the k-th one's, and the
+// first rows equal to it, sorted by (key, row). Values are the stored values.
+template <typename T, typename K>
+std::vector<at::Tensor> order_select_typed(const KtirTilePlan& P, const RingParams& rp, const at::Tensor& x) {
+  const int64_t N = x.size(0), C = x.size(1);
+  const T* v = x.const_data_ptr<T>();
+  const OrderKey<T, K> key(rp.descending);
+  std::vector<K> keys(static_cast<size_t>(N * C));
+  for (int64_t e = 0; e < N * C; ++e) keys[e] = key(v[e]);
+  std::vector<int64_t> pos(C, 0), less(C);
+  std::vector<K> found(C);
+  const bool topk = P.combine == KtirTilePlan::kTopk;
+  const int64_t k = topk ? std::min(rp.k, N) : rp.k;
+  if (P.combine == KtirTilePlan::kKthvalue) {
+    TORCH_CHECK_INDEX(rp.k >= 1 && rp.k <= N, "kthvalue(): selected number k out of range for dimension 0");
+    std::fill(pos.begin(), pos.end(), rp.k - 1);
+  } else if (topk) {
+    std::fill(pos.begin(), pos.end(), std::max<int64_t>(k - 1, 0));
+  } else {  // median, nanmedian: NaN keys are all ones (ascending), after every number
+    std::vector<int64_t> nan(C, 0);
+    if (key.floating)
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t j = 0; j < C; ++j) nan[j] += keys[r * C + j] == static_cast<K>(~K(0));
+    for (int64_t j = 0; j < C; ++j) {
+      const int64_t m = N - nan[j];
+      pos[j] = P.combine == KtirTilePlan::kMedian ? (nan[j] > 0 ? m : (N - 1) / 2) : (m > 0 ? (m - 1) / 2 : 0);
+    }
+  }
+  const auto opt = at::TensorOptions().dtype(at::kLong);
+  if (topk && k == 0) return {at::empty({C, 0}, x.options()).t(), at::empty({C, 0}, opt).t()};
+  radix_select<K>(keys.data(), N, C, pos.data(), found.data(), less.data());
+  if (!topk) {
+    at::Tensor vals = at::empty({C}, x.options()), idx = at::empty({C}, opt);
+    T* ov = vals.mutable_data_ptr<T>();
+    int64_t* oi = idx.mutable_data_ptr<int64_t>();
+    std::vector<int64_t> seen(C, 0);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t j = 0; j < C; ++j)
+        if (keys[r * C + j] == found[j] && seen[j]++ == pos[j] - less[j]) ov[j] = v[r * C + j], oi[j] = r;
+    return {vals, idx};
+  }
+  // topk: the k first of the stable order per column, then sorted by (key, row).
+  std::vector<std::pair<K, int64_t>> pick(static_cast<size_t>(C * k));
+  std::vector<int64_t> n(C, 0), seen(C, 0);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < C; ++j) {
+      const K q = keys[r * C + j];
+      if (q < found[j] || (q == found[j] && seen[j]++ <= pos[j] - less[j])) pick[j * k + n[j]++] = {q, r};
+    }
+  at::Tensor vals = at::empty({C, k}, x.options()), idx = at::empty({C, k}, opt);
+  T* ov = vals.mutable_data_ptr<T>();
+  int64_t* oi = idx.mutable_data_ptr<int64_t>();
+  for (int64_t j = 0; j < C; ++j) {
+    auto* b = pick.data() + j * k;
+    std::sort(b, b + k);  // (key, row): the stable order
+    for (int64_t i = 0; i < k; ++i) ov[j * k + i] = v[b[i].second * C + j], oi[j * k + i] = b[i].second;
+  }
+  return {vals.t(), idx.t()};
+}
+
+// order_select_typed for x's dtype; results shaped as `outs`.
+std::vector<at::Tensor> order_select(const KtirTilePlan& P, const RingParams& rp, const at::Tensor& x,
+                                     const std::vector<at::Tensor>& outs) {
+  std::vector<at::Tensor> r;
+  switch (x.scalar_type()) {
+#define TTE_ORDER_SELECT(ctype, ktype, name)        \
+  case c10::ScalarType::name:                       \
+    r = order_select_typed<ctype, ktype>(P, rp, x); \
+    break;
+    TTE_ORDER_SELECT(c10::Half, uint16_t, Half)
+    TTE_ORDER_SELECT(c10::BFloat16, uint16_t, BFloat16)
+    TTE_ORDER_SELECT(float, uint32_t, Float)
+    TTE_ORDER_SELECT(double, uint64_t, Double)
+    TTE_ORDER_SELECT(int64_t, uint64_t, Long)
+    TTE_ORDER_SELECT(int32_t, uint32_t, Int)
+    TTE_ORDER_SELECT(int16_t, uint16_t, Short)
+    TTE_ORDER_SELECT(int8_t, uint8_t, Char)
+    TTE_ORDER_SELECT(uint8_t, uint8_t, Byte)
+    TTE_ORDER_SELECT(bool, uint8_t, Bool)
+#undef TTE_ORDER_SELECT
+    default:
+      TORCH_CHECK(false, "ktir_execute: an order statistic of ", x.scalar_type());
+  }
+  for (size_t j = 0; j < r.size() && j < outs.size(); ++j) r[j] = r[j].reshape(outs[j].sizes());
+  r.resize(std::min(r.size(), outs.size()));
+  return r;
+}
+
 // CPU's nll_loss check, with its exception type (IndexError) and message:
 // every target not ignored is a class index in [0, classes).
 void check_nll_targets(const at::Tensor& t, const at::Tensor& keep, int64_t classes) {
@@ -2368,6 +2633,42 @@ std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp,
       return {total.t[0].pow(1.0 / rp.ord)};
     default:
       return {total.t[0]};
+  }
+}
+
+// The values a loss's or trace's ring partials sum, for the step's rows
+// (RingPre): the elementwise loss of the rows of self and target, by CPU's
+// kernel with reduction 'none' on their f32 (df16) values (its errors, e.g.
+// binary_cross_entropy's input outside [0, 1], are CPU's), or the diagonal
+// element of each row ([rows, 1]: x[i, i] of the step's row i, 0 past the
+// last column). `idx` (or [lo, lo + n)) are the step's rows.
+at::Tensor ring_pre_values(const KtirTilePlan& P, const KtirOp& o, const std::vector<at::Tensor>& vt, int in,
+                           c10::ScalarType acc, const at::Tensor& idx, int64_t lo, int64_t n) {
+  const at::Tensor x = vt[in].to(acc);
+  if (P.ring_pre == KtirTilePlan::kPreDiag) {
+    const int64_t cols = x.size(1);
+    const at::Tensor rows = idx.defined() ? idx : at::arange(lo, lo + n, at::TensorOptions().dtype(at::kLong));
+    const at::Tensor on = rows.lt(cols).unsqueeze(1);
+    const at::Tensor d = x.gather(1, rows.clamp_max(std::max<int64_t>(cols - 1, 0)).unsqueeze(1));
+    return at::where(on, d, at::zeros({}, d.options()));
+  }
+  const at::Tensor y = vt[P.ring_target].to(acc);
+  const c10::FunctionSchema& schema = o.handle->schema();
+  auto param = [&](const char* name, double dflt) {
+    const KtirValue* v = arg_named(o, schema, name);
+    return v && v->kind == KtirValue::kFloat ? v->f
+           : v && v->kind == KtirValue::kInt ? static_cast<double>(v->i)
+                                             : dflt;
+  };
+  switch (P.ring_pre) {
+    case KtirTilePlan::kPreMse:
+      return at::mse_loss(x, y, 0);
+    case KtirTilePlan::kPreHuber:
+      return at::huber_loss(x, y, 0, param("delta", 1.0));
+    case KtirTilePlan::kPreSmoothL1:
+      return at::smooth_l1_loss(x, y, 0, param("beta", 1.0));
+    default:  // kPreBce
+      return at::binary_cross_entropy(x, y, P.ring_weight >= 0 ? vt[P.ring_weight].to(acc) : at::Tensor(), 0);
   }
 }
 
@@ -2531,6 +2832,11 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   // An order statistic: each core's sorted run of its rows so far.
   std::vector<OrderRun> runs(P.tiling.cores_used);
   const bool order = ring && ktir_is_order(P.combine);
+  // topk, kthvalue, median, nanmedian: each step's rows of the input are
+  // kept (in its dtype) for the selection after the steps (order_select).
+  const bool select = order && order_by_selection(P.combine);
+  at::Tensor sel;
+  if (select && P.steps.size() != 1) sel = at::empty(p.views[ring_in].sizes, views[ring_in].options());
   // The batched accumulators (all ring ops but nll_loss and the scans): per
   // statistic one [cores_used, ...] tensor, per core whether it has rows yet
   // and its element count.
@@ -2606,8 +2912,22 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           // the step (corelet j: ceil(left / (corelets - j)) rows), the core
           // merges the corelet partials in order, and its accumulator merges
           // the step partials in tile order.
+          if (select) {
+            // The cores' rows of the step, at their rows of the input.
+            if (whole_rows)
+              sel = vt[ring_in];
+            else if (idx.defined())
+              sel.index_copy_(0, idx, vt[ring_in]);
+            else
+              sel.narrow(0, lo, n).copy_(vt[ring_in]);
+            return;
+          }
           // One widening per step; with a widened input, its rows are read where they are.
-          const at::Tensor x = wide_in.defined() ? wide_in : vt[ring_in].to(acc_dtype).contiguous();
+          // A loss or trace: the values its partials sum (ring_pre_values).
+          const at::Tensor x = wide_in.defined() ? wide_in
+                               : P.ring_pre == KtirTilePlan::kPreNone
+                                   ? vt[ring_in].to(acc_dtype).contiguous()
+                                   : ring_pre_values(P, *ring, vt, ring_in, acc_dtype, idx, lo, n);
           // partial(offset in x, rows, first row of the whole tensor) -> one corelet's RingPart.
           auto per_corelet = [&](auto&& partial) {
             int64_t off = 0;
@@ -2827,26 +3147,39 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     // The ring: core 0's partial passes to core 1, which merges its own, and so on.
     run_op(P.ring_op, views, [&] {
       if (order) {
-        // The ring merges the cores' runs in core order (earlier rows first
-        // on ties). A stable merge is associative (any grouping gives the
-        // stable order of the rows), so the cores_used - 1 merges run as a
-        // tree: core 2j with 2j + 1, then the pairs, ... with the chain's values.
-        std::vector<OrderRun> level;
-        for (auto& r : runs)
-          if (!r.empty()) level.push_back(std::move(r));
-        const int64_t limit = P.combine == KtirTilePlan::kTopk ? std::max<int64_t>(rp.k, 0) : -1;
-        if (walk && !level.empty()) walk->ring_steps += static_cast<int64_t>(level.size()) - 1;
-        while (level.size() > 1) {
-          std::vector<OrderRun> next;
-          for (size_t j = 0; j + 1 < level.size(); j += 2)
-            next.push_back(order_merge(level[j], level[j + 1], rp.descending, limit));
-          if (level.size() % 2) next.push_back(std::move(level.back()));
-          level = std::move(next);
-        }
-        TORCH_CHECK(!level.empty(), "ktir_execute: an order statistic over no rows");
         std::vector<at::Tensor> outs;
         for (int r : P.ring_outs) outs.push_back(views[r]);
-        const std::vector<at::Tensor> vals = order_finish(P, rp, level[0], outs);
+        std::vector<at::Tensor> vals;
+        if (select) {
+          // A selection over the cores' rows (order_select): each pass's
+          // histograms are summed along the ring in core order (counted as
+          // one chain of cores_used - 1 hops, as the other ring ops; the
+          // schedule's payload holds every pass's histograms).
+          TORCH_CHECK(sel.defined() && sel.numel() > 0, "ktir_execute: an order statistic over no rows");
+          const at::Tensor x = sel.contiguous();
+          const at::Tensor cols = P.ring_flat ? x.reshape({-1, 1}) : x.reshape({x.size(0), -1});
+          if (walk) walk->ring_steps += P.tiling.cores_used - 1;
+          vals = order_select(P, rp, cols, outs);
+        } else {
+          // The ring merges the cores' runs in core order (earlier rows first
+          // on ties). A stable merge is associative (any grouping gives the
+          // stable order of the rows), so the cores_used - 1 merges run as a
+          // tree: core 2j with 2j + 1, then the pairs, ... with the chain's values.
+          std::vector<OrderRun> level;
+          for (auto& r : runs)
+            if (!r.empty()) level.push_back(std::move(r));
+          const int64_t limit = P.combine == KtirTilePlan::kTopk ? std::max<int64_t>(rp.k, 0) : -1;
+          if (walk && !level.empty()) walk->ring_steps += static_cast<int64_t>(level.size()) - 1;
+          while (level.size() > 1) {
+            std::vector<OrderRun> next;
+            for (size_t j = 0; j + 1 < level.size(); j += 2)
+              next.push_back(order_merge(level[j], level[j + 1], rp.descending, limit));
+            if (level.size() % 2) next.push_back(std::move(level.back()));
+            level = std::move(next);
+          }
+          TORCH_CHECK(!level.empty(), "ktir_execute: an order statistic over no rows");
+          vals = order_finish(P, rp, level[0], outs);
+        }
         for (size_t j = 0; j < vals.size(); ++j) {
           const c10::ScalarType t = p.views[P.ring_outs[j]].dtype;
           // Values are stored values (selections: no rounding), indices int64.

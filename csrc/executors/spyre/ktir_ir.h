@@ -239,6 +239,16 @@ struct KtirTilePlan {
     kNanMedian,
     kMode
   };
+  // What the ring op's partials sum (kSum/kMean), when it is not its first
+  // operand: the elementwise loss of the operand and `ring_target` (split
+  // with it; mse_loss, huber_loss, smooth_l1_loss, binary_cross_entropy with
+  // a mean or sum, and its weight of the input's sizes), computed in f32 by CPU's kernel with reduction 'none'; or
+  // the diagonal of a matrix (trace): element (i, i) of each row i, 0 past
+  // the last column.
+  enum RingPre : uint8_t { kPreNone, kPreMse, kPreHuber, kPreSmoothL1, kPreBce, kPreDiag };
+  RingPre ring_pre = kPreNone;
+  int ring_target = -1;
+  int ring_weight = -1;  // binary_cross_entropy's weight (split with the rows), or -1
   int ring_op = -1;
   Combine combine = kNone;
   bool normalize = false;    // the ring op's first result is the split rows (softmax, layer_norm, cumsum)

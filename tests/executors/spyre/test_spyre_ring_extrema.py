@@ -3,8 +3,8 @@
 tile by tile with a carried pair, the cores' last pairs merged along the
 ring), norm / linalg_vector_norm (f32 partials of df16 powers, one root),
 aminmax ((min, max) pairs), nansum, count_nonzero, any and all over dim 0;
-and the reductions that still run their regions whole (mse_loss, trace, ...)
-counted as library calls.
+and the reductions that still run their regions whole (multilabel_margin_loss,
+...) counted as library calls.
 
 The references are independent of the executor: cummax/cummin by CPU's scan
 rule written out here row by row (a NaN is taken, else an element >= the
@@ -201,11 +201,12 @@ def test_aminmax_count_any_all_nansum(spyre_target, dtype, shape):
 
 
 def test_reductions_without_a_ring_program_are_library_calls(spyre_target):
-    # Reductions of the split rows without a ring combine (the losses that
-    # reduce everything, trace) keep their regions whole: each runs its whole
-    # input as a library call (metrics). The order statistics (median,
-    # kthvalue, sort, topk, ...) have ring programs since 2026-12-05
-    # (test_spyre_ring_order.py).
+    # Reductions of the split rows without a ring combine (multilabel_margin_loss,
+    # renorm, ...) keep their regions whole: each runs its whole input as a
+    # library call (metrics). The order statistics (median, kthvalue, sort,
+    # topk, ...) have ring programs since 2026-12-05 (test_spyre_ring_order.py),
+    # mse_loss, huber_loss, smooth_l1_loss, binary_cross_entropy and trace
+    # since branch spyre21f (test_spyre_ring_losses.py).
     from torch_tpu_eager import metrics, metrics_report, reset_metrics, spyre
 
     a = _special(torch.float32, (200, 64), 55)
@@ -213,10 +214,12 @@ def test_reductions_without_a_ring_program_are_library_calls(spyre_target):
     d, e = a.to("tpu"), b.to("tpu")
     a, b = a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0)
     d, e = d.nan_to_num(0.0, 1.0, -1.0), e.nan_to_num(0.0, 1.0, -1.0)
+    tgt = torch.randint(-1, 64, (200, 64), generator=torch.Generator().manual_seed(58))
+    td = tgt.to("tpu")
     cases = {
-        "mse_loss": lambda t, u: torch.nn.functional.mse_loss(t, u),
-        "huber_loss": lambda t, u: torch.nn.functional.huber_loss(t, u),
-        "trace": lambda t, u: torch.trace(t),
+        "multilabel_margin_loss_forward": lambda t, u: torch.nn.functional.multilabel_margin_loss(
+            t, td if t.device.type == "tpu" else tgt
+        ),
     }
     for name, f in cases.items():
         d.cpu(), e.cpu()
