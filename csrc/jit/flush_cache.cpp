@@ -197,14 +197,17 @@ inline uint64_t* write_ref(uint64_t* __restrict p, const TensorRef& r, int32_t n
 
 }  // namespace
 
-void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushKey* key) {
+void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* key) {
   // The words go through a local cursor into room made once per node (its
   // words' upper bound); only an argument of a rare kind goes through Words
   // (push_arg). A per-word room check and a cursor kept in memory were most
-  // of this pass's ~5 K instructions for a 16-op flush.
+  // of this pass's ~5 K instructions for a 16-op flush. The storages are
+  // numbered as their references are written (one walk over the references,
+  // not a numbering pass and then this one).
   Words w{key->buf};
   bool cacheable = true;
-  const int32_t* numbers = fs.numbers.data();
+  const uint64_t stamp = begin_flush_storages(g, fs);
+  int32_t* numbers = fs.numbers.data();
   for (const Node& node : g) {
     size_t bound = 3 + node.returns.size() + node.list_lens.size() + 2 * node.args.size();
     for (const auto& in : node.inputs) bound += 3 + 2 * in.ref.sizes.size();
@@ -215,11 +218,11 @@ void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushK
     *p++ = static_cast<uint64_t>(node.kind) | uint64_t{node.rng} << 8 | uint64_t{node.inputs.size()} << 16 |
            uint64_t{node.outputs.size()} << 32 | uint64_t{node.args.size()} << 48;
     for (const auto& in : node.inputs) {
-      p = write_ref(p, in.ref, *numbers++, uint64_t{in.written});
+      p = write_ref(p, in.ref, number_storage(fs, in.ref.storage.get(), stamp, numbers++), uint64_t{in.written});
       *p++ = static_cast<uint64_t>(static_cast<uint32_t>(in.arg)) |
              static_cast<uint64_t>(static_cast<uint32_t>(in.elem + 1)) << 32;
     }
-    for (const auto& o : node.outputs) p = write_ref(p, o, *numbers++, 0);
+    for (const auto& o : node.outputs) p = write_ref(p, o, number_storage(fs, o.storage.get(), stamp, numbers++), 0);
     *p++ = static_cast<uint64_t>(node.returns.size()) | static_cast<uint64_t>(node.list_lens.size()) << 32;
     for (int r : node.returns) *p++ = static_cast<uint64_t>(static_cast<int64_t>(r));
     for (int l : node.list_lens) *p++ = static_cast<uint64_t>(static_cast<int64_t>(l));
@@ -241,6 +244,7 @@ void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushK
     }
     w.n = static_cast<size_t>(p - w.buf.data());
   }
+  end_flush_storages(g, fs);
   w.room(2 * fs.storages.size());
   for (size_t k = 0; k < fs.storages.size(); ++k) {
     const DeferredStorage* s = fs.storages[k];

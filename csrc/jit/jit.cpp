@@ -445,15 +445,17 @@ class ScratchLease {
 
 std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   ScratchLease scratch;
-  index_flush_storages(g, scratch->fs);
   const FlushStorages& fs = scratch->fs;
-  // The flush's structure, looked up in the flush cache (flush_cache.h). A
-  // pending test break of the partition bypasses it (the flush must partition).
+  // The flush's structure, looked up in the flush cache (flush_cache.h); the
+  // pass numbers the flush's storages too. A pending test break of the
+  // partition bypasses it (the flush must partition).
   thread_local FlushKey key;
   bool cacheable = !test_break_pending();
   if (cacheable) {
-    flush_structure(g, fs, &key);
+    flush_structure(g, scratch->fs, &key);
     cacheable = key.cacheable;
+  } else {
+    index_flush_storages(g, scratch->fs);
   }
   if (cacheable) {
     if (std::shared_ptr<const FlushPlan> plan = flush_cache_find(&key)) {
