@@ -63,6 +63,35 @@ c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
   return st;
 }
 
+const void* HostMemory::data_for(DeferredStorage* s, size_t* nbytes) {
+  if (const Entry* e = map_.find(s)) {
+    *nbytes = e->storage.nbytes();
+    return e->storage.data();
+  }
+  if (!transient_.contains(s)) {  // its device buffer, as wrap_device_buffer would wrap it
+    *nbytes = s->nbytes;
+    return s->data;
+  }
+  const c10::Storage st = device_buffer(s);
+  *nbytes = st.nbytes();
+  return st.data();
+}
+
+void* HostMemory::device_data(DeferredStorage* s, size_t* nbytes) {
+  const Entry* e = map_.find(s);
+  if (e != nullptr && !e->temp) {
+    *nbytes = e->storage.nbytes();
+    return e->storage.mutable_data();
+  }
+  if (e == nullptr && !transient_.contains(s)) {
+    *nbytes = s->nbytes;
+    return s->data;
+  }
+  c10::Storage st = device_buffer(s);
+  *nbytes = st.nbytes();
+  return st.mutable_data();
+}
+
 bool HostMemory::adopt_transient(DeferredStorage* s, c10::Storage storage) {
   if (!transient_.contains(s)) return false;
   map_[s] = Entry{std::move(storage), false};

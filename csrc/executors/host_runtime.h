@@ -23,6 +23,15 @@ class HostMemory {
   explicit HostMemory(bool resizable = false) : resizable_(resizable) {}
   // The CPU storage wrapping the device buffer of `s` (no copy, not resizable).
   c10::Storage device_buffer(DeferredStorage* s);
+  // The address of the bytes that hold the current value of `s` and their
+  // size (what storage_for(s) gives), for readers of raw memory (the fused
+  // loops): a device buffer nothing has bound in this flush is read in place,
+  // without making a CPU storage for it (a StorageImpl, a map entry, and
+  // their destruction at the end of the flush).
+  const void* data_for(DeferredStorage* s, size_t* nbytes);
+  // The same for a writer of raw memory: the address device_buffer(s) holds
+  // (a transient storage gets its flush-local memory bound).
+  void* device_data(DeferredStorage* s, size_t* nbytes);
   // Binds `s` to a temporary CPU storage holding its value.
   void bind_temp(DeferredStorage* s, c10::Storage storage);
   bool is_temp(DeferredStorage* s) const;
