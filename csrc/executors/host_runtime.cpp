@@ -58,7 +58,7 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
 
 c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
   if (const Entry* e = map_.find(s); e != nullptr && !e->temp) return e->storage;
-  c10::Storage st = transient_.contains(s) ? scratch_storage(s->nbytes) : wrap_device_buffer(s, resizable_);
+  c10::Storage st = is_transient(s) ? scratch_storage(s->nbytes) : wrap_device_buffer(s, resizable_);
   map_[s] = Entry{st, false};
   return st;
 }
@@ -68,7 +68,7 @@ const void* HostMemory::data_for(DeferredStorage* s, size_t* nbytes) {
     *nbytes = e->storage.nbytes();
     return e->storage.data();
   }
-  if (!transient_.contains(s)) {  // its device buffer, as wrap_device_buffer would wrap it
+  if (!is_transient(s)) {  // its device buffer, as wrap_device_buffer would wrap it
     *nbytes = s->nbytes;
     return s->data;
   }
@@ -83,7 +83,7 @@ void* HostMemory::device_data(DeferredStorage* s, size_t* nbytes) {
     *nbytes = e->storage.nbytes();
     return e->storage.mutable_data();
   }
-  if (e == nullptr && !transient_.contains(s)) {
+  if (e == nullptr && !is_transient(s)) {
     *nbytes = s->nbytes;
     return s->data;
   }
@@ -93,7 +93,7 @@ void* HostMemory::device_data(DeferredStorage* s, size_t* nbytes) {
 }
 
 bool HostMemory::adopt_transient(DeferredStorage* s, c10::Storage storage) {
-  if (!transient_.contains(s)) return false;
+  if (!is_transient(s)) return false;
   map_[s] = Entry{std::move(storage), false};
   return true;
 }
@@ -191,7 +191,7 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
 
 void HostMemory::clear(size_t expected) {
   pending_writes_.clear();
-  transient_.clear(expected);
+  set_transient(0, nullptr, 0);
   map_.clear(expected);
 }
 

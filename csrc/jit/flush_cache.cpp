@@ -288,6 +288,7 @@ void note_recent(const std::shared_ptr<const FlushPlan>& plan) {
 // Moves the index entry of `plan` to the front of the LRU order; false when
 // the cache no longer holds it. Under c.mu.
 bool touch_locked(Cache& c, const FlushPlan* plan) {
+  if (!c.lru.empty() && c.lru.front().get() == plan) return true;  // already first (a flush repeated)
   auto [lo, hi] = c.index.equal_range(plan->hash);
   for (auto it = lo; it != hi; ++it) {
     if (it->second->get() != plan) continue;

@@ -37,7 +37,7 @@ struct FlushPlan {
   std::vector<std::shared_ptr<Kernel>> kernels;     // per region
   std::vector<std::vector<int64_t>> layouts;        // per region: layout_signature
   std::vector<std::vector<int32_t>> release_after;  // per region: flush-local storages freed after it
-  std::vector<int32_t> transient;                   // flush-local storages (HostMemory::transient)
+  std::vector<char> transient;                      // per storage number: flush-local (HostMemory::set_transient)
 };
 
 // A flush's structure as flush_structure writes it: the first `n` words of

@@ -239,7 +239,7 @@ namespace {
 // The flush-local memory schedule of `plan` (regions, live set): storages a
 // live node of this flush creates and nothing observes after it hold values
 // only between its regions: flush-local memory, freed after the last region
-// that uses them (host_runtime.h, HostMemory::transient). A storage made earlier
+// that uses them (host_runtime.h, HostMemory::set_transient). A storage made earlier
 // keeps its device buffer: that holds its value. Storages by number.
 void plan_transients(const std::vector<Node>& g, const FlushStorages& fs, FlushPlan& plan) {
   std::vector<size_t> first_ref(g.size() + 1, 0);  // index into fs.numbers of each node's first reference
@@ -258,12 +258,9 @@ void plan_transients(const std::vector<Node>& g, const FlushStorages& fs, FlushP
       for (size_t r = first_ref[i]; r < first_ref[i + 1]; ++r)
         if (made[fs.numbers[r]]) last_region[fs.numbers[r]] = static_cast<int32_t>(ri);
   plan.release_after.assign(plan.regions.size(), {});
-  plan.transient.clear();
-  for (size_t k = 0; k < made.size(); ++k) {
-    if (!made[k]) continue;
-    plan.transient.push_back(static_cast<int32_t>(k));
-    if (last_region[k] >= 0) plan.release_after[last_region[k]].push_back(static_cast<int32_t>(k));
-  }
+  for (size_t k = 0; k < made.size(); ++k)
+    if (made[k] && last_region[k] >= 0) plan.release_after[last_region[k]].push_back(static_cast<int32_t>(k));
+  plan.transient = std::move(made);
 }
 
 // Runs the regions of `plan` on this flush's graph. `building` (the plan
@@ -273,7 +270,8 @@ void plan_transients(const std::vector<Node>& g, const FlushStorages& fs, FlushP
 std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, const FlushPlan& plan,
                                FlushPlan* building, bool* complete, host::HostMemory& mem, Metrics& m) {
   Executor& ex = active_executor();
-  for (int32_t k : plan.transient) mem.transient().insert(fs.storages[k]);
+  // Flush-local storages by number: no set of them to fill and empty each flush.
+  mem.set_transient(fs.stamp, plan.transient.data(), plan.transient.size());
   // Every target starts a new flush, so inspection of "the last flush" of an
   // inactive target (e.g. Spyre's schedule after a TPU flush) is empty.
   tpu_executor().begin_flush();

@@ -244,3 +244,52 @@ def test_per_thread_flush_memory_reused_across_flush_sizes():
     for n in (300, 2, 300, 1, 40, 2):
         for _ in range(2):
             torch.testing.assert_close(long_chain(xd, n).cpu(), long_chain(x, n))
+
+
+def _aliasing(a, b):
+    # One pass numbers the storages as it writes the structure: which references share a
+    # storage (a + a against a + b, an in-place write, a view of an operand) is part of it.
+    y = a * 2.0 + b
+    z = y.clone()
+    z.add_(a[0:1])
+    return (z * b).sin() + y
+
+
+def test_storage_sharing_is_structure_on_a_hit():
+    a, b = cpu_randn(4, 6, seed=13), cpu_randn(4, 6, seed=14)
+    ad, bd = a.to("tpu"), b.to("tpu")
+    for _ in range(2):  # planned, then hit
+        torch.testing.assert_close(_aliasing(ad, bd).cpu(), _aliasing(a, b))
+    before = _hits()
+    torch.testing.assert_close(_aliasing(ad, ad).cpu(), _aliasing(a, a))  # b is a: other numbering
+    assert _hits() == before, "a flush whose references share other storages must not hit"
+    for _ in range(2):
+        torch.testing.assert_close(_aliasing(ad, bd).cpu(), _aliasing(a, b))
+        torch.testing.assert_close(_aliasing(ad, ad).cpu(), _aliasing(a, a))
+    assert _hits() == before + 4
+
+
+def _loops_between_library_ops(x, w):
+    # Fused loops read and write raw device memory (HostMemory::data_for / device_data);
+    # library calls (matmul, cumsum) between them bind CPU storages over the same
+    # storages, and some intermediates are flush-local (HostMemory::set_transient).
+    h = x @ w  # library call: its result buffer may become the device memory
+    h = (h * 0.5 + 1.0).tanh()  # a fused loop over it
+    c = h.cumsum(1)  # library call reading the loop's output
+    u = (c - h).sigmoid() * 2.0  # a fused loop reading both
+    return u @ w.t(), h
+
+
+def test_fused_loops_and_library_calls_share_buffers_on_hits():
+    x, w = cpu_randn(5, 7, seed=15), cpu_randn(7, 7, seed=16)
+    xd, wd = x.to("tpu"), w.to("tpu")
+    want = _loops_between_library_ops(x, w)
+    before = _hits()
+    for _ in range(4):  # planned, then hits
+        got = _loops_between_library_ops(xd, wd)
+        torch.testing.assert_close(got[0].cpu(), want[0])
+        torch.testing.assert_close(got[1].cpu(), want[1])
+    # The second output dropped: h becomes flush-local memory (another plan), then hits.
+    for _ in range(3):
+        torch.testing.assert_close(_loops_between_library_ops(xd, wd)[0].cpu(), want[0])
+    assert _hits() - before >= 4
