@@ -195,6 +195,21 @@ inline uint64_t* write_ref(uint64_t* __restrict p, const TensorRef& r, int32_t n
   return p + 2 + 2 * rank;
 }
 
+// The words node `n` writes before its arguments of rare kinds, at most.
+size_t node_bound(const Node& n) {
+  size_t bound = 3 + n.returns.size() + n.list_lens.size() + 2 * n.args.size();
+  for (const auto& in : n.inputs) bound += 3 + 2 * in.ref.sizes.size();
+  for (const auto& o : n.outputs) bound += 2 + 2 * o.sizes.size();
+  return bound;
+}
+
+// Room for `extra` more words after the cursor `p` (which may move: the buffer may grow).
+uint64_t* make_room(Words& w, uint64_t* p, size_t extra) {
+  w.n = static_cast<size_t>(p - w.buf.data());
+  w.room(extra);
+  return w.buf.data() + w.n;
+}
+
 }  // namespace
 
 void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* key) {
@@ -209,20 +224,26 @@ void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* ke
   const uint64_t stamp = begin_flush_storages(g, fs);
   int32_t* numbers = fs.numbers.data();
   for (const Node& node : g) {
-    size_t bound = 3 + node.returns.size() + node.list_lens.size() + 2 * node.args.size();
-    for (const auto& in : node.inputs) bound += 3 + 2 * in.ref.sizes.size();
-    for (const auto& o : node.outputs) bound += 2 + 2 * o.sizes.size();
-    w.room(bound);
+    // Room for the node's words with its references at up to Dims::kInline
+    // dims each (a loop over the references for their ranks first was ~0.4 K
+    // instructions of a 16-op flush); a reference of more dims makes room
+    // for the whole node (node_bound) before its words.
+    const size_t nrefs = node.inputs.size() + node.outputs.size();
+    w.room(3 + node.returns.size() + node.list_lens.size() + 2 * node.args.size() + (3 + 2 * Dims::kInline) * nrefs);
     uint64_t* p = w.buf.data() + w.n;
     *p++ = reinterpret_cast<uintptr_t>(&node.op.schema());
     *p++ = static_cast<uint64_t>(node.kind) | uint64_t{node.rng} << 8 | uint64_t{node.inputs.size()} << 16 |
            uint64_t{node.outputs.size()} << 32 | uint64_t{node.args.size()} << 48;
     for (const auto& in : node.inputs) {
+      if (C10_UNLIKELY(in.ref.sizes.size() > Dims::kInline)) p = make_room(w, p, node_bound(node));
       p = write_ref(p, in.ref, number_storage(fs, in.ref.storage.get(), stamp, numbers++), uint64_t{in.written});
       *p++ = static_cast<uint64_t>(static_cast<uint32_t>(in.arg)) |
              static_cast<uint64_t>(static_cast<uint32_t>(in.elem + 1)) << 32;
     }
-    for (const auto& o : node.outputs) p = write_ref(p, o, number_storage(fs, o.storage.get(), stamp, numbers++), 0);
+    for (const auto& o : node.outputs) {
+      if (C10_UNLIKELY(o.sizes.size() > Dims::kInline)) p = make_room(w, p, node_bound(node));
+      p = write_ref(p, o, number_storage(fs, o.storage.get(), stamp, numbers++), 0);
+    }
     *p++ = static_cast<uint64_t>(node.returns.size()) | static_cast<uint64_t>(node.list_lens.size()) << 32;
     for (int r : node.returns) *p++ = static_cast<uint64_t>(static_cast<int64_t>(r));
     for (int l : node.list_lens) *p++ = static_cast<uint64_t>(static_cast<int64_t>(l));
