@@ -293,3 +293,25 @@ def test_fused_loops_and_library_calls_share_buffers_on_hits():
     for _ in range(3):
         torch.testing.assert_close(_loops_between_library_ops(xd, wd)[0].cpu(), want[0])
     assert _hits() - before >= 4
+
+
+def test_tensors_of_more_than_six_dims_hit_and_equal_cpu():
+    # The structure makes room per reference for up to six dims (Dims' inline size); a
+    # reference of more makes room for its whole op first, at any position of the trace.
+    x = cpu_randn(2, 1, 3, 1, 2, 1, 2, 3, seed=17)
+    s = cpu_randn(2, 3, seed=18)
+    xd, sd = x.to("tpu"), s.to("tpu")
+
+    def f(t, small):
+        y = (small * 2.0).sin()  # small references first
+        z = t.permute(7, 6, 5, 4, 3, 2, 1, 0) * 0.5 + 1.0  # then eight dims, strided
+        w = z.sum(dim=[0, 2]) + y.sum()
+        return w.unsqueeze(0).unsqueeze(0).exp(), (y + 1.0).cos()
+
+    want = f(x, s)
+    before = _hits()
+    for _ in range(3):
+        got = f(xd, sd)
+        torch.testing.assert_close(got[0].cpu(), want[0])
+        torch.testing.assert_close(got[1].cpu(), want[1])
+    assert _hits() - before >= 2
