@@ -273,9 +273,16 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
   // Flush-local storages by number: no set of them to fill and empty each flush.
   mem.set_transient(fs.stamp, plan.transient.data(), plan.transient.size());
   // Every target starts a new flush, so inspection of "the last flush" of an
-  // inactive target (e.g. Spyre's schedule after a TPU flush) is empty.
-  tpu_executor().begin_flush();
-  spyre_executor().begin_flush();
+  // inactive target (e.g. Spyre's schedule after a TPU flush) is empty. An
+  // executor's last-flush state is written only by the flushes it runs (its
+  // compile and run are called from here alone, and a target switch clears
+  // the caches that hold its kernels), so the inactive one is emptied at the
+  // first flush after a switch only: Spyre's three locks were ~0.4 K
+  // instructions of every TPU flush. Under the flush lock (lazy/queue.cpp).
+  static Executor* last_active = nullptr;
+  ex.begin_flush();
+  if (last_active != &ex) (&ex == &tpu_executor() ? spyre_executor() : tpu_executor()).begin_flush();
+  last_active = &ex;
   std::exception_ptr first_error;
   std::vector<uint64_t> words;
   for (size_t ri = 0; ri < plan.regions.size(); ++ri) {

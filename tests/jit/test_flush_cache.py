@@ -315,3 +315,24 @@ def test_tensors_of_more_than_six_dims_hit_and_equal_cpu():
         torch.testing.assert_close(got[0].cpu(), want[0])
         torch.testing.assert_close(got[1].cpu(), want[1])
     assert _hits() - before >= 2
+
+
+def test_inactive_targets_last_flush_is_empty_after_each_switch(spyre_target):
+    # The inactive executor's last-flush state is emptied at the first flush after a
+    # switch (not at every flush): Spyre's schedule, KTIR and job plan show its own last
+    # flush while it is active, and nothing once a TPU flush ran, however many follow.
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    x = cpu_randn(8, 64, seed=19)
+    for _ in range(2):
+        xd = x.to("tpu")
+        torch.testing.assert_close(((xd * 2.0) + 1.0).cpu(), (x * 2.0) + 1.0)
+        assert spyre.last_schedule() and spyre.dump_ktir() and spyre.job_plan()["steps"]
+        tte.set_target("tpu-v5e")
+        for _ in range(3):
+            yd = x.to("tpu")
+            torch.testing.assert_close(((yd * 2.0) + 1.0).cpu(), (x * 2.0) + 1.0)
+            assert spyre.last_schedule() == [] and spyre.dump_ktir() == "", "a TPU flush empties Spyre's"
+            assert spyre.job_plan()["steps"] == [], spyre.job_plan()
+        tte.set_target("spyre")
