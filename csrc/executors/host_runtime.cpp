@@ -58,13 +58,42 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
 
 c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
   if (const Entry* e = map_.find(s); e != nullptr && !e->temp) return e->storage;
-  c10::Storage st = transient_.contains(s) ? scratch_storage(s->nbytes) : wrap_device_buffer(s, resizable_);
+  c10::Storage st = is_transient(s) ? scratch_storage(s->nbytes) : wrap_device_buffer(s, resizable_);
   map_[s] = Entry{st, false};
   return st;
 }
 
+const void* HostMemory::data_for(DeferredStorage* s, size_t* nbytes) {
+  if (const Entry* e = map_.find(s)) {
+    *nbytes = e->storage.nbytes();
+    return e->storage.data();
+  }
+  if (!is_transient(s)) {  // its device buffer, as wrap_device_buffer would wrap it
+    *nbytes = s->nbytes;
+    return s->data;
+  }
+  const c10::Storage st = device_buffer(s);
+  *nbytes = st.nbytes();
+  return st.data();
+}
+
+void* HostMemory::device_data(DeferredStorage* s, size_t* nbytes) {
+  const Entry* e = map_.find(s);
+  if (e != nullptr && !e->temp) {
+    *nbytes = e->storage.nbytes();
+    return e->storage.mutable_data();
+  }
+  if (e == nullptr && !is_transient(s)) {
+    *nbytes = s->nbytes;
+    return s->data;
+  }
+  c10::Storage st = device_buffer(s);
+  *nbytes = st.nbytes();
+  return st.mutable_data();
+}
+
 bool HostMemory::adopt_transient(DeferredStorage* s, c10::Storage storage) {
-  if (!transient_.contains(s)) return false;
+  if (!is_transient(s)) return false;
   map_[s] = Entry{std::move(storage), false};
   return true;
 }
@@ -162,7 +191,7 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
 
 void HostMemory::clear(size_t expected) {
   pending_writes_.clear();
-  transient_.clear(expected);
+  set_transient(0, nullptr, 0);
   map_.clear(expected);
 }
 

@@ -23,6 +23,15 @@ class HostMemory {
   explicit HostMemory(bool resizable = false) : resizable_(resizable) {}
   // The CPU storage wrapping the device buffer of `s` (no copy, not resizable).
   c10::Storage device_buffer(DeferredStorage* s);
+  // The address of the bytes that hold the current value of `s` and their
+  // size (what storage_for(s) gives), for readers of raw memory (the fused
+  // loops): a device buffer nothing has bound in this flush is read in place,
+  // without making a CPU storage for it (a StorageImpl, a map entry, and
+  // their destruction at the end of the flush).
+  const void* data_for(DeferredStorage* s, size_t* nbytes);
+  // The same for a writer of raw memory: the address device_buffer(s) holds
+  // (a transient storage gets its flush-local memory bound).
+  void* device_data(DeferredStorage* s, size_t* nbytes);
   // Binds `s` to a temporary CPU storage holding its value.
   void bind_temp(DeferredStorage* s, c10::Storage storage);
   bool is_temp(DeferredStorage* s) const;
@@ -30,12 +39,23 @@ class HostMemory {
   void release_temp(DeferredStorage* s);
   // The CPU storage that holds the current value of `s`.
   c10::Storage storage_for(DeferredStorage* s);
-  // Storages made by this flush that nothing reads after it (jit::run_graph
-  // inserts them; empty after clear()): their "device buffer" is flush-local
-  // CPU memory, freed by release() after the last region that uses them, so a
-  // flush reuses memory as eager does instead of writing every intermediate to
-  // a buffer of its own.
-  StorageSet& transient() { return transient_; }
+  // Storages made by this flush that nothing reads after it: their "device
+  // buffer" is flush-local CPU memory, freed by release() after the last
+  // region that uses them, so a flush reuses memory as eager does instead of
+  // writing every intermediate to a buffer of its own. Given by the flush's
+  // storage numbers (lazy/queue.h FlushStorages, pass `stamp`): storage
+  // number k is transient when by_number[k] != 0 (`n` entries; jit::run_graph
+  // sets them from its plan, the table outlives the flush's regions; none
+  // after clear()).
+  void set_transient(uint64_t stamp, const char* by_number, size_t n) {
+    stamp_ = stamp;
+    transient_ = by_number;
+    n_transient_ = n;
+  }
+  bool is_transient(const DeferredStorage* s) const {
+    return transient_ != nullptr && s->index_stamp == stamp_ && static_cast<size_t>(s->index_number) < n_transient_ &&
+           transient_[s->index_number] != 0;
+  }
   // Frees what every storage's value was held in, as destruction does, and
   // keeps the maps' room for another flush (jit::run_graph reuses one
   // HostMemory per thread); `expected`: storages the next use will bind.
@@ -81,7 +101,9 @@ class HostMemory {
   };
   // Open addressing (lazy/storage_map.h): no allocation per storage of the flush.
   StorageMap<Entry> map_;
-  StorageSet transient_;
+  const char* transient_ = nullptr;  // set_transient
+  size_t n_transient_ = 0;
+  uint64_t stamp_ = 0;
   std::vector<PendingWrite> pending_writes_;
   bool resizable_;
   at::Tensor flat(const TensorRef& r);

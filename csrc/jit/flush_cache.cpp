@@ -195,31 +195,55 @@ inline uint64_t* write_ref(uint64_t* __restrict p, const TensorRef& r, int32_t n
   return p + 2 + 2 * rank;
 }
 
+// The words node `n` writes before its arguments of rare kinds, at most.
+size_t node_bound(const Node& n) {
+  size_t bound = 3 + n.returns.size() + n.list_lens.size() + 2 * n.args.size();
+  for (const auto& in : n.inputs) bound += 3 + 2 * in.ref.sizes.size();
+  for (const auto& o : n.outputs) bound += 2 + 2 * o.sizes.size();
+  return bound;
+}
+
+// Room for `extra` more words after the cursor `p` (which may move: the buffer may grow).
+uint64_t* make_room(Words& w, uint64_t* p, size_t extra) {
+  w.n = static_cast<size_t>(p - w.buf.data());
+  w.room(extra);
+  return w.buf.data() + w.n;
+}
+
 }  // namespace
 
-void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushKey* key) {
+void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* key) {
   // The words go through a local cursor into room made once per node (its
   // words' upper bound); only an argument of a rare kind goes through Words
   // (push_arg). A per-word room check and a cursor kept in memory were most
-  // of this pass's ~5 K instructions for a 16-op flush.
+  // of this pass's ~5 K instructions for a 16-op flush. The storages are
+  // numbered as their references are written (one walk over the references,
+  // not a numbering pass and then this one).
   Words w{key->buf};
   bool cacheable = true;
-  const int32_t* numbers = fs.numbers.data();
+  const uint64_t stamp = begin_flush_storages(g, fs);
+  int32_t* numbers = fs.numbers.data();
   for (const Node& node : g) {
-    size_t bound = 3 + node.returns.size() + node.list_lens.size() + 2 * node.args.size();
-    for (const auto& in : node.inputs) bound += 3 + 2 * in.ref.sizes.size();
-    for (const auto& o : node.outputs) bound += 2 + 2 * o.sizes.size();
-    w.room(bound);
+    // Room for the node's words with its references at up to Dims::kInline
+    // dims each (a loop over the references for their ranks first was ~0.4 K
+    // instructions of a 16-op flush); a reference of more dims makes room
+    // for the whole node (node_bound) before its words.
+    const size_t nrefs = node.inputs.size() + node.outputs.size();
+    w.room(3 + node.returns.size() + node.list_lens.size() + 2 * node.args.size() + (3 + 2 * Dims::kInline) * nrefs);
     uint64_t* p = w.buf.data() + w.n;
     *p++ = reinterpret_cast<uintptr_t>(&node.op.schema());
     *p++ = static_cast<uint64_t>(node.kind) | uint64_t{node.rng} << 8 | uint64_t{node.inputs.size()} << 16 |
            uint64_t{node.outputs.size()} << 32 | uint64_t{node.args.size()} << 48;
     for (const auto& in : node.inputs) {
-      p = write_ref(p, in.ref, *numbers++, uint64_t{in.written});
+      if (C10_UNLIKELY(in.ref.sizes.size() > Dims::kInline)) p = make_room(w, p, node_bound(node));
+      p = write_ref(p, in.ref, number_storage(fs, in.ref.storage.get(), stamp, numbers++), uint64_t{in.written});
       *p++ = static_cast<uint64_t>(static_cast<uint32_t>(in.arg)) |
              static_cast<uint64_t>(static_cast<uint32_t>(in.elem + 1)) << 32;
     }
-    for (const auto& o : node.outputs) p = write_ref(p, o, *numbers++, 0);
+    for (const auto& o : node.outputs) {
+      if (C10_UNLIKELY(o.sizes.size() > Dims::kInline)) p = make_room(w, p, node_bound(node));
+      p = write_ref(p, o, number_storage(fs, o.storage.get(), stamp, numbers++), 0);
+    }
     *p++ = static_cast<uint64_t>(node.returns.size()) | static_cast<uint64_t>(node.list_lens.size()) << 32;
     for (int r : node.returns) *p++ = static_cast<uint64_t>(static_cast<int64_t>(r));
     for (int l : node.list_lens) *p++ = static_cast<uint64_t>(static_cast<int64_t>(l));
@@ -241,6 +265,7 @@ void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushK
     }
     w.n = static_cast<size_t>(p - w.buf.data());
   }
+  end_flush_storages(g, fs);
   w.room(2 * fs.storages.size());
   for (size_t k = 0; k < fs.storages.size(); ++k) {
     const DeferredStorage* s = fs.storages[k];
@@ -284,6 +309,7 @@ void note_recent(const std::shared_ptr<const FlushPlan>& plan) {
 // Moves the index entry of `plan` to the front of the LRU order; false when
 // the cache no longer holds it. Under c.mu.
 bool touch_locked(Cache& c, const FlushPlan* plan) {
+  if (!c.lru.empty() && c.lru.front().get() == plan) return true;  // already first (a flush repeated)
   auto [lo, hi] = c.index.equal_range(plan->hash);
   for (auto it = lo; it != hi; ++it) {
     if (it->second->get() != plan) continue;

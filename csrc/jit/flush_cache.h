@@ -37,7 +37,7 @@ struct FlushPlan {
   std::vector<std::shared_ptr<Kernel>> kernels;     // per region
   std::vector<std::vector<int64_t>> layouts;        // per region: layout_signature
   std::vector<std::vector<int32_t>> release_after;  // per region: flush-local storages freed after it
-  std::vector<int32_t> transient;                   // flush-local storages (HostMemory::transient)
+  std::vector<char> transient;                      // per storage number: flush-local (HostMemory::set_transient)
 };
 
 // A flush's structure as flush_structure writes it: the first `n` words of
@@ -52,8 +52,10 @@ struct FlushKey {
   bool cacheable = true;  // false when an argument has a kind the structure does not describe
 };
 
-// The structure of `g` (storages numbered by `fs`) into `key` (not hashed).
-void flush_structure(const std::vector<Node>& g, const FlushStorages& fs, FlushKey* key);
+// The structure of `g` into `key` (not hashed), numbering its storages into
+// `fs` as it goes (what index_flush_storages, lazy/queue.h, gives). Under the
+// flush lock, as index_flush_storages.
+void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* key);
 
 // The hash of `key`'s words (computed once; FlushPlan::hash of a plan built for it).
 uint64_t flush_key_hash(FlushKey* key);

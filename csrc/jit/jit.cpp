@@ -239,7 +239,7 @@ namespace {
 // The flush-local memory schedule of `plan` (regions, live set): storages a
 // live node of this flush creates and nothing observes after it hold values
 // only between its regions: flush-local memory, freed after the last region
-// that uses them (host_runtime.h, HostMemory::transient). A storage made earlier
+// that uses them (host_runtime.h, HostMemory::set_transient). A storage made earlier
 // keeps its device buffer: that holds its value. Storages by number.
 void plan_transients(const std::vector<Node>& g, const FlushStorages& fs, FlushPlan& plan) {
   std::vector<size_t> first_ref(g.size() + 1, 0);  // index into fs.numbers of each node's first reference
@@ -258,12 +258,9 @@ void plan_transients(const std::vector<Node>& g, const FlushStorages& fs, FlushP
       for (size_t r = first_ref[i]; r < first_ref[i + 1]; ++r)
         if (made[fs.numbers[r]]) last_region[fs.numbers[r]] = static_cast<int32_t>(ri);
   plan.release_after.assign(plan.regions.size(), {});
-  plan.transient.clear();
-  for (size_t k = 0; k < made.size(); ++k) {
-    if (!made[k]) continue;
-    plan.transient.push_back(static_cast<int32_t>(k));
-    if (last_region[k] >= 0) plan.release_after[last_region[k]].push_back(static_cast<int32_t>(k));
-  }
+  for (size_t k = 0; k < made.size(); ++k)
+    if (made[k] && last_region[k] >= 0) plan.release_after[last_region[k]].push_back(static_cast<int32_t>(k));
+  plan.transient = std::move(made);
 }
 
 // Runs the regions of `plan` on this flush's graph. `building` (the plan
@@ -273,11 +270,19 @@ void plan_transients(const std::vector<Node>& g, const FlushStorages& fs, FlushP
 std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, const FlushPlan& plan,
                                FlushPlan* building, bool* complete, host::HostMemory& mem, Metrics& m) {
   Executor& ex = active_executor();
-  for (int32_t k : plan.transient) mem.transient().insert(fs.storages[k]);
+  // Flush-local storages by number: no set of them to fill and empty each flush.
+  mem.set_transient(fs.stamp, plan.transient.data(), plan.transient.size());
   // Every target starts a new flush, so inspection of "the last flush" of an
-  // inactive target (e.g. Spyre's schedule after a TPU flush) is empty.
-  tpu_executor().begin_flush();
-  spyre_executor().begin_flush();
+  // inactive target (e.g. Spyre's schedule after a TPU flush) is empty. An
+  // executor's last-flush state is written only by the flushes it runs (its
+  // compile and run are called from here alone, and a target switch clears
+  // the caches that hold its kernels), so the inactive one is emptied at the
+  // first flush after a switch only: Spyre's three locks were ~0.4 K
+  // instructions of every TPU flush. Under the flush lock (lazy/queue.cpp).
+  static Executor* last_active = nullptr;
+  ex.begin_flush();
+  if (last_active != &ex) (&ex == &tpu_executor() ? spyre_executor() : tpu_executor()).begin_flush();
+  last_active = &ex;
   std::exception_ptr first_error;
   std::vector<uint64_t> words;
   for (size_t ri = 0; ri < plan.regions.size(); ++ri) {
@@ -445,15 +450,17 @@ class ScratchLease {
 
 std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
   ScratchLease scratch;
-  index_flush_storages(g, scratch->fs);
   const FlushStorages& fs = scratch->fs;
-  // The flush's structure, looked up in the flush cache (flush_cache.h). A
-  // pending test break of the partition bypasses it (the flush must partition).
+  // The flush's structure, looked up in the flush cache (flush_cache.h); the
+  // pass numbers the flush's storages too. A pending test break of the
+  // partition bypasses it (the flush must partition).
   thread_local FlushKey key;
   bool cacheable = !test_break_pending();
   if (cacheable) {
-    flush_structure(g, fs, &key);
+    flush_structure(g, scratch->fs, &key);
     cacheable = key.cacheable;
+  } else {
+    index_flush_storages(g, scratch->fs);
   }
   if (cacheable) {
     if (std::shared_ptr<const FlushPlan> plan = flush_cache_find(&key)) {

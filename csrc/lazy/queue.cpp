@@ -355,38 +355,21 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   return error;
 }
 
-FlushStorages index_flush_storages(const std::vector<Node>& g) {
-  FlushStorages f;
-  index_flush_storages(g, f);
-  return f;
-}
-
-void index_flush_storages(const std::vector<Node>& g, FlushStorages& f) {
+uint64_t begin_flush_storages(const std::vector<Node>& g, FlushStorages& f) {
   // Each pass has its own stamp; a storage whose stamp is not this pass's is
   // not numbered yet. Passes run one at a time (under the flush lock, from
   // run_graph); a nested flush's pass starts after the outer one ended.
   static uint64_t last_stamp = 0;
-  const uint64_t stamp = ++last_stamp;
   size_t nrefs = 0;
   for (const auto& n : g) nrefs += n.inputs.size() + n.outputs.size();
   f.numbers.resize(nrefs);
   f.storages.clear();
   f.storages.reserve(nrefs);
-  int32_t* number = f.numbers.data();
-  auto visit = [&](DeferredStorage* s) {
-    if (s->index_stamp != stamp) {
-      s->index_stamp = stamp;
-      s->index_number = static_cast<int32_t>(f.storages.size());
-      s->index_uses = 0;
-      f.storages.push_back(s);
-    }
-    s->index_uses++;
-    *number++ = s->index_number;
-  };
-  for (const auto& n : g) {
-    for (const auto& in : n.inputs) visit(in.ref.storage.get());
-    for (const auto& out : n.outputs) visit(out.storage.get());
-  }
+  f.stamp = ++last_stamp;
+  return f.stamp;
+}
+
+void end_flush_storages(const std::vector<Node>& g, FlushStorages& f) {
   f.observed.resize(f.storages.size());
   if (g.empty()) return;
   std::lock_guard<std::mutex> lock(C(node_device(g.front())).mu);
@@ -396,6 +379,16 @@ void index_flush_storages(const std::vector<Node>& g, FlushStorages& f) {
     const DeferredStorage* s = f.storages[k];
     f.observed[k] = s->external_alive.load(std::memory_order_acquire) || s->pending_uses > s->index_uses;
   }
+}
+
+void index_flush_storages(const std::vector<Node>& g, FlushStorages& f) {
+  const uint64_t stamp = begin_flush_storages(g, f);
+  int32_t* number = f.numbers.data();
+  for (const auto& n : g) {
+    for (const auto& in : n.inputs) (void)number_storage(f, in.ref.storage.get(), stamp, number++);
+    for (const auto& out : n.outputs) (void)number_storage(f, out.storage.get(), stamp, number++);
+  }
+  end_flush_storages(g, f);
 }
 
 StorageSet FlushStorages::observed_set() const {

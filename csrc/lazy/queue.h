@@ -291,15 +291,38 @@ struct FlushStorages {
   // not be materialized.
   std::vector<char> observed;
   std::vector<int32_t> numbers;  // per tensor reference, in the order above
+  // The numbering pass's stamp: while a storage's DeferredStorage::index_stamp
+  // is this, its index_number is its number here. A flush nested in this one
+  // may number again a storage a node recorded since uses: an observed one,
+  // never one only this flush's nodes hold.
+  uint64_t stamp = 0;
   // The observed storages as a set (what partition and liveness take).
   StorageSet observed_set() const;
 };
-// Numbers the storages of `g` and finds which are observed after the flush,
-// in one pass over the graph. Called under the flush lock (run_graph): the
-// numbering writes scratch fields of the storages (DeferredStorage::index_stamp).
-FlushStorages index_flush_storages(const std::vector<Node>& g);
-// The same into `f`, whose vectors keep their room (a thread's flushes reuse one).
+// Numbers the storages of `g` into `f` (whose vectors keep their room: a
+// thread's flushes reuse one) and finds which are observed after the flush.
+// Called under the flush lock (run_graph): the numbering writes scratch
+// fields of the storages (DeferredStorage::index_stamp).
 void index_flush_storages(const std::vector<Node>& g, FlushStorages& f);
+// The same in three parts, for a pass over the nodes that numbers their
+// storages as it goes (jit::flush_structure: one walk over the references
+// instead of two). begin_flush_storages empties `f`, makes room for the
+// references of `g` and returns the pass's stamp; number_storage numbers the
+// storage of the next reference (in index_flush_storages' order) and returns
+// its number; end_flush_storages finds which storages are observed.
+uint64_t begin_flush_storages(const std::vector<Node>& g, FlushStorages& f);
+inline int32_t number_storage(FlushStorages& f, DeferredStorage* s, uint64_t stamp, int32_t* number) {
+  if (s->index_stamp != stamp) {
+    s->index_stamp = stamp;
+    s->index_number = static_cast<int32_t>(f.storages.size());
+    s->index_uses = 0;
+    f.storages.push_back(s);
+  }
+  s->index_uses++;
+  *number = s->index_number;
+  return s->index_number;
+}
+void end_flush_storages(const std::vector<Node>& g, FlushStorages& f);
 // Runs `fn` under the queue lock when no queued node uses `s` (then nothing
 // can be enqueued meanwhile); returns whether it ran.
 bool run_if_idle(const DeferredStorage* s, c10::function_ref<void()> fn);

@@ -244,3 +244,95 @@ def test_per_thread_flush_memory_reused_across_flush_sizes():
     for n in (300, 2, 300, 1, 40, 2):
         for _ in range(2):
             torch.testing.assert_close(long_chain(xd, n).cpu(), long_chain(x, n))
+
+
+def _aliasing(a, b):
+    # One pass numbers the storages as it writes the structure: which references share a
+    # storage (a + a against a + b, an in-place write, a view of an operand) is part of it.
+    y = a * 2.0 + b
+    z = y.clone()
+    z.add_(a[0:1])
+    return (z * b).sin() + y
+
+
+def test_storage_sharing_is_structure_on_a_hit():
+    a, b = cpu_randn(4, 6, seed=13), cpu_randn(4, 6, seed=14)
+    ad, bd = a.to("tpu"), b.to("tpu")
+    for _ in range(2):  # planned, then hit
+        torch.testing.assert_close(_aliasing(ad, bd).cpu(), _aliasing(a, b))
+    before = _hits()
+    torch.testing.assert_close(_aliasing(ad, ad).cpu(), _aliasing(a, a))  # b is a: other numbering
+    assert _hits() == before, "a flush whose references share other storages must not hit"
+    for _ in range(2):
+        torch.testing.assert_close(_aliasing(ad, bd).cpu(), _aliasing(a, b))
+        torch.testing.assert_close(_aliasing(ad, ad).cpu(), _aliasing(a, a))
+    assert _hits() == before + 4
+
+
+def _loops_between_library_ops(x, w):
+    # Fused loops read and write raw device memory (HostMemory::data_for / device_data);
+    # library calls (matmul, cumsum) between them bind CPU storages over the same
+    # storages, and some intermediates are flush-local (HostMemory::set_transient).
+    h = x @ w  # library call: its result buffer may become the device memory
+    h = (h * 0.5 + 1.0).tanh()  # a fused loop over it
+    c = h.cumsum(1)  # library call reading the loop's output
+    u = (c - h).sigmoid() * 2.0  # a fused loop reading both
+    return u @ w.t(), h
+
+
+def test_fused_loops_and_library_calls_share_buffers_on_hits():
+    x, w = cpu_randn(5, 7, seed=15), cpu_randn(7, 7, seed=16)
+    xd, wd = x.to("tpu"), w.to("tpu")
+    want = _loops_between_library_ops(x, w)
+    before = _hits()
+    for _ in range(4):  # planned, then hits
+        got = _loops_between_library_ops(xd, wd)
+        torch.testing.assert_close(got[0].cpu(), want[0])
+        torch.testing.assert_close(got[1].cpu(), want[1])
+    # The second output dropped: h becomes flush-local memory (another plan), then hits.
+    for _ in range(3):
+        torch.testing.assert_close(_loops_between_library_ops(xd, wd)[0].cpu(), want[0])
+    assert _hits() - before >= 4
+
+
+def test_tensors_of_more_than_six_dims_hit_and_equal_cpu():
+    # The structure makes room per reference for up to six dims (Dims' inline size); a
+    # reference of more makes room for its whole op first, at any position of the trace.
+    x = cpu_randn(2, 1, 3, 1, 2, 1, 2, 3, seed=17)
+    s = cpu_randn(2, 3, seed=18)
+    xd, sd = x.to("tpu"), s.to("tpu")
+
+    def f(t, small):
+        y = (small * 2.0).sin()  # small references first
+        z = t.permute(7, 6, 5, 4, 3, 2, 1, 0) * 0.5 + 1.0  # then eight dims, strided
+        w = z.sum(dim=[0, 2]) + y.sum()
+        return w.unsqueeze(0).unsqueeze(0).exp(), (y + 1.0).cos()
+
+    want = f(x, s)
+    before = _hits()
+    for _ in range(3):
+        got = f(xd, sd)
+        torch.testing.assert_close(got[0].cpu(), want[0])
+        torch.testing.assert_close(got[1].cpu(), want[1])
+    assert _hits() - before >= 2
+
+
+def test_inactive_targets_last_flush_is_empty_after_each_switch(spyre_target):
+    # The inactive executor's last-flush state is emptied at the first flush after a
+    # switch (not at every flush): Spyre's schedule, KTIR and job plan show its own last
+    # flush while it is active, and nothing once a TPU flush ran, however many follow.
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    x = cpu_randn(8, 64, seed=19)
+    for _ in range(2):
+        xd = x.to("tpu")
+        torch.testing.assert_close(((xd * 2.0) + 1.0).cpu(), (x * 2.0) + 1.0)
+        assert spyre.last_schedule() and spyre.dump_ktir() and spyre.job_plan()["steps"]
+        tte.set_target("tpu-v5e")
+        for _ in range(3):
+            yd = x.to("tpu")
+            torch.testing.assert_close(((yd * 2.0) + 1.0).cpu(), (x * 2.0) + 1.0)
+            assert spyre.last_schedule() == [] and spyre.dump_ktir() == "", "a TPU flush empties Spyre's"
+            assert spyre.job_plan()["steps"] == [], spyre.job_plan()
+        tte.set_target("spyre")

@@ -311,7 +311,8 @@ bool param_value(const Param& p, const Region& region, const std::vector<Node>& 
   const Node& n = graph[region.nodes[p.pos]];
   if (p.input >= 0) {
     const TensorRef& r = n.inputs[p.input].ref;
-    const void* data = mem.storage_for(r.storage.get()).data();
+    size_t nbytes;
+    const void* data = mem.data_for(r.storage.get(), &nbytes);
     switch (r.dtype) {
       case at::kFloat:
         *v = static_cast<const float*>(data)[r.offset];
@@ -325,12 +326,17 @@ bool param_value(const Param& p, const Region& region, const std::vector<Node>& 
       default:
         return false;
     }
+  } else if (const c10::IValue& a = n.args[p.arg]; a.isDouble()) {
+    // The common kinds read directly (scalar_operand's values, without a Scalar).
+    const double d = a.toDouble();
+    *v = static_cast<float>(d);
+    if (p.check_overflow && std::isinf(*v) && std::isfinite(d)) return false;
+  } else if (a.isInt()) {
+    *v = static_cast<float>(a.toInt());  // never overflows float
   } else {
     Operand c;
-    if (!scalar_operand(n.args[p.arg], &c)) return false;
-    if (p.check_overflow && std::isinf(c.value) && n.args[p.arg].isScalar() &&
-        std::isfinite(n.args[p.arg].toScalar().toDouble()))
-      return false;
+    if (!scalar_operand(a, &c)) return false;
+    if (p.check_overflow && std::isinf(c.value) && a.isScalar() && std::isfinite(a.toScalar().toDouble())) return false;
     *v = c.value;
   }
   if (p.abs_lt_half >= 0 && (std::abs(*v) < 0.5f) != (p.abs_lt_half == 1)) return false;  // on the argument
@@ -1319,13 +1325,16 @@ DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::ve
 
 namespace {
 
-void* out_buffer(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan) {
+// The device memory a loop writes for slot `s`, and its size in bytes (`*nbytes`).
+void* out_buffer(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan,
+                 size_t* nbytes) {
   DeferredStorage* st = slot_storage(s, region, graph);
   plan.written.push_back(st);
-  return mem.device_buffer(st).mutable_data();
+  return mem.device_data(st, nbytes);
 }
 float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan) {
-  return static_cast<float*>(out_buffer(s, region, graph, mem, plan));
+  size_t nbytes;
+  return static_cast<float*>(out_buffer(s, region, graph, mem, plan, &nbytes));
 }
 
 }  // namespace
@@ -1354,19 +1363,20 @@ bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, h
     anchor.in.value = v[anchor.in.index - 1];
   if (plan.eps_param >= 0) anchor.eps = v[plan.eps_param];
   for (size_t i = 0; i < plan.externals.size(); ++i) {
-    const c10::Storage st = mem.storage_for(slot_storage(plan.externals[i], region, graph));
+    size_t nbytes;
+    const void* data = mem.data_for(slot_storage(plan.externals[i], region, graph), &nbytes);
     // A strided read must lie inside this run's buffer (else the loop runs op by op).
     if (i < plan.prog.strided.size() &&
-        plan.prog.strided[i].extent * static_cast<int64_t>(sizeof(float)) > static_cast<int64_t>(st.nbytes()))
+        plan.prog.strided[i].extent * static_cast<int64_t>(sizeof(float)) > static_cast<int64_t>(nbytes))
       return false;
-    plan.prog.externals[i] = st.data();
+    plan.prog.externals[i] = data;
   }
   for (size_t i = 0; i < plan.outputs.size(); ++i) {
-    plan.prog.outputs[i] = out_buffer(plan.outputs[i], region, graph, mem, plan);
+    size_t nbytes;
+    plan.prog.outputs[i] = out_buffer(plan.outputs[i], region, graph, mem, plan, &nbytes);
     // A strided write must lie inside this run's buffer (else the loop runs op by op).
     if (i < plan.prog.out_strided.size() && !plan.prog.out_strided[i].sizes.empty() &&
-        plan.prog.out_strided[i].extent * static_cast<int64_t>(sizeof(float)) >
-            static_cast<int64_t>(mem.device_buffer(slot_storage(plan.outputs[i], region, graph)).nbytes()))
+        plan.prog.out_strided[i].extent * static_cast<int64_t>(sizeof(float)) > static_cast<int64_t>(nbytes))
       return false;
   }
   if (plan.has_anchor) {

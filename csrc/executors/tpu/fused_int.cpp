@@ -482,7 +482,8 @@ bool int_param_value(const IntParam& p, const Region& region, const std::vector<
   const Node& n = graph[region.nodes[p.pos]];
   if (p.input >= 0) {
     const TensorRef& r = n.inputs[p.input].ref;
-    if (!read_int(mem.storage_for(r.storage.get()).data(), r.dtype, r.offset, v)) return false;
+    size_t nbytes;
+    if (!read_int(mem.data_for(r.storage.get(), &nbytes), r.dtype, r.offset, v)) return false;
   } else if (!int_scalar(n.args[p.arg], v)) {
     return false;
   }
@@ -828,8 +829,10 @@ bool bind_int_loop(LoopPlan& plan, const Region& region, std::vector<Node>& grap
   for (fused::IInstr& ins : il.prog.instrs)
     for (IOperand* o : {&ins.a, &ins.b, &ins.c})
       if (o->kind == IOperand::kConst && o->index > 0) o->value = v[o->index - 1];
-  for (size_t i = 0; i < plan.externals.size(); ++i)
-    il.prog.externals[i] = mem.storage_for(slot_storage(plan.externals[i], region, graph)).data();
+  for (size_t i = 0; i < plan.externals.size(); ++i) {
+    size_t nbytes;
+    il.prog.externals[i] = mem.data_for(slot_storage(plan.externals[i], region, graph), &nbytes);
+  }
   // A zero divisor: the ops run op by op, where CPU's kernel raises.
   for (int e : il.zero_checked) {
     const int64_t n = il.prog.period[e] > 0 ? il.prog.period[e] : il.prog.numel;
@@ -842,7 +845,8 @@ bool bind_int_loop(LoopPlan& plan, const Region& region, std::vector<Node>& grap
   for (size_t i = 0; i < plan.outputs.size(); ++i) {
     DeferredStorage* st = slot_storage(plan.outputs[i], region, graph);
     plan.written.push_back(st);
-    il.prog.outputs[i] = mem.device_buffer(st).mutable_data();
+    size_t nbytes;
+    il.prog.outputs[i] = mem.device_data(st, &nbytes);
   }
   return true;
 }
