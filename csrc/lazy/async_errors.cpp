@@ -17,6 +17,18 @@ namespace {
 struct Unreported {
   std::exception_ptr error;
   std::vector<DeferredStorage*> storages;
+  bool truncated = false;  // more storages held it than `storages` lists
+
+  // Adds `s` (once; up to AsyncErrors::kMaxStorages, then `truncated`).
+  void add(DeferredStorage* s);
+  // Whether a tensor still holds the failed value: a read of it will raise the
+  // error. (An incomplete list counts as held.)
+  bool held() const {
+    if (truncated) return true;
+    for (const DeferredStorage* s : storages)
+      if (s->error == error && s->external_alive.load(std::memory_order_acquire)) return true;
+    return false;
+  }
 };
 
 struct AsyncErrors {
@@ -33,6 +45,15 @@ struct AsyncErrors {
 AsyncErrors& async_errors() {
   static AsyncErrors* a = new AsyncErrors();  // never destroyed: storages may die at exit
   return *a;
+}
+
+void Unreported::add(DeferredStorage* s) {
+  if (std::find(storages.begin(), storages.end(), s) != storages.end()) return;
+  if (storages.size() < AsyncErrors::kMaxStorages) {
+    storages.push_back(s);
+  } else {
+    truncated = true;
+  }
 }
 
 Unreported* find_entry(std::vector<Unreported>& list, const std::exception_ptr& e) {
@@ -55,9 +76,7 @@ void note_flush_errors(int device, const std::vector<Node>& nodes, const std::ex
         found.push_back({s->error, {}});
         u = &found.back();
       }
-      if (u->storages.size() < AsyncErrors::kMaxStorages &&
-          std::find(u->storages.begin(), u->storages.end(), s) == u->storages.end())
-        u->storages.push_back(s);
+      u->add(s);
     });
   if (found.empty()) return;
   auto& a = async_errors();
@@ -66,10 +85,8 @@ void note_flush_errors(int device, const std::vector<Node>& nodes, const std::ex
   for (auto& f : found) {
     // A value computed from an earlier unreported failure fails with its error again.
     if (Unreported* u = find_entry(list, f.error)) {
-      for (DeferredStorage* s : f.storages)
-        if (u->storages.size() < AsyncErrors::kMaxStorages &&
-            std::find(u->storages.begin(), u->storages.end(), s) == u->storages.end())
-          u->storages.push_back(s);
+      for (DeferredStorage* s : f.storages) u->add(s);
+      u->truncated = u->truncated || f.truncated;
       continue;
     }
     if (list.size() >= AsyncErrors::kMaxPerDevice) continue;
@@ -78,28 +95,32 @@ void note_flush_errors(int device, const std::vector<Node>& nodes, const std::ex
   }
 }
 
-std::exception_ptr take_unreported_error(int device) {
+std::exception_ptr take_unreported_error(int device, bool only_lost) {
   auto& a = async_errors();
   if (a.count.load(std::memory_order_relaxed) == 0) return nullptr;
   std::exception_ptr e;
   {
     std::lock_guard<std::mutex> lock(a.mu);
     auto it = a.by_device.find(device);
-    if (it == a.by_device.end() || it->second.empty()) return nullptr;
-    Unreported& u = it->second.front();
-    e = u.error;
-    for (DeferredStorage* s : u.storages)
+    if (it == a.by_device.end()) return nullptr;
+    auto& list = it->second;
+    auto u = list.begin();
+    if (only_lost)
+      while (u != list.end() && u->held()) ++u;
+    if (u == list.end()) return nullptr;
+    e = u->error;
+    for (DeferredStorage* s : u->storages)
       if (s->error == e) s->error_seen = true;
-    it->second.erase(it->second.begin());
+    list.erase(u);
     a.count.fetch_sub(1, std::memory_order_relaxed);
   }
   note_error_seen(e);  // also drops it from other lists (forget_unreported_error), after the lock
   return e;
 }
 
-void raise_unreported_error(int device) {
+void raise_lost_error(int device) {
   if (async_errors().count.load(std::memory_order_relaxed) == 0) return;
-  if (std::exception_ptr e = take_unreported_error(device)) std::rethrow_exception(e);
+  if (std::exception_ptr e = take_unreported_error(device, /*only_lost=*/true)) std::rethrow_exception(e);
 }
 
 std::exception_ptr synchronize_errors(int device, FlushReason reason) {

@@ -11,12 +11,17 @@
 // assert triggered ... may be asynchronously reported at some other API call")
 // at the next call that synchronizes with the device. So does this device:
 // each chip keeps the errors of its failed flushes that have not reached the
-// user, oldest first, and the next synchronizing call on that chip
-// (torch.tpu.synchronize, torch.accelerator.synchronize, Stream.synchronize,
-// Event.synchronize, a read of any of its tensors to the host) raises the
-// oldest one, once. Unlike CUDA's sticky error, the chip stays usable: the
-// queue and every tensor the failure did not reach keep their values, and the
-// tensors that hold the error still raise it when read.
+// user, oldest first, and
+// - the chip's next synchronize (torch.tpu.synchronize,
+//   torch.accelerator.synchronize, Stream.synchronize, Event.synchronize)
+//   raises the oldest one;
+// - the next read of any of its tensors to the host raises the oldest one that
+//   no tensor holds any more (a "lost" failure: no read could report it). One
+//   a tensor still holds is left to that tensor's read, so reads of unrelated
+//   tensors stay valid while the failed value can still be read.
+// Each is reported once. Unlike CUDA's sticky error, the chip stays usable:
+// the queue and every tensor the failure did not reach keep their values, and
+// the tensors that hold the error still raise it when read.
 #pragma once
 
 #include <exception>
@@ -39,11 +44,13 @@ void note_flush_errors(int device, const std::vector<Node>& nodes, const std::ex
 // storages that still hold it (DeferredStorage::error_seen: a whole overwrite
 // then clears them). Each failure is reported once, in the order they failed:
 // as on CPU, where each failing call raises once.
-std::exception_ptr take_unreported_error(int device);
+// `only_lost`: the oldest of those that no tensor holds any more (no live
+// storage still has it as its error), for host reads.
+std::exception_ptr take_unreported_error(int device, bool only_lost = false);
 
-// Raises take_unreported_error(device), if any. One relaxed atomic load when
-// no device has an unreported error.
-void raise_unreported_error(int device);
+// Raises take_unreported_error(device, /*only_lost=*/true), if any: what a read
+// to the host reports. One relaxed atomic load when no chip has an unreported error.
+void raise_lost_error(int device);
 
 // Runs the pending ops of `device` and returns the error a synchronizing call
 // raises: the oldest unreported one of the device (an earlier flush's, else

@@ -122,7 +122,7 @@ void make_current(const at::Tensor& t, FlushReason reason) {
   auto* s = deferred_storage_of(t);
   if (storage_has_pending(s)) (void)flush_all(reason);
   raise_storage_error(s);
-  raise_unreported_error(s->device);
+  raise_lost_error(s->device);
 }
 
 }  // namespace

@@ -5,9 +5,10 @@ when the bad values are computed on the device the op fails at a flush, and a re
 result raises its error (test_error_isolation.py). When nothing reads the result, the error
 is reported as CUDA reports a device-side assert: at the next call that synchronizes with
 the chip -- torch.tpu.synchronize(), torch.accelerator.synchronize(), Stream.synchronize(),
-Event.synchronize(), or a read of any of its tensors to the host -- once, with CPU's
-exception type and message, naming the op (csrc/lazy/async_errors.h). Unlike CUDA, the queue
-and every tensor the failure did not reach stay valid afterwards.
+Event.synchronize(), or, once no tensor holds the failed value, a read of any of its tensors
+to the host -- once, with CPU's exception type and message, naming the op
+(csrc/lazy/async_errors.h, docs/errors.md). Unlike CUDA, the queue and every tensor the
+failure did not reach stay valid afterwards.
 """
 
 import threading
@@ -39,6 +40,8 @@ CASES = {
         torch.ones(3, dtype=torch.bool, device=d), _on_device(300, d)
     ),
     "nll_loss": lambda d: F.nll_loss(torch.zeros(2, 3, device=d).log_softmax(1), _on_device([0, 3], d)),
+    "take": lambda d: torch.take(torch.zeros(3, device=d), _on_device([4], d)),
+    "index_fill_": lambda d: torch.zeros(3, device=d).index_fill_(0, _on_device([4], d), 1.0),
 }
 
 
@@ -59,7 +62,10 @@ SYNCS = {
     "accelerator.synchronize": lambda: torch.accelerator.synchronize(),
     "stream.synchronize": lambda: torch.tpu.current_stream().synchronize(),
     "event.synchronize": _event_sync,
-    "host_read": lambda: torch.arange(3, device="tpu").cpu(),  # of an unrelated tensor
+    # A read of an unrelated tensor: the failed value died unread, so no read of it can
+    # report the failure any more.
+    "host_read": lambda: torch.arange(3, device="tpu").cpu(),
+    "item": lambda: torch.ones(1, device="tpu").sum().item(),
 }
 
 
@@ -154,6 +160,40 @@ def test_backward_of_an_unread_failed_forward_raises_at_synchronize(target):
     assert torch.equal(unrelated.cpu(), w.detach().cpu() * 2)
     good = F.embedding(_on_device([0, 2], "tpu"), w)
     assert torch.equal(good.cpu(), w.detach().cpu()[[0, 2]])
+
+
+def test_a_read_of_another_tensor_leaves_a_held_failure_to_its_tensor(target):
+    # While a tensor holds the failed value, its own read reports the failure, so reads of
+    # other tensors stay valid (as before this rule); synchronize reports it if the tensor
+    # is never read, and once the tensor dies unread, the next read of any tensor does.
+    cpu_exc = _cpu_error("gather")
+    bad = CASES["gather"]("tpu")
+    good = torch.arange(3.0, device="tpu") * 2
+    assert good.cpu().tolist() == [0.0, 2.0, 4.0]  # the flush ran the failing gather too
+    with pytest.raises(type(cpu_exc)) as info:
+        torch.tpu.synchronize()
+    _assert_cpu_error(info.value, cpu_exc, "gather")
+    with pytest.raises(type(cpu_exc)):
+        bad.cpu()  # the tensor keeps its error
+
+    bad = CASES["gather"]("tpu")
+    assert (good + 1).cpu().tolist() == [1.0, 3.0, 5.0]
+    del bad  # dies unread: no read can report its failure now
+    with pytest.raises(type(cpu_exc)):
+        good.cpu()
+    assert good.cpu().tolist() == [0.0, 2.0, 4.0]
+
+
+def test_spyre_int64_result_outside_int32_nobody_reads_raises_at_synchronize(spyre_target):
+    # Spyre holds int64 as int32: a result outside it fails with OverflowError naming the op
+    # (test_spyre_target.py). Unread, the chip's next synchronize reports it.
+    a = torch.tensor([2**30, 5], dtype=torch.int64).to("tpu")
+    b = a * 4  # noqa: F841 (kept, never read)
+    assert (a + 1).cpu().tolist() == [2**30 + 1, 6]  # another tensor's read stays valid
+    with pytest.raises(OverflowError, match="mul"):
+        torch.tpu.synchronize()
+    torch.tpu.synchronize()
+    assert (a - 1).cpu().tolist() == [2**30 - 1, 4]
 
 
 def test_backward_of_an_unread_failed_forward_raises_at_the_next_host_read():
