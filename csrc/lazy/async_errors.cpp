@@ -99,21 +99,24 @@ std::exception_ptr take_unreported_error(int device, bool only_lost) {
   auto& a = async_errors();
   if (a.count.load(std::memory_order_relaxed) == 0) return nullptr;
   std::exception_ptr e;
-  {
+  // The storages' errors are read and marked under the flush lock: a flush on
+  // another thread may be writing them.
+  with_flush_lock([&] {
     std::lock_guard<std::mutex> lock(a.mu);
     auto it = a.by_device.find(device);
-    if (it == a.by_device.end()) return nullptr;
+    if (it == a.by_device.end()) return;
     auto& list = it->second;
     auto u = list.begin();
     if (only_lost)
       while (u != list.end() && u->held()) ++u;
-    if (u == list.end()) return nullptr;
+    if (u == list.end()) return;
     e = u->error;
     for (DeferredStorage* s : u->storages)
       if (s->error == e) s->error_seen = true;
     list.erase(u);
     a.count.fetch_sub(1, std::memory_order_relaxed);
-  }
+  });
+  if (!e) return nullptr;
   note_error_seen(e);  // also drops it from other lists (forget_unreported_error), after the lock
   return e;
 }

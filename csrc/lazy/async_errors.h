@@ -61,6 +61,10 @@ std::exception_ptr synchronize_errors(int device, FlushReason reason);
 // Called by note_error_seen.
 void forget_unreported_error(const std::exception_ptr& e);
 
+// Runs `fn` under the flush lock (no flush writes a storage's error meanwhile),
+// waiting for it as flush_device does. Defined in queue.cpp.
+void with_flush_lock(c10::function_ref<void()> fn);
+
 // `s` is being destroyed: no list keeps a pointer to it. One relaxed atomic
 // load when no device has an unreported error (DeferredStorage's destructor).
 void forget_unreported_storage(const DeferredStorage* s);

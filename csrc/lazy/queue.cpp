@@ -220,6 +220,19 @@ HostCodeScope::~HostCodeScope() { t_host_code = prev_; }
 
 void set_lock_wait_hook(LockWaitHook hook) { g_lock_wait_hook.store(hook); }
 
+void with_flush_lock(c10::function_ref<void()> fn) {
+  std::unique_lock<std::recursive_mutex> flush_lock(Q().flush_mu, std::try_to_lock);
+  if (!flush_lock.owns_lock()) {
+    LockWaitHook hook = g_lock_wait_hook.load();  // without the GIL, as flush_device waits
+    if (hook) {
+      hook([&] { flush_lock.lock(); });
+    } else {
+      flush_lock.lock();
+    }
+  }
+  fn();
+}
+
 void enqueue(Node&& node, int64_t fresh_bytes) { enqueue(std::move(node), fresh_bytes, recording_precision()); }
 
 void enqueue(Node&& node, int64_t fresh_bytes, int precision) {
