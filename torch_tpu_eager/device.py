@@ -137,8 +137,12 @@ def synchronize(device=None) -> None:
     for it (reason "synchronize"); other chips' queues are untouched, as CUDA's
     ``synchronize(device)`` waits for that device only.
 
-    Raises the first error of a failed op, naming the op and the Python line
-    that recorded it.
+    Raises the oldest error of a failed op on that chip that nothing has reported
+    yet (no read of a tensor holding it, no earlier synchronizing call), with CPU's
+    exception type and message, naming the op and the Python line that recorded it;
+    once: the next call does not raise it again, and the queue and every tensor the
+    failure did not reach stay valid. As CUDA reports a kernel's device-side assert
+    at the next synchronizing call (README "Errors:").
     """
     _C._flush_device(_index(device), _C.FLUSH_SYNCHRONIZE)
 
@@ -202,9 +206,11 @@ class Event(metaclass=_EventMeta):
     milliseconds**: the simulated time of the kernels run on the stream between the
     two events. Both events need ``enable_timing=True`` (else RuntimeError, as CUDA);
     an event recorded on one chip cannot be recorded on another (RuntimeError).
-    ``query()`` is True once recorded; ``synchronize()`` returns at once (the work
-    before the event ran at ``record``); ``wait(stream)`` makes the stream's later
-    work start after the event in simulated time.
+    ``query()`` is True once recorded; ``synchronize()`` does not wait (the work
+    before the event ran at ``record``) but raises the chip's oldest error of a failed
+    op that nothing has reported yet, as ``cudaEventSynchronize`` reports asynchronous
+    errors (README "Errors:"); ``wait(stream)`` makes the stream's later work start
+    after the event in simulated time.
     """
 
 

@@ -6,6 +6,7 @@
 #include "device/fork.h"
 #include "device/host_share.h"
 #include "device/spin_lock.h"
+#include "lazy/async_errors.h"
 
 #include <atomic>
 #include <cstdio>
@@ -363,6 +364,7 @@ DeferredStorage::~DeferredStorage() {
     if (host_owner) (void)host_owner.unsafeReleaseStorageImpl();
     return;
   }
+  forget_unreported_storage(this);  // lazy/async_errors.h
   // A buffer that CPU tensors still share is freed by the last of them; an
   // adopted CPU buffer (host_owner) by its storage.
   if (!release_host_share(this) && !host_owner) block_free(data, nbytes, device);

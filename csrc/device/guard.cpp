@@ -11,6 +11,7 @@
 #include "device/env.h"
 #include "device/device.h"
 #include "device/kineto_profiler.h"
+#include "lazy/async_errors.h"
 #include "lazy/queue.h"
 
 namespace tpu_eager {
@@ -113,18 +114,20 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   bool queryStream(const c10::Stream& s) const override {
     return stream_idle(checked_device(s.device_index()), s.id());
   }
-  // Runs the chip's pending ops (all of one stream) and raises the first
-  // error of a failed one, as CUDA's stream synchronize reports async errors.
+  // Runs the chip's pending ops (all of one stream) and raises the oldest
+  // error of a failed op that nothing has reported yet (this flush's or an
+  // earlier one's), as CUDA's stream synchronize reports asynchronous errors
+  // (lazy/async_errors.h).
   void synchronizeStream(const c10::Stream& s) const override {
     const int d = checked_device(s.device_index());
-    if (stream_idle(d, s.id())) return;
-    std::exception_ptr err = flush_device(d, FlushReason::kSynchronize, /*reported=*/true);
+    std::exception_ptr err =
+        stream_idle(d, s.id()) ? take_unreported_error(d) : synchronize_errors(d, FlushReason::kSynchronize);
     if (err) std::rethrow_exception(err);
   }
-  // torch.accelerator.synchronize: runs every pending op and raises the first
-  // error of a failed one, as torch.tpu.synchronize does.
+  // torch.accelerator.synchronize: runs every pending op and raises the oldest
+  // unreported error of a failed one, as torch.tpu.synchronize does.
   void synchronizeDevice(const c10::DeviceIndex index) const override {
-    std::exception_ptr err = flush_device(checked_device(index), FlushReason::kSynchronize, /*reported=*/true);
+    std::exception_ptr err = synchronize_errors(checked_device(index), FlushReason::kSynchronize);
     if (err) std::rethrow_exception(err);
   }
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
@@ -161,7 +164,14 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
     kineto::record_stream_wait(d, stream.id(), e->stream, from_s, e->time_s, e->correlation);
   }
   bool queryEvent(void*) const override { return true; }
-  void synchronizeEvent(void*) const override {}
+  // The work before the event ran when it was recorded; an error of it (or
+  // of earlier work on the chip) that nothing has reported yet is raised here,
+  // as cudaEventSynchronize reports asynchronous errors (lazy/async_errors.h).
+  void synchronizeEvent(void* event) const override {
+    if (event == nullptr) return;
+    if (std::exception_ptr err = take_unreported_error(static_cast<const TpuEvent*>(event)->device))
+      std::rethrow_exception(err);
+  }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
     delete static_cast<TpuEvent*>(event);
   }

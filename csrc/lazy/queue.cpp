@@ -13,6 +13,7 @@
 #include "device/device.h"
 #include "device/env.h"
 #include "device/kineto_profiler.h"
+#include "lazy/async_errors.h"
 #include "lazy/debug_report.h"
 #include "lazy/dense_order.h"
 #include "device/fork.h"
@@ -219,6 +220,19 @@ HostCodeScope::~HostCodeScope() { t_host_code = prev_; }
 
 void set_lock_wait_hook(LockWaitHook hook) { g_lock_wait_hook.store(hook); }
 
+void with_flush_lock(c10::function_ref<void()> fn) {
+  std::unique_lock<std::recursive_mutex> flush_lock(Q().flush_mu, std::try_to_lock);
+  if (!flush_lock.owns_lock()) {
+    LockWaitHook hook = g_lock_wait_hook.load();  // without the GIL, as flush_device waits
+    if (hook) {
+      hook([&] { flush_lock.lock(); });
+    } else {
+      flush_lock.lock();
+    }
+  }
+  fn();
+}
+
 void enqueue(Node&& node, int64_t fresh_bytes) { enqueue(std::move(node), fresh_bytes, recording_precision()); }
 
 void enqueue(Node&& node, int64_t fresh_bytes, int precision) {
@@ -324,6 +338,7 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   }
   debug::on_flush(reason, nodes.size(), delta,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), current_location());
+  note_flush_errors(device, nodes, error, reported);  // reported at the chip's next synchronizing call
   if (error && reported) {
     for (const auto& n : nodes)
       for_each_written_storage(n, [&](DeferredStorage* s) {
@@ -435,10 +450,14 @@ bool error_was_seen(const std::exception_ptr& e) {
 void note_error_seen(const std::exception_ptr& e) {
   if (!e) return;
   auto& s = seen_errors();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (std::find(s.errors.begin(), s.errors.end(), e) != s.errors.end()) return;
-  if (s.errors.size() >= SeenErrors::kKeep) s.errors.erase(s.errors.begin());
-  s.errors.push_back(e);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (std::find(s.errors.begin(), s.errors.end(), e) == s.errors.end()) {
+      if (s.errors.size() >= SeenErrors::kKeep) s.errors.erase(s.errors.begin());
+      s.errors.push_back(e);
+    }
+  }
+  forget_unreported_error(e);  // a read raised it: no synchronizing call reports it again
 }
 
 void check_storage_error(const DeferredStorage* s) {

@@ -25,6 +25,7 @@
 #include "device/host_share.h"
 #include "executors/host_runtime.h"
 #include "executors/executor.h"
+#include "lazy/async_errors.h"
 #include "lazy/queue.h"
 #include "ops/layout_kernels.h"
 #include "ops/lazy_clone.h"
@@ -114,10 +115,14 @@ at::Tensor host_view(const at::Tensor& t) {
 }
 
 // Makes the host buffer of `t` current (flushes when queued ops touch it).
+// A read to the host synchronizes with the chip, as on CUDA: after `t`'s own
+// error, it raises the chip's oldest error that nothing has reported yet
+// (lazy/async_errors.h); errors of other ops stay with their tensors.
 void make_current(const at::Tensor& t, FlushReason reason) {
   auto* s = deferred_storage_of(t);
-  if (storage_has_pending(s)) (void)flush_all(reason);  // errors of other ops stay with their tensors
+  if (storage_has_pending(s)) (void)flush_all(reason);
   raise_storage_error(s);
+  raise_lost_error(s->device);
 }
 
 }  // namespace

@@ -69,6 +69,7 @@
 
 #include "device/device.h"
 #include "executors/host_runtime.h"
+#include "lazy/async_errors.h"
 #include "lazy/queue.h"
 
 namespace tpu_eager {
@@ -114,6 +115,7 @@ at::Tensor quantized_to_cpu(const at::Tensor& t) {
   DeferredStorage* s = deferred_storage_of(t);
   if (storage_has_pending(s)) (void)flush_all(FlushReason::kHostRead);
   raise_storage_error(s);
+  raise_lost_error(s->device);  // a host read synchronizes (lazy/async_errors.h)
   const size_t n = t.storage().nbytes();
   c10::Storage st(c10::Storage::use_byte_size_t(), n, c10::GetCPUAllocator()->allocate(n), c10::GetCPUAllocator(),
                   /*resizable=*/false);

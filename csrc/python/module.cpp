@@ -34,6 +34,7 @@
 #include "jit/jit.h"
 #include "jit/verify.h"
 #include "jit/kernel_trace.h"
+#include "lazy/async_errors.h"
 #include "lazy/queue.h"
 #include "ops/memory_format.h"
 #include "ops/op_table.h"
@@ -442,7 +443,7 @@ PYBIND11_MODULE(_C, m) {
         std::exception_ptr err;
         {
           py::gil_scoped_release no_gil;
-          err = flush_device(checked_device(device), static_cast<FlushReason>(reason), /*reported=*/true);
+          err = synchronize_errors(checked_device(device), static_cast<FlushReason>(reason));
         }
         if (err) std::rethrow_exception(err);
       },
