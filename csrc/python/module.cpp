@@ -355,6 +355,26 @@ py::dict job_plan_dict(const spyre::JobPlan& p) {
   return d;
 }
 
+// Runs `flush` (which returns the error to raise, or nullptr) with the GIL
+// released. The C++ warnings its kernels give (TORCH_WARN) reach Python's
+// warnings module, as those of an ATen call do through torch's
+// HANDLE_TH_ERRORS, instead of c10's default handler printing them to stderr.
+template <typename F>
+void flush_with_python_warnings(F&& flush) {
+  torch::PyWarningHandler warnings;
+  try {
+    std::exception_ptr err;
+    {
+      py::gil_scoped_release no_gil;
+      err = flush();
+    }
+    if (err) std::rethrow_exception(err);
+  } catch (...) {
+    warnings.set_in_exception();  // its destructor must not throw while this propagates
+    throw;
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -381,12 +401,10 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_flush",
       [](int reason, bool raise_error) {
-        std::exception_ptr err;
-        {
-          py::gil_scoped_release no_gil;
-          err = flush_all(static_cast<FlushReason>(reason), raise_error);
-        }
-        if (err && raise_error) std::rethrow_exception(err);
+        flush_with_python_warnings([&] {
+          std::exception_ptr err = flush_all(static_cast<FlushReason>(reason), raise_error);
+          return raise_error ? err : nullptr;
+        });
       },
       py::arg("reason"), py::arg("raise_error") = true);
   m.def(
@@ -440,12 +458,8 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_flush_device",
       [](int device, int reason) {
-        std::exception_ptr err;
-        {
-          py::gil_scoped_release no_gil;
-          err = synchronize_errors(checked_device(device), static_cast<FlushReason>(reason));
-        }
-        if (err) std::rethrow_exception(err);
+        flush_with_python_warnings(
+            [&] { return synchronize_errors(checked_device(device), static_cast<FlushReason>(reason)); });
       },
       py::arg("device"), py::arg("reason"));
   m.def("_chip_sim_time", [](int device) { return chip_sim_time(checked_device(device)); });
