@@ -291,11 +291,13 @@ void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* ke
     w.n = static_cast<size_t>(p - w.buf.data());
   }
   end_flush_storages(g, fs);
-  w.room(2 * fs.storages.size());
-  for (size_t k = 0; k < fs.storages.size(); ++k) {
+  const size_t nstorages = fs.storages.size();
+  w.room(2 * nstorages);
+  const bool marks = any_dynamic_marks();  // else every hash is 0: no call per storage
+  for (size_t k = 0; k < nstorages; ++k) {
     const DeferredStorage* s = fs.storages[k];
     w.put(static_cast<uint64_t>(s->nbytes) << 1 | uint64_t{fs.observed[k] != 0});
-    w.put(dynamic_marks_hash(s));
+    w.put(marks ? dynamic_marks_hash(s) : 0);
   }
   key->n = w.n;
   key->cacheable = cacheable;
