@@ -169,8 +169,8 @@ struct Node {
   // It promotes as a wrapped number and is a runtime scalar; the host loop
   // gives the CPU kernel a wrapped-number tensor again (host::build_stack).
   uint32_t wrapped = 0;
-  int kind = 0;           // jit::PrimKind of the op, from the op table
-  bool rng = false;       // consumes a random stream
+  int kind = 0;      // jit::PrimKind of the op, from the op table
+  bool rng = false;  // consumes a random stream
   // Its CPU kernel raises on the values it reads (the op table's kChecksValues):
   // it runs even when nothing reads its result (jit live_nodes).
   bool checks_values = false;

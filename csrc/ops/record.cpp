@@ -637,7 +637,7 @@ class MetaCache {
   };
   std::mutex mu_;
   std::unordered_map<std::vector<int64_t>, MetaOutcome, Hash> map_;
-  uint64_t last_id_ = 0;      // under mu_
+  uint64_t last_id_ = 0;            // under mu_
   size_t limit_ = size_t{1} << 16;  // under mu_
 };
 
