@@ -70,6 +70,8 @@ SizeBuckets size_buckets(const TensorRef& r) {
   return out;
 }
 
+bool any_dynamic_marks() { return g_any_ranges.load(std::memory_order_acquire); }
+
 uint64_t dynamic_marks_hash(const DeferredStorage* storage) {
   if (!g_any_ranges.load(std::memory_order_acquire)) return 0;
   std::lock_guard<std::mutex> lock(g_mu);

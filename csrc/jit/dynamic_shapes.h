@@ -32,6 +32,9 @@ SizeBuckets size_buckets(const TensorRef& r);
 // A hash of the mark_dynamic ranges declared for `storage` (0: none; no lock
 // taken until some range was declared): part of a flush's structure (flush_cache.h).
 uint64_t dynamic_marks_hash(const DeferredStorage* storage);
+// Whether any storage was ever marked (mark_dynamic): until then every
+// dynamic_marks_hash is 0, and a flush structure skips the calls.
+bool any_dynamic_marks();
 
 }  // namespace jit
 }  // namespace tpu_eager

@@ -224,6 +224,31 @@ void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* ke
   const uint64_t stamp = begin_flush_storages(g, fs);
   int32_t* numbers = fs.numbers.data();
   for (const Node& node : g) {
+    if (node.meta_id != 0) {
+      // A node with an interned meta key: its id stands for the operator,
+      // every reference's dtype, conj / neg bits, offset, sizes and strides,
+      // the written flags, the returns and the structural arguments (exactly;
+      // Scalars by kind and value class); beside it only what the key does not
+      // hold: the storage numbers, two to a word (their count follows from the
+      // id). Its first word is odd; a full node's (a schema address) even.
+      const size_t nrefs = node.inputs.size() + node.outputs.size();
+      w.room(1 + (nrefs + 1) / 2);
+      uint64_t* p = w.buf.data() + w.n;
+      *p++ = node.meta_id << 16 | static_cast<uint64_t>(node.kind) << 8 | uint64_t{node.checks_values} << 1 | 1;
+      uint64_t pair = 0;
+      bool half = false;
+      auto put_number = [&](DeferredStorage* s) {
+        const uint64_t k = static_cast<uint32_t>(number_storage(fs, s, stamp, numbers++));
+        if (half) *p++ = pair | k << 32;
+        pair = k;
+        half = !half;
+      };
+      for (const auto& in : node.inputs) put_number(in.ref.storage.get());
+      for (const auto& o : node.outputs) put_number(o.storage.get());
+      if (half) *p++ = pair;
+      w.n = static_cast<size_t>(p - w.buf.data());
+      continue;
+    }
     // Room for the node's words with its references at up to Dims::kInline
     // dims each (a loop over the references for their ranks first was ~0.4 K
     // instructions of a 16-op flush); a reference of more dims makes room
@@ -266,11 +291,13 @@ void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* ke
     w.n = static_cast<size_t>(p - w.buf.data());
   }
   end_flush_storages(g, fs);
-  w.room(2 * fs.storages.size());
-  for (size_t k = 0; k < fs.storages.size(); ++k) {
+  const size_t nstorages = fs.storages.size();
+  w.room(2 * nstorages);
+  const bool marks = any_dynamic_marks();  // else every hash is 0: no call per storage
+  for (size_t k = 0; k < nstorages; ++k) {
     const DeferredStorage* s = fs.storages[k];
     w.put(static_cast<uint64_t>(s->nbytes) << 1 | uint64_t{fs.observed[k] != 0});
-    w.put(dynamic_marks_hash(s));
+    w.put(marks ? dynamic_marks_hash(s) : 0);
   }
   key->n = w.n;
   key->cacheable = cacheable;

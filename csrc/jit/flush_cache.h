@@ -9,7 +9,9 @@
 // key takes them (ints, bools, int lists, strings exactly; Python scalars
 // and wrapped-number tensors by kind only: runtime parameters), and per
 // storage whether it is observed after the flush, its size in bytes and its
-// mark_dynamic ranges. Two flushes of equal structure get the same liveness,
+// mark_dynamic ranges. A node recorded with an interned meta key
+// (Node::meta_id) is written as that id and its storage numbers only: the id
+// names one exact key, from which the rest follows. Two flushes of equal structure get the same liveness,
 // partition, structural keys, layout signatures and flush-local memory
 // schedule; a hit reuses them with the earlier flush's kernels, so the flush
 // only binds this flush's buffers and scalars and runs.

@@ -24,7 +24,6 @@
 #include "jit/region_disk_cache.h"
 #include "jit/verify.h"
 #include "ops/custom_ops.h"
-#include "ops/value_checks.h"
 
 namespace tpu_eager {
 
@@ -110,7 +109,7 @@ int64_t cache_insert(uint64_t hash, std::vector<uint64_t> words, std::shared_ptr
 
 // Marks live nodes: a node is live when it writes a storage whose value is
 // observed later (by a live node, or after the flush: `observed`), or when its
-// CPU kernel raises on the values it reads (op_checks_values: an index out of
+// CPU kernel raises on the values it reads (Node::checks_values: an index out of
 // range must raise whether or not the result is used, as on CPU and CUDA).
 std::vector<char> live_nodes(const std::vector<Node>& g, const StorageSet& observed) {
   StorageSet needed(observed);
@@ -119,7 +118,7 @@ std::vector<char> live_nodes(const std::vector<Node>& g, const StorageSet& obser
     const Node& n = g[i];
     bool l = false;
     for_each_written_storage(n, [&](const DeferredStorage* s) { l = l || needed.contains(s); });
-    if (!l && !op_checks_values(n.op)) continue;
+    if (!l && !n.checks_values) continue;
     live[i] = 1;
     for (const auto& in : n.inputs) needed.insert(in.ref.storage.get());
   }

@@ -169,8 +169,18 @@ struct Node {
   // It promotes as a wrapped number and is a runtime scalar; the host loop
   // gives the CPU kernel a wrapped-number tensor again (host::build_stack).
   uint32_t wrapped = 0;
-  int kind = 0;           // jit::PrimKind of the op, from the op table
-  bool rng = false;       // consumes a random stream
+  int kind = 0;      // jit::PrimKind of the op, from the op table
+  bool rng = false;  // consumes a random stream
+  // Its CPU kernel raises on the values it reads (the op table's kChecksValues):
+  // it runs even when nothing reads its result (jit live_nodes).
+  bool checks_values = false;
+  // The interned id of the call's exact meta key (ops/record.cpp MetaCache):
+  // the op, its argument metadata and structural values, from which every
+  // field of this node but its storages, runtime scalar values and random
+  // stream follows. Two calls with one id have equal keys; 0: no id (the key
+  // was not cacheable). The flush structure writes it for the node's fields
+  // (jit/flush_cache.cpp).
+  uint64_t meta_id = 0;
   uint64_t rng_seed = 0;  // the stream reserved at record time
   SourceLocation where;   // Python file:line that recorded it
   uint64_t seq = 0;       // program order

@@ -147,7 +147,7 @@ bool in_device_meta_inference() { return t_in_meta; }
 DeviceMetaInference::DeviceMetaInference() : prev_(t_in_meta) { t_in_meta = true; }
 DeviceMetaInference::~DeviceMetaInference() { t_in_meta = prev_; }
 
-void apply_cpu_memory_format(uint32_t traits, const torch::jit::Stack& stack, size_t first, MetaOutcome& outcome) {
+void apply_cpu_memory_format(uint64_t traits, const torch::jit::Stack& stack, size_t first, MetaOutcome& outcome) {
   const bool fwd = (traits & kConvolutionFormat) != 0;
   const bool bwd = (traits & kConvolutionBackwardFormat) != 0;
   if (fwd || bwd) {
@@ -244,7 +244,7 @@ void apply_cpu_memory_format(uint32_t traits, const torch::jit::Stack& stack, si
   }
 }
 
-void apply_cpu_result_layout(const c10::FunctionSchema& schema, uint32_t traits, const torch::jit::Stack& stack,
+void apply_cpu_result_layout(const c10::FunctionSchema& schema, uint64_t traits, const torch::jit::Stack& stack,
                              size_t first, MetaOutcome& outcome) {
   if (!(traits & (kIteratorLayout | kEmptyLikeSelf))) return;
   // The geometries CPU's kernel lays out: the fresh results, and the out=

@@ -36,7 +36,7 @@ class DeviceMetaInference {
 // input.suggest_memory_format() (channel_shuffle, max_unpool2d, 3-d reflection/replication pads).
 // `traits` are the op's OpTrait bits (op_table.h), which say which of these
 // applies; `stack[first...]` holds the op's (device) arguments.
-void apply_cpu_memory_format(uint32_t traits, const torch::jit::Stack& stack, size_t first, MetaOutcome& outcome);
+void apply_cpu_memory_format(uint64_t traits, const torch::jit::Stack& stack, size_t first, MetaOutcome& outcome);
 
 // Result strides of CPU kernels that are not structured, where the Python
 // reference meta kernels choose others for mixed layouts, expanded operands or
@@ -53,7 +53,7 @@ void apply_cpu_memory_format(uint32_t traits, const torch::jit::Stack& stack, si
 // Applies to the fresh results (`outcome.returns`) and to out= tensors the
 // kernel resizes (shape changed: CPU restrides them the same way); in-place
 // self and out= tensors that keep their shape keep their strides.
-void apply_cpu_result_layout(const c10::FunctionSchema& schema, uint32_t traits, const torch::jit::Stack& stack,
+void apply_cpu_result_layout(const c10::FunctionSchema& schema, uint64_t traits, const torch::jit::Stack& stack,
                              size_t first, MetaOutcome& outcome);
 
 }  // namespace tpu_eager

@@ -25,6 +25,9 @@ struct MetaOutcome {
   std::vector<std::vector<Geometry>> returns;  // one entry per return (a list for Tensor[])
   std::vector<std::pair<int, Geometry>> written;
   std::vector<std::pair<int, std::vector<Geometry>>> written_lists;
+  // The interned id of the meta key this outcome is cached under (record.cpp
+  // MetaCache, Node::meta_id); 0 when not cached. Not encoded.
+  uint64_t id = 0;
 };
 
 // `o` as bytes (int64 words, native byte order: the cache is per machine build).

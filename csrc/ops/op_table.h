@@ -12,7 +12,7 @@
 namespace tpu_eager {
 
 // What the record kernel knows of an overload beyond its schema (OpEntry::traits bits).
-enum OpTrait : uint32_t {
+enum OpTrait : uint64_t {
   // The C++ meta kernel gives CPU's result geometry and call-time errors: a
   // structured kernel's meta function (the code CPU runs first: shapes, dtypes,
   // strides, checks), or an in-place op's hand-written one (fill_, zero_).
@@ -63,13 +63,20 @@ enum OpTrait : uint32_t {
   // on argument metadata only, and whose Python meta kernel is a decomposition into
   // dozens of reference ops (1-5 ms a call, most of a training program's first step).
   kInferOnCpu = 1u << 31,
+  // CPU's kernel raises on the values it reads, not only on shapes and dtypes (an
+  // index or target out of range, a Scalar from a tensor that does not fit the
+  // result's dtype): the node runs even when nothing reads its result (jit
+  // live_nodes, Node::checks_values), so its error reaches the user
+  // (lazy/async_errors.h), as a CUDA kernel's device-side assert fires whether
+  // or not its output is used. tools/gen_op_table.py VALUE_CHECKS.
+  kChecksValues = 1ull << 32,
 };
 
 struct OpEntry {
   const char* name;  // "add.Tensor"
   PrimKind kind;
   uint32_t extra_writes;  // bit i: argument i is written though its schema does not say so
-  uint32_t traits = 0;    // OpTrait bits
+  uint64_t traits = 0;    // OpTrait bits
 };
 
 const std::vector<OpEntry>& op_table();

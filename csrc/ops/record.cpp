@@ -383,7 +383,7 @@ void check_index_devices(torch::jit::Stack& stack, size_t first) {
 // calls run eagerly, so CPU's own kernel raises its error at the call.
 // (Only checks that need no data belong here.)
 bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_t first) {
-  const uint32_t check = plan.traits;
+  const uint64_t check = plan.traits;
   // pow(int tensor, negative int scalar): "Integers to negative integer powers are not allowed."
   if (check & kCheckPowTensorScalar) {
     const c10::IValue& base = stack[first];
@@ -579,20 +579,27 @@ class MetaCache {
     }
     count_disk_cache(1, 0, 0);
     std::lock_guard<std::mutex> lock(mu_);
-    if (map_.size() > kMaxEntries) clear();
-    return &map_.emplace(key, std::move(outcome)).first->second;
+    return &emplace_locked(key, std::move(outcome));
   }
-  void insert(const c10::FunctionSchema& schema, std::vector<int64_t> key, MetaOutcome outcome, bool disk = true) {
+  // Caches `outcome` under `key`; returns the entry's id (MetaOutcome::id).
+  uint64_t insert(const c10::FunctionSchema& schema, std::vector<int64_t> key, MetaOutcome outcome, bool disk = true) {
     if (disk && disk_cache::enabled() &&
         disk_cache::store(disk_cache::Table::kMeta, meta_disk_key(schema, key), encode_outcome(outcome)))
       count_disk_cache(0, 0, 1);
     std::lock_guard<std::mutex> lock(mu_);
-    if (map_.size() > kMaxEntries) clear();  // bounded: a shape storm must not grow it without end
-    map_.emplace(std::move(key), std::move(outcome));
+    return emplace_locked(std::move(key), std::move(outcome)).id;
+  }
+  MetaCacheStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {map_.size(), last_id_, limit_};
+  }
+  void set_limit(size_t limit) {
+    std::lock_guard<std::mutex> lock(mu_);
+    limit_ = std::max<size_t>(1, limit);
+    if (map_.size() > limit_) clear();
   }
 
  private:
-  static constexpr size_t kMaxEntries = 1 << 16;
   // A thread's memo of recent hits (RecordThread::memo): 64 slots, chosen by
   // a few words of the key (the op, the key's length, two argument words).
   static_assert(RecordThread::kMemoSlots == 64, "memo_slot takes the hash's top 6 bits");
@@ -602,6 +609,18 @@ class MetaCache {
     if (n > 2) h = (h ^ static_cast<uint64_t>(key[n / 2])) * 0x9E3779B97F4A7C15ULL;
     h = (h ^ static_cast<uint64_t>(key[n - 1])) * 0x9E3779B97F4A7C15ULL;
     return h >> 58;
+  }
+  // The entry of `key`, made with `outcome` and a new id when absent (a thread
+  // that missed at the same time may have made it). Ids come from one counter
+  // and are never reused, so an id names one key for the life of the process:
+  // a key dropped by clear() and cached again gets a new id, and a flush
+  // structure holding the old one no longer matches (a miss, never a wrong
+  // hit). The map is bounded, so the ids in use are too. Caller holds mu_.
+  MetaOutcome& emplace_locked(std::vector<int64_t> key, MetaOutcome outcome) {
+    if (map_.size() >= limit_) clear();  // bounded: a shape storm must not grow it without end
+    auto [it, made] = map_.emplace(std::move(key), std::move(outcome));
+    if (made) it->second.id = ++last_id_;
+    return it->second;
   }
   // Caller holds mu_. Every memo (of any thread) is stale from here on.
   void clear() {
@@ -618,12 +637,21 @@ class MetaCache {
   };
   std::mutex mu_;
   std::unordered_map<std::vector<int64_t>, MetaOutcome, Hash> map_;
+  uint64_t last_id_ = 0;            // under mu_
+  size_t limit_ = size_t{1} << 16;  // under mu_
 };
 
 MetaCache& meta_cache() {
   static MetaCache* c = new MetaCache();
   return *c;
 }
+
+}  // namespace
+
+MetaCacheStats meta_cache_stats() { return meta_cache().stats(); }
+void set_meta_cache_limit(size_t limit) { meta_cache().set_limit(limit); }
+
+namespace {
 
 thread_local RecordThread t_record;  // plain data: no guard (see RecordThread)
 
@@ -738,10 +766,13 @@ void key_tensor(KeyWriter& k, const at::Tensor& t) {
 // Sign and finiteness of a float Scalar keyed by type: meta kernels check
 // these (renorm's maxnorm >= 0, softshrink's lambd >= 0, vector_norm's ord < 0
 // or inf on an empty tensor), and they stay the same across optimizer steps.
+// A finite value beyond float's range has classes of its own: the flush
+// structure (the fused loops' acceptance of the op) tells it apart.
 int64_t value_class(double d) {
   if (std::isnan(d)) return 0;
   if (std::isinf(d)) return d > 0 ? 1 : 2;
   if (d == 0) return 3;
+  if (std::isinf(static_cast<float>(d))) return d > 0 ? 6 : 7;
   return d > 0 ? 4 : 5;
 }
 
@@ -794,13 +825,21 @@ void key_ivalue(KeyWriter& k, const c10::IValue& v, bool float_values) {
       throw std::invalid_argument("uncacheable scalar");
     }
   } else if (v.isString()) {
-    k.put(-30);
-    k.put(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+    // Exactly (its length, then its bytes): the key is the node's interned id, never a hash.
+    const std::string& str = v.toStringRef();
+    int64_t* p = k.room(2 + (str.size() + 7) / 8);
+    p[0] = -30;
+    p[1] = static_cast<int64_t>(str.size());
+    for (size_t i = 0; i < str.size(); i += 8) {
+      int64_t w = 0;
+      std::memcpy(&w, str.data() + i, std::min<size_t>(8, str.size() - i));
+      p[2 + i / 8] = w;
+    }
   } else if (v.isGenerator()) {
     k.put(-31);
   } else if (v.isDevice()) {
     k.put(-32);
-    k.put(static_cast<int64_t>(v.toDevice().type()));
+    k.put(static_cast<int64_t>(v.toDevice().type()) | static_cast<int64_t>(v.toDevice().index() + 1) << 8);
   } else {
     throw std::invalid_argument("uncacheable argument");  // e.g. dimension names: not cached
   }
@@ -834,7 +873,7 @@ int schema_arg_index(const c10::FunctionSchema& schema, const char* name) {
 // Where a meta kernel's result shapes differ from CPU's kernel, CPU's win
 // (the executor writes CPU results into the shapes recorded here).
 // `traits`: the op's OpTrait bits, which name the corrections it needs.
-void correct_meta_outcome(const c10::FunctionSchema& schema, uint32_t traits, torch::jit::Stack& stack, size_t first,
+void correct_meta_outcome(const c10::FunctionSchema& schema, uint64_t traits, torch::jit::Stack& stack, size_t first,
                           MetaOutcome& outcome) {
   // Norm statistics of 16-bit inputs: CPU's kernels keep them in the input
   // dtype unless a parameter (weight, bias, running stats) is float32 ("mixed
@@ -1396,7 +1435,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       restride_resized_outs(op, *stack, first, meta_args, computed);
     }
     if (!inferred_on_cpu) correct_meta_outcome(schema, plan.traits, *stack, first, computed);  // CPU's are CPU's
-    if (!key.empty()) meta_cache().insert(schema, key, computed, disk);
+    if (!key.empty()) computed.id = meta_cache().insert(schema, key, computed, disk);
     cached = &computed;
   }
   // Written lazy clones get their bytes now, after CPU's call-time checks (as
@@ -1452,6 +1491,8 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // 3. The node: tensor arguments become TensorRefs.
   Node node(op);
   node.kind = static_cast<int>(entry.kind);
+  node.checks_values = (plan.traits & kChecksValues) != 0;
+  node.meta_id = meta.id;
   const uint64_t writes = plan.writes;
   // Tensor arguments are not copied: their slots are filled below.
   node.args.reserve(nargs);

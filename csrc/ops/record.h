@@ -21,7 +21,7 @@ struct OpPlan {
   uint64_t writes = 0;        // bit i: argument i is written (schema alias info | OpEntry::extra_writes)
   uint64_t scalar_args = 0;   // bit i: argument i is a Scalar (or Scalar?): keyed by type, not value
   bool float_values = false;  // range factories: Scalar values size the result, so key them by value
-  uint32_t traits = 0;        // OpEntry::traits (OpTrait bits): per-op corrections and CPU call-time checks
+  uint64_t traits = 0;        // OpEntry::traits (OpTrait bits): per-op corrections and CPU call-time checks
   int alpha_arg = -1;         // position of an `alpha` argument (CPU's alpha_check), or -1
   int values_arg = -1;        // positions of kwarg-only written `values` / `indices` (sort's out=), or -1
   int indices_arg = -1;
@@ -136,6 +136,18 @@ class PlanOnce {
   std::once_flag once_;
   std::atomic<const OpPlan*> plan_{nullptr};
 };
+
+// The meta cache: outcomes of shape/dtype inference by exact meta key, each
+// entry with its interned id (Node::meta_id). Bounded: when it holds `limit`
+// entries, the next new key empties it (its ids are never given again).
+struct MetaCacheStats {
+  size_t entries = 0;
+  uint64_t last_id = 0;  // ids given so far
+  size_t limit = 0;
+};
+MetaCacheStats meta_cache_stats();
+// Sets the bound (at least 1; 65,536 by default), emptying the cache when it holds more.
+void set_meta_cache_limit(size_t limit);
 
 // Flushes the queue and runs `op` with its CPU kernel on the host buffers,
 // writing results back to "tpu" tensors. Used for data-dependent shapes and

@@ -38,6 +38,7 @@
 #include "lazy/queue.h"
 #include "ops/memory_format.h"
 #include "ops/op_table.h"
+#include "ops/record.h"
 #include "python/custom_ops.h"
 #include "python/location.h"
 #include "views/view_chain.h"
@@ -594,6 +595,19 @@ PYBIND11_MODULE(_C, m) {
     py::list rows;
     for (const auto& e : op_table()) rows.append(py::make_tuple(e.name, prim_kind_name(e.kind)));
     return rows;
+  });
+  // The meta cache (interned meta keys, Node::meta_id): entries, ids given, bound.
+  m.def("_meta_cache_stats", [] {
+    const MetaCacheStats st = meta_cache_stats();
+    py::dict d;
+    d["entries"] = static_cast<int64_t>(st.entries);
+    d["last_id"] = static_cast<int64_t>(st.last_id);
+    d["limit"] = static_cast<int64_t>(st.limit);
+    return d;
+  });
+  m.def("_set_meta_cache_limit", [](int64_t limit) {
+    if (limit < 1) throw py::value_error("meta cache limit must be at least 1, got " + std::to_string(limit));
+    set_meta_cache_limit(static_cast<size_t>(limit));
   });
   m.def("_hand_written_kernels", [] {
     std::vector<std::string> names(hand_written_kernels().begin(), hand_written_kernels().end());

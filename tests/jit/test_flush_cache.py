@@ -336,3 +336,92 @@ def test_inactive_targets_last_flush_is_empty_after_each_switch(spyre_target):
             assert spyre.last_schedule() == [] and spyre.dump_ktir() == "", "a TPU flush empties Spyre's"
             assert spyre.job_plan()["steps"] == [], spyre.job_plan()
         tte.set_target("spyre")
+
+
+# A node recorded with an interned meta key (Node::meta_id, issue 18) enters the structure as
+# that id and its storage numbers only. The id must stand for everything else exactly: each
+# variant runs the base program's ops on an operand (or with an argument) that differs in one
+# detail only the id carries. (Storage sharing: test_storage_sharing_is_structure_on_a_hit.)
+def _detail_program(t, s=2.0, mode="floor"):
+    y = torch.div(torch.add(t, t, alpha=s), 0.75, rounding_mode=mode)  # alpha: a Scalar argument
+    return (y + t).abs()
+
+
+@pytest.mark.parametrize("kind", ["offset", "stride", "shape", "dtype", "scalar_beyond_float", "string_arg"])
+def test_interned_node_ids_are_exact(kind):
+    big = cpu_randn(40, seed=21)
+    base = big[:36].view(6, 6)
+    operands = {  # CPU tensor -> its device twin, made (and flushed) before the program
+        "base": base,
+        "offset": big[1:37].view(6, 6),  # same sizes and strides, storage offset 1
+        "stride": base.t(),  # same sizes and storage, column-major strides
+        "shape": base[:, :5],
+        "dtype": base.double(),
+    }
+    bigd = big.to("tpu")
+    on_device = {
+        "base": bigd[:36].view(6, 6),
+        "offset": bigd[1:37].view(6, 6),
+        "stride": bigd[:36].view(6, 6).t(),
+        "shape": bigd[:36].view(6, 6)[:, :5],
+        "dtype": operands["dtype"].to("tpu"),
+    }
+    tte.synchronize()
+    args = {"scalar_beyond_float": {"s": 1e39}, "string_arg": {"mode": "trunc"}}.get(kind, {})
+    # (An alpha beyond float's range is CPU's overflow error for a float32 operand: float64.)
+    first = "dtype" if kind == "scalar_beyond_float" else "base"
+    t, src = on_device.get(kind, on_device[first]), operands.get(kind, operands[first])
+    for _ in range(2):  # planned, then hit
+        torch.testing.assert_close(_detail_program(on_device[first]).cpu(), _detail_program(operands[first]))
+    before = _hits()
+    for k in range(2):  # the variant: planned (a miss), then its own hit
+        torch.testing.assert_close(_detail_program(t, **args).cpu(), _detail_program(src, **args), equal_nan=True)
+        assert _hits() == before + k, f"{kind}: a flush differing in that detail must not hit"
+
+
+def test_hits_make_no_new_meta_key_ids():
+    # A repeated step finds every op's meta key interned: no new id, the flush hits.
+    x = cpu_randn(5, 3, seed=23)
+    xd = x.to("tpu")
+    for _ in range(2):
+        _chain(xd, 0.5).cpu()
+    ids, before = tte._C._meta_cache_stats()["last_id"], _hits()
+    for s in (0.5, 0.25, 4.0):
+        torch.testing.assert_close(_chain(xd, s).cpu(), _chain(x, s))
+    assert tte._C._meta_cache_stats()["last_id"] == ids
+    assert _hits() == before + 3
+
+
+def test_threads_recording_at_once_share_ids_and_equal_cpu():
+    # Several threads record the same programs (and programs of their own shapes) at once:
+    # interning under contention gives one id per key, so a thread's flush hits the plan
+    # another thread made, and every result is CPU's.
+    import threading
+
+    x = cpu_randn(6, 4, seed=24)
+    errors = []
+
+    def work(tid):
+        try:
+            xd = x.to("tpu")
+            own = cpu_randn(3 + tid, 2, seed=25 + tid)
+            ownd = own.to("tpu")
+            for i in range(20):
+                torch.testing.assert_close(_chain(xd, 0.5 + i).cpu(), _chain(x, 0.5 + i))
+                torch.testing.assert_close(_chain(ownd).cpu(), _chain(own))
+        except Exception as e:  # reported on the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    before = _hits()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    # 4 threads x 20 x 2 flushes; each structure (1 shared + 4 own) plans at most a few times
+    assert _hits() - before >= 4 * 20 * 2 - 4 * 5, _hits() - before
+    ids = tte._C._meta_cache_stats()["last_id"]
+    xd, before = x.to("tpu"), _hits()
+    torch.testing.assert_close(_chain(xd, 2.0).cpu(), _chain(x, 2.0))
+    assert _hits() == before + 1 and tte._C._meta_cache_stats()["last_id"] == ids

@@ -22,3 +22,36 @@ def test_default_dtype_change_is_not_served_from_the_meta_cache():
                 torch.testing.assert_close(got.cpu(), want)
     finally:
         torch.set_default_dtype(before)
+
+
+def test_interned_meta_keys_stay_bounded_under_a_shape_storm():
+    # Every distinct meta key gets an id (Node::meta_id, the flush structure's word for the
+    # op); the table is the meta cache, bounded: a program of 30,000 shapes must not grow it
+    # without end. Ids are never given twice, so a key cached again after the cache emptied
+    # gets a new id, and its flush plans anew (a miss), with CPU's values.
+    from torch_tpu_eager import _C
+
+    import torch_tpu_eager as tte
+
+    limit = _C._meta_cache_stats()["limit"]
+    _C._set_meta_cache_limit(500)
+    try:
+        big = torch.arange(30000, dtype=torch.float32)
+        bigd = big.to("tpu")
+        first = (bigd[:7] * 2.0).neg()
+        torch.testing.assert_close(first.cpu(), (big[:7] * 2.0).neg())
+        start = _C._meta_cache_stats()
+        for n in range(1, 30001):
+            bigd[:n].neg()  # a distinct shape each time; the result is dropped
+            if n % 5000 == 0:
+                st = _C._meta_cache_stats()
+                assert st["entries"] <= 500 == st["limit"], st
+        st = _C._meta_cache_stats()
+        assert st["entries"] <= 500 and st["last_id"] - start["last_id"] >= 30000, (start, st)
+        hits = tte.metrics()["flush_cache_hits"]
+        again = (bigd[:7] * 2.0).neg()  # its keys were dropped: new ids, a new structure
+        torch.testing.assert_close(again.cpu(), (big[:7] * 2.0).neg())
+        assert tte.metrics()["flush_cache_hits"] == hits
+    finally:
+        _C._set_meta_cache_limit(limit)
+    assert _C._meta_cache_stats()["limit"] == limit
