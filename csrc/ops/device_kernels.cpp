@@ -321,7 +321,23 @@ void record_stream(at::Tensor& self, c10::Stream s) {
 
 // ---- views: metadata from the meta kernel, same storage ----
 
+// A view op's own CPU kernel, run on the tpu tensor: CPU's view kernels touch
+// metadata only (ATen's alias_with_sizes_and_strides / as_strided_tensorimpl make
+// the alias over `self`'s storage with `self`'s dispatch keys) and check the
+// storage bounds themselves, so the view is CPU's, on the device storage. It
+// costs what the view costs on CPU; a meta kernel's round trip (a meta tensor,
+// the boxed meta call, the alias) cost ~6 K instructions a view, and a
+// transformer step makes hundreds (transpose, expand, slice: each an
+// as_strided). False when the op has no CPU kernel.
+bool run_cpu_view_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU)) return false;
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  return true;
+}
+
 void view_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (run_cpu_view_kernel(op, stack)) return;
   const size_t nargs = op.schema().arguments().size();
   const size_t first = stack->size() - nargs;
   const at::Tensor self = (*stack)[first].toTensor();
