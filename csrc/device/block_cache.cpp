@@ -16,7 +16,7 @@ namespace tpu_eager {
 namespace {
 
 constexpr size_t kCachedMin = size_t{64} << 10;      // blocks from here on: by rounded size, in `free_blocks`
-constexpr size_t kSmallMax = size_t{4} << 10;        // blocks up to here: by 64-byte granule, in `small`
+constexpr size_t kSmallMax = kCachedMin - 64;        // blocks up to here: by 64-byte granule, in `small`
 constexpr int64_t kSmallLimit = int64_t{16} << 20;   // bytes of cached small blocks
 constexpr size_t kGranule = size_t{4} << 10;         // cache buckets: whole pages
 constexpr int64_t kCacheLimit = int64_t{512} << 20;  // bounded: a shape storm must not hoard memory
@@ -32,10 +32,12 @@ constexpr int kHostSlot = kMaxBlockDevices;
 struct Cache {
   SpinLock mu;  // taken once an op (a fresh result's small block): see SpinLock
   std::unordered_map<size_t, std::vector<Cached>> free_blocks;  // rounded size -> blocks
-  // Small blocks (a scalar, a bias, an optimizer's step count): one bucket
-  // per 64-byte size. A fresh 64-byte-aligned block from the C library costs
-  // ~500 instructions (aligned_alloc's memalign path) and its free ~300; the
-  // record path allocates one per fresh result (docs/performance.md).
+  // Small blocks (a scalar, a bias, an optimizer's step count, a small
+  // model's activations): one bucket per 64-byte size. A fresh 64-byte-aligned
+  // block from the C library costs ~500-1,200 instructions (aligned_alloc's
+  // memalign path) and its free ~300-700; the record path allocates one per
+  // fresh result, the flush one per temporary (docs/performance.md). Up to
+  // 4 KiB only, the 2-layer llama's 8-32 KiB activations took ~220 of them a step.
   std::vector<Cached> small[kSmallMax / 64 + 1];
   int64_t small_bytes = 0;
   // Written under `mu`; read without it (block_cache_bytes: every device

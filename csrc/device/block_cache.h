@@ -1,6 +1,6 @@
-// Host memory blocks behind device storages, with a cache of freed blocks of
-// 64 KiB or more and of 4 KiB or less (as CUDA's caching allocator keeps freed
-// device memory, small blocks included): a
+// Host memory blocks behind device storages, with a cache of freed blocks
+// (as CUDA's caching allocator keeps freed device memory, small blocks
+// included): a
 // fresh block from the C library is new pages, and first-touching them costs
 // ~0.25 us per 4 KiB page (a 16 MiB result paid ~1 ms a flush in faults).
 // Handing blocks back to the C library also made it trim the top of its heap
@@ -20,8 +20,8 @@ namespace tpu_eager {
 // A 64-byte-aligned block of at least `nbytes`; nullptr when out of memory.
 // Blocks of 64 KiB or more come from the cache when one of the same rounded
 // size (4 KiB granularity; 2 MiB from 4 MiB on, on transparent huge pages)
-// was freed; blocks of 4 KiB or less when one of the same 64-byte multiple was
-// (up to 16 MiB of them are kept).
+// was freed; smaller blocks when one of the same 64-byte multiple was (up to
+// 16 MiB of them are kept).
 // `device` is the simulated chip the block is accounted to (its padding, and
 // its cached bytes once freed): the cache itself is one pool of host memory,
 // and a block freed by one chip may be reused by another.
@@ -30,7 +30,7 @@ void* block_alloc(size_t nbytes, int device = 0);
 // the cache holds at most 512 MiB; small ones, while it holds at most 16 MiB
 // of them) or to the C library.
 void block_free(void* ptr, size_t nbytes, int device = 0);
-// While one is alive on a thread, the small blocks (4 KiB or less) that
+// While one is alive on a thread, the small blocks (below 64 KiB) that
 // thread frees wait in a batch and go back to the cache together, under one
 // lock, when the outermost one ends (or the batch is full): a flush frees its
 // dying intermediates' blocks in one go instead of taking the cache's mutex

@@ -14,8 +14,11 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/_reshape_alias_ops.h>
+#include <ATen/ops/as_strided_ops.h>
 #include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/copy.h>
+#include <ATen/ops/view_ops.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
@@ -319,9 +322,42 @@ void record_stream(at::Tensor& self, c10::Stream s) {
               "record_stream: expected a tpu stream, got a stream of device type ", s.device_type());
 }
 
-// ---- views: metadata from the meta kernel, same storage ----
+// ---- views: CPU's view kernels on the tpu tensor, same storage ----
+
+// A view op's own CPU kernel, run on the tpu tensor: CPU's view kernels touch
+// metadata only (ATen's alias_with_sizes_and_strides / as_strided_tensorimpl make
+// the alias over `self`'s storage with `self`'s dispatch keys) and check the
+// storage bounds themselves, so the view is CPU's, on the device storage, at
+// CPU's cost. view_kernel's meta round trip (a meta tensor, the boxed meta call,
+// the alias: ~6 K instructions a view; a transformer step makes hundreds, each
+// transpose, expand or slice an as_strided) is left for a view op without a
+// CPU kernel. view, as_strided and _reshape_alias, which other views call, are
+// unboxed (boxing their size lists cost ~2 K instructions more).
+constexpr c10::DispatchKeySet kCpuKeys{c10::DispatchKey::CPU};
+
+at::Tensor view_on_cpu_kernel(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::_ops::view::redispatch(kCpuKeys, self, size);
+}
+
+at::Tensor as_strided_on_cpu_kernel(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                                    std::optional<c10::SymInt> storage_offset) {
+  return at::_ops::as_strided::redispatch(kCpuKeys, self, size, stride, std::move(storage_offset));
+}
+
+at::Tensor reshape_alias_on_cpu_kernel(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  return at::_ops::_reshape_alias::redispatch(kCpuKeys, self, size, stride);
+}
+
+// The boxed form, for any view op; false when the op has no CPU kernel.
+bool run_cpu_view_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU)) return false;
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  return true;
+}
 
 void view_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (run_cpu_view_kernel(op, stack)) return;
   const size_t nargs = op.schema().arguments().size();
   const size_t first = stack->size() - nargs;
   const at::Tensor self = (*stack)[first].toTensor();
@@ -558,8 +594,9 @@ int64_t register_device_kernels() {
     impl("_thnn_fused_lstm_cell_backward_impl", torch::CppFunction(TORCH_FN(fused_lstm_cell_backward)));
     impl("_thnn_fused_gru_cell", torch::CppFunction(TORCH_FN(fused_gru_cell)));
     impl("_thnn_fused_gru_cell_backward", torch::CppFunction(TORCH_FN(fused_gru_cell_backward)));
-    for (const char* v : {"view", "as_strided", "_reshape_alias"})
-      impl(v, torch::CppFunction::makeFromBoxedFunction<&view_kernel>());
+    impl("view", torch::CppFunction(TORCH_FN(view_on_cpu_kernel)));
+    impl("as_strided", torch::CppFunction(TORCH_FN(as_strided_on_cpu_kernel)));
+    impl("_reshape_alias", torch::CppFunction(TORCH_FN(reshape_alias_on_cpu_kernel)));
     for (const auto& name : register_model_kernels(lib)) special.insert(name);
     count = static_cast<int64_t>(special.size());
     for (const auto& e : op_table()) {

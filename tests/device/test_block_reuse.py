@@ -45,15 +45,17 @@ def test_freed_device_block_of_256_kib_is_reused():
     assert _C._cached_bytes(0) == 0
 
 
-def test_small_blocks_are_cached_and_reused():
+@pytest.mark.parametrize("numel", [1024, 2048, 8192, 16368])  # 4, 8, 32 KiB, 64 KiB - 64 B
+def test_small_blocks_are_cached_and_reused(numel):
     # Every recorded op's fresh result takes a block; the C library's 64-byte-aligned
-    # allocation and free cost ~800 instructions, a tenth of the record path.
+    # allocation and free cost ~800-1,900 instructions, a tenth of the record path.
+    # Blocks between 4 and 64 KiB (a small model's activations) are cached too.
     torch.tpu.empty_cache()
-    x = torch.empty(1024, device="tpu")  # 4 KiB
+    x = torch.empty(numel, device="tpu")
     address = x.data_ptr()
     del x
-    assert _C._cached_bytes(-1) >= 4096
-    y = torch.empty(1024, device="tpu")
+    assert _C._cached_bytes(-1) >= 4 * numel
+    y = torch.empty(numel, device="tpu")
     assert y.data_ptr() == address  # the freed block, from the cache
     del y
     torch.tpu.empty_cache()
