@@ -354,7 +354,10 @@ class SpyreKernel final : public Kernel {
       const bool back = plan_.normalize && !ktir_is_scan(plan_.combine);
       // An order statistic's hops carry sorted runs (plan_.ring_payload_sizes).
       const std::vector<int64_t>& partial = ktir_is_order(plan_.combine) ? plan_.ring_payload_sizes : L.partial_sizes;
-      schedule_ring_payload(schedule_, partial, plan_.ring_dtype, plan_.ring_stats, back, card_);
+      if (plan_.ring_chains.empty())
+        schedule_ring_payload(schedule_, partial, plan_.ring_dtype, plan_.ring_stats, back, card_);
+      else
+        schedule_ring_chains(schedule_, plan_.ring_chains, plan_.ring_dtype, card_);
     }
     signature_ = layout_signature(region, graph);
   }
