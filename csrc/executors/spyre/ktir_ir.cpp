@@ -3363,8 +3363,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           TORCH_CHECK(sel.defined() && sel.numel() > 0, "ktir_execute: an order statistic over no rows");
           const at::Tensor x = sel.contiguous();
           const at::Tensor cols = P.ring_flat ? x.reshape({-1, 1}) : x.reshape({x.size(0), -1});
-          if (walk)
-            walk->ring_steps += static_cast<int64_t>(P.ring_chains.size()) * (P.tiling.cores_used - 1);
+          if (walk) walk->ring_steps += static_cast<int64_t>(P.ring_chains.size()) * (P.tiling.cores_used - 1);
           vals = order_select(P, rp, cols, outs);
         } else {
           // The ring merges the cores' runs in core order (earlier rows first

@@ -268,7 +268,6 @@ def test_selection_schedule_counts_every_pass(spyre_target, dtype, digits, op):
     # column) and a broadcast of the digit found (1 per column), then a chain
     # of the counts of equal keys (1 per column): 2 * digits + 1 chains, each
     # hop stick padded. median() of every element selects over one column.
-    from torch_tpu_eager import spyre
     from torch_tpu_eager.target import target_info
 
     a = _special(dtype, (8, 40), 70)
