@@ -1573,6 +1573,23 @@ const KtirValue* arg_named(const KtirOp& o, const c10::FunctionSchema& schema, c
 // A result of op `o` whose value does not depend on the rows it reads (a
 // replicated view a tile step may write, every step the same value), or -1:
 // nll_loss_forward's total_weight with reduction='none' (0 on CPU).
+// The loss of a gradient that runs on tiles with reduction 'mean'
+// (mean_loss_grad): mse_loss_backward and binary_cross_entropy_backward,
+// functional or out=, with reduction 1; kPreNone for other ops. Not huber
+// and smooth_l1: CPU's kernel computes their clamped branch in one order in
+// its vector body and in another in its scalar tail (the last elements of
+// the whole tensor), so an element's value depends on its position in the
+// whole tensor, which a tile does not reproduce (measured: 5-15 of 74,000
+// elements differ by an ulp); they keep the region whole.
+KtirTilePlan::RingPre mean_grad_of(const KtirOp& o, const c10::FunctionSchema& schema) {
+  const std::string base = o.op.substr(0, o.op.find('.'));
+  if (base.size() <= 9 || base.compare(base.size() - 9, 9, "_backward") != 0) return KtirTilePlan::kPreNone;
+  const KtirTilePlan::RingPre loss = pair_loss_of(base.substr(0, base.size() - 9));
+  const KtirValue* r = arg_named(o, schema, "reduction");
+  if (loss != KtirTilePlan::kPreMse && loss != KtirTilePlan::kPreBce) return KtirTilePlan::kPreNone;
+  return r && r->kind == KtirValue::kInt && r->i == 1 ? loss : KtirTilePlan::kPreNone;
+}
+
 int row_free_result(const KtirOp& o, const c10::FunctionSchema& schema) {
   if (o.op.substr(0, o.op.find('.')) != "nll_loss_forward" || o.results.size() != 2) return -1;
   const KtirValue* r = arg_named(o, schema, "reduction");
@@ -1621,13 +1638,15 @@ bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
     if (r && r->kind == KtirValue::kInt && r->i == 0) return false;
   }
   // Their gradients are elementwise in self, target (and grad_output with
-  // 'none'; a 0-dim one otherwise) except with 'mean', whose kernel divides
-  // by the element count of the operands it is given (a tile's, not the
-  // whole's): 'mean' keeps the region whole.
+  // 'none'; a 0-dim one otherwise). With 'mean' their kernel divides by the
+  // element count of the operands it is given (a tile's, not the whole's):
+  // the functional ops run on tiles through mean_loss_grad with the whole
+  // count (mean_grad_of); other forms keep the region whole.
   if (base.size() > 9 && base.compare(base.size() - 9, 9, "_backward") == 0 &&
       pair_loss_of(base.substr(0, base.size() - 9)) != KtirTilePlan::kPreNone) {
     const KtirValue* r = arg_named(o, schema, "reduction");
     if (r && r->kind == KtirValue::kInt && (r->i == 0 || r->i == 2)) return false;
+    if (mean_grad_of(o, schema) != KtirTilePlan::kPreNone) return false;
   }
   if (kind == PrimKind::kElementwise || kind == PrimKind::kMatmul) return false;
   // copy_, fill_, zero_ (the device's own kernels): each element from its own (or none).
@@ -1922,6 +1941,15 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
     }
     if (reads_ring) return whole(o.op + " reads the ring result on the split rows");
     if (!gather && mixes_rows(o, *h, rank0)) return whole(o.op + " is not row-local");
+    if (const KtirTilePlan::RingPre g = mean_grad_of(o, schema); g != KtirTilePlan::kPreNone) {
+      const KtirValue* self = arg_named(o, schema, "self");
+      if (self && self->kind == KtirValue::kView) {
+        int64_t n = 1;
+        for (int64_t x : p.views[self->i].sizes) n *= x;
+        plan.mean_grad.resize(no, {KtirTilePlan::kPreNone, 0});
+        plan.mean_grad[k] = {g, n};
+      }
+    }
     // nll_loss with reduction='none': its total_weight result is 0 whatever
     // the rows (CPU's kernel), so every step writes the same replicated value.
     if (const int tw = row_free_result(o, schema); tw >= 0) {
@@ -2877,6 +2905,32 @@ at::Tensor ring_pre_values(const KtirTilePlan& P, const KtirOp& o, const std::ve
   }
 }
 
+// A loss gradient with reduction 'mean' on a tile (KtirTilePlan::mean_grad):
+// CPU's elementwise formula with the whole input's element count `n` in
+// place of the tile's, the same f32 operations in the same order as CPU's
+// kernels (bit-equal to them on the whole tensor): mse (2/n * (self -
+// target)) * g; binary_cross_entropy (g * (self - target) / max((1 - self) *
+// self, 1e-12)) * weight / n. `s` is the op's boxed stack (its tensors
+// already widened), replaced by the result; `out`: the op's out= form, whose
+// last argument receives it.
+void mean_loss_grad(KtirTilePlan::RingPre loss, int64_t n, bool out, torch::jit::Stack& s) {
+  const size_t base = s.size() - (loss == KtirTilePlan::kPreMse ? 4 : 5) - (out ? 1 : 0);
+  const at::Tensor g = s[base].toTensor(), x = s[base + 1].toTensor(), y = s[base + 2].toTensor();
+  at::Tensor r;
+  if (loss == KtirTilePlan::kPreBce) {
+    const c10::IValue& w = s[base + 3];
+    r = g.mul(x.sub(y)).div(at::scalar_tensor(1.0, x.options()).sub(x).mul(x).clamp_min(1e-12));
+    if (w.isTensor() && w.toTensor().defined()) r = r.mul(w.toTensor());
+    r = r.div(n);
+  } else {  // mse
+    r = at::scalar_tensor(2.0 / static_cast<double>(n), x.options()).mul(x.sub(y)).mul(g);
+  }
+  at::Tensor result = r.expand(x.sizes()).contiguous();
+  if (out) result = s.back().toTensor().copy_(result);
+  torch::jit::drop(s, s.size() - base);
+  s.emplace_back(std::move(result));
+}
+
 // A normalizing ring op's statistics: softmax (max, sum), layer_norm (mean, rstd).
 struct RingStats {
   at::Tensor a, b;
@@ -2970,7 +3024,14 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         torch::jit::Stack stack = op_stack(o, schema, vt);
         std::vector<c10::ScalarType> dtypes;
         for (int r : o.results) dtypes.push_back(r < 0 ? c10::kFloat : p.views[r].dtype);
-        hooks.call(k, op, stack, dtypes);
+        if (plan && k < plan->mean_grad.size() && plan->mean_grad[k].second > 0) {
+          // A lowered op (no library call for the hooks to count): the whole count, not the tile's.
+          const auto [loss, n] = plan->mean_grad[k];
+          call_op_in_f32(schema, stack, dtypes,
+                         [&](torch::jit::Stack& st) { mean_loss_grad(loss, n, schema.is_mutable(), st); });
+        } else {
+          hooks.call(k, op, stack, dtypes);
+        }
         const std::vector<at::Tensor> got = fresh(schema, stack);
         std::vector<at::Tensor> results, writes;
         for (size_t j = 0; j < o.results.size() && j < got.size(); ++j) {

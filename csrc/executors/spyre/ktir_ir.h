@@ -293,6 +293,11 @@ struct KtirTilePlan {
   // in `ring_dtype` (f32; f64 for a float64 input).
   int64_t ring_stats = 1;
   c10::ScalarType ring_dtype = c10::kFloat;
+  // Per op (empty: none): a loss gradient with reduction 'mean' that runs on
+  // the tiles (mse, binary_cross_entropy: the loss) and
+  // the element count of its whole input, which divides it instead of the
+  // tile's (docs/ktir.md, "How the executor runs a program").
+  std::vector<std::pair<RingPre, int64_t>> mean_grad;
   std::vector<char> keep;  // per view: an LX view a step writes that a later pass reads whole (stored to its buffer)
   // Per tile step: per core, [begin, end) of its rows (empty when it has none).
   std::vector<std::vector<std::pair<int64_t, int64_t>>> steps;

@@ -324,6 +324,15 @@ class SpyreKernel final : public Kernel {
       binding_.emplace_back("rows_per_core", shown.rows_per_core);
       binding_.emplace_back("cores_used", shown.cores_used);
     }
+    // The symbolic strides and offsets, bound: "%<view>.offset", "%<view>.strides[<dim>]".
+    for (size_t v = 0; v < program_.views.size(); ++v) {
+      const KtirView& w = program_.views[v];
+      const std::string name = "%" + std::to_string(v);
+      if (w.offset_expr.symbolic()) binding_.emplace_back(name + ".offset", shown.views[v].offset);
+      for (size_t d = 0; d < w.stride_expr.size(); ++d)
+        if (w.stride_expr[d].symbolic())
+          binding_.emplace_back(name + ".strides[" + std::to_string(d) + "]", shown.views[v].strides[d]);
+    }
     // The verifier's rules (docs/ktir.md) hold for every program we build;
     // a failure is a bug of the lowering, raised before any op runs.
     try {

@@ -72,7 +72,11 @@ def test_dynamic_inner_dim_binds_strides_and_offsets_with_one_compile(spyre_targ
         text = spyre.dump_ktir()
         texts.append(text)
         (step,) = _compute_steps(spyre.job_plan())
-        assert step["binding"]["s0"] == n
+        # The job plan binds s0 and the strides and offset that follow it
+        # (views %0 the slice d[1:], %1 the LX product, %2 the result).
+        b = step["binding"]
+        assert b["s0"] == n and b["%0.offset"] == n and b["%0.strides[0]"] == n
+        assert b["%1.strides[0]"] == n and b["%2.strides[0]"] == n
         assert f"syms=[s0={n}]" in text.splitlines()[0]
     m = tte.metrics()
     assert m["compiles"] == 1 and m["plans_built"] == 1
