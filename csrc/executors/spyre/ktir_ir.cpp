@@ -1547,6 +1547,15 @@ KtirTilePlan::RingPre pair_loss_of(const std::string& op) {
   return e ? e->pre : KtirTilePlan::kPreNone;
 }
 
+// The pair loss whose gradient op `base` (no overload) is:
+// "mse_loss_backward" -> kPreMse; kPreNone for other ops.
+KtirTilePlan::RingPre pair_loss_of_gradient(const std::string& base) {
+  static const std::string suffix = "_backward";
+  if (base.size() <= suffix.size() || base.compare(base.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return KtirTilePlan::kPreNone;
+  return pair_loss_of(base.substr(0, base.size() - suffix.size()));
+}
+
 // The spatial dims (1, 2, 3) of a pooling or upsampling op or gradient by
 // its ATen name ("max_pool2d_with_indices_backward", "upsample_bilinear2d",
 // "_adaptive_avg_pool3d"), 0 for other ops (fractional max pooling, whose
@@ -1582,9 +1591,7 @@ const KtirValue* arg_named(const KtirOp& o, const c10::FunctionSchema& schema, c
 // whole tensor, which a tile does not reproduce (measured: 5-15 of 74,000
 // elements differ by an ulp); they keep the region whole.
 KtirTilePlan::RingPre mean_grad_of(const KtirOp& o, const c10::FunctionSchema& schema) {
-  const std::string base = o.op.substr(0, o.op.find('.'));
-  if (base.size() <= 9 || base.compare(base.size() - 9, 9, "_backward") != 0) return KtirTilePlan::kPreNone;
-  const KtirTilePlan::RingPre loss = pair_loss_of(base.substr(0, base.size() - 9));
+  const KtirTilePlan::RingPre loss = pair_loss_of_gradient(o.op.substr(0, o.op.find('.')));
   const KtirValue* r = arg_named(o, schema, "reduction");
   if (loss != KtirTilePlan::kPreMse && loss != KtirTilePlan::kPreBce) return KtirTilePlan::kPreNone;
   return r && r->kind == KtirValue::kInt && r->i == 1 ? loss : KtirTilePlan::kPreNone;
@@ -1642,8 +1649,7 @@ bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
   // element count of the operands it is given (a tile's, not the whole's):
   // the functional ops run on tiles through mean_loss_grad with the whole
   // count (mean_grad_of); other forms keep the region whole.
-  if (base.size() > 9 && base.compare(base.size() - 9, 9, "_backward") == 0 &&
-      pair_loss_of(base.substr(0, base.size() - 9)) != KtirTilePlan::kPreNone) {
+  if (pair_loss_of_gradient(base) != KtirTilePlan::kPreNone) {
     const KtirValue* r = arg_named(o, schema, "reduction");
     if (r && r->kind == KtirValue::kInt && (r->i == 0 || r->i == 2)) return false;
     if (mean_grad_of(o, schema) != KtirTilePlan::kPreNone) return false;
