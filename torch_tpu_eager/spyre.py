@@ -238,7 +238,9 @@ def last_schedule():
       ``tile_bytes``.
     - ``load_bytes_per_tile``, ``store_bytes_per_tile`` (bytes).
     - ``ring_steps``, ``ring_bytes``, ``ring_cycles`` (at 128 B per cycle),
-      ``partial_bytes`` (what one hop carries), ``ring_s`` (seconds:
+      ``partial_bytes`` (what one hop carries; the largest hop of an order
+      statistic's selection, whose chains carry histograms, digits and
+      counts: docs/ktir.md, "Selection"), ``ring_s`` (seconds:
       ``ring_bytes / ring_link_bandwidth``, the link bandwidth from an ASSUMED
       1.5 GHz clock, see ``target_info("spyre")["sources"]["core_clock_hz"]``;
       the ring part of ``executed_s`` depends on it too): the cross-core reduction
@@ -255,8 +257,9 @@ def last_schedule():
       program"): ``executed`` (``"tiles"``: step by step over the schedule's
       tiles of every core; ``"whole"``: every op once on whole views),
       ``whole_reason`` (why not tiles, e.g. ``"index.Tensor is not row-local"``;
-      ``""`` when tiled), ``tile_steps``, ``ring_steps_run`` (partials combined
-      along the ring).
+      ``""`` when tiled), ``tile_steps``, ``ring_steps_run`` (hops along the
+      ring: ``cores_used - 1`` per chain; a selection runs ``2 * D + 1``
+      chains for keys of ``D`` bytes).
     - The executed schedule (docs/spyre.md, "The executed schedule"):
       ``executed_s`` (seconds: the latest core's pipeline end plus
       ``ring_s``; what

@@ -301,6 +301,36 @@ struct Cursor {
     if (!any) syms->clear();
     return v;
   }
+  // An affine expression (KtirAffine's text); returns its constant value
+  // (the number when it has no symbol; bound later otherwise).
+  int64_t affine(KtirAffine* e) {
+    *e = KtirAffine{};
+    ws();
+    for (bool first = true;; first = false) {
+      int64_t sign = 1;
+      if (!first && i < s.size() && (s[i] == '+' || s[i] == '-'))
+        sign = s[i++] == '-' ? -1 : 1;
+      else if (!first)
+        break;
+      else if (i + 1 < s.size() && s[i] == '-' && s[i + 1] == 's')
+        sign = -1, ++i;
+      int64_t c = 1;
+      if (i >= s.size() || s[i] != 's') {
+        c = integer();
+        if (i >= s.size() || s[i] != '*') {
+          e->constant += sign * c;
+          continue;
+        }
+        if (++i >= s.size() || s[i] != 's') fail(line, "syntax", "expected a symbol after '*' in: " + s);
+      }
+      ++i;  // 's'
+      const int64_t k = integer();
+      if (k < 0 || k > 1000) fail(line, "syntax", "bad symbol s" + std::to_string(k));
+      if (e->coef.size() <= static_cast<size_t>(k)) e->coef.resize(k + 1, 0);
+      e->coef[k] += sign * c;
+    }
+    return e->constant;
+  }
   int view_ref() {
     expect("%");
     return static_cast<int>(integer());
@@ -639,6 +669,106 @@ KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, con
 
 // ---------------------------------------------------------------- symbols
 
+bool KtirAffine::symbolic() const {
+  for (int64_t c : coef)
+    if (c) return true;
+  return false;
+}
+
+int64_t KtirAffine::eval(const std::vector<int64_t>& values) const {
+  int64_t v = constant;
+  for (size_t k = 0; k < coef.size() && k < values.size(); ++k) v += coef[k] * values[k];
+  return v;
+}
+
+namespace {
+
+KtirAffine affine_const(int64_t c) {
+  KtirAffine e;
+  e.constant = c;
+  return e;
+}
+
+// e * f when the product stays affine (one of them a constant).
+std::optional<KtirAffine> affine_mul(const KtirAffine& e, const KtirAffine& f) {
+  if (e.symbolic() && f.symbolic()) return std::nullopt;
+  const KtirAffine& x = e.symbolic() ? e : f;
+  const int64_t c = e.symbolic() ? f.constant : e.constant;
+  KtirAffine r = x;
+  r.constant *= c;
+  for (int64_t& k : r.coef) k *= c;
+  return r;
+}
+
+// e + q * f.
+void affine_add(KtirAffine& e, int64_t q, const KtirAffine& f) {
+  e.constant += q * f.constant;
+  if (e.coef.size() < f.coef.size()) e.coef.resize(f.coef.size(), 0);
+  for (size_t k = 0; k < f.coef.size(); ++k) e.coef[k] += q * f.coef[k];
+}
+
+// The strides and offset of `v` as expressions of its symbolic sizes
+// (ktir_symbolize): dims by increasing stride (0 strides left out); a dim
+// whose stride is the previous dim's stride times its size takes that
+// product; the first dim, or one that breaks the chain, keeps its number,
+// or a symbol of equal value. The offset is decomposed greedily along the
+// strides, largest first. Values are those of the launch the program was
+// built for, so every expression evaluates to its number under `values`.
+void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
+  const size_t n = v.sizes.size();
+  if (values.empty() || v.strides.size() != n) return;
+  auto size_expr = [&](size_t d) {
+    KtirAffine e;
+    if (d < v.size_sym.size() && v.size_sym[d] >= 0) {
+      e.coef.assign(v.size_sym[d] + 1, 0);
+      e.coef[v.size_sym[d]] = 1;
+    } else {
+      e.constant = v.sizes[d];
+    }
+    return e;
+  };
+  auto sym_equal = [&](int64_t x) {
+    for (size_t k = 0; k < values.size(); ++k)
+      if (values[k] == x) {
+        KtirAffine e;
+        e.coef.assign(k + 1, 0);
+        e.coef[k] = 1;
+        return e;
+      }
+    return affine_const(x);
+  };
+  std::vector<size_t> order;
+  for (size_t d = 0; d < n; ++d)
+    if (v.strides[d] != 0) order.push_back(d);
+  // Increasing stride; on a tie the inner dim first (a size-1 dim's stride).
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return v.strides[a] != v.strides[b] ? v.strides[a] < v.strides[b] : a > b;
+  });
+  std::vector<KtirAffine> ex(n);
+  std::optional<KtirAffine> next;  // the stride a dense successor would have
+  int64_t next_value = -1;
+  for (size_t d : order) {
+    ex[d] = next && v.strides[d] == next_value ? *next : sym_equal(v.strides[d]);
+    next = affine_mul(ex[d], size_expr(d));
+    next_value = v.strides[d] * v.sizes[d];
+  }
+  bool any = false;
+  for (const auto& e : ex) any |= e.symbolic();
+  if (any) v.stride_expr = ex;
+  KtirAffine off;
+  int64_t rest = v.offset;
+  for (auto it = order.rbegin(); it != order.rend() && rest > 0; ++it) {
+    const int64_t q = rest / v.strides[*it];
+    if (q <= 0) continue;
+    affine_add(off, q, ex[*it]);
+    rest -= q * v.strides[*it];
+  }
+  off.constant += rest;
+  if (off.symbolic()) v.offset_expr = off;
+}
+
+}  // namespace
+
 void ktir_symbolize(KtirProgram& p, const std::vector<int64_t>& dynamic) {
   std::vector<int64_t> values;
   for (int64_t v : dynamic)
@@ -695,6 +825,7 @@ void ktir_symbolize(KtirProgram& p, const std::vector<int64_t>& dynamic) {
     for (int& k : v.size_sym) fix(k);
   for (auto& t : p.tiles)
     for (int& k : t.size_sym) fix(k);
+  for (auto& v : p.views) symbolize_strides(v, p.sym_values);
 }
 
 void ktir_bind(KtirProgram& p, const std::vector<int64_t>& values) {
@@ -702,9 +833,13 @@ void ktir_bind(KtirProgram& p, const std::vector<int64_t>& values) {
   auto val = [&](int k) { return k >= 0 && k < static_cast<int>(values.size()) ? values[k] : 0; };
   for (auto& a : p.args)
     if (a.elems_sym >= 0) a.elems = a.elems_coef * val(a.elems_sym);
-  for (auto& v : p.views)
+  for (auto& v : p.views) {
     for (size_t d = 0; d < v.size_sym.size() && d < v.sizes.size(); ++d)
       if (v.size_sym[d] >= 0) v.sizes[d] = val(v.size_sym[d]);
+    for (size_t d = 0; d < v.stride_expr.size() && d < v.strides.size(); ++d)
+      if (v.stride_expr[d].symbolic()) v.strides[d] = v.stride_expr[d].eval(values);
+    if (v.offset_expr.symbolic()) v.offset = v.offset_expr.eval(values);
+  }
   if (p.rows_sym >= 0) {
     const int64_t rows = val(p.rows_sym);
     p.rows_per_core = rows > 0 ? (rows + p.grid - 1) / std::max<int64_t>(1, p.grid) : 1;
@@ -766,6 +901,29 @@ std::string sym_list(const std::vector<int64_t>& v, const std::vector<int>& sym,
   }
   return s + "]";
 }
+// "2*s0+3", "s1", "s0-1"; a number when `e` has no symbol.
+std::string affine_text(const KtirAffine& e, int64_t value) {
+  if (!e.symbolic()) return std::to_string(value);
+  std::string s;
+  for (size_t k = 0; k < e.coef.size(); ++k) {
+    const int64_t c = e.coef[k];
+    if (!c) continue;
+    s += c < 0 ? "-" : (s.empty() ? "" : "+");
+    if (c != 1 && c != -1) s += std::to_string(c < 0 ? -c : c) + "*";
+    s += "s" + std::to_string(k);
+  }
+  if (e.constant) s += (e.constant < 0 ? "-" : "+") + std::to_string(e.constant < 0 ? -e.constant : e.constant);
+  return s;
+}
+
+std::string stride_list(const KtirView& w) {
+  std::string s = "[";
+  for (size_t d = 0; d < w.strides.size(); ++d) {
+    s += d ? ", " : "";
+    s += d < w.stride_expr.size() ? affine_text(w.stride_expr[d], w.strides[d]) : std::to_string(w.strides[d]);
+  }
+  return s + "]";
+}
 }  // namespace
 
 std::string ktir_print(const KtirProgram& p) {
@@ -796,8 +954,8 @@ std::string ktir_print(const KtirProgram& p) {
     const KtirView& w = p.views[v];
     os << "  %" << v << " = view " << (w.lx ? "LX " : "HBM ") << type_token(w.dtype);
     os << (w.lx ? " %t" + std::to_string(w.buf) : " %a" + std::to_string(w.arg));
-    os << " offset=" << w.offset << " sizes=" << sym_list(w.sizes, w.size_sym, false) << " strides=" << list(w.strides)
-       << "\n";
+    os << " offset=" << affine_text(w.offset_expr, w.offset) << " sizes=" << sym_list(w.sizes, w.size_sym, false)
+       << " strides=" << stride_list(w) << "\n";
   }
   for (const auto& t : p.tiles) {
     const bool q = rs && t.core_stride;
@@ -985,11 +1143,21 @@ KtirProgram ktir_parse(const std::string& text) {
         if (v.buf < 0) fail(line, "view", "LX buffers are %t0, %t1, ...");
       }
       c.expect("offset=");
-      v.offset = c.integer();
+      v.offset = c.affine(&v.offset_expr);
       c.expect("sizes=");
       v.sizes = c.sym_int_list(&v.size_sym);
       c.expect("strides=");
-      v.strides = c.int_list();
+      c.expect("[");
+      if (!c.eat("]")) {
+        do {
+          v.stride_expr.emplace_back();
+          v.strides.push_back(c.affine(&v.stride_expr.back()));
+        } while (c.eat(","));
+        c.expect("]");
+      }
+      bool sym_stride = false;
+      for (const auto& e : v.stride_expr) sym_stride |= e.symbolic();
+      if (!sym_stride) v.stride_expr.clear();
       if (!c.done()) fail(line, "syntax", "unexpected text at the end of the view");
       p.views.push_back(v);
       continue;
@@ -1022,9 +1190,16 @@ KtirProgram ktir_parse(const std::string& text) {
   if (p.rows_sym >= 0) check_sym(p.rows_sym, 1);
   for (const auto& a : p.args)
     if (a.elems_sym >= 0) check_sym(a.elems_sym, a.line);
-  for (const auto& v : p.views)
+  auto check_affine = [&](const KtirAffine& e, int at) {
+    for (size_t k = 0; k < e.coef.size(); ++k)
+      if (e.coef[k]) check_sym(static_cast<int>(k), at);
+  };
+  for (const auto& v : p.views) {
     for (int k : v.size_sym)
       if (k >= 0) check_sym(k, v.line);
+    for (const auto& e : v.stride_expr) check_affine(e, v.line);
+    check_affine(v.offset_expr, v.line);
+  }
   for (const auto& t : p.tiles)
     for (int k : t.size_sym)
       if (k >= 0) check_sym(k, t.line);
@@ -1298,57 +1473,87 @@ PrimKind kind_of_op(const std::string& name) {
   return it == kinds->end() ? PrimKind::kLibrary : it->second;
 }
 
-// How a ring reduction combines the cores' partials: by the op (sum and mean
-// add f32 partials, amax/amin take their max/min); kNone for other ops.
-KtirTilePlan::Combine ring_combine_of(const std::string& op) {
-  const std::string base = op.substr(0, op.find('.'));
-  // max.dim/min.dim: (value, index) pairs as argmax/argmin; max/min of every element: amax/amin.
-  if (op == "max.dim") return KtirTilePlan::kArgMax;
-  if (op == "min.dim") return KtirTilePlan::kArgMin;
-  if (op == "max") return KtirTilePlan::kMax;
-  if (op == "min") return KtirTilePlan::kMin;
-  if (base == "logsumexp") return KtirTilePlan::kLogSumExp;
-  if (base == "cumprod") return KtirTilePlan::kCumprod;
-  if (base == "sum") return KtirTilePlan::kSum;
-  if (base == "mean") return KtirTilePlan::kMean;
-  if (base == "amax") return KtirTilePlan::kMax;
-  if (base == "amin") return KtirTilePlan::kMin;
-  if (base == "prod") return KtirTilePlan::kProd;
-  if (base == "var" || base == "std" || base == "var_mean" || base == "std_mean") return KtirTilePlan::kVar;
-  if (base == "argmax") return KtirTilePlan::kArgMax;
-  if (base == "argmin") return KtirTilePlan::kArgMin;
-  if (base == "_softmax") return KtirTilePlan::kSoftmax;
-  if (base == "_log_softmax") return KtirTilePlan::kLogSoftmax;
-  if (base == "native_layer_norm") return KtirTilePlan::kLayerNorm;
-  if (base == "cumsum") return KtirTilePlan::kCumsum;
-  if (base == "nll_loss_forward") return KtirTilePlan::kNllLoss;
-  if (base == "linalg_vector_norm" || base == "norm") return KtirTilePlan::kNorm;
-  if (base == "aminmax") return KtirTilePlan::kMinMax;
-  if (base == "cummax") return KtirTilePlan::kCummax;
-  if (base == "cummin") return KtirTilePlan::kCummin;
-  if (base == "nansum") return KtirTilePlan::kNanSum;
-  if (base == "count_nonzero") return KtirTilePlan::kCountNonzero;
-  if (base == "any") return KtirTilePlan::kAny;
-  if (base == "all") return KtirTilePlan::kAll;
-  // The order statistics (argsort and msort record sort.stable).
-  if (base == "sort") return KtirTilePlan::kSort;
-  if (base == "topk") return KtirTilePlan::kTopk;
-  if (base == "kthvalue") return KtirTilePlan::kKthvalue;
-  if (base == "median") return KtirTilePlan::kMedian;
-  if (base == "nanmedian") return KtirTilePlan::kNanMedian;
-  if (base == "mode") return KtirTilePlan::kMode;
-  return KtirTilePlan::kNone;
+// The ring ops by ATen name: how their partials combine and, for the losses
+// of two row operands (self, target), the elementwise loss the partial sums
+// (their combine, kSum or kMean, follows from the reduction). An entry with
+// `exact` matches that op name only (max.dim is an argmax, max() of every
+// element an amax, max.other no ring op); else every overload of the name.
+struct RingOpEntry {
+  KtirTilePlan::Combine combine = KtirTilePlan::kNone;
+  KtirTilePlan::RingPre pre = KtirTilePlan::kPreNone;
+  bool exact = false;
+};
+
+const RingOpEntry* ring_op_entry(const std::string& op) {
+  using P = KtirTilePlan;
+  // Never destroyed: flushes may run during shutdown.
+  static const auto* table = new std::map<std::string, RingOpEntry>{
+      {"max.dim", {P::kArgMax, P::kPreNone, true}},
+      {"min.dim", {P::kArgMin, P::kPreNone, true}},
+      {"max", {P::kMax, P::kPreNone, true}},
+      {"min", {P::kMin, P::kPreNone, true}},
+      {"logsumexp", {P::kLogSumExp}},
+      {"cumprod", {P::kCumprod}},
+      {"sum", {P::kSum}},
+      {"mean", {P::kMean}},
+      {"amax", {P::kMax}},
+      {"amin", {P::kMin}},
+      {"prod", {P::kProd}},
+      {"var", {P::kVar}},
+      {"std", {P::kVar}},
+      {"var_mean", {P::kVar}},
+      {"std_mean", {P::kVar}},
+      {"argmax", {P::kArgMax}},
+      {"argmin", {P::kArgMin}},
+      {"_softmax", {P::kSoftmax}},
+      {"_log_softmax", {P::kLogSoftmax}},
+      {"native_layer_norm", {P::kLayerNorm}},
+      {"cumsum", {P::kCumsum}},
+      {"nll_loss_forward", {P::kNllLoss}},
+      {"linalg_vector_norm", {P::kNorm}},
+      {"norm", {P::kNorm}},
+      {"aminmax", {P::kMinMax}},
+      {"cummax", {P::kCummax}},
+      {"cummin", {P::kCummin}},
+      {"nansum", {P::kNanSum}},
+      {"count_nonzero", {P::kCountNonzero}},
+      {"any", {P::kAny}},
+      {"all", {P::kAll}},
+      // The order statistics (argsort and msort record sort.stable).
+      {"sort", {P::kSort}},
+      {"topk", {P::kTopk}},
+      {"kthvalue", {P::kKthvalue}},
+      {"median", {P::kMedian}},
+      {"nanmedian", {P::kNanMedian}},
+      {"mode", {P::kMode}},
+      {"mse_loss", {P::kNone, P::kPreMse}},
+      {"huber_loss", {P::kNone, P::kPreHuber}},
+      {"smooth_l1_loss", {P::kNone, P::kPreSmoothL1}},
+      {"binary_cross_entropy", {P::kNone, P::kPreBce}},
+  };
+  auto it = table->find(op);
+  if (it != table->end()) return &it->second;
+  it = table->find(op.substr(0, op.find('.')));
+  return it != table->end() && !it->second.exact ? &it->second : nullptr;
 }
 
-// The losses of two row operands (self, target) whose partial is the sum of
-// their elementwise loss (KtirTilePlan::RingPre); kPreNone for other ops.
+KtirTilePlan::Combine ring_combine_of(const std::string& op) {
+  const RingOpEntry* e = ring_op_entry(op);
+  return e ? e->combine : KtirTilePlan::kNone;
+}
+
 KtirTilePlan::RingPre pair_loss_of(const std::string& op) {
-  const std::string base = op.substr(0, op.find('.'));
-  if (base == "mse_loss") return KtirTilePlan::kPreMse;
-  if (base == "huber_loss") return KtirTilePlan::kPreHuber;
-  if (base == "smooth_l1_loss") return KtirTilePlan::kPreSmoothL1;
-  if (base == "binary_cross_entropy") return KtirTilePlan::kPreBce;
-  return KtirTilePlan::kPreNone;
+  const RingOpEntry* e = ring_op_entry(op);
+  return e ? e->pre : KtirTilePlan::kPreNone;
+}
+
+// The pair loss whose gradient op `base` (no overload) is:
+// "mse_loss_backward" -> kPreMse; kPreNone for other ops.
+KtirTilePlan::RingPre pair_loss_of_gradient(const std::string& base) {
+  static const std::string suffix = "_backward";
+  if (base.size() <= suffix.size() || base.compare(base.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return KtirTilePlan::kPreNone;
+  return pair_loss_of(base.substr(0, base.size() - suffix.size()));
 }
 
 // The spatial dims (1, 2, 3) of a pooling or upsampling op or gradient by
@@ -1377,6 +1582,21 @@ const KtirValue* arg_named(const KtirOp& o, const c10::FunctionSchema& schema, c
 // A result of op `o` whose value does not depend on the rows it reads (a
 // replicated view a tile step may write, every step the same value), or -1:
 // nll_loss_forward's total_weight with reduction='none' (0 on CPU).
+// The loss of a gradient that runs on tiles with reduction 'mean'
+// (mean_loss_grad): mse_loss_backward and binary_cross_entropy_backward,
+// functional or out=, with reduction 1; kPreNone for other ops. Not huber
+// and smooth_l1: CPU's kernel computes their clamped branch in one order in
+// its vector body and in another in its scalar tail (the last elements of
+// the whole tensor), so an element's value depends on its position in the
+// whole tensor, which a tile does not reproduce (measured: 5-15 of 74,000
+// elements differ by an ulp); they keep the region whole.
+KtirTilePlan::RingPre mean_grad_of(const KtirOp& o, const c10::FunctionSchema& schema) {
+  const KtirTilePlan::RingPre loss = pair_loss_of_gradient(o.op.substr(0, o.op.find('.')));
+  const KtirValue* r = arg_named(o, schema, "reduction");
+  if (loss != KtirTilePlan::kPreMse && loss != KtirTilePlan::kPreBce) return KtirTilePlan::kPreNone;
+  return r && r->kind == KtirValue::kInt && r->i == 1 ? loss : KtirTilePlan::kPreNone;
+}
+
 int row_free_result(const KtirOp& o, const c10::FunctionSchema& schema) {
   if (o.op.substr(0, o.op.find('.')) != "nll_loss_forward" || o.results.size() != 2) return -1;
   const KtirValue* r = arg_named(o, schema, "reduction");
@@ -1425,13 +1645,14 @@ bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
     if (r && r->kind == KtirValue::kInt && r->i == 0) return false;
   }
   // Their gradients are elementwise in self, target (and grad_output with
-  // 'none'; a 0-dim one otherwise) except with 'mean', whose kernel divides
-  // by the element count of the operands it is given (a tile's, not the
-  // whole's): 'mean' keeps the region whole.
-  if (base.size() > 9 && base.compare(base.size() - 9, 9, "_backward") == 0 &&
-      pair_loss_of(base.substr(0, base.size() - 9)) != KtirTilePlan::kPreNone) {
+  // 'none'; a 0-dim one otherwise). With 'mean' their kernel divides by the
+  // element count of the operands it is given (a tile's, not the whole's):
+  // the functional ops run on tiles through mean_loss_grad with the whole
+  // count (mean_grad_of); other forms keep the region whole.
+  if (pair_loss_of_gradient(base) != KtirTilePlan::kPreNone) {
     const KtirValue* r = arg_named(o, schema, "reduction");
     if (r && r->kind == KtirValue::kInt && (r->i == 0 || r->i == 2)) return false;
+    if (mean_grad_of(o, schema) != KtirTilePlan::kPreNone) return false;
   }
   if (kind == PrimKind::kElementwise || kind == PrimKind::kMatmul) return false;
   // copy_, fill_, zero_ (the device's own kernels): each element from its own (or none).
@@ -1678,9 +1899,18 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
             ps[0] = std::min(ps[0], std::max<int64_t>(kv->i, 1));
         }
         if (order_by_selection(plan.combine) && !ps.empty()) {
-          // A selection's hop carries a histogram of 256 counts per column
-          // for each 8-bit digit of the key, then the counts of equal keys.
-          ps[0] = 256 * (order_select_passes(p.views[operands[0]].dtype) - 1) + 1;
+          // A selection's chains, one after the other: per 8-bit digit of
+          // the key a chain of histograms (256 int32 counts per column) and
+          // a broadcast of the digit found (one per column) back to every
+          // core, which filters its rows by it in the next pass; then a
+          // chain of the counts of equal keys (one per column).
+          const int64_t digits = order_select_passes(p.views[operands[0]].dtype) - 1;
+          std::vector<int64_t> hist = ps, one = ps;
+          hist[0] = 256;
+          one[0] = 1;
+          for (int64_t d = 0; d < digits; ++d) plan.ring_chains.push_back(hist), plan.ring_chains.push_back(one);
+          plan.ring_chains.push_back(one);
+          ps = hist;
           plan.ring_stats = 1;
           plan.ring_dtype = c10::kInt;
         }
@@ -1717,6 +1947,15 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
     }
     if (reads_ring) return whole(o.op + " reads the ring result on the split rows");
     if (!gather && mixes_rows(o, *h, rank0)) return whole(o.op + " is not row-local");
+    if (const KtirTilePlan::RingPre g = mean_grad_of(o, schema); g != KtirTilePlan::kPreNone) {
+      const KtirValue* self = arg_named(o, schema, "self");
+      if (self && self->kind == KtirValue::kView) {
+        int64_t n = 1;
+        for (int64_t x : p.views[self->i].sizes) n *= x;
+        plan.mean_grad.resize(no, {KtirTilePlan::kPreNone, 0});
+        plan.mean_grad[k] = {g, n};
+      }
+    }
     // nll_loss with reduction='none': its total_weight result is 0 whatever
     // the rows (CPU's kernel), so every step writes the same replicated value.
     if (const int tw = row_free_result(o, schema); tw >= 0) {
@@ -2672,6 +2911,32 @@ at::Tensor ring_pre_values(const KtirTilePlan& P, const KtirOp& o, const std::ve
   }
 }
 
+// A loss gradient with reduction 'mean' on a tile (KtirTilePlan::mean_grad):
+// CPU's elementwise formula with the whole input's element count `n` in
+// place of the tile's, the same f32 operations in the same order as CPU's
+// kernels (bit-equal to them on the whole tensor): mse (2/n * (self -
+// target)) * g; binary_cross_entropy (g * (self - target) / max((1 - self) *
+// self, 1e-12)) * weight / n. `s` is the op's boxed stack (its tensors
+// already widened), replaced by the result; `out`: the op's out= form, whose
+// last argument receives it.
+void mean_loss_grad(KtirTilePlan::RingPre loss, int64_t n, bool out, torch::jit::Stack& s) {
+  const size_t base = s.size() - (loss == KtirTilePlan::kPreMse ? 4 : 5) - (out ? 1 : 0);
+  const at::Tensor g = s[base].toTensor(), x = s[base + 1].toTensor(), y = s[base + 2].toTensor();
+  at::Tensor r;
+  if (loss == KtirTilePlan::kPreBce) {
+    const c10::IValue& w = s[base + 3];
+    r = g.mul(x.sub(y)).div(at::scalar_tensor(1.0, x.options()).sub(x).mul(x).clamp_min(1e-12));
+    if (w.isTensor() && w.toTensor().defined()) r = r.mul(w.toTensor());
+    r = r.div(n);
+  } else {  // mse
+    r = at::scalar_tensor(2.0 / static_cast<double>(n), x.options()).mul(x.sub(y)).mul(g);
+  }
+  at::Tensor result = r.expand(x.sizes()).contiguous();
+  if (out) result = s.back().toTensor().copy_(result);
+  torch::jit::drop(s, s.size() - base);
+  s.emplace_back(std::move(result));
+}
+
 // A normalizing ring op's statistics: softmax (max, sum), layer_norm (mean, rstd).
 struct RingStats {
   at::Tensor a, b;
@@ -2765,7 +3030,14 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         torch::jit::Stack stack = op_stack(o, schema, vt);
         std::vector<c10::ScalarType> dtypes;
         for (int r : o.results) dtypes.push_back(r < 0 ? c10::kFloat : p.views[r].dtype);
-        hooks.call(k, op, stack, dtypes);
+        if (plan && k < plan->mean_grad.size() && plan->mean_grad[k].second > 0) {
+          // A lowered op (no library call for the hooks to count): the whole count, not the tile's.
+          const auto [loss, n] = plan->mean_grad[k];
+          call_op_in_f32(schema, stack, dtypes,
+                         [&](torch::jit::Stack& st) { mean_loss_grad(loss, n, schema.is_mutable(), st); });
+        } else {
+          hooks.call(k, op, stack, dtypes);
+        }
         const std::vector<at::Tensor> got = fresh(schema, stack);
         std::vector<at::Tensor> results, writes;
         for (size_t j = 0; j < o.results.size() && j < got.size(); ++j) {
@@ -3152,13 +3424,13 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         std::vector<at::Tensor> vals;
         if (select) {
           // A selection over the cores' rows (order_select): each pass's
-          // histograms are summed along the ring in core order (counted as
-          // one chain of cores_used - 1 hops, as the other ring ops; the
-          // schedule's payload holds every pass's histograms).
+          // histograms are summed along the ring in core order, and the digit
+          // found goes back to every core (P.ring_chains: cores_used - 1
+          // hops each).
           TORCH_CHECK(sel.defined() && sel.numel() > 0, "ktir_execute: an order statistic over no rows");
           const at::Tensor x = sel.contiguous();
           const at::Tensor cols = P.ring_flat ? x.reshape({-1, 1}) : x.reshape({x.size(0), -1});
-          if (walk) walk->ring_steps += P.tiling.cores_used - 1;
+          if (walk) walk->ring_steps += static_cast<int64_t>(P.ring_chains.size()) * (P.tiling.cores_used - 1);
           vals = order_select(P, rp, cols, outs);
         } else {
           // The ring merges the cores' runs in core order (earlier rows first

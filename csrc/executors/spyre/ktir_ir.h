@@ -31,6 +31,18 @@ struct KtirArg {
   int64_t elems_coef = 1;
 };
 
+// An affine expression of the program's symbols, `constant + sum coef[k] * s<k>`:
+// a stride or offset that follows the symbolic sizes (a dynamic inner dim of
+// a contiguous tensor makes the outer strides multiples of it). Text: "s0",
+// "64*s0", "2*s0+3", "s0-1", or a plain number (docs/ktir.md).
+struct KtirAffine {
+  int64_t constant = 0;
+  std::vector<int64_t> coef;  // per symbol k (shorter: the rest are 0)
+  bool symbolic() const;
+  // The value under symbol `values` (a missing symbol counts 0).
+  int64_t eval(const std::vector<int64_t>& values) const;
+};
+
 // A memory view: HBM (over an argument's storage) or LX (a temporary).
 struct KtirView {
   bool lx = false;
@@ -41,6 +53,10 @@ struct KtirView {
   std::vector<int64_t> sizes, strides;  // bound
   int line = 0;
   std::vector<int> size_sym;  // per dim: the symbol s<k> its size is, or -1 (empty: no symbol)
+  // Symbolic strides (per dim; empty: all numbers) and offset (when
+  // offset_expr.symbolic()): bound with the sizes at launch.
+  std::vector<KtirAffine> stride_expr;
+  KtirAffine offset_expr;
 };
 
 // The access tile of a view on one core: `sizes` elements at `at`, where a
@@ -130,11 +146,15 @@ class KtirRunHooks {
 // Makes the sizes of `p` (built for one launch) symbolic: every view size
 // (and tile size) equal to one of `dynamic` (sizes of dims the region reads
 // that lie in a mark_dynamic range, > 1) becomes that value's symbol, an
-// argument's elems a multiple of it, the split rows too. Binds the symbols
-// to those values.
+// argument's elems a multiple of it, the split rows too. A view's strides
+// become affine expressions where they follow its symbolic sizes (dims in
+// order of stride, each stride the product of the next smaller one and its
+// size, as in a dense tensor or a permutation of one), and its offset one in
+// those strides (offset = sum q_d * stride_d + r, the larger strides first).
+// Binds the symbols to those values.
 void ktir_symbolize(KtirProgram& p, const std::vector<int64_t>& dynamic);
-// Sets the symbol values and every size, element count, rows_per_core,
-// cores_used and tile size that follows from them.
+// Sets the symbol values and every size, stride, offset, element count,
+// rows_per_core, cores_used and tile size that follows from them.
 void ktir_bind(KtirProgram& p, const std::vector<int64_t>& values);
 // The symbol values under which `p` describes `launch` (a concrete program
 // built for one launch): p bound to them equals launch in every size,
@@ -263,10 +283,21 @@ struct KtirTilePlan {
   // (values and indices: ring_stats 2): half the rows of a chain's growing
   // runs, k rows for topk; the input's other sizes (flat: one column).
   std::vector<int64_t> ring_payload_sizes;
+  // A selection (topk, kthvalue, median, nanmedian): the payload sizes of
+  // each of its chains along the ring, in order (int32; each chain
+  // cores_used - 1 hops): per key digit the histograms and the broadcast of
+  // the digit found, then the counts of equal keys. Empty for other ops (one
+  // chain of ring_payload_sizes).
+  std::vector<std::vector<int64_t>> ring_chains;
   // What one ring hop carries: `ring_stats` tensors of the partial's shape
   // in `ring_dtype` (f32; f64 for a float64 input).
   int64_t ring_stats = 1;
   c10::ScalarType ring_dtype = c10::kFloat;
+  // Per op (empty: none): a loss gradient with reduction 'mean' that runs on
+  // the tiles (mse, binary_cross_entropy: the loss) and
+  // the element count of its whole input, which divides it instead of the
+  // tile's (docs/ktir.md, "How the executor runs a program").
+  std::vector<std::pair<RingPre, int64_t>> mean_grad;
   std::vector<char> keep;  // per view: an LX view a step writes that a later pass reads whole (stored to its buffer)
   // Per tile step: per core, [begin, end) of its rows (empty when it has none).
   std::vector<std::vector<std::pair<int64_t, int64_t>>> steps;

@@ -171,6 +171,21 @@ void schedule_ring_payload(Schedule& s, const std::vector<int64_t>& partial_size
   s.ring_cycles = ceil_div(s.ring_bytes, stick);
 }
 
+void schedule_ring_chains(Schedule& s, const std::vector<std::vector<int64_t>>& chains, c10::ScalarType dtype,
+                          const CardParams& card) {
+  if (s.ring_steps == 0 || s.cores_used <= 1 || chains.empty()) return;
+  const int64_t hops = s.cores_used - 1;
+  s.partial_bytes = 0;
+  s.ring_bytes = 0;
+  for (const auto& sizes : chains) {
+    const int64_t bytes = stick_bytes(sizes, dtype, card);
+    s.partial_bytes = std::max(s.partial_bytes, bytes);
+    s.ring_bytes += hops * bytes;
+  }
+  s.ring_steps = hops * static_cast<int64_t>(chains.size());
+  s.ring_cycles = ceil_div(s.ring_bytes, std::max<int64_t>(1, card.stick_bytes));
+}
+
 void time_schedule(Schedule& s, double compute_s, double memory_s, const CardParams& card) {
   const int64_t n = std::max<int64_t>(1, s.n_tiles);
   s.compute_s = compute_s;

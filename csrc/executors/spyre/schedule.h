@@ -122,6 +122,13 @@ Schedule plan_schedule(const std::string& kernel, const Region& region, const st
 // the chain runs twice.
 void schedule_ring_payload(Schedule& s, const std::vector<int64_t>& partial_sizes, c10::ScalarType dtype, int64_t stats,
                            bool broadcast, const CardParams& card);
+// The ring of a combine that runs several chains one after the other (an
+// order statistic's selection, KtirTilePlan::ring_chains): each chain is
+// cores_used - 1 hops of its payload `sizes` in `dtype`, stick padded;
+// ring_steps and ring_bytes add up every chain's hops and partial_bytes is
+// the largest hop.
+void schedule_ring_chains(Schedule& s, const std::vector<std::vector<int64_t>>& chains, c10::ScalarType dtype,
+                          const CardParams& card);
 // Fills the timing fields and stages from the region's C and M (seconds).
 void time_schedule(Schedule& s, double compute_s, double memory_s, const CardParams& card);
 // The executed timing from the tile steps of the walk: per core c and step

@@ -324,6 +324,15 @@ class SpyreKernel final : public Kernel {
       binding_.emplace_back("rows_per_core", shown.rows_per_core);
       binding_.emplace_back("cores_used", shown.cores_used);
     }
+    // The symbolic strides and offsets, bound: "%<view>.offset", "%<view>.strides[<dim>]".
+    for (size_t v = 0; v < program_.views.size(); ++v) {
+      const KtirView& w = program_.views[v];
+      const std::string name = "%" + std::to_string(v);
+      if (w.offset_expr.symbolic()) binding_.emplace_back(name + ".offset", shown.views[v].offset);
+      for (size_t d = 0; d < w.stride_expr.size(); ++d)
+        if (w.stride_expr[d].symbolic())
+          binding_.emplace_back(name + ".strides[" + std::to_string(d) + "]", shown.views[v].strides[d]);
+    }
     // The verifier's rules (docs/ktir.md) hold for every program we build;
     // a failure is a bug of the lowering, raised before any op runs.
     try {
@@ -354,7 +363,10 @@ class SpyreKernel final : public Kernel {
       const bool back = plan_.normalize && !ktir_is_scan(plan_.combine);
       // An order statistic's hops carry sorted runs (plan_.ring_payload_sizes).
       const std::vector<int64_t>& partial = ktir_is_order(plan_.combine) ? plan_.ring_payload_sizes : L.partial_sizes;
-      schedule_ring_payload(schedule_, partial, plan_.ring_dtype, plan_.ring_stats, back, card_);
+      if (plan_.ring_chains.empty())
+        schedule_ring_payload(schedule_, partial, plan_.ring_dtype, plan_.ring_stats, back, card_);
+      else
+        schedule_ring_chains(schedule_, plan_.ring_chains, plan_.ring_dtype, card_);
     }
     signature_ = layout_signature(region, graph);
   }

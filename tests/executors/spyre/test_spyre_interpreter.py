@@ -53,6 +53,107 @@ def test_two_shapes_in_one_dynamic_range_compile_once_and_bind_twice(spyre_targe
     spyre.verify_ktir(texts[0])
 
 
+def test_dynamic_inner_dim_binds_strides_and_offsets_with_one_compile(spyre_target, tmp_path, monkeypatch):
+    # A dynamic inner dim of a contiguous tensor makes the outer strides (and
+    # the offset of a row slice) follow it: they are printed as expressions of
+    # s0 and bound at launch, so every shape in the range runs one program.
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    texts = []
+    for seed, n in enumerate((40, 64, 100, 130, 200)):
+        a = _inputs(torch.float16, seed=20 + seed, shape=(16, n))
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 256)
+        got = (d[1:] * d[1:] + 1.0).cpu()
+        want = store(store(a[1:].float() * a[1:].float(), torch.float16).float() + 1.0, torch.float16)
+        assert same(got, want) == 0
+        text = spyre.dump_ktir()
+        texts.append(text)
+        (step,) = _compute_steps(spyre.job_plan())
+        # The job plan binds s0 and the strides and offset that follow it
+        # (views %0 the slice d[1:], %1 the LX product, %2 the result).
+        b = step["binding"]
+        assert b["s0"] == n and b["%0.offset"] == n and b["%0.strides[0]"] == n
+        assert b["%1.strides[0]"] == n and b["%2.strides[0]"] == n
+        assert f"syms=[s0={n}]" in text.splitlines()[0]
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+    # Strides s0 (the row pitch) and the slice's offset of one row: s0.
+    assert "offset=s0 sizes=[15, s0] strides=[s0, 1]" in texts[0]
+    assert "elems=16*s0" in texts[0]
+    for t, n in zip(texts, (40, 64, 100, 130, 200)):
+        assert t == texts[0].replace("s0=40", f"s0={n}")
+        assert spyre.format_ktir(t) == t
+        spyre.verify_ktir(t)
+    # A dumped program runs at a size it was not recorded at (s0 from the
+    # tensor's 16*s0 elements): the strides and the offset follow.
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path))
+    a = _inputs(torch.float16, seed=30, shape=(16, 72))
+    d = a.to("tpu")
+    tte.mark_dynamic(d, 1, 1, 256)
+    (d[1:] * d[1:] + 1.0).cpu()
+    monkeypatch.delenv("TORCH_TPU_DUMP_DIR")
+    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    b = _inputs(torch.float16, seed=31, shape=(16, 24))
+    (out,) = spyre.run_ktir(path, b)
+    want = store(store(b[1:].float() * b[1:].float(), torch.float16).float() + 1.0, torch.float16)
+    assert same(out[: 15 * 24].view(15, 24), want) == 0
+
+
+def test_dynamic_inner_dim_of_three_dims_and_a_slice_of_planes(spyre_target):
+    # (4, 3, n) marked at dim 2: strides [3*s0, s0, 1]; d[2:] starts at 6*s0.
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    for seed, n in enumerate((33, 70, 128)):
+        a = _inputs(torch.bfloat16, seed=40 + seed, shape=(4, 3, n))
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 2, 1, 200)
+        got = (d[2:] * 3.0).cpu()
+        assert same(got, store(a[2:].float() * 3.0, torch.bfloat16)) == 0
+        assert "offset=6*s0 sizes=[2, 3, s0] strides=[3*s0, s0, 1]" in spyre.dump_ktir()
+        got = (d - 1.0).cpu()
+        assert same(got, store(a.float() - 1.0, torch.bfloat16)) == 0
+        assert "strides=[3*s0, s0, 1]" in spyre.dump_ktir()
+    m = tte.metrics()  # two regions, each compiled once for the three shapes
+    assert m["compiles"] == 2 and m["plans_built"] == 2
+
+
+def test_affine_strides_round_trip_and_bind(spyre_target, tmp_path):
+    from torch_tpu_eager import spyre
+
+    text = (
+        "ktir.kernel @k grid=[32] split=dim0 rows_per_core=1 cores_used=4 syms=[s0=10] {\n"
+        "  %a0 = arg in f32 elems=50*s0\n"
+        "  %a1 = arg out f32 elems=4*s0\n"
+        "  %0 = view HBM f32 %a0 offset=2*s0+3 sizes=[4, s0] strides=[4*s0+2, 1]\n"
+        "  %1 = view HBM f32 %a1 offset=0 sizes=[4, s0] strides=[s0, 1]\n"
+        "  tile %0 sizes=[1, s0] at=[core*1, 0]\n"
+        "  tile %1 sizes=[1, s0] at=[core*1, 0]\n"
+        "  %1 = neg(%0)\n"
+        "}\n"
+    )
+    assert spyre.format_ktir(text) == text
+    spyre.verify_ktir(text)
+    spyre.verify_ktir(text.replace("s0=10", "s0=64"))
+    # The bound view must lie inside its argument: a pitch of 4*s0+2 over 4 rows
+    # at 2*s0+3 needs 14*s0+9 elements.
+    with pytest.raises(ValueError, match=r"KTIR line 4: rule 'view-bounds'"):
+        spyre.verify_ktir(text.replace("elems=50*s0", "elems=14*s0"))
+    with pytest.raises(ValueError, match=r"KTIR line 4: rule 'syntax': symbol s1 is not declared"):
+        spyre.verify_ktir(text.replace("strides=[4*s0+2, 1]", "strides=[4*s1+2, 1]"))
+    # Run at s0 = 5 (250 = 50*s0 elements): row i of %0 is 5 elements at 13 + 22*i.
+    path = tmp_path / "k.ktir"
+    path.write_text(text)
+    x = torch.arange(250, dtype=torch.float32)
+    (out,) = spyre.run_ktir(str(path), x)
+    want = torch.stack([-x[13 + 22 * i : 18 + 22 * i] for i in range(4)])
+    assert torch.equal(out.view(4, 5), want)
+
+
 def test_shapes_outside_a_dynamic_range_compile_their_own_program(spyre_target):
     tte = spyre_target
     from torch_tpu_eager import spyre

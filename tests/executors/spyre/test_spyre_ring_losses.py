@@ -219,8 +219,11 @@ REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 @pytest.mark.parametrize("name", sorted(BACKWARD))
 def test_pair_loss_backward_rounds_once(spyre_target, name, dtype):
     # The gradient is one op: df16 of CPU's float32 kernel on the df16 values.
-    # 'sum' and 'none' walk the tile steps (elementwise in self and target);
-    # 'mean' runs whole (its kernel divides by the count of what it is given).
+    # 'sum' and 'none' walk the tile steps (elementwise in self and target),
+    # and so does 'mean' of mse and bce, divided by the whole input's count,
+    # not a tile's (since branch spyre21g); huber and smooth_l1 with 'mean'
+    # run whole (CPU's value of an element depends on its position in the
+    # whole tensor: docs/ktir.md).
     x, y = _operands(name, dtype, (1000, 300), special=name != "bce")
     for reduction, r in REDUCTIONS.items():
         d = x.to("tpu").requires_grad_()
@@ -230,9 +233,32 @@ def test_pair_loss_backward_rounds_once(spyre_target, name, dtype):
         from torch_tpu_eager import spyre
 
         s = spyre.last_schedule()[-1]
-        assert s["executed"] == ("whole" if reduction == "mean" else "tiles"), (reduction, s["whole_reason"])
+        whole = reduction == "mean" and name in ("huber", "smooth_l1")
+        if whole:
+            assert s["executed"] == "whole", s["whole_reason"]
+        else:
+            assert s["executed"] == "tiles" and s["tile_steps"] > 1, (reduction, s["whole_reason"])
         g = torch.ones(()) if r else torch.ones(x.shape)
         _check(got, BACKWARD[name](g, x.float(), y.float(), r), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("name", ["bce", "mse"])
+@pytest.mark.parametrize("shape", [(2000, 300), (37, 2000), (7, 33)], ids=["2000x300", "37x2000", "7x33"])
+def test_mean_loss_backward_on_tiles_uses_the_whole_count(spyre_target, name, dtype, shape):
+    # A 'mean' gradient with a grad_output other than 1, on 2-4 tile steps per
+    # core (2000x300) and on one row per core (37x2000): every element equals
+    # df16 of CPU's float32 kernel run on the whole df16 tensors.
+    from torch_tpu_eager import metrics, reset_metrics, spyre
+
+    x, y = _operands(name, dtype, shape, special=name != "bce")
+    g = store(torch.tensor(0.3712), dtype) if dtype != torch.float32 else torch.tensor(0.3712)
+    reset_metrics()
+    got = BACKWARD[name](g.to("tpu"), x.to("tpu"), y.to("tpu"), 1).cpu()
+    s = spyre.last_schedule()[-1]
+    assert s["executed"] == "tiles", s["whole_reason"]
+    assert metrics()["library_calls"] == 0
+    _check(got, BACKWARD[name](g.float(), x.float(), y.float(), 1), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)

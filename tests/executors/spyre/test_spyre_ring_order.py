@@ -42,11 +42,21 @@ def _fresh_metrics():
     reset_metrics()
 
 
-def _on_ring(name):
-    """The region walked tiles with the order statistic on the ring, no library call."""
+def _selection_chains(dtype):
+    """Ring chains of a selection over `dtype` keys (docs/ktir.md, "Selection"): per
+    key byte a chain of histograms and a broadcast of the digit found, then one
+    chain of the counts of equal keys."""
+    return 2 * dtype.itemsize + 1
+
+
+def _on_ring(name, dtype=None):
+    """The region walked tiles with the order statistic on the ring, no library
+    call; a selection (topk, kthvalue, median, nanmedian over `dtype`) ran its
+    chains along the ring, the others one."""
     from torch_tpu_eager import metrics, metrics_report, reset_metrics
 
-    s = _schedule()
+    selects = name.split(".")[0] in ("topk", "kthvalue", "median", "nanmedian")
+    s = _schedule(_selection_chains(dtype) if selects else 1)
     assert metrics()["library_calls"] == 0, name
     assert "spyre_library_call." not in metrics_report(), name
     reset_metrics()
@@ -86,7 +96,7 @@ def test_median_nanmedian_equal_cpu_with_indices(spyre_target, dtype, shape):
         for keepdim in (False, True):
             got = f(d, 0, keepdim=keepdim)
             v, i = got.values.cpu(), got.indices.cpu()
-            _on_ring(name)
+            _on_ring(name, dtype)
             want = f(a, 0, keepdim=keepdim)
             assert _same_bits(v, want.values) == 0, name
             if name == "nanmedian" and dtype != torch.int64:
@@ -102,7 +112,7 @@ def test_median_nanmedian_equal_cpu_with_indices(spyre_target, dtype, shape):
         # run. CPU selects the value alone (any of equal values, +-0); the
         # ring's is the stable order's element.
         got = f(d).cpu()
-        _on_ring(name)
+        _on_ring(name, dtype)
         assert same(got, f(a)) == 0, name
         flat = _stable(a.reshape(-1)).values
         n = flat.numel() - (int(flat.isnan().sum()) if dtype != torch.int64 else 0)
@@ -123,7 +133,7 @@ def test_topk_kthvalue_values_and_the_stable_index_rule(spyre_target, dtype, sha
         for largest in (True, False):
             v, i = d.topk(k, 0, largest=largest)
             v, i = v.cpu(), i.cpu()
-            _on_ring("topk")
+            _on_ring("topk", dtype)
             assert same(v, a.topk(k, 0, largest=largest).values) == 0
             ref = _stable(a, largest)
             assert torch.equal(i, ref.indices[:k]) and _same_bits(v, ref.values[:k]) == 0
@@ -131,7 +141,7 @@ def test_topk_kthvalue_values_and_the_stable_index_rule(spyre_target, dtype, sha
         for keepdim in (False, True):
             v, i = d.kthvalue(k, 0, keepdim=keepdim)
             v, i = v.cpu(), i.cpu()
-            _on_ring("kthvalue")
+            _on_ring("kthvalue", dtype)
             assert same(v, a.kthvalue(k, 0, keepdim=keepdim).values) == 0
             ref = _stable(a)
             assert torch.equal(i.reshape(-1), ref.indices[k - 1].reshape(-1))
@@ -186,7 +196,7 @@ def test_order_results_feed_later_ops_and_round_trip(spyre_target):
     m = (torch.empty(40, dtype=torch.float16, device="tpu"), torch.empty(40, dtype=torch.long, device="tpu"))
     torch.median(d, 0, out=m)
     assert _same_bits(m[0].cpu(), a.median(0).values) == 0
-    _on_ring("median.dim_values")
+    _on_ring("median.dim_values", torch.float16)
     assert torch.equal(m[1].cpu(), a.median(0).indices)
     col = a[:, 0].contiguous()
     v, i = col.to("tpu").sort(stable=True)
@@ -230,9 +240,65 @@ def test_every_order_program_round_trips_and_verifies(spyre_target):
         for g, w in zip(got, want if isinstance(want, tuple) else (want,)):
             assert same(g, w) == 0 if g.is_floating_point() else True, name
         s = spyre.last_schedule()[-1]
-        assert s["executed"] == "tiles" and s["ring_steps_run"] == s["cores_used"] - 1, name
+        # mode merges runs (one chain); the others select: per bfloat16 key
+        # digit (2) a chain of histograms and a broadcast of the digit, then a
+        # chain of the equal keys' counts.
+        chains = 1 if name == "mode" else _selection_chains(torch.bfloat16)
+        assert s["executed"] == "tiles" and s["ring_steps_run"] == chains * (s["cores_used"] - 1), name
         text = spyre.dump_ktir().split("\n\n")[-1]
         text = text if text.endswith("\n") else text + "\n"
         assert "reduce=ring" in text and name in text, name
         assert spyre.format_ktir(text) == text, name
         spyre.verify_ktir(text)
+
+
+def _hop_bytes(rows, cols, stick=128):
+    """Bytes of one ring hop carrying rows x cols int32 counts, each row padded to whole sticks."""
+    return rows * (-(-cols * 4 // stick) * stick)
+
+
+@pytest.mark.parametrize(
+    "dtype, digits", [(torch.bfloat16, 2), (torch.float16, 2), (torch.float32, 4)], ids=["bf16", "f16", "f32"]
+)
+@pytest.mark.parametrize("op", ["median", "kthvalue", "topk", "median_all"])
+def test_selection_schedule_counts_every_pass(spyre_target, dtype, digits, op):
+    # Hand derivation for 8 rows of 40 columns: one row per core, 8 cores, so
+    # each chain along the ring is 7 hops. A selection over keys of `digits`
+    # bytes runs, per digit, a chain of histograms (256 int32 counts per
+    # column) and a broadcast of the digit found (1 per column), then a chain
+    # of the counts of equal keys (1 per column): 2 * digits + 1 chains, each
+    # hop stick padded. median() of every element selects over one column.
+    from torch_tpu_eager.target import target_info
+
+    a = _special(dtype, (8, 40), 70)
+    f = {
+        "median": lambda t: t.median(0).values,
+        "kthvalue": lambda t: t.kthvalue(3, 0).values,
+        "topk": lambda t: t.topk(2, 0).values,
+        "median_all": lambda t: t.median(),
+    }[op]
+    got = f(a.to("tpu")).cpu()
+    assert same(got, f(a)) == 0
+    s = _on_ring(op.split("_")[0], dtype)
+    assert s["executed"] == "tiles" and s["cores_used"] == 8 and s["rows_per_core"] == 1
+    hops = 7
+    assert s["ring_steps_run"] == (2 * digits + 1) * hops
+    assert s["ring_steps"] == (2 * digits + 1) * hops
+    if op == "median_all":  # one column: its 256 counts in one row of sticks
+        histogram, one = _hop_bytes(1, 256), _hop_bytes(1, 1)
+    else:  # a row of 40 counts per digit value
+        histogram, one = _hop_bytes(256, 40), _hop_bytes(1, 40)
+    assert s["partial_bytes"] == histogram
+    assert s["ring_bytes"] == hops * (digits * (histogram + one) + one)
+    info = target_info("spyre")
+    assert s["ring_s"] == pytest.approx(s["ring_bytes"] / info["ring_link_bandwidth"], rel=1e-12)
+    assert s["executed_s"] == pytest.approx(max(c["end_s"] for c in s["per_core"]) + s["ring_s"], rel=1e-12)
+
+
+def test_merged_runs_count_one_chain(spyre_target):
+    # sort merges sorted runs: one chain of cores_used - 1 hops (unchanged).
+    a = _special(torch.bfloat16, (8, 40), 71)
+    got = torch.sort(a.to("tpu"), dim=0, stable=True).values.cpu()
+    assert _same_bits(got, _stable(a).values) == 0
+    s = _on_ring("sort")
+    assert s["cores_used"] == 8 and s["ring_steps_run"] == 7 and s["ring_steps"] == 7
