@@ -625,15 +625,9 @@ def test_deterministic_warn_only_call_then_alert_leaves_no_error(dev, op):
     run_both(program, dev)
 
 
-def test_deterministic_mode_set_after_an_index_write(dev, request):
-    if dev != "cpu":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="known: an index write deferred with the mode off runs under the mode in force at "
-                "the flush, so put_ raises its alert at a read made under the mode (docs/pytorch_test_files.md)",
-            )
-        )
+def test_deterministic_mode_set_after_an_index_write(dev):
+    """An index write queued with the mode off runs under that mode: changing the mode
+    runs the queue first (torch_tpu_eager/_deterministic.py)."""
 
     def program(d):
         x = torch.zeros(5, device=d)
@@ -643,6 +637,19 @@ def test_deterministic_mode_set_after_an_index_write(dev, request):
         return x, torch.tensor([total], device=d)
 
     run_both(program, dev)
+
+
+@requires_tpu
+def test_deterministic_mode_change_leaves_a_queued_error_to_its_tensor():
+    """The mode change runs the queue without raising: a queued op that fails (indices
+    computed on the device) raises at the read of its tensor; other tensors stay readable."""
+    x = torch.zeros(5, device="tpu")
+    x.put_(torch.arange(3, device="tpu") + 5, torch.ones(3, device="tpu"))
+    with _mode(True):
+        pass
+    with pytest.raises(IndexError, match="out of range: tried to access index 5"):
+        x.cpu()
+    assert torch.ones(2, device="tpu").sum().item() == 2.0
 
 
 # ---- normal(mean, std) with a tensor std ------------------------------------------
