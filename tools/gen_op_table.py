@@ -63,6 +63,13 @@ SYNC = re.compile(
     r"linalg_inv_ex|_linalg_solve_ex|linalg_ldl_factor_ex|linalg_ldl_solve|linalg_householder_product|"
     r"ormqr|linalg_matrix_exp|linalg_pinv|_linalg_eig|lu_solve|linalg_lu_solve|frexp)$"
 )
+# CPU kernels that read torch.use_deterministic_algorithms when they run (the
+# nondeterministic alert: raise, or warn with warn_only). Deferred, they would read
+# the mode of the flush, not the one set at the call (an alert after the mode was
+# switched off, none where the call was made under it, a warn_only call raising
+# later): they run at record time, as the SYNC ops do. (Index-writing ops read it
+# too; they run at the call only while the mode is on: record.cpp, indexed_write.)
+READS_DETERMINISTIC_MODE = {"max_unpool2d", "max_unpool3d"}
 RANDOM = re.compile(
     r"^(uniform|normal|bernoulli|random|exponential|geometric|log_normal|cauchy|multinomial|randperm|rand|randn|"
     r"randint|rand_like|randn_like|randint_like|poisson|_standard_gamma|binomial|_sample_dirichlet|native_dropout|"
@@ -111,7 +118,7 @@ def base_name(overload):
 def kind_of(overload, schema):
     b = base_name(overload)
     core = b.rstrip("_")
-    if SYNC.match(core) or SYNC.match(b):
+    if SYNC.match(core) or SYNC.match(b) or core in READS_DETERMINISTIC_MODE:
         return "kSync"
     # results that are not tensors need the data
     if any(not str(r.type).startswith(("Tensor", "List[Tensor]", "Optional[Tensor]")) for r in schema.returns):

@@ -58,6 +58,10 @@ from . import custom_ops as _custom_ops  # noqa: E402
 
 _custom_ops.install()  # torch.library ops with a "tpu" kernel are recorded (custom_ops.py)
 
+from . import _deterministic  # noqa: E402
+
+_deterministic.install()  # a mode change runs the queued ops first (_deterministic.py)
+
 from . import _lifecycle  # noqa: E402
 
 _lifecycle.install()  # autograd's device thread must not abort interpreter exit

@@ -157,6 +157,14 @@ PATCHES = {
             "(torch_tpu_eager.custom_ops.adopt_cpp_kernels), as for the lookup above.",
         ),
         TorchPatch(
+            "torch.use_deterministic_algorithms",
+            "(mode: bool, *, warn_only: bool = False) -> None",
+            "CPU's index-writing kernels read the mode when they run; 'tpu' queues them while the "
+            "mode is off, so a later mode change must first run the queue, or they would run under "
+            "the new mode (put_ raising its alert at a read). torch has no hook on the mode's "
+            "change (at::Context's setter is not virtual). torch_tpu_eager._deterministic.",
+        ),
+        TorchPatch(
             "torch.to_dlpack",
             "<builtin builtin_function_or_method>",
             "The same function as torch.utils.dlpack.to_dlpack, re-exported; replaced together.",

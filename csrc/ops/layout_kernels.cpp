@@ -111,6 +111,8 @@ at::Tensor make_quantized(const at::Tensor& t, c10::Storage storage, c10::Dispat
 }
 
 // A quantized "tpu" tensor as a CPU one: its storage's bytes, read after the flush.
+// Both copies' storages are resizable, as quantize_per_tensor's are on CPU
+// (CPU's quantized resize_ grows the host copy; write_back moves it to "tpu").
 at::Tensor quantized_to_cpu(const at::Tensor& t) {
   DeferredStorage* s = deferred_storage_of(t);
   if (storage_has_pending(s)) (void)flush_all(FlushReason::kHostRead);
@@ -118,7 +120,7 @@ at::Tensor quantized_to_cpu(const at::Tensor& t) {
   raise_lost_error(s->device);  // a host read synchronizes (lazy/async_errors.h)
   const size_t n = t.storage().nbytes();
   c10::Storage st(c10::Storage::use_byte_size_t(), n, c10::GetCPUAllocator()->allocate(n), c10::GetCPUAllocator(),
-                  /*resizable=*/false);
+                  /*resizable=*/true);
   if (n) std::memcpy(st.mutable_data(), s->data, n);
   return make_quantized(t, std::move(st), c10::DispatchKey::QuantizedCPU);
 }
@@ -127,7 +129,7 @@ at::Tensor quantized_to_cpu(const at::Tensor& t) {
 at::Tensor quantized_to_tpu(const at::Tensor& t) {
   const size_t n = t.storage().nbytes();
   c10::Allocator* alloc = device_allocator();
-  c10::Storage st(c10::Storage::use_byte_size_t(), n, alloc->allocate(n), alloc, /*resizable=*/false);
+  c10::Storage st(c10::Storage::use_byte_size_t(), n, alloc->allocate(n), alloc, /*resizable=*/true);
   at::Tensor q = make_quantized(t, std::move(st), c10::DispatchKey::QuantizedPrivateUse1);
   if (n) std::memcpy(deferred_storage_of(q)->data, t.storage().data(), n);
   return q;

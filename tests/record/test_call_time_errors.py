@@ -12,10 +12,14 @@ Each case is a pair (build, act): ``build(device)`` makes the tensors, ``act``
 makes the call under test (difftest.run_both_at_call).
 """
 
+import contextlib
+import warnings
+
 import pytest
 import torch
+import torch.nn.functional as F
 
-from difftest import requires_tpu, run_both_at_call
+from difftest import requires_tpu, run_both, run_both_at_call
 
 
 def _f(*shape, dtype=torch.float32):
@@ -553,6 +557,99 @@ def test_deterministic_mode_is_the_one_set_at_the_call(dev, case, computed):
 def test_deterministic_warn_only_warns_at_the_call(dev, case):
     build, act = DETERMINISTIC[case]
     run_both_at_call(build(_dup_index(60, 5, True)), _deterministic(act, warn_only=True), dev, check_warnings=True)
+
+
+# max_unpool's CPU kernel raises (or, warn_only, warns) its nondeterministic alert
+# when it runs, from the mode in force then. The mode that counts is the one of the
+# call, not of a later flush: a call made with the mode off or warn_only must not
+# raise when its value is computed under the mode (found by PyTorch's test_torch.py:
+# a warn_only call's deferred value failed at the next test's read).
+UNPOOL = {
+    "max_unpool1d": ((1, 2, 8), lambda x: F.max_unpool1d(*F.max_pool1d(x, 2, return_indices=True), 2)),
+    "max_unpool2d": ((1, 2, 4, 4), lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2)),
+    "max_unpool3d": ((1, 1, 4, 4, 4), lambda x: F.max_unpool3d(*F.max_pool3d(x, 2, return_indices=True), 2)),
+}
+
+
+@contextlib.contextmanager
+def _mode(on, warn_only=False):
+    """torch.use_deterministic_algorithms(on, warn_only) for the block, then the previous mode."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(on, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def _alerts(act):
+    """Runs act(); the number of nondeterministic-alert warnings it gave."""
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        act()
+    return sum("does not have a deterministic implementation" in str(x.message) for x in w)
+
+
+@pytest.mark.parametrize("first", ["off", "warn_only"])
+@pytest.mark.parametrize("op", sorted(UNPOOL))
+def test_deterministic_mode_of_the_call_not_of_the_flush(dev, op, first):
+    shape, unpool = UNPOOL[op]
+
+    def program(d):
+        x = _f(*shape)(d)
+        out = []
+        with _mode(first == "warn_only", warn_only=True):
+            warned = _alerts(lambda: out.append(unpool(x)))
+        with _mode(True):  # a read under the mode: CPU computed the value already
+            total = out[0].sum().item()
+        return out[0], torch.tensor([total, warned], device=d)
+
+    run_both(program, dev)
+
+
+@pytest.mark.parametrize("op", sorted(UNPOOL))
+def test_deterministic_warn_only_call_then_alert_leaves_no_error(dev, op):
+    """A warn_only call, then a call under the mode that raises (at the call on
+    both devices): later reads of either result and of unrelated tensors work."""
+    shape, unpool = UNPOOL[op]
+
+    def program(d):
+        x = _f(*shape)(d)
+        with _mode(True, warn_only=True):
+            warned = _alerts(lambda: unpool(x))  # its result dies unread
+            kept = unpool(x)
+        with _mode(True), pytest.raises(RuntimeError, match="does not have a deterministic implementation"):
+            unpool(x)
+        return kept, torch.arange(3, device=d) * 2, torch.tensor([warned], device=d)
+
+    run_both(program, dev)
+
+
+def test_deterministic_mode_set_after_an_index_write(dev):
+    """An index write queued with the mode off runs under that mode: changing the mode
+    runs the queue first (torch_tpu_eager/_deterministic.py)."""
+
+    def program(d):
+        x = torch.zeros(5, device=d)
+        x.put_(torch.tensor([0, 1, 1, 3], device=d), torch.arange(4.0, device=d))
+        with _mode(True):
+            total = x.sum().item()
+        return x, torch.tensor([total], device=d)
+
+    run_both(program, dev)
+
+
+@requires_tpu
+def test_deterministic_mode_change_leaves_a_queued_error_to_its_tensor():
+    """The mode change runs the queue without raising: a queued op that fails (indices
+    computed on the device) raises at the read of its tensor; other tensors stay readable."""
+    x = torch.zeros(5, device="tpu")
+    x.put_(torch.arange(3, device="tpu") + 5, torch.ones(3, device="tpu"))
+    with _mode(True):
+        pass
+    with pytest.raises(IndexError, match="out of range: tried to access index 5"):
+        x.cpu()
+    assert torch.ones(2, device="tpu").sum().item() == 2.0
 
 
 # ---- normal(mean, std) with a tensor std ------------------------------------------

@@ -709,6 +709,41 @@ def test_quantize_per_channel():
     assert torch.equal(qt.q_per_channel_scales().cpu(), q.q_per_channel_scales())
 
 
+# resize_ of a quantized tensor: CPU's quantize_per_tensor gives a resizable storage and
+# its quantized resize_ grows it; on "tpu" it raised "Trying to resize storage that is not
+# resizable" (found by PyTorch's test_torch.py test_nondeterministic_resize_quantized).
+@pytest.mark.parametrize("size", [(10,), (3,), (2, 2)])
+@pytest.mark.parametrize("dtype", [torch.quint8, torch.qint8, torch.qint32])
+def test_quantized_resize(dtype, size):
+    x = torch.tensor([-1.0, 0.0, 1.0, 2.0, 3.0])
+    q = torch.quantize_per_tensor(x, 0.1, 10 if dtype != torch.qint32 else 0, dtype)
+    qt = torch.quantize_per_tensor(x.to(DEV), 0.1, 10 if dtype != torch.qint32 else 0, dtype)
+    assert qt.untyped_storage().resizable() == q.untyped_storage().resizable()
+    q.resize_(size)
+    qt.resize_(size)
+    assert qt.shape == q.shape and qt.stride() == q.stride() and qt.device.type == DEV
+    kept = min(5, q.numel())  # the elements resize_ keeps (the rest are uninitialized)
+    assert torch.equal(qt.int_repr().cpu().flatten()[:kept], q.int_repr().flatten()[:kept])
+    assert (qt.q_scale(), qt.q_zero_point()) == (q.q_scale(), q.q_zero_point())
+
+
+def test_quantized_resize_deterministic_alert():
+    """Under torch.use_deterministic_algorithms(True) CPU raises its alert at the call."""
+    outcomes = []
+    for d in ("cpu", DEV):
+        qt = torch.quantize_per_tensor(torch.tensor([-1.0, 0.0, 1.0], device=d), 0.1, 10, torch.quint8)
+        before = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            with pytest.raises(RuntimeError) as info:
+                qt.resize_((10,))
+        finally:
+            torch.use_deterministic_algorithms(before)
+        outcomes.append(str(info.value))
+    assert "quantized_resize_cpu_ does not have a deterministic implementation" in outcomes[0]
+    assert outcomes[1] == outcomes[0]
+
+
 # Ops with a QuantizedCPU kernel and a composite kernel: the composite kernel used
 # to shadow the quantized fallback and fail (clone of a transposed quantized tensor
 # -> "cannot call qscheme on UnknownQuantizer", so .contiguous(), .reshape(),
