@@ -212,3 +212,22 @@ def test_weight_gradient_from_matmul_updates_in_the_adam_pass(opt_cls, kwargs):
                 assert sum("lerp__lerp_" in n for n in names) == 1, names
             for pc, pt in zip(lin_cpu.parameters(), lin_tpu.parameters()):
                 assert torch.equal(pt.detach().cpu(), pc.detach()), (step, names)
+
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_large_parameters_in_blocks_across_threads(math, threads):
+    # Tensors of several 4,096-float blocks of the one-pass loop and a ragged last block,
+    # split over two intra-op threads past 32,768 elements a thread: CPU's values.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cpu = _state(11, shapes=[(70001,), (257, 300), (4096,), (4097,)])
+        dev = [[t.to("tpu") for t in ts] for ts in cpu]
+        _step(*cpu, math, decay=0.1)
+        _step(*dev, math, decay=0.1)
+        for want, got in zip(cpu, dev):
+            for w, g in zip(want, got):
+                assert torch.equal(g.cpu(), w)
+    finally:
+        torch.set_num_threads(previous)
