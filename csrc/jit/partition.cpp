@@ -291,24 +291,28 @@ bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f, 
 }
 
 // Whether `n`, whose producer region `r` is a matmul's, stays out of that
-// region's epilogue: it updates in place a tensor the product is not (an
-// optimizer state: exp_avg.lerp_(grad, 1 - beta1) over a weight gradient),
-// and a later op of the flush uses that tensor again. Its later users (the
-// rest of the optimizer step) then read the updated state from the
-// multi-tensor region the update joins instead, which runs the whole update
-// in one pass (Adam's, fused_kernels.inc) rather than storing the state
-// here and loading it there. `last_use`: storage -> last live graph index
-// reading or writing it; `writer`: storage -> latest region writing it.
+// region's epilogue: it updates in place a tensor the region did not make
+// (an optimizer state: exp_avg.lerp_(grad, 1 - beta1) over a weight
+// gradient), and later ops of the flush use both that tensor and the value
+// `n` reads from the region (the gradient: addcmul_). Those later ops load
+// the value anyway; with `n` beside them (the optimizer's multi-tensor
+// region) the whole update runs in one pass (Adam's, fused_kernels.inc)
+// instead of storing the state here and loading it there. An update whose
+// region value nothing reads later (acc.add_(x @ w)) stays in the epilogue.
+// `last_use`: storage -> last live graph index reading or writing it;
+// `writer`: storage -> latest region writing it.
 bool defers_from_epilogue(const Region& r, int ri, const Node& n, int i, const StorageMap<int>& last_use,
                           const StorageMap<int>& writer) {
   if (r.anchor != PrimKind::kMatmul || static_cast<PrimKind>(n.kind) != PrimKind::kElementwise) return false;
+  bool state_used_later = false, value_used_later = false;
   for (const auto& in : n.inputs) {
-    if (!in.written) continue;
     const int* w = writer.find(in.ref.storage.get());
     const int* u = last_use.find(in.ref.storage.get());
-    if ((!w || *w != ri) && u && *u > i) return true;
+    const bool made_here = w && *w == ri, used_later = u && *u > i;
+    if (in.written && !made_here && used_later) state_used_later = true;
+    if (!in.written && made_here && used_later) value_used_later = true;
   }
-  return false;
+  return state_used_later && value_used_later;
 }
 
 }  // namespace

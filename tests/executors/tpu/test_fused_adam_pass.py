@@ -214,7 +214,6 @@ def test_weight_gradient_from_matmul_updates_in_the_adam_pass(opt_cls, kwargs):
                 assert torch.equal(pt.detach().cpu(), pc.detach()), (step, names)
 
 
-
 @pytest.mark.parametrize("threads", [1, 2])
 def test_large_parameters_in_blocks_across_threads(math, threads):
     # Tensors of several 4,096-float blocks of the one-pass loop and a ragged last block,
