@@ -1,8 +1,8 @@
 """Warm training steps of benchmarks/run_all.py (section 7) for a profiler.
 
 Builds one of the three training steps (``mlp``, ``gpt``, ``cnn``) on one device,
-warms it up, then runs ``--steps`` steps on one thread. ``--model digits`` runs run_all's
-section 5 digits MLP + Adam step (loss read every 10 steps). ``--model flush`` instead
+warms it up, then runs ``--steps`` steps on one thread (``--threads``). ``--model digits``
+runs run_all's section 5 digits MLP + Adam step (loss read every 10 steps). ``--model flush`` instead
 records run_all's 16-op chain on a 4x4 tensor and flushes it (``--steps`` times, every
 flush a cache hit); ``--model record`` records 1000 ``a + b`` on 1-element tensors per
 step and flushes them outside the profiled part. Under callgrind, start with
@@ -117,8 +117,15 @@ def main():
         "the core, less sensitive to other jobs than wall time) and their ratio",
     )
     parser.add_argument("--callgrind", action="store_true", help="toggle callgrind collection around the steps")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1); under callgrind add --separate-threads=yes and "
+        "OMP_WAIT_POLICY=PASSIVE to count each thread's own work without the pool's spinning",
+    )
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     torch.set_float32_matmul_precision("highest")
     if args.compare:
         compare(args)

@@ -290,6 +290,31 @@ bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f, 
   return false;  // a matmul starts its own region
 }
 
+// Whether `n`, whose producer region `r` is a matmul's, stays out of that
+// region's epilogue: it updates in place a tensor the region did not make
+// (an optimizer state: exp_avg.lerp_(grad, 1 - beta1) over a weight
+// gradient), and later ops of the flush use both that tensor and the value
+// `n` reads from the region (the gradient: addcmul_). Those later ops load
+// the value anyway; with `n` beside them (the optimizer's multi-tensor
+// region) the whole update runs in one pass (Adam's, fused_kernels.inc)
+// instead of storing the state here and loading it there. An update whose
+// region value nothing reads later (acc.add_(x @ w)) stays in the epilogue.
+// `last_use`: storage -> last live graph index reading or writing it;
+// `writer`: storage -> latest region writing it.
+bool defers_from_epilogue(const Region& r, int ri, const Node& n, int i, const StorageMap<int>& last_use,
+                          const StorageMap<int>& writer) {
+  if (r.anchor != PrimKind::kMatmul || static_cast<PrimKind>(n.kind) != PrimKind::kElementwise) return false;
+  bool state_used_later = false, value_used_later = false;
+  for (const auto& in : n.inputs) {
+    const int* w = writer.find(in.ref.storage.get());
+    const int* u = last_use.find(in.ref.storage.get());
+    const bool made_here = w && *w == ri, used_later = u && *u > i;
+    if (in.written && !made_here && used_later) state_used_later = true;
+    if (!in.written && made_here && used_later) value_used_later = true;
+  }
+  return state_used_later && value_used_later;
+}
+
 }  // namespace
 
 std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed,
@@ -311,6 +336,12 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
   StorageMap<Touch> touch(one_shape ? 2 * g.size() : 1);
   std::vector<int> group_of(one_shape ? g.size() : 0, -1);  // graph index -> loop group
   std::vector<int> join, reads;
+  StorageMap<int> last_use(2 * g.size());  // storage -> last live graph index using it
+  for (int i = 0; i < static_cast<int>(g.size()); ++i) {
+    if (!live[i]) continue;
+    for (const auto& in : g[i].inputs) last_use[in.ref.storage.get()] = i;
+    for (const auto& o : g[i].outputs) last_use[o.storage.get()] = i;
+  }
   // Whether `n` may join region `r`: the fusion rules, and on a target of
   // one-shape loops, a loop of `r` it can run in.
   auto may_join = [&](int r, const Node& n, OpFusion f) {
@@ -333,7 +364,9 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
     }
     const int last = static_cast<int>(regions.size()) - 1;
     int target = -1;
-    if (producer_region >= 0 && write_conflict <= producer_region && may_join(producer_region, n, f)) {
+    if (producer_region >= 0 && write_conflict <= producer_region &&
+        !defers_from_epilogue(regions[producer_region], producer_region, n, i, last_use, writer) &&
+        may_join(producer_region, n, f)) {
       target = producer_region;  // vertical fusion with the op's producer
     } else if (last >= 0 && k == PrimKind::kElementwise &&
                (regions[last].anchor == PrimKind::kElementwise || growing[last].by_ops ||

@@ -179,3 +179,54 @@ def test_debug_metrics_count_the_one_pass_update():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "  fused_pass.adam_update: 2\n" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("opt_cls,kwargs", [(torch.optim.Adam, {}), (torch.optim.AdamW, {"weight_decay": 0.1})])
+def test_weight_gradient_from_matmul_updates_in_the_adam_pass(opt_cls, kwargs):
+    # Backward and the optimizer step in one flush: the weight gradient is a matmul's
+    # product, and exp_avg.lerp_(grad) reads it. Partition leaves the lerp_ (an in-place
+    # update of optimizer state used again later in the flush) out of the matmul's
+    # epilogue, so it runs inside the multi-tensor region's one-pass update: no kernel
+    # holds both the product and a lerp_, one holds every lerp_. Values equal torch.optim
+    # on CPU (foreach form) bit for bit under CPU's sqrt.
+    for set_ in restoring(torch_tpu_eager.fused_math, torch_tpu_eager.set_fused_math):
+        set_("cpu")
+        torch.manual_seed(0)
+        lin_cpu = torch.nn.Linear(40, 24)
+        lin_tpu = torch.nn.Linear(40, 24).to("tpu")
+        lin_tpu.load_state_dict(lin_cpu.state_dict())
+        opt_cpu = opt_cls(lin_cpu.parameters(), lr=1e-2, foreach=True, **kwargs)
+        opt_tpu = opt_cls(lin_tpu.parameters(), lr=1e-2, **kwargs)
+        for step in range(3):
+            x = cpu_randn(16, 40, seed=70 + step)
+            for lin, opt, xs in ((lin_cpu, opt_cpu, x), (lin_tpu, opt_tpu, x.to("tpu"))):
+                torch.tpu.synchronize()
+                with torch_tpu_eager.profile() as prof:
+                    lin(xs).square().sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+                    torch.tpu.synchronize()
+            names = [k["name"] for k in prof.kernels]
+            assert not any("mm" in n and "lerp" in n for n in names), names
+            if step > 0:  # the first step also creates the state (zeros) in the flush
+                assert sum("lerp__lerp_" in n for n in names) == 1, names
+            for pc, pt in zip(lin_cpu.parameters(), lin_tpu.parameters()):
+                assert torch.equal(pt.detach().cpu(), pc.detach()), (step, names)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_large_parameters_in_blocks_across_threads(math, threads):
+    # Tensors of several 4,096-float blocks of the one-pass loop and a ragged last block,
+    # split over two intra-op threads past 32,768 elements a thread: CPU's values.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cpu = _state(11, shapes=[(70001,), (257, 300), (4096,), (4097,)])
+        dev = [[t.to("tpu") for t in ts] for ts in cpu]
+        _step(*cpu, math, decay=0.1)
+        _step(*dev, math, decay=0.1)
+        for want, got in zip(cpu, dev):
+            for w, g in zip(want, got):
+                assert torch.equal(g.cpu(), w)
+    finally:
+        torch.set_num_threads(previous)

@@ -145,3 +145,18 @@ def test_linear_on_3d_input_takes_its_epilogue_over_the_reshaped_product(dtype):
     _same(got, fn(x, w, b, r))
     assert regions == 1
     assert "aten::relu" not in ops and "aten::add" not in ops, ops
+
+
+def test_in_place_accumulate_of_a_product_stays_in_the_epilogue():
+    # acc.add_(x @ w) with acc used again but the product read by nothing else: the
+    # update stays the matmul's epilogue (partition defers an in-place update out of it
+    # only when a later op also reads the product: an optimizer state over a gradient).
+    x, w, acc = cpu_randn(16, 32, seed=1), cpu_randn(32, 24, seed=2), cpu_randn(16, 24, seed=3)
+    xd, wd, ad = x.to("tpu"), w.to("tpu"), acc.to("tpu")
+    torch.tpu.synchronize()
+    with torch_tpu_eager.profile() as prof:
+        ad.add_(xd @ wd)
+        got = (ad * 2).cpu()
+    names = [k["name"] for k in prof.kernels]
+    assert names == ["fused_mm_add__mul"], names
+    _same(got, acc.add_(x @ w) * 2)
