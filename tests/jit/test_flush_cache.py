@@ -393,35 +393,47 @@ def test_hits_make_no_new_meta_key_ids():
 
 
 def test_threads_recording_at_once_share_ids_and_equal_cpu():
-    # Several threads record the same programs (and programs of their own shapes) at once:
-    # interning under contention gives one id per key, so a thread's flush hits the plan
-    # another thread made, and every result is CPU's.
+    # Four threads record at once into the chip's one queue (their flushes interleave
+    # in whatever order the scheduler gives, so which flushes hit is not fixed):
+    # interning under contention gives exactly one id per distinct key, every result is
+    # CPU's, and a plan made before the threads still serves its structure after them.
     import threading
 
-    x = cpu_randn(6, 4, seed=24)
+    def last_id():
+        return tte._C._meta_cache_stats()["last_id"]
+
+    def run(x, s=0.25):
+        torch.testing.assert_close(_chain(x.to("tpu"), s).cpu(), _chain(x, s))
+
+    ids = last_id()
+    run(cpu_randn(9, 3, seed=23))
+    per_shape = last_id() - ids  # ids one new shape of the program takes
+    assert per_shape > 0
+    warm = cpu_randn(6, 4, seed=24)
+    run(warm)  # planned before the threads start
+    shared = cpu_randn(5, 4, seed=22)  # interned by whichever thread records it first
+    barrier = threading.Barrier(4)
     errors = []
 
     def work(tid):
         try:
-            xd = x.to("tpu")
             own = cpu_randn(3 + tid, 2, seed=25 + tid)
-            ownd = own.to("tpu")
+            barrier.wait()
             for i in range(20):
-                torch.testing.assert_close(_chain(xd, 0.5 + i).cpu(), _chain(x, 0.5 + i))
-                torch.testing.assert_close(_chain(ownd).cpu(), _chain(own))
+                run(shared, 0.5 + i)
+                run(own)
+                run(warm, 0.5 + i)
         except Exception as e:  # reported on the main thread
             errors.append(e)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    before = _hits()
+    ids = last_id()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
-    # 4 threads x 20 x 2 flushes; each structure (1 shared + 4 own) plans at most a few times
-    assert _hits() - before >= 4 * 20 * 2 - 4 * 5, _hits() - before
-    ids = tte._C._meta_cache_stats()["last_id"]
-    xd, before = x.to("tpu"), _hits()
-    torch.testing.assert_close(_chain(xd, 2.0).cpu(), _chain(x, 2.0))
-    assert _hits() == before + 1 and tte._C._meta_cache_stats()["last_id"] == ids
+    assert last_id() - ids == 5 * per_shape  # the shared shape once, and each thread's own
+    ids, before = last_id(), _hits()
+    run(warm, 2.0)
+    assert _hits() == before + 1 and last_id() == ids
