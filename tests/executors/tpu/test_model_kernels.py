@@ -906,3 +906,13 @@ def test_slice_backward_double_backward_and_inference_mode_match_cpu():
     _same_tensor(in_mode, torch.ops.aten.slice_backward(w, [3, 8], 1, 2, 6, 1))
     for got, ref in zip(second(DEV), second("cpu")):
         _same_tensor(got, ref)
+
+
+@pytest.mark.parametrize("case", _SLICE_CASES[:4], ids=str)
+def test_slice_backward_on_spyre_matches_cpu(spyre_target, case):
+    sizes, dim, start, end, step = case
+    x = torch.empty(sizes)
+    slice_shape = x[(slice(None),) * (dim % len(sizes)) + (slice(start, end, step),)].shape
+    grad = torch.randn(slice_shape, generator=torch.Generator().manual_seed(3))
+    got = torch.ops.aten.slice_backward(grad.to(DEV), sizes, dim, start, end, step) * 2
+    _same_tensor(got, torch.ops.aten.slice_backward(grad, sizes, dim, start, end, step) * 2)
