@@ -77,15 +77,26 @@ std::vector<c10::OperatorName> out_candidates(const c10::FunctionSchema& f) {
 
 const c10::OperatorHandle* out_variant(const c10::OperatorHandle& op, bool* functional_plus_copy) {
   struct Found {
+    c10::OperatorName functional;
     std::unique_ptr<c10::OperatorHandle> op;
     bool plus_copy = false;
   };
+  // Per thread, keyed by the op's schema (one per registered operator, never
+  // moved): the op-by-op loop asks per op per run, and hashing the operator's
+  // name under the lock below cost more than this lookup. The name check
+  // catches a schema address reused by an operator registered after another
+  // was removed (a custom op library deleted).
+  thread_local std::unordered_map<const c10::FunctionSchema*, const Found*> seen;
+  if (auto hit = seen.find(&op.schema()); hit != seen.end() && hit->second->functional == op.operator_name()) {
+    if (functional_plus_copy) *functional_plus_copy = hit->second->plus_copy;
+    return hit->second->op.get();
+  }
   static std::mutex mu;
   static std::unordered_map<c10::OperatorName, Found> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(op.operator_name());
   if (it == cache.end()) {
-    Found found;
+    Found found{op.operator_name()};
     const auto& f = op.schema();
     bool all_tensors = !f.returns().empty() && !f.is_mutable();
     for (const auto& r : f.returns())
@@ -106,6 +117,7 @@ const c10::OperatorHandle* out_variant(const c10::OperatorHandle& op, bool* func
     }
     it = cache.emplace(op.operator_name(), std::move(found)).first;
   }
+  seen[&op.schema()] = &it->second;  // unordered_map references stay valid across inserts
   if (functional_plus_copy) *functional_plus_copy = it->second.plus_copy;
   return it->second.op.get();
 }

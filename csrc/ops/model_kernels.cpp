@@ -1,6 +1,7 @@
 // Kernels for ops real models reach that are not plain op-table rows (see model_kernels.h).
 #include "ops/model_kernels.h"
 
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <mutex>
@@ -18,9 +19,12 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <ATen/ops/aminmax.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/slice_backward_native.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Array.h>
 #include <torch/library.h>
 
@@ -278,14 +282,80 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_bac
           grad_input_mask[2] ? gv : at::Tensor(), gb};
 }
 
+// ---- slice_backward ------------------------------------------------------------
+// CPU's slice_backward (a CompositeExplicitAutograd op, recorded through its
+// decomposition) is zeros of the input's sizes with the gradient copied into
+// the slice: on the device a zero_ and a copy_ into a strided slice, which no
+// fused loop takes (a llama's rotary embedding runs 8 such op-by-op regions a
+// training step). With step 1 the same tensor is cat([zeros, grad, zeros],
+// dim) of the parts before and after the slice, each part an expand of one
+// 0-dim zero kept per device and dtype: no op makes the zeros, and the cat
+// joins the loop of the gradient's producer and the sum that reads it. Values
+// (+0.0 and the gradient's own), sizes, dtype and contiguous strides are
+// CPU's: cat's result is contiguous when its inputs suggest different memory
+// formats, and an all-zero-stride expand suggests contiguous. Other cases
+// (a step other than 1, an empty tensor, a gradient that is not exactly the
+// slice's shape, which copy_ would broadcast) take ATen's own decomposition,
+// which raises CPU's errors.
+
+// The 0-dim zero of `options`' device and dtype, made once and kept for the
+// process (never destroyed: it would outlive the device at exit).
+const at::Tensor& device_zero(const at::TensorOptions& options) {
+  static std::mutex mu;
+  static std::vector<std::pair<std::pair<int, at::ScalarType>, const at::Tensor*>> zeros;
+  const std::pair<int, at::ScalarType> key{options.device().index(), at::typeMetaToScalarType(options.dtype())};
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [k, t] : zeros)
+    if (k == key) return *t;
+  c10::InferenceMode normal(false);  // a normal tensor, usable in and out of inference mode
+  zeros.emplace_back(key, new at::Tensor(at::zeros({}, options)));
+  return *zeros.back().second;
+}
+
+at::Tensor slice_backward(const at::Tensor& grad, c10::SymIntArrayRef input_sizes, int64_t dim, c10::SymInt start,
+                          c10::SymInt end, c10::SymInt step) {
+  const std::vector<int64_t> sizes = C10_AS_INTARRAYREF_SLOW(input_sizes).vec();
+  const int64_t rank = static_cast<int64_t>(sizes.size());
+  int64_t lo = start.guard_int(__FILE__, __LINE__), hi = end.guard_int(__FILE__, __LINE__);
+  const int64_t stride = step.guard_int(__FILE__, __LINE__);
+  const bool nonempty = std::all_of(sizes.begin(), sizes.end(), [](int64_t s) { return s > 0; });
+  if (stride == 1 && rank > 0 && dim >= -rank && dim < rank && nonempty && !grad.is_conj() && !grad.is_neg()) {
+    if (dim < 0) dim += rank;
+    const int64_t n = sizes[dim];
+    // The slice's bounds as Tensor.slice clamps them.
+    if (lo < 0) lo += n;
+    if (hi < 0) hi += n;
+    lo = std::clamp<int64_t>(lo, 0, n);
+    hi = std::clamp<int64_t>(hi, lo, n);
+    std::vector<int64_t> slice = sizes;
+    slice[dim] = hi - lo;
+    if (grad.sizes().equals(slice) && hi > lo && (lo > 0 || hi < n)) {
+      const at::Tensor& zero = device_zero(grad.options());
+      std::vector<at::Tensor> parts;
+      auto zeros = [&](int64_t len) {
+        std::vector<int64_t> part = sizes;
+        part[dim] = len;
+        parts.push_back(zero.expand(part));
+      };
+      if (lo > 0) zeros(lo);
+      parts.push_back(grad);
+      if (hi < n) zeros(n - hi);
+      return at::cat(parts, dim);
+    }
+  }
+  return at::native::slice_backward(grad, sizes, dim, start.guard_int(__FILE__, __LINE__),
+                                    end.guard_int(__FILE__, __LINE__), stride);
+}
+
 }  // namespace
 
 std::unordered_set<std::string> register_model_kernels(torch::Library& lib) {
   lib.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
   lib.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(sdpa_overrideable));
   lib.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(sdpa_overrideable_backward));
+  lib.impl("slice_backward", TORCH_FN(slice_backward));
   return {"_fused_sdp_choice", "_scaled_dot_product_fused_attention_overrideable",
-          "_scaled_dot_product_fused_attention_overrideable_backward"};
+          "_scaled_dot_product_fused_attention_overrideable_backward", "slice_backward"};
 }
 
 bool register_model_row_kernel(torch::Library& lib, const OpEntry& e) {

@@ -1,9 +1,11 @@
 // Device kernels for ops that real models reach and that are not plain rows of
-// the op table: integer histc (CUDA's semantics, as CPU has no integer kernel)
-// and the scaled-dot-product-attention entry points PyTorch expects a
+// the op table: integer histc (CUDA's semantics, as CPU has no integer kernel),
+// the scaled-dot-product-attention entry points PyTorch expects a
 // PrivateUse1 device to provide (_fused_sdp_choice and the "overrideable"
-// fused attention, forward and backward). Each one records ordinary nodes:
-// library calls of CPU kernels, or of the device's own host op (tpu_eager::).
+// fused attention, forward and backward) and slice_backward (a cat the fused
+// loops take, instead of CPU's zeros + copy_ into a slice). Each one records
+// ordinary nodes: library calls of CPU kernels, the device's own host op
+// (tpu_eager::), or ATen ops.
 #pragma once
 
 #include <string>

@@ -792,3 +792,127 @@ def test_quantized_ops_with_composite_kernels(name):
         assert (got.q_scale(), got.q_zero_point()) == (ref.q_scale(), ref.q_zero_point())
         ref, got = ref.int_repr(), got.int_repr()
     assert torch.equal(got, ref)
+
+
+# ---- slice_backward (issue 18: the rotary embedding's backward) -------------------------
+
+
+def _same_tensor(got, ref):
+    """Device result `got` has CPU's dtype, sizes, strides and bits."""
+    assert got.device.type == DEV
+    assert (got.dtype, got.shape, got.stride()) == (ref.dtype, ref.shape, ref.stride())
+    got = got.cpu()
+    if ref.is_floating_point():  # bits: +0.0 zeros, not -0.0
+        assert torch.equal(got.view(torch.uint8), ref.view(torch.uint8))
+    else:
+        assert torch.equal(got, ref)
+
+
+# (input sizes, dim, start, end, step): cat path (step 1, a strict sub-slice) and
+# ATen's decomposition (the whole dim, another step, an empty input).
+_SLICE_CASES = [
+    ((2, 3, 16), -1, 0, 8, 1),
+    ((2, 3, 16), -1, 8, 16, 1),
+    ((2, 3, 16), 2, 3, 11, 1),
+    ((2, 3, 16), 1, 1, 2, 1),
+    ((5, 4), 0, -3, -1, 1),  # negative bounds
+    ((5, 4), 0, 2, 100, 1),  # end clamped to the size
+    ((5, 4), 0, -100, 2, 1),  # start clamped to 0
+    ((5, 4), 1, 0, 4, 1),  # the whole dim
+    ((6, 4), 0, 1, 6, 2),  # step 2
+    ((0, 4), 1, 1, 3, 1),  # empty
+]
+
+
+@pytest.mark.parametrize("case", _SLICE_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_slice_backward_matches_cpu(case, dtype):
+    sizes, dim, start, end, step = case
+    x = torch.empty(sizes)
+    slice_shape = x[(slice(None),) * (dim % len(sizes)) + (slice(start, end, step),)].shape
+    grad = (torch.randn(slice_shape, generator=torch.Generator().manual_seed(0)) * 4).to(dtype)
+    with recorded_only():
+        got = torch.ops.aten.slice_backward(grad.to(DEV), sizes, dim, start, end, step)
+    _same_tensor(got, torch.ops.aten.slice_backward(grad, sizes, dim, start, end, step))
+
+
+def test_slice_backward_strided_and_negative_zero_grad():
+    # A transposed gradient holding -0.0, nan and inf: its bits are copied, the rest is +0.0.
+    g = torch.tensor([[-0.0, float("nan")], [float("inf"), 1.5], [2.0, -3.0]]).t()  # (2, 3), strided
+    with recorded_only():
+        got = torch.ops.aten.slice_backward(g.to(DEV), [2, 7], 1, 2, 5, 1)
+    _same_tensor(got, torch.ops.aten.slice_backward(g, [2, 7], 1, 2, 5, 1))
+
+
+def test_slice_backward_broadcast_grad_and_errors_match_cpu():
+    # copy_ broadcasts a gradient of size 1 along a dim, as on CPU.
+    g = torch.tensor([[1.0], [2.0]])
+    _same_tensor(
+        torch.ops.aten.slice_backward(g.to(DEV), [2, 6], 1, 1, 4, 1),
+        torch.ops.aten.slice_backward(g, [2, 6], 1, 1, 4, 1),
+    )
+    for args in ([[2, 6], 1, 1, 4, 0], [[2, 6], 1, 0, 6, 1], [[2, 6], 3, 0, 2, 1]):  # step 0, bad shape, bad dim
+        with pytest.raises(Exception) as ref:
+            torch.ops.aten.slice_backward(torch.ones(2, 3), *args)
+        with pytest.raises(type(ref.value)):
+            torch.ops.aten.slice_backward(torch.ones(2, 3, device=DEV), *args)
+            torch.tpu.synchronize()
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def test_rotary_backward_fuses_and_matches_cpu():
+    """The rotary embedding's backward (slice_backward of both halves, summed with
+    the product's gradient) runs in fused loops, with CPU's gradient bits."""
+    import torch_tpu_eager
+
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, 16, 16, generator=gen)
+    cos, sin = torch.randn(16, 16, generator=gen), torch.randn(16, 16, generator=gen)
+    up = torch.randn(2, 4, 16, 16, generator=gen)
+
+    def grad_of(device):
+        x = q.to(device, copy=True).requires_grad_()
+        ((x * cos.to(device) + _rotate_half(x) * sin.to(device)) * up.to(device)).sum().backward()
+        return x.grad
+
+    ref = grad_of("cpu")
+    grad_of(DEV)  # compiled once
+    with torch_tpu_eager.profile() as prof:
+        got = grad_of(DEV)
+        torch.tpu.synchronize()
+    _same_tensor(got, ref)
+    ops = [op for k in prof.kernels for op in k["ops"]]
+    assert "cat" in ops and "zero_" not in ops and "copy_" not in ops, ops
+
+
+def test_slice_backward_double_backward_and_inference_mode_match_cpu():
+    gen = torch.Generator().manual_seed(2)
+    x0, w = torch.randn(3, 8, dtype=torch.float64, generator=gen), torch.randn(3, 4, dtype=torch.float64, generator=gen)
+
+    def second(device):
+        x = x0.to(device, copy=True).requires_grad_()
+        (gx,) = torch.autograd.grad((x[:, 2:6] ** 3 * w.to(device)).sum(), x, create_graph=True)
+        (ggx,) = torch.autograd.grad(gx.sum(), x)
+        return gx.detach(), ggx
+
+    # The device's zero of a dtype may first be made under inference mode: later
+    # calls outside it still work.
+    with torch.inference_mode():
+        in_mode = torch.ops.aten.slice_backward(w.to(DEV), [3, 8], 1, 2, 6, 1)
+    _same_tensor(in_mode, torch.ops.aten.slice_backward(w, [3, 8], 1, 2, 6, 1))
+    for got, ref in zip(second(DEV), second("cpu")):
+        _same_tensor(got, ref)
+
+
+@pytest.mark.parametrize("case", _SLICE_CASES[:4], ids=str)
+def test_slice_backward_on_spyre_matches_cpu(spyre_target, case):
+    sizes, dim, start, end, step = case
+    x = torch.empty(sizes)
+    slice_shape = x[(slice(None),) * (dim % len(sizes)) + (slice(start, end, step),)].shape
+    grad = torch.randn(slice_shape, generator=torch.Generator().manual_seed(3))
+    got = torch.ops.aten.slice_backward(grad.to(DEV), sizes, dim, start, end, step) * 2
+    _same_tensor(got, torch.ops.aten.slice_backward(grad, sizes, dim, start, end, step) * 2)
