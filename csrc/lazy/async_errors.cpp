@@ -9,6 +9,8 @@
 #include "lazy/deferred_storage.h"
 
 namespace tpu_eager {
+
+std::atomic<int64_t> g_unreported_errors{0};
 namespace {
 
 // A failure no read has reported: its error and the storages that held it
@@ -38,8 +40,7 @@ struct AsyncErrors {
   static constexpr size_t kMaxStorages = 64;
   std::mutex mu;
   std::unordered_map<int, std::vector<Unreported>> by_device;  // oldest first
-  // Entries over all chips: reads and storage destruction look at it without the lock.
-  std::atomic<int64_t> count{0};
+  // Entries over all chips: g_unreported_errors.
 };
 
 AsyncErrors& async_errors() {
@@ -91,13 +92,13 @@ void note_flush_errors(int device, const std::vector<Node>& nodes, const std::ex
     }
     if (list.size() >= AsyncErrors::kMaxPerDevice) continue;
     list.push_back(std::move(f));
-    a.count.fetch_add(1, std::memory_order_relaxed);
+    g_unreported_errors.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
 std::exception_ptr take_unreported_error(int device, bool only_lost) {
   auto& a = async_errors();
-  if (a.count.load(std::memory_order_relaxed) == 0) return nullptr;
+  if (g_unreported_errors.load(std::memory_order_relaxed) == 0) return nullptr;
   std::exception_ptr e;
   // The storages' errors are read and marked under the flush lock: a flush on
   // another thread may be writing them.
@@ -114,7 +115,7 @@ std::exception_ptr take_unreported_error(int device, bool only_lost) {
     for (DeferredStorage* s : u->storages)
       if (s->error == e) s->error_seen = true;
     list.erase(u);
-    a.count.fetch_sub(1, std::memory_order_relaxed);
+    g_unreported_errors.fetch_sub(1, std::memory_order_relaxed);
   });
   if (!e) return nullptr;
   note_error_seen(e);  // also drops it from other lists (forget_unreported_error), after the lock
@@ -122,7 +123,7 @@ std::exception_ptr take_unreported_error(int device, bool only_lost) {
 }
 
 void raise_lost_error(int device) {
-  if (async_errors().count.load(std::memory_order_relaxed) == 0) return;
+  if (g_unreported_errors.load(std::memory_order_relaxed) == 0) return;
   if (std::exception_ptr e = take_unreported_error(device, /*only_lost=*/true)) std::rethrow_exception(e);
 }
 
@@ -133,18 +134,17 @@ std::exception_ptr synchronize_errors(int device, FlushReason reason) {
 
 void forget_unreported_error(const std::exception_ptr& e) {
   auto& a = async_errors();
-  if (!e || a.count.load(std::memory_order_relaxed) == 0) return;
+  if (!e || g_unreported_errors.load(std::memory_order_relaxed) == 0) return;
   std::lock_guard<std::mutex> lock(a.mu);
   for (auto& [device, list] : a.by_device) {
     const size_t before = list.size();
     list.erase(std::remove_if(list.begin(), list.end(), [&](const Unreported& u) { return u.error == e; }), list.end());
-    a.count.fetch_sub(static_cast<int64_t>(before - list.size()), std::memory_order_relaxed);
+    g_unreported_errors.fetch_sub(static_cast<int64_t>(before - list.size()), std::memory_order_relaxed);
   }
 }
 
-void forget_unreported_storage(const DeferredStorage* s) {
+void forget_unreported_storage_listed(const DeferredStorage* s) {
   auto& a = async_errors();
-  if (a.count.load(std::memory_order_relaxed) == 0) return;
   std::lock_guard<std::mutex> lock(a.mu);
   for (auto& [device, list] : a.by_device)
     for (auto& u : list) u.storages.erase(std::remove(u.storages.begin(), u.storages.end(), s), u.storages.end());

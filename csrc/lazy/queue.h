@@ -132,6 +132,9 @@ struct TensorRef {
   bool covers_storage() const;  // every byte of its storage once, from offset 0, in some order of its dims
 };
 TensorRef make_ref(const at::Tensor& t);
+// The same into `r` (a node's slot, built in place: a returned TensorRef
+// moved into the node and destroyed cost the record path ~50 instructions).
+void make_ref(const at::Tensor& t, TensorRef& r);
 
 // A tensor argument of a recorded op: where it sits in the argument list.
 struct InputSlot {

@@ -697,20 +697,17 @@ bool wrapped_to_scalar(const at::Tensor& t, c10::IValue* slot) {
   }
 }
 
-// Writes a meta key into a reused std::vector through a cursor: the vector
-// is opened at kOpen words (one value-initializing resize an op; a binary op
-// on rank-4 tensors keys 25), words are plain stores into room checked
-// inline (growing it when a key is longer), and close() (or the destructor)
-// cuts it to the words written. A resize or push_back per tensor or word was
-// an out-of-line call each (~60 and ~23 instructions).
+// Writes a meta key into a reused std::vector through a cursor: words are
+// plain stores into room checked inline, first into an uninitialized buffer
+// on the stack (kOpen words; a binary op on rank-4 tensors keys 25), spilled
+// into the vector when a key is longer; close() (or the destructor) leaves
+// the vector holding the words written. A resize or push_back per tensor or
+// word was an out-of-line call each (~60 and ~23 instructions), and opening
+// the vector at kOpen words value-initialized them (~80 an op).
 class KeyWriter {
  public:
   static constexpr size_t kOpen = 48;
-  explicit KeyWriter(std::vector<int64_t>& v) : v_(v) {
-    v_.resize(kOpen);
-    p_ = v_.data();
-    end_ = p_ + v_.size();
-  }
+  explicit KeyWriter(std::vector<int64_t>& v) : v_(v), p_(buf_), end_(buf_ + kOpen) {}
   ~KeyWriter() { close(); }
   KeyWriter(const KeyWriter&) = delete;
   KeyWriter& operator=(const KeyWriter&) = delete;
@@ -722,20 +719,32 @@ class KeyWriter {
     return r;
   }
   void put(int64_t w) { *room(1) = w; }
-  void discard() { p_ = v_.data(); }  // an uncacheable call: the empty key
+  void discard() { p_ = begin(); }  // an uncacheable call: the empty key
   void close() {
-    if (p_ != nullptr) v_.resize(static_cast<size_t>(p_ - v_.data()));
+    if (p_ == nullptr) return;
+    if (spilled_) {
+      v_.resize(static_cast<size_t>(p_ - v_.data()));
+    } else {
+      v_.assign(buf_, p_);
+    }
     p_ = end_ = nullptr;
   }
 
  private:
+  int64_t* begin() { return spilled_ ? v_.data() : buf_; }
   void grow(size_t n) {
-    const size_t used = static_cast<size_t>(p_ - v_.data());
-    v_.resize(std::max(2 * v_.size(), used + n));
+    const size_t used = static_cast<size_t>(p_ - begin());
+    if (!spilled_) {
+      v_.assign(buf_, p_);
+      spilled_ = true;
+    }
+    v_.resize(std::max(2 * std::max(v_.size(), kOpen), used + n));
     p_ = v_.data() + used;
     end_ = v_.data() + v_.size();
   }
   std::vector<int64_t>& v_;
+  int64_t buf_[kOpen];  // not initialized: only the words written are read
+  bool spilled_ = false;
   int64_t* p_;
   int64_t* end_;
 };
@@ -1534,7 +1543,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     in.arg = arg;
     in.elem = elem;
     in.written = (writes >> arg) & 1;
-    in.ref = make_ref(t);
+    make_ref(t, in.ref);
     // Drop the reference: a pending node must not keep the tensor alive (DCE).
     // A top-level tensor's slot is already the undefined tensor (above); a
     // list's element is the list copy's.
@@ -1581,7 +1590,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
         int idx = -1;
         for (size_t s = 0; s < node.inputs.size(); ++s) {
           if (node.inputs[s].arg != a) continue;
-          node.inputs[s].ref = make_ref(t);
+          make_ref(t, node.inputs[s].ref);
           idx = static_cast<int>(s);
         }
         node.returns.push_back(idx);
@@ -1593,7 +1602,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
           at::Tensor t = list.get(j);
           adopt_geometry(t, lg[j].sizes, lg[j].strides, lg[j].offset);
           for (auto& in : node.inputs)
-            if (in.arg == a && in.elem == static_cast<int>(j)) in.ref = make_ref(t);
+            if (in.arg == a && in.elem == static_cast<int>(j)) make_ref(t, in.ref);
         }
         node.returns.push_back(-3);  // list alias: nothing to bind
         results.emplace_back(list);
@@ -1603,7 +1612,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       c10::List<at::Tensor> out;
       for (const Geometry& g : geoms) {
         at::Tensor t = fresh_tpu(g);
-        node.outputs.push_back(make_ref(t));
+        make_ref(t, node.outputs.emplace_back());
         fresh_bytes += static_cast<int64_t>(t.storage().nbytes());
         out.push_back(std::move(t));
       }
@@ -1616,7 +1625,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       results.emplace_back(at::Tensor());
     } else {
       at::Tensor t = fresh_tpu(geoms[0]);
-      node.outputs.push_back(make_ref(t));
+      make_ref(t, node.outputs.emplace_back());
       fresh_bytes += static_cast<int64_t>(t.storage().nbytes());
       node.returns.push_back(-1);
       node.list_lens.push_back(0);

@@ -55,3 +55,31 @@ def test_interned_meta_keys_stay_bounded_under_a_shape_storm():
     finally:
         _C._set_meta_cache_limit(limit)
     assert _C._meta_cache_stats()["limit"] == limit
+
+
+def test_long_meta_keys_are_exact_and_hit():
+    # The meta key is written into a fixed buffer first and spills into a vector past it
+    # (ops/record.cpp KeyWriter): a cat of 12 rank-4 tensors keys ~140 words. The same call
+    # again hits (no new interned id), one that differs only in its last tensor's strides
+    # (words past the buffer) misses once; a short key after the long ones is not polluted
+    # by their words. Values against CPU.
+    from torch_tpu_eager import _C
+
+    gen = torch.Generator().manual_seed(0)
+    parts = [torch.randn(2, 3, 4, 5, generator=gen) for _ in range(12)]
+    dev = [p.to("tpu") for p in parts]
+    torch.testing.assert_close(torch.cat(dev, dim=1).cpu(), torch.cat(parts, dim=1))
+    ids = _C._meta_cache_stats()["last_id"]
+    torch.testing.assert_close(torch.cat(dev, dim=1).cpu(), torch.cat(parts, dim=1))
+    assert _C._meta_cache_stats()["last_id"] == ids  # an exact hit
+
+    last_t = parts[-1].transpose(2, 3).contiguous().transpose(2, 3)  # same sizes, other strides
+    parts2, dev2 = parts[:-1] + [last_t], dev[:-1] + [last_t.to("tpu")]
+    torch.testing.assert_close(torch.cat(dev2, dim=1).cpu(), torch.cat(parts2, dim=1))
+    assert _C._meta_cache_stats()["last_id"] > ids  # a new key, not the first call's
+    ids = _C._meta_cache_stats()["last_id"]
+    torch.testing.assert_close(torch.cat(dev2, dim=1).cpu(), torch.cat(parts2, dim=1))
+    assert _C._meta_cache_stats()["last_id"] == ids
+
+    a = torch.randn(3, generator=gen)
+    torch.testing.assert_close((a.to("tpu") * 2.0).cpu(), a * 2.0)
