@@ -296,6 +296,25 @@ def _no_out_in_name(ov):
     return "out" not in ov
 
 
+# The ops that write through an index tensor (in place, out= or functional).
+INDEX_WRITES = {
+    "_index_put_impl_",
+    "put_",
+    "index_add",
+    "index_add_",
+    "index_copy",
+    "index_copy_",
+    "index_fill_",
+    "index_reduce",
+    "index_reduce_",
+    "scatter",
+    "scatter_",
+    "scatter_add",
+    "scatter_add_",
+    "scatter_reduce",
+    "scatter_reduce_",
+}
+
 # Per-op knowledge of the record kernel: where an op's meta kernel disagrees with
 # CPU's kernel, or CPU does something at the call. Each row: an OpTrait bit (what it
 # does is documented in csrc/ops/op_table.h), the base names it applies to, and which
@@ -326,25 +345,7 @@ OP_TRAITS = [
     # queued, and changing the mode runs the queue first (torch_tpu_eager/_deterministic.py).
     (
         "kReadsDeterministicMode",
-        {
-            "_index_put_impl_",
-            "put_",
-            "index_add",
-            "index_add_",
-            "index_copy",
-            "index_copy_",
-            "index_fill_",
-            "index_reduce",
-            "index_reduce_",
-            "scatter",
-            "scatter_",
-            "scatter_add",
-            "scatter_add_",
-            "scatter_reduce",
-            "scatter_reduce_",
-            "max_unpool2d",
-            "max_unpool3d",
-        },
+        INDEX_WRITES | {"max_unpool2d", "max_unpool3d"},
         _every,
     ),
     # bool tensor ** bool stays bool.
@@ -451,26 +452,12 @@ CALL_CHECKS = [
 # OpTrait kChecksValues, which the record kernel copies into the Node (Node::checks_values).
 VALUE_CHECKS = [
     (
-        {
+        INDEX_WRITES
+        | {
             "index_select",
             "index",
-            "_index_put_impl_",
-            "index_add",
-            "index_add_",
-            "index_copy",
-            "index_copy_",
-            "index_fill_",
-            "index_reduce",
-            "index_reduce_",
             "gather",
-            "scatter",
-            "scatter_",
-            "scatter_add",
-            "scatter_add_",
-            "scatter_reduce",
-            "scatter_reduce_",
             "take",
-            "put_",
             "embedding_renorm_",
             "max_unpool2d",
             "max_unpool3d",
