@@ -63,13 +63,6 @@ SYNC = re.compile(
     r"linalg_inv_ex|_linalg_solve_ex|linalg_ldl_factor_ex|linalg_ldl_solve|linalg_householder_product|"
     r"ormqr|linalg_matrix_exp|linalg_pinv|_linalg_eig|lu_solve|linalg_lu_solve|frexp)$"
 )
-# CPU kernels that read torch.use_deterministic_algorithms when they run (the
-# nondeterministic alert: raise, or warn with warn_only). Deferred, they would read
-# the mode of the flush, not the one set at the call (an alert after the mode was
-# switched off, none where the call was made under it, a warn_only call raising
-# later): they run at record time, as the SYNC ops do. (Index-writing ops read it
-# too; they run at the call only while the mode is on: record.cpp, indexed_write.)
-READS_DETERMINISTIC_MODE = {"max_unpool2d", "max_unpool3d"}
 RANDOM = re.compile(
     r"^(uniform|normal|bernoulli|random|exponential|geometric|log_normal|cauchy|multinomial|randperm|rand|randn|"
     r"randint|rand_like|randn_like|randint_like|poisson|_standard_gamma|binomial|_sample_dirichlet|native_dropout|"
@@ -118,7 +111,13 @@ def base_name(overload):
 def kind_of(overload, schema):
     b = base_name(overload)
     core = b.rstrip("_")
-    if SYNC.match(core) or SYNC.match(b) or core in READS_DETERMINISTIC_MODE:
+    if SYNC.match(core) or SYNC.match(b):
+        return "kSync"
+    # Their out= kernels resize `out` to the unreduced loss's shape before reducing
+    # into it (OUT_KERNEL_RESIZES), which a deferred node's fixed-size device buffer
+    # cannot take: an explicit out= call runs at the call, where the eager path gives
+    # CPU's kernel a resizable out and copies the result back (CPU's warnings too).
+    if core in OUT_KERNEL_RESIZES and any(a.is_out for a in schema.arguments):
         return "kSync"
     # results that are not tensors need the data
     if any(not str(r.type).startswith(("Tensor", "List[Tensor]", "Optional[Tensor]")) for r in schema.returns):
@@ -297,6 +296,25 @@ def _no_out_in_name(ov):
     return "out" not in ov
 
 
+# The ops that write through an index tensor (in place, out= or functional).
+INDEX_WRITES = {
+    "_index_put_impl_",
+    "put_",
+    "index_add",
+    "index_add_",
+    "index_copy",
+    "index_copy_",
+    "index_fill_",
+    "index_reduce",
+    "index_reduce_",
+    "scatter",
+    "scatter_",
+    "scatter_add",
+    "scatter_add_",
+    "scatter_reduce",
+    "scatter_reduce_",
+}
+
 # Per-op knowledge of the record kernel: where an op's meta kernel disagrees with
 # CPU's kernel, or CPU does something at the call. Each row: an OpTrait bit (what it
 # does is documented in csrc/ops/op_table.h), the base names it applies to, and which
@@ -319,6 +337,16 @@ OP_TRAITS = [
             "native_group_norm_backward",
         },
         lambda ov: ov in ("", "no_stats"),
+    ),
+    # CPU kernels that read torch.use_deterministic_algorithms when they run: the index
+    # writes (a deterministic order for duplicate indices, or the nondeterministic alert)
+    # and max_unpool (the alert: raise, or warn with warn_only). While the mode is on they
+    # run at the call, under the mode of the call (record.cpp); with it off they are
+    # queued, and changing the mode runs the queue first (torch_tpu_eager/_deterministic.py).
+    (
+        "kReadsDeterministicMode",
+        INDEX_WRITES | {"max_unpool2d", "max_unpool3d"},
+        _every,
     ),
     # bool tensor ** bool stays bool.
     ("kBoolPowKeepsBool", {"pow"}, lambda ov: ov == "Tensor_Scalar"),
@@ -424,26 +452,12 @@ CALL_CHECKS = [
 # OpTrait kChecksValues, which the record kernel copies into the Node (Node::checks_values).
 VALUE_CHECKS = [
     (
-        {
+        INDEX_WRITES
+        | {
             "index_select",
             "index",
-            "_index_put_impl_",
-            "index_add",
-            "index_add_",
-            "index_copy",
-            "index_copy_",
-            "index_fill_",
-            "index_reduce",
-            "index_reduce_",
             "gather",
-            "scatter",
-            "scatter_",
-            "scatter_add",
-            "scatter_add_",
-            "scatter_reduce",
-            "scatter_reduce_",
             "take",
-            "put_",
             "embedding_renorm_",
             "max_unpool2d",
             "max_unpool3d",
@@ -550,7 +564,8 @@ def is_out_of(functional, candidate):
 # input's shape first: PyTorch's deprecation warning "An output with one or
 # more elements was resized" on every call (torch 2.13; found by running the
 # OpInfo samples of every op on "tpu" with warnings recorded). The host runs
-# their functional kernel and copies, as CPU's functional call warns nothing.
+# their functional kernel and copies, as CPU's functional call warns nothing; their
+# explicit out= overloads run at the call (kind_of).
 OUT_KERNEL_RESIZES = {"mse_loss", "huber_loss", "smooth_l1_loss", "binary_cross_entropy"}
 
 

@@ -1,10 +1,10 @@
 """Queued ops run under the deterministic-algorithms mode of their call.
 
 CPU kernels of the index-writing ops (put_, index_put_, index_copy_, scatter, ...)
-read ``torch.use_deterministic_algorithms`` when they run: a deterministic order for
-duplicate indices, or the nondeterministic alert (raise, or warn with warn_only).
-While the mode is on, "tpu" runs them at the call (csrc/ops/record.cpp,
-``indexed_write``); with the mode off they are queued. Changing the mode therefore
+and of max_unpool read ``torch.use_deterministic_algorithms`` when they run: a
+deterministic order for duplicate indices, or the nondeterministic alert (raise, or
+warn with warn_only). While the mode is on, "tpu" runs them at the call (op-table
+trait ``kReadsDeterministicMode``, csrc/ops/record.cpp); with the mode off they are queued. Changing the mode therefore
 first runs every chip's queued ops, so none of them runs under a mode set after its
 call (a flush's errors stay with the tensors they reach, as at any flush).
 """

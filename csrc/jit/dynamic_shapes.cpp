@@ -21,8 +21,6 @@ std::mutex g_mu;
 // Keyed by DeferredStorage id (ids are never reused, so a freed storage's
 // marks can only go stale, never apply to another tensor).
 std::unordered_map<uint64_t, std::vector<Range>> g_ranges;
-// Whether g_ranges has ever had an entry: until then size_buckets takes no lock.
-std::atomic<bool> g_any_ranges{false};
 std::set<std::tuple<uint64_t, int64_t, int64_t>> g_warned;
 
 uint64_t pow2_bucket(int64_t n) {
@@ -36,7 +34,7 @@ uint64_t pow2_bucket(int64_t n) {
 
 void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper) {
   std::lock_guard<std::mutex> lock(g_mu);
-  g_any_ranges.store(true, std::memory_order_release);
+  detail::g_any_dynamic_marks.store(true, std::memory_order_release);
   auto& v = g_ranges[storage->id];
   for (auto& r : v) {
     if (r.ndim == ndim && r.dim == dim) {
@@ -51,7 +49,7 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
 SizeBuckets size_buckets(const TensorRef& r) {
   SizeBuckets out;
   for (auto s : r.sizes) out.push_back(pow2_bucket(s));
-  if (!g_any_ranges.load(std::memory_order_acquire)) return out;
+  if (!any_dynamic_marks()) return out;
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_ranges.empty()) return out;
   auto it = g_ranges.find(r.storage->id);
@@ -70,10 +68,8 @@ SizeBuckets size_buckets(const TensorRef& r) {
   return out;
 }
 
-bool any_dynamic_marks() { return g_any_ranges.load(std::memory_order_acquire); }
-
 uint64_t dynamic_marks_hash(const DeferredStorage* storage) {
-  if (!g_any_ranges.load(std::memory_order_acquire)) return 0;
+  if (!any_dynamic_marks()) return 0;
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_ranges.find(storage->id);
   if (it == g_ranges.end()) return 0;

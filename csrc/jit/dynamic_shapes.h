@@ -10,6 +10,7 @@
 // (a recompile) with a one-time warning; it never fails.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -29,12 +30,19 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
 using SizeBuckets = c10::SmallVector<uint64_t, 6>;
 SizeBuckets size_buckets(const TensorRef& r);
 
+namespace detail {
+// Set by the first mark_dynamic; never cleared.
+inline std::atomic<bool> g_any_dynamic_marks{false};
+}  // namespace detail
+
+// Whether any storage was ever marked (mark_dynamic): until then every
+// dynamic_marks_hash is 0 and size_buckets takes no lock. Inline: the
+// early-out of both, and of a flush structure's loop over its storages.
+inline bool any_dynamic_marks() { return detail::g_any_dynamic_marks.load(std::memory_order_acquire); }
+
 // A hash of the mark_dynamic ranges declared for `storage` (0: none; no lock
 // taken until some range was declared): part of a flush's structure (flush_cache.h).
 uint64_t dynamic_marks_hash(const DeferredStorage* storage);
-// Whether any storage was ever marked (mark_dynamic): until then every
-// dynamic_marks_hash is 0, and a flush structure skips the calls.
-bool any_dynamic_marks();
 
 }  // namespace jit
 }  // namespace tpu_eager

@@ -70,6 +70,11 @@ enum OpTrait : uint64_t {
   // (lazy/async_errors.h), as a CUDA kernel's device-side assert fires whether
   // or not its output is used. tools/gen_op_table.py VALUE_CHECKS.
   kChecksValues = 1ull << 32,
+  // CPU's kernel reads torch.use_deterministic_algorithms when it runs (index
+  // writes, max_unpool): while the mode is on the op runs at the call, under the
+  // mode of the call (record.cpp); a mode change first runs the queued ops
+  // (torch_tpu_eager/_deterministic.py). tools/gen_op_table.py OP_TRAITS.
+  kReadsDeterministicMode = 1ull << 33,
 };
 
 struct OpEntry {

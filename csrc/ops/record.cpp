@@ -1138,16 +1138,6 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
     if (args[i].name() == "values") plan->values_arg = static_cast<int>(i);
     if (args[i].name() == "indices") plan->indices_arg = static_cast<int>(i);
   }
-  if (entry.kind == PrimKind::kData) {
-    bool index_arg = false;
-    for (const auto& a : args) index_arg = index_arg || a.name() == "index" || a.name() == "indices";
-    // Functional variants (index_copy, scatter.src, put) write a copy: their in-place sibling exists.
-    const std::string& name = schema.name();
-    const auto& overload = schema.overload_name();
-    const bool has_inplace = !name.empty() && name.back() != '_' &&
-                             c10::Dispatcher::singleton().findOp(c10::OperatorName(name + "_", overload)).has_value();
-    plan->indexed_write = index_arg && (plan->writes != 0 || has_inplace);
-  }
   for (size_t k = 0; k < schema.returns().size(); ++k) {
     plan->aliased.push_back(aliased_arg(schema, k));
     plan->list_return.push_back(schema.returns()[k].type()->kind() == c10::TypeKind::ListType);
@@ -1291,7 +1281,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   if (entry.kind == PrimKind::kSync || !plan.has_meta.load(std::memory_order_relaxed) ||
       writes_overlapping_memory(nargs, plan.writes, *stack, first, entry.kind == PrimKind::kData) ||
       reduces_empty_input(entry.kind, plan.writes, *stack, first, nargs) ||
-      (plan.indexed_write && at::globalContext().deterministicAlgorithms()) ||
+      ((plan.traits & kReadsDeterministicMode) && at::globalContext().deterministicAlgorithms()) ||
       cpu_checks_at_call_time(plan, *stack, first)) {
     if (borrowed) borrowed->own();
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);

@@ -25,12 +25,6 @@ struct OpPlan {
   int alpha_arg = -1;         // position of an `alpha` argument (CPU's alpha_check), or -1
   int values_arg = -1;        // positions of kwarg-only written `values` / `indices` (sort's out=), or -1
   int indices_arg = -1;
-  // A data-movement op that writes through an index tensor (index_copy, index_put,
-  // put, scatter*, index_add, index_reduce; in place, out= or functional): CPU's
-  // kernel reads torch.use_deterministic_algorithms (a deterministic order for
-  // duplicate indices, or the nondeterministic alert), so in that mode it runs at
-  // the call, where the flag holds as set.
-  bool indexed_write = false;
   std::vector<int> aliased;              // per return: the argument it aliases, or -1
   std::vector<bool> list_return;         // per return: a Tensor[] result
   ScalarConversions scalar_conversions;  // Scalars CPU converts with an overflow check (scalar_checks.h)

@@ -61,3 +61,51 @@ def test_loss_backward_warns_like_cpu_and_matches(name):
     got, tpu_warned = _resize_warnings(lambda: grad("tpu"))
     assert tpu_warned == cpu_warned == []
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+# The explicit out= overloads of the same ops: CPU's kernel resizes `out` to the
+# unreduced shape before reducing into it, which a queued node's fixed-size device
+# buffer cannot take (it failed at the flush: "Trying to resize storage that is not
+# resizable"). They run at the call (tools/gen_op_table.py kind_of): CPU's kernel, a
+# resizable out, CPU's values, shape and warnings.
+OUT_ARGS = {
+    "mse_loss": lambda x, y, r: (x, y, r),
+    "huber_loss": lambda x, y, r: (x, y, r, 0.7),
+    "smooth_l1_loss": lambda x, y, r: (x, y, r, 0.5),
+    "binary_cross_entropy": lambda x, y, r: (x.sigmoid(), y.sigmoid(), None, r),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUT_ARGS))
+@pytest.mark.parametrize("reduction", [0, 1, 2])  # none, mean, sum
+@pytest.mark.parametrize("out_shape", [(0,), (), (3,)])
+def test_explicit_out_overload_resizes_out_like_cpu(name, reduction, out_shape):
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 5, generator=g)
+    y = torch.randn(6, 5, generator=g)
+    op = getattr(torch.ops.aten, name).out
+
+    def call(dev):
+        out = torch.full(out_shape, 9.0, device=dev)
+        res = op(*OUT_ARGS[name](x.to(dev), y.to(dev), reduction), out=out)
+        assert res is out
+        return out.cpu()
+
+    expected, cpu_warned = _resize_warnings(lambda: call("cpu"))
+    got, tpu_warned = _resize_warnings(lambda: call("tpu"))
+    assert tpu_warned == cpu_warned
+    # CPU's binary_cross_entropy.out reduces over the out it wrote the unreduced loss
+    # to, unlike its functional op (NaN for the mean into an out of zero elements):
+    # deterministic, and CPU's values are the contract.
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    assert got.shape == expected.shape
+
+
+def test_explicit_out_overload_reads_queued_inputs():
+    """Inputs still queued on the device (computed, not copied in) are run first."""
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(5))
+    out = torch.empty(0, device="tpu")
+    # Exact on both devices (no transcendental: the fused math may differ by an ulp).
+    torch.ops.aten.mse_loss.out(x.to("tpu") * 2, (x.to("tpu") - 1).abs(), 1, out=out)
+    expected = torch.ops.aten.mse_loss.out(x * 2, (x - 1).abs(), 1, out=torch.empty(0))
+    torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
