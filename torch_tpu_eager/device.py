@@ -37,7 +37,7 @@ def is_initialized() -> bool:
 def init() -> None:
     """Initializes the device, as ``torch.cuda.init()``: the simulated chips need no setup,
     but from now on a forked child cannot use the device. Raises CUDA's RuntimeError
-    "Cannot re-initialize tpu in forked subprocess" in such a child."""
+    "Cannot re-initialize TPU in forked subprocess" in such a child."""
     _C._init()
 
 
@@ -45,7 +45,7 @@ def _lazy_init():
     """Raises RuntimeError in a process forked after its parent used the device (as CUDA's)."""
     if _C._is_in_bad_fork():
         raise RuntimeError(
-            "Cannot re-initialize tpu in forked subprocess. To use tpu with multiprocessing, "
+            "Cannot re-initialize TPU in forked subprocess. To use TPU with multiprocessing, "
             "you must use the 'spawn' start method"
         )
 

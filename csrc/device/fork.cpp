@@ -36,7 +36,7 @@ bool device_initialized() { return g_used.load(std::memory_order_relaxed) && !in
 
 void check_not_in_bad_fork() {
   TORCH_CHECK(!in_bad_fork(),
-              "Cannot re-initialize tpu in forked subprocess. To use tpu with multiprocessing, you must use the "
+              "Cannot re-initialize TPU in forked subprocess. To use TPU with multiprocessing, you must use the "
               "'spawn' start method");
 }
 

@@ -21,7 +21,7 @@ bool in_bad_fork();
 // (torch.tpu.is_initialized(), as torch.cuda.is_initialized()).
 bool device_initialized();
 
-// Raises RuntimeError "Cannot re-initialize tpu in forked subprocess. ..." in
+// Raises RuntimeError "Cannot re-initialize TPU in forked subprocess. ..." in
 // a bad fork; no-op otherwise. Takes no lock.
 void check_not_in_bad_fork();
 

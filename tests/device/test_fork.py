@@ -63,7 +63,7 @@ def test_fork_while_another_thread_records_gives_bad_fork_error():
     assert len(lines) == 5
     for line in lines[1:]:
         msg, cpu = line.split("|")
-        assert msg.startswith("Cannot re-initialize tpu in forked subprocess"), line
+        assert msg.startswith("Cannot re-initialize TPU in forked subprocess"), line
         assert cpu == "999000.0"
 
 
@@ -133,7 +133,7 @@ def test_dataloader_worker_touching_tpu_raises_not_hangs():
         list(DataLoader(OnTpu(), batch_size=2, num_workers=2, multiprocessing_context="fork", timeout=60))
         print("no error")
     except RuntimeError as e:
-        print("Cannot re-initialize tpu in forked subprocess" in str(e))
+        print("Cannot re-initialize TPU in forked subprocess" in str(e))
     """
     r = run_python(code, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -154,7 +154,7 @@ def test_init_then_fork_child_init_raises_as_cuda():
             torch.tpu.init()
             code = 4
         except RuntimeError as e:
-            code = 0 if str(e).startswith("Cannot re-initialize tpu in forked subprocess") else 5
+            code = 0 if str(e).startswith("Cannot re-initialize TPU in forked subprocess") else 5
         if torch.tpu.is_initialized() or not torch.tpu._is_in_bad_fork():
             code = 6
         os._exit(code)

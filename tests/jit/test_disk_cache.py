@@ -312,7 +312,7 @@ def test_forked_child_and_parent_share_a_dir(tmp_path):
 
     forked = run("fork", str(tmp_path / "child.txt"))
     assert forked["disk_cache_writes"] > 0
-    assert "Cannot re-initialize tpu in forked subprocess" in forked["child"], forked["child"]
+    assert "Cannot re-initialize TPU in forked subprocess" in forked["child"], forked["child"]
     # The parent kept appending to the files it had open before the fork: a fresh
     # process doing the parent's work after the fork finds all of it on disk.
     fresh = run("plain")
