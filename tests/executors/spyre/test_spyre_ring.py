@@ -238,6 +238,21 @@ def test_softmax_over_split_rows(spyre_target, dtype, shape):
         _close(got, f(x), dtype)
 
 
+@pytest.mark.parametrize("shape", [(500, 7), (300, 4, 33), (200, 64), (90, 129)], ids=["500x7", "300x4x33", "200x64", "90x129"])
+def test_softmax_bf16_rows_of_any_width(spyre_target, shape):
+    # The bfloat16 normalizing pass runs in blocks of 64 values per row (a row
+    # narrower than a block, a 3-d row, whole blocks, one value past them):
+    # each value is still df16(exp(x - max) / sum) of the ring's statistics.
+    a = _inputs(torch.bfloat16, seed=38, shape=shape)
+    got = torch.softmax(a.to("tpu"), 0).cpu()
+    s = _schedule()
+    x = a.float()
+    (m, tot), _ = _ring_total("softmax", x, (0,), s)
+    assert got.dtype == torch.bfloat16
+    _check(got, (x - m).exp() / tot, torch.bfloat16)
+    _close(got, torch.softmax(x, 0), torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_layer_norm_over_every_dim(spyre_target, dtype, shape):
