@@ -313,7 +313,7 @@ def _stick_bytes(elems, elem_bytes=4, stick=128):
     return -(-elems * elem_bytes // stick) * stick
 
 
-def test_ring_time_is_bytes_over_the_link_bandwidth(spyre_target):
+def test_ring_time_is_hop_latency_plus_bytes_over_the_link_bandwidth(spyre_target):
     from torch_tpu_eager import spyre
     from torch_tpu_eager.target import target_info
 
@@ -321,6 +321,10 @@ def test_ring_time_is_bytes_over_the_link_bandwidth(spyre_target):
     # 128 B per cycle per direction (torch-spyre docs) at the assumed clock.
     assert info["ring_link_bandwidth"] == info["ring_bytes_per_cycle"] * info["core_clock_hz"]
     assert "ASSUMED" in info["sources"]["core_clock_hz"]
+    # A fixed latency per hop (no public figure: an assumption), in cycles of that clock.
+    assert "ASSUMED" in info["sources"]["ring_hop_latency_cycles"]
+    lat = info["ring_hop_latency_s"]
+    assert lat == info["ring_hop_latency_cycles"] / info["core_clock_hz"] and lat > 0
     x = torch.randn(64, 100).to("tpu")
     for f, stats, hops in [
         (lambda t: t.sum(0), 1, 31),  # one f32 partial of 100 per core, chained over 32 cores
@@ -332,7 +336,8 @@ def test_ring_time_is_bytes_over_the_link_bandwidth(spyre_target):
         assert s["ring_steps"] == hops
         assert s["partial_bytes"] == stats * _stick_bytes(100)
         assert s["ring_bytes"] == hops * s["partial_bytes"]
-        assert s["ring_s"] == pytest.approx(s["ring_bytes"] / info["ring_link_bandwidth"], rel=1e-12)
+        assert s["ring_latency_s"] == pytest.approx(hops * lat, rel=1e-12)
+        assert s["ring_s"] == pytest.approx(hops * lat + s["ring_bytes"] / info["ring_link_bandwidth"], rel=1e-12)
         assert s["ring_s"] > 0
         assert s["executed_s"] == pytest.approx(max(c["end_s"] for c in s["per_core"]) + s["ring_s"], rel=1e-12)
         ring = s["stages"][-1]
@@ -341,7 +346,7 @@ def test_ring_time_is_bytes_over_the_link_bandwidth(spyre_target):
     # No ring, no ring time.
     (x * 2.0).cpu()
     (s,) = spyre.last_schedule()
-    assert s["ring_steps"] == 0 and s["ring_s"] == 0
+    assert s["ring_steps"] == 0 and s["ring_s"] == 0 and s["ring_latency_s"] == 0
 
 
 def test_profiler_row_carries_the_ring_time(spyre_target, tmp_path):
@@ -361,6 +366,9 @@ def test_profiler_row_carries_the_ring_time(spyre_target, tmp_path):
     (k,) = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"]
     assert k["args"]["ring_us"] == pytest.approx(s["ring_s"] * 1e6, rel=1e-6)
     assert k["args"]["ring_us"] > 0
+    # The hops' latency, next to the ring's time and the calibrated law's sim_time_us.
+    assert k["args"]["ring_latency_us"] == pytest.approx(s["ring_latency_s"] * 1e6, rel=1e-6)
+    assert 0 < k["args"]["ring_latency_us"] < k["args"]["ring_us"]
     assert k["args"]["schedule_time_us"] == pytest.approx(s["executed_s"] * 1e6, rel=1e-6)
 
 
