@@ -113,8 +113,8 @@ def target_info(name: str | None = None) -> dict:
     Keys are the data file's parameters (units: bytes, bytes/s, FLOP/s, seconds;
     see ``sources``) and interconnect facts (``ici_topology``, ``ici_max_slice_shape``,
     ``ici_wraparound``; Spyre: ``card_interconnect``, None, and derived
-    ``ring_link_bandwidth``, bytes/s per direction, and ``ring_hop_latency_s``, seconds per hop) plus derived ``clock_hz``
-    (clock implied by the bf16 peak) and
+    ``ring_link_bandwidth``, bytes/s per direction, and ``ring_hop_latency_s``, seconds per
+    hop) plus derived ``clock_hz`` (clock implied by the bf16 peak) and
     ``vpu_elems_per_s`` (tensor_cores x sublanes x lanes x clock_hz), ``name``,
     ``kind``, ``description`` and ``sources`` (parameter -> source text).
     """

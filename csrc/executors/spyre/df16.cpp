@@ -73,12 +73,9 @@ inline uint32_t f32_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
 // floats (the exps; a row's last partial block reads past its end), `s` is
 // padded with ones to a whole number of blocks. One exp call for all rows:
 // MKL's VML costs microseconds per call.
-__attribute__((target_clones("avx2", "default"))) void softmax_bf16_rows(const float* __restrict x,
-                                                                         const float* __restrict m,
-                                                                         const float* __restrict s,
-                                                                         float* __restrict buf,
-                                                                         uint16_t* __restrict dst, int64_t rows,
-                                                                         int64_t n) {
+__attribute__((target_clones("avx2", "default"))) void softmax_bf16_rows(
+    const float* __restrict x, const float* __restrict m, const float* __restrict s, float* __restrict buf,
+    uint16_t* __restrict dst, int64_t rows, int64_t n) {
   const int64_t whole = n / kBlock * kBlock;
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;

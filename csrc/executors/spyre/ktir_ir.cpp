@@ -2966,8 +2966,8 @@ bool softmax_bf16_fits(const at::Tensor& out, const at::Tensor& x, const RingSta
            t.sizes().slice(1).equals(x.sizes().slice(1));
   };
   return out.scalar_type() == c10::kBFloat16 && out.is_contiguous() && x.is_contiguous() &&
-         x.scalar_type() == c10::kFloat && x.dim() > 0 && out.numel() == x.numel() && one_row(st.a) &&
-         one_row(st.b) && df16_softmax_bf16_available();
+         x.scalar_type() == c10::kFloat && x.dim() > 0 && out.numel() == x.numel() && one_row(st.a) && one_row(st.b) &&
+         df16_softmax_bf16_available();
 }
 
 // The normalized rows `x` (f32) with the combined statistics.

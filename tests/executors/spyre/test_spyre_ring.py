@@ -238,7 +238,9 @@ def test_softmax_over_split_rows(spyre_target, dtype, shape):
         _close(got, f(x), dtype)
 
 
-@pytest.mark.parametrize("shape", [(500, 7), (300, 4, 33), (200, 64), (90, 129)], ids=["500x7", "300x4x33", "200x64", "90x129"])
+@pytest.mark.parametrize(
+    "shape", [(500, 7), (300, 4, 33), (200, 64), (90, 129)], ids=["500x7", "300x4x33", "200x64", "90x129"]
+)
 def test_softmax_bf16_rows_of_any_width(spyre_target, shape):
     # The bfloat16 normalizing pass runs in blocks of 64 values per row (a row
     # narrower than a block, a 3-d row, whole blocks, one value past them):
