@@ -12,10 +12,18 @@ namespace tpu_eager {
 namespace spyre {
 namespace {
 
-// m[j] = max(m[j], x[j]) for j < n, NaN sticking (as amax: once NaN, NaN).
+// m[j] = max(m[j], x[j]) for j < n on NaN-free rows (a plain select: it
+// vectorizes to max instructions; a NaN-sticking one did not).
 __attribute__((target_clones("avx2", "default"))) void max_row(const float* __restrict x, float* __restrict m,
                                                                int64_t n) {
-  for (int64_t j = 0; j < n; ++j) m[j] = (x[j] > m[j] || x[j] != x[j]) ? x[j] : m[j];
+  for (int64_t j = 0; j < n; ++j) m[j] = x[j] > m[j] ? x[j] : m[j];
+}
+
+// Whether x[0..n) holds a NaN.
+__attribute__((target_clones("avx2", "default"))) bool has_nan(const float* __restrict x, int64_t n) {
+  int bad = 0;
+  for (int64_t j = 0; j < n; ++j) bad |= x[j] != x[j];
+  return bad != 0;
 }
 
 // e[j] = x[j] - m[j] for j < n (IEEE f32, as at::sub).
@@ -50,8 +58,12 @@ std::pair<at::Tensor, at::Tensor> softmax_partial_exp(const at::Tensor& seg) {
   for (int64_t g = 0; g < G; ++g) {
     const float* x = base + g * seg.stride(0);
     float* mg = mp + g * inner;
-    std::copy(x, x + inner, mg);
-    for (int64_t r = 1; r < rows; ++r) max_row(x + r * inner, mg, inner);
+    if (has_nan(x, rows * inner)) {  // amax's NaN rule, rare: ATen's own
+      m.select(0, g).copy_(seg.select(0, g).amax(0, true));
+    } else {
+      std::copy(x, x + inner, mg);
+      for (int64_t r = 1; r < rows; ++r) max_row(x + r * inner, mg, inner);
+    }
     for (int64_t r = 0; r < rows; ++r) sub_row(x + r * inner, mg, ep + (g * rows + r) * inner, inner);
   }
   tpu::vml::exp(ep, ep, e.numel());
