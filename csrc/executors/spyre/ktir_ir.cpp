@@ -55,7 +55,6 @@
 #include "executors/spyre/df16.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/layout.h"
-#include "executors/spyre/ring_kernels.h"
 #include "jit/lowering.h"
 #include "ops/op_table.h"
 
@@ -2219,14 +2218,6 @@ RingPart ring_partial(const KtirTilePlan& P, const RingParams& rp, const at::Ten
     }
     case KtirTilePlan::kSoftmax:
     case KtirTilePlan::kLogSoftmax: {
-      if (P.combine == KtirTilePlan::kSoftmax && shifted.size() == 1 && shifted[0] == 1 && acc == c10::kFloat &&
-          fits_softmax_partial(seg)) {
-        // max, difference and exp in one pass (log_softmax keeps ATen's: the
-        // sign of a zero max reaches its x - m).
-        auto [m, e] = softmax_partial_exp(seg);
-        q.t = {m, e.sum(dims, true, acc)};
-        break;
-      }
       const at::Tensor m = seg.amax(dims, true);
       q.t = {m, seg.sub(m).exp_().sum(dims, true, acc)};
       break;
