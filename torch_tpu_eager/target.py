@@ -113,8 +113,8 @@ def target_info(name: str | None = None) -> dict:
     Keys are the data file's parameters (units: bytes, bytes/s, FLOP/s, seconds;
     see ``sources``) and interconnect facts (``ici_topology``, ``ici_max_slice_shape``,
     ``ici_wraparound``; Spyre: ``card_interconnect``, None, and derived
-    ``ring_link_bandwidth``, bytes/s per direction) plus derived ``clock_hz``
-    (clock implied by the bf16 peak) and
+    ``ring_link_bandwidth``, bytes/s per direction, and ``ring_hop_latency_s``, seconds per
+    hop) plus derived ``clock_hz`` (clock implied by the bf16 peak) and
     ``vpu_elems_per_s`` (tensor_cores x sublanes x lanes x clock_hz), ``name``,
     ``kind``, ``description`` and ``sources`` (parameter -> source text).
     """
@@ -133,6 +133,11 @@ def target_info(name: str | None = None) -> dict:
         sources["ring_link_bandwidth"] = (
             "derived: ring_bytes_per_cycle x core_clock_hz (bytes/s per direction of one ring link; "
             "the clock is an assumption, see core_clock_hz)"
+        )
+        info["ring_hop_latency_s"] = values["ring_hop_latency_cycles"] / values["core_clock_hz"]
+        sources["ring_hop_latency_s"] = (
+            "derived: ring_hop_latency_cycles / core_clock_hz (seconds per ring hop apart from its bytes; "
+            "both are assumptions, see their sources)"
         )
     if spec["kind"] == "tpu":
         info.update(_derived(values))
@@ -189,6 +194,7 @@ def set_target(name: str) -> None:
                 "dram_bandwidth": info["dram_bandwidth_mixed"],
                 "overlap": info["overlap_factor"],
                 "ring_link_bandwidth": info["ring_link_bandwidth"],
+                "ring_hop_latency_s": info["ring_hop_latency_s"],
             }
         )
         return

@@ -41,7 +41,7 @@ thread_local double t_flush_clock_s = 0;
 // note_kernel_schedule's values for this thread's next record_kernel (schedule_s < 0: none).
 struct ScheduleNote {
   std::string kernel;
-  double schedule_s = -1, pipelined_s = 0, ring_s = 0;
+  double schedule_s = -1, pipelined_s = 0, ring_s = 0, ring_latency_s = 0;
   std::vector<double> core_end_s;
 };
 thread_local ScheduleNote t_schedule;
@@ -239,6 +239,7 @@ class TpuProfilerSession final : public libkineto::IActivityProfilerSession {
           act.addMetadata("schedule_time_us", k.schedule.schedule_s * 1e6);
           act.addMetadata("pipelined_us", k.schedule.pipelined_s * 1e6);
           act.addMetadata("ring_us", k.schedule.ring_s * 1e6);
+          act.addMetadata("ring_latency_us", k.schedule.ring_latency_s * 1e6);
           std::string cores = "[";
           for (size_t c = 0; c < k.schedule.core_end_s.size(); ++c)
             cores += (c ? "," : "") + std::to_string(k.schedule.core_end_s[c] * 1e6);
@@ -342,11 +343,12 @@ void record_kernel(const std::string& name, const std::string& ops, double sim_t
 }
 
 void note_kernel_schedule(const std::string& kernel, double schedule_s, double pipelined_s,
-                          const std::vector<double>& core_end_s, double ring_s) {
+                          const std::vector<double>& core_end_s, double ring_s, double ring_latency_s) {
   t_schedule.kernel = kernel;
   t_schedule.schedule_s = schedule_s;
   t_schedule.pipelined_s = pipelined_s;
   t_schedule.ring_s = ring_s;
+  t_schedule.ring_latency_s = ring_latency_s;
   t_schedule.core_end_s = core_end_s;
 }
 

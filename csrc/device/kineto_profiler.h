@@ -64,11 +64,12 @@ void record_kernel(const std::string& name, const std::string& ops, double sim_t
 // also ran an executed tile schedule (the Spyre target): its time
 // `schedule_s` (the latest core's pipeline end), the ideal one-core
 // pipeline `pipelined_s`, each core's busy time and the ring reduction's
-// time `ring_s` (part of schedule_s; seconds), added to the activity's
-// metadata next to sim_time_us. Called only while recording().
+// time `ring_s` (part of schedule_s; seconds) with its hops' latency
+// `ring_latency_s` (part of ring_s), added to the activity's metadata next
+// to sim_time_us. Called only while recording().
 // A note for another kernel name than the next recorded one is dropped.
 void note_kernel_schedule(const std::string& kernel, double schedule_s, double pipelined_s,
-                          const std::vector<double>& core_end_s, double ring_s = 0);
+                          const std::vector<double>& core_end_s, double ring_s = 0, double ring_latency_s = 0);
 
 // `stream` of chip `device` waits (wait_event / wait_stream) for an event
 // recorded at simulated time `event_s` on `waited_stream`, by the op with

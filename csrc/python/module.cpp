@@ -200,6 +200,7 @@ void set_spyre_target(const py::dict& p) {
   c.dram_bandwidth = p["dram_bandwidth"].cast<double>();
   c.overlap = p["overlap"].cast<double>();
   if (p.contains("ring_link_bandwidth")) c.ring_link_bandwidth = p["ring_link_bandwidth"].cast<double>();
+  if (p.contains("ring_hop_latency_s")) c.ring_hop_latency_s = p["ring_hop_latency_s"].cast<double>();
   TORCH_CHECK_VALUE(c.valid() && c.dram_bytes > 0, "invalid card parameters for target ", c.name);
   py::gil_scoped_release no_gil;
   (void)flush_all(FlushReason::kTargetSwitch);
@@ -300,6 +301,7 @@ py::dict schedule_dict(const spyre::Schedule& s) {
   d["ring_steps_run"] = s.ring_steps_run;
   d["executed_s"] = s.executed_s;
   d["ring_s"] = s.ring_s;
+  d["ring_latency_s"] = s.ring_latency_s;
   py::list cores;
   for (const auto& t : s.per_core) {
     py::dict e;

@@ -29,10 +29,16 @@ struct CardParams {
   // executed_s (metrics schedule_time_s) and the profiler's ring_us /
   // schedule_time_us. 0: unknown, the ring adds no time.
   double ring_link_bandwidth = 0;
+  // The fixed time of one ring hop apart from its bytes (link, ring stop and
+  // the receiving core's handshake), seconds: ring_hop_latency_cycles /
+  // core_clock_hz, both ASSUMED (no public figure; spyre.json has the
+  // sources). A ring of S hops carrying B bytes takes S x this + B /
+  // ring_link_bandwidth (Schedule::ring_s). 0: the ring's bytes alone.
+  double ring_hop_latency_s = 0;
 
   bool valid() const {
     return cores > 0 && stick_bytes > 0 && matmul_macs_per_s_per_core > 0 && vector_elems_per_s_per_core > 0 &&
-           dram_bandwidth > 0 && overlap >= 0 && overlap <= 1;
+           dram_bandwidth > 0 && overlap >= 0 && overlap <= 1 && ring_hop_latency_s >= 0;
   }
 };
 

@@ -3,10 +3,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+
+#include "executors/tpu/cpu_vml.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -57,44 +61,73 @@ __attribute__((target_clones("avx2", "default"))) void round_bf16_in_place_loop(
   map_blocked(p, p, n, [](uint16_t b) { return df16_round_bf16_bits(static_cast<uint32_t>(b) << 16); });
 }
 
-// dst[r * n + j] = df16_round_bf16_bits(x[r * n + j] / d[j]): the quotient in
-// f32 (IEEE division, as ATen's div), then rounded and converted as
-// round_bf16_loop does, block by block (the quotients of a block go through
-// a bits buffer, which keeps both loops vectorizable).
-__attribute__((target_clones("avx2", "default"))) void div_round_bf16_loop(const float* __restrict x,
-                                                                           const float* __restrict d,
-                                                                           uint16_t* __restrict dst, int64_t rows,
-                                                                           int64_t n) {
-  alignas(64) float q[kBlock];
-  alignas(64) uint32_t u[kBlock];
+// The IEEE bits of f (as memcpy gives them); unlike memcpy, the builtin
+// keeps a loop over an array of floats vectorizable.
+inline uint32_t f32_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
+
+// Softmax's normalizing pass over `rows` rows of n contiguous f32 values:
+// dst[r * n + j] = bf16 bits of df16(exp(x[r * n + j] - m[j]) / s[j]). The
+// difference and the quotient are IEEE f32 (as at::sub's and at::div's), the
+// exp is CPU's float32 exp (vml::exp, as torch.exp), so each value is the one
+// x.sub(m).exp().div(s) gives, rounded once. `buf` holds rows * n + kBlock
+// floats (the exps; a row's last partial block reads past its end), `s` is
+// padded with ones to a whole number of blocks. One exp call for all rows:
+// MKL's VML costs microseconds per call.
+__attribute__((target_clones("avx2", "default"))) void softmax_bf16_rows(
+    const float* __restrict x, const float* __restrict m, const float* __restrict s, float* __restrict buf,
+    uint16_t* __restrict dst, int64_t rows, int64_t n) {
+  const int64_t whole = n / kBlock * kBlock;
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
+    float* br = buf + r * n;
+    for (int64_t j = 0; j < whole; j += kBlock)
+      for (int64_t k = 0; k < kBlock; ++k) br[j + k] = xr[j + k] - m[j + k];
+    for (int64_t j = whole; j < n; ++j) br[j] = xr[j] - m[j];
+  }
+  tpu::vml::exp(buf, buf, rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* br = buf + r * n;
     uint16_t* o = dst + r * n;
-    int64_t j = 0;
-    for (; j + kBlock <= n; j += kBlock) {
-      for (int64_t k = 0; k < kBlock; ++k) q[k] = xr[j + k] / d[j + k];
-      std::memcpy(u, q, sizeof q);
-      for (int64_t k = 0; k < kBlock; ++k) o[j + k] = df16_round_bf16_bits(u[k]);
-    }
-    for (; j < n; ++j) {
-      const float v = xr[j] / d[j];
-      uint32_t b;
-      std::memcpy(&b, &v, sizeof b);
-      o[j] = df16_round_bf16_bits(b);
+    for (int64_t j = 0; j < whole; j += kBlock)
+      for (int64_t k = 0; k < kBlock; ++k) o[j + k] = df16_round_bf16_bits(f32_bits(br[j + k] / s[j + k]));
+    if (whole < n) {
+      uint16_t t[kBlock];
+      for (int64_t k = 0; k < kBlock; ++k) t[k] = df16_round_bf16_bits(f32_bits(br[whole + k] / s[whole + k]));
+      std::memcpy(o + whole, t, static_cast<size_t>(n - whole) * sizeof(uint16_t));
     }
   }
 }
 
 }  // namespace
 
-void df16_div_round_bf16_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& d) {
-  const int64_t n = d.numel();
+bool df16_softmax_bf16_available() { return tpu::vml::available(); }
+
+void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& m, const at::Tensor& s) {
+  const int64_t n = s.numel();
   const int64_t rows = n > 0 ? x.numel() / n : 0;
+  if (rows == 0) return;
   const float* in = x.const_data_ptr<float>();
-  const float* dv = d.const_data_ptr<float>();
+  const float* mv = m.const_data_ptr<float>();
   auto* o = reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>());
-  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, n)),
-                   [&](int64_t b, int64_t e) { div_round_bf16_loop(in + b * n, dv, o + b * n, e - b, n); });
+  // The sums padded with ones to whole blocks (a row's last block divides
+  // past its end; those quotients are dropped).
+  std::vector<float> sp((n + kBlock - 1) / kBlock * kBlock, 1.0f);
+  std::copy(s.const_data_ptr<float>(), s.const_data_ptr<float>() + n, sp.begin());
+  // Rows per chunk: about kChunk elements, whose exps stay in L2 between the
+  // steps (no f32 tensor of x's size is written), in few exp calls.
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunk_rows = std::max<int64_t>(1, kChunk / n);
+  at::parallel_for(0, rows, chunk_rows, [&](int64_t b, int64_t e) {
+    // Not zeroed (every exp is written before it is read) but for the slack
+    // past the last row, which the last block reads.
+    const int64_t used = std::min(chunk_rows, e - b) * n;
+    std::unique_ptr<float[]> buf(new float[used + kBlock]);
+    std::fill(buf.get() + used, buf.get() + used + kBlock, 1.0f);
+    for (int64_t r = b; r < e; r += chunk_rows) {
+      const int64_t len = std::min(chunk_rows, e - r);
+      softmax_bf16_rows(in + r * n, mv, sp.data(), buf.get(), o + r * n, len, n);
+    }
+  });
 }
 
 void df16_round_bf16_in_place(uint16_t* p, int64_t n) { round_bf16_in_place_loop(p, n); }

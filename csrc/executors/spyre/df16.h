@@ -153,11 +153,17 @@ at::Tensor df16_round_as(const at::Tensor& x, c10::ScalarType dtype);
 // CPU tensor, out a contiguous bfloat16 CPU tensor with x's number of
 // elements (the caller checks; nothing here does).
 void df16_round_bf16_into(const at::Tensor& out, const at::Tensor& x);
-// out = df16_round_as(x / d, bfloat16) with d broadcast over x's rows: x a
-// contiguous float32 CPU tensor of rows * d.numel() elements, d a contiguous
-// float32 tensor (one row), out a contiguous bfloat16 tensor of x's size
-// (the caller checks). The quotient is IEEE f32 division, as at::div's.
-void df16_div_round_bf16_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& d);
+// Softmax's normalizing pass to bfloat16 in one pass over x:
+// out = df16_round_as(x.sub(m).exp().div(s), bfloat16) with m and s
+// broadcast over x's rows: x a contiguous float32 CPU tensor of rows *
+// s.numel() elements, m and s contiguous float32 tensors of one row each,
+// out a contiguous bfloat16 tensor of x's size (the caller checks; nothing
+// here does). The difference and quotient are IEEE f32 and the exp is CPU's
+// float32 exp, so the values equal those of the three ATen ops. Requires
+// df16_softmax_bf16_available() (torch built with MKL's VML, whose exp
+// torch.exp calls on x86-64).
+bool df16_softmax_bf16_available();
+void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& m, const at::Tensor& s);
 // decode(encode(x)) cast back to x's dtype: what a tensor of x's dtype holds
 // after a round trip through Spyre memory.
 at::Tensor df16_round(const at::Tensor& x, Df16Rounding rounding = Df16Rounding::kNearestAway,

@@ -2948,6 +2948,19 @@ RingStats ring_stats(const KtirTilePlan& P, const RingParams& rp, const RingPart
   return {total.t[0], var.add(rp.eps).rsqrt()};
 }
 
+// Whether softmax's normalizing pass over `x` (all rows) into `out` can run
+// as df16_softmax_bf16_into: contiguous float32 rows, statistics of one row
+// each, a contiguous bfloat16 out of x's size, and CPU's exp available.
+bool softmax_bf16_fits(const at::Tensor& out, const at::Tensor& x, const RingStats& st) {
+  auto one_row = [&](const at::Tensor& t) {
+    return t.scalar_type() == c10::kFloat && t.is_contiguous() && t.dim() == x.dim() && t.size(0) == 1 &&
+           t.sizes().slice(1).equals(x.sizes().slice(1));
+  };
+  return out.scalar_type() == c10::kBFloat16 && out.is_contiguous() && x.is_contiguous() &&
+         x.scalar_type() == c10::kFloat && x.dim() > 0 && out.numel() == x.numel() && one_row(st.a) && one_row(st.b) &&
+         df16_softmax_bf16_available();
+}
+
 // The normalized rows `x` (f32) with the combined statistics.
 // `own`: x is a temporary the pass may overwrite (a widened copy).
 at::Tensor ring_normalize(const KtirTilePlan& P, const RingStats& st, const at::Tensor& x, const at::Tensor& w,
@@ -3602,14 +3615,10 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           if (rp.bias >= 0) b = views[rp.bias].to(acc_dtype);
           const bool own = !x.is_alias_of(views[ring_in]) && x.sizes().equals(views[ring_in].sizes());
           const at::Tensor& out = views[ring->results[0]];
-          if (own && P.combine == KtirTilePlan::kSoftmax && out.scalar_type() == c10::kBFloat16 &&
-              out.is_contiguous() && x.is_contiguous() && x.scalar_type() == c10::kFloat && x.dim() > 0 &&
-              st.b.scalar_type() == c10::kFloat && st.b.is_contiguous() && st.b.dim() == x.dim() && st.b.size(0) == 1 &&
-              st.b.sizes().slice(1).equals(x.sizes().slice(1)) && out.numel() == x.numel()) {
-            // softmax to bfloat16: the division by the sum fused into the df16 store
-            // (the same f32 quotients, one pass less over the rows).
-            x.sub_(st.a).exp_();
-            df16_div_round_bf16_into(out, x, st.b);
+          if (P.combine == KtirTilePlan::kSoftmax && softmax_bf16_fits(out, x, st)) {
+            // softmax to bfloat16: difference, exp, quotient and df16 store in
+            // one pass over the rows (the same f32 values as the ATen ops).
+            df16_softmax_bf16_into(out, x, st.a, st.b);
           } else {
             store(ring->results[0], ring_normalize(P, st, x, w, b, own), nullptr, 0, -1);
           }

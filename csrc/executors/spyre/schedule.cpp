@@ -230,9 +230,11 @@ void time_schedule(Schedule& s, double compute_s, double memory_s, const CardPar
   std::stable_sort(s.stages.begin(), s.stages.end(),
                    [](const ScheduleStage& a, const ScheduleStage& b) { return a.start_s < b.start_s; });
   s.stages_omitted = n > 4 ? 3 * (n - 4) : 0;
-  s.ring_s = s.ring_steps > 0 && card.ring_link_bandwidth > 0
-                 ? static_cast<double>(s.ring_bytes) / card.ring_link_bandwidth
-                 : 0.0;
+  // Each hop: a fixed latency, then its bytes over the link (the hops run one after the other).
+  s.ring_latency_s = static_cast<double>(s.ring_steps) * card.ring_hop_latency_s;
+  s.ring_s = s.ring_latency_s + (s.ring_steps > 0 && card.ring_link_bandwidth > 0
+                                     ? static_cast<double>(s.ring_bytes) / card.ring_link_bandwidth
+                                     : 0.0);
   if (s.ring_steps > 0) {
     s.stages.push_back({"ring_reduce", -1, -1, s.ring_bytes, s.pipelined_s, s.pipelined_s + s.ring_s});
     s.pipelined_s += s.ring_s;

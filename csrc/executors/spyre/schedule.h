@@ -31,7 +31,8 @@
 // T = C + M - overlap x min(C, M), measured on hardware, which sits between
 // the two (docs/spyre.md relates them); the ring reduction is counted in
 // steps, bytes and ring cycles at 128 B per cycle and timed at the card's
-// ring_link_bandwidth (card.h; its clock is an assumption, spyre.json).
+// ring_link_bandwidth plus a latency per hop (card.h; the clock and the
+// latency are assumptions, spyre.json).
 #pragma once
 
 #include <cstdint>
@@ -88,10 +89,14 @@ struct Schedule {
   int64_t load_bytes_per_tile = 0, store_bytes_per_tile = 0;
   // Ring reduction over the cores (0 when none).
   // ring_steps hops of partial_bytes each, one after the other; ring_s =
-  // ring_bytes / ring_link_bandwidth (0 when the card gives no bandwidth),
-  // added after the cores' pipelines (pipelined_s, executed_s).
+  // ring_steps x ring_hop_latency_s + ring_bytes / ring_link_bandwidth (the
+  // bytes' part 0 when the card gives no bandwidth), added after the cores'
+  // pipelines (pipelined_s, executed_s).
   int64_t ring_steps = 0, ring_bytes = 0, ring_cycles = 0, partial_bytes = 0;
   double ring_s = 0;
+  // The hops' fixed part of ring_s: ring_steps x card.ring_hop_latency_s
+  // (ring_s = this + ring_bytes / ring_link_bandwidth).
+  double ring_latency_s = 0;
   // Timing, seconds (see the header comment).
   double compute_s = 0, memory_s = 0;  // the region's C and M
   double tile_load_s = 0, tile_compute_s = 0, tile_store_s = 0;

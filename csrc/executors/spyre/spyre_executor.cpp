@@ -288,7 +288,7 @@ class SpyreKernel final : public Kernel {
     if (kineto::recording()) {
       std::vector<double> busy;
       for (const auto& t : s.per_core) busy.push_back(t.end_s);
-      kineto::note_kernel_schedule(c.name, s.executed_s, s.pipelined_s, busy, s.ring_s);
+      kineto::note_kernel_schedule(c.name, s.executed_s, s.pipelined_s, busy, s.ring_s, s.ring_latency_s);
     }
     schedule_record(std::move(s));
   }

@@ -238,6 +238,23 @@ def test_softmax_over_split_rows(spyre_target, dtype, shape):
         _close(got, f(x), dtype)
 
 
+@pytest.mark.parametrize(
+    "shape", [(500, 7), (300, 4, 33), (200, 64), (90, 129)], ids=["500x7", "300x4x33", "200x64", "90x129"]
+)
+def test_softmax_bf16_rows_of_any_width(spyre_target, shape):
+    # The bfloat16 normalizing pass runs in blocks of 64 values per row (a row
+    # narrower than a block, a 3-d row, whole blocks, one value past them):
+    # each value is still df16(exp(x - max) / sum) of the ring's statistics.
+    a = _inputs(torch.bfloat16, seed=38, shape=shape)
+    got = torch.softmax(a.to("tpu"), 0).cpu()
+    s = _schedule()
+    x = a.float()
+    (m, tot), _ = _ring_total("softmax", x, (0,), s)
+    assert got.dtype == torch.bfloat16
+    _check(got, (x - m).exp() / tot, torch.bfloat16)
+    _close(got, torch.softmax(x, 0), torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_layer_norm_over_every_dim(spyre_target, dtype, shape):
@@ -298,7 +315,7 @@ def _stick_bytes(elems, elem_bytes=4, stick=128):
     return -(-elems * elem_bytes // stick) * stick
 
 
-def test_ring_time_is_bytes_over_the_link_bandwidth(spyre_target):
+def test_ring_time_is_hop_latency_plus_bytes_over_the_link_bandwidth(spyre_target):
     from torch_tpu_eager import spyre
     from torch_tpu_eager.target import target_info
 
@@ -306,6 +323,10 @@ def test_ring_time_is_bytes_over_the_link_bandwidth(spyre_target):
     # 128 B per cycle per direction (torch-spyre docs) at the assumed clock.
     assert info["ring_link_bandwidth"] == info["ring_bytes_per_cycle"] * info["core_clock_hz"]
     assert "ASSUMED" in info["sources"]["core_clock_hz"]
+    # A fixed latency per hop (no public figure: an assumption), in cycles of that clock.
+    assert "ASSUMED" in info["sources"]["ring_hop_latency_cycles"]
+    lat = info["ring_hop_latency_s"]
+    assert lat == info["ring_hop_latency_cycles"] / info["core_clock_hz"] and lat > 0
     x = torch.randn(64, 100).to("tpu")
     for f, stats, hops in [
         (lambda t: t.sum(0), 1, 31),  # one f32 partial of 100 per core, chained over 32 cores
@@ -317,7 +338,8 @@ def test_ring_time_is_bytes_over_the_link_bandwidth(spyre_target):
         assert s["ring_steps"] == hops
         assert s["partial_bytes"] == stats * _stick_bytes(100)
         assert s["ring_bytes"] == hops * s["partial_bytes"]
-        assert s["ring_s"] == pytest.approx(s["ring_bytes"] / info["ring_link_bandwidth"], rel=1e-12)
+        assert s["ring_latency_s"] == pytest.approx(hops * lat, rel=1e-12)
+        assert s["ring_s"] == pytest.approx(hops * lat + s["ring_bytes"] / info["ring_link_bandwidth"], rel=1e-12)
         assert s["ring_s"] > 0
         assert s["executed_s"] == pytest.approx(max(c["end_s"] for c in s["per_core"]) + s["ring_s"], rel=1e-12)
         ring = s["stages"][-1]
@@ -326,7 +348,7 @@ def test_ring_time_is_bytes_over_the_link_bandwidth(spyre_target):
     # No ring, no ring time.
     (x * 2.0).cpu()
     (s,) = spyre.last_schedule()
-    assert s["ring_steps"] == 0 and s["ring_s"] == 0
+    assert s["ring_steps"] == 0 and s["ring_s"] == 0 and s["ring_latency_s"] == 0
 
 
 def test_profiler_row_carries_the_ring_time(spyre_target, tmp_path):
@@ -346,6 +368,9 @@ def test_profiler_row_carries_the_ring_time(spyre_target, tmp_path):
     (k,) = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"]
     assert k["args"]["ring_us"] == pytest.approx(s["ring_s"] * 1e6, rel=1e-6)
     assert k["args"]["ring_us"] > 0
+    # The hops' latency, next to the ring's time and the calibrated law's sim_time_us.
+    assert k["args"]["ring_latency_us"] == pytest.approx(s["ring_latency_s"] * 1e6, rel=1e-6)
+    assert 0 < k["args"]["ring_latency_us"] < k["args"]["ring_us"]
     assert k["args"]["schedule_time_us"] == pytest.approx(s["executed_s"] * 1e6, rel=1e-6)
 
 

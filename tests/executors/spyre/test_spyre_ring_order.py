@@ -291,7 +291,9 @@ def test_selection_schedule_counts_every_pass(spyre_target, dtype, digits, op):
     assert s["partial_bytes"] == histogram
     assert s["ring_bytes"] == hops * (digits * (histogram + one) + one)
     info = target_info("spyre")
-    assert s["ring_s"] == pytest.approx(s["ring_bytes"] / info["ring_link_bandwidth"], rel=1e-12)
+    # Each hop: its latency, then its bytes over the link (the 2 * digits + 1 short chains add most latency).
+    assert s["ring_latency_s"] == pytest.approx(s["ring_steps"] * info["ring_hop_latency_s"], rel=1e-12)
+    assert s["ring_s"] == pytest.approx(s["ring_latency_s"] + s["ring_bytes"] / info["ring_link_bandwidth"], rel=1e-12)
     assert s["executed_s"] == pytest.approx(max(c["end_s"] for c in s["per_core"]) + s["ring_s"], rel=1e-12)
 
 
