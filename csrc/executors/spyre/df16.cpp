@@ -10,7 +10,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
-#include "executors/tpu/cpu_vml.h"
+#include "executors/cpu_vml.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -84,7 +84,7 @@ __attribute__((target_clones("avx2", "default"))) void softmax_bf16_rows(
       for (int64_t k = 0; k < kBlock; ++k) br[j + k] = xr[j + k] - m[j + k];
     for (int64_t j = whole; j < n; ++j) br[j] = xr[j] - m[j];
   }
-  tpu::vml::exp(buf, buf, rows * n);
+  vml::exp(buf, buf, rows * n);
   for (int64_t r = 0; r < rows; ++r) {
     const float* br = buf + r * n;
     uint16_t* o = dst + r * n;
@@ -100,7 +100,7 @@ __attribute__((target_clones("avx2", "default"))) void softmax_bf16_rows(
 
 }  // namespace
 
-bool df16_softmax_bf16_available() { return tpu::vml::available(); }
+bool df16_softmax_bf16_available() { return vml::available(); }
 
 void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& m, const at::Tensor& s) {
   const int64_t n = s.numel();

@@ -6,7 +6,7 @@
 #include <c10/util/accumulate.h>
 
 #include "executors/direct_kernels.h"
-#include "executors/tpu/cpu_vml.h"
+#include "executors/cpu_vml.h"
 #include "executors/tpu/fused_program.h"
 #include "jit/lowering.h"
 
@@ -250,7 +250,7 @@ bool row_anchor(RowReduce row, const Node& n, c10::IntArrayRef sizes, fused::Row
     *op = row == RowReduce::kSoftmax ? fused::RowOp::kSoftmax : fused::RowOp::kLogSoftmax;
     dim = n.args[1].toInt();
   } else if (row == RowReduce::kLogSumExp) {
-    if (!tpu::vml::available() || !n.args[1].isIntList() || n.args[1].toIntList().size() != 1) return false;
+    if (!vml::available() || !n.args[1].isIntList() || n.args[1].toIntList().size() != 1) return false;
     *op = fused::RowOp::kLogSumExp;
     dim = n.args[1].toIntList().get(0);
     // A single row of at least GRAIN_SIZE (32,768) floats: CPU's sum splits it

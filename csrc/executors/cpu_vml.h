@@ -9,7 +9,6 @@
 #include <cstdint>
 
 namespace tpu_eager {
-namespace tpu {
 namespace vml {
 
 // True when the running torch provides MKL's VML, so the routines below are CPU's.
@@ -39,5 +38,4 @@ void gelu(int type, const float* x, float* y, int64_t n);
 void gelu_backward(int type, const float* grad, const float* x, float* y, int64_t n);
 
 }  // namespace vml
-}  // namespace tpu
 }  // namespace tpu_eager

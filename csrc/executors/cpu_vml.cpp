@@ -1,5 +1,5 @@
 // CPU's float32 exp and log through MKL's VML (see cpu_vml.h).
-#include "executors/tpu/cpu_vml.h"
+#include "executors/cpu_vml.h"
 
 #include <algorithm>
 
@@ -20,7 +20,6 @@ __attribute__((weak)) void vmsErf(int n, const float* a, float* r, long long mod
 }
 
 namespace tpu_eager {
-namespace tpu {
 namespace vml {
 namespace {
 
@@ -90,5 +89,4 @@ void gelu_backward(int type, const float* grad, const float* x, float* y, int64_
 }
 
 }  // namespace vml
-}  // namespace tpu
 }  // namespace tpu_eager
