@@ -85,6 +85,8 @@ const Dims* iteration_shape(const Node& n) {
 
 // (partition.h)
 const Dims* loop_shape(const Node& n) {
+  // nll_loss_backward iterates over its gradient (its first input is the loss's gradient, 0-dim or per row).
+  if (lowering_of(n.op).loss == LossRow::kNllLossBackward && !n.outputs.empty()) return &n.outputs[0].sizes;
   if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction && !n.inputs.empty()) return &n.inputs[0].ref.sizes;
   if (lowering_of(n.op).concat) {  // cat: over its inputs' shape (Lowering::concat)
     for (const auto& in : n.inputs)
@@ -221,6 +223,7 @@ struct Growing {
   bool by_ops = false;      // a group of lowered ops the target runs op by op (anchor kLibrary)
   bool closed = false;      // ends with a row reduction that ends the target's loop: takes no consumers
   bool row_values = false;  // holds a kRowValue reduction: its consumers join in loops of their own
+  int closer = -1;          // graph index of the op that closed it (closed)
   // Whether its ops run in loops of one shape each (Region::loop): a fused
   // elementwise or reduction region on a target that asks for them.
   bool loops(const Region& r, bool one_shape) const {
@@ -269,10 +272,37 @@ bool closes_region(OpFusion f, bool one_shape) {
   return f == OpFusion::kEndsLoop || (f == OpFusion::kRowValue && !one_shape);
 }
 
-bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f, bool one_shape) {
+// Whether cross-entropy's op `n` (Lowering::loss, fused on a target of
+// one-shape loops) runs in a loop of its own kind: it then joins only the
+// region `cross_entropy_pair` allows and closes it.
+bool loss_row(const Node& n, OpFusion f, bool one_shape) {
+  return one_shape && f == OpFusion::kFuses && lowering_of(n.op).loss != LossRow::kNone;
+}
+
+// Cross-entropy rule (loss_row ops): nll_loss_forward joins the closed
+// region of the _log_softmax whose result it reads as its input (the row
+// loop then gathers each row's target value; one region instead of two), and
+// _log_softmax_backward_data the region nll_loss_backward started when it
+// reads that op's gradient (one row loop makes the gradient of the logits
+// without the mostly-zero [N, C] gradient of the log-probabilities). `c`: the
+// op that closed the region.
+bool cross_entropy_pair(const Node& c, const Node& n) {
+  const Lowering& lc = lowering_of(c.op);
+  const LossRow loss = lowering_of(n.op).loss;
+  const bool pair = (loss == LossRow::kNllLoss && lc.row == RowReduce::kLogSoftmax) ||
+                    (loss == LossRow::kLogSoftmaxBackward && lc.loss == LossRow::kNllLossBackward);
+  if (!pair || c.outputs.empty()) return false;
+  for (const auto& in : n.inputs)
+    if (in.arg == 0 && in.elem < 0 && !in.written) return in.ref.storage == c.outputs[0].storage;
+  return false;
+}
+
+bool fusible_into(const std::vector<Node>& g, const Region& r, const Growing& s, const Node& n, OpFusion f,
+                  bool one_shape) {
   const auto k = static_cast<PrimKind>(n.kind);
   if (k == PrimKind::kLibrary || r.nodes.size() >= kMaxRegionOps) return false;
   if (s.by_ops) return f == OpFusion::kOpByOp;  // op-by-op groups take only such ops
+  if (loss_row(n, f, one_shape)) return s.closed && s.closer >= 0 && cross_entropy_pair(g[s.closer], n);
   if (r.anchor == PrimKind::kLibrary || s.closed) return false;
   if (row_value_consumer(r, s, n, f, one_shape)) return true;
   const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
@@ -345,7 +375,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
   // Whether `n` may join region `r`: the fusion rules, and on a target of
   // one-shape loops, a loop of `r` it can run in.
   auto may_join = [&](int r, const Node& n, OpFusion f) {
-    if (!fusible_into(regions[r], growing[r], n, f, one_shape)) return false;
+    if (!fusible_into(g, regions[r], growing[r], n, f, one_shape)) return false;
     if (!growing[r].loops(regions[r], one_shape)) return true;
     return loops.join_of(r, n, rules->loop_domain(g, static_cast<int>(&n - g.data())), touch, &join, &reads);
   };
@@ -400,7 +430,10 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       const auto* shape = iteration_shape(n);
       growing[target].anchor_shape = shape ? *shape : Dims{};
     }
-    if (closes_region(f, one_shape)) growing[target].closed = true;
+    if (closes_region(f, one_shape) || loss_row(n, f, one_shape)) {
+      growing[target].closed = true;
+      growing[target].closer = i;
+    }
     if (f == OpFusion::kRowValue && one_shape) growing[target].row_values = true;
     if (regions[target].anchor == PrimKind::kMatmul && regions[target].nodes.size() == 1 && iteration_shape(n))
       growing[target].anchor_shape = *iteration_shape(n);  // the epilogue's shape (a reshape of the product)
