@@ -345,6 +345,36 @@ bool defers_from_epilogue(const Region& r, int ri, const Node& n, int i, const S
   return state_used_later && value_used_later;
 }
 
+// Cross-entropy rule: the op-by-op region of one op just before a
+// cross-entropy backward loop (nll_loss_backward + _log_softmax_backward_data)
+// that only writes that loop's loss gradient in place (autograd's fill_ of
+// the seed gradient) becomes the loop region's first loop: it runs op by op
+// there (loops run in turn, and nll_loss_backward reads the gradient when its
+// loop is bound), one region instead of two.
+void take_loss_gradient_fill(const std::vector<Node>& g, std::vector<Region>& regions, std::vector<Growing>& growing) {
+  for (size_t ri = 1; ri < regions.size(); ++ri) {
+    Region& r = regions[ri];
+    Region& p = regions[ri - 1];
+    if (!growing[ri - 1].by_ops || p.nodes.size() != 1 || r.nodes.size() != 2 || r.loop != std::vector<int>{0, 0})
+      continue;
+    const Node& nb = g[r.nodes[0]];
+    const Node& fill = g[p.nodes[0]];
+    if (lowering_of(nb.op).loss != LossRow::kNllLossBackward || !fill.outputs.empty() || fill.inputs.size() != 1 ||
+        !fill.inputs[0].written || !lowering_of(fill.op).overwrites_self)
+      continue;
+    bool reads_it = false;
+    for (const auto& in : nb.inputs)
+      reads_it = reads_it || (in.arg == 0 && in.ref.storage == fill.inputs[0].ref.storage);
+    if (!reads_it) continue;
+    r.nodes.insert(r.nodes.begin(), p.nodes[0]);
+    r.materialize.insert(r.materialize.begin(), std::move(p.materialize[0]));
+    r.loop = {0, 1, 1};
+    regions.erase(regions.begin() + static_cast<std::ptrdiff_t>(ri) - 1);
+    growing.erase(growing.begin() + static_cast<std::ptrdiff_t>(ri) - 1);
+    --ri;
+  }
+}
+
 }  // namespace
 
 std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed,
@@ -569,6 +599,8 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       for (int i : r.nodes) r.loop.push_back(number[index_of(loops.find(group_of[i]))]);
     }
   }
+
+  if (one_shape) take_loss_gradient_fill(g, regions, growing);
 
   // Materialize an output when something outside its region can observe it.
   // graph index -> (region, position); region -1 for a dead node

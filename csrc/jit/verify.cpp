@@ -133,6 +133,9 @@ std::string check_loops(const std::vector<Node>& g, const Region& r) {
       const int* w = written.find(st);
       const auto* m = made.find(st);
       const int l = r.loop[p];
+      // nll_loss_backward reads its loss gradient from an earlier loop when bound (partition.cpp, join_of).
+      const bool loss_gradient = in.arg == 0 && lowering_of(g[r.nodes[p]].op).loss == LossRow::kNllLossBackward;
+      if (loss_gradient && !in.written && ((m && m->first < l) || (w && *w < l))) continue;
       if (w && *w != l)
         return "loop " + std::to_string(l) + " touches a storage loop " + std::to_string(*w) + " writes in place";
       if (!m || m->first == l) continue;
