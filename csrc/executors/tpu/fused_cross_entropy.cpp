@@ -11,6 +11,7 @@
 #include <cmath>
 #include <iterator>
 #include <numeric>
+#include <string>
 
 #include "executors/tpu/fused_elementwise.h"
 #include "jit/lowering.h"
@@ -116,8 +117,7 @@ bool log_softmax_backward_op(const Node& n, int pos, const Dims& shape, CrossEnt
   const InputSlot* g = arg_input(n, 0, &gi);
   const InputSlot* o = arg_input(n, 1, &oi);
   if (!g || !o || o->written || !plain(g->ref, at::kFloat) || !plain(o->ref, at::kFloat) || g->ref.sizes != shape ||
-      o->ref.sizes != shape || n.outputs.size() != 1 || !plain(n.outputs[0], at::kFloat) ||
-      n.outputs[0].sizes != shape)
+      o->ref.sizes != shape || n.outputs.size() != 1 || !plain(n.outputs[0], at::kFloat) || n.outputs[0].sizes != shape)
     return false;
   if (n.args.size() < 4 || !n.args[2].isInt() || (n.args[2].toInt() != 1 && n.args[2].toInt() != -1) ||
       !n.args[3].isInt() || n.args[3].toInt() != static_cast<int64_t>(at::kFloat))
@@ -133,8 +133,7 @@ const float* in_ptr(const Slot& s, const Region& region, const std::vector<Node>
   return static_cast<const float*>(mem.data_for(r.storage.get(), &nbytes)) + r.offset;
 }
 
-float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
-               LoopPlan& plan) {
+float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan) {
   DeferredStorage* st = slot_storage(s, region, graph);
   plan.written.push_back(st);
   size_t nbytes;
@@ -217,19 +216,27 @@ bool plan_cross_entropy_loop(const Region& region, const std::vector<size_t>& ps
   if (loss == LossRow::kNllLoss && ps.size() >= 2) {
     // The row loop up to its _log_softmax, then the gather of its result.
     const std::vector<size_t> head(ps.begin(), ps.end() - 1);
-    if (!nll_forward_op(n, last, ce.get()) || !plan_loop(region, head, graph, plan) || !plan->has_anchor ||
-        plan->int_loop || plan->anchor.op != fused::RowOp::kLogSoftmax || plan->anchor.rows != ce->rows ||
-        plan->anchor.cols != ce->cols)
+    if (!nll_forward_op(n, last, ce.get())) return false;
+    // The row op stores the log-probabilities the loss reads, also when
+    // nothing after the region does (a loss under no_grad): planned as stored.
+    Region stored = region;
+    stored.materialize[head.back()].assign(stored.materialize[head.back()].size(), 1);
+    if (!plan_loop(stored, head, graph, plan) || !plan->has_anchor || plan->int_loop ||
+        plan->anchor.op != fused::RowOp::kLogSoftmax || plan->anchor.rows != ce->rows || plan->anchor.cols != ce->cols)
       return false;
     int si = -1;
     const InputSlot* self = arg_input(n, 0, &si);
-    if (slot_storage(plan->anchor_out, region, graph) != self->ref.storage.get() || self->ref.offset != 0)
-      return false;
+    if (slot_storage(plan->anchor_out, region, graph) != self->ref.storage.get() || self->ref.offset != 0) return false;
     plan->pos = ps;
     plan->ce = std::move(ce);
     return true;
   }
-  if (loss != LossRow::kLogSoftmaxBackward || ps.size() != 2) return false;
+  // CPU's softmax backward at DEFAULT capability takes libm's exp lane by lane, not SLEEF's.
+  static const bool vector_exp = [] {
+    const std::string cap = at::get_cpu_capability();
+    return cap == "AVX2" || cap == "AVX512";
+  }();
+  if (loss != LossRow::kLogSoftmaxBackward || ps.size() != 2 || !vector_exp) return false;
   const int first = static_cast<int>(ps[0]);
   const Node& nb = graph[region.nodes[first]];
   if (lowering_of(nb.op).loss != LossRow::kNllLossBackward || !nll_backward_op(nb, first, ce.get())) return false;
