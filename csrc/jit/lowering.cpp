@@ -55,6 +55,16 @@ constexpr RowRule kRowRules[] = {
     {"logsumexp", "", RowReduce::kLogSumExp}, {"sum", "dim_IntList", RowReduce::kSum},
     {"mean", "dim", RowReduce::kMean},        {"native_layer_norm", "", RowReduce::kLayerNorm},
 };
+// Cross-entropy's ops (functional overloads), by name.
+struct LossRule {
+  std::string_view name;
+  LossRow loss;
+};
+constexpr LossRule kLossRules[] = {
+    {"nll_loss_forward", LossRow::kNllLoss},
+    {"nll_loss_backward", LossRow::kNllLossBackward},
+    {"_log_softmax_backward_data", LossRow::kLogSoftmaxBackward},
+};
 // Default overloads whose CPU kernel takes strided inputs as they are.
 constexpr std::string_view kStridedInputs[] = {"mm", "addmm", "bmm", "baddbmm", "cat", "clone"};
 // In-place ops that replace all of self without reading it.
@@ -77,6 +87,8 @@ Lowering lower(const c10::FunctionSchema& schema) {
     if (r.name == name && r.overload == overload) l.host = r.kernel;
   for (const RowRule& r : kRowRules)
     if (r.name == name && r.overload == overload) l.row = r.row;
+  for (const LossRule& r : kLossRules)
+    if (r.name == name && overload.empty()) l.loss = r.loss;
   for (std::string_view n : kStridedInputs) l.strided_inputs = l.strided_inputs || (overload.empty() && n == name);
   l.concat = name == "cat" && overload.empty();
   for (std::string_view n : kOverwriteSelf) l.overwrites_self = l.overwrites_self || n == name;

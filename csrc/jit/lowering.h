@@ -49,6 +49,14 @@ enum class DirectImpl : uint8_t {
 // arguments, dtypes, sizes) is the executor's to check.
 enum class RowReduce : uint8_t { kNone = 0, kSoftmax, kLogSoftmax, kLogSumExp, kSum, kMean, kLayerNorm };
 
+// The ops of cross-entropy a fused row loop runs with their neighbour
+// (F.cross_entropy records _log_softmax + nll_loss_forward, and its backward
+// nll_loss_backward + _log_softmax_backward_data): kNllLoss joins the loop of
+// the _log_softmax whose result it reads; kNllLossBackward starts a loop that
+// takes only the kLogSoftmaxBackward reading its gradient (partition.cpp,
+// cross_entropy_pair). Whether a call qualifies is the executor's to check.
+enum class LossRow : uint8_t { kNone = 0, kNllLoss, kNllLossBackward, kLogSoftmaxBackward };
+
 // Whether an op returns a fresh result, writes its self in place, or writes out= arguments.
 enum class OpForm : uint8_t { kFunctional = 0, kInPlace, kOut };
 
@@ -62,6 +70,7 @@ struct Lowering {
   bool strided_inputs = false;   // its CPU kernel takes strided inputs as they are (no dense copy first)
   bool overwrites_self = false;  // an in-place op that replaces all of self without reading it (fill_, normal_, copy_)
   RowReduce row = RowReduce::kNone;
+  LossRow loss = LossRow::kNone;
   // cat (default overload): a fused loop runs it over its inputs' shape (all
   // equal, empty 1-D inputs skipped as CPU skips them), writing each input at
   // its offset along the cat dim of the output; partition's loop shape is then

@@ -85,6 +85,8 @@ const Dims* iteration_shape(const Node& n) {
 
 // (partition.h)
 const Dims* loop_shape(const Node& n) {
+  // nll_loss_backward iterates over its gradient (its first input is the loss's gradient, 0-dim or per row).
+  if (lowering_of(n.op).loss == LossRow::kNllLossBackward && !n.outputs.empty()) return &n.outputs[0].sizes;
   if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction && !n.inputs.empty()) return &n.inputs[0].ref.sizes;
   if (lowering_of(n.op).concat) {  // cat: over its inputs' shape (Lowering::concat)
     for (const auto& in : n.inputs)
@@ -221,6 +223,7 @@ struct Growing {
   bool by_ops = false;      // a group of lowered ops the target runs op by op (anchor kLibrary)
   bool closed = false;      // ends with a row reduction that ends the target's loop: takes no consumers
   bool row_values = false;  // holds a kRowValue reduction: its consumers join in loops of their own
+  int closer = -1;          // graph index of the op that closed it (closed)
   // Whether its ops run in loops of one shape each (Region::loop): a fused
   // elementwise or reduction region on a target that asks for them.
   bool loops(const Region& r, bool one_shape) const {
@@ -269,10 +272,37 @@ bool closes_region(OpFusion f, bool one_shape) {
   return f == OpFusion::kEndsLoop || (f == OpFusion::kRowValue && !one_shape);
 }
 
-bool fusible_into(const Region& r, const Growing& s, const Node& n, OpFusion f, bool one_shape) {
+// Whether cross-entropy's op `n` (Lowering::loss, fused on a target of
+// one-shape loops) runs in a loop of its own kind: it then joins only the
+// region `cross_entropy_pair` allows and closes it.
+bool loss_row(const Node& n, OpFusion f, bool one_shape) {
+  return one_shape && f == OpFusion::kFuses && lowering_of(n.op).loss != LossRow::kNone;
+}
+
+// Cross-entropy rule (loss_row ops): nll_loss_forward joins the closed
+// region of the _log_softmax whose result it reads as its input (the row
+// loop then gathers each row's target value; one region instead of two), and
+// _log_softmax_backward_data the region nll_loss_backward started when it
+// reads that op's gradient (one row loop makes the gradient of the logits
+// without the mostly-zero [N, C] gradient of the log-probabilities). `c`: the
+// op that closed the region.
+bool cross_entropy_pair(const Node& c, const Node& n) {
+  const Lowering& lc = lowering_of(c.op);
+  const LossRow loss = lowering_of(n.op).loss;
+  const bool pair = (loss == LossRow::kNllLoss && lc.row == RowReduce::kLogSoftmax) ||
+                    (loss == LossRow::kLogSoftmaxBackward && lc.loss == LossRow::kNllLossBackward);
+  if (!pair || c.outputs.empty()) return false;
+  for (const auto& in : n.inputs)
+    if (in.arg == 0 && in.elem < 0 && !in.written) return in.ref.storage == c.outputs[0].storage;
+  return false;
+}
+
+bool fusible_into(const std::vector<Node>& g, const Region& r, const Growing& s, const Node& n, OpFusion f,
+                  bool one_shape) {
   const auto k = static_cast<PrimKind>(n.kind);
   if (k == PrimKind::kLibrary || r.nodes.size() >= kMaxRegionOps) return false;
   if (s.by_ops) return f == OpFusion::kOpByOp;  // op-by-op groups take only such ops
+  if (loss_row(n, f, one_shape)) return s.closed && s.closer >= 0 && cross_entropy_pair(g[s.closer], n);
   if (r.anchor == PrimKind::kLibrary || s.closed) return false;
   if (row_value_consumer(r, s, n, f, one_shape)) return true;
   const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
@@ -315,6 +345,36 @@ bool defers_from_epilogue(const Region& r, int ri, const Node& n, int i, const S
   return state_used_later && value_used_later;
 }
 
+// Cross-entropy rule: the op-by-op region of one op just before a
+// cross-entropy backward loop (nll_loss_backward + _log_softmax_backward_data)
+// that only writes that loop's loss gradient in place (autograd's fill_ of
+// the seed gradient) becomes the loop region's first loop: it runs op by op
+// there (loops run in turn, and nll_loss_backward reads the gradient when its
+// loop is bound), one region instead of two.
+void take_loss_gradient_fill(const std::vector<Node>& g, std::vector<Region>& regions, std::vector<Growing>& growing) {
+  for (size_t ri = 1; ri < regions.size(); ++ri) {
+    Region& r = regions[ri];
+    Region& p = regions[ri - 1];
+    if (!growing[ri - 1].by_ops || p.nodes.size() != 1 || r.nodes.size() != 2 || r.loop != std::vector<int>{0, 0})
+      continue;
+    const Node& nb = g[r.nodes[0]];
+    const Node& fill = g[p.nodes[0]];
+    if (lowering_of(nb.op).loss != LossRow::kNllLossBackward || !fill.outputs.empty() || fill.inputs.size() != 1 ||
+        !fill.inputs[0].written || !lowering_of(fill.op).overwrites_self)
+      continue;
+    bool reads_it = false;
+    for (const auto& in : nb.inputs)
+      reads_it = reads_it || (in.arg == 0 && in.ref.storage == fill.inputs[0].ref.storage);
+    if (!reads_it) continue;
+    r.nodes.insert(r.nodes.begin(), p.nodes[0]);
+    r.materialize.insert(r.materialize.begin(), std::move(p.materialize[0]));
+    r.loop = {0, 1, 1};
+    regions.erase(regions.begin() + static_cast<std::ptrdiff_t>(ri) - 1);
+    growing.erase(growing.begin() + static_cast<std::ptrdiff_t>(ri) - 1);
+    --ri;
+  }
+}
+
 }  // namespace
 
 std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char>& live, const StorageSet& observed,
@@ -345,7 +405,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
   // Whether `n` may join region `r`: the fusion rules, and on a target of
   // one-shape loops, a loop of `r` it can run in.
   auto may_join = [&](int r, const Node& n, OpFusion f) {
-    if (!fusible_into(regions[r], growing[r], n, f, one_shape)) return false;
+    if (!fusible_into(g, regions[r], growing[r], n, f, one_shape)) return false;
     if (!growing[r].loops(regions[r], one_shape)) return true;
     return loops.join_of(r, n, rules->loop_domain(g, static_cast<int>(&n - g.data())), touch, &join, &reads);
   };
@@ -400,7 +460,10 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       const auto* shape = iteration_shape(n);
       growing[target].anchor_shape = shape ? *shape : Dims{};
     }
-    if (closes_region(f, one_shape)) growing[target].closed = true;
+    if (closes_region(f, one_shape) || loss_row(n, f, one_shape)) {
+      growing[target].closed = true;
+      growing[target].closer = i;
+    }
     if (f == OpFusion::kRowValue && one_shape) growing[target].row_values = true;
     if (regions[target].anchor == PrimKind::kMatmul && regions[target].nodes.size() == 1 && iteration_shape(n))
       growing[target].anchor_shape = *iteration_shape(n);  // the epilogue's shape (a reshape of the product)
@@ -536,6 +599,8 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       for (int i : r.nodes) r.loop.push_back(number[index_of(loops.find(group_of[i]))]);
     }
   }
+
+  if (one_shape) take_loss_gradient_fill(g, regions, growing);
 
   // Materialize an output when something outside its region can observe it.
   // graph index -> (region, position); region -1 for a dead node

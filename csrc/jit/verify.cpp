@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "jit/lowering.h"
 #include "jit/partition.h"
 #include "lazy/debug_report.h"
 
@@ -103,7 +104,10 @@ std::string check_loops(const std::vector<Node>& g, const Region& r) {
     const Dims* s = loop_shape_of(g[r.nodes[p]]);
     if (last[l] < 0) shape[l] = s;
     if (!s || !shape[l] || *s != *shape[l]) return "loop " + std::to_string(l) + " iterates over two shapes";
-    if (last[l] >= 0 && static_cast<PrimKind>(g[r.nodes[last[l]]].kind) == PrimKind::kReduction)
+    // (cross-entropy's second op follows the first in its row loop: partition.cpp, cross_entropy_pair)
+    const LossRow loss = lowering_of(g[r.nodes[p]].op).loss;
+    const bool pair = loss == LossRow::kNllLoss || loss == LossRow::kLogSoftmaxBackward;
+    if (last[l] >= 0 && static_cast<PrimKind>(g[r.nodes[last[l]]].kind) == PrimKind::kReduction && !pair)
       return "loop " + std::to_string(l) + " goes on after its reduction";
     last[l] = static_cast<int>(p);
   }
@@ -129,6 +133,9 @@ std::string check_loops(const std::vector<Node>& g, const Region& r) {
       const int* w = written.find(st);
       const auto* m = made.find(st);
       const int l = r.loop[p];
+      // nll_loss_backward reads its loss gradient from an earlier loop when bound (partition.cpp, join_of).
+      const bool loss_gradient = in.arg == 0 && lowering_of(g[r.nodes[p]].op).loss == LossRow::kNllLossBackward;
+      if (loss_gradient && !in.written && ((m && m->first < l) || (w && *w < l))) continue;
       if (w && *w != l)
         return "loop " + std::to_string(l) + " touches a storage loop " + std::to_string(*w) + " writes in place";
       if (!m || m->first == l) continue;

@@ -559,6 +559,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     const std::string cap = at::get_cpu_capability();
     return cap == "AVX2" || cap == "AVX512";  // at DEFAULT CPU's softmax is lane by lane with libm
   }();
+  // Cross-entropy's pairs (their int64 targets are indices, not loop values).
+  if (!ps.empty() && tpu_eager::lowering_of(graph[region.nodes[ps.back()]].op).loss != LossRow::kNone)
+    return plan_cross_entropy_loop(region, ps, graph, plan);
   // A loop over integers (an int32 / int64 value among its ops) is the integer planner's.
   for (size_t p : ps)
     if (int_loop_domain(graph[region.nodes[p]]) == 1) return plan_int_loop(region, ps, graph, plan);
@@ -1287,6 +1290,9 @@ LoopAccept loop_accepts(const std::vector<Node>& graph, int i) {
   static std::mutex mu;
   static std::unordered_map<std::vector<int64_t>, LoopAccept, KeyHash> memo;
   const Node& n = graph[i];
+  // Cross-entropy's ops run only in pairs (partition's cross_entropy_pair).
+  if (tpu_eager::lowering_of(n.op).loss != LossRow::kNone)
+    return cross_entropy_op_qualifies(n) ? LoopAccept::kElementwise : LoopAccept::kNo;
   thread_local std::vector<int64_t> key;  // reused: no allocation per query
   acceptance_key(n, key);
   {
@@ -1339,8 +1345,16 @@ float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, ho
 
 }  // namespace
 
+// Binds the float program (and row anchor) of `plan` (bind_loop).
+static bool bind_program(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem);
+
 bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem) {
   if (plan.int_loop) return bind_int_loop(plan, region, graph, mem);
+  if (!bind_program(plan, region, graph, mem)) return false;
+  return !plan.ce || bind_cross_entropy(plan, region, graph, mem);
+}
+
+static bool bind_program(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem) {
   plan.written.clear();
   plan.keep_alive.clear();
   for (const Slot& s : plan.written_inputs)
@@ -1400,6 +1414,10 @@ void run_loop(LoopPlan& plan, RegionStats& stats) {
     return;
   }
   // The capability ATen runs (the CPU's best unless ATEN_CPU_CAPABILITY asks for less).
+  if (plan.ce && !plan.has_anchor) {  // cross-entropy's backward: no program
+    run_cross_entropy(plan, stats);
+    return;
+  }
   static const bool use_avx512 = at::get_cpu_capability() == "AVX512";
   for (DeferredStorage* s : plan.written) s->error = nullptr;
   if (plan.has_anchor) {
@@ -1408,6 +1426,7 @@ void run_loop(LoopPlan& plan, RegionStats& stats) {
     } else {
       fused::run_rows_avx2(plan.prog, plan.anchor);
     }
+    if (plan.ce) run_cross_entropy(plan, stats);  // the loss from the log-probabilities just written
   } else if (use_avx512) {
     fused::run_avx512(plan.prog);
   } else {

@@ -49,6 +49,8 @@ struct Param {
   float equals = 0.0f;
 };
 
+struct CrossEntropyLoop;  // fused_cross_entropy.cpp
+
 // One fused loop of a region, planned (see plan_loop). The program's
 // pointers and the constants that come from Params are set by bind_loop.
 struct LoopPlan {
@@ -71,6 +73,10 @@ struct LoopPlan {
   // program instead of `prog` (externals, outputs, written_inputs and the
   // byte counts above are shared).
   std::shared_ptr<IntLoop> int_loop;
+  // Set when the loop is cross-entropy's (plan_cross_entropy_loop): the
+  // forward runs `prog` and its log_softmax row op, then the loss from its
+  // result; the backward runs only this (no program).
+  std::shared_ptr<CrossEntropyLoop> ce;
 };
 
 // Helpers shared by the float32 and integer planners (fused_int.cpp).
@@ -155,6 +161,26 @@ LoopAccept loop_accepts(const std::vector<Node>& graph, int i);
 // types); one query for deciding fusion. An op that lowers may still not
 // plan in a given region (layout, broadcasting, scalar guards).
 bool has_fused_lowering(const Node& n);
+
+// Cross-entropy's fused loops (fused_cross_entropy.cpp; partition.cpp,
+// cross_entropy_pair, puts each pair in one loop), float32 only, 2-D input
+// [N, C] (C the class dim), int64 targets, optional float32 class weights,
+// reduction none / mean / sum, any ignore_index:
+// - forward: producers + _log_softmax over rows, then nll_loss_forward on
+//   its result (CPU's serial cascade of row losses);
+// - backward: nll_loss_backward + _log_softmax_backward_data as one row loop
+//   (fused_program.h, CrossEntropyBackward) when the former's [N, C] result
+//   is not materialized.
+// Whether op `n` (Lowering::loss set) qualifies alone: its dtypes, shapes and layout.
+bool cross_entropy_op_qualifies(const Node& n);
+// Plans the loop `ps` of `region` ending in a cross-entropy op; false when it is not such a pair.
+bool plan_cross_entropy_loop(const Region& region, const std::vector<size_t>& ps, const std::vector<Node>& graph,
+                             LoopPlan* plan);
+// Binds plan.ce (after the forward's program is bound); false (op by op, where CPU raises) when a
+// target is neither in [0, C) nor ignore_index.
+bool bind_cross_entropy(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem);
+// Runs the backward loop, or the forward's loss after its row loop ran.
+void run_cross_entropy(LoopPlan& plan, RegionStats& stats);
 
 // Binds `plan` to this run's buffers and runtime scalars; false (nothing
 // run, the ops must run op by op) when a guard fails.

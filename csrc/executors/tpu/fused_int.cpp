@@ -11,6 +11,7 @@
 #include <c10/util/accumulate.h>
 
 #include "executors/tpu/fused_elementwise.h"
+#include "jit/lowering.h"
 
 // The tile loop is compiled for AVX2 (the fused loops run only where
 // fused_loops_available(): AVX2 + FMA + F16C) with GCC's -O3 vectorizer:
@@ -504,6 +505,8 @@ bool has_zero(const T* p, int64_t n) {
 }  // namespace
 
 int int_loop_domain(const Node& n) {
+  // Cross-entropy's ops compute in float32; their int64 targets are indices (fused_cross_entropy.cpp).
+  if (lowering_of(n.op).loss != LossRow::kNone) return 0;
   bool any_int = false, all_bool = true;
   auto see = [&](at::ScalarType t) {
     any_int = any_int || t == at::kLong || t == at::kInt;

@@ -316,6 +316,28 @@ struct RowAnchor {
   float* rstd = nullptr;
 };
 
+// Cross-entropy's backward as one row loop: nll_loss_backward's gradient of
+// the log-probabilities (zero but at each row's target) and
+// _log_softmax_backward_data on it, float32, with CPU's arithmetic:
+//   g = weight[t] * grad (mean / sum; grad = -(gout / total_weight) or -gout),
+//       (-weight[t]) * gout[r] (none; weight 1 without one), 0 for an ignored row;
+//   sum = the row's sum of that gradient (g, +0.0 for g = -0.0 when cols > 1);
+//   grad_input[r][c] = x - exp(out[r][c]) * sum, x = g at c = t, else 0,
+// with SLEEF's exp (exp_as_sleef) in vectors as CPU's kernel. The mostly-zero
+// gradient of the log-probabilities is never stored.
+struct CrossEntropyBackward {
+  int64_t rows = 0, cols = 0;
+  const float* out = nullptr;       // log_softmax's result, rows x cols contiguous
+  const int64_t* target = nullptr;  // rows class indices (checked in range or ignore_index when bound)
+  const float* weight = nullptr;    // cols class weights, null for none
+  int64_t ignore_index = -100;
+  float grad = 0.0f;                 // mean / sum: -(gout / total_weight) or -gout
+  const float* grad_rows = nullptr;  // none: each row's loss gradient (rows floats); null otherwise
+  float* grad_input = nullptr;       // rows x cols contiguous
+};
+void ce_backward_avx2(const CrossEntropyBackward& a);
+void ce_backward_avx512(const CrossEntropyBackward& a);
+
 // Runs the program over tiles of at most 1,024 floats (fewer when many
 // registers are live, so that a tile's registers, inputs and outputs stay in
 // L1), split across torch's intra-op threads (at::parallel_for). Each
