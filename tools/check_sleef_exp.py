@@ -32,7 +32,7 @@ def build_and_run(avx512, workdir, quick=False):
         *[f"-I{p}" for p in cpp_extension.include_paths()],
         os.path.join(ROOT, "tools", "check_sleef_exp.cpp"),
         os.path.join(ROOT, "csrc", "executors", "tpu", "fused_program.cpp"),
-        os.path.join(ROOT, "csrc", "executors", "tpu", "cpu_vml.cpp"),
+        os.path.join(ROOT, "csrc", "executors", "cpu_vml.cpp"),
         os.path.join(ROOT, "csrc", "executors", "tpu", "fused_convert.cpp"),
         f"-L{lib}",
         "-ltorch_cpu",
