@@ -241,10 +241,12 @@ def last_schedule():
       ``partial_bytes`` (what one hop carries; the largest hop of an order
       statistic's selection, whose chains carry histograms, digits and
       counts: docs/ktir.md, "Selection"), ``ring_s`` (seconds:
-      ``ring_bytes / ring_link_bandwidth``, the link bandwidth from an ASSUMED
-      1.5 GHz clock, see ``target_info("spyre")["sources"]["core_clock_hz"]``;
-      the ring part of ``executed_s`` depends on it too): the cross-core reduction
-      over the ring of a region that reduces its split dim (all 0 otherwise).
+      ``ring_steps * ring_hop_latency_s + ring_bytes / ring_link_bandwidth``, the
+      link bandwidth and the hop latency (32 cycles) from an ASSUMED 1.5 GHz clock,
+      see ``target_info("spyre")["sources"]``; the ring part of ``executed_s``
+      depends on them too), ``ring_latency_s`` (seconds: the hops' latency part of
+      ``ring_s``): the cross-core reduction over the ring of a region that reduces
+      its split dim (all 0 otherwise).
     - Seconds: ``compute_s`` and ``memory_s`` (the region's C and M),
       ``tile_load_s``, ``tile_compute_s``, ``tile_store_s``, ``fill_s``,
       ``steady_s``, ``drain_s``, ``pipelined_s`` (fill + steady + drain + ring) and
