@@ -42,12 +42,11 @@ def init() -> None:
 
 
 def _lazy_init():
-    """Raises RuntimeError in a process forked after its parent used the device (as CUDA's)."""
-    if _C._is_in_bad_fork():
-        raise RuntimeError(
-            "Cannot re-initialize TPU in forked subprocess. To use TPU with multiprocessing, "
-            "you must use the 'spawn' start method"
-        )
+    """torch's lazy-init hook (``torch.accelerator.set_device_index``, tensor factories):
+    initializes the device as ``torch.cuda._lazy_init`` does, so :func:`is_initialized`
+    is True after it. Raises RuntimeError in a process forked after its parent used the
+    device (as CUDA's)."""
+    _C._init()
 
 
 def _is_in_bad_fork() -> bool:
@@ -98,8 +97,17 @@ def _index(device, optional: bool = True) -> int:
 
 
 def set_device(device) -> None:
-    """Makes ``device`` this thread's current chip (as ``torch.cuda.set_device``)."""
-    _C._set_device(_index(device))
+    """Makes ``device`` this thread's current chip (as ``torch.cuda.set_device``).
+
+    Initializes the device first (:func:`init`), as ``torch.cuda.set_device`` does:
+    :func:`is_initialized` is then True, which torch reads as "the program chose its
+    chip". DeviceMesh picks ``rank % device_count()`` only when it is False, and
+    FakeTensor (DTensor's sharding propagation) resolves "tpu" to the current chip only
+    when it is True (else to "tpu:0"). Raises RuntimeError in a process forked after its
+    parent used the device, as CUDA's does."""
+    index = _index(device)
+    init()
+    _C._set_device(index)
 
 
 class device:

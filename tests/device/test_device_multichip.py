@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from difftest import requires_tpu
+from difftest import requires_tpu, run_python
 
 pytestmark = requires_tpu
 
@@ -229,3 +229,31 @@ def test_save_and_load_keep_the_chip(tmp_path):
     assert u.device.index == 1 and u.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     v = torch.load(path, map_location="tpu:0")
     assert v.device.index == 0
+
+
+@two_chips
+def test_set_device_initializes_as_cuda_so_devicemesh_and_faketensor_keep_the_chip():
+    """torch.cuda.set_device and torch.accelerator.set_device_index initialize the device
+    (is_initialized() True after them). torch relies on it: DeviceMesh picks
+    rank % device_count() only when is_initialized() is False, and FakeTensor (DTensor's
+    sharding propagation) resolves a device without index to the current one only when it
+    is True, else to index 0. Before, rank 1 of PyTorch's test_dtensor.py
+    test_modules_w_meta_dtensor raised "found at least two devices, tpu:1 and tpu:0"."""
+    code = """
+    import os, sys, tempfile, torch, torch_tpu_eager, torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    how = sys.argv[1]
+    assert not torch.tpu.is_initialized()
+    torch.tpu.set_device(1) if how == "tpu" else torch.accelerator.set_device_index(1)
+    with FakeTensorMode():
+        fake = torch.empty(2, device="tpu").device
+    f = tempfile.mktemp()
+    dist.init_process_group("cpu:gloo,tpu:tpu_ccl", init_method="file://" + f, rank=0, world_size=1)
+    init_device_mesh("tpu", (1,))  # rank 0: would pick tpu:0 if the chip was not chosen
+    print(torch.tpu.is_initialized(), fake, torch.tpu.current_device(), torch.empty(1, device="tpu").device)
+    dist.destroy_process_group()
+    """
+    for how in ("tpu", "accelerator"):
+        r = run_python(code.replace("sys.argv[1]", repr(how)), timeout=180)
+        assert r.returncode == 0 and r.stdout.strip() == "True tpu:1 1 tpu:1", (how, r.stdout, r.stderr[-3000:])

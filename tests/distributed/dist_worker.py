@@ -75,6 +75,14 @@ def case_collectives(rank, world):
     torch.tpu.set_device(dev)
     R = dist.ReduceOp
     _t0 = time.monotonic()
+    # In-place collectives move the version counter as gloo's on CPU tensors do (not at all):
+    # DTensor's distribute_tensor broadcasts into an alias of a leaf whose earlier views stay in use.
+    for name, fn in (("all_reduce", dist.all_reduce), ("broadcast", lambda t: dist.broadcast(t, 0))):
+        c, t = torch.ones(4), torch.ones(4, device=dev)
+        vc, vt = c._version, t._version
+        fn(c)
+        fn(t)
+        assert t._version - vt == c._version - vc, (name, t._version - vt, c._version - vc)
     for dtype in (
         torch.float32,
         torch.bfloat16,

@@ -589,7 +589,11 @@ def _on_lane(device, staged=True):
 
 
 def _copy_back(pairs):
-    with torch.no_grad():
+    # Below autograd and ADInplaceOrView, as a C++ backend writes its output: the collective
+    # must not move the tensors' version counters (gloo on CPU and NCCL do not), else a view
+    # taken earlier of the same base, e.g. a chunk of a leaf that distribute_tensor then
+    # broadcasts into, raises "... its base ... has been modified inplace" when next read.
+    with torch.no_grad(), torch._C._AutoDispatchBelowADInplaceOrView():
         for dev, host in pairs:
             dev.copy_(host)  # recorded into the chip's queue, ordered with later compute
 
