@@ -441,6 +441,8 @@ CALL_CHECKS = [
     ("kCheckSameDtypePair", {"complex", "polar"}, _every),
     ("kCheckRandperm", {"randperm"}, _every),
     ("kCheckIndexDevices", {"index"}, _every),
+    ("kCheckReductionDims", {"nansum"}, _every),
+    ("kCheckBoundaries1d", {"bucketize"}, _every),
 ]
 
 # Ops whose CPU kernel raises on the values it reads, not only on shapes and dtypes: indices

@@ -410,6 +410,15 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // call ("result type Float can't be cast to the desired output type Int");
   // the meta kernels of torch 2.13 let mul_ and a complex add_ / sub_ through.
   if ((check & kCheckInPlaceCast) && in_place_result_cannot_cast(stack[first], stack[first + 1])) return true;
+  // nansum: CPU's make_reduction reads an empty dim list as every dim and refuses more than
+  // 64 dims; torch 2.13's Python meta kernel reads it as no dim and has no limit.
+  if ((check & kCheckReductionDims) && stack[first].isTensor()) {
+    const c10::IValue& dim = stack[first + 1];
+    if (stack[first].toTensor().dim() > 64 || (dim.isIntList() && dim.toDimVector().empty())) return true;
+  }
+  // bucketize: CPU requires 1-D boundaries ("boundaries tensor must be 1 dimension").
+  if ((check & kCheckBoundaries1d) && stack[first + 1].isTensor() && stack[first + 1].toTensor().dim() != 1)
+    return true;
   if ((check & kCheckSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
       stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
     return true;

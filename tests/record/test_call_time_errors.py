@@ -700,3 +700,56 @@ def test_index_with_indices_on_another_device(dev):
             xt[ia, other]
     xt = x.to(dev)  # a CPU index with a device self stays allowed
     torch.testing.assert_close(xt[ia, ib].cpu(), x[ia, ia])
+
+
+# ---- CPU checks that torch 2.13's meta kernels skip (found by PyTorch's test_reductions.py) --
+# nansum: CPU's make_reduction reads an empty dim list as every dim and refuses a dim list
+# on more than 64 dims; the Python meta kernel reduced nothing and had no limit.
+# bucketize: CPU requires 1-D boundaries; the meta kernel did not check, so the error came
+# at the read, or never when the result was not read.
+def _b2(d):
+    return torch.tensor([[1, 2, 3], [4, 5, 6]], device=d)
+
+
+META_SKIPS = {
+    "nansum_empty_dim_list": (lambda d: (_f(3, 4)(d),), lambda x: x.nansum(dim=[])),
+    "nansum_empty_dim_list_keepdim": (lambda d: (_f(3, 4)(d),), lambda x: x.nansum(dim=[], keepdim=True)),
+    "nansum_empty_dim_list_int": (lambda d: (torch.arange(6, device=d).reshape(2, 3),), lambda x: x.nansum(dim=[])),
+    "nansum_empty_dim_list_out": (
+        lambda d: (_f(3, 4)(d), torch.empty(0, device=d)),
+        lambda x, o: torch.nansum(x, dim=[], out=o),
+    ),
+    "nansum_dim_list_kept": (lambda d: (_f(3, 4)(d),), lambda x: x.nansum(dim=[1])),
+    # (65-d tensors made in the call: the comparison of the arguments handles at most 64 dims)
+    "nansum_65_dims": (lambda d: (torch.ones(1, device=d),), lambda x: x.reshape([1] * 65).nansum(dim=64)),
+    "nansum_65_dims_negative": (lambda d: (torch.ones(1, device=d),), lambda x: x.reshape([1] * 65).nansum(dim=-1)),
+    "nansum_65_dims_every_dim": (lambda d: (torch.ones(1, device=d),), lambda x: x.reshape([1] * 65).nansum()),
+    "bucketize_2d_boundaries": (
+        lambda d: (torch.arange(12, device=d).reshape(2, 2, 3), _b2(d)),
+        lambda v, b: torch.bucketize(v, b),
+    ),
+    "bucketize_out_2d_boundaries": (
+        lambda d: (torch.arange(12, device=d).reshape(2, 2, 3), _b2(d), torch.zeros(2, 2, 3, dtype=torch.int64, device=d)),
+        lambda v, b, o: torch.bucketize(v, b, out=o),
+    ),
+    "bucketize_scalar_2d_boundaries": (lambda d: (_b2(d),), lambda b: torch.bucketize(2, b)),
+    "bucketize_1d_boundaries": (
+        lambda d: (torch.arange(12, device=d).reshape(2, 2, 3), torch.tensor([1, 4, 9], device=d)),
+        lambda v, b: torch.bucketize(v, b, right=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(META_SKIPS))
+def test_cpu_checks_the_meta_kernels_skip(dev, case):
+    build, act = META_SKIPS[case]
+    run_both_at_call(build, act, dev)
+
+
+@requires_tpu
+def test_bucketize_2d_boundaries_after_a_1d_call():
+    # The first call's meta result is cached; the second must still raise at the call.
+    v = torch.arange(12).reshape(2, 2, 3)
+    torch.bucketize(v.to("tpu"), torch.tensor([1, 4, 9], device="tpu"))
+    with pytest.raises(RuntimeError, match=r"^boundaries tensor must be 1 dimension, but got dim\(2\)$"):
+        torch.bucketize(v.to("tpu"), _b2("tpu"))
