@@ -443,6 +443,7 @@ CALL_CHECKS = [
     ("kCheckIndexDevices", {"index"}, _every),
     ("kCheckReductionDims", {"nansum"}, _every),
     ("kCheckBoundaries1d", {"bucketize"}, _every),
+    ("kCheckSearchSide", {"searchsorted"}, _every),
 ]
 
 # Ops whose CPU kernel raises on the values it reads, not only on shapes and dtypes: indices

@@ -419,6 +419,11 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // bucketize: CPU requires 1-D boundaries ("boundaries tensor must be 1 dimension").
   if ((check & kCheckBoundaries1d) && stack[first + 1].isTensor() && stack[first + 1].toTensor().dim() != 1)
     return true;
+  // searchsorted(sorted_sequence, self, out_int32, right, side, ...): side "left" or "right".
+  if ((check & kCheckSearchSide) && stack.size() > first + 4 && stack[first + 4].isString()) {
+    const std::string& side = stack[first + 4].toStringRef();
+    if (side != "left" && side != "right") return true;
+  }
   if ((check & kCheckSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
       stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
     return true;

@@ -705,8 +705,8 @@ def test_index_with_indices_on_another_device(dev):
 # ---- CPU checks that torch 2.13's meta kernels skip (found by PyTorch's test_reductions.py) --
 # nansum: CPU's make_reduction reads an empty dim list as every dim and refuses a dim list
 # on more than 64 dims; the Python meta kernel reduced nothing and had no limit.
-# bucketize: CPU requires 1-D boundaries; the meta kernel did not check, so the error came
-# at the read, or never when the result was not read.
+# bucketize: CPU requires 1-D boundaries, searchsorted a side of "left" or "right"; the meta
+# kernels did not check, so the error came at the read, or never when the result was not read.
 def _b2(d):
     return torch.tensor([[1, 2, 3], [4, 5, 6]], device=d)
 
@@ -733,6 +733,15 @@ META_SKIPS = {
         lambda v, b, o: torch.bucketize(v, b, out=o),
     ),
     "bucketize_scalar_2d_boundaries": (lambda d: (_b2(d),), lambda b: torch.bucketize(2, b)),
+    "searchsorted_bad_side": (
+        lambda d: (torch.arange(10, device=d), torch.tensor([3, 7], device=d)),
+        lambda s, v: torch.searchsorted(s, v, side="bad"),
+    ),
+    "searchsorted_scalar_bad_side": (lambda d: (torch.arange(10, device=d),), lambda s: torch.searchsorted(s, 3, side="up")),
+    "searchsorted_right_side": (
+        lambda d: (torch.arange(10, device=d), torch.tensor([3, 7], device=d)),
+        lambda s, v: torch.searchsorted(s, v, side="right"),
+    ),
     "bucketize_1d_boundaries": (
         lambda d: (torch.arange(12, device=d).reshape(2, 2, 3), torch.tensor([1, 4, 9], device=d)),
         lambda v, b: torch.bucketize(v, b, right=True),
