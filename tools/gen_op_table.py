@@ -444,6 +444,7 @@ CALL_CHECKS = [
     ("kCheckReductionDims", {"nansum"}, _every),
     ("kCheckBoundaries1d", {"bucketize"}, _every),
     ("kCheckSearchSide", {"searchsorted"}, _every),
+    ("kCheckDegreesOfFreedom", {"var", "std", "var_mean", "std_mean"}, lambda ov: ov.startswith("correction")),
 ]
 
 # Ops whose CPU kernel raises on the values it reads, not only on shapes and dtypes: indices

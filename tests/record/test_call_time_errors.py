@@ -762,3 +762,24 @@ def test_bucketize_2d_boundaries_after_a_1d_call():
     torch.bucketize(v.to("tpu"), torch.tensor([1, 4, 9], device="tpu"))
     with pytest.raises(RuntimeError, match=r"^boundaries tensor must be 1 dimension, but got dim\(2\)$"):
         torch.bucketize(v.to("tpu"), _b2("tpu"))
+
+
+# ---- var / std with no degrees of freedom: CPU warns at the call ----------------------
+# (test_reductions.py test_warn_invalid_degrees_of_freedom: the meta kernels do not warn,
+# so a queued call warned at the flush, outside the caller's warnings.catch_warnings.)
+DOF = {
+    "std_dim": lambda x: torch.std(x, dim=-1, correction=20),
+    "var_dim": lambda x: torch.var(x, dim=-1, correction=20),
+    "var_mean_dim": lambda x: torch.var_mean(x, dim=-1, correction=20),
+    "std_mean_dim": lambda x: torch.std_mean(x, dim=-1, correction=20),
+    "var_all": lambda x: torch.var(x, correction=200),
+    "var_two_dims": lambda x: torch.var(x, dim=(0, 1), correction=200),
+    "var_enough": lambda x: torch.var(x, dim=-1, correction=19),
+    "var_out": lambda x: torch.var(x, dim=1, correction=20, out=torch.empty(10, device=x.device)),
+    "var_bad_dim": lambda x: torch.var(x, dim=2, correction=1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DOF))
+def test_no_degrees_of_freedom_warns_at_the_call(dev, case):
+    run_both_at_call(lambda d: (_f(10, 20)(d),), DOF[case], dev, check_warnings=True)
