@@ -729,7 +729,11 @@ META_SKIPS = {
         lambda v, b: torch.bucketize(v, b),
     ),
     "bucketize_out_2d_boundaries": (
-        lambda d: (torch.arange(12, device=d).reshape(2, 2, 3), _b2(d), torch.zeros(2, 2, 3, dtype=torch.int64, device=d)),
+        lambda d: (
+            torch.arange(12, device=d).reshape(2, 2, 3),
+            _b2(d),
+            torch.zeros(2, 2, 3, dtype=torch.int64, device=d),
+        ),
         lambda v, b, o: torch.bucketize(v, b, out=o),
     ),
     "bucketize_scalar_2d_boundaries": (lambda d: (_b2(d),), lambda b: torch.bucketize(2, b)),
@@ -737,7 +741,10 @@ META_SKIPS = {
         lambda d: (torch.arange(10, device=d), torch.tensor([3, 7], device=d)),
         lambda s, v: torch.searchsorted(s, v, side="bad"),
     ),
-    "searchsorted_scalar_bad_side": (lambda d: (torch.arange(10, device=d),), lambda s: torch.searchsorted(s, 3, side="up")),
+    "searchsorted_scalar_bad_side": (
+        lambda d: (torch.arange(10, device=d),),
+        lambda s: torch.searchsorted(s, 3, side="up"),
+    ),
     "searchsorted_right_side": (
         lambda d: (torch.arange(10, device=d), torch.tensor([3, 7], device=d)),
         lambda s, v: torch.searchsorted(s, v, side="right"),
