@@ -441,6 +441,10 @@ CALL_CHECKS = [
     ("kCheckSameDtypePair", {"complex", "polar"}, _every),
     ("kCheckRandperm", {"randperm"}, _every),
     ("kCheckIndexDevices", {"index"}, _every),
+    ("kCheckReductionDims", {"nansum"}, _every),
+    ("kCheckBoundaries1d", {"bucketize"}, _every),
+    ("kCheckSearchSide", {"searchsorted"}, _every),
+    ("kCheckDegreesOfFreedom", {"var", "std", "var_mean", "std_mean"}, lambda ov: ov.startswith("correction")),
 ]
 
 # Ops whose CPU kernel raises on the values it reads, not only on shapes and dtypes: indices

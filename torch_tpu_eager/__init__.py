@@ -62,6 +62,10 @@ from . import _deterministic  # noqa: E402
 
 _deterministic.install()  # a mode change runs the queued ops first (_deterministic.py)
 
+from . import _default_dtype  # noqa: E402
+
+_default_dtype.install()  # a default dtype change runs the queued ops first (_default_dtype.py)
+
 from . import _lifecycle  # noqa: E402
 
 _lifecycle.install()  # autograd's device thread must not abort interpreter exit

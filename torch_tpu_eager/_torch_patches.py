@@ -165,6 +165,19 @@ PATCHES = {
             "change (at::Context's setter is not virtual). torch_tpu_eager._deterministic.",
         ),
         TorchPatch(
+            "torch.set_default_dtype",
+            "(d: 'torch.dtype', /) -> None",
+            "CPU's kernels read the default dtype when they run (integer true division, float "
+            "functions of integers); 'tpu' queues them, so a change of the default dtype must first "
+            "run the queue, or they would compute in the new dtype. torch has no hook on the change. "
+            "torch_tpu_eager._default_dtype.",
+        ),
+        TorchPatch(
+            "torch.set_default_tensor_type",
+            "(t: type['torch.Tensor'] | str, /) -> None",
+            "Also sets the default dtype; replaced together with torch.set_default_dtype.",
+        ),
+        TorchPatch(
             "torch.to_dlpack",
             "<builtin builtin_function_or_method>",
             "The same function as torch.utils.dlpack.to_dlpack, re-exported; replaced together.",

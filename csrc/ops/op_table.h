@@ -75,6 +75,11 @@ enum OpTrait : uint64_t {
   // mode of the call (record.cpp); a mode change first runs the queued ops
   // (torch_tpu_eager/_deterministic.py). tools/gen_op_table.py OP_TRAITS.
   kReadsDeterministicMode = 1ull << 33,
+  // More CPU call-time checks (see kCheckPowTensorScalar): a call that fails one runs eagerly.
+  kCheckReductionDims = 1ull << 34,     // nansum: an empty dim list (CPU: every dim; meta: none) or > 64 dims
+  kCheckBoundaries1d = 1ull << 35,      // bucketize: boundaries not 1-D (CPU raises; the meta kernel does not check)
+  kCheckSearchSide = 1ull << 36,        // searchsorted: `side` other than "left" / "right" (likewise)
+  kCheckDegreesOfFreedom = 1ull << 37,  // var / std (_mean): correction >= elements reduced (CPU warns at the call)
 };
 
 struct OpEntry {

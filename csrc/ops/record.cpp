@@ -382,6 +382,27 @@ void check_index_devices(torch::jit::Stack& stack, size_t first) {
 // Checks CPU kernels make at call time that the meta kernels do not. Such
 // calls run eagerly, so CPU's own kernel raises its error at the call.
 // (Only checks that need no data belong here.)
+// var / std (self, dim, correction, ...): whether correction >= the number of elements each
+// result reduces (CPU's kernel warns then). False when dim is not an int list or None (names).
+bool degrees_of_freedom_not_positive(const torch::jit::Stack& stack, size_t first) {
+  const at::Tensor& self = stack[first].toTensor();
+  const c10::IValue& dim = stack[first + 1];
+  const c10::IValue& correction = stack[first + 2];
+  int64_t n = 1;
+  if (dim.isNone() || (dim.isIntList() && dim.toDimVector().empty())) {
+    n = self.numel();
+  } else if (dim.isIntList()) {
+    for (int64_t d : dim.toDimVector()) {
+      if (d < -std::max<int64_t>(self.dim(), 1) || d >= std::max<int64_t>(self.dim(), 1)) return true;  // CPU raises
+      if (self.dim() > 0) n *= self.size(d < 0 ? d + self.dim() : d);
+    }
+  } else {
+    return false;
+  }
+  const double c = correction.isScalar() ? correction.toScalar().toDouble() : 1.0;
+  return static_cast<double>(n) - c <= 0;
+}
+
 bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_t first) {
   const uint64_t check = plan.traits;
   // pow(int tensor, negative int scalar): "Integers to negative integer powers are not allowed."
@@ -410,6 +431,24 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // call ("result type Float can't be cast to the desired output type Int");
   // the meta kernels of torch 2.13 let mul_ and a complex add_ / sub_ through.
   if ((check & kCheckInPlaceCast) && in_place_result_cannot_cast(stack[first], stack[first + 1])) return true;
+  // nansum: CPU's make_reduction reads an empty dim list as every dim and refuses more than
+  // 64 dims; torch 2.13's Python meta kernel reads it as no dim and has no limit.
+  if ((check & kCheckReductionDims) && stack[first].isTensor()) {
+    const c10::IValue& dim = stack[first + 1];
+    if (stack[first].toTensor().dim() > 64 || (dim.isIntList() && dim.toDimVector().empty())) return true;
+  }
+  // bucketize: CPU requires 1-D boundaries ("boundaries tensor must be 1 dimension").
+  if ((check & kCheckBoundaries1d) && stack[first + 1].isTensor() && stack[first + 1].toTensor().dim() != 1)
+    return true;
+  // searchsorted(sorted_sequence, self, out_int32, right, side, ...): side "left" or "right".
+  if ((check & kCheckSearchSide) && stack.size() > first + 4 && stack[first + 4].isString()) {
+    const std::string& side = stack[first + 4].toStringRef();
+    if (side != "left" && side != "right") return true;
+  }
+  // var / std (_mean)(self, dim, correction, ...): CPU warns "degrees of freedom is <= 0" when
+  // its kernel runs; the meta kernels do not, so a queued call would warn at the flush.
+  if ((check & kCheckDegreesOfFreedom) && stack[first].isTensor() && degrees_of_freedom_not_positive(stack, first))
+    return true;
   if ((check & kCheckSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
       stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
     return true;

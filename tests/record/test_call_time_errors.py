@@ -700,3 +700,93 @@ def test_index_with_indices_on_another_device(dev):
             xt[ia, other]
     xt = x.to(dev)  # a CPU index with a device self stays allowed
     torch.testing.assert_close(xt[ia, ib].cpu(), x[ia, ia])
+
+
+# ---- CPU checks that torch 2.13's meta kernels skip (found by PyTorch's test_reductions.py) --
+# nansum: CPU's make_reduction reads an empty dim list as every dim and refuses a dim list
+# on more than 64 dims; the Python meta kernel reduced nothing and had no limit.
+# bucketize: CPU requires 1-D boundaries, searchsorted a side of "left" or "right"; the meta
+# kernels did not check, so the error came at the read, or never when the result was not read.
+def _b2(d):
+    return torch.tensor([[1, 2, 3], [4, 5, 6]], device=d)
+
+
+META_SKIPS = {
+    "nansum_empty_dim_list": (lambda d: (_f(3, 4)(d),), lambda x: x.nansum(dim=[])),
+    "nansum_empty_dim_list_keepdim": (lambda d: (_f(3, 4)(d),), lambda x: x.nansum(dim=[], keepdim=True)),
+    "nansum_empty_dim_list_int": (lambda d: (torch.arange(6, device=d).reshape(2, 3),), lambda x: x.nansum(dim=[])),
+    "nansum_empty_dim_list_out": (
+        lambda d: (_f(3, 4)(d), torch.empty(0, device=d)),
+        lambda x, o: torch.nansum(x, dim=[], out=o),
+    ),
+    "nansum_dim_list_kept": (lambda d: (_f(3, 4)(d),), lambda x: x.nansum(dim=[1])),
+    # (65-d tensors made in the call: the comparison of the arguments handles at most 64 dims)
+    "nansum_65_dims": (lambda d: (torch.ones(1, device=d),), lambda x: x.reshape([1] * 65).nansum(dim=64)),
+    "nansum_65_dims_negative": (lambda d: (torch.ones(1, device=d),), lambda x: x.reshape([1] * 65).nansum(dim=-1)),
+    "nansum_65_dims_every_dim": (lambda d: (torch.ones(1, device=d),), lambda x: x.reshape([1] * 65).nansum()),
+    "bucketize_2d_boundaries": (
+        lambda d: (torch.arange(12, device=d).reshape(2, 2, 3), _b2(d)),
+        lambda v, b: torch.bucketize(v, b),
+    ),
+    "bucketize_out_2d_boundaries": (
+        lambda d: (
+            torch.arange(12, device=d).reshape(2, 2, 3),
+            _b2(d),
+            torch.zeros(2, 2, 3, dtype=torch.int64, device=d),
+        ),
+        lambda v, b, o: torch.bucketize(v, b, out=o),
+    ),
+    "bucketize_scalar_2d_boundaries": (lambda d: (_b2(d),), lambda b: torch.bucketize(2, b)),
+    "searchsorted_bad_side": (
+        lambda d: (torch.arange(10, device=d), torch.tensor([3, 7], device=d)),
+        lambda s, v: torch.searchsorted(s, v, side="bad"),
+    ),
+    "searchsorted_scalar_bad_side": (
+        lambda d: (torch.arange(10, device=d),),
+        lambda s: torch.searchsorted(s, 3, side="up"),
+    ),
+    "searchsorted_right_side": (
+        lambda d: (torch.arange(10, device=d), torch.tensor([3, 7], device=d)),
+        lambda s, v: torch.searchsorted(s, v, side="right"),
+    ),
+    "bucketize_1d_boundaries": (
+        lambda d: (torch.arange(12, device=d).reshape(2, 2, 3), torch.tensor([1, 4, 9], device=d)),
+        lambda v, b: torch.bucketize(v, b, right=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(META_SKIPS))
+def test_cpu_checks_the_meta_kernels_skip(dev, case):
+    build, act = META_SKIPS[case]
+    run_both_at_call(build, act, dev)
+
+
+@requires_tpu
+def test_bucketize_2d_boundaries_after_a_1d_call():
+    # The first call's meta result is cached; the second must still raise at the call.
+    v = torch.arange(12).reshape(2, 2, 3)
+    torch.bucketize(v.to("tpu"), torch.tensor([1, 4, 9], device="tpu"))
+    with pytest.raises(RuntimeError, match=r"^boundaries tensor must be 1 dimension, but got dim\(2\)$"):
+        torch.bucketize(v.to("tpu"), _b2("tpu"))
+
+
+# ---- var / std with no degrees of freedom: CPU warns at the call ----------------------
+# (test_reductions.py test_warn_invalid_degrees_of_freedom: the meta kernels do not warn,
+# so a queued call warned at the flush, outside the caller's warnings.catch_warnings.)
+DOF = {
+    "std_dim": lambda x: torch.std(x, dim=-1, correction=20),
+    "var_dim": lambda x: torch.var(x, dim=-1, correction=20),
+    "var_mean_dim": lambda x: torch.var_mean(x, dim=-1, correction=20),
+    "std_mean_dim": lambda x: torch.std_mean(x, dim=-1, correction=20),
+    "var_all": lambda x: torch.var(x, correction=200),
+    "var_two_dims": lambda x: torch.var(x, dim=(0, 1), correction=200),
+    "var_enough": lambda x: torch.var(x, dim=-1, correction=19),
+    "var_out": lambda x: torch.var(x, dim=1, correction=20, out=torch.empty(10, device=x.device)),
+    "var_bad_dim": lambda x: torch.var(x, dim=2, correction=1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DOF))
+def test_no_degrees_of_freedom_warns_at_the_call(dev, case):
+    run_both_at_call(lambda d: (_f(10, 20)(d),), DOF[case], dev, check_warnings=True)
