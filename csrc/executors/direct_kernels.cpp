@@ -532,60 +532,94 @@ bool batch_norm_train(const torch::jit::Stack& a, const std::vector<at::Tensor>&
 // ATen's utils::CeilLog2 (1 for x <= 2).
 int64_t ceil_log2(int64_t x) { return x <= 2 ? 1 : 64 - __builtin_clzll(static_cast<uint64_t>(x - 1)); }
 
-constexpr int64_t kSumBlock = 64;  // columns summed at once (eight 8-float vectors)
-typedef float Float8 __attribute__((vector_size(32)));
+constexpr int64_t kSumBlock = 64;  // columns summed at once: eight 8-float vectors
 
-// Adds the first `vecs` vectors of a row (n floats, zero-padded to vecs * 8) into acc.
-inline void add_row(Float8* acc, const float* row, int64_t n, int vecs) {
-  alignas(32) float tmp[kSumBlock];
-  if (n != kSumBlock) {  // a partial block: its floats, zeros after them
-    std::memset(tmp, 0, sizeof(tmp));
-    std::memcpy(tmp, row, n * sizeof(float));
-    row = tmp;
-  }
-  for (int v = 0; v < vecs; ++v) {
-    Float8 r;
-    std::memcpy(&r, row + 8 * v, sizeof(r));
-    acc[v] += r;
-  }
+// Lanes [0, n) of a vector (n <= 8) as a store / load mask.
+__attribute__((target("avx2"))) inline __m256i first_lanes(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// sum[c] for columns c < n (n <= kSumBlock) of rows x + i * stride, i < size,
-// in the cascade order: lane by lane the additions of ATen's multi_row_sum.
-// Cloned for AVX2 (8-float adds in one instruction) and the baseline.
-__attribute__((target_clones("avx2", "default"))) void cascade_columns(const float* x, int64_t stride,
-                                                                        int64_t size, int64_t n, float* sum) {
-  constexpr int kLevels = 4, kVecs = kSumBlock / 8;
+// acc[v] += vector v of a row of 8 * (V - 1) + last floats (the rest of the last vector read as 0).
+template <int V>
+__attribute__((target("avx2"), always_inline)) inline void add_row(__m256* acc, const float* row, int last,
+                                                                   __m256i mask) {
+#pragma GCC unroll 8
+  for (int v = 0; v + 1 < V; ++v) acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(row + 8 * v));
+  const float* p = row + 8 * (V - 1);
+  acc[V - 1] = _mm256_add_ps(acc[V - 1], last == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask));
+}
+
+// The sums of the 8 * (V - 1) + last columns of rows x + i * stride, i < size,
+// in the cascade order (lane by lane the additions of ATen's multi_row_sum:
+// four levels, level 0 in registers), into sum[c]; with kPlusZero 0.0f + the sum
+// (CPU's store into its zeroed output).
+template <int V, bool kPlusZero>
+__attribute__((target("avx2"))) void cascade_vecs(const float* x, int64_t stride, int64_t size, int last,
+                                                  float* sum) {
+  constexpr int kLevels = 4;
   const int64_t power = std::max<int64_t>(4, ceil_log2(size) / kLevels);
   const int64_t step = int64_t{1} << power, mask = step - 1;
-  const int vecs = static_cast<int>((n + 7) / 8);
-  Float8 acc[kLevels][kVecs] = {};
+  const __m256i tail = first_lanes(last);
+  __m256 acc0[V], acc[kLevels][V];  // acc[1..3]: levels 1 to 3
+#pragma GCC unroll 8
+  for (int v = 0; v < V; ++v) {
+    acc0[v] = _mm256_setzero_ps();
+    for (int j = 1; j < kLevels; ++j) acc[j][v] = _mm256_setzero_ps();
+  }
   int64_t i = 0;
   while (i + step <= size) {
-    for (int64_t j = 0; j < step; ++j, ++i) add_row(acc[0], x + i * stride, n, vecs);
-    for (int j = 1; j < kLevels; ++j) {
-      for (int v = 0; v < vecs; ++v) {
-        acc[j][v] += acc[j - 1][v];
-        acc[j - 1][v] = Float8{};
+    for (int64_t j = 0; j < step; ++j, ++i) add_row<V>(acc0, x + i * stride, last, tail);
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {  // level 1 takes level 0
+      acc[1][v] = _mm256_add_ps(acc[1][v], acc0[v]);
+      acc0[v] = _mm256_setzero_ps();
+    }
+    if ((i & (mask << power)) != 0) continue;
+    for (int j = 2; j < kLevels; ++j) {
+      for (int v = 0; v < V; ++v) {
+        acc[j][v] = _mm256_add_ps(acc[j][v], acc[j - 1][v]);
+        acc[j - 1][v] = _mm256_setzero_ps();
       }
       if ((i & (mask << (j * power))) != 0) break;
     }
   }
-  for (; i < size; ++i) add_row(acc[0], x + i * stride, n, vecs);
-  for (int j = 1; j < kLevels; ++j)
-    for (int v = 0; v < vecs; ++v) acc[0][v] += acc[j][v];
-  alignas(32) float out[kSumBlock];
-  std::memcpy(out, acc[0], sizeof(out));
-  std::memcpy(sum, out, n * sizeof(float));
+  for (; i < size; ++i) add_row<V>(acc0, x + i * stride, last, tail);
+#pragma GCC unroll 8
+  for (int v = 0; v < V; ++v) {
+    __m256 t = acc0[v];
+    for (int j = 1; j < kLevels; ++j) t = _mm256_add_ps(t, acc[j][v]);
+    if (kPlusZero) t = _mm256_add_ps(_mm256_setzero_ps(), t);
+    if (v + 1 < V || last == 8) {
+      _mm256_storeu_ps(sum + 8 * v, t);
+    } else {
+      _mm256_maskstore_ps(sum + 8 * v, tail, t);
+    }
+  }
 }
 
-// sum[c] for columns c < n (n <= kSumBlock) of `rows` rows at x, in the interleaved order.
-void interleaved_columns(const float* x, int64_t cols, int64_t rows, int64_t n, float* sum) {
+// cascade_vecs for n columns (1 <= n <= kSumBlock).
+template <bool kPlusZero>
+void cascade_columns(const float* x, int64_t stride, int64_t size, int64_t n, float* sum) {
+  const int last = static_cast<int>(n - (n - 1) / 8 * 8);
+  switch ((n + 7) / 8) {
+    case 1: return cascade_vecs<1, kPlusZero>(x, stride, size, last, sum);
+    case 2: return cascade_vecs<2, kPlusZero>(x, stride, size, last, sum);
+    case 3: return cascade_vecs<3, kPlusZero>(x, stride, size, last, sum);
+    case 4: return cascade_vecs<4, kPlusZero>(x, stride, size, last, sum);
+    case 5: return cascade_vecs<5, kPlusZero>(x, stride, size, last, sum);
+    case 6: return cascade_vecs<6, kPlusZero>(x, stride, size, last, sum);
+    case 7: return cascade_vecs<7, kPlusZero>(x, stride, size, last, sum);
+    default: return cascade_vecs<8, kPlusZero>(x, stride, size, last, sum);
+  }
+}
+
+// out[c] = 0.0f + the sum of column c < n (n <= kSumBlock) of `rows` rows at x, in the interleaved order.
+void interleaved_columns(const float* x, int64_t cols, int64_t rows, int64_t n, float* out) {
   float part[4][kSumBlock];
-  for (int k = 0; k < 4; ++k) cascade_columns(x + k * cols, 4 * cols, rows / 4, n, part[k]);
+  for (int k = 0; k < 4; ++k) cascade_columns<false>(x + k * cols, 4 * cols, rows / 4, n, part[k]);
   for (int64_t i = rows / 4 * 4; i < rows; ++i)
     for (int64_t c = 0; c < n; ++c) part[0][c] += x[i * cols + c];
-  for (int64_t c = 0; c < n; ++c) sum[c] = ((part[0][c] + part[1][c]) + part[2][c]) + part[3][c];
+  for (int64_t c = 0; c < n; ++c) out[c] = 0.0f + (((part[0][c] + part[1][c]) + part[2][c]) + part[3][c]);
 }
 
 // Columns [begin, end) of a [rows, cols] input x summed into out as CPU's
@@ -595,23 +629,17 @@ void column_sum_range(const float* x, int64_t rows, int64_t cols, int64_t begin,
   const int64_t n = end - begin;
   const int64_t group = n >= width ? 4 * width : 4;  // the vector path's 4 vectors, else the scalar path's 4 columns
   const int64_t cascaded = begin + n / group * group;
-  float sum[kSumBlock];
   for (int64_t c = begin; c < end; c += kSumBlock) {
     const int64_t stop = std::min(c + kSumBlock, end);
     const int64_t split = std::clamp(cascaded, c, stop);  // [c, split) cascade, [split, stop) interleaved
-    if (split > c) {
-      cascade_columns(x + c, cols, rows, split - c, sum);
-      for (int64_t k = c; k < split; ++k) out[k] = 0.0f + sum[k - c];
-    }
-    if (stop > split) {
-      interleaved_columns(x + split, cols, rows, stop - split, sum);
-      for (int64_t k = split; k < stop; ++k) out[k] = 0.0f + sum[k - split];
-    }
+    if (split > c) cascade_columns<true>(x + c, cols, rows, split - c, out + c);
+    if (stop > split) interleaved_columns(x + split, cols, rows, stop - split, out + split);
   }
 }
 
 // The float vector width of the sum kernel CPU runs here: 16 (AVX512), 8
-// (AVX2), or 0 when it is DEFAULT's (not reproduced: CPU's kernel runs).
+// (AVX2), or 0 when it is DEFAULT's (not reproduced: CPU's kernel runs; the
+// cascade here is AVX2 code, which an AVX2 or AVX512 kernel implies the CPU has).
 int64_t sum_kernel_width() {
   using Stub = at::native::sum_stub_DECLARE_DISPATCH_type;
   static const int64_t width = [] {
