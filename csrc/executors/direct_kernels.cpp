@@ -554,8 +554,7 @@ __attribute__((target("avx2"), always_inline)) inline void add_row(__m256* acc, 
 // four levels, level 0 in registers), into sum[c]; with kPlusZero 0.0f + the sum
 // (CPU's store into its zeroed output).
 template <int V, bool kPlusZero>
-__attribute__((target("avx2"))) void cascade_vecs(const float* x, int64_t stride, int64_t size, int last,
-                                                  float* sum) {
+__attribute__((target("avx2"))) void cascade_vecs(const float* x, int64_t stride, int64_t size, int last, float* sum) {
   constexpr int kLevels = 4;
   const int64_t power = std::max<int64_t>(4, ceil_log2(size) / kLevels);
   const int64_t step = int64_t{1} << power, mask = step - 1;
@@ -600,17 +599,11 @@ __attribute__((target("avx2"))) void cascade_vecs(const float* x, int64_t stride
 // cascade_vecs for n columns (1 <= n <= kSumBlock).
 template <bool kPlusZero>
 void cascade_columns(const float* x, int64_t stride, int64_t size, int64_t n, float* sum) {
-  const int last = static_cast<int>(n - (n - 1) / 8 * 8);
-  switch ((n + 7) / 8) {
-    case 1: return cascade_vecs<1, kPlusZero>(x, stride, size, last, sum);
-    case 2: return cascade_vecs<2, kPlusZero>(x, stride, size, last, sum);
-    case 3: return cascade_vecs<3, kPlusZero>(x, stride, size, last, sum);
-    case 4: return cascade_vecs<4, kPlusZero>(x, stride, size, last, sum);
-    case 5: return cascade_vecs<5, kPlusZero>(x, stride, size, last, sum);
-    case 6: return cascade_vecs<6, kPlusZero>(x, stride, size, last, sum);
-    case 7: return cascade_vecs<7, kPlusZero>(x, stride, size, last, sum);
-    default: return cascade_vecs<8, kPlusZero>(x, stride, size, last, sum);
-  }
+  using Cascade = void (*)(const float*, int64_t, int64_t, int, float*);
+  static constexpr Cascade kByVectors[] = {
+      cascade_vecs<1, kPlusZero>, cascade_vecs<2, kPlusZero>, cascade_vecs<3, kPlusZero>, cascade_vecs<4, kPlusZero>,
+      cascade_vecs<5, kPlusZero>, cascade_vecs<6, kPlusZero>, cascade_vecs<7, kPlusZero>, cascade_vecs<8, kPlusZero>};
+  kByVectors[(n - 1) / 8](x, stride, size, static_cast<int>(n - (n - 1) / 8 * 8), sum);
 }
 
 // out[c] = 0.0f + the sum of column c < n (n <= kSumBlock) of `rows` rows at x, in the interleaved order.
