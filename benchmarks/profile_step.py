@@ -104,7 +104,9 @@ def compare(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("mlp", "gpt", "cnn", "digits", "flush", "record"), default="cnn")
-    parser.add_argument("--device", default="tpu")
+    parser.add_argument(
+        "--device", default="tpu", help='"tpu", "cpu", or "compile" (torch.compile on CPU; training steps only)'
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
@@ -138,7 +140,9 @@ def main():
         else:
             index = {"mlp": 0, "gpt": 1, "cnn": 2}[args.model]
             name, make_model, make_opt, clip, make_batches = run_all._training_cases(False)[index]
-            trainer = run_all.StepTrainer(args.device, make_model, make_opt, clip, make_batches())
+            compiled = args.device == "compile"  # torch.compile (inductor) on CPU; optimizer eager
+            device = "cpu" if compiled else args.device
+            trainer = run_all.StepTrainer(device, make_model, make_opt, clip, make_batches(), compiled=compiled)
         trainer.steps(args.warmup)
         toggle(args, "on")
         r0 = resource.getrusage(resource.RUSAGE_SELF)

@@ -23,6 +23,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/native/batch_norm.h>
 #include <ATen/native/layer_norm.h>
+#include <ATen/native/ReduceOps.h>
 
 #include "jit/lowering.h"
 
@@ -515,6 +516,175 @@ bool batch_norm_train(const torch::jit::Stack& a, const std::vector<at::Tensor>&
   return true;
 }
 
+// ---- sum over leading dims (a bias gradient's column sum) in CPU's order ----
+//
+// CPU's float sum (ATen's cascade_sum) of a contiguous [rows, cols] input over
+// its rows adds each column in one of two orders, decided by the column's place
+// in the vector groups of its kernel:
+//  - "cascade": the rows in order into four levels of partial sums
+//    (multi_row_sum), for columns in groups of 4 vectors (or of 4 columns when
+//    fewer columns than a vector are summed);
+//  - "interleaved": four such cascades over rows k, k + 4, k + 8, ... (k =
+//    0..3), the rows after the last multiple of 4 added to the first, then
+//    the four summed in order (row_sum), for the columns after those groups.
+// Each result is then added to the output's zero (+0.0 for -0.0).
+
+// ATen's utils::CeilLog2 (1 for x <= 2).
+int64_t ceil_log2(int64_t x) { return x <= 2 ? 1 : 64 - __builtin_clzll(static_cast<uint64_t>(x - 1)); }
+
+constexpr int64_t kSumBlock = 64;  // columns summed at once: eight 8-float vectors
+
+// Lanes [0, n) of a vector (n <= 8) as a store / load mask.
+__attribute__((target("avx2"))) inline __m256i first_lanes(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// acc[v] += vector v of a row of 8 * (V - 1) + last floats (the rest of the last vector read as 0).
+template <int V>
+__attribute__((target("avx2"), always_inline)) inline void add_row(__m256* acc, const float* row, int last,
+                                                                   __m256i mask) {
+#pragma GCC unroll 8
+  for (int v = 0; v + 1 < V; ++v) acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(row + 8 * v));
+  const float* p = row + 8 * (V - 1);
+  acc[V - 1] = _mm256_add_ps(acc[V - 1], last == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask));
+}
+
+// The sums of the 8 * (V - 1) + last columns of rows x + i * stride, i < size,
+// in the cascade order (lane by lane the additions of ATen's multi_row_sum:
+// four levels, level 0 in registers), into sum[c]; with kPlusZero 0.0f + the sum
+// (CPU's store into its zeroed output).
+template <int V, bool kPlusZero>
+__attribute__((target("avx2"))) void cascade_vecs(const float* x, int64_t stride, int64_t size, int last, float* sum) {
+  constexpr int kLevels = 4;
+  const int64_t power = std::max<int64_t>(4, ceil_log2(size) / kLevels);
+  const int64_t step = int64_t{1} << power, mask = step - 1;
+  const __m256i tail = first_lanes(last);
+  __m256 acc0[V], acc[kLevels][V];  // acc[1..3]: levels 1 to 3
+#pragma GCC unroll 8
+  for (int v = 0; v < V; ++v) {
+    acc0[v] = _mm256_setzero_ps();
+    for (int j = 1; j < kLevels; ++j) acc[j][v] = _mm256_setzero_ps();
+  }
+  int64_t i = 0;
+  while (i + step <= size) {
+    for (int64_t j = 0; j < step; ++j, ++i) add_row<V>(acc0, x + i * stride, last, tail);
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {  // level 1 takes level 0
+      acc[1][v] = _mm256_add_ps(acc[1][v], acc0[v]);
+      acc0[v] = _mm256_setzero_ps();
+    }
+    if ((i & (mask << power)) != 0) continue;
+    for (int j = 2; j < kLevels; ++j) {
+      for (int v = 0; v < V; ++v) {
+        acc[j][v] = _mm256_add_ps(acc[j][v], acc[j - 1][v]);
+        acc[j - 1][v] = _mm256_setzero_ps();
+      }
+      if ((i & (mask << (j * power))) != 0) break;
+    }
+  }
+  for (; i < size; ++i) add_row<V>(acc0, x + i * stride, last, tail);
+#pragma GCC unroll 8
+  for (int v = 0; v < V; ++v) {
+    __m256 t = acc0[v];
+    for (int j = 1; j < kLevels; ++j) t = _mm256_add_ps(t, acc[j][v]);
+    if (kPlusZero) t = _mm256_add_ps(_mm256_setzero_ps(), t);
+    if (v + 1 < V || last == 8) {
+      _mm256_storeu_ps(sum + 8 * v, t);
+    } else {
+      _mm256_maskstore_ps(sum + 8 * v, tail, t);
+    }
+  }
+}
+
+// cascade_vecs for n columns (1 <= n <= kSumBlock).
+template <bool kPlusZero>
+void cascade_columns(const float* x, int64_t stride, int64_t size, int64_t n, float* sum) {
+  using Cascade = void (*)(const float*, int64_t, int64_t, int, float*);
+  static constexpr Cascade kByVectors[] = {
+      cascade_vecs<1, kPlusZero>, cascade_vecs<2, kPlusZero>, cascade_vecs<3, kPlusZero>, cascade_vecs<4, kPlusZero>,
+      cascade_vecs<5, kPlusZero>, cascade_vecs<6, kPlusZero>, cascade_vecs<7, kPlusZero>, cascade_vecs<8, kPlusZero>};
+  kByVectors[(n - 1) / 8](x, stride, size, static_cast<int>(n - (n - 1) / 8 * 8), sum);
+}
+
+// out[c] = 0.0f + the sum of column c < n (n <= kSumBlock) of `rows` rows at x, in the interleaved order.
+void interleaved_columns(const float* x, int64_t cols, int64_t rows, int64_t n, float* out) {
+  float part[4][kSumBlock];
+  for (int k = 0; k < 4; ++k) cascade_columns<false>(x + k * cols, 4 * cols, rows / 4, n, part[k]);
+  for (int64_t i = rows / 4 * 4; i < rows; ++i)
+    for (int64_t c = 0; c < n; ++c) part[0][c] += x[i * cols + c];
+  for (int64_t c = 0; c < n; ++c) out[c] = 0.0f + (((part[0][c] + part[1][c]) + part[2][c]) + part[3][c]);
+}
+
+// Columns [begin, end) of a [rows, cols] input x summed into out as CPU's
+// kernel sums them when its loop gets exactly these columns (vector width `width`).
+void column_sum_range(const float* x, int64_t rows, int64_t cols, int64_t begin, int64_t end, int64_t width,
+                      float* out) {
+  const int64_t n = end - begin;
+  const int64_t group = n >= width ? 4 * width : 4;  // the vector path's 4 vectors, else the scalar path's 4 columns
+  const int64_t cascaded = begin + n / group * group;
+  for (int64_t c = begin; c < end; c += kSumBlock) {
+    const int64_t stop = std::min(c + kSumBlock, end);
+    const int64_t split = std::clamp(cascaded, c, stop);  // [c, split) cascade, [split, stop) interleaved
+    if (split > c) cascade_columns<true>(x + c, cols, rows, split - c, out + c);
+    if (stop > split) interleaved_columns(x + split, cols, rows, stop - split, out + split);
+  }
+}
+
+// The float vector width of the sum kernel CPU runs here: 16 (AVX512), 8
+// (AVX2), or 0 when it is DEFAULT's (not reproduced: CPU's kernel runs; the
+// cascade here is AVX2 code, which an AVX2 or AVX512 kernel implies the CPU has).
+int64_t sum_kernel_width() {
+  using Stub = at::native::sum_stub_DECLARE_DISPATCH_type;
+  static const int64_t width = [] {
+    const auto kernel = cpu_kernel<Stub>();
+    if (kernel && kernel == Stub::AVX512) return int64_t{16};
+    if (kernel && kernel == Stub::AVX2) return int64_t{8};
+    return int64_t{0};
+  }();
+  return width;
+}
+
+// sum.dim_IntList(self, dim, keepdim, dtype=None) of a contiguous float32
+// self over its leading dims 0..k-1 (k >= 1, at least one dim kept): CPU's
+// outer sum of a [rows, cols] matrix (rows, cols >= 2), bit for bit, with
+// CPU's split of the columns between threads (a TensorIterator's
+// parallel_dim_reduction: at::parallel_for over the columns, chunk bounds
+// rounded down to 32 columns) when it has one. False otherwise.
+bool column_sum(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
+  if (a.size() != 4 || outs.size() != 1 || !a[0].isTensor() || !a[1].isIntList() || !a[3].isNone()) return false;
+  const at::Tensor x = a[0].toTensor();
+  const int64_t width = sum_kernel_width();
+  if (!dense_f32(x) || width == 0 || x.dim() < 2) return false;
+  const auto dims = a[1].toIntVector();
+  uint64_t reduced = 0;
+  for (int64_t d : dims) {
+    if (d < -x.dim() || d >= x.dim()) return false;  // CPU raises its own error
+    reduced |= uint64_t{1} << (d < 0 ? d + x.dim() : d);
+  }
+  const int64_t k = static_cast<int64_t>(__builtin_popcountll(reduced));
+  if (k == 0 || k >= x.dim() || reduced != (uint64_t{1} << k) - 1 || static_cast<int64_t>(dims.size()) != k)
+    return false;  // not exactly a set of leading dims
+  int64_t rows = 1;
+  for (int64_t d = 0; d < k; ++d) rows *= x.size(d);
+  const int64_t cols = x.numel() / std::max<int64_t>(rows, 1);
+  const at::Tensor& out = outs[0];
+  if (rows < 2 || cols < 2 || !dense_f32(out) || out.numel() != cols) return false;
+  const float* xp = x.const_data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  constexpr int64_t kGrain = 32768;  // at::internal::GRAIN_SIZE (TensorIterator.h): parallel_reduce's threshold
+  if (x.numel() < kGrain || at::get_num_threads() == 1 || at::in_parallel_region()) {
+    column_sum_range(xp, rows, cols, 0, cols, width, op);
+    return true;
+  }
+  at::parallel_for(0, cols, 1, [&](int64_t begin, int64_t end) {
+    constexpr int64_t kRound = 32;  // 128 bytes of floats
+    begin -= begin % kRound;
+    if (end != cols) end -= end % kRound;
+    if (begin < end) column_sum_range(xp, rows, cols, begin, end, width, op);
+  });
+  return true;
+}
+
 using DirectKernel = bool (*)(const torch::jit::Stack&, const std::vector<at::Tensor>&);
 
 // The direct kernel of an op (the lowering table's DirectImpl), or null.
@@ -534,6 +704,8 @@ DirectKernel direct_kernel(const c10::OperatorHandle& op) {
       return &batch_norm_train;
     case DirectImpl::kMaxPool2dBackward:
       return &max_pool2d_backward;
+    case DirectImpl::kColumnSum:
+      return &column_sum;
     case DirectImpl::kNone:
       break;
   }

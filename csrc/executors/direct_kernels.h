@@ -24,7 +24,11 @@ namespace host {
 // same comparisons as CPU's kernel: equal values and indices) and
 // native_batch_norm in training mode on contiguous float32 with affine
 // parameters and running statistics (CPU's statistics recomputed with the same
-// double sums, channels interleaved; CPU's normalization stub). Returns false,
+// double sums, channels interleaved; CPU's normalization stub) and
+// sum.dim_IntList of contiguous float32 over leading dims (a bias gradient's
+// column sum: CPU's cascade_sum order per column for the vector width of CPU's
+// sum kernel, AVX2 or AVX512, and CPU's split of the columns between threads;
+// DEFAULT capability declines). Returns false,
 // having written nothing, for any other op or case; a CPU error it raises leaves its outputs, which
 // nothing else reads, partly written.
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs);

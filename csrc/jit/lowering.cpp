@@ -44,6 +44,7 @@ constexpr HostRule kHostRules[] = {
     {"max_pool2d_with_indices", "", DirectImpl::kMaxPool2dWithIndices},
     {"native_batch_norm", "", DirectImpl::kBatchNormTrain},
     {"max_pool2d_with_indices_backward", "", DirectImpl::kMaxPool2dBackward},
+    {"sum", "dim_IntList", DirectImpl::kColumnSum},
 };
 // Row reductions and normalizations (functional overloads), by name and overload.
 struct RowRule {

@@ -39,7 +39,8 @@ enum class DirectImpl : uint8_t {
   kClone,
   kMaxPool2dWithIndices,
   kBatchNormTrain,
-  kMaxPool2dBackward
+  kMaxPool2dBackward,
+  kColumnSum  // sum.dim_IntList over leading dims (direct_kernels.cpp, column_sum)
 };
 
 // The row-wise reduction or normalization a functional op computes over the
