@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -22,6 +23,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/util/accumulate.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/ones.h>
@@ -34,6 +36,7 @@
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/add.h>
+#include <ATen/ops/sub.h>
 #include <ATen/ops/div.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/index_copy.h>
@@ -2122,6 +2125,64 @@ RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
   return rp;
 }
 
+// Per-thread f32 scratch kept across launches, one buffer per use (the
+// cores' LX scratch): the widened input of a normalizing ring op and the
+// softmax partials' exps reuse their storage instead of allocating a tensor
+// of the input's size per launch, whose fresh pages the kernel maps and
+// zeroes again at every first touch. A lease holds its slot until it goes
+// out of scope; a slot already held (a nested walk) or a size over the cap
+// gets a fresh tensor. Contents are never read before being written.
+class Scratch {
+ public:
+  enum Slot { kWideIn = 0, kPartial = 1, kSlots = 2 };
+  // Bounds the memory a thread keeps: 16 MiB of f32 per slot.
+  static constexpr int64_t kCapElems = int64_t{1} << 22;
+  Scratch(Slot slot, at::IntArrayRef sizes) : slot_(slot) {
+    const int64_t n = c10::multiply_integers(sizes);
+    State& s = state();
+    if (n > kCapElems || s.held[slot_]) {
+      t_ = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
+      return;
+    }
+    at::Tensor& buf = s.buf[slot_];
+    if (!buf.defined() || buf.numel() < n) buf = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
+    s.held[slot_] = leased_ = true;
+    t_ = buf.narrow(0, 0, n).view(sizes);
+  }
+  ~Scratch() {
+    if (leased_) state().held[slot_] = false;
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  const at::Tensor& tensor() const { return t_; }
+
+ private:
+  struct State {
+    at::Tensor buf[kSlots];
+    bool held[kSlots] = {false, false};
+  };
+  static State& state() {
+    static thread_local State s;
+    return s;
+  }
+  Slot slot_;
+  bool leased_ = false;
+  at::Tensor t_;
+};
+
+// Whether an elementwise op's fresh result for `t` is laid out row-major
+// (TensorIterator orders its output's dims by the input's strides): each
+// dim of more than one element has a stride no smaller than the next one's.
+bool row_major_order(const at::Tensor& t) {
+  int64_t last = std::numeric_limits<int64_t>::max();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 1) continue;
+    if (t.stride(d) > last) return false;
+    last = t.stride(d);
+  }
+  return true;
+}
+
 // m where it is finite, else 0 (logsumexp's shift).
 at::Tensor finite_or_zero(const at::Tensor& m) {
   return at::where(m.abs().eq(INFINITY), at::zeros({}, m.options()), m);
@@ -2219,7 +2280,16 @@ RingPart ring_partial(const KtirTilePlan& P, const RingParams& rp, const at::Ten
     case KtirTilePlan::kSoftmax:
     case KtirTilePlan::kLogSoftmax: {
       const at::Tensor m = seg.amax(dims, true);
-      q.t = {m, seg.sub(m).exp_().sum(dims, true, acc)};
+      if (seg.scalar_type() == at::kFloat && row_major_order(seg)) {
+        // The same difference, exp and sum, the exps in scratch (row-major,
+        // as seg.sub(m) would be).
+        Scratch e(Scratch::kPartial, seg.sizes());
+        at::Tensor buf = e.tensor();
+        at::sub_out(buf, seg, m).exp_();
+        q.t = {m, e.tensor().sum(dims, true, acc)};
+      } else {
+        q.t = {m, seg.sub(m).exp_().sum(dims, true, acc)};
+      }
       break;
     }
     case KtirTilePlan::kLogSumExp: {
@@ -3154,13 +3224,19 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   // pass normalizes that copy in place. The values are the ones a per-step
   // widening and a re-read give; the copies and conversions are fewer.
   at::Tensor wide_in;
+  std::optional<Scratch> wide_lease;
   if (ring && P.normalize && !is_scan(P.combine) && P.combine != KtirTilePlan::kNllLoss && P.split[ring_in] &&
       P.load[ring_in] && !p.views[ring_in].lx && p.args[p.views[ring_in].arg].kind == KtirArg::kIn &&
       p.views[ring_in].dtype != acc_dtype) {
     bool only = true;
     for (size_t k = 0; k < p.ops.size(); ++k)
       if (P.phase[k] == KtirTilePlan::kTile) only = false;
-    if (only) wide_in = views[ring_in].to(acc_dtype).contiguous();
+    if (only && acc_dtype == at::kFloat) {
+      wide_lease.emplace(Scratch::kWideIn, views[ring_in].sizes());
+      wide_in = wide_lease->tensor().copy_(views[ring_in]);
+    } else if (only) {
+      wide_in = views[ring_in].to(acc_dtype).contiguous();
+    }
   }
   std::vector<at::Tensor> vt(views.size());
   for (size_t i = 0; i < P.steps.size(); ++i) {
