@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -22,6 +23,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/util/accumulate.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/ones.h>
@@ -34,6 +36,7 @@
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/add.h>
+#include <ATen/ops/sub.h>
 #include <ATen/ops/div.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/index_copy.h>
@@ -2122,6 +2125,64 @@ RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
   return rp;
 }
 
+// Per-thread f32 scratch kept across launches, one buffer per use (the
+// cores' LX scratch): the widened input of a normalizing ring op and the
+// softmax partials' exps reuse their storage instead of allocating a tensor
+// of the input's size per launch, whose fresh pages the kernel maps and
+// zeroes again at every first touch. A lease holds its slot until it goes
+// out of scope; a slot already held (a nested walk) or a size over the cap
+// gets a fresh tensor. Contents are never read before being written.
+class Scratch {
+ public:
+  enum Slot { kWideIn = 0, kPartial = 1, kSlots = 2 };
+  // Bounds the memory a thread keeps: 16 MiB of f32 per slot.
+  static constexpr int64_t kCapElems = int64_t{1} << 22;
+  Scratch(Slot slot, at::IntArrayRef sizes) : slot_(slot) {
+    const int64_t n = c10::multiply_integers(sizes);
+    State& s = state();
+    if (n > kCapElems || s.held[slot_]) {
+      t_ = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
+      return;
+    }
+    at::Tensor& buf = s.buf[slot_];
+    if (!buf.defined() || buf.numel() < n) buf = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
+    s.held[slot_] = leased_ = true;
+    t_ = buf.narrow(0, 0, n).view(sizes);
+  }
+  ~Scratch() {
+    if (leased_) state().held[slot_] = false;
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  const at::Tensor& tensor() const { return t_; }
+
+ private:
+  struct State {
+    at::Tensor buf[kSlots];
+    bool held[kSlots] = {false, false};
+  };
+  static State& state() {
+    static thread_local State s;
+    return s;
+  }
+  Slot slot_;
+  bool leased_ = false;
+  at::Tensor t_;
+};
+
+// Whether an elementwise op's fresh result for `t` is laid out row-major
+// (TensorIterator orders its output's dims by the input's strides): each
+// dim of more than one element has a stride no smaller than the next one's.
+bool row_major_order(const at::Tensor& t) {
+  int64_t last = std::numeric_limits<int64_t>::max();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 1) continue;
+    if (t.stride(d) > last) return false;
+    last = t.stride(d);
+  }
+  return true;
+}
+
 // m where it is finite, else 0 (logsumexp's shift).
 at::Tensor finite_or_zero(const at::Tensor& m) {
   return at::where(m.abs().eq(INFINITY), at::zeros({}, m.options()), m);
@@ -2219,7 +2280,16 @@ RingPart ring_partial(const KtirTilePlan& P, const RingParams& rp, const at::Ten
     case KtirTilePlan::kSoftmax:
     case KtirTilePlan::kLogSoftmax: {
       const at::Tensor m = seg.amax(dims, true);
-      q.t = {m, seg.sub(m).exp_().sum(dims, true, acc)};
+      if (seg.scalar_type() == at::kFloat && row_major_order(seg)) {
+        // The same difference, exp and sum, the exps in scratch (row-major,
+        // as seg.sub(m) would be).
+        Scratch e(Scratch::kPartial, seg.sizes());
+        at::Tensor buf = e.tensor();
+        at::sub_out(buf, seg, m).exp_();
+        q.t = {m, e.tensor().sum(dims, true, acc)};
+      } else {
+        q.t = {m, seg.sub(m).exp_().sum(dims, true, acc)};
+      }
       break;
     }
     case KtirTilePlan::kLogSumExp: {
@@ -2413,9 +2483,67 @@ RingPart softmax_ring_chain_all(const at::Tensor& m_all, const at::Tensor& s_all
 // carried pair (cv, ci [G, 1, ...]) when given, else from its first row;
 // indices count from firsts[g]. Returns (values [G, rows, ...], indices
 // int64). The values are selections, so they equal CPU's scan exactly.
-template <typename T>
-void extremum_scan_loop(bool is_max, const T* x, int64_t G, int64_t rows, int64_t inner, const int64_t* firsts,
-                        const T* cv, const int64_t* ci, T* ov, int64_t* oi) {
+// CPU's rule for the later element b against the running a (cummax: b >= a;
+// cummin: b <= a; a NaN b always, a NaN a never yields to a number).
+// kMax is a template parameter so each loop body is one fixed select.
+template <bool kMax, typename T>
+inline bool extremum_takes(T b, T a) {
+  const bool b_nan = b != b, a_nan = a != a;  // false for integers
+  return b_nan || (!a_nan && (kMax ? b >= a : b <= a));
+}
+
+// One row of pairs: (v, ix)[j] = (b[j], bi) when b[j] takes over
+// (a[j], ai[j]), else the latter; bi is b's row for every j (kRowIndex) or
+// its own index array. Blocks of a fixed trip count with unaliased pointers
+// are what GCC's -O2 vectorizer takes (the AVX2 clones below).
+template <bool kMax, bool kRowIndex, typename T>
+inline __attribute__((always_inline)) void extremum_row(const T* __restrict a, const int64_t* __restrict ai,
+                                                        const T* __restrict b, const int64_t* __restrict bi,
+                                                        int64_t b_row, T* __restrict v, int64_t* __restrict ix,
+                                                        int64_t n) {
+  constexpr int64_t kBlock = 32;
+  auto one = [&](int64_t j) {
+    const bool take = extremum_takes<kMax>(b[j], a[j]);
+    v[j] = take ? b[j] : a[j];
+    ix[j] = take ? (kRowIndex ? b_row : bi[j]) : ai[j];
+  };
+  int64_t j = 0;
+  for (; j + kBlock <= n; j += kBlock)
+    for (int64_t k = 0; k < kBlock; ++k) one(j + k);
+  for (; j < n; ++j) one(j);
+}
+
+// The float32 rows (every ring scan accumulates in f32), built for AVX2 and
+// for the baseline; the loader picks the CPU's.
+#define TPU_SPYRE_EXTREMUM_ROW_F32(name, kMax, kRowIndex)                                                             \
+  __attribute__((target_clones("avx2", "default"), optimize("tree-vectorize", "vect-cost-model=dynamic"))) void name( \
+      const float* a, const int64_t* ai, const float* b, const int64_t* bi, int64_t b_row, float* v, int64_t* ix,     \
+      int64_t n) {                                                                                                    \
+    extremum_row<kMax, kRowIndex>(a, ai, b, bi, b_row, v, ix, n);                                                     \
+  }
+TPU_SPYRE_EXTREMUM_ROW_F32(extremum_row_max_f32, true, true)
+TPU_SPYRE_EXTREMUM_ROW_F32(extremum_row_min_f32, false, true)
+TPU_SPYRE_EXTREMUM_ROW_F32(extremum_merge_row_max_f32, true, false)
+TPU_SPYRE_EXTREMUM_ROW_F32(extremum_merge_row_min_f32, false, false)
+#undef TPU_SPYRE_EXTREMUM_ROW_F32
+
+// extremum_row for any T: the f32 clones, else the template.
+template <bool kMax, bool kRowIndex, typename T>
+void extremum_row_any(const T* a, const int64_t* ai, const T* b, const int64_t* bi, int64_t b_row, T* v, int64_t* ix,
+                      int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if constexpr (kRowIndex)
+      (kMax ? extremum_row_max_f32 : extremum_row_min_f32)(a, ai, b, bi, b_row, v, ix, n);
+    else
+      (kMax ? extremum_merge_row_max_f32 : extremum_merge_row_min_f32)(a, ai, b, bi, b_row, v, ix, n);
+  } else {
+    extremum_row<kMax, kRowIndex>(a, ai, b, bi, b_row, v, ix, n);
+  }
+}
+
+template <bool kMax, typename T>
+void extremum_scan_loop(const T* x, int64_t G, int64_t rows, int64_t inner, const int64_t* firsts, const T* cv,
+                        const int64_t* ci, T* ov, int64_t* oi) {
   for (int64_t g = 0; g < G; ++g) {
     const T* xg = x + g * rows * inner;
     T* vg = ov + g * rows * inner;
@@ -2424,17 +2552,15 @@ void extremum_scan_loop(bool is_max, const T* x, int64_t G, int64_t rows, int64_
       const T* pv = r > 0 ? vg + (r - 1) * inner : (cv ? cv + g * inner : nullptr);
       const int64_t* pi = r > 0 ? ig + (r - 1) * inner : (ci ? ci + g * inner : nullptr);
       const int64_t at_row = firsts[g] + r;
-      for (int64_t j = 0; j < inner; ++j) {
-        const T cur = xg[r * inner + j];
-        bool take = true;
-        if (pv) {
-          const T prev = pv[j];
-          const bool cur_nan = cur != cur, prev_nan = prev != prev;  // false for integers
-          take = cur_nan || (!prev_nan && (is_max ? cur >= prev : cur <= prev));
-        }
-        vg[r * inner + j] = take ? cur : pv[j];
-        ig[r * inner + j] = take ? at_row : pi[j];
+      const T* xr = xg + r * inner;
+      T* vr = vg + r * inner;
+      int64_t* ir = ig + r * inner;
+      if (!pv) {  // a block's first row without a carried pair: its own values
+        std::copy(xr, xr + inner, vr);
+        std::fill(ir, ir + inner, at_row);
+        continue;
       }
+      extremum_row_any<kMax, true>(pv, pi, xr, nullptr, at_row, vr, ir, inner);
     }
   }
 }
@@ -2446,28 +2572,24 @@ std::pair<at::Tensor, at::Tensor> extremum_scan(bool is_max, const at::Tensor& x
   at::Tensor v = at::empty(xc.sizes(), xc.options()), ix = at::empty(xc.sizes(), xc.options().dtype(at::kLong));
   const at::Tensor cvc = cv.defined() ? cv.contiguous() : cv, cic = ci.defined() ? ci.contiguous() : ci;
   AT_DISPATCH_ALL_TYPES_AND(at::kBool, xc.scalar_type(), "extremum_scan", [&] {
-    extremum_scan_loop<scalar_t>(is_max, xc.const_data_ptr<scalar_t>(), G, rows, inner, firsts.data(),
-                                 cvc.defined() ? cvc.const_data_ptr<scalar_t>() : nullptr,
-                                 cic.defined() ? cic.const_data_ptr<int64_t>() : nullptr,
-                                 v.mutable_data_ptr<scalar_t>(), ix.mutable_data_ptr<int64_t>());
+    auto* loop = is_max ? &extremum_scan_loop<true, scalar_t> : &extremum_scan_loop<false, scalar_t>;
+    loop(xc.const_data_ptr<scalar_t>(), G, rows, inner, firsts.data(),
+         cvc.defined() ? cvc.const_data_ptr<scalar_t>() : nullptr,
+         cic.defined() ? cic.const_data_ptr<int64_t>() : nullptr, v.mutable_data_ptr<scalar_t>(),
+         ix.mutable_data_ptr<int64_t>());
   });
   return {v, ix};
 }
 
 // extremum_merge of the pairs (av, ai) [G, 1, ...] of the earlier rows into
 // each row of (bv, bi) [G, rows, ...], by the same rule, in one loop.
-template <typename T>
-void extremum_merge_loop(bool is_max, const T* av, const int64_t* ai, const T* bv, const int64_t* bi, int64_t G,
-                         int64_t rows, int64_t inner, T* ov, int64_t* oi) {
+template <bool kMax, typename T>
+void extremum_merge_loop(const T* av, const int64_t* ai, const T* bv, const int64_t* bi, int64_t G, int64_t rows,
+                         int64_t inner, T* ov, int64_t* oi) {
   for (int64_t g = 0; g < G; ++g)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t o = (g * rows + r) * inner;
-      for (int64_t j = 0; j < inner; ++j) {
-        const T a = av[g * inner + j], b = bv[o + j];
-        const bool take = b != b || (!(a != a) && (is_max ? b >= a : b <= a));
-        ov[o + j] = take ? b : a;
-        oi[o + j] = take ? bi[o + j] : ai[g * inner + j];
-      }
+      extremum_row_any<kMax, false>(av + g * inner, ai + g * inner, bv + o, bi + o, 0, ov + o, oi + o, inner);
     }
 }
 
@@ -2477,9 +2599,9 @@ std::pair<at::Tensor, at::Tensor> extremum_merge_rows(bool is_max, const at::Ten
   const int64_t G = b.size(0), rows = b.size(1), inner = rows > 0 ? b.numel() / std::max<int64_t>(1, G * rows) : 0;
   at::Tensor v = at::empty(b.sizes(), b.options()), ix = at::empty(b.sizes(), b_i.options());
   AT_DISPATCH_ALL_TYPES_AND(at::kBool, b.scalar_type(), "extremum_merge_rows", [&] {
-    extremum_merge_loop<scalar_t>(is_max, a.const_data_ptr<scalar_t>(), a_i.const_data_ptr<int64_t>(),
-                                  b.const_data_ptr<scalar_t>(), b_i.const_data_ptr<int64_t>(), G, rows, inner,
-                                  v.mutable_data_ptr<scalar_t>(), ix.mutable_data_ptr<int64_t>());
+    auto* loop = is_max ? &extremum_merge_loop<true, scalar_t> : &extremum_merge_loop<false, scalar_t>;
+    loop(a.const_data_ptr<scalar_t>(), a_i.const_data_ptr<int64_t>(), b.const_data_ptr<scalar_t>(),
+         b_i.const_data_ptr<int64_t>(), G, rows, inner, v.mutable_data_ptr<scalar_t>(), ix.mutable_data_ptr<int64_t>());
   });
   return {v, ix};
 }
@@ -3154,13 +3276,19 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   // pass normalizes that copy in place. The values are the ones a per-step
   // widening and a re-read give; the copies and conversions are fewer.
   at::Tensor wide_in;
+  std::optional<Scratch> wide_lease;
   if (ring && P.normalize && !is_scan(P.combine) && P.combine != KtirTilePlan::kNllLoss && P.split[ring_in] &&
       P.load[ring_in] && !p.views[ring_in].lx && p.args[p.views[ring_in].arg].kind == KtirArg::kIn &&
       p.views[ring_in].dtype != acc_dtype) {
     bool only = true;
     for (size_t k = 0; k < p.ops.size(); ++k)
       if (P.phase[k] == KtirTilePlan::kTile) only = false;
-    if (only) wide_in = views[ring_in].to(acc_dtype).contiguous();
+    if (only && acc_dtype == at::kFloat) {
+      wide_lease.emplace(Scratch::kWideIn, views[ring_in].sizes());
+      wide_in = wide_lease->tensor().copy_(views[ring_in]);
+    } else if (only) {
+      wide_in = views[ring_in].to(acc_dtype).contiguous();
+    }
   }
   std::vector<at::Tensor> vt(views.size());
   for (size_t i = 0; i < P.steps.size(); ++i) {

@@ -255,6 +255,20 @@ def test_softmax_bf16_rows_of_any_width(spyre_target, shape):
     _close(got, torch.softmax(x, 0), torch.bfloat16)
 
 
+def test_softmax_scratch_reused_across_sizes(spyre_target):
+    # The widened input and the partials' exps live in scratch kept between
+    # launches (branch spyre21i): a launch after a larger one (stale values
+    # past its end) and after a smaller one (the buffer grown) still gives
+    # df16 of the ring reference, softmax and log_softmax alike.
+    for k, shape in enumerate([(1000, 300), (40, 70), (1200, 301), (64, 300)]):
+        a = _inputs(torch.bfloat16, seed=60 + k, shape=shape)
+        x = a.float()
+        for kind, f in [("softmax", lambda t: torch.softmax(t, 0)), ("log_softmax", lambda t: torch.log_softmax(t, 0))]:
+            got = f(a.to("tpu")).cpu()
+            (m, tot), _ = _ring_total(kind, x, (0,), _schedule())
+            _check(got, (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log(), torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_layer_norm_over_every_dim(spyre_target, dtype, shape):
