@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 #include <vector>
 
@@ -18,12 +19,19 @@ namespace {
 constexpr size_t kCachedMin = size_t{64} << 10;      // blocks from here on: by rounded size, in `free_blocks`
 constexpr size_t kSmallMax = kCachedMin - 64;        // blocks up to here: by 64-byte granule, in `small`
 constexpr int64_t kSmallLimit = int64_t{16} << 20;   // bytes of cached small blocks
+// DeferredStorage memories kept with cached small blocks (~200 bytes each):
+// a flush of ~4,000 ops gives all its intermediates' back.
+constexpr int64_t kMaxCompanions = 4096;
 constexpr size_t kGranule = size_t{4} << 10;         // cache buckets: whole pages
 constexpr int64_t kCacheLimit = int64_t{512} << 20;  // bounded: a shape storm must not hoard memory
 
 struct Cached {
   void* ptr;
   int device;  // the chip that freed it (its memory_reserved counts it)
+  // The memory of the DeferredStorage that held a small block when the flush
+  // freed both (block_free_paired), or nullptr: the next storage of that size
+  // takes both in one pop (block_alloc_paired).
+  void* companion = nullptr;
 };
 
 // Per-chip counters have one more slot: the host temporaries' (counted to no chip).
@@ -40,6 +48,10 @@ struct Cache {
   // 4 KiB only, the 2-layer llama's 8-32 KiB activations took ~220 of them a step.
   std::vector<Cached> small[kSmallMax / 64 + 1];
   int64_t small_bytes = 0;
+  // Companions of small blocks that a plain block_alloc took (a host
+  // temporary): block_alloc_paired pairs them with companion-less blocks.
+  std::vector<void*> spare_companions;
+  int64_t companions = 0;  // kept, with blocks or spare (at most kMaxCompanions)
   // Written under `mu`; read without it (block_cache_bytes: every device
   // allocation updates the chip's reserved peak, and a lock there cost the
   // record path ~100 instructions an op).
@@ -77,7 +89,13 @@ void* fresh_block(size_t size) {
 
 std::atomic<int64_t> g_live_padding[kMaxBlockDevices + 1] = {};  // rounded minus requested bytes of blocks in use
 
-void* take_block(size_t nbytes) {
+// A cached block of `nbytes`, else a fresh one. `companion`: where to put
+// the DeferredStorage memory that came with a small block (else, or when
+// none did, a spare one; nullptr if none is kept), or nullptr: the caller
+// wants none (its companion is kept for a later paired take). `device`: the
+// chip asking; `*reused_same` is set when the block came from the cache and
+// was that chip's (its memory_reserved does not change).
+void* take_block(size_t nbytes, int device, void** companion, bool* reused_same) {
   const size_t size = rounded(nbytes);
   if (size <= kSmallMax) {
     Cache& c = cache();
@@ -89,6 +107,17 @@ void* take_block(size_t nbytes) {
       c.small_bytes -= static_cast<int64_t>(size);
       c.bytes -= static_cast<int64_t>(size);
       c.device_bytes[b.device] -= static_cast<int64_t>(size);
+      *reused_same = b.device == device;
+      if (companion == nullptr) {
+        if (b.companion != nullptr) c.spare_companions.push_back(b.companion);
+      } else if (b.companion != nullptr) {
+        *companion = b.companion;
+        --c.companions;
+      } else if (!c.spare_companions.empty()) {
+        *companion = c.spare_companions.back();
+        c.spare_companions.pop_back();
+        --c.companions;
+      }
       return b.ptr;
     }
   } else if (size >= kCachedMin) {
@@ -100,14 +129,15 @@ void* take_block(size_t nbytes) {
       it->second.pop_back();
       c.bytes -= static_cast<int64_t>(size);
       c.device_bytes[b.device] -= static_cast<int64_t>(size);
+      *reused_same = b.device == device;
       return b.ptr;
     }
   }
   return fresh_block(size);
 }
 
-void* alloc_in(size_t nbytes, int s) {
-  void* p = take_block(nbytes);
+void* alloc_in(size_t nbytes, int s, void** companion, bool* reused_same) {
+  void* p = take_block(nbytes, s, companion, reused_same);
   if (p) g_live_padding[s].fetch_add(static_cast<int64_t>(rounded(nbytes) - nbytes));
   return p;
 }
@@ -121,10 +151,14 @@ struct FreeBatch {
   std::atomic<pthread_t> owner{0};  // 0: none
   int depth = 0;                    // the owner's BlockFreeBatch scopes; the fields below are the owner's
   int n = 0;
+  // The DeferredStorage memory that block_free_paired took last: its
+  // operator delete, which runs next, leaves it to the batch (block_companion_kept).
+  std::atomic<void*> kept{nullptr};
   struct Item {
     void* ptr;
     size_t size;  // rounded
     int device;
+    void* companion;  // see Cached
   } items[kCap];
 };
 FreeBatch g_batch;
@@ -143,13 +177,25 @@ void drain(FreeBatch& b) {
         b.items[spill++] = it;
         continue;
       }
-      c.small[it.size / 64].push_back({it.ptr, it.device});
+      void* companion = it.companion;
+      if (companion != nullptr) {
+        if (c.companions < kMaxCompanions) {
+          ++c.companions;
+        } else {
+          b.items[spill++] = {nullptr, 0, 0, companion};  // freed below, unlocked
+          companion = nullptr;
+        }
+      }
+      c.small[it.size / 64].push_back({it.ptr, it.device, companion});
       c.small_bytes += static_cast<int64_t>(it.size);
       c.bytes += static_cast<int64_t>(it.size);
       c.device_bytes[it.device] += static_cast<int64_t>(it.size);
     }
   }
-  for (int i = 0; i < spill; ++i) std::free(b.items[i].ptr);
+  for (int i = 0; i < spill; ++i) {
+    std::free(b.items[i].ptr);  // (nullptr: a companion alone)
+    if (b.items[i].companion != nullptr) ::operator delete(b.items[i].companion);
+  }
   b.n = 0;
 }
 
@@ -161,7 +207,7 @@ void free_in(void* ptr, size_t nbytes, int device) {
     FreeBatch& b = g_batch;
     if (b.owner.load(std::memory_order_relaxed) == pthread_self()) {
       if (b.n == FreeBatch::kCap) drain(b);
-      b.items[b.n++] = {ptr, size, device};
+      b.items[b.n++] = {ptr, size, device, nullptr};
       return;
     }
     Cache& c = cache();
@@ -204,12 +250,47 @@ BlockFreeBatch::~BlockFreeBatch() {
   if (--b.depth > 0) return;
   if (!in_bad_fork()) drain(b);
   b.n = 0;
+  b.kept.store(nullptr, std::memory_order_relaxed);
   b.owner.store(0, std::memory_order_release);
 }
 
-void* block_alloc(size_t nbytes, int device) { return alloc_in(nbytes, slot(device)); }
+void* block_alloc(size_t nbytes, int device) {
+  bool reused_same = false;
+  return alloc_in(nbytes, slot(device), nullptr, &reused_same);
+}
+void* block_alloc_paired(size_t nbytes, int device, void** companion, bool* reused_same) {
+  *companion = nullptr;
+  *reused_same = false;
+  return alloc_in(nbytes, slot(device), companion, reused_same);
+}
 void block_free(void* ptr, size_t nbytes, int device) { free_in(ptr, nbytes, slot(device)); }
-void* host_block_alloc(size_t nbytes) { return alloc_in(nbytes, kHostSlot); }
+
+bool block_free_paired(void* ptr, size_t nbytes, int device, void* companion) {
+  FreeBatch& b = g_batch;
+  // Small blocks only (rounded to 64 bytes); the caller checked in_bad_fork.
+  if (ptr == nullptr || nbytes > kSmallMax || b.owner.load(std::memory_order_relaxed) != pthread_self()) return false;
+  const size_t size = (nbytes + 63) & ~size_t{63};
+  const int s = slot(device);
+  g_live_padding[s].fetch_sub(static_cast<int64_t>(size - nbytes), std::memory_order_relaxed);
+  if (b.n == FreeBatch::kCap) drain(b);
+  b.items[b.n++] = {ptr, size, s, companion};
+  b.kept.store(companion, std::memory_order_relaxed);
+  return true;
+}
+
+// Only the owner sets `kept`, to the storage it is freeing; another thread
+// deleting a storage cannot hold that address, so no owner check is needed.
+bool block_companion_kept(void* p) {
+  FreeBatch& b = g_batch;
+  if (b.kept.load(std::memory_order_relaxed) != p) return false;
+  b.kept.store(nullptr, std::memory_order_relaxed);
+  return true;
+}
+
+void* host_block_alloc(size_t nbytes) {
+  bool reused_same = false;
+  return alloc_in(nbytes, kHostSlot, nullptr, &reused_same);
+}
 void host_block_free(void* ptr, size_t nbytes) { free_in(ptr, nbytes, kHostSlot); }
 
 void block_cache_release() {
@@ -219,9 +300,15 @@ void block_cache_release() {
     for (const Cached& b : blocks) std::free(b.ptr);
   c.free_blocks.clear();
   for (auto& bucket : c.small) {
-    for (const Cached& b : bucket) std::free(b.ptr);
+    for (const Cached& b : bucket) {
+      std::free(b.ptr);
+      if (b.companion != nullptr) ::operator delete(b.companion);
+    }
     bucket.clear();
   }
+  for (void* m : c.spare_companions) ::operator delete(m);
+  c.spare_companions.clear();
+  c.companions = 0;
   c.small_bytes = 0;
   c.bytes = 0;
   for (auto& b : c.device_bytes) b.store(0);
