@@ -46,7 +46,22 @@ struct Cache {
   // memalign path) and its free ~300-700; the record path allocates one per
   // fresh result, the flush one per temporary (docs/performance.md). Up to
   // 4 KiB only, the 2-layer llama's 8-32 KiB activations took ~220 of them a step.
-  std::vector<Cached> small[kSmallMax / 64 + 1];
+  // Each bucket a list threaded through its blocks' first bytes (a block is
+  // at least 64 bytes): a push or pop is a few loads and stores, where a
+  // vector's push_back was an out-of-line call (~25 instructions a block).
+  struct FreeNode {
+    FreeNode* next;
+    void* companion;  // see Cached
+    int device;
+  };
+  FreeNode* small[kSmallMax / 64 + 1] = {};
+  void push_small(size_t size, void* ptr, int device, void* companion) {
+    auto* node = static_cast<FreeNode*>(ptr);
+    node->next = small[size / 64];
+    node->companion = companion;
+    node->device = device;
+    small[size / 64] = node;
+  }
   int64_t small_bytes = 0;
   // Companions of small blocks that a plain block_alloc took (a host
   // temporary): block_alloc_paired pairs them with companion-less blocks.
@@ -100,10 +115,9 @@ void* take_block(size_t nbytes, int device, void** companion, bool* reused_same)
   if (size <= kSmallMax) {
     Cache& c = cache();
     std::lock_guard<SpinLock> lock(c.mu);
-    auto& bucket = c.small[size / 64];
-    if (!bucket.empty()) {
-      const Cached b = bucket.back();
-      bucket.pop_back();
+    if (Cache::FreeNode* node = c.small[size / 64]) {
+      c.small[size / 64] = node->next;
+      const Cached b{node, node->device, node->companion};
       c.small_bytes -= static_cast<int64_t>(size);
       c.bytes -= static_cast<int64_t>(size);
       c.device_bytes[b.device] -= static_cast<int64_t>(size);
@@ -186,7 +200,7 @@ void drain(FreeBatch& b) {
           companion = nullptr;
         }
       }
-      c.small[it.size / 64].push_back({it.ptr, it.device, companion});
+      c.push_small(it.size, it.ptr, it.device, companion);
       c.small_bytes += static_cast<int64_t>(it.size);
       c.bytes += static_cast<int64_t>(it.size);
       c.device_bytes[it.device] += static_cast<int64_t>(it.size);
@@ -203,6 +217,10 @@ void free_in(void* ptr, size_t nbytes, int device) {
   if (!ptr || in_bad_fork()) return;  // a bad fork leaks: the cache lock may be a dead thread's
   const size_t size = rounded(nbytes);
   g_live_padding[device].fetch_sub(static_cast<int64_t>(size - nbytes));
+  if (size == 0) {  // no room for a bucket's link
+    std::free(ptr);
+    return;
+  }
   if (size <= kSmallMax) {
     FreeBatch& b = g_batch;
     if (b.owner.load(std::memory_order_relaxed) == pthread_self()) {
@@ -213,7 +231,7 @@ void free_in(void* ptr, size_t nbytes, int device) {
     Cache& c = cache();
     std::lock_guard<SpinLock> lock(c.mu);
     if (c.small_bytes + static_cast<int64_t>(size) <= kSmallLimit) {
-      c.small[size / 64].push_back({ptr, device});
+      c.push_small(size, ptr, device, nullptr);
       c.small_bytes += static_cast<int64_t>(size);
       c.bytes += static_cast<int64_t>(size);
       c.device_bytes[device] += static_cast<int64_t>(size);
@@ -268,7 +286,7 @@ void block_free(void* ptr, size_t nbytes, int device) { free_in(ptr, nbytes, slo
 bool block_free_paired(void* ptr, size_t nbytes, int device, void* companion) {
   FreeBatch& b = g_batch;
   // Small blocks only (rounded to 64 bytes); the caller checked in_bad_fork.
-  if (ptr == nullptr || nbytes > kSmallMax || b.owner.load(std::memory_order_relaxed) != pthread_self()) return false;
+  if (ptr == nullptr || nbytes == 0 || nbytes > kSmallMax || b.owner.load(std::memory_order_relaxed) != pthread_self()) return false;
   const size_t size = (nbytes + 63) & ~size_t{63};
   const int s = slot(device);
   g_live_padding[s].fetch_sub(static_cast<int64_t>(size - nbytes), std::memory_order_relaxed);
@@ -300,11 +318,11 @@ void block_cache_release() {
     for (const Cached& b : blocks) std::free(b.ptr);
   c.free_blocks.clear();
   for (auto& bucket : c.small) {
-    for (const Cached& b : bucket) {
-      std::free(b.ptr);
-      if (b.companion != nullptr) ::operator delete(b.companion);
+    while (Cache::FreeNode* node = bucket) {
+      bucket = node->next;
+      if (node->companion != nullptr) ::operator delete(node->companion);
+      std::free(node);
     }
-    bucket.clear();
   }
   for (void* m : c.spare_companions) ::operator delete(m);
   c.spare_companions.clear();
