@@ -222,7 +222,7 @@ struct DeviceAllocator final : c10::DeviceAllocator {
                        "with more HBM (torch_tpu_eager.set_target).");
     }
     void* data = nullptr;
-    void* companion = nullptr;  // memory for the DeferredStorage, kept with the block
+    void* companion = nullptr;       // memory for the DeferredStorage, kept with the block
     bool reused_same = nbytes == 0;  // memory_reserved unchanged
     if (nbytes > 0) {
       // 64-byte alignment, like CPU's allocator, so vectorized kernels can read it.
@@ -241,7 +241,8 @@ struct DeviceAllocator final : c10::DeviceAllocator {
     if (!reused_same) raise_max(mem.reserved_peak, reserved_bytes(device));
     const uint64_t id = g_next_id.fetch_add(1);
     auto ds = c10::intrusive_ptr<DeferredStorage>::unsafe_steal_from_new(
-        companion != nullptr ? ::new (companion) DeferredStorage(data, nbytes, id) : new DeferredStorage(data, nbytes, id));
+        companion != nullptr ? ::new (companion) DeferredStorage(data, nbytes, id)
+                             : new DeferredStorage(data, nbytes, id));
     ds->device = device;
     DeferredStorage* raw = ds.release();
     registry_add(raw);

@@ -16,9 +16,9 @@
 namespace tpu_eager {
 namespace {
 
-constexpr size_t kCachedMin = size_t{64} << 10;      // blocks from here on: by rounded size, in `free_blocks`
-constexpr size_t kSmallMax = kCachedMin - 64;        // blocks up to here: by 64-byte granule, in `small`
-constexpr int64_t kSmallLimit = int64_t{16} << 20;   // bytes of cached small blocks
+constexpr size_t kCachedMin = size_t{64} << 10;     // blocks from here on: by rounded size, in `free_blocks`
+constexpr size_t kSmallMax = kCachedMin - 64;       // blocks up to here: by 64-byte granule, in `small`
+constexpr int64_t kSmallLimit = int64_t{16} << 20;  // bytes of cached small blocks
 // DeferredStorage memories kept with cached small blocks (~200 bytes each):
 // a flush of ~4,000 ops gives all its intermediates' back.
 constexpr int64_t kMaxCompanions = 4096;
@@ -286,7 +286,8 @@ void block_free(void* ptr, size_t nbytes, int device) { free_in(ptr, nbytes, slo
 bool block_free_paired(void* ptr, size_t nbytes, int device, void* companion) {
   FreeBatch& b = g_batch;
   // Small blocks only (rounded to 64 bytes); the caller checked in_bad_fork.
-  if (ptr == nullptr || nbytes == 0 || nbytes > kSmallMax || b.owner.load(std::memory_order_relaxed) != pthread_self()) return false;
+  if (ptr == nullptr || nbytes == 0 || nbytes > kSmallMax || b.owner.load(std::memory_order_relaxed) != pthread_self())
+    return false;
   const size_t size = (nbytes + 63) & ~size_t{63};
   const int s = slot(device);
   g_live_padding[s].fetch_sub(static_cast<int64_t>(size - nbytes), std::memory_order_relaxed);
