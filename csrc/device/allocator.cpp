@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include <unistd.h>
@@ -221,9 +222,11 @@ struct DeviceAllocator final : c10::DeviceAllocator {
                        "with more HBM (torch_tpu_eager.set_target).");
     }
     void* data = nullptr;
+    void* companion = nullptr;       // memory for the DeferredStorage, kept with the block
+    bool reused_same = nbytes == 0;  // memory_reserved unchanged
     if (nbytes > 0) {
       // 64-byte alignment, like CPU's allocator, so vectorized kernels can read it.
-      data = block_alloc(nbytes, device);
+      data = block_alloc_paired(nbytes, device, &companion, &reused_same);
       if (data == nullptr) {
         mem.allocated.fetch_sub(n);
         mem.ooms.fetch_add(1);
@@ -234,8 +237,12 @@ struct DeviceAllocator final : c10::DeviceAllocator {
     mem.allocated_total.fetch_add(n);
     mem.alloc_count.fetch_add(1);
     raise_max(mem.count_peak, mem.live_count.fetch_add(1) + 1);
-    raise_max(mem.reserved_peak, reserved_bytes(device));
-    auto ds = c10::make_intrusive<DeferredStorage>(data, nbytes, g_next_id.fetch_add(1));
+    // A block this chip freed into the cache moves from its cached bytes to its allocated ones.
+    if (!reused_same) raise_max(mem.reserved_peak, reserved_bytes(device));
+    const uint64_t id = g_next_id.fetch_add(1);
+    auto ds = c10::intrusive_ptr<DeferredStorage>::unsafe_steal_from_new(
+        companion != nullptr ? ::new (companion) DeferredStorage(data, nbytes, id)
+                             : new DeferredStorage(data, nbytes, id));
     ds->device = device;
     DeferredStorage* raw = ds.release();
     registry_add(raw);
@@ -347,6 +354,7 @@ void* DeferredStorage::operator new(size_t size) {
 }
 
 void DeferredStorage::operator delete(void* p, size_t size) {
+  if (block_companion_kept(p)) return;  // the block cache keeps it with the storage's block
   StorageBlocks& b = t_storage_blocks;
   if (size == sizeof(DeferredStorage) && !b.gone && b.n < kKeptStorageBlocks) {
     if (!b.armed) {
@@ -367,7 +375,13 @@ DeferredStorage::~DeferredStorage() {
   forget_unreported_storage(this);  // lazy/async_errors.h
   // A buffer that CPU tensors still share is freed by the last of them; an
   // adopted CPU buffer (host_owner) by its storage.
-  if (!release_host_share(this) && !host_owner) block_free(data, nbytes, device);
+  if (!release_host_share(this) && !host_owner) {
+    // In a flush, the block keeps this storage's memory for the next one of
+    // its size; not while members with destructors still hold something (a
+    // destructor could free another storage before this one's operator delete).
+    const bool bare = !error && !impl && cow_context == nullptr;
+    if (!bare || !block_free_paired(data, nbytes, device, this)) block_free(data, nbytes, device);
+  }
   account_free(nbytes, device);
 }
 

@@ -30,6 +30,22 @@ void* block_alloc(size_t nbytes, int device = 0);
 // the cache holds at most 512 MiB; small ones, while it holds at most 16 MiB
 // of them) or to the C library.
 void block_free(void* ptr, size_t nbytes, int device = 0);
+// A storage's block with the memory for its DeferredStorage: a flush's
+// dying intermediate gives both back (block_free_paired) and the next fresh
+// result of that size class takes both in one pop under the cache's lock,
+// without the DeferredStorage's own free list (a thread_local: a
+// __tls_get_addr call each way). `*companion`: that memory (sizeof
+// DeferredStorage bytes from ::operator new), or nullptr when none was kept.
+// `*reused_same`: the block came from the cache, freed by this `device`, so
+// the chip's memory_reserved did not change.
+void* block_alloc_paired(size_t nbytes, int device, void** companion, bool* reused_same);
+// Frees `ptr` (a block_alloc of `nbytes`) and keeps `companion`, the memory
+// of the DeferredStorage being destroyed, with it, when this thread holds the
+// BlockFreeBatch and the block is small; false (nothing done) otherwise. On
+// true, that DeferredStorage's operator delete must leave its memory alone:
+// block_companion_kept(p) says so (and is true once per such free).
+bool block_free_paired(void* ptr, size_t nbytes, int device, void* companion);
+bool block_companion_kept(void* p);
 // While one is alive on a thread, the small blocks (below 64 KiB) that
 // thread frees wait in a batch and go back to the cache together, under one
 // lock, when the outermost one ends (or the batch is full): a flush frees its

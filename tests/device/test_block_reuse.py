@@ -124,3 +124,73 @@ def test_warm_cnn_step_touches_no_fresh_pages_and_matches_cpu():
     torch.testing.assert_close(torch.tensor(res["losses"]["tpu"]), torch.tensor(res["losses"]["cpu"]))
     # Before the cache held blocks under 1 MiB and the flush's temporaries: ~450 a step (CPU eager: ~10).
     assert res["tpu"] <= res["cpu"] + 100, res
+
+
+def _chain(x):
+    # 16 ops on one shape: each intermediate dies inside the flush that computes it.
+    # The fused loop's vector sin is within float32's default tolerance of CPU's, not bit-equal.
+    for k in range(8):
+        x = (x * 1.5 + float(k)).sin()
+    return x
+
+
+def test_flush_intermediates_blocks_are_reused_and_memory_stats_stay_exact():
+    # A flush's dying intermediates give their blocks back to the cache together with
+    # their DeferredStorage's memory (block_free_paired); the next fresh result of that
+    # size takes both. Accounting is CUDA's caching allocator's: a cached block counts
+    # as reserved, not allocated; empty_cache releases it.
+    a = cpu_randn(4, 4, seed=3)
+    want = _chain(a)
+    t = a.to("tpu")
+    torch.tpu.synchronize()
+    torch.tpu.empty_cache()
+    base = torch.tpu.memory_allocated()
+    for _ in range(3):
+        got = _chain(t)
+        torch.tpu.synchronize()
+        # Allocated: the input and the live result alone (64 bytes each); 15 intermediates died.
+        assert torch.tpu.memory_allocated() == base + got.nbytes
+        torch.testing.assert_close(got.cpu(), want)
+        del got
+        assert torch.tpu.memory_allocated() == base
+    assert _C._cached_bytes(0) >= 15 * 64  # the intermediates' blocks, cached to chip 0
+    assert torch.tpu.memory_reserved() == (
+        torch.tpu.memory_allocated() + _C._cached_bytes(0) + _C._live_padding_bytes(0)
+    )
+    stats = torch.tpu.memory_stats()
+    assert stats["allocated_bytes.all.current"] == base
+    # Fresh results of that size take the cached blocks back (addresses reused).
+    cached = _C._cached_bytes(0)
+    fresh = [torch.empty(4, 4, device="tpu") for _ in range(4)]
+    assert _C._cached_bytes(0) == cached - 4 * 64
+    assert torch.tpu.memory_allocated() == base + 4 * 64
+    for f in fresh:
+        f.fill_(2.0)
+    assert all(torch.equal(f.cpu(), torch.full((4, 4), 2.0)) for f in fresh)
+    del fresh
+    torch.tpu.empty_cache()
+    assert _C._cached_bytes(-1) == 0
+    assert torch.tpu.memory_reserved() == torch.tpu.memory_allocated() + _C._live_padding_bytes(0)
+    torch.testing.assert_close(_chain(t).cpu(), want)  # after the release: fresh blocks
+
+
+def test_storage_lifetime_is_unchanged_by_block_reuse():
+    # A tensor the queue held dies at the flush as before; its storage's memory is reused
+    # only after that, and a live tensor's storage never is.
+    import weakref
+
+    t = cpu_randn(4, 4, seed=4).to("tpu")
+    y = t * 2.0
+    ref = weakref.ref(y)
+    z = y + 1.0  # the queue's node holds y's storage
+    del y
+    assert ref() is None  # the Python tensor dies at once, as on CPU
+    keep = [z * float(k) for k in range(4)]
+    torch.tpu.synchronize()
+    addresses = {k.data_ptr() for k in keep} | {z.data_ptr(), t.data_ptr()}
+    fresh = [torch.empty(4, 4, device="tpu") for _ in range(8)]
+    assert not addresses & {f.data_ptr() for f in fresh}  # live storages are never handed out
+    want = cpu_randn(4, 4, seed=4) * 2.0 + 1.0
+    torch.testing.assert_close(z.cpu(), want, rtol=0, atol=0)
+    for k, v in enumerate(keep):
+        torch.testing.assert_close(v.cpu(), want * float(k), rtol=0, atol=0)
