@@ -24,6 +24,7 @@
 #include <ATen/native/batch_norm.h>
 #include <ATen/native/layer_norm.h>
 #include <ATen/native/ReduceOps.h>
+#include <ATen/native/cpu/utils.h>
 
 #include "jit/lowering.h"
 
@@ -529,9 +530,6 @@ bool batch_norm_train(const torch::jit::Stack& a, const std::vector<at::Tensor>&
 //    the four summed in order (row_sum), for the columns after those groups.
 // Each result is then added to the output's zero (+0.0 for -0.0).
 
-// ATen's utils::CeilLog2 (1 for x <= 2).
-int64_t ceil_log2(int64_t x) { return x <= 2 ? 1 : 64 - __builtin_clzll(static_cast<uint64_t>(x - 1)); }
-
 constexpr int64_t kSumBlock = 64;  // columns summed at once: eight 8-float vectors
 
 // Lanes [0, n) of a vector (n <= 8) as a store / load mask.
@@ -556,7 +554,7 @@ __attribute__((target("avx2"), always_inline)) inline void add_row(__m256* acc, 
 template <int V, bool kPlusZero>
 __attribute__((target("avx2"))) void cascade_vecs(const float* x, int64_t stride, int64_t size, int last, float* sum) {
   constexpr int kLevels = 4;
-  const int64_t power = std::max<int64_t>(4, ceil_log2(size) / kLevels);
+  const int64_t power = std::max<int64_t>(4, at::native::utils::CeilLog2(size) / kLevels);
   const int64_t step = int64_t{1} << power, mask = step - 1;
   const __m256i tail = first_lanes(last);
   __m256 acc0[V], acc[kLevels][V];  // acc[1..3]: levels 1 to 3
