@@ -1065,7 +1065,9 @@ def run(argv=None):
         help="few repeats and small sizes (smoke test)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results, with every sample, here")
-    parser.add_argument("--repeats", type=int, default=None, help="repeats per figure (default 15; with --quick 3, and at most 3)")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="repeats per figure (default 15; with --quick 3, and at most 3)"
+    )
     parser.add_argument(
         "--threads",
         type=int,
