@@ -62,7 +62,8 @@
 #include "jit/lowering.h"
 #include "ops/op_table.h"
 
-static_assert(tpu_eager::kAtenGrainSize == at::internal::GRAIN_SIZE, "executors/aten_grain.h mirrors ATen's GRAIN_SIZE");
+static_assert(tpu_eager::kAtenGrainSize == at::internal::GRAIN_SIZE,
+              "executors/aten_grain.h mirrors ATen's GRAIN_SIZE");
 
 namespace tpu_eager {
 namespace spyre {
