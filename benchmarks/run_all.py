@@ -1065,7 +1065,9 @@ def run(argv=None):
         help="few repeats and small sizes (smoke test)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results, with every sample, here")
-    parser.add_argument("--repeats", type=int, default=None, help="repeats per figure (default 15; 3 with --quick)")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="repeats per figure (default 15; with --quick 3, and at most 3)"
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -1093,7 +1095,7 @@ def run(argv=None):
     if args.repeats is not None:
         if args.repeats < 1:
             parser.error("--repeats must be at least 1")
-        cfg["repeats"] = args.repeats
+        cfg["repeats"] = min(args.repeats, QUICK["repeats"]) if args.quick else args.repeats
     if args.threads < 0:
         parser.error("--threads must be 0 (torch's choice) or more")
 

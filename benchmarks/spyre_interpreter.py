@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import clock, interleave  # noqa: E402
 
 import torch_tpu_eager as tte  # noqa: E402
+from torch_tpu_eager import env as tpu_env  # noqa: E402
 
 
 def make_step(dtype, n=256, d=512, h=256, timer=clock):
@@ -78,9 +79,11 @@ def make_ring_step(dtype=torch.bfloat16, shape=(1000, 300), timer=clock, op=lamb
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--repeats", type=int, default=15, help="warm repeats per figure (at most 3 with TORCH_TPU_QUICK=1)")
     p.add_argument("--cpu-time", action="store_true", help="CPU seconds on one ATen thread instead of wall time")
     args = p.parse_args(argv)
+    if tpu_env.get("TORCH_TPU_QUICK"):  # smoke run (docs' commands under test): few repeats
+        args.repeats = min(args.repeats, 3)
     timer = clock
     if args.cpu_time:
         torch.set_num_threads(1)

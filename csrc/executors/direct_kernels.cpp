@@ -26,6 +26,7 @@
 #include <ATen/native/ReduceOps.h>
 #include <ATen/native/cpu/utils.h>
 
+#include "executors/aten_grain.h"
 #include "jit/lowering.h"
 
 namespace tpu_eager {
@@ -669,8 +670,8 @@ bool column_sum(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs)
   if (rows < 2 || cols < 2 || !dense_f32(out) || out.numel() != cols) return false;
   const float* xp = x.const_data_ptr<float>();
   float* op = out.data_ptr<float>();
-  constexpr int64_t kGrain = 32768;  // at::internal::GRAIN_SIZE (TensorIterator.h): parallel_reduce's threshold
-  if (x.numel() < kGrain || at::get_num_threads() == 1 || at::in_parallel_region()) {
+  // parallel_reduce's threshold
+  if (x.numel() < kAtenGrainSize || at::get_num_threads() == 1 || at::in_parallel_region()) {
     column_sum_range(xp, rows, cols, 0, cols, width, op);
     return true;
   }

@@ -1,6 +1,7 @@
 // KTIR data structure: build from a region, print, parse, verify, run
 // (format and rules in docs/ktir.md).
 #include "executors/spyre/ktir_ir.h"
+#include "executors/aten_grain.h"
 
 #include <algorithm>
 #include <cctype>
@@ -60,6 +61,9 @@
 #include "executors/spyre/layout.h"
 #include "jit/lowering.h"
 #include "ops/op_table.h"
+
+static_assert(tpu_eager::kAtenGrainSize == at::internal::GRAIN_SIZE,
+              "executors/aten_grain.h mirrors ATen's GRAIN_SIZE");
 
 namespace tpu_eager {
 namespace spyre {

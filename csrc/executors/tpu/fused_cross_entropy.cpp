@@ -6,6 +6,7 @@
 // runs it, with CPU's arithmetic (ATen/native/LossNLL.cpp, cpu/SoftMaxKernel.cpp).
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
+#include <ATen/native/cpu/utils.h>
 
 #include <algorithm>
 #include <cmath>
@@ -157,8 +158,7 @@ void nll_forward(const CrossEntropyLoop& ce, const float* x) {
     return;
   }
   constexpr int64_t kLevels = 8;
-  const int64_t ceil_log2 = ce.rows <= 1 ? 0 : 64 - __builtin_clzll(static_cast<uint64_t>(ce.rows - 1));
-  const int64_t power = std::max<int64_t>(4, ceil_log2 / kLevels);
+  const int64_t power = std::max<int64_t>(4, at::native::utils::CeilLog2(ce.rows) / kLevels);
   const int64_t mask = (int64_t{1} << power) - 1;
   int64_t ignored = 0;
   float wsum[kLevels] = {0}, lsum[kLevels] = {0};

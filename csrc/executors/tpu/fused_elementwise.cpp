@@ -6,6 +6,7 @@
 #include <c10/util/accumulate.h>
 
 #include "executors/direct_kernels.h"
+#include "executors/aten_grain.h"
 #include "executors/cpu_vml.h"
 #include "executors/tpu/fused_program.h"
 #include "jit/lowering.h"
@@ -230,7 +231,7 @@ bool per_row_sum(RowReduce row, const Node& n, c10::IntArrayRef sizes, fused::Ro
       !n.args[3].isNone())
     return false;
   if (n.inputs.size() != 1 || n.inputs[0].ref.dtype != at::kFloat) return false;
-  if (!sizes.empty() && sizes.back() >= 32768 && c10::multiply_integers(sizes) == sizes.back()) return false;
+  if (!sizes.empty() && sizes.back() >= kAtenGrainSize && c10::multiply_integers(sizes) == sizes.back()) return false;
   *op = row == RowReduce::kSum ? fused::RowOp::kSum : fused::RowOp::kMean;
   *dim = n.args[1].toIntList().get(0);
   return true;
@@ -255,7 +256,7 @@ bool row_anchor(RowReduce row, const Node& n, c10::IntArrayRef sizes, fused::Row
     dim = n.args[1].toIntList().get(0);
     // A single row of at least GRAIN_SIZE (32,768) floats: CPU's sum splits it
     // between threads (two-pass reduction), an order the row loop does not follow.
-    if (!sizes.empty() && sizes.back() >= 32768 && c10::multiply_integers(sizes) == sizes.back()) return false;
+    if (!sizes.empty() && sizes.back() >= kAtenGrainSize && c10::multiply_integers(sizes) == sizes.back()) return false;
   } else if (!per_row_sum(row, n, sizes, op, &dim)) {
     return false;
   }

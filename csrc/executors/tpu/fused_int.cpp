@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/accumulate.h>
 
+#include "executors/aten_grain.h"
 #include "executors/tpu/fused_elementwise.h"
 #include "jit/lowering.h"
 
@@ -277,7 +278,7 @@ void run_int(const IntProgram& p) {
   for (const IInstr& in : p.instrs)
     for (const IOperand* o : {&in.a, &in.b, &in.c})
       if (o->kind == IOperand::kConst) consts.push_back(o);
-  const int64_t grain = std::max<int64_t>(1, 32768 / kTile);
+  const int64_t grain = std::max<int64_t>(1, kAtenGrainSize / kTile);
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     std::vector<int64_t> mem((p.regs + next + consts.size()) * kTile);
     int64_t* regs = mem.data();
