@@ -297,15 +297,21 @@ class SpyreKernel final : public Kernel {
   // The compiled program: `launch` with the sizes the region reads from
   // mark_dynamic ranges made symbols (ktir_symbolize).
   void compile_program(const KtirProgram& launch, const RegionLayout& L) {
-    std::vector<int64_t> dynamic;
+    std::vector<KtirDynamicDim> dynamic;
     for (const auto& v : L.views) {
       if (v.lx || !v.loaded) continue;
-      const jit::SizeBuckets b = jit::size_buckets(*v.ref);
-      for (size_t d = 0; d < b.size() && d < v.ref->sizes.size(); ++d)
-        if (b[d] >> 63) dynamic.push_back(v.ref->sizes[d]);  // a mark_dynamic range's bucket
+      for (const jit::DynamicDim& d : jit::dynamic_dims(*v.ref))
+        dynamic.push_back(KtirDynamicDim{d.size, d.base, d.lower, d.upper});
     }
     program_ = launch;
     ktir_symbolize(program_, dynamic);
+    // A size that only happened to equal a symbol's value may not hold for
+    // every value of the range: then the program is this launch's alone.
+    try {
+      ktir_verify_ranges(program_);
+    } catch (const c10::ValueError&) {
+      program_ = launch;
+    }
   }
 
   // Binds the compiled program to `launch` (its concrete form under symbol
@@ -320,7 +326,7 @@ class SpyreKernel final : public Kernel {
     ktir_ = ktir_print(shown);
     binding_.clear();
     for (size_t k = 0; k < values.size(); ++k) binding_.emplace_back("s" + std::to_string(k), values[k]);
-    if (program_.rows_sym >= 0) {
+    if (program_.rows_expr.symbolic()) {
       binding_.emplace_back("rows_per_core", shown.rows_per_core);
       binding_.emplace_back("cores_used", shown.cores_used);
     }
