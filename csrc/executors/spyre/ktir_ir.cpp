@@ -780,10 +780,14 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   };
   std::vector<Sym> syms;
   for (const auto& d : dynamic) {
-    if (d.base <= 1) continue;
-    auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.base; });
-    if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.base, d.lower, d.upper});
-    const int64_t c = d.size - d.base;
+    // A size near its base (|c| <= base / 2: d[:, 1:], d[:, :-2]) follows
+    // it; a far one (d[:, :2] of n = 40) is a fixed slice more likely, and is
+    // a symbol of its own, its value the size.
+    const int64_t base = 2 * std::abs(d.size - d.base) <= d.base ? d.base : d.size;
+    if (base <= 1) continue;
+    auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == base; });
+    if (it == syms.end()) it = syms.insert(syms.end(), Sym{base, d.lower, d.upper});
+    const int64_t c = d.size - base;
     if (std::find(it->offsets.begin(), it->offsets.end(), c) == it->offsets.end()) it->offsets.push_back(c);
     // Every value of the symbol keeps this dim's size inside the range.
     it->lower = std::max({it->lower, d.lower, d.lower - c});
@@ -1272,6 +1276,48 @@ std::vector<int64_t> range_values(int64_t lo, int64_t hi) {
 
 }  // namespace
 
+namespace {
+
+struct GeometryFault {
+  int line = 0;
+  std::string rule, msg;
+};
+
+// The first broken geometry rule of `p` under symbol values `vals`: an
+// element count or a view's size, stride or offset < 0, or a view's
+// elements outside its argument.
+std::optional<GeometryFault> geometry_fault(const KtirProgram& p, const std::vector<int64_t>& vals) {
+  auto at = [&](const KtirAffine& e, int64_t number) { return e.symbolic() ? e.eval(vals) : number; };
+  for (const auto& g : p.args)
+    if (at(g.elems_expr, g.elems) < 0) return GeometryFault{g.line, "arg", "elems must be >= 0"};
+  KtirView b;
+  for (size_t v = 0; v < p.views.size(); ++v) {
+    const KtirView& w = p.views[v];
+    b.offset = at(w.offset_expr, w.offset);
+    b.sizes.assign(w.sizes.size(), 0);
+    b.strides.assign(w.sizes.size(), 0);
+    for (size_t d = 0; d < w.sizes.size(); ++d) {
+      b.sizes[d] = d < w.size_expr.size() ? at(w.size_expr[d], w.sizes[d]) : w.sizes[d];
+      if (d < w.strides.size()) b.strides[d] = d < w.stride_expr.size() ? at(w.stride_expr[d], w.strides[d]) : w.strides[d];
+    }
+    const std::string name = "%" + std::to_string(v);
+    for (size_t d = 0; d < b.sizes.size(); ++d)
+      if (b.sizes[d] < 0 || b.strides[d] < 0) return GeometryFault{w.line, "view", name + ": negative size or stride"};
+    if (b.offset < 0) return GeometryFault{w.line, "view", name + ": negative offset"};
+    if (w.lx || w.arg < 0 || w.arg >= static_cast<int>(p.args.size())) continue;
+    const KtirArg& g = p.args[w.arg];
+    const int64_t last = last_elem(b), elems = at(g.elems_expr, g.elems);
+    if ((last + 1) * static_cast<int64_t>(c10::elementSize(w.dtype)) >
+        elems * static_cast<int64_t>(c10::elementSize(g.dtype)))
+      return GeometryFault{w.line, "view-bounds",
+                           name + " reaches element " + std::to_string(last) + " of %a" + std::to_string(w.arg) +
+                               ", which has " + std::to_string(elems)};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void ktir_verify_ranges(const KtirProgram& p) {
   if (p.sym_lower.empty()) return;
   const int hl = 1;
@@ -1281,42 +1327,35 @@ void ktir_verify_ranges(const KtirProgram& p) {
     if (p.sym_values[k] < p.sym_lower[k] || p.sym_values[k] > p.sym_upper[k])
       fail(hl, "sym-range", "s" + std::to_string(k) + "=" + std::to_string(p.sym_values[k]) + " is outside its range " + range);
   }
-  auto at = [](const KtirAffine& e, int64_t number, const std::vector<int64_t>& vals) {
-    return e.symbolic() ? e.eval(vals) : number;
-  };
   std::vector<int64_t> vals = p.sym_values;
   for (size_t k = 0; k < p.sym_values.size(); ++k) {
     for (int64_t x : range_values(p.sym_lower[k], p.sym_upper[k])) {
       vals[k] = x;
-      const std::string where = " at s" + std::to_string(k) + "=" + std::to_string(x) + " (range " +
-                                std::to_string(p.sym_lower[k]) + ".." + std::to_string(p.sym_upper[k]) + ")";
-      for (const auto& g : p.args)
-        if (at(g.elems_expr, g.elems, vals) < 0) fail(g.line, "arg", "elems must be >= 0" + where);
-      for (size_t v = 0; v < p.views.size(); ++v) {
-        const KtirView& w = p.views[v];
-        KtirView b;
-        b.offset = at(w.offset_expr, w.offset, vals);
-        for (size_t d = 0; d < w.sizes.size(); ++d) {
-          b.sizes.push_back(d < w.size_expr.size() ? at(w.size_expr[d], w.sizes[d], vals) : w.sizes[d]);
-          b.strides.push_back(d < w.stride_expr.size() && d < w.strides.size()
-                                  ? at(w.stride_expr[d], w.strides[d], vals)
-                                  : (d < w.strides.size() ? w.strides[d] : 0));
-        }
-        const std::string name = "%" + std::to_string(v);
-        for (size_t d = 0; d < b.sizes.size(); ++d)
-          if (b.sizes[d] < 0 || b.strides[d] < 0) fail(w.line, "view", name + ": negative size or stride" + where);
-        if (b.offset < 0) fail(w.line, "view", name + ": negative offset" + where);
-        if (w.lx || w.arg < 0 || w.arg >= static_cast<int>(p.args.size())) continue;
-        const KtirArg& g = p.args[w.arg];
-        const int64_t last = last_elem(b), elems = at(g.elems_expr, g.elems, vals);
-        if ((last + 1) * static_cast<int64_t>(c10::elementSize(w.dtype)) >
-            elems * static_cast<int64_t>(c10::elementSize(g.dtype)))
-          fail(w.line, "view-bounds",
-               name + " reaches element " + std::to_string(last) + " of %a" + std::to_string(w.arg) + ", which has " +
-                   std::to_string(elems) + where);
-      }
+      if (auto f = geometry_fault(p, vals))
+        fail(f->line, f->rule,
+             f->msg + " at s" + std::to_string(k) + "=" + std::to_string(x) + " (range " +
+                 std::to_string(p.sym_lower[k]) + ".." + std::to_string(p.sym_upper[k]) + ")");
     }
     vals[k] = p.sym_values[k];
+  }
+}
+
+void ktir_narrow_ranges(KtirProgram& p) {
+  std::vector<int64_t> vals = p.sym_values;
+  for (size_t k = 0; k < p.sym_values.size() && k < p.sym_lower.size(); ++k) {
+    const int64_t v = p.sym_values[k];
+    // Scan out from the bound value, kNarrowSpan values at most each way
+    // (a compile's cost; a launch outside the range compiles anew).
+    constexpr int64_t kNarrowSpan = 4096;
+    int64_t lo = v, hi = v;
+    auto ok = [&](int64_t x) {
+      vals[k] = x;
+      return !geometry_fault(p, vals);
+    };
+    while (lo > p.sym_lower[k] && v - lo < kNarrowSpan && ok(lo - 1)) --lo;
+    while (hi < p.sym_upper[k] && hi - v < kNarrowSpan && ok(hi + 1)) ++hi;
+    p.sym_lower[k] = lo, p.sym_upper[k] = hi;
+    vals[k] = v;
   }
 }
 

@@ -364,6 +364,10 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
 // elements inside its argument (rules 'sym-range', 'view', 'view-bounds';
 // the message names the value).
 void ktir_verify_ranges(const KtirProgram& p);
+// Narrows each symbol's range to the values around its bound one under
+// which ktir_verify_ranges' geometry holds (a size that only happened to
+// equal a symbol's value at compile time does not grow with it).
+void ktir_narrow_ranges(KtirProgram& p);
 // Runs the program on contiguous CPU tensors `inputs` bound to its in and
 // inout arguments in order (out arguments are allocated, zero-filled): each op
 // in f32 from df16 inputs, rounded once to df16 (df16_ops.h). inout tensors

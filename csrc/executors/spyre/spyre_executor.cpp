@@ -306,12 +306,8 @@ class SpyreKernel final : public Kernel {
     program_ = launch;
     ktir_symbolize(program_, dynamic);
     // A size that only happened to equal a symbol's value may not hold for
-    // every value of the range: then the program is this launch's alone.
-    try {
-      ktir_verify_ranges(program_);
-    } catch (const c10::ValueError&) {
-      program_ = launch;
-    }
+    // every value of the range: the range keeps the values where it does.
+    ktir_narrow_ranges(program_);
   }
 
   // Binds the compiled program to `launch` (its concrete form under symbol

@@ -156,19 +156,24 @@ def test_range_is_verified_for_every_value(spyre_target, tmp_path):
         spyre.verify_ktir(text.replace("ranges=[2..50]", "ranges=[2..50, 1..3]"))
 
 
-def test_a_size_that_only_equals_the_symbol_keeps_its_number(spyre_target):
-    # y's fixed 30 columns equal the marked size at the first launch. Taken as
-    # s0 they would read past y's 61-element storage for s0 > 30, so the range
-    # check keeps this launch's program concrete (no symbols), never wrong.
+def test_a_size_that_only_equals_the_symbol_narrows_the_range(spyre_target):
+    # y's fixed 30 columns equal the marked size at the first launch, so they
+    # are s0 too; past s0 = 30 they would read beyond y's 61-element storage,
+    # so the compiled range stops at 30 (the verifier checks all of it).
     tte = spyre_target
     from torch_tpu_eager import spyre
 
+    tte.reset_metrics()
     y = torch.randn(61)
     dy = y.to("tpu")[:60].view(2, 30)
-    x = torch.randn(2, 30)
-    d = x.to("tpu")
-    tte.mark_dynamic(d, 1, 1, 64)
-    assert torch.equal((d + dy).cpu(), x + y[:60].view(2, 30))
-    text = spyre.dump_ktir()
-    assert "syms=" not in text and "sizes=[2, 30]" in text
-    spyre.verify_ktir(text)
+    for n in (30, 31):
+        x = torch.randn(2, n)
+        d = x.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 64)
+        assert torch.equal((d[:, :30] + dy).cpu(), x[:, :30] + y[:60].view(2, 30))
+        text = spyre.dump_ktir()
+        spyre.verify_ktir(text)
+        if n == 30:
+            assert "syms=[s0=30] ranges=[1..30]" in text
+    assert tte.metrics()["plans_built"] == 2  # n = 31 is outside 1..30
+
