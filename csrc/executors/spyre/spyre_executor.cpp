@@ -326,10 +326,21 @@ class SpyreKernel final : public Kernel {
       binding_.emplace_back("rows_per_core", shown.rows_per_core);
       binding_.emplace_back("cores_used", shown.cores_used);
     }
-    // The symbolic strides and offsets, bound: "%<view>.offset", "%<view>.strides[<dim>]".
+    // The symbolic element counts, sizes other than a bare symbol ("s0-1"),
+    // strides and offsets, bound: "%a<k>.elems", "%<view>.sizes[<dim>]",
+    // "%<view>.offset", "%<view>.strides[<dim>]".
+    for (size_t a = 0; a < program_.args.size(); ++a)
+      if (program_.args[a].elems_expr.symbolic())
+        binding_.emplace_back("%a" + std::to_string(a) + ".elems", shown.args[a].elems);
     for (size_t v = 0; v < program_.views.size(); ++v) {
       const KtirView& w = program_.views[v];
       const std::string name = "%" + std::to_string(v);
+      for (size_t d = 0; d < w.size_expr.size(); ++d) {
+        const KtirAffine& e = w.size_expr[d];
+        const int k = e.single_symbol();
+        if (e.symbolic() && (k < 0 || e.coef[k] != 1 || e.constant != 0))
+          binding_.emplace_back(name + ".sizes[" + std::to_string(d) + "]", shown.views[v].sizes[d]);
+      }
       if (w.offset_expr.symbolic()) binding_.emplace_back(name + ".offset", shown.views[v].offset);
       for (size_t d = 0; d < w.stride_expr.size(); ++d)
         if (w.stride_expr[d].symbolic())

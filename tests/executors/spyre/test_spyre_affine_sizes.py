@@ -42,6 +42,7 @@ def test_slice_of_dynamic_inner_dim_keeps_one_program(spyre_target):
         b = _binding(spyre)
         # s0 is n (the marked size); the slice's pitch is s0, the result's s0-1.
         assert b["s0"] == n and b["%0.strides[0]"] == n
+        assert b["%0.sizes[1]"] == n - 1 and b["%a1.elems"] == 16 * (n - 1)
         texts.append(spyre.dump_ktir())
     m = tte.metrics()
     assert m["compiles"] == 1 and m["plans_built"] == 1
