@@ -1118,7 +1118,8 @@ KtirProgram ktir_parse(const std::string& text) {
           if (c.eat("core*")) {
             if (d != 0) fail(line, "tile", "only dim 0 may be split over the cores");
             if (c.eat("?")) {
-              if (!q || !p.rows_expr.symbolic()) fail(line, "tile", "core*? needs a split dim 0 of '?' and symbolic rows");
+              if (!q || !p.rows_expr.symbolic())
+                fail(line, "tile", "core*? needs a split dim 0 of '?' and symbolic rows");
               t.core_stride = 1;  // bound with the rows
             } else {
               t.core_stride = c.integer();
@@ -1298,7 +1299,8 @@ std::optional<GeometryFault> geometry_fault(const KtirProgram& p, const std::vec
     b.strides.assign(w.sizes.size(), 0);
     for (size_t d = 0; d < w.sizes.size(); ++d) {
       b.sizes[d] = d < w.size_expr.size() ? at(w.size_expr[d], w.sizes[d]) : w.sizes[d];
-      if (d < w.strides.size()) b.strides[d] = d < w.stride_expr.size() ? at(w.stride_expr[d], w.strides[d]) : w.strides[d];
+      if (d < w.strides.size())
+        b.strides[d] = d < w.stride_expr.size() ? at(w.stride_expr[d], w.strides[d]) : w.strides[d];
     }
     const std::string name = "%" + std::to_string(v);
     for (size_t d = 0; d < b.sizes.size(); ++d)
@@ -1323,9 +1325,11 @@ void ktir_verify_ranges(const KtirProgram& p) {
   const int hl = 1;
   for (size_t k = 0; k < p.sym_values.size(); ++k) {
     const std::string range = std::to_string(p.sym_lower[k]) + ".." + std::to_string(p.sym_upper[k]);
-    if (p.sym_lower[k] > p.sym_upper[k]) fail(hl, "sym-range", "s" + std::to_string(k) + " has an empty range " + range);
+    if (p.sym_lower[k] > p.sym_upper[k])
+      fail(hl, "sym-range", "s" + std::to_string(k) + " has an empty range " + range);
     if (p.sym_values[k] < p.sym_lower[k] || p.sym_values[k] > p.sym_upper[k])
-      fail(hl, "sym-range", "s" + std::to_string(k) + "=" + std::to_string(p.sym_values[k]) + " is outside its range " + range);
+      fail(hl, "sym-range",
+           "s" + std::to_string(k) + "=" + std::to_string(p.sym_values[k]) + " is outside its range " + range);
   }
   std::vector<int64_t> vals = p.sym_values;
   for (size_t k = 0; k < p.sym_values.size(); ++k) {

@@ -177,4 +177,3 @@ def test_a_size_that_only_equals_the_symbol_narrows_the_range(spyre_target):
         if n == 30:
             assert "syms=[s0=30] ranges=[1..30]" in text
     assert tte.metrics()["plans_built"] == 2  # n = 31 is outside 1..30
-
