@@ -124,6 +124,9 @@ def test_affine_sizes_round_trip_verify_and_run(spyre_target, tmp_path):
     assert out.numel() == 28 and torch.equal(out.view(4, 7), -x.view(4, 12)[:, :7])
     with pytest.raises(ValueError, match=r"KTIR line 2: rule 'view-bounds'.*8\*s0\+8 elements has 47"):
         spyre.run_ktir(str(path), torch.zeros(47))
+    # 8*200+8 elements bind s0 = 200, outside the program's range 1..100.
+    with pytest.raises(ValueError, match=r"KTIR line 1: rule 'sym-range': s0=200 is outside its range 1\.\.100"):
+        spyre.run_ktir(str(path), torch.zeros(1608))
 
 
 def test_range_is_verified_for_every_value(spyre_target, tmp_path):
