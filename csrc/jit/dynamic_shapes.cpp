@@ -15,6 +15,7 @@ namespace {
 
 struct Range {
   int64_t ndim, dim, lower, upper;
+  int64_t base;  // the marked tensor's size at `dim` when marked
 };
 
 std::mutex g_mu;
@@ -32,7 +33,8 @@ uint64_t pow2_bucket(int64_t n) {
 
 }  // namespace
 
-void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper) {
+void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper,
+                  int64_t base) {
   std::lock_guard<std::mutex> lock(g_mu);
   detail::g_any_dynamic_marks.store(true, std::memory_order_release);
   auto& v = g_ranges[storage->id];
@@ -40,10 +42,11 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
     if (r.ndim == ndim && r.dim == dim) {
       r.lower = lower;
       r.upper = upper;
+      r.base = base;
       return;
     }
   }
-  v.push_back(Range{ndim, dim, lower, upper});
+  v.push_back(Range{ndim, dim, lower, upper, base});
 }
 
 SizeBuckets size_buckets(const TensorRef& r) {
@@ -64,6 +67,20 @@ SizeBuckets size_buckets(const TensorRef& r) {
       TORCH_WARN_ONCE("tpu: size ", n, " of dim ", m.dim, " is outside its mark_dynamic range [", m.lower, ", ",
                       m.upper, "]; regions reading it recompile for its power-of-two bucket");
     }
+  }
+  return out;
+}
+
+std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
+  std::vector<DynamicDim> out;
+  if (!any_dynamic_marks()) return out;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_ranges.find(r.storage->id);
+  if (it == g_ranges.end()) return out;
+  for (const Range& m : it->second) {
+    if (m.ndim != static_cast<int64_t>(r.sizes.size())) continue;
+    const int64_t n = r.sizes[m.dim];
+    if (n >= m.lower && n <= m.upper) out.push_back(DynamicDim{m.dim, n, m.base, m.lower, m.upper});
   }
   return out;
 }

@@ -22,8 +22,17 @@ namespace tpu_eager {
 namespace jit {
 
 // Declares dim `dim` of tensors viewing `storage` with rank `ndim` dynamic in
-// [lower, upper]. Validated by the caller (Python API).
-void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper);
+// [lower, upper]; `base` is the marked tensor's size there (a view's size
+// there, e.g. n - 1 of d[:, 1:], is then base + an offset). Validated by the
+// caller (Python API).
+void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper,
+                  int64_t base);
+
+// The dims of `r` whose size lies in its storage's mark_dynamic range.
+struct DynamicDim {
+  int64_t dim, size, base, lower, upper;
+};
+std::vector<DynamicDim> dynamic_dims(const TensorRef& r);
 
 // The bucket of each size of `r` (its dims, in order). Held inline: a
 // structural key computes one per region input at every flush.

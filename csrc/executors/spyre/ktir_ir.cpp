@@ -278,34 +278,26 @@ struct Cursor {
     expect("]");
     return v;
   }
-  // A size list whose entries may be symbols "s<k>" (syms[i] = k, else -1)
-  // or, when `q` is given, "?" at dim 0 (*q set).
-  std::vector<int64_t> sym_int_list(std::vector<int>* syms, bool* q = nullptr) {
+  // A size list whose entries may be affine in the symbols ("s0", "s0-1":
+  // exprs[i], cleared when none is) or, when `q` is given, "?" at dim 0 (*q set).
+  std::vector<int64_t> sym_int_list(std::vector<KtirAffine>* exprs, bool* q = nullptr) {
     expect("[");
     std::vector<int64_t> v;
-    syms->clear();
+    exprs->clear();
     bool any = false;
     if (eat("]")) return v;
     do {
-      ws();
+      exprs->emplace_back();
       if (q && v.empty() && eat("?")) {
         *q = true;
         v.push_back(0);
-        syms->push_back(-1);
-      } else if (i < s.size() && s[i] == 's') {
-        ++i;
-        const int64_t k = integer();
-        if (k < 0 || k > 1000) fail(line, "syntax", "bad symbol s" + std::to_string(k));
-        v.push_back(0);
-        syms->push_back(static_cast<int>(k));
-        any = true;
       } else {
-        v.push_back(integer());
-        syms->push_back(-1);
+        v.push_back(affine(&exprs->back()));
+        any |= exprs->back().symbolic();
       }
     } while (eat(","));
     expect("]");
-    if (!any) syms->clear();
+    if (!any) exprs->clear();
     return v;
   }
   // An affine expression (KtirAffine's text); returns its constant value
@@ -688,6 +680,24 @@ int64_t KtirAffine::eval(const std::vector<int64_t>& values) const {
   return v;
 }
 
+int KtirAffine::single_symbol() const {
+  int one = -1;
+  for (size_t k = 0; k < coef.size(); ++k) {
+    if (!coef[k]) continue;
+    if (one >= 0) return -1;
+    one = static_cast<int>(k);
+  }
+  return one;
+}
+
+KtirAffine KtirAffine::symbol(int k, int64_t coef, int64_t constant) {
+  KtirAffine e;
+  e.constant = constant;
+  e.coef.assign(k + 1, 0);
+  e.coef[k] = coef;
+  return e;
+}
+
 namespace {
 
 KtirAffine affine_const(int64_t c) {
@@ -725,23 +735,11 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
   const size_t n = v.sizes.size();
   if (values.empty() || v.strides.size() != n) return;
   auto size_expr = [&](size_t d) {
-    KtirAffine e;
-    if (d < v.size_sym.size() && v.size_sym[d] >= 0) {
-      e.coef.assign(v.size_sym[d] + 1, 0);
-      e.coef[v.size_sym[d]] = 1;
-    } else {
-      e.constant = v.sizes[d];
-    }
-    return e;
+    return d < v.size_expr.size() && v.size_expr[d].symbolic() ? v.size_expr[d] : affine_const(v.sizes[d]);
   };
   auto sym_equal = [&](int64_t x) {
     for (size_t k = 0; k < values.size(); ++k)
-      if (values[k] == x) {
-        KtirAffine e;
-        e.coef.assign(k + 1, 0);
-        e.coef[k] = 1;
-        return e;
-      }
+      if (values[k] == x) return KtirAffine::symbol(static_cast<int>(k));
     return affine_const(x);
   };
   std::vector<size_t> order;
@@ -776,86 +774,126 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
 
 }  // namespace
 
-void ktir_symbolize(KtirProgram& p, const std::vector<int64_t>& dynamic) {
-  std::vector<int64_t> values;
-  for (int64_t v : dynamic)
-    if (v > 1 && std::find(values.begin(), values.end(), v) == values.end()) values.push_back(v);
-  if (values.empty()) return;
-  auto sym_of = [&](int64_t v) -> int {
-    for (size_t k = 0; k < values.size(); ++k)
-      if (values[k] == v) return static_cast<int>(k);
-    return -1;
+void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) {
+  // The symbols: the distinct bases, each with its range and the offsets
+  // (size - base) its dynamic dims have; 0 first (a size equal to the base).
+  struct Sym {
+    int64_t base, lower, upper;
+    std::vector<int64_t> offsets{0};
+    bool used = false;
   };
-  std::vector<char> used(values.size(), 0);
-  auto mark = [&](const std::vector<int64_t>& sizes, std::vector<int>& sym) {
-    sym.assign(sizes.size(), -1);
+  std::vector<Sym> syms;
+  for (const auto& d : dynamic) {
+    // A size near its base (|c| <= base / 2: d[:, 1:], d[:, :-2]) follows
+    // it; a far one (d[:, :2] of n = 40) is a fixed slice more likely, and is
+    // a symbol of its own, its value the size.
+    const int64_t base = 2 * std::abs(d.size - d.base) <= d.base ? d.base : d.size;
+    if (base <= 1) continue;
+    auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == base; });
+    if (it == syms.end()) it = syms.insert(syms.end(), Sym{base, d.lower, d.upper});
+    const int64_t c = d.size - base;
+    if (std::find(it->offsets.begin(), it->offsets.end(), c) == it->offsets.end()) it->offsets.push_back(c);
+    // Every value of the symbol keeps this dim's size inside the range.
+    it->lower = std::max({it->lower, d.lower, d.lower - c});
+    it->upper = std::min({it->upper, d.upper, d.upper - c});
+  }
+  if (syms.empty()) return;
+  // The expression of a size value: s<k>+c (an exact base first), else none.
+  auto expr_of = [&](int64_t v, bool mark) -> std::optional<KtirAffine> {
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t k = 0; k < syms.size(); ++k)
+        for (int64_t c : syms[k].offsets) {
+          if ((pass == 0) != (c == 0) || syms[k].base + c != v) continue;
+          if (mark) syms[k].used = true;
+          return KtirAffine::symbol(static_cast<int>(k), 1, c);
+        }
+    return std::nullopt;
+  };
+  auto mark = [&](const std::vector<int64_t>& sizes, std::vector<KtirAffine>& ex) {
+    ex.assign(sizes.size(), KtirAffine{});
     bool any = false;
-    for (size_t d = 0; d < sizes.size(); ++d)
-      if ((sym[d] = sym_of(sizes[d])) >= 0) any = true, used[sym[d]] = 1;
-    if (!any) sym.clear();
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (sizes[d] <= 1) continue;
+      if (auto e = expr_of(sizes[d], true)) ex[d] = *e, any = true;
+    }
+    if (!any) ex.clear();
   };
-  for (auto& v : p.views) mark(v.sizes, v.size_sym);
+  for (auto& v : p.views) mark(v.sizes, v.size_expr);
   // The split rows: the dim 0 of a split tile's view.
   for (const auto& t : p.tiles) {
     if (!t.core_stride) continue;
     const KtirView& w = p.views[t.view];
-    if (!w.size_sym.empty() && w.size_sym[0] >= 0) p.rows_sym = w.size_sym[0];
+    if (!w.size_expr.empty() && w.size_expr[0].symbolic()) p.rows_expr = w.size_expr[0];
     break;
   }
   for (auto& t : p.tiles) {
     const KtirView& w = p.views[t.view];
-    t.size_sym = w.size_sym;
-    if (t.core_stride && !t.size_sym.empty()) t.size_sym[0] = -1;  // rows_per_core
+    t.size_expr = w.size_expr;
+    if (t.core_stride && !t.size_expr.empty()) t.size_expr[0] = KtirAffine{};  // rows_per_core
     bool any = false;
-    for (int k : t.size_sym) any |= k >= 0;
-    if (!any) t.size_sym.clear();
+    for (const auto& e : t.size_expr) any |= e.symbolic();
+    if (!any) t.size_expr.clear();
   }
+  // An argument's elems: a multiple of a used symbol's size expression.
   for (auto& a : p.args) {
-    for (size_t k = 0; k < values.size(); ++k) {
-      if (!used[k] || a.elems <= 0 || a.elems % values[k] != 0) continue;
-      a.elems_sym = static_cast<int>(k);
-      a.elems_coef = a.elems / values[k];
-      break;
+    for (size_t k = 0; k < syms.size() && !a.elems_expr.symbolic() && a.elems > 0; ++k) {
+      if (!syms[k].used) continue;
+      for (int64_t c : syms[k].offsets) {
+        const int64_t v = syms[k].base + c;
+        if (v <= 1 || a.elems % v != 0) continue;
+        const int64_t q = a.elems / v;
+        a.elems_expr = KtirAffine::symbol(static_cast<int>(k), q, q * c);
+        break;
+      }
     }
   }
   // Symbols nobody uses are dropped (renumbered).
-  std::vector<int> renum(values.size(), -1);
-  p.sym_values.clear();
-  for (size_t k = 0; k < values.size(); ++k)
-    if (used[k]) renum[k] = static_cast<int>(p.sym_values.size()), p.sym_values.push_back(values[k]);
-  auto fix = [&](int& k) {
-    if (k >= 0) k = renum[k];
+  std::vector<int> renum(syms.size(), -1);
+  p.sym_values.clear(), p.sym_lower.clear(), p.sym_upper.clear();
+  for (size_t k = 0; k < syms.size(); ++k) {
+    if (!syms[k].used) continue;
+    renum[k] = static_cast<int>(p.sym_values.size());
+    p.sym_values.push_back(syms[k].base);
+    p.sym_lower.push_back(syms[k].lower);
+    p.sym_upper.push_back(syms[k].upper);
+  }
+  auto fix = [&](KtirAffine& e) {
+    if (!e.symbolic()) return;
+    KtirAffine r;
+    r.constant = e.constant;
+    for (size_t k = 0; k < e.coef.size(); ++k)
+      if (e.coef[k]) affine_add(r, e.coef[k], KtirAffine::symbol(renum[k]));
+    e = r;
   };
-  fix(p.rows_sym);
-  for (auto& a : p.args) fix(a.elems_sym);
+  fix(p.rows_expr);
+  for (auto& a : p.args) fix(a.elems_expr);
   for (auto& v : p.views)
-    for (int& k : v.size_sym) fix(k);
+    for (auto& e : v.size_expr) fix(e);
   for (auto& t : p.tiles)
-    for (int& k : t.size_sym) fix(k);
+    for (auto& e : t.size_expr) fix(e);
   for (auto& v : p.views) symbolize_strides(v, p.sym_values);
 }
 
 void ktir_bind(KtirProgram& p, const std::vector<int64_t>& values) {
   p.sym_values = values;
-  auto val = [&](int k) { return k >= 0 && k < static_cast<int>(values.size()) ? values[k] : 0; };
   for (auto& a : p.args)
-    if (a.elems_sym >= 0) a.elems = a.elems_coef * val(a.elems_sym);
+    if (a.elems_expr.symbolic()) a.elems = a.elems_expr.eval(values);
   for (auto& v : p.views) {
-    for (size_t d = 0; d < v.size_sym.size() && d < v.sizes.size(); ++d)
-      if (v.size_sym[d] >= 0) v.sizes[d] = val(v.size_sym[d]);
+    for (size_t d = 0; d < v.size_expr.size() && d < v.sizes.size(); ++d)
+      if (v.size_expr[d].symbolic()) v.sizes[d] = v.size_expr[d].eval(values);
     for (size_t d = 0; d < v.stride_expr.size() && d < v.strides.size(); ++d)
       if (v.stride_expr[d].symbolic()) v.strides[d] = v.stride_expr[d].eval(values);
     if (v.offset_expr.symbolic()) v.offset = v.offset_expr.eval(values);
   }
-  if (p.rows_sym >= 0) {
-    const int64_t rows = val(p.rows_sym);
+  if (p.rows_expr.symbolic()) {
+    const int64_t rows = p.rows_expr.eval(values);
     p.rows_per_core = rows > 0 ? (rows + p.grid - 1) / std::max<int64_t>(1, p.grid) : 1;
     p.cores_used = rows > 0 ? (rows + p.rows_per_core - 1) / p.rows_per_core : 1;
   }
   for (auto& t : p.tiles) {
-    for (size_t d = 0; d < t.size_sym.size() && d < t.sizes.size(); ++d)
-      if (t.size_sym[d] >= 0) t.sizes[d] = val(t.size_sym[d]);
-    if (t.core_stride && p.rows_sym >= 0) {
+    for (size_t d = 0; d < t.size_expr.size() && d < t.sizes.size(); ++d)
+      if (t.size_expr[d].symbolic()) t.sizes[d] = t.size_expr[d].eval(values);
+    if (t.core_stride && p.rows_expr.symbolic()) {
       t.core_stride = p.rows_per_core;
       if (!t.sizes.empty()) t.sizes[0] = p.rows_per_core;
     }
@@ -865,16 +903,23 @@ void ktir_bind(KtirProgram& p, const std::vector<int64_t>& values) {
 std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirProgram& launch) {
   if (!ktir_same_structure(p, launch)) return std::nullopt;
   std::vector<int64_t> values(p.sym_values.size(), -1);
-  auto take = [&](int k, int64_t v) {
+  // A size "a*s<k>+c" of value x gives s<k> = (x - c) / a; all must agree.
+  auto take = [&](const KtirAffine& e, int64_t x) {
+    const int k = e.single_symbol();
     if (k < 0) return true;
+    const int64_t a = e.coef[k];
+    if ((x - e.constant) % a != 0) return false;
+    const int64_t v = (x - e.constant) / a;
     if (values[k] < 0) values[k] = v;
     return values[k] == v;
   };
   for (size_t v = 0; v < p.views.size(); ++v)
-    for (size_t d = 0; d < p.views[v].size_sym.size(); ++d)
-      if (!take(p.views[v].size_sym[d], launch.views[v].sizes[d])) return std::nullopt;
-  for (int64_t x : values)
-    if (x < 0) return std::nullopt;
+    for (size_t d = 0; d < p.views[v].size_expr.size(); ++d)
+      if (!take(p.views[v].size_expr[d], launch.views[v].sizes[d])) return std::nullopt;
+  for (size_t k = 0; k < values.size(); ++k) {
+    if (values[k] < 0) return std::nullopt;
+    if (k < p.sym_lower.size() && (values[k] < p.sym_lower[k] || values[k] > p.sym_upper[k])) return std::nullopt;
+  }
   KtirProgram b = p;
   ktir_bind(b, values);
   if (b.rows_per_core != launch.rows_per_core || b.cores_used != launch.cores_used) return std::nullopt;
@@ -893,21 +938,6 @@ std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirP
 // ---------------------------------------------------------------- print
 
 namespace {
-// A size list with symbols: "s<k>" where `sym` names one; "?" for a split
-// dim 0 bound from the symbolic rows.
-std::string sym_list(const std::vector<int64_t>& v, const std::vector<int>& sym, bool rows_first) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    s += i ? ", " : "";
-    if (i == 0 && rows_first)
-      s += "?";
-    else if (i < sym.size() && sym[i] >= 0)
-      s += "s" + std::to_string(sym[i]);
-    else
-      s += std::to_string(v[i]);
-  }
-  return s + "]";
-}
 // "2*s0+3", "s1", "s0-1"; a number when `e` has no symbol.
 std::string affine_text(const KtirAffine& e, int64_t value) {
   if (!e.symbolic()) return std::to_string(value);
@@ -923,6 +953,20 @@ std::string affine_text(const KtirAffine& e, int64_t value) {
   return s;
 }
 
+// A size list with affine sizes ("s0", "s0-1") where `ex` has them; "?" for
+// a split dim 0 bound from the symbolic rows.
+std::string sym_list(const std::vector<int64_t>& v, const std::vector<KtirAffine>& ex, bool rows_first) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    s += i ? ", " : "";
+    if (i == 0 && rows_first)
+      s += "?";
+    else
+      s += i < ex.size() ? affine_text(ex[i], v[i]) : std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
 std::string stride_list(const KtirView& w) {
   std::string s = "[";
   for (size_t d = 0; d < w.strides.size(); ++d) {
@@ -935,10 +979,10 @@ std::string stride_list(const KtirView& w) {
 
 std::string ktir_print(const KtirProgram& p) {
   std::ostringstream os;
-  const bool rs = p.rows_sym >= 0;
+  const bool rs = p.rows_expr.symbolic();
   os << "ktir.kernel @" << p.name << " grid=[" << p.grid << "] split=dim0";
   if (rs)
-    os << "(s" << p.rows_sym << ") rows_per_core=? cores_used=?";
+    os << "(" << affine_text(p.rows_expr, 0) << ") rows_per_core=? cores_used=?";
   else
     os << " rows_per_core=" << p.rows_per_core << " cores_used=" << p.cores_used;
   os << (p.ring_reduce ? " reduce=ring" : "");
@@ -947,26 +991,28 @@ std::string ktir_print(const KtirProgram& p) {
     for (size_t k = 0; k < p.sym_values.size(); ++k) os << (k ? ", " : "") << "s" << k << "=" << p.sym_values[k];
     os << "]";
   }
+  if (!p.sym_lower.empty()) {
+    os << " ranges=[";
+    for (size_t k = 0; k < p.sym_lower.size(); ++k) os << (k ? ", " : "") << p.sym_lower[k] << ".." << p.sym_upper[k];
+    os << "]";
+  }
   os << " {\n";
   static const char* kinds[] = {"in", "out", "inout"};
   for (size_t a = 0; a < p.args.size(); ++a) {
     const KtirArg& g = p.args[a];
     os << "  %a" << a << " = arg " << kinds[g.kind] << " " << type_token(g.dtype) << " elems=";
-    if (g.elems_sym >= 0)
-      os << (g.elems_coef == 1 ? "" : std::to_string(g.elems_coef) + "*") << "s" << g.elems_sym << "\n";
-    else
-      os << g.elems << "\n";
+    os << affine_text(g.elems_expr, g.elems) << "\n";
   }
   for (size_t v = 0; v < p.views.size(); ++v) {
     const KtirView& w = p.views[v];
     os << "  %" << v << " = view " << (w.lx ? "LX " : "HBM ") << type_token(w.dtype);
     os << (w.lx ? " %t" + std::to_string(w.buf) : " %a" + std::to_string(w.arg));
-    os << " offset=" << affine_text(w.offset_expr, w.offset) << " sizes=" << sym_list(w.sizes, w.size_sym, false)
+    os << " offset=" << affine_text(w.offset_expr, w.offset) << " sizes=" << sym_list(w.sizes, w.size_expr, false)
        << " strides=" << stride_list(w) << "\n";
   }
   for (const auto& t : p.tiles) {
     const bool q = rs && t.core_stride;
-    os << "  tile %" << t.view << " sizes=" << sym_list(t.sizes, t.size_sym, q) << " at=[";
+    os << "  tile %" << t.view << " sizes=" << sym_list(t.sizes, t.size_expr, q) << " at=[";
     for (size_t d = 0; d < t.sizes.size(); ++d)
       os << (d ? ", " : "")
          << (d == 0 && t.core_stride ? "core*" + (q ? std::string("?") : std::to_string(t.core_stride)) : "0");
@@ -1014,8 +1060,9 @@ KtirProgram ktir_parse(const std::string& text) {
       if (g.size() != 1) fail(line, "grid", "grid must have one dimension (cores)");
       p.grid = g[0];
       c.expect("split=dim0");
-      if (c.eat("(s")) {
-        p.rows_sym = static_cast<int>(c.integer());
+      if (c.eat("(")) {
+        c.affine(&p.rows_expr);
+        if (!p.rows_expr.symbolic()) fail(line, "syntax", "split=dim0(...) names the symbolic rows");
         c.expect(")");
         c.expect("rows_per_core=?");
         c.expect("cores_used=?");
@@ -1039,6 +1086,17 @@ KtirProgram ktir_parse(const std::string& text) {
           c.expect("]");
         }
       }
+      if (c.eat("ranges=")) {
+        c.expect("[");
+        do {
+          p.sym_lower.push_back(c.integer());
+          c.expect("..");
+          p.sym_upper.push_back(c.integer());
+        } while (c.eat(","));
+        c.expect("]");
+        if (p.sym_lower.size() != p.sym_values.size())
+          fail(line, "syntax", "ranges=[...] has one L..U per symbol of syms=[...]");
+      }
       c.expect("{");
       if (!c.done()) fail(line, "syntax", "unexpected text after '{'");
       header = true;
@@ -1055,7 +1113,7 @@ KtirProgram ktir_parse(const std::string& text) {
       t.view = c.view_ref();
       c.expect("sizes=");
       bool q = false;
-      t.sizes = c.sym_int_list(&t.size_sym, &q);
+      t.sizes = c.sym_int_list(&t.size_expr, &q);
       c.expect("at=");
       c.expect("[");
       size_t d = 0;
@@ -1064,7 +1122,8 @@ KtirProgram ktir_parse(const std::string& text) {
           if (c.eat("core*")) {
             if (d != 0) fail(line, "tile", "only dim 0 may be split over the cores");
             if (c.eat("?")) {
-              if (!q || p.rows_sym < 0) fail(line, "tile", "core*? needs a split dim 0 of '?' and symbolic rows");
+              if (!q || !p.rows_expr.symbolic())
+                fail(line, "tile", "core*? needs a split dim 0 of '?' and symbolic rows");
               t.core_stride = 1;  // bound with the rows
             } else {
               t.core_stride = c.integer();
@@ -1103,18 +1162,7 @@ KtirProgram ktir_parse(const std::string& text) {
       const std::string ty = c.token();
       if (!parse_type_token(ty, &a.dtype)) fail(line, "types", "unknown type '" + ty + "'");
       c.expect("elems=");
-      c.ws();
-      if (c.i < s.size() && s[c.i] == 's') {
-        ++c.i;
-        a.elems_sym = static_cast<int>(c.integer());
-      } else {
-        a.elems = c.integer();
-        if (c.eat("*")) {
-          a.elems_coef = a.elems;
-          c.expect("s");
-          a.elems_sym = static_cast<int>(c.integer());
-        }
-      }
+      a.elems = c.affine(&a.elems_expr);
       if (!c.done()) fail(line, "syntax", "unexpected text at the end of the argument");
       p.args.push_back(a);
       continue;
@@ -1152,7 +1200,7 @@ KtirProgram ktir_parse(const std::string& text) {
       c.expect("offset=");
       v.offset = c.affine(&v.offset_expr);
       c.expect("sizes=");
-      v.sizes = c.sym_int_list(&v.size_sym);
+      v.sizes = c.sym_int_list(&v.size_expr);
       c.expect("strides=");
       c.expect("[");
       if (!c.eat("]")) {
@@ -1194,30 +1242,134 @@ KtirProgram ktir_parse(const std::string& text) {
   auto check_sym = [&](int k, int at) {
     if (k >= n_syms) fail(at, "syntax", "symbol s" + std::to_string(k) + " is not declared in the header's syms=[...]");
   };
-  if (p.rows_sym >= 0) check_sym(p.rows_sym, 1);
-  for (const auto& a : p.args)
-    if (a.elems_sym >= 0) check_sym(a.elems_sym, a.line);
   auto check_affine = [&](const KtirAffine& e, int at) {
     for (size_t k = 0; k < e.coef.size(); ++k)
       if (e.coef[k]) check_sym(static_cast<int>(k), at);
   };
+  check_affine(p.rows_expr, 1);
+  for (const auto& a : p.args) check_affine(a.elems_expr, a.line);
   for (const auto& v : p.views) {
-    for (int k : v.size_sym)
-      if (k >= 0) check_sym(k, v.line);
+    for (const auto& e : v.size_expr) check_affine(e, v.line);
     for (const auto& e : v.stride_expr) check_affine(e, v.line);
     check_affine(v.offset_expr, v.line);
   }
   for (const auto& t : p.tiles)
-    for (int k : t.size_sym)
-      if (k >= 0) check_sym(k, t.line);
+    for (const auto& e : t.size_expr) check_affine(e, t.line);
   if (n_syms) ktir_bind(p, p.sym_values);
   return p;
 }
 
 // ---------------------------------------------------------------- verify
 
+namespace {
+
+// Values of one symbol the range check tries: all of [lo, hi] when it holds
+// at most kRangeChecks values, else kRangeChecks evenly spaced ones, both ends included.
+constexpr int64_t kRangeChecks = 65536;
+std::vector<int64_t> range_values(int64_t lo, int64_t hi) {
+  std::vector<int64_t> out;
+  if (hi < lo) return out;
+  const int64_t n = hi - lo + 1;
+  if (n <= kRangeChecks) {
+    for (int64_t v = lo; v <= hi; ++v) out.push_back(v);
+  } else {
+    for (int64_t i = 0; i < kRangeChecks; ++i) out.push_back(lo + (n - 1) / (kRangeChecks - 1) * i);
+    out.back() = hi;
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+struct GeometryFault {
+  int line = 0;
+  std::string rule, msg;
+};
+
+// The first broken geometry rule of `p` under symbol values `vals`: an
+// element count or a view's size, stride or offset < 0, or a view's
+// elements outside its argument.
+std::optional<GeometryFault> geometry_fault(const KtirProgram& p, const std::vector<int64_t>& vals) {
+  auto at = [&](const KtirAffine& e, int64_t number) { return e.symbolic() ? e.eval(vals) : number; };
+  for (const auto& g : p.args)
+    if (at(g.elems_expr, g.elems) < 0) return GeometryFault{g.line, "arg", "elems must be >= 0"};
+  KtirView b;
+  for (size_t v = 0; v < p.views.size(); ++v) {
+    const KtirView& w = p.views[v];
+    b.offset = at(w.offset_expr, w.offset);
+    b.sizes.assign(w.sizes.size(), 0);
+    b.strides.assign(w.sizes.size(), 0);
+    for (size_t d = 0; d < w.sizes.size(); ++d) {
+      b.sizes[d] = d < w.size_expr.size() ? at(w.size_expr[d], w.sizes[d]) : w.sizes[d];
+      if (d < w.strides.size())
+        b.strides[d] = d < w.stride_expr.size() ? at(w.stride_expr[d], w.strides[d]) : w.strides[d];
+    }
+    const std::string name = "%" + std::to_string(v);
+    for (size_t d = 0; d < b.sizes.size(); ++d)
+      if (b.sizes[d] < 0 || b.strides[d] < 0) return GeometryFault{w.line, "view", name + ": negative size or stride"};
+    if (b.offset < 0) return GeometryFault{w.line, "view", name + ": negative offset"};
+    if (w.lx || w.arg < 0 || w.arg >= static_cast<int>(p.args.size())) continue;
+    const KtirArg& g = p.args[w.arg];
+    const int64_t last = last_elem(b), elems = at(g.elems_expr, g.elems);
+    if ((last + 1) * static_cast<int64_t>(c10::elementSize(w.dtype)) >
+        elems * static_cast<int64_t>(c10::elementSize(g.dtype)))
+      return GeometryFault{w.line, "view-bounds",
+                           name + " reaches element " + std::to_string(last) + " of %a" + std::to_string(w.arg) +
+                               ", which has " + std::to_string(elems)};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void ktir_verify_ranges(const KtirProgram& p) {
+  if (p.sym_lower.empty()) return;
+  const int hl = 1;
+  for (size_t k = 0; k < p.sym_values.size(); ++k) {
+    const std::string range = std::to_string(p.sym_lower[k]) + ".." + std::to_string(p.sym_upper[k]);
+    if (p.sym_lower[k] > p.sym_upper[k])
+      fail(hl, "sym-range", "s" + std::to_string(k) + " has an empty range " + range);
+    if (p.sym_values[k] < p.sym_lower[k] || p.sym_values[k] > p.sym_upper[k])
+      fail(hl, "sym-range",
+           "s" + std::to_string(k) + "=" + std::to_string(p.sym_values[k]) + " is outside its range " + range);
+  }
+  std::vector<int64_t> vals = p.sym_values;
+  for (size_t k = 0; k < p.sym_values.size(); ++k) {
+    for (int64_t x : range_values(p.sym_lower[k], p.sym_upper[k])) {
+      vals[k] = x;
+      if (auto f = geometry_fault(p, vals))
+        fail(f->line, f->rule,
+             f->msg + " at s" + std::to_string(k) + "=" + std::to_string(x) + " (range " +
+                 std::to_string(p.sym_lower[k]) + ".." + std::to_string(p.sym_upper[k]) + ")");
+    }
+    vals[k] = p.sym_values[k];
+  }
+}
+
+void ktir_narrow_ranges(KtirProgram& p) {
+  std::vector<int64_t> vals = p.sym_values;
+  for (size_t k = 0; k < p.sym_values.size() && k < p.sym_lower.size(); ++k) {
+    const int64_t v = p.sym_values[k];
+    // Scan out from the bound value, kNarrowSpan values at most each way
+    // (a compile's cost; a launch outside the range compiles anew).
+    constexpr int64_t kNarrowSpan = 4096;
+    int64_t lo = v, hi = v;
+    auto ok = [&](int64_t x) {
+      vals[k] = x;
+      return !geometry_fault(p, vals);
+    };
+    while (lo > p.sym_lower[k] && v - lo < kNarrowSpan && ok(lo - 1)) --lo;
+    while (hi < p.sym_upper[k] && hi - v < kNarrowSpan && ok(hi + 1)) ++hi;
+    p.sym_lower[k] = lo, p.sym_upper[k] = hi;
+    vals[k] = v;
+  }
+}
+
 void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector<at::Tensor>* bound) {
   const int hl = 1;  // the header line
+  ktir_verify_ranges(p);
   if (p.grid < 1 || (card.cores > 0 && p.grid > card.cores))
     fail(hl, "grid", "grid=[" + std::to_string(p.grid) + "] must be 1.." + std::to_string(card.cores) + " cores");
   if (p.cores_used < 1 || p.cores_used > p.grid)
@@ -3789,8 +3941,8 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
   TORCH_CHECK_VALUE(inputs.size() == n_in, "run_ktir: kernel @", p.name, " takes ", n_in,
                     " input tensors (its in and inout arguments), got ", inputs.size());
   // A symbolic program is bound as a job plan binds it at launch: each
-  // symbol from the element count of an input argument whose elems is a
-  // multiple of it (else the header's value).
+  // symbol from the element count of an input argument whose elems is
+  // affine in it alone ("16*s0", "16*s0-16"; else the header's value).
   KtirProgram bound;
   const KtirProgram* run = &p;
   if (!p.sym_values.empty()) {
@@ -3800,19 +3952,20 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
     for (const auto& g : p.args) {
       if (g.kind == KtirArg::kOut) continue;
       const at::Tensor& t = inputs[k++];
-      if (g.elems_sym < 0 || !t.defined()) continue;
-      const int64_t n = t.numel();
-      if (n % g.elems_coef != 0)
+      const int k = g.elems_expr.single_symbol();
+      if (k < 0 || !t.defined()) continue;
+      const int64_t n = t.numel(), a = g.elems_expr.coef[k], c = g.elems_expr.constant;
+      if ((n - c) % a != 0)
         fail(g.line, "view-bounds",
-             "the tensor bound to an argument of " + std::to_string(g.elems_coef) + "*s" + std::to_string(g.elems_sym) +
-                 " elements has " + std::to_string(n));
-      const int64_t v = n / g.elems_coef;
-      if (from_input[g.elems_sym] && values[g.elems_sym] != v)
+             "the tensor bound to an argument of " + affine_text(g.elems_expr, 0) + " elements has " +
+                 std::to_string(n));
+      const int64_t v = (n - c) / a;
+      if (from_input[k] && values[k] != v)
         fail(g.line, "view-bounds",
-             "the tensors bind s" + std::to_string(g.elems_sym) + " to " + std::to_string(values[g.elems_sym]) +
-                 " and " + std::to_string(v));
-      values[g.elems_sym] = v;
-      from_input[g.elems_sym] = 1;
+             "the tensors bind s" + std::to_string(k) + " to " + std::to_string(values[k]) + " and " +
+                 std::to_string(v));
+      values[k] = v;
+      from_input[k] = 1;
     }
     bound = p;
     ktir_bind(bound, values);

@@ -19,6 +19,21 @@
 namespace tpu_eager {
 namespace spyre {
 
+// An affine expression of the program's symbols, `constant + sum coef[k] * s<k>`:
+// a size, stride, offset or element count that follows the symbols (a slice
+// `d[:, 1:]` of a dynamic dim n has size n-1 = "s0-1" and pitch n = "s0").
+// Text: "s0", "64*s0", "2*s0+3", "s0-1", or a plain number (docs/ktir.md).
+struct KtirAffine {
+  int64_t constant = 0;
+  std::vector<int64_t> coef;  // per symbol k (shorter: the rest are 0)
+  bool symbolic() const;
+  // The value under symbol `values` (a missing symbol counts 0).
+  int64_t eval(const std::vector<int64_t>& values) const;
+  // The one symbol it names (every other coefficient 0), else -1.
+  int single_symbol() const;
+  static KtirAffine symbol(int k, int64_t coef = 1, int64_t constant = 0);
+};
+
 // A kernel argument: one device storage (HBM buffer) the job plan binds.
 struct KtirArg {
   enum Kind : uint8_t { kIn, kOut, kInOut };
@@ -26,21 +41,8 @@ struct KtirArg {
   c10::ScalarType dtype = c10::kFloat;  // host dtype of the storage
   int64_t elems = 0;                    // storage size in elements (bound)
   int line = 0;
-  // Symbolic: elems = elems_coef * s<elems_sym>, bound at launch (-1: a constant).
-  int elems_sym = -1;
-  int64_t elems_coef = 1;
-};
-
-// An affine expression of the program's symbols, `constant + sum coef[k] * s<k>`:
-// a stride or offset that follows the symbolic sizes (a dynamic inner dim of
-// a contiguous tensor makes the outer strides multiples of it). Text: "s0",
-// "64*s0", "2*s0+3", "s0-1", or a plain number (docs/ktir.md).
-struct KtirAffine {
-  int64_t constant = 0;
-  std::vector<int64_t> coef;  // per symbol k (shorter: the rest are 0)
-  bool symbolic() const;
-  // The value under symbol `values` (a missing symbol counts 0).
-  int64_t eval(const std::vector<int64_t>& values) const;
+  // Symbolic elems ("16*s0", "16*s0-16"), bound at launch (not symbolic: a constant).
+  KtirAffine elems_expr;
 };
 
 // A memory view: HBM (over an argument's storage) or LX (a temporary).
@@ -52,7 +54,7 @@ struct KtirView {
   int64_t offset = 0;
   std::vector<int64_t> sizes, strides;  // bound
   int line = 0;
-  std::vector<int> size_sym;  // per dim: the symbol s<k> its size is, or -1 (empty: no symbol)
+  std::vector<KtirAffine> size_expr;  // per dim (empty: all numbers): "s0", "s0-1", "2*s0"
   // Symbolic strides (per dim; empty: all numbers) and offset (when
   // offset_expr.symbolic()): bound with the sizes at launch.
   std::vector<KtirAffine> stride_expr;
@@ -67,7 +69,7 @@ struct KtirTile {
   std::vector<int64_t> sizes;
   int64_t core_stride = 0;  // 0: replicated (every core reads the tile at 0)
   int line = 0;
-  std::vector<int> size_sym;  // per dim as the view's (a split dim 0 follows rows_per_core)
+  std::vector<KtirAffine> size_expr;  // per dim as the view's (a split dim 0 follows rows_per_core)
 };
 
 // One literal or view operand of an op.
@@ -98,11 +100,13 @@ struct KtirProgram {
   int64_t cores_used = 1;
   bool ring_reduce = false;
   // Symbolic SpyreCode: sizes that vary inside a dynamic-shape range are
-  // symbols s0, s1, ... whose values are bound at launch (sym_values, printed
-  // in the header as syms=[s0=V, ...]). When the split rows are a symbol
-  // (rows_sym), rows_per_core and cores_used are bound from it ("?" in text).
-  int rows_sym = -1;
-  std::vector<int64_t> sym_values;
+  // affine in symbols s0, s1, ... whose values are bound at launch
+  // (sym_values, printed in the header as syms=[s0=V, ...]). When the split
+  // rows are symbolic (rows_expr), rows_per_core and cores_used are bound
+  // from them ("?" in text). sym_lower/sym_upper (empty: no range; printed
+  // ranges=[L..U, ...]): the values the program serves, every one verified.
+  KtirAffine rows_expr;
+  std::vector<int64_t> sym_values, sym_lower, sym_upper;
   std::vector<KtirArg> args;
   std::vector<KtirView> views;
   std::vector<KtirTile> tiles;
@@ -143,23 +147,33 @@ class KtirRunHooks {
   virtual std::string where(const KtirProgram& p, size_t k);
 };
 
-// Makes the sizes of `p` (built for one launch) symbolic: every view size
-// (and tile size) equal to one of `dynamic` (sizes of dims the region reads
-// that lie in a mark_dynamic range, > 1) becomes that value's symbol, an
-// argument's elems a multiple of it, the split rows too. A view's strides
+// A dim the region reads inside a mark_dynamic range: its size, the size
+// `base` the marked tensor had at that dim (the symbol's value: the size is
+// base + (size - base), "s0-1" for d[:, 1:]) and the range [lower, upper].
+struct KtirDynamicDim {
+  int64_t size = 0, base = 0, lower = 0, upper = 0;
+};
+
+// Makes the sizes of `p` (built for one launch) symbolic: each distinct base
+// of `dynamic` (> 1) is a symbol; every view size (and tile size) equal to
+// base + c, for c = 0 or an offset of a dynamic dim of that base, becomes
+// "s<k>+c", an argument's elems a multiple of one of those, the split rows
+// too. The symbol's range is the mark's, narrowed so that every dynamic
+// dim's size stays inside [lower, upper]. A view's strides
 // become affine expressions where they follow its symbolic sizes (dims in
 // order of stride, each stride the product of the next smaller one and its
 // size, as in a dense tensor or a permutation of one), and its offset one in
 // those strides (offset = sum q_d * stride_d + r, the larger strides first).
 // Binds the symbols to those values.
-void ktir_symbolize(KtirProgram& p, const std::vector<int64_t>& dynamic);
+void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic);
 // Sets the symbol values and every size, stride, offset, element count,
 // rows_per_core, cores_used and tile size that follows from them.
 void ktir_bind(KtirProgram& p, const std::vector<int64_t>& values);
 // The symbol values under which `p` describes `launch` (a concrete program
 // built for one launch): p bound to them equals launch in every size,
-// stride, offset, element count, tile and grid field. Empty optional when
-// no binding does (the launch needs its own program).
+// stride, offset, element count, tile and grid field, and each lies in its
+// symbol's range. Empty optional when no binding does (the launch needs its
+// own program).
 std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirProgram& launch);
 
 // How the interpreter walks a program over the grid (docs/ktir.md, "How the
@@ -344,6 +358,16 @@ KtirProgram ktir_parse(const std::string& text);
 // given, against the tensors bound to its arguments). Throws ValueError
 // naming the line and the rule.
 void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector<at::Tensor>* args = nullptr);
+// The part of ktir_verify for a program with ranges=[...]: the bound values
+// lie in their ranges, and under each value of each symbol (the others at
+// their bound values) every view has sizes, strides and offset >= 0 and its
+// elements inside its argument (rules 'sym-range', 'view', 'view-bounds';
+// the message names the value).
+void ktir_verify_ranges(const KtirProgram& p);
+// Narrows each symbol's range to the values around its bound one under
+// which ktir_verify_ranges' geometry holds (a size that only happened to
+// equal a symbol's value at compile time does not grow with it).
+void ktir_narrow_ranges(KtirProgram& p);
 // Runs the program on contiguous CPU tensors `inputs` bound to its in and
 // inout arguments in order (out arguments are allocated, zero-filled): each op
 // in f32 from df16 inputs, rounded once to df16 (df16_ops.h). inout tensors

@@ -297,15 +297,17 @@ class SpyreKernel final : public Kernel {
   // The compiled program: `launch` with the sizes the region reads from
   // mark_dynamic ranges made symbols (ktir_symbolize).
   void compile_program(const KtirProgram& launch, const RegionLayout& L) {
-    std::vector<int64_t> dynamic;
+    std::vector<KtirDynamicDim> dynamic;
     for (const auto& v : L.views) {
       if (v.lx || !v.loaded) continue;
-      const jit::SizeBuckets b = jit::size_buckets(*v.ref);
-      for (size_t d = 0; d < b.size() && d < v.ref->sizes.size(); ++d)
-        if (b[d] >> 63) dynamic.push_back(v.ref->sizes[d]);  // a mark_dynamic range's bucket
+      for (const jit::DynamicDim& d : jit::dynamic_dims(*v.ref))
+        dynamic.push_back(KtirDynamicDim{d.size, d.base, d.lower, d.upper});
     }
     program_ = launch;
     ktir_symbolize(program_, dynamic);
+    // A size that only happened to equal a symbol's value may not hold for
+    // every value of the range: the range keeps the values where it does.
+    ktir_narrow_ranges(program_);
   }
 
   // Binds the compiled program to `launch` (its concrete form under symbol
@@ -320,14 +322,25 @@ class SpyreKernel final : public Kernel {
     ktir_ = ktir_print(shown);
     binding_.clear();
     for (size_t k = 0; k < values.size(); ++k) binding_.emplace_back("s" + std::to_string(k), values[k]);
-    if (program_.rows_sym >= 0) {
+    if (program_.rows_expr.symbolic()) {
       binding_.emplace_back("rows_per_core", shown.rows_per_core);
       binding_.emplace_back("cores_used", shown.cores_used);
     }
-    // The symbolic strides and offsets, bound: "%<view>.offset", "%<view>.strides[<dim>]".
+    // The symbolic element counts, sizes other than a bare symbol ("s0-1"),
+    // strides and offsets, bound: "%a<k>.elems", "%<view>.sizes[<dim>]",
+    // "%<view>.offset", "%<view>.strides[<dim>]".
+    for (size_t a = 0; a < program_.args.size(); ++a)
+      if (program_.args[a].elems_expr.symbolic())
+        binding_.emplace_back("%a" + std::to_string(a) + ".elems", shown.args[a].elems);
     for (size_t v = 0; v < program_.views.size(); ++v) {
       const KtirView& w = program_.views[v];
       const std::string name = "%" + std::to_string(v);
+      for (size_t d = 0; d < w.size_expr.size(); ++d) {
+        const KtirAffine& e = w.size_expr[d];
+        const int k = e.single_symbol();
+        if (e.symbolic() && (k < 0 || e.coef[k] != 1 || e.constant != 0))
+          binding_.emplace_back(name + ".sizes[" + std::to_string(d) + "]", shown.views[v].sizes[d]);
+      }
       if (w.offset_expr.symbolic()) binding_.emplace_back(name + ".offset", shown.views[v].offset);
       for (size_t d = 0; d < w.stride_expr.size(); ++d)
         if (w.stride_expr[d].symbolic())
