@@ -169,8 +169,14 @@ def _rows_of_many_tiles(x, y):
 
 
 LAYOUT_CASES = {
-    "size_one_dims": (_size_one_dims, lambda: [cpu_randn(1, 4, 1, 16, 16, seed=31), cpu_randn(1, 16, 1, 4, 16, seed=32)]),
-    "broadcast_over_two_dims": (_broadcast_over_two_dims, lambda: [cpu_randn(7, 9, 40, seed=33), cpu_randn(40, seed=34)]),
+    "size_one_dims": (
+        _size_one_dims,
+        lambda: [cpu_randn(1, 4, 1, 16, 16, seed=31), cpu_randn(1, 16, 1, 4, 16, seed=32)],
+    ),
+    "broadcast_over_two_dims": (
+        _broadcast_over_two_dims,
+        lambda: [cpu_randn(7, 9, 40, seed=33), cpu_randn(40, seed=34)],
+    ),
     "column_broadcast": (_column_broadcast, lambda: [cpu_randn(6, 13, 37, seed=35), cpu_randn(6, 1, 1, seed=36)]),
     "merged_to_one_run": (_merged_to_one_run, lambda: [cpu_randn(40, 70, seed=37)]),
     "stepped_1d": (_stepped_1d, lambda: [cpu_randn(3001, seed=38)]),
