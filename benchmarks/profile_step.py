@@ -2,7 +2,8 @@
 
 Builds one of the three training steps (``mlp``, ``gpt``, ``cnn``) on one device,
 warms it up, then runs ``--steps`` steps on one thread (``--threads``). ``--model digits``
-runs run_all's section 5 digits MLP + Adam step (loss read every 10 steps). ``--model flush`` instead
+runs run_all's section 5 digits MLP + Adam step (loss read every 10 steps); ``--model llama`` the
+2-layer llama's forward + loss + backward of benchmarks/llama_step.py (needs transformers). ``--model flush`` instead
 records run_all's 16-op chain on a 4x4 tensor and flushes it (``--steps`` times, every
 flush a cache hit); ``--model record`` records 1000 ``a + b`` on 1-element tensors per
 step and flushes them outside the profiled part. Under callgrind, start with
@@ -71,6 +72,30 @@ def micro(args):
     return "record of 1000 a + b", seconds
 
 
+class _LlamaTrainer:
+    """benchmarks/llama_step.py's step on one device, with the ``steps(n)`` of run_all's trainers."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def steps(self, n):
+        for _ in range(n):
+            self.step()
+
+
+def llama_trainer(device):
+    """The 2-layer llama step of benchmarks/llama_step.py on ``device`` ("tpu" or "cpu")."""
+    import llama_step
+
+    built = llama_step.build()
+    if built is None:  # as llama_step.py: say so and exit 0
+        print("profile_step: --model llama needs transformers, which is not installed")
+        raise SystemExit(0)
+    model, ids = built
+    sync = torch.tpu.synchronize if device == "tpu" else (lambda: None)
+    return _LlamaTrainer(llama_step.make_step(model.to(device), ids.to(device), sync))
+
+
 def compare(args):
     """Interleaved blocks of training steps on tpu and cpu: median thread CPU time per step."""
     import statistics
@@ -103,7 +128,7 @@ def compare(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("mlp", "gpt", "cnn", "digits", "flush", "record"), default="cnn")
+    parser.add_argument("--model", choices=("mlp", "gpt", "cnn", "digits", "llama", "flush", "record"), default="cnn")
     parser.add_argument(
         "--device", default="tpu", help='"tpu", "cpu", or "compile" (torch.compile on CPU; training steps only)'
     )
@@ -137,6 +162,8 @@ def main():
     else:
         if args.model == "digits":
             name, trainer = "digits MLP + Adam step", run_all.Trainer(args.device, run_all.digits_data(10)[0])
+        elif args.model == "llama":
+            name, trainer = "2-layer llama forward + backward", llama_trainer(args.device)
         else:
             index = {"mlp": 0, "gpt": 1, "cnn": 2}[args.model]
             name, make_model, make_opt, clip, make_batches = run_all._training_cases(False)[index]

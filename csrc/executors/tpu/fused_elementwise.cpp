@@ -385,6 +385,32 @@ bool strided_read(const TensorRef& r, const Dims& shape, fused::StridedRead* out
   return true;
 }
 
+// `s` with its size-1 dims dropped and each dim merged into the one outside
+// it when the two step through memory as one (outer stride = inner stride *
+// inner size, broadcast stride 0 included): every loop element maps to the
+// same buffer element, walked in fewer, longer runs by stage_strided /
+// scatter_strided (q's heads [B, H, T, D] of [B, T, H, D] with B = 1, or
+// cos [1, 1, T, D] broadcast over the heads, carried through every dim per run).
+void coalesce_dims(fused::StridedRead& s) {
+  std::vector<int64_t> sizes, strides;
+  for (size_t d = 0; d < s.sizes.size(); ++d) {
+    if (s.sizes[d] == 1) continue;
+    if (!sizes.empty() && strides.back() == s.strides[d] * s.sizes[d]) {
+      sizes.back() *= s.sizes[d];
+      strides.back() = s.strides[d];
+      continue;
+    }
+    sizes.push_back(s.sizes[d]);
+    strides.push_back(s.strides[d]);
+  }
+  if (sizes.empty()) {  // one element
+    sizes.push_back(1);
+    strides.push_back(0);
+  }
+  s.sizes = std::move(sizes);
+  s.strides = std::move(strides);
+}
+
 // The order a fused loop iterates in: its outputs' memory order. Row-major
 // outputs (`permuted` false) iterate in their own index order; outputs laid
 // out densely in another order of their dims (CPU keeps an input's permuted
@@ -1225,10 +1251,15 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     prog.ext_type.push_back(e.elem);
     prog.repeat.push_back(e.repeat);
     prog.strided.push_back(e.strided >= 0 ? strided_of[e.strided] : fused::StridedRead{});
+    if (e.strided >= 0) coalesce_dims(prog.strided.back());
   }
   prog.outputs.assign(outputs.size(), nullptr);
   prog.out_type = std::move(out_types);
-  if (!concat_made.empty()) prog.out_strided = std::move(out_writes);
+  if (!concat_made.empty()) {
+    prog.out_strided = std::move(out_writes);
+    for (fused::StridedRead& w : prog.out_strided)
+      if (!w.sizes.empty()) coalesce_dims(w);
+  }
   return true;
 }
 

@@ -185,6 +185,18 @@ def test_cat_of_random_permuted_layouts(seed):
     assert strides == [w.stride() for w in want]
 
 
+@pytest.mark.parametrize("dim", [1, -2, -1])
+def test_cat_writes_through_unit_dims_and_long_runs(dim):
+    # Heads with unit dims between ([1, 4, 1, T, D] in a transposed layout) and
+    # runs longer than a tile: each input's strided write walks merged dims
+    # (coalesce_dims) run by run (scatter_strided).
+    def fn(x0):
+        x = x0.permute(0, 3, 2, 1, 4)  # [1, 4, 1, 40, 33] over [1, 40, 1, 4, 33]
+        return (torch.cat((x * 2.0, -x, x + 1.0), dim=dim),)
+
+    _check_cat(fn, [cpu_randn(1, 40, 1, 4, 33, seed=28)])
+
+
 def test_cat_not_fused_when_types_differ():
     def fn(a, b):
         return (torch.cat((a * 2.0, b), dim=-1),)

@@ -63,6 +63,58 @@ CASES = {
 }
 
 
+# Layouts whose dims the program merges (fused_elementwise.cpp coalesce_dims:
+# size-1 dims dropped, dims that step through memory as one merged) and that
+# stage_strided / scatter_strided walk run by run (fused_kernels.inc
+# for_each_run): size-1 dims between strided ones, broadcasts over several
+# adjacent dims, runs that cross a tile (1,024 floats), a 1-D stepped read,
+# a view that merges into one dense run at an offset.
+def _size_one_dims(g, x):
+    # x of [1, T, 1, H, D] read as [1, H, 1, T, D]: heads transposed, unit dims between.
+    return (g * x.permute(0, 3, 2, 1, 4) + g,)
+
+
+def _broadcast_over_two_dims(x, v):
+    # v of [C] expanded over [A, B, C]: stride 0 on two adjacent dims (one merged dim).
+    return (x * v.expand(x.shape[0], x.shape[1], -1) - x,)
+
+
+def _column_broadcast(x, v):
+    # v of [A, 1, 1] expanded over [A, B, C]: stride-0 runs of B * C filled per row.
+    return (x + v.expand(-1, x.shape[1], x.shape[2]) * 2,)
+
+
+def _merged_to_one_run(x):
+    # x[1:] of a contiguous [R, C]: one dense run at an offset (after merging).
+    return (x[1:] * 3 + x[1:],)
+
+
+def _stepped_1d(x):
+    return (x[::3] * 2 + 1,)
+
+
+def _rows_of_many_tiles(x, y):
+    # Runs of 1,100 floats (a tile is 1,024): each run crosses tiles.
+    return (x[:, 50:1150] * y + y,)
+
+
+LAYOUT_CASES = {
+    "size_one_dims": (
+        _size_one_dims,
+        lambda: [cpu_randn(1, 4, 1, 16, 16, seed=31), cpu_randn(1, 16, 1, 4, 16, seed=32)],
+    ),
+    "broadcast_over_two_dims": (
+        _broadcast_over_two_dims,
+        lambda: [cpu_randn(7, 9, 40, seed=33), cpu_randn(40, seed=34)],
+    ),
+    "column_broadcast": (_column_broadcast, lambda: [cpu_randn(6, 13, 37, seed=35), cpu_randn(6, 1, 1, seed=36)]),
+    "merged_to_one_run": (_merged_to_one_run, lambda: [cpu_randn(40, 70, seed=37)]),
+    "stepped_1d": (_stepped_1d, lambda: [cpu_randn(3001, seed=38)]),
+    "rows_of_many_tiles": (_rows_of_many_tiles, lambda: [cpu_randn(5, 1200, seed=39), cpu_randn(5, 1100, seed=40)]),
+}
+CASES.update(LAYOUT_CASES)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_strided_reads_fuse_and_are_bit_equal(case):
     fn, make = CASES[case]
@@ -131,3 +183,42 @@ def test_rotary_embedding_values_equal_cpu():
     qp, cos, sin = cpu_randn(32, 64, seed=17), cpu_randn(2, 16, 16, seed=18), cpu_randn(2, 16, 16, seed=19)
     g = cpu_randn(2, 4, 16, 16, seed=20)
     assert_bit_equal(step(qp, cos, sin, g, "tpu"), step(qp, cos, sin, g, "cpu"))
+
+
+def test_per_row_value_across_tiles_is_bit_equal():
+    # RMSNorm's x * rsqrt(mean(x^2) + eps) * w with rows of 37 floats: the
+    # per-row value is filled along rows that straddle the tiles' ends.
+    def fn(x, w):
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (x * rstd * w,)
+
+    x, w = cpu_randn(3, 50, 37, seed=41), cpu_randn(37, seed=42)
+    got, _ = flush_on_tpu(fn, x, w)
+    assert_bit_equal(got, fn(x, w))
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_layouts_with_unit_dims_are_bit_equal(seed):
+    # Random shapes with unit dims, transposed, sliced and broadcast operands.
+    import random
+
+    rng = random.Random(seed)
+    nd = rng.randint(2, 6)
+    shape = [rng.choice([1, 1, 2, 3, 5, 8, 16]) for _ in range(nd)]
+    shape[rng.randrange(nd)] = rng.randint(17, 70)
+    perm = list(range(nd))
+    rng.shuffle(perm)
+    x0 = cpu_randn(*[shape[p] for p in perm], seed=300 + seed)  # x0.permute(inv) has `shape`
+    inv = [perm.index(d) for d in range(nd)]
+    bshape = [1 if rng.random() < 0.5 else s for s in shape]
+    pad = rng.random() < 0.5
+    b0 = cpu_randn(*[s + (1 if pad else 0) for s in bshape], seed=400 + seed)
+
+    def fn(g, x0, b0):
+        x = x0.permute(*inv)
+        b = b0[tuple(slice(0, s) for s in bshape)] if pad else b0
+        return (g * x + b.expand(*shape), (g - b) * 0.5)
+
+    g = cpu_randn(*shape, seed=500 + seed)
+    got, _ = flush_on_tpu(fn, g, x0, b0)
+    assert_bit_equal(got, fn(g, x0, b0))
