@@ -281,7 +281,7 @@ void run_int(const IntProgram& p) {
   const int64_t grain = std::max<int64_t>(1, kAtenGrainSize / kTile);
   // Registers, staged externals and constants `width` elements apart: a loop
   // shorter than a tile (the llama's 32 int64 positions) then neither
-  // allocates nor zeroes whole tiles (~44 K instructions a run, callgrind).
+  // allocates nor zeroes whole tiles.
   const int64_t width = std::min(kTile, numel);
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     std::vector<int64_t> mem((p.regs + next + consts.size()) * width);
