@@ -242,7 +242,12 @@ def test_a_bare_product_keeps_its_layer_norm_apart_and_consumers_start_a_region(
 def test_gradients_through_the_fused_residual_layer_norm_match_cpu():
     # The backward reads the mean / rstd the epilogue loop wrote.
     x, w, b = cpu_randn(4, 16, 24, seed=76), cpu_randn(32, 24, seed=77), cpu_randn(32, seed=78)
-    r, g, beta, dy = cpu_randn(4, 16, 32, seed=79), cpu_randn(32, seed=80), cpu_randn(32, seed=81), cpu_randn(4, 16, 32, seed=82)
+    r, g, beta, dy = (
+        cpu_randn(4, 16, 32, seed=79),
+        cpu_randn(32, seed=80),
+        cpu_randn(32, seed=81),
+        cpu_randn(4, 16, 32, seed=82),
+    )
 
     def prog(dev):
         leaves = [t.to(dev).requires_grad_() for t in (x, w, b, r, g, beta)]
