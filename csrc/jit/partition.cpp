@@ -297,6 +297,20 @@ bool cross_entropy_pair(const Node& c, const Node& n) {
   return false;
 }
 
+// Matmul-epilogue rule: on a target of one-shape loops, a layer_norm that
+// ends its loop (OpFusion::kEndsLoop) and iterates over the epilogue's shape
+// closes a matmul region that has an epilogue (a transformer's residual add
+// after its out-projection, then the next layer_norm of that residual): the
+// epilogue loop normalizes each block of rows it has just made, while they
+// are in cache, instead of a second region reading the stored residual back.
+bool epilogue_layer_norm(const Region& r, const Growing& s, const Node& n, OpFusion f, bool one_shape) {
+  if (!one_shape || r.anchor != PrimKind::kMatmul || r.nodes.size() < 2 || f != OpFusion::kEndsLoop ||
+      lowering_of(n.op).row != RowReduce::kLayerNorm)
+    return false;
+  const auto* shape = iteration_shape(n);
+  return shape && *shape == s.anchor_shape;
+}
+
 bool fusible_into(const std::vector<Node>& g, const Region& r, const Growing& s, const Node& n, OpFusion f,
                   bool one_shape) {
   const auto k = static_cast<PrimKind>(n.kind);
@@ -304,7 +318,7 @@ bool fusible_into(const std::vector<Node>& g, const Region& r, const Growing& s,
   if (s.by_ops) return f == OpFusion::kOpByOp;  // op-by-op groups take only such ops
   if (loss_row(n, f, one_shape)) return s.closed && s.closer >= 0 && cross_entropy_pair(g[s.closer], n);
   if (r.anchor == PrimKind::kLibrary || s.closed) return false;
-  if (row_value_consumer(r, s, n, f, one_shape)) return true;
+  if (row_value_consumer(r, s, n, f, one_shape) || epilogue_layer_norm(r, s, n, f, one_shape)) return true;
   const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
   if (k == PrimKind::kElementwise) {
     const auto* shape = iteration_shape(n);
@@ -455,7 +469,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       regions.push_back(std::move(r));
       growing.push_back(std::move(s));
       target = static_cast<int>(regions.size()) - 1;
-    } else if (k == PrimKind::kReduction && !growing[target].by_ops) {
+    } else if (k == PrimKind::kReduction && !growing[target].by_ops && regions[target].anchor != PrimKind::kMatmul) {
       regions[target].anchor = k;
       const auto* shape = iteration_shape(n);
       growing[target].anchor_shape = shape ? *shape : Dims{};

@@ -54,9 +54,13 @@ std::string check_anchor(const std::vector<Node>& g, const Region& r) {
     case PrimKind::kMatmul:
       if (matmul != 1 || static_cast<PrimKind>(g[r.nodes[0]].kind) != PrimKind::kMatmul)
         return "a matmul region does not start with its one matmul";
-      for (size_t p = 1; p < r.nodes.size(); ++p)
-        if (static_cast<PrimKind>(g[r.nodes[p]].kind) != PrimKind::kElementwise)
+      // Its epilogue: elementwise ops, the last of them possibly a row
+      // normalization over their shape (partition's matmul-epilogue rule).
+      for (size_t p = 1; p < r.nodes.size(); ++p) {
+        const auto k = static_cast<PrimKind>(g[r.nodes[p]].kind);
+        if (k != PrimKind::kElementwise && !(k == PrimKind::kReduction && p + 1 == r.nodes.size() && p > 1))
           return "a matmul region's epilogue holds a non-elementwise op";
+      }
       return "";
     case PrimKind::kReduction:
       if (library || matmul) return "a reduction region holds a library call or a matmul";

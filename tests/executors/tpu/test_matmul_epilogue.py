@@ -160,3 +160,113 @@ def test_in_place_accumulate_of_a_product_stays_in_the_epilogue():
     names = [k["name"] for k in prof.kernels]
     assert names == ["fused_mm_add__mul"], names
     _same(got, acc.add_(x @ w) * 2)
+
+
+# ---- a layer_norm closing the epilogue (partition.cpp, epilogue_layer_norm)
+
+LN_AFFINE = [(True, True), (True, False), (False, True), (False, False)]
+LN_AFFINE_IDS = ["weight+bias", "weight", "bias", "neither"]
+
+
+def _residual_layer_norm(x, w, b, r, g, beta, cols):
+    """A pre-LN transformer's out-projection: the residual add, then the next layer_norm of that residual."""
+    h = r + F.linear(x, w, b)
+    out, mean, rstd = torch.native_layer_norm(h, (cols,), g, beta, 1e-5)
+    return h, out, mean, rstd
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("affine", LN_AFFINE, ids=LN_AFFINE_IDS)
+@pytest.mark.parametrize("shape", [(8, 64, 64, 64), (3, 5, 24, 40), (1, 300, 17, 100), (2, 700, 16, 1024)])
+def test_residual_add_and_layer_norm_run_in_the_matmul_epilogue(shape, affine, threads):
+    # On main the layer_norm ran in a region of its own through CPU's kernel; here the
+    # epilogue loop normalizes each block of rows right after the residual add. Every
+    # output (the residual, out, mean, rstd) is CPU's bit for bit, at 1 and 2 threads.
+    bsz, t, k, n = shape
+    x, w, b = cpu_randn(bsz, t, k, seed=61), cpu_randn(n, k, seed=62), cpu_randn(n, seed=63)
+    r = cpu_randn(bsz, t, n, seed=64) * 3 + 1
+    g = cpu_randn(n, seed=65) if affine[0] else None
+    beta = cpu_randn(n, seed=66) if affine[1] else None
+    for set_ in restoring(torch.get_num_threads, torch.set_num_threads):
+        set_(threads)
+        want = _residual_layer_norm(x, w, b, r, g, beta, n)
+        dev = [None if a is None else a.to("tpu") for a in (x, w, b, r, g, beta)]
+        torch.tpu.synchronize()
+        with torch_tpu_eager.profile() as prof:
+            got = _residual_layer_norm(*dev, n)
+            ops = aten_ops_during(torch.tpu.synchronize)
+        names = [k["name"] for k in prof.kernels]
+        assert names == ["fused_addmm_add_native_layer_norm"], names
+        assert "aten::native_layer_norm" not in ops and "aten::add" not in ops, ops
+        for name, gv, wv in zip(("residual", "out", "mean", "rstd"), got, want):
+            assert torch.equal(gv.cpu(), wv), name
+
+
+def test_layer_norm_of_the_product_itself_after_an_epilogue_op():
+    # The layer_norm reads the product, not the epilogue's last value: still one region.
+    x, w, b = cpu_randn(40, 16, seed=67), cpu_randn(32, 16, seed=68), cpu_randn(32, seed=69)
+    g, beta = cpu_randn(32, seed=70), cpu_randn(32, seed=71)
+
+    def fn(x, w, b, g, beta):
+        p = F.linear(x, w, b)
+        return p.relu() * 2.0, F.layer_norm(p, (32,), g, beta)
+
+    dev = [a.to("tpu") for a in (x, w, b, g, beta)]
+    with torch_tpu_eager.profile() as prof:
+        got = [t.cpu() for t in fn(*dev)]
+    assert [k["name"] for k in prof.kernels] == ["fused_addmm_relu_mul_native_layer_norm"]
+    for gv, wv in zip(got, fn(x, w, b, g, beta)):
+        _same(gv, wv)
+
+
+def test_a_bare_product_keeps_its_layer_norm_apart_and_consumers_start_a_region():
+    # Without an epilogue the layer_norm of a product stays CPU's kernel (alone in its
+    # region, as on main); an op after the layer_norm starts the next region.
+    x, w, g = cpu_randn(24, 16, seed=72), cpu_randn(32, 16, seed=73), cpu_randn(32, seed=74)
+
+    def fn(x, w, g, r):
+        y = F.layer_norm(x @ w.t(), (32,), g)
+        z = F.layer_norm(x @ w.t() + r, (32,), g) * 3.0
+        return y, z
+
+    r = cpu_randn(24, 32, seed=75)
+    dev = [a.to("tpu") for a in (x, w, g, r)]
+    with torch_tpu_eager.profile() as prof:
+        got = [t.cpu() for t in fn(*dev)]
+    names = [k["name"] for k in prof.kernels]
+    assert names == ["kernel_mm", "kernel_native_layer_norm", "fused_mm_add_native_layer_norm", "kernel_mul"], names
+    for gv, wv in zip(got, fn(x, w, g, r)):
+        _same(gv, wv)
+
+
+def test_gradients_through_the_fused_residual_layer_norm_match_cpu():
+    # The backward reads the mean / rstd the epilogue loop wrote.
+    x, w, b = cpu_randn(4, 16, 24, seed=76), cpu_randn(32, 24, seed=77), cpu_randn(32, seed=78)
+    r, g, beta, dy = (
+        cpu_randn(4, 16, 32, seed=79),
+        cpu_randn(32, seed=80),
+        cpu_randn(32, seed=81),
+        cpu_randn(4, 16, 32, seed=82),
+    )
+
+    def prog(dev):
+        leaves = [t.to(dev).requires_grad_() for t in (x, w, b, r, g, beta)]
+        xs, ws, bs, rs, gs, betas = leaves
+        y = F.layer_norm(rs + F.linear(xs, ws, bs), (32,), gs, betas)
+        y.backward(dy.to(dev))
+        return [y.detach()] + [t.grad for t in leaves]
+
+    for got, want in zip(prog("tpu"), prog("cpu")):
+        assert torch.equal(got.cpu(), want)
+
+
+def test_bfloat16_residual_layer_norm_stays_cpu_equal():
+    # 16-bit layer_norm is not a loop row op: it runs through CPU's kernel, values CPU's.
+    x, w, r = cpu_randn(16, 8, seed=83), cpu_randn(24, 8, seed=84), cpu_randn(16, 24, seed=85)
+    x, w, r = (t.to(torch.bfloat16) for t in (x, w, r))
+
+    def fn(x, w, r):
+        return F.layer_norm(x @ w.t() + r, (24,))
+
+    got, _, _, _, _ = _run(fn, x, w, r)
+    _same(got, fn(x, w, r))
