@@ -883,7 +883,10 @@ OOP = {
     "to_same_dtype": ("{e}.to({e}.dtype)", lambda x, s, c: x.to(x.dtype)),
     "lazy_clone": ("torch._lazy_clone({e})", lambda x, s, c: torch._lazy_clone(x)),
     "view_as": ("{e}.view_as({e})", lambda x, s, c: x.view_as(x)),
-    "grad_of": ("torch.autograd.grad(({e}.real * 1.5).sum(), leaf0)", lambda x, s, c: _grad_of(x, s)),
+    "grad_of": (
+        "torch.autograd.grad(({e}.real * 1.5).sum(), first leaf on its chip)",
+        lambda x, s, c: _grad_of(x, s, c),
+    ),
     "where": ("torch.where({e} > 0, {e}, 0)", lambda x, s, c: torch.where(x > 0, x, 0)),
     "index_sel": ("{e}[[0, -1]]", lambda x, s, c: x[[0, -1]]),
     "cat": ("torch.cat([{e}, {e}])", lambda x, s, c: torch.cat([x, x])),
@@ -1025,8 +1028,9 @@ def run_program(data, n_steps_max=18):
     return prog
 
 
-def _grad_of(x, side):
-    leaves = [side.live[k] for k in side.leaves]
+def _grad_of(x, side, chip):
+    """The gradient of a sum of x with respect to the first leaf on x's chip (zeros if unused)."""
+    leaves = [side.live[k] for k in side.leaves if side.chip[k] == chip]
     if not leaves:
         return x + 0
     r = x.real if x.is_complex() else x
