@@ -510,69 +510,58 @@ def _same_chip_partner(data, prog, i, label="src", shape_ok=None):
     return data.draw(st.sampled_from(cands), label=label)
 
 
+# Writes whose CPU result is defined on a destination whose elements are distinct, and
+# which CPU rejects (internal overlap) or computes alike on an expanded one.
+ELEMENTWISE_WRITES = (
+    "add_scalar",
+    "mul_scalar",
+    "add_tensor",
+    "copy_",
+    "fill_",
+    "zero_",
+    "clamp_",
+    "out_add",
+    "out_neg",
+    "sub_tensor",
+    "cpu_scalar_add",
+    "div_scalar",
+    "copy_other_chip",
+    "out_sum",
+    "mul_tensor",
+    "addcmul_",
+    "lerp_",
+    "out_wrong_shape",
+    "resize_",
+)
+# Writes through indices, masks and rows: drawn only for destinations without a zero stride
+# (CPU deprecates or rejects them on expanded tensors). Drawn by _draw_indexed_write except
+# the first three.
+INDEXED_WRITES = (
+    "index_put_",
+    "masked_fill_",
+    "setitem",
+    "index_fill_",
+    "index_add_",
+    "index_copy_",
+    "scatter_",
+    "scatter_add_",
+    "put_",
+    "masked_scatter_",
+    "setitem_slice",
+    "setitem_adv",
+    "setitem_mask",
+    "sort_out",
+    "cumsum_out",
+)
+
+
 def draw_write(data, prog, i):
     t = prog.cpu.live[i]
-    kinds = [
-        "add_scalar",
-        "mul_scalar",
-        "add_tensor",
-        "copy_",
-        "fill_",
-        "zero_",
-        "clamp_",
-        "index_put_",
-        "masked_fill_",
-        "setitem",
-        "out_add",
-        "out_neg",
-        "sub_tensor",
-        "cpu_scalar_add",
-        "div_scalar",
-        "copy_other_chip",
-        "out_sum",
-        "mul_tensor",
-        "index_fill_",
-        "index_add_",
-        "index_copy_",
-        "scatter_",
-        "scatter_add_",
-        "put_",
-        "masked_scatter_",
-        "setitem_slice",
-        "setitem_adv",
-        "addcmul_",
-        "lerp_",
-        "out_wrong_shape",
-        "resize_",
-        "setitem_mask",
-        "sort_out",
-        "cumsum_out",
-    ]
-    if zero_stride(t):
-        kinds = [
-            k
-            for k in kinds
-            if k
-            not in (
-                "index_put_",
-                "masked_fill_",
-                "setitem",
-                "index_fill_",
-                "index_add_",
-                "index_copy_",
-                "scatter_",
-                "scatter_add_",
-                "put_",
-                "masked_scatter_",
-                "setitem_slice",
-                "setitem_adv",
-                "setitem_mask",
-                "sort_out",
-                "cumsum_out",
-            )
-        ]
-    elif not unique_locations(t):
-        kinds = ["fill_", "zero_"]
+    kinds = list(ELEMENTWISE_WRITES)  # on an expanded destination CPU rejects these or writes one value
+    if not zero_stride(t):
+        # Elements sharing memory without a zero stride: CPU's result depends on its loop
+        # order, except for writes of one constant.
+        kinds = kinds + list(INDEXED_WRITES) if unique_locations(t) else ["fill_", "zero_"]
     kinds = [k for k in kinds if k not in EXCLUDE]
     if not kinds:
         return None
@@ -626,25 +615,7 @@ def draw_write(data, prog, i):
         )
     chip = prog.cpu.chip[i]
 
-    def T(vals, dtype=None):
-        return lambda s: torch.tensor(vals, dtype=dtype, device=s.dev(chip))
-
-    if kind in (
-        "index_fill_",
-        "index_add_",
-        "index_copy_",
-        "scatter_",
-        "scatter_add_",
-        "put_",
-        "masked_scatter_",
-        "setitem_adv",
-        "setitem_mask",
-        "setitem_slice",
-        "sort_out",
-        "cumsum_out",
-        "out_wrong_shape",
-        "resize_",
-    ):
+    if kind in INDEXED_WRITES[3:] + ("out_wrong_shape", "resize_"):
         n0 = t.shape[0] if t.dim() else 1
         if kind == "resize_":
             room = _storage_elems(t) - t.storage_offset()
@@ -720,23 +691,15 @@ def draw_write(data, prog, i):
                 lambda L, s: L[i].index_fill_(0, torch.tensor(idx, dtype=torch.long, device=s.dev(chip)), v),
             )
         src_shape = (len(idx),) + rest
-        if kind == "index_add_":
+        if kind in ("index_add_", "index_copy_"):
+            kw = {"alpha": 2} if kind == "index_add_" else {}
             return wrap(
-                f"{e}.index_add_(0, tensor({idx}), full({src_shape}, {v}), alpha=2)",
-                lambda L, s: L[i].index_add_(
+                f"{e}.{kind}(0, tensor({idx}), full({src_shape}, {v}){', alpha=2' if kw else ''})",
+                lambda L, s: getattr(L[i], kind)(
                     0,
                     torch.tensor(idx, dtype=torch.long, device=s.dev(chip)),
                     torch.full(src_shape, v, dtype=L[i].dtype, device=s.dev(chip)),
-                    alpha=2,
-                ),
-            )
-        if kind == "index_copy_":
-            return wrap(
-                f"{e}.index_copy_(0, tensor({idx}), full({src_shape}, {v}))",
-                lambda L, s: L[i].index_copy_(
-                    0,
-                    torch.tensor(idx, dtype=torch.long, device=s.dev(chip)),
-                    torch.full(src_shape, v, dtype=L[i].dtype, device=s.dev(chip)),
+                    **kw,
                 ),
             )
         # scatter_ / scatter_add_ along dim 0 with a one-row index (unique targets per column)
