@@ -445,6 +445,13 @@ CALL_CHECKS = [
     ("kCheckBoundaries1d", {"bucketize"}, _every),
     ("kCheckSearchSide", {"searchsorted"}, _every),
     ("kCheckDegreesOfFreedom", {"var", "std", "var_mean", "std_mean"}, lambda ov: ov.startswith("correction")),
+    # An `index` tensor whose values the host holds, with one outside [0, size): CPU's kernel
+    # raises (or wraps a negative index) at the call, where a queued op would raise at the flush.
+    (
+        "kCheckIndexValues",
+        (INDEX_WRITES - {"_index_put_impl_"}) | {"index_fill", "put", "index_select", "gather", "take"},
+        _every,
+    ),
 ]
 
 # Ops whose CPU kernel raises on the values it reads, not only on shapes and dtypes: indices

@@ -237,7 +237,12 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<at::MemoryFormat> mf) {
   if (self.sizes().equals(size) && !mf.has_value()) return self;
-  const size_t need = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset());
+  // A size with no element leaves the storage as it is, whatever the storage offset
+  // (CPU's maybe_resize_storage_cpu returns early for it).
+  const bool no_elements = c10::multiply_integers(size) == 0;
+  const size_t itemsize = self.dtype().itemsize();
+  const size_t need =
+      no_elements ? 0 : at::detail::computeStorageNbytesContiguous(size, itemsize, self.storage_offset());
   const size_t old_nbytes = self.storage().nbytes();
   if (need > old_nbytes) resize_device_storage(self.storage(), need);
   self.unsafeGetTensorImpl()->set_sizes_contiguous(size);

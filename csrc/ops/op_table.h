@@ -80,6 +80,8 @@ enum OpTrait : uint64_t {
   kCheckBoundaries1d = 1ull << 35,      // bucketize: boundaries not 1-D (CPU raises; the meta kernel does not check)
   kCheckSearchSide = 1ull << 36,        // searchsorted: `side` other than "left" / "right" (likewise)
   kCheckDegreesOfFreedom = 1ull << 37,  // var / std (_mean): correction >= elements reduced (CPU warns at the call)
+  kCheckIndexValues = 1ull << 38,       // index_select / index_add / scatter / gather / put / take: host-held
+                                        // `index` values outside [0, size) (CPU raises or wraps at the call)
 };
 
 struct OpEntry {

@@ -343,6 +343,38 @@ void check_index_bounds(const at::Tensor& self, const c10::IValue& indices_v) {
   }
 }
 
+// index_select / index_add_ / index_copy_ / index_fill_ / index_reduce_ / scatter* /
+// gather / put_ / take with an `index` whose values the host holds: CPU's kernel checks
+// every index at the call (IndexError or RuntimeError, each op its own message; put_ and
+// take, index_fill_ wrap negative ones), where a queued op would raise at the flush and a
+// write into an empty tensor would not run at all. True when an index lies outside
+// [0, size of self along dim) (self's numel without a dim): the call then runs CPU's kernel,
+// which raises or computes exactly as CPU does. Indices computed on the device are checked
+// by CPU's kernel at the flush.
+bool index_values_need_cpu(const OpPlan& plan, const torch::jit::Stack& stack, size_t first) {
+  const c10::IValue& self_v = stack[first];
+  const c10::IValue& index_v = stack[first + plan.index_arg];
+  if (!self_v.isTensor() || !index_v.isTensor()) return false;
+  const at::Tensor& self = self_v.toTensor();
+  const at::Tensor& index = index_v.toTensor();
+  if (!index.defined() || index.numel() == 0 || !c10::isIntegralType(index.scalar_type(), /*includeBool=*/false))
+    return false;
+  int64_t bound = self.numel();
+  if (plan.dim_arg >= 0) {
+    const c10::IValue& dim = stack[first + plan.dim_arg];
+    if (!dim.isInt()) return false;  // a named dim: the meta kernel resolves it
+    const int64_t d = dim.toInt();
+    const int64_t nd = std::max<int64_t>(self.dim(), 1);
+    if (d < -nd || d >= nd) return true;  // CPU's own "Dimension out of range"
+    bound = self.dim() == 0 ? 1 : self.size(d < 0 ? d + nd : d);
+  }
+  const at::Tensor v = values_on_host(index);
+  if (!v.defined()) return false;
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+  const auto mm = at::aminmax(v);
+  return std::get<0>(mm).item<int64_t>() < 0 || std::get<1>(mm).item<int64_t>() >= bound;
+}
+
 // normal(mean, std) with a tensor std: CPU's and CUDA's kernels check every
 // element of std before they draw (CUDA reads the minimum back: a sync), and
 // raise "normal expects all elements of std >= 0.0" at the call. The meta
@@ -449,6 +481,7 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   // its kernel runs; the meta kernels do not, so a queued call would warn at the flush.
   if ((check & kCheckDegreesOfFreedom) && stack[first].isTensor() && degrees_of_freedom_not_positive(stack, first))
     return true;
+  if ((check & kCheckIndexValues) && plan.index_arg >= 0 && index_values_need_cpu(plan, stack, first)) return true;
   if ((check & kCheckSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
       stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
     return true;
@@ -1172,6 +1205,8 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
   plan->scalar_conversions = scalar_conversions_of(schema);
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].name() == "alpha") plan->alpha_arg = static_cast<int>(i);
+    if (args[i].name() == "index") plan->index_arg = static_cast<int>(i);
+    if (args[i].name() == "dim") plan->dim_arg = static_cast<int>(i);
     const auto* a = args[i].alias_info();
     if (!args[i].kwarg_only() || !a || !a->isWrite()) continue;
     if (args[i].name() == "values") plan->values_arg = static_cast<int>(i);

@@ -25,6 +25,8 @@ struct OpPlan {
   int alpha_arg = -1;         // position of an `alpha` argument (CPU's alpha_check), or -1
   int values_arg = -1;        // positions of kwarg-only written `values` / `indices` (sort's out=), or -1
   int indices_arg = -1;
+  int index_arg = -1;  // positions of an `index` tensor and its `dim` (OpTrait kCheckIndexValues), or -1
+  int dim_arg = -1;
   std::vector<int> aliased;              // per return: the argument it aliases, or -1
   std::vector<bool> list_return;         // per return: a Tensor[] result
   ScalarConversions scalar_conversions;  // Scalars CPU converts with an overflow check (scalar_checks.h)

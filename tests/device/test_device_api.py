@@ -171,7 +171,7 @@ def test_repr_flushes_once_and_matches_cpu_formatting():
 
 def test_error_at_flush_names_the_op_and_line_and_keeps_other_tensors():
     good = torch.arange(3.0).to("tpu") + 1
-    bad = torch.index_select(torch.arange(3.0).to("tpu"), 0, torch.tensor([5]).to("tpu"))
+    bad = torch.index_select(torch.arange(3.0).to("tpu"), 0, torch.tensor([5]).to("tpu") * 1)
     assert good.cpu().tolist() == [1.0, 2.0, 3.0]
     with pytest.raises(IndexError) as info:
         bad.cpu()

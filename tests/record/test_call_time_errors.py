@@ -260,6 +260,54 @@ def test_indexing_checks(dev, case):
     run_both_at_call(build, act, dev)
 
 
+# ---- index values held on the host: every op taking an `index` ------------------
+# CPU's kernels check each index at the call (each op its own type and message;
+# put_, take and index_fill_ wrap negative ones). Found by the random aliasing
+# programs (tests/views/test_random_aliasing.py): index_add_ with
+# torch.tensor([-1], device="tpu") raised only at the next flush, after bumping
+# the version counter, and scatter_ into an empty view never raised.
+def _idx(*vals):
+    return lambda d: torch.tensor(vals, device=d)
+
+
+INDEX_VALUES = {
+    "index_add_negative": (lambda a, i: a.index_add_(0, i(-1), torch.ones(1, device=a.device))),
+    "index_add_too_big": (lambda a, i: a.index_add_(0, i(2, 6), torch.ones(2, device=a.device), alpha=2)),
+    "index_copy_negative": (lambda a, i: a.index_copy_(0, i(-5), torch.ones(1, device=a.device))),
+    "index_fill_negative_wraps": (lambda a, i: a.index_fill_(0, i(-1, 0), 5.0)),
+    "index_fill_too_small": (lambda a, i: a.index_fill_(0, i(-7), 5.0)),
+    "index_reduce_too_big": (lambda a, i: a.index_reduce_(0, i(6), torch.ones(1, device=a.device), "prod")),
+    "index_select_too_big": (lambda a, i: a.index_select(0, i(0, 6))),
+    "index_select_negative": (lambda a, i: a.index_select(0, i(-1))),
+    "gather_too_big": (lambda a, i: a.gather(0, i(9))),
+    "scatter_too_big": (lambda a, i: a.scatter_(0, i(6), 1.0)),
+    "scatter_add_negative": (lambda a, i: a.scatter_add_(0, i(-1), torch.ones(1, device=a.device))),
+    "scatter_reduce_too_big": (lambda a, i: a.scatter_reduce_(0, i(7), torch.ones(1, device=a.device), "sum")),
+    "scatter_into_empty_view": (lambda a, i: a[:0].scatter_(0, i(0), 1.0)),
+    "put_too_big": (lambda a, i: a.put_(i(6), torch.ones(1, device=a.device))),
+    "put_negative_wraps": (lambda a, i: a.put_(i(-2), torch.full((1,), 9.0, device=a.device))),
+    "take_too_small": (lambda a, i: a.take(i(-7))),
+    "take_negative_wraps": (lambda a, i: a.take(i(-1, 0))),
+    "index_select_dim_out_of_range": (lambda a, i: a.index_select(1, i(0))),
+    "index_add_in_range": (lambda a, i: a.index_add_(0, i(5, 0), torch.ones(2, device=a.device))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INDEX_VALUES))
+def test_index_values_on_the_host_checked_at_the_call(dev, case):
+    act = INDEX_VALUES[case]
+    run_both_at_call(lambda d: (_f(6)(d),), lambda a: act(a, lambda *v: _idx(*v)(a.device)), dev)
+
+
+@pytest.mark.parametrize("case", ["index_add_negative", "scatter_too_big", "put_too_big"])
+def test_rejected_index_write_leaves_the_version(dev, case):
+    """A call CPU rejects does not count as a write: the version counter stays."""
+    a = _f(6)(dev)
+    with pytest.raises((IndexError, RuntimeError)):
+        INDEX_VALUES[case](a, lambda *v: _idx(*v)(dev))
+    assert a._version == 0
+
+
 def test_byte_mask_assignment_warns_like_cpu(dev):
     # CPU warns that uint8 masks are deprecated (once per call) and then masks.
     build = lambda d: (torch.zeros(3, 2, device=d), torch.ones(2, 2, device=d))  # noqa: E731

@@ -185,6 +185,32 @@ def test_resize_grow_and_shrink(dev, new_shape):
     run_both(prog, dev)
 
 
+@pytest.mark.parametrize("size", [(0,), (0, 5), (3, 0)])
+@pytest.mark.parametrize("offset", [6, 7, 30])
+def test_resize_to_no_elements_keeps_the_storage(dev, size, offset):
+    """resize_ to a size without elements never grows the storage, whatever the view's
+    storage offset (CPU's maybe_resize_storage_cpu returns early); found by the random
+    aliasing programs (tests/views/test_random_aliasing.py)."""
+
+    def prog(d):
+        base = torch.arange(6, device=d).reshape(1, 6)  # a 6-element storage; offsets past its end
+        v = torch.empty(0, dtype=base.dtype, device=d).set_(base.untyped_storage(), offset, (0, 1), (6, 1))
+        v.resize_(size)
+        return base, v, v.untyped_storage().nbytes(), base.untyped_storage().nbytes()
+
+    run_both(prog, dev)
+
+
+def test_resize_of_an_empty_narrow_past_the_end(dev):
+    def prog(d):
+        x = torch.arange(6, device=d).reshape(1, 6)
+        v = x.narrow(0, 1, 0).split(1, 1)[1]  # no elements, storage offset 7 of 6
+        v.resize_(0)
+        return x, v, x.untyped_storage().nbytes(), v.storage_offset()
+
+    run_both(prog, dev)
+
+
 def test_resize_as_and_resize_of_shared_storage(dev):
     def prog(d):
         a = torch.arange(6.0).to(d)
