@@ -80,6 +80,11 @@ enum OpTrait : uint64_t {
   kCheckBoundaries1d = 1ull << 35,      // bucketize: boundaries not 1-D (CPU raises; the meta kernel does not check)
   kCheckSearchSide = 1ull << 36,        // searchsorted: `side` other than "left" / "right" (likewise)
   kCheckDegreesOfFreedom = 1ull << 37,  // var / std (_mean): correction >= elements reduced (CPU warns at the call)
+  // CPU's kernel has float32 and float64 loops: a call whose floating tensors are
+  // all float32 or all float64 (and whose other tensors are int64 indices) skips
+  // the dtype probe (ops/cpu_probe.h, probe_needless), which on a model's first
+  // step ran CPU's kernels on twins (oneDNN's setup for a convolution's 1x1 twins).
+  kFloatLoops = 1ull << 38,
 };
 
 struct OpEntry {
