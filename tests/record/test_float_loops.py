@@ -54,12 +54,16 @@ CASES = {
     "exp": lambda d, t, n: torch.exp(_r(n, 3, seed=1, dtype=t).to(d)),
     "sqrt": lambda d, t, n: torch.sqrt(_r(n, 3, seed=1, dtype=t).abs().to(d)),
     "reciprocal": lambda d, t, n: torch.reciprocal(_r(n, 3, seed=1, dtype=t).to(d)),
-    "addcmul_": lambda d, t, n: _r(n, 3, seed=1, dtype=t)
-    .to(d)
-    .addcmul_(_r(n, 3, seed=2, dtype=t).to(d), _r(n, 3, seed=3, dtype=t).to(d), value=0.5),
-    "addcdiv_": lambda d, t, n: _r(n, 3, seed=1, dtype=t)
-    .to(d)
-    .addcdiv_(_r(n, 3, seed=2, dtype=t).to(d), _r(n, 3, seed=3, dtype=t).abs().add(1).to(d), value=0.5),
+    "addcmul_": lambda d, t, n: (
+        _r(n, 3, seed=1, dtype=t)
+        .to(d)
+        .addcmul_(_r(n, 3, seed=2, dtype=t).to(d), _r(n, 3, seed=3, dtype=t).to(d), value=0.5)
+    ),
+    "addcdiv_": lambda d, t, n: (
+        _r(n, 3, seed=1, dtype=t)
+        .to(d)
+        .addcdiv_(_r(n, 3, seed=2, dtype=t).to(d), _r(n, 3, seed=3, dtype=t).abs().add(1).to(d), value=0.5)
+    ),
     "lerp_": lambda d, t, n: _r(n, 3, seed=1, dtype=t).to(d).lerp_(_r(n, 3, seed=2, dtype=t).to(d), 0.25),
     "zero_": lambda d, t, n: _r(n, 3, seed=1, dtype=t).to(d).zero_(),
     "fill_": lambda d, t, n: _r(n, 3, seed=1, dtype=t).to(d).fill_(1.5),
@@ -120,11 +124,17 @@ CASES = {
     "index_select": lambda d, t, n: torch.index_select(
         _r(n, 3, seed=1, dtype=t).to(d), 0, torch.arange(n).flip(0).to(d)
     ),
-    "_scaled_dot_product_flash_attention_for_cpu": lambda d, t, n: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        _r(1, 2, n, 4, seed=1, dtype=t).to(d), _r(1, 2, n, 4, seed=2, dtype=t).to(d), _r(1, 2, n, 4, seed=3, dtype=t).to(d)
-    )[0],
+    "_scaled_dot_product_flash_attention_for_cpu": lambda d, t, n: (
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            _r(1, 2, n, 4, seed=1, dtype=t).to(d),
+            _r(1, 2, n, 4, seed=2, dtype=t).to(d),
+            _r(1, 2, n, 4, seed=3, dtype=t).to(d),
+        )[0]
+    ),
     "_scaled_dot_product_flash_attention_for_cpu_backward": lambda d, t, n: _sdpa_backward(d, t, n),
-    "convolution": lambda d, t, n: F.conv2d(_r(2, 3, n, 5, seed=1, dtype=t).to(d), _r(4, 3, 3, 3, seed=2, dtype=t).to(d)),
+    "convolution": lambda d, t, n: F.conv2d(
+        _r(2, 3, n, 5, seed=1, dtype=t).to(d), _r(4, 3, 3, 3, seed=2, dtype=t).to(d)
+    ),
     "convolution_backward": lambda d, t, n: torch.ops.aten.convolution_backward(
         _r(2, 4, n - 2, 3, seed=3, dtype=t).to(d),
         _r(2, 3, n, 5, seed=1, dtype=t).to(d),
