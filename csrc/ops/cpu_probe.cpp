@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -313,6 +314,23 @@ bool cpu_kernel_rejects_dtypes(const c10::OperatorHandle& op, const torch::jit::
     if (verdict >= 0) verdicts().set(*key, verdict == 1);
   }
   return verdict == 1;
+}
+
+bool probe_needless(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first, size_t nargs) {
+  std::optional<c10::ScalarType> floating;
+  bool ok = true;
+  for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
+    if (!ok || !t.defined()) return;
+    const c10::ScalarType dt = t.scalar_type();
+    if (dt == c10::kFloat || dt == c10::kDouble) {
+      if (!floating) floating = dt;
+      ok = *floating == dt;
+      return;
+    }
+    const std::string& name = schema.arguments()[arg].name();
+    ok = dt == c10::kLong && (name == "indices" || name == "index" || name == "target");
+  });
+  return ok && floating.has_value();
 }
 
 void cpu_probe_misled(const std::vector<int64_t>& key) {

@@ -47,6 +47,14 @@ namespace tpu_eager {
 bool cpu_kernel_rejects_dtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first,
                                size_t nargs, std::vector<int64_t>* key);
 
+// Whether the probe can tell nothing for a call of an op whose CPU kernel has
+// float32 and float64 loops (OpTrait kFloatLoops): its floating tensors (arguments
+// at stack[first, first + nargs)) are all float32 or all float64, and its other
+// tensors are int64 arguments named indices, index or target (the dtype those
+// kernels read them in). Any other dtype (bool, integer, 16-bit or complex
+// operands, a float32 / float64 mix) is probed as before.
+bool probe_needless(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first, size_t nargs);
+
 // CPU's kernel computed a call whose key the probe said it rejects (the twins
 // hit a dtype path the real arguments do not): the key's verdict becomes "accepts".
 void cpu_probe_misled(const std::vector<int64_t>& key);

@@ -403,14 +403,14 @@ void view_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
 
 void convolution_kernel(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
   static const auto conv = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
-  static const OpEntry entry{"convolution", PrimKind::kMatmul, 0, kConvolutionFormat};
+  static const OpEntry entry{"convolution", PrimKind::kMatmul, 0, kConvolutionFormat | kFloatLoops};
   static const OpPlan* plan = plan_op(conv, entry);
   record_op(conv, entry, *plan, stack);
 }
 
 void convolution_backward_kernel(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
   static const auto bwd = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_backward", "");
-  static const OpEntry entry{"convolution_backward", PrimKind::kMatmul, 0, kConvolutionBackwardFormat};
+  static const OpEntry entry{"convolution_backward", PrimKind::kMatmul, 0, kConvolutionBackwardFormat | kFloatLoops};
   static const OpPlan* plan = plan_op(bwd, entry);
   // (grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups, output_mask):
   // convolution_backward also takes the bias sizes (its output channels) after weight.

@@ -82,6 +82,11 @@ enum OpTrait : uint64_t {
   kCheckDegreesOfFreedom = 1ull << 37,  // var / std (_mean): correction >= elements reduced (CPU warns at the call)
   kCheckIndexValues = 1ull << 38,       // index_select / index_add / scatter / gather / put / take: host-held
                                         // `index` values outside [0, size) (CPU raises or wraps at the call)
+  // CPU's kernel has float32 and float64 loops: a call whose floating tensors are
+  // all float32 or all float64 (and whose other tensors are int64 indices) skips
+  // the dtype probe (ops/cpu_probe.h, probe_needless), which on a model's first
+  // step ran CPU's kernels on twins (oneDNN's setup for a convolution's 1x1 twins).
+  kFloatLoops = 1ull << 39,
 };
 
 struct OpEntry {

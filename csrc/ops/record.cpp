@@ -1298,6 +1298,7 @@ namespace {
 bool ran_for_cpu_dtype_check(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan,
                              torch::jit::Stack* stack, size_t first, size_t nargs) {
   if (plan.custom_id || entry.kind == PrimKind::kRandom) return false;
+  if ((plan.traits & kFloatLoops) && probe_needless(op.schema(), *stack, first, nargs)) return false;
   std::vector<int64_t> key;
   if (!cpu_kernel_rejects_dtypes(op, *stack, first, nargs, &key)) return false;
   run_eager(op, stack, /*random=*/false, /*fallback=*/false, &plan);

@@ -37,6 +37,7 @@
 #include "lazy/async_errors.h"
 #include "lazy/queue.h"
 #include "ops/memory_format.h"
+#include "ops/cpu_probe.h"
 #include "ops/op_table.h"
 #include "ops/record.h"
 #include "python/custom_ops.h"
@@ -83,6 +84,7 @@ py::dict metrics_dict() {
   d["collectives"] = m.collectives;
   d["collective_time_s"] = m.collective_time_s;
   d["compile_time_s"] = m.compile_time_s;
+  d["cpu_probes"] = cpu_probe_counts()[0];  // dtype probes of CPU's kernels on twins (a first-step cost)
   d["disk_cache_hits"] = m.disk_cache_hits;
   d["disk_cache_misses"] = m.disk_cache_misses;
   d["disk_cache_writes"] = m.disk_cache_writes;
