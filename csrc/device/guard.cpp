@@ -193,9 +193,8 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
 }  // namespace
 
 int device_count() {
-  // Once fixed, the count is read without call_once (its thread-local setup
-  // and pthread_once cost ~80 instructions; the device guard asks ~600
-  // times a llama training step, callgrind).
+  // Once fixed, the count is read without call_once: the device guard asks
+  // for it on every op (measured in docs/performance.md, llama20 section).
   if (const int n = g_count.load(std::memory_order_acquire); n > 0) return n;
   std::call_once(g_count_once, [] {
     const int requested = g_requested.load();
