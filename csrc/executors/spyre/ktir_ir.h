@@ -19,17 +19,27 @@
 namespace tpu_eager {
 namespace spyre {
 
-// An affine expression of the program's symbols, `constant + sum coef[k] * s<k>`:
-// a size, stride, offset or element count that follows the symbols (a slice
-// `d[:, 1:]` of a dynamic dim n has size n-1 = "s0-1" and pitch n = "s0").
-// Text: "s0", "64*s0", "2*s0+3", "s0-1", or a plain number (docs/ktir.md).
+// An expression of the program's symbols, `constant + sum coef[k] * s<k> +
+// sum products[j]`: affine, plus products of symbols (a monomial `c*s1*s2`).
+// A size, stride, offset or element count that follows the symbols (a slice
+// `d[:, 1:]` of a dynamic dim n has size n-1 = "s0-1" and pitch n = "s0"; a
+// contiguous `[s0, s1, s2]` has stride "s1*s2" at dim 0 and "s0*s1*s2" elements).
+// Text: "s0", "64*s0", "2*s0+3", "s0-1", "s1*s2", "2*s0*s1-s1", or a plain
+// number (docs/ktir.md).
 struct KtirAffine {
+  // c * s<syms[0]> * s<syms[1]> * ...: two or more symbols, in increasing order (repeats: powers).
+  struct Product {
+    int64_t c = 0;
+    std::vector<int> syms;
+  };
   int64_t constant = 0;
-  std::vector<int64_t> coef;  // per symbol k (shorter: the rest are 0)
+  std::vector<int64_t> coef;      // per symbol k (shorter: the rest are 0)
+  std::vector<Product> products;  // distinct monomials of degree >= 2, none with c == 0
   bool symbolic() const;
-  // The value under symbol `values` (a missing symbol counts 0).
+  // The value under symbol `values` (a missing symbol counts 0); saturates
+  // at the int64 limits instead of overflowing.
   int64_t eval(const std::vector<int64_t>& values) const;
-  // The one symbol it names (every other coefficient 0), else -1.
+  // The one symbol it names, linearly (every other coefficient 0, no product), else -1.
   int single_symbol() const;
   static KtirAffine symbol(int k, int64_t coef = 1, int64_t constant = 0);
 };
