@@ -788,6 +788,23 @@ void affine_add(KtirAffine& e, int64_t q, const KtirAffine& f) {
   e = from_monomials(m);
 }
 
+// e with each symbol k that `known` marks replaced by values[k].
+KtirAffine affine_subst(const KtirAffine& e, const std::vector<int64_t>& values, const std::vector<char>& known) {
+  Monomials r;
+  for (const auto& [syms, a] : monomials(e)) {
+    std::vector<int> rest;
+    int64_t c = a;
+    for (int k : syms) {
+      if (k < static_cast<int>(known.size()) && known[k])
+        c = sat_mul(c, values[k]);
+      else
+        rest.push_back(k);
+    }
+    r[rest] += c;
+  }
+  return from_monomials(r);
+}
+
 // e with each symbol k renamed to to[k].
 KtirAffine affine_rename(const KtirAffine& e, const std::vector<int>& to) {
   Monomials r;
@@ -1456,7 +1473,9 @@ struct GeometryFault {
 
 // The first broken geometry rule of `p` under symbol values `vals`: an
 // element count or a view's size, stride or offset < 0, or a view's
-// elements outside its argument.
+// elements outside its argument (in bytes: a view may reinterpret its
+// argument's bytes, x.view(dtype)). ktir_verify applies it at the bound
+// values, ktir_verify_ranges at every value of the ranges.
 std::optional<GeometryFault> geometry_fault(const KtirProgram& p, const std::vector<int64_t>& vals) {
   auto at = [&](const KtirAffine& e, int64_t number) { return e.symbolic() ? e.eval(vals) : number; };
   for (const auto& g : p.args)
@@ -1511,9 +1530,10 @@ struct PointFault : GeometryFault {
 // linear in each other symbol (products of distinct symbols) takes its
 // least value over the ranges at such a point, so trying every x of symbol
 // k at the corners covers every combination.
-std::optional<PointFault> fault_at_others(const KtirProgram& p, size_t k, int64_t x) {
+// `products`: has_products(p), computed once by the caller.
+std::optional<PointFault> fault_at_others(const KtirProgram& p, size_t k, int64_t x, bool products) {
   const size_t n = p.sym_values.size();
-  const size_t corners = has_products(p) && n > 1 && n <= 12 ? size_t{1} << (n - 1) : 0;
+  const size_t corners = products && n > 1 && n <= 12 ? size_t{1} << (n - 1) : 0;
   std::vector<int64_t> vals = p.sym_values;
   for (size_t c = 0; c <= corners; ++c) {
     vals = p.sym_values;
@@ -1546,9 +1566,10 @@ void ktir_verify_ranges(const KtirProgram& p) {
       fail(hl, "sym-range",
            "s" + std::to_string(k) + "=" + std::to_string(p.sym_values[k]) + " is outside its range " + range);
   }
+  const bool products = has_products(p);
   for (size_t k = 0; k < p.sym_values.size(); ++k) {
     for (int64_t x : range_values(p.sym_lower[k], p.sym_upper[k])) {
-      auto f = fault_at_others(p, k, x);
+      auto f = fault_at_others(p, k, x, products);
       if (f)
         fail(f->line, f->rule,
              f->msg + " at " + f->where + " (range " + std::to_string(p.sym_lower[k]) + ".." +
@@ -1564,11 +1585,12 @@ void ktir_narrow_ranges(KtirProgram& p) {
   // second round re-checks; a range that still fails is the bound value
   // alone (its geometry is the launch's).
   constexpr int64_t kNarrowSpan = 4096;
+  const bool products = has_products(p);
   for (int round = 0; round < 2; ++round) {
     for (size_t k = 0; k < p.sym_values.size() && k < p.sym_lower.size(); ++k) {
       const int64_t v = p.sym_values[k];
       int64_t lo = v, hi = v;
-      auto ok = [&](int64_t x) { return !fault_at_others(p, k, x); };
+      auto ok = [&](int64_t x) { return !fault_at_others(p, k, x, products); };
       while (lo > p.sym_lower[k] && v - lo < kNarrowSpan && ok(lo - 1)) --lo;
       while (hi < p.sym_upper[k] && hi - v < kNarrowSpan && ok(hi + 1)) ++hi;
       p.sym_lower[k] = lo, p.sym_upper[k] = hi;
@@ -1576,7 +1598,7 @@ void ktir_narrow_ranges(KtirProgram& p) {
   }
   for (size_t k = 0; k < p.sym_values.size() && k < p.sym_lower.size(); ++k)
     for (int64_t x : {p.sym_lower[k], p.sym_upper[k]})
-      if (fault_at_others(p, k, x)) p.sym_lower[k] = p.sym_upper[k] = p.sym_values[k];
+      if (fault_at_others(p, k, x, products)) p.sym_lower[k] = p.sym_upper[k] = p.sym_values[k];
 }
 
 void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector<at::Tensor>* bound) {
@@ -1609,26 +1631,20 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
     if (tile_of[t.view] >= 0) fail(t.line, "tile", "view %" + std::to_string(t.view) + " has two tiles");
     tile_of[t.view] = static_cast<int>(k);
   }
-  int64_t lx_bytes = 0, lx_min_bytes = 0;
   for (size_t v = 0; v < p.views.size(); ++v) {
     const KtirView& w = p.views[v];
     const std::string name = "%" + std::to_string(v);
     if (w.sizes.size() != w.strides.size()) fail(w.line, "view", name + ": sizes and strides differ in rank");
-    for (size_t d = 0; d < w.sizes.size(); ++d)
-      if (w.sizes[d] < 0 || w.strides[d] < 0) fail(w.line, "view", name + ": negative size or stride");
-    if (w.offset < 0) fail(w.line, "view", name + ": negative offset");
-    if (!w.lx) {
-      if (w.arg < 0 || w.arg >= static_cast<int>(p.args.size()))
-        fail(w.line, "view", name + " views %a" + std::to_string(w.arg) + ", which is not an argument");
-      const KtirArg& g = p.args[w.arg];
-      // A view may reinterpret its argument's bytes (x.view(dtype)); bounds in bytes.
-      const int64_t last = last_elem(w);
-      const int64_t vb = c10::elementSize(w.dtype), ab = c10::elementSize(g.dtype);
-      if ((last + 1) * vb > g.elems * ab)
-        fail(w.line, "view-bounds",
-             name + " reaches element " + std::to_string(last) + " of %a" + std::to_string(w.arg) + ", which has " +
-                 std::to_string(g.elems));
-    }
+    if (!w.lx && (w.arg < 0 || w.arg >= static_cast<int>(p.args.size())))
+      fail(w.line, "view", name + " views %a" + std::to_string(w.arg) + ", which is not an argument");
+  }
+  // Sizes, strides and offsets >= 0 and every view inside its argument:
+  // the rule the range check applies at every value of the ranges.
+  if (auto f = geometry_fault(p, p.sym_values)) fail(f->line, f->rule, f->msg);
+  int64_t lx_bytes = 0, lx_min_bytes = 0;
+  for (size_t v = 0; v < p.views.size(); ++v) {
+    const KtirView& w = p.views[v];
+    const std::string name = "%" + std::to_string(v);
     if (tile_of[v] < 0) fail(w.line, "tile", name + " has no tile");
     const KtirTile& t = p.tiles[tile_of[v]];
     if (t.sizes.size() != w.sizes.size())
@@ -4154,30 +4170,42 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
                     " input tensors (its in and inout arguments), got ", inputs.size());
   // A symbolic program is bound as a job plan binds it at launch: each
   // symbol from the element count of an input argument whose elems is
-  // affine in it alone ("16*s0", "16*s0-16"; else the header's value).
+  // affine in it alone once the symbols already bound are put in ("16*s0",
+  // "16*s0-16"; "s0*s1" after s1 is bound; else the header's value).
   KtirProgram bound;
   const KtirProgram* run = &p;
   if (!p.sym_values.empty()) {
     std::vector<int64_t> values = p.sym_values;
     std::vector<char> from_input(values.size(), 0);
+    for (bool progress = true; progress;) {
+      progress = false;
+      size_t k = 0;
+      for (const auto& g : p.args) {
+        if (g.kind == KtirArg::kOut) continue;
+        const at::Tensor& t = inputs[k++];
+        const KtirAffine e = affine_subst(g.elems_expr, values, from_input);
+        const int s = e.single_symbol();
+        if (s < 0 || !t.defined() || from_input[s]) continue;
+        const int64_t n = t.numel(), a = e.coef[s], c = e.constant;
+        if ((n - c) % a != 0)
+          fail(g.line, "view-bounds",
+               "the tensor bound to an argument of " + affine_text(g.elems_expr, 0) + " elements has " +
+                   std::to_string(n));
+        values[s] = (n - c) / a;
+        from_input[s] = 1;
+        progress = true;
+      }
+    }
+    // Every input agrees with the values bound (one may name a symbol twice).
     size_t k = 0;
     for (const auto& g : p.args) {
       if (g.kind == KtirArg::kOut) continue;
       const at::Tensor& t = inputs[k++];
-      const int k = g.elems_expr.single_symbol();
-      if (k < 0 || !t.defined()) continue;
-      const int64_t n = t.numel(), a = g.elems_expr.coef[k], c = g.elems_expr.constant;
-      if ((n - c) % a != 0)
+      if (g.elems_expr.symbolic() && t.defined() && !affine_subst(g.elems_expr, values, from_input).symbolic() &&
+          g.elems_expr.eval(values) != t.numel())
         fail(g.line, "view-bounds",
-             "the tensor bound to an argument of " + affine_text(g.elems_expr, 0) + " elements has " +
-                 std::to_string(n));
-      const int64_t v = (n - c) / a;
-      if (from_input[k] && values[k] != v)
-        fail(g.line, "view-bounds",
-             "the tensors bind s" + std::to_string(k) + " to " + std::to_string(values[k]) + " and " +
-                 std::to_string(v));
-      values[k] = v;
-      from_input[k] = 1;
+             "the tensors bind the symbols of " + affine_text(g.elems_expr, 0) + " to " +
+                 std::to_string(g.elems_expr.eval(values)) + " elements; the tensor has " + std::to_string(t.numel()));
     }
     bound = p;
     ktir_bind(bound, values);
