@@ -120,3 +120,33 @@ def test_products_are_checked_at_every_combination(spyre_target):
     )
     with pytest.raises(ValueError, match=r"KTIR line 5: rule 'view-bounds': %1 reaches element 1599 of %a1"):
         spyre.verify_ktir(bad)
+
+
+BROADCAST_ROW = (
+    "ktir.kernel @k grid=[32] split=dim0(s0) rows_per_core=? cores_used=? syms=[s0=4, s1=6] ranges=[1..64, 1..64] {\n"
+    "  %a0 = arg in f32 elems=s0*s1\n"
+    "  %a1 = arg in f32 elems=s1\n"
+    "  %a2 = arg out f32 elems=s0*s1\n"
+    "  %0 = view HBM f32 %a0 offset=0 sizes=[s0, s1] strides=[s1, 1]\n"
+    "  %1 = view HBM f32 %a1 offset=0 sizes=[1, s1] strides=[s1, 1]\n"
+    "  %2 = view HBM f32 %a2 offset=0 sizes=[s0, s1] strides=[s1, 1]\n"
+    "  tile %0 sizes=[?, s1] at=[core*?, 0]\n"
+    "  tile %1 sizes=[1, s1] at=[0, 0]\n"
+    "  tile %2 sizes=[?, s1] at=[core*?, 0]\n"
+    "  %2 = add.Tensor(%0, %1, 1)\n"
+    "}\n"
+)
+
+
+def test_run_ktir_binds_a_product_once_the_other_symbol_is_bound(spyre_target, tmp_path):
+    from torch_tpu_eager import spyre
+
+    # s1 = 7 from the row's 7 elements, then s0 = 35 / 7 from s0*s1.
+    assert spyre.format_ktir(BROADCAST_ROW) == BROADCAST_ROW
+    path = tmp_path / "k.ktir"
+    path.write_text(BROADCAST_ROW)
+    x, r = torch.randn(35), torch.randn(7)
+    (out,) = spyre.run_ktir(str(path), x, r)
+    assert torch.equal(out.view(5, 7), x.view(5, 7) + r)
+    with pytest.raises(ValueError, match=r"KTIR line 2: rule 'view-bounds'.*s0\*s1 elements has 36"):
+        spyre.run_ktir(str(path), torch.randn(36), r)
