@@ -978,8 +978,7 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   for (const auto& [value, e] : created_sizes(p)) {
     for (auto& v : p.views)
       for (size_t d = 0; d < v.sizes.size(); ++d) {
-        if (v.sizes[d] != value || v.sizes[d] <= 1 || (d < v.size_expr.size() && v.size_expr[d].symbolic()))
-          continue;
+        if (v.sizes[d] != value || v.sizes[d] <= 1 || (d < v.size_expr.size() && v.size_expr[d].symbolic())) continue;
         if (v.size_expr.empty()) v.size_expr.assign(v.sizes.size(), KtirAffine{});
         v.size_expr[d] = e;
       }
@@ -1546,7 +1545,8 @@ std::optional<PointFault> fault_at_others(const KtirProgram& p, size_t k, int64_
     if (auto f = geometry_fault(p, vals)) {
       PointFault out{*f, ""};
       for (size_t j = 0; j < n; ++j)
-        if (j == k || c > 0) out.where += (out.where.empty() ? "s" : ", s") + std::to_string(j) + "=" + std::to_string(vals[j]);
+        if (j == k || c > 0)
+          out.where += (out.where.empty() ? "s" : ", s") + std::to_string(j) + "=" + std::to_string(vals[j]);
       return out;
     }
   }
