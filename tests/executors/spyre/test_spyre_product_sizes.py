@@ -150,3 +150,27 @@ def test_run_ktir_binds_a_product_once_the_other_symbol_is_bound(spyre_target, t
     assert torch.equal(out.view(5, 7), x.view(5, 7) + r)
     with pytest.raises(ValueError, match=r"KTIR line 2: rule 'view-bounds'.*s0\*s1 elements has 36"):
         spyre.run_ktir(str(path), torch.randn(36), r)
+
+
+@pytest.mark.parametrize(
+    "shape, fn, text",
+    [
+        # d[1:, 1:] of (m, n): offset s1+1, result elems (s0-1)*(s1-1).
+        (lambda n: (n, n // 2 + 3), lambda d: d[1:, 1:] * 2.0, "elems=s0*s1-s0-s1+1\n"),
+        # A square tensor marked at both dims: one symbol, s0*s0 elements.
+        (lambda n: (n, n), lambda d: d * 3.0, "elems=s0*s0\n"),
+    ],
+)
+def test_float32_two_dim_slice_and_square_equal_cpu(spyre_target, shape, fn, text):
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    for n in (40, 64, 100):
+        x = torch.randn(*shape(n))
+        d = x.to("tpu")
+        tte.mark_dynamic(d, 0, 1, 256)
+        tte.mark_dynamic(d, 1, 1, 256)
+        assert torch.equal(fn(d).cpu(), fn(x))
+        assert text in spyre.dump_ktir()
+    assert tte.metrics()["plans_built"] == 1
