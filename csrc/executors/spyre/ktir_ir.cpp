@@ -894,7 +894,8 @@ KtirAffine size_at(const KtirView& v, size_t d) {
 // of a pad, `F.pad(d, (1, 1))` writing d into [1, n+1) of an n+2 row): its
 // size there is the inner's plus the margin (s0+2), when the margin is at
 // most half the inner size (a nearby size, as ktir_symbolize's offsets).
-std::vector<std::pair<int64_t, KtirAffine>> created_sizes(const KtirProgram& p) {
+// `values`: the symbols' values at this launch (each expression equals its value there).
+std::vector<std::pair<int64_t, KtirAffine>> created_sizes(const KtirProgram& p, const std::vector<int64_t>& values) {
   std::vector<std::pair<int64_t, KtirAffine>> out;
   for (const auto& o : p.ops) {
     if (o.op != "cat" || o.results.size() != 1 || o.results[0] < 0 || o.args.empty() ||
@@ -910,7 +911,7 @@ std::vector<std::pair<int64_t, KtirAffine>> created_sizes(const KtirProgram& p) 
       const KtirView& in = p.views[x.i];
       if (in.sizes.size() == r.sizes.size()) affine_add(sum, 1, size_at(in, dim));
     }
-    if (sum.symbolic() && sum.eval({}) != r.sizes[dim]) out.emplace_back(r.sizes[dim], sum);
+    if (sum.symbolic() && sum.eval(values) == r.sizes[dim]) out.emplace_back(r.sizes[dim], sum);
   }
   for (const auto& w : p.views)
     for (const auto& v : p.views) {
@@ -975,7 +976,9 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   for (auto& v : p.views) mark(v.sizes, v.size_expr);
   // Sizes the region creates from symbolic ones (cat's sum, a pad's s0+2):
   // each unmatched size of that value takes the derived expression.
-  for (const auto& [value, e] : created_sizes(p)) {
+  std::vector<int64_t> bases;
+  for (const auto& x : syms) bases.push_back(x.base);
+  for (const auto& [value, e] : created_sizes(p, bases)) {
     for (auto& v : p.views)
       for (size_t d = 0; d < v.sizes.size(); ++d) {
         if (v.sizes[d] != value || v.sizes[d] <= 1 || (d < v.size_expr.size() && v.size_expr[d].symbolic())) continue;

@@ -167,14 +167,16 @@ struct KtirDynamicDim {
 // Makes the sizes of `p` (built for one launch) symbolic: each distinct base
 // of `dynamic` (> 1) is a symbol; every view size (and tile size) equal to
 // base + c, for c = 0 or an offset of a dynamic dim of that base, becomes
-// "s<k>+c", an argument's elems a multiple of one of those, the split rows
-// too. The symbol's range is the mark's, narrowed so that every dynamic
-// dim's size stays inside [lower, upper]. A view's strides
-// become affine expressions where they follow its symbolic sizes (dims in
-// order of stride, each stride the product of the next smaller one and its
-// size, as in a dense tensor or a permutation of one), and its offset one in
-// those strides (offset = sum q_d * stride_d + r, the larger strides first).
-// Binds the symbols to those values.
+// "s<k>+c", the split rows too; a size the region creates from them (a
+// cat's sum, a pad's s0+2) follows them. The symbol's range is the mark's,
+// narrowed so that every dynamic dim's size stays inside [lower, upper]. A
+// view's strides become expressions where they follow its symbolic sizes
+// (dims in order of stride, each stride the product of the next smaller one
+// and its size, as in a dense tensor or a permutation of one: "s1*s2" with
+// two symbolic sizes), and its offset one in those strides (offset = sum
+// q_d * stride_d + r, the larger strides first). An argument's elems is the
+// extent of a view that reaches its end ("s0*s1"), else a multiple of a
+// symbol's size. Binds the symbols to those values.
 void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic);
 // Sets the symbol values and every size, stride, offset, element count,
 // rows_per_core, cores_used and tile size that follows from them.
@@ -370,9 +372,10 @@ KtirProgram ktir_parse(const std::string& text);
 void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector<at::Tensor>* args = nullptr);
 // The part of ktir_verify for a program with ranges=[...]: the bound values
 // lie in their ranges, and under each value of each symbol (the others at
-// their bound values) every view has sizes, strides and offset >= 0 and its
-// elements inside its argument (rules 'sym-range', 'view', 'view-bounds';
-// the message names the value).
+// their bound values and, when an expression has a product of symbols, at
+// each corner of their ranges) every view has sizes, strides and offset >= 0
+// and its elements inside its argument (rules 'sym-range', 'view',
+// 'view-bounds'; the message names the values).
 void ktir_verify_ranges(const KtirProgram& p);
 // Narrows each symbol's range to the values around its bound one under
 // which ktir_verify_ranges' geometry holds (a size that only happened to
