@@ -230,6 +230,35 @@ const c10::OperatorHandle* find_op(const std::string& name) {
 
 // ---------------------------------------------------------------- parser
 
+// An expression as its monomials: the sorted symbols of each term -> its
+// coefficient ({} the constant, {k} a linear term).
+using Monomials = std::map<std::vector<int>, int64_t>;
+
+Monomials monomials(const KtirAffine& e) {
+  Monomials m;
+  if (e.constant) m[{}] = e.constant;
+  for (size_t k = 0; k < e.coef.size(); ++k)
+    if (e.coef[k]) m[{static_cast<int>(k)}] += e.coef[k];
+  for (const auto& t : e.products) m[t.syms] += t.c;
+  return m;
+}
+
+KtirAffine from_monomials(const Monomials& m) {
+  KtirAffine e;
+  for (const auto& [syms, c] : m) {
+    if (!c) continue;
+    if (syms.empty()) {
+      e.constant += c;
+    } else if (syms.size() == 1) {
+      if (e.coef.size() <= static_cast<size_t>(syms[0])) e.coef.resize(syms[0] + 1, 0);
+      e.coef[syms[0]] += c;
+    } else {
+      e.products.push_back(KtirAffine::Product{c, syms});
+    }
+  }
+  return e;
+}
+
 struct Cursor {
   const std::string& s;
   size_t i = 0;
@@ -300,10 +329,11 @@ struct Cursor {
     if (!any) exprs->clear();
     return v;
   }
-  // An affine expression (KtirAffine's text); returns its constant value
-  // (the number when it has no symbol; bound later otherwise).
+  // An expression (KtirAffine's text: terms [N "*"] SYM ("*" SYM)* and
+  // numbers, joined by + and -); returns its constant value (the number
+  // when it has no symbol; bound later otherwise).
   int64_t affine(KtirAffine* e) {
-    *e = KtirAffine{};
+    Monomials m;
     ws();
     for (bool first = true;; first = false) {
       int64_t sign = 1;
@@ -317,17 +347,24 @@ struct Cursor {
       if (i >= s.size() || s[i] != 's') {
         c = integer();
         if (i >= s.size() || s[i] != '*') {
-          e->constant += sign * c;
+          m[{}] += sign * c;
           continue;
         }
         if (++i >= s.size() || s[i] != 's') fail(line, "syntax", "expected a symbol after '*' in: " + s);
       }
-      ++i;  // 's'
-      const int64_t k = integer();
-      if (k < 0 || k > 1000) fail(line, "syntax", "bad symbol s" + std::to_string(k));
-      if (e->coef.size() <= static_cast<size_t>(k)) e->coef.resize(k + 1, 0);
-      e->coef[k] += sign * c;
+      std::vector<int> syms;
+      for (;;) {
+        ++i;  // 's'
+        const int64_t k = integer();
+        if (k < 0 || k > 1000) fail(line, "syntax", "bad symbol s" + std::to_string(k));
+        syms.push_back(static_cast<int>(k));
+        if (i + 1 >= s.size() || s[i] != '*' || s[i + 1] != 's') break;
+        ++i;  // '*'
+      }
+      std::sort(syms.begin(), syms.end());
+      m[syms] += sign * c;
     }
+    *e = from_monomials(m);
     return e->constant;
   }
   int view_ref() {
@@ -671,16 +708,41 @@ KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, con
 bool KtirAffine::symbolic() const {
   for (int64_t c : coef)
     if (c) return true;
-  return false;
+  return !products.empty();
 }
+
+namespace {
+// x * y and x + y, saturated at the int64 limits (a range's far corner can
+// overflow a product of symbols; a saturated value fails the bounds checks).
+int64_t sat_mul(int64_t x, int64_t y) {
+  int64_t r;
+  if (!__builtin_mul_overflow(x, y, &r)) return r;
+  return (x < 0) != (y < 0) ? INT64_MIN : INT64_MAX;
+}
+int64_t sat_add(int64_t x, int64_t y) {
+  int64_t r;
+  if (!__builtin_add_overflow(x, y, &r)) return r;
+  return x < 0 ? INT64_MIN : INT64_MAX;
+}
+int64_t sym_value(const std::vector<int64_t>& values, int k) {
+  return k < static_cast<int>(values.size()) ? values[k] : 0;
+}
+}  // namespace
 
 int64_t KtirAffine::eval(const std::vector<int64_t>& values) const {
   int64_t v = constant;
-  for (size_t k = 0; k < coef.size() && k < values.size(); ++k) v += coef[k] * values[k];
+  for (size_t k = 0; k < coef.size(); ++k)
+    if (coef[k]) v = sat_add(v, sat_mul(coef[k], sym_value(values, static_cast<int>(k))));
+  for (const auto& t : products) {
+    int64_t m = t.c;
+    for (int k : t.syms) m = sat_mul(m, sym_value(values, k));
+    v = sat_add(v, m);
+  }
   return v;
 }
 
 int KtirAffine::single_symbol() const {
+  if (!products.empty()) return -1;
   int one = -1;
   for (size_t k = 0; k < coef.size(); ++k) {
     if (!coef[k]) continue;
@@ -706,22 +768,53 @@ KtirAffine affine_const(int64_t c) {
   return e;
 }
 
-// e * f when the product stays affine (one of them a constant).
-std::optional<KtirAffine> affine_mul(const KtirAffine& e, const KtirAffine& f) {
-  if (e.symbolic() && f.symbolic()) return std::nullopt;
-  const KtirAffine& x = e.symbolic() ? e : f;
-  const int64_t c = e.symbolic() ? f.constant : e.constant;
-  KtirAffine r = x;
-  r.constant *= c;
-  for (int64_t& k : r.coef) k *= c;
-  return r;
+// e * f (products of symbols where both have symbols).
+KtirAffine affine_mul(const KtirAffine& e, const KtirAffine& f) {
+  Monomials r;
+  for (const auto& [x, a] : monomials(e))
+    for (const auto& [y, b] : monomials(f)) {
+      std::vector<int> xy = x;
+      xy.insert(xy.end(), y.begin(), y.end());
+      std::sort(xy.begin(), xy.end());
+      r[xy] += a * b;
+    }
+  return from_monomials(r);
 }
 
 // e + q * f.
 void affine_add(KtirAffine& e, int64_t q, const KtirAffine& f) {
-  e.constant += q * f.constant;
-  if (e.coef.size() < f.coef.size()) e.coef.resize(f.coef.size(), 0);
-  for (size_t k = 0; k < f.coef.size(); ++k) e.coef[k] += q * f.coef[k];
+  Monomials m = monomials(e);
+  for (const auto& [y, b] : monomials(f)) m[y] += q * b;
+  e = from_monomials(m);
+}
+
+// e with each symbol k that `known` marks replaced by values[k].
+KtirAffine affine_subst(const KtirAffine& e, const std::vector<int64_t>& values, const std::vector<char>& known) {
+  Monomials r;
+  for (const auto& [syms, a] : monomials(e)) {
+    std::vector<int> rest;
+    int64_t c = a;
+    for (int k : syms) {
+      if (k < static_cast<int>(known.size()) && known[k])
+        c = sat_mul(c, values[k]);
+      else
+        rest.push_back(k);
+    }
+    r[rest] += c;
+  }
+  return from_monomials(r);
+}
+
+// e with each symbol k renamed to to[k].
+KtirAffine affine_rename(const KtirAffine& e, const std::vector<int>& to) {
+  Monomials r;
+  for (const auto& [syms, a] : monomials(e)) {
+    std::vector<int> x = syms;
+    for (int& k : x) k = to[k];
+    std::sort(x.begin(), x.end());
+    r[x] += a;
+  }
+  return from_monomials(r);
 }
 
 // The strides and offset of `v` as expressions of its symbolic sizes
@@ -750,7 +843,7 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
     return v.strides[a] != v.strides[b] ? v.strides[a] < v.strides[b] : a > b;
   });
   std::vector<KtirAffine> ex(n);
-  std::optional<KtirAffine> next;  // the stride a dense successor would have
+  std::optional<KtirAffine> next;  // the stride a dense successor would have (a product of symbols too)
   int64_t next_value = -1;
   for (size_t d : order) {
     ex[d] = next && v.strides[d] == next_value ? *next : sym_equal(v.strides[d]);
@@ -770,6 +863,68 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
   }
   off.constant += rest;
   if (off.symbolic()) v.offset_expr = off;
+}
+
+// One past the last element a view reaches, as an expression: offset +
+// sum (size_d - 1) * stride_d + 1 (an empty view: 0).
+KtirAffine view_extent(const KtirView& v) {
+  KtirAffine e;
+  for (size_t d = 0; d < v.sizes.size(); ++d)
+    if (v.sizes[d] == 0) return e;
+  e = v.offset_expr.symbolic() ? v.offset_expr : affine_const(v.offset);
+  for (size_t d = 0; d < v.sizes.size() && d < v.strides.size(); ++d) {
+    KtirAffine size = d < v.size_expr.size() && v.size_expr[d].symbolic() ? v.size_expr[d] : affine_const(v.sizes[d]);
+    size.constant -= 1;
+    const KtirAffine stride =
+        d < v.stride_expr.size() && v.stride_expr[d].symbolic() ? v.stride_expr[d] : affine_const(v.strides[d]);
+    affine_add(e, 1, affine_mul(size, stride));
+  }
+  e.constant += 1;
+  return e;
+}
+
+// The size expression of dim d of view v (a number when not symbolic).
+KtirAffine size_at(const KtirView& v, size_t d) {
+  return d < v.size_expr.size() && v.size_expr[d].symbolic() ? v.size_expr[d] : affine_const(v.sizes[d]);
+}
+
+// Sizes a region creates from its symbolic sizes, as (value, expression):
+// a cat's result size along its dim, the sum of its inputs'; and a view
+// holding a symbolic view of the same storage and strides (the copy_ target
+// of a pad, `F.pad(d, (1, 1))` writing d into [1, n+1) of an n+2 row): its
+// size there is the inner's plus the margin (s0+2), when the margin is at
+// most half the inner size (a nearby size, as ktir_symbolize's offsets).
+// `values`: the symbols' values at this launch (each expression equals its value there).
+std::vector<std::pair<int64_t, KtirAffine>> created_sizes(const KtirProgram& p, const std::vector<int64_t>& values) {
+  std::vector<std::pair<int64_t, KtirAffine>> out;
+  for (const auto& o : p.ops) {
+    if (o.op != "cat" || o.results.size() != 1 || o.results[0] < 0 || o.args.empty() ||
+        o.args[0].kind != KtirValue::kList)
+      continue;
+    const KtirView& r = p.views[o.results[0]];
+    int64_t dim = o.args.size() > 1 && o.args[1].kind == KtirValue::kInt ? o.args[1].i : 0;
+    if (dim < 0) dim += static_cast<int64_t>(r.sizes.size());
+    if (dim < 0 || dim >= static_cast<int64_t>(r.sizes.size())) continue;
+    KtirAffine sum;
+    for (const auto& x : o.args[0].list) {
+      if (x.kind != KtirValue::kView || x.i < 0 || x.i >= static_cast<int64_t>(p.views.size())) continue;
+      const KtirView& in = p.views[x.i];
+      if (in.sizes.size() == r.sizes.size()) affine_add(sum, 1, size_at(in, dim));
+    }
+    if (sum.symbolic() && sum.eval(values) == r.sizes[dim]) out.emplace_back(r.sizes[dim], sum);
+  }
+  for (const auto& w : p.views)
+    for (const auto& v : p.views) {
+      if (w.lx || v.lx || w.arg != v.arg || &w == &v || w.strides != v.strides || v.size_expr.empty()) continue;
+      for (size_t d = 0; d < v.sizes.size() && d < w.sizes.size(); ++d) {
+        const int64_t margin = w.sizes[d] - v.sizes[d];
+        if (!v.size_expr[d].symbolic() || margin <= 0 || 2 * margin > v.sizes[d]) continue;
+        KtirAffine e = v.size_expr[d];
+        e.constant += margin;
+        out.emplace_back(w.sizes[d], e);
+      }
+    }
+  return out;
 }
 
 }  // namespace
@@ -819,6 +974,18 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     if (!any) ex.clear();
   };
   for (auto& v : p.views) mark(v.sizes, v.size_expr);
+  // Sizes the region creates from symbolic ones (cat's sum, a pad's s0+2):
+  // each unmatched size of that value takes the derived expression.
+  std::vector<int64_t> bases;
+  for (const auto& x : syms) bases.push_back(x.base);
+  for (const auto& [value, e] : created_sizes(p, bases)) {
+    for (auto& v : p.views)
+      for (size_t d = 0; d < v.sizes.size(); ++d) {
+        if (v.sizes[d] != value || v.sizes[d] <= 1 || (d < v.size_expr.size() && v.size_expr[d].symbolic())) continue;
+        if (v.size_expr.empty()) v.size_expr.assign(v.sizes.size(), KtirAffine{});
+        v.size_expr[d] = e;
+      }
+  }
   // The split rows: the dim 0 of a split tile's view.
   for (const auto& t : p.tiles) {
     if (!t.core_stride) continue;
@@ -834,12 +1001,51 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     for (const auto& e : t.size_expr) any |= e.symbolic();
     if (!any) t.size_expr.clear();
   }
-  // An argument's elems: a multiple of a used symbol's size expression.
-  for (auto& a : p.args) {
-    for (size_t k = 0; k < syms.size() && !a.elems_expr.symbolic() && a.elems > 0; ++k) {
-      if (!syms[k].used) continue;
-      for (int64_t c : syms[k].offsets) {
-        const int64_t v = syms[k].base + c;
+  // Symbols nobody uses are dropped (renumbered).
+  std::vector<int> renum(syms.size(), -1), old;
+  p.sym_values.clear(), p.sym_lower.clear(), p.sym_upper.clear();
+  for (size_t k = 0; k < syms.size(); ++k) {
+    if (!syms[k].used) continue;
+    renum[k] = static_cast<int>(p.sym_values.size());
+    old.push_back(static_cast<int>(k));
+    p.sym_values.push_back(syms[k].base);
+    p.sym_lower.push_back(syms[k].lower);
+    p.sym_upper.push_back(syms[k].upper);
+  }
+  auto fix = [&](KtirAffine& e) {
+    if (e.symbolic()) e = affine_rename(e, renum);
+  };
+  fix(p.rows_expr);
+  for (auto& v : p.views)
+    for (auto& e : v.size_expr) fix(e);
+  for (auto& t : p.tiles)
+    for (auto& e : t.size_expr) fix(e);
+  for (auto& v : p.views) symbolize_strides(v, p.sym_values);
+  // A view inside another of its storage with the same strides (a pad's
+  // copy_ target: sizes [16, s0], pitch s0+2) takes the other's stride
+  // expressions, which its own sizes do not show.
+  for (auto& v : p.views) {
+    if (v.lx || !v.stride_expr.empty()) continue;
+    for (const auto& w : p.views)
+      if (!w.lx && w.arg == v.arg && w.strides == v.strides && !w.stride_expr.empty()) {
+        v.stride_expr = w.stride_expr;
+        break;
+      }
+  }
+  // An argument's elems: the extent (offset + sum (size - 1) * stride + 1) of
+  // one of its views that reaches its end (a product of symbols for a
+  // tensor with two dynamic dims: "s0*s1"); else a multiple of a symbol's
+  // size expression.
+  for (size_t i = 0; i < p.args.size(); ++i) {
+    KtirArg& a = p.args[i];
+    for (const auto& v : p.views) {
+      if (v.lx || v.arg != static_cast<int>(i) || a.elems_expr.symbolic()) continue;
+      const KtirAffine e = view_extent(v);
+      if (e.symbolic() && e.eval(p.sym_values) == a.elems) a.elems_expr = e;
+    }
+    for (size_t k = 0; k < old.size() && !a.elems_expr.symbolic() && a.elems > 0; ++k) {
+      for (int64_t c : syms[old[k]].offsets) {
+        const int64_t v = syms[old[k]].base + c;
         if (v <= 1 || a.elems % v != 0) continue;
         const int64_t q = a.elems / v;
         a.elems_expr = KtirAffine::symbol(static_cast<int>(k), q, q * c);
@@ -847,31 +1053,6 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
       }
     }
   }
-  // Symbols nobody uses are dropped (renumbered).
-  std::vector<int> renum(syms.size(), -1);
-  p.sym_values.clear(), p.sym_lower.clear(), p.sym_upper.clear();
-  for (size_t k = 0; k < syms.size(); ++k) {
-    if (!syms[k].used) continue;
-    renum[k] = static_cast<int>(p.sym_values.size());
-    p.sym_values.push_back(syms[k].base);
-    p.sym_lower.push_back(syms[k].lower);
-    p.sym_upper.push_back(syms[k].upper);
-  }
-  auto fix = [&](KtirAffine& e) {
-    if (!e.symbolic()) return;
-    KtirAffine r;
-    r.constant = e.constant;
-    for (size_t k = 0; k < e.coef.size(); ++k)
-      if (e.coef[k]) affine_add(r, e.coef[k], KtirAffine::symbol(renum[k]));
-    e = r;
-  };
-  fix(p.rows_expr);
-  for (auto& a : p.args) fix(a.elems_expr);
-  for (auto& v : p.views)
-    for (auto& e : v.size_expr) fix(e);
-  for (auto& t : p.tiles)
-    for (auto& e : t.size_expr) fix(e);
-  for (auto& v : p.views) symbolize_strides(v, p.sym_values);
 }
 
 void ktir_bind(KtirProgram& p, const std::vector<int64_t>& values) {
@@ -938,17 +1119,19 @@ std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirP
 // ---------------------------------------------------------------- print
 
 namespace {
-// "2*s0+3", "s1", "s0-1"; a number when `e` has no symbol.
+// "2*s0+3", "s1", "s0-1", "s1*s2", "2*s0*s1-s1+4": products first, then
+// the linear terms, then the constant; a number when `e` has no symbol.
 std::string affine_text(const KtirAffine& e, int64_t value) {
   if (!e.symbolic()) return std::to_string(value);
   std::string s;
-  for (size_t k = 0; k < e.coef.size(); ++k) {
-    const int64_t c = e.coef[k];
-    if (!c) continue;
+  auto term = [&](int64_t c, const std::vector<int>& syms) {
     s += c < 0 ? "-" : (s.empty() ? "" : "+");
     if (c != 1 && c != -1) s += std::to_string(c < 0 ? -c : c) + "*";
-    s += "s" + std::to_string(k);
-  }
+    for (size_t j = 0; j < syms.size(); ++j) s += (j ? "*s" : "s") + std::to_string(syms[j]);
+  };
+  for (const auto& t : e.products) term(t.c, t.syms);
+  for (size_t k = 0; k < e.coef.size(); ++k)
+    if (e.coef[k]) term(e.coef[k], {static_cast<int>(k)});
   if (e.constant) s += (e.constant < 0 ? "-" : "+") + std::to_string(e.constant < 0 ? -e.constant : e.constant);
   return s;
 }
@@ -1245,6 +1428,8 @@ KtirProgram ktir_parse(const std::string& text) {
   auto check_affine = [&](const KtirAffine& e, int at) {
     for (size_t k = 0; k < e.coef.size(); ++k)
       if (e.coef[k]) check_sym(static_cast<int>(k), at);
+    for (const auto& t : e.products)
+      for (int k : t.syms) check_sym(k, at);
   };
   check_affine(p.rows_expr, 1);
   for (const auto& a : p.args) check_affine(a.elems_expr, a.line);
@@ -1290,7 +1475,9 @@ struct GeometryFault {
 
 // The first broken geometry rule of `p` under symbol values `vals`: an
 // element count or a view's size, stride or offset < 0, or a view's
-// elements outside its argument.
+// elements outside its argument (in bytes: a view may reinterpret its
+// argument's bytes, x.view(dtype)). ktir_verify applies it at the bound
+// values, ktir_verify_ranges at every value of the ranges.
 std::optional<GeometryFault> geometry_fault(const KtirProgram& p, const std::vector<int64_t>& vals) {
   auto at = [&](const KtirAffine& e, int64_t number) { return e.symbolic() ? e.eval(vals) : number; };
   for (const auto& g : p.args)
@@ -1322,6 +1509,53 @@ std::optional<GeometryFault> geometry_fault(const KtirProgram& p, const std::vec
   return std::nullopt;
 }
 
+bool has_products(const KtirProgram& p) {
+  auto any = [](const std::vector<KtirAffine>& v) {
+    for (const auto& e : v)
+      if (!e.products.empty()) return true;
+    return false;
+  };
+  for (const auto& a : p.args)
+    if (!a.elems_expr.products.empty()) return true;
+  for (const auto& v : p.views)
+    if (any(v.size_expr) || any(v.stride_expr) || !v.offset_expr.products.empty()) return true;
+  return false;
+}
+
+struct PointFault : GeometryFault {
+  std::string where;  // "s0=51" or "s0=51, s1=256"
+};
+
+// The first geometry fault with symbol k at x and the others at their bound
+// values; when the program has a product of symbols, also at each corner of
+// the others' ranges (each at its lower or upper end). A condition that is
+// linear in each other symbol (products of distinct symbols) takes its
+// least value over the ranges at such a point, so trying every x of symbol
+// k at the corners covers every combination.
+// `products`: has_products(p), computed once by the caller.
+std::optional<PointFault> fault_at_others(const KtirProgram& p, size_t k, int64_t x, bool products) {
+  const size_t n = p.sym_values.size();
+  const size_t corners = products && n > 1 && n <= 12 ? size_t{1} << (n - 1) : 0;
+  std::vector<int64_t> vals = p.sym_values;
+  for (size_t c = 0; c <= corners; ++c) {
+    vals = p.sym_values;
+    size_t bit = 0;
+    for (size_t j = 0; j < n && c > 0; ++j) {
+      if (j == k) continue;
+      vals[j] = ((c - 1) >> bit++) & 1 ? p.sym_upper[j] : p.sym_lower[j];
+    }
+    vals[k] = x;
+    if (auto f = geometry_fault(p, vals)) {
+      PointFault out{*f, ""};
+      for (size_t j = 0; j < n; ++j)
+        if (j == k || c > 0)
+          out.where += (out.where.empty() ? "s" : ", s") + std::to_string(j) + "=" + std::to_string(vals[j]);
+      return out;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 void ktir_verify_ranges(const KtirProgram& p) {
@@ -1335,36 +1569,39 @@ void ktir_verify_ranges(const KtirProgram& p) {
       fail(hl, "sym-range",
            "s" + std::to_string(k) + "=" + std::to_string(p.sym_values[k]) + " is outside its range " + range);
   }
-  std::vector<int64_t> vals = p.sym_values;
+  const bool products = has_products(p);
   for (size_t k = 0; k < p.sym_values.size(); ++k) {
     for (int64_t x : range_values(p.sym_lower[k], p.sym_upper[k])) {
-      vals[k] = x;
-      if (auto f = geometry_fault(p, vals))
+      auto f = fault_at_others(p, k, x, products);
+      if (f)
         fail(f->line, f->rule,
-             f->msg + " at s" + std::to_string(k) + "=" + std::to_string(x) + " (range " +
-                 std::to_string(p.sym_lower[k]) + ".." + std::to_string(p.sym_upper[k]) + ")");
+             f->msg + " at " + f->where + " (range " + std::to_string(p.sym_lower[k]) + ".." +
+                 std::to_string(p.sym_upper[k]) + ")");
     }
-    vals[k] = p.sym_values[k];
   }
 }
 
 void ktir_narrow_ranges(KtirProgram& p) {
-  std::vector<int64_t> vals = p.sym_values;
-  for (size_t k = 0; k < p.sym_values.size() && k < p.sym_lower.size(); ++k) {
-    const int64_t v = p.sym_values[k];
-    // Scan out from the bound value, kNarrowSpan values at most each way
-    // (a compile's cost; a launch outside the range compiles anew).
-    constexpr int64_t kNarrowSpan = 4096;
-    int64_t lo = v, hi = v;
-    auto ok = [&](int64_t x) {
-      vals[k] = x;
-      return !geometry_fault(p, vals);
-    };
-    while (lo > p.sym_lower[k] && v - lo < kNarrowSpan && ok(lo - 1)) --lo;
-    while (hi < p.sym_upper[k] && hi - v < kNarrowSpan && ok(hi + 1)) ++hi;
-    p.sym_lower[k] = lo, p.sym_upper[k] = hi;
-    vals[k] = v;
+  // Scan out from the bound value, kNarrowSpan values at most each way (a
+  // compile's cost; a launch outside the range compiles anew). With
+  // products, the other symbols' corners move as their ranges narrow: a
+  // second round re-checks; a range that still fails is the bound value
+  // alone (its geometry is the launch's).
+  constexpr int64_t kNarrowSpan = 4096;
+  const bool products = has_products(p);
+  for (int round = 0; round < 2; ++round) {
+    for (size_t k = 0; k < p.sym_values.size() && k < p.sym_lower.size(); ++k) {
+      const int64_t v = p.sym_values[k];
+      int64_t lo = v, hi = v;
+      auto ok = [&](int64_t x) { return !fault_at_others(p, k, x, products); };
+      while (lo > p.sym_lower[k] && v - lo < kNarrowSpan && ok(lo - 1)) --lo;
+      while (hi < p.sym_upper[k] && hi - v < kNarrowSpan && ok(hi + 1)) ++hi;
+      p.sym_lower[k] = lo, p.sym_upper[k] = hi;
+    }
   }
+  for (size_t k = 0; k < p.sym_values.size() && k < p.sym_lower.size(); ++k)
+    for (int64_t x : {p.sym_lower[k], p.sym_upper[k]})
+      if (fault_at_others(p, k, x, products)) p.sym_lower[k] = p.sym_upper[k] = p.sym_values[k];
 }
 
 void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector<at::Tensor>* bound) {
@@ -1397,26 +1634,20 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
     if (tile_of[t.view] >= 0) fail(t.line, "tile", "view %" + std::to_string(t.view) + " has two tiles");
     tile_of[t.view] = static_cast<int>(k);
   }
-  int64_t lx_bytes = 0, lx_min_bytes = 0;
   for (size_t v = 0; v < p.views.size(); ++v) {
     const KtirView& w = p.views[v];
     const std::string name = "%" + std::to_string(v);
     if (w.sizes.size() != w.strides.size()) fail(w.line, "view", name + ": sizes and strides differ in rank");
-    for (size_t d = 0; d < w.sizes.size(); ++d)
-      if (w.sizes[d] < 0 || w.strides[d] < 0) fail(w.line, "view", name + ": negative size or stride");
-    if (w.offset < 0) fail(w.line, "view", name + ": negative offset");
-    if (!w.lx) {
-      if (w.arg < 0 || w.arg >= static_cast<int>(p.args.size()))
-        fail(w.line, "view", name + " views %a" + std::to_string(w.arg) + ", which is not an argument");
-      const KtirArg& g = p.args[w.arg];
-      // A view may reinterpret its argument's bytes (x.view(dtype)); bounds in bytes.
-      const int64_t last = last_elem(w);
-      const int64_t vb = c10::elementSize(w.dtype), ab = c10::elementSize(g.dtype);
-      if ((last + 1) * vb > g.elems * ab)
-        fail(w.line, "view-bounds",
-             name + " reaches element " + std::to_string(last) + " of %a" + std::to_string(w.arg) + ", which has " +
-                 std::to_string(g.elems));
-    }
+    if (!w.lx && (w.arg < 0 || w.arg >= static_cast<int>(p.args.size())))
+      fail(w.line, "view", name + " views %a" + std::to_string(w.arg) + ", which is not an argument");
+  }
+  // Sizes, strides and offsets >= 0 and every view inside its argument:
+  // the rule the range check applies at every value of the ranges.
+  if (auto f = geometry_fault(p, p.sym_values)) fail(f->line, f->rule, f->msg);
+  int64_t lx_bytes = 0, lx_min_bytes = 0;
+  for (size_t v = 0; v < p.views.size(); ++v) {
+    const KtirView& w = p.views[v];
+    const std::string name = "%" + std::to_string(v);
     if (tile_of[v] < 0) fail(w.line, "tile", name + " has no tile");
     const KtirTile& t = p.tiles[tile_of[v]];
     if (t.sizes.size() != w.sizes.size())
@@ -3942,30 +4173,42 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
                     " input tensors (its in and inout arguments), got ", inputs.size());
   // A symbolic program is bound as a job plan binds it at launch: each
   // symbol from the element count of an input argument whose elems is
-  // affine in it alone ("16*s0", "16*s0-16"; else the header's value).
+  // affine in it alone once the symbols already bound are put in ("16*s0",
+  // "16*s0-16"; "s0*s1" after s1 is bound; else the header's value).
   KtirProgram bound;
   const KtirProgram* run = &p;
   if (!p.sym_values.empty()) {
     std::vector<int64_t> values = p.sym_values;
     std::vector<char> from_input(values.size(), 0);
+    for (bool progress = true; progress;) {
+      progress = false;
+      size_t k = 0;
+      for (const auto& g : p.args) {
+        if (g.kind == KtirArg::kOut) continue;
+        const at::Tensor& t = inputs[k++];
+        const KtirAffine e = affine_subst(g.elems_expr, values, from_input);
+        const int s = e.single_symbol();
+        if (s < 0 || !t.defined() || from_input[s]) continue;
+        const int64_t n = t.numel(), a = e.coef[s], c = e.constant;
+        if ((n - c) % a != 0)
+          fail(g.line, "view-bounds",
+               "the tensor bound to an argument of " + affine_text(g.elems_expr, 0) + " elements has " +
+                   std::to_string(n));
+        values[s] = (n - c) / a;
+        from_input[s] = 1;
+        progress = true;
+      }
+    }
+    // Every input agrees with the values bound (one may name a symbol twice).
     size_t k = 0;
     for (const auto& g : p.args) {
       if (g.kind == KtirArg::kOut) continue;
       const at::Tensor& t = inputs[k++];
-      const int k = g.elems_expr.single_symbol();
-      if (k < 0 || !t.defined()) continue;
-      const int64_t n = t.numel(), a = g.elems_expr.coef[k], c = g.elems_expr.constant;
-      if ((n - c) % a != 0)
+      if (g.elems_expr.symbolic() && t.defined() && !affine_subst(g.elems_expr, values, from_input).symbolic() &&
+          g.elems_expr.eval(values) != t.numel())
         fail(g.line, "view-bounds",
-             "the tensor bound to an argument of " + affine_text(g.elems_expr, 0) + " elements has " +
-                 std::to_string(n));
-      const int64_t v = (n - c) / a;
-      if (from_input[k] && values[k] != v)
-        fail(g.line, "view-bounds",
-             "the tensors bind s" + std::to_string(k) + " to " + std::to_string(values[k]) + " and " +
-                 std::to_string(v));
-      values[k] = v;
-      from_input[k] = 1;
+             "the tensors bind the symbols of " + affine_text(g.elems_expr, 0) + " to " +
+                 std::to_string(g.elems_expr.eval(values)) + " elements; the tensor has " + std::to_string(t.numel()));
     }
     bound = p;
     ktir_bind(bound, values);

@@ -19,17 +19,27 @@
 namespace tpu_eager {
 namespace spyre {
 
-// An affine expression of the program's symbols, `constant + sum coef[k] * s<k>`:
-// a size, stride, offset or element count that follows the symbols (a slice
-// `d[:, 1:]` of a dynamic dim n has size n-1 = "s0-1" and pitch n = "s0").
-// Text: "s0", "64*s0", "2*s0+3", "s0-1", or a plain number (docs/ktir.md).
+// An expression of the program's symbols, `constant + sum coef[k] * s<k> +
+// sum products[j]`: affine, plus products of symbols (a monomial `c*s1*s2`).
+// A size, stride, offset or element count that follows the symbols (a slice
+// `d[:, 1:]` of a dynamic dim n has size n-1 = "s0-1" and pitch n = "s0"; a
+// contiguous `[s0, s1, s2]` has stride "s1*s2" at dim 0 and "s0*s1*s2" elements).
+// Text: "s0", "64*s0", "2*s0+3", "s0-1", "s1*s2", "2*s0*s1-s1", or a plain
+// number (docs/ktir.md).
 struct KtirAffine {
+  // c * s<syms[0]> * s<syms[1]> * ...: two or more symbols, in increasing order (repeats: powers).
+  struct Product {
+    int64_t c = 0;
+    std::vector<int> syms;
+  };
   int64_t constant = 0;
-  std::vector<int64_t> coef;  // per symbol k (shorter: the rest are 0)
+  std::vector<int64_t> coef;      // per symbol k (shorter: the rest are 0)
+  std::vector<Product> products;  // distinct monomials of degree >= 2, none with c == 0
   bool symbolic() const;
-  // The value under symbol `values` (a missing symbol counts 0).
+  // The value under symbol `values` (a missing symbol counts 0); saturates
+  // at the int64 limits instead of overflowing.
   int64_t eval(const std::vector<int64_t>& values) const;
-  // The one symbol it names (every other coefficient 0), else -1.
+  // The one symbol it names, linearly (every other coefficient 0, no product), else -1.
   int single_symbol() const;
   static KtirAffine symbol(int k, int64_t coef = 1, int64_t constant = 0);
 };
@@ -157,14 +167,16 @@ struct KtirDynamicDim {
 // Makes the sizes of `p` (built for one launch) symbolic: each distinct base
 // of `dynamic` (> 1) is a symbol; every view size (and tile size) equal to
 // base + c, for c = 0 or an offset of a dynamic dim of that base, becomes
-// "s<k>+c", an argument's elems a multiple of one of those, the split rows
-// too. The symbol's range is the mark's, narrowed so that every dynamic
-// dim's size stays inside [lower, upper]. A view's strides
-// become affine expressions where they follow its symbolic sizes (dims in
-// order of stride, each stride the product of the next smaller one and its
-// size, as in a dense tensor or a permutation of one), and its offset one in
-// those strides (offset = sum q_d * stride_d + r, the larger strides first).
-// Binds the symbols to those values.
+// "s<k>+c", the split rows too; a size the region creates from them (a
+// cat's sum, a pad's s0+2) follows them. The symbol's range is the mark's,
+// narrowed so that every dynamic dim's size stays inside [lower, upper]. A
+// view's strides become expressions where they follow its symbolic sizes
+// (dims in order of stride, each stride the product of the next smaller one
+// and its size, as in a dense tensor or a permutation of one: "s1*s2" with
+// two symbolic sizes), and its offset one in those strides (offset = sum
+// q_d * stride_d + r, the larger strides first). An argument's elems is the
+// extent of a view that reaches its end ("s0*s1"), else a multiple of a
+// symbol's size. Binds the symbols to those values.
 void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic);
 // Sets the symbol values and every size, stride, offset, element count,
 // rows_per_core, cores_used and tile size that follows from them.
@@ -360,9 +372,10 @@ KtirProgram ktir_parse(const std::string& text);
 void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector<at::Tensor>* args = nullptr);
 // The part of ktir_verify for a program with ranges=[...]: the bound values
 // lie in their ranges, and under each value of each symbol (the others at
-// their bound values) every view has sizes, strides and offset >= 0 and its
-// elements inside its argument (rules 'sym-range', 'view', 'view-bounds';
-// the message names the value).
+// their bound values and, when an expression has a product of symbols, at
+// each corner of their ranges) every view has sizes, strides and offset >= 0
+// and its elements inside its argument (rules 'sym-range', 'view',
+// 'view-bounds'; the message names the values).
 void ktir_verify_ranges(const KtirProgram& p);
 // Narrows each symbol's range to the values around its bound one under
 // which ktir_verify_ranges' geometry holds (a size that only happened to
