@@ -119,7 +119,10 @@ LAYOUT_CASES = {
         _transposed,
         lambda: [cpu_randn(3, 6, 50, 24, seed=45), cpu_randn(3, 50, 6, 24, seed=46)],
     ),
-    "transposed_heads_of_5": (_transposed, lambda: [cpu_randn(2, 3, 300, 5, seed=47), cpu_randn(2, 300, 3, 5, seed=48)]),
+    "transposed_heads_of_5": (
+        _transposed,
+        lambda: [cpu_randn(2, 3, 300, 5, seed=47), cpu_randn(2, 300, 3, 5, seed=48)],
+    ),
 }
 CASES.update(LAYOUT_CASES)
 
