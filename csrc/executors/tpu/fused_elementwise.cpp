@@ -108,6 +108,7 @@ constexpr Lowering kLowerings[] = {
     {"reciprocal", "", "out", Form::kUnary, Fn::kReciprocal, kF32},
     {"sign", "", "out", Form::kUnary, Fn::kSign, kAnyFloat},
     {"silu", "", "out", Form::kUnary, Fn::kSilu, kAnyFloat},
+    {"silu_backward", "", "grad_input", Form::kBinary, Fn::kSiluBwd, kAnyFloat},
     {"erf", "", "out", Form::kUnary, Fn::kErf, kAnyFloat},
     {"eq", "Tensor,Scalar", "Tensor_out,Scalar_out", Form::kCompare, Fn::kEq, kAnyFloat},
     {"ne", "Tensor,Scalar", "Tensor_out,Scalar_out", Form::kCompare, Fn::kNe, kAnyFloat},

@@ -27,6 +27,7 @@ namespace fused {
 //   kGelu, kGeluTanh  gelu(a), approximate 'none' / 'tanh'
 //   kGeluBwd, kGeluTanhBwd  gelu_backward(grad a, self b)
 //   kSilu             a / (1 + exp(-a)), kErf erf(a), kSign sign(a)
+//   kSiluBwd          silu_backward(grad a, self b): a * s * (1 + b * (1 - s)), s = 1 / (1 + exp(-b))
 enum class Fn : uint8_t {
   kAdd,
   kMul,
@@ -65,7 +66,8 @@ enum class Fn : uint8_t {
   kGeluTanhBwd,
   kSilu,
   kErf,
-  kSign
+  kSign,
+  kSiluBwd
 };
 
 // The element type of a buffer a loop reads or writes. Loop values are

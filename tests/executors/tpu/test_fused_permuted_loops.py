@@ -197,6 +197,18 @@ def test_cat_writes_through_unit_dims_and_long_runs(dim):
     _check_cat(fn, [cpu_randn(1, 40, 1, 4, 33, seed=28)])
 
 
+@pytest.mark.parametrize("head", [8, 16, 24, 5])
+def test_cat_writes_heads_in_batches_across_tiles(head):
+    # Strided writes of transposed heads over many tiles (1,024 floats): scatter_strided
+    # gets whole heads in batches (for_each_run, copy_runs), and with heads of 24 or 5
+    # floats a tile starts and ends inside one.
+    def fn(x0):
+        x = x0.transpose(1, 2)  # [2, 6, 90, head] over [2, 90, 6, head]
+        return (torch.cat((x * 2.0, x + 1.0), dim=1),)
+
+    _check_cat(fn, [cpu_randn(2, 90, 6, head, seed=29 + head)])
+
+
 def test_cat_not_fused_when_types_differ():
     def fn(a, b):
         return (torch.cat((a * 2.0, b), dim=-1),)

@@ -1,7 +1,7 @@
-"""float32 sigmoid and silu in fused loops equal CPU's bit for bit, also on the elements CPU's
+"""float32 sigmoid, silu and silu_backward in fused loops equal CPU's bit for bit, also on the elements CPU's
 kernel computes with its scalar function. CPU's elementwise loop (cpu_kernel_vec) runs each
 thread's range in vectors of two SIMD registers and the rest of the range, at its end, with
-the scalar function, which for sigmoid and silu calls libm's expf instead of SLEEF's exp; the
+the scalar function, which for sigmoid, silu and silu_backward calls libm's expf instead of SLEEF's exp; the
 fused loop recomputes those elements the same way (for_each_cpu_tail in
 csrc/executors/tpu/fused_kernels.inc). Before, they differed by an ulp, which BatchNorm over
 small maps amplified past tolerance in real models (torchvision efficientnet_b3's
@@ -15,7 +15,12 @@ from difftest import DEVICE, assert_bit_equal, cpu_randn, flush_on_tpu
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops are the tpu executor's")
 
-FNS = {"sigmoid": torch.sigmoid, "silu": F.silu}
+FNS = {
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+    # silu's gradient at x for an upstream gradient of 0.75 - x (binary: both operands read densely)
+    "silu_backward": lambda x: torch.ops.aten.silu_backward(0.75 - x, x),
+}
 
 
 @pytest.fixture

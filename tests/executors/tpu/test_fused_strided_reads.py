@@ -111,6 +111,18 @@ LAYOUT_CASES = {
     "merged_to_one_run": (_merged_to_one_run, lambda: [cpu_randn(40, 70, seed=37)]),
     "stepped_1d": (_stepped_1d, lambda: [cpu_randn(3001, seed=38)]),
     "rows_of_many_tiles": (_rows_of_many_tiles, lambda: [cpu_randn(5, 1200, seed=39), cpu_randn(5, 1100, seed=40)]),
+    # Transposed heads of 8, 24 and 5 floats over many tiles: for_each_run hands whole runs
+    # over in batches (copy_runs: whole vectors when the head is a multiple of the vector
+    # size), and a tile of 1,024 floats starts and ends inside a head of 24 or 5.
+    "transposed_heads_of_8": (_transposed, lambda: [cpu_randn(2, 4, 40, 8, seed=43), cpu_randn(2, 40, 4, 8, seed=44)]),
+    "transposed_heads_of_24": (
+        _transposed,
+        lambda: [cpu_randn(3, 6, 50, 24, seed=45), cpu_randn(3, 50, 6, 24, seed=46)],
+    ),
+    "transposed_heads_of_5": (
+        _transposed,
+        lambda: [cpu_randn(2, 3, 300, 5, seed=47), cpu_randn(2, 300, 3, 5, seed=48)],
+    ),
 }
 CASES.update(LAYOUT_CASES)
 

@@ -1,11 +1,11 @@
 """The fused loops' wider vocabulary (kLowerings in csrc/executors/tpu/fused_elementwise.cpp):
 comparisons with bool results, where, clamp, pow by 2 and 3, maximum / minimum, rsub, sign,
-silu, erf, gelu and the backward formulas of gelu, relu, sigmoid and tanh, in float32,
+silu, erf, gelu and the backward formulas of gelu, relu, sigmoid, tanh and silu, in float32,
 bfloat16 and float16 (computed in float32 and rounded to the type per op, as CPU's kernels
 store them). Each op runs behind a negation, so the two are one fused region; the flush
 must then run no ATen op on the host (fused), and the result must equal CPU's bit for bit.
 The exceptions, named where they are tested:
-- "tail": gelu(approximate='tanh') and its backward, and bfloat16 / float16 silu and erf call
+- "tail": gelu(approximate='tanh') and its backward, and bfloat16 / float16 silu, silu_backward and erf call
   libm in CPU's scalar loop (the last elements of each thread's range, fewer than two
   vectors) and at::vec's routines in its vector loop, which the fused loop follows: bit-equal
   when CPU's vector loop takes every element, within 1 ulp otherwise.
@@ -82,6 +82,7 @@ OPS = {
     "gelu_backward": (lambda x, y, m: aten.gelu_backward(y, x), ALL, ROUTINES),
     "gelu_tanh_backward": (lambda x, y, m: aten.gelu_backward(y, x, approximate="tanh"), ALL, TAIL),
     "silu": (lambda x, y, m: F.silu(x), ALL, TAIL),
+    "silu_backward": (lambda x, y, m: aten.silu_backward(y, x), ALL, TAIL),
     "erf": (lambda x, y, m: x.erf(), ALL, ROUTINES),
 }
 
@@ -166,7 +167,8 @@ def test_op_matches_cpu_and_fuses(mode, name, dtype, n):
         assert ops == [], f"{name} in {dtype} should run in the fused loop, ran {ops}"
     vector_only = n % 32 == 0  # CPU's vector loop (2 x 16 floats at AVX512) takes every element
     tail = how == TAIL or (name == "erf" and dtype != F32)  # reduced erf: at::vec's, libm in CPU's tail
-    tail = tail and not (name == "silu" and dtype == F32)  # CPU's scalar tail recomputed (for_each_cpu_tail)
+    # CPU's scalar tail recomputed (for_each_cpu_tail)
+    tail = tail and not (name in ("silu", "silu_backward") and dtype == F32)
     _assert_bits_equal(got, want, ulps=1 if tail and not vector_only else 0)
 
 
