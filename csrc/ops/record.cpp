@@ -63,7 +63,7 @@ void for_each_written_tensor(uint64_t writes, torch::jit::Stack& stack, size_t f
     const c10::IValue& v = stack[first + i];
     if (v.isTensor()) {
       f(v.toTensor());
-    } else if (v.isTensorList()) {
+    } else if (v.isList() && v.isTensorList()) {  // isList inline, isTensorList a call
       const auto list = v.toTensorList();
       for (size_t j = 0; j < list.size(); ++j) f(list.get(j));
     }
@@ -869,15 +869,16 @@ int64_t value_class(double d) {
 void key_ivalue(KeyWriter& k, const c10::IValue& v, bool float_values) {
   if (v.isTensor()) {
     key_tensor(k, v.toTensor());
-  } else if (v.isTensorList()) {
+  } else if (v.isList() && v.isTensorList()) {  // isList inline, isTensorList a call
     k.put(-1);
     for (const at::Tensor& t : v.toTensorList().vec()) key_tensor(k, t);
   } else if (v.isList()) {
     k.put(-2);
     for (const c10::IValue& e : v.toList().vec()) key_ivalue(k, e, float_values);
   } else if (v.isInt()) {
-    k.put(-3);
-    k.put(v.toInt());
+    int64_t* p = k.room(2);  // one room check for both words
+    p[0] = -3;
+    p[1] = v.toInt();
   } else if (v.isDouble() && !float_values) {
     k.put(-28);
     k.put(value_class(v.toDouble()));
