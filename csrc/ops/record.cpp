@@ -198,7 +198,8 @@ bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack&
     all.emplace_back(arg, t.unsafeGetTensorImpl());
   });
   for (const auto& [warg, w] : written) {
-    if (at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
+    // A non-overlapping and dense tensor is has_internal_overlap's first "No": inline, no call.
+    if (!w->is_non_overlapping_and_dense() && at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
     for (const auto& [rarg, r] : all) {
       if (r == w) {
         if (same_tensor_overlaps && rarg != warg) return true;
