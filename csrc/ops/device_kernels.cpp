@@ -556,8 +556,7 @@ std::optional<torch::CppFunction> unboxed_record_kernel(const OpEntry& e) {
   if (!op) return std::nullopt;
   const auto& schema = op->schema();
   const bool inplace = is_inplace_self_schema(schema);
-  if (schema.is_vararg() || schema.returns().size() != 1 ||
-      (schema.returns()[0].alias_info() != nullptr && !inplace) ||
+  if (schema.is_vararg() || schema.returns().size() != 1 || (schema.returns()[0].alias_info() != nullptr && !inplace) ||
       schema.returns()[0].real_type()->kind() != c10::TypeKind::TensorType)
     return std::nullopt;
   std::string sig;

@@ -203,7 +203,10 @@ def test_in_place_ops_bump_the_version_and_feed_autograd(dev):
         # Self read again as `other` (TensorIterator accepts it).
         (lambda d: (cpu_randn(4, seed=6).to(d), cpu_randn(1, seed=0).to(d)), lambda x, y: x.mul_(x)),
         # A view written in place: its base sees the write.
-        (lambda d: (cpu_randn(4, 4, seed=7).to(d), cpu_randn(1, seed=0).to(d)), lambda x, y: x[1:3, ::2].add_(1.5, alpha=2)),
+        (
+            lambda d: (cpu_randn(4, 4, seed=7).to(d), cpu_randn(1, seed=0).to(d)),
+            lambda x, y: x[1:3, ::2].add_(1.5, alpha=2),
+        ),
     ],
 )
 def test_in_place_calls_raise_or_compute_as_cpu(dev, build, act):
