@@ -91,10 +91,19 @@ def test_scalar_arguments_on_the_unboxed_path_match_cpu(dev):
     run_both(prog, dev)
 
 
-def _chains_in_threads(dev, read_inside):
-    """Four threads each record a 600-op chain that also reads a shared tensor;
-    with ``read_inside`` each thread reads its result with .cpu() itself (so
-    flushes run while the other threads record). Compared with CPU, bit for bit."""
+def _functional_step(x, shared, j):
+    return (x + shared).mul(0.5) - j * 1e-3
+
+
+def _in_place_step(x, shared, j):
+    return x.add_(shared, alpha=0.5).mul_(0.75).sub_(j * 1e-3)
+
+
+def _chains_in_threads(dev, read_inside, step=_functional_step):
+    """Four threads each record a 200-step chain (``step(x, shared, j)``, 3 ops) that
+    also reads a shared tensor; with ``read_inside`` each thread reads its result with
+    .cpu() itself (so flushes run while the other threads record). Compared with CPU,
+    bit for bit."""
     base = cpu_randn(64, seed=7)
     shared = base.to(dev)
     results, errors = {}, []
@@ -103,7 +112,7 @@ def _chains_in_threads(dev, read_inside):
         try:
             x = cpu_randn(64, seed=10 + k).to(dev)
             for j in range(200):
-                x = (x + shared).mul(0.5) - j * 1e-3
+                x = step(x, shared, j)
             results[k] = x.cpu() if read_inside else x
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
@@ -117,7 +126,7 @@ def _chains_in_threads(dev, read_inside):
     for k in range(4):
         x = cpu_randn(64, seed=10 + k)
         for j in range(200):
-            x = (x + base).mul(0.5) - j * 1e-3
+            x = step(x, base, j)
         torch.testing.assert_close(results[k].cpu(), x, rtol=0, atol=0)
 
 
@@ -214,27 +223,4 @@ def test_in_place_calls_raise_or_compute_as_cpu(dev, build, act):
 
 
 def test_in_place_ops_from_several_threads(dev):
-    base = cpu_randn(64, seed=7)
-    shared = base.to(dev)
-    results, errors = {}, []
-
-    def worker(k):
-        try:
-            x = cpu_randn(64, seed=10 + k).to(dev)
-            for j in range(150):
-                x.add_(shared, alpha=0.5).mul_(0.75).sub_(j * 1e-3)
-            results[k] = x
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
-    for k in range(4):
-        x = cpu_randn(64, seed=10 + k)
-        for j in range(150):
-            x.add_(base, alpha=0.5).mul_(0.75).sub_(j * 1e-3)
-        torch.testing.assert_close(results[k].cpu(), x, rtol=0, atol=0)
+    _chains_in_threads(dev, read_inside=False, step=_in_place_step)
