@@ -6,7 +6,8 @@ runs run_all's section 5 digits MLP + Adam step (loss read every 10 steps); ``--
 2-layer llama's forward + loss + backward of benchmarks/llama_step.py (needs transformers). ``--model flush`` instead
 records run_all's 16-op chain on a 4x4 tensor and flushes it (``--steps`` times, every
 flush a cache hit); ``--model record`` records 1000 ``a + b`` on 1-element tensors per
-step and flushes them outside the profiled part. Under callgrind, start with
+step and flushes them outside the profiled part (``--op`` picks another op: ``mul`` for
+``a.mul(b)``, ``add_`` for the in-place ``a.add_(b)``, ``view`` for ``a.view(1)``). Under callgrind, start with
 collection off and let the script switch it on around the timed steps only:
 
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.%p \\
@@ -58,18 +59,38 @@ def micro(args):
     a, b = torch.tensor([1.5]).to(args.device), torch.tensor([-0.25]).to(args.device)
     if args.device == "tpu":  # no auto-flush inside the recorded ops
         run_all.torch_tpu_eager.set_queue_limits(max_ops=10**6, max_bytes=run_all.torch_tpu_eager.queue_limits()[1])
+    label, loop = RECORD_OPS[args.op]
     for _ in range(args.warmup):
-        run_all._record_add(a, b, 1000)
+        loop(a, b, 1000)
         sync()
     toggle(args, "on")
     seconds = 0.0
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        run_all._record_add(a, b, 1000)
+        loop(a, b, 1000)
         seconds += time.perf_counter() - t0
         sync()
     toggle(args, "off")
-    return "record of 1000 a + b", seconds
+    return f"record of 1000 {label}", seconds
+
+
+def _record_add_(a, b, n):
+    for _ in range(n):
+        a.add_(b)
+
+
+def _record_view(a, b, n):
+    for _ in range(n):
+        a.view(1)
+
+
+# --model record's ops (--op): label and the loop that records n of them.
+RECORD_OPS = {
+    "add": ("a + b", run_all._record_add),
+    "mul": ("a.mul(b)", run_all._record_mul),
+    "add_": ("a.add_(b)", _record_add_),
+    "view": ("a.view(1)", _record_view),
+}
 
 
 class _LlamaTrainer:
@@ -132,6 +153,7 @@ def main():
     parser.add_argument(
         "--device", default="tpu", help='"tpu", "cpu", or "compile" (torch.compile on CPU; training steps only)'
     )
+    parser.add_argument("--op", choices=tuple(RECORD_OPS), default="add", help="--model record: the op recorded")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(

@@ -63,7 +63,7 @@ void for_each_written_tensor(uint64_t writes, torch::jit::Stack& stack, size_t f
     const c10::IValue& v = stack[first + i];
     if (v.isTensor()) {
       f(v.toTensor());
-    } else if (v.isTensorList()) {
+    } else if (v.isList() && v.isTensorList()) {  // isList inline, isTensorList a call
       const auto list = v.toTensorList();
       for (size_t j = 0; j < list.size(); ++j) f(list.get(j));
     }
@@ -161,12 +161,14 @@ at::Tensor fresh_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Scal
 }
 
 // Gives a tpu tensor the geometry the meta kernel gave its meta twin (out=
-// arguments resized by the op), growing its storage when needed.
-void adopt_geometry(at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
-  if (t.sizes().equals(sizes) && t.strides().equals(strides) && t.storage_offset() == offset) return;
+// arguments resized by the op), growing its storage when needed. Returns
+// whether anything changed (an in-place op's tensor keeps its geometry).
+bool adopt_geometry(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
+  if (t.sizes().equals(sizes) && t.strides().equals(strides) && t.storage_offset() == offset) return false;
   const size_t need = at::detail::computeStorageNbytes(sizes, strides, t.dtype().itemsize(), offset);
   if (need > t.storage().nbytes()) resize_device_storage(t.storage(), need);
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  return true;
 }
 
 bool has_meta_kernel(const c10::OperatorHandle& op) {
@@ -186,17 +188,20 @@ bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack&
                                bool same_tensor_overlaps) {
   if (writes == 0) return false;
   // Inline: every in-place / out= op is checked, and two heap vectors were ~4 allocations of each call.
-  c10::SmallVector<std::pair<int, at::Tensor>, 2> written;
-  c10::SmallVector<std::pair<int, at::Tensor>, 6> all;
+  // TensorImpl pointers, not tensors (the stack's entries and lists hold them):
+  // a reference taken on an unboxed kernel's borrowed `self` costs a GIL round trip.
+  c10::SmallVector<std::pair<int, c10::TensorImpl*>, 2> written;
+  c10::SmallVector<std::pair<int, c10::TensorImpl*>, 6> all;
   for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
     if (!is_tpu(t)) return;
-    if ((writes >> arg) & 1) written.emplace_back(arg, t);
-    all.emplace_back(arg, t);
+    if ((writes >> arg) & 1) written.emplace_back(arg, t.unsafeGetTensorImpl());
+    all.emplace_back(arg, t.unsafeGetTensorImpl());
   });
   for (const auto& [warg, w] : written) {
-    if (at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
+    // A non-overlapping and dense tensor is has_internal_overlap's first "No": inline, no call.
+    if (!w->is_non_overlapping_and_dense() && at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
     for (const auto& [rarg, r] : all) {
-      if (r.unsafeGetTensorImpl() == w.unsafeGetTensorImpl()) {
+      if (r == w) {
         if (same_tensor_overlaps && rarg != warg) return true;
         continue;
       }
@@ -865,15 +870,16 @@ int64_t value_class(double d) {
 void key_ivalue(KeyWriter& k, const c10::IValue& v, bool float_values) {
   if (v.isTensor()) {
     key_tensor(k, v.toTensor());
-  } else if (v.isTensorList()) {
+  } else if (v.isList() && v.isTensorList()) {  // isList inline, isTensorList a call
     k.put(-1);
     for (const at::Tensor& t : v.toTensorList().vec()) key_tensor(k, t);
   } else if (v.isList()) {
     k.put(-2);
     for (const c10::IValue& e : v.toList().vec()) key_ivalue(k, e, float_values);
   } else if (v.isInt()) {
-    k.put(-3);
-    k.put(v.toInt());
+    int64_t* p = k.room(2);  // one room check for both words
+    p[0] = -3;
+    p[1] = v.toInt();
   } else if (v.isDouble() && !float_values) {
     k.put(-28);
     k.put(value_class(v.toDouble()));
@@ -1649,17 +1655,24 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       // In-place / out=: return the argument itself, with the geometry the op gave it.
       c10::IValue& orig = (*stack)[first + a];
       if (orig.isTensor()) {
-        at::Tensor t = orig.toTensor();
+        const at::Tensor& t = orig.toTensor();  // no reference: see below
         const Geometry& g = written_geometry(a);
-        adopt_geometry(t, g.sizes, g.strides, g.offset);
+        // Unchanged (an in-place op): the snapshot taken above stands.
+        const bool changed = adopt_geometry(t, g.sizes, g.strides, g.offset);
         int idx = -1;
         for (size_t s = 0; s < node.inputs.size(); ++s) {
           if (node.inputs[s].arg != a) continue;
-          make_ref(t, node.inputs[s].ref);
+          if (changed) make_ref(t, node.inputs[s].ref);
           idx = static_cast<int>(s);
         }
         node.returns.push_back(idx);
-        results.emplace_back(t);
+        // An unboxed caller (`borrowed`) returns its own argument: a reference
+        // taken on its borrowed tensor would cost two GIL round trips
+        // (BorrowedArgs); it gets None in the result's place.
+        if (borrowed != nullptr)
+          results.emplace_back();
+        else
+          results.emplace_back(t);
       } else {
         auto list = orig.toTensorList();
         const auto& lg = written_list_geometry(a);

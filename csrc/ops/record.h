@@ -109,7 +109,9 @@ RecordThread& record_thread();
 // with the op's meta kernel (same call-time errors as CPU), one Node, fresh
 // "tpu" outputs. Ops whose output shape depends on data, or that have no meta
 // kernel, run through run_eager. `plan` is plan_op(op, entry). `borrowed`
-// names stack entries that hold no reference (nullptr: none do).
+// names stack entries that hold no reference (nullptr: none do); with it, a
+// result that is a top-level tensor argument (in place, out=) is left as None
+// on the stack when recorded: the unboxed caller returns its own argument.
 // `rt`: the calling thread's record_thread(), when the caller has it (nullptr: looked up).
 void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan, torch::jit::Stack* stack,
                BorrowedArgs* borrowed = nullptr, RecordThread* rt = nullptr);

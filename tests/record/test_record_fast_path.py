@@ -1,5 +1,6 @@
 """The unboxed record kernels (elementwise signatures: Tensor/Scalar arguments, one fresh
-Tensor result) put the caller's tensors on the record stack without taking a reference.
+Tensor result, or `self` written in place and returned) put the caller's tensors on the
+record stack without taking a reference.
 These tests check that no reference is leaked or lost on any path (recorded, call-time
 error, run eagerly, meta-cache miss), that results still match CPU when the inputs die
 before the flush, and that recording from several threads stays correct."""
@@ -10,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from difftest import cpu_randn, run_both
+from difftest import cpu_randn, run_both, run_both_at_call
 
 
 def _refcounts(*ts):
@@ -90,10 +91,19 @@ def test_scalar_arguments_on_the_unboxed_path_match_cpu(dev):
     run_both(prog, dev)
 
 
-def _chains_in_threads(dev, read_inside):
-    """Four threads each record a 600-op chain that also reads a shared tensor;
-    with ``read_inside`` each thread reads its result with .cpu() itself (so
-    flushes run while the other threads record). Compared with CPU, bit for bit."""
+def _functional_step(x, shared, j):
+    return (x + shared).mul(0.5) - j * 1e-3
+
+
+def _in_place_step(x, shared, j):
+    return x.add_(shared, alpha=0.5).mul_(0.75).sub_(j * 1e-3)
+
+
+def _chains_in_threads(dev, read_inside, step=_functional_step):
+    """Four threads each record a 200-step chain (``step(x, shared, j)``, 3 ops) that
+    also reads a shared tensor; with ``read_inside`` each thread reads its result with
+    .cpu() itself (so flushes run while the other threads record). Compared with CPU,
+    bit for bit."""
     base = cpu_randn(64, seed=7)
     shared = base.to(dev)
     results, errors = {}, []
@@ -102,7 +112,7 @@ def _chains_in_threads(dev, read_inside):
         try:
             x = cpu_randn(64, seed=10 + k).to(dev)
             for j in range(200):
-                x = (x + shared).mul(0.5) - j * 1e-3
+                x = step(x, shared, j)
             results[k] = x.cpu() if read_inside else x
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
@@ -116,7 +126,7 @@ def _chains_in_threads(dev, read_inside):
     for k in range(4):
         x = cpu_randn(64, seed=10 + k)
         for j in range(200):
-            x = (x + base).mul(0.5) - j * 1e-3
+            x = step(x, base, j)
         torch.testing.assert_close(results[k].cpu(), x, rtol=0, atol=0)
 
 
@@ -149,3 +159,68 @@ def test_short_lived_threads_record_and_exit(dev):
     for k, r in results:
         # Default float32 tolerances: the fused exp may differ from CPU's by an ulp (as on main).
         torch.testing.assert_close(r.cpu(), (base * (k + 1) + 0.5).exp().sub(base))
+
+
+def test_in_place_ops_return_self_and_keep_refcounts(dev):
+    # The in-place signatures of the unboxed kernels: (), (Tensor), (Tensor, Scalar),
+    # (Scalar), (Scalar, Scalar) after `self`.
+    a, b = cpu_randn(3, 4, seed=1), cpu_randn(3, 4, seed=2)
+    ta, tb = a.to(dev), b.to(dev)
+    before = _refcounts(ta, tb)
+    calls = [
+        lambda x, y: x.relu_(),
+        lambda x, y: x.mul_(y),
+        lambda x, y: x.add_(y, alpha=2),
+        lambda x, y: x.mul_(1.5),
+        lambda x, y: torch.ops.aten.add_.Scalar(x, 2.5, 0.5),
+        lambda x, y: x.sub_(y),
+    ]
+    for call in calls:
+        assert call(ta, tb) is ta
+        assert call(a, b) is a
+    assert _refcounts(ta, tb) == before
+    torch.testing.assert_close(ta.cpu(), a, rtol=0, atol=0)
+    torch.testing.assert_close(tb.cpu(), b, rtol=0, atol=0)
+
+
+def test_in_place_ops_bump_the_version_and_feed_autograd(dev):
+    w = cpu_randn(5, seed=3)
+
+    def prog(d):
+        x = w.clone().to(d).requires_grad_()  # a leaf on both devices (w itself stays as it is)
+        y = x * 2
+        v = y._version
+        y.add_(x, alpha=0.5).mul_(x)
+        assert y._version == v + 2
+        y.sum().backward()
+        return y.detach(), x.grad
+
+    run_both(prog, dev)
+
+
+@pytest.mark.parametrize(
+    "build, act",
+    [
+        # int self, float other: the result type cannot be cast to self's dtype.
+        (lambda d: (torch.arange(4).to(d), cpu_randn(4, seed=1).to(d)), lambda x, y: x.add_(y)),
+        # A float alpha with an integer self (CPU's alpha_check).
+        (lambda d: (torch.arange(4).to(d), torch.arange(4).to(d)), lambda x, y: x.add_(y, alpha=0.5)),
+        # A written tensor with internal overlap (an expanded self).
+        (lambda d: (cpu_randn(1, 4, seed=2).to(d).expand(3, 4), cpu_randn(3, 4, seed=3).to(d)), lambda x, y: x.mul_(y)),
+        # Broadcasting `other` to a larger shape than self's.
+        (lambda d: (cpu_randn(4, seed=4).to(d), cpu_randn(3, 4, seed=5).to(d)), lambda x, y: x.add_(y)),
+        # Self read again as `other` (TensorIterator accepts it).
+        (lambda d: (cpu_randn(4, seed=6).to(d), cpu_randn(1, seed=0).to(d)), lambda x, y: x.mul_(x)),
+        # A view written in place: its base sees the write.
+        (
+            lambda d: (cpu_randn(4, 4, seed=7).to(d), cpu_randn(1, seed=0).to(d)),
+            lambda x, y: x[1:3, ::2].add_(1.5, alpha=2),
+        ),
+    ],
+)
+def test_in_place_calls_raise_or_compute_as_cpu(dev, build, act):
+    run_both_at_call(build, act, dev)
+
+
+def test_in_place_ops_from_several_threads(dev):
+    _chains_in_threads(dev, read_inside=False, step=_in_place_step)
