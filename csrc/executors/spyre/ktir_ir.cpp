@@ -1671,6 +1671,7 @@ const RingOpEntry* ring_op_entry(const std::string& op) {
       {"nll_loss_forward", {P::kNllLoss}},
       {"linalg_vector_norm", {P::kNorm}},
       {"norm", {P::kNorm}},
+      {"renorm", {P::kRenorm}},
       {"aminmax", {P::kMinMax}},
       {"cummax", {P::kCummax}},
       {"cummin", {P::kCummin}},
@@ -1777,6 +1778,15 @@ std::set<int64_t> dims_of(const KtirValue* v, int64_t rank) {
   return dims;
 }
 
+// renorm's `dim` is the dim it keeps: each slice along it is scaled by the
+// norm of the slice, which reduces every other dim. It mixes rows unless dim
+// is 0 of a tensor of more than one dim (each row its own slice).
+bool renorm_mixes_rows(const KtirOp& o, const c10::FunctionSchema& schema, int64_t rank) {
+  const KtirValue* dim = arg_named(o, schema, "dim");
+  if (rank <= 1 || !dim || dim->kind != KtirValue::kInt) return true;
+  return (dim->i < 0 ? dim->i + rank : dim->i) != 0;
+}
+
 // True when op `o` may mix rows whatever its operand shapes: by its kind
 // (the op table), the dims it names, and the operands that address elements
 // by position. Elementwise ops and matmuls never do (their shapes decide);
@@ -1813,6 +1823,7 @@ bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
     if (r && r->kind == KtirValue::kInt && (r->i == 0 || r->i == 2)) return false;
     if (mean_grad_of(o, schema) != KtirTilePlan::kPreNone) return false;
   }
+  if (reduces_all_but_dim(base)) return renorm_mixes_rows(o, schema, rank);
   if (kind == PrimKind::kElementwise || kind == PrimKind::kMatmul) return false;
   // copy_, fill_, zero_ (the device's own kernels): each element from its own (or none).
   if (lowering_of(op).overwrites_self) return false;
@@ -2025,14 +2036,21 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       state[operands[0]] = 1;
       plan.split[operands[0]] = 1;
       const KtirValue* dim = arg_named(o, schema, "dim");
-      const std::set<int64_t> d = dims_of(dim, rank0);
+      std::set<int64_t> d = dims_of(dim, rank0);
+      if (reduces_all_but_dim(o.op.substr(0, o.op.find('.')))) {  // every dim but renorm's
+        std::set<int64_t> others;
+        for (int64_t x = 0; x < rank0; ++x)
+          if (!d.count(x)) others.insert(x);
+        d = std::move(others);
+      }
       plan.ring_dims.assign(d.begin(), d.end());
       plan.ring_flat = (plan.combine == KtirTilePlan::kArgMax || plan.combine == KtirTilePlan::kArgMin ||
                         plan.combine == KtirTilePlan::kMedian || plan.combine == KtirTilePlan::kNanMedian) &&
                        (!dim || dim->kind == KtirValue::kNone);
       plan.ring_values = o.op == "max.dim" || o.op == "min.dim";
       plan.normalize = plan.combine == KtirTilePlan::kSoftmax || plan.combine == KtirTilePlan::kLogSoftmax ||
-                       plan.combine == KtirTilePlan::kLayerNorm || is_scan(plan.combine);
+                       plan.combine == KtirTilePlan::kLayerNorm || plan.combine == KtirTilePlan::kRenorm ||
+                       is_scan(plan.combine);
       // The normalizing pass reads the input whole after the ring: an LX
       // input the steps produce is kept in its buffer (a scan keeps its
       // partial sums instead).
@@ -2242,6 +2260,7 @@ struct RingParams {
   double ord = 2;           // norm: the order (inf, -inf, 0, 1, 2, any p)
   int64_t k = 1;            // topk, kthvalue
   bool descending = false;  // sort's descending, topk's largest: the run's order
+  double maxnorm = 0;       // renorm
 };
 
 RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
@@ -2278,6 +2297,10 @@ RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
   const KtirValue* desc = arg_named(o, schema, "descending");
   if (!desc) desc = arg_named(o, schema, "largest");
   if (desc && desc->kind == KtirValue::kBool) rp.descending = desc->b;
+  if (const KtirValue* mx = arg_named(o, schema, "maxnorm")) {
+    if (mx->kind == KtirValue::kInt) rp.maxnorm = static_cast<double>(mx->i);
+    if (mx->kind == KtirValue::kFloat) rp.maxnorm = mx->f;
+  }
   return rp;
 }
 
@@ -2386,6 +2409,7 @@ RingPart ring_partial(const KtirTilePlan& P, const RingParams& rp, const at::Ten
       q.t = {seg.ne(0).amin(dims, true)};
       break;
     case KtirTilePlan::kNorm:
+    case KtirTilePlan::kRenorm:
       // The powers |x|^ord of the corelet's df16 (f32) values, summed in f32
       // (ord +-inf: the max/min of |x|; ord 0: the count of nonzeros).
       if (std::isinf(rp.ord))
@@ -2483,6 +2507,7 @@ RingPart ring_merge(const KtirTilePlan& P, const RingParams& rp, RingPart a, con
       r.t = {a.t[0].logical_and(b.t[0])};
       break;
     case KtirTilePlan::kNorm:
+    case KtirTilePlan::kRenorm:
       if (std::isinf(rp.ord))
         r.t = {rp.ord > 0 ? at::maximum(a.t[0], b.t[0]) : at::minimum(a.t[0], b.t[0])};
       else
@@ -3145,6 +3170,7 @@ std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp,
     case KtirTilePlan::kMinMax:
       return {total.t[0], total.t[1]};
     case KtirTilePlan::kNorm:  // the ord-th root of the summed powers, once
+    case KtirTilePlan::kRenorm:
       if (std::isinf(rp.ord) || rp.ord == 0 || rp.ord == 1) return {total.t[0]};
       if (rp.ord == 2) return {total.t[0].sqrt()};
       return {total.t[0].pow(1.0 / rp.ord)};
@@ -3215,12 +3241,22 @@ void mean_loss_grad(KtirTilePlan::RingPre loss, int64_t n, bool out, torch::jit:
   s.emplace_back(std::move(result));
 }
 
-// A normalizing ring op's statistics: softmax (max, sum), layer_norm (mean, rstd).
+// renorm's scale factor of each slice's norm, as CPU's kernel computes it
+// in the norm's dtype: maxnorm / (norm + 1e-7) where norm > maxnorm, else 1
+// (a NaN norm: 1).
+at::Tensor renorm_factor(const at::Tensor& norm, double maxnorm) {
+  const at::Tensor scaled = at::scalar_tensor(maxnorm, norm.options()).div(norm.add(1e-7));
+  return at::where(norm.gt(maxnorm), scaled, at::ones({}, norm.options()));
+}
+
+// A normalizing ring op's statistics: softmax (max, sum), layer_norm (mean,
+// rstd), renorm (the scale factor).
 struct RingStats {
   at::Tensor a, b;
 };
 
 RingStats ring_stats(const KtirTilePlan& P, const RingParams& rp, const RingPart& total) {
+  if (P.combine == KtirTilePlan::kRenorm) return {renorm_factor(ring_finish(P, rp, total)[0], rp.maxnorm), {}};
   if (P.combine != KtirTilePlan::kLayerNorm) return {total.t[0], total.t[1]};
   const at::Tensor var = total.t[1].div(total.n);  // biased, as layer_norm's
   return {total.t[0], var.add(rp.eps).rsqrt()};
@@ -3251,6 +3287,8 @@ at::Tensor ring_normalize(const KtirTilePlan& P, const RingStats& st, const at::
       return x.sub(st.a).exp_().div_(st.b);
     case KtirTilePlan::kLogSoftmax:
       return x.sub(st.a).sub_(st.b.log());
+    case KtirTilePlan::kRenorm:
+      return own ? x.mul_(st.a) : x.mul(st.a);
     default: {  // kLayerNorm
       at::Tensor y = x.sub(st.a).mul_(st.b);
       if (w.defined()) y = y.mul_(w);

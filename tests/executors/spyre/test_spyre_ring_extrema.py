@@ -202,11 +202,12 @@ def test_aminmax_count_any_all_nansum(spyre_target, dtype, shape):
 
 def test_reductions_without_a_ring_program_are_library_calls(spyre_target):
     # Reductions of the split rows without a ring combine (multilabel_margin_loss,
-    # renorm, ...) keep their regions whole: each runs its whole input as a
+    # ...) keep their regions whole: each runs its whole input as a
     # library call (metrics). The order statistics (median, kthvalue, sort,
     # topk, ...) have ring programs since 2026-12-05 (test_spyre_ring_order.py),
     # mse_loss, huber_loss, smooth_l1_loss, binary_cross_entropy and trace
-    # since branch spyre21f (test_spyre_ring_losses.py).
+    # since branch spyre21f (test_spyre_ring_losses.py), renorm since branch
+    # spyre21s (test_spyre_ring_renorm.py).
     from torch_tpu_eager import metrics, metrics_report, reset_metrics, spyre
 
     a = _special(torch.float32, (200, 64), 55)
