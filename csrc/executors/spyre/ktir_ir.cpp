@@ -51,6 +51,7 @@
 #include <ATen/ops/binary_cross_entropy.h>
 #include <ATen/ops/huber_loss.h>
 #include <ATen/ops/mse_loss.h>
+#include <ATen/ops/multilabel_margin_loss_forward.h>
 #include <ATen/ops/smooth_l1_loss.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -1690,6 +1691,7 @@ const RingOpEntry* ring_op_entry(const std::string& op) {
       {"huber_loss", {P::kNone, P::kPreHuber}},
       {"smooth_l1_loss", {P::kNone, P::kPreSmoothL1}},
       {"binary_cross_entropy", {P::kNone, P::kPreBce}},
+      {"multilabel_margin_loss_forward", {P::kNone, P::kPreMultilabelMargin}},
   };
   auto it = table->find(op);
   if (it != table->end()) return &it->second;
@@ -1985,7 +1987,9 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
           return v >= 0 && v != operands[0] && p.views[v].sizes == p.views[operands[0]].sizes &&
                  (state[v] == 1 || (state[v] == -1 && candidate[v]));
         };
-        if (r && r->kind == KtirValue::kInt && (r->i == 1 || r->i == 2) && row_operand(tv) &&
+        // multilabel_margin_loss: [rows, classes] (a 1-D input is one sample).
+        const bool rows_of_samples = pair_loss_of(o.op) != KtirTilePlan::kPreMultilabelMargin || rank0 == 2;
+        if (r && r->kind == KtirValue::kInt && (r->i == 1 || r->i == 2) && row_operand(tv) && rows_of_samples &&
             ((!w || w->kind == KtirValue::kNone) || (row_operand(wv) && wv != tv))) {
           plan.combine = r->i == 1 ? KtirTilePlan::kMean : KtirTilePlan::kSum;
           plan.ring_pre = pair_loss_of(o.op);
@@ -2009,6 +2013,11 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       // (median.dim_values(x, 0, False, %values, %indices)).
       plan.ring_outs = o.results;
       if (order && o.results.empty()) plan.ring_outs = written;
+      if (plan.ring_pre == KtirTilePlan::kPreMultilabelMargin && o.results.size() == 2 && o.results[1] >= 0) {
+        // is_target: rows of the split rows each step writes (not the ring's).
+        plan.ring_is_target = o.results[1];
+        plan.ring_outs.pop_back();
+      }
       // nll_loss: its target has the rows too, split and loaded with them.
       int nll_target = -1;
       if (plan.combine == KtirTilePlan::kNllLoss) {
@@ -2033,6 +2042,10 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       if (nll_target >= 0) state[nll_target] = 1, plan.split[nll_target] = 1;
       if (pair_target >= 0) state[pair_target] = 1, plan.split[pair_target] = 1, plan.ring_target = pair_target;
       if (pair_weight >= 0) state[pair_weight] = 1, plan.split[pair_weight] = 1, plan.ring_weight = pair_weight;
+      if (plan.ring_is_target >= 0) {
+        state[plan.ring_is_target] = 1, plan.split[plan.ring_is_target] = 1;
+        tile_written.insert(storage_key(p.views[plan.ring_is_target]));
+      }
       state[operands[0]] = 1;
       plan.split[operands[0]] = 1;
       const KtirValue* dim = arg_named(o, schema, "dim");
@@ -2064,6 +2077,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       plan.ring_count = 1;
       for (int64_t x : plan.ring_dims)
         if (x >= 0 && x < static_cast<int64_t>(in.size())) plan.ring_count *= in[x];
+      if (plan.ring_pre == KtirTilePlan::kPreMultilabelMargin) plan.ring_count = in[0];  // one loss per row
       if (order) {
         // A hop of the chain carries the runs of the cores before it: on
         // average half the rows (topk: at most k of them).
@@ -3184,10 +3198,19 @@ std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp,
 // kernel with reduction 'none' on their f32 (df16) values (its errors, e.g.
 // binary_cross_entropy's input outside [0, 1], are CPU's), or the diagonal
 // element of each row ([rows, 1]: x[i, i] of the step's row i, 0 past the
-// last column). `idx` (or [lo, lo + n)) are the step's rows.
-at::Tensor ring_pre_values(const KtirTilePlan& P, const KtirOp& o, const std::vector<at::Tensor>& vt, int in,
+// last column), or multilabel_margin_loss's loss of each row ([rows, 1],
+// CPU's kernel with reduction 'none'; its is_target rows are written to their
+// tile). `idx` (or [lo, lo + n)) are the step's rows.
+at::Tensor ring_pre_values(const KtirTilePlan& P, const KtirOp& o, std::vector<at::Tensor>& vt, int in,
                            c10::ScalarType acc, const at::Tensor& idx, int64_t lo, int64_t n) {
   const at::Tensor x = vt[in].to(acc);
+  if (P.ring_pre == KtirTilePlan::kPreMultilabelMargin) {
+    // The loss of each row ([rows, 1]) by CPU's kernel with reduction
+    // 'none'; its is_target rows go to their tile.
+    auto [loss, is_target] = at::multilabel_margin_loss_forward(x, vt[P.ring_target], 0);
+    if (P.ring_is_target >= 0) vt[P.ring_is_target].copy_(is_target);
+    return loss.unsqueeze(1);
+  }
   if (P.ring_pre == KtirTilePlan::kPreDiag) {
     const int64_t cols = x.size(1);
     const at::Tensor rows = idx.defined() ? idx : at::arange(lo, lo + n, at::TensorOptions().dtype(at::kLong));

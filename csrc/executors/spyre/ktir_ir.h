@@ -284,10 +284,13 @@ struct KtirTilePlan {
   // a mean or sum, and its weight of the input's sizes), computed in f32 by CPU's kernel with reduction 'none'; or
   // the diagonal of a matrix (trace): element (i, i) of each row i, 0 past
   // the last column.
-  enum RingPre : uint8_t { kPreNone, kPreMse, kPreHuber, kPreSmoothL1, kPreBce, kPreDiag };
+  // kPreMultilabelMargin: multilabel_margin_loss's loss of each row ([rows,
+  // 1], its target [rows, classes] split with it); mean divides by the rows.
+  enum RingPre : uint8_t { kPreNone, kPreMse, kPreHuber, kPreSmoothL1, kPreBce, kPreDiag, kPreMultilabelMargin };
   RingPre ring_pre = kPreNone;
   int ring_target = -1;
   int ring_weight = -1;  // binary_cross_entropy's weight (split with the rows), or -1
+  int ring_is_target = -1;  // multilabel_margin_loss_forward's is_target result (split rows), or -1
   int ring_op = -1;
   Combine combine = kNone;
   bool normalize = false;    // the ring op's first result is the split rows (softmax, layer_norm, cumsum, renorm)
