@@ -3917,8 +3917,8 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               std::vector<int64_t> sizes = scan.sizes().vec();
               sizes[0] = rpc;
               sizes.insert(sizes.begin(), F - 1);
-              auto [v, ix] = extremum_merge_rows(is_max, av.narrow(0, 0, F - 1),
-                                                 ai.narrow(0, 0, F - 1), scan.narrow(0, rpc, (F - 1) * rpc).view(sizes),
+              auto [v, ix] = extremum_merge_rows(is_max, av.narrow(0, 0, F - 1), ai.narrow(0, 0, F - 1),
+                                                 scan.narrow(0, rpc, (F - 1) * rpc).view(sizes),
                                                  scan_idx.narrow(0, rpc, (F - 1) * rpc).view(sizes), merge_v, merge_i);
               sizes.erase(sizes.begin());
               sizes[0] = (F - 1) * rpc;
@@ -3928,8 +3928,8 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               const int64_t lo = c * rpc, n = std::min(rpc, total_rows - lo);
               if (n <= 0) break;
               auto [v, ix] = extremum_merge_rows(is_max, av.narrow(0, c - 1, 1), ai.narrow(0, c - 1, 1),
-                                                 scan.narrow(0, lo, n).unsqueeze(0), scan_idx.narrow(0, lo, n).unsqueeze(0),
-                                                 merge_v, merge_i);
+                                                 scan.narrow(0, lo, n).unsqueeze(0),
+                                                 scan_idx.narrow(0, lo, n).unsqueeze(0), merge_v, merge_i);
               put(v.squeeze(0), ix.squeeze(0), lo, n);
             }
             // The indices are row numbers below the rows' count: they fit the

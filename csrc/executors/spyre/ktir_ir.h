@@ -289,7 +289,7 @@ struct KtirTilePlan {
   enum RingPre : uint8_t { kPreNone, kPreMse, kPreHuber, kPreSmoothL1, kPreBce, kPreDiag, kPreMultilabelMargin };
   RingPre ring_pre = kPreNone;
   int ring_target = -1;
-  int ring_weight = -1;  // binary_cross_entropy's weight (split with the rows), or -1
+  int ring_weight = -1;     // binary_cross_entropy's weight (split with the rows), or -1
   int ring_is_target = -1;  // multilabel_margin_loss_forward's is_target result (split rows), or -1
   int ring_op = -1;
   Combine combine = kNone;

@@ -30,7 +30,11 @@ SHAPE_IDS = ["64x30", "1000x30", "37x200", "3000x16"]
 
 
 def _operands(shape, special):
-    x = _special(torch.float32, shape, 70) if special else torch.randn(shape, generator=torch.Generator().manual_seed(71))
+    x = (
+        _special(torch.float32, shape, 70)
+        if special
+        else torch.randn(shape, generator=torch.Generator().manual_seed(71))
+    )
     # Targets: class indices, a row's list ending at its first -1 (some rows none).
     t = torch.randint(-1, shape[-1], shape, generator=torch.Generator().manual_seed(72))
     if len(shape) == 2:
