@@ -51,6 +51,7 @@
 #include <ATen/ops/binary_cross_entropy.h>
 #include <ATen/ops/huber_loss.h>
 #include <ATen/ops/mse_loss.h>
+#include <ATen/ops/multilabel_margin_loss_forward.h>
 #include <ATen/ops/smooth_l1_loss.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -1902,6 +1903,7 @@ const RingOpEntry* ring_op_entry(const std::string& op) {
       {"nll_loss_forward", {P::kNllLoss}},
       {"linalg_vector_norm", {P::kNorm}},
       {"norm", {P::kNorm}},
+      {"renorm", {P::kRenorm}},
       {"aminmax", {P::kMinMax}},
       {"cummax", {P::kCummax}},
       {"cummin", {P::kCummin}},
@@ -1920,6 +1922,7 @@ const RingOpEntry* ring_op_entry(const std::string& op) {
       {"huber_loss", {P::kNone, P::kPreHuber}},
       {"smooth_l1_loss", {P::kNone, P::kPreSmoothL1}},
       {"binary_cross_entropy", {P::kNone, P::kPreBce}},
+      {"multilabel_margin_loss_forward", {P::kNone, P::kPreMultilabelMargin}},
   };
   auto it = table->find(op);
   if (it != table->end()) return &it->second;
@@ -2008,6 +2011,15 @@ std::set<int64_t> dims_of(const KtirValue* v, int64_t rank) {
   return dims;
 }
 
+// renorm's `dim` is the dim it keeps: each slice along it is scaled by the
+// norm of the slice, which reduces every other dim. It mixes rows unless dim
+// is 0 of a tensor of more than one dim (each row its own slice).
+bool renorm_mixes_rows(const KtirOp& o, const c10::FunctionSchema& schema, int64_t rank) {
+  const KtirValue* dim = arg_named(o, schema, "dim");
+  if (rank <= 1 || !dim || dim->kind != KtirValue::kInt) return true;
+  return (dim->i < 0 ? dim->i + rank : dim->i) != 0;
+}
+
 // True when op `o` may mix rows whatever its operand shapes: by its kind
 // (the op table), the dims it names, and the operands that address elements
 // by position. Elementwise ops and matmuls never do (their shapes decide);
@@ -2044,6 +2056,7 @@ bool mixes_rows(const KtirOp& o, const c10::OperatorHandle& op, int64_t rank) {
     if (r && r->kind == KtirValue::kInt && (r->i == 0 || r->i == 2)) return false;
     if (mean_grad_of(o, schema) != KtirTilePlan::kPreNone) return false;
   }
+  if (reduces_all_but_dim(base)) return renorm_mixes_rows(o, schema, rank);
   if (kind == PrimKind::kElementwise || kind == PrimKind::kMatmul) return false;
   // copy_, fill_, zero_ (the device's own kernels): each element from its own (or none).
   if (lowering_of(op).overwrites_self) return false;
@@ -2205,7 +2218,9 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
           return v >= 0 && v != operands[0] && p.views[v].sizes == p.views[operands[0]].sizes &&
                  (state[v] == 1 || (state[v] == -1 && candidate[v]));
         };
-        if (r && r->kind == KtirValue::kInt && (r->i == 1 || r->i == 2) && row_operand(tv) &&
+        // multilabel_margin_loss: [rows, classes] (a 1-D input is one sample).
+        const bool rows_of_samples = pair_loss_of(o.op) != KtirTilePlan::kPreMultilabelMargin || rank0 == 2;
+        if (r && r->kind == KtirValue::kInt && (r->i == 1 || r->i == 2) && row_operand(tv) && rows_of_samples &&
             ((!w || w->kind == KtirValue::kNone) || (row_operand(wv) && wv != tv))) {
           plan.combine = r->i == 1 ? KtirTilePlan::kMean : KtirTilePlan::kSum;
           plan.ring_pre = pair_loss_of(o.op);
@@ -2229,6 +2244,11 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       // (median.dim_values(x, 0, False, %values, %indices)).
       plan.ring_outs = o.results;
       if (order && o.results.empty()) plan.ring_outs = written;
+      if (plan.ring_pre == KtirTilePlan::kPreMultilabelMargin && o.results.size() == 2 && o.results[1] >= 0) {
+        // is_target: rows of the split rows each step writes (not the ring's).
+        plan.ring_is_target = o.results[1];
+        plan.ring_outs.pop_back();
+      }
       // nll_loss: its target has the rows too, split and loaded with them.
       int nll_target = -1;
       if (plan.combine == KtirTilePlan::kNllLoss) {
@@ -2253,17 +2273,28 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       if (nll_target >= 0) state[nll_target] = 1, plan.split[nll_target] = 1;
       if (pair_target >= 0) state[pair_target] = 1, plan.split[pair_target] = 1, plan.ring_target = pair_target;
       if (pair_weight >= 0) state[pair_weight] = 1, plan.split[pair_weight] = 1, plan.ring_weight = pair_weight;
+      if (plan.ring_is_target >= 0) {
+        state[plan.ring_is_target] = 1, plan.split[plan.ring_is_target] = 1;
+        tile_written.insert(storage_key(p.views[plan.ring_is_target]));
+      }
       state[operands[0]] = 1;
       plan.split[operands[0]] = 1;
       const KtirValue* dim = arg_named(o, schema, "dim");
-      const std::set<int64_t> d = dims_of(dim, rank0);
+      std::set<int64_t> d = dims_of(dim, rank0);
+      if (reduces_all_but_dim(o.op.substr(0, o.op.find('.')))) {  // every dim but renorm's
+        std::set<int64_t> others;
+        for (int64_t x = 0; x < rank0; ++x)
+          if (!d.count(x)) others.insert(x);
+        d = std::move(others);
+      }
       plan.ring_dims.assign(d.begin(), d.end());
       plan.ring_flat = (plan.combine == KtirTilePlan::kArgMax || plan.combine == KtirTilePlan::kArgMin ||
                         plan.combine == KtirTilePlan::kMedian || plan.combine == KtirTilePlan::kNanMedian) &&
                        (!dim || dim->kind == KtirValue::kNone);
       plan.ring_values = o.op == "max.dim" || o.op == "min.dim";
       plan.normalize = plan.combine == KtirTilePlan::kSoftmax || plan.combine == KtirTilePlan::kLogSoftmax ||
-                       plan.combine == KtirTilePlan::kLayerNorm || is_scan(plan.combine);
+                       plan.combine == KtirTilePlan::kLayerNorm || plan.combine == KtirTilePlan::kRenorm ||
+                       is_scan(plan.combine);
       // The normalizing pass reads the input whole after the ring: an LX
       // input the steps produce is kept in its buffer (a scan keeps its
       // partial sums instead).
@@ -2277,6 +2308,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       plan.ring_count = 1;
       for (int64_t x : plan.ring_dims)
         if (x >= 0 && x < static_cast<int64_t>(in.size())) plan.ring_count *= in[x];
+      if (plan.ring_pre == KtirTilePlan::kPreMultilabelMargin) plan.ring_count = in[0];  // one loss per row
       if (order) {
         // A hop of the chain carries the runs of the cores before it: on
         // average half the rows (topk: at most k of them).
@@ -2473,6 +2505,7 @@ struct RingParams {
   double ord = 2;           // norm: the order (inf, -inf, 0, 1, 2, any p)
   int64_t k = 1;            // topk, kthvalue
   bool descending = false;  // sort's descending, topk's largest: the run's order
+  double maxnorm = 0;       // renorm
 };
 
 RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
@@ -2509,32 +2542,37 @@ RingParams ring_params(const KtirOp& o, const std::vector<int64_t>& in_sizes) {
   const KtirValue* desc = arg_named(o, schema, "descending");
   if (!desc) desc = arg_named(o, schema, "largest");
   if (desc && desc->kind == KtirValue::kBool) rp.descending = desc->b;
+  if (const KtirValue* mx = arg_named(o, schema, "maxnorm")) {
+    if (mx->kind == KtirValue::kInt) rp.maxnorm = static_cast<double>(mx->i);
+    if (mx->kind == KtirValue::kFloat) rp.maxnorm = mx->f;
+  }
   return rp;
 }
 
-// Per-thread f32 scratch kept across launches, one buffer per use (the
-// cores' LX scratch): the widened input of a normalizing ring op and the
-// softmax partials' exps reuse their storage instead of allocating a tensor
-// of the input's size per launch, whose fresh pages the kernel maps and
-// zeroes again at every first touch. A lease holds its slot until it goes
-// out of scope; a slot already held (a nested walk) or a size over the cap
-// gets a fresh tensor. Contents are never read before being written.
+// Per-thread scratch kept across launches, one buffer per use (the cores'
+// LX scratch): the widened input of a normalizing ring op, the softmax
+// partials' exps and a scan's (value, index) rows reuse their storage
+// instead of allocating a tensor of the input's size per launch, whose fresh
+// pages the kernel maps and zeroes again at every first touch. A lease holds
+// its slot until it goes out of scope; a slot already held (a nested walk)
+// or a size over the cap gets a fresh tensor. Contents are never read before
+// being written.
 class Scratch {
  public:
-  enum Slot { kWideIn = 0, kPartial = 1, kSlots = 2 };
-  // Bounds the memory a thread keeps: 16 MiB of f32 per slot.
-  static constexpr int64_t kCapElems = int64_t{1} << 22;
-  Scratch(Slot slot, at::IntArrayRef sizes) : slot_(slot) {
-    const int64_t n = c10::multiply_integers(sizes);
+  enum Slot { kWideIn, kPartial, kScanValues, kScanIndices, kMergeValues, kMergeIndices, kSlots };
+  // Bounds the memory a thread keeps: 16 MiB per slot.
+  static constexpr int64_t kCapBytes = int64_t{1} << 24;
+  Scratch(Slot slot, at::IntArrayRef sizes, c10::ScalarType dtype = at::kFloat) : slot_(slot) {
+    const int64_t bytes = c10::multiply_integers(sizes) * static_cast<int64_t>(c10::elementSize(dtype));
     State& s = state();
-    if (n > kCapElems || s.held[slot_]) {
-      t_ = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
+    if (bytes > kCapBytes || s.held[slot_]) {
+      t_ = at::empty(sizes, at::TensorOptions().dtype(dtype));
       return;
     }
     at::Tensor& buf = s.buf[slot_];
-    if (!buf.defined() || buf.numel() < n) buf = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
+    if (!buf.defined() || buf.numel() < bytes) buf = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
     s.held[slot_] = leased_ = true;
-    t_ = buf.narrow(0, 0, n).view(sizes);
+    t_ = buf.narrow(0, 0, bytes).view(dtype).view(sizes);
   }
   ~Scratch() {
     if (leased_) state().held[slot_] = false;
@@ -2546,7 +2584,7 @@ class Scratch {
  private:
   struct State {
     at::Tensor buf[kSlots];
-    bool held[kSlots] = {false, false};
+    bool held[kSlots] = {};
   };
   static State& state() {
     static thread_local State s;
@@ -2617,6 +2655,7 @@ RingPart ring_partial(const KtirTilePlan& P, const RingParams& rp, const at::Ten
       q.t = {seg.ne(0).amin(dims, true)};
       break;
     case KtirTilePlan::kNorm:
+    case KtirTilePlan::kRenorm:
       // The powers |x|^ord of the corelet's df16 (f32) values, summed in f32
       // (ord +-inf: the max/min of |x|; ord 0: the count of nonzeros).
       if (std::isinf(rp.ord))
@@ -2714,6 +2753,7 @@ RingPart ring_merge(const KtirTilePlan& P, const RingParams& rp, RingPart a, con
       r.t = {a.t[0].logical_and(b.t[0])};
       break;
     case KtirTilePlan::kNorm:
+    case KtirTilePlan::kRenorm:
       if (std::isinf(rp.ord))
         r.t = {rp.ord > 0 ? at::maximum(a.t[0], b.t[0]) : at::minimum(a.t[0], b.t[0])};
       else
@@ -2799,19 +2839,6 @@ RingPart softmax_ring_chain(const std::vector<RingPart>& acc, KtirWalk* walk) {
   RingPart r;
   r.t = {run.back(), s};
   return r;
-}
-
-// cummax/cummin: the scan state after the earlier rows' pair (av, ai) and
-// then the later rows' running pairs (bv, bi) (broadcast over their rows).
-// CPU's scan takes an element when it is NaN, or when the running value is
-// not NaN and the element is >= it (cummax; <= for cummin): the later rows'
-// pair wins under the same rule, so ties keep the later index and a NaN the
-// last NaN's index, as a scan over all the rows gives.
-std::pair<at::Tensor, at::Tensor> extremum_merge(const KtirTilePlan& P, const at::Tensor& av, const at::Tensor& ai,
-                                                 const at::Tensor& bv, const at::Tensor& bi) {
-  const at::Tensor better = P.combine == KtirTilePlan::kCummax ? bv.ge(av) : bv.le(av);
-  const at::Tensor take = bv.isnan().logical_or(av.isnan().logical_not().logical_and(better));
-  return {at::where(take, bv, av), at::where(take, bi, ai)};
 }
 
 // softmax_ring_chain for every core's partials at once: `m_all`, `s_all`
@@ -2930,11 +2957,11 @@ void extremum_row_any(const T* a, const int64_t* ai, const T* b, const int64_t* 
 
 template <bool kMax, typename T>
 void extremum_scan_loop(const T* x, int64_t G, int64_t rows, int64_t inner, const int64_t* firsts, const T* cv,
-                        const int64_t* ci, T* ov, int64_t* oi) {
+                        const int64_t* ci, T* ov, int64_t* oi, int64_t out_g_stride) {
   for (int64_t g = 0; g < G; ++g) {
     const T* xg = x + g * rows * inner;
-    T* vg = ov + g * rows * inner;
-    int64_t* ig = oi + g * rows * inner;
+    T* vg = ov + g * out_g_stride;
+    int64_t* ig = oi + g * out_g_stride;
     for (int64_t r = 0; r < rows; ++r) {
       const T* pv = r > 0 ? vg + (r - 1) * inner : (cv ? cv + g * inner : nullptr);
       const int64_t* pi = r > 0 ? ig + (r - 1) * inner : (ci ? ci + g * inner : nullptr);
@@ -2952,20 +2979,21 @@ void extremum_scan_loop(const T* x, int64_t G, int64_t rows, int64_t inner, cons
   }
 }
 
-std::pair<at::Tensor, at::Tensor> extremum_scan(bool is_max, const at::Tensor& x, const std::vector<int64_t>& firsts,
-                                                const at::Tensor& cv, const at::Tensor& ci) {
+// The scan into (v, ix) [G, rows, ...] of x's sizes and dtype (ix int64):
+// each block's rows contiguous, blocks `v.stride(0)` elements apart (the
+// cores' evenly spaced rows of a whole scan buffer).
+void extremum_scan_into(bool is_max, const at::Tensor& x, const std::vector<int64_t>& firsts, const at::Tensor& cv,
+                        const at::Tensor& ci, const at::Tensor& v, const at::Tensor& ix) {
   const at::Tensor xc = x.contiguous();
   const int64_t G = xc.size(0), rows = xc.size(1), inner = rows > 0 ? xc.numel() / std::max<int64_t>(1, G * rows) : 0;
-  at::Tensor v = at::empty(xc.sizes(), xc.options()), ix = at::empty(xc.sizes(), xc.options().dtype(at::kLong));
   const at::Tensor cvc = cv.defined() ? cv.contiguous() : cv, cic = ci.defined() ? ci.contiguous() : ci;
   AT_DISPATCH_ALL_TYPES_AND(at::kBool, xc.scalar_type(), "extremum_scan", [&] {
     auto* loop = is_max ? &extremum_scan_loop<true, scalar_t> : &extremum_scan_loop<false, scalar_t>;
     loop(xc.const_data_ptr<scalar_t>(), G, rows, inner, firsts.data(),
          cvc.defined() ? cvc.const_data_ptr<scalar_t>() : nullptr,
          cic.defined() ? cic.const_data_ptr<int64_t>() : nullptr, v.mutable_data_ptr<scalar_t>(),
-         ix.mutable_data_ptr<int64_t>());
+         ix.mutable_data_ptr<int64_t>(), v.stride(0));
   });
-  return {v, ix};
 }
 
 // extremum_merge of the pairs (av, ai) [G, 1, ...] of the earlier rows into
@@ -2980,17 +3008,46 @@ void extremum_merge_loop(const T* av, const int64_t* ai, const T* bv, const int6
     }
 }
 
+// The merged pairs in per-thread scratch (the leases `lv`, `li`), valid while they live.
 std::pair<at::Tensor, at::Tensor> extremum_merge_rows(bool is_max, const at::Tensor& av, const at::Tensor& ai,
-                                                      const at::Tensor& bv, const at::Tensor& bi) {
+                                                      const at::Tensor& bv, const at::Tensor& bi,
+                                                      std::optional<Scratch>& lv, std::optional<Scratch>& li) {
   const at::Tensor a = av.contiguous(), a_i = ai.contiguous(), b = bv.contiguous(), b_i = bi.contiguous();
   const int64_t G = b.size(0), rows = b.size(1), inner = rows > 0 ? b.numel() / std::max<int64_t>(1, G * rows) : 0;
-  at::Tensor v = at::empty(b.sizes(), b.options()), ix = at::empty(b.sizes(), b_i.options());
+  lv.reset(), li.reset();
+  const at::Tensor v = lv.emplace(Scratch::kMergeValues, b.sizes(), b.scalar_type()).tensor();
+  const at::Tensor ix = li.emplace(Scratch::kMergeIndices, b.sizes(), at::kLong).tensor();
   AT_DISPATCH_ALL_TYPES_AND(at::kBool, b.scalar_type(), "extremum_merge_rows", [&] {
     auto* loop = is_max ? &extremum_merge_loop<true, scalar_t> : &extremum_merge_loop<false, scalar_t>;
     loop(a.const_data_ptr<scalar_t>(), a_i.const_data_ptr<int64_t>(), b.const_data_ptr<scalar_t>(),
          b_i.const_data_ptr<int64_t>(), G, rows, inner, v.mutable_data_ptr<scalar_t>(), ix.mutable_data_ptr<int64_t>());
   });
   return {v, ix};
+}
+
+// The inclusive prefix of K pairs (v, i) [K, 1, ...] merged in order by
+// CPU's rule: row c is the pair of rows 0..c (row c later than the prefix
+// before it), one row loop per step. Returns contiguous [K, 1, ...] tensors.
+template <bool kMax, typename T>
+void extremum_prefix_loop(const T* v, const int64_t* i, int64_t K, int64_t inner, T* ov, int64_t* oi) {
+  std::copy(v, v + inner, ov);
+  std::copy(i, i + inner, oi);
+  for (int64_t c = 1; c < K; ++c)
+    extremum_row_any<kMax, false>(ov + (c - 1) * inner, oi + (c - 1) * inner, v + c * inner, i + c * inner, 0,
+                                  ov + c * inner, oi + c * inner, inner);
+}
+
+std::pair<at::Tensor, at::Tensor> extremum_prefix(bool is_max, const at::Tensor& v, const at::Tensor& i) {
+  const at::Tensor a = v.contiguous(), a_i = i.contiguous();
+  const int64_t K = a.size(0), inner = K > 0 ? a.numel() / K : 0;
+  at::Tensor ov = at::empty(a.sizes(), a.options()), oi = at::empty(a.sizes(), a_i.options());
+  if (K == 0) return {ov, oi};
+  AT_DISPATCH_ALL_TYPES_AND(at::kBool, a.scalar_type(), "extremum_prefix", [&] {
+    auto* loop = is_max ? &extremum_prefix_loop<true, scalar_t> : &extremum_prefix_loop<false, scalar_t>;
+    loop(a.const_data_ptr<scalar_t>(), a_i.const_data_ptr<int64_t>(), K, inner, ov.mutable_data_ptr<scalar_t>(),
+         oi.mutable_data_ptr<int64_t>());
+  });
+  return {ov, oi};
 }
 
 // An order statistic's sorted run of a set of columns: values [inner, n]
@@ -3376,6 +3433,7 @@ std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp,
     case KtirTilePlan::kMinMax:
       return {total.t[0], total.t[1]};
     case KtirTilePlan::kNorm:  // the ord-th root of the summed powers, once
+    case KtirTilePlan::kRenorm:
       if (std::isinf(rp.ord) || rp.ord == 0 || rp.ord == 1) return {total.t[0]};
       if (rp.ord == 2) return {total.t[0].sqrt()};
       return {total.t[0].pow(1.0 / rp.ord)};
@@ -3389,10 +3447,19 @@ std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp,
 // kernel with reduction 'none' on their f32 (df16) values (its errors, e.g.
 // binary_cross_entropy's input outside [0, 1], are CPU's), or the diagonal
 // element of each row ([rows, 1]: x[i, i] of the step's row i, 0 past the
-// last column). `idx` (or [lo, lo + n)) are the step's rows.
-at::Tensor ring_pre_values(const KtirTilePlan& P, const KtirOp& o, const std::vector<at::Tensor>& vt, int in,
+// last column), or multilabel_margin_loss's loss of each row ([rows, 1],
+// CPU's kernel with reduction 'none'; its is_target rows are written to their
+// tile). `idx` (or [lo, lo + n)) are the step's rows.
+at::Tensor ring_pre_values(const KtirTilePlan& P, const KtirOp& o, std::vector<at::Tensor>& vt, int in,
                            c10::ScalarType acc, const at::Tensor& idx, int64_t lo, int64_t n) {
   const at::Tensor x = vt[in].to(acc);
+  if (P.ring_pre == KtirTilePlan::kPreMultilabelMargin) {
+    // The loss of each row ([rows, 1]) by CPU's kernel with reduction
+    // 'none'; its is_target rows go to their tile.
+    auto [loss, is_target] = at::multilabel_margin_loss_forward(x, vt[P.ring_target], 0);
+    if (P.ring_is_target >= 0) vt[P.ring_is_target].copy_(is_target);
+    return loss.unsqueeze(1);
+  }
   if (P.ring_pre == KtirTilePlan::kPreDiag) {
     const int64_t cols = x.size(1);
     const at::Tensor rows = idx.defined() ? idx : at::arange(lo, lo + n, at::TensorOptions().dtype(at::kLong));
@@ -3446,12 +3513,22 @@ void mean_loss_grad(KtirTilePlan::RingPre loss, int64_t n, bool out, torch::jit:
   s.emplace_back(std::move(result));
 }
 
-// A normalizing ring op's statistics: softmax (max, sum), layer_norm (mean, rstd).
+// renorm's scale factor of each slice's norm, as CPU's kernel computes it
+// in the norm's dtype: maxnorm / (norm + 1e-7) where norm > maxnorm, else 1
+// (a NaN norm: 1).
+at::Tensor renorm_factor(const at::Tensor& norm, double maxnorm) {
+  const at::Tensor scaled = at::scalar_tensor(maxnorm, norm.options()).div(norm.add(1e-7));
+  return at::where(norm.gt(maxnorm), scaled, at::ones({}, norm.options()));
+}
+
+// A normalizing ring op's statistics: softmax (max, sum), layer_norm (mean,
+// rstd), renorm (the scale factor).
 struct RingStats {
   at::Tensor a, b;
 };
 
 RingStats ring_stats(const KtirTilePlan& P, const RingParams& rp, const RingPart& total) {
+  if (P.combine == KtirTilePlan::kRenorm) return {renorm_factor(ring_finish(P, rp, total)[0], rp.maxnorm), {}};
   if (P.combine != KtirTilePlan::kLayerNorm) return {total.t[0], total.t[1]};
   const at::Tensor var = total.t[1].div(total.n);  // biased, as layer_norm's
   return {total.t[0], var.add(rp.eps).rsqrt()};
@@ -3482,6 +3559,8 @@ at::Tensor ring_normalize(const KtirTilePlan& P, const RingStats& st, const at::
       return x.sub(st.a).exp_().div_(st.b);
     case KtirTilePlan::kLogSoftmax:
       return x.sub(st.a).sub_(st.b.log());
+    case KtirTilePlan::kRenorm:
+      return own ? x.mul_(st.a) : x.mul(st.a);
     default: {  // kLayerNorm
       at::Tensor y = x.sub(st.a).mul_(st.b);
       if (w.defined()) y = y.mul_(w);
@@ -3645,9 +3724,13 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   // cummax/cummin: each core's last (value, index) pair so far, [cores_used, 1, ...], and whether it has one.
   at::Tensor ext_v, ext_i;
   std::vector<char> ext_has(P.tiling.cores_used, 0);
-  if (ring && is_scan(P.combine)) scan = at::empty(p.views[ring_in].sizes, at::TensorOptions().dtype(acc_dtype));
-  if (ring && is_extremum_scan(P.combine))
-    scan_idx = at::empty(p.views[ring_in].sizes, at::TensorOptions().dtype(at::kLong));
+  std::optional<Scratch> scan_lease, scan_idx_lease;
+  if (ring && is_extremum_scan(P.combine)) {  // kept across launches (Scratch)
+    scan = scan_lease.emplace(Scratch::kScanValues, p.views[ring_in].sizes, acc_dtype).tensor();
+    scan_idx = scan_idx_lease.emplace(Scratch::kScanIndices, p.views[ring_in].sizes, at::kLong).tensor();
+  } else if (ring && is_scan(P.combine)) {
+    scan = at::empty(p.views[ring_in].sizes, at::TensorOptions().dtype(acc_dtype));
+  }
   // The rows of step i of a whole view (the load of a tile), and their store.
   auto step_rows = [&](size_t i, int64_t* lo, int64_t* n) {
     *lo = -1, *n = 0;
@@ -3820,10 +3903,15 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               sizes.insert(sizes.begin(), G);
               std::vector<int64_t> firsts(G);
               for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first;
-              at::Tensor v, ix;
-              std::tie(v, ix) = extremum_scan(
-                  P.combine == KtirTilePlan::kCummax, x.narrow(0, off, G * rows).view(sizes), firsts,
-                  ext_has[c] ? ext_v.narrow(0, c, G) : at::Tensor(), ext_has[c] ? ext_i.narrow(0, c, G) : at::Tensor());
+              // The G cores' rows of `scan`: evenly spaced blocks of `rows` rows,
+              // written by the scan in place.
+              std::vector<int64_t> strides = scan.strides().vec();
+              strides.insert(strides.begin(), (G > 1 ? cores[c + 1].first - cores[c].first : rows) * scan.stride(0));
+              const at::Tensor v = scan.as_strided(sizes, strides, cores[c].first * scan.stride(0));
+              const at::Tensor ix = scan_idx.as_strided(sizes, strides, cores[c].first * scan_idx.stride(0));
+              extremum_scan_into(P.combine == KtirTilePlan::kCummax, x.narrow(0, off, G * rows).view(sizes), firsts,
+                                 ext_has[c] ? ext_v.narrow(0, c, G) : at::Tensor(),
+                                 ext_has[c] ? ext_i.narrow(0, c, G) : at::Tensor(), v, ix);
               if (!ext_v.defined()) {
                 std::vector<int64_t> last = v.sizes().vec();
                 last[0] = static_cast<int64_t>(cores.size());
@@ -3833,11 +3921,6 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               }
               ext_v.narrow(0, c, G).copy_(v.narrow(1, rows - 1, 1));
               ext_i.narrow(0, c, G).copy_(ix.narrow(1, rows - 1, 1));
-              // The G cores' rows of `scan`: evenly spaced blocks of `rows` rows.
-              std::vector<int64_t> strides = scan.strides().vec();
-              strides.insert(strides.begin(), (G > 1 ? cores[c + 1].first - cores[c].first : rows) * scan.stride(0));
-              scan.as_strided(sizes, strides, cores[c].first * scan.stride(0)).copy_(v);
-              scan_idx.as_strided(sizes, strides, cores[c].first * scan_idx.stride(0)).copy_(ix);
               for (size_t g = c; g < e; ++g) ext_has[g] = 1;
               off += G * rows;
             }
@@ -4043,21 +4126,13 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           if (is_extremum_scan(P.combine)) {
             // The ring passes each core the pair of the cores before it (their
             // last pairs merged in core order); the second pass merges it into
-            // the core's rows.
-            // The merge is a selection under one rule (associative: any
-            // grouping gives the pair of the rows in order), so the inclusive
-            // prefix of the cores' pairs is a Hillis-Steele scan in log2(cores)
-            // batched merges; core c takes the prefix of cores 0..c-1.
+            // the core's rows. Core c takes the inclusive prefix of cores
+            // 0..c-1 (one row loop per core: the pairs are a row each).
+            const bool is_max = P.combine == KtirTilePlan::kCummax;
             int64_t K = 0;
             while (K < static_cast<int64_t>(ext_has.size()) && ext_has[K]) ++K;
-            at::Tensor av = K > 0 ? ext_v.narrow(0, 0, K) : at::Tensor(),
-                       ai = K > 0 ? ext_i.narrow(0, 0, K) : at::Tensor();
-            for (int64_t d = 1; d < K; d *= 2) {
-              auto [mv, mi] = extremum_merge(P, av.narrow(0, 0, K - d), ai.narrow(0, 0, K - d), av.narrow(0, d, K - d),
-                                             ai.narrow(0, d, K - d));
-              av = at::cat({av.narrow(0, 0, d), mv});
-              ai = at::cat({ai.narrow(0, 0, d), mi});
-            }
+            at::Tensor av, ai;
+            if (K > 0) std::tie(av, ai) = extremum_prefix(is_max, ext_v.narrow(0, 0, K), ext_i.narrow(0, 0, K));
             if (walk && K > 1) walk->ring_steps += static_cast<int>(K - 1);
             const int64_t total_rows = scan.size(0), rpc = P.tiling.rows_per_core;
             auto put = [&](const at::Tensor& v, const at::Tensor& ix, int64_t lo, int64_t n) {
@@ -4066,15 +4141,16 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             };
             put(scan.narrow(0, 0, std::min(rpc, total_rows)), scan_idx.narrow(0, 0, std::min(rpc, total_rows)), 0,
                 std::min(rpc, total_rows));
+            std::optional<Scratch> merge_v, merge_i;  // the merged rows, stored at once
             // Cores 1..F-1 hold rpc rows each: one batched merge with their prefixes.
             const int64_t F = std::min(K, total_rows / rpc);
             if (F > 1) {
               std::vector<int64_t> sizes = scan.sizes().vec();
               sizes[0] = rpc;
               sizes.insert(sizes.begin(), F - 1);
-              auto [v, ix] = extremum_merge_rows(P.combine == KtirTilePlan::kCummax, av.narrow(0, 0, F - 1),
-                                                 ai.narrow(0, 0, F - 1), scan.narrow(0, rpc, (F - 1) * rpc).view(sizes),
-                                                 scan_idx.narrow(0, rpc, (F - 1) * rpc).view(sizes));
+              auto [v, ix] = extremum_merge_rows(is_max, av.narrow(0, 0, F - 1), ai.narrow(0, 0, F - 1),
+                                                 scan.narrow(0, rpc, (F - 1) * rpc).view(sizes),
+                                                 scan_idx.narrow(0, rpc, (F - 1) * rpc).view(sizes), merge_v, merge_i);
               sizes.erase(sizes.begin());
               sizes[0] = (F - 1) * rpc;
               put(v.view(sizes), ix.view(sizes), rpc, (F - 1) * rpc);
@@ -4082,10 +4158,14 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             for (int64_t c = std::max<int64_t>(F, 1); c < K; ++c) {  // a last core with fewer rows
               const int64_t lo = c * rpc, n = std::min(rpc, total_rows - lo);
               if (n <= 0) break;
-              auto [v, ix] = extremum_merge(P, av.select(0, c - 1), ai.select(0, c - 1), scan.narrow(0, lo, n),
-                                            scan_idx.narrow(0, lo, n));
-              put(v, ix, lo, n);
+              auto [v, ix] = extremum_merge_rows(is_max, av.narrow(0, c - 1, 1), ai.narrow(0, c - 1, 1),
+                                                 scan.narrow(0, lo, n).unsqueeze(0),
+                                                 scan_idx.narrow(0, lo, n).unsqueeze(0), merge_v, merge_i);
+              put(v.squeeze(0), ix.squeeze(0), lo, n);
             }
+            // The indices are row numbers below the rows' count: they fit the
+            // device's int32 when it does (no range check of each launch).
+            if (total_rows <= std::numeric_limits<int32_t>::max() && results.size() > 1) results.pop_back();
             hooks.after_op(P.ring_op, results, {});
             return;
           }

@@ -253,6 +253,10 @@ struct KtirTilePlan {
   // after every number ascending, before descending), merged stably in tile
   // order and then in core order; topk keeps the first k of each run. The
   // result is read off the merged order (docs/ktir.md, "Order statistics").
+  // kRenorm (renorm over a dim other than 0: the norm of each slice reduces
+  // the split rows) sums kNorm's partials over `ring_dims` (every dim but
+  // renorm's), takes the root once, and its normalizing pass multiplies each
+  // row by CPU's scale factor of that norm.
   enum Combine : uint8_t {
     kNone,
     kSum,
@@ -283,7 +287,8 @@ struct KtirTilePlan {
     kKthvalue,
     kMedian,
     kNanMedian,
-    kMode
+    kMode,
+    kRenorm
   };
   // What the ring op's partials sum (kSum/kMean), when it is not its first
   // operand: the elementwise loss of the operand and `ring_target` (split
@@ -291,13 +296,16 @@ struct KtirTilePlan {
   // a mean or sum, and its weight of the input's sizes), computed in f32 by CPU's kernel with reduction 'none'; or
   // the diagonal of a matrix (trace): element (i, i) of each row i, 0 past
   // the last column.
-  enum RingPre : uint8_t { kPreNone, kPreMse, kPreHuber, kPreSmoothL1, kPreBce, kPreDiag };
+  // kPreMultilabelMargin: multilabel_margin_loss's loss of each row ([rows,
+  // 1], its target [rows, classes] split with it); mean divides by the rows.
+  enum RingPre : uint8_t { kPreNone, kPreMse, kPreHuber, kPreSmoothL1, kPreBce, kPreDiag, kPreMultilabelMargin };
   RingPre ring_pre = kPreNone;
   int ring_target = -1;
-  int ring_weight = -1;  // binary_cross_entropy's weight (split with the rows), or -1
+  int ring_weight = -1;     // binary_cross_entropy's weight (split with the rows), or -1
+  int ring_is_target = -1;  // multilabel_margin_loss_forward's is_target result (split rows), or -1
   int ring_op = -1;
   Combine combine = kNone;
-  bool normalize = false;    // the ring op's first result is the split rows (softmax, layer_norm, cumsum)
+  bool normalize = false;    // the ring op's first result is the split rows (softmax, layer_norm, cumsum, renorm)
   bool ring_flat = false;    // argmax/argmin without a dim: indices into the flattened input
   bool ring_values = false;  // max.dim/min.dim: the (value, index) pair, both results
   std::vector<int64_t> ring_dims;

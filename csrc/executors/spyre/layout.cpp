@@ -9,6 +9,9 @@
 
 namespace tpu_eager {
 namespace spyre {
+
+bool reduces_all_but_dim(const std::string& base) { return base == "renorm" || base == "renorm_"; }
+
 namespace {
 
 RegionLayout::Key key_of(const TensorRef& r) {
@@ -37,6 +40,12 @@ std::set<int64_t> reduced_dims(const Node& n) {
       const auto l = v.toIntList();
       if (l.empty()) all();
       for (int64_t d : l) dims.insert(d < 0 ? d + rank : d);
+    }
+    if (reduces_all_but_dim(n.op.schema().name().substr(n.op.schema().name().find("::") + 2))) {
+      std::set<int64_t> others;  // renorm: every dim but the named one
+      for (int64_t d = 0; d < rank; ++d)
+        if (!dims.count(d)) others.insert(d);
+      return others;
     }
     return dims;
   }

@@ -52,6 +52,11 @@ struct RegionLayout {
 // op's first result (or first written argument).
 RegionLayout region_layout(const Region& region, const std::vector<Node>& graph, const CardParams& card);
 
+// True for the reductions whose `dim` argument names the dim they keep, not
+// the ones they reduce (renorm: the norm of each slice along dim reduces
+// every other dim). `base`: the ATen name without its overload.
+bool reduces_all_but_dim(const std::string& base);
+
 // The device dtype a host dtype is held as: "f32", "df16" (float16 and
 // bfloat16), "i32" (int64), else c10's name.
 std::string device_dtype_name(c10::ScalarType t);

@@ -3,7 +3,7 @@
 tile by tile with a carried pair, the cores' last pairs merged along the
 ring), norm / linalg_vector_norm (f32 partials of df16 powers, one root),
 aminmax ((min, max) pairs), nansum, count_nonzero, any and all over dim 0;
-and the reductions that still run their regions whole (multilabel_margin_loss,
+and the reductions that still run their regions whole (nll_loss2d_forward,
 ...) counted as library calls.
 
 The references are independent of the executor: cummax/cummin by CPU's scan
@@ -201,12 +201,14 @@ def test_aminmax_count_any_all_nansum(spyre_target, dtype, shape):
 
 
 def test_reductions_without_a_ring_program_are_library_calls(spyre_target):
-    # Reductions of the split rows without a ring combine (multilabel_margin_loss,
-    # renorm, ...) keep their regions whole: each runs its whole input as a
+    # Reductions of the split rows without a ring combine (nll_loss2d_forward,
+    # ...) keep their regions whole: each runs its whole input as a
     # library call (metrics). The order statistics (median, kthvalue, sort,
     # topk, ...) have ring programs since 2026-12-05 (test_spyre_ring_order.py),
     # mse_loss, huber_loss, smooth_l1_loss, binary_cross_entropy and trace
-    # since branch spyre21f (test_spyre_ring_losses.py).
+    # since branch spyre21f (test_spyre_ring_losses.py), renorm since branch
+    # spyre21s (test_spyre_ring_renorm.py), as multilabel_margin_loss
+    # (test_spyre_ring_multilabel.py).
     from torch_tpu_eager import metrics, metrics_report, reset_metrics, spyre
 
     a = _special(torch.float32, (200, 64), 55)
@@ -214,12 +216,13 @@ def test_reductions_without_a_ring_program_are_library_calls(spyre_target):
     d, e = a.to("tpu"), b.to("tpu")
     a, b = a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0)
     d, e = d.nan_to_num(0.0, 1.0, -1.0), e.nan_to_num(0.0, 1.0, -1.0)
-    tgt = torch.randint(-1, 64, (200, 64), generator=torch.Generator().manual_seed(58))
+    tgt = torch.randint(0, 4, (200, 4, 4), generator=torch.Generator().manual_seed(58))
     td = tgt.to("tpu")
+    # [N, C, H, W] log-probabilities (made on the host: the loss is the region's only op).
+    a = a.reshape(200, 4, 4, 4).log_softmax(1)
+    d = a.to("tpu")
     cases = {
-        "multilabel_margin_loss_forward": lambda t, u: torch.nn.functional.multilabel_margin_loss(
-            t, td if t.device.type == "tpu" else tgt
-        ),
+        "nll_loss2d_forward": lambda t, u: torch.nn.functional.nll_loss(t, td if t.device.type == "tpu" else tgt),
     }
     for name, f in cases.items():
         d.cpu(), e.cpu()
