@@ -7,7 +7,9 @@ C++ meta function, and the Python reference meta kernels choose other strides fo
 mixed layouts, expanded operands and size-1 dims. The op table's kIteratorLayout,
 kOtherContiguous, kEmptyLikeSelf and kContiguousResult traits give CPU's rule
 (csrc/ops/memory_format.cpp). Every case compares sizes, strides and values with
-CPU; structured neighbours (add, where, atan2, ...) guard the other path.
+CPU; structured neighbours (where, lerp) guard the other path. Structured kernels whose
+TensorIterator converts inputs of another dtype before it orders the dims (add, mul, eq,
+atan2, ...: test_mixed_dtype_result_strides) take the same kIteratorLayout rule.
 """
 
 import itertools
@@ -158,3 +160,43 @@ def test_floor_divide_dtypes(dtype, la, lb):
     b, tb = (b * 20).to(dtype).abs() + 1, (tb * 20).to(dtype).abs() + 1  # no integer division by zero
     assert (ta.stride(), tb.stride()) == (a.stride(), b.stride())
     _check(torch.floor_divide(a, b), torch.floor_divide(ta, tb))
+
+
+# Structured TensorIterator kernels that promote their inputs to a common dtype: CPU's iterator
+# replaces an input of another dtype by its `.to(common)` copy before it orders the dims, so an
+# expanded int32 operand of a float32 op enters contiguous (its copy's layout) and decides the
+# result's layout; the meta kernel's iterator converts nothing (kIteratorLayout now names them).
+# Found by tests/executors/tpu/test_random_fused.py: add(expanded int32, permuted float32).
+MIXED_OPS = {
+    "add": torch.add,
+    "sub": lambda a, b: torch.sub(a, b, alpha=2),
+    "mul": torch.mul,
+    "div": torch.div,
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "eq": torch.eq,
+    "lt": torch.lt,
+    "maximum": torch.maximum,
+    "fmin": torch.fmin,
+    "pow": torch.pow,
+    "atan2": torch.atan2,
+    "remainder": torch.remainder,
+    "fmod": torch.fmod,
+    "copysign": torch.copysign,
+    "xlogy": torch.xlogy,
+    "clamp_min_tensor": lambda a, b: torch.clamp(b, min=a),
+    "clamp_tensor_self_int": lambda a, b: torch.clamp(a, min=b),
+    "addcmul": lambda a, b: torch.addcmul(b, a, b),
+    "bitwise_xor": lambda a, b: torch.bitwise_xor(a, b.to(torch.int64)),
+}
+MIXED_PAIRS = [("expanded", "permuted"), ("permuted", "expanded"), ("expanded", "transposed"), ("size1", "channels_last")]
+
+
+@pytest.mark.parametrize("op", list(MIXED_OPS))
+@pytest.mark.parametrize("la,lb", MIXED_PAIRS, ids=[f"{x}-{y}" for x, y in MIXED_PAIRS])
+def test_mixed_dtype_result_strides(op, la, lb):
+    (ma, fa), (mb, fb) = LAYOUTS[la], LAYOUTS[lb]
+    a0, b0 = (ma() * 4).to(torch.int32), mb()  # the int32 base, then the same view on each device
+    if op == "bitwise_xor":
+        b0 = (b0 * 4).to(torch.int32)
+    f = MIXED_OPS[op]
+    _check(f(fa(a0), fb(b0)), f(fa(a0.to("tpu")), fb(b0.to("tpu"))))
