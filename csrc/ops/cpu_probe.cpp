@@ -218,7 +218,8 @@ bool is_dtype_rejection(const c10::Error& e, const std::vector<c10::ScalarType>&
   if (has_word(msg, "dtype") || has_word(msg, "dtypes") || has_word(msg, "floating point")) return true;
   for (const auto dt : dtypes) {
     if (has_word(msg, c10::toString(dt))) return true;
-    if (dt == c10::kBool && (has_word(msg, "boolean") || has_word(msg, "Boolean"))) return true;  // relu_: "Boolean inputs"
+    // relu_: "Boolean inputs not supported for relu".
+    if (dt == c10::kBool && (has_word(msg, "boolean") || has_word(msg, "Boolean"))) return true;
     if (c10::isComplexType(dt) && has_word(msg, "complex")) return true;
   }
   return false;

@@ -188,7 +188,12 @@ MIXED_OPS = {
     "addcmul": lambda a, b: torch.addcmul(b, a, b),
     "bitwise_xor": lambda a, b: torch.bitwise_xor(a, b.to(torch.int64)),
 }
-MIXED_PAIRS = [("expanded", "permuted"), ("permuted", "expanded"), ("expanded", "transposed"), ("size1", "channels_last")]
+MIXED_PAIRS = [
+    ("expanded", "permuted"),
+    ("permuted", "expanded"),
+    ("expanded", "transposed"),
+    ("size1", "channels_last"),
+]
 
 
 @pytest.mark.parametrize("op", list(MIXED_OPS))
