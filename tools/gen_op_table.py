@@ -499,6 +499,10 @@ OP_TRAITS = [
         },
         _every,
     ),
+    # Unary ops CPU computes into a TensorIterator's output (abs / angle / logical_not through
+    # their out= kernel on an empty tensor, isnan / isinf as comparisons): a contiguous input with
+    # size-1 dims gets contiguous strides there, the meta kernel's empty_like keeps the input's.
+    ("kIteratorLayout", {"abs", "angle", "logical_not", "isnan", "isinf"}, _every),
     ("kIteratorLayout", {"pow"}, lambda ov: ov.startswith("Tensor_Tensor")),
     ("kIteratorLayout", {"clamp", "clamp_min", "clamp_max"}, lambda ov: ov.startswith("Tensor")),
     # ldexp (self * pow(2, other)): the iterator sees pow's result, which is contiguous.

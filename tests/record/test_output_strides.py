@@ -205,3 +205,33 @@ def test_mixed_dtype_result_strides(op, la, lb):
         b0 = (b0 * 4).to(torch.int32)
     f = MIXED_OPS[op]
     _check(f(fa(a0), fb(b0)), f(fa(a0.to("tpu")), fb(b0.to("tpu"))))
+
+
+# Unary ops CPU computes into a TensorIterator's output (abs, angle and logical_not through their
+# out= kernel on an empty tensor; isnan and isinf as comparisons): a contiguous input with
+# size-1 dims (strides (5, 5, 1, 1)) gets contiguous strides (5, 5, 5, 1) there; the meta
+# kernel's empty_like kept the input's. Found by tests/executors/tpu/test_random_fused.py.
+UNARY_ITERATOR_OPS = {
+    "abs": torch.abs,
+    "angle": torch.angle,
+    "logical_not": torch.logical_not,
+    "isnan": torch.isnan,
+    "isinf": torch.isinf,
+}
+UNARY_VIEWS = {
+    "size1_transposed": ((1, 1, 5, 1), lambda t: t.transpose(-1, -2)),
+    "transposed": ((4, 5), lambda t: t.t()),
+    "sliced": ((4, 10), lambda t: t[:, ::2]),
+    "channels_last": ((2, 3, 4, 5), lambda t: t.contiguous(memory_format=torch.channels_last)),
+    "expanded": ((1, 5), lambda t: t.expand(3, 5)),
+    "permuted": ((2, 3, 4), lambda t: t.permute(2, 0, 1)),
+}
+
+
+@pytest.mark.parametrize("op", list(UNARY_ITERATOR_OPS))
+@pytest.mark.parametrize("view", list(UNARY_VIEWS))
+def test_unary_iterator_result_strides(op, view):
+    shape, v = UNARY_VIEWS[view]
+    base = torch.randn(shape)
+    f = UNARY_ITERATOR_OPS[op]
+    _check(f(v(base)), f(v(base.to("tpu"))))
