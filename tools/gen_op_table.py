@@ -426,7 +426,7 @@ OP_TRAITS = [
     # need_weights=False: no weights (None), not an empty tensor.
     ("kNoUnrequestedWeights", {"_native_multi_head_attention"}, _default),
     # Result memory formats (csrc/ops/memory_format.cpp).
-    ("kPreservesSelfStrides", {"flip", "sort"}, _no_out_in_name),
+    ("kPreservesSelfStrides", {"flip", "sort", "nan_to_num", "hardtanh"}, _no_out_in_name),
     ("kContiguousResult", {"tril", "triu", "_log_softmax", "masked_fill", "mse_loss_backward"}, _no_out_in_name),
     ("kRollFormat", {"roll"}, _no_out_in_name),
     (

@@ -235,3 +235,15 @@ def test_unary_iterator_result_strides(op, view):
     base = torch.randn(shape)
     f = UNARY_ITERATOR_OPS[op]
     _check(f(v(base)), f(v(base.to("tpu"))))
+
+
+# nan_to_num and hardtanh: CPU's result is empty_like(self) (a dense self's strides exactly,
+# size-1 dims included); the meta kernel recomputed the strides of size-1 dims
+# (kPreservesSelfStrides). Found by the slow tier of tests/executors/tpu/test_random_fused.py.
+@pytest.mark.parametrize("op", ["nan_to_num", "hardtanh"])
+@pytest.mark.parametrize("view", [*UNARY_VIEWS, "size1_3d"])
+def test_self_strides_result(op, view):
+    shape, v = ((1, 5, 1), lambda t: t.transpose(-1, -2)) if view == "size1_3d" else UNARY_VIEWS[view]
+    base = torch.randn(shape)
+    f = torch.nan_to_num if op == "nan_to_num" else F.hardtanh
+    _check(f(v(base)), f(v(base.to("tpu"))))
