@@ -11,6 +11,7 @@ SLOW = {
     "test_acceptance.py::test_br36_unflushed_graph_stays_bounded",  # 1.0 s, 1 test
     "test_llama_step.py",  # imports transformers: 5-25 s on the loaded machine, 1 test
     "test_random_aliasing.py",  # 80 random programs: 8 s on the loaded machine, 1 test
+    "test_random_fused.py::test_random_fused_programs_match_cpu_long",  # 300 random programs: about 2 min
     "test_writes_through_views.py::test_write_through_view",  # 12.9 s, 374 tests
     "test_division_modes.py::test_division_modes_float_and_int",  # 3.9 s, 1 test
     "test_queue_growth.py::test_long_loop_mixed_ops_no_reads",  # 1.0 s, 1 test

@@ -426,7 +426,7 @@ OP_TRAITS = [
     # need_weights=False: no weights (None), not an empty tensor.
     ("kNoUnrequestedWeights", {"_native_multi_head_attention"}, _default),
     # Result memory formats (csrc/ops/memory_format.cpp).
-    ("kPreservesSelfStrides", {"flip", "sort"}, _no_out_in_name),
+    ("kPreservesSelfStrides", {"flip", "sort", "nan_to_num", "hardtanh"}, _no_out_in_name),
     ("kContiguousResult", {"tril", "triu", "_log_softmax", "masked_fill", "mse_loss_backward"}, _no_out_in_name),
     ("kRollFormat", {"roll"}, _no_out_in_name),
     (
@@ -464,6 +464,47 @@ OP_TRAITS = [
         },
         _every,
     ),
+    # Structured kernels whose TensorIterator promotes its inputs to their common dtype: on
+    # CPU the iterator replaces an input of another dtype by its `.to(common)` copy before it
+    # orders the dimensions (an expanded int32 operand of a float32 add enters contiguous);
+    # the meta kernel's iterator does not convert, so mixed dtypes gave other strides
+    # (tests/executors/tpu/test_random_fused.py found it; tests/record/test_output_strides.py).
+    (
+        "kIteratorLayout",
+        {
+            "add",
+            "sub",
+            "mul",
+            "div",
+            "eq",
+            "ne",
+            "lt",
+            "le",
+            "gt",
+            "ge",
+            "maximum",
+            "minimum",
+            "fmax",
+            "fmin",
+            "atan2",
+            "remainder",
+            "fmod",
+            "bitwise_and",
+            "bitwise_or",
+            "bitwise_xor",
+            "copysign",
+            "xlogy",
+            "addcmul",
+            "addcdiv",
+        },
+        _every,
+    ),
+    # Unary ops CPU computes into a TensorIterator's output (abs / angle / logical_not through
+    # their out= kernel on an empty tensor, isnan / isinf as comparisons): a contiguous input with
+    # size-1 dims gets contiguous strides there, the meta kernel's empty_like keeps the input's.
+    ("kIteratorLayout", {"abs", "angle", "logical_not", "isnan", "isinf"}, _every),
+    ("kIteratorLayout", {"pow"}, lambda ov: ov.startswith("Tensor_Tensor")),
+    ("kIteratorLayout", {"clamp", "clamp_min", "clamp_max"}, lambda ov: ov.startswith("Tensor")),
     # ldexp (self * pow(2, other)): the iterator sees pow's result, which is contiguous.
     ("kIteratorLayout", {"ldexp"}, _every),
     # huber_loss's out= kernel iterates over (self, target) into the out tensor it resizes.

@@ -208,7 +208,7 @@ bool has_word(const std::string& msg, const std::string& word) {
 // types"), except the dispatcher's "Could not run ... with arguments from the
 // 'CPU' backend"; or an error that names one of the call's dtypes ("expected
 // scalar type Float but found Bool", "MKL FFT doesn't support tensors of type:
-// Half", "may not be a boolean tensor") or speaks of dtypes or floating point.
+// Half", "may not be a boolean tensor", "Boolean inputs not supported") or speaks of dtypes or floating point.
 // Errors about the twins' shapes do not.
 bool is_dtype_rejection(const c10::Error& e, const std::vector<c10::ScalarType>& dtypes) {
   const std::string& msg = e.msg();
@@ -218,7 +218,8 @@ bool is_dtype_rejection(const c10::Error& e, const std::vector<c10::ScalarType>&
   if (has_word(msg, "dtype") || has_word(msg, "dtypes") || has_word(msg, "floating point")) return true;
   for (const auto dt : dtypes) {
     if (has_word(msg, c10::toString(dt))) return true;
-    if (dt == c10::kBool && has_word(msg, "boolean")) return true;
+    // relu_: "Boolean inputs not supported for relu".
+    if (dt == c10::kBool && (has_word(msg, "boolean") || has_word(msg, "Boolean"))) return true;
     if (c10::isComplexType(dt) && has_word(msg, "complex")) return true;
   }
   return false;

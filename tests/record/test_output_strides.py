@@ -7,7 +7,9 @@ C++ meta function, and the Python reference meta kernels choose other strides fo
 mixed layouts, expanded operands and size-1 dims. The op table's kIteratorLayout,
 kOtherContiguous, kEmptyLikeSelf and kContiguousResult traits give CPU's rule
 (csrc/ops/memory_format.cpp). Every case compares sizes, strides and values with
-CPU; structured neighbours (add, where, atan2, ...) guard the other path.
+CPU; structured neighbours (where, lerp) guard the other path. Structured kernels whose
+TensorIterator converts inputs of another dtype before it orders the dims (add, mul, eq,
+atan2, ...: test_mixed_dtype_result_strides) take the same kIteratorLayout rule.
 """
 
 import itertools
@@ -158,3 +160,90 @@ def test_floor_divide_dtypes(dtype, la, lb):
     b, tb = (b * 20).to(dtype).abs() + 1, (tb * 20).to(dtype).abs() + 1  # no integer division by zero
     assert (ta.stride(), tb.stride()) == (a.stride(), b.stride())
     _check(torch.floor_divide(a, b), torch.floor_divide(ta, tb))
+
+
+# Structured TensorIterator kernels that promote their inputs to a common dtype: CPU's iterator
+# replaces an input of another dtype by its `.to(common)` copy before it orders the dims, so an
+# expanded int32 operand of a float32 op enters contiguous (its copy's layout) and decides the
+# result's layout; the meta kernel's iterator converts nothing (kIteratorLayout now names them).
+# Found by tests/executors/tpu/test_random_fused.py: add(expanded int32, permuted float32).
+MIXED_OPS = {
+    "add": torch.add,
+    "sub": lambda a, b: torch.sub(a, b, alpha=2),
+    "mul": torch.mul,
+    "div": torch.div,
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "eq": torch.eq,
+    "lt": torch.lt,
+    "maximum": torch.maximum,
+    "fmin": torch.fmin,
+    "pow": torch.pow,
+    "atan2": torch.atan2,
+    "remainder": torch.remainder,
+    "fmod": torch.fmod,
+    "copysign": torch.copysign,
+    "xlogy": torch.xlogy,
+    "clamp_min_tensor": lambda a, b: torch.clamp(b, min=a),
+    "clamp_tensor_self_int": lambda a, b: torch.clamp(a, min=b),
+    "addcmul": lambda a, b: torch.addcmul(b, a, b),
+    "bitwise_xor": lambda a, b: torch.bitwise_xor(a, b.to(torch.int64)),
+}
+MIXED_PAIRS = [
+    ("expanded", "permuted"),
+    ("permuted", "expanded"),
+    ("expanded", "transposed"),
+    ("size1", "channels_last"),
+]
+
+
+@pytest.mark.parametrize("op", list(MIXED_OPS))
+@pytest.mark.parametrize("la,lb", MIXED_PAIRS, ids=[f"{x}-{y}" for x, y in MIXED_PAIRS])
+def test_mixed_dtype_result_strides(op, la, lb):
+    (ma, fa), (mb, fb) = LAYOUTS[la], LAYOUTS[lb]
+    a0, b0 = (ma() * 4).to(torch.int32), mb()  # the int32 base, then the same view on each device
+    if op == "bitwise_xor":
+        b0 = (b0 * 4).to(torch.int32)
+    f = MIXED_OPS[op]
+    _check(f(fa(a0), fb(b0)), f(fa(a0.to("tpu")), fb(b0.to("tpu"))))
+
+
+# Unary ops CPU computes into a TensorIterator's output (abs, angle and logical_not through their
+# out= kernel on an empty tensor; isnan and isinf as comparisons): a contiguous input with
+# size-1 dims (strides (5, 5, 1, 1)) gets contiguous strides (5, 5, 5, 1) there; the meta
+# kernel's empty_like kept the input's. Found by tests/executors/tpu/test_random_fused.py.
+UNARY_ITERATOR_OPS = {
+    "abs": torch.abs,
+    "angle": torch.angle,
+    "logical_not": torch.logical_not,
+    "isnan": torch.isnan,
+    "isinf": torch.isinf,
+}
+UNARY_VIEWS = {
+    "size1_transposed": ((1, 1, 5, 1), lambda t: t.transpose(-1, -2)),
+    "transposed": ((4, 5), lambda t: t.t()),
+    "sliced": ((4, 10), lambda t: t[:, ::2]),
+    "channels_last": ((2, 3, 4, 5), lambda t: t.contiguous(memory_format=torch.channels_last)),
+    "expanded": ((1, 5), lambda t: t.expand(3, 5)),
+    "permuted": ((2, 3, 4), lambda t: t.permute(2, 0, 1)),
+}
+
+
+@pytest.mark.parametrize("op", list(UNARY_ITERATOR_OPS))
+@pytest.mark.parametrize("view", list(UNARY_VIEWS))
+def test_unary_iterator_result_strides(op, view):
+    shape, v = UNARY_VIEWS[view]
+    base = torch.randn(shape)
+    f = UNARY_ITERATOR_OPS[op]
+    _check(f(v(base)), f(v(base.to("tpu"))))
+
+
+# nan_to_num and hardtanh: CPU's result is empty_like(self) (a dense self's strides exactly,
+# size-1 dims included); the meta kernel recomputed the strides of size-1 dims
+# (kPreservesSelfStrides). Found by the slow tier of tests/executors/tpu/test_random_fused.py.
+@pytest.mark.parametrize("op", ["nan_to_num", "hardtanh"])
+@pytest.mark.parametrize("view", [*UNARY_VIEWS, "size1_3d"])
+def test_self_strides_result(op, view):
+    shape, v = ((1, 5, 1), lambda t: t.transpose(-1, -2)) if view == "size1_3d" else UNARY_VIEWS[view]
+    base = torch.randn(shape)
+    f = torch.nan_to_num if op == "nan_to_num" else F.hardtanh
+    _check(f(v(base)), f(v(base.to("tpu"))))

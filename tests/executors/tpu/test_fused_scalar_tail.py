@@ -1,5 +1,6 @@
-"""float32 sigmoid, silu and silu_backward in fused loops equal CPU's bit for bit, also on the elements CPU's
-kernel computes with its scalar function. CPU's elementwise loop (cpu_kernel_vec) runs each
+"""float32 sigmoid, silu, silu_backward and gelu (approximate='tanh') in fused loops equal CPU's bit for bit,
+also on the elements CPU's kernel computes with its scalar function (over dense inputs, and
+over inputs read through strides whose CPU iteration runs rows). CPU's elementwise loop (cpu_kernel_vec) runs each
 thread's range in vectors of two SIMD registers and the rest of the range, at its end, with
 the scalar function, which for sigmoid, silu and silu_backward calls libm's expf instead of SLEEF's exp; the
 fused loop recomputes those elements the same way (for_each_cpu_tail in
@@ -89,3 +90,57 @@ def test_convolution_epilogue_channels_last_and_strided(name):
     want = prog(g, wt, bias, m)
     assert_bit_equal(got, want)
     assert got[1].stride() == want[1].stride()
+
+
+def _gelu_tanh(t):
+    return F.gelu(t, approximate="tanh")
+
+
+@pytest.mark.parametrize("nthreads", [1, 2])
+@pytest.mark.parametrize("n", SIZES)
+def test_gelu_tanh_tail_bit_equal(threads, n, nthreads):
+    # CPU's gelu (approximate='tanh') takes ATen's formula on x86-64 for either layout, its
+    # scalar tail libm's tanhf; found by tests/executors/tpu/test_random_fused.py (6 of 30
+    # elements of a 6x5 gelu after a producer differed by an ulp).
+    threads(nthreads)
+    x = cpu_randn(n, seed=n) * 4
+    w = cpu_randn(n, seed=n + 1)
+
+    def prog(a, b):
+        return [_gelu_tanh((a - 3) / 7) * b + 0.5]
+
+    got, ops = flush_on_tpu(prog, x, w)
+    assert "aten::gelu" not in ops, f"gelu should run in the fused loop, ran {ops}"
+    assert_bit_equal(got, prog(x, w))
+
+
+# Inputs read through strides whose CPU iteration runs rows (each row's piece of a thread range is
+# one call of CPU's inner loop, with its own scalar tail) or only scalars (an inner stride of 2):
+# (base shape, view, threads). Found by tests/executors/tpu/test_random_fused.py: sigmoid of a
+# row slice x[1::2] of an (81, 1000) matrix differed in 11 of 40,000 elements.
+STRIDED = [
+    ((81, 1000), lambda b: b[1::2], 1),
+    ((81, 1000), lambda b: b[1::2], 2),
+    ((40, 2000), lambda b: b[:, :1000], 2),
+    ((40, 2000), lambda b: b[:, 3:1003], 1),
+    ((40, 200), lambda b: b[:, ::2], 1),
+    ((7, 3, 50), lambda b: b[:, 1:, 3:], 1),
+    ((300, 257), lambda b: b[:, :200], 2),
+    ((2, 70000), lambda b: b[:, 1:], 2),
+    ((1, 1000), lambda b: b.expand(40, 1000), 2),
+]
+
+
+@pytest.mark.parametrize("case", range(len(STRIDED)))
+@pytest.mark.parametrize("name", ["sigmoid", "silu", "gelu_tanh"])
+def test_strided_input_rows_bit_equal(threads, name, case):
+    shape, view, nthreads = STRIDED[case]
+    threads(nthreads)
+    f = {"sigmoid": torch.sigmoid, "silu": F.silu, "gelu_tanh": _gelu_tanh}[name]
+    base = cpu_randn(*shape, seed=case) * 3
+
+    def prog(b):
+        return [f(view(b)) * 2.0 + 1.0]
+
+    got, _ = flush_on_tpu(prog, base)
+    assert_bit_equal(got, prog(base))
