@@ -171,6 +171,8 @@ bool plan_ln_backward_loop(const Region& region, const std::vector<size_t>& ps, 
 bool bind_ln_backward(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem) {
   plan.written.clear();
   LayerNormBackwardLoop& l = *plan.lnb;
+  // A tensor from outside the loop written in place must not be a flush temporary (as bind_loop's).
+  if (l.sum.input >= 0 && mem.is_temp(slot_storage(l.sum, region, graph))) return false;
   fused::LayerNormBackward& a = l.args;
   a.dy = in_ptr(l.dy, region, graph, mem);
   a.x = in_ptr(l.x, region, graph, mem);
