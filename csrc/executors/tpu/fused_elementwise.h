@@ -49,7 +49,7 @@ struct Param {
   float equals = 0.0f;
 };
 
-struct CrossEntropyLoop;        // fused_cross_entropy.cpp
+struct CrossEntropyLoop;       // fused_cross_entropy.cpp
 struct LayerNormBackwardLoop;  // fused_layer_norm_backward.cpp
 
 // One fused loop of a region, planned (see plan_loop). The program's

@@ -347,8 +347,8 @@ struct LayerNormBackward {
   int64_t rows = 0, cols = 0;
   const float* dy = nullptr;
   const float* x = nullptr;
-  const float* mean = nullptr;  // rows
-  const float* rstd = nullptr;  // rows
+  const float* mean = nullptr;   // rows
+  const float* rstd = nullptr;   // rows
   const float* gamma = nullptr;  // cols
   float* dx = nullptr;
   const float* residual = nullptr;  // the add's other operand; null: no add

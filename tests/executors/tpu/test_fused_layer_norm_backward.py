@@ -80,7 +80,8 @@ from difftest import cpu_randn
 _C._jit_set_verify(True)
 torch.set_num_threads(1)
 x = cpu_randn(8, 64, 64, seed=91)
-w, b, dy, res = cpu_randn(64, seed=92), cpu_randn(64, seed=93), cpu_randn(8, 64, 64, seed=94), cpu_randn(8, 64, 64, seed=95)
+w, b = cpu_randn(64, seed=92), cpu_randn(64, seed=93)
+dy, res = cpu_randn(8, 64, 64, seed=94), cpu_randn(8, 64, 64, seed=95)
 _, mean, rstd = torch.native_layer_norm(x, (64,), w, b, 1e-5)
 def step(dy, x, mean, rstd, w, b, res):
     dx, dw, db = torch.ops.aten.native_layer_norm_backward(dy, x, [64], mean, rstd, w, b, [True, True, True])
@@ -100,8 +101,9 @@ def test_op_counts_backward_and_add_fused_norms_op_by_op():
     # kernels); the clip's norms of the weight / bias gradients, which the loop does
     # not take, run op by op after it in the same region.
     env = dict(os.environ, TORCH_TPU_DEBUG="1", PYTHONPATH=REPO_ROOT)
-    proc = subprocess.run([sys.executable, "-c", _COUNTS], capture_output=True, text=True, env=env, cwd=REPO_ROOT,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _COUNTS], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(out["equal"]), out
@@ -124,8 +126,12 @@ class _PreNormBlock(torch.nn.Module):
 @pytest.mark.parametrize("nthreads", [1, 2])
 @pytest.mark.parametrize(
     "affine,bias,dtype",
-    [(True, True, torch.float32), (True, False, torch.float32), (False, False, torch.float32),
-     (True, True, torch.bfloat16)],
+    [
+        (True, True, torch.float32),
+        (True, False, torch.float32),
+        (False, False, torch.float32),
+        (True, True, torch.bfloat16),
+    ],
     ids=["weight+bias", "weight", "neither", "bf16"],
 )
 def test_pre_norm_block_gradients_equal_cpu(affine, bias, dtype, nthreads, threads):
@@ -155,5 +161,8 @@ def test_a_non_add_consumer_of_dx_runs_op_by_op_with_cpu_values():
     dy, x, mean, rstd, w, b, res = args
     want = torch.ops.aten.native_layer_norm_backward(dy, x, [24], mean, rstd, w, b, [True, True, True])[0] * res
     d = [a.to("tpu") for a in args]
-    got = torch.ops.aten.native_layer_norm_backward(d[0], d[1], [24], d[2], d[3], d[4], d[5], [True, True, True])[0] * d[6]
+    got = (
+        torch.ops.aten.native_layer_norm_backward(d[0], d[1], [24], d[2], d[3], d[4], d[5], [True, True, True])[0]
+        * d[6]
+    )
     assert torch.equal(got.cpu(), want)
