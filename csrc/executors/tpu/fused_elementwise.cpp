@@ -1366,6 +1366,21 @@ DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::ve
   return s.input >= 0 ? n.inputs[s.input].ref.storage.get() : n.outputs[s.output].storage.get();
 }
 
+const float* slot_in_data(const Slot& s, const Region& region, const std::vector<Node>& graph, host::HostMemory& mem) {
+  const TensorRef& r = graph[region.nodes[s.pos]].inputs[s.input].ref;
+  size_t nbytes;
+  return static_cast<const float*>(mem.data_for(r.storage.get(), &nbytes)) + r.offset;
+}
+
+float* slot_out_data(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
+                     LoopPlan& plan) {
+  DeferredStorage* st = slot_storage(s, region, graph);
+  plan.written.push_back(st);
+  size_t nbytes;
+  const int64_t offset = s.input >= 0 ? graph[region.nodes[s.pos]].inputs[s.input].ref.offset : 0;
+  return static_cast<float*>(mem.device_data(st, &nbytes)) + offset;
+}
+
 namespace {
 
 // The device memory a loop writes for slot `s`, and its size in bytes (`*nbytes`).

@@ -124,6 +124,12 @@ int external_index(std::vector<E>& ext, const E& e, const Node& n, const TensorR
 }
 // The storage of slot `s` of `region`.
 DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::vector<Node>& graph);
+// The float32 data a loop reads for input slot `s`, at its offset (bound per run).
+const float* slot_in_data(const Slot& s, const Region& region, const std::vector<Node>& graph, host::HostMemory& mem);
+// The device buffer a loop writes for slot `s`, at an input slot's offset;
+// records its storage in plan.written.
+float* slot_out_data(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
+                     LoopPlan& plan);
 // Per storage a loop over the region positions `ps` writes: its last writer
 // (an index into ps), whether the loop creates it (`made`) and whether it must
 // then be stored (`kept`: a materialized fresh output).

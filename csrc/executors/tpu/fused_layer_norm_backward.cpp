@@ -115,20 +115,6 @@ bool residual_add_op(const Node& n, int pos, const TensorRef& dx, LayerNormBackw
   return true;
 }
 
-const float* in_ptr(const Slot& s, const Region& region, const std::vector<Node>& graph, host::HostMemory& mem) {
-  const TensorRef& r = graph[region.nodes[s.pos]].inputs[s.input].ref;
-  size_t nbytes;
-  return static_cast<const float*>(mem.data_for(r.storage.get(), &nbytes)) + r.offset;
-}
-
-float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan) {
-  DeferredStorage* st = slot_storage(s, region, graph);
-  plan.written.push_back(st);
-  size_t nbytes;
-  const int64_t offset = s.input >= 0 ? graph[region.nodes[s.pos]].inputs[s.input].ref.offset : 0;
-  return static_cast<float*>(mem.device_data(st, &nbytes)) + offset;
-}
-
 }  // namespace
 
 bool ln_backward_op_qualifies(const Node& n) {
@@ -174,16 +160,16 @@ bool bind_ln_backward(LoopPlan& plan, const Region& region, std::vector<Node>& g
   // A tensor from outside the loop written in place must not be a flush temporary (as bind_loop's).
   if (l.sum.input >= 0 && mem.is_temp(slot_storage(l.sum, region, graph))) return false;
   fused::LayerNormBackward& a = l.args;
-  a.dy = in_ptr(l.dy, region, graph, mem);
-  a.x = in_ptr(l.x, region, graph, mem);
-  a.mean = in_ptr(l.mean, region, graph, mem);
-  a.rstd = in_ptr(l.rstd, region, graph, mem);
-  a.gamma = in_ptr(l.gamma, region, graph, mem);
-  a.dx = l.store_dx ? out_ptr(l.dx, region, graph, mem, plan) : nullptr;
-  a.dgamma = out_ptr(l.dgamma, region, graph, mem, plan);
-  a.dbeta = out_ptr(l.dbeta, region, graph, mem, plan);
-  a.residual = l.residual.valid() ? in_ptr(l.residual, region, graph, mem) : nullptr;
-  a.sum = l.sum.valid() ? out_ptr(l.sum, region, graph, mem, plan) : nullptr;
+  a.dy = slot_in_data(l.dy, region, graph, mem);
+  a.x = slot_in_data(l.x, region, graph, mem);
+  a.mean = slot_in_data(l.mean, region, graph, mem);
+  a.rstd = slot_in_data(l.rstd, region, graph, mem);
+  a.gamma = slot_in_data(l.gamma, region, graph, mem);
+  a.dx = l.store_dx ? slot_out_data(l.dx, region, graph, mem, plan) : nullptr;
+  a.dgamma = slot_out_data(l.dgamma, region, graph, mem, plan);
+  a.dbeta = slot_out_data(l.dbeta, region, graph, mem, plan);
+  a.residual = l.residual.valid() ? slot_in_data(l.residual, region, graph, mem) : nullptr;
+  a.sum = l.sum.valid() ? slot_out_data(l.sum, region, graph, mem, plan) : nullptr;
   return true;
 }
 
