@@ -297,6 +297,45 @@ bool cross_entropy_pair(const Node& c, const Node& n) {
   return false;
 }
 
+// Layer-norm-backward rule: native_layer_norm_backward, fused on a target of
+// one-shape loops (the target's row loop takes the call), starts a region of
+// its own and closes it; only `residual_gradient_add` may join.
+bool norm_backward_row(const Node& n, OpFusion f, bool one_shape) {
+  return one_shape && f == OpFusion::kFuses && lowering_of(n.op).host == DirectImpl::kLayerNormBackward;
+}
+
+// Layer-norm-backward rule: a fused elementwise op of two operands of the
+// input gradient's shape, one of them that gradient (autograd's sum of a
+// pre-norm block's two gradients of its input: the residual's and the
+// norm's), joins the region `c` (the backward) closed: the row loop adds
+// each row while it is in cache instead of a second pass reading dx back.
+// Whether it is an add the loop takes is the executor's to check.
+bool residual_gradient_add(const Region& r, const Node& c, const Node& n, OpFusion f) {
+  if (r.nodes.size() != 1 || lowering_of(c.op).host != DirectImpl::kLayerNormBackward || c.outputs.empty() ||
+      static_cast<PrimKind>(n.kind) != PrimKind::kElementwise || f != OpFusion::kFuses || n.inputs.size() != 2)
+    return false;
+  bool reads_dx = false;
+  for (const auto& in : n.inputs) {
+    if (in.elem >= 0 || in.ref.sizes != c.outputs[0].sizes) return false;
+    reads_dx = reads_dx || in.ref.storage == c.outputs[0].storage;
+  }
+  return reads_dx;
+}
+
+// Layer-norm-backward rule: an op the target runs op by op (the gradient
+// clip's norms of the weight and bias gradients) joins the backward's closed
+// region as a loop of its own, run op by op in its turn after the row loop
+// whose values it reads (partition's Loops order them): one region, as when
+// the backward itself ran op by op beside them.
+// (It writes only fresh outputs; it is a loop of its own even when it
+// iterates over the row loop's shape: the column sum of the input gradient.)
+bool norm_backward_by_op(const Node& c, const Node& n, OpFusion f) {
+  if (f != OpFusion::kOpByOp || lowering_of(c.op).host != DirectImpl::kLayerNormBackward) return false;
+  for (const auto& in : n.inputs)
+    if (in.written) return false;
+  return true;
+}
+
 // Matmul-epilogue rule: on a target of one-shape loops, a layer_norm that
 // ends its loop (OpFusion::kEndsLoop) and iterates over the epilogue's shape
 // closes a matmul region that has an epilogue (a transformer's residual add
@@ -317,7 +356,10 @@ bool fusible_into(const std::vector<Node>& g, const Region& r, const Growing& s,
   if (k == PrimKind::kLibrary || r.nodes.size() >= kMaxRegionOps) return false;
   if (s.by_ops) return f == OpFusion::kOpByOp;  // op-by-op groups take only such ops
   if (loss_row(n, f, one_shape)) return s.closed && s.closer >= 0 && cross_entropy_pair(g[s.closer], n);
-  if (r.anchor == PrimKind::kLibrary || s.closed) return false;
+  if (norm_backward_row(n, f, one_shape)) return false;
+  if (r.anchor == PrimKind::kLibrary) return false;
+  if (s.closed)
+    return s.closer >= 0 && (residual_gradient_add(r, g[s.closer], n, f) || norm_backward_by_op(g[s.closer], n, f));
   if (row_value_consumer(r, s, n, f, one_shape) || epilogue_layer_norm(r, s, n, f, one_shape)) return true;
   const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
   if (k == PrimKind::kElementwise) {
@@ -474,7 +516,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       const auto* shape = iteration_shape(n);
       growing[target].anchor_shape = shape ? *shape : Dims{};
     }
-    if (closes_region(f, one_shape) || loss_row(n, f, one_shape)) {
+    if (closes_region(f, one_shape) || loss_row(n, f, one_shape) || norm_backward_row(n, f, one_shape)) {
       growing[target].closed = true;
       growing[target].closer = i;
     }
@@ -486,6 +528,12 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       int grp = -1;
       if (growing[target].loops(regions[target], true)) {
         const int dom = rules->loop_domain(g, i);
+        // An op run op by op in a loop region (norm_backward_by_op) is a
+        // loop of its own, after the loops whose values it reads.
+        if (f == OpFusion::kOpByOp) {
+          reads.insert(reads.end(), join.begin(), join.end());
+          join.clear();
+        }
         if (join.empty()) {
           Dims key;
           loop_key(n, &key);  // (empty when it has none)

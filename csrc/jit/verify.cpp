@@ -108,9 +108,11 @@ std::string check_loops(const std::vector<Node>& g, const Region& r) {
     const Dims* s = loop_shape_of(g[r.nodes[p]]);
     if (last[l] < 0) shape[l] = s;
     if (!s || !shape[l] || *s != *shape[l]) return "loop " + std::to_string(l) + " iterates over two shapes";
-    // (cross-entropy's second op follows the first in its row loop: partition.cpp, cross_entropy_pair)
+    // (cross-entropy's second op follows the first in its row loop: partition.cpp, cross_entropy_pair;
+    // the residual gradient's add a layer_norm backward: residual_gradient_add)
     const LossRow loss = lowering_of(g[r.nodes[p]].op).loss;
-    const bool pair = loss == LossRow::kNllLoss || loss == LossRow::kLogSoftmaxBackward;
+    const bool pair = loss == LossRow::kNllLoss || loss == LossRow::kLogSoftmaxBackward ||
+                      (last[l] >= 0 && lowering_of(g[r.nodes[last[l]]].op).host == DirectImpl::kLayerNormBackward);
     if (last[l] >= 0 && static_cast<PrimKind>(g[r.nodes[last[l]]].kind) == PrimKind::kReduction && !pair)
       return "loop " + std::to_string(l) + " goes on after its reduction";
     last[l] = static_cast<int>(p);

@@ -128,19 +128,6 @@ bool log_softmax_backward_op(const Node& n, int pos, const Dims& shape, CrossEnt
   return true;
 }
 
-const float* in_ptr(const Slot& s, const Region& region, const std::vector<Node>& graph, host::HostMemory& mem) {
-  const TensorRef& r = graph[region.nodes[s.pos]].inputs[s.input].ref;
-  size_t nbytes;
-  return static_cast<const float*>(mem.data_for(r.storage.get(), &nbytes)) + r.offset;
-}
-
-float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan) {
-  DeferredStorage* st = slot_storage(s, region, graph);
-  plan.written.push_back(st);
-  size_t nbytes;
-  return static_cast<float*>(mem.device_data(st, &nbytes));
-}
-
 // CPU's nll_loss forward over the gathered rows (nll_loss_out_frame): per
 // row -x[t] * w (none), or the loss and weight sums in its cascade of 8
 // levels, in row order (mean: divided by the total weight).
@@ -268,10 +255,10 @@ bool bind_cross_entropy(LoopPlan& plan, const Region& region, std::vector<Node>&
     const int64_t t = ce.target_data[i];
     if (t != ce.ignore_index && (t < 0 || t >= ce.cols)) return false;
   }
-  ce.weight_data = ce.weight.valid() ? in_ptr(ce.weight, region, graph, mem) : nullptr;
+  ce.weight_data = ce.weight.valid() ? slot_in_data(ce.weight, region, graph, mem) : nullptr;
   if (!ce.backward) {
-    ce.loss_data = out_ptr(ce.loss, region, graph, mem, plan);
-    ce.total_data = out_ptr(ce.total_weight, region, graph, mem, plan);
+    ce.loss_data = slot_out_data(ce.loss, region, graph, mem, plan);
+    ce.total_data = slot_out_data(ce.total_weight, region, graph, mem, plan);
     return true;
   }
   fused::CrossEntropyBackward& a = ce.bwd;
@@ -280,14 +267,14 @@ bool bind_cross_entropy(LoopPlan& plan, const Region& region, std::vector<Node>&
   a.target = ce.target_data;
   a.weight = ce.weight_data;
   a.ignore_index = ce.ignore_index;
-  a.out = in_ptr(ce.log_probs, region, graph, mem);
-  const float* gout = in_ptr(ce.grad_output, region, graph, mem);
+  a.out = slot_in_data(ce.log_probs, region, graph, mem);
+  const float* gout = slot_in_data(ce.grad_output, region, graph, mem);
   a.grad_rows = ce.reduction == 0 ? gout : nullptr;
   if (ce.reduction != 0) {
-    const float tw = *in_ptr(ce.total_in, region, graph, mem);
+    const float tw = *slot_in_data(ce.total_in, region, graph, mem);
     a.grad = -(ce.reduction == 1 ? *gout / tw : *gout);  // nll_loss_backward_out_frame's `grad`
   }
-  a.grad_input = out_ptr(ce.grad_input, region, graph, mem, plan);
+  a.grad_input = slot_out_data(ce.grad_input, region, graph, mem, plan);
   return true;
 }
 

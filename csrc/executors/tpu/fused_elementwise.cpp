@@ -590,6 +590,9 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   // Cross-entropy's pairs (their int64 targets are indices, not loop values).
   if (!ps.empty() && tpu_eager::lowering_of(graph[region.nodes[ps.back()]].op).loss != LossRow::kNone)
     return plan_cross_entropy_loop(region, ps, graph, plan);
+  // layer_norm backward's row loop (and the residual gradient's add).
+  if (!ps.empty() && tpu_eager::lowering_of(graph[region.nodes[ps[0]]].op).host == DirectImpl::kLayerNormBackward)
+    return plan_ln_backward_loop(region, ps, graph, plan);
   // A loop over integers (an int32 / int64 value among its ops) is the integer planner's.
   for (size_t p : ps)
     if (int_loop_domain(graph[region.nodes[p]]) == 1) return plan_int_loop(region, ps, graph, plan);
@@ -1326,6 +1329,8 @@ LoopAccept loop_accepts(const std::vector<Node>& graph, int i) {
   // Cross-entropy's ops run only in pairs (partition's cross_entropy_pair).
   if (tpu_eager::lowering_of(n.op).loss != LossRow::kNone)
     return cross_entropy_op_qualifies(n) ? LoopAccept::kElementwise : LoopAccept::kNo;
+  if (tpu_eager::lowering_of(n.op).host == DirectImpl::kLayerNormBackward)
+    return ln_backward_op_qualifies(n) ? LoopAccept::kElementwise : LoopAccept::kNo;
   thread_local std::vector<int64_t> key;  // reused: no allocation per query
   acceptance_key(n, key);
   {
@@ -1362,6 +1367,21 @@ DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::ve
   return s.input >= 0 ? n.inputs[s.input].ref.storage.get() : n.outputs[s.output].storage.get();
 }
 
+const float* slot_in_data(const Slot& s, const Region& region, const std::vector<Node>& graph, host::HostMemory& mem) {
+  const TensorRef& r = graph[region.nodes[s.pos]].inputs[s.input].ref;
+  size_t nbytes;
+  return static_cast<const float*>(mem.data_for(r.storage.get(), &nbytes)) + r.offset;
+}
+
+float* slot_out_data(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
+                     LoopPlan& plan) {
+  DeferredStorage* st = slot_storage(s, region, graph);
+  plan.written.push_back(st);
+  size_t nbytes;
+  const int64_t offset = s.input >= 0 ? graph[region.nodes[s.pos]].inputs[s.input].ref.offset : 0;
+  return static_cast<float*>(mem.device_data(st, &nbytes)) + offset;
+}
+
 namespace {
 
 // The device memory a loop writes for slot `s`, and its size in bytes (`*nbytes`).
@@ -1383,6 +1403,7 @@ static bool bind_program(LoopPlan& plan, const Region& region, std::vector<Node>
 
 bool bind_loop(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem) {
   if (plan.int_loop) return bind_int_loop(plan, region, graph, mem);
+  if (plan.lnb) return bind_ln_backward(plan, region, graph, mem);
   if (!bind_program(plan, region, graph, mem)) return false;
   return !plan.ce || bind_cross_entropy(plan, region, graph, mem);
 }
@@ -1447,6 +1468,10 @@ void run_loop(LoopPlan& plan, RegionStats& stats) {
     return;
   }
   // The capability ATen runs (the CPU's best unless ATEN_CPU_CAPABILITY asks for less).
+  if (plan.lnb) {  // layer_norm backward: no program
+    run_ln_backward(plan, stats);
+    return;
+  }
   if (plan.ce && !plan.has_anchor) {  // cross-entropy's backward: no program
     run_cross_entropy(plan, stats);
     return;

@@ -49,7 +49,8 @@ struct Param {
   float equals = 0.0f;
 };
 
-struct CrossEntropyLoop;  // fused_cross_entropy.cpp
+struct CrossEntropyLoop;       // fused_cross_entropy.cpp
+struct LayerNormBackwardLoop;  // fused_layer_norm_backward.cpp
 
 // One fused loop of a region, planned (see plan_loop). The program's
 // pointers and the constants that come from Params are set by bind_loop.
@@ -77,6 +78,8 @@ struct LoopPlan {
   // forward runs `prog` and its log_softmax row op, then the loss from its
   // result; the backward runs only this (no program).
   std::shared_ptr<CrossEntropyLoop> ce;
+  // Set when the loop is layer_norm backward's (plan_ln_backward_loop): it runs only this.
+  std::shared_ptr<LayerNormBackwardLoop> lnb;
 };
 
 // Helpers shared by the float32 and integer planners (fused_int.cpp).
@@ -121,6 +124,12 @@ int external_index(std::vector<E>& ext, const E& e, const Node& n, const TensorR
 }
 // The storage of slot `s` of `region`.
 DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::vector<Node>& graph);
+// The float32 data a loop reads for input slot `s`, at its offset (bound per run).
+const float* slot_in_data(const Slot& s, const Region& region, const std::vector<Node>& graph, host::HostMemory& mem);
+// The device buffer a loop writes for slot `s`, at an input slot's offset;
+// records its storage in plan.written.
+float* slot_out_data(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
+                     LoopPlan& plan);
 // Per storage a loop over the region positions `ps` writes: its last writer
 // (an index into ps), whether the loop creates it (`made`) and whether it must
 // then be stored (`kept`: a materialized fresh output).
@@ -181,6 +190,18 @@ bool plan_cross_entropy_loop(const Region& region, const std::vector<size_t>& ps
 bool bind_cross_entropy(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem);
 // Runs the backward loop, or the forward's loss after its row loop ran.
 void run_cross_entropy(LoopPlan& plan, RegionStats& stats);
+
+// native_layer_norm_backward's fused row loop (fused_layer_norm_backward.cpp;
+// partition.cpp, residual_gradient_add, gives it its loop), float32 with
+// weight and bias given and every gradient wanted, on the capabilities whose
+// CPU kernel is vectorized: the op alone, or with the residual gradient's
+// add.Tensor / add_.Tensor (alpha 1) of its input gradient and a tensor of
+// that shape, the add done on each row while in cache. CPU's values bit for bit.
+bool ln_backward_op_qualifies(const Node& n);
+bool plan_ln_backward_loop(const Region& region, const std::vector<size_t>& ps, const std::vector<Node>& graph,
+                           LoopPlan* plan);
+bool bind_ln_backward(LoopPlan& plan, const Region& region, std::vector<Node>& graph, host::HostMemory& mem);
+void run_ln_backward(LoopPlan& plan, RegionStats& stats);
 
 // Binds `plan` to this run's buffers and runtime scalars; false (nothing
 // run, the ops must run op by op) when a guard fails.

@@ -29,4 +29,5 @@
 #define FUSED_ROWS run_rows_avx512
 #define FUSED_LN_ROW layer_norm_row_avx512
 #define FUSED_CE_BACKWARD ce_backward_avx512
+#define FUSED_LN_BACKWARD ln_backward_avx512
 #include "executors/tpu/fused_kernels.inc"

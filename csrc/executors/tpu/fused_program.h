@@ -340,6 +340,27 @@ struct CrossEntropyBackward {
 void ce_backward_avx2(const CrossEntropyBackward& a);
 void ce_backward_avx512(const CrossEntropyBackward& a);
 
+// native_layer_norm_backward (float32; weight and bias given, every
+// gradient wanted) over `rows` rows of `cols`, and optionally the residual
+// gradient's add after it (sum = dx + residual), as CPU's kernel computes
+// them (layer_norm_backward_row.inc). All rows x cols / rows / cols
+// contiguous floats; dx null when only the sum is stored.
+struct LayerNormBackward {
+  int64_t rows = 0, cols = 0;
+  const float* dy = nullptr;
+  const float* x = nullptr;
+  const float* mean = nullptr;   // rows
+  const float* rstd = nullptr;   // rows
+  const float* gamma = nullptr;  // cols
+  float* dx = nullptr;
+  const float* residual = nullptr;  // the add's other operand; null: no add
+  float* sum = nullptr;             // dx + residual; null: no add
+  float* dgamma = nullptr;          // cols
+  float* dbeta = nullptr;           // cols
+};
+void ln_backward_avx2(const LayerNormBackward& a);
+void ln_backward_avx512(const LayerNormBackward& a);
+
 // Runs the program over tiles of at most 1,024 floats (fewer when many
 // registers are live, so that a tile's registers, inputs and outputs stay in
 // L1), split across torch's intra-op threads (at::parallel_for). Each
