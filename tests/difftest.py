@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -262,3 +263,67 @@ def run_both_at_call(build, act, dev, *, check_warnings=False):
     if check_warnings:
         assert dev_w == cpu_w, f"warnings differ: cpu {cpu_w}, {dev} {dev_w}"
     return cpu_exc
+
+
+class ProgramLog:
+    """The lines of a generated program (random-program judges): each logged line is also
+    given to hypothesis's ``note`` so that a failing example prints the program."""
+
+    def __init__(self):
+        self.code = []
+
+    def log(self, line):
+        from hypothesis import note
+
+        self.code.append(line)
+        note(line)
+
+    def where(self):
+        return "\n".join(self.code)
+
+
+def outcome_quietly(fn, *args):
+    """``(fn(*args), None)``, or ``(None, exception)`` when it raised; warnings silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return fn(*args), None
+        except Exception as ex:  # noqa: BLE001
+            return None, ex
+
+
+def run_generated(body, *, examples, seed):
+    """The command-line form of a random-program judge: runs ``body(data)`` (a hypothesis
+    ``st.data()`` program) for ``examples`` programs drawn from ``seed``, shrinking the first
+    failure. Prints "OK: n programs" or "FAIL after n programs" and the failure; returns
+    ``(exit code 0 or 1, programs run)``."""
+    import traceback
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
+    from hypothesis import strategies as st
+
+    count = [0]
+
+    @hseed(seed)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def run(data):
+        count[0] += 1
+        body(data)
+
+    try:
+        run()
+    except BaseException as ex:  # noqa: BLE001
+        print(f"FAIL after {count[0]} programs")
+        traceback.print_exception(ex, limit=0)
+        return 1, count[0]
+    print(f"OK: {count[0]} programs")
+    return 0, count[0]
+
+
+def print_step_counts(stats):
+    """Prints how many generated steps completed and how many raised as on CPU; ``stats``
+    counts steps by ``("ok" or "err", op name)``."""
+    ok = sum(n for (o, _), n in stats.items() if o == "ok")
+    print(f"steps run: {ok} completed, {sum(stats.values()) - ok} raised as on CPU")

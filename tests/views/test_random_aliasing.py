@@ -32,15 +32,13 @@ import math
 import os
 import sys
 import traceback
-import warnings
 
 import torch
-from hypothesis import HealthCheck, given, note, settings
-from hypothesis import seed as hseed
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/ when run as a script
-from difftest import requires_tpu  # noqa: E402
+from difftest import ProgramLog, outcome_quietly, print_step_counts, requires_tpu, run_generated  # noqa: E402
 
 FLOAT = (torch.float32, torch.float64)
 BASE_DTYPES = [
@@ -150,34 +148,17 @@ def _fmt_exc(e):
     return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 
-class Program:
+class Program(ProgramLog):
     def __init__(self):
+        super().__init__()
         self.cpu = Side(False)
         self.tpu = Side(True)
-        self.code = []
         self.msg_diffs = []
-
-    def log(self, line):
-        self.code.append(line)
-        note(line)
-
-    def where(self):
-        return "\n".join(self.code)
 
     def step(self, code, fn, *, new=None, chip=0, leaf=False, read_result=True):
         """Runs fn(side) on both sides. new: a name for the result added to live."""
         self.log(code)
-        res = []
-        for side in (self.cpu, self.tpu):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                try:
-                    r = fn(side)
-                    e = None
-                except Exception as ex:  # noqa: BLE001
-                    r, e = None, ex
-            res.append((r, e))
-        (rc, ec), (rd, ed) = res
+        (rc, ec), (rd, ed) = outcome_quietly(fn, self.cpu), outcome_quietly(fn, self.tpu)
         if ec is not None and ed is None and read_result:
             # a lazy device may report a data-dependent error at the read of the result
             try:
@@ -1044,24 +1025,10 @@ def main():
     EXCLUDE.update(x for x in args.exclude.split(",") if x)
     if _chips() < 2:
         EXCLUDE.add("chip1")
-    count = [0]
-
-    @hseed(args.seed)
-    @settings(max_examples=args.examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(data=st.data())
-    def run(data):
-        count[0] += 1
-        run_program(data, args.steps)
-
-    try:
-        run()
-        print(f"OK: {count[0]} programs")
-    except BaseException as ex:  # noqa: BLE001
-        print(f"FAIL after {count[0]} programs")
-        traceback.print_exception(ex, limit=0)
-        return 1
-    ok = sum(n for (o, _), n in STATS.items() if o == "ok")
-    print(f"steps run: {ok} completed, {sum(STATS.values()) - ok} raised as on CPU")
+    rc, _ = run_generated(lambda data: run_program(data, args.steps), examples=args.examples, seed=args.seed)
+    if rc:
+        return rc
+    print_step_counts(STATS)
     return 0
 
 

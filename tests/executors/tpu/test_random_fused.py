@@ -35,17 +35,15 @@ import math
 import os
 import sys
 import traceback
-import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, note, settings
-from hypothesis import seed as hseed
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from difftest import DEVICE  # noqa: E402
+from difftest import DEVICE, ProgramLog, outcome_quietly, print_step_counts, run_generated  # noqa: E402
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops exist only on the tpu device")
 
@@ -157,18 +155,11 @@ def base_and_view(layout, shape, data):
 # --------------------------------------------------------------------------------------
 
 
-class Program:
+class Program(ProgramLog):
     def __init__(self):
+        super().__init__()
         self.live = {"cpu": [], "tpu": []}
         self.leaves = {"cpu": [], "tpu": []}
-        self.code = []
-
-    def log(self, line):
-        self.code.append(line)
-        note(line)
-
-    def where(self):
-        return "\n".join(self.code)
 
     def cpu(self, i):
         return self.live["cpu"][i]
@@ -180,14 +171,7 @@ class Program:
         """Runs fn(live, device) on CPU and on "tpu"; new: the result joins the live tensors."""
         name = f"v{self.n()}" if new else None
         self.log(f"{name} = {code}" if new else code)
-        res = {}
-        for dev in ("cpu", "tpu"):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                try:
-                    res[dev] = (fn(self.live[dev], dev), None)
-                except Exception as ex:  # noqa: BLE001
-                    res[dev] = (None, ex)
+        res = {dev: outcome_quietly(fn, self.live[dev], dev) for dev in ("cpu", "tpu")}
         (rc, ec), (rd, ed) = res["cpu"], res["tpu"]
         if ec is not None and ed is None and isinstance(rd, torch.Tensor):
             # an error that depends on device values (integer division by zero) is raised at
@@ -766,13 +750,8 @@ def main():
     if env.get("TORCH_TPU_QUICK"):
         args.examples = min(args.examples, 10)  # the docs' short form
     torch_tpu_eager.set_fused_math("cpu")
-    count = [0]
 
-    @hseed(args.seed)
-    @settings(max_examples=args.examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(data=st.data())
-    def run(data):
-        count[0] += 1
+    def body(data):
         if not args.survey:
             run_program(data, args.steps)
             return
@@ -782,19 +761,14 @@ def main():
             text = str(f)
             SURVEY[text.split("]")[0] + "] " + text.splitlines()[-1].split("=")[-1].strip()[:40]] += 1
 
-    try:
-        run()
-        print(f"OK: {count[0]} programs")
-    except BaseException as ex:  # noqa: BLE001
-        print(f"FAIL after {count[0]} programs")
-        traceback.print_exception(ex, limit=0)
-        return 1
+    rc, count = run_generated(body, examples=args.examples, seed=args.seed)
+    if rc:
+        return rc
     if args.survey:
-        print(f"programs failing: {sum(SURVEY.values())} of {count[0]}")
+        print(f"programs failing: {sum(SURVEY.values())} of {count}")
         for what, n in SURVEY.most_common():
             print(f"  {n:4d}  {what}")
-    ok = sum(n for (o, _), n in STATS.items() if o == "ok")
-    print(f"steps run: {ok} completed, {sum(STATS.values()) - ok} raised as on CPU")
+    print_step_counts(STATS)
     return 0
 
 
