@@ -328,11 +328,17 @@ bool residual_gradient_add(const Region& r, const Node& c, const Node& n, OpFusi
 // whose values it reads (partition's Loops order them): one region, as when
 // the backward itself ran op by op beside them.
 // (It writes only fresh outputs; it is a loop of its own even when it
-// iterates over the row loop's shape: the column sum of the input gradient.)
-bool norm_backward_by_op(const Node& c, const Node& n, OpFusion f) {
+// iterates over the row loop's shape: the column sum of the input gradient.
+// It reads nothing the region writes in place, e.g. the residual add's
+// target: a storage written in place belongs to one loop, verify.cpp.)
+bool norm_backward_by_op(const std::vector<Node>& g, const Region& r, const Node& c, const Node& n, OpFusion f) {
   if (f != OpFusion::kOpByOp || lowering_of(c.op).host != DirectImpl::kLayerNormBackward) return false;
-  for (const auto& in : n.inputs)
+  for (const auto& in : n.inputs) {
     if (in.written) return false;
+    for (const int p : r.nodes)
+      for (const auto& w : g[p].inputs)
+        if (w.written && w.ref.storage == in.ref.storage) return false;
+  }
   return true;
 }
 
@@ -359,7 +365,8 @@ bool fusible_into(const std::vector<Node>& g, const Region& r, const Growing& s,
   if (norm_backward_row(n, f, one_shape)) return false;
   if (r.anchor == PrimKind::kLibrary) return false;
   if (s.closed)
-    return s.closer >= 0 && (residual_gradient_add(r, g[s.closer], n, f) || norm_backward_by_op(g[s.closer], n, f));
+    return s.closer >= 0 &&
+           (residual_gradient_add(r, g[s.closer], n, f) || norm_backward_by_op(g, r, g[s.closer], n, f));
   if (row_value_consumer(r, s, n, f, one_shape) || epilogue_layer_norm(r, s, n, f, one_shape)) return true;
   const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
   if (k == PrimKind::kElementwise) {
