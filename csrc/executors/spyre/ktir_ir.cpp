@@ -235,7 +235,7 @@ const c10::OperatorHandle* find_op(const std::string& name) {
 // coefficient ({} the constant, {k} a linear term).
 using Monomials = std::map<std::vector<int>, int64_t>;
 
-Monomials monomials(const KtirAffine& e) {
+Monomials monomials(const KtirExpr& e) {
   Monomials m;
   if (e.constant) m[{}] = e.constant;
   for (size_t k = 0; k < e.coef.size(); ++k)
@@ -244,8 +244,8 @@ Monomials monomials(const KtirAffine& e) {
   return m;
 }
 
-KtirAffine from_monomials(const Monomials& m) {
-  KtirAffine e;
+KtirExpr from_monomials(const Monomials& m) {
+  KtirExpr e;
   for (const auto& [syms, c] : m) {
     if (!c) continue;
     if (syms.empty()) {
@@ -254,7 +254,7 @@ KtirAffine from_monomials(const Monomials& m) {
       if (e.coef.size() <= static_cast<size_t>(syms[0])) e.coef.resize(syms[0] + 1, 0);
       e.coef[syms[0]] += c;
     } else {
-      e.products.push_back(KtirAffine::Product{c, syms});
+      e.products.push_back(KtirExpr::Product{c, syms});
     }
   }
   return e;
@@ -310,7 +310,7 @@ struct Cursor {
   }
   // A size list whose entries may be affine in the symbols ("s0", "s0-1":
   // exprs[i], cleared when none is) or, when `q` is given, "?" at dim 0 (*q set).
-  std::vector<int64_t> sym_int_list(std::vector<KtirAffine>* exprs, bool* q = nullptr) {
+  std::vector<int64_t> sym_int_list(std::vector<KtirExpr>* exprs, bool* q = nullptr) {
     expect("[");
     std::vector<int64_t> v;
     exprs->clear();
@@ -330,10 +330,10 @@ struct Cursor {
     if (!any) exprs->clear();
     return v;
   }
-  // An expression (KtirAffine's text: terms [N "*"] SYM ("*" SYM)* and
+  // An expression (KtirExpr's text: terms [N "*"] SYM ("*" SYM)* and
   // numbers, joined by + and -); returns its constant value (the number
   // when it has no symbol; bound later otherwise).
-  int64_t affine(KtirAffine* e) {
+  int64_t affine(KtirExpr* e) {
     Monomials m;
     ws();
     for (bool first = true;; first = false) {
@@ -706,7 +706,7 @@ KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, con
 
 // ---------------------------------------------------------------- symbols
 
-bool KtirAffine::symbolic() const {
+bool KtirExpr::symbolic() const {
   for (int64_t c : coef)
     if (c) return true;
   return !products.empty();
@@ -730,7 +730,7 @@ int64_t sym_value(const std::vector<int64_t>& values, int k) {
 }
 }  // namespace
 
-int64_t KtirAffine::eval(const std::vector<int64_t>& values) const {
+int64_t KtirExpr::eval(const std::vector<int64_t>& values) const {
   int64_t v = constant;
   for (size_t k = 0; k < coef.size(); ++k)
     if (coef[k]) v = sat_add(v, sat_mul(coef[k], sym_value(values, static_cast<int>(k))));
@@ -742,7 +742,7 @@ int64_t KtirAffine::eval(const std::vector<int64_t>& values) const {
   return v;
 }
 
-int KtirAffine::single_symbol() const {
+int KtirExpr::single_symbol() const {
   if (!products.empty()) return -1;
   int one = -1;
   for (size_t k = 0; k < coef.size(); ++k) {
@@ -753,8 +753,8 @@ int KtirAffine::single_symbol() const {
   return one;
 }
 
-KtirAffine KtirAffine::symbol(int k, int64_t coef, int64_t constant) {
-  KtirAffine e;
+KtirExpr KtirExpr::symbol(int k, int64_t coef, int64_t constant) {
+  KtirExpr e;
   e.constant = constant;
   e.coef.assign(k + 1, 0);
   e.coef[k] = coef;
@@ -763,14 +763,14 @@ KtirAffine KtirAffine::symbol(int k, int64_t coef, int64_t constant) {
 
 namespace {
 
-KtirAffine affine_const(int64_t c) {
-  KtirAffine e;
+KtirExpr affine_const(int64_t c) {
+  KtirExpr e;
   e.constant = c;
   return e;
 }
 
 // e * f (products of symbols where both have symbols).
-KtirAffine affine_mul(const KtirAffine& e, const KtirAffine& f) {
+KtirExpr affine_mul(const KtirExpr& e, const KtirExpr& f) {
   Monomials r;
   for (const auto& [x, a] : monomials(e))
     for (const auto& [y, b] : monomials(f)) {
@@ -783,14 +783,14 @@ KtirAffine affine_mul(const KtirAffine& e, const KtirAffine& f) {
 }
 
 // e + q * f.
-void affine_add(KtirAffine& e, int64_t q, const KtirAffine& f) {
+void affine_add(KtirExpr& e, int64_t q, const KtirExpr& f) {
   Monomials m = monomials(e);
   for (const auto& [y, b] : monomials(f)) m[y] += q * b;
   e = from_monomials(m);
 }
 
 // e with each symbol k that `known` marks replaced by values[k].
-KtirAffine affine_subst(const KtirAffine& e, const std::vector<int64_t>& values, const std::vector<char>& known) {
+KtirExpr affine_subst(const KtirExpr& e, const std::vector<int64_t>& values, const std::vector<char>& known) {
   Monomials r;
   for (const auto& [syms, a] : monomials(e)) {
     std::vector<int> rest;
@@ -807,7 +807,7 @@ KtirAffine affine_subst(const KtirAffine& e, const std::vector<int64_t>& values,
 }
 
 // e with each symbol k renamed to to[k].
-KtirAffine affine_rename(const KtirAffine& e, const std::vector<int>& to) {
+KtirExpr affine_rename(const KtirExpr& e, const std::vector<int>& to) {
   Monomials r;
   for (const auto& [syms, a] : monomials(e)) {
     std::vector<int> x = syms;
@@ -833,7 +833,7 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
   };
   auto sym_equal = [&](int64_t x) {
     for (size_t k = 0; k < values.size(); ++k)
-      if (values[k] == x) return KtirAffine::symbol(static_cast<int>(k));
+      if (values[k] == x) return KtirExpr::symbol(static_cast<int>(k));
     return affine_const(x);
   };
   std::vector<size_t> order;
@@ -843,8 +843,8 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return v.strides[a] != v.strides[b] ? v.strides[a] < v.strides[b] : a > b;
   });
-  std::vector<KtirAffine> ex(n);
-  std::optional<KtirAffine> next;  // the stride a dense successor would have (a product of symbols too)
+  std::vector<KtirExpr> ex(n);
+  std::optional<KtirExpr> next;  // the stride a dense successor would have (a product of symbols too)
   int64_t next_value = -1;
   for (size_t d : order) {
     ex[d] = next && v.strides[d] == next_value ? *next : sym_equal(v.strides[d]);
@@ -854,7 +854,7 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
   bool any = false;
   for (const auto& e : ex) any |= e.symbolic();
   if (any) v.stride_expr = ex;
-  KtirAffine off;
+  KtirExpr off;
   int64_t rest = v.offset;
   for (auto it = order.rbegin(); it != order.rend() && rest > 0; ++it) {
     const int64_t q = rest / v.strides[*it];
@@ -868,15 +868,15 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
 
 // One past the last element a view reaches, as an expression: offset +
 // sum (size_d - 1) * stride_d + 1 (an empty view: 0).
-KtirAffine view_extent(const KtirView& v) {
-  KtirAffine e;
+KtirExpr view_extent(const KtirView& v) {
+  KtirExpr e;
   for (size_t d = 0; d < v.sizes.size(); ++d)
     if (v.sizes[d] == 0) return e;
   e = v.offset_expr.symbolic() ? v.offset_expr : affine_const(v.offset);
   for (size_t d = 0; d < v.sizes.size() && d < v.strides.size(); ++d) {
-    KtirAffine size = d < v.size_expr.size() && v.size_expr[d].symbolic() ? v.size_expr[d] : affine_const(v.sizes[d]);
+    KtirExpr size = d < v.size_expr.size() && v.size_expr[d].symbolic() ? v.size_expr[d] : affine_const(v.sizes[d]);
     size.constant -= 1;
-    const KtirAffine stride =
+    const KtirExpr stride =
         d < v.stride_expr.size() && v.stride_expr[d].symbolic() ? v.stride_expr[d] : affine_const(v.strides[d]);
     affine_add(e, 1, affine_mul(size, stride));
   }
@@ -885,7 +885,7 @@ KtirAffine view_extent(const KtirView& v) {
 }
 
 // The size expression of dim d of view v (a number when not symbolic).
-KtirAffine size_at(const KtirView& v, size_t d) {
+KtirExpr size_at(const KtirView& v, size_t d) {
   return d < v.size_expr.size() && v.size_expr[d].symbolic() ? v.size_expr[d] : affine_const(v.sizes[d]);
 }
 
@@ -896,8 +896,8 @@ KtirAffine size_at(const KtirView& v, size_t d) {
 // size there is the inner's plus the margin (s0+2), when the margin is at
 // most half the inner size (a nearby size, as ktir_symbolize's offsets).
 // `values`: the symbols' values at this launch (each expression equals its value there).
-std::vector<std::pair<int64_t, KtirAffine>> created_sizes(const KtirProgram& p, const std::vector<int64_t>& values) {
-  std::vector<std::pair<int64_t, KtirAffine>> out;
+std::vector<std::pair<int64_t, KtirExpr>> created_sizes(const KtirProgram& p, const std::vector<int64_t>& values) {
+  std::vector<std::pair<int64_t, KtirExpr>> out;
   for (const auto& o : p.ops) {
     if (o.op != "cat" || o.results.size() != 1 || o.results[0] < 0 || o.args.empty() ||
         o.args[0].kind != KtirValue::kList)
@@ -906,7 +906,7 @@ std::vector<std::pair<int64_t, KtirAffine>> created_sizes(const KtirProgram& p, 
     int64_t dim = o.args.size() > 1 && o.args[1].kind == KtirValue::kInt ? o.args[1].i : 0;
     if (dim < 0) dim += static_cast<int64_t>(r.sizes.size());
     if (dim < 0 || dim >= static_cast<int64_t>(r.sizes.size())) continue;
-    KtirAffine sum;
+    KtirExpr sum;
     for (const auto& x : o.args[0].list) {
       if (x.kind != KtirValue::kView || x.i < 0 || x.i >= static_cast<int64_t>(p.views.size())) continue;
       const KtirView& in = p.views[x.i];
@@ -920,7 +920,7 @@ std::vector<std::pair<int64_t, KtirAffine>> created_sizes(const KtirProgram& p, 
       for (size_t d = 0; d < v.sizes.size() && d < w.sizes.size(); ++d) {
         const int64_t margin = w.sizes[d] - v.sizes[d];
         if (!v.size_expr[d].symbolic() || margin <= 0 || 2 * margin > v.sizes[d]) continue;
-        KtirAffine e = v.size_expr[d];
+        KtirExpr e = v.size_expr[d];
         e.constant += margin;
         out.emplace_back(w.sizes[d], e);
       }
@@ -955,18 +955,18 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   }
   if (syms.empty()) return;
   // The expression of a size value: s<k>+c (an exact base first), else none.
-  auto expr_of = [&](int64_t v, bool mark) -> std::optional<KtirAffine> {
+  auto expr_of = [&](int64_t v, bool mark) -> std::optional<KtirExpr> {
     for (int pass = 0; pass < 2; ++pass)
       for (size_t k = 0; k < syms.size(); ++k)
         for (int64_t c : syms[k].offsets) {
           if ((pass == 0) != (c == 0) || syms[k].base + c != v) continue;
           if (mark) syms[k].used = true;
-          return KtirAffine::symbol(static_cast<int>(k), 1, c);
+          return KtirExpr::symbol(static_cast<int>(k), 1, c);
         }
     return std::nullopt;
   };
-  auto mark = [&](const std::vector<int64_t>& sizes, std::vector<KtirAffine>& ex) {
-    ex.assign(sizes.size(), KtirAffine{});
+  auto mark = [&](const std::vector<int64_t>& sizes, std::vector<KtirExpr>& ex) {
+    ex.assign(sizes.size(), KtirExpr{});
     bool any = false;
     for (size_t d = 0; d < sizes.size(); ++d) {
       if (sizes[d] <= 1) continue;
@@ -983,7 +983,7 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     for (auto& v : p.views)
       for (size_t d = 0; d < v.sizes.size(); ++d) {
         if (v.sizes[d] != value || v.sizes[d] <= 1 || (d < v.size_expr.size() && v.size_expr[d].symbolic())) continue;
-        if (v.size_expr.empty()) v.size_expr.assign(v.sizes.size(), KtirAffine{});
+        if (v.size_expr.empty()) v.size_expr.assign(v.sizes.size(), KtirExpr{});
         v.size_expr[d] = e;
       }
   }
@@ -997,7 +997,7 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   for (auto& t : p.tiles) {
     const KtirView& w = p.views[t.view];
     t.size_expr = w.size_expr;
-    if (t.core_stride && !t.size_expr.empty()) t.size_expr[0] = KtirAffine{};  // rows_per_core
+    if (t.core_stride && !t.size_expr.empty()) t.size_expr[0] = KtirExpr{};  // rows_per_core
     bool any = false;
     for (const auto& e : t.size_expr) any |= e.symbolic();
     if (!any) t.size_expr.clear();
@@ -1013,7 +1013,7 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     p.sym_lower.push_back(syms[k].lower);
     p.sym_upper.push_back(syms[k].upper);
   }
-  auto fix = [&](KtirAffine& e) {
+  auto fix = [&](KtirExpr& e) {
     if (e.symbolic()) e = affine_rename(e, renum);
   };
   fix(p.rows_expr);
@@ -1041,7 +1041,7 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     KtirArg& a = p.args[i];
     for (const auto& v : p.views) {
       if (v.lx || v.arg != static_cast<int>(i) || a.elems_expr.symbolic()) continue;
-      const KtirAffine e = view_extent(v);
+      const KtirExpr e = view_extent(v);
       if (e.symbolic() && e.eval(p.sym_values) == a.elems) a.elems_expr = e;
     }
     for (size_t k = 0; k < old.size() && !a.elems_expr.symbolic() && a.elems > 0; ++k) {
@@ -1049,7 +1049,7 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
         const int64_t v = syms[old[k]].base + c;
         if (v <= 1 || a.elems % v != 0) continue;
         const int64_t q = a.elems / v;
-        a.elems_expr = KtirAffine::symbol(static_cast<int>(k), q, q * c);
+        a.elems_expr = KtirExpr::symbol(static_cast<int>(k), q, q * c);
         break;
       }
     }
@@ -1086,7 +1086,7 @@ std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirP
   if (!ktir_same_structure(p, launch)) return std::nullopt;
   std::vector<int64_t> values(p.sym_values.size(), -1);
   // A size "a*s<k>+c" of value x gives s<k> = (x - c) / a; all must agree.
-  auto take = [&](const KtirAffine& e, int64_t x) {
+  auto take = [&](const KtirExpr& e, int64_t x) {
     const int k = e.single_symbol();
     if (k < 0) return true;
     const int64_t a = e.coef[k];
@@ -1122,7 +1122,7 @@ std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirP
 namespace {
 // "2*s0+3", "s1", "s0-1", "s1*s2", "2*s0*s1-s1+4": products first, then
 // the linear terms, then the constant; a number when `e` has no symbol.
-std::string affine_text(const KtirAffine& e, int64_t value) {
+std::string affine_text(const KtirExpr& e, int64_t value) {
   if (!e.symbolic()) return std::to_string(value);
   std::string s;
   auto term = [&](int64_t c, const std::vector<int>& syms) {
@@ -1139,7 +1139,7 @@ std::string affine_text(const KtirAffine& e, int64_t value) {
 
 // A size list with affine sizes ("s0", "s0-1") where `ex` has them; "?" for
 // a split dim 0 bound from the symbolic rows.
-std::string sym_list(const std::vector<int64_t>& v, const std::vector<KtirAffine>& ex, bool rows_first) {
+std::string sym_list(const std::vector<int64_t>& v, const std::vector<KtirExpr>& ex, bool rows_first) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) {
     s += i ? ", " : "";
@@ -1426,7 +1426,7 @@ KtirProgram ktir_parse(const std::string& text) {
   auto check_sym = [&](int k, int at) {
     if (k >= n_syms) fail(at, "syntax", "symbol s" + std::to_string(k) + " is not declared in the header's syms=[...]");
   };
-  auto check_affine = [&](const KtirAffine& e, int at) {
+  auto check_affine = [&](const KtirExpr& e, int at) {
     for (size_t k = 0; k < e.coef.size(); ++k)
       if (e.coef[k]) check_sym(static_cast<int>(k), at);
     for (const auto& t : e.products)
@@ -1480,7 +1480,7 @@ struct GeometryFault {
 // argument's bytes, x.view(dtype)). ktir_verify applies it at the bound
 // values, ktir_verify_ranges at every value of the ranges.
 std::optional<GeometryFault> geometry_fault(const KtirProgram& p, const std::vector<int64_t>& vals) {
-  auto at = [&](const KtirAffine& e, int64_t number) { return e.symbolic() ? e.eval(vals) : number; };
+  auto at = [&](const KtirExpr& e, int64_t number) { return e.symbolic() ? e.eval(vals) : number; };
   for (const auto& g : p.args)
     if (at(g.elems_expr, g.elems) < 0) return GeometryFault{g.line, "arg", "elems must be >= 0"};
   KtirView b;
@@ -1511,7 +1511,7 @@ std::optional<GeometryFault> geometry_fault(const KtirProgram& p, const std::vec
 }
 
 bool has_products(const KtirProgram& p) {
-  auto any = [](const std::vector<KtirAffine>& v) {
+  auto any = [](const std::vector<KtirExpr>& v) {
     for (const auto& e : v)
       if (!e.products.empty()) return true;
     return false;
@@ -4266,7 +4266,7 @@ std::vector<at::Tensor> ktir_run(const KtirProgram& p, const CardParams& card, s
       for (const auto& g : p.args) {
         if (g.kind == KtirArg::kOut) continue;
         const at::Tensor& t = inputs[k++];
-        const KtirAffine e = affine_subst(g.elems_expr, values, from_input);
+        const KtirExpr e = affine_subst(g.elems_expr, values, from_input);
         const int s = e.single_symbol();
         if (s < 0 || !t.defined() || from_input[s]) continue;
         const int64_t n = t.numel(), a = e.coef[s], c = e.constant;

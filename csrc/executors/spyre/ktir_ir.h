@@ -26,7 +26,7 @@ namespace spyre {
 // contiguous `[s0, s1, s2]` has stride "s1*s2" at dim 0 and "s0*s1*s2" elements).
 // Text: "s0", "64*s0", "2*s0+3", "s0-1", "s1*s2", "2*s0*s1-s1", or a plain
 // number (docs/ktir.md).
-struct KtirAffine {
+struct KtirExpr {
   // c * s<syms[0]> * s<syms[1]> * ...: two or more symbols, in increasing order (repeats: powers).
   struct Product {
     int64_t c = 0;
@@ -41,7 +41,7 @@ struct KtirAffine {
   int64_t eval(const std::vector<int64_t>& values) const;
   // The one symbol it names, linearly (every other coefficient 0, no product), else -1.
   int single_symbol() const;
-  static KtirAffine symbol(int k, int64_t coef = 1, int64_t constant = 0);
+  static KtirExpr symbol(int k, int64_t coef = 1, int64_t constant = 0);
 };
 
 // A kernel argument: one device storage (HBM buffer) the job plan binds.
@@ -52,7 +52,7 @@ struct KtirArg {
   int64_t elems = 0;                    // storage size in elements (bound)
   int line = 0;
   // Symbolic elems ("16*s0", "16*s0-16"), bound at launch (not symbolic: a constant).
-  KtirAffine elems_expr;
+  KtirExpr elems_expr;
 };
 
 // A memory view: HBM (over an argument's storage) or LX (a temporary).
@@ -64,11 +64,11 @@ struct KtirView {
   int64_t offset = 0;
   std::vector<int64_t> sizes, strides;  // bound
   int line = 0;
-  std::vector<KtirAffine> size_expr;  // per dim (empty: all numbers): "s0", "s0-1", "2*s0"
+  std::vector<KtirExpr> size_expr;  // per dim (empty: all numbers): "s0", "s0-1", "2*s0"
   // Symbolic strides (per dim; empty: all numbers) and offset (when
   // offset_expr.symbolic()): bound with the sizes at launch.
-  std::vector<KtirAffine> stride_expr;
-  KtirAffine offset_expr;
+  std::vector<KtirExpr> stride_expr;
+  KtirExpr offset_expr;
 };
 
 // The access tile of a view on one core: `sizes` elements at `at`, where a
@@ -79,7 +79,7 @@ struct KtirTile {
   std::vector<int64_t> sizes;
   int64_t core_stride = 0;  // 0: replicated (every core reads the tile at 0)
   int line = 0;
-  std::vector<KtirAffine> size_expr;  // per dim as the view's (a split dim 0 follows rows_per_core)
+  std::vector<KtirExpr> size_expr;  // per dim as the view's (a split dim 0 follows rows_per_core)
 };
 
 // One literal or view operand of an op.
@@ -115,7 +115,7 @@ struct KtirProgram {
   // rows are symbolic (rows_expr), rows_per_core and cores_used are bound
   // from them ("?" in text). sym_lower/sym_upper (empty: no range; printed
   // ranges=[L..U, ...]): the values the program serves, every one verified.
-  KtirAffine rows_expr;
+  KtirExpr rows_expr;
   std::vector<int64_t> sym_values, sym_lower, sym_upper;
   std::vector<KtirArg> args;
   std::vector<KtirView> views;

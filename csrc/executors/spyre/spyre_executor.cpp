@@ -336,7 +336,7 @@ class SpyreKernel final : public Kernel {
       const KtirView& w = program_.views[v];
       const std::string name = "%" + std::to_string(v);
       for (size_t d = 0; d < w.size_expr.size(); ++d) {
-        const KtirAffine& e = w.size_expr[d];
+        const KtirExpr& e = w.size_expr[d];
         const int k = e.single_symbol();
         if (e.symbolic() && (k < 0 || e.coef[k] != 1 || e.constant != 0))
           binding_.emplace_back(name + ".sizes[" + std::to_string(d) + "]", shown.views[v].sizes[d]);
