@@ -265,16 +265,12 @@ bool row_anchor(RowReduce row, const Node& n, c10::IntArrayRef sizes, fused::Row
   return ndim > 0 && (dim == ndim - 1 || dim == -1);
 }
 
-// native_layer_norm's normalized_shape as `cols`, the product of the trailing
-// dims of `shape` it must equal (false otherwise: CPU's path raises or runs it).
+// native_layer_norm's normalized_shape as `cols` (normalized_cols).
 bool layer_norm_cols(const Node& n, c10::IntArrayRef shape, int64_t* cols) {
   if (!n.op.schema().overload_name().empty() || n.outputs.size() != 3 || !n.args[1].isIntList() ||
       !n.args[4].isDouble())
     return false;
-  const auto normalized = n.args[1].toIntVector();
-  if (normalized.empty() || normalized.size() > shape.size()) return false;
-  if (!std::equal(normalized.begin(), normalized.end(), shape.end() - normalized.size())) return false;
-  *cols = c10::multiply_integers(normalized);
+  if (!normalized_cols(n.args[1].toIntVector(), shape, cols)) return false;
   for (const auto& o : n.outputs)
     if (o.dtype != at::kFloat || o.offset != 0 || !o.is_dense()) return false;
   return true;
@@ -1365,6 +1361,13 @@ LoopAccept loop_accepts(const std::vector<Node>& graph, int i) {
 DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::vector<Node>& graph) {
   const Node& n = graph[region.nodes[s.pos]];
   return s.input >= 0 ? n.inputs[s.input].ref.storage.get() : n.outputs[s.output].storage.get();
+}
+
+bool normalized_cols(c10::IntArrayRef normalized, c10::IntArrayRef shape, int64_t* cols) {
+  if (normalized.empty() || normalized.size() > shape.size()) return false;
+  if (!std::equal(normalized.begin(), normalized.end(), shape.end() - normalized.size())) return false;
+  *cols = c10::multiply_integers(normalized);
+  return true;
 }
 
 const float* slot_in_data(const Slot& s, const Region& region, const std::vector<Node>& graph, host::HostMemory& mem) {

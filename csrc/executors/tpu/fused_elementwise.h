@@ -125,6 +125,9 @@ int external_index(std::vector<E>& ext, const E& e, const Node& n, const TensorR
 // The storage of slot `s` of `region`.
 DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::vector<Node>& graph);
 // The float32 data a loop reads for input slot `s`, at its offset (bound per run).
+// A layer_norm's `normalized` shape as `cols`, the product of the trailing
+// dims of `shape` it must equal (false otherwise: CPU's path raises or runs it).
+bool normalized_cols(c10::IntArrayRef normalized, c10::IntArrayRef shape, int64_t* cols);
 const float* slot_in_data(const Slot& s, const Region& region, const std::vector<Node>& graph, host::HostMemory& mem);
 // The device buffer a loop writes for slot `s`, at an input slot's offset;
 // records its storage in plan.written.

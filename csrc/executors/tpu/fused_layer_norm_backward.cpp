@@ -52,13 +52,8 @@ bool ln_backward_op(const Node& n, int pos, LayerNormBackwardLoop* l) {
   const int gamma = input_at(n, 5), bias = input_at(n, 6);
   if (dy < 0 || x < 0 || mean < 0 || rstd < 0 || gamma < 0 || bias < 0) return false;
   const Dims& xs = n.inputs[x].ref.sizes;
-  const auto shape = n.args[2].toIntVector();
-  if (shape.empty() || shape.size() > xs.size() || n.inputs[dy].ref.sizes != xs) return false;
-  int64_t cols = 1;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (xs[xs.size() - shape.size() + d] != shape[d]) return false;
-    cols *= shape[d];
-  }
+  int64_t cols = 0;
+  if (n.inputs[dy].ref.sizes != xs || !normalized_cols(n.args[2].toIntVector(), xs, &cols)) return false;
   const int64_t numel = n.inputs[x].ref.numel();
   if (cols < 1 || numel < 1) return false;
   auto& a = l->args;
