@@ -1,7 +1,10 @@
 // Size buckets for the structural cache key.
 #include "jit/dynamic_shapes.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -15,8 +18,14 @@ namespace {
 
 struct Range {
   int64_t ndim, dim, lower, upper;
-  int64_t base;  // the marked tensor's size at `dim` when marked
+  int64_t base;    // the marked tensor's size at `dim` when marked
+  int64_t stride;  // and its stride there
 };
+
+// Bucket tags: a whole mark_dynamic range, and a size following a marked
+// one (size_buckets with MarkedSizes). Sizes below 2^62 never carry them.
+constexpr uint64_t kRangeTag = uint64_t(1) << 63;
+constexpr uint64_t kFollowTag = uint64_t(1) << 62;
 
 std::mutex g_mu;
 // Keyed by DeferredStorage id (ids are never reused, so a freed storage's
@@ -31,10 +40,51 @@ uint64_t pow2_bucket(int64_t n) {
   return b;
 }
 
+// The dim of `r` that mark `m` applies to: m.dim when r keeps the marked
+// stride there (the tensor itself, a slice), else r's one dim of more than
+// one element with that stride (a transposed or permuted view: d.t() holds
+// d's dim 0 at dim 1); m.dim when no dim or several have it (a step slice
+// changes the stride). -1 when r's rank is not the marked tensor's.
+int64_t view_dim(const Range& m, const TensorRef& r) {
+  const auto nd = static_cast<int64_t>(r.sizes.size());
+  if (m.ndim != nd) return -1;
+  if (static_cast<int64_t>(r.strides.size()) != nd || r.strides[m.dim] == m.stride) return m.dim;
+  int64_t found = -1;
+  for (int64_t j = 0; j < nd; ++j) {
+    if (r.strides[j] != m.stride || r.sizes[j] <= 1) continue;
+    if (found >= 0) return m.dim;
+    found = j;
+  }
+  return found >= 0 ? found : m.dim;
+}
+
+// The key word of a size n that follows marked[i] (n = k * m + c: exact
+// first, then near with 2|c| <= m, then a multiple 2..255 of m); 0 when it
+// follows none. The first marked size that fits is taken: the region's
+// structure fixes their order, so equal relations give equal words.
+uint64_t follow_word(int64_t n, const MarkedSizes& marked) {
+  if (n <= 1) return 0;
+  const size_t count = std::min<size_t>(marked.size(), 0xFFFF);
+  auto word = [](size_t i, int64_t k, int64_t c) {
+    return kFollowTag | uint64_t(i) << 40 | uint64_t(k) << 32 | static_cast<uint32_t>(static_cast<int32_t>(c));
+  };
+  for (int pass = 0; pass < 3; ++pass) {
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t m = marked[i];
+      if (m <= 1) continue;
+      const int64_t c = n - m;
+      if (pass == 0 && c == 0) return word(i, 1, 0);
+      if (pass == 1 && 2 * std::abs(c) <= m && std::abs(c) <= std::numeric_limits<int32_t>::max()) return word(i, 1, c);
+      if (pass == 2 && n % m == 0 && n / m >= 2 && n / m <= 255) return word(i, n / m, 0);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper,
-                  int64_t base) {
+                  int64_t base, int64_t stride) {
   std::lock_guard<std::mutex> lock(g_mu);
   detail::g_any_dynamic_marks.store(true, std::memory_order_release);
   auto& v = g_ranges[storage->id];
@@ -43,10 +93,11 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
       r.lower = lower;
       r.upper = upper;
       r.base = base;
+      r.stride = stride;
       return;
     }
   }
-  v.push_back(Range{ndim, dim, lower, upper, base});
+  v.push_back(Range{ndim, dim, lower, upper, base, stride});
 }
 
 SizeBuckets size_buckets(const TensorRef& r) {
@@ -58,15 +109,35 @@ SizeBuckets size_buckets(const TensorRef& r) {
   auto it = g_ranges.find(r.storage->id);
   if (it == g_ranges.end()) return out;
   for (const Range& m : it->second) {
-    if (m.ndim != static_cast<int64_t>(r.sizes.size())) continue;
-    const int64_t n = r.sizes[m.dim];
+    const int64_t d = view_dim(m, r);
+    if (d < 0) continue;
+    const int64_t n = r.sizes[d];
     if (n >= m.lower && n <= m.upper) {
       // One bucket for the range, distinct from every power of two.
-      out[m.dim] = (uint64_t(1) << 63) | static_cast<uint64_t>(m.upper);
+      out[d] = kRangeTag | static_cast<uint64_t>(m.upper);
     } else if (g_warned.emplace(r.storage->id, m.dim, n).second) {
       TORCH_WARN_ONCE("tpu: size ", n, " of dim ", m.dim, " is outside its mark_dynamic range [", m.lower, ", ",
                       m.upper, "]; regions reading it recompile for its power-of-two bucket");
     }
+  }
+  return out;
+}
+
+MarkedSizes marked_sizes(const std::vector<Node>& g, const std::vector<int>& nodes) {
+  MarkedSizes marked;
+  if (!any_dynamic_marks()) return marked;
+  for (int i : nodes)
+    for (const auto& in : g[i].inputs)
+      for (const DynamicDim& d : dynamic_dims(in.ref)) marked.push_back(d.size);
+  return marked;
+}
+
+SizeBuckets size_buckets(const TensorRef& r, const MarkedSizes& marked) {
+  SizeBuckets out = size_buckets(r);
+  if (marked.empty()) return out;
+  for (size_t d = 0; d < out.size(); ++d) {
+    if (out[d] & kRangeTag) continue;
+    if (const uint64_t w = follow_word(r.sizes[d], marked)) out[d] = w;
   }
   return out;
 }
@@ -78,9 +149,10 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
   auto it = g_ranges.find(r.storage->id);
   if (it == g_ranges.end()) return out;
   for (const Range& m : it->second) {
-    if (m.ndim != static_cast<int64_t>(r.sizes.size())) continue;
-    const int64_t n = r.sizes[m.dim];
-    if (n >= m.lower && n <= m.upper) out.push_back(DynamicDim{m.dim, n, m.base, m.lower, m.upper});
+    const int64_t d = view_dim(m, r);
+    if (d < 0) continue;
+    const int64_t n = r.sizes[d];
+    if (n >= m.lower && n <= m.upper) out.push_back(DynamicDim{d, n, m.base, m.lower, m.upper});
   }
   return out;
 }
@@ -92,7 +164,7 @@ uint64_t dynamic_marks_hash(const DeferredStorage* storage) {
   if (it == g_ranges.end()) return 0;
   uint64_t h = 0xCBF29CE484222325ULL;
   for (const Range& m : it->second)
-    for (int64_t v : {m.ndim, m.dim, m.lower, m.upper}) h = (h ^ static_cast<uint64_t>(v)) * 0x100000001B3ULL;
+    for (int64_t v : {m.ndim, m.dim, m.lower, m.upper, m.stride}) h = (h ^ static_cast<uint64_t>(v)) * 0x100000001B3ULL;
   return h | 1;
 }
 
