@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <limits>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -23,7 +22,7 @@ struct Range {
 };
 
 // Bucket tags: a whole mark_dynamic range, and a size following a marked
-// one (size_buckets with MarkedSizes). Sizes below 2^62 never carry them.
+// one (size_buckets with RegionMarks). Sizes below 2^62 never carry them.
 constexpr uint64_t kRangeTag = uint64_t(1) << 63;
 constexpr uint64_t kFollowTag = uint64_t(1) << 62;
 
@@ -58,24 +57,22 @@ int64_t view_dim(const Range& m, const TensorRef& r) {
   return found >= 0 ? found : m.dim;
 }
 
-// The key word of a size n that follows marked[i] (n = k * m + c: exact
-// first, then near with 2|c| <= m, then a multiple 2..255 of m); 0 when it
-// follows none. The first marked size that fits is taken: the region's
-// structure fixes their order, so equal relations give equal words.
-uint64_t follow_word(int64_t n, const MarkedSizes& marked) {
+// The key word of a size n that follows marked[i] (n = m + c with
+// 2|c| <= m, exact first, or n = k*m for 2 <= k <= 255): its tag and i, not
+// the relation, so a size near a marked one by chance shares one key
+// across the range instead of one per relation (the kernel plans again for
+// each exact layout). 0 when it follows none. The first marked size that
+// fits is taken: the region's structure fixes their order.
+uint64_t follow_word(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
   if (n <= 1) return 0;
-  const size_t count = std::min<size_t>(marked.size(), 0xFFFF);
-  auto word = [](size_t i, int64_t k, int64_t c) {
-    return kFollowTag | uint64_t(i) << 40 | uint64_t(k) << 32 | static_cast<uint32_t>(static_cast<int32_t>(c));
-  };
   for (int pass = 0; pass < 3; ++pass) {
-    for (size_t i = 0; i < count; ++i) {
+    for (size_t i = 0; i < marked.size(); ++i) {
       const int64_t m = marked[i];
       if (m <= 1) continue;
       const int64_t c = n - m;
-      if (pass == 0 && c == 0) return word(i, 1, 0);
-      if (pass == 1 && 2 * std::abs(c) <= m && std::abs(c) <= std::numeric_limits<int32_t>::max()) return word(i, 1, c);
-      if (pass == 2 && n % m == 0 && n / m >= 2 && n / m <= 255) return word(i, n / m, 0);
+      if ((pass == 0 && c == 0) || (pass == 1 && 2 * std::abs(c) <= m) ||
+          (pass == 2 && n % m == 0 && n / m >= 2 && n / m <= 255))
+        return kFollowTag | uint64_t(i);
     }
   }
   return 0;
@@ -123,25 +120,6 @@ SizeBuckets size_buckets(const TensorRef& r) {
   return out;
 }
 
-MarkedSizes marked_sizes(const std::vector<Node>& g, const std::vector<int>& nodes) {
-  MarkedSizes marked;
-  if (!any_dynamic_marks()) return marked;
-  for (int i : nodes)
-    for (const auto& in : g[i].inputs)
-      for (const DynamicDim& d : dynamic_dims(in.ref)) marked.push_back(d.size);
-  return marked;
-}
-
-SizeBuckets size_buckets(const TensorRef& r, const MarkedSizes& marked) {
-  SizeBuckets out = size_buckets(r);
-  if (marked.empty()) return out;
-  for (size_t d = 0; d < out.size(); ++d) {
-    if (out[d] & kRangeTag) continue;
-    if (const uint64_t w = follow_word(r.sizes[d], marked)) out[d] = w;
-  }
-  return out;
-}
-
 std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
   std::vector<DynamicDim> out;
   if (!any_dynamic_marks()) return out;
@@ -154,6 +132,31 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
     const int64_t n = r.sizes[d];
     if (n >= m.lower && n <= m.upper) out.push_back(DynamicDim{d, n, m.base, m.lower, m.upper});
   }
+  return out;
+}
+
+RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nodes) {
+  RegionMarks marks;
+  if (!any_dynamic_marks()) return marks;
+  for (int i : nodes)
+    for (const auto& in : g[i].inputs) {
+      for (const DynamicDim& d : dynamic_dims(in.ref)) marks.sizes.push_back(d.size);
+      if (in.written) marks.written.push_back(in.ref.storage.get());
+    }
+  return marks;
+}
+
+SizeBuckets size_buckets(const TensorRef& r, const RegionMarks& marks) {
+  SizeBuckets out = size_buckets(r);
+  const DeferredStorage* s = r.storage.get();
+  if (marks.sizes.empty() || std::find(marks.written.begin(), marks.written.end(), s) == marks.written.end())
+    return out;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_ranges.count(s->id)) return out;  // a marked storage keeps its own marks
+  }
+  for (size_t d = 0; d < out.size(); ++d)
+    if (const uint64_t w = follow_word(r.sizes[d], marks.sizes)) out[d] = w;
   return out;
 }
 

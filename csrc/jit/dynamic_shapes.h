@@ -5,10 +5,10 @@
 //    the tensor being read: one bucket for the whole range [lower, upper]
 //    (a view's dims are matched to the marked dims through their strides, so
 //    a transposed view keeps each mark on the dim it belongs to);
-//  - outside every range, but following a size m of another input of the same
-//    region that is inside one (a pad's or cat's buffer, created at its own
-//    size: n = m + c with 2|c| <= m, or n = k*m): that relation (which
-//    marked size, k, c), so one region serves every m of the range;
+//  - a buffer the region writes, on a storage of no mark, whose size
+//    follows a size m of an input inside a range (a pad's or cat(out=)'s
+//    buffer, created at its own size: n = m + c with 2|c| <= m, or n = k*m):
+//    one bucket "follows m", so one region serves every m of the range;
 //  - otherwise: n itself for 0 and 1, else the next power of two. A size that
 //    grows by one per step (a generation loop) therefore compiles a region
 //    kind at most ceil(log2(range)) + 1 times.
@@ -47,17 +47,21 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r);
 using SizeBuckets = c10::SmallVector<uint64_t, 6>;
 SizeBuckets size_buckets(const TensorRef& r);
 
-// The sizes of a region's inputs that lie in mark_dynamic ranges, in the
-// order the region reads them (append_marked_sizes over its inputs): what
-// the sizes of its other inputs may follow. Of the inputs of nodes `nodes`
-// of `g` (a region's); empty, without a lock, until some mark was declared.
-using MarkedSizes = c10::SmallVector<int64_t, 8>;
-MarkedSizes marked_sizes(const std::vector<Node>& g, const std::vector<int>& nodes);
-// size_buckets(r), where each size outside every range that follows one of
-// `marked` (m + c with 2|c| <= m, or k*m for 2 <= k <= 255) is keyed by
-// that relation instead of its power of two: a created buffer's dim
-// inherits the mark of the size it was made from.
-SizeBuckets size_buckets(const TensorRef& r, const MarkedSizes& marked);
+// Of a region (the inputs of its nodes `nodes` of `g`): the sizes that lie
+// in mark_dynamic ranges, in the order it reads them, and the storages it
+// writes. Empty, without a lock, until some mark was declared.
+struct RegionMarks {
+  c10::SmallVector<int64_t, 8> sizes;
+  c10::SmallVector<const DeferredStorage*, 4> written;
+};
+RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nodes);
+// size_buckets(r); when r's storage has no mark and the region writes it,
+// each size that follows one of `marks.sizes` (m + c with 2|c| <= m, or k*m
+// for 2 <= k <= 255) is keyed as following it instead of its power of two:
+// a created buffer's dim inherits the mark of the size it was made from.
+// Only written buffers: a weight's fixed 8 columns near a marked n by
+// chance keep their power of two.
+SizeBuckets size_buckets(const TensorRef& r, const RegionMarks& marks);
 
 namespace detail {
 // Set by the first mark_dynamic; never cleared.

@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from difftest import requires_tpu
 
@@ -69,3 +70,66 @@ def test_mark_dynamic_rejects_bad_input(args):
         t = torch.ones(4, 4, device="tpu")
     with pytest.raises(ValueError):
         _tte().mark_dynamic(t, dim, lo, hi)
+
+
+SIZES = (40, 77, 130)  # power-of-two buckets 64, 128, 256
+
+
+def _compiles(tte):
+    m = tte.metrics()
+    return m["compiles"] + m["disk_cache_hits"]
+
+
+def test_transposed_view_keys_the_marked_dim():
+    # The mark of d's dim 1 follows it to dim 0 of d.t() (matched by stride):
+    # one region for every n. On main at bb12663 it was read at dim 1 of the
+    # view (its 16) and dim 0 took n's power-of-two bucket: 3 compiles.
+    tte = _tte()
+    tte.reset_metrics()
+    for n in SIZES:
+        a = torch.randn(16, n)
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 509)
+        assert torch.equal((d.t() * 2.0 - 1.0).cpu(), a.t() * 2.0 - 1.0)
+    assert _compiles(tte) <= 1
+
+
+def test_pad_buffer_size_follows_the_mark():
+    # F.pad's n + 2 buffer is a region input of no marked storage: keyed by
+    # its relation to the marked n, one region (main at bb12663: 3).
+    tte = _tte()
+    tte.reset_metrics()
+    for n in SIZES:
+        a = torch.randn(16, n)
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 509)
+        assert torch.equal((F.pad(d, (1, 1)) * 3.0).cpu(), F.pad(a, (1, 1)) * 3.0)
+    assert _compiles(tte) <= 1
+
+
+def test_cat_out_buffer_follows_the_mark():
+    # cat(out=)'s 2n buffer, written by the region: one region (main at bb12663: 3).
+    tte = _tte()
+    tte.reset_metrics()
+    for n in SIZES:
+        a = torch.randn(16, n)
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 509)
+        buf = torch.empty(16, 2 * n, device="tpu")
+        torch.cat([d, d], 1, out=buf)
+        assert torch.equal((buf - 0.5).cpu(), torch.cat([a, a], 1) - 0.5)
+    assert _compiles(tte) <= 1
+
+
+def test_a_size_near_the_mark_by_chance_gives_cpu_values():
+    # e's fixed 41 columns are n + 1 at n = 40 and n - 36 at n = 77; e is
+    # only read, so it keeps its power of two (a weight's columns near a
+    # marked n by chance); values as CPU's at every n.
+    tte = _tte()
+    e_cpu = torch.randn(16, 41)
+    e = e_cpu.to("tpu")
+    for n in SIZES + (41, 40):
+        a = torch.randn(16, n)
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 509)
+        assert torch.equal((torch.cat([d, e], 1) + 1.0).cpu(), torch.cat([a, e_cpu], 1) + 1.0)

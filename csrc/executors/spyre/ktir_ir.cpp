@@ -889,6 +889,17 @@ KtirExpr size_at(const KtirView& v, size_t d) {
   return d < v.size_expr.size() && v.size_expr[d].symbolic() ? v.size_expr[d] : affine_const(v.sizes[d]);
 }
 
+// The view a cat writes: its result, or cat.out's out= operand; -1 for
+// another op.
+int cat_result(const KtirOp& o, size_t nviews) {
+  int v = -1;
+  if (o.op == "cat" && o.results.size() == 1)
+    v = o.results[0];
+  else if (o.op == "cat.out" && o.results.empty() && o.args.size() == 3 && o.args[2].kind == KtirValue::kView)
+    v = static_cast<int>(o.args[2].i);
+  return v >= 0 && static_cast<size_t>(v) < nviews ? v : -1;
+}
+
 // Sizes a region creates from its symbolic sizes, as (value, expression):
 // a cat's result size along its dim, the sum of its inputs'; and a view
 // holding a symbolic view of the same storage and strides (the copy_ target
@@ -899,10 +910,9 @@ KtirExpr size_at(const KtirView& v, size_t d) {
 std::vector<std::pair<int64_t, KtirExpr>> created_sizes(const KtirProgram& p, const std::vector<int64_t>& values) {
   std::vector<std::pair<int64_t, KtirExpr>> out;
   for (const auto& o : p.ops) {
-    if (o.op != "cat" || o.results.size() != 1 || o.results[0] < 0 || o.args.empty() ||
-        o.args[0].kind != KtirValue::kList)
-      continue;
-    const KtirView& r = p.views[o.results[0]];
+    const int result = cat_result(o, p.views.size());
+    if (result < 0 || o.args.empty() || o.args[0].kind != KtirValue::kList) continue;
+    const KtirView& r = p.views[result];
     int64_t dim = o.args.size() > 1 && o.args[1].kind == KtirValue::kInt ? o.args[1].i : 0;
     if (dim < 0) dim += static_cast<int64_t>(r.sizes.size());
     if (dim < 0 || dim >= static_cast<int64_t>(r.sizes.size())) continue;
