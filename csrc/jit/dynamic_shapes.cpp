@@ -80,8 +80,8 @@ uint64_t follow_word(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
 
 }  // namespace
 
-void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper,
-                  int64_t base, int64_t stride) {
+void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper, int64_t base,
+                  int64_t stride) {
   std::lock_guard<std::mutex> lock(g_mu);
   detail::g_any_dynamic_marks.store(true, std::memory_order_release);
   auto& v = g_ranges[storage->id];

@@ -32,8 +32,8 @@ namespace jit {
 // there, e.g. n - 1 of d[:, 1:], is then base + an offset) and `stride` its
 // stride there (a view's dim of that stride is the marked one: dim 1 of
 // d.t() for a mark of d's dim 0). Validated by the caller (Python API).
-void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper,
-                  int64_t base, int64_t stride);
+void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper, int64_t base,
+                  int64_t stride);
 
 // The dims of `r` whose size lies in its storage's mark_dynamic range;
 // `dim` is r's dim (the marked dim, mapped through r's strides).
