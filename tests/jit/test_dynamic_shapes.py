@@ -80,44 +80,34 @@ def _compiles(tte):
     return m["compiles"] + m["disk_cache_hits"]
 
 
-def test_transposed_view_keys_the_marked_dim():
-    # The mark of d's dim 1 follows it to dim 0 of d.t() (matched by stride):
-    # one region for every n. On main at bb12663 it was read at dim 1 of the
-    # view (its 16) and dim 0 took n's power-of-two bucket: 3 compiles.
+def _cat_out(d):
+    buf = torch.empty(16, 2 * d.shape[1], device=d.device)
+    torch.cat([d, d], 1, out=buf)
+    return buf - 0.5
+
+
+# Regions that keep one compile over SIZES (on main at bb12663, 3 each):
+# the mark of d's dim 1 follows it to dim 0 of d.t() (matched by stride;
+# main read it at dim 1 of the view, its 16); F.pad's n + 2 buffer and
+# cat(out=)'s 2n buffer, written by the region on a storage of no mark, are
+# keyed as following the marked n (main: their power-of-two buckets).
+FOLLOWING = {
+    "transposed view": lambda d: d.t() * 2.0 - 1.0,
+    "pad buffer": lambda d: F.pad(d, (1, 1)) * 3.0,
+    "cat out= buffer": _cat_out,
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOLLOWING))
+def test_marked_size_keeps_one_region(case):
     tte = _tte()
+    fn = FOLLOWING[case]
     tte.reset_metrics()
     for n in SIZES:
         a = torch.randn(16, n)
         d = a.to("tpu")
         tte.mark_dynamic(d, 1, 1, 509)
-        assert torch.equal((d.t() * 2.0 - 1.0).cpu(), a.t() * 2.0 - 1.0)
-    assert _compiles(tte) <= 1
-
-
-def test_pad_buffer_size_follows_the_mark():
-    # F.pad's n + 2 buffer is a region input of no marked storage: keyed by
-    # its relation to the marked n, one region (main at bb12663: 3).
-    tte = _tte()
-    tte.reset_metrics()
-    for n in SIZES:
-        a = torch.randn(16, n)
-        d = a.to("tpu")
-        tte.mark_dynamic(d, 1, 1, 509)
-        assert torch.equal((F.pad(d, (1, 1)) * 3.0).cpu(), F.pad(a, (1, 1)) * 3.0)
-    assert _compiles(tte) <= 1
-
-
-def test_cat_out_buffer_follows_the_mark():
-    # cat(out=)'s 2n buffer, written by the region: one region (main at bb12663: 3).
-    tte = _tte()
-    tte.reset_metrics()
-    for n in SIZES:
-        a = torch.randn(16, n)
-        d = a.to("tpu")
-        tte.mark_dynamic(d, 1, 1, 509)
-        buf = torch.empty(16, 2 * n, device="tpu")
-        torch.cat([d, d], 1, out=buf)
-        assert torch.equal((buf - 0.5).cpu(), torch.cat([a, a], 1) - 0.5)
+        assert torch.equal(fn(d).cpu(), fn(a))
     assert _compiles(tte) <= 1
 
 
