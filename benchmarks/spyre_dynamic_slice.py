@@ -8,15 +8,21 @@ dynamic (range 1..512) on the Spyre target:
   created size ``2n``);
 - ``pad``: ``(16, n)`` marked at dim 1, ``F.pad(d, (1, 1)) * 2.0`` (``n+2``);
 - ``2d``: ``(n, n // 2 + 3)`` marked at both dims, ``d * d + 1.0`` (element
-  count ``s0*s1``).
+  count ``s0*s1``);
+- ``t``: the same tensor, ``d.t() * 2.0 + 1.0`` (a transposed view: each
+  mark follows its dim through the strides, ``sizes=[s1, s0]``);
+- ``fixed``: ``(16, n)`` marked at dim 1, ``d[:, :2] * 2.0`` (a fixed slice
+  far from the base: the 2 stays a number, the pitch is ``s0``).
 
 For each n, the first launch of the shape (a bind of the compiled program, or
 a new program when none fits) and then ``--repeats`` warm launches. Prints,
 per case, ``compiles``, ``plans_built`` and the thread CPU time of the first
 launches (summed) and the median warm launch. Run it against another build by
 pointing PYTHONPATH at that checkout (the script only uses public API).
+``--target tpu-v5e`` runs the same regions on the TPU target (the JIT key is
+shared: its compile counts follow the same marks).
 
-    PYTHONPATH=. python benchmarks/spyre_dynamic_slice.py [--shapes 12] [--repeats 5] [--case slice]
+    PYTHONPATH=. python benchmarks/spyre_dynamic_slice.py [--shapes 12] [--repeats 5] [--case slice] [--target spyre]
 """
 
 import argparse
@@ -34,6 +40,8 @@ CASES = {
     "cat": (lambda n: (16, n), (1,), lambda d: torch.cat([d, d], 1) + 1.0),
     "pad": (lambda n: (16, n), (1,), lambda d: F.pad(d, (1, 1)) * 2.0),
     "2d": (lambda n: (n, n // 2 + 3), (0, 1), lambda d: d * d + 1.0),
+    "t": (lambda n: (n, n // 2 + 3), (0, 1), lambda d: d.t() * 2.0 + 1.0),
+    "fixed": (lambda n: (16, n), (1,), lambda d: d[:, :2] * 2.0),
 }
 
 
@@ -66,11 +74,12 @@ def main():
     ap.add_argument("--shapes", type=int, default=3 if os.environ.get("TORCH_TPU_QUICK") else 12)
     ap.add_argument("--repeats", type=int, default=2 if os.environ.get("TORCH_TPU_QUICK") else 5)
     ap.add_argument("--case", choices=sorted(CASES), action="append")
+    ap.add_argument("--target", default="spyre", help="spyre (default), tpu-v5e or tpu-v6e")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    tte.set_target("spyre")
+    tte.set_target(args.target)
     sizes = [40 + 37 * i for i in range(args.shapes)]
-    print(f"shapes n = {sizes}")
+    print(f"target {args.target}, shapes n = {sizes}")
     print(f"{'case':>6} {'compiles':>8} {'plans_built':>11} {'first launches ms':>17} {'warm ms':>8}")
     for case in args.case or list(CASES):
         c, p, first, warm = sweep(case, sizes, args.repeats)

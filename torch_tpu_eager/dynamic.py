@@ -27,9 +27,12 @@ _C._set_recompile_warning(RecompileWarning)
 def mark_dynamic(t: torch.Tensor, dim: int, lower: int, upper: int) -> None:
     """Declares that dim ``dim`` of ``t`` takes sizes in ``[lower, upper]``.
 
-    Regions that read ``t`` (or a view of its storage with the same rank) then
-    compile once for every size in the range instead of once per power-of-two
-    bucket. Call once per dim to mark several dims (any number of them).
+    Regions that read ``t`` (or a view of its storage with the same rank,
+    each mark on the view's dim of the marked stride: dim 1 of ``t.t()`` for
+    ``dim=0``) then compile once for every size in the range instead of once
+    per power-of-two bucket; so do buffers such a region writes whose size
+    follows the marked one (``F.pad``'s ``n + 2``, ``cat(..., out=)``'s
+    ``2n``). Call once per dim to mark several dims (any number of them).
     A size outside the range recompiles for its power-of-two bucket, with a
     one-time warning; it never fails.
 

@@ -2,7 +2,13 @@
 //
 // Policy for a size n of a region input's dimension:
 //  - inside a range declared with mark_dynamic(tensor, dim, lower, upper) for
-//    the tensor being read: one bucket for the whole range [lower, upper];
+//    the tensor being read: one bucket for the whole range [lower, upper]
+//    (a view's dims are matched to the marked dims through their strides, so
+//    a transposed view keeps each mark on the dim it belongs to);
+//  - a buffer the region writes, on a storage of no mark, whose size
+//    follows a size m of an input inside a range (a pad's or cat(out=)'s
+//    buffer, created at its own size: n = m + c with 2|c| <= m, or n = k*m):
+//    one bucket "follows m", so one region serves every m of the range;
 //  - otherwise: n itself for 0 and 1, else the next power of two. A size that
 //    grows by one per step (a generation loop) therefore compiles a region
 //    kind at most ceil(log2(range)) + 1 times.
@@ -23,12 +29,14 @@ namespace jit {
 
 // Declares dim `dim` of tensors viewing `storage` with rank `ndim` dynamic in
 // [lower, upper]; `base` is the marked tensor's size there (a view's size
-// there, e.g. n - 1 of d[:, 1:], is then base + an offset). Validated by the
-// caller (Python API).
-void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper,
-                  int64_t base);
+// there, e.g. n - 1 of d[:, 1:], is then base + an offset) and `stride` its
+// stride there (a view's dim of that stride is the marked one: dim 1 of
+// d.t() for a mark of d's dim 0). Validated by the caller (Python API).
+void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int64_t lower, int64_t upper, int64_t base,
+                  int64_t stride);
 
-// The dims of `r` whose size lies in its storage's mark_dynamic range.
+// The dims of `r` whose size lies in its storage's mark_dynamic range;
+// `dim` is r's dim (the marked dim, mapped through r's strides).
 struct DynamicDim {
   int64_t dim, size, base, lower, upper;
 };
@@ -38,6 +46,22 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r);
 // structural key computes one per region input at every flush.
 using SizeBuckets = c10::SmallVector<uint64_t, 6>;
 SizeBuckets size_buckets(const TensorRef& r);
+
+// Of a region (the inputs of its nodes `nodes` of `g`): the sizes that lie
+// in mark_dynamic ranges, in the order it reads them, and the storages it
+// writes. Empty, without a lock, until some mark was declared.
+struct RegionMarks {
+  c10::SmallVector<int64_t, 8> sizes;
+  c10::SmallVector<const DeferredStorage*, 4> written;
+};
+RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nodes);
+// size_buckets(r); when r's storage has no mark and the region writes it,
+// each size that follows one of `marks.sizes` (m + c with 2|c| <= m, or k*m
+// for 2 <= k <= 255) is keyed as following it instead of its power of two:
+// a created buffer's dim inherits the mark of the size it was made from.
+// Only written buffers: a weight's fixed 8 columns near a marked n by
+// chance keep their power of two.
+SizeBuckets size_buckets(const TensorRef& r, const RegionMarks& marks);
 
 namespace detail {
 // Set by the first mark_dynamic; never cleared.

@@ -187,6 +187,7 @@ void note_compile(const std::vector<Node>& g, const Region& r, const std::string
   std::vector<uint64_t> dims;
   std::unordered_map<const void*, int> made;  // storages created in the region
   SourceLocation where;
+  const RegionMarks marks = region_marks(g, r.nodes);  // as region_key (partition.cpp)
   for (size_t p = 0; p < r.nodes.size(); ++p) {
     const Node& n = g[r.nodes[p]];
     if (where.empty()) where = n.where;
@@ -200,7 +201,7 @@ void note_compile(const std::vector<Node>& g, const Region& r, const std::string
       for (auto st : in.ref.strides) mix(structure, st == 0 ? 0 : st == 1 ? 1 : 2);
       mix(structure, in.written);
       if (!local)
-        for (auto b : size_buckets(in.ref)) dims.push_back(b);
+        for (auto b : size_buckets(in.ref, marks)) dims.push_back(b);
     }
     for (size_t i = 0; i < n.args.size(); ++i) {
       const c10::IValue& a = n.args[i];

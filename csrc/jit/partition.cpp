@@ -720,6 +720,9 @@ uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable, st
   if (loops > 1)
     for (int l : r.loop) mix(h, static_cast<uint64_t>(l));
   StorageMap<int> local(r.nodes.size());  // storages created in this region -> ordinal
+  // Sizes in mark_dynamic ranges: a written buffer's size that follows one
+  // (a pad's n + 2) is keyed as following it (dynamic_shapes.h).
+  const RegionMarks marks = region_marks(g, r.nodes);
   for (size_t p = 0; p < r.nodes.size(); ++p) {
     const Node& n = g[r.nodes[p]];
     if (stable) {
@@ -737,7 +740,7 @@ uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable, st
       // A value made inside the region has sizes that follow from the region's
       // inputs: only the inputs' sizes (bucketed) are part of the key.
       if (!made)
-        for (auto b : size_buckets(in.ref)) mix(h, b);
+        for (auto b : size_buckets(in.ref, marks)) mix(h, b);
       for (auto s : in.ref.strides) mix(h, s == 0 ? 0 : s == 1 ? 1 : 2);
       mix(h, in.written);
     }

@@ -510,7 +510,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fused_math_is_cpu", [] { return tpu::fused::math_routines() == tpu::fused::MathRoutines::kCpu; });
   m.def("_cache_size", &jit::cache_size);
   m.def("_mark_dynamic", [](const at::Tensor& t, int64_t dim, int64_t lower, int64_t upper) {
-    jit::mark_dynamic(deferred_storage_of(t), t.dim(), dim, lower, upper, t.size(dim));
+    jit::mark_dynamic(deferred_storage_of(t), t.dim(), dim, lower, upper, t.size(dim), t.stride(dim));
   });
   m.def("_clear_cache", &jit::clear_cache);
   m.def("_set_kernel_cache_limit", &jit::set_cache_limit);

@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from difftest import requires_tpu
 
@@ -69,3 +70,56 @@ def test_mark_dynamic_rejects_bad_input(args):
         t = torch.ones(4, 4, device="tpu")
     with pytest.raises(ValueError):
         _tte().mark_dynamic(t, dim, lo, hi)
+
+
+SIZES = (40, 77, 130)  # power-of-two buckets 64, 128, 256
+
+
+def _compiles(tte):
+    m = tte.metrics()
+    return m["compiles"] + m["disk_cache_hits"]
+
+
+def _cat_out(d):
+    buf = torch.empty(16, 2 * d.shape[1], device=d.device)
+    torch.cat([d, d], 1, out=buf)
+    return buf - 0.5
+
+
+# Regions that keep one compile over SIZES (on main at bb12663, 3 each):
+# the mark of d's dim 1 follows it to dim 0 of d.t() (matched by stride;
+# main read it at dim 1 of the view, its 16); F.pad's n + 2 buffer and
+# cat(out=)'s 2n buffer, written by the region on a storage of no mark, are
+# keyed as following the marked n (main: their power-of-two buckets).
+FOLLOWING = {
+    "transposed view": lambda d: d.t() * 2.0 - 1.0,
+    "pad buffer": lambda d: F.pad(d, (1, 1)) * 3.0,
+    "cat out= buffer": _cat_out,
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOLLOWING))
+def test_marked_size_keeps_one_region(case):
+    tte = _tte()
+    fn = FOLLOWING[case]
+    tte.reset_metrics()
+    for n in SIZES:
+        a = torch.randn(16, n)
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 509)
+        assert torch.equal(fn(d).cpu(), fn(a))
+    assert _compiles(tte) <= 1
+
+
+def test_a_size_near_the_mark_by_chance_gives_cpu_values():
+    # e's fixed 41 columns are n + 1 at n = 40 and n - 36 at n = 77; e is
+    # only read, so it keeps its power of two (a weight's columns near a
+    # marked n by chance); values as CPU's at every n.
+    tte = _tte()
+    e_cpu = torch.randn(16, 41)
+    e = e_cpu.to("tpu")
+    for n in SIZES + (41, 40):
+        a = torch.randn(16, n)
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 509)
+        assert torch.equal((torch.cat([d, e], 1) + 1.0).cpu(), torch.cat([a, e_cpu], 1) + 1.0)

@@ -889,6 +889,17 @@ KtirExpr size_at(const KtirView& v, size_t d) {
   return d < v.size_expr.size() && v.size_expr[d].symbolic() ? v.size_expr[d] : affine_const(v.sizes[d]);
 }
 
+// The view a cat writes: its result, or cat.out's out= operand; -1 for
+// another op.
+int cat_result(const KtirOp& o, size_t nviews) {
+  int v = -1;
+  if (o.op == "cat" && o.results.size() == 1)
+    v = o.results[0];
+  else if (o.op == "cat.out" && o.results.empty() && o.args.size() == 3 && o.args[2].kind == KtirValue::kView)
+    v = static_cast<int>(o.args[2].i);
+  return v >= 0 && static_cast<size_t>(v) < nviews ? v : -1;
+}
+
 // Sizes a region creates from its symbolic sizes, as (value, expression):
 // a cat's result size along its dim, the sum of its inputs'; and a view
 // holding a symbolic view of the same storage and strides (the copy_ target
@@ -899,10 +910,9 @@ KtirExpr size_at(const KtirView& v, size_t d) {
 std::vector<std::pair<int64_t, KtirExpr>> created_sizes(const KtirProgram& p, const std::vector<int64_t>& values) {
   std::vector<std::pair<int64_t, KtirExpr>> out;
   for (const auto& o : p.ops) {
-    if (o.op != "cat" || o.results.size() != 1 || o.results[0] < 0 || o.args.empty() ||
-        o.args[0].kind != KtirValue::kList)
-      continue;
-    const KtirView& r = p.views[o.results[0]];
+    const int result = cat_result(o, p.views.size());
+    if (result < 0 || o.args.empty() || o.args[0].kind != KtirValue::kList) continue;
+    const KtirView& r = p.views[result];
     int64_t dim = o.args.size() > 1 && o.args[1].kind == KtirValue::kInt ? o.args[1].i : 0;
     if (dim < 0) dim += static_cast<int64_t>(r.sizes.size());
     if (dim < 0 || dim >= static_cast<int64_t>(r.sizes.size())) continue;
@@ -930,24 +940,68 @@ std::vector<std::pair<int64_t, KtirExpr>> created_sizes(const KtirProgram& p, co
 
 }  // namespace
 
+namespace {
+
+// Calls f on every expression of `p`: the rows, element counts, view sizes,
+// strides and offsets, tile sizes.
+template <class F>
+void for_each_expr(KtirProgram& p, F f) {
+  f(p.rows_expr);
+  for (auto& a : p.args) f(a.elems_expr);
+  for (auto& v : p.views) {
+    for (auto& e : v.size_expr) f(e);
+    for (auto& e : v.stride_expr) f(e);
+    f(v.offset_expr);
+  }
+  for (auto& t : p.tiles)
+    for (auto& e : t.size_expr) f(e);
+}
+
+// Drops the symbols of `p` that no expression names (their values from
+// p.sym_values) and renumbers the rest in order; the old numbers of those kept.
+std::vector<int> drop_unused_symbols(KtirProgram& p) {
+  const size_t n = p.sym_values.size();
+  std::vector<char> used(n, 0);
+  for_each_expr(p, [&](KtirExpr& e) {
+    for (size_t k = 0; k < e.coef.size() && k < n; ++k) used[k] |= e.coef[k] != 0;
+    for (const auto& t : e.products)
+      for (int k : t.syms) used[k] = 1;
+  });
+  std::vector<int> renum(n, -1), kept;
+  std::vector<int64_t> values;
+  for (size_t k = 0; k < n; ++k) {
+    if (!used[k]) continue;
+    renum[k] = static_cast<int>(kept.size());
+    kept.push_back(static_cast<int>(k));
+    values.push_back(p.sym_values[k]);
+  }
+  for_each_expr(p, [&](KtirExpr& e) {
+    if (e.symbolic()) e = affine_rename(e, renum);
+  });
+  p.sym_values = std::move(values);
+  return kept;
+}
+
+}  // namespace
+
 void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) {
   // The symbols: the distinct bases, each with its range and the offsets
   // (size - base) its dynamic dims have; 0 first (a size equal to the base).
   struct Sym {
     int64_t base, lower, upper;
     std::vector<int64_t> offsets{0};
-    bool used = false;
   };
   std::vector<Sym> syms;
   for (const auto& d : dynamic) {
+    if (d.base <= 1) continue;
+    auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.base; });
+    if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.base, d.lower, d.upper});
     // A size near its base (|c| <= base / 2: d[:, 1:], d[:, :-2]) follows
-    // it; a far one (d[:, :2] of n = 40) is a fixed slice more likely, and is
-    // a symbol of its own, its value the size.
-    const int64_t base = 2 * std::abs(d.size - d.base) <= d.base ? d.base : d.size;
-    if (base <= 1) continue;
-    auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == base; });
-    if (it == syms.end()) it = syms.insert(syms.end(), Sym{base, d.lower, d.upper});
-    const int64_t c = d.size - base;
+    // it; a far one (d[:, :2] of n = 40) is a fixed slice more likely: it
+    // stays a number, and the base is still the symbol of the pitch and
+    // element count of the storage it slices ("strides=[s0, 1]").
+    const int64_t c = d.size - d.base;
+    if (2 * std::abs(c) > d.base) continue;
     if (std::find(it->offsets.begin(), it->offsets.end(), c) == it->offsets.end()) it->offsets.push_back(c);
     // Every value of the symbol keeps this dim's size inside the range.
     it->lower = std::max({it->lower, d.lower, d.lower - c});
@@ -955,12 +1009,11 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   }
   if (syms.empty()) return;
   // The expression of a size value: s<k>+c (an exact base first), else none.
-  auto expr_of = [&](int64_t v, bool mark) -> std::optional<KtirExpr> {
+  auto expr_of = [&](int64_t v) -> std::optional<KtirExpr> {
     for (int pass = 0; pass < 2; ++pass)
       for (size_t k = 0; k < syms.size(); ++k)
         for (int64_t c : syms[k].offsets) {
           if ((pass == 0) != (c == 0) || syms[k].base + c != v) continue;
-          if (mark) syms[k].used = true;
           return KtirExpr::symbol(static_cast<int>(k), 1, c);
         }
     return std::nullopt;
@@ -970,7 +1023,7 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     bool any = false;
     for (size_t d = 0; d < sizes.size(); ++d) {
       if (sizes[d] <= 1) continue;
-      if (auto e = expr_of(sizes[d], true)) ex[d] = *e, any = true;
+      if (auto e = expr_of(sizes[d])) ex[d] = *e, any = true;
     }
     if (!any) ex.clear();
   };
@@ -1002,25 +1055,7 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     for (const auto& e : t.size_expr) any |= e.symbolic();
     if (!any) t.size_expr.clear();
   }
-  // Symbols nobody uses are dropped (renumbered).
-  std::vector<int> renum(syms.size(), -1), old;
-  p.sym_values.clear(), p.sym_lower.clear(), p.sym_upper.clear();
-  for (size_t k = 0; k < syms.size(); ++k) {
-    if (!syms[k].used) continue;
-    renum[k] = static_cast<int>(p.sym_values.size());
-    old.push_back(static_cast<int>(k));
-    p.sym_values.push_back(syms[k].base);
-    p.sym_lower.push_back(syms[k].lower);
-    p.sym_upper.push_back(syms[k].upper);
-  }
-  auto fix = [&](KtirExpr& e) {
-    if (e.symbolic()) e = affine_rename(e, renum);
-  };
-  fix(p.rows_expr);
-  for (auto& v : p.views)
-    for (auto& e : v.size_expr) fix(e);
-  for (auto& t : p.tiles)
-    for (auto& e : t.size_expr) fix(e);
+  p.sym_values = bases;
   for (auto& v : p.views) symbolize_strides(v, p.sym_values);
   // A view inside another of its storage with the same strides (a pad's
   // copy_ target: sizes [16, s0], pitch s0+2) takes the other's stride
@@ -1044,15 +1079,22 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
       const KtirExpr e = view_extent(v);
       if (e.symbolic() && e.eval(p.sym_values) == a.elems) a.elems_expr = e;
     }
-    for (size_t k = 0; k < old.size() && !a.elems_expr.symbolic() && a.elems > 0; ++k) {
-      for (int64_t c : syms[old[k]].offsets) {
-        const int64_t v = syms[old[k]].base + c;
+    for (size_t k = 0; k < syms.size() && !a.elems_expr.symbolic() && a.elems > 0; ++k) {
+      for (int64_t c : syms[k].offsets) {
+        const int64_t v = syms[k].base + c;
         if (v <= 1 || a.elems % v != 0) continue;
         const int64_t q = a.elems / v;
         a.elems_expr = KtirExpr::symbol(static_cast<int>(k), q, q * c);
         break;
       }
     }
+  }
+  // Symbols no expression names are dropped (a far dim's base that no
+  // stride or element count needs); the rest renumbered.
+  p.sym_lower.clear(), p.sym_upper.clear();
+  for (int k : drop_unused_symbols(p)) {
+    p.sym_lower.push_back(syms[k].lower);
+    p.sym_upper.push_back(syms[k].upper);
   }
 }
 
@@ -1098,6 +1140,16 @@ std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirP
   for (size_t v = 0; v < p.views.size(); ++v)
     for (size_t d = 0; d < p.views[v].size_expr.size(); ++d)
       if (!take(p.views[v].size_expr[d], launch.views[v].sizes[d])) return std::nullopt;
+  // A symbol no size names (the pitch of a fixed slice d[:, :2]: strides
+  // [s0, 1]) from the strides, offsets and element counts.
+  for (size_t v = 0; v < p.views.size(); ++v) {
+    const KtirView &w = p.views[v], &x = launch.views[v];
+    for (size_t d = 0; d < w.stride_expr.size() && d < x.strides.size(); ++d)
+      if (!take(w.stride_expr[d], x.strides[d])) return std::nullopt;
+    if (!take(w.offset_expr, x.offset)) return std::nullopt;
+  }
+  for (size_t a = 0; a < p.args.size(); ++a)
+    if (!take(p.args[a].elems_expr, launch.args[a].elems)) return std::nullopt;
   for (size_t k = 0; k < values.size(); ++k) {
     if (values[k] < 0) return std::nullopt;
     if (k < p.sym_lower.size() && (values[k] < p.sym_lower[k] || values[k] > p.sym_upper[k])) return std::nullopt;

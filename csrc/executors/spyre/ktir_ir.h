@@ -166,8 +166,9 @@ struct KtirDynamicDim {
 
 // Makes the sizes of `p` (built for one launch) symbolic: each distinct base
 // of `dynamic` (> 1) is a symbol; every view size (and tile size) equal to
-// base + c, for c = 0 or an offset of a dynamic dim of that base, becomes
-// "s<k>+c", the split rows too; a size the region creates from them (a
+// base + c, for c = 0 or the offset of a dynamic dim of that base near it
+// (2|c| <= base), becomes "s<k>+c", the split rows too (a far size, the 2 of
+// d[:, :2], stays a number; its base names the pitch); a size the region creates from them (a
 // cat's sum, a pad's s0+2) follows them. The symbol's range is the mark's,
 // narrowed so that every dynamic dim's size stays inside [lower, upper]. A
 // view's strides become expressions where they follow its symbolic sizes
@@ -176,7 +177,8 @@ struct KtirDynamicDim {
 // two symbolic sizes), and its offset one in those strides (offset = sum
 // q_d * stride_d + r, the larger strides first). An argument's elems is the
 // extent of a view that reaches its end ("s0*s1"), else a multiple of a
-// symbol's size. Binds the symbols to those values.
+// symbol's size. A symbol no expression names is dropped. Binds the
+// symbols to those values.
 void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic);
 // Sets the symbol values and every size, stride, offset, element count,
 // rows_per_core, cores_used and tile size that follows from them.

@@ -1,0 +1,131 @@
+"""Marked sizes through created buffers, transposed views and fixed slices
+(issue 21 item 3: one compiled program serves every shape inside its
+mark_dynamic range):
+
+- `F.pad(d, (1, 1))` writes d into a buffer of `n + 2` made outside the
+  region (as `cat(..., out=buf)` into `2n`): the JIT keys that size as
+  following the marked `n` (jit/dynamic_shapes.h), so one region and one
+  program serve every n (on main at bb12663 one compile per power-of-two
+  bucket: 3 here);
+- `d.t()` of a tensor marked at both dims: each mark follows its dim through
+  the view's strides (`sizes=[s1, s0] strides=[1, s1]`; main: a program per
+  shape);
+- `d[:, :2]`: a fixed slice far from its base stays a number and the base
+  names the pitch (`strides=[s0, 1]`; main: a symbol of its own, the pitch a
+  number, a program per shape).
+
+Values are checked against the independent df16 reference of
+test_spyre_numerics (16-bit) or CPU (float32), never the executor.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from difftest import requires_tpu
+from test_spyre_numerics import _inputs, same, store
+
+pytestmark = requires_tpu
+
+SIZES = (40, 77, 130)  # power-of-two buckets 64, 128, 256
+
+
+def _marked(tte, a, dims, upper=512):
+    d = a.to("tpu")
+    for dim in dims:
+        tte.mark_dynamic(d, dim, 1, upper)
+    return d
+
+
+def test_pad_buffer_follows_the_mark(spyre_target):
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    for seed, n in enumerate(SIZES):
+        a = _inputs(torch.float16, seed=200 + seed, shape=(16, n))
+        got = (F.pad(_marked(tte, a, (1,)), (1, 1)) * 2.0).cpu()
+        want = store(F.pad(a, (1, 1)).float() * 2.0, torch.float16)
+        assert got.shape == (16, n + 2) and same(got, want) == 0
+        text = spyre.dump_ktir()
+        assert "sizes=[16, s0+2] strides=[s0+2, 1]" in text and "elems=16*s0+32\n" in text
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+def test_cat_out_buffer_follows_the_mark(spyre_target):
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    for seed, n in enumerate(SIZES):
+        a = _inputs(torch.float16, seed=240 + seed, shape=(16, n))
+        buf = torch.empty(16, 2 * n, dtype=torch.float16, device="tpu")
+        torch.cat([_marked(tte, a, (1,)), _marked(tte, a, (1,))], 1, out=buf)
+        got = (buf * 2.0).cpu()
+        assert same(got, store(torch.cat([a, a], 1).float() * 2.0, torch.float16)) == 0
+        assert "sizes=[16, 2*s0] strides=[2*s0, 1]" in spyre.dump_ktir()
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+def test_pad_margins_sharing_a_key_rebuild_never_bind_wrong(spyre_target):
+    tte = spyre_target
+
+    # (1, 1) and (0, 2) make the same n + 2 buffer and the same key; the
+    # copy's offset differs (1 or 0), so the other margin's launch does not
+    # match the compiled program: it is planned again, never run with the
+    # other's offset.
+    tte.reset_metrics()
+    for seed, (n, pad) in enumerate(zip(SIZES + SIZES, ((1, 1), (0, 2)) * 3)):
+        a = _inputs(torch.float16, seed=210 + seed, shape=(16, n))
+        got = (F.pad(_marked(tte, a, (1,)), pad) * 2.0).cpu()
+        assert same(got, store(F.pad(a, pad).float() * 2.0, torch.float16)) == 0
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 6
+
+
+def test_transposed_view_of_two_marked_dims_keeps_one_program(spyre_target):
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    for seed, n in enumerate(SIZES):
+        m = n // 2 + 3
+        a = _inputs(torch.float16, seed=220 + seed, shape=(n, m))
+        got = (_marked(tte, a, (0, 1)).t() * 2.0 + 1.0).cpu()
+        want = store(store(a.t().float() * 2.0, torch.float16).float() + 1.0, torch.float16)
+        assert got.shape == (m, n) and got.stride() == (1, m) and same(got, want) == 0
+        text = spyre.dump_ktir()
+        assert f"syms=[s0={n}, s1={m}]" in text.splitlines()[0]
+        assert "offset=0 sizes=[s1, s0] strides=[1, s1]" in text and "elems=s0*s1\n" in text
+    met = tte.metrics()
+    assert met["compiles"] == 1 and met["plans_built"] == 1
+
+
+def test_fixed_slice_far_from_its_base_stays_a_number(spyre_target, tmp_path):
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    texts = []
+    for seed, n in enumerate(SIZES):
+        a = _inputs(torch.float16, seed=230 + seed, shape=(16, n))
+        got = (_marked(tte, a, (1,))[:, :2] * 2.0).cpu()
+        assert same(got, store(a[:, :2].float() * 2.0, torch.float16)) == 0
+        texts.append(spyre.dump_ktir())
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+    text = texts[0]
+    # s0 is the pitch: d[:, :2] needs s0 >= 2 (the range says so).
+    assert "syms=[s0=40] ranges=[2..512]" in text.splitlines()[0]
+    assert "%a0 = arg in df16(f16) elems=16*s0\n" in text
+    assert "offset=0 sizes=[16, 2] strides=[s0, 1]" in text
+    assert "elems=32\n" in text and "sizes=[16, 2] strides=[2, 1]" in text
+    assert spyre.format_ktir(text) == text
+    # The dumped program run by run_ktir on a row pitch it was not built
+    # for: s0 = 11 from the argument's 16 * 11 elements.
+    path = tmp_path / "k.ktir"
+    path.write_text(text.replace("syms=[s0=40]", "syms=[s0=11]"))
+    x = _inputs(torch.float16, seed=239, shape=(16, 11))
+    (out,) = spyre.run_ktir(str(path), x.reshape(-1))
+    assert same(out.view(16, 2), store(x[:, :2].float() * 2.0, torch.float16)) == 0
