@@ -60,8 +60,6 @@
 #include "executors/spyre/df16.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/layout.h"
-#include "executors/spyre/ring_softmax.h"
-#include "executors/cpu_vml.h"
 #include "jit/lowering.h"
 #include "ops/op_table.h"
 
@@ -2803,37 +2801,6 @@ RingPart ring_merge(const KtirTilePlan& P, const RingParams& rp, RingPart a, con
   return r;
 }
 
-// Whether softmax's partials of the blocks X [G, rows, ...] (f32, each
-// block's rows contiguous) can run as softmax_ring_partials: the max and sum
-// over dim 1 only, at least 2 values per row (a sum over one value per row
-// would be ATen's inner, not its outer, sum order).
-bool softmax_partials_fit(const KtirTilePlan& P, const at::Tensor& X) {
-  if (P.combine != KtirTilePlan::kSoftmax || P.ring_dims != std::vector<int64_t>{0} || !vml::available()) return false;
-  if (X.scalar_type() != at::kFloat || X.dim() < 3 || X.size(1) == 0) return false;
-  const int64_t n = X.numel() / std::max<int64_t>(1, X.size(0) * X.size(1));
-  return n >= 2 && X[0].is_contiguous() && X.stride(1) == n;
-}
-
-// The corelets' partials of X merged in order per block: RingPart {max, sum}
-// of [G, 1, ...] f32, the values ring_partial and ring_merge give.
-RingPart softmax_partials(const at::Tensor& X, int64_t corelets) {
-  const int64_t G = X.size(0), rows = X.size(1), n = X.numel() / std::max<int64_t>(1, G * rows);
-  std::vector<int64_t> shares;
-  for (int64_t j = 0, left = rows; j < corelets; ++j) {
-    shares.push_back((left + corelets - j - 1) / (corelets - j));
-    left -= shares.back();
-  }
-  std::vector<int64_t> sizes = X.sizes().vec();
-  sizes[1] = 1;
-  RingPart q;
-  q.t = {at::empty(sizes, X.options()), at::empty(sizes, X.options())};
-  Scratch work(Scratch::kPartial, {G * rows * n});
-  softmax_ring_partials(X.const_data_ptr<float>(), G, X.stride(0), rows, n, shares.data(), corelets,
-                        work.tensor().mutable_data_ptr<float>(), q.t[0].mutable_data_ptr<float>(),
-                        q.t[1].mutable_data_ptr<float>());
-  return q;
-}
-
 // The ring chain of softmax partials (max m, sum s, f32), merged in core
 // order as ring_merge does, with the same values: the running max M_c =
 // maximum(M_{c-1}, m_c) step by step (at::maximum, whose NaN and signed-zero
@@ -4012,9 +3979,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             // Only argmax/argmin partials read their rows' first row (the index offset).
             const bool positions = P.combine == KtirTilePlan::kArgMax || P.combine == KtirTilePlan::kArgMin;
             RingPart part;
-            const bool native = softmax_partials_fit(P, X);
-            if (native) part = softmax_partials(X, corelets);
-            for (int64_t j = 0, left = rows; j < corelets && !native; ++j) {
+            for (int64_t j = 0, left = rows; j < corelets; ++j) {
               const int64_t m = (left + corelets - j - 1) / (corelets - j);
               for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first + (rows - left);
               const at::Tensor first_rows = positions ? at::tensor(firsts, at::kLong) : at::Tensor();
