@@ -89,6 +89,11 @@ def test_renorm_of_rows_is_row_local(spyre_target, dtype):
     assert s["executed"] == "tiles", s["whole_reason"]
     want = torch.renorm(x, 2, 0, maxnorm)
     assert same(got, want if dtype == torch.float32 else store(want, dtype)) == 0
+    for variant in (_inplace, _into_out):  # in place and out=: the same rows
+        got, _ = variant(a.to("tpu"), 2, 0, maxnorm)
+        assert same(got.cpu(), want if dtype == torch.float32 else store(want, dtype)) == 0
+        (s,) = spyre.last_schedule()
+        assert s["executed"] == "tiles", s["whole_reason"]
 
 
 def test_renorm_feeds_later_ops(spyre_target):
@@ -97,3 +102,103 @@ def test_renorm_feeds_later_ops(spyre_target):
     maxnorm = float(torch.linalg.vector_norm(a, 2, 0).median())
     got = (torch.renorm(a.to("tpu"), 2, 1, maxnorm) * 3).cpu()
     _close(got, torch.renorm(a, 2, 1, maxnorm) * 3, torch.float32)
+
+
+def _inplace(d, p, dim, maxnorm):
+    t = d.clone()
+    torch.tpu.synchronize()  # the clone in a region of its own
+    return t.renorm_(p, dim, maxnorm), t
+
+
+def _into_out(d, p, dim, maxnorm):
+    out = torch.empty_like(d)
+    return torch.renorm(d, p, dim, maxnorm, out=out), out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", [(1000, 300), (200, 4, 75)], ids=["1000x300", "200x4x75"])
+@pytest.mark.parametrize("special", [False, True], ids=["randn", "nan_inf_zeros"])
+def test_renorm_inplace_and_out_over_the_ring(spyre_target, dtype, shape, special):
+    # renorm_ and renorm(out=) take renorm's ring plan (branch spyre22s; before
+    # it renorm_ ran whole as a library call, CPU's sum order, and renorm.out
+    # whole): the same df16 reference, no library call, and the result is the
+    # tensor written (renorm_ returns its input, out= its out).
+    from torch_tpu_eager import metrics, reset_metrics
+
+    a = _operand(dtype, shape, special)
+    d = a.to("tpu")
+    x = a.float()
+    for dim in range(1, a.dim()):
+        dims = tuple(k for k in range(a.dim()) if k != dim)
+        maxnorm = float(torch.linalg.vector_norm(x.nan_to_num(0.0, 0.0, 0.0), 2, dims).median())
+        for p in (2, 1, float("inf")):
+            for name, variant in (("renorm_", _inplace), ("out=", _into_out)):
+                reset_metrics()
+                got, written = variant(d, p, dim, maxnorm)
+                assert got is written, name
+                host = got.cpu()
+                s = _schedule()
+                ref = _reference(x, s, p, dim, maxnorm)
+                want = ref if dtype == torch.float32 else store(ref, dtype)
+                assert host.dtype == dtype and host.shape == a.shape
+                assert same(host, want) == 0, (name, p, dim)
+                assert metrics()["library_calls"] == 0, (name, p, dim)
+    assert same(d.cpu(), a) == 0  # the source of the clones is untouched
+
+
+def test_renorm_inplace_updates_every_view_of_its_storage(spyre_target):
+    # In place: the storage is rewritten, so a view taken before the call
+    # reads the renormed values; an op after it reads them too.
+    a = _operand(torch.bfloat16, (1000, 300), False)
+    x = a.float()
+    maxnorm = float(torch.linalg.vector_norm(x, 2, 0).median())
+    d = a.to("tpu")
+    head = d[:10]
+    d.renorm_(2, 1, maxnorm)
+    twice = (d * 2).cpu()
+    s_ref = torch.renorm(x, 2, 1, maxnorm)
+    got = d.cpu()
+    _close(got, s_ref, torch.bfloat16)
+    assert torch.equal(head.cpu(), got[:10])
+    assert torch.equal(twice, got * 2)
+
+
+def test_renorm_inplace_of_a_computed_value(spyre_target):
+    # renorm_ of a value the region computes first (a tile op's rows): the
+    # ring reads them, the normalizing pass writes them back.
+    a = _operand(torch.float32, (1000, 300), False)
+    maxnorm = float(torch.linalg.vector_norm(a * 2, 2, 0).median())
+    got = ((a.to("tpu") * 2).renorm_(2, 1, maxnorm) + 1).cpu()
+    _close(got, torch.renorm(a * 2, 2, 1, maxnorm) + 1, torch.float32)
+
+
+def test_renorm_out_resizes_an_empty_out(spyre_target):
+    # CPU resizes an empty out= to the result's shape; so does the device.
+    a = _operand(torch.float32, (1000, 300), False)
+    maxnorm = float(torch.linalg.vector_norm(a, 2, 0).median())
+    out = torch.empty(0, device="tpu")
+    got = torch.renorm(a.to("tpu"), 2, 1, maxnorm, out=out)
+    assert got is out and out.shape == a.shape
+    _close(out.cpu(), torch.renorm(a, 2, 1, maxnorm), torch.float32)
+
+
+@pytest.mark.parametrize("bad", [dict(p=0.0, maxnorm=1.0), dict(p=2.0, maxnorm=-1.0)], ids=["p0", "negative_maxnorm"])
+def test_renorm_inplace_and_out_bad_arguments_raise_as_cpu(spyre_target, bad):
+    # CPU's errors at the call, and nothing written.
+    a = _operand(torch.float32, (64, 30), False)
+    cpu_errors = []
+    for f in (lambda t: t.clone().renorm_(bad["p"], 1, bad["maxnorm"]),
+              lambda t: torch.renorm(t, bad["p"], 1, bad["maxnorm"], out=torch.empty_like(t))):
+        with pytest.raises(Exception) as cpu:
+            f(a)
+        cpu_errors.append(type(cpu.value))
+    d = a.to("tpu")
+    for f, err in zip(
+        (lambda t: t.renorm_(bad["p"], 1, bad["maxnorm"]),
+         lambda t: torch.renorm(t, bad["p"], 1, bad["maxnorm"], out=torch.empty_like(t))),
+        cpu_errors,
+    ):
+        with pytest.raises(err):
+            f(d)
+            torch.tpu.synchronize()
+    assert torch.equal(d.cpu(), a)
