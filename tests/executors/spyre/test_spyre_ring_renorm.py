@@ -49,10 +49,28 @@ def _reference(x, sched, p, dim, maxnorm):
     return x * factor
 
 
+def _renorm(form, d, p, dim, maxnorm):
+    """renorm of device tensor `d` in `form`; renorm_ runs on a clone (flushed
+    first, a region of its own) and out= into a fresh tensor. Returns (the
+    call's result, the tensor it must be: None for renorm)."""
+    if form == "renorm":
+        return torch.renorm(d, p, dim, maxnorm), None
+    if form == "renorm_":
+        t = d.clone()
+        torch.tpu.synchronize()
+        return t.renorm_(p, dim, maxnorm), t
+    out = torch.empty_like(d)
+    return torch.renorm(d, p, dim, maxnorm, out=out), out
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("special", [False, True], ids=["randn", "nan_inf_zeros"])
-def test_renorm_over_the_ring(spyre_target, dtype, shape, special):
+@pytest.mark.parametrize("form", ["renorm", "renorm_", "out="])
+def test_renorm_over_the_ring(spyre_target, dtype, shape, special, form):
+    # renorm_ and renorm(out=) take the same ring plan since branch spyre22s
+    # (before it renorm_ ran whole as a library call, in CPU's sum order, and
+    # renorm.out whole); each returns the tensor it writes.
     from torch_tpu_eager import metrics, metrics_report, reset_metrics
 
     a = _operand(dtype, shape, special)
@@ -64,7 +82,9 @@ def test_renorm_over_the_ring(spyre_target, dtype, shape, special):
         maxnorm = float(norms.median())  # about half the slices are scaled
         for p in (2, 1, 3.0, float("inf")):
             reset_metrics()
-            got = torch.renorm(d, p, dim, maxnorm).cpu()
+            got, written = _renorm(form, d, p, dim, maxnorm)
+            assert written is None or got is written
+            got = got.cpu()
             s = _schedule()
             ref = _reference(x, s, p, dim, maxnorm)
             assert got.dtype == dtype and got.shape == a.shape
@@ -74,6 +94,7 @@ def test_renorm_over_the_ring(spyre_target, dtype, shape, special):
                 _close(got, torch.renorm(x, p, dim, maxnorm), dtype)
             assert metrics()["library_calls"] == 0, (p, dim)
             assert "spyre_library_call." not in metrics_report()
+    assert same(d.cpu(), a) == 0  # renorm_ wrote its clone only
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
@@ -89,8 +110,8 @@ def test_renorm_of_rows_is_row_local(spyre_target, dtype):
     assert s["executed"] == "tiles", s["whole_reason"]
     want = torch.renorm(x, 2, 0, maxnorm)
     assert same(got, want if dtype == torch.float32 else store(want, dtype)) == 0
-    for variant in (_inplace, _into_out):  # in place and out=: the same rows
-        got, _ = variant(a.to("tpu"), 2, 0, maxnorm)
+    for form in ("renorm_", "out="):  # in place and out=: the same rows
+        got, _ = _renorm(form, a.to("tpu"), 2, 0, maxnorm)
         assert same(got.cpu(), want if dtype == torch.float32 else store(want, dtype)) == 0
         (s,) = spyre.last_schedule()
         assert s["executed"] == "tiles", s["whole_reason"]
@@ -102,48 +123,6 @@ def test_renorm_feeds_later_ops(spyre_target):
     maxnorm = float(torch.linalg.vector_norm(a, 2, 0).median())
     got = (torch.renorm(a.to("tpu"), 2, 1, maxnorm) * 3).cpu()
     _close(got, torch.renorm(a, 2, 1, maxnorm) * 3, torch.float32)
-
-
-def _inplace(d, p, dim, maxnorm):
-    t = d.clone()
-    torch.tpu.synchronize()  # the clone in a region of its own
-    return t.renorm_(p, dim, maxnorm), t
-
-
-def _into_out(d, p, dim, maxnorm):
-    out = torch.empty_like(d)
-    return torch.renorm(d, p, dim, maxnorm, out=out), out
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("shape", [(1000, 300), (200, 4, 75)], ids=["1000x300", "200x4x75"])
-@pytest.mark.parametrize("special", [False, True], ids=["randn", "nan_inf_zeros"])
-def test_renorm_inplace_and_out_over_the_ring(spyre_target, dtype, shape, special):
-    # renorm_ and renorm(out=) take renorm's ring plan (branch spyre22s; before
-    # it renorm_ ran whole as a library call, CPU's sum order, and renorm.out
-    # whole): the same df16 reference, no library call, and the result is the
-    # tensor written (renorm_ returns its input, out= its out).
-    from torch_tpu_eager import metrics, reset_metrics
-
-    a = _operand(dtype, shape, special)
-    d = a.to("tpu")
-    x = a.float()
-    for dim in range(1, a.dim()):
-        dims = tuple(k for k in range(a.dim()) if k != dim)
-        maxnorm = float(torch.linalg.vector_norm(x.nan_to_num(0.0, 0.0, 0.0), 2, dims).median())
-        for p in (2, 1, float("inf")):
-            for name, variant in (("renorm_", _inplace), ("out=", _into_out)):
-                reset_metrics()
-                got, written = variant(d, p, dim, maxnorm)
-                assert got is written, name
-                host = got.cpu()
-                s = _schedule()
-                ref = _reference(x, s, p, dim, maxnorm)
-                want = ref if dtype == torch.float32 else store(ref, dtype)
-                assert host.dtype == dtype and host.shape == a.shape
-                assert same(host, want) == 0, (name, p, dim)
-                assert metrics()["library_calls"] == 0, (name, p, dim)
-    assert same(d.cpu(), a) == 0  # the source of the clones is untouched
 
 
 def test_renorm_inplace_updates_every_view_of_its_storage(spyre_target):
@@ -182,23 +161,22 @@ def test_renorm_out_resizes_an_empty_out(spyre_target):
     _close(out.cpu(), torch.renorm(a, 2, 1, maxnorm), torch.float32)
 
 
-@pytest.mark.parametrize("bad", [dict(p=0.0, maxnorm=1.0), dict(p=2.0, maxnorm=-1.0)], ids=["p0", "negative_maxnorm"])
-def test_renorm_inplace_and_out_bad_arguments_raise_as_cpu(spyre_target, bad):
-    # CPU's errors at the call, and nothing written.
+@pytest.mark.parametrize("bad", [(0.0, 1.0), (2.0, -1.0)], ids=["p0", "negative_maxnorm"])
+@pytest.mark.parametrize("form", ["renorm_", "out="])
+def test_renorm_inplace_and_out_bad_arguments_raise_as_cpu(spyre_target, bad, form):
+    # CPU's error type at the call, and nothing written.
+    p, maxnorm = bad
+
+    def call(t):
+        if form == "renorm_":
+            return t.renorm_(p, 1, maxnorm)
+        return torch.renorm(t, p, 1, maxnorm, out=torch.empty_like(t))
+
     a = _operand(torch.float32, (64, 30), False)
-    cpu_errors = []
-    for f in (lambda t: t.clone().renorm_(bad["p"], 1, bad["maxnorm"]),
-              lambda t: torch.renorm(t, bad["p"], 1, bad["maxnorm"], out=torch.empty_like(t))):
-        with pytest.raises(Exception) as cpu:
-            f(a)
-        cpu_errors.append(type(cpu.value))
+    with pytest.raises(Exception) as cpu:
+        call(a.clone())
     d = a.to("tpu")
-    for f, err in zip(
-        (lambda t: t.renorm_(bad["p"], 1, bad["maxnorm"]),
-         lambda t: torch.renorm(t, bad["p"], 1, bad["maxnorm"], out=torch.empty_like(t))),
-        cpu_errors,
-    ):
-        with pytest.raises(err):
-            f(d)
-            torch.tpu.synchronize()
+    with pytest.raises(type(cpu.value)):
+        call(d)
+        torch.tpu.synchronize()
     assert torch.equal(d.cpu(), a)
