@@ -1956,6 +1956,7 @@ const RingOpEntry* ring_op_entry(const std::string& op) {
       {"linalg_vector_norm", {P::kNorm}},
       {"norm", {P::kNorm}},
       {"renorm", {P::kRenorm}},
+      {"renorm_", {P::kRenorm}},
       {"aminmax", {P::kMinMax}},
       {"cummax", {P::kCummax}},
       {"cummin", {P::kCummin}},
@@ -2292,10 +2293,13 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
       const bool multi = plan.combine == KtirTilePlan::kVar || plan.combine == KtirTilePlan::kLayerNorm ||
                          plan.combine == KtirTilePlan::kNllLoss || plan.combine == KtirTilePlan::kMinMax ||
                          is_extremum_scan(plan.combine) || o.op == "max.dim" || o.op == "min.dim" || order;
-      // The result views: fresh results, or an order statistic's out= operands
-      // (median.dim_values(x, 0, False, %values, %indices)).
+      // The result views: fresh results, or the written operands of an
+      // order statistic's out= (median.dim_values(x, 0, False, %values,
+      // %indices)) or of renorm.out / renorm_ (the normalizing pass writes
+      // them after the ring; renorm_'s is its input, read by the steps before).
       plan.ring_outs = o.results;
-      if (order && o.results.empty()) plan.ring_outs = written;
+      const bool into_written = (order || plan.combine == KtirTilePlan::kRenorm) && o.results.empty();
+      if (into_written) plan.ring_outs = written;
       if (plan.ring_pre == KtirTilePlan::kPreMultilabelMargin && o.results.size() == 2 && o.results[1] >= 0) {
         // is_target: rows of the split rows each step writes (not the ring's).
         plan.ring_is_target = o.results[1];
@@ -2312,7 +2316,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
           return whole(o.op + ": a target that is not split with the rows");
       }
       const auto& outs_r = plan.ring_outs;
-      if (outs_r.empty() || (!multi && outs_r.size() != 1) || (!written.empty() && !(order && o.results.empty())))
+      if (outs_r.empty() || (!multi && outs_r.size() != 1) || (!written.empty() && !into_written))
         return whole(o.op + ": a ring reduction with fresh results");
       for (int r : outs_r)
         if (r < 0) return whole(o.op + ": a ring reduction with fresh results");
@@ -2519,7 +2523,10 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
         if (!plan.split[v]) return;
         if (!seen[v] && !(w && write_only(o.op, o.handle->schema(), a))) plan.load[v] = 1;
         seen[v] = 1;
-        if (w && !p.views[v].lx) plan.store[v] = 1;
+        // renorm_'s input: the ring's normalizing pass stores it, not the steps.
+        const bool ring_out = static_cast<int>(k) == plan.ring_op &&
+                              std::find(plan.ring_outs.begin(), plan.ring_outs.end(), v) != plan.ring_outs.end();
+        if (w && !p.views[v].lx && !ring_out) plan.store[v] = 1;
       });
     }
     for (int r : o.results)
@@ -4261,13 +4268,13 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           if (rp.weight >= 0) w = views[rp.weight].to(acc_dtype);
           if (rp.bias >= 0) b = views[rp.bias].to(acc_dtype);
           const bool own = !x.is_alias_of(views[ring_in]) && x.sizes().equals(views[ring_in].sizes());
-          const at::Tensor& out = views[ring->results[0]];
+          const at::Tensor& out = views[P.ring_outs[0]];
           if (P.combine == KtirTilePlan::kSoftmax && softmax_bf16_fits(out, x, st)) {
             // softmax to bfloat16: difference, exp, quotient and df16 store in
             // one pass over the rows (the same f32 values as the ATen ops).
             df16_softmax_bf16_into(out, x, st.a, st.b);
           } else {
-            store(ring->results[0], ring_normalize(P, st, x, w, b, own), nullptr, 0, -1);
+            store(P.ring_outs[0], ring_normalize(P, st, x, w, b, own), nullptr, 0, -1);
           }
         }
         for (size_t i = 0; i < P.steps.size() && !batch; ++i) {
@@ -4282,12 +4289,18 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           at::Tensor w, b;
           if (rp.weight >= 0) w = rows_of(rp.weight).to(acc_dtype);
           if (rp.bias >= 0) b = rows_of(rp.bias).to(acc_dtype);
-          store(ring->results[0], ring_normalize(P, st, x, w, b), &idx, lo, n);
+          store(P.ring_outs[0], ring_normalize(P, st, x, w, b), &idx, lo, n);
         }
         if (P.combine == KtirTilePlan::kLayerNorm) {
           if (ring->results.size() > 1) store(ring->results[1], st.a, nullptr, 0, -1);
           if (ring->results.size() > 2) store(ring->results[2], st.b, nullptr, 0, -1);
         }
+      }
+      if (ring->results.empty()) {  // renorm.out / renorm_: the written operands
+        std::vector<at::Tensor> outs;
+        for (int r : P.ring_outs) outs.push_back(views[r]);
+        hooks.after_op(P.ring_op, {}, outs);
+        return;
       }
       hooks.after_op(P.ring_op, results, {});
     });

@@ -49,10 +49,28 @@ def _reference(x, sched, p, dim, maxnorm):
     return x * factor
 
 
+def _renorm(form, d, p, dim, maxnorm):
+    """renorm of device tensor `d` in `form`; renorm_ runs on a clone (flushed
+    first, a region of its own) and out= into a fresh tensor. Returns (the
+    call's result, the tensor it must be: None for renorm)."""
+    if form == "renorm":
+        return torch.renorm(d, p, dim, maxnorm), None
+    if form == "renorm_":
+        t = d.clone()
+        torch.tpu.synchronize()
+        return t.renorm_(p, dim, maxnorm), t
+    out = torch.empty_like(d)
+    return torch.renorm(d, p, dim, maxnorm, out=out), out
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("special", [False, True], ids=["randn", "nan_inf_zeros"])
-def test_renorm_over_the_ring(spyre_target, dtype, shape, special):
+@pytest.mark.parametrize("form", ["renorm", "renorm_", "out="])
+def test_renorm_over_the_ring(spyre_target, dtype, shape, special, form):
+    # renorm_ and renorm(out=) take the same ring plan since branch spyre22s
+    # (before it renorm_ ran whole as a library call, in CPU's sum order, and
+    # renorm.out whole); each returns the tensor it writes.
     from torch_tpu_eager import metrics, metrics_report, reset_metrics
 
     a = _operand(dtype, shape, special)
@@ -64,7 +82,9 @@ def test_renorm_over_the_ring(spyre_target, dtype, shape, special):
         maxnorm = float(norms.median())  # about half the slices are scaled
         for p in (2, 1, 3.0, float("inf")):
             reset_metrics()
-            got = torch.renorm(d, p, dim, maxnorm).cpu()
+            got, written = _renorm(form, d, p, dim, maxnorm)
+            assert written is None or got is written
+            got = got.cpu()
             s = _schedule()
             ref = _reference(x, s, p, dim, maxnorm)
             assert got.dtype == dtype and got.shape == a.shape
@@ -74,6 +94,7 @@ def test_renorm_over_the_ring(spyre_target, dtype, shape, special):
                 _close(got, torch.renorm(x, p, dim, maxnorm), dtype)
             assert metrics()["library_calls"] == 0, (p, dim)
             assert "spyre_library_call." not in metrics_report()
+    assert same(d.cpu(), a) == 0  # renorm_ wrote its clone only
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
@@ -89,6 +110,11 @@ def test_renorm_of_rows_is_row_local(spyre_target, dtype):
     assert s["executed"] == "tiles", s["whole_reason"]
     want = torch.renorm(x, 2, 0, maxnorm)
     assert same(got, want if dtype == torch.float32 else store(want, dtype)) == 0
+    for form in ("renorm_", "out="):  # in place and out=: the same rows
+        got, _ = _renorm(form, a.to("tpu"), 2, 0, maxnorm)
+        assert same(got.cpu(), want if dtype == torch.float32 else store(want, dtype)) == 0
+        (s,) = spyre.last_schedule()
+        assert s["executed"] == "tiles", s["whole_reason"]
 
 
 def test_renorm_feeds_later_ops(spyre_target):
@@ -97,3 +123,60 @@ def test_renorm_feeds_later_ops(spyre_target):
     maxnorm = float(torch.linalg.vector_norm(a, 2, 0).median())
     got = (torch.renorm(a.to("tpu"), 2, 1, maxnorm) * 3).cpu()
     _close(got, torch.renorm(a, 2, 1, maxnorm) * 3, torch.float32)
+
+
+def test_renorm_inplace_updates_every_view_of_its_storage(spyre_target):
+    # In place: the storage is rewritten, so a view taken before the call
+    # reads the renormed values; an op after it reads them too.
+    a = _operand(torch.bfloat16, (1000, 300), False)
+    x = a.float()
+    maxnorm = float(torch.linalg.vector_norm(x, 2, 0).median())
+    d = a.to("tpu")
+    head = d[:10]
+    d.renorm_(2, 1, maxnorm)
+    twice = (d * 2).cpu()
+    s_ref = torch.renorm(x, 2, 1, maxnorm)
+    got = d.cpu()
+    _close(got, s_ref, torch.bfloat16)
+    assert torch.equal(head.cpu(), got[:10])
+    assert torch.equal(twice, got * 2)
+
+
+def test_renorm_inplace_of_a_computed_value(spyre_target):
+    # renorm_ of a value the region computes first (a tile op's rows): the
+    # ring reads them, the normalizing pass writes them back.
+    a = _operand(torch.float32, (1000, 300), False)
+    maxnorm = float(torch.linalg.vector_norm(a * 2, 2, 0).median())
+    got = ((a.to("tpu") * 2).renorm_(2, 1, maxnorm) + 1).cpu()
+    _close(got, torch.renorm(a * 2, 2, 1, maxnorm) + 1, torch.float32)
+
+
+def test_renorm_out_resizes_an_empty_out(spyre_target):
+    # CPU resizes an empty out= to the result's shape; so does the device.
+    a = _operand(torch.float32, (1000, 300), False)
+    maxnorm = float(torch.linalg.vector_norm(a, 2, 0).median())
+    out = torch.empty(0, device="tpu")
+    got = torch.renorm(a.to("tpu"), 2, 1, maxnorm, out=out)
+    assert got is out and out.shape == a.shape
+    _close(out.cpu(), torch.renorm(a, 2, 1, maxnorm), torch.float32)
+
+
+@pytest.mark.parametrize("bad", [(0.0, 1.0), (2.0, -1.0)], ids=["p0", "negative_maxnorm"])
+@pytest.mark.parametrize("form", ["renorm_", "out="])
+def test_renorm_inplace_and_out_bad_arguments_raise_as_cpu(spyre_target, bad, form):
+    # CPU's error type at the call, and nothing written.
+    p, maxnorm = bad
+
+    def call(t):
+        if form == "renorm_":
+            return t.renorm_(p, 1, maxnorm)
+        return torch.renorm(t, p, 1, maxnorm, out=torch.empty_like(t))
+
+    a = _operand(torch.float32, (64, 30), False)
+    with pytest.raises(Exception) as cpu:
+        call(a.clone())
+    d = a.to("tpu")
+    with pytest.raises(type(cpu.value)):
+        call(d)
+        torch.tpu.synchronize()
+    assert torch.equal(d.cpu(), a)
