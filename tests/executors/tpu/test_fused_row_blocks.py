@@ -98,7 +98,9 @@ ROW_OPS = {
 }
 
 
-@pytest.mark.parametrize("shape", [(17, 64), (1000, 64), (513, 24), (70, 1500)], ids=["17x64", "1000x64", "513x24", "70x1500"])
+@pytest.mark.parametrize(
+    "shape", [(17, 64), (1000, 64), (513, 24), (70, 1500)], ids=["17x64", "1000x64", "513x24", "70x1500"]
+)
 @pytest.mark.parametrize("op", list(ROW_OPS))
 def test_other_row_ops_over_blocks_equal_cpu(nthreads, shape, op):
     x, r = cpu_randn(*shape, seed=100) * 4, cpu_randn(*shape, seed=101)
