@@ -280,17 +280,19 @@ int rename_registers(std::vector<I>& instrs, O* extra_use, bool stored_in_regist
 // A row reduction over the last dim that ends a region, fed by the program
 // (its input is a register, an external buffer or a materialized output of
 // `rows` x `cols` floats).
-// One row of native_layer_norm with the arithmetic of CPU's LayerNormKernel
-// of one capability (layer_norm_row.inc): y = (x - mean) * rstd * gamma + beta
-// over `n` floats, (mean, var) from ATen's RowwiseMoments, rstd = 1 /
-// sqrt(var + eps). gamma / beta (`n` floats) may be null; mean_out / rstd_out
-// (one float each) may be null; `stream` writes y with non-temporal stores.
-using LayerNormRowFn = void (*)(const float* x, float* y, int64_t n, const float* gamma, const float* beta, float eps,
-                                float* mean_out, float* rstd_out, bool stream);
-void layer_norm_row_avx2(const float* x, float* y, int64_t n, const float* gamma, const float* beta, float eps,
-                         float* mean_out, float* rstd_out, bool stream);
-void layer_norm_row_avx512(const float* x, float* y, int64_t n, const float* gamma, const float* beta, float eps,
-                           float* mean_out, float* rstd_out, bool stream);
+// `rows` consecutive rows of native_layer_norm with the arithmetic of CPU's
+// LayerNormKernel of one capability (layer_norm_row.inc): per row of `n`
+// floats, y = (x - mean) * rstd * gamma + beta, (mean, var) from ATen's
+// RowwiseMoments, rstd = 1 / sqrt(var + eps). x and y hold rows x n
+// contiguous floats; gamma / beta (`n` floats) may be null; mean_out /
+// rstd_out (`rows` floats each) may be null; `stream` writes y with
+// non-temporal stores. One call per block of rows (run_rows).
+using LayerNormRowFn = void (*)(const float* x, float* y, int64_t rows, int64_t n, const float* gamma,
+                                const float* beta, float eps, float* mean_out, float* rstd_out, bool stream);
+void layer_norm_row_avx2(const float* x, float* y, int64_t rows, int64_t n, const float* gamma, const float* beta,
+                         float eps, float* mean_out, float* rstd_out, bool stream);
+void layer_norm_row_avx512(const float* x, float* y, int64_t rows, int64_t n, const float* gamma, const float* beta,
+                           float eps, float* mean_out, float* rstd_out, bool stream);
 
 enum class RowOp : uint8_t {
   kSoftmax,
