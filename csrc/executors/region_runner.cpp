@@ -247,9 +247,12 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
   // (keeps the working set, and the allocator's reuse, like eager's).
   RegionStorages storages(region, graph);
   // One op's argument stack, results and out= tensors: kept across ops (their
-  // capacity; emptied after each op, which frees what they held).
-  torch::jit::Stack stack, out_stack;
-  std::vector<at::Tensor> results, direct;
+  // capacity; emptied after each op, which frees what they held), and across
+  // runs with `kept`.
+  KeptTensors::OpBuffers local;
+  KeptTensors::OpBuffers& buffers = kept ? kept->buffers() : local;
+  torch::jit::Stack &stack = buffers.stack, &out_stack = buffers.out_stack;
+  std::vector<at::Tensor>&results = buffers.results, &direct = buffers.direct;
   auto clear_op_state = [&](size_t p) {
     stack.clear();
     out_stack.clear();

@@ -47,6 +47,14 @@ class HostRunHooks {
 // reused. Not thread-safe: the owner runs one region at a time.
 class KeptTensors {
  public:
+  // One op's argument stacks, results and out= tensors (run_ops): empty
+  // between ops, their capacity kept across runs (a one-op region's run
+  // allocated and freed them each time).
+  struct OpBuffers {
+    torch::jit::Stack stack, out_stack;
+    std::vector<at::Tensor> results, direct;
+  };
+  OpBuffers& buffers() { return buffers_; }
   // The `count` kept tensors of op position `p` (inputs, then outputs);
   // undefined until first used.
   at::Tensor* op(size_t p, size_t count);
@@ -56,6 +64,7 @@ class KeptTensors {
 
  private:
   std::vector<std::vector<at::Tensor>> per_op_;
+  OpBuffers buffers_;
 };
 
 // A CPU tensor with r's dtype and geometry over `storage` (view_over), reusing
