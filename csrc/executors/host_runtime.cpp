@@ -1,5 +1,6 @@
 // Host runtime: device values as CPU tensors, CPU kernels as library calls.
 #include "executors/host_runtime.h"
+#include "executors/region_runner.h"
 
 #include <algorithm>
 #include <mutex>
@@ -54,6 +55,43 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
                                                     c10::scalarTypeToTypeMeta(r.dtype));
   t.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides, r.offset);
   return t;
+}
+
+at::Tensor view_over_kept(const c10::Storage& storage, const TensorRef& r, at::Tensor& kept) {
+  if (kept.defined() && kept.use_count() == 1 && kept.scalar_type() == r.dtype && kept.storage_offset() == r.offset &&
+      kept.sizes().equals(r.sizes) && kept.strides().equals(r.strides) && !kept.is_conj() && !kept.is_neg()) {
+    kept.unsafeGetTensorImpl()->set_storage_keep_dtype(storage);
+    return kept;
+  }
+  kept = view_over(storage, r);
+  return kept;
+}
+
+namespace {
+// What a parked kept tensor holds: no memory (KeptTensors::park).
+const c10::Storage& empty_storage() {
+  thread_local const c10::Storage empty(c10::Storage::use_byte_size_t(), 0,
+                                        c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)), nullptr, false);
+  return empty;
+}
+}  // namespace
+
+at::Tensor* KeptTensors::op(size_t p, size_t count) {
+  if (per_op_.size() <= p) per_op_.resize(p + 1);
+  std::vector<at::Tensor>& v = per_op_[p];
+  if (v.size() < count) v.resize(count);
+  return v.data();
+}
+
+void KeptTensors::park(size_t p) {
+  if (p >= per_op_.size()) return;
+  for (at::Tensor& t : per_op_[p]) {
+    if (!t.defined()) continue;
+    if (t.use_count() == 1)
+      t.unsafeGetTensorImpl()->set_storage_keep_dtype(empty_storage());
+    else
+      t.reset();  // a kernel's result or a binding still holds it: leave it to them
+  }
 }
 
 c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
@@ -280,7 +318,9 @@ at::Tensor wrapped_number(const c10::IValue& v) {
   return fill_wrapped(*slot, v);
 }
 
-void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack) {
+void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack) { build_stack(n, mem, stack, nullptr); }
+
+void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack, at::Tensor* kept) {
   stack.assign(n.args.begin(), n.args.end());
   for (uint32_t w = n.wrapped; w != 0; w &= w - 1) {
     const int a = __builtin_ctz(w);
@@ -295,13 +335,22 @@ void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack) {
   auto in_place = [&](const TensorRef& r) {
     return std::find(overlapped.begin(), overlapped.end(), r.storage.get()) != overlapped.end();
   };
-  for (const auto& in : n.inputs) {
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    const InputSlot& in = n.inputs[k];
     at::Tensor t;
     if (in.written) {
       t = mem.written_tensor(in.ref);
     } else if (!overlapped.empty() && in_place(in.ref)) {
       check_storage_error(in.ref.storage.get());
       t = mem.strided(in.ref);
+    } else if (kept != nullptr && !in.ref.conj && !in.ref.neg) {
+      // As mem.tensor() for a plain view, with the kept tensor.
+      check_storage_error(in.ref.storage.get());
+      c10::Storage st = mem.storage_for(in.ref.storage.get());
+      if (plain_in_bounds(in.ref, static_cast<int64_t>(st.nbytes() / c10::elementSize(in.ref.dtype))))
+        t = view_over_kept(st, in.ref, kept[k]);
+      else
+        t = mem.tensor(in.ref, /*strided_gather=*/true);
     } else {
       t = mem.tensor(in.ref, /*strided_gather=*/true);  // CPU kernels read any strides
     }

@@ -145,8 +145,9 @@ void bind_output(const Node& n, const TensorRef& ref, const at::Tensor& result, 
 // each materialized output is its device buffer, each other output a
 // temporary with the recorded layout. Empty when the op has no out= overload or the
 // target computes it its own way. Into `outs` (cleared first, its capacity kept).
+// `kept`: a kept tensor per output (KeptTensors), or null.
 void direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& mem, HostRunHooks& hooks,
-                    const c10::OperatorHandle** out_op, std::vector<at::Tensor>& outs) {
+                    const c10::OperatorHandle** out_op, std::vector<at::Tensor>& outs, at::Tensor* kept) {
   *out_op = nullptr;
   outs.clear();
   if (n.rng || n.outputs.empty() || !hooks.direct_outputs_ok(n)) return;
@@ -177,11 +178,8 @@ void direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& m
   for (size_t j = 0; j < n.outputs.size(); ++j) {
     const TensorRef& ref = n.outputs[j];
     DeferredStorage* s = ref.storage.get();
-    if (region.materialize[p][j]) {
-      outs.push_back(view_over(mem.device_buffer(s), ref));
-    } else {
-      outs.push_back(view_over(scratch_storage(s->nbytes), ref));
-    }
+    const c10::Storage st = region.materialize[p][j] ? mem.device_buffer(s) : scratch_storage(s->nbytes);
+    outs.push_back(kept != nullptr ? view_over_kept(st, ref, kept[j]) : view_over(st, ref));
   }
   *out_op = op;
 }
@@ -236,7 +234,7 @@ std::string op_display_name(const Node& n) {
 }
 
 void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph, HostMemory& mem,
-             RegionStats& stats, HostRunHooks& hooks) {
+             RegionStats& stats, HostRunHooks& hooks, KeptTensors* kept) {
   ViewSet reads, writes;
   // Device traffic of one view, once per region: logical bytes plus its layout padding.
   auto traffic = [&](const TensorRef& r, ViewSet& seen, int64_t& logical) {
@@ -249,14 +247,18 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
   // (keeps the working set, and the allocator's reuse, like eager's).
   RegionStorages storages(region, graph);
   // One op's argument stack, results and out= tensors: kept across ops (their
-  // capacity; emptied after each op, which frees what they held).
-  torch::jit::Stack stack, out_stack;
-  std::vector<at::Tensor> results, direct;
-  auto clear_op_state = [&] {
+  // capacity; emptied after each op, which frees what they held), and across
+  // runs with `kept`.
+  KeptTensors::OpBuffers local;
+  KeptTensors::OpBuffers& buffers = kept ? kept->buffers() : local;
+  torch::jit::Stack &stack = buffers.stack, &out_stack = buffers.out_stack;
+  std::vector<at::Tensor>&results = buffers.results, &direct = buffers.direct;
+  auto clear_op_state = [&](size_t p) {
     stack.clear();
     out_stack.clear();
     results.clear();
     direct.clear();
+    if (kept) kept->park(p);
   };
   // One op: its inputs' traffic, the CPU kernel (or out= overload writing the
   // device buffer), its outputs bound, dead temporaries freed.
@@ -271,9 +273,10 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     for (const auto& in : n.inputs)
       if (in.ref.storage->error && in.ref.storage->error_seen && overwrites_storage(n, in))
         in.ref.storage->set_error(nullptr);
-    build_stack(n, mem, stack);  // re-raises an input's earlier error as is
+    at::Tensor* op_kept = kept ? kept->op(p, n.inputs.size() + n.outputs.size()) : nullptr;
+    build_stack(n, mem, stack, op_kept);  // re-raises an input's earlier error as is
     const c10::OperatorHandle* out_op = nullptr;
-    direct_outputs(n, region, p, mem, hooks, &out_op, direct);
+    direct_outputs(n, region, p, mem, hooks, &out_op, direct, op_kept ? op_kept + n.inputs.size() : nullptr);
     try {
       if (out_op && call_direct(n, *out_op, stack, direct, out_stack)) {
         results = direct;
@@ -308,8 +311,8 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       if (storages.last_use(in.ref.storage.get()) == p) mem.release_temp(in.ref.storage.get());
     for (const auto& out : n.outputs)
       if (storages.last_use(out.storage.get()) == p) mem.release_temp(out.storage.get());
-    hooks.add_op_cost(n, stats);
-    clear_op_state();
+    hooks.add_op_cost_at(n, p, stats);
+    clear_op_state(p);
   };
   // An op that fails marks its outputs and written inputs with its error and
   // the region goes on: ops that read them fail in turn (build_stack re-raises
@@ -321,7 +324,7 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     try {
       run_one(p, n);
     } catch (...) {
-      clear_op_state();
+      clear_op_state(p);
       const std::exception_ptr err = std::current_exception();
       for_each_written_storage(n, [&](DeferredStorage* s) { s->set_error(err); });
       if (!first_error) {

@@ -9,6 +9,7 @@
 #include <ATen/core/stack.h>
 
 #include "executors/executor.h"
+#include "executors/host_runtime.h"
 
 namespace tpu_eager {
 namespace host {
@@ -31,7 +32,50 @@ class HostRunHooks {
   virtual void after_op(const Node& n, std::vector<at::Tensor>& results, HostMemory& mem) {}
   // Adds the work of `n` to `stats`.
   virtual void add_op_cost(const Node& n, RegionStats& stats) = 0;
+  // The same for `n` at position `p` of the region run_ops runs (a target may
+  // keep the cost of a compiled region's op across its runs).
+  virtual void add_op_cost_at(const Node& n, size_t p, RegionStats& stats) { add_op_cost(n, stats); }
 };
+
+// The CPU tensors over device or scratch memory that a compiled region's ops
+// take as arguments and out= outputs, kept across the region's runs: on a
+// cache hit the same op at the same position has the same dtypes and
+// geometry (the plan's layout signature), so a kept tensor only gets the run's
+// storage set instead of a TensorImpl made and freed per operand per run.
+// Between ops a kept tensor holds an empty storage (no memory kept alive, no
+// stale value readable); one that something else still holds is dropped, not
+// reused. Not thread-safe: the owner runs one region at a time.
+class KeptTensors {
+ public:
+  // One op's argument stacks, results and out= tensors (run_ops): empty
+  // between ops, their capacity kept across runs (a one-op region's run
+  // allocated and freed them each time).
+  struct OpBuffers {
+    torch::jit::Stack stack, out_stack;
+    std::vector<at::Tensor> results, direct;
+  };
+  OpBuffers& buffers() { return buffers_; }
+  // The `count` kept tensors of op position `p` (inputs, then outputs);
+  // undefined until first used.
+  at::Tensor* op(size_t p, size_t count);
+  // Gives every kept tensor of op `p` the empty storage, or drops it when
+  // something besides this cache holds it.
+  void park(size_t p);
+
+ private:
+  std::vector<std::vector<at::Tensor>> per_op_;
+  OpBuffers buffers_;
+};
+
+// A CPU tensor with r's dtype and geometry over `storage` (view_over), reusing
+// `kept` when only this cache holds it and it has r's dtype and geometry (its
+// storage replaced), else making one and keeping it in `kept`.
+at::Tensor view_over_kept(const c10::Storage& storage, const TensorRef& r, at::Tensor& kept);
+
+// build_stack (host_runtime.h) with the input tensors made by view_over_kept
+// on `kept` (one per input of `n`, in Node::inputs order) where they are plain
+// views of their storage; `kept` may be null.
+void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack, at::Tensor* kept);
 
 // Runs `region` op by op in program order. Outputs marked for
 // materialization are written through their inverse view chains, the rest
@@ -42,8 +86,9 @@ class HostRunHooks {
 // its error, later ops that read them fail in turn, the others run; then the
 // first error is rethrown with stats.failed_at its position and
 // stats.errors_marked set.
+// `kept`: the compiled region's kept tensors (KeptTensors), or null.
 void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph, HostMemory& mem,
-             RegionStats& stats, HostRunHooks& hooks);
+             RegionStats& stats, HostRunHooks& hooks, KeptTensors* kept = nullptr);
 
 // True when op `n` reads the current value of its written argument `in`
 // (false for out= arguments and the self of fill_, zero_, copy_, RNG fills).

@@ -3,6 +3,7 @@
 // tiled-layout padding and simulated time on the active chip (cost_model.h).
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -123,6 +124,24 @@ class TpuHooks final : public host::HostRunHooks {
     add_cost(op_cost_of(n), stats);
     if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) stats.library_calls++;
   }
+  // add_op_cost, with the cost of a compiled region's op at position `p` kept
+  // in the costs given to keep_costs (computed at its first run there).
+  void add_op_cost_at(const Node& n, size_t p, RegionStats& stats) override {
+    const bool library = static_cast<PrimKind>(n.kind) == PrimKind::kLibrary;
+    if (kept_costs_ == nullptr || (library && custom_cost(n.op))) {
+      add_op_cost(n, stats);
+      return;
+    }
+    if (kept_costs_->size() <= p) kept_costs_->resize(p + 1);
+    std::optional<OpCostAdd>& c = (*kept_costs_)[p];
+    if (!c) c = op_cost_of(n);
+    add_cost(*c, stats);
+    if (library) stats.library_calls++;
+  }
+  // Where add_op_cost_at keeps the costs of the ops run_ops runs next (per
+  // position; null: computed per run). The caller clears them when the
+  // precision changes.
+  void keep_costs(std::vector<std::optional<OpCostAdd>>* costs) { kept_costs_ = costs; }
   // What add_op_cost adds for `n` when it is not a library call (cost_model.h
   // op_cost): fixed by the op, its operands' sizes and dtypes, the chip and
   // the precision, so a plan keeps it (TpuPlan::loop_costs).
@@ -177,6 +196,7 @@ class TpuHooks final : public host::HostRunHooks {
 
   const tpu::ChipParams& chip_;
   const at::Float32MatmulPrecision prec_;
+  std::vector<std::optional<OpCostAdd>>* kept_costs_ = nullptr;
 };
 
 // Marks the outputs of `head` that ops of `tail` read as materialized: they
@@ -261,6 +281,12 @@ struct TpuPlan {
   // computed yet, or a loop holding a library call (costed per run).
   std::vector<std::vector<OpCostAdd>> loop_costs;
   int cost_prec = -1;
+  // kOps: per op, its cost at `cost_prec`, computed at its first run;
+  // kMatmul: the MXU op's (TpuHooks::keep_costs).
+  std::vector<std::optional<OpCostAdd>> op_costs;
+  // kOps: the ops' CPU argument and out= tensors; kMatmul: the MXU op's. Kept
+  // across runs (host::KeptTensors).
+  host::KeptTensors kept;
 };
 
 // Adds the simulated costs of the ops of loop `l` (`lp`, run fused on `r`)
@@ -270,6 +296,7 @@ void add_loop_costs(TpuPlan& plan, size_t l, const tpu::LoopPlan& lp, const Regi
                     TpuHooks& hooks, int prec, RegionStats& stats) {
   if (plan.cost_prec != prec) {
     plan.loop_costs.clear();
+    plan.op_costs.clear();
     plan.cost_prec = prec;
   }
   if (plan.loop_costs.size() <= l) plan.loop_costs.resize(l + 1);
@@ -286,6 +313,16 @@ void add_loop_costs(TpuPlan& plan, size_t l, const tpu::LoopPlan& lp, const Regi
     }
   }
   for (const OpCostAdd& c : costs) TpuHooks::add_cost(c, stats);
+}
+
+// Has `hooks` keep the costs of the ops of `plan` run op by op at precision `prec` in the plan.
+void keep_op_costs(TpuPlan& plan, TpuHooks& hooks, int prec) {
+  if (plan.cost_prec != prec) {
+    plan.loop_costs.clear();
+    plan.op_costs.clear();
+    plan.cost_prec = prec;
+  }
+  hooks.keep_costs(&plan.op_costs);
 }
 
 // The positions of each loop of `region` (Region::loop; one loop of every
@@ -372,12 +409,14 @@ void count_ops(const char* how, const Region& part, const std::vector<Node>& gra
   for (int i : part.nodes) debug::count_op(how, host::op_display_name(graph[i]).substr(6));
 }
 
-// Runs `part` of `region` op by op; a failure's position is reported in the whole region.
+// Runs `part` of `region` op by op; a failure's position is reported in the
+// whole region. `kept`: the part's kept tensors, or null.
 void run_part_ops(const CompiledRegion& info, const Region& part, const std::vector<size_t>& pos,
-                  std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks) {
+                  std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats, host::HostRunHooks& hooks,
+                  host::KeptTensors* kept = nullptr) {
   count_ops("op_by_op", part, graph);
   try {
-    host::run_ops(info, part, graph, mem, stats, hooks);
+    host::run_ops(info, part, graph, mem, stats, hooks, kept);
   } catch (...) {
     if (stats.failed_at >= 0) stats.failed_at = static_cast<int>(pos[stats.failed_at]);
     throw;
@@ -463,13 +502,18 @@ class TpuKernel final : public Kernel {
       jit::trace_attach_tiling(tpu::tiling_record(t));
     }
     // A torch.profiler range per region ("tpu::fused_mul_add"), its ops in the
-    // range's keyword inputs; one thread-local check when no profiler runs.
-    at::RecordFunction guard(at::RecordScope::USER_SCOPE);
-    if (guard.isActive()) {
-      std::string ops;
-      for (int i : region.nodes) ops += (ops.empty() ? "" : ",") + host::op_display_name(graph[i]).substr(6);
-      const std::unordered_map<std::string, c10::IValue> kwargs = {{"ops", c10::IValue(ops)}};
-      guard.before(std::string_view(range_), &kwargs);
+    // range's keyword inputs. No RecordFunction is made when no callback
+    // wants the scope (as RECORD_FUNCTION does: its set-up and teardown were
+    // ~250 instructions a region).
+    std::optional<at::RecordFunction> guard;
+    if (auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE)) {
+      guard.emplace(std::move(*callbacks));
+      if (guard->isActive()) {
+        std::string ops;
+        for (int i : region.nodes) ops += (ops.empty() ? "" : ",") + host::op_display_name(graph[i]).substr(6);
+        const std::unordered_map<std::string, c10::IValue> kwargs = {{"ops", c10::IValue(ops)}};
+        guard->before(std::string_view(range_), &kwargs);
+      }
     }
     TpuHooks hooks(chip_, prec);
     const CompiledRegion& c = info();
@@ -514,8 +558,11 @@ class TpuKernel final : public Kernel {
       case Mode::kMatmul: {
         // The MXU op; a failure fails the region (its epilogue reads the product).
         try {
-          run_part_ops(c, plan_.head.bind(region), plan_.head.pos, graph, mem, stats, hooks);
+          keep_op_costs(plan_, hooks, static_cast<int>(prec));
+          run_part_ops(c, plan_.head.bind(region), plan_.head.pos, graph, mem, stats, hooks, &plan_.kept);
+          hooks.keep_costs(nullptr);
         } catch (...) {
+          hooks.keep_costs(nullptr);
           const std::exception_ptr err = std::current_exception();
           const int at = stats.failed_at;
           try {
@@ -536,8 +583,10 @@ class TpuKernel final : public Kernel {
         break;
       }
       case Mode::kOps:
+        // (Also a kMatmul plan's region after an earlier failure: its position 0 is the MXU op there too.)
         count_ops("op_by_op", region, graph);
-        host::run_ops(c, region, graph, mem, stats, hooks);
+        keep_op_costs(plan_, hooks, static_cast<int>(prec));
+        host::run_ops(c, region, graph, mem, stats, hooks, &plan_.kept);
         break;
     }
     finish(plan_, stats);

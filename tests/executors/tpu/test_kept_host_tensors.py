@@ -1,0 +1,134 @@
+"""A compiled op-by-op region keeps its ops' CPU argument and out= tensors across runs
+(region_runner.h KeptTensors): a cache hit only gives each kept tensor the run's storage.
+Every run of the same compiled region with other buffers (fresh inputs, other input
+buffers alternated, buffers freed in between, a run after a failed one) computes CPU's
+values bit for bit: nothing of an earlier run's buffers is read."""
+
+import gc
+
+import pytest
+import torch
+import torch_tpu_eager
+
+from difftest import DEVICE, assert_bit_equal, cpu_randint, cpu_randn
+
+pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="kept host tensors are the tpu executor's")
+
+
+def _lone_mm(a, b):
+    """A weight-gradient-like mm alone in its region (transposed first operand)."""
+    return torch.mm(a.t(), b)
+
+
+def _mm_relu(a, b):
+    """An mm with an epilogue: the MXU op runs op by op, then the fused loop."""
+    return torch.relu(torch.mm(a.t(), b))
+
+
+def _sum_then_mm(a, b):
+    """The mm reads a value the flush made (transient memory), then a column sum."""
+    return torch.mm((a * 2).t(), b).sum(0)
+
+
+def _gather_mm(a, b):
+    """index_select (a library call) feeding an mm."""
+    idx = torch.tensor([3, 0, 2, 2]).to(a.device)
+    return torch.mm(torch.index_select(a, 0, idx).t(), b[:4])
+
+
+CASES = {"lone_mm": _lone_mm, "mm_relu": _mm_relu, "sum_then_mm": _sum_then_mm, "gather_mm": _gather_mm}
+
+
+def _inputs(seed):
+    return cpu_randn(6, 4, seed=seed), cpu_randn(6, 5, seed=seed + 100)
+
+
+def _check(fn, a, b):
+    """fn on tpu equals fn on CPU bit for bit; returns the metrics of the tpu run."""
+    want = fn(a, b)
+    torch.tpu.synchronize()
+    torch_tpu_eager.reset_metrics()
+    got = fn(a.to("tpu"), b.to("tpu"))
+    torch.tpu.synchronize()
+    metrics = torch_tpu_eager.metrics()
+    assert_bit_equal([got.cpu()], [want])
+    return metrics
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fresh_buffers_every_run(name):
+    fn = CASES[name]
+    _check(fn, *_inputs(0))  # compiles
+    for seed in range(1, 6):
+        m = _check(fn, *_inputs(seed))
+        assert m["compiles"] == 0 and m["plans_built"] == 0, "not the same compiled region"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_alternating_buffers(name):
+    # Device inputs that stay alive, used in turn: each run reads its own buffers.
+    fn = CASES[name]
+    sets = [_inputs(s) for s in (10, 20, 30)]
+    dev = [(a.to("tpu"), b.to("tpu")) for a, b in sets]
+    fn(*dev[0]).cpu()
+    for k in (0, 1, 2, 1, 0, 2, 0):
+        torch_tpu_eager.reset_metrics()
+        got = fn(*dev[k]).cpu()
+        assert torch_tpu_eager.metrics()["compiles"] == 0
+        assert_bit_equal([got], [fn(*sets[k])])
+
+
+def test_buffers_freed_between_runs():
+    # A run's inputs and result die before the next run: the next run neither reads
+    # nor frees them again.
+    for seed in range(4):
+        a, b = _inputs(seed)
+        da, db = a.to("tpu"), b.to("tpu")
+        got = _lone_mm(da, db)
+        del da, db
+        gc.collect()
+        assert_bit_equal([got.cpu()], [_lone_mm(a, b)])
+        del got
+        gc.collect()
+
+
+def test_in_place_out_into_its_own_input():
+    # mm(out=) into a buffer the next run reads: the kept tensors follow the buffers.
+    a, b = cpu_randn(5, 5, seed=1), cpu_randn(5, 5, seed=2)
+    da, db = a.to("tpu"), b.to("tpu")
+    ca = a.clone()
+    for _ in range(4):
+        torch.mm(da, db, out=da)
+        torch.mm(ca, b, out=ca)
+        assert_bit_equal([da.cpu()], [ca])
+
+
+def test_run_after_a_failed_run():
+    # The same region raises IndexError as CPU does, then runs with good indices.
+    x = cpu_randn(5, 3, seed=7)
+    w = cpu_randn(5, 4, seed=8)
+
+    def fn(idx, xx, ww):
+        return torch.mm(torch.index_select(xx, 0, idx).t(), ww[: idx.numel()])
+
+    good = cpu_randint(0, 5, (4,), seed=3)
+    bad = torch.tensor([0, 1, 9, 2])
+    dx, dw = x.to("tpu"), w.to("tpu")
+    assert_bit_equal([fn(good.to("tpu"), dx, dw).cpu()], [fn(good, x, w)])
+    with pytest.raises(IndexError):
+        fn(bad, x, w)
+    with pytest.raises(IndexError):
+        fn(bad.to("tpu"), dx, dw).cpu()
+    for seed in (4, 5):
+        idx = cpu_randint(0, 5, (4,), seed=seed)
+        assert_bit_equal([fn(idx.to("tpu"), dx, dw).cpu()], [fn(idx, x, w)])
+
+
+def test_conjugate_operand():
+    # A conjugated view is not kept (its bit lives on the tensor): values as CPU's.
+    a = torch.randn(4, 3, dtype=torch.complex64, generator=torch.Generator().manual_seed(0))
+    b = torch.randn(4, 3, dtype=torch.complex64, generator=torch.Generator().manual_seed(1))
+    for conj in (False, True, False, True):
+        x = a.conj() if conj else a
+        got = torch.mm(x.to("tpu").t(), b.to("tpu"))
+        assert_bit_equal([got.cpu()], [torch.mm(x.t(), b)])
