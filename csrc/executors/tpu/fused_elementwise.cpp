@@ -571,6 +571,19 @@ bool has_fused_lowering(const Node& n) {
   return ok && (lw->dtypes & dtype_bit(e)) != 0;
 }
 
+// Whether CPU's gelu / gelu_backward (approximate='none') of node `n`, whose
+// self is argument `self_arg`, computing in `type`, runs oneDNN's kernel
+// (Activation.cpp use_mkldnn: a contiguous float32 or bfloat16 self of more
+// than one element); otherwise ATen's GeluKernel, whose last elements of each
+// range are libm's erf (Instr::onednn).
+static bool gelu_runs_onednn(const Node& n, int self_arg, Elem type) {
+  if (type != Elem::kFloat && type != Elem::kBFloat16) return false;
+  for (const auto& in : n.inputs)
+    if (in.arg == self_arg && in.elem < 0)
+      return in.ref.is_dense() && in.ref.numel() > 1;
+  return false;  // a Python scalar self: one element
+}
+
 // Plans the ops at positions `ps` of `region` (ascending) as one loop. An
 // elementwise op may write in place or through out=: its written tensor is
 // then a value like a fresh output, stored to its device buffer only by the
@@ -1145,6 +1158,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
           ins.fn = tanh ? Fn::kGeluTanhBwd : Fn::kGeluBwd;
           if (!tensor_arg(0, &ins.a, ct) || !operand(1, &ins.b, ct)) return false;
         }
+        ins.onednn = !tanh && gelu_runs_onednn(n, lw->form == Form::kGelu ? 0 : 1, ct);
         break;
       }
       case Form::kThresholdBwd: {
@@ -1209,6 +1223,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
         break;
       }
     }
+    ins.given_out = w != nullptr;
     define(ins, w ? w->ref : n.outputs[0], out_slot, k, alpha_param);
   }
 
