@@ -571,16 +571,17 @@ bool has_fused_lowering(const Node& n) {
   return ok && (lw->dtypes & dtype_bit(e)) != 0;
 }
 
-// Whether CPU's gelu / gelu_backward (approximate='none') of node `n`, whose
-// self is argument `self_arg`, computing in `type`, runs oneDNN's kernel
-// (Activation.cpp use_mkldnn: a contiguous float32 or bfloat16 self of more
-// than one element); otherwise ATen's GeluKernel, whose last elements of each
-// range are libm's erf (Instr::onednn).
-static bool gelu_runs_onednn(const Node& n, int self_arg, Elem type) {
-  if (type != Elem::kFloat && type != Elem::kBFloat16) return false;
+// Whether the loop runs gelu / gelu_backward (approximate='none') of node
+// `n`, computing in `type`, by CPU's op per tile (Instr::cpu_op): where CPU's
+// op runs oneDNN's kernel (Activation.cpp use_mkldnn: a contiguous float32 or
+// bfloat16 self of more than one element), and for a bfloat16 / float16
+// gelu_backward (ATen's reduced-type formula is not followed). Otherwise
+// ATen's GeluKernel, whose last elements of each range are libm's erf.
+static bool gelu_by_cpu_op(const Node& n, bool backward, Elem type) {
+  if (type != Elem::kFloat && type != Elem::kBFloat16) return backward && type == Elem::kHalf;
+  if (backward && type == Elem::kBFloat16) return true;
   for (const auto& in : n.inputs)
-    if (in.arg == self_arg && in.elem < 0)
-      return in.ref.is_dense() && in.ref.numel() > 1;
+    if (in.arg == (backward ? 1 : 0) && in.elem < 0) return in.ref.is_dense() && in.ref.numel() > 1;
   return false;  // a Python scalar self: one element
 }
 
@@ -1158,7 +1159,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
           ins.fn = tanh ? Fn::kGeluTanhBwd : Fn::kGeluBwd;
           if (!tensor_arg(0, &ins.a, ct) || !operand(1, &ins.b, ct)) return false;
         }
-        ins.onednn = !tanh && gelu_runs_onednn(n, lw->form == Form::kGelu ? 0 : 1, ct);
+        ins.cpu_op = !tanh && gelu_by_cpu_op(n, lw->form == Form::kGeluBwd, ct);
         break;
       }
       case Form::kThresholdBwd: {

@@ -111,12 +111,12 @@ struct Instr {
   // CPU computes with its scalar function (for_each_cpu_tail):
   // given_out: the op wrote a tensor it was given (out=, in place), whose
   // strides order CPU's loop (a fresh result follows its input's instead);
-  // onednn: gelu / gelu_backward (approximate='none') whose CPU op ran
-  // oneDNN's kernel (its self contiguous, of more than one element, float32
-  // or bfloat16): the loop calls CPU's op per tile; otherwise ATen's formula
-  // and its libm tail.
+  // cpu_op: gelu / gelu_backward (approximate='none') that the loop runs by
+  // calling CPU's op per tile: where CPU's op ran oneDNN's kernel (its self
+  // contiguous, of more than one element, float32 or bfloat16) and for a
+  // bfloat16 / float16 gelu_backward; otherwise ATen's formula and its libm tail.
   bool given_out = false;
-  bool onednn = false;
+  bool cpu_op = false;
 };
 
 // A float32 external read through strides (Program::strided): loop element
