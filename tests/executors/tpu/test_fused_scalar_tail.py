@@ -298,3 +298,21 @@ def test_gelu_leaf_gradients_bit_equal(cpu_math):
             for t in (leaf, dev):
                 (F.gelu(view(t), approximate=approximate) * cpu_randn(*view(leaf).shape, seed=8).to(t.device)).sum().backward()
             assert_bit_equal([dev.grad.cpu()], [leaf.grad])
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu_tanh", "gelu"])
+def test_tail_under_an_accumulation_bit_equal(cpu_math, name):
+    # The tail recomputed after a pass whose PostOp adds into the output it writes (autograd's
+    # accumulation of a sliced leaf's two gradients, the activation's and a linear's): found by
+    # test_random_fused.py (seed 34), 320 of 645 gradients off by up to 4.6 while judge22 was
+    # under way (the tail read the accumulated output again).
+    cpu_math(1)
+    f = {"silu": F.silu, "gelu_tanh": _gelu_tanh, "gelu": F.gelu}[name]
+    grads = []
+    for dev in ("cpu", "tpu"):
+        leaf = (cpu_randn(5, 129, seed=1) * 3).to(dev).requires_grad_()
+        x = leaf[:, 1::2]
+        outs = [f(x).neg(), F.linear(x, cpu_randn(64, 64, seed=2).to(dev))]
+        torch.autograd.backward(outs, [cpu_randn(5, 64, seed=3 + k).to(dev) for k in range(2)])
+        grads.append(leaf.grad.cpu())
+    assert_bit_equal([grads[1]], [grads[0]])
