@@ -296,7 +296,9 @@ def test_gelu_leaf_gradients_bit_equal(cpu_math):
             leaf = (cpu_randn(*shape, seed=7) * 3).requires_grad_()
             dev = leaf.detach().to("tpu").requires_grad_()
             for t in (leaf, dev):
-                (F.gelu(view(t), approximate=approximate) * cpu_randn(*view(leaf).shape, seed=8).to(t.device)).sum().backward()
+                (
+                    F.gelu(view(t), approximate=approximate) * cpu_randn(*view(leaf).shape, seed=8).to(t.device)
+                ).sum().backward()
             assert_bit_equal([dev.grad.cpu()], [leaf.grad])
 
 
