@@ -10,7 +10,8 @@ sigmoid/silu, casts, comparisons, integer division/remainder, bitwise), reductio
 (sum/mean/amax/amin/var/std/prod/argmax/any over random dims, keepdim), row ops
 (softmax/log_softmax/layer_norm/rms_norm/logsumexp/cross_entropy), matmul/linear/addmm
 (whose results feed the next elementwise and row steps: bias, activation, residual add,
-layer_norm epilogues), in-place ops and out=, and reads that flush part of the program.
+layer_norm epilogues), in-place ops and out=, chains of unary ops in one float type
+(bfloat16 / float16 half the time) ending in a reduction, and reads that flush part of the program.
 Nothing is read between steps except by a read step, so the device records the whole
 chain and partition fuses what it can.
 
