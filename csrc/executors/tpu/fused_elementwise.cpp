@@ -571,6 +571,20 @@ bool has_fused_lowering(const Node& n) {
   return ok && (lw->dtypes & dtype_bit(e)) != 0;
 }
 
+// Whether the loop runs gelu / gelu_backward (approximate='none') of node
+// `n`, computing in `type`, by CPU's op per tile (Instr::cpu_op): where CPU's
+// op runs oneDNN's kernel (Activation.cpp use_mkldnn: a contiguous float32 or
+// bfloat16 self of more than one element), and for a bfloat16 / float16
+// gelu_backward (ATen's reduced-type formula is not followed). Otherwise
+// ATen's GeluKernel, whose last elements of each range are libm's erf.
+static bool gelu_by_cpu_op(const Node& n, bool backward, Elem type) {
+  if (type != Elem::kFloat && type != Elem::kBFloat16) return backward && type == Elem::kHalf;
+  if (backward && type == Elem::kBFloat16) return true;
+  for (const auto& in : n.inputs)
+    if (in.arg == (backward ? 1 : 0) && in.elem < 0) return in.ref.is_dense() && in.ref.numel() > 1;
+  return false;  // a Python scalar self: one element
+}
+
 // Plans the ops at positions `ps` of `region` (ascending) as one loop. An
 // elementwise op may write in place or through out=: its written tensor is
 // then a value like a fresh output, stored to its device buffer only by the
@@ -1145,6 +1159,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
           ins.fn = tanh ? Fn::kGeluTanhBwd : Fn::kGeluBwd;
           if (!tensor_arg(0, &ins.a, ct) || !operand(1, &ins.b, ct)) return false;
         }
+        ins.cpu_op = !tanh && gelu_by_cpu_op(n, lw->form == Form::kGeluBwd, ct);
         break;
       }
       case Form::kThresholdBwd: {
@@ -1209,6 +1224,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
         break;
       }
     }
+    ins.given_out = w != nullptr;
     define(ins, w ? w->ref : n.outputs[0], out_slot, k, alpha_param);
   }
 

@@ -107,6 +107,16 @@ struct Instr {
   // float32 it rounds to), as CPU's kernel of a bfloat16 / float16 op rounds
   // its result (or an intermediate it computes in that type); kFloat: none.
   Elem round = Elem::kFloat;
+  // How CPU's kernel of the op iterated, set by plan_loop for the elements
+  // CPU computes with its scalar function (for_each_cpu_tail):
+  // given_out: the op wrote a tensor it was given (out=, in place), whose
+  // strides order CPU's loop (a fresh result follows its input's instead);
+  // cpu_op: gelu / gelu_backward (approximate='none') that the loop runs by
+  // calling CPU's op per tile: where CPU's op ran oneDNN's kernel (its self
+  // contiguous, of more than one element, float32 or bfloat16) and for a
+  // bfloat16 / float16 gelu_backward; otherwise ATen's formula and its libm tail.
+  bool given_out = false;
+  bool cpu_op = false;
 };
 
 // A float32 external read through strides (Program::strided): loop element

@@ -10,7 +10,8 @@ sigmoid/silu, casts, comparisons, integer division/remainder, bitwise), reductio
 (sum/mean/amax/amin/var/std/prod/argmax/any over random dims, keepdim), row ops
 (softmax/log_softmax/layer_norm/rms_norm/logsumexp/cross_entropy), matmul/linear/addmm
 (whose results feed the next elementwise and row steps: bias, activation, residual add,
-layer_norm epilogues), in-place ops and out=, and reads that flush part of the program.
+layer_norm epilogues), in-place ops and out=, chains of unary ops in one float type
+(bfloat16 / float16 half the time) ending in a reduction, and reads that flush part of the program.
 Nothing is read between steps except by a read step, so the device records the whole
 chain and partition fuses what it can.
 
@@ -363,32 +364,10 @@ SCALARS = [2, -3, 0.5, 1.5, 0, True, -0.25]
 DIVISIONS = ("div floor", "div trunc", "remainder", "fmod", "floor_divide")
 
 
-TAIL_OPS = ("sigmoid", "silu", "gelu_tanh")  # CPU computes their last elements with libm (for_each_cpu_tail)
-
-
-def known_left(name, t):
-    """Why `name` of CPU tensor t is not judged bit for bit (docs/random_programs.md, "Left"), or None."""
-    if name == "gelu" and (t.dtype == torch.float16 or (t.dtype == torch.float32 and not t.is_contiguous())):
-        # CPU's gelu runs oneDNN on a contiguous float32 input, else ATen's formula with a
-        # libm tail per inner-loop call; the fused loop runs CPU's op per tile
-        return "gelu of a float16 or non-contiguous input under set_fused_math('cpu')"
-    if t.dtype != torch.float32:
-        return None
-    if name in TAIL_OPS and any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
-        return "libm tail of a broadcast input"
-    return None
-
-
 def draw_unary(data, prog):
     i = pick(data, prog)
     name = data.draw(st.sampled_from(names(UNARY_FLOAT)), label="unary")
     f = UNARY_FLOAT[name]
-    t = prog.cpu(i)
-    if known_left(name, t):
-        return None
-    if name in ("gelu", "gelu_tanh") and t.requires_grad:
-        # gelu_backward's libm tail is not recomputed (docs/random_programs.md, "Left")
-        return f"{name}(v{i}.detach())", lambda L, d: f(L[i].detach())
     return f"{name}(v{i})", lambda L, d: f(L[i])
 
 
@@ -585,6 +564,9 @@ OUT_OPS = {
     "add": lambda a, b, o: torch.add(a, b, out=o),
     "mul": lambda a, b, o: torch.mul(a, b, out=o),
     "sigmoid": lambda a, b, o: torch.sigmoid(a, out=o),
+    "silu": lambda a, b, o: torch.ops.aten.silu.out(a, out=o),
+    "gelu": lambda a, b, o: torch.ops.aten.gelu.out(a, out=o),
+    "gelu_tanh": lambda a, b, o: torch.ops.aten.gelu.out(a, approximate="tanh", out=o),
     "sum": lambda a, b, o: torch.sum(a, -1, out=o),
     "where": lambda a, b, o: torch.where(a > 0, a, b, out=o),
     "softmax": lambda a, b, o: torch.softmax(a, -1, out=o),
@@ -599,10 +581,6 @@ def draw_out(data, prog):
     shape_src = pick(data, prog, label="out_shape")
     shape = tuple(prog.cpu(shape_src).shape)
     dt = data.draw(st.sampled_from(DTYPES), label="out_dtype")
-    if known_left(name, prog.cpu(a)) or (
-        name == "sigmoid" and prog.cpu(a).dim() > 1 and not prog.cpu(a).is_contiguous()
-    ):
-        return None  # a permuted input into a given out=: CPU's scalar loop (docs/random_programs.md, "Left")
 
     def fn(L, d):
         o = torch.empty(shape, dtype=dt, device=d)
@@ -610,6 +588,38 @@ def draw_out(data, prog):
         return o
 
     return True, f"torch.{name}(v{a}, v{b}, out=torch.empty({shape}, dtype={dt}))", fn
+
+
+CHAIN_OPS = ["neg", "abs", "relu", "sigmoid", "silu", "gelu", "gelu_tanh", "erf", "exp", "tanh", "square"]
+CHAIN_OPS += ["x * 0.5 + 1", "(x - 3) / 7", "softplus", "leaky_relu", "clamp(-1, 2)", "reciprocal", "log"]
+CHAIN_REDUCTIONS = [None, None, "sum", "mean", "amax", "sum dtype=f64", "var"]
+
+
+def draw_chain(data, prog):
+    """2-4 unary ops in a row in one float type (bfloat16 / float16 half the time), then maybe a
+    reduction over the last dim or all dims: the loop's elementwise chain feeding a reduction."""
+    i = pick(data, prog, is_float, label="x")
+    if i is None:
+        return None
+    dt = data.draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32, None]), label="chain_dtype")
+    ops = data.draw(st.lists(st.sampled_from([n for n in CHAIN_OPS if n not in EXCLUDE]), min_size=2, max_size=4))
+    red = data.draw(st.sampled_from(CHAIN_REDUCTIONS), label="chain_reduce")
+    last = prog.cpu(i).dim() > 0 and data.draw(st.booleans(), label="chain_last_dim")
+
+    def fn(L, d):
+        x = L[i] if dt is None else L[i].to(dt)
+        for name in ops:
+            x = UNARY_FLOAT[name](x)
+        if red is None:
+            return x
+        return REDUCTIONS[red](x, -1) if last else REDUCTIONS[red](x)
+
+    code = f"v{i}" if dt is None else f"v{i}.to({dt})"
+    for name in ops:
+        code = f"{name}({code})"
+    if red is not None:
+        code = f"{red}({code}{', -1' if last else ''})"
+    return code, fn
 
 
 def draw_read(data, prog):
@@ -638,6 +648,7 @@ KINDS = [
     "out",
     "read",
     "cast",
+    "chain",
 ]
 
 
@@ -650,6 +661,7 @@ RESULT_STEPS = {
     "row": draw_row,
     "matmul": draw_matmul,
     "cast": draw_cast,
+    "chain": draw_chain,
 }
 
 
