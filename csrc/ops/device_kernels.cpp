@@ -583,7 +583,7 @@ std::optional<torch::CppFunction> unboxed_record_kernel(const OpEntry& e) {
   if (sig == "TTS") return unboxed_kernel<T, T, S>(e, *op);
   if (sig == "TS") return unboxed_kernel<T, S>(e, *op);
   if (sig == "TSS") return unboxed_kernel<T, S, S>(e, *op);
-  if (sig == "TTT") return unboxed_kernel<T, T, T>(e, *op);     // lerp.Tensor, where.self
+  if (sig == "TTT") return unboxed_kernel<T, T, T>(e, *op);      // lerp.Tensor, where.self
   if (sig == "TTTS") return unboxed_kernel<T, T, T, S>(e, *op);  // addcmul, addcdiv
   return std::nullopt;
 }

@@ -290,7 +290,11 @@ def test_three_tensor_in_place_ops_bump_the_version_and_feed_autograd(dev):
         ),
         # An expanded self (internal overlap).
         (
-            lambda d: (cpu_randn(1, 4, seed=2).to(d).expand(3, 4), cpu_randn(3, 4, seed=3).to(d), cpu_randn(4, seed=4).to(d)),
+            lambda d: (
+                cpu_randn(1, 4, seed=2).to(d).expand(3, 4),
+                cpu_randn(3, 4, seed=3).to(d),
+                cpu_randn(4, seed=4).to(d),
+            ),
             lambda x, y, z: x.lerp_(y, z),
         ),
         # The other tensors broadcasting past self's shape.
