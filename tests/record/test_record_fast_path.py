@@ -183,15 +183,23 @@ def test_in_place_ops_return_self_and_keep_refcounts(dev):
     torch.testing.assert_close(tb.cpu(), b, rtol=0, atol=0)
 
 
-def test_in_place_ops_bump_the_version_and_feed_autograd(dev):
-    w = cpu_randn(5, seed=3)
+@pytest.mark.parametrize(
+    "chain, writes",
+    [
+        (lambda y, x, t: y.add_(x, alpha=0.5).mul_(x), 2),
+        # The (Tensor, Tensor[, Scalar]) in-place signatures.
+        (lambda y, x, t: y.addcmul_(x, t, value=0.5).addcdiv_(t, x.detach().abs() + 1.0).lerp_(x, t.sigmoid()), 3),
+    ],
+)
+def test_in_place_ops_bump_the_version_and_feed_autograd(dev, chain, writes):
+    w, u = cpu_randn(5, seed=3), cpu_randn(5, seed=4)
 
     def prog(d):
         x = w.clone().to(d).requires_grad_()  # a leaf on both devices (w itself stays as it is)
         y = x * 2
         v = y._version
-        y.add_(x, alpha=0.5).mul_(x)
-        assert y._version == v + 2
+        chain(y, x, u.to(d))
+        assert y._version == v + writes
         y.sum().backward()
         return y.detach(), x.grad
 
@@ -257,22 +265,6 @@ def test_three_tensor_signatures_return_self_keep_refcounts_and_match_cpu(dev):
     torch.testing.assert_close(ta.cpu(), a, rtol=0, atol=0)
     del dev_outs
     assert _refcounts(ta, tb, tc, tw) == before
-
-
-def test_three_tensor_in_place_ops_bump_the_version_and_feed_autograd(dev):
-    w0, t0 = cpu_randn(5, seed=3), cpu_randn(5, seed=4)
-
-    def prog(d):
-        x = w0.clone().to(d).requires_grad_()
-        t = t0.to(d)
-        y = x * 2
-        v = y._version
-        y.addcmul_(x, t, value=0.5).addcdiv_(t, x.detach().abs() + 1.0).lerp_(x, t.sigmoid())
-        assert y._version == v + 3
-        y.sum().backward()
-        return y.detach(), x.grad
-
-    run_both(prog, dev)
 
 
 @pytest.mark.parametrize(
