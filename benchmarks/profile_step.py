@@ -7,7 +7,8 @@ runs run_all's section 5 digits MLP + Adam step (loss read every 10 steps); ``--
 records run_all's 16-op chain on a 4x4 tensor and flushes it (``--steps`` times, every
 flush a cache hit); ``--model record`` records 1000 ``a + b`` on 1-element tensors per
 step and flushes them outside the profiled part (``--op`` picks another op: ``mul`` for
-``a.mul(b)``, ``add_`` for the in-place ``a.add_(b)``, ``view`` for ``a.view(1)``). Under callgrind, start with
+``a.mul(b)``, ``add_`` for the in-place ``a.add_(b)``, ``addcmul_`` for
+``a.addcmul_(b, b, value=0.5)``, ``view`` for ``a.view(1)``). Under callgrind, start with
 collection off and let the script switch it on around the timed steps only:
 
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.%p \\
@@ -79,6 +80,11 @@ def _record_add_(a, b, n):
         a.add_(b)
 
 
+def _record_addcmul_(a, b, n):
+    for _ in range(n):
+        a.addcmul_(b, b, value=0.5)
+
+
 def _record_view(a, b, n):
     for _ in range(n):
         a.view(1)
@@ -89,6 +95,7 @@ RECORD_OPS = {
     "add": ("a + b", run_all._record_add),
     "mul": ("a.mul(b)", run_all._record_mul),
     "add_": ("a.add_(b)", _record_add_),
+    "addcmul_": ("a.addcmul_(b, b, value=0.5)", _record_addcmul_),
     "view": ("a.view(1)", _record_view),
 }
 

@@ -297,11 +297,17 @@ void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* ke
   const size_t nstorages = fs.storages.size();
   w.room(2 * nstorages);
   const bool marks = any_dynamic_marks();  // else every hash is 0: no call per storage
+  // Through a local cursor, as the nodes' words (Words::put kept the count in memory).
+  uint64_t* __restrict p = w.buf.data() + w.n;
+  DeferredStorage* const* storages = fs.storages.data();
+  const char* observed = fs.observed.data();
   for (size_t k = 0; k < nstorages; ++k) {
-    const DeferredStorage* s = fs.storages[k];
-    w.put(static_cast<uint64_t>(s->nbytes) << 1 | uint64_t{fs.observed[k] != 0});
-    w.put(marks ? dynamic_marks_hash(s) : 0);
+    const DeferredStorage* s = storages[k];
+    p[0] = static_cast<uint64_t>(s->nbytes) << 1 | uint64_t{observed[k] != 0};
+    p[1] = marks ? dynamic_marks_hash(s) : 0;
+    p += 2;
   }
+  w.n = static_cast<size_t>(p - w.buf.data());
   key->n = w.n;
   key->cacheable = cacheable;
   key->hashed = false;

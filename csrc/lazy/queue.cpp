@@ -89,7 +89,8 @@ int node_device(const Node& n) {
   return 0;
 }
 
-void touch(Node& n, int delta) {
+// Inline: the flush calls it for every node (a call was ~8 of its ~30 instructions a node).
+C10_ALWAYS_INLINE void touch(Node& n, int delta) {
   for (auto& in : n.inputs) in.ref.storage->pending_uses += delta;
   for (auto& out : n.outputs) out.storage->pending_uses += delta;
 }

@@ -571,6 +571,9 @@ std::optional<torch::CppFunction> unboxed_record_kernel(const OpEntry& e) {
     if (sig.empty()) return unboxed_inplace_kernel<>(e, *op);
     if (sig == "T") return unboxed_inplace_kernel<T>(e, *op);
     if (sig == "TS") return unboxed_inplace_kernel<T, S>(e, *op);
+    // addcmul_ / addcdiv_ (value) and lerp_.Tensor: the optimizers' per-tensor updates.
+    if (sig == "TT") return unboxed_inplace_kernel<T, T>(e, *op);
+    if (sig == "TTS") return unboxed_inplace_kernel<T, T, S>(e, *op);
     if (sig == "S") return unboxed_inplace_kernel<S>(e, *op);
     if (sig == "SS") return unboxed_inplace_kernel<S, S>(e, *op);
     return std::nullopt;
@@ -580,6 +583,8 @@ std::optional<torch::CppFunction> unboxed_record_kernel(const OpEntry& e) {
   if (sig == "TTS") return unboxed_kernel<T, T, S>(e, *op);
   if (sig == "TS") return unboxed_kernel<T, S>(e, *op);
   if (sig == "TSS") return unboxed_kernel<T, S, S>(e, *op);
+  if (sig == "TTT") return unboxed_kernel<T, T, T>(e, *op);      // lerp.Tensor, where.self
+  if (sig == "TTTS") return unboxed_kernel<T, T, T, S>(e, *op);  // addcmul, addcdiv
   return std::nullopt;
 }
 

@@ -183,15 +183,23 @@ def test_in_place_ops_return_self_and_keep_refcounts(dev):
     torch.testing.assert_close(tb.cpu(), b, rtol=0, atol=0)
 
 
-def test_in_place_ops_bump_the_version_and_feed_autograd(dev):
-    w = cpu_randn(5, seed=3)
+@pytest.mark.parametrize(
+    "chain, writes",
+    [
+        (lambda y, x, t: y.add_(x, alpha=0.5).mul_(x), 2),
+        # The (Tensor, Tensor[, Scalar]) in-place signatures.
+        (lambda y, x, t: y.addcmul_(x, t, value=0.5).addcdiv_(t, x.detach().abs() + 1.0).lerp_(x, t.sigmoid()), 3),
+    ],
+)
+def test_in_place_ops_bump_the_version_and_feed_autograd(dev, chain, writes):
+    w, u = cpu_randn(5, seed=3), cpu_randn(5, seed=4)
 
     def prog(d):
         x = w.clone().to(d).requires_grad_()  # a leaf on both devices (w itself stays as it is)
         y = x * 2
         v = y._version
-        y.add_(x, alpha=0.5).mul_(x)
-        assert y._version == v + 2
+        chain(y, x, u.to(d))
+        assert y._version == v + writes
         y.sum().backward()
         return y.detach(), x.grad
 
@@ -224,3 +232,79 @@ def test_in_place_calls_raise_or_compute_as_cpu(dev, build, act):
 
 def test_in_place_ops_from_several_threads(dev):
     _chains_in_threads(dev, read_inside=False, step=_in_place_step)
+
+
+def test_three_tensor_signatures_return_self_keep_refcounts_and_match_cpu(dev):
+    # The unboxed signatures (Tensor, Tensor[, Scalar]) after an in-place `self` (addcmul_,
+    # addcdiv_, lerp_.Tensor: the optimizers' per-tensor updates) and three tensors
+    # [+ a Scalar] of a fresh result (lerp.Tensor, where.self, addcmul, addcdiv).
+    a, b, c = cpu_randn(3, 4, seed=1), cpu_randn(3, 4, seed=2), cpu_randn(3, 4, seed=3).abs() + 0.5
+    w = torch.rand(3, 4, generator=torch.Generator().manual_seed(4))
+    ta, tb, tc, tw = a.to(dev), b.to(dev), c.to(dev), w.to(dev)
+    before = _refcounts(ta, tb, tc, tw)
+    in_place = [
+        lambda x, y, z, u: x.addcmul_(y, z, value=0.5),
+        lambda x, y, z, u: x.addcdiv_(y, z, value=-2),
+        lambda x, y, z, u: x.addcmul_(y, z),
+        lambda x, y, z, u: x.lerp_(y, u),
+    ]
+    for call in in_place:
+        assert call(ta, tb, tc, tw) is ta
+        assert call(a, b, c, w) is a
+    fresh = [
+        lambda x, y, z, u: torch.lerp(x, y, u),
+        lambda x, y, z, u: torch.where(u > 0.5, x, y),
+        lambda x, y, z, u: torch.addcmul(x, y, z, value=0.25),
+        lambda x, y, z, u: torch.addcdiv(x, y, z, value=3),
+    ]
+    dev_outs = [f(ta, tb, tc, tw) for f in fresh]
+    cpu_outs = [f(a, b, c, w) for f in fresh]
+    assert _refcounts(ta, tb, tc, tw) == before
+    for got, want in zip(dev_outs, cpu_outs):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    torch.testing.assert_close(ta.cpu(), a, rtol=0, atol=0)
+    del dev_outs
+    assert _refcounts(ta, tb, tc, tw) == before
+
+
+@pytest.mark.parametrize(
+    "build, act",
+    [
+        # An integer self with float tensors: the result type cannot be cast to self's dtype.
+        (
+            lambda d: (torch.arange(4).to(d), cpu_randn(4, seed=1).to(d), cpu_randn(4, seed=2).to(d)),
+            lambda x, y, z: x.addcmul_(y, z),
+        ),
+        # addcdiv_ of integer tensors (CPU refuses integer division here).
+        (
+            lambda d: (torch.arange(4).to(d), torch.arange(4).to(d), torch.arange(1, 5).to(d)),
+            lambda x, y, z: x.addcdiv_(y, z),
+        ),
+        # An expanded self (internal overlap).
+        (
+            lambda d: (
+                cpu_randn(1, 4, seed=2).to(d).expand(3, 4),
+                cpu_randn(3, 4, seed=3).to(d),
+                cpu_randn(4, seed=4).to(d),
+            ),
+            lambda x, y, z: x.lerp_(y, z),
+        ),
+        # The other tensors broadcasting past self's shape.
+        (
+            lambda d: (cpu_randn(4, seed=4).to(d), cpu_randn(3, 4, seed=5).to(d), cpu_randn(4, seed=6).to(d)),
+            lambda x, y, z: x.addcmul_(y, z),
+        ),
+        # Mixed dtypes in lerp_ (CPU requires one dtype).
+        (
+            lambda d: (cpu_randn(4, seed=7).to(d), cpu_randn(4, seed=8).double().to(d), cpu_randn(4, seed=9).to(d)),
+            lambda x, y, z: x.lerp_(y, z),
+        ),
+        # A strided view written in place, self read again as a factor.
+        (
+            lambda d: (cpu_randn(4, 4, seed=10).to(d), cpu_randn(2, 2, seed=11).to(d), cpu_randn(1, seed=12).to(d)),
+            lambda x, y, z: x[1:3, ::2].addcmul_(x[1:3, ::2], y, value=-0.5),
+        ),
+    ],
+)
+def test_three_tensor_in_place_calls_raise_or_compute_as_cpu(dev, build, act):
+    run_both_at_call(build, act, dev)
