@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -54,22 +53,6 @@ struct InlineVec : c10::SmallVector<T, N> {
   InlineVec(const InlineVec&) = default;
   InlineVec& operator=(const InlineVec&) = default;
   InlineVec(InlineVec&& o) noexcept { take(o); }
-  // After this vector's bytes were copied from `from` (Node's relocating
-  // move): an inline buffer is this vector's own again. Returns whether it was inline.
-  bool fix_inline_after_copy(const InlineVec& from) noexcept {
-    if (!from.isSmall()) return false;
-    const auto size = this->Size;
-    this->resetToSmall();  // points BeginX at this vector's inline buffer
-    this->Size = size;
-    this->Capacity = N;
-    return true;
-  }
-  // Forgets the elements whose bytes were copied away (they are not destroyed
-  // here: their copy owns them); the vector is empty and inline.
-  void forget_after_copy() noexcept {
-    this->resetToSmall();
-    this->Capacity = N;
-  }
   InlineVec& operator=(InlineVec&& o) noexcept {
     if (this != &o) {
       this->clear();
@@ -136,10 +119,10 @@ struct Dims : InlineVec<int64_t, 6> {
 // the tensor (resize_, set_, t_) do not affect a recorded op.
 struct TensorRef {
   StoragePtr storage;
-  int64_t offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
   Dims sizes;
   Dims strides;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  int64_t offset = 0;
   bool conj = false;  // conjugate / negative view bits of the tensor
   bool neg = false;
 
@@ -155,9 +138,9 @@ void make_ref(const at::Tensor& t, TensorRef& r);
 
 // A tensor argument of a recorded op: where it sits in the argument list.
 struct InputSlot {
+  int arg = 0;    // index into Node::args
+  int elem = -1;  // index inside a Tensor[] / Tensor?[] argument, -1 otherwise
   TensorRef ref;
-  int arg = 0;           // index into Node::args
-  int elem = -1;         // index inside a Tensor[] / Tensor?[] argument, -1 otherwise
   bool written = false;  // the op writes it (in-place, out=, or a documented side effect)
 };
 
@@ -175,13 +158,6 @@ struct SourceLocation {
 // vectors): each heap allocation cost the record path ~25 ns.
 struct Node {
   explicit Node(const c10::OperatorHandle& o) : op(o) {}
-  Node(const Node&) = default;
-  Node& operator=(const Node&) = default;
-  Node& operator=(Node&&) = default;
-  // Relocates `o` (its bytes, then its inline buffers' pointers), leaving
-  // it empty: the record path's move into the queue was ~360 instructions
-  // of member-wise moves and ~50 more to destroy the moved-from node.
-  Node(Node&& o) noexcept;
   c10::OperatorHandle op;
   InlineVec<c10::IValue, 4> args;  // tensor arguments replaced by None; see inputs
   InlineVec<InputSlot, 2> inputs;
@@ -196,7 +172,11 @@ struct Node {
   // It promotes as a wrapped number and is a runtime scalar; the host loop
   // gives the CPU kernel a wrapped-number tensor again (host::build_stack).
   uint32_t wrapped = 0;
-  int kind = 0;  // jit::PrimKind of the op, from the op table
+  int kind = 0;      // jit::PrimKind of the op, from the op table
+  bool rng = false;  // consumes a random stream
+  // Its CPU kernel raises on the values it reads (the op table's kChecksValues):
+  // it runs even when nothing reads its result (jit live_nodes).
+  bool checks_values = false;
   // The interned id of the call's exact meta key (ops/record.cpp MetaCache):
   // the op, its argument metadata and structural values, from which every
   // field of this node but its storages, runtime scalar values and random
@@ -205,43 +185,9 @@ struct Node {
   // (jit/flush_cache.cpp).
   uint64_t meta_id = 0;
   uint64_t rng_seed = 0;  // the stream reserved at record time
-  uint64_t seq = 0;       // program order
   SourceLocation where;   // Python file:line that recorded it
-  bool rng = false;       // consumes a random stream
-  // Its CPU kernel raises on the values it reads (the op table's kChecksValues):
-  // it runs even when nothing reads its result (jit live_nodes).
-  bool checks_values = false;
+  uint64_t seq = 0;       // program order
 };
-// The relocating move: every member of a Node is a pointer, a number, an
-// IValue (a payload and a tag) or a small vector, so its bytes may move
-// wholesale; a vector's inline buffer (and those of the TensorRefs inside an
-// inline list) is then re-pointed to the copy, and the source's lists are
-// emptied without destroying the elements the copy now owns.
-inline Node::Node(Node&& o) noexcept : op(o.op) {
-  // Overwrites the default-initialized members (empty inline vectors and
-  // numbers: nothing they own is lost).
-  std::memcpy(static_cast<void*>(this), static_cast<const void*>(&o), sizeof(Node));
-  args.fix_inline_after_copy(o.args);
-  if (inputs.fix_inline_after_copy(o.inputs)) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      inputs[i].ref.sizes.fix_inline_after_copy(o.inputs[i].ref.sizes);
-      inputs[i].ref.strides.fix_inline_after_copy(o.inputs[i].ref.strides);
-    }
-  }
-  if (outputs.fix_inline_after_copy(o.outputs)) {
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      outputs[i].sizes.fix_inline_after_copy(o.outputs[i].sizes);
-      outputs[i].strides.fix_inline_after_copy(o.outputs[i].strides);
-    }
-  }
-  returns.fix_inline_after_copy(o.returns);
-  list_lens.fix_inline_after_copy(o.list_lens);
-  o.args.forget_after_copy();
-  o.inputs.forget_after_copy();
-  o.outputs.forget_after_copy();
-  o.returns.forget_after_copy();
-  o.list_lens.forget_after_copy();
-}
 
 // Whether args[i] of `n` is a wrapped number kept as a Scalar (Node::wrapped).
 inline bool is_wrapped_arg(const Node& n, size_t i) { return i < 32 && ((n.wrapped >> i) & 1u) != 0; }
