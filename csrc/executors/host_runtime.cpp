@@ -1,6 +1,5 @@
 // Host runtime: device values as CPU tensors, CPU kernels as library calls.
 #include "executors/host_runtime.h"
-#include "executors/region_runner.h"
 
 #include <algorithm>
 #include <mutex>
@@ -65,33 +64,6 @@ at::Tensor view_over_kept(const c10::Storage& storage, const TensorRef& r, at::T
   }
   kept = view_over(storage, r);
   return kept;
-}
-
-namespace {
-// What a parked kept tensor holds: no memory (KeptTensors::park).
-const c10::Storage& empty_storage() {
-  thread_local const c10::Storage empty(c10::Storage::use_byte_size_t(), 0,
-                                        c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)), nullptr, false);
-  return empty;
-}
-}  // namespace
-
-at::Tensor* KeptTensors::op(size_t p, size_t count) {
-  if (per_op_.size() <= p) per_op_.resize(p + 1);
-  std::vector<at::Tensor>& v = per_op_[p];
-  if (v.size() < count) v.resize(count);
-  return v.data();
-}
-
-void KeptTensors::park(size_t p) {
-  if (p >= per_op_.size()) return;
-  for (at::Tensor& t : per_op_[p]) {
-    if (!t.defined()) continue;
-    if (t.use_count() == 1)
-      t.unsafeGetTensorImpl()->set_storage_keep_dtype(empty_storage());
-    else
-      t.reset();  // a kernel's result or a binding still holds it: leave it to them
-  }
 }
 
 c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
@@ -194,11 +166,14 @@ bool plain_in_bounds(const TensorRef& r, int64_t storage_numel) {
 
 at::Tensor HostMemory::strided(const TensorRef& r) { return with_bits(view_over(storage_for(r.storage.get()), r), r); }
 
-at::Tensor HostMemory::tensor(const TensorRef& r, bool strided_gather) {
+at::Tensor HostMemory::tensor(const TensorRef& r, bool strided_gather, at::Tensor* kept) {
   check_storage_error(r.storage.get());
   c10::Storage st = storage_for(r.storage.get());
   const int64_t numel = static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype));
-  if (plain_in_bounds(r, numel)) return with_bits(view_over(st, r), r);
+  if (plain_in_bounds(r, numel)) {
+    if (kept != nullptr && !r.conj && !r.neg) return view_over_kept(st, r, *kept);
+    return with_bits(view_over(st, r), r);
+  }
   const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
   // A chain of slices, reshapes, permutes and broadcasts aliases the storage:
   // on the host that is exactly the strided view, built in one step.
@@ -343,16 +318,8 @@ void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack, at::T
     } else if (!overlapped.empty() && in_place(in.ref)) {
       check_storage_error(in.ref.storage.get());
       t = mem.strided(in.ref);
-    } else if (kept != nullptr && !in.ref.conj && !in.ref.neg) {
-      // As mem.tensor() for a plain view, with the kept tensor.
-      check_storage_error(in.ref.storage.get());
-      c10::Storage st = mem.storage_for(in.ref.storage.get());
-      if (plain_in_bounds(in.ref, static_cast<int64_t>(st.nbytes() / c10::elementSize(in.ref.dtype))))
-        t = view_over_kept(st, in.ref, kept[k]);
-      else
-        t = mem.tensor(in.ref, /*strided_gather=*/true);
     } else {
-      t = mem.tensor(in.ref, /*strided_gather=*/true);  // CPU kernels read any strides
+      t = mem.tensor(in.ref, /*strided_gather=*/true, kept ? &kept[k] : nullptr);  // CPU kernels read any strides
     }
     set_tensor_slot(stack[in.arg], in.elem, std::move(t));
   }

@@ -77,8 +77,10 @@ class HostMemory {
   // `strided_gather`: a gathering chain (overlapping windows such as unfold,
   // an arbitrary as_strided) gives the strided view over the storage instead of
   // a copy of the view's whole logical size: for readers that take any strides
-  // (CPU kernels), as CPU reads such a view.
-  at::Tensor tensor(const TensorRef& r, bool strided_gather = false);
+  // (CPU kernels), as CPU reads such a view. `kept`: where r is a plain view
+  // of its storage (not conjugated or negated), the tensor is made by
+  // view_over_kept on *kept (a compiled region's kept tensor), else null.
+  at::Tensor tensor(const TensorRef& r, bool strided_gather = false, at::Tensor* kept = nullptr);
   // r as a strided CPU view of the storage (CPU semantics for the eager path).
   // Unlike tensor(), it does not raise the storage's error: the caller decides.
   at::Tensor strided(const TensorRef& r);
@@ -123,6 +125,10 @@ c10::Storage scratch_storage(size_t nbytes);
 
 // A CPU tensor with r's dtype and geometry over `storage`.
 at::Tensor view_over(const c10::Storage& storage, const TensorRef& r);
+// The same, reusing `kept` when only its holder holds it and it has r's dtype
+// and geometry (its storage replaced), else making one and keeping it in
+// `kept` (a compiled region's kept tensor, region_runner.h KeptTensors).
+at::Tensor view_over_kept(const c10::Storage& storage, const TensorRef& r, at::Tensor& kept);
 // A CPU storage wrapping the device buffer of `s` without owning it. A
 // resizable one lets a CPU kernel grow an out= argument: it then moves to new
 // CPU memory, which the caller copies back (the eager path does).
@@ -138,6 +144,9 @@ at::Tensor wrapped_number(const c10::IValue& v);
 // capacity kept: a loop over ops reuses one stack instead of allocating one per op).
 // Wrapped numbers kept as Scalars become wrapped-number tensors again (wrapped_number).
 void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack);
+// The same with each read-only input's tensor made by HostMemory::tensor on
+// `kept` (one per input of `n`, in Node::inputs order); `kept` may be null.
+void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack, at::Tensor* kept);
 // Calls the op's CPU kernel on `stack` (autograd excluded); for RNG ops
 // without a generator argument, CPU's default generator is seeded with the
 // node's stream and restored afterwards.

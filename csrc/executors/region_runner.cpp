@@ -20,6 +20,33 @@
 
 namespace tpu_eager {
 namespace host {
+
+namespace {
+// What a parked kept tensor holds: no memory (KeptTensors::park).
+const c10::Storage& empty_storage() {
+  thread_local const c10::Storage empty(c10::Storage::use_byte_size_t(), 0,
+                                        c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)), nullptr, false);
+  return empty;
+}
+}  // namespace
+
+at::Tensor* KeptTensors::op(size_t p, size_t count) {
+  if (per_op_.size() <= p) per_op_.resize(p + 1);
+  std::vector<at::Tensor>& v = per_op_[p];
+  if (v.size() < count) v.resize(count);
+  return v.data();
+}
+
+void KeptTensors::park(size_t p) {
+  if (p >= per_op_.size()) return;
+  for (at::Tensor& t : per_op_[p]) {
+    if (!t.defined()) continue;
+    if (t.use_count() == 1)
+      t.unsafeGetTensorImpl()->set_storage_keep_dtype(empty_storage());
+    else
+      t.reset();  // a kernel's result or a binding still holds it: leave it to them
+  }
+}
 namespace {
 
 // Order of views by identity (storage, offset, dtype, sizes, strides): the

@@ -67,16 +67,6 @@ class KeptTensors {
   OpBuffers buffers_;
 };
 
-// A CPU tensor with r's dtype and geometry over `storage` (view_over), reusing
-// `kept` when only this cache holds it and it has r's dtype and geometry (its
-// storage replaced), else making one and keeping it in `kept`.
-at::Tensor view_over_kept(const c10::Storage& storage, const TensorRef& r, at::Tensor& kept);
-
-// build_stack (host_runtime.h) with the input tensors made by view_over_kept
-// on `kept` (one per input of `n`, in Node::inputs order) where they are plain
-// views of their storage; `kept` may be null.
-void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack, at::Tensor* kept);
-
 // Runs `region` op by op in program order. Outputs marked for
 // materialization are written through their inverse view chains, the rest
 // are bound as temporaries and freed after their last use in the region.
