@@ -25,6 +25,8 @@
 #include <ATen/native/layer_norm.h>
 #include <ATen/native/ReduceOps.h>
 #include <ATen/native/cpu/utils.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
 
 #include "executors/aten_grain.h"
 #include "jit/lowering.h"
@@ -684,6 +686,23 @@ bool column_sum(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs)
   return true;
 }
 
+// mm(self, mat2) / addmm(self, mat1, mat2, beta, alpha) into outs[0]: CPU's
+// structured out= kernel (its meta checks, then its impl) called unboxed, as
+// the boxed mm.out / addmm.out call runs it, without building the out= stack
+// and unboxing it (~100 instructions a call of the llama step's 45 mms).
+bool mm_into(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
+  if (outs.size() != 1 || a.size() != 2 || !a[0].isTensor() || !a[1].isTensor()) return false;
+  at::Tensor out = outs[0];
+  at::cpu::mm_out(out, a[0].toTensor(), a[1].toTensor());
+  return true;
+}
+bool addmm_into(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
+  if (outs.size() != 1 || a.size() != 5 || !a[0].isTensor() || !a[1].isTensor() || !a[2].isTensor()) return false;
+  at::Tensor out = outs[0];
+  at::cpu::addmm_out(out, a[0].toTensor(), a[1].toTensor(), a[2].toTensor(), a[3].toScalar(), a[4].toScalar());
+  return true;
+}
+
 using DirectKernel = bool (*)(const torch::jit::Stack&, const std::vector<at::Tensor>&);
 
 // The direct kernel of an op (the lowering table's DirectImpl), or null.
@@ -705,6 +724,10 @@ DirectKernel direct_kernel(const c10::OperatorHandle& op) {
       return &max_pool2d_backward;
     case DirectImpl::kColumnSum:
       return &column_sum;
+    case DirectImpl::kMm:
+      return &mm_into;
+    case DirectImpl::kAddmm:
+      return &addmm_into;
     case DirectImpl::kNone:
       break;
   }

@@ -1,6 +1,7 @@
 // CPU kernels called with given outputs, for ops whose out= overload is only
 // the functional op plus a copy (PyTorch generates those out= overloads): here
-// the kernel writes the device buffers itself.
+// the kernel writes the device buffers itself; and out= kernels called
+// unboxed where the boxed call's own cost counts (mm, addmm).
 #pragma once
 
 #include <vector>
@@ -28,7 +29,8 @@ namespace host {
 // sum.dim_IntList of contiguous float32 over leading dims (a bias gradient's
 // column sum: CPU's cascade_sum order per column for the vector width of CPU's
 // sum kernel, AVX2 or AVX512, and CPU's split of the columns between threads;
-// DEFAULT capability declines). Returns false,
+// DEFAULT capability declines), and mm / addmm through CPU's structured out=
+// kernel called unboxed (the boxed out= call without its stack). Returns false,
 // having written nothing, for any other op or case; a CPU error it raises leaves its outputs, which
 // nothing else reads, partly written.
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs);

@@ -20,11 +20,28 @@
 namespace tpu_eager {
 namespace host {
 
+namespace {
+// A device buffer's wrapper frees nothing: the DeferredStorage outlives the
+// flush (nodes hold it). Named, so a kept wrapper is recognized by it.
+void keep_device_buffer(void*) {}
+
+c10::DataPtr device_buffer_ptr(DeferredStorage* s) {
+  return c10::DataPtr(s->data, s->data, &keep_device_buffer, c10::Device(c10::DeviceType::CPU));
+}
+
+// True when `st` is a non-resizable device-buffer wrapper that only its
+// holder holds: no other strong or weak reference, no Python object, its
+// data pointer still the wrapper's (no kernel replaced it).
+bool spare_wrapper(const c10::Storage& st) {
+  c10::StorageImpl* impl = st.unsafeGetStorageImpl();
+  return st.use_count() == 1 && !impl->resizable() && impl->allocator() == nullptr &&
+         impl->_mutable_data_ptr_no_checks().get_deleter() == &keep_device_buffer &&
+         st.getWeakStorageImpl().weak_use_count() == 2 && impl->pyobj_slot()->load_pyobj() == nullptr;
+}
+}  // namespace
+
 c10::Storage wrap_device_buffer(DeferredStorage* s, bool resizable) {
-  // Non-owning: the DeferredStorage outlives the flush (nodes hold it).
-  c10::DataPtr ptr(
-      s->data, s->data, [](void*) {}, c10::Device(c10::DeviceType::CPU));
-  return c10::Storage(c10::Storage::use_byte_size_t(), s->nbytes, std::move(ptr),
+  return c10::Storage(c10::Storage::use_byte_size_t(), s->nbytes, device_buffer_ptr(s),
                       resizable ? c10::GetCPUAllocator() : nullptr, resizable);
 }
 
@@ -68,8 +85,17 @@ at::Tensor view_over_kept(const c10::Storage& storage, const TensorRef& r, at::T
 
 c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
   if (const Entry* e = map_.find(s); e != nullptr && !e->temp) return e->storage;
-  c10::Storage st = is_transient(s) ? scratch_storage(s->nbytes) : wrap_device_buffer(s, resizable_);
+  c10::Storage st = is_transient(s) ? scratch_storage(s->nbytes) : wrap(s);
   map_[s] = Entry{st, false};
+  return st;
+}
+
+c10::Storage HostMemory::wrap(DeferredStorage* s) {
+  if (resizable_ || spare_wrappers_.empty()) return wrap_device_buffer(s, resizable_);
+  c10::Storage st = std::move(spare_wrappers_.back());
+  spare_wrappers_.pop_back();
+  st.set_data_ptr_noswap(device_buffer_ptr(s));
+  st.set_nbytes(s->nbytes);
   return st;
 }
 
@@ -205,6 +231,13 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
 void HostMemory::clear(size_t expected) {
   pending_writes_.clear();
   set_transient(0, nullptr, 0);
+  if (!resizable_) {
+    constexpr size_t kMaxSpare = 256;  // a flush's device buffers, about
+    map_.for_each([&](const DeferredStorage*, const Entry& e) {
+      if (!e.temp && spare_wrappers_.size() < kMaxSpare && spare_wrapper(e.storage))
+        spare_wrappers_.push_back(e.storage);
+    });
+  }
   map_.clear(expected);
 }
 

@@ -107,8 +107,14 @@ class HostMemory {
   size_t n_transient_ = 0;
   uint64_t stamp_ = 0;
   std::vector<PendingWrite> pending_writes_;
+  // CPU storages that wrapped a device buffer in an earlier flush and that
+  // nothing else holds or watches (clear() keeps them): device_buffer points
+  // one at the next buffer instead of making and freeing a StorageImpl per
+  // device buffer per flush. Never for a resizable HostMemory.
+  std::vector<c10::Storage> spare_wrappers_;
   bool resizable_;
   at::Tensor flat(const TensorRef& r);
+  c10::Storage wrap(DeferredStorage* s);
 };
 
 // Replaces the tensor at (`elem` of) an argument slot: a Tensor, Tensor[] or

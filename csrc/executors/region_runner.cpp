@@ -260,14 +260,58 @@ std::string op_display_name(const Node& n) {
   return schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
 }
 
+namespace {
+// True when `recorded` (KeptTensors::traffic) was recorded for the ops of `region`.
+bool traffic_recorded_for(const std::vector<KeptTensors::OpTraffic>& recorded, const Region& region,
+                          const std::vector<Node>& graph) {
+  if (recorded.size() != region.nodes.size()) return false;
+  for (size_t p = 0; p < recorded.size(); ++p)
+    if (recorded[p].op != &graph[region.nodes[p]].op.schema()) return false;
+  return true;
+}
+}  // namespace
+
 void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<Node>& graph, HostMemory& mem,
              RegionStats& stats, HostRunHooks& hooks, KeptTensors* kept) {
   ViewSet reads, writes;
-  // Device traffic of one view, once per region: logical bytes plus its layout padding.
-  auto traffic = [&](const TensorRef& r, ViewSet& seen, int64_t& logical) {
-    if (!seen.insert(r)) return;
-    logical += hooks.logical_bytes(r);
-    stats.padding_bytes += hooks.padding_bytes(r);
+  // The traffic of a compiled region's run in which every op runs is the
+  // traffic its first such run counted (KeptTensors::traffic): `live` counts
+  // view by view (recording it when `kept`), else each op adds its recorded
+  // sums. After an op fails the rest counts live, from the views the ops
+  // before it counted.
+  std::vector<KeptTensors::OpTraffic>* recorded = kept ? &kept->traffic() : nullptr;
+  bool live = true, recording = false;
+  if (recorded != nullptr && traffic_recorded_for(*recorded, region, graph)) {
+    live = false;
+  } else if (recorded != nullptr) {
+    recording = true;
+    recorded->assign(region.nodes.size(), KeptTensors::OpTraffic{});
+    for (size_t p = 0; p < region.nodes.size(); ++p) (*recorded)[p].op = &graph[region.nodes[p]].op.schema();
+  }
+  // Device traffic of one view (op `p`'s input or output `slot`), once per
+  // region: logical bytes plus its layout padding.
+  auto traffic = [&](size_t p, const TensorRef& r, bool write, bool output, size_t slot) {
+    if (!(write ? writes : reads).insert(r)) return;
+    const int64_t logical = hooks.logical_bytes(r), padding = hooks.padding_bytes(r);
+    (write ? stats.bytes_written : stats.bytes_read) += logical;
+    stats.padding_bytes += padding;
+    if (!recording) return;
+    KeptTensors::OpTraffic& t = (*recorded)[p];
+    (write ? t.written : t.read) += logical;
+    (write ? t.write_padding : t.read_padding) += padding;
+    t.views.push_back(KeptTensors::CountedView{static_cast<uint32_t>(slot), output, write});
+  };
+  // Op `p` failed in a run adding recorded traffic: what live counting would
+  // have seen and added by then (the views of the ops before it, its reads).
+  auto go_live = [&](size_t p) {
+    for (size_t q = 0; q <= p; ++q) {
+      const Node& m = graph[region.nodes[q]];
+      for (const KeptTensors::CountedView& v : (*recorded)[q].views)
+        if (q < p || !v.write) (v.write ? writes : reads).insert(v.output ? m.outputs[v.slot] : m.inputs[v.slot].ref);
+    }
+    stats.bytes_read += (*recorded)[p].read;
+    stats.padding_bytes += (*recorded)[p].read_padding;
+    live = true;
   };
   // Position of the last op of the region that uses each storage: a
   // temporary is freed right after it, as eager frees a dead intermediate
@@ -290,10 +334,11 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
   // One op: its inputs' traffic, the CPU kernel (or out= overload writing the
   // device buffer), its outputs bound, dead temporaries freed.
   auto run_one = [&](size_t p, Node& n) {
-    for (const auto& in : n.inputs) {
+    for (size_t k = 0; live && k < n.inputs.size(); ++k) {
+      const InputSlot& in = n.inputs[k];
       DeferredStorage* s = in.ref.storage.get();
       if (storages.produced(s) || mem.is_temp(s) || (in.written && !reads_written_value(n, in))) continue;
-      traffic(in.ref, reads, stats.bytes_read);
+      traffic(p, in.ref, false, false, k);
     }
     // A storage this op overwrites whole loses an earlier op's error once the
     // user has seen it (if this op fails, the caller marks it with the new one).
@@ -329,11 +374,18 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     for (size_t j = 0; j < n.outputs.size(); ++j) {
       const bool materialize = region.materialize[p][j];
       bind_output(n, n.outputs[j], results.at(j), materialize, mem, direct.empty() ? at::Tensor() : direct[j], stats);
-      if (materialize) traffic(n.outputs[j], writes, stats.bytes_written);
+      if (materialize && live) traffic(p, n.outputs[j], true, true, j);
       storages.set_produced(n.outputs[j].storage.get());
     }
-    for (const auto& in : n.inputs)
-      if (in.written && !mem.is_temp(in.ref.storage.get())) traffic(in.ref, writes, stats.bytes_written);
+    for (size_t k = 0; live && k < n.inputs.size(); ++k)
+      if (n.inputs[k].written && !mem.is_temp(n.inputs[k].ref.storage.get()))
+        traffic(p, n.inputs[k].ref, true, false, k);
+    if (!live) {
+      const KeptTensors::OpTraffic& t = (*recorded)[p];
+      stats.bytes_read += t.read;
+      stats.bytes_written += t.written;
+      stats.padding_bytes += t.read_padding + t.write_padding;
+    }
     for (const auto& in : n.inputs)
       if (storages.last_use(in.ref.storage.get()) == p) mem.release_temp(in.ref.storage.get());
     for (const auto& out : n.outputs)
@@ -352,6 +404,7 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       run_one(p, n);
     } catch (...) {
       clear_op_state(p);
+      if (!live) go_live(p);
       const std::exception_ptr err = std::current_exception();
       for_each_written_storage(n, [&](DeferredStorage* s) { s->set_error(err); });
       if (!first_error) {
@@ -360,6 +413,7 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       }
     }
   }
+  if (first_error && recording) recorded->clear();  // not every op ran: record at a later run
   if (first_error) {
     stats.errors_marked = true;
     std::rethrow_exception(first_error);

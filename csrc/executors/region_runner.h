@@ -62,9 +62,28 @@ class KeptTensors {
   // something besides this cache holds it.
   void park(size_t p);
 
+  // One op's device traffic in a run of the region where every op ran: the
+  // bytes it counted (reads: its inputs, before its kernel; writes: after)
+  // and the views it counted first (Node::inputs index, or outputs index
+  // with `output`), so run_ops adds the sums instead of counting views again.
+  // The traffic of a run is fixed by the region's ops and the plan's layout
+  // (which views, which storages alias, which outputs are materialized).
+  struct CountedView {
+    uint32_t slot;
+    bool output, write;
+  };
+  struct OpTraffic {
+    const c10::FunctionSchema* op = nullptr;  // the op it was counted for
+    int64_t read = 0, read_padding = 0, written = 0, write_padding = 0;
+    std::vector<CountedView> views;
+  };
+  // The recorded traffic (one per op of the region), or empty.
+  std::vector<OpTraffic>& traffic() { return traffic_; }
+
  private:
   std::vector<std::vector<at::Tensor>> per_op_;
   OpBuffers buffers_;
+  std::vector<OpTraffic> traffic_;
 };
 
 // Runs `region` op by op in program order. Outputs marked for

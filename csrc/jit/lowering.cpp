@@ -45,6 +45,8 @@ constexpr HostRule kHostRules[] = {
     {"native_batch_norm", "", DirectImpl::kBatchNormTrain},
     {"max_pool2d_with_indices_backward", "", DirectImpl::kMaxPool2dBackward},
     {"sum", "dim_IntList", DirectImpl::kColumnSum},
+    {"mm", "", DirectImpl::kMm},
+    {"addmm", "", DirectImpl::kAddmm},
 };
 // Row reductions and normalizations (functional overloads), by name and overload.
 struct RowRule {

@@ -40,7 +40,9 @@ enum class DirectImpl : uint8_t {
   kMaxPool2dWithIndices,
   kBatchNormTrain,
   kMaxPool2dBackward,
-  kColumnSum  // sum.dim_IntList over leading dims (direct_kernels.cpp, column_sum)
+  kColumnSum,  // sum.dim_IntList over leading dims (direct_kernels.cpp, column_sum)
+  kMm,         // mm and addmm: CPU's structured out= kernel called unboxed (direct_kernels.cpp, matmul_into)
+  kAddmm,
 };
 
 // The row-wise reduction or normalization a functional op computes over the

@@ -115,6 +115,16 @@ LAYOUT_CASES = {
     # over in batches (copy_runs: whole vectors when the head is a multiple of the vector
     # size), and a tile of 1,024 floats starts and ends inside a head of 24 or 5.
     "transposed_heads_of_8": (_transposed, lambda: [cpu_randn(2, 4, 40, 8, seed=43), cpu_randn(2, 40, 4, 8, seed=44)]),
+    # Heads of one and two whole vectors (AVX2: 8 and 16 floats, AVX512: 16 and 32):
+    # copy_runs' unrolled copies.
+    "transposed_heads_of_16": (
+        _transposed,
+        lambda: [cpu_randn(2, 4, 40, 16, seed=49), cpu_randn(2, 40, 4, 16, seed=50)],
+    ),
+    "transposed_heads_of_32": (
+        _transposed,
+        lambda: [cpu_randn(2, 3, 40, 32, seed=51), cpu_randn(2, 40, 3, 32, seed=52)],
+    ),
     "transposed_heads_of_24": (
         _transposed,
         lambda: [cpu_randn(3, 6, 50, 24, seed=45), cpu_randn(3, 50, 6, 24, seed=46)],

@@ -132,3 +132,85 @@ def test_conjugate_operand():
         x = a.conj() if conj else a
         got = torch.mm(x.to("tpu").t(), b.to("tpu"))
         assert_bit_equal([got.cpu()], [torch.mm(x.t(), b)])
+
+
+# ---- traffic counted once per compiled region, device-buffer wrappers kept ----
+
+
+def _kernel_traffic(fn, *args):
+    """(result on CPU, [(ops, bytes_read, bytes_written, padding_bytes)] of the run's kernels)."""
+    torch.tpu.synchronize()
+    with torch_tpu_eager.profile() as prof:
+        out = fn(*args).cpu()
+    return out, [(k["ops"], k["bytes_read"], k["bytes_written"], k["padding_bytes"]) for k in prof.kernels]
+
+
+def test_lone_mm_traffic_every_run():
+    # The first run counts the views' traffic; later runs of the same compiled region
+    # add what it recorded: each run's equals the independent count.
+    from test_tpu_target import tiled_bytes
+
+    for seed in range(4):
+        a, b = _inputs(seed)
+        got, kernels = _kernel_traffic(_lone_mm, a.to("tpu"), b.to("tpu"))
+        assert_bit_equal([got], [_lone_mm(a, b)])
+        reads = [(4, 6), (6, 5)]  # a.t() as read, b
+        logical_read, logical_written = 4 * (4 * 6 + 6 * 5), 4 * 4 * 5
+        padding = sum(tiled_bytes(s, 4) for s in reads) - logical_read + tiled_bytes((4, 5), 4) - logical_written
+        assert kernels == [(["mm"], logical_read, logical_written, padding)]
+
+
+def test_traffic_after_failed_runs():
+    # A region (clamp, index_select, cat) that fails at its first run (nothing
+    # recorded), then runs, fails again (recorded traffic in use), runs again: each
+    # good run counts the same traffic and CPU's values; each bad run raises IndexError.
+    x, w = cpu_randn(5, 3, seed=11), cpu_randn(4, 3, seed=12)
+    dx, dw = x.to("tpu"), w.to("tpu")
+
+    def fn(idx, xx, ww):
+        return torch.cat([torch.index_select(xx, 0, idx.clamp(max=3)), torch.index_select(ww, 0, idx)])
+
+    good, bad = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 9, 2])
+    with pytest.raises(IndexError):
+        fn(bad.to("tpu"), dx, dw).cpu()
+    seen = []
+    for idx in (good, bad, good, bad, bad, good):
+        if idx is bad:
+            with pytest.raises(IndexError):
+                fn(idx.to("tpu"), dx, dw).cpu()
+            continue
+        got, kernels = _kernel_traffic(fn, idx.to("tpu"), dx, dw)
+        assert_bit_equal([got], [fn(idx, x, w)])
+        seen.append(kernels)
+    assert seen[0] and all(k == seen[0] for k in seen), seen
+    # Two regions: the clamp (its index transient) and x's select read the index and x
+    # and write the select's value; w's select and the cat read the index, w and that
+    # value and write the result (int64 index, float32 values).
+    assert [k[:3] for k in seen[0]] == [
+        (["clamp", "index_select"], 4 * 8 + 5 * 3 * 4, 4 * 3 * 4),
+        (["index_select", "cat"], 4 * 8 + 4 * 3 * 4 + 4 * 3 * 4, 8 * 3 * 4),
+    ], seen[0]
+
+
+def test_wrappers_over_buffers_of_other_sizes():
+    # Device buffers of several sizes and dtypes, alive and freed, flush after flush:
+    # each flush reads and writes its own buffers (a kept CPU storage wrapper is
+    # pointed at the flush's buffer and its size).
+    shapes = [(6, 4, 5), (3, 7, 2), (9, 1, 8), (6, 4, 5)]
+    alive = []
+    for k in range(12):
+        m, n, p = shapes[k % len(shapes)]
+        a, b = cpu_randn(m, n, seed=k), cpu_randn(m, p, seed=k + 50)
+        da, db = a.to("tpu"), b.to("tpu")
+        got = torch.mm(da.t(), db)
+        i = torch.tensor([k % n, 0]).to("tpu")
+        sel = torch.index_select(got, 0, i).double()
+        assert_bit_equal(
+            [got.cpu(), sel.cpu()], [torch.mm(a.t(), b), torch.index_select(torch.mm(a.t(), b), 0, i.cpu()).double()]
+        )
+        if k % 3 == 0:
+            alive.append((da, db, got))
+        del da, db, got, sel
+        gc.collect()
+    for da, db, got in alive:  # buffers kept alive across later flushes still hold their values
+        assert_bit_equal([got.cpu()], [torch.mm(da.cpu().t(), db.cpu())])
