@@ -900,6 +900,25 @@ int cat_result(const KtirOp& o, size_t nviews) {
   return v >= 0 && static_cast<size_t>(v) < nviews ? v : -1;
 }
 
+// The size of a dim of stride `stride` and size `size` that merges dims of
+// view `v` of the same storage (a reshape: repeat's [16, 2n] over its
+// (16, 2, n) buffer): the product of v's sizes along the chain of strides
+// from `stride` (each next dim's stride the product so far times `stride`),
+// when that chain reaches `size` exactly and names a symbol.
+std::optional<KtirExpr> merged_size(const KtirView& v, int64_t stride, int64_t size) {
+  KtirExpr prod = affine_const(1);
+  int64_t value = 1;
+  while (value < size) {
+    size_t e = 0;
+    while (e < v.sizes.size() && (e >= v.strides.size() || v.strides[e] != stride * value || v.sizes[e] <= 1)) ++e;
+    if (e == v.sizes.size()) return std::nullopt;
+    prod = affine_mul(prod, size_at(v, e));
+    value *= v.sizes[e];
+  }
+  if (value != size || !prod.symbolic()) return std::nullopt;
+  return prod;
+}
+
 // Sizes a region creates from its symbolic sizes, as (value, expression):
 // a cat's result size along its dim, the sum of its inputs'; and a view
 // holding a symbolic view of the same storage and strides (the copy_ target
@@ -935,6 +954,15 @@ std::vector<std::pair<int64_t, KtirExpr>> created_sizes(const KtirProgram& p, co
         out.emplace_back(w.sizes[d], e);
       }
     }
+  for (const auto& w : p.views)
+    for (size_t d = 0; d < w.sizes.size() && d < w.strides.size(); ++d)
+      if (w.sizes[d] > 1 && w.strides[d] > 0 && !size_at(w, d).symbolic())
+        for (const auto& v : p.views)
+          if (!w.lx && !v.lx && &v != &w && v.arg == w.arg && !v.size_expr.empty())
+            if (auto e = merged_size(v, w.strides[d], w.sizes[d]); e && e->eval(values) == w.sizes[d]) {
+              out.emplace_back(w.sizes[d], *e);
+              break;
+            }
   return out;
 }
 
@@ -990,12 +1018,22 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   struct Sym {
     int64_t base, lower, upper;
     std::vector<int64_t> offsets{0};
+    std::vector<int64_t> scales;  // k of merged dims of size k * base ("16*s0")
   };
   std::vector<Sym> syms;
   for (const auto& d : dynamic) {
     if (d.base <= 1) continue;
     auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.base; });
     if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.base, d.lower, d.upper});
+    // A merged dim (a flatten of the marked tensor): k * base, the marked
+    // dim's range.
+    if (d.scale > 1) {
+      if (d.size != d.scale * d.base) continue;
+      if (std::find(it->scales.begin(), it->scales.end(), d.scale) == it->scales.end()) it->scales.push_back(d.scale);
+      it->lower = std::max(it->lower, d.lower);
+      it->upper = std::min(it->upper, d.upper);
+      continue;
+    }
     // A size near its base (|c| <= base / 2: d[:, 1:], d[:, :-2]) follows
     // it; a far one (d[:, :2] of n = 40) is a fixed slice more likely: it
     // stays a number, and the base is still the symbol of the pitch and
@@ -1016,6 +1054,9 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
           if ((pass == 0) != (c == 0) || syms[k].base + c != v) continue;
           return KtirExpr::symbol(static_cast<int>(k), 1, c);
         }
+    for (size_t k = 0; k < syms.size(); ++k)
+      for (int64_t q : syms[k].scales)
+        if (syms[k].base * q == v) return KtirExpr::symbol(static_cast<int>(k), q, 0);
     return std::nullopt;
   };
   auto mark = [&](const std::vector<int64_t>& sizes, std::vector<KtirExpr>& ex) {
