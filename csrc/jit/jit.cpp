@@ -382,7 +382,7 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
     }
     // The buffers it made carry the marks of the sizes they follow, so the
     // regions after it (this flush's keys are made in order) key them by range.
-    carry_marks(g, r.nodes);
+    if (any_dynamic_marks()) carry_marks(g, r.nodes);
     for (int32_t k : plan.release_after[ri]) mem.release(fs.storages[k]);
     m.regions_run++;
     m.ops_executed += static_cast<int64_t>(r.nodes.size());
