@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 import torch_tpu_eager as tte
 
+
 def read_later(p):
     """``p`` made by one flush, then read by the next."""
     p.cpu()

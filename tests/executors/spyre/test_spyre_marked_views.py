@@ -37,20 +37,31 @@ def _marked(tte, a, dims, upper=512):
     return d
 
 
-def test_pad_buffer_follows_the_mark(spyre_target):
-    tte = spyre_target
+def _one_program_per_region(tte, seed, fn, want, texts, regions=1):
+    """fn of a (16, n) float16 tensor marked at dim 1, for each n of SIZES:
+    values equal to want(a), each of texts(n) in the dumped program, and one
+    compile and one plan per region over all sizes."""
     from torch_tpu_eager import spyre
 
     tte.reset_metrics()
-    for seed, n in enumerate(SIZES):
-        a = _inputs(torch.float16, seed=200 + seed, shape=(16, n))
-        got = (F.pad(_marked(tte, a, (1,)), (1, 1)) * 2.0).cpu()
-        want = store(F.pad(a, (1, 1)).float() * 2.0, torch.float16)
-        assert got.shape == (16, n + 2) and same(got, want) == 0
+    for i, n in enumerate(SIZES):
+        a = _inputs(torch.float16, seed=seed + i, shape=(16, n))
+        got, w = fn(_marked(tte, a, (1,))).cpu(), want(a)
+        assert got.shape == w.shape and same(got, w) == 0
         text = spyre.dump_ktir()
-        assert "sizes=[16, s0+2] strides=[s0+2, 1]" in text and "elems=16*s0+32\n" in text
+        assert all(t in text for t in texts(n)), text
     m = tte.metrics()
-    assert m["compiles"] == 1 and m["plans_built"] == 1
+    assert m["compiles"] == regions and m["plans_built"] == regions
+
+
+def test_pad_buffer_follows_the_mark(spyre_target):
+    _one_program_per_region(
+        spyre_target,
+        200,
+        lambda d: F.pad(d, (1, 1)) * 2.0,
+        lambda a: store(F.pad(a, (1, 1)).float() * 2.0, torch.float16),
+        lambda n: ["sizes=[16, s0+2] strides=[s0+2, 1]", "elems=16*s0+32\n"],
+    )
 
 
 def test_cat_out_buffer_follows_the_mark(spyre_target):
@@ -140,22 +151,17 @@ def _pad_then_read(d, pad=(1, 1), cols=slice(None)):
 
 
 def test_buffer_made_by_one_region_keeps_the_mark_in_the_next(spyre_target):
-    tte = spyre_target
-    from torch_tpu_eager import spyre
-
     # main at cd32fd7: 4 compiles and 4 plans (the reading region once per
     # power-of-two bucket of n + 2); now the buffer carries the mark of the
     # n it follows (its own size the base, the range 1..512 shifted by 2).
-    tte.reset_metrics()
-    for seed, n in enumerate(SIZES):
-        a = _inputs(torch.float16, seed=250 + seed, shape=(16, n))
-        got = _pad_then_read(_marked(tte, a, (1,))).cpu()
-        assert same(got, store(store(F.pad(a, (1, 1)).float(), torch.float16).float() * 2.0, torch.float16)) == 0
-        text = spyre.dump_ktir()
-        assert f"syms=[s0={n + 2}] ranges=[3..514]" in text.splitlines()[0]
-        assert "sizes=[16, s0] strides=[s0, 1]" in text and "elems=16*s0\n" in text
-    m = tte.metrics()
-    assert m["compiles"] == 2 and m["plans_built"] == 2
+    _one_program_per_region(
+        spyre_target,
+        250,
+        _pad_then_read,
+        lambda a: store(store(F.pad(a, (1, 1)).float(), torch.float16).float() * 2.0, torch.float16),
+        lambda n: [f"syms=[s0={n + 2}] ranges=[3..514] {{", "sizes=[16, s0] strides=[s0, 1]", "elems=16*s0\n"],
+        regions=2,
+    )
 
 
 def test_read_buffer_sharing_a_key_plans_again_never_binds_wrong(spyre_target):
