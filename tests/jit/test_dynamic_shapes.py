@@ -168,3 +168,38 @@ def test_a_flattened_rows_mark_gives_cpu_values_at_every_size():
         d = a.to("tpu")
         tte.mark_dynamic(d, 0, 1, 509)
         assert torch.equal((d.flatten() * 2.0 - 1.0).cpu(), a.flatten() * 2.0 - 1.0)
+
+
+def test_a_carried_mark_near_a_size_by_chance_gives_cpu_values():
+    # For n in 11..32 the pad buffer's 16 rows are n + c by chance (c from 5
+    # to -16): they carry a mark too, keyed alike at every n; each launch is
+    # still planned for its own layout, so the values are CPU's.
+    tte = _tte()
+    for n in (11, 20, 32, 16, 40):
+        a = torch.randn(16, n)
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 509)
+        assert torch.equal(_read_later(d).cpu(), _read_later(a))
+
+
+def test_carried_marks_are_bounded_and_an_old_buffer_reads_right():
+    # 4,096 carried marks are kept: the first buffer's is dropped after
+    # 4,100 more (each (d + 1.0) result carries d's mark); it then keys by
+    # its power of two (one more compile of the reading region), with CPU's
+    # values. Before that it shares the key of a fresh buffer's read.
+    tte = _tte()
+    a = torch.randn(3, 24)
+    d = a.to("tpu")
+    tte.mark_dynamic(d, 1, 1, 509)
+    first, second = F.pad(d, (1, 1)), F.pad(d, (1, 1))
+    first.cpu(), second.cpu()
+    want = F.pad(a, (1, 1))[:, 1:] * 3.0
+    assert torch.equal((second[:, 1:] * 3.0).cpu(), want)
+    tte.reset_metrics()
+    assert torch.equal((first[:, 1:] * 3.0).cpu(), want)
+    assert _compiles(tte) == 0
+    for _ in range(4100):
+        (d + 1.0).cpu()
+    tte.reset_metrics()
+    assert torch.equal((first[:, 1:] * 3.0).cpu(), want)
+    assert _compiles(tte) == 1
