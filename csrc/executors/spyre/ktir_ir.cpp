@@ -822,7 +822,8 @@ KtirExpr affine_rename(const KtirExpr& e, const std::vector<int>& to) {
 // (ktir_symbolize): dims by increasing stride (0 strides left out); a dim
 // whose stride is the previous dim's stride times its size takes that
 // product; the first dim, or one that breaks the chain, keeps its number,
-// or a symbol of equal value. The offset is decomposed greedily along the
+// or a symbol of equal value; a size-1 dim after the first does not break
+// it. The offset is decomposed greedily along the
 // strides, largest first. Values are those of the launch the program was
 // built for, so every expression evaluates to its number under `values`.
 void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
@@ -848,6 +849,9 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
   int64_t next_value = -1;
   for (size_t d : order) {
     ex[d] = next && v.strides[d] == next_value ? *next : sym_equal(v.strides[d]);
+    // A size-1 dim's stride is free (repeat(2, 1)'s [2, 1, 16, s0] holds
+    // s0 there): the chain goes on past it.
+    if (next && v.sizes[d] == 1) continue;
     next = affine_mul(ex[d], size_expr(d));
     next_value = v.strides[d] * v.sizes[d];
   }
@@ -901,8 +905,8 @@ int cat_result(const KtirOp& o, size_t nviews) {
 }
 
 // The size of a dim of stride `stride` and size `size` that merges dims of
-// view `v` of the same storage (a reshape: repeat's [16, 2n] over its
-// (16, 2, n) buffer): the product of v's sizes along the chain of strides
+// view `v` of the same storage or LX buffer (a reshape: repeat's [16, 2n]
+// over its (16, 2, n) buffer, a clone's flattened [16*(s0-1)]): the product of v's sizes along the chain of strides
 // from `stride` (each next dim's stride the product so far times `stride`),
 // when that chain reaches `size` exactly and names a symbol.
 std::optional<KtirExpr> merged_size(const KtirView& v, int64_t stride, int64_t size) {
@@ -958,7 +962,7 @@ std::vector<std::pair<int64_t, KtirExpr>> created_sizes(const KtirProgram& p, co
     for (size_t d = 0; d < w.sizes.size() && d < w.strides.size(); ++d)
       if (w.sizes[d] > 1 && w.strides[d] > 0 && !size_at(w, d).symbolic())
         for (const auto& v : p.views)
-          if (!w.lx && !v.lx && &v != &w && v.arg == w.arg && !v.size_expr.empty())
+          if (&v != &w && v.lx == w.lx && (w.lx ? v.buf == w.buf : v.arg == w.arg) && !v.size_expr.empty())
             if (auto e = merged_size(v, w.strides[d], w.sizes[d]); e && e->eval(values) == w.sizes[d]) {
               out.emplace_back(w.sizes[d], *e);
               break;
