@@ -144,19 +144,38 @@ uint64_t range_word(const Range& m, const ViewMark& v) {
   return kRangeTag | (m.carried ? kFollowTag : 0) | static_cast<uint64_t>(v.scale) << 48 | (upper & kUpperBits);
 }
 
+int64_t saturate_add(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_add_overflow(a, b, &r) ? (b > 0 ? INT64_MAX : INT64_MIN) : r;
+}
+int64_t saturate_mul(int64_t k, int64_t a) {  // k > 0
+  int64_t r;
+  return __builtin_mul_overflow(k, a, &r) ? (a > 0 ? INT64_MAX : INT64_MIN) : r;
+}
+
 // Marks for buffer `r` (no marks of its own) from the region's `marks`:
-// one per dim that follows a marked size. Empty when none does.
+// one per dim that follows a marked size (only exact and multiple ones when
+// some dim is exact). Empty when none does.
 std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks) {
   std::vector<Range> out;
   const auto nd = static_cast<int64_t>(r.sizes.size());
   if (static_cast<int64_t>(r.strides.size()) != nd) return out;
+  // A dim equal to a marked size is that size's dim (an elementwise
+  // result's): the others' nearness is then chance (the 3 columns of a
+  // (6, 3) result), so they carry only exact multiples.
+  bool exact = false;
+  for (int64_t d = 0; d < nd; ++d) {
+    const Follow f = follows(r.sizes[d], marks.sizes);
+    exact |= f.i >= 0 && f.c == 0 && f.k == 1;
+  }
   for (int64_t d = 0; d < nd; ++d) {
     const int64_t n = r.sizes[d];
     const Follow f = follows(n, marks.sizes);
-    if (f.i < 0) continue;
+    if (f.i < 0 || (exact && f.c != 0)) continue;
     const auto [lo, hi] = marks.ranges[static_cast<size_t>(f.i)];
-    const int64_t lower = f.k > 1 ? f.k * lo : std::max<int64_t>(0, lo + f.c);
-    const int64_t upper = f.k > 1 ? f.k * hi : hi + f.c;
+    // Saturated: a range declared up to the int64 limit stays there.
+    const int64_t lower = f.k > 1 ? saturate_mul(f.k, lo) : std::max<int64_t>(0, saturate_add(lo, f.c));
+    const int64_t upper = f.k > 1 ? saturate_mul(f.k, hi) : saturate_add(hi, f.c);
     out.push_back(Range{nd, d, lower, upper, n, r.strides[d], true, hi});
   }
   return out;
@@ -228,7 +247,7 @@ RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nod
     for (const auto& in : g[i].inputs) {
       for (const DynamicDim& d : dynamic_dims(in.ref)) {
         marks.sizes.push_back(d.size);
-        marks.ranges.emplace_back(d.scale * d.lower, d.scale * d.upper);
+        marks.ranges.emplace_back(saturate_mul(d.scale, d.lower), saturate_mul(d.scale, d.upper));
       }
       if (in.written) marks.written.push_back(in.ref.storage.get());
     }
