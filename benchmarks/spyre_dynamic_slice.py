@@ -13,6 +13,16 @@ dynamic (range 1..512) on the Spyre target:
   mark follows its dim through the strides, ``sizes=[s1, s0]``);
 - ``fixed``: ``(16, n)`` marked at dim 1, ``d[:, :2] * 2.0`` (a fixed slice
   far from the base: the 2 stays a number, the pitch is ``s0``).
+- ``readpad``: ``(16, n)`` marked at dim 1, ``p = F.pad(d, (1, 1))`` made by
+  one flush (``p.cpu()``), then ``p[:, 1:] * 2.0`` in the next (the buffer
+  carries the mark of the ``n`` it follows: ``s0`` its own ``n + 2``);
+- ``unsqueeze``: ``(16, n)`` marked at dim 1, ``d.unsqueeze(0) * 2.0`` (a view
+  of another rank keeps the mark on the dim of its stride);
+- ``flatten``: ``(n, 16)`` marked at dim 0, ``d.flatten() * 2.0`` (the merged
+  dim is ``16*s0``);
+- ``repeat``: ``(16, n)`` marked at dim 1, ``d.repeat(1, 2) * 2.0`` (the
+  buffer's ``[16, 2*s0]`` view);
+- ``stack``: ``(16, n)`` marked at dim 1, ``torch.stack([d, d], 2) * 2.0``.
 
 For each n, the first launch of the shape (a bind of the compiled program, or
 a new program when none fits) and then ``--repeats`` warm launches. Prints,
@@ -35,6 +45,13 @@ import torch.nn.functional as F
 
 import torch_tpu_eager as tte
 
+
+def read_later(p):
+    """``p`` made by one flush, then read by the next."""
+    p.cpu()
+    return p[:, 1:] * 2.0
+
+
 CASES = {
     "slice": (lambda n: (16, n), (1,), lambda d: d[:, 1:] * d[:, 1:] + 1.0),
     "cat": (lambda n: (16, n), (1,), lambda d: torch.cat([d, d], 1) + 1.0),
@@ -42,6 +59,11 @@ CASES = {
     "2d": (lambda n: (n, n // 2 + 3), (0, 1), lambda d: d * d + 1.0),
     "t": (lambda n: (n, n // 2 + 3), (0, 1), lambda d: d.t() * 2.0 + 1.0),
     "fixed": (lambda n: (16, n), (1,), lambda d: d[:, :2] * 2.0),
+    "readpad": (lambda n: (16, n), (1,), lambda d: read_later(F.pad(d, (1, 1)))),
+    "unsqueeze": (lambda n: (16, n), (1,), lambda d: d.unsqueeze(0) * 2.0),
+    "flatten": (lambda n: (n, 16), (0,), lambda d: d.flatten() * 2.0),
+    "repeat": (lambda n: (16, n), (1,), lambda d: d.repeat(1, 2) * 2.0),
+    "stack": (lambda n: (16, n), (1,), lambda d: torch.stack([d, d], 2) * 2.0),
 }
 
 
@@ -80,10 +102,10 @@ def main():
     tte.set_target(args.target)
     sizes = [40 + 37 * i for i in range(args.shapes)]
     print(f"target {args.target}, shapes n = {sizes}")
-    print(f"{'case':>6} {'compiles':>8} {'plans_built':>11} {'first launches ms':>17} {'warm ms':>8}")
+    print(f"{'case':>9} {'compiles':>8} {'plans_built':>11} {'first launches ms':>17} {'warm ms':>8}")
     for case in args.case or list(CASES):
         c, p, first, warm = sweep(case, sizes, args.repeats)
-        print(f"{case:>6} {c:>8} {p:>11} {first * 1e3:>17.2f} {warm * 1e3:>8.3f}")
+        print(f"{case:>9} {c:>8} {p:>11} {first * 1e3:>17.2f} {warm * 1e3:>8.3f}")
 
 
 if __name__ == "__main__":

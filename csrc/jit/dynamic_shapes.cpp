@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <deque>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -19,17 +20,29 @@ struct Range {
   int64_t ndim, dim, lower, upper;
   int64_t base;    // the marked tensor's size at `dim` when marked
   int64_t stride;  // and its stride there
+  // Carried by carry_marks from a marked size of the region that made the
+  // buffer; keyed by that mark's upper bound (`key_upper`), so a size near
+  // a marked one by chance (its range shifted by a relation that changes
+  // with the size) keys alike for every size of the range.
+  bool carried = false;
+  int64_t key_upper = 0;
 };
 
 // Bucket tags: a whole mark_dynamic range, and a size following a marked
 // one (size_buckets with RegionMarks). Sizes below 2^62 never carry them.
+// A range word holds the merged dim's scale (bits 48-55, dynamic_dims) and
+// the upper bound's low 48 bits.
 constexpr uint64_t kRangeTag = uint64_t(1) << 63;
 constexpr uint64_t kFollowTag = uint64_t(1) << 62;
+constexpr uint64_t kUpperBits = (uint64_t(1) << 48) - 1;
+// Carried marks kept at most (the oldest dropped first).
+constexpr size_t kMaxCarried = 4096;
 
 std::mutex g_mu;
 // Keyed by DeferredStorage id (ids are never reused, so a freed storage's
 // marks can only go stale, never apply to another tensor).
 std::unordered_map<uint64_t, std::vector<Range>> g_ranges;
+std::deque<uint64_t> g_carried;  // ids with carried marks, oldest first
 std::set<std::tuple<uint64_t, int64_t, int64_t>> g_warned;
 
 uint64_t pow2_bucket(int64_t n) {
@@ -57,25 +70,115 @@ int64_t view_dim(const Range& m, const TensorRef& r) {
   return found >= 0 ? found : m.dim;
 }
 
-// The key word of a size n that follows marked[i] (n = m + c with
-// 2|c| <= m, exact first, or n = k*m for 2 <= k <= 255): its tag and i, not
-// the relation, so a size near a marked one by chance shares one key
-// across the range instead of one per relation (the kernel plans again for
-// each exact layout). 0 when it follows none. The first marked size that
-// fits is taken: the region's structure fixes their order.
-uint64_t follow_word(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
-  if (n <= 1) return 0;
+// Where mark `m` lies in `r`: its dim (-1: none) and scale. The same rank:
+// view_dim, scale 1. Another rank (unsqueeze, flatten, reshape): r's one
+// dim of more than one element with the marked stride, scale 1 (the
+// marked dim kept whole or sliced); or a dim of size k * base (2 <= k <=
+// 255) whose stride divides the marked one and whose span holds the marked
+// dim, scale k (the marked dim merged with fixed ones: flatten of (16, n)
+// or (n, 16) is 16*n). None when several dims fit.
+struct ViewMark {
+  int64_t dim = -1, scale = 1;
+};
+ViewMark view_mark(const Range& m, const TensorRef& r) {
+  const auto nd = static_cast<int64_t>(r.sizes.size());
+  if (m.ndim == nd) return {view_dim(m, r), 1};
+  if (static_cast<int64_t>(r.strides.size()) != nd || m.base <= 1 || m.stride <= 0) return {};
+  ViewMark found;
+  for (int64_t j = 0; j < nd; ++j) {
+    const int64_t n = r.sizes[j], st = r.strides[j];
+    if (n <= 1 || st <= 0 || st > m.stride || m.stride % st != 0) continue;
+    const int64_t k = n % m.base == 0 ? n / m.base : 0;
+    ViewMark here;
+    if (k >= 2 && k <= 255 && n / m.base * st >= m.stride)
+      here = {j, k};
+    else if (st == m.stride)
+      here = {j, 1};
+    else
+      continue;
+    if (found.dim >= 0) return {};
+    found = here;
+  }
+  return found;
+}
+
+// The size whose range holds n: the base for a merged dim (scale > 1).
+bool in_range(const Range& m, const ViewMark& v, int64_t n) {
+  const int64_t x = v.scale > 1 ? m.base : n;
+  return x >= m.lower && x <= m.upper;
+}
+
+// How a size n follows marked[i]: n = m + c with 2|c| <= m (exact first),
+// or n = k*m for 2 <= k <= 255; i = -1 when it follows none. The first
+// marked size that fits is taken: the region's structure fixes their order.
+struct Follow {
+  int i = -1;
+  int64_t c = 0, k = 1;
+};
+Follow follows(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
+  if (n <= 1) return {};
   for (int pass = 0; pass < 3; ++pass) {
     for (size_t i = 0; i < marked.size(); ++i) {
       const int64_t m = marked[i];
       if (m <= 1) continue;
       const int64_t c = n - m;
-      if ((pass == 0 && c == 0) || (pass == 1 && 2 * std::abs(c) <= m) ||
-          (pass == 2 && n % m == 0 && n / m >= 2 && n / m <= 255))
-        return kFollowTag | uint64_t(i);
+      if ((pass == 0 && c == 0) || (pass == 1 && 2 * std::abs(c) <= m)) return {static_cast<int>(i), c, 1};
+      if (pass == 2 && n % m == 0 && n / m >= 2 && n / m <= 255) return {static_cast<int>(i), 0, n / m};
     }
   }
-  return 0;
+  return {};
+}
+
+// The key word of a size n that follows a marked size: its tag and i, not
+// the relation, so a size near a marked one by chance shares one key
+// across the range instead of one per relation (the kernel plans again for
+// each exact layout). 0 when it follows none.
+uint64_t follow_word(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
+  const Follow f = follows(n, marked);
+  return f.i < 0 ? 0 : kFollowTag | uint64_t(f.i);
+}
+
+// The bucket word of a dim in a range (distinct from every power of two).
+uint64_t range_word(const Range& m, const ViewMark& v) {
+  const auto upper = static_cast<uint64_t>(m.carried ? m.key_upper : m.upper);
+  return kRangeTag | (m.carried ? kFollowTag : 0) | static_cast<uint64_t>(v.scale) << 48 | (upper & kUpperBits);
+}
+
+int64_t saturate_add(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_add_overflow(a, b, &r) ? (b > 0 ? INT64_MAX : INT64_MIN) : r;
+}
+int64_t saturate_mul(int64_t k, int64_t a) {  // k > 0
+  int64_t r;
+  return __builtin_mul_overflow(k, a, &r) ? (a > 0 ? INT64_MAX : INT64_MIN) : r;
+}
+
+// Marks for buffer `r` (no marks of its own) from the region's `marks`:
+// one per dim that follows a marked size (only exact and multiple ones when
+// some dim is exact). Empty when none does.
+std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks) {
+  std::vector<Range> out;
+  const auto nd = static_cast<int64_t>(r.sizes.size());
+  if (static_cast<int64_t>(r.strides.size()) != nd) return out;
+  // A dim equal to a marked size is that size's dim (an elementwise
+  // result's): the others' nearness is then chance (the 3 columns of a
+  // (6, 3) result), so they carry only exact multiples.
+  bool exact = false;
+  for (int64_t d = 0; d < nd; ++d) {
+    const Follow f = follows(r.sizes[d], marks.sizes);
+    exact |= f.i >= 0 && f.c == 0 && f.k == 1;
+  }
+  for (int64_t d = 0; d < nd; ++d) {
+    const int64_t n = r.sizes[d];
+    const Follow f = follows(n, marks.sizes);
+    if (f.i < 0 || (exact && f.c != 0)) continue;
+    const auto [lo, hi] = marks.ranges[static_cast<size_t>(f.i)];
+    // Saturated: a range declared up to the int64 limit stays there.
+    const int64_t lower = f.k > 1 ? saturate_mul(f.k, lo) : std::max<int64_t>(0, saturate_add(lo, f.c));
+    const int64_t upper = f.k > 1 ? saturate_mul(f.k, hi) : saturate_add(hi, f.c);
+    out.push_back(Range{nd, d, lower, upper, n, r.strides[d], true, hi});
+  }
+  return out;
 }
 
 }  // namespace
@@ -85,6 +188,8 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
   std::lock_guard<std::mutex> lock(g_mu);
   detail::g_any_dynamic_marks.store(true, std::memory_order_release);
   auto& v = g_ranges[storage->id];
+  // A mark the user declares replaces those carried from another region.
+  v.erase(std::remove_if(v.begin(), v.end(), [](const Range& r) { return r.carried; }), v.end());
   for (auto& r : v) {
     if (r.ndim == ndim && r.dim == dim) {
       r.lower = lower;
@@ -106,13 +211,13 @@ SizeBuckets size_buckets(const TensorRef& r) {
   auto it = g_ranges.find(r.storage->id);
   if (it == g_ranges.end()) return out;
   for (const Range& m : it->second) {
-    const int64_t d = view_dim(m, r);
-    if (d < 0) continue;
-    const int64_t n = r.sizes[d];
-    if (n >= m.lower && n <= m.upper) {
+    const ViewMark v = view_mark(m, r);
+    if (v.dim < 0) continue;
+    const int64_t n = r.sizes[v.dim];
+    if (in_range(m, v, n)) {
       // One bucket for the range, distinct from every power of two.
-      out[d] = kRangeTag | static_cast<uint64_t>(m.upper);
-    } else if (g_warned.emplace(r.storage->id, m.dim, n).second) {
+      out[v.dim] = range_word(m, v);
+    } else if (!m.carried && g_warned.emplace(r.storage->id, m.dim, n).second) {
       TORCH_WARN_ONCE("tpu: size ", n, " of dim ", m.dim, " is outside its mark_dynamic range [", m.lower, ", ",
                       m.upper, "]; regions reading it recompile for its power-of-two bucket");
     }
@@ -127,10 +232,10 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
   auto it = g_ranges.find(r.storage->id);
   if (it == g_ranges.end()) return out;
   for (const Range& m : it->second) {
-    const int64_t d = view_dim(m, r);
-    if (d < 0) continue;
-    const int64_t n = r.sizes[d];
-    if (n >= m.lower && n <= m.upper) out.push_back(DynamicDim{d, n, m.base, m.lower, m.upper});
+    const ViewMark v = view_mark(m, r);
+    if (v.dim < 0) continue;
+    const int64_t n = r.sizes[v.dim];
+    if (in_range(m, v, n)) out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale});
   }
   return out;
 }
@@ -140,7 +245,10 @@ RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nod
   if (!any_dynamic_marks()) return marks;
   for (int i : nodes)
     for (const auto& in : g[i].inputs) {
-      for (const DynamicDim& d : dynamic_dims(in.ref)) marks.sizes.push_back(d.size);
+      for (const DynamicDim& d : dynamic_dims(in.ref)) {
+        marks.sizes.push_back(d.size);
+        marks.ranges.emplace_back(saturate_mul(d.scale, d.lower), saturate_mul(d.scale, d.upper));
+      }
       if (in.written) marks.written.push_back(in.ref.storage.get());
     }
   return marks;
@@ -160,14 +268,48 @@ SizeBuckets size_buckets(const TensorRef& r, const RegionMarks& marks) {
   return out;
 }
 
+void carry_marks(const std::vector<Node>& g, const std::vector<int>& nodes) {
+  if (!any_dynamic_marks()) return;
+  const RegionMarks marks = region_marks(g, nodes);
+  if (marks.sizes.empty()) return;
+  auto carry = [&](const TensorRef& r) {
+    if (!r.storage || !r.covers_storage()) return;
+    const uint64_t id = r.storage->id;
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      if (g_ranges.count(id)) return;  // its own marks, or carried already
+    }
+    std::vector<Range> v = carried_marks(r, marks);
+    if (v.empty()) return;
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_ranges.emplace(id, std::move(v));
+    g_carried.push_back(id);
+    if (g_carried.size() <= kMaxCarried) return;
+    auto old = g_ranges.find(g_carried.front());
+    g_carried.pop_front();
+    if (old == g_ranges.end()) return;
+    auto& w = old->second;
+    w.erase(std::remove_if(w.begin(), w.end(), [](const Range& x) { return x.carried; }), w.end());
+    if (w.empty()) g_ranges.erase(old);
+  };
+  for (int i : nodes) {
+    for (const auto& o : g[i].outputs) carry(o);
+    for (const auto& in : g[i].inputs)
+      if (in.written) carry(in.ref);
+  }
+}
+
 uint64_t dynamic_marks_hash(const DeferredStorage* storage) {
   if (!any_dynamic_marks()) return 0;
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_ranges.find(storage->id);
   if (it == g_ranges.end()) return 0;
   uint64_t h = 0xCBF29CE484222325ULL;
+  // A carried mark hashes its key bound, not its range (which a chance
+  // relation shifts with the size): as its bucket word.
   for (const Range& m : it->second)
-    for (int64_t v : {m.ndim, m.dim, m.lower, m.upper, m.stride}) h = (h ^ static_cast<uint64_t>(v)) * 0x100000001B3ULL;
+    for (int64_t v : {m.ndim, m.dim, m.carried ? -1 : m.lower, m.carried ? m.key_upper : m.upper, m.stride})
+      h = (h ^ static_cast<uint64_t>(v)) * 0x100000001B3ULL;
   return h | 1;
 }
 

@@ -9,6 +9,13 @@
 //    follows a size m of an input inside a range (a pad's or cat(out=)'s
 //    buffer, created at its own size: n = m + c with 2|c| <= m, or n = k*m):
 //    one bucket "follows m", so one region serves every m of the range;
+//  - a buffer a region creates or writes whole (a result, a pad's buffer),
+//    whose size follows a marked size of that region, carries the relation
+//    as a mark of its own (carry_marks), so a later region that only reads
+//    it keys that dim by the range too;
+//  - a view of another rank (unsqueeze, flatten, reshape) takes a mark on
+//    the dim that keeps the marked stride, or on the dim that merges the
+//    marked dim with fixed ones (size k * base: keyed by the range and k);
 //  - otherwise: n itself for 0 and 1, else the next power of two. A size that
 //    grows by one per step (a generation loop) therefore compiles a region
 //    kind at most ceil(log2(range)) + 1 times.
@@ -18,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <c10/util/SmallVector.h>
@@ -36,9 +44,12 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
                   int64_t stride);
 
 // The dims of `r` whose size lies in its storage's mark_dynamic range;
-// `dim` is r's dim (the marked dim, mapped through r's strides).
+// `dim` is r's dim (the marked dim, mapped through r's strides). `scale` > 1:
+// a dim of another rank that merges the marked dim with fixed ones, of size
+// scale * base (a flatten of the marked tensor); lower/upper stay the
+// marked dim's.
 struct DynamicDim {
-  int64_t dim, size, base, lower, upper;
+  int64_t dim, size, base, lower, upper, scale = 1;
 };
 std::vector<DynamicDim> dynamic_dims(const TensorRef& r);
 
@@ -52,6 +63,7 @@ SizeBuckets size_buckets(const TensorRef& r);
 // writes. Empty, without a lock, until some mark was declared.
 struct RegionMarks {
   c10::SmallVector<int64_t, 8> sizes;
+  c10::SmallVector<std::pair<int64_t, int64_t>, 8> ranges;  // [lower, upper] of each size
   c10::SmallVector<const DeferredStorage*, 4> written;
 };
 RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nodes);
@@ -62,6 +74,17 @@ RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nod
 // Only written buffers: a weight's fixed 8 columns near a marked n by
 // chance keep their power of two.
 SizeBuckets size_buckets(const TensorRef& r, const RegionMarks& marks);
+
+// After the region of nodes `nodes` ran (or was keyed): each buffer it
+// creates or writes whole (a node's result; a written view that covers its
+// storage, as a pad's buffer) on a storage of no mark_dynamic range takes a
+// mark on each dim whose size follows a marked size of the region (as
+// size_buckets with RegionMarks: m + c, 2|c| <= m, range [lower + c, upper
+// + c]; or k*m, range [k*lower, k*upper]), its own size the base. A later
+// region that only reads the buffer then keys and binds it by that range.
+// At most 4096 such marks are kept (the oldest dropped: its buffer then
+// keys by its power of two again, never wrongly). No-op without marks.
+void carry_marks(const std::vector<Node>& g, const std::vector<int>& nodes);
 
 namespace detail {
 // Set by the first mark_dynamic; never cleared.

@@ -380,6 +380,9 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
       kineto::record_kernel(compiled.name, ops, st.sim_time_s, static_cast<double>(st.flops),
                             static_cast<double>(st.bytes_read + st.bytes_written), seqs);
     }
+    // The buffers it made carry the marks of the sizes they follow, so the
+    // regions after it (this flush's keys are made in order) key them by range.
+    if (any_dynamic_marks()) carry_marks(g, r.nodes);
     for (int32_t k : plan.release_after[ri]) mem.release(fs.storages[k]);
     m.regions_run++;
     m.ops_executed += static_cast<int64_t>(r.nodes.size());

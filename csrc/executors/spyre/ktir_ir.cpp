@@ -822,7 +822,8 @@ KtirExpr affine_rename(const KtirExpr& e, const std::vector<int>& to) {
 // (ktir_symbolize): dims by increasing stride (0 strides left out); a dim
 // whose stride is the previous dim's stride times its size takes that
 // product; the first dim, or one that breaks the chain, keeps its number,
-// or a symbol of equal value. The offset is decomposed greedily along the
+// or a symbol of equal value; a size-1 dim after the first does not break
+// it. The offset is decomposed greedily along the
 // strides, largest first. Values are those of the launch the program was
 // built for, so every expression evaluates to its number under `values`.
 void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
@@ -848,6 +849,9 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
   int64_t next_value = -1;
   for (size_t d : order) {
     ex[d] = next && v.strides[d] == next_value ? *next : sym_equal(v.strides[d]);
+    // A size-1 dim's stride is free (repeat(2, 1)'s [2, 1, 16, s0] holds
+    // s0 there): the chain goes on past it.
+    if (next && v.sizes[d] == 1) continue;
     next = affine_mul(ex[d], size_expr(d));
     next_value = v.strides[d] * v.sizes[d];
   }
@@ -900,6 +904,25 @@ int cat_result(const KtirOp& o, size_t nviews) {
   return v >= 0 && static_cast<size_t>(v) < nviews ? v : -1;
 }
 
+// The size of a dim of stride `stride` and size `size` that merges dims of
+// view `v` of the same storage or LX buffer (a reshape: repeat's [16, 2n]
+// over its (16, 2, n) buffer, a clone's flattened [16*(s0-1)]): the product of v's sizes along the chain of strides
+// from `stride` (each next dim's stride the product so far times `stride`),
+// when that chain reaches `size` exactly and names a symbol.
+std::optional<KtirExpr> merged_size(const KtirView& v, int64_t stride, int64_t size) {
+  KtirExpr prod = affine_const(1);
+  int64_t value = 1;
+  while (value < size) {
+    size_t e = 0;
+    while (e < v.sizes.size() && (e >= v.strides.size() || v.strides[e] != stride * value || v.sizes[e] <= 1)) ++e;
+    if (e == v.sizes.size()) return std::nullopt;
+    prod = affine_mul(prod, size_at(v, e));
+    value *= v.sizes[e];
+  }
+  if (value != size || !prod.symbolic()) return std::nullopt;
+  return prod;
+}
+
 // Sizes a region creates from its symbolic sizes, as (value, expression):
 // a cat's result size along its dim, the sum of its inputs'; and a view
 // holding a symbolic view of the same storage and strides (the copy_ target
@@ -935,6 +958,15 @@ std::vector<std::pair<int64_t, KtirExpr>> created_sizes(const KtirProgram& p, co
         out.emplace_back(w.sizes[d], e);
       }
     }
+  for (const auto& w : p.views)
+    for (size_t d = 0; d < w.sizes.size() && d < w.strides.size(); ++d)
+      if (w.sizes[d] > 1 && w.strides[d] > 0 && !size_at(w, d).symbolic())
+        for (const auto& v : p.views)
+          if (&v != &w && v.lx == w.lx && (w.lx ? v.buf == w.buf : v.arg == w.arg) && !v.size_expr.empty())
+            if (auto e = merged_size(v, w.strides[d], w.sizes[d]); e && e->eval(values) == w.sizes[d]) {
+              out.emplace_back(w.sizes[d], *e);
+              break;
+            }
   return out;
 }
 
@@ -990,12 +1022,22 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   struct Sym {
     int64_t base, lower, upper;
     std::vector<int64_t> offsets{0};
+    std::vector<int64_t> scales;  // k of merged dims of size k * base ("16*s0")
   };
   std::vector<Sym> syms;
   for (const auto& d : dynamic) {
     if (d.base <= 1) continue;
     auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.base; });
     if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.base, d.lower, d.upper});
+    // A merged dim (a flatten of the marked tensor): k * base, the marked
+    // dim's range.
+    if (d.scale > 1) {
+      if (d.size != d.scale * d.base) continue;
+      if (std::find(it->scales.begin(), it->scales.end(), d.scale) == it->scales.end()) it->scales.push_back(d.scale);
+      it->lower = std::max(it->lower, d.lower);
+      it->upper = std::min(it->upper, d.upper);
+      continue;
+    }
     // A size near its base (|c| <= base / 2: d[:, 1:], d[:, :-2]) follows
     // it; a far one (d[:, :2] of n = 40) is a fixed slice more likely: it
     // stays a number, and the base is still the symbol of the pitch and
@@ -1016,6 +1058,9 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
           if ((pass == 0) != (c == 0) || syms[k].base + c != v) continue;
           return KtirExpr::symbol(static_cast<int>(k), 1, c);
         }
+    for (size_t k = 0; k < syms.size(); ++k)
+      for (int64_t q : syms[k].scales)
+        if (syms[k].base * q == v) return KtirExpr::symbol(static_cast<int>(k), q, 0);
     return std::nullopt;
   };
   auto mark = [&](const std::vector<int64_t>& sizes, std::vector<KtirExpr>& ex) {

@@ -18,6 +18,7 @@ Values are checked against the independent df16 reference of
 test_spyre_numerics (16-bit) or CPU (float32), never the executor.
 """
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -36,20 +37,31 @@ def _marked(tte, a, dims, upper=512):
     return d
 
 
-def test_pad_buffer_follows_the_mark(spyre_target):
-    tte = spyre_target
+def _one_program_per_region(tte, seed, fn, want, texts, regions=1):
+    """fn of a (16, n) float16 tensor marked at dim 1, for each n of SIZES:
+    values equal to want(a), each of texts(n) in the dumped program, and one
+    compile and one plan per region over all sizes."""
     from torch_tpu_eager import spyre
 
     tte.reset_metrics()
-    for seed, n in enumerate(SIZES):
-        a = _inputs(torch.float16, seed=200 + seed, shape=(16, n))
-        got = (F.pad(_marked(tte, a, (1,)), (1, 1)) * 2.0).cpu()
-        want = store(F.pad(a, (1, 1)).float() * 2.0, torch.float16)
-        assert got.shape == (16, n + 2) and same(got, want) == 0
+    for i, n in enumerate(SIZES):
+        a = _inputs(torch.float16, seed=seed + i, shape=(16, n))
+        got, w = fn(_marked(tte, a, (1,))).cpu(), want(a)
+        assert got.shape == w.shape and same(got, w) == 0
         text = spyre.dump_ktir()
-        assert "sizes=[16, s0+2] strides=[s0+2, 1]" in text and "elems=16*s0+32\n" in text
+        assert all(t in text for t in texts(n)), text
     m = tte.metrics()
-    assert m["compiles"] == 1 and m["plans_built"] == 1
+    assert m["compiles"] == regions and m["plans_built"] == regions
+
+
+def test_pad_buffer_follows_the_mark(spyre_target):
+    _one_program_per_region(
+        spyre_target,
+        200,
+        lambda d: F.pad(d, (1, 1)) * 2.0,
+        lambda a: store(F.pad(a, (1, 1)).float() * 2.0, torch.float16),
+        lambda n: ["sizes=[16, s0+2] strides=[s0+2, 1]", "elems=16*s0+32\n"],
+    )
 
 
 def test_cat_out_buffer_follows_the_mark(spyre_target):
@@ -129,3 +141,87 @@ def test_fixed_slice_far_from_its_base_stays_a_number(spyre_target, tmp_path):
     x = _inputs(torch.float16, seed=239, shape=(16, 11))
     (out,) = spyre.run_ktir(str(path), x.reshape(-1))
     assert same(out.view(16, 2), store(x[:, :2].float() * 2.0, torch.float16)) == 0
+
+
+def _pad_then_read(d, pad=(1, 1), cols=slice(None)):
+    # The pad's buffer is made by one flush and only read by the next.
+    p = F.pad(d, pad)
+    p.cpu()
+    return p[:, cols] * 2.0
+
+
+def test_buffer_made_by_one_region_keeps_the_mark_in_the_next(spyre_target):
+    # main at cd32fd7: 4 compiles and 4 plans (the reading region once per
+    # power-of-two bucket of n + 2); now the buffer carries the mark of the
+    # n it follows (its own size the base, the range 1..512 shifted by 2).
+    _one_program_per_region(
+        spyre_target,
+        250,
+        _pad_then_read,
+        lambda a: store(store(F.pad(a, (1, 1)).float(), torch.float16).float() * 2.0, torch.float16),
+        lambda n: [f"syms=[s0={n + 2}] ranges=[3..514] {{", "sizes=[16, s0] strides=[s0, 1]", "elems=16*s0\n"],
+        regions=2,
+    )
+
+
+def test_read_buffer_sharing_a_key_plans_again_never_binds_wrong(spyre_target):
+    tte = spyre_target
+
+    # p[:, 1:-1] of a (1, 1) pad and p[:, :-2] of a (0, 2) pad make the same
+    # reading region and key (offsets are not in it); the other offset does
+    # not match the compiled program, so that launch plans again.
+    tte.reset_metrics()
+    cases = [((1, 1), slice(1, -1)), ((0, 2), slice(0, -2))] * 3
+    for seed, (n, (pad, cols)) in enumerate(zip(SIZES + SIZES, cases)):
+        a = _inputs(torch.float16, seed=260 + seed, shape=(16, n))
+        d = _marked(tte, a, (1,))
+        got = (_pad_then_read(d, pad, cols) + d).cpu()
+        p = store(F.pad(a, pad).float(), torch.float16).float()
+        want = store(store(p[:, cols] * 2.0, torch.float16).float() + a.float(), torch.float16)
+        assert same(got, want) == 0
+    m = tte.metrics()
+    # The pad region and the reading region: one compile each; every launch
+    # whose offset is not the last program's plans again.
+    assert m["compiles"] == 2 and m["plans_built"] >= 6
+
+
+@pytest.mark.parametrize(
+    "case, shape, dim, text",
+    [
+        ("unsqueeze", (16, 0), 1, "sizes=[1, 16, s0] strides=[16*s0, s0, 1]"),
+        ("expand", (16, 0), 1, "sizes=[4, 16, s0] strides=[0, s0, 1]"),
+        ("flatten", (16, 0), 1, "sizes=[16*s0] strides=[1]"),
+        ("flatten", (0, 16), 0, "sizes=[16*s0] strides=[1]"),
+        ("repeat", (16, 0), 1, "sizes=[16, 2*s0] strides=[2*s0, 1]"),
+        ("stack", (16, 0), 1, "sizes=[16, s0, 2] strides=[2*s0, 2, 1]"),
+        ("flatten a slice", (16, 0), 1, "sizes=[16*s0-16] strides=[1]"),
+        # The size-1 dim's stride s0 does not break the chain to 16*s0; at n
+        # = 40 the 32 rows are near n by chance: a key and plan of their own.
+        ("repeat rows", (16, 0), 1, "sizes=[2, 1, 16, s0] strides=[16*s0, s0, s0, 1]"),
+    ],
+)
+def test_views_of_another_rank_and_repeat_keep_one_program(spyre_target, case, shape, dim, text):
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    fn = {
+        "unsqueeze": lambda d: d.unsqueeze(0) * 2.0,
+        "expand": lambda d: d.expand(4, 16, -1) * 2.0,
+        "flatten": lambda d: d.flatten() * 2.0,
+        "repeat": lambda d: d.repeat(1, 2) * 2.0,
+        "stack": lambda d: torch.stack([d, d], 2) * 2.0,
+        "flatten a slice": lambda d: d[:, 1:].reshape(-1) * 2.0,
+        "repeat rows": lambda d: d.repeat(2, 1) * 2.0,
+    }[case]
+    # main at cd32fd7: a program per shape (3 plans; 3 compiles on the TPU
+    # target's key too). Now the mark keeps its dim (unsqueeze, expand), the
+    # merged dim is 16*s0 (flatten), a reshape of the repeat's buffer 2*s0.
+    tte.reset_metrics()
+    for seed, n in enumerate(SIZES):
+        size = tuple(n if s == 0 else s for s in shape)
+        a = _inputs(torch.float16, seed=270 + seed, shape=size)
+        got = fn(_marked(tte, a, (dim,))).cpu()
+        assert same(got, store(fn(a.float()), torch.float16)) == 0
+        assert text in spyre.dump_ktir()
+    m = tte.metrics()
+    assert m["plans_built"] == (2 if case == "repeat rows" else 1)
