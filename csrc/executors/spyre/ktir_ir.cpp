@@ -2898,8 +2898,8 @@ RingPart softmax_partials(const at::Tensor& X, int64_t corelets) {
   const auto f32 = X.options().dtype(at::kFloat);
   RingPart q;
   q.t = {at::empty(sizes, f32), at::empty(sizes, f32)};
-  softmax_ring_partials(X.const_data_ptr(), X.scalar_type() == at::kBFloat16, G, X.stride(0), rows, n,
-                        shares.data(), corelets, q.t[0].mutable_data_ptr<float>(), q.t[1].mutable_data_ptr<float>());
+  softmax_ring_partials(X.const_data_ptr(), X.scalar_type() == at::kBFloat16, G, X.stride(0), rows, n, shares.data(),
+                        corelets, q.t[0].mutable_data_ptr<float>(), q.t[1].mutable_data_ptr<float>());
   return q;
 }
 
@@ -3645,8 +3645,8 @@ bool softmax_bf16_fits(const at::Tensor& out, const at::Tensor& x, const RingSta
            t.sizes().slice(1).equals(x.sizes().slice(1));
   };
   return out.scalar_type() == c10::kBFloat16 && out.is_contiguous() && x.is_contiguous() &&
-         (x.scalar_type() == c10::kFloat || x.scalar_type() == c10::kBFloat16) && x.dim() > 0 && out.numel() == x.numel() && one_row(st.a) && one_row(st.b) &&
-         df16_softmax_bf16_available();
+         (x.scalar_type() == c10::kFloat || x.scalar_type() == c10::kBFloat16) && x.dim() > 0 &&
+         out.numel() == x.numel() && one_row(st.a) && one_row(st.b) && df16_softmax_bf16_available();
 }
 
 // The normalized rows `x` (f32) with the combined statistics.

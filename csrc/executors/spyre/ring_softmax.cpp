@@ -118,10 +118,10 @@ __attribute__((always_inline)) inline void maxes_and_differences(const In* __res
 
 // maxes_and_differences of each input type, built for AVX2 and the baseline
 // (the loader picks the CPU's).
-__attribute__((target_clones("avx2", "default"))) void block_partials(const float* x, int64_t g0, int64_t g1,
-                                                                      int64_t G, int64_t block_stride, int64_t rows,
-                                                                      int64_t n, const int64_t* shares,
-                                                                      int64_t corelets, float* mj, float* work) {
+__attribute__((target_clones("avx2", "default"))) void block_partials(const float* x, int64_t g0, int64_t g1, int64_t G,
+                                                                      int64_t block_stride, int64_t rows, int64_t n,
+                                                                      const int64_t* shares, int64_t corelets,
+                                                                      float* mj, float* work) {
   maxes_and_differences(x, g0, g1, G, block_stride, rows, n, shares, corelets, mj, work);
 }
 __attribute__((target_clones("avx2", "default"))) void block_partials(const uint16_t* x, int64_t g0, int64_t g1,
