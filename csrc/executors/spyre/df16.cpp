@@ -65,24 +65,30 @@ __attribute__((target_clones("avx2", "default"))) void round_bf16_in_place_loop(
 // keeps a loop over an array of floats vectorizable.
 inline uint32_t f32_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
 
-// Softmax's normalizing pass over `rows` rows of n contiguous f32 values:
+// The float32 value of an element: bfloat16 bits widen exactly by a shift.
+inline float widen(float v) { return v; }
+inline float widen(uint16_t b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
+
+// Softmax's normalizing pass over `rows` rows of n contiguous values (f32,
+// or bf16 bits read as their exact f32 widening):
 // dst[r * n + j] = bf16 bits of df16(exp(x[r * n + j] - m[j]) / s[j]). The
 // difference and the quotient are IEEE f32 (as at::sub's and at::div's), the
 // exp is CPU's float32 exp (vml::exp, as torch.exp), so each value is the one
-// x.sub(m).exp().div(s) gives, rounded once. `buf` holds rows * n + kBlock
-// floats (the exps; a row's last partial block reads past its end), `s` is
-// padded with ones to a whole number of blocks. One exp call for all rows:
-// MKL's VML costs microseconds per call.
-__attribute__((target_clones("avx2", "default"))) void softmax_bf16_rows(
-    const float* __restrict x, const float* __restrict m, const float* __restrict s, float* __restrict buf,
-    uint16_t* __restrict dst, int64_t rows, int64_t n) {
+// x.float().sub(m).exp().div(s) gives, rounded once. `buf` holds rows * n +
+// kBlock floats (the exps; a row's last partial block reads past its end),
+// `s` is padded with ones to a whole number of blocks. One exp call for all
+// rows: MKL's VML costs microseconds per call.
+template <typename In>
+__attribute__((always_inline)) inline void softmax_bf16_rows(const In* __restrict x, const float* __restrict m,
+                                                             const float* __restrict s, float* __restrict buf,
+                                                             uint16_t* __restrict dst, int64_t rows, int64_t n) {
   const int64_t whole = n / kBlock * kBlock;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
+    const In* xr = x + r * n;
     float* br = buf + r * n;
     for (int64_t j = 0; j < whole; j += kBlock)
-      for (int64_t k = 0; k < kBlock; ++k) br[j + k] = xr[j + k] - m[j + k];
-    for (int64_t j = whole; j < n; ++j) br[j] = xr[j] - m[j];
+      for (int64_t k = 0; k < kBlock; ++k) br[j + k] = widen(xr[j + k]) - m[j + k];
+    for (int64_t j = whole; j < n; ++j) br[j] = widen(xr[j]) - m[j];
   }
   vml::exp(buf, buf, rows * n);
   for (int64_t r = 0; r < rows; ++r) {
@@ -98,6 +104,18 @@ __attribute__((target_clones("avx2", "default"))) void softmax_bf16_rows(
   }
 }
 
+// softmax_bf16_rows of each input type, built for AVX2 and the baseline.
+__attribute__((target_clones("avx2", "default"))) void softmax_rows(const float* x, const float* m, const float* s,
+                                                                    float* buf, uint16_t* dst, int64_t rows,
+                                                                    int64_t n) {
+  softmax_bf16_rows(x, m, s, buf, dst, rows, n);
+}
+__attribute__((target_clones("avx2", "default"))) void softmax_rows(const uint16_t* x, const float* m, const float* s,
+                                                                    float* buf, uint16_t* dst, int64_t rows,
+                                                                    int64_t n) {
+  softmax_bf16_rows(x, m, s, buf, dst, rows, n);
+}
+
 }  // namespace
 
 bool df16_softmax_bf16_available() { return vml::available(); }
@@ -106,7 +124,8 @@ void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at
   const int64_t n = s.numel();
   const int64_t rows = n > 0 ? x.numel() / n : 0;
   if (rows == 0) return;
-  const float* in = x.const_data_ptr<float>();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const void* in = x.const_data_ptr();
   const float* mv = m.const_data_ptr<float>();
   auto* o = reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>());
   // The sums padded with ones to whole blocks (a row's last block divides
@@ -115,7 +134,7 @@ void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at
   std::copy(s.const_data_ptr<float>(), s.const_data_ptr<float>() + n, sp.begin());
   // Rows per chunk: about kChunk elements, whose exps stay in L2 between the
   // steps (no f32 tensor of x's size is written), in few exp calls.
-  constexpr int64_t kChunk = 1 << 16;
+  constexpr int64_t kChunk = 1 << 15;
   const int64_t chunk_rows = std::max<int64_t>(1, kChunk / n);
   at::parallel_for(0, rows, chunk_rows, [&](int64_t b, int64_t e) {
     // Not zeroed (every exp is written before it is read) but for the slack
@@ -125,7 +144,10 @@ void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at
     std::fill(buf.get() + used, buf.get() + used + kBlock, 1.0f);
     for (int64_t r = b; r < e; r += chunk_rows) {
       const int64_t len = std::min(chunk_rows, e - r);
-      softmax_bf16_rows(in + r * n, mv, sp.data(), buf.get(), o + r * n, len, n);
+      if (bf16)
+        softmax_rows(static_cast<const uint16_t*>(in) + r * n, mv, sp.data(), buf.get(), o + r * n, len, n);
+      else
+        softmax_rows(static_cast<const float*>(in) + r * n, mv, sp.data(), buf.get(), o + r * n, len, n);
     }
   });
 }

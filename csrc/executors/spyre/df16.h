@@ -155,8 +155,9 @@ at::Tensor df16_round_as(const at::Tensor& x, c10::ScalarType dtype);
 void df16_round_bf16_into(const at::Tensor& out, const at::Tensor& x);
 // Softmax's normalizing pass to bfloat16 in one pass over x:
 // out = df16_round_as(x.sub(m).exp().div(s), bfloat16) with m and s
-// broadcast over x's rows: x a contiguous float32 CPU tensor of rows *
-// s.numel() elements, m and s contiguous float32 tensors of one row each,
+// broadcast over x's rows: x a contiguous float32 or bfloat16 CPU tensor of
+// rows * s.numel() elements (bfloat16 read in place as its exact float32
+// widening: no f32 copy of x is made), m and s contiguous float32 tensors of one row each,
 // out a contiguous bfloat16 tensor of x's size (the caller checks; nothing
 // here does). The difference and quotient are IEEE f32 and the exp is CPU's
 // float32 exp, so the values equal those of the three ATen ops. Requires

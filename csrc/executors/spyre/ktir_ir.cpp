@@ -56,10 +56,12 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include "executors/cpu_vml.h"
 #include "executors/region_runner.h"
 #include "executors/spyre/df16.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/layout.h"
+#include "executors/spyre/ring_softmax.h"
 #include "jit/lowering.h"
 #include "ops/op_table.h"
 
@@ -2905,6 +2907,47 @@ RingPart ring_merge(const KtirTilePlan& P, const RingParams& rp, RingPart a, con
   return r;
 }
 
+// Whether softmax's (log_softmax's) corelet partials of `X` [G, rows, ...]
+// can run as softmax_ring_partials: the max and sum over dim 1 only, float32
+// or bfloat16 values, each block's rows contiguous, at least 2 values per row
+// (a sum over one value per row takes ATen's inner, not its outer, order).
+bool softmax_partials_fit(const KtirTilePlan& P, const at::Tensor& X) {
+  if ((P.combine != KtirTilePlan::kSoftmax && P.combine != KtirTilePlan::kLogSoftmax) ||
+      P.ring_dims != std::vector<int64_t>{0} || !vml::available())
+    return false;
+  if ((X.scalar_type() != at::kFloat && X.scalar_type() != at::kBFloat16) || X.dim() < 3 || X.size(1) == 0)
+    return false;
+  const int64_t n = X.numel() / std::max<int64_t>(1, X.size(0) * X.size(1));
+  return n >= 2 && X[0].is_contiguous() && X.stride(1) == n;
+}
+
+// Whether a softmax (log_softmax) ring op reads its input `in` in place, not
+// through an f32 copy: bfloat16 rows whose every block of cores'
+// rows the partials take as they are (softmax_partials_fit of [1, rows, ...]).
+bool softmax_reads_in_place(const KtirTilePlan& P, const at::Tensor& in) {
+  return in.scalar_type() == at::kBFloat16 && in.dim() >= 2 && in.is_contiguous() &&
+         softmax_partials_fit(P, in.unsqueeze(0));
+}
+
+// The corelets' partials of X merged in order per block: RingPart {max, sum}
+// of [G, 1, ...] f32, the values ring_partial and ring_merge give.
+RingPart softmax_partials(const at::Tensor& X, int64_t corelets) {
+  const int64_t G = X.size(0), rows = X.size(1), n = X.numel() / std::max<int64_t>(1, G * rows);
+  std::vector<int64_t> shares;
+  for (int64_t j = 0, left = rows; j < corelets; ++j) {
+    shares.push_back((left + corelets - j - 1) / (corelets - j));
+    left -= shares.back();
+  }
+  std::vector<int64_t> sizes = X.sizes().vec();
+  sizes[1] = 1;
+  const auto f32 = X.options().dtype(at::kFloat);
+  RingPart q;
+  q.t = {at::empty(sizes, f32), at::empty(sizes, f32)};
+  softmax_ring_partials(X.const_data_ptr(), X.scalar_type() == at::kBFloat16, G, X.stride(0), rows, n, shares.data(),
+                        corelets, q.t[0].mutable_data_ptr<float>(), q.t[1].mutable_data_ptr<float>());
+  return q;
+}
+
 // The ring chain of softmax partials (max m, sum s, f32), merged in core
 // order as ring_merge does, with the same values: the running max M_c =
 // maximum(M_{c-1}, m_c) step by step (at::maximum, whose NaN and signed-zero
@@ -3639,7 +3682,7 @@ RingStats ring_stats(const KtirTilePlan& P, const RingParams& rp, const RingPart
 }
 
 // Whether softmax's normalizing pass over `x` (all rows) into `out` can run
-// as df16_softmax_bf16_into: contiguous float32 rows, statistics of one row
+// as df16_softmax_bf16_into: contiguous float32 or bfloat16 rows, statistics of one row
 // each, a contiguous bfloat16 out of x's size, and CPU's exp available.
 bool softmax_bf16_fits(const at::Tensor& out, const at::Tensor& x, const RingStats& st) {
   auto one_row = [&](const at::Tensor& t) {
@@ -3647,8 +3690,8 @@ bool softmax_bf16_fits(const at::Tensor& out, const at::Tensor& x, const RingSta
            t.sizes().slice(1).equals(x.sizes().slice(1));
   };
   return out.scalar_type() == c10::kBFloat16 && out.is_contiguous() && x.is_contiguous() &&
-         x.scalar_type() == c10::kFloat && x.dim() > 0 && out.numel() == x.numel() && one_row(st.a) && one_row(st.b) &&
-         df16_softmax_bf16_available();
+         (x.scalar_type() == c10::kFloat || x.scalar_type() == c10::kBFloat16) && x.dim() > 0 &&
+         out.numel() == x.numel() && one_row(st.a) && one_row(st.b) && df16_softmax_bf16_available();
 }
 
 // The normalized rows `x` (f32) with the combined statistics.
@@ -3857,7 +3900,11 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     bool only = true;
     for (size_t k = 0; k < p.ops.size(); ++k)
       if (P.phase[k] == KtirTilePlan::kTile) only = false;
-    if (only && acc_dtype == at::kFloat) {
+    if (only && acc_dtype == at::kFloat && softmax_reads_in_place(P, views[ring_in])) {
+      // Read in place by the partials (softmax_partials) and by softmax's
+      // normalizing pass: no f32 copy of the input.
+      wide_in = views[ring_in];
+    } else if (only && acc_dtype == at::kFloat) {
       wide_lease.emplace(Scratch::kWideIn, views[ring_in].sizes());
       wide_in = wide_lease->tensor().copy_(views[ring_in]);
     } else if (only) {
@@ -4083,7 +4130,10 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             // Only argmax/argmin partials read their rows' first row (the index offset).
             const bool positions = P.combine == KtirTilePlan::kArgMax || P.combine == KtirTilePlan::kArgMin;
             RingPart part;
-            for (int64_t j = 0, left = rows; j < corelets; ++j) {
+            const bool native = softmax_partials_fit(P, X);
+            if (native) part = softmax_partials(X, corelets);
+            if (!native && X.scalar_type() != acc_dtype) X = X.to(acc_dtype);  // an input read in place
+            for (int64_t j = 0, left = rows; j < corelets && !native; ++j) {
               const int64_t m = (left + corelets - j - 1) / (corelets - j);
               for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first + (rows - left);
               const at::Tensor first_rows = positions ? at::tensor(firsts, at::kLong) : at::Tensor();
@@ -4308,13 +4358,18 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
                            (rp.weight < 0 || views[rp.weight].size(0) == covered) &&
                            (rp.bias < 0 || views[rp.bias].size(0) == covered);
         if (batch) {
-          const at::Tensor x = wide_in.defined() ? wide_in : views[ring_in].to(acc_dtype);
+          at::Tensor x = wide_in.defined() ? wide_in : views[ring_in].to(acc_dtype);
+          const at::Tensor& out = views[P.ring_outs[0]];
+          const bool fused = P.combine == KtirTilePlan::kSoftmax && softmax_bf16_fits(out, x, st);
+          if (!fused && x.scalar_type() != acc_dtype) {  // an input read in place: widened here
+            wide_lease.emplace(Scratch::kWideIn, x.sizes());
+            x = wide_lease->tensor().copy_(x);
+          }
           at::Tensor w, b;
           if (rp.weight >= 0) w = views[rp.weight].to(acc_dtype);
           if (rp.bias >= 0) b = views[rp.bias].to(acc_dtype);
           const bool own = !x.is_alias_of(views[ring_in]) && x.sizes().equals(views[ring_in].sizes());
-          const at::Tensor& out = views[P.ring_outs[0]];
-          if (P.combine == KtirTilePlan::kSoftmax && softmax_bf16_fits(out, x, st)) {
+          if (fused) {
             // softmax to bfloat16: difference, exp, quotient and df16 store in
             // one pass over the rows (the same f32 values as the ATen ops).
             df16_softmax_bf16_into(out, x, st.a, st.b);

@@ -255,6 +255,43 @@ def test_softmax_bf16_rows_of_any_width(spyre_target, shape):
     _close(got, torch.softmax(x, 0), torch.bfloat16)
 
 
+@pytest.mark.parametrize(
+    "shape", [(1000, 8), (700, 9), (333, 15), (130, 2, 12)], ids=["1000x8", "700x9", "333x15", "130x2x12"]
+)
+@pytest.mark.parametrize("specials", [False, True], ids=["randn", "nan_inf_zero"])
+def test_softmax_bf16_input_read_in_place(spyre_target, shape, specials):
+    # A bfloat16 input of softmax/log_softmax over dim 0 is read in place by
+    # the corelet partials (8 columns per vector, the rest one by one) and by
+    # softmax's normalizing pass, without an f32 copy: the values are still
+    # df16 of the ring reference, with NaN, +-inf and +-0 in some columns
+    # (a NaN column max, an infinite one, all-zero corelets).
+    a = _inputs(torch.bfloat16, seed=71, shape=shape)
+    if specials:
+        flat = a.view(shape[0], -1)
+        flat[5, 0] = float("nan")
+        flat[:, 1] = 0.0
+        flat[::2, 1] = -0.0
+        flat[17, 2] = float("inf")
+        flat[3, flat.shape[1] - 1] = float("-inf")
+        flat[shape[0] - 1, flat.shape[1] - 1] = float("nan")
+    x = a.float()
+    for kind, f in [("softmax", lambda t: torch.softmax(t, 0)), ("log_softmax", lambda t: torch.log_softmax(t, 0))]:
+        got = f(a.to("tpu")).cpu()
+        (m, tot), _ = _ring_total(kind, x, (0,), _schedule())
+        assert got.dtype == torch.bfloat16
+        _check(got, (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log(), torch.bfloat16)
+
+
+def test_softmax_bf16_strided_input_widened(spyre_target):
+    # A transposed (non-contiguous) bfloat16 input is not read in place: it is
+    # widened to f32 first, with the same reference values.
+    a = _inputs(torch.bfloat16, seed=72, shape=(300, 1000)).t()
+    x = a.float()
+    got = torch.softmax(a.to("tpu"), 0).cpu()
+    (m, tot), _ = _ring_total("softmax", x, (0,), _schedule())
+    _check(got, (x - m).exp() / tot, torch.bfloat16)
+
+
 def test_softmax_scratch_reused_across_sizes(spyre_target):
     # The widened input and the partials' exps live in scratch kept between
     # launches (branch spyre21i): a launch after a larger one (stale values

@@ -1,0 +1,265 @@
+// Softmax's ring partials as native loops (ring_softmax.h).
+#include "executors/spyre/ring_softmax.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "executors/cpu_vml.h"
+
+namespace tpu_eager {
+namespace spyre {
+
+namespace {
+
+// ATen's CeilLog2 (c10/util/MathConstants): 1 for x <= 2.
+int64_t ceil_log2(int64_t x) { return x <= 2 ? 1 : 64 - __builtin_clzll(static_cast<uint64_t>(x - 1)); }
+
+// Values per inner block: a fixed trip count is what lets GCC's -O2 (cheap)
+// vectorizer take a loop (as in df16.cpp); the tail runs scalar.
+constexpr int64_t kBlock = 64;
+
+// f(j) for j < n, in blocks of kBlock, then of 8. Inlined into each caller, so
+// it takes the caller's target (the AVX2 clones below vectorize it).
+template <typename F>
+__attribute__((always_inline)) inline void blocked(int64_t n, F f) {
+  constexpr int64_t kShort = 8;  // one AVX2 vector: most of a row's tail
+  int64_t j = 0;
+  for (; j + kBlock <= n; j += kBlock)
+    for (int64_t k = 0; k < kBlock; ++k) f(j + k);
+  for (; j + kShort <= n; j += kShort)
+    for (int64_t k = 0; k < kShort; ++k) f(j + k);
+  for (; j < n; ++j) f(j);
+}
+
+// The float32 value of an element: bfloat16 bits widen exactly by a shift.
+inline float widen(float v) { return v; }
+inline float widen(uint16_t b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
+
+// 8 float32 lanes (one AVX2 vector; two SSE ones in the baseline build) as
+// GCC vector types: the max's NaN select is written out, which the -O2
+// vectorizer does not do for a scalar loop.
+typedef float F8 __attribute__((vector_size(32)));
+typedef int32_t I8 __attribute__((vector_size(32)));
+typedef uint32_t U8 __attribute__((vector_size(32)));
+typedef uint16_t H8 __attribute__((vector_size(16)));
+constexpr int64_t kLanes = 8;
+
+inline F8 load8(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline F8 load8(const uint16_t* p) {
+  H8 h;
+  std::memcpy(&h, p, sizeof h);
+  return reinterpret_cast<F8>(__builtin_convertvector(h, U8) << 16);
+}
+inline void store8(float* p, F8 v) { std::memcpy(p, &v, sizeof v); }
+
+// Column max of `len` >= 1 rows of n values (row stride n), NaN where a
+// column holds one (amax's rule; a zero's sign may differ): a NaN is taken
+// and then kept (no value compares greater than it).
+template <typename In>
+__attribute__((always_inline)) inline void column_max(const In* __restrict x, int64_t len, int64_t n,
+                                                      float* __restrict m) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    F8 acc = load8(x + j);
+    for (int64_t r = 1; r < len; ++r) {
+      const F8 v = load8(x + r * n + j);
+      const I8 take = (v > acc) | (v != v);
+      acc = take ? v : acc;
+    }
+    store8(m + j, acc);
+  }
+  for (; j < n; ++j) {
+    float acc = widen(x[j]);
+    for (int64_t r = 1; r < len; ++r) {
+      const float v = widen(x[r * n + j]);
+      acc = (v > acc || v != v) ? v : acc;
+    }
+    m[j] = acc;
+  }
+}
+
+// d[r * n + j] = x[r * n + j] - m[j] for `len` rows.
+template <typename In>
+__attribute__((always_inline)) inline void row_differences(const In* __restrict x, int64_t len, int64_t n,
+                                                           const float* __restrict m, float* __restrict d) {
+  for (int64_t r = 0; r < len; ++r) {
+    const In* xr = x + r * n;
+    float* dr = d + r * n;
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) store8(dr + j, load8(xr + j) - load8(m + j));
+    for (; j < n; ++j) dr[j] = widen(xr[j]) - m[j];
+  }
+}
+
+// Each corelet's column max and its rows' differences from it, for the
+// blocks g0 .. g1 - 1: maxes [corelets][G][n], differences of block g at
+// work + (g - g0) * rows * n.
+template <typename In>
+__attribute__((always_inline)) inline void maxes_and_differences(const In* __restrict x, int64_t g0, int64_t g1,
+                                                                 int64_t G, int64_t block_stride, int64_t rows,
+                                                                 int64_t n, const int64_t* shares, int64_t corelets,
+                                                                 float* __restrict mj, float* __restrict work) {
+  for (int64_t g = g0; g < g1; ++g) {
+    const In* xg = x + g * block_stride;
+    float* dg = work + (g - g0) * rows * n;
+    for (int64_t j = 0, r0 = 0; j < corelets; r0 += shares[j], ++j) {
+      float* m = mj + (j * G + g) * n;
+      column_max(xg + r0 * n, shares[j], n, m);
+      row_differences(xg + r0 * n, shares[j], n, m, dg + r0 * n);
+    }
+  }
+}
+
+// maxes_and_differences of each input type, built for AVX2 and the baseline
+// (the loader picks the CPU's).
+__attribute__((target_clones("avx2", "default"))) void block_partials(const float* x, int64_t g0, int64_t g1, int64_t G,
+                                                                      int64_t block_stride, int64_t rows, int64_t n,
+                                                                      const int64_t* shares, int64_t corelets,
+                                                                      float* mj, float* work) {
+  maxes_and_differences(x, g0, g1, G, block_stride, rows, n, shares, corelets, mj, work);
+}
+__attribute__((target_clones("avx2", "default"))) void block_partials(const uint16_t* x, int64_t g0, int64_t g1,
+                                                                      int64_t G, int64_t block_stride, int64_t rows,
+                                                                      int64_t n, const int64_t* shares,
+                                                                      int64_t corelets, float* mj, float* work) {
+  maxes_and_differences(x, g0, g1, G, block_stride, rows, n, shares, corelets, mj, work);
+}
+
+// The merge of corelet maxes a (earlier rows) and b: M = at::maximum(a, b)
+// (NaN if either is), and the differences a - M, b - M.
+__attribute__((target_clones("avx2", "default"))) void merged_max(float* __restrict a, const float* __restrict b,
+                                                                  float* __restrict da, float* __restrict db,
+                                                                  int64_t n) {
+  blocked(n, [&](int64_t j) {
+    const float x = a[j], y = b[j];
+    const float M = (x != x) ? x : (y != y || y > x) ? y : x;
+    da[j] = x - M;
+    db[j] = y - M;
+    a[j] = M;
+  });
+}
+
+__attribute__((target_clones("avx2", "default"))) void add_row(float* __restrict acc, const float* __restrict row,
+                                                               int64_t n) {
+  blocked(n, [&](int64_t j) { acc[j] += row[j]; });
+}
+
+// out[j] = the sum of rows[i * stride + j] over i < len in the order of
+// ATen's multi_row_sum (SumKernel.cpp): rows added one by one into the first
+// of 4 levels, a level carried up every 2^p rows (p = max(4, ceil_log2(len)
+// / 4)), the levels added last. acc: 4 * n floats.
+void cascade_sum(const float* rows, int64_t len, int64_t stride, int64_t n, float* acc, float* out) {
+  constexpr int kLevels = 4;
+  const int64_t power = std::max<int64_t>(4, ceil_log2(len) / kLevels);
+  const int64_t step = int64_t{1} << power, mask = step - 1;
+  if (len < step) {
+    // One level: 0 + row 0 + row 1 + ... (the other levels add zeros; the
+    // exps are never -0, so starting from row 0 gives the same values).
+    if (len == 0) return std::fill(out, out + n, 0.0f);
+    std::copy(rows, rows + n, out);
+    for (int64_t i = 1; i < len; ++i) add_row(out, rows + i * stride, n);
+    return;
+  }
+  std::fill(acc, acc + kLevels * n, 0.0f);
+  int64_t i = 0;
+  while (i + step <= len) {
+    for (int64_t k = 0; k < step; ++k, ++i) add_row(acc, rows + i * stride, n);
+    for (int lvl = 1; lvl < kLevels; ++lvl) {
+      add_row(acc + lvl * n, acc + (lvl - 1) * n, n);
+      std::fill(acc + (lvl - 1) * n, acc + lvl * n, 0.0f);
+      if ((i & (mask << (lvl * power))) != 0) break;
+    }
+  }
+  for (; i < len; ++i) add_row(acc, rows + i * stride, n);
+  for (int lvl = 1; lvl < kLevels; ++lvl) add_row(acc, acc + lvl * n, n);
+  std::copy(acc, acc + n, out);
+}
+
+// ATen's float32 sum kernel runs for AVX2 (and DEFAULT) with 8-float
+// vectors even on AVX512 CPUs (SumKernel.cpp registers no AVX512 kernel).
+constexpr int64_t kSumVec = 8;
+
+// The column sums of `len` rows of n values (row stride n) in the order of
+// ATen's sum over an outer dim (vectorized_outer_sum): the columns in whole
+// blocks of 4 vectors by multi_row_sum; the rest by row_sum, which sums 4
+// interleaved lanes (rows 4i + k) by multi_row_sum, adds the last len % 4
+// rows to lane 0 and then lanes 1, 2, 3 to it. Fewer columns than a vector:
+// scalar_outer_sum, the columns in blocks of 4 by multi_row_sum, the rest by
+// row_sum. acc: 8 * n floats.
+void column_sums(const float* e, int64_t len, int64_t n, float* acc, float* out) {
+  const int64_t block = n >= kSumVec ? 4 * kSumVec : 4;
+  const int64_t whole = n / block * block;
+  if (whole > 0) cascade_sum(e, len, n, whole, acc, out);
+  const int64_t rest = n - whole, quads = len / 4;
+  if (rest == 0) return;
+  float* lanes = acc + 4 * n;  // 4 lanes of `rest` columns
+  for (int64_t k = 0; k < 4; ++k) cascade_sum(e + k * n + whole, quads, 4 * n, rest, acc, lanes + k * rest);
+  for (int64_t i = quads * 4; i < len; ++i) add_row(lanes, e + i * n + whole, rest);
+  for (int64_t k = 1; k < 4; ++k) add_row(lanes, lanes + k * rest, rest);
+  std::copy(lanes, lanes + rest, out + whole);
+}
+
+// s = s * ea + sb * eb, each product rounded (the ATen mul, mul, add).
+__attribute__((target_clones("avx2", "default"))) void rescaled_sum(float* __restrict s, const float* __restrict ea,
+                                                                    const float* __restrict sb,
+                                                                    const float* __restrict eb, int64_t n) {
+  blocked(n, [&](int64_t j) {
+    const float a = s[j] * ea[j];
+    const float b = sb[j] * eb[j];
+    s[j] = a + b;
+  });
+}
+
+// Differences, exps and sums of the blocks in chunks of about kChunk values,
+// whose exps stay in L2 between the steps (one exp call per chunk: MKL's
+// VML costs a microsecond or so per call).
+constexpr int64_t kChunk = 1 << 15;
+
+template <typename In>
+void partials(const In* x, int64_t G, int64_t block_stride, int64_t rows, int64_t n, const int64_t* shares,
+              int64_t corelets, float* m_out, float* s_out) {
+  const int64_t gn = G * n, block = rows * n;
+  const int64_t per_chunk = std::max<int64_t>(1, kChunk / std::max<int64_t>(1, block));
+  // Each corelet's max and sum ([corelets][G][n]), the merges' factors, the
+  // sums' levels and the chunk's exps (not zeroed: each value is written
+  // before it is read).
+  std::unique_ptr<float[]> buf(new float[2 * corelets * gn + 2 * gn + 8 * n + std::min(per_chunk, G) * block]);
+  float *mj = buf.get(), *sj = mj + corelets * gn, *ea = sj + corelets * gn, *eb = ea + gn, *acc = eb + gn;
+  float* work = acc + 8 * n;
+  for (int64_t g0 = 0; g0 < G; g0 += per_chunk) {
+    const int64_t g1 = std::min(G, g0 + per_chunk);
+    block_partials(x, g0, g1, G, block_stride, rows, n, shares, corelets, mj, work);
+    vml::exp(work, work, (g1 - g0) * block);
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t j = 0, r0 = 0; j < corelets; r0 += shares[j], ++j)
+        column_sums(work + (g - g0) * block + r0 * n, shares[j], n, acc, sj + (j * G + g) * n);
+  }
+  // The corelets merged in order, all blocks at once.
+  std::copy(mj, mj + gn, m_out);
+  std::copy(sj, sj + gn, s_out);
+  for (int64_t j = 1; j < corelets; ++j) {
+    merged_max(m_out, mj + j * gn, ea, eb, gn);
+    vml::exp(ea, ea, gn);
+    vml::exp(eb, eb, gn);
+    rescaled_sum(s_out, ea, sj + j * gn, eb, gn);
+  }
+}
+
+}  // namespace
+
+void softmax_ring_partials(const void* x, bool bf16, int64_t G, int64_t block_stride, int64_t rows, int64_t n,
+                           const int64_t* shares, int64_t corelets, float* m_out, float* s_out) {
+  if (bf16)
+    partials(static_cast<const uint16_t*>(x), G, block_stride, rows, n, shares, corelets, m_out, s_out);
+  else
+    partials(static_cast<const float*>(x), G, block_stride, rows, n, shares, corelets, m_out, s_out);
+}
+
+}  // namespace spyre
+}  // namespace tpu_eager
