@@ -870,11 +870,16 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       }
       if (anchor.in.kind == Operand::kConst) return false;  // no input slot
       // Alone with weight and bias it is CPU's own kernel that the existing
-      // path calls (direct_kernels), ~8% faster than this loop on 4096x1024,
-      // unless this loop streams its output (Program::stream), which CPU's
-      // kernel does not; without them CPU's kernel takes a scalar loop and
-      // this one is ~1.7x faster.
-      if (!g_probing && program.empty() && plan->gamma.valid() && plan->beta.valid() &&
+      // path calls (direct_kernels), ~8% faster than this loop one row at a
+      // time on 4096x1024, unless this loop streams its output
+      // (Program::stream), which CPU's kernel does not, or takes the moments of
+      // several rows at once (rows of whole vectors in blocks of
+      // kLayerNormMomentRows); without them CPU's kernel takes a scalar loop
+      // and this one is ~1.7x faster.
+      const int64_t rows = anchor.cols ? c10::multiply_integers(*shape) / anchor.cols : 0;
+      const bool moment_rows = fused::layer_norm_moment_rows(rows, anchor.cols) &&
+                               rows >= fused::kLayerNormMomentRows && anchor.cols % 16 == 0;
+      if (!g_probing && program.empty() && plan->gamma.valid() && plan->beta.valid() && !moment_rows &&
           2 * c10::multiply_integers(*shape) * static_cast<int64_t>(sizeof(float)) < fused::stream_store_threshold())
         return false;
       anchor.op = fused::RowOp::kLayerNorm;

@@ -290,6 +290,17 @@ int rename_registers(std::vector<I>& instrs, O* extra_use, bool stored_in_regist
 // A row reduction over the last dim that ends a region, fed by the program
 // (its input is a register, an external buffer or a materialized output of
 // `rows` x `cols` floats).
+// Rows whose moments a LayerNormRowFn call takes at once, their Welford chains side by
+// side (each row's values unchanged), when its block has that many rows of
+// whole vectors. run_rows gives layer_norm such blocks when input and output
+// fit kLayerNormMomentRowsBytes (always for rows of up to 256 floats): beyond,
+// the rows' several read streams wait on memory (measured in layer_norm_row.inc).
+constexpr int64_t kLayerNormMomentRows = 4;
+constexpr int64_t kLayerNormMomentRowsBytes = int64_t{4} << 20;
+// Whether run_rows gives a layer_norm of rows x cols blocks of kLayerNormMomentRows rows.
+inline bool layer_norm_moment_rows(int64_t rows, int64_t cols) {
+  return rows * cols * static_cast<int64_t>(2 * sizeof(float)) <= kLayerNormMomentRowsBytes;
+}
 // `rows` consecutive rows of native_layer_norm with the arithmetic of CPU's
 // LayerNormKernel of one capability (layer_norm_row.inc): per row of `n`
 // floats, y = (x - mean) * rstd * gamma + beta, (mean, var) from ATen's

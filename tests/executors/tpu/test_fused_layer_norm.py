@@ -207,8 +207,9 @@ AVX2_PROGRAM = textwrap.dedent("""
     import torch, torch_tpu_eager
     assert torch.backends.cpu.get_cpu_capability() == "AVX2", torch.backends.cpu.get_cpu_capability()
     bad = []
+    # 1000, 1024, 1072 and 4352: whole AVX2 vectors of 8 to 68 chunks (grouped moments).
     for i, (shape, n) in enumerate([((3, 7), 7), ((5, 37), 37), ((4, 1000), 1000), ((2, 4097), 4097),
-                                    ((2, 3, 64), 64)]):
+                                    ((2, 3, 64), 64), ((9, 1024), 1024), ((5, 1072), 1072), ((3, 4352), 4352)]):
         g = torch.Generator().manual_seed(i)
         x, r = torch.randn(*shape, generator=g) * 3, torch.randn(*shape, generator=g)
         w, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
