@@ -93,7 +93,8 @@ struct InlineVec : c10::SmallVector<T, N> {
 // an op builds one TensorRef per tensor, and two heap vectors each were ~10%
 // of the record path. Four, not more: every recorded op writes a Node into
 // memory the queue has not touched recently, so its bytes are the record
-// path's cache misses (6 inline dims made a Node of `a + b` 736 bytes). Converts to std::vector for the stages that keep them.
+// path's cache misses (6 inline dims made a Node of `a + b` 736 bytes).
+// Converts to std::vector for the stages that keep them.
 // Moves (InlineVec's) and set() copy inline dims in an inlined loop:
 // SmallVector's out-of-line move (and its memcpy call) cost ~55 instructions
 // per Dims, and moving a recorded Node into the queue moves six of them.
