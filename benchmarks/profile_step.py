@@ -124,10 +124,39 @@ def llama_trainer(device):
     return _LlamaTrainer(llama_step.make_step(model.to(device), ids.to(device), sync))
 
 
+def compare_record(args):
+    """Interleaved blocks of ``--op`` recorded 2,000 times (as run_all's record rows) on tpu
+    and run on cpu: median thread CPU time per op, microseconds, and of the tpu/cpu ratios."""
+    import statistics
+
+    n = 2000
+    label, loop = RECORD_OPS[args.op]
+    run_all.torch_tpu_eager.set_queue_limits(max_ops=10**6, max_bytes=run_all.torch_tpu_eager.queue_limits()[1])
+    tensors = {d: (torch.tensor([1.5]).to(d), torch.tensor([-0.25]).to(d)) for d in ("tpu", "cpu")}
+    times = {d: [] for d in tensors}
+    for b in range(args.warmup + args.compare):
+        for d in tensors if b % 2 == 0 else reversed(list(tensors)):
+            torch.tpu.synchronize()  # the flush is not timed: recording only
+            t0 = time.thread_time()
+            loop(*tensors[d], n)
+            if b >= args.warmup:
+                times[d].append((time.thread_time() - t0) / n)
+    torch.tpu.synchronize()
+    ratios = [t / c for t, c in zip(times["tpu"], times["cpu"])]
+    print(
+        f"record of {n} {label}: thread us/op tpu {statistics.median(times['tpu']) * 1e6:.3f}, cpu "
+        f"{statistics.median(times['cpu']) * 1e6:.3f}, tpu/cpu {statistics.median(ratios):.3f} "
+        f"(median of {args.compare} blocks)"
+    )
+
+
 def compare(args):
     """Interleaved blocks of training steps on tpu and cpu: median thread CPU time per step."""
     import statistics
 
+    if args.model == "record":
+        compare_record(args)
+        return
     index = {"mlp": 0, "gpt": 1, "cnn": 2}[args.model]
     name, make_model, make_opt, clip, make_batches = run_all._training_cases(False)[index]
     batches = make_batches()
@@ -168,9 +197,10 @@ def main():
         type=int,
         default=0,
         metavar="BLOCKS",
-        help="training steps only: interleave BLOCKS blocks of --steps steps on tpu and on cpu in this "
+        help="training steps: interleave BLOCKS blocks of --steps steps on tpu and on cpu in this "
         "process and print the median CPU time per step of each (thread time: what the step costs "
-        "the core, less sensitive to other jobs than wall time) and their ratio",
+        "the core, less sensitive to other jobs than wall time) and their ratio; --model record: "
+        "the same for BLOCKS blocks of 2,000 --op records (tpu) and runs (cpu), per op",
     )
     parser.add_argument("--callgrind", action="store_true", help="toggle callgrind collection around the steps")
     parser.add_argument(

@@ -89,17 +89,20 @@ struct InlineVec : c10::SmallVector<T, N> {
   }
 };
 
-// Sizes or strides of a recorded tensor, held inline up to 6 dims: recording
+// Sizes or strides of a recorded tensor, held inline up to 4 dims: recording
 // an op builds one TensorRef per tensor, and two heap vectors each were ~10%
-// of the record path. Converts to std::vector for the stages that keep them.
+// of the record path. Four, not more: every recorded op writes a Node into
+// memory the queue has not touched recently, so its bytes are the record
+// path's cache misses (6 inline dims made a Node of `a + b` 736 bytes).
+// Converts to std::vector for the stages that keep them.
 // Moves (InlineVec's) and set() copy inline dims in an inlined loop:
 // SmallVector's out-of-line move (and its memcpy call) cost ~55 instructions
 // per Dims, and moving a recorded Node into the queue moves six of them.
-struct Dims : InlineVec<int64_t, 6> {
-  using InlineVec<int64_t, 6>::InlineVec;
-  static constexpr size_t kInline = 6;
+struct Dims : InlineVec<int64_t, 4> {
+  using InlineVec<int64_t, 4>::InlineVec;
+  static constexpr size_t kInline = 4;
   Dims() = default;
-  Dims(const std::vector<int64_t>& v) : InlineVec<int64_t, 6>(v.begin(), v.end()) {}      // NOLINT: implicit
+  Dims(const std::vector<int64_t>& v) : InlineVec<int64_t, 4>(v.begin(), v.end()) {}      // NOLINT: implicit
   operator std::vector<int64_t>() const { return std::vector<int64_t>(begin(), end()); }  // NOLINT: implicit
   operator c10::IntArrayRef() const { return c10::IntArrayRef(data(), size()); }          // NOLINT: implicit
   // Replaces the dims by `v`.
@@ -117,12 +120,13 @@ struct Dims : InlineVec<int64_t, 6> {
 // Snapshot of a tensor's view of a deferred storage at record time:
 // (storage, dtype, sizes, strides, storage offset). Later metadata changes of
 // the tensor (resize_, set_, t_) do not affect a recorded op.
+// The one-byte fields last: no padding between them (120 bytes).
 struct TensorRef {
   StoragePtr storage;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
   Dims sizes;
   Dims strides;
   int64_t offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
   bool conj = false;  // conjugate / negative view bits of the tensor
   bool neg = false;
 
@@ -172,8 +176,9 @@ struct Node {
   // It promotes as a wrapped number and is a runtime scalar; the host loop
   // gives the CPU kernel a wrapped-number tensor again (host::build_stack).
   uint32_t wrapped = 0;
-  int kind = 0;      // jit::PrimKind of the op, from the op table
-  bool rng = false;  // consumes a random stream
+  int kind = 0;          // jit::PrimKind of the op, from the op table
+  SourceLocation where;  // Python file:line that recorded it (beside the 4-byte fields: no padding)
+  bool rng = false;      // consumes a random stream
   // Its CPU kernel raises on the values it reads (the op table's kChecksValues):
   // it runs even when nothing reads its result (jit live_nodes).
   bool checks_values = false;
@@ -185,9 +190,11 @@ struct Node {
   // (jit/flush_cache.cpp).
   uint64_t meta_id = 0;
   uint64_t rng_seed = 0;  // the stream reserved at record time
-  SourceLocation where;   // Python file:line that recorded it
   uint64_t seq = 0;       // program order
 };
+
+// Every recorded op writes one Node: its size is the record path's memory traffic.
+static_assert(sizeof(TensorRef) <= 120 && sizeof(Node) <= 608, "a Node grew: keep it small (see Dims)");
 
 // Whether args[i] of `n` is a wrapped number kept as a Scalar (Node::wrapped).
 inline bool is_wrapped_arg(const Node& n, size_t i) { return i < 32 && ((n.wrapped >> i) & 1u) != 0; }

@@ -48,6 +48,24 @@ def test_many_pending_tensors_kept_alive(dev):
     run_both(prog, dev)
 
 
+def test_many_pending_ops_on_tensors_of_five_to_seven_dims(dev):
+    # A recorded tensor's sizes and strides are held in the op's node, inline up to four
+    # dims and on the heap past that: many such nodes pending (and moved as the queue
+    # grows), read and written through strided views, then one flush.
+    def prog(d):
+        outs = []
+        for rank in (5, 6, 7):
+            x = torch.arange(float(2**rank)).reshape((2,) * rank).to(d)
+            v = x.transpose(0, rank - 1)[1]  # a strided view of rank - 1 dims
+            for i in range(120):
+                v.mul_(0.5).add_(float(i % 3))
+                x = x + v.unsqueeze(0) if i % 2 else x.permute(*range(rank - 1, -1, -1)) * 1.0
+            outs.append(x.sum(dim=tuple(range(rank - 2))))
+        return outs
+
+    run_both(prog, dev)
+
+
 @requires_tpu
 def test_queue_autoflushes_without_reads(dev):
     import torch_tpu_eager
