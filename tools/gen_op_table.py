@@ -24,6 +24,7 @@ OUT_OVERLOADS = os.path.join(HERE, "..", "csrc", "executors", "out_overloads.inc
 SPECIAL = {
     "empty.memory_format",
     "empty_strided",
+    "_efficientzerotensor",
     "_copy_from",
     "_copy_from_and_resize",
     "_local_scalar_dense",
@@ -97,7 +98,7 @@ DATA = re.compile(
     r"_index_put_impl_|select_backward|slice_backward|diagonal_backward|as_strided_scatter|select_scatter|"
     r"slice_scatter|diagonal_scatter|narrow_copy|.*_copy|embedding|embedding_backward|_embedding_bag_backward|"
     r"pixel_shuffle|pixel_unshuffle|channel_shuffle|native_channel_shuffle|_pad_circular|_pad_enum|"
-    r"eye|arange|linspace|logspace|full|zeros|ones|fill|zero|_efficientzerotensor|block_diag|"
+    r"eye|arange|linspace|logspace|full|zeros|ones|fill|zero|block_diag|"
     r"searchsorted|bucketize|_cat|cartesian_prod|combinations|rot90|_unsafe_masked_index.*|"
     r"masked_fill|_masked_softmax|_masked_softmax_backward)_?$"
 )
