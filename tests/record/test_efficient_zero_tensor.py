@@ -19,15 +19,24 @@ def test_efficientzerotensor_is_a_zero_tensor_as_on_cpu(dtype, shape):
         x = -torch.arange(1, 7, dtype=torch.float64)[: max(1, z.numel())].reshape(shape).to(dtype).to(dev)
         prod = z * x
         got[dev] = (
-            z._is_zerotensor(), z.shape, z.stride(), z.dtype, z.device.type,
-            prod._is_zerotensor(), prod.cpu(), (z + x).cpu(), z.cpu(),
+            z._is_zerotensor(),
+            z.shape,
+            z.stride(),
+            z.dtype,
+            z.device.type,
+            prod._is_zerotensor(),
+            prod.cpu(),
+            (z + x).cpu(),
+            z.cpu(),
         )
     assert got["tpu"][:4] == got["cpu"][:4] and got["tpu"][4] == "tpu"
     assert got["tpu"][5] == got["cpu"][5]
     for a, b in zip(got["tpu"][6:], got["cpu"][6:]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-        assert torch.equal(torch.signbit(torch.view_as_real(a) if a.is_complex() else a),
-                           torch.signbit(torch.view_as_real(b) if b.is_complex() else b))
+        assert torch.equal(
+            torch.signbit(torch.view_as_real(a) if a.is_complex() else a),
+            torch.signbit(torch.view_as_real(b) if b.is_complex() else b),
+        )
 
 
 def test_efficientzerotensor_is_immutable_as_on_cpu():
@@ -40,7 +49,9 @@ def test_efficientzerotensor_is_immutable_as_on_cpu():
     assert errors["tpu"] == errors["cpu"]
 
 
-@pytest.mark.parametrize("fn", [torch.abs, torch.sgn, lambda t: t * 1j, torch.real], ids=["abs", "sgn", "mul_1j", "real"])
+@pytest.mark.parametrize(
+    "fn", [torch.abs, torch.sgn, lambda t: t * 1j, torch.real], ids=["abs", "sgn", "mul_1j", "real"]
+)
 def test_forward_mode_gradcheck_of_complex_inputs(fn):
     torch.manual_seed(0)
     x = torch.randn(3, 3, dtype=torch.complex128).to("tpu").requires_grad_()
@@ -50,5 +61,10 @@ def test_forward_mode_gradcheck_of_complex_inputs(fn):
 def test_foreach_forward_mode_gradcheck_of_complex_inputs():
     torch.manual_seed(0)
     xs = [torch.randn(n, n, dtype=torch.complex128).to("tpu").requires_grad_() for n in (3, 2, 1)]
-    assert gradcheck(lambda *t: torch._foreach_abs(t), xs, check_forward_ad=True,
-                     check_batched_grad=False, check_batched_forward_grad=False)
+    assert gradcheck(
+        lambda *t: torch._foreach_abs(t),
+        xs,
+        check_forward_ad=True,
+        check_batched_grad=False,
+        check_batched_forward_grad=False,
+    )
