@@ -24,6 +24,7 @@ OUT_OVERLOADS = os.path.join(HERE, "..", "csrc", "executors", "out_overloads.inc
 SPECIAL = {
     "empty.memory_format",
     "empty_strided",
+    "_efficientzerotensor",
     "_copy_from",
     "_copy_from_and_resize",
     "_local_scalar_dense",
@@ -97,7 +98,7 @@ DATA = re.compile(
     r"_index_put_impl_|select_backward|slice_backward|diagonal_backward|as_strided_scatter|select_scatter|"
     r"slice_scatter|diagonal_scatter|narrow_copy|.*_copy|embedding|embedding_backward|_embedding_bag_backward|"
     r"pixel_shuffle|pixel_unshuffle|channel_shuffle|native_channel_shuffle|_pad_circular|_pad_enum|"
-    r"eye|arange|linspace|logspace|full|zeros|ones|fill|zero|_efficientzerotensor|block_diag|"
+    r"eye|arange|linspace|logspace|full|zeros|ones|fill|zero|block_diag|"
     r"searchsorted|bucketize|_cat|cartesian_prod|combinations|rot90|_unsafe_masked_index.*|"
     r"masked_fill|_masked_softmax|_masked_softmax_backward)_?$"
 )
@@ -117,7 +118,7 @@ def kind_of(overload, schema):
     # into it (OUT_KERNEL_RESIZES), which a deferred node's fixed-size device buffer
     # cannot take: an explicit out= call runs at the call, where the eager path gives
     # CPU's kernel a resizable out and copies the result back (CPU's warnings too).
-    if core in OUT_KERNEL_RESIZES and any(a.is_out for a in schema.arguments):
+    if functional_of_out(overload) in OUT_KERNEL_RESIZES and any(a.is_out for a in schema.arguments):
         return "kSync"
     # results that are not tensors need the data
     if any(not str(r.type).startswith(("Tensor", "List[Tensor]", "Optional[Tensor]")) for r in schema.returns):
@@ -267,7 +268,10 @@ def cpp_meta_is_cpu_overloads():
       ones make (traits_of).
 
     The record kernel infers these with the C++ kernel alone: the Python meta kernels
-    that shadow them (torch._refs) import sympy on their first call, which CPU never does."""
+    that shadow them (torch._refs) import sympy on their first call, which CPU never does.
+
+    Not the overloads in ``META_NOT_FINAL``: their structured meta function sets a
+    placeholder geometry that CPU's kernel then replaces."""
     path = os.path.join(os.path.dirname(torchgen.__file__), "packaged", "ATen", "native", "native_functions.yaml")
     with open(path) as f:
         functions = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -279,7 +283,13 @@ def cpp_meta_is_cpu_overloads():
             found.add(overload)
         elif meta_keys and overload.split(".")[0].endswith("_"):
             found.add(overload)
-    return found
+    return found - META_NOT_FINAL
+
+
+# isin(Scalar, Tensor): the meta function sets a result of shape [0]; the kernel wraps the
+# Scalar in a 0-dim tensor and calls isin.Tensor_Tensor_out, which resizes the result to
+# the Scalar's shape [] (the Python meta kernel gives [] directly).
+META_NOT_FINAL = {"isin.Scalar_Tensor", "isin.Scalar_Tensor_out"}
 
 
 def _every(ov):
@@ -667,8 +677,18 @@ def is_out_of(functional, candidate):
 # more elements was resized" on every call (torch 2.13; found by running the
 # OpInfo samples of every op on "tpu" with warnings recorded). The host runs
 # their functional kernel and copies, as CPU's functional call warns nothing; their
-# explicit out= overloads run at the call (kind_of).
-OUT_KERNEL_RESIZES = {"mse_loss", "huber_loss", "smooth_l1_loss", "binary_cross_entropy"}
+# explicit out= overloads run at the call (kind_of). isin(Scalar, Tensor)'s out= kernel
+# likewise resizes a 0-dim out to [0] first (META_NOT_FINAL). Functional overload names.
+OUT_KERNEL_RESIZES = {"mse_loss", "huber_loss", "smooth_l1_loss", "binary_cross_entropy", "isin.Scalar_Tensor"}
+
+
+def functional_of_out(overload):
+    """The functional overload name of an out= overload's name ("isin.Scalar_Tensor_out" ->
+    "isin.Scalar_Tensor", "mse_loss.out" -> "mse_loss"); other names unchanged."""
+    base, _, ov = overload.partition(".")
+    if ov == "out":
+        return base
+    return base + "." + ov[: -len("_out")] if ov.endswith("_out") else overload
 
 
 def out_overload_names():

@@ -107,6 +107,21 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   return t;
 }
 
+// torch._efficientzerotensor (forward-mode AD's tangent of an argument that has none): a
+// ZeroTensor, as CPU's and CUDA's are. Its dispatch key sends every op on it to kernels
+// that read it as zeros (and refuse to write it). CPU's has no buffer; this one views a
+// zero-filled device buffer, so that no kernel of a fused region (which sees buffers, not
+// dispatch keys) can read memory that is not there.
+at::Tensor efficient_zero_tensor(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                                 std::optional<at::Layout> layout, std::optional<at::Device> device,
+                                 std::optional<bool> pin_memory) {
+  at::Tensor zeros = empty_memory_format(size, dtype, layout, device, pin_memory, std::nullopt).zero_();
+  at::Tensor z = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(zeros.storage()), kDeviceKeys | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor), zeros.dtype());
+  z.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+  return z;
+}
+
 // ---- copies between host and device, and device to device ----
 
 at::Tensor host_view(const at::Tensor& t) {
@@ -635,6 +650,7 @@ int64_t register_device_kernels() {
     };
     impl("empty.memory_format", torch::CppFunction(TORCH_FN(empty_memory_format)));
     impl("empty_strided", torch::CppFunction(TORCH_FN(empty_strided)));
+    impl("_efficientzerotensor", torch::CppFunction(TORCH_FN(efficient_zero_tensor)));
     impl("_copy_from", torch::CppFunction(TORCH_FN(copy_from)));
     impl("_copy_from_and_resize", torch::CppFunction(TORCH_FN(copy_from_and_resize)));
     impl("_to_copy", torch::CppFunction(TORCH_FN(to_copy)));

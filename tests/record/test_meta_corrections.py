@@ -121,3 +121,43 @@ def test_group_norm_mixed_dtypes_match_cpu(xdtype, wdtype):
     for got, want in zip(res["tpu"], res["cpu"], strict=True):
         assert got.dtype == want.dtype
         torch.testing.assert_close(got.cpu(), want)
+
+
+# tools/gen_op_table.py META_NOT_FINAL: isin(Scalar, Tensor)'s structured meta function gives
+# shape [0], which CPU's kernel replaces by the Scalar's shape [] (PyTorch's test_isin).
+@pytest.mark.parametrize("element", [5, 1, 3.0])
+@pytest.mark.parametrize("invert", [False, True])
+def test_isin_scalar_tensor_is_zero_dim_as_on_cpu(element, invert):
+    b = torch.tensor([[10, 20, 30], [0, 1, 3]])
+    got = {}
+    for dev in ("cpu", "tpu"):
+        r = torch.isin(element, b.to(dev), invert=invert)
+        out = torch.empty(0, dtype=torch.bool, device=dev)
+        r_out = torch.isin(element, b.to(dev), invert=invert, out=out)
+        got[dev] = (r.shape, r.stride(), r.dtype, r.cpu(), r_out.shape, out.cpu())
+    assert got["tpu"][:3] == got["cpu"][:3]
+    assert got["tpu"][4] == got["cpu"][4]
+    assert torch.equal(got["tpu"][3], got["cpu"][3])
+    assert torch.equal(got["tpu"][5], got["cpu"][5])
+
+
+# Its out= kernel resizes a 0-dim out to [0] first and warns (CPU's quirk): the warning comes
+# at the call as on CPU, never at a later flush (OUT_KERNEL_RESIZES: the out= call runs eagerly).
+@pytest.mark.parametrize("out_shape", [(), (3,)])
+def test_isin_scalar_tensor_out_warns_at_the_call_as_on_cpu(out_shape):
+    import warnings
+
+    b = torch.tensor([[10, 20, 30], [0, 1, 3]])
+    got = {}
+    for dev in ("cpu", "tpu"):
+        out = torch.empty(out_shape, dtype=torch.bool, device=dev)
+        with warnings.catch_warnings(record=True) as at_call:
+            warnings.simplefilter("always")
+            torch.isin(1, b.to(dev), out=out)
+        with warnings.catch_warnings(record=True) as at_read:
+            warnings.simplefilter("always")
+            value = out.cpu()
+        got[dev] = ([str(w.message)[:60] for w in at_call], len(at_read), out.shape, value)
+    assert got["tpu"][:3] == got["cpu"][:3]
+    assert got["cpu"][0], "CPU warns at the call"
+    assert torch.equal(got["tpu"][3], got["cpu"][3])
