@@ -41,7 +41,7 @@ enum class DirectImpl : uint8_t {
   kBatchNormTrain,
   kMaxPool2dBackward,
   kColumnSum,  // sum.dim_IntList over leading dims (direct_kernels.cpp, column_sum)
-  kMm,         // mm and addmm: CPU's structured out= kernel called unboxed (direct_kernels.cpp, matmul_into)
+  kMm,         // mm and addmm: CPU's structured out= kernels called unboxed (direct_kernels.cpp, mm_into / addmm_into)
   kAddmm,
 };
 
