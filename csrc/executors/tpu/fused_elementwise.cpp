@@ -876,6 +876,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       // several rows at once (rows of whole vectors in blocks of
       // kLayerNormMomentRows); without them CPU's kernel takes a scalar loop
       // and this one is ~1.7x faster.
+      // Rows of whole vectors on either capability (AVX512's 16 floats).
       const int64_t rows = anchor.cols ? c10::multiply_integers(*shape) / anchor.cols : 0;
       const bool moment_rows = fused::layer_norm_moment_rows(rows, anchor.cols) &&
                                rows >= fused::kLayerNormMomentRows && anchor.cols % 16 == 0;

@@ -287,9 +287,6 @@ int rename_registers(std::vector<I>& instrs, O* extra_use, bool stored_in_regist
   return count;
 }
 
-// A row reduction over the last dim that ends a region, fed by the program
-// (its input is a register, an external buffer or a materialized output of
-// `rows` x `cols` floats).
 // Rows whose moments a LayerNormRowFn call takes at once, their Welford chains side by
 // side (each row's values unchanged), when its block has that many rows of
 // whole vectors. run_rows gives layer_norm such blocks when input and output
@@ -315,6 +312,9 @@ void layer_norm_row_avx2(const float* x, float* y, int64_t rows, int64_t n, cons
 void layer_norm_row_avx512(const float* x, float* y, int64_t rows, int64_t n, const float* gamma, const float* beta,
                            float eps, float* mean_out, float* rstd_out, bool stream);
 
+// A row reduction over the last dim that ends a region, fed by the program
+// (its input is a register, an external buffer or a materialized output of
+// `rows` x `cols` floats).
 enum class RowOp : uint8_t {
   kSoftmax,
   kLogSoftmax,
