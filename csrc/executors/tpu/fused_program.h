@@ -291,7 +291,7 @@ int rename_registers(std::vector<I>& instrs, O* extra_use, bool stored_in_regist
 // side (each row's values unchanged), when its block has that many rows of
 // whole vectors. run_rows gives layer_norm such blocks when input and output
 // fit kLayerNormMomentRowsBytes (always for rows of up to 256 floats): beyond,
-// the rows' several read streams wait on memory (measured in layer_norm_row.inc).
+// the rows' several read streams wait on memory (docs/performance.md, rows23).
 constexpr int64_t kLayerNormMomentRows = 4;
 constexpr int64_t kLayerNormMomentRowsBytes = int64_t{4} << 20;
 // Whether run_rows gives a layer_norm of rows x cols blocks of kLayerNormMomentRows rows.
