@@ -36,32 +36,17 @@ constexpr size_t kAll = static_cast<size_t>(StatType::AGGREGATE);
 
 // Per-chip counters (bytes unless named otherwise). Atomics: allocations come
 // from the Python thread and the autograd engine's device thread alike.
-// A free updates the two live counters only: the cumulative freed bytes and
-// frees follow from them (freed_bytes, free_count below), so a 16-op
-// cache-hit flush, which frees 15 storages, makes 30 locked adds fewer.
 struct ChipMemory {
   std::atomic<int64_t> allocated{0};
   std::atomic<int64_t> peak{0};
   std::atomic<int64_t> reserved_peak{0};
   std::atomic<int64_t> allocated_total{0};  // cumulative bytes allocated (since the last reset of accumulated stats)
-  std::atomic<int64_t> live_count{0};       // storages alive
+  std::atomic<int64_t> freed_total{0};
+  std::atomic<int64_t> live_count{0};  // storages alive
   std::atomic<int64_t> count_peak{0};
   std::atomic<int64_t> alloc_count{0};  // cumulative allocations
-  // `allocated` and `live_count` at the last reset of accumulated stats.
-  std::atomic<int64_t> allocated_at_reset{0};
-  std::atomic<int64_t> live_at_reset{0};
+  std::atomic<int64_t> free_count{0};
   std::atomic<int64_t> ooms{0};
-
-  // Cumulative bytes freed since the last reset: what was live then or
-  // allocated since, less what is live now. Read apart from concurrent
-  // allocations and frees, so clamped at 0.
-  int64_t freed_bytes() const {
-    return std::max<int64_t>(0, allocated_at_reset.load() + allocated_total.load() - allocated.load());
-  }
-  // Cumulative frees since the last reset (the same for storage counts).
-  int64_t free_count() const {
-    return std::max<int64_t>(0, live_at_reset.load() + alloc_count.load() - live_count.load());
-  }
 };
 
 ChipMemory g_mem[kMaxDevices];
@@ -285,31 +270,31 @@ struct DeviceAllocator final : c10::DeviceAllocator {
       a.current = cur;
       a.peak = mem.peak.load();
       a.allocated = mem.allocated_total.load();
-      a.freed = mem.freed_bytes();
+      a.freed = mem.freed_total.load();
     }
     auto& r = st.reserved_bytes[kAll];
     r.current = reserved_bytes(d);
     r.peak = std::max(mem.reserved_peak.load(), r.current);
     r.allocated = mem.allocated_total.load();
-    r.freed = mem.freed_bytes();
+    r.freed = mem.freed_total.load();
     for (auto* arr : {&st.allocation, &st.active, &st.segment}) {
       auto& a = (*arr)[kAll];
       a.current = mem.live_count.load();
       a.peak = mem.count_peak.load();
       a.allocated = mem.alloc_count.load();
-      a.freed = mem.free_count();
+      a.freed = mem.free_count.load();
     }
     st.num_ooms = mem.ooms.load();
     st.num_device_alloc = mem.alloc_count.load();
-    st.num_device_free = mem.free_count();
+    st.num_device_free = mem.free_count.load();
     return st;
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     ChipMemory& mem = g_mem[checked_device(device)];
     mem.allocated_total = 0;
+    mem.freed_total = 0;
     mem.alloc_count = 0;
-    mem.allocated_at_reset = mem.allocated.load();
-    mem.live_at_reset = mem.live_count.load();
+    mem.free_count = 0;
     mem.ooms = 0;
   }
   void resetPeakStats(c10::DeviceIndex device) override { reset_peak_memory_stats(checked_device(device)); }
@@ -431,7 +416,9 @@ bool adopt_host_buffer(DeferredStorage* s, const c10::Storage& buffer) {
 void account_free(size_t nbytes, int device) {
   ChipMemory& mem = g_mem[device >= 0 && device < kMaxDevices ? device : 0];
   mem.allocated.fetch_sub(static_cast<int64_t>(nbytes));
+  mem.freed_total.fetch_add(static_cast<int64_t>(nbytes));
   mem.live_count.fetch_sub(1);
+  mem.free_count.fetch_add(1);
 }
 
 c10::Allocator* device_allocator() { return &g_allocator; }
