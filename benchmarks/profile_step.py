@@ -150,12 +150,42 @@ def compare_record(args):
     )
 
 
+def compare_flush(args):
+    """BLOCKS blocks of 300 cache-hit flushes of run_all's 16-op chain on a 4x4 tensor (the
+    chain recorded off the clock, its flush timed): median thread CPU time per flush,
+    microseconds (what the flush costs the core; CPU eager has no counterpart)."""
+    import statistics
+
+    n = 300
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0)).to("tpu")
+    for _ in range(max(args.warmup, 20)):
+        run_all.chain16(x)
+        torch.tpu.synchronize()
+    blocks = []
+    for _ in range(args.compare):
+        seconds = 0.0
+        for _ in range(n):
+            y = run_all.chain16(x)
+            t0 = time.thread_time()
+            torch.tpu.synchronize()
+            seconds += time.thread_time() - t0
+            del y
+        blocks.append(seconds / n)
+    print(
+        f"flush of a 16-op chain (cache hit): thread us/flush {statistics.median(blocks) * 1e6:.3f} "
+        f"(median of {args.compare} blocks of {n}; min {min(blocks) * 1e6:.3f})"
+    )
+
+
 def compare(args):
     """Interleaved blocks of training steps on tpu and cpu: median thread CPU time per step."""
     import statistics
 
     if args.model == "record":
         compare_record(args)
+        return
+    if args.model == "flush":
+        compare_flush(args)
         return
     index = {"mlp": 0, "gpt": 1, "cnn": 2}[args.model]
     name, make_model, make_opt, clip, make_batches = run_all._training_cases(False)[index]
@@ -200,7 +230,8 @@ def main():
         help="training steps: interleave BLOCKS blocks of --steps steps on tpu and on cpu in this "
         "process and print the median CPU time per step of each (thread time: what the step costs "
         "the core, less sensitive to other jobs than wall time) and their ratio; --model record: "
-        "the same for BLOCKS blocks of 2,000 --op records (tpu) and runs (cpu), per op",
+        "the same for BLOCKS blocks of 2,000 --op records (tpu) and runs (cpu), per op; --model flush: "
+        "BLOCKS blocks of 300 cache-hit flushes, thread time per flush",
     )
     parser.add_argument("--callgrind", action="store_true", help="toggle callgrind collection around the steps")
     parser.add_argument(

@@ -95,6 +95,30 @@ def test_memory_stats_keys_and_accumulated_counters():
     assert stats["allocation.all.allocated"] >= 1
 
 
+def test_freed_counters_are_exact_across_a_reset_and_a_flush():
+    # The freed bytes and frees follow from the allocated ones and what is live
+    # (a free updates only the live counters): exact for a storage allocated
+    # before a reset and freed after it, and for a flush's dying intermediates.
+    gc.collect()
+    kept = torch.empty(100, device="tpu")  # 400 bytes, alive across the reset
+    torch.accelerator.reset_accumulated_memory_stats()
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocated_bytes.all.freed"] == stats["allocation.all.freed"] == stats["num_device_free"] == 0
+    del kept
+    x = torch.empty(4, 4, device="tpu")  # 64 bytes
+    y = ((x + 1) * 3 - 2).sin()  # three 64-byte intermediates, dead once the flush ran
+    torch.tpu.synchronize()
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocation.all.allocated"] == stats["num_device_alloc"] == 5
+    assert stats["allocated_bytes.all.allocated"] == 5 * 64
+    assert stats["allocation.all.freed"] == stats["num_device_free"] == 1 + 3
+    assert stats["allocated_bytes.all.freed"] == stats["reserved_bytes.all.freed"] == 400 + 3 * 64
+    del x, y
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocation.all.freed"] == 6
+    assert stats["allocated_bytes.all.freed"] == 400 + 5 * 64
+
+
 def test_mem_get_info_is_free_and_total_of_the_simulated_hbm():
     tte = _tte()
     torch.tpu.empty_cache()  # a cached block would be reused without changing what is free
