@@ -23,6 +23,11 @@ dynamic (range 1..512) on the Spyre target:
 - ``repeat``: ``(16, n)`` marked at dim 1, ``d.repeat(1, 2) * 2.0`` (the
   buffer's ``[16, 2*s0]`` view);
 - ``stack``: ``(16, n)`` marked at dim 1, ``torch.stack([d, d], 2) * 2.0``.
+- ``split``: ``(16, 4q)`` marked at dim 1 (``4q`` the multiple of 4 at or
+  below n), ``d.view(16, 4, -1) * 2.0`` (the marked dim split into a fixed
+  factor and a quotient: ``sizes=[16, 4, s0]``, s0 the quotient);
+- ``splitin``: the same tensor, ``d.view(16, -1, 4) * 2.0`` (the quotient
+  outside the factor: ``sizes=[16, s0, 4] strides=[4*s0, 4, 1]``).
 
 For each n, the first launch of the shape (a bind of the compiled program, or
 a new program when none fits) and then ``--repeats`` warm launches. Prints,
@@ -64,6 +69,8 @@ CASES = {
     "flatten": (lambda n: (n, 16), (0,), lambda d: d.flatten() * 2.0),
     "repeat": (lambda n: (16, n), (1,), lambda d: d.repeat(1, 2) * 2.0),
     "stack": (lambda n: (16, n), (1,), lambda d: torch.stack([d, d], 2) * 2.0),
+    "split": (lambda n: (16, n // 4 * 4), (1,), lambda d: d.view(16, 4, -1) * 2.0),
+    "splitin": (lambda n: (16, n // 4 * 4), (1,), lambda d: d.view(16, -1, 4) * 2.0),
 }
 
 

@@ -30,10 +30,12 @@ struct Range {
 
 // Bucket tags: a whole mark_dynamic range, and a size following a marked
 // one (size_buckets with RegionMarks). Sizes below 2^62 never carry them.
-// A range word holds the merged dim's scale (bits 48-55, dynamic_dims) and
-// the upper bound's low 48 bits.
+// A range word holds the merged dim's scale or the split dim's divisor
+// (bits 48-55, dynamic_dims; bit 56 set for a divisor) and the upper
+// bound's low 48 bits.
 constexpr uint64_t kRangeTag = uint64_t(1) << 63;
 constexpr uint64_t kFollowTag = uint64_t(1) << 62;
+constexpr uint64_t kDividedTag = uint64_t(1) << 56;
 constexpr uint64_t kUpperBits = (uint64_t(1) << 48) - 1;
 // Carried marks kept at most (the oldest dropped first).
 constexpr size_t kMaxCarried = 4096;
@@ -76,14 +78,45 @@ int64_t view_dim(const Range& m, const TensorRef& r) {
 // marked dim kept whole or sliced); or a dim of size k * base (2 <= k <=
 // 255) whose stride divides the marked one and whose span holds the marked
 // dim, scale k (the marked dim merged with fixed ones: flatten of (16, n)
-// or (n, 16) is 16*n). None when several dims fit.
+// or (n, 16) is 16*n); the quotient of a split of the marked dim first
+// (split_mark). None when several dims fit.
 struct ViewMark {
-  int64_t dim = -1, scale = 1;
+  int64_t dim = -1, scale = 1, divisor = 1;
 };
+
+// The quotient dim of a split of mark m's dim in r (a view of another
+// rank): a dim j of size q = base / k (2 <= k <= 255) beside a dim i of
+// size k, the two covering the marked dim as (k, q) (strides q*S, S) or as
+// (q, k) (strides k*S, S), S the marked stride: view(16, 4, n / 4) or
+// view(16, n / 4, 4) of (16, n). One launch cannot tell which factor is
+// the fixed one ((4, 10) is also 10 rows of 4): the quotient is taken to be
+// the larger, q > k. Divisor k; none when no pair or several fit (n = 16
+// as (4, 4)). base % q == 0 is the divisibility guard: a size that does
+// not divide is no split.
+ViewMark split_mark(const Range& m, const TensorRef& r) {
+  const auto nd = static_cast<int64_t>(r.sizes.size());
+  ViewMark found;
+  for (int64_t j = 0; j < nd; ++j) {
+    const int64_t q = r.sizes[j];
+    if (q <= 1 || m.base % q != 0 || m.base / q < 2 || m.base / q >= q || m.base / q > 255) continue;
+    const int64_t k = m.base / q;
+    for (int64_t i = 0; i < nd; ++i) {
+      if (i == j || r.sizes[i] != k) continue;
+      const bool inner = r.strides[j] == m.stride && r.strides[i] == q * m.stride;
+      const bool outer = r.strides[i] == m.stride && r.strides[j] == k * m.stride;
+      if (!inner && !outer) continue;
+      if (found.dim >= 0) return {};
+      found = {j, 1, k};
+    }
+  }
+  return found;
+}
+
 ViewMark view_mark(const Range& m, const TensorRef& r) {
   const auto nd = static_cast<int64_t>(r.sizes.size());
   if (m.ndim == nd) return {view_dim(m, r), 1};
   if (static_cast<int64_t>(r.strides.size()) != nd || m.base <= 1 || m.stride <= 0) return {};
+  if (const ViewMark split = split_mark(m, r); split.dim >= 0) return split;
   ViewMark found;
   for (int64_t j = 0; j < nd; ++j) {
     const int64_t n = r.sizes[j], st = r.strides[j];
@@ -102,9 +135,9 @@ ViewMark view_mark(const Range& m, const TensorRef& r) {
   return found;
 }
 
-// The size whose range holds n: the base for a merged dim (scale > 1).
+// The size whose range holds n: the base for a merged or split dim.
 bool in_range(const Range& m, const ViewMark& v, int64_t n) {
-  const int64_t x = v.scale > 1 ? m.base : n;
+  const int64_t x = v.scale > 1 || v.divisor > 1 ? m.base : n;
   return x >= m.lower && x <= m.upper;
 }
 
@@ -141,7 +174,9 @@ uint64_t follow_word(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
 // The bucket word of a dim in a range (distinct from every power of two).
 uint64_t range_word(const Range& m, const ViewMark& v) {
   const auto upper = static_cast<uint64_t>(m.carried ? m.key_upper : m.upper);
-  return kRangeTag | (m.carried ? kFollowTag : 0) | static_cast<uint64_t>(v.scale) << 48 | (upper & kUpperBits);
+  const uint64_t factor = v.divisor > 1 ? kDividedTag | static_cast<uint64_t>(v.divisor) << 48
+                                         : static_cast<uint64_t>(v.scale) << 48;
+  return kRangeTag | (m.carried ? kFollowTag : 0) | factor | (upper & kUpperBits);
 }
 
 int64_t saturate_add(int64_t a, int64_t b) {
@@ -235,7 +270,7 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
     const ViewMark v = view_mark(m, r);
     if (v.dim < 0) continue;
     const int64_t n = r.sizes[v.dim];
-    if (in_range(m, v, n)) out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale});
+    if (in_range(m, v, n)) out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale, v.divisor});
   }
   return out;
 }
@@ -247,7 +282,11 @@ RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nod
     for (const auto& in : g[i].inputs) {
       for (const DynamicDim& d : dynamic_dims(in.ref)) {
         marks.sizes.push_back(d.size);
-        marks.ranges.emplace_back(saturate_mul(d.scale, d.lower), saturate_mul(d.scale, d.upper));
+        // A split's quotient: the sizes base / divisor of the range.
+        if (d.divisor > 1)
+          marks.ranges.emplace_back((std::max<int64_t>(0, d.lower) + d.divisor - 1) / d.divisor, d.upper / d.divisor);
+        else
+          marks.ranges.emplace_back(saturate_mul(d.scale, d.lower), saturate_mul(d.scale, d.upper));
       }
       if (in.written) marks.written.push_back(in.ref.storage.get());
     }
