@@ -142,10 +142,12 @@ bool in_range(const Range& m, const ViewMark& v, int64_t n) {
 }
 
 // How a size n follows marked[i]: n = m + c with 2|c| <= m (exact first),
-// or n = k*m for 2 <= k <= 255; i = -1 when it follows none. The first
-// marked size that fits is taken: the region's structure fixes their order.
+// or n = k*m for 2 <= k <= 255, or, when none of these fits, n = m +
+// marked[j] of two distinct marked sizes (a cat of two marked tensors);
+// i = -1 when it follows none. The first marked size that fits is taken:
+// the region's structure fixes their order.
 struct Follow {
-  int i = -1;
+  int i = -1, j = -1;  // j: the second size of a sum, else -1
   int64_t c = 0, k = 1;
 };
 Follow follows(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
@@ -155,20 +157,24 @@ Follow follows(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
       const int64_t m = marked[i];
       if (m <= 1) continue;
       const int64_t c = n - m;
-      if ((pass == 0 && c == 0) || (pass == 1 && 2 * std::abs(c) <= m)) return {static_cast<int>(i), c, 1};
-      if (pass == 2 && n % m == 0 && n / m >= 2 && n / m <= 255) return {static_cast<int>(i), 0, n / m};
+      if ((pass == 0 && c == 0) || (pass == 1 && 2 * std::abs(c) <= m)) return {static_cast<int>(i), -1, c, 1};
+      if (pass == 2 && n % m == 0 && n / m >= 2 && n / m <= 255) return {static_cast<int>(i), -1, 0, n / m};
     }
   }
+  for (size_t i = 0; i < marked.size(); ++i)
+    for (size_t j = i + 1; j < marked.size(); ++j)
+      if (marked[i] > 1 && marked[j] > 1 && marked[i] != marked[j] && marked[i] + marked[j] == n)
+        return {static_cast<int>(i), static_cast<int>(j), 0, 1};
   return {};
 }
 
-// The key word of a size n that follows a marked size: its tag and i, not
+// The key word of a size n that follows a marked size: its tag, i and j, not
 // the relation, so a size near a marked one by chance shares one key
 // across the range instead of one per relation (the kernel plans again for
 // each exact layout). 0 when it follows none.
 uint64_t follow_word(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
   const Follow f = follows(n, marked);
-  return f.i < 0 ? 0 : kFollowTag | uint64_t(f.i);
+  return f.i < 0 ? 0 : kFollowTag | uint64_t(f.i) | uint64_t(f.j + 1) << 16;
 }
 
 // The bucket word of a dim in a range (distinct from every power of two).
@@ -201,7 +207,7 @@ std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks) {
   bool exact = false;
   for (int64_t d = 0; d < nd; ++d) {
     const Follow f = follows(r.sizes[d], marks.sizes);
-    exact |= f.i >= 0 && f.c == 0 && f.k == 1;
+    exact |= f.i >= 0 && f.j < 0 && f.c == 0 && f.k == 1;
   }
   for (int64_t d = 0; d < nd; ++d) {
     const int64_t n = r.sizes[d];
@@ -209,9 +215,13 @@ std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks) {
     if (f.i < 0 || (exact && f.c != 0)) continue;
     const auto [lo, hi] = marks.ranges[static_cast<size_t>(f.i)];
     // Saturated: a range declared up to the int64 limit stays there.
-    const int64_t lower = f.k > 1 ? saturate_mul(f.k, lo) : std::max<int64_t>(0, saturate_add(lo, f.c));
-    const int64_t upper = f.k > 1 ? saturate_mul(f.k, hi) : saturate_add(hi, f.c);
-    out.push_back(Range{nd, d, lower, upper, n, r.strides[d], true, hi});
+    int64_t lower = f.k > 1 ? saturate_mul(f.k, lo) : std::max<int64_t>(0, saturate_add(lo, f.c));
+    int64_t upper = f.k > 1 ? saturate_mul(f.k, hi) : saturate_add(hi, f.c), key = hi;
+    if (f.j >= 0) {  // a sum of two marked sizes: the sum of their ranges
+      const auto [lo2, hi2] = marks.ranges[static_cast<size_t>(f.j)];
+      lower = saturate_add(lo, lo2), upper = saturate_add(hi, hi2), key = upper;
+    }
+    out.push_back(Range{nd, d, lower, upper, n, r.strides[d], true, key});
   }
   return out;
 }

@@ -7,7 +7,8 @@
 //    a transposed view keeps each mark on the dim it belongs to);
 //  - a buffer the region writes, on a storage of no mark, whose size
 //    follows a size m of an input inside a range (a pad's or cat(out=)'s
-//    buffer, created at its own size: n = m + c with 2|c| <= m, or n = k*m):
+//    buffer, created at its own size: n = m + c with 2|c| <= m, n = k*m, or
+//    n = m + m' of two marked sizes, a cat of two marked tensors):
 //    one bucket "follows m", so one region serves every m of the range;
 //  - a buffer a region creates or writes whole (a result, a pad's buffer),
 //    whose size follows a marked size of that region, carries the relation
@@ -72,8 +73,9 @@ struct RegionMarks {
 };
 RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nodes);
 // size_buckets(r); when r's storage has no mark and the region writes it,
-// each size that follows one of `marks.sizes` (m + c with 2|c| <= m, or k*m
-// for 2 <= k <= 255) is keyed as following it instead of its power of two:
+// each size that follows one of `marks.sizes` (m + c with 2|c| <= m, k*m
+// for 2 <= k <= 255, or else m + m' of two distinct ones) is keyed as
+// following it instead of its power of two:
 // a created buffer's dim inherits the mark of the size it was made from.
 // Only written buffers: a weight's fixed 8 columns near a marked n by
 // chance keep their power of two.
@@ -84,7 +86,8 @@ SizeBuckets size_buckets(const TensorRef& r, const RegionMarks& marks);
 // storage, as a pad's buffer) on a storage of no mark_dynamic range takes a
 // mark on each dim whose size follows a marked size of the region (as
 // size_buckets with RegionMarks: m + c, 2|c| <= m, range [lower + c, upper
-// + c]; or k*m, range [k*lower, k*upper]), its own size the base. A later
+// + c]; k*m, range [k*lower, k*upper]; m + m', the sum of their ranges),
+// its own size the base. A later
 // region that only reads the buffer then keys and binds it by that range.
 // At most 4096 such marks are kept (the oldest dropped: its buffer then
 // keys by its power of two again, never wrongly). No-op without marks.
