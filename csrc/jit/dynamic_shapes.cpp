@@ -30,9 +30,8 @@ struct Range {
 
 // Bucket tags: a whole mark_dynamic range, and a size following a marked
 // one (size_buckets with RegionMarks). Sizes below 2^62 never carry them.
-// A range word holds the merged dim's scale or the split dim's divisor
-// (bits 48-55, dynamic_dims; bit 56 set for a divisor) and the upper
-// bound's low 48 bits.
+// A range word holds the merged dim's scale (bits 48-55, dynamic_dims) or
+// bit 56 for a split's quotient, and the upper bound's low 48 bits.
 constexpr uint64_t kRangeTag = uint64_t(1) << 63;
 constexpr uint64_t kFollowTag = uint64_t(1) << 62;
 constexpr uint64_t kDividedTag = uint64_t(1) << 56;
@@ -180,8 +179,10 @@ uint64_t follow_word(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
 // The bucket word of a dim in a range (distinct from every power of two).
 uint64_t range_word(const Range& m, const ViewMark& v) {
   const auto upper = static_cast<uint64_t>(m.carried ? m.key_upper : m.upper);
-  const uint64_t factor = v.divisor > 1 ? kDividedTag | static_cast<uint64_t>(v.divisor) << 48
-                                         : static_cast<uint64_t>(v.scale) << 48;
+  // Not the divisor: a split whose fixed factor is the smaller (n / 64 rows
+  // of 64 for n < 4096) takes the 64 for the quotient, its divisor changing
+  // with n; its rows then key by their power of two, as without the split.
+  const uint64_t factor = v.divisor > 1 ? kDividedTag : static_cast<uint64_t>(v.scale) << 48;
   return kRangeTag | (m.carried ? kFollowTag : 0) | factor | (upper & kUpperBits);
 }
 

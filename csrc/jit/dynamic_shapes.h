@@ -18,7 +18,7 @@
 //    the dim that keeps the marked stride, on the dim that merges the
 //    marked dim with fixed ones (size k * base: keyed by the range and k),
 //    or on the quotient of a split of the marked dim into it and a fixed
-//    factor k (size base / k: keyed by the range and k);
+//    factor k (size base / k: keyed by the range);
 //  - otherwise: n itself for 0 and 1, else the next power of two. A size that
 //    grows by one per step (a generation loop) therefore compiles a region
 //    kind at most ceil(log2(range)) + 1 times.
