@@ -23,6 +23,18 @@ dynamic (range 1..512) on the Spyre target:
 - ``repeat``: ``(16, n)`` marked at dim 1, ``d.repeat(1, 2) * 2.0`` (the
   buffer's ``[16, 2*s0]`` view);
 - ``stack``: ``(16, n)`` marked at dim 1, ``torch.stack([d, d], 2) * 2.0``.
+- ``split``: ``(16, 4q)`` marked at dim 1 (``4q`` the multiple of 4 at or
+  below n), ``d.view(16, 4, -1) * 2.0`` (the marked dim split into a fixed
+  factor and a quotient: ``sizes=[16, 4, s0]``, s0 the quotient);
+- ``splitin``: the same tensor, ``d.view(16, -1, 4) * 2.0`` (the quotient
+  outside the factor: ``sizes=[16, s0, 4] strides=[4*s0, 4, 1]``).
+- ``cat2``: two tensors ``(16, n)`` and ``(16, n // 2 + 3)``, each marked at
+  dim 1, ``torch.cat([d, e], 1) * 2.0`` (``s0+s1``);
+- ``cat2out``: the same into an ``out=`` buffer of ``n + n // 2 + 3`` made
+  outside the region, then ``* 2.0`` (the buffer's size follows the sum of
+  two marked sizes);
+- ``readcat2``: the same cat made by one flush, then ``p[:, 1:] * 2.0`` in
+  the next (the result carries the mark of the sum).
 
 For each n, the first launch of the shape (a bind of the compiled program, or
 a new program when none fits) and then ``--repeats`` warm launches. Prints,
@@ -52,6 +64,18 @@ def read_later(p):
     return p[:, 1:] * 2.0
 
 
+def cat_out(d, e):
+    """``cat([d, e], 1)`` into a buffer made outside the region."""
+    buf = torch.empty(16, d.shape[1] + e.shape[1], dtype=d.dtype, device=d.device)
+    torch.cat([d, e], 1, out=buf)
+    return buf * 2.0
+
+
+def two(n):
+    """The shapes of the two-tensor cases."""
+    return [(16, n), (16, n // 2 + 3)]
+
+
 CASES = {
     "slice": (lambda n: (16, n), (1,), lambda d: d[:, 1:] * d[:, 1:] + 1.0),
     "cat": (lambda n: (16, n), (1,), lambda d: torch.cat([d, d], 1) + 1.0),
@@ -64,27 +88,39 @@ CASES = {
     "flatten": (lambda n: (n, 16), (0,), lambda d: d.flatten() * 2.0),
     "repeat": (lambda n: (16, n), (1,), lambda d: d.repeat(1, 2) * 2.0),
     "stack": (lambda n: (16, n), (1,), lambda d: torch.stack([d, d], 2) * 2.0),
+    "split": (lambda n: (16, n // 4 * 4), (1,), lambda d: d.view(16, 4, -1) * 2.0),
+    "splitin": (lambda n: (16, n // 4 * 4), (1,), lambda d: d.view(16, -1, 4) * 2.0),
+    "cat2": (two, (1,), lambda d, e: torch.cat([d, e], 1) * 2.0),
+    "cat2out": (two, (1,), cat_out),
+    "readcat2": (two, (1,), lambda d, e: read_later(torch.cat([d, e], 1))),
 }
+
+
+def inputs(shape, n):
+    """The case's float16 tensors of size n on the device (one or two)."""
+    shapes = shape(n)
+    shapes = shapes if isinstance(shapes, list) else [shapes]
+    return [torch.randn(*s).half().to("tpu") for s in shapes]
 
 
 def sweep(case, sizes, repeats):
     shape, dims, fn = CASES[case]
     # Warm the op path once outside the sweep (a size outside the range).
-    x = torch.randn(*shape(1000)).half().to("tpu")
-    fn(x).cpu()
+    fn(*inputs(shape, 1000)).cpu()
     tte.reset_metrics()
     firsts, warms = [], []
     for n in sizes:
-        d = torch.randn(*shape(n)).half().to("tpu")
-        for dim in dims:
-            tte.mark_dynamic(d, dim, 1, 512)
+        ds = inputs(shape, n)
+        for d in ds:
+            for dim in dims:
+                tte.mark_dynamic(d, dim, 1, 512)
         t0 = time.thread_time()
-        fn(d).cpu()
+        fn(*ds).cpu()
         firsts.append(time.thread_time() - t0)
         w = []
         for _ in range(repeats):
             t0 = time.thread_time()
-            fn(d).cpu()
+            fn(*ds).cpu()
             w.append(time.thread_time() - t0)
         warms.append(statistics.median(w))
     m = tte.metrics()

@@ -30,10 +30,11 @@ struct Range {
 
 // Bucket tags: a whole mark_dynamic range, and a size following a marked
 // one (size_buckets with RegionMarks). Sizes below 2^62 never carry them.
-// A range word holds the merged dim's scale (bits 48-55, dynamic_dims) and
-// the upper bound's low 48 bits.
+// A range word holds the merged dim's scale (bits 48-55, dynamic_dims) or
+// bit 56 for a split's quotient, and the upper bound's low 48 bits.
 constexpr uint64_t kRangeTag = uint64_t(1) << 63;
 constexpr uint64_t kFollowTag = uint64_t(1) << 62;
+constexpr uint64_t kDividedTag = uint64_t(1) << 56;
 constexpr uint64_t kUpperBits = (uint64_t(1) << 48) - 1;
 // Carried marks kept at most (the oldest dropped first).
 constexpr size_t kMaxCarried = 4096;
@@ -76,14 +77,45 @@ int64_t view_dim(const Range& m, const TensorRef& r) {
 // marked dim kept whole or sliced); or a dim of size k * base (2 <= k <=
 // 255) whose stride divides the marked one and whose span holds the marked
 // dim, scale k (the marked dim merged with fixed ones: flatten of (16, n)
-// or (n, 16) is 16*n). None when several dims fit.
+// or (n, 16) is 16*n); the quotient of a split of the marked dim first
+// (split_mark). None when several dims fit.
 struct ViewMark {
-  int64_t dim = -1, scale = 1;
+  int64_t dim = -1, scale = 1, divisor = 1;
 };
+
+// The quotient dim of a split of mark m's dim in r (a view of another
+// rank): a dim j of size q = base / k (2 <= k <= 255) beside a dim i of
+// size k, the two covering the marked dim as (k, q) (strides q*S, S) or as
+// (q, k) (strides k*S, S), S the marked stride: view(16, 4, n / 4) or
+// view(16, n / 4, 4) of (16, n). One launch cannot tell which factor is
+// the fixed one ((4, 10) is also 10 rows of 4): the quotient is taken to be
+// the larger, q > k. Divisor k; none when no pair or several fit (n = 16
+// as (4, 4)). base % q == 0 is the divisibility guard: a size that does
+// not divide is no split.
+ViewMark split_mark(const Range& m, const TensorRef& r) {
+  const auto nd = static_cast<int64_t>(r.sizes.size());
+  ViewMark found;
+  for (int64_t j = 0; j < nd; ++j) {
+    const int64_t q = r.sizes[j];
+    if (q <= 1 || m.base % q != 0 || m.base / q < 2 || m.base / q >= q || m.base / q > 255) continue;
+    const int64_t k = m.base / q;
+    for (int64_t i = 0; i < nd; ++i) {
+      if (i == j || r.sizes[i] != k) continue;
+      const bool inner = r.strides[j] == m.stride && r.strides[i] == q * m.stride;
+      const bool outer = r.strides[i] == m.stride && r.strides[j] == k * m.stride;
+      if (!inner && !outer) continue;
+      if (found.dim >= 0) return {};
+      found = {j, 1, k};
+    }
+  }
+  return found;
+}
+
 ViewMark view_mark(const Range& m, const TensorRef& r) {
   const auto nd = static_cast<int64_t>(r.sizes.size());
   if (m.ndim == nd) return {view_dim(m, r), 1};
   if (static_cast<int64_t>(r.strides.size()) != nd || m.base <= 1 || m.stride <= 0) return {};
+  if (const ViewMark split = split_mark(m, r); split.dim >= 0) return split;
   ViewMark found;
   for (int64_t j = 0; j < nd; ++j) {
     const int64_t n = r.sizes[j], st = r.strides[j];
@@ -102,17 +134,19 @@ ViewMark view_mark(const Range& m, const TensorRef& r) {
   return found;
 }
 
-// The size whose range holds n: the base for a merged dim (scale > 1).
+// The size whose range holds n: the base for a merged or split dim.
 bool in_range(const Range& m, const ViewMark& v, int64_t n) {
-  const int64_t x = v.scale > 1 ? m.base : n;
+  const int64_t x = v.scale > 1 || v.divisor > 1 ? m.base : n;
   return x >= m.lower && x <= m.upper;
 }
 
 // How a size n follows marked[i]: n = m + c with 2|c| <= m (exact first),
-// or n = k*m for 2 <= k <= 255; i = -1 when it follows none. The first
-// marked size that fits is taken: the region's structure fixes their order.
+// or n = k*m for 2 <= k <= 255, or, when none of these fits, n = m +
+// marked[j] of two distinct marked sizes (a cat of two marked tensors);
+// i = -1 when it follows none. The first marked size that fits is taken:
+// the region's structure fixes their order.
 struct Follow {
-  int i = -1;
+  int i = -1, j = -1;  // j: the second size of a sum, else -1
   int64_t c = 0, k = 1;
 };
 Follow follows(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
@@ -122,26 +156,34 @@ Follow follows(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
       const int64_t m = marked[i];
       if (m <= 1) continue;
       const int64_t c = n - m;
-      if ((pass == 0 && c == 0) || (pass == 1 && 2 * std::abs(c) <= m)) return {static_cast<int>(i), c, 1};
-      if (pass == 2 && n % m == 0 && n / m >= 2 && n / m <= 255) return {static_cast<int>(i), 0, n / m};
+      if ((pass == 0 && c == 0) || (pass == 1 && 2 * std::abs(c) <= m)) return {static_cast<int>(i), -1, c, 1};
+      if (pass == 2 && n % m == 0 && n / m >= 2 && n / m <= 255) return {static_cast<int>(i), -1, 0, n / m};
     }
   }
+  for (size_t i = 0; i < marked.size(); ++i)
+    for (size_t j = i + 1; j < marked.size(); ++j)
+      if (marked[i] > 1 && marked[j] > 1 && marked[i] != marked[j] && marked[i] + marked[j] == n)
+        return {static_cast<int>(i), static_cast<int>(j), 0, 1};
   return {};
 }
 
-// The key word of a size n that follows a marked size: its tag and i, not
+// The key word of a size n that follows a marked size: its tag, i and j, not
 // the relation, so a size near a marked one by chance shares one key
 // across the range instead of one per relation (the kernel plans again for
 // each exact layout). 0 when it follows none.
 uint64_t follow_word(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
   const Follow f = follows(n, marked);
-  return f.i < 0 ? 0 : kFollowTag | uint64_t(f.i);
+  return f.i < 0 ? 0 : kFollowTag | uint64_t(f.i) | uint64_t(f.j + 1) << 16;
 }
 
 // The bucket word of a dim in a range (distinct from every power of two).
 uint64_t range_word(const Range& m, const ViewMark& v) {
   const auto upper = static_cast<uint64_t>(m.carried ? m.key_upper : m.upper);
-  return kRangeTag | (m.carried ? kFollowTag : 0) | static_cast<uint64_t>(v.scale) << 48 | (upper & kUpperBits);
+  // Not the divisor: a split whose fixed factor is the smaller (n / 64 rows
+  // of 64 for n < 4096) takes the 64 for the quotient, its divisor changing
+  // with n; its rows then key by their power of two, as without the split.
+  const uint64_t factor = v.divisor > 1 ? kDividedTag : static_cast<uint64_t>(v.scale) << 48;
+  return kRangeTag | (m.carried ? kFollowTag : 0) | factor | (upper & kUpperBits);
 }
 
 int64_t saturate_add(int64_t a, int64_t b) {
@@ -166,7 +208,7 @@ std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks) {
   bool exact = false;
   for (int64_t d = 0; d < nd; ++d) {
     const Follow f = follows(r.sizes[d], marks.sizes);
-    exact |= f.i >= 0 && f.c == 0 && f.k == 1;
+    exact |= f.i >= 0 && f.j < 0 && f.c == 0 && f.k == 1;
   }
   for (int64_t d = 0; d < nd; ++d) {
     const int64_t n = r.sizes[d];
@@ -174,9 +216,13 @@ std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks) {
     if (f.i < 0 || (exact && f.c != 0)) continue;
     const auto [lo, hi] = marks.ranges[static_cast<size_t>(f.i)];
     // Saturated: a range declared up to the int64 limit stays there.
-    const int64_t lower = f.k > 1 ? saturate_mul(f.k, lo) : std::max<int64_t>(0, saturate_add(lo, f.c));
-    const int64_t upper = f.k > 1 ? saturate_mul(f.k, hi) : saturate_add(hi, f.c);
-    out.push_back(Range{nd, d, lower, upper, n, r.strides[d], true, hi});
+    int64_t lower = f.k > 1 ? saturate_mul(f.k, lo) : std::max<int64_t>(0, saturate_add(lo, f.c));
+    int64_t upper = f.k > 1 ? saturate_mul(f.k, hi) : saturate_add(hi, f.c), key = hi;
+    if (f.j >= 0) {  // a sum of two marked sizes: the sum of their ranges
+      const auto [lo2, hi2] = marks.ranges[static_cast<size_t>(f.j)];
+      lower = saturate_add(lo, lo2), upper = saturate_add(hi, hi2), key = upper;
+    }
+    out.push_back(Range{nd, d, lower, upper, n, r.strides[d], true, key});
   }
   return out;
 }
@@ -235,7 +281,7 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
     const ViewMark v = view_mark(m, r);
     if (v.dim < 0) continue;
     const int64_t n = r.sizes[v.dim];
-    if (in_range(m, v, n)) out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale});
+    if (in_range(m, v, n)) out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale, v.divisor});
   }
   return out;
 }
@@ -247,7 +293,11 @@ RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nod
     for (const auto& in : g[i].inputs) {
       for (const DynamicDim& d : dynamic_dims(in.ref)) {
         marks.sizes.push_back(d.size);
-        marks.ranges.emplace_back(saturate_mul(d.scale, d.lower), saturate_mul(d.scale, d.upper));
+        // A split's quotient: the sizes base / divisor of the range.
+        if (d.divisor > 1)
+          marks.ranges.emplace_back((std::max<int64_t>(0, d.lower) + d.divisor - 1) / d.divisor, d.upper / d.divisor);
+        else
+          marks.ranges.emplace_back(saturate_mul(d.scale, d.lower), saturate_mul(d.scale, d.upper));
       }
       if (in.written) marks.written.push_back(in.ref.storage.get());
     }

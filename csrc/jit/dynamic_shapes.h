@@ -7,15 +7,18 @@
 //    a transposed view keeps each mark on the dim it belongs to);
 //  - a buffer the region writes, on a storage of no mark, whose size
 //    follows a size m of an input inside a range (a pad's or cat(out=)'s
-//    buffer, created at its own size: n = m + c with 2|c| <= m, or n = k*m):
+//    buffer, created at its own size: n = m + c with 2|c| <= m, n = k*m, or
+//    n = m + m' of two marked sizes, a cat of two marked tensors):
 //    one bucket "follows m", so one region serves every m of the range;
 //  - a buffer a region creates or writes whole (a result, a pad's buffer),
 //    whose size follows a marked size of that region, carries the relation
 //    as a mark of its own (carry_marks), so a later region that only reads
 //    it keys that dim by the range too;
 //  - a view of another rank (unsqueeze, flatten, reshape) takes a mark on
-//    the dim that keeps the marked stride, or on the dim that merges the
-//    marked dim with fixed ones (size k * base: keyed by the range and k);
+//    the dim that keeps the marked stride, on the dim that merges the
+//    marked dim with fixed ones (size k * base: keyed by the range and k),
+//    or on the quotient of a split of the marked dim into it and a fixed
+//    factor k (size base / k: keyed by the range);
 //  - otherwise: n itself for 0 and 1, else the next power of two. A size that
 //    grows by one per step (a generation loop) therefore compiles a region
 //    kind at most ceil(log2(range)) + 1 times.
@@ -46,10 +49,12 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
 // The dims of `r` whose size lies in its storage's mark_dynamic range;
 // `dim` is r's dim (the marked dim, mapped through r's strides). `scale` > 1:
 // a dim of another rank that merges the marked dim with fixed ones, of size
-// scale * base (a flatten of the marked tensor); lower/upper stay the
-// marked dim's.
+// scale * base (a flatten of the marked tensor); `divisor` > 1: the quotient
+// of a split of the marked dim into it and a fixed factor, of size base /
+// divisor (view(16, 4, n / 4) or view(16, n / 4, 4) of (16, n)). For both,
+// lower/upper stay the marked dim's.
 struct DynamicDim {
-  int64_t dim, size, base, lower, upper, scale = 1;
+  int64_t dim, size, base, lower, upper, scale = 1, divisor = 1;
 };
 std::vector<DynamicDim> dynamic_dims(const TensorRef& r);
 
@@ -68,8 +73,9 @@ struct RegionMarks {
 };
 RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nodes);
 // size_buckets(r); when r's storage has no mark and the region writes it,
-// each size that follows one of `marks.sizes` (m + c with 2|c| <= m, or k*m
-// for 2 <= k <= 255) is keyed as following it instead of its power of two:
+// each size that follows one of `marks.sizes` (m + c with 2|c| <= m, k*m
+// for 2 <= k <= 255, or else m + m' of two distinct ones) is keyed as
+// following it instead of its power of two:
 // a created buffer's dim inherits the mark of the size it was made from.
 // Only written buffers: a weight's fixed 8 columns near a marked n by
 // chance keep their power of two.
@@ -80,7 +86,8 @@ SizeBuckets size_buckets(const TensorRef& r, const RegionMarks& marks);
 // storage, as a pad's buffer) on a storage of no mark_dynamic range takes a
 // mark on each dim whose size follows a marked size of the region (as
 // size_buckets with RegionMarks: m + c, 2|c| <= m, range [lower + c, upper
-// + c]; or k*m, range [k*lower, k*upper]), its own size the base. A later
+// + c]; k*m, range [k*lower, k*upper]; m + m', the sum of their ranges),
+// its own size the base. A later
 // region that only reads the buffer then keys and binds it by that range.
 // At most 4096 such marks are kept (the oldest dropped: its buffer then
 // keys by its power of two again, never wrongly). No-op without marks.

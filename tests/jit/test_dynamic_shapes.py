@@ -203,3 +203,60 @@ def test_carried_marks_are_bounded_and_an_old_buffer_reads_right():
     tte.reset_metrics()
     assert torch.equal((first[:, 1:] * 3.0).cpu(), want)
     assert _compiles(tte) == 1
+
+
+@pytest.mark.parametrize("inner", [False, True], ids=["factor outside", "factor inside"])
+def test_a_split_of_the_marked_dim_keeps_one_region(inner):
+    # d.view(16, 4, -1) / d.view(16, -1, 4) of a (16, n) tensor marked at
+    # dim 1: the mark is kept on the quotient n / 4 (keyed by the range and
+    # the divisor). main at ce50620: view(16, -1, 4) compiled 3 times (the
+    # mark fell on the fixed 4 of stride 1, the quotient keyed by its power
+    # of two); view(16, 4, -1) compiled once there too.
+    tte = _tte()
+    tte.reset_metrics()
+    for n in (40, 76, 132):
+        a = torch.randn(16, n)
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 509)
+        fn = (lambda x: x.view(16, -1, 4) * 2.0 - 1.0) if inner else (lambda x: x.view(16, 4, -1) * 2.0 - 1.0)
+        assert torch.equal(fn(d).cpu(), fn(a))
+    assert _compiles(tte) == 1
+
+
+def test_a_split_guard_gives_cpu_values_at_every_size():
+    # d[: n // 4 * 4].view(4, -1) of a 1-D d marked at dim 0 is a split of n
+    # only when 4 divides n; the others (42, 41) key apart; CPU's values.
+    tte = _tte()
+    for n in (40, 44, 42, 48, 41, 4, 8):
+        a = torch.randn(n)
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 0, 1, 509)
+        assert torch.equal((d[: n // 4 * 4].view(4, -1) * 2.0).cpu(), a[: n // 4 * 4].view(4, -1) * 2.0)
+
+
+def _cat_two_out(d, e):
+    buf = torch.empty(16, d.shape[1] + e.shape[1], device=d.device)
+    torch.cat([d, e], 1, out=buf)
+    return buf - 0.5
+
+
+def _cat_two_read_later(d, e):
+    p = torch.cat([d, e], 1)
+    p.cpu()
+    return p[:, 1:] * 3.0
+
+
+@pytest.mark.parametrize("fn, regions", [(_cat_two_out, 1), (_cat_two_read_later, 2)], ids=["out=", "read later"])
+def test_a_size_from_two_marks_keeps_one_region(fn, regions):
+    # cat of (16, n) and (16, n // 2 + 3), each marked at dim 1: the n + m of
+    # an out= buffer, or of the result a later flush reads, follows both
+    # marks. main at ce50620: 3 and 4 compiles (n + m by its power of two).
+    tte = _tte()
+    tte.reset_metrics()
+    for n in (77, 130, 200):
+        a, b = torch.randn(16, n), torch.randn(16, n // 2 + 3)
+        d, e = a.to("tpu"), b.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 509)
+        tte.mark_dynamic(e, 1, 1, 509)
+        assert torch.equal(fn(d, e).cpu(), fn(a, b))
+    assert _compiles(tte) == regions

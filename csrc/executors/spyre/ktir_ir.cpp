@@ -1029,6 +1029,20 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   std::vector<Sym> syms;
   for (const auto& d : dynamic) {
     if (d.base <= 1) continue;
+    // A split's quotient (view(16, 4, n / 4)) is a symbol of its own, and
+    // the marked size divisor * s0 (the pitch, the element count); its range
+    // the quotients of the mark's.
+    if (d.divisor > 1) {
+      if (d.size <= 1 || d.size * d.divisor != d.base) continue;
+      const int64_t lower = (std::max<int64_t>(0, d.lower) + d.divisor - 1) / d.divisor;
+      auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.size; });
+      if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.size, lower, d.upper / d.divisor});
+      if (std::find(it->scales.begin(), it->scales.end(), d.divisor) == it->scales.end())
+        it->scales.push_back(d.divisor);
+      it->lower = std::max(it->lower, lower);
+      it->upper = std::min(it->upper, d.upper / d.divisor);
+      continue;
+    }
     auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.base; });
     if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.base, d.lower, d.upper});
     // A merged dim (a flatten of the marked tensor): k * base, the marked

@@ -225,3 +225,94 @@ def test_views_of_another_rank_and_repeat_keep_one_program(spyre_target, case, s
         assert text in spyre.dump_ktir()
     m = tte.metrics()
     assert m["plans_built"] == (2 if case == "repeat rows" else 1)
+
+
+SPLIT_SIZES = (40, 76, 132)  # multiples of 4; quotients 10, 19, 33
+
+
+@pytest.mark.parametrize(
+    "case, text",
+    [
+        ("factor outside", "sizes=[16, 4, s0] strides=[4*s0, s0, 1]"),
+        ("factor inside", "sizes=[16, s0, 4] strides=[4*s0, 4, 1]"),
+    ],
+)
+def test_split_of_a_marked_dim_keeps_the_quotient_symbolic(spyre_target, case, text):
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    fn = {
+        "factor outside": lambda d: d.view(16, 4, -1) * 2.0,
+        "factor inside": lambda d: d.view(16, -1, 4) * 2.0,
+    }[case]
+    # main at ce50620: a plan per shape (3; the quotient n / 4 is far from
+    # its base n, so it stayed a number). Now the quotient is the symbol and
+    # the marked n is 4*s0 (the pitch, the element count).
+    tte.reset_metrics()
+    for seed, n in enumerate(SPLIT_SIZES):
+        a = _inputs(torch.float16, seed=300 + seed, shape=(16, n))
+        got = fn(_marked(tte, a, (1,))).cpu()
+        assert same(got, store(fn(a.float()), torch.float16)) == 0
+        text_n = spyre.dump_ktir()
+        assert text in text_n and "elems=64*s0\n" in text_n and f"syms=[s0={n // 4}]" in text_n, text_n
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+def test_split_guard_a_size_not_divisible_plans_its_own(spyre_target):
+    # d[: n // 4 * 4].view(4, -1) of a 1-D d marked at dim 0: a split of the
+    # marked n when 4 divides n (40, 44, 48: one program, s0 the quotient);
+    # the (4, 10) of n = 42 or 41 is no split of n (the divisibility guard):
+    # keyed and planned apart, never bound to the split program.
+    tte = spyre_target
+
+    def fn(d):
+        return d[: d.shape[0] // 4 * 4].view(4, -1) * 2.0
+
+    tte.reset_metrics()
+    plans = []
+    for seed, n in enumerate((40, 44, 42, 48, 41)):
+        a = _inputs(torch.float16, seed=310 + seed, shape=(n,))
+        got = fn(_marked(tte, a, (0,))).cpu()
+        assert same(got, store(fn(a.float()), torch.float16)) == 0
+        plans.append(tte.metrics()["plans_built"])
+    assert plans == [1, 1, 2, 2, 2]
+
+
+def _cat_two(d, e, out=False, read_later=False):
+    if out:
+        buf = torch.empty(16, d.shape[1] + e.shape[1], dtype=d.dtype, device=d.device)
+        torch.cat([d, e], 1, out=buf)
+        return buf * 2.0
+    p = torch.cat([d, e], 1)
+    if read_later:
+        p.cpu()
+        return p[:, 1:] * 2.0
+    return p * 2.0
+
+
+@pytest.mark.parametrize(
+    "case, regions, text",
+    [
+        ("cat", 1, "sizes=[16, s0+s1] strides=[s0+s1, 1]"),
+        ("cat out=", 1, "%a2 = arg out df16(f16) elems=16*s0+16*s1\n"),
+        ("read by the next flush", 2, "sizes=[16, s0-1] strides=[s0, 1]"),
+    ],
+)
+def test_sizes_from_two_marks_keep_one_program(spyre_target, case, regions, text):
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    kw = {"cat": {}, "cat out=": {"out": True}, "read by the next flush": {"read_later": True}}[case]
+    # (16, n) and (16, n // 2 + 3), each marked at dim 1: the cat's n + m is
+    # s0+s1. main at ce50620: the out= buffer of n + m keyed by its power of
+    # two (3 compiles), the result read by the next flush likewise (4).
+    tte.reset_metrics()
+    for seed, n in enumerate((77, 130, 200)):
+        a = _inputs(torch.float16, seed=320 + seed, shape=(16, n))
+        b = _inputs(torch.float16, seed=330 + seed, shape=(16, n // 2 + 3))
+        got = _cat_two(_marked(tte, a, (1,)), _marked(tte, b, (1,)), **kw).cpu()
+        assert same(got, store(_cat_two(a.float(), b.float(), **kw), torch.float16)) == 0
+        assert text in spyre.dump_ktir(), spyre.dump_ktir()
+    m = tte.metrics()
+    assert m["compiles"] == regions and m["plans_built"] == regions
