@@ -2,7 +2,8 @@
 AVX-512); the fused row loop then computes those values with AVX-512 instructions, two
 8-float chunk chains in one register (layer_norm_row_avx2_on_avx512,
 csrc/executors/tpu/layer_norm_row.inc), for weight and bias on rows of at least two
-chunks of whole 8-float vectors. Out, mean and rstd must equal CPU's
+chunks of whole 8-float vectors in run_rows' blocks of fewer than four rows (input and
+output over 4 MB; smaller ones keep the AVX2 loop's rows side by side). Out, mean and rstd must equal CPU's
 torch.native_layer_norm bit for bit (NaN where CPU has NaN): rows of 2 to 32 chunks,
 with a partial last chunk, an odd count of full chunks and a cascade deeper than 4
 levels, rows of whole 8-float but not 16-float vectors, at 1 and 2 threads, with plain
@@ -20,10 +21,10 @@ pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused row loops exist o
 if DEVICE == "tpu":
     import torch_tpu_eager
 
-# 8-float vectors, chunks of 16: 256 = 2 chunks, 264 = 2 and a partial one (one float
-# vector), 392 = 3 and a partial, 1000 = 7 and a partial, 1024 = 8 (four pairs),
-# 1152 = 9, 2056 = 16 and a partial (a 5-level cascade), 4096 = 32.
-COLS = [256, 264, 392, 1000, 1024, 1152, 2056, 4096]
+# 8-float vectors, chunks of 16: 264 = 2 chunks and a partial one (one vector), 392 = 3
+# and a partial, 1000 = 7 and a partial, 1024 = 8 (four pairs), 2056 = 16 and a partial
+# (a 5-level cascade), 4096 = 32.
+COLS = [264, 392, 1000, 1024, 2056, 4096]
 
 
 @pytest.fixture(params=[(1, -1), (2, -1), (1, 0), (2, 0)], ids=["1thread", "2threads", "1thread-nt", "2threads-nt"])
@@ -46,7 +47,7 @@ def _assert_equal(got, expected):
 
 @pytest.mark.parametrize("cols", COLS)
 def test_weight_and_bias_rows_equal_cpu(setting, cols):
-    rows = 9
+    rows = (1 << 19) // cols + 3  # input and output just over 4 MB: blocks of fewer than four rows
     x, r = cpu_randn(rows, cols, seed=81) * 4 + 3, cpu_randn(rows, cols, seed=82)
     x[1] = x[1] * 1e-3 + 1e4  # a large mean over a small spread: Welford's order shows
     x[2, cols // 3] = float("inf")
@@ -61,7 +62,7 @@ def test_weight_and_bias_rows_equal_cpu(setting, cols):
 
 @pytest.mark.parametrize("offset", [1, 8, 16])
 def test_rows_off_the_vector_alignment_equal_cpu(setting, offset):
-    base = cpu_randn(12, 1040, seed=85)
+    base = cpu_randn(520, 1040, seed=85)
     w, b = cpu_randn(1024, seed=86), cpu_randn(1024, seed=87)
     x = base[:, offset : offset + 1024]
     xd = base.to("tpu")[:, offset : offset + 1024]
