@@ -850,7 +850,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       fused::RowAnchor& anchor = plan->anchor;
       // (torch registers it for AVX2 only: on an AVX-512 machine, its values with AVX-512 instructions.)
       static const bool avx512 = at::get_cpu_capability() == "AVX512";
-      anchor.ln_row = cap == "AVX512"          ? &fused::layer_norm_row_avx512
+      anchor.ln_row = cap == "AVX512"           ? &fused::layer_norm_row_avx512
                       : cap == "AVX2" && avx512 ? &fused::layer_norm_row_avx2_on_avx512
                       : cap == "AVX2"           ? &fused::layer_norm_row_avx2
                                                 : nullptr;
