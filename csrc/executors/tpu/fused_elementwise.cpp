@@ -848,9 +848,12 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       // The row kernel of the capability CPU's layer_norm runs (none for DEFAULT).
       static const std::string cap = host::layer_norm_kernel_capability();
       fused::RowAnchor& anchor = plan->anchor;
-      anchor.ln_row = cap == "AVX512" ? &fused::layer_norm_row_avx512
-                      : cap == "AVX2" ? &fused::layer_norm_row_avx2
-                                      : nullptr;
+      // (torch registers it for AVX2 only: on an AVX-512 machine, its values with AVX-512 instructions.)
+      static const bool avx512 = at::get_cpu_capability() == "AVX512";
+      anchor.ln_row = cap == "AVX512"           ? &fused::layer_norm_row_avx512
+                      : cap == "AVX2" && avx512 ? &fused::layer_norm_row_avx2_on_avx512
+                      : cap == "AVX2"           ? &fused::layer_norm_row_avx2
+                                                : nullptr;
       if (!anchor.ln_row || !region.materialize[p][0]) return false;
       if (n.outputs[0].sizes != *shape || !layer_norm_cols(n, *shape, &anchor.cols)) return false;
       for (size_t i = 0; i < n.inputs.size(); ++i) {

@@ -311,6 +311,10 @@ void layer_norm_row_avx2(const float* x, float* y, int64_t rows, int64_t n, cons
                          float eps, float* mean_out, float* rstd_out, bool stream);
 void layer_norm_row_avx512(const float* x, float* y, int64_t rows, int64_t n, const float* gamma, const float* beta,
                            float eps, float* mean_out, float* rstd_out, bool stream);
+// CPU's AVX2 kernel's values with AVX-512 instructions (torch runs its AVX2
+// layer_norm kernel on AVX-512 machines): same arguments and results as layer_norm_row_avx2.
+void layer_norm_row_avx2_on_avx512(const float* x, float* y, int64_t rows, int64_t n, const float* gamma,
+                                   const float* beta, float eps, float* mean_out, float* rstd_out, bool stream);
 
 // A row reduction over the last dim that ends a region, fed by the program
 // (its input is a register, an external buffer or a materialized output of

@@ -83,3 +83,41 @@ def test_rows_off_the_vector_alignment_equal_cpu(setting, offset):
         torch.native_layer_norm(xd * 2 - 1, (1024,), None, b.to("tpu"), 1e-5),
         torch.native_layer_norm(x * 2 - 1, (1024,), None, b, 1e-5),
     )
+
+
+# torch registers its layer_norm kernel for AVX2 only, so on an AVX-512 machine CPU runs
+# the AVX2 arithmetic; the loop gives those values with AVX-512 instructions, two 8-float
+# chunk chains in one register (layer_norm_row_avx2_on_avx512), for weight and bias on
+# rows of at least two chunks of whole 8-float vectors in blocks of fewer than four rows
+# (input and output over 4 MB). Rows of 2 to 32 chunks: 264 = 2 and a partial one,
+# 392 = 3 and a partial (an odd count of pairs), 1000 = 7 and a partial, 1024 = 8,
+# 2056 = 16 and a partial (a 5-level cascade), 4096 = 32; NaN and inf in the rows; plain
+# and non-temporal stores (the chunks then read in order). Without AVX-512: the AVX2 loop.
+AVX2_COLS = [264, 392, 1000, 1024, 2056, 4096]
+
+
+@pytest.mark.parametrize("cols", AVX2_COLS)
+def test_avx2_rows_on_avx512_equal_cpu(setting, cols):
+    rows = (1 << 19) // cols + 3  # input and output just over 4 MB: blocks of fewer than four rows
+    x, r = cpu_randn(rows, cols, seed=81) * 4 + 3, cpu_randn(rows, cols, seed=82)
+    x[1] = x[1] * 1e-3 + 1e4  # a large mean over a small spread: Welford's order shows
+    x[2, cols // 3] = float("inf")
+    x[3, cols - 1] = float("nan")  # in the last chunk (partial or not)
+    w, b = cpu_randn(cols, seed=83), cpu_randn(cols, seed=84)
+    wd, bd, xd, rd = w.to("tpu"), b.to("tpu"), x.to("tpu"), r.to("tpu")
+    _assert_equal(torch.native_layer_norm(xd, (cols,), wd, bd, 1e-5), torch.native_layer_norm(x, (cols,), w, b, 1e-5))
+    _assert_equal(
+        torch.native_layer_norm(xd + rd, (cols,), wd, bd, 1e-5), torch.native_layer_norm(x + r, (cols,), w, b, 1e-5)
+    )
+
+
+@pytest.mark.parametrize("offset", [1, 8, 16])
+def test_avx2_rows_on_avx512_off_the_vector_alignment_equal_cpu(setting, offset):
+    base = cpu_randn(520, 1040, seed=85)
+    w, b = cpu_randn(1024, seed=86), cpu_randn(1024, seed=87)
+    x = base[:, offset : offset + 1024]
+    xd = base.to("tpu")[:, offset : offset + 1024]
+    _assert_equal(
+        torch.native_layer_norm(xd, (1024,), w.to("tpu"), b.to("tpu"), 1e-5),
+        torch.native_layer_norm(x, (1024,), w, b, 1e-5),
+    )
