@@ -22,6 +22,10 @@ import torch
 # in stage subdirectories of tests/, so paths are taken from here, not from a test file).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# The arguments of test_benchmarks_smoke.py's in-process run of benchmarks/run_all.py (it
+# adds --json); tests/examples/test_docs_commands.py does not run that run again.
+RUN_ALL_SMOKE_ARGS = ("--quick", "--threads", "1", "--no-compile")
+
 # The environment of a child Python process that imports this repository's package.
 PYTHON_ENV = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
