@@ -11,8 +11,9 @@ A command line that does under ``TORCH_TPU_QUICK=1`` exactly what another one do
 once (``_run_key``): the same script and options up to their order, the environment this
 test sets anyway, counts the quick form caps (``--repeats 9`` and ``--repeats 5`` both run
 3 repeats), and ``--json PATH``, which only adds a file write after the run (the line with
-it is the one kept). The run tests/examples/test_benchmarks_smoke.py makes in process
-(``RUN_ALL_SMOKE_ARGS``) counts as run. Such a line is left out of its block (the rest of
+it is the one kept). The runs test_benchmarks_smoke.py and test_examples.py make in
+process (``_runs_made_in_process``) count as made: the quick run_all with one thread and
+the quick form of both training examples. Such a line is left out of its block (the rest of
 the block still runs as one script); a block left empty is not run.
 
 The README's two set-up commands (install, tests) are not run here (one would
@@ -21,6 +22,7 @@ reinstall, the other would run this test): CI runs them, so the test checks that
 """
 
 import glob
+import importlib.util
 import os
 import re
 import shlex
@@ -29,7 +31,7 @@ import sys
 
 import pytest
 
-from difftest import DEVICE, REPO_ROOT, RUN_ALL_SMOKE_ARGS
+from difftest import DEVICE, QUICK_EXAMPLE_ARGS, REPO_ROOT, RUN_ALL_SMOKE_ARGS
 
 ROOT = REPO_ROOT
 DOCS = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
@@ -58,7 +60,11 @@ QUICK_CAPS = {
     ("benchmarks/llama_step.py", "--pairs"): 1,  # 3 pairs when quick, whatever --pairs says
 }
 # Options that TORCH_TPU_QUICK=1 turns on anyway (their defaults read it).
-QUICK_DEFAULTS = {"benchmarks/run_all.py": ("--quick", "--no-compile")}
+QUICK_DEFAULTS = {
+    "benchmarks/run_all.py": ("--quick", "--no-compile"),
+    "examples/train_char_lm.py": ("--quick",),
+    "examples/train_digits.py": ("--quick",),
+}
 # Options that only write the results to a file after the run.
 OUTPUT_ONLY = {"benchmarks/run_all.py": ("--json",)}
 COMMAND_LINE = re.compile(r"^(?:[A-Z][A-Z0-9_]*=\S+ )*python [^#`]+$")
@@ -92,7 +98,15 @@ def _run_key(line):
     return (env, script, tuple(sorted(options, key=str))), writes
 
 
-SMOKE_KEY = _run_key("python benchmarks/run_all.py " + " ".join(RUN_ALL_SMOKE_ARGS))[0]
+def _runs_made_in_process():
+    """Run keys of the documented runs test_benchmarks_smoke.py and test_examples.py make in
+    process, when they run (the tpu device; for the digits example also scikit-learn)."""
+    if DEVICE != "tpu":
+        return set()
+    runs = [("benchmarks/run_all.py", RUN_ALL_SMOKE_ARGS), ("examples/train_char_lm.py", QUICK_EXAMPLE_ARGS)]
+    if importlib.util.find_spec("sklearn") is not None:
+        runs.append(("examples/train_digits.py", QUICK_EXAMPLE_ARGS))
+    return {_run_key(" ".join(("python", script, *args)))[0] for script, args in runs}
 
 
 def _commands():
@@ -120,7 +134,7 @@ def _commands():
 
 
 def _drop_repeated_runs(found):
-    """``found`` without the bash lines whose run another line (or the smoke test) makes:
+    """``found`` without the bash lines whose run another line (or another test) makes:
     per run key, the first line that writes its output is kept, else the first line."""
     keep = {}  # run key -> (command index, line index, writes_output) of the line kept
     for c, (_, kind, body) in enumerate(found):
@@ -128,8 +142,8 @@ def _drop_repeated_runs(found):
             run = _run_key(line)
             if run is not None and (run[0] not in keep or (run[1] and not keep[run[0]][2])):
                 keep[run[0]] = (c, n, run[1])
-    if DEVICE == "tpu":  # test_benchmarks_smoke.py runs (it needs the tpu device)
-        keep[SMOKE_KEY] = None
+    for run in _runs_made_in_process():
+        keep[run] = None
 
     def kept(c, n, line):
         run = _run_key(line)
@@ -203,6 +217,9 @@ def test_documented_command_runs(kind, text, tmp_path):
             "python benchmarks/run_all.py --threads 1",
             1,
         ),
+        ("python examples/train_char_lm.py", "python examples/train_char_lm.py --quick", 1),
+        ("python examples/train_digits.py --quick", "python examples/train_digits.py", 1),
+        ("python examples/train_char_lm.py --steps 3", "python examples/train_char_lm.py", 0),
         ("python benchmarks/run_all.py --repeats 2", "python benchmarks/run_all.py", 0),  # below the cap
         ("python benchmarks/run_all.py --threads 1", "python benchmarks/run_all.py", 0),
         (
@@ -241,8 +258,7 @@ def test_every_line_left_out_is_run_elsewhere():
         for line in body.splitlines()
         if _run_key(line)
     }
-    if DEVICE == "tpu":
-        run_here.add(SMOKE_KEY)
+    run_here |= _runs_made_in_process()
     for doc in DOCS:
         with open(os.path.join(ROOT, doc)) as f:
             text = f.read()
