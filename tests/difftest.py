@@ -22,6 +22,12 @@ import torch
 # in stage subdirectories of tests/, so paths are taken from here, not from a test file).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Arguments of documented runs other tests make in process (tests/examples/test_docs_commands.py
+# does not make them again): test_benchmarks_smoke.py's run of benchmarks/run_all.py (it adds
+# --json) and test_examples.py's runs of examples/train_char_lm.py and train_digits.py.
+RUN_ALL_SMOKE_ARGS = ("--quick", "--threads", "1", "--no-compile")
+QUICK_EXAMPLE_ARGS = ("--quick",)
+
 # The environment of a child Python process that imports this repository's package.
 PYTHON_ENV = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 

@@ -5,6 +5,7 @@ Every test runs its program in a subprocess with a timeout, so a regression fail
 (exit status, or TimeoutExpired) instead of aborting or hanging the test run.
 """
 
+import os
 import textwrap
 
 import pytest
@@ -12,33 +13,50 @@ import pytest
 from difftest import requires_tpu, run_python
 
 
-# The driver imports torch once and forks each run: every child runs the script's
+# The driver imports torch once and forks each run: every child runs one script's
 # body and then exits through normal interpreter finalization (Py_FinalizeEx), which
-# is where the abort happened. Two children run at a time.
+# is where the abort happened. Two children run at a time. Each child's output goes to
+# a file per script (<logs>/<name>.log). One line per script: "<name>: runs N failed K [codes]".
 EXIT_DRIVER = """
 import gc, os, sys, torch, torch_tpu_eager, torch._dynamo
-runs = {runs}
+bodies, runs, logs = {bodies!r}, {runs}, {logs!r}
 gc.freeze()  # children's finalization then does not copy the parent's heap page by page
-codes, live, started, child = [], set(), 0, False
-while started < runs or live:
-    while started < runs and len(live) < 2:
+todo = [name for name in bodies for _ in range(runs)]
+codes, live, child = {{name: [] for name in bodies}}, {{}}, None
+while todo or live:
+    while todo and len(live) < 2:
+        name = todo.pop(0)
         pid = os.fork()
         if pid == 0:
-            child = True
+            child = name
             break
-        live.add(pid)
-        started += 1
+        live[pid] = name
     if child:
         break
     pid, status = os.wait()
-    live.discard(pid)
-    codes.append(os.waitstatus_to_exitcode(status))
-if not child:
-    bad = [c for c in codes if c != 0]
-    print("runs", len(codes), "failed", len(bad), bad[:10])
-    sys.exit(0 if len(codes) == runs and not bad else 1)
-{body}
+    codes[live.pop(pid)].append(os.waitstatus_to_exitcode(status))
+if child is None:
+    for name, got in codes.items():
+        bad = [c for c in got if c != 0]
+        print(f"{{name}}: runs", len(got), "failed", len(bad), bad[:10])
+    sys.exit(0 if all(len(got) == runs and not any(got) for got in codes.values()) else 1)
+log = os.open(os.path.join(logs, child + ".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+os.dup2(log, 1)
+os.dup2(log, 2)
+exec(compile(bodies[child], child, "exec"))
 """
+
+
+def run_forked(bodies, runs, logs, timeout):
+    """Runs EXIT_DRIVER: each of ``bodies`` ({name: script body}) ``runs`` times in forked
+    children; returns (CompletedProcess, {name: that script's children's output})."""
+    r = run_python(EXIT_DRIVER.format(bodies=bodies, runs=runs, logs=str(logs)), timeout=timeout)
+    out = {}
+    for name in bodies:
+        path = os.path.join(logs, name + ".log")
+        out[name] = open(path).read() if os.path.exists(path) else ""
+    return r, out
+
 
 BACKWARD = """
 x = torch.randn(3, requires_grad=True).to("tpu")
@@ -47,12 +65,12 @@ x = torch.randn(3, requires_grad=True).to("tpu")
 
 
 @requires_tpu
-def test_backward_script_exits_with_status_0_200_times():
+def test_backward_script_exits_with_status_0_200_times(tmp_path):
     """Issue 17: exit 134 ('terminate called without an active exception') after a backward."""
-    r = run_python(EXIT_DRIVER.format(runs=200, body=BACKWARD), timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    assert "runs 200 failed 0" in r.stdout
-    assert "terminate called" not in r.stderr
+    r, out = run_forked({"backward": BACKWARD}, 200, tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:] + out["backward"][-3000:]
+    assert "backward: runs 200 failed 0" in r.stdout
+    assert "terminate called" not in r.stderr + out["backward"]
 
 
 EXIT_SCRIPTS = {
@@ -115,11 +133,21 @@ EXIT_SCRIPTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def forked_exits(tmp_path_factory):
+    """Every script of EXIT_SCRIPTS 10 times, in forked children of one driver process (the
+    children of each script are what one driver per script forked): (driver's stdout and
+    stderr, {case: its children's output})."""
+    bodies = {case: textwrap.dedent(body) for case, body in EXIT_SCRIPTS.items()}
+    r, out = run_forked(bodies, 10, tmp_path_factory.mktemp("exits"), timeout=600)
+    return r.stdout + r.stderr[-3000:], out
+
+
 @requires_tpu
 @pytest.mark.parametrize("case", sorted(EXIT_SCRIPTS))
-def test_scripts_exit_with_status_0(case):
+def test_scripts_exit_with_status_0(case, forked_exits):
+    driver, out = forked_exits
+    assert f"{case}: runs 10 failed 0 " in driver, driver + out[case][-3000:]
     body = textwrap.dedent(EXIT_SCRIPTS[case])
-    r = run_python(EXIT_DRIVER.format(runs=10, body=body), timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     r = run_python("import torch, torch_tpu_eager\n" + body)  # once in a fresh interpreter too
     assert r.returncode == 0, r.stderr[-3000:]

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from difftest import REPO_ROOT, requires_tpu
+from difftest import REPO_ROOT, RUN_ALL_SMOKE_ARGS, requires_tpu
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 
@@ -42,7 +42,7 @@ def test_quick_run_completes_and_checks_pass(run_all, tmp_path):
     limits = torch_tpu_eager.queue_limits()
     threads = torch.get_num_threads()
     out = tmp_path / "bench.json"
-    assert run_all.main(["--quick", "--threads", "1", "--no-compile", "--json", str(out)]) == 0
+    assert run_all.main([*RUN_ALL_SMOKE_ARGS, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
 
     failed = {k: v for k, v in result["checks"].items() if not v["passed"]}

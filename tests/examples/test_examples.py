@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from difftest import REPO_ROOT, requires_tpu
+from difftest import QUICK_EXAMPLE_ARGS, REPO_ROOT, requires_tpu
 
 EXAMPLES = os.path.join(REPO_ROOT, "examples")
 
@@ -20,9 +20,9 @@ def _load(name):
 @requires_tpu
 def test_train_digits_quick_matches_cpu():
     pytest.importorskip("sklearn", reason="the digits data ships with scikit-learn (examples extra)")
-    assert _load("train_digits").main(["--quick"]) == 0
+    assert _load("train_digits").main(list(QUICK_EXAMPLE_ARGS)) == 0
 
 
 @requires_tpu
 def test_train_char_lm_quick_matches_cpu():
-    assert _load("train_char_lm").main(["--quick"]) == 0
+    assert _load("train_char_lm").main(list(QUICK_EXAMPLE_ARGS)) == 0

@@ -14,6 +14,7 @@ kernel rejected them run eagerly and are never cached).
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -104,9 +105,27 @@ def stamp_dir(cache, res):
     return cache / res["stamp"]
 
 
-def test_warm_process_loads_everything_from_disk(tmp_path):
+@pytest.fixture(scope="module")
+def cold_run(tmp_path_factory):
+    """One cold process's (cache dir, parsed output, stderr): PROGRAM run once with an
+    empty cache dir. Every test that starts from a cold cache takes a copy of that dir
+    (``cold_cache``) instead of running the same cold process again."""
+    path = tmp_path_factory.mktemp("cold")
+    res, err = run_program(path, path / "cache")
+    return path / "cache", res, err
+
+
+def cold_cache(cold_run, tmp_path):
+    """A copy of the cold process's cache dir under ``tmp_path``; returns (dir, parsed
+    output of the cold process)."""
     cache = tmp_path / "cache"
-    cold, err = run_program(tmp_path, cache)
+    shutil.copytree(cold_run[0], cache)
+    return cache, cold_run[1]
+
+
+def test_warm_process_loads_everything_from_disk(tmp_path, cold_run):
+    cache, cold = cold_cache(cold_run, tmp_path)
+    err = cold_run[2]
     mc = cold["metrics"]
     assert mc["compiles"] > 0 and mc["disk_cache_writes"] > 0
     assert mc["disk_cache_hits"] == 0
@@ -126,9 +145,8 @@ def test_warm_process_loads_everything_from_disk(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
-def test_damaged_file_warns_and_keeps_its_valid_prefix(tmp_path, damage):
-    cache = tmp_path / "cache"
-    cold, _ = run_program(tmp_path, cache)
+def test_damaged_file_warns_and_keeps_its_valid_prefix(tmp_path, cold_run, damage):
+    cache, cold = cold_cache(cold_run, tmp_path)
     writes = cold["metrics"]["disk_cache_writes"]
     meta = stamp_dir(cache, cold) / "meta.bin"
     data = bytearray(meta.read_bytes())
@@ -152,9 +170,8 @@ def test_damaged_file_warns_and_keeps_its_valid_prefix(tmp_path, damage):
     assert third["metrics"]["disk_cache_hits"] == writes and third["metrics"]["compiles"] == 0
 
 
-def test_other_version_stamp_is_never_read(tmp_path):
-    cache = tmp_path / "cache"
-    cold, _ = run_program(tmp_path, cache)
+def test_other_version_stamp_is_never_read(tmp_path, cold_run):
+    cache, cold = cold_cache(cold_run, tmp_path)
     writes = cold["metrics"]["disk_cache_writes"]
     # Another build's directory: this build must ignore it and start its own.
     other = cache / (cold["stamp"] + "-other-build")
@@ -345,9 +362,8 @@ def _rewrite_values(path, new_value):
     return n
 
 
-def test_well_formed_but_wrong_entries_are_misses_and_get_replaced(tmp_path):
-    cache = tmp_path / "cache"
-    cold, _ = run_program(tmp_path, cache)
+def test_well_formed_but_wrong_entries_are_misses_and_get_replaced(tmp_path, cold_run):
+    cache, cold = cold_cache(cold_run, tmp_path)
     writes = cold["metrics"]["disk_cache_writes"]
     d = stamp_dir(cache, cold)
     # Checksums match, so the files load; the values cannot be decoded (meta: a count out of

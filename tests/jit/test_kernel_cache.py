@@ -98,21 +98,23 @@ def test_sizes_inside_one_bucket_replan_and_stay_correct():
 
 
 def test_cache_never_passes_its_bound():
-    # 30,000 distinct regions (tril's diagonal is structural) through a cache of 64.
-    limit = 64
+    # 30 flushes of 100 distinct regions each (tril's diagonal is structural) through a cache
+    # of 64: every flush alone overflows the cache, and the bound is checked after each.
+    limit, flushes, per_flush = 64, 30, 100
+    total = flushes * per_flush
     before = tte.metrics()["kernel_cache_limit"]
     tte._C._set_kernel_cache_limit(limit)
     try:
         x = torch.randn(4, 4).to("tpu")
         ev0 = tte.metrics()["kernel_cache_evictions"]
-        for start in range(0, 30_000, 1_000):  # 1,000 regions per flush
-            ys = [torch.tril(x, k - 15_000) for k in range(start, start + 1_000)]
+        for start in range(0, total, per_flush):
+            ys = [torch.tril(x, k - total // 2) for k in range(start, start + per_flush)]
             torch.tpu.synchronize()
             assert tte.metrics()["kernel_cache_size"] <= limit
             del ys
         m = tte.metrics()
         assert m["kernel_cache_size"] <= limit, m
-        assert m["kernel_cache_evictions"] - ev0 >= 30_000 - limit, m
+        assert m["kernel_cache_evictions"] - ev0 >= total - limit, m
         torch.testing.assert_close(torch.tril(x, 1).cpu(), torch.tril(x.cpu(), 1))
     finally:
         tte._C._set_kernel_cache_limit(before)
