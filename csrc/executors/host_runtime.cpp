@@ -77,8 +77,9 @@ namespace {
 // True when `kept` (view_over_kept) can take another storage as r's tensor:
 // only its holder holds it and it has r's dtype and geometry.
 bool kept_fits(const at::Tensor& kept, const TensorRef& r) {
-  return kept.defined() && kept.use_count() == 1 && kept.scalar_type() == r.dtype && kept.storage_offset() == r.offset &&
-         kept.sizes().equals(r.sizes) && kept.strides().equals(r.strides) && !kept.is_conj() && !kept.is_neg();
+  return kept.defined() && kept.use_count() == 1 && kept.scalar_type() == r.dtype &&
+         kept.storage_offset() == r.offset && kept.sizes().equals(r.sizes) && kept.strides().equals(r.strides) &&
+         !kept.is_conj() && !kept.is_neg();
 }
 }  // namespace
 

@@ -159,13 +159,22 @@ CYCLE_CASES = {
         _transposed,
         lambda: [cpu_randn(3, 41, 2, 16, seed=63), cpu_randn(3, 2, 41, 16, seed=64)],
     ),
-    "cycles_of_1_head_of_16": (_transposed, lambda: [cpu_randn(4, 70, 1, 16, seed=65), cpu_randn(4, 1, 70, 16, seed=66)]),
-    "cycles_of_2_heads_of_5": (_transposed, lambda: [cpu_randn(3, 101, 2, 5, seed=67), cpu_randn(3, 2, 101, 5, seed=68)]),
+    "cycles_of_1_head_of_16": (
+        _transposed,
+        lambda: [cpu_randn(4, 70, 1, 16, seed=65), cpu_randn(4, 1, 70, 16, seed=66)],
+    ),
+    "cycles_of_2_heads_of_5": (
+        _transposed,
+        lambda: [cpu_randn(3, 101, 2, 5, seed=67), cpu_randn(3, 2, 101, 5, seed=68)],
+    ),
     "cycles_of_3_heads_of_32": (
         _transposed,
         lambda: [cpu_randn(2, 19, 3, 32, seed=69), cpu_randn(2, 3, 19, 32, seed=70)],
     ),
-    "cycles_of_2_heads_of_1": (_transposed, lambda: [cpu_randn(7, 300, 2, 1, seed=71), cpu_randn(7, 2, 300, 1, seed=72)]),
+    "cycles_of_2_heads_of_1": (
+        _transposed,
+        lambda: [cpu_randn(7, 300, 2, 1, seed=71), cpu_randn(7, 2, 300, 1, seed=72)],
+    ),
     "cycles_stepped": (_stepped_transposed, lambda: [cpu_randn(3, 2, 45, 16, seed=73)]),
     "cycles_stride_0": (_first_column_expanded, lambda: [cpu_randn(3, 2, 45, 16, seed=74)]),
     # rotate_half's halves of long rows: cycles of 2 half rows over many rows.
