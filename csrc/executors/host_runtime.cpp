@@ -73,9 +73,18 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
   return t;
 }
 
+namespace {
+// True when `kept` (view_over_kept) can take another storage as r's tensor:
+// only its holder holds it and it has r's dtype and geometry.
+bool kept_fits(const at::Tensor& kept, const TensorRef& r) {
+  return kept.defined() && kept.use_count() == 1 && kept.scalar_type() == r.dtype &&
+         kept.storage_offset() == r.offset && kept.sizes().equals(r.sizes) && kept.strides().equals(r.strides) &&
+         !kept.is_conj() && !kept.is_neg();
+}
+}  // namespace
+
 at::Tensor view_over_kept(const c10::Storage& storage, const TensorRef& r, at::Tensor& kept) {
-  if (kept.defined() && kept.use_count() == 1 && kept.scalar_type() == r.dtype && kept.storage_offset() == r.offset &&
-      kept.sizes().equals(r.sizes) && kept.strides().equals(r.strides) && !kept.is_conj() && !kept.is_neg()) {
+  if (kept_fits(kept, r)) {
     kept.unsafeGetTensorImpl()->set_storage_keep_dtype(storage);
     return kept;
   }
@@ -196,6 +205,14 @@ at::Tensor HostMemory::tensor(const TensorRef& r, bool strided_gather, at::Tenso
   check_storage_error(r.storage.get());
   c10::Storage st = storage_for(r.storage.get());
   const int64_t numel = static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype));
+  // A kept tensor is only made for a plain view (below), and whether a view is
+  // dense in some order depends on its geometry alone: with r's geometry only
+  // the bounds are checked again (a compiled region's operands, every run).
+  if (kept != nullptr && !r.conj && !r.neg && kept_fits(*kept, r) && r.offset >= 0 &&
+      r.offset + kept->numel() <= numel) {
+    kept->unsafeGetTensorImpl()->set_storage_keep_dtype(st);
+    return *kept;
+  }
   if (plain_in_bounds(r, numel)) {
     if (kept != nullptr && !r.conj && !r.neg) return view_over_kept(st, r, *kept);
     return with_bits(view_over(st, r), r);

@@ -209,6 +209,19 @@ def test_cat_writes_heads_in_batches_across_tiles(head):
     _check_cat(fn, [cpu_randn(2, 90, 6, head, seed=29 + head)])
 
 
+@pytest.mark.parametrize("shape", [(3, 37, 3, 8), (2, 41, 2, 16), (3, 101, 2, 5), (4, 70, 1, 16), (2, 19, 3, 32)])
+def test_cat_writes_whole_cycles_across_tiles(shape):
+    # Strided writes whose dim outside the runs is short (1-3 heads) with many
+    # cycles of it along the next dim out: scatter_strided gets whole cycles in
+    # one batch (for_each_run's reps), tiles start and end inside a cycle and a
+    # head, and the next dim out wraps into the batch dim inside a tile.
+    def fn(x0):
+        x = x0.transpose(1, 2)
+        return (torch.cat((x * 2.0, -x, x + 1.0), dim=1), torch.cat((x * 0.5, x - 1.0), dim=-1))
+
+    _check_cat(fn, [cpu_randn(*shape, seed=sum(shape))])
+
+
 def test_cat_not_fused_when_types_differ():
     def fn(a, b):
         return (torch.cat((a * 2.0, b), dim=-1),)

@@ -137,6 +137,42 @@ LAYOUT_CASES = {
 CASES.update(LAYOUT_CASES)
 
 
+def _stepped_transposed(x):
+    # Every other float of transposed heads: a stride-2 run per head.
+    return (x.transpose(1, 2)[..., ::2] * 2 + 1,)
+
+
+def _first_column_expanded(x):
+    # Each head's first float of transposed heads broadcast along the head: stride-0 runs.
+    t = x.transpose(1, 2)
+    return (t[..., :1].expand(t.shape) * 3 - 1,)
+
+
+def _transposed_case(b, t, h, d, seed):
+    """A _transposed case: g of [b, t, h, d] and x of [b, h, t, d], read as [b, t, h, d]."""
+    return (_transposed, lambda: [cpu_randn(b, t, h, d, seed=seed), cpu_randn(b, h, t, d, seed=seed + 1)])
+
+
+# Layouts whose dim outside the runs is short (few heads or rows per cycle) with
+# many cycles along the next dim out: for_each_run hands whole cycles over in one
+# visit (reps > 1). Tiles of 1,024 floats start and end inside a cycle and inside
+# a run, the next dim out wraps into the outer dims inside a tile, and sizes 1
+# and 2 stand beside odd ones.
+CYCLE_CASES = {
+    "cycles_of_3_heads_of_8": _transposed_case(5, 37, 3, 8, seed=61),
+    "cycles_of_2_heads_of_16": _transposed_case(3, 41, 2, 16, seed=63),
+    "cycles_of_1_head_of_16": _transposed_case(4, 70, 1, 16, seed=65),
+    "cycles_of_2_heads_of_5": _transposed_case(3, 101, 2, 5, seed=67),
+    "cycles_of_3_heads_of_32": _transposed_case(2, 19, 3, 32, seed=69),
+    "cycles_of_2_heads_of_1": _transposed_case(7, 300, 2, 1, seed=71),
+    "cycles_stepped": (_stepped_transposed, lambda: [cpu_randn(3, 2, 45, 16, seed=73)]),
+    "cycles_stride_0": (_first_column_expanded, lambda: [cpu_randn(3, 2, 45, 16, seed=74)]),
+    # rotate_half's halves of long rows: cycles of 2 half rows over many rows.
+    "cycles_column_halves": (_rotate_sum, lambda: [cpu_randn(2, 3, 97, 16, seed=75)]),
+}
+CASES.update(CYCLE_CASES)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_strided_reads_fuse_and_are_bit_equal(case):
     fn, make = CASES[case]

@@ -214,3 +214,16 @@ def test_wrappers_over_buffers_of_other_sizes():
         gc.collect()
     for da, db, got in alive:  # buffers kept alive across later flushes still hold their values
         assert_bit_equal([got.cpu()], [torch.mm(da.cpu().t(), db.cpu())])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_views_over_storages_of_other_sizes(name):
+    # The same views (a transposed slice: dense only in some order; a plain slice)
+    # over storages of 6 to 40 rows, in turn: a kept tensor with the view's geometry
+    # takes each run's storage, and each run reads its own buffers (CPU's values).
+    fn = CASES[name]
+    for k, rows in enumerate((6, 20, 6, 40, 9, 20)):
+        big_a, big_b = cpu_randn(rows, 4, seed=60 + k), cpu_randn(rows, 5, seed=70 + k)
+        da, db = big_a.to("tpu"), big_b.to("tpu")
+        got = fn(da[:6], db[:6]).cpu()
+        assert_bit_equal([got], [fn(big_a[:6], big_b[:6])])
