@@ -9,7 +9,10 @@ kernel, and clip_grad_norm_ clips as on CPU for parameter lists of several dtype
 import pytest
 import torch
 
-from difftest import DEVICE, aten_ops_during, cpu_randn, restoring
+from difftest import DEVICE, aten_ops_during, restoring
+
+# The column-sum test's values whose sums depend on the order, and their bits.
+from test_direct_column_sum import _bits, _spread
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="the tpu executor's host kernels")
 
@@ -19,19 +22,8 @@ HOST_KERNEL = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 @pytest.fixture
 def threads():
-    """Runs the test with torch's intra-op threads set as it asks, then restores them."""
+    """Sets torch's intra-op threads as the test asks, restored after it."""
     yield from restoring(torch.get_num_threads, torch.set_num_threads)
-
-
-def _spread(shape, seed):
-    """Normal values scaled by 2**k, k uniform in [-20, 20]: sums whose bits depend on the order."""
-    g = torch.Generator().manual_seed(seed + 1)
-    scale = torch.pow(2.0, torch.randint(-20, 21, shape, generator=g).float())
-    return cpu_randn(*shape, seed=seed) * scale
-
-
-def _bits(t):
-    return t.contiguous().view(torch.int32)
 
 
 def _norm_on_device(x, **kw):
@@ -73,8 +65,13 @@ def test_vector_norm_spellings_of_the_whole_two_norm(kw):
 
 def test_vector_norm_special_values():
     """NaN and inf propagate, -0.0 squares to +0.0, huge values overflow to inf, as on CPU."""
-    cases = [torch.tensor([1.0, float("nan"), 2.0]), torch.tensor([float("inf"), 1.0] * 7),
-             torch.tensor([-0.0] * 9), torch.tensor([3e38] * 12), torch.tensor([1e-30, -1e-30, 2e-25] * 5)]
+    cases = [
+        torch.tensor([1.0, float("nan"), 2.0]),
+        torch.tensor([float("inf"), 1.0] * 7),
+        torch.tensor([-0.0] * 9),
+        torch.tensor([3e38] * 12),
+        torch.tensor([1e-30, -1e-30, 2e-25] * 5),
+    ]
     for x in cases:
         want = torch.linalg.vector_norm(x)
         got, _ = _norm_on_device(x)
@@ -119,7 +116,10 @@ def _grads(shapes, dtypes, seed):
 # Parameter lists: nanoGPT's shapes (float32), odd sizes, float64, bfloat16 and a mixed list
 # (clip_grad_norm_ groups by dtype and device; the float32 ones take the host kernel).
 PARAM_LISTS = [
-    ([(65, 64), (64, 64), (64,), (64,), (192, 64), (192,), (64, 64), (256, 64), (256,), (64, 256)], [torch.float32] * 10),
+    (
+        [(65, 64), (64, 64), (64,), (64,), (192, 64), (192,), (64, 64), (256, 64), (256,), (64, 256)],
+        [torch.float32] * 10,
+    ),
     ([(3,), (5, 7), (9,), (1,), (17, 3)], [torch.float32] * 5),
     ([(12, 7), (31,)], [torch.float64] * 2),
     ([(12, 7), (31,)], [torch.bfloat16] * 2),
