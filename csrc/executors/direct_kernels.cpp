@@ -686,6 +686,64 @@ bool column_sum(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs)
   return true;
 }
 
+// ---- the 2-norm of a whole tensor (clip_grad_norm_'s per-gradient norms) in CPU's order ----
+
+// Whether CPU's float 2-norm kernel (norm_stub) here is its AVX2 one: torch
+// 2.13's x86 build has no AVX512 one, so AVX512 CPUs run it too. Others decline.
+bool norm_kernel_is_avx2() {
+  using Stub = at::native::norm_stub_DECLARE_DISPATCH_type;
+  static const bool avx2 = [] {
+    const auto kernel = cpu_kernel<Stub>();
+    return kernel && kernel == Stub::AVX2;
+  }();
+  return avx2;
+}
+
+// sqrt of the sum of squares of x[0, n) with the arithmetic of the AVX2 build
+// of CPU's norm kernel (norm_kernel_tensor_iterator_impl's reduce-last-dim
+// path, one output): 8 lanes acc += x * x (product rounded, then added) over
+// the whole vectors, the lanes added in order, then the tail of n % 8 floats
+// as that build's compiler emitted it: when 4 or more, 4 squares rounded and
+// added in order, and the remaining ones (fewer than 4) as fused multiply-adds.
+__attribute__((target("avx2"))) float norm2_avx2(const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d < n - n % 8; d += 8) {
+    const __m256 v = _mm256_loadu_ps(x + d);
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float s = lanes[0];
+  for (int j = 1; j < 8; ++j) s = s + lanes[j];
+  if (n - d >= 4) {
+    for (const int64_t end = d + 4; d < end; ++d) {
+      const float sq = x[d] * x[d];  // no fma in this function's target: rounded as CPU's vmulps
+      s = s + sq;
+    }
+  }
+  for (; d < n; ++d) s = std::fma(x[d], x[d], s);
+  return std::sqrt(s);
+}
+
+// linalg_vector_norm(self, ord=2, dim=None or [], keepdim, dtype=None) of a
+// contiguous float32 self of at least 2 elements into a float32 output, bit
+// for bit as CPU's AVX2 norm kernel (one output element: no thread split).
+// False otherwise (another ord, dims or dtype, a DEFAULT or AVX512 kernel):
+// CPU's kernel runs.
+bool vector_norm(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
+  if (a.size() != 5 || outs.size() != 1 || !a[0].isTensor() || !a[1].isScalar() || !a[4].isNone()) return false;
+  if (!(a[2].isNone() || (a[2].isIntList() && a[2].toIntVector().empty()))) return false;
+  const c10::Scalar ord = a[1].toScalar();
+  const bool two = ord.isIntegral(false) ? ord.to<int64_t>() == 2 : ord.isFloatingPoint() && ord.to<double>() == 2.0;
+  const at::Tensor x = a[0].toTensor();
+  const at::Tensor& out = outs[0];
+  if (!two || !norm_kernel_is_avx2() || !dense_f32(x) || x.numel() < 2 || !dense_f32(out) || out.numel() != 1)
+    return false;
+  *out.data_ptr<float>() = norm2_avx2(x.const_data_ptr<float>(), x.numel());
+  return true;
+}
+
 // mm(self, mat2) / addmm(self, mat1, mat2, beta, alpha) into outs[0]: CPU's
 // structured out= kernel (its meta checks, then its impl) called unboxed, as
 // the boxed mm.out / addmm.out call runs it, without building the out= stack
@@ -724,6 +782,8 @@ DirectKernel direct_kernel(const c10::OperatorHandle& op) {
       return &max_pool2d_backward;
     case DirectImpl::kColumnSum:
       return &column_sum;
+    case DirectImpl::kVectorNorm:
+      return &vector_norm;
     case DirectImpl::kMm:
       return &mm_into;
     case DirectImpl::kAddmm:

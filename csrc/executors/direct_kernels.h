@@ -29,9 +29,10 @@ namespace host {
 // sum.dim_IntList of contiguous float32 over leading dims (a bias gradient's
 // column sum: CPU's cascade_sum order per column for the vector width of CPU's
 // sum kernel, AVX2 or AVX512, and CPU's split of the columns between threads;
-// DEFAULT capability declines), and mm / addmm through CPU's structured out=
-// kernel called unboxed (the boxed out= call without its stack). Returns false,
-// having written nothing, for any other op or case; a CPU error it raises leaves its outputs, which
+// DEFAULT capability declines), linalg_vector_norm's 2-norm of a whole
+// contiguous float32 tensor (CPU's AVX2 norm kernel's order: clip_grad_norm_'s
+// norms), and mm / addmm through CPU's structured out= kernel called unboxed (the boxed out= call without its stack).
+// Returns false, having written nothing, for any other op or case; a CPU error it raises leaves its outputs, which
 // nothing else reads, partly written.
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs);
 

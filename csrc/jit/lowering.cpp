@@ -45,6 +45,7 @@ constexpr HostRule kHostRules[] = {
     {"native_batch_norm", "", DirectImpl::kBatchNormTrain},
     {"max_pool2d_with_indices_backward", "", DirectImpl::kMaxPool2dBackward},
     {"sum", "dim_IntList", DirectImpl::kColumnSum},
+    {"linalg_vector_norm", "", DirectImpl::kVectorNorm},
     {"mm", "", DirectImpl::kMm},
     {"addmm", "", DirectImpl::kAddmm},
 };

@@ -266,6 +266,15 @@ int row_values_before_ops(const std::vector<Growing>& growing, int last, const N
   return row_values_take_independent(growing[last - 1], n, f) ? last - 1 : -1;
 }
 
+// Op-by-op rule: a reduction the target runs op by op joins the op-by-op group
+// just before it (the last region), as an elementwise one does: the gradient
+// clip's norms of weight gradients made by matmul regions (one each) run as
+// one region instead of one region each. The last region runs last, so the
+// op keeps its place in the flush's order.
+bool op_by_op_reduction(const Growing& last, const Node& n, OpFusion f) {
+  return last.by_ops && static_cast<PrimKind>(n.kind) == PrimKind::kReduction && f == OpFusion::kOpByOp;
+}
+
 // Whether the region takes no more ops after `f` joined it (row-value rule:
 // a kRowValue reduction leaves it open on targets of one-shape loops).
 bool closes_region(OpFusion f, bool one_shape) {
@@ -491,12 +500,15 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
         !defers_from_epilogue(regions[producer_region], producer_region, n, i, last_use, writer) &&
         may_join(producer_region, n, f)) {
       target = producer_region;  // vertical fusion with the op's producer
-    } else if (last >= 0 && k == PrimKind::kElementwise &&
-               (regions[last].anchor == PrimKind::kElementwise || growing[last].by_ops ||
-                row_values_take_independent(growing[last], n, f)) &&
+    } else if (last >= 0 &&
+               ((k == PrimKind::kElementwise &&
+                 (regions[last].anchor == PrimKind::kElementwise || growing[last].by_ops ||
+                  row_values_take_independent(growing[last], n, f))) ||
+                op_by_op_reduction(growing[last], n, f)) &&
                may_join(last, n, f)) {
       // horizontal fusion of independent elementwise ops (multi-tensor kernels; in
-      // an op-by-op group when the target runs them op by op)
+      // an op-by-op group when the target runs them op by op), and of op-by-op
+      // reductions into an op-by-op group
       target = last;
     } else if (const int rv = row_values_before_ops(growing, last, n, f);
                rv >= 0 && producer_region <= rv && write_conflict <= rv && may_join(rv, n, f)) {
