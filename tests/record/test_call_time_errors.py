@@ -331,6 +331,12 @@ INTEGER_DIVISOR = {
         lambda a, b: a.div_(b, rounding_mode="floor"),
     ),
     "broadcast_zero_row": (_pair(lambda d: _DIVIDEND(d).reshape(2, 2), _ints(0, 3)), torch.remainder),
+    "rfloordiv_python_number": (lambda d: (_ints(0, 2)(d),), lambda b: 5 // b),
+    "fmod_cpu_0dim_divisor": (lambda d: (_DIVIDEND(d),), lambda a: torch.fmod(a, torch.tensor(0, dtype=torch.int32))),
+    "div_trunc_out": (
+        lambda d: (_DIVIDEND(d), _ints(1, 0, 1, 1)(d), _ints(9, 9, 9, 9)(d)),
+        lambda a, b, o: torch.div(a, b, rounding_mode="trunc", out=o),
+    ),
     # controls: CPU computes
     "fmod_no_zero": (_pair(_DIVIDEND, _ints(2, -3, 5, 1)), torch.fmod),
     "remainder_float_divisor": (_pair(_DIVIDEND, lambda d: torch.zeros(4, device=d)), torch.remainder),
