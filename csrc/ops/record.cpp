@@ -527,8 +527,7 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
     return true;
   if ((check & kCheckIndexValues) && plan.index_arg >= 0 && index_values_need_cpu(plan, stack, first)) return true;
   if ((check & kCheckIntegerDivisor) &&
-      integer_divisor_check(stack, first, stack.size() - first, /*scan_host_values=*/true) ==
-          DivisorCheck::kZeroAtCall)
+      integer_divisor_check(stack, first, stack.size() - first, /*scan_host_values=*/true) == DivisorCheck::kZeroAtCall)
     return true;
   if ((check & kCheckSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
       stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
@@ -1616,9 +1615,10 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   node.kind = static_cast<int>(entry.kind);
   // An integer divisor still computed on the device: its zeros raise when the node runs, so it
   // runs even when nothing reads its result (a zero divisor raises on CPU whether or not it is).
-  node.checks_values = (plan.traits & kChecksValues) != 0 ||
-                       ((plan.traits & kCheckIntegerDivisor) &&
-                        integer_divisor_check(*stack, first, nargs, /*scan_host_values=*/false) == DivisorCheck::kDeferred);
+  node.checks_values =
+      (plan.traits & kChecksValues) != 0 ||
+      ((plan.traits & kCheckIntegerDivisor) &&
+       integer_divisor_check(*stack, first, nargs, /*scan_host_values=*/false) == DivisorCheck::kDeferred);
   node.meta_id = meta.id;
   const uint64_t writes = plan.writes;
   // Tensor arguments are not copied: their slots are filled below.

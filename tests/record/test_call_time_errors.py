@@ -316,7 +316,10 @@ INTEGER_DIVISOR = {
     "fmod_tensor": (_pair(_DIVIDEND, _ints(2, 0, 1, 3)), torch.fmod),
     "fmod_scalar": (lambda d: (_DIVIDEND(d),), lambda a: torch.fmod(a, 0)),
     "fmod_inplace": (_pair(_DIVIDEND, _ints(0, 1, 1, 1)), lambda a, b: a.fmod_(b)),
-    "fmod_out": (lambda d: (_DIVIDEND(d), _ints(0, 1, 1, 1)(d), _ints(9, 9, 9, 9)(d)), lambda a, b, o: torch.fmod(a, b, out=o)),
+    "fmod_out": (
+        lambda d: (_DIVIDEND(d), _ints(0, 1, 1, 1)(d), _ints(9, 9, 9, 9)(d)),
+        lambda a, b, o: torch.fmod(a, b, out=o),
+    ),
     "remainder_tensor_int8": (_pair(_ints(5, 6, dtype=torch.int8), _ints(0, 4, dtype=torch.int8)), torch.remainder),
     "remainder_scalar": (lambda d: (_DIVIDEND(d),), lambda a: a % 0),
     "remainder_scalar_inplace": (lambda d: (_DIVIDEND(d),), lambda a: a.remainder_(0)),
@@ -342,7 +345,10 @@ INTEGER_DIVISOR = {
     "remainder_float_divisor": (_pair(_DIVIDEND, lambda d: torch.zeros(4, device=d)), torch.remainder),
     "fmod_float_scalar_zero": (lambda d: (_DIVIDEND(d),), lambda a: torch.fmod(a, 0.0)),
     "div_true_division": (_pair(_DIVIDEND, _ints(0, 0, 1, 2)), torch.div),
-    "floor_divide_empty_divisor": (_pair(lambda d: _ints(dtype=torch.int32)(d), _ints(dtype=torch.int32)), torch.floor_divide),
+    "floor_divide_empty_divisor": (
+        _pair(lambda d: _ints(dtype=torch.int32)(d), _ints(dtype=torch.int32)),
+        torch.floor_divide,
+    ),
     "floor_divide_empty_dividend": (
         _pair(lambda d: _ints(dtype=torch.int32)(d).reshape(0, 1), _ints(0, 0)),
         torch.floor_divide,
