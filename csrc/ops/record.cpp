@@ -388,24 +388,35 @@ bool index_values_need_cpu(const OpPlan& plan, const torch::jit::Stack& stack, s
 // being computed on the device: the node checks them when it runs (Node::checks_values).
 enum class DivisorCheck { kNone, kZeroAtCall, kDeferred };
 
-// With scan_host_values false, a host-held divisor gives kNone unread (the call's earlier check read it).
+// Type promotion's categories, ordered: bool < integer < floating (complex counts as floating
+// here); -1 for an argument that is neither a tensor nor a number.
+constexpr int kIntegerCategory = 1;
+int promotion_category(const c10::IValue& v) {
+  if (v.isTensor()) {
+    if (!v.toTensor().defined()) return -1;
+    const at::ScalarType t = v.toTensor().scalar_type();
+    return t == at::kBool ? 0 : c10::isIntegralType(t, /*includeBool=*/false) ? kIntegerCategory : 2;
+  }
+  if (v.isBool()) return 0;
+  if (v.isInt()) return kIntegerCategory;
+  return v.isDouble() || v.isComplexDouble() ? 2 : -1;
+}
+
+// scan_host_values false (the node, after the call's check): a host-held divisor is not read again.
 DivisorCheck integer_divisor_check(const torch::jit::Stack& stack, size_t first, size_t nargs, bool scan_host_values) {
   const c10::IValue& a = stack[first];
   const c10::IValue& b = stack[first + 1];
   // div's rounding_mode (argument 2; the others have no None there): None divides in floating point.
   if (nargs > 2 && stack[first + 2].isNone()) return DivisorCheck::kNone;
-  at::ScalarType common;
-  if (a.isTensor() && b.isTensor()) {
-    common = at::native::result_type(a.toTensor(), b.toTensor());
-  } else if (a.isTensor() && b.isScalar()) {
-    common = at::native::result_type(a.toTensor(), b.toScalar());
-  } else if (a.isScalar() && b.isTensor()) {
-    common = at::native::result_type(a.toScalar(), b.toTensor());
-  } else {
-    return DivisorCheck::kNone;
+  // The operands promote to an integer dtype when the higher of their type categories is
+  // integer (a floating or complex operand of any dim, wrapped numbers too, makes it floating;
+  // two bools stay bool). Read from the dtypes: at::result_type wraps a Scalar in a tensor.
+  if (std::max(promotion_category(a), promotion_category(b)) != kIntegerCategory) return DivisorCheck::kNone;
+  if (b.isScalar()) {
+    const c10::Scalar d = b.toScalar();
+    const bool zero = d.isBoolean() ? !d.toBool() : d.equal(0);  // Scalar::equal: a bool equals no number
+    return zero ? DivisorCheck::kZeroAtCall : DivisorCheck::kNone;
   }
-  if (!c10::isIntegralType(common, /*includeBool=*/false)) return DivisorCheck::kNone;
-  if (b.isScalar()) return b.toScalar().equal(0) ? DivisorCheck::kZeroAtCall : DivisorCheck::kNone;
   const at::Tensor& divisor = b.toTensor();
   if (divisor.numel() == 0) return DivisorCheck::kNone;
   if (!scan_host_values) {

@@ -335,6 +335,11 @@ INTEGER_DIVISOR = {
     ),
     "broadcast_zero_row": (_pair(lambda d: _DIVIDEND(d).reshape(2, 2), _ints(0, 3)), torch.remainder),
     "rfloordiv_python_number": (lambda d: (_ints(0, 2)(d),), lambda b: 5 // b),
+    "fmod_by_false": (lambda d: (_DIVIDEND(d),), lambda a: torch.fmod(a, False)),
+    "remainder_by_bool_tensor": (
+        _pair(_DIVIDEND, lambda d: torch.tensor([True, False, True, True], device=d)),
+        torch.remainder,
+    ),
     "fmod_cpu_0dim_divisor": (lambda d: (_DIVIDEND(d),), lambda a: torch.fmod(a, torch.tensor(0, dtype=torch.int32))),
     "div_trunc_out": (
         lambda d: (_DIVIDEND(d), _ints(1, 0, 1, 1)(d), _ints(9, 9, 9, 9)(d)),
