@@ -178,8 +178,9 @@ def test_failing_hoisted_op_loses_nothing_else():
     # An integer division by a divisor computed on the device (z * 1) depends on
     # values the host does not hold yet, so "tpu" records it and CPU's kernel raises
     # at the flush (CPU raises at the call: values are at hand there). Here it makes
-    # the mask, so it and the mask's `== 0` are hoisted ahead of the scale / masked_fill / softmax loop. Its error surfaces where the
-    # mask is used; the scaled scores, which do not depend on it, keep CPU's values.
+    # the mask, so it and the mask's `== 0` are hoisted ahead of the scale /
+    # masked_fill / softmax loop. Its error surfaces where the mask is used; the
+    # scaled scores, which do not depend on it, keep CPU's values.
     s = _scores(2, 2, 8, seed=15)
     with pytest.raises(RuntimeError) as cpu_err:
         torch.zeros(1, 1, 8, 8, dtype=torch.int64) // torch.zeros(1, 1, 8, 8, dtype=torch.int64)
