@@ -546,6 +546,9 @@ CALL_CHECKS = [
     ("kCheckBoundaries1d", {"bucketize"}, _every),
     ("kCheckSearchSide", {"searchsorted"}, _every),
     ("kCheckDegreesOfFreedom", {"var", "std", "var_mean", "std_mean"}, lambda ov: ov.startswith("correction")),
+    # Integer division by zero (CPU: RuntimeError "ZeroDivisionError"); the divisor is argument 1.
+    ("kCheckIntegerDivisor", {"fmod", "fmod_", "remainder", "remainder_", "floor_divide", "floor_divide_"}, _every),
+    ("kCheckIntegerDivisor", {"div", "div_"}, lambda ov: "mode" in ov),
     # An `index` tensor whose values the host holds, with one outside [0, size): CPU's kernel
     # raises (or wraps a negative index) at the call, where a queued op would raise at the flush.
     (

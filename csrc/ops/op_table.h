@@ -87,6 +87,11 @@ enum OpTrait : uint64_t {
   // the dtype probe (ops/cpu_probe.h, probe_needless), which on a model's first
   // step ran CPU's kernels on twins (oneDNN's setup for a convolution's 1x1 twins).
   kFloatLoops = 1ull << 39,
+  // fmod / remainder / floor_divide / div with a rounding mode on integers: CPU's kernel raises
+  // "ZeroDivisionError" for a zero divisor. A Scalar zero or a host-held divisor tensor with a
+  // zero runs CPU's kernel at the call; a divisor computed on the device is checked when the op
+  // runs, which it then does even when nothing reads its result (Node::checks_values).
+  kCheckIntegerDivisor = 1ull << 40,
 };
 
 struct OpEntry {

@@ -380,6 +380,56 @@ bool index_values_need_cpu(const OpPlan& plan, const torch::jit::Stack& stack, s
   return std::get<0>(mm).item<int64_t>() < 0 || std::get<1>(mm).item<int64_t>() >= bound;
 }
 
+// fmod / remainder / floor_divide / div(rounding_mode=...) (kCheckIntegerDivisor): CPU's
+// kernel raises "ZeroDivisionError" for a zero divisor (argument 1) when its operands promote
+// to an integer dtype (bool: "not implemented", raised by the dtype probe). kZeroAtCall: the
+// divisor is a Scalar zero, or a tensor whose values the host holds and which holds a zero:
+// CPU's kernel runs at the call and raises there. kDeferred: the divisor's values are still
+// being computed on the device: the node checks them when it runs (Node::checks_values).
+enum class DivisorCheck { kNone, kZeroAtCall, kDeferred };
+
+// Type promotion's categories, ordered: bool < integer < floating (complex counts as floating
+// here); -1 for an argument that is neither a tensor nor a number.
+constexpr int kIntegerCategory = 1;
+int promotion_category(const c10::IValue& v) {
+  if (v.isTensor()) {
+    if (!v.toTensor().defined()) return -1;
+    const at::ScalarType t = v.toTensor().scalar_type();
+    return t == at::kBool ? 0 : c10::isIntegralType(t, /*includeBool=*/false) ? kIntegerCategory : 2;
+  }
+  if (v.isBool()) return 0;
+  if (v.isInt()) return kIntegerCategory;
+  return v.isDouble() || v.isComplexDouble() ? 2 : -1;
+}
+
+// scan_host_values false (the node, after the call's check): a host-held divisor is not read again.
+DivisorCheck integer_divisor_check(const torch::jit::Stack& stack, size_t first, size_t nargs, bool scan_host_values) {
+  const c10::IValue& a = stack[first];
+  const c10::IValue& b = stack[first + 1];
+  // div's rounding_mode (argument 2; the others have no None there): None divides in floating point.
+  if (nargs > 2 && stack[first + 2].isNone()) return DivisorCheck::kNone;
+  // The operands promote to an integer dtype when the higher of their type categories is
+  // integer (a floating or complex operand of any dim, wrapped numbers too, makes it floating;
+  // two bools stay bool). Read from the dtypes: at::result_type wraps a Scalar in a tensor.
+  if (std::max(promotion_category(a), promotion_category(b)) != kIntegerCategory) return DivisorCheck::kNone;
+  if (b.isScalar()) {
+    const c10::Scalar d = b.toScalar();
+    const bool zero = d.isBoolean() ? !d.toBool() : d.equal(0);  // Scalar::equal: a bool equals no number
+    return zero ? DivisorCheck::kZeroAtCall : DivisorCheck::kNone;
+  }
+  const at::Tensor& divisor = b.toTensor();
+  if (divisor.numel() == 0) return DivisorCheck::kNone;
+  if (!scan_host_values) {
+    if (!is_tpu(divisor)) return DivisorCheck::kNone;
+    const DeferredStorage* s = deferred_storage_of(divisor);
+    return s->error || storage_has_pending(s) ? DivisorCheck::kDeferred : DivisorCheck::kNone;
+  }
+  const at::Tensor v = values_on_host(divisor);
+  if (!v.defined()) return DivisorCheck::kDeferred;
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+  return v.eq(0).any().item<bool>() ? DivisorCheck::kZeroAtCall : DivisorCheck::kNone;
+}
+
 // normal(mean, std) with a tensor std: CPU's and CUDA's kernels check every
 // element of std before they draw (CUDA reads the minimum back: a sync), and
 // raise "normal expects all elements of std >= 0.0" at the call. The meta
@@ -487,6 +537,9 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   if ((check & kCheckDegreesOfFreedom) && stack[first].isTensor() && degrees_of_freedom_not_positive(stack, first))
     return true;
   if ((check & kCheckIndexValues) && plan.index_arg >= 0 && index_values_need_cpu(plan, stack, first)) return true;
+  if ((check & kCheckIntegerDivisor) &&
+      integer_divisor_check(stack, first, stack.size() - first, /*scan_host_values=*/true) == DivisorCheck::kZeroAtCall)
+    return true;
   if ((check & kCheckSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
       stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
     return true;
@@ -1571,7 +1624,12 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // 3. The node: tensor arguments become TensorRefs.
   Node node(op);
   node.kind = static_cast<int>(entry.kind);
-  node.checks_values = (plan.traits & kChecksValues) != 0;
+  // An integer divisor still computed on the device: its zeros raise when the node runs, so it
+  // runs even when nothing reads its result (a zero divisor raises on CPU whether or not it is).
+  node.checks_values =
+      (plan.traits & kChecksValues) != 0 ||
+      ((plan.traits & kCheckIntegerDivisor) &&
+       integer_divisor_check(*stack, first, nargs, /*scan_host_values=*/false) == DivisorCheck::kDeferred);
   node.meta_id = meta.id;
   const uint64_t writes = plan.writes;
   // Tensor arguments are not copied: their slots are filled below.

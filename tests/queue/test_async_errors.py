@@ -42,6 +42,11 @@ CASES = {
     "nll_loss": lambda d: F.nll_loss(torch.zeros(2, 3, device=d).log_softmax(1), _on_device([0, 3], d)),
     "take": lambda d: torch.take(torch.zeros(3, device=d), _on_device([4], d)),
     "index_fill_": lambda d: torch.zeros(3, device=d).index_fill_(0, _on_device([4], d), 1.0),
+    # an integer divisor with a zero: "ZeroDivisionError"
+    "fmod": lambda d: torch.fmod(torch.ones(2, dtype=torch.long, device=d), _on_device([2, 0], d)),
+    "remainder": lambda d: torch.remainder(5, _on_device([0, 3], d)),
+    "floor_divide": lambda d: torch.ones(2, dtype=torch.long, device=d) // _on_device([0, 3], d),
+    "div": lambda d: torch.div(torch.ones(2, dtype=torch.long, device=d), _on_device([0, 3], d), rounding_mode="trunc"),
 }
 
 

@@ -299,6 +299,82 @@ def test_index_values_on_the_host_checked_at_the_call(dev, case):
     run_both_at_call(lambda d: (_f(6)(d),), lambda a: act(a, lambda *v: _idx(*v)(a.device)), dev)
 
 
+# ---- integer division by zero ----------------------------------------------------
+# fmod / remainder / floor_divide / div(rounding_mode=...) on integers: CPU's kernel raises
+# RuntimeError "ZeroDivisionError" at the call. "tpu" raises it at the call when the divisor
+# is a Python number or a tensor whose values the host holds (a divisor computed on the device
+# raises when the op runs: tests/queue/test_async_errors.py). Found by PyTorch's
+# test_binary_ufuncs.py (test_fmod_remainder_by_zero_integral): the call did not raise, and an
+# unread result never did. The controls (a nonzero divisor, floating operands, true division,
+# an empty divisor) must compute as CPU does.
+def _ints(*vals, dtype=torch.int32):
+    return lambda d: torch.tensor(vals, dtype=dtype, device=d)
+
+
+_DIVIDEND = _ints(7, -7, 3, 0)
+INTEGER_DIVISOR = {
+    "fmod_tensor": (_pair(_DIVIDEND, _ints(2, 0, 1, 3)), torch.fmod),
+    "fmod_scalar": (lambda d: (_DIVIDEND(d),), lambda a: torch.fmod(a, 0)),
+    "fmod_inplace": (_pair(_DIVIDEND, _ints(0, 1, 1, 1)), lambda a, b: a.fmod_(b)),
+    "fmod_out": (
+        lambda d: (_DIVIDEND(d), _ints(0, 1, 1, 1)(d), _ints(9, 9, 9, 9)(d)),
+        lambda a, b, o: torch.fmod(a, b, out=o),
+    ),
+    "remainder_tensor_int8": (_pair(_ints(5, 6, dtype=torch.int8), _ints(0, 4, dtype=torch.int8)), torch.remainder),
+    "remainder_scalar": (lambda d: (_DIVIDEND(d),), lambda a: a % 0),
+    "remainder_scalar_inplace": (lambda d: (_DIVIDEND(d),), lambda a: a.remainder_(0)),
+    "remainder_scalar_tensor": (lambda d: (_ints(3, 0, dtype=torch.int64)(d),), lambda b: torch.remainder(5, b)),
+    "floor_divide_uint8": (_pair(_ints(5, 6, dtype=torch.uint8), _ints(1, 0, dtype=torch.uint8)), lambda a, b: a // b),
+    "floor_divide_python_zero": (lambda d: (_DIVIDEND(d),), lambda a: a // 0),
+    "floor_divide_inplace": (_pair(_DIVIDEND, _ints(1, 1, 0, 1)), lambda a, b: a.floor_divide_(b)),
+    "div_trunc": (_pair(_DIVIDEND, _ints(1, 0, 1, 1)), lambda a, b: torch.div(a, b, rounding_mode="trunc")),
+    "div_floor_scalar": (lambda d: (_DIVIDEND(d),), lambda a: torch.div(a, 0, rounding_mode="floor")),
+    "div_floor_inplace_int64": (
+        _pair(_ints(4, 5, dtype=torch.int64), _ints(0, 2, dtype=torch.int64)),
+        lambda a, b: a.div_(b, rounding_mode="floor"),
+    ),
+    "broadcast_zero_row": (_pair(lambda d: _DIVIDEND(d).reshape(2, 2), _ints(0, 3)), torch.remainder),
+    "rfloordiv_python_number": (lambda d: (_ints(0, 2)(d),), lambda b: 5 // b),
+    "fmod_by_false": (lambda d: (_DIVIDEND(d),), lambda a: torch.fmod(a, False)),
+    "remainder_by_bool_tensor": (
+        _pair(_DIVIDEND, lambda d: torch.tensor([True, False, True, True], device=d)),
+        torch.remainder,
+    ),
+    "fmod_cpu_0dim_divisor": (lambda d: (_DIVIDEND(d),), lambda a: torch.fmod(a, torch.tensor(0, dtype=torch.int32))),
+    "div_trunc_out": (
+        lambda d: (_DIVIDEND(d), _ints(1, 0, 1, 1)(d), _ints(9, 9, 9, 9)(d)),
+        lambda a, b, o: torch.div(a, b, rounding_mode="trunc", out=o),
+    ),
+    # controls: CPU computes
+    "fmod_no_zero": (_pair(_DIVIDEND, _ints(2, -3, 5, 1)), torch.fmod),
+    "remainder_float_divisor": (_pair(_DIVIDEND, lambda d: torch.zeros(4, device=d)), torch.remainder),
+    "fmod_float_scalar_zero": (lambda d: (_DIVIDEND(d),), lambda a: torch.fmod(a, 0.0)),
+    "div_true_division": (_pair(_DIVIDEND, _ints(0, 0, 1, 2)), torch.div),
+    "floor_divide_empty_divisor": (
+        _pair(lambda d: _ints(dtype=torch.int32)(d), _ints(dtype=torch.int32)),
+        torch.floor_divide,
+    ),
+    "floor_divide_empty_dividend": (
+        _pair(lambda d: _ints(dtype=torch.int32)(d).reshape(0, 1), _ints(0, 0)),
+        torch.floor_divide,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INTEGER_DIVISOR))
+def test_integer_division_by_zero_on_the_host_raises_at_the_call(dev, case):
+    build, act = INTEGER_DIVISOR[case]
+    run_both_at_call(build, act, dev)
+
+
+def test_rejected_integer_division_leaves_the_version(dev):
+    """An in-place division CPU rejects does not count as a write (its values: the cases above)."""
+    a, b = _DIVIDEND(dev), _ints(1, 0, 1, 1)(dev)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        a.remainder_(b)
+    assert a._version == 0
+
+
 @pytest.mark.parametrize("case", ["index_add_negative", "scatter_too_big", "put_too_big"])
 def test_rejected_index_write_leaves_the_version(dev, case):
     """A call CPU rejects does not count as a write: the version counter stays."""

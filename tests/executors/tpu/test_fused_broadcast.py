@@ -175,11 +175,12 @@ def test_char_lm_attention_block_matches_cpu():
 
 
 def test_failing_hoisted_op_loses_nothing_else():
-    # An integer division by zero depends on the divisor's values, so "tpu" records
-    # it and CPU's kernel raises at the flush (CPU raises at the call: values are at
-    # hand there). Here it makes the mask, so it and the mask's `== 0` are hoisted
-    # ahead of the scale / masked_fill / softmax loop. Its error surfaces where the
-    # mask is used; the scaled scores, which do not depend on it, keep CPU's values.
+    # An integer division by a divisor computed on the device (z * 1) depends on
+    # values the host does not hold yet, so "tpu" records it and CPU's kernel raises
+    # at the flush (CPU raises at the call: values are at hand there). Here it makes
+    # the mask, so it and the mask's `== 0` are hoisted ahead of the scale /
+    # masked_fill / softmax loop. Its error surfaces where the mask is used; the
+    # scaled scores, which do not depend on it, keep CPU's values.
     s = _scores(2, 2, 8, seed=15)
     with pytest.raises(RuntimeError) as cpu_err:
         torch.zeros(1, 1, 8, 8, dtype=torch.int64) // torch.zeros(1, 1, 8, 8, dtype=torch.int64)
@@ -188,7 +189,7 @@ def test_failing_hoisted_op_loses_nothing_else():
     z = torch.zeros(1, 1, 8, 8, dtype=torch.int64, device="tpu")
     torch.tpu.synchronize()
     scaled = d * 0.5
-    out = scaled.masked_fill(m // z == 0, float("-inf")).softmax(-1)
+    out = scaled.masked_fill(m // (z * 1) == 0, float("-inf")).softmax(-1)
     with pytest.raises(type(cpu_err.value), match="ZeroDivisionError"):
         out.cpu()
     _assert_same(scaled, s * 0.5)

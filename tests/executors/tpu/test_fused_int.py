@@ -244,7 +244,9 @@ def test_zero_divisor_raises_zero_division_error_as_cpu(op):
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         op(a * 3 + 1, b)  # CPU raises at the call
     da, db = a.to("tpu"), b.to("tpu")
-    r = op(da * 3 + 1, db)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        op(da * 3 + 1, db)  # a divisor the host holds: at the call, as CPU
+    r = op(da * 3 + 1, db * 1)  # a divisor computed on the device: at the read
     keep = da * 2 + 1  # a tensor recorded after: valid after the error
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         r.cpu()
@@ -258,9 +260,8 @@ def test_zero_scalar_divisor_raises():
     a = torch.arange(-8, 8)
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         (a * 3) // 0
-    r = (a.to("tpu") * 3) // 0
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
-        r.cpu()
+        (a.to("tpu") * 3) // 0  # at the call, as CPU
 
 
 def test_float_scalar_operand_keeps_cpu_promotion():
