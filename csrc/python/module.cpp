@@ -562,6 +562,7 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release no_gil;
     return spyre::ktir_run(spyre::ktir_parse(text), spyre::active_card(), std::move(tensors));
   });
+  m.def("_corelet_shares", &spyre::corelet_shares, py::arg("rows"), py::arg("corelets"));
   m.def("_schedule_last", [] {
     py::list out;
     for (const auto& s : spyre::last_flush_schedules()) out.append(schedule_dict(s));

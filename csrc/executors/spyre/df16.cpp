@@ -2,8 +2,11 @@
 #include "executors/spyre/df16.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
+#include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -11,6 +14,7 @@
 #include <c10/util/Exception.h>
 
 #include "executors/cpu_vml.h"
+#include "executors/spyre/blocked_loop.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -20,18 +24,14 @@ namespace {
 // Below this many elements one thread is faster than waking the pool.
 constexpr int64_t kGrain = 1 << 15;
 
-// Elements per inner block: a fixed trip count is what lets GCC's -O2 (cheap)
-// vectorizer take the loop; the tail runs scalar.
-constexpr int64_t kBlock = 64;
-
-// dst[i] = f(src[i]) in blocks of kBlock (src and dst may be the same array:
+// dst[i] = f(src[i]) in blocks of kLoopBlock (src and dst may be the same array:
 // each element is read before it is written). Inlined into each caller, so it
 // takes the caller's target (the AVX2 clones below vectorize it).
 template <typename In, typename Out, typename F>
 inline void map_blocked(const In* src, Out* dst, int64_t n, F f) {
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = f(src[i + j]);
+  for (; i + kLoopBlock <= n; i += kLoopBlock)
+    for (int64_t j = 0; j < kLoopBlock; ++j) dst[i + j] = f(src[i + j]);
   for (; i < n; ++i) dst[i] = f(src[i]);
 }
 
@@ -69,51 +69,116 @@ inline uint32_t f32_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
 inline float widen(float v) { return v; }
 inline float widen(uint16_t b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
 
-// Softmax's normalizing pass over `rows` rows of n contiguous values (f32,
-// or bf16 bits read as their exact f32 widening):
-// dst[r * n + j] = bf16 bits of df16(exp(x[r * n + j] - m[j]) / s[j]). The
-// difference and the quotient are IEEE f32 (as at::sub's and at::div's), the
-// exp is CPU's float32 exp (vml::exp, as torch.exp), so each value is the one
-// x.float().sub(m).exp().div(s) gives, rounded once. `buf` holds rows * n +
-// kBlock floats (the exps; a row's last partial block reads past its end),
-// `s` is padded with ones to a whole number of blocks. One exp call for all
-// rows: MKL's VML costs microseconds per call.
-template <typename In>
-__attribute__((always_inline)) inline void softmax_bf16_rows(const In* __restrict x, const float* __restrict m,
-                                                             const float* __restrict s, float* __restrict buf,
-                                                             uint16_t* __restrict dst, int64_t rows, int64_t n) {
-  const int64_t whole = n / kBlock * kBlock;
-  for (int64_t r = 0; r < rows; ++r) {
-    const In* xr = x + r * n;
-    float* br = buf + r * n;
-    for (int64_t j = 0; j < whole; j += kBlock)
-      for (int64_t k = 0; k < kBlock; ++k) br[j + k] = widen(xr[j + k]) - m[j + k];
-    for (int64_t j = whole; j < n; ++j) br[j] = widen(xr[j]) - m[j];
-  }
-  vml::exp(buf, buf, rows * n);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* br = buf + r * n;
-    uint16_t* o = dst + r * n;
-    for (int64_t j = 0; j < whole; j += kBlock)
-      for (int64_t k = 0; k < kBlock; ++k) o[j + k] = df16_round_bf16_bits(f32_bits(br[j + k] / s[j + k]));
-    if (whole < n) {
-      uint16_t t[kBlock];
-      for (int64_t k = 0; k < kBlock; ++k) t[k] = df16_round_bf16_bits(f32_bits(br[whole + k] / s[whole + k]));
-      std::memcpy(o + whole, t, static_cast<size_t>(n - whole) * sizeof(uint16_t));
-    }
-  }
+// Softmax's quotient e / s by the reciprocal. With r = 1/s rounded to f32
+// (|s| in [2^-126, 2^126]: r normal, relative error <= 2^-24), e * r is the
+// rounding of a real within 2^-24 * t of t = e / s, less than t's ulp, and so
+// within 4 f32 bit steps of e / s rounded (2 within t's binade, 4 across its
+// lower edge; a subnormal t: 1).
+// df16_round_bf16_bits(u) depends on u only through (u + 2^13) >> 14 (its zero
+// and NaN limits, 0x30002000 and 0x4FFFA000, sit where that carries too), so
+// where u = bits(e * r) is more than kReciprocalSlack steps from such a carry
+// the divide rounds the same; elsewhere the divide is taken. For s = 0, +-inf
+// or NaN, e * r and e / s are the same IEEE value (inf, 0 or NaN).
+constexpr uint32_t kReciprocalSlack = 8;
+
+// df16_round_bf16_bits(u) for the bits u of a quotient by the reciprocal,
+// with its sign and NaN selects dropped: right for u in [+0, 0x4FFFA000)
+// (below the NaN limit). `slow` gets a nonzero where u is outside that range
+// or within kReciprocalSlack bit steps of a df16 carry (a = u + 2^13 near a
+// multiple of 2^14), where the divide is taken instead.
+inline uint16_t quotient_bf16_bits(uint32_t u, uint32_t& slow) {
+  const uint32_t a = u + detail::kHalf;
+  slow |= static_cast<uint32_t>(((a + kReciprocalSlack) & 0x3FFFu) < 2 * kReciprocalSlack) |
+          static_cast<uint32_t>(u >= 0x4FFFA000u);
+  const uint32_t v = (a & ~0x3FFFu) & (0u - static_cast<uint32_t>(static_cast<int32_t>(u) >= 0x30002000));
+  return static_cast<uint16_t>((v + 0x7FFFu + ((v >> 16) & 1u)) >> 16);
 }
 
-// softmax_bf16_rows of each input type, built for AVX2 and the baseline.
-__attribute__((target_clones("avx2", "default"))) void softmax_rows(const float* x, const float* m, const float* s,
-                                                                    float* buf, uint16_t* dst, int64_t rows,
-                                                                    int64_t n) {
-  softmax_bf16_rows(x, m, s, buf, dst, rows, n);
+// Whether the quotients by every s[j] (j < n) may be taken by the reciprocal:
+// |s| in [2^-126, 2^126], 0, inf or NaN (see kReciprocalSlack).
+bool reciprocal_fits(const float* s, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float a = std::fabs(s[j]);
+    if ((a > 0.0f && a < 0x1p-126f) || (a > 0x1p126f && a < INFINITY)) return false;
+  }
+  return true;
 }
-__attribute__((target_clones("avx2", "default"))) void softmax_rows(const uint16_t* x, const float* m, const float* s,
-                                                                    float* buf, uint16_t* dst, int64_t rows,
-                                                                    int64_t n) {
-  softmax_bf16_rows(x, m, s, buf, dst, rows, n);
+
+// o[j] = bf16 bits of df16(e[j] / s[j]) for j < n: by the reciprocal rs[j] =
+// 1/s[j] (kReciprocalSlack), a whole block by the divide where one of its
+// quotients is slow (quotient_bf16_bits); rs == nullptr: by the divide.
+__attribute__((always_inline)) inline void quotients_to_bf16(const float* __restrict e, const float* __restrict s,
+                                                             const float* __restrict rs, uint16_t* __restrict o,
+                                                             int64_t n) {
+  auto divided = [&](int64_t j) { o[j] = df16_round_bf16_bits(f32_bits(e[j] / s[j])); };
+  if (rs == nullptr) return blocked(n, divided);
+  // A block of `width` quotients by the reciprocal, redone by the divide
+  // when one is slow (near a carry: about 1 in 2^10 values).
+  auto block = [&](int64_t j, auto width) {
+    uint32_t slow = 0;
+    for (int64_t k = 0; k < decltype(width)::value; ++k)
+      o[j + k] = quotient_bf16_bits(f32_bits(e[j + k] * rs[j + k]), slow);
+    if (slow != 0)
+      for (int64_t k = 0; k < decltype(width)::value; ++k) divided(j + k);
+  };
+  int64_t j = 0;
+  for (; j + kLoopBlock <= n; j += kLoopBlock) block(j, std::integral_constant<int64_t, kLoopBlock>{});
+  for (; j + kLoopShort <= n; j += kLoopShort) block(j, std::integral_constant<int64_t, kLoopShort>{});
+  for (; j < n; ++j) divided(j);
+}
+
+// d[j] = x[j] - m[j] for j < n (x: f32, or bf16 read as its f32 widening).
+// Written out, not by blocked(): a lambda's captured pointers lose
+// __restrict, and the float store could then alias m.
+template <typename In>
+__attribute__((always_inline)) inline void differences(const In* __restrict x, const float* __restrict m,
+                                                       float* __restrict d, int64_t n) {
+  int64_t j = 0;
+  for (; j + kLoopBlock <= n; j += kLoopBlock)
+    for (int64_t k = 0; k < kLoopBlock; ++k) d[j + k] = widen(x[j + k]) - m[j + k];
+  for (; j + kLoopShort <= n; j += kLoopShort)
+    for (int64_t k = 0; k < kLoopShort; ++k) d[j + k] = widen(x[j + k]) - m[j + k];
+  for (; j < n; ++j) d[j] = widen(x[j]) - m[j];
+}
+
+// Softmax's normalizing pass over `count` contiguous values (f32, or bf16
+// bits read as their exact f32 widening) whose sums and maxes repeat every
+// `period` values (a whole number of rows of n; m, s and rs hold one period):
+// dst[i] = bf16 bits of df16(exp(x[i] - m[i % period]) / s[i % period]). The
+// difference and the quotient are IEEE f32 (as at::sub's and at::div's), the
+// exp is CPU's float32 exp (vml::exp, as torch.exp), so each value is the one
+// x.float().sub(m).exp().div(s) gives, rounded once. `buf` holds count
+// floats (the exps); rs: the reciprocals of s, or nullptr (quotients_to_bf16).
+// One exp call for all values: MKL's VML costs microseconds per call.
+template <typename In>
+__attribute__((always_inline)) inline void softmax_bf16_values(const In* __restrict x, const float* __restrict m,
+                                                               const float* __restrict s, const float* __restrict rs,
+                                                               float* __restrict buf, uint16_t* __restrict dst,
+                                                               int64_t count, int64_t period) {
+  for (int64_t i = 0; i < count; i += period) differences(x + i, m, buf + i, std::min(period, count - i));
+  vml::exp(buf, buf, count);
+  for (int64_t i = 0; i < count; i += period) quotients_to_bf16(buf + i, s, rs, dst + i, std::min(period, count - i));
+}
+
+// softmax_bf16_values of each input type, built for AVX2 and the baseline.
+__attribute__((target_clones("avx2", "default"))) void softmax_values(const float* x, const float* m, const float* s,
+                                                                      const float* rs, float* buf, uint16_t* dst,
+                                                                      int64_t count, int64_t period) {
+  softmax_bf16_values(x, m, s, rs, buf, dst, count, period);
+}
+__attribute__((target_clones("avx2", "default"))) void softmax_values(const uint16_t* x, const float* m, const float* s,
+                                                                      const float* rs, float* buf, uint16_t* dst,
+                                                                      int64_t count, int64_t period) {
+  softmax_bf16_values(x, m, s, rs, buf, dst, count, period);
+}
+
+// Rows per period of the normalizing pass: the fewest whole rows of n values
+// that make a whole number of kLoopBlock blocks (so the loops run no tails
+// but at the end), or 1 when those would hold more than kMaxPeriod values.
+int64_t rows_per_period(int64_t n) {
+  constexpr int64_t kMaxPeriod = 1 << 13;  // 32 KiB per f32 array: m, s, rs stay in L2
+  const int64_t k = kLoopBlock / std::gcd(n, kLoopBlock);
+  return k * n <= kMaxPeriod ? k : 1;
 }
 
 }  // namespace
@@ -128,26 +193,32 @@ void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at
   const void* in = x.const_data_ptr();
   const float* mv = m.const_data_ptr<float>();
   auto* o = reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>());
-  // The sums padded with ones to whole blocks (a row's last block divides
-  // past its end; those quotients are dropped).
-  std::vector<float> sp((n + kBlock - 1) / kBlock * kBlock, 1.0f);
-  std::copy(s.const_data_ptr<float>(), s.const_data_ptr<float>() + n, sp.begin());
-  // Rows per chunk: about kChunk elements, whose exps stay in L2 between the
-  // steps (no f32 tensor of x's size is written), in few exp calls.
+  const float* sv = s.const_data_ptr<float>();
+  // m, s and (when every quotient may be taken by them) the reciprocals of s
+  // repeated over a period of k rows.
+  const int64_t k = rows_per_period(n), period = k * n;
+  std::vector<float> mt(period), st(period), rt;
+  for (int64_t i = 0; i < period; ++i) mt[i] = mv[i % n], st[i] = sv[i % n];
+  if (reciprocal_fits(sv, n)) {
+    rt.resize(period);
+    for (int64_t i = 0; i < period; ++i) rt[i] = 1.0f / st[i];
+  }
+  const float* rv = rt.empty() ? nullptr : rt.data();
+  // Periods per chunk: about kChunk elements, whose exps stay in L2 between
+  // the steps (no f32 tensor of x's size is written), in few exp calls.
   constexpr int64_t kChunk = 1 << 15;
-  const int64_t chunk_rows = std::max<int64_t>(1, kChunk / n);
-  at::parallel_for(0, rows, chunk_rows, [&](int64_t b, int64_t e) {
-    // Not zeroed (every exp is written before it is read) but for the slack
-    // past the last row, which the last block reads.
-    const int64_t used = std::min(chunk_rows, e - b) * n;
-    std::unique_ptr<float[]> buf(new float[used + kBlock]);
-    std::fill(buf.get() + used, buf.get() + used + kBlock, 1.0f);
-    for (int64_t r = b; r < e; r += chunk_rows) {
-      const int64_t len = std::min(chunk_rows, e - r);
+  const int64_t periods = (rows + k - 1) / k, chunk = std::max<int64_t>(1, kChunk / period);
+  at::parallel_for(0, periods, chunk, [&](int64_t b, int64_t e) {
+    // Not zeroed: every exp is written before it is read.
+    std::unique_ptr<float[]> buf(new float[std::min(chunk, e - b) * period]);
+    for (int64_t p = b; p < e; p += chunk) {
+      const int64_t first = p * period, count = std::min(std::min(chunk, e - p) * period, rows * n - first);
       if (bf16)
-        softmax_rows(static_cast<const uint16_t*>(in) + r * n, mv, sp.data(), buf.get(), o + r * n, len, n);
+        softmax_values(static_cast<const uint16_t*>(in) + first, mt.data(), st.data(), rv, buf.get(), o + first, count,
+                       period);
       else
-        softmax_rows(static_cast<const float*>(in) + r * n, mv, sp.data(), buf.get(), o + r * n, len, n);
+        softmax_values(static_cast<const float*>(in) + first, mt.data(), st.data(), rv, buf.get(), o + first, count,
+                       period);
     }
   });
 }

@@ -160,7 +160,9 @@ void df16_round_bf16_into(const at::Tensor& out, const at::Tensor& x);
 // widening: no f32 copy of x is made), m and s contiguous float32 tensors of one row each,
 // out a contiguous bfloat16 tensor of x's size (the caller checks; nothing
 // here does). The difference and quotient are IEEE f32 and the exp is CPU's
-// float32 exp, so the values equal those of the three ATen ops. Requires
+// float32 exp, so the values equal those of the three ATen ops (the quotient
+// is taken by 1/s where that provably rounds to the same df16 value, by the
+// divide elsewhere). Requires
 // df16_softmax_bf16_available() (torch built with MKL's VML, whose exp
 // torch.exp calls on x86-64).
 bool df16_softmax_bf16_available();

@@ -1952,6 +1952,17 @@ bool ktir_is_order(KtirTilePlan::Combine c) {
          c == KtirTilePlan::kMedian || c == KtirTilePlan::kNanMedian || c == KtirTilePlan::kMode;
 }
 
+std::vector<int64_t> corelet_shares(int64_t rows, int64_t corelets) {
+  TORCH_CHECK_VALUE(corelets >= 1 && rows >= 0, "corelet_shares: needs corelets >= 1 and rows >= 0, got rows ", rows,
+                    " and corelets ", corelets);
+  std::vector<int64_t> shares(static_cast<size_t>(corelets));
+  for (int64_t j = 0, left = rows; j < corelets; ++j) {
+    shares[j] = (left + corelets - j - 1) / (corelets - j);
+    left -= shares[j];
+  }
+  return shares;
+}
+
 namespace {
 
 // The ring passes of a selection of `t` values: one per 8-bit digit of the
@@ -2947,11 +2958,7 @@ bool softmax_reads_in_place(const KtirTilePlan& P, const at::Tensor& in) {
 // of [G, 1, ...] f32, the values ring_partial and ring_merge give.
 RingPart softmax_partials(const at::Tensor& X, int64_t corelets) {
   const int64_t G = X.size(0), rows = X.size(1), n = X.numel() / std::max<int64_t>(1, G * rows);
-  std::vector<int64_t> shares;
-  for (int64_t j = 0, left = rows; j < corelets; ++j) {
-    shares.push_back((left + corelets - j - 1) / (corelets - j));
-    left -= shares.back();
-  }
+  const std::vector<int64_t> shares = corelet_shares(rows, corelets);
   std::vector<int64_t> sizes = X.sizes().vec();
   sizes[1] = 1;
   const auto f32 = X.options().dtype(at::kFloat);
@@ -3957,9 +3964,9 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
       } else if (P.phase[k] == KtirTilePlan::kRing) {
         run_op(k, vt, [&] {
           // Each core's corelets reduce their share of the core's rows of
-          // the step (corelet j: ceil(left / (corelets - j)) rows), the core
-          // merges the corelet partials in order, and its accumulator merges
-          // the step partials in tile order.
+          // the step (corelet_shares), the core merges the corelet partials
+          // in order, and its accumulator merges the step partials in tile
+          // order.
           if (select) {
             // The cores' rows of the step, at their rows of the input.
             if (whole_rows)
@@ -3984,11 +3991,11 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               if (rows == 0) continue;
               const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
               RingPart part;
-              for (int64_t j = 0, left = rows; j < corelets; ++j) {
-                const int64_t m = (left + corelets - j - 1) / (corelets - j);
-                part = ring_merge(P, rp, std::move(part), partial(off, m, cores[c].first + (rows - left)));
+              int64_t first = cores[c].first;
+              for (const int64_t m : corelet_shares(rows, corelets)) {
+                part = ring_merge(P, rp, std::move(part), partial(off, m, first));
                 off += m;
-                left -= m;
+                first += m;
               }
               acc[c] = ring_merge(P, rp, std::move(acc[c]), part);
             }
@@ -4147,13 +4154,13 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             const bool native = softmax_partials_fit(P, X);
             if (native) part = softmax_partials(X, corelets);
             if (!native && X.scalar_type() != acc_dtype) X = X.to(acc_dtype);  // an input read in place
-            for (int64_t j = 0, left = rows; j < corelets && !native; ++j) {
-              const int64_t m = (left + corelets - j - 1) / (corelets - j);
-              for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first + (rows - left);
+            // Corelet by corelet (corelet_shares), r0 its first row among the core's.
+            int64_t r0 = 0;
+            for (const int64_t m : native ? std::vector<int64_t>{} : corelet_shares(rows, corelets)) {
+              for (int64_t g = 0; g < G; ++g) firsts[g] = cores[c + g].first + r0;
               const at::Tensor first_rows = positions ? at::tensor(firsts, at::kLong) : at::Tensor();
-              part = ring_merge(P, rp, std::move(part),
-                                ring_partial(P, rp, X.narrow(1, rows - left, m), first_rows, acc_dtype));
-              left -= m;
+              part = ring_merge(P, rp, std::move(part), ring_partial(P, rp, X.narrow(1, r0, m), first_rows, acc_dtype));
+              r0 += m;
             }
             if (acc_b.empty() && c == 0 && e == cores.size()) {
               // Every core in one batch at its first step: the partials are the accumulators.

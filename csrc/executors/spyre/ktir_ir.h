@@ -350,6 +350,12 @@ bool ktir_is_scan(KtirTilePlan::Combine c);
 // An order statistic over the split rows (sort, topk, kthvalue, median,
 // nanmedian, mode): sorted runs merged along the ring.
 bool ktir_is_order(KtirTilePlan::Combine c);
+// The rows each of a core's `corelets` corelets reduces of its `rows` rows,
+// in corelet order: corelet j takes ceil(left / (corelets - j)) of the
+// `left` rows the earlier ones did not take, so the shares sum to rows,
+// differ by at most 1 and never grow (the larger ones first; docs/ktir.md,
+// "Ring reductions"). Throws ValueError for corelets < 1 or rows < 0.
+std::vector<int64_t> corelet_shares(int64_t rows, int64_t corelets);
 
 // What a walk did: tile steps run (0 when whole), ring combine steps.
 struct KtirWalk {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "executors/cpu_vml.h"
+#include "executors/spyre/blocked_loop.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -15,23 +16,6 @@ namespace {
 
 // ATen's CeilLog2 (c10/util/MathConstants): 1 for x <= 2.
 int64_t ceil_log2(int64_t x) { return x <= 2 ? 1 : 64 - __builtin_clzll(static_cast<uint64_t>(x - 1)); }
-
-// Values per inner block: a fixed trip count is what lets GCC's -O2 (cheap)
-// vectorizer take a loop (as in df16.cpp); the tail runs scalar.
-constexpr int64_t kBlock = 64;
-
-// f(j) for j < n, in blocks of kBlock, then of 8. Inlined into each caller, so
-// it takes the caller's target (the AVX2 clones below vectorize it).
-template <typename F>
-__attribute__((always_inline)) inline void blocked(int64_t n, F f) {
-  constexpr int64_t kShort = 8;  // one AVX2 vector: most of a row's tail
-  int64_t j = 0;
-  for (; j + kBlock <= n; j += kBlock)
-    for (int64_t k = 0; k < kBlock; ++k) f(j + k);
-  for (; j + kShort <= n; j += kShort)
-    for (int64_t k = 0; k < kShort; ++k) f(j + k);
-  for (; j < n; ++j) f(j);
-}
 
 // The float32 value of an element: bfloat16 bits widen exactly by a shift.
 inline float widen(float v) { return v; }

@@ -282,6 +282,56 @@ def test_softmax_bf16_input_read_in_place(spyre_target, shape, specials):
         _check(got, (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log(), torch.bfloat16)
 
 
+@pytest.mark.parametrize("shape", [(1000, 300), (70, 1000), (257, 129)], ids=["1000x300", "70x1000", "257x129"])
+def test_softmax_bf16_normalizing_pass_by_reciprocal(spyre_target, shape):
+    # softmax's normalizing pass multiplies by 1/s where that provably rounds
+    # as the divide (else divides): columns of randn, of wide-ranging values
+    # (quotients near 0, exps that underflow), of equal values, with a NaN, with
+    # +inf, all -inf (NaN max and sums) and +-0; rows walked 16, 8 and 1 at a
+    # time (300, 1000 and 129 columns). 0 mismatches against df16 of the ring
+    # reference.
+    rows, cols = shape
+    a = _inputs(torch.bfloat16, seed=73, shape=shape)
+    a[:, 1::7] *= 24.0
+    a[:, 2] = 0.75
+    a[11, 3] = float("nan")
+    a[rows // 2, 4] = float("inf")
+    a[:, 5] = float("-inf")
+    a[:, 6] = 0.0
+    a[::3, 6] = -0.0
+    x = a.float()
+    got = torch.softmax(a.to("tpu"), 0).cpu()
+    (m, tot), _ = _ring_total("softmax", x, (0,), _schedule())
+    _check(got, (x - m).exp() / tot, torch.bfloat16)
+
+
+def _reciprocal_hazards(x, m, tot):
+    """Where df16 of e * (1 / s) differs from df16 of e / s (e = exp(x - m), s = tot)."""
+    e = (x - m).exp()
+    return (
+        store(e * (1 / tot), torch.bfloat16).view(torch.int16) != store(e / tot, torch.bfloat16).view(torch.int16)
+    ) & ~(torch.isnan(e / tot))
+
+
+def test_softmax_bf16_reciprocal_hazards_divided(spyre_target):
+    # Where the product by 1/s rounds to another df16 value than the quotient
+    # (a few in 10^6 randn values, near a df16 carry), the pass must divide:
+    # columns holding such values, picked from a pool by the ring reference's
+    # own sums, give df16 of the ring reference with 0 mismatches.
+    rows, cols = 1000, 300
+    torch.softmax(_inputs(torch.bfloat16, seed=74, shape=(rows, cols)).to("tpu"), 0).cpu()
+    sched = _schedule()
+    pool = _inputs(torch.bfloat16, seed=75, shape=(rows, 32 * cols))
+    (m, tot), _ = _ring_total("softmax", pool.float(), (0,), sched)
+    picked = torch.nonzero(_reciprocal_hazards(pool.float(), m, tot).any(0)).flatten()[: cols - 12]
+    a = torch.cat([pool[:, picked], pool[:, : cols - picked.numel()]], 1)  # hazards among the whole blocks
+    x = a.float()
+    got = torch.softmax(a.to("tpu"), 0).cpu()
+    (m, tot), _ = _ring_total("softmax", x, (0,), _schedule())
+    assert int(_reciprocal_hazards(x, m, tot).sum()) >= 10
+    _check(got, (x - m).exp() / tot, torch.bfloat16)
+
+
 def test_softmax_bf16_strided_input_widened(spyre_target):
     # A transposed (non-contiguous) bfloat16 input is not read in place: it is
     # widened to f32 first, with the same reference values.

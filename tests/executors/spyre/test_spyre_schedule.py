@@ -191,6 +191,31 @@ def test_corelets_split_each_tile(spyre_target):
     assert s["cores_used"] == 32 and s["rows_per_core"] == 40
 
 
+@pytest.mark.parametrize("corelets", [1, 2, 3, 4, 7])
+def test_corelet_shares_split_rows_in_order(corelets):
+    # The ring's corelet split (docs/ktir.md, "Ring reductions"; one helper
+    # for softmax's native partials and both ring loops): the shares sum to
+    # the rows, differ by at most 1, the larger ones first, i.e. the first
+    # rows % corelets corelets take one row more than rows // corelets.
+    from torch_tpu_eager import _C
+
+    for rows in [*range(0, 40), 999, 1000, 1001]:
+        want = [rows // corelets + (1 if j < rows % corelets else 0) for j in range(corelets)]
+        got = _C._corelet_shares(rows, corelets)
+        assert got == want, (rows, got)
+        assert sum(got) == rows and max(got) - min(got) <= 1 and got == sorted(got, reverse=True)
+    if corelets == 2:  # the docs' words: corelet 0 takes ceil(n / 2) of n rows
+        assert [_C._corelet_shares(n, 2)[0] for n in range(9)] == [math.ceil(n / 2) for n in range(9)]
+
+
+@pytest.mark.parametrize("rows, corelets", [(4, 0), (4, -1), (-1, 2)])
+def test_corelet_shares_bad_arguments_raise_value_error(rows, corelets):
+    from torch_tpu_eager import _C
+
+    with pytest.raises(ValueError, match="corelet_shares"):
+        _C._corelet_shares(rows, corelets)
+
+
 def test_full_reduction_has_a_ring_reduce(spyre_target):
     x = torch.randn(64, 100)
     got = x.to("tpu").sum()
