@@ -34,6 +34,8 @@ def build_and_run(avx512, workdir, quick=False):
         os.path.join(ROOT, "csrc", "executors", "tpu", "fused_program.cpp"),
         os.path.join(ROOT, "csrc", "executors", "cpu_vml.cpp"),
         os.path.join(ROOT, "csrc", "executors", "tpu", "fused_convert.cpp"),
+        # The AVX-512 unit's layer_norm calls the AVX2 unit's rows (CPU's AVX2 kernel's values).
+        *([os.path.join(ROOT, "csrc", "executors", "tpu", "fused_kernels_avx2.cpp")] if avx512 else []),
         f"-L{lib}",
         "-ltorch_cpu",
         "-lc10",
