@@ -46,6 +46,16 @@ typename Stub::FnPtr cpu_kernel() {
   return Stub::DEFAULT;
 }
 
+// The capability of the kernel cpu_kernel<Stub>() picks: "AVX512", "AVX2" or
+// "DEFAULT" (a stub may register fewer kernels than the CPU could run).
+template <typename Stub>
+const char* kernel_capability() {
+  const auto kernel = cpu_kernel<Stub>();
+  if (kernel && kernel == Stub::AVX512) return "AVX512";
+  if (kernel && kernel == Stub::AVX2) return "AVX2";
+  return "DEFAULT";
+}
+
 bool dense_f32(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
 
 // M rows of N = prod(normalized_shape) elements; false when normalized_shape
@@ -104,11 +114,7 @@ bool layer_norm_backward(const torch::jit::Stack& a, const std::vector<at::Tenso
 }  // namespace
 
 const char* layer_norm_kernel_capability() {
-  using Stub = at::native::LayerNormKernel_DECLARE_DISPATCH_type;
-  const auto kernel = cpu_kernel<Stub>();
-  if (kernel && kernel == Stub::AVX512) return "AVX512";
-  if (kernel && kernel == Stub::AVX2) return "AVX2";
-  return "DEFAULT";
+  return kernel_capability<at::native::LayerNormKernel_DECLARE_DISPATCH_type>();
 }
 
 namespace {
@@ -691,11 +697,7 @@ bool column_sum(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs)
 // Whether CPU's float 2-norm kernel (norm_stub) here is its AVX2 one: torch
 // 2.13's x86 build has no AVX512 one, so AVX512 CPUs run it too. Others decline.
 bool norm_kernel_is_avx2() {
-  using Stub = at::native::norm_stub_DECLARE_DISPATCH_type;
-  static const bool avx2 = [] {
-    const auto kernel = cpu_kernel<Stub>();
-    return kernel && kernel == Stub::AVX2;
-  }();
+  static const bool avx2 = std::strcmp(kernel_capability<at::native::norm_stub_DECLARE_DISPATCH_type>(), "AVX2") == 0;
   return avx2;
 }
 
