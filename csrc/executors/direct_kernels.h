@@ -32,9 +32,9 @@ namespace host {
 // DEFAULT capability declines), linalg_vector_norm's 2-norm of a whole
 // contiguous float32 tensor (CPU's AVX2 norm kernel's order: clip_grad_norm_'s
 // norms; _foreach_norm.Scalar of clip_grad_norm_'s foreach path runs it per tensor,
-// CPU's linalg_vector_norm.out for the others), and mm / addmm through CPU's structured out= kernel called unboxed (the boxed out= call without its stack).
-// Returns false, having written nothing, for any other op or case; a CPU error it raises leaves its outputs, which
-// nothing else reads, partly written.
+// CPU's linalg_vector_norm.out for the others), and mm / addmm through CPU's structured out= kernel called unboxed (the
+// boxed out= call without its stack). Returns false, having written nothing, for any other op or case; a CPU error it
+// raises leaves its outputs, which nothing else reads, partly written.
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs);
 
 // Whether run_direct_kernel handles op `n` (for some dtypes and layouts).

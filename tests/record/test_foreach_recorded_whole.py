@@ -57,7 +57,9 @@ def test_foreach_norm_equal_to_cpu(name, ord):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_foreach_norm_dtype_argument(dtype):
     xs = _list("f32")
-    _assert_same(torch._foreach_norm([x.to(DEVICE) for x in xs], 2, dtype=dtype), torch._foreach_norm(xs, 2, dtype=dtype))
+    _assert_same(
+        torch._foreach_norm([x.to(DEVICE) for x in xs], 2, dtype=dtype), torch._foreach_norm(xs, 2, dtype=dtype)
+    )
 
 
 def test_foreach_norm_of_views_and_non_contiguous():
@@ -146,7 +148,9 @@ def test_stack_of_views_is_one_recorded_op():
     views = [dev.t(), dev[::2].repeat(2, 1)[:6], dev[:, 1:4].expand(2, 6, 3).reshape(6, 6)]
     got = []
     assert _ops_recorded(lambda: got.append(torch.stack(views, 1))) == 1
-    _assert_same(got, [torch.stack([base.t(), base[::2].repeat(2, 1)[:6], base[:, 1:4].expand(2, 6, 3).reshape(6, 6)], 1)])
+    _assert_same(
+        got, [torch.stack([base.t(), base[::2].repeat(2, 1)[:6], base[:, 1:4].expand(2, 6, 3).reshape(6, 6)], 1)]
+    )
 
 
 @pytest.mark.parametrize(
