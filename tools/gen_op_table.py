@@ -240,6 +240,9 @@ def composite_out_cpu_only(full, overload):
 # unaffected: the op's derivative is registered above the backend key. cummax/cummin: their
 # composite calls _cummax_helper/_cummin_helper, which have no Meta kernel (every call ran
 # eagerly); recorded whole, the Spyre target scans them over its cores (docs/ktir.md).
+# _foreach_norm.Scalar and stack: clip_grad_norm_'s foreach path records one node over all
+# its tensors instead of a linalg_vector_norm (or an unsqueeze view) per tensor; the host
+# runs the foreach norm's float32 2-norms with its own kernel (executors/direct_kernels.cpp).
 COMPOSITE_RECORDED = {"logsumexp", "cummax", "cummin", "_foreach_norm.Scalar", "stack"}
 
 
