@@ -240,7 +240,10 @@ def composite_out_cpu_only(full, overload):
 # unaffected: the op's derivative is registered above the backend key. cummax/cummin: their
 # composite calls _cummax_helper/_cummin_helper, which have no Meta kernel (every call ran
 # eagerly); recorded whole, the Spyre target scans them over its cores (docs/ktir.md).
-COMPOSITE_RECORDED = {"logsumexp", "cummax", "cummin"}
+# _foreach_norm.Scalar and stack: clip_grad_norm_'s foreach path records one node over all
+# its tensors instead of a linalg_vector_norm (or an unsqueeze view) per tensor; the host
+# runs the foreach norm's float32 2-norms with its own kernel (executors/direct_kernels.cpp).
+COMPOSITE_RECORDED = {"logsumexp", "cummax", "cummin", "_foreach_norm.Scalar", "stack"}
 
 
 def composite_recorded(full, overload):
@@ -377,6 +380,11 @@ OP_TRAITS = [
         },
         _default,
     ),
+    # Composites recorded whole (COMPOSITE_RECORDED): the Python meta kernel of the foreach
+    # norm accepts what CPU's kernel raises at the call (integer tensors); stack's is a
+    # decomposition. CPU's kernel on the twins gives CPU's errors and geometry.
+    ("kInferOnCpu", {"_foreach_norm"}, lambda ov: ov == "Scalar"),
+    ("kInferOnCpu", {"stack"}, _default),
     # CPU's kernels with float32 and float64 loops (AT_DISPATCH_FLOATING_TYPES and wider): a
     # call of one of these dtypes (int64 indices aside) skips the dtype probe (ops/cpu_probe.h).
     # The ops of the training steps' first steps; out= forms keep the probe.

@@ -26,6 +26,7 @@
 #include <ATen/native/ReduceOps.h>
 #include <ATen/native/cpu/utils.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/linalg_vector_norm_cpu_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 
 #include "executors/aten_grain.h"
@@ -746,6 +747,31 @@ bool vector_norm(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs
   return true;
 }
 
+// _foreach_norm.Scalar(tensors, ord, dtype) into outs (one per tensor), as CPU's
+// kernel computes it: linalg_vector_norm of each whole tensor. Each 2-norm that
+// vector_norm takes (contiguous float32, no dtype) runs it; every other tensor
+// runs CPU's linalg_vector_norm.out into its output (the structured kernel of
+// the functional op). Never declines; CPU's errors propagate.
+bool foreach_norm(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
+  if (a.size() != 3 || !a[0].isTensorList() || !a[1].isScalar()) return false;
+  const c10::List<at::Tensor> xs = a[0].toTensorList();
+  if (xs.size() != outs.size()) return false;
+  const c10::Scalar ord = a[1].toScalar();
+  const std::optional<c10::ScalarType> dtype =
+      a[2].isNone() ? std::nullopt : std::optional<c10::ScalarType>(a[2].toScalarType());
+  torch::jit::Stack one{c10::IValue(), a[1], c10::IValue(), false, a[2]};
+  std::vector<at::Tensor> out(1);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const at::Tensor x = xs.get(i);
+    one[0] = x;
+    out[0] = outs[i];
+    if (vector_norm(one, out)) continue;
+    at::Tensor o = outs[i];
+    at::cpu::linalg_vector_norm_out(o, x, ord, std::nullopt, false, dtype);
+  }
+  return true;
+}
+
 // mm(self, mat2) / addmm(self, mat1, mat2, beta, alpha) into outs[0]: CPU's
 // structured out= kernel (its meta checks, then its impl) called unboxed, as
 // the boxed mm.out / addmm.out call runs it, without building the out= stack
@@ -786,6 +812,8 @@ DirectKernel direct_kernel(const c10::OperatorHandle& op) {
       return &column_sum;
     case DirectImpl::kVectorNorm:
       return &vector_norm;
+    case DirectImpl::kForeachNorm:
+      return &foreach_norm;
     case DirectImpl::kMm:
       return &mm_into;
     case DirectImpl::kAddmm:
@@ -804,6 +832,8 @@ bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::
 }
 
 bool has_direct_kernel(const Node& n) { return direct_kernel(n.op) != nullptr; }
+
+bool writes_list_outputs(const Node& n) { return lowering_of(n.op).host == DirectImpl::kForeachNorm; }
 
 bool takes_strided_inputs(const Node& n) { return lowering_of(n.op).strided_inputs; }
 

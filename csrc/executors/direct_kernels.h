@@ -31,13 +31,19 @@ namespace host {
 // sum kernel, AVX2 or AVX512, and CPU's split of the columns between threads;
 // DEFAULT capability declines), linalg_vector_norm's 2-norm of a whole
 // contiguous float32 tensor (CPU's AVX2 norm kernel's order: clip_grad_norm_'s
-// norms), and mm / addmm through CPU's structured out= kernel called unboxed (the boxed out= call without its stack).
-// Returns false, having written nothing, for any other op or case; a CPU error it raises leaves its outputs, which
-// nothing else reads, partly written.
+// norms; _foreach_norm.Scalar of clip_grad_norm_'s foreach path runs it per tensor,
+// CPU's linalg_vector_norm.out for the others), and mm / addmm through CPU's structured out= kernel called unboxed (the
+// boxed out= call without its stack). Returns false, having written nothing, for any other op or case; a CPU error it
+// raises leaves its outputs, which nothing else reads, partly written.
 bool run_direct_kernel(const Node& n, const torch::jit::Stack& args, const std::vector<at::Tensor>& outs);
 
 // Whether run_direct_kernel handles op `n` (for some dtypes and layouts).
 bool has_direct_kernel(const Node& n);
+
+// Whether run_direct_kernel runs op `n`, whose results are lists, for every
+// call: it writes each list element's output (`outs` in return order), and
+// raises CPU's error where CPU's kernel raises. _foreach_norm.Scalar.
+bool writes_list_outputs(const Node& n);
 
 // Whether `n` may write its outputs directly when its operands are strided
 // (transposed, sliced): its out= overload is the same structured kernel as

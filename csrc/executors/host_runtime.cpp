@@ -306,11 +306,15 @@ void set_tensor_slot(c10::IValue& slot, int elem, at::Tensor t) {
   if (elem < 0) {
     slot = std::move(t);
   } else if (slot.isTensorList()) {
-    auto list = slot.toTensorList().copy();
+    // Copied only while another holder shares it (the caller's stack, a Node's
+    // arguments): a copy per element made filling an N-tensor list cost O(N^2).
+    auto list = std::move(slot).toTensorList();
+    if (list.use_count() > 1) list = list.copy();
     list.set(elem, std::move(t));
     slot = std::move(list);
   } else {
-    auto list = c10::impl::toTypedList<std::optional<at::Tensor>>(slot.toList()).copy();
+    auto list = c10::impl::toTypedList<std::optional<at::Tensor>>(std::move(slot).toList());
+    if (list.use_count() > 1) list = list.copy();
     list.set(elem, t.defined() ? std::optional<at::Tensor>(std::move(t)) : std::nullopt);
     slot = std::move(list);
   }

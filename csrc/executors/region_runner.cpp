@@ -180,8 +180,10 @@ void direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& m
   if (n.rng || n.outputs.empty() || !hooks.direct_outputs_ok(n)) return;
   if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary && custom_host_kernel(n.op))
     return;  // its author's kernel runs
+  // Fresh tensors only, or lists a direct kernel writes whole (the foreach norm).
+  const bool lists = writes_list_outputs(n);
   for (int r : n.returns)
-    if (r != -1) return;
+    if (r != -1 && !(r == -2 && lists)) return;
   // Dense operands only, unless the op's out= kernel is its functional one
   // (takes_strided_inputs): CPU's other out= kernels are less exercised than
   // the functional ones and some mis-handle strided tensors (torch 2.13:
@@ -193,7 +195,10 @@ void direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& m
     break;
   }
   bool plus_copy = false;
-  const c10::OperatorHandle* op = out_variant(n.op, &plus_copy);
+  // A list kernel never declines: its op stands in for the out= overload
+  // call_direct falls back to only after an error, and then the functional
+  // kernel runs and raises it.
+  const c10::OperatorHandle* op = lists ? &n.op : out_variant(n.op, &plus_copy);
   if (!op) return;
   // An out= overload that is the functional op plus a copy gains nothing: the
   // functional result is copied into a materialized output all the same, and a

@@ -46,6 +46,7 @@ constexpr HostRule kHostRules[] = {
     {"max_pool2d_with_indices_backward", "", DirectImpl::kMaxPool2dBackward},
     {"sum", "dim_IntList", DirectImpl::kColumnSum},
     {"linalg_vector_norm", "", DirectImpl::kVectorNorm},
+    {"_foreach_norm", "Scalar", DirectImpl::kForeachNorm},
     {"mm", "", DirectImpl::kMm},
     {"addmm", "", DirectImpl::kAddmm},
 };

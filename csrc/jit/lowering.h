@@ -40,9 +40,10 @@ enum class DirectImpl : uint8_t {
   kMaxPool2dWithIndices,
   kBatchNormTrain,
   kMaxPool2dBackward,
-  kColumnSum,   // sum.dim_IntList over leading dims (direct_kernels.cpp, column_sum)
-  kVectorNorm,  // linalg_vector_norm's 2-norm of a whole tensor (direct_kernels.cpp, vector_norm)
-  kMm,          // mm and addmm: CPU's structured out= kernels called unboxed (direct_kernels.cpp, mm_into / addmm_into)
+  kColumnSum,    // sum.dim_IntList over leading dims (direct_kernels.cpp, column_sum)
+  kVectorNorm,   // linalg_vector_norm's 2-norm of a whole tensor (direct_kernels.cpp, vector_norm)
+  kForeachNorm,  // _foreach_norm.Scalar: vector_norm per tensor (direct_kernels.cpp, foreach_norm)
+  kMm,  // mm and addmm: CPU's structured out= kernels called unboxed (direct_kernels.cpp, mm_into / addmm_into)
   kAddmm,
 };
 
