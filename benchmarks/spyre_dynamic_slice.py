@@ -35,6 +35,12 @@ dynamic (range 1..512) on the Spyre target:
   two marked sizes);
 - ``readcat2``: the same cat made by one flush, then ``p[:, 1:] * 2.0`` in
   the next (the result carries the mark of the sum).
+- ``heads``: ``(16, 64r)`` marked at dim 1 (``r = n // 8`` rows: 5 to 55,
+  range 1..4096), ``d.view(16, -1, 64) * 2.0`` (attention's heads split:
+  the fixed 64 is the smaller part; both parts are symbols);
+- ``after``: ``(16, n)`` and ``(16, n // 2 - 3)``, each marked at dim 1,
+  ``d[:, m:] * 2.0`` and ``e * 3.0`` in one region (``n - m`` at offset
+  ``m``: ``n`` is ``m + t``).
 
 For each n, the first launch of the shape (a bind of the compiled program, or
 a new program when none fits) and then ``--repeats`` warm launches. Prints,
@@ -76,6 +82,11 @@ def two(n):
     return [(16, n), (16, n // 2 + 3)]
 
 
+def after(d, e):
+    """``d[:, m:]`` (m the size of e) and e, two results of one region."""
+    return d[:, e.shape[1] :] * 2.0, e * 3.0
+
+
 CASES = {
     "slice": (lambda n: (16, n), (1,), lambda d: d[:, 1:] * d[:, 1:] + 1.0),
     "cat": (lambda n: (16, n), (1,), lambda d: torch.cat([d, d], 1) + 1.0),
@@ -93,7 +104,16 @@ CASES = {
     "cat2": (two, (1,), lambda d, e: torch.cat([d, e], 1) * 2.0),
     "cat2out": (two, (1,), cat_out),
     "readcat2": (two, (1,), lambda d, e: read_later(torch.cat([d, e], 1))),
+    "heads": (lambda n: (16, n // 8 * 64), (1,), lambda d: d.view(16, -1, 64) * 2.0),
+    "after": (lambda n: [(16, n), (16, n // 2 - 3)], (1,), after),
 }
+# The marks' upper bound (the heads split's sizes go to 3520).
+UPPER = {"heads": 4096}
+
+
+def to_host(out):
+    """The case's result(s) on the host (one flush)."""
+    return [o.cpu() for o in out] if isinstance(out, tuple) else out.cpu()
 
 
 def inputs(shape, n):
@@ -106,21 +126,21 @@ def inputs(shape, n):
 def sweep(case, sizes, repeats):
     shape, dims, fn = CASES[case]
     # Warm the op path once outside the sweep (a size outside the range).
-    fn(*inputs(shape, 1000)).cpu()
+    to_host(fn(*inputs(shape, 1000)))
     tte.reset_metrics()
     firsts, warms = [], []
     for n in sizes:
         ds = inputs(shape, n)
         for d in ds:
             for dim in dims:
-                tte.mark_dynamic(d, dim, 1, 512)
+                tte.mark_dynamic(d, dim, 1, UPPER.get(case, 512))
         t0 = time.thread_time()
-        fn(*ds).cpu()
+        to_host(fn(*ds))
         firsts.append(time.thread_time() - t0)
         w = []
         for _ in range(repeats):
             t0 = time.thread_time()
-            fn(*ds).cpu()
+            to_host(fn(*ds))
             w.append(time.thread_time() - t0)
         warms.append(statistics.median(w))
     m = tte.metrics()

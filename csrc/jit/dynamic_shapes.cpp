@@ -31,7 +31,7 @@ struct Range {
 // Bucket tags: a whole mark_dynamic range, and a size following a marked
 // one (size_buckets with RegionMarks). Sizes below 2^62 never carry them.
 // A range word holds the merged dim's scale (bits 48-55, dynamic_dims) or
-// bit 56 for a split's quotient, and the upper bound's low 48 bits.
+// bit 56 for the parts of a split, and the upper bound's low 48 bits.
 constexpr uint64_t kRangeTag = uint64_t(1) << 63;
 constexpr uint64_t kFollowTag = uint64_t(1) << 62;
 constexpr uint64_t kDividedTag = uint64_t(1) << 56;
@@ -77,35 +77,35 @@ int64_t view_dim(const Range& m, const TensorRef& r) {
 // marked dim kept whole or sliced); or a dim of size k * base (2 <= k <=
 // 255) whose stride divides the marked one and whose span holds the marked
 // dim, scale k (the marked dim merged with fixed ones: flatten of (16, n)
-// or (n, 16) is 16*n); the quotient of a split of the marked dim first
-// (split_mark). None when several dims fit.
+// or (n, 16) is 16*n); the two parts of a split of the marked dim first
+// (split_mark: `dim` and `pair`). None when several dims fit.
 struct ViewMark {
   int64_t dim = -1, scale = 1, divisor = 1;
+  int64_t pair = -1;  // a split's other part (its size `divisor`), else -1
 };
 
-// The quotient dim of a split of mark m's dim in r (a view of another
-// rank): a dim j of size q = base / k (2 <= k <= 255) beside a dim i of
-// size k, the two covering the marked dim as (k, q) (strides q*S, S) or as
-// (q, k) (strides k*S, S), S the marked stride: view(16, 4, n / 4) or
-// view(16, n / 4, 4) of (16, n). One launch cannot tell which factor is
-// the fixed one ((4, 10) is also 10 rows of 4): the quotient is taken to be
-// the larger, q > k. Divisor k; none when no pair or several fit (n = 16
-// as (4, 4)). base % q == 0 is the divisibility guard: a size that does
-// not divide is no split.
+// The two parts of a split of mark m's dim in r (a view of another rank):
+// dims o and i of sizes a and b, a * b = base, both >= 2 and unequal, the
+// smaller at most 255, covering the marked dim as (a, b) with strides
+// (b*S, S), S the marked stride: view(16, 4, n / 4), view(16, n / 4, 4),
+// or the heads split view(b, n / 64, 64) of (b, n). One launch cannot tell
+// which factor is the fixed one ((4, 10) is also 10 rows of 4), so both
+// parts follow the range: dim o, its divisor b, its pair i. None when no pair or several fit, or for equal
+// parts ((64, 64): which symbol each is would change with the size).
+// base % a == 0 is the divisibility guard: a size that does not divide is
+// no split.
 ViewMark split_mark(const Range& m, const TensorRef& r) {
   const auto nd = static_cast<int64_t>(r.sizes.size());
   ViewMark found;
-  for (int64_t j = 0; j < nd; ++j) {
-    const int64_t q = r.sizes[j];
-    if (q <= 1 || m.base % q != 0 || m.base / q < 2 || m.base / q >= q || m.base / q > 255) continue;
-    const int64_t k = m.base / q;
-    for (int64_t i = 0; i < nd; ++i) {
-      if (i == j || r.sizes[i] != k) continue;
-      const bool inner = r.strides[j] == m.stride && r.strides[i] == q * m.stride;
-      const bool outer = r.strides[i] == m.stride && r.strides[j] == k * m.stride;
-      if (!inner && !outer) continue;
+  for (int64_t i = 0; i < nd; ++i) {
+    const int64_t b = r.sizes[i];
+    if (b <= 1 || r.strides[i] != m.stride || m.base % b != 0) continue;
+    const int64_t a = m.base / b;
+    if (a < 2 || a == b || std::min(a, b) > 255) continue;
+    for (int64_t o = 0; o < nd; ++o) {
+      if (o == i || r.sizes[o] != a || r.strides[o] != b * m.stride) continue;
       if (found.dim >= 0) return {};
-      found = {j, 1, k};
+      found = {o, 1, b, i};
     }
   }
   return found;
@@ -179,9 +179,8 @@ uint64_t follow_word(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
 // The bucket word of a dim in a range (distinct from every power of two).
 uint64_t range_word(const Range& m, const ViewMark& v) {
   const auto upper = static_cast<uint64_t>(m.carried ? m.key_upper : m.upper);
-  // Not the divisor: a split whose fixed factor is the smaller (n / 64 rows
-  // of 64 for n < 4096) takes the 64 for the quotient, its divisor changing
-  // with n; its rows then key by their power of two, as without the split.
+  // Not the divisor: it changes with the size for the fixed part of a split
+  // (the 64 of n / 64 rows of 64), which keys as its other part does.
   const uint64_t factor = v.divisor > 1 ? kDividedTag : static_cast<uint64_t>(v.scale) << 48;
   return kRangeTag | (m.carried ? kFollowTag : 0) | factor | (upper & kUpperBits);
 }
@@ -261,8 +260,10 @@ SizeBuckets size_buckets(const TensorRef& r) {
     if (v.dim < 0) continue;
     const int64_t n = r.sizes[v.dim];
     if (in_range(m, v, n)) {
-      // One bucket for the range, distinct from every power of two.
+      // One bucket for the range, distinct from every power of two (both
+      // parts of a split).
       out[v.dim] = range_word(m, v);
+      if (v.pair >= 0) out[v.pair] = out[v.dim];
     } else if (!m.carried && g_warned.emplace(r.storage->id, m.dim, n).second) {
       TORCH_WARN_ONCE("tpu: size ", n, " of dim ", m.dim, " is outside its mark_dynamic range [", m.lower, ", ",
                       m.upper, "]; regions reading it recompile for its power-of-two bucket");
@@ -281,7 +282,9 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
     const ViewMark v = view_mark(m, r);
     if (v.dim < 0) continue;
     const int64_t n = r.sizes[v.dim];
-    if (in_range(m, v, n)) out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale, v.divisor});
+    if (!in_range(m, v, n)) continue;
+    out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale, v.divisor});
+    if (v.pair >= 0) out.push_back(DynamicDim{v.pair, v.divisor, m.base, m.lower, m.upper, 1, n});
   }
   return out;
 }
@@ -293,9 +296,11 @@ RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nod
     for (const auto& in : g[i].inputs) {
       for (const DynamicDim& d : dynamic_dims(in.ref)) {
         marks.sizes.push_back(d.size);
-        // A split's quotient: the sizes base / divisor of the range.
+        // A split's part: 2 up to half the range's upper bound (the same
+        // for both parts and every split, so a buffer that carries it keys
+        // alike at every size).
         if (d.divisor > 1)
-          marks.ranges.emplace_back((std::max<int64_t>(0, d.lower) + d.divisor - 1) / d.divisor, d.upper / d.divisor);
+          marks.ranges.emplace_back(2, d.upper / 2);
         else
           marks.ranges.emplace_back(saturate_mul(d.scale, d.lower), saturate_mul(d.scale, d.upper));
       }

@@ -17,8 +17,8 @@
 //  - a view of another rank (unsqueeze, flatten, reshape) takes a mark on
 //    the dim that keeps the marked stride, on the dim that merges the
 //    marked dim with fixed ones (size k * base: keyed by the range and k),
-//    or on the quotient of a split of the marked dim into it and a fixed
-//    factor k (size base / k: keyed by the range);
+//    or on both parts of a split of the marked dim into two (sizes a and
+//    base / a: both keyed by the range, whichever of them is fixed);
 //  - otherwise: n itself for 0 and 1, else the next power of two. A size that
 //    grows by one per step (a generation loop) therefore compiles a region
 //    kind at most ceil(log2(range)) + 1 times.
@@ -49,10 +49,12 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
 // The dims of `r` whose size lies in its storage's mark_dynamic range;
 // `dim` is r's dim (the marked dim, mapped through r's strides). `scale` > 1:
 // a dim of another rank that merges the marked dim with fixed ones, of size
-// scale * base (a flatten of the marked tensor); `divisor` > 1: the quotient
-// of a split of the marked dim into it and a fixed factor, of size base /
-// divisor (view(16, 4, n / 4) or view(16, n / 4, 4) of (16, n)). For both,
-// lower/upper stay the marked dim's.
+// scale * base (a flatten of the marked tensor); `divisor` > 1: one part of
+// a split of the marked dim into two, of size base / divisor, the other
+// part (of size divisor) listed too: view(16, 4, n / 4), view(16, n / 4, 4)
+// of (16, n), view(b, n / 64, 64) of (b, n) (which part is fixed, one
+// launch cannot tell: both follow the range). For both, lower/upper stay
+// the marked dim's.
 struct DynamicDim {
   int64_t dim, size, base, lower, upper, scale = 1, divisor = 1;
 };

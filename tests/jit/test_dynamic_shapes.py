@@ -205,22 +205,49 @@ def test_carried_marks_are_bounded_and_an_old_buffer_reads_right():
     assert _compiles(tte) == 1
 
 
-@pytest.mark.parametrize("inner", [False, True], ids=["factor outside", "factor inside"])
-def test_a_split_of_the_marked_dim_keeps_one_region(inner):
-    # d.view(16, 4, -1) / d.view(16, -1, 4) of a (16, n) tensor marked at
-    # dim 1: the mark is kept on the quotient n / 4 (keyed by the range and
-    # the divisor). main at ce50620: view(16, -1, 4) compiled 3 times (the
-    # mark fell on the fixed 4 of stride 1, the quotient keyed by its power
-    # of two); view(16, 4, -1) compiled once there too.
+SPLITS = {
+    "factor outside": (lambda x: x.view(16, 4, -1) * 2.0 - 1.0, (40, 76, 132)),
+    "factor inside": (lambda x: x.view(16, -1, 4) * 2.0 - 1.0, (40, 76, 132)),
+    # The heads split: 10, 17, 40 rows of 64 (power-of-two buckets 16, 32, 64).
+    "heads: rows of 64": (lambda x: x.view(16, -1, 64) * 2.0 - 1.0, (640, 1088, 2560)),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLITS))
+def test_a_split_of_the_marked_dim_keeps_one_region(case):
+    # d.view(16, 4, -1), d.view(16, -1, 4), d.view(16, -1, 64) of a (16, n)
+    # tensor marked at dim 1: both parts of the split are keyed by the range
+    # (one launch cannot tell which is fixed). main at e8b6b7f: the heads
+    # split took the 64 for the quotient and keyed its rows by their power
+    # of two (3 compiles).
     tte = _tte()
+    fn, sizes = SPLITS[case]
+    # The three regions share a key but for the range's upper bound (each
+    # layout plans on its own): a bound per case counts each case's compiles.
+    upper = 4096 - list(SPLITS).index(case)
     tte.reset_metrics()
-    for n in (40, 76, 132):
+    for n in sizes:
         a = torch.randn(16, n)
         d = a.to("tpu")
-        tte.mark_dynamic(d, 1, 1, 509)
-        fn = (lambda x: x.view(16, -1, 4) * 2.0 - 1.0) if inner else (lambda x: x.view(16, 4, -1) * 2.0 - 1.0)
+        tte.mark_dynamic(d, 1, 1, upper)
         assert torch.equal(fn(d).cpu(), fn(a))
     assert _compiles(tte) == 1
+
+
+def test_a_heads_split_read_by_the_next_flush_keeps_one_region_each():
+    # The (16, n / 64, 64) result of the split, made by one flush, carries
+    # both parts' marks to the flush that reads it. main at e8b6b7f: 3
+    # compiles in each of the two regions.
+    tte = _tte()
+    tte.reset_metrics()
+    for n in (640, 1088, 2560):
+        a = torch.randn(16, n)
+        d = a.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 4096)
+        h = d.view(16, -1, 64) + 1.0
+        h.cpu()
+        assert torch.equal((h[:, 1:] * 3.0).cpu(), (a.view(16, -1, 64) + 1.0)[:, 1:] * 3.0)
+    assert _compiles(tte) == 2
 
 
 def test_a_split_guard_gives_cpu_values_at_every_size():
@@ -260,3 +287,19 @@ def test_a_size_from_two_marks_keeps_one_region(fn, regions):
         tte.mark_dynamic(e, 1, 1, 509)
         assert torch.equal(fn(d, e).cpu(), fn(a, b))
     assert _compiles(tte) == regions
+
+
+def test_a_difference_of_two_marks_gives_cpu_values_in_one_region():
+    # d[:, m:] (n - m at offset m) and e of (16, n) and (16, m), each marked:
+    # one key over the sizes (as on main at e8b6b7f: the layouts plan on
+    # their own on this target); CPU's values at each.
+    tte = _tte()
+    tte.reset_metrics()
+    for n in (40, 77, 130, 200):
+        a, b = torch.randn(16, n), torch.randn(16, n // 2 - 3)
+        d, e = a.to("tpu"), b.to("tpu")
+        tte.mark_dynamic(d, 1, 1, 509)
+        tte.mark_dynamic(e, 1, 1, 509)
+        x, y = d[:, e.shape[1] :] * 2.0, e * 3.0
+        assert torch.equal(x.cpu(), a[:, b.shape[1] :] * 2.0) and torch.equal(y.cpu(), b * 3.0)
+    assert _compiles(tte) == 1

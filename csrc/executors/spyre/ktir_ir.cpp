@@ -791,6 +791,17 @@ void affine_add(KtirExpr& e, int64_t q, const KtirExpr& f) {
   e = from_monomials(m);
 }
 
+// e with symbol k replaced by the expression `by`.
+KtirExpr affine_replace(const KtirExpr& e, int k, const KtirExpr& by) {
+  KtirExpr r;
+  for (const auto& [syms, a] : monomials(e)) {
+    KtirExpr t = affine_const(a);
+    for (int x : syms) t = affine_mul(t, x == k ? by : KtirExpr::symbol(x));
+    affine_add(r, 1, t);
+  }
+  return r;
+}
+
 // e with each symbol k that `known` marks replaced by values[k].
 KtirExpr affine_subst(const KtirExpr& e, const std::vector<int64_t>& values, const std::vector<char>& known) {
   Monomials r;
@@ -846,11 +857,23 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return v.strides[a] != v.strides[b] ? v.strides[a] < v.strides[b] : a > b;
   });
+  // A stride that breaks the chain: a symbol's value times the previous
+  // dim's stride (the pitch of a slice of a dense tensor with a symbolic
+  // inner dim: [16, s0-1, s1] of [16, s0, s1] has pitch s0*s1), else as
+  // sym_equal.
+  auto pitch = [&](int64_t x, int64_t prev_value, const KtirExpr& prev) {
+    if (prev.symbolic() && prev_value > 0 && x % prev_value == 0)
+      for (size_t k = 0; k < values.size(); ++k)
+        if (values[k] * prev_value == x) return affine_mul(prev, KtirExpr::symbol(static_cast<int>(k)));
+    return sym_equal(x);
+  };
   std::vector<KtirExpr> ex(n);
   std::optional<KtirExpr> next;  // the stride a dense successor would have (a product of symbols too)
-  int64_t next_value = -1;
+  int64_t next_value = -1, prev_value = -1;
+  KtirExpr prev;
   for (size_t d : order) {
-    ex[d] = next && v.strides[d] == next_value ? *next : sym_equal(v.strides[d]);
+    ex[d] = next && v.strides[d] == next_value ? *next : pitch(v.strides[d], prev_value, prev);
+    prev = ex[d], prev_value = v.strides[d];
     // A size-1 dim's stride is free (repeat(2, 1)'s [2, 1, 16, s0] holds
     // s0 there): the chain goes on past it.
     if (next && v.sizes[d] == 1) continue;
@@ -860,12 +883,22 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
   bool any = false;
   for (const auto& e : ex) any |= e.symbolic();
   if (any) v.stride_expr = ex;
+  // A symbol some size subtracts (d[:, m:] of size s0-s1): a whole number
+  // of strides equal to its value is that symbol (offset s1).
+  std::vector<char> subtracted(values.size(), 0);
+  for (const auto& e : v.size_expr)
+    for (size_t k = 0; k < e.coef.size() && k < values.size(); ++k) subtracted[k] |= e.coef[k] < 0;
+  auto count = [&](int64_t q) {
+    for (size_t k = 0; k < values.size(); ++k)
+      if (subtracted[k] && values[k] == q) return KtirExpr::symbol(static_cast<int>(k));
+    return affine_const(q);
+  };
   KtirExpr off;
   int64_t rest = v.offset;
   for (auto it = order.rbegin(); it != order.rend() && rest > 0; ++it) {
     const int64_t q = rest / v.strides[*it];
     if (q <= 0) continue;
-    affine_add(off, q, ex[*it]);
+    affine_add(off, 1, affine_mul(count(q), ex[*it]));
     rest -= q * v.strides[*it];
   }
   off.constant += rest;
@@ -1025,20 +1058,26 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     int64_t base, lower, upper;
     std::vector<int64_t> offsets{0};
     std::vector<int64_t> scales;  // k of merged dims of size k * base ("16*s0")
+    std::vector<int64_t> minus;   // bases b of dims of size base - b ("s0-s1")
   };
   std::vector<Sym> syms;
+  // The bases of the marked dims read whole or sliced: a size base - b of
+  // two of them is their difference (d[:, m:] of a marked n, m another
+  // marked size: "s0-s1").
+  std::vector<int64_t> plain;
+  for (const auto& d : dynamic)
+    if (d.base > 1 && d.scale == 1 && d.divisor == 1) plain.push_back(d.base);
   for (const auto& d : dynamic) {
     if (d.base <= 1) continue;
-    // A split's quotient (view(16, 4, n / 4)) is a symbol of its own, and
-    // the marked size divisor * s0 (the pitch, the element count); its range
-    // the quotients of the mark's.
+    // Each part of a split (view(16, 4, n / 4), view(b, n / 64, 64)) is a
+    // symbol of its own, the marked size their product (the pitch, the
+    // element count: strides follow the sizes); its range the quotients of
+    // the mark's by the other part.
     if (d.divisor > 1) {
       if (d.size <= 1 || d.size * d.divisor != d.base) continue;
       const int64_t lower = (std::max<int64_t>(0, d.lower) + d.divisor - 1) / d.divisor;
       auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.size; });
       if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.size, lower, d.upper / d.divisor});
-      if (std::find(it->scales.begin(), it->scales.end(), d.divisor) == it->scales.end())
-        it->scales.push_back(d.divisor);
       it->lower = std::max(it->lower, lower);
       it->upper = std::min(it->upper, d.upper / d.divisor);
       continue;
@@ -1059,6 +1098,10 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     // stays a number, and the base is still the symbol of the pitch and
     // element count of the storage it slices ("strides=[s0, 1]").
     const int64_t c = d.size - d.base;
+    if (c < 0 && -c != d.base && std::find(plain.begin(), plain.end(), -c) != plain.end()) {
+      if (std::find(it->minus.begin(), it->minus.end(), -c) == it->minus.end()) it->minus.push_back(-c);
+      continue;
+    }
     if (2 * std::abs(c) > d.base) continue;
     if (std::find(it->offsets.begin(), it->offsets.end(), c) == it->offsets.end()) it->offsets.push_back(c);
     // Every value of the symbol keeps this dim's size inside the range.
@@ -1074,6 +1117,15 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
           if ((pass == 0) != (c == 0) || syms[k].base + c != v) continue;
           return KtirExpr::symbol(static_cast<int>(k), 1, c);
         }
+    for (size_t k = 0; k < syms.size(); ++k)
+      for (int64_t b : syms[k].minus)
+        for (size_t j = 0; j < syms.size(); ++j)
+          if (syms[j].base == b && syms[k].base - b == v) {
+            KtirExpr e = KtirExpr::symbol(static_cast<int>(k));
+            e.coef.resize(std::max(e.coef.size(), j + 1), 0);
+            e.coef[j] = -1;
+            return e;
+          }
     for (size_t k = 0; k < syms.size(); ++k)
       for (int64_t q : syms[k].scales)
         if (syms[k].base * q == v) return KtirExpr::symbol(static_cast<int>(k), q, 0);
@@ -1152,6 +1204,25 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   }
   // Symbols no expression names are dropped (a far dim's base that no
   // stride or element count needs); the rest renumbered.
+  // A base n with a dim of size n - m (m another symbol's base): n is
+  // m + t, t a symbol of its own (the first such m), so every view is
+  // valid over a box of ranges (s0-s1 is not: it needs s1 <= s0): d[:, m:]
+  // prints offset=s0 sizes=[16, s1] strides=[s0+s1, 1].
+  for (size_t k = 0, n = syms.size(); k < n; ++k) {
+    if (syms[k].minus.empty()) continue;
+    const int64_t b = syms[k].minus[0];
+    const auto j = static_cast<int>(std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == b; }) -
+                                    syms.begin());
+    const Sym rest{syms[k].base - b, std::max<int64_t>(0, syms[k].lower - syms[j].upper),
+                   syms[k].upper - syms[j].lower};
+    syms.push_back(rest);
+    p.sym_values.push_back(rest.base);
+    KtirExpr by = KtirExpr::symbol(j);
+    affine_add(by, 1, KtirExpr::symbol(static_cast<int>(syms.size() - 1)));
+    for_each_expr(p, [&](KtirExpr& e) {
+      if (e.symbolic()) e = affine_replace(e, static_cast<int>(k), by);
+    });
+  }
   p.sym_lower.clear(), p.sym_upper.clear();
   for (int k : drop_unused_symbols(p)) {
     p.sym_lower.push_back(syms[k].lower);

@@ -161,9 +161,10 @@ class KtirRunHooks {
 // `base` the marked tensor had at that dim (the symbol's value: the size is
 // base + (size - base), "s0-1" for d[:, 1:]) and the range [lower, upper].
 // `scale` > 1: a dim that merges the marked dim with fixed ones (a flatten),
-// of size scale * base: "16*s0"; `divisor` > 1: the quotient of a split of
-// the marked dim (view(16, 4, n / 4)), of size base / divisor: its own
-// symbol, the marked size divisor * s0. lower/upper are the marked dim's range.
+// of size scale * base: "16*s0"; `divisor` > 1: a part of a split of the
+// marked dim (view(16, 4, n / 4): both the 4 and n / 4), of size base /
+// divisor: its own symbol, the marked size the product of the parts'
+// symbols. lower/upper are the marked dim's range.
 struct KtirDynamicDim {
   int64_t size = 0, base = 0, lower = 0, upper = 0, scale = 1, divisor = 1;
 };

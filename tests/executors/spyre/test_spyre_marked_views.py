@@ -228,33 +228,39 @@ def test_views_of_another_rank_and_repeat_keep_one_program(spyre_target, case, s
 
 
 SPLIT_SIZES = (40, 76, 132)  # multiples of 4; quotients 10, 19, 33
+HEADS_SIZES = (640, 1088, 2560)  # 10, 17, 40 rows of 64: buckets 16, 32, 64
 
 
 @pytest.mark.parametrize(
-    "case, text",
+    "case, sizes, syms",
     [
-        ("factor outside", "sizes=[16, 4, s0] strides=[4*s0, s0, 1]"),
-        ("factor inside", "sizes=[16, s0, 4] strides=[4*s0, 4, 1]"),
+        ("factor outside", SPLIT_SIZES, lambda n: f"syms=[s0=4, s1={n // 4}]"),
+        ("factor inside", SPLIT_SIZES, lambda n: f"syms=[s0={n // 4}, s1=4]"),
+        ("heads: rows of 64", HEADS_SIZES, lambda n: f"syms=[s0={n // 64}, s1=64]"),
     ],
 )
-def test_split_of_a_marked_dim_keeps_the_quotient_symbolic(spyre_target, case, text):
+def test_split_of_a_marked_dim_keeps_both_parts_symbolic(spyre_target, case, sizes, syms):
     tte = spyre_target
     from torch_tpu_eager import spyre
 
     fn = {
         "factor outside": lambda d: d.view(16, 4, -1) * 2.0,
         "factor inside": lambda d: d.view(16, -1, 4) * 2.0,
+        "heads: rows of 64": lambda d: d.view(16, -1, 64) * 2.0,
     }[case]
-    # main at ce50620: a plan per shape (3; the quotient n / 4 is far from
-    # its base n, so it stayed a number). Now the quotient is the symbol and
-    # the marked n is 4*s0 (the pitch, the element count).
+    # One launch cannot tell which part is fixed, so both are symbols and
+    # the marked n is their product (the pitch, the element count). main at
+    # e8b6b7f: the 4 of the first two fixed (one plan); the heads split took
+    # the 64 for the quotient, its rows keyed by their power of two: 3
+    # compiles and a plan per shape.
     tte.reset_metrics()
-    for seed, n in enumerate(SPLIT_SIZES):
+    for seed, n in enumerate(sizes):
         a = _inputs(torch.float16, seed=300 + seed, shape=(16, n))
-        got = fn(_marked(tte, a, (1,))).cpu()
+        got = fn(_marked(tte, a, (1,), upper=4096)).cpu()
         assert same(got, store(fn(a.float()), torch.float16)) == 0
         text_n = spyre.dump_ktir()
-        assert text in text_n and "elems=64*s0\n" in text_n and f"syms=[s0={n // 4}]" in text_n, text_n
+        want = ["sizes=[16, s0, s1] strides=[s0*s1, s1, 1]", "elems=16*s0*s1\n", syms(n)]
+        assert all(t in text_n for t in want), text_n
     m = tte.metrics()
     assert m["compiles"] == 1 and m["plans_built"] == 1
 
@@ -277,6 +283,49 @@ def test_split_guard_a_size_not_divisible_plans_its_own(spyre_target):
         assert same(got, store(fn(a.float()), torch.float16)) == 0
         plans.append(tte.metrics()["plans_built"])
     assert plans == [1, 1, 2, 2, 2]
+
+
+def test_heads_split_read_by_the_next_flush_keeps_one_program_each(spyre_target):
+    # The (16, n / 64, 64) result, made by one flush, carries both parts'
+    # marks to the flush that reads it. main at e8b6b7f: 3 compiles and 3
+    # plans in each region.
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    def fn(d):
+        h = d.view(16, -1, 64) * 2.0
+        h.cpu()
+        return h[:, 1:] + 1.0
+
+    tte.reset_metrics()
+    for seed, n in enumerate(HEADS_SIZES):
+        a = _inputs(torch.float16, seed=340 + seed, shape=(16, n))
+        got = fn(_marked(tte, a, (1,), upper=4096)).cpu()
+        want = store(store(a.view(16, -1, 64).float() * 2.0, torch.float16)[:, 1:].float() + 1.0, torch.float16)
+        assert same(got, want) == 0
+        assert f"syms=[s0={n // 64}, s1=64]" in spyre.dump_ktir(), spyre.dump_ktir()
+    m = tte.metrics()
+    assert m["compiles"] == 2 and m["plans_built"] == 2
+
+
+def test_heads_split_guard_a_size_not_divisible_plans_its_own(spyre_target):
+    # d[:, : n // 64 * 64].view(16, -1, 64) of a (16, n) d marked at dim 1:
+    # a split of n when 64 divides it (640, 1088, 1280: one program); 650
+    # and 1100 (10 and 17 rows of their slice) are no split of n: keyed and
+    # planned apart, never bound to the split program.
+    tte = spyre_target
+
+    def fn(d):
+        return d[:, : d.shape[1] // 64 * 64].view(16, -1, 64) * 2.0
+
+    tte.reset_metrics()
+    plans = []
+    for seed, n in enumerate((640, 1088, 650, 1280, 1100)):
+        a = _inputs(torch.float16, seed=350 + seed, shape=(16, n))
+        got = fn(_marked(tte, a, (1,), upper=4096)).cpu()
+        assert same(got, store(fn(a.float()), torch.float16)) == 0
+        plans.append(tte.metrics()["plans_built"])
+    assert plans == [1, 1, 2, 2, 3]
 
 
 def _cat_two(d, e, out=False, read_later=False):
@@ -316,3 +365,47 @@ def test_sizes_from_two_marks_keep_one_program(spyre_target, case, regions, text
         assert text in spyre.dump_ktir(), spyre.dump_ktir()
     m = tte.metrics()
     assert m["compiles"] == regions and m["plans_built"] == regions
+
+
+def _after(d, e, start=None):
+    # d[:, m:] of a (16, n) d, m the size of e (or a fixed start), and e:
+    # two results of one region.
+    return d[:, e.shape[1] if start is None else start :] * 2.0, e * 3.0
+
+
+def test_a_difference_of_two_marks_keeps_one_program(spyre_target):
+    # (16, n) and (16, m = n // 2 - 3), each marked at dim 1: d[:, m:] is
+    # n - m at offset m. n is m + t, t a symbol of its own, so the program
+    # holds over the ranges' box. main at e8b6b7f: a plan per shape (the m
+    # of "s0-m" and the offset were numbers).
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    for seed, n in enumerate((40, 77, 130, 200)):
+        a = _inputs(torch.float16, seed=360 + seed, shape=(16, n))
+        b = _inputs(torch.float16, seed=370 + seed, shape=(16, n // 2 - 3))
+        got = [r.cpu() for r in _after(_marked(tte, a, (1,)), _marked(tte, b, (1,)))]
+        want = [store(r, torch.float16) for r in _after(a.float(), b.float())]
+        assert all(same(g, w) == 0 for g, w in zip(got, want))
+        text = spyre.dump_ktir()
+        assert f"syms=[s0={n // 2 - 3}, s1={n - n // 2 + 3}]" in text, text
+        assert "offset=s0 sizes=[16, s1] strides=[s0+s1, 1]" in text and "elems=16*s0+16*s1\n" in text, text
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+def test_a_fixed_start_equal_to_a_mark_by_chance_plans_again(spyre_target):
+    # d[:, 5:] next to a marked e of m = 5: the offset is taken for s0 (m);
+    # at m = 7 the same key's program would start at 7, so the launch check
+    # plans again (never a wrong binding): the values show which start ran.
+    # (main at e8b6b7f kept the 5 a number: one plan; here two.)
+    tte = spyre_target
+    tte.reset_metrics()
+    for seed, (n, m) in enumerate(((40, 5), (77, 7))):
+        a = _inputs(torch.float16, seed=380 + seed, shape=(16, n))
+        b = _inputs(torch.float16, seed=390 + seed, shape=(16, m))
+        got = [r.cpu() for r in _after(_marked(tte, a, (1,)), _marked(tte, b, (1,)), start=5)]
+        want = [store(r, torch.float16) for r in _after(a.float(), b.float(), start=5)]
+        assert all(same(g, w) == 0 for g, w in zip(got, want))
+    assert tte.metrics()["compiles"] == 1
