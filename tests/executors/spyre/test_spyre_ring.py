@@ -255,6 +255,16 @@ def test_softmax_bf16_rows_of_any_width(spyre_target, shape):
     _close(got, torch.softmax(x, 0), torch.bfloat16)
 
 
+def _check_bf16_softmax_and_log_softmax(a):
+    """softmax and log_softmax over dim 0 of bfloat16 `a`: df16 of the ring reference."""
+    x = a.float()
+    for kind, f in [("softmax", lambda t: torch.softmax(t, 0)), ("log_softmax", lambda t: torch.log_softmax(t, 0))]:
+        got = f(a.to("tpu")).cpu()
+        (m, tot), _ = _ring_total(kind, x, (0,), _schedule())
+        assert got.dtype == torch.bfloat16
+        _check(got, (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log(), torch.bfloat16)
+
+
 @pytest.mark.parametrize(
     "shape", [(1000, 8), (700, 9), (333, 15), (130, 2, 12)], ids=["1000x8", "700x9", "333x15", "130x2x12"]
 )
@@ -274,12 +284,7 @@ def test_softmax_bf16_input_read_in_place(spyre_target, shape, specials):
         flat[17, 2] = float("inf")
         flat[3, flat.shape[1] - 1] = float("-inf")
         flat[shape[0] - 1, flat.shape[1] - 1] = float("nan")
-    x = a.float()
-    for kind, f in [("softmax", lambda t: torch.softmax(t, 0)), ("log_softmax", lambda t: torch.log_softmax(t, 0))]:
-        got = f(a.to("tpu")).cpu()
-        (m, tot), _ = _ring_total(kind, x, (0,), _schedule())
-        assert got.dtype == torch.bfloat16
-        _check(got, (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log(), torch.bfloat16)
+    _check_bf16_softmax_and_log_softmax(a)
 
 
 @pytest.mark.parametrize(
@@ -313,12 +318,7 @@ def test_softmax_bf16_partials_in_paired_columns(spyre_target, shape, specials):
         flat[rows // 3, cols - 1] = float("nan")
         flat[:, cols - 2] = float("-inf")
         flat[rows // 4, cols - 3] = float("inf")
-    x = a.float()
-    for kind, f in [("softmax", lambda t: torch.softmax(t, 0)), ("log_softmax", lambda t: torch.log_softmax(t, 0))]:
-        got = f(a.to("tpu")).cpu()
-        (m, tot), _ = _ring_total(kind, x, (0,), _schedule())
-        assert got.dtype == torch.bfloat16
-        _check(got, (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log(), torch.bfloat16)
+    _check_bf16_softmax_and_log_softmax(a)
 
 
 @pytest.mark.parametrize("shape", [(1000, 300), (70, 1000), (257, 129)], ids=["1000x300", "70x1000", "257x129"])
@@ -344,6 +344,23 @@ def test_softmax_bf16_normalizing_pass_by_reciprocal(spyre_target, shape):
     _check(got, (x - m).exp() / tot, torch.bfloat16)
 
 
+def _pool_and_stats(probe_seed, pool_seed, blocks):
+    """A 1000 x (blocks * 300) bfloat16 pool and its ring reference statistics under the
+    schedule of a 1000x300 softmax (each column's statistics depend on its own rows only)."""
+    torch.softmax(_inputs(torch.bfloat16, seed=probe_seed, shape=(1000, 300)).to("tpu"), 0).cpu()
+    pool = _inputs(torch.bfloat16, seed=pool_seed, shape=(1000, blocks * 300))
+    (m, tot), _ = _ring_total("softmax", pool.float(), (0,), _schedule())
+    return pool, m, tot
+
+
+def _softmax_and_reference(a):
+    """softmax(a, 0) on the device, a.float() and its ring reference max and sum."""
+    x = a.float()
+    got = torch.softmax(a.to("tpu"), 0).cpu()
+    (m, tot), _ = _ring_total("softmax", x, (0,), _schedule())
+    return got, x, m, tot
+
+
 def _reciprocal_hazards(x, m, tot):
     """Where df16 of e * (1 / s) differs from df16 of e / s (e = exp(x - m), s = tot)."""
     e = (x - m).exp()
@@ -357,16 +374,11 @@ def test_softmax_bf16_reciprocal_hazards_divided(spyre_target):
     # (a few in 10^6 randn values, near a df16 carry), the pass must divide:
     # columns holding such values, picked from a pool by the ring reference's
     # own sums, give df16 of the ring reference with 0 mismatches.
-    rows, cols = 1000, 300
-    torch.softmax(_inputs(torch.bfloat16, seed=74, shape=(rows, cols)).to("tpu"), 0).cpu()
-    sched = _schedule()
-    pool = _inputs(torch.bfloat16, seed=75, shape=(rows, 32 * cols))
-    (m, tot), _ = _ring_total("softmax", pool.float(), (0,), sched)
+    cols = 300
+    pool, m, tot = _pool_and_stats(74, 75, 32)
     picked = torch.nonzero(_reciprocal_hazards(pool.float(), m, tot).any(0)).flatten()[: cols - 12]
     a = torch.cat([pool[:, picked], pool[:, : cols - picked.numel()]], 1)  # hazards among the whole blocks
-    x = a.float()
-    got = torch.softmax(a.to("tpu"), 0).cpu()
-    (m, tot), _ = _ring_total("softmax", x, (0,), _schedule())
+    got, x, m, tot = _softmax_and_reference(a)
     assert int(_reciprocal_hazards(x, m, tot).sum()) >= 10
     _check(got, (x - m).exp() / tot, torch.bfloat16)
 
@@ -388,17 +400,12 @@ def test_softmax_bf16_column_sums_in_aten_order(spyre_target):
     # columns picked from a pool where one f32 step in the ring reference's
     # sum changes a df16 value give df16 of the reference with 0 mismatches,
     # so sums added in another order show as mismatches.
-    rows, cols = 1000, 300
-    torch.softmax(_inputs(torch.bfloat16, seed=77, shape=(rows, cols)).to("tpu"), 0).cpu()
-    sched = _schedule()
-    pool = _inputs(torch.bfloat16, seed=78, shape=(rows, 8 * cols))
-    (m, tot), _ = _ring_total("softmax", pool.float(), (0,), sched)
+    cols = 300
+    pool, m, tot = _pool_and_stats(77, 78, 8)
     picked = torch.nonzero(_sum_sensitive(pool.float(), m, tot)).flatten()
     assert picked.numel() >= 32  # about 2% of randn columns
     a = torch.cat([pool[:, picked[: cols // 2]], pool[:, : cols - min(cols // 2, picked.numel())]], 1)
-    x = a.float()
-    got = torch.softmax(a.to("tpu"), 0).cpu()
-    (m, tot), _ = _ring_total("softmax", x, (0,), _schedule())
+    got, x, m, tot = _softmax_and_reference(a)
     _check(got, (x - m).exp() / tot, torch.bfloat16)
 
 
