@@ -198,10 +198,14 @@ void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at
   // repeated over a period of k rows.
   const int64_t k = rows_per_period(n), period = k * n;
   std::vector<float> mt(period), st(period), rt;
-  for (int64_t i = 0; i < period; ++i) mt[i] = mv[i % n], st[i] = sv[i % n];
   if (reciprocal_fits(sv, n)) {
     rt.resize(period);
-    for (int64_t i = 0; i < period; ++i) rt[i] = 1.0f / st[i];
+    for (int64_t j = 0; j < n; ++j) rt[j] = 1.0f / sv[j];
+  }
+  for (int64_t i = 0; i < period; i += n) {  // copies of one row: no i % n per value
+    std::copy(mv, mv + n, mt.begin() + i);
+    std::copy(sv, sv + n, st.begin() + i);
+    if (!rt.empty() && i > 0) std::copy(rt.begin(), rt.begin() + n, rt.begin() + i);
   }
   const float* rv = rt.empty() ? nullptr : rt.data();
   // Periods per chunk: about kChunk elements, whose exps stay in L2 between

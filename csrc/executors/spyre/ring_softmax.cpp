@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "executors/cpu_vml.h"
@@ -42,14 +43,14 @@ inline F8 load8(const uint16_t* p) {
 }
 inline void store8(float* p, F8 v) { std::memcpy(p, &v, sizeof v); }
 
-// Column max of `len` >= 1 rows of n values (row stride n), NaN where a
-// column holds one (amax's rule; a zero's sign may differ): a NaN is taken
-// and then kept (no value compares greater than it).
+// Column max of `len` >= 1 rows of `width` values (row stride n), NaN where
+// a column holds one (amax's rule; a zero's sign may differ): a NaN is taken
+// and then kept (no value compares greater than it), so the column's last NaN.
 template <typename In>
-__attribute__((always_inline)) inline void column_max(const In* __restrict x, int64_t len, int64_t n,
+__attribute__((always_inline)) inline void column_max(const In* __restrict x, int64_t len, int64_t n, int64_t width,
                                                       float* __restrict m) {
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
+  for (; j + kLanes <= width; j += kLanes) {
     F8 acc = load8(x + j);
     for (int64_t r = 1; r < len; ++r) {
       const F8 v = load8(x + r * n + j);
@@ -58,7 +59,7 @@ __attribute__((always_inline)) inline void column_max(const In* __restrict x, in
     }
     store8(m + j, acc);
   }
-  for (; j < n; ++j) {
+  for (; j < width; ++j) {
     float acc = widen(x[j]);
     for (int64_t r = 1; r < len; ++r) {
       const float v = widen(x[r * n + j]);
@@ -68,22 +69,105 @@ __attribute__((always_inline)) inline void column_max(const In* __restrict x, in
   }
 }
 
-// d[r * n + j] = x[r * n + j] - m[j] for `len` rows.
+// d[r * n + j] = x[r * n + j] - m[j] for `len` rows of `width` values.
 template <typename In>
 __attribute__((always_inline)) inline void row_differences(const In* __restrict x, int64_t len, int64_t n,
-                                                           const float* __restrict m, float* __restrict d) {
+                                                           int64_t width, const float* __restrict m,
+                                                           float* __restrict d) {
   for (int64_t r = 0; r < len; ++r) {
     const In* xr = x + r * n;
     float* dr = d + r * n;
     int64_t j = 0;
-    for (; j + kLanes <= n; j += kLanes) store8(dr + j, load8(xr + j) - load8(m + j));
-    for (; j < n; ++j) dr[j] = widen(xr[j]) - m[j];
+    for (; j + kLanes <= width; j += kLanes) store8(dr + j, load8(xr + j) - load8(m + j));
+    for (; j < width; ++j) dr[j] = widen(xr[j]) - m[j];
   }
+}
+
+// bfloat16 rows are read 16 values at a time as two float32 vectors: the
+// even columns (each 32-bit pair shifted up by 16) and the odd ones (the
+// pair's low half masked off), which takes no shuffle. The partials keep each
+// whole block of 16 columns in that order (8 even columns, then 8 odd ones;
+// the columns past the last whole block in place): every step after the
+// loads (differences, exps, column sums, merges) treats each column alike and
+// apart, so only the merged max and sum are put back in column order.
+constexpr int64_t kPair = 2 * kLanes;
+
+inline void load16(const uint16_t* p, F8& even, F8& odd) {
+  U8 w;
+  std::memcpy(&w, p, sizeof w);
+  even = reinterpret_cast<F8>(w << 16);
+  odd = reinterpret_cast<F8>(w & 0xFFFF0000u);
+}
+
+// The running max of a block of 16 bfloat16 columns in even/odd order, one
+// max instruction per 8 values: `v > acc ? v : acc` keeps a NaN acc but drops
+// a NaN v (see paired_column_max).
+struct PairMax {
+  F8 even, odd;
+  void start(const uint16_t* p) { load16(p, even, odd); }
+  void take(const uint16_t* p) {
+    F8 e, o;
+    load16(p, e, o);
+    even = e > even ? e : even;
+    odd = o > odd ? o : odd;
+  }
+  void store(float* m) const {
+    store8(m, even);
+    store8(m + kLanes, odd);
+  }
+};
+
+// Column max of `len` >= 1 rows of n bfloat16 values (row stride n): the
+// whole 16-column blocks' maxes in even/odd order (kPair), two blocks per row
+// step, the rest by column_max. Where a block's column holds a NaN, its max
+// may be the column's largest other value (or NaN); the corelet's sum of that
+// column is NaN all the same, which makes every softmax and log_softmax value
+// of the column NaN, as a NaN max does (the merges carry a NaN sum: NaN * 0
+// is NaN).
+__attribute__((always_inline)) inline void paired_column_max(const uint16_t* __restrict x, int64_t len, int64_t n,
+                                                             float* __restrict m) {
+  const int64_t whole = n / kPair * kPair;
+  int64_t j = 0;
+  for (; j + 2 * kPair <= whole; j += 2 * kPair) {
+    PairMax a, b;
+    a.start(x + j);
+    b.start(x + j + kPair);
+    for (int64_t r = 1; r < len; ++r) {
+      a.take(x + r * n + j);
+      b.take(x + r * n + j + kPair);
+    }
+    a.store(m + j);
+    b.store(m + j + kPair);
+  }
+  if (j < whole) {
+    PairMax a;
+    a.start(x + j);
+    for (int64_t r = 1; r < len; ++r) a.take(x + r * n + j);
+    a.store(m + j);
+  }
+  column_max(x + whole, len, n, n - whole, m + whole);
+}
+
+// row_differences of bfloat16 rows into the even/odd order of paired_column_max.
+__attribute__((always_inline)) inline void paired_row_differences(const uint16_t* __restrict x, int64_t len, int64_t n,
+                                                                  const float* __restrict m, float* __restrict d) {
+  const int64_t whole = n / kPair * kPair;
+  for (int64_t r = 0; r < len; ++r) {
+    const uint16_t* xr = x + r * n;
+    float* dr = d + r * n;
+    for (int64_t j = 0; j < whole; j += kPair) {
+      F8 e, o;
+      load16(xr + j, e, o);
+      store8(dr + j, e - load8(m + j));
+      store8(dr + j + kLanes, o - load8(m + j + kLanes));
+    }
+  }
+  row_differences(x + whole, len, n, n - whole, m + whole, d + whole);
 }
 
 // Each corelet's column max and its rows' differences from it, for the
 // blocks g0 .. g1 - 1: maxes [corelets][G][n], differences of block g at
-// work + (g - g0) * rows * n.
+// work + (g - g0) * rows * n; bfloat16 columns in the even/odd order.
 template <typename In>
 __attribute__((always_inline)) inline void maxes_and_differences(const In* __restrict x, int64_t g0, int64_t g1,
                                                                  int64_t G, int64_t block_stride, int64_t rows,
@@ -94,8 +178,13 @@ __attribute__((always_inline)) inline void maxes_and_differences(const In* __res
     float* dg = work + (g - g0) * rows * n;
     for (int64_t j = 0, r0 = 0; j < corelets; r0 += shares[j], ++j) {
       float* m = mj + (j * G + g) * n;
-      column_max(xg + r0 * n, shares[j], n, m);
-      row_differences(xg + r0 * n, shares[j], n, m, dg + r0 * n);
+      if constexpr (std::is_same_v<In, uint16_t>) {
+        paired_column_max(xg + r0 * n, shares[j], n, m);
+        paired_row_differences(xg + r0 * n, shares[j], n, m, dg + r0 * n);
+      } else {
+        column_max(xg + r0 * n, shares[j], n, n, m);
+        row_differences(xg + r0 * n, shares[j], n, n, m, dg + r0 * n);
+      }
     }
   }
 }
@@ -113,6 +202,20 @@ __attribute__((target_clones("avx2", "default"))) void block_partials(const uint
                                                                       int64_t n, const int64_t* shares,
                                                                       int64_t corelets, float* mj, float* work) {
   maxes_and_differences(x, g0, g1, G, block_stride, rows, n, shares, corelets, mj, work);
+}
+
+// Rows of n values in even/odd order (kPair) put back in column order.
+__attribute__((target_clones("avx2", "default"))) void unpair_columns(const float* __restrict src, int64_t count,
+                                                                      int64_t n, float* __restrict dst) {
+  const int64_t whole = n / kPair * kPair;
+  for (int64_t i = 0; i < count; i += n) {
+    for (int64_t j = i; j < i + whole; j += kPair) {
+      const F8 even = load8(src + j), odd = load8(src + j + kLanes);
+      store8(dst + j, __builtin_shufflevector(even, odd, 0, 8, 1, 9, 2, 10, 3, 11));
+      store8(dst + j + kLanes, __builtin_shufflevector(even, odd, 4, 12, 5, 13, 6, 14, 7, 15));
+    }
+    std::copy(src + i + whole, src + i + n, dst + i + whole);
+  }
 }
 
 // The merge of corelet maxes a (earlier rows) and b: M = at::maximum(a, b)
@@ -134,6 +237,21 @@ __attribute__((target_clones("avx2", "default"))) void add_row(float* __restrict
   blocked(n, [&](int64_t j) { acc[j] += row[j]; });
 }
 
+// add_row of `count` rows (stride apart) in row order: each element's adds
+// are add_row's, four rows per pass over acc (acc stays in registers).
+__attribute__((target_clones("avx2", "default"))) void add_rows(float* __restrict acc, const float* __restrict rows,
+                                                                int64_t count, int64_t stride, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= count; i += 4) {
+    const float *r0 = rows + i * stride, *r1 = r0 + stride, *r2 = r1 + stride, *r3 = r2 + stride;
+    blocked(n, [&](int64_t j) { acc[j] = (((acc[j] + r0[j]) + r1[j]) + r2[j]) + r3[j]; });
+  }
+  for (; i < count; ++i) {
+    const float* r = rows + i * stride;
+    blocked(n, [&](int64_t j) { acc[j] += r[j]; });
+  }
+}
+
 // out[j] = the sum of rows[i * stride + j] over i < len in the order of
 // ATen's multi_row_sum (SumKernel.cpp): rows added one by one into the first
 // of 4 levels, a level carried up every 2^p rows (p = max(4, ceil_log2(len)
@@ -147,20 +265,20 @@ void cascade_sum(const float* rows, int64_t len, int64_t stride, int64_t n, floa
     // exps are never -0, so starting from row 0 gives the same values).
     if (len == 0) return std::fill(out, out + n, 0.0f);
     std::copy(rows, rows + n, out);
-    for (int64_t i = 1; i < len; ++i) add_row(out, rows + i * stride, n);
-    return;
+    return add_rows(out, rows + stride, len - 1, stride, n);
   }
   std::fill(acc, acc + kLevels * n, 0.0f);
   int64_t i = 0;
   while (i + step <= len) {
-    for (int64_t k = 0; k < step; ++k, ++i) add_row(acc, rows + i * stride, n);
+    add_rows(acc, rows + i * stride, step, stride, n);
+    i += step;
     for (int lvl = 1; lvl < kLevels; ++lvl) {
       add_row(acc + lvl * n, acc + (lvl - 1) * n, n);
       std::fill(acc + (lvl - 1) * n, acc + lvl * n, 0.0f);
       if ((i & (mask << (lvl * power))) != 0) break;
     }
   }
-  for (; i < len; ++i) add_row(acc, rows + i * stride, n);
+  add_rows(acc, rows + i * stride, len - i, stride, n);
   for (int lvl = 1; lvl < kLevels; ++lvl) add_row(acc, acc + lvl * n, n);
   std::copy(acc, acc + n, out);
 }
@@ -184,7 +302,7 @@ void column_sums(const float* e, int64_t len, int64_t n, float* acc, float* out)
   if (rest == 0) return;
   float* lanes = acc + 4 * n;  // 4 lanes of `rest` columns
   for (int64_t k = 0; k < 4; ++k) cascade_sum(e + k * n + whole, quads, 4 * n, rest, acc, lanes + k * rest);
-  for (int64_t i = quads * 4; i < len; ++i) add_row(lanes, e + i * n + whole, rest);
+  add_rows(lanes, e + quads * 4 * n + whole, len - quads * 4, n, rest);
   for (int64_t k = 1; k < 4; ++k) add_row(lanes, lanes + k * rest, rest);
   std::copy(lanes, lanes + rest, out + whole);
 }
@@ -224,14 +342,20 @@ void partials(const In* x, int64_t G, int64_t block_stride, int64_t rows, int64_
       for (int64_t j = 0, r0 = 0; j < corelets; r0 += shares[j], ++j)
         column_sums(work + (g - g0) * block + r0 * n, shares[j], n, acc, sj + (j * G + g) * n);
   }
-  // The corelets merged in order, all blocks at once.
-  std::copy(mj, mj + gn, m_out);
-  std::copy(sj, sj + gn, s_out);
+  // The corelets merged in order, all blocks at once, into corelet 0's
+  // partials (bfloat16: in even/odd order, then put back in column order).
   for (int64_t j = 1; j < corelets; ++j) {
-    merged_max(m_out, mj + j * gn, ea, eb, gn);
+    merged_max(mj, mj + j * gn, ea, eb, gn);
     vml::exp(ea, ea, gn);
     vml::exp(eb, eb, gn);
-    rescaled_sum(s_out, ea, sj + j * gn, eb, gn);
+    rescaled_sum(sj, ea, sj + j * gn, eb, gn);
+  }
+  if constexpr (std::is_same_v<In, uint16_t>) {
+    unpair_columns(mj, gn, n, m_out);
+    unpair_columns(sj, gn, n, s_out);
+  } else {
+    std::copy(mj, mj + gn, m_out);
+    std::copy(sj, sj + gn, s_out);
   }
 }
 

@@ -14,7 +14,10 @@ namespace spyre {
 //   contiguous values each (float32, or bfloat16 when `bf16`: read as their
 //   exact float32 widening); corelet j holds the next shares[j] rows (the
 //   shares sum to rows);
-// - per corelet: m_j = the column max (NaN where a value is NaN, as amax),
+// - per corelet: m_j = the column max (NaN where a value is NaN, as amax;
+//   a bfloat16 column but the last n % 16 may hold its largest other
+//   value instead: its s_j is NaN, which makes every softmax value of the
+//   column NaN as a NaN max does),
 //   s_j = the sum over its rows of exp(x - m_j) (IEEE f32 difference, CPU's
 //   f32 exp, ATen's cascade order of a sum over an outer dim);
 // - merged in order: M = maximum(m, m_j), s = s * exp(m - M) + s_j *

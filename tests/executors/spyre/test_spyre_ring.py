@@ -255,6 +255,16 @@ def test_softmax_bf16_rows_of_any_width(spyre_target, shape):
     _close(got, torch.softmax(x, 0), torch.bfloat16)
 
 
+def _check_bf16_softmax_and_log_softmax(a):
+    """softmax and log_softmax over dim 0 of bfloat16 `a`: df16 of the ring reference."""
+    x = a.float()
+    for kind, f in [("softmax", lambda t: torch.softmax(t, 0)), ("log_softmax", lambda t: torch.log_softmax(t, 0))]:
+        got = f(a.to("tpu")).cpu()
+        (m, tot), _ = _ring_total(kind, x, (0,), _schedule())
+        assert got.dtype == torch.bfloat16
+        _check(got, (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log(), torch.bfloat16)
+
+
 @pytest.mark.parametrize(
     "shape", [(1000, 8), (700, 9), (333, 15), (130, 2, 12)], ids=["1000x8", "700x9", "333x15", "130x2x12"]
 )
@@ -274,12 +284,41 @@ def test_softmax_bf16_input_read_in_place(spyre_target, shape, specials):
         flat[17, 2] = float("inf")
         flat[3, flat.shape[1] - 1] = float("-inf")
         flat[shape[0] - 1, flat.shape[1] - 1] = float("nan")
-    x = a.float()
-    for kind, f in [("softmax", lambda t: torch.softmax(t, 0)), ("log_softmax", lambda t: torch.log_softmax(t, 0))]:
-        got = f(a.to("tpu")).cpu()
-        (m, tot), _ = _ring_total(kind, x, (0,), _schedule())
-        assert got.dtype == torch.bfloat16
-        _check(got, (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log(), torch.bfloat16)
+    _check_bf16_softmax_and_log_softmax(a)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(300, 16), (257, 33), (130, 48), (64, 2, 40), (1000, 300)],
+    ids=["300x16", "257x33", "130x48", "64x2x40", "1000x300"],
+)
+@pytest.mark.parametrize("specials", [False, True], ids=["randn", "nan_inf_zero"])
+def test_softmax_bf16_partials_in_paired_columns(spyre_target, shape, specials):
+    # The bfloat16 corelet partials read whole blocks of 16 columns as their
+    # even and odd columns (one block or two per row step) and keep them in
+    # that order until the merged max and sum; the last n % 16 columns stay
+    # in place. A column taken for another gives other statistics: the values
+    # are still df16 of the ring reference, softmax and log_softmax, with NaN
+    # (first row, a later row, an even and an odd column), +-inf, -inf
+    # columns and +-0 in whole blocks and in the rest.
+    a = _inputs(torch.bfloat16, seed=76, shape=shape)
+    flat = a.view(shape[0], -1)
+    rows, cols = flat.shape
+    flat[:, 3::5] *= 24.0  # exps that underflow, quotients near 0
+    if specials:
+        flat[0, 0] = float("nan")
+        flat[rows // 2, 5] = float("nan")
+        flat[rows - 1, 12] = float("nan")
+        flat[7, 1] = float("inf")
+        flat[9, 14] = float("inf")
+        flat[11, 14] = float("-inf")
+        flat[:, 2] = float("-inf")
+        flat[:, 15] = 0.0
+        flat[::2, 15] = -0.0
+        flat[rows // 3, cols - 1] = float("nan")
+        flat[:, cols - 2] = float("-inf")
+        flat[rows // 4, cols - 3] = float("inf")
+    _check_bf16_softmax_and_log_softmax(a)
 
 
 @pytest.mark.parametrize("shape", [(1000, 300), (70, 1000), (257, 129)], ids=["1000x300", "70x1000", "257x129"])
@@ -305,6 +344,23 @@ def test_softmax_bf16_normalizing_pass_by_reciprocal(spyre_target, shape):
     _check(got, (x - m).exp() / tot, torch.bfloat16)
 
 
+def _pool_and_stats(probe_seed, pool_seed, blocks):
+    """A 1000 x (blocks * 300) bfloat16 pool and its ring reference statistics under the
+    schedule of a 1000x300 softmax (each column's statistics depend on its own rows only)."""
+    torch.softmax(_inputs(torch.bfloat16, seed=probe_seed, shape=(1000, 300)).to("tpu"), 0).cpu()
+    pool = _inputs(torch.bfloat16, seed=pool_seed, shape=(1000, blocks * 300))
+    (m, tot), _ = _ring_total("softmax", pool.float(), (0,), _schedule())
+    return pool, m, tot
+
+
+def _softmax_and_reference(a):
+    """softmax(a, 0) on the device, a.float() and its ring reference max and sum."""
+    x = a.float()
+    got = torch.softmax(a.to("tpu"), 0).cpu()
+    (m, tot), _ = _ring_total("softmax", x, (0,), _schedule())
+    return got, x, m, tot
+
+
 def _reciprocal_hazards(x, m, tot):
     """Where df16 of e * (1 / s) differs from df16 of e / s (e = exp(x - m), s = tot)."""
     e = (x - m).exp()
@@ -318,17 +374,38 @@ def test_softmax_bf16_reciprocal_hazards_divided(spyre_target):
     # (a few in 10^6 randn values, near a df16 carry), the pass must divide:
     # columns holding such values, picked from a pool by the ring reference's
     # own sums, give df16 of the ring reference with 0 mismatches.
-    rows, cols = 1000, 300
-    torch.softmax(_inputs(torch.bfloat16, seed=74, shape=(rows, cols)).to("tpu"), 0).cpu()
-    sched = _schedule()
-    pool = _inputs(torch.bfloat16, seed=75, shape=(rows, 32 * cols))
-    (m, tot), _ = _ring_total("softmax", pool.float(), (0,), sched)
+    cols = 300
+    pool, m, tot = _pool_and_stats(74, 75, 32)
     picked = torch.nonzero(_reciprocal_hazards(pool.float(), m, tot).any(0)).flatten()[: cols - 12]
     a = torch.cat([pool[:, picked], pool[:, : cols - picked.numel()]], 1)  # hazards among the whole blocks
-    x = a.float()
-    got = torch.softmax(a.to("tpu"), 0).cpu()
-    (m, tot), _ = _ring_total("softmax", x, (0,), _schedule())
+    got, x, m, tot = _softmax_and_reference(a)
     assert int(_reciprocal_hazards(x, m, tot).sum()) >= 10
+    _check(got, (x - m).exp() / tot, torch.bfloat16)
+
+
+def _sum_sensitive(x, m, tot):
+    """Columns where one f32 step more or less in the sum changes a df16 softmax value."""
+    e = (x - m).exp()
+    want = store(e / tot, torch.bfloat16).view(torch.int16)
+    flips = torch.zeros_like(want, dtype=torch.bool)
+    for toward in (float("inf"), 0.0):
+        near = torch.nextafter(tot, torch.full_like(tot, toward))
+        flips |= store(e / near, torch.bfloat16).view(torch.int16) != want
+    return flips.any(0)
+
+
+def test_softmax_bf16_column_sums_in_aten_order(spyre_target):
+    # Each corelet's column sums add the exps row by row in ATen's cascade
+    # order (since branch spyre17s four rows per pass over the accumulator):
+    # columns picked from a pool where one f32 step in the ring reference's
+    # sum changes a df16 value give df16 of the reference with 0 mismatches,
+    # so sums added in another order show as mismatches.
+    cols = 300
+    pool, m, tot = _pool_and_stats(77, 78, 8)
+    picked = torch.nonzero(_sum_sensitive(pool.float(), m, tot)).flatten()
+    assert picked.numel() >= 32  # about 2% of randn columns
+    a = torch.cat([pool[:, picked[: cols // 2]], pool[:, : cols - min(cols // 2, picked.numel())]], 1)
+    got, x, m, tot = _softmax_and_reference(a)
     _check(got, (x - m).exp() / tot, torch.bfloat16)
 
 
