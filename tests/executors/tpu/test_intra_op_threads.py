@@ -23,19 +23,23 @@ def _exact_chain(x, y):
     return ((x * 1.5 - y) / 3.0 + 0.25).abs().neg() * y
 
 
-# Row counts that do not split evenly in two; one row longer than a grain.
-ROW_SHAPES = [(1031, 256), (257, 1000), (3, 70001)]
+# Row counts that do not split evenly in two; one row longer than a grain;
+# row loops under 32,768 elements, which split by their work (16 operations an
+# element) as CPU's row kernels split (nanoGPT's 512 x 64 layer_norm rows).
+ROW_SHAPES = [(1031, 256), (257, 1000), (3, 70001), (512, 64), (37, 100)]
 
 
-@pytest.mark.parametrize("numel", [32768 * 5 + 7, 1_000_003])
+# 20,000 elements: under ATen's grain, split since the chain runs 7 instructions an element.
+@pytest.mark.parametrize("numel", [20_000, 32768 * 5 + 7, 1_000_003])
 def test_elementwise_chain_matches_cpu_exactly(threads, numel):
     threads(2)
     x, y = cpu_randn(numel, seed=1), cpu_randn(numel, seed=2)
     assert torch.equal(_exact_chain(x.to("tpu"), y.to("tpu")).cpu(), _exact_chain(x, y))
 
 
-def test_transcendental_chain_is_independent_of_thread_count(threads):
-    x = cpu_randn(700, 1000, seed=3)
+@pytest.mark.parametrize("shape", [(700, 1000), (100, 100)])
+def test_transcendental_chain_is_independent_of_thread_count(threads, shape):
+    x = cpu_randn(*shape, seed=3)
 
     def chain(t):
         return (t.sin().exp() - t).tanh().cos() * t
