@@ -3,7 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <cstdlib>
+#include <initializer_list>
+#include <iterator>
+#include <new>
 #include <map>
 #include <mutex>
 #include <string>
@@ -91,36 +95,156 @@ struct InlineVec : c10::SmallVector<T, N> {
 
 // Sizes or strides of a recorded tensor, held inline up to 4 dims: recording
 // an op builds one TensorRef per tensor, and two heap vectors each were ~10%
-// of the record path. Four, not more: every recorded op writes a Node into
-// memory the queue has not touched recently, so its bytes are the record
-// path's cache misses (6 inline dims made a Node of `a + b` 736 bytes).
-// Converts to std::vector for the stages that keep them.
-// Moves (InlineVec's) and set() copy inline dims in an inlined loop:
-// SmallVector's out-of-line move (and its memcpy call) cost ~55 instructions
-// per Dims, and moving a recorded Node into the queue moves six of them.
-struct Dims : InlineVec<int64_t, 4> {
-  using InlineVec<int64_t, 4>::InlineVec;
+// of the record path. Four, not more, and a 4-byte count in place of a small
+// vector's pointer and capacity (40 bytes, not 48): every recorded op writes a
+// Node into memory the queue has not touched recently, so its bytes are the
+// record path's cache misses. More than 4 dims live on the heap (the union's
+// pointer); the dims are inline exactly when size() <= kInline.
+// Converts to std::vector and IntArrayRef for the stages that keep them.
+class Dims {
+ public:
   static constexpr size_t kInline = 4;
+  using value_type = int64_t;
+  using iterator = int64_t*;
+  using const_iterator = const int64_t*;
+  using size_type = size_t;
+
   Dims() = default;
-  Dims(const std::vector<int64_t>& v) : InlineVec<int64_t, 4>(v.begin(), v.end()) {}      // NOLINT: implicit
+  Dims(std::initializer_list<int64_t> v) { set(c10::IntArrayRef(v.begin(), v.size())); }
+  template <typename It, typename = decltype(*std::declval<It>())>
+  Dims(It first, It last) {
+    resize_uninit(static_cast<size_t>(std::distance(first, last)));
+    std::copy(first, last, data());
+  }
+  Dims(size_t n, int64_t v) { assign(n, v); }
+  explicit Dims(c10::IntArrayRef v) { set(v); }
+  Dims(const std::vector<int64_t>& v) { set(v); }  // NOLINT: implicit
+  Dims(const Dims& o) { set(o); }
+  // A move copies the inline words whole, or takes the heap buffer; `o` is left empty.
+  Dims(Dims&& o) noexcept : u_(o.u_), size_(o.size_) { o.size_ = 0; }
+  Dims& operator=(const Dims& o) {
+    if (this != &o) set(o);
+    return *this;
+  }
+  Dims& operator=(Dims&& o) noexcept {
+    if (this != &o) {
+      release();
+      u_ = o.u_;
+      size_ = o.size_;
+      o.size_ = 0;
+    }
+    return *this;
+  }
+  ~Dims() { release(); }
+
   operator std::vector<int64_t>() const { return std::vector<int64_t>(begin(), end()); }  // NOLINT: implicit
   operator c10::IntArrayRef() const { return c10::IntArrayRef(data(), size()); }          // NOLINT: implicit
-  // Replaces the dims by `v`.
+
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  int64_t* data() { return heap() ? u_.heap : u_.in; }
+  const int64_t* data() const { return heap() ? u_.heap : u_.in; }
+  int64_t* begin() { return data(); }
+  int64_t* end() { return data() + size_; }
+  const int64_t* begin() const { return data(); }
+  const int64_t* end() const { return data() + size_; }
+  int64_t& operator[](size_t i) { return data()[i]; }
+  int64_t operator[](size_t i) const { return data()[i]; }
+  int64_t& front() { return data()[0]; }
+  int64_t front() const { return data()[0]; }
+  int64_t& back() { return data()[size_ - 1]; }
+  int64_t back() const { return data()[size_ - 1]; }
+
+  // Replaces the dims by `v` (which may not alias them).
   void set(c10::IntArrayRef v) {
-    if (v.size() > kInline || !this->isSmall()) {
-      assign(v.begin(), v.end());
-      return;
-    }
+    resize_uninit(v.size());
     int64_t* d = data();
     for (size_t i = 0; i < v.size(); ++i) d[i] = v[i];
-    this->set_size(v.size());
   }
+  void assign(size_t n, int64_t v) {
+    resize_uninit(n);
+    std::fill(begin(), end(), v);
+  }
+  template <typename It, typename = decltype(*std::declval<It>())>
+  void assign(It first, It last) {
+    *this = Dims(first, last);
+  }
+  void assign(std::initializer_list<int64_t> v) { set(c10::IntArrayRef(v.begin(), v.size())); }
+  void clear() { resize_uninit(0); }
+  void reserve(size_t) {}  // room follows the size
+  void resize(size_t n, int64_t v = 0) {
+    const size_t old = size_;
+    resize_uninit(n);
+    if (n > old) std::fill(begin() + old, end(), v);
+  }
+  void push_back(int64_t v) {
+    resize_uninit(size_ + 1);
+    back() = v;
+  }
+  void emplace_back(int64_t v) { push_back(v); }
+  void pop_back() { resize_uninit(size_ - 1); }
+  int64_t* insert(const int64_t* pos, int64_t v) {
+    const size_t i = static_cast<size_t>(pos - begin());
+    resize_uninit(size_ + 1);
+    int64_t* d = data();
+    std::copy_backward(d + i, d + size_ - 1, d + size_);
+    d[i] = v;
+    return d + i;
+  }
+  int64_t* erase(const int64_t* pos) { return erase(pos, pos + 1); }
+  int64_t* erase(const int64_t* first, const int64_t* last) {
+    const size_t i = static_cast<size_t>(first - begin());
+    const size_t n = static_cast<size_t>(last - first);
+    int64_t* d = data();
+    std::copy(d + i + n, d + size_, d + i);
+    resize_uninit(size_ - n);
+    return data() + i;
+  }
+
+  friend bool operator==(const Dims& a, const Dims& b) {
+    return a.size_ == b.size_ && std::equal(a.begin(), a.end(), b.begin());
+  }
+  friend bool operator!=(const Dims& a, const Dims& b) { return !(a == b); }
+  friend bool operator<(const Dims& a, const Dims& b) {
+    return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
+  }
+
+ private:
+  bool heap() const { return size_ > kInline; }
+  void release() {
+    if (heap()) std::free(u_.heap);
+  }
+  // Makes the size `n`, keeping the first min(size, n) dims; new ones are unset.
+  void resize_uninit(size_t n) {
+    if (n <= kInline && !heap()) {
+      size_ = static_cast<uint32_t>(n);
+      return;
+    }
+    if (n > kInline) {
+      auto* p = static_cast<int64_t*>(std::malloc(n * sizeof(int64_t)));
+      if (p == nullptr) throw std::bad_alloc();
+      std::copy(data(), data() + std::min<size_t>(size_, n), p);
+      release();
+      u_.heap = p;
+    } else {  // heap -> inline
+      int64_t* p = u_.heap;
+      std::copy(p, p + n, u_.in);
+      std::free(p);
+    }
+    size_ = static_cast<uint32_t>(n);
+  }
+
+  union U {
+    int64_t in[kInline];
+    int64_t* heap;
+  } u_{};
+  uint32_t size_ = 0;
 };
 
 // Snapshot of a tensor's view of a deferred storage at record time:
 // (storage, dtype, sizes, strides, storage offset). Later metadata changes of
 // the tensor (resize_, set_, t_) do not affect a recorded op.
-// The one-byte fields last: no padding between them (120 bytes).
+// The one-byte fields last: no padding between them (104 bytes).
 struct TensorRef {
   StoragePtr storage;
   Dims sizes;
@@ -194,7 +318,7 @@ struct Node {
 };
 
 // Every recorded op writes one Node: its size is the record path's memory traffic.
-static_assert(sizeof(TensorRef) <= 120 && sizeof(Node) <= 608, "a Node grew: keep it small (see Dims)");
+static_assert(sizeof(TensorRef) <= 104 && sizeof(Node) <= 560, "a Node grew: keep it small (see Dims)");
 
 // Whether args[i] of `n` is a wrapped number kept as a Scalar (Node::wrapped).
 inline bool is_wrapped_arg(const Node& n, size_t i) { return i < 32 && ((n.wrapped >> i) & 1u) != 0; }

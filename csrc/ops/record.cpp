@@ -402,8 +402,7 @@ int promotion_category(const c10::IValue& v) {
   return v.isDouble() || v.isComplexDouble() ? 2 : -1;
 }
 
-// scan_host_values false (the node, after the call's check): a host-held divisor is not read again.
-DivisorCheck integer_divisor_check(const torch::jit::Stack& stack, size_t first, size_t nargs, bool scan_host_values) {
+DivisorCheck integer_divisor_check(const torch::jit::Stack& stack, size_t first, size_t nargs) {
   const c10::IValue& a = stack[first];
   const c10::IValue& b = stack[first + 1];
   // div's rounding_mode (argument 2; the others have no None there): None divides in floating point.
@@ -419,11 +418,6 @@ DivisorCheck integer_divisor_check(const torch::jit::Stack& stack, size_t first,
   }
   const at::Tensor& divisor = b.toTensor();
   if (divisor.numel() == 0) return DivisorCheck::kNone;
-  if (!scan_host_values) {
-    if (!is_tpu(divisor)) return DivisorCheck::kNone;
-    const DeferredStorage* s = deferred_storage_of(divisor);
-    return s->error || storage_has_pending(s) ? DivisorCheck::kDeferred : DivisorCheck::kNone;
-  }
   const at::Tensor v = values_on_host(divisor);
   if (!v.defined()) return DivisorCheck::kDeferred;
   c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
@@ -490,8 +484,14 @@ bool degrees_of_freedom_not_positive(const torch::jit::Stack& stack, size_t firs
   return static_cast<double>(n) - c <= 0;
 }
 
-bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_t first) {
+// `divisor`: the integer divisor check's verdict (kCheckIntegerDivisor), made first so that
+// the node (when the call records one) takes it from here instead of checking again.
+bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_t first, DivisorCheck* divisor) {
   const uint64_t check = plan.traits;
+  if (check & kCheckIntegerDivisor) {
+    *divisor = integer_divisor_check(stack, first, stack.size() - first);
+    if (*divisor == DivisorCheck::kZeroAtCall) return true;
+  }
   // pow(int tensor, negative int scalar): "Integers to negative integer powers are not allowed."
   if (check & kCheckPowTensorScalar) {
     const c10::IValue& base = stack[first];
@@ -537,9 +537,6 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   if ((check & kCheckDegreesOfFreedom) && stack[first].isTensor() && degrees_of_freedom_not_positive(stack, first))
     return true;
   if ((check & kCheckIndexValues) && plan.index_arg >= 0 && index_values_need_cpu(plan, stack, first)) return true;
-  if ((check & kCheckIntegerDivisor) &&
-      integer_divisor_check(stack, first, stack.size() - first, /*scan_host_values=*/true) == DivisorCheck::kZeroAtCall)
-    return true;
   if ((check & kCheckSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
       stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
     return true;
@@ -1412,11 +1409,12 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
 
   if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
     plan.has_meta.store(true, std::memory_order_relaxed);
+  DivisorCheck divisor = DivisorCheck::kNone;  // set by cpu_checks_at_call_time
   if (entry.kind == PrimKind::kSync || !plan.has_meta.load(std::memory_order_relaxed) ||
       writes_overlapping_memory(nargs, plan.writes, *stack, first, entry.kind == PrimKind::kData) ||
       reduces_empty_input(entry.kind, plan.writes, *stack, first, nargs) ||
       ((plan.traits & kReadsDeterministicMode) && at::globalContext().deterministicAlgorithms()) ||
-      cpu_checks_at_call_time(plan, *stack, first)) {
+      cpu_checks_at_call_time(plan, *stack, first, &divisor)) {
     if (borrowed) borrowed->own();
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
     return;
@@ -1626,10 +1624,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   node.kind = static_cast<int>(entry.kind);
   // An integer divisor still computed on the device: its zeros raise when the node runs, so it
   // runs even when nothing reads its result (a zero divisor raises on CPU whether or not it is).
-  node.checks_values =
-      (plan.traits & kChecksValues) != 0 ||
-      ((plan.traits & kCheckIntegerDivisor) &&
-       integer_divisor_check(*stack, first, nargs, /*scan_host_values=*/false) == DivisorCheck::kDeferred);
+  node.checks_values = (plan.traits & kChecksValues) != 0 || divisor == DivisorCheck::kDeferred;
   node.meta_id = meta.id;
   const uint64_t writes = plan.writes;
   // Tensor arguments are not copied: their slots are filled below.
