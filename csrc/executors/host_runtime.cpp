@@ -29,13 +29,13 @@ c10::DataPtr device_buffer_ptr(DeferredStorage* s) {
   return c10::DataPtr(s->data, s->data, &keep_device_buffer, c10::Device(c10::DeviceType::CPU));
 }
 
-// True when `st` is a non-resizable device-buffer wrapper that only its
-// holder holds: no other strong or weak reference, no Python object, its
-// data pointer still the wrapper's (no kernel replaced it).
-bool spare_wrapper(const c10::Storage& st) {
+// True when only its holder holds `st`, a non-resizable storage whose data
+// pointer still frees with `deleter` (no kernel replaced it): no other strong
+// or weak reference, no Python object.
+bool only_holder(const c10::Storage& st, c10::DeleterFnPtr deleter) {
   c10::StorageImpl* impl = st.unsafeGetStorageImpl();
   return st.use_count() == 1 && !impl->resizable() && impl->allocator() == nullptr &&
-         impl->_mutable_data_ptr_no_checks().get_deleter() == &keep_device_buffer &&
+         impl->_mutable_data_ptr_no_checks().get_deleter() == deleter &&
          st.getWeakStorageImpl().weak_use_count() == 2 && impl->pyobj_slot()->load_pyobj() == nullptr;
 }
 }  // namespace
@@ -58,6 +58,16 @@ void free_scratch(void* ctx) {
 }
 }  // namespace
 
+namespace {
+// A flush temporary's storage nothing else holds, below the block cache's small
+// blocks' bound (device/block_cache.h): HostMemory keeps it for the next
+// temporary of its size (HostMemory::scratch).
+constexpr size_t kSpareScratchBytes = 64 * 1024;
+bool spare_scratch(const c10::Storage& st) {
+  return st.nbytes() < kSpareScratchBytes && only_holder(st, &free_scratch);
+}
+}  // namespace
+
 c10::Storage scratch_storage(size_t nbytes) {
   void* p = host_block_alloc(std::max<size_t>(nbytes, 1));
   TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr, "tpu: out of host memory for a temporary of ", nbytes, " bytes");
@@ -74,27 +84,68 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
 }
 
 namespace {
-// True when `kept` (view_over_kept) can take another storage as r's tensor:
-// only its holder holds it and it has r's dtype and geometry.
-bool kept_fits(const at::Tensor& kept, const TensorRef& r) {
-  return kept.defined() && kept.use_count() == 1 && kept.scalar_type() == r.dtype &&
-         kept.storage_offset() == r.offset && kept.sizes().equals(r.sizes) && kept.strides().equals(r.strides) &&
-         !kept.is_conj() && !kept.is_neg();
+// Equal dims, compared inline (a view's few dims: IntArrayRef::equals called memcmp).
+template <class Dims>
+bool same_dims(c10::IntArrayRef a, const Dims& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t d = 0; d < a.size(); ++d)
+    if (a[d] != b[d]) return false;
+  return true;
+}
+
+// `kept` (a compiled region's kept tensor) as r's tensor over `storage`, its
+// storage replaced, when only its holder holds it and it has r's dtype and
+// geometry; with `storage_numel` >= 0, also only when r lies inside that many
+// elements of the storage. False (kept unchanged) otherwise.
+bool reuse_kept(at::Tensor& kept, const c10::Storage& storage, const TensorRef& r, int64_t storage_numel = -1) {
+  if (!kept.defined() || kept.use_count() != 1 || kept.scalar_type() != r.dtype || kept.storage_offset() != r.offset ||
+      !same_dims(kept.sizes(), r.sizes) || !same_dims(kept.strides(), r.strides) || kept.is_conj() || kept.is_neg())
+    return false;
+  if (storage_numel >= 0 && (r.offset < 0 || r.offset + kept.numel() > storage_numel)) return false;
+  kept.unsafeGetTensorImpl()->set_storage_keep_dtype(storage);
+  return true;
 }
 }  // namespace
 
 at::Tensor view_over_kept(const c10::Storage& storage, const TensorRef& r, at::Tensor& kept) {
-  if (kept_fits(kept, r)) {
-    kept.unsafeGetTensorImpl()->set_storage_keep_dtype(storage);
-    return kept;
-  }
-  kept = view_over(storage, r);
+  if (!reuse_kept(kept, storage, r)) kept = view_over(storage, r);
   return kept;
+}
+
+size_t HostMemory::spare_bucket(size_t nbytes) {
+  return static_cast<size_t>((static_cast<uint64_t>(nbytes >> 6) * 0x9E3779B97F4A7C15ULL) >> 59) % kSpareBuckets;
+}
+
+c10::Storage HostMemory::scratch(size_t nbytes) {
+  std::vector<c10::Storage>& bucket = spare_scratch_[spare_bucket(nbytes)];
+  for (size_t k = bucket.size(); k-- > 0;) {
+    if (bucket[k].nbytes() != nbytes) continue;
+    c10::Storage st = std::move(bucket[k]);
+    if (k + 1 != bucket.size()) bucket[k] = std::move(bucket.back());
+    bucket.pop_back();
+    --n_spare_scratch_;
+    return st;
+  }
+  return scratch_storage(nbytes);
+}
+
+void HostMemory::keep_spare(const c10::Storage& st) {
+  if (resizable_ || n_spare_scratch_ >= kMaxSpareScratch || !st || !spare_scratch(st)) return;
+  spare_scratch_[spare_bucket(st.nbytes())].push_back(st);
+  ++n_spare_scratch_;
+}
+
+void HostMemory::release(DeferredStorage* s) {
+  if (Entry* e = map_.find(s)) {
+    c10::Storage st = std::move(e->storage);
+    (void)map_.erase(s);
+    keep_spare(st);
+  }
 }
 
 c10::Storage HostMemory::device_buffer(DeferredStorage* s) {
   if (const Entry* e = map_.find(s); e != nullptr && !e->temp) return e->storage;
-  c10::Storage st = is_transient(s) ? scratch_storage(s->nbytes) : wrap(s);
+  c10::Storage st = is_transient(s) ? scratch(s->nbytes) : wrap(s);
   map_[s] = Entry{st, false};
   return st;
 }
@@ -159,7 +210,7 @@ bool HostMemory::is_temp(DeferredStorage* s) const {
 
 void HostMemory::release_temp(DeferredStorage* s) {
   const Entry* e = map_.find(s);
-  if (e != nullptr && e->temp) (void)map_.erase(s);
+  if (e != nullptr && e->temp) release(s);
 }
 
 c10::Storage HostMemory::storage_for(DeferredStorage* s) {
@@ -208,13 +259,10 @@ at::Tensor HostMemory::tensor(const TensorRef& r, bool strided_gather, at::Tenso
   // A kept tensor is only made for a plain view (below), and whether a view is
   // dense in some order depends on its geometry alone: with r's geometry only
   // the bounds are checked again (a compiled region's operands, every run).
-  if (kept != nullptr && !r.conj && !r.neg && kept_fits(*kept, r) && r.offset >= 0 &&
-      r.offset + kept->numel() <= numel) {
-    kept->unsafeGetTensorImpl()->set_storage_keep_dtype(st);
-    return *kept;
-  }
+  const bool keep = kept != nullptr && !r.conj && !r.neg;
+  if (keep && reuse_kept(*kept, st, r, numel)) return *kept;
   if (plain_in_bounds(r, numel)) {
-    if (kept != nullptr && !r.conj && !r.neg) return view_over_kept(st, r, *kept);
+    if (keep) return *kept = view_over(st, r);
     return with_bits(view_over(st, r), r);
   }
   const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
@@ -251,8 +299,10 @@ void HostMemory::clear(size_t expected) {
   if (!resizable_) {
     constexpr size_t kMaxSpare = 256;  // a flush's device buffers, about
     map_.for_each([&](const DeferredStorage*, const Entry& e) {
-      if (!e.temp && spare_wrappers_.size() < kMaxSpare && spare_wrapper(e.storage))
+      if (!e.temp && spare_wrappers_.size() < kMaxSpare && only_holder(e.storage, &keep_device_buffer))
         spare_wrappers_.push_back(e.storage);
+      else
+        keep_spare(e.storage);
     });
   }
   map_.clear(expected);

@@ -2,6 +2,7 @@
 // host buffers, and running one recorded op with its CPU ATen kernel.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <unordered_map>
 #include <vector>
@@ -70,7 +71,12 @@ class HostMemory {
   // (nothing bound) when neither applies: the caller copies.
   bool adopt_output(DeferredStorage* s, c10::Storage storage);
   // Frees whatever holds the value of `s` (a transient storage after its last use).
-  void release(DeferredStorage* s) { (void)map_.erase(s); }
+  void release(DeferredStorage* s);
+  // A CPU storage of `nbytes` for a flush temporary (scratch_storage): one an
+  // earlier temporary of that size held, when release, release_temp or clear
+  // kept it (a small one nothing else held), instead of a StorageImpl, its
+  // block from the cache and their frees per temporary per flush.
+  c10::Storage scratch(size_t nbytes);
   // The value of r: a CPU tensor with r's dtype and geometry, read from the
   // storage's flat value through r's view chain (views/). It aliases the
   // storage unless the chain pads or gathers (then it is a copy).
@@ -112,6 +118,14 @@ class HostMemory {
   // one at the next buffer instead of making and freeing a StorageImpl per
   // device buffer per flush. Never for a resizable HostMemory.
   std::vector<c10::Storage> spare_wrappers_;
+  // Flush temporaries' storages kept for reuse (scratch), bucketed by size:
+  // at most kMaxSpareScratch, each below 64 KiB (at most 4 MiB held between
+  // flushes, beside the block cache's small blocks). Never for a resizable HostMemory.
+  static constexpr size_t kSpareBuckets = 32, kMaxSpareScratch = 64;
+  std::array<std::vector<c10::Storage>, kSpareBuckets> spare_scratch_;
+  size_t n_spare_scratch_ = 0;
+  static size_t spare_bucket(size_t nbytes);
+  void keep_spare(const c10::Storage& st);
   bool resizable_;
   at::Tensor flat(const TensorRef& r);
   c10::Storage wrap(DeferredStorage* s);

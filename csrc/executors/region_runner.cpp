@@ -163,27 +163,20 @@ void bind_output(const Node& n, const TensorRef& ref, const at::Tensor& result, 
     mem.bind_temp(s, result.storage());
     return;
   }
-  c10::Storage buf = scratch_storage(s->nbytes);
+  c10::Storage buf = mem.scratch(s->nbytes);
   view_over(buf, ref).copy_(result);
   mem.bind_temp(s, std::move(buf));
 }
 
-// Out= tensors for op `n` when its CPU kernel can write its results in place:
-// each materialized output is its device buffer, each other output a
-// temporary with the recorded layout. Empty when the op has no out= overload or the
-// target computes it its own way. Into `outs` (cleared first, its capacity kept).
-// `kept`: a kept tensor per output (KeptTensors), or null.
-void direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& mem, HostRunHooks& hooks,
-                    const c10::OperatorHandle** out_op, std::vector<at::Tensor>& outs, at::Tensor* kept) {
-  *out_op = nullptr;
-  outs.clear();
-  if (n.rng || n.outputs.empty() || !hooks.direct_outputs_ok(n)) return;
-  if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary && custom_host_kernel(n.op))
-    return;  // its author's kernel runs
+// The out= overload op `n`'s CPU kernel can write its results in place with,
+// by its op and layout alone (direct_outputs checks the rest each run), or
+// null: no out= overload, an RNG op, a custom op (its author's kernel runs)...
+const c10::OperatorHandle* direct_out_op(const Node& n) {
+  if (n.rng || n.outputs.empty()) return nullptr;
   // Fresh tensors only, or lists a direct kernel writes whole (the foreach norm).
   const bool lists = writes_list_outputs(n);
   for (int r : n.returns)
-    if (r != -1 && !(r == -2 && lists)) return;
+    if (r != -1 && !(r == -2 && lists)) return nullptr;
   // Dense operands only, unless the op's out= kernel is its functional one
   // (takes_strided_inputs): CPU's other out= kernels are less exercised than
   // the functional ones and some mis-handle strided tensors (torch 2.13:
@@ -191,7 +184,7 @@ void direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& m
   // with a strided input give wrong values).
   for (const auto& in : n.inputs) {
     if (in.ref.is_dense()) continue;
-    if (!takes_strided_inputs(n)) return;
+    if (!takes_strided_inputs(n)) return nullptr;
     break;
   }
   bool plus_copy = false;
@@ -199,18 +192,35 @@ void direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& m
   // call_direct falls back to only after an error, and then the functional
   // kernel runs and raises it.
   const c10::OperatorHandle* op = lists ? &n.op : out_variant(n.op, &plus_copy);
-  if (!op) return;
+  if (!op) return nullptr;
   // An out= overload that is the functional op plus a copy gains nothing: the
   // functional result is copied into a materialized output all the same, and a
   // temporary keeps it without the copy (bind_output).
-  if (plus_copy && !has_direct_kernel(n)) return;
+  if (plus_copy && !has_direct_kernel(n)) return nullptr;
   for (const TensorRef& ref : n.outputs)
-    if (ref.conj || ref.neg || ref.offset != 0 || !ref.is_dense()) return;
+    if (ref.conj || ref.neg || ref.offset != 0 || !ref.is_dense()) return nullptr;
+  return op;
+}
+
+// Out= tensors for op `n` when its CPU kernel can write its results in place
+// (with `op`, its direct_out_op): each materialized output is its device
+// buffer, each other output a temporary with the recorded layout. Empty when
+// `op` is null or the target computes the op its own way. Into `outs`
+// (cleared first, its capacity kept). `kept`: a kept tensor per output
+// (KeptTensors), or null.
+void direct_outputs(const Node& n, const Region& region, size_t p, HostMemory& mem, HostRunHooks& hooks,
+                    const c10::OperatorHandle* op, const c10::OperatorHandle** out_op, std::vector<at::Tensor>& outs,
+                    at::Tensor* kept) {
+  *out_op = nullptr;
+  outs.clear();
+  if (!op || !hooks.direct_outputs_ok(n)) return;
+  if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary && custom_host_kernel(n.op))
+    return;  // its author's kernel runs
   outs.reserve(n.outputs.size());
   for (size_t j = 0; j < n.outputs.size(); ++j) {
     const TensorRef& ref = n.outputs[j];
     DeferredStorage* s = ref.storage.get();
-    const c10::Storage st = region.materialize[p][j] ? mem.device_buffer(s) : scratch_storage(s->nbytes);
+    const c10::Storage st = region.materialize[p][j] ? mem.device_buffer(s) : mem.scratch(s->nbytes);
     outs.push_back(kept != nullptr ? view_over_kept(st, ref, kept[j]) : view_over(st, ref));
   }
   *out_op = op;
@@ -271,7 +281,7 @@ bool traffic_recorded_for(const std::vector<KeptTensors::OpTraffic>& recorded, c
                           const std::vector<Node>& graph) {
   if (recorded.size() != region.nodes.size()) return false;
   for (size_t p = 0; p < recorded.size(); ++p)
-    if (recorded[p].op != &graph[region.nodes[p]].op.schema()) return false;
+    if (!(recorded[p].op == graph[region.nodes[p]].op)) return false;
   return true;
 }
 }  // namespace
@@ -291,7 +301,7 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
   } else if (recorded != nullptr) {
     recording = true;
     recorded->assign(region.nodes.size(), KeptTensors::OpTraffic{});
-    for (size_t p = 0; p < region.nodes.size(); ++p) (*recorded)[p].op = &graph[region.nodes[p]].op.schema();
+    for (size_t p = 0; p < region.nodes.size(); ++p) (*recorded)[p].op = graph[region.nodes[p]].op;
   }
   // Device traffic of one view (op `p`'s input or output `slot`), once per
   // region: logical bytes plus its layout padding.
@@ -306,9 +316,25 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     (write ? t.write_padding : t.read_padding) += padding;
     t.views.push_back(KeptTensors::CountedView{static_cast<uint32_t>(slot), output, write});
   };
+  // Position of the last op of the region that uses each storage: a
+  // temporary is freed right after it, as eager frees a dead intermediate
+  // (keeps the working set, and the allocator's reuse, like eager's); and
+  // which storages an op of the region produced so far (live counting). A run
+  // adding recorded traffic has the last uses recorded with it, and makes
+  // these only when an op fails (go_live).
+  std::optional<RegionStorages> storages;
+  if (live) storages.emplace(region, graph);
+  size_t outputs_bound = 0;  // of the op being run, without `storages`
   // Op `p` failed in a run adding recorded traffic: what live counting would
-  // have seen and added by then (the views of the ops before it, its reads).
+  // have seen and added by then (the views of the ops before it, its reads,
+  // the storages the ops before it and its bound outputs produced).
   auto go_live = [&](size_t p) {
+    storages.emplace(region, graph);
+    for (size_t q = 0; q <= p; ++q) {
+      const Node& m = graph[region.nodes[q]];
+      for (size_t j = 0; j < (q < p ? m.outputs.size() : outputs_bound); ++j)
+        storages->set_produced(m.outputs[j].storage.get());
+    }
     for (size_t q = 0; q <= p; ++q) {
       const Node& m = graph[region.nodes[q]];
       for (const KeptTensors::CountedView& v : (*recorded)[q].views)
@@ -318,10 +344,30 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     stats.padding_bytes += (*recorded)[p].read_padding;
     live = true;
   };
-  // Position of the last op of the region that uses each storage: a
-  // temporary is freed right after it, as eager frees a dead intermediate
-  // (keeps the working set, and the allocator's reuse, like eager's).
-  RegionStorages storages(region, graph);
+  if (recording) {
+    for (size_t p = 0; p < region.nodes.size(); ++p) {
+      const Node& n = graph[region.nodes[p]];
+      c10::SmallVector<uint32_t, 4>& last = (*recorded)[p].last_uses;
+      for (size_t k = 0; k < n.inputs.size(); ++k)
+        if (storages->last_use(n.inputs[k].ref.storage.get()) == p) last.push_back(static_cast<uint32_t>(k));
+      for (size_t j = 0; j < n.outputs.size(); ++j)
+        if (storages->last_use(n.outputs[j].storage.get()) == p)
+          last.push_back(KeptTensors::kOutputSlot | static_cast<uint32_t>(j));
+    }
+  }
+  // The temporaries op `p` uses last, freed after it.
+  auto release_last_uses = [&](size_t p, const Node& n) {
+    if (!live || recording) {
+      for (uint32_t slot : (*recorded)[p].last_uses)
+        mem.release_temp(slot & KeptTensors::kOutputSlot ? n.outputs[slot & ~KeptTensors::kOutputSlot].storage.get()
+                                                         : n.inputs[slot].ref.storage.get());
+      return;
+    }
+    for (const auto& in : n.inputs)
+      if (storages->last_use(in.ref.storage.get()) == p) mem.release_temp(in.ref.storage.get());
+    for (const auto& out : n.outputs)
+      if (storages->last_use(out.storage.get()) == p) mem.release_temp(out.storage.get());
+  };
   // One op's argument stack, results and out= tensors: kept across ops (their
   // capacity; emptied after each op, which frees what they held), and across
   // runs with `kept`.
@@ -339,10 +385,11 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
   // One op: its inputs' traffic, the CPU kernel (or out= overload writing the
   // device buffer), its outputs bound, dead temporaries freed.
   auto run_one = [&](size_t p, Node& n) {
+    outputs_bound = 0;
     for (size_t k = 0; live && k < n.inputs.size(); ++k) {
       const InputSlot& in = n.inputs[k];
       DeferredStorage* s = in.ref.storage.get();
-      if (storages.produced(s) || mem.is_temp(s) || (in.written && !reads_written_value(n, in))) continue;
+      if (storages->produced(s) || mem.is_temp(s) || (in.written && !reads_written_value(n, in))) continue;
       traffic(p, in.ref, false, false, k);
     }
     // A storage this op overwrites whole loses an earlier op's error once the
@@ -353,7 +400,9 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     at::Tensor* op_kept = kept ? kept->op(p, n.inputs.size() + n.outputs.size()) : nullptr;
     build_stack(n, mem, stack, op_kept);  // re-raises an input's earlier error as is
     const c10::OperatorHandle* out_op = nullptr;
-    direct_outputs(n, region, p, mem, hooks, &out_op, direct, op_kept ? op_kept + n.inputs.size() : nullptr);
+    const c10::OperatorHandle* direct_op = live ? direct_out_op(n) : (*recorded)[p].direct_op;
+    if (recording) (*recorded)[p].direct_op = direct_op;
+    direct_outputs(n, region, p, mem, hooks, direct_op, &out_op, direct, op_kept ? op_kept + n.inputs.size() : nullptr);
     try {
       if (out_op && call_direct(n, *out_op, stack, direct, out_stack)) {
         results = direct;
@@ -380,7 +429,8 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       const bool materialize = region.materialize[p][j];
       bind_output(n, n.outputs[j], results.at(j), materialize, mem, direct.empty() ? at::Tensor() : direct[j], stats);
       if (materialize && live) traffic(p, n.outputs[j], true, true, j);
-      storages.set_produced(n.outputs[j].storage.get());
+      if (storages) storages->set_produced(n.outputs[j].storage.get());
+      outputs_bound = j + 1;
     }
     for (size_t k = 0; live && k < n.inputs.size(); ++k)
       if (n.inputs[k].written && !mem.is_temp(n.inputs[k].ref.storage.get()))
@@ -391,12 +441,11 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
       stats.bytes_written += t.written;
       stats.padding_bytes += t.read_padding + t.write_padding;
     }
-    for (const auto& in : n.inputs)
-      if (storages.last_use(in.ref.storage.get()) == p) mem.release_temp(in.ref.storage.get());
-    for (const auto& out : n.outputs)
-      if (storages.last_use(out.storage.get()) == p) mem.release_temp(out.storage.get());
     hooks.add_op_cost_at(n, p, stats);
+    // The op's stack and kept tensors let go of its temporaries first, so a
+    // freed one is nothing else's and HostMemory keeps it for reuse (scratch).
     clear_op_state(p);
+    release_last_uses(p, n);
   };
   // An op that fails marks its outputs and written inputs with its error and
   // the region goes on: ops that read them fail in turn (build_stack re-raises

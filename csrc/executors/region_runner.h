@@ -4,9 +4,12 @@
 // HostRunHooks.
 #pragma once
 
+#include <optional>
 #include <vector>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 
 #include "executors/executor.h"
 #include "executors/host_runtime.h"
@@ -72,10 +75,18 @@ class KeptTensors {
     uint32_t slot;
     bool output, write;
   };
+  // With it, what run_ops finds from the op and the plan's layout alone: the
+  // slots whose storage the op uses last in the region (input k, or
+  // kOutputSlot | j for output j: their temporaries are freed after it; the
+  // layout fixes which slots share a storage) and the out= overload its
+  // results can be written with (region_runner.cpp direct_out_op), or null.
+  static constexpr uint32_t kOutputSlot = 1u << 31;
   struct OpTraffic {
-    const c10::FunctionSchema* op = nullptr;  // the op it was counted for
+    std::optional<c10::OperatorHandle> op;  // the op it was counted for
     int64_t read = 0, read_padding = 0, written = 0, write_padding = 0;
     std::vector<CountedView> views;
+    c10::SmallVector<uint32_t, 4> last_uses;
+    const c10::OperatorHandle* direct_op = nullptr;
   };
   // The recorded traffic (one per op of the region), or empty.
   std::vector<OpTraffic>& traffic() { return traffic_; }

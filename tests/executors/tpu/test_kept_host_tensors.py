@@ -227,3 +227,33 @@ def test_views_over_storages_of_other_sizes(name):
         da, db = big_a.to("tpu"), big_b.to("tpu")
         got = fn(da[:6], db[:6]).cpu()
         assert_bit_equal([got], [fn(big_a[:6], big_b[:6])])
+
+
+# ---- flush temporaries' storages kept for reuse (host_runtime.h HostMemory::scratch) ----
+
+
+def _temporaries_chain(a, b, idx):
+    """Op-by-op ops whose values live only inside the flush: mms, an index_select and a
+    cat of several sizes, each freed after its last use and its memory taken by the next."""
+    h = torch.mm(a.t(), b)  # (n, p)
+    g = torch.index_select(h, 0, idx)  # (2, p)
+    c = torch.cat([h, g, h[:1]])  # (n + 3, p)
+    return torch.mm(c.t(), c).sum(0)  # (p,)
+
+
+def test_temporaries_of_several_sizes_reused_flush_after_flush():
+    # The same and other sizes in turn, an intermediate sometimes kept by the user
+    # (then it is device memory, not a temporary): every flush computes CPU's values.
+    shapes = [(6, 4, 5), (3, 7, 2), (6, 4, 5), (9, 2, 8), (3, 7, 2), (6, 4, 5)]
+    kept = []
+    for k, (m, n, p) in enumerate(shapes):
+        a, b = cpu_randn(m, n, seed=80 + k), cpu_randn(m, p, seed=90 + k)
+        idx = torch.tensor([n - 1, 0])
+        da, db, di = a.to("tpu"), b.to("tpu"), idx.to("tpu")
+        if k % 2:
+            h = torch.mm(da.t(), db)
+            kept.append((h, torch.mm(a.t(), b)))
+        got = _temporaries_chain(da, db, di).cpu()
+        assert_bit_equal([got], [_temporaries_chain(a, b, idx)])
+    for h, want in kept:
+        assert_bit_equal([h.cpu()], [want])
