@@ -892,6 +892,25 @@ class StepTrainer:
             self.step().item()
 
 
+def warm_trainers(model, threads, quick, compiled=False):
+    """(name, {"tpu": StepTrainer, "cpu": ..., "compile": ... with ``compiled``}) of the training step
+    ``model`` ("mlp", "gpt" or "cnn"; the small models when ``quick``) at ``threads`` intra-op threads,
+    float32 matmuls at "highest", each trainer warmed up three steps (compiles happen there)."""
+    torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision("highest")
+    name, make_model, make_opt, clip, make_batches = _training_cases(quick)[("mlp", "gpt", "cnn").index(model)]
+    contenders = {"tpu": ("tpu", False), "cpu": ("cpu", False)}
+    if compiled:
+        contenders["compile"] = ("cpu", True)
+    trainers = {
+        key: StepTrainer(device, make_model, make_opt, clip, make_batches(), compiled=compile_it)
+        for key, (device, compile_it) in contenders.items()
+    }
+    for trainer in trainers.values():
+        trainer.steps(3)
+    return name, trainers
+
+
 def bench_training(cfg, report, use_compile=True):
     """The three training steps on "tpu", CPU eager and torch.compile, on one and on two threads."""
     previous = torch.get_num_threads()

@@ -73,20 +73,7 @@ def main():
     args = parser.parse_args()
     quick = bool(run_all.tpu_env.get("TORCH_TPU_QUICK"))
     blocks = min(args.blocks, 3) if quick else args.blocks
-    torch.set_num_threads(args.threads)
-    torch.set_float32_matmul_precision("highest")
-    name, make_model, make_opt, clip, make_batches = run_all._training_cases(quick)[
-        ("mlp", "gpt", "cnn").index(args.model)
-    ]
-    contenders = {"tpu": ("tpu", False), "cpu": ("cpu", False)}
-    if not args.no_compile:
-        contenders["compile"] = ("cpu", True)
-    trainers = {
-        key: run_all.StepTrainer(device, make_model, make_opt, clip, make_batches(), compiled=compiled)
-        for key, (device, compiled) in contenders.items()
-    }
-    for trainer in trainers.values():
-        trainer.steps(3)  # compiles (ours and torch.compile's) happen here
+    name, trainers = run_all.warm_trainers(args.model, args.threads, quick, compiled=not args.no_compile)
     samples = {key: [[] for _ in PHASES] for key in trainers}
     for _ in range(blocks):
         for key, trainer in trainers.items():
