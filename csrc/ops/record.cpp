@@ -876,6 +876,29 @@ class KeyWriter {
   int64_t* end_;
 };
 
+// A host (CPU) bool or uint8 tensor in a list of indices is a mask: the meta
+// kernels read its values (nonzero), so the result's shape and the checks against
+// it (index_put's values) are its values', which enter the key, 8 bytes a word. A
+// mask of more than kMaxKeyedMask elements makes the call uncacheable. (A mask
+// outside an index list, masked_select's, makes the op run eagerly: SYNC.)
+constexpr int64_t kMaxKeyedMask = 1024;
+
+void key_host_mask_values(KeyWriter& k, const at::Tensor& t) {
+  const c10::ScalarType st = t.scalar_type();
+  if ((st != c10::ScalarType::Bool && st != c10::ScalarType::Byte) || !t.device().is_cpu()) return;
+  const int64_t n = t.numel();
+  if (n > kMaxKeyedMask || !t.has_storage()) throw std::invalid_argument("a host mask not keyed by value");
+  const at::Tensor c = t.contiguous();
+  const auto* bytes = static_cast<const char*>(c.const_data_ptr());
+  int64_t* p = k.room(1 + static_cast<size_t>((n + 7) / 8));
+  p[0] = -33;
+  for (int64_t i = 0; i < n; i += 8) {
+    int64_t w = 0;
+    std::memcpy(&w, bytes + i, static_cast<size_t>(std::min<int64_t>(8, n - i)));
+    p[1 + i / 8] = w;
+  }
+}
+
 void key_tensor(KeyWriter& k, const at::Tensor& t) {
   if (!t.defined()) {
     k.put(-7);
@@ -897,6 +920,11 @@ void key_tensor(KeyWriter& k, const at::Tensor& t) {
   // The storage size bounds views and out= resizes; the offset shapes nothing else.
   p[1 + 2 * rank] = static_cast<int64_t>(impl->storage().nbytes());
   p[2 + 2 * rank] = impl->storage_offset();
+}
+
+// An element of a tensor list (index, index_put's Tensor?[] indices): a host mask's values.
+void key_list_element_values(KeyWriter& k, const at::Tensor& t) {
+  if (t.defined() && !is_tpu(t)) key_host_mask_values(k, t);
 }
 
 // Sign and finiteness of a float Scalar keyed by type: meta kernels check
@@ -922,10 +950,16 @@ void key_ivalue(KeyWriter& k, const c10::IValue& v, bool float_values) {
     key_tensor(k, v.toTensor());
   } else if (v.isList() && v.isTensorList()) {  // isList inline, isTensorList a call
     k.put(-1);
-    for (const at::Tensor& t : v.toTensorList().vec()) key_tensor(k, t);
+    for (const at::Tensor& t : v.toTensorList().vec()) {
+      key_tensor(k, t);
+      key_list_element_values(k, t);
+    }
   } else if (v.isList()) {
     k.put(-2);
-    for (const c10::IValue& e : v.toList().vec()) key_ivalue(k, e, float_values);
+    for (const c10::IValue& e : v.toList().vec()) {
+      key_ivalue(k, e, float_values);
+      if (e.isTensor()) key_list_element_values(k, e.toTensor());
+    }
   } else if (v.isInt()) {
     int64_t* p = k.room(2);  // one room check for both words
     p[0] = -3;

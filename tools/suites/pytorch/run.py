@@ -40,6 +40,10 @@ FILES = [
     "test_scatter_gather_ops",
 ]
 K = {"test_nn": "TestNNDeviceType"}  # its other classes use CPU tensors
+# test_ops.py (OpInfo, 31,659 tests per device) is not in FILES: run it with --files test_ops,
+# a family at a time (-k test_out etc.); OPS_SELECT keeps TestCommon's float32 tests (and the
+# dtype-less ones, test_out_warning / test_errors), not the Python references (_refs.*).
+OPS_SELECT = r"^test_(?!python_ref)\w+_(cpu|tpu)(_float32)?$"
 # (select, deselect) regexes on the test function's name: subsets of the huge OpInfo files.
 _FAMILIES = r"^test_(non_contig|reference_numerics|contig|batch_vs)"
 _UNARY = (
@@ -67,7 +71,9 @@ SUBSET = {
     "test_reductions": (None, r"_refs_"),
     "test_unary_ufuncs": _subset(_UNARY),
     "test_binary_ufuncs": _subset(_BINARY),
+    "test_ops": (OPS_SELECT, r"__refs_"),
 }
+K["test_ops"] = "TestCommon"
 
 
 def outcomes(path):
@@ -185,6 +191,7 @@ def report(args):
     ref_dir = os.path.join(args.work, "results", args.ref)
     dev_dir = os.path.join(args.work, "results", args.tag)
     lines, rows = [], []
+    match = re.compile(args.match) if args.match else None
     for name in args.files:
         ref, _ = outcomes(os.path.join(ref_dir, name + ".jsonl"))
         dev, _ = outcomes(os.path.join(dev_dir, name + ".jsonl"))
@@ -192,7 +199,7 @@ def report(args):
             continue
         rk = {key(n): v for n, v in ref.items()}
         dk = {key(n): v for n, v in dev.items()}
-        cpu_pass = [k for k, v in rk.items() if v[0] == "passed"]
+        cpu_pass = [k for k, v in rk.items() if v[0] == "passed" and (match is None or match.search(k))]
         c = collections.Counter()
         for k in sorted(cpu_pass):
             o = dk.get(k, ("not generated", ""))
@@ -233,6 +240,7 @@ def main():
     p.add_argument("--grace", type=int, default=120)
     p.add_argument("--fresh", action="store_true")
     p.add_argument("--report", action="store_true")
+    p.add_argument("--match", help="--report: count only the tests whose name matches this regex")
     args = p.parse_args()
     if args.report:
         report(args)

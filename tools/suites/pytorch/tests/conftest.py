@@ -30,6 +30,15 @@ try:
 
     if not hasattr(_cmi, "binary_ufuncs_and_refs"):
         _cmi.binary_ufuncs_and_refs = tuple(_cmi.binary_ufuncs)
+    # test_ops.py imports these from here; torch 2.13 has them in common_device_type,
+    # skipOps taking the skip specs alone (2.4.0: skipOps(class name, test name, specs)).
+    import torch.testing._internal.common_device_type as _cdt
+
+    for _name in ("skip", "xfail"):
+        if not hasattr(_cmi, _name):
+            setattr(_cmi, _name, getattr(_cdt, _name))
+    if not hasattr(_cmi, "skipOps"):
+        _cmi.skipOps = lambda _cls, _test, specs: _cdt.skipOps(specs)
 except Exception:  # pragma: no cover
     pass
 if not hasattr(np, "msort"):
