@@ -309,6 +309,14 @@ def test_a_difference_of_two_marks_gives_cpu_values_in_one_region():
     assert _compiles(tte) == 1
 
 
+def _cpu_and_marked(cols, upper):
+    """A (16, cols) CPU tensor and its device copy marked at dim 1 in [1, upper]."""
+    a = torch.randn(16, cols)
+    d = a.to("tpu")
+    _tte().mark_dynamic(d, 1, 1, upper)
+    return a, d
+
+
 def _heads_of_parts(x, parts):
     # The heads split of qkv's equal parts (qkv.chunk(3, 1)): q alone, or
     # q * k + v.
@@ -325,9 +333,7 @@ def test_a_split_of_an_equal_part_keeps_one_region(parts):
     tte = _tte()
     tte.reset_metrics()
     for r in (10, 17, 40):
-        a = torch.randn(16, 3 * 64 * r)
-        d = a.to("tpu")
-        tte.mark_dynamic(d, 1, 1, 12288 - len(parts))  # a bound per case: its own key
+        a, d = _cpu_and_marked(3 * 64 * r, 12288 - len(parts))  # a bound per case: its own key
         assert torch.equal(_heads_of_parts(d, parts).cpu(), _heads_of_parts(a, parts))
     assert _compiles(tte) == 1
 
@@ -335,10 +341,7 @@ def test_a_split_of_an_equal_part_keeps_one_region(parts):
 def test_equal_parts_and_their_guard_give_cpu_values():
     # chunk(3) of n columns: equal parts when 3 divides n, else (c+1, c+1,
     # c-1) or (c+1, c+1, c) under the same key; CPU's values at each.
-    tte = _tte()
     for n in (120, 121, 231, 122, 390):
-        a = torch.randn(16, n)
-        d = a.to("tpu")
-        tte.mark_dynamic(d, 1, 1, 1536)
+        a, d = _cpu_and_marked(n, 1536)
         got = [(p * 2.0 - 1.0).cpu() for p in d.chunk(3, 1)]
         assert all(torch.equal(g, p * 2.0 - 1.0) for g, p in zip(got, a.chunk(3, 1)))
