@@ -41,6 +41,14 @@ dynamic (range 1..512) on the Spyre target:
 - ``after``: ``(16, n)`` and ``(16, n // 2 - 3)``, each marked at dim 1,
   ``d[:, m:] * 2.0`` and ``e * 3.0`` in one region (``n - m`` at offset
   ``m``: ``n`` is ``m + t``).
+- ``qkv``: ``(16, 3n)`` marked at dim 1 (range 1..1536), ``q, k, v =
+  d.chunk(3, 1)``, ``q * k + v`` (equal parts: the part is the symbol,
+  the marked size ``3*s0``);
+- ``qkvheads``: ``(16, 3 * 64r)`` marked at dim 1 (``r = n // 8``, range
+  1..12288), each of q, k, v split into heads, ``q.view(16, -1, 64) *
+  k.view(...) + v.view(...)`` (a split of an equal part: ``3*s0*s1``);
+- ``heads64``: as ``heads`` with ``(n + 1) // 7`` rows of 64 (5 to 64: the
+  sweep's last shape, n = 4096, is 64 rows of 64, equal factors).
 
 For each n, the first launch of the shape (a bind of the compiled program, or
 a new program when none fits) and then ``--repeats`` warm launches. Prints,
@@ -82,6 +90,18 @@ def two(n):
     return [(16, n), (16, n // 2 + 3)]
 
 
+def qkv(d):
+    """Attention's q, k, v: three equal parts of the marked dim."""
+    q, k, v = d.chunk(3, 1)
+    return q * k + v
+
+
+def qkv_heads(d):
+    """q, k, v each split into heads of 64."""
+    q, k, v = (p.view(16, -1, 64) for p in d.chunk(3, 1))
+    return q * k + v
+
+
 def after(d, e):
     """``d[:, m:]`` (m the size of e) and e, two results of one region."""
     return d[:, e.shape[1] :] * 2.0, e * 3.0
@@ -106,9 +126,12 @@ CASES = {
     "readcat2": (two, (1,), lambda d, e: read_later(torch.cat([d, e], 1))),
     "heads": (lambda n: (16, n // 8 * 64), (1,), lambda d: d.view(16, -1, 64) * 2.0),
     "after": (lambda n: [(16, n), (16, n // 2 - 3)], (1,), after),
+    "qkv": (lambda n: (16, 3 * n), (1,), qkv),
+    "qkvheads": (lambda n: (16, 3 * 64 * (n // 8)), (1,), qkv_heads),
+    "heads64": (lambda n: (16, (n + 1) // 7 * 64), (1,), lambda d: d.view(16, -1, 64) * 2.0),
 }
-# The marks' upper bound (the heads split's sizes go to 3520).
-UPPER = {"heads": 4096}
+# The marks' upper bound (the heads split's sizes go to 3520, 4096 for heads64).
+UPPER = {"heads": 4096, "qkv": 1536, "qkvheads": 12288, "heads64": 8192}
 
 
 def to_host(out):

@@ -9,6 +9,7 @@
 #include <set>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 
 #include <c10/util/Exception.h>
 
@@ -38,6 +39,10 @@ constexpr uint64_t kDividedTag = uint64_t(1) << 56;
 constexpr uint64_t kUpperBits = (uint64_t(1) << 48) - 1;
 // Carried marks kept at most (the oldest dropped first).
 constexpr size_t kMaxCarried = 4096;
+// The most equal parts a marked dim is taken to be cut into (qkv's 3, a
+// GLU's 2, an LSTM's 4 gates): a fixed slice that divides the size by
+// chance is an equal part less often.
+constexpr int64_t kMaxParts = 16;
 
 std::mutex g_mu;
 // Keyed by DeferredStorage id (ids are never reused, so a freed storage's
@@ -81,31 +86,53 @@ int64_t view_dim(const Range& m, const TensorRef& r) {
 // (split_mark: `dim` and `pair`). None when several dims fit.
 struct ViewMark {
   int64_t dim = -1, scale = 1, divisor = 1;
-  int64_t pair = -1;  // a split's other part (its size `divisor`), else -1
+  int64_t pair = -1;            // a split's other part (its size `divisor`), else -1
+  int64_t part = 1, index = 0;  // one of `part` equal parts of the marked dim, number `index`
 };
 
+// Where `r` starts along mark m's dim, in its elements: the offset's
+// component along the marked stride (the marked tensor is dense: its outer
+// strides are multiples of base * stride, its inner ones below stride).
+int64_t start_along(const Range& m, const TensorRef& r) {
+  return m.stride > 0 && m.base > 0 ? (r.offset / m.stride) % m.base : 0;
+}
+
+// `size` elements from `start` of mark m's dim as one of q equal parts
+// (chunk(q), split(base / q)): base = q * size, 2 <= q <= kMaxParts, the
+// start a whole number of parts. {1, 0} when not.
+std::pair<int64_t, int64_t> equal_part(const Range& m, int64_t size, int64_t start) {
+  if (size <= 0 || m.base % size != 0) return {1, 0};
+  const int64_t q = m.base / size;
+  if (q < 2 || q > kMaxParts || start % size != 0) return {1, 0};
+  return {q, start / size};
+}
+
 // The two parts of a split of mark m's dim in r (a view of another rank):
-// dims o and i of sizes a and b, a * b = base, both >= 2 and unequal, the
-// smaller at most 255, covering the marked dim as (a, b) with strides
-// (b*S, S), S the marked stride: view(16, 4, n / 4), view(16, n / 4, 4),
-// or the heads split view(b, n / 64, 64) of (b, n). One launch cannot tell
-// which factor is the fixed one ((4, 10) is also 10 rows of 4), so both
-// parts follow the range: dim o, its divisor b, its pair i. None when no pair or several fit, or for equal
-// parts ((64, 64): which symbol each is would change with the size).
-// base % a == 0 is the divisibility guard: a size that does not divide is
-// no split.
+// dims o and i of sizes a and b, both >= 2, the smaller at most 255,
+// covering the marked dim, or one of its equal parts (equal_part), as (a,
+// b) with strides (b*S, S), S the marked stride: view(16, 4, n / 4),
+// view(16, n / 4, 4), the heads split view(b, n / 64, 64) of (b, n), or
+// q.view(b, -1, 64) of q = qkv.chunk(3, 1)[0] (a * b = base / 3). One
+// launch cannot tell which factor is the fixed one ((4, 10) is also 10 rows
+// of 4), so both parts follow the range: dim o, its divisor b, its pair i.
+// Equal factors ((64, 64) of n = 4096) are a split too: keyed as every
+// other size of the range (the compiler makes them one symbol). None when
+// several pairs fit. base % (a * b) == 0 is the divisibility guard: a size
+// that does not divide is no split.
 ViewMark split_mark(const Range& m, const TensorRef& r) {
   const auto nd = static_cast<int64_t>(r.sizes.size());
+  const int64_t start = start_along(m, r);
   ViewMark found;
   for (int64_t i = 0; i < nd; ++i) {
     const int64_t b = r.sizes[i];
-    if (b <= 1 || r.strides[i] != m.stride || m.base % b != 0) continue;
-    const int64_t a = m.base / b;
-    if (a < 2 || a == b || std::min(a, b) > 255) continue;
+    if (b <= 1 || r.strides[i] != m.stride) continue;
     for (int64_t o = 0; o < nd; ++o) {
-      if (o == i || r.sizes[o] != a || r.strides[o] != b * m.stride) continue;
+      const int64_t a = r.sizes[o];
+      if (o == i || a < 2 || std::min(a, b) > 255 || r.strides[o] != b * m.stride || m.base % (a * b) != 0) continue;
+      const auto [part, index] = a * b == m.base ? std::pair<int64_t, int64_t>{1, 0} : equal_part(m, a * b, start);
+      if (a * b != m.base && part == 1) continue;
       if (found.dim >= 0) return {};
-      found = {o, 1, b, i};
+      found = {o, 1, b, i, part, index};
     }
   }
   return found;
@@ -113,7 +140,12 @@ ViewMark split_mark(const Range& m, const TensorRef& r) {
 
 ViewMark view_mark(const Range& m, const TensorRef& r) {
   const auto nd = static_cast<int64_t>(r.sizes.size());
-  if (m.ndim == nd) return {view_dim(m, r), 1};
+  if (m.ndim == nd) {
+    ViewMark v{view_dim(m, r), 1};
+    if (v.dim >= 0 && r.strides.size() == r.sizes.size() && r.strides[v.dim] == m.stride)
+      std::tie(v.part, v.index) = equal_part(m, r.sizes[v.dim], start_along(m, r));
+    return v;
+  }
   if (static_cast<int64_t>(r.strides.size()) != nd || m.base <= 1 || m.stride <= 0) return {};
   if (const ViewMark split = split_mark(m, r); split.dim >= 0) return split;
   ViewMark found;
@@ -283,8 +315,8 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
     if (v.dim < 0) continue;
     const int64_t n = r.sizes[v.dim];
     if (!in_range(m, v, n)) continue;
-    out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale, v.divisor});
-    if (v.pair >= 0) out.push_back(DynamicDim{v.pair, v.divisor, m.base, m.lower, m.upper, 1, n});
+    out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale, v.divisor, v.part, v.index});
+    if (v.pair >= 0) out.push_back(DynamicDim{v.pair, v.divisor, m.base, m.lower, m.upper, 1, n, v.part, v.index});
   }
   return out;
 }

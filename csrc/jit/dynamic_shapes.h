@@ -18,7 +18,8 @@
 //    the dim that keeps the marked stride, on the dim that merges the
 //    marked dim with fixed ones (size k * base: keyed by the range and k),
 //    or on both parts of a split of the marked dim into two (sizes a and
-//    base / a: both keyed by the range, whichever of them is fixed);
+//    base / a: both keyed by the range, whichever of them is fixed), or of
+//    one of q equal parts of it (q.view(b, -1, 64) of qkv's q, base / q);
 //  - otherwise: n itself for 0 and 1, else the next power of two. A size that
 //    grows by one per step (a generation loop) therefore compiles a region
 //    kind at most ceil(log2(range)) + 1 times.
@@ -54,9 +55,14 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
 // part (of size divisor) listed too: view(16, 4, n / 4), view(16, n / 4, 4)
 // of (16, n), view(b, n / 64, 64) of (b, n) (which part is fixed, one
 // launch cannot tell: both follow the range). For both, lower/upper stay
-// the marked dim's.
+// the marked dim's. `part` > 1: the dim (or the split's two parts together)
+// is one of `part` equal parts of the marked dim, base / part elements
+// (chunk(3) or split(n / 3) of qkv, 2 <= part <= 16), at part number
+// `index` (its start along the marked dim / its size: 0 for q, 1 for k, 2
+// for v); a split of such a part (q.view(b, -1, 64)) has size * divisor *
+// part == base.
 struct DynamicDim {
-  int64_t dim, size, base, lower, upper, scale = 1, divisor = 1;
+  int64_t dim, size, base, lower, upper, scale = 1, divisor = 1, part = 1, index = 0;
 };
 std::vector<DynamicDim> dynamic_dims(const TensorRef& r);
 

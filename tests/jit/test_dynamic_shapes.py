@@ -210,6 +210,10 @@ SPLITS = {
     "factor inside": (lambda x: x.view(16, -1, 4) * 2.0 - 1.0, (40, 76, 132)),
     # The heads split: 10, 17, 40 rows of 64 (power-of-two buckets 16, 32, 64).
     "heads: rows of 64": (lambda x: x.view(16, -1, 64) * 2.0 - 1.0, (640, 1088, 2560)),
+    # n = 4096 is 64 rows of 64: equal factors, keyed as every other size of
+    # the range. main at aedf460: no split, its rows by their power of two
+    # (2 compiles).
+    "heads: 64 rows of 64": (lambda x: x.view(16, -1, 64) * 2.0 - 1.0, (640, 4096, 1088)),
 }
 
 
@@ -222,9 +226,9 @@ def test_a_split_of_the_marked_dim_keeps_one_region(case):
     # of two (3 compiles).
     tte = _tte()
     fn, sizes = SPLITS[case]
-    # The three regions share a key but for the range's upper bound (each
+    # The regions share a key but for the range's upper bound (each
     # layout plans on its own): a bound per case counts each case's compiles.
-    upper = 4096 - list(SPLITS).index(case)
+    upper = 8192 - list(SPLITS).index(case)
     tte.reset_metrics()
     for n in sizes:
         a = torch.randn(16, n)
@@ -303,3 +307,41 @@ def test_a_difference_of_two_marks_gives_cpu_values_in_one_region():
         x, y = d[:, e.shape[1] :] * 2.0, e * 3.0
         assert torch.equal(x.cpu(), a[:, b.shape[1] :] * 2.0) and torch.equal(y.cpu(), b * 3.0)
     assert _compiles(tte) == 1
+
+
+def _cpu_and_marked(cols, upper):
+    """A (16, cols) CPU tensor and its device copy marked at dim 1 in [1, upper]."""
+    a = torch.randn(16, cols)
+    d = a.to("tpu")
+    _tte().mark_dynamic(d, 1, 1, upper)
+    return a, d
+
+
+def _heads_of_parts(x, parts):
+    # The heads split of qkv's equal parts (qkv.chunk(3, 1)): q alone, or
+    # q * k + v.
+    h = [p.view(16, -1, 64) for p in x.chunk(3, 1)]
+    return h[0] * 2.0 - 1.0 if parts == "q" else h[0] * h[1] + h[2]
+
+
+@pytest.mark.parametrize("parts", ["q", "qkv"])
+def test_a_split_of_an_equal_part_keeps_one_region(parts):
+    # q.view(16, -1, 64) of q = qkv.chunk(3, 1)[0], qkv (16, 3 * 64r) marked
+    # at dim 1: both parts of the split of a third of the marked dim are
+    # keyed by the range. main at aedf460: the 64 keyed as the marked dim,
+    # the rows by their power of two (3 compiles).
+    tte = _tte()
+    tte.reset_metrics()
+    for r in (10, 17, 40):
+        a, d = _cpu_and_marked(3 * 64 * r, 12288 - len(parts))  # a bound per case: its own key
+        assert torch.equal(_heads_of_parts(d, parts).cpu(), _heads_of_parts(a, parts))
+    assert _compiles(tte) == 1
+
+
+def test_equal_parts_and_their_guard_give_cpu_values():
+    # chunk(3) of n columns: equal parts when 3 divides n, else (c+1, c+1,
+    # c-1) or (c+1, c+1, c) under the same key; CPU's values at each.
+    for n in (120, 121, 231, 122, 390):
+        a, d = _cpu_and_marked(n, 1536)
+        got = [(p * 2.0 - 1.0).cpu() for p in d.chunk(3, 1)]
+        assert all(torch.equal(g, p * 2.0 - 1.0) for g, p in zip(got, a.chunk(3, 1)))

@@ -839,7 +839,11 @@ KtirExpr affine_rename(const KtirExpr& e, const std::vector<int>& to) {
 // it. The offset is decomposed greedily along the
 // strides, largest first. Values are those of the launch the program was
 // built for, so every expression evaluates to its number under `values`.
-void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
+// `parts[k]` > 1: symbol k is one of that many equal parts of a marked dim
+// (qkv.chunk(3, 1)): a stride that many times a dense successor's is the
+// marked tensor's pitch ("3*s0"), and an offset of j < parts[k] times its
+// value along a stride is j parts ("offset=2*s0").
+void symbolize_strides(KtirView& v, const std::vector<int64_t>& values, const std::vector<int64_t>& parts) {
   const size_t n = v.sizes.size();
   if (values.empty() || v.strides.size() != n) return;
   auto size_expr = [&](size_t d) {
@@ -871,8 +875,20 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
   std::optional<KtirExpr> next;  // the stride a dense successor would have (a product of symbols too)
   int64_t next_value = -1, prev_value = -1;
   KtirExpr prev;
+  // The pitch of an equal part: q times the dense successor's stride.
+  auto part_pitch = [&](int64_t x) -> std::optional<KtirExpr> {
+    if (!next || !next->symbolic() || next_value <= 0) return std::nullopt;
+    for (size_t k = 0; k < parts.size() && k < values.size(); ++k)
+      if (parts[k] > 1 && x == parts[k] * next_value) return affine_mul(affine_const(parts[k]), *next);
+    return std::nullopt;
+  };
   for (size_t d : order) {
-    ex[d] = next && v.strides[d] == next_value ? *next : pitch(v.strides[d], prev_value, prev);
+    if (next && v.strides[d] == next_value)
+      ex[d] = *next;
+    else if (auto e = part_pitch(v.strides[d]))
+      ex[d] = *e;
+    else
+      ex[d] = pitch(v.strides[d], prev_value, prev);
     prev = ex[d], prev_value = v.strides[d];
     // A size-1 dim's stride is free (repeat(2, 1)'s [2, 1, 16, s0] holds
     // s0 there): the chain goes on past it.
@@ -891,6 +907,9 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values) {
   auto count = [&](int64_t q) {
     for (size_t k = 0; k < values.size(); ++k)
       if (subtracted[k] && values[k] == q) return KtirExpr::symbol(static_cast<int>(k));
+    for (size_t k = 0; k < values.size() && k < parts.size(); ++k)
+      if (parts[k] > 1 && values[k] > 0 && q % values[k] == 0 && q / values[k] < parts[k])
+        return KtirExpr::symbol(static_cast<int>(k), q / values[k], 0);
     return affine_const(q);
   };
   KtirExpr off;
@@ -1059,27 +1078,64 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     std::vector<int64_t> offsets{0};
     std::vector<int64_t> scales;  // k of merged dims of size k * base ("16*s0")
     std::vector<int64_t> minus;   // bases b of dims of size base - b ("s0-s1")
+    int64_t part = 1;             // one of `part` equal parts of a marked dim (its symbol: "3*s0" the marked size)
   };
   std::vector<Sym> syms;
+  // Marked sizes cut into equal parts (chunk(q), split(base / q)): when the
+  // region reads a part of number >= 1 (k or v of qkv.chunk(3)), or splits
+  // a part (q.view(16, -1, 64)), not only reads the first (which a fixed
+  // slice that divides the size by chance, d[:, :2] of n = 40, also is),
+  // the part is the symbol: (base, q).
+  std::vector<std::pair<int64_t, int64_t>> cut;
+  for (const auto& d : dynamic)
+    if (d.part > 1 && (d.index >= 1 || d.divisor > 1) && d.base > 1 &&
+        std::none_of(cut.begin(), cut.end(), [&](const auto& x) { return x.first == d.base; }))
+      cut.emplace_back(d.base, d.part);
+  auto parts_of = [&](int64_t base) {
+    for (const auto& [b, q] : cut)
+      if (b == base) return q;
+    return int64_t{1};
+  };
   // The bases of the marked dims read whole or sliced: a size base - b of
   // two of them is their difference (d[:, m:] of a marked n, m another
   // marked size: "s0-s1").
   std::vector<int64_t> plain;
   for (const auto& d : dynamic)
-    if (d.base > 1 && d.scale == 1 && d.divisor == 1) plain.push_back(d.base);
+    if (d.base > 1 && d.scale == 1 && d.divisor == 1 && parts_of(d.base) == 1) plain.push_back(d.base);
   for (const auto& d : dynamic) {
     if (d.base <= 1) continue;
+    const int64_t q = parts_of(d.base);
     // Each part of a split (view(16, 4, n / 4), view(b, n / 64, 64)) is a
     // symbol of its own, the marked size their product (the pitch, the
     // element count: strides follow the sizes); its range the quotients of
     // the mark's by the other part.
+    // A split of an equal part (q.view(16, -1, 64) of qkv's q): the marked
+    // size is part * the product.
     if (d.divisor > 1) {
-      if (d.size <= 1 || d.size * d.divisor != d.base) continue;
-      const int64_t lower = (std::max<int64_t>(0, d.lower) + d.divisor - 1) / d.divisor;
+      if (d.part != (d.part > 1 ? q : 1)) continue;
+      const int64_t div = d.divisor * d.part;
+      if (d.size <= 1 || d.size * div != d.base) continue;
+      const int64_t lower = (std::max<int64_t>(0, d.lower) + div - 1) / div;
       auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.size; });
-      if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.size, lower, d.upper / d.divisor});
+      if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.size, lower, d.upper / div});
       it->lower = std::max(it->lower, lower);
-      it->upper = std::min(it->upper, d.upper / d.divisor);
+      it->upper = std::min(it->upper, d.upper / div);
+      it->part = std::max(it->part, d.part);
+      continue;
+    }
+    // An equal part of a cut marked size (qkv.chunk(3, 1)'s q, k, v), or the
+    // whole: the part is the symbol, the whole q times it ("3*s0"), its
+    // range the quotients of the mark's (a part the JIT keyed by the range
+    // lies in it too). Other sizes of a cut base stay numbers.
+    if (q > 1) {
+      const int64_t part = d.base / q;
+      if (d.scale != 1 || (d.size != part && d.size != d.base)) continue;
+      auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == part; });
+      if (it == syms.end()) it = syms.insert(syms.end(), Sym{part, 1, d.upper / q});
+      if (std::find(it->scales.begin(), it->scales.end(), q) == it->scales.end()) it->scales.push_back(q);
+      it->part = q;
+      it->lower = std::max({it->lower, (std::max<int64_t>(0, d.lower) + q - 1) / q, d.size == part ? d.lower : 0});
+      it->upper = std::min(it->upper, d.upper / q);
       continue;
     }
     auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.base; });
@@ -1169,7 +1225,9 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     if (!any) t.size_expr.clear();
   }
   p.sym_values = bases;
-  for (auto& v : p.views) symbolize_strides(v, p.sym_values);
+  std::vector<int64_t> parts;
+  for (const auto& x : syms) parts.push_back(x.part);
+  for (auto& v : p.views) symbolize_strides(v, p.sym_values, parts);
   // A view inside another of its storage with the same strides (a pad's
   // copy_ target: sizes [16, s0], pitch s0+2) takes the other's stride
   // expressions, which its own sizes do not show.
@@ -1183,13 +1241,20 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   }
   // An argument's elems: the extent (offset + sum (size - 1) * stride + 1) of
   // one of its views that reaches its end (a product of symbols for a
-  // tensor with two dynamic dims: "s0*s1"); else a multiple of a symbol's
-  // size expression.
+  // tensor with two dynamic dims: "s0*s1"), or its outer size times its
+  // outer stride (a part of all rows, qkv's q: 16 rows of pitch 3*s0); else
+  // a multiple of a symbol's size expression.
   for (size_t i = 0; i < p.args.size(); ++i) {
     KtirArg& a = p.args[i];
     for (const auto& v : p.views) {
       if (v.lx || v.arg != static_cast<int>(i) || a.elems_expr.symbolic()) continue;
       const KtirExpr e = view_extent(v);
+      if (e.symbolic() && e.eval(p.sym_values) == a.elems) a.elems_expr = e;
+    }
+    for (const auto& v : p.views) {
+      if (v.lx || v.arg != static_cast<int>(i) || a.elems_expr.symbolic() || v.stride_expr.empty()) continue;
+      const auto outer = std::max_element(v.strides.begin(), v.strides.end()) - v.strides.begin();
+      const KtirExpr e = affine_mul(size_at(v, outer), v.stride_expr[outer]);
       if (e.symbolic() && e.eval(p.sym_values) == a.elems) a.elems_expr = e;
     }
     for (size_t k = 0; k < syms.size() && !a.elems_expr.symbolic() && a.elems > 0; ++k) {

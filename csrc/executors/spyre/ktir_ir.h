@@ -164,9 +164,13 @@ class KtirRunHooks {
 // of size scale * base: "16*s0"; `divisor` > 1: a part of a split of the
 // marked dim (view(16, 4, n / 4): both the 4 and n / 4), of size base /
 // divisor: its own symbol, the marked size the product of the parts'
-// symbols. lower/upper are the marked dim's range.
+// symbols. lower/upper are the marked dim's range. `part` > 1: the dim (or
+// a split's parts together) is one of `part` equal parts of the marked dim
+// (qkv's chunk(3)), number `index` (0 for q): when the region reads a part
+// of number >= 1, the part size is the symbol and the marked size `part`
+// times it ("3*s0").
 struct KtirDynamicDim {
-  int64_t size = 0, base = 0, lower = 0, upper = 0, scale = 1, divisor = 1;
+  int64_t size = 0, base = 0, lower = 0, upper = 0, scale = 1, divisor = 1, part = 1, index = 0;
 };
 
 // Makes the sizes of `p` (built for one launch) symbolic: each distinct base

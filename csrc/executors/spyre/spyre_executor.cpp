@@ -301,7 +301,7 @@ class SpyreKernel final : public Kernel {
     for (const auto& v : L.views) {
       if (v.lx || !v.loaded) continue;
       for (const jit::DynamicDim& d : jit::dynamic_dims(*v.ref))
-        dynamic.push_back(KtirDynamicDim{d.size, d.base, d.lower, d.upper, d.scale, d.divisor});
+        dynamic.push_back(KtirDynamicDim{d.size, d.base, d.lower, d.upper, d.scale, d.divisor, d.part, d.index});
     }
     program_ = launch;
     ktir_symbolize(program_, dynamic);

@@ -409,3 +409,117 @@ def test_a_fixed_start_equal_to_a_mark_by_chance_plans_again(spyre_target):
         want = [store(r, torch.float16) for r in _after(a.float(), b.float(), start=5)]
         assert all(same(g, w) == 0 for g, w in zip(got, want))
     assert tte.metrics()["compiles"] == 1
+
+
+def _qkv(d, parts=3, how="chunk"):
+    # q, k, v of a (16, 3c) tensor: chunk(3) or split(c) along the marked dim
+    # (of 3c + 1 columns, split(c) leaves a rest of 1: not read).
+    if how == "chunk":
+        return d.chunk(parts, 1)
+    return d.split(d.shape[1] // parts, dim=-1)[:parts]
+
+
+def _on_device(x):
+    return x
+
+
+def _df16(x):
+    # What an intermediate in LX holds (df16), as the reference computes on.
+    return store(x, torch.float16).float()
+
+
+# f(d, r): r rounds an intermediate (the identity on the device).
+EQUAL_PARTS = {
+    # attention's q, k, v; a GLU's two halves
+    "chunk(3)": (lambda d, r=_on_device: (lambda q, k, v: r(q * k) + v)(*_qkv(d)), 3),
+    "split(n / 3)": (lambda d, r=_on_device: (lambda q, k, v: r(q * k) + v)(*_qkv(d, how="split")), 3),
+    "chunk(2)": (lambda d, r=_on_device: (lambda a, b: a * b)(*_qkv(d, 2)), 2),
+}
+
+
+@pytest.mark.parametrize("case", list(EQUAL_PARTS))
+def test_equal_parts_of_a_marked_dim_keep_one_program(spyre_target, case):
+    # (16, q*c) marked at dim 1, cut into q equal parts: the part c is the
+    # symbol, the marked size q*s0 (its pitch and element count), part j at
+    # offset j*s0. main at aedf460: each c a number, a plan per shape.
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    fn, q = EQUAL_PARTS[case]
+    tte.reset_metrics()
+    for seed, c in enumerate((40, 77, 130)):
+        a = _inputs(torch.float16, seed=400 + seed, shape=(16, q * c))
+        got = fn(_marked(tte, a, (1,), upper=q * 512)).cpu()
+        assert same(got, store(fn(a.float(), _df16), torch.float16)) == 0
+        text = spyre.dump_ktir()
+        want = [f"syms=[s0={c}]", f"elems={16 * q}*s0\n", f"offset=s0 sizes=[16, s0] strides=[{q}*s0, 1]"]
+        assert all(t in text for t in want), text
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+def test_equal_parts_guard_a_size_not_divisible_plans_its_own(spyre_target):
+    # split(n // 3) of n = 3c + 1 or 3c + 2 columns cuts three parts of c and
+    # a rest: the same key, but c is no third of n, so no binding of the
+    # equal-parts program fits: 121 plans its own (its c = 40 a number, its
+    # pitch s0), which 122 (the same c = 40) binds; values of the df16
+    # reference.
+    tte = spyre_target
+    fn = EQUAL_PARTS["split(n / 3)"][0]
+    tte.reset_metrics()
+    plans = []
+    for seed, n in enumerate((120, 231, 390, 121, 122)):
+        a = _inputs(torch.float16, seed=410 + seed, shape=(16, n))
+        got = fn(_marked(tte, a, (1,), upper=1536)).cpu()
+        assert same(got, store(fn(a.float(), _df16), torch.float16)) == 0
+        plans.append(tte.metrics()["plans_built"])
+    assert tte.metrics()["compiles"] == 1
+    assert plans == [1, 1, 1, 2, 2]
+
+
+def _heads(d, parts="qkv", r=_on_device):
+    # The heads split of qkv's parts: q alone, or q * k + v.
+    q, k, v = _qkv(d)
+    h = [x.view(16, -1, 64) for x in (q, k, v)]
+    return h[0] * 2.0 if parts == "q" else r(h[0] * h[1]) + h[2]
+
+
+@pytest.mark.parametrize("parts", ["q", "qkv"])
+def test_heads_split_of_equal_parts_keeps_one_program(spyre_target, parts):
+    # q.view(16, -1, 64) of q = qkv.chunk(3, 1)[0], qkv (16, 3 * 64r) marked
+    # at dim 1: a split of an equal part; both parts are symbols, the marked
+    # size 3*s0*s1. main at aedf460: the 64 keyed as the marked dim, the
+    # rows by their power of two: 3 compiles, a plan per shape.
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    for seed, r in enumerate((10, 17, 40)):
+        a = _inputs(torch.float16, seed=420 + seed, shape=(16, 3 * 64 * r))
+        got = _heads(_marked(tte, a, (1,), upper=12288), parts).cpu()
+        assert same(got, store(_heads(a.float(), parts, _df16), torch.float16)) == 0
+        text = spyre.dump_ktir()
+        want = [f"syms=[s0={r}, s1=64]", "elems=48*s0*s1\n", "offset=0 sizes=[16, s0, s1] strides=[3*s0*s1, s1, 1]"]
+        if parts == "qkv":
+            want.append("offset=2*s0*s1 sizes=[16, s0, s1] strides=[3*s0*s1, s1, 1]")
+        assert all(t in text for t in want), text
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+def test_heads_split_into_equal_factors_keys_with_the_others(spyre_target):
+    # n = 4096 is 64 rows of 64: its two factors are equal. main at aedf460
+    # left (64, 64) no split (the 64 rows keyed by their power of two): a
+    # compile and a plan of its own. Keyed as the other sizes, it binds
+    # their program (s0 = s1 = 64).
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    for seed, n in enumerate((640, 4096, 1088)):
+        a = _inputs(torch.float16, seed=430 + seed, shape=(16, n))
+        got = (_marked(tte, a, (1,), upper=8192).view(16, -1, 64) * 2.0).cpu()
+        assert same(got, store(a.float().view(16, -1, 64) * 2.0, torch.float16)) == 0
+        assert f"syms=[s0={n // 64}, s1=64]" in spyre.dump_ktir()
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
