@@ -65,15 +65,41 @@ LocationTable& table() {
   return *t;
 }
 
-// Per-thread, direct-mapped verdicts for code objects the table holds.
-struct LibraryCache {
+// A per-thread cache of 256 sets of two entries, most recently used first. A
+// record looks up every frame of its walk and a few dozen keys per training
+// step; with one entry per set, two keys that share a set evict each other on
+// every step, and each such miss takes the GIL. The set comes from the high
+// bits of a multiplicative hash, so addresses that differ only in their high
+// bits (code objects, 16-byte aligned) do not share sets.
+template <typename K, typename V>
+class TwoWayCache {
+ public:
+  // The value cached for `key` (whose hash is `hash`), or nullptr.
+  const V* find(const K& key, size_t hash) {
+    Entry* s = sets_[set_of(hash)];
+    if (s[0].used && s[0].key == key) return &s[0].value;
+    if (!s[1].used || !(s[1].key == key)) return nullptr;
+    std::swap(s[0], s[1]);
+    return &s[0].value;
+  }
+  void put(const K& key, size_t hash, V value) {
+    Entry* s = sets_[set_of(hash)];
+    if (!(s[0].used && s[0].key == key)) s[1] = s[0];
+    s[0] = Entry{key, value, true};
+  }
+
+ private:
   struct Entry {
-    PyObject* code = nullptr;
-    bool library = false;
+    K key{};
+    V value{};
+    bool used = false;
   };
-  Entry e[256];
-  Entry& slot(PyObject* code) { return e[(reinterpret_cast<uintptr_t>(code) >> 4) & 255]; }
+  static size_t set_of(size_t hash) { return static_cast<size_t>((hash * 0x9E3779B97F4A7C15ull) >> 56); }
+  Entry sets_[256][2];
 };
+
+// Per-thread verdicts (library code or not) for code objects the table holds.
+using LibraryCache = TwoWayCache<PyObject*, bool>;
 
 LibraryCache& library_cache() {
   static thread_local LibraryCache cache;
@@ -105,15 +131,15 @@ bool classify(PyObject* code) {
       PyErr_Clear();
     }
   }
-  library_cache().slot(code) = {code, lib};
+  library_cache().put(code, reinterpret_cast<uintptr_t>(code), lib);
   return lib;
 }
 
 // The verdict for `code` from this thread's cache; false in *known when absent.
 bool cached_library(PyObject* code, bool* known) {
-  const LibraryCache::Entry& e = library_cache().slot(code);
-  *known = e.code == code;
-  return e.library;
+  const bool* lib = library_cache().find(code, reinterpret_cast<uintptr_t>(code));
+  *known = lib != nullptr;
+  return lib && *lib;
 }
 
 #ifdef TPU_EAGER_FRAME_WITHOUT_GIL
@@ -156,15 +182,9 @@ bool current_key(PyThreadState* ts, bool gil, Key* key, bool* need_gil) {
   return true;  // every frame is library code: name the innermost
 }
 
-// Per-thread, direct-mapped: (code, offset) -> id for keys the table holds
-// (so the code object outlives the entry). A hit takes neither the GIL nor a lock.
-struct LocalCache {
-  struct Entry {
-    Key key{{nullptr, 0}};
-    int32_t id = -1;
-  };
-  Entry e[256];
-};
+// Per-thread: (code, offset) -> id for keys the table holds (so the code
+// object outlives the entry). A hit takes neither the GIL nor a lock.
+using LocalCache = TwoWayCache<Key, int32_t>;
 #endif
 
 // The id of `key` in the table, adding it (with a new reference to its code
@@ -195,14 +215,13 @@ int32_t python_location_id() {
   bool need_gil = false;
   if (!current_key(ts, false, &key, &need_gil) && !need_gil) return -1;
   if (!need_gil) {
-    LocalCache::Entry& slot = cache.e[KeyHash()(key) & 255];
-    if (slot.key == key) return slot.id;
+    if (const int32_t* id = cache.find(key, KeyHash()(key))) return *id;
   }
   PyGILState_STATE gil = PyGILState_Ensure();
   int32_t id = -1;
   if (!need_gil || current_key(ts, true, &key, &need_gil)) id = intern(key);
   PyGILState_Release(gil);
-  if (id >= 0) cache.e[KeyHash()(key) & 255] = {key, id};
+  if (id >= 0) cache.put(key, KeyHash()(key), id);
   return id;
 #else
   PyGILState_STATE gil = PyGILState_Ensure();

@@ -84,3 +84,22 @@ def test_threads_name_their_own_lines():
     assert not errors
     for k in range(2):
         assert texts[k] == {f"{__file__}:{lines[k]}"}
+
+
+def test_many_lines_each_named_while_the_per_thread_caches_churn():
+    # 600 functions, each its own code object and line, record in turn: more keys than the
+    # per-thread caches hold, so entries are evicted and looked up again every round.
+    n, every = 600, 50
+    src = "\n".join(f"def f{i}(z, mask, v):\n    return z.masked_fill(mask, v)\n" for i in range(n))
+    filename = __file__.replace(".py", "_generated.py")
+    scope = {}
+    exec(compile(src, filename, "exec"), scope)
+    value = torch.tensor(300, device="tpu")
+    fine = torch.tensor(7, device="tpu")
+    for _ in range(3):
+        for i in range(n):
+            z, mask, v = _failing(value if i % every == 0 else fine)
+            t = scope[f"f{i}"](z, mask, v)
+            if i % every == 0:
+                assert f"{filename}:{3 * i + 2}" in _error_text(t)
+    torch.tpu.synchronize()
