@@ -17,11 +17,13 @@ kthvalue, median and nanmedian by radix selection since branch spyre21f),
 and ``mse_loss(x * 0.5, x)`` (a two-operand loss summed over the ring, branch
 spyre21f).
 
-    PYTHONPATH=. python benchmarks/spyre_interpreter.py [--repeats 15] [--cpu-time]
+    PYTHONPATH=. python benchmarks/spyre_interpreter.py [--repeats 15] [--cpu-time] [--only softmax]
 
-``--cpu-time`` counts the process's CPU seconds (time.process_time) on one ATen
-thread instead of wall time: on a shared, loaded machine wall times swing by
-several x between runs, CPU time much less.
+``--only TEXT`` keeps the rows whose name contains TEXT (alternated runs of
+one row take seconds instead of minutes). ``--cpu-time`` counts the process's
+CPU seconds (time.process_time) on one ATen thread instead of wall time: on a
+shared, loaded machine wall times swing by several x between runs, CPU time
+much less.
 """
 
 import argparse
@@ -81,6 +83,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=15, help="warm repeats per figure (at most 3 with TORCH_TPU_QUICK=1)")
     p.add_argument("--cpu-time", action="store_true", help="CPU seconds on one ATen thread instead of wall time")
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="TEXT",
+        help="run only the rows whose name contains TEXT (repeatable; e.g. --only softmax: a run in seconds)",
+    )
     args = p.parse_args(argv)
     if tpu_env.get("TORCH_TPU_QUICK"):  # smoke run (docs' commands under test): few repeats
         args.repeats = min(args.repeats, 3)
@@ -103,6 +111,8 @@ def main(argv=None):
         cases.append(("nanmedian(x, 0)", make_ring_step(timer=timer, op=lambda t: torch.nanmedian(t, 0))))
         cases.append(("mode(x, 0) bf16", make_ring_step(timer=timer, op=lambda t: torch.mode(t, 0))))
         cases.append(("mse_loss(x/2, x)", make_ring_step(timer=timer, op=lambda t: F.mse_loss(t * 0.5, t))))
+        if args.only:
+            cases = [(name, make) for name, make in cases if any(text in name for text in args.only)]
         for name, make in cases:
             med = {}
             for target in ("spyre", "tpu-v5e"):

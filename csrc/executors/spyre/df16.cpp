@@ -15,6 +15,7 @@
 
 #include "executors/cpu_vml.h"
 #include "executors/spyre/blocked_loop.h"
+#include "executors/spyre/paired_columns.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -58,16 +59,12 @@ __attribute__((target_clones("avx2", "default"))) void round_bf16_loop(const uin
 }
 
 __attribute__((target_clones("avx2", "default"))) void round_bf16_in_place_loop(uint16_t* p, int64_t n) {
-  map_blocked(p, p, n, [](uint16_t b) { return df16_round_bf16_bits(static_cast<uint32_t>(b) << 16); });
+  map_blocked(p, p, n, [](uint16_t b) { return df16_round_bf16_half(b); });
 }
 
 // The IEEE bits of f (as memcpy gives them); unlike memcpy, the builtin
 // keeps a loop over an array of floats vectorizable.
 inline uint32_t f32_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
-
-// The float32 value of an element: bfloat16 bits widen exactly by a shift.
-inline float widen(float v) { return v; }
-inline float widen(uint16_t b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
 
 // Softmax's quotient e / s by the reciprocal. With r = 1/s rounded to f32
 // (|s| in [2^-126, 2^126]: r normal, relative error <= 2^-24), e * r is the
@@ -160,16 +157,123 @@ __attribute__((always_inline)) inline void softmax_bf16_values(const In* __restr
   for (int64_t i = 0; i < count; i += period) quotients_to_bf16(buf + i, s, rs, dst + i, std::min(period, count - i));
 }
 
-// softmax_bf16_values of each input type, built for AVX2 and the baseline.
+// softmax_bf16_values of float32 x, built for AVX2 and the baseline.
 __attribute__((target_clones("avx2", "default"))) void softmax_values(const float* x, const float* m, const float* s,
                                                                       const float* rs, float* buf, uint16_t* dst,
                                                                       int64_t count, int64_t period) {
   softmax_bf16_values(x, m, s, rs, buf, dst, count, period);
 }
+
+// bfloat16 input: the normalizing pass in paired order (paired_columns.h).
+// m, s and rs hold each whole block of kPair values of the period in paired
+// order, and so do the exps in buf; the quotients go back into column order
+// with their store (store_pairs), so nothing is shuffled. Values past the
+// period's (or the last period's) whole blocks stay in place.
+
+// The quotient rounding of quotient_bf16_bits on 8 lanes of u = bits(e *
+// 1/s): the bfloat16 result in the high 16 bits of each lane (the low ones
+// not cleared). For the divide check, `near` keeps the lanes' least (a +
+// kReciprocalSlack) mod 2^14 (a = u + 2^13; a carry within the slack below
+// 2 * kReciprocalSlack) and `top` their largest u (past the NaN limit from
+// 0x4FFFA000, negative values included). df16 then bfloat16: v = a rounded
+// down to 2^14 (zero under the zero limit), bfloat16 ties to even on v, whose
+// low 16 bits are 0, 2^14, 2^15 or 3 * 2^14: v + 2^14 + (bit 16 of v) * 2^14
+// carries into bit 16 exactly where v + 0x7FFF + bit 16 does, and a's low 14
+// bits add no carry to that, so a stands for v.
+inline U8 quotient_lanes_high(U8 u, U8& near, U8& top) {
+  const U8 a = u + detail::kHalf;
+  const U8 t = (a + kReciprocalSlack) & 0x3FFFu;
+  near = t < near ? t : near;
+  top = u > top ? u : top;
+  const U8 kept = a & reinterpret_cast<U8>(reinterpret_cast<I8>(u) >= 0x30002000);
+  return kept + 0x4000u + ((kept >> 2) & 0x4000u);
+}
+
+// df16_round_bf16_bits on 8 lanes (the result in the low 16 bits of each).
+inline U8 round_bf16_lanes(U8 u) {
+  const U8 sign = u & 0x80000000u;
+  const I8 mag = reinterpret_cast<I8>(u & 0x7FFFFFFFu);
+  const U8 r = (reinterpret_cast<U8>(mag) + detail::kHalf) & ~0x3FFFu;
+  const U8 v = sign | (r & reinterpret_cast<U8>(mag >= 0x30002000));
+  const U8 b = (v + 0x7FFFu + ((v >> 16) & 1u)) >> 16;
+  return (b | reinterpret_cast<U8>(mag >= 0x4FFFA000)) & 0xFFFFu;
+}
+
+inline U8 bits8(F8 v) { return reinterpret_cast<U8>(v); }
+
+// o = the bf16 bits of df16(e / s) of one paired block, in column order.
+inline void divided_pair(const float* e, const float* s, uint16_t* o) {
+  store_pairs(o, round_bf16_lanes(bits8(load8(e) / load8(s))),
+              round_bf16_lanes(bits8(load8(e + kLanes) / load8(s + kLanes))) << 16);
+}
+
+// kBlocks paired blocks of quotients by the reciprocals rs, redone by the
+// divide when one is slow (kReciprocalSlack).
+template <int kBlocks>
+__attribute__((always_inline)) inline void paired_quotients(const float* __restrict e, const float* __restrict s,
+                                                            const float* __restrict rs, uint16_t* __restrict o) {
+  U8 near = ~U8{}, top = U8{};
+#pragma GCC unroll 4
+  for (int b = 0; b < kBlocks; ++b) {
+    const int64_t j = b * kPair;
+    const U8 even = quotient_lanes_high(bits8(load8(e + j) * load8(rs + j)), near, top) >> 16;
+    const U8 odd = quotient_lanes_high(bits8(load8(e + j + kLanes) * load8(rs + j + kLanes)), near, top);
+    store_pairs(o + j, even, odd & 0xFFFF0000u);
+  }
+  const U8 slow = reinterpret_cast<U8>(near < 2 * kReciprocalSlack) | reinterpret_cast<U8>(top >= 0x4FFFA000u);
+  uint64_t w[4];
+  std::memcpy(w, &slow, sizeof w);
+  if ((w[0] | w[1] | w[2] | w[3]) != 0)
+    for (int b = 0; b < kBlocks; ++b) divided_pair(e + b * kPair, s + b * kPair, o + b * kPair);
+}
+
+// softmax_bf16_values of bfloat16 x in paired order: m, s and rs hold the
+// period's first `paired` values (a multiple of kPair) in paired order.
+__attribute__((always_inline)) inline void paired_softmax_values(const uint16_t* __restrict x,
+                                                                 const float* __restrict m, const float* __restrict s,
+                                                                 const float* __restrict rs, float* __restrict buf,
+                                                                 uint16_t* __restrict dst, int64_t count,
+                                                                 int64_t period, int64_t paired) {
+  for (int64_t i = 0; i < count; i += period) {
+    const int64_t len = std::min(period, count - i), whole = len / kPair * kPair;
+    const uint16_t* xi = x + i;
+    float* d = buf + i;
+    for (int64_t j = 0; j < whole; j += kPair) {
+      F8 even, odd;
+      load16(xi + j, even, odd);
+      store8(d + j, even - load8(m + j));
+      store8(d + j + kLanes, odd - load8(m + j + kLanes));
+    }
+    for (int64_t j = whole; j < len; ++j) d[j] = widen(xi[j]) - m[paired_index(j, paired)];
+  }
+  vml::exp(buf, buf, count);
+  for (int64_t i = 0; i < count; i += period) {
+    const int64_t len = std::min(period, count - i), whole = len / kPair * kPair;
+    const float* e = buf + i;
+    uint16_t* o = dst + i;
+    int64_t j = 0;
+    if (rs != nullptr) {
+      for (; j + 4 * kPair <= whole; j += 4 * kPair) paired_quotients<4>(e + j, s + j, rs + j, o + j);
+      for (; j < whole; j += kPair) paired_quotients<1>(e + j, s + j, rs + j, o + j);
+    }
+    for (; j < whole; j += kPair) divided_pair(e + j, s + j, o + j);
+    for (; j < len; ++j) o[j] = df16_round_bf16_bits(f32_bits(e[j] / s[paired_index(j, paired)]));
+  }
+}
+
 __attribute__((target_clones("avx2", "default"))) void softmax_values(const uint16_t* x, const float* m, const float* s,
                                                                       const float* rs, float* buf, uint16_t* dst,
-                                                                      int64_t count, int64_t period) {
-  softmax_bf16_values(x, m, s, rs, buf, dst, count, period);
+                                                                      int64_t count, int64_t period, int64_t paired) {
+  paired_softmax_values(x, m, s, rs, buf, dst, count, period, paired);
+}
+
+// v[0 .. paired) (a multiple of kPair) put into paired order, block by block.
+void pair_values(float* v, int64_t paired) {
+  for (int64_t b = 0; b < paired; b += kPair) {
+    const F8 lo = load8(v + b), hi = load8(v + b + kLanes);
+    store8(v + b, __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14));
+    store8(v + b + kLanes, __builtin_shufflevector(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15));
+  }
 }
 
 // Rows per period of the normalizing pass: the fewest whole rows of n values
@@ -207,6 +311,11 @@ void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at
     std::copy(sv, sv + n, st.begin() + i);
     if (!rt.empty() && i > 0) std::copy(rt.begin(), rt.begin() + n, rt.begin() + i);
   }
+  // bfloat16 x is read in paired order: the period's whole blocks of m, s
+  // and 1/s are paired to match.
+  const int64_t paired = bf16 ? period / kPair * kPair : 0;
+  for (std::vector<float>* v : {&mt, &st, &rt})
+    if (!v->empty()) pair_values(v->data(), paired);
   const float* rv = rt.empty() ? nullptr : rt.data();
   // Periods per chunk: about kChunk elements, whose exps stay in L2 between
   // the steps (no f32 tensor of x's size is written), in few exp calls.
@@ -219,7 +328,7 @@ void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at
       const int64_t first = p * period, count = std::min(std::min(chunk, e - p) * period, rows * n - first);
       if (bf16)
         softmax_values(static_cast<const uint16_t*>(in) + first, mt.data(), st.data(), rv, buf.get(), o + first, count,
-                       period);
+                       period, paired);
       else
         softmax_values(static_cast<const float*>(in) + first, mt.data(), st.data(), rv, buf.get(), o + first, count,
                        period);

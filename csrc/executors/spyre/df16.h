@@ -114,6 +114,19 @@ inline uint16_t df16_round_bf16_bits(uint32_t u) {
   return static_cast<uint16_t>(mag >= 0x4FFFA000 ? 0xFFFFu : b);
 }
 
+// df16_round_bf16_bits(b << 16) of bfloat16 bits b, in 16-bit arithmetic
+// (16 values per AVX2 vector instead of 8): a bfloat16 value (7 fraction
+// bits) is its own df16 rounding between the two limits, which on the 16
+// magnitude bits are: below 0x3001 (f32 magnitude below 0x30002000) a zero
+// with b's sign, from 0x5000 (f32 0x4FFFA000: the NaN/Inf code) 0xFFFF.
+// Masks, not selects: GCC vectorizes this form into and/compare/or.
+inline uint16_t df16_round_bf16_half(uint16_t b) {
+  const int16_t mag = static_cast<int16_t>(b & 0x7FFF);
+  const uint16_t keep = static_cast<uint16_t>(-static_cast<int16_t>(mag > 0x3000)) | 0x8000u;
+  const uint16_t nan = static_cast<uint16_t>(-static_cast<int16_t>(mag > 0x4FFF));
+  return static_cast<uint16_t>((b & keep) | nan);
+}
+
 // One df16 code -> float32 (exact).
 inline float df16_to_float(uint16_t c) {
   const uint32_t bits = df16_to_f32_bits(c);

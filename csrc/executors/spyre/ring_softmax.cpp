@@ -9,6 +9,7 @@
 
 #include "executors/cpu_vml.h"
 #include "executors/spyre/blocked_loop.h"
+#include "executors/spyre/paired_columns.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -17,31 +18,6 @@ namespace {
 
 // ATen's CeilLog2 (c10/util/MathConstants): 1 for x <= 2.
 int64_t ceil_log2(int64_t x) { return x <= 2 ? 1 : 64 - __builtin_clzll(static_cast<uint64_t>(x - 1)); }
-
-// The float32 value of an element: bfloat16 bits widen exactly by a shift.
-inline float widen(float v) { return v; }
-inline float widen(uint16_t b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
-
-// 8 float32 lanes (one AVX2 vector; two SSE ones in the baseline build) as
-// GCC vector types: the max's NaN select is written out, which the -O2
-// vectorizer does not do for a scalar loop.
-typedef float F8 __attribute__((vector_size(32)));
-typedef int32_t I8 __attribute__((vector_size(32)));
-typedef uint32_t U8 __attribute__((vector_size(32)));
-typedef uint16_t H8 __attribute__((vector_size(16)));
-constexpr int64_t kLanes = 8;
-
-inline F8 load8(const float* p) {
-  F8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline F8 load8(const uint16_t* p) {
-  H8 h;
-  std::memcpy(&h, p, sizeof h);
-  return reinterpret_cast<F8>(__builtin_convertvector(h, U8) << 16);
-}
-inline void store8(float* p, F8 v) { std::memcpy(p, &v, sizeof v); }
 
 // Column max of `len` >= 1 rows of `width` values (row stride n), NaN where
 // a column holds one (amax's rule; a zero's sign may differ): a NaN is taken
@@ -83,21 +59,11 @@ __attribute__((always_inline)) inline void row_differences(const In* __restrict 
   }
 }
 
-// bfloat16 rows are read 16 values at a time as two float32 vectors: the
-// even columns (each 32-bit pair shifted up by 16) and the odd ones (the
-// pair's low half masked off), which takes no shuffle. The partials keep each
-// whole block of 16 columns in that order (8 even columns, then 8 odd ones;
-// the columns past the last whole block in place): every step after the
-// loads (differences, exps, column sums, merges) treats each column alike and
-// apart, so only the merged max and sum are put back in column order.
-constexpr int64_t kPair = 2 * kLanes;
-
-inline void load16(const uint16_t* p, F8& even, F8& odd) {
-  U8 w;
-  std::memcpy(&w, p, sizeof w);
-  even = reinterpret_cast<F8>(w << 16);
-  odd = reinterpret_cast<F8>(w & 0xFFFF0000u);
-}
+// bfloat16 rows are read in paired order (paired_columns.h): the partials
+// keep each whole block of 16 columns in that order (8 even columns, then 8
+// odd ones; the columns past the last whole block in place): every step after
+// the loads (differences, exps, column sums, merges) treats each column alike
+// and apart, so only the merged max and sum are put back in column order.
 
 // The running max of a block of 16 bfloat16 columns in even/odd order, one
 // max instruction per 8 values: `v > acc ? v : acc` keeps a NaN acc but drops

@@ -197,6 +197,19 @@ def test_casts_bit_exact_on_every_df16_value_and_tie(spyre_target):
         assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan]), dtype
 
 
+def test_bf16_upload_rounds_every_bit_pattern(spyre_target):
+    """A bfloat16 tensor copied to Spyre holds df16 of each value, then
+    bfloat16 (since branch spyre18s the upload rounds in 16-bit lanes): every
+    one of the 65536 bit patterns reads back as the reference's store, bit for
+    bit (NaN where the reference has NaN: df16 has one NaN/Inf code)."""
+    x = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    got = x.to("tpu").cpu()
+    want = store(x.float(), torch.bfloat16)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+
+
 def _ring_reference(x32, kind, dims, sched):
     """An op reducing the split rows (dim 0), in the order the device defines
     (docs/ktir.md, "Ring reductions"): each core reduces its rows tile by tile,

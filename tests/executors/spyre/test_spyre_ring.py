@@ -344,6 +344,40 @@ def test_softmax_bf16_normalizing_pass_by_reciprocal(spyre_target, shape):
     _check(got, (x - m).exp() / tot, torch.bfloat16)
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [(300, 16), (70, 33), (5, 33), (40, 8200), (257, 129), (1000, 300)],
+    ids=["300x16", "70x33", "5x33", "40x8200", "257x129", "1000x300"],
+)
+def test_softmax_bf16_normalizing_pass_in_paired_order(spyre_target, shape):
+    # Since branch spyre18s the normalizing pass reads bfloat16 rows in paired
+    # order (each 16 values as 8 even, then 8 odd ones) with m, s and 1/s of
+    # its period paired to match, and stores the quotients back in column
+    # order; values past the period's whole blocks (a 70x33 input's last 6
+    # rows, all of 5x33, 8 per row of 8200) stay in place and read their
+    # paired statistics. NaN, +-inf, all -inf, +-0, equal values and
+    # quotients under df16's zero limit (x24 columns) in even and odd columns,
+    # in whole blocks and in the values past them: 0 mismatches against df16
+    # of the ring reference.
+    rows, cols = shape
+    a = _inputs(torch.bfloat16, seed=79, shape=shape)
+    a[:, 1::7] *= 24.0
+    a[:, 2] = 0.75
+    a[11 % rows, 3] = float("nan")
+    a[rows // 2, 4] = float("inf")
+    a[:, 5] = float("-inf")
+    a[:, 6] = 0.0
+    a[::3, 6] = -0.0
+    a[:, 8] = -30.0
+    a[rows // 3, 8] = 30.0
+    a[rows - 1, cols - 1] = float("nan")
+    a[:, cols - 2] = float("-inf")
+    a[0, cols - 3] = float("inf")
+    a[:, cols - 4] = 0.5
+    got, x, m, tot = _softmax_and_reference(a)
+    _check(got, (x - m).exp() / tot, torch.bfloat16)
+
+
 def _pool_and_stats(probe_seed, pool_seed, blocks):
     """A 1000 x (blocks * 300) bfloat16 pool and its ring reference statistics under the
     schedule of a 1000x300 softmax (each column's statistics depend on its own rows only)."""
