@@ -1240,6 +1240,20 @@ void warn_arange_out_resize(const torch::jit::Stack& stack, size_t first, const 
   }
 }
 
+// True when the call resizes a non-empty out= argument to another shape. CPU
+// warns on every such call (resize_output's deprecation warning), so its
+// outcome is not cached: a cache hit would skip the meta kernel and its warning.
+bool resizes_nonempty_out(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
+                          const MetaOutcome& meta) {
+  for (const auto& w : meta.written) {
+    const size_t i = first + static_cast<size_t>(w.first);
+    if (!schema.arguments()[w.first].is_out() || i >= stack.size() || !stack[i].isTensor()) continue;
+    const at::Tensor& t = stack[i].toTensor();
+    if (t.numel() > 0 && !t.sizes().equals(w.second.sizes)) return true;
+  }
+  return false;
+}
+
 // The dtype of an op's first result (a written argument's for in-place and
 // out= ops), or Undefined when it has none.
 c10::ScalarType result_dtype(const c10::FunctionSchema& schema, const MetaOutcome& meta) {
@@ -1600,7 +1614,10 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       restride_resized_outs(op, *stack, first, meta_args, computed);
     }
     if (!inferred_on_cpu) correct_meta_outcome(schema, plan.traits, *stack, first, computed);  // CPU's are CPU's
-    if (!key.empty()) computed.id = meta_cache().insert(schema, key, computed, disk);
+    // A call whose inference warned is inferred again next time, so that it
+    // warns on every call as CPU does (a uint8 mask's deprecation, an out= resized).
+    const bool warns = !held.held.empty() || resizes_nonempty_out(schema, *stack, first, computed);
+    if (!key.empty() && !warns) computed.id = meta_cache().insert(schema, key, computed, disk);
     cached = &computed;
   }
   // Written lazy clones get their bytes now, after CPU's call-time checks (as
