@@ -296,6 +296,7 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
 void HostMemory::clear(size_t expected) {
   pending_writes_.clear();
   set_transient(0, nullptr, 0);
+  inputs_may_hold_errors_ = true;
   if (!resizable_) {
     constexpr size_t kMaxSpare = 256;  // a flush's device buffers, about
     map_.for_each([&](const DeferredStorage*, const Entry& e) {

@@ -57,6 +57,13 @@ class HostMemory {
     return transient_ != nullptr && s->index_stamp == stamp_ && static_cast<size_t>(s->index_number) < n_transient_ &&
            transient_[s->index_number] != 0;
   }
+  // Whether an input of the regions run with this memory may hold an earlier
+  // failure (DeferredStorage::error): when false, none does, and an executor
+  // need not look for one region by region (each input's storage read: a
+  // cache miss apiece between the kernels of a flush). jit::run_regions sets
+  // it per region from one check of the flush's storages; true otherwise.
+  void set_inputs_may_hold_errors(bool may) { inputs_may_hold_errors_ = may; }
+  bool inputs_may_hold_errors() const { return inputs_may_hold_errors_; }
   // Frees what every storage's value was held in, as destruction does, and
   // keeps the maps' room for another flush (jit::run_graph reuses one
   // HostMemory per thread); `expected`: storages the next use will bind.
@@ -109,6 +116,7 @@ class HostMemory {
   };
   // Open addressing (lazy/storage_map.h): no allocation per storage of the flush.
   StorageMap<Entry> map_;
+  bool inputs_may_hold_errors_ = true;
   const char* transient_ = nullptr;  // set_transient
   size_t n_transient_ = 0;
   uint64_t stamp_ = 0;

@@ -15,6 +15,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <c10/util/SmallVector.h>
+
 #include "executors/executor.h"
 #include "jit/disk_cache.h"
 #include "jit/dynamic_shapes.h"
@@ -266,6 +268,37 @@ void plan_transients(const std::vector<Node>& g, const FlushStorages& fs, FlushP
   plan.transient = std::move(made);
 }
 
+// Whether the inputs of a flush's next region may hold an earlier failure
+// (HostMemory::inputs_may_hold_errors): not when none of the flush's storages
+// held one at its start and no error was set on any storage since (a failed
+// region of this flush, a flush nested in its run). One pass over the
+// flush's storages, which its numbering has just read, instead of every
+// input's storage read again as each region starts. Sets it back to true at
+// the end of the flush.
+class FailedInputs {
+ public:
+  FailedInputs(const FlushStorages& fs, host::HostMemory& mem)
+      : mem_(mem), errors_set_(g_storage_errors_set.load(std::memory_order_relaxed)) {
+    for (const DeferredStorage* s : fs.storages)
+      if (s->error) {
+        clean_ = false;
+        break;
+      }
+  }
+  ~FailedInputs() { mem_.set_inputs_may_hold_errors(true); }
+  FailedInputs(const FailedInputs&) = delete;
+  FailedInputs& operator=(const FailedInputs&) = delete;
+  void before_region() {
+    clean_ = clean_ && g_storage_errors_set.load(std::memory_order_relaxed) == errors_set_;
+    mem_.set_inputs_may_hold_errors(!clean_);
+  }
+
+ private:
+  host::HostMemory& mem_;
+  const uint64_t errors_set_;
+  bool clean_ = true;
+};
+
 // Runs the regions of `plan` on this flush's graph. `building` (the plan
 // itself, on a flush-cache miss) gets each region's key, kernel and layout as
 // it is looked up or compiled; false in `*complete` when some region has no
@@ -288,6 +321,10 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
   last_active = &ex;
   std::exception_ptr first_error;
   std::vector<uint64_t> words;
+  FailedInputs failed_inputs(fs, mem);
+  // The regions' run times, given to the "region_run" timer at the end: its
+  // lock once per flush, not once per region.
+  c10::SmallVector<double, 64> run_seconds;
   for (size_t ri = 0; ri < plan.regions.size(); ++ri) {
     const Region& r = plan.regions[ri];
     uint64_t key;
@@ -359,9 +396,10 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
     if (!failed) {
       try {
         // Timed for metrics_report() ("region_run": two clock reads a region).
+        failed_inputs.before_region();
         const auto run_start = std::chrono::steady_clock::now();
         kernel->run_with_layout(r, g, mem, st, plan.layouts[ri]);
-        debug::time("region_run", std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count());
+        run_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count());
       } catch (...) {
         std::exception_ptr err = std::current_exception();
         if (!st.errors_marked) poison(g, r, st.failed_at, err);
@@ -396,6 +434,7 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
     m.output_copies += st.output_copies;
     m.plans_built += st.plans_built;
   }
+  debug::time_all("region_run", run_seconds.data(), run_seconds.size());
   return first_error;
 }
 

@@ -87,6 +87,13 @@ void time(const char* name, double seconds) {
   time_locked(s, name, seconds);
 }
 
+void time_all(const char* name, const double* seconds, size_t n) {
+  if (n == 0) return;
+  State& s = S();
+  std::lock_guard<SpinLock> lock(s.mu);
+  for (size_t i = 0; i < n; ++i) time_locked(s, name, seconds[i]);
+}
+
 void on_flush(FlushReason reason, size_t ops, const Metrics& delta, double seconds, SourceLocation where) {
   {
     State& s = S();

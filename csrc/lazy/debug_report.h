@@ -38,6 +38,8 @@ constexpr size_t kMaxSamples = 4096;
 // `name` must live as long as the process (a string literal): the timer is
 // remembered by its address.
 void time(const char* name, double seconds);
+// Adds `n` durations to the named timer under one lock (a flush's regions).
+void time_all(const char* name, const double* seconds, size_t n);
 std::vector<std::pair<std::string, TimerStats>> timers();
 
 // Counts one call of ATen op `op` (overload name) in `category` ("cpu_fallback",

@@ -31,6 +31,12 @@ bool error_was_seen(const std::exception_ptr& e);
 // Records that `e` reached the user.
 void note_error_seen(const std::exception_ptr& e);
 
+// How many times an error was set on any storage (DeferredStorage::set_error
+// with an error), process-wide: a flush that found none of its storages failed
+// at its start skips looking for failed inputs region by region while this
+// count stays the same (jit::run_regions).
+inline std::atomic<uint64_t> g_storage_errors_set{0};
+
 struct DeferredStorage : c10::intrusive_ptr_target {
   DeferredStorage(void* data, size_t nbytes, uint64_t id) : data(data), nbytes(nbytes), id(id) {}
   ~DeferredStorage() override;
@@ -84,6 +90,7 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   // must succeed as it would on CPU (the failed call raised there, once).
   bool error_seen = false;
   void set_error(std::exception_ptr e) {
+    if (e) g_storage_errors_set.fetch_add(1, std::memory_order_relaxed);
     error = std::move(e);
     error_seen = error != nullptr && error_was_seen(error);
   }

@@ -518,7 +518,7 @@ class TpuKernel final : public Kernel {
     TpuHooks hooks(chip_, prec);
     const CompiledRegion& c = info();
     using Mode = TpuPlan::Mode;
-    const Mode mode = reads_failed_input(region, graph) ? Mode::kOps : plan_.mode;
+    const Mode mode = mem.inputs_may_hold_errors() && reads_failed_input(region, graph) ? Mode::kOps : plan_.mode;
     switch (mode) {
       case Mode::kLoops: {
         // Each loop in its turn; one that does not plan or bind (a guard
