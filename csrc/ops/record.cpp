@@ -1297,6 +1297,8 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
   for (size_t i = 0; i < args.size() && i < 64; ++i) {
     c10::TypePtr t = args[i].real_type();
     if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
+    // A Scalar[] (a foreach op's per-tensor scalars, Adam's bias corrections) keys like a Scalar.
+    if (t->kind() == c10::TypeKind::ListType) t = t->castRaw<c10::ListType>()->getElementType();
     if (t->kind() == c10::TypeKind::NumberType) plan->scalar_args |= uint64_t(1) << i;
   }
   plan->cpp_meta = shadowed_cpp_meta_kernel(op);

@@ -271,3 +271,14 @@ def test_optimizer_foreach_steps_bit_equal_to_cpu(name, cpu_math):
             torch.nn.utils.clip_grad_norm_(ps, 0.5, foreach=True)
             opt.step()
         _assert_same([p.detach() for p in dev], [p.detach() for p in cpu])
+
+
+def test_scalar_list_values_do_not_rerun_inference():
+    """A Scalar[] keys the meta cache by type, as a Scalar does: Adam's bias corrections change
+    every step, and a new value must not run CPU's kernel on twins again (fails on the first
+    version of this change: every AdamW step re-inferred its ScalarList ops)."""
+    xs = _dev(_make(positive=True))
+    torch._foreach_div_(xs, [0.5, 0.6, 0.7, 0.8])
+    torch.tpu.synchronize()
+    ran = aten_ops_during(lambda: torch._foreach_div_(xs, [1.5, 1.6, 1.7, 1.8]))
+    assert ran == ["aten::_foreach_div_"], ran
