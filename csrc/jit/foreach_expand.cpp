@@ -151,8 +151,8 @@ void expand_node(const Node& n, std::vector<Node>& out) {
       TORCH_INTERNAL_ASSERT(slot >= 0, "foreach expansion: no slot for the written argument");
       m.returns.push_back(slot);
     } else {
-      TORCH_INTERNAL_ASSERT(n.outputs.size() == count, "foreach expansion: ", n.outputs.size(), " results for ",
-                            count, " tensors");
+      TORCH_INTERNAL_ASSERT(n.outputs.size() == count, "foreach expansion: ", n.outputs.size(), " results for ", count,
+                            " tensors");
       m.outputs.push_back(n.outputs[i]);
       m.returns.push_back(-1);
     }
