@@ -246,6 +246,44 @@ def composite_out_cpu_only(full, overload):
 COMPOSITE_RECORDED = {"logsumexp", "cummax", "cummin", "_foreach_norm.Scalar", "stack"}
 
 
+# Foreach ops recorded as one node over all their tensors and expanded by the flush into the
+# per-tensor ops CPU's kernel calls, in its order (jit/foreach_expand.cpp): the optimizers'
+# foreach paths (SGD, Adam, AdamW) and clip_grad_norm_'s scale. One node instead of one per
+# tensor saves the record path the dispatcher hops and meta key of every tensor's op; the
+# fused loops still see each tensor's elementwise chain. Shapes and call-time errors come
+# from CPU's foreach kernel on zero-filled twins (kInferOnCpu): it checks what CPU checks
+# (list lengths, in-place casts, a non-0-dim scalar tensor) and, when it raises, the call
+# runs CPU's kernel on the values, which writes the tensors before the failing one as CPU does.
+FOREACH_EXPANDED = {
+    "_foreach_mul_.Scalar",
+    "_foreach_mul_.ScalarList",
+    "_foreach_mul_.Tensor",
+    "_foreach_mul_.List",
+    "_foreach_add_.Scalar",
+    "_foreach_add_.ScalarList",
+    "_foreach_add_.List",
+    "_foreach_div_.Scalar",
+    "_foreach_div_.ScalarList",
+    "_foreach_div_.List",
+    "_foreach_lerp_.Scalar",
+    "_foreach_addcmul_.Scalar",
+    "_foreach_addcmul_.ScalarList",
+    "_foreach_addcdiv_.Scalar",
+    "_foreach_addcdiv_.ScalarList",
+    "_foreach_sqrt",
+}
+
+
+def foreach_expanded(full, overload):
+    """True for a FOREACH_EXPANDED overload whose only kernel is still CPU's slow
+    (CompositeExplicitAutograd) loop over its tensors."""
+    return (
+        overload in FOREACH_EXPANDED
+        and not C._dispatch_has_kernel_for_dispatch_key(full, "CPU")
+        and C._dispatch_has_kernel_for_dispatch_key(full, "CompositeExplicitAutograd")
+    )
+
+
 def composite_recorded(full, overload):
     """True for a COMPOSITE_RECORDED overload whose only kernel is still the
     CompositeExplicitAutograd one and which has the Meta kernel the record kernel needs."""
@@ -385,6 +423,7 @@ OP_TRAITS = [
     # decomposition. CPU's kernel on the twins gives CPU's errors and geometry.
     ("kInferOnCpu", {"_foreach_norm"}, lambda ov: ov == "Scalar"),
     ("kInferOnCpu", {"stack"}, _default),
+    ("kInferOnCpu", {o.split(".")[0] for o in FOREACH_EXPANDED}, lambda ov: True),
     # CPU's kernels with float32 and float64 loops (AT_DISPATCH_FLOATING_TYPES and wider): a
     # call of one of these dtypes (int64 indices aside) skips the dtype probe (ops/cpu_probe.h).
     # The ops of the training steps' first steps; out= forms keep the probe.
@@ -621,6 +660,8 @@ def traits_of(overload, kind, schema, cpp_meta_is_cpu):
         bits.append("kCheckNormalStd")
     if checks_values(overload):
         bits.append("kChecksValues")
+    if overload in FOREACH_EXPANDED:
+        bits.append("kExpandsPerTensor")
     return " | ".join(bits) or "0"
 
 
@@ -643,6 +684,7 @@ def main():
             or composite_pointwise(full, overload)
             or composite_out_cpu_only(full, overload)
             or composite_recorded(full, overload)
+            or foreach_expanded(full, overload)
         ):
             continue
         if overload in SPECIAL or EXCLUDE.search(overload):

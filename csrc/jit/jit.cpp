@@ -13,6 +13,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include <c10/util/SmallVector.h>
@@ -21,6 +22,7 @@
 #include "jit/disk_cache.h"
 #include "jit/dynamic_shapes.h"
 #include "jit/flush_cache.h"
+#include "jit/foreach_expand.h"
 #include "jit/kernel_trace.h"
 #include "jit/partition.h"
 #include "jit/region_disk_cache.h"
@@ -493,7 +495,11 @@ class ScratchLease {
 
 }  // namespace
 
-std::exception_ptr run_graph(std::vector<Node>& g, Metrics& m) {
+std::exception_ptr run_graph(std::vector<Node>& recorded, Metrics& m) {
+  // Foreach nodes become their per-tensor nodes first: everything below sees those.
+  std::optional<ExpandedGraph> expanded;
+  if (has_foreach_nodes(recorded)) expanded.emplace(recorded);
+  std::vector<Node>& g = expanded ? expanded->nodes : recorded;
   ScratchLease scratch;
   const FlushStorages& fs = scratch->fs;
   // The flush's structure, looked up in the flush cache (flush_cache.h); the

@@ -306,6 +306,9 @@ struct Node {
   // Its CPU kernel raises on the values it reads (the op table's kChecksValues):
   // it runs even when nothing reads its result (jit live_nodes).
   bool checks_values = false;
+  // A foreach op recorded whole (the op table's kExpandsPerTensor): the flush expands it into
+  // the per-tensor ops CPU's kernel calls before anything else sees the graph (jit/foreach_expand.h).
+  bool expands = false;
   // The interned id of the call's exact meta key (ops/record.cpp MetaCache):
   // the op, its argument metadata and structural values, from which every
   // field of this node but its storages, runtime scalar values and random

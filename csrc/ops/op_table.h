@@ -92,6 +92,11 @@ enum OpTrait : uint64_t {
   // zero runs CPU's kernel at the call; a divisor computed on the device is checked when the op
   // runs, which it then does even when nothing reads its result (Node::checks_values).
   kCheckIntegerDivisor = 1ull << 40,
+  // A foreach op recorded as one node over all its tensors (Node::expands); the flush expands it
+  // into the per-tensor ops CPU's kernel calls, in its order (jit/foreach_expand.h). Written
+  // tensors are checked for overlap with the other tensors of their own index only, as each
+  // per-tensor op checks its arguments. tools/gen_op_table.py FOREACH_EXPANDED.
+  kExpandsPerTensor = 1ull << 41,
 };
 
 struct OpEntry {

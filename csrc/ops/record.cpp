@@ -212,6 +212,49 @@ bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack&
   return false;
 }
 
+// writes_overlapping_memory for a foreach op that the flush expands per tensor
+// (kExpandsPerTensor): the tensors of each index, with the op's tensor (not list)
+// arguments, are checked as the per-tensor op at that index checks its own; tensors of
+// different indices meet in CPU's order in the expansion, as in CPU's loop. True too for
+// what CPU's loop must decide (run_eager then runs it): lists of different lengths, a
+// tensor that is not on the device (a host scalar, another device's tensor).
+bool foreach_writes_overlap(size_t nargs, uint64_t writes, torch::jit::Stack& stack, size_t first) {
+  c10::SmallVector<c10::IValue*, 4> lists;
+  c10::SmallVector<std::pair<int, c10::TensorImpl*>, 2> single;
+  for (size_t a = 0; a < nargs; ++a) {
+    c10::IValue& v = stack[first + a];
+    if (v.isTensor()) {
+      if (!is_tpu(v.toTensor())) return true;
+      single.emplace_back(static_cast<int>(a), v.toTensor().unsafeGetTensorImpl());
+    } else if (v.isList() && v.isTensorList()) {
+      lists.push_back(&v);
+    }
+  }
+  if (lists.empty()) return false;
+  const size_t n = lists[0]->toListRef().size();
+  for (const c10::IValue* l : lists)
+    if (l->toListRef().size() != n) return true;
+  c10::SmallVector<std::pair<int, c10::TensorImpl*>, 6> all;
+  for (size_t i = 0; i < n; ++i) {
+    all.assign(single.begin(), single.end());
+    for (const c10::IValue* l : lists) {
+      const at::Tensor& t = l->toListRef()[i].toTensor();
+      if (!is_tpu(t)) return true;  // CPU's loop decides (a scalar on the host, another device)
+      all.emplace_back(static_cast<int>(l - &stack[first]), t.unsafeGetTensorImpl());
+    }
+    for (const auto& [warg, w] : all) {
+      if (!((writes >> warg) & 1)) continue;
+      if (!w->is_non_overlapping_and_dense() && at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
+      for (const auto& [rarg, r] : all) {
+        if (r == w) continue;
+        const auto st = at::get_overlap_status(w, r);
+        if (st == at::MemOverlapStatus::Partial || st == at::MemOverlapStatus::Full) return true;
+      }
+    }
+  }
+  return false;
+}
+
 // Whether an in-place binary op's result type (CPU's type promotion of self
 // and other) cannot be cast to self's dtype.
 bool in_place_result_cannot_cast(const c10::IValue& self, const c10::IValue& other) {
@@ -1302,6 +1345,8 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
   for (size_t i = 0; i < args.size() && i < 64; ++i) {
     c10::TypePtr t = args[i].real_type();
     if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
+    // A Scalar[] (a foreach op's per-tensor scalars, Adam's bias corrections) keys like a Scalar.
+    if (t->kind() == c10::TypeKind::ListType) t = t->castRaw<c10::ListType>()->getElementType();
     if (t->kind() == c10::TypeKind::NumberType) plan->scalar_args |= uint64_t(1) << i;
   }
   plan->cpp_meta = shadowed_cpp_meta_kernel(op);
@@ -1459,7 +1504,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     plan.has_meta.store(true, std::memory_order_relaxed);
   DivisorCheck divisor = DivisorCheck::kNone;  // set by cpu_checks_at_call_time
   if (entry.kind == PrimKind::kSync || !plan.has_meta.load(std::memory_order_relaxed) ||
-      writes_overlapping_memory(nargs, plan.writes, *stack, first, entry.kind == PrimKind::kData) ||
+      ((plan.traits & kExpandsPerTensor)
+           ? foreach_writes_overlap(nargs, plan.writes, *stack, first)
+           : writes_overlapping_memory(nargs, plan.writes, *stack, first, entry.kind == PrimKind::kData)) ||
       reduces_empty_input(entry.kind, plan.writes, *stack, first, nargs) ||
       ((plan.traits & kReadsDeterministicMode) && at::globalContext().deterministicAlgorithms()) ||
       cpu_checks_at_call_time(plan, *stack, first, &divisor)) {
@@ -1677,6 +1724,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // runs even when nothing reads its result (a zero divisor raises on CPU whether or not it is).
   node.checks_values = (plan.traits & kChecksValues) != 0 || divisor == DivisorCheck::kDeferred;
   node.meta_id = meta.id;
+  node.expands = (plan.traits & kExpandsPerTensor) != 0;
   const uint64_t writes = plan.writes;
   // Tensor arguments are not copied: their slots are filled below.
   node.args.reserve(nargs);
@@ -1817,6 +1865,13 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // After adopt_geometry, written inputs snapshot the final geometry.
   node.where = current_location();
   if (borrowed) borrowed->release();
+  // A foreach op: CPU's per-tensor in-place ops bump each written tensor's version
+  // (ADInplaceOrView), once per element, where the foreach op's own kernels bump none.
+  if (node.expands && !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) {
+    for_each_written_tensor(writes, *stack, first, nargs, [](const at::Tensor& t) {
+      if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+    });
+  }
   torch::jit::drop(*stack, nargs);
   for (auto& r : results) stack->push_back(std::move(r));
   // Only matmul-class ops run at a float32 matmul precision (the MXU's passes).
@@ -1886,6 +1941,13 @@ class LazyCloneWrites {
 
 void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool random, bool fallback,
                const OpPlan* plan) {
+  // A foreach op recorded whole otherwise (kExpandsPerTensor): CPU's loop over its tensors,
+  // whose per-tensor ops record as any call does (or run here), raising where CPU raises
+  // after writing the tensors before, and bumping their versions as CPU's do.
+  if (plan != nullptr && (plan->traits & kExpandsPerTensor)) {
+    op.callBoxedForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd, *stack);
+    return;
+  }
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;

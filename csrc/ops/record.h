@@ -19,7 +19,7 @@ namespace tpu_eager {
 // walking the schema and comparing names on every call cost ~0.1 us an op.
 struct OpPlan {
   uint64_t writes = 0;        // bit i: argument i is written (schema alias info | OpEntry::extra_writes)
-  uint64_t scalar_args = 0;   // bit i: argument i is a Scalar (or Scalar?): keyed by type, not value
+  uint64_t scalar_args = 0;   // bit i: argument i is a Scalar (Scalar?, Scalar[]): keyed by type, not value
   bool float_values = false;  // range factories: Scalar values size the result, so key them by value
   uint64_t traits = 0;        // OpEntry::traits (OpTrait bits): per-op corrections and CPU call-time checks
   int alpha_arg = -1;         // position of an `alpha` argument (CPU's alpha_check), or -1

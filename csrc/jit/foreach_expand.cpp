@@ -1,0 +1,191 @@
+// Expansion of foreach nodes into per-tensor nodes (see foreach_expand.h).
+#include "jit/foreach_expand.h"
+
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "ops/op_table.h"
+
+namespace tpu_eager {
+namespace jit {
+namespace {
+
+// The per-tensor op of each foreach overload: the op CPU's foreach kernel (ATen's
+// ForeachOpsKernels.cpp, the slow path) reaches the device's record kernel with per tensor,
+// after the composite Scalar overloads it calls: `t.mul_(scalar)` is `mul.out(wrapped
+// scalar, t, out=t)` (scalar first: CPU's 16-bit result differs from `t * scalar`'s),
+// `t.add_(scalar)` is `add_.Tensor(t, wrapped scalar)`, `t.div_(scalar)` `div_.Tensor`.
+// `args`: per argument of the per-tensor op, the foreach argument it takes (its element i
+// for a list), or -1 for its default. The op table's kExpandsPerTensor rows name the
+// foreach overloads; an overload without a rule here fails the flush (an internal error).
+struct ForeachRule {
+  std::string_view foreach_name, foreach_overload, name, overload;
+  int8_t args[4];
+  int8_t nargs;
+};
+constexpr ForeachRule kForeachRules[] = {
+    {"_foreach_mul_", "Scalar", "mul", "out", {1, 0, 0}, 3},
+    {"_foreach_mul_", "ScalarList", "mul", "out", {1, 0, 0}, 3},
+    {"_foreach_mul_", "Tensor", "mul_", "Tensor", {0, 1}, 2},
+    {"_foreach_mul_", "List", "mul_", "Tensor", {0, 1}, 2},
+    {"_foreach_add_", "Scalar", "add_", "Tensor", {0, 1, -1}, 3},
+    {"_foreach_add_", "ScalarList", "add_", "Tensor", {0, 1, -1}, 3},
+    {"_foreach_add_", "List", "add_", "Tensor", {0, 1, 2}, 3},
+    {"_foreach_div_", "Scalar", "div_", "Tensor", {0, 1}, 2},
+    {"_foreach_div_", "ScalarList", "div_", "Tensor", {0, 1}, 2},
+    {"_foreach_div_", "List", "div_", "Tensor", {0, 1}, 2},
+    {"_foreach_lerp_", "Scalar", "lerp_", "Scalar", {0, 1, 2}, 3},
+    {"_foreach_addcmul_", "Scalar", "addcmul_", "", {0, 1, 2, 3}, 4},
+    {"_foreach_addcmul_", "ScalarList", "addcmul_", "", {0, 1, 2, 3}, 4},
+    {"_foreach_addcdiv_", "Scalar", "addcdiv_", "", {0, 1, 2, 3}, 4},
+    {"_foreach_addcdiv_", "ScalarList", "addcdiv_", "", {0, 1, 2, 3}, 4},
+    {"_foreach_sqrt", "", "sqrt", "", {0}, 1},
+};
+
+// What building a per-tensor node needs of its op.
+struct PerTensorOp {
+  const ForeachRule* rule = nullptr;
+  c10::OperatorHandle op;
+  PrimKind kind = PrimKind::kElementwise;
+  bool checks_values = false;
+  std::vector<char> tensor_arg;       // per argument: a Tensor
+  std::vector<char> written;          // per argument: the op writes it
+  std::vector<c10::IValue> defaults;  // per argument: its default value (None without one)
+  int aliased = -1;                   // the argument its return aliases; -1: a fresh result
+};
+
+PerTensorOp make_per_tensor_op(const ForeachRule& rule) {
+  const std::string qualified = "aten::" + std::string(rule.name);
+  const std::string overload(rule.overload);
+  auto handle = c10::Dispatcher::singleton().findSchema({qualified.c_str(), overload.c_str()});
+  TORCH_INTERNAL_ASSERT(handle.has_value(), "foreach expansion: no operator ", qualified, ".", overload);
+  PerTensorOp p{&rule, *handle};
+  const std::string full = std::string(rule.name) + (overload.empty() ? "" : ".") + overload;
+  for (const OpEntry& e : op_table()) {
+    if (full == e.name) {
+      p.kind = e.kind;
+      p.checks_values = (e.traits & kChecksValues) != 0;
+    }
+  }
+  const auto& schema = handle->schema();
+  TORCH_INTERNAL_ASSERT(schema.arguments().size() == static_cast<size_t>(rule.nargs), "foreach expansion: ", full,
+                        " takes ", schema.arguments().size(), " arguments");
+  for (const auto& a : schema.arguments()) {
+    p.tensor_arg.push_back(a.type()->kind() == c10::TypeKind::TensorType);
+    p.written.push_back(a.alias_info() != nullptr && a.alias_info()->isWrite());
+    p.defaults.push_back(a.default_value().has_value() ? *a.default_value() : c10::IValue());
+    if (p.written.back() && !schema.returns().empty() && schema.returns()[0].alias_info() != nullptr)
+      p.aliased = static_cast<int>(p.written.size()) - 1;
+  }
+  return p;
+}
+
+// The per-tensor op of a foreach operator (built once per operator).
+const PerTensorOp& per_tensor_op(const c10::OperatorHandle& op) {
+  static std::mutex mu;
+  static std::unordered_map<const c10::FunctionSchema*, PerTensorOp> table;
+  std::lock_guard<std::mutex> lock(mu);
+  const c10::FunctionSchema* key = &op.schema();
+  auto it = table.find(key);
+  if (it != table.end()) return it->second;
+  const std::string_view name(op.schema().name());
+  const std::string_view overload(op.schema().overload_name());
+  for (const ForeachRule& rule : kForeachRules)
+    if (name.size() == rule.foreach_name.size() + 6 && name.substr(6) == rule.foreach_name &&
+        overload == rule.foreach_overload)
+      return table.emplace(key, make_per_tensor_op(rule)).first->second;
+  TORCH_INTERNAL_ASSERT(false, "foreach expansion: no rule for ", name, ".", overload);
+}
+
+// Appends foreach node `n`'s per-tensor nodes to `out`.
+void expand_node(const Node& n, std::vector<Node>& out) {
+  const PerTensorOp& p = per_tensor_op(n.op);
+  const size_t count = n.args[0].toListRef().size();
+  // The input slot of each foreach argument at each index (-1: none, a host tensor's).
+  const size_t nfargs = n.args.size();
+  std::vector<int> slot_of(count * nfargs, -1);
+  for (size_t s = 0; s < n.inputs.size(); ++s) {
+    const InputSlot& in = n.inputs[s];
+    const auto a = static_cast<size_t>(in.arg);
+    if (in.elem >= 0) {
+      slot_of[static_cast<size_t>(in.elem) * nfargs + a] = static_cast<int>(s);
+    } else {
+      for (size_t i = 0; i < count; ++i) slot_of[i * nfargs + a] = static_cast<int>(s);
+    }
+  }
+  const size_t nargs = p.tensor_arg.size();
+  for (size_t i = 0; i < count; ++i) {
+    Node& m = out.emplace_back(p.op);
+    m.kind = static_cast<int>(p.kind);
+    m.checks_values = p.checks_values;
+    m.where = n.where;
+    m.seq = n.seq;
+    m.args.reserve(nargs);
+    for (size_t a = 0; a < nargs; ++a) {
+      const int f = p.rule->args[a];
+      if (f < 0) {
+        m.args.push_back(p.defaults[a]);
+        continue;
+      }
+      const c10::IValue& v = n.args[static_cast<size_t>(f)];
+      // A Tensor[] element (undefined when recorded), a Scalar[] element, or the argument itself.
+      const c10::IValue& e = v.isList() ? v.toListRef()[i] : v;
+      m.args.push_back(e);
+      const bool scalar = !e.isTensor() && !e.isNone();
+      if ((scalar && p.tensor_arg[a]) || is_wrapped_arg(n, static_cast<size_t>(f))) m.wrapped |= 1u << a;
+      const int s = slot_of[i * nfargs + static_cast<size_t>(f)];
+      if (s < 0 || !p.tensor_arg[a]) continue;
+      InputSlot& t = m.inputs.emplace_back();
+      t.arg = static_cast<int>(a);
+      t.ref = n.inputs[static_cast<size_t>(s)].ref;
+      t.written = p.written[a] != 0;
+    }
+    if (p.aliased >= 0) {
+      int slot = -1;
+      for (size_t s = 0; s < m.inputs.size(); ++s)
+        if (m.inputs[s].arg == p.aliased) slot = static_cast<int>(s);
+      TORCH_INTERNAL_ASSERT(slot >= 0, "foreach expansion: no slot for the written argument");
+      m.returns.push_back(slot);
+    } else {
+      TORCH_INTERNAL_ASSERT(n.outputs.size() == count, "foreach expansion: ", n.outputs.size(), " results for ", count,
+                            " tensors");
+      m.outputs.push_back(n.outputs[i]);
+      m.returns.push_back(-1);
+    }
+    m.list_lens.push_back(0);  // one per return, as the record kernel writes them
+  }
+}
+
+}  // namespace
+
+bool has_foreach_nodes(const std::vector<Node>& g) {
+  for (const Node& n : g)
+    if (n.expands) return true;
+  return false;
+}
+
+ExpandedGraph::ExpandedGraph(std::vector<Node>& g) : g_(g) {
+  size_t total = 0;
+  for (const Node& n : g) total += n.expands ? n.args[0].toListRef().size() : 1;
+  nodes.reserve(total);
+  moved_.reserve(g.size());
+  for (size_t k = 0; k < g.size(); ++k) {
+    if (g[k].expands) {
+      expand_node(g[k], nodes);
+    } else {
+      moved_.emplace_back(k, nodes.size());
+      nodes.push_back(std::move(g[k]));
+    }
+  }
+}
+
+ExpandedGraph::~ExpandedGraph() {
+  for (const auto& [from, to] : moved_) g_[from] = std::move(nodes[to]);
+}
+
+}  // namespace jit
+}  // namespace tpu_eager

@@ -1,0 +1,41 @@
+// Foreach ops recorded as one node (Node::expands), expanded per tensor at the flush.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "lazy/queue.h"
+
+namespace tpu_eager {
+namespace jit {
+
+// Whether any node of `g` is a foreach node to expand.
+bool has_foreach_nodes(const std::vector<Node>& g);
+
+// The graph of `g` with each foreach node (Node::expands: the op table's kExpandsPerTensor
+// rows, `_foreach_mul_.Scalar`, AdamW's `_foreach_addcdiv_.ScalarList`, ...) replaced by the
+// per-tensor ops CPU's foreach kernel calls, in its order: for tensor i, the op of the
+// foreach rule over element i of each Tensor[] and Scalar[] argument, the op's other
+// arguments as they are, and the per-tensor op's defaults for arguments the foreach op
+// lacks (`add_`'s alpha). A Scalar where the per-tensor op takes a Tensor is a wrapped
+// number (Node::wrapped), as CPU's `t.mul_(scalar)` makes it. The nodes are those the record
+// kernel makes for the per-tensor calls (without a meta-key id), so partition fuses each
+// tensor's elementwise chain as it fuses them recorded one by one. `g`'s other nodes are
+// moved into `nodes` (no copy) and moved back when this is destroyed: the queue's
+// bookkeeping after the flush (pending uses, errors) is over the recorded nodes.
+class ExpandedGraph {
+ public:
+  explicit ExpandedGraph(std::vector<Node>& g);
+  ~ExpandedGraph();
+  ExpandedGraph(const ExpandedGraph&) = delete;
+  ExpandedGraph& operator=(const ExpandedGraph&) = delete;
+  std::vector<Node> nodes;
+
+ private:
+  std::vector<Node>& g_;
+  std::vector<std::pair<size_t, size_t>> moved_;  // (index in g, index in nodes)
+};
+
+}  // namespace jit
+}  // namespace tpu_eager
