@@ -79,7 +79,7 @@ c10::Storage scratch_storage(size_t nbytes) {
 at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
   auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                     c10::scalarTypeToTypeMeta(r.dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides, r.offset);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes(), r.strides(), r.offset);
   return t;
 }
 
@@ -99,7 +99,7 @@ bool same_dims(c10::IntArrayRef a, const Dims& b) {
 // elements of the storage. False (kept unchanged) otherwise.
 bool reuse_kept(at::Tensor& kept, const c10::Storage& storage, const TensorRef& r, int64_t storage_numel = -1) {
   if (!kept.defined() || kept.use_count() != 1 || kept.scalar_type() != r.dtype || kept.storage_offset() != r.offset ||
-      !same_dims(kept.sizes(), r.sizes) || !same_dims(kept.strides(), r.strides) || kept.is_conj() || kept.is_neg())
+      !same_dims(kept.sizes(), r.sizes()) || !same_dims(kept.strides(), r.strides()) || kept.is_conj() || kept.is_neg())
     return false;
   if (storage_numel >= 0 && (r.offset < 0 || r.offset + kept.numel() > storage_numel)) return false;
   kept.unsafeGetTensorImpl()->set_storage_keep_dtype(storage);
@@ -222,8 +222,7 @@ at::Tensor HostMemory::flat(const TensorRef& r) {
   c10::Storage st = storage_for(r.storage.get());
   TensorRef f;
   f.dtype = r.dtype;
-  f.sizes = {static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype))};
-  f.strides = {1};
+  f.set_dims({static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype))}, {1});
   return view_over(st, f);
 }
 
@@ -246,7 +245,7 @@ at::Tensor with_bits(at::Tensor t, const TensorRef& r) {
 // so it is the strided view too; decomposing it cost ~8 allocations an operand.
 bool plain_in_bounds(const TensorRef& r, int64_t storage_numel) {
   if (r.offset < 0 || r.offset + r.numel() > storage_numel) return false;
-  return r.is_dense() || (r.numel() > 0 && dense_in_some_order(r.sizes, r.strides));
+  return r.is_dense() || (r.numel() > 0 && dense_in_some_order(r.sizes(), r.strides()));
 }
 }  // namespace
 
@@ -265,11 +264,11 @@ at::Tensor HostMemory::tensor(const TensorRef& r, bool strided_gather, at::Tenso
     if (keep) return *kept = view_over(st, r);
     return with_bits(view_over(st, r), r);
   }
-  const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
+  const views::ViewChain chain = views::decompose(numel, r.sizes(), r.strides(), r.offset);
   // A chain of slices, reshapes, permutes and broadcasts aliases the storage:
   // on the host that is exactly the strided view, built in one step.
   if (!chain.padded && (!chain.gather || strided_gather)) return with_bits(view_over(st, r), r);
-  return with_bits(views::apply(flat(r), chain, r.sizes, r.strides, r.offset), r);
+  return with_bits(views::apply(flat(r), chain, r.sizes(), r.strides(), r.offset), r);
 }
 
 at::Tensor HostMemory::written_tensor(const TensorRef& r) {
@@ -277,14 +276,14 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
   c10::Storage st = storage_for(r.storage.get());
   const int64_t numel = static_cast<int64_t>(st.nbytes() / c10::elementSize(r.dtype));
   if (plain_in_bounds(r, numel)) return with_bits(view_over(st, r), r);
-  const views::ViewChain chain = views::decompose(numel, r.sizes, r.strides, r.offset);
+  const views::ViewChain chain = views::decompose(numel, r.sizes(), r.strides(), r.offset);
   if (!chain.padded && !chain.gather) return with_bits(view_over(st, r), r);
   // Elements that share memory: the op's CPU kernel writes the strided view
   // itself, element by element in memory order as on CPU (a gathered copy
   // scattered back would let stale copies overwrite new values).
-  if (chain.gather && views::overlaps_itself(r.sizes, r.strides)) return with_bits(view_over(st, r), r);
+  if (chain.gather && views::overlaps_itself(r.sizes(), r.strides())) return with_bits(view_over(st, r), r);
   at::Tensor f = flat(r);
-  at::Tensor v = views::apply(f, chain, r.sizes, r.strides, r.offset);
+  at::Tensor v = views::apply(f, chain, r.sizes(), r.strides(), r.offset);
   {
     // The op writes a copy; finish_writes() scatters it back through the inverse chain.
     v = v.contiguous();
@@ -310,7 +309,8 @@ void HostMemory::clear(size_t expected) {
 }
 
 void HostMemory::finish_writes() {
-  for (auto& w : pending_writes_) views::scatter(w.flat, w.chain, w.ref.sizes, w.ref.strides, w.ref.offset, w.value);
+  for (auto& w : pending_writes_)
+    views::scatter(w.flat, w.chain, w.ref.sizes(), w.ref.strides(), w.ref.offset, w.value);
   pending_writes_.clear();
 }
 
@@ -411,7 +411,8 @@ void build_stack(const Node& n, HostMemory& mem, torch::jit::Stack& stack, at::T
   // out=v)) must see the same memory as on CPU, not a gathered copy.
   c10::SmallVector<const DeferredStorage*, 2> overlapped;
   for (const auto& in : n.inputs)
-    if (in.written && views::overlaps_itself(in.ref.sizes, in.ref.strides)) overlapped.push_back(in.ref.storage.get());
+    if (in.written && views::overlaps_itself(in.ref.sizes(), in.ref.strides()))
+      overlapped.push_back(in.ref.storage.get());
   auto in_place = [&](const TensorRef& r) {
     return std::find(overlapped.begin(), overlapped.end(), r.storage.get()) != overlapped.end();
   };
@@ -449,10 +450,10 @@ void call_custom(const Node& n, HostKernel& kernel, torch::jit::Stack& stack) {
   auto check = [&](const at::Tensor& t, size_t k) {
     TORCH_CHECK(j < n.outputs.size(), "tpu: the kernel of ", name, " returned more tensors than its fake impl");
     const TensorRef& ref = n.outputs[j++];
-    TORCH_CHECK(t.defined() && t.sizes().equals(ref.sizes) && t.scalar_type() == ref.dtype, "tpu: the kernel of ", name,
-                " returned ", (t.defined() ? c10::toString(t.scalar_type()) : "None"), " ",
+    TORCH_CHECK(t.defined() && t.sizes().equals(ref.sizes()) && t.scalar_type() == ref.dtype, "tpu: the kernel of ",
+                name, " returned ", (t.defined() ? c10::toString(t.scalar_type()) : "None"), " ",
                 (t.defined() ? t.sizes() : c10::IntArrayRef()), " for result ", k, " where its fake impl gave ",
-                c10::toString(ref.dtype), " ", c10::IntArrayRef(ref.sizes));
+                c10::toString(ref.dtype), " ", c10::IntArrayRef(ref.sizes()));
   };
   for (size_t k = 0; k < n.returns.size() && k < stack.size(); ++k) {
     if (n.returns[k] == -1) check(stack[k].isTensor() ? stack[k].toTensor() : at::Tensor(), k);

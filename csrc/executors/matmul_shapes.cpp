@@ -22,32 +22,32 @@ bool gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c10::S
     ta = a->dtype;
     tb = b->dtype;
   }
-  auto dims_ok = [](const TensorRef* r, size_t rank) { return r && r->sizes.size() == rank; };
+  auto dims_ok = [](const TensorRef* r, size_t rank) { return r && r->sizes().size() == rank; };
   switch (l.mxu) {
     case MxuOp::kMm:
     case MxuOp::kAddmm:
       if (!dims_ok(a, 2) || !dims_ok(b, 2)) return false;
-      out.push_back({1, double(a->sizes[0]), double(a->sizes[1]), double(b->sizes[1])});
+      out.push_back({1, double(a->sizes()[0]), double(a->sizes()[1]), double(b->sizes()[1])});
       return true;
     case MxuOp::kBmm:
     case MxuOp::kBaddbmm:
     case MxuOp::kAddbmm:
       if (!dims_ok(a, 3) || !dims_ok(b, 3)) return false;
-      out.push_back({double(a->sizes[0]), double(a->sizes[1]), double(a->sizes[2]), double(b->sizes[2])});
+      out.push_back({double(a->sizes()[0]), double(a->sizes()[1]), double(a->sizes()[2]), double(b->sizes()[2])});
       return true;
     case MxuOp::kMv:
     case MxuOp::kAddmv:
       if (!dims_ok(a, 2) || !dims_ok(b, 1)) return false;
-      out.push_back({1, double(a->sizes[0]), double(a->sizes[1]), 1});
+      out.push_back({1, double(a->sizes()[0]), double(a->sizes()[1]), 1});
       return true;
     case MxuOp::kDot:
     case MxuOp::kVdot:
       if (!dims_ok(a, 1) || !dims_ok(b, 1)) return false;
-      out.push_back({1, 1, double(a->sizes[0]), 1});
+      out.push_back({1, 1, double(a->sizes()[0]), 1});
       return true;
     case MxuOp::kAddr:  // outer product: K = 1
       if (!dims_ok(a, 1) || !dims_ok(b, 1)) return false;
-      out.push_back({1, double(a->sizes[0]), 1, double(b->sizes[0])});
+      out.push_back({1, double(a->sizes()[0]), 1, double(b->sizes()[0])});
       return true;
     default:
       return false;
@@ -64,7 +64,7 @@ bool gemm_operand_args(const Node& n, int& a, int& b) {
 
 namespace {
 
-double spatial(const std::vector<int64_t>& sizes) {  // product of the dims after (batch, channels)
+double spatial(c10::IntArrayRef sizes) {  // product of the dims after (batch, channels)
   double p = 1;
   for (size_t i = 2; i < sizes.size(); ++i) p *= static_cast<double>(sizes[i]);
   return p;
@@ -85,7 +85,7 @@ bool conv_gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c
   const size_t transposed_arg = forward ? 6 : 7, groups_arg = forward ? 8 : 9;
   const TensorRef* x = arg_ref(n, in_arg);
   const TensorRef* w = arg_ref(n, w_arg);
-  if (!x || !w || x->sizes.size() < 3 || w->sizes.size() != x->sizes.size() || n.args.size() <= groups_arg)
+  if (!x || !w || x->sizes().size() < 3 || w->sizes().size() != x->sizes().size() || n.args.size() <= groups_arg)
     return false;
   const bool transposed = n.args[transposed_arg].isBool() && n.args[transposed_arg].toBool();
   const double groups = n.args[groups_arg].isInt() ? static_cast<double>(n.args[groups_arg].toInt()) : 1.0;
@@ -96,16 +96,16 @@ bool conv_gemms_of(const Node& n, std::vector<Gemm>& out, c10::ScalarType& ta, c
   } else {
     y = arg_ref(n, 0);
   }
-  if (!y || y->sizes.size() != x->sizes.size()) return false;
+  if (!y || y->sizes().size() != x->sizes().size()) return false;
   ta = x->dtype;
   tb = w->dtype;
-  const double batch = static_cast<double>(x->sizes[0]);
-  const double cin = static_cast<double>(x->sizes[1]), cout = static_cast<double>(y->sizes[1]);
-  const double kernel = spatial(w->sizes);
+  const double batch = static_cast<double>(x->sizes()[0]);
+  const double cin = static_cast<double>(x->sizes()[1]), cout = static_cast<double>(y->sizes()[1]);
+  const double kernel = spatial(w->sizes());
   // A transposed convolution is the input gradient of a direct one with x and y swapped.
-  const double pos_src = batch * spatial(transposed ? x->sizes : y->sizes);  // direct conv: output positions
-  const double c_src = transposed ? cout : cin;                              // channels of the direct conv's input
-  const double c_dst = transposed ? cin : cout;                              // channels of the direct conv's output
+  const double pos_src = batch * spatial(transposed ? x->sizes() : y->sizes());  // direct conv: output positions
+  const double c_src = transposed ? cout : cin;                                  // channels of the direct conv's input
+  const double c_dst = transposed ? cin : cout;                                  // channels of the direct conv's output
   if (forward) {
     if (transposed)
       out.push_back({1, pos_src, c_dst / groups, c_src * kernel});

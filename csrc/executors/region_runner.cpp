@@ -55,10 +55,10 @@ bool view_less(const TensorRef* a, const TensorRef* b) {
   if (a->storage.get() != b->storage.get()) return a->storage.get() < b->storage.get();
   if (a->offset != b->offset) return a->offset < b->offset;
   if (a->dtype != b->dtype) return a->dtype < b->dtype;
-  if (a->sizes.size() != b->sizes.size()) return a->sizes.size() < b->sizes.size();
-  for (size_t d = 0; d < a->sizes.size(); ++d) {
-    if (a->sizes[d] != b->sizes[d]) return a->sizes[d] < b->sizes[d];
-    if (a->strides[d] != b->strides[d]) return a->strides[d] < b->strides[d];
+  if (a->sizes().size() != b->sizes().size()) return a->sizes().size() < b->sizes().size();
+  for (size_t d = 0; d < a->sizes().size(); ++d) {
+    if (a->sizes()[d] != b->sizes()[d]) return a->sizes()[d] < b->sizes()[d];
+    if (a->strides()[d] != b->strides()[d]) return a->strides()[d] < b->strides()[d];
   }
   return false;
 }
@@ -138,8 +138,8 @@ void bind_output(const Node& n, const TensorRef& ref, const at::Tensor& result, 
   // flush's regions (transient), else its device memory (the device is
   // simulated in host memory; HostMemory::adopt_output).
   if (materialize && result.scalar_type() == ref.dtype && result.storage_offset() == 0 && ref.offset == 0 &&
-      result.sizes().equals(ref.sizes) && result.strides().equals(ref.strides) && ref.covers_storage() && !ref.conj &&
-      !ref.neg && !result.is_conj() && !result.is_neg() && result.storage().nbytes() >= s->nbytes &&
+      result.sizes().equals(ref.sizes()) && result.strides().equals(ref.strides()) && ref.covers_storage() &&
+      !ref.conj && !ref.neg && !result.is_conj() && !result.is_neg() && result.storage().nbytes() >= s->nbytes &&
       result.storage().use_count() == 1 && result.device().is_cpu() && !result._is_zerotensor() &&
       mem.adopt_output(s, result.storage()))
     return;
@@ -149,17 +149,17 @@ void bind_output(const Node& n, const TensorRef& ref, const at::Tensor& result, 
     // Store through the inverse of the output's view chain.
     TensorRef flat_ref;
     flat_ref.dtype = ref.dtype;
-    flat_ref.sizes = {static_cast<int64_t>(s->nbytes / c10::elementSize(ref.dtype))};
-    flat_ref.strides = {1};
+    flat_ref.set_dims({static_cast<int64_t>(s->nbytes / c10::elementSize(ref.dtype))}, {1});
     at::Tensor flat = view_over(mem.device_buffer(s), flat_ref);
-    views::scatter(flat, views::decompose(flat.numel(), ref.sizes, ref.strides, ref.offset), ref.sizes, ref.strides,
-                   ref.offset, result);
+    views::scatter(flat, views::decompose(flat.numel(), ref.sizes(), ref.strides(), ref.offset), ref.sizes(),
+                   ref.strides(), ref.offset, result);
     s->error = nullptr;
     return;
   }
   // A temporary: keep the CPU result's storage when it has the recorded layout.
-  if (result.scalar_type() == ref.dtype && result.storage_offset() == ref.offset && result.sizes().equals(ref.sizes) &&
-      result.strides().equals(ref.strides) && result.storage().nbytes() >= s->nbytes) {
+  if (result.scalar_type() == ref.dtype && result.storage_offset() == ref.offset &&
+      result.sizes().equals(ref.sizes()) && result.strides().equals(ref.strides()) &&
+      result.storage().nbytes() >= s->nbytes) {
     mem.bind_temp(s, result.storage());
     return;
   }

@@ -64,12 +64,12 @@ uint64_t pow2_bucket(int64_t n) {
 // d's dim 0 at dim 1); m.dim when no dim or several have it (a step slice
 // changes the stride). -1 when r's rank is not the marked tensor's.
 int64_t view_dim(const Range& m, const TensorRef& r) {
-  const auto nd = static_cast<int64_t>(r.sizes.size());
+  const auto nd = static_cast<int64_t>(r.sizes().size());
   if (m.ndim != nd) return -1;
-  if (static_cast<int64_t>(r.strides.size()) != nd || r.strides[m.dim] == m.stride) return m.dim;
+  if (static_cast<int64_t>(r.strides().size()) != nd || r.strides()[m.dim] == m.stride) return m.dim;
   int64_t found = -1;
   for (int64_t j = 0; j < nd; ++j) {
-    if (r.strides[j] != m.stride || r.sizes[j] <= 1) continue;
+    if (r.strides()[j] != m.stride || r.sizes()[j] <= 1) continue;
     if (found >= 0) return m.dim;
     found = j;
   }
@@ -120,15 +120,15 @@ std::pair<int64_t, int64_t> equal_part(const Range& m, int64_t size, int64_t sta
 // several pairs fit. base % (a * b) == 0 is the divisibility guard: a size
 // that does not divide is no split.
 ViewMark split_mark(const Range& m, const TensorRef& r) {
-  const auto nd = static_cast<int64_t>(r.sizes.size());
+  const auto nd = static_cast<int64_t>(r.sizes().size());
   const int64_t start = start_along(m, r);
   ViewMark found;
   for (int64_t i = 0; i < nd; ++i) {
-    const int64_t b = r.sizes[i];
-    if (b <= 1 || r.strides[i] != m.stride) continue;
+    const int64_t b = r.sizes()[i];
+    if (b <= 1 || r.strides()[i] != m.stride) continue;
     for (int64_t o = 0; o < nd; ++o) {
-      const int64_t a = r.sizes[o];
-      if (o == i || a < 2 || std::min(a, b) > 255 || r.strides[o] != b * m.stride || m.base % (a * b) != 0) continue;
+      const int64_t a = r.sizes()[o];
+      if (o == i || a < 2 || std::min(a, b) > 255 || r.strides()[o] != b * m.stride || m.base % (a * b) != 0) continue;
       const auto [part, index] = a * b == m.base ? std::pair<int64_t, int64_t>{1, 0} : equal_part(m, a * b, start);
       if (a * b != m.base && part == 1) continue;
       if (found.dim >= 0) return {};
@@ -139,18 +139,18 @@ ViewMark split_mark(const Range& m, const TensorRef& r) {
 }
 
 ViewMark view_mark(const Range& m, const TensorRef& r) {
-  const auto nd = static_cast<int64_t>(r.sizes.size());
+  const auto nd = static_cast<int64_t>(r.sizes().size());
   if (m.ndim == nd) {
     ViewMark v{view_dim(m, r), 1};
-    if (v.dim >= 0 && r.strides.size() == r.sizes.size() && r.strides[v.dim] == m.stride)
-      std::tie(v.part, v.index) = equal_part(m, r.sizes[v.dim], start_along(m, r));
+    if (v.dim >= 0 && r.strides().size() == r.sizes().size() && r.strides()[v.dim] == m.stride)
+      std::tie(v.part, v.index) = equal_part(m, r.sizes()[v.dim], start_along(m, r));
     return v;
   }
-  if (static_cast<int64_t>(r.strides.size()) != nd || m.base <= 1 || m.stride <= 0) return {};
+  if (static_cast<int64_t>(r.strides().size()) != nd || m.base <= 1 || m.stride <= 0) return {};
   if (const ViewMark split = split_mark(m, r); split.dim >= 0) return split;
   ViewMark found;
   for (int64_t j = 0; j < nd; ++j) {
-    const int64_t n = r.sizes[j], st = r.strides[j];
+    const int64_t n = r.sizes()[j], st = r.strides()[j];
     if (n <= 1 || st <= 0 || st > m.stride || m.stride % st != 0) continue;
     const int64_t k = n % m.base == 0 ? n / m.base : 0;
     ViewMark here;
@@ -231,18 +231,18 @@ int64_t saturate_mul(int64_t k, int64_t a) {  // k > 0
 // some dim is exact). Empty when none does.
 std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks) {
   std::vector<Range> out;
-  const auto nd = static_cast<int64_t>(r.sizes.size());
-  if (static_cast<int64_t>(r.strides.size()) != nd) return out;
+  const auto nd = static_cast<int64_t>(r.sizes().size());
+  if (static_cast<int64_t>(r.strides().size()) != nd) return out;
   // A dim equal to a marked size is that size's dim (an elementwise
   // result's): the others' nearness is then chance (the 3 columns of a
   // (6, 3) result), so they carry only exact multiples.
   bool exact = false;
   for (int64_t d = 0; d < nd; ++d) {
-    const Follow f = follows(r.sizes[d], marks.sizes);
+    const Follow f = follows(r.sizes()[d], marks.sizes);
     exact |= f.i >= 0 && f.j < 0 && f.c == 0 && f.k == 1;
   }
   for (int64_t d = 0; d < nd; ++d) {
-    const int64_t n = r.sizes[d];
+    const int64_t n = r.sizes()[d];
     const Follow f = follows(n, marks.sizes);
     if (f.i < 0 || (exact && f.c != 0)) continue;
     const auto [lo, hi] = marks.ranges[static_cast<size_t>(f.i)];
@@ -253,7 +253,7 @@ std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks) {
       const auto [lo2, hi2] = marks.ranges[static_cast<size_t>(f.j)];
       lower = saturate_add(lo, lo2), upper = saturate_add(hi, hi2), key = upper;
     }
-    out.push_back(Range{nd, d, lower, upper, n, r.strides[d], true, key});
+    out.push_back(Range{nd, d, lower, upper, n, r.strides()[d], true, key});
   }
   return out;
 }
@@ -281,7 +281,7 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
 
 SizeBuckets size_buckets(const TensorRef& r) {
   SizeBuckets out;
-  for (auto s : r.sizes) out.push_back(pow2_bucket(s));
+  for (auto s : r.sizes()) out.push_back(pow2_bucket(s));
   if (!any_dynamic_marks()) return out;
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_ranges.empty()) return out;
@@ -290,7 +290,7 @@ SizeBuckets size_buckets(const TensorRef& r) {
   for (const Range& m : it->second) {
     const ViewMark v = view_mark(m, r);
     if (v.dim < 0) continue;
-    const int64_t n = r.sizes[v.dim];
+    const int64_t n = r.sizes()[v.dim];
     if (in_range(m, v, n)) {
       // One bucket for the range, distinct from every power of two (both
       // parts of a split).
@@ -313,7 +313,7 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
   for (const Range& m : it->second) {
     const ViewMark v = view_mark(m, r);
     if (v.dim < 0) continue;
-    const int64_t n = r.sizes[v.dim];
+    const int64_t n = r.sizes()[v.dim];
     if (!in_range(m, v, n)) continue;
     out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale, v.divisor, v.part, v.index});
     if (v.pair >= 0) out.push_back(DynamicDim{v.pair, v.divisor, m.base, m.lower, m.upper, 1, n, v.part, v.index});
@@ -351,7 +351,7 @@ SizeBuckets size_buckets(const TensorRef& r, const RegionMarks& marks) {
     if (g_ranges.count(s->id)) return out;  // a marked storage keeps its own marks
   }
   for (size_t d = 0; d < out.size(); ++d)
-    if (const uint64_t w = follow_word(r.sizes[d], marks.sizes)) out[d] = w;
+    if (const uint64_t w = follow_word(r.sizes()[d], marks.sizes)) out[d] = w;
   return out;
 }
 

@@ -185,12 +185,12 @@ namespace {
 // The words of a tensor reference at `p`: its storage number, dtype, conj /
 // neg bits, `flags`, rank, offset, sizes and strides. Returns the end.
 inline uint64_t* write_ref(uint64_t* __restrict p, const TensorRef& r, int32_t number, uint64_t flags) {
-  const size_t rank = r.sizes.size();
+  const size_t rank = r.dim();
   p[0] = static_cast<uint64_t>(static_cast<uint32_t>(number)) | static_cast<uint64_t>(r.dtype) << 32 |
          uint64_t{r.conj} << 40 | uint64_t{r.neg} << 41 | flags << 42 | uint64_t{rank} << 56;
   p[1] = static_cast<uint64_t>(r.offset);
-  const int64_t* sizes = r.sizes.data();
-  const int64_t* strides = r.strides.data();
+  const int64_t* sizes = r.sizes().data();
+  const int64_t* strides = r.strides().data();
   for (size_t d = 0; d < rank; ++d) {  // ranks are small: no memcpy call
     p[2 + d] = static_cast<uint64_t>(sizes[d]);
     p[2 + rank + d] = static_cast<uint64_t>(strides[d]);
@@ -201,8 +201,8 @@ inline uint64_t* write_ref(uint64_t* __restrict p, const TensorRef& r, int32_t n
 // The words node `n` writes before its arguments of rare kinds, at most.
 size_t node_bound(const Node& n) {
   size_t bound = 3 + n.returns.size() + n.list_lens.size() + 2 * n.args.size();
-  for (const auto& in : n.inputs) bound += 3 + 2 * in.ref.sizes.size();
-  for (const auto& o : n.outputs) bound += 2 + 2 * o.sizes.size();
+  for (const auto& in : n.inputs) bound += 3 + 2 * in.ref.dim();
+  for (const auto& o : n.outputs) bound += 2 + 2 * o.dim();
   return bound;
 }
 
@@ -252,24 +252,25 @@ void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* ke
       w.n = static_cast<size_t>(p - w.buf.data());
       continue;
     }
-    // Room for the node's words with its references at up to Dims::kInline
+    // Room for the node's words with its references at up to TensorRef::kInline
     // dims each (a loop over the references for their ranks first was ~0.4 K
     // instructions of a 16-op flush); a reference of more dims makes room
     // for the whole node (node_bound) before its words.
     const size_t nrefs = node.inputs.size() + node.outputs.size();
-    w.room(3 + node.returns.size() + node.list_lens.size() + 2 * node.args.size() + (3 + 2 * Dims::kInline) * nrefs);
+    w.room(3 + node.returns.size() + node.list_lens.size() + 2 * node.args.size() +
+           (3 + 2 * TensorRef::kInline) * nrefs);
     uint64_t* p = w.buf.data() + w.n;
     *p++ = reinterpret_cast<uintptr_t>(&node.op.schema());
     *p++ = static_cast<uint64_t>(node.kind) | uint64_t{node.rng} << 8 | uint64_t{node.inputs.size()} << 16 |
            uint64_t{node.outputs.size()} << 32 | uint64_t{node.args.size()} << 48;
     for (const auto& in : node.inputs) {
-      if (C10_UNLIKELY(in.ref.sizes.size() > Dims::kInline)) p = make_room(w, p, node_bound(node));
+      if (C10_UNLIKELY(in.ref.dim() > TensorRef::kInline)) p = make_room(w, p, node_bound(node));
       p = write_ref(p, in.ref, number_storage(fs, in.ref.storage.get(), stamp, numbers++), uint64_t{in.written});
       *p++ = static_cast<uint64_t>(static_cast<uint32_t>(in.arg)) |
              static_cast<uint64_t>(static_cast<uint32_t>(in.elem + 1)) << 32;
     }
     for (const auto& o : node.outputs) {
-      if (C10_UNLIKELY(o.sizes.size() > Dims::kInline)) p = make_room(w, p, node_bound(node));
+      if (C10_UNLIKELY(o.dim() > TensorRef::kInline)) p = make_room(w, p, node_bound(node));
       p = write_ref(p, o, number_storage(fs, o.storage.get(), stamp, numbers++), 0);
     }
     *p++ = static_cast<uint64_t>(node.returns.size()) | static_cast<uint64_t>(node.list_lens.size()) << 32;

@@ -165,8 +165,8 @@ void trace_region(const CompiledRegion& c, const std::vector<Node>& g, const Reg
     const auto& schema = n.op.schema();
     rec.ops.push_back(op_short_name(schema) + (schema.overload_name().empty() ? "" : "." + schema.overload_name()));
     std::vector<std::vector<int64_t>> in, out;
-    for (const auto& slot : n.inputs) in.push_back(slot.ref.sizes);
-    for (const auto& o : n.outputs) out.push_back(o.sizes);
+    for (const auto& slot : n.inputs) in.push_back(slot.ref.sizes().vec());
+    for (const auto& o : n.outputs) out.push_back(o.sizes().vec());
     rec.shapes.push_back(std::move(in));
     rec.output_shapes.push_back(std::move(out));
   }
@@ -201,8 +201,8 @@ void note_compile(const std::vector<Node>& g, const Region& r, const std::string
       mix(structure, static_cast<uint64_t>(in.arg) * 131 + static_cast<uint64_t>(in.elem + 1));
       mix(structure, local);
       mix(structure, static_cast<uint64_t>(in.ref.dtype));
-      mix(structure, in.ref.sizes.size());
-      for (auto st : in.ref.strides) mix(structure, st == 0 ? 0 : st == 1 ? 1 : 2);
+      mix(structure, in.ref.dim());
+      for (auto st : in.ref.strides()) mix(structure, st == 0 ? 0 : st == 1 ? 1 : 2);
       mix(structure, in.written);
       if (!local)
         for (auto b : size_buckets(in.ref, marks)) dims.push_back(b);

@@ -74,23 +74,23 @@ void mix_ivalue(KeyBuilder& h, const c10::IValue& v) {
 }
 
 // The shape an op iterates over: its first fresh output, else its first written argument.
-const Dims* iteration_shape(const Node& n) {
-  if (!n.outputs.empty()) return &n.outputs[0].sizes;
+c10::OptionalIntArrayRef iteration_shape(const Node& n) {
+  if (!n.outputs.empty()) return n.outputs[0].sizes();
   for (const auto& in : n.inputs)
-    if (in.written) return &in.ref.sizes;
-  return nullptr;
+    if (in.written) return in.ref.sizes();
+  return std::nullopt;
 }
 
 }  // namespace
 
 // (partition.h)
-const Dims* loop_shape(const Node& n) {
+c10::OptionalIntArrayRef loop_shape(const Node& n) {
   // nll_loss_backward iterates over its gradient (its first input is the loss's gradient, 0-dim or per row).
-  if (lowering_of(n.op).loss == LossRow::kNllLossBackward && !n.outputs.empty()) return &n.outputs[0].sizes;
-  if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction && !n.inputs.empty()) return &n.inputs[0].ref.sizes;
+  if (lowering_of(n.op).loss == LossRow::kNllLossBackward && !n.outputs.empty()) return n.outputs[0].sizes();
+  if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction && !n.inputs.empty()) return n.inputs[0].ref.sizes();
   if (lowering_of(n.op).concat) {  // cat: over its inputs' shape (Lowering::concat)
     for (const auto& in : n.inputs)
-      if (!(in.ref.sizes.size() == 1 && in.ref.sizes[0] == 0)) return &in.ref.sizes;
+      if (!(in.ref.dim() == 1 && in.ref.sizes()[0] == 0)) return in.ref.sizes();
   }
   return iteration_shape(n);
 }
@@ -104,9 +104,9 @@ namespace {
 // one shape written in different layouts (q * cos keeping a transposed q's
 // layout, a product of the row-major rotate_half) run in different loops.
 bool loop_key(const Node& n, Dims* key) {
-  const Dims* s = loop_shape(n);
+  const c10::OptionalIntArrayRef s = loop_shape(n);
   if (!s) return false;
-  *key = *s;
+  key->set(*s);
   if (static_cast<PrimKind>(n.kind) == PrimKind::kReduction || lowering_of(n.op).concat) return true;
   const TensorRef* it = n.outputs.empty() ? nullptr : &n.outputs[0];
   for (const auto& in : n.inputs)
@@ -114,7 +114,7 @@ bool loop_key(const Node& n, Dims* key) {
   if (!it || (it->offset == 0 && it->is_dense())) return true;
   key->push_back(-1);
   key->push_back(it->offset);
-  for (size_t d = 0; d < it->strides.size(); ++d) key->push_back(it->sizes[d] == 1 ? 0 : it->strides[d]);
+  for (size_t d = 0; d < it->dim(); ++d) key->push_back(it->sizes()[d] == 1 ? 0 : it->strides()[d]);
   return true;
 }
 
@@ -200,7 +200,7 @@ struct Loops {
             continue;
           }
         }
-        if (!in.written && t->maker >= 0 && !t->inplace && !in.ref.sizes.empty()) {
+        if (!in.written && t->maker >= 0 && !t->inplace && in.ref.dim() != 0) {
           reads->push_back(find(t->maker));
           continue;
         }
@@ -325,7 +325,7 @@ bool residual_gradient_add(const Region& r, const Node& c, const Node& n, OpFusi
     return false;
   bool reads_dx = false;
   for (const auto& in : n.inputs) {
-    if (in.elem >= 0 || in.ref.sizes != c.outputs[0].sizes) return false;
+    if (in.elem >= 0 || in.ref.sizes() != c.outputs[0].sizes()) return false;
     reads_dx = reads_dx || in.ref.storage == c.outputs[0].storage;
   }
   return reads_dx;
@@ -361,8 +361,8 @@ bool epilogue_layer_norm(const Region& r, const Growing& s, const Node& n, OpFus
   if (!one_shape || r.anchor != PrimKind::kMatmul || r.nodes.size() < 2 || f != OpFusion::kEndsLoop ||
       lowering_of(n.op).row != RowReduce::kLayerNorm)
     return false;
-  const auto* shape = iteration_shape(n);
-  return shape && *shape == s.anchor_shape;
+  const c10::OptionalIntArrayRef shape = iteration_shape(n);
+  return shape && *shape == c10::IntArrayRef(s.anchor_shape);
 }
 
 bool fusible_into(const std::vector<Node>& g, const Region& r, const Growing& s, const Node& n, OpFusion f,
@@ -379,8 +379,8 @@ bool fusible_into(const std::vector<Node>& g, const Region& r, const Growing& s,
   if (row_value_consumer(r, s, n, f, one_shape) || epilogue_layer_norm(r, s, n, f, one_shape)) return true;
   const bool anchored = r.anchor == PrimKind::kReduction || r.anchor == PrimKind::kMatmul;
   if (k == PrimKind::kElementwise) {
-    const auto* shape = iteration_shape(n);
-    bool epilogue = shape && *shape == s.anchor_shape;  // iterates over the anchor's output
+    const c10::OptionalIntArrayRef shape = iteration_shape(n);
+    bool epilogue = shape && *shape == c10::IntArrayRef(s.anchor_shape);  // iterates over the anchor's output
     if (shape && !epilogue && one_shape && r.anchor == PrimKind::kMatmul && r.nodes.size() == 1)
       epilogue = c10::multiply_integers(*shape) == c10::multiply_integers(s.anchor_shape);
     // The MXU kernel's epilogue: the elementwise ops over its product the target fuses.
@@ -519,8 +519,8 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       reads.clear();
       Region r;
       Growing s;
-      const auto* shape = iteration_shape(n);
-      s.anchor_shape = shape ? *shape : Dims{};
+      const c10::OptionalIntArrayRef shape = iteration_shape(n);
+      s.anchor_shape = shape ? Dims(*shape) : Dims{};
       if (k == PrimKind::kLibrary || f == OpFusion::kOpByOp) {
         r.anchor = PrimKind::kLibrary;
         s.by_ops = k != PrimKind::kLibrary;  // a library op runs alone
@@ -532,8 +532,8 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
       target = static_cast<int>(regions.size()) - 1;
     } else if (k == PrimKind::kReduction && !growing[target].by_ops && regions[target].anchor != PrimKind::kMatmul) {
       regions[target].anchor = k;
-      const auto* shape = iteration_shape(n);
-      growing[target].anchor_shape = shape ? *shape : Dims{};
+      const c10::OptionalIntArrayRef shape = iteration_shape(n);
+      growing[target].anchor_shape = shape ? Dims(*shape) : Dims{};
     }
     if (closes_region(f, one_shape) || loss_row(n, f, one_shape) || norm_backward_row(n, f, one_shape)) {
       growing[target].closed = true;
@@ -541,7 +541,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
     }
     if (f == OpFusion::kRowValue && one_shape) growing[target].row_values = true;
     if (regions[target].anchor == PrimKind::kMatmul && regions[target].nodes.size() == 1 && iteration_shape(n))
-      growing[target].anchor_shape = *iteration_shape(n);  // the epilogue's shape (a reshape of the product)
+      growing[target].anchor_shape = Dims(*iteration_shape(n));  // the epilogue's shape (a reshape of the product)
     if (one_shape) {
       // The op's loop: the groups it joins merged, or a new one.
       int grp = -1;
@@ -748,12 +748,12 @@ uint64_t region_key(const std::vector<Node>& g, const Region& r, bool stable, st
       const int* made = local.find(in.ref.storage.get());
       mix(h, made ? static_cast<uint64_t>(*made) : ~0ULL);
       mix(h, static_cast<uint64_t>(in.ref.dtype));
-      mix(h, in.ref.sizes.size());
+      mix(h, in.ref.dim());
       // A value made inside the region has sizes that follow from the region's
       // inputs: only the inputs' sizes (bucketed) are part of the key.
       if (!made)
         for (auto b : size_buckets(in.ref, marks)) mix(h, b);
-      for (auto s : in.ref.strides) mix(h, s == 0 ? 0 : s == 1 ? 1 : 2);
+      for (auto s : in.ref.strides()) mix(h, s == 0 ? 0 : s == 1 ? 1 : 2);
       mix(h, in.written);
     }
     for (size_t a = 0; a < n.args.size(); ++a) {
@@ -790,9 +790,11 @@ std::vector<int64_t> layout_signature(const Region& region, const std::vector<No
     sig.push_back(ordinal.get_or(r.storage.get(), before));
     sig.push_back(static_cast<int64_t>(r.dtype) | (int64_t{r.conj} << 8) | (int64_t{r.neg} << 9));
     sig.push_back(r.offset);
-    sig.push_back(static_cast<int64_t>(r.sizes.size()));
-    sig.insert(sig.end(), r.sizes.begin(), r.sizes.end());
-    sig.insert(sig.end(), r.strides.begin(), r.strides.end());
+    sig.push_back(static_cast<int64_t>(r.dim()));
+    const c10::IntArrayRef sizes = r.sizes();
+    const c10::IntArrayRef strides = r.strides();
+    sig.insert(sig.end(), sizes.begin(), sizes.end());
+    sig.insert(sig.end(), strides.begin(), strides.end());
   };
   for (int i : region.nodes) {
     const Node& n = graph[i];

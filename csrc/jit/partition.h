@@ -45,7 +45,7 @@ constexpr size_t kMaxRegionOps = 256;
 // The shape a fused loop running `n` iterates over: a reduction's input (the
 // rows it reduces), cat's first non-empty input (Lowering::concat), else its
 // first fresh output or first written argument; null when it has none.
-const Dims* loop_shape(const Node& n);
+c10::OptionalIntArrayRef loop_shape(const Node& n);
 
 }  // namespace jit
 }  // namespace tpu_eager

@@ -75,7 +75,7 @@ std::string check_anchor(const std::vector<Node>& g, const Region& r) {
 }
 
 // The shape a loop running `n` iterates over (partition's).
-const Dims* loop_shape_of(const Node& n) { return loop_shape(n); }
+c10::OptionalIntArrayRef loop_shape_of(const Node& n) { return loop_shape(n); }
 
 // Region::loop of `r` and the matmul epilogue's shape; "" when consistent:
 // loop ids 0 .. L-1 each used, each loop over one shape, a reduction the
@@ -87,10 +87,10 @@ std::string check_loops(const std::vector<Node>& g, const Region& r) {
   if (r.anchor == PrimKind::kMatmul) {
     // Every epilogue op over one shape: the product's, or (a one-shape-loop
     // target) a reshape of it with as many elements.
-    const Dims* product = loop_shape_of(g[r.nodes[0]]);
-    const Dims* first = r.nodes.size() > 1 ? loop_shape_of(g[r.nodes[1]]) : nullptr;
+    const c10::OptionalIntArrayRef product = loop_shape_of(g[r.nodes[0]]);
+    const c10::OptionalIntArrayRef first = r.nodes.size() > 1 ? loop_shape_of(g[r.nodes[1]]) : std::nullopt;
     for (size_t p = 1; p < r.nodes.size(); ++p) {
-      const Dims* s = loop_shape_of(g[r.nodes[p]]);
+      const c10::OptionalIntArrayRef s = loop_shape_of(g[r.nodes[p]]);
       if (!product || !s || *s != *first || c10::multiply_integers(*s) != c10::multiply_integers(*product))
         return "a matmul epilogue op does not iterate over the product's shape";
     }
@@ -100,12 +100,12 @@ std::string check_loops(const std::vector<Node>& g, const Region& r) {
   if (r.anchor != PrimKind::kElementwise && r.anchor != PrimKind::kReduction)
     return "loops in a region that is not fused";
   const int count = *std::max_element(r.loop.begin(), r.loop.end()) + 1;
-  std::vector<const Dims*> shape(count, nullptr);
+  std::vector<c10::OptionalIntArrayRef> shape(count);
   std::vector<int> last(count, -1);  // per loop: its last position so far
   for (size_t p = 0; p < r.nodes.size(); ++p) {
     const int l = r.loop[p];
     if (l < 0) return "a negative loop id";
-    const Dims* s = loop_shape_of(g[r.nodes[p]]);
+    const c10::OptionalIntArrayRef s = loop_shape_of(g[r.nodes[p]]);
     if (last[l] < 0) shape[l] = s;
     if (!s || !shape[l] || *s != *shape[l]) return "loop " + std::to_string(l) + " iterates over two shapes";
     // (cross-entropy's second op follows the first in its row loop: partition.cpp, cross_entropy_pair;
@@ -145,7 +145,7 @@ std::string check_loops(const std::vector<Node>& g, const Region& r) {
       if (w && *w != l)
         return "loop " + std::to_string(l) + " touches a storage loop " + std::to_string(*w) + " writes in place";
       if (!m || m->first == l) continue;
-      if (in.written || w || in.ref.sizes.empty() || m->first > l || !r.materialize[m->second.first][m->second.second])
+      if (in.written || w || in.ref.dim() == 0 || m->first > l || !r.materialize[m->second.first][m->second.second])
         return "loop " + std::to_string(l) + " reads a value of loop " + std::to_string(m->first) +
                " that is not an earlier loop's stored fresh output";
     }

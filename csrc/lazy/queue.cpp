@@ -162,16 +162,75 @@ void Metrics::add(const Metrics& d) {
   disk_cache_writes += d.disk_cache_writes;
 }
 
+TensorRef::TensorRef(const TensorRef& o)
+    : storage(o.storage), offset(o.offset), dtype(o.dtype), conj(o.conj), neg(o.neg) {
+  set_dims(o.sizes(), o.strides());
+}
+
+TensorRef& TensorRef::operator=(const TensorRef& o) {
+  if (this != &o) {
+    storage = o.storage;
+    offset = o.offset;
+    set_dims(o.sizes(), o.strides());
+    dtype = o.dtype;
+    conj = o.conj;
+    neg = o.neg;
+  }
+  return *this;
+}
+
+TensorRef& TensorRef::operator=(TensorRef&& o) noexcept {
+  if (this != &o) {
+    release();
+    storage = std::move(o.storage);
+    offset = o.offset;
+    dims_ = o.dims_;
+    rank_ = o.rank_;
+    o.rank_ = 0;
+    dtype = o.dtype;
+    conj = o.conj;
+    neg = o.neg;
+  }
+  return *this;
+}
+
+void TensorRef::set_rank(size_t n) {
+  if (n == rank_) return;
+  release();
+  if (n > kInline) {
+    auto* p = static_cast<int64_t*>(std::malloc(2 * n * sizeof(int64_t)));
+    if (p == nullptr) {
+      rank_ = 0;
+      throw std::bad_alloc();
+    }
+    dims_.heap = p;
+  }
+  rank_ = static_cast<uint32_t>(n);
+}
+
+void TensorRef::set_dims(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  TORCH_INTERNAL_ASSERT(sizes.size() == strides.size(), "tpu: a tensor reference's sizes and strides differ in rank");
+  set_rank(sizes.size());
+  int64_t* sz = mutable_sizes();
+  int64_t* st = mutable_strides();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    sz[i] = sizes[i];
+    st[i] = strides[i];
+  }
+}
+
 int64_t TensorRef::numel() const {
   int64_t n = 1;
-  for (auto s : sizes) n *= s;
+  for (auto s : sizes()) n *= s;
   return n;
 }
 bool TensorRef::is_dense() const {
+  const int64_t* sz = sizes().data();
+  const int64_t* st = strides().data();
   int64_t expected = 1;
-  for (size_t d = sizes.size(); d-- > 0;) {
-    if (sizes[d] != 1 && strides[d] != expected) return false;
-    expected *= sizes[d];
+  for (size_t d = rank_; d-- > 0;) {
+    if (sz[d] != 1 && st[d] != expected) return false;
+    expected *= sz[d];
   }
   return true;
 }
@@ -180,7 +239,7 @@ int64_t TensorRef::nbytes() const { return numel() * static_cast<int64_t>(c10::e
 
 bool TensorRef::covers_storage() const {
   if (offset != 0 || static_cast<size_t>(nbytes()) != storage->nbytes) return false;
-  return dense_in_some_order(sizes, strides);
+  return dense_in_some_order(sizes(), strides());
 }
 
 namespace {
@@ -201,8 +260,7 @@ void make_ref(const at::Tensor& t, TensorRef& r) {
   const DeviceBytes bytes = device_bytes_of(t.storage());
   r.storage = StoragePtr::reclaim_copy(bytes.storage);
   r.dtype = t.scalar_type();
-  r.sizes.set(t.sizes());
-  r.strides.set(t.strides());
+  r.set_dims(t.sizes(), t.strides());
   r.offset = t.storage_offset();
   if (C10_UNLIKELY(bytes.byte_offset != 0)) r.offset += alias_element_offset(bytes, t);
   r.conj = t.is_conj();

@@ -93,14 +93,13 @@ struct InlineVec : c10::SmallVector<T, N> {
   }
 };
 
-// Sizes or strides of a recorded tensor, held inline up to 4 dims: recording
-// an op builds one TensorRef per tensor, and two heap vectors each were ~10%
-// of the record path. Four, not more, and a 4-byte count in place of a small
-// vector's pointer and capacity (40 bytes, not 48): every recorded op writes a
-// Node into memory the queue has not touched recently, so its bytes are the
-// record path's cache misses. More than 4 dims live on the heap (the union's
+// A list of dims (a loop's shape, a key's sizes, a plan's strides), held
+// inline up to 4: the jit and executor stages build many of them per plan.
+// Four, not more, and a 4-byte count in place of a small vector's pointer and
+// capacity (40 bytes, not 48). More than 4 dims live on the heap (the union's
 // pointer); the dims are inline exactly when size() <= kInline.
-// Converts to std::vector and IntArrayRef for the stages that keep them.
+// Converts to std::vector and IntArrayRef, and from IntArrayRef (a
+// TensorRef's sizes() and strides()), for the stages that keep them.
 class Dims {
  public:
   static constexpr size_t kInline = 4;
@@ -117,7 +116,7 @@ class Dims {
     std::copy(first, last, data());
   }
   Dims(size_t n, int64_t v) { assign(n, v); }
-  explicit Dims(c10::IntArrayRef v) { set(v); }
+  Dims(c10::IntArrayRef v) { set(v); }             // NOLINT: implicit (a TensorRef's sizes() and strides())
   Dims(const std::vector<int64_t>& v) { set(v); }  // NOLINT: implicit
   Dims(const Dims& o) { set(o); }
   // A move copies the inline words whole, or takes the heap buffer; `o` is left empty.
@@ -205,6 +204,11 @@ class Dims {
     return a.size_ == b.size_ && std::equal(a.begin(), a.end(), b.begin());
   }
   friend bool operator!=(const Dims& a, const Dims& b) { return !(a == b); }
+  // Against a TensorRef's sizes() or strides(), without a copy into Dims.
+  friend bool operator==(const Dims& a, c10::IntArrayRef b) { return c10::IntArrayRef(a).equals(b); }
+  friend bool operator==(c10::IntArrayRef a, const Dims& b) { return a.equals(c10::IntArrayRef(b)); }
+  friend bool operator!=(const Dims& a, c10::IntArrayRef b) { return !(a == b); }
+  friend bool operator!=(c10::IntArrayRef a, const Dims& b) { return !(a == b); }
   friend bool operator<(const Dims& a, const Dims& b) {
     return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
   }
@@ -244,20 +248,68 @@ class Dims {
 // Snapshot of a tensor's view of a deferred storage at record time:
 // (storage, dtype, sizes, strides, storage offset). Later metadata changes of
 // the tensor (resize_, set_, t_) do not affect a recorded op.
-// The one-byte fields last: no padding between them (104 bytes).
+// Sizes and strides share one array under one rank: up to 4 dims inline
+// (sizes in the first four words, strides in the last four), more on the heap
+// (sizes then strides). Every recorded op writes its Node into memory the
+// queue has not touched recently, so its bytes are the record path's cache
+// misses: one array is 88 bytes a reference, two `Dims` were 104.
+// The 4-byte rank and the one-byte fields last: no padding between them.
 struct TensorRef {
+  static constexpr size_t kInline = 4;
+
+  TensorRef() = default;
+  TensorRef(const TensorRef& o);
+  // A move copies the inline words whole, or takes the heap array; `o` is left rank 0.
+  TensorRef(TensorRef&& o) noexcept
+      : storage(std::move(o.storage)),
+        offset(o.offset),
+        dims_(o.dims_),
+        rank_(o.rank_),
+        dtype(o.dtype),
+        conj(o.conj),
+        neg(o.neg) {
+    o.rank_ = 0;
+  }
+  TensorRef& operator=(const TensorRef& o);
+  TensorRef& operator=(TensorRef&& o) noexcept;
+  ~TensorRef() { release(); }
+
   StoragePtr storage;
-  Dims sizes;
-  Dims strides;
   int64_t offset = 0;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  bool conj = false;  // conjugate / negative view bits of the tensor
-  bool neg = false;
+
+  size_t dim() const { return rank_; }
+  c10::IntArrayRef sizes() const { return {dims(), rank_}; }
+  c10::IntArrayRef strides() const { return {dims() + stride_at(), rank_}; }
+  int64_t* mutable_sizes() { return dims(); }
+  int64_t* mutable_strides() { return dims() + stride_at(); }
+  // Replaces sizes and strides (of one length; they may not alias this reference's).
+  void set_dims(c10::IntArrayRef sizes, c10::IntArrayRef strides);
+  // Makes the rank `n`; the dims are unset.
+  void set_rank(size_t n);
 
   int64_t numel() const;
   int64_t nbytes() const;       // numel * itemsize
   bool is_dense() const;        // row-major contiguous strides (size-1 dims may have any stride)
   bool covers_storage() const;  // every byte of its storage once, from offset 0, in some order of its dims
+
+ private:
+  bool heap() const { return rank_ > kInline; }
+  size_t stride_at() const { return heap() ? rank_ : kInline; }
+  int64_t* dims() { return heap() ? dims_.heap : dims_.in; }
+  const int64_t* dims() const { return heap() ? dims_.heap : dims_.in; }
+  void release() {
+    if (heap()) std::free(dims_.heap);
+  }
+  union U {
+    int64_t in[2 * kInline];
+    int64_t* heap;
+  } dims_{};
+  uint32_t rank_ = 0;
+
+ public:
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  bool conj = false;  // conjugate / negative view bits of the tensor
+  bool neg = false;
 };
 TensorRef make_ref(const at::Tensor& t);
 // The same into `r` (a node's slot, built in place: a returned TensorRef
@@ -265,11 +317,12 @@ TensorRef make_ref(const at::Tensor& t);
 void make_ref(const at::Tensor& t, TensorRef& r);
 
 // A tensor argument of a recorded op: where it sits in the argument list.
+// The small fields first, in one word (96 bytes, not 104).
 struct InputSlot {
-  int arg = 0;    // index into Node::args
-  int elem = -1;  // index inside a Tensor[] / Tensor?[] argument, -1 otherwise
-  TensorRef ref;
+  int32_t elem = -1;     // index inside a Tensor[] / Tensor?[] argument, -1 otherwise
+  int16_t arg = 0;       // index into Node::args (a schema has fewer than 2^15 arguments)
   bool written = false;  // the op writes it (in-place, out=, or a documented side effect)
+  TensorRef ref;
 };
 
 // Where an op was recorded: an id into the Python binding's table of
@@ -321,7 +374,8 @@ struct Node {
 };
 
 // Every recorded op writes one Node: its size is the record path's memory traffic.
-static_assert(sizeof(TensorRef) <= 104 && sizeof(Node) <= 560, "a Node grew: keep it small (see Dims)");
+static_assert(sizeof(TensorRef) <= 88 && sizeof(InputSlot) <= 96 && sizeof(Node) <= 496,
+              "a Node grew: keep it small (see TensorRef)");
 
 // Whether args[i] of `n` is a wrapped number kept as a Scalar (Node::wrapped).
 inline bool is_wrapped_arg(const Node& n, size_t i) { return i < 32 && ((n.wrapped >> i) & 1u) != 0; }

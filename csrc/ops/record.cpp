@@ -1763,7 +1763,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       return;
     }
     InputSlot& in = node.inputs.emplace_back();  // built in place: no move of its dims
-    in.arg = arg;
+    in.arg = static_cast<int16_t>(arg);
     in.elem = elem;
     in.written = (writes >> arg) & 1;
     make_ref(t, in.ref);

@@ -15,7 +15,7 @@ namespace {
 int64_t round_up(int64_t x, int64_t m) { return m <= 1 ? x : (x + m - 1) / m * m; }
 
 double stick_elements(const TensorRef& r, const CardParams& card) {
-  return static_cast<double>(stick_bytes(r.sizes, r.dtype, card) / device_itemsize(r.dtype));
+  return static_cast<double>(stick_bytes(r.sizes(), r.dtype, card) / device_itemsize(r.dtype));
 }
 
 std::mutex g_mu;

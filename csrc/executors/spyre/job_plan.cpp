@@ -52,7 +52,7 @@ void job_plan_add_region(const std::string& kernel, const RegionLayout& L, const
     a.symbol = "%arg" + std::to_string(st.plan.args.size());
     a.dtype = device_dtype_name(r.dtype);
     a.numel = static_cast<int64_t>(s->nbytes / std::max<size_t>(1, c10::elementSize(r.dtype)));
-    a.sizes = r.sizes;
+    a.sizes = r.sizes().vec();
     a.stick_elems = stick_elems(r.dtype, card);
     a.sticks = (a.numel + a.stick_elems - 1) / a.stick_elems;
     a.bytes = a.sticks * stick;

@@ -639,8 +639,8 @@ KtirProgram ktir_build(const CompiledRegion& compiled, const Region& region, con
     kv.dtype = v.ref->dtype;
     kv.arg = v.lx ? -1 : arg_of.at(v.ref->storage.get());
     kv.offset = v.ref->offset;
-    kv.sizes = v.ref->sizes;
-    kv.strides = v.ref->strides;
+    kv.sizes = v.ref->sizes().vec();
+    kv.strides = v.ref->strides().vec();
     p.views.push_back(kv);
     KtirTile t;
     t.view = static_cast<int>(p.tiles.size());

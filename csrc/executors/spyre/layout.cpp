@@ -15,7 +15,7 @@ bool reduces_all_but_dim(const std::string& base) { return base == "renorm" || b
 namespace {
 
 RegionLayout::Key key_of(const TensorRef& r) {
-  return {r.storage.get(), r.offset, r.sizes, r.strides, static_cast<int>(r.dtype)};
+  return {r.storage.get(), r.offset, r.sizes().vec(), r.strides().vec(), static_cast<int>(r.dtype)};
 }
 
 // Dims of its first input that reduction `n` reduces; empty when it does not
@@ -24,7 +24,7 @@ RegionLayout::Key key_of(const TensorRef& r) {
 std::set<int64_t> reduced_dims(const Node& n) {
   std::set<int64_t> dims;
   if (n.inputs.empty()) return dims;
-  const int64_t rank = static_cast<int64_t>(n.inputs[0].ref.sizes.size());
+  const int64_t rank = static_cast<int64_t>(n.inputs[0].ref.sizes().size());
   auto all = [&] {
     for (int64_t d = 0; d < rank; ++d) dims.insert(d);
   };
@@ -57,7 +57,7 @@ std::set<int64_t> reduced_dims(const Node& n) {
       return dims;
     }
   // No dim argument: a full reduction when the result has rank 0.
-  if (!n.outputs.empty() && n.outputs[0].sizes.empty()) all();
+  if (!n.outputs.empty() && n.outputs[0].sizes().empty()) all();
   return dims;
 }
 
@@ -107,31 +107,31 @@ RegionLayout region_layout(const Region& region, const std::vector<Node>& graph,
   }
 
   // The grid.
-  const Dims* anchor = nullptr;
+  c10::OptionalIntArrayRef anchor;
   for (auto it = region.nodes.rbegin(); it != region.nodes.rend(); ++it) {
     const Node& n = graph[*it];
     if (static_cast<PrimKind>(n.kind) != PrimKind::kReduction || n.inputs.empty()) continue;
     const TensorRef& in = n.inputs[0].ref;
     const std::set<int64_t> dims = reduced_dims(n);
-    if (!in.sizes.empty() && in.sizes[0] > 1 && dims.count(0)) {
-      anchor = &in.sizes;
+    if (!in.sizes().empty() && in.sizes()[0] > 1 && dims.count(0)) {
+      anchor = in.sizes();
       L.ring_reduce = true;
-      L.partial_sizes = in.sizes;
+      L.partial_sizes = in.sizes().vec();
       for (int64_t d : dims)
-        if (d >= 0 && d < static_cast<int64_t>(in.sizes.size())) L.partial_sizes[d] = 1;
+        if (d >= 0 && d < static_cast<int64_t>(in.sizes().size())) L.partial_sizes[d] = 1;
       L.partial_dtype = n.outputs.empty() ? in.dtype : n.outputs[0].dtype;
     }
     break;  // only the last reduction anchors the grid
   }
   const Node& last_node = graph[region.nodes.back()];
-  if (!anchor && !last_node.outputs.empty()) anchor = &last_node.outputs[0].sizes;
+  if (!anchor && !last_node.outputs.empty()) anchor = last_node.outputs[0].sizes();
   for (const auto& in : last_node.inputs)
-    if (!anchor && in.written) anchor = &in.ref.sizes;
+    if (!anchor && in.written) anchor = in.ref.sizes();
   L.rows = anchor && !anchor->empty() ? (*anchor)[0] : 0;
   L.cores = std::max<int64_t>(1, card.cores);
   L.rows_per_core = L.rows > 0 ? (L.rows + L.cores - 1) / L.cores : 1;
   L.cores_used = L.rows > 0 ? (L.rows + L.rows_per_core - 1) / L.rows_per_core : 1;
-  for (auto& v : L.views) v.split = L.rows > 0 && !v.ref->sizes.empty() && v.ref->sizes[0] == L.rows;
+  for (auto& v : L.views) v.split = L.rows > 0 && !v.ref->sizes().empty() && v.ref->sizes()[0] == L.rows;
   return L;
 }
 

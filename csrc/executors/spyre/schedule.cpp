@@ -30,15 +30,15 @@ Share share_of(const LayoutView& v, const RegionLayout& L, const CardParams& car
   const TensorRef& r = *v.ref;
   const int64_t se = stick_elems(r.dtype, card);
   Share s;
-  if (r.sizes.empty()) {
+  if (r.sizes().empty()) {
     s.row_sticks = 1;
-  } else if (r.sizes.size() == 1) {
-    s.row_sticks = ceil_div(v.split ? std::min(L.rows_per_core, r.sizes[0]) : r.sizes[0], se);
+  } else if (r.sizes().size() == 1) {
+    s.row_sticks = ceil_div(v.split ? std::min(L.rows_per_core, r.sizes()[0]) : r.sizes()[0], se);
   } else {
-    s.rows = v.split ? std::min(L.rows_per_core, r.sizes[0]) : r.sizes[0];
+    s.rows = v.split ? std::min(L.rows_per_core, r.sizes()[0]) : r.sizes()[0];
     int64_t lead = 1;
-    for (size_t d = 1; d + 1 < r.sizes.size(); ++d) lead *= r.sizes[d];
-    s.row_sticks = lead * ceil_div(r.sizes.back(), se);
+    for (size_t d = 1; d + 1 < r.sizes().size(); ++d) lead *= r.sizes()[d];
+    s.row_sticks = lead * ceil_div(r.sizes().back(), se);
   }
   return s;
 }
@@ -122,15 +122,15 @@ Schedule plan_schedule(const std::string& kernel, const Region& region, const st
     sv.tile_sticks = sh.tile_sticks(n);
     sv.tile_bytes = sv.tile_sticks * stick;
     const int64_t se = stick_elems(r.dtype, card);
-    if (r.sizes.size() >= 2 && n <= sh.rows) {
-      sv.tile_sizes = r.sizes;
+    if (r.sizes().size() >= 2 && n <= sh.rows) {
+      sv.tile_sizes = r.sizes().vec();
       sv.tile_sizes[0] = std::min(sh.rows, ceil_div(sh.rows, n));
-    } else if (r.sizes.size() >= 2) {
+    } else if (r.sizes().size() >= 2) {
       int64_t row = 1;
-      for (size_t d = 1; d < r.sizes.size(); ++d) row *= r.sizes[d];
+      for (size_t d = 1; d < r.sizes().size(); ++d) row *= r.sizes()[d];
       sv.tile_sizes = {1, std::min(row, sv.tile_sticks * se)};
-    } else if (r.sizes.size() == 1) {
-      sv.tile_sizes = {std::min(v.split ? L.rows_per_core : r.sizes[0], sv.tile_sticks * se)};
+    } else if (r.sizes().size() == 1) {
+      sv.tile_sizes = {std::min(v.split ? L.rows_per_core : r.sizes()[0], sv.tile_sticks * se)};
     }
     if (v.loaded) s.load_bytes_per_tile += sv.tile_bytes;
     if (v.stored) s.store_bytes_per_tile += sv.tile_bytes;

@@ -66,9 +66,9 @@ class SpyreHooks final : public host::HostRunHooks {
       host::call_cpu(n, stack);
   }
   bool direct_outputs_ok(const Node& n) override { return !computes_in_f32(n); }
-  int64_t logical_bytes(const TensorRef& r) override { return device_bytes(r.sizes, r.dtype); }
+  int64_t logical_bytes(const TensorRef& r) override { return device_bytes(r.sizes(), r.dtype); }
   int64_t padding_bytes(const TensorRef& r) override {
-    return stick_bytes(r.sizes, r.dtype, card_) - device_bytes(r.sizes, r.dtype);
+    return stick_bytes(r.sizes(), r.dtype, card_) - device_bytes(r.sizes(), r.dtype);
   }
   void after_op(const Node& n, std::vector<at::Tensor>& results, host::HostMemory& mem) override {
     // An op computed in f32 stored its results as df16 already (one rounding).
@@ -396,14 +396,13 @@ class SpyreKernel final : public Kernel {
       DeferredStorage* s = L.views[v].ref->storage.get();
       TensorRef flat;
       flat.dtype = at::kByte;
-      flat.sizes = {static_cast<int64_t>(s->nbytes)};
-      flat.strides = {1};
+      flat.set_dims({static_cast<int64_t>(s->nbytes)}, {1});
       arg_bytes[w.arg] = host::view_over(mem.storage_for(s), flat);
     }
     for (const auto& v : L.views) {
       if (v.lx) continue;
-      const int64_t logical = device_bytes(v.ref->sizes, v.ref->dtype);
-      const int64_t padding = stick_bytes(v.ref->sizes, v.ref->dtype, card_) - logical;
+      const int64_t logical = device_bytes(v.ref->sizes(), v.ref->dtype);
+      const int64_t padding = stick_bytes(v.ref->sizes(), v.ref->dtype, card_) - logical;
       if (v.loaded) stats.bytes_read += logical, stats.padding_bytes += padding;
       if (v.stored) stats.bytes_written += logical, stats.padding_bytes += padding;
     }

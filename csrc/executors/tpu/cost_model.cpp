@@ -18,7 +18,7 @@ bool is_float16(c10::ScalarType t) { return t == c10::kBFloat16 || t == c10::kHa
 bool is_narrow(c10::ScalarType t) { return is_float16(t) || c10::elementSize(t) == 1; }
 
 double tiled_elems(const TensorRef& r, const ChipParams& chip) {
-  return static_cast<double>(tiled_bytes(r.sizes, r.dtype, chip)) / static_cast<double>(c10::elementSize(r.dtype));
+  return static_cast<double>(tiled_bytes(r.sizes(), r.dtype, chip)) / static_cast<double>(c10::elementSize(r.dtype));
 }
 
 }  // namespace

@@ -68,10 +68,10 @@ bool int_args(const Node& n, size_t red_arg, CrossEntropyLoop* ce) {
 bool target_and_weight(const Node& n, int pos, int t_arg, CrossEntropyLoop* ce) {
   int ti = -1, wi = -1;
   const InputSlot* t = arg_input(n, t_arg, &ti);
-  if (!t || t->written || !plain(t->ref, at::kLong) || t->ref.sizes != Dims{ce->rows}) return false;
+  if (!t || t->written || !plain(t->ref, at::kLong) || t->ref.sizes() != Dims{ce->rows}) return false;
   ce->target = Slot{pos, ti, -1};
   if (const InputSlot* w = arg_input(n, t_arg + 1, &wi)) {
-    if (w->written || !plain(w->ref, at::kFloat) || w->ref.sizes != Dims{ce->cols}) return false;
+    if (w->written || !plain(w->ref, at::kFloat) || w->ref.sizes() != Dims{ce->cols}) return false;
     ce->weight = Slot{pos, wi, -1};
   }
   return true;
@@ -81,13 +81,13 @@ bool target_and_weight(const Node& n, int pos, int t_arg, CrossEntropyLoop* ce) 
 bool nll_forward_op(const Node& n, int pos, CrossEntropyLoop* ce) {
   int si = -1;
   const InputSlot* self = arg_input(n, 0, &si);
-  if (!self || !plain(self->ref, at::kFloat) || self->ref.sizes.size() != 2 || n.outputs.size() != 2) return false;
-  ce->rows = self->ref.sizes[0];
-  ce->cols = self->ref.sizes[1];
+  if (!self || !plain(self->ref, at::kFloat) || self->ref.sizes().size() != 2 || n.outputs.size() != 2) return false;
+  ce->rows = self->ref.sizes()[0];
+  ce->cols = self->ref.sizes()[1];
   if (ce->rows < 1 || ce->cols < 1 || !int_args(n, 3, ce) || !target_and_weight(n, pos, 1, ce)) return false;
   const Dims loss_shape = ce->reduction == 0 ? Dims{ce->rows} : Dims{};
-  if (!plain(n.outputs[0], at::kFloat) || n.outputs[0].sizes != loss_shape || !plain(n.outputs[1], at::kFloat) ||
-      !n.outputs[1].sizes.empty())
+  if (!plain(n.outputs[0], at::kFloat) || n.outputs[0].sizes() != loss_shape || !plain(n.outputs[1], at::kFloat) ||
+      !n.outputs[1].sizes().empty())
     return false;
   ce->loss = Slot{pos, -1, 0};
   ce->total_weight = Slot{pos, -1, 1};
@@ -98,27 +98,28 @@ bool nll_forward_op(const Node& n, int pos, CrossEntropyLoop* ce) {
 bool nll_backward_op(const Node& n, int pos, CrossEntropyLoop* ce) {
   int gi = -1, si = -1, ti = -1;
   const InputSlot* self = arg_input(n, 1, &si);
-  if (!self || !plain(self->ref, at::kFloat) || self->ref.sizes.size() != 2 || n.outputs.size() != 1) return false;
-  ce->rows = self->ref.sizes[0];
-  ce->cols = self->ref.sizes[1];
+  if (!self || !plain(self->ref, at::kFloat) || self->ref.sizes().size() != 2 || n.outputs.size() != 1) return false;
+  ce->rows = self->ref.sizes()[0];
+  ce->cols = self->ref.sizes()[1];
   if (ce->rows < 1 || ce->cols < 1 || !int_args(n, 4, ce) || !target_and_weight(n, pos, 2, ce)) return false;
   const InputSlot* g = arg_input(n, 0, &gi);
   const InputSlot* tw = arg_input(n, 6, &ti);
   if (!g || !plain(g->ref, at::kFloat) || !tw || !plain(tw->ref, at::kFloat) || tw->ref.numel() != 1) return false;
-  if (ce->reduction == 0 ? g->ref.sizes != Dims{ce->rows} : g->ref.numel() != 1) return false;
-  if (!plain(n.outputs[0], at::kFloat) || n.outputs[0].sizes != self->ref.sizes) return false;
+  if (ce->reduction == 0 ? g->ref.sizes() != Dims{ce->rows} : g->ref.numel() != 1) return false;
+  if (!plain(n.outputs[0], at::kFloat) || n.outputs[0].sizes() != self->ref.sizes()) return false;
   ce->grad_output = Slot{pos, gi, -1};
   ce->total_in = Slot{pos, ti, -1};
   return true;
 }
 
 // _log_softmax_backward_data(grad_output [N, C], output [N, C], dim 1 / -1, float32).
-bool log_softmax_backward_op(const Node& n, int pos, const Dims& shape, CrossEntropyLoop* ce) {
+bool log_softmax_backward_op(const Node& n, int pos, c10::IntArrayRef shape, CrossEntropyLoop* ce) {
   int gi = -1, oi = -1;
   const InputSlot* g = arg_input(n, 0, &gi);
   const InputSlot* o = arg_input(n, 1, &oi);
-  if (!g || !o || o->written || !plain(g->ref, at::kFloat) || !plain(o->ref, at::kFloat) || g->ref.sizes != shape ||
-      o->ref.sizes != shape || n.outputs.size() != 1 || !plain(n.outputs[0], at::kFloat) || n.outputs[0].sizes != shape)
+  if (!g || !o || o->written || !plain(g->ref, at::kFloat) || !plain(o->ref, at::kFloat) || g->ref.sizes() != shape ||
+      o->ref.sizes() != shape || n.outputs.size() != 1 || !plain(n.outputs[0], at::kFloat) ||
+      n.outputs[0].sizes() != shape)
     return false;
   if (n.args.size() < 4 || !n.args[2].isInt() || (n.args[2].toInt() != 1 && n.args[2].toInt() != -1) ||
       !n.args[3].isInt() || n.args[3].toInt() != static_cast<int64_t>(at::kFloat))
@@ -187,7 +188,7 @@ bool cross_entropy_op_qualifies(const Node& n) {
     case LossRow::kNllLossBackward:
       return nll_backward_op(n, 0, &ce);
     case LossRow::kLogSoftmaxBackward:
-      return log_softmax_backward_op(n, 0, n.outputs.empty() ? Dims{} : n.outputs[0].sizes, &ce);
+      return log_softmax_backward_op(n, 0, n.outputs.empty() ? c10::IntArrayRef{} : n.outputs[0].sizes(), &ce);
     case LossRow::kNone:
       break;
   }

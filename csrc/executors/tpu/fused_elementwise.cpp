@@ -292,14 +292,14 @@ int64_t row_broadcast(const Dims& sizes, const Dims& shape) {
 // those values, as expand(..., C) of a contiguous [..., 1] makes): element i
 // of it is value i / cols. 0 otherwise.
 int64_t expanded_row(const TensorRef& r) {
-  const size_t n = r.sizes.size();
-  if (n == 0 || r.strides.size() != n || r.strides[n - 1] != 0 || r.sizes[n - 1] <= 1) return 0;
+  const size_t n = r.sizes().size();
+  if (n == 0 || r.strides().size() != n || r.strides()[n - 1] != 0 || r.sizes()[n - 1] <= 1) return 0;
   int64_t expect = 1;
   for (size_t d = n - 1; d-- > 0;) {
-    if (r.sizes[d] != 1 && r.strides[d] != expect) return 0;
-    expect *= r.sizes[d];
+    if (r.sizes()[d] != 1 && r.strides()[d] != expect) return 0;
+    expect *= r.sizes()[d];
   }
-  return r.sizes[n - 1];
+  return r.sizes()[n - 1];
 }
 
 // The runtime value of `p` for this run of `region`; false when it cannot
@@ -359,9 +359,9 @@ namespace {
 // elements. Covers the views the dense, period and repeat forms do not: a
 // transposed q of attention heads, a column half q[..., D/2:] of rotary
 // embedding, cos of [B, 1, T, D] broadcast over the heads.
-bool strided_read(const TensorRef& r, const Dims& shape, fused::StridedRead* out) {
-  const size_t nd = shape.size(), nr = r.sizes.size();
-  if (nd == 0 || nd > fused::StridedRead::kMaxDims || nr > nd || r.strides.size() != nr || r.offset < 0) return false;
+bool strided_read(const TensorRef& r, c10::IntArrayRef shape, fused::StridedRead* out) {
+  const size_t nd = shape.size(), nr = r.sizes().size();
+  if (nd == 0 || nd > fused::StridedRead::kMaxDims || nr > nd || r.strides().size() != nr || r.offset < 0) return false;
   out->offset = r.offset;
   out->extent = r.offset + 1;
   out->sizes.assign(shape.begin(), shape.end());
@@ -369,11 +369,11 @@ bool strided_read(const TensorRef& r, const Dims& shape, fused::StridedRead* out
   for (size_t j = 0; j < nr; ++j) {
     const size_t d = nd - nr + j;
     if (shape[d] == 0) return false;
-    if (r.sizes[j] == shape[d] && shape[d] > 1) {
-      if (r.strides[j] < 0) return false;
-      out->strides[d] = r.strides[j];
-      out->extent += (shape[d] - 1) * r.strides[j];
-    } else if (r.sizes[j] != 1 && r.sizes[j] != shape[d]) {
+    if (r.sizes()[j] == shape[d] && shape[d] > 1) {
+      if (r.strides()[j] < 0) return false;
+      out->strides[d] = r.strides()[j];
+      out->extent += (shape[d] - 1) * r.strides()[j];
+    } else if (r.sizes()[j] != 1 && r.sizes()[j] != shape[d]) {
       return false;
     }
   }
@@ -426,25 +426,25 @@ struct LoopOrder {
 // (offset 0) is not row-major but dense in the order of its dims by
 // decreasing stride (size-1 dims first, in their order). False otherwise.
 bool permuted_order(const TensorRef& out, LoopOrder* order) {
-  const size_t nd = out.sizes.size();
-  if (nd < 2 || nd > fused::StridedRead::kMaxDims || out.strides.size() != nd || out.offset != 0 || out.is_dense())
+  const size_t nd = out.sizes().size();
+  if (nd < 2 || nd > fused::StridedRead::kMaxDims || out.strides().size() != nd || out.offset != 0 || out.is_dense())
     return false;
   std::vector<int> perm, big;
   for (size_t d = 0; d < nd; ++d) {
-    if (out.sizes[d] == 0) return false;
-    (out.sizes[d] == 1 ? perm : big).push_back(static_cast<int>(d));
+    if (out.sizes()[d] == 0) return false;
+    (out.sizes()[d] == 1 ? perm : big).push_back(static_cast<int>(d));
   }
-  std::stable_sort(big.begin(), big.end(), [&](int a, int b) { return out.strides[a] > out.strides[b]; });
+  std::stable_sort(big.begin(), big.end(), [&](int a, int b) { return out.strides()[a] > out.strides()[b]; });
   perm.insert(perm.end(), big.begin(), big.end());
   Dims strides;
   strides.resize(nd, 0);
   int64_t expect = 1;
   for (size_t k = nd; k-- > 0;) {
     const int d = perm[k];
-    if (out.sizes[d] == 1) continue;
-    if (out.strides[d] != expect) return false;
+    if (out.sizes()[d] == 1) continue;
+    if (out.strides()[d] != expect) return false;
     strides[d] = expect;
-    expect *= out.sizes[d];
+    expect *= out.sizes()[d];
   }
   order->permuted = true;
   order->perm = std::move(perm);
@@ -455,11 +455,11 @@ bool permuted_order(const TensorRef& out, LoopOrder* order) {
 // Whether `r` (sizes `shape`) lies in memory as the loop's outputs do: offset
 // 0 and the outputs' strides on every dim of size > 1 (read element i of it
 // is loop element i).
-bool in_loop_order(const TensorRef& r, const Dims& shape, const LoopOrder& order) {
-  if (!order.permuted) return r.offset == 0 && r.sizes == shape && r.is_dense();
-  if (r.offset != 0 || r.sizes != shape || r.strides.size() != shape.size()) return false;
+bool in_loop_order(const TensorRef& r, c10::IntArrayRef shape, const LoopOrder& order) {
+  if (!order.permuted) return r.offset == 0 && r.sizes() == shape && r.is_dense();
+  if (r.offset != 0 || r.sizes() != shape || r.strides().size() != shape.size()) return false;
   for (size_t d = 0; d < shape.size(); ++d)
-    if (shape[d] != 1 && r.strides[d] != order.strides[d]) return false;
+    if (shape[d] != 1 && r.strides()[d] != order.strides[d]) return false;
   return true;
 }
 
@@ -608,7 +608,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     if (int_loop_domain(graph[region.nodes[p]]) == 1) return plan_int_loop(region, ps, graph, plan);
   *plan = LoopPlan{};
   plan->pos = ps;
-  const Dims* shape = nullptr;
+  c10::OptionalIntArrayRef shape;
   // The loop's order: its first op's output's memory order (LoopOrder); a
   // permuted loop has no row reduction.
   LoopOrder order;
@@ -666,14 +666,14 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     bool known = false;
     const bool ints = want == Elem::kInt32 || want == Elem::kInt64;  // a cast's source
     const Elem elem = elem_of(r.dtype, &known, ints);
-    if (ints && r.sizes.empty()) return false;  // (a 0-dim one would be a runtime constant: none of int type)
+    if (ints && r.sizes().empty()) return false;  // (a 0-dim one would be a runtime constant: none of int type)
     const bool mask = want == Elem::kBool;
-    const bool zero_dim_const = r.sizes.empty() && !mask && known && elem != Elem::kBool;
+    const bool zero_dim_const = r.sizes().empty() && !mask && known && elem != Elem::kBool;
     if (!known || (elem != want && !zero_dim_const)) return false;
     DeferredStorage* s = r.storage.get();
     const Operand* it = reg_of.find(s);
     const Node& n = graph[region.nodes[pos]];
-    if (r.sizes.empty() && !it && !mask) {       // a 0-dim device tensor: a runtime constant
+    if (r.sizes().empty() && !it && !mask) {     // a 0-dim device tensor: a runtime constant
       if (written_by.contains(s)) return false;  // ... unless the loop writes it
       Param p;
       p.pos = static_cast<int>(pos);
@@ -723,11 +723,11 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     if (!r.is_dense()) {
       // A per-row value expanded along the row (expand of [..., 1]: an
       // RMSNorm backward's mean gradient): read as a row broadcast.
-      repeat = elem == Elem::kFloat && r.sizes == *shape ? expanded_row(r) : 0;
+      repeat = elem == Elem::kFloat && r.sizes() == *shape ? expanded_row(r) : 0;
       if (repeat == 0 || it || written_by.contains(s)) return read_strided();
-    } else if (r.sizes != *shape) {
-      period = broadcast_period(r.sizes, *shape);
-      if (period == 0 && elem == Elem::kFloat) repeat = row_broadcast(r.sizes, *shape);
+    } else if (r.sizes() != *shape) {
+      period = broadcast_period(r.sizes(), *shape);
+      if (period == 0 && elem == Elem::kFloat) repeat = row_broadcast(r.sizes(), *shape);
       if ((period == 0 && repeat == 0) || it || written_by.contains(s)) return read_strided();
     }
     if (elem != want) return false;
@@ -799,38 +799,38 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       std::vector<const InputSlot*> parts;
       for (const auto& in : n.inputs) {
         if (in.elem < 0 || in.written) return false;
-        if (in.ref.sizes.size() == 1 && in.ref.sizes[0] == 0) continue;
+        if (in.ref.sizes().size() == 1 && in.ref.sizes()[0] == 0) continue;
         parts.push_back(&in);
       }
       if (parts.empty()) return false;
-      if (!shape) shape = &parts[0]->ref.sizes;
+      if (!shape) shape = parts[0]->ref.sizes();
       const int64_t nd = static_cast<int64_t>(shape->size());
       int64_t dim = n.args[1].toInt();
       if (dim < 0) dim += nd;
       if (nd == 0 || nd > static_cast<int64_t>(fused::StridedRead::kMaxDims) || dim < 0 || dim >= nd ||
-          static_cast<int64_t>(out.sizes.size()) != nd || static_cast<int64_t>(out.strides.size()) != nd)
+          static_cast<int64_t>(out.sizes().size()) != nd || static_cast<int64_t>(out.strides().size()) != nd)
         return false;
       for (int64_t d = 0; d < nd; ++d) {
         const int64_t want = d == dim ? (*shape)[d] * static_cast<int64_t>(parts.size()) : (*shape)[d];
-        if (out.sizes[d] != want || (*shape)[d] == 0 || out.strides[d] < 0) return false;
+        if (out.sizes()[d] != want || (*shape)[d] == 0 || out.strides()[d] < 0) return false;
       }
       for (size_t j = 0; j < parts.size(); ++j) {
         const TensorRef& r = parts[j]->ref;
-        if (r.dtype != at::kFloat || r.sizes != *shape) return false;
+        if (r.dtype != at::kFloat || r.sizes() != *shape) return false;
         Instr ins;
         ins.fn = Fn::kMul;
         if (!tensor_operand(p, r, &ins.a) || ins.a.kind == Operand::kConst) return false;
         ins.b = Operand{Operand::kConst, 0, 1.0f};
         fused::StridedRead wr;  // where input j lands, dims in the loop's order
-        wr.offset = out.offset + static_cast<int64_t>(j) * (*shape)[dim] * out.strides[dim];
+        wr.offset = out.offset + static_cast<int64_t>(j) * (*shape)[dim] * out.strides()[dim];
         wr.extent = wr.offset + 1;
         wr.sizes.resize(nd);
         wr.strides.resize(nd);
         for (int64_t k = 0; k < nd; ++k) {
           const int64_t d = order.permuted ? order.perm[k] : k;
           wr.sizes[k] = (*shape)[d];
-          wr.strides[k] = out.strides[d];
-          wr.extent += ((*shape)[d] - 1) * out.strides[d];
+          wr.strides[k] = out.strides()[d];
+          wr.extent += ((*shape)[d] - 1) * out.strides()[d];
         }
         ins.out = static_cast<int>(outputs.size());
         outputs.push_back(out.storage.get());
@@ -844,7 +844,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     }
     if (last_op && row == RowReduce::kLayerNorm) {
       // The loop's last op normalizes rows of the program's last value (or of an input).
-      if (!shape) shape = &n.outputs[0].sizes;
+      if (!shape) shape = n.outputs[0].sizes();
       // The row kernel of the capability CPU's layer_norm runs (none for DEFAULT).
       static const std::string cap = host::layer_norm_kernel_capability();
       fused::RowAnchor& anchor = plan->anchor;
@@ -855,7 +855,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
                       : cap == "AVX2"           ? &fused::layer_norm_row_avx2
                                                 : nullptr;
       if (!anchor.ln_row || !region.materialize[p][0]) return false;
-      if (n.outputs[0].sizes != *shape || !layer_norm_cols(n, *shape, &anchor.cols)) return false;
+      if (n.outputs[0].sizes() != *shape || !layer_norm_cols(n, *shape, &anchor.cols)) return false;
       for (size_t i = 0; i < n.inputs.size(); ++i) {
         const InputSlot& in = n.inputs[i];
         if (in.elem >= 0) return false;
@@ -866,7 +866,7 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
         }
         const TensorRef& r = in.ref;
         if ((in.arg != 2 && in.arg != 3) || r.dtype != at::kFloat || r.conj || r.neg || !r.is_dense() ||
-            c10::multiply_integers(r.sizes) != anchor.cols || reg_of.contains(r.storage.get()))
+            c10::multiply_integers(r.sizes()) != anchor.cols || reg_of.contains(r.storage.get()))
           return false;
         (in.arg == 2 ? plan->gamma : plan->beta) = Slot{static_cast<int>(p), static_cast<int>(i), -1};
         plan->read += anchor.cols * 4;
@@ -907,8 +907,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     if (!known_type || out.conj || out.neg) return false;
     // The shape the op iterates over: a row reduction's input (its output has one value per row).
     const bool reduces = row == RowReduce::kLogSumExp || row == RowReduce::kSum || row == RowReduce::kMean;
-    const auto& sizes = reduces && !w && n.inputs.size() == 1 ? n.inputs[0].ref.sizes : out.sizes;
-    if (!shape) shape = &sizes;
+    const auto& sizes = reduces && !w && n.inputs.size() == 1 ? n.inputs[0].ref.sizes() : out.sizes();
+    if (!shape) shape = sizes;
     if (sizes != *shape || (order.permuted ? !in_loop_order(out, *shape, order) : out.offset != 0 || !out.is_dense()))
       return false;
     const Slot out_slot = w ? Slot{static_cast<int>(p), input_index(n, w->ref), -1} : Slot{static_cast<int>(p), -1, 0};
@@ -1299,9 +1299,9 @@ void acceptance_key(const Node& n, std::vector<int64_t>& key) {
   auto ref = [&](const TensorRef& r) {
     key.push_back(static_cast<int64_t>(r.dtype) | (int64_t{r.conj} << 8) | (int64_t{r.neg} << 9) |
                   (int64_t{r.offset != 0} << 10) | (int64_t{r.is_dense()} << 11));
-    key.push_back(static_cast<int64_t>(r.sizes.size()));
-    key.insert(key.end(), r.sizes.begin(), r.sizes.end());
-    key.insert(key.end(), r.strides.begin(), r.strides.end());
+    key.push_back(static_cast<int64_t>(r.sizes().size()));
+    key.insert(key.end(), r.sizes().begin(), r.sizes().end());
+    key.insert(key.end(), r.strides().begin(), r.strides().end());
   };
   for (const auto& in : n.inputs) {
     key.push_back((static_cast<int64_t>(in.arg) << 20) | (static_cast<int64_t>(in.elem + 1) << 1) | in.written);

@@ -546,7 +546,7 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
   *plan = LoopPlan{};
   plan->pos = ps;
   auto il = std::make_shared<IntLoop>();
-  const Dims* shape = nullptr;
+  c10::OptionalIntArrayRef shape;
   StorageMap<IOperand> reg_of(2 * ps.size());
   struct External {
     const DeferredStorage* storage;
@@ -578,7 +578,7 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
     DeferredStorage* s = r.storage.get();
     const IOperand* it = reg_of.find(s);
     const Node& n = graph[region.nodes[pos]];
-    if (r.sizes.empty() && !it && e != IElem::kFloat && want != IElem::kFloat && *shape != r.sizes) {
+    if (r.sizes().empty() && !it && e != IElem::kFloat && want != IElem::kFloat && *shape != r.sizes()) {
       if (written_by.contains(s)) return false;
       IntParam p;
       p.pos = static_cast<int>(pos);
@@ -590,8 +590,8 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
     }
     if (e != want || r.offset != 0 || !r.is_dense()) return false;
     int64_t period = 0;
-    if (r.sizes != *shape) {
-      period = broadcast_period(r.sizes, *shape);
+    if (r.sizes() != *shape) {
+      period = broadcast_period(r.sizes(), *shape);
       if (period == 0 || it || written_by.contains(s)) return false;
     }
     if (it) {
@@ -640,8 +640,8 @@ bool plan_int_loop(const Region& region, const std::vector<size_t>& ps, const st
     const TensorRef& out = w ? w->ref : n.outputs[0];
     IElem ot;
     if (!ielem_of(out.dtype, &ot) || out.conj || out.neg) return false;
-    if (!shape) shape = &out.sizes;
-    if (out.sizes != *shape || out.offset != 0 || !out.is_dense()) return false;
+    if (!shape) shape = out.sizes();
+    if (out.sizes() != *shape || out.offset != 0 || !out.is_dense()) return false;
     const Slot out_slot = w ? Slot{static_cast<int>(p), input_index(n, w->ref), -1} : Slot{static_cast<int>(p), -1, 0};
     if (w && !is_made(w->ref.storage.get())) plan->written_inputs.push_back(out_slot);
     // The type the op computes in: its self's (comparisons, logical ops, casts) or its result's.

@@ -51,9 +51,9 @@ bool ln_backward_op(const Node& n, int pos, LayerNormBackwardLoop* l) {
   const int dy = input_at(n, 0), x = input_at(n, 1), mean = input_at(n, 3), rstd = input_at(n, 4);
   const int gamma = input_at(n, 5), bias = input_at(n, 6);
   if (dy < 0 || x < 0 || mean < 0 || rstd < 0 || gamma < 0 || bias < 0) return false;
-  const Dims& xs = n.inputs[x].ref.sizes;
+  const c10::IntArrayRef xs = n.inputs[x].ref.sizes();
   int64_t cols = 0;
-  if (n.inputs[dy].ref.sizes != xs || !normalized_cols(n.args[2].toIntVector(), xs, &cols)) return false;
+  if (n.inputs[dy].ref.sizes() != xs || !normalized_cols(n.args[2].toIntVector(), xs, &cols)) return false;
   const int64_t numel = n.inputs[x].ref.numel();
   if (cols < 1 || numel < 1) return false;
   auto& a = l->args;
@@ -62,7 +62,7 @@ bool ln_backward_op(const Node& n, int pos, LayerNormBackwardLoop* l) {
   if (n.inputs[mean].ref.numel() != a.rows || n.inputs[rstd].ref.numel() != a.rows ||
       n.inputs[gamma].ref.numel() != cols)
     return false;
-  if (!plain(n.outputs[0]) || n.outputs[0].sizes != xs || !plain(n.outputs[1]) || !plain(n.outputs[2]) ||
+  if (!plain(n.outputs[0]) || n.outputs[0].sizes() != xs || !plain(n.outputs[1]) || !plain(n.outputs[2]) ||
       n.outputs[1].numel() != cols || n.outputs[2].numel() != cols)
     return false;
   l->dy = Slot{pos, dy, -1};
@@ -98,13 +98,13 @@ bool residual_add_op(const Node& n, int pos, const TensorRef& dx, LayerNormBackw
   const bool dx_self = s.storage == dx.storage && s.offset == 0;
   const TensorRef& res = dx_self ? o : s;
   if (!dx_self && !(o.storage == dx.storage && o.offset == 0)) return false;
-  if (s.sizes != dx.sizes || o.sizes != dx.sizes || res.storage == dx.storage) return false;
+  if (s.sizes() != dx.sizes() || o.sizes() != dx.sizes() || res.storage == dx.storage) return false;
   l->residual = Slot{pos, dx_self ? other : self, -1};
   if (inplace) {
     if (!n.inputs[self].written || !n.outputs.empty()) return false;
     l->sum = Slot{pos, self, -1};
   } else {
-    if (n.outputs.size() != 1 || !plain(n.outputs[0]) || n.outputs[0].sizes != dx.sizes) return false;
+    if (n.outputs.size() != 1 || !plain(n.outputs[0]) || n.outputs[0].sizes() != dx.sizes()) return false;
     l->sum = Slot{pos, -1, 0};
   }
   return true;

@@ -197,7 +197,7 @@ TilingPlan plan_matmul(const MatmulProblem& p, const ChipParams& chip) {
 namespace {
 
 using RefKey = std::tuple<const DeferredStorage*, int64_t, std::vector<int64_t>, int>;
-RefKey key_of(const TensorRef& r) { return {r.storage.get(), r.offset, r.sizes, static_cast<int>(r.dtype)}; }
+RefKey key_of(const TensorRef& r) { return {r.storage.get(), r.offset, r.sizes().vec(), static_cast<int>(r.dtype)}; }
 
 // The region's operands: HBM inputs, materialized (or written) outputs, and
 // temporaries, each view once.
@@ -211,7 +211,7 @@ std::vector<RegionOperand> region_operands(const Region& region, const std::vect
   std::set<std::pair<RefKey, std::string>> seen;
   std::unordered_set<const DeferredStorage*> produced;
   auto add = [&](const TensorRef& r, const char* role) {
-    if (seen.insert({key_of(r), role}).second) out.push_back({key_of(r), {r.sizes, r.dtype, role}});
+    if (seen.insert({key_of(r), role}).second) out.push_back({key_of(r), {r.sizes().vec(), r.dtype, role}});
   };
   for (size_t p = 0; p < region.nodes.size(); ++p) {
     const Node& n = graph[region.nodes[p]];
@@ -257,7 +257,7 @@ std::vector<NodeGemm> node_gemms(const Node& n, const ChipParams& chip) {
   for (const auto& o : n.outputs) own.push_back(key_of(o));
   c10::ScalarType tout = ta;
   if (!n.outputs.empty()) tout = n.outputs[0].dtype;
-  auto bytes = [&](const TensorRef* r) { return r ? tiled_bytes(r->sizes, r->dtype, chip) : int64_t{0}; };
+  auto bytes = [&](const TensorRef* r) { return r ? tiled_bytes(r->sizes(), r->dtype, chip) : int64_t{0}; };
   for (size_t i = 0; i < gemms.size(); ++i) {
     NodeGemm g;
     g.problem.gemm = gemms[i];

@@ -113,7 +113,9 @@ class TpuHooks final : public host::HostRunHooks {
   bool direct_outputs_ok(const Node& n) override {
     return static_cast<PrimKind>(n.kind) != PrimKind::kMatmul || prec_ == at::Float32MatmulPrecision::HIGHEST;
   }
-  int64_t padding_bytes(const TensorRef& r) override { return tpu::tiled_bytes(r.sizes, r.dtype, chip_) - r.nbytes(); }
+  int64_t padding_bytes(const TensorRef& r) override {
+    return tpu::tiled_bytes(r.sizes(), r.dtype, chip_) - r.nbytes();
+  }
   void add_op_cost(const Node& n, RegionStats& stats) override {
     if (static_cast<PrimKind>(n.kind) == PrimKind::kLibrary) {
       if (auto custom = custom_cost(n.op)) {
