@@ -177,6 +177,27 @@ bool has_meta_kernel(const c10::OperatorHandle& op) {
          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
 }
 
+// True when a tensor of `all` whose argument `writes` marks has internal
+// overlap or overlaps another tensor of `all` (the same tensor again only when
+// `same_tensor_overlaps`).
+using ArgTensors = c10::ArrayRef<std::pair<int, c10::TensorImpl*>>;
+bool written_overlaps(uint64_t writes, ArgTensors all, bool same_tensor_overlaps) {
+  for (const auto& [warg, w] : all) {
+    if (!((writes >> warg) & 1)) continue;
+    // A non-overlapping and dense tensor is has_internal_overlap's first "No": inline, no call.
+    if (!w->is_non_overlapping_and_dense() && at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
+    for (const auto& [rarg, r] : all) {
+      if (r == w) {
+        if (same_tensor_overlaps && rarg != warg) return true;
+        continue;
+      }
+      const auto st = at::get_overlap_status(w, r);
+      if (st == at::MemOverlapStatus::Partial || st == at::MemOverlapStatus::Full) return true;
+    }
+  }
+  return false;
+}
+
 // True when a written tensor has internal overlap (expand) or overlaps another
 // argument. CPU kernels differ in what they allow there (fill_ and index_put_
 // accept it, add_ and copy_ raise), so such calls run eagerly through the CPU
@@ -190,26 +211,11 @@ bool writes_overlapping_memory(size_t nargs, uint64_t writes, torch::jit::Stack&
   // Inline: every in-place / out= op is checked, and two heap vectors were ~4 allocations of each call.
   // TensorImpl pointers, not tensors (the stack's entries and lists hold them):
   // a reference taken on an unboxed kernel's borrowed `self` costs a GIL round trip.
-  c10::SmallVector<std::pair<int, c10::TensorImpl*>, 2> written;
   c10::SmallVector<std::pair<int, c10::TensorImpl*>, 6> all;
   for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
-    if (!is_tpu(t)) return;
-    if ((writes >> arg) & 1) written.emplace_back(arg, t.unsafeGetTensorImpl());
-    all.emplace_back(arg, t.unsafeGetTensorImpl());
+    if (is_tpu(t)) all.emplace_back(arg, t.unsafeGetTensorImpl());
   });
-  for (const auto& [warg, w] : written) {
-    // A non-overlapping and dense tensor is has_internal_overlap's first "No": inline, no call.
-    if (!w->is_non_overlapping_and_dense() && at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
-    for (const auto& [rarg, r] : all) {
-      if (r == w) {
-        if (same_tensor_overlaps && rarg != warg) return true;
-        continue;
-      }
-      const auto st = at::get_overlap_status(w, r);
-      if (st == at::MemOverlapStatus::Partial || st == at::MemOverlapStatus::Full) return true;
-    }
-  }
-  return false;
+  return written_overlaps(writes, all, same_tensor_overlaps);
 }
 
 // writes_overlapping_memory for a foreach op that the flush expands per tensor
@@ -242,15 +248,7 @@ bool foreach_writes_overlap(size_t nargs, uint64_t writes, torch::jit::Stack& st
       if (!is_tpu(t)) return true;  // CPU's loop decides (a scalar on the host, another device)
       all.emplace_back(static_cast<int>(l - &stack[first]), t.unsafeGetTensorImpl());
     }
-    for (const auto& [warg, w] : all) {
-      if (!((writes >> warg) & 1)) continue;
-      if (!w->is_non_overlapping_and_dense() && at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
-      for (const auto& [rarg, r] : all) {
-        if (r == w) continue;
-        const auto st = at::get_overlap_status(w, r);
-        if (st == at::MemOverlapStatus::Partial || st == at::MemOverlapStatus::Full) return true;
-      }
-    }
+    if (written_overlaps(writes, all, /*same_tensor_overlaps=*/false)) return true;
   }
   return false;
 }
