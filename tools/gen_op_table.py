@@ -248,9 +248,10 @@ COMPOSITE_RECORDED = {"logsumexp", "cummax", "cummin", "_foreach_norm.Scalar", "
 
 # Foreach ops recorded as one node over all their tensors and expanded by the flush into the
 # per-tensor ops CPU's kernel calls, in its order (jit/foreach_expand.cpp): the optimizers'
-# foreach paths (SGD, Adam, AdamW) and clip_grad_norm_'s scale. One node instead of one per
-# tensor saves the record path the dispatcher hops and meta key of every tensor's op; the
-# fused loops still see each tensor's elementwise chain. Shapes and call-time errors come
+# foreach paths (SGD, Adam, AdamW, with weight decay's functional add, amsgrad's maximum_ and
+# maximize's neg) and clip_grad_norm_'s scale. One node instead of one per tensor saves the
+# record path the dispatcher hops and meta key of every tensor's op; the fused loops still
+# see each tensor's elementwise chain. Shapes and call-time errors come
 # from CPU's foreach kernel on zero-filled twins (kInferOnCpu): it checks what CPU checks
 # (list lengths, in-place casts, a non-0-dim scalar tensor) and, when it raises, the call
 # runs CPU's kernel on the values, which writes the tensors before the failing one as CPU does.
@@ -271,6 +272,9 @@ FOREACH_EXPANDED = {
     "_foreach_addcdiv_.Scalar",
     "_foreach_addcdiv_.ScalarList",
     "_foreach_sqrt",
+    "_foreach_add.List",
+    "_foreach_maximum_.List",
+    "_foreach_neg",
 }
 
 

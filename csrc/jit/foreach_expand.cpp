@@ -44,6 +44,10 @@ constexpr ForeachRule kForeachRules[] = {
     {"_foreach_addcdiv_", "Scalar", "addcdiv_", "", {0, 1, 2, 3}, 4},
     {"_foreach_addcdiv_", "ScalarList", "addcdiv_", "", {0, 1, 2, 3}, 4},
     {"_foreach_sqrt", "", "sqrt", "", {0}, 1},
+    {"_foreach_add", "List", "add", "Tensor", {0, 1, 2}, 3},
+    // CPU's kernel is clamp_min's (foreach_tensor_clamp_min_list_kernel_slow_).
+    {"_foreach_maximum_", "List", "clamp_min_", "Tensor", {0, 1}, 2},
+    {"_foreach_neg", "", "neg", "", {0}, 1},
 };
 
 // What building a per-tensor node needs of its op.

@@ -1,8 +1,9 @@
 """Foreach ops recorded as one node over all their tensors and expanded by the flush into the
 per-tensor ops CPU's kernel calls (the op table's kExpandsPerTensor rows, tools/gen_op_table.py
 FOREACH_EXPANDED; csrc/jit/foreach_expand.cpp): the optimizers' foreach paths (SGD, Adam,
-AdamW) and clip_grad_norm_'s scale. Values, dtypes, version counters, aliasing between list
-elements and errors at the call are CPU's; each tensor's elementwise chain still fuses."""
+AdamW, with amsgrad, weight decay and maximize) and clip_grad_norm_'s scale. Values, dtypes,
+version counters, aliasing between list elements and errors at the call are CPU's; each
+tensor's elementwise chain still fuses."""
 
 import pytest
 import torch
@@ -70,6 +71,10 @@ CALLS = [
     ("addcdiv_.Scalar", lambda s, a, b: torch._foreach_addcdiv_(s, a, b, -1e-3)),
     ("addcdiv_.ScalarList", lambda s, a, b: torch._foreach_addcdiv_(s, a, b, [-1e-3, 2.0, 0.5, -7.0])),
     ("sqrt", lambda s, a, b: torch._foreach_sqrt(b)),
+    ("add.List", lambda s, a, b: torch._foreach_add(s, a)),
+    ("add.List_alpha", lambda s, a, b: torch._foreach_add(s, b, alpha=0.1)),
+    ("maximum_.List", lambda s, a, b: torch._foreach_maximum_(s, a)),
+    ("neg", lambda s, a, b: torch._foreach_neg(a)),
 ]
 
 
@@ -174,6 +179,10 @@ ERRORS = [
     ("not a 0-dim tensor", lambda s, o: torch._foreach_mul_(s, o[0])),
     ("in place onto a broadcast", lambda s, o: torch._foreach_add_([s[0].expand(3, 5, 3)], [o[0].expand(3, 5, 3)])),
     ("broadcast other", lambda s, o: torch._foreach_add_(s[:1], [o[0].unsqueeze(-1).expand(5, 3, 2)])),
+    ("functional add length", lambda s, o: torch._foreach_add(s, o[1:], alpha=2)),
+    ("maximum_ length", lambda s, o: torch._foreach_maximum_(s[:3], o)),
+    ("maximum_ onto a broadcast", lambda s, o: torch._foreach_maximum_([s[1].expand(2, 17)], [o[1]])),
+    ("neg of a bool tensor", lambda s, o: torch._foreach_neg([s[0], o[0] > 0])),
 ]
 
 
@@ -196,6 +205,31 @@ def test_in_place_cast_error_writes_the_tensors_before_it_as_cpu():
     torch._foreach_add_(cpu, 1)
     torch._foreach_add_(dev, 1)
     _assert_same(dev, cpu)
+
+
+def test_maximum_in_place_cast_error_writes_the_tensors_before_it_as_cpu():
+    """amsgrad's maximum_ is CPU's clamp_min_ per tensor: an integer self with a float other
+    raises at that index, after the tensors before it are written."""
+    make = lambda: [torch.zeros(3) - 1, torch.arange(3) - 1, torch.zeros(2)]  # noqa: E731
+    other = [torch.full((3,), 0.5), torch.full((3,), 0.5), torch.ones(2)]
+    cpu, dev = make(), _dev(make())
+    _expect_same_error(lambda: torch._foreach_maximum_(cpu, other), lambda: torch._foreach_maximum_(dev, _dev(other)))
+    _assert_same(dev, cpu)
+
+
+def test_maximum_and_functional_add_with_nan_and_mixed_dtypes_equal_to_cpu():
+    nan = float("nan")
+    s = [torch.tensor([nan, 1.0, -2.0]), torch.tensor([3, -4]), torch.tensor([0.5, nan], dtype=torch.float16)]
+    o = [torch.tensor([0.0, nan, -1.0]), torch.tensor([-1, 5]), torch.tensor([nan, 0.25], dtype=torch.float16)]
+    want_sum = torch._foreach_add(s, o, alpha=2)
+    got_sum = torch._foreach_add(_dev(s), _dev(o), alpha=2)
+    for g, w in zip(got_sum, want_sum):
+        assert g.dtype == w.dtype and torch.equal(g.cpu().nan_to_num(7.0), w.nan_to_num(7.0))
+    dev = _dev(s)
+    torch._foreach_maximum_(s, o)
+    torch._foreach_maximum_(dev, _dev(o))
+    for g, w in zip(dev, s):
+        assert torch.equal(g.cpu().nan_to_num(7.0), w.nan_to_num(7.0))
 
 
 def test_tensor_on_another_device_as_cpu():
@@ -251,6 +285,8 @@ OPTIMIZERS = {
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=True),
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, foreach=True),
     "adam_amsgrad_wd": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1, amsgrad=True, foreach=True),
+    "adam_maximize_wd": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1, maximize=True, foreach=True),
+    "adamw_amsgrad": lambda ps: torch.optim.AdamW(ps, lr=1e-2, amsgrad=True, foreach=True),
     "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=True),
     "sgd_nesterov_wd": lambda ps: torch.optim.SGD(
         ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2, foreach=True
@@ -271,6 +307,26 @@ def test_optimizer_foreach_steps_bit_equal_to_cpu(name, cpu_math):
             torch.nn.utils.clip_grad_norm_(ps, 0.5, foreach=True)
             opt.step()
         _assert_same([p.detach() for p in dev], [p.detach() for p in cpu])
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_optimizer_step_records_the_same_ops_for_more_parameters(name):
+    """Every foreach call of the optimizers' foreach paths (amsgrad's maximum_, weight decay's
+    functional add and maximize's neg too) records one op whatever the number of parameters
+    (fails on main for adam_amsgrad_wd, adam_maximize_wd, adamw_amsgrad and sgd_nesterov_wd)."""
+    recorded = []
+    for copies in (1, 3):
+        ps = [torch.nn.Parameter(t.to(DEVICE)) for _ in range(copies) for t in _make(seed=1)]
+        opt = OPTIMIZERS[name](ps)
+        for step in range(2):
+            for p in ps:
+                p.grad = torch.full_like(p, 0.5 + step)
+            torch.tpu.synchronize()
+            if step == 1:
+                recorded.append(_ops_recorded(opt.step))
+            else:
+                opt.step()
+    assert recorded[0] == recorded[1], recorded
 
 
 def test_scalar_list_values_do_not_rerun_inference():
