@@ -270,15 +270,36 @@ def test_each_tensors_chain_fuses_as_when_recorded_per_tensor():
         torch._foreach_addcmul_(s, a, b, 0.1)
         torch._foreach_add_(s, 1e-3)
 
-    counts = []
-    for fn in (per_tensor, foreach):
-        torch.tpu.synchronize()
-        torch_tpu_eager.reset_metrics()
-        fn(*state)
-        ran = aten_ops_during(torch.tpu.synchronize)
-        m = torch_tpu_eager.metrics()
-        counts.append((sorted(set(ran)), m["regions_run"], m["library_calls"], m["ops_executed"]))
-    assert counts[0] == counts[1]
+    assert _flush_counts(per_tensor, state) == _flush_counts(foreach, state)
+
+
+def _flush_counts(fn, state):
+    """The ops the host runs, regions, library calls and ops executed by the flush after ``fn(*state)``."""
+    torch.tpu.synchronize()
+    torch_tpu_eager.reset_metrics()
+    fn(*state)
+    ran = aten_ops_during(torch.tpu.synchronize)
+    m = torch_tpu_eager.metrics()
+    return sorted(set(ran)), m["regions_run"], m["library_calls"], m["ops_executed"]
+
+
+def test_amsgrad_decay_and_maximize_chains_fuse_as_when_recorded_per_tensor():
+    """Weight decay's functional add, amsgrad's maximum_ (CPU's clamp_min_ per tensor) and
+    maximize's neg expand into the nodes of the per-tensor calls CPU's loop makes."""
+    state = [_dev(_make(seed=s, positive=True)) for s in (0, 10, 20)]
+
+    def per_tensor(s, a, b):
+        grads = [x.add(y, alpha=0.1) for x, y in zip(a, s)]
+        grads = [g.neg() for g in grads]
+        for m, g in zip(b, grads):
+            m.clamp_min_(g)
+
+    def foreach(s, a, b):
+        grads = torch._foreach_add(a, s, alpha=0.1)
+        grads = torch._foreach_neg(grads)
+        torch._foreach_maximum_(b, grads)
+
+    assert _flush_counts(per_tensor, state) == _flush_counts(foreach, state)
 
 
 OPTIMIZERS = {
