@@ -187,10 +187,14 @@ def compare(args):
     if args.model == "flush":
         compare_flush(args)
         return
-    index = {"mlp": 0, "gpt": 1, "cnn": 2}[args.model]
-    name, make_model, make_opt, clip, make_batches = run_all._training_cases(False)[index]
-    batches = make_batches()
-    trainers = {d: run_all.StepTrainer(d, make_model, make_opt, clip, batches) for d in ("tpu", "cpu")}
+    if args.model == "digits":
+        name, batches = "digits MLP + Adam step", run_all.digits_data(10)[0]
+        trainers = {d: run_all.Trainer(d, batches) for d in ("tpu", "cpu")}
+    else:
+        index = {"mlp": 0, "gpt": 1, "cnn": 2}[args.model]
+        name, make_model, make_opt, clip, make_batches = run_all._training_cases(False)[index]
+        batches = make_batches()
+        trainers = {d: run_all.StepTrainer(d, make_model, make_opt, clip, batches) for d in ("tpu", "cpu")}
     for t in trainers.values():
         t.steps(args.warmup)
     times = {d: [] for d in trainers}
