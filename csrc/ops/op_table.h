@@ -97,6 +97,9 @@ enum OpTrait : uint64_t {
   // tensors are checked for overlap with the other tensors of their own index only, as each
   // per-tensor op checks its arguments. tools/gen_op_table.py FOREACH_EXPANDED.
   kExpandsPerTensor = 1ull << 41,
+  // More CPU call-time checks (see kCheckPowTensorScalar): a call that fails one runs eagerly.
+  kCheckGeluApproximate = 1ull << 42,  // gelu (_backward): `approximate` other than "none" / "tanh"
+  kCheckMultinomial = 1ull << 43,      // multinomial: input dtype, out dtype, sample and category counts
 };
 
 struct OpEntry {

@@ -525,6 +525,35 @@ bool degrees_of_freedom_not_positive(const torch::jit::Stack& stack, size_t firs
   return static_cast<double>(n) - c <= 0;
 }
 
+// gelu / gelu_ / gelu.out / gelu_backward (kCheckGeluApproximate): CPU's kernel parses its
+// one string argument, `approximate`, when it runs ("approximate argument must be either none
+// or tanh."); the structured meta function never reads it.
+bool gelu_approximate_known(const torch::jit::Stack& stack, size_t first) {
+  for (size_t i = first; i < stack.size(); ++i) {
+    if (!stack[i].isString()) continue;
+    const std::string& a = stack[i].toStringRef();
+    return a == "none" || a == "tanh";
+  }
+  return true;
+}
+
+// multinomial(self, num_samples, replacement, *, generator, out) (kCheckMultinomial): the
+// checks CPU's kernel makes before it draws, on metadata only. The meta kernel checks the
+// rank alone, so these calls run CPU's kernel, which raises its own error. (Probabilities
+// that are negative, infinite or sum to zero are values: CPU's kernel checks them when the
+// node runs, OpTrait kChecksValues.)
+bool multinomial_args_rejected(const torch::jit::Stack& stack, size_t first) {
+  const at::Tensor& self = stack[first].toTensor();
+  if (self.dim() < 1 || self.dim() > 2 || !at::isFloatingType(self.scalar_type())) return true;
+  const int64_t samples = stack[first + 1].toInt();
+  const int64_t categories = self.size(-1);
+  constexpr int64_t kFloatExactIntegers = int64_t{1} << 24;  // CPU: FLOAT32_MAX_CONSECUTIVE_INT
+  if (samples <= 0 || (!stack[first + 2].toBool() && samples > categories) || categories > kFloatExactIntegers)
+    return true;
+  const size_t out = first + 4;
+  return out < stack.size() && stack[out].isTensor() && stack[out].toTensor().scalar_type() != at::kLong;
+}
+
 // `divisor`: the integer divisor check's verdict (kCheckIntegerDivisor), made first so that
 // the node (when the call records one) takes it from here instead of checking again.
 bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_t first, DivisorCheck* divisor) {
@@ -578,6 +607,8 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   if ((check & kCheckDegreesOfFreedom) && stack[first].isTensor() && degrees_of_freedom_not_positive(stack, first))
     return true;
   if ((check & kCheckIndexValues) && plan.index_arg >= 0 && index_values_need_cpu(plan, stack, first)) return true;
+  if ((check & kCheckGeluApproximate) && !gelu_approximate_known(stack, first)) return true;
+  if ((check & kCheckMultinomial) && multinomial_args_rejected(stack, first)) return true;
   if ((check & kCheckSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
       stack[first].toTensor().scalar_type() != stack[first + 1].toTensor().scalar_type())
     return true;

@@ -13,6 +13,7 @@ makes the call under test (difftest.run_both_at_call).
 """
 
 import contextlib
+import math
 import warnings
 
 import pytest
@@ -880,6 +881,50 @@ META_SKIPS = {
 }
 
 
+# ---- argument checks in CPU's kernels that the meta kernels skip (test_ops.py test_errors) --
+# gelu parses `approximate` when its kernel runs, multinomial checks dtypes and counts before
+# it draws; the meta kernels read neither, so the error came at the read (or at the next op).
+def _probs(d, *shape, dtype=torch.float32):
+    return (torch.arange(math.prod(shape), device=d).reshape(shape) % 3 + 1).to(dtype)
+
+
+def _one_hot(d):
+    return torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], device=d)
+
+
+ARGUMENT_CHECKS = {
+    "gelu_bad_approximate": (lambda d: (_f(3, 4)(d),), lambda x: F.gelu(x, approximate="asdf")),
+    "gelu_inplace_bad_approximate": (lambda d: (_f(3, 4)(d),), lambda x: torch.ops.aten.gelu_(x, approximate="x")),
+    "gelu_out_bad_approximate": (
+        lambda d: (_f(3, 4)(d), torch.zeros(3, 4, device=d)),
+        lambda x, o: torch.ops.aten.gelu.out(x, approximate="Tanh", out=o),
+    ),
+    "gelu_backward_bad_approximate": (
+        lambda d: (_f(3, 4)(d), _f(3, 4)(d)),
+        lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate="erf"),
+    ),
+    "gelu_tanh": (lambda d: (_f(3, 4)(d),), lambda x: F.gelu(x, approximate="tanh")),
+    "multinomial_integer_input": (lambda d: (_probs(d, 4, dtype=torch.int64),), lambda p: torch.multinomial(p, 2)),
+    "multinomial_out_not_long": (
+        lambda d: (_probs(d, 4), torch.zeros(2, dtype=torch.float64, device=d)),
+        lambda p, o: torch.multinomial(p, 2, out=o),
+    ),
+    "multinomial_zero_samples": (lambda d: (_probs(d, 4),), lambda p: torch.multinomial(p, 0)),
+    "multinomial_zero_samples_replacement": (lambda d: (_probs(d, 2, 4),), lambda p: torch.multinomial(p, 0, True)),
+    "multinomial_more_samples_than_categories": (lambda d: (_probs(d, 2, 4),), lambda p: torch.multinomial(p, 5)),
+    "multinomial_too_many_categories": (
+        lambda d: (torch.ones(1, device=d),),
+        lambda p: torch.multinomial(p.expand(2**24 + 1), 1),
+    ),
+    "multinomial_one_hot_with_replacement": (lambda d: (_one_hot(d),), lambda p: torch.multinomial(p, 5, True)),
+    "multinomial_one_hot_out": (
+        lambda d: (_one_hot(d), torch.empty(0, dtype=torch.int64, device=d)),
+        lambda p, o: torch.multinomial(p, 1, out=o),
+    ),
+}
+META_SKIPS.update(ARGUMENT_CHECKS)
+
+
 @pytest.mark.parametrize("case", sorted(META_SKIPS))
 def test_cpu_checks_the_meta_kernels_skip(dev, case):
     build, act = META_SKIPS[case]
@@ -893,6 +938,15 @@ def test_bucketize_2d_boundaries_after_a_1d_call():
     torch.bucketize(v.to("tpu"), torch.tensor([1, 4, 9], device="tpu"))
     with pytest.raises(RuntimeError, match=r"^boundaries tensor must be 1 dimension, but got dim\(2\)$"):
         torch.bucketize(v.to("tpu"), _b2("tpu"))
+
+
+@requires_tpu
+def test_gelu_bad_approximate_after_a_cached_call():
+    # A valid call fills the meta cache; the same shapes with a bad string must still raise.
+    x = torch.ones(3, device="tpu")
+    F.gelu(x, approximate="tanh")
+    with pytest.raises(RuntimeError, match=r"^approximate argument must be either none or tanh\.$"):
+        F.gelu(x, approximate="nope")
 
 
 # ---- var / std with no degrees of freedom: CPU warns at the call ----------------------

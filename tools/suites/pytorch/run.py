@@ -121,6 +121,8 @@ def run_file(args, name, outdir):
     if args.device == "cpu" and not args.autoload:
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     sel, desel = SUBSET.get(name, (None, None))
+    if args.select:
+        sel = args.select
     for key, val in (("SUITE_SELECT", sel), ("SUITE_DESELECT", desel)):
         if val:
             env[key] = val
@@ -232,6 +234,9 @@ def main():
     p.add_argument("--pythonpath")
     p.add_argument("--files", nargs="+", default=FILES)
     p.add_argument("-k")
+    p.add_argument(
+        "--select", help="regex on the test's name replacing the file's subset (test_ops: float32 tests only)"
+    )
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--bypass", action="store_true")
     p.add_argument(
