@@ -198,14 +198,6 @@ inline uint64_t* write_ref(uint64_t* __restrict p, const TensorRef& r, int32_t n
   return p + 2 + 2 * rank;
 }
 
-// The number of the next reference's storage (`number` walks fs.numbers):
-// the queue's, given at enqueue (fs.numbered), or numbered now.
-C10_ALWAYS_INLINE int32_t next_number(FlushStorages& fs, DeferredStorage* s, uint64_t stamp, int32_t*& number) {
-  const int32_t k = fs.numbered ? *number : number_storage(fs, s, stamp, number);
-  ++number;
-  return k;
-}
-
 // The words node `n` writes before its arguments of rare kinds, at most.
 size_t node_bound(const Node& n) {
   size_t bound = 3 + n.returns.size() + n.list_lens.size() + 2 * n.args.size();
@@ -249,7 +241,7 @@ void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* ke
       uint64_t pair = 0;
       bool half = false;
       auto put_number = [&](DeferredStorage* s) {
-        const uint64_t k = static_cast<uint32_t>(next_number(fs, s, stamp, numbers));
+        const uint64_t k = static_cast<uint32_t>(number_storage(fs, s, stamp, numbers++));
         if (half) *p++ = pair | k << 32;
         pair = k;
         half = !half;
@@ -273,13 +265,13 @@ void flush_structure(const std::vector<Node>& g, FlushStorages& fs, FlushKey* ke
            uint64_t{node.outputs.size()} << 32 | uint64_t{node.args.size()} << 48;
     for (const auto& in : node.inputs) {
       if (C10_UNLIKELY(in.ref.dim() > TensorRef::kInline)) p = make_room(w, p, node_bound(node));
-      p = write_ref(p, in.ref, next_number(fs, in.ref.storage.get(), stamp, numbers), uint64_t{in.written});
+      p = write_ref(p, in.ref, number_storage(fs, in.ref.storage.get(), stamp, numbers++), uint64_t{in.written});
       *p++ = static_cast<uint64_t>(static_cast<uint32_t>(in.arg)) |
              static_cast<uint64_t>(static_cast<uint32_t>(in.elem + 1)) << 32;
     }
     for (const auto& o : node.outputs) {
       if (C10_UNLIKELY(o.dim() > TensorRef::kInline)) p = make_room(w, p, node_bound(node));
-      p = write_ref(p, o, next_number(fs, o.storage.get(), stamp, numbers), 0);
+      p = write_ref(p, o, number_storage(fs, o.storage.get(), stamp, numbers++), 0);
     }
     *p++ = static_cast<uint64_t>(node.returns.size()) | static_cast<uint64_t>(node.list_lens.size()) << 32;
     for (int r : node.returns) *p++ = static_cast<uint64_t>(static_cast<int64_t>(r));

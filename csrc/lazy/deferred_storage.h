@@ -70,12 +70,6 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   // Number of queued (unflushed) nodes that read or write this storage.
   // Guarded by the queue mutex. Zero means the host buffer is current.
   int64_t pending_uses = 0;
-  // The storage's number among the distinct storages of its chip's pending
-  // nodes (numbered as they are enqueued: lazy/queue.cpp's StorageTable),
-  // valid while `queue_epoch` is that table's epoch. Guarded by the queue
-  // mutex, as pending_uses.
-  uint64_t queue_epoch = 0;
-  int32_t queue_number = 0;
   // Scratch of index_flush_storages (lazy/queue.h), which runs under the flush
   // lock: the storage's number in the flush being indexed and its uses there,
   // valid while `index_stamp` is that pass's stamp (numbering by a field of

@@ -54,88 +54,6 @@ DeviceQueue& Q() {
   return *q;
 }
 
-// A fresh epoch for a StorageTable (0 is no table's: a new storage's queue_epoch).
-uint64_t next_table_epoch() {
-  static std::atomic<uint64_t> last{0};
-  return last.fetch_add(1, std::memory_order_relaxed) + 1;
-}
-
-// Room for `extra` more elements, growing by doubling (push_back's growth):
-// the pushes after it do not allocate, so they cannot throw.
-template <typename T>
-void room_for(std::vector<T>& v, size_t extra) {
-  if (v.size() + extra > v.capacity()) v.reserve(std::max(2 * v.capacity(), v.size() + extra));
-}
-
-// The distinct storages of a chip's pending nodes, numbered in order of first
-// use as the nodes are enqueued (each node's inputs, then its outputs: the
-// order FlushStorages numbers them in). It holds one reference to each
-// storage for every reference of the nodes (StorageRef::queued), and drops
-// it once when the flush is done.
-struct StorageTable {
-  uint64_t epoch = next_table_epoch();     // DeferredStorage::queue_epoch of its storages
-  std::vector<DeferredStorage*> storages;  // by number; the table holds one reference to each
-  std::vector<int32_t> uses;               // by number: references of the nodes to it
-  std::vector<int32_t> numbers;            // per reference of the nodes, in order
-
-  StorageTable() = default;
-  StorageTable(const StorageTable&) = delete;
-  StorageTable& operator=(const StorageTable&) = delete;
-  ~StorageTable() {
-    if (!storages.empty()) release();
-  }
-
-  // Room for a node's `nrefs` references: add() then does not allocate.
-  void reserve_more(size_t nrefs) {
-    room_for(storages, nrefs);
-    room_for(uses, nrefs);
-    room_for(numbers, nrefs);
-  }
-  // Numbers the next reference's storage and takes over its reference: the
-  // table's own for a storage new to it, else dropped (the table holds the
-  // storage). Counts the use (DeferredStorage::pending_uses). Needs room (reserve_more).
-  C10_ALWAYS_INLINE void add(StorageRef& r) noexcept {
-    DeferredStorage* s = r.get();
-    s->pending_uses++;
-    if (s->queue_epoch != epoch) {
-      s->queue_epoch = epoch;
-      s->queue_number = static_cast<int32_t>(storages.size());
-      storages.push_back(s);
-      uses.push_back(0);
-      if (r.queued()) (void)StoragePtr::reclaim_copy(s).release();  // a reference of its own
-    } else if (!r.queued()) {
-      (void)StoragePtr::reclaim(s);  // not the last reference: the table holds one
-    }
-    uses[static_cast<size_t>(s->queue_number)]++;
-    numbers.push_back(s->queue_number);
-    r.mark_queued();
-  }
-  // Drops the table's reference to each storage (a storage nothing else holds
-  // is freed) and empties it, keeping its room; a new epoch.
-  void release() noexcept {
-    for (DeferredStorage* s : storages) (void)StoragePtr::reclaim(s);
-    storages.clear();
-    uses.clear();
-    numbers.clear();
-    epoch = next_table_epoch();
-  }
-  void swap(StorageTable& o) noexcept {
-    std::swap(epoch, o.epoch);
-    storages.swap(o.storages);
-    uses.swap(o.uses);
-    numbers.swap(o.numbers);
-  }
-};
-
-// The nodes a flush took from a chip's queue and their table, while
-// jit::run_graph runs them (begin_flush_storages reads the numbers). Under
-// the flush lock; a nested flush saves and restores it.
-struct Flushing {
-  const std::vector<Node>* nodes = nullptr;
-  const StorageTable* table = nullptr;
-};
-Flushing g_flushing;
-
 // One queue per simulated chip: its pending nodes (every storage a node uses
 // lives on that chip; ops mixing chips raise at record time and chip-to-chip
 // copies go through the host) and its simulated clock.
@@ -151,10 +69,6 @@ struct ChipQueue {
   // flush ~7 K instructions in malloc). Only flush_device uses it, under the
   // flush lock (and `mu` where it swaps it with `nodes`).
   std::vector<Node> spare;
-  // The distinct storages of `nodes`, numbered (guarded by `mu`), and an
-  // empty table with room for the next flush's (used as `spare`).
-  StorageTable table;
-  StorageTable spare_table;
   int64_t pending_bytes = 0;
   double sim_time_s = 0;  // simulated device time of every kernel run on the chip
   int64_t stream = 0;     // the stream of the pending nodes
@@ -173,6 +87,12 @@ int node_device(const Node& n) {
   if (!n.outputs.empty()) return n.outputs[0].storage->device;
   if (!n.inputs.empty()) return n.inputs[0].ref.storage->device;
   return 0;
+}
+
+// Inline: the flush calls it for every node (a call was ~8 of its ~30 instructions a node).
+C10_ALWAYS_INLINE void touch(Node& n, int delta) {
+  for (auto& in : n.inputs) in.ref.storage->pending_uses += delta;
+  for (auto& out : n.outputs) out.storage->pending_uses += delta;
 }
 
 }  // namespace
@@ -426,14 +346,10 @@ void enqueue(Node&& node, int64_t fresh_bytes, int precision) {
     // after this node is pending (and then not installed: share_if_idle).
     for (const auto& in : node.inputs)
       if (in.written) unshare_for_write(in.ref.storage.get());
-    c.table.reserve_more(node.inputs.size() + node.outputs.size());  // may throw: before the node is queued
     node.seq = q.next_seq++;
     if (kineto::recording()) kineto::note_op(node.seq);
+    touch(node, +1);
     c.nodes.push_back(std::move(node));
-    // Its storages into the table, which holds them from here on (nothing below throws).
-    Node& queued = c.nodes.back();
-    for (auto& in : queued.inputs) c.table.add(in.ref.storage);
-    for (auto& out : queued.outputs) c.table.add(out.storage);
     c.pending_bytes += fresh_bytes;
     q.ops_recorded.fetch_add(1, std::memory_order_relaxed);
     if (q.mode.load(std::memory_order_relaxed) != EagerMode::kDeferAndFuse) {
@@ -475,7 +391,6 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
     }
   }
   std::vector<Node> nodes;
-  StorageTable table;  // the nodes' storages; drops them when the flush is done
   int64_t stream;
   int precision;
   double start_s;  // the stream's clock: where the flush's first kernel starts
@@ -487,8 +402,6 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
     const auto clock = c.stream_clock.find(stream);
     start_s = clock == c.stream_clock.end() ? 0.0 : clock->second;
     nodes.swap(c.nodes);
-    table.swap(c.table);
-    c.table.swap(c.spare_table);  // empty, of a new epoch (release)
     // Room for as many nodes as this flush had: growing the vector node by node moved every node ~once more.
     c.nodes.swap(c.spare);
     c.nodes.reserve(std::min(nodes.size(), static_cast<size_t>(std::max<int64_t>(queue_limits().first, 1))));
@@ -501,15 +414,7 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
     ChipGuard chip(device);                   // storages the executor allocates belong to this chip
     kineto::FlushLane lane(stream, start_s);  // torch.profiler: the stream's track, from its clock
     RunPrecision run_at(precision);           // the precision the nodes were recorded at
-    const Flushing outer = g_flushing;
-    g_flushing = Flushing{&nodes, &table};
-    try {
-      error = jit::run_graph(nodes, delta);
-    } catch (...) {
-      g_flushing = outer;
-      throw;
-    }
-    g_flushing = outer;
+    error = jit::run_graph(nodes, delta);
   }
   debug::on_flush(reason, nodes.size(), delta,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), current_location());
@@ -522,8 +427,7 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   }
   {
     std::lock_guard<SpinLock> lock(c.mu);
-    // The nodes' uses, a storage at a time.
-    for (size_t k = 0; k < table.storages.size(); ++k) table.storages[k]->pending_uses -= table.uses[k];
+    for (auto& n : nodes) touch(n, -1);
     c.sim_time_s += delta.sim_time_s;
     c.stream_clock[stream] += delta.sim_time_s;
   }
@@ -536,11 +440,8 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   }
   {
     BlockFreeBatch batch;  // the dying intermediates' blocks go back to the cache under one lock
-    nodes.clear();         // their references are the table's (queued): nothing to drop one by one
-    table.release();       // each storage once, outside the lock
+    nodes.clear();         // drop storage references outside the lock
   }
-  if (c.spare_table.numbers.capacity() < table.numbers.capacity() && table.numbers.capacity() <= 4096)
-    c.spare_table.swap(table);
   // Keeps the room (nodes is empty), up to 1024 nodes' worth. Under the
   // flush lock alone: no other thread uses `spare` meanwhile (a lock and
   // unlock of `mu` less per flush).
@@ -555,23 +456,10 @@ uint64_t begin_flush_storages(const std::vector<Node>& g, FlushStorages& f) {
   static uint64_t last_stamp = 0;
   size_t nrefs = 0;
   for (const auto& n : g) nrefs += n.inputs.size() + n.outputs.size();
-  f.stamp = ++last_stamp;
-  const StorageTable* t = g_flushing.nodes == &g ? g_flushing.table : nullptr;
-  f.numbered = t != nullptr && t->numbers.size() == nrefs;
-  if (f.numbered) {  // numbered at enqueue: the scratch fields as number_storage writes them
-    f.storages.assign(t->storages.begin(), t->storages.end());
-    f.numbers.assign(t->numbers.begin(), t->numbers.end());
-    for (size_t k = 0; k < f.storages.size(); ++k) {
-      DeferredStorage* s = f.storages[k];
-      s->index_stamp = f.stamp;
-      s->index_number = static_cast<int32_t>(k);
-      s->index_uses = t->uses[k];
-    }
-    return f.stamp;
-  }
   f.numbers.resize(nrefs);
   f.storages.clear();
   f.storages.reserve(nrefs);
+  f.stamp = ++last_stamp;
   return f.stamp;
 }
 
@@ -591,7 +479,6 @@ void index_flush_storages(const std::vector<Node>& g, FlushStorages& f) {
   const uint64_t stamp = begin_flush_storages(g, f);
   int32_t* number = f.numbers.data();
   for (const auto& n : g) {
-    if (f.numbered) break;
     for (const auto& in : n.inputs) (void)number_storage(f, in.ref.storage.get(), stamp, number++);
     for (const auto& out : n.outputs) (void)number_storage(f, out.storage.get(), stamp, number++);
   }

@@ -12,7 +12,6 @@
 #include <mutex>
 #include <string>
 #include <unordered_set>
-#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -246,58 +245,6 @@ class Dims {
   uint32_t size_ = 0;
 };
 
-// A tensor reference's storage. It owns a reference to it (as a StoragePtr)
-// until its node is enqueued; from then on the queue's table of the chip's
-// pending storages (lazy/queue.cpp) holds each storage once for all the
-// references of the pending nodes, and this one only points at it
-// (queued()), so a flush neither releases the references one by one (an
-// atomic decrement each) nor numbers them (they are numbered at enqueue). A
-// copy owns its storage again: it may outlive the flush.
-class StorageRef {
- public:
-  StorageRef() = default;
-  StorageRef(StoragePtr p) noexcept : bits_(reinterpret_cast<uintptr_t>(p.release())) {}  // NOLINT: implicit
-  StorageRef(const StorageRef& o) noexcept : bits_(reinterpret_cast<uintptr_t>(o.get())) { incref(); }
-  StorageRef(StorageRef&& o) noexcept : bits_(o.bits_) { o.bits_ = 0; }
-  StorageRef& operator=(const StorageRef& o) noexcept {
-    StorageRef copy(o);
-    std::swap(bits_, copy.bits_);
-    return *this;
-  }
-  StorageRef& operator=(StorageRef&& o) noexcept {
-    if (this != &o) {
-      drop();
-      bits_ = o.bits_;
-      o.bits_ = 0;
-    }
-    return *this;
-  }
-  ~StorageRef() { drop(); }
-
-  DeferredStorage* get() const noexcept { return reinterpret_cast<DeferredStorage*>(bits_ & ~kQueued); }
-  DeferredStorage* operator->() const noexcept { return get(); }
-  DeferredStorage& operator*() const noexcept { return *get(); }
-  explicit operator bool() const noexcept { return bits_ != 0; }
-  // Whether the queue's table holds the storage for it (it owns no reference).
-  bool queued() const noexcept { return (bits_ & kQueued) != 0; }
-  // Hands its reference to the queue's table (which now holds the storage for it).
-  void mark_queued() noexcept { bits_ |= kQueued; }
-  friend bool operator==(const StorageRef& a, const StorageRef& b) { return a.get() == b.get(); }
-  friend bool operator!=(const StorageRef& a, const StorageRef& b) { return a.get() != b.get(); }
-
- private:
-  // DeferredStorages are heap objects of 8-byte alignment or more: bit 0 is free.
-  static constexpr uintptr_t kQueued = 1;
-  void incref() noexcept {
-    if (bits_ != 0) (void)StoragePtr::reclaim_copy(get()).release();
-  }
-  void drop() noexcept {
-    if (bits_ != 0 && !queued()) (void)StoragePtr::reclaim(get());
-    bits_ = 0;
-  }
-  uintptr_t bits_ = 0;
-};
-
 // Snapshot of a tensor's view of a deferred storage at record time:
 // (storage, dtype, sizes, strides, storage offset). Later metadata changes of
 // the tensor (resize_, set_, t_) do not affect a recorded op.
@@ -327,7 +274,7 @@ struct TensorRef {
   TensorRef& operator=(TensorRef&& o) noexcept;
   ~TensorRef() { release(); }
 
-  StorageRef storage;
+  StoragePtr storage;
   int64_t offset = 0;
 
   size_t dim() const { return rank_; }
@@ -552,10 +499,6 @@ struct FlushStorages {
   uint64_t stamp = 0;
   // The observed storages as a set (what partition and liveness take).
   StorageSet observed_set() const;
-  // Set by begin_flush_storages when the nodes are the ones the queue
-  // numbered at enqueue (storages and numbers are then filled): the pass
-  // reads numbers[i] instead of calling number_storage.
-  bool numbered = false;
 };
 // Numbers the storages of `g` into `f` (whose vectors keep their room: a
 // thread's flushes reuse one) and finds which are observed after the flush.
@@ -568,10 +511,6 @@ void index_flush_storages(const std::vector<Node>& g, FlushStorages& f);
 // references of `g` and returns the pass's stamp; number_storage numbers the
 // storage of the next reference (in index_flush_storages' order) and returns
 // its number; end_flush_storages finds which storages are observed.
-// When `g` is the nodes a flush took from the queue (not a graph derived from
-// them), begin_flush_storages fills `f.storages` and `f.numbers` from the
-// numbers the queue gave at enqueue and sets `f.numbered`: the pass then
-// reads the numbers instead of calling number_storage.
 uint64_t begin_flush_storages(const std::vector<Node>& g, FlushStorages& f);
 inline int32_t number_storage(FlushStorages& f, DeferredStorage* s, uint64_t stamp, int32_t* number) {
   if (s->index_stamp != stamp) {
