@@ -1082,13 +1082,15 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   };
   std::vector<Sym> syms;
   // Marked sizes cut into equal parts (chunk(q), split(base / q)): when the
-  // region reads a part of number >= 1 (k or v of qkv.chunk(3)), or splits
-  // a part (q.view(16, -1, 64)), not only reads the first (which a fixed
-  // slice that divides the size by chance, d[:, :2] of n = 40, also is),
-  // the part is the symbol: (base, q).
+  // region reads a part (q, k or v of qkv.chunk(3), the first alone too:
+  // q = qkv[..., :c] used whole), or splits one (q.view(16, -1, 64)), the
+  // part is the symbol: (base, q). A fixed slice that is a whole part of
+  // the compile's size by chance (d[:, :8] of n = 40) is taken for one; the
+  // next size's launch check plans it again as a number (never a wrong
+  // binding).
   std::vector<std::pair<int64_t, int64_t>> cut;
   for (const auto& d : dynamic)
-    if (d.part > 1 && (d.index >= 1 || d.divisor > 1) && d.base > 1 &&
+    if (d.part > 1 && d.base > 1 &&
         std::none_of(cut.begin(), cut.end(), [&](const auto& x) { return x.first == d.base; }))
       cut.emplace_back(d.base, d.part);
   auto parts_of = [&](int64_t base) {

@@ -523,3 +523,55 @@ def test_heads_split_into_equal_factors_keys_with_the_others(spyre_target):
         assert f"syms=[s0={n // 64}, s1=64]" in spyre.dump_ktir()
     m = tte.metrics()
     assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+FIRST_PART = {
+    # q = qkv[..., :c] used whole (no split, no other part read)
+    "chunk(3)[0]": (lambda d: d.chunk(3, 1)[0] * 2.0, 3),
+    "[:, :n / 3]": (lambda d: d[:, : d.shape[1] // 3] * 2.0, 3),
+    "chunk(2)[0]": (lambda d: d.chunk(2, 1)[0] * 2.0, 2),
+}
+
+
+@pytest.mark.parametrize("case", list(FIRST_PART))
+def test_first_equal_part_read_alone_keeps_one_program(spyre_target, case):
+    # A region that reads only the first of q equal parts of a marked (16,
+    # q*c), unsplit: the part is the symbol, the marked size q*s0 its pitch
+    # and element count. main at 73cecf6: c a number, a plan per shape.
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    fn, q = FIRST_PART[case]
+    tte.reset_metrics()
+    for seed, c in enumerate((40, 77, 130)):
+        a = _inputs(torch.float16, seed=440 + seed, shape=(16, q * c))
+        got = fn(_marked(tte, a, (1,), upper=q * 512)).cpu()
+        assert same(got, store(fn(a.float()), torch.float16)) == 0
+        text = spyre.dump_ktir()
+        want = [f"syms=[s0={c}]", f"elems={16 * q}*s0\n", f"offset=0 sizes=[16, s0] strides=[{q}*s0, 1]"]
+        assert all(t in text for t in want), text
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+def test_first_part_guard_a_size_not_divisible_plans_its_own(spyre_target):
+    # d[:, :n // 3] of n = 121: 40 columns, no third of 121 (the same key):
+    # the part program's pitch 3*40 is not the launch's 121, so it plans its
+    # own (40 a number, pitch s0), which 122 binds; 150 (a third, 50) plans
+    # the part program again. A fixed d[:, :8] whose 8 is a fifth of
+    # the first n = 40 is taken for a part; n = 77 plans again. Values of
+    # the df16 reference throughout.
+    tte = spyre_target
+    for fn, sizes, want in (
+        (lambda d: d[:, : d.shape[1] // 3] * 2.0, (120, 231, 390, 121, 122, 150), [1, 1, 1, 2, 2, 3]),
+        (lambda d: d[:, :8] + 1.0, (40, 77, 130), [1, 2, 2]),
+    ):
+        tte.reset_metrics()
+        plans = []
+        for seed, n in enumerate(sizes):
+            a = _inputs(torch.float16, seed=450 + seed, shape=(16, n))
+            got = fn(_marked(tte, a, (1,), upper=1536)).cpu()
+            assert same(got, store(fn(a.float()), torch.float16)) == 0
+            plans.append(tte.metrics()["plans_built"])
+        assert tte.metrics()["compiles"] == 1
+        assert plans == want
