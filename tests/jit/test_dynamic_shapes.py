@@ -345,3 +345,31 @@ def test_equal_parts_and_their_guard_give_cpu_values():
         a, d = _cpu_and_marked(n, 1536)
         got = [(p * 2.0 - 1.0).cpu() for p in d.chunk(3, 1)]
         assert all(torch.equal(g, p * 2.0 - 1.0) for g, p in zip(got, a.chunk(3, 1)))
+
+
+STEP_SLICES = {
+    # attention's k.transpose(-2, -1) of a (n, 16) k marked at its rows,
+    # every other column; from column 1; every third
+    "t()[:, ::2]": ((0,), lambda n: (n, 16), lambda x: x.t()[:, ::2] * 2.0),
+    "t()[:, 1::2]": ((0,), lambda n: (n, 16), lambda x: x.t()[:, 1::2] * 2.0 - 1.0),
+    "t()[:, ::3]": ((0,), lambda n: (n, 16), lambda x: x.t()[:, ::3] * 3.0),
+}
+
+
+@pytest.mark.parametrize("case", list(STEP_SLICES))
+def test_a_step_slice_of_the_marked_dim_keeps_one_region(case):
+    # A step slice to the end of the marked dim of a transposed view: keyed
+    # by the range on the dim of the step's stride (main
+    # at 73cecf6 kept the mark at its index: the transposed view's 16 rows
+    # keyed as the range, the marked columns by their power of two, 3
+    # compiles); CPU's values at each size, even and odd.
+    tte = _tte()
+    dims, shape, fn = STEP_SLICES[case]
+    tte.reset_metrics()
+    for n in (40, 77, 130):
+        a = torch.randn(*shape(n))
+        d = a.to("tpu")
+        for dim in dims:
+            tte.mark_dynamic(d, dim, 1, 500 + list(STEP_SLICES).index(case))  # a bound per case: its own key
+        assert torch.equal(fn(d).cpu(), fn(a))
+    assert _compiles(tte) == 1
