@@ -124,6 +124,7 @@ struct ViewMark {
   int64_t pair = -1;            // a split's other part (its size `divisor`), else -1
   int64_t part = 1, index = 0;  // one of `part` equal parts of the marked dim, number `index`
   int64_t step = 1;             // a step slice of the marked dim (step_dim)
+  int64_t trim = 0;             // a split of a slice: base - its elements (split_mark)
 };
 
 // `size` elements from `start` of mark m's dim as one of q equal parts
@@ -157,11 +158,18 @@ ViewMark split_mark(const Range& m, const TensorRef& r) {
     if (b <= 1 || r.strides()[i] != m.stride) continue;
     for (int64_t o = 0; o < nd; ++o) {
       const int64_t a = r.sizes()[o];
-      if (o == i || a < 2 || std::min(a, b) > 255 || r.strides()[o] != b * m.stride || m.base % (a * b) != 0) continue;
-      const auto [part, index] = a * b == m.base ? std::pair<int64_t, int64_t>{1, 0} : equal_part(m, a * b, start);
-      if (a * b != m.base && part == 1) continue;
+      if (o == i || a < 2 || std::min(a, b) > 255 || r.strides()[o] != b * m.stride) continue;
+      const auto [part, index] =
+          a * b == m.base || m.base % (a * b) != 0 ? std::pair<int64_t, int64_t>{1, 0} : equal_part(m, a * b, start);
+      // A split of a slice near the whole from a start (x[:, 1:].view(b, -1,
+      // 64), a CLS token dropped): a * b elements from start > 0, the rest
+      // (`trim`) at most half of the base. Not from 0: d[:, :n // 64 * 64]
+      // trims a remainder that changes with n (no split, as before).
+      const int64_t trim = part == 1 ? m.base - a * b : 0;
+      if (trim != 0 && (trim < 0 || start == 0 || 2 * trim > m.base || start + a * b > m.base)) continue;
       if (found.dim >= 0) return {};
       found = {o, 1, b, i, part, index};
+      found.trim = trim;
     }
   }
   return found;
@@ -244,7 +252,9 @@ uint64_t range_word(const Range& m, const ViewMark& v) {
   const auto upper = static_cast<uint64_t>(m.carried ? m.key_upper : m.upper);
   // Not the divisor: it changes with the size for the fixed part of a split
   // (the 64 of n / 64 rows of 64), which keys as its other part does.
-  const uint64_t factor = v.divisor > 1 ? kDividedTag
+  // A split of a slice keys by its trim's low 8 bits (a trim that changes
+  // with the size, n // 64 * 64 of n, keys apart more often than not).
+  const uint64_t factor = v.divisor > 1 ? kDividedTag | static_cast<uint64_t>(v.trim & 0xFF) << 48
                           : v.step > 1  ? kStepTag | static_cast<uint64_t>(v.step) << 48
                                         : static_cast<uint64_t>(v.scale) << 48;
   return kRangeTag | (m.carried ? kFollowTag : 0) | factor | (upper & kUpperBits);
@@ -349,8 +359,9 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
     const int64_t n = r.sizes()[v.dim];
     if (!in_range(m, v, n)) continue;
     out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale, v.divisor, v.part, v.index, v.step,
-                             v.step > 1 ? start_along(m, r) : 0});
-    if (v.pair >= 0) out.push_back(DynamicDim{v.pair, v.divisor, m.base, m.lower, m.upper, 1, n, v.part, v.index});
+                             v.step > 1 ? start_along(m, r) : 0, v.trim});
+    if (v.pair >= 0)
+      out.push_back(DynamicDim{v.pair, v.divisor, m.base, m.lower, m.upper, 1, n, v.part, v.index, 1, 0, v.trim});
   }
   return out;
 }

@@ -19,7 +19,8 @@
 //    marked dim with fixed ones (size k * base: keyed by the range and k),
 //    or on both parts of a split of the marked dim into two (sizes a and
 //    base / a: both keyed by the range, whichever of them is fixed), or of
-//    one of q equal parts of it (q.view(b, -1, 64) of qkv's q, base / q);
+//    one of q equal parts of it (q.view(b, -1, 64) of qkv's q, base / q),
+//    or of a slice of it from a start (x[:, 1:].view(b, -1, 64));
 //  - a step slice to the end of the marked dim (d[:, 1::3], or
 //    k.t()[:, ::2] of a transposed view, whose dims keep no marked stride):
 //    the dim of stride step * the marked one, keyed by the range and step;
@@ -65,9 +66,11 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
 // for v); a split of such a part (q.view(b, -1, 64)) has size * divisor *
 // part == base. `step` > 1: a step slice of the marked dim to its end
 // (d[:, ::2], or k.t()[:, 1::2] of a transposed view), from element
-// `start`: size ceil((base - start) / step).
+// `start`: size ceil((base - start) / step). `trim` > 0: the split is of a
+// slice near the whole (x[:, 1:].view(b, -1, 64)): size * divisor == base -
+// trim, 2 * trim <= base.
 struct DynamicDim {
-  int64_t dim, size, base, lower, upper, scale = 1, divisor = 1, part = 1, index = 0, step = 1, start = 0;
+  int64_t dim, size, base, lower, upper, scale = 1, divisor = 1, part = 1, index = 0, step = 1, start = 0, trim = 0;
 };
 std::vector<DynamicDim> dynamic_dims(const TensorRef& r);
 

@@ -373,3 +373,16 @@ def test_a_step_slice_of_the_marked_dim_keeps_one_region(case):
             tte.mark_dynamic(d, dim, 1, 500 + list(STEP_SLICES).index(case))  # a bound per case: its own key
         assert torch.equal(fn(d).cpu(), fn(a))
     assert _compiles(tte) == 1
+
+
+def test_a_split_of_a_slice_keeps_one_region():
+    # d[:, 1:].view(16, -1, 64) of (16, 64r + 1) marked at dim 1 (a CLS
+    # token dropped, the rest split into heads): both parts keyed by the
+    # range. main at 73cecf6: the 64 keyed as the marked dim, the rows by
+    # their power of two (3 compiles); CPU's values at each.
+    tte = _tte()
+    tte.reset_metrics()
+    for r in (10, 17, 40):
+        a, d = _cpu_and_marked(64 * r + 1, 4093)
+        assert torch.equal((d[:, 1:].view(16, -1, 64) * 2.0).cpu(), a[:, 1:].view(16, -1, 64) * 2.0)
+    assert _compiles(tte) == 1

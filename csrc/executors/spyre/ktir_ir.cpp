@@ -1132,6 +1132,7 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     int64_t n, t, step, start, view, dim;
   };
   std::vector<StepSlice> steps;
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> trims;  // a split of a slice: n, a, b, trim
   auto sym_of = [&](int64_t base, int64_t lower, int64_t upper) {
     auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == base; });
     if (it == syms.end()) return syms.insert(syms.end(), Sym{base, lower, upper});
@@ -1162,12 +1163,20 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     if (d.divisor > 1) {
       if (d.part != (d.part > 1 ? q : 1)) continue;
       const int64_t div = d.divisor * d.part;
-      if (d.size <= 1 || d.size * div != d.base) continue;
-      const int64_t lower = (std::max<int64_t>(0, d.lower) + div - 1) / div;
+      if (d.size <= 1 || d.size * div + d.trim != d.base) continue;
+      // A split of a slice (x[:, 1:].view(16, -1, 64)): the base n is a
+      // symbol (the pitch, the element count), rewritten below as the
+      // parts' product plus the trim.
+      if (d.trim > 0) {
+        sym_of(d.base, d.lower, d.upper);
+        if (std::none_of(trims.begin(), trims.end(), [&](const auto& x) { return std::get<0>(x) == d.base; }))
+          trims.emplace_back(d.base, d.size, d.divisor, d.trim);
+      }
+      const int64_t lower = (std::max<int64_t>(0, d.lower - d.trim) + div - 1) / div;
       auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.size; });
       if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.size, lower, d.upper / div});
       it->lower = std::max(it->lower, lower);
-      it->upper = std::min(it->upper, d.upper / div);
+      it->upper = std::min(it->upper, (d.upper - d.trim) / div);
       it->part = std::max(it->part, d.part);
       continue;
     }
@@ -1358,6 +1367,14 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     affine_add(by, 1, KtirExpr::symbol(static_cast<int>(syms.size() - 1)));
     for_each_expr(p, [&](KtirExpr& e) {
       if (e.symbolic()) e = affine_replace(e, static_cast<int>(k), by);
+    });
+  }
+  for (const auto& [n, a, b, trim] : trims) {
+    const int kn = sym_index(n);
+    KtirExpr by = affine_mul(KtirExpr::symbol(sym_index(a)), KtirExpr::symbol(sym_index(b)));
+    by.constant += trim;
+    for_each_expr(p, [&](KtirExpr& e) {
+      if (e.symbolic()) e = affine_replace(e, kn, by);
     });
   }
   for (const auto& st : steps) {

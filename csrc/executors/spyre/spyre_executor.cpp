@@ -303,7 +303,7 @@ class SpyreKernel final : public Kernel {
       if (v.lx || !v.loaded) continue;
       for (const jit::DynamicDim& d : jit::dynamic_dims(*v.ref))
         dynamic.push_back(KtirDynamicDim{d.size, d.base, d.lower, d.upper, d.scale, d.divisor, d.part, d.index, d.step,
-                                         d.start, static_cast<int64_t>(i), d.dim});
+                                         d.start, static_cast<int64_t>(i), d.dim, d.trim});
     }
     program_ = launch;
     ktir_symbolize(program_, dynamic);

@@ -646,3 +646,45 @@ def test_step_slice_guards_plan_their_own(spyre_target):
         m = tte.metrics()
         counts.append((m["compiles"], m["plans_built"]))
     assert counts == [(1, 1), (1, 1), (2, 2), (2, 3), (2, 3), (2, 4)]
+
+
+def _drop_heads(d, start=1):
+    # A ViT's CLS token dropped, the rest split into heads of 64.
+    return d[:, start:].view(16, -1, 64) * 2.0
+
+
+def test_split_of_a_slice_keeps_one_program(spyre_target):
+    # d[:, 1:].view(16, -1, 64) of (16, 64r + 1) marked at dim 1: a split of
+    # a slice from a start; the parts are s0, s1 and n is s0*s1+1 (its
+    # pitch and element count). main at 73cecf6: the 64 keyed as the marked
+    # dim, the rows by their power of two: 3 compiles, a plan per shape.
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    for seed, r in enumerate((10, 17, 40)):
+        a = _inputs(torch.float16, seed=480 + seed, shape=(16, 64 * r + 1))
+        got = _drop_heads(_marked(tte, a, (1,), upper=4096)).cpu()
+        assert same(got, store(_drop_heads(a.float()), torch.float16)) == 0
+        text = spyre.dump_ktir()
+        want = [f"syms=[s0={r}, s1=64]", "elems=16*s0*s1+16\n", "offset=1 sizes=[16, s0, s1] strides=[s0*s1+1, s1, 1]"]
+        assert all(t in text for t in want), text
+        assert spyre.format_ktir(text) == text
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+def test_split_of_a_slice_guard_plans_its_own(spyre_target):
+    # d[:, 257:] keys as d[:, 1:] (the trim's low 8 bits), but the program
+    # of n = s0*s1+1 is not the launch's (its n - 257 columns at offset
+    # 257): it plans its own, as d[:, 1:] after it; df16 reference values.
+    tte = spyre_target
+    tte.reset_metrics()
+    plans = []
+    for seed, (r, start) in enumerate(((10, 1), (17, 1), (10, 257), (40, 1))):
+        a = _inputs(torch.float16, seed=490 + seed, shape=(16, 64 * r + start))
+        got = _drop_heads(_marked(tte, a, (1,), upper=4096), start).cpu()
+        assert same(got, store(_drop_heads(a.float(), start), torch.float16)) == 0
+        plans.append(tte.metrics()["plans_built"])
+    assert tte.metrics()["compiles"] == 1
+    assert plans == [1, 1, 2, 3]
