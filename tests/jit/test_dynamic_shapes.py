@@ -224,16 +224,22 @@ def test_a_split_of_the_marked_dim_keeps_one_region(case):
     # (one launch cannot tell which is fixed). main at e8b6b7f: the heads
     # split took the 64 for the quotient and keyed its rows by their power
     # of two (3 compiles).
-    tte = _tte()
     fn, sizes = SPLITS[case]
     # The regions share a key but for the range's upper bound (each
     # layout plans on its own): a bound per case counts each case's compiles.
-    upper = 8192 - list(SPLITS).index(case)
+    _one_region_over(sizes, lambda n: (16, n), (1,), 8192 - list(SPLITS).index(case), fn)
+
+
+def _one_region_over(sizes, shape, dims, upper, fn):
+    """fn of a tensor of shape(n) marked at dims in [1, upper], for each n of
+    sizes: CPU's values, and one compile over all."""
+    tte = _tte()
     tte.reset_metrics()
     for n in sizes:
-        a = torch.randn(16, n)
+        a = torch.randn(*shape(n))
         d = a.to("tpu")
-        tte.mark_dynamic(d, 1, 1, upper)
+        for dim in dims:
+            tte.mark_dynamic(d, dim, 1, upper)
         assert torch.equal(fn(d).cpu(), fn(a))
     assert _compiles(tte) == 1
 
@@ -363,16 +369,9 @@ def test_a_step_slice_of_the_marked_dim_keeps_one_region(case):
     # at 73cecf6 kept the mark at its index: the transposed view's 16 rows
     # keyed as the range, the marked columns by their power of two, 3
     # compiles); CPU's values at each size, even and odd.
-    tte = _tte()
     dims, shape, fn = STEP_SLICES[case]
-    tte.reset_metrics()
-    for n in (40, 77, 130):
-        a = torch.randn(*shape(n))
-        d = a.to("tpu")
-        for dim in dims:
-            tte.mark_dynamic(d, dim, 1, 500 + list(STEP_SLICES).index(case))  # a bound per case: its own key
-        assert torch.equal(fn(d).cpu(), fn(a))
-    assert _compiles(tte) == 1
+    # a bound per case: its own key
+    _one_region_over((40, 77, 130), shape, dims, 500 + list(STEP_SLICES).index(case), fn)
 
 
 def test_a_split_of_a_slice_keeps_one_region():
