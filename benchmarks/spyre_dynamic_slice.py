@@ -49,6 +49,17 @@ dynamic (range 1..512) on the Spyre target:
   k.view(...) + v.view(...)`` (a split of an equal part: ``3*s0*s1``);
 - ``heads64``: as ``heads`` with ``(n + 1) // 7`` rows of 64 (5 to 64: the
   sweep's last shape, n = 4096, is 64 rows of 64, equal factors).
+- ``qfirst``: ``(16, 3n)`` marked at dim 1 (range 1..1536), ``d.chunk(3,
+  1)[0] * 2.0`` (only the first equal part, unsplit: ``s0`` the part, the
+  pitch ``3*s0``);
+- ``tstep``: ``(n, 16)`` marked at dim 0, ``d.t()[:, ::2] * 2.0`` (a step
+  slice of a transposed view: ``s0`` its size ``ceil(n / 2)``, ``n`` is
+  ``2*s0+s1-1``, ``s1`` in 0..1);
+- ``step3``: ``(16, n)`` marked at dim 1, ``d[:, 1::3] * 2.0`` (the pitch
+  ``3*s0+s1-1``);
+- ``dropcls``: ``(16, 64r + 1)`` marked at dim 1 (``r = n // 8``, range
+  1..4096), ``d[:, 1:].view(16, -1, 64) * 2.0`` (a split of a slice: the
+  pitch ``s0*s1+1``).
 
 For each n, the first launch of the shape (a bind of the compiled program, or
 a new program when none fits) and then ``--repeats`` warm launches. Prints,
@@ -129,9 +140,13 @@ CASES = {
     "qkv": (lambda n: (16, 3 * n), (1,), qkv),
     "qkvheads": (lambda n: (16, 3 * 64 * (n // 8)), (1,), qkv_heads),
     "heads64": (lambda n: (16, (n + 1) // 7 * 64), (1,), lambda d: d.view(16, -1, 64) * 2.0),
+    "qfirst": (lambda n: (16, 3 * n), (1,), lambda d: d.chunk(3, 1)[0] * 2.0),
+    "tstep": (lambda n: (n, 16), (0,), lambda d: d.t()[:, ::2] * 2.0),
+    "step3": (lambda n: (16, n), (1,), lambda d: d[:, 1::3] * 2.0),
+    "dropcls": (lambda n: (16, n // 8 * 64 + 1), (1,), lambda d: d[:, 1:].view(16, -1, 64) * 2.0),
 }
 # The marks' upper bound (the heads split's sizes go to 3520, 4096 for heads64).
-UPPER = {"heads": 4096, "qkv": 1536, "qkvheads": 12288, "heads64": 8192}
+UPPER = {"heads": 4096, "qkv": 1536, "qkvheads": 12288, "heads64": 8192, "qfirst": 1536, "dropcls": 4096}
 
 
 def to_host(out):

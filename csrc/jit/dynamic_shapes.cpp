@@ -31,10 +31,12 @@ struct Range {
 
 // Bucket tags: a whole mark_dynamic range, and a size following a marked
 // one (size_buckets with RegionMarks). Sizes below 2^62 never carry them.
-// A range word holds the merged dim's scale (bits 48-55, dynamic_dims) or
-// bit 56 for the parts of a split, and the upper bound's low 48 bits.
+// A range word holds the merged dim's scale or a step slice's step (bits
+// 48-55, dynamic_dims; bit 57 for a step), or bit 56 for the parts of a
+// split, and the upper bound's low 48 bits.
 constexpr uint64_t kRangeTag = uint64_t(1) << 63;
 constexpr uint64_t kFollowTag = uint64_t(1) << 62;
+constexpr uint64_t kStepTag = uint64_t(1) << 57;
 constexpr uint64_t kDividedTag = uint64_t(1) << 56;
 constexpr uint64_t kUpperBits = (uint64_t(1) << 48) - 1;
 // Carried marks kept at most (the oldest dropped first).
@@ -43,6 +45,8 @@ constexpr size_t kMaxCarried = 4096;
 // GLU's 2, an LSTM's 4 gates): a fixed slice that divides the size by
 // chance is an equal part less often.
 constexpr int64_t kMaxParts = 16;
+// The largest step of a step slice of the marked dim (x[::2], a dilation).
+constexpr int64_t kMaxStep = 255;
 
 std::mutex g_mu;
 // Keyed by DeferredStorage id (ids are never reused, so a freed storage's
@@ -58,22 +62,53 @@ uint64_t pow2_bucket(int64_t n) {
   return b;
 }
 
-// The dim of `r` that mark `m` applies to: m.dim when r keeps the marked
-// stride there (the tensor itself, a slice), else r's one dim of more than
-// one element with that stride (a transposed or permuted view: d.t() holds
-// d's dim 0 at dim 1); m.dim when no dim or several have it (a step slice
-// changes the stride). -1 when r's rank is not the marked tensor's.
-int64_t view_dim(const Range& m, const TensorRef& r) {
+// Where `r` starts along mark m's dim, in its elements: the offset's
+// component along the marked stride (the marked tensor is dense: its outer
+// strides are multiples of base * stride, its inner ones below stride).
+int64_t start_along(const Range& m, const TensorRef& r) {
+  return m.stride > 0 && m.base > 0 ? (r.offset / m.stride) % m.base : 0;
+}
+
+// r's one dim that is a step slice of mark m's dim to its end (d[:, ::2],
+// d.t()[:, 1::2]: stride k * S for a step 2 <= k <= kMaxStep, S the marked
+// stride, size ceil((base - start) / k)), as {dim, k}; {-1, 1} when none
+// or several.
+std::pair<int64_t, int64_t> step_dim(const Range& m, const TensorRef& r) {
   const auto nd = static_cast<int64_t>(r.sizes().size());
-  if (m.ndim != nd) return -1;
-  if (static_cast<int64_t>(r.strides().size()) != nd || r.strides()[m.dim] == m.stride) return m.dim;
+  if (m.stride <= 0 || m.base <= 1) return {-1, 1};
+  const int64_t rest = m.base - start_along(m, r);
+  std::pair<int64_t, int64_t> found{-1, 1};
+  for (int64_t j = 0; j < nd; ++j) {
+    const int64_t st = r.strides()[j], n = r.sizes()[j];
+    if (n <= 1 || st <= m.stride || st % m.stride != 0) continue;
+    const int64_t k = st / m.stride;
+    if (k > kMaxStep || n != (rest + k - 1) / k) continue;
+    if (found.first >= 0) return {-1, 1};
+    found = {j, k};
+  }
+  return found;
+}
+
+// The dim of `r` that mark `m` applies to, and its step: m.dim when r keeps
+// the marked stride there (the tensor itself, a slice), else r's one dim
+// of more than one element with that stride (a transposed or permuted
+// view: d.t() holds d's dim 0 at dim 1), else r's one step slice of it
+// (step_dim: d.t()[:, ::2] holds d's dim 0 at dim 1 with step 2); m.dim
+// when no dim or several have it. -1 when r's rank is not the marked
+// tensor's.
+std::pair<int64_t, int64_t> view_dim(const Range& m, const TensorRef& r) {
+  const auto nd = static_cast<int64_t>(r.sizes().size());
+  if (m.ndim != nd) return {-1, 1};
+  if (static_cast<int64_t>(r.strides().size()) != nd || r.strides()[m.dim] == m.stride) return {m.dim, 1};
   int64_t found = -1;
   for (int64_t j = 0; j < nd; ++j) {
     if (r.strides()[j] != m.stride || r.sizes()[j] <= 1) continue;
-    if (found >= 0) return m.dim;
+    if (found >= 0) return {m.dim, 1};
     found = j;
   }
-  return found >= 0 ? found : m.dim;
+  if (found >= 0) return {found, 1};
+  if (const auto step = step_dim(m, r); step.first >= 0) return step;
+  return {m.dim, 1};
 }
 
 // Where mark `m` lies in `r`: its dim (-1: none) and scale. The same rank:
@@ -88,14 +123,9 @@ struct ViewMark {
   int64_t dim = -1, scale = 1, divisor = 1;
   int64_t pair = -1;            // a split's other part (its size `divisor`), else -1
   int64_t part = 1, index = 0;  // one of `part` equal parts of the marked dim, number `index`
+  int64_t step = 1;             // a step slice of the marked dim (step_dim)
+  int64_t trim = 0;             // a split of a slice: base - its elements (split_mark)
 };
-
-// Where `r` starts along mark m's dim, in its elements: the offset's
-// component along the marked stride (the marked tensor is dense: its outer
-// strides are multiples of base * stride, its inner ones below stride).
-int64_t start_along(const Range& m, const TensorRef& r) {
-  return m.stride > 0 && m.base > 0 ? (r.offset / m.stride) % m.base : 0;
-}
 
 // `size` elements from `start` of mark m's dim as one of q equal parts
 // (chunk(q), split(base / q)): base = q * size, 2 <= q <= kMaxParts, the
@@ -128,11 +158,18 @@ ViewMark split_mark(const Range& m, const TensorRef& r) {
     if (b <= 1 || r.strides()[i] != m.stride) continue;
     for (int64_t o = 0; o < nd; ++o) {
       const int64_t a = r.sizes()[o];
-      if (o == i || a < 2 || std::min(a, b) > 255 || r.strides()[o] != b * m.stride || m.base % (a * b) != 0) continue;
-      const auto [part, index] = a * b == m.base ? std::pair<int64_t, int64_t>{1, 0} : equal_part(m, a * b, start);
-      if (a * b != m.base && part == 1) continue;
+      if (o == i || a < 2 || std::min(a, b) > 255 || r.strides()[o] != b * m.stride) continue;
+      const auto [part, index] =
+          a * b == m.base || m.base % (a * b) != 0 ? std::pair<int64_t, int64_t>{1, 0} : equal_part(m, a * b, start);
+      // A split of a slice near the whole from a start (x[:, 1:].view(b, -1,
+      // 64), a CLS token dropped): a * b elements from start > 0, the rest
+      // (`trim`) at most half of the base. Not from 0: d[:, :n // 64 * 64]
+      // trims a remainder that changes with n (no split, as before).
+      const int64_t trim = part == 1 ? m.base - a * b : 0;
+      if (trim != 0 && (trim < 0 || start == 0 || 2 * trim > m.base || start + a * b > m.base)) continue;
       if (found.dim >= 0) return {};
       found = {o, 1, b, i, part, index};
+      found.trim = trim;
     }
   }
   return found;
@@ -141,8 +178,9 @@ ViewMark split_mark(const Range& m, const TensorRef& r) {
 ViewMark view_mark(const Range& m, const TensorRef& r) {
   const auto nd = static_cast<int64_t>(r.sizes().size());
   if (m.ndim == nd) {
-    ViewMark v{view_dim(m, r), 1};
-    if (v.dim >= 0 && r.strides().size() == r.sizes().size() && r.strides()[v.dim] == m.stride)
+    ViewMark v;
+    std::tie(v.dim, v.step) = view_dim(m, r);
+    if (v.dim >= 0 && v.step == 1 && r.strides().size() == r.sizes().size() && r.strides()[v.dim] == m.stride)
       std::tie(v.part, v.index) = equal_part(m, r.sizes()[v.dim], start_along(m, r));
     return v;
   }
@@ -166,9 +204,10 @@ ViewMark view_mark(const Range& m, const TensorRef& r) {
   return found;
 }
 
-// The size whose range holds n: the base for a merged or split dim.
+// The size whose range holds n: the base for a merged or split dim or a
+// step slice.
 bool in_range(const Range& m, const ViewMark& v, int64_t n) {
-  const int64_t x = v.scale > 1 || v.divisor > 1 ? m.base : n;
+  const int64_t x = v.scale > 1 || v.divisor > 1 || v.step > 1 ? m.base : n;
   return x >= m.lower && x <= m.upper;
 }
 
@@ -213,7 +252,11 @@ uint64_t range_word(const Range& m, const ViewMark& v) {
   const auto upper = static_cast<uint64_t>(m.carried ? m.key_upper : m.upper);
   // Not the divisor: it changes with the size for the fixed part of a split
   // (the 64 of n / 64 rows of 64), which keys as its other part does.
-  const uint64_t factor = v.divisor > 1 ? kDividedTag : static_cast<uint64_t>(v.scale) << 48;
+  // A split of a slice keys by its trim's low 8 bits (a trim that changes
+  // with the size, n // 64 * 64 of n, keys apart more often than not).
+  const uint64_t factor = v.divisor > 1 ? kDividedTag | static_cast<uint64_t>(v.trim & 0xFF) << 48
+                          : v.step > 1  ? kStepTag | static_cast<uint64_t>(v.step) << 48
+                                        : static_cast<uint64_t>(v.scale) << 48;
   return kRangeTag | (m.carried ? kFollowTag : 0) | factor | (upper & kUpperBits);
 }
 
@@ -315,8 +358,10 @@ std::vector<DynamicDim> dynamic_dims(const TensorRef& r) {
     if (v.dim < 0) continue;
     const int64_t n = r.sizes()[v.dim];
     if (!in_range(m, v, n)) continue;
-    out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale, v.divisor, v.part, v.index});
-    if (v.pair >= 0) out.push_back(DynamicDim{v.pair, v.divisor, m.base, m.lower, m.upper, 1, n, v.part, v.index});
+    out.push_back(DynamicDim{v.dim, n, m.base, m.lower, m.upper, v.scale, v.divisor, v.part, v.index, v.step,
+                             v.step > 1 ? start_along(m, r) : 0, v.trim});
+    if (v.pair >= 0)
+      out.push_back(DynamicDim{v.pair, v.divisor, m.base, m.lower, m.upper, 1, n, v.part, v.index, 1, 0, v.trim});
   }
   return out;
 }
@@ -333,6 +378,8 @@ RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nod
         // alike at every size).
         if (d.divisor > 1)
           marks.ranges.emplace_back(2, d.upper / 2);
+        else if (d.step > 1)  // a step slice: the marked range divided by the step
+          marks.ranges.emplace_back(d.lower / d.step, (d.upper + d.step - 1) / d.step);
         else
           marks.ranges.emplace_back(saturate_mul(d.scale, d.lower), saturate_mul(d.scale, d.upper));
       }

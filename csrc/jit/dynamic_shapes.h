@@ -19,7 +19,11 @@
 //    marked dim with fixed ones (size k * base: keyed by the range and k),
 //    or on both parts of a split of the marked dim into two (sizes a and
 //    base / a: both keyed by the range, whichever of them is fixed), or of
-//    one of q equal parts of it (q.view(b, -1, 64) of qkv's q, base / q);
+//    one of q equal parts of it (q.view(b, -1, 64) of qkv's q, base / q),
+//    or of a slice of it from a start (x[:, 1:].view(b, -1, 64));
+//  - a step slice to the end of the marked dim (d[:, 1::3], or
+//    k.t()[:, ::2] of a transposed view, whose dims keep no marked stride):
+//    the dim of stride step * the marked one, keyed by the range and step;
 //  - otherwise: n itself for 0 and 1, else the next power of two. A size that
 //    grows by one per step (a generation loop) therefore compiles a region
 //    kind at most ceil(log2(range)) + 1 times.
@@ -60,9 +64,13 @@ void mark_dynamic(const DeferredStorage* storage, int64_t ndim, int64_t dim, int
 // (chunk(3) or split(n / 3) of qkv, 2 <= part <= 16), at part number
 // `index` (its start along the marked dim / its size: 0 for q, 1 for k, 2
 // for v); a split of such a part (q.view(b, -1, 64)) has size * divisor *
-// part == base.
+// part == base. `step` > 1: a step slice of the marked dim to its end
+// (d[:, ::2], or k.t()[:, 1::2] of a transposed view), from element
+// `start`: size ceil((base - start) / step). `trim` > 0: the split is of a
+// slice near the whole (x[:, 1:].view(b, -1, 64)): size * divisor == base -
+// trim, 2 * trim <= base.
 struct DynamicDim {
-  int64_t dim, size, base, lower, upper, scale = 1, divisor = 1, part = 1, index = 0;
+  int64_t dim, size, base, lower, upper, scale = 1, divisor = 1, part = 1, index = 0, step = 1, start = 0, trim = 0;
 };
 std::vector<DynamicDim> dynamic_dims(const TensorRef& r);
 

@@ -224,16 +224,22 @@ def test_a_split_of_the_marked_dim_keeps_one_region(case):
     # (one launch cannot tell which is fixed). main at e8b6b7f: the heads
     # split took the 64 for the quotient and keyed its rows by their power
     # of two (3 compiles).
-    tte = _tte()
     fn, sizes = SPLITS[case]
     # The regions share a key but for the range's upper bound (each
     # layout plans on its own): a bound per case counts each case's compiles.
-    upper = 8192 - list(SPLITS).index(case)
+    _one_region_over(sizes, lambda n: (16, n), (1,), 8192 - list(SPLITS).index(case), fn)
+
+
+def _one_region_over(sizes, shape, dims, upper, fn):
+    """fn of a tensor of shape(n) marked at dims in [1, upper], for each n of
+    sizes: CPU's values, and one compile over all."""
+    tte = _tte()
     tte.reset_metrics()
     for n in sizes:
-        a = torch.randn(16, n)
+        a = torch.randn(*shape(n))
         d = a.to("tpu")
-        tte.mark_dynamic(d, 1, 1, upper)
+        for dim in dims:
+            tte.mark_dynamic(d, dim, 1, upper)
         assert torch.equal(fn(d).cpu(), fn(a))
     assert _compiles(tte) == 1
 
@@ -345,3 +351,37 @@ def test_equal_parts_and_their_guard_give_cpu_values():
         a, d = _cpu_and_marked(n, 1536)
         got = [(p * 2.0 - 1.0).cpu() for p in d.chunk(3, 1)]
         assert all(torch.equal(g, p * 2.0 - 1.0) for g, p in zip(got, a.chunk(3, 1)))
+
+
+STEP_SLICES = {
+    # attention's k.transpose(-2, -1) of a (n, 16) k marked at its rows,
+    # every other column; from column 1; every third
+    "t()[:, ::2]": ((0,), lambda n: (n, 16), lambda x: x.t()[:, ::2] * 2.0),
+    "t()[:, 1::2]": ((0,), lambda n: (n, 16), lambda x: x.t()[:, 1::2] * 2.0 - 1.0),
+    "t()[:, ::3]": ((0,), lambda n: (n, 16), lambda x: x.t()[:, ::3] * 3.0),
+}
+
+
+@pytest.mark.parametrize("case", list(STEP_SLICES))
+def test_a_step_slice_of_the_marked_dim_keeps_one_region(case):
+    # A step slice to the end of the marked dim of a transposed view: keyed
+    # by the range on the dim of the step's stride (main
+    # at 73cecf6 kept the mark at its index: the transposed view's 16 rows
+    # keyed as the range, the marked columns by their power of two, 3
+    # compiles); CPU's values at each size, even and odd.
+    dims, shape, fn = STEP_SLICES[case]
+    # a bound per case: its own key
+    _one_region_over((40, 77, 130), shape, dims, 500 + list(STEP_SLICES).index(case), fn)
+
+
+def test_a_split_of_a_slice_keeps_one_region():
+    # d[:, 1:].view(16, -1, 64) of (16, 64r + 1) marked at dim 1 (a CLS
+    # token dropped, the rest split into heads): both parts keyed by the
+    # range. main at 73cecf6: the 64 keyed as the marked dim, the rows by
+    # their power of two (3 compiles); CPU's values at each.
+    tte = _tte()
+    tte.reset_metrics()
+    for r in (10, 17, 40):
+        a, d = _cpu_and_marked(64 * r + 1, 4093)
+        assert torch.equal((d[:, 1:].view(16, -1, 64) * 2.0).cpu(), a[:, 1:].view(16, -1, 64) * 2.0)
+    assert _compiles(tte) == 1

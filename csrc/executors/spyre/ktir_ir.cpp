@@ -831,6 +831,46 @@ KtirExpr affine_rename(const KtirExpr& e, const std::vector<int>& to) {
   return from_monomials(r);
 }
 
+// The offset of `v` as an expression of its stride expressions
+// (symbolize_strides): decomposed greedily along the strides, largest
+// first; a whole number of strides equal to a subtracted symbol's value is
+// that symbol, one of j < parts[k] parts is j*s<k>.
+void symbolize_offset(KtirView& v, const std::vector<int64_t>& values, const std::vector<int64_t>& parts) {
+  const size_t n = v.sizes.size();
+  std::vector<size_t> order;
+  for (size_t d = 0; d < n && d < v.strides.size(); ++d)
+    if (v.strides[d] != 0) order.push_back(d);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return v.strides[a] != v.strides[b] ? v.strides[a] < v.strides[b] : a > b;
+  });
+  auto stride_at = [&](size_t d) {
+    return d < v.stride_expr.size() && v.stride_expr[d].symbolic() ? v.stride_expr[d] : affine_const(v.strides[d]);
+  };
+  // A symbol some size subtracts (d[:, m:] of size s0-s1): a whole number
+  // of strides equal to its value is that symbol (offset s1).
+  std::vector<char> subtracted(values.size(), 0);
+  for (const auto& e : v.size_expr)
+    for (size_t k = 0; k < e.coef.size() && k < values.size(); ++k) subtracted[k] |= e.coef[k] < 0;
+  auto count = [&](int64_t q) {
+    for (size_t k = 0; k < values.size(); ++k)
+      if (subtracted[k] && values[k] == q) return KtirExpr::symbol(static_cast<int>(k));
+    for (size_t k = 0; k < values.size() && k < parts.size(); ++k)
+      if (parts[k] > 1 && values[k] > 0 && q % values[k] == 0 && q / values[k] < parts[k])
+        return KtirExpr::symbol(static_cast<int>(k), q / values[k], 0);
+    return affine_const(q);
+  };
+  KtirExpr off;
+  int64_t rest = v.offset;
+  for (auto it = order.rbegin(); it != order.rend() && rest > 0; ++it) {
+    const int64_t q = rest / v.strides[*it];
+    if (q <= 0) continue;
+    affine_add(off, 1, affine_mul(count(q), stride_at(*it)));
+    rest -= q * v.strides[*it];
+  }
+  off.constant += rest;
+  if (off.symbolic()) v.offset_expr = off;
+}
+
 // The strides and offset of `v` as expressions of its symbolic sizes
 // (ktir_symbolize): dims by increasing stride (0 strides left out); a dim
 // whose stride is the previous dim's stride times its size takes that
@@ -899,29 +939,7 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values, const st
   bool any = false;
   for (const auto& e : ex) any |= e.symbolic();
   if (any) v.stride_expr = ex;
-  // A symbol some size subtracts (d[:, m:] of size s0-s1): a whole number
-  // of strides equal to its value is that symbol (offset s1).
-  std::vector<char> subtracted(values.size(), 0);
-  for (const auto& e : v.size_expr)
-    for (size_t k = 0; k < e.coef.size() && k < values.size(); ++k) subtracted[k] |= e.coef[k] < 0;
-  auto count = [&](int64_t q) {
-    for (size_t k = 0; k < values.size(); ++k)
-      if (subtracted[k] && values[k] == q) return KtirExpr::symbol(static_cast<int>(k));
-    for (size_t k = 0; k < values.size() && k < parts.size(); ++k)
-      if (parts[k] > 1 && values[k] > 0 && q % values[k] == 0 && q / values[k] < parts[k])
-        return KtirExpr::symbol(static_cast<int>(k), q / values[k], 0);
-    return affine_const(q);
-  };
-  KtirExpr off;
-  int64_t rest = v.offset;
-  for (auto it = order.rbegin(); it != order.rend() && rest > 0; ++it) {
-    const int64_t q = rest / v.strides[*it];
-    if (q <= 0) continue;
-    affine_add(off, 1, affine_mul(count(q), ex[*it]));
-    rest -= q * v.strides[*it];
-  }
-  off.constant += rest;
-  if (off.symbolic()) v.offset_expr = off;
+  symbolize_offset(v, values, parts);
 }
 
 // One past the last element a view reaches, as an expression: offset +
@@ -1082,13 +1100,15 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   };
   std::vector<Sym> syms;
   // Marked sizes cut into equal parts (chunk(q), split(base / q)): when the
-  // region reads a part of number >= 1 (k or v of qkv.chunk(3)), or splits
-  // a part (q.view(16, -1, 64)), not only reads the first (which a fixed
-  // slice that divides the size by chance, d[:, :2] of n = 40, also is),
-  // the part is the symbol: (base, q).
+  // region reads a part (q, k or v of qkv.chunk(3), the first alone too:
+  // q = qkv[..., :c] used whole), or splits one (q.view(16, -1, 64)), the
+  // part is the symbol: (base, q). A fixed slice that is a whole part of
+  // the compile's size by chance (d[:, :8] of n = 40) is taken for one; the
+  // next size's launch check plans it again as a number (never a wrong
+  // binding).
   std::vector<std::pair<int64_t, int64_t>> cut;
   for (const auto& d : dynamic)
-    if (d.part > 1 && (d.index >= 1 || d.divisor > 1) && d.base > 1 &&
+    if (d.part > 1 && d.base > 1 &&
         std::none_of(cut.begin(), cut.end(), [&](const auto& x) { return x.first == d.base; }))
       cut.emplace_back(d.base, d.part);
   auto parts_of = [&](int64_t base) {
@@ -1101,10 +1121,39 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   // marked size: "s0-s1").
   std::vector<int64_t> plain;
   for (const auto& d : dynamic)
-    if (d.base > 1 && d.scale == 1 && d.divisor == 1 && parts_of(d.base) == 1) plain.push_back(d.base);
+    if (d.base > 1 && d.scale == 1 && d.divisor == 1 && d.step == 1 && parts_of(d.base) == 1) plain.push_back(d.base);
+  // A step slice of a marked dim to its end (d[:, ::2], k.t()[:, 1::2]):
+  // the base n and the slice's size t = ceil((n - start) / step) are
+  // symbols (n first: it names the pitch and the element count); n is
+  // rewritten below as step*t + r + start - step + 1, r in [0, step - 1] a
+  // symbol of its own, so every view is valid over a box of ranges. One
+  // step slice per base (a second keeps its t a symbol of its own).
+  struct StepSlice {
+    int64_t n, t, step, start, view, dim;
+  };
+  std::vector<StepSlice> steps;
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> trims;  // a split of a slice: n, a, b, trim
+  auto sym_of = [&](int64_t base, int64_t lower, int64_t upper) {
+    auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == base; });
+    if (it == syms.end()) return syms.insert(syms.end(), Sym{base, lower, upper});
+    it->lower = std::max(it->lower, lower), it->upper = std::min(it->upper, upper);
+    return it;
+  };
   for (const auto& d : dynamic) {
     if (d.base <= 1) continue;
     const int64_t q = parts_of(d.base);
+    if (d.step > 1) {
+      const bool whole = d.size >= 1 && d.size == (d.base - d.start + d.step - 1) / d.step;
+      if (!whole || d.view < 0 || static_cast<size_t>(d.view) >= p.views.size() || d.dim < 0 ||
+          static_cast<size_t>(d.dim) >= p.views[d.view].sizes.size() || p.views[d.view].sizes[d.dim] != d.size ||
+          std::any_of(steps.begin(), steps.end(), [&](const StepSlice& x) { return x.n == d.base; }))
+        continue;
+      sym_of(d.base, d.lower, d.upper);
+      sym_of(d.size, std::max<int64_t>(1, (d.lower - d.start + d.step - 1) / d.step),
+             (d.upper - d.start + d.step - 1) / d.step);
+      steps.push_back({d.base, d.size, d.step, d.start, d.view, d.dim});
+      continue;
+    }
     // Each part of a split (view(16, 4, n / 4), view(b, n / 64, 64)) is a
     // symbol of its own, the marked size their product (the pitch, the
     // element count: strides follow the sizes); its range the quotients of
@@ -1114,12 +1163,20 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     if (d.divisor > 1) {
       if (d.part != (d.part > 1 ? q : 1)) continue;
       const int64_t div = d.divisor * d.part;
-      if (d.size <= 1 || d.size * div != d.base) continue;
-      const int64_t lower = (std::max<int64_t>(0, d.lower) + div - 1) / div;
+      if (d.size <= 1 || d.size * div + d.trim != d.base) continue;
+      // A split of a slice (x[:, 1:].view(16, -1, 64)): the base n is a
+      // symbol (the pitch, the element count), rewritten below as the
+      // parts' product plus the trim.
+      if (d.trim > 0) {
+        sym_of(d.base, d.lower, d.upper);
+        if (std::none_of(trims.begin(), trims.end(), [&](const auto& x) { return std::get<0>(x) == d.base; }))
+          trims.emplace_back(d.base, d.size, d.divisor, d.trim);
+      }
+      const int64_t lower = (std::max<int64_t>(0, d.lower - d.trim) + div - 1) / div;
       auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.size; });
       if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.size, lower, d.upper / div});
       it->lower = std::max(it->lower, lower);
-      it->upper = std::min(it->upper, d.upper / div);
+      it->upper = std::min(it->upper, (d.upper - d.trim) / div);
       it->part = std::max(it->part, d.part);
       continue;
     }
@@ -1228,6 +1285,30 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   std::vector<int64_t> parts;
   for (const auto& x : syms) parts.push_back(x.part);
   for (auto& v : p.views) symbolize_strides(v, p.sym_values, parts);
+  // A step slice's view: a stride that is a multiple of the marked pitch n
+  // * S (S = the step dim's stride / step) is that multiple of s<n> (the
+  // chain takes an even n for 2*t), and the offset follows.
+  auto sym_index = [&](int64_t base) {
+    return static_cast<int>(std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == base; }) -
+                            syms.begin());
+  };
+  for (const auto& st : steps) {
+    KtirView& w = p.views[st.view];
+    const int64_t pitch = st.n * (w.strides[st.dim] / st.step);
+    if (w.stride_expr.empty())
+      for (int64_t x : w.strides) w.stride_expr.push_back(affine_const(x));
+    for (size_t j = 0; j < w.strides.size(); ++j)
+      if (static_cast<int64_t>(j) != st.dim && pitch > 0 && w.strides[j] > 0 && w.strides[j] % pitch == 0)
+        w.stride_expr[j] = KtirExpr::symbol(sym_index(st.n), w.strides[j] / st.n);
+    symbolize_offset(w, p.sym_values, parts);
+    // Its argument's elements: a multiple of n (before an extent or a pitch
+    // that names t: 16 rows of (n, 16) transposed and stepped by 2 reach
+    // 32*t, which an odd n does not).
+    if (!w.lx && w.arg >= 0 && static_cast<size_t>(w.arg) < p.args.size()) {
+      KtirArg& a = p.args[w.arg];
+      if (a.elems > 0 && a.elems % st.n == 0) a.elems_expr = KtirExpr::symbol(sym_index(st.n), a.elems / st.n);
+    }
+  }
   // A view inside another of its storage with the same strides (a pad's
   // copy_ target: sizes [16, s0], pitch s0+2) takes the other's stride
   // expressions, which its own sizes do not show.
@@ -1288,6 +1369,25 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
       if (e.symbolic()) e = affine_replace(e, static_cast<int>(k), by);
     });
   }
+  for (const auto& [n, a, b, trim] : trims) {
+    const int kn = sym_index(n);
+    KtirExpr by = affine_mul(KtirExpr::symbol(sym_index(a)), KtirExpr::symbol(sym_index(b)));
+    by.constant += trim;
+    for_each_expr(p, [&](KtirExpr& e) {
+      if (e.symbolic()) e = affine_replace(e, kn, by);
+    });
+  }
+  for (const auto& st : steps) {
+    const int kn = sym_index(st.n), kt = sym_index(st.t);
+    const int64_t r = st.n - st.start - 1 - st.step * (st.t - 1);
+    syms.push_back(Sym{r, 0, st.step - 1});
+    p.sym_values.push_back(r);
+    KtirExpr by = KtirExpr::symbol(kt, st.step, st.start - st.step + 1);
+    affine_add(by, 1, KtirExpr::symbol(static_cast<int>(syms.size() - 1)));
+    for_each_expr(p, [&](KtirExpr& e) {
+      if (e.symbolic()) e = affine_replace(e, kn, by);
+    });
+  }
   p.sym_lower.clear(), p.sym_upper.clear();
   for (int k : drop_unused_symbols(p)) {
     p.sym_lower.push_back(syms[k].lower);
@@ -1325,28 +1425,45 @@ std::optional<std::vector<int64_t>> ktir_match(const KtirProgram& p, const KtirP
   if (!ktir_same_structure(p, launch)) return std::nullopt;
   std::vector<int64_t> values(p.sym_values.size(), -1);
   // A size "a*s<k>+c" of value x gives s<k> = (x - c) / a; all must agree.
+  // An expression of several symbols gives its one unknown linear symbol
+  // once the others are known (a step slice's "2*s0+s1-1": s1 after s0).
+  bool progress = false;
   auto take = [&](const KtirExpr& e, int64_t x) {
-    const int k = e.single_symbol();
+    int k = -1;
+    for (size_t j = 0; j < e.coef.size(); ++j) {
+      if (!e.coef[j] || values[j] >= 0) continue;
+      if (k >= 0) return true;
+      k = static_cast<int>(j);
+    }
     if (k < 0) return true;
-    const int64_t a = e.coef[k];
-    if ((x - e.constant) % a != 0) return false;
-    const int64_t v = (x - e.constant) / a;
-    if (values[k] < 0) values[k] = v;
-    return values[k] == v;
+    for (const auto& t : e.products)
+      for (int j : t.syms)
+        if (values[j] < 0) return true;
+    KtirExpr rest = e;
+    rest.coef[k] = 0;
+    const int64_t a = e.coef[k], c = rest.eval(values);
+    if ((x - c) % a != 0 || (x - c) / a < 0) return false;  // a size is never negative
+    values[k] = (x - c) / a;
+    progress = true;
+    return true;
   };
-  for (size_t v = 0; v < p.views.size(); ++v)
-    for (size_t d = 0; d < p.views[v].size_expr.size(); ++d)
-      if (!take(p.views[v].size_expr[d], launch.views[v].sizes[d])) return std::nullopt;
-  // A symbol no size names (the pitch of a fixed slice d[:, :2]: strides
-  // [s0, 1]) from the strides, offsets and element counts.
-  for (size_t v = 0; v < p.views.size(); ++v) {
-    const KtirView &w = p.views[v], &x = launch.views[v];
-    for (size_t d = 0; d < w.stride_expr.size() && d < x.strides.size(); ++d)
-      if (!take(w.stride_expr[d], x.strides[d])) return std::nullopt;
-    if (!take(w.offset_expr, x.offset)) return std::nullopt;
-  }
-  for (size_t a = 0; a < p.args.size(); ++a)
-    if (!take(p.args[a].elems_expr, launch.args[a].elems)) return std::nullopt;
+  // Sizes first, then a symbol no size names (the pitch of a fixed slice
+  // d[:, :2]: strides [s0, 1]) from the strides, offsets and element
+  // counts; again while a pass finds a value.
+  do {
+    progress = false;
+    for (size_t v = 0; v < p.views.size(); ++v)
+      for (size_t d = 0; d < p.views[v].size_expr.size(); ++d)
+        if (!take(p.views[v].size_expr[d], launch.views[v].sizes[d])) return std::nullopt;
+    for (size_t v = 0; v < p.views.size(); ++v) {
+      const KtirView &w = p.views[v], &x = launch.views[v];
+      for (size_t d = 0; d < w.stride_expr.size() && d < x.strides.size(); ++d)
+        if (!take(w.stride_expr[d], x.strides[d])) return std::nullopt;
+      if (!take(w.offset_expr, x.offset)) return std::nullopt;
+    }
+    for (size_t a = 0; a < p.args.size(); ++a)
+      if (!take(p.args[a].elems_expr, launch.args[a].elems)) return std::nullopt;
+  } while (progress);
   for (size_t k = 0; k < values.size(); ++k) {
     if (values[k] < 0) return std::nullopt;
     if (k < p.sym_lower.size() && (values[k] < p.sym_lower[k] || values[k] > p.sym_upper[k])) return std::nullopt;

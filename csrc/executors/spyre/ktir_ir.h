@@ -171,6 +171,12 @@ class KtirRunHooks {
 // times it ("3*s0").
 struct KtirDynamicDim {
   int64_t size = 0, base = 0, lower = 0, upper = 0, scale = 1, divisor = 1, part = 1, index = 0;
+  // A step slice of the marked dim (d[:, ::2], k.t()[:, 1::2]): its step,
+  // start, and the view (%<view>) and dim it is; size ceil((base - start) / step).
+  int64_t step = 1, start = 0, view = -1, dim = -1;
+  // A split of a slice near the whole (x[:, 1:].view(b, -1, 64)): base -
+  // the split's elements.
+  int64_t trim = 0;
 };
 
 // Makes the sizes of `p` (built for one launch) symbolic: each distinct base

@@ -298,10 +298,12 @@ class SpyreKernel final : public Kernel {
   // mark_dynamic ranges made symbols (ktir_symbolize).
   void compile_program(const KtirProgram& launch, const RegionLayout& L) {
     std::vector<KtirDynamicDim> dynamic;
-    for (const auto& v : L.views) {
+    for (size_t i = 0; i < L.views.size(); ++i) {
+      const auto& v = L.views[i];
       if (v.lx || !v.loaded) continue;
       for (const jit::DynamicDim& d : jit::dynamic_dims(*v.ref))
-        dynamic.push_back(KtirDynamicDim{d.size, d.base, d.lower, d.upper, d.scale, d.divisor, d.part, d.index});
+        dynamic.push_back(KtirDynamicDim{d.size, d.base, d.lower, d.upper, d.scale, d.divisor, d.part, d.index, d.step,
+                                         d.start, static_cast<int64_t>(i), d.dim, d.trim});
     }
     program_ = launch;
     ktir_symbolize(program_, dynamic);

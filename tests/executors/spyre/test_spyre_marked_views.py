@@ -442,17 +442,23 @@ def test_equal_parts_of_a_marked_dim_keep_one_program(spyre_target, case):
     # (16, q*c) marked at dim 1, cut into q equal parts: the part c is the
     # symbol, the marked size q*s0 (its pitch and element count), part j at
     # offset j*s0. main at aedf460: each c a number, a plan per shape.
-    tte = spyre_target
+    fn, q = EQUAL_PARTS[case]
+    _parts_keep_one_program(spyre_target, lambda x: fn(x, _df16), fn, q, 400, "offset=s0")
+
+
+def _parts_keep_one_program(tte, ref, fn, q, seed, offset):
+    """fn of (16, q*c) marked at dim 1 for c = 40, 77, 130: the df16
+    reference's values (ref of the float32 input), one compile and one plan,
+    the part c the symbol s0 at `offset`, the pitch q*s0."""
     from torch_tpu_eager import spyre
 
-    fn, q = EQUAL_PARTS[case]
     tte.reset_metrics()
-    for seed, c in enumerate((40, 77, 130)):
-        a = _inputs(torch.float16, seed=400 + seed, shape=(16, q * c))
+    for i, c in enumerate((40, 77, 130)):
+        a = _inputs(torch.float16, seed=seed + i, shape=(16, q * c))
         got = fn(_marked(tte, a, (1,), upper=q * 512)).cpu()
-        assert same(got, store(fn(a.float(), _df16), torch.float16)) == 0
+        assert same(got, store(ref(a.float()), torch.float16)) == 0
         text = spyre.dump_ktir()
-        want = [f"syms=[s0={c}]", f"elems={16 * q}*s0\n", f"offset=s0 sizes=[16, s0] strides=[{q}*s0, 1]"]
+        want = [f"syms=[s0={c}]", f"elems={16 * q}*s0\n", f"{offset} sizes=[16, s0] strides=[{q}*s0, 1]"]
         assert all(t in text for t in want), text
     m = tte.metrics()
     assert m["compiles"] == 1 and m["plans_built"] == 1
@@ -523,3 +529,162 @@ def test_heads_split_into_equal_factors_keys_with_the_others(spyre_target):
         assert f"syms=[s0={n // 64}, s1=64]" in spyre.dump_ktir()
     m = tte.metrics()
     assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+FIRST_PART = {
+    # q = qkv[..., :c] used whole (no split, no other part read)
+    "chunk(3)[0]": (lambda d: d.chunk(3, 1)[0] * 2.0, 3),
+    "[:, :n / 3]": (lambda d: d[:, : d.shape[1] // 3] * 2.0, 3),
+    "chunk(2)[0]": (lambda d: d.chunk(2, 1)[0] * 2.0, 2),
+}
+
+
+@pytest.mark.parametrize("case", list(FIRST_PART))
+def test_first_equal_part_read_alone_keeps_one_program(spyre_target, case):
+    # A region that reads only the first of q equal parts of a marked (16,
+    # q*c), unsplit: the part is the symbol, the marked size q*s0 its pitch
+    # and element count. main at 73cecf6: c a number, a plan per shape.
+    fn, q = FIRST_PART[case]
+    _parts_keep_one_program(spyre_target, fn, fn, q, 440, "offset=0")
+
+
+def test_first_part_guard_a_size_not_divisible_plans_its_own(spyre_target):
+    # d[:, :n // 3] of n = 121: 40 columns, no third of 121 (the same key):
+    # the part program's pitch 3*40 is not the launch's 121, so it plans its
+    # own (40 a number, pitch s0), which 122 binds; 150 (a third, 50) plans
+    # the part program again. A fixed d[:, :8] whose 8 is a fifth of
+    # the first n = 40 is taken for a part; n = 77 plans again. Values of
+    # the df16 reference throughout.
+    tte = spyre_target
+    for fn, sizes, want in (
+        (lambda d: d[:, : d.shape[1] // 3] * 2.0, (120, 231, 390, 121, 122, 150), [1, 1, 1, 2, 2, 3]),
+        (lambda d: d[:, :8] + 1.0, (40, 77, 130), [1, 2, 2]),
+    ):
+        tte.reset_metrics()
+        plans = []
+        for seed, n in enumerate(sizes):
+            a = _inputs(torch.float16, seed=450 + seed, shape=(16, n))
+            got = fn(_marked(tte, a, (1,), upper=1536)).cpu()
+            assert same(got, store(fn(a.float()), torch.float16)) == 0
+            plans.append(tte.metrics()["plans_built"])
+        assert tte.metrics()["compiles"] == 1
+        assert plans == want
+
+
+# A step slice to the end of a marked dim: (dims, shape of n, fn, texts of n).
+# n = step * t + r + start - step + 1: t the slice's size (s0), r in
+# [0, step - 1] (s1).
+STEP_SLICES = {
+    # attention's k.transpose(-2, -1) of a (n, 16) k marked at its rows, every other column
+    "t()[:, ::2]": (
+        (0,),
+        lambda n: (n, 16),
+        lambda d: d.t()[:, ::2] * 2.0,
+        lambda n: (
+            [f"syms=[s0={(n + 1) // 2}, s1={n - 1 - 2 * ((n + 1) // 2 - 1)}]", "elems=32*s0+16*s1-16\n"]
+            + ["offset=0 sizes=[16, s0] strides=[1, 32]"]
+        ),
+    ),
+    "t()[:, 1::2]": (
+        (0,),
+        lambda n: (n, 16),
+        lambda d: d.t()[:, 1::2] * 2.0,
+        lambda n: (
+            [f"syms=[s0={n // 2}, s1={n - 2 - 2 * (n // 2 - 1)}]", "elems=32*s0+16*s1\n"]
+            + ["offset=16 sizes=[16, s0] strides=[1, 32]"]
+        ),
+    ),
+    "[:, 1::3]": (
+        (1,),
+        lambda n: (16, n),
+        lambda d: d[:, 1::3] * 2.0,
+        lambda n: (
+            [f"syms=[s0={(n + 1) // 3}, s1={n - 2 - 3 * ((n + 1) // 3 - 1)}]", "elems=48*s0+16*s1-16\n"]
+            + ["offset=1 sizes=[16, s0] strides=[3*s0+s1-1, 3]"]
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(STEP_SLICES))
+def test_step_slice_of_a_marked_dim_keeps_one_program(spyre_target, case):
+    # The slice's size t = ceil((n - start) / step) is s0 and n is step*s0
+    # + s1 + start - step + 1 (s1 in 0..step-1): one program for even and
+    # odd n, its text round-trips. main at 73cecf6: a plan per shape, and a
+    # compile per power of two of n for the transposed view (its mark stayed
+    # on the 16 rows).
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    dims, shape, fn, texts = STEP_SLICES[case]
+    tte.reset_metrics()
+    for seed, n in enumerate((40, 77, 130)):
+        a = _inputs(torch.float16, seed=460 + seed, shape=shape(n))
+        got = fn(_marked(tte, a, dims)).cpu()
+        assert same(got, store(fn(a.float()), torch.float16)) == 0
+        text = spyre.dump_ktir()
+        assert all(t in text for t in texts(n)), text
+        assert spyre.format_ktir(text) == text
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+@pytest.mark.filterwarnings("ignore:tpu. size .* is outside its mark_dynamic range")
+def test_step_slice_guards_plan_their_own(spyre_target):
+    # d.t()[:, s::2] with the start s changing shares the key (offsets are
+    # not in it): the other start's launch does not match the program (its
+    # offset 0 or 16), so it plans again; n = 600 lies outside the mark's
+    # 1..512: a key (a compile) of its own. Values of the df16 reference at
+    # each.
+    tte = spyre_target
+    tte.reset_metrics()
+    counts = []
+    for seed, (n, s) in enumerate(((40, 0), (77, 0), (600, 0), (130, 1), (41, 1), (42, 0))):
+        a = _inputs(torch.float16, seed=470 + seed, shape=(n, 16))
+        got = (_marked(tte, a, (0,)).t()[:, s::2] * 2.0).cpu()
+        assert same(got, store(a.float().t()[:, s::2] * 2.0, torch.float16)) == 0
+        m = tte.metrics()
+        counts.append((m["compiles"], m["plans_built"]))
+    assert counts == [(1, 1), (1, 1), (2, 2), (2, 3), (2, 3), (2, 4)]
+
+
+def _drop_heads(d, start=1):
+    # A ViT's CLS token dropped, the rest split into heads of 64.
+    return d[:, start:].view(16, -1, 64) * 2.0
+
+
+def test_split_of_a_slice_keeps_one_program(spyre_target):
+    # d[:, 1:].view(16, -1, 64) of (16, 64r + 1) marked at dim 1: a split of
+    # a slice from a start; the parts are s0, s1 and n is s0*s1+1 (its
+    # pitch and element count). main at 73cecf6: the 64 keyed as the marked
+    # dim, the rows by their power of two: 3 compiles, a plan per shape.
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    tte.reset_metrics()
+    for seed, r in enumerate((10, 17, 40)):
+        a = _inputs(torch.float16, seed=480 + seed, shape=(16, 64 * r + 1))
+        got = _drop_heads(_marked(tte, a, (1,), upper=4096)).cpu()
+        assert same(got, store(_drop_heads(a.float()), torch.float16)) == 0
+        text = spyre.dump_ktir()
+        want = [f"syms=[s0={r}, s1=64]", "elems=16*s0*s1+16\n", "offset=1 sizes=[16, s0, s1] strides=[s0*s1+1, s1, 1]"]
+        assert all(t in text for t in want), text
+        assert spyre.format_ktir(text) == text
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
+
+
+def test_split_of_a_slice_guard_plans_its_own(spyre_target):
+    # d[:, 257:] keys as d[:, 1:] (the trim's low 8 bits), but the program
+    # of n = s0*s1+1 is not the launch's (its n - 257 columns at offset
+    # 257): it plans its own, as d[:, 1:] after it; df16 reference values.
+    tte = spyre_target
+    tte.reset_metrics()
+    plans = []
+    for seed, (r, start) in enumerate(((10, 1), (17, 1), (10, 257), (40, 1))):
+        a = _inputs(torch.float16, seed=490 + seed, shape=(16, 64 * r + start))
+        got = _drop_heads(_marked(tte, a, (1,), upper=4096), start).cpu()
+        assert same(got, store(_drop_heads(a.float(), start), torch.float16)) == 0
+        plans.append(tte.metrics()["plans_built"])
+    assert tte.metrics()["compiles"] == 1
+    assert plans == [1, 1, 2, 3]
