@@ -135,7 +135,7 @@ void HostMemory::keep_spare(const c10::Storage& st) {
   ++n_spare_scratch_;
 }
 
-void HostMemory::release(DeferredStorage* s) {
+void HostMemory::release_bound(DeferredStorage* s) {
   if (Entry* e = map_.find(s)) {
     c10::Storage st = std::move(e->storage);
     (void)map_.erase(s);
@@ -295,6 +295,7 @@ at::Tensor HostMemory::written_tensor(const TensorRef& r) {
 void HostMemory::clear(size_t expected) {
   pending_writes_.clear();
   set_transient(0, nullptr, 0);
+  set_numbered(nullptr, 0);
   inputs_may_hold_errors_ = true;
   if (!resizable_) {
     constexpr size_t kMaxSpare = 256;  // a flush's device buffers, about

@@ -53,6 +53,19 @@ class HostMemory {
     transient_ = by_number;
     n_transient_ = n;
   }
+  // The flush's storages by number (FlushStorages::storages, `n` of them;
+  // the array outlives the flush's regions; none after clear()): what
+  // numbered() reads for a region's Region::storage_numbers.
+  void set_numbered(DeferredStorage* const* by_number, size_t n) {
+    numbered_ = by_number;
+    n_numbered_ = n;
+  }
+  // Storage number `k` of this flush (k < the `n` set_numbered gave).
+  DeferredStorage* numbered(int32_t k) const {
+    TORCH_INTERNAL_ASSERT_DEBUG_ONLY(k >= 0 && static_cast<size_t>(k) < n_numbered_);
+    return numbered_[k];
+  }
+  bool has_numbered() const { return numbered_ != nullptr; }
   bool is_transient(const DeferredStorage* s) const {
     return transient_ != nullptr && s->index_stamp == stamp_ && static_cast<size_t>(s->index_number) < n_transient_ &&
            transient_[s->index_number] != 0;
@@ -77,8 +90,12 @@ class HostMemory {
   // becomes its device memory (adopt_host_buffer, device/device.h). False
   // (nothing bound) when neither applies: the caller copies.
   bool adopt_output(DeferredStorage* s, c10::Storage storage);
-  // Frees whatever holds the value of `s` (a transient storage after its last use).
-  void release(DeferredStorage* s);
+  // Frees whatever holds the value of `s` (a transient storage after its last
+  // use). Nothing to look up while nothing is bound (a fused loop's
+  // intermediates never are).
+  void release(DeferredStorage* s) {
+    if (map_.size() != 0) release_bound(s);
+  }
   // A CPU storage of `nbytes` for a flush temporary (scratch_storage): one an
   // earlier temporary of that size held, when release, release_temp or clear
   // kept it (a small one nothing else held), instead of a StorageImpl, its
@@ -120,6 +137,8 @@ class HostMemory {
   const char* transient_ = nullptr;  // set_transient
   size_t n_transient_ = 0;
   uint64_t stamp_ = 0;
+  DeferredStorage* const* numbered_ = nullptr;  // set_numbered
+  size_t n_numbered_ = 0;
   std::vector<PendingWrite> pending_writes_;
   // CPU storages that wrapped a device buffer in an earlier flush and that
   // nothing else holds or watches (clear() keeps them): device_buffer points
@@ -137,6 +156,7 @@ class HostMemory {
   bool resizable_;
   at::Tensor flat(const TensorRef& r);
   c10::Storage wrap(DeferredStorage* s);
+  void release_bound(DeferredStorage* s);
 };
 
 // Replaces the tensor at (`elem` of) an argument slot: a Tensor, Tensor[] or

@@ -35,9 +35,10 @@ struct FlushPlan {
   std::vector<char> live;       // per node: not dead code
   int64_t n_live = 0;
   std::vector<Region> regions;
-  std::vector<uint64_t> keys;                       // per region: structural key
-  std::vector<std::shared_ptr<Kernel>> kernels;     // per region
-  std::vector<std::vector<int64_t>> layouts;        // per region: layout_signature
+  std::vector<uint64_t> keys;                    // per region: structural key
+  std::vector<std::shared_ptr<Kernel>> kernels;  // per region
+  // Per region: its layout_signature, one object the kernels that run it keep (Kernel::run_with_layout).
+  std::vector<std::shared_ptr<const std::vector<int64_t>>> layouts;
   std::vector<std::vector<int32_t>> release_after;  // per region: flush-local storages freed after it
   std::vector<char> transient;                      // per storage number: flush-local (HostMemory::set_transient)
 };

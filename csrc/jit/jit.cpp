@@ -243,14 +243,31 @@ void note_compile(const std::vector<Node>& g, const Region& r, const std::string
 
 namespace {
 
+// Index into fs.numbers of each node's first reference (and one past the last node's last).
+std::vector<size_t> first_refs(const std::vector<Node>& g) {
+  std::vector<size_t> first_ref(g.size() + 1, 0);
+  for (size_t i = 0; i < g.size(); ++i) first_ref[i + 1] = first_ref[i] + g[i].inputs.size() + g[i].outputs.size();
+  return first_ref;
+}
+
+// Each region's Region::storage_numbers, from the flush's numbering.
+void number_regions(const std::vector<Node>& g, const FlushStorages& fs, std::vector<Region>& regions) {
+  const std::vector<size_t> first_ref = first_refs(g);
+  for (Region& r : regions) {
+    r.storage_numbers.clear();
+    for (int i : r.nodes)
+      r.storage_numbers.insert(r.storage_numbers.end(), fs.numbers.begin() + static_cast<std::ptrdiff_t>(first_ref[i]),
+                               fs.numbers.begin() + static_cast<std::ptrdiff_t>(first_ref[i + 1]));
+  }
+}
+
 // The flush-local memory schedule of `plan` (regions, live set): storages a
 // live node of this flush creates and nothing observes after it hold values
 // only between its regions: flush-local memory, freed after the last region
 // that uses them (host_runtime.h, HostMemory::set_transient). A storage made earlier
 // keeps its device buffer: that holds its value. Storages by number.
 void plan_transients(const std::vector<Node>& g, const FlushStorages& fs, FlushPlan& plan) {
-  std::vector<size_t> first_ref(g.size() + 1, 0);  // index into fs.numbers of each node's first reference
-  for (size_t i = 0; i < g.size(); ++i) first_ref[i + 1] = first_ref[i] + g[i].inputs.size() + g[i].outputs.size();
+  const std::vector<size_t> first_ref = first_refs(g);  // index into fs.numbers of each node's first reference
   std::vector<char> made(fs.storages.size(), 0);
   for (size_t i = 0; i < g.size(); ++i) {
     if (!plan.live[i]) continue;
@@ -310,6 +327,7 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
   Executor& ex = active_executor();
   // Flush-local storages by number: no set of them to fill and empty each flush.
   mem.set_transient(fs.stamp, plan.transient.data(), plan.transient.size());
+  mem.set_numbered(fs.storages.data(), fs.storages.size());
   // Every target starts a new flush, so inspection of "the last flush" of an
   // inactive target (e.g. Spyre's schedule after a TPU flush) is empty. An
   // executor's last-flush state is written only by the flushes it runs (its
@@ -330,17 +348,21 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
   for (size_t ri = 0; ri < plan.regions.size(); ++ri) {
     const Region& r = plan.regions[ri];
     uint64_t key;
-    std::shared_ptr<Kernel> kernel;
+    // The plan's kernel (the plan holds it: no reference count taken per
+    // region), or the one found or compiled here while building.
+    Kernel* kernel = nullptr;
+    std::shared_ptr<Kernel> found;
     bool cache_hit = false;
     if (!building) {
       key = plan.keys[ri];
-      kernel = plan.kernels[ri];
+      kernel = plan.kernels[ri].get();
       cache_hit = true;
       m.cache_hits++;
     } else {
       key = structural_key(g, r, &words);
       std::lock_guard<std::mutex> lock(g_cache_mu);
-      kernel = cache_find(key, words);
+      found = cache_find(key, words);
+      kernel = found.get();
       if (kernel) {
         m.cache_hits++;
         cache_hit = true;
@@ -362,7 +384,8 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
         auto t0 = std::chrono::steady_clock::now();
         const bool from_disk = info != nullptr;
         if (!info) info = describe(key, g, r);
-        kernel = ex.compile(*info, r, g);
+        found = ex.compile(*info, r, g);
+        kernel = found.get();
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         m.compile_time_s += seconds;
         if (debug::level() >= 1)
@@ -375,7 +398,7 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
         m.plans_built++;
         if (!from_disk && !disk_key.empty() && store_region(disk_key, *info)) m.disk_cache_writes++;
         std::lock_guard<std::mutex> lock(g_cache_mu);
-        m.kernel_cache_evictions += cache_insert(key, words, kernel);
+        m.kernel_cache_evictions += cache_insert(key, words, found);
       }
     } catch (...) {
       std::exception_ptr err = std::current_exception();
@@ -385,8 +408,8 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
     }
     if (building) {
       building->keys.push_back(key);
-      building->kernels.push_back(kernel);
-      building->layouts.push_back(layout_signature(r, g));
+      building->kernels.push_back(found);
+      building->layouts.push_back(std::make_shared<const std::vector<int64_t>>(layout_signature(r, g)));
       *complete = *complete && kernel != nullptr;
     }
     if (!kernel && !info) info = describe(key, g, r);
@@ -541,6 +564,7 @@ std::exception_ptr run_graph(std::vector<Node>& recorded, Metrics& m) {
     if (!bad.empty()) return verifier_error(g, plan->live, bad);
   }
   plan_transients(g, fs, *plan);
+  number_regions(g, fs, plan->regions);
   bool complete = true;
   std::exception_ptr err = run_regions(g, fs, *plan, plan.get(), &complete, scratch->mem, m);
   if (cacheable && complete) flush_cache_insert(std::move(plan));

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,14 @@ struct Region {
   // reduction is the last op of its loop. A region with several loops is a
   // multi-tensor loop (an optimizer step over parameters of several shapes).
   std::vector<int> loop;
+  // The flush's storage numbers (lazy/queue.h FlushStorages) of the region's
+  // tensor references: per node in order, its inputs, then its outputs. Set
+  // by the JIT for the regions of a flush plan (every flush of the plan's
+  // structure numbers its storages alike), so a kernel binds its buffers
+  // through this array and the flush's storages by number
+  // (HostMemory::numbered), without reading the nodes' references. Empty in
+  // a region made otherwise (a part of one): read the nodes.
+  std::vector<int32_t> storage_numbers;
 };
 
 // What identifies a compiled region: its key, kinds and name (also what the
@@ -83,9 +92,12 @@ class Kernel {
   virtual void run(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats) = 0;
   // The same, given `layout` == layout_signature(region, graph) (the JIT's
   // flush cache holds it): a kernel that picks its plan by layout need not
-  // compute it. The default ignores it.
+  // compute it, and may keep the pointer: one signature object is held by the
+  // flush plan that runs this region every step, so a kernel that kept it
+  // from an earlier run compares pointers, not the signature's words (up to
+  // a few KiB a region). The default ignores it.
   virtual void run_with_layout(const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
-                               RegionStats& stats, const std::vector<int64_t>& layout) {
+                               RegionStats& stats, const std::shared_ptr<const std::vector<int64_t>>& layout) {
     run(region, graph, mem, stats);
   }
 

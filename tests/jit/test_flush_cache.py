@@ -442,3 +442,44 @@ def test_threads_recording_at_once_share_ids_and_equal_cpu():
     ids, before = last_id(), _hits()
     run(warm, 2.0)
     assert _hits() == before + 1 and last_id() == ids
+
+
+def _two_operands(p, q):
+    # p read first, q second: one structure whichever float32 (3, 8) tensors p and q are.
+    return ((p * 2.0 + q).exp() - p).tanh() * 0.5
+
+
+def test_a_hit_binds_each_flushs_own_buffers():
+    # A plan's regions bind their buffers through this flush's storage numbers
+    # (Region::storage_numbers, HostMemory::numbered): the same structure over other
+    # tensors, or over the same tensors in the other order, reads and writes each flush's own.
+    xs = [cpu_randn(3, 8, seed=40 + k) for k in range(4)]
+    ds = [x.to("tpu") for x in xs]
+    torch.testing.assert_close(_two_operands(ds[0], ds[1]).cpu(), _two_operands(xs[0], xs[1]))  # planned
+    before = _hits()
+    for i, j in [(1, 0), (2, 3), (3, 2), (0, 3), (1, 0)]:
+        torch.testing.assert_close(_two_operands(ds[i], ds[j]).cpu(), _two_operands(xs[i], xs[j]))
+    assert _hits() - before == 5
+    # In place into a tensor from outside the loop that the loop also reads, fresh tensors each flush.
+    for i, j in [(0, 1), (1, 0), (2, 1), (3, 0)]:
+        a, b, ac, bc = ds[i].clone(), ds[j] + 0.0, xs[i].clone(), xs[j] + 0.0
+        a.mul_(b).add_(1.0).exp_()
+        ac.mul_(bc).add_(1.0).exp_()
+        torch.testing.assert_close(a.cpu(), ac)
+        torch.testing.assert_close(b.cpu(), bc)
+    assert _hits() - before >= 8
+
+
+def test_one_region_layout_in_two_plans_alternating():
+    # One kernel (the chain's region, one exact layout) runs in two flush plans: the chain
+    # alone, and the chain with a library op after it. The kernel keeps one plan's layout
+    # signature object and compares the other's words (TpuKernel::same_layout): both plans
+    # alternate, each hit computing CPU's values; a third layout (a transposed input) gets its own plan.
+    x = cpu_randn(5, 5, seed=50)
+    xd = x.to("tpu")
+    before = _hits()
+    for _ in range(3):
+        torch.testing.assert_close(_chain(xd).cpu(), _chain(x))
+        torch.testing.assert_close(_chain(xd).cumsum(0).cpu(), _chain(x).cumsum(0))
+        torch.testing.assert_close(_chain(xd.t()).cpu(), _chain(x.t()))
+    assert _hits() - before >= 6

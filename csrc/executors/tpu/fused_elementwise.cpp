@@ -1388,6 +1388,22 @@ DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::ve
   return s.input >= 0 ? n.inputs[s.input].ref.storage.get() : n.outputs[s.output].storage.get();
 }
 
+void number_slots(LoopPlan& plan, const Region& region, const std::vector<Node>& graph) {
+  std::vector<int> first(region.nodes.size(), 0);  // index of each position's first reference
+  for (size_t p = 1; p < first.size(); ++p) {
+    const Node& n = graph[region.nodes[p - 1]];
+    first[p] = first[p - 1] + static_cast<int>(n.inputs.size() + n.outputs.size());
+  }
+  auto number = [&](Slot& s) {
+    if (!s.valid()) return;
+    const Node& n = graph[region.nodes[s.pos]];
+    s.ref = first[s.pos] + (s.input >= 0 ? s.input : static_cast<int>(n.inputs.size()) + s.output);
+  };
+  for (std::vector<Slot>* v : {&plan.externals, &plan.outputs, &plan.written_inputs})
+    for (Slot& s : *v) number(s);
+  for (Slot* s : {&plan.anchor_out, &plan.gamma, &plan.beta, &plan.mean, &plan.rstd}) number(*s);
+}
+
 bool normalized_cols(c10::IntArrayRef normalized, c10::IntArrayRef shape, int64_t* cols) {
   if (normalized.empty() || normalized.size() > shape.size()) return false;
   if (!std::equal(normalized.begin(), normalized.end(), shape.end() - normalized.size())) return false;
@@ -1403,7 +1419,7 @@ const float* slot_in_data(const Slot& s, const Region& region, const std::vector
 
 float* slot_out_data(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem,
                      LoopPlan& plan) {
-  DeferredStorage* st = slot_storage(s, region, graph);
+  DeferredStorage* st = slot_storage(s, region, graph, mem);
   plan.written.push_back(st);
   size_t nbytes;
   const int64_t offset = s.input >= 0 ? graph[region.nodes[s.pos]].inputs[s.input].ref.offset : 0;
@@ -1415,7 +1431,7 @@ namespace {
 // The device memory a loop writes for slot `s`, and its size in bytes (`*nbytes`).
 void* out_buffer(const Slot& s, const Region& region, std::vector<Node>& graph, host::HostMemory& mem, LoopPlan& plan,
                  size_t* nbytes) {
-  DeferredStorage* st = slot_storage(s, region, graph);
+  DeferredStorage* st = slot_storage(s, region, graph, mem);
   plan.written.push_back(st);
   return mem.device_data(st, nbytes);
 }
@@ -1440,7 +1456,7 @@ static bool bind_program(LoopPlan& plan, const Region& region, std::vector<Node>
   plan.written.clear();
   plan.keep_alive.clear();
   for (const Slot& s : plan.written_inputs)
-    if (mem.is_temp(slot_storage(s, region, graph))) return false;
+    if (mem.is_temp(slot_storage(s, region, graph, mem))) return false;
   float values[64];
   std::vector<float> many;
   float* v = values;
@@ -1460,7 +1476,7 @@ static bool bind_program(LoopPlan& plan, const Region& region, std::vector<Node>
   if (plan.eps_param >= 0) anchor.eps = v[plan.eps_param];
   for (size_t i = 0; i < plan.externals.size(); ++i) {
     size_t nbytes;
-    const void* data = mem.data_for(slot_storage(plan.externals[i], region, graph), &nbytes);
+    const void* data = mem.data_for(slot_storage(plan.externals[i], region, graph, mem), &nbytes);
     // A strided read must lie inside this run's buffer (else the loop runs op by op).
     if (i < plan.prog.strided.size() &&
         plan.prog.strided[i].extent * static_cast<int64_t>(sizeof(float)) > static_cast<int64_t>(nbytes))

@@ -26,6 +26,8 @@ struct Slot {
   int pos = -1;
   int input = -1;
   int output = -1;
+  // Its reference's index in Region::storage_numbers (number_slots), or -1.
+  int ref = -1;
   bool valid() const { return pos >= 0; }
 };
 
@@ -124,6 +126,18 @@ int external_index(std::vector<E>& ext, const E& e, const Node& n, const TensorR
 }
 // The storage of slot `s` of `region`.
 DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::vector<Node>& graph);
+// The same for a run binding its buffers: through the region's storage
+// numbers and the flush's storages by number when the JIT gave them (a run
+// of a flush plan's region), else through the node's reference.
+inline DeferredStorage* slot_storage(const Slot& s, const Region& region, const std::vector<Node>& graph,
+                                     const host::HostMemory& mem) {
+  if (s.ref >= 0 && !region.storage_numbers.empty() && mem.has_numbered())
+    return mem.numbered(region.storage_numbers[s.ref]);
+  return slot_storage(s, region, graph);
+}
+// Sets Slot::ref of the tensor slots of `plan` (planned on `region`): its
+// buffers then bind through Region::storage_numbers.
+void number_slots(LoopPlan& plan, const Region& region, const std::vector<Node>& graph);
 // The float32 data a loop reads for input slot `s`, at its offset (bound per run).
 // A layer_norm's `normalized` shape as `cols`, the product of the trailing
 // dims of `shape` it must equal (false otherwise: CPU's path raises or runs it).

@@ -830,7 +830,7 @@ bool bind_int_loop(LoopPlan& plan, const Region& region, std::vector<Node>& grap
   plan.written.clear();
   IntLoop& il = *plan.int_loop;
   for (const Slot& s : plan.written_inputs)
-    if (mem.is_temp(slot_storage(s, region, graph))) return false;
+    if (mem.is_temp(slot_storage(s, region, graph, mem))) return false;
   std::vector<int64_t> v(il.params.size());
   for (size_t i = 0; i < il.params.size(); ++i)
     if (!int_param_value(il.params[i], region, graph, mem, &v[i])) return false;
@@ -839,7 +839,7 @@ bool bind_int_loop(LoopPlan& plan, const Region& region, std::vector<Node>& grap
       if (o->kind == IOperand::kConst && o->index > 0) o->value = v[o->index - 1];
   for (size_t i = 0; i < plan.externals.size(); ++i) {
     size_t nbytes;
-    il.prog.externals[i] = mem.data_for(slot_storage(plan.externals[i], region, graph), &nbytes);
+    il.prog.externals[i] = mem.data_for(slot_storage(plan.externals[i], region, graph, mem), &nbytes);
   }
   // A zero divisor: the ops run op by op, where CPU's kernel raises.
   for (int e : il.zero_checked) {
@@ -851,7 +851,7 @@ bool bind_int_loop(LoopPlan& plan, const Region& region, std::vector<Node>& grap
     if (zero) return false;
   }
   for (size_t i = 0; i < plan.outputs.size(); ++i) {
-    DeferredStorage* st = slot_storage(plan.outputs[i], region, graph);
+    DeferredStorage* st = slot_storage(plan.outputs[i], region, graph, mem);
     plan.written.push_back(st);
     size_t nbytes;
     il.prog.outputs[i] = mem.device_data(st, &nbytes);

@@ -264,7 +264,9 @@ Part make_part(const Region& region, const std::vector<size_t>& pos, PrimKind an
 // - kOps: every op op by op (anchor kLibrary, a single elementwise op).
 struct TpuPlan {
   enum class Mode : uint8_t { kLoops, kMatmul, kOps } mode = Mode::kOps;
-  std::vector<int64_t> signature;
+  // The layout it was planned for; the flush plan's object once a run gave it
+  // (Kernel::run_with_layout: then compared by pointer).
+  std::shared_ptr<const std::vector<int64_t>> signature;
   std::vector<tpu::LoopPlan> loops;       // kLoops: per loop of the region, its plan
   std::vector<char> planned;              // kLoops: per loop, whether it planned (else op by op)
   std::vector<tpu::LoopPlan> tail_loops;  // kMatmul: the epilogue's loop (empty: op by op)
@@ -364,7 +366,7 @@ void plan_matmul_epilogue(const Region& region, const std::vector<Node>& graph, 
 // Plans `region` for its current layout.
 TpuPlan build_plan(const Region& region, const std::vector<Node>& graph, const tpu::ChipParams& chip) {
   TpuPlan plan;
-  plan.signature = layout_signature(region, graph);
+  plan.signature = std::make_shared<const std::vector<int64_t>>(layout_signature(region, graph));
   for (int i : region.nodes) plan.mxu = plan.mxu || static_cast<PrimKind>(graph[i].kind) == PrimKind::kMatmul;
   // The VMEM tiling depends on shapes only. Only matmul plans re-read HBM,
   // so a vector region is planned only for the profiler (at run).
@@ -387,6 +389,7 @@ TpuPlan build_plan(const Region& region, const std::vector<Node>& graph, const t
   for (const auto& set : loop_sets(region)) {
     plan.loops.emplace_back();
     const bool ok = tpu::plan_loop(region, set, graph, &plan.loops.back());
+    if (ok) tpu::number_slots(plan.loops.back(), region, graph);
     if (!ok) plan.loops.back().pos = set;
     plan.planned.push_back(ok);
     any = any || ok;
@@ -471,18 +474,19 @@ class TpuKernel final : public Kernel {
   }
 
   void run(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats) override {
-    run_with_layout(region, graph, mem, stats, layout_signature(region, graph));
+    run_with_layout(region, graph, mem, stats,
+                    std::make_shared<const std::vector<int64_t>>(layout_signature(region, graph)));
   }
 
   void run_with_layout(const Region& region, std::vector<Node>& graph, host::HostMemory& mem, RegionStats& stats,
-                       const std::vector<int64_t>& sig) override {
+                       const std::shared_ptr<const std::vector<int64_t>>& sig) override {
     std::lock_guard<std::mutex> lock(mu_);
     // A run with another exact layout (sizes inside one dynamic-shape
     // bucket, offsets, strides, aliasing) uses its own plan: one region kind
     // recurs with several layouts in one step (a block's q, k and v slices),
     // so the kernel keeps the last kMaxPlans, most recent first.
     size_t at = 0;
-    while (at < plans_.size() && plans_[at].signature != sig) ++at;
+    while (at < plans_.size() && !same_layout(plans_[at], sig)) ++at;
     if (at == plans_.size()) {
       if (plans_.size() == kMaxPlans) plans_.pop_back();
       plans_.insert(plans_.begin(), build_plan(region, graph, chip_));
@@ -595,6 +599,16 @@ class TpuKernel final : public Kernel {
   }
 
  private:
+  // Whether `plan` was made for layout `sig`: the same object (the flush plan
+  // that gave it before), else equal words, and then the plan keeps `sig` so
+  // that this flush plan's next run compares the pointer only.
+  static bool same_layout(TpuPlan& plan, const std::shared_ptr<const std::vector<int64_t>>& sig) {
+    if (plan.signature == sig) return true;
+    if (*plan.signature != *sig) return false;
+    plan.signature = sig;
+    return true;
+  }
+
   // Simulated time of the region: max(compute, HBM traffic incl. padding and
   // the re-reads its tiling implies) + launch.
   void finish(const TpuPlan& plan, RegionStats& stats) const {
