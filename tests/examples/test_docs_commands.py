@@ -55,7 +55,7 @@ IMPLIED = re.compile(r"^(?:(?:PYTHONPATH=\.|TORCH_TPU_QUICK=1) )+", re.M)
 # the option left out does. Each cap is the script's own (see its --help).
 QUICK_CAPS = {
     ("benchmarks/run_all.py", "--repeats"): 3,  # QUICK["repeats"], "at most 3"
-    ("benchmarks/spyre_interpreter.py", "--repeats"): 3,  # min(args.repeats, 3) when quick
+    ("benchmarks/spyre_interpreter.py", "--repeats"): 2,  # min(args.repeats, 2) when quick
     ("benchmarks/cold_start.py", "--repeats"): 1,  # min(args.repeats, 1) when quick
     ("benchmarks/llama_step.py", "--pairs"): 1,  # 3 pairs when quick, whatever --pairs says
 }
