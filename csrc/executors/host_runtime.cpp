@@ -85,8 +85,7 @@ at::Tensor view_over(const c10::Storage& storage, const TensorRef& r) {
 
 namespace {
 // Equal dims, compared inline (a view's few dims: IntArrayRef::equals called memcmp).
-template <class Dims>
-bool same_dims(c10::IntArrayRef a, const Dims& b) {
+bool same_dims(c10::IntArrayRef a, c10::IntArrayRef b) {
   if (a.size() != b.size()) return false;
   for (size_t d = 0; d < a.size(); ++d)
     if (a[d] != b[d]) return false;

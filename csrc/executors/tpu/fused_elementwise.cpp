@@ -280,7 +280,7 @@ bool layer_norm_cols(const Node& n, c10::IntArrayRef shape, int64_t* cols) {
 // dim 1 (one value per row, broadcast along the row: an RMSNorm's rstd of
 // [B, T, 1] scaling x of [B, T, C]); element i of the broadcast is element
 // i / cols. 0 otherwise.
-int64_t row_broadcast(const Dims& sizes, const Dims& shape) {
+int64_t row_broadcast(c10::IntArrayRef sizes, c10::IntArrayRef shape) {
   if (sizes.size() != shape.size() || shape.empty() || sizes.back() != 1 || shape.back() <= 1) return 0;
   for (size_t d = 0; d + 1 < shape.size(); ++d)
     if (sizes[d] != shape[d]) return 0;
@@ -469,7 +469,7 @@ bool in_loop_order(const TensorRef& r, c10::IntArrayRef shape, const LoopOrder& 
 // `shape` along leading dims only (its shape is shape's last dims, with any
 // dims before them 1): element i of the broadcast is element i % period.
 // 0 when it is not such a broadcast.
-int64_t broadcast_period(const Dims& sizes, const Dims& shape) {
+int64_t broadcast_period(c10::IntArrayRef sizes, c10::IntArrayRef shape) {
   if (sizes.size() > shape.size()) return 0;
   const size_t lead = shape.size() - sizes.size();
   size_t first = 0;  // the first dim of `sizes` that is not 1

@@ -87,7 +87,7 @@ struct LoopPlan {
 // Helpers shared by the float32 and integer planners (fused_int.cpp).
 // The elements per repetition of a row-major tensor of `sizes` broadcast to
 // `shape` along leading dims only; 0 when it is not such a broadcast.
-int64_t broadcast_period(const Dims& sizes, const Dims& shape);
+int64_t broadcast_period(c10::IntArrayRef sizes, c10::IntArrayRef shape);
 // The tensor an op writes in place or as its out= argument; null for a
 // functional op and for one that writes more than one tensor.
 const InputSlot* written_slot(const Node& n);
