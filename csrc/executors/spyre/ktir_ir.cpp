@@ -1173,10 +1173,7 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
           trims.emplace_back(d.base, d.size, d.divisor, d.trim);
       }
       const int64_t lower = (std::max<int64_t>(0, d.lower - d.trim) + div - 1) / div;
-      auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.size; });
-      if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.size, lower, d.upper / div});
-      it->lower = std::max(it->lower, lower);
-      it->upper = std::min(it->upper, (d.upper - d.trim) / div);
+      const auto it = sym_of(d.size, lower, (d.upper - d.trim) / div);
       it->part = std::max(it->part, d.part);
       continue;
     }
