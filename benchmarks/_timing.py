@@ -64,22 +64,35 @@ def interleave(contenders, repeats, warmup=1):
 
     Rotating the order means no contender always runs first (cold caches) or right
     after the same neighbour. The garbage collector runs before every call and is
-    off during it, so a collection triggered by one contender is not billed to another.
+    off during it, so a collection triggered by one contender is not billed to another; the
+    objects alive before the first round are frozen (``gc.freeze``) for the rounds, so that
+    collection walks only the rounds' own objects.
     Returns {name: [seconds per repeat]}; ``warmup`` rounds are run first and dropped.
     """
     names = list(contenders)
     samples = {name: [] for name in names}
-    for r in range(warmup + repeats):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            gc.collect()
-            gc.disable()
-            try:
-                seconds = contenders[name]()
-            finally:
-                gc.enable()
-            if r >= warmup:
-                samples[name].append(seconds)
+    # What lives now (torch's modules, the models, the contenders) is frozen, so that each
+    # collection below walks only what the rounds made: a full collection walks every object
+    # of torch's modules, evicting the caches, and each repeat then timed its first steps
+    # cold (docs/performance.md, "twothr20").
+    gc.collect()
+    frozen_before = gc.get_freeze_count()
+    gc.freeze()
+    try:
+        for r in range(warmup + repeats):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                gc.collect()
+                gc.disable()
+                try:
+                    seconds = contenders[name]()
+                finally:
+                    gc.enable()
+                if r >= warmup:
+                    samples[name].append(seconds)
+    finally:
+        if not frozen_before:  # a caller's own freeze stays
+            gc.unfreeze()
     return samples
 
 

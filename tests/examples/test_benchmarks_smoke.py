@@ -72,3 +72,32 @@ def test_failed_check_is_reported(run_all):
     assert ok is False
     assert report.checks["wrong"]["passed"] is False
     assert report.checks["wrong"]["error"]  # the first line of assert_close's message
+
+
+def test_interleave_collects_only_what_its_rounds_made():
+    """The collection before each timed call walks the rounds' own objects, not every object alive
+    before them (torch's modules: a full collection of those evicted the caches and each repeat
+    timed cold steps), still frees the rounds' garbage cycles, and leaves the collector as it was."""
+    import gc
+    import weakref
+
+    from _timing import interleave
+
+    class Cycle:
+        pass
+
+    seen, made = [], []
+
+    def contender():
+        seen.append((gc.get_freeze_count(), gc.isenabled()))
+        c = Cycle()
+        c.me = c  # garbage once this returns: only a collection frees it
+        made.append(weakref.ref(c))
+        return 0.0
+
+    frozen_before = gc.get_freeze_count()
+    samples = interleave({"a": contender, "b": contender}, repeats=3)
+    assert [len(v) for v in samples.values()] == [3, 3]
+    assert all(frozen > frozen_before and not enabled for frozen, enabled in seen), seen
+    assert all(ref() is None for ref in made[:-1])  # each call's cycle freed before the next call
+    assert gc.get_freeze_count() == frozen_before and gc.isenabled()
