@@ -73,8 +73,8 @@ def interleave(contenders, repeats, warmup=1):
     samples = {name: [] for name in names}
     # What lives now (torch's modules, the models, the contenders) is frozen, so that each
     # collection below walks only what the rounds made: a full collection walks every object
-    # of torch's modules, evicting the caches, and each repeat then timed its first steps
-    # cold (docs/performance.md, "twothr20").
+    # of torch's modules, a pause after which each repeat timed its first steps slow
+    # (docs/performance.md, "twothr20").
     gc.collect()
     frozen_before = gc.get_freeze_count()
     gc.freeze()

@@ -4,8 +4,8 @@ Builds one of run_all's section-7 training steps (``--model mlp|gpt|cnn``) on "t
 eager at ``--threads`` (set once), warms both up, then runs ``--rounds`` rounds; in each, every
 contender gets the event, then ``--steps`` steps timed one by one. The events, each in turn:
 
-- ``full collection``: ``gc.collect()`` with every object alive (torch's modules: walking the
-  whole heap evicts the caches; what run_all's ``interleave`` did before each timed call until
+- ``full collection``: ``gc.collect()`` with every object alive (torch's modules: a pause
+  of walking the whole heap; what run_all's ``interleave`` did before each timed call until
   it froze the objects alive before its rounds);
 - ``frozen collection``: ``gc.collect()`` after ``gc.freeze()`` (what ``interleave`` does now);
 - ``sleep 10 ms``: the process idle, other jobs take its cores.

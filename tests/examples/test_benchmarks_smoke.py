@@ -76,8 +76,8 @@ def test_failed_check_is_reported(run_all):
 
 def test_interleave_collects_only_what_its_rounds_made():
     """The collection before each timed call walks the rounds' own objects, not every object alive
-    before them (torch's modules: a full collection of those evicted the caches and each repeat
-    timed cold steps), still frees the rounds' garbage cycles, and leaves the collector as it was."""
+    before them (torch's modules: after a full collection of those each repeat timed its first
+    steps slow), still frees the rounds' garbage cycles, and leaves the collector as it was."""
     import gc
     import weakref
 
