@@ -1096,10 +1096,11 @@ def run(argv=None):
     )
     parser.add_argument(
         "--only",
-        choices=("all", "training", "overhead", "ici"),
+        choices=("all", "training", "overhead", "rows", "ici"),
         default="all",
         help="'training': only the three training steps (7.), on one and two threads; "
         "'overhead': only the record and cache-hit flush rows (1.); "
+        "'rows': only the row reductions (4.: softmax, layer_norm, logsumexp); "
         "'ici': only the simulated ICI collectives (8.)",
     )
     parser.add_argument(
@@ -1137,8 +1138,10 @@ def run(argv=None):
         if args.only == "all":
             bench_chain16(cfg, report)
             bench_chain16_bytes(cfg, report)
+        if args.only in ("all", "rows"):
             bench_rows(cfg, report)
             bench_logsumexp(cfg, report)
+        if args.only == "all":
             bench_mlp(cfg, report)
             bench_char_lm(cfg, report)
         if args.only in ("all", "training"):

@@ -8,6 +8,7 @@ storage_offset().
 """
 
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -47,6 +48,22 @@ def run_python(code, timeout=300):
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], env=PYTHON_ENV, capture_output=True, text=True, timeout=timeout
     )
+
+
+def run_avx2_child(code, cwd):
+    """Runs ``code`` in a child process with ATEN_CPU_CAPABILITY=avx2 (CPU's kernels and the
+    fused loops' AVX2 unit both run their AVX2 code), this repository first on its path, in
+    ``cwd``. The child prints a JSON object with its ``capability`` last; returns that object
+    after asserting that the child exited with 0 and ran at AVX2."""
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=str(cwd), capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["capability"] == "AVX2"
+    return res
 
 
 DEVICE = os.environ.get("TPU_TEST_DEVICE", "tpu").strip().lower() or "tpu"

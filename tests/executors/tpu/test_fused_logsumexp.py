@@ -4,16 +4,11 @@ CPU computes logsumexp as a composite (amax, masking of infinite maxes, sum of e
 log, add); the row loop rounds every step as CPU's kernels do, so results are compared with
 CPU PyTorch bit for bit (torch.equal; NaN rows by position)."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from difftest import REPO_ROOT, DEVICE, cpu_randn
+from difftest import REPO_ROOT, DEVICE, cpu_randn, run_avx2_child
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fusion exists only on the tpu device")
 
@@ -239,15 +234,7 @@ print(json.dumps(res))
 
 def test_avx2_capability_matches_cpu_exactly(tmp_path):
     # ATEN_CPU_CAPABILITY=avx2 makes CPU's kernels and the row loop both use AVX2 code.
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run(
-        [sys.executable, "-c", _AVX2_CHILD], env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert res["capability"] == "AVX2"
-    assert res["bad"] == []
+    assert run_avx2_child(_AVX2_CHILD, tmp_path)["bad"] == []
 
 
 @pytest.mark.parametrize(
