@@ -181,6 +181,22 @@ bool has_meta_kernel(const c10::OperatorHandle& op) {
 // overlap or overlaps another tensor of `all` (the same tensor again only when
 // `same_tensor_overlaps`).
 using ArgTensors = c10::ArrayRef<std::pair<int, c10::TensorImpl*>>;
+
+// True when get_overlap_status(a, b) of two different tensors can only say No or
+// TooHard (neither counts as an overlap here): other StorageImpls, whose bytes
+// alias only when their DataPtrs have one deleter and one context
+// (c10::isSharedStorageAlias). Inline: a foreach op checks every pair of each
+// index, and get_overlap_status is a call (docs/performance.md, fe20).
+bool storages_apart(const c10::TensorImpl* a, const c10::TensorImpl* b) {
+  c10::StorageImpl* sa = a->unsafe_storage().unsafeGetStorageImpl();
+  c10::StorageImpl* sb = b->unsafe_storage().unsafeGetStorageImpl();
+  if (sa == nullptr || sb == nullptr) return true;
+  if (sa == sb) return false;
+  const c10::DataPtr& da = sa->_mutable_data_ptr_no_checks();  // no access check: only compared
+  const c10::DataPtr& db = sb->_mutable_data_ptr_no_checks();
+  return da.get_deleter() != db.get_deleter() || da.get_context() != db.get_context();
+}
+
 bool written_overlaps(uint64_t writes, ArgTensors all, bool same_tensor_overlaps) {
   for (const auto& [warg, w] : all) {
     if (!((writes >> warg) & 1)) continue;
@@ -191,6 +207,7 @@ bool written_overlaps(uint64_t writes, ArgTensors all, bool same_tensor_overlaps
         if (same_tensor_overlaps && rarg != warg) return true;
         continue;
       }
+      if (storages_apart(w, r)) continue;
       const auto st = at::get_overlap_status(w, r);
       if (st == at::MemOverlapStatus::Partial || st == at::MemOverlapStatus::Full) return true;
     }
@@ -1022,9 +1039,11 @@ void key_ivalue(KeyWriter& k, const c10::IValue& v, bool float_values) {
     key_tensor(k, v.toTensor());
   } else if (v.isList() && v.isTensorList()) {  // isList inline, isTensorList a call
     k.put(-1);
-    for (const at::Tensor& t : v.toTensorList().vec()) {
+    // The elements in place: vec() copied the list (a reference count per tensor).
+    for (const c10::IValue& e : v.toListRef()) {
+      const at::Tensor& t = e.toTensor();
       key_tensor(k, t);
-      key_list_element_values(k, t);
+      if (t.defined() && t.device().type() != c10::DeviceType::PrivateUse1) key_host_mask_values(k, t);
     }
   } else if (v.isList()) {
     k.put(-2);
@@ -1758,11 +1777,22 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // Tensor arguments are not copied: their slots are filled below.
   node.args.reserve(nargs);
   size_t ntensors = 0;
+  uint64_t fresh_lists = 0;  // bit i: argument i is a Tensor[] made here (below)
   for (size_t i = first; i < first + nargs; ++i) {
     const c10::IValue& v = (*stack)[i];
     if (v.isTensor()) {
       node.args.emplace_back(at::Tensor());  // the slot the recorded tensor left (see below)
       ++ntensors;
+    } else if (v.isList() && v.isTensorList()) {  // isList inline, isTensorList a call
+      // A list of as many undefined tensors, which the loop below fills with what it
+      // keeps (host scalars): the caller's list, copied and emptied element by element,
+      // cost a copy-on-write and a call a tensor (docs/performance.md, fe20).
+      const size_t n = v.toListRef().size();
+      c10::List<at::Tensor> empty;
+      empty.resize(n);
+      node.args.emplace_back(std::move(empty));
+      ntensors += n;
+      if (i - first < 64) fresh_lists |= uint64_t{1} << (i - first);
     } else {
       node.args.push_back(v);
     }
@@ -1796,10 +1826,10 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     in.elem = elem;
     in.written = (writes >> arg) & 1;
     make_ref(t, in.ref);
-    // Drop the reference: a pending node must not keep the tensor alive (DCE).
-    // A top-level tensor's slot is already the undefined tensor (above); a
-    // list's element is the list copy's.
-    if (elem >= 0) host::set_tensor_slot(slot, elem, at::Tensor());
+    // No reference kept: a pending node must not keep the tensor alive (DCE).
+    // A top-level tensor's slot, and a Tensor[]'s element, is already the undefined
+    // tensor (above); a Tensor?[]'s element is the list copy's.
+    if (elem >= 0 && !(arg < 64 && ((fresh_lists >> arg) & 1))) host::set_tensor_slot(slot, elem, at::Tensor());
   });
 
   if (entry.kind == PrimKind::kRandom) {

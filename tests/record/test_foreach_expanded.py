@@ -140,6 +140,36 @@ def test_same_tensor_in_self_and_other_at_one_index_equal_to_cpu():
     _assert_same([da], [a])
 
 
+def test_partial_overlap_of_self_and_other_at_one_index_raises_as_cpu():
+    """Views of one base at one index that share some elements: CPU's add_ raises; other
+    bases at the other indices (other storages) do not stop the check."""
+    base, c = torch.arange(10.0), torch.randn(3)
+    dbase, dc = base.to(DEVICE), c.to(DEVICE)
+    call = lambda b, o: torch._foreach_add_([o, b[:4]], [o.clone(), b[1:5]])  # noqa: E731
+    _expect_same_error(lambda: call(base, c), lambda: call(dbase, dc))
+    _assert_same([dbase, dc], [base, c])
+
+
+def test_same_elements_through_another_view_at_one_index_equal_to_cpu():
+    """Other at one index is self's elements through another view object (a full overlap,
+    which CPU's in-place ops accept)."""
+    base = torch.randn(2, 4, generator=torch.Generator().manual_seed(7))
+    dbase = base.to(DEVICE)
+    torch._foreach_addcmul_([base[0], base[1]], [base.view(8)[:4], base[0]], [base[1], base.view(8)[4:]], 0.5)
+    torch._foreach_addcmul_([dbase[0], dbase[1]], [dbase.view(8)[:4], dbase[0]], [dbase[1], dbase.view(8)[4:]], 0.5)
+    _assert_same([dbase], [base])
+
+
+def test_tensor_list_keeps_a_host_scalar_read_at_the_call():
+    """A Tensor[] with a 0-dim host tensor beside the device's: the recorded op keeps its value
+    at the call (a later in-place write to it does not reach the flush)."""
+    a, c = torch.tensor(1.5), torch.tensor(2.5)
+    want = torch.stack([a, c])
+    got = torch.stack([a.to(DEVICE), c])
+    c.fill_(7.0)
+    _assert_same([got], [want])
+
+
 def test_reads_the_values_of_the_call():
     """A later in-place write to an input (before the flush) does not change the recorded op."""
     a, b = torch.randn(4), torch.randn(4)
