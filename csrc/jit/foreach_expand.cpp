@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/SmallVector.h>
 
 #include "ops/op_table.h"
 
@@ -105,13 +106,29 @@ const PerTensorOp& per_tensor_op(const c10::OperatorHandle& op) {
   TORCH_INTERNAL_ASSERT(false, "foreach expansion: no rule for ", name, ".", overload);
 }
 
-// Appends foreach node `n`'s per-tensor nodes to `out`.
-void expand_node(const Node& n, std::vector<Node>& out) {
+// Node `at` of `out` made ready for op `op`: a new one past the end, the kept one when it
+// is of `op` (its lists keep their room; every field is written by the caller), else a fresh
+// one written over it.
+Node& node_at(std::vector<Node>& out, size_t at, const c10::OperatorHandle& op) {
+  if (at == out.size()) return out.emplace_back(op);
+  Node& m = out[at];
+  if (!(m.op == op)) m = Node(op);
+  return m;
+}
+
+// The next input slot of `m` (`*used` of them written so far): a kept one, else a new one.
+InputSlot& next_input(Node& m, size_t* used) {
+  return (*used)++ < m.inputs.size() ? m.inputs[*used - 1] : m.inputs.emplace_back();
+}
+
+// Writes foreach node `n`'s per-tensor nodes into `out` from index `*at` on (kept nodes
+// written over, node_at), advancing `*at`.
+void expand_node(const Node& n, std::vector<Node>& out, size_t* at) {
   const PerTensorOp& p = per_tensor_op(n.op);
   const size_t count = n.args[0].toListRef().size();
   // The input slot of each foreach argument at each index (-1: none, a host tensor's).
   const size_t nfargs = n.args.size();
-  std::vector<int> slot_of(count * nfargs, -1);
+  c10::SmallVector<int, 64> slot_of(count * nfargs, -1);
   for (size_t s = 0; s < n.inputs.size(); ++s) {
     const InputSlot& in = n.inputs[s];
     const auto a = static_cast<size_t>(in.arg);
@@ -123,41 +140,53 @@ void expand_node(const Node& n, std::vector<Node>& out) {
   }
   const size_t nargs = p.tensor_arg.size();
   for (size_t i = 0; i < count; ++i) {
-    Node& m = out.emplace_back(p.op);
+    Node& m = node_at(out, (*at)++, p.op);
     m.kind = static_cast<int>(p.kind);
     m.checks_values = p.checks_values;
     m.where = n.where;
     m.seq = n.seq;
-    m.args.reserve(nargs);
+    m.wrapped = 0;
+    m.rng = false;
+    m.expands = false;
+    m.meta_id = 0;
+    m.rng_seed = 0;
+    m.args.resize(nargs);
+    size_t inputs = 0;
     for (size_t a = 0; a < nargs; ++a) {
       const int f = p.rule->args[a];
       if (f < 0) {
-        m.args.push_back(p.defaults[a]);
+        m.args[a] = p.defaults[a];
         continue;
       }
       const c10::IValue& v = n.args[static_cast<size_t>(f)];
       // A Tensor[] element (undefined when recorded), a Scalar[] element, or the argument itself.
       const c10::IValue& e = v.isList() ? v.toListRef()[i] : v;
-      m.args.push_back(e);
+      m.args[a] = e;
       const bool scalar = !e.isTensor() && !e.isNone();
       if ((scalar && p.tensor_arg[a]) || is_wrapped_arg(n, static_cast<size_t>(f))) m.wrapped |= 1u << a;
       const int s = slot_of[i * nfargs + static_cast<size_t>(f)];
       if (s < 0 || !p.tensor_arg[a]) continue;
-      InputSlot& t = m.inputs.emplace_back();
-      t.arg = static_cast<int>(a);
+      InputSlot& t = next_input(m, &inputs);
+      t.elem = -1;
+      t.arg = static_cast<int16_t>(a);
       t.ref = n.inputs[static_cast<size_t>(s)].ref;
       t.written = p.written[a] != 0;
     }
+    m.inputs.resize(inputs);
+    m.returns.clear();
+    m.list_lens.clear();
     if (p.aliased >= 0) {
       int slot = -1;
       for (size_t s = 0; s < m.inputs.size(); ++s)
         if (m.inputs[s].arg == p.aliased) slot = static_cast<int>(s);
       TORCH_INTERNAL_ASSERT(slot >= 0, "foreach expansion: no slot for the written argument");
+      m.outputs.clear();
       m.returns.push_back(slot);
     } else {
       TORCH_INTERNAL_ASSERT(n.outputs.size() == count, "foreach expansion: ", n.outputs.size(), " results for ", count,
                             " tensors");
-      m.outputs.push_back(n.outputs[i]);
+      m.outputs.resize(1);
+      m.outputs[0] = n.outputs[i];
       m.returns.push_back(-1);
     }
     m.list_lens.push_back(0);  // one per return, as the record kernel writes them
@@ -166,30 +195,71 @@ void expand_node(const Node& n, std::vector<Node>& out) {
 
 }  // namespace
 
+struct ExpandedGraph::Kept {
+  std::vector<Node> nodes;
+  bool busy = false;
+};
+
 bool has_foreach_nodes(const std::vector<Node>& g) {
   for (const Node& n : g)
     if (n.expands) return true;
   return false;
 }
 
-ExpandedGraph::ExpandedGraph(std::vector<Node>& g) : g_(g) {
+namespace {
+// The thread's kept expansion when no expansion uses it, else null.
+ExpandedGraph::Kept* thread_kept() {
+  thread_local ExpandedGraph::Kept kept;
+  return kept.busy ? nullptr : &kept;
+}
+}  // namespace
+
+ExpandedGraph::ExpandedGraph(std::vector<Node>& g)
+    : kept_(thread_kept()),
+      own_(kept_ ? nullptr : std::make_unique<Kept>()),
+      g_(g),
+      nodes((kept_ ? kept_ : (kept_ = own_.get()))->nodes) {
+  kept_->busy = true;
   size_t total = 0;
   for (const Node& n : g) total += n.expands ? n.args[0].toListRef().size() : 1;
   nodes.reserve(total);
   moved_.reserve(g.size());
-  for (size_t k = 0; k < g.size(); ++k) {
-    if (g[k].expands) {
-      expand_node(g[k], nodes);
-    } else {
-      moved_.emplace_back(k, nodes.size());
-      nodes.push_back(std::move(g[k]));
+  size_t at = 0;
+  try {
+    for (size_t k = 0; k < g.size(); ++k) {
+      if (g[k].expands) {
+        expand_node(g[k], nodes, &at);
+      } else {
+        moved_.emplace_back(k, at);
+        if (at == nodes.size())
+          nodes.push_back(std::move(g[k]));
+        else
+          nodes[at] = std::move(g[k]);
+        ++at;
+      }
     }
+    // Kept nodes past this flush's (an earlier flush had more) go.
+    nodes.erase(nodes.begin() + static_cast<std::ptrdiff_t>(at), nodes.end());
+  } catch (...) {
+    restore();  // the recorded nodes go back to the queue
+    throw;
   }
 }
 
-ExpandedGraph::~ExpandedGraph() {
+void ExpandedGraph::restore() {
   for (const auto& [from, to] : moved_) g_[from] = std::move(nodes[to]);
+  moved_.clear();
+  // The kept per-tensor nodes hold no storage (nor a host tensor) past the flush.
+  for (Node& m : nodes) {
+    for (InputSlot& in : m.inputs) in.ref.storage.reset();
+    for (TensorRef& out : m.outputs) out.storage.reset();
+    for (c10::IValue& a : m.args)
+      if (a.isTensor() && a.toTensor().defined()) a = c10::IValue();
+  }
+  kept_->busy = false;
 }
+
+ExpandedGraph::~ExpandedGraph() { restore(); }
 
 }  // namespace jit
 }  // namespace tpu_eager

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -24,17 +25,31 @@ bool has_foreach_nodes(const std::vector<Node>& g);
 // tensor's elementwise chain as it fuses them recorded one by one. `g`'s other nodes are
 // moved into `nodes` (no copy) and moved back when this is destroyed: the queue's
 // bookkeeping after the flush (pending uses, errors) is over the recorded nodes.
+//
+// `nodes` is the thread's vector of the previous expansion, kept: a training step's flushes
+// recur, so a per-tensor node is written over the one of the same op at its index (its
+// lists keep their room) instead of being built and destroyed each flush. When this is
+// destroyed the kept nodes let go of their storages, so a storage lives as long as without
+// the reuse. A flush nested in another's run on the same thread gets a vector of its own.
 class ExpandedGraph {
  public:
   explicit ExpandedGraph(std::vector<Node>& g);
   ~ExpandedGraph();
   ExpandedGraph(const ExpandedGraph&) = delete;
   ExpandedGraph& operator=(const ExpandedGraph&) = delete;
-  std::vector<Node> nodes;
+
+  struct Kept;  // the kept vector and whether an expansion uses it
 
  private:
+  Kept* kept_;                 // the thread's kept vector, or own_'s
+  std::unique_ptr<Kept> own_;  // a nested expansion's own
   std::vector<Node>& g_;
   std::vector<std::pair<size_t, size_t>> moved_;  // (index in g, index in nodes)
+  // Moves g's nodes back and has the kept nodes let go of their storages.
+  void restore();
+
+ public:
+  std::vector<Node>& nodes;
 };
 
 }  // namespace jit

@@ -318,6 +318,18 @@ class FailedInputs {
   bool clean_ = true;
 };
 
+// The layout object of a region of `plan` that `kernel` runs with layout `sig`: an
+// earlier region's when the same kernel runs it with an equal layout (a step's flush runs
+// one kernel in many regions: a bias gradient's sum per layer, ten steps' forwards), so
+// the kernel, which keeps the object of its last run, finds its plan by the pointer
+// instead of comparing the words (TpuKernel::same_layout). Plan-building path only.
+std::shared_ptr<const std::vector<int64_t>> shared_layout(const FlushPlan& plan, const Kernel* kernel,
+                                                          std::vector<int64_t> sig) {
+  for (size_t j = 0; kernel != nullptr && j < plan.layouts.size(); ++j)
+    if (plan.kernels[j].get() == kernel && *plan.layouts[j] == sig) return plan.layouts[j];
+  return std::make_shared<const std::vector<int64_t>>(std::move(sig));
+}
+
 // Runs the regions of `plan` on this flush's graph. `building` (the plan
 // itself, on a flush-cache miss) gets each region's key, kernel and layout as
 // it is looked up or compiled; false in `*complete` when some region has no
@@ -409,7 +421,7 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
     if (building) {
       building->keys.push_back(key);
       building->kernels.push_back(found);
-      building->layouts.push_back(std::make_shared<const std::vector<int64_t>>(layout_signature(r, g)));
+      building->layouts.push_back(shared_layout(*building, found.get(), layout_signature(r, g)));
       *complete = *complete && kernel != nullptr;
     }
     if (!kernel && !info) info = describe(key, g, r);

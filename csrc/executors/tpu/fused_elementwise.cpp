@@ -1440,6 +1440,20 @@ float* out_ptr(const Slot& s, const Region& region, std::vector<Node>& graph, ho
   return static_cast<float*>(out_buffer(s, region, graph, mem, plan, &nbytes));
 }
 
+// Operand 0 / 1 / 2 (a / b / c) of `ins`.
+Operand& operand_of(Instr& ins, uint8_t which) { return which == 0 ? ins.a : which == 1 ? ins.b : ins.c; }
+
+// Fills plan.param_operands from its program (once: the program is fixed once planned).
+void index_param_operands(LoopPlan& plan) {
+  plan.param_operands.clear();
+  for (size_t k = 0; k < plan.prog.instrs.size(); ++k)
+    for (uint8_t which = 0; which < 3; ++which) {
+      const Operand& o = operand_of(plan.prog.instrs[k], which);
+      if (o.kind == Operand::kConst && o.index > 0) plan.param_operands.emplace_back(static_cast<uint32_t>(k), which);
+    }
+  plan.param_operands_made = true;
+}
+
 }  // namespace
 
 // Binds the float program (and row anchor) of `plan` (bind_loop).
@@ -1466,9 +1480,11 @@ static bool bind_program(LoopPlan& plan, const Region& region, std::vector<Node>
   }
   for (size_t i = 0; i < plan.params.size(); ++i)
     if (!param_value(plan.params[i], region, graph, mem, &v[i])) return false;
-  for (Instr& ins : plan.prog.instrs)
-    for (Operand* o : {&ins.a, &ins.b, &ins.c})
-      if (o->kind == Operand::kConst && o->index > 0) o->value = v[o->index - 1];
+  if (!plan.param_operands_made) index_param_operands(plan);
+  for (const auto& [instr, which] : plan.param_operands) {
+    Operand& o = operand_of(plan.prog.instrs[instr], which);
+    o.value = v[o.index - 1];
+  }
   for (const auto& [instr, param] : plan.alpha_params) plan.prog.instrs[instr].alpha = v[param];
   fused::RowAnchor& anchor = plan.anchor;
   if (plan.has_anchor && anchor.in.kind == Operand::kConst && anchor.in.index > 0)

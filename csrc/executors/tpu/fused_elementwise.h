@@ -64,7 +64,11 @@ struct LoopPlan {
   std::vector<Slot> externals;  // per Program::externals: the tensor read
   std::vector<Slot> outputs;    // per Program::outputs: the tensor written
   Slot anchor_out, gamma, beta, mean, rstd;
-  std::vector<Param> params;                      // a kConst operand with index k > 0 takes params[k - 1]
+  std::vector<Param> params;  // a kConst operand with index k > 0 takes params[k - 1]
+  // The operands that take a param (kConst, index > 0), as (instruction, 0 / 1 / 2 for its
+  // a / b / c), made at the first bind: a run writes these only, not every operand tested.
+  std::vector<std::pair<uint32_t, uint8_t>> param_operands;
+  bool param_operands_made = false;
   std::vector<std::pair<int, int>> alpha_params;  // (instruction, param): Instr::alpha
   int eps_param = -1;                             // anchor.eps
   std::vector<Slot> written_inputs;     // tensors from outside the loop it writes (must not be flush temporaries)
