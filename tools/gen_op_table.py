@@ -244,6 +244,11 @@ def composite_out_cpu_only(full, overload):
 # its tensors instead of a linalg_vector_norm (or an unsqueeze view) per tensor; the host
 # runs the foreach norm's float32 2-norms with its own kernel (executors/direct_kernels.cpp).
 COMPOSITE_RECORDED = {"logsumexp", "cummax", "cummin", "_foreach_norm.Scalar", "stack"}
+# In-place ops whose only kernel is CompositeExplicitAutograd and whose composite calls CPU's
+# DispatchStub itself instead of an op the device registers: on "tpu" the stub has no kernel
+# and raises an INTERNAL ASSERT. Recorded whole, the executor runs the composite on host
+# buffers. conj_physical_ (a no-op for real dtypes; TestMathBits' conj / neg_conj views).
+COMPOSITE_RECORDED |= {"conj_physical_"}
 
 
 # Foreach ops recorded as one node over all their tensors and expanded by the flush into the
