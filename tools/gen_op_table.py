@@ -43,7 +43,7 @@ EXCLUDE = re.compile(
     r"xnnpack|_mps|_weight_int|_convert_weight|_cslt|_pin_memory|is_pinned|record_stream|_foobar|_fused_moving_avg|"
     r"to_padded_tensor|_jagged|_padded_dense|_cufft|_fft_c2c_mkl|_fused_sdp|_scaled_dot_product_flash_attention(?!_for_cpu)|"
     r"^_flash_attention|_efficient_attention|_scaled_dot_product_cudnn|"
-    r"_triton|_cudnn|lstm_mps|_mkl|^_fake|histogramdd|_histogramdd|_make_dep_token|_assert|_functional_assert|"
+    r"_triton|_cudnn|lstm_mps|_mkl|^_fake|_make_dep_token|_assert|_functional_assert|"
     r"_print|sym_|_nnpack|_use_|_has_compatible|_version|_fw_primal|_make_dual|_unpack_dual|"
     r"_thnn_fused_gru|_validate|_chunk_cat|_int_mm|_dimI|_dimV|_nnz|_coalesced|^_?indices(_copy)?(\.|$)|"
     r"^_?values(_copy)?(\.|$)|crow_|col_indices|"
@@ -55,7 +55,7 @@ EXCLUDE = re.compile(
 SYNC = re.compile(
     r"^(nonzero|nonzero_numpy|unique|_unique|unique_consecutive|unique_dim|unique_dim_consecutive|_unique2|"
     r"masked_select|bincount|repeat_interleave|_local_scalar_dense|is_nonzero|equal|allclose|is_set_to|"
-    r"argwhere|histc|histogram|_histogramdd_bin_edges|_aminmax|lstsq|linalg_lstsq|_linalg_check_errors|"
+    r"argwhere|histc|histogram|_histogramdd_bin_edges|_histogramdd_from_bin_cts|_histogramdd_from_bin_tensors|_aminmax|lstsq|linalg_lstsq|_linalg_check_errors|"
     r"_check_|segment_reduce|_segment_reduce|_embedding_bag|_embedding_bag_forward_only|embedding_bag|"
     r"_ctc_loss|ctc_loss|_ctc_loss_backward|_batch_norm_impl_index|"
     r"linalg_eig|linalg_eigvals|_linalg_eigvals|_linalg_eigh|linalg_eigh|symeig|qr|linalg_qr|_linalg_svd|"
@@ -244,6 +244,11 @@ def composite_out_cpu_only(full, overload):
 # its tensors instead of a linalg_vector_norm (or an unsqueeze view) per tensor; the host
 # runs the foreach norm's float32 2-norms with its own kernel (executors/direct_kernels.cpp).
 COMPOSITE_RECORDED = {"logsumexp", "cummax", "cummin", "_foreach_norm.Scalar", "stack"}
+# In-place ops whose only kernel is CompositeExplicitAutograd and whose composite calls CPU's
+# DispatchStub itself instead of an op the device registers: on "tpu" the stub has no kernel
+# and raises an INTERNAL ASSERT. Recorded whole, the executor runs the composite on host
+# buffers. conj_physical_ (a no-op for real dtypes; TestMathBits' conj / neg_conj views).
+COMPOSITE_RECORDED |= {"conj_physical_"}
 
 
 # Foreach ops recorded as one node over all their tensors and expanded by the flush into the

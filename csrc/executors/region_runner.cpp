@@ -2,10 +2,12 @@
 #include "executors/region_runner.h"
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <typeinfo>
 
+#include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
 #include <ATen/ops/empty.h>
@@ -403,6 +405,12 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     const c10::OperatorHandle* direct_op = live ? direct_out_op(n) : (*recorded)[p].direct_op;
     if (recording) (*recorded)[p].direct_op = direct_op;
     direct_outputs(n, region, p, mem, hooks, direct_op, &out_op, direct, op_kept ? op_kept + n.inputs.size() : nullptr);
+    // CPU's kernel warns at its call; the record gave those warnings then (Node::warned_at_call).
+    struct DropWarnings : c10::WarningHandler {
+      void process(const c10::Warning&) override {}
+    } drop;
+    std::optional<c10::WarningUtils::WarningHandlerGuard> quiet;
+    if (n.warned_at_call) quiet.emplace(&drop);
     try {
       if (out_op && call_direct(n, *out_op, stack, direct, out_stack)) {
         results = direct;

@@ -362,6 +362,9 @@ struct Node {
   // A foreach op recorded whole (the op table's kExpandsPerTensor): the flush expands it into
   // the per-tensor ops CPU's kernel calls before anything else sees the graph (jit/foreach_expand.h).
   bool expands = false;
+  // Its meta inference warned at the call, as CPU's kernel does (a uint8 mask's deprecation):
+  // the flush runs CPU's kernel without its warnings, which the user has had (executors/region_runner.cpp).
+  bool warned_at_call = false;
   // The interned id of the call's exact meta key (ops/record.cpp MetaCache):
   // the op, its argument metadata and structural values, from which every
   // field of this node but its storages, runtime scalar values and random

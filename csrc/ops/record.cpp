@@ -1577,6 +1577,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // Made only on a miss (an empty MetaOutcome's construction and destruction
   // were ~40 instructions an op, twice with `held` below).
   std::optional<MetaOutcome> computed_store;
+  bool warned = false;  // the meta inference warned (Node::warned_at_call)
   if (cached == nullptr) {
     MetaOutcome& computed = computed_store.emplace();
     const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
@@ -1712,6 +1713,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     // A call whose inference warned is inferred again next time, so that it
     // warns on every call as CPU does (a uint8 mask's deprecation, an out= resized).
     const bool warns = !held.held.empty() || resizes_nonempty_out(schema, *stack, first, computed);
+    warned = warns;
     if (!key.empty() && !warns) computed.id = meta_cache().insert(schema, key, computed, disk);
     cached = &computed;
   }
@@ -1773,6 +1775,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   node.checks_values = (plan.traits & kChecksValues) != 0 || divisor == DivisorCheck::kDeferred;
   node.meta_id = meta.id;
   node.expands = (plan.traits & kExpandsPerTensor) != 0;
+  node.warned_at_call = warned;
   const uint64_t writes = plan.writes;
   // Tensor arguments are not copied: their slots are filled below.
   node.args.reserve(nargs);
