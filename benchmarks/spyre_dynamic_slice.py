@@ -60,6 +60,12 @@ dynamic (range 1..512) on the Spyre target:
 - ``dropcls``: ``(16, 64r + 1)`` marked at dim 1 (``r = n // 8``, range
   1..4096), ``d[:, 1:].view(16, -1, 64) * 2.0`` (a split of a slice: the
   pitch ``s0*s1+1``).
+- ``mlp``: ``(n, 64)`` marked at dim 0, a pre-norm MLP block (layer_norm,
+  ``@ w1`` (64, 256), gelu, ``@ w2`` (256, 64), residual): with ``--sizes
+  16,64,77,256`` n meets the weights' sizes (``4n``, ``16n``, ``n = 64``);
+- ``attn``: ``(n, 64)`` marked at dim 0, a pre-norm attention block (4
+  heads of 16: qkv ``chunk(3, -1)``, ``view(n, 4, 16).transpose(0, 1)``,
+  softmax in float32, ``@ wo``, residual).
 
 For each n, the first launch of the shape (a bind of the compiled program, or
 a new program when none fits) and then ``--repeats`` warm launches. Prints,
@@ -69,7 +75,8 @@ pointing PYTHONPATH at that checkout (the script only uses public API).
 ``--target tpu-v5e`` runs the same regions on the TPU target (the JIT key is
 shared: its compile counts follow the same marks).
 
-    PYTHONPATH=. python benchmarks/spyre_dynamic_slice.py [--shapes 12] [--repeats 5] [--case slice] [--target spyre]
+    PYTHONPATH=. python benchmarks/spyre_dynamic_slice.py [--shapes 12] [--repeats 5] [--case slice]
+        [--target spyre] [--sizes 16,64,77]
 """
 
 import argparse
@@ -118,6 +125,35 @@ def after(d, e):
     return d[:, e.shape[1] :] * 2.0, e * 3.0
 
 
+_W = {}
+
+
+def _weights(device):
+    """The blocks' weights (float16, made once per device)."""
+    if device not in _W:
+        g = torch.Generator().manual_seed(0)
+        shapes = dict(g=(64,), b=(64,), w1=(64, 256), w2=(256, 64), wqkv=(64, 192), wo=(64, 64))
+        _W[device] = {k: (torch.randn(*s, generator=g) * 0.1).half().to(device) for k, s in shapes.items()}
+    return _W[device]
+
+
+def mlp(x):
+    """A pre-norm MLP block."""
+    w = _weights(x.device.type)
+    h = F.layer_norm(x, (64,), w["g"], w["b"])
+    return x + F.gelu(h @ w["w1"]) @ w["w2"]
+
+
+def attn(x):
+    """A pre-norm attention block, 4 heads of 16."""
+    w, n = _weights(x.device.type), x.shape[0]
+    q, k, v = (
+        t.view(n, 4, 16).transpose(0, 1) for t in (F.layer_norm(x, (64,), w["g"], w["b"]) @ w["wqkv"]).chunk(3, -1)
+    )
+    p = torch.softmax(((q @ k.transpose(-2, -1)) * 0.25).float(), -1).half()
+    return x + (p @ v).transpose(0, 1).reshape(n, 64) @ w["wo"]
+
+
 CASES = {
     "slice": (lambda n: (16, n), (1,), lambda d: d[:, 1:] * d[:, 1:] + 1.0),
     "cat": (lambda n: (16, n), (1,), lambda d: torch.cat([d, d], 1) + 1.0),
@@ -144,6 +180,8 @@ CASES = {
     "tstep": (lambda n: (n, 16), (0,), lambda d: d.t()[:, ::2] * 2.0),
     "step3": (lambda n: (16, n), (1,), lambda d: d[:, 1::3] * 2.0),
     "dropcls": (lambda n: (16, n // 8 * 64 + 1), (1,), lambda d: d[:, 1:].view(16, -1, 64) * 2.0),
+    "mlp": (lambda n: (n, 64), (0,), mlp),
+    "attn": (lambda n: (n, 64), (0,), attn),
 }
 # The marks' upper bound (the heads split's sizes go to 3520, 4096 for heads64).
 UPPER = {"heads": 4096, "qkv": 1536, "qkvheads": 12288, "heads64": 8192, "qfirst": 1536, "dropcls": 4096}
@@ -191,10 +229,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=2 if os.environ.get("TORCH_TPU_QUICK") else 5)
     ap.add_argument("--case", choices=sorted(CASES), action="append")
     ap.add_argument("--target", default="spyre", help="spyre (default), tpu-v5e or tpu-v6e")
+    ap.add_argument("--sizes", help="comma-separated n (instead of --shapes' sweep)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tte.set_target(args.target)
-    sizes = [40 + 37 * i for i in range(args.shapes)]
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else [40 + 37 * i for i in range(args.shapes)]
     print(f"target {args.target}, shapes n = {sizes}")
     print(f"{'case':>9} {'compiles':>8} {'plans_built':>11} {'first launches ms':>17} {'warm ms':>8}")
     for case in args.case or list(CASES):

@@ -9,6 +9,7 @@
 #include <set>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include <c10/util/Exception.h>
@@ -238,12 +239,23 @@ Follow follows(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
   return {};
 }
 
+// follows(n, marks.sizes), except that a size near a marked one or a
+// multiple of it (not equal: an elementwise result's) that is also a size of
+// a weight the region reads (marks.fixed) is that fixed size: the 256
+// columns of mm(x, w) with w (64, 256) are no 16 * n at n = 16.
+Follow follows(int64_t n, const RegionMarks& marks) {
+  const Follow f = follows(n, marks.sizes);
+  const bool exact = f.i >= 0 && f.j < 0 && f.c == 0 && f.k == 1;
+  if (f.i < 0 || exact || std::find(marks.fixed.begin(), marks.fixed.end(), n) == marks.fixed.end()) return f;
+  return {};
+}
+
 // The key word of a size n that follows a marked size: its tag, i and j, not
 // the relation, so a size near a marked one by chance shares one key
 // across the range instead of one per relation (the kernel plans again for
 // each exact layout). 0 when it follows none.
-uint64_t follow_word(int64_t n, const c10::SmallVector<int64_t, 8>& marked) {
-  const Follow f = follows(n, marked);
+uint64_t follow_word(int64_t n, const RegionMarks& marks) {
+  const Follow f = follows(n, marks);
   return f.i < 0 ? 0 : kFollowTag | uint64_t(f.i) | uint64_t(f.j + 1) << 16;
 }
 
@@ -279,15 +291,30 @@ std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks) {
   // A dim equal to a marked size is that size's dim (an elementwise
   // result's): the others' nearness is then chance (the 3 columns of a
   // (6, 3) result), so they carry only exact multiples.
+  // Two or more dims equal to a marked size that is also a weight's size
+  // (x @ w of x (64, 64) marked at dim 0, w (64, 64)): only those at a
+  // marked dim's position of that size follow it (the rows), the others are
+  // the weight's (all, when none is at such a position).
   bool exact = false;
+  c10::SmallVector<int64_t, 6> ambiguous;
   for (int64_t d = 0; d < nd; ++d) {
-    const Follow f = follows(r.sizes()[d], marks.sizes);
-    exact |= f.i >= 0 && f.j < 0 && f.c == 0 && f.k == 1;
+    const Follow f = follows(r.sizes()[d], marks);
+    const bool e = f.i >= 0 && f.j < 0 && f.c == 0 && f.k == 1;
+    exact |= e;
+    if (e && std::find(marks.fixed.begin(), marks.fixed.end(), r.sizes()[d]) != marks.fixed.end())
+      ambiguous.push_back(d);
   }
+  auto at_marked_dim = [&](int64_t d) {
+    for (size_t i = 0; i < marks.sizes.size(); ++i)
+      if (marks.sizes[i] == r.sizes()[d] && marks.dims[i] == d) return true;
+    return false;
+  };
+  const bool pick = ambiguous.size() >= 2 && std::any_of(ambiguous.begin(), ambiguous.end(), at_marked_dim);
   for (int64_t d = 0; d < nd; ++d) {
     const int64_t n = r.sizes()[d];
-    const Follow f = follows(n, marks.sizes);
+    const Follow f = follows(n, marks);
     if (f.i < 0 || (exact && f.c != 0)) continue;
+    if (pick && std::find(ambiguous.begin(), ambiguous.end(), d) != ambiguous.end() && !at_marked_dim(d)) continue;
     const auto [lo, hi] = marks.ranges[static_cast<size_t>(f.i)];
     // Saturated: a range declared up to the int64 limit stays there.
     int64_t lower = f.k > 1 ? saturate_mul(f.k, lo) : std::max<int64_t>(0, saturate_add(lo, f.c));
@@ -373,6 +400,7 @@ RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nod
     for (const auto& in : g[i].inputs) {
       for (const DynamicDim& d : dynamic_dims(in.ref)) {
         marks.sizes.push_back(d.size);
+        marks.dims.push_back(d.dim);
         // A split's part: 2 up to half the range's upper bound (the same
         // for both parts and every split, so a buffer that carries it keys
         // alike at every size).
@@ -385,6 +413,23 @@ RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nod
       }
       if (in.written) marks.written.push_back(in.ref.storage.get());
     }
+  if (marks.sizes.empty()) return marks;
+  // The weights: whole storages the region only reads, made outside it, of
+  // no mark (a slice, bias[:T, :T], may follow a marked size).
+  std::unordered_set<const DeferredStorage*> made(marks.written.begin(), marks.written.end());
+  for (int i : nodes) {
+    for (const auto& in : g[i].inputs) {
+      const DeferredStorage* s = in.ref.storage.get();
+      if (!s || made.count(s) || !in.ref.covers_storage()) continue;
+      {
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (g_ranges.count(s->id)) continue;
+      }
+      for (int64_t x : in.ref.sizes())
+        if (x > 1) marks.fixed.push_back(x);
+    }
+    for (const auto& o : g[i].outputs) made.insert(o.storage.get());
+  }
   return marks;
 }
 
@@ -398,7 +443,7 @@ SizeBuckets size_buckets(const TensorRef& r, const RegionMarks& marks) {
     if (g_ranges.count(s->id)) return out;  // a marked storage keeps its own marks
   }
   for (size_t d = 0; d < out.size(); ++d)
-    if (const uint64_t w = follow_word(r.sizes()[d], marks.sizes)) out[d] = w;
+    if (const uint64_t w = follow_word(r.sizes()[d], marks)) out[d] = w;
   return out;
 }
 

@@ -10,6 +10,9 @@
 //    buffer, created at its own size: n = m + c with 2|c| <= m, n = k*m, or
 //    n = m + m' of two marked sizes, a cat of two marked tensors):
 //    one bucket "follows m", so one region serves every m of the range;
+//    a size near m or a multiple of it that is also a size of a weight the
+//    region reads (a whole storage only read, of no mark) is that fixed
+//    size (mm(x, w)'s 256 columns at n = 16 are w's, not 16n);
 //  - a buffer a region creates or writes whole (a result, a pad's buffer),
 //    whose size follows a marked size of that region, carries the relation
 //    as a mark of its own (carry_marks), so a later region that only reads
@@ -84,8 +87,13 @@ SizeBuckets size_buckets(const TensorRef& r);
 // writes. Empty, without a lock, until some mark was declared.
 struct RegionMarks {
   c10::SmallVector<int64_t, 8> sizes;
+  c10::SmallVector<int64_t, 8> dims;                        // the dim of the view each size is
   c10::SmallVector<std::pair<int64_t, int64_t>, 8> ranges;  // [lower, upper] of each size
   c10::SmallVector<const DeferredStorage*, 4> written;
+  // The sizes of the weights (whole storages only read, made outside the
+  // region, of no mark): a size near or a multiple of a marked one that is
+  // also one of these is that fixed size (a mm result's columns, w's).
+  c10::SmallVector<int64_t, 8> fixed;
 };
 RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nodes);
 // size_buckets(r); when r's storage has no mark and the region writes it,

@@ -385,3 +385,40 @@ def test_a_split_of_a_slice_keeps_one_region():
         a, d = _cpu_and_marked(64 * r + 1, 4093)
         assert torch.equal((d[:, 1:].view(16, -1, 64) * 2.0).cpu(), a[:, 1:].view(16, -1, 64) * 2.0)
     assert _compiles(tte) == 1
+
+
+def _mlp(x, w):
+    """A pre-norm MLP block: layer_norm, x @ w1, gelu, @ w2, residual."""
+    h = F.layer_norm(x, (x.shape[1],), w["g"], w["b"])
+    return x + F.gelu(h @ w["w1"]) @ w["w2"]
+
+
+def _mlp_weights(d, device):
+    g = torch.Generator().manual_seed(5)
+    shapes = {"g": (d,), "b": (d,), "w1": (d, 4 * d), "w2": (4 * d, d)}
+    return {k: (torch.randn(*s, generator=g) * 0.1).to(device) for k, s in shapes.items()}
+
+
+def test_an_mlp_block_keeps_one_region_each_when_n_equals_a_weight_size():
+    # x (n, 64) marked at its rows, weights (64,), (64, 256), (256, 64):
+    # n = 16 makes the 64 and 256 columns 4n and 16n, n = 64 and 256 equal
+    # a weight's size. Those relations are the weights' (the columns of x @
+    # w1 are w1's), so every n keys alike: one compile per region (main at
+    # b5d23e0: 5, the chance sizes keyed as following n); CPU's values.
+    tte = _tte()
+    w, wd = _mlp_weights(64, "cpu"), _mlp_weights(64, "tpu")
+    tte.reset_metrics()
+    for n in (16, 64, 77, 256):
+        x = torch.randn(n, 64)
+        d = x.to("tpu")
+        tte.mark_dynamic(d, 0, 1, 611)  # a bound of its own: its own keys
+        torch.testing.assert_close(_mlp(d, wd).cpu(), _mlp(x, w))
+    assert _compiles(tte) == 3
+    # Outside the range: keyed apart (its own compiles), CPU's values.
+    x = torch.randn(700, 64)
+    d = x.to("tpu")
+    tte.mark_dynamic(d, 0, 1, 611)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        torch.testing.assert_close(_mlp(d, wd).cpu(), _mlp(x, w))
+    assert _compiles(tte) > 3

@@ -1061,6 +1061,68 @@ void for_each_expr(KtirProgram& p, F f) {
     for (auto& e : t.size_expr) f(e);
 }
 
+// Which dims of each op result follow the marked sizes: the ops rerun on
+// meta tensors with every marked dim of a read view grown by kGrowth; a
+// result dim whose size then changes follows them (the rows of x @ w), one
+// that does not comes from a fixed size (w's columns). Per view, empty for
+// views no op makes; all empty when the probe cannot run (a split, a step
+// slice or an equal part, whose sizes do not grow alike; an op without a
+// meta kernel or that rejects the grown sizes).
+std::vector<std::vector<char>> varying_result_dims(const KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) {
+  constexpr int64_t kGrowth = 7;
+  const size_t nv = p.views.size();
+  std::vector<std::vector<char>> out(nv);
+  std::vector<std::vector<int64_t>> sizes(nv);
+  std::vector<char> read(nv, 0);
+  for (size_t i = 0; i < nv; ++i) {
+    const KtirView& v = p.views[i];
+    read[i] = !v.lx && v.arg >= 0 && static_cast<size_t>(v.arg) < p.args.size() && p.args[v.arg].kind != KtirArg::kOut;
+    if (read[i]) sizes[i] = v.sizes;
+  }
+  for (const auto& d : dynamic) {
+    if (d.scale != 1 || d.divisor != 1 || d.part != 1 || d.step != 1 || d.trim != 0) return {};
+    if (d.view < 0 || static_cast<size_t>(d.view) >= nv || !read[d.view] || d.dim < 0 ||
+        static_cast<size_t>(d.dim) >= sizes[d.view].size())
+      continue;
+    sizes[d.view][d.dim] = p.views[d.view].sizes[d.dim] + kGrowth;
+  }
+  std::vector<at::Tensor> meta(nv);
+  for (size_t i = 0; i < nv; ++i)
+    if (read[i]) meta[i] = at::empty(sizes[i], at::TensorOptions().dtype(p.views[i].dtype).device(c10::kMeta));
+  try {
+    for (const auto& o : p.ops) {
+      const c10::OperatorHandle* h = o.handle ? o.handle : find_op(o.op);
+      if (!h) return {};
+      const auto& schema = h->schema();
+      // An out= view no op made before: empty, so the op sizes it from the
+      // grown operands without a resize warning.
+      define_written(o, schema, meta, [&](int v) {
+        return at::empty({0}, at::TensorOptions().dtype(p.views[v].dtype).device(c10::kMeta));
+      });
+      for (const auto& a : o.args)
+        if (a.kind == KtirValue::kView && (a.i < 0 || static_cast<size_t>(a.i) >= nv || !meta[a.i].defined()))
+          return {};
+      torch::jit::Stack stack = op_stack(o, schema, meta);
+      c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+      h->callBoxed(stack);
+      const std::vector<at::Tensor> got = fresh(schema, stack);
+      for (size_t j = 0; j < o.results.size(); ++j) {
+        const int r = o.results[j];
+        if (r < 0) continue;
+        if (j >= got.size() || !got[j].defined() || got[j].dim() != static_cast<int64_t>(p.views[r].sizes.size()))
+          return {};
+        meta[r] = got[j];
+        out[r].assign(p.views[r].sizes.size(), 0);
+        for (size_t d = 0; d < out[r].size(); ++d)
+          out[r][d] = got[j].size(static_cast<int64_t>(d)) != p.views[r].sizes[d];
+      }
+    }
+  } catch (...) {
+    return {};
+  }
+  return out;
+}
+
 // Drops the symbols of `p` that no expression names (their values from
 // p.sym_values) and renumbers the rest in order; the old numbers of those kept.
 std::vector<int> drop_unused_symbols(KtirProgram& p) {
@@ -1184,14 +1246,18 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     if (q > 1) {
       const int64_t part = d.base / q;
       if (d.scale != 1 || (d.size != part && d.size != d.base)) continue;
-      auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == part; });
-      if (it == syms.end()) it = syms.insert(syms.end(), Sym{part, 1, d.upper / q});
+      // The part's range: the quotients of the mark's (the part itself,
+      // read as a dim, lies in the mark's too), at least 1.
+      const auto it = sym_of(
+          part, std::max<int64_t>({1, (std::max<int64_t>(0, d.lower) + q - 1) / q, d.size == part ? d.lower : 0}),
+          d.upper / q);
       if (std::find(it->scales.begin(), it->scales.end(), q) == it->scales.end()) it->scales.push_back(q);
       it->part = q;
-      it->lower = std::max({it->lower, (std::max<int64_t>(0, d.lower) + q - 1) / q, d.size == part ? d.lower : 0});
-      it->upper = std::min(it->upper, d.upper / q);
       continue;
     }
+    // Not sym_of: the mark's range narrows the symbol only through a dim
+    // that follows it (near, merged) below; a far fixed slice or a
+    // difference keeps its size a number and leaves the range alone.
     auto it = std::find_if(syms.begin(), syms.end(), [&](const Sym& x) { return x.base == d.base; });
     if (it == syms.end()) it = syms.insert(syms.end(), Sym{d.base, d.lower, d.upper});
     // A merged dim (a flatten of the marked tensor): k * base, the marked
@@ -1241,24 +1307,65 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
         if (syms[k].base * q == v) return KtirExpr::symbol(static_cast<int>(k), q, 0);
     return std::nullopt;
   };
-  auto mark = [&](const std::vector<int64_t>& sizes, std::vector<KtirExpr>& ex) {
-    ex.assign(sizes.size(), KtirExpr{});
-    bool any = false;
-    for (size_t d = 0; d < sizes.size(); ++d) {
-      if (sizes[d] <= 1) continue;
-      if (auto e = expr_of(sizes[d])) ex[d] = *e, any = true;
-    }
-    if (!any) ex.clear();
+  // A view the region only reads takes symbols at its marked dims alone:
+  // its other sizes are fixed (the head dim 16 of q.view(n, 4, 16) at n =
+  // 16; a weight's 64 rows at n = 64: a whole storage of no mark), as the
+  // JIT keys them. A slice of a storage of no mark (bias[:T, :T]), and a
+  // view the region writes or makes (a result's sizes, a pad's buffer),
+  // follow by value.
+  std::vector<char> marked_arg(p.args.size(), 0);
+  for (const auto& d : dynamic)
+    if (d.view >= 0 && static_cast<size_t>(d.view) < p.views.size() && p.views[d.view].arg >= 0)
+      marked_arg[p.views[d.view].arg] = 1;
+  std::vector<std::vector<char>> free_dims(p.views.size());
+  for (size_t i = 0; i < p.views.size(); ++i) {
+    const KtirView& v = p.views[i];
+    if (v.lx || v.arg < 0 || static_cast<size_t>(v.arg) >= p.args.size() || p.args[v.arg].kind != KtirArg::kIn)
+      continue;
+    int64_t numel = 1;
+    for (int64_t x : v.sizes) numel *= x;
+    if (marked_arg[v.arg] || (v.offset == 0 && numel == p.args[v.arg].elems)) free_dims[i].assign(v.sizes.size(), 0);
+  }
+  for (const auto& d : dynamic)
+    if (d.view >= 0 && static_cast<size_t>(d.view) < p.views.size() && d.dim >= 0 &&
+        static_cast<size_t>(d.dim) < free_dims[d.view].size())
+      free_dims[d.view][d.dim] = 1;
+  // A dim of an op's result that the size probe finds fixed, of a value that
+  // is also a fixed size of a read view (the 64 columns of layer_norm(x) of
+  // x (64, 64) marked at dim 0, the head dim 16 of q @ k.t() at n = 16),
+  // stays a number too: by value alone it would be taken for the mark.
+  std::vector<int64_t> fixed_values;
+  for (size_t i = 0; i < p.views.size(); ++i)
+    for (size_t d = 0; d < free_dims[i].size(); ++d)
+      if (!free_dims[i][d] && p.views[i].sizes[d] > 1) fixed_values.push_back(p.views[i].sizes[d]);
+  std::vector<std::vector<char>> varies;
+  if (!fixed_values.empty()) varies = varying_result_dims(p, dynamic);
+  auto may_vary = [&](size_t view, size_t d) {
+    if (!free_dims[view].empty()) return free_dims[view][d] != 0;
+    if (view >= varies.size() || varies[view].empty() || varies[view][d]) return true;
+    return std::find(fixed_values.begin(), fixed_values.end(), p.views[view].sizes[d]) == fixed_values.end();
   };
-  for (auto& v : p.views) mark(v.sizes, v.size_expr);
+  for (size_t i = 0; i < p.views.size(); ++i) {
+    KtirView& v = p.views[i];
+    v.size_expr.assign(v.sizes.size(), KtirExpr{});
+    bool any = false;
+    for (size_t d = 0; d < v.sizes.size(); ++d) {
+      if (v.sizes[d] <= 1 || !may_vary(i, d)) continue;
+      if (auto e = expr_of(v.sizes[d])) v.size_expr[d] = *e, any = true;
+    }
+    if (!any) v.size_expr.clear();
+  }
   // Sizes the region creates from symbolic ones (cat's sum, a pad's s0+2):
   // each unmatched size of that value takes the derived expression.
   std::vector<int64_t> bases;
   for (const auto& x : syms) bases.push_back(x.base);
   for (const auto& [value, e] : created_sizes(p, bases)) {
-    for (auto& v : p.views)
-      for (size_t d = 0; d < v.sizes.size(); ++d) {
-        if (v.sizes[d] != value || v.sizes[d] <= 1 || (d < v.size_expr.size() && v.size_expr[d].symbolic())) continue;
+    for (size_t i = 0; i < p.views.size(); ++i)
+      for (size_t d = 0; d < p.views[i].sizes.size(); ++d) {
+        KtirView& v = p.views[i];
+        if (v.sizes[d] != value || v.sizes[d] <= 1 || (d < v.size_expr.size() && v.size_expr[d].symbolic()) ||
+            !may_vary(i, d))
+          continue;
         if (v.size_expr.empty()) v.size_expr.assign(v.sizes.size(), KtirExpr{});
         v.size_expr[d] = e;
       }
@@ -1335,7 +1442,12 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
       const KtirExpr e = affine_mul(size_at(v, outer), v.stride_expr[outer]);
       if (e.symbolic() && e.eval(p.sym_values) == a.elems) a.elems_expr = e;
     }
-    for (size_t k = 0; k < syms.size() && !a.elems_expr.symbolic() && a.elems > 0; ++k) {
+    // A weight (only read, no marked view, read whole) keeps its element count.
+    const bool weight =
+        a.kind == KtirArg::kIn && !marked_arg[i] && std::any_of(p.views.begin(), p.views.end(), [&](const KtirView& v) {
+          return !v.lx && v.arg == static_cast<int>(i) && v.size_expr.empty() && v.offset == 0;
+        });
+    for (size_t k = 0; k < syms.size() && !weight && !a.elems_expr.symbolic() && a.elems > 0; ++k) {
       for (int64_t c : syms[k].offsets) {
         const int64_t v = syms[k].base + c;
         if (v <= 1 || a.elems % v != 0) continue;

@@ -193,7 +193,10 @@ struct KtirDynamicDim {
 // q_d * stride_d + r, the larger strides first). An argument's elems is the
 // extent of a view that reaches its end ("s0*s1"), else a multiple of a
 // symbol's size. A symbol no expression names is dropped. Binds the
-// symbols to those values.
+// symbols to those values. A view the region only reads, of a marked
+// storage or a whole one of no mark (a weight), is symbolic at its marked
+// dims alone; an op result's dim that a meta rerun with the marked dims
+// grown finds fixed, of a value such a view has fixed, stays a number.
 void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic);
 // Sets the symbol values and every size, stride, offset, element count,
 // rows_per_core, cores_used and tile size that follows from them.

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "executors/region_runner.h"
+#include "jit/dynamic_shapes.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -59,6 +60,27 @@ std::set<int64_t> reduced_dims(const Node& n) {
   // No dim argument: a full reduction when the result has rank 0.
   if (!n.outputs.empty() && n.outputs[0].sizes().empty()) all();
   return dims;
+}
+
+// Under mark_dynamic rows (dim 0 of a split view in a range): a weight (a
+// view of a whole storage the region only reads, neither makes nor writes,
+// with no mark; not a slice, as bias[:T, :T]) whose dim 0 equals the rows
+// by chance (w (64, 256) of x @ w at n = 64) is replicated, as at every
+// other n, so that launch binds the others' program (ktir_match compares
+// the tiles).
+void keep_weights_whole(RegionLayout& L, const std::unordered_set<const DeferredStorage*>& produced) {
+  bool marked_rows = false;
+  std::unordered_set<const DeferredStorage*> written(produced);
+  for (const auto& v : L.views) {
+    if (v.stored) written.insert(v.ref->storage.get());
+    if (!v.split || !v.loaded) continue;
+    for (const jit::DynamicDim& d : jit::dynamic_dims(*v.ref)) marked_rows |= d.dim == 0;
+  }
+  if (!marked_rows) return;
+  for (auto& v : L.views)
+    if (v.split && v.loaded && !v.lx && v.ref->covers_storage() && !written.count(v.ref->storage.get()) &&
+        jit::dynamic_marks_hash(v.ref->storage.get()) == 0)
+      v.split = false;
 }
 
 }  // namespace
@@ -132,6 +154,7 @@ RegionLayout region_layout(const Region& region, const std::vector<Node>& graph,
   L.rows_per_core = L.rows > 0 ? (L.rows + L.cores - 1) / L.cores : 1;
   L.cores_used = L.rows > 0 ? (L.rows + L.rows_per_core - 1) / L.rows_per_core : 1;
   for (auto& v : L.views) v.split = L.rows > 0 && !v.ref->sizes().empty() && v.ref->sizes()[0] == L.rows;
+  if (jit::any_dynamic_marks()) keep_weights_whole(L, produced);
   return L;
 }
 

@@ -688,3 +688,74 @@ def test_split_of_a_slice_guard_plans_its_own(spyre_target):
         plans.append(tte.metrics()["plans_built"])
     assert tte.metrics()["compiles"] == 1
     assert plans == [1, 1, 2, 3]
+
+
+def _mlp16(x, w):
+    """A pre-norm MLP block as Spyre runs it in float16, or its df16
+    reference on float16 tensors (each op's float32 result stored once)."""
+    if x.device.type == "tpu":
+        h = F.layer_norm(x, (x.shape[1],), w["g"], w["b"])
+        return x + F.gelu(h @ w["w1"]) @ w["w2"]
+    f = {k: v.float() for k, v in w.items()}
+    h = store(F.layer_norm(x.float(), (x.shape[1],), f["g"], f["b"]), torch.float16)
+    t = store(h.float() @ f["w1"], torch.float16)
+    t = store(F.gelu(t.float()), torch.float16)
+    t = store(t.float() @ f["w2"], torch.float16)
+    return store(x.float() + t.float(), torch.float16)
+
+
+def test_an_mlp_block_plans_once_when_n_equals_a_weight_size(spyre_target):
+    # x (n, 64) marked at its rows, n = 64 first (w1's 64 rows, x's own 64
+    # columns equal n), then 77, 16 (w1's 256 columns are 16n), 256 (w2's
+    # rows): a weight (only read, of no mark) keeps its sizes as numbers and
+    # is not split by rows that equal its dim 0 by chance; a result's dim the
+    # size probe finds fixed (layer_norm's 64 columns) stays a number. One
+    # compile and one plan per region (main at b5d23e0: 5 compiles, 9
+    # plans); the df16 reference's values.
+    tte = spyre_target
+    from torch_tpu_eager import spyre
+
+    shapes = {"g": (64,), "b": (64,), "w1": (64, 256), "w2": (256, 64)}
+    w = {
+        k: store(_inputs(torch.float16, seed=300 + i, shape=s).float() * 0.1, torch.float16)
+        for i, (k, s) in enumerate(shapes.items())
+    }
+    wd = {k: v.to("tpu") for k, v in w.items()}
+    tte.reset_metrics()
+    for i, n in enumerate((64, 77, 16, 256, 64)):
+        a = _inputs(torch.float16, seed=310 + i, shape=(n, 64))
+        got = _mlp16(_marked(tte, a, (0,), 611), wd).cpu()
+        assert same(got, _mlp16(a, w)) == 0
+        text = spyre.dump_ktir()
+        assert "%0 = view HBM df16(f16) %a0 offset=0 sizes=[s0, 64] strides=[64, 1]" in text, text
+    m = tte.metrics()
+    assert m["compiles"] == 3 and m["plans_built"] == 3
+
+
+def test_an_unmarked_whole_input_of_the_rows_size_and_a_slice(spyre_target):
+    # The guards of the rule above. An input of no mark read whole that is
+    # no weight (a (n, 64) tensor made on the host, unmarked) keeps its
+    # sizes as numbers: each n plans its own program, never a binding of
+    # another n's; marked too, one program. A slice of a storage of no mark
+    # (a causal mask buffer's bias[:n, :64]) follows the rows by value: one
+    # program per JIT compile (the slice, of no mark, keys by its power of
+    # two: n = 40, 50, 64 one). The df16 reference's values.
+    tte = spyre_target
+    bias = _inputs(torch.float16, seed=350, shape=(512, 64))
+    bd = bias.to("tpu")
+    for mark_b, plans in ((False, 3), (True, 1)):
+        tte.reset_metrics()
+        for i, n in enumerate((40, 64, 77)):
+            a = _inputs(torch.float16, seed=330 + i, shape=(n, 64))
+            b = _inputs(torch.float16, seed=340 + i, shape=(n, 64))
+            db = _marked(tte, b, (0,), 613) if mark_b else b.to("tpu")
+            got = (_marked(tte, a, (0,), 613) * db).cpu()
+            assert same(got, store(a.float() * b.float(), torch.float16)) == 0
+        assert tte.metrics()["plans_built"] == plans
+    tte.reset_metrics()
+    for i, n in enumerate((40, 50, 64)):
+        a = _inputs(torch.float16, seed=360 + i, shape=(n, 64))
+        got = (_marked(tte, a, (0,), 617) * bd[:n]).cpu()
+        assert same(got, store(a.float() * bias[:n].float(), torch.float16)) == 0
+    m = tte.metrics()
+    assert m["compiles"] == 1 and m["plans_built"] == 1
