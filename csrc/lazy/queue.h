@@ -12,7 +12,6 @@
 #include <mutex>
 #include <string>
 #include <unordered_set>
-#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -246,69 +245,6 @@ class Dims {
   uint32_t size_ = 0;
 };
 
-// A tensor reference's storage: it owns a reference to it (as a StoragePtr)
-// or, borrowed, only points at it while something else holds the storage.
-// The record path borrows (the op's arguments and results hold their storages
-// until its node is enqueued, ops/record.cpp); a pending node's references are
-// all borrowed: the chip's queue holds one reference per storage while its
-// pending_uses is above zero (lazy/queue.cpp), taken when a node first uses the
-// storage and handed, when the flush that drains its last use ends, to one
-// reference of that flush's nodes, which drops it. So a storage that several
-// pending references use (the parameters and running values of a step) costs
-// one increment and one decrement a flush, not one each per reference.
-// A copy owns: it may outlive the queue's hold.
-class StorageRef {
- public:
-  StorageRef() = default;
-  StorageRef(StoragePtr p) noexcept : bits_(reinterpret_cast<uintptr_t>(p.release())) {}  // NOLINT: implicit
-  StorageRef(const StorageRef& o) noexcept : bits_(reinterpret_cast<uintptr_t>(o.get())) { incref(); }
-  StorageRef(StorageRef&& o) noexcept : bits_(o.bits_) { o.bits_ = 0; }
-  StorageRef& operator=(const StorageRef& o) noexcept {
-    StorageRef copy(o);
-    std::swap(bits_, copy.bits_);
-    return *this;
-  }
-  StorageRef& operator=(StorageRef&& o) noexcept {
-    if (this != &o) {
-      drop();
-      bits_ = o.bits_;
-      o.bits_ = 0;
-    }
-    return *this;
-  }
-  ~StorageRef() { drop(); }
-  // Points at `s` without a reference: the caller keeps `s` alive while this is borrowed.
-  static StorageRef borrow(DeferredStorage* s) noexcept {
-    StorageRef r;
-    r.bits_ = reinterpret_cast<uintptr_t>(s) | kBorrowed;
-    return r;
-  }
-
-  DeferredStorage* get() const noexcept { return reinterpret_cast<DeferredStorage*>(bits_ & ~kBorrowed); }
-  DeferredStorage* operator->() const noexcept { return get(); }
-  DeferredStorage& operator*() const noexcept { return *get(); }
-  explicit operator bool() const noexcept { return bits_ != 0; }
-  bool borrowed() const noexcept { return (bits_ & kBorrowed) != 0; }
-  // Takes a reference someone held for it (no increment): it owns from now on.
-  void adopt() noexcept { bits_ &= ~kBorrowed; }
-  // Hands its reference to a holder that keeps the storage (no decrement): borrowed from now on.
-  void hand_over() noexcept { bits_ |= kBorrowed; }
-  friend bool operator==(const StorageRef& a, const StorageRef& b) { return a.get() == b.get(); }
-  friend bool operator!=(const StorageRef& a, const StorageRef& b) { return a.get() != b.get(); }
-
- private:
-  // DeferredStorages are heap objects of 8-byte alignment or more: bit 0 is free.
-  static constexpr uintptr_t kBorrowed = 1;
-  void incref() noexcept {
-    if (bits_ != 0) (void)StoragePtr::reclaim_copy(get()).release();
-  }
-  void drop() noexcept {
-    if (bits_ != 0 && !borrowed()) (void)StoragePtr::reclaim(get());
-    bits_ = 0;
-  }
-  uintptr_t bits_ = 0;
-};
-
 // Snapshot of a tensor's view of a deferred storage at record time:
 // (storage, dtype, sizes, strides, storage offset). Later metadata changes of
 // the tensor (resize_, set_, t_) do not affect a recorded op.
@@ -338,7 +274,7 @@ struct TensorRef {
   TensorRef& operator=(TensorRef&& o) noexcept;
   ~TensorRef() { release(); }
 
-  StorageRef storage;
+  StoragePtr storage;
   int64_t offset = 0;
 
   size_t dim() const { return rank_; }
@@ -379,10 +315,6 @@ TensorRef make_ref(const at::Tensor& t);
 // The same into `r` (a node's slot, built in place: a returned TensorRef
 // moved into the node and destroyed cost the record path ~50 instructions).
 void make_ref(const at::Tensor& t, TensorRef& r);
-// The same with a borrowed storage (StorageRef::borrow): for a node that is
-// enqueued while `t` (or another holder of its storage) is still alive, so no
-// reference is taken for a storage the queue already holds.
-void make_borrowed_ref(const at::Tensor& t, TensorRef& r);
 
 // A tensor argument of a recorded op: where it sits in the argument list.
 // The small fields first, in one word (96 bytes, not 104).
@@ -506,8 +438,6 @@ struct Metrics {
 enum class EagerMode : int { kDeferAndFuse = 0, kDeferNever = 1, kDeferNeverAndLaunchBlocking = 2 };
 
 // Appends a node to the device queue; may flush (mode, length and byte limits).
-// Its references may be borrowed (make_borrowed_ref): their storages must stay
-// alive until enqueue returns (the caller holds the op's arguments and results).
 // `precision`: the float32 matmul precision the node runs at (device.h,
 // recording_precision()), or kAnyPrecision for a node that does not read it
 // (the record path passes it for matmul-class ops only: reading it costs a

@@ -163,19 +163,10 @@ at::Tensor fresh_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Scal
 // Gives a tpu tensor the geometry the meta kernel gave its meta twin (out=
 // arguments resized by the op), growing its storage when needed. Returns
 // whether anything changed (an in-place op's tensor keeps its geometry).
-// A grown storage replaces the tensor's DeferredStorage, which then dies with
-// its last holder: the borrowed references of `node` (make_borrowed_ref)
-// take references of their own first.
-bool adopt_geometry(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset,
-                    Node* node = nullptr) {
+bool adopt_geometry(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
   if (t.sizes().equals(sizes) && t.strides().equals(strides) && t.storage_offset() == offset) return false;
   const size_t need = at::detail::computeStorageNbytes(sizes, strides, t.dtype().itemsize(), offset);
-  if (need > t.storage().nbytes()) {
-    if (node != nullptr)
-      for (auto& in : node->inputs)
-        if (in.ref.storage.borrowed()) in.ref.storage = StoragePtr::reclaim_copy(in.ref.storage.get());
-    resize_device_storage(t.storage(), need);
-  }
+  if (need > t.storage().nbytes()) resize_device_storage(t.storage(), need);
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
   return true;
 }
@@ -1804,7 +1795,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     in.arg = static_cast<int16_t>(arg);
     in.elem = elem;
     in.written = (writes >> arg) & 1;
-    make_borrowed_ref(t, in.ref);  // the stack holds `t` until the node is enqueued
+    make_ref(t, in.ref);
     // Drop the reference: a pending node must not keep the tensor alive (DCE).
     // A top-level tensor's slot is already the undefined tensor (above); a
     // list's element is the list copy's.
@@ -1848,11 +1839,11 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
         const at::Tensor& t = orig.toTensor();  // no reference: see below
         const Geometry& g = written_geometry(a);
         // Unchanged (an in-place op): the snapshot taken above stands.
-        const bool changed = adopt_geometry(t, g.sizes, g.strides, g.offset, &node);
+        const bool changed = adopt_geometry(t, g.sizes, g.strides, g.offset);
         int idx = -1;
         for (size_t s = 0; s < node.inputs.size(); ++s) {
           if (node.inputs[s].arg != a) continue;
-          if (changed) make_borrowed_ref(t, node.inputs[s].ref);
+          if (changed) make_ref(t, node.inputs[s].ref);
           idx = static_cast<int>(s);
         }
         node.returns.push_back(idx);
@@ -1868,9 +1859,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
         const auto& lg = written_list_geometry(a);
         for (size_t j = 0; j < list.size(); ++j) {
           at::Tensor t = list.get(j);
-          adopt_geometry(t, lg[j].sizes, lg[j].strides, lg[j].offset, &node);
+          adopt_geometry(t, lg[j].sizes, lg[j].strides, lg[j].offset);
           for (auto& in : node.inputs)
-            if (in.arg == a && in.elem == static_cast<int>(j)) make_borrowed_ref(t, in.ref);
+            if (in.arg == a && in.elem == static_cast<int>(j)) make_ref(t, in.ref);
         }
         node.returns.push_back(-3);  // list alias: nothing to bind
         results.emplace_back(list);
@@ -1880,7 +1871,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       c10::List<at::Tensor> out;
       for (const Geometry& g : geoms) {
         at::Tensor t = fresh_tpu(g);
-        make_borrowed_ref(t, node.outputs.emplace_back());  // `results` holds `t`
+        make_ref(t, node.outputs.emplace_back());
         fresh_bytes += static_cast<int64_t>(t.storage().nbytes());
         out.push_back(std::move(t));
       }
@@ -1893,7 +1884,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       results.emplace_back(at::Tensor());
     } else {
       at::Tensor t = fresh_tpu(geoms[0]);
-      make_borrowed_ref(t, node.outputs.emplace_back());  // `results` holds `t`
+      make_ref(t, node.outputs.emplace_back());
       fresh_bytes += static_cast<int64_t>(t.storage().nbytes());
       node.returns.push_back(-1);
       node.list_lens.push_back(0);
@@ -1910,13 +1901,10 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
     });
   }
-  // Only matmul-class ops run at a float32 matmul precision (the MXU's passes).
-  // Before the arguments are dropped: the node's references borrow their storages
-  // from them and from `results` until the queue holds them (a flush before the
-  // push, on this thread or another, could free a storage only they hold).
-  enqueue(std::move(node), fresh_bytes, entry.kind == PrimKind::kMatmul ? recording_precision() : kAnyPrecision);
   torch::jit::drop(*stack, nargs);
   for (auto& r : results) stack->push_back(std::move(r));
+  // Only matmul-class ops run at a float32 matmul precision (the MXU's passes).
+  enqueue(std::move(node), fresh_bytes, entry.kind == PrimKind::kMatmul ? recording_precision() : kAnyPrecision);
 }
 
 namespace {
