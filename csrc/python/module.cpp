@@ -661,6 +661,19 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("x"), py::arg("nearest_even"), py::arg("saturate"), py::call_guard<py::gil_scoped_release>());
   m.def("_df16_decode", &spyre::df16_decode, py::arg("bits"), py::call_guard<py::gil_scoped_release>());
+  // The exp estimate of softmax's normalizing pass (None without AVX2 and FMA);
+  // wide: its AVX-512 build where the CPU has one (the pass's own there).
+  m.def(
+      "_softmax_exp_estimate",
+      [](const at::Tensor& x, bool wide) -> std::optional<at::Tensor> {
+        TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && x.device().is_cpu(), "expects a float32 CPU tensor");
+        const at::Tensor in = x.contiguous();
+        at::Tensor y = at::empty_like(in);
+        if (!spyre::df16_exp_estimate_array(in.const_data_ptr<float>(), y.mutable_data_ptr<float>(), in.numel(), wide))
+          return std::nullopt;
+        return y;
+      },
+      py::arg("x"), py::arg("wide") = true);
   m.attr("FLUSH_SYNCHRONIZE") = static_cast<int>(FlushReason::kSynchronize);
   m.attr("FLUSH_HOST_READ") = static_cast<int>(FlushReason::kHostRead);
   m.attr("FLUSH_TARGET_SWITCH") = static_cast<int>(FlushReason::kTargetSwitch);

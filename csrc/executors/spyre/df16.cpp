@@ -9,6 +9,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <immintrin.h>
+
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -180,9 +182,9 @@ __attribute__((target_clones("avx2", "default"))) void softmax_values(const floa
 // low 16 bits are 0, 2^14, 2^15 or 3 * 2^14: v + 2^14 + (bit 16 of v) * 2^14
 // carries into bit 16 exactly where v + 0x7FFF + bit 16 does, and a's low 14
 // bits add no carry to that, so a stands for v.
-inline U8 quotient_lanes_high(U8 u, U8& near, U8& top) {
+inline U8 quotient_lanes_high(U8 u, U8& near, U8& top, uint32_t slack = kReciprocalSlack) {
   const U8 a = u + detail::kHalf;
-  const U8 t = (a + kReciprocalSlack) & 0x3FFFu;
+  const U8 t = (a + slack) & 0x3FFFu;
   near = t < near ? t : near;
   top = u > top ? u : top;
   const U8 kept = a & reinterpret_cast<U8>(reinterpret_cast<I8>(u) >= 0x30002000);
@@ -267,8 +269,215 @@ __attribute__((target_clones("avx2", "default"))) void softmax_values(const uint
   paired_softmax_values(x, m, s, rs, buf, dst, count, period, paired);
 }
 
+// softmax's exp by an estimate (bfloat16 input, paired order): exp(d) for
+// d = x - m in [-86, 0] as p(r) * 2^k (k = round(d / ln 2), r = d - k ln 2 in
+// two FMA steps, p a degree-6 polynomial fitted to exp on |r| <= ln 2 / 2, in
+// FMA Horner steps). Each FMA rounds once, so every build of these lanes
+// gives the same bits. On every f32 d in [-86, 0] the estimate is within
+// kExpEstimateSteps f32 bit steps of CPU's exp (torch.exp: MKL's VML),
+// checked exhaustively by tests/executors/spyre/test_spyre_exp_estimate.py
+// through df16_exp_estimate_array. Below -86, d is taken as -86: estimate and
+// exp are both under 2^-124, far under df16's zero limit after a quotient by
+// s >= 1 (estimate_fits).
+// A quotient by the reciprocal of the estimate is then within 4 +
+// 2 * (2 * kExpEstimateSteps + 1) steps of the divide's (kReciprocalSlack's 4,
+// plus e's steps as at most 2 steps of the product each and a rounding, doubled
+// across a binade edge), so where it is more than kEstimateSlack steps from a
+// df16 carry it rounds as the reference; other blocks, NaN quotients and d > 0
+// are redone with CPU's exp and the divide.
+constexpr uint32_t kExpEstimateSteps = 1;
+constexpr uint32_t kEstimateSlack = 16;
+static_assert(kEstimateSlack > 4 + 2 * (2 * kExpEstimateSteps + 1), "slack under the estimate's bound");
+
+// 16 float32 lanes: one AVX-512 vector (the estimate's wide build).
+typedef float F16 __attribute__((vector_size(64)));
+typedef uint32_t U16 __attribute__((vector_size(64)));
+#define TPU_EAGER_AVX512 "avx512f,avx2,fma"
+
+__attribute__((target("avx2,fma"), always_inline)) inline F8 fma_lanes(F8 a, F8 b, F8 c) {
+  return reinterpret_cast<F8>(
+      _mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b), reinterpret_cast<__m256>(c)));
+}
+__attribute__((target(TPU_EAGER_AVX512), always_inline)) inline F16 fma_lanes(F16 a, F16 b, F16 c) {
+  return reinterpret_cast<F16>(
+      _mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(c)));
+}
+
+// The estimate's steps on lanes of type F (F8 or F16; U its unsigned
+// twin), FMA by fma_lanes: one body for the 8- and 16-lane builds (each
+// needs its own target, which a template cannot take), so both do the same
+// operations and give the same bits.
+#define TPU_EAGER_EXP_ESTIMATE(F, U)                                                      \
+  {                                                                                       \
+    constexpr float kShift = 0x1.8p23f; /* k + kShift holds k in its low mantissa bits */ \
+    const F lowest = F{} - 86.0f, shift = F{} + kShift;                                   \
+    const F c = d < lowest ? lowest : d;                                                  \
+    const F t = fma_lanes(c, F{} + 0x1.715476p0f, shift); /* kShift + round(c / ln 2) */  \
+    const F k = t - shift;                                                                \
+    /* ln 2 = 0x1.62e43p-1 - 0x1.05c61p-29 (+ 1e-15) */                                   \
+    F r = fma_lanes(k, F{} - 0x1.62e43p-1f, c);                                           \
+    r = fma_lanes(k, F{} + 0x1.05c61p-29f, r);                                            \
+    F p = fma_lanes(F{} + 0x1.6c1b6cp-10f, r, F{} + 0x1.1230e2p-7f);                      \
+    p = fma_lanes(p, r, F{} + 0x1.555612p-5f);                                            \
+    p = fma_lanes(p, r, F{} + 0x1.55549ep-3f);                                            \
+    p = fma_lanes(p, r, F{} + 0.5f);                                                      \
+    p = fma_lanes(p, r, F{} + 1.0f);                                                      \
+    p = fma_lanes(p, r, F{} + 1.0f);                                                      \
+    const U scale = (reinterpret_cast<U>(t) - reinterpret_cast<U>(shift)) << 23;          \
+    return reinterpret_cast<F>(reinterpret_cast<U>(p) + scale);                           \
+  }
+// clang-format off
+__attribute__((target("avx2,fma"), always_inline)) inline F8 exp_estimate(F8 d) TPU_EAGER_EXP_ESTIMATE(F8, U8)
+__attribute__((target(TPU_EAGER_AVX512), always_inline)) inline F16 exp_estimate(F16 d) TPU_EAGER_EXP_ESTIMATE(F16, U16)
+#undef TPU_EAGER_EXP_ESTIMATE
+
+__attribute__((target("avx2,fma"))) void exp_estimate_loop(const float* x, float* y, int64_t n) {
+  // clang-format on
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store8(y + i, exp_estimate(load8(x + i)));
+  if (i < n) {
+    float in[kLanes] = {}, out[kLanes];
+    std::copy(x + i, x + n, in);
+    store8(out, exp_estimate(load8(in)));
+    std::copy(out, out + (n - i), y + i);
+  }
+}
+
+__attribute__((target(TPU_EAGER_AVX512))) void exp_estimate_loop_wide(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 2 * kLanes) {
+    const __mmask16 lanes = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+    const F16 d = reinterpret_cast<F16>(_mm512_maskz_loadu_ps(lanes, x + i));
+    _mm512_mask_storeu_ps(y + i, lanes, reinterpret_cast<__m512>(exp_estimate(d)));
+  }
+}
+
+bool wide_estimate_supported() { return __builtin_cpu_supports("avx512f"); }
+
+bool exp_estimate_supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+// Whether the estimate may serve a period's quotients: every s >= 1 (as a
+// softmax's sums are: the max's own exp is 1), +inf or NaN (NaN quotients are
+// redone), and the reciprocals in use.
+bool estimate_fits(const float* s, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    if (s[j] < 1.0f) return false;
+  return true;
+}
+
+// One paired block of 16 quotients by the estimate, stored in column order;
+// nonzero where a lane must be redone (near a carry, NaN or past the NaN
+// limit, d > 0).
+__attribute__((target("avx2,fma"), always_inline)) inline bool estimated_pair(const uint16_t* x, const float* m,
+                                                                              const float* rs, uint16_t* o) {
+  F8 even, odd;
+  load16(x, even, odd);
+  const F8 de = even - load8(m), dd = odd - load8(m + kLanes);
+  U8 near = ~U8{}, top = U8{};
+  const U8 ue = bits8(exp_estimate(de) * load8(rs));
+  const U8 uo = bits8(exp_estimate(dd) * load8(rs + kLanes));
+  const U8 lo = quotient_lanes_high(ue, near, top, kEstimateSlack) >> 16;
+  const U8 hi = quotient_lanes_high(uo, near, top, kEstimateSlack);
+  store_pairs(o, lo, hi & 0xFFFF0000u);
+  const I8 positive = (reinterpret_cast<I8>(de) > 0) | (reinterpret_cast<I8>(dd) > 0);
+  const U8 slow = reinterpret_cast<U8>(near < 2 * kEstimateSlack) | reinterpret_cast<U8>(top >= 0x4FFFA000u) |
+                  reinterpret_cast<U8>(positive);
+  return !_mm256_testz_si256(reinterpret_cast<__m256i>(slow), reinterpret_cast<__m256i>(slow));
+}
+
+// estimated_pair on 16 lanes in column order (m and rs not paired).
+__attribute__((target(TPU_EAGER_AVX512), always_inline)) inline bool estimated_wide(const uint16_t* x, const float* m,
+                                                                                    const float* rs, uint16_t* o) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+  const __m512 d = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), _mm512_loadu_ps(m));
+  const __m512 q = _mm512_mul_ps(reinterpret_cast<__m512>(exp_estimate(reinterpret_cast<F16>(d))), _mm512_loadu_ps(rs));
+  const __m512i u = _mm512_castps_si512(q);
+  const __m512i a = _mm512_add_epi32(u, _mm512_set1_epi32(detail::kHalf));
+  const __m512i t = _mm512_and_si512(_mm512_add_epi32(a, _mm512_set1_epi32(kEstimateSlack)), _mm512_set1_epi32(0x3FFF));
+  const __mmask16 slow = _mm512_cmplt_epu32_mask(t, _mm512_set1_epi32(2 * kEstimateSlack)) |
+                         _mm512_cmpge_epu32_mask(u, _mm512_set1_epi32(0x4FFFA000)) |
+                         _mm512_cmpgt_epi32_mask(_mm512_castps_si512(d), _mm512_setzero_si512());
+  // quotient_lanes_high's rounding: a kept above the zero limit, bfloat16 ties to even.
+  const __m512i kept = _mm512_maskz_mov_epi32(_mm512_cmpge_epi32_mask(u, _mm512_set1_epi32(0x30002000)), a);
+  const __m512i half = _mm512_set1_epi32(0x4000);
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(kept, half), _mm512_and_si512(_mm512_srli_epi32(kept, 2), half));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  return slow != 0;
+}
+
+// The listed values of estimated_values with CPU's exp (one call over their
+// differences, in buf) and the divide: whole 16-blocks (paired order when
+// paired > 0) first, then single values.
+void redo_exactly(const uint16_t* x, const float* m, const float* s, float* buf, uint16_t* dst, int64_t count,
+                  int64_t period, int64_t paired, const std::vector<int64_t>& redo) {
+  auto in_block = [&](int64_t idx) {
+    const int64_t j = idx % period;
+    return j < std::min(period, count - (idx - j)) / kPair * kPair;
+  };
+  float* d = buf;
+  for (const int64_t idx : redo) {
+    if (!in_block(idx)) continue;
+    const int64_t j = idx % period;
+    if (paired > 0) {
+      F8 even, odd;
+      load16(x + idx, even, odd);
+      store8(d, even - load8(m + j));
+      store8(d + kLanes, odd - load8(m + j + kLanes));
+    } else {
+      for (int64_t k = 0; k < kPair; ++k) d[k] = widen(x[idx + k]) - m[j + k];
+    }
+    d += kPair;
+  }
+  for (const int64_t idx : redo)
+    if (!in_block(idx)) *d++ = widen(x[idx]) - m[paired_index(idx % period, paired)];
+  vml::exp(buf, buf, d - buf);
+  const float* e = buf;
+  for (const int64_t idx : redo) {
+    if (!in_block(idx)) continue;
+    const int64_t j = idx % period;
+    if (paired > 0) {
+      divided_pair(e, s + j, dst + idx);
+    } else {
+      for (int64_t k = 0; k < kPair; ++k) dst[idx + k] = df16_round_bf16_bits(f32_bits(e[k] / s[j + k]));
+    }
+    e += kPair;
+  }
+  for (const int64_t idx : redo)
+    if (!in_block(idx)) dst[idx] = df16_round_bf16_bits(f32_bits(*e++ / s[paired_index(idx % period, paired)]));
+}
+
+// The estimate pass over count values: each whole 16-block of each period by
+// `block` (x, m, rs, dst at the block; true where it must be redone), listed
+// with the values past the blocks for redo_exactly. Inlined into the callers
+// below, each built for its target (the block functions are inlined there).
+#define TPU_EAGER_ESTIMATED_VALUES(block, paired)                                    \
+  {                                                                                  \
+    redo.clear();                                                                    \
+    for (int64_t i = 0; i < count; i += period) {                                    \
+      const int64_t len = std::min(period, count - i), whole = len / kPair * kPair;  \
+      for (int64_t j = 0; j < whole; j += kPair)                                     \
+        if (block(x + i + j, m + j, rs + j, dst + i + j)) redo.push_back(i + j);     \
+      for (int64_t j = whole; j < len; ++j) redo.push_back(i + j);                   \
+    }                                                                                \
+    if (!redo.empty()) redo_exactly(x, m, s, buf, dst, count, period, paired, redo); \
+  }
+
+// clang-format off
+// The estimate pass in paired order on 8 lanes (m, s, rs paired).
+__attribute__((target("avx2,fma"))) void estimated_softmax_values(
+    const uint16_t* __restrict x, const float* __restrict m, const float* __restrict s, const float* __restrict rs,
+    float* __restrict buf, uint16_t* __restrict dst, int64_t count, int64_t period, int64_t paired,
+    std::vector<int64_t>& redo) TPU_EAGER_ESTIMATED_VALUES(estimated_pair, paired)
+
+// The estimate pass in column order on 16 lanes (m, s, rs not paired).
+__attribute__((target(TPU_EAGER_AVX512))) void estimated_softmax_values_wide(
+    const uint16_t* __restrict x, const float* __restrict m, const float* __restrict s, const float* __restrict rs,
+    float* __restrict buf, uint16_t* __restrict dst, int64_t count, int64_t period,
+    std::vector<int64_t>& redo) TPU_EAGER_ESTIMATED_VALUES(estimated_wide, 0)
+#undef TPU_EAGER_ESTIMATED_VALUES
+
 // v[0 .. paired) (a multiple of kPair) put into paired order, block by block.
 void pair_values(float* v, int64_t paired) {
+  // clang-format on
   for (int64_t b = 0; b < paired; b += kPair) {
     const F8 lo = load8(v + b), hi = load8(v + b + kLanes);
     store8(v + b, __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14));
@@ -311,9 +520,12 @@ void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at
     std::copy(sv, sv + n, st.begin() + i);
     if (!rt.empty() && i > 0) std::copy(rt.begin(), rt.begin() + n, rt.begin() + i);
   }
-  // bfloat16 x is read in paired order: the period's whole blocks of m, s
-  // and 1/s are paired to match.
-  const int64_t paired = bf16 ? period / kPair * kPair : 0;
+  // exp by the estimate where it may serve; on 16 lanes (column order) with AVX-512.
+  const bool estimate = bf16 && !rt.empty() && exp_estimate_supported() && estimate_fits(sv, n);
+  const bool wide = estimate && wide_estimate_supported();
+  // bfloat16 x is read in paired order on 8 lanes: the period's whole blocks
+  // of m, s and 1/s are paired to match.
+  const int64_t paired = bf16 && !wide ? period / kPair * kPair : 0;
   for (std::vector<float>* v : {&mt, &st, &rt})
     if (!v->empty()) pair_values(v->data(), paired);
   const float* rv = rt.empty() ? nullptr : rt.data();
@@ -324,9 +536,16 @@ void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at
   at::parallel_for(0, periods, chunk, [&](int64_t b, int64_t e) {
     // Not zeroed: every exp is written before it is read.
     std::unique_ptr<float[]> buf(new float[std::min(chunk, e - b) * period]);
+    std::vector<int64_t> redo;
     for (int64_t p = b; p < e; p += chunk) {
       const int64_t first = p * period, count = std::min(std::min(chunk, e - p) * period, rows * n - first);
-      if (bf16)
+      if (wide)
+        estimated_softmax_values_wide(static_cast<const uint16_t*>(in) + first, mt.data(), st.data(), rv, buf.get(),
+                                      o + first, count, period, redo);
+      else if (estimate)
+        estimated_softmax_values(static_cast<const uint16_t*>(in) + first, mt.data(), st.data(), rv, buf.get(),
+                                 o + first, count, period, paired, redo);
+      else if (bf16)
         softmax_values(static_cast<const uint16_t*>(in) + first, mt.data(), st.data(), rv, buf.get(), o + first, count,
                        period, paired);
       else
@@ -334,6 +553,15 @@ void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at
                        period);
     }
   });
+}
+
+bool df16_exp_estimate_array(const float* x, float* y, int64_t n, bool wide) {
+  if (!exp_estimate_supported()) return false;
+  if (wide && wide_estimate_supported())
+    exp_estimate_loop_wide(x, y, n);
+  else
+    exp_estimate_loop(x, y, n);
+  return true;
 }
 
 void df16_round_bf16_in_place(uint16_t* p, int64_t n) { round_bf16_in_place_loop(p, n); }

@@ -417,6 +417,63 @@ def test_softmax_bf16_reciprocal_hazards_divided(spyre_target):
     _check(got, (x - m).exp() / tot, torch.bfloat16)
 
 
+def _estimate_hazards(x, m, tot):
+    """Where df16 of estimate(x - m) * (1 / s) differs from df16 of exp(x - m) / s: the
+    values softmax's normalizing pass must redo with torch.exp and the divide (the
+    estimate of df16.cpp, within one f32 step of torch.exp)."""
+    from torch_tpu_eager import _C
+
+    d = x - m
+    est = _C._softmax_exp_estimate(d.contiguous())
+    if est is None:
+        pytest.skip("no exp estimate on this CPU (AVX2 and FMA)")
+    want = store(d.exp() / tot, torch.bfloat16).view(torch.int16)
+    return (store(est * (1 / tot), torch.bfloat16).view(torch.int16) != want) & ~torch.isnan(d.exp() / tot)
+
+
+def test_softmax_bf16_exp_estimate_hazards_redone(spyre_target):
+    # Since branch spyre20s the normalizing pass of a bfloat16 input takes exp(x - max)
+    # by an estimate and keeps its quotient only away from a df16 carry: columns where
+    # the estimate's quotient would round to another df16 value than the reference's
+    # (picked from a pool by the ring reference's own statistics) give df16 of the
+    # reference with 0 mismatches.
+    cols = 300
+    pool, m, tot = _pool_and_stats(80, 81, 32)
+    picked = torch.nonzero(_estimate_hazards(pool.float(), m, tot).any(0)).flatten()[: cols // 2]
+    a = torch.cat([pool[:, picked], pool[:, : cols - picked.numel()]], 1)
+    got, x, m, tot = _softmax_and_reference(a)
+    assert int(_estimate_hazards(x, m, tot).sum()) >= 10
+    _check(got, (x - m).exp() / tot, torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "shape", [(1000, 300), (77, 37), (33, 5), (40, 8200)], ids=["1000x300", "77x37", "33x5", "40x8200"]
+)
+def test_softmax_bf16_exp_estimate_special_columns(spyre_target, shape):
+    # The estimate path of a bfloat16 input with NaN,
+    # +-inf, all -inf, +-0, equal values, differences under -86 (the clamp) and under
+    # df16's zero limit, in even and odd columns, whole 16-blocks and widths that are
+    # not multiples of 16: softmax and log_softmax equal df16 of the ring reference.
+    rows, cols = shape
+    dtype = torch.bfloat16
+    a = _inputs(dtype, seed=82, shape=shape)
+    a[:, 1::7] *= 24.0
+    a[:, 2 % cols] = 0.75
+    a[11 % rows, 3 % cols] = float("nan")
+    a[rows // 2, 4 % cols] = float("inf")
+    a[:, cols - 1] = float("-inf")
+    a[:, 0] = 0.0
+    a[::3, 0] = -0.0
+    a[rows // 3, 1] = 100.0  # the column's other values 100 under its max: exps under 2^-124
+    a[0, cols - 2] = float("nan")
+    x = a.float()
+    for kind, f in [("softmax", lambda t: torch.softmax(t, 0)), ("log_softmax", lambda t: torch.log_softmax(t, 0))]:
+        got = f(a.to("tpu")).cpu()
+        (m, tot), _ = _ring_total(kind, x, (0,), _schedule())
+        assert got.dtype == dtype
+        _check(got, (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log(), dtype)
+
+
 def _sum_sensitive(x, m, tot):
     """Columns where one f32 step more or less in the sum changes a df16 softmax value."""
     e = (x - m).exp()
