@@ -1,12 +1,13 @@
-"""A recorded op's node points at its storages without references of its own until the
-queue holds them (csrc/lazy/queue.h, StorageRef; ops/record.cpp keeps the op's arguments
-and results until the node is enqueued). These programs free, grow and flush storages
+"""Storage lifetimes around an op's enqueue (ops/record.cpp: the node's references are made
+before the op's arguments are dropped). These programs free, grow and flush storages
 around that window: a flush inside the enqueue (another stream, another matmul precision,
 eager mode DEFER_NEVER), an out= argument whose storage grows under an input that views
 it, and temporaries whose only holders are the op's arguments. Each checks CPU's values
 and that every storage is freed when its last user goes (memory_allocated back where it
-started)."""
+started). They guard any change that holds fewer references at record time (one was tried
+and reverted: docs/performance.md, "ref20")."""
 
+import gc
 import warnings
 
 import pytest
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="the queue's storage ref
 
 
 def _settled():
-    """Bytes allocated on the device once nothing is pending."""
+    """Bytes allocated on the device once nothing is pending and earlier tests' cycles are collected."""
+    gc.collect()
     torch.tpu.synchronize()
     return torch.tpu.memory_allocated()
 

@@ -1,9 +1,11 @@
-"""The queue holds each storage of its pending ops once, in a table numbered as the ops
-are recorded (csrc/lazy/queue.cpp, StorageTable), and drops it when their flush is done.
-These programs use one storage in many pending ops, across flushes, through views, in
-place, in foreach ops and in a failing flush, and check CPU's values and that every
-storage is freed when its last user goes (memory_allocated back where it started)."""
+"""Storage lifetimes through the queue: each pending op's reference keeps its storage alive
+until the flush that runs it is done (csrc/lazy/queue.h, TensorRef). These programs use one
+storage in many pending ops, across flushes, through views, in place, in foreach ops and in
+a failing flush, and check CPU's values and that every storage is freed when its last user
+goes (memory_allocated back where it started). They guard any change to how references are
+held (a per-queue storage table was tried and reverted: docs/performance.md, "ref19")."""
 
+import gc
 import threading
 
 import pytest
@@ -11,14 +13,15 @@ import torch
 
 from difftest import DEVICE, cpu_randn
 
-pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="the queue's storage table is the tpu device's")
+pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="the queue's storage references are the tpu device's")
 
 if DEVICE == "tpu":
     import torch_tpu_eager
 
 
 def _settled():
-    """Bytes allocated on the device once nothing is pending."""
+    """Bytes allocated on the device once nothing is pending and earlier tests' cycles are collected."""
+    gc.collect()
     torch.tpu.synchronize()
     return torch.tpu.memory_allocated()
 
