@@ -278,6 +278,11 @@ std::string op_display_name(const Node& n) {
 }
 
 namespace {
+// Takes the warnings of a kernel whose op warned at its record (Node::warned_at_call).
+struct DropWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+} drop_warnings;
+
 // True when `recorded` (KeptTensors::traffic) was recorded for the ops of `region`.
 bool traffic_recorded_for(const std::vector<KeptTensors::OpTraffic>& recorded, const Region& region,
                           const std::vector<Node>& graph) {
@@ -406,11 +411,8 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     if (recording) (*recorded)[p].direct_op = direct_op;
     direct_outputs(n, region, p, mem, hooks, direct_op, &out_op, direct, op_kept ? op_kept + n.inputs.size() : nullptr);
     // CPU's kernel warns at its call; the record gave those warnings then (Node::warned_at_call).
-    struct DropWarnings : c10::WarningHandler {
-      void process(const c10::Warning&) override {}
-    } drop;
     std::optional<c10::WarningUtils::WarningHandlerGuard> quiet;
-    if (n.warned_at_call) quiet.emplace(&drop);
+    if (n.warned_at_call) quiet.emplace(&drop_warnings);
     try {
       if (out_op && call_direct(n, *out_op, stack, direct, out_stack)) {
         results = direct;

@@ -148,6 +148,7 @@ void expand_node(const Node& n, std::vector<Node>& out, size_t* at) {
     m.wrapped = 0;
     m.rng = false;
     m.expands = false;
+    m.warned_at_call = false;  // a kept node may be a recorded one moved back (restore)
     m.meta_id = 0;
     m.rng_seed = 0;
     m.args.resize(nargs);
