@@ -485,8 +485,8 @@ OP_TRAITS = [
     ),
     # The gradient is contiguous whatever grad_output's strides.
     ("kContiguousGradient", {"_log_softmax_backward_data"}, _default),
-    # Eval mode: save_mean / save_invstd are empty.
-    ("kEvalEmptySaveStats", {"native_batch_norm", "_native_batch_norm_legit"}, _default),
+    # Eval mode: save_mean / save_invstd are empty (out=: as given); running stats not written.
+    ("kEvalEmptySaveStats", {"native_batch_norm", "_native_batch_norm_legit"}, lambda ov: ov in ("", "out")),
     # out= tensors of the right shape keep their strides.
     ("kOutKeepsGivenStrides", {"sort"}, lambda ov: ov in ("values", "values_stable")),
     # need_weights=False: no weights (None), not an empty tensor.

@@ -95,6 +95,26 @@ void prepare_writes(uint64_t writes, torch::jit::Stack& stack, size_t first, siz
   });
 }
 
+// Batch norm's out= forms in eval mode: save_mean and save_invstd (arguments 9 and 10,
+// returns 1 and 2) keep the geometry they were given, as CPU's eval path neither resizes
+// nor restrides them; it reads them through a 1-D accessor, whose error a tensor of
+// another rank gets here at the call.
+void keep_given_save_stats(const torch::jit::Stack& stack, size_t first, MetaOutcome& outcome) {
+  for (auto& [arg, g] : outcome.written) {
+    if (arg != 9 && arg != 10) continue;
+    const size_t i = first + static_cast<size_t>(arg);
+    if (i >= stack.size() || !stack[i].isTensor() || !g.defined) continue;
+    const at::Tensor& t = stack[i].toTensor();
+    TORCH_CHECK(t.dim() == 1, "TensorAccessor expected 1 dims but tensor has ", t.dim());
+    g.sizes = t.sizes().vec();
+    g.strides = t.strides().vec();
+    g.offset = t.storage_offset();
+    const size_t k = static_cast<size_t>(arg) - 8;
+    if (k < outcome.returns.size())
+      for (auto& r : outcome.returns[k]) r = g;
+  }
+}
+
 // Arguments the schema marks as written (Tensor(a!)), as a bit mask.
 uint64_t written_args(const c10::FunctionSchema& s) {
   uint64_t mask = 0;
@@ -1184,12 +1204,17 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, uint64_t traits, to
     }
   }
   // Batch norm in eval mode: CPU returns empty save_mean / save_invstd; the meta kernels return [C].
+  // The out= forms: CPU leaves the given save_mean / save_invstd (arguments 9, 10) as they are.
   if ((traits & kEvalEmptySaveStats) && stack[first + 5].isBool() && !stack[first + 5].toBool()) {
-    for (size_t k = 1; k < 3 && k < outcome.returns.size(); ++k) {
-      for (auto& g : outcome.returns[k]) {
-        g.sizes = {0};
-        g.strides = {1};
+    if (outcome.written.empty()) {
+      for (size_t k = 1; k < 3 && k < outcome.returns.size(); ++k) {
+        for (auto& g : outcome.returns[k]) {
+          g.sizes = {0};
+          g.strides = {1};
+        }
       }
+    } else {
+      keep_given_save_stats(stack, first, outcome);
     }
   }
   // sort's out=: the meta kernel restrides values/indices to the input's

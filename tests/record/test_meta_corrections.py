@@ -161,3 +161,44 @@ def test_isin_scalar_tensor_out_warns_at_the_call_as_on_cpu(out_shape):
     assert got["tpu"][:3] == got["cpu"][:3]
     assert got["cpu"][0], "CPU warns at the call"
     assert torch.equal(got["tpu"][3], got["cpu"][3])
+
+
+_BN_OUT = {
+    "native_batch_norm.out": lambda x, w, b, rm, rv, out, sm, si: torch.native_batch_norm(
+        x, w, b, rm, rv, False, 0.1, 1e-5, out=(out, sm, si)
+    ),
+    "_native_batch_norm_legit.out": lambda x, w, b, rm, rv, out, sm, si: torch.ops.aten._native_batch_norm_legit.out(
+        x, w, b, rm, rv, False, 0.1, 1e-5, out=out, save_mean=sm, save_invstd=si
+    ),
+}
+
+
+def _bn_eval_out(dev, op, stats_shape):
+    g = torch.Generator().manual_seed(5)
+    x, w, b = torch.randn(4, 3, 5, generator=g), torch.randn(3, generator=g), torch.randn(3, generator=g)
+    rm, rv = torch.randn(3, generator=g), torch.rand(3, generator=g) + 0.5
+    x, w, b, rm, rv = (t.to(dev) for t in (x, w, b, rm, rv))
+    out = torch.empty(0, device=dev)
+    sm, si = torch.full(stats_shape, 7.0, device=dev), torch.full(stats_shape, -7.0, device=dev)
+    ret = _BN_OUT[op](x, w, b, rm, rv, out, sm, si)
+    return [t.cpu() for t in (out, sm, si, rm, rv, *ret)]
+
+
+@pytest.mark.parametrize("op", sorted(_BN_OUT))
+@pytest.mark.parametrize("stats_shape", [(3,), (0,), (7,)], ids=["C", "empty", "other"])
+def test_batch_norm_eval_out_leaves_save_stats_as_given(op, stats_shape):
+    # CPU's eval path neither resizes nor writes save_mean / save_invstd nor the running
+    # statistics; the meta kernel resized the save statistics to [C].
+    got, want = _bn_eval_out("tpu", op, stats_shape), _bn_eval_out("cpu", op, stats_shape)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride()
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("op", sorted(_BN_OUT))
+def test_batch_norm_eval_out_save_stats_of_another_rank_raise_at_the_call(op):
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match="TensorAccessor expected 1 dims but tensor has 2"):
+            _bn_eval_out(dev, op, (1, 3))
+    y = torch.ones(3, device="tpu") * 2  # the queue is still usable
+    assert y.cpu().tolist() == [2.0, 2.0, 2.0]
