@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
@@ -155,6 +156,14 @@ bool probe_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, si
 // The probe's arguments: twins of tensors (one per TensorImpl, so a tensor
 // passed twice stays one tensor; of full size when `full`), CPU devices, no
 // generator, and for a factory (no tensor argument) its sizing values clamped.
+// Whether `a` is a Generator or Generator? argument.
+bool is_generator_arg(const c10::Argument& a) {
+  const c10::TypePtr& t = a.type();
+  if (t->kind() == c10::TypeKind::GeneratorType) return true;
+  const auto opt = t->cast<c10::OptionalType>();
+  return opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
 torch::jit::Stack probe_args(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
                              size_t nargs, bool full) {
   torch::jit::Stack args(stack.begin() + first, stack.begin() + first + nargs);
@@ -183,10 +192,12 @@ torch::jit::Stack probe_args(const c10::FunctionSchema& schema, const torch::jit
       v = std::move(l);
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       v = c10::Device(c10::DeviceType::CPU);
-    } else if (v.isGenerator()) {
-      v = c10::IValue();
     }
   }
+  // A random op's probe draws from a generator of its own: neither CPU's default
+  // generator nor the device's stream is advanced by it.
+  for (size_t i = 0; i < nargs; ++i)
+    if (is_generator_arg(schema.arguments()[i])) args[i] = at::detail::createCPUGenerator(/*seed_in=*/0);
   for (size_t i = 0; i < nargs; ++i)
     if (!any_tensor || schema.arguments()[i].name() == "size") args[i] = clamped(args[i]);
   return args;

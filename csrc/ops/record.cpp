@@ -1516,14 +1516,15 @@ namespace {
 // CPU's dtype checks that no meta kernel makes (ops/cpu_probe.h), on a meta-cache
 // miss after the meta kernel accepted the call: when CPU's kernel rejects these
 // dtypes, the call runs eagerly, where CPU's kernel raises its error at the call
-// (or computes, when the probe's twins misled it). True when it ran eagerly.
+// (or computes, when the probe's twins misled it). True when it ran eagerly. A random
+// op is probed too (bernoulli of an integer tensor): its probe has a generator of its own.
 bool ran_for_cpu_dtype_check(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan& plan,
                              torch::jit::Stack* stack, size_t first, size_t nargs) {
-  if (plan.custom_id || entry.kind == PrimKind::kRandom) return false;
+  if (plan.custom_id) return false;
   if ((plan.traits & kFloatLoops) && probe_needless(op.schema(), *stack, first, nargs)) return false;
   std::vector<int64_t> key;
   if (!cpu_kernel_rejects_dtypes(op, *stack, first, nargs, &key)) return false;
-  run_eager(op, stack, /*random=*/false, /*fallback=*/false, &plan);
+  run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
   cpu_probe_misled(key);  // reached only when CPU's kernel computed the call
   return true;
 }

@@ -968,3 +968,47 @@ DOF = {
 @pytest.mark.parametrize("case", sorted(DOF))
 def test_no_degrees_of_freedom_warns_at_the_call(dev, case):
     run_both_at_call(lambda d: (_f(10, 20)(d),), DOF[case], dev, check_warnings=True)
+
+
+# ---- random ops whose CPU kernel has no loop for the dtype ---------------------
+# The meta kernels accept every dtype; CPU's kernel raises NotImplementedError
+# ('"bernoulli_tensor_cpu_p_" not implemented for 'Int''). The call-time dtype probe
+# runs random ops too, with a generator of its own.
+RANDOM_DTYPE = {
+    "bernoulli": (lambda x: torch.bernoulli(x), [torch.int32, torch.bool, torch.uint8, torch.complex64]),
+    "bernoulli_p": (lambda x: torch.bernoulli(x, 0.5), [torch.complex64]),
+    "alpha_dropout": (lambda x: F.alpha_dropout(x, 0.5, True), [torch.complex64]),
+    "dropout2d": (lambda x: F.dropout2d(x, 0.5, True), [torch.complex64]),
+    "feature_alpha_dropout": (lambda x: F.feature_alpha_dropout(x, 0.5, True), [torch.complex64]),
+    "rrelu": (lambda x: F.rrelu(x, training=True), [torch.float16, torch.int32, torch.bool, torch.uint8]),
+}
+
+
+@requires_tpu
+@pytest.mark.parametrize(
+    "name,dtype", [(n, dt) for n, (_, dts) in RANDOM_DTYPE.items() for dt in dts], ids=lambda v: str(v).split(".")[-1]
+)
+def test_random_op_dtype_rejected_at_the_call(name, dtype, dev):
+    act = RANDOM_DTYPE[name][0]
+    exc = run_both_at_call(lambda d: (_f(2, 3, 4, 5)(d).to(dtype),), act, dev)
+    assert isinstance(exc, NotImplementedError)
+
+
+@requires_tpu
+def test_random_op_probe_draws_from_neither_generator():
+    # The probe runs CPU's kernel on twins: CPU's default generator and the device's
+    # stream are where they would be without it. The first pass meets new shapes
+    # (meta-cache misses: probed, one rejected, one accepted), the second the same calls
+    # cached (not probed): equal draws, and CPU's generator untouched by either.
+    def draws():
+        torch.manual_seed(3)
+        state = torch.get_rng_state()
+        with pytest.raises(NotImplementedError):
+            torch.bernoulli(torch.ones(5, 13, device="tpu", dtype=torch.int32))
+        y = torch.bernoulli(torch.full((6, 37), 0.5, device="tpu", dtype=torch.float16)).cpu()
+        return y, torch.equal(torch.get_rng_state(), state)
+
+    y_probed, kept_probed = draws()
+    y_cached, kept_cached = draws()
+    assert kept_probed and kept_cached
+    assert torch.equal(y_probed, y_cached)
