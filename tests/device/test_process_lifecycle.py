@@ -40,6 +40,12 @@ if child is None:
         bad = [c for c in got if c != 0]
         print(f"{{name}}: runs", len(got), "failed", len(bad), bad[:10])
     sys.exit(0 if all(len(got) == runs and not any(got) for got in codes.values()) else 1)
+# PyTorch rebuilds its autograd engine in a forked child at the engine's first use, which
+# SavedVariable reaches without the GIL: a child whose first backwards run on several threads
+# at once can destroy the engine under a thread waiting on it and hang (seen once in CI,
+# backward_on_several_threads; README, "Processes"). A fresh interpreter, which these
+# children stand for, has no engine to rebuild: the child's first use is made here, alone.
+torch.autograd.Variable._execution_engine.is_checkpoint_valid()
 log = os.open(os.path.join(logs, child + ".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 os.dup2(log, 1)
 os.dup2(log, 2)
