@@ -52,6 +52,18 @@ def restore_target_and_precision():
     tte.set_target(target)
 
 
+@pytest.fixture
+def cpu_math():
+    """Fused loops compute exp, sqrt, tanh, ... with CPU's routines (fused math "cpu"), so
+    their values are bit-equal to CPU's; the previous mode is restored after the test."""
+    import torch_tpu_eager as tte
+    from difftest import restoring
+
+    for set_mode in restoring(tte.fused_math, tte.set_fused_math):
+        set_mode("cpu")
+        yield
+
+
 # ---- test tiers (tests/README.md): fast, slow, subprocess ----
 #
 # `subprocess`: the test, a helper it calls or a fixture it uses runs a Python

@@ -8,12 +8,9 @@ started)."""
 import pytest
 import torch
 
-from difftest import DEVICE, restoring
+from difftest import DEVICE
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="the tpu device's flush expands foreach nodes")
-
-if DEVICE == "tpu":
-    import torch_tpu_eager
 
 SHAPES = [(5, 3), (17,), (), (4, 8)]
 
@@ -45,14 +42,6 @@ STEPS = [
     _lerp_then_addcdiv,
     lambda s, a, b: torch._foreach_addcmul_(s, a, b, 0.5) or s,
 ]
-
-
-@pytest.fixture
-def cpu_math():
-    """Fused sqrt as CPU's routine, so the values are bit-equal to CPU's."""
-    for set_ in restoring(torch_tpu_eager.fused_math, torch_tpu_eager.set_fused_math):
-        set_("cpu")
-        yield
 
 
 def test_flushes_of_changing_foreach_structures_equal_to_cpu(cpu_math):

@@ -7,7 +7,7 @@ IEEE-exact in the fused loops, and sqrt equals CPU's under set_fused_math("cpu")
 import pytest
 import torch
 
-from difftest import DEVICE, aten_ops_during, cpu_randn, restoring
+from difftest import DEVICE, aten_ops_during, cpu_randn
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops exist only on the tpu device")
 
@@ -16,14 +16,6 @@ if DEVICE == "tpu":
 
 # Lengths with and without a vector tail, 2-D and 0-dim-free shapes.
 SHAPES = [(64,), (17,), (5, 3), (32, 64), (103, 64)]
-
-
-@pytest.fixture
-def cpu_math():
-    """Fused sqrt as CPU's (MKL) routine, so an optimizer step is bit-equal to CPU's."""
-    for set_ in restoring(torch_tpu_eager.fused_math, torch_tpu_eager.set_fused_math):
-        set_("cpu")
-        yield
 
 
 def _tensors(seed, positive=False):

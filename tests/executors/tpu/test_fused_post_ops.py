@@ -9,12 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from difftest import DEVICE, cpu_randn, restoring
+from difftest import DEVICE, cpu_randn
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="fused loops exist only on the tpu device")
-
-if DEVICE == "tpu":
-    import torch_tpu_eager
 
 SIZES = [1, 17, 1024, 4099]
 
@@ -94,13 +91,6 @@ def test_add_with_alpha_as_a_cheap_op():
         cpu_randn(1024, seed=15),
         cpu_randn(1024, seed=16),
     )
-
-
-@pytest.fixture
-def cpu_math():
-    for set_mode in restoring(torch_tpu_eager.fused_math, torch_tpu_eager.set_fused_math):
-        set_mode("cpu")
-        yield
 
 
 def test_cheap_ops_after_cpu_math_routines(cpu_math):
