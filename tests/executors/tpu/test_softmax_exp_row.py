@@ -86,7 +86,7 @@ import torch.nn.functional as F
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
 res = {"capability": torch.backends.cpu.get_cpu_capability(), "bad": []}
-for cols in [23, 1021, 1023, 1535]:
+for cols in [23, 1021, 1023, 1535, 2045]:
     x = torch.randn(4, cols, generator=g) * 6
     x.view(torch.int32)[1, cols - 1] = 0x7FC12345
     x[2, 0] = float("nan")
