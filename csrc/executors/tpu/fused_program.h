@@ -304,17 +304,21 @@ inline bool layer_norm_moment_rows(int64_t rows, int64_t cols) {
 // RowwiseMoments, rstd = 1 / sqrt(var + eps). x and y hold rows x n
 // contiguous floats; gamma / beta (`n` floats) may be null; mean_out /
 // rstd_out (`rows` floats each) may be null; `stream` writes y with
-// non-temporal stores. One call per block of rows (run_rows).
+// non-temporal stores. `ahead`: rows after these that x also holds and a
+// later call of this thread reads (0 when none, or when x is not the region's
+// input buffer); a loop may prefetch them. One call per block of rows (run_rows).
 using LayerNormRowFn = void (*)(const float* x, float* y, int64_t rows, int64_t n, const float* gamma,
-                                const float* beta, float eps, float* mean_out, float* rstd_out, bool stream);
+                                const float* beta, float eps, float* mean_out, float* rstd_out, bool stream,
+                                int64_t ahead);
 void layer_norm_row_avx2(const float* x, float* y, int64_t rows, int64_t n, const float* gamma, const float* beta,
-                         float eps, float* mean_out, float* rstd_out, bool stream);
+                         float eps, float* mean_out, float* rstd_out, bool stream, int64_t ahead);
 void layer_norm_row_avx512(const float* x, float* y, int64_t rows, int64_t n, const float* gamma, const float* beta,
-                           float eps, float* mean_out, float* rstd_out, bool stream);
+                           float eps, float* mean_out, float* rstd_out, bool stream, int64_t ahead);
 // CPU's AVX2 kernel's values with AVX-512 instructions (torch runs its AVX2
 // layer_norm kernel on AVX-512 machines): same arguments and results as layer_norm_row_avx2.
 void layer_norm_row_avx2_on_avx512(const float* x, float* y, int64_t rows, int64_t n, const float* gamma,
-                                   const float* beta, float eps, float* mean_out, float* rstd_out, bool stream);
+                                   const float* beta, float eps, float* mean_out, float* rstd_out, bool stream,
+                                   int64_t ahead);
 
 // A row reduction over the last dim that ends a region, fed by the program
 // (its input is a register, an external buffer or a materialized output of

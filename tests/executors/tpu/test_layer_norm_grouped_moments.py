@@ -93,7 +93,7 @@ def test_rows_off_the_vector_alignment_equal_cpu(setting, rows, offset):
 # (input and output over 4 MB). Rows of 2 to 32 chunks: 264 = 2 and a partial one,
 # 392 = 3 and a partial (an odd count of pairs), 1000 = 7 and a partial, 1024 = 8,
 # 2056 = 16 and a partial (a 5-level cascade), 4096 = 32; NaN and inf in the rows; plain
-# and non-temporal stores (the chunks then read in order). Without AVX-512: the AVX2 loop.
+# and non-temporal stores. Without AVX-512: the AVX2 loop.
 AVX2_COLS = [264, 392, 1000, 1024, 2056, 4096]
 
 
@@ -110,3 +110,20 @@ def test_avx2_rows_on_avx512_equal_cpu(setting, cols):
     _assert_equal(
         torch.native_layer_norm(xd + rd, (cols,), wd, bd, 1e-5), torch.native_layer_norm(x + r, (cols,), w, b, 1e-5)
     )
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_streamed_rows_at_the_default_threshold_equal_cpu(threads):
+    # 4096x1024 (input and output over the default stream threshold): each row's chunks
+    # side by side, the row after next prefetched up to the end of each thread's rows.
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = cpu_randn(4096, 1024, seed=85) * 4 + 3
+        x[1] = x[1] * 1e-3 + 1e4  # a large mean over a small spread: Welford's order shows
+        x[4094, 17] = float("nan")  # a thread's last rows (no row after next)
+        w, b = cpu_randn(1024, seed=86), cpu_randn(1024, seed=87)
+        got = torch.native_layer_norm(x.to("tpu"), (1024,), w.to("tpu"), b.to("tpu"), 1e-5)
+        _assert_equal(got, torch.native_layer_norm(x, (1024,), w, b, 1e-5))
+    finally:
+        torch.set_num_threads(saved)

@@ -1,7 +1,8 @@
 """softmax over the last dim, rows of 16 to 4,096 floats: rows of up to
 kSoftmaxExpRowFloats (1,536) keep their exp values in a row of their own and scale them
-into the output, longer rows store them into the output and scale them there
-(fused_kernels.inc, softmax_row). Both must give CPU's float32 bits: each width is
+into the output, longer rows store them into the output and scale them there, rows of
+up to kSoftmaxPrefetchRowFloats (2,048) prefetching the row after next meanwhile
+(fused_kernels.inc, softmax_row). All must give CPU's float32 bits: each width is
 compared bit for bit with CPU (NaN payloads too) on random rows and on rows of signed
 zeros, infinities, NaN and huge values, for a device input (whose next row's max is
 reduced inside the exp pass) and for a fused producer, on one and two threads."""
@@ -14,8 +15,8 @@ from difftest import DEVICE, cpu_randn, run_avx2_child
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="the fused row loops exist only on the tpu device")
 
-# Below, at and past the 1,536 bound; whole vectors of 16 and 8 floats, and partial ones.
-WIDTHS = [16, 17, 31, 100, 255, 512, 1000, 1023, 1024, 1025, 1535, 1536, 1537, 1552, 2047, 4095, 4096]
+# Below, at and past the 1,536 and 2,048 bounds; whole vectors of 16 and 8 floats, and partial ones.
+WIDTHS = [16, 17, 31, 100, 255, 512, 1000, 1023, 1024, 1025, 1535, 1536, 1537, 1552, 2047, 2048, 2049, 4095, 4096]
 
 
 def _rows(cols, seed):
@@ -85,7 +86,7 @@ import torch.nn.functional as F
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
 res = {"capability": torch.backends.cpu.get_cpu_capability(), "bad": []}
-for cols in [23, 1021, 1023, 1535]:
+for cols in [23, 1021, 1023, 1535, 2045]:
     x = torch.randn(4, cols, generator=g) * 6
     x.view(torch.int32)[1, cols - 1] = 0x7FC12345
     x[2, 0] = float("nan")
