@@ -702,26 +702,19 @@ bool norm_kernel_is_avx2() {
   return avx2;
 }
 
-// The 2-norm with the arithmetic of the AVX2 build of CPU's norm kernel
-// (norm_kernel_tensor_iterator_impl's reduce-last-dim path, one output): 8
-// lanes acc += x * x (product rounded, then added) over the whole vectors, the
-// lanes added in order, then the tail of n % 8 floats as that build's compiler
-// emitted it: when 4 or more, 4 squares rounded and added in order, and the
-// remaining ones (fewer than 4) as fused multiply-adds. Each lane's sum is one
-// chain of dependent adds (the add's latency a vector), so the norms of
-// several tensors (clip_grad_norm_'s _foreach_norm) run their chains side by
-// side (norm2_many); each chain's operations and order are its tensor's own.
-
-// The whole-vector part of one norm: its accumulator, its next float, its end.
-struct NormChain {
-  const float* x = nullptr;
-  int64_t n = 0;     // floats
-  int64_t done = 0;  // floats of whole vectors added so far
-  float* out = nullptr;
-};
-
-// sqrt of (acc's lanes added in order, then the tail of x[d, n)), as CPU's kernel finishes.
-__attribute__((target("avx2"))) float norm2_finish(__m256 acc, const float* x, int64_t d, int64_t n) {
+// sqrt of the sum of squares of x[0, n) with the arithmetic of the AVX2 build
+// of CPU's norm kernel (norm_kernel_tensor_iterator_impl's reduce-last-dim
+// path, one output): 8 lanes acc += x * x (product rounded, then added) over
+// the whole vectors, the lanes added in order, then the tail of n % 8 floats
+// as that build's compiler emitted it: when 4 or more, 4 squares rounded and
+// added in order, and the remaining ones (fewer than 4) as fused multiply-adds.
+__attribute__((target("avx2"))) float norm2_avx2(const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d < n - n % 8; d += 8) {
+    const __m256 v = _mm256_loadu_ps(x + d);
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+  }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, acc);
   float s = lanes[0];
@@ -736,78 +729,6 @@ __attribute__((target("avx2"))) float norm2_finish(__m256 acc, const float* x, i
   return std::sqrt(s);
 }
 
-// `steps` more whole vectors of each of the K chains, side by side.
-template <int K>
-__attribute__((target("avx2"))) inline void norm2_steps(NormChain* const* c, __m256* acc, int64_t steps) {
-  const float* p[K];
-  for (int k = 0; k < K; ++k) p[k] = c[k]->x + c[k]->done;
-  for (int64_t i = 0; i < steps * 8; i += 8) {
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) {
-      const __m256 v = _mm256_loadu_ps(p[k] + i);
-      acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(v, v));
-    }
-  }
-  for (int k = 0; k < K; ++k) c[k]->done += steps * 8;
-}
-
-// The 2-norms of `chains` (each at least 2 floats) into their outputs, up to
-// four chains at a time: the longest first; when one ends (its output
-// written), the next longest takes its place.
-__attribute__((target("avx2"))) void norm2_many(std::vector<NormChain>& chains) {
-  constexpr int kWays = 8;
-  std::sort(chains.begin(), chains.end(), [](const NormChain& a, const NormChain& b) { return a.n > b.n; });
-  NormChain* slot[kWays];
-  __m256 acc[kWays];
-  int active = 0;
-  size_t next = 0;
-  const auto whole = [](const NormChain& c) { return c.n - c.n % 8; };
-  while (true) {
-    while (active < kWays && next < chains.size()) {
-      slot[active] = &chains[next++];
-      acc[active++] = _mm256_setzero_ps();
-    }
-    if (active == 0) return;
-    int64_t steps = std::numeric_limits<int64_t>::max();
-    for (int k = 0; k < active; ++k) steps = std::min(steps, (whole(*slot[k]) - slot[k]->done) / 8);
-    using Steps = void (*)(NormChain* const*, __m256*, int64_t);
-    static constexpr Steps kSteps[kWays + 1] = {nullptr,         &norm2_steps<1>, &norm2_steps<2>,
-                                                &norm2_steps<3>, &norm2_steps<4>, &norm2_steps<5>,
-                                                &norm2_steps<6>, &norm2_steps<7>, &norm2_steps<8>};
-    kSteps[active](slot, acc, steps);
-    for (int k = 0; k < active;) {  // the ended chains leave; the last slot fills the hole
-      NormChain& c = *slot[k];
-      if (c.done < whole(c)) {
-        ++k;
-        continue;
-      }
-      *c.out = norm2_finish(acc[k], c.x, c.done, c.n);
-      --active;
-      slot[k] = slot[active];
-      acc[k] = acc[active];
-    }
-  }
-}
-
-// The 2-norm of x[0, n) alone.
-__attribute__((target("avx2"))) float norm2_one(const float* x, int64_t n) {
-  NormChain c{x, n, 0, nullptr};
-  NormChain* one = &c;
-  __m256 acc = _mm256_setzero_ps();
-  norm2_steps<1>(&one, &acc, n / 8);
-  return norm2_finish(acc, x, c.done, n);
-}
-
-// Whether vector_norm's kernel takes x into out (see there).
-bool takes_norm2(const at::Tensor& x, const at::Tensor& out) {
-  return norm_kernel_is_avx2() && dense_f32(x) && x.numel() >= 2 && dense_f32(out) && out.numel() == 1;
-}
-
-// Whether `ord` is 2 (an integer or a float).
-bool is_two(const c10::Scalar& ord) {
-  return ord.isIntegral(false) ? ord.to<int64_t>() == 2 : ord.isFloatingPoint() && ord.to<double>() == 2.0;
-}
-
 // linalg_vector_norm(self, ord=2, dim=None or [], keepdim, dtype=None) of a
 // contiguous float32 self of at least 2 elements into a float32 output, bit
 // for bit as CPU's AVX2 norm kernel (one output element: no thread split).
@@ -816,18 +737,21 @@ bool is_two(const c10::Scalar& ord) {
 bool vector_norm(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
   if (a.size() != 5 || outs.size() != 1 || !a[0].isTensor() || !a[1].isScalar() || !a[4].isNone()) return false;
   if (!(a[2].isNone() || (a[2].isIntList() && a[2].toIntVector().empty()))) return false;
+  const c10::Scalar ord = a[1].toScalar();
+  const bool two = ord.isIntegral(false) ? ord.to<int64_t>() == 2 : ord.isFloatingPoint() && ord.to<double>() == 2.0;
   const at::Tensor x = a[0].toTensor();
-  if (!is_two(a[1].toScalar()) || !takes_norm2(x, outs[0])) return false;
-  *outs[0].data_ptr<float>() = norm2_one(x.const_data_ptr<float>(), x.numel());
+  const at::Tensor& out = outs[0];
+  if (!two || !norm_kernel_is_avx2() || !dense_f32(x) || x.numel() < 2 || !dense_f32(out) || out.numel() != 1)
+    return false;
+  *out.data_ptr<float>() = norm2_avx2(x.const_data_ptr<float>(), x.numel());
   return true;
 }
 
 // _foreach_norm.Scalar(tensors, ord, dtype) into outs (one per tensor), as CPU's
-// kernel computes it: linalg_vector_norm of each whole tensor. The 2-norms
-// vector_norm takes (contiguous float32, no dtype) run side by side
-// (norm2_many); every other tensor runs CPU's linalg_vector_norm.out into its
-// output (the structured kernel of the functional op), in order. Never
-// declines; CPU's errors propagate.
+// kernel computes it: linalg_vector_norm of each whole tensor. Each 2-norm that
+// vector_norm takes (contiguous float32, no dtype) runs it; every other tensor
+// runs CPU's linalg_vector_norm.out into its output (the structured kernel of
+// the functional op). Never declines; CPU's errors propagate.
 bool foreach_norm(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
   if (a.size() != 3 || !a[0].isTensorList() || !a[1].isScalar()) return false;
   const c10::List<at::Tensor> xs = a[0].toTensorList();
@@ -835,19 +759,16 @@ bool foreach_norm(const torch::jit::Stack& a, const std::vector<at::Tensor>& out
   const c10::Scalar ord = a[1].toScalar();
   const std::optional<c10::ScalarType> dtype =
       a[2].isNone() ? std::nullopt : std::optional<c10::ScalarType>(a[2].toScalarType());
-  const bool two = !dtype && is_two(ord);
-  std::vector<NormChain> chains;
-  chains.reserve(outs.size());
+  torch::jit::Stack one{c10::IValue(), a[1], c10::IValue(), false, a[2]};
+  std::vector<at::Tensor> out(1);
   for (size_t i = 0; i < outs.size(); ++i) {
     const at::Tensor x = xs.get(i);
-    if (two && takes_norm2(x, outs[i])) {
-      chains.push_back({x.const_data_ptr<float>(), x.numel(), 0, outs[i].data_ptr<float>()});
-      continue;
-    }
+    one[0] = x;
+    out[0] = outs[i];
+    if (vector_norm(one, out)) continue;
     at::Tensor o = outs[i];
     at::cpu::linalg_vector_norm_out(o, x, ord, std::nullopt, false, dtype);
   }
-  norm2_many(chains);
   return true;
 }
 

@@ -143,10 +143,9 @@ def test_clip_grad_norm_as_cpu(shapes, dtypes, max_norm):
         assert q.grad.dtype == p.grad.dtype and torch.equal(q.grad.cpu(), p.grad)
 
 
-# _foreach_norm's 2-norms run up to eight tensors' sums side by side, longest first, a
-# finished one's place taken by the next (norm2_many): every size 2..40 (each tail), equal
-# and unequal lengths, more tensors than places, and tensors CPU's kernel takes (a float64,
-# a transposed view, one element) between them, each output in its own place.
+# _foreach_norm's 2-norms of many tensors, each in CPU's order and in its own output: every
+# size 2..40 (each tail), nanoGPT's gradient sizes, equal and unequal lengths, and tensors
+# CPU's kernel takes (a float64, a transposed view, one element) between the others.
 FOREACH_LISTS = [
     [(n,) for n in range(2, 41)],
     [(4096,), (4160,), (64,), (12288,), (192,), (16384,), (256,), (16384,), (64,), (4096,)] * 2,
