@@ -141,3 +141,37 @@ def test_clip_grad_norm_as_cpu(shapes, dtypes, max_norm):
     assert torch.equal(got.cpu(), want)
     for p, q in zip(cpu_params, dev_params):
         assert q.grad.dtype == p.grad.dtype and torch.equal(q.grad.cpu(), p.grad)
+
+
+# _foreach_norm's 2-norms of many tensors, each in CPU's order and in its own output: every
+# size 2..40 (each tail), nanoGPT's gradient sizes, equal and unequal lengths, and tensors
+# CPU's kernel takes (a float64, a transposed view, one element) between the others.
+FOREACH_LISTS = [
+    [(n,) for n in range(2, 41)],
+    [(4096,), (4160,), (64,), (12288,), (192,), (16384,), (256,), (16384,), (64,), (4096,)] * 2,
+    [(8,)] * 11 + [(9,), (7,)],
+    [(300001,), (5,), (1000,)],
+]
+
+
+@pytest.mark.parametrize("shapes", FOREACH_LISTS, ids=[str(i) for i in range(len(FOREACH_LISTS))])
+def test_foreach_norm_chains_side_by_side_bit_equal_to_cpu(shapes):
+    xs = [_spread(s, seed=7 * i + len(shapes)) for i, s in enumerate(shapes)]
+    want = torch._foreach_norm(xs)
+    dev = [x.to(DEVICE) for x in xs]
+    torch.tpu.synchronize()
+    got = torch._foreach_norm(dev)
+    ran = aten_ops_during(torch.tpu.synchronize)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(_bits(g.cpu()), _bits(w)), (i, shapes[i], g.item(), w.item())
+    if HOST_KERNEL:
+        assert not any(op.startswith("aten::linalg_vector_norm") for op in ran), ran
+
+
+def test_foreach_norm_with_tensors_cpu_takes_between_the_chains():
+    xs = [_spread((37,), seed=1), _spread((5, 6), seed=2).t(), _spread((300,), seed=3), _spread((1,), seed=4)]
+    xs += [_spread((29,), seed=5).double(), _spread((64,), seed=6), _spread((2,), seed=7)]
+    want = torch._foreach_norm(xs)
+    got = torch._foreach_norm([x.to(DEVICE) for x in xs])
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == w.dtype and torch.equal(g.cpu(), w), (i, g, w)

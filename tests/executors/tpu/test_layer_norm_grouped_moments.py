@@ -127,3 +127,29 @@ def test_streamed_rows_at_the_default_threshold_equal_cpu(threads):
         _assert_equal(got, torch.native_layer_norm(x, (1024,), w, b, 1e-5))
     finally:
         torch.set_num_threads(saved)
+
+
+# Rows of one 16-vector chunk of 8 floats (8 to 128 floats: a small model's features, e.g.
+# nanoGPT's 64) with weight and bias, on an AVX-512 machine: eight rows' moments at once, two
+# rows in each 512-bit register (lanes 0-7 one row, 8-15 the next), then each row's lanes
+# merged in order, and the normalize 16 floats a step (layer_norm_row_avx2_on_avx512's short
+# rows). Every width 8..128 (odd counts of 8-float vectors, widths not a multiple of 16), 136
+# (two chunks: not taken); row counts leaving 1 to 7 rows past the groups of eight; a large
+# mean over a small spread, inf and NaN in rows of both halves of a register; input read from
+# its buffer and computed by a producer. Without AVX-512: the AVX2 loop.
+SHORT_COLS = list(range(8, 129, 8)) + [136]
+
+
+@pytest.mark.parametrize("rows", [8, 13, 67])
+@pytest.mark.parametrize("cols", SHORT_COLS)
+def test_short_rows_in_register_pairs_equal_cpu(setting, cols, rows):
+    x, r = cpu_randn(rows, cols, seed=91) * 4 + 3, cpu_randn(rows, cols, seed=92)
+    x[1] = x[1] * 1e-3 + 1e4  # a large mean over a small spread: Welford's order shows
+    x[2, cols // 3] = float("inf")
+    x[5, cols - 1] = float("nan")
+    w, b = cpu_randn(cols, seed=93), cpu_randn(cols, seed=94)
+    wd, bd, xd, rd = w.to("tpu"), b.to("tpu"), x.to("tpu"), r.to("tpu")
+    _assert_equal(torch.native_layer_norm(xd, (cols,), wd, bd, 1e-5), torch.native_layer_norm(x, (cols,), w, b, 1e-5))
+    _assert_equal(
+        torch.native_layer_norm(xd + rd, (cols,), wd, bd, 1e-5), torch.native_layer_norm(x + r, (cols,), w, b, 1e-5)
+    )
