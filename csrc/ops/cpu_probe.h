@@ -23,8 +23,11 @@ namespace tpu_eager {
 // rank, emptiness and device for tensors, its type for Scalars, its value for
 // other non-tensor arguments — CPU's kernel runs on twins of the arguments:
 // zero-filled CPU tensors of the same dtype and rank with every size clamped
-// to 1 (sizes 0 stay 0: some kernels return before their dtype dispatch on no
-// elements), a "size" argument clamped the same way, "tpu" devices made CPU.
+// to `tiny_cap` (sizes 0 stay 0: some kernels return before their dtype
+// dispatch on no elements), an int-list "size" argument clamped the same way,
+// "tpu" devices made CPU. `tiny_cap` is 1, or 2 for an op whose kernel also
+// returns before its dtype dispatch when a dim has one element (OpTrait
+// kProbeTwinsOfTwo: pdist's n <= 1 rows).
 // A NotImplementedError from the probe, or an error that names one of the
 // call's dtypes ("expected scalar type Float but found Bool"), is the verdict
 // "rejects"; any other error is the twins' doing (their shapes: glu halves an
@@ -45,7 +48,7 @@ namespace tpu_eager {
 //
 // `key` receives the verdict's key (for cpu_probe_misled).
 bool cpu_kernel_rejects_dtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first,
-                               size_t nargs, std::vector<int64_t>* key);
+                               size_t nargs, int64_t tiny_cap, std::vector<int64_t>* key);
 
 // Whether the probe can tell nothing for a call of an op whose CPU kernel has
 // float32 and float64 loops (OpTrait kFloatLoops): its floating tensors (arguments
