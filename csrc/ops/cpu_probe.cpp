@@ -273,16 +273,18 @@ constexpr int64_t kFullTwinMaxBytes = int64_t{1} << 20;
 // all float), or would be but the tensors are too large (-1): its tensors
 // hold at most kFullTwinMaxBytes, and one of them is of a dtype that CPU's
 // floating-point kernels (pools, convolutions, glu, unfold) have no loop for:
-// bool, integer or complex. (The full-size probe runs CPU's kernel for real:
-// a convolution's backward costs ~150 ms on its first call, oneDNN's setup,
-// so float calls, by far the most common, never pay it.)
-int full_twins_fit(const torch::jit::Stack& stack, size_t first, size_t nargs) {
+// bool, integer or complex; float16 / bfloat16 too with `full_16bit`. (The
+// full-size probe runs CPU's kernel for real: a convolution's backward costs
+// ~150 ms on its first call, oneDNN's setup, so float calls, by far the most
+// common, never pay it.)
+int full_twins_fit(const torch::jit::Stack& stack, size_t first, size_t nargs, bool full_16bit) {
   int64_t bytes = 0;
   bool any = false;
   auto add = [&](const at::Tensor& t) {
     if (!t.defined()) return;
     const auto dt = t.scalar_type();
     if (c10::isIntegralType(dt, /*includeBool=*/true) || c10::isComplexType(dt)) any = true;
+    if (full_16bit && (dt == c10::kHalf || dt == c10::kBFloat16)) any = true;
     bytes += t.numel() * static_cast<int64_t>(t.itemsize());
   };
   for_each_tensor(stack, first, nargs, [&](int, int, const at::Tensor& t) { add(t); });
@@ -317,12 +319,12 @@ int probe_once(const c10::OperatorHandle& op, const torch::jit::Stack& stack, si
 }
 
 // The verdict (1 rejects, 0 accepts), or -1 when neither probe could tell:
-// twins of sizes at most `tiny_cap` first, then, when they fail on their
+// twins of sizes at most `twins.tiny_cap` first, then, when they fail on their
 // shapes, full-size twins if full_twins_fit.
-int probe(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs, int64_t tiny_cap) {
-  const int tiny = probe_once(op, stack, first, nargs, tiny_cap);
+int probe(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs, ProbeTwins twins) {
+  const int tiny = probe_once(op, stack, first, nargs, twins.tiny_cap);
   if (tiny >= 0) return tiny;
-  const int fit = full_twins_fit(stack, first, nargs);
+  const int fit = full_twins_fit(stack, first, nargs, twins.full_16bit);
   if (fit <= 0) return fit;  // float calls: accepted; too large: no verdict
   const int full = probe_once(op, stack, first, nargs, kFullSize);
   return full == 1 ? 1 : 0;  // full-size twins that fail otherwise: CPU's kernel decides at the flush
@@ -331,15 +333,15 @@ int probe(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t 
 }  // namespace
 
 bool cpu_kernel_rejects_dtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first,
-                               size_t nargs, int64_t tiny_cap, std::vector<int64_t>* key) {
+                               size_t nargs, ProbeTwins twins, std::vector<int64_t>* key) {
   if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
       !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
       !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
     return false;
-  if (!probe_key(op, stack, first, nargs, tiny_cap, *key)) return false;
+  if (!probe_key(op, stack, first, nargs, twins.tiny_cap, *key)) return false;
   int verdict = verdicts().find(*key);
   if (verdict < 0) {
-    verdict = probe(op, stack, first, nargs, tiny_cap);
+    verdict = probe(op, stack, first, nargs, twins);
     // No verdict (shapes too large for full-size twins): probed again on the next miss.
     if (verdict >= 0) verdicts().set(*key, verdict == 1);
   }

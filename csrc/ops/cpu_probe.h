@@ -32,11 +32,11 @@ namespace tpu_eager {
 // call's dtypes ("expected scalar type Float but found Bool"), is the verdict
 // "rejects"; any other error is the twins' doing (their shapes: glu halves an
 // even dim, a pool's kernel needs room). Then, when the call's tensors hold at
-// most 1 MiB and one is bool, integer or complex, the probe runs again on
-// zero-filled twins of their full sizes; else no verdict is kept and the next
-// miss probes again. (So a float16 call that only full-size twins would reveal,
-// avg_pool3d's, still raises at the flush: full-size probes of float calls
-// would cost every model's first step CPU's kernel setup.) The verdict is cached: later
+// most 1 MiB and one is bool, integer or complex (or float16 / bfloat16, for
+// an op with `full_16bit`: OpTrait kProbeFull16Bit, avg_pool3d's), the probe
+// runs again on zero-filled twins of their full sizes; else no verdict is kept
+// and the next miss probes again. (Full-size probes of every float call would
+// cost every model's first step CPU's kernel setup.) The verdict is cached: later
 // calls with the key pay one hash lookup, and only on a meta-cache miss (the
 // record path's hit path never calls this).
 //
@@ -47,8 +47,12 @@ namespace tpu_eager {
 // and custom ops are never probed (false).
 //
 // `key` receives the verdict's key (for cpu_probe_misled).
+struct ProbeTwins {
+  int64_t tiny_cap = 1;     // the first probe's twins: sizes clamped to this
+  bool full_16bit = false;  // float16 / bfloat16 calls get the full-size probe too
+};
 bool cpu_kernel_rejects_dtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first,
-                               size_t nargs, int64_t tiny_cap, std::vector<int64_t>* key);
+                               size_t nargs, ProbeTwins twins, std::vector<int64_t>* key);
 
 // Whether the probe can tell nothing for a call of an op whose CPU kernel has
 // float32 and float64 loops (OpTrait kFloatLoops): its floating tensors (arguments

@@ -86,6 +86,11 @@ def test_empty_tensors_raise_too(dev):
     run_both_at_call(build, lambda a: a & a, dev)
 
 
+def _volume(t, dtype):
+    """`t`'s values repeated into a (1, 1, 2, 4, 3) volume of `dtype`."""
+    return t.repeat(2, 2).reshape(1, 1, 2, 4, 3).to(dtype)
+
+
 def _pdist_grads(t, dtype):
     """_pdist_backward's arguments (grad, self, p, pdist) for the rows of `t` in `dtype`."""
     n = t.shape[0] * (t.shape[0] - 1) // 2
@@ -129,6 +134,23 @@ def _pdist_grads(t, dtype):
         # One row computes on CPU (an empty result); the verdict must not carry over.
         ("pdist_half_after_one_row", lambda t: (F.pdist(t[:1].half()), F.pdist(t.half()))),
         ("pdist_backward_half", lambda t: torch.ops.aten._pdist_backward(*_pdist_grads(t, torch.half))),
+        # avg_pool3d has no 16-bit loop and its window does not fit twins of size 1.
+        ("avg_pool3d_half", lambda t: F.avg_pool3d(_volume(t, torch.half), 2)),
+        ("avg_pool3d_bfloat16", lambda t: F.avg_pool3d(_volume(t, torch.bfloat16), 2)),
+        ("avg_pool3d_float32", lambda t: F.avg_pool3d(_volume(t, torch.float32), 2)),
+        (
+            "avg_pool3d_backward_half",
+            lambda t: torch.ops.aten.avg_pool3d_backward(
+                _volume(t, torch.half)[..., ::2, ::2, :1],
+                _volume(t, torch.half),
+                [2, 2, 2],
+                [2, 2, 2],
+                [0, 0, 0],
+                False,
+                True,
+                None,
+            ),
+        ),
         # An int `size` is unfold_backward's window: clamped to 1 (= the step) the probe
         # took the kernel's copy path, which has no dtype dispatch, and accepted complex32.
         ("unfold_backward_complex32", lambda t: torch.ops.aten.unfold_backward(t.to(torch.complex32), [4], 0, 2, 1)),
