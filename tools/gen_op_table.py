@@ -483,6 +483,13 @@ OP_TRAITS = [
         },
         _no_out_in_name,
     ),
+    # CPU's kernel returns before its dtype dispatch when a dim has one element (pdist of fewer
+    # than two rows: an empty result), so the dtype probe's twins keep sizes up to 2. The
+    # backward dispatches first (its size-1 probe rejects Half too); it is given the same twins.
+    ("kProbeTwinsOfTwo", {"_pdist_forward", "_pdist_backward"}, _every),
+    # CPU's kernel has no float16 / bfloat16 loop that size-1 twins can reach (the window needs
+    # room): 16-bit calls get the full-size dtype probe.
+    ("kProbeFull16Bit", {"avg_pool3d", "avg_pool3d_backward"}, _every),
     # The gradient is contiguous whatever grad_output's strides.
     ("kContiguousGradient", {"_log_softmax_backward_data"}, _default),
     # Eval mode: save_mean / save_invstd are empty (out=: as given); running stats not written.

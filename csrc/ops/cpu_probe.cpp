@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -45,14 +46,15 @@ int64_t tensor_tag(const at::Tensor& t) {
          (int64_t{t.unsafeGetTensorImpl()->is_wrapped_number()} << 20);
 }
 
+// Twin sizes are clamped to this: its sizes, for full-size twins.
+constexpr int64_t kFullSize = std::numeric_limits<int64_t>::max();
+
 // `t`'s twin: a zero-filled contiguous CPU tensor of its dtype and rank, every
-// size clamped to 1 (0 stays 0), or of its sizes when `full`. A 0-dim CPU
-// tensor (a scalar) is used as is.
-at::Tensor twin_of(const at::Tensor& t, bool full) {
+// size clamped to `cap` (0 stays 0). A 0-dim CPU tensor (a scalar) is used as is.
+at::Tensor twin_of(const at::Tensor& t, int64_t cap) {
   if (!t.defined() || (!is_tpu(t) && t.dim() == 0)) return t;
   std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
-  if (!full)
-    for (auto& s : sizes) s = std::min<int64_t>(s, 1);
+  for (auto& s : sizes) s = std::min(s, cap);
   at::Tensor c = at::detail::empty_cpu(sizes, t.scalar_type(), std::nullopt, std::nullopt, std::nullopt, std::nullopt);
   if (c.numel() > 0) std::memset(c.data_ptr(), 0, c.nbytes());
   if (t.is_conj()) c._set_conj(true);
@@ -109,21 +111,33 @@ Verdicts& verdicts() {
 std::atomic<int64_t> n_probes{0}, n_rejects{0}, n_misled{0};
 
 // The probe key of a call; false when an argument has a kind the probe does not model.
-bool probe_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs,
+// With a `cap` above 1 a tensor's sizes clamped to it are keyed too: for such an op the
+// verdict depends on them (pdist of one row returns before its dtype dispatch).
+bool probe_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs, int64_t cap,
                std::vector<int64_t>& k) {
+  auto tensor_key = [&](const at::Tensor& t) {
+    k.push_back(tensor_tag(t));
+    if (cap > 1 && t.defined())
+      for (const int64_t s : t.sizes()) k.push_back(std::min(s, cap));
+  };
   k.clear();
   k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
   k.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   for (size_t i = first; i < first + nargs; ++i) {
     const c10::IValue& v = stack[i];
     if (v.isTensor()) {
-      k.push_back(tensor_tag(v.toTensor()));
+      tensor_key(v.toTensor());
     } else if (v.isTensorList()) {
       k.push_back(-1);
-      for (const at::Tensor& t : v.toTensorList().vec()) k.push_back(tensor_tag(t));
+      for (const at::Tensor& t : v.toTensorList().vec()) tensor_key(t);
     } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
       k.push_back(-2);  // Tensor?[] (index's indices)
-      for (const c10::IValue& e : v.toList().vec()) k.push_back(e.isTensor() ? tensor_tag(e.toTensor()) : -7);
+      for (const c10::IValue& e : v.toList().vec()) {
+        if (e.isTensor())
+          tensor_key(e.toTensor());
+        else
+          k.push_back(-7);
+      }
     } else if (v.isIntList()) {
       k.push_back(-3);
       for (auto s : v.toIntList().vec()) k.push_back(s);
@@ -153,9 +167,6 @@ bool probe_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, si
   return true;
 }
 
-// The probe's arguments: twins of tensors (one per TensorImpl, so a tensor
-// passed twice stays one tensor; of full size when `full`), CPU devices, no
-// generator, and for a factory (no tensor argument) its sizing values clamped.
 // Whether `a` is a Generator or Generator? argument.
 bool is_generator_arg(const c10::Argument& a) {
   const c10::TypePtr& t = a.type();
@@ -164,14 +175,21 @@ bool is_generator_arg(const c10::Argument& a) {
   return opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
+// The probe's arguments: twins of tensors (one per TensorImpl, so a tensor
+// passed twice stays one tensor; sizes clamped to `cap`), CPU devices, a
+// generator of its own, and the values that size the result clamped: a
+// factory's (no tensor argument) and an int list named "size" (new_zeros',
+// expand's). An int "size" is a window's length (unfold_backward's): clamped to
+// 1 it would equal the step, the kernel's path that copies without its dtype
+// dispatch, so the probe would accept a dtype the kernel has no loop for.
 torch::jit::Stack probe_args(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
-                             size_t nargs, bool full) {
+                             size_t nargs, int64_t cap) {
   torch::jit::Stack args(stack.begin() + first, stack.begin() + first + nargs);
   std::unordered_map<const c10::TensorImpl*, at::Tensor> twins;
   auto twin = [&](const at::Tensor& t) {
     if (!t.defined()) return t;
     at::Tensor& c = twins[t.unsafeGetTensorImpl()];
-    if (!c.defined()) c = twin_of(t, full);
+    if (!c.defined()) c = twin_of(t, cap);
     return c;
   };
   bool any_tensor = false;
@@ -199,7 +217,7 @@ torch::jit::Stack probe_args(const c10::FunctionSchema& schema, const torch::jit
   for (size_t i = 0; i < nargs; ++i)
     if (is_generator_arg(schema.arguments()[i])) args[i] = at::detail::createCPUGenerator(/*seed_in=*/0);
   for (size_t i = 0; i < nargs; ++i)
-    if (!any_tensor || schema.arguments()[i].name() == "size") args[i] = clamped(args[i]);
+    if (!any_tensor || (schema.arguments()[i].name() == "size" && args[i].isIntList())) args[i] = clamped(args[i]);
   return args;
 }
 
@@ -255,16 +273,18 @@ constexpr int64_t kFullTwinMaxBytes = int64_t{1} << 20;
 // all float), or would be but the tensors are too large (-1): its tensors
 // hold at most kFullTwinMaxBytes, and one of them is of a dtype that CPU's
 // floating-point kernels (pools, convolutions, glu, unfold) have no loop for:
-// bool, integer or complex. (The full-size probe runs CPU's kernel for real:
-// a convolution's backward costs ~150 ms on its first call, oneDNN's setup,
-// so float calls, by far the most common, never pay it.)
-int full_twins_fit(const torch::jit::Stack& stack, size_t first, size_t nargs) {
+// bool, integer or complex; float16 / bfloat16 too with `full_16bit`. (The
+// full-size probe runs CPU's kernel for real: a convolution's backward costs
+// ~150 ms on its first call, oneDNN's setup, so float calls, by far the most
+// common, never pay it.)
+int full_twins_fit(const torch::jit::Stack& stack, size_t first, size_t nargs, bool full_16bit) {
   int64_t bytes = 0;
   bool any = false;
   auto add = [&](const at::Tensor& t) {
     if (!t.defined()) return;
     const auto dt = t.scalar_type();
     if (c10::isIntegralType(dt, /*includeBool=*/true) || c10::isComplexType(dt)) any = true;
+    if (full_16bit && (dt == c10::kHalf || dt == c10::kBFloat16)) any = true;
     bytes += t.numel() * static_cast<int64_t>(t.itemsize());
   };
   for_each_tensor(stack, first, nargs, [&](int, int, const at::Tensor& t) { add(t); });
@@ -272,11 +292,11 @@ int full_twins_fit(const torch::jit::Stack& stack, size_t first, size_t nargs) {
   return bytes <= kFullTwinMaxBytes ? 1 : -1;
 }
 
-// One run of CPU's kernel on twins: 1 it rejects a dtype, 0 it accepts, -1 it
-// failed otherwise (the twins' shapes).
-int probe_once(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs, bool full) {
+// One run of CPU's kernel on twins of sizes clamped to `cap`: 1 it rejects a
+// dtype, 0 it accepts, -1 it failed otherwise (the twins' shapes).
+int probe_once(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs, int64_t cap) {
   ++n_probes;
-  torch::jit::Stack args = probe_args(op.schema(), stack, first, nargs, full);
+  torch::jit::Stack args = probe_args(op.schema(), stack, first, nargs, cap);
   const std::vector<c10::ScalarType> dtypes = dtypes_of(args);
   struct DropWarnings : c10::WarningHandler {
     void process(const c10::Warning&) override {}
@@ -299,29 +319,29 @@ int probe_once(const c10::OperatorHandle& op, const torch::jit::Stack& stack, si
 }
 
 // The verdict (1 rejects, 0 accepts), or -1 when neither probe could tell:
-// twins of size 1 first, then, when they fail on their shapes, full-size twins
-// if full_twins_fit.
-int probe(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs) {
-  const int tiny = probe_once(op, stack, first, nargs, /*full=*/false);
+// twins of sizes at most `twins.tiny_cap` first, then, when they fail on their
+// shapes, full-size twins if full_twins_fit.
+int probe(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, size_t nargs, ProbeTwins twins) {
+  const int tiny = probe_once(op, stack, first, nargs, twins.tiny_cap);
   if (tiny >= 0) return tiny;
-  const int fit = full_twins_fit(stack, first, nargs);
+  const int fit = full_twins_fit(stack, first, nargs, twins.full_16bit);
   if (fit <= 0) return fit;  // float calls: accepted; too large: no verdict
-  const int full = probe_once(op, stack, first, nargs, /*full=*/true);
+  const int full = probe_once(op, stack, first, nargs, kFullSize);
   return full == 1 ? 1 : 0;  // full-size twins that fail otherwise: CPU's kernel decides at the flush
 }
 
 }  // namespace
 
 bool cpu_kernel_rejects_dtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first,
-                               size_t nargs, std::vector<int64_t>* key) {
+                               size_t nargs, ProbeTwins twins, std::vector<int64_t>* key) {
   if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
       !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
       !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
     return false;
-  if (!probe_key(op, stack, first, nargs, *key)) return false;
+  if (!probe_key(op, stack, first, nargs, twins.tiny_cap, *key)) return false;
   int verdict = verdicts().find(*key);
   if (verdict < 0) {
-    verdict = probe(op, stack, first, nargs);
+    verdict = probe(op, stack, first, nargs, twins);
     // No verdict (shapes too large for full-size twins): probed again on the next miss.
     if (verdict >= 0) verdicts().set(*key, verdict == 1);
   }

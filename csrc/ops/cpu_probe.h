@@ -23,17 +23,20 @@ namespace tpu_eager {
 // rank, emptiness and device for tensors, its type for Scalars, its value for
 // other non-tensor arguments — CPU's kernel runs on twins of the arguments:
 // zero-filled CPU tensors of the same dtype and rank with every size clamped
-// to 1 (sizes 0 stay 0: some kernels return before their dtype dispatch on no
-// elements), a "size" argument clamped the same way, "tpu" devices made CPU.
+// to `tiny_cap` (sizes 0 stay 0: some kernels return before their dtype
+// dispatch on no elements), an int-list "size" argument clamped the same way,
+// "tpu" devices made CPU. `tiny_cap` is 1, or 2 for an op whose kernel also
+// returns before its dtype dispatch when a dim has one element (OpTrait
+// kProbeTwinsOfTwo: pdist's n <= 1 rows).
 // A NotImplementedError from the probe, or an error that names one of the
 // call's dtypes ("expected scalar type Float but found Bool"), is the verdict
 // "rejects"; any other error is the twins' doing (their shapes: glu halves an
 // even dim, a pool's kernel needs room). Then, when the call's tensors hold at
-// most 1 MiB and one is bool, integer or complex, the probe runs again on
-// zero-filled twins of their full sizes; else no verdict is kept and the next
-// miss probes again. (So a float16 call that only full-size twins would reveal,
-// avg_pool3d's, still raises at the flush: full-size probes of float calls
-// would cost every model's first step CPU's kernel setup.) The verdict is cached: later
+// most 1 MiB and one is bool, integer or complex (or float16 / bfloat16, for
+// an op with `full_16bit`: OpTrait kProbeFull16Bit, avg_pool3d's), the probe
+// runs again on zero-filled twins of their full sizes; else no verdict is kept
+// and the next miss probes again. (Full-size probes of every float call would
+// cost every model's first step CPU's kernel setup.) The verdict is cached: later
 // calls with the key pay one hash lookup, and only on a meta-cache miss (the
 // record path's hit path never calls this).
 //
@@ -44,8 +47,12 @@ namespace tpu_eager {
 // and custom ops are never probed (false).
 //
 // `key` receives the verdict's key (for cpu_probe_misled).
+struct ProbeTwins {
+  int64_t tiny_cap = 1;     // the first probe's twins: sizes clamped to this
+  bool full_16bit = false;  // float16 / bfloat16 calls get the full-size probe too
+};
 bool cpu_kernel_rejects_dtypes(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first,
-                               size_t nargs, std::vector<int64_t>* key);
+                               size_t nargs, ProbeTwins twins, std::vector<int64_t>* key);
 
 // Whether the probe can tell nothing for a call of an op whose CPU kernel has
 // float32 and float64 loops (OpTrait kFloatLoops): its floating tensors (arguments

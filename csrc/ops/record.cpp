@@ -1523,7 +1523,8 @@ bool ran_for_cpu_dtype_check(const c10::OperatorHandle& op, const OpEntry& entry
   if (plan.custom_id) return false;
   if ((plan.traits & kFloatLoops) && probe_needless(op.schema(), *stack, first, nargs)) return false;
   std::vector<int64_t> key;
-  if (!cpu_kernel_rejects_dtypes(op, *stack, first, nargs, &key)) return false;
+  const ProbeTwins twins{(plan.traits & kProbeTwinsOfTwo) ? 2 : 1, (plan.traits & kProbeFull16Bit) != 0};
+  if (!cpu_kernel_rejects_dtypes(op, *stack, first, nargs, twins, &key)) return false;
   run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
   cpu_probe_misled(key);  // reached only when CPU's kernel computed the call
   return true;

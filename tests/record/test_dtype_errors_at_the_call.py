@@ -86,6 +86,18 @@ def test_empty_tensors_raise_too(dev):
     run_both_at_call(build, lambda a: a & a, dev)
 
 
+def _volume(t, dtype):
+    """`t`'s values repeated into a (1, 1, 2, 4, 3) volume of `dtype`."""
+    return t.repeat(2, 2).reshape(1, 1, 2, 4, 3).to(dtype)
+
+
+def _pdist_grads(t, dtype):
+    """_pdist_backward's arguments (grad, self, p, pdist) for the rows of `t` in `dtype`."""
+    n = t.shape[0] * (t.shape[0] - 1) // 2
+    ones = torch.ones(n, device=t.device, dtype=dtype)
+    return ones, t.to(dtype), 2.0, ones
+
+
 @pytest.mark.parametrize(
     "case",
     [
@@ -114,6 +126,35 @@ def test_empty_tensors_raise_too(dev):
         # (relu's own check is CPU's kernel at the call); found by test_random_fused.py.
         ("relu__bool", lambda t: t.to(torch.bool).relu_()),
         ("relu__bool_expanded", lambda t: t.to(torch.bool)[:1].expand(2, 3).clone().relu_()),
+        # pdist's kernel returns an empty result before its dtype dispatch for fewer than
+        # two rows: twins of one row accepted float16 (test_ops.py test_dtypes).
+        ("pdist_half", lambda t: F.pdist(t.half())),
+        ("pdist_bfloat16", lambda t: F.pdist(t.bfloat16())),
+        ("pdist_float32", lambda t: F.pdist(t)),
+        # One row computes on CPU (an empty result); the verdict must not carry over.
+        ("pdist_half_after_one_row", lambda t: (F.pdist(t[:1].half()), F.pdist(t.half()))),
+        ("pdist_backward_half", lambda t: torch.ops.aten._pdist_backward(*_pdist_grads(t, torch.half))),
+        # avg_pool3d has no 16-bit loop and its window does not fit twins of size 1.
+        ("avg_pool3d_half", lambda t: F.avg_pool3d(_volume(t, torch.half), 2)),
+        ("avg_pool3d_bfloat16", lambda t: F.avg_pool3d(_volume(t, torch.bfloat16), 2)),
+        ("avg_pool3d_float32", lambda t: F.avg_pool3d(_volume(t, torch.float32), 2)),
+        (
+            "avg_pool3d_backward_half",
+            lambda t: torch.ops.aten.avg_pool3d_backward(
+                _volume(t, torch.half)[..., ::2, ::2, :1],
+                _volume(t, torch.half),
+                [2, 2, 2],
+                [2, 2, 2],
+                [0, 0, 0],
+                False,
+                True,
+                None,
+            ),
+        ),
+        # An int `size` is unfold_backward's window: clamped to 1 (= the step) the probe
+        # took the kernel's copy path, which has no dtype dispatch, and accepted complex32.
+        ("unfold_backward_complex32", lambda t: torch.ops.aten.unfold_backward(t.to(torch.complex32), [4], 0, 2, 1)),
+        ("unfold_backward_float32", lambda t: torch.ops.aten.unfold_backward(t, [4], 0, 2, 1)),
     ],
     ids=lambda c: c[0],
 )
@@ -122,6 +163,36 @@ def test_other_ops_the_probe_covers(dev, case):
         return (_values(d, torch.float32),)
 
     run_both_at_call(build, case[1], dev)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex32, torch.complex64])
+@pytest.mark.parametrize("op", ["unfold", "unfold_copy"])
+def test_unfold_gradient_dtypes(dev, op, dtype):
+    """CPU's unfold_backward has no ComplexHalf loop: the backward raises in the
+    backward call (it raised at the next read, of whatever tensor came first)."""
+
+    def build(d):
+        return (torch.arange(6.0, device=d).to(dtype).requires_grad_(),)
+
+    def act(x):
+        y = x.unfold(0, 2, 1) if op == "unfold" else torch.unfold_copy(x, 0, 2, 1)
+        y.backward(torch.ones_like(y))
+        return x.grad
+
+    run_both_at_call(build, act, dev)
+
+
+@requires_tpu
+def test_rejected_gradient_reaches_no_later_read():
+    """test_ops.py's test_dtypes of `where` (every dtype) failed with the ComplexHalf
+    unfold_backward error of the unfold test before it: the gradient died unread, and
+    its error was reported at the next read of any tensor (lazy/async_errors.h)."""
+    x = torch.arange(6.0, device="tpu").to(torch.complex32).requires_grad_()
+    y = x.unfold(0, 2, 1)
+    with pytest.raises(NotImplementedError, match="unfold_backward_cpu"):
+        y.backward(torch.ones_like(y))
+    del x, y
+    assert torch.equal(torch.where(torch.tensor([True, False], device="tpu"), 1.0, 2.0).cpu(), torch.tensor([1.0, 2.0]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.int64], ids=str)
