@@ -13,7 +13,10 @@ statistics on the ring (2026-12-05, branch spyre21e: per-core sorted runs
 merged in core order): ``sort(x, 0)``, ``topk(x, 8, 0)`` and ``median(x, 0)``,
 with ``kthvalue``, ``nanmedian`` and ``mode`` (topk, kthvalue, median and
 nanmedian by radix selection since branch spyre21f), and ``mse_loss(x * 0.5,
-x)`` (a two-operand loss summed over the ring, branch spyre21f).
+x)`` (a two-operand loss summed over the ring, branch spyre21f); since branch spyre21c the
+bfloat16 step and one row per region kind in bfloat16, float16 and float32: an elementwise
+chain of six ops, ``sum(x, 1)``, ``sum(x, 0)``, ``layer_norm``, ``softmax(x, 1)``,
+``matmul`` and attention (``--only chain6`` etc.).
 
     PYTHONPATH=. python benchmarks/spyre_interpreter.py [--repeats 15] [--cpu-time] [--only softmax] [--instructions]
 
@@ -92,9 +95,55 @@ def ring_case(op, dtype=torch.bfloat16, shape=(1000, 300)):
     return upload, launch
 
 
+def tensors_case(op, shapes, dtype, seed=2):
+    """(upload, launch) of ``op(*tensors)`` on randn tensors of ``shapes`` and ``dtype``."""
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(*shape, generator=g).to(dtype) for shape in shapes]
+
+    def upload():
+        return [x.to("tpu") for x in xs]
+
+    def launch(inputs):
+        op(*inputs).cpu()
+
+    return upload, launch
+
+
+def chain(x):
+    """An elementwise chain of six ops (one fused loop on the TPU target)."""
+    return (torch.sigmoid(x * 1.5 + 0.25) * x - 0.5).abs()
+
+
+def attention(q, k, v):
+    """softmax(q k^T / sqrt(d)) v over [batch * heads, seq, d] (bmm, scale, softmax, bmm)."""
+    return torch.softmax(q @ k.transpose(1, 2) * q.shape[-1] ** -0.5, dim=-1) @ v
+
+
+# The region kinds of the MLP step one by one, each in the 16-bit dtypes and
+# float32 (2026-12-07, branch spyre21c): shapes of the step's tensors (and
+# the ring rows' 1000x300).
+KIND_DTYPES = (("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32))
+
+
+def kind_cases():
+    """[(row name, (upload, launch))] of the single-kind rows."""
+    rows = []
+    for tag, dt in KIND_DTYPES:
+        rows += [
+            (f"chain6 {tag}", tensors_case(chain, [(1000, 300)], dt)),
+            (f"sum(x, 1) {tag}", tensors_case(lambda x: x.sum(1), [(1000, 300)], dt)),
+            (f"sum(x, 0) {tag}", tensors_case(lambda x: x.sum(0), [(1000, 300)], dt)),
+            (f"layer_norm {tag}", tensors_case(lambda x: F.layer_norm(x, (300,)), [(1000, 300)], dt)),
+            (f"softmax(x, 1) {tag}", tensors_case(lambda x: torch.softmax(x, 1), [(1000, 300)], dt)),
+            (f"matmul {tag}", tensors_case(torch.matmul, [(256, 512), (512, 256)], dt)),
+            (f"attention {tag}", tensors_case(attention, [(16, 128, 64)] * 3, dt)),
+        ]
+    return rows
+
+
 def cases():
     """[(row name, (upload, launch))] in the table's order."""
-    rows = [(str(dtype), mlp_case(dtype)) for dtype in (torch.float16, torch.float32)]
+    rows = [(str(dtype), mlp_case(dtype)) for dtype in (torch.float16, torch.float32, torch.bfloat16)]
     rows += [
         ("softmax(x, 0) bf16", ring_case(lambda t: torch.softmax(t, dim=0))),
         ("cummax(x, 0) bf16", ring_case(lambda t: torch.cummax(t, 0))),
@@ -107,7 +156,7 @@ def cases():
         ("mode(x, 0) bf16", ring_case(lambda t: torch.mode(t, 0))),
         ("mse_loss(x/2, x)", ring_case(lambda t: F.mse_loss(t * 0.5, t))),
     ]
-    return rows
+    return rows + kind_cases()
 
 
 def turn(target, upload, launch, block, timer):
@@ -205,7 +254,7 @@ def main(argv=None):
             s, t = statistics.median(sec["spyre"]), statistics.median(sec["tpu-v5e"])
             over = sum(r > LIMIT for r in ratios)
             line = (
-                f"{name:19s} spyre {s * 1e3:7.2f} ms  tpu-v5e {t * 1e3:7.2f} ms  "
+                f"{name:20s} spyre {s * 1e3:7.2f} ms  tpu-v5e {t * 1e3:7.2f} ms  "
                 f"ratio {statistics.median(ratios):5.2f}x [{min(ratios):.2f}-{max(ratios):.2f}, "
                 f"{over}/{len(ratios)} rounds > {LIMIT:g}x]"
             )

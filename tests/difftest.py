@@ -7,6 +7,7 @@ compares every returned value: dtype, shape, values, and for views also stride()
 storage_offset().
 """
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -214,6 +215,20 @@ def restoring(get, set_):
     before = get()
     yield set_
     set_(before)
+
+
+@contextlib.contextmanager
+def cpu_features_off(*names):
+    """Within the block the executors' vector kernels see the CPU without the named
+    features ("avx2", "fma", "f16c", "avx512f"; executors/cpu_features.h), so they run
+    their narrower builds; the previous switches are restored after it."""
+    from torch_tpu_eager import _C
+
+    before = _C._set_cpu_features_off(list(names))
+    try:
+        yield
+    finally:
+        _C._set_cpu_features_off(before)
 
 
 def aten_ops_during(fn):

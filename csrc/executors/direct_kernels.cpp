@@ -30,6 +30,7 @@
 #include <ATen/ops/mm_cpu_dispatch.h>
 
 #include "executors/aten_grain.h"
+#include "executors/cpu_features.h"
 #include "jit/lowering.h"
 
 namespace tpu_eager {
@@ -269,7 +270,7 @@ bool max_pool2d_with_indices(const torch::jit::Stack& a, const std::vector<at::T
   float* out = outs[0].data_ptr<float>();
   int64_t* idx = outs[1].data_ptr<int64_t>();
   const int64_t in_plane = height * width, out_plane = oh_n * ow_n;
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  const bool avx2 = cpu::has(cpu::Feature::kAvx2);
   at::parallel_for(0, planes, 0, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const float* pi = in + c * in_plane;
@@ -450,7 +451,7 @@ __attribute__((target("avx2"))) void channel_stats_avx2(const float* x, int64_t 
 // else (and for a partial group) channel by channel in groups of four.
 void channel_stats_range(const float* x, int64_t batch, int64_t channels, int64_t plane, int64_t begin, int64_t end,
                          float* mean, float* var_sum) {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  const bool avx2 = cpu::has(cpu::Feature::kAvx2);
   int64_t g = begin;
   while (g < end) {
     const int64_t c = g * 4, full = std::min(end, channels / 4) - g;  // whole groups from g

@@ -15,6 +15,7 @@
 #include "device/fork.h"
 #include "device/host_share.h"
 #include "distributed/collective_clock.h"
+#include "executors/cpu_features.h"
 #include "executors/executor.h"
 #include "executors/out_variant.h"
 #include "executors/spyre/card.h"
@@ -661,19 +662,51 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("x"), py::arg("nearest_even"), py::arg("saturate"), py::call_guard<py::gil_scoped_release>());
   m.def("_df16_decode", &spyre::df16_decode, py::arg("bits"), py::call_guard<py::gil_scoped_release>());
-  // The exp estimate of softmax's normalizing pass (None without AVX2 and FMA);
-  // wide: its AVX-512 build where the CPU has one (the pass's own there).
+  // The exp estimate of softmax's normalizing pass (None without AVX2 and FMA),
+  // on the build the pass runs: 16 AVX-512 lanes where the CPU has them and
+  // they are not switched off (_set_cpu_features_off), else 8 AVX2 lanes.
   m.def(
       "_softmax_exp_estimate",
-      [](const at::Tensor& x, bool wide) -> std::optional<at::Tensor> {
+      [](const at::Tensor& x) -> std::optional<at::Tensor> {
         TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && x.device().is_cpu(), "expects a float32 CPU tensor");
         const at::Tensor in = x.contiguous();
         at::Tensor y = at::empty_like(in);
-        if (!spyre::df16_exp_estimate_array(in.const_data_ptr<float>(), y.mutable_data_ptr<float>(), in.numel(), wide))
+        if (!spyre::df16_exp_estimate_array(in.const_data_ptr<float>(), y.mutable_data_ptr<float>(), in.numel()))
           return std::nullopt;
         return y;
       },
-      py::arg("x"), py::arg("wide") = true);
+      py::arg("x"));
+  // {name: bool}: the CPU features the executors' vector kernels choose by
+  // (executors/cpu_features.h), as they see them now.
+  m.def("_cpu_features", [] {
+    py::dict out;
+    for (int i = 0; i < cpu::kFeatureCount; ++i) {
+      const auto f = static_cast<cpu::Feature>(i);
+      out[cpu::name(f)] = cpu::has(f);
+    }
+    return out;
+  });
+  // Switches the named features off (the others on) so a test runs the
+  // narrower builds; returns the names switched off before. ValueError for an
+  // unknown name (nothing changed).
+  m.def(
+      "_set_cpu_features_off",
+      [](const std::vector<std::string>& names) {
+        uint32_t mask = 0;
+        for (const auto& n : names) {
+          int i = 0;
+          while (i < cpu::kFeatureCount && n != cpu::name(static_cast<cpu::Feature>(i))) ++i;
+          if (i == cpu::kFeatureCount) throw py::value_error("unknown CPU feature '" + n + "'");
+          mask |= cpu::bit(static_cast<cpu::Feature>(i));
+        }
+        const uint32_t before = cpu::set_disabled(mask);
+        std::vector<std::string> out;
+        for (int i = 0; i < cpu::kFeatureCount; ++i)
+          if (before & cpu::bit(static_cast<cpu::Feature>(i)))
+            out.emplace_back(cpu::name(static_cast<cpu::Feature>(i)));
+        return out;
+      },
+      py::arg("names"));
   m.attr("FLUSH_SYNCHRONIZE") = static_cast<int>(FlushReason::kSynchronize);
   m.attr("FLUSH_HOST_READ") = static_cast<int>(FlushReason::kHostRead);
   m.attr("FLUSH_TARGET_SWITCH") = static_cast<int>(FlushReason::kTargetSwitch);

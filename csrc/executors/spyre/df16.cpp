@@ -15,6 +15,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include "executors/cpu_features.h"
 #include "executors/cpu_vml.h"
 #include "executors/spyre/blocked_loop.h"
 #include "executors/spyre/paired_columns.h"
@@ -351,9 +352,9 @@ __attribute__((target(TPU_EAGER_AVX512))) void exp_estimate_loop_wide(const floa
   }
 }
 
-bool wide_estimate_supported() { return __builtin_cpu_supports("avx512f"); }
+bool wide_estimate_supported() { return cpu::has(cpu::Feature::kAvx512f); }
 
-bool exp_estimate_supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool exp_estimate_supported() { return cpu::has(cpu::Feature::kAvx2) && cpu::has(cpu::Feature::kFma); }
 
 // Whether the estimate may serve a period's quotients: every s >= 1 (as a
 // softmax's sums are: the max's own exp is 1), +inf or NaN (NaN quotients are
@@ -555,9 +556,9 @@ void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at
   });
 }
 
-bool df16_exp_estimate_array(const float* x, float* y, int64_t n, bool wide) {
+bool df16_exp_estimate_array(const float* x, float* y, int64_t n) {
   if (!exp_estimate_supported()) return false;
-  if (wide && wide_estimate_supported())
+  if (wide_estimate_supported())
     exp_estimate_loop_wide(x, y, n);
   else
     exp_estimate_loop(x, y, n);

@@ -181,10 +181,10 @@ void df16_round_bf16_into(const at::Tensor& out, const at::Tensor& x);
 bool df16_softmax_bf16_available();
 // y[i] = the exp estimate of softmax's bfloat16 normalizing pass (df16.cpp,
 // kExpEstimateSteps) at x[i], for its exhaustive check against torch.exp: by
-// its 16-lane AVX-512 build when `wide` and the CPU has AVX-512F, else by its
-// 8-lane AVX2 + FMA build; false (y untouched) on CPUs without AVX2 and FMA,
+// the build the pass runs (its 16-lane AVX-512 build where cpu::has(kAvx512f),
+// else its 8-lane AVX2 + FMA build); false (y untouched) without AVX2 and FMA,
 // where the pass takes CPU's exp.
-bool df16_exp_estimate_array(const float* x, float* y, int64_t n, bool wide);
+bool df16_exp_estimate_array(const float* x, float* y, int64_t n);
 void df16_softmax_bf16_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& m, const at::Tensor& s);
 // decode(encode(x)) cast back to x's dtype: what a tensor of x's dtype holds
 // after a round trip through Spyre memory.

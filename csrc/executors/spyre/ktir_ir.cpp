@@ -4100,6 +4100,34 @@ at::Tensor ring_normalize(const KtirTilePlan& P, const RingStats& st, const at::
   }
 }
 
+// dst[idx[i]] = src[i] along dim 0 (index_copy_'s values): a step's rows in
+// core order are a few runs of consecutive rows, copied run by run when both
+// tensors are dense rows of one dtype; index_copy_ otherwise. ATen's
+// index_copy_ copies element by element (most of an elementwise region's
+// time before).
+void copy_rows_into(const at::Tensor& dst, const at::Tensor& idx, const at::Tensor& src) {
+  const int64_t n = idx.numel();
+  if (dst.scalar_type() != src.scalar_type() || dst.dim() == 0 || src.dim() != dst.dim() || src.size(0) != n ||
+      !dst.is_contiguous() || !src.is_contiguous() || idx.scalar_type() != at::kLong || !idx.is_contiguous() ||
+      !dst.sizes().slice(1).equals(src.sizes().slice(1)) || dst.storage().is_alias_of(src.storage())) {
+    dst.index_copy_(0, idx, src);
+    return;
+  }
+  const int64_t* ix = idx.const_data_ptr<int64_t>();
+  const int64_t rows = dst.size(0);
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK_INDEX(ix[i] >= 0 && ix[i] < rows, "index_copy_(): index ", ix[i], " is out of bounds for size ", rows);
+  const size_t row_bytes = static_cast<size_t>(dst.numel() / std::max<int64_t>(rows, 1)) * dst.element_size();
+  auto* d = static_cast<char*>(dst.data_ptr());
+  const auto* sp = static_cast<const char*>(src.const_data_ptr());
+  for (int64_t i = 0; i < n;) {
+    int64_t e = i + 1;
+    while (e < n && ix[e] == ix[e - 1] + 1) ++e;
+    std::memcpy(d + ix[i] * row_bytes, sp + i * row_bytes, (e - i) * row_bytes);
+    i = e;
+  }
+}
+
 }  // namespace
 
 void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes, KtirRunHooks& hooks, int* failed_at,
@@ -4334,7 +4362,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             if (whole_rows)
               sel = vt[ring_in];
             else if (idx.defined())
-              sel.index_copy_(0, idx, vt[ring_in]);
+              copy_rows_into(sel, idx, vt[ring_in]);
             else
               sel.narrow(0, lo, n).copy_(vt[ring_in]);
             return;
@@ -4557,7 +4585,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
       for (size_t v = 0; v < views.size(); ++v) {
         if (!P.store[v] && !P.keep[v]) continue;
         if (idx.defined())
-          views[v].index_copy_(0, idx, vt[v]);
+          copy_rows_into(views[v], idx, vt[v]);
         else
           views[v].narrow(0, lo, n).copy_(vt[v]);
       }

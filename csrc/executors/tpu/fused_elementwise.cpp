@@ -7,6 +7,7 @@
 
 #include "executors/direct_kernels.h"
 #include "executors/aten_grain.h"
+#include "executors/cpu_features.h"
 #include "executors/cpu_vml.h"
 #include "executors/tpu/fused_program.h"
 #include "jit/lowering.h"
@@ -546,9 +547,8 @@ StorageMap<LoopWrite> loop_writes(const Region& region, const std::vector<size_t
 static thread_local bool g_probing = false;
 
 bool fused_loops_available() {
-  static const bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                             __builtin_cpu_supports("f16c");  // float16 conversions (F16C)
-  return cpu_ok;
+  using cpu::Feature;
+  return cpu::has(Feature::kAvx2) && cpu::has(Feature::kFma) && cpu::has(Feature::kF16c);  // F16C: float16 casts
 }
 
 bool has_fused_lowering(const Node& n) {

@@ -265,6 +265,53 @@ def _check_bf16_softmax_and_log_softmax(a):
         _check(got, (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log(), torch.bfloat16)
 
 
+# The builds softmax's native loops choose from (csrc/executors/cpu_features.h):
+# {build: (features it needs, features switched off to reach it)}.
+BUILDS = {
+    "avx512": (("avx512f", "avx2", "fma"), ()),
+    "avx2": (("avx2", "fma"), ("avx512f",)),
+    "baseline": ((), ("avx512f", "avx2", "fma")),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("shape", [(1000, 300), (257, 33), (130, 2, 12)], ids=["1000x300", "257x33", "130x2x12"])
+def test_softmax_each_cpu_build_same_bits(spyre_target, shape, dtype):
+    # softmax and log_softmax over dim 0 (corelet partials, column sums, the
+    # normalizing pass) on each build this CPU can run: 16 AVX-512 lanes, 8 AVX2
+    # lanes, the baseline. Each equals df16 of the ring reference, so all give
+    # the same bits, with NaN, +-inf and +-0 in some columns (df16 holds an
+    # infinity as its NaN code: the bfloat16 reference starts from df16 inputs).
+    from torch_tpu_eager import _C
+
+    from difftest import cpu_features_off
+
+    a = _inputs(dtype, seed=91, shape=shape)
+    flat = a.view(shape[0], -1)
+    flat[5, 0], flat[17, 2], flat[3, -1] = float("nan"), float("inf"), float("-inf")
+    flat[:, 1] = 0.0
+    flat[::2, 1] = -0.0
+    x = df16_ref(a.float()) if dtype == torch.bfloat16 else a.float()
+    present = _C._cpu_features()
+    got = {}
+    for build, (needs, off) in BUILDS.items():
+        if not all(present[f] for f in needs):
+            continue
+        with cpu_features_off(*off):
+            for kind, f in [
+                ("softmax", lambda t: torch.softmax(t, 0)),
+                ("log_softmax", lambda t: torch.log_softmax(t, 0)),
+            ]:
+                got[build, kind] = f(a.to("tpu")).cpu()
+                (m, tot), _ = _ring_total(kind, x, (0,), _schedule())
+                ref = (x - m).exp() / tot if kind == "softmax" else (x - m) - tot.log()
+                _check(got[build, kind], ref, dtype)
+    assert ("baseline", "softmax") in got
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    for (build, kind), t in got.items():
+        assert torch.equal(t.view(bits), got["baseline", kind].view(bits)), (build, kind)
+
+
 @pytest.mark.parametrize(
     "shape", [(1000, 8), (700, 9), (333, 15), (130, 2, 12)], ids=["1000x8", "700x9", "333x15", "130x2x12"]
 )
