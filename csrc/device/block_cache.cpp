@@ -117,7 +117,14 @@ void* take_block(size_t nbytes, int device, void** companion, bool* reused_same)
     std::lock_guard<SpinLock> lock(c.mu);
     if (Cache::FreeNode* node = c.small[size / 64]) {
       c.small[size / 64] = node->next;
+      // The next take of this size reads that block's link first: a block
+      // freed a flush ago is out of the data cache by then, and that load
+      // stalled this pop (docs/performance.md, section llama21).
+      if (node->next != nullptr) __builtin_prefetch(node->next, 1);
       const Cached b{node, node->device, node->companion};
+      // The caller builds its storage in the companion next: fetched from here
+      // on, before the counters' atomic updates, which wait for memory.
+      if (b.companion != nullptr && companion != nullptr) __builtin_prefetch(b.companion, 1);
       c.small_bytes -= static_cast<int64_t>(size);
       c.bytes -= static_cast<int64_t>(size);
       c.device_bytes[b.device] -= static_cast<int64_t>(size);

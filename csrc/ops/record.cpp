@@ -836,15 +836,18 @@ class MetaCache {
   }
 
  private:
-  // A thread's memo of recent hits (RecordThread::memo): 64 slots, chosen by
-  // a few words of the key (the op, the key's length, two argument words).
-  static_assert(RecordThread::kMemoSlots == 64, "memo_slot takes the hash's top 6 bits");
+  // A thread's memo of recent hits (RecordThread::memo): 256 slots, chosen by
+  // the key's length and eight of its words spread over it (the op, sizes and
+  // strides of each argument). A small model's step uses ~80 keys; 64 slots
+  // chosen by three words made keys that differ elsewhere evict each other.
+  static_assert(RecordThread::kMemoSlots == 256, "memo_slot takes the hash's top 8 bits");
   static size_t memo_slot(const std::vector<int64_t>& key) {
+    constexpr uint64_t kMul = 0x9E3779B97F4A7C15ULL;
     const size_t n = key.size();
-    uint64_t h = static_cast<uint64_t>(key[0]) ^ n;
-    if (n > 2) h = (h ^ static_cast<uint64_t>(key[n / 2])) * 0x9E3779B97F4A7C15ULL;
-    h = (h ^ static_cast<uint64_t>(key[n - 1])) * 0x9E3779B97F4A7C15ULL;
-    return h >> 58;
+    uint64_t h = n;
+    for (size_t i = 0; i < 8; ++i) h = ((h << 7) | (h >> 57)) ^ static_cast<uint64_t>(key[i * n / 8]);
+    h = ((h << 7) | (h >> 57)) ^ static_cast<uint64_t>(key[n - 1]);
+    return (h * kMul) >> 56;
   }
   // The entry of `key`, made with `outcome` and a new id when absent (a thread
   // that missed at the same time may have made it). Ids come from one counter

@@ -85,7 +85,7 @@ class BorrowedArgs {
 struct RecordThread {
   static constexpr int kStackDepth =
       4;  // nesting depth with a pooled stack (a record inside a record: a meta kernel's)
-  static constexpr int kMemoSlots = 64;
+  static constexpr int kMemoSlots = 256;
   // A recent hit of the meta cache (its key and outcome live in the cache's map
   // until the map is cleared, which bumps the cache's generation).
   struct MetaMemo {
