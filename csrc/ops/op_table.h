@@ -100,6 +100,8 @@ enum OpTrait : uint64_t {
   // More CPU call-time checks (see kCheckPowTensorScalar): a call that fails one runs eagerly.
   kCheckGeluApproximate = 1ull << 42,  // gelu (_backward): `approximate` other than "none" / "tanh"
   kCheckMultinomial = 1ull << 43,      // multinomial: input dtype, out dtype, sample and category counts
+  kCheckTargetValues = 1ull << 44,     // nll_loss (2d) / multi_margin_loss: host-held class `target` values
+                                       // outside [0, classes) other than ignore_index (CPU raises at the call)
 };
 
 struct OpEntry {
