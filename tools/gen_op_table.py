@@ -623,6 +623,13 @@ CALL_CHECKS = [
         (INDEX_WRITES - {"_index_put_impl_"}) | {"index_fill", "put", "index_select", "gather", "take"},
         _every,
     ),
+    # A class `target` whose values the host holds, with one outside [0, classes) that is not
+    # ignore_index: CPU's kernel raises "Target 5 is out of bounds." at the call.
+    (
+        "kCheckTargetValues",
+        {"nll_loss_forward", "nll_loss2d_forward", "nll_loss_backward", "nll_loss2d_backward", "multi_margin_loss"},
+        _every,
+    ),
 ]
 
 # Ops whose CPU kernel raises on the values it reads, not only on shapes and dtypes: indices

@@ -122,12 +122,15 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
     const int d = checked_device(s.device_index());
     std::exception_ptr err =
         stream_idle(d, s.id()) ? take_unreported_error(d) : synchronize_errors(d, FlushReason::kSynchronize);
+    host_waited(d, stream_clock(d, s.id()));
     if (err) std::rethrow_exception(err);
   }
   // torch.accelerator.synchronize: runs every pending op and raises the oldest
   // unreported error of a failed one, as torch.tpu.synchronize does.
   void synchronizeDevice(const c10::DeviceIndex index) const override {
-    std::exception_ptr err = synchronize_errors(checked_device(index), FlushReason::kSynchronize);
+    const int d = checked_device(index);
+    std::exception_ptr err = synchronize_errors(d, FlushReason::kSynchronize);
+    host_waited_for_chip(d);
     if (err) std::rethrow_exception(err);
   }
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
@@ -169,8 +172,9 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   // as cudaEventSynchronize reports asynchronous errors (lazy/async_errors.h).
   void synchronizeEvent(void* event) const override {
     if (event == nullptr) return;
-    if (std::exception_ptr err = take_unreported_error(static_cast<const TpuEvent*>(event)->device))
-      std::rethrow_exception(err);
+    const auto* e = static_cast<const TpuEvent*>(event);
+    host_waited(e->device, e->time_s);
+    if (std::exception_ptr err = take_unreported_error(e->device)) std::rethrow_exception(err);
   }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
     delete static_cast<TpuEvent*>(event);

@@ -76,6 +76,9 @@ struct ChipQueue {
   // same: an op recorded at another one flushes them first); their flush runs at it.
   int precision = 0;                                 // at::Float32MatmulPrecision as int (device.h)
   std::unordered_map<int64_t, double> stream_clock;  // stream id -> simulated end of its last kernel, s
+  // The latest simulated time the host waited for (lazy/queue.h host_waited), s: no stream's
+  // later work starts before it.
+  double host_seen_s = 0;
 };
 
 ChipQueue& C(int device) {
@@ -93,6 +96,12 @@ int node_device(const Node& n) {
 C10_ALWAYS_INLINE void touch(Node& n, int delta) {
   for (auto& in : n.inputs) in.ref.storage->pending_uses += delta;
   for (auto& out : n.outputs) out.storage->pending_uses += delta;
+}
+
+// Flushes whose caller waits for the results on the host (the others only launch work).
+bool host_waits(FlushReason r) {
+  return r == FlushReason::kHostRead || r == FlushReason::kItem || r == FlushReason::kSynchronize ||
+         r == FlushReason::kDataDependent || r == FlushReason::kCpuFallback || r == FlushReason::kStorageResize;
 }
 
 }  // namespace
@@ -408,8 +417,9 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
     if (c.nodes.empty()) return nullptr;
     stream = c.stream;
     precision = c.precision;
-    const auto clock = c.stream_clock.find(stream);
-    start_s = clock == c.stream_clock.end() ? 0.0 : clock->second;
+    double& clock = c.stream_clock[stream];
+    clock = std::max(clock, c.host_seen_s);
+    start_s = clock;
     nodes.swap(c.nodes);
     // Room for as many nodes as this flush had: growing the vector node by node moved every node ~once more.
     c.nodes.swap(c.spare);
@@ -438,7 +448,8 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
     std::lock_guard<SpinLock> lock(c.mu);
     for (auto& n : nodes) touch(n, -1);
     c.sim_time_s += delta.sim_time_s;
-    c.stream_clock[stream] += delta.sim_time_s;
+    const double end_s = c.stream_clock[stream] += delta.sim_time_s;
+    if (host_waits(reason)) c.host_seen_s = std::max(c.host_seen_s, end_s);
   }
   {
     std::lock_guard<SpinLock> lock(q.mu);
@@ -615,7 +626,18 @@ bool stream_idle(int device, int64_t stream) {
 double stream_clock(int device, int64_t stream) {
   std::lock_guard<SpinLock> lock(C(device).mu);
   auto it = C(device).stream_clock.find(stream);
-  return it == C(device).stream_clock.end() ? 0.0 : it->second;
+  return std::max(it == C(device).stream_clock.end() ? 0.0 : it->second, C(device).host_seen_s);
+}
+
+void host_waited(int device, double t) {
+  std::lock_guard<SpinLock> lock(C(device).mu);
+  C(device).host_seen_s = std::max(C(device).host_seen_s, t);
+}
+
+void host_waited_for_chip(int device) {
+  auto& c = C(device);
+  std::lock_guard<SpinLock> lock(c.mu);
+  for (const auto& [stream, clock] : c.stream_clock) c.host_seen_s = std::max(c.host_seen_s, clock);
 }
 
 void stream_wait_until(int device, int64_t stream, double t) {
@@ -630,8 +652,8 @@ double charge_collective_time(int device, int64_t stream, double seconds) {
   {
     std::lock_guard<SpinLock> lock(C(device).mu);
     double& clock = C(device).stream_clock[stream];
-    start = clock;
-    clock += seconds;
+    start = std::max(clock, C(device).host_seen_s);
+    clock = start + seconds;
     C(device).sim_time_s += seconds;
   }
   std::lock_guard<SpinLock> lock(Q().mu);

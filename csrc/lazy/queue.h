@@ -470,8 +470,16 @@ double chip_sim_time(int device);
 // simulated time goes to that stream's clock. Whether `stream` of `device`
 // has no pending op:
 bool stream_idle(int device, int64_t stream);
-// The stream's clock: simulated seconds at which its last flushed kernel ends.
+// The stream's clock: simulated seconds at which its next work can start: where its last
+// flushed kernel ends, and no earlier than the last time the host waited for the chip.
 double stream_clock(int device, int64_t stream);
+// The host waited for `device` up to simulated time `t` (a read of a result, a synchronize):
+// work recorded after it, on any stream of the chip, starts no earlier, as on CUDA a stream
+// that was idle starts its next kernel after the host has issued it. A flush for a host read
+// calls it with its stream's clock.
+void host_waited(int device, double t);
+// The same for every stream of the chip (a device-wide synchronize): up to the latest clock.
+void host_waited_for_chip(int device);
 // Makes the stream's later work start no earlier than `t` (waiting on an event).
 void stream_wait_until(int device, int64_t stream, double t);
 // Charges `seconds` of simulated device time that no kernel accounts for (a

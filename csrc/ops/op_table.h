@@ -108,6 +108,8 @@ enum OpTrait : uint64_t {
   // their shapes first (avg_pool3d's window needs room): a 16-bit call of at most 1 MiB is
   // probed on full-size twins, as bool, integer and complex calls are (ops/cpu_probe.h).
   kProbeFull16Bit = 1ull << 45,
+  kCheckTargetValues = 1ull << 46,  // nll_loss (2d) / multi_margin_loss: host-held class `target` values
+                                    // outside [0, classes) other than ignore_index (CPU raises at the call)
 };
 
 struct OpEntry {

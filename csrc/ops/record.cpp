@@ -13,6 +13,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <ATen/Dispatch.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/aminmax.h>
@@ -458,6 +459,41 @@ bool index_values_need_cpu(const OpPlan& plan, const torch::jit::Stack& stack, s
   return std::get<0>(mm).item<int64_t>() < 0 || std::get<1>(mm).item<int64_t>() >= bound;
 }
 
+// nll_loss(2d)_forward / _backward / multi_margin_loss with a class `target` whose values the
+// host holds (labels copied from the host, the usual training loop): CPU's kernel checks every
+// target that is not ignore_index against the class count at the call ("Target 5 is out of
+// bounds.", IndexError; multi_margin_loss: "target out of range"), where a queued op would
+// raise at the flush. True when such a target lies outside [0, classes): the call then runs
+// CPU's kernel, which raises there. Targets computed on the device are checked at the flush.
+bool target_values_need_cpu(const OpPlan& plan, const torch::jit::Stack& stack, size_t first) {
+  const c10::IValue& self_v = stack[first + plan.self_arg];
+  const c10::IValue& target_v = stack[first + plan.target_arg];
+  if (!self_v.isTensor() || !target_v.isTensor()) return false;
+  const at::Tensor& self = self_v.toTensor();
+  const at::Tensor& target = target_v.toTensor();
+  if (!self.defined() || !target.defined() || target.numel() == 0 ||
+      !c10::isIntegralType(target.scalar_type(), /*includeBool=*/false))
+    return false;
+  const int64_t classes = self.dim() == 0 ? 1 : self.size(self.dim() == 1 ? 0 : 1);
+  at::Tensor v = values_on_host(target);
+  if (!v.defined()) return false;
+  const c10::IValue& ignore_v = plan.ignore_index_arg >= 0 ? stack[first + plan.ignore_index_arg] : c10::IValue();
+  const bool has_ignore = ignore_v.isInt();
+  const int64_t ignore = has_ignore ? ignore_v.toInt() : 0;
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+  v = v.contiguous();
+  bool bad = false;
+  // A loop over the host's values, not aminmax: this runs on every training step's loss.
+  AT_DISPATCH_INTEGRAL_TYPES(v.scalar_type(), "target_values_need_cpu", [&] {
+    const scalar_t* p = v.const_data_ptr<scalar_t>();
+    for (int64_t i = 0, n = v.numel(); i < n && !bad; ++i) {
+      const auto t = static_cast<int64_t>(p[i]);
+      bad = (t < 0 || t >= classes) && !(has_ignore && t == ignore);
+    }
+  });
+  return bad;
+}
+
 // fmod / remainder / floor_divide / div(rounding_mode=...) (kCheckIntegerDivisor): CPU's
 // kernel raises "ZeroDivisionError" for a zero divisor (argument 1) when its operands promote
 // to an integer dtype (bool: "not implemented", raised by the dtype probe). kZeroAtCall: the
@@ -644,6 +680,9 @@ bool cpu_checks_at_call_time(const OpPlan& plan, torch::jit::Stack& stack, size_
   if ((check & kCheckDegreesOfFreedom) && stack[first].isTensor() && degrees_of_freedom_not_positive(stack, first))
     return true;
   if ((check & kCheckIndexValues) && plan.index_arg >= 0 && index_values_need_cpu(plan, stack, first)) return true;
+  if ((check & kCheckTargetValues) && plan.self_arg >= 0 && plan.target_arg >= 0 &&
+      target_values_need_cpu(plan, stack, first))
+    return true;
   if ((check & kCheckGeluApproximate) && !gelu_approximate_known(stack, first)) return true;
   if ((check & kCheckMultinomial) && multinomial_args_rejected(stack, first)) return true;
   if ((check & kCheckSameDtypePair) && stack[first].isTensor() && stack[first + 1].isTensor() &&
@@ -1432,6 +1471,9 @@ OpPlan* plan_op(const c10::OperatorHandle& op, const OpEntry& entry) {
     if (args[i].name() == "alpha") plan->alpha_arg = static_cast<int>(i);
     if (args[i].name() == "index") plan->index_arg = static_cast<int>(i);
     if (args[i].name() == "dim") plan->dim_arg = static_cast<int>(i);
+    if (args[i].name() == "self" && plan->self_arg < 0) plan->self_arg = static_cast<int>(i);
+    if (args[i].name() == "target") plan->target_arg = static_cast<int>(i);
+    if (args[i].name() == "ignore_index") plan->ignore_index_arg = static_cast<int>(i);
     const auto* a = args[i].alias_info();
     if (!args[i].kwarg_only() || !a || !a->isWrite()) continue;
     if (args[i].name() == "values") plan->values_arg = static_cast<int>(i);

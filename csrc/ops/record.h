@@ -27,6 +27,10 @@ struct OpPlan {
   int indices_arg = -1;
   int index_arg = -1;  // positions of an `index` tensor and its `dim` (OpTrait kCheckIndexValues), or -1
   int dim_arg = -1;
+  // positions of `self`, a class `target` and `ignore_index` (OpTrait kCheckTargetValues), or -1
+  int self_arg = -1;
+  int target_arg = -1;
+  int ignore_index_arg = -1;
   std::vector<int> aliased;              // per return: the argument it aliases, or -1
   std::vector<bool> list_return;         // per return: a Tensor[] result
   ScalarConversions scalar_conversions;  // Scalars CPU converts with an overflow check (scalar_checks.h)

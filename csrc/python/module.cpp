@@ -466,6 +466,8 @@ PYBIND11_MODULE(_C, m) {
       [](int device, int reason) {
         flush_with_python_warnings(
             [&] { return synchronize_errors(checked_device(device), static_cast<FlushReason>(reason)); });
+        // torch.tpu.synchronize waits for every stream of the chip.
+        if (static_cast<FlushReason>(reason) == FlushReason::kSynchronize) host_waited_for_chip(checked_device(device));
       },
       py::arg("device"), py::arg("reason"));
   m.def("_chip_sim_time", [](int device) { return chip_sim_time(checked_device(device)); });

@@ -97,6 +97,41 @@ def test_events_order_work_between_streams():
     assert start.elapsed_time(end) >= start.elapsed_time(done) - 1e-12
 
 
+# Ways the host waits for the default stream's work (CUDA: after each, that work has ended).
+HOST_WAITS = {
+    "item": lambda y: y.sum().item(),
+    "cpu": lambda y: y.cpu(),
+    "tpu_synchronize": lambda y: torch.tpu.synchronize(),
+    "accelerator_synchronize": lambda y: torch.accelerator.synchronize(),
+    "stream_synchronize": lambda y: torch.tpu.current_stream().synchronize(),
+    "event_synchronize": lambda y: torch.tpu.current_stream().record_event().synchronize(),
+}
+
+
+@pytest.mark.parametrize("wait", sorted(HOST_WAITS))
+def test_an_idle_stream_starts_after_the_host_waited(wait):
+    # CUDA: once the host has waited for the default stream's work, work it then issues on
+    # another (idle or new) stream starts later, so an event recorded on the default stream
+    # followed by work and an event on the other stream times that work. The other stream's
+    # clock started at 0 (break21): elapsed_time was negative, the default stream's work.
+    x = torch.randn(256, 256, device="tpu")
+    y = x @ x @ x @ x
+    HOST_WAITS[wait](y)
+    s = torch.tpu.Stream()
+    start, mid, end = (torch.tpu.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    mid.record(s)
+    with torch.tpu.stream(s):
+        z = x @ x
+        end.record(s)
+    end.synchronize()
+    keep = []
+    matmul_ms = _simulated_ms(lambda: keep.append(x @ x))
+    assert start.elapsed_time(mid) == pytest.approx(0.0, abs=1e-12)
+    assert start.elapsed_time(end) == pytest.approx(matmul_ms, rel=1e-9)
+    torch.testing.assert_close(z.cpu(), keep[0].cpu())
+
+
 def test_work_recorded_before_a_wait_runs_before_it():
     # CUDA: a stream's work enqueued before wait_event is not delayed by the event.
     x = torch.randn(256, 256, device="tpu")

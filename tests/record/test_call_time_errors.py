@@ -300,6 +300,54 @@ def test_index_values_on_the_host_checked_at_the_call(dev, case):
     run_both_at_call(lambda d: (_f(6)(d),), lambda a: act(a, lambda *v: _idx(*v)(a.device)), dev)
 
 
+# A class target whose values the host holds (labels copied from the host, as a training loop
+# does): CPU's nll_loss / cross_entropy / multi_margin_loss check every target that is not
+# ignore_index against the class count at the call ("Target 5 is out of bounds.", IndexError).
+# "tpu" raised it only at the first read of the loss (break21). The controls (targets in range,
+# out-of-range ones equal to ignore_index) must compute as CPU does.
+TARGET_VALUES = {
+    "nll_loss_too_big": (lambda x, t: F.nll_loss(x, t(0, 5))),
+    "nll_loss_negative": (lambda x, t: F.nll_loss(x, t(-1, 0))),
+    "nll_loss_1d_input": (lambda x, t: F.nll_loss(x[0], t(3)[0])),
+    "nll_loss_sum_weighted": (
+        lambda x, t: F.nll_loss(x, t(2, 3), weight=torch.ones(3, device=x.device), reduction="sum")
+    ),
+    "cross_entropy_too_big": (lambda x, t: F.cross_entropy(x, t(1, 3))),
+    "cross_entropy_no_reduction": (lambda x, t: F.cross_entropy(x, t(7, 0), reduction="none")),
+    "cross_entropy_smoothing": (lambda x, t: F.cross_entropy(x, t(0, 4), label_smoothing=0.1)),
+    "nll_loss2d_too_big": (lambda x, t: F.nll_loss(x.reshape(1, 3, 2, 1), t(0, 3).reshape(1, 2, 1))),
+    "multi_margin_loss_too_big": (lambda x, t: F.multi_margin_loss(x, t(0, 3))),
+    "nll_loss_ignore_index_padding": (lambda x, t: F.nll_loss(x, t(-100, 2))),
+    "cross_entropy_ignore_index_out_of_range": (lambda x, t: F.cross_entropy(x, t(9, 1), ignore_index=9)),
+    "nll_loss_ignore_index_other_bad": (lambda x, t: F.nll_loss(x, t(-100, -3))),
+    "cross_entropy_in_range": (lambda x, t: F.cross_entropy(x, t(2, 0))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TARGET_VALUES))
+def test_target_values_on_the_host_checked_at_the_call(dev, case):
+    act = TARGET_VALUES[case]
+    run_both_at_call(lambda d: (_f(2, 3)(d),), lambda x: act(x, lambda *v: _idx(*v)(x.device)), dev)
+
+
+def test_cross_entropy_target_checked_before_backward(dev):
+    """A training step's loss: the bad label raises at F.cross_entropy, the weights stay valid."""
+
+    def step(d):
+        w = torch.ones(4, 3, device=d, requires_grad=True)
+        labels = torch.tensor([0, 1, 3], device=d)
+        try:
+            F.cross_entropy(torch.eye(3, 4, device=d) @ w, labels)
+        except IndexError as e:
+            return str(e), w.detach().cpu()
+        return None, None
+
+    cpu_msg, cpu_w = step("cpu")
+    dev_msg, dev_w = step(dev)
+    assert cpu_msg is not None and dev_msg == cpu_msg
+    assert torch.equal(dev_w, cpu_w)
+
+
 # ---- integer division by zero ----------------------------------------------------
 # fmod / remainder / floor_divide / div(rounding_mode=...) on integers: CPU's kernel raises
 # RuntimeError "ZeroDivisionError" at the call. "tpu" raises it at the call when the divisor
