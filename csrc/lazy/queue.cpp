@@ -54,6 +54,13 @@ DeviceQueue& Q() {
   return *q;
 }
 
+// The most nodes whose room a chip keeps for its next queue after a flush:
+// TORCH_TPU_MAX_PENDING_OPS's default (a Node is ~0.5 KB: ~2 MB a chip).
+// Room for more nodes than this is freed at each flush; with 1,024 here, a
+// flush of 2,000 nodes made glibc map fresh pages for the next queue (~240
+// page faults a flush, ~0.13 us an op, until glibc's thresholds adapted).
+constexpr size_t kKeptNodes = 4096;
+
 // One queue per simulated chip: its pending nodes (every storage a node uses
 // lives on that chip; ops mixing chips raise at record time and chip-to-chip
 // copies go through the host) and its simulated clock.
@@ -462,10 +469,10 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
     BlockFreeBatch batch;  // the dying intermediates' blocks go back to the cache under one lock
     nodes.clear();         // drop storage references outside the lock
   }
-  // Keeps the room (nodes is empty), up to 1024 nodes' worth. Under the
+  // Keeps the room (nodes is empty), up to kKeptNodes nodes' worth. Under the
   // flush lock alone: no other thread uses `spare` meanwhile (a lock and
   // unlock of `mu` less per flush).
-  if (c.spare.capacity() < nodes.capacity() && nodes.capacity() <= 1024) c.spare.swap(nodes);
+  if (c.spare.capacity() < nodes.capacity() && nodes.capacity() <= kKeptNodes) c.spare.swap(nodes);
   return error;
 }
 

@@ -456,7 +456,27 @@ struct RecordKernel final : c10::OperatorKernel {
 inline void push_arg(torch::jit::Stack& stack, BorrowedArgs& borrowed, const at::Tensor& t) {
   borrowed.push(&stack, t);
 }
-inline void push_arg(torch::jit::Stack& stack, BorrowedArgs&, const at::Scalar& s) { stack.emplace_back(s); }
+// A plain int or float Scalar (add's alpha, clamp's bounds) as the IValue
+// IValue(Scalar) makes of it, built inline: that constructor is out of line and
+// tests the symbolic kinds and the sign of an int (a call to
+// Scalar::toUInt64) first, and Scalar::toLong / toDouble are calls that test
+// every kind again. A non-symbolic Scalar of type double or long holds a
+// double or an int64 (data_ptr). Other Scalars (bool, complex, unsigned
+// beyond int64, symbolic) go through IValue(Scalar).
+inline void push_arg(torch::jit::Stack& stack, BorrowedArgs&, const at::Scalar& s) {
+  if (!s.isSymbolic()) {
+    const c10::ScalarType t = s.type();
+    if (t == c10::ScalarType::Double) {
+      stack.emplace_back(*static_cast<const double*>(s.data_ptr()));
+      return;
+    }
+    if (t == c10::ScalarType::Long) {
+      stack.emplace_back(*static_cast<const int64_t*>(s.data_ptr()));
+      return;
+    }
+  }
+  stack.emplace_back(s);
+}
 
 // The unboxed record kernels' argument stacks, kept per thread and nesting
 // depth (recording an op may record another: a meta kernel, a lazy clone's

@@ -28,6 +28,11 @@ struct MetaOutcome {
   // The interned id of the meta key this outcome is cached under (record.cpp
   // MetaCache, Node::meta_id); 0 when not cached. Not encoded.
   uint64_t id = 0;
+  // Every Scalar CPU converts with an overflow check (scalar_checks.h) was an
+  // int, bool or None, which the meta key holds by value, and fit the result
+  // dtype: a call with the same key needs no check. Not encoded (a decoded
+  // outcome checks).
+  bool scalars_fit = false;
 };
 
 // `o` as bytes (int64 words, native byte order: the cache is per machine build).

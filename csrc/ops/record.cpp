@@ -989,8 +989,9 @@ class KeyWriter {
   ~KeyWriter() { close(); }
   KeyWriter(const KeyWriter&) = delete;
   KeyWriter& operator=(const KeyWriter&) = delete;
-  // Room for `n` more words, returned for plain stores.
-  int64_t* room(size_t n) {
+  // Room for `n` more words, returned for plain stores. Inlined where it is
+  // used (a call per Scalar or tensor word before); only growing is a call.
+  __attribute__((always_inline)) int64_t* room(size_t n) {
     if (static_cast<size_t>(end_ - p_) < n) grow(n);
     int64_t* r = p_;
     p_ += n;
@@ -1010,7 +1011,7 @@ class KeyWriter {
 
  private:
   int64_t* begin() { return spilled_ ? v_.data() : buf_; }
-  void grow(size_t n) {
+  __attribute__((noinline)) void grow(size_t n) {
     const size_t used = static_cast<size_t>(p_ - begin());
     if (!spilled_) {
       v_.assign(buf_, p_);
@@ -1091,6 +1092,13 @@ int64_t value_class(double d) {
   return d > 0 ? 4 : 5;
 }
 
+// An int argument, by value (add's alpha: scalars_fit relies on it).
+inline void key_int(KeyWriter& k, const c10::IValue& v) {
+  int64_t* p = k.room(2);  // one room check for both words
+  p[0] = -3;
+  p[1] = v.toInt();
+}
+
 // `float_values`: key floating-point values by value. Otherwise (Scalar
 // arguments) only their type (and value_class) enters the key: a Scalar's value never shapes a result except for the
 // range factories, and keying it made every step of an optimizer whose
@@ -1114,9 +1122,7 @@ void key_ivalue(KeyWriter& k, const c10::IValue& v, bool float_values) {
       if (e.isTensor()) key_list_element_values(k, e.toTensor());
     }
   } else if (v.isInt()) {
-    int64_t* p = k.room(2);  // one room check for both words
-    p[0] = -3;
-    p[1] = v.toInt();
+    key_int(k, v);
   } else if (v.isDouble() && !float_values) {
     k.put(-28);
     k.put(value_class(v.toDouble()));
@@ -1370,7 +1376,12 @@ void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Sta
       // except for the range factories; a `float` argument (eps, p, scale
       // factors) by value.
       const bool scalar_arg = i < 64 && ((plan.scalar_args >> i) & 1);
-      key_ivalue(k, stack[first + i], plan.float_values || !scalar_arg);
+      const c10::IValue& v = stack[first + i];
+      if (scalar_arg && v.isInt()) {  // add's alpha: no walk of key_ivalue's kinds
+        key_int(k, v);
+        continue;
+      }
+      key_ivalue(k, v, plan.float_values || !scalar_arg);
     }
   } catch (const std::invalid_argument&) {
     k.discard();
@@ -1413,16 +1424,26 @@ bool resizes_nonempty_out(const c10::FunctionSchema& schema, const torch::jit::S
 }
 
 // The dtype of an op's first result (a written argument's for in-place and
-// out= ops), or Undefined when it has none.
-c10::ScalarType result_dtype(const c10::FunctionSchema& schema, const MetaOutcome& meta) {
-  if (schema.returns().empty() || meta.returns.empty()) return c10::ScalarType::Undefined;
-  const int a = aliased_arg(schema, 0);
+// out= ops), or Undefined when it has none. The aliased argument is the
+// plan's (a walk of the schema's alias sets per call before).
+c10::ScalarType result_dtype(const OpPlan& plan, const MetaOutcome& meta) {
+  if (plan.aliased.empty() || meta.returns.empty()) return c10::ScalarType::Undefined;
+  const int a = plan.aliased[0];
   if (a < 0) return meta.returns[0].empty() ? c10::ScalarType::Undefined : meta.returns[0][0].dtype;
   for (const auto& w : meta.written)
     if (w.first == a) return w.second.dtype;
   for (const auto& w : meta.written_lists)
     if (w.first == a && !w.second.empty()) return w.second[0].dtype;
   return c10::ScalarType::Undefined;
+}
+
+// scalar_args_fit for this call's result dtype. At TORCH_TPU_DEBUG >= 1 each
+// check counts as "scalar_check.<op>" (metrics_report): a cached key of int
+// Scalars checks once, float Scalars every call.
+bool scalars_fit_now(const c10::FunctionSchema& schema, const OpPlan& plan, const torch::jit::Stack& stack,
+                     size_t first, const MetaOutcome& meta) {
+  if (debug::level() >= 1) debug::count_op("scalar_check", schema.name());
+  return scalar_args_fit(plan.scalar_conversions, stack, first, result_dtype(plan, meta));
 }
 
 }  // namespace
@@ -1786,6 +1807,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     // warns on every call as CPU does (a uint8 mask's deprecation, an out= resized).
     const bool warns = !held.held.empty() || resizes_nonempty_out(schema, *stack, first, computed);
     warned = warns;
+    computed.scalars_fit = !plan.scalar_conversions.args.empty() &&
+                           scalars_keyed_by_value(plan.scalar_conversions, *stack, first) &&
+                           scalars_fit_now(schema, plan, *stack, first, computed);
     if (!key.empty() && !warns) computed.id = meta_cache().insert(schema, key, computed, disk);
     cached = &computed;
   }
@@ -1810,7 +1834,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // randperm(n) into a dtype that cannot hold n distinct integers exactly:
   // CPU's check, on an empty CPU tensor of the result dtype (same message).
   if ((plan.traits & kCheckRandperm) && (*stack)[first].isInt()) {
-    const auto dtype = result_dtype(schema, meta);
+    const auto dtype = result_dtype(plan, meta);
     if (dtype != c10::ScalarType::Undefined)
       at::native::check_supported_max_int_with_precision(
           (*stack)[first].toInt(),
@@ -1819,11 +1843,12 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // After the meta kernel's checks, as CPU checks index values after shapes.
   if ((plan.traits & kCheckIndexBounds) && (*stack)[first].isTensor())
     check_index_bounds((*stack)[first].toTensor(), (*stack)[first + 1]);
-  // CPU's Scalar overflow checks, on this call's values (the cache keys Scalars by type). A Scalar
-  // that does not fit runs CPU's kernel now: it raises CPU's error at the call, or computes the
-  // result where CPU skips the conversion (empty matmuls, a pad that only narrows).
-  if (!plan.scalar_conversions.args.empty() &&
-      !scalar_args_fit(plan.scalar_conversions, *stack, first, result_dtype(schema, meta))) {
+  // CPU's Scalar overflow checks, on this call's values (the cache keys float Scalars by class). A
+  // Scalar that does not fit runs CPU's kernel now: it raises CPU's error at the call, or computes
+  // the result where CPU skips the conversion (empty matmuls, a pad that only narrows). Int and
+  // bool Scalars (add's alpha=1) were checked when their key was first inferred (scalars_fit).
+  if (!plan.scalar_conversions.args.empty() && !meta.scalars_fit &&
+      !scalars_fit_now(schema, plan, *stack, first, meta)) {
     if (borrowed) borrowed->own();
     run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
     return;

@@ -240,4 +240,13 @@ bool scalar_args_fit(const ScalarConversions& conv, const torch::jit::Stack& sta
   return true;
 }
 
+bool scalars_keyed_by_value(const ScalarConversions& conv, const torch::jit::Stack& stack, size_t first) {
+  for (const ScalarConversion& c : conv.args) {
+    if (first + c.arg >= stack.size()) continue;
+    const c10::IValue& v = stack[first + c.arg];
+    if (!v.isInt() && !v.isBool() && !v.isNone()) return false;
+  }
+  return true;
+}
+
 }  // namespace tpu_eager

@@ -55,4 +55,11 @@ ScalarConversions scalar_conversions_of(const c10::FunctionSchema& schema);
 bool scalar_args_fit(const ScalarConversions& conv, const torch::jit::Stack& stack, size_t first,
                      c10::ScalarType result);
 
+// Whether every Scalar of `conv` in stack[first + arg] is an int, a bool or
+// None: values the meta key holds exactly (record.cpp key_ivalue), so
+// scalar_args_fit's verdict is the same for every call under that key
+// (MetaOutcome::scalars_fit). A float is keyed by its class only; a 0-dim
+// tensor value not at all.
+bool scalars_keyed_by_value(const ScalarConversions& conv, const torch::jit::Stack& stack, size_t first);
+
 }  // namespace tpu_eager
