@@ -66,6 +66,10 @@ dynamic (range 1..512) on the Spyre target:
 - ``attn``: ``(n, 64)`` marked at dim 0, a pre-norm attention block (4
   heads of 16: qkv ``chunk(3, -1)``, ``view(n, 4, 16).transpose(0, 1)``,
   softmax in float32, ``@ wo``, residual).
+- ``llama``: ``(n, 64)`` marked at dim 0, a llama-like block (RMSNorm, the
+  attention above with rotary embedding and a causal mask sliced from
+  ``(1024, ...)`` buffers, ``cos[:n]``, ``mask[:n, :n]``, a SwiGLU MLP of
+  ``chunk(2, -1)`` of ``@ w13`` (64, 512), ``@ w2``).
 
 For each n, the first launch of the shape (a bind of the compiled program, or
 a new program when none fits) and then ``--repeats`` warm launches. Prints,
@@ -132,7 +136,8 @@ def _weights(device):
     """The blocks' weights (float16, made once per device)."""
     if device not in _W:
         g = torch.Generator().manual_seed(0)
-        shapes = dict(g=(64,), b=(64,), w1=(64, 256), w2=(256, 64), wqkv=(64, 192), wo=(64, 64))
+        shapes = dict(g=(64,), b=(64,), w1=(64, 256), w2=(256, 64), wqkv=(64, 192), wo=(64, 64), w13=(64, 512))
+        shapes.update(cos=(1024, 16), sin=(1024, 16), mask=(1024, 1024))
         _W[device] = {k: (torch.randn(*s, generator=g) * 0.1).half().to(device) for k, s in shapes.items()}
     return _W[device]
 
@@ -152,6 +157,29 @@ def attn(x):
     )
     p = torch.softmax(((q @ k.transpose(-2, -1)) * 0.25).float(), -1).half()
     return x + (p @ v).transpose(0, 1).reshape(n, 64) @ w["wo"]
+
+
+def _rms(x, g):
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).half() * g
+
+
+def _rope(t, cos, sin):
+    """Rotary embedding of (4, n, 16) heads by (n, 16) tables (half rotation)."""
+    return t * cos + torch.cat([-t[..., 8:], t[..., :8]], -1) * sin
+
+
+def llama(x):
+    """A llama-like block: RMSNorm, 4 heads of 16 with rotary embedding and
+    a causal mask sliced from (512, ...) buffers, SwiGLU MLP (chunk(2))."""
+    w, n = _weights(x.device.type), x.shape[0]
+    q, k, v = (t.view(n, 4, 16).transpose(0, 1) for t in (_rms(x, w["g"]) @ w["wqkv"]).chunk(3, -1))
+    cos, sin = w["cos"][:n], w["sin"][:n]
+    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+    s = (q @ k.transpose(-2, -1)) * 0.25 + w["mask"][:n, :n]
+    p = torch.softmax(s.float(), -1).half()
+    x = x + (p @ v).transpose(0, 1).reshape(n, 64) @ w["wo"]
+    a, b = (_rms(x, w["b"]) @ w["w13"]).chunk(2, -1)
+    return x + (F.silu(a) * b) @ w["w2"]
 
 
 CASES = {
@@ -182,6 +210,7 @@ CASES = {
     "dropcls": (lambda n: (16, n // 8 * 64 + 1), (1,), lambda d: d[:, 1:].view(16, -1, 64) * 2.0),
     "mlp": (lambda n: (n, 64), (0,), mlp),
     "attn": (lambda n: (n, 64), (0,), attn),
+    "llama": (lambda n: (n, 64), (0,), llama),
 }
 # The marks' upper bound (the heads split's sizes go to 3520, 4096 for heads64).
 UPPER = {"heads": 4096, "qkv": 1536, "qkvheads": 12288, "heads64": 8192, "qfirst": 1536, "dropcls": 4096}

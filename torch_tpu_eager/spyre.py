@@ -297,8 +297,11 @@ def job_plan():
     ``numel``, ``sizes`` of the first view, ``stick_elems``, ``sticks``, ``bytes``
     (whole 128-byte sticks) and ``address``, the simulated device address it was
     patched to at launch); ``steps`` in order: ``{"kind": "H2D", "arg", "bytes"}``,
-    ``{"kind": "Compute", "kernel", "region", "reads", "writes"}`` (``region``
-    indexes :func:`dump_ktir` blocks and :func:`last_schedule`),
+    ``{"kind": "Compute", "kernel", "region", "reads", "writes", "binding",
+    "program", "programs"}`` (``region`` indexes :func:`dump_ktir` blocks and
+    :func:`last_schedule`; ``binding`` the launch's values of the program's
+    symbols; ``program`` which of the kernel's compiled programs it bound,
+    numbered from 0 in order of compiling, of ``programs`` it holds),
     ``{"kind": "D2H", "arg", "bytes"}``; ``device_bytes`` (sum of the arguments'
     bytes). Pending ops are flushed first. Empty lists when the last flush ran no
     region on Spyre.

@@ -6,12 +6,16 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
+#include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 namespace tpu_eager {
@@ -259,6 +263,28 @@ uint64_t follow_word(int64_t n, const RegionMarks& marks) {
   return f.i < 0 ? 0 : kFollowTag | uint64_t(f.i) | uint64_t(f.j + 1) << 16;
 }
 
+// The dims of `r`, a read view of a storage of no mark, that a slice cut
+// short (their extent, size * stride, below the next larger stride, or the
+// storage's elements for the largest) to a size equal to a marked size of
+// the region: the rows of cos[:n] of a (1024, 16) table, both dims of a
+// causal mask's mask[:n, :n]. Bit d for dim d; 0 when none (the 16 columns
+// of cos[:n] are whole: no slice).
+uint64_t sliced_to_a_mark(const TensorRef& r, const RegionMarks& marks) {
+  const auto nd = r.sizes().size();
+  if (marks.sizes.empty() || nd > 64 || r.strides().size() != nd || !r.storage || r.covers_storage()) return 0;
+  const auto elems = static_cast<int64_t>(r.storage->nbytes / std::max<size_t>(1, c10::elementSize(r.dtype)));
+  uint64_t bits = 0;
+  for (size_t d = 0; d < nd; ++d) {
+    const int64_t n = r.sizes()[d], st = r.strides()[d];
+    if (n <= 1 || st <= 0 || std::find(marks.sizes.begin(), marks.sizes.end(), n) == marks.sizes.end()) continue;
+    int64_t next = elems;
+    for (size_t e = 0; e < nd; ++e)
+      if (r.strides()[e] > st && r.strides()[e] < next) next = r.strides()[e];
+    if (n * st < next) bits |= uint64_t(1) << d;
+  }
+  return bits;
+}
+
 // The bucket word of a dim in a range (distinct from every power of two).
 uint64_t range_word(const Range& m, const ViewMark& v) {
   const auto upper = static_cast<uint64_t>(m.carried ? m.key_upper : m.upper);
@@ -281,10 +307,250 @@ int64_t saturate_mul(int64_t k, int64_t a) {  // k > 0
   return __builtin_mul_overflow(k, a, &r) ? (a > 0 ? INT64_MAX : INT64_MIN) : r;
 }
 
+// ---- The size probe of carry_marks: which dims of a region's results follow
+// its marked sizes (a result with two dims equal to one marked size, p @ v
+// of (4, n, n) and (4, n, 16) at n = 16, holds one by chance).
+
+// Each buffer the region makes (a node's result) or writes (an in-place or
+// out= argument), keyed by slot_key: a flag per dim, set when the dim's size
+// changes as every marked dim of the region's inputs grows by kGrowth.
+using VaryingDims = std::unordered_map<int64_t, std::vector<char>>;
+// Result j of the region's node at position p, or (written) its input j.
+int64_t slot_key(size_t p, size_t j, bool written) {
+  return static_cast<int64_t>(p) * 2048 + (written ? 1024 : 0) + static_cast<int64_t>(j);
+}
+constexpr int64_t kGrowth = 7;
+
+// Sets element `elem` of a Tensor[] / Tensor?[] argument (or the argument
+// itself, elem < 0) of a stack the probe owns.
+void set_slot(c10::IValue& slot, int elem, at::Tensor t) {
+  if (elem < 0) {
+    slot = std::move(t);
+  } else if (slot.isTensorList()) {
+    auto list = std::move(slot).toTensorList().copy();
+    list.set(elem, std::move(t));
+    slot = std::move(list);
+  } else {
+    auto list = c10::impl::toTypedList<std::optional<at::Tensor>>(std::move(slot).toList()).copy();
+    list.set(elem, std::optional<at::Tensor>(std::move(t)));
+    slot = std::move(list);
+  }
+}
+
+// `made` (a probed result, of the sizes and strides of `out`) as read
+// through `r`: the result itself, or a permutation of its dims (a
+// transpose); undefined otherwise (a slice or a reshape of it: its grown
+// sizes are not known).
+at::Tensor as_read(const at::Tensor& made, const TensorRef& out, const TensorRef& r) {
+  if (r.offset != out.offset || r.sizes().size() != out.sizes().size()) return {};
+  if (r.sizes().equals(out.sizes()) && r.strides().equals(out.strides())) return made;
+  std::vector<int64_t> perm;
+  std::vector<char> used(out.sizes().size(), 0);
+  for (size_t d = 0; d < r.sizes().size(); ++d) {
+    size_t j = 0;
+    while (j < used.size() &&
+           (used[j] || out.strides()[j] != r.strides()[d] || out.sizes()[j] != r.sizes()[d] || out.sizes()[j] <= 1))
+      ++j;
+    if (j == used.size()) return {};
+    used[j] = 1;
+    perm.push_back(static_cast<int64_t>(j));
+  }
+  return made.permute(perm);
+}
+
+// The input `in` of a node on meta tensors, its marked dims grown: a
+// region input (dynamic_dims: a split, an equal part, a step slice or a
+// merged dim grows otherwise, so none), or a buffer an earlier node made.
+at::Tensor probe_input(
+    const InputSlot& in, const c10::Argument& arg, const RegionMarks& marks,
+    const std::unordered_map<const DeferredStorage*, std::pair<const TensorRef*, at::Tensor>>& made) {
+  const auto opts = at::TensorOptions().dtype(in.ref.dtype).device(c10::kMeta);
+  if (in.written && arg.is_out()) return at::empty({0}, opts);  // sized by the op from its grown operands
+  if (auto it = made.find(in.ref.storage.get()); it != made.end())
+    return as_read(it->second.second, *it->second.first, in.ref);
+  std::vector<int64_t> sizes(in.ref.sizes().begin(), in.ref.sizes().end());
+  const std::vector<DynamicDim> dims = dynamic_dims(in.ref);
+  for (const DynamicDim& d : dims) {
+    if (d.scale != 1 || d.divisor != 1 || d.part != 1 || d.step != 1 || d.trim != 0) return {};
+    sizes[static_cast<size_t>(d.dim)] += kGrowth;
+  }
+  // A slice of a storage of no mark cut to a marked size grows with it (as
+  // size_buckets keys it).
+  const uint64_t sliced = dims.empty() && !in.written ? sliced_to_a_mark(in.ref, marks) : 0;
+  for (size_t d = 0; d < sizes.size(); ++d)
+    if (sliced >> d & 1) sizes[d] += kGrowth;
+  return at::empty(sizes, opts);
+}
+
+// VaryingDims of the region's nodes: each node reruns on meta tensors in
+// order; a node whose inputs cannot be grown (probe_input), that has no
+// meta kernel or rejects the grown sizes leaves its results out.
+VaryingDims probe_varying(const std::vector<Node>& g, const std::vector<int>& nodes, const RegionMarks& marks) {
+  struct DropWarnings : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  } drop;
+  c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+  std::unordered_map<const DeferredStorage*, std::pair<const TensorRef*, at::Tensor>> made;
+  std::unordered_set<const DeferredStorage*> unknown;  // written in place, sizes not known grown
+  VaryingDims out;
+  auto note = [&](int64_t key, const TensorRef& ref, const at::Tensor& t) {
+    if (!t.defined() || t.dim() != static_cast<int64_t>(ref.sizes().size())) return;
+    made[ref.storage.get()] = {&ref, t};
+    std::vector<char> v(ref.sizes().size());
+    for (size_t d = 0; d < v.size(); ++d) v[d] = t.size(static_cast<int64_t>(d)) != ref.sizes()[d];
+    out[key] = std::move(v);
+  };
+  for (size_t p = 0; p < nodes.size(); ++p) {
+    const Node& n = g[nodes[p]];
+    const auto& schema = n.op.schema();
+    torch::jit::Stack stack(n.args.begin(), n.args.end());
+    for (uint32_t w = n.wrapped; w != 0; w &= w - 1) {
+      const int a = __builtin_ctz(w);
+      at::Tensor t = at::scalar_to_tensor(stack[a].toScalar());
+      t.unsafeGetTensorImpl()->set_wrapped_number(true);
+      stack[a] = std::move(t);
+    }
+    // A buffer of no mark made outside the region that the node writes in
+    // place (copy_ into `empty`'s buffer: x.float()) keeps its sizes, so
+    // which of them grow is not known from its operands: the probe tries
+    // its dims that follow marked sizes grown together, then fewer (the most
+    // that the op accepts: copy_ of a grown (23, 64) source takes a (23, 64)
+    // buffer, not (23, 71), so the 64 of a (16, 64) one is no 4n).
+    int open = -1;
+    std::vector<size_t> candidates;
+    // Not a random op (its meta kernel must not touch a generator) nor a
+    // custom one (a Python fake impl would need the GIL on the flush's thread).
+    bool ok = !n.rng && schema.name().rfind("aten::", 0) == 0;
+    for (size_t k = 0; ok && k < n.inputs.size(); ++k) {
+      const InputSlot& in = n.inputs[k];
+      ok = in.arg < static_cast<int>(schema.arguments().size()) && !unknown.count(in.ref.storage.get());
+      if (!ok) break;
+      if (in.written && !schema.arguments()[in.arg].is_out() && !made.count(in.ref.storage.get()) &&
+          dynamic_dims(in.ref).empty()) {
+        ok = open < 0;
+        open = static_cast<int>(k);
+        for (size_t d = 0; d < in.ref.sizes().size(); ++d)
+          if (follows(in.ref.sizes()[d], marks).i >= 0) candidates.push_back(d);
+        ok = ok && candidates.size() <= 4;
+        continue;
+      }
+      at::Tensor t = probe_input(in, schema.arguments()[in.arg], marks, made);
+      ok = t.defined();
+      if (ok) set_slot(stack[in.arg], in.elem, std::move(t));
+    }
+    // A node the probe cannot run leaves what it writes unknown.
+    auto skip = [&] {
+      for (const auto& in : n.inputs)
+        if (in.written) unknown.insert(in.ref.storage.get()), made.erase(in.ref.storage.get());
+    };
+    if (!ok) {
+      skip();
+      continue;
+    }
+    // The subsets of the candidates, the largest first.
+    std::vector<uint32_t> subsets;
+    for (uint32_t m = 0; m < (1u << candidates.size()); ++m) subsets.push_back(m);
+    std::stable_sort(subsets.begin(), subsets.end(),
+                     [](uint32_t a, uint32_t b) { return __builtin_popcount(a) > __builtin_popcount(b); });
+    torch::jit::Stack ran;
+    std::vector<at::Tensor> written;  // kept: an in-place or out= argument is its result
+    bool done = false;
+    for (uint32_t m : open < 0 ? std::vector<uint32_t>{0} : subsets) {
+      torch::jit::Stack trial = stack;
+      if (open >= 0) {
+        const InputSlot& in = n.inputs[static_cast<size_t>(open)];
+        std::vector<int64_t> sizes(in.ref.sizes().begin(), in.ref.sizes().end());
+        for (size_t c = 0; c < candidates.size(); ++c)
+          if (m >> c & 1) sizes[candidates[c]] += kGrowth;
+        set_slot(trial[in.arg], in.elem, at::empty(sizes, at::TensorOptions().dtype(in.ref.dtype).device(c10::kMeta)));
+      }
+      written.clear();
+      for (const auto& in : n.inputs)
+        written.push_back(in.written && trial[in.arg].isTensor() ? trial[in.arg].toTensor() : at::Tensor());
+      try {
+        n.op.callBoxed(trial);
+      } catch (...) {
+        continue;
+      }
+      ran = std::move(trial);
+      done = true;
+      break;
+    }
+    if (!done) {
+      skip();
+      continue;
+    }
+    stack = std::move(ran);
+    size_t j = 0;
+    for (size_t k = 0; k < n.returns.size() && k < stack.size(); ++k) {
+      if (n.returns[k] == -1 && j < n.outputs.size()) {
+        note(slot_key(p, j, false), n.outputs[j], stack[k].isTensor() ? stack[k].toTensor() : at::Tensor());
+        ++j;
+      } else if (n.returns[k] == -2 && stack[k].isTensorList()) {
+        for (const auto& t : stack[k].toTensorList())
+          if (j < n.outputs.size()) note(slot_key(p, j, false), n.outputs[j], t), ++j;
+      }
+    }
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (n.inputs[k].written && n.inputs[k].ref.covers_storage())
+        note(slot_key(p, k, true), n.inputs[k].ref, written[k]);
+  }
+  return out;
+}
+
+// probe_varying, kept per region structure: the nodes' meta ids (each the
+// op and its operands' sizes, strides and dtypes), which of their inputs an
+// earlier node made, and each other input's marked and sliced dims. 0: not
+// cacheable (a node without a meta id).
+uint64_t probe_key(const std::vector<Node>& g, const std::vector<int>& nodes, const RegionMarks& marks) {
+  uint64_t h = 0xCBF29CE484222325ULL;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 0x100000001B3ULL; };
+  std::unordered_map<const DeferredStorage*, uint64_t> made;
+  for (int i : nodes) {
+    const Node& n = g[i];
+    if (n.meta_id == 0) return 0;
+    mix(n.meta_id);
+    for (const auto& in : n.inputs) {
+      mix(static_cast<uint64_t>(in.ref.offset));
+      if (auto it = made.find(in.ref.storage.get()); it != made.end()) {
+        mix(it->second);
+        continue;
+      }
+      mix(sliced_to_a_mark(in.ref, marks));
+      for (const DynamicDim& d : dynamic_dims(in.ref))
+        for (int64_t x : {d.dim, d.scale, d.divisor, d.part, d.step, d.trim}) mix(static_cast<uint64_t>(x));
+    }
+    for (const auto& o : n.outputs) made.emplace(o.storage.get(), made.size() + 1);
+  }
+  return h | 1;
+}
+
+// At most this many probed region structures are kept (then all dropped).
+constexpr size_t kMaxProbes = 1024;
+std::mutex g_probe_mu;
+std::unordered_map<uint64_t, VaryingDims> g_probes;
+
+VaryingDims cached_probe(const std::vector<Node>& g, const std::vector<int>& nodes, const RegionMarks& marks) {
+  const uint64_t key = probe_key(g, nodes, marks);
+  if (key != 0) {
+    std::lock_guard<std::mutex> lock(g_probe_mu);
+    if (auto it = g_probes.find(key); it != g_probes.end()) return it->second;
+  }
+  VaryingDims v = probe_varying(g, nodes, marks);
+  if (key != 0) {
+    std::lock_guard<std::mutex> lock(g_probe_mu);
+    if (g_probes.size() >= kMaxProbes) g_probes.clear();
+    g_probes.emplace(key, v);
+  }
+  return v;
+}
+
 // Marks for buffer `r` (no marks of its own) from the region's `marks`:
 // one per dim that follows a marked size (only exact and multiple ones when
-// some dim is exact). Empty when none does.
-std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks) {
+// some dim is exact) and that the size probe, when `varying` holds it,
+// found to vary. Empty when none does.
+std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks, const std::vector<char>* varying) {
   std::vector<Range> out;
   const auto nd = static_cast<int64_t>(r.sizes().size());
   if (static_cast<int64_t>(r.strides().size()) != nd) return out;
@@ -314,6 +580,7 @@ std::vector<Range> carried_marks(const TensorRef& r, const RegionMarks& marks) {
     const int64_t n = r.sizes()[d];
     const Follow f = follows(n, marks);
     if (f.i < 0 || (exact && f.c != 0)) continue;
+    if (varying && varying->size() == static_cast<size_t>(nd) && !(*varying)[static_cast<size_t>(d)]) continue;
     if (pick && std::find(ambiguous.begin(), ambiguous.end(), d) != ambiguous.end() && !at_marked_dim(d)) continue;
     const auto [lo, hi] = marks.ranges[static_cast<size_t>(f.i)];
     // Saturated: a range declared up to the int64 limit stays there.
@@ -430,20 +697,50 @@ RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nod
     }
     for (const auto& o : g[i].outputs) made.insert(o.storage.get());
   }
+  // The written buffers of no mark (made outside the region) with two or
+  // more dims that follow marked sizes: the size probe says which grow.
+  std::optional<VaryingDims> probed;
+  std::unordered_set<const DeferredStorage*> outputs;
+  for (size_t p = 0; p < nodes.size(); ++p) {
+    const Node& n = g[nodes[p]];
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const InputSlot& in = n.inputs[k];
+      const DeferredStorage* s = in.ref.storage.get();
+      if (!in.written || !s || outputs.count(s) ||
+          std::any_of(marks.varying.begin(), marks.varying.end(), [&](const auto& v) { return v.first == s; }))
+        continue;
+      int following = 0;
+      for (int64_t x : in.ref.sizes()) following += follow_word(x, marks) != 0;
+      if (following < 2) continue;
+      {
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (g_ranges.count(s->id)) continue;
+      }
+      if (!probed) probed = cached_probe(g, nodes, marks);
+      if (auto it = probed->find(slot_key(p, k, true)); it != probed->end()) marks.varying.emplace_back(s, it->second);
+    }
+    for (const auto& o : n.outputs) outputs.insert(o.storage.get());
+  }
   return marks;
 }
 
 SizeBuckets size_buckets(const TensorRef& r, const RegionMarks& marks) {
   SizeBuckets out = size_buckets(r);
   const DeferredStorage* s = r.storage.get();
-  if (marks.sizes.empty() || std::find(marks.written.begin(), marks.written.end(), s) == marks.written.end())
-    return out;
+  if (marks.sizes.empty() || !s) return out;
+  const bool written = std::find(marks.written.begin(), marks.written.end(), s) != marks.written.end();
+  const uint64_t sliced = written ? 0 : sliced_to_a_mark(r, marks);
+  if (!written && sliced == 0) return out;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     if (g_ranges.count(s->id)) return out;  // a marked storage keeps its own marks
   }
+  const std::vector<char>* varying = nullptr;
+  for (const auto& [buffer, v] : marks.varying)
+    if (buffer == s && v.size() == out.size()) varying = &v;
   for (size_t d = 0; d < out.size(); ++d)
-    if (const uint64_t w = follow_word(r.sizes()[d], marks)) out[d] = w;
+    if ((written && (!varying || (*varying)[d])) || (sliced >> d & 1))
+      if (const uint64_t w = follow_word(r.sizes()[d], marks)) out[d] = w;
   return out;
 }
 
@@ -451,17 +748,29 @@ void carry_marks(const std::vector<Node>& g, const std::vector<int>& nodes) {
   if (!any_dynamic_marks()) return;
   const RegionMarks marks = region_marks(g, nodes);
   if (marks.sizes.empty()) return;
-  auto carry = [&](const TensorRef& r) {
+  // The size probe runs once some buffer to carry has two or more dims that
+  // follow marked sizes by value (p @ v of (4, n, n) and (4, n, 16) at n =
+  // 16; silu(a) * b of (n, 256) at n = 16, 16n), for the whole region (a
+  // result's dims follow its operands', made by the nodes before it); it
+  // drops the dims that do not grow with the marks.
+  std::optional<VaryingDims> varying;
+  auto carry = [&](const TensorRef& r, int64_t key) {
     if (!r.storage || !r.covers_storage()) return;
     const uint64_t id = r.storage->id;
     {
       std::lock_guard<std::mutex> lock(g_mu);
       if (g_ranges.count(id)) return;  // its own marks, or carried already
     }
-    std::vector<Range> v = carried_marks(r, marks);
-    if (v.empty()) return;
+    std::vector<Range> ranges = carried_marks(r, marks, nullptr);
+    const std::vector<char>* v = nullptr;
+    if (ranges.size() >= 2) {
+      if (!varying) varying = cached_probe(g, nodes, marks);
+      if (auto it = varying->find(key); it != varying->end()) v = &it->second;
+      if (v) ranges = carried_marks(r, marks, v);
+    }
+    if (ranges.empty()) return;
     std::lock_guard<std::mutex> lock(g_mu);
-    g_ranges.emplace(id, std::move(v));
+    g_ranges.emplace(id, std::move(ranges));
     g_carried.push_back(id);
     if (g_carried.size() <= kMaxCarried) return;
     auto old = g_ranges.find(g_carried.front());
@@ -471,10 +780,11 @@ void carry_marks(const std::vector<Node>& g, const std::vector<int>& nodes) {
     w.erase(std::remove_if(w.begin(), w.end(), [](const Range& x) { return x.carried; }), w.end());
     if (w.empty()) g_ranges.erase(old);
   };
-  for (int i : nodes) {
-    for (const auto& o : g[i].outputs) carry(o);
-    for (const auto& in : g[i].inputs)
-      if (in.written) carry(in.ref);
+  for (size_t p = 0; p < nodes.size(); ++p) {
+    const Node& n = g[nodes[p]];
+    for (size_t j = 0; j < n.outputs.size(); ++j) carry(n.outputs[j], slot_key(p, j, false));
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (n.inputs[k].written) carry(n.inputs[k].ref, slot_key(p, k, true));
   }
 }
 

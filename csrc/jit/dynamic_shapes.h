@@ -27,6 +27,13 @@
 //  - a step slice to the end of the marked dim (d[:, 1::3], or
 //    k.t()[:, ::2] of a transposed view, whose dims keep no marked stride):
 //    the dim of stride step * the marked one, keyed by the range and step;
+//  - a slice of a storage of no mark, only read, cut to a size equal to a
+//    marked one (cos[:n] of a rotary table, a causal mask's mask[:n, :n]):
+//    "follows" that size, as a created buffer's;
+//  - which dims of a buffer follow the marks, when two or more do by value
+//    (p @ v of (4, n, n) and (4, n, 16) at n = 16 is (4, 16, 16)), the size
+//    probe decides: the region's ops rerun on meta tensors with every marked
+//    dim grown, and a dim that does not grow keeps its power of two;
 //  - otherwise: n itself for 0 and 1, else the next power of two. A size that
 //    grows by one per step (a generation loop) therefore compiles a region
 //    kind at most ceil(log2(range)) + 1 times.
@@ -94,6 +101,11 @@ struct RegionMarks {
   // region, of no mark): a size near or a multiple of a marked one that is
   // also one of these is that fixed size (a mm result's columns, w's).
   c10::SmallVector<int64_t, 8> fixed;
+  // Of a written buffer of no mark with two or more dims that follow marked
+  // sizes by value: which of them grow with the marks (the size probe,
+  // carry_marks): the others keep their power of two (the 64 of x.float()'s
+  // (16, 64) buffer at n = 16 is no 4n).
+  c10::SmallVector<std::pair<const DeferredStorage*, std::vector<char>>, 2> varying;
 };
 RegionMarks region_marks(const std::vector<Node>& g, const std::vector<int>& nodes);
 // size_buckets(r); when r's storage has no mark and the region writes it,
@@ -113,8 +125,13 @@ SizeBuckets size_buckets(const TensorRef& r, const RegionMarks& marks);
 // + c]; k*m, range [k*lower, k*upper]; m + m', the sum of their ranges),
 // its own size the base. A later
 // region that only reads the buffer then keys and binds it by that range.
-// At most 4096 such marks are kept (the oldest dropped: its buffer then
-// keys by its power of two again, never wrongly). No-op without marks.
+// When two or more dims of a buffer follow marked sizes, only those the
+// size probe finds growing with the marks carry one (a (4, 16, 16) result
+// of p @ v at n = 16 carries its rows' mark, not the head dim's); results
+// of ops the probe cannot run (no meta kernel, a split or step slice read)
+// keep the rules above. At most 4096 such marks are kept (the oldest
+// dropped: its buffer then keys by its power of two again, never wrongly).
+// No-op without marks.
 void carry_marks(const std::vector<Node>& g, const std::vector<int>& nodes);
 
 namespace detail {

@@ -348,6 +348,8 @@ py::dict job_plan_dict(const spyre::JobPlan& p) {
       py::dict binding;
       for (const auto& [name, value] : s.binding) binding[py::str(name)] = value;
       e["binding"] = binding;
+      e["program"] = s.program;
+      e["programs"] = s.programs;
     } else {
       e["arg"] = s.arg;
       e["bytes"] = s.bytes;

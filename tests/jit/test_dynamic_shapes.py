@@ -422,3 +422,86 @@ def test_an_mlp_block_keeps_one_region_each_when_n_equals_a_weight_size():
         warnings.simplefilter("always")
         torch.testing.assert_close(_mlp(d, wd).cpu(), _mlp(x, w))
     assert _compiles(tte) > 3
+
+
+def _attn(x, w):
+    """A pre-norm attention block: 4 heads of 16, qkv chunk(3, -1), @ wo, residual."""
+    n = x.shape[0]
+    h = F.layer_norm(x, (64,), w["g"], w["b"]) @ w["wqkv"]
+    q, k, v = (t.view(n, 4, 16).transpose(0, 1) for t in h.chunk(3, -1))
+    p = torch.softmax((q @ k.transpose(-2, -1)) * 0.25, -1)
+    return x + (p @ v).transpose(0, 1).reshape(n, 64) @ w["wo"]
+
+
+def _block_compiles(tte, block, w, sizes, upper):
+    """block(x, w) of x (n, 64) marked at its rows (1..upper) for each n of
+    sizes, against CPU's values: the compile count after each n."""
+    wd = {k: v.to("tpu") for k, v in w.items()}
+    tte.reset_metrics()
+    counts = []
+    for n in sizes:
+        x = torch.randn(n, 64)
+        d = x.to("tpu")
+        tte.mark_dynamic(d, 0, 1, upper)
+        torch.testing.assert_close(block(d, wd).cpu(), block(x, w))
+        counts.append(_compiles(tte))
+    return counts
+
+
+def test_an_attention_block_keeps_one_region_each_when_n_equals_the_head_dim():
+    # x (n, 64) marked at its rows. At n = 16 (the head dim) p @ v is (4,
+    # 16, 16): both dims equal n, neither operand a weight; the JIT's size
+    # probe (carry_marks) finds the head dim fixed, so the regions reading
+    # it key as at every other n: no compile after the first n (main at
+    # 131ceab: one more at n = 16). CPU's values; n = 700 outside the range
+    # compiles its own.
+    tte = _tte()
+    g = torch.Generator().manual_seed(7)
+    shapes = {"g": (64,), "b": (64,), "wqkv": (64, 192), "wo": (64, 64)}
+    w = {k: torch.randn(*s, generator=g) * 0.1 for k, s in shapes.items()}
+    counts = _block_compiles(tte, _attn, w, (23, 16, 40, 64, 16), 619)
+    assert counts[0] >= 7 and counts == [counts[0]] * 5
+    x = torch.randn(700, 64)
+    d = x.to("tpu")
+    tte.mark_dynamic(d, 0, 1, 619)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        torch.testing.assert_close(_attn(d, {k: v.to("tpu") for k, v in w.items()}).cpu(), _attn(x, w))
+    assert _compiles(tte) > counts[0]
+
+
+def _llama(x, w):
+    """A llama-like block: RMSNorm, 4 heads of 16 with rotary embedding and a
+    causal mask sliced from (1024, ...) tables, a SwiGLU MLP (chunk(2))."""
+    n = x.shape[0]
+
+    def rms(t, g):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * g
+
+    def rope(t, cos, sin):
+        return t * cos + torch.cat([-t[..., 8:], t[..., :8]], -1) * sin
+
+    q, k, v = (t.view(n, 4, 16).transpose(0, 1) for t in (rms(x, w["g"]) @ w["wqkv"]).chunk(3, -1))
+    cos, sin = w["cos"][:n], w["sin"][:n]
+    q, k = rope(q, cos, sin), rope(k, cos, sin)
+    p = torch.softmax((q @ k.transpose(-2, -1)) * 0.25 + w["mask"][:n, :n], -1)
+    x = x + (p @ v).transpose(0, 1).reshape(n, 64) @ w["wo"]
+    a, b = (rms(x, w["g2"]) @ w["w13"]).chunk(2, -1)
+    return x + (F.silu(a) * b) @ w["w2"]
+
+
+def test_a_llama_block_keeps_one_region_each_over_the_marked_range():
+    # x (n, 64) marked at its rows, n = 16 first (the head dim; the rotary
+    # tables' 16 columns), then 23, 40, 64, 100: the tables' slices cos[:n]
+    # and mask[:n, :n] key as following n, and the size probe keeps the
+    # head dim and x.float()'s 64 columns fixed at n = 16. No compile after
+    # the first n (main at 131ceab: one per power-of-two bucket of n and
+    # more at n = 16); CPU's values.
+    tte = _tte()
+    g = torch.Generator().manual_seed(9)
+    shapes = {"g": (64,), "g2": (64,), "wqkv": (64, 192), "wo": (64, 64), "w13": (64, 512), "w2": (256, 64)}
+    w = {k: torch.randn(*s, generator=g) * 0.1 for k, s in shapes.items()}
+    w.update(cos=torch.randn(1024, 16, generator=g), sin=torch.randn(1024, 16, generator=g))
+    w["mask"] = torch.full((1024, 1024), float("-inf")).triu(1)
+    counts = _block_compiles(tte, _llama, w, (16, 23, 40, 64, 100), 627)
+    assert counts[0] >= 10 and counts == [counts[0]] * 5

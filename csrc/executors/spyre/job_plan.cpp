@@ -95,12 +95,14 @@ void job_plan_add_region(const std::string& kernel, const RegionLayout& L, const
   st.plan.steps.push_back(std::move(compute));
 }
 
-void job_plan_bind_last(std::vector<std::pair<std::string, int64_t>> binding) {
+void job_plan_bind_last(std::vector<std::pair<std::string, int64_t>> binding, int64_t program, int64_t programs) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto& steps = state().plan.steps;
   for (auto it = steps.rbegin(); it != steps.rend(); ++it)
     if (it->kind == "Compute") {
       it->binding = std::move(binding);
+      it->program = program;
+      it->programs = programs;
       return;
     }
 }

@@ -47,6 +47,9 @@ struct JobStep {
   // Compute: the launch's binding of the kernel's symbolic sizes (KTIR
   // symbols s0, s1, ... and, with symbolic rows, rows_per_core and cores_used).
   std::vector<std::pair<std::string, int64_t>> binding;
+  // Compute: which of the kernel's compiled programs the launch bound (its
+  // number, counted from 0 in order of compiling) and how many it holds.
+  int64_t program = 0, programs = 1;
 };
 
 struct JobPlan {
@@ -63,8 +66,9 @@ void job_plan_add_region(const std::string& kernel, const Region& region, const 
 struct RegionLayout;
 // The same with the region's layout (layout.h) already computed.
 void job_plan_add_region(const std::string& kernel, const RegionLayout& layout, const CardParams& card);
-// Sets the binding of the last Compute step added.
-void job_plan_bind_last(std::vector<std::pair<std::string, int64_t>> binding);
+// Sets the binding of the last Compute step added, and the program it bound
+// (number `program` of the kernel's `programs`).
+void job_plan_bind_last(std::vector<std::pair<std::string, int64_t>> binding, int64_t program, int64_t programs);
 // The plan of the last flush run on Spyre, with its D2H steps.
 JobPlan last_job_plan();
 

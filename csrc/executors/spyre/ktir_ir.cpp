@@ -883,14 +883,19 @@ void symbolize_offset(KtirView& v, const std::vector<int64_t>& values, const std
 // (qkv.chunk(3, 1)): a stride that many times a dense successor's is the
 // marked tensor's pitch ("3*s0"), and an offset of j < parts[k] times its
 // value along a stride is j parts ("offset=2*s0").
-void symbolize_strides(KtirView& v, const std::vector<int64_t>& values, const std::vector<int64_t>& parts) {
+// `floor`: the least stride of the marked dims of v's storage (0: none
+// known); a stride up to it is that dim's own or lies inside one of its
+// elements, so it names no symbol by value (the heads' stride 16 of a (n,
+// 192) buffer's q.view(n, 4, 16) at n = 16; the rows' 16 of x (n, 16)).
+void symbolize_strides(KtirView& v, const std::vector<int64_t>& values, const std::vector<int64_t>& parts,
+                       int64_t floor = 0) {
   const size_t n = v.sizes.size();
   if (values.empty() || v.strides.size() != n) return;
   auto size_expr = [&](size_t d) {
     return d < v.size_expr.size() && v.size_expr[d].symbolic() ? v.size_expr[d] : affine_const(v.sizes[d]);
   };
   auto sym_equal = [&](int64_t x) {
-    for (size_t k = 0; k < values.size(); ++k)
+    for (size_t k = 0; k < values.size() && x > floor; ++k)
       if (values[k] == x) return KtirExpr::symbol(static_cast<int>(k));
     return affine_const(x);
   };
@@ -906,7 +911,7 @@ void symbolize_strides(KtirView& v, const std::vector<int64_t>& values, const st
   // inner dim: [16, s0-1, s1] of [16, s0, s1] has pitch s0*s1), else as
   // sym_equal.
   auto pitch = [&](int64_t x, int64_t prev_value, const KtirExpr& prev) {
-    if (prev.symbolic() && prev_value > 0 && x % prev_value == 0)
+    if (prev.symbolic() && prev_value > 0 && x % prev_value == 0 && x > floor)
       for (size_t k = 0; k < values.size(); ++k)
         if (values[k] * prev_value == x) return affine_mul(prev, KtirExpr::symbol(static_cast<int>(k)));
     return sym_equal(x);
@@ -1068,7 +1073,8 @@ void for_each_expr(KtirProgram& p, F f) {
 // views no op makes; all empty when the probe cannot run (a split, a step
 // slice or an equal part, whose sizes do not grow alike; an op without a
 // meta kernel or that rejects the grown sizes).
-std::vector<std::vector<char>> varying_result_dims(const KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) {
+std::vector<std::vector<char>> varying_result_dims(const KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic,
+                                                   const std::vector<std::pair<int, int>>& sliced = {}) {
   constexpr int64_t kGrowth = 7;
   const size_t nv = p.views.size();
   std::vector<std::vector<char>> out(nv);
@@ -1086,6 +1092,9 @@ std::vector<std::vector<char>> varying_result_dims(const KtirProgram& p, const s
       continue;
     sizes[d.view][d.dim] = p.views[d.view].sizes[d.dim] + kGrowth;
   }
+  // A slice of a storage of no mark cut to the marked size grows with it.
+  for (const auto& [view, dim] : sliced)
+    if (read[view] && static_cast<size_t>(dim) < sizes[view].size()) sizes[view][dim] += kGrowth;
   std::vector<at::Tensor> meta(nv);
   for (size_t i = 0; i < nv; ++i)
     if (read[i]) meta[i] = at::empty(sizes[i], at::TensorOptions().dtype(p.views[i].dtype).device(c10::kMeta));
@@ -1310,9 +1319,10 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   // A view the region only reads takes symbols at its marked dims alone:
   // its other sizes are fixed (the head dim 16 of q.view(n, 4, 16) at n =
   // 16; a weight's 64 rows at n = 64: a whole storage of no mark), as the
-  // JIT keys them. A slice of a storage of no mark (bias[:T, :T]), and a
-  // view the region writes or makes (a result's sizes, a pad's buffer),
-  // follow by value.
+  // JIT keys them. A slice of a storage of no mark (bias[:T, :T], cos[:T])
+  // follows by value at the dims the slice cut short alone (the 16 whole
+  // columns of cos[:T] at T = 16 stay a number), and a view the region
+  // writes or makes (a result's sizes, a pad's buffer) at every dim.
   std::vector<char> marked_arg(p.args.size(), 0);
   for (const auto& d : dynamic)
     if (d.view >= 0 && static_cast<size_t>(d.view) < p.views.size() && p.views[d.view].arg >= 0)
@@ -1324,7 +1334,19 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
       continue;
     int64_t numel = 1;
     for (int64_t x : v.sizes) numel *= x;
-    if (marked_arg[v.arg] || (v.offset == 0 && numel == p.args[v.arg].elems)) free_dims[i].assign(v.sizes.size(), 0);
+    if (marked_arg[v.arg] || (v.offset == 0 && numel == p.args[v.arg].elems)) {
+      free_dims[i].assign(v.sizes.size(), 0);
+      continue;
+    }
+    // A slice of a storage of no mark: the dims whose extent is below the
+    // next larger stride (or the storage's end for the largest).
+    free_dims[i].assign(v.sizes.size(), 0);
+    for (size_t d = 0; d < v.sizes.size() && d < v.strides.size(); ++d) {
+      int64_t next = p.args[v.arg].elems;
+      for (int64_t st : v.strides)
+        if (st > v.strides[d] && st < next) next = st;
+      free_dims[i][d] = v.sizes[d] > 1 && v.strides[d] > 0 && v.sizes[d] * v.strides[d] < next;
+    }
   }
   for (const auto& d : dynamic)
     if (d.view >= 0 && static_cast<size_t>(d.view) < p.views.size() && d.dim >= 0 &&
@@ -1339,7 +1361,20 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
     for (size_t d = 0; d < free_dims[i].size(); ++d)
       if (!free_dims[i][d] && p.views[i].sizes[d] > 1) fixed_values.push_back(p.views[i].sizes[d]);
   std::vector<std::vector<char>> varies;
-  if (!fixed_values.empty()) varies = varying_result_dims(p, dynamic);
+  if (!fixed_values.empty()) {
+    // The dims of slices of storages of no mark (not free: their own
+    // rules) of a marked size's value.
+    std::vector<std::pair<int, int>> sliced;
+    std::vector<int64_t> marked_sizes;
+    for (const auto& d : dynamic) marked_sizes.push_back(d.size);
+    for (size_t i = 0; i < p.views.size(); ++i)
+      if (!free_dims[i].empty() && !marked_arg[p.views[i].arg])
+        for (size_t d = 0; d < free_dims[i].size(); ++d)
+          if (free_dims[i][d] &&
+              std::find(marked_sizes.begin(), marked_sizes.end(), p.views[i].sizes[d]) != marked_sizes.end())
+            sliced.emplace_back(static_cast<int>(i), static_cast<int>(d));
+    varies = varying_result_dims(p, dynamic, sliced);
+  }
   auto may_vary = [&](size_t view, size_t d) {
     if (!free_dims[view].empty()) return free_dims[view][d] != 0;
     if (view >= varies.size() || varies[view].empty() || varies[view][d]) return true;
@@ -1388,7 +1423,19 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
   p.sym_values = bases;
   std::vector<int64_t> parts;
   for (const auto& x : syms) parts.push_back(x.part);
-  for (auto& v : p.views) symbolize_strides(v, p.sym_values, parts);
+  std::vector<int64_t> floors(p.args.size(), 0);
+  for (const auto& d : dynamic)
+    if (d.view >= 0 && static_cast<size_t>(d.view) < p.views.size() && d.dim >= 0) {
+      const KtirView& w = p.views[d.view];
+      if (w.lx || w.arg < 0 || static_cast<size_t>(w.arg) >= floors.size() ||
+          static_cast<size_t>(d.dim) >= w.strides.size() || w.strides[d.dim] <= 0)
+        continue;
+      int64_t& f = floors[w.arg];
+      f = f == 0 ? w.strides[d.dim] : std::min(f, w.strides[d.dim]);
+    }
+  for (auto& v : p.views)
+    symbolize_strides(v, p.sym_values, parts,
+                      v.lx || v.arg < 0 || static_cast<size_t>(v.arg) >= floors.size() ? 0 : floors[v.arg]);
   // A step slice's view: a stride that is a multiple of the marked pitch n
   // * S (S = the step dim's stride / step) is that multiple of s<n> (the
   // chain takes an even n for 2*t), and the offset follows.
@@ -1442,11 +1489,10 @@ void ktir_symbolize(KtirProgram& p, const std::vector<KtirDynamicDim>& dynamic) 
       const KtirExpr e = affine_mul(size_at(v, outer), v.stride_expr[outer]);
       if (e.symbolic() && e.eval(p.sym_values) == a.elems) a.elems_expr = e;
     }
-    // A weight (only read, no marked view, read whole) keeps its element count.
-    const bool weight =
-        a.kind == KtirArg::kIn && !marked_arg[i] && std::any_of(p.views.begin(), p.views.end(), [&](const KtirView& v) {
-          return !v.lx && v.arg == static_cast<int>(i) && v.size_expr.empty() && v.offset == 0;
-        });
+    // A storage the region only reads, with no marked view (a weight, or a
+    // table sliced to the marked size: cos[:T] of (1024, 16)), keeps its
+    // element count: its size is not the marks'.
+    const bool weight = a.kind == KtirArg::kIn && !marked_arg[i];
     for (size_t k = 0; k < syms.size() && !weight && !a.elems_expr.symbolic() && a.elems > 0; ++k) {
       for (int64_t c : syms[k].offsets) {
         const int64_t v = syms[k].base + c;

@@ -205,12 +205,16 @@ bool interpretable(const Region& region, const std::vector<Node>& graph) {
   return true;
 }
 
-// A region compiled for Spyre: its KTIR program and tile schedule, built
+// A region compiled for Spyre: its KTIR programs and tile schedule, built
 // once per region structure. A launch whose exact layout (sizes inside a
 // dynamic-shape bucket, strides, offsets) differs from the last one is bound
-// again (the verifier and the tiling rerun on the bound geometry) without
-// compiling a new program; each run records the program for inspection, adds
-// the region to the flush's job plan and interprets the bound program.
+// again (the verifier and the tiling rerun on the bound geometry) to the
+// first of the kernel's programs that fits it, most recently used first;
+// only a launch none fits compiles a new program (a shape some size of which
+// equals a weight's by chance keeps its own next to the general one, so the
+// general one is not planned again after it). Each run records the program
+// for inspection, adds the region to the flush's job plan and interprets
+// the bound program.
 class SpyreKernel final : public Kernel {
  public:
   SpyreKernel(const CompiledRegion& info, const Region& region, const std::vector<Node>& graph)
@@ -218,7 +222,7 @@ class SpyreKernel final : public Kernel {
     const RegionLayout L = region_layout(region, graph, card_);
     KtirProgram launch = ktir_build(info, region, graph, card_, L);
     compile_program(launch, L);
-    bind(std::move(launch), program_.sym_values, region, graph);
+    bind(std::move(launch), program().sym_values, region, graph);
     interpretable_ = interpretable(region, graph);
   }
 
@@ -228,12 +232,16 @@ class SpyreKernel final : public Kernel {
     const RegionLayout L = region_layout(region, graph, card_);
     KtirProgram launch = ktir_build(c, region, graph, card_, L);  // this launch's geometry and literals
     if (layout_signature(region, graph) != signature_) {
-      // A new exact layout: the compiled (symbolic) program serves it when
+      // A new exact layout: a compiled (symbolic) program serves it when
       // some symbol values make it this launch's program; else it compiles anew.
-      std::optional<std::vector<int64_t>> values = ktir_match(program_, launch);
+      std::optional<std::vector<int64_t>> values;
+      for (size_t k = 0; k < programs_.size() && !values; ++k)
+        if ((values = ktir_match(programs_[k].program, launch)))
+          std::rotate(programs_.begin(), programs_.begin() + static_cast<int64_t>(k),
+                      programs_.begin() + static_cast<int64_t>(k) + 1);
       if (!values) {
         compile_program(launch, L);
-        values = program_.sym_values;
+        values = program().sym_values;
         stats.plans_built++;
       }
       bind(std::move(launch), *values, region, graph);  // throws (before any op runs) when it cannot fit LX
@@ -242,7 +250,7 @@ class SpyreKernel final : public Kernel {
     }
     ktir_record(c.name, ktir_);
     job_plan_add_region(c.name, L, card_);
-    job_plan_bind_last(binding_);
+    job_plan_bind_last(binding_, programs_.front().id, static_cast<int64_t>(programs_.size()));
     walk_ = KtirWalk();
     if (interpretable_) {
       interpret(region, graph, L, mem, stats);
@@ -305,11 +313,13 @@ class SpyreKernel final : public Kernel {
         dynamic.push_back(KtirDynamicDim{d.size, d.base, d.lower, d.upper, d.scale, d.divisor, d.part, d.index, d.step,
                                          d.start, static_cast<int64_t>(i), d.dim, d.trim});
     }
-    program_ = launch;
-    ktir_symbolize(program_, dynamic);
+    Compiled c{launch, next_id_++};
+    ktir_symbolize(c.program, dynamic);
     // A size that only happened to equal a symbol's value may not hold for
     // every value of the range: the range keeps the values where it does.
-    ktir_narrow_ranges(program_);
+    ktir_narrow_ranges(c.program);
+    if (programs_.size() >= kMaxPrograms) programs_.pop_back();  // the least recently used
+    programs_.insert(programs_.begin(), std::move(c));
   }
 
   // Binds the compiled program to `launch` (its concrete form under symbol
@@ -319,6 +329,7 @@ class SpyreKernel final : public Kernel {
             const std::vector<Node>& graph) {
     signature_.clear();
     bound_ = std::move(launch);
+    const KtirProgram& program_ = program();
     KtirProgram shown = program_;
     ktir_bind(shown, values);
     ktir_ = ktir_print(shown);
@@ -431,9 +442,19 @@ class SpyreKernel final : public Kernel {
   std::mutex mu_;
   const CardParams card_;  // the JIT drops every kernel when the target changes
   std::vector<int64_t> signature_;
-  KtirProgram program_;  // the compiled program (symbolic where sizes vary in a mark_dynamic range)
-  KtirProgram bound_;    // the program bound to the last launch (concrete)
-  std::string ktir_;     // text of the compiled program with the last binding
+  // A compiled program (symbolic where sizes vary in a mark_dynamic range)
+  // and its number among the kernel's programs, in order of compiling.
+  struct Compiled {
+    KtirProgram program;
+    int64_t id = 0;
+  };
+  // The most programs a kernel keeps (the least recently used dropped).
+  static constexpr size_t kMaxPrograms = 8;
+  std::vector<Compiled> programs_;  // most recently used first: front() is bound
+  int64_t next_id_ = 0;
+  const KtirProgram& program() const { return programs_.front().program; }
+  KtirProgram bound_;                                     // the program bound to the last launch (concrete)
+  std::string ktir_;                                      // text of the compiled program with the last binding
   std::vector<std::pair<std::string, int64_t>> binding_;  // symbol values of the last binding
   Schedule schedule_;
   KtirTilePlan plan_;  // how the interpreter walks bound_ (tiles of the schedule, or whole views)

@@ -161,22 +161,25 @@ def test_range_is_verified_for_every_value(spyre_target, tmp_path):
 
 
 def test_a_size_that_only_equals_the_symbol_narrows_the_range(spyre_target):
-    # y's fixed 30 columns equal the marked size at the first launch, so they
-    # are s0 too; past s0 = 30 they would read beyond y's 61-element storage,
-    # so the compiled range stops at 30 (the verifier checks all of it).
+    # y[:, :30] of a (2, 31) y: a slice of a storage of no mark whose fixed 30
+    # columns equal the marked size at the first launch, so they are s0 too
+    # (its cut dim follows by value); past s0 = 31 they would read beyond y's
+    # 62-element storage, so the compiled range stops at 31 (the verifier
+    # checks all of it). (Branch spyre21k: a view of y[:60].view(2, 30), whose
+    # 30 columns no slice cut, keeps them a number.)
     tte = spyre_target
     from torch_tpu_eager import spyre
 
     tte.reset_metrics()
-    y = torch.randn(61)
-    dy = y.to("tpu")[:60].view(2, 30)
+    y = torch.randn(2, 31)
+    dy = y.to("tpu")[:, :30]
     for n in (30, 31):
         x = torch.randn(2, n)
         d = x.to("tpu")
         tte.mark_dynamic(d, 1, 1, 64)
-        assert torch.equal((d[:, :30] + dy).cpu(), x[:, :30] + y[:60].view(2, 30))
+        assert torch.equal((d[:, :30] + dy).cpu(), x[:, :30] + y[:, :30])
         text = spyre.dump_ktir()
         spyre.verify_ktir(text)
         if n == 30:
-            assert "syms=[s0=30] ranges=[1..30]" in text
-    assert tte.metrics()["plans_built"] == 2  # n = 31 is outside 1..30
+            assert "syms=[s0=30] ranges=[1..31]" in text, text
+    assert tte.metrics()["plans_built"] == 2  # n = 31's d[:, :30] is s0-1 of pitch s0: a program of its own
