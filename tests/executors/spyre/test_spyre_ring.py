@@ -750,8 +750,9 @@ def test_cumsum_over_split_rows_carries_the_prefix(spyre_target, dtype, shape):
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 def test_nll_loss_target_out_of_range_raises_cpu_index_error(spyre_target, bad, weighted):
     # CPU's check and exception type: a target outside [0, classes) that is not
-    # ignore_index raises IndexError "Target <t> is out of bounds." (at the read,
-    # the value being computed on the device); other tensors stay valid.
+    # ignore_index raises IndexError "Target <t> is out of bounds.": at the call
+    # for labels the host holds (as CPU), at the read for labels computed on the
+    # device (the ring's own check); other tensors stay valid.
     rows, classes = 300, 10
     x = torch.randn(rows, classes, generator=torch.Generator().manual_seed(5))
     target = torch.randint(0, classes, (rows,), generator=torch.Generator().manual_seed(6))
@@ -761,7 +762,10 @@ def test_nll_loss_target_out_of_range_raises_cpu_index_error(spyre_target, bad, 
     with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
         F.nll_loss(x, target, w)
     other = torch.arange(4.0, device="tpu") * 2
-    loss = F.nll_loss(x.to("tpu"), target.to("tpu"), None if w is None else w.to("tpu"))
+    wd = None if w is None else w.to("tpu")
+    with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
+        F.nll_loss(x.to("tpu"), target.to("tpu"), wd)
+    loss = F.nll_loss(x.to("tpu"), target.to("tpu") + 0, wd)
     with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
         loss.item()
     assert other.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
