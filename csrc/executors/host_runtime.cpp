@@ -15,6 +15,7 @@
 #include "device/device.h"
 #include "lazy/dense_order.h"
 #include "jit/ir.h"
+#include "ops/cpu_probe.h"
 #include "ops/custom_ops.h"
 
 namespace tpu_eager {
@@ -318,13 +319,8 @@ namespace {
 
 int generator_arg(const c10::FunctionSchema& schema) {
   const auto& args = schema.arguments();
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto t = args[i].real_type();
-    if (t->kind() == c10::TypeKind::GeneratorType) return static_cast<int>(i);
-    if (t->kind() == c10::TypeKind::OptionalType &&
-        t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
-      return static_cast<int>(i);
-  }
+  for (size_t i = 0; i < args.size(); ++i)
+    if (is_generator_arg(args[i])) return static_cast<int>(i);
   return -1;
 }
 

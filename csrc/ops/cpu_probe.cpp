@@ -23,6 +23,14 @@
 #include "ops/stack_tensors.h"
 
 namespace tpu_eager {
+
+bool is_generator_arg(const c10::Argument& a) {
+  const c10::TypePtr& t = a.type();
+  if (t->kind() == c10::TypeKind::GeneratorType) return true;
+  const auto opt = t->cast<c10::OptionalType>();
+  return opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
 namespace {
 
 bool is_tpu(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
@@ -165,14 +173,6 @@ bool probe_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, si
     }
   }
   return true;
-}
-
-// Whether `a` is a Generator or Generator? argument.
-bool is_generator_arg(const c10::Argument& a) {
-  const c10::TypePtr& t = a.type();
-  if (t->kind() == c10::TypeKind::GeneratorType) return true;
-  const auto opt = t->cast<c10::OptionalType>();
-  return opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
 // The probe's arguments: twins of tensors (one per TensorImpl, so a tensor

@@ -66,6 +66,10 @@ bool probe_needless(const c10::FunctionSchema& schema, const torch::jit::Stack& 
 // hit a dtype path the real arguments do not): the key's verdict becomes "accepts".
 void cpu_probe_misled(const std::vector<int64_t>& key);
 
+// Whether `a` is a Generator or Generator? argument (the probe gives each one a
+// CPU generator of its own; the host runtime finds a random op's generator by it).
+bool is_generator_arg(const c10::Argument& a);
+
 // Probe statistics since start: {probes run, verdicts "rejects", probes misled}.
 std::vector<int64_t> cpu_probe_counts();
 
