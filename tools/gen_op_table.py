@@ -47,7 +47,7 @@ EXCLUDE = re.compile(
     r"_print|sym_|_nnpack|_use_|_has_compatible|_version|_fw_primal|_make_dual|_unpack_dual|"
     r"_thnn_fused_gru|_validate|_chunk_cat|_int_mm|_dimI|_dimV|_nnz|_coalesced|^_?indices(_copy)?(\.|$)|"
     r"^_?values(_copy)?(\.|$)|crow_|col_indices|"
-    r"ccol_|row_indices|_to_dense|to_dense|_spdiags|_addmm_activation|_scaled_mm|_grouped_mm|_scaled_grouped|"
+    r"ccol_|row_indices|_to_dense|to_dense|_spdiags|_addmm_activation|_grouped_mm|_scaled_grouped|"
     r"_mixed_dtypes|_convert_indices|_dirichlet_grad|_fused_rms|"
     r"_wrapped_|_sobol|_propagate_xla|_lazy_clone|_nested|_safe_softmax"
 )
@@ -62,7 +62,7 @@ SYNC = re.compile(
     r"linalg_svd|svd|geqrf|triangular_solve|linalg_solve_triangular|linalg_lu|linalg_lu_factor_ex|lu_unpack|"
     r"_linalg_det|_linalg_slogdet|linalg_cholesky_ex|cholesky|cholesky_inverse|cholesky_solve|_cholesky_solve_helper|"
     r"linalg_inv_ex|_linalg_solve_ex|linalg_ldl_factor_ex|linalg_ldl_solve|linalg_householder_product|"
-    r"ormqr|linalg_matrix_exp|linalg_pinv|_linalg_eig|lu_solve|linalg_lu_solve|frexp)$"
+    r"ormqr|linalg_matrix_exp|linalg_pinv|_linalg_eig|lu_solve|linalg_lu_solve|frexp|_scaled_mm|_scaled_mm_v2)$"
 )
 RANDOM = re.compile(
     r"^(uniform|normal|bernoulli|random|exponential|geometric|log_normal|cauchy|multinomial|randperm|rand|randn|"
@@ -486,7 +486,8 @@ OP_TRAITS = [
     # CPU's kernel returns before its dtype dispatch when a dim has one element (pdist of fewer
     # than two rows: an empty result), so the dtype probe's twins keep sizes up to 2. The
     # backward dispatches first (its size-1 probe rejects Half too); it is given the same twins.
-    ("kProbeTwinsOfTwo", {"_pdist_forward", "_pdist_backward"}, _every),
+    # flip copies when no flipped dim has two elements (no ComplexHalf loop past that).
+    ("kProbeTwinsOfTwo", {"_pdist_forward", "_pdist_backward", "flip"}, _every),
     # CPU's kernel has no float16 / bfloat16 loop that size-1 twins can reach (the window needs
     # room): 16-bit calls get the full-size dtype probe.
     ("kProbeFull16Bit", {"avg_pool3d", "avg_pool3d_backward"}, _every),

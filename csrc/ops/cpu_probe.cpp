@@ -237,7 +237,9 @@ bool has_word(const std::string& msg, const std::string& word) {
 // types"), except the dispatcher's "Could not run ... with arguments from the
 // 'CPU' backend"; or an error that names one of the call's dtypes ("expected
 // scalar type Float but found Bool", "MKL FFT doesn't support tensors of type:
-// Half", "may not be a boolean tensor", "Boolean inputs not supported") or speaks of dtypes or floating point.
+// Half", for Half and ComplexHalf: a complex dtype's real type counts, "may not
+// be a boolean tensor", "Boolean inputs not supported") or speaks of dtypes or
+// floating point.
 // Errors about the twins' shapes do not.
 bool is_dtype_rejection(const c10::Error& e, const std::vector<c10::ScalarType>& dtypes) {
   const std::string& msg = e.msg();
@@ -250,6 +252,8 @@ bool is_dtype_rejection(const c10::Error& e, const std::vector<c10::ScalarType>&
     // relu_: "Boolean inputs not supported for relu".
     if (dt == c10::kBool && (has_word(msg, "boolean") || has_word(msg, "Boolean"))) return true;
     if (c10::isComplexType(dt) && has_word(msg, "complex")) return true;
+    // MKL's FFT names a complex tensor's real type: "doesn't support tensors of type: Half".
+    if (c10::isComplexType(dt) && has_word(msg, c10::toString(c10::toRealValueType(dt)))) return true;
   }
   return false;
 }

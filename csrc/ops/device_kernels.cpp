@@ -708,6 +708,7 @@ int64_t register_device_kernels() {
       }
       ++count;
     }
+    register_cpu_branch_kernels();
     register_quantized_host_kernels();
     register_nested_host_kernels();
     static torch::Library fb(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);

@@ -11,7 +11,9 @@
 
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
+#include <ATen/TensorSubclassLikeUtils.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
@@ -20,7 +22,10 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <ATen/ops/aminmax.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/_unsafe_view.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/max_pool1d.h>
+#include <ATen/ops/max_pool1d_native.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/slice_backward_native.h>
 #include <ATen/ops/zeros.h>
@@ -347,7 +352,43 @@ at::Tensor slice_backward(const at::Tensor& grad, c10::SymIntArrayRef input_size
                                     end.guard_int(__FILE__, __LINE__), stride);
 }
 
+// ---- max_pool1d ------------------------------------------------------------------
+// max_pool1d is CompositeImplicitAutograd, and its kernel branches on the device:
+// a CPU input that needs no gradient takes CPU's own loop (floating types only: an
+// integer, bool or complex input raises NotImplementedError "\"max_pool1d_impl\" not
+// implemented for 'Long'", and the result is a new contiguous tensor); any other
+// input takes max_pool1d_with_indices (max_pool2d's kernel, which has integer loops,
+// and a squeezed view of its result). A "tpu" input always took the second branch:
+// integer max_pool1d computed and the result was a view. This kernel, on
+// AutogradPrivateUse1 ahead of the composite, takes CPU's branch by CPU's rule.
+
+bool max_pool1d_loop_has(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+at::Tensor max_pool1d(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                      at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode) {
+  if ((self.requires_grad() && at::GradMode::is_enabled()) || self._fw_grad(/*level=*/0).defined() ||
+      at::isTensorSubclassLike(self))
+    return at::native::max_pool1d(self, kernel_size, stride, padding, dilation, ceil_mode);
+  if (!max_pool1d_loop_has(self.scalar_type())) {
+    // CPU's kernel on an uninitialized twin raises CPU's argument or dtype error (it
+    // checks the arguments, then finds no loop; no value is read).
+    at::Tensor twin = at::empty(self.sizes(), self.options().device(at::kCPU));
+    (void)at::max_pool1d(twin, kernel_size, stride, padding, dilation, ceil_mode);
+  }
+  // The composite checks the arguments with CPU's messages, then takes the other branch.
+  at::Tensor out = at::native::max_pool1d(self, kernel_size, stride, padding, dilation, ceil_mode);
+  // CPU's loop writes a new contiguous tensor: not a view, whatever max_pool2d's layout.
+  return out.is_contiguous() ? at::_unsafe_view(out, out.sizes()) : out.contiguous();
+}
+
 }  // namespace
+
+void register_cpu_branch_kernels() {
+  static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
+  lib.impl("max_pool1d", TORCH_FN(max_pool1d));
+}
 
 std::unordered_set<std::string> register_model_kernels(torch::Library& lib) {
   lib.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));

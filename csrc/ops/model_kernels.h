@@ -26,4 +26,10 @@ std::unordered_set<std::string> register_model_kernels(torch::Library& lib);
 // (nothing registered) for every other row.
 bool register_model_row_kernel(torch::Library& lib, const OpEntry& e);
 
+// Registers (aten, AutogradPrivateUse1) kernels for CompositeImplicitAutograd ops
+// whose composite takes one branch on CPU and another on every other device, so
+// that "tpu" takes CPU's: max_pool1d (no gradient needed: CPU's floating-only loop
+// and a contiguous, non-view result).
+void register_cpu_branch_kernels();
+
 }  // namespace tpu_eager

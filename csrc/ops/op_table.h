@@ -101,7 +101,7 @@ enum OpTrait : uint64_t {
   kCheckGeluApproximate = 1ull << 42,  // gelu (_backward): `approximate` other than "none" / "tanh"
   kCheckMultinomial = 1ull << 43,      // multinomial: input dtype, out dtype, sample and category counts
   // CPU's kernel returns before its dtype dispatch when a dim has one element (pdist's
-  // n <= 1 rows: an empty result), so the dtype probe's twins keep sizes up to 2, not 1
+  // n <= 1 rows: an empty result; flip's copy), so the dtype probe's twins keep sizes up to 2, not 1
   // (ops/cpu_probe.h), and float16 pdist raises CPU's NotImplementedError at the call.
   kProbeTwinsOfTwo = 1ull << 44,
   // CPU's kernel has no float16 / bfloat16 loop and the dtype probe's size-1 twins fail on

@@ -155,6 +155,19 @@ def _pdist_grads(t, dtype):
         # took the kernel's copy path, which has no dtype dispatch, and accepted complex32.
         ("unfold_backward_complex32", lambda t: torch.ops.aten.unfold_backward(t.to(torch.complex32), [4], 0, 2, 1)),
         ("unfold_backward_float32", lambda t: torch.ops.aten.unfold_backward(t, [4], 0, 2, 1)),
+        # MKL's FFT names the real type of a complex32 tensor ("tensors of type: Half"):
+        # the probe read that as the twins' doing and accepted ComplexHalf.
+        ("fft_complex32", lambda t: torch.fft.fft(t.to(torch.complex32))),
+        ("ifft2_complex32", lambda t: torch.fft.ifft2(t.to(torch.complex32))),
+        ("irfft_complex32", lambda t: torch.fft.irfft(t.to(torch.complex32))),
+        ("fft_complex64", lambda t: torch.fft.fft(t.to(torch.complex64))),
+        # flip's kernel copies when no flipped dim has two elements: size-1 twins took
+        # that path, which has no dtype dispatch, and accepted ComplexHalf.
+        ("flip_complex32", lambda t: t.to(torch.complex32).flip(0)),
+        ("flip_complex32_dims", lambda t: t.to(torch.complex32).flip(0, 1)),
+        ("flip_complex32_one_row", lambda t: t[:1].to(torch.complex32).flip(0)),
+        ("flip_one_row_then_two", lambda t: (t[:1].to(torch.complex32).flip(0), t.to(torch.complex32).flip(0))),
+        ("flip_half", lambda t: t.half().flip(1)),
     ],
     ids=lambda c: c[0],
 )
@@ -178,6 +191,47 @@ def test_unfold_gradient_dtypes(dev, op, dtype):
         y = x.unfold(0, 2, 1) if op == "unfold" else torch.unfold_copy(x, 0, 2, 1)
         y.backward(torch.ones_like(y))
         return x.grad
+
+    run_both_at_call(build, act, dev)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.int64, torch.int32, torch.uint8, torch.bool, torch.complex64, torch.float32, torch.float16, torch.bfloat16],
+    ids=str,
+)
+@pytest.mark.parametrize("call", ["functional", "return_indices", "torch", "bad_kernel"])
+def test_max_pool1d_dtypes(dev, call, dtype):
+    """CPU's max_pool1d (no gradient needed) runs its own loop, which has floating types
+    only: "max_pool1d_impl" not implemented for 'Long'. On any other device the same
+    composite takes max_pool1d_with_indices (max_pool2d's kernel, which has integer loops),
+    so "tpu" computed integer max_pool1d. return_indices takes that path on CPU too."""
+
+    def build(d):
+        return (torch.arange(12.0, device=d).reshape(1, 2, 6).remainder(5).to(dtype),)
+
+    def act(x):
+        if call == "functional":
+            return F.max_pool1d(x, 2)
+        if call == "return_indices":
+            return F.max_pool1d(x, 3, 2, return_indices=True)
+        if call == "torch":
+            return torch.max_pool1d(x, 3, 2, 1, 1, True)
+        return torch.max_pool1d(x, [2, 2])  # CPU checks the kernel size before the dtype
+
+    run_both_at_call(build, act, dev)
+
+
+def test_max_pool1d_gradient(dev):
+    """A float max_pool1d that needs its gradient still differentiates (CPU's with_indices path)."""
+
+    def build(d):
+        return (torch.tensor([[[1.0, 3.0, 2.0, 5.0, 4.0, 0.0]]], device=d).requires_grad_(),)
+
+    def act(x):
+        y = F.max_pool1d(x, 2, 1)
+        y.backward(torch.arange(5.0, device=x.device).reshape(1, 1, 5))
+        return y, x.grad
 
     run_both_at_call(build, act, dev)
 

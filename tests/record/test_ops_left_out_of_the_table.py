@@ -8,7 +8,10 @@
 - histogramdd's three ops (_histogramdd_bin_edges, _histogramdd_from_bin_cts,
   _histogramdd_from_bin_tensors) were excluded and raised NotImplementedError; they run at
   the call like histc and histogram (kSync). Found by test_ops.py's test_errors_histogramdd
-  and TestMathBits test_neg_view_histogramdd."""
+  and TestMathBits test_neg_view_histogramdd.
+- _scaled_mm / _scaled_mm_v2 (float8 matmul with scales) were excluded and raised
+  NotImplementedError where CPU computes; they run CPU's kernel at the call (kSync).
+  Found by test_ops.py's test_out_warning_torch__scaled_mm and tools/sweep_dtype_errors.py."""
 
 import pytest
 import torch
@@ -124,4 +127,47 @@ def test_histogramdd_errors_at_the_call(call):
         call("cpu")
     with pytest.raises(type(cpu.value)) as tpu:
         call("tpu")
+    assert str(tpu.value) == str(cpu.value)
+
+
+def _scaled_mm_args(dev, rows=16):
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(rows, 32, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(16, 32, generator=g).to(torch.float8_e4m3fn).t()
+    return a.to(dev), b.to(dev), torch.tensor(0.5, device=dev), torch.tensor(2.0, device=dev)
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.float32, torch.bfloat16])
+def test_scaled_mm_matches_cpu(out_dtype):
+    want = torch._scaled_mm(*_scaled_mm_args("cpu"), out_dtype=out_dtype)
+    got = torch._scaled_mm(*_scaled_mm_args("tpu"), out_dtype=out_dtype)
+    assert got.device.type == "tpu" and got.stride() == want.stride()
+    assert_bit_equal((got.cpu(),), (want,))
+
+
+def test_scaled_mm_out_warns_and_resizes_as_cpu():
+    """test_out_warning: a wrongly sized out= is resized with CPU's UserWarning."""
+    outs = []
+    for dev in ("cpu", "tpu"):
+        out = torch.empty(3, device=dev)
+        with pytest.warns(UserWarning, match="was resized") as w:
+            torch._scaled_mm(*_scaled_mm_args(dev), out_dtype=torch.float32, out=out)
+        outs.append((out.cpu(), [str(x.message) for x in w]))
+    assert outs[1][1] == outs[0][1]
+    assert_bit_equal((outs[1][0],), (outs[0][0],))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a, b, sa, sb: torch._scaled_mm(a.float(), b, sa, sb),
+        lambda a, b, sa, sb: torch._scaled_mm(a, b[:8], sa, sb),
+    ],
+    ids=["float32_operand", "shapes"],
+)
+def test_scaled_mm_errors_at_the_call(call):
+    with pytest.raises(Exception) as cpu:
+        call(*_scaled_mm_args("cpu"))
+    with pytest.raises(type(cpu.value)) as tpu:
+        call(*_scaled_mm_args("tpu"))
     assert str(tpu.value) == str(cpu.value)

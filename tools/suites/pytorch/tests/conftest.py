@@ -99,6 +99,35 @@ def pytest_collection_modifyitems(session, config, items):
         items[:] = keep
 
 
+def _synchronize_chips():
+    """Runs every chip's pending ops; raises the oldest error no read reported yet."""
+    import torch
+
+    for i in range(torch.tpu.device_count()):
+        torch.tpu.synchronize(i)
+
+
+if DEVICE == "tpu" and os.environ.get("SUITE_NO_SYNC") != "1":
+    import pytest
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(item):
+        """Synchronizes after each test, so an error deferred to the flush (a dtype or index
+        error of a value that died unread) fails the test that made it, not the next test
+        that reads a tensor (CUDA's asynchronous error reporting, lazy/async_errors.h).
+        A test that already failed or skipped keeps its own outcome."""
+        try:
+            result = yield
+        except BaseException:
+            try:
+                _synchronize_chips()
+            except Exception:
+                pass
+            raise
+        _synchronize_chips()
+        return result
+
+
 def pytest_runtest_logstart(nodeid, location):
     _write({"event": "start", "nodeid": nodeid})
 
