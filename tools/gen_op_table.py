@@ -52,6 +52,8 @@ EXCLUDE = re.compile(
     r"_wrapped_|_sobol|_propagate_xla|_lazy_clone|_nested|_safe_softmax"
 )
 # Data-dependent output shapes, or non-tensor results: run at record time after a flush.
+# Also _scaled_mm / _scaled_mm_v2 (float8 operands with scales): no fused loop or matmul
+# of the device takes float8, so CPU's kernel runs at the call.
 SYNC = re.compile(
     r"^(nonzero|nonzero_numpy|unique|_unique|unique_consecutive|unique_dim|unique_dim_consecutive|_unique2|"
     r"masked_select|bincount|repeat_interleave|_local_scalar_dense|is_nonzero|equal|allclose|is_set_to|"
