@@ -145,26 +145,27 @@ __attribute__((target("avx2,f16c"), noinline)) void floats_from_half_f16c(const 
     _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
 }
 
-template <bool kF16c>
-__attribute__((always_inline)) inline void half_from_floats(const float* __restrict src, uint16_t* __restrict dst,
-                                                            int64_t n) {
+// n values: whole 8s by `wide` (F16C) in the vector builds, the rest (all
+// in the baseline build) one by one by `one`.
+template <bool kF16c, typename S, typename D, typename One>
+__attribute__((always_inline)) inline void convert_half(const S* src, D* dst, int64_t n,
+                                                        void (*wide)(const S*, D*, int64_t), One one) {
   int64_t j = 0;
   if constexpr (kF16c) {
-    half_from_floats_f16c(src, dst, n);
+    wide(src, dst, n);
     j = n / 8 * 8;
   }
-  for (; j < n; ++j) dst[j] = c10::detail::fp16_ieee_from_fp32_value(src[j]);
+  for (; j < n; ++j) dst[j] = one(src[j]);
 }
 
 template <bool kF16c>
-__attribute__((always_inline)) inline void floats_from_half(const uint16_t* __restrict src, float* __restrict dst,
-                                                            int64_t n) {
-  int64_t j = 0;
-  if constexpr (kF16c) {
-    floats_from_half_f16c(src, dst, n);
-    j = n / 8 * 8;
-  }
-  for (; j < n; ++j) dst[j] = c10::detail::fp16_ieee_to_fp32_value(src[j]);
+__attribute__((always_inline)) inline void half_from_floats(const float* src, uint16_t* dst, int64_t n) {
+  convert_half<kF16c>(src, dst, n, &half_from_floats_f16c, c10::detail::fp16_ieee_from_fp32_value);
+}
+
+template <bool kF16c>
+__attribute__((always_inline)) inline void floats_from_half(const uint16_t* src, float* dst, int64_t n) {
+  convert_half<kF16c>(src, dst, n, &floats_from_half_f16c, c10::detail::fp16_ieee_to_fp32_value);
 }
 
 // A value rounded once to df16 and held as bfloat16 / float16 (exact in float).
