@@ -73,6 +73,12 @@ SLOW = {
     "test_spyre_ring_losses.py",  # 183 s, 102 tests; losses over up to 2000x300 and 1200x2000 inputs
     # measured 2026-12-06 (branch spyre22s, load ~23 with another test run beside it):
     "test_spyre_ring_renorm.py",  # 296 s, 83 tests; renorm, renorm_ and out= over up to 1000x300 inputs
+    # measured 2026-12-07 (branch spyre22a, load ~15): every tail length of the chain pass's ops
+    "test_spyre_chain_pass.py::test_unary_op_in_chain_every_tail",  # ~120 s, 15 tests
+    "test_spyre_chain_pass.py::test_binary_op_in_chain_every_tail",  # ~60 s, 27 tests
+    "test_spyre_chain_pass.py::test_every_op_in_chain_some_tails",  # 23-50 s, 3 tests
+    "test_spyre_chain_pass.py::test_each_cpu_build_same_bits",  # 5-11 s, 3 tests
+    "test_spyre_chain_pass.py::test_benchmark_chain_large_random",  # 1-5 s, 12 tests
     "test_spyre_pool_tiles.py::test_pool_and_upsample_walk_tiles_with_one_rounding",  # ~14 s, 24 tests
     "test_spyre_pool_tiles.py::test_pool_gradients_round_once",  # ~6 s, 12 tests
     "test_storage.py::test_alias_storage_keeps_exported_bytes_alive",  # 0.6 s, 1 test

@@ -58,6 +58,7 @@
 
 #include "executors/cpu_vml.h"
 #include "executors/region_runner.h"
+#include "executors/spyre/chain_pass.h"
 #include "executors/spyre/df16.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/layout.h"
@@ -4179,6 +4180,9 @@ void copy_rows_into(const at::Tensor& dst, const at::Tensor& idx, const at::Tens
 void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes, KtirRunHooks& hooks, int* failed_at,
                   const KtirTilePlan* plan, KtirWalk* walk) {
   TORCH_CHECK(arg_bytes.size() == p.args.size(), "ktir_execute: ", p.args.size(), " arguments, got ", arg_bytes.size());
+  if (failed_at) *failed_at = -1;
+  if (walk) *walk = KtirWalk();
+  if (ktir_chain_pass(p, arg_bytes, hooks, plan, walk)) return;  // an elementwise chain in one pass (chain_pass.h)
   std::map<int, int64_t> lx_bytes;
   for (const auto& w : p.views)
     if (w.lx)
