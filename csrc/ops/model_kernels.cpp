@@ -179,10 +179,13 @@ struct HistcKernel final : c10::OperatorKernel {
 // CPU's fused kernel (_scaled_dot_product_flash_attention_for_cpu and its
 // backward, op-table rows, recorded as library calls), so it serves exactly the
 // calls CPU's fused kernel serves (CPU's constraints, from sdp_utils_cpp.h) and
-// gives CPU's values; the overrideable switch of torch.nn.attention.sdpa_kernel
-// turns it on and off. Every other call gets CPU's own choice (its flash kernel,
-// recorded the same way, or the math path, whose ops are recorded as on CPU, or
-// CPU's error when no enabled backend fits).
+// gives CPU's values. While CPU's flash switch is on (the default), every call
+// gets CPU's own choice: its flash kernel, which ATen's SDPA then calls directly
+// (recorded the same way, with CPU's autograd node, without the overrideable op's
+// extra dispatch and its two philox tensors), or the math path, whose ops are
+// recorded as on CPU, or CPU's error when no enabled backend fits. With flash
+// switched off and overrideable on (sdpa_kernel(SDPBackend.OVERRIDEABLE)), calls
+// CPU's fused kernel fits take the overrideable entry points.
 
 // CPU's fused-kernel constraints (sdp_utils_cpp.cpp, use_flash_attention_cpp)
 // without its runtime switch, which is CPU's flash switch, not this device's.
@@ -204,7 +207,8 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
                          const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
   const sdp::sdp_params params{query, key, value, attn_mask, dropout_p, is_causal, enable_gqa};
-  if (at::globalContext().userEnabledOverrideableSDP() && fused_attention_fits(params))
+  const auto& ctx = at::globalContext();
+  if (!ctx.userEnabledFlashSDP() && ctx.userEnabledOverrideableSDP() && fused_attention_fits(params))
     return static_cast<int64_t>(sdp::SDPBackend::overrideable);
   return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -381,6 +382,31 @@ at::Tensor values_on_host(const at::Tensor& t) {
   return host::view_over(host::wrap_device_buffer(s), make_ref(t));
 }
 
+// Whether a value of the host-held integer tensor `v` (non-empty) lies outside [lo, hi),
+// read by a min/max loop over its elements (aminmax for the unsigned types wider than a
+// byte). The index checks below run on every embedding lookup and advanced-indexing call
+// with host-held indices, where aminmax and its two item() calls were dispatched ops, a
+// reduction's TensorIterator and three fresh tensors. Call with autograd excluded.
+bool host_values_outside(const at::Tensor& v, int64_t lo, int64_t hi) {
+  const at::ScalarType t = v.scalar_type();
+  if (t != at::kLong && t != at::kInt && t != at::kShort && t != at::kChar && t != at::kByte) {
+    const auto mm = at::aminmax(v);
+    return std::get<0>(mm).item<int64_t>() < lo || std::get<1>(mm).item<int64_t>() >= hi;
+  }
+  const at::Tensor c = v.is_contiguous() ? v : v.contiguous();
+  int64_t mn = std::numeric_limits<int64_t>::max();
+  int64_t mx = std::numeric_limits<int64_t>::min();
+  AT_DISPATCH_INTEGRAL_TYPES(t, "host_values_outside", [&] {
+    const scalar_t* p = c.const_data_ptr<scalar_t>();
+    for (int64_t i = 0, n = c.numel(); i < n; ++i) {
+      const auto x = static_cast<int64_t>(p[i]);
+      mn = std::min(mn, x);
+      mx = std::max(mx, x);
+    }
+  });
+  return mn < lo || mx >= hi;
+}
+
 // Advanced indexing's bounds check (self[indices], self[indices] = v), made
 // at the call when the integer index tensors' values are already on the host
 // (indices built from Python lists or copied from the host): CPU's kernel
@@ -413,8 +439,7 @@ void check_index_bounds(const at::Tensor& self, const c10::IValue& indices_v) {
   std::vector<at::Tensor> bad(idx.size());
   for (size_t j = 0; j < idx.size(); ++j) {
     if (idx[j].numel() == 0) continue;
-    const auto mm = at::aminmax(idx[j]);
-    if (std::get<0>(mm).item<int64_t>() >= -sizes[j] && std::get<1>(mm).item<int64_t>() < sizes[j]) continue;
+    if (!host_values_outside(idx[j], -sizes[j], sizes[j])) continue;
     bad[j] = idx[j].lt(-sizes[j]).logical_or_(idx[j].ge(sizes[j])).expand(shape).reshape(-1);
     bad_any = bad_any.defined() ? bad_any.logical_or(bad[j]) : bad[j];
   }
@@ -455,8 +480,7 @@ bool index_values_need_cpu(const OpPlan& plan, const torch::jit::Stack& stack, s
   const at::Tensor v = values_on_host(index);
   if (!v.defined()) return false;
   c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
-  const auto mm = at::aminmax(v);
-  return std::get<0>(mm).item<int64_t>() < 0 || std::get<1>(mm).item<int64_t>() >= bound;
+  return host_values_outside(v, 0, bound);
 }
 
 // nll_loss(2d)_forward / _backward / multi_margin_loss with a class `target` whose values the

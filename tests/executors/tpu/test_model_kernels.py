@@ -326,22 +326,41 @@ def _sdpa_case(case):
     return q, k, v, kw
 
 
-@pytest.mark.parametrize("case", ["plain", "causal", "bool_mask", "float_mask", "scale", "gqa"])
-def test_sdpa_forward_backward(case):
+SDPA_CASES = ["plain", "causal", "bool_mask", "float_mask", "scale", "gqa"]
+FLASH = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION
+
+
+@pytest.mark.parametrize("overrideable", [False, True], ids=["default", "overrideable_only"])
+@pytest.mark.parametrize("case", SDPA_CASES)
+def test_sdpa_forward_backward(case, overrideable):
+    # By default the device makes CPU's choice (CPU's fused kernel, called by ATen's SDPA
+    # directly, with CPU's autograd node); sdpa_kernel(OVERRIDEABLE) selects the device's
+    # overrideable entry points, which record the same kernel. Values and gradients: CPU's.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     q, k, v, kw = _sdpa_case(case)
     kw_t = {n: (a.to(DEV) if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
     qt, kt, vt = (t.to(DEV).requires_grad_() for t in (q, k, v))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    choice_kw = {n: a for n, a in kw_t.items() if n in ("attn_mask", "is_causal", "scale", "enable_gqa")}
-    assert torch._fused_sdp_choice(qt, kt, vt, **choice_kw) == OVERRIDEABLE
+    choice_kw = {n: a for n, a in kw.items() if n in ("attn_mask", "is_causal", "scale", "enable_gqa")}
+    choice_kw_t = {n: a for n, a in kw_t.items() if n in choice_kw}
     out = F.scaled_dot_product_attention(q, k, v, **kw)
-    with recorded_only(), torch.profiler.profile() as prof:
+    switch = sdpa_kernel(SDPBackend.OVERRIDEABLE) if overrideable else contextlib.nullcontext()
+    with switch, recorded_only(), torch.profiler.profile() as prof:
+        choice = torch._fused_sdp_choice(qt, kt, vt, **choice_kw_t)
         out_t = F.scaled_dot_product_attention(qt, kt, vt, **kw_t)
         go = torch.randn_like(out)
         out_t.backward(go.to(DEV))
     names = {e.name for e in prof.events()}
-    assert "aten::_scaled_dot_product_fused_attention_overrideable" in names
-    assert "aten::_scaled_dot_product_fused_attention_overrideable_backward" in names
+    fused = "aten::_scaled_dot_product_fused_attention_overrideable"
+    if overrideable:
+        assert choice == OVERRIDEABLE
+        assert {fused, fused + "_backward"} <= names
+    else:
+        assert choice == torch._fused_sdp_choice(q, k, v, **choice_kw) == FLASH
+        assert out_t.grad_fn.name() == out.grad_fn.name() == "ScaledDotProductFlashAttentionForCpuBackward0"
+        assert not {fused, fused + "_backward"} & names
+        assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in names
     out.backward(go)
     torch.testing.assert_close(out_t.cpu(), out)
     for a, b in ((qt, q), (kt, k), (vt, v)):
