@@ -501,25 +501,24 @@ std::atomic<int64_t> g_structure_words{0};
 struct FlushScratch {
   FlushStorages fs;
   host::HostMemory mem;
-  std::vector<char> recorded_observed;  // number_expanded's copy of the recorded graph's observed bits
   bool busy = false;
 };
 
-// Numbers the storages of `g`, a flush's graph with its foreach nodes expanded, into `fs`,
-// which holds the recorded graph's numbering (flush_structure): each storage keeps the
-// observed bit that pass found, which counted its uses as the queue did (a tensor a foreach
-// node reads at every index, `_foreach_mul_(ts, t)`, is one pending use, not one per
-// index). A storage that pass did not number counts as observed.
-void number_expanded(const std::vector<Node>& g, FlushStorages& fs, std::vector<char>& recorded_observed) {
-  recorded_observed.swap(fs.observed);
-  const uint64_t recorded_stamp = fs.stamp;
-  const uint64_t stamp = begin_flush_storages(g, fs);
-  fs.observed.clear();
+// The storage number of each reference of `g`, a flush's graph with its foreach nodes
+// expanded, into fs.numbers (what planning reads), in the numbering the recorded graph's
+// pass (flush_structure) gave: every storage of a per-tensor node is one of its foreach
+// node's. The plan names storages by those numbers, so a flush that finds its plan
+// numbers nothing again; the observed bits are that pass's, which counted uses as the
+// queue counts them (a tensor a foreach node reads at every index, `_foreach_mul_(ts, t)`,
+// is one pending use, not one per index).
+void number_expanded(const std::vector<Node>& g, FlushStorages& fs) {
+  size_t nrefs = 0;
+  for (const Node& n : g) nrefs += n.inputs.size() + n.outputs.size();
+  fs.numbers.resize(nrefs);
   int32_t* number = fs.numbers.data();
-  auto put = [&](DeferredStorage* s) {
-    if (s->index_stamp != stamp)
-      fs.observed.push_back(s->index_stamp == recorded_stamp ? recorded_observed[s->index_number] : 1);
-    (void)number_storage(fs, s, stamp, number++);
+  auto put = [&](const DeferredStorage* s) {
+    TORCH_INTERNAL_ASSERT(s->index_stamp == fs.stamp, "foreach expansion: a storage its foreach node does not hold");
+    *number++ = s->index_number;
   };
   for (const Node& n : g) {
     for (const auto& in : n.inputs) put(in.ref.storage.get());
@@ -574,18 +573,10 @@ std::exception_ptr run_graph(std::vector<Node>& recorded, Metrics& m) {
   }
   std::shared_ptr<const FlushPlan> plan = cacheable ? flush_cache_find(&key) : nullptr;
   // Foreach nodes become their per-tensor nodes: everything below sees those,
-  // their storages numbered in their order.
+  // their storages numbered as the recorded graph's pass numbered them.
   std::optional<ExpandedGraph> expanded;
-  if (has_foreach_nodes(recorded)) {
-    expanded.emplace(recorded, plan);
-    if (cacheable) {
-      number_expanded(expanded->nodes, scratch->fs, scratch->recorded_observed);
-    } else {
-      index_flush_storages(expanded->nodes, scratch->fs);
-    }
-  } else if (!cacheable) {
-    index_flush_storages(recorded, scratch->fs);
-  }
+  if (has_foreach_nodes(recorded)) expanded.emplace(recorded, plan);
+  if (!cacheable) index_flush_storages(expanded ? expanded->nodes : recorded, scratch->fs);
   std::vector<Node>& g = expanded ? expanded->nodes : recorded;
   if (plan) {
     m.flush_cache_hits++;
@@ -597,6 +588,7 @@ std::exception_ptr run_graph(std::vector<Node>& recorded, Metrics& m) {
     return run_regions(g, fs, *plan, nullptr, nullptr, scratch->mem, m);
   }
 
+  if (expanded && cacheable) number_expanded(g, scratch->fs);
   auto built = std::make_shared<FlushPlan>();
   if (cacheable) {  // copied now: a flush nested in this one's run reuses the thread's key
     built->hash = flush_key_hash(&key);
