@@ -239,8 +239,10 @@ int64_t per_tensor_nodes_refreshed() { return g_refreshed.load(std::memory_order
 struct ExpandedGraph::Kept {
   std::vector<Node> nodes;
   bool busy = false;
-  // The flush plan whose structure `nodes` has (ExpandedGraph::set_plan); null when unknown.
-  std::shared_ptr<const FlushPlan> plan;
+  // The flush plan whose structure `nodes` has (ExpandedGraph::set_plan); empty when unknown.
+  // Weak: the flush cache alone keeps plans (and their kernels) alive, also at exit; while
+  // this holds the plan's control block, no other plan can have it.
+  std::weak_ptr<const FlushPlan> plan;
 };
 
 bool has_foreach_nodes(const std::vector<Node>& g) {
@@ -264,8 +266,8 @@ ExpandedGraph::ExpandedGraph(std::vector<Node>& g, std::shared_ptr<const FlushPl
       nodes((kept_ ? kept_ : (kept_ = own_.get()))->nodes) {
   kept_->busy = true;
   // Known until written: a failed expansion leaves the kept nodes of no plan.
-  const bool refresh = plan != nullptr && kept_->plan == plan;
-  kept_->plan = nullptr;
+  const bool refresh = plan != nullptr && !kept_->plan.owner_before(plan) && !plan.owner_before(kept_->plan);
+  kept_->plan.reset();
   size_t total = 0;
   for (const Node& n : g) total += n.expands ? n.args[0].toListRef().size() : 1;
   nodes.reserve(total);
