@@ -1,6 +1,7 @@
 // Expansion of foreach nodes into per-tensor nodes (see foreach_expand.h).
 #include "jit/foreach_expand.h"
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -50,6 +51,10 @@ constexpr ForeachRule kForeachRules[] = {
     {"_foreach_maximum_", "List", "clamp_min_", "Tensor", {0, 1}, 2},
     {"_foreach_neg", "", "neg", "", {0}, 1},
 };
+
+// Per-tensor nodes written whole / refreshed (per_tensor_nodes_written, _refreshed).
+std::atomic<int64_t> g_written{0};
+std::atomic<int64_t> g_refreshed{0};
 
 // What building a per-tensor node needs of its op.
 struct PerTensorOp {
@@ -121,9 +126,36 @@ InputSlot& next_input(Node& m, size_t* used) {
   return (*used)++ < m.inputs.size() ? m.inputs[*used - 1] : m.inputs.emplace_back();
 }
 
+// The per-tensor nodes of foreach node `n`, from `out[*at]` on, written again over kept nodes
+// of the same structure (ExpandedGraph's `plan`): only the storages, argument values,
+// location and sequence number change between flushes of one structure.
+void refresh_node(const Node& n, const PerTensorOp& p, const c10::SmallVector<int, 64>& slot_of, std::vector<Node>& out,
+                  size_t* at) {
+  const size_t count = n.args[0].toListRef().size();
+  const size_t nfargs = n.args.size();
+  const size_t nargs = p.tensor_arg.size();
+  for (size_t i = 0; i < count; ++i) {
+    Node& m = out[(*at)++];
+    m.where = n.where;
+    m.seq = n.seq;
+    size_t inputs = 0;
+    for (size_t a = 0; a < nargs; ++a) {
+      const int f = p.rule->args[a];
+      if (f < 0) continue;  // its default, kept
+      const c10::IValue& v = n.args[static_cast<size_t>(f)];
+      const c10::IValue& e = v.isList() ? v.toListRef()[i] : v;
+      if (!e.isTensor() || e.toTensor().defined()) m.args[a] = e;  // a recorded tensor's slot stays undefined
+      const int s = slot_of[i * nfargs + static_cast<size_t>(f)];
+      if (s >= 0 && p.tensor_arg[a]) m.inputs[inputs++].ref.storage = n.inputs[static_cast<size_t>(s)].ref.storage;
+    }
+    if (p.aliased < 0) m.outputs[0].storage = n.outputs[i].storage;
+  }
+}
+
 // Writes foreach node `n`'s per-tensor nodes into `out` from index `*at` on (kept nodes
-// written over, node_at), advancing `*at`.
-void expand_node(const Node& n, std::vector<Node>& out, size_t* at) {
+// written over, node_at), advancing `*at`; with `refresh`, over kept nodes of the same
+// structure (refresh_node).
+void expand_node(const Node& n, std::vector<Node>& out, size_t* at, bool refresh) {
   const PerTensorOp& p = per_tensor_op(n.op);
   const size_t count = n.args[0].toListRef().size();
   // The input slot of each foreach argument at each index (-1: none, a host tensor's).
@@ -137,6 +169,11 @@ void expand_node(const Node& n, std::vector<Node>& out, size_t* at) {
     } else {
       for (size_t i = 0; i < count; ++i) slot_of[i * nfargs + a] = static_cast<int>(s);
     }
+  }
+  (refresh ? g_refreshed : g_written).fetch_add(static_cast<int64_t>(count), std::memory_order_relaxed);
+  if (refresh) {
+    refresh_node(n, p, slot_of, out, at);
+    return;
   }
   const size_t nargs = p.tensor_arg.size();
   for (size_t i = 0; i < count; ++i) {
@@ -196,9 +233,16 @@ void expand_node(const Node& n, std::vector<Node>& out, size_t* at) {
 
 }  // namespace
 
+int64_t per_tensor_nodes_written() { return g_written.load(std::memory_order_relaxed); }
+int64_t per_tensor_nodes_refreshed() { return g_refreshed.load(std::memory_order_relaxed); }
+
 struct ExpandedGraph::Kept {
   std::vector<Node> nodes;
   bool busy = false;
+  // The flush plan whose structure `nodes` has (ExpandedGraph::set_plan); empty when unknown.
+  // Weak: the flush cache alone keeps plans (and their kernels) alive, also at exit; while
+  // this holds the plan's control block, no other plan can have it.
+  std::weak_ptr<const FlushPlan> plan;
 };
 
 bool has_foreach_nodes(const std::vector<Node>& g) {
@@ -215,12 +259,15 @@ ExpandedGraph::Kept* thread_kept() {
 }
 }  // namespace
 
-ExpandedGraph::ExpandedGraph(std::vector<Node>& g)
+ExpandedGraph::ExpandedGraph(std::vector<Node>& g, std::shared_ptr<const FlushPlan> plan)
     : kept_(thread_kept()),
       own_(kept_ ? nullptr : std::make_unique<Kept>()),
       g_(g),
       nodes((kept_ ? kept_ : (kept_ = own_.get()))->nodes) {
   kept_->busy = true;
+  // Known until written: a failed expansion leaves the kept nodes of no plan.
+  const bool refresh = plan != nullptr && !kept_->plan.owner_before(plan) && !plan.owner_before(kept_->plan);
+  kept_->plan.reset();
   size_t total = 0;
   for (const Node& n : g) total += n.expands ? n.args[0].toListRef().size() : 1;
   nodes.reserve(total);
@@ -229,7 +276,7 @@ ExpandedGraph::ExpandedGraph(std::vector<Node>& g)
   try {
     for (size_t k = 0; k < g.size(); ++k) {
       if (g[k].expands) {
-        expand_node(g[k], nodes, &at);
+        expand_node(g[k], nodes, &at, refresh);
       } else {
         moved_.emplace_back(k, at);
         if (at == nodes.size())
@@ -245,7 +292,10 @@ ExpandedGraph::ExpandedGraph(std::vector<Node>& g)
     restore();  // the recorded nodes go back to the queue
     throw;
   }
+  kept_->plan = std::move(plan);
 }
+
+void ExpandedGraph::set_plan(std::shared_ptr<const FlushPlan> plan) { kept_->plan = std::move(plan); }
 
 void ExpandedGraph::restore() {
   for (const auto& [from, to] : moved_) g_[from] = std::move(nodes[to]);

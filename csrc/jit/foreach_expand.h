@@ -11,6 +11,13 @@
 namespace tpu_eager {
 namespace jit {
 
+struct FlushPlan;  // jit/flush_cache.h
+
+// Per-tensor nodes written whole and written only where flushes of one structure differ
+// (ExpandedGraph's `plan`), since the process started.
+int64_t per_tensor_nodes_written();
+int64_t per_tensor_nodes_refreshed();
+
 // Whether any node of `g` is a foreach node to expand.
 bool has_foreach_nodes(const std::vector<Node>& g);
 
@@ -31,14 +38,25 @@ bool has_foreach_nodes(const std::vector<Node>& g);
 // lists keep their room) instead of being built and destroyed each flush. When this is
 // destroyed the kept nodes let go of their storages, so a storage lives as long as without
 // the reuse. A flush nested in another's run on the same thread gets a vector of its own.
+//
+// `plan`: the flush plan found for `g`'s structure (jit/flush_cache.h; null when there is none).
+// When the kept nodes were written last for that plan (set_plan), they already hold every
+// field that follows from the structure (ops, argument kinds, reference geometry, slots), so
+// only what differs between flushes of one structure is written: each reference's storage,
+// the argument values (runtime scalars, host tensors), the Python location and sequence
+// number. A training step's flush repeats its structure every step.
 class ExpandedGraph {
  public:
-  explicit ExpandedGraph(std::vector<Node>& g);
+  explicit ExpandedGraph(std::vector<Node>& g, std::shared_ptr<const FlushPlan> plan = nullptr);
   ~ExpandedGraph();
   ExpandedGraph(const ExpandedGraph&) = delete;
   ExpandedGraph& operator=(const ExpandedGraph&) = delete;
 
-  struct Kept;  // the kept vector and whether an expansion uses it
+  // The plan whose structure the kept nodes now have (after this expansion, once the
+  // flush's plan is built for it); the next expansion for that plan writes only what differs.
+  void set_plan(std::shared_ptr<const FlushPlan> plan);
+
+  struct Kept;  // the kept vector, whether an expansion uses it, and the plan it matches
 
  private:
   Kept* kept_;                 // the thread's kept vector, or own_'s

@@ -6,6 +6,7 @@
 #include "jit/jit.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -489,6 +490,9 @@ std::exception_ptr verifier_error(std::vector<Node>& g, const std::vector<char>&
   return err;
 }
 
+// The words of the last cacheable flush's structure (flush_work_counts).
+std::atomic<int64_t> g_structure_words{0};
+
 // What a flush fills and drops every time: the storage numbering and the
 // HostMemory of its regions. One per thread, reused (their vectors and maps
 // keep their room: allocating, growing and freeing them was ~1.5 K
@@ -499,6 +503,28 @@ struct FlushScratch {
   host::HostMemory mem;
   bool busy = false;
 };
+
+// The storage number of each reference of `g`, a flush's graph with its foreach nodes
+// expanded, into fs.numbers (what planning reads), in the numbering the recorded graph's
+// pass (flush_structure) gave: every storage of a per-tensor node is one of its foreach
+// node's. The plan names storages by those numbers, so a flush that finds its plan
+// numbers nothing again; the observed bits are that pass's, which counted uses as the
+// queue counts them (a tensor a foreach node reads at every index, `_foreach_mul_(ts, t)`,
+// is one pending use, not one per index).
+void number_expanded(const std::vector<Node>& g, FlushStorages& fs) {
+  size_t nrefs = 0;
+  for (const Node& n : g) nrefs += n.inputs.size() + n.outputs.size();
+  fs.numbers.resize(nrefs);
+  int32_t* number = fs.numbers.data();
+  auto put = [&](const DeferredStorage* s) {
+    TORCH_INTERNAL_ASSERT(s->index_stamp == fs.stamp, "foreach expansion: a storage its foreach node does not hold");
+    *number++ = s->index_number;
+  };
+  for (const Node& n : g) {
+    for (const auto& in : n.inputs) put(in.ref.storage.get());
+    for (const auto& out : n.outputs) put(out.storage.get());
+  }
+}
 
 // This thread's FlushScratch for one flush, or a fresh one when it is in use.
 // Its HostMemory is emptied at the end (what held the values is freed then,
@@ -531,56 +557,70 @@ class ScratchLease {
 }  // namespace
 
 std::exception_ptr run_graph(std::vector<Node>& recorded, Metrics& m) {
-  // Foreach nodes become their per-tensor nodes first: everything below sees those.
-  std::optional<ExpandedGraph> expanded;
-  if (has_foreach_nodes(recorded)) expanded.emplace(recorded);
-  std::vector<Node>& g = expanded ? expanded->nodes : recorded;
   ScratchLease scratch;
   const FlushStorages& fs = scratch->fs;
   // The flush's structure, looked up in the flush cache (flush_cache.h); the
   // pass numbers the flush's storages too. A pending test break of the
-  // partition bypasses it (the flush must partition).
+  // partition bypasses it (the flush must partition). The structure is the
+  // recorded graph's: a foreach node's per-tensor nodes follow from its words
+  // (expand_node reads nothing else), so they need not be written and compared.
   thread_local FlushKey key;
   bool cacheable = !test_break_pending();
   if (cacheable) {
-    flush_structure(g, scratch->fs, &key);
+    flush_structure(recorded, scratch->fs, &key);
     cacheable = key.cacheable;
-  } else {
-    index_flush_storages(g, scratch->fs);
+    g_structure_words.store(static_cast<int64_t>(key.n), std::memory_order_relaxed);
   }
-  if (cacheable) {
-    if (std::shared_ptr<const FlushPlan> plan = flush_cache_find(&key)) {
-      m.flush_cache_hits++;
-      m.ops_eliminated += static_cast<int64_t>(g.size()) - plan->n_live;
-      if (verify_enabled()) {
-        const std::string bad = verify_regions(g, plan->live, fs.observed_set(), plan->regions);
-        if (!bad.empty()) return verifier_error(g, plan->live, bad);
-      }
-      return run_regions(g, fs, *plan, nullptr, nullptr, scratch->mem, m);
+  std::shared_ptr<const FlushPlan> plan = cacheable ? flush_cache_find(&key) : nullptr;
+  // Foreach nodes become their per-tensor nodes: everything below sees those,
+  // their storages numbered as the recorded graph's pass numbered them.
+  std::optional<ExpandedGraph> expanded;
+  if (has_foreach_nodes(recorded)) expanded.emplace(recorded, plan);
+  if (!cacheable) index_flush_storages(expanded ? expanded->nodes : recorded, scratch->fs);
+  std::vector<Node>& g = expanded ? expanded->nodes : recorded;
+  if (plan) {
+    m.flush_cache_hits++;
+    m.ops_eliminated += static_cast<int64_t>(g.size()) - plan->n_live;
+    if (verify_enabled()) {
+      const std::string bad = verify_regions(g, plan->live, fs.observed_set(), plan->regions);
+      if (!bad.empty()) return verifier_error(g, plan->live, bad);
     }
+    return run_regions(g, fs, *plan, nullptr, nullptr, scratch->mem, m);
   }
 
-  auto plan = std::make_shared<FlushPlan>();
+  if (expanded && cacheable) number_expanded(g, scratch->fs);
+  auto built = std::make_shared<FlushPlan>();
   if (cacheable) {  // copied now: a flush nested in this one's run reuses the thread's key
-    plan->hash = flush_key_hash(&key);
-    plan->words.assign(key.buf.begin(), key.buf.begin() + static_cast<std::ptrdiff_t>(key.n));
+    built->hash = flush_key_hash(&key);
+    built->words.assign(key.buf.begin(), key.buf.begin() + static_cast<std::ptrdiff_t>(key.n));
   }
   const StorageSet observed = fs.observed_set();
-  plan->live = live_nodes(g, observed);
-  for (char l : plan->live) plan->n_live += l;
-  m.ops_eliminated += static_cast<int64_t>(g.size()) - plan->n_live;
-  plan->regions = partition(g, plan->live, observed, &active_executor());
-  apply_test_break(plan->regions);
+  built->live = live_nodes(g, observed);
+  for (char l : built->live) built->n_live += l;
+  m.ops_eliminated += static_cast<int64_t>(g.size()) - built->n_live;
+  built->regions = partition(g, built->live, observed, &active_executor());
+  apply_test_break(built->regions);
   if (verify_enabled()) {
-    const std::string bad = verify_regions(g, plan->live, observed, plan->regions);
-    if (!bad.empty()) return verifier_error(g, plan->live, bad);
+    const std::string bad = verify_regions(g, built->live, observed, built->regions);
+    if (!bad.empty()) return verifier_error(g, built->live, bad);
   }
-  plan_transients(g, fs, *plan);
-  number_regions(g, fs, plan->regions);
+  plan_transients(g, fs, *built);
+  number_regions(g, fs, built->regions);
   bool complete = true;
-  std::exception_ptr err = run_regions(g, fs, *plan, plan.get(), &complete, scratch->mem, m);
-  if (cacheable && complete) flush_cache_insert(std::move(plan));
+  std::exception_ptr err = run_regions(g, fs, *built, built.get(), &complete, scratch->mem, m);
+  if (cacheable && complete) {
+    if (expanded) expanded->set_plan(built);
+    flush_cache_insert(std::move(built));
+  }
   return err;
+}
+
+FlushWorkCounts flush_work_counts() {
+  FlushWorkCounts c;
+  c.structure_words = g_structure_words.load(std::memory_order_relaxed);
+  c.per_tensor_nodes_written = per_tensor_nodes_written();
+  c.per_tensor_nodes_refreshed = per_tensor_nodes_refreshed();
+  return c;
 }
 
 void clear_cache() {

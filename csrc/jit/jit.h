@@ -30,5 +30,16 @@ void set_cache_limit(size_t limit);
 // Kernels evicted since the process started.
 int64_t cache_evictions();
 
+// Work counts of the flush machinery since the process started (tests count
+// them): the words of the last flush's structure (flush_cache.h), and the
+// per-tensor nodes of foreach nodes written whole or only where flushes of one
+// structure differ (foreach_expand.h, ExpandedGraph's `plan`).
+struct FlushWorkCounts {
+  int64_t structure_words = 0;
+  int64_t per_tensor_nodes_written = 0;
+  int64_t per_tensor_nodes_refreshed = 0;
+};
+FlushWorkCounts flush_work_counts();
+
 }  // namespace jit
 }  // namespace tpu_eager

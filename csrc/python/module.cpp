@@ -520,6 +520,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_clear_cache", &jit::clear_cache);
   m.def("_set_kernel_cache_limit", &jit::set_cache_limit);
   m.def("_set_flush_cache_limit", &jit::set_flush_cache_limit);
+  m.def(
+      "_flush_work_counts",
+      [] {
+        const jit::FlushWorkCounts c = jit::flush_work_counts();
+        py::dict d;
+        d["structure_words"] = c.structure_words;
+        d["per_tensor_nodes_written"] = c.per_tensor_nodes_written;
+        d["per_tensor_nodes_refreshed"] = c.per_tensor_nodes_refreshed;
+        return d;
+      },
+      "Test hook: the last flush's structure words and the foreach per-tensor nodes written whole / refreshed.");
   m.def("_jit_set_verify", &jit::set_verify, "Verifies every flush's regions (jit/verify.h) when True.");
   m.def("_jit_verify_enabled", &jit::verify_enabled);
   m.def("_jit_break_next_partition", &jit::set_break_next_partition,
