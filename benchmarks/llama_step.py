@@ -34,6 +34,12 @@ import torch
 QUICK = os.environ.get("TORCH_TPU_QUICK") == "1"
 CLOCKS = {"process": time.process_time, "thread": time.thread_time, "wall": time.perf_counter}
 
+# transformers imports torchvision where it is installed; torchvision 0.28.0's only wheel is a
+# CUDA build whose C ops do not load on CPU torch, and its import fails unless the two op
+# schemas tvshim defines exist (without this, LlamaConfig raises ModuleNotFoundError).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "suites", "models"))
+import tvshim  # noqa: E402,F401
+
 
 def build(seed=0):
     """The CPU model and its token ids (2, 16), both from ``seed``; None without transformers."""
