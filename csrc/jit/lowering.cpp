@@ -95,7 +95,8 @@ Lowering lower(const c10::FunctionSchema& schema) {
   for (const LossRule& r : kLossRules)
     if (r.name == name && overload.empty()) l.loss = r.loss;
   for (std::string_view n : kStridedInputs) l.strided_inputs = l.strided_inputs || (overload.empty() && n == name);
-  l.concat = name == "cat" && overload.empty();
+  // clone is a cat of its one input, written through the output's strides (any memory format).
+  l.concat = (name == "cat" || name == "clone") && overload.empty();
   for (std::string_view n : kOverwriteSelf) l.overwrites_self = l.overwrites_self || n == name;
   if (!name.empty() && name.back() == '_') name.remove_suffix(1);
   for (const MxuRule& r : kMxuRules) {

@@ -204,6 +204,10 @@ struct Loops {
           reads->push_back(find(t->maker));
           continue;
         }
+        if (!in.written && t->maker < 0 && t->inplace && t->group >= 0 && in.ref.dim() != 0) {
+          reads->push_back(find(t->group));  // written in place by one earlier loop, read after it
+          continue;
+        }
         return false;
       }
       if (t->group == -2) continue;  // a region input read by loops of several shapes
@@ -274,6 +278,12 @@ int row_values_before_ops(const std::vector<Growing>& growing, int last, const N
 bool op_by_op_reduction(const Growing& last, const Node& n, OpFusion f) {
   return last.by_ops && static_cast<PrimKind>(n.kind) == PrimKind::kReduction && f == OpFusion::kOpByOp;
 }
+
+// Horizontal rule: a cat the target fuses joins the previous elementwise
+// region as an elementwise op does (the llama's value cache `cat((empty, v),
+// -2)` of a projection's product beside the key's rotary loop): a loop of its
+// own there instead of a region of one op, which runs CPU's cat.
+bool horizontal_concat(const Node& n, OpFusion f) { return f == OpFusion::kFuses && lowering_of(n.op).concat; }
 
 // Whether the region takes no more ops after `f` joined it (row-value rule:
 // a kRowValue reduction leaves it open on targets of one-shape loops).
@@ -501,7 +511,7 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
         may_join(producer_region, n, f)) {
       target = producer_region;  // vertical fusion with the op's producer
     } else if (last >= 0 &&
-               ((k == PrimKind::kElementwise &&
+               (((k == PrimKind::kElementwise || horizontal_concat(n, f)) &&
                  (regions[last].anchor == PrimKind::kElementwise || growing[last].by_ops ||
                   row_values_take_independent(growing[last], n, f))) ||
                 op_by_op_reduction(growing[last], n, f)) &&
@@ -571,6 +581,9 @@ std::vector<Region> partition(const std::vector<Node>& g, const std::vector<char
         // Row-value rule: the reduction is its loop's last op (its
         // consumers, even of the same shape, read its value in a later loop).
         if (f == OpFusion::kRowValue) loops.sealed[grp] = 1;
+        // A clone (a cat of one tensor) writes its output through strides,
+        // never read back in its loop: its consumers read it in later loops.
+        if (lowering_of(n.op).concat && n.inputs.size() == 1) loops.sealed[grp] = 1;
       }
       auto touched = [&](const DeferredStorage* st, bool writes, bool inplace, bool fresh) {
         Touch& t = touch[st];

@@ -81,7 +81,8 @@ c10::OptionalIntArrayRef loop_shape_of(const Node& n) { return loop_shape(n); }
 // loop ids 0 .. L-1 each used, each loop over one shape, a reduction the
 // last op of its loop; a value made or written by one loop is touched by no
 // other, except that a later loop may read a fresh output of an earlier one
-// that nothing in the region writes in place, not 0-dim, materialized; a
+// that nothing in the region writes in place, not 0-dim, materialized, or a
+// storage the region did not make that one earlier loop writes in place; a
 // matmul's epilogue iterates over the product's shape.
 std::string check_loops(const std::vector<Node>& g, const Region& r) {
   if (r.anchor == PrimKind::kMatmul) {
@@ -142,7 +143,8 @@ std::string check_loops(const std::vector<Node>& g, const Region& r) {
       // nll_loss_backward reads its loss gradient from an earlier loop when bound (partition.cpp, join_of).
       const bool loss_gradient = in.arg == 0 && lowering_of(g[r.nodes[p]].op).loss == LossRow::kNllLossBackward;
       if (loss_gradient && !in.written && ((m && m->first < l) || (w && *w < l))) continue;
-      if (w && *w != l)
+      // (a later loop may read a storage one earlier loop writes in place: partition orders them)
+      if (w && *w != l && (in.written || *w > l || (m && m->first != *w)))
         return "loop " + std::to_string(l) + " touches a storage loop " + std::to_string(*w) + " writes in place";
       if (!m || m->first == l) continue;
       if (in.written || w || in.ref.dim() == 0 || m->first > l || !r.materialize[m->second.first][m->second.second])

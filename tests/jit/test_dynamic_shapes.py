@@ -454,13 +454,14 @@ def test_an_attention_block_keeps_one_region_each_when_n_equals_the_head_dim():
     # probe (carry_marks) finds the head dim fixed, so the regions reading
     # it key as at every other n: no compile after the first n (main at
     # 131ceab: one more at n = 16). CPU's values; n = 700 outside the range
-    # compiles its own.
+    # compiles its own. (Six regions since llama22: the reshape's clone of the
+    # transposed heads runs in p @ v's epilogue.)
     tte = _tte()
     g = torch.Generator().manual_seed(7)
     shapes = {"g": (64,), "b": (64,), "wqkv": (64, 192), "wo": (64, 64)}
     w = {k: torch.randn(*s, generator=g) * 0.1 for k, s in shapes.items()}
     counts = _block_compiles(tte, _attn, w, (23, 16, 40, 64, 16), 619)
-    assert counts[0] >= 7 and counts == [counts[0]] * 5
+    assert counts[0] >= 6 and counts == [counts[0]] * 5
     x = torch.randn(700, 64)
     d = x.to("tpu")
     tte.mark_dynamic(d, 0, 1, 619)

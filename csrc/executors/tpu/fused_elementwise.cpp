@@ -793,19 +793,22 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
       // ones skipped, as CPU skips them): input j is stored (as x * 1, exact)
       // through the output's strides at offset j * width along `dim`, in the
       // loop's order. The output is written only here, never read back.
-      if (n.outputs.size() != 1 || n.args.size() < 2 || !n.args[1].isInt() || !region.materialize[p][0]) return false;
+      // clone(self): a cat of its one input (its second argument is the memory format).
+      const bool clone = n.inputs.size() == 1 && n.inputs[0].elem < 0;
+      if (n.outputs.size() != 1 || n.args.size() < 2 || (!clone && !n.args[1].isInt()) || !region.materialize[p][0])
+        return false;
       const TensorRef& out = n.outputs[0];
       if (out.dtype != at::kFloat || out.conj || out.neg || out.offset < 0) return false;
       std::vector<const InputSlot*> parts;
       for (const auto& in : n.inputs) {
-        if (in.elem < 0 || in.written) return false;
+        if ((in.elem < 0 && !clone) || in.written) return false;
         if (in.ref.sizes().size() == 1 && in.ref.sizes()[0] == 0) continue;
         parts.push_back(&in);
       }
       if (parts.empty()) return false;
       if (!shape) shape = parts[0]->ref.sizes();
       const int64_t nd = static_cast<int64_t>(shape->size());
-      int64_t dim = n.args[1].toInt();
+      int64_t dim = clone ? 0 : n.args[1].toInt();
       if (dim < 0) dim += nd;
       if (nd == 0 || nd > static_cast<int64_t>(fused::StridedRead::kMaxDims) || dim < 0 || dim >= nd ||
           static_cast<int64_t>(out.sizes().size()) != nd || static_cast<int64_t>(out.strides().size()) != nd)
