@@ -321,7 +321,15 @@ def get_rng_state(device=None) -> torch.Tensor:
 
 
 def set_rng_state(new_state: torch.Tensor, device=None) -> None:
-    """Restores a state returned by :func:`get_rng_state`."""
+    """Restores a state returned by :func:`get_rng_state`: a CPU uint8 tensor of 16 bytes
+    (seed, offset) or 8 (the seed; offset 0), as CUDA's.
+
+    Raises:
+        TypeError: ``new_state`` is not a CPU ByteTensor.
+        RuntimeError: it has another number of bytes.
+    """
+    if isinstance(new_state, torch.Tensor):
+        new_state = new_state.clone(memory_format=torch.contiguous_format)  # as torch.cuda.set_rng_state
     _generator(device).set_state(new_state)
 
 

@@ -1,4 +1,5 @@
 // The device generator: seed + offset, consumed at record time.
+#include <cstring>
 #include <mutex>
 
 #include <ATen/core/Generator.h>
@@ -29,11 +30,15 @@ struct TpuGenerator final : c10::GeneratorImpl {
     set_current_seed(c10::detail::getNonDeterministicRandom());
     return seed_;
   }
-  // State: 16 bytes (seed, offset) in a CPU uint8 tensor, like CUDA's layout.
+  // State: 16 bytes (seed, offset) in a CPU uint8 tensor, like CUDA's layout,
+  // with CUDA's checks: a contiguous CPU ByteTensor (TypeError otherwise; a
+  // "tpu" tensor's bytes may still be pending), of 16 bytes or of 8 (the seed
+  // alone; offset 0).
   void set_state(const c10::TensorImpl& s) override {
-    TORCH_CHECK(s.numel() == 16 && s.dtype() == caffe2::TypeMeta::Make<uint8_t>(),
-                "tpu RNG state must be a uint8 tensor of 16 bytes, got ", s.numel(), " elements");
-    const auto* p = static_cast<const uint64_t*>(s.data());
+    at::detail::check_rng_state(s);
+    TORCH_CHECK(s.numel() == 16 || s.numel() == 8, "RNG state is wrong size");
+    uint64_t p[2] = {0, 0};
+    std::memcpy(p, s.data(), s.numel());
     seed_ = p[0];
     offset_ = p[1];
   }

@@ -175,16 +175,6 @@ void close_tables() {
 }
 
 // mkdir -p; returns "" or the reason it failed.
-std::string make_dirs(const std::string& path) {
-  for (size_t i = 1; i <= path.size(); ++i) {
-    if (i < path.size() && path[i] != '/') continue;
-    const std::string part = path.substr(0, i);
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return part + ": " + std::strerror(errno);
-  }
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path + ": not a directory";
-  return "";
-}
 
 // Opens the stamp directory and both table files (not read yet). Caller holds mu.
 std::string open_dir_locked(const std::string& dir) {
@@ -273,6 +263,17 @@ void load_locked(Table which) {
 }
 
 }  // namespace
+
+std::string make_dirs(const std::string& path) {
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i < path.size() && path[i] != '/') continue;
+    const std::string part = path.substr(0, i);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return part + ": " + std::strerror(errno);
+  }
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path + ": not a directory";
+  return "";
+}
 
 void set_runtime_tag(const std::string& tag) {
   std::lock_guard<std::mutex> lock(S().mu);

@@ -50,6 +50,10 @@ std::string set_dir(const std::string& dir);
 std::string dir();
 std::string stamp();
 
+// Creates `path` and its missing parents (mkdir -p); "" on success, else the
+// first part that could not be made, with the reason.
+std::string make_dirs(const std::string& path);
+
 // The runtime torch.__version__, given by the Python package at import; part of the stamp.
 void set_runtime_tag(const std::string& tag);
 

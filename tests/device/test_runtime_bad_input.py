@@ -155,8 +155,44 @@ def test_event_and_stream_of_another_chip():
     _usable()
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda s: s.float(),  # not a ByteTensor
+        lambda s: s.to("tpu"),  # not on the host (its bytes may be pending)
+        lambda s: torch.stack([s, s], 1)[:, 0],  # not contiguous
+    ],
+    ids=["float", "tpu", "noncontiguous"],
+)
+def test_generator_set_state_checks_as_cuda(make):
+    # Every ATen generator's set_state starts with at::detail::check_rng_state
+    # (CUDA's and CPU's): a contiguous CPU ByteTensor, else TypeError /
+    # RuntimeError. The CPU generator is the reference for the exception.
+    cpu_gen, gen = torch.Generator(), torch.Generator("tpu")
+    with pytest.raises(Exception) as cpu_err:
+        cpu_gen.set_state(make(cpu_gen.get_state()))
+    with pytest.raises(type(cpu_err.value), match=str(cpu_err.value)):
+        gen.set_state(make(gen.get_state()))
+    _usable()
+
+
+def test_rng_state_of_the_seed_alone_and_a_strided_state():
+    # CUDA's state is (seed, offset); 8 bytes set the seed with offset 0.
+    gen = torch.Generator("tpu").manual_seed(5)
+    gen.set_offset(40)
+    seed_only = gen.get_state()[:8].clone()
+    gen.set_offset(80)
+    gen.set_state(seed_only)
+    assert (gen.initial_seed(), gen.get_offset()) == (5, 0)
+    # torch.cuda.set_rng_state clones to contiguous first: a strided state is taken.
+    state = torch.tpu.get_rng_state()
+    a = torch.rand(4, device="tpu").cpu()
+    torch.tpu.set_rng_state(torch.stack([state, state], 1)[:, 1])
+    assert torch.equal(torch.rand(4, device="tpu").cpu(), a)
+
+
 def test_other_runtime_functions_reject_bad_values():
-    with pytest.raises(RuntimeError, match="16 bytes"):
+    with pytest.raises(RuntimeError, match="RNG state is wrong size"):
         torch.tpu.set_rng_state(torch.zeros(3, dtype=torch.uint8))
     with pytest.raises(TypeError):
         torch.tpu.set_rng_state([1, 2])

@@ -13,6 +13,7 @@
 
 #include "executors/region_runner.h"
 #include "executors/spyre/ktir_ir.h"
+#include "jit/disk_cache.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -24,6 +25,36 @@ std::vector<std::string>& last() {
   return *v;
 }
 std::atomic<int64_t> g_dumped{0};
+
+// Writes one region's program to `dir` (made with its parents on first use,
+// as torch.compile's debug directories are). A directory that cannot be made
+// or written warns once per value of the variable instead of dropping the
+// programs silently; the run goes on.
+void dump(const std::string& dir, const std::string& name, const std::string& text) {
+  static std::mutex mu;
+  static std::string made, warned;
+  std::string err;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (made != dir) {
+      err = disk_cache::make_dirs(dir);
+      if (err.empty()) made = dir;
+    }
+  }
+  if (err.empty()) {
+    char num[32];
+    std::snprintf(num, sizeof num, "%06lld", static_cast<long long>(g_dumped.fetch_add(1)));
+    const std::string path = dir + "/region_" + num + "_" + name + ".ktir";
+    std::ofstream f(path);
+    f << text;
+    if (!f) err = path + ": cannot be written";
+  }
+  if (err.empty()) return;
+  std::lock_guard<std::mutex> lock(mu);
+  if (warned == dir) return;
+  warned = dir;
+  TORCH_WARN("TORCH_TPU_DUMP_DIR=", dir, " is not usable (", err, "); KTIR programs are not written");
+}
 
 }  // namespace
 
@@ -43,12 +74,7 @@ void ktir_begin_flush() {
 }
 
 void ktir_record(const std::string& name, std::string text) {
-  if (const auto dir = env::raw("TORCH_TPU_DUMP_DIR")) {
-    char num[32];
-    std::snprintf(num, sizeof num, "%06lld", static_cast<long long>(g_dumped.fetch_add(1)));
-    std::ofstream f(*dir + "/region_" + num + "_" + name + ".ktir");
-    f << text;
-  }
+  if (const auto dir = env::raw("TORCH_TPU_DUMP_DIR")) dump(*dir, name, text);
   std::lock_guard<std::mutex> lock(g_mu);
   last().push_back(std::move(text));
 }

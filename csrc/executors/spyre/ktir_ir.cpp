@@ -42,6 +42,7 @@
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/index_copy.h>
 #include <ATen/ops/where.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/cat.h>
@@ -64,6 +65,7 @@
 #include "executors/spyre/layout.h"
 #include "executors/spyre/ring_softmax.h"
 #include "jit/lowering.h"
+#include "ops/cpu_meta.h"
 #include "ops/op_table.h"
 
 static_assert(tpu_eager::kAtenGrainSize == at::internal::GRAIN_SIZE,
@@ -2127,6 +2129,51 @@ void ktir_narrow_ranges(KtirProgram& p) {
       if (fault_at_others(p, k, x, products)) p.sym_lower[k] = p.sym_upper[k] = p.sym_values[k];
 }
 
+namespace {
+
+at::Tensor meta_twin(const KtirView& w) {
+  return at::empty_strided(w.sizes, w.strides, at::TensorOptions().dtype(w.dtype).device(c10::kMeta));
+}
+
+// CPU's own call-time checks of op `o`: the C++ meta kernel of a structured op
+// that a Python meta kernel shadows (ops/cpu_meta.h), as the op's CPU kernel
+// runs it first. The Python kernels skip some (_softmax's dim range), so an
+// edit they accept would raise CPU's error only when the file runs. Its own
+// twins: it may resize out= operands.
+void check_with_cpu_meta(const KtirOp& o, const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
+                         const KtirProgram& p, const std::vector<at::Tensor>& meta) {
+  const std::optional<c10::KernelFunction> cpp = shadowed_cpp_meta_kernel(op);
+  if (!cpp) return;
+  std::vector<at::Tensor> twins(meta.size());
+  for (size_t v = 0; v < meta.size(); ++v)
+    if (meta[v].defined()) twins[v] = meta_twin(p.views[v]);
+  torch::jit::Stack stack = op_stack(o, schema, twins);
+  try {
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    cpp->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+  } catch (const c10::Error& e) {
+    fail(o.line, "types", o.op + " rejects its operands: " + e.what_without_backtrace());
+  }
+}
+
+// A view an op writes holds each element once: CPU refuses to write a tensor
+// whose elements share memory (a zero stride over more than one element).
+// An `in` argument is read only: run_ktir binds the caller's tensor to it.
+void check_written_view(const KtirOp& o, int v, const KtirProgram& p) {
+  if (v < 0 || v >= static_cast<int>(p.views.size())) return;
+  const KtirView& w = p.views[v];
+  if (!w.lx && w.arg >= 0 && w.arg < static_cast<int>(p.args.size()) && p.args[w.arg].kind == KtirArg::kIn)
+    fail(o.line, "arg",
+         o.op + " writes %" + std::to_string(v) + ", a view of %a" + std::to_string(w.arg) +
+             ", an `in` argument (read only; declare it inout)");
+  if (at::has_internal_overlap(meta_twin(w)) == at::MemOverlap::Yes)
+    fail(o.line, "view",
+         o.op + " writes %" + std::to_string(v) + ", whose strides " + list(p.views[v].strides) +
+             " give several of its elements one address");
+}
+
+}  // namespace
+
 void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector<at::Tensor>* bound) {
   const int hl = 1;  // the header line
   ktir_verify_ranges(p);
@@ -2254,6 +2301,7 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
       return meta[v];
     });
     torch::jit::Stack stack = op_stack(o, schema, meta);  // def-use and operand types
+    check_with_cpu_meta(o, *op, schema, p, meta);
     try {
       c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
       op->callBoxed(stack);
@@ -2261,6 +2309,8 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
       stack.clear();  // no meta kernel: types checked when it runs
     } catch (const c10::Error& e) {
       fail(o.line, "types", o.op + " rejects its operands: " + e.what_without_backtrace());
+    } catch (const std::exception& e) {  // a Python meta kernel's error (torch._meta_registrations)
+      fail(o.line, "types", o.op + " rejects its operands: " + e.what());
     }
     const std::vector<at::Tensor> got = stack.empty() ? std::vector<at::Tensor>() : fresh(schema, stack);
     for (size_t j = 0; j < o.results.size(); ++j) {
@@ -2286,13 +2336,16 @@ void ktir_verify(const KtirProgram& p, const CardParams& card, const std::vector
                o.op + " result " + std::to_string(j) + " is " + host_name(got[j].scalar_type()) + ", its view %" +
                    std::to_string(o.results[j]) + " is " + host_name(w.dtype));
       }
+      check_written_view(o, o.results[j], p);
       define(o.results[j]);
     }
     // Written arguments are defined after the op (an out= or in-place view).
     const auto& sargs = schema.arguments();
     for (size_t a = 0; a < o.args.size() && a < sargs.size(); ++a)
-      if (o.args[a].kind == KtirValue::kView && sargs[a].alias_info() && sargs[a].alias_info()->isWrite())
+      if (o.args[a].kind == KtirValue::kView && sargs[a].alias_info() && sargs[a].alias_info()->isWrite()) {
+        check_written_view(o, static_cast<int>(o.args[a].i), p);
         define(static_cast<int>(o.args[a].i));
+      }
   }
 }
 

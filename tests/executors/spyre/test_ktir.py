@@ -65,6 +65,22 @@ def _dump_one(tmp_path, monkeypatch, fn):
     return files[0]
 
 
+def test_dump_dir_is_made_or_warned(spyre_target, tmp_path, monkeypatch):
+    # A kernel author's TORCH_TPU_DUMP_DIR that does not exist yet is made (with its
+    # parents); one that cannot be made warns (once) instead of dropping every
+    # program silently, and the run goes on.
+    x = torch.randn(4, 64)
+    nested = tmp_path / "a" / "b"
+    path = _dump_one(nested, monkeypatch, lambda: (x.to("tpu") * 3).cpu())
+    assert path.parent == nested
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(blocker / "d"))
+    with pytest.warns(UserWarning, match="TORCH_TPU_DUMP_DIR=.* is not usable"):
+        got = (x.to("tpu").exp() - 2).cpu()  # a new region: compiled, so dumped
+    assert got.shape == x.shape and not list(blocker.parent.glob("**/*.ktir"))[1:]
+
+
 def test_edited_dump_runs_with_df16_numerics(spyre_target, tmp_path, monkeypatch):
     from torch_tpu_eager import spyre
 
@@ -180,6 +196,16 @@ BAD = [
     ("%a1 = arg out f32", "%a1 = arg out f16", 3, "types"),
     ("%1 = exp(%0)", "%1 = exp(%0", 10, "syntax"),
     ("  %2 = mul", "  tile %2 sizes=[1, 64] at=[core*1, 0]\n  %2 = mul", 11, "tile"),
+    # Checks CPU's kernel makes (its C++ meta function) that the Python meta
+    # kernel skips (_softmax's dim) or raises as a Python error (mm's shapes).
+    ("%2 = mul.Tensor(%1, 0.5)", "%2 = _softmax(%1, 2, False)", 11, "types"),
+    ("%2 = mul.Tensor(%1, 0.5)", "%2 = mm(%1, %1)", 11, "types"),
+    # A written view whose elements share addresses (CPU refuses to write one).
+    ("%a1 offset=0 sizes=[4, 64] strides=[64, 1]", "%a1 offset=0 sizes=[4, 64] strides=[0, 1]", 11, "view"),
+    ("%t0 offset=0 sizes=[4, 64] strides=[64, 1]", "%t0 offset=0 sizes=[4, 64] strides=[64, 0]", 10, "view"),
+    # An op writing an `in` argument (run_ktir would write the caller's tensor).
+    ("%2 = mul.Tensor(%1, 0.5)", "%2 = mul.Tensor(%1, 0.5)\n  add_.Tensor(%0, %1)", 12, "arg"),
+    ("%1 = exp(%0)", "exp_(%0)\n  %1 = exp(%0)", 10, "arg"),
 ]
 
 
