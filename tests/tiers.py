@@ -81,6 +81,12 @@ SLOW = {
     "test_spyre_chain_pass.py::test_benchmark_chain_large_random",  # 1-5 s, 12 tests
     "test_spyre_pool_tiles.py::test_pool_and_upsample_walk_tiles_with_one_rounding",  # ~14 s, 24 tests
     "test_spyre_pool_tiles.py::test_pool_gradients_round_once",  # ~6 s, 12 tests
+    # measured 2026-12-07 (branch spyre22b, load ~15):
+    "test_spyre_matmul16.py::test_mm_sums_each_dot_product_in_k_order",  # 3.7 s, 12 tests
+    "test_spyre_matmul16.py::test_the_reference_tells_the_order",  # 1.0 s, 2 tests
+    "test_spyre_reduce16.py::test_row_sums_every_width",  # 3.7 s, 2 tests
+    "test_spyre_reduce16.py::test_ring_sum_and_mean_over_rows",  # 1.8 s, 12 tests
+    "test_spyre_reduce16.py::test_baseline_build_same_bits",  # 1.2 s, 2 tests
     "test_storage.py::test_alias_storage_keeps_exported_bytes_alive",  # 0.6 s, 1 test
     "test_sweep_scalar_conversions.py::test_sweep_tells_the_result_dtype_from_opmath",  # 5.9 s, 1 test
     "test_tpu_target.py::test_large_bf16_matmul_is_costed_near_peak",  # 1.7 s, 4 tests

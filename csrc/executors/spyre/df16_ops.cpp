@@ -9,6 +9,8 @@
 
 #include "executors/host_runtime.h"
 #include "executors/spyre/df16.h"
+#include "executors/spyre/matmul16.h"
+#include "executors/spyre/reduce16.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -57,6 +59,10 @@ bool df16_store_into(const at::Tensor& out, const at::Tensor& x) {
 void call_op_in_f32(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
                     const std::vector<c10::ScalarType>& result_dtypes,
                     const std::function<void(torch::jit::Stack&)>& call) {
+  // A 16-bit mm / bmm: the direct kernel (f32 sums in k order), no f32 copies through ATen's.
+  if (matmul16_call(schema, stack, result_dtypes)) return;
+  // A 16-bit sum over the last dim: the rows summed in place in ATen's order.
+  if (sum16_call(schema, stack, result_dtypes)) return;
   const auto& args = schema.arguments();
   // A written 16-bit view whose elements share memory (x.unfold(0, 3, 1).mul_(2))
   // must be written in place as CPU does (an element is updated once per alias):

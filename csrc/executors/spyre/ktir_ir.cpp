@@ -63,6 +63,7 @@
 #include "executors/spyre/df16.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/layout.h"
+#include "executors/spyre/reduce16.h"
 #include "executors/spyre/ring_softmax.h"
 #include "jit/lowering.h"
 #include "ops/cpu_meta.h"
@@ -4425,6 +4426,11 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
       wide_in = views[ring_in].to(acc_dtype).contiguous();
     }
   }
+  // A sum or mean of 16-bit values over dim 0 only: its partials read the rows in place (sum16_partials).
+  const bool sums16 = ring && !wide_in.defined() && acc_dtype == at::kFloat &&
+                      (P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kMean) &&
+                      P.ring_dims == std::vector<int64_t>{0} && P.ring_pre == KtirTilePlan::kPreNone &&
+                      (p.views[ring_in].dtype == at::kHalf || p.views[ring_in].dtype == at::kBFloat16);
   std::vector<at::Tensor> vt(views.size());
   for (size_t i = 0; i < P.steps.size(); ++i) {
     const auto& cores = P.steps[i];
@@ -4472,10 +4478,12 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           }
           // One widening per step; with a widened input, its rows are read where they are.
           // A loss or trace: the values its partials sum (ring_pre_values).
+          // A 16-bit sum or mean over dim 0 keeps its rows as they are (sum16_partials reads them).
           const at::Tensor x = wide_in.defined() ? wide_in
-                               : P.ring_pre == KtirTilePlan::kPreNone
-                                   ? vt[ring_in].to(acc_dtype).contiguous()
-                                   : ring_pre_values(P, *ring, vt, ring_in, acc_dtype, idx, lo, n);
+                               : P.ring_pre != KtirTilePlan::kPreNone
+                                   ? ring_pre_values(P, *ring, vt, ring_in, acc_dtype, idx, lo, n)
+                               : sums16 ? vt[ring_in].contiguous()
+                                        : vt[ring_in].to(acc_dtype).contiguous();
           // partial(offset in x, rows, first row of the whole tensor) -> one corelet's RingPart.
           auto per_corelet = [&](auto&& partial) {
             int64_t off = 0;
@@ -4644,8 +4652,12 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             // Only argmax/argmin partials read their rows' first row (the index offset).
             const bool positions = P.combine == KtirTilePlan::kArgMax || P.combine == KtirTilePlan::kArgMin;
             RingPart part;
-            const bool native = softmax_partials_fit(P, X);
+            bool native = softmax_partials_fit(P, X);
             if (native) part = softmax_partials(X, corelets);
+            if (sums16 && sum16_partials_fit(X)) {
+              part.t = {sum16_partials(X, corelet_shares(rows, corelets))};
+              native = true;
+            }
             if (!native && X.scalar_type() != acc_dtype) X = X.to(acc_dtype);  // an input read in place
             // Corelet by corelet (corelet_shares), r0 its first row among the core's.
             int64_t r0 = 0;

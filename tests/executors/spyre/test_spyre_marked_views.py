@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from difftest import requires_tpu
-from test_spyre_numerics import _inputs, same, store
+from test_spyre_numerics import _inputs, matmul_ref, same, store
 
 pytestmark = requires_tpu
 
@@ -702,9 +702,9 @@ def _mlp16(x, w):
         return x + F.gelu(h @ w["w1"]) @ w["w2"]
     f = {k: v.float() for k, v in w.items()}
     h = store(F.layer_norm(x.float(), (x.shape[1],), f["g"], f["b"]), torch.float16)
-    t = store(h.float() @ f["w1"], torch.float16)
+    t = store(matmul_ref(h, f["w1"]), torch.float16)
     t = store(F.gelu(t.float()), torch.float16)
-    t = store(t.float() @ f["w2"], torch.float16)
+    t = store(matmul_ref(t, f["w2"]), torch.float16)
     return store(x.float() + t.float(), torch.float16)
 
 
@@ -782,12 +782,12 @@ def _attn16(x, w):
         return x + (p @ v).transpose(0, 1).reshape(n, 64) @ w["wo"]
     f = {k: v.float() for k, v in w.items()}
     h = store(F.layer_norm(x.float(), (64,), f["g"], f["b"]), torch.float16)
-    h = store(h.float() @ f["wqkv"], torch.float16).float()
+    h = store(matmul_ref(h, f["wqkv"]), torch.float16).float()
     q, k, v = (t.reshape(n, 4, 16).transpose(0, 1) for t in h.chunk(3, -1))
-    s = store(store(q @ k.transpose(-2, -1), torch.float16).float() * 0.25, torch.float16)
+    s = store(store(matmul_ref(q, k.transpose(-2, -1)), torch.float16).float() * 0.25, torch.float16)
     p = store(torch.softmax(s.float(), -1), torch.float16).float()
-    o = store(p @ v, torch.float16).float().transpose(0, 1).reshape(n, 64)
-    return store(x.float() + store(o @ f["wo"], torch.float16).float(), torch.float16)
+    o = store(matmul_ref(p, v), torch.float16).float().transpose(0, 1).reshape(n, 64)
+    return store(x.float() + store(matmul_ref(o, f["wo"]), torch.float16).float(), torch.float16)
 
 
 def test_an_attention_block_plans_once_when_n_equals_the_head_dim(spyre_target):

@@ -1,0 +1,243 @@
+// Sums of 16-bit rows and columns read in place (reduce16.h).
+#include "executors/spyre/reduce16.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "executors/cpu_features.h"
+#include "executors/spyre/df16_ops.h"
+#include "executors/spyre/paired_columns.h"
+
+namespace tpu_eager {
+namespace spyre {
+namespace {
+
+#define TPU_INLINE __attribute__((always_inline)) inline
+
+// ATen's CeilLog2 (c10/util/MathConstants): 1 for x <= 2.
+TPU_INLINE int64_t ceil_log2(int64_t x) { return x <= 2 ? 1 : 64 - __builtin_clzll(static_cast<uint64_t>(x - 1)); }
+
+// The exact float32 value of bfloat16 (kBf16) or float16 bits, one or 8 at a
+// time. float16: its exponent and fraction moved into place and scaled by
+// 2^112 (exact for normal and subnormal values alike), the top exponent as
+// f32's infinity / NaN, the sign put back.
+template <bool kBf16>
+TPU_INLINE float widen1(uint16_t h) {
+  if constexpr (kBf16) return __builtin_bit_cast(float, static_cast<uint32_t>(h) << 16);
+  const uint32_t em = static_cast<uint32_t>(h & 0x7FFFu) << 13;
+  uint32_t u = (h & 0x7C00u) == 0x7C00u ? (em | 0x7F800000u)
+                                        : __builtin_bit_cast(uint32_t, __builtin_bit_cast(float, em) * 0x1p112f);
+  return __builtin_bit_cast(float, u | (static_cast<uint32_t>(h & 0x8000u) << 16));
+}
+
+template <bool kBf16>
+TPU_INLINE F8 widen8(const uint16_t* p) {
+  H8 h;
+  std::memcpy(&h, p, sizeof h);
+  const U8 w = __builtin_convertvector(h, U8);
+  if constexpr (kBf16) return reinterpret_cast<F8>(w << 16);
+  const U8 em = (w & 0x7FFFu) << 13;
+  const U8 scaled = reinterpret_cast<U8>(reinterpret_cast<F8>(em) * 0x1p112f);
+  const I8 top = (w & 0x7C00u) == 0x7C00u;
+  const U8 u = top ? (em | 0x7F800000u) : scaled;
+  return reinterpret_cast<F8>(u | ((w & 0x8000u) << 16));
+}
+
+// ATen's multi_row_sum with 4 rows (SumKernel.cpp): item i of row k added one
+// by one into the first of 4 levels, a level carried up every 2^p items
+// (p = max(4, ceil_log2(size) / 4)), the levels added last. T: float or F8.
+template <typename T, typename Load>
+TPU_INLINE void multi_row_sum4(int64_t size, Load load, T* out) {
+  constexpr int kLevels = 4;
+  const int64_t power = std::max<int64_t>(4, ceil_log2(size) / kLevels);
+  const int64_t step = int64_t{1} << power, mask = step - 1;
+  T acc[kLevels][4];
+  for (auto& level : acc)
+    for (auto& a : level) a = T{};
+  // The first level's 4 sums run in locals (registers) through each pass.
+  auto pass = [&](int64_t from, int64_t to) __attribute__((always_inline)) {
+    T a0 = acc[0][0], a1 = acc[0][1], a2 = acc[0][2], a3 = acc[0][3];
+    for (int64_t r = from; r < to; ++r) {
+      a0 += load(r, 0);
+      a1 += load(r, 1);
+      a2 += load(r, 2);
+      a3 += load(r, 3);
+    }
+    acc[0][0] = a0, acc[0][1] = a1, acc[0][2] = a2, acc[0][3] = a3;
+  };
+  int64_t i = 0;
+  while (i + step <= size) {
+    pass(i, i + step);
+    i += step;
+    for (int lvl = 1; lvl < kLevels; ++lvl) {
+      for (int k = 0; k < 4; ++k) {
+        acc[lvl][k] += acc[lvl - 1][k];
+        acc[lvl - 1][k] = T{};
+      }
+      if ((i & (mask << (lvl * power))) != 0) break;
+    }
+  }
+  pass(i, size);
+  for (int lvl = 1; lvl < kLevels; ++lvl)
+    for (int k = 0; k < 4; ++k) acc[0][k] += acc[lvl][k];
+  for (int k = 0; k < 4; ++k) out[k] = acc[0][k];
+}
+
+// ATen's row_sum: `size` items as 4 interleaved lanes (items 4i + k) by
+// multi_row_sum4, the last size % 4 items added to lane 0, then lanes 1, 2, 3.
+template <typename T, typename Load>
+TPU_INLINE T row_sum(int64_t size, Load load) {
+  const int64_t quads = size / 4;
+  T p[4];
+  multi_row_sum4<T>(
+      quads, [&](int64_t i, int k) __attribute__((always_inline)) { return load(4 * i + k); }, p);
+  for (int64_t i = quads * 4; i < size; ++i) p[0] += load(i);
+  for (int k = 1; k < 4; ++k) p[0] += p[k];
+  return p[0];
+}
+
+// One row of n values: vectorized_inner_sum (n >= 8: 8-float vectors by
+// row_sum, the last n % 8 values summed from 0, then the vector's lanes in
+// order) or scalar_inner_sum; added to the zeroed output.
+template <bool kBf16>
+TPU_INLINE float one_row(const uint16_t* x, int64_t n) {
+  if (n < kLanes)
+    return 0.0f + row_sum<float>(
+                      n, [&](int64_t i) __attribute__((always_inline)) { return widen1<kBf16>(x[i]); });
+  const int64_t vecs = n / kLanes;
+  const F8 v = row_sum<F8>(
+      vecs, [&](int64_t i) __attribute__((always_inline)) { return widen8<kBf16>(x + i * kLanes); });
+  float f = 0.0f;
+  for (int64_t k = vecs * kLanes; k < n; ++k) f += widen1<kBf16>(x[k]);
+  for (int l = 0; l < kLanes; ++l) f += v[l];
+  return 0.0f + f;
+}
+
+template <bool kBf16>
+TPU_INLINE void rows_impl(const uint16_t* x, int64_t rows, int64_t n, int64_t rs, float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = one_row<kBf16>(x + r * rs, n);
+}
+
+// vectorized_outer_sum (n >= 8): columns in whole blocks of 4 vectors by
+// multi_row_sum4 over the rows (one chain per column), the rest by row_sum
+// (8 columns at a time, then one by one); scalar_outer_sum (n < 8): blocks of
+// 4 columns by multi_row_sum4, the rest by row_sum. Added to the zeroed output.
+template <bool kBf16>
+TPU_INLINE void columns_impl(const uint16_t* x, int64_t len, int64_t n, int64_t rs, float* out) {
+  const bool vec = n >= kLanes;
+  const int64_t whole = vec ? n / (4 * kLanes) * (4 * kLanes) : n / 4 * 4;
+  int64_t j = 0;
+  for (; vec && j < whole; j += 4 * kLanes) {
+    F8 s[4];
+    multi_row_sum4<F8>(
+        len,
+        [&](int64_t i, int k) __attribute__((always_inline)) { return widen8<kBf16>(x + i * rs + j + k * kLanes); }, s);
+    for (int k = 0; k < 4; ++k) store8(out + j + k * kLanes, F8{} + s[k]);
+  }
+  for (; !vec && j < whole; j += 4) {
+    float s[4];
+    multi_row_sum4<float>(
+        len, [&](int64_t i, int k) __attribute__((always_inline)) { return widen1<kBf16>(x[i * rs + j + k]); }, s);
+    for (int k = 0; k < 4; ++k) out[j + k] = 0.0f + s[k];
+  }
+  for (; vec && j + kLanes <= n; j += kLanes)
+    store8(out + j,
+           F8{} + row_sum<F8>(
+                      len, [&](int64_t i) __attribute__((always_inline)) { return widen8<kBf16>(x + i * rs + j); }));
+  for (; j < n; ++j)
+    out[j] = 0.0f + row_sum<float>(
+                        len, [&](int64_t i) __attribute__((always_inline)) { return widen1<kBf16>(x[i * rs + j]); });
+}
+
+// Each loop built for AVX2 and for the baseline (the same IEEE adds in the same
+// order, so the same bits), chosen by cpu::has at each call.
+#define TPU_REDUCE16_BUILDS(name, impl)                                                                            \
+  __attribute__((target("avx2"))) void name##_avx2(const uint16_t* x, bool bf16, int64_t a, int64_t n, int64_t rs, \
+                                                   float* out) {                                                   \
+    bf16 ? impl<true>(x, a, n, rs, out) : impl<false>(x, a, n, rs, out);                                           \
+  }                                                                                                                \
+  void name##_base(const uint16_t* x, bool bf16, int64_t a, int64_t n, int64_t rs, float* out) {                   \
+    bf16 ? impl<true>(x, a, n, rs, out) : impl<false>(x, a, n, rs, out);                                           \
+  }
+TPU_REDUCE16_BUILDS(rows, rows_impl)
+TPU_REDUCE16_BUILDS(columns, columns_impl)
+#undef TPU_REDUCE16_BUILDS
+
+bool is16(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
+
+}  // namespace
+
+void row_sums16(const uint16_t* x, bool bf16, int64_t rows, int64_t n, int64_t row_stride, float* out) {
+  if (cpu::has(cpu::Feature::kAvx2))
+    rows_avx2(x, bf16, rows, n, row_stride, out);
+  else
+    rows_base(x, bf16, rows, n, row_stride, out);
+}
+
+void column_sums16(const uint16_t* x, bool bf16, int64_t len, int64_t n, int64_t row_stride, float* out) {
+  if (cpu::has(cpu::Feature::kAvx2))
+    columns_avx2(x, bf16, len, n, row_stride, out);
+  else
+    columns_base(x, bf16, len, n, row_stride, out);
+}
+
+bool sum16_call(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+                const std::vector<c10::ScalarType>& result_dtypes) {
+  if (schema.name() != "aten::sum" || schema.overload_name() != "dim_IntList" || stack.size() != 4 ||
+      !stack[0].isTensor() || !stack[1].isIntList() || !stack[2].isBool() || !stack[3].isNone())
+    return false;
+  const at::Tensor& x = stack[0].toTensor();
+  if (!x.defined() || !is16(x.scalar_type()) || !x.device().is_cpu() || x.dim() < 1 || !x.is_contiguous() ||
+      result_dtypes.empty() || result_dtypes[0] != x.scalar_type())
+    return false;
+  const std::vector<int64_t> dims = stack[1].toIntVector();
+  const int64_t last = x.dim() - 1, n = x.size(last);
+  if (dims.size() != 1 || (dims[0] != last && dims[0] != -1) || n == 0 || n >= at::internal::GRAIN_SIZE) return false;
+  const int64_t rows = x.numel() / n;
+  at::Tensor f = at::empty({rows}, x.options().dtype(at::kFloat));
+  row_sums16(static_cast<const uint16_t*>(x.const_data_ptr()), x.scalar_type() == c10::kBFloat16, rows, n, n,
+             f.mutable_data_ptr<float>());
+  std::vector<int64_t> sizes = x.sizes().vec();
+  if (stack[2].toBool())
+    sizes[last] = 1;
+  else
+    sizes.pop_back();
+  at::Tensor out = df16_store(f, x.scalar_type()).view(sizes);
+  stack.clear();
+  stack.emplace_back(std::move(out));
+  return true;
+}
+
+bool sum16_partials_fit(const at::Tensor& X) {
+  if (!is16(X.scalar_type()) || X.dim() < 3 || X.size(1) == 0 || X.size(0) == 0) return false;
+  const int64_t n = X.numel() / (X.size(0) * X.size(1));
+  return n >= 2 && X[0].is_contiguous() && X.stride(1) == n;
+}
+
+at::Tensor sum16_partials(const at::Tensor& X, const std::vector<int64_t>& shares) {
+  const int64_t G = X.size(0), rows = X.size(1), n = X.numel() / (G * rows);
+  std::vector<int64_t> sizes = X.sizes().vec();
+  sizes[1] = 1;
+  at::Tensor q = at::empty(sizes, X.options().dtype(at::kFloat));
+  std::vector<float> part(n);
+  const bool bf16 = X.scalar_type() == c10::kBFloat16;
+  const auto* x = static_cast<const uint16_t*>(X.const_data_ptr());
+  float* out = q.mutable_data_ptr<float>();
+  for (int64_t g = 0; g < G; ++g) {
+    float* o = out + g * n;
+    int64_t r0 = 0;
+    for (size_t c = 0; c < shares.size(); r0 += shares[c], ++c) {
+      // ring_merge's add of the later corelet's partial (f32, in order).
+      column_sums16(x + g * X.stride(0) + r0 * n, bf16, shares[c], n, n, c == 0 ? o : part.data());
+      if (c > 0)
+        for (int64_t j = 0; j < n; ++j) o[j] += part[j];
+    }
+  }
+  return q;
+}
+
+}  // namespace spyre
+}  // namespace tpu_eager

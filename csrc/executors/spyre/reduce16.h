@@ -1,0 +1,49 @@
+// Sums of float16 / bfloat16 rows and columns read in place (no f32 copy of
+// the input), with the values of ATen's float32 sum kernel (SumKernel.cpp's
+// cascade, 8-float vectors) on the inputs' exact f32 widening: the Spyre
+// interpreter's sum(x, -1) of 16-bit rows and its ring partials of sum(x, 0).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
+
+namespace tpu_eager {
+namespace spyre {
+
+// out[r] = the sum of the n values of row r (x + r * row_stride, unit stride),
+// in the order of ATen's sum over an inner dim (vectorized_inner_sum for n >= 8,
+// scalar_inner_sum below) added to 0 as its output is: the f32 value
+// at::sum(rows.float(), -1) gives for n < at::internal::GRAIN_SIZE. x holds
+// bfloat16 bits when `bf16`, else float16 bits. The AVX2 and baseline builds
+// (cpu::has at each call) give the same bits.
+void row_sums16(const uint16_t* x, bool bf16, int64_t rows, int64_t n, int64_t row_stride, float* out);
+
+// out[j] = the sum over the `len` rows (row stride row_stride) of column j < n,
+// in the order of ATen's sum over an outer dim (vectorized_outer_sum, or
+// scalar_outer_sum for n < 8) added to 0: at::sum(rows.float(), 0)'s values.
+void column_sums16(const uint16_t* x, bool bf16, int64_t len, int64_t n, int64_t row_stride, float* out);
+
+// When `schema` is aten::sum.dim_IntList over the last dim only of a
+// contiguous float16 / bfloat16 CPU tensor (no dtype argument, result in the
+// input's dtype, last dim under ATen's grain size): the row sums by
+// row_sums16, rounded once to df16 and stored in the dtype, replace the stack;
+// returns true. Otherwise returns false and leaves the stack alone.
+bool sum16_call(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+                const std::vector<c10::ScalarType>& result_dtypes);
+
+// The corelet partials of a ring sum over dim 1 of X [G, rows, n...] (16-bit,
+// each block's rows contiguous): per block the column sums of each corelet's
+// rows (`shares`, in order) added in f32, corelet 0 + corelet 1 + ...
+// Returns [G, 1, n...] float32: what ring_partial and ring_merge give on
+// X's f32 widening. Requires sum16_partials_fit(X).
+at::Tensor sum16_partials(const at::Tensor& X, const std::vector<int64_t>& shares);
+
+// Whether sum16_partials serves X [G, rows, ...]: float16 or bfloat16, rows
+// >= 1, each block contiguous.
+bool sum16_partials_fit(const at::Tensor& X);
+
+}  // namespace spyre
+}  // namespace tpu_eager
