@@ -18,15 +18,17 @@ process checks its step against CPU PyTorch.
 
 ``--program steps`` times the first training step of each of the three steps of
 benchmarks/run_all.py section 7 (MLP + Adam, nanoGPT + AdamW + clip, CNN + BN + SGD
-momentum; one thread), each contender in a fresh process: "tpu" against CPU eager,
+momentum) and of its digits MLP (section 5) and char-LM (section 6) steps (one thread),
+each contender in a fresh process: "tpu" against CPU eager,
 interleaved, medians of --repeats processes and the median of the per-repeat ratios
 tpu / cpu (issue 18's target: <= 1.5). "setup" moves the model and batches and builds
 the optimizer (PyTorch's optimizer constructor imports torch._dynamo: not billed to
 the step); "first" is the first step with its loss read to the host; "second" the
 next step, for scale. For "tpu" it also reports, from metrics(), the JIT's compile
 time (``compile_time_s``), compiles and kernel plans built during the first step. With
-``--profile NAME`` it instead runs one "tpu" process of that case (mlp, gpt or cnn)
-under cProfile and prints the first step's top functions by cumulative time.
+``--profile NAME`` it instead runs one "tpu" process of that case (mlp, gpt, cnn,
+digits or charlm) under cProfile and prints the first step's top functions by
+cumulative time.
 
 ``--program first-op`` instead times whole processes, interleaved: the line
 ``import torch, torch_tpu_eager; (torch.ones(3, device='tpu') + 1).cpu()`` against
@@ -108,15 +110,29 @@ import json, os, sys, time
 import torch
 import torch_tpu_eager
 sys.path.insert(0, os.path.join(os.environ["COLD_START_ROOT"], "benchmarks"))
-from run_all import StepTrainer, _training_cases
+import run_all
 
 torch.set_num_threads(1)
-case = int(os.environ["COLD_START_CASE"])
+case = os.environ["COLD_START_CASE"]
 device = os.environ["COLD_START_DEVICE"]
-name, make_model, make_opt, clip, make_batches = _training_cases(False)[case]
-batches = make_batches()
+# Data and the example's module are built before the clock starts, as run_all builds them.
+if case == "digits":
+    batches, _ = run_all.digits_data(n_batches=10)
+    name = "digits MLP 64-128-64-10 + Adam, batch 64"
+    build = lambda: run_all.Trainer(device, batches)
+elif case == "charlm":
+    lm = run_all._char_lm()
+    data, itos = lm.load_text()
+    gen = torch.Generator().manual_seed(run_all.SEED + 1)
+    batches = [lm.get_batch(data, lm.Config(vocab_size=len(itos)).block_size, gen) for _ in range(10)]
+    name = f"char-LM + AdamW + clip, batch {lm.BATCH_SIZE}"
+    build = lambda: run_all.LMTrainer(lm, device, batches, len(itos))
+else:
+    name, make_model, make_opt, clip, make_batches = run_all._training_cases(False)[("mlp", "gpt", "cnn").index(case)]
+    batches = make_batches()
+    build = lambda: run_all.StepTrainer(device, make_model, make_opt, clip, batches)
 t0 = time.perf_counter()
-trainer = StepTrainer(device, make_model, make_opt, clip, batches)
+trainer = build()
 if device != "cpu":
     torch_tpu_eager.synchronize()
 m0 = torch_tpu_eager.metrics()
@@ -138,11 +154,16 @@ d = {k: m1[k] - m0[k] for k in ("compile_time_s", "compiles", "plans_built", "op
 print(json.dumps({"name": name, "setup": t1 - t0, "first": t2 - t1, "second": t3 - t2, "loss": loss, **d}))
 """
 
-STEP_CASES = ("mlp", "gpt", "cnn")
+# run_all.py section 7's three steps, then its digits MLP (5.) and char-LM (6.) steps.
+STEP_CASES = ("mlp", "gpt", "cnn", "digits", "charlm")
+# With TORCH_TPU_QUICK=1 (the docs' commands under test, 300 s each on a loaded machine):
+# one case of each kind of trainer, unless --case names others.
+QUICK_STEP_CASES = ("mlp", "charlm")
 
 
 def run_steps_child(case, device, profile=False):
-    env = dict(os.environ, COLD_START_ROOT=ROOT, COLD_START_CASE=str(case), COLD_START_DEVICE=device)
+    """One fresh process running the first two steps of ``case`` (a STEP_CASES name) on ``device``."""
+    env = dict(os.environ, COLD_START_ROOT=ROOT, COLD_START_CASE=case, COLD_START_DEVICE=device)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("TORCH_TPU_CACHE_DIR", None)
     if profile:
@@ -153,13 +174,13 @@ def run_steps_child(case, device, profile=False):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def first_steps(repeats):
-    """First training step of run_all.py's section 7 steps, "tpu" vs CPU, a fresh process each."""
+def first_steps(repeats, cases=STEP_CASES):
+    """First training step of each of ``cases`` (STEP_CASES names), "tpu" vs CPU, a fresh process each."""
     print(
         f"{'step':44}{'cpu ms':>9}{'tpu ms':>9}{'tpu/cpu':>9}{'compile ms':>11}{'compiles':>9}"
         f"{'plans':>7}{'cpu 2nd':>9}{'tpu 2nd':>9}"
     )
-    for case in range(len(STEP_CASES)):
+    for case in cases:
         rows = {"cpu": [], "tpu": []}
         for r in range(repeats):
             for dev in ("cpu", "tpu") if r % 2 else ("tpu", "cpu"):
@@ -233,12 +254,19 @@ def main():
         default="train",
         help="train: one SGD step; infer: the forward pass and loss only (no torch.optim import); "
         "first-op: whole processes running one op, against CPU; "
-        "steps: the first step of run_all.py's three training steps, against CPU",
+        "steps: the first step of run_all.py's training steps (sections 5-7), against CPU",
     )
     ap.add_argument(
         "--profile",
         choices=STEP_CASES,
         help="with --program steps: profile the first tpu step of this case (cProfile) instead",
+    )
+    ap.add_argument(
+        "--case",
+        action="append",
+        choices=STEP_CASES,
+        help="with --program steps: time only this case (repeatable; default all; "
+        "with TORCH_TPU_QUICK=1, mlp and charlm)",
     )
     ap.add_argument(
         "--cpu-first",
@@ -254,9 +282,9 @@ def main():
         return
     if args.program == "steps":
         if args.profile:
-            run_steps_child(STEP_CASES.index(args.profile), "tpu", profile=True)
+            run_steps_child(args.profile, "tpu", profile=True)
         else:
-            first_steps(args.repeats)
+            first_steps(args.repeats, args.case or (QUICK_STEP_CASES if quick() else STEP_CASES))
         return
     tmp = tempfile.mkdtemp(prefix="tpu_cold_start_")
     try:

@@ -1345,43 +1345,101 @@ void correct_meta_outcome(const c10::FunctionSchema& schema, uint64_t traits, to
 // CPU's kernel costs its compute; past this size the meta kernel is cheaper).
 constexpr size_t kInferOnCpuMaxBytes = size_t{16} << 20;
 
+// One thread's memory for cpu_twins' storages, kept across calls: the twins of
+// the first call of each foreach op over a model's parameters are megabytes, and
+// fresh memory for them cost page faults on every such call (most of a first
+// optimizer step's record; docs/performance.md, "thr22"). Busy while one call's
+// twins live (a record nested in CPU's kernel takes fresh memory instead).
+class TwinArena {
+ public:
+  // `bytes` (at most kInferOnCpuMaxBytes) zero-filled bytes, 64-byte aligned, or
+  // nullptr while in use. The whole cap is reserved at once, so a larger call later
+  // does not move the arena: only pages past the largest call so far are new.
+  char* acquire(size_t bytes) {
+    if (busy_ || bytes > kInferOnCpuMaxBytes) return nullptr;
+    if (!memory_) memory_ = c10::GetCPUAllocator()->allocate(kInferOnCpuMaxBytes);
+    busy_ = true;
+    char* p = static_cast<char*>(memory_.get());
+    if (bytes > 0) std::memset(p, 0, bytes);
+    return p;
+  }
+  void release() { busy_ = false; }
+
+ private:
+  c10::DataPtr memory_;
+  bool busy_ = false;
+};
+
+// Twins of storages this large take the arena: glibc maps memory of 128 KiB or more
+// (its default M_MMAP_THRESHOLD) fresh from the kernel on each allocation, while smaller
+// twins reuse heap memory that later allocations reuse too.
+constexpr size_t kTwinArenaMinStorage = size_t{128} << 10;
+
+// Ends a cpu_twins call's use of its thread's TwinArena; outlives the twins.
+struct TwinLease {
+  TwinArena* arena = nullptr;
+  TwinLease() = default;
+  TwinLease(const TwinLease&) = delete;
+  TwinLease& operator=(const TwinLease&) = delete;
+  ~TwinLease() {
+    if (arena) arena->release();
+  }
+};
+
 // stack[first, first + nargs) with zero-filled CPU twins of the tpu tensors
 // (one twin storage per tpu storage, so aliasing is CPU's) and "tpu" device
 // arguments made CPU, for shape inference by CPU's own kernel (OpTrait
 // kInferOnCpu). Nothing when the twins would exceed kInferOnCpuMaxBytes or an
-// argument has conjugate / negative bits: the meta kernel infers then.
-std::optional<torch::jit::Stack> cpu_twins(const torch::jit::Stack& stack, size_t first, size_t nargs) {
+// argument has conjugate / negative bits: the meta kernel infers then. The
+// storages are slices of the thread's TwinArena (when one is kTwinArenaMinStorage
+// or larger), held by `lease`, which must outlive every twin.
+std::optional<torch::jit::Stack> cpu_twins(const torch::jit::Stack& stack, size_t first, size_t nargs,
+                                           TwinLease& lease) {
+  constexpr size_t kAlign = 64;  // c10's CPU allocator's alignment, for every slice
   torch::jit::Stack twins(stack.begin() + first, stack.end());
-  std::unordered_map<const void*, c10::Storage> storages;
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> twin_of;
-  size_t bytes = 0;
+  // First pass: each distinct storage's slice offset.
+  std::unordered_map<const void*, size_t> offsets;
+  size_t bytes = 0, largest = 0;
   bool ok = true;
-  for_each_tensor(twins, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
+  for_each_tensor(twins, 0, nargs, [&](int, int, const at::Tensor& t) {
     if (!ok || !is_tpu(t)) return;
     if (t.is_conj() || t.is_neg()) {
       ok = false;
       return;
     }
+    if (offsets.emplace(t.storage().unsafeGetStorageImpl(), bytes).second) {
+      largest = std::max(largest, t.storage().nbytes());
+      bytes += (t.storage().nbytes() + kAlign - 1) / kAlign * kAlign;
+      ok = bytes <= kInferOnCpuMaxBytes;
+    }
+  });
+  if (!ok) return std::nullopt;
+  thread_local TwinArena arena;
+  char* base = largest >= kTwinArenaMinStorage ? arena.acquire(bytes) : nullptr;
+  if (base) lease.arena = &arena;
+  c10::Allocator* cpu = c10::GetCPUAllocator();
+  std::unordered_map<const void*, c10::Storage> storages;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> twin_of;
+  for_each_tensor(twins, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
+    if (!is_tpu(t)) return;
     at::Tensor& c = twin_of[t.unsafeGetTensorImpl()];
     if (!c.defined()) {
-      auto it = storages.find(t.storage().unsafeGetStorageImpl());
+      const void* key = t.storage().unsafeGetStorageImpl();
+      auto it = storages.find(key);
       if (it == storages.end()) {
         const size_t n = t.storage().nbytes();
-        bytes += n;
-        if (bytes > kInferOnCpuMaxBytes) {
-          ok = false;
-          return;
-        }
-        c10::Allocator* cpu = c10::GetCPUAllocator();
-        c10::Storage st(c10::Storage::use_byte_size_t(), n, cpu->allocate(n), cpu, /*resizable=*/true);
-        if (n > 0) std::memset(st.mutable_data(), 0, n);
-        it = storages.emplace(t.storage().unsafeGetStorageImpl(), std::move(st)).first;
+        // A slice of the arena (not owned: a resize by the kernel allocates anew), or
+        // fresh memory when the arena is in use.
+        c10::DataPtr data =
+            base ? c10::DataPtr(base + offsets.at(key), c10::Device(c10::DeviceType::CPU)) : cpu->allocate(n);
+        if (!base && n > 0) std::memset(data.get(), 0, n);
+        c10::Storage st(c10::Storage::use_byte_size_t(), n, std::move(data), cpu, /*resizable=*/true);
+        it = storages.emplace(key, std::move(st)).first;
       }
       c = twin_over(t, it->second, c10::DispatchKey::CPU);
     }
     host::set_tensor_slot(twins[arg], elem, c);
   });
-  if (!ok) return std::nullopt;
   retarget_device_args(twins, 0, nargs, c10::DeviceType::CPU);
   return twins;
 }
@@ -1717,8 +1775,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       retarget_device_args(twins, 0, nargs, c10::DeviceType::Meta);
       return twins;
     };
+    TwinLease twin_lease;  // before the twins: released after they die
     std::optional<torch::jit::Stack> on_cpu;
-    if (plan.traits & kInferOnCpu) on_cpu = cpu_twins(*stack, first, nargs);
+    if (plan.traits & kInferOnCpu) on_cpu = cpu_twins(*stack, first, nargs, twin_lease);
     const bool inferred_on_cpu = on_cpu.has_value();
     torch::jit::Stack meta_stack = inferred_on_cpu ? std::move(*on_cpu) : meta_twins();
     // Range factories (arange, range, linspace, logspace) with out=: CPU keeps
