@@ -380,6 +380,9 @@ bool plan_chain(const KtirProgram& p, const KtirTilePlan* plan, Plan* P) {
   }
   // CPU's sigmoid / silu vector formula is SLEEF's expf only in its AVX2 and AVX-512 kernels.
   if (P->cpu_tails && aten_vector_floats() == 0) return false;
+  // Below AVX-512 the pass runs sigmoid / silu an element at a time (GCC leaves that
+  // loop scalar), slower than op by op (docs/performance.md, "chain pass below AVX-512").
+  if (P->cpu_tails && !cpu::has(cpu::Feature::kAvx512f)) return false;
   return !P->stores.empty();
 }
 
