@@ -4254,8 +4254,6 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   std::map<int, std::exception_ptr> poisoned;  // storage key -> the error of the op that should have written it
   std::exception_ptr first_error;
   std::vector<char> failed(p.ops.size(), 0);
-  if (failed_at) *failed_at = -1;
-  if (walk) *walk = KtirWalk();
 
   // Runs op k on the view tensors `vt` (whole views, or a step's tiles);
   // `body` (when given) replaces the call: the ring op's partials.
