@@ -44,6 +44,12 @@ struct Plan {
   std::vector<std::pair<int, float>> literals;     // (slot, value)
   std::vector<std::pair<int, int>> loads, stores;  // (view, slot)
   bool cpu_tails = false;                          // a sigmoid / silu: CPU's scalar tails are recomputed
+  // Per step, for the register pass: its `a` is the previous step's value
+  // (held in registers, not read back); its `b` is a literal (broadcast, not
+  // read); its value is written to its slot (a later step reads it from
+  // there, or it is stored).
+  std::vector<char> a_held, b_literal, keep;
+  std::vector<float> b_value;
 };
 
 inline uint32_t bits_of(float f) { return __builtin_bit_cast(uint32_t, f); }
@@ -182,6 +188,237 @@ __attribute__((always_inline)) inline void round_block(Round r, float* __restric
   }
 }
 
+// ------------------------------------------------------- register chains
+//
+// All steps of a block run over a chunk of kChunk float vectors at a time:
+// the chain's value stays in registers from op to op (each op's df16
+// rounding applied there), and only values a later step reads from memory,
+// or a store, are written to their slot. The vectors are GCC's generic
+// vectors of the build's width (AVX-512: 16 floats; AVX2 and the baseline:
+// 8, the baseline's as SSE2 pairs), and every operation is an IEEE basic
+// operation or a fused multiply-add, the same per lane in every build: so
+// each build's bits are the per-op loops' bits above.
+enum class Isa : uint8_t { kBaseline, kAvx2, kAvx512 };
+
+template <Isa I>
+struct Lanes {
+  static constexpr int kWidth = 8;
+  typedef float F __attribute__((vector_size(32)));
+  typedef int32_t S __attribute__((vector_size(32)));
+  typedef uint32_t U __attribute__((vector_size(32)));
+};
+
+template <>
+struct Lanes<Isa::kAvx512> {
+  static constexpr int kWidth = 16;
+  typedef float F __attribute__((vector_size(64)));
+  typedef int32_t S __attribute__((vector_size(64)));
+  typedef uint32_t U __attribute__((vector_size(64)));
+};
+
+constexpr int kChunk = 4;  // vectors per chunk (a block is a whole number of chunks; the loops unroll 4)
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // the helpers are inlined (flatten): no vector crosses a call
+
+template <class V>
+inline V load_v(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <class V>
+inline void store_v(float* p, V v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// a * b + c rounded once, per lane (one fmaf each in the baseline build).
+template <Isa I, class V = typename Lanes<I>::F>
+inline V fma_v(V a, V b, V c) {
+  V r;
+  for (int l = 0; l < Lanes<I>::kWidth; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+  return r;
+}
+
+template <>
+__attribute__((target("avx2,fma"))) inline Lanes<Isa::kAvx2>::F fma_v<Isa::kAvx2>(Lanes<Isa::kAvx2>::F a,
+                                                                                  Lanes<Isa::kAvx2>::F b,
+                                                                                  Lanes<Isa::kAvx2>::F c) {
+  return _mm256_fmadd_ps(a, b, c);
+}
+
+template <>
+__attribute__((target("avx512f"))) inline Lanes<Isa::kAvx512>::F fma_v<Isa::kAvx512>(Lanes<Isa::kAvx512>::F a,
+                                                                                     Lanes<Isa::kAvx512>::F b,
+                                                                                     Lanes<Isa::kAvx512>::F c) {
+  return _mm512_fmadd_ps(a, b, c);
+}
+
+// exp_sleef (above) per lane, operation for operation: rint(y) for
+// |y| <= 159 as (y + 1.5 * 2^23) - 1.5 * 2^23 (exact, ties to even; it gives
+// +0 where rint gives -0, which changes no result: the two differ only for
+// x = -0, whose s is then -0 instead of +0, and 1 + (s + s^2 P) is 1 either
+// way). Each select's condition is one compare (a mask combined from two is
+// not one vector instruction in every build); the quiet compares are false
+// for NaN, which the last select takes.
+template <Isa I>
+inline typename Lanes<I>::F exp_sleef_v(typename Lanes<I>::F x) {
+  using V = typename Lanes<I>::F;
+  using S = typename Lanes<I>::S;
+  const S mag = reinterpret_cast<S>(x) & 0x7FFFFFFF;
+  const V zero = {};
+  const V d = mag <= 0x42DC0000 ? x : zero;  // |x| <= 110
+  const V y = d * 1.442695040888963407359924681001892137426645954152985934135449406931f;
+  const V qf = (y + 12582912.0f) - 12582912.0f;
+  const S q = __builtin_convertvector(qf, S);
+  V s = fma_v<I>(qf, zero - 0.693145751953125f, d);
+  s = fma_v<I>(qf, zero - 1.428606765330187045e-06f, s);
+  V u = zero + 0.000198527617612853646278381f;
+  u = fma_v<I>(u, s, zero + 0.00139304355252534151077271f);
+  u = fma_v<I>(u, s, zero + 0.00833336077630519866943359f);
+  u = fma_v<I>(u, s, zero + 0.0416664853692054748535156f);
+  u = fma_v<I>(u, s, zero + 0.166666671633720397949219f);
+  u = fma_v<I>(u, s, zero + 0.5f);
+  const V ss = s * s;
+  u = 1.0f + fma_v<I>(ss, u, s);
+  const S q1 = q >> 1;
+  u = (u * reinterpret_cast<V>((q1 + 127) << 23)) * reinterpret_cast<V>((q - q1 + 127) << 23);
+  u = x < -104.0f ? zero : u;
+  u = x > 100.0f ? zero + __builtin_inff() : u;
+  return mag > 0x7F800000 ? x + x : u;  // NaN: x quieted
+}
+
+// float32 -> float16 -> float32 per lane (to nearest even, as F16C and c10::Half).
+template <Isa I, class V = typename Lanes<I>::F>
+inline V half_round_trip_v(V v) {
+  for (int l = 0; l < Lanes<I>::kWidth; ++l)
+    v[l] = c10::detail::fp16_ieee_to_fp32_value(c10::detail::fp16_ieee_from_fp32_value(v[l]));
+  return v;
+}
+
+template <>
+__attribute__((target("avx2,f16c"))) inline Lanes<Isa::kAvx2>::F half_round_trip_v<Isa::kAvx2>(Lanes<Isa::kAvx2>::F v) {
+  return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+template <>
+__attribute__((target("avx512f"))) inline Lanes<Isa::kAvx512>::F half_round_trip_v<Isa::kAvx512>(
+    Lanes<Isa::kAvx512>::F v) {
+  return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// round_block (above) per lane: df16_round_bf16_bits / df16_round_f32_bits
+// with their conditions as selects.
+template <Isa I, Round R>
+inline typename Lanes<I>::F round_v(typename Lanes<I>::F v) {
+  using V = typename Lanes<I>::F;
+  using S = typename Lanes<I>::S;
+  using U = typename Lanes<I>::U;
+  if constexpr (R == Round::kNone) {
+    return v;
+  } else {
+    const U u = reinterpret_cast<U>(v);
+    const U sign = u & 0x80000000u;
+    const S mag = reinterpret_cast<S>(u & 0x7FFFFFFFu);
+    const U rounded = (reinterpret_cast<U>(mag) + detail::kHalf) & ~0x3FFFu;
+    const U w = mag >= 0x30002000 ? sign | rounded : sign;  // df16 value, or +-0
+    if constexpr (R == Round::kBf16) {
+      const U b = (w + 0x7FFFu + ((w >> 16) & 1u)) >> 16;
+      return reinterpret_cast<V>((mag >= 0x4FFFA000 ? U{} + 0xFFFFu : b) << 16);
+    } else {
+      return half_round_trip_v<I>(reinterpret_cast<V>(mag >= 0x4FFFA000 ? sign | 0x7FC00000u : w));
+    }
+  }
+}
+
+// One op per lane (add_block / binary_block / unary_block's formulas).
+template <Isa I, Fn F>
+inline typename Lanes<I>::F op_v(typename Lanes<I>::F a, typename Lanes<I>::F b, float alpha) {
+  using V = typename Lanes<I>::F;
+  using U = typename Lanes<I>::U;
+  if constexpr (F == Fn::kAdd) return fma_v<I>(b, V{} + alpha, a);  // alpha != 1 (alpha 1: a + b)
+  if constexpr (F == Fn::kMul) return a * b;
+  if constexpr (F == Fn::kDiv) return a / b;
+  if constexpr (F == Fn::kNeg) return reinterpret_cast<V>(reinterpret_cast<U>(a) ^ 0x80000000u);
+  if constexpr (F == Fn::kAbs) return reinterpret_cast<V>(reinterpret_cast<U>(a) & 0x7FFFFFFFu);
+  if constexpr (F == Fn::kRelu) return a < 0.0f ? V{} : a;
+  if constexpr (F == Fn::kSigmoid) return 1.0f / (exp_sleef_v<I>(0.0f - a) + 1.0f);
+  if constexpr (F == Fn::kSilu)
+    return a / (1.0f + exp_sleef_v<I>(reinterpret_cast<V>(reinterpret_cast<U>(a) ^ 0x80000000u)));
+  return a;
+}
+
+// v[c] = round(F(v[c], b[c])) over a chunk.
+template <Isa I, Round R, Fn F, class V>
+inline void op_chunk(V* v, const V* b, float alpha) {
+#pragma GCC unroll 4
+  for (int c = 0; c < kChunk; ++c) v[c] = round_v<I, R>(op_v<I, F>(v[c], b[c], alpha));
+}
+
+// Every step of the plan over one block, chunk by chunk.
+template <Isa I, Round R>
+inline void fused_body(const Plan& P, float* const* slot) {
+  using V = typename Lanes<I>::F;
+  constexpr int kW = Lanes<I>::kWidth;
+  static_assert(kBlock % (kChunk * kW) == 0);
+  const size_t n = P.steps.size();
+  for (int64_t j = 0; j < kBlock; j += kChunk * kW) {
+    V v[kChunk], b[kChunk] = {};
+    for (size_t k = 0; k < n; ++k) {
+      const Step& s = P.steps[k];
+      if (P.b_literal[k]) {
+#pragma GCC unroll 4
+        for (int c = 0; c < kChunk; ++c) b[c] = V{} + P.b_value[k];
+      } else if (s.b >= 0) {
+#pragma GCC unroll 4
+        for (int c = 0; c < kChunk; ++c) b[c] = load_v<V>(slot[s.b] + j + c * kW);
+      }
+      if (!P.a_held[k]) {
+#pragma GCC unroll 4
+        for (int c = 0; c < kChunk; ++c) v[c] = load_v<V>(slot[s.a] + j + c * kW);
+      }
+      switch (s.fn) {
+        case Fn::kAdd:
+          if (s.alpha == 1.0f) {
+#pragma GCC unroll 4
+            for (int c = 0; c < kChunk; ++c) v[c] = round_v<I, R>(v[c] + b[c]);
+          } else {
+            op_chunk<I, R, Fn::kAdd>(v, b, s.alpha);
+          }
+          break;
+        case Fn::kMul:
+          op_chunk<I, R, Fn::kMul>(v, b, s.alpha);
+          break;
+        case Fn::kDiv:
+          op_chunk<I, R, Fn::kDiv>(v, b, s.alpha);
+          break;
+        case Fn::kNeg:
+          op_chunk<I, R, Fn::kNeg>(v, b, s.alpha);
+          break;
+        case Fn::kAbs:
+          op_chunk<I, R, Fn::kAbs>(v, b, s.alpha);
+          break;
+        case Fn::kRelu:
+          op_chunk<I, R, Fn::kRelu>(v, b, s.alpha);
+          break;
+        case Fn::kSigmoid:
+          op_chunk<I, R, Fn::kSigmoid>(v, b, s.alpha);
+          break;
+        case Fn::kSilu:
+          op_chunk<I, R, Fn::kSilu>(v, b, s.alpha);
+          break;
+      }
+      if (P.keep[k]) {
+#pragma GCC unroll 4
+        for (int c = 0; c < kChunk; ++c) store_v(slot[s.dst] + j + c * kW, v[c]);
+      }
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
 // Steps [first, last) of the plan over one block.
 template <bool kF16c>
 __attribute__((always_inline)) inline void run_steps_body(const Plan& P, Round r, float* const* slot, size_t first,
@@ -231,13 +468,23 @@ __attribute__((always_inline)) inline void store_body(c10::ScalarType t, void* b
 // One build per instruction set: the same bodies, so the same bits.
 struct Build {
   void (*steps)(const Plan&, Round, float* const*, size_t, size_t);
+  void (*fused[3])(const Plan&, float* const*);  // by Round
   void (*load)(c10::ScalarType, const void*, int64_t, int64_t, float*);
   void (*store)(c10::ScalarType, void*, int64_t, int64_t, const float*);
 };
 
-#define TPU_EAGER_CHAIN_BUILD(NAME, TARGET, F16C)                                                       \
+#define TPU_EAGER_CHAIN_BUILD(NAME, TARGET, F16C, ISA)                                                  \
   TARGET void NAME##_steps(const Plan& P, Round r, float* const* slot, size_t first, size_t last) {     \
     run_steps_body<F16C>(P, r, slot, first, last);                                                      \
+  }                                                                                                     \
+  TARGET __attribute__((flatten)) void NAME##_fused_f32(const Plan& P, float* const* slot) {            \
+    fused_body<ISA, Round::kNone>(P, slot);                                                             \
+  }                                                                                                     \
+  TARGET __attribute__((flatten)) void NAME##_fused_bf16(const Plan& P, float* const* slot) {           \
+    fused_body<ISA, Round::kBf16>(P, slot);                                                             \
+  }                                                                                                     \
+  TARGET __attribute__((flatten)) void NAME##_fused_f16(const Plan& P, float* const* slot) {            \
+    fused_body<ISA, Round::kHalf>(P, slot);                                                             \
   }                                                                                                     \
   TARGET void NAME##_load(c10::ScalarType t, const void* base, int64_t first, int64_t n, float* dst) {  \
     load_body<F16C>(t, base, first, n, dst);                                                            \
@@ -245,10 +492,11 @@ struct Build {
   TARGET void NAME##_store(c10::ScalarType t, void* base, int64_t first, int64_t n, const float* src) { \
     store_body<F16C>(t, base, first, n, src);                                                           \
   }                                                                                                     \
-  constexpr Build NAME{&NAME##_steps, &NAME##_load, &NAME##_store};
-TPU_EAGER_CHAIN_BUILD(baseline, , false)
-TPU_EAGER_CHAIN_BUILD(avx2, __attribute__((target("avx2,fma,f16c"))), true)
-TPU_EAGER_CHAIN_BUILD(avx512, __attribute__((target("avx512f,avx2,fma,f16c"))), true)
+  constexpr Build NAME{                                                                                 \
+      &NAME##_steps, {&NAME##_fused_f32, &NAME##_fused_bf16, &NAME##_fused_f16}, &NAME##_load, &NAME##_store};
+TPU_EAGER_CHAIN_BUILD(baseline, , false, Isa::kBaseline)
+TPU_EAGER_CHAIN_BUILD(avx2, __attribute__((target("avx2,fma,f16c"))), true, Isa::kAvx2)
+TPU_EAGER_CHAIN_BUILD(avx512, __attribute__((target("avx512f,avx2,fma,f16c"))), true, Isa::kAvx512)
 #undef TPU_EAGER_CHAIN_BUILD
 
 // The build cpu::has allows (asked per launch: tests switch features off).
@@ -303,6 +551,27 @@ bool literal_float(const KtirValue& v, float* out) {
 }
 
 int64_t aten_vector_floats();
+
+// The register pass's per-step facts (Plan::a_held, b_literal, keep).
+void plan_registers(Plan* P) {
+  const size_t n = P->steps.size();
+  std::vector<char> literal(P->slots, 0), read(P->slots, 0);
+  std::vector<float> value(P->slots, 0.0f);
+  for (const auto& [s, f] : P->literals) literal[s] = 1, value[s] = f;
+  P->a_held.assign(n, 0);
+  P->b_literal.assign(n, 0);
+  P->b_value.assign(n, 0.0f);
+  for (size_t k = 0; k < n; ++k) {
+    const Step& s = P->steps[k];
+    P->a_held[k] = k > 0 && s.a == P->steps[k - 1].dst;
+    if (!P->a_held[k]) read[s.a] = 1;
+    if (s.b >= 0 && literal[s.b]) P->b_literal[k] = 1, P->b_value[k] = value[s.b];
+    if (s.b >= 0) read[s.b] = 1;
+  }
+  for (const auto& [v, s] : P->stores) read[s] = 1;
+  P->keep.assign(n, 0);
+  for (size_t k = 0; k < n; ++k) P->keep[k] = read[P->steps[k].dst];
+}
 
 bool plan_chain(const KtirProgram& p, const KtirTilePlan* plan, Plan* P) {
   if (p.ops.empty() || p.views.empty()) return false;
@@ -380,10 +649,9 @@ bool plan_chain(const KtirProgram& p, const KtirTilePlan* plan, Plan* P) {
   }
   // CPU's sigmoid / silu vector formula is SLEEF's expf only in its AVX2 and AVX-512 kernels.
   if (P->cpu_tails && aten_vector_floats() == 0) return false;
-  // Below AVX-512 the pass runs sigmoid / silu an element at a time (GCC leaves that
-  // loop scalar), slower than op by op (docs/performance.md, "chain pass below AVX-512").
-  if (P->cpu_tails && !cpu::has(cpu::Feature::kAvx512f)) return false;
-  return !P->stores.empty();
+  if (P->stores.empty()) return false;
+  plan_registers(P);
+  return true;
 }
 
 // Floats per vector of ATen's CPU kernels (its capability: AVX512 16, AVX2
@@ -461,7 +729,8 @@ bool ktir_chain_pass(const KtirProgram& p, const std::vector<at::Tensor>& arg_by
   const std::vector<std::pair<int64_t, int64_t>> tails =
       P.cpu_tails ? cpu_scalar_tails(P.numel) : std::vector<std::pair<int64_t, int64_t>>{};
 
-  // Elements [lo, hi) in blocks: load, the ops, CPU's scalar tails, store.
+  // Elements [lo, hi) in blocks: load, the ops (in registers, or one loop
+  // per op where CPU's scalar tails are recomputed), store.
   // float32 blocks of kBlock elements are read and written in place: a
   // load's slot points at the input, a stored value's at the output (unless
   // the output's storage is also loaded).
@@ -494,7 +763,7 @@ bool ktir_chain_pass(const KtirProgram& p, const std::vector<at::Tensor>& arg_by
       for (const auto& [tlo, thi] : tails)
         if (std::max(tlo, b) < std::min(thi, b + n)) a = std::max(tlo, b), e = std::min(thi, b + n);
       if (a >= e) {
-        B.steps(P, r, slot.data(), 0, P.steps.size());
+        B.fused[static_cast<int>(r)](P, slot.data());
       } else {
         for (size_t k = 0; k < P.steps.size(); ++k) {
           B.steps(P, r, slot.data(), k, k + 1);

@@ -33,10 +33,14 @@ namespace spyre {
 // SLEEF's expf, and its scalar formula with the C library's expf on the
 // elements CPU's kernel leaves to its scalar tail over the whole view, at
 // this process's thread count), then a bfloat16 / float16 program rounds it
-// once to df16 and holds it as its dtype. The AVX-512, AVX2 + FMA and
-// baseline builds give the same bits (cpu::has picks one per call).
-// Tile steps are walked as the plan's (walk->tile_steps as the op by op path
-// counts them), each core's rows of a step in blocks.
+// once to df16 and holds it as its dtype. The AVX-512, AVX2 + FMA + F16C and
+// baseline builds give the same bits (cpu::has picks one per call), and all
+// three take sigmoid / silu (CPU's kernels must run SLEEF's expf: ATen's
+// AVX2 or AVX512 capability). Tile steps are walked as the plan's
+// (walk->tile_steps as the op by op path counts them), each core's rows of a
+// step in blocks; a block runs all ops over a few vectors at a time with the
+// chain's value in registers (a block holding elements of CPU's scalar tails
+// runs one loop per op).
 bool ktir_chain_pass(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes, KtirRunHooks& hooks,
                      const KtirTilePlan* plan, KtirWalk* walk);
 

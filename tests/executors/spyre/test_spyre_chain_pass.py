@@ -114,10 +114,9 @@ BINARY = {
 
 def _passes_expected(uses_exp):
     """Chain-pass launches expected for one chain: sigmoid / silu take the pass only
-    with AVX-512 (below it the pass's exp loop is scalar and the chain runs op by op)."""
-    from torch_tpu_eager import _C
-
-    return 1 if not uses_exp or _C._cpu_features()["avx512f"] else 0
+    when CPU's kernels of them run SLEEF's expf (ATen's AVX2 or AVX512 capability),
+    in every build of the pass (AVX-512, AVX2 + FMA + F16C, baseline)."""
+    return 1 if not uses_exp or torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else 0
 
 
 def _run_chain(dev_fn, ref_fn, xs, dtype):
