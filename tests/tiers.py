@@ -79,6 +79,9 @@ SLOW = {
     "test_spyre_chain_pass.py::test_every_op_in_chain_some_tails",  # 23-50 s, 3 tests
     "test_spyre_chain_pass.py::test_each_cpu_build_same_bits",  # 5-11 s, 3 tests
     "test_spyre_chain_pass.py::test_benchmark_chain_large_random",  # 1-5 s, 12 tests
+    # measured 2026-12-07 (branch spyre23a, load ~15): an 11-op chain in each CPU build
+    "test_spyre_chain_pass.py::test_long_chain_every_build_every_tail",  # 42-59 s, 3 tests
+    "test_spyre_chain_pass.py::test_edge_values_every_build",  # ~28 s, 3 tests
     "test_spyre_pool_tiles.py::test_pool_and_upsample_walk_tiles_with_one_rounding",  # ~14 s, 24 tests
     "test_spyre_pool_tiles.py::test_pool_gradients_round_once",  # ~6 s, 12 tests
     # measured 2026-12-07 (branch spyre22b, load ~15):

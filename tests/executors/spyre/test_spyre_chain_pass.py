@@ -246,3 +246,82 @@ def test_schedule_reports_the_tile_steps(spyre_target):
     sched = spyre.last_schedule()[0]
     assert sched["executed"] == "tiles"
     assert sched["tile_steps"] == sched["n_tiles"]
+
+
+# The CPU builds of the pass: AVX-512, AVX2 + FMA + F16C, baseline.
+BUILDS = [(), ("avx512f",), ("avx512f", "avx2", "fma", "f16c")]
+
+
+def _chain11(x, y):
+    """Eleven ops: the value passed on in registers (held), read back from a slot (t1, t2,
+    t4, t5), a literal, a loaded input, and every function of the pass."""
+    t1 = x * 1.5
+    t2 = torch.add(t1, y, alpha=0.3)
+    t4 = torch.nn.functional.silu(t2) / t1
+    t5 = torch.neg(y)
+    t7 = torch.sigmoid(t4 - t5)
+    return torch.relu((t7 - 0.5).abs() * t2)
+
+
+def _chain11_ref(x32, y32, dtype):
+    h = lambda t: _hold(t, dtype)  # noqa: E731
+    t1 = h(x32 * 1.5)
+    t2 = h(torch.add(t1, y32, alpha=0.3))
+    t4 = h(h(torch.nn.functional.silu(t2)) / t1)
+    t5 = h(torch.neg(y32))
+    t7 = h(torch.sigmoid(h(t4 - t5)))
+    return h(torch.relu(h(h(h(t7 - 0.5).abs()) * t2))).to(dtype)
+
+
+def _check_chain11_every_build(n, dtype, seed):
+    x = _device_values(_values(n, seed), dtype)
+    y = _device_values(_values(n, seed + 1) * 0.5, dtype)
+    want = _chain11_ref(x.float(), y.float(), dtype)
+    outs = []
+    for off in BUILDS:
+        with cpu_features_off(*off):
+            before = _chain_count()
+            got = _chain11(x.to("tpu"), y.to("tpu")).cpu()
+            assert _chain_count() == before + _passes_expected(uses_exp=True), (n, off)
+        assert _bits_equal(got, want) == 0, (n, off)
+        outs.append(got)
+    for got in outs[1:]:
+        assert _bits_equal(got, outs[0]) == 0, n
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_long_chain_every_build_every_tail(spyre_target, dtype):
+    """An eleven-op chain on every element count 1..64 and around a block and a
+    chunk, with NaN / inf / denormals among the values: each build equal to the
+    df16 reference and to each other."""
+    for n in COUNTS[:-1]:
+        _check_chain11_every_build(n, dtype, n)
+
+
+def _edge_values():
+    """exp's and df16's edges and their float32 neighbours, NaN of both signs, +-inf,
+    +-0, denormals, float16's overflow edge: 4099 values in a random order."""
+    base = [-110.5, -104.0, -103.97, -87.34, 88.72, 100.0, 100.01, 110.0, 110.1, 1e-40, 1.4e-45]
+    base += [2.0**-31, 65504.0, 65520.0, 8.59e9, 3.4e38, 0.5, 1.0, 3.0]
+    t = torch.tensor(base + [-v for v in base])
+    up, down = torch.nextafter(t, torch.tensor(float("inf"))), torch.nextafter(t, torch.tensor(float("-inf")))
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan")])
+    vals = torch.cat([t, up, down, special])
+    g = torch.Generator().manual_seed(13)
+    return vals[torch.randint(len(vals), (4099,), generator=g)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_edge_values_every_build(spyre_target, dtype):
+    # Twice: a df16 value past float16's range (65504 -> 65536) is inf as float16,
+    # which the upload holds as df16's NaN.
+    x = _device_values(_device_values(_edge_values(), dtype).float(), dtype)
+    y = _device_values(_device_values(_edge_values().flip(0), dtype).float(), dtype)
+    x32, y32 = x.float(), y.float()
+    want = _hold(_hold(torch.sigmoid(x32), dtype) + _hold(torch.nn.functional.silu(y32), dtype), dtype)
+    for off in BUILDS:
+        with cpu_features_off(*off):
+            got = (torch.sigmoid(x.to("tpu")) + torch.nn.functional.silu(y.to("tpu"))).cpu()
+            assert _bits_equal(got, want.to(dtype)) == 0, off
+            got = _chain11(x.to("tpu"), y.to("tpu")).cpu()
+            assert _bits_equal(got, _chain11_ref(x32, y32, dtype)) == 0, off
