@@ -15,6 +15,7 @@
 
 #include "executors/aten_grain.h"
 #include "executors/cpu_features.h"
+#include "executors/spyre/blocked_loop.h"
 #include "executors/spyre/df16.h"
 #include "lazy/debug_report.h"
 
@@ -445,7 +446,7 @@ __attribute__((always_inline)) inline void load_body(c10::ScalarType t, const vo
     std::memcpy(dst, static_cast<const float*>(base) + first, n * sizeof(float));
   } else if (t == c10::kBFloat16) {
     const uint16_t* src = static_cast<const uint16_t*>(base) + first;
-    for (int64_t j = 0; j < n; ++j) dst[j] = float_of(static_cast<uint32_t>(src[j]) << 16);
+    blocked(n, [&](int64_t j) { dst[j] = float_of(static_cast<uint32_t>(src[j]) << 16); });  // vectorized
   } else {
     floats_from_half<kF16c>(static_cast<const uint16_t*>(base) + first, dst, n);
   }
@@ -459,7 +460,7 @@ __attribute__((always_inline)) inline void store_body(c10::ScalarType t, void* b
     std::memcpy(static_cast<float*>(base) + first, src, n * sizeof(float));
   } else if (t == c10::kBFloat16) {
     uint16_t* dst = static_cast<uint16_t*>(base) + first;
-    for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<uint16_t>(bits_of(src[j]) >> 16);
+    blocked(n, [&](int64_t j) { dst[j] = static_cast<uint16_t>(bits_of(src[j]) >> 16); });  // vectorized
   } else {
     half_from_floats<kF16c>(src, static_cast<uint16_t*>(base) + first, n);
   }
