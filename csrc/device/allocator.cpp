@@ -60,10 +60,7 @@ std::atomic<int64_t> g_capacity{0};  // simulated HBM bytes per chip; 0: unlimit
 std::mutex g_owner_mu;
 std::string g_owner;  // the chip whose HBM g_capacity is
 
-// Updates of a counter that only the registry's lock holder writes.
-void add_locked(std::atomic<int64_t>& counter, int64_t delta) {
-  counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
-}
+// Raises a peak that only the registry's lock holder writes (add_locked: spin_lock.h).
 void raise_max_locked(std::atomic<int64_t>& peak, int64_t now) {
   if (now > peak.load(std::memory_order_relaxed)) peak.store(now, std::memory_order_relaxed);
 }

@@ -74,13 +74,6 @@ struct Cache {
   std::atomic<int64_t> device_bytes[kMaxBlockDevices + 1] = {};
 };
 
-// An update of a counter written only under Cache::mu (read without it): a
-// load and a store, not a locked read-modify-write, which waits for every
-// store before it to reach the cache (docs/performance.md, section llama23).
-void add_locked(std::atomic<int64_t>& counter, int64_t delta) {
-  counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
-}
-
 int slot(int device) { return device >= 0 && device < kMaxBlockDevices ? device : 0; }
 
 Cache& cache() {

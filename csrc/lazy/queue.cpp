@@ -380,7 +380,7 @@ void enqueue(Node&& node, int64_t fresh_bytes, int precision) {
       for (size_t b = 0; b < sizeof(Node); b += 64) __builtin_prefetch(next + b, 1);
     }
     c.pending_bytes += fresh_bytes;
-    c.ops_recorded.store(c.ops_recorded.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    add_locked(c.ops_recorded, 1);
     if (q.mode.load(std::memory_order_relaxed) != EagerMode::kDeferAndFuse) {
       reason = FlushReason::kDeferNever;
     } else if (static_cast<int64_t>(c.nodes.size()) >= q.max_ops.load(std::memory_order_relaxed)) {
