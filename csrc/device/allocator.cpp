@@ -34,8 +34,13 @@ namespace {
 using c10::CachingAllocator::StatType;
 constexpr size_t kAll = static_cast<size_t>(StatType::AGGREGATE);
 
-// Per-chip counters (bytes unless named otherwise). Atomics: allocations come
-// from the Python thread and the autograd engine's device thread alike.
+// Per-chip counters (bytes unless named otherwise). Written only under the
+// registry's lock (below), which every allocation takes anyway for its link:
+// one locked instruction an allocation and one a free, where an atomic
+// read-modify-write of each counter was ~10 an allocation and 4 a free, each
+// waiting for the stores before it (the new storage's cold memory:
+// docs/performance.md, sections llama21 and llama23). Atomics so that the
+// statistics read them without the lock.
 struct ChipMemory {
   std::atomic<int64_t> allocated{0};
   std::atomic<int64_t> peak{0};
@@ -50,15 +55,14 @@ struct ChipMemory {
 };
 
 ChipMemory g_mem[kMaxDevices];
-std::atomic<uint64_t> g_next_id{1};
+uint64_t g_next_id = 1;              // under the registry's lock
 std::atomic<int64_t> g_capacity{0};  // simulated HBM bytes per chip; 0: unlimited
 std::mutex g_owner_mu;
 std::string g_owner;  // the chip whose HBM g_capacity is
 
-void raise_max(std::atomic<int64_t>& peak, int64_t now) {
-  int64_t p = peak.load();
-  while (now > p && !peak.compare_exchange_weak(p, now)) {
-  }
+// Raises a peak that only the registry's lock holder writes (add_locked: spin_lock.h).
+void raise_max_locked(std::atomic<int64_t>& peak, int64_t now) {
+  if (now > peak.load(std::memory_order_relaxed)) peak.store(now, std::memory_order_relaxed);
 }
 
 std::string human(int64_t bytes) {
@@ -79,8 +83,11 @@ std::string human(int64_t bytes) {
 // pointer into device memory back to its storage, for StorageImpls that
 // PyTorch builds over device memory itself (alias storages, below). Linking
 // costs a lock and four pointer writes per allocation; lookups are rare.
+// The same lock guards every chip's counters (ChipMemory) and the storage ids.
 struct Registry {
-  SpinLock mu;  // taken twice an op (a fresh result's link, a dead tensor's unlink): see SpinLock
+  // Taken three times an op (a fresh result's link and counters, a dead
+  // tensor's unlink, the storage's free): see SpinLock.
+  SpinLock mu;
   DeferredStorage* head = nullptr;
 };
 
@@ -89,18 +96,16 @@ Registry& registry() {
   return *r;
 }
 
-void registry_add(DeferredStorage* ds) {
-  Registry& r = registry();
-  std::lock_guard<SpinLock> lock(r.mu);
+// Links `ds` (r.mu held).
+void registry_link(Registry& r, DeferredStorage* ds) {
   ds->registry_next = r.head;
   if (r.head) r.head->registry_prev = ds;
   r.head = ds;
 }
 
-// `forget_impl`: also drops the storage's weak reference to its StorageImpl (see drop_external_holder).
-void registry_remove(DeferredStorage* ds, bool forget_impl) {
-  Registry& r = registry();
-  std::lock_guard<SpinLock> lock(r.mu);
+// Unlinks `ds` (r.mu held). `forget_impl`: also drops the storage's weak
+// reference to its StorageImpl (see drop_external_holder).
+void registry_unlink(Registry& r, DeferredStorage* ds, bool forget_impl) {
   if (forget_impl) ds->impl.reset();
   if (ds->registry_prev)
     ds->registry_prev->registry_next = ds->registry_next;
@@ -150,12 +155,18 @@ DeferredStorage* cow_storage(const void* cow_context) {
 // it (DeferredStorage::impl, for adopt_host_buffer, which reads it under the
 // registry's mutex) is dropped now, so the dying StorageImpl is freed at once,
 // as a CPU tensor's is, instead of by the flush that frees `ds`.
+// The count falls under the registry's lock, as adopt_alias raises it: the
+// lock's exchange is the one locked instruction (a dead tensor's unlink took
+// two, the count's and the lock's).
 void drop_external_holder(DeferredStorage* ds, bool owner) {
-  if (ds->external_holders.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+  Registry& r = registry();
+  std::lock_guard<SpinLock> lock(r.mu);
+  const int32_t left = ds->external_holders.load(std::memory_order_relaxed) - 1;
+  ds->external_holders.store(left, std::memory_order_relaxed);
+  if (left == 0) {
     ds->external_alive.store(false, std::memory_order_release);
-    registry_remove(ds, owner);
-  } else if (owner && ds->impl) {
-    std::lock_guard<SpinLock> lock(registry().mu);
+    registry_unlink(r, ds, owner);
+  } else if (owner) {
     ds->impl.reset();
   }
 }
@@ -193,6 +204,30 @@ int64_t reserved_bytes(int device) {
   return g_mem[device].allocated.load() + block_live_padding(device) + block_cache_bytes(device);
 }
 
+// Raises the error of an allocation of `nbytes` that does not fit in the
+// chip's simulated HBM (counted as an out-of-memory event, as CUDA's).
+[[noreturn]] void out_of_hbm(ChipMemory& mem, int device, size_t nbytes) {
+  int64_t allocated = 0;
+  {
+    std::lock_guard<SpinLock> lock(registry().mu);
+    add_locked(mem.ooms, 1);
+    allocated = mem.allocated.load(std::memory_order_relaxed);
+  }
+  std::string owner;
+  {
+    std::lock_guard<std::mutex> lock(g_owner_mu);
+    owner = g_owner;
+  }
+  const int64_t cap = g_capacity.load();
+  const auto n = static_cast<int64_t>(nbytes);
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu: out of simulated HBM: tried to allocate ", human(n), " (", nbytes,
+                   " bytes) on tpu:", device, "; the simulated ", owner, " has ", human(cap), " of HBM, of which ",
+                   human(allocated),
+                   " are allocated. Free tensors or choose a target "
+                   "with more HBM (torch_tpu_eager.set_target).");
+  __builtin_unreachable();  // TORCH_CHECK_WITH(..., false, ...) throws
+}
+
 // A c10::DeviceAllocator, so torch.accelerator's memory API (memory_stats,
 // memory_allocated, get_memory_info, empty_cache, ...) reaches it. Each
 // allocation is accounted to the current chip (the device guard's index, as
@@ -204,23 +239,10 @@ struct DeviceAllocator final : c10::DeviceAllocator {
     check_not_in_bad_fork();
     note_device_used();
     const auto n = static_cast<int64_t>(nbytes);
-    // Reserve first, so concurrent allocations cannot both pass the capacity check.
-    const int64_t now = mem.allocated.fetch_add(n) + n;
-    const int64_t cap = g_capacity.load();
-    if (cap > 0 && now > cap) {
-      mem.allocated.fetch_sub(n);
-      mem.ooms.fetch_add(1);
-      std::string owner;
-      {
-        std::lock_guard<std::mutex> lock(g_owner_mu);
-        owner = g_owner;
-      }
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu: out of simulated HBM: tried to allocate ", human(n), " (", nbytes,
-                       " bytes) on tpu:", device, "; the simulated ", owner, " has ", human(cap), " of HBM, of which ",
-                       human(now - n),
-                       " are allocated. Free tensors or choose a target "
-                       "with more HBM (torch_tpu_eager.set_target).");
-    }
+    // Checked before a block is taken, so an allocation that cannot fit leaves
+    // the block cache alone; again under the lock, where the bytes are counted.
+    const int64_t cap = g_capacity.load(std::memory_order_relaxed);
+    if (cap > 0 && mem.allocated.load(std::memory_order_relaxed) + n > cap) out_of_hbm(mem, device, nbytes);
     void* data = nullptr;
     void* companion = nullptr;       // memory for the DeferredStorage, kept with the block
     bool reused_same = nbytes == 0;  // memory_reserved unchanged
@@ -228,25 +250,41 @@ struct DeviceAllocator final : c10::DeviceAllocator {
       // 64-byte alignment, like CPU's allocator, so vectorized kernels can read it.
       data = block_alloc_paired(nbytes, device, &companion, &reused_same);
       if (data == nullptr) {
-        mem.allocated.fetch_sub(n);
-        mem.ooms.fetch_add(1);
+        {
+          std::lock_guard<SpinLock> lock(registry().mu);
+          add_locked(mem.ooms, 1);
+        }
         TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu: failed to allocate ", nbytes, " bytes of host memory");
       }
     }
-    raise_max(mem.peak, now);
-    mem.allocated_total.fetch_add(n);
-    mem.alloc_count.fetch_add(1);
-    raise_max(mem.count_peak, mem.live_count.fetch_add(1) + 1);
-    // A block this chip freed into the cache moves from its cached bytes to its allocated ones.
-    if (!reused_same) raise_max(mem.reserved_peak, reserved_bytes(device));
-    const uint64_t id = g_next_id.fetch_add(1);
-    auto ds = c10::intrusive_ptr<DeferredStorage>::unsafe_steal_from_new(
-        companion != nullptr ? ::new (companion) DeferredStorage(data, nbytes, id)
-                             : new DeferredStorage(data, nbytes, id));
-    ds->device = device;
-    DeferredStorage* raw = ds.release();
-    registry_add(raw);
-    return {data, raw, &delete_storage_ctx,
+    void* place = companion != nullptr ? companion : DeferredStorage::operator new(sizeof(DeferredStorage));
+    Registry& r = registry();
+    DeferredStorage* ds = nullptr;
+    {
+      std::unique_lock<SpinLock> lock(r.mu);
+      const int64_t now = mem.allocated.load(std::memory_order_relaxed) + n;
+      if (C10_UNLIKELY(cap > 0 && now > cap)) {  // another thread's allocation took the room meanwhile
+        lock.unlock();
+        block_free(data, nbytes, device);
+        DeferredStorage::operator delete(place, sizeof(DeferredStorage));
+        out_of_hbm(mem, device, nbytes);
+      }
+      mem.allocated.store(now, std::memory_order_relaxed);
+      raise_max_locked(mem.peak, now);
+      add_locked(mem.allocated_total, n);
+      add_locked(mem.alloc_count, 1);
+      add_locked(mem.live_count, 1);
+      raise_max_locked(mem.count_peak, mem.live_count.load(std::memory_order_relaxed));
+      // A block this chip freed into the cache moves from its cached bytes to its allocated ones.
+      if (!reused_same) raise_max_locked(mem.reserved_peak, reserved_bytes(device));
+      // The DataPtr's context holds the one reference (unsafe_steal_from_new sets the count to 1).
+      ds = c10::intrusive_ptr<DeferredStorage>::unsafe_steal_from_new(::new (place)
+                                                                          DeferredStorage(data, nbytes, g_next_id++))
+               .release();
+      ds->device = device;
+      registry_link(r, ds);
+    }
+    return {data, ds, &delete_storage_ctx,
             c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device))};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -291,6 +329,7 @@ struct DeviceAllocator final : c10::DeviceAllocator {
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     ChipMemory& mem = g_mem[checked_device(device)];
+    std::lock_guard<SpinLock> lock(registry().mu);
     mem.allocated_total = 0;
     mem.freed_total = 0;
     mem.alloc_count = 0;
@@ -415,10 +454,11 @@ bool adopt_host_buffer(DeferredStorage* s, const c10::Storage& buffer) {
 
 void account_free(size_t nbytes, int device) {
   ChipMemory& mem = g_mem[device >= 0 && device < kMaxDevices ? device : 0];
-  mem.allocated.fetch_sub(static_cast<int64_t>(nbytes));
-  mem.freed_total.fetch_add(static_cast<int64_t>(nbytes));
-  mem.live_count.fetch_sub(1);
-  mem.free_count.fetch_add(1);
+  std::lock_guard<SpinLock> lock(registry().mu);
+  add_locked(mem.allocated, -static_cast<int64_t>(nbytes));
+  add_locked(mem.freed_total, static_cast<int64_t>(nbytes));
+  add_locked(mem.live_count, -1);
+  add_locked(mem.free_count, 1);
 }
 
 c10::Allocator* device_allocator() { return &g_allocator; }
@@ -448,7 +488,7 @@ DeviceBytes adopt_alias(const c10::Storage& storage) {
       if (base != nullptr && p >= base && p + n <= base + s->nbytes) {
         owner = StoragePtr::reclaim_copy(s);
         offset = p - base;
-        s->external_holders.fetch_add(1, std::memory_order_acq_rel);
+        s->external_holders.fetch_add(1, std::memory_order_acq_rel);  // under the lock: see drop_external_holder
         s->address_exported.store(true, std::memory_order_release);
         break;
       }
@@ -581,6 +621,7 @@ int64_t max_memory_reserved(int device) {
 }
 void reset_peak_memory_stats(int device) {
   ChipMemory& mem = g_mem[checked_device(device)];
+  std::lock_guard<SpinLock> lock(registry().mu);
   mem.peak.store(mem.allocated.load());
   mem.reserved_peak.store(reserved_bytes(device));
   mem.count_peak.store(mem.live_count.load());

@@ -126,8 +126,8 @@ void* take_block(size_t nbytes, int device, void** companion, bool* reused_same)
       // on, before the counters' atomic updates, which wait for memory.
       if (b.companion != nullptr && companion != nullptr) __builtin_prefetch(b.companion, 1);
       c.small_bytes -= static_cast<int64_t>(size);
-      c.bytes -= static_cast<int64_t>(size);
-      c.device_bytes[b.device] -= static_cast<int64_t>(size);
+      add_locked(c.bytes, -static_cast<int64_t>(size));
+      add_locked(c.device_bytes[b.device], -static_cast<int64_t>(size));
       *reused_same = b.device == device;
       if (companion == nullptr) {
         if (b.companion != nullptr) c.spare_companions.push_back(b.companion);
@@ -148,8 +148,8 @@ void* take_block(size_t nbytes, int device, void** companion, bool* reused_same)
     if (it != c.free_blocks.end() && !it->second.empty()) {
       const Cached b = it->second.back();
       it->second.pop_back();
-      c.bytes -= static_cast<int64_t>(size);
-      c.device_bytes[b.device] -= static_cast<int64_t>(size);
+      add_locked(c.bytes, -static_cast<int64_t>(size));
+      add_locked(c.device_bytes[b.device], -static_cast<int64_t>(size));
       *reused_same = b.device == device;
       return b.ptr;
     }
@@ -159,7 +159,9 @@ void* take_block(size_t nbytes, int device, void** companion, bool* reused_same)
 
 void* alloc_in(size_t nbytes, int s, void** companion, bool* reused_same) {
   void* p = take_block(nbytes, s, companion, reused_same);
-  if (p) g_live_padding[s].fetch_add(static_cast<int64_t>(rounded(nbytes) - nbytes));
+  // Most blocks are whole 64-byte multiples: no padding, no locked add.
+  const auto pad = static_cast<int64_t>(rounded(nbytes) - nbytes);
+  if (p && pad != 0) g_live_padding[s].fetch_add(pad);
   return p;
 }
 
@@ -209,8 +211,8 @@ void drain(FreeBatch& b) {
       }
       c.push_small(it.size, it.ptr, it.device, companion);
       c.small_bytes += static_cast<int64_t>(it.size);
-      c.bytes += static_cast<int64_t>(it.size);
-      c.device_bytes[it.device] += static_cast<int64_t>(it.size);
+      add_locked(c.bytes, static_cast<int64_t>(it.size));
+      add_locked(c.device_bytes[it.device], static_cast<int64_t>(it.size));
     }
   }
   for (int i = 0; i < spill; ++i) {
@@ -223,7 +225,7 @@ void drain(FreeBatch& b) {
 void free_in(void* ptr, size_t nbytes, int device) {
   if (!ptr || in_bad_fork()) return;  // a bad fork leaks: the cache lock may be a dead thread's
   const size_t size = rounded(nbytes);
-  g_live_padding[device].fetch_sub(static_cast<int64_t>(size - nbytes));
+  if (size != nbytes) g_live_padding[device].fetch_sub(static_cast<int64_t>(size - nbytes));
   if (size == 0) {  // no room for a bucket's link
     std::free(ptr);
     return;
@@ -240,8 +242,8 @@ void free_in(void* ptr, size_t nbytes, int device) {
     if (c.small_bytes + static_cast<int64_t>(size) <= kSmallLimit) {
       c.push_small(size, ptr, device, nullptr);
       c.small_bytes += static_cast<int64_t>(size);
-      c.bytes += static_cast<int64_t>(size);
-      c.device_bytes[device] += static_cast<int64_t>(size);
+      add_locked(c.bytes, static_cast<int64_t>(size));
+      add_locked(c.device_bytes[device], static_cast<int64_t>(size));
       return;
     }
   } else if (size >= kCachedMin) {
@@ -249,8 +251,8 @@ void free_in(void* ptr, size_t nbytes, int device) {
     std::lock_guard<SpinLock> lock(c.mu);
     if (c.bytes + static_cast<int64_t>(size) <= kCacheLimit) {
       c.free_blocks[size].push_back({ptr, device});
-      c.bytes += static_cast<int64_t>(size);
-      c.device_bytes[device] += static_cast<int64_t>(size);
+      add_locked(c.bytes, static_cast<int64_t>(size));
+      add_locked(c.device_bytes[device], static_cast<int64_t>(size));
       return;
     }
   }
@@ -297,7 +299,7 @@ bool block_free_paired(void* ptr, size_t nbytes, int device, void* companion) {
     return false;
   const size_t size = (nbytes + 63) & ~size_t{63};
   const int s = slot(device);
-  g_live_padding[s].fetch_sub(static_cast<int64_t>(size - nbytes), std::memory_order_relaxed);
+  if (size != nbytes) g_live_padding[s].fetch_sub(static_cast<int64_t>(size - nbytes), std::memory_order_relaxed);
   if (b.n == FreeBatch::kCap) drain(b);
   b.items[b.n++] = {ptr, size, s, companion};
   b.kept.store(companion, std::memory_order_relaxed);

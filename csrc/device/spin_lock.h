@@ -44,4 +44,13 @@ class SpinLock {
   std::atomic<bool> flag_{false};
 };
 
+// Adds `delta` to a counter that only one lock's holder writes (others read it
+// without the lock): a load and a store, not a locked read-modify-write, which
+// waits for every store before it to reach the cache, such as a new storage's
+// writes into memory a flush ago touched (docs/performance.md, section llama23).
+template <typename T>
+inline void add_locked(std::atomic<T>& counter, typename std::atomic<T>::value_type delta) {
+  counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+}
+
 }  // namespace tpu_eager

@@ -37,8 +37,7 @@ struct DeviceQueue {
   Metrics metrics;
   // Read by every enqueue: atomics, not under `mu` (two mutexes per recorded
   // op were ~200 instructions of the record path). Metrics::ops_recorded is
-  // `ops_recorded` plus metrics.ops_recorded (always 0).
-  std::atomic<int64_t> ops_recorded{0};
+  // the chips' ChipQueue::ops_recorded plus metrics.ops_recorded (always 0).
   std::atomic<int64_t> max_ops{env::get_int("TORCH_TPU_MAX_PENDING_OPS")};
   std::atomic<int64_t> max_bytes{env::get_int("TORCH_TPU_MAX_PENDING_BYTES")};
   std::atomic<EagerMode> mode{env::get_bool("TORCH_TPU_DEFER_AND_FUSE") ? EagerMode::kDeferAndFuse
@@ -77,6 +76,11 @@ struct ChipQueue {
   // flush lock (and `mu` where it swaps it with `nodes`).
   std::vector<Node> spare;
   int64_t pending_bytes = 0;
+  // Ops recorded on the chip (Metrics::ops_recorded). Written under `mu` by a
+  // load and a store: a locked add right after the node's move waited for
+  // that move's stores to miss (docs/performance.md, sections llama21, llama23).
+  // Atomic for the metrics' reads without `mu`.
+  std::atomic<int64_t> ops_recorded{0};
   double sim_time_s = 0;  // simulated device time of every kernel run on the chip
   int64_t stream = 0;     // the stream of the pending nodes
   // The float32 matmul precision the pending nodes were recorded at (all the
@@ -376,7 +380,7 @@ void enqueue(Node&& node, int64_t fresh_bytes, int precision) {
       for (size_t b = 0; b < sizeof(Node); b += 64) __builtin_prefetch(next + b, 1);
     }
     c.pending_bytes += fresh_bytes;
-    q.ops_recorded.fetch_add(1, std::memory_order_relaxed);
+    add_locked(c.ops_recorded, 1);
     if (q.mode.load(std::memory_order_relaxed) != EagerMode::kDeferAndFuse) {
       reason = FlushReason::kDeferNever;
     } else if (static_cast<int64_t>(c.nodes.size()) >= q.max_ops.load(std::memory_order_relaxed)) {
@@ -579,14 +583,20 @@ void raise_storage_error(DeferredStorage* s) {
 Metrics metrics_snapshot() {
   std::lock_guard<SpinLock> lock(Q().mu);
   Metrics m = Q().metrics;
-  m.ops_recorded += Q().ops_recorded.load();
+  for (int d = 0; d < kMaxDevices; ++d) m.ops_recorded += C(d).ops_recorded.load(std::memory_order_relaxed);
   return m;
 }
 
 void reset_metrics() {
-  std::lock_guard<SpinLock> lock(Q().mu);
-  Q().metrics = Metrics();
-  Q().ops_recorded.store(0);
+  {
+    std::lock_guard<SpinLock> lock(Q().mu);
+    Q().metrics = Metrics();
+  }
+  for (int d = 0; d < kMaxDevices; ++d) {
+    ChipQueue& c = C(d);
+    std::lock_guard<SpinLock> chip_lock(c.mu);  // an enqueue's load and store do not undo the reset
+    c.ops_recorded.store(0, std::memory_order_relaxed);
+  }
 }
 
 void count_eager_op(bool fallback) {

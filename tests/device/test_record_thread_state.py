@@ -79,6 +79,53 @@ def test_memory_counters_exact_across_threads():
         torch.testing.assert_close(r, expected, rtol=0, atol=0)
 
 
+def test_alias_holders_and_counters_exact_across_threads():
+    # A storage's holders outside the queue (its tensor and DLPack aliases of it)
+    # and every chip counter change under the allocator's registry lock: threads
+    # that make aliases and drop them in either order, while others allocate,
+    # leave every storage freed and memory_allocated where it was.
+    from torch.utils.dlpack import to_dlpack
+
+    rounds, threads = 30, 4
+    base_cpu = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+
+    def run(k, out):
+        for i in range(rounds):
+            x = (base_cpu + k).to("tpu") * 2
+            alias = torch.from_dlpack(to_dlpack(x))
+            alias.add_(i)  # through the alias: x sees it
+            got = x.cpu()
+            if (i + k) % 2:
+                del x  # the alias is the last holder
+                del alias
+            else:
+                del alias  # the tensor is the last holder
+                del x
+            out.append((k, i, got))
+
+    before = _counts()
+    out = []
+    start = threading.Barrier(threads)
+
+    def body(k):
+        start.wait()
+        run(k, out)
+
+    ts = [threading.Thread(target=body, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    after = _counts()
+    assert len(out) == rounds * threads
+    for k, i, got in out:
+        torch.testing.assert_close(got, (base_cpu + k) * 2 + i, rtol=0, atol=0)
+    made, freed = after[0] - before[0], after[1] - before[1]
+    assert made > 0 and made == freed, "every storage the threads made was freed"
+    assert after[2] - before[2] == after[3] - before[3]
+    assert after[4] == before[4] == torch.tpu.memory_allocated()
+
+
 def test_short_lived_threads_record_and_exit():
     # Each thread's first record makes its state; its exit frees it.
     cpu = torch.linspace(-2, 2, 12).reshape(3, 4)
