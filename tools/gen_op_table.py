@@ -423,7 +423,6 @@ OP_TRAITS = [
             "_native_batch_norm_legit",
             "native_layer_norm",
             "native_layer_norm_backward",
-            "relu",
             "_adaptive_avg_pool2d",
             "_adaptive_avg_pool2d_backward",
         },
@@ -432,6 +431,10 @@ OP_TRAITS = [
     # Composites recorded whole (COMPOSITE_RECORDED): the Python meta kernel of the foreach
     # norm accepts what CPU's kernel raises at the call (integer tensors); stack's is a
     # decomposition. CPU's kernel on the twins gives CPU's errors and geometry.
+    # CPU's relu refuses bool, then returns clamp_min(self, 0): the structured meta function of
+    # clamp_min gives its geometry and errors, without twins (a first relu's twin, kernel
+    # run and fresh result cost ~75 page faults at 256 KiB; docs/performance.md, "thr23").
+    ("kInferAsClampMinZero", {"relu"}, _default),
     ("kInferOnCpu", {"_foreach_norm"}, lambda ov: ov == "Scalar"),
     ("kInferOnCpu", {"stack"}, _default),
     ("kInferOnCpu", {o.split(".")[0] for o in FOREACH_EXPANDED}, lambda ov: True),
@@ -466,6 +469,7 @@ OP_TRAITS = [
             "bmm",
             "cat",
             "clamp",
+            "relu",
             "gelu",
             "gelu_backward",
             "threshold_backward",

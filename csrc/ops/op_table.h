@@ -110,6 +110,11 @@ enum OpTrait : uint64_t {
   kProbeFull16Bit = 1ull << 45,
   kCheckTargetValues = 1ull << 46,  // nll_loss (2d) / multi_margin_loss: host-held class `target` values
                                     // outside [0, classes) other than ignore_index (CPU raises at the call)
+  // CPU's kernel refuses bool, then returns clamp_min(self, 0) (relu): shape inference runs
+  // clamp_min's C++ meta function on meta twins (record.cpp infer_as_clamp_min_zero), not
+  // CPU's kernel on zero-filled twins (kInferOnCpu), whose twin and fresh result were
+  // most of a first relu's record (page faults).
+  kInferAsClampMinZero = 1ull << 47,
 };
 
 struct OpEntry {

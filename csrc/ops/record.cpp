@@ -1444,6 +1444,24 @@ std::optional<torch::jit::Stack> cpu_twins(const torch::jit::Stack& stack, size_
   return twins;
 }
 
+// Shape inference of an op whose CPU kernel refuses bool and returns clamp_min(self, 0)
+// (OpTrait kInferAsClampMinZero: relu): `stack` holds the meta twin of `self` and, on
+// return, the result of clamp_min's C++ meta function, the structured code CPU's call
+// runs (its geometry, dtype and complex error). Raises on a bool `self`; the caller then
+// runs CPU's kernel, which raises CPU's own error.
+void infer_as_clamp_min_zero(torch::jit::Stack& stack) {
+  static const c10::OperatorHandle clamp_min = c10::Dispatcher::singleton().findSchemaOrThrow("aten::clamp_min", "");
+  static const std::optional<c10::KernelFunction> cpp_meta = shadowed_cpp_meta_kernel(clamp_min);
+  TORCH_CHECK(stack.size() == 1 && stack[0].isTensor() && stack[0].toTensor().scalar_type() != at::kBool,
+              "Boolean inputs not supported for relu");
+  stack.emplace_back(c10::Scalar(int64_t{0}));
+  if (cpp_meta) {
+    cpp_meta->callBoxed(clamp_min, c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+  } else {
+    clamp_min.callBoxed(&stack);  // nothing shadows the C++ meta kernel: the dispatcher reaches it
+  }
+}
+
 // The cache key of a call into `k`, or an empty key when some argument is not cacheable.
 void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Stack& stack, size_t first, size_t n,
               std::vector<int64_t>& key) {
@@ -1812,6 +1830,8 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       // (masked_fill_'s mask broadcast).
       if (inferred_on_cpu) {
         op.callBoxed(meta_stack);  // CPU's kernel: its geometry and its errors
+      } else if (plan.traits & kInferAsClampMinZero) {
+        infer_as_clamp_min_zero(meta_stack);
       } else if (plan.cpp_meta_only) {
         // A structured kernel's meta function: CPU's own inference, and no Python
         // (the reference meta kernels import sympy on their first call).

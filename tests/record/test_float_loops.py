@@ -77,6 +77,7 @@ CASES = {
     "bmm": lambda d, t, n: torch.bmm(_r(2, n, 3, seed=1, dtype=t).to(d), _r(2, 3, 4, seed=2, dtype=t).to(d)),
     "cat": lambda d, t, n: torch.cat([_r(n, 3, seed=1, dtype=t).to(d), _r(2, 3, seed=2, dtype=t).to(d)]),
     "clamp": lambda d, t, n: torch.clamp(_r(n, 3, seed=1, dtype=t).to(d), -0.5, 0.5),
+    "relu": lambda d, t, n: torch.relu(_r(n, 3, seed=1, dtype=t).to(d)),
     "gelu": lambda d, t, n: F.gelu(_r(n, 3, seed=1, dtype=t).to(d)),
     "gelu_backward": lambda d, t, n: torch.ops.aten.gelu_backward(
         _r(n, 3, seed=2, dtype=t).to(d), _r(n, 3, seed=1, dtype=t).to(d)

@@ -1,11 +1,12 @@
 """Shape inference by CPU's own kernel (OpTrait kInferOnCpu, record.cpp cpu_twins).
 
-For batch norm, layer norm, adaptive average pooling (forward and backward) and relu, the
-record kernel infers a
-call's result geometry by running CPU's kernel on zero-filled CPU twins of the arguments
+For batch norm, layer norm and adaptive average pooling (forward and backward), the
+record kernel infers a call's result geometry by running CPU's kernel on zero-filled CPU twins of the arguments
 instead of PyTorch's Python meta kernels (decompositions into dozens of reference ops,
 most of a training program's first step). The results, their strides and dtypes, the
 arguments written (running statistics) and the errors raised at the call must be CPU's.
+(relu is inferred by clamp_min's C++ meta function now: test_relu_inference.py; its
+cases here still compare it with CPU.)
 Every test uses shapes of its own, so the inference runs (the meta cache is per process).
 """
 
@@ -103,7 +104,7 @@ def test_layer_norm_bad_shape_raises_cpu_error_at_the_call():
 def test_input_above_the_twin_bound_infers_with_the_meta_kernel():
     # 17 MiB of float32: past record.cpp's kInferOnCpuMaxBytes (16 MiB), the meta kernel infers.
     x = cpu_randn(17 * 2**18, 4, seed=18)
-    run_both(lambda dev: torch.relu(x.to(dev)), DEVICE, check_stride=True)
+    run_both(lambda dev: torch.native_layer_norm(x.to(dev), [4], None, None, 1e-5), DEVICE, check_stride=True)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
