@@ -37,9 +37,6 @@ const std::vector<Knob>& knobs() {
        "that imports torch_tpu_eager), saving two thread hand-offs per backward; 0: on the device's autograd "
        "thread, as CUDA"},
       {"TORCH_TPU_LOG_REGIONS", KnobType::kBool, "0", "runtime", "1: print each fused region to stderr as it runs"},
-      {"TORCH_TPU_PREFETCH_REGIONS", KnobType::kBool, "1", "runtime",
-       "0: a cache-hit flush does not prefetch the next regions' kernel state, nodes and storages while a region "
-       "runs (to measure the prefetch)"},
       {"TORCH_TPU_CACHE_DIR", KnobType::kPath, "", "runtime",
        "directory that keeps compiled regions and meta results across processes (torch_tpu_eager.set_cache_dir)"},
       {"TORCH_TPU_DUMP_DIR", KnobType::kPath, "", "runtime",

@@ -90,15 +90,6 @@ class KeptTensors {
   };
   // The recorded traffic (one per op of the region), or empty.
   std::vector<OpTraffic>& traffic() { return traffic_; }
-  // The objects a run reads first (the kept tensors' TensorImpls, the
-  // recorded traffic), each given to `add` (Kernel::set_hot).
-  template <typename F>
-  void for_each_hot(F&& add) const {
-    if (!traffic_.empty()) add(traffic_.data());
-    for (const auto& ts : per_op_)
-      for (const at::Tensor& t : ts)
-        if (t.defined()) add(t.unsafeGetTensorImpl());
-  }
 
  private:
   std::vector<std::vector<at::Tensor>> per_op_;

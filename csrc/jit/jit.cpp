@@ -331,43 +331,6 @@ std::shared_ptr<const std::vector<int64_t>> shared_layout(const FlushPlan& plan,
   return std::make_shared<const std::vector<int64_t>>(std::move(sig));
 }
 
-// Whether prefetch_ahead runs: TORCH_TPU_PREFETCH_REGIONS, else set_region_prefetch (a benchmark
-// alternates it in one process to measure the prefetch against the same build).
-std::atomic<int> g_prefetch{-1};  // -1: not read from the environment yet
-bool prefetch_enabled() {
-  int on = g_prefetch.load(std::memory_order_relaxed);
-  if (on < 0) g_prefetch.store(on = env::get_bool("TORCH_TPU_PREFETCH_REGIONS") ? 1 : 0, std::memory_order_relaxed);
-  return on != 0;
-}
-
-// Prefetches for the regions after region `ri` of a flush plan, issued before
-// its kernel runs (the kernels of a flush evict each other's state): two
-// regions ahead, the kernel object (its hot list) and the region's node and
-// storage-number arrays; one ahead, the kernel's hot lines
-// (Kernel::prefetch_hot), its nodes' first lines and its storages. The
-// bounds keep a large region's prefetches from evicting what runs now.
-void prefetch_ahead(const FlushPlan& plan, size_t ri, const std::vector<Node>& g, const FlushStorages& fs) {
-  constexpr size_t kNodes = 8, kNodeLines = 3, kRefs = 24;
-  const size_t n = plan.regions.size();
-  if (ri + 2 < n) {
-    plan.kernels[ri + 2]->prefetch_object();
-    __builtin_prefetch(plan.regions[ri + 2].nodes.data());
-    __builtin_prefetch(plan.regions[ri + 2].storage_numbers.data());
-  }
-  if (ri + 1 >= n) return;
-  plan.kernels[ri + 1]->prefetch_hot();
-  const Region& r = plan.regions[ri + 1];
-  for (size_t k = 0; k < r.nodes.size() && k < kNodes; ++k) {
-    const char* node = reinterpret_cast<const char*>(&g[r.nodes[k]]);
-    for (size_t l = 0; l < kNodeLines; ++l) __builtin_prefetch(node + 64 * l);
-  }
-  for (size_t k = 0; k < r.storage_numbers.size() && k < kRefs; ++k) {
-    const char* storage = reinterpret_cast<const char*>(fs.storages[r.storage_numbers[k]]);
-    __builtin_prefetch(storage);
-    __builtin_prefetch(storage + 64);
-  }
-}
-
 // Storages' `error` fields read by the regions' runs since the process started (flush_work_counts).
 std::atomic<int64_t> g_error_reads{0};
 
@@ -476,7 +439,6 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
       try {
         // Timed for metrics_report() ("region_run": two clock reads a region).
         failed_inputs.before_region();
-        if (!building && prefetch_enabled()) prefetch_ahead(plan, ri, g, fs);
         const auto run_start = std::chrono::steady_clock::now();
         kernel->run_with_layout(r, g, mem, st, plan.layouts[ri]);
         run_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count());
@@ -657,8 +619,6 @@ std::exception_ptr run_graph(std::vector<Node>& recorded, Metrics& m) {
   }
   return err;
 }
-
-void set_region_prefetch(bool on) { g_prefetch.store(on ? 1 : 0, std::memory_order_relaxed); }
 
 FlushWorkCounts flush_work_counts() {
   FlushWorkCounts c;

@@ -44,9 +44,5 @@ struct FlushWorkCounts {
 };
 FlushWorkCounts flush_work_counts();
 
-// Whether a cache-hit flush prefetches the next regions' state while a region runs (default:
-// TORCH_TPU_PREFETCH_REGIONS); process-wide, for benchmarks that alternate it in one process.
-void set_region_prefetch(bool on);
-
 }  // namespace jit
 }  // namespace tpu_eager

@@ -5,7 +5,6 @@
 // caches Kernels by structural key and runs them with each flush's buffers.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -86,19 +85,6 @@ class Kernel {
   explicit Kernel(CompiledRegion info) : info_(std::move(info)) {}
   virtual ~Kernel() = default;
   const CompiledRegion& info() const { return info_; }
-  // Prefetching for the JIT, which runs a flush plan's regions in order: the
-  // kernels of a flush evict each other's state (plans, programs, slot
-  // arrays), so each region's first reads of it missed. Two steps, issued
-  // while earlier regions run: prefetch_object() (two regions ahead) brings
-  // this object's first lines, which hold the hot list; prefetch_hot() (one
-  // region ahead) the lines of the list, which the kernel set at its last
-  // run (set_hot). A stale address is harmless (a prefetch never faults).
-  void prefetch_object() const {
-    for (size_t o = 0; o < kObjectLines; ++o) __builtin_prefetch(reinterpret_cast<const char*>(this) + 64 * o);
-  }
-  void prefetch_hot() const {
-    for (uint32_t k = 0; k < n_hot_; ++k) __builtin_prefetch(hot_[k]);
-  }
   // Runs `region` (same structural key as the one compiled) of `graph`.
   // Inputs are read from `mem`; outputs marked for materialization are
   // written into their device storages, the rest bound as temporaries in
@@ -115,19 +101,7 @@ class Kernel {
     run(region, graph, mem, stats);
   }
 
- protected:
-  static constexpr size_t kMaxHot = 40;  // lines: with the count, within kObjectLines of the object
-  // The hot list: the cache lines the next run reads first (one address each;
-  // past kMaxHot lines are not listed). Called by a run, for the next.
-  void set_hot(const void* const* lines, size_t n) {
-    n_hot_ = static_cast<uint32_t>(n < kMaxHot ? n : kMaxHot);
-    for (uint32_t k = 0; k < n_hot_; ++k) hot_[k] = lines[k];
-  }
-
  private:
-  static constexpr size_t kObjectLines = 6;  // the vtable pointer, n_hot_ and hot_: 336 bytes
-  uint32_t n_hot_ = 0;
-  const void* hot_[kMaxHot] = {};
   CompiledRegion info_;
 };
 

@@ -533,8 +533,6 @@ PYBIND11_MODULE(_C, m) {
       },
       "Test hook: the last flush's structure words, the foreach per-tensor nodes written whole / refreshed, "
       "the storages' error fields the regions read.");
-  m.def("_set_region_prefetch", &jit::set_region_prefetch,
-        "Benchmark hook: whether a cache-hit flush prefetches the next regions' state (TORCH_TPU_PREFETCH_REGIONS).");
   m.def("_jit_set_verify", &jit::set_verify, "Verifies every flush's regions (jit/verify.h) when True.");
   m.def("_jit_verify_enabled", &jit::verify_enabled);
   m.def("_jit_break_next_partition", &jit::set_break_next_partition,

@@ -466,46 +466,6 @@ bool reads_failed_input(const Region& region, const std::vector<Node>& graph) {
   return false;
 }
 
-// The cache lines a run of a TpuPlan reads first (Kernel::set_hot), most
-// useful first: the plan object's first lines; per loop, its plan object and
-// its program's instruction, buffer and slot arrays; the kept tensors.
-class HotLines {
- public:
-  void add(const void* p, size_t bytes) {
-    const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
-    for (uintptr_t a = first; a < reinterpret_cast<uintptr_t>(p) + bytes && n_ < kCap; a += 64)
-      lines_[n_++] = reinterpret_cast<const void*>(a);
-  }
-  template <typename V>
-  void add_vector(const V& v) {
-    if (!v.empty()) add(v.data(), v.size() * sizeof(v[0]));
-  }
-  void add_loop(const tpu::LoopPlan& lp) {
-    add(&lp, sizeof lp);
-    add_vector(lp.prog.instrs);
-    add_vector(lp.externals);
-    add_vector(lp.outputs);
-    add_vector(lp.prog.externals);
-    add_vector(lp.prog.outputs);
-    add_vector(lp.params);
-    add_vector(lp.param_operands);
-    if (lp.prog.compiled.p) add(lp.prog.compiled.p.get(), 192);  // the program's compiled form (its header)
-  }
-  void add_plan(const TpuPlan& p) {
-    add(&p, 128);
-    for (const auto& lp : p.loops) add_loop(lp);
-    for (const auto& lp : p.tail_loops) add_loop(lp);
-    p.kept.for_each_hot([&](const void* o) { add(o, 64); });
-  }
-  const void* const* lines() const { return lines_; }
-  size_t size() const { return n_; }
-
- private:
-  static constexpr size_t kCap = 64;
-  const void* lines_[kCap];
-  size_t n_ = 0;
-};
-
 class TpuKernel final : public Kernel {
  public:
   TpuKernel(const CompiledRegion& info, const Region& region, const std::vector<Node>& graph)
@@ -531,10 +491,8 @@ class TpuKernel final : public Kernel {
       if (plans_.size() == kMaxPlans) plans_.pop_back();
       plans_.insert(plans_.begin(), build_plan(region, graph, chip_));
       stats.plans_built++;
-      hot_for_ = nullptr;
     } else if (at > 0) {
       std::rotate(plans_.begin(), plans_.begin() + at, plans_.begin() + at + 1);
-      hot_for_ = nullptr;
     }
     TpuPlan& plan_ = plans_.front();
     // The precision the region's ops were recorded at (torch.tpu.precision is
@@ -638,14 +596,6 @@ class TpuKernel final : public Kernel {
         break;
     }
     finish(plan_, stats);
-    if (hot_for_ != &plan_) {  // the plan's arrays stay where they are from run to run
-      HotLines hot;
-      hot.add(&mu_, sizeof mu_);  // this object's members past the hot list that a run reads first
-      hot.add(&plans_, sizeof plans_);
-      hot.add_plan(plan_);
-      set_hot(hot.lines(), hot.size());
-      hot_for_ = &plan_;
-    }
   }
 
  private:
@@ -673,8 +623,7 @@ class TpuKernel final : public Kernel {
   const std::string range_;
   const tpu::ChipParams chip_;  // the JIT drops every kernel when the target changes
   static constexpr size_t kMaxPlans = 8;
-  const TpuPlan* hot_for_ = nullptr;  // the plan the hot list was set for
-  std::vector<TpuPlan> plans_;        // by layout, most recently used first
+  std::vector<TpuPlan> plans_;  // by layout, most recently used first
 };
 
 class TpuExecutor final : public Executor {
