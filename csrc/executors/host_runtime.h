@@ -75,8 +75,20 @@ class HostMemory {
   // need not look for one region by region (each input's storage read: a
   // cache miss apiece between the kernels of a flush). jit::run_regions sets
   // it per region from one check of the flush's storages; true otherwise.
-  void set_inputs_may_hold_errors(bool may) { inputs_may_hold_errors_ = may; }
-  bool inputs_may_hold_errors() const { return inputs_may_hold_errors_; }
+  // An error set on any storage after that (an op of the region failed, a
+  // nested flush) makes it true again until the next set: the ops after a
+  // failed one must find its outputs' error (build_stack re-raises it).
+  void set_inputs_may_hold_errors(bool may) {
+    inputs_may_hold_errors_ = may;
+    errors_set_at_ = g_storage_errors_set.load(std::memory_order_relaxed);
+  }
+  bool inputs_may_hold_errors() const {
+    return inputs_may_hold_errors_ || g_storage_errors_set.load(std::memory_order_relaxed) != errors_set_at_;
+  }
+  // Storages whose `error` tensor(), written_tensor() and run_ops read (looking for an earlier
+  // failure), since this memory was made: a test count (jit::flush_work_counts).
+  int64_t error_reads() const { return error_reads_; }
+  void count_error_reads(int64_t n) { error_reads_ += n; }
   // Frees what every storage's value was held in, as destruction does, and
   // keeps the maps' room for another flush (jit::run_graph reuses one
   // HostMemory per thread); `expected`: storages the next use will bind.
@@ -134,6 +146,8 @@ class HostMemory {
   // Open addressing (lazy/storage_map.h): no allocation per storage of the flush.
   StorageMap<Entry> map_;
   bool inputs_may_hold_errors_ = true;
+  uint64_t errors_set_at_ = 0;  // g_storage_errors_set when inputs_may_hold_errors_ was set
+  int64_t error_reads_ = 0;
   const char* transient_ = nullptr;  // set_transient
   size_t n_transient_ = 0;
   uint64_t stamp_ = 0;

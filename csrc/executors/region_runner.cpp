@@ -401,9 +401,13 @@ void run_ops(const CompiledRegion& compiled, const Region& region, std::vector<N
     }
     // A storage this op overwrites whole loses an earlier op's error once the
     // user has seen it (if this op fails, the caller marks it with the new one).
-    for (const auto& in : n.inputs)
-      if (in.ref.storage->error && in.ref.storage->error_seen && overwrites_storage(n, in))
-        in.ref.storage->set_error(nullptr);
+    // Only looked for when an input may hold one (no storage read otherwise).
+    if (mem.inputs_may_hold_errors()) {
+      mem.count_error_reads(static_cast<int64_t>(n.inputs.size()));
+      for (const auto& in : n.inputs)
+        if (in.ref.storage->error && in.ref.storage->error_seen && overwrites_storage(n, in))
+          in.ref.storage->set_error(nullptr);
+    }
     at::Tensor* op_kept = kept ? kept->op(p, n.inputs.size() + n.outputs.size()) : nullptr;
     build_stack(n, mem, stack, op_kept);  // re-raises an input's earlier error as is
     const c10::OperatorHandle* out_op = nullptr;

@@ -331,6 +331,9 @@ std::shared_ptr<const std::vector<int64_t>> shared_layout(const FlushPlan& plan,
   return std::make_shared<const std::vector<int64_t>>(std::move(sig));
 }
 
+// Storages' `error` fields read by the regions' runs since the process started (flush_work_counts).
+std::atomic<int64_t> g_error_reads{0};
+
 // Runs the regions of `plan` on this flush's graph. `building` (the plan
 // itself, on a flush-cache miss) gets each region's key, kernel and layout as
 // it is looked up or compiled; false in `*complete` when some region has no
@@ -358,6 +361,7 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
   // The regions' run times, given to the "region_run" timer at the end: its
   // lock once per flush, not once per region.
   c10::SmallVector<double, 64> run_seconds;
+  const int64_t error_reads_before = mem.error_reads();
   for (size_t ri = 0; ri < plan.regions.size(); ++ri) {
     const Region& r = plan.regions[ri];
     uint64_t key;
@@ -473,6 +477,7 @@ std::exception_ptr run_regions(std::vector<Node>& g, const FlushStorages& fs, co
     m.plans_built += st.plans_built;
   }
   debug::time_all("region_run", run_seconds.data(), run_seconds.size());
+  g_error_reads.fetch_add(mem.error_reads() - error_reads_before, std::memory_order_relaxed);
   return first_error;
 }
 
@@ -620,6 +625,7 @@ FlushWorkCounts flush_work_counts() {
   c.structure_words = g_structure_words.load(std::memory_order_relaxed);
   c.per_tensor_nodes_written = per_tensor_nodes_written();
   c.per_tensor_nodes_refreshed = per_tensor_nodes_refreshed();
+  c.storage_error_reads = g_error_reads.load(std::memory_order_relaxed);
   return c;
 }
 

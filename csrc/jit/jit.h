@@ -38,6 +38,9 @@ struct FlushWorkCounts {
   int64_t structure_words = 0;
   int64_t per_tensor_nodes_written = 0;
   int64_t per_tensor_nodes_refreshed = 0;
+  // Storages whose `error` field the regions' runs read looking for an earlier failure
+  // (host::HostMemory::error_reads): none in a flush none of whose storages held one.
+  int64_t storage_error_reads = 0;
 };
 FlushWorkCounts flush_work_counts();
 

@@ -528,9 +528,11 @@ PYBIND11_MODULE(_C, m) {
         d["structure_words"] = c.structure_words;
         d["per_tensor_nodes_written"] = c.per_tensor_nodes_written;
         d["per_tensor_nodes_refreshed"] = c.per_tensor_nodes_refreshed;
+        d["storage_error_reads"] = c.storage_error_reads;
         return d;
       },
-      "Test hook: the last flush's structure words and the foreach per-tensor nodes written whole / refreshed.");
+      "Test hook: the last flush's structure words, the foreach per-tensor nodes written whole / refreshed, "
+      "the storages' error fields the regions read.");
   m.def("_jit_set_verify", &jit::set_verify, "Verifies every flush's regions (jit/verify.h) when True.");
   m.def("_jit_verify_enabled", &jit::verify_enabled);
   m.def("_jit_break_next_partition", &jit::set_break_next_partition,
