@@ -79,6 +79,11 @@ SLOW = {
     "test_spyre_chain_pass.py::test_every_op_in_chain_some_tails",  # 23-50 s, 3 tests
     "test_spyre_chain_pass.py::test_each_cpu_build_same_bits",  # 5-11 s, 3 tests
     "test_spyre_chain_pass.py::test_benchmark_chain_large_random",  # 1-5 s, 12 tests
+    "test_spyre_row_pass.py::test_row_op_equals_cpu_every_shape",  # 4-11 s, 4 tests
+    "test_spyre_row_pass.py::test_row_op_equals_cpu_every_width",  # 3-5 s, 3 tests
+    "test_spyre_row_pass.py::test_each_cpu_build_same_bits",  # 2.8 s, 1 test
+    "test_spyre_row_pass.py::test_layer_norm_statistics_stored",  # 2.6 s, 1 test
+    "test_spyre_row_pass.py::test_benchmark_rows_take_the_pass",  # 1.9 s, 1 test
     "test_spyre_pool_tiles.py::test_pool_and_upsample_walk_tiles_with_one_rounding",  # ~14 s, 24 tests
     "test_spyre_pool_tiles.py::test_pool_gradients_round_once",  # ~6 s, 12 tests
     # measured 2026-12-07 (branch spyre22b, load ~15):
