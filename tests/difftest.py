@@ -231,6 +231,18 @@ def cpu_features_off(*names):
         _C._set_cpu_features_off(before)
 
 
+def report_count(prefix):
+    """The sum of ``metrics_report()``'s counts on the lines starting with ``prefix``
+    (e.g. "spyre_chain_pass.": every kernel's launches through that pass)."""
+    from torch_tpu_eager import metrics_report
+
+    n = 0
+    for line in metrics_report().splitlines():
+        if line.strip().startswith(prefix):
+            n += int(line.rsplit(":", 1)[1])
+    return n
+
+
 def aten_ops_during(fn):
     """Names of the ATen op calls torch.profiler records while ``fn()`` runs, in order
     (with repeats): on "tpu", ``fn=torch.tpu.synchronize`` lists what a flush runs on the host."""

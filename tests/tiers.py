@@ -82,6 +82,11 @@ SLOW = {
     # measured 2026-12-07 (branch spyre23a, load ~15): an 11-op chain in each CPU build
     "test_spyre_chain_pass.py::test_long_chain_every_build_every_tail",  # 42-59 s, 3 tests
     "test_spyre_chain_pass.py::test_edge_values_every_build",  # ~28 s, 3 tests
+    "test_spyre_row_pass.py::test_row_op_equals_cpu_every_shape",  # 4-11 s, 4 tests
+    "test_spyre_row_pass.py::test_row_op_equals_cpu_every_width",  # 3-5 s, 3 tests
+    "test_spyre_row_pass.py::test_each_cpu_build_same_bits",  # 2.8 s, 1 test
+    "test_spyre_row_pass.py::test_layer_norm_statistics_stored",  # 2.6 s, 1 test
+    "test_spyre_row_pass.py::test_benchmark_rows_take_the_pass",  # 1.9 s, 1 test
     "test_spyre_pool_tiles.py::test_pool_and_upsample_walk_tiles_with_one_rounding",  # ~14 s, 24 tests
     "test_spyre_pool_tiles.py::test_pool_gradients_round_once",  # ~6 s, 12 tests
     # measured 2026-12-07 (branch spyre22b, load ~15):

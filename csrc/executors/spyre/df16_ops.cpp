@@ -56,13 +56,14 @@ bool df16_store_into(const at::Tensor& out, const at::Tensor& x) {
   return true;
 }
 
-void call_op_in_f32(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+void call_op_in_f32(const c10::OperatorHandle& op, torch::jit::Stack& stack,
                     const std::vector<c10::ScalarType>& result_dtypes,
                     const std::function<void(torch::jit::Stack&)>& call) {
   // A 16-bit mm / bmm: the direct kernel (f32 sums in k order), no f32 copies through ATen's.
-  if (matmul16_call(schema, stack, result_dtypes)) return;
+  if (matmul16_call(op, stack, result_dtypes)) return;
   // A 16-bit sum over the last dim: the rows summed in place in ATen's order.
-  if (sum16_call(schema, stack, result_dtypes)) return;
+  if (sum16_call(op, stack, result_dtypes)) return;
+  const c10::FunctionSchema& schema = op.schema();
   const auto& args = schema.arguments();
   // A written 16-bit view whose elements share memory (x.unfold(0, 3, 1).mul_(2))
   // must be written in place as CPU does (an element is updated once per alias):
@@ -152,7 +153,7 @@ void call_op_in_f32(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
 void call_in_f32(const Node& n, torch::jit::Stack& stack) {
   std::vector<c10::ScalarType> dtypes;
   for (const auto& o : n.outputs) dtypes.push_back(o.dtype);
-  call_op_in_f32(n.op.schema(), stack, dtypes, [&](torch::jit::Stack& s) { host::call_cpu(n, s); });
+  call_op_in_f32(n.op, stack, dtypes, [&](torch::jit::Stack& s) { host::call_cpu(n, s); });
 }
 
 }  // namespace spyre

@@ -10,6 +10,7 @@
 #include <functional>
 #include <vector>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
 #include "lazy/queue.h"
@@ -34,7 +35,7 @@ void call_in_f32(const Node& n, torch::jit::Stack& stack);
 // df16 of what the op wrote, 16-bit dtype arguments become float32, `call`
 // runs the op, and the op's fresh (non-aliasing) tensor results, in order, are
 // stored as df16 in `result_dtypes` (a result past its end keeps its dtype).
-void call_op_in_f32(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+void call_op_in_f32(const c10::OperatorHandle& op, torch::jit::Stack& stack,
                     const std::vector<c10::ScalarType>& result_dtypes,
                     const std::function<void(torch::jit::Stack&)>& call);
 

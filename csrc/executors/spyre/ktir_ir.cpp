@@ -65,6 +65,7 @@
 #include "executors/spyre/layout.h"
 #include "executors/spyre/reduce16.h"
 #include "executors/spyre/ring_softmax.h"
+#include "executors/spyre/row_pass.h"
 #include "jit/lowering.h"
 #include "ops/cpu_meta.h"
 #include "ops/op_table.h"
@@ -2379,9 +2380,14 @@ bool ktir_same_structure(const KtirProgram& a, const KtirProgram& b) {
   return true;
 }
 
+const c10::OperatorHandle* ktir_op_handle(const KtirOp& o) {
+  if (!o.handle) o.handle = find_op(o.op);
+  return o.handle;
+}
+
 void KtirRunHooks::call(size_t, const c10::OperatorHandle& op, torch::jit::Stack& stack,
                         const std::vector<c10::ScalarType>& result_dtypes) {
-  call_op_in_f32(op.schema(), stack, result_dtypes, [&](torch::jit::Stack& s) {
+  call_op_in_f32(op, stack, result_dtypes, [&](torch::jit::Stack& s) {
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
     op.callBoxed(s);
   });
@@ -4237,6 +4243,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   if (failed_at) *failed_at = -1;
   if (walk) *walk = KtirWalk();
   if (ktir_chain_pass(p, arg_bytes, hooks, plan, walk)) return;  // an elementwise chain in one pass (chain_pass.h)
+  if (ktir_row_pass(p, arg_bytes, hooks, plan, walk)) return;    // a float32 row op in place (row_pass.h)
   std::map<int, int64_t> lx_bytes;
   for (const auto& w : p.views)
     if (w.lx)
@@ -4260,10 +4267,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
   auto run_op = [&](size_t k, std::vector<at::Tensor>& vt, const std::function<void()>& body) {
     if (failed[k]) return;
     const KtirOp& o = p.ops[k];
-    if (!o.handle) {
-      o.handle = find_op(o.op);
-      TORCH_CHECK_VALUE(o.handle, "KTIR line ", o.line, ": rule 'op': unknown op '", o.op, "'");
-    }
+    TORCH_CHECK_VALUE(ktir_op_handle(o), "KTIR line ", o.line, ": rule 'op': unknown op '", o.op, "'");
     const c10::OperatorHandle& op = *o.handle;
     const auto& schema = op.schema();
     const auto& sargs = schema.arguments();
@@ -4294,7 +4298,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         if (plan && k < plan->mean_grad.size() && plan->mean_grad[k].second > 0) {
           // A lowered op (no library call for the hooks to count): the whole count, not the tile's.
           const auto [loss, n] = plan->mean_grad[k];
-          call_op_in_f32(schema, stack, dtypes,
+          call_op_in_f32(op, stack, dtypes,
                          [&](torch::jit::Stack& st) { mean_loss_grad(loss, n, schema.is_mutable(), st); });
         } else {
           hooks.call(k, op, stack, dtypes);

@@ -103,6 +103,9 @@ struct KtirOp {
   mutable const c10::OperatorHandle* handle = nullptr;
 };
 
+// The op's dispatcher handle (resolved once, kept in `o.handle`), or null for an unknown op.
+const c10::OperatorHandle* ktir_op_handle(const KtirOp& o);
+
 struct KtirProgram {
   std::string name;
   int64_t grid = 1;           // cores of the grid

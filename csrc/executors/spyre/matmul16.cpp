@@ -11,6 +11,7 @@
 
 #include "executors/cpu_features.h"
 #include "executors/spyre/df16_ops.h"
+#include "jit/lowering.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -145,10 +146,11 @@ void matmul_in_k_order(const float* a, int64_t lda, const float* b, int64_t ldb,
     run_scalar(a, lda, b, ldb, c, ldc, M, N, K);
 }
 
-bool matmul16_call(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+bool matmul16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
                    const std::vector<c10::ScalarType>& result_dtypes) {
-  const bool mm = schema.name() == "aten::mm", bmm = schema.name() == "aten::bmm";
-  if ((!mm && !bmm) || !schema.overload_name().empty() || stack.size() != 2 || !stack[0].isTensor() ||
+  const Lowering& lowering = lowering_of(op);
+  const bool mm = lowering.mxu == MxuOp::kMm, bmm = lowering.mxu == MxuOp::kBmm;
+  if ((!mm && !bmm) || lowering.form != OpForm::kFunctional || stack.size() != 2 || !stack[0].isTensor() ||
       !stack[1].isTensor())
     return false;
   const at::Tensor& a = stack[0].toTensor();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
 namespace tpu_eager {
@@ -21,14 +22,15 @@ namespace spyre {
 void matmul_in_k_order(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t M,
                        int64_t N, int64_t K);
 
-// When `schema` is aten::mm or aten::bmm (no out=) and `stack` holds two
+// When `op` lowers to an MXU mm or bmm (jit/lowering.h; the functional
+// overload of two operands) and `stack` holds two
 // float16 (or two bfloat16) CPU operands of matching sizes whose result is
 // recorded in their dtype (result_dtypes[0]), runs the op: the product of the
 // operands' f32 values by matmul_in_k_order, rounded once to df16 and stored
 // in the dtype, replaces the stack; returns true. Otherwise leaves the stack
 // alone and returns false (the caller runs ATen's kernel, which raises its
 // own errors for bad sizes).
-bool matmul16_call(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+bool matmul16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
                    const std::vector<c10::ScalarType>& result_dtypes);
 
 }  // namespace spyre

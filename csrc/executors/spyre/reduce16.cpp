@@ -10,6 +10,7 @@
 #include "executors/cpu_features.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/paired_columns.h"
+#include "jit/lowering.h"
 
 namespace tpu_eager {
 namespace spyre {
@@ -184,10 +185,10 @@ void column_sums16(const uint16_t* x, bool bf16, int64_t len, int64_t n, int64_t
     columns_base(x, bf16, len, n, row_stride, out);
 }
 
-bool sum16_call(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+bool sum16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
                 const std::vector<c10::ScalarType>& result_dtypes) {
-  if (schema.name() != "aten::sum" || schema.overload_name() != "dim_IntList" || stack.size() != 4 ||
-      !stack[0].isTensor() || !stack[1].isIntList() || !stack[2].isBool() || !stack[3].isNone())
+  if (lowering_of(op).row != RowReduce::kSum || stack.size() != 4 || !stack[0].isTensor() || !stack[1].isIntList() ||
+      !stack[2].isBool() || !stack[3].isNone())
     return false;
   const at::Tensor& x = stack[0].toTensor();
   if (!x.defined() || !is16(x.scalar_type()) || !x.device().is_cpu() || x.dim() < 1 || !x.is_contiguous() ||

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
 namespace tpu_eager {
@@ -26,12 +27,13 @@ void row_sums16(const uint16_t* x, bool bf16, int64_t rows, int64_t n, int64_t r
 // scalar_outer_sum for n < 8) added to 0: at::sum(rows.float(), 0)'s values.
 void column_sums16(const uint16_t* x, bool bf16, int64_t len, int64_t n, int64_t row_stride, float* out);
 
-// When `schema` is aten::sum.dim_IntList over the last dim only of a
+// When `op` is the row sum of the lowering table (RowReduce::kSum,
+// jit/lowering.h: sum.dim_IntList) over the last dim only of a
 // contiguous float16 / bfloat16 CPU tensor (no dtype argument, result in the
 // input's dtype, last dim under ATen's grain size): the row sums by
 // row_sums16, rounded once to df16 and stored in the dtype, replace the stack;
 // returns true. Otherwise returns false and leaves the stack alone.
-bool sum16_call(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+bool sum16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
                 const std::vector<c10::ScalarType>& result_dtypes);
 
 // The corelet partials of a ring sum over dim 1 of X [G, rows, n...] (16-bit,

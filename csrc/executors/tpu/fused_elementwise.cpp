@@ -585,6 +585,25 @@ static bool gelu_by_cpu_op(const Node& n, bool backward, Elem type) {
   return false;  // a Python scalar self: one element
 }
 
+fused::LayerNormRowFn cpu_layer_norm_row() {
+  // The row kernel of the capability CPU's layer_norm runs (none for DEFAULT).
+  static const std::string cap = host::layer_norm_kernel_capability();
+  // (torch registers it for AVX2 only: on an AVX-512 machine, its values with AVX-512 instructions.)
+  static const bool avx512 = at::get_cpu_capability() == "AVX512";
+  return cap == "AVX512"           ? &fused::layer_norm_row_avx512
+         : cap == "AVX2" && avx512 ? &fused::layer_norm_row_avx2_on_avx512
+         : cap == "AVX2"           ? &fused::layer_norm_row_avx2
+                                   : nullptr;
+}
+
+bool cpu_softmax_vectorized() {
+  static const bool vectorized = [] {
+    const std::string cap = at::get_cpu_capability();
+    return cap == "AVX2" || cap == "AVX512";  // at DEFAULT CPU's softmax is lane by lane with libm
+  }();
+  return vectorized;
+}
+
 // Plans the ops at positions `ps` of `region` (ascending) as one loop. An
 // elementwise op may write in place or through out=: its written tensor is
 // then a value like a fresh output, stored to its device buffer only by the
@@ -593,10 +612,7 @@ static bool gelu_by_cpu_op(const Node& n, bool backward, Elem type) {
 // Runtime scalars become Params (bound per run); a decision that depends on
 // a scalar's value becomes a guard of its Param. False when an op is not supported.
 bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::vector<Node>& graph, LoopPlan* plan) {
-  static const bool vector_softmax = [] {
-    const std::string cap = at::get_cpu_capability();
-    return cap == "AVX2" || cap == "AVX512";  // at DEFAULT CPU's softmax is lane by lane with libm
-  }();
+  static const bool vector_softmax = cpu_softmax_vectorized();
   // Cross-entropy's pairs (their int64 targets are indices, not loop values).
   if (!ps.empty() && tpu_eager::lowering_of(graph[region.nodes[ps.back()]].op).loss != LossRow::kNone)
     return plan_cross_entropy_loop(region, ps, graph, plan);
@@ -848,15 +864,8 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
     if (last_op && row == RowReduce::kLayerNorm) {
       // The loop's last op normalizes rows of the program's last value (or of an input).
       if (!shape) shape = n.outputs[0].sizes();
-      // The row kernel of the capability CPU's layer_norm runs (none for DEFAULT).
-      static const std::string cap = host::layer_norm_kernel_capability();
       fused::RowAnchor& anchor = plan->anchor;
-      // (torch registers it for AVX2 only: on an AVX-512 machine, its values with AVX-512 instructions.)
-      static const bool avx512 = at::get_cpu_capability() == "AVX512";
-      anchor.ln_row = cap == "AVX512"           ? &fused::layer_norm_row_avx512
-                      : cap == "AVX2" && avx512 ? &fused::layer_norm_row_avx2_on_avx512
-                      : cap == "AVX2"           ? &fused::layer_norm_row_avx2
-                                                : nullptr;
+      anchor.ln_row = cpu_layer_norm_row();
       if (!anchor.ln_row || !region.materialize[p][0]) return false;
       if (n.outputs[0].sizes() != *shape || !layer_norm_cols(n, *shape, &anchor.cols)) return false;
       for (size_t i = 0; i < n.inputs.size(); ++i) {
@@ -1556,6 +1565,30 @@ void run_loop(LoopPlan& plan, RegionStats& stats) {
   stats.bytes_read += plan.read;
   stats.bytes_written += plan.written_bytes;
   plan.keep_alive.clear();
+}
+
+bool run_cpu_rows(fused::RowAnchor a, const float* x) {
+  if (!fused_loops_available() || a.rows < 0 || a.cols <= 0) return false;
+  if (a.op == fused::RowOp::kLayerNorm) {
+    a.ln_row = cpu_layer_norm_row();
+    if (!a.ln_row) return false;
+  } else if (a.op != fused::RowOp::kSoftmax && a.op != fused::RowOp::kLogSoftmax) {
+    return false;
+  } else if (!cpu_softmax_vectorized()) {
+    return false;
+  }
+  // No instruction: the row op reads its input in place (external 0). Kept
+  // per thread so that its compiled form (fused_kernels.inc) is built once.
+  thread_local fused::Program prog;
+  prog.externals.assign(1, x);
+  prog.numel = a.rows * a.cols;
+  a.in = fused::Operand{fused::Operand::kExternal, 0, 0.0f};
+  static const bool use_avx512 = at::get_cpu_capability() == "AVX512";  // as run_loop
+  if (use_avx512)
+    fused::run_rows_avx512(prog, a);
+  else
+    fused::run_rows_avx2(prog, a);
+  return true;
 }
 
 }  // namespace tpu

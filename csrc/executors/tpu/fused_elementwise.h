@@ -163,6 +163,25 @@ StorageMap<LoopWrite> loop_writes(const Region& region, const std::vector<size_t
 // True when fused loops can run on this CPU (AVX2 + FMA, as CPU's kernels).
 bool fused_loops_available();
 
+// The row kernel matching CPU's native_layer_norm at this process's ATen
+// capability (layer_norm_row.inc builds), or null (DEFAULT: CPU's loop is scalar).
+fused::LayerNormRowFn cpu_layer_norm_row();
+// Whether CPU's _softmax / _log_softmax kernels run at::vec vectors (AVX2,
+// AVX512 capability; at DEFAULT they are lane by lane with libm).
+bool cpu_softmax_vectorized();
+
+// One float32 row op over the last dim, alone: `a.rows` x `a.cols`
+// contiguous floats at `x` to `a.out` (contiguous), with the arithmetic of
+// CPU's kernel of the op at this process's ATen capability (fused_kernels.inc:
+// softmax_row, log_softmax_row; layer_norm_row.inc), so its values are CPU's
+// bit for bit. a.op: kSoftmax, kLogSoftmax or kLayerNorm (a.gamma / a.beta:
+// `cols` floats or null; a.eps: eps as a float; a.mean / a.rstd: `rows`
+// floats or null); a.in and a.ln_row are set here. Returns false, writing
+// nothing, when no such kernel runs here (fused_loops_available, the
+// capability). Rows may split over the intra-op threads (run_rows). The entry
+// for another executor's row ops (spyre/row_pass.cpp).
+bool run_cpu_rows(fused::RowAnchor a, const float* x);
+
 // Plans the ops at positions `ps` of `region` (ascending) as one loop over
 // one contiguous shape: the elementwise ops of the lowering table
 // (kLowerings in fused_elementwise.cpp: arithmetic, comparisons, where,

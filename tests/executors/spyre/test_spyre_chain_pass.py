@@ -12,7 +12,7 @@ give the same bits (features switched off with difftest.cpu_features_off).
 import pytest
 import torch
 
-from difftest import cpu_features_off, requires_tpu
+from difftest import cpu_features_off, report_count, requires_tpu
 from test_spyre_numerics import df16_ref, store
 
 pytestmark = requires_tpu
@@ -82,13 +82,7 @@ def _bits_equal(got, want):
 
 
 def _chain_count():
-    from torch_tpu_eager import metrics_report
-
-    n = 0
-    for line in metrics_report().splitlines():
-        if line.strip().startswith("spyre_chain_pass."):
-            n += int(line.rsplit(":", 1)[1])
-    return n
+    return report_count("spyre_chain_pass.")
 
 
 # op name -> (device function, reference function over float32 values)
