@@ -331,6 +331,8 @@ at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
+  // On self's chip: CPU's set_() keeps the tensor's device (a storage of another chip is refused).
+  ChipGuard chip(self.device().index());
   at::Storage st(at::Storage::use_byte_size_t(), 0, device_allocator()->allocate(0), device_allocator(), true);
   std::vector<c10::SymInt> size{c10::SymInt(0)};
   return set_storage_offset(self, std::move(st), c10::SymInt(0), size, {});

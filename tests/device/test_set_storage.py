@@ -2,7 +2,8 @@
 size, and CPU's errors (type and message, from ATen's checkSetStorage) at the call; a
 storage of another chip is refused as CUDA refuses another GPU's (found by test_torch's
 `test_tensor_set_errors_multigpu`, which runs on CUDA only). A refused call leaves the
-tensor as it was.
+tensor as it was. The chip of a storage given or grown while another chip is current
+(`set_()`, `resize_`, `UntypedStorage.resize_`) stays the tensor's, as on CUDA.
 """
 
 import warnings
@@ -100,3 +101,42 @@ def test_refused_size_keeps_the_tensor():
         t.set_(torch.zeros(2, device="tpu").untyped_storage(), 0, (-2,), (1,))
     assert t.shape == (6,) and t.untyped_storage().nbytes() == 24
     assert (t + 1).cpu().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+
+
+def _two_chips():
+    if torch.tpu.device_count() < 2:
+        pytest.skip("needs two chips")
+
+
+def test_set_empty_keeps_the_chip():
+    # CPU's set_() gives the tensor an empty storage of its own device, not the current one's.
+    _two_chips()
+    r = torch.zeros(3, device="tpu:1").set_()
+    assert (r.shape, r.device, r.untyped_storage().device) == ((0,), torch.device("tpu:1"), torch.device("tpu:1"))
+    with torch.tpu.device(1):
+        r = torch.zeros(3, device="tpu:0").set_()
+    assert (r.device, r.untyped_storage().device) == (torch.device("tpu:0"), torch.device("tpu:0"))
+
+
+GROWS = {
+    "resize_": lambda t: t.resize_(1000),
+    "set_": lambda t: t.set_(t.untyped_storage(), 0, (1000,), (1,)),
+    "storage_resize_": lambda t: t.untyped_storage().resize_(4000),
+    "out": lambda t: torch.add(torch.ones(1000, device=t.device), 1, out=t),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROWS))
+def test_growth_stays_on_the_chip(name):
+    # Growing a storage of chip 1 while chip 0 is current: the bytes stay on chip 1, as CUDA's
+    # resize_bytes_cuda allocates under its storage's device guard.
+    _two_chips()
+    torch.tpu.synchronize(0)
+    before = torch.tpu.memory_allocated(0)
+    t = torch.arange(3.0, device="tpu:1")
+    GROWS[name](t)
+    assert t.untyped_storage().device == torch.device("tpu:1")
+    assert torch.tpu.memory_allocated(0) <= before  # earlier tests' tensors may be freed meanwhile
+    assert torch.tpu.memory_allocated(1) >= 4000
+    if name != "out":
+        assert t.untyped_storage().tolist()[:12] == torch.arange(3.0).untyped_storage().tolist()
