@@ -84,7 +84,12 @@ void resize_device_storage(const c10::Storage& storage, size_t newsize) {
   // overwrites it whole (torch.zeros(5, out=t) does).
   const std::exception_ptr error = old->error;
   const bool seen = old->error_seen;
-  c10::DataPtr fresh = device_allocator()->allocate(newsize);
+  c10::DataPtr fresh;
+  {
+    // On the storage's chip, whichever is current (CUDA's resize_bytes_cuda guards its device).
+    ChipGuard chip(storage.device().index());
+    fresh = device_allocator()->allocate(newsize);
+  }
   const size_t keep = std::min(newsize, old->nbytes);
   if (keep > 0) std::memcpy(fresh.get(), old->data, keep);
   auto& st = const_cast<c10::Storage&>(storage);

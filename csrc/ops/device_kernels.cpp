@@ -13,6 +13,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/native/Resize.h>
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/_reshape_alias_ops.h>
 #include <ATen/ops/as_strided_ops.h>
@@ -20,6 +21,7 @@
 #include <ATen/ops/copy.h>
 #include <ATen/ops/view_ops.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/safe_numerics.h>
 #include <torch/library.h>
 
 #include "device/env.h"
@@ -278,26 +280,39 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::op
   return self;
 }
 
+// CPU's set_storage_cpu_: ATen's checkSetStorage (stride length, offset, offset in bounds
+// when sizes and strides stay, the same device, with CPU's messages; it then takes the
+// storage), then sizes, strides and storage growth. The size checks run before anything
+// but the storage changed, and an error puts the old storage back: the tensor stays valid.
 at::Tensor& set_storage_offset(at::Tensor& self, at::Storage source, c10::SymInt offset, c10::SymIntArrayRef size,
                                c10::SymIntArrayRef stride) {
-  TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
-              "Attempted to set the storage of a tpu tensor to a storage on ", source.device());
   std::vector<int64_t> sizes, strides;
   for (const auto& x : size) sizes.push_back(x.expect_int());
   for (const auto& x : stride) strides.push_back(x.expect_int());
-  if (strides.empty()) {
-    strides.resize(sizes.size());
-    int64_t st = 1;
-    for (size_t i = sizes.size(); i-- > 0;) {
-      strides[i] = st;
-      st *= std::max<int64_t>(sizes[i], 1);
-    }
-  }
   const int64_t off = offset.expect_int();
-  TORCH_CHECK(off >= 0, "Tensor: invalid storage offset ", off);
-  const size_t need = at::detail::computeStorageNbytes(sizes, strides, self.dtype().itemsize(), off);
-  if (need > source.nbytes()) resize_device_storage(source, need);
-  self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
+  // An empty stride is CPU's "no stride": contiguous (its data() is null).
+  const c10::IntArrayRef stride_arg = strides.empty() ? c10::IntArrayRef() : c10::IntArrayRef(strides);
+  at::Storage old = self.storage();
+  at::native::checkSetStorage(self, std::move(source), off, c10::IntArrayRef(sizes), stride_arg);
+  try {
+    uint64_t numel = 0;
+    TORCH_CHECK(
+        !c10::safe_multiplies_u64(sizes, &numel) && numel <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+        "numel: integer multiplication overflow");
+    if (strides.empty()) {
+      strides.resize(sizes.size());
+      int64_t st = 1;
+      for (size_t i = sizes.size(); i-- > 0;) {
+        strides[i] = st;
+        st *= std::max<int64_t>(sizes[i], 1);
+      }
+    }
+    const size_t need = at::detail::computeStorageNbytes(sizes, strides, self.dtype().itemsize(), off);
+    if (need > self.storage().nbytes()) resize_device_storage(self.storage(), need);
+  } catch (...) {
+    self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(old));
+    throw;
+  }
   self.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, off);
   return self;
 }
@@ -316,6 +331,8 @@ at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
+  // On self's chip: CPU's set_() keeps the tensor's device (a storage of another chip is refused).
+  ChipGuard chip(self.device().index());
   at::Storage st(at::Storage::use_byte_size_t(), 0, device_allocator()->allocate(0), device_allocator(), true);
   std::vector<c10::SymInt> size{c10::SymInt(0)};
   return set_storage_offset(self, std::move(st), c10::SymInt(0), size, {});

@@ -113,6 +113,7 @@ def run_file(args, name, outdir):
         SUITE_LOG=log,
         PYTORCH_TESTING_DEVICE_ONLY_FOR=args.device,
         SUITE_BYPASS="1" if args.bypass else "0",
+        SUITE_CPU_DTYPES="1" if args.cpu_dtypes else "0",
     )
     if args.pythonpath:
         env["PYTHONPATH"] = args.pythonpath
@@ -239,6 +240,11 @@ def main():
     )
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--bypass", action="store_true")
+    p.add_argument(
+        "--cpu-dtypes",
+        action="store_true",
+        help="tpu: generate the dtypes a test's @dtypesIfCPU lists (tests CPU-only dtype lists leave out)",
+    )
     p.add_argument(
         "--autoload", action="store_true", help="cpu: let torch autoload installed device backends (off by default)"
     )

@@ -49,6 +49,20 @@ if os.environ.get("SUITE_BYPASS") == "1":
 
     _cdt.PrivateUse1TestBase.bypass_device_restrictions = True
 
+if os.environ.get("SUITE_CPU_DTYPES") == "1":
+    # Outside the count: a test whose @dtypesIfCPU lists more dtypes than its @dtypes is
+    # generated for "tpu" in CPU's dtypes too (CPU computes them; "tpu" should as well).
+    import torch.testing._internal.common_device_type as _cdt
+
+    _get_dtypes = _cdt.PrivateUse1TestBase._get_dtypes.__func__
+
+    @classmethod
+    def _cpu_dtypes(cls, test):
+        found = _get_dtypes(cls, test)
+        return test.dtypes.get("cpu", found) if found is not None else None
+
+    _cdt.PrivateUse1TestBase._get_dtypes = _cpu_dtypes
+
 LOG = os.environ.get("SUITE_LOG")
 SELECT = os.environ.get("SUITE_SELECT")
 DESELECT = os.environ.get("SUITE_DESELECT")
