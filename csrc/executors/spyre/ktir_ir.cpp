@@ -3401,6 +3401,29 @@ RingPart ring_merge(const KtirTilePlan& P, const RingParams& rp, RingPart a, con
   return r;
 }
 
+// The ring of an f32 sum: the accumulators acc[c] of the cores that have
+// rows (`has`), added in core order, ((acc_0 + acc_1) + acc_2) + ..., in one
+// loop (ring_merge's adds, the same values); one ring step per add.
+at::Tensor ring_add_chain(const at::Tensor& acc, const std::vector<char>& has, KtirWalk* walk) {
+  const int64_t n = acc.numel() / acc.size(0);
+  at::Tensor total = at::empty(acc.sizes().slice(1), acc.options());
+  float* __restrict t = total.mutable_data_ptr<float>();
+  const float* a = acc.const_data_ptr<float>();
+  bool first = true;
+  for (size_t c = 0; c < has.size(); ++c) {
+    if (!has[c]) continue;
+    const float* __restrict ac = a + static_cast<int64_t>(c) * n;
+    if (first) {
+      std::memcpy(t, ac, n * sizeof(float));
+      first = false;
+      continue;
+    }
+    for (int64_t j = 0; j < n; ++j) t[j] += ac[j];
+    if (walk) walk->ring_steps++;
+  }
+  return total;
+}
+
 // Whether softmax's (log_softmax's) corelet partials of `X` [G, rows, ...]
 // can run as softmax_ring_partials: the max and sum over dim 1 only, float32
 // or bfloat16 values, each block's rows contiguous, at least 2 values per row
@@ -4235,6 +4258,41 @@ void copy_rows_into(const at::Tensor& dst, const at::Tensor& idx, const at::Tens
   }
 }
 
+// The row width when `p` is one tile op that sum16_call serves (a 16-bit
+// sum over the last dim) from a split, loaded, contiguous HBM view into a
+// split, stored, contiguous HBM view of another argument; 0 otherwise.
+int64_t row_sums_in_place(const KtirProgram& p, const KtirTilePlan& P, const std::vector<at::Tensor>& views) {
+  if (p.ops.size() != 1 || P.phase[0] != KtirTilePlan::kTile || P.ring_op >= 0) return 0;
+  KtirOp& o = const_cast<KtirOp&>(p.ops[0]);
+  if (o.results.size() != 1 || o.results[0] < 0 || o.args.empty() || o.args[0].kind != KtirValue::kView) return 0;
+  const int in = static_cast<int>(o.args[0].i), out = o.results[0];
+  const KtirView &wi = p.views[in], &wo = p.views[out];
+  if (wi.lx || wo.lx || wi.arg == wo.arg || !P.split[in] || !P.load[in] || !P.split[out] || !P.store[out] ||
+      !views[in].is_contiguous() || !views[out].is_contiguous() || views[in].size(0) != views[out].size(0))
+    return 0;
+  if (!o.handle) o.handle = find_op(o.op);
+  if (!o.handle) return 0;
+  const auto& schema = o.handle->schema();
+  const torch::jit::Stack stack = op_stack(o, schema, views);
+  return sum16_rows_width(*o.handle, stack, {wo.dtype});
+}
+
+// One step of row_sums_in_place's program: the sums of each core's rows of
+// the step (`cores`, in rows of dim 0) from the input view into `f` (f32,
+// one value per summed row of the whole input; allocated on first use).
+at::Tensor row_sums_step(const KtirProgram& p, const std::vector<at::Tensor>& views,
+                         const std::vector<std::pair<int64_t, int64_t>>& cores, int64_t n, at::Tensor f) {
+  const at::Tensor& x = views[p.ops[0].args[0].i];
+  const int64_t per_row = x.size(0) > 0 ? x.numel() / x.size(0) / n : 0;  // summed rows per row of dim 0
+  if (!f.defined()) f = at::empty({x.numel() / n}, x.options().dtype(at::kFloat));
+  const auto* base = static_cast<const uint16_t*>(x.const_data_ptr());
+  for (const auto& [b, e] : cores)
+    if (e > b)
+      row_sums16(base + b * per_row * n, x.scalar_type() == c10::kBFloat16, (e - b) * per_row, n, n,
+                 f.mutable_data_ptr<float>() + b * per_row);
+  return f;
+}
+
 }  // namespace
 
 void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes, KtirRunHooks& hooks, int* failed_at,
@@ -4433,6 +4491,17 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
                       (P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kMean) &&
                       P.ring_dims == std::vector<int64_t>{0} && P.ring_pre == KtirTilePlan::kPreNone &&
                       (p.views[ring_in].dtype == at::kHalf || p.views[ring_in].dtype == at::kBFloat16);
+  // ... and when the ring op is the steps' only op, over a contiguous HBM view: the partials read each
+  // step's rows where they are (no tile copy) and add into the cores' accumulators.
+  bool sums_in_place =
+      sums16 && P.split[ring_in] && P.load[ring_in] && !p.views[ring_in].lx && views[ring_in].is_contiguous();
+  for (size_t k = 0; k < p.ops.size() && sums_in_place; ++k)
+    if (P.phase[k] == KtirTilePlan::kTile) sums_in_place = false;
+  // A 16-bit sum over the last dim as the steps' only op: each step sums its cores' rows where they are
+  // (no tile copy) into one f32 buffer, rounded and stored after the last step (each row's sum is its
+  // own: the values are the tiles').
+  const int64_t rows16_n = P.steps.size() > 1 ? row_sums_in_place(p, P, views) : 0;
+  at::Tensor rows16_f;
   std::vector<at::Tensor> vt(views.size());
   for (size_t i = 0; i < P.steps.size(); ++i) {
     const auto& cores = P.steps[i];
@@ -4441,16 +4510,21 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     if (n == 0) continue;
     const at::Tensor& idx = P.step_index[i];
     const bool whole_rows = P.steps.size() == 1;  // one step holds every row: the views themselves
+    if (rows16_n > 0) {
+      run_op(0, vt, [&] { rows16_f = row_sums_step(p, views, cores, rows16_n, std::move(rows16_f)); });
+      if (walk) walk->tile_steps++;
+      continue;
+    }
     // Load: each split view's rows of this step into an LX tile.
     for (size_t v = 0; v < views.size(); ++v) {
       if (!P.split[v] || whole_rows) {
         vt[v] = views[v];
         continue;
       }
-      if (wide_in.defined() && static_cast<int>(v) == ring_in) {
+      if ((wide_in.defined() || sums_in_place) && static_cast<int>(v) == ring_in) {
         // The ring op reads each core's rows of the widened copy in place
         // (below); the tile is that copy's rows, not a gathered one.
-        vt[v] = wide_in;
+        vt[v] = wide_in.defined() ? wide_in : views[v];
       } else if (P.load[v]) {
         vt[v] = idx.defined() ? views[v].index_select(0, idx) : views[v].narrow(0, lo, n).clone();
       } else {
@@ -4638,7 +4712,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             // cores' first rows are evenly spaced; each op's values are the
             // same on a view as on a copy, its results are fresh tensors).
             at::Tensor X;
-            if (wide_in.defined()) {
+            if (wide_in.defined() || (sums_in_place && !whole_rows)) {
               const int64_t gap = G > 1 ? cores[c + 1].first - cores[c].first : rows;
               bool even = true;
               for (size_t g = c + 1; g < e; ++g) even = even && cores[g].first - cores[g - 1].first == gap;
@@ -4653,6 +4727,20 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
             // Only argmax/argmin partials read their rows' first row (the index offset).
             const bool positions = P.combine == KtirTilePlan::kArgMax || P.combine == KtirTilePlan::kArgMin;
+            if (sums_in_place && sum16_partials_fit(X) && (!acc_b.empty() || c == 0)) {
+              // Each core's step partial added to its accumulator in place (ring_merge's f32 adds).
+              if (acc_b.empty()) {
+                std::vector<int64_t> all = X.sizes().vec();
+                all[0] = static_cast<int64_t>(cores.size()), all[1] = 1;
+                acc_b.push_back(at::empty(all, X.options().dtype(at::kFloat)));
+              }
+              float* a =
+                  acc_b[0].mutable_data_ptr<float>() + static_cast<int64_t>(c) * (acc_b[0].numel() / acc_b[0].size(0));
+              sum16_partials_into(X, corelet_shares(rows, corelets), a, acc_has[c]);
+              for (size_t g = c; g < e; ++g) acc_has[g] = 1;
+              off += G * rows;
+              continue;
+            }
             RingPart part;
             bool native = softmax_partials_fit(P, X);
             if (native) part = softmax_partials(X, corelets);
@@ -4707,6 +4795,13 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           views[v].narrow(0, lo, n).copy_(vt[v]);
       }
     if (walk) walk->tile_steps++;
+  }
+  if (rows16_n > 0 && rows16_f.defined() && !failed[0]) {
+    // The row sums of every step, rounded once and stored.
+    const at::Tensor& out = views[p.ops[0].results[0]];
+    if (!df16_store_into(out, rows16_f.view(out.sizes())))
+      out.copy_(df16_store(rows16_f, out.scalar_type()).view(out.sizes()));
+    hooks.after_op(0, {out}, {});
   }
   if (ring && !failed[P.ring_op]) {
     // The ring: core 0's partial passes to core 1, which merges its own, and so on.
@@ -4768,8 +4863,12 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         for (const at::Tensor& t : acc_b) acc[c].t.push_back(t.select(0, static_cast<int64_t>(c)));
         acc[c].n = acc_n[c];
       }
+      const bool adds =
+          P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kMean || P.combine == KtirTilePlan::kNanSum;
       if (!total.t.empty())
         ;  // the batched chain above
+      else if (adds && acc_b.size() == 1 && acc_b[0].scalar_type() == c10::kFloat && acc_b[0].is_contiguous())
+        total.t = {ring_add_chain(acc_b[0], acc_has, walk)};
       else if (chain)
         total = softmax_ring_chain(acc, walk);
       else

@@ -34,12 +34,8 @@ TPU_INLINE float widen1(uint16_t h) {
   return __builtin_bit_cast(float, u | (static_cast<uint32_t>(h & 0x8000u) << 16));
 }
 
-template <bool kBf16>
-TPU_INLINE F8 widen8(const uint16_t* p) {
-  H8 h;
-  std::memcpy(&h, p, sizeof h);
-  const U8 w = __builtin_convertvector(h, U8);
-  if constexpr (kBf16) return reinterpret_cast<F8>(w << 16);
+// The float16 values in the low 16 bits of w's lanes (the rest zero), widened.
+TPU_INLINE F8 widen_bits(U8 w) {
   const U8 em = (w & 0x7FFFu) << 13;
   const U8 scaled = reinterpret_cast<U8>(reinterpret_cast<F8>(em) * 0x1p112f);
   const I8 top = (w & 0x7C00u) == 0x7C00u;
@@ -47,70 +43,120 @@ TPU_INLINE F8 widen8(const uint16_t* p) {
   return reinterpret_cast<F8>(u | ((w & 0x8000u) << 16));
 }
 
-// ATen's multi_row_sum with 4 rows (SumKernel.cpp): item i of row k added one
-// by one into the first of 4 levels, a level carried up every 2^p items
-// (p = max(4, ceil_log2(size) / 4)), the levels added last. T: float or F8.
+template <bool kBf16>
+TPU_INLINE F8 widen8(const uint16_t* p) {
+  H8 h;
+  std::memcpy(&h, p, sizeof h);
+  const U8 w = __builtin_convertvector(h, U8);
+  if constexpr (kBf16) return reinterpret_cast<F8>(w << 16);
+  return widen_bits(w);
+}
+
+// Four accumulators (the 4 rows of ATen's multi_row_sum), held in registers.
+template <typename T>
+struct Quad {
+  T v[4];
+};
+template <typename T>
+TPU_INLINE void add4(Quad<T>& a, const Quad<T>& b) {
+  a.v[0] += b.v[0], a.v[1] += b.v[1], a.v[2] += b.v[2], a.v[3] += b.v[3];
+}
+
+// ATen's multi_row_sum with 4 rows (SumKernel.cpp): item i of the 4 rows
+// (`load(i, q)` fills q) added one by one into the first of 4 levels, a level
+// carried up every 2^p items (p = max(4, ceil_log2(size) / 4)), the levels
+// added last. T: float or F8. Without a carry (size < 2^p) the upper levels
+// stay zero and their adds are skipped: adding +0 only turns a -0 into +0,
+// which a sum started at +0 never is.
 template <typename T, typename Load>
-TPU_INLINE void multi_row_sum4(int64_t size, Load load, T* out) {
-  constexpr int kLevels = 4;
-  const int64_t power = std::max<int64_t>(4, ceil_log2(size) / kLevels);
+TPU_INLINE Quad<T> multi_row_sum4(int64_t size, Load load) {
+  const int64_t power = std::max<int64_t>(4, ceil_log2(size) / 4);
   const int64_t step = int64_t{1} << power, mask = step - 1;
-  T acc[kLevels][4];
-  for (auto& level : acc)
-    for (auto& a : level) a = T{};
-  // The first level's 4 sums run in locals (registers) through each pass.
+  Quad<T> l0{}, l1{}, l2{}, l3{};
   auto pass = [&](int64_t from, int64_t to) __attribute__((always_inline)) {
-    T a0 = acc[0][0], a1 = acc[0][1], a2 = acc[0][2], a3 = acc[0][3];
+    Quad<T> a = l0;
     for (int64_t r = from; r < to; ++r) {
-      a0 += load(r, 0);
-      a1 += load(r, 1);
-      a2 += load(r, 2);
-      a3 += load(r, 3);
+      Quad<T> q;
+      load(r, q);
+      add4(a, q);
     }
-    acc[0][0] = a0, acc[0][1] = a1, acc[0][2] = a2, acc[0][3] = a3;
+    l0 = a;
   };
+  if (size < step) {
+    pass(0, size);
+    return l0;
+  }
   int64_t i = 0;
   while (i + step <= size) {
     pass(i, i + step);
     i += step;
-    for (int lvl = 1; lvl < kLevels; ++lvl) {
-      for (int k = 0; k < 4; ++k) {
-        acc[lvl][k] += acc[lvl - 1][k];
-        acc[lvl - 1][k] = T{};
-      }
-      if ((i & (mask << (lvl * power))) != 0) break;
-    }
+    add4(l1, l0), l0 = Quad<T>{};
+    if ((i & (mask << power)) != 0) continue;
+    add4(l2, l1), l1 = Quad<T>{};
+    if ((i & (mask << (2 * power))) != 0) continue;
+    add4(l3, l2), l2 = Quad<T>{};
   }
   pass(i, size);
-  for (int lvl = 1; lvl < kLevels; ++lvl)
-    for (int k = 0; k < 4; ++k) acc[0][k] += acc[lvl][k];
-  for (int k = 0; k < 4; ++k) out[k] = acc[0][k];
+  add4(l0, l1), add4(l0, l2), add4(l0, l3);
+  return l0;
 }
+
+// 16 values at p as two F8 in paired order (paired_columns.h): the even
+// ones (p[0], p[2], ...) and the odd ones, widened exactly.
+template <bool kBf16>
+TPU_INLINE void load_pair(const uint16_t* p, F8& even, F8& odd) {
+  if constexpr (kBf16) {
+    load16(p, even, odd);
+  } else {
+    U8 w;
+    std::memcpy(&w, p, sizeof w);
+    even = widen_bits(w & 0xFFFFu);
+    odd = widen_bits(w >> 16);
+  }
+}
+
+// Paired lanes back in order: lanes 0-3 of (even, odd) interleaved, then 4-7.
+TPU_INLINE F8 unpair_lo(F8 even, F8 odd) { return __builtin_shufflevector(even, odd, 0, 8, 1, 9, 2, 10, 3, 11); }
+TPU_INLINE F8 unpair_hi(F8 even, F8 odd) { return __builtin_shufflevector(even, odd, 4, 12, 5, 13, 6, 14, 7, 15); }
 
 // ATen's row_sum: `size` items as 4 interleaved lanes (items 4i + k) by
 // multi_row_sum4, the last size % 4 items added to lane 0, then lanes 1, 2, 3.
+template <typename T>
+TPU_INLINE T lanes_sum(const Quad<T>& p) {
+  return p.v[0] + p.v[1] + p.v[2] + p.v[3];
+}
 template <typename T, typename Load>
 TPU_INLINE T row_sum(int64_t size, Load load) {
   const int64_t quads = size / 4;
-  T p[4];
-  multi_row_sum4<T>(
-      quads, [&](int64_t i, int k) __attribute__((always_inline)) { return load(4 * i + k); }, p);
-  for (int64_t i = quads * 4; i < size; ++i) p[0] += load(i);
-  for (int k = 1; k < 4; ++k) p[0] += p[k];
-  return p[0];
+  Quad<T> p = multi_row_sum4<T>(
+      quads, [&](int64_t i, Quad<T> & q) __attribute__((always_inline)) {
+        for (int k = 0; k < 4; ++k) q.v[k] = load(4 * i + k);
+      });
+  for (int64_t i = quads * 4; i < size; ++i) p.v[0] += load(i);
+  return lanes_sum(p);
 }
 
 // One row of n values: vectorized_inner_sum (n >= 8: 8-float vectors by
 // row_sum, the last n % 8 values summed from 0, then the vector's lanes in
-// order) or scalar_inner_sum; added to the zeroed output.
+// order) or scalar_inner_sum; added to the zeroed output. The vectors'
+// groups of 4 (32 values) are read as two paired loads: each lane sums the
+// same values in the same order; the lanes are put back in order after the
+// cascade.
 template <bool kBf16>
 TPU_INLINE float one_row(const uint16_t* x, int64_t n) {
   if (n < kLanes)
     return 0.0f + row_sum<float>(
                       n, [&](int64_t i) __attribute__((always_inline)) { return widen1<kBf16>(x[i]); });
-  const int64_t vecs = n / kLanes;
-  const F8 v = row_sum<F8>(
-      vecs, [&](int64_t i) __attribute__((always_inline)) { return widen8<kBf16>(x + i * kLanes); });
+  const int64_t vecs = n / kLanes, quads = vecs / 4;
+  const Quad<F8> s = multi_row_sum4<F8>(
+      quads, [&](int64_t i, Quad<F8> & q) __attribute__((always_inline)) {
+        load_pair<kBf16>(x + i * 4 * kLanes, q.v[0], q.v[1]);
+        load_pair<kBf16>(x + i * 4 * kLanes + kPair, q.v[2], q.v[3]);
+      });
+  Quad<F8> p{
+      {unpair_lo(s.v[0], s.v[1]), unpair_hi(s.v[0], s.v[1]), unpair_lo(s.v[2], s.v[3]), unpair_hi(s.v[2], s.v[3])}};
+  for (int64_t i = quads * 4; i < vecs; ++i) p.v[0] += widen8<kBf16>(x + i * kLanes);
+  const F8 v = lanes_sum(p);
   float f = 0.0f;
   for (int64_t k = vecs * kLanes; k < n; ++k) f += widen1<kBf16>(x[k]);
   for (int l = 0; l < kLanes; ++l) f += v[l];
@@ -123,26 +169,32 @@ TPU_INLINE void rows_impl(const uint16_t* x, int64_t rows, int64_t n, int64_t rs
 }
 
 // vectorized_outer_sum (n >= 8): columns in whole blocks of 4 vectors by
-// multi_row_sum4 over the rows (one chain per column), the rest by row_sum
-// (8 columns at a time, then one by one); scalar_outer_sum (n < 8): blocks of
-// 4 columns by multi_row_sum4, the rest by row_sum. Added to the zeroed output.
+// multi_row_sum4 over the rows (one chain per column; read as paired loads,
+// put back in order at the store), the rest by row_sum (8 columns at a time,
+// then one by one); scalar_outer_sum (n < 8): blocks of 4 columns by
+// multi_row_sum4, the rest by row_sum. Added to the zeroed output.
 template <bool kBf16>
 TPU_INLINE void columns_impl(const uint16_t* x, int64_t len, int64_t n, int64_t rs, float* out) {
   const bool vec = n >= kLanes;
   const int64_t whole = vec ? n / (4 * kLanes) * (4 * kLanes) : n / 4 * 4;
   int64_t j = 0;
   for (; vec && j < whole; j += 4 * kLanes) {
-    F8 s[4];
-    multi_row_sum4<F8>(
-        len,
-        [&](int64_t i, int k) __attribute__((always_inline)) { return widen8<kBf16>(x + i * rs + j + k * kLanes); }, s);
-    for (int k = 0; k < 4; ++k) store8(out + j + k * kLanes, F8{} + s[k]);
+    const Quad<F8> s = multi_row_sum4<F8>(
+        len, [&](int64_t i, Quad<F8> & q) __attribute__((always_inline)) {
+          load_pair<kBf16>(x + i * rs + j, q.v[0], q.v[1]);
+          load_pair<kBf16>(x + i * rs + j + kPair, q.v[2], q.v[3]);
+        });
+    store8(out + j, F8{} + unpair_lo(s.v[0], s.v[1]));
+    store8(out + j + kLanes, F8{} + unpair_hi(s.v[0], s.v[1]));
+    store8(out + j + 2 * kLanes, F8{} + unpair_lo(s.v[2], s.v[3]));
+    store8(out + j + 3 * kLanes, F8{} + unpair_hi(s.v[2], s.v[3]));
   }
   for (; !vec && j < whole; j += 4) {
-    float s[4];
-    multi_row_sum4<float>(
-        len, [&](int64_t i, int k) __attribute__((always_inline)) { return widen1<kBf16>(x[i * rs + j + k]); }, s);
-    for (int k = 0; k < 4; ++k) out[j + k] = 0.0f + s[k];
+    const Quad<float> s = multi_row_sum4<float>(
+        len, [&](int64_t i, Quad<float> & q) __attribute__((always_inline)) {
+          for (int k = 0; k < 4; ++k) q.v[k] = widen1<kBf16>(x[i * rs + j + k]);
+        });
+    for (int k = 0; k < 4; ++k) out[j + k] = 0.0f + s.v[k];
   }
   for (; vec && j + kLanes <= n; j += kLanes)
     store8(out + j,
@@ -169,6 +221,13 @@ TPU_REDUCE16_BUILDS(columns, columns_impl)
 
 bool is16(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
 
+// a[j] += b[j], j < n (f32 adds; 8 at a time, the same values).
+void add_rows(float* a, const float* b, int64_t n) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) store8(a + j, load8(a + j) + load8(b + j));
+  for (; j < n; ++j) a[j] += b[j];
+}
+
 }  // namespace
 
 void row_sums16(const uint16_t* x, bool bf16, int64_t rows, int64_t n, int64_t row_stride, float* out) {
@@ -185,19 +244,27 @@ void column_sums16(const uint16_t* x, bool bf16, int64_t len, int64_t n, int64_t
     columns_base(x, bf16, len, n, row_stride, out);
 }
 
-bool sum16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
-                const std::vector<c10::ScalarType>& result_dtypes) {
+int64_t sum16_rows_width(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                         const std::vector<c10::ScalarType>& result_dtypes) {
   if (lowering_of(op).row != RowReduce::kSum || stack.size() != 4 || !stack[0].isTensor() || !stack[1].isIntList() ||
       !stack[2].isBool() || !stack[3].isNone())
-    return false;
+    return 0;
   const at::Tensor& x = stack[0].toTensor();
   if (!x.defined() || !is16(x.scalar_type()) || !x.device().is_cpu() || x.dim() < 1 || !x.is_contiguous() ||
       result_dtypes.empty() || result_dtypes[0] != x.scalar_type())
-    return false;
+    return 0;
   const std::vector<int64_t> dims = stack[1].toIntVector();
   const int64_t last = x.dim() - 1, n = x.size(last);
-  if (dims.size() != 1 || (dims[0] != last && dims[0] != -1) || n == 0 || n >= at::internal::GRAIN_SIZE) return false;
-  const int64_t rows = x.numel() / n;
+  if (dims.size() != 1 || (dims[0] != last && dims[0] != -1) || n == 0 || n >= at::internal::GRAIN_SIZE) return 0;
+  return n;
+}
+
+bool sum16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
+                const std::vector<c10::ScalarType>& result_dtypes) {
+  const int64_t n = sum16_rows_width(op, stack, result_dtypes);
+  if (n == 0) return false;
+  const at::Tensor& x = stack[0].toTensor();
+  const int64_t rows = x.numel() / n, last = x.dim() - 1;
   at::Tensor f = at::empty({rows}, x.options().dtype(at::kFloat));
   row_sums16(static_cast<const uint16_t*>(x.const_data_ptr()), x.scalar_type() == c10::kBFloat16, rows, n, n,
              f.mutable_data_ptr<float>());
@@ -218,25 +285,30 @@ bool sum16_partials_fit(const at::Tensor& X) {
   return n >= 2 && X[0].is_contiguous() && X.stride(1) == n;
 }
 
-at::Tensor sum16_partials(const at::Tensor& X, const std::vector<int64_t>& shares) {
-  const int64_t G = X.size(0), rows = X.size(1), n = X.numel() / (G * rows);
-  std::vector<int64_t> sizes = X.sizes().vec();
-  sizes[1] = 1;
-  at::Tensor q = at::empty(sizes, X.options().dtype(at::kFloat));
-  std::vector<float> part(n);
+void sum16_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, float* acc, bool add) {
+  const int64_t G = X.size(0), n = X.numel() / (G * X.size(1));
+  std::vector<float> scratch(2 * n);
+  float *part = scratch.data(), *core = part + n;
   const bool bf16 = X.scalar_type() == c10::kBFloat16;
   const auto* x = static_cast<const uint16_t*>(X.const_data_ptr());
-  float* out = q.mutable_data_ptr<float>();
   for (int64_t g = 0; g < G; ++g) {
-    float* o = out + g * n;
+    float* a = acc + g * n;
+    float* o = add ? core : a;
     int64_t r0 = 0;
     for (size_t c = 0; c < shares.size(); r0 += shares[c], ++c) {
       // ring_merge's add of the later corelet's partial (f32, in order).
-      column_sums16(x + g * X.stride(0) + r0 * n, bf16, shares[c], n, n, c == 0 ? o : part.data());
-      if (c > 0)
-        for (int64_t j = 0; j < n; ++j) o[j] += part[j];
+      column_sums16(x + g * X.stride(0) + r0 * X.stride(1), bf16, shares[c], n, X.stride(1), c == 0 ? o : part);
+      if (c > 0) add_rows(o, part, n);
     }
+    if (add) add_rows(a, o, n);  // the step's partial after the core's earlier ones
   }
+}
+
+at::Tensor sum16_partials(const at::Tensor& X, const std::vector<int64_t>& shares) {
+  std::vector<int64_t> sizes = X.sizes().vec();
+  sizes[1] = 1;
+  at::Tensor q = at::empty(sizes, X.options().dtype(at::kFloat));
+  sum16_partials_into(X, shares, q.mutable_data_ptr<float>(), false);
   return q;
 }
 

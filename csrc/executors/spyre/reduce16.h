@@ -36,12 +36,24 @@ void column_sums16(const uint16_t* x, bool bf16, int64_t len, int64_t n, int64_t
 bool sum16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
                 const std::vector<c10::ScalarType>& result_dtypes);
 
+// The width n of the rows sum16_call would sum for this call (the size of
+// the input's last dim), or 0 when sum16_call would return false. `stack`
+// is only read.
+int64_t sum16_rows_width(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                         const std::vector<c10::ScalarType>& result_dtypes);
+
 // The corelet partials of a ring sum over dim 1 of X [G, rows, n...] (16-bit,
 // each block's rows contiguous): per block the column sums of each corelet's
 // rows (`shares`, in order) added in f32, corelet 0 + corelet 1 + ...
 // Returns [G, 1, n...] float32: what ring_partial and ring_merge give on
 // X's f32 widening. Requires sum16_partials_fit(X).
 at::Tensor sum16_partials(const at::Tensor& X, const std::vector<int64_t>& shares);
+
+// sum16_partials' values for X [G, rows, n...] written to acc (G * n floats,
+// block g at acc + g * n), or, when `add`, added to it (acc + partial in f32:
+// ring_merge's add of a core's step partial to its earlier ones). Requires
+// sum16_partials_fit(X); X may be a strided view (its blocks apart).
+void sum16_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, float* acc, bool add);
 
 // Whether sum16_partials serves X [G, rows, ...]: float16 or bfloat16, rows
 // >= 1, each block contiguous.

@@ -73,3 +73,69 @@ def test_baseline_build_same_bits(spyre_target, dtype):
             with cpu_features_off("avx2"):
                 narrow = f(a.to("tpu")).cpu()
             assert torch.equal(wide.view(torch.int16), narrow.view(torch.int16)), shape
+
+
+# Column counts around the 32-column blocks read as paired loads (and their
+# 8-column and scalar tails), and row counts whose corelet shares pass 16 and
+# 256 rows (the cascade's level carries); the ring input is read in place
+# (no tile copy) when the sum is the steps' only op.
+RING_SHAPES = [(700, 32), (900, 48), (1100, 47), (640, 96), (5000, 33), (40000, 16), (9000, 64), (3, 40)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", RING_SHAPES, ids=[f"{r}x{c}" for r, c in RING_SHAPES])
+def test_ring_sum_column_blocks_and_carries(spyre_target, dtype, shape):
+    from torch_tpu_eager import spyre
+
+    a = _specials(_inputs(dtype, seed=64, shape=shape))
+    for kind, f in (("sum", lambda t: t.sum(0)), ("mean", lambda t: t.mean(0))):
+        got = f(a.to("tpu")).cpu()
+        (sched,) = spyre.last_schedule()
+        want = store(_ring_reference(a.float(), kind, (0,), sched).reshape(got.shape), dtype)
+        assert same(got, want) == 0, (kind, sched["tile_rows"], sched["corelet_share"])
+        assert sched["ring_steps_run"] == sched["cores_used"] - 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_ring_sum_after_an_op_on_the_tiles(spyre_target, dtype):
+    # The steps also run an op: the ring reads the step's tile, not the input.
+    from torch_tpu_eager import spyre
+
+    a = _inputs(dtype, seed=65, shape=(2000, 40))
+    got = (a.to("tpu") * 2).sum(0).cpu()
+    (sched,) = spyre.last_schedule()
+    want = store(_ring_reference(store(a.float() * 2, dtype).float(), "sum", (0,), sched), dtype)
+    assert same(got, want) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_row_sums_paired_groups(spyre_target, dtype):
+    # Rows of 32k + r values: the paired groups of 4 vectors, then leftover vectors and values.
+    for n in (32, 40, 63, 64, 65, 96, 127, 128, 544, 2080):
+        a = _specials(_inputs(dtype, seed=66 + n, shape=(70, n)))
+        assert same(a.to("tpu").sum(1).cpu(), store(a.float().sum(1), dtype)) == 0, n
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_baseline_build_same_bits_column_blocks(spyre_target, dtype):
+    for shape in [(5000, 33), (640, 96), (40000, 16)]:
+        a = _specials(_inputs(dtype, seed=67, shape=shape))
+        wide = a.to("tpu").sum(0).cpu()
+        with cpu_features_off("avx2"):
+            narrow = a.to("tpu").sum(0).cpu()
+        assert torch.equal(wide.view(torch.int16), narrow.view(torch.int16)), shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_row_sums_read_in_place_over_tile_steps(spyre_target, dtype):
+    # A sum over the last dim walked in several tile steps: each step's rows are read where
+    # they are; the values are CPU's f32 row sums, the steps those of the schedule.
+    from torch_tpu_eager import spyre
+
+    for shape, dim in [((1000, 300), 1), ((3000, 33), -1), ((200, 5, 300), 2), ((5000, 7), 1)]:
+        a = _specials(_inputs(dtype, seed=68, shape=shape))
+        for keepdim in (False, True):
+            got = a.to("tpu").sum(dim, keepdim=keepdim).cpu()
+            (sched,) = spyre.last_schedule()
+            assert sched["executed"] == "tiles" and sched["tile_steps"] == sched["n_tiles"] > 1, sched["text"]
+            assert same(got, store(a.float().sum(dim, keepdim=keepdim), dtype)) == 0, (shape, keepdim)
