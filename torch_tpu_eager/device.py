@@ -4,7 +4,7 @@ Several simulated chips, ``tpu:0`` .. ``tpu:N-1`` (``device_count()``; env var
 ``TORCH_TPU_NUM_DEVICES``, default 2, or :func:`set_device_count` before the
 device is first used). The current chip is per thread, as CUDA's current
 device is. Memory numbers are bytes of the chip's simulated HBM held by live
-storages and pending values.
+storages (a pending result counts until its last tensor dies, as CUDA frees at ``del``).
 
 Bad arguments raise what ``torch.cuda`` raises: ``ValueError`` for a device of
 another type or an argument that is not a device, ``torch.AcceleratorError``
@@ -377,7 +377,10 @@ def __getattr__(name):
 
 
 def memory_allocated(device=None) -> int:
-    """Bytes of the chip's memory held by storages (live tensors and pending values)."""
+    """Bytes of the chip's memory held by live storages: what a tensor, a view of it, a storage
+    object or autograd's saved tensors still reach. A pending result whose last holder dies
+    stops counting then, before the flush that would compute it (as CUDA frees at ``del``);
+    :func:`memory_reserved` keeps it until that flush frees its buffer."""
     return _C._memory_allocated(_index(device))
 
 
@@ -408,7 +411,8 @@ def empty_cache() -> None:
 
 def memory_reserved(device=None) -> int:
     """Bytes held for the chip: :func:`memory_allocated`, the rounding of the blocks
-    behind it (to 64 B; 4 KiB from 1 MiB; 2 MiB from 4 MiB), and the freed blocks kept
+    behind it (to 64 B; 4 KiB from 1 MiB; 2 MiB from 4 MiB), the buffers of deleted
+    pending results until the flush that frees them, and the freed blocks kept
     for reuse that this chip freed (blocks of 1 MiB or more, at most 512 MiB in all;
     freed with :func:`empty_cache`)."""
     return _C._memory_reserved(_index(device))

@@ -47,6 +47,9 @@ struct ChipMemory {
   std::atomic<int64_t> alloc_count{0};  // cumulative allocations
   std::atomic<int64_t> free_count{0};
   std::atomic<int64_t> ooms{0};
+  // Bytes counted as freed whose buffers pending ops still hold (drop_external_holder):
+  // reserved, as a freed block in CUDA's cache is, until the flush frees them.
+  std::atomic<int64_t> freed_held{0};
 };
 
 ChipMemory g_mem[kMaxDevices];
@@ -154,6 +157,15 @@ void drop_external_holder(DeferredStorage* ds, bool owner) {
   if (ds->external_holders.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     ds->external_alive.store(false, std::memory_order_release);
     registry_remove(ds, owner);
+    // Others than the caller hold it (pending ops): CUDA frees a tensor's memory at
+    // its last reference, and nothing outside the queue can read these bytes now,
+    // so memory_allocated() stops counting them here, not at the flush. The caller
+    // releases its reference after this: the destructor runs after it, on any thread.
+    if (c10::raw::intrusive_ptr::use_count(ds) > 1) {
+      ds->freed_early = true;
+      account_free(ds->nbytes, ds->device);
+      g_mem[ds->device].freed_held.fetch_add(static_cast<int64_t>(ds->nbytes));
+    }
   } else if (owner && ds->impl) {
     std::lock_guard<SpinLock> lock(registry().mu);
     ds->impl.reset();
@@ -190,7 +202,8 @@ void delete_alias_ctx(void* ctx) {
 }
 
 int64_t reserved_bytes(int device) {
-  return g_mem[device].allocated.load() + block_live_padding(device) + block_cache_bytes(device);
+  const ChipMemory& mem = g_mem[device];
+  return mem.allocated.load() + mem.freed_held.load() + block_live_padding(device) + block_cache_bytes(device);
 }
 
 // A c10::DeviceAllocator, so torch.accelerator's memory API (memory_stats,
@@ -382,7 +395,10 @@ DeferredStorage::~DeferredStorage() {
     const bool bare = !error && !impl && cow_context == nullptr;
     if (!bare || !block_free_paired(data, nbytes, device, this)) block_free(data, nbytes, device);
   }
-  account_free(nbytes, device);
+  if (freed_early)
+    g_mem[device].freed_held.fetch_sub(static_cast<int64_t>(nbytes));
+  else
+    account_free(nbytes, device);
 }
 
 bool adopt_host_buffer(DeferredStorage* s, const c10::Storage& buffer) {
