@@ -4,12 +4,14 @@ Several simulated chips, ``tpu:0`` .. ``tpu:N-1`` (``device_count()``; env var
 ``TORCH_TPU_NUM_DEVICES``, default 2, or :func:`set_device_count` before the
 device is first used). The current chip is per thread, as CUDA's current
 device is. Memory numbers are bytes of the chip's simulated HBM held by live
-storages and pending values.
+storages (a pending result counts until its last tensor dies, as CUDA frees at ``del``).
 
 Bad arguments raise what ``torch.cuda`` raises: ``ValueError`` for a device of
 another type or an argument that is not a device, ``torch.AcceleratorError``
 (a RuntimeError) "invalid device ordinal" for an index outside
-``0 .. device_count() - 1``.
+``0 .. device_count() - 1``, but for the property queries (``get_device_properties``,
+``get_device_name``, ``get_device_capability``), which raise ``torch.cuda``'s
+``AssertionError("Invalid device id")`` there, for -1 too.
 """
 
 import contextlib
@@ -164,14 +166,32 @@ class Stream(torch.Stream):
     Work on two streams is ordered only by the events between them. The chip's
     pending ops are all of one stream: recording an op on another stream runs
     the pending ones first (flush reason "stream_switch"), so each stream keeps
-    its own simulated clock. ``priority`` is accepted and ignored.
+    its own simulated clock.
     ``Stream(device)`` takes an index, "tpu:i" or a torch.device (default: the current chip).
+
+    ``priority`` (int, read-only, as ``torch.cuda.Stream.priority``) is always 0: the
+    simulated chips schedule no stream ahead of another, so :meth:`priority_range` is
+    ``(0, 0)``, what ``cudaDeviceGetStreamPriorityRange`` reports for a device without
+    stream priorities, and ``Stream(priority=p)`` maps ``p`` to the nearest valid
+    priority, 0 (``torch.cuda.Stream``'s documented rule). A ``priority`` that is not an
+    int raises TypeError.
     """
 
     def __new__(cls, device=None, priority=0, **kwargs):
         if kwargs:  # wrapping an existing stream: stream_id, device_index, device_type
             return super().__new__(cls, priority=priority, **kwargs)
         return super().__new__(cls, device=torch.device("tpu", _index(device)), priority=priority)
+
+    @property
+    def priority(self) -> int:
+        """The stream's priority: 0, the only one the simulated chips have (see the class)."""
+        return 0
+
+    @staticmethod
+    def priority_range() -> tuple:
+        """``(least, greatest)`` stream priority, as ``torch.cuda.Stream.priority_range()``:
+        ``(0, 0)``, the simulated chips have no stream priorities."""
+        return (0, 0)
 
     def wait_event(self, event) -> None:
         """Makes later work on this stream wait for ``event``."""
@@ -357,7 +377,10 @@ def __getattr__(name):
 
 
 def memory_allocated(device=None) -> int:
-    """Bytes of the chip's memory held by storages (live tensors and pending values)."""
+    """Bytes of the chip's memory held by live storages: what a tensor, a view of it, a storage
+    object or autograd's saved tensors still reach. A pending result whose last holder dies
+    stops counting then, before the flush that would compute it (as CUDA frees at ``del``);
+    :func:`memory_reserved` keeps it until that flush frees its buffer."""
     return _C._memory_allocated(_index(device))
 
 
@@ -388,7 +411,8 @@ def empty_cache() -> None:
 
 def memory_reserved(device=None) -> int:
     """Bytes held for the chip: :func:`memory_allocated`, the rounding of the blocks
-    behind it (to 64 B; 4 KiB from 1 MiB; 2 MiB from 4 MiB), and the freed blocks kept
+    behind it (to 64 B; 4 KiB from 1 MiB; 2 MiB from 4 MiB), the buffers of deleted
+    pending results until the flush that frees them, and the freed blocks kept
     for reuse that this chip freed (blocks of 1 MiB or more, at most 512 MiB in all;
     freed with :func:`empty_cache`)."""
     return _C._memory_reserved(_index(device))
@@ -527,20 +551,44 @@ class _TpuDeviceProperties:
         )
 
 
+def _properties_index(device) -> int:
+    """The chip index of ``device`` for the property queries, with ``torch.cuda``'s checks
+    there: an index outside ``0 .. device_count() - 1`` (a negative one too, which other
+    functions read as the current chip) raises ``AssertionError("Invalid device id")``;
+    another device type or a non-device argument raises ValueError (as :func:`_index`)."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        idx = device
+    elif device is None or isinstance(device, (str, torch.device)):
+        dev = torch.device(device) if isinstance(device, str) else device
+        if dev is not None and dev.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {dev}")
+        idx = current_device() if dev is None or dev.index is None else dev.index
+    else:
+        raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+    if idx < 0 or idx >= device_count():
+        raise AssertionError("Invalid device id")
+    return idx
+
+
 def get_device_properties(device=None) -> _TpuDeviceProperties:
-    """Properties of chip ``device`` (default: the current one) from the active target's data file."""
+    """Properties of chip ``device`` (default: the current one) from the active target's data file.
+
+    Raises ``AssertionError("Invalid device id")`` for an index outside
+    ``0 .. device_count() - 1``, negative ones included, as ``torch.cuda.get_device_properties``;
+    ValueError for another device type or a non-device argument."""
     from .target import target_info
 
-    return _TpuDeviceProperties(_index(device), target_info())
+    return _TpuDeviceProperties(_properties_index(device), target_info())
 
 
 def get_device_name(device=None) -> str:
-    """Name of chip ``device``, e.g. ``"TPU v5e (simulated)"``."""
+    """Name of chip ``device``, e.g. ``"TPU v5e (simulated)"``; raises as :func:`get_device_properties`."""
     return get_device_properties(device).name
 
 
 def get_device_capability(device=None) -> tuple:
-    """``(major, minor)`` of chip ``device``: its TPU generation (see :class:`_TpuDeviceProperties`)."""
+    """``(major, minor)`` of chip ``device``: its TPU generation (see :class:`_TpuDeviceProperties`);
+    raises as :func:`get_device_properties`."""
     prop = get_device_properties(device)
     return prop.major, prop.minor
 

@@ -52,6 +52,9 @@ struct ChipMemory {
   std::atomic<int64_t> alloc_count{0};  // cumulative allocations
   std::atomic<int64_t> free_count{0};
   std::atomic<int64_t> ooms{0};
+  // Bytes counted as freed whose buffers pending ops still hold (drop_external_holder):
+  // reserved, as a freed block in CUDA's cache is, until the flush frees them.
+  std::atomic<int64_t> freed_held{0};
 };
 
 ChipMemory g_mem[kMaxDevices];
@@ -59,6 +62,16 @@ uint64_t g_next_id = 1;              // under the registry's lock
 std::atomic<int64_t> g_capacity{0};  // simulated HBM bytes per chip; 0: unlimited
 std::mutex g_owner_mu;
 std::string g_owner;  // the chip whose HBM g_capacity is
+
+ChipMemory& chip_memory(int device) { return g_mem[device >= 0 && device < kMaxDevices ? device : 0]; }
+
+// Counts one storage of `nbytes` freed (the registry's lock held).
+void count_free_locked(ChipMemory& mem, size_t nbytes) {
+  add_locked(mem.allocated, -static_cast<int64_t>(nbytes));
+  add_locked(mem.freed_total, static_cast<int64_t>(nbytes));
+  add_locked(mem.live_count, -1);
+  add_locked(mem.free_count, 1);
+}
 
 // Raises a peak that only the registry's lock holder writes (add_locked: spin_lock.h).
 void raise_max_locked(std::atomic<int64_t>& peak, int64_t now) {
@@ -166,6 +179,16 @@ void drop_external_holder(DeferredStorage* ds, bool owner) {
   if (left == 0) {
     ds->external_alive.store(false, std::memory_order_release);
     registry_unlink(r, ds, owner);
+    // Others than the caller hold it (pending ops): CUDA frees a tensor's memory at
+    // its last reference, and nothing outside the queue can read these bytes now,
+    // so memory_allocated() stops counting them here, not at the flush. The caller
+    // releases its reference after this: the destructor runs after it, on any thread.
+    if (c10::raw::intrusive_ptr::use_count(ds) > 1) {
+      ds->freed_early = true;
+      ChipMemory& mem = chip_memory(ds->device);
+      count_free_locked(mem, ds->nbytes);
+      add_locked(mem.freed_held, static_cast<int64_t>(ds->nbytes));
+    }
   } else if (owner) {
     ds->impl.reset();
   }
@@ -201,7 +224,8 @@ void delete_alias_ctx(void* ctx) {
 }
 
 int64_t reserved_bytes(int device) {
-  return g_mem[device].allocated.load() + block_live_padding(device) + block_cache_bytes(device);
+  const ChipMemory& mem = g_mem[device];
+  return mem.allocated.load() + mem.freed_held.load() + block_live_padding(device) + block_cache_bytes(device);
 }
 
 // Raises the error of an allocation of `nbytes` that does not fit in the
@@ -421,7 +445,11 @@ DeferredStorage::~DeferredStorage() {
     const bool bare = !error && !impl && cow_context == nullptr;
     if (!bare || !block_free_paired(data, nbytes, device, this)) block_free(data, nbytes, device);
   }
-  account_free(nbytes, device);
+  if (freed_early) {
+    std::lock_guard<SpinLock> lock(registry().mu);
+    add_locked(chip_memory(device).freed_held, -static_cast<int64_t>(nbytes));
+  } else
+    account_free(nbytes, device);
 }
 
 bool adopt_host_buffer(DeferredStorage* s, const c10::Storage& buffer) {
@@ -453,12 +481,9 @@ bool adopt_host_buffer(DeferredStorage* s, const c10::Storage& buffer) {
 }
 
 void account_free(size_t nbytes, int device) {
-  ChipMemory& mem = g_mem[device >= 0 && device < kMaxDevices ? device : 0];
+  ChipMemory& mem = chip_memory(device);
   std::lock_guard<SpinLock> lock(registry().mu);
-  add_locked(mem.allocated, -static_cast<int64_t>(nbytes));
-  add_locked(mem.freed_total, static_cast<int64_t>(nbytes));
-  add_locked(mem.live_count, -1);
-  add_locked(mem.free_count, 1);
+  count_free_locked(mem, nbytes);
 }
 
 c10::Allocator* device_allocator() { return &g_allocator; }

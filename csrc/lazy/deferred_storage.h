@@ -89,6 +89,10 @@ struct DeferredStorage : c10::intrusive_ptr_target {
   // it again at a flush, and an op that then overwrites the storage whole
   // must succeed as it would on CPU (the failed call raised there, once).
   bool error_seen = false;
+  // Set when the last holder outside the queue went while queue nodes still
+  // held the storage: its bytes were counted as freed then (device/allocator.cpp
+  // drop_external_holder), not again when the flush frees the buffer.
+  bool freed_early = false;
   void set_error(std::exception_ptr e) {
     if (e) g_storage_errors_set.fetch_add(1, std::memory_order_relaxed);
     error = std::move(e);

@@ -221,3 +221,39 @@ def test_cuda_names_for_capture_and_arch_list():
     assert torch.tpu.is_current_stream_capturing() is False
     assert torch.tpu.get_arch_list() == tte.list_targets()
     assert tte.get_target() in torch.tpu.get_arch_list()
+
+
+def test_a_deleted_pending_result_is_freed_at_del_as_cuda():
+    # CUDA's caching allocator frees a tensor's block at its last reference (`del`),
+    # although the kernel writing it may still be queued; so does the device for a
+    # pending result nothing outside the queue holds. What still holds it (a view, a
+    # Python storage object, autograd's saved tensors) keeps it counted.
+    mib = 1 << 20
+    a = torch.ones(mib // 4, device="tpu")
+    torch.tpu.synchronize()
+    gc.collect()
+    base = torch.tpu.memory_allocated()
+    b = a * 2
+    assert torch.tpu.memory_allocated() == base + mib
+    del b
+    assert torch.tpu.memory_allocated() == base
+    c = a + 1
+    d = c * 3
+    del c
+    assert torch.tpu.memory_allocated() == base + mib
+    half = (a * 5)[::2]  # the view holds its whole storage
+    storage = (a * 7).untyped_storage()  # so does a Python storage object
+    assert torch.tpu.memory_allocated() == base + 3 * mib
+    w = torch.ones(mib // 4, device="tpu", requires_grad=True)
+    z = (w * 3).sin()  # sin saves its input for backward
+    assert torch.tpu.memory_allocated() == base + 6 * mib
+    assert torch.tpu.memory_reserved() >= torch.tpu.memory_allocated()
+    del half, storage
+    assert torch.tpu.memory_allocated() == base + 4 * mib
+    z.sum().backward()
+    assert torch.allclose(w.grad.cpu(), 3 * torch.cos(torch.full((mib // 4,), 3.0)))
+    assert d.cpu().eq(6).all()
+    del z, d, w
+    gc.collect()
+    assert torch.tpu.memory_allocated() == base
+    assert torch.tpu.memory_stats()["allocated_bytes.all.current"] == base

@@ -58,13 +58,25 @@ def test_every_chip_and_device_forms():
         assert torch.tpu.get_device_properties(torch.device("tpu", i)).index == i
 
 
+@pytest.mark.parametrize("fn", ["get_device_properties", "get_device_name", "get_device_capability"])
+@pytest.mark.parametrize("bad", [-1, -2, "count", "tpu:count", "device:count"])
+def test_invalid_id_raises_assertion_error_as_cuda(fn, bad):
+    # torch.cuda.get_device_properties (and get_device_name / get_device_capability, which
+    # call it): `if device < 0 or device >= device_count(): raise AssertionError("Invalid
+    # device id")`, so -1 raises there although it means "the current device" elsewhere.
+    n = torch.tpu.device_count()
+    arg = {"count": n, "tpu:count": f"tpu:{n}", "device:count": torch.device("tpu", n)}.get(bad, bad)
+    with pytest.raises(AssertionError, match="^Invalid device id$"):
+        getattr(torch.tpu, fn)(arg)
+    assert torch.ones(2, device="tpu").sum().item() == 2
+
+
 def test_bad_arguments():
-    with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
-        torch.tpu.get_device_properties(torch.tpu.device_count())
     with pytest.raises(ValueError, match="Expected a tpu device"):
         torch.tpu.get_device_properties("cpu")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="Expected a torch.device with a specified index or an integer"):
         torch.tpu.get_device_name([0])
-    with pytest.raises(torch.AcceleratorError):
-        torch.tpu.get_device_capability(-2)
+    with pytest.raises(ValueError):
+        torch.tpu.get_device_capability(1.5)
+    assert torch.tpu.get_device_properties(torch.device("tpu")).index == torch.tpu.current_device()
     assert torch.ones(2, device="tpu").sum().item() == 2

@@ -32,6 +32,25 @@ def test_new_streams_are_distinct():
     assert c.device.type == "tpu" and c not in (a, b)
 
 
+def test_priority_is_cudas_read_only_attribute_with_its_range():
+    # torch.cuda.Stream: `priority` a read-only int, `priority_range()` (least, greatest) with
+    # least 0, and a priority outside the range "mapped to the nearest valid priority". The
+    # simulated chips have none but 0: cudaDeviceGetStreamPriorityRange's (0, 0).
+    least, greatest = torch.tpu.Stream.priority_range()
+    assert (least, greatest) == (0, 0) == torch.tpu.current_stream().priority_range()
+    for p in (-10, -1, 0, 1, 10):
+        s = torch.tpu.Stream(priority=p)
+        assert isinstance(s.priority, int) and greatest <= s.priority <= least
+    assert torch.tpu.current_stream().priority == 0 == torch.tpu.default_stream(0).priority
+    high = torch.tpu.Stream(priority=greatest)
+    with torch.tpu.stream(high):
+        assert torch.tpu.current_stream().priority == high.priority
+    with pytest.raises(AttributeError):
+        high.priority = -1
+    with pytest.raises(TypeError):
+        torch.tpu.Stream(priority="high")
+
+
 def test_stream_context_sets_and_restores():
     s = torch.tpu.Stream()
     with torch.tpu.stream(s):

@@ -336,6 +336,23 @@ def case_default(rank, world):
     ):
         typ, msg = _raises(fn, what)
         assert typ is ValueError and msg.startswith("Tensors must be tpu and dense"), (what, typ, msg)
+    # a result written into an expanded tensor (stride 0): NCCL's ValueError "Tensors must be
+    # contiguous" at the call, on every rank before any communicates; inputs may be expanded
+    base = torch.ones(1, device=dev)
+    wide = base.expand(4)
+    for what, fn in (
+        ("all_reduce", lambda: dist.all_reduce(wide)),
+        ("broadcast", lambda: dist.broadcast(wide, src=0)),
+        ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(base.expand(4 * world), wide)),
+        ("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(wide, torch.ones(4 * world, device=dev))),
+        ("all_gather", lambda: dist.all_gather([wide] * world, torch.ones(4, device=dev))),
+    ):
+        typ, msg = _raises(fn, what)
+        assert typ is ValueError and msg.startswith("Tensors must be contiguous"), (what, typ, msg)
+    assert base.cpu().tolist() == [1.0]
+    out = torch.empty(4 * world, device=dev)
+    dist.all_gather_into_tensor(out, wide)  # an expanded input is read as gloo reads it
+    assert out.cpu().tolist() == [1.0] * (4 * world), out
     # new_group with the backend by name, and the group still works after the errors
     g = dist.new_group(backend="tpu_ccl")
     y = torch.ones(3, device=dev)

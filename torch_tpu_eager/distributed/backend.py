@@ -140,11 +140,24 @@ def reset_collective_metrics() -> None:
 # ---- helpers of the kernels ----
 
 
-def _check(tensors):
-    """Every tensor must be a dense "tpu" tensor (as NCCL requires CUDA dense tensors)."""
+def _check(tensors, written=False):
+    """Every tensor must be a dense "tpu" tensor (as NCCL requires CUDA dense tensors).
+
+    ``written``: the collective writes its result into these in place. One whose elements
+    share memory (a stride 0 of an ``expand``) could not hold a result per element, so it
+    raises NCCL's ValueError "Tensors must be contiguous" at the call, before any rank
+    communicates (gloo on CPU returns whichever element its loop wrote last). Other
+    strided tensors (a transposed view, a column slice) are written as gloo on CPU
+    writes them."""
     for t in tensors:
         if t.device.type != "tpu" or t.layout != torch.strided:
             raise ValueError(f"Tensors must be tpu and dense, got a {t.layout} tensor on {t.device}")
+        if written and torch._debug_has_internal_overlap(t) == 1:  # MemOverlap::Yes
+            raise ValueError(
+                "Tensors must be contiguous: the collective writes its result in place into a tensor of "
+                f"sizes {list(t.shape)} and strides {list(t.stride())} whose elements share memory "
+                "(an expanded tensor); pass a contiguous one (e.g. .contiguous() or .clone())"
+            )
 
 
 # Host staging buffers, reused across collectives: a fresh buffer of tens of MiB is
@@ -653,7 +666,7 @@ def _finish_later(work, pairs, device):
 
 
 def _allreduce(tensors, process_group, reduce_op, sparse_indices=None, async_op=True, timeout=-1):
-    _check(tensors)
+    _check(tensors, written=True)
     pg, be = _unbox(process_group)
     opts = _timeout(AllreduceOptions(), timeout)
     opts.reduceOp, premul = _reduce_op(reduce_op)
@@ -666,7 +679,7 @@ def _allreduce(tensors, process_group, reduce_op, sparse_indices=None, async_op=
 
 
 def _allreduce_coalesced(tensors, process_group, reduce_op, async_op=True, timeout=-1):
-    _check(tensors)
+    _check(tensors, written=True)
     pg, be = _unbox(process_group)
     opts = _timeout(AllreduceCoalescedOptions(), timeout)
     opts.reduceOp, premul = _reduce_op(reduce_op)
@@ -678,7 +691,7 @@ def _allreduce_coalesced(tensors, process_group, reduce_op, async_op=True, timeo
 
 
 def _broadcast(tensors, process_group, root_rank, root_tensor, async_op=True, timeout=-1):
-    _check(tensors)
+    _check(tensors, written=True)
     pg, be = _unbox(process_group)
     opts = _timeout(BroadcastOptions(), timeout)
     opts.rootRank, opts.rootTensor = root_rank, root_tensor
@@ -691,7 +704,7 @@ def _broadcast(tensors, process_group, root_rank, root_tensor, async_op=True, ti
 
 
 def _reduce(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):
-    _check(tensors)
+    _check(tensors, written=True)
     pg, be = _unbox(process_group)
     opts = _timeout(ReduceOptions(), timeout)
     opts.reduceOp, premul = _reduce_op(reduce_op)
@@ -707,7 +720,7 @@ def _reduce(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=
 def _allgather(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
     _check(input_tensors)
     for outs in output_tensors:
-        _check(outs)
+        _check(outs, written=True)
     pg, be = _unbox(process_group)
     dev = input_tensors[0].device
     with _on_lane(dev):
@@ -722,7 +735,7 @@ def _allgather(output_tensors, input_tensors, process_group, async_op=True, time
 def _allgather_coalesced(output_lists, input_list, process_group, async_op=True):
     _check(input_list)
     for outs in output_lists:
-        _check(outs)
+        _check(outs, written=True)
     pg, be = _unbox(process_group)
     dev = input_list[0].device
     with _on_lane(dev):
@@ -735,7 +748,8 @@ def _allgather_coalesced(output_lists, input_list, process_group, async_op=True)
 
 
 def _allgather_base(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):
-    _check([output_tensor, input_tensor])
+    _check([input_tensor])
+    _check([output_tensor], written=True)
     pg, be = _unbox(process_group)
     dev = input_tensor.device
     with _on_lane(dev):
@@ -746,7 +760,8 @@ def _allgather_base(output_tensor, input_tensor, process_group, async_op=True, t
 
 
 def _allgather_into_tensor_coalesced(outputs, inputs, process_group, async_op=True):
-    _check(outputs + inputs)
+    _check(inputs)
+    _check(outputs, written=True)
     pg, be = _unbox(process_group)
     dev = inputs[0].device
     with _on_lane(dev):
@@ -760,7 +775,7 @@ def _allgather_into_tensor_coalesced(outputs, inputs, process_group, async_op=Tr
 
 
 def _reduce_scatter(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):
-    _check(output_tensors)
+    _check(output_tensors, written=True)
     for ins in input_tensors:
         _check(ins)
     pg, be = _unbox(process_group)
@@ -776,7 +791,8 @@ def _reduce_scatter(output_tensors, input_tensors, process_group, reduce_op, asy
 
 
 def _reduce_scatter_base(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):
-    _check([output_tensor, input_tensor])
+    _check([input_tensor])
+    _check([output_tensor], written=True)
     pg, be = _unbox(process_group)
     opts = _timeout(ReduceScatterOptions(), timeout)
     opts.reduceOp, premul = _reduce_op(reduce_op)
@@ -789,7 +805,8 @@ def _reduce_scatter_base(output_tensor, input_tensor, process_group, reduce_op, 
 
 
 def _reduce_scatter_tensor_coalesced(outputs, inputs, process_group, reduce_op, async_op=True, timeout=-1):
-    _check(outputs + inputs)
+    _check(inputs)
+    _check(outputs, written=True)
     pg, be = _unbox(process_group)
     opts = _timeout(ReduceScatterOptions(), timeout)
     opts.reduceOp, premul = _reduce_op(reduce_op)
@@ -804,7 +821,8 @@ def _reduce_scatter_tensor_coalesced(outputs, inputs, process_group, reduce_op, 
 
 
 def _alltoall(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
-    _check(output_tensors + input_tensors)
+    _check(input_tensors)
+    _check(output_tensors, written=True)
     pg, be = _unbox(process_group)
     dev = input_tensors[0].device
     with _on_lane(dev):
@@ -816,7 +834,8 @@ def _alltoall(output_tensors, input_tensors, process_group, async_op=True, timeo
 
 
 def _alltoall_base(output, input, process_group, output_split_sizes, input_split_sizes, async_op=True, timeout=-1):
-    _check([output, input])
+    _check([input])
+    _check([output], written=True)
     pg, be = _unbox(process_group)
     dev = input.device
     with _on_lane(dev):
@@ -848,7 +867,7 @@ def _send(tensors, process_group, dst, tag):
 
 
 def _recv(tensors, process_group, src, tag):
-    _check(tensors)
+    _check(tensors, written=True)
     pg, be = _unbox(process_group)
     dev = tensors[0].device
     with _on_lane(dev, staged=False):
@@ -858,7 +877,7 @@ def _recv(tensors, process_group, src, tag):
 
 
 def _recv_any_source(tensors, process_group, tag):
-    _check(tensors)
+    _check(tensors, written=True)
     pg, be = _unbox(process_group)
     dev = tensors[0].device
     with _on_lane(dev, staged=False):
@@ -870,7 +889,7 @@ def _recv_any_source(tensors, process_group, tag):
 def _gather(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
     _check(input_tensors)
     for outs in output_tensors:
-        _check(outs)
+        _check(outs, written=True)
     pg, be = _unbox(process_group)
     opts = _timeout(GatherOptions(), timeout)
     opts.rootRank = root_rank
@@ -885,7 +904,7 @@ def _gather(output_tensors, input_tensors, process_group, root_rank, async_op=Tr
 
 
 def _scatter(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
-    _check(output_tensors)
+    _check(output_tensors, written=True)
     for ins in input_tensors:
         _check(ins)
     pg, be = _unbox(process_group)
