@@ -1105,7 +1105,7 @@ std::vector<std::vector<char>> varying_result_dims(const KtirProgram& p, const s
     if (read[i]) meta[i] = at::empty(sizes[i], at::TensorOptions().dtype(p.views[i].dtype).device(c10::kMeta));
   try {
     for (const auto& o : p.ops) {
-      const c10::OperatorHandle* h = o.handle ? o.handle : find_op(o.op);
+      const c10::OperatorHandle* h = ktir_op_handle(o);
       if (!h) return {};
       const auto& schema = h->schema();
       // An out= view no op made before: empty, so the op sizes it from the
@@ -2762,7 +2762,7 @@ KtirTilePlan ktir_tile_plan(const KtirProgram& p, const KtirTiling& tiling) {
   for (size_t k = 0; k < no; ++k) {
     const KtirOp& o = p.ops[k];
     cur_op = o.op;
-    const c10::OperatorHandle* h = o.handle ? o.handle : find_op(o.op);
+    const c10::OperatorHandle* h = ktir_op_handle(o);
     if (!h) return whole("unknown op " + o.op);
     o.handle = h;
     const auto& schema = h->schema();
@@ -4263,18 +4263,17 @@ void copy_rows_into(const at::Tensor& dst, const at::Tensor& idx, const at::Tens
 // split, stored, contiguous HBM view of another argument; 0 otherwise.
 int64_t row_sums_in_place(const KtirProgram& p, const KtirTilePlan& P, const std::vector<at::Tensor>& views) {
   if (p.ops.size() != 1 || P.phase[0] != KtirTilePlan::kTile || P.ring_op >= 0) return 0;
-  KtirOp& o = const_cast<KtirOp&>(p.ops[0]);
+  const KtirOp& o = p.ops[0];
   if (o.results.size() != 1 || o.results[0] < 0 || o.args.empty() || o.args[0].kind != KtirValue::kView) return 0;
   const int in = static_cast<int>(o.args[0].i), out = o.results[0];
   const KtirView &wi = p.views[in], &wo = p.views[out];
   if (wi.lx || wo.lx || wi.arg == wo.arg || !P.split[in] || !P.load[in] || !P.split[out] || !P.store[out] ||
       !views[in].is_contiguous() || !views[out].is_contiguous() || views[in].size(0) != views[out].size(0))
     return 0;
-  if (!o.handle) o.handle = find_op(o.op);
-  if (!o.handle) return 0;
-  const auto& schema = o.handle->schema();
-  const torch::jit::Stack stack = op_stack(o, schema, views);
-  return sum16_rows_width(*o.handle, stack, {wo.dtype});
+  const c10::OperatorHandle* handle = ktir_op_handle(o);
+  if (!handle) return 0;
+  const torch::jit::Stack stack = op_stack(o, handle->schema(), views);
+  return sum16_rows_width(*handle, stack, {wo.dtype});
 }
 
 // One step of row_sums_in_place's program: the sums of each core's rows of

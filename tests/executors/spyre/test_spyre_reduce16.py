@@ -51,16 +51,22 @@ def test_row_sums_special_values_and_ranks(spyre_target, dtype):
     assert same(b.to("tpu").sum(1).cpu(), store(b.float().sum(1), dtype)) == 0
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("shape", [(1000, 300), (64, 2), (3000, 5), (77, 33), (500, 7), (2000, 9)])
-def test_ring_sum_and_mean_over_rows(spyre_target, dtype, shape):
+def _ring_sum_and_mean(a, dtype):
+    """(kind, tpu result, reference, schedule) of ``a.sum(0)`` and ``a.mean(0)`` on "tpu": the
+    reference is ``_ring_reference`` in the launch's own schedule, stored in ``dtype``."""
     from torch_tpu_eager import spyre
 
-    a = _specials(_inputs(dtype, seed=62, shape=shape))
     for kind, f in (("sum", lambda t: t.sum(0)), ("mean", lambda t: t.mean(0))):
         got = f(a.to("tpu")).cpu()
         (sched,) = spyre.last_schedule()
-        want = store(_ring_reference(a.float(), kind, (0,), sched).reshape(got.shape), dtype)
+        yield kind, got, store(_ring_reference(a.float(), kind, (0,), sched).reshape(got.shape), dtype), sched
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", [(1000, 300), (64, 2), (3000, 5), (77, 33), (500, 7), (2000, 9)])
+def test_ring_sum_and_mean_over_rows(spyre_target, dtype, shape):
+    a = _specials(_inputs(dtype, seed=62, shape=shape))
+    for kind, got, want, sched in _ring_sum_and_mean(a, dtype):
         assert same(got, want) == 0, (kind, sched["executed"], sched["whole_reason"])
 
 
@@ -85,13 +91,8 @@ RING_SHAPES = [(700, 32), (900, 48), (1100, 47), (640, 96), (5000, 33), (40000, 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("shape", RING_SHAPES, ids=[f"{r}x{c}" for r, c in RING_SHAPES])
 def test_ring_sum_column_blocks_and_carries(spyre_target, dtype, shape):
-    from torch_tpu_eager import spyre
-
     a = _specials(_inputs(dtype, seed=64, shape=shape))
-    for kind, f in (("sum", lambda t: t.sum(0)), ("mean", lambda t: t.mean(0))):
-        got = f(a.to("tpu")).cpu()
-        (sched,) = spyre.last_schedule()
-        want = store(_ring_reference(a.float(), kind, (0,), sched).reshape(got.shape), dtype)
+    for kind, got, want, sched in _ring_sum_and_mean(a, dtype):
         assert same(got, want) == 0, (kind, sched["tile_rows"], sched["corelet_share"])
         assert sched["ring_steps_run"] == sched["cores_used"] - 1
 
