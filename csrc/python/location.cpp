@@ -101,7 +101,9 @@ class TwoWayCache {
 // Per-thread verdicts (library code or not) for code objects the table holds.
 using LibraryCache = TwoWayCache<PyObject*, bool>;
 
-LibraryCache& library_cache() {
+// Not inlined: GCC computed an inlined thread_local's address again (a __tls_get_addr call
+// in a shared library) at each use, also once per frame of a walk.
+__attribute__((noinline)) LibraryCache& library_cache() {
   static thread_local LibraryCache cache;
   return cache;
 }
@@ -115,8 +117,9 @@ bool path_is_library(const LocationTable& t, const char* file) {
          f.find("-packages") == std::string::npos;
 }
 
-// Whether `code` is library code. Call with the GIL held.
-bool classify(PyObject* code) {
+// Whether `code` is library code, cached in `cache` (this thread's library_cache()). Call
+// with the GIL held.
+bool classify(PyObject* code, LibraryCache& cache) {
   LocationTable& t = table();
   auto it = t.is_library.find(code);
   bool lib;
@@ -131,13 +134,13 @@ bool classify(PyObject* code) {
       PyErr_Clear();
     }
   }
-  library_cache().put(code, reinterpret_cast<uintptr_t>(code), lib);
+  cache.put(code, reinterpret_cast<uintptr_t>(code), lib);
   return lib;
 }
 
-// The verdict for `code` from this thread's cache; false in *known when absent.
-bool cached_library(PyObject* code, bool* known) {
-  const bool* lib = library_cache().find(code, reinterpret_cast<uintptr_t>(code));
+// The verdict for `code` from `cache` (this thread's library_cache()); false in *known when absent.
+bool cached_library(PyObject* code, LibraryCache& cache, bool* known) {
+  const bool* lib = cache.find(code, reinterpret_cast<uintptr_t>(code));
   *known = lib != nullptr;
   return lib && *lib;
 }
@@ -157,6 +160,7 @@ Frame frame_of(_PyInterpreterFrame* f) {
 // or when a code object's verdict is not cached and `gil` is false (the caller
 // then retries holding the GIL).
 bool current_key(PyThreadState* ts, bool gil, Key* key, bool* need_gil) {
+  LibraryCache& cache = library_cache();  // once, not per frame
   *need_gil = false;
   _PyInterpreterFrame* f = ts->cframe ? ts->cframe->current_frame : nullptr;
   while (f && _PyFrame_IsIncomplete(f)) f = f->previous;
@@ -166,13 +170,13 @@ bool current_key(PyThreadState* ts, bool gil, Key* key, bool* need_gil) {
     if (_PyFrame_IsIncomplete(f)) continue;
     auto* code = reinterpret_cast<PyObject*>(f->f_code);
     bool known = false;
-    bool lib = cached_library(code, &known);
+    bool lib = cached_library(code, cache, &known);
     if (!known) {
       if (!gil) {
         *need_gil = true;
         return false;
       }
-      lib = classify(code);
+      lib = classify(code, cache);
     }
     if (!lib) {
       if (!first) key->user = frame_of(f);
@@ -185,6 +189,12 @@ bool current_key(PyThreadState* ts, bool gil, Key* key, bool* need_gil) {
 // Per-thread: (code, offset) -> id for keys the table holds (so the code
 // object outlives the entry). A hit takes neither the GIL nor a lock.
 using LocalCache = TwoWayCache<Key, int32_t>;
+
+// Not inlined: see library_cache.
+__attribute__((noinline)) LocalCache& local_cache() {
+  static thread_local LocalCache cache;
+  return cache;
+}
 #endif
 
 // The id of `key` in the table, adding it (with a new reference to its code
@@ -210,7 +220,7 @@ int32_t python_location_id() {
   PyThreadState* ts = PyGILState_GetThisThreadState();
   if (ts == nullptr) return -1;
 #ifdef TPU_EAGER_FRAME_WITHOUT_GIL
-  static thread_local LocalCache cache;
+  LocalCache& cache = local_cache();
   Key key{{nullptr, 0}};
   bool need_gil = false;
   if (!current_key(ts, false, &key, &need_gil) && !need_gil) return -1;
@@ -233,7 +243,7 @@ int32_t python_location_id() {
       PyObject* code = reinterpret_cast<PyObject*>(PyFrame_GetCode(f));  // new reference
       const Frame here{code, PyFrame_GetLasti(f)};
       if (first) key.inner = here;
-      const bool lib = classify(code);
+      const bool lib = classify(code, library_cache());
       Py_DECREF(code);  // the table holds its own references
       if (!lib) {
         if (!first) key.user = here;

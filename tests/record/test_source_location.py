@@ -103,3 +103,47 @@ def test_many_lines_each_named_while_the_per_thread_caches_churn():
             if i % every == 0:
                 assert f"{filename}:{3 * i + 2}" in _error_text(t)
     torch.tpu.synchronize()
+
+
+def test_one_library_function_called_from_two_lines_names_each_caller(tmp_path):
+    # The same library frame (code object and offset) under two user lines in turn: the
+    # per-thread caches key the innermost frame and the user's, so each error names its
+    # own caller, not the library file, also when the ops of one line repeat.
+    from torch_tpu_eager import _C, _registration
+
+    library = tmp_path / "lib"
+    library.mkdir()
+    filename = str(library / "fill.py")
+    scope = {}
+    exec(compile("def fill(z, mask, v):\n    return z.masked_fill(mask, v)\n", filename, "exec"), scope)
+    prefixes, stdlib = _registration._library_paths()
+    _C._set_library_paths([*prefixes, str(library) + "/"], stdlib)
+    try:
+        value = torch.tensor(300, device="tpu")
+        for i in range(6):
+            z, mask, v = _failing(value)
+            if i % 3 == 0:
+                line = sys._getframe().f_lineno + 1
+                t = scope["fill"](z, mask, v)
+            else:
+                line = sys._getframe().f_lineno + 1
+                t = scope["fill"](z, mask, v)
+            text = _error_text(t)
+            assert f"{__file__}:{line}" in text and filename not in text
+    finally:
+        _C._set_library_paths(prefixes, stdlib)
+
+
+def test_ops_of_one_backward_pass_name_the_backward_call():
+    # Every op of a backward pass is recorded under the same Python frames (library frames
+    # under the `loss.backward()` line); a failing op recorded right after them names its
+    # own line, and the gradients are CPU's.
+    w = torch.ones(3, device="tpu", requires_grad=True)
+    for _ in range(3):
+        loss = (w * 2).sin().sum()
+        loss.backward()
+        z, mask, v = _failing(torch.tensor(300, device="tpu"))
+        after = sys._getframe().f_lineno + 1
+        t = z.masked_fill(mask, v)
+        assert f"{__file__}:{after}" in _error_text(t)
+    torch.testing.assert_close(w.grad.cpu(), 3 * 2 * torch.cos(torch.ones(3) * 2))
