@@ -306,7 +306,8 @@ inline bool layer_norm_moment_rows(int64_t rows, int64_t cols) {
 // rstd_out (`rows` floats each) may be null; `stream` writes y with
 // non-temporal stores. `ahead`: rows after these that x also holds and a
 // later call of this thread reads (0 when none, or when x is not the region's
-// input buffer); a loop may prefetch them. One call per block of rows (run_rows).
+// input buffer); a loop may prefetch them, or (streamed: they come from memory)
+// read x in order. One call per block of rows (run_rows).
 using LayerNormRowFn = void (*)(const float* x, float* y, int64_t rows, int64_t n, const float* gamma,
                                 const float* beta, float eps, float* mean_out, float* rstd_out, bool stream,
                                 int64_t ahead);

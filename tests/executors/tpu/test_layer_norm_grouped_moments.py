@@ -114,8 +114,9 @@ def test_avx2_rows_on_avx512_equal_cpu(setting, cols):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_streamed_rows_at_the_default_threshold_equal_cpu(threads):
-    # 4096x1024 (input and output over the default stream threshold): each row's chunks
-    # side by side, the row after next prefetched up to the end of each thread's rows.
+    # 4096x1024 (input and output over the default stream threshold): CPU's in-order moments
+    # for the rows read from the input buffer, each thread's last row (no later row in the
+    # buffer for it) by its chunks side by side: both paths of an AVX-512 machine.
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
