@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "executors/cpu_features.h"
+#include "executors/direct_kernels.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/paired_columns.h"
 #include "jit/lowering.h"
@@ -279,36 +280,48 @@ bool sum16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
   return true;
 }
 
-bool sum16_partials_fit(const at::Tensor& X) {
-  if (!is16(X.scalar_type()) || X.dim() < 3 || X.size(1) == 0 || X.size(0) == 0) return false;
+bool sum_partials_fit(const at::Tensor& X, const std::vector<int64_t>& shares) {
+  const bool f32 = X.scalar_type() == c10::kFloat;
+  if (!(is16(X.scalar_type()) || f32) || X.dim() < 3 || X.size(1) == 0 || X.size(0) == 0) return false;
   const int64_t n = X.numel() / (X.size(0) * X.size(1));
-  return n >= 2 && X[0].is_contiguous() && X.stride(1) == n;
+  if (n < 2 || !X[0].is_contiguous() || X.stride(1) != n) return false;
+  if (!f32) return true;
+  // float32: host::cpu_column_sums' cases (CPU's order reproduced, every share of 2 rows or more).
+  if (host::cpu_sum_kernel_width() == 0) return false;
+  return std::all_of(shares.begin(), shares.end(), [](int64_t m) { return m >= 2; });
 }
 
-void sum16_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, float* acc, bool add) {
+void sum_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, float* acc, bool add) {
   const int64_t G = X.size(0), n = X.numel() / (G * X.size(1));
   std::vector<float> scratch(2 * n);
   float *part = scratch.data(), *core = part + n;
-  const bool bf16 = X.scalar_type() == c10::kBFloat16;
-  const auto* x = static_cast<const uint16_t*>(X.const_data_ptr());
+  const bool f32 = X.scalar_type() == c10::kFloat, bf16 = X.scalar_type() == c10::kBFloat16;
+  const auto* x16 = f32 ? nullptr : static_cast<const uint16_t*>(X.const_data_ptr());
+  const auto* x32 = f32 ? static_cast<const float*>(X.const_data_ptr()) : nullptr;
   for (int64_t g = 0; g < G; ++g) {
     float* a = acc + g * n;
     float* o = add ? core : a;
     int64_t r0 = 0;
     for (size_t c = 0; c < shares.size(); r0 += shares[c], ++c) {
       // ring_merge's add of the later corelet's partial (f32, in order).
-      column_sums16(x + g * X.stride(0) + r0 * X.stride(1), bf16, shares[c], n, X.stride(1), c == 0 ? o : part);
+      const int64_t at_row = g * X.stride(0) + r0 * X.stride(1);
+      float* dst = c == 0 ? o : part;
+      if (f32) {
+        TORCH_CHECK(host::cpu_column_sums(x32 + at_row, shares[c], n, dst), "sum_partials_into: no CPU column sum");
+      } else {
+        column_sums16(x16 + at_row, bf16, shares[c], n, X.stride(1), dst);
+      }
       if (c > 0) add_rows(o, part, n);
     }
     if (add) add_rows(a, o, n);  // the step's partial after the core's earlier ones
   }
 }
 
-at::Tensor sum16_partials(const at::Tensor& X, const std::vector<int64_t>& shares) {
+at::Tensor sum_partials(const at::Tensor& X, const std::vector<int64_t>& shares) {
   std::vector<int64_t> sizes = X.sizes().vec();
   sizes[1] = 1;
   at::Tensor q = at::empty(sizes, X.options().dtype(at::kFloat));
-  sum16_partials_into(X, shares, q.mutable_data_ptr<float>(), false);
+  sum_partials_into(X, shares, q.mutable_data_ptr<float>(), false);
   return q;
 }
 
