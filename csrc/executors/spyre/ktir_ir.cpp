@@ -4859,17 +4859,20 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
       RingPart total;
       if (chain && every_core && acc_b[0].numel() < at::internal::GRAIN_SIZE)
         total = softmax_ring_chain_all(acc_b[0], acc_b[1], walk);
-      for (size_t c = 0; c < acc.size() && !acc_b.empty() && total.t.empty(); ++c) {
+      const bool adds =
+          P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kMean || P.combine == KtirTilePlan::kNanSum;
+      const bool add_chain = total.t.empty() && adds && acc_b.size() == 1 && acc_b[0].scalar_type() == c10::kFloat &&
+                             acc_b[0].is_contiguous();
+      // The cores' accumulators as tensors of their own (not for ring_add_chain, which reads acc_b).
+      for (size_t c = 0; c < acc.size() && !acc_b.empty() && total.t.empty() && !add_chain; ++c) {
         if (!acc_has[c]) continue;
         acc[c].t.clear();
         for (const at::Tensor& t : acc_b) acc[c].t.push_back(t.select(0, static_cast<int64_t>(c)));
         acc[c].n = acc_n[c];
       }
-      const bool adds =
-          P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kMean || P.combine == KtirTilePlan::kNanSum;
       if (!total.t.empty())
         ;  // the batched chain above
-      else if (adds && acc_b.size() == 1 && acc_b[0].scalar_type() == c10::kFloat && acc_b[0].is_contiguous())
+      else if (add_chain)
         total.t = {ring_add_chain(acc_b[0], acc_has, walk)};
       else if (chain)
         total = softmax_ring_chain(acc, walk);
