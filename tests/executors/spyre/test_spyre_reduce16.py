@@ -232,3 +232,22 @@ def test_f32_ring_sum_at_avx2(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     code = _F32_RING_AVX2_CHILD.format(tests=os.path.join(REPO_ROOT, "tests"), spyre_tests=here)
     assert run_avx2_child(code, tmp_path)["bad"] == []
+
+
+def test_f16c_build_same_bits_as_avx2_and_baseline(spyre_target):
+    # float16 widened by F16C (branch spyre24a: vcvtph2ps, the values in column order, no
+    # paired loads) against the AVX2 bit-operation build and the baseline build, and against
+    # CPU's f32 sums (rows) / the ring reference (columns); widths around 8 and 32 values.
+    for shape in [(40, 7), (40, 33), (70, 96), (70, 127), (1000, 300), (5000, 33), (640, 96), (3, 40)]:
+        a = _specials(_inputs(torch.float16, seed=74, shape=shape))
+        for f in (lambda t: t.sum(-1), lambda t: t.sum(0)):
+            f16c = f(a.to("tpu")).cpu()
+            with cpu_features_off("f16c"):
+                bits = f(a.to("tpu")).cpu()
+            with cpu_features_off("avx2"):
+                base = f(a.to("tpu")).cpu()
+            assert torch.equal(f16c.view(torch.int16), bits.view(torch.int16)), shape
+            assert torch.equal(f16c.view(torch.int16), base.view(torch.int16)), shape
+        assert same(a.to("tpu").sum(-1).cpu(), store(a.float().sum(-1), torch.float16)) == 0, shape
+        for kind, got, want, _ in _ring_sum_and_mean(a, torch.float16):
+            assert same(got, want) == 0, (kind, shape)
