@@ -145,8 +145,7 @@ def test_row_sums_read_in_place_over_tile_steps(spyre_target, dtype):
 # float32 ring sums (branch spyre24a): each corelet's share summed in place in CPU's order
 # (host::cpu_column_sums: the column groups of 4 vectors of CPU's sum kernel, 64 columns at
 # AVX512 and 32 at AVX2, and the tails after them), shares past 16 and 256 rows (the cascade's
-# carries), shares of one row (CPU's other path, kept), and a share over ATen's grain
-# (CPU's split of the columns between threads).
+# carries), shares of one row (CPU's other path, kept; 64x30000's tiles are one row each).
 F32_RING_SHAPES = [
     (700, 64),
     (900, 65),
