@@ -95,6 +95,11 @@ SLOW = {
     "test_spyre_reduce16.py::test_row_sums_every_width",  # 3.7 s, 2 tests
     "test_spyre_reduce16.py::test_ring_sum_and_mean_over_rows",  # 1.8 s, 12 tests
     "test_spyre_reduce16.py::test_baseline_build_same_bits",  # 1.2 s, 2 tests
+    # measured 2026-12-07 23:40 (branch spyre24a, load ~33):
+    "test_spyre_reduce16.py::test_f32_ring_sum_at_avx2",  # 83 s (a child process at AVX2), 1 test
+    "test_spyre_reduce16.py::test_f16c_build_same_bits_as_avx2_and_baseline",  # 20 s, 1 test
+    "test_spyre_reduce16.py::test_f32_ring_sum_in_cpu_order",  # 15 s, 12 tests
+    "test_spyre_reduce16.py::test_f32_ring_sum_tile_path_and_strided_input",  # 3.1 s, 1 test
     "test_storage.py::test_alias_storage_keeps_exported_bytes_alive",  # 0.6 s, 1 test
     "test_sweep_scalar_conversions.py::test_sweep_tells_the_result_dtype_from_opmath",  # 5.9 s, 1 test
     "test_tpu_target.py::test_large_bf16_matmul_is_costed_near_peak",  # 1.7 s, 4 tests

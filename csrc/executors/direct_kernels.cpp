@@ -653,6 +653,29 @@ int64_t sum_kernel_width() {
   return width;
 }
 
+}  // namespace
+
+int64_t cpu_sum_kernel_width() { return sum_kernel_width(); }
+
+bool cpu_column_sums(const float* x, int64_t rows, int64_t cols, float* out) {
+  const int64_t width = sum_kernel_width();
+  if (width == 0 || rows < 2 || cols < 2) return false;
+  // parallel_reduce's threshold
+  if (rows * cols < kAtenGrainSize || at::get_num_threads() == 1 || at::in_parallel_region()) {
+    column_sum_range(x, rows, cols, 0, cols, width, out);
+    return true;
+  }
+  at::parallel_for(0, cols, 1, [&](int64_t begin, int64_t end) {
+    constexpr int64_t kRound = 32;  // 128 bytes of floats
+    begin -= begin % kRound;
+    if (end != cols) end -= end % kRound;
+    if (begin < end) column_sum_range(x, rows, cols, begin, end, width, out);
+  });
+  return true;
+}
+
+namespace {
+
 // sum.dim_IntList(self, dim, keepdim, dtype=None) of a contiguous float32
 // self over its leading dims 0..k-1 (k >= 1, at least one dim kept): CPU's
 // outer sum of a [rows, cols] matrix (rows, cols >= 2), bit for bit, with
@@ -662,8 +685,7 @@ int64_t sum_kernel_width() {
 bool column_sum(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs) {
   if (a.size() != 4 || outs.size() != 1 || !a[0].isTensor() || !a[1].isIntList() || !a[3].isNone()) return false;
   const at::Tensor x = a[0].toTensor();
-  const int64_t width = sum_kernel_width();
-  if (!dense_f32(x) || width == 0 || x.dim() < 2) return false;
+  if (!dense_f32(x) || sum_kernel_width() == 0 || x.dim() < 2) return false;
   const auto dims = a[1].toIntVector();
   uint64_t reduced = 0;
   for (int64_t d : dims) {
@@ -678,20 +700,7 @@ bool column_sum(const torch::jit::Stack& a, const std::vector<at::Tensor>& outs)
   const int64_t cols = x.numel() / std::max<int64_t>(rows, 1);
   const at::Tensor& out = outs[0];
   if (rows < 2 || cols < 2 || !dense_f32(out) || out.numel() != cols) return false;
-  const float* xp = x.const_data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  // parallel_reduce's threshold
-  if (x.numel() < kAtenGrainSize || at::get_num_threads() == 1 || at::in_parallel_region()) {
-    column_sum_range(xp, rows, cols, 0, cols, width, op);
-    return true;
-  }
-  at::parallel_for(0, cols, 1, [&](int64_t begin, int64_t end) {
-    constexpr int64_t kRound = 32;  // 128 bytes of floats
-    begin -= begin % kRound;
-    if (end != cols) end -= end % kRound;
-    if (begin < end) column_sum_range(xp, rows, cols, begin, end, width, op);
-  });
-  return true;
+  return cpu_column_sums(x.const_data_ptr<float>(), rows, cols, out.data_ptr<float>());
 }
 
 // ---- the 2-norm of a whole tensor (clip_grad_norm_'s per-gradient norms) in CPU's order ----

@@ -51,6 +51,18 @@ bool writes_list_outputs(const Node& n);
 // runs it (clone). Other out= kernels take dense operands only.
 bool takes_strided_inputs(const Node& n);
 
+// The float vector width of CPU's sum kernel on this machine as its dispatch
+// stub chooses: 16 (AVX512), 8 (AVX2), or 0 (DEFAULT: its order is not
+// reproduced here).
+int64_t cpu_sum_kernel_width();
+
+// out[c] = CPU's float32 at::sum(x, 0)[c] of the contiguous [rows, cols] x,
+// bit for bit (cascade_sum's per-column order for the vector width above, and
+// CPU's split of the columns between threads at the current thread count).
+// Returns false, having written nothing, when cpu_sum_kernel_width() is 0 or
+// rows < 2 or cols < 2 (CPU takes other paths there).
+bool cpu_column_sums(const float* x, int64_t rows, int64_t cols, float* out);
+
 // The capability ("AVX512", "AVX2" or "DEFAULT") of the LayerNormKernel that
 // CPU's layer_norm calls on this machine, as its dispatch stub chooses (torch
 // 2.13's x86 build has no AVX512 one, so AVX512 CPUs run the AVX2 kernel).

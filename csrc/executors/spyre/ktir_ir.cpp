@@ -4485,11 +4485,13 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
       wide_in = views[ring_in].to(acc_dtype).contiguous();
     }
   }
-  // A sum or mean of 16-bit values over dim 0 only: its partials read the rows in place (sum16_partials).
+  // A sum or mean of 16-bit or float32 values over dim 0 only: its partials read the rows in place
+  // (sum_partials; float32 in CPU's order when sum_partials_fit says it is reproduced).
   const bool sums16 = ring && !wide_in.defined() && acc_dtype == at::kFloat &&
                       (P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kMean) &&
                       P.ring_dims == std::vector<int64_t>{0} && P.ring_pre == KtirTilePlan::kPreNone &&
-                      (p.views[ring_in].dtype == at::kHalf || p.views[ring_in].dtype == at::kBFloat16);
+                      (p.views[ring_in].dtype == at::kHalf || p.views[ring_in].dtype == at::kBFloat16 ||
+                       p.views[ring_in].dtype == at::kFloat);
   // ... and when the ring op is the steps' only op, over a contiguous HBM view: the partials read each
   // step's rows where they are (no tile copy) and add into the cores' accumulators.
   bool sums_in_place =
@@ -4553,7 +4555,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
           }
           // One widening per step; with a widened input, its rows are read where they are.
           // A loss or trace: the values its partials sum (ring_pre_values).
-          // A 16-bit sum or mean over dim 0 keeps its rows as they are (sum16_partials reads them).
+          // A 16-bit or f32 sum or mean over dim 0 keeps its rows as they are (sum_partials reads them).
           const at::Tensor x = wide_in.defined() ? wide_in
                                : P.ring_pre != KtirTilePlan::kPreNone
                                    ? ring_pre_values(P, *ring, vt, ring_in, acc_dtype, idx, lo, n)
@@ -4726,7 +4728,8 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             const int64_t corelets = rows >= P.tiling.corelets ? P.tiling.corelets : 1;
             // Only argmax/argmin partials read their rows' first row (the index offset).
             const bool positions = P.combine == KtirTilePlan::kArgMax || P.combine == KtirTilePlan::kArgMin;
-            if (sums_in_place && sum16_partials_fit(X) && (!acc_b.empty() || c == 0)) {
+            const std::vector<int64_t> shares = sums16 ? corelet_shares(rows, corelets) : std::vector<int64_t>{};
+            if (sums_in_place && sum_partials_fit(X, shares) && (!acc_b.empty() || c == 0)) {
               // Each core's step partial added to its accumulator in place (ring_merge's f32 adds).
               if (acc_b.empty()) {
                 std::vector<int64_t> all = X.sizes().vec();
@@ -4735,7 +4738,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
               }
               float* a =
                   acc_b[0].mutable_data_ptr<float>() + static_cast<int64_t>(c) * (acc_b[0].numel() / acc_b[0].size(0));
-              sum16_partials_into(X, corelet_shares(rows, corelets), a, acc_has[c]);
+              sum_partials_into(X, shares, a, acc_has[c]);
               for (size_t g = c; g < e; ++g) acc_has[g] = 1;
               off += G * rows;
               continue;
@@ -4743,8 +4746,8 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
             RingPart part;
             bool native = softmax_partials_fit(P, X);
             if (native) part = softmax_partials(X, corelets);
-            if (sums16 && sum16_partials_fit(X)) {
-              part.t = {sum16_partials(X, corelet_shares(rows, corelets))};
+            if (sums16 && sum_partials_fit(X, shares)) {
+              part.t = {sum_partials(X, shares)};
               native = true;
             }
             if (!native && X.scalar_type() != acc_dtype) X = X.to(acc_dtype);  // an input read in place
@@ -4856,17 +4859,20 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
       RingPart total;
       if (chain && every_core && acc_b[0].numel() < at::internal::GRAIN_SIZE)
         total = softmax_ring_chain_all(acc_b[0], acc_b[1], walk);
-      for (size_t c = 0; c < acc.size() && !acc_b.empty() && total.t.empty(); ++c) {
+      const bool adds =
+          P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kMean || P.combine == KtirTilePlan::kNanSum;
+      const bool add_chain = total.t.empty() && adds && acc_b.size() == 1 && acc_b[0].scalar_type() == c10::kFloat &&
+                             acc_b[0].is_contiguous();
+      // The cores' accumulators as tensors of their own (not for ring_add_chain, which reads acc_b).
+      for (size_t c = 0; c < acc.size() && !acc_b.empty() && total.t.empty() && !add_chain; ++c) {
         if (!acc_has[c]) continue;
         acc[c].t.clear();
         for (const at::Tensor& t : acc_b) acc[c].t.push_back(t.select(0, static_cast<int64_t>(c)));
         acc[c].n = acc_n[c];
       }
-      const bool adds =
-          P.combine == KtirTilePlan::kSum || P.combine == KtirTilePlan::kMean || P.combine == KtirTilePlan::kNanSum;
       if (!total.t.empty())
         ;  // the batched chain above
-      else if (adds && acc_b.size() == 1 && acc_b[0].scalar_type() == c10::kFloat && acc_b[0].is_contiguous())
+      else if (add_chain)
         total.t = {ring_add_chain(acc_b[0], acc_has, walk)};
       else if (chain)
         total = softmax_ring_chain(acc, walk);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "executors/cpu_features.h"
+#include "executors/direct_kernels.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/paired_columns.h"
 #include "jit/lowering.h"
@@ -21,13 +22,17 @@ namespace {
 // ATen's CeilLog2 (c10/util/MathConstants): 1 for x <= 2.
 TPU_INLINE int64_t ceil_log2(int64_t x) { return x <= 2 ? 1 : 64 - __builtin_clzll(static_cast<uint64_t>(x - 1)); }
 
+// How 16-bit values are widened: bfloat16 by a shift; float16 by bit
+// operations, or (kF16c, in the F16C build only) by vcvtph2ps, which is exact.
+enum Mode : int { kBf16, kF16Bits, kF16c };
+
 // The exact float32 value of bfloat16 (kBf16) or float16 bits, one or 8 at a
 // time. float16: its exponent and fraction moved into place and scaled by
 // 2^112 (exact for normal and subnormal values alike), the top exponent as
 // f32's infinity / NaN, the sign put back.
-template <bool kBf16>
+template <int kMode>
 TPU_INLINE float widen1(uint16_t h) {
-  if constexpr (kBf16) return __builtin_bit_cast(float, static_cast<uint32_t>(h) << 16);
+  if constexpr (kMode == kBf16) return __builtin_bit_cast(float, static_cast<uint32_t>(h) << 16);
   const uint32_t em = static_cast<uint32_t>(h & 0x7FFFu) << 13;
   uint32_t u = (h & 0x7C00u) == 0x7C00u ? (em | 0x7F800000u)
                                         : __builtin_bit_cast(uint32_t, __builtin_bit_cast(float, em) * 0x1p112f);
@@ -43,12 +48,21 @@ TPU_INLINE F8 widen_bits(U8 w) {
   return reinterpret_cast<F8>(u | ((w & 0x8000u) << 16));
 }
 
-template <bool kBf16>
+// 8 float16 values at p by F16C's vcvtph2ps (written as asm: GCC 12 converts
+// _Float16 vectors one value at a time). Only the F16C build reaches it.
+TPU_INLINE F8 cvtph8(const uint16_t* p) {
+  F8 r;
+  asm("vcvtph2ps %1, %0" : "=x"(r) : "m"(*reinterpret_cast<const char(*)[16]>(p)));
+  return r;
+}
+
+template <int kMode>
 TPU_INLINE F8 widen8(const uint16_t* p) {
+  if constexpr (kMode == kF16c) return cvtph8(p);
   H8 h;
   std::memcpy(&h, p, sizeof h);
   const U8 w = __builtin_convertvector(h, U8);
-  if constexpr (kBf16) return reinterpret_cast<F8>(w << 16);
+  if constexpr (kMode == kBf16) return reinterpret_cast<F8>(w << 16);
   return widen_bits(w);
 }
 
@@ -103,9 +117,13 @@ TPU_INLINE Quad<T> multi_row_sum4(int64_t size, Load load) {
 
 // 16 values at p as two F8 in paired order (paired_columns.h): the even
 // ones (p[0], p[2], ...) and the odd ones, widened exactly.
-template <bool kBf16>
+// kF16c: the 16 values in column order instead (p[0..7], p[8..15]).
+template <int kMode>
 TPU_INLINE void load_pair(const uint16_t* p, F8& even, F8& odd) {
-  if constexpr (kBf16) {
+  if constexpr (kMode == kF16c) {
+    even = cvtph8(p);
+    odd = cvtph8(p + kLanes);
+  } else if constexpr (kMode == kBf16) {
     load16(p, even, odd);
   } else {
     U8 w;
@@ -116,8 +134,17 @@ TPU_INLINE void load_pair(const uint16_t* p, F8& even, F8& odd) {
 }
 
 // Paired lanes back in order: lanes 0-3 of (even, odd) interleaved, then 4-7.
-TPU_INLINE F8 unpair_lo(F8 even, F8 odd) { return __builtin_shufflevector(even, odd, 0, 8, 1, 9, 2, 10, 3, 11); }
-TPU_INLINE F8 unpair_hi(F8 even, F8 odd) { return __builtin_shufflevector(even, odd, 4, 12, 5, 13, 6, 14, 7, 15); }
+// (kF16c's loads are in order already.)
+template <int kMode>
+TPU_INLINE F8 unpair_lo(F8 even, F8 odd) {
+  if constexpr (kMode == kF16c) return even;
+  return __builtin_shufflevector(even, odd, 0, 8, 1, 9, 2, 10, 3, 11);
+}
+template <int kMode>
+TPU_INLINE F8 unpair_hi(F8 even, F8 odd) {
+  if constexpr (kMode == kF16c) return odd;
+  return __builtin_shufflevector(even, odd, 4, 12, 5, 13, 6, 14, 7, 15);
+}
 
 // ATen's row_sum: `size` items as 4 interleaved lanes (items 4i + k) by
 // multi_row_sum4, the last size % 4 items added to lane 0, then lanes 1, 2, 3.
@@ -142,30 +169,30 @@ TPU_INLINE T row_sum(int64_t size, Load load) {
 // groups of 4 (32 values) are read as two paired loads: each lane sums the
 // same values in the same order; the lanes are put back in order after the
 // cascade.
-template <bool kBf16>
+template <int kMode>
 TPU_INLINE float one_row(const uint16_t* x, int64_t n) {
   if (n < kLanes)
     return 0.0f + row_sum<float>(
-                      n, [&](int64_t i) __attribute__((always_inline)) { return widen1<kBf16>(x[i]); });
+                      n, [&](int64_t i) __attribute__((always_inline)) { return widen1<kMode>(x[i]); });
   const int64_t vecs = n / kLanes, quads = vecs / 4;
   const Quad<F8> s = multi_row_sum4<F8>(
       quads, [&](int64_t i, Quad<F8> & q) __attribute__((always_inline)) {
-        load_pair<kBf16>(x + i * 4 * kLanes, q.v[0], q.v[1]);
-        load_pair<kBf16>(x + i * 4 * kLanes + kPair, q.v[2], q.v[3]);
+        load_pair<kMode>(x + i * 4 * kLanes, q.v[0], q.v[1]);
+        load_pair<kMode>(x + i * 4 * kLanes + kPair, q.v[2], q.v[3]);
       });
-  Quad<F8> p{
-      {unpair_lo(s.v[0], s.v[1]), unpair_hi(s.v[0], s.v[1]), unpair_lo(s.v[2], s.v[3]), unpair_hi(s.v[2], s.v[3])}};
-  for (int64_t i = quads * 4; i < vecs; ++i) p.v[0] += widen8<kBf16>(x + i * kLanes);
+  Quad<F8> p{{unpair_lo<kMode>(s.v[0], s.v[1]), unpair_hi<kMode>(s.v[0], s.v[1]), unpair_lo<kMode>(s.v[2], s.v[3]),
+              unpair_hi<kMode>(s.v[2], s.v[3])}};
+  for (int64_t i = quads * 4; i < vecs; ++i) p.v[0] += widen8<kMode>(x + i * kLanes);
   const F8 v = lanes_sum(p);
   float f = 0.0f;
-  for (int64_t k = vecs * kLanes; k < n; ++k) f += widen1<kBf16>(x[k]);
+  for (int64_t k = vecs * kLanes; k < n; ++k) f += widen1<kMode>(x[k]);
   for (int l = 0; l < kLanes; ++l) f += v[l];
   return 0.0f + f;
 }
 
-template <bool kBf16>
+template <int kMode>
 TPU_INLINE void rows_impl(const uint16_t* x, int64_t rows, int64_t n, int64_t rs, float* out) {
-  for (int64_t r = 0; r < rows; ++r) out[r] = one_row<kBf16>(x + r * rs, n);
+  for (int64_t r = 0; r < rows; ++r) out[r] = one_row<kMode>(x + r * rs, n);
 }
 
 // vectorized_outer_sum (n >= 8): columns in whole blocks of 4 vectors by
@@ -173,7 +200,7 @@ TPU_INLINE void rows_impl(const uint16_t* x, int64_t rows, int64_t n, int64_t rs
 // put back in order at the store), the rest by row_sum (8 columns at a time,
 // then one by one); scalar_outer_sum (n < 8): blocks of 4 columns by
 // multi_row_sum4, the rest by row_sum. Added to the zeroed output.
-template <bool kBf16>
+template <int kMode>
 TPU_INLINE void columns_impl(const uint16_t* x, int64_t len, int64_t n, int64_t rs, float* out) {
   const bool vec = n >= kLanes;
   const int64_t whole = vec ? n / (4 * kLanes) * (4 * kLanes) : n / 4 * 4;
@@ -181,39 +208,44 @@ TPU_INLINE void columns_impl(const uint16_t* x, int64_t len, int64_t n, int64_t 
   for (; vec && j < whole; j += 4 * kLanes) {
     const Quad<F8> s = multi_row_sum4<F8>(
         len, [&](int64_t i, Quad<F8> & q) __attribute__((always_inline)) {
-          load_pair<kBf16>(x + i * rs + j, q.v[0], q.v[1]);
-          load_pair<kBf16>(x + i * rs + j + kPair, q.v[2], q.v[3]);
+          load_pair<kMode>(x + i * rs + j, q.v[0], q.v[1]);
+          load_pair<kMode>(x + i * rs + j + kPair, q.v[2], q.v[3]);
         });
-    store8(out + j, F8{} + unpair_lo(s.v[0], s.v[1]));
-    store8(out + j + kLanes, F8{} + unpair_hi(s.v[0], s.v[1]));
-    store8(out + j + 2 * kLanes, F8{} + unpair_lo(s.v[2], s.v[3]));
-    store8(out + j + 3 * kLanes, F8{} + unpair_hi(s.v[2], s.v[3]));
+    store8(out + j, F8{} + unpair_lo<kMode>(s.v[0], s.v[1]));
+    store8(out + j + kLanes, F8{} + unpair_hi<kMode>(s.v[0], s.v[1]));
+    store8(out + j + 2 * kLanes, F8{} + unpair_lo<kMode>(s.v[2], s.v[3]));
+    store8(out + j + 3 * kLanes, F8{} + unpair_hi<kMode>(s.v[2], s.v[3]));
   }
   for (; !vec && j < whole; j += 4) {
     const Quad<float> s = multi_row_sum4<float>(
         len, [&](int64_t i, Quad<float> & q) __attribute__((always_inline)) {
-          for (int k = 0; k < 4; ++k) q.v[k] = widen1<kBf16>(x[i * rs + j + k]);
+          for (int k = 0; k < 4; ++k) q.v[k] = widen1<kMode>(x[i * rs + j + k]);
         });
     for (int k = 0; k < 4; ++k) out[j + k] = 0.0f + s.v[k];
   }
   for (; vec && j + kLanes <= n; j += kLanes)
     store8(out + j,
            F8{} + row_sum<F8>(
-                      len, [&](int64_t i) __attribute__((always_inline)) { return widen8<kBf16>(x + i * rs + j); }));
+                      len, [&](int64_t i) __attribute__((always_inline)) { return widen8<kMode>(x + i * rs + j); }));
   for (; j < n; ++j)
     out[j] = 0.0f + row_sum<float>(
-                        len, [&](int64_t i) __attribute__((always_inline)) { return widen1<kBf16>(x[i * rs + j]); });
+                        len, [&](int64_t i) __attribute__((always_inline)) { return widen1<kMode>(x[i * rs + j]); });
 }
 
-// Each loop built for AVX2 and for the baseline (the same IEEE adds in the same
-// order, so the same bits), chosen by cpu::has at each call.
+// Each loop built for AVX2 (float16 by F16C when the CPU has it) and for the
+// baseline (the same IEEE adds in the same order, so the same bits), chosen by
+// cpu::has at each call.
 #define TPU_REDUCE16_BUILDS(name, impl)                                                                            \
+  __attribute__((target("avx2,f16c"))) void name##_f16c(const uint16_t* x, int64_t a, int64_t n, int64_t rs,       \
+                                                        float* out) {                                              \
+    impl<kF16c>(x, a, n, rs, out);                                                                                 \
+  }                                                                                                                \
   __attribute__((target("avx2"))) void name##_avx2(const uint16_t* x, bool bf16, int64_t a, int64_t n, int64_t rs, \
                                                    float* out) {                                                   \
-    bf16 ? impl<true>(x, a, n, rs, out) : impl<false>(x, a, n, rs, out);                                           \
+    bf16 ? impl<kBf16>(x, a, n, rs, out) : impl<kF16Bits>(x, a, n, rs, out);                                       \
   }                                                                                                                \
   void name##_base(const uint16_t* x, bool bf16, int64_t a, int64_t n, int64_t rs, float* out) {                   \
-    bf16 ? impl<true>(x, a, n, rs, out) : impl<false>(x, a, n, rs, out);                                           \
+    bf16 ? impl<kBf16>(x, a, n, rs, out) : impl<kF16Bits>(x, a, n, rs, out);                                       \
   }
 TPU_REDUCE16_BUILDS(rows, rows_impl)
 TPU_REDUCE16_BUILDS(columns, columns_impl)
@@ -231,14 +263,18 @@ void add_rows(float* a, const float* b, int64_t n) {
 }  // namespace
 
 void row_sums16(const uint16_t* x, bool bf16, int64_t rows, int64_t n, int64_t row_stride, float* out) {
-  if (cpu::has(cpu::Feature::kAvx2))
+  if (!bf16 && cpu::has(cpu::Feature::kAvx2) && cpu::has(cpu::Feature::kF16c))
+    rows_f16c(x, rows, n, row_stride, out);
+  else if (cpu::has(cpu::Feature::kAvx2))
     rows_avx2(x, bf16, rows, n, row_stride, out);
   else
     rows_base(x, bf16, rows, n, row_stride, out);
 }
 
 void column_sums16(const uint16_t* x, bool bf16, int64_t len, int64_t n, int64_t row_stride, float* out) {
-  if (cpu::has(cpu::Feature::kAvx2))
+  if (!bf16 && cpu::has(cpu::Feature::kAvx2) && cpu::has(cpu::Feature::kF16c))
+    columns_f16c(x, len, n, row_stride, out);
+  else if (cpu::has(cpu::Feature::kAvx2))
     columns_avx2(x, bf16, len, n, row_stride, out);
   else
     columns_base(x, bf16, len, n, row_stride, out);
@@ -279,36 +315,48 @@ bool sum16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
   return true;
 }
 
-bool sum16_partials_fit(const at::Tensor& X) {
-  if (!is16(X.scalar_type()) || X.dim() < 3 || X.size(1) == 0 || X.size(0) == 0) return false;
+bool sum_partials_fit(const at::Tensor& X, const std::vector<int64_t>& shares) {
+  const bool f32 = X.scalar_type() == c10::kFloat;
+  if (!(is16(X.scalar_type()) || f32) || X.dim() < 3 || X.size(1) == 0 || X.size(0) == 0) return false;
   const int64_t n = X.numel() / (X.size(0) * X.size(1));
-  return n >= 2 && X[0].is_contiguous() && X.stride(1) == n;
+  if (n < 2 || !X[0].is_contiguous() || X.stride(1) != n) return false;
+  if (!f32) return true;
+  // float32: host::cpu_column_sums' cases (CPU's order reproduced, every share of 2 rows or more).
+  if (host::cpu_sum_kernel_width() == 0) return false;
+  return std::all_of(shares.begin(), shares.end(), [](int64_t m) { return m >= 2; });
 }
 
-void sum16_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, float* acc, bool add) {
+void sum_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, float* acc, bool add) {
   const int64_t G = X.size(0), n = X.numel() / (G * X.size(1));
   std::vector<float> scratch(2 * n);
   float *part = scratch.data(), *core = part + n;
-  const bool bf16 = X.scalar_type() == c10::kBFloat16;
-  const auto* x = static_cast<const uint16_t*>(X.const_data_ptr());
+  const bool f32 = X.scalar_type() == c10::kFloat, bf16 = X.scalar_type() == c10::kBFloat16;
+  const auto* x16 = f32 ? nullptr : static_cast<const uint16_t*>(X.const_data_ptr());
+  const auto* x32 = f32 ? static_cast<const float*>(X.const_data_ptr()) : nullptr;
   for (int64_t g = 0; g < G; ++g) {
     float* a = acc + g * n;
     float* o = add ? core : a;
     int64_t r0 = 0;
     for (size_t c = 0; c < shares.size(); r0 += shares[c], ++c) {
       // ring_merge's add of the later corelet's partial (f32, in order).
-      column_sums16(x + g * X.stride(0) + r0 * X.stride(1), bf16, shares[c], n, X.stride(1), c == 0 ? o : part);
+      const int64_t at_row = g * X.stride(0) + r0 * X.stride(1);
+      float* dst = c == 0 ? o : part;
+      if (f32) {
+        TORCH_CHECK(host::cpu_column_sums(x32 + at_row, shares[c], n, dst), "sum_partials_into: no CPU column sum");
+      } else {
+        column_sums16(x16 + at_row, bf16, shares[c], n, X.stride(1), dst);
+      }
       if (c > 0) add_rows(o, part, n);
     }
     if (add) add_rows(a, o, n);  // the step's partial after the core's earlier ones
   }
 }
 
-at::Tensor sum16_partials(const at::Tensor& X, const std::vector<int64_t>& shares) {
+at::Tensor sum_partials(const at::Tensor& X, const std::vector<int64_t>& shares) {
   std::vector<int64_t> sizes = X.sizes().vec();
   sizes[1] = 1;
   at::Tensor q = at::empty(sizes, X.options().dtype(at::kFloat));
-  sum16_partials_into(X, shares, q.mutable_data_ptr<float>(), false);
+  sum_partials_into(X, shares, q.mutable_data_ptr<float>(), false);
   return q;
 }
 

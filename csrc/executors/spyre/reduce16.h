@@ -1,7 +1,8 @@
 // Sums of float16 / bfloat16 rows and columns read in place (no f32 copy of
 // the input), with the values of ATen's float32 sum kernel (SumKernel.cpp's
 // cascade, 8-float vectors) on the inputs' exact f32 widening: the Spyre
-// interpreter's sum(x, -1) of 16-bit rows and its ring partials of sum(x, 0).
+// interpreter's sum(x, -1) of 16-bit rows and its ring partials of sum(x, 0)
+// (float32 ring partials too, by the host's CPU-order column sums).
 #pragma once
 
 #include <cstdint>
@@ -42,22 +43,25 @@ bool sum16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
 int64_t sum16_rows_width(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                          const std::vector<c10::ScalarType>& result_dtypes);
 
-// The corelet partials of a ring sum over dim 1 of X [G, rows, n...] (16-bit,
-// each block's rows contiguous): per block the column sums of each corelet's
-// rows (`shares`, in order) added in f32, corelet 0 + corelet 1 + ...
-// Returns [G, 1, n...] float32: what ring_partial and ring_merge give on
-// X's f32 widening. Requires sum16_partials_fit(X).
-at::Tensor sum16_partials(const at::Tensor& X, const std::vector<int64_t>& shares);
+// The corelet partials of a ring sum over dim 1 of X [G, rows, n...] (each
+// block's rows contiguous): per block the column sums of each corelet's rows
+// (`shares`, in order) added in f32, corelet 0 + corelet 1 + ... Returns
+// [G, 1, n...] float32: what ring_partial and ring_merge give on X (16-bit:
+// on its f32 widening; float32: each share by host::cpu_column_sums, CPU's
+// at::sum(share, 0) bits). Requires sum_partials_fit(X, shares).
+at::Tensor sum_partials(const at::Tensor& X, const std::vector<int64_t>& shares);
 
-// sum16_partials' values for X [G, rows, n...] written to acc (G * n floats,
+// sum_partials' values for X [G, rows, n...] written to acc (G * n floats,
 // block g at acc + g * n), or, when `add`, added to it (acc + partial in f32:
 // ring_merge's add of a core's step partial to its earlier ones). Requires
-// sum16_partials_fit(X); X may be a strided view (its blocks apart).
-void sum16_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, float* acc, bool add);
+// sum_partials_fit(X, shares); X may be a strided view (its blocks apart).
+void sum_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, float* acc, bool add);
 
-// Whether sum16_partials serves X [G, rows, ...]: float16 or bfloat16, rows
-// >= 1, each block contiguous.
-bool sum16_partials_fit(const at::Tensor& X);
+// Whether sum_partials serves X [G, rows, ...] split in `shares`: float16 or
+// bfloat16, or float32 when CPU's column-sum order is reproduced here
+// (host::cpu_sum_kernel_width() > 0) and every share has 2 rows or more;
+// rows >= 1, at least 2 values a row, each block contiguous.
+bool sum_partials_fit(const at::Tensor& X, const std::vector<int64_t>& shares);
 
 }  // namespace spyre
 }  // namespace tpu_eager

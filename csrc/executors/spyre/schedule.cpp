@@ -290,8 +290,10 @@ void time_executed(Schedule& s, const std::vector<std::vector<double>>& step_row
                   : 1;
   const size_t n_cores = step_rows[0].size();
   s.executed_s = 0;
+  s.per_core.reserve(n_cores);
+  std::vector<double> load, comp, store;  // one core's tiles; their capacity kept from core to core
   for (size_t c = 0; c < n_cores; ++c) {
-    std::vector<double> load, comp, store;
+    load.clear(), comp.clear(), store.clear();
     CoreTiming t;
     t.core = static_cast<int64_t>(c);
     for (size_t i = 0; i < steps; ++i) {

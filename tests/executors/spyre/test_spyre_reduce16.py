@@ -140,3 +140,113 @@ def test_row_sums_read_in_place_over_tile_steps(spyre_target, dtype):
             (sched,) = spyre.last_schedule()
             assert sched["executed"] == "tiles" and sched["tile_steps"] == sched["n_tiles"] > 1, sched["text"]
             assert same(got, store(a.float().sum(dim, keepdim=keepdim), dtype)) == 0, (shape, keepdim)
+
+
+# float32 ring sums (branch spyre24a): each corelet's share summed in place in CPU's order
+# (host::cpu_column_sums: the column groups of 4 vectors of CPU's sum kernel, 64 columns at
+# AVX512 and 32 at AVX2, and the tails after them), shares past 16 and 256 rows (the cascade's
+# carries), shares of one row (CPU's other path, kept; 64x30000's tiles are one row each).
+F32_RING_SHAPES = [
+    (700, 64),
+    (900, 65),
+    (1100, 80),
+    (640, 127),
+    (1000, 300),
+    (5000, 33),
+    (40000, 16),
+    (9000, 64),
+    (3, 40),
+    (1000, 2),
+    (77, 33),
+    (64, 30000),
+]
+
+
+def _f32_specials(shape, seed):
+    """randn * 2 float32 values with NaN, +-inf and signed zeros in their first rows."""
+    a = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 2
+    flat = a.view(-1)
+    for i, v in enumerate([float("nan"), -0.0, float("inf"), -float("inf"), 0.0, 3e38, 3e38]):
+        if i * 5 < flat.numel():
+            flat[i * 5] = v
+    return a
+
+
+def _f32_ring_mismatches(a, f=lambda t: t):
+    """[(kind, mismatches)] of f(a).sum(0) and .mean(0) on "tpu" against _ring_reference of f(a)."""
+    from torch_tpu_eager import spyre
+
+    out = []
+    for kind, op in (("sum", lambda t: t.sum(0)), ("mean", lambda t: t.mean(0))):
+        got = op(f(a.to("tpu"))).cpu()
+        (sched,) = spyre.last_schedule()
+        # The reference on f(a)'s rows as a tile holds them (contiguous: CPU's kernel sums a
+        # strided view's columns in another order).
+        want = _ring_reference(f(a).contiguous(), kind, (0,), sched).reshape(got.shape)
+        num = ~want.isnan()  # zeros' signs compared too (a NaN's sign bit is not a value)
+        out.append((kind, same(got, want), torch.equal(got.signbit()[num], want.signbit()[num])))
+    return out
+
+
+@pytest.mark.parametrize("shape", F32_RING_SHAPES, ids=[f"{r}x{c}" for r, c in F32_RING_SHAPES])
+def test_f32_ring_sum_in_cpu_order(spyre_target, shape):
+    a = _f32_specials(shape, seed=70)
+    for kind, bad, signs in _f32_ring_mismatches(a):
+        assert bad == 0 and signs, (kind, shape)
+
+
+def test_f32_ring_sum_tile_path_and_strided_input(spyre_target):
+    # An op on the tiles first (the partials read the step's tile), and a transposed input
+    # (no in-place read: the tile copy's rows).
+    a = _f32_specials((2000, 96), seed=71)
+    for kind, bad, signs in _f32_ring_mismatches(a, lambda t: t * 2):
+        assert bad == 0 and signs, ("after an op", kind)
+    b = _f32_specials((300, 1000), seed=72)
+    for kind, bad, signs in _f32_ring_mismatches(b, lambda t: t.t()):
+        assert bad == 0 and signs, ("transposed", kind)
+
+
+_F32_RING_AVX2_CHILD = r"""
+import json, sys, torch, torch_tpu_eager as tte
+sys.path[:0] = [{tests!r}, {spyre_tests!r}]
+from test_spyre_reduce16 import _f32_specials, _f32_ring_mismatches
+tte.set_target("spyre")
+res = {{"capability": torch.backends.cpu.get_cpu_capability(), "bad": []}}
+for threads in (1, 2):
+    torch.set_num_threads(threads)
+    for shape in [(700, 32), (900, 33), (1100, 48), (1000, 300), (40000, 16), (64, 30000)]:
+        for kind, bad, signs in _f32_ring_mismatches(_f32_specials(shape, seed=73)):
+            if bad or not signs:
+                res["bad"].append([threads, list(shape), kind, bad])
+print(json.dumps(res))
+"""
+
+
+def test_f32_ring_sum_at_avx2(tmp_path):
+    # CPU's sum kernel at AVX2 (8-float vectors: groups of 32 columns) in a child process.
+    import os
+
+    from difftest import REPO_ROOT, run_avx2_child
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = _F32_RING_AVX2_CHILD.format(tests=os.path.join(REPO_ROOT, "tests"), spyre_tests=here)
+    assert run_avx2_child(code, tmp_path)["bad"] == []
+
+
+def test_f16c_build_same_bits_as_avx2_and_baseline(spyre_target):
+    # float16 widened by F16C (branch spyre24a: vcvtph2ps, the values in column order, no
+    # paired loads) against the AVX2 bit-operation build and the baseline build, and against
+    # CPU's f32 sums (rows) / the ring reference (columns); widths around 8 and 32 values.
+    for shape in [(40, 7), (40, 33), (70, 96), (70, 127), (1000, 300), (5000, 33), (640, 96), (3, 40)]:
+        a = _specials(_inputs(torch.float16, seed=74, shape=shape))
+        for f in (lambda t: t.sum(-1), lambda t: t.sum(0)):
+            f16c = f(a.to("tpu")).cpu()
+            with cpu_features_off("f16c"):
+                bits = f(a.to("tpu")).cpu()
+            with cpu_features_off("avx2"):
+                base = f(a.to("tpu")).cpu()
+            assert torch.equal(f16c.view(torch.int16), bits.view(torch.int16)), shape
+            assert torch.equal(f16c.view(torch.int16), base.view(torch.int16)), shape
+        assert same(a.to("tpu").sum(-1).cpu(), store(a.float().sum(-1), torch.float16)) == 0, shape
+        for kind, got, want, _ in _ring_sum_and_mean(a, torch.float16):
+            assert same(got, want) == 0, (kind, shape)
