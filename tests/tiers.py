@@ -87,6 +87,13 @@ SLOW = {
     "test_spyre_row_pass.py::test_each_cpu_build_same_bits",  # 2.8 s, 1 test
     "test_spyre_row_pass.py::test_layer_norm_statistics_stored",  # 2.6 s, 1 test
     "test_spyre_row_pass.py::test_benchmark_rows_take_the_pass",  # 1.9 s, 1 test
+    # measured 2026-12-07 (branch spyre24b, load ~25): the 16-bit row pass and its conversions
+    "test_spyre_row_pass.py::test_row_op16_every_width",  # 6-10 s, 6 tests
+    "test_spyre_row_pass.py::test_row_op16_every_shape",  # 5-6 s, 8 tests
+    "test_spyre_row_pass.py::test_layer_norm16_statistics_stored",  # ~3 s, 2 tests
+    "test_spyre_row_pass.py::test_row_op16_non_contiguous_input",  # ~2 s, 2 tests
+    "test_spyre_row_pass.py::test_each_cpu_build_same_bits16",  # ~3 s, 2 tests
+    "test_spyre_convert16.py",  # 19 s, 6 tests
     "test_spyre_pool_tiles.py::test_pool_and_upsample_walk_tiles_with_one_rounding",  # ~14 s, 24 tests
     "test_spyre_pool_tiles.py::test_pool_gradients_round_once",  # ~6 s, 12 tests
     # measured 2026-12-07 (branch spyre22b, load ~15):

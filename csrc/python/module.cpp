@@ -19,6 +19,7 @@
 #include "executors/executor.h"
 #include "executors/out_variant.h"
 #include "executors/spyre/card.h"
+#include "executors/spyre/convert16.h"
 #include "executors/spyre/df16.h"
 #include "executors/spyre/job_plan.h"
 #include "executors/spyre/ktir.h"
@@ -679,6 +680,31 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("x"), py::arg("nearest_even"), py::arg("saturate"), py::call_guard<py::gil_scoped_release>());
   m.def("_df16_decode", &spyre::df16_decode, py::arg("bits"), py::call_guard<py::gil_scoped_release>());
+  // The Spyre direct kernels' 16-bit conversions (executors/spyre/convert16.h)
+  // on the build cpu::has picks now: df16 of a float32 tensor held in a 16-bit
+  // dtype, and a 16-bit tensor's exact float32 widening (contiguous copies in).
+  m.def(
+      "_spyre_store16",
+      [](const at::Tensor& x, c10::ScalarType dtype) {
+        TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && x.device().is_cpu() && spyre::is_dtype16(dtype),
+                         "expects a float32 CPU tensor and a 16-bit dtype");
+        const at::Tensor in = x.contiguous();
+        at::Tensor out = at::empty(in.sizes(), in.options().dtype(dtype));
+        spyre::store16(dtype, in.const_data_ptr<float>(), static_cast<uint16_t*>(out.data_ptr()), in.numel());
+        return out;
+      },
+      py::arg("x"), py::arg("dtype"));
+  m.def(
+      "_spyre_widen16",
+      [](const at::Tensor& x) {
+        TORCH_CHECK_TYPE(spyre::is_dtype16(x.scalar_type()) && x.device().is_cpu(), "expects a 16-bit CPU tensor");
+        const at::Tensor in = x.contiguous();
+        at::Tensor out = at::empty(in.sizes(), in.options().dtype(at::kFloat));
+        spyre::widen16(in.scalar_type(), static_cast<const uint16_t*>(in.const_data_ptr()),
+                       out.mutable_data_ptr<float>(), in.numel());
+        return out;
+      },
+      py::arg("x"));
   // The exp estimate of softmax's normalizing pass (None without AVX2 and FMA),
   // on the build the pass runs: 16 AVX-512 lanes where the CPU has them and
   // they are not switched off (_set_cpu_features_off), else 8 AVX2 lanes.

@@ -2,6 +2,7 @@
 #include "executors/spyre/matmul16.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -10,7 +11,7 @@
 #include <memory>
 
 #include "executors/cpu_features.h"
-#include "executors/spyre/df16_ops.h"
+#include "executors/spyre/convert16.h"
 #include "jit/lowering.h"
 
 namespace tpu_eager {
@@ -20,6 +21,9 @@ namespace {
 // Rows of b per pass over a panel: a panel's kKc rows (kKc x 32 floats with
 // AVX-512, 32 KiB) stay in L1 while every row block of a passes over them.
 constexpr int64_t kKc = 256;
+
+// Elements per thread chunk of the operands' widening and the result's store.
+constexpr int64_t kConvertGrain = 1 << 15;
 
 // One block of R rows of c and 2 vectors of columns (STEP floats each): c[r, :]
 // continues its k-order sum over kc more rows of the panel bp (kc x 2 STEP,
@@ -162,16 +166,24 @@ bool matmul16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
     return false;
   const int64_t batch = bmm ? a.size(0) : 1, M = a.size(d - 2), K = a.size(d - 1), N = b.size(d - 1);
   if ((bmm && b.size(0) != batch) || b.size(d - 2) != K || batch == 0 || M == 0 || N == 0 || K == 0) return false;
-  // The operands' f32 values (exact), row-major.
-  const at::Tensor af = a.to(at::kFloat).contiguous(), bf = b.to(at::kFloat).contiguous();
-  at::Tensor cf = at::empty(mm ? std::vector<int64_t>{M, N} : std::vector<int64_t>{batch, M, N}, af.options());
-  const float* ap = af.const_data_ptr<float>();
-  const float* bp = bf.const_data_ptr<float>();
-  float* cp = cf.mutable_data_ptr<float>();
+  // The operands' f32 values (exact), row-major, widened from their 16-bit
+  // bits (a strided operand is made contiguous in its dtype first), and the
+  // f32 product, in one buffer: no ATen conversion, no f32 tensors.
+  const at::Tensor ac = a.contiguous(), bc = b.contiguous();
+  const c10::ScalarType dt = a.scalar_type();
+  const int64_t na = batch * M * K, nb = batch * K * N, nc = batch * M * N;
+  std::unique_ptr<float[]> buf(new float[na + nb + nc]);
+  float* ap = buf.get();
+  float* bp = ap + na;
+  float* cp = bp + nb;
+  auto bits = [](const at::Tensor& t) { return static_cast<const uint16_t*>(t.const_data_ptr()); };
+  at::parallel_for(0, na, kConvertGrain, [&](int64_t i, int64_t e) { widen16(dt, bits(ac) + i, ap + i, e - i); });
+  at::parallel_for(0, nb, kConvertGrain, [&](int64_t i, int64_t e) { widen16(dt, bits(bc) + i, bp + i, e - i); });
   for (int64_t g = 0; g < batch; ++g)
     matmul_in_k_order(ap + g * M * K, K, bp + g * K * N, N, cp + g * M * N, N, M, N, K);
-  at::Tensor out = at::empty(cf.sizes(), af.options().dtype(a.scalar_type()));
-  if (!df16_store_into(out, cf)) out = df16_store(cf, a.scalar_type());
+  at::Tensor out = at::empty(mm ? std::vector<int64_t>{M, N} : std::vector<int64_t>{batch, M, N}, a.options());
+  auto* out_bits = static_cast<uint16_t*>(out.mutable_data_ptr());
+  at::parallel_for(0, nc, kConvertGrain, [&](int64_t i, int64_t e) { store16(dt, cp + i, out_bits + i, e - i); });
   stack.clear();
   stack.emplace_back(std::move(out));
   return true;

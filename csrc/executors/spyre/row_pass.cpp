@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "executors/aten_grain.h"
+#include "executors/spyre/convert16.h"
 #include "executors/tpu/fused_elementwise.h"
 #include "jit/lowering.h"
 #include "lazy/debug_report.h"
@@ -16,12 +17,17 @@ namespace spyre {
 namespace {
 
 // The pass's operands: views (-1: none) and the op's geometry.
+// Float32 elements of a 16-bit pass's buffer of widened rows (and of its
+// buffer of results): 16 KiB each, so both stay in L1 with the row kernel's reads.
+constexpr int64_t kRowChunkFloats = 4096;
+
 struct RowPlan {
   tpu::fused::RowOp op = tpu::fused::RowOp::kSoftmax;
   int in = -1, out = -1, weight = -1, bias = -1, mean = -1, rstd = -1;
   int64_t cols = 0;       // elements of one row of the op
   int64_t row_elems = 0;  // elements of one split row (dim 0) of the views
   float eps = 0.0f;
+  c10::ScalarType dtype = c10::kFloat;  // of every view: float32, bfloat16 or float16
 };
 
 int64_t numel_of(const KtirView& w) {
@@ -30,9 +36,9 @@ int64_t numel_of(const KtirView& w) {
   return n;
 }
 
-// A float32 HBM view whose elements are `numel` consecutive floats.
-bool dense_f32(const KtirView& w, int64_t numel) {
-  if (w.lx || w.dtype != c10::kFloat || w.arg < 0 || numel_of(w) != numel) return false;
+// An HBM view of `dtype` whose elements are `numel` consecutive ones.
+bool dense(const KtirView& w, int64_t numel, c10::ScalarType dtype) {
+  if (w.lx || w.dtype != dtype || w.arg < 0 || numel_of(w) != numel) return false;
   int64_t want = 1;
   for (size_t d = w.sizes.size(); d-- > 0;) {
     if (w.sizes[d] != 1 && w.strides[d] != want) return false;
@@ -101,8 +107,10 @@ bool plan_rows(const KtirProgram& p, const KtirTilePlan* plan, RowPlan* R) {
   if (R->in < 0 || R->in >= nviews || R->out < 0 || R->out >= nviews) return false;
   const KtirView &in = p.views[R->in], &out = p.views[R->out];
   const int64_t numel = numel_of(in);
-  if (numel <= 0 || in.sizes != out.sizes || !dense_f32(in, numel) || !dense_f32(out, numel) || in.arg == out.arg ||
-      p.args[in.arg].kind == KtirArg::kOut || p.args[out.arg].kind == KtirArg::kIn)
+  R->dtype = in.dtype;
+  if (R->dtype != c10::kFloat && !is_dtype16(R->dtype)) return false;
+  if (numel <= 0 || in.sizes != out.sizes || !dense(in, numel, R->dtype) || !dense(out, numel, R->dtype) ||
+      in.arg == out.arg || p.args[in.arg].kind == KtirArg::kOut || p.args[out.arg].kind == KtirArg::kIn)
     return false;
   if (!row_geometry(o, in.sizes, R) || R->cols <= 0 || numel % R->cols != 0) return false;
   const int64_t rows = numel / R->cols;
@@ -110,7 +118,8 @@ bool plan_rows(const KtirProgram& p, const KtirTilePlan* plan, RowPlan* R) {
   std::vector<int> args_used = {in.arg, out.arg};
   for (int v : {R->weight, R->bias}) {
     if (v < 0) continue;
-    if (v >= nviews || !dense_f32(p.views[v], R->cols) || p.args[p.views[v].arg].kind == KtirArg::kOut) return false;
+    if (v >= nviews || !dense(p.views[v], R->cols, R->dtype) || p.args[p.views[v].arg].kind == KtirArg::kOut)
+      return false;
     if (p.views[v].arg == out.arg) return false;
   }
   if (ln) {
@@ -122,7 +131,7 @@ bool plan_rows(const KtirProgram& p, const KtirTilePlan* plan, RowPlan* R) {
         continue;
       }
       const KtirView& w = p.views[*v];
-      if (!dense_f32(w, rows) || p.args[w.arg].kind == KtirArg::kIn) return false;
+      if (!dense(w, rows, R->dtype) || p.args[w.arg].kind == KtirArg::kIn) return false;
       for (int a : args_used)
         if (a == w.arg) return false;
       if (R->weight >= 0 && p.views[R->weight].arg == w.arg) return false;
@@ -157,28 +166,75 @@ bool ktir_row_pass(const KtirProgram& p, const std::vector<at::Tensor>& arg_byte
   auto view_of = [&](int v) {
     const KtirView& w = p.views[v];
     const at::Tensor& bytes = arg_bytes.at(w.arg);
-    return bytes.narrow(0, 0, bytes.numel() / 4 * 4).view(w.dtype).as_strided(w.sizes, w.strides, w.offset);
+    const int64_t size = static_cast<int64_t>(c10::elementSize(w.dtype));
+    return bytes.narrow(0, 0, bytes.numel() / size * size).view(w.dtype).as_strided(w.sizes, w.strides, w.offset);
   };
-  auto floats = [&](int v) { return v < 0 ? nullptr : view_of(v).data_ptr<float>(); };
-  const float* x = floats(R.in);
-  float* y = floats(R.out);
-  float* mean = floats(R.mean);
-  float* rstd = floats(R.rstd);
+  auto data = [&](int v) { return v < 0 ? nullptr : view_of(v).data_ptr(); };
+  void* x = data(R.in);
+  void* y = data(R.out);
+  void* mean = data(R.mean);
+  void* rstd = data(R.rstd);
+  const bool wide = R.dtype == c10::kFloat;
+  // 16-bit weight / bias: their float32 values, widened once.
+  std::vector<float> affine(wide ? 0 : 2 * R.cols);
+  auto affine_of = [&](int v, int64_t slot) -> const float* {
+    if (v < 0) return nullptr;
+    if (wide) return static_cast<const float*>(data(v));
+    float* f = affine.data() + slot * R.cols;
+    widen16(R.dtype, static_cast<const uint16_t*>(data(v)), f, R.cols);
+    return f;
+  };
+  const float* gamma = affine_of(R.weight, 0);
+  const float* beta = affine_of(R.bias, 1);
   // Rows [b, e) of the split dim: one call of CPU's row kernel.
   tpu::fused::RowAnchor a;
   a.op = R.op;
   a.cols = R.cols;
-  a.gamma = floats(R.weight);
-  a.beta = floats(R.bias);
+  a.gamma = gamma;
+  a.beta = beta;
   a.eps = R.eps;
-  auto run = [&](int64_t b, int64_t e) {
+  auto run_f32 = [&](int64_t r0, int64_t rows) {
     tpu::fused::RowAnchor c = a;
-    const int64_t r0 = b * R.row_elems / R.cols;
-    c.rows = (e - b) * R.row_elems / R.cols;
-    c.out = y + r0 * R.cols;
-    c.mean = mean ? mean + r0 : nullptr;
-    c.rstd = rstd ? rstd + r0 : nullptr;
-    tpu::run_cpu_rows(c, x + r0 * R.cols);  // runs: its conditions were checked above
+    c.rows = rows;
+    c.out = static_cast<float*>(y) + r0 * R.cols;
+    c.mean = mean ? static_cast<float*>(mean) + r0 : nullptr;
+    c.rstd = rstd ? static_cast<float*>(rstd) + r0 : nullptr;
+    tpu::run_cpu_rows(c, static_cast<const float*>(x) + r0 * R.cols);  // runs: its conditions were checked above
+  };
+  // 16-bit rows: a few rows at a time widened into a float32 buffer, CPU's
+  // float32 row kernel into another, each result rounded once to df16 and
+  // stored in the dtype (the op by op path's values: call_op_in_f32).
+  const int64_t chunk = std::max<int64_t>(1, kRowChunkFloats / R.cols);
+  auto run_16 = [&](int64_t r0, int64_t rows) {
+    thread_local std::vector<float> buf;
+    buf.resize(static_cast<size_t>(2 * chunk * (R.cols + 1)));
+    float* in = buf.data();
+    float* out = in + chunk * R.cols;
+    float* stats = out + chunk * R.cols;  // mean, then rstd
+    const auto dt = R.dtype;
+    auto at16 = [](void* base, int64_t e) { return static_cast<uint16_t*>(base) + e; };
+    for (int64_t i = r0; i < r0 + rows; i += chunk) {
+      const int64_t n = std::min(chunk, r0 + rows - i);
+      widen16(dt, at16(x, i * R.cols), in, n * R.cols);
+      tpu::fused::RowAnchor c = a;
+      c.rows = n;
+      c.out = out;
+      c.mean = mean ? stats : nullptr;
+      c.rstd = rstd ? stats + chunk : nullptr;
+      tpu::run_cpu_rows(c, in);
+      store16(dt, out, at16(y, i * R.cols), n * R.cols);
+      if (mean) store16(dt, stats, at16(mean, i), n);
+      if (rstd) store16(dt, stats + chunk, at16(rstd, i), n);
+    }
+  };
+  auto run = [&](int64_t b, int64_t e) {
+    const int64_t r0 = b * R.row_elems / R.cols, rows = (e - b) * R.row_elems / R.cols;
+    if (wide) return run_f32(r0, rows);
+    // Chunks side by side on the intra-op threads (serial inside a step's parallel cores).
+    const int64_t chunks = (rows + chunk - 1) / chunk;
+    const int64_t grain = std::max<int64_t>(1, kAtenGrainSize / std::max<int64_t>(1, 16 * chunk * R.cols));
+    at::parallel_for(0, chunks, grain,
+                     [&](int64_t c0, int64_t c1) { run_16(r0 + c0 * chunk, std::min(rows, c1 * chunk) - c0 * chunk); });
   };
   if (plan && plan->tiled) {
     if (walk) walk->tiled = true;
