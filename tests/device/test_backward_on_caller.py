@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import torch_tpu_eager
+from threaded import run_threads
 
 
 @pytest.fixture(autouse=True)
@@ -55,9 +56,7 @@ def test_gradients_equal_cpu_from_the_main_and_another_thread():
         out["threaded"] = torch.autograd.is_multithreading_enabled()  # PyTorch's default there
         out["grad"] = _grads("tpu")
 
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join()
+    run_threads(worker)
     assert out["threaded"]
     torch.testing.assert_close(out["grad"], expected, rtol=0, atol=0)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from difftest import requires_tpu, run_python
+from threaded import run_threads
 
 pytestmark = requires_tpu
 
@@ -136,14 +137,10 @@ def test_current_device_apis_agree():
 
 @two_chips
 def test_current_device_is_per_thread():
-    import threading
-
     seen = []
     torch.tpu.set_device(1)
     try:
-        t = threading.Thread(target=lambda: seen.append(torch.tpu.current_device()))
-        t.start()
-        t.join()
+        run_threads(lambda: seen.append(torch.tpu.current_device()))
     finally:
         torch.tpu.set_device(0)
     assert seen == [0]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from difftest import requires_tpu
+from threaded import run_threads
 
 pytestmark = requires_tpu
 
@@ -89,25 +90,7 @@ def test_outside_a_scope_the_precision_is_pytorchs_at_the_call():
 
 
 def _run_threads(*fns):
-    import threading
-
-    errors, threads = [], []
-    for fn in fns:
-
-        def body(fn=fn):
-            try:
-                fn()
-            except BaseException as e:  # reported in the main thread
-                errors.append(e)
-
-        threads.append(threading.Thread(target=body))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
-    if errors:
-        raise errors[0]
+    run_threads(lambda fn: fn(), [(fn,) for fn in fns], timeout=60)
 
 
 def test_scope_is_per_thread():

@@ -11,12 +11,12 @@ device and stream are left as they were, and values equal CPU's.
 """
 
 import gc
-import threading
 
 import pytest
 import torch
 
 from difftest import requires_tpu
+from threaded import run_threads
 
 pytestmark = requires_tpu
 
@@ -58,18 +58,12 @@ def test_memory_counters_exact_across_threads():
     assert one[4] == 0, "memory_allocated back to where it was"
 
     results = [None] * threads
-    start = threading.Barrier(threads)
 
     def run(k):
-        start.wait()
         results[k] = _work(steps)
 
     before = _counts()
-    ts = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    run_threads(run, [(k,) for k in range(threads)], barrier=True)
     many = [x - y for x, y in zip(_counts(), before)]
     # The same program on each thread: exactly `threads` times one thread's counts.
     assert many[:4] == [threads * x for x in one[:4]]
@@ -105,17 +99,7 @@ def test_alias_holders_and_counters_exact_across_threads():
 
     before = _counts()
     out = []
-    start = threading.Barrier(threads)
-
-    def body(k):
-        start.wait()
-        run(k, out)
-
-    ts = [threading.Thread(target=body, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    run_threads(run, [(k, out) for k in range(threads)], barrier=True)
     after = _counts()
     assert len(out) == rounds * threads
     for k, i, got in out:
@@ -135,10 +119,7 @@ def test_short_lived_threads_record_and_exit():
         x = cpu.to("tpu")
         out.append((k, ((x + k) * x - 0.5).tanh().cpu()))
 
-    for k in range(24):
-        t = threading.Thread(target=run, args=(k,))
-        t.start()
-        t.join()
+    run_threads(run, [(k,) for k in range(24)], one_at_a_time=True)
     assert len(out) == 24
     for k, got in out:
         # (tanh in a fused loop may differ from CPU's vectorized tanh in the last bit)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from difftest import DEVICE, cpu_randn
+from threaded import run_threads
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="the flush cache exists only on the tpu device")
 
@@ -418,26 +419,17 @@ def test_threads_recording_at_once_share_ids_and_equal_cpu():
     run(warm)  # planned before the threads start
     shared = cpu_randn(5, 4, seed=22)  # interned by whichever thread records it first
     barrier = threading.Barrier(4)
-    errors = []
 
     def work(tid):
-        try:
-            own = cpu_randn(3 + tid, 2, seed=25 + tid)
-            barrier.wait()
-            for i in range(20):
-                run(shared, 0.5 + i)
-                run(own)
-                run(warm, 0.5 + i)
-        except Exception as e:  # reported on the main thread
-            errors.append(e)
+        own = cpu_randn(3 + tid, 2, seed=25 + tid)
+        barrier.wait()
+        for i in range(20):
+            run(shared, 0.5 + i)
+            run(own)
+            run(warm, 0.5 + i)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
     ids = last_id()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_threads(work, [(t,) for t in range(4)])
     assert last_id() - ids == 5 * per_shape  # the shared shape once, and each thread's own
     ids, before = last_id(), _hits()
     run(warm, 2.0)

@@ -11,13 +11,12 @@ to the host -- once, with CPU's exception type and message, naming the op
 failure did not reach stay valid afterwards.
 """
 
-import threading
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from difftest import DEVICE, cpu_randn
+from threaded import run_threads
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="deferred errors exist only on the tpu device")
 
@@ -248,9 +247,7 @@ def test_errors_are_reported_per_chip():
 
 def test_a_failure_recorded_by_another_thread_is_reported_here():
     # The error belongs to the chip, not to the thread that recorded the op (CUDA).
-    t = threading.Thread(target=lambda: CASES["index_select"]("tpu"))
-    t.start()
-    t.join()
+    run_threads(CASES["index_select"], [("tpu",)])
     with pytest.raises(IndexError, match="index out of range"):
         torch.tpu.synchronize()
     torch.tpu.synchronize()

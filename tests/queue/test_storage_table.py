@@ -6,12 +6,12 @@ goes (memory_allocated back where it started). They guard any change to how refe
 held (a per-queue storage table was tried and reverted: docs/performance.md, "ref19")."""
 
 import gc
-import threading
 
 import pytest
 import torch
 
 from difftest import DEVICE, cpu_randn
+from threaded import run_threads
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="the queue's storage references are the tpu device's")
 
@@ -109,25 +109,17 @@ def test_a_failing_flush_frees_its_storages_and_leaves_the_queue_usable():
 def test_ops_recorded_by_two_threads_on_shared_storages():
     x = cpu_randn(33, seed=5)
     a = x.to("tpu")
-    results, errors = {}, []
+    results = {}
 
     def work(k):
-        try:
-            acc = a * 0
-            for i in range(200):
-                acc = acc + a * float(k)
-                if i % 37 == 0:
-                    acc.sum().item()  # flushes while the other thread records on a
-            results[k] = acc.cpu()
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+        acc = a * 0
+        for i in range(200):
+            acc = acc + a * float(k)
+            if i % 37 == 0:
+                acc.sum().item()  # flushes while the other thread records on a
+        results[k] = acc.cpu()
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in (1, 2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_threads(work, [(1,), (2,)])
     for k in (1, 2):
         want = x * 0
         for _ in range(200):

@@ -6,12 +6,11 @@ twin storage (CPU's overlap checks and in-place order see CPU's aliasing), a cal
 CPU rejects raises CPU's error at the call, and calls after it (larger, smaller, from
 another thread) infer and compute as CPU does. Every value is compared with CPU's."""
 
-import threading
-
 import pytest
 import torch
 
 from difftest import DEVICE
+from threaded import run_threads
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="the tpu record kernel's shape inference")
 
@@ -76,23 +75,15 @@ def test_first_calls_of_growing_then_shrinking_size_equal_cpu(cpu_math):
 
 
 def test_other_threads_infer_their_own_first_calls():
-    results, errors = {}, []
+    results = {}
 
     def work(k):
-        try:
-            a_cpu, a_dev = _pair((700 + k, 53), seed=40 + k)
-            g_cpu, g_dev = _pair((700 + k, 53), seed=50 + k)
-            torch._foreach_lerp_([a_cpu], [g_cpu], 0.5)
-            torch._foreach_lerp_([a_dev], [g_dev], 0.5)
-            results[k] = (a_dev.cpu(), a_cpu)
-        except Exception as e:  # noqa: BLE001  (reported below, on the test's thread)
-            errors.append(e)
+        a_cpu, a_dev = _pair((700 + k, 53), seed=40 + k)
+        g_cpu, g_dev = _pair((700 + k, 53), seed=50 + k)
+        torch._foreach_lerp_([a_cpu], [g_cpu], 0.5)
+        torch._foreach_lerp_([a_dev], [g_dev], 0.5)
+        results[k] = (a_dev.cpu(), a_cpu)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_threads(work, [(k,) for k in range(3)])
     for dev, cpu in results.values():
         torch.testing.assert_close(dev, cpu, rtol=0, atol=0)

@@ -6,12 +6,12 @@ error, run eagerly, meta-cache miss), that results still match CPU when the inpu
 before the flush, and that recording from several threads stays correct."""
 
 import sys
-import threading
 
 import pytest
 import torch
 
 from difftest import cpu_randn, run_both, run_both_at_call
+from threaded import run_threads
 
 
 def _refcounts(*ts):
@@ -106,23 +106,15 @@ def _chains_in_threads(dev, read_inside, step=_functional_step):
     bit for bit."""
     base = cpu_randn(64, seed=7)
     shared = base.to(dev)
-    results, errors = {}, []
+    results = {}
 
     def worker(k):
-        try:
-            x = cpu_randn(64, seed=10 + k).to(dev)
-            for j in range(200):
-                x = step(x, shared, j)
-            results[k] = x.cpu() if read_inside else x
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        x = cpu_randn(64, seed=10 + k).to(dev)
+        for j in range(200):
+            x = step(x, shared, j)
+        results[k] = x.cpu() if read_inside else x
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_threads(worker, [(k,) for k in range(4)])
     for k in range(4):
         x = cpu_randn(64, seed=10 + k)
         for j in range(200):
@@ -152,10 +144,7 @@ def test_short_lived_threads_record_and_exit(dev):
     def worker(k):
         results.append((k, (shared * (k + 1) + 0.5).exp().sub(shared)))
 
-    for k in range(40):
-        t = threading.Thread(target=worker, args=(k,))
-        t.start()
-        t.join()
+    run_threads(worker, [(k,) for k in range(40)], one_at_a_time=True)
     for k, r in results:
         # Default float32 tolerances: the fused exp may differ from CPU's by an ulp (as on main).
         torch.testing.assert_close(r.cpu(), (base * (k + 1) + 0.5).exp().sub(base))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from difftest import DEVICE
+from threaded import run_threads
 
 pytestmark = pytest.mark.skipif(DEVICE != "tpu", reason="deferred errors exist only on the tpu device")
 
@@ -55,33 +56,25 @@ def test_threads_name_their_own_lines():
     # failing op (with both threads' ops in one flush, a region's error names the
     # first failing op of the region, whichever thread recorded it).
     value = torch.tensor(300, device="tpu")
-    texts, lines, errors = {}, {}, []
+    texts, lines = {}, {}
     turn = threading.Lock()
 
     def work(k):
-        try:
-            for _ in range(20):
-                with turn:
-                    z, mask, v = _failing(value)
-                    if k == 0:
-                        lines[k] = sys._getframe().f_lineno + 1
-                        t = z.masked_fill(mask, v)
-                    else:
-                        lines[k] = sys._getframe().f_lineno + 1
-                        t = z.masked_fill(mask, v)
-                    try:
-                        t.cpu()
-                    except RuntimeError as e:
-                        texts.setdefault(k, set()).add(str(e).split(" recorded at ")[1].split(" ")[0])
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for _ in range(20):
+            with turn:
+                z, mask, v = _failing(value)
+                if k == 0:
+                    lines[k] = sys._getframe().f_lineno + 1
+                    t = z.masked_fill(mask, v)
+                else:
+                    lines[k] = sys._getframe().f_lineno + 1
+                    t = z.masked_fill(mask, v)
+                try:
+                    t.cpu()
+                except RuntimeError as e:
+                    texts.setdefault(k, set()).add(str(e).split(" recorded at ")[1].split(" ")[0])
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors
+    run_threads(work, [(0,), (1,)])
     for k in range(2):
         assert texts[k] == {f"{__file__}:{lines[k]}"}
 
