@@ -100,20 +100,40 @@ at::Tensor meta_tensor(const at::Tensor& t, c10::IntArrayRef strides) {
                                         std::nullopt);
 }
 
+// A 0-dim meta tensor standing for a wrapped number of `dtype` (its dtype yields to a
+// tensor's in the common dtype, as CPU's wrapped_scalar_tensor).
+at::Tensor wrapped_number_meta(c10::ScalarType dtype) {
+  at::Tensor m = at::detail::empty_strided_meta({}, {}, dtype, std::nullopt, c10::Device(c10::kMeta), std::nullopt);
+  m.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return m;
+}
+
 // Meta twins of the call's tensor arguments in schema order, out= tensors
 // excluded; with `other_contiguous`, the argument `other` made contiguous.
+// A Scalar `self` / `other` (eq.Scalar, add.Scalar, remainder.Scalar_Tensor, ...)
+// counts as the 0-dim operand CPU's kernel wraps it in: with it the operands'
+// shapes differ, so CPU's iterator orders the dims by the tensor's strides
+// instead of taking its contiguous fast path (a (5, 1) tensor of strides
+// (1, 5) gives a result of strides (1, 5), not (1, 1)).
 std::vector<at::Tensor> tensor_inputs(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
                                       bool other_contiguous) {
   std::vector<at::Tensor> in;
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && first + i < stack.size(); ++i) {
-    if (args[i].is_out() || !stack[first + i].isTensor()) continue;
-    const at::Tensor& t = stack[first + i].toTensor();
+    const c10::IValue& v = stack[first + i];
+    const bool operand_name = args[i].name() == "self" || args[i].name() == "other";
+    if (operand_name && v.isScalar() && args[i].type()->kind() == c10::TypeKind::NumberType) {
+      in.push_back(wrapped_number_meta(v.toScalar().type()));
+      continue;
+    }
+    if (args[i].is_out() || !v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
     if (!t.defined()) continue;
-    if (other_contiguous && args[i].name() == "other")
-      in.push_back(meta_tensor(t, strides_for(t.sizes().vec(), at::MemoryFormat::Contiguous)));
-    else
-      in.push_back(meta_tensor(t, t.strides()));
+    at::Tensor m = other_contiguous && args[i].name() == "other"
+                       ? meta_tensor(t, strides_for(t.sizes().vec(), at::MemoryFormat::Contiguous))
+                       : meta_tensor(t, t.strides());
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) m.unsafeGetTensorImpl()->set_wrapped_number(true);
+    in.push_back(m);
   }
   return in;
 }

@@ -247,3 +247,38 @@ def test_self_strides_result(op, view):
     base = torch.randn(shape)
     f = torch.nan_to_num if op == "nan_to_num" else F.hardtanh
     _check(f(v(base)), f(v(base.to("tpu"))))
+
+
+# A Python scalar operand: CPU's Scalar overloads (eq.Scalar, remainder.Scalar, bitwise_and.Scalar,
+# remainder.Scalar_Tensor, ...) wrap it in a 0-dim tensor the iterator counts, so the operands'
+# shapes differ and the iterator orders the dims by the tensor's strides instead of taking its
+# contiguous fast path: a (5, 1) tensor of strides (1, 5) gives a result of strides (1, 5), not
+# (1, 1). Found by tests/executors/tpu/test_random_fused.py (seed 2405: `eq(v7, 1.5)`).
+SCALAR_OPERAND_OPS = {
+    "eq": lambda t: torch.eq(t, 1.5),
+    "lt": lambda t: t < 0.5,
+    "ge": lambda t: torch.ge(t, -0.25),
+    "ne": lambda t: t != 2,
+    "remainder": lambda t: torch.remainder(t, 1.5),
+    "remainder_scalar_self": lambda t: torch.remainder(1.5, t),
+    "fmod": lambda t: torch.fmod(t, 2),
+    "bitwise_and": lambda t: (t > 0) & True,
+    "xlogy_scalar_self": lambda t: torch.xlogy(2.0, t),
+    "add": lambda t: torch.add(t, 1.5),
+    "div_floor": lambda t: torch.div(t, 2, rounding_mode="floor"),
+}
+SCALAR_OPERAND_VIEWS = {
+    "size1_transposed": ((1, 5), lambda t: t.t()),
+    "size1_4d": ((1, 1, 5, 1), lambda t: t.transpose(-1, -2)),
+    "expanded_sliced": ((1, 5), lambda t: t[:, :1].expand(3, 5)[:, ::2].t()),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+@pytest.mark.parametrize("op", list(SCALAR_OPERAND_OPS))
+@pytest.mark.parametrize("view", list(SCALAR_OPERAND_VIEWS))
+def test_scalar_operand_result_strides(op, view, dtype):
+    shape, v = SCALAR_OPERAND_VIEWS[view]
+    base = (torch.randn(shape) * 3).to(dtype)
+    f = SCALAR_OPERAND_OPS[op]
+    _check(f(v(base)), f(v(base.to("tpu"))))
