@@ -435,6 +435,10 @@ OP_TRAITS = [
     # clamp_min gives its geometry and errors, without twins (a first relu's twin, kernel
     # run and fresh result cost ~75 page faults at 256 KiB; docs/performance.md, "thr23").
     ("kInferAsClampMinZero", {"relu"}, _default),
+    # Batch norm's shapes by rules of their own on meta twins (csrc/ops/shape_rules.h), for the
+    # calls the rules cover; the others keep kInferOnCpu (above), and with it CPU's errors.
+    ("kShapeRuleBatchNorm", {"native_batch_norm", "_native_batch_norm_legit"}, _default),
+    ("kShapeRuleBatchNormBackward", {"native_batch_norm_backward"}, _default),
     ("kInferOnCpu", {"_foreach_norm"}, lambda ov: ov == "Scalar"),
     ("kInferOnCpu", {"stack"}, _default),
     ("kInferOnCpu", {o.split(".")[0] for o in FOREACH_EXPANDED}, lambda ov: True),

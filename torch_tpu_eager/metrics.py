@@ -35,6 +35,9 @@ def metrics() -> dict:
     write, instead of copying it (whole dense storages of at least 1 MiB);
     ``cow_copies`` / ``cow_bytes``: copies made later because one side wrote a
     buffer the other still shared.
+    ``twin_inferences``: calls whose result shapes were inferred by running CPU's
+    kernel on zero-filled CPU copies of the arguments (a first-step cost), counted
+    since the process started (not reset).
     Does not flush.
     """
     return _C._metrics()

@@ -115,6 +115,14 @@ enum OpTrait : uint64_t {
   // CPU's kernel on zero-filled twins (kInferOnCpu), whose twin and fresh result were
   // most of a first relu's record (page faults).
   kInferAsClampMinZero = 1ull << 47,
+  // Shape inference by a small rule of the op's own (shape_rules.h), on meta twins, for the
+  // calls it covers: CPU's result geometry without CPU's kernel on zero-filled twins, whose
+  // twins, kernel runs and results were ~350 page faults and 2.4 M instructions of a CNN's
+  // first step (docs/performance.md, "thr23"). A call the rule declines is inferred as
+  // kInferOnCpu says (the op carries that bit too), so CPU's own errors are raised.
+  kShapeRuleBatchNorm = 1ull << 48,          // native_batch_norm, _native_batch_norm_legit
+  kShapeRuleBatchNormBackward = 1ull << 49,  // native_batch_norm_backward
+  kShapeRules = kShapeRuleBatchNorm | kShapeRuleBatchNormBackward,
 };
 
 struct OpEntry {

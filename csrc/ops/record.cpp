@@ -42,6 +42,7 @@
 #include "ops/cpu_probe.h"
 #include "ops/layout_kernels.h"
 #include "ops/memory_format.h"
+#include "ops/shape_rules.h"
 #include "ops/meta_outcome.h"
 #include "ops/lazy_clone.h"
 #include "ops/out_geometry.h"
@@ -1462,6 +1463,16 @@ void infer_as_clamp_min_zero(torch::jit::Stack& stack) {
   }
 }
 
+std::atomic<int64_t> n_twin_inferences{0};  // twin_inference_count()
+
+// The results of the op's twin-free shape rule (OpTrait kShapeRules, shape_rules.h) for
+// `args`, the call's arguments with meta twins; nothing when the rule declines the call.
+std::optional<torch::jit::Stack> infer_by_shape_rule(uint64_t traits, const torch::jit::Stack& args) {
+  if (traits & kShapeRuleBatchNorm) return infer_batch_norm(args);
+  if (traits & kShapeRuleBatchNormBackward) return infer_batch_norm_backward(args);
+  return std::nullopt;
+}
+
 // The cache key of a call into `k`, or an empty key when some argument is not cacheable.
 void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Stack& stack, size_t first, size_t n,
               std::vector<int64_t>& key) {
@@ -1794,10 +1805,24 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       return twins;
     };
     TwinLease twin_lease;  // before the twins: released after they die
+    torch::jit::Stack meta_stack;
+    // A twin-free shape rule's results (CPU's geometry, without CPU's kernel on twins).
+    std::optional<torch::jit::Stack> ruled;
+    if (plan.traits & kShapeRules) {
+      meta_stack = meta_twins();
+      ruled = infer_by_shape_rule(plan.traits, meta_stack);
+    }
     std::optional<torch::jit::Stack> on_cpu;
-    if (plan.traits & kInferOnCpu) on_cpu = cpu_twins(*stack, first, nargs, twin_lease);
+    if (!ruled && (plan.traits & kInferOnCpu)) on_cpu = cpu_twins(*stack, first, nargs, twin_lease);
     const bool inferred_on_cpu = on_cpu.has_value();
-    torch::jit::Stack meta_stack = inferred_on_cpu ? std::move(*on_cpu) : meta_twins();
+    if (inferred_on_cpu) n_twin_inferences.fetch_add(1, std::memory_order_relaxed);
+    // Results that are CPU's own: no dtype probe, no correction, None for an undefined one.
+    const bool cpu_geometry = inferred_on_cpu || ruled.has_value();
+    if (inferred_on_cpu) {
+      meta_stack = std::move(*on_cpu);
+    } else if (!(plan.traits & kShapeRules)) {
+      meta_stack = meta_twins();
+    }
     // Range factories (arange, range, linspace, logspace) with out=: CPU keeps
     // the out tensor's shape and strides when its numel is the result's and
     // otherwise resize_s it to [n] (no warning); the reference meta kernels
@@ -1828,7 +1853,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       // Then the dispatcher's (Python) meta kernel, whose result geometry is
       // recorded and which checks what hand-written C++ meta kernels skip
       // (masked_fill_'s mask broadcast).
-      if (inferred_on_cpu) {
+      if (ruled) {
+        meta_stack = std::move(*ruled);
+      } else if (inferred_on_cpu) {
         op.callBoxed(meta_stack);  // CPU's kernel: its geometry and its errors
       } else if (plan.traits & kInferAsClampMinZero) {
         infer_as_clamp_min_zero(meta_stack);
@@ -1865,7 +1892,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
       return;
     }
-    if (!inferred_on_cpu && ran_for_cpu_dtype_check(op, entry, plan, stack, first, nargs)) return;
+    if (!cpu_geometry && ran_for_cpu_dtype_check(op, entry, plan, stack, first, nargs)) return;
     for (const c10::Warning& w : held.held) c10::warn(w);
     for (size_t k = 0; k < schema.returns().size(); ++k) {
       std::vector<Geometry> geoms;
@@ -1891,7 +1918,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
         geoms.push_back(geometry_of(cpp ? cpp_returns[k].toTensor() : m));
       } else if (mv.isTensorList()) {
         for (const at::Tensor& m : mv.toTensorList().vec()) geoms.push_back(geometry_of(m));
-      } else if (inferred_on_cpu && mv.isNone()) {
+      } else if (cpu_geometry && mv.isNone()) {
         geoms.push_back(Geometry());  // an undefined result (an output_mask entry that was off)
       } else {
         TORCH_INTERNAL_ASSERT(false, "record: unexpected return of ", schema.name());
@@ -1900,12 +1927,12 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     }
     // A structured out= kernel restrides a resized out= as CPU's does; kOutResizedContiguous
     // kernels copy into a resized out, which comes back contiguous as the meta kernel says.
-    if (!inferred_on_cpu && !plan.cpp_meta_only && !(plan.traits & kOutResizedContiguous)) {
+    if (!cpu_geometry && !plan.cpp_meta_only && !(plan.traits & kOutResizedContiguous)) {
       c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
       DeviceMetaInference as_cpu;
       restride_resized_outs(op, *stack, first, meta_args, computed);
     }
-    if (!inferred_on_cpu) correct_meta_outcome(schema, plan.traits, *stack, first, computed);  // CPU's are CPU's
+    if (!cpu_geometry) correct_meta_outcome(schema, plan.traits, *stack, first, computed);  // CPU's are CPU's
     // A call whose inference warned is inferred again next time, so that it
     // warns on every call as CPU does (a uint8 mask's deprecation, an out= resized).
     const bool warns = !held.held.empty() || resizes_nonempty_out(schema, *stack, first, computed);
@@ -2372,5 +2399,7 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ran
   torch::jit::drop(*stack, nargs);
   for (auto& r : results) stack->push_back(std::move(r));
 }
+
+int64_t twin_inference_count() { return n_twin_inferences.load(std::memory_order_relaxed); }
 
 }  // namespace tpu_eager

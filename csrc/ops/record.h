@@ -151,6 +151,10 @@ MetaCacheStats meta_cache_stats();
 // Sets the bound (at least 1; 65,536 by default), emptying the cache when it holds more.
 void set_meta_cache_limit(size_t limit);
 
+// Calls whose shapes were inferred by CPU's kernel on zero-filled CPU twins (OpTrait
+// kInferOnCpu), in this process: a first-step cost (twins, kernel run, fresh results).
+int64_t twin_inference_count();
+
 // Flushes the queue and runs `op` with its CPU kernel on the host buffers,
 // writing results back to "tpu" tensors. Used for data-dependent shapes and
 // for the CPU fallback (fallback == true counts it as such).

@@ -86,7 +86,8 @@ py::dict metrics_dict() {
   d["collectives"] = m.collectives;
   d["collective_time_s"] = m.collective_time_s;
   d["compile_time_s"] = m.compile_time_s;
-  d["cpu_probes"] = cpu_probe_counts()[0];  // dtype probes of CPU's kernels on twins (a first-step cost)
+  d["cpu_probes"] = cpu_probe_counts()[0];        // dtype probes of CPU's kernels on twins (a first-step cost)
+  d["twin_inferences"] = twin_inference_count();  // shapes by CPU's kernel on twins (likewise)
   d["disk_cache_hits"] = m.disk_cache_hits;
   d["disk_cache_misses"] = m.disk_cache_misses;
   d["disk_cache_writes"] = m.disk_cache_writes;
