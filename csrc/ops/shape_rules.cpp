@@ -52,13 +52,24 @@ at::Tensor channel_vector(int64_t n, at::ScalarType dtype) {
   return at::empty({n}, at::TensorOptions().dtype(dtype).device(c10::DeviceType::Meta));
 }
 
+// CPU's batch norm kernels read the statistics a mode uses without checking that they
+// are defined (torch 2.13's native_batch_norm and native_batch_norm_backward crash the
+// process on CPU when one is None): raise at::batch_norm's error for them instead.
+void check_statistic(const c10::IValue& v, const char* name, bool training) {
+  TORCH_CHECK(!v.isNone(), name, " must be defined in ", training ? "training" : "evaluation", " mode");
+}
+
 }  // namespace
 
 std::optional<torch::jit::Stack> infer_batch_norm(const torch::jit::Stack& args) {
-  if (args.size() < 8 || !batch_norm_input(args[0]) || !args[5].isBool()) return std::nullopt;
-  const at::Tensor& input = args[0].toTensor();
+  if (args.size() < 8 || !args[5].isBool()) return std::nullopt;
   const bool training = args[5].toBool();
-  if (!training && (args[3].isNone() || args[4].isNone())) return std::nullopt;  // CPU's error
+  if (!training) {
+    check_statistic(args[3], "running_mean", training);
+    check_statistic(args[4], "running_var", training);
+  }
+  if (!batch_norm_input(args[0])) return std::nullopt;
+  const at::Tensor& input = args[0].toTensor();
   const auto dtype = parameter_dtype(input, {&args[1], &args[2], &args[3], &args[4]});
   if (!dtype) return std::nullopt;
   const int64_t stats = training ? input.size(1) : 0;
@@ -66,15 +77,15 @@ std::optional<torch::jit::Stack> infer_batch_norm(const torch::jit::Stack& args)
 }
 
 std::optional<torch::jit::Stack> infer_batch_norm_backward(const torch::jit::Stack& args) {
-  if (args.size() < 10 || !batch_norm_input(args[1]) || !args[0].isTensor() || !args[7].isBool() ||
-      !args[9].isBoolList())
-    return std::nullopt;
+  if (args.size() < 10 || !args[7].isBool()) return std::nullopt;
+  const bool train = args[7].toBool();
+  check_statistic(args[train ? 5 : 3], train ? "save_mean" : "running_mean", train);
+  check_statistic(args[train ? 6 : 4], train ? "save_invstd" : "running_var", train);
+  if (!batch_norm_input(args[1]) || !args[0].isTensor() || !args[9].isBoolList()) return std::nullopt;
   const at::Tensor& grad_out = args[0].toTensor();
   const at::Tensor& input = args[1].toTensor();
   if (!is_meta(grad_out) || !grad_out.sizes().equals(input.sizes()) || grad_out.scalar_type() != input.scalar_type())
     return std::nullopt;
-  const bool train = args[7].toBool();
-  if (train ? (args[5].isNone() || args[6].isNone()) : (args[3].isNone() || args[4].isNone())) return std::nullopt;
   const auto dtype = parameter_dtype(input, {&args[2], &args[3], &args[4], &args[5], &args[6]});
   const c10::List<bool> mask = args[9].toBoolList();
   if (!dtype || mask.size() != 3) return std::nullopt;

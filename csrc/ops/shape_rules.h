@@ -21,8 +21,10 @@ namespace tpu_eager {
 // parameters), else input's. Nothing (a call for CPU's kernel) unless the input is
 // float32 / float64 / bfloat16 / float16 with at least 2 dims and one element,
 // every defined parameter is a contiguous 1-D meta tensor of C elements of one
-// dtype (input's, or float32 for a 16-bit input) and eval mode has both running
-// statistics. Raises nothing.
+// dtype (input's, or float32 for a 16-bit input). Raises RuntimeError
+// ("running_mean must be defined in evaluation mode", at::batch_norm's message)
+// when eval mode lacks a running statistic, whatever the input: CPU's kernel
+// would crash the process there.
 std::optional<torch::jit::Stack> infer_batch_norm(const torch::jit::Stack& args);
 
 // native_batch_norm_backward, `args` as above (grad_out, input, weight?,
@@ -31,8 +33,9 @@ std::optional<torch::jit::Stack> infer_batch_norm(const torch::jit::Stack& args)
 // kernel gives them: grad_input empty_like(input, input.suggest_memory_format())
 // whatever grad_out's layout; grad_weight and grad_bias [C] contiguous in the
 // parameters' dtype; None where output_mask is false. Nothing unless the domain
-// of infer_batch_norm holds, grad_out has input's sizes and dtype, and the
-// statistics the mode reads (save_* in training, running_* in eval) are defined.
+// of infer_batch_norm holds and grad_out has input's sizes and dtype. Raises
+// RuntimeError, as infer_batch_norm, when a statistic the mode reads (save_mean /
+// save_invstd in training, running_* in eval) is None.
 std::optional<torch::jit::Stack> infer_batch_norm_backward(const torch::jit::Stack& args);
 
 }  // namespace tpu_eager

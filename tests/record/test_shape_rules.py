@@ -189,3 +189,47 @@ def test_declined_calls_keep_cpu_kernel_on_twins():
         check_stride=True,
     )
     assert twins() == before + 1
+
+
+# CPU's kernels crash the process on these calls (torch 2.13 reads the missing statistic
+# without a check; measured: SIGSEGV for each), so there is no CPU behaviour to compare
+# with: "tpu" raises at::batch_norm's RuntimeError at the call instead, and the queue and
+# every other tensor stay valid. Run in this process: a crash fails the whole session.
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda x: torch.native_batch_norm(x, None, None, None, None, False, 0.1, 1e-5), "running_mean"),
+        (
+            lambda x: torch.native_batch_norm(x, None, None, torch.zeros(3, device=x.device), None, False, 0.1, 1e-5),
+            "running_var",
+        ),
+        (
+            lambda x: torch.ops.aten.native_batch_norm_backward(
+                x, x, None, None, None, None, None, False, 1e-5, [True, True, True]
+            ),
+            "running_mean",
+        ),
+        (
+            lambda x: torch.ops.aten.native_batch_norm_backward(
+                x, x, None, None, None, None, None, True, 1e-5, [True, True, True]
+            ),
+            "save_mean",
+        ),
+        (
+            lambda x: torch.ops.aten.native_batch_norm_backward(
+                x.to(torch.int64), x.to(torch.int64), None, None, None, None, None, True, 1e-5, [True, True, True]
+            ),
+            "save_mean",
+        ),
+    ],
+    ids=["forward_eval", "forward_eval_no_var", "backward_eval", "backward_train", "backward_train_int64"],
+)
+def test_missing_statistics_raise_instead_of_crashing(call, message):
+    keep = torch.randn(4, 3, device=DEVICE) * 2
+    x = torch.randn(2, 3, 4, device=DEVICE)
+    with pytest.raises(RuntimeError, match=f"^{message} must be defined in (evaluation|training) mode"):
+        call(x)
+    torch.testing.assert_close(keep.cpu(), (keep / 2).cpu() * 2)
+    y = torch.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)[0]
+    ref = torch.native_batch_norm(x.cpu(), None, None, None, None, True, 0.1, 1e-5)[0]
+    torch.testing.assert_close(y.cpu(), ref)
