@@ -1273,12 +1273,13 @@ bool plan_loop(const Region& region, const std::vector<size_t>& ps, const std::v
   const bool one_per_row = anchor.op == fused::RowOp::kLogSumExp || per_row_value(anchor.op);
   if (plan->has_anchor) written += (one_per_row ? anchor.rows : numel) * 4;
   fused::Program& prog = plan->prog;
-  // A softmax region never streams: its exp values, stored to y and scaled in
-  // place, are read back from cache; measured on 4096x1024 (interleaved
-  // medians of 40, softmax(x).cpu()): 2.42 vs 2.51-2.61 ms streamed on one
-  // thread, 1.32-1.49 vs 1.40-1.49 ms on two.
-  prog.stream =
-      read + written >= fused::stream_store_threshold() && !(plan->has_anchor && anchor.op == fused::RowOp::kSoftmax);
+  // A softmax region of wider rows than kSoftmaxExpRowFloats never streams:
+  // its exp values, stored to y and scaled in place, are read back from
+  // cache. Narrower rows keep them in a row of their own and write y once,
+  // streamed past the threshold as other loops (docs/performance.md, rows25).
+  const bool softmax_in_y =
+      plan->has_anchor && anchor.op == fused::RowOp::kSoftmax && anchor.cols > fused::kSoftmaxExpRowFloats;
+  prog.stream = read + written >= fused::stream_store_threshold() && !softmax_in_y;
   prog.regs = fused::assign_registers(program, plan->has_anchor ? &anchor.in : nullptr);
   prog.instrs = std::move(program);
   prog.numel = numel;

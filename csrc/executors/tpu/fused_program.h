@@ -167,7 +167,8 @@ struct Program {
   std::vector<Elem> out_type;
   // Write `outputs` (and a RowAnchor's `out`) with non-temporal stores: each
   // value is computed into a cache-resident tile, then streamed to memory.
-  // Never set in a softmax region (fused_elementwise.cpp, measured there).
+  // In a softmax region only for rows of up to kSoftmaxExpRowFloats, whose
+  // exp values stay in a row of their own (fused_elementwise.cpp).
   bool stream = false;
   // The run's compiled form (fused_kernels.inc: tile functions, instruction
   // groups, scratch slots), built by the first run and kept with the program
@@ -286,6 +287,11 @@ int rename_registers(std::vector<I>& instrs, O* extra_use, bool stored_in_regist
   }
   return count;
 }
+
+// Longest row whose exp values softmax_row keeps apart from y: x, the next
+// row, the exp values and y's row then take at most 24 KB of the 48 KB L1d.
+// Such a row's y is written once, by the scaling pass, so it can stream.
+constexpr int64_t kSoftmaxExpRowFloats = 1536;
 
 // Rows whose moments a LayerNormRowFn call takes at once, their Welford chains side by
 // side (each row's values unchanged), when its block has that many rows of

@@ -1,10 +1,15 @@
 """Fused loops whose working set passes the last-level cache write their outputs with
 non-temporal stores (Program::stream in csrc/executors/tpu/fused_program.h). The stores
 change where values go, never what they are: with the threshold lowered to 0 bytes (every
-loop streams, except a softmax region's, which never does), results equal CPU PyTorch bit
-for bit wherever the ordinary loop does, on
+loop streams, except a softmax region of rows over 1,536 floats, whose exp values are
+scaled in y), results equal CPU PyTorch bit for bit wherever the ordinary loop does, on
 shapes whose rows start off the vector alignment and end in partial vectors, on one and
 on two threads."""
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -45,6 +50,34 @@ def test_softmax_rows(streaming, shape, fn):
     assert torch.equal(fn(x.to("tpu"), dim=-1).cpu(), fn(x, dim=-1))
     expected = fn(x * 1.5 - y, dim=-1)
     assert torch.equal(fn(x.to("tpu") * 1.5 - y.to("tpu"), dim=-1).cpu(), expected)
+
+
+@pytest.mark.parametrize("cols", [7, 64, 1000, 1536])
+def test_softmax_rows_with_nan_and_inf_rows(streaming, cols):
+    # A NaN or +inf row fills y with the sum's NaN (no streamed store): the other rows still stream.
+    x = cpu_randn(6, cols, seed=11)
+    x[1, cols // 2] = float("nan")
+    x[3, 0] = float("inf")
+    x[4] = float("-inf")
+    torch.testing.assert_close(
+        F.softmax(x.to("tpu"), dim=-1).cpu(), F.softmax(x, dim=-1), rtol=0, atol=0, equal_nan=True
+    )
+
+
+def test_debug_metrics_count_softmax_rows_that_stream():
+    # Rows of up to 1,536 floats keep their exp values apart from y and stream y past the
+    # threshold (here 0 bytes); wider rows scale the exp values in y and never stream.
+    code = textwrap.dedent("""
+        import torch, torch.nn.functional as F, torch_tpu_eager as tte
+        tte._C._set_stream_store_threshold(0)
+        for cols in (1000, 1536, 2048):
+            F.softmax(torch.randn(8, cols).to("tpu"), -1).cpu()
+        print(tte.metrics_report())
+    """)
+    env = dict(os.environ, TORCH_TPU_DEBUG="1")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "  fused_pass.streamed_rows: 2\n" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("shape", SHAPES)
