@@ -6,6 +6,7 @@ call (the "tpu" record benchmark keeps its flush outside the clock).
 """
 
 import gc
+import resource
 import statistics
 import time
 
@@ -17,6 +18,36 @@ def timed(fn, *args):
     t0 = clock()
     fn(*args)
     return clock() - t0
+
+
+def minor_faults():
+    """Minor page faults of this process so far (``getrusage`` ``ru_minflt``).
+
+    A count, not a time: the same at any machine load. A call whose result lands in
+    freshly mapped memory pays one fault per 4 KiB page touched (a 16 MiB float32
+    result: 4,096), which alone can cost more than the kernel (docs/performance.md, rows25).
+    """
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def faults_counted(contenders, iters):
+    """Wraps each contender to also count its minor page faults per call.
+
+    ``contenders`` {name: callable running ``iters`` calls, returning seconds}. Returns
+    (wrapped contenders, {name: [faults per call, one entry per repeat incl. warm-up]}).
+    """
+    faults = {name: [] for name in contenders}
+
+    def wrap(name, fn):
+        def run():
+            before = minor_faults()
+            seconds = fn()
+            faults[name].append((minor_faults() - before) / iters)
+            return seconds
+
+        return run
+
+    return {name: wrap(name, fn) for name, fn in contenders.items()}, faults
 
 
 def bench_args(doc, quick):

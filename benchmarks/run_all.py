@@ -18,7 +18,11 @@ benchmark first checks its result against CPU PyTorch and is not timed if that f
    the host (the tpu figure then includes a 16 MB device-to-host copy that CPU eager does
    not make), and result left on the device (``torch.tpu.synchronize()``, as device benchmarks time kernels); then
    ``torch.logsumexp(x * 2 + b, -1)`` on 4096x1024 float32, result read to the host
-   (checked bit for bit against CPU).
+   (checked bit for bit against CPU). Each "-> host" row is followed by the minor page faults
+   per call of each contender (getrusage, a count the machine's load does not change): CPU
+   eager's 16 MiB results come from reused heap or from fresh pages depending on its
+   allocator's state, which moves its time by 3-6x between processes (docs/performance.md,
+   rows25); the row says which state each run measured.
 5. digits MLP training step (64-128-64-10, batch 64, Adam), loss read every 10 steps.
 6. char-LM training step (examples/train_char_lm.py's model, config and AdamW; forward,
    backward, clip_grad_norm_, step), loss read every step, "tpu" vs CPU eager; then the
@@ -52,6 +56,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import traceback
@@ -61,7 +66,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # find _timing however we are loaded
-from _timing import clock, interleave, paired_ratio, summary  # noqa: E402
+from _timing import clock, faults_counted, interleave, paired_ratio, summary  # noqa: E402
 
 import torch_tpu_eager  # noqa: E402  (registers the "tpu" device and torch.tpu)
 from torch_tpu_eager import env as tpu_env  # noqa: E402
@@ -144,6 +149,19 @@ class Report:
                 },
                 "notes": dict(notes or {}),
             }
+        )
+
+    def faults_row(self, bench, faults, repeats):
+        """Adds a row of minor page faults per call, {contender: [per repeat]}, warm-up
+        rounds dropped: median [min-max]. CPU eager's result buffers come either from
+        reused heap or from fresh pages (4,096 faults per 16 MiB), which process the
+        allocator's state leaves it in varies, and its time by 3-6x (docs/performance.md, rows25)."""
+        notes = {}
+        for name, counts in faults.items():
+            kept = counts[-repeats:]
+            notes[name] = f"{statistics.median(kept):.0f} [{min(kept):.0f}-{max(kept):.0f}]"
+        self.rows.append(
+            {"benchmark": bench, "unit": "faults", "values": {}, "samples_s": {}, "ratios": {}, "notes": notes}
         )
 
     def failed_row(self, bench, reason):
@@ -485,8 +503,10 @@ def bench_rows(cfg, report):
                 fn(x_cpu, w_cpu, b_cpu).cpu()
             return (clock() - t0) / iters
 
-        samples = interleave({"tpu": run_tpu, "cpu": run_cpu}, cfg["repeats"])
+        contenders, faults = faults_counted({"tpu": run_tpu, "cpu": run_cpu}, iters)
+        samples = interleave(contenders, cfg["repeats"])
         report.row(bench, "ms", samples, 1e3, ratios=[("cpu", "tpu")])
+        report.faults_row(f"  {label}, minor page faults per call", faults, cfg["repeats"])
         samples = interleave({"tpu": run_tpu_sync, "cpu": run_cpu}, cfg["repeats"])
         report.row(f"  {label}, result kept on device", "ms", samples, 1e3, ratios=[("cpu", "tpu")])
 
@@ -520,8 +540,10 @@ def bench_logsumexp(cfg, report):
 
         return one_repeat
 
-    samples = interleave({"tpu": run(x, b), "cpu": run(x_cpu, b_cpu)}, cfg["repeats"])
+    contenders, faults = faults_counted({"tpu": run(x, b), "cpu": run(x_cpu, b_cpu)}, iters)
+    samples = interleave(contenders, cfg["repeats"])
     report.row(bench, "ms", samples, 1e3, ratios=[("cpu", "tpu")])
+    report.faults_row("  logsumexp, minor page faults per call", faults, cfg["repeats"])
 
 
 # ---------------------------------------------------------------- 5. digits MLP
