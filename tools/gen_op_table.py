@@ -437,8 +437,11 @@ OP_TRAITS = [
     ("kInferAsClampMinZero", {"relu"}, _default),
     # Batch norm's shapes by rules of their own on meta twins (csrc/ops/shape_rules.h), for the
     # calls the rules cover; the others keep kInferOnCpu (above), and with it CPU's errors.
-    ("kShapeRuleBatchNorm", {"native_batch_norm", "_native_batch_norm_legit"}, _default),
-    ("kShapeRuleBatchNormBackward", {"native_batch_norm_backward"}, _default),
+    # Every overload (out=, no_stats, _batch_norm_with_update): the rules check the arguments
+    # CPU's kernels read unchecked (a missing statistic, a per-channel tensor too short) and
+    # give results for the functional forms only.
+    ("kShapeRuleBatchNorm", {"native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update"}, _every),
+    ("kShapeRuleBatchNormBackward", {"native_batch_norm_backward"}, _every),
     ("kInferOnCpu", {"_foreach_norm"}, lambda ov: ov == "Scalar"),
     ("kInferOnCpu", {"stack"}, _default),
     ("kInferOnCpu", {o.split(".")[0] for o in FOREACH_EXPANDED}, lambda ov: True),

@@ -120,7 +120,7 @@ enum OpTrait : uint64_t {
   // twins, kernel runs and results were ~350 page faults and 2.4 M instructions of a CNN's
   // first step (docs/performance.md, "thr23"). A call the rule declines is inferred as
   // kInferOnCpu says (the op carries that bit too), so CPU's own errors are raised.
-  kShapeRuleBatchNorm = 1ull << 48,          // native_batch_norm, _native_batch_norm_legit
+  kShapeRuleBatchNorm = 1ull << 48,          // native_batch_norm, _native_batch_norm_legit, _batch_norm_with_update
   kShapeRuleBatchNormBackward = 1ull << 49,  // native_batch_norm_backward
   kShapeRules = kShapeRuleBatchNorm | kShapeRuleBatchNormBackward,
 };

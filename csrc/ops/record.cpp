@@ -1473,6 +1473,13 @@ std::optional<torch::jit::Stack> infer_by_shape_rule(uint64_t traits, const torc
   return std::nullopt;
 }
 
+// Raises CPU's error where CPU's kernel would crash on `stack[first..]` (shape_rules.h).
+void check_by_shape_rule(uint64_t traits, const torch::jit::Stack& stack, size_t first) {
+  const c10::ArrayRef<c10::IValue> args(stack.data() + first, stack.size() - first);
+  if (traits & kShapeRuleBatchNorm) check_batch_norm_args(args);
+  if (traits & kShapeRuleBatchNormBackward) check_batch_norm_backward_args(args);
+}
+
 // The cache key of a call into `k`, or an empty key when some argument is not cacheable.
 void meta_key(const c10::OperatorHandle& op, const OpPlan& plan, torch::jit::Stack& stack, size_t first, size_t n,
               std::vector<int64_t>& key) {
@@ -1751,6 +1758,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   std::optional<ChipGuard> chip;
   if (device >= 0 && device != current_device_index()) chip.emplace(device);
   if (!one_chip) check_same_device(schema, plan.writes, *stack, first);
+  // Batch norm's arguments CPU's kernels read unchecked (shape_rules.h): before any path,
+  // the eager one of an empty input too, runs CPU's kernel.
+  if (plan.traits & kShapeRules) check_by_shape_rule(plan.traits, *stack, first);
 
   if (!plan.has_meta.load(std::memory_order_relaxed) && has_meta_kernel(op))
     plan.has_meta.store(true, std::memory_order_relaxed);

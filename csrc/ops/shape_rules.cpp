@@ -6,6 +6,7 @@
 #include <ATen/ops/empty_like.h>
 
 #include <initializer_list>
+#include <utility>
 
 namespace tpu_eager {
 namespace {
@@ -59,15 +60,57 @@ void check_statistic(const c10::IValue& v, const char* name, bool training) {
   TORCH_CHECK(!v.isNone(), name, " must be defined in ", training ? "training" : "evaluation", " mode");
 }
 
+// CPU's kernels index every per-channel tensor by channel without checking its size: one of
+// fewer elements than input's channels is read (and a running statistic written) past its
+// end, which can crash the process. Raise at::batch_norm's error for a 1-D one instead; a longer
+// one keeps CPU's behaviour (its first C elements are used).
+void check_channel_sizes(const c10::IValue& input,
+                         std::initializer_list<std::pair<const c10::IValue*, const char*>> params) {
+  if (!input.isTensor() || input.toTensor().dim() < 2) return;
+  const int64_t channels = input.toTensor().size(1);
+  for (const auto& [v, name] : params) {
+    // Other ranks: CPU's accessors raise their own error ("TensorAccessor expected 1 dims").
+    if (!v->isTensor() || !v->toTensor().defined() || v->toTensor().dim() != 1) continue;
+    const int64_t n = v->toTensor().numel();
+    TORCH_CHECK(n >= channels, name, " should contain ", channels, " elements not ", n);
+  }
+}
+
+// CPU's native_batch_norm_backward reads grad_out as if it had input's elements, and
+// divides by the elements per channel (torch 2.13 on CPU: SIGFPE for an empty input,
+// measured): raise for both instead (at::batch_norm never calls it on an empty input).
+void check_backward_elements(const c10::IValue& grad_out, const c10::IValue& input) {
+  if (!input.isTensor() || !grad_out.isTensor()) return;
+  const int64_t n = input.toTensor().numel();
+  TORCH_CHECK(n > 0, "native_batch_norm_backward: input has no elements");
+  const int64_t g = grad_out.toTensor().numel();
+  TORCH_CHECK(g >= n, "native_batch_norm_backward: grad_out has ", g, " elements, fewer than input's ", n);
+}
+
 }  // namespace
 
-std::optional<torch::jit::Stack> infer_batch_norm(const torch::jit::Stack& args) {
-  if (args.size() < 8 || !args[5].isBool()) return std::nullopt;
-  const bool training = args[5].toBool();
-  if (!training) {
-    check_statistic(args[3], "running_mean", training);
-    check_statistic(args[4], "running_var", training);
+void check_batch_norm_args(c10::ArrayRef<c10::IValue> args) {
+  // _native_batch_norm_legit.no_stats(_out): (input, weight?, bias?, training, ...), no
+  // running statistics, so CPU's kernel has none to read in evaluation mode.
+  if (args.size() >= 6 && args[3].isBool()) {
+    if (!args[3].toBool()) check_statistic(c10::IValue(), "running_mean", false);
+    check_channel_sizes(args[0], {{&args[1], "weight"}, {&args[2], "bias"}});
+    return;
   }
+  if (args.size() < 7) return;
+  check_channel_sizes(
+      args[0], {{&args[1], "weight"}, {&args[2], "bias"}, {&args[3], "running_mean"}, {&args[4], "running_var"}});
+  // _batch_norm_with_update(.out): always training, its statistics are not optional.
+  if (args[5].isBool() && !args[5].toBool()) {
+    check_statistic(args[3], "running_mean", false);
+    check_statistic(args[4], "running_var", false);
+  }
+}
+
+std::optional<torch::jit::Stack> infer_batch_norm(const torch::jit::Stack& args) {
+  // The out= overloads (their results are the out tensors) and _batch_norm_with_update decline.
+  if (args.size() != 8 || !args[5].isBool()) return std::nullopt;
+  const bool training = args[5].toBool();
   if (!batch_norm_input(args[0])) return std::nullopt;
   const at::Tensor& input = args[0].toTensor();
   const auto dtype = parameter_dtype(input, {&args[1], &args[2], &args[3], &args[4]});
@@ -76,12 +119,24 @@ std::optional<torch::jit::Stack> infer_batch_norm(const torch::jit::Stack& args)
   return torch::jit::Stack{like_input(input), channel_vector(stats, *dtype), channel_vector(stats, *dtype)};
 }
 
-std::optional<torch::jit::Stack> infer_batch_norm_backward(const torch::jit::Stack& args) {
-  if (args.size() < 10 || !args[7].isBool()) return std::nullopt;
+void check_batch_norm_backward_args(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 10 || !args[7].isBool()) return;
   const bool train = args[7].toBool();
   check_statistic(args[train ? 5 : 3], train ? "save_mean" : "running_mean", train);
   check_statistic(args[train ? 6 : 4], train ? "save_invstd" : "running_var", train);
-  if (!batch_norm_input(args[1]) || !args[0].isTensor() || !args[9].isBoolList()) return std::nullopt;
+  // The statistics the mode reads (the others are empty in eval, unused in training).
+  if (train)
+    check_channel_sizes(args[1], {{&args[2], "weight"}, {&args[5], "save_mean"}, {&args[6], "save_invstd"}});
+  else
+    check_channel_sizes(args[1], {{&args[2], "weight"}, {&args[3], "running_mean"}, {&args[4], "running_var"}});
+  check_backward_elements(args[0], args[1]);
+}
+
+std::optional<torch::jit::Stack> infer_batch_norm_backward(const torch::jit::Stack& args) {
+  // The out= overload declines: its results are the out tensors.
+  if (args.size() != 10 || !args[7].isBool() || !batch_norm_input(args[1]) || !args[0].isTensor() ||
+      !args[9].isBoolList())
+    return std::nullopt;
   const at::Tensor& grad_out = args[0].toTensor();
   const at::Tensor& input = args[1].toTensor();
   if (!is_meta(grad_out) || !grad_out.sizes().equals(input.sizes()) || grad_out.scalar_type() != input.scalar_type())

@@ -233,3 +233,118 @@ def test_missing_statistics_raise_instead_of_crashing(call, message):
     y = torch.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)[0]
     ref = torch.native_batch_norm(x.cpu(), None, None, None, None, True, 0.1, 1e-5)[0]
     torch.testing.assert_close(y.cpu(), ref)
+
+
+# More calls on which CPU's kernels (torch 2.13) read or write past a tensor or divide by zero
+# (measured on CPU: SIGSEGV or SIGFPE, or garbage values): every batch norm overload,
+# the out= ones, no_stats and _batch_norm_with_update included, and calls that take the
+# eager path (an empty input) raise at the call instead. Run in this process: on the main
+# these were found on, each crashed the process.
+def _e(*sizes):
+    return torch.empty(*sizes, device=DEVICE)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda x: torch.ops.aten._native_batch_norm_legit.no_stats(x, None, None, False, 0.1, 1e-5),
+            "running_mean must be defined in evaluation mode",
+        ),
+        (
+            lambda x: torch.ops.aten._native_batch_norm_legit.no_stats_out(
+                x, None, None, False, 0.1, 1e-5, out=_e(0), save_mean=_e(0), save_invstd=_e(0)
+            ),
+            "running_mean must be defined in evaluation mode",
+        ),
+        (
+            lambda x: torch.ops.aten.native_batch_norm.out(
+                x, None, None, None, None, False, 0.1, 1e-5, out=_e(0), save_mean=_e(0), save_invstd=_e(0)
+            ),
+            "running_mean must be defined in evaluation mode",
+        ),
+        (
+            lambda x: torch.ops.aten._batch_norm_with_update(x, None, None, _e(0), _e(0), 0.1, 1e-5),
+            "running_mean should contain 3 elements not 0",
+        ),
+        (
+            lambda x: torch.native_batch_norm(x, None, None, torch.zeros(3, device=DEVICE), _e(2), True, 0.1, 1e-5),
+            "running_var should contain 3 elements not 2",
+        ),
+        (
+            lambda x: torch.native_batch_norm(x, _e(1), None, None, None, True, 0.1, 1e-5),
+            "weight should contain 3 elements not 1",
+        ),
+        (
+            lambda x: torch.ops.aten.native_batch_norm_backward(
+                x[:0], x[:0], None, None, None, _e(3), _e(3), True, 1e-5, [True, True, True]
+            ),
+            "native_batch_norm_backward: input has no elements",
+        ),
+        (
+            lambda x: torch.ops.aten.native_batch_norm_backward(
+                x[:1], x, None, None, None, _e(3), _e(3), True, 1e-5, [True, True, True]
+            ),
+            "native_batch_norm_backward: grad_out has 12 elements, fewer than input's 24",
+        ),
+        (
+            lambda x: torch.ops.aten.native_batch_norm_backward(
+                x, x, None, _e(3), _e(2), None, None, False, 1e-5, [True, True, True]
+            ),
+            "running_var should contain 3 elements not 2",
+        ),
+        (
+            lambda x: torch.ops.aten.native_batch_norm_backward.out(
+                x, x, None, None, None, None, None, True, 1e-5, [True, True, True], out0=_e(0), out1=_e(0), out2=_e(0)
+            ),
+            "save_mean must be defined in training mode",
+        ),
+    ],
+    ids=[
+        "no_stats_eval",
+        "no_stats_out_eval",
+        "out_eval_no_stats",
+        "with_update_empty_stats",
+        "running_var_short",
+        "weight_short",
+        "backward_empty_input",
+        "backward_grad_out_short",
+        "backward_eval_running_var_short",
+        "backward_out_train_no_save",
+    ],
+)
+def test_unchecked_reads_raise_instead_of_crashing(call, message):
+    keep = torch.randn(4, 3, device=DEVICE) * 2
+    x = torch.randn(2, 3, 4, device=DEVICE)
+    with pytest.raises(RuntimeError, match=f"^{message}"):
+        call(x)
+    torch.testing.assert_close(keep.cpu(), (keep / 2).cpu() * 2)
+    y = torch.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)[0]
+    torch.testing.assert_close(y.cpu(), torch.native_batch_norm(x.cpu(), None, None, None, None, True, 0.1, 1e-5)[0])
+
+
+def test_checks_keep_cpu_behaviour_where_cpu_is_safe():
+    # A 0-dim statistic: CPU's accessor error; a longer weight: CPU reads its first C; eval
+    # backward through autograd: the saved statistics are empty and not read.
+    x = cpu_randn(2, 3, 4, seed=17)
+    assert (
+        run_both_at_call(
+            lambda dev: (x.to(dev), torch.zeros((), device=dev), torch.ones(3, device=dev)),
+            lambda x, rm, rv: torch.native_batch_norm(x, None, None, rm, rv, True, 0.1, 1e-5),
+            DEVICE,
+        )
+        is not None
+    )
+    run_both(
+        lambda dev: torch.native_batch_norm(x.to(dev), torch.ones(5, device=dev), None, None, None, True, 0.1, 1e-5),
+        DEVICE,
+    )
+
+    def eval_backward(dev):
+        xd = x.to(dev, copy=True).requires_grad_()
+        w = torch.ones(3, device=dev, requires_grad=True)
+        y = F.batch_norm(xd, torch.zeros(3, device=dev), torch.ones(3, device=dev), w, None, False)
+        y.square().sum().backward()
+        return y, xd.grad, w.grad
+
+    run_both(eval_backward, DEVICE)
