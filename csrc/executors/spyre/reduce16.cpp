@@ -303,11 +303,17 @@ void rows_f32_base(const float* x, int64_t rows, int64_t n, int64_t rs, float* o
 
 bool is16(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
 
-// a[j] += b[j], j < n (f32 adds; 8 at a time, the same values).
-void add_rows(float* a, const float* b, int64_t n) {
+// a[j] += b[j], j < n (f32 adds; 8 at a time, the same values), built for AVX2 (one vector an
+// add: the ring partials' adds were two SSE ones each) and the baseline, chosen by cpu::has.
+TPU_INLINE void add_rows_impl(float* a, const float* b, int64_t n) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) store8(a + j, load8(a + j) + load8(b + j));
   for (; j < n; ++j) a[j] += b[j];
+}
+__attribute__((target("avx2"))) void add_rows_avx2(float* a, const float* b, int64_t n) { add_rows_impl(a, b, n); }
+void add_rows_base(float* a, const float* b, int64_t n) { add_rows_impl(a, b, n); }
+void add_rows(float* a, const float* b, int64_t n, bool avx2) {
+  avx2 ? add_rows_avx2(a, b, n) : add_rows_base(a, b, n);
 }
 
 }  // namespace
@@ -397,8 +403,11 @@ bool sum_partials_fit(const at::Tensor& X, const std::vector<int64_t>& shares) {
 
 void sum_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, float* acc, bool add) {
   const int64_t G = X.size(0), n = X.numel() / (G * X.size(1));
-  std::vector<float> scratch(2 * n);
+  // Partials of one block, each written before it is read (no zeroing).
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<size_t>(2 * n)) scratch.resize(2 * n);
   float *part = scratch.data(), *core = part + n;
+  const bool avx2 = cpu::has(cpu::Feature::kAvx2);
   const bool f32 = X.scalar_type() == c10::kFloat, bf16 = X.scalar_type() == c10::kBFloat16;
   const auto* x16 = f32 ? nullptr : static_cast<const uint16_t*>(X.const_data_ptr());
   const auto* x32 = f32 ? static_cast<const float*>(X.const_data_ptr()) : nullptr;
@@ -415,9 +424,9 @@ void sum_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, 
       } else {
         column_sums16(x16 + at_row, bf16, shares[c], n, X.stride(1), dst);
       }
-      if (c > 0) add_rows(o, part, n);
+      if (c > 0) add_rows(o, part, n, avx2);
     }
-    if (add) add_rows(a, o, n);  // the step's partial after the core's earlier ones
+    if (add) add_rows(a, o, n, avx2);  // the step's partial after the core's earlier ones
   }
 }
 
