@@ -67,6 +67,7 @@
 #include "executors/spyre/ring_softmax.h"
 #include "executors/spyre/row_pass.h"
 #include "jit/lowering.h"
+#include "lazy/debug_report.h"
 #include "ops/cpu_meta.h"
 #include "ops/op_table.h"
 
@@ -4258,9 +4259,9 @@ void copy_rows_into(const at::Tensor& dst, const at::Tensor& idx, const at::Tens
   }
 }
 
-// The row width when `p` is one tile op that sum16_call serves (a 16-bit
-// sum over the last dim) from a split, loaded, contiguous HBM view into a
-// split, stored, contiguous HBM view of another argument; 0 otherwise.
+// The row width when `p` is one tile op that sum_rows_width serves (a 16-bit
+// or float32 sum over the last dim) from a split, loaded, contiguous HBM view
+// into a split, stored, contiguous HBM view of another argument; 0 otherwise.
 int64_t row_sums_in_place(const KtirProgram& p, const KtirTilePlan& P, const std::vector<at::Tensor>& views) {
   if (p.ops.size() != 1 || P.phase[0] != KtirTilePlan::kTile || P.ring_op >= 0) return 0;
   const KtirOp& o = p.ops[0];
@@ -4273,22 +4274,31 @@ int64_t row_sums_in_place(const KtirProgram& p, const KtirTilePlan& P, const std
   const c10::OperatorHandle* handle = ktir_op_handle(o);
   if (!handle) return 0;
   const torch::jit::Stack stack = op_stack(o, handle->schema(), views);
-  return sum16_rows_width(*handle, stack, {wo.dtype});
+  return sum_rows_width(*handle, stack, {wo.dtype});
 }
 
 // One step of row_sums_in_place's program: the sums of each core's rows of
 // the step (`cores`, in rows of dim 0) from the input view into `f` (f32,
-// one value per summed row of the whole input; allocated on first use).
+// one value per summed row of the whole input; on first use allocated for a
+// 16-bit input, the output view itself for a float32 one: its values are final).
 at::Tensor row_sums_step(const KtirProgram& p, const std::vector<at::Tensor>& views,
                          const std::vector<std::pair<int64_t, int64_t>>& cores, int64_t n, at::Tensor f) {
   const at::Tensor& x = views[p.ops[0].args[0].i];
   const int64_t per_row = x.size(0) > 0 ? x.numel() / x.size(0) / n : 0;  // summed rows per row of dim 0
-  if (!f.defined()) f = at::empty({x.numel() / n}, x.options().dtype(at::kFloat));
-  const auto* base = static_cast<const uint16_t*>(x.const_data_ptr());
-  for (const auto& [b, e] : cores)
-    if (e > b)
-      row_sums16(base + b * per_row * n, x.scalar_type() == c10::kBFloat16, (e - b) * per_row, n, n,
-                 f.mutable_data_ptr<float>() + b * per_row);
+  const bool f32 = x.scalar_type() == at::kFloat;
+  if (!f.defined()) f = f32 ? views[p.ops[0].results[0]] : at::empty({x.numel() / n}, x.options().dtype(at::kFloat));
+  float* out = f.mutable_data_ptr<float>();
+  for (const auto& [b, e] : cores) {
+    if (e <= b) continue;
+    const int64_t at = b * per_row * n, rows = (e - b) * per_row;
+    if (f32) {
+      TORCH_CHECK(row_sums_f32(x.const_data_ptr<float>() + at, rows, n, n, out + b * per_row),
+                  "row_sums_step: no CPU-order float32 row sum");  // sum_rows_width checked it
+    } else {
+      row_sums16(static_cast<const uint16_t*>(x.const_data_ptr()) + at, x.scalar_type() == c10::kBFloat16, rows, n, n,
+                 out + b * per_row);
+    }
+  }
   return f;
 }
 
@@ -4498,9 +4508,9 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
       sums16 && P.split[ring_in] && P.load[ring_in] && !p.views[ring_in].lx && views[ring_in].is_contiguous();
   for (size_t k = 0; k < p.ops.size() && sums_in_place; ++k)
     if (P.phase[k] == KtirTilePlan::kTile) sums_in_place = false;
-  // A 16-bit sum over the last dim as the steps' only op: each step sums its cores' rows where they are
-  // (no tile copy) into one f32 buffer, rounded and stored after the last step (each row's sum is its
-  // own: the values are the tiles').
+  // A 16-bit or float32 sum over the last dim as the steps' only op: each step sums its cores' rows where
+  // they are (no tile copy) into one f32 buffer (float32: the output), rounded and stored after the last
+  // step (each row's sum is its own: the values are the tiles').
   const int64_t rows16_n = P.steps.size() > 1 ? row_sums_in_place(p, P, views) : 0;
   at::Tensor rows16_f;
   std::vector<at::Tensor> vt(views.size());
@@ -4799,11 +4809,12 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
     if (walk) walk->tile_steps++;
   }
   if (rows16_n > 0 && rows16_f.defined() && !failed[0]) {
-    // The row sums of every step, rounded once and stored.
+    // The row sums of every step, rounded once and stored (float32: written in place already).
     const at::Tensor& out = views[p.ops[0].results[0]];
-    if (!df16_store_into(out, rows16_f.view(out.sizes())))
+    if (out.scalar_type() != at::kFloat && !df16_store_into(out, rows16_f.view(out.sizes())))
       out.copy_(df16_store(rows16_f, out.scalar_type()).view(out.sizes()));
     hooks.after_op(0, {out}, {});
+    debug::count_op("spyre_row_sums", p.name);
   }
   if (ring && !failed[P.ring_op]) {
     // The ring: core 0's partial passes to core 1, which merges its own, and so on.

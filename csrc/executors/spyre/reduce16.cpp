@@ -48,12 +48,34 @@ TPU_INLINE F8 widen_bits(U8 w) {
   return reinterpret_cast<F8>(u | ((w & 0x8000u) << 16));
 }
 
-// 8 float16 values at p by F16C's vcvtph2ps (written as asm: GCC 12 converts
-// _Float16 vectors one value at a time). Only the F16C build reaches it.
+// 8 float16 values at p by F16C's vcvtph2ps (GCC 12 converts _Float16
+// vectors one value at a time). Only the F16C build reaches it. The builtin
+// behind _mm256_cvtph_ps: the intrinsic carries target("f16c"), which the
+// always_inline templates between it and the F16C build do not, so GCC
+// refuses to inline it; the builtin is checked where it is expanded, in
+// the F16C build (one vcvtph2ps with a memory operand, objdump).
 TPU_INLINE F8 cvtph8(const uint16_t* p) {
-  F8 r;
-  asm("vcvtph2ps %1, %0" : "=x"(r) : "m"(*reinterpret_cast<const char(*)[16]>(p)));
-  return r;
+  typedef short Half8 __attribute__((vector_size(16), aligned(2), may_alias));
+  return __builtin_ia32_vcvtph2ps256(*reinterpret_cast<const Half8*>(p));
+}
+
+// 4 float16 / bfloat16 values at p as a 4-float vector, widened exactly (float16 by bit
+// operations in every build: the lanes of 4 columns summed side by side).
+typedef float F4 __attribute__((vector_size(16)));
+typedef uint32_t U4 __attribute__((vector_size(16)));
+typedef int32_t I4 __attribute__((vector_size(16)));
+typedef uint16_t H4 __attribute__((vector_size(8)));
+template <int kMode>
+TPU_INLINE F4 widen4(const uint16_t* p) {
+  H4 h;
+  std::memcpy(&h, p, sizeof h);
+  const U4 w = __builtin_convertvector(h, U4);
+  if constexpr (kMode == kBf16) return reinterpret_cast<F4>(w << 16);
+  const U4 em = (w & 0x7FFFu) << 13;
+  const U4 scaled = reinterpret_cast<U4>(reinterpret_cast<F4>(em) * 0x1p112f);
+  const I4 top = (w & 0x7C00u) == 0x7C00u;
+  const U4 u = top ? (em | 0x7F800000u) : scaled;
+  return reinterpret_cast<F4>(u | ((w & 0x8000u) << 16));
 }
 
 template <int kMode>
@@ -227,6 +249,14 @@ TPU_INLINE void columns_impl(const uint16_t* x, int64_t len, int64_t n, int64_t 
     store8(out + j,
            F8{} + row_sum<F8>(
                       len, [&](int64_t i) __attribute__((always_inline)) { return widen8<kMode>(x + i * rs + j); }));
+  // The last columns 4 at a time as the lanes of one vector (each lane its column's row_sum, the
+  // same adds in the same order), then one by one.
+  for (; vec && j + 4 <= n; j += 4) {
+    const F4 r =
+        F4{} + row_sum<F4>(
+                   len, [&](int64_t i) __attribute__((always_inline)) { return widen4<kMode>(x + i * rs + j); });
+    std::memcpy(out + j, &r, sizeof r);
+  }
   for (; j < n; ++j)
     out[j] = 0.0f + row_sum<float>(
                         len, [&](int64_t i) __attribute__((always_inline)) { return widen1<kMode>(x[i * rs + j]); });
@@ -251,13 +281,66 @@ TPU_REDUCE16_BUILDS(rows, rows_impl)
 TPU_REDUCE16_BUILDS(columns, columns_impl)
 #undef TPU_REDUCE16_BUILDS
 
+// Float32 rows in CPU's sum kernel's order: its 8-float vectors (torch 2.13
+// builds SumKernel.cpp for AVX2 and DEFAULT only, both 8 floats a vector: an
+// AVX512 CPU runs the AVX2 kernel; host::cpu_sum_kernel_width() says 8 then).
+
+// 8 unaligned floats at p (an unaligned vector type's load: GCC folds it into the add, where a
+// memcpy into F8 went through the stack).
+TPU_INLINE F8 loadu8(const float* p) {
+  typedef float Unaligned __attribute__((vector_size(32), aligned(4), may_alias));
+  return *reinterpret_cast<const Unaligned*>(p);
+}
+
+// One float32 row of n values (unit stride) as CPU's sum kernel sums it: vectorized_inner_sum for
+// n >= 8 (8-float vectors by row_sum, the last n % 8 values summed from 0, then the vector's lanes in
+// order), scalar_inner_sum below (row_sum of the values); added to the zeroed output.
+TPU_INLINE float one_row_f32(const float* x, int64_t n) {
+  if (n < kLanes)
+    return 0.0f + row_sum<float>(
+                      n, [&](int64_t i) __attribute__((always_inline)) { return x[i]; });
+  // row_sum over the vectors, its 4 loads written out (a loop over them kept the vectors on the stack).
+  const int64_t vecs = n / kLanes, quads = vecs / 4;
+  Quad<F8> p = multi_row_sum4<F8>(
+      quads, [&](int64_t i, Quad<F8> & q) __attribute__((always_inline)) {
+        const float* r = x + i * 4 * kLanes;
+        q.v[0] = loadu8(r), q.v[1] = loadu8(r + kLanes), q.v[2] = loadu8(r + 2 * kLanes),
+        q.v[3] = loadu8(r + 3 * kLanes);
+      });
+  for (int64_t i = quads * 4; i < vecs; ++i) p.v[0] += loadu8(x + i * kLanes);
+  const F8 v = lanes_sum(p);
+  float f = 0.0f;
+  for (int64_t k = vecs * kLanes; k < n; ++k) f += x[k];
+  for (int l = 0; l < kLanes; ++l) f += v[l];
+  return 0.0f + f;
+}
+
+TPU_INLINE void rows_f32_impl(const float* x, int64_t rows, int64_t n, int64_t rs, float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = one_row_f32(x + r * rs, n);
+}
+
+// The float32 row loop built for AVX2 and the baseline (two SSE vectors per F8: the same adds in the
+// same order, so the same bits); chosen by cpu::has at each call.
+__attribute__((target("avx2"))) void rows_f32_avx2(const float* x, int64_t rows, int64_t n, int64_t rs, float* out) {
+  rows_f32_impl(x, rows, n, rs, out);
+}
+void rows_f32_base(const float* x, int64_t rows, int64_t n, int64_t rs, float* out) {
+  rows_f32_impl(x, rows, n, rs, out);
+}
+
 bool is16(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
 
-// a[j] += b[j], j < n (f32 adds; 8 at a time, the same values).
-void add_rows(float* a, const float* b, int64_t n) {
+// a[j] += b[j], j < n (f32 adds; 8 at a time, the same values), built for AVX2 (one vector an
+// add: the ring partials' adds were two SSE ones each) and the baseline, chosen by cpu::has.
+TPU_INLINE void add_rows_impl(float* a, const float* b, int64_t n) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) store8(a + j, load8(a + j) + load8(b + j));
   for (; j < n; ++j) a[j] += b[j];
+}
+__attribute__((target("avx2"))) void add_rows_avx2(float* a, const float* b, int64_t n) { add_rows_impl(a, b, n); }
+void add_rows_base(float* a, const float* b, int64_t n) { add_rows_impl(a, b, n); }
+void add_rows(float* a, const float* b, int64_t n, bool avx2) {
+  avx2 ? add_rows_avx2(a, b, n) : add_rows_base(a, b, n);
 }
 
 }  // namespace
@@ -280,19 +363,38 @@ void column_sums16(const uint16_t* x, bool bf16, int64_t len, int64_t n, int64_t
     columns_base(x, bf16, len, n, row_stride, out);
 }
 
-int64_t sum16_rows_width(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                         const std::vector<c10::ScalarType>& result_dtypes) {
+bool row_sums_f32(const float* x, int64_t rows, int64_t n, int64_t row_stride, float* out) {
+  if (host::cpu_sum_kernel_width() != kLanes) return false;
+  if (cpu::has(cpu::Feature::kAvx2))
+    rows_f32_avx2(x, rows, n, row_stride, out);
+  else
+    rows_f32_base(x, rows, n, row_stride, out);
+  return true;
+}
+
+int64_t sum_rows_width(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                       const std::vector<c10::ScalarType>& result_dtypes) {
   if (lowering_of(op).row != RowReduce::kSum || stack.size() != 4 || !stack[0].isTensor() || !stack[1].isIntList() ||
       !stack[2].isBool() || !stack[3].isNone())
     return 0;
   const at::Tensor& x = stack[0].toTensor();
-  if (!x.defined() || !is16(x.scalar_type()) || !x.device().is_cpu() || x.dim() < 1 || !x.is_contiguous() ||
-      result_dtypes.empty() || result_dtypes[0] != x.scalar_type())
+  const bool f32 = x.defined() && x.scalar_type() == c10::kFloat;
+  if (!x.defined() || !(is16(x.scalar_type()) || (f32 && host::cpu_sum_kernel_width() == kLanes)) ||
+      !x.device().is_cpu() || x.dim() < 1 || !x.is_contiguous() || result_dtypes.empty() ||
+      result_dtypes[0] != x.scalar_type())
     return 0;
   const std::vector<int64_t> dims = stack[1].toIntVector();
   const int64_t last = x.dim() - 1, n = x.size(last);
   if (dims.size() != 1 || (dims[0] != last && dims[0] != -1) || n == 0 || n >= at::internal::GRAIN_SIZE) return 0;
   return n;
+}
+
+int64_t sum16_rows_width(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                         const std::vector<c10::ScalarType>& result_dtypes) {
+  if (stack.empty() || !stack[0].isTensor() || !stack[0].toTensor().defined() ||
+      !is16(stack[0].toTensor().scalar_type()))
+    return 0;
+  return sum_rows_width(op, stack, result_dtypes);
 }
 
 bool sum16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
@@ -328,8 +430,11 @@ bool sum_partials_fit(const at::Tensor& X, const std::vector<int64_t>& shares) {
 
 void sum_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, float* acc, bool add) {
   const int64_t G = X.size(0), n = X.numel() / (G * X.size(1));
-  std::vector<float> scratch(2 * n);
+  // Partials of one block, each written before it is read (no zeroing).
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<size_t>(2 * n)) scratch.resize(2 * n);
   float *part = scratch.data(), *core = part + n;
+  const bool avx2 = cpu::has(cpu::Feature::kAvx2);
   const bool f32 = X.scalar_type() == c10::kFloat, bf16 = X.scalar_type() == c10::kBFloat16;
   const auto* x16 = f32 ? nullptr : static_cast<const uint16_t*>(X.const_data_ptr());
   const auto* x32 = f32 ? static_cast<const float*>(X.const_data_ptr()) : nullptr;
@@ -346,9 +451,9 @@ void sum_partials_into(const at::Tensor& X, const std::vector<int64_t>& shares, 
       } else {
         column_sums16(x16 + at_row, bf16, shares[c], n, X.stride(1), dst);
       }
-      if (c > 0) add_rows(o, part, n);
+      if (c > 0) add_rows(o, part, n, avx2);
     }
-    if (add) add_rows(a, o, n);  // the step's partial after the core's earlier ones
+    if (add) add_rows(a, o, n, avx2);  // the step's partial after the core's earlier ones
   }
 }
 

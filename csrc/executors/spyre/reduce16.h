@@ -2,7 +2,8 @@
 // the input), with the values of ATen's float32 sum kernel (SumKernel.cpp's
 // cascade, 8-float vectors) on the inputs' exact f32 widening: the Spyre
 // interpreter's sum(x, -1) of 16-bit rows and its ring partials of sum(x, 0)
-// (float32 ring partials too, by the host's CPU-order column sums).
+// (float32 ring partials too, by the host's CPU-order column sums); and
+// float32 rows in CPU's order (row_sums_f32).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,25 @@ void row_sums16(const uint16_t* x, bool bf16, int64_t rows, int64_t n, int64_t r
 // scalar_outer_sum for n < 8) added to 0: at::sum(rows.float(), 0)'s values.
 void column_sums16(const uint16_t* x, bool bf16, int64_t len, int64_t n, int64_t row_stride, float* out);
 
+// out[r] = CPU's float32 at::sum(rows, -1)[r] of the n floats of row r
+// (x + r * row_stride, unit stride, n under ATen's grain size), bit for bit:
+// SumKernel.cpp's vectorized_inner_sum (n >= 8) or scalar_inner_sum (n < 8)
+// with its 8-float vectors, added to 0 as its output is. Serves CPU's AVX2
+// sum kernel (host::cpu_sum_kernel_width() == 8; torch 2.13 has no AVX512
+// one, so AVX512 CPUs run it too); returns false, having written nothing,
+// for any other. The AVX2 and baseline builds (cpu::has at each call) give
+// the same bits.
+bool row_sums_f32(const float* x, int64_t rows, int64_t n, int64_t row_stride, float* out);
+
+// The width n of the rows summed in place for this call: `op` is the row sum
+// of the lowering table (RowReduce::kSum, jit/lowering.h: sum.dim_IntList)
+// over the last dim only of a contiguous CPU tensor, float16 / bfloat16, or
+// float32 when row_sums_f32 serves it (CPU's AVX2 sum kernel) (no dtype argument, result in the
+// input's dtype, last dim under ATen's grain size): the size of the input's
+// last dim; 0 otherwise. `stack` is only read.
+int64_t sum_rows_width(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                       const std::vector<c10::ScalarType>& result_dtypes);
+
 // When `op` is the row sum of the lowering table (RowReduce::kSum,
 // jit/lowering.h: sum.dim_IntList) over the last dim only of a
 // contiguous float16 / bfloat16 CPU tensor (no dtype argument, result in the
@@ -37,9 +57,8 @@ void column_sums16(const uint16_t* x, bool bf16, int64_t len, int64_t n, int64_t
 bool sum16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
                 const std::vector<c10::ScalarType>& result_dtypes);
 
-// The width n of the rows sum16_call would sum for this call (the size of
-// the input's last dim), or 0 when sum16_call would return false. `stack`
-// is only read.
+// sum_rows_width for a float16 / bfloat16 input (the rows sum16_call would
+// sum), 0 for any other: 0 exactly when sum16_call would return false.
 int64_t sum16_rows_width(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                          const std::vector<c10::ScalarType>& result_dtypes);
 

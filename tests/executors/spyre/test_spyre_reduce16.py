@@ -250,3 +250,106 @@ def test_f16c_build_same_bits_as_avx2_and_baseline(spyre_target):
         assert same(a.to("tpu").sum(-1).cpu(), store(a.float().sum(-1), torch.float16)) == 0, shape
         for kind, got, want, _ in _ring_sum_and_mean(a, torch.float16):
             assert same(got, want) == 0, (kind, shape)
+
+
+# float32 row sums read in place (branch spyre25a): each tile step's rows summed where they are,
+# in the order of CPU's sum kernel (8-float vectors: torch 2.13 has no AVX512 sum kernel, so an
+# AVX512 CPU runs its AVX2 one): widths under, at and around one vector and one group of 4
+# vectors, and rows long enough for the cascade's carries (16 and 256 groups of 4 vectors),
+# under ATen's grain of 32768 values.
+F32_ROW_WIDTHS = [1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 300, 1025, 4100, 17000]
+
+
+def _f32_rows(shape, seed):
+    """float32 rows of mixed magnitudes (sums whose order shows in their bits), with NaN,
+    +-inf and signed zeros in their first rows."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-12, 13, shape, generator=g).float())
+    flat = a.view(-1)
+    for i, v in enumerate([float("nan"), -0.0, float("inf"), -float("inf"), 0.0, 3e38, 3e38, -0.0]):
+        if i * 5 + 1 < flat.numel():
+            flat[i * 5 + 1] = v
+    return a
+
+
+def _row_sum_mismatches(a, dim=-1, keepdim=False):
+    """(mismatched elements, zero signs equal, tiled in several steps) of a.sum(dim) on "tpu"
+    against CPU's float32 a.sum(dim) of the contiguous rows (the tile's layout)."""
+    from torch_tpu_eager import spyre
+
+    got = a.to("tpu").sum(dim, keepdim=keepdim).cpu()
+    (sched,) = spyre.last_schedule()
+    want = a.contiguous().sum(dim, keepdim=keepdim)
+    num = ~want.isnan()
+    tiled = sched["executed"] == "tiles" and sched["tile_steps"] > 1
+    return same(got, want), torch.equal(got.signbit()[num], want.signbit()[num]), tiled
+
+
+def _row_sums_in_place():
+    from difftest import report_count
+
+    return report_count("spyre_row_sums.")
+
+
+def test_f32_row_sums_in_cpu_order(spyre_target):
+    for n in F32_ROW_WIDTHS:
+        rows = max(40, min(2000, 600000 // n))
+        a = _f32_rows((rows, n), seed=80 + n)
+        before = _row_sums_in_place()
+        for keepdim in (False, True):
+            bad, signs, tiled = _row_sum_mismatches(a, keepdim=keepdim)
+            assert bad == 0 and signs, (n, keepdim)
+        # Programs walked in several tile steps read the rows in place (one-step ones run CPU's sum).
+        if tiled:
+            assert _row_sums_in_place() == before + 2, n
+
+
+def test_f32_row_sums_ranks_and_strided_input(spyre_target):
+    for shape, dim in [((200, 5, 300), 2), ((3000, 33), -1), ((64, 17000), 1)]:
+        bad, signs, _ = _row_sum_mismatches(_f32_rows(shape, seed=81), dim)
+        assert bad == 0 and signs, shape
+    # A transposed input is not read in place: the tiles' copies hold its rows contiguous.
+    before = _row_sums_in_place()
+    bad, signs, _ = _row_sum_mismatches(_f32_rows((300, 1000), seed=82).t())
+    assert bad == 0 and signs
+    assert _row_sums_in_place() == before
+
+
+def test_f32_row_sums_baseline_build_same_bits(spyre_target):
+    # The AVX2 and baseline builds of the loop: the same adds in CPU's order.
+    for shape in [(1000, 300), (2000, 9), (2000, 16), (500, 1025), (64, 17000)]:
+        a = _f32_rows(shape, seed=83)
+        before = _row_sums_in_place()
+        wide = a.to("tpu").sum(-1).cpu()
+        with cpu_features_off("avx2"):
+            narrow = a.to("tpu").sum(-1).cpu()
+        assert torch.equal(wide.view(torch.int32), narrow.view(torch.int32)), shape
+        assert same(wide, a.sum(-1)) == 0, shape
+        assert _row_sums_in_place() == before + 2, shape
+
+
+_F32_ROWS_AVX2_CHILD = r"""
+import json, sys, torch, torch_tpu_eager as tte
+sys.path[:0] = [{tests!r}, {spyre_tests!r}]
+from test_spyre_reduce16 import _f32_rows, _row_sum_mismatches, _row_sums_in_place
+tte.set_target("spyre")
+res = {{"capability": torch.backends.cpu.get_cpu_capability(), "bad": [], "in_place": -_row_sums_in_place()}}
+for n in (7, 8, 9, 15, 16, 17, 31, 33, 300, 1025, 17000):
+    bad, signs, _ = _row_sum_mismatches(_f32_rows((max(40, min(2000, 600000 // n)), n), seed=84 + n))
+    if bad or not signs:
+        res["bad"].append([n, bad])
+res["in_place"] += _row_sums_in_place()
+print(json.dumps(res))
+"""
+
+
+def test_f32_row_sums_at_avx2(tmp_path):
+    # CPU's sum kernel at AVX2 capability in a child process (its AVX2 kernel, as at AVX512).
+    import os
+
+    from difftest import REPO_ROOT, run_avx2_child
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = _F32_ROWS_AVX2_CHILD.format(tests=os.path.join(REPO_ROOT, "tests"), spyre_tests=here)
+    res = run_avx2_child(code, tmp_path)
+    assert res["bad"] == [] and res["in_place"] > 0
