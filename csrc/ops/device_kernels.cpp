@@ -140,7 +140,9 @@ at::Tensor host_view(const at::Tensor& t) {
 // (lazy/async_errors.h); errors of other ops stay with their tensors.
 void make_current(const at::Tensor& t, FlushReason reason) {
   auto* s = deferred_storage_of(t);
-  if (storage_has_pending(s)) (void)flush_all(reason);
+  // Its chip's queue alone: no queued op spans two chips (chip to chip copies go through the
+  // host, copy_from), and a read of one chip does not wait for another's flush.
+  if (storage_has_pending(s)) (void)flush_device(s->device, reason);
   raise_storage_error(s);
   raise_lost_error(s->device);
 }
