@@ -651,7 +651,7 @@ void cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
                               "' is not implemented for the tpu device (no kernel is registered for it). "
                               "Set TORCH_TPU_CPU_FALLBACK=1 to run unsupported ops on the host CPU.");
   static std::mutex mu;
-  static std::unordered_set<std::string> warned;
+  static auto& warned = *new std::unordered_set<std::string>();  // never destroyed: ops may run at exit
   {
     std::lock_guard<std::mutex> lock(mu);
     if (warned.insert(full).second)
