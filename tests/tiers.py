@@ -8,6 +8,8 @@ more than 0.5 s. Tests not listed, and not `subprocess`, are `fast`.
 """
 
 SLOW = {
+    # 2026-12-08 at load 15: 10 fresh interpreters exiting with daemon threads, 1-3 min
+    "test_process_lifecycle.py::test_exit_with_daemon_threads_inside_ops_never_segfaults",
     # 2026-12-07 at load 30: 2-8 s each (every case runs 4 dtypes, modes and output masks)
     "test_shape_rules.py::test_forward_geometry_values_and_running_stats",  # 36 tests
     "test_shape_rules.py::test_backward_geometry_and_values",  # 54 tests

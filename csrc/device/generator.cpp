@@ -91,7 +91,9 @@ at::Generator make_device_generator(c10::DeviceIndex index) { return at::make_ge
 const at::Generator& default_device_generator(c10::DeviceIndex index) {
   // One generator per chip, as CUDA keeps one per device.
   static std::once_flag once;
-  static std::vector<at::Generator> gens;
+  // Never destroyed: a daemon thread's random op may still read it while the exiting
+  // thread runs the static destructors (docs/newcomer_review.md, exit with daemon threads).
+  static auto& gens = *new std::vector<at::Generator>();
   const int d = checked_device(index);
   std::call_once(once, [] {
     for (int i = 0; i < device_count(); ++i) gens.push_back(make_device_generator(static_cast<c10::DeviceIndex>(i)));

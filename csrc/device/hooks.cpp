@@ -78,7 +78,7 @@ void resize_device_storage(const c10::Storage& storage, size_t newsize) {
   // DLPack imports, UntypedStorage slices) are not resizable.
   TORCH_CHECK(storage.resizable(), "Trying to resize storage that is not resizable");
   auto* old = deferred_storage_of(storage);
-  if (storage_has_pending(old)) (void)flush_all(FlushReason::kStorageResize);
+  if (storage_has_pending(old)) (void)flush_device(old->device, FlushReason::kStorageResize);  // its chip's uses
   // A value a failed op left (its error) moves with the bytes kept: the resize
   // succeeds, as on CPU, and reading the result raises unless an op first
   // overwrites it whole (torch.zeros(5, out=t) does).

@@ -164,7 +164,9 @@ void prepare_address_export(const at::Tensor& self) {
   c10::StorageImpl* impl = self.storage().unsafeGetStorageImpl();
   if (impl->has_materializer()) (void)impl->mutable_data_ptr();
   DeferredStorage* s = deferred_storage_of(self);
-  if (storage_has_pending(s)) (void)flush_all(FlushReason::kHostRead);  // errors of other ops stay with their tensors
+  // Its chip's queue alone: no queued op spans two chips (device_kernels.cpp copy_from).
+  // Errors of other ops stay with their tensors.
+  if (storage_has_pending(s)) (void)flush_device(s->device, FlushReason::kHostRead);
   raise_storage_error(s);
   s->address_exported.store(true, std::memory_order_release);
   unshare_for_write(s);

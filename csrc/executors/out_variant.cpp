@@ -92,7 +92,7 @@ const c10::OperatorHandle* out_variant(const c10::OperatorHandle& op, bool* func
     return hit->second->op.get();
   }
   static std::mutex mu;
-  static std::unordered_map<c10::OperatorName, Found> cache;
+  static auto& cache = *new std::unordered_map<c10::OperatorName, Found>();  // never destroyed: flushes may run at exit
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(op.operator_name());
   if (it == cache.end()) {

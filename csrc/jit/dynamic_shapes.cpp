@@ -56,9 +56,11 @@ constexpr int64_t kMaxStep = 255;
 std::mutex g_mu;
 // Keyed by DeferredStorage id (ids are never reused, so a freed storage's
 // marks can only go stale, never apply to another tensor).
-std::unordered_map<uint64_t, std::vector<Range>> g_ranges;
-std::deque<uint64_t> g_carried;  // ids with carried marks, oldest first
-std::set<std::tuple<uint64_t, int64_t, int64_t>> g_warned;
+// The three never destroyed (leaked on the heap): a daemon thread's flush may still use
+// them while the exiting thread runs the static destructors (docs/newcomer_review.md).
+auto& g_ranges = *new std::unordered_map<uint64_t, std::vector<Range>>();
+auto& g_carried = *new std::deque<uint64_t>();  // ids with carried marks, oldest first
+auto& g_warned = *new std::set<std::tuple<uint64_t, int64_t, int64_t>>();
 
 uint64_t pow2_bucket(int64_t n) {
   if (n <= 1) return static_cast<uint64_t>(n);
@@ -529,7 +531,7 @@ uint64_t probe_key(const std::vector<Node>& g, const std::vector<int>& nodes, co
 // At most this many probed region structures are kept (then all dropped).
 constexpr size_t kMaxProbes = 1024;
 std::mutex g_probe_mu;
-std::unordered_map<uint64_t, VaryingDims> g_probes;
+auto& g_probes = *new std::unordered_map<uint64_t, VaryingDims>();  // never destroyed, as g_ranges
 
 VaryingDims cached_probe(const std::vector<Node>& g, const std::vector<int>& nodes, const RegionMarks& marks) {
   const uint64_t key = probe_key(g, nodes, marks);

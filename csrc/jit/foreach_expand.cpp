@@ -97,7 +97,8 @@ PerTensorOp make_per_tensor_op(const ForeachRule& rule) {
 // The per-tensor op of a foreach operator (built once per operator).
 const PerTensorOp& per_tensor_op(const c10::OperatorHandle& op) {
   static std::mutex mu;
-  static std::unordered_map<const c10::FunctionSchema*, PerTensorOp> table;
+  static auto& table =
+      *new std::unordered_map<const c10::FunctionSchema*, PerTensorOp>();  // never destroyed: flushes may run at exit
   std::lock_guard<std::mutex> lock(mu);
   const c10::FunctionSchema* key = &op.schema();
   auto it = table.find(key);

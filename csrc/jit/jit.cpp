@@ -66,8 +66,10 @@ struct CacheEntry {
   std::shared_ptr<Kernel> kernel;
 };
 std::mutex g_cache_mu;
-std::list<CacheEntry> g_lru;  // most recently used first
-std::unordered_multimap<uint64_t, std::list<CacheEntry>::iterator> g_index;
+// Never destroyed (leaked on the heap): a daemon thread's flush may still use it while
+// the exiting thread runs the static destructors (a SIGSEGV at exit, docs/newcomer_review.md).
+std::list<CacheEntry>& g_lru = *new std::list<CacheEntry>();  // most recently used first
+auto& g_index = *new std::unordered_multimap<uint64_t, std::list<CacheEntry>::iterator>();
 size_t g_limit = [] {
   const int64_t n = env::get_int("TORCH_TPU_KERNEL_CACHE_SIZE");
   TORCH_CHECK_VALUE(n >= 1, "environment variable TORCH_TPU_KERNEL_CACHE_SIZE=", n, ": expected at least 1");

@@ -11,7 +11,7 @@ std::atomic<int> g_trace_depth{0};
 
 namespace {
 std::mutex g_mu;
-std::vector<KernelRecord> g_records;
+std::vector<KernelRecord>& g_records = *new std::vector<KernelRecord>();  // never destroyed: flushes may run at exit
 double g_clock_s = 0;  // simulated timeline, advanced only while a profiler is active
 // The executor's tiling of the region running on this thread, until its record is made.
 thread_local TilingRecord t_pending_tiling;

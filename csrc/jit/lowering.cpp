@@ -117,7 +117,9 @@ const Lowering& lowering_of(const c10::OperatorHandle& op) {
   auto hit = seen.find(key);
   if (hit != seen.end()) return *hit->second;
   static std::mutex mu;
-  static std::unordered_map<const c10::FunctionSchema*, Lowering> table;
+  // Never destroyed: a daemon thread's flush may still read it (and `seen` points into it)
+  // while the exiting thread runs the static destructors (docs/newcomer_review.md).
+  static auto& table = *new std::unordered_map<const c10::FunctionSchema*, Lowering>();
   std::lock_guard<std::mutex> lock(mu);
   auto it = table.find(key);
   if (it == table.end()) it = table.emplace(key, lower(*key)).first;

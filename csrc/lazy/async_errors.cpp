@@ -100,9 +100,9 @@ std::exception_ptr take_unreported_error(int device, bool only_lost) {
   auto& a = async_errors();
   if (g_unreported_errors.load(std::memory_order_relaxed) == 0) return nullptr;
   std::exception_ptr e;
-  // The storages' errors are read and marked under the flush lock: a flush on
-  // another thread may be writing them.
-  with_flush_lock([&] {
+  // The storages' errors are read and marked under the chip's flush lock: a
+  // flush of the chip on another thread may be writing them.
+  with_chip_flush_lock(device, [&] {
     std::lock_guard<std::mutex> lock(a.mu);
     auto it = a.by_device.find(device);
     if (it == a.by_device.end()) return;

@@ -38,7 +38,7 @@ struct DeferredStorage;
 // After a flush of `device` whose first error is `first` (null: nothing
 // failed; then a no-op): keeps every error of the storages `nodes` write that
 // has not reached the user, `first` first. With `reported`, the caller raises
-// `first` itself, so it is not kept. Called by flush_device under the flush lock.
+// `first` itself, so it is not kept. Called by flush_device under the chip's flush lock.
 void note_flush_errors(int device, const std::vector<Node>& nodes, const std::exception_ptr& first, bool reported);
 
 // The oldest error of `device` that no read or synchronizing call has reported,
@@ -63,9 +63,10 @@ std::exception_ptr synchronize_errors(int device, FlushReason reason);
 // Called by note_error_seen.
 void forget_unreported_error(const std::exception_ptr& e);
 
-// Runs `fn` under the flush lock (no flush writes a storage's error meanwhile),
-// waiting for it as flush_device does. Defined in queue.cpp.
-void with_flush_lock(c10::function_ref<void()> fn);
+// Runs `fn` under chip `device`'s flush lock (no flush writes the error of a
+// storage of that chip meanwhile; a flush writes only its own chip's
+// storages), waiting for it as flush_device does. Defined in queue.cpp.
+void with_chip_flush_lock(int device, c10::function_ref<void()> fn);
 
 // Unreported errors kept over all chips (the lists' entries). Read without
 // the lists' lock by the checks that skip them when there are none.

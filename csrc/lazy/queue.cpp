@@ -29,10 +29,14 @@ namespace {
 // memory held by values nobody has read yet (DESIGN §4). Both can be changed at
 // run time.
 
-// State shared by every chip: counters, mode, limits, and the flush lock.
+// State shared by every chip: counters, mode, limits, and the run lock.
 struct DeviceQueue {
-  SpinLock mu;                    // guards `metrics` (a few adds a flush: no std::mutex's two libc calls)
-  std::recursive_mutex flush_mu;  // one flush at a time (backward runs on another thread)
+  SpinLock mu;  // guards `metrics` (a few adds a flush: no std::mutex's two libc calls)
+  // One graph runs in the JIT and the executors at a time, whatever its chip
+  // (their caches and per-flush state are shared): ExecLock. Never waited for
+  // while holding it: a thread that must wait for a chip's flush lock, or runs
+  // host code inside a flush, lets go of it first (ExecRelease).
+  std::mutex exec_mu;
   std::atomic<uint64_t> next_seq{0};
   Metrics metrics;
   // Read by every enqueue: atomics, not under `mu` (two mutexes per recorded
@@ -64,6 +68,12 @@ constexpr size_t kKeptNodes = 4096;
 // lives on that chip; ops mixing chips raise at record time and chip-to-chip
 // copies go through the host) and its simulated clock.
 struct ChipQueue {
+  // One flush of the chip at a time, and a read of the chip waits for its
+  // running flush (its nodes have left `nodes`, their values are not written
+  // yet). Per chip: a thread reading or synchronizing another chip does not
+  // wait for this one's flush (CUDA: devices are independent). Recursive: a
+  // flush may flush its own chip again (a nested flush). Taken before exec_mu.
+  std::recursive_mutex flush_mu;
   // Guards nodes, pending_bytes and pending_uses of the chip's storages. A
   // spin lock (device/spin_lock.h): taken by every recorded op and three
   // times a flush for a few loads and stores; a std::mutex's lock / unlock
@@ -320,16 +330,63 @@ HostCodeScope::~HostCodeScope() {
 
 void set_lock_wait_hook(LockWaitHook hook) { g_lock_wait_hook.store(hook); }
 
-void with_flush_lock(c10::function_ref<void()> fn) {
-  std::unique_lock<std::recursive_mutex> flush_lock(Q().flush_mu, std::try_to_lock);
-  if (!flush_lock.owns_lock()) {
-    LockWaitHook hook = g_lock_wait_hook.load();  // without the GIL, as flush_device waits
-    if (hook) {
-      hook([&] { flush_lock.lock(); });
-    } else {
-      flush_lock.lock();
-    }
+namespace {
+// How many ExecLocks this thread holds (exec_mu is held while > 0).
+thread_local int t_exec_depth = 0;
+
+// Locks `lock` (a unique_lock not holding its mutex): at once when free, else
+// waiting without the GIL (set_lock_wait_hook).
+template <typename Lock>
+void lock_waiting(Lock& lock) {
+  if (lock.try_lock()) return;
+  LockWaitHook hook = g_lock_wait_hook.load();
+  if (hook) {
+    hook([&] { lock.lock(); });
+  } else {
+    lock.lock();
   }
+}
+}  // namespace
+
+ExecLock::ExecLock() {
+  if (t_exec_depth == 0) {
+    std::unique_lock<std::mutex> lock(Q().exec_mu, std::defer_lock);
+    lock_waiting(lock);
+    lock.release();
+  }
+  ++t_exec_depth;
+}
+ExecLock::~ExecLock() {
+  if (--t_exec_depth == 0) Q().exec_mu.unlock();
+}
+
+ExecRelease::ExecRelease() : depth_(t_exec_depth) {
+  if (depth_ == 0) return;
+  t_exec_depth = 0;
+  Q().exec_mu.unlock();
+}
+ExecRelease::~ExecRelease() {
+  if (depth_ == 0) return;
+  std::unique_lock<std::mutex> lock(Q().exec_mu, std::defer_lock);
+  lock_waiting(lock);
+  lock.release();
+  t_exec_depth = depth_;
+}
+
+namespace {
+// Locks chip `c`'s flush lock; a wait lets go of this thread's ExecLock
+// meanwhile, since the flush it waits for may need it (lock order: a chip's
+// flush lock, then exec_mu).
+void lock_chip(std::unique_lock<std::recursive_mutex>& lock) {
+  if (lock.try_lock()) return;
+  ExecRelease release;
+  lock_waiting(lock);
+}
+}  // namespace
+
+void with_chip_flush_lock(int device, c10::function_ref<void()> fn) {
+  std::unique_lock<std::recursive_mutex> chip_lock(C(device).flush_mu, std::defer_lock);
+  lock_chip(chip_lock);
   fn();
 }
 
@@ -409,16 +466,9 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
   auto& q = Q();
   auto& c = C(device);
   check_not_in_host_code();
-  std::unique_lock<std::recursive_mutex> flush_lock(q.flush_mu, std::try_to_lock);
-  if (!flush_lock.owns_lock()) {
-    // Another thread flushes: wait (without holding the GIL, see set_lock_wait_hook).
-    LockWaitHook hook = g_lock_wait_hook.load();
-    if (hook) {
-      hook([&] { flush_lock.lock(); });
-    } else {
-      flush_lock.lock();
-    }
-  }
+  // The chip's flush lock only: a flush of another chip does not hold it.
+  std::unique_lock<std::recursive_mutex> chip_lock(c.flush_mu, std::defer_lock);
+  lock_chip(chip_lock);
   std::vector<Node> nodes;
   int64_t stream;
   int precision;
@@ -437,6 +487,7 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
     c.nodes.reserve(std::min(nodes.size(), static_cast<size_t>(std::max<int64_t>(queue_limits().first, 1))));
     c.pending_bytes = 0;
   }
+  ExecLock exec;  // the JIT's and executors' shared state, to the end of the flush
   Metrics delta;
   const auto start = std::chrono::steady_clock::now();
   std::exception_ptr error;
@@ -474,7 +525,7 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
     nodes.clear();         // drop storage references outside the lock
   }
   // Keeps the room (nodes is empty), up to kKeptNodes nodes' worth. Under the
-  // flush lock alone: no other thread uses `spare` meanwhile (a lock and
+  // chip's flush lock alone: no other thread uses `spare` meanwhile (a lock and
   // unlock of `mu` less per flush).
   if (c.spare.capacity() < nodes.capacity() && nodes.capacity() <= kKeptNodes) c.spare.swap(nodes);
   return error;
@@ -482,7 +533,7 @@ std::exception_ptr flush_device(int device, FlushReason reason, bool reported) {
 
 uint64_t begin_flush_storages(const std::vector<Node>& g, FlushStorages& f) {
   // Each pass has its own stamp; a storage whose stamp is not this pass's is
-  // not numbered yet. Passes run one at a time (under the flush lock, from
+  // not numbered yet. Passes run one at a time (under the run lock, from
   // run_graph); a nested flush's pass starts after the outer one ended.
   static uint64_t last_stamp = 0;
   size_t nrefs = 0;

@@ -513,7 +513,7 @@ struct FlushStorages {
 };
 // Numbers the storages of `g` into `f` (whose vectors keep their room: a
 // thread's flushes reuse one) and finds which are observed after the flush.
-// Called under the flush lock (run_graph): the numbering writes scratch
+// Called under the run lock (run_graph, ExecLock): the numbering writes scratch
 // fields of the storages (DeferredStorage::index_stamp).
 void index_flush_storages(const std::vector<Node>& g, FlushStorages& f);
 // The same in three parts, for a pass over the nodes that numbers their
@@ -563,10 +563,43 @@ using LocationFormatter = std::string (*)(int32_t);
 void set_location_hooks(LocationHook hook, LocationFormatter formatter);
 SourceLocation current_location();
 
+// The run lock: while one is alive on a thread, no other thread runs a graph
+// (the JIT's and executors' caches and per-flush state are shared by every
+// chip). flush_device holds it from its nodes' run to its end, after the
+// chip's own flush lock; re-entrant on one thread (a nested flush). A wait
+// for it releases the GIL (set_lock_wait_hook).
+class ExecLock {
+ public:
+  ExecLock();
+  ~ExecLock();
+  ExecLock(const ExecLock&) = delete;
+  ExecLock& operator=(const ExecLock&) = delete;
+};
+
+// Lets go of this thread's ExecLock (every level) for a scope and takes it
+// back at its end: host code inside a flush (HostCodeScope) and a wait for a
+// chip's flush lock run without it, so another thread may flush another chip
+// meanwhile (what that host code may wait for). The JIT tolerates a flush
+// between two of a flush's regions, as it does a nested one. Nothing when
+// the thread holds none.
+class ExecRelease {
+ public:
+  ExecRelease();
+  ~ExecRelease();
+  ExecRelease(const ExecRelease&) = delete;
+  ExecRelease& operator=(const ExecRelease&) = delete;
+
+ private:
+  int depth_;
+};
+
 // Host code that runs inside a flush (a custom op's kernel, run on CPU
 // tensors): while a HostCodeScope is alive on a thread, recording a "tpu" op
 // (enqueue) or flushing on that thread raises RuntimeError naming `what`,
-// instead of re-entering the queue that is being flushed.
+// instead of re-entering the queue that is being flushed. The flush's run
+// lock is released meanwhile (ExecRelease): a thread the host code starts
+// and joins may read, synchronize or flush another chip; the flushed chip's
+// own flush lock stays held, so its reads wait for the flush's end.
 class HostCodeScope {
  public:
   explicit HostCodeScope(const char* what);
@@ -576,11 +609,13 @@ class HostCodeScope {
 
  private:
   const char* prev_;
+  ExecRelease release_;  // after prev_: destroyed (the lock taken back) after the scope's end
 };
 
-// Waits for the flush lock. Installed by the Python binding: a thread that
-// holds the GIL releases it while it waits, since a flush may run Python
-// (custom op kernels) and so take the GIL while it holds the flush lock.
+// Waits for a flush lock or the run lock (ExecLock). Installed by the Python
+// binding: a thread that holds the GIL releases it while it waits, since a
+// flush may run Python (custom op kernels) and so take the GIL while it holds
+// those locks.
 using LockWaitHook = void (*)(c10::function_ref<void()> wait);
 void set_lock_wait_hook(LockWaitHook hook);
 

@@ -140,7 +140,9 @@ at::Tensor host_view(const at::Tensor& t) {
 // (lazy/async_errors.h); errors of other ops stay with their tensors.
 void make_current(const at::Tensor& t, FlushReason reason) {
   auto* s = deferred_storage_of(t);
-  if (storage_has_pending(s)) (void)flush_all(reason);
+  // Its chip's queue alone: no queued op spans two chips (chip to chip copies go through the
+  // host, copy_from), and a read of one chip does not wait for another's flush.
+  if (storage_has_pending(s)) (void)flush_device(s->device, reason);
   raise_storage_error(s);
   raise_lost_error(s->device);
 }
@@ -649,7 +651,7 @@ void cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
                               "' is not implemented for the tpu device (no kernel is registered for it). "
                               "Set TORCH_TPU_CPU_FALLBACK=1 to run unsupported ops on the host CPU.");
   static std::mutex mu;
-  static std::unordered_set<std::string> warned;
+  static auto& warned = *new std::unordered_set<std::string>();  // never destroyed: ops may run at exit
   {
     std::lock_guard<std::mutex> lock(mu);
     if (warned.insert(full).second)

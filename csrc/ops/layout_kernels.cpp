@@ -115,7 +115,7 @@ at::Tensor make_quantized(const at::Tensor& t, c10::Storage storage, c10::Dispat
 // (CPU's quantized resize_ grows the host copy; write_back moves it to "tpu").
 at::Tensor quantized_to_cpu(const at::Tensor& t) {
   DeferredStorage* s = deferred_storage_of(t);
-  if (storage_has_pending(s)) (void)flush_all(FlushReason::kHostRead);
+  if (storage_has_pending(s)) (void)flush_device(s->device, FlushReason::kHostRead);  // its chip's uses
   raise_storage_error(s);
   raise_lost_error(s->device);  // a host read synchronizes (lazy/async_errors.h)
   const size_t n = t.storage().nbytes();

@@ -311,7 +311,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_bac
 // process (never destroyed: it would outlive the device at exit).
 const at::Tensor& device_zero(const at::TensorOptions& options) {
   static std::mutex mu;
-  static std::vector<std::pair<std::pair<int, at::ScalarType>, const at::Tensor*>> zeros;
+  static auto& zeros =
+      *new std::vector<std::pair<std::pair<int, at::ScalarType>, const at::Tensor*>>();  // ops may run at exit
   const std::pair<int, at::ScalarType> key{options.device().index(), at::typeMetaToScalarType(options.dtype())};
   std::lock_guard<std::mutex> lock(mu);
   for (const auto& [k, t] : zeros)

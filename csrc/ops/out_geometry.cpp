@@ -30,7 +30,8 @@ size_t outs_of(const c10::FunctionSchema& f, const c10::FunctionSchema& o) {
 
 const c10::OperatorHandle* functional_variant(const c10::OperatorHandle& op) {
   static std::mutex mu;
-  static std::unordered_map<c10::OperatorName, std::unique_ptr<c10::OperatorHandle>> cache;
+  // Never destroyed: a daemon thread's op may still look it up at exit.
+  static auto& cache = *new std::unordered_map<c10::OperatorName, std::unique_ptr<c10::OperatorHandle>>();
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(op.operator_name());
   if (it != cache.end()) return it->second.get();

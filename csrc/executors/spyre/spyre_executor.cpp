@@ -533,7 +533,7 @@ void throw_overflow(const std::string& msg) {
 }  // namespace spyre
 
 Executor& spyre_executor() {
-  static spyre::SpyreExecutor ex;
+  static auto& ex = *new spyre::SpyreExecutor();  // never destroyed: flushes may run at exit
   return ex;
 }
 

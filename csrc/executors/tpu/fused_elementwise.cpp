@@ -1358,7 +1358,8 @@ struct KeyHash {
 LoopAccept loop_accepts(const std::vector<Node>& graph, int i) {
   if (!fused_loops_available()) return LoopAccept::kNo;
   static std::mutex mu;
-  static std::unordered_map<std::vector<int64_t>, LoopAccept, KeyHash> memo;
+  // Never destroyed: a daemon thread's flush may still read it at exit.
+  static auto& memo = *new std::unordered_map<std::vector<int64_t>, LoopAccept, KeyHash>();
   const Node& n = graph[i];
   // Cross-entropy's ops run only in pairs (partition's cross_entropy_pair).
   if (tpu_eager::lowering_of(n.op).loss != LossRow::kNone)

@@ -659,7 +659,7 @@ class TpuExecutor final : public Executor {
 }  // namespace
 
 Executor& tpu_executor() {
-  static TpuExecutor tpu;
+  static auto& tpu = *new TpuExecutor();  // never destroyed: flushes may run at exit
   return tpu;
 }
 
