@@ -683,7 +683,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_df16_decode", &spyre::df16_decode, py::arg("bits"), py::call_guard<py::gil_scoped_release>());
   // The Spyre direct kernels' 16-bit conversions (executors/spyre/convert16.h)
   // on the build cpu::has picks now: df16 of a float32 tensor held in a 16-bit
-  // dtype, and a 16-bit tensor's exact float32 widening (contiguous copies in).
+  // dtype, a float32 tensor to float16 to nearest even (no df16 step), and a
+  // 16-bit tensor's exact float32 widening (contiguous copies in).
   m.def(
       "_spyre_store16",
       [](const at::Tensor& x, c10::ScalarType dtype) {
@@ -695,6 +696,16 @@ PYBIND11_MODULE(_C, m) {
         return out;
       },
       py::arg("x"), py::arg("dtype"));
+  m.def(
+      "_spyre_narrow_half",
+      [](const at::Tensor& x) {
+        TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && x.device().is_cpu(), "expects a float32 CPU tensor");
+        const at::Tensor in = x.contiguous();
+        at::Tensor out = at::empty(in.sizes(), in.options().dtype(at::kHalf));
+        spyre::narrow_half(in.const_data_ptr<float>(), static_cast<uint16_t*>(out.data_ptr()), in.numel());
+        return out;
+      },
+      py::arg("x"));
   m.def(
       "_spyre_widen16",
       [](const at::Tensor& x) {

@@ -16,6 +16,7 @@
 #include "executors/aten_grain.h"
 #include "executors/cpu_features.h"
 #include "executors/spyre/blocked_loop.h"
+#include "executors/spyre/convert16.h"
 #include "executors/spyre/df16.h"
 #include "lazy/debug_report.h"
 
@@ -136,47 +137,9 @@ __attribute__((always_inline)) inline void binary_block(Fn fn, const float* __re
   }
 }
 
-// float16 conversions (to nearest even, as c10::Half and ATen's vector
-// conversions): F16C's instructions in the vector builds (functions of their
-// own: an intrinsic needs its target in the function it is inlined into),
-// c10's bit arithmetic in the baseline build and for the last n % 8 (the
-// same values).
-__attribute__((target("avx2,f16c"), noinline)) void half_from_floats_f16c(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t j = 0; j + 8 <= n; j += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-__attribute__((target("avx2,f16c"), noinline)) void floats_from_half_f16c(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t j = 0; j + 8 <= n; j += 8)
-    _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
-}
-
-// n values: whole 8s by `wide` (F16C) in the vector builds, the rest (all
-// in the baseline build) one by one by `one`.
-template <bool kF16c, typename S, typename D, typename One>
-__attribute__((always_inline)) inline void convert_half(const S* src, D* dst, int64_t n,
-                                                        void (*wide)(const S*, D*, int64_t), One one) {
-  int64_t j = 0;
-  if constexpr (kF16c) {
-    wide(src, dst, n);
-    j = n / 8 * 8;
-  }
-  for (; j < n; ++j) dst[j] = one(src[j]);
-}
-
-template <bool kF16c>
-__attribute__((always_inline)) inline void half_from_floats(const float* src, uint16_t* dst, int64_t n) {
-  convert_half<kF16c>(src, dst, n, &half_from_floats_f16c, c10::detail::fp16_ieee_from_fp32_value);
-}
-
-template <bool kF16c>
-__attribute__((always_inline)) inline void floats_from_half(const uint16_t* src, float* dst, int64_t n) {
-  convert_half<kF16c>(src, dst, n, &floats_from_half_f16c, c10::detail::fp16_ieee_to_fp32_value);
-}
-
-// A value rounded once to df16 and held as bfloat16 / float16 (exact in float).
-template <bool kF16c>
+// A value rounded once to df16 and held as bfloat16 / float16 (exact in
+// float). float16: the df16 value to nearest even and back by convert16's
+// array conversions (F16C in the vector builds, c10's arithmetic otherwise).
 __attribute__((always_inline)) inline void round_block(Round r, float* __restrict d) {
   if (r == Round::kBf16) {
     for (int64_t j = 0; j < kBlock; ++j)
@@ -184,8 +147,8 @@ __attribute__((always_inline)) inline void round_block(Round r, float* __restric
   } else if (r == Round::kHalf) {
     for (int64_t j = 0; j < kBlock; ++j) d[j] = float_of(df16_round_f32_bits(bits_of(d[j])));
     uint16_t h[kBlock];
-    half_from_floats<kF16c>(d, h, kBlock);
-    floats_from_half<kF16c>(h, d, kBlock);
+    narrow_half(d, h, kBlock);
+    widen16(c10::kHalf, h, d, kBlock);
   }
 }
 
@@ -421,7 +384,6 @@ inline void fused_body(const Plan& P, float* const* slot) {
 #pragma GCC diagnostic pop
 
 // Steps [first, last) of the plan over one block.
-template <bool kF16c>
 __attribute__((always_inline)) inline void run_steps_body(const Plan& P, Round r, float* const* slot, size_t first,
                                                           size_t last) {
   for (size_t k = first; k < last; ++k) {
@@ -434,12 +396,11 @@ __attribute__((always_inline)) inline void run_steps_body(const Plan& P, Round r
       binary_block(s.fn, a, slot[s.b], d);
     else
       unary_block(s.fn, a, d);
-    round_block<kF16c>(r, d);
+    round_block(r, d);
   }
 }
 
 // Loads `n` elements of a view at element `first` into a slot (exact widening).
-template <bool kF16c>
 __attribute__((always_inline)) inline void load_body(c10::ScalarType t, const void* base, int64_t first, int64_t n,
                                                      float* dst) {
   if (t == c10::kFloat) {
@@ -448,12 +409,11 @@ __attribute__((always_inline)) inline void load_body(c10::ScalarType t, const vo
     const uint16_t* src = static_cast<const uint16_t*>(base) + first;
     blocked(n, [&](int64_t j) { dst[j] = float_of(static_cast<uint32_t>(src[j]) << 16); });  // vectorized
   } else {
-    floats_from_half<kF16c>(static_cast<const uint16_t*>(base) + first, dst, n);
+    widen16(c10::kHalf, static_cast<const uint16_t*>(base) + first, dst, n);
   }
 }
 
 // Stores `n` values (already the dtype's values) of a slot to a view at element `first`.
-template <bool kF16c>
 __attribute__((always_inline)) inline void store_body(c10::ScalarType t, void* base, int64_t first, int64_t n,
                                                       const float* src) {
   if (t == c10::kFloat) {
@@ -462,7 +422,7 @@ __attribute__((always_inline)) inline void store_body(c10::ScalarType t, void* b
     uint16_t* dst = static_cast<uint16_t*>(base) + first;
     blocked(n, [&](int64_t j) { dst[j] = static_cast<uint16_t>(bits_of(src[j]) >> 16); });  // vectorized
   } else {
-    half_from_floats<kF16c>(src, static_cast<uint16_t*>(base) + first, n);
+    narrow_half(src, static_cast<uint16_t*>(base) + first, n);
   }
 }
 
@@ -474,9 +434,9 @@ struct Build {
   void (*store)(c10::ScalarType, void*, int64_t, int64_t, const float*);
 };
 
-#define TPU_EAGER_CHAIN_BUILD(NAME, TARGET, F16C, ISA)                                                  \
+#define TPU_EAGER_CHAIN_BUILD(NAME, TARGET, ISA)                                                        \
   TARGET void NAME##_steps(const Plan& P, Round r, float* const* slot, size_t first, size_t last) {     \
-    run_steps_body<F16C>(P, r, slot, first, last);                                                      \
+    run_steps_body(P, r, slot, first, last);                                                            \
   }                                                                                                     \
   TARGET __attribute__((flatten)) void NAME##_fused_f32(const Plan& P, float* const* slot) {            \
     fused_body<ISA, Round::kNone>(P, slot);                                                             \
@@ -488,16 +448,16 @@ struct Build {
     fused_body<ISA, Round::kHalf>(P, slot);                                                             \
   }                                                                                                     \
   TARGET void NAME##_load(c10::ScalarType t, const void* base, int64_t first, int64_t n, float* dst) {  \
-    load_body<F16C>(t, base, first, n, dst);                                                            \
+    load_body(t, base, first, n, dst);                                                                  \
   }                                                                                                     \
   TARGET void NAME##_store(c10::ScalarType t, void* base, int64_t first, int64_t n, const float* src) { \
-    store_body<F16C>(t, base, first, n, src);                                                           \
+    store_body(t, base, first, n, src);                                                                 \
   }                                                                                                     \
   constexpr Build NAME{                                                                                 \
       &NAME##_steps, {&NAME##_fused_f32, &NAME##_fused_bf16, &NAME##_fused_f16}, &NAME##_load, &NAME##_store};
-TPU_EAGER_CHAIN_BUILD(baseline, , false, Isa::kBaseline)
-TPU_EAGER_CHAIN_BUILD(avx2, __attribute__((target("avx2,fma,f16c"))), true, Isa::kAvx2)
-TPU_EAGER_CHAIN_BUILD(avx512, __attribute__((target("avx512f,avx2,fma,f16c"))), true, Isa::kAvx512)
+TPU_EAGER_CHAIN_BUILD(baseline, , Isa::kBaseline)
+TPU_EAGER_CHAIN_BUILD(avx2, __attribute__((target("avx2,fma,f16c"))), Isa::kAvx2)
+TPU_EAGER_CHAIN_BUILD(avx512, __attribute__((target("avx512f,avx2,fma,f16c"))), Isa::kAvx512)
 #undef TPU_EAGER_CHAIN_BUILD
 
 // The build cpu::has allows (asked per launch: tests switch features off).

@@ -97,7 +97,15 @@ __attribute__((target("avx2,f16c"))) int64_t widen_half_f16c(const uint16_t* src
   return i;
 }
 
-// float32 (df16 values) -> float16 to nearest even: F16C 8 at a time; returns how many were converted.
+// float32 -> float16 to nearest even: F16C 16 or 8 at a time; returns how many were converted.
+__attribute__((target("avx512f"))) int64_t narrow_half_avx512(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  return i;
+}
+
 __attribute__((target("avx2,f16c"))) int64_t narrow_half_f16c(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -127,6 +135,15 @@ void widen16(c10::ScalarType t, const uint16_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = c10::detail::fp16_ieee_to_fp32_value(src[i]);
 }
 
+void narrow_half(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  if (cpu::has(cpu::Feature::kAvx512f))
+    i = narrow_half_avx512(src, dst, n);
+  else if (has_f16c())
+    i = narrow_half_f16c(src, dst, n);
+  for (; i < n; ++i) dst[i] = c10::detail::fp16_ieee_from_fp32_value(src[i]);
+}
+
 void store16(c10::ScalarType t, const float* src, uint16_t* dst, int64_t n) {
   const auto* bits = reinterpret_cast<const uint32_t*>(src);
   if (t == c10::kBFloat16) {
@@ -141,13 +158,10 @@ void store16(c10::ScalarType t, const float* src, uint16_t* dst, int64_t n) {
   // float16: df16 values (f32) a block at a time, then to nearest even.
   constexpr int64_t kBlock = 512;
   alignas(64) uint32_t r[kBlock];
-  const bool f16c = has_f16c();
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t m = std::min(kBlock, n - b);
     df16_round_array(bits + b, r, m);
-    const float* f = reinterpret_cast<const float*>(r);
-    int64_t i = f16c ? narrow_half_f16c(f, dst + b, m) : 0;
-    for (; i < m; ++i) dst[b + i] = c10::detail::fp16_ieee_from_fp32_value(f[i]);
+    narrow_half(reinterpret_cast<const float*>(r), dst + b, m);
   }
 }
 

@@ -20,6 +20,12 @@ inline bool is_dtype16(c10::ScalarType t) { return t == c10::kBFloat16 || t == c
 // (kBFloat16 or kHalf) given as their bits. src and dst must not overlap.
 void widen16(c10::ScalarType t, const uint16_t* src, float* dst, int64_t n);
 
+// dst[i] = the float16 bits of src[i] rounded to nearest even (IEEE, as
+// c10::Half and F16C; values past float16's range +-inf, NaN stays NaN), no
+// df16 step: for values already rounded (the chain pass's df16 values) and
+// float16 round trips. src and dst must not overlap.
+void narrow_half(const float* src, uint16_t* dst, int64_t n);
+
 // dst[i] = df16(src[i]) held in dtype `t` (kBFloat16: df16_round_bf16_bits;
 // kHalf: df16_round_f32_bits, then float16 to nearest even, values past
 // float16's range +-inf), the bits of df16_round_as(src, t). src and dst must

@@ -4,10 +4,14 @@
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty_strided.h>
 
 #include <cstring>
 
+#include "executors/aten_grain.h"
 #include "executors/host_runtime.h"
+#include "executors/spyre/convert16.h"
 #include "executors/spyre/df16.h"
 #include "executors/spyre/matmul16.h"
 #include "executors/spyre/reduce16.h"
@@ -27,6 +31,20 @@ bool is_dtype_arg(const c10::Argument& a) {
 
 bool is_written(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
 
+// t's exact f32 values with t's sizes and strides: convert16's widening of a
+// contiguous CPU tensor's elements in place of ATen's copy kernel (the same
+// values in a third or less of its instructions); other layouts by ATen.
+at::Tensor widen_f32(const at::Tensor& t) {
+  if (!t.is_contiguous() || !t.device().is_cpu() || t.is_neg() || t.is_conj()) return t.to(c10::kFloat);
+  at::Tensor f = at::empty_strided(t.sizes(), t.strides(), t.options().dtype(c10::kFloat));
+  const auto* src = static_cast<const uint16_t*>(t.const_data_ptr());
+  float* dst = f.mutable_data_ptr<float>();
+  const c10::ScalarType dtype = t.scalar_type();
+  at::parallel_for(0, t.numel(), kAtenGrainSize,
+                   [&](int64_t b, int64_t e) { widen16(dtype, src + b, dst + b, e - b); });
+  return f;
+}
+
 }  // namespace
 
 bool computes_in_f32(const Node& n) {
@@ -43,8 +61,18 @@ bool computes_in_f32(const Node& n) {
 }
 
 at::Tensor df16_store(const at::Tensor& x, c10::ScalarType dtype) {
-  // float32 holding df16 values exactly (one pass), then the exact (or
-  // storage-range) conversion to dtype.
+  // A contiguous float32 result to a 16-bit dtype: convert16's store16 (the
+  // bits of df16_round_as, AVX-512 / AVX2 lanes), with x's sizes and strides.
+  if (is16(dtype) && x.scalar_type() == c10::kFloat && x.is_contiguous() && x.device().is_cpu() && !x.is_neg()) {
+    at::Tensor out = at::empty_strided(x.sizes(), x.strides(), x.options().dtype(dtype));
+    const float* src = x.const_data_ptr<float>();
+    auto* dst = static_cast<uint16_t*>(out.mutable_data_ptr());
+    at::parallel_for(0, x.numel(), kAtenGrainSize,
+                     [&](int64_t b, int64_t e) { store16(dtype, src + b, dst + b, e - b); });
+    return out;
+  }
+  // Otherwise float32 holding df16 values exactly (one pass), then the exact
+  // (or storage-range) conversion to dtype.
   return df16_round_as(x, dtype);
 }
 
@@ -97,7 +125,7 @@ void call_op_in_f32(const c10::OperatorHandle& op, torch::jit::Stack& stack,
     if (!t.defined() || !is16(t.scalar_type())) return t;
     for (const auto& w : wide)
       if (w.first.is_same(t)) return w.second;
-    at::Tensor f = t.to(c10::kFloat);  // a copy with t's strides
+    at::Tensor f = widen_f32(t);  // a copy with t's strides
     wide.emplace_back(t, f);
     if (written) writes.emplace_back(t, f);
     return f;

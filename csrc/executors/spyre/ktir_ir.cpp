@@ -22,6 +22,7 @@
 #include <utility>
 
 #include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/accumulate.h>
@@ -60,6 +61,7 @@
 #include "executors/cpu_vml.h"
 #include "executors/region_runner.h"
 #include "executors/spyre/chain_pass.h"
+#include "executors/spyre/convert16.h"
 #include "executors/spyre/df16.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/layout.h"
@@ -4103,6 +4105,53 @@ std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp,
   }
 }
 
+// x[i] = d * d with d = x[i] - y[i] (two roundings, as CPU's mse kernel).
+// Distinct arrays (restrict) and fixed trip counts: GCC's -O2 vectorizes it.
+void square_difference_into(float* __restrict x, const float* __restrict y, int64_t n) {
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64) {
+    for (int64_t k = j; k < j + 64; ++k) {
+      const float d = x[k] - y[k];
+      x[k] = d * d;
+    }
+  }
+  for (; j < n; ++j) {
+    const float d = x[j] - y[j];
+    x[j] = d * d;
+  }
+}
+
+// mse_loss's elementwise values (reduction 'none') of two contiguous 16-bit
+// tiles of one dtype and size, in f32: d = x - y, then d * d, per element of
+// their exact f32 values (widen16): CPU's mse kernel's two roundings, the
+// bits at::mse_loss gives on the widened tiles, without their f32 copies.
+at::Tensor squared_error16(const at::Tensor& x, const at::Tensor& y) {
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+  const auto* xb = static_cast<const uint16_t*>(x.const_data_ptr());
+  const auto* yb = static_cast<const uint16_t*>(y.const_data_ptr());
+  float* o = out.mutable_data_ptr<float>();
+  const c10::ScalarType t = x.scalar_type();
+  at::parallel_for(0, x.numel(), kAtenGrainSize, [&](int64_t b, int64_t e) {
+    constexpr int64_t kBlock = 512;  // y's f32 values per pass (L1)
+    float w[kBlock];
+    for (int64_t i = b; i < e; i += kBlock) {
+      const int64_t m = std::min(kBlock, e - i);
+      widen16(t, xb + i, o + i, m);
+      widen16(t, yb + i, w, m);
+      square_difference_into(o + i, w, m);
+    }
+  });
+  return out;
+}
+
+// Whether mse_loss's values of tiles x and y can be squared_error16's: one
+// 16-bit dtype, the same sizes (no broadcast), contiguous CPU tiles, summed in f32.
+bool squared_error16_fits(const at::Tensor& x, const at::Tensor& y, c10::ScalarType acc) {
+  return acc == at::kFloat && is_dtype16(x.scalar_type()) && y.scalar_type() == x.scalar_type() &&
+         x.sizes().equals(y.sizes()) && x.is_contiguous() && y.is_contiguous() && x.device().is_cpu() &&
+         y.device().is_cpu();
+}
+
 // The values a loss's or trace's ring partials sum, for the step's rows
 // (RingPre): the elementwise loss of the rows of self and target, by CPU's
 // kernel with reduction 'none' on their f32 (df16) values (its errors, e.g.
@@ -4113,6 +4162,8 @@ std::vector<at::Tensor> ring_finish(const KtirTilePlan& P, const RingParams& rp,
 // tile). `idx` (or [lo, lo + n)) are the step's rows.
 at::Tensor ring_pre_values(const KtirTilePlan& P, const KtirOp& o, std::vector<at::Tensor>& vt, int in,
                            c10::ScalarType acc, const at::Tensor& idx, int64_t lo, int64_t n) {
+  if (P.ring_pre == KtirTilePlan::kPreMse && squared_error16_fits(vt[in], vt[P.ring_target], acc))
+    return squared_error16(vt[in], vt[P.ring_target]);
   const at::Tensor x = vt[in].to(acc);
   if (P.ring_pre == KtirTilePlan::kPreMultilabelMargin) {
     // The loss of each row ([rows, 1]) by CPU's kernel with reduction

@@ -47,6 +47,26 @@ def test_store16_is_df16_then_the_dtype(off):
 
 
 @pytest.mark.parametrize("off", BUILDS, ids=BUILD_IDS)
+def test_narrow_half_is_cpus_float16_rounding(off):
+    """narrow_half (the chain pass's float16 stores and round trips) is CPU's
+    float32 -> float16 to nearest even, no df16 step: every high half with
+    low halves around float16's ties, overflow to inf, denormals; NaN stays NaN."""
+    from torch_tpu_eager import _C
+
+    x = _floats()
+    want = x.half()
+    nan = torch.isnan(x)
+    with cpu_features_off(*off):
+        got = _C._spyre_narrow_half(x)
+        assert torch.equal(torch.isnan(got), nan)
+        assert torch.equal(_bits(got)[~nan], _bits(want)[~nan])
+        # Every length below two AVX-512 vectors (the builds' tails), at odd offsets.
+        for n in range(1, 40):
+            part = slice(0x3F80 * 13 + n, 0x3F80 * 13 + 2 * n)  # around 1.0: normal float16 values
+            assert torch.equal(_bits(_C._spyre_narrow_half(x[part])), _bits(want[part])), n
+
+
+@pytest.mark.parametrize("off", BUILDS, ids=BUILD_IDS)
 def test_widen16_is_exact(off):
     from torch_tpu_eager import _C
 

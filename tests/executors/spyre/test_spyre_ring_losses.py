@@ -311,3 +311,35 @@ def test_run_ktir_runs_dumped_loss_and_trace(spyre_target, tmp_path, monkeypatch
     (got,) = spyre.run_ktir(str(trace_path), a)
     assert same(got.reshape(()), tr) == 0
     torch.testing.assert_close(loss, F.mse_loss(a, b))
+
+
+BUILDS = [(), ("avx512f",), ("avx512f", "avx2", "f16c")]
+BUILD_IDS = ["widest", "avx2", "baseline"]
+
+
+@pytest.mark.parametrize("off", BUILDS, ids=BUILD_IDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("shape", [(40, 17), (96, 513), (1000, 300)], ids=["40x17", "96x513", "1000x300"])
+def test_mse_of_16bit_tiles_in_each_build(spyre_target, off, dtype, shape):
+    # mse_loss of 16-bit tiles squares their differences from the exact f32
+    # values of the 16-bit bits (no f32 copies): every build (AVX-512, AVX2,
+    # baseline widening), row lengths around the vector widths and the
+    # widening's 512-value blocks, special values, a transposed (strided)
+    # operand pair, and the benchmark's mse_loss(x * 0.5, x) (a tile op first).
+    from difftest import cpu_features_off
+
+    for special in (False, True):
+        x, y = _operands("mse", dtype, shape, special)
+        cases = [(x, y, x.float(), y.float())]
+        cases.append((x.t(), y.t(), x.float().t(), y.float().t()))
+        half = store(x.float() * 0.5, dtype).float()  # the mul's one df16 rounding
+        for a, b, a32, b32 in cases:
+            with cpu_features_off(*off):
+                got = {r: F.mse_loss(a.to("tpu"), b.to("tpu"), reduction=r).cpu() for r in ("none", "sum")}
+                s = _last_schedule()
+            _check(got["none"], F.mse_loss(a32, b32, reduction="none"), dtype)
+            _check(got["sum"], _ring_sum(F.mse_loss(a32, b32, reduction="none").contiguous(), s), dtype)
+        with cpu_features_off(*off):
+            got = F.mse_loss(x.to("tpu") * 0.5, x.to("tpu"), reduction="sum").cpu()
+            s = _last_schedule()
+        _check(got, _ring_sum(F.mse_loss(half, x.float(), reduction="none"), s), dtype)
