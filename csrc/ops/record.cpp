@@ -1654,19 +1654,23 @@ namespace {
 // The chip of an op whose defined tensor arguments are "tpu" tensors of one
 // chip (at least one) and CPU scalars it only reads: what op_device returns
 // for it, and check_same_device accepts, in one walk over the arguments; -1
-// for any other op (those two then decide, and raise).
-int single_chip_of(uint64_t writes, torch::jit::Stack& stack, size_t first, size_t nargs) {
+// for any other op (those two then decide, and raise). `ntensors`: the "tpu"
+// tensors among them (the node's inputs: their room).
+int single_chip_of(uint64_t writes, torch::jit::Stack& stack, size_t first, size_t nargs, size_t& ntensors) {
   int device = -1;
   bool one = true;
+  size_t n = 0;
   for_each_tensor(stack, first, nargs, [&](int arg, int, const at::Tensor& t) {
     if (!t.defined()) return;
     const c10::Device d = t.device();
+    n += d.type() == c10::DeviceType::PrivateUse1;
     if (d.type() == c10::DeviceType::CPU && t.dim() == 0 && !(arg < 64 && ((writes >> arg) & 1))) return;
     if (d.type() != c10::DeviceType::PrivateUse1 || (device >= 0 && d.index() != device))
       one = false;
     else
       device = d.index();
   });
+  ntensors = n;
   return one ? device : -1;
 }
 }  // namespace
@@ -1750,7 +1754,8 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   //    (scalars), as CPU/CUDA allow. Fresh results and the generator are that chip's.
   check_not_in_bad_fork();
   if (plan.traits & kCheckIndexDevices) check_index_devices(*stack, first);
-  int device = single_chip_of(plan.writes, *stack, first, nargs);  // the common case: nothing to raise
+  size_t ntensors = 0;  // the tensors among the arguments (the node's inputs' room)
+  int device = single_chip_of(plan.writes, *stack, first, nargs, ntensors);  // the common case: nothing to raise
   const bool one_chip = device >= 0;
   if (!one_chip) device = op_device(*stack, first, nargs);  // raises CUDA's error for two chips
   // Switched only when it differs (nearly always the current chip already):
@@ -1792,7 +1797,12 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // were ~40 instructions an op, twice with `held` below).
   std::optional<MetaOutcome> computed_store;
   bool warned = false;  // the meta inference warned (Node::warned_at_call)
-  if (cached == nullptr) {
+  // A miss infers the call's outcome (the meta kernel, a shape rule or CPU's kernel on
+  // twins); false when the op ran eagerly instead. Out of line: its inlined code took
+  // record_op past GCC's growth limit, which then left the hit path's small calls out
+  // of line (SmallVector's emplace_back, ~40 instructions an op; docs/performance.md, gpt25).
+  if (cached == nullptr) {  // the closure is built on a miss only (~24 instructions)
+    auto infer_miss = [&]() __attribute__((noinline))->bool {
     MetaOutcome& computed = computed_store.emplace();
     const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
     if (borrowed) borrowed->own();                // the meta call and run_eager copy and drop arguments
@@ -1896,13 +1906,13 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       // shape). Run CPU's own kernel on the current values: it raises exactly
       // the exception CPU raises (type and message), or computes the result.
       run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
-      return;
+        return false;
     } catch (...) {
       if (plan.custom_id) throw;
       run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
-      return;
+        return false;
     }
-    if (!cpu_geometry && ran_for_cpu_dtype_check(op, entry, plan, stack, first, nargs)) return;
+      if (!cpu_geometry && ran_for_cpu_dtype_check(op, entry, plan, stack, first, nargs)) return false;
     for (const c10::Warning& w : held.held) c10::warn(w);
     for (size_t k = 0; k < schema.returns().size(); ++k) {
       std::vector<Geometry> geoms;
@@ -1922,8 +1932,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
         // kinds: some CPU kernels restride their result after the meta function,
         // e.g. replication_pad2d keeps channels-last.)
         const at::Tensor& m = mv.toTensor();
-        const bool cpp = entry.kind == PrimKind::kElementwise && k < cpp_returns.size() && cpp_returns[k].isTensor() &&
-                         cpp_returns[k].toTensor().defined() && cpp_returns[k].toTensor().sizes().equals(m.sizes()) &&
+          const bool cpp = entry.kind == PrimKind::kElementwise && k < cpp_returns.size() &&
+                           cpp_returns[k].isTensor() && cpp_returns[k].toTensor().defined() &&
+                           cpp_returns[k].toTensor().sizes().equals(m.sizes()) &&
                          cpp_returns[k].toTensor().scalar_type() == m.scalar_type();
         geoms.push_back(geometry_of(cpp ? cpp_returns[k].toTensor() : m));
       } else if (mv.isTensorList()) {
@@ -1952,6 +1963,9 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
                            scalars_fit_now(schema, plan, *stack, first, computed);
     if (!key.empty() && !warns) computed.id = meta_cache().insert(schema, key, computed, disk);
     cached = &computed;
+      return true;
+    };
+    if (!infer_miss()) return;
   }
   // Written lazy clones get their bytes now, after CPU's call-time checks (as
   // CPU's kernels take a mutable pointer once their checks passed). The copy is
@@ -2014,32 +2028,15 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   node.expands = (plan.traits & kExpandsPerTensor) != 0;
   node.warned_at_call = warned;
   const uint64_t writes = plan.writes;
-  // Tensor arguments are not copied: their slots are filled below.
+  // Tensor arguments are not copied: their slots are filled by `keep`, in the one walk
+  // over the arguments below (three walks before: the copy, the device retarget and
+  // for_each_tensor's, ~100 instructions an `a + b`; docs/performance.md, gpt25).
   node.args.reserve(nargs);
-  size_t ntensors = 0;
-  uint64_t fresh_lists = 0;  // bit i: argument i is a Tensor[] made here (below)
-  for (size_t i = first; i < first + nargs; ++i) {
-    const c10::IValue& v = (*stack)[i];
-    if (v.isTensor()) {
-      node.args.emplace_back(at::Tensor());  // the slot the recorded tensor left (see below)
-      ++ntensors;
-    } else if (v.isList() && v.isTensorList()) {  // isList inline, isTensorList a call
-      // A list of as many undefined tensors, which the loop below fills with what it
-      // keeps (host scalars): the caller's list, copied and emptied element by element,
-      // cost a copy-on-write and a call a tensor (docs/performance.md, fe20).
-      const size_t n = v.toListRef().size();
-      c10::List<at::Tensor> empty;
-      empty.resize(n);
-      node.args.emplace_back(std::move(empty));
-      ntensors += n;
-      if (i - first < 64) fresh_lists |= uint64_t{1} << (i - first);
-    } else {
-      node.args.push_back(v);
-    }
-  }
   node.inputs.reserve(ntensors);
-  retarget_device_args(node.args, 0, nargs, c10::DeviceType::CPU);  // the executor runs CPU kernels
-  for_each_tensor(*stack, first, nargs, [&](int arg, int elem, const at::Tensor& t) {
+  uint64_t fresh_lists = 0;  // bit i: argument i is a Tensor[] made here (below)
+  // What the node keeps of tensor `t`, argument `arg` (element `elem` of a list, or -1),
+  // into its slot node.args[arg], pushed before.
+  auto keep = [&](int arg, int elem, const at::Tensor& t) {
     c10::IValue& slot = node.args[arg];
     if (!t.defined()) return;
     if (!is_tpu(t)) {
@@ -2068,9 +2065,45 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
     make_ref(t, in.ref);
     // No reference kept: a pending node must not keep the tensor alive (DCE).
     // A top-level tensor's slot, and a Tensor[]'s element, is already the undefined
-    // tensor (above); a Tensor?[]'s element is the list copy's.
+    // tensor (below); a Tensor?[]'s element is the list copy's.
     if (elem >= 0 && !(arg < 64 && ((fresh_lists >> arg) & 1))) host::set_tensor_slot(slot, elem, at::Tensor());
-  });
+  };
+  // The arguments in order, each with its tensors (for_each_tensor's order: the inputs'
+  // order is the flush structure's).
+  for (size_t i = 0; i < nargs; ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    const int arg = static_cast<int>(i);
+    if (v.isTensor()) {
+      node.args.emplace_back(at::Tensor());  // the slot the recorded tensor leaves
+      keep(arg, -1, v.toTensor());
+    } else if (!v.isList()) {
+      // The executor runs CPU kernels: a "tpu" device argument becomes CPU
+      // (retarget_device_args).
+      if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+        node.args.emplace_back(c10::Device(c10::DeviceType::CPU));
+      } else {
+        node.args.push_back(v);
+      }
+    } else if (v.isTensorList()) {
+      // A list of as many undefined tensors, which `keep` fills with what it
+      // keeps (host scalars): the caller's list, copied and emptied element by element,
+      // cost a copy-on-write and a call a tensor (docs/performance.md, fe20).
+      auto list = v.toTensorList();
+      c10::List<at::Tensor> empty;
+      empty.resize(list.size());
+      node.args.emplace_back(std::move(empty));
+      if (i < 64) fresh_lists |= uint64_t{1} << i;
+      for (size_t j = 0; j < list.size(); ++j) keep(arg, static_cast<int>(j), list.get(j));
+    } else {
+      // Other lists are kept as they are; a Tensor?[]'s defined elements are its inputs.
+      node.args.push_back(v);
+      auto list = v.toList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        c10::IValue e = list.get(j);
+        if (e.isTensor()) keep(arg, static_cast<int>(j), e.toTensor());
+      }
+    }
+  }
 
   if (entry.kind == PrimKind::kRandom) {
     node.rng = true;
