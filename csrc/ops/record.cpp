@@ -1803,166 +1803,166 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
   // of line (SmallVector's emplace_back, ~40 instructions an op; docs/performance.md, gpt25).
   if (cached == nullptr) {  // the closure is built on a miss only (~24 instructions)
     auto infer_miss = [&]() __attribute__((noinline))->bool {
-    MetaOutcome& computed = computed_store.emplace();
-    const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
-    if (borrowed) borrowed->own();                // the meta call and run_eager copy and drop arguments
-    // The arguments with meta twins of the tpu tensors (one twin storage per tpu storage).
-    auto meta_twins = [&]() {
-      torch::jit::Stack twins(stack->begin() + first, stack->end());
-      std::unordered_map<const void*, c10::Storage> meta_storages;
-      // One twin per tensor: an out= that is also an input (torch.maximum(a, b,
-      // out=a)) is in place for TensorIterator, which then does not resize it.
-      std::unordered_map<const c10::TensorImpl*, at::Tensor> twin_of;
-      for_each_tensor(twins, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
-        if (!is_tpu(t)) return;
-        at::Tensor& m = twin_of[t.unsafeGetTensorImpl()];
-        if (!m.defined()) m = make_meta(t, meta_storages);
-        host::set_tensor_slot(twins[arg], elem, m);
-      });
-      // Factories (triu_indices, ...) name their device: infer on meta, or the
-      // meta call would come back to this kernel.
-      retarget_device_args(twins, 0, nargs, c10::DeviceType::Meta);
-      return twins;
-    };
-    TwinLease twin_lease;  // before the twins: released after they die
-    torch::jit::Stack meta_stack;
-    // A twin-free shape rule's results (CPU's geometry, without CPU's kernel on twins).
-    std::optional<torch::jit::Stack> ruled;
-    if (plan.traits & kShapeRules) {
-      meta_stack = meta_twins();
-      ruled = infer_by_shape_rule(plan.traits, meta_stack);
-    }
-    std::optional<torch::jit::Stack> on_cpu;
-    if (!ruled && (plan.traits & kInferOnCpu)) on_cpu = cpu_twins(*stack, first, nargs, twin_lease);
-    const bool inferred_on_cpu = on_cpu.has_value();
-    if (inferred_on_cpu) n_twin_inferences.fetch_add(1, std::memory_order_relaxed);
-    // Results that are CPU's own: no dtype probe, no correction, None for an undefined one.
-    const bool cpu_geometry = inferred_on_cpu || ruled.has_value();
-    if (inferred_on_cpu) {
-      meta_stack = std::move(*on_cpu);
-    } else if (!(plan.traits & kShapeRules)) {
-      meta_stack = meta_twins();
-    }
-    // Range factories (arange, range, linspace, logspace) with out=: CPU keeps
-    // the out tensor's shape and strides when its numel is the result's and
-    // otherwise resize_s it to [n] (no warning); the reference meta kernels
-    // resize it to [n] whenever the shape differs (and warn). Infer on an
-    // empty twin; correct_meta_outcome restores CPU's geometry.
-    if (plan.float_values) {
-      for (size_t i = 0; i < nargs; ++i) {
-        if (!schema.arguments()[i].is_out() || !meta_stack[i].isTensor()) continue;
-        const at::Tensor& o = meta_stack[i].toTensor();
-        meta_stack[i] = at::empty_strided({0}, {1}, o.options());
+      MetaOutcome& computed = computed_store.emplace();
+      const std::vector<int64_t> key = key_buffer;  // the meta call below may record (and reuse the buffer)
+      if (borrowed) borrowed->own();                // the meta call and run_eager copy and drop arguments
+      // The arguments with meta twins of the tpu tensors (one twin storage per tpu storage).
+      auto meta_twins = [&]() {
+        torch::jit::Stack twins(stack->begin() + first, stack->end());
+        std::unordered_map<const void*, c10::Storage> meta_storages;
+        // One twin per tensor: an out= that is also an input (torch.maximum(a, b,
+        // out=a)) is in place for TensorIterator, which then does not resize it.
+        std::unordered_map<const c10::TensorImpl*, at::Tensor> twin_of;
+        for_each_tensor(twins, 0, nargs, [&](int arg, int elem, const at::Tensor& t) {
+          if (!is_tpu(t)) return;
+          at::Tensor& m = twin_of[t.unsafeGetTensorImpl()];
+          if (!m.defined()) m = make_meta(t, meta_storages);
+          host::set_tensor_slot(twins[arg], elem, m);
+        });
+        // Factories (triu_indices, ...) name their device: infer on meta, or the
+        // meta call would come back to this kernel.
+        retarget_device_args(twins, 0, nargs, c10::DeviceType::Meta);
+        return twins;
+      };
+      TwinLease twin_lease;  // before the twins: released after they die
+      torch::jit::Stack meta_stack;
+      // A twin-free shape rule's results (CPU's geometry, without CPU's kernel on twins).
+      std::optional<torch::jit::Stack> ruled;
+      if (plan.traits & kShapeRules) {
+        meta_stack = meta_twins();
+        ruled = infer_by_shape_rule(plan.traits, meta_stack);
       }
-    }
-    // Keep the meta twins of written arguments: the kernel may resize them.
-    std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
-    std::vector<c10::IValue> cpp_returns;  // the C++ meta kernel's results, when it ran
-    // The meta kernels' warnings (a uint8 mask's deprecation, an out= resized) are
-    // held until inference succeeds; when it fails, CPU's kernel runs instead and
-    // gives its own, so each warning comes once, as on CPU.
-    struct HeldWarnings : c10::WarningHandler {
-      std::vector<c10::Warning> held;
-      void process(const c10::Warning& w) override { held.push_back(w); }
-    } held;
-    try {
-      c10::WarningUtils::WarningHandlerGuard hold(&held);
-      c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
-      // CPU's own call-time checks first: the C++ meta kernel a Python one
-      // shadows (cpu_meta.h), on twins of its own (it may resize out= twins).
-      // Then the dispatcher's (Python) meta kernel, whose result geometry is
-      // recorded and which checks what hand-written C++ meta kernels skip
-      // (masked_fill_'s mask broadcast).
-      if (ruled) {
-        meta_stack = std::move(*ruled);
-      } else if (inferred_on_cpu) {
-        op.callBoxed(meta_stack);  // CPU's kernel: its geometry and its errors
-      } else if (plan.traits & kInferAsClampMinZero) {
-        infer_as_clamp_min_zero(meta_stack);
-      } else if (plan.cpp_meta_only) {
-        // A structured kernel's meta function: CPU's own inference, and no Python
-        // (the reference meta kernels import sympy on their first call).
-        plan.cpp_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
-      } else {
-        if (plan.cpp_meta) {
-          // Its warnings (an out= resized) come again from the kernel below.
-          struct DropWarnings : c10::WarningHandler {
-            void process(const c10::Warning&) override {}
-          } drop;
-          c10::WarningUtils::WarningHandlerGuard quiet(&drop);
-          torch::jit::Stack cpp_stack = meta_twins();
-          plan.cpp_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &cpp_stack);
-          cpp_returns.assign(cpp_stack.begin(), cpp_stack.end());
+      std::optional<torch::jit::Stack> on_cpu;
+      if (!ruled && (plan.traits & kInferOnCpu)) on_cpu = cpu_twins(*stack, first, nargs, twin_lease);
+      const bool inferred_on_cpu = on_cpu.has_value();
+      if (inferred_on_cpu) n_twin_inferences.fetch_add(1, std::memory_order_relaxed);
+      // Results that are CPU's own: no dtype probe, no correction, None for an undefined one.
+      const bool cpu_geometry = inferred_on_cpu || ruled.has_value();
+      if (inferred_on_cpu) {
+        meta_stack = std::move(*on_cpu);
+      } else if (!(plan.traits & kShapeRules)) {
+        meta_stack = meta_twins();
+      }
+      // Range factories (arange, range, linspace, logspace) with out=: CPU keeps
+      // the out tensor's shape and strides when its numel is the result's and
+      // otherwise resize_s it to [n] (no warning); the reference meta kernels
+      // resize it to [n] whenever the shape differs (and warn). Infer on an
+      // empty twin; correct_meta_outcome restores CPU's geometry.
+      if (plan.float_values) {
+        for (size_t i = 0; i < nargs; ++i) {
+          if (!schema.arguments()[i].is_out() || !meta_stack[i].isTensor()) continue;
+          const at::Tensor& o = meta_stack[i].toTensor();
+          meta_stack[i] = at::empty_strided({0}, {1}, o.options());
         }
-        DeviceMetaInference as_cpu;  // Python meta kernels reason as for CPU (device_hint)
-        op.callBoxed(meta_stack);
       }
-    } catch (const std::exception& e) {
-      // A custom op's fake impl is its call-time check: its error is the
-      // op's (there is no CPU kernel to ask), unless it cannot infer shapes
-      // without data; then the op runs now, after a flush, as nonzero does.
-      if (plan.custom_id && !fake_impl_needs_data(e)) throw;
-      // The meta kernel rejected the call (or cannot infer a data-dependent
-      // shape). Run CPU's own kernel on the current values: it raises exactly
-      // the exception CPU raises (type and message), or computes the result.
-      run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
+      // Keep the meta twins of written arguments: the kernel may resize them.
+      std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
+      std::vector<c10::IValue> cpp_returns;  // the C++ meta kernel's results, when it ran
+      // The meta kernels' warnings (a uint8 mask's deprecation, an out= resized) are
+      // held until inference succeeds; when it fails, CPU's kernel runs instead and
+      // gives its own, so each warning comes once, as on CPU.
+      struct HeldWarnings : c10::WarningHandler {
+        std::vector<c10::Warning> held;
+        void process(const c10::Warning& w) override { held.push_back(w); }
+      } held;
+      try {
+        c10::WarningUtils::WarningHandlerGuard hold(&held);
+        c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+        // CPU's own call-time checks first: the C++ meta kernel a Python one
+        // shadows (cpu_meta.h), on twins of its own (it may resize out= twins).
+        // Then the dispatcher's (Python) meta kernel, whose result geometry is
+        // recorded and which checks what hand-written C++ meta kernels skip
+        // (masked_fill_'s mask broadcast).
+        if (ruled) {
+          meta_stack = std::move(*ruled);
+        } else if (inferred_on_cpu) {
+          op.callBoxed(meta_stack);  // CPU's kernel: its geometry and its errors
+        } else if (plan.traits & kInferAsClampMinZero) {
+          infer_as_clamp_min_zero(meta_stack);
+        } else if (plan.cpp_meta_only) {
+          // A structured kernel's meta function: CPU's own inference, and no Python
+          // (the reference meta kernels import sympy on their first call).
+          plan.cpp_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+        } else {
+          if (plan.cpp_meta) {
+            // Its warnings (an out= resized) come again from the kernel below.
+            struct DropWarnings : c10::WarningHandler {
+              void process(const c10::Warning&) override {}
+            } drop;
+            c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+            torch::jit::Stack cpp_stack = meta_twins();
+            plan.cpp_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &cpp_stack);
+            cpp_returns.assign(cpp_stack.begin(), cpp_stack.end());
+          }
+          DeviceMetaInference as_cpu;  // Python meta kernels reason as for CPU (device_hint)
+          op.callBoxed(meta_stack);
+        }
+      } catch (const std::exception& e) {
+        // A custom op's fake impl is its call-time check: its error is the
+        // op's (there is no CPU kernel to ask), unless it cannot infer shapes
+        // without data; then the op runs now, after a flush, as nonzero does.
+        if (plan.custom_id && !fake_impl_needs_data(e)) throw;
+        // The meta kernel rejected the call (or cannot infer a data-dependent
+        // shape). Run CPU's own kernel on the current values: it raises exactly
+        // the exception CPU raises (type and message), or computes the result.
+        run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
         return false;
-    } catch (...) {
-      if (plan.custom_id) throw;
-      run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
+      } catch (...) {
+        if (plan.custom_id) throw;
+        run_eager(op, stack, entry.kind == PrimKind::kRandom, /*fallback=*/false, &plan);
         return false;
-    }
+      }
       if (!cpu_geometry && ran_for_cpu_dtype_check(op, entry, plan, stack, first, nargs)) return false;
-    for (const c10::Warning& w : held.held) c10::warn(w);
-    for (size_t k = 0; k < schema.returns().size(); ++k) {
-      std::vector<Geometry> geoms;
-      const c10::IValue& mv = meta_stack[k];
-      const int a = plan.aliased[k];
-      if (a >= 0 && meta_args[a].isTensor()) {
-        computed.written.emplace_back(a, geometry_of(meta_args[a].toTensor()));
-      } else if (a >= 0 && meta_args[a].isTensorList()) {
-        std::vector<Geometry> lg;
-        for (const at::Tensor& m : meta_args[a].toTensorList().vec()) lg.push_back(geometry_of(m));
-        computed.written_lists.emplace_back(a, std::move(lg));
-      } else if (mv.isTensor()) {
-        // A fresh result of a structured elementwise kernel: its C++ meta
-        // function builds CPU's TensorIterator, so its strides are CPU's (the
-        // layout for mixed-layout operands and size-1 dims: copysign, clamp,
-        // ...), where the Python reference may choose others. (Not for other
-        // kinds: some CPU kernels restride their result after the meta function,
-        // e.g. replication_pad2d keeps channels-last.)
-        const at::Tensor& m = mv.toTensor();
+      for (const c10::Warning& w : held.held) c10::warn(w);
+      for (size_t k = 0; k < schema.returns().size(); ++k) {
+        std::vector<Geometry> geoms;
+        const c10::IValue& mv = meta_stack[k];
+        const int a = plan.aliased[k];
+        if (a >= 0 && meta_args[a].isTensor()) {
+          computed.written.emplace_back(a, geometry_of(meta_args[a].toTensor()));
+        } else if (a >= 0 && meta_args[a].isTensorList()) {
+          std::vector<Geometry> lg;
+          for (const at::Tensor& m : meta_args[a].toTensorList().vec()) lg.push_back(geometry_of(m));
+          computed.written_lists.emplace_back(a, std::move(lg));
+        } else if (mv.isTensor()) {
+          // A fresh result of a structured elementwise kernel: its C++ meta
+          // function builds CPU's TensorIterator, so its strides are CPU's (the
+          // layout for mixed-layout operands and size-1 dims: copysign, clamp,
+          // ...), where the Python reference may choose others. (Not for other
+          // kinds: some CPU kernels restride their result after the meta function,
+          // e.g. replication_pad2d keeps channels-last.)
+          const at::Tensor& m = mv.toTensor();
           const bool cpp = entry.kind == PrimKind::kElementwise && k < cpp_returns.size() &&
                            cpp_returns[k].isTensor() && cpp_returns[k].toTensor().defined() &&
                            cpp_returns[k].toTensor().sizes().equals(m.sizes()) &&
-                         cpp_returns[k].toTensor().scalar_type() == m.scalar_type();
-        geoms.push_back(geometry_of(cpp ? cpp_returns[k].toTensor() : m));
-      } else if (mv.isTensorList()) {
-        for (const at::Tensor& m : mv.toTensorList().vec()) geoms.push_back(geometry_of(m));
-      } else if (cpu_geometry && mv.isNone()) {
-        geoms.push_back(Geometry());  // an undefined result (an output_mask entry that was off)
-      } else {
-        TORCH_INTERNAL_ASSERT(false, "record: unexpected return of ", schema.name());
+                           cpp_returns[k].toTensor().scalar_type() == m.scalar_type();
+          geoms.push_back(geometry_of(cpp ? cpp_returns[k].toTensor() : m));
+        } else if (mv.isTensorList()) {
+          for (const at::Tensor& m : mv.toTensorList().vec()) geoms.push_back(geometry_of(m));
+        } else if (cpu_geometry && mv.isNone()) {
+          geoms.push_back(Geometry());  // an undefined result (an output_mask entry that was off)
+        } else {
+          TORCH_INTERNAL_ASSERT(false, "record: unexpected return of ", schema.name());
+        }
+        computed.returns.push_back(std::move(geoms));
       }
-      computed.returns.push_back(std::move(geoms));
-    }
-    // A structured out= kernel restrides a resized out= as CPU's does; kOutResizedContiguous
-    // kernels copy into a resized out, which comes back contiguous as the meta kernel says.
-    if (!cpu_geometry && !plan.cpp_meta_only && !(plan.traits & kOutResizedContiguous)) {
-      c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
-      DeviceMetaInference as_cpu;
-      restride_resized_outs(op, *stack, first, meta_args, computed);
-    }
-    if (!cpu_geometry) correct_meta_outcome(schema, plan.traits, *stack, first, computed);  // CPU's are CPU's
-    // A call whose inference warned is inferred again next time, so that it
-    // warns on every call as CPU does (a uint8 mask's deprecation, an out= resized).
-    const bool warns = !held.held.empty() || resizes_nonempty_out(schema, *stack, first, computed);
-    warned = warns;
-    computed.scalars_fit = !plan.scalar_conversions.args.empty() &&
-                           scalars_keyed_by_value(plan.scalar_conversions, *stack, first) &&
-                           scalars_fit_now(schema, plan, *stack, first, computed);
-    if (!key.empty() && !warns) computed.id = meta_cache().insert(schema, key, computed, disk);
-    cached = &computed;
+      // A structured out= kernel restrides a resized out= as CPU's does; kOutResizedContiguous
+      // kernels copy into a resized out, which comes back contiguous as the meta kernel says.
+      if (!cpu_geometry && !plan.cpp_meta_only && !(plan.traits & kOutResizedContiguous)) {
+        c10::impl::ExcludeDispatchKeyGuard no_autograd(kAutograd);
+        DeviceMetaInference as_cpu;
+        restride_resized_outs(op, *stack, first, meta_args, computed);
+      }
+      if (!cpu_geometry) correct_meta_outcome(schema, plan.traits, *stack, first, computed);  // CPU's are CPU's
+      // A call whose inference warned is inferred again next time, so that it
+      // warns on every call as CPU does (a uint8 mask's deprecation, an out= resized).
+      const bool warns = !held.held.empty() || resizes_nonempty_out(schema, *stack, first, computed);
+      warned = warns;
+      computed.scalars_fit = !plan.scalar_conversions.args.empty() &&
+                             scalars_keyed_by_value(plan.scalar_conversions, *stack, first) &&
+                             scalars_fit_now(schema, plan, *stack, first, computed);
+      if (!key.empty() && !warns) computed.id = meta_cache().insert(schema, key, computed, disk);
+      cached = &computed;
       return true;
     };
     if (!infer_miss()) return;
