@@ -442,6 +442,9 @@ OP_TRAITS = [
     # give results for the functional forms only.
     ("kShapeRuleBatchNorm", {"native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update"}, _every),
     ("kShapeRuleBatchNormBackward", {"native_batch_norm_backward"}, _every),
+    # The foreach ops recorded whole: each per-tensor op's C++ meta function on meta twins
+    # (ops/foreach_rules.h), for the calls the rule covers; the others keep kInferOnCpu.
+    ("kShapeRuleForeach", {o.split(".")[0] for o in FOREACH_EXPANDED}, lambda ov: True),
     ("kInferOnCpu", {"_foreach_norm"}, lambda ov: ov == "Scalar"),
     ("kInferOnCpu", {"stack"}, _default),
     ("kInferOnCpu", {o.split(".")[0] for o in FOREACH_EXPANDED}, lambda ov: True),

@@ -10,47 +10,12 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
 
+#include "ops/foreach_rules.h"
 #include "ops/op_table.h"
 
 namespace tpu_eager {
 namespace jit {
 namespace {
-
-// The per-tensor op of each foreach overload: the op CPU's foreach kernel (ATen's
-// ForeachOpsKernels.cpp, the slow path) reaches the device's record kernel with per tensor,
-// after the composite Scalar overloads it calls: `t.mul_(scalar)` is `mul.out(wrapped
-// scalar, t, out=t)` (scalar first: CPU's 16-bit result differs from `t * scalar`'s),
-// `t.add_(scalar)` is `add_.Tensor(t, wrapped scalar)`, `t.div_(scalar)` `div_.Tensor`.
-// `args`: per argument of the per-tensor op, the foreach argument it takes (its element i
-// for a list), or -1 for its default. The op table's kExpandsPerTensor rows name the
-// foreach overloads; an overload without a rule here fails the flush (an internal error).
-struct ForeachRule {
-  std::string_view foreach_name, foreach_overload, name, overload;
-  int8_t args[4];
-  int8_t nargs;
-};
-constexpr ForeachRule kForeachRules[] = {
-    {"_foreach_mul_", "Scalar", "mul", "out", {1, 0, 0}, 3},
-    {"_foreach_mul_", "ScalarList", "mul", "out", {1, 0, 0}, 3},
-    {"_foreach_mul_", "Tensor", "mul_", "Tensor", {0, 1}, 2},
-    {"_foreach_mul_", "List", "mul_", "Tensor", {0, 1}, 2},
-    {"_foreach_add_", "Scalar", "add_", "Tensor", {0, 1, -1}, 3},
-    {"_foreach_add_", "ScalarList", "add_", "Tensor", {0, 1, -1}, 3},
-    {"_foreach_add_", "List", "add_", "Tensor", {0, 1, 2}, 3},
-    {"_foreach_div_", "Scalar", "div_", "Tensor", {0, 1}, 2},
-    {"_foreach_div_", "ScalarList", "div_", "Tensor", {0, 1}, 2},
-    {"_foreach_div_", "List", "div_", "Tensor", {0, 1}, 2},
-    {"_foreach_lerp_", "Scalar", "lerp_", "Scalar", {0, 1, 2}, 3},
-    {"_foreach_addcmul_", "Scalar", "addcmul_", "", {0, 1, 2, 3}, 4},
-    {"_foreach_addcmul_", "ScalarList", "addcmul_", "", {0, 1, 2, 3}, 4},
-    {"_foreach_addcdiv_", "Scalar", "addcdiv_", "", {0, 1, 2, 3}, 4},
-    {"_foreach_addcdiv_", "ScalarList", "addcdiv_", "", {0, 1, 2, 3}, 4},
-    {"_foreach_sqrt", "", "sqrt", "", {0}, 1},
-    {"_foreach_add", "List", "add", "Tensor", {0, 1, 2}, 3},
-    // CPU's kernel is clamp_min's (foreach_tensor_clamp_min_list_kernel_slow_).
-    {"_foreach_maximum_", "List", "clamp_min_", "Tensor", {0, 1}, 2},
-    {"_foreach_neg", "", "neg", "", {0}, 1},
-};
 
 // Per-tensor nodes written whole / refreshed (per_tensor_nodes_written, _refreshed).
 std::atomic<int64_t> g_written{0};
@@ -103,13 +68,10 @@ const PerTensorOp& per_tensor_op(const c10::OperatorHandle& op) {
   const c10::FunctionSchema* key = &op.schema();
   auto it = table.find(key);
   if (it != table.end()) return it->second;
-  const std::string_view name(op.schema().name());
-  const std::string_view overload(op.schema().overload_name());
-  for (const ForeachRule& rule : kForeachRules)
-    if (name.size() == rule.foreach_name.size() + 6 && name.substr(6) == rule.foreach_name &&
-        overload == rule.foreach_overload)
-      return table.emplace(key, make_per_tensor_op(rule)).first->second;
-  TORCH_INTERNAL_ASSERT(false, "foreach expansion: no rule for ", name, ".", overload);
+  const ForeachRule* rule = foreach_rule(op.schema());
+  TORCH_INTERNAL_ASSERT(rule != nullptr, "foreach expansion: no rule for ", op.schema().name(), ".",
+                        op.schema().overload_name());
+  return table.emplace(key, make_per_tensor_op(*rule)).first->second;
 }
 
 // Node `at` of `out` made ready for op `op`: a new one past the end, the kept one when it

@@ -122,7 +122,12 @@ enum OpTrait : uint64_t {
   // kInferOnCpu says (the op carries that bit too), so CPU's own errors are raised.
   kShapeRuleBatchNorm = 1ull << 48,          // native_batch_norm, _native_batch_norm_legit, _batch_norm_with_update
   kShapeRuleBatchNormBackward = 1ull << 49,  // native_batch_norm_backward
-  kShapeRules = kShapeRuleBatchNorm | kShapeRuleBatchNormBackward,
+  // The foreach ops recorded whole (kExpandsPerTensor): each per-tensor op's C++ meta function
+  // on meta twins (shape_rules.h infer_foreach), not CPU's foreach kernel on zero-filled twins,
+  // whose zero-filling and kernel runs were half the instructions of the MLP + Adam first step
+  // (docs/performance.md, "cold25").
+  kShapeRuleForeach = 1ull << 50,
+  kShapeRules = kShapeRuleBatchNorm | kShapeRuleBatchNormBackward | kShapeRuleForeach,
 };
 
 struct OpEntry {

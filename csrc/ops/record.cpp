@@ -1467,9 +1467,11 @@ std::atomic<int64_t> n_twin_inferences{0};  // twin_inference_count()
 
 // The results of the op's twin-free shape rule (OpTrait kShapeRules, shape_rules.h) for
 // `args`, the call's arguments with meta twins; nothing when the rule declines the call.
-std::optional<torch::jit::Stack> infer_by_shape_rule(uint64_t traits, const torch::jit::Stack& args) {
+std::optional<torch::jit::Stack> infer_by_shape_rule(const c10::OperatorHandle& op, uint64_t traits,
+                                                     const torch::jit::Stack& args) {
   if (traits & kShapeRuleBatchNorm) return infer_batch_norm(args);
   if (traits & kShapeRuleBatchNormBackward) return infer_batch_norm_backward(args);
+  if (traits & kShapeRuleForeach) return infer_foreach(op, args);
   return std::nullopt;
 }
 
@@ -1830,7 +1832,7 @@ void record_op(const c10::OperatorHandle& op, const OpEntry& entry, const OpPlan
       std::optional<torch::jit::Stack> ruled;
       if (plan.traits & kShapeRules) {
         meta_stack = meta_twins();
-        ruled = infer_by_shape_rule(plan.traits, meta_stack);
+        ruled = infer_by_shape_rule(op, plan.traits, meta_stack);
       }
       std::optional<torch::jit::Stack> on_cpu;
       if (!ruled && (plan.traits & kInferOnCpu)) on_cpu = cpu_twins(*stack, first, nargs, twin_lease);

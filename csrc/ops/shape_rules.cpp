@@ -4,9 +4,18 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <c10/util/Exception.h>
 
 #include <initializer_list>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 #include <utility>
+#include <vector>
+
+#include "ops/cpu_meta.h"
+#include "ops/foreach_rules.h"
 
 namespace tpu_eager {
 namespace {
@@ -87,7 +96,113 @@ void check_backward_elements(const c10::IValue& grad_out, const c10::IValue& inp
   TORCH_CHECK(g >= n, "native_batch_norm_backward: grad_out has ", g, " elements, fewer than input's ", n);
 }
 
+// What infer_foreach needs of a foreach rule's per-tensor op.
+struct PerTensorMeta {
+  c10::OperatorHandle op;
+  c10::KernelFunction meta;           // its C++ meta kernel (shadowed by a Python one)
+  std::vector<char> tensor_arg;       // per argument: a Tensor
+  std::vector<c10::IValue> defaults;  // per argument: its default value (None without one)
+};
+
+// The per-tensor op of `rule`, looked up once; null when it has no C++ meta kernel that a
+// Python one shadows (torch._meta_registrations shadows every op of the rules in torch 2.13).
+const PerTensorMeta* per_tensor_meta(const ForeachRule& rule) {
+  static std::mutex mu;
+  static std::unordered_map<const ForeachRule*, std::optional<PerTensorMeta>> table;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = table.find(&rule);
+  if (it == table.end()) {
+    std::optional<PerTensorMeta> p;
+    const std::string name = "aten::" + std::string(rule.name);
+    const std::string overload(rule.overload);
+    const auto handle = c10::Dispatcher::singleton().findSchema({name.c_str(), overload.c_str()});
+    const auto meta = handle ? shadowed_cpp_meta_kernel(*handle) : std::nullopt;
+    if (meta && handle->schema().arguments().size() == static_cast<size_t>(rule.nargs)) {
+      p = PerTensorMeta{*handle, *meta, {}, {}};
+      for (const auto& a : handle->schema().arguments()) {
+        p->tensor_arg.push_back(a.type()->kind() == c10::TypeKind::TensorType);
+        p->defaults.push_back(a.default_value().has_value() ? *a.default_value() : c10::IValue());
+      }
+    }
+    it = table.emplace(&rule, std::move(p)).first;
+  }
+  return it->second ? &*it->second : nullptr;
+}
+
+// A tensor of the foreach rule's domain: a float32 / float64 meta tensor.
+bool foreach_tensor(const c10::IValue& v) {
+  if (!v.isTensor() || !is_meta(v.toTensor())) return false;
+  const auto dtype = v.toTensor().scalar_type();
+  return dtype == at::kFloat || dtype == at::kDouble;
+}
+
+// The number of tensors of a foreach call, its lists' common length; 0 when a list is
+// empty or of another length, or a tensor is outside the domain (foreach_tensor, and a
+// lone Tensor argument 0-dim, as CPU's `_foreach_mul_.Tensor` requires).
+size_t foreach_count(const torch::jit::Stack& args) {
+  size_t n = 0;
+  for (const c10::IValue& v : args) {
+    if (v.isTensor()) {
+      if (!foreach_tensor(v) || v.toTensor().dim() != 0) return 0;
+      continue;
+    }
+    if (!v.isList()) continue;
+    const auto list = v.toListRef();
+    if (list.empty() || (n != 0 && list.size() != n)) return 0;
+    n = list.size();
+    if (v.isTensorList())
+      for (const c10::IValue& t : list)
+        if (!foreach_tensor(t)) return 0;
+  }
+  return n;
+}
+
+// Argument `a` of tensor i's per-tensor call: element i of a list, else the argument; a
+// Scalar where the op takes a Tensor is a wrapped number, as CPU's `t.add_(scalar)` makes it.
+c10::IValue per_tensor_arg(const PerTensorMeta& p, const ForeachRule& rule, const torch::jit::Stack& args, size_t a,
+                           size_t i) {
+  const int f = rule.args[a];
+  if (f < 0) return p.defaults[a];
+  const c10::IValue& v = args[static_cast<size_t>(f)];
+  const c10::IValue& e = v.isList() ? v.toListRef()[i] : v;
+  if (!p.tensor_arg[a] || !e.isScalar()) return e;
+  const c10::Scalar s = e.toScalar();
+  at::Tensor t = at::scalar_tensor(s, at::TensorOptions().dtype(s.type()).device(c10::DeviceType::CPU));
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
 }  // namespace
+
+std::optional<torch::jit::Stack> infer_foreach(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
+  const ForeachRule* rule = foreach_rule(op.schema());
+  const PerTensorMeta* p = rule ? per_tensor_meta(*rule) : nullptr;
+  const size_t n = p ? foreach_count(args) : 0;
+  if (n == 0) return std::nullopt;
+  // A warning (CPU's kernel would give it) declines the call: the twins' run warns as CPU.
+  struct AnyWarning : c10::WarningHandler {
+    bool warned = false;
+    void process(const c10::Warning&) override { warned = true; }
+  } warnings;
+  const bool returns_list = !op.schema().returns().empty();
+  c10::List<at::Tensor> results;
+  try {
+    c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+    torch::jit::Stack stack;
+    for (size_t i = 0; i < n; ++i) {
+      stack.clear();
+      for (size_t a = 0; a < p->tensor_arg.size(); ++a) stack.push_back(per_tensor_arg(*p, *rule, args, a, i));
+      p->meta.callBoxed(p->op, c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+      if (returns_list) results.push_back(stack.at(0).toTensor());
+    }
+  } catch (const std::exception&) {
+    return std::nullopt;  // CPU's kernel on twins raises its own error
+  }
+  if (warnings.warned) return std::nullopt;
+  torch::jit::Stack out;
+  if (returns_list) out.emplace_back(std::move(results));
+  return out;
+}
 
 void check_batch_norm_args(c10::ArrayRef<c10::IValue> args) {
   // _native_batch_norm_legit.no_stats(_out): (input, weight?, bias?, training, ...), no

@@ -6,6 +6,7 @@
 // (kInferOnCpu), so CPU's own errors are raised at the call.
 #pragma once
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
 #include <optional>
@@ -54,5 +55,18 @@ std::optional<torch::jit::Stack> infer_batch_norm(const torch::jit::Stack& args)
 // of infer_batch_norm holds and grad_out has input's sizes and dtype (the out=
 // overload declines). The call passed check_batch_norm_backward_args.
 std::optional<torch::jit::Stack> infer_batch_norm_backward(const torch::jit::Stack& args);
+
+// A foreach op recorded whole (ops/foreach_rules.h: `_foreach_add_.Scalar`, Adam's
+// `_foreach_addcdiv_.ScalarList`, `_foreach_sqrt`, ...), `args` the call's arguments with
+// meta twins: CPU's foreach kernel checks its lists' lengths, then calls the per-tensor op
+// for each tensor i; this runs that op's C++ meta function (the structured code CPU's
+// per-tensor call runs first: broadcast, in-place cast and overlap checks, result
+// geometry) on element i of each list. Returns nothing for an in-place op, else the list
+// of the per-tensor results (CPU's geometry and dtype). Nothing (a call for CPU's kernel
+// on twins, which raises CPU's own error) unless every list has the same nonzero length,
+// every tensor is a float32 / float64 meta tensor (dtypes every per-tensor op has CPU
+// loops for; a 0-dim scalar tensor argument included) and each per-tensor meta function
+// succeeds without a warning. Raises nothing.
+std::optional<torch::jit::Stack> infer_foreach(const c10::OperatorHandle& op, const torch::jit::Stack& args);
 
 }  // namespace tpu_eager
