@@ -195,6 +195,18 @@ def test_declined_calls_keep_cpu_kernel_on_twins():
 # without a check; measured: SIGSEGV for each), so there is no CPU behaviour to compare
 # with: "tpu" raises at::batch_norm's RuntimeError at the call instead, and the queue and
 # every other tensor stay valid. Run in this process: a crash fails the whole session.
+def _raises_and_queue_stays_valid(call, pattern):
+    """``call(x)`` on a (2, 3, 4) "tpu" input raises RuntimeError matching ``pattern`` at the
+    call; a tensor recorded before it and a batch norm after it still give CPU's values."""
+    keep = torch.randn(4, 3, device=DEVICE) * 2
+    x = torch.randn(2, 3, 4, device=DEVICE)
+    with pytest.raises(RuntimeError, match=pattern):
+        call(x)
+    torch.testing.assert_close(keep.cpu(), (keep / 2).cpu() * 2)
+    y = torch.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)[0]
+    torch.testing.assert_close(y.cpu(), torch.native_batch_norm(x.cpu(), None, None, None, None, True, 0.1, 1e-5)[0])
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -225,14 +237,7 @@ def test_declined_calls_keep_cpu_kernel_on_twins():
     ids=["forward_eval", "forward_eval_no_var", "backward_eval", "backward_train", "backward_train_int64"],
 )
 def test_missing_statistics_raise_instead_of_crashing(call, message):
-    keep = torch.randn(4, 3, device=DEVICE) * 2
-    x = torch.randn(2, 3, 4, device=DEVICE)
-    with pytest.raises(RuntimeError, match=f"^{message} must be defined in (evaluation|training) mode"):
-        call(x)
-    torch.testing.assert_close(keep.cpu(), (keep / 2).cpu() * 2)
-    y = torch.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)[0]
-    ref = torch.native_batch_norm(x.cpu(), None, None, None, None, True, 0.1, 1e-5)[0]
-    torch.testing.assert_close(y.cpu(), ref)
+    _raises_and_queue_stays_valid(call, f"^{message} must be defined in (evaluation|training) mode")
 
 
 # More calls on which CPU's kernels (torch 2.13) read or write past a tensor or divide by zero
@@ -314,13 +319,7 @@ def _e(*sizes):
     ],
 )
 def test_unchecked_reads_raise_instead_of_crashing(call, message):
-    keep = torch.randn(4, 3, device=DEVICE) * 2
-    x = torch.randn(2, 3, 4, device=DEVICE)
-    with pytest.raises(RuntimeError, match=f"^{message}"):
-        call(x)
-    torch.testing.assert_close(keep.cpu(), (keep / 2).cpu() * 2)
-    y = torch.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)[0]
-    torch.testing.assert_close(y.cpu(), torch.native_batch_norm(x.cpu(), None, None, None, None, True, 0.1, 1e-5)[0])
+    _raises_and_queue_stays_valid(call, f"^{message}")
 
 
 def test_checks_keep_cpu_behaviour_where_cpu_is_safe():
