@@ -20,8 +20,6 @@ namespace tpu_eager {
 namespace spyre {
 namespace {
 
-bool is16(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
-
 bool is_dtype_arg(const c10::Argument& a) {
   const c10::TypePtr& t = a.real_type();  // type() says int for ScalarType
   if (t->kind() == c10::TypeKind::ScalarTypeType) return true;
@@ -50,12 +48,12 @@ at::Tensor widen_f32(const at::Tensor& t) {
 bool computes_in_f32(const Node& n) {
   if (n.rng) return false;
   for (const auto& in : n.inputs)
-    if (is16(in.ref.dtype)) return true;
+    if (is_dtype16(in.ref.dtype)) return true;
   for (const auto& out : n.outputs)
-    if (is16(out.dtype)) return true;
+    if (is_dtype16(out.dtype)) return true;
   const auto& args = n.op.schema().arguments();
   for (size_t i = 0; i < args.size() && i < n.args.size(); ++i)
-    if (is_dtype_arg(args[i]) && n.args[i].isInt() && is16(static_cast<c10::ScalarType>(n.args[i].toInt())))
+    if (is_dtype_arg(args[i]) && n.args[i].isInt() && is_dtype16(static_cast<c10::ScalarType>(n.args[i].toInt())))
       return true;
   return false;
 }
@@ -63,7 +61,7 @@ bool computes_in_f32(const Node& n) {
 at::Tensor df16_store(const at::Tensor& x, c10::ScalarType dtype) {
   // A contiguous float32 result to a 16-bit dtype: convert16's store16 (the
   // bits of df16_round_as, AVX-512 / AVX2 lanes), with x's sizes and strides.
-  if (is16(dtype) && x.scalar_type() == c10::kFloat && x.is_contiguous() && x.device().is_cpu() && !x.is_neg()) {
+  if (is_dtype16(dtype) && x.scalar_type() == c10::kFloat && x.is_contiguous() && x.device().is_cpu() && !x.is_neg()) {
     at::Tensor out = at::empty_strided(x.sizes(), x.strides(), x.options().dtype(dtype));
     const float* src = x.const_data_ptr<float>();
     auto* dst = static_cast<uint16_t*>(out.mutable_data_ptr());
@@ -100,10 +98,10 @@ void call_op_in_f32(const c10::OperatorHandle& op, torch::jit::Stack& stack,
   for (size_t i = 0; i < args.size() && i < stack.size(); ++i) {
     if (!is_written(args[i]) || !stack[i].isTensor()) continue;
     const at::Tensor& t = stack[i].toTensor();
-    if (t.defined() && is16(t.scalar_type()) && at::has_internal_overlap(t) != at::MemOverlap::No) {
+    if (t.defined() && is_dtype16(t.scalar_type()) && at::has_internal_overlap(t) != at::MemOverlap::No) {
       call(stack);
       for (size_t k = 0; k < args.size() && k < stack.size(); ++k)
-        if (is_written(args[k]) && stack[k].isTensor() && is16(stack[k].toTensor().scalar_type()))
+        if (is_written(args[k]) && stack[k].isTensor() && is_dtype16(stack[k].toTensor().scalar_type()))
           stack[k].toTensor().copy_(df16_store(stack[k].toTensor(), stack[k].toTensor().scalar_type()));
       size_t j = 0;
       const auto& rets = schema.returns();
@@ -112,7 +110,7 @@ void call_op_in_f32(const c10::OperatorHandle& op, torch::jit::Stack& stack,
         const at::Tensor r = stack[k].toTensor();
         const c10::ScalarType want = j < result_dtypes.size() ? result_dtypes[j] : r.scalar_type();
         ++j;
-        if (r.defined() && is16(want)) stack[k] = df16_store(r, want);
+        if (r.defined() && is_dtype16(want)) stack[k] = df16_store(r, want);
       }
       return;
     }
@@ -122,7 +120,7 @@ void call_op_in_f32(const c10::OperatorHandle& op, torch::jit::Stack& stack,
   std::vector<std::pair<at::Tensor, at::Tensor>> wide;
   std::vector<std::pair<at::Tensor, at::Tensor>> writes;
   auto widen = [&](const at::Tensor& t, bool written) -> at::Tensor {
-    if (!t.defined() || !is16(t.scalar_type())) return t;
+    if (!t.defined() || !is_dtype16(t.scalar_type())) return t;
     for (const auto& w : wide)
       if (w.first.is_same(t)) return w.second;
     at::Tensor f = widen_f32(t);  // a copy with t's strides
@@ -147,7 +145,7 @@ void call_op_in_f32(const c10::OperatorHandle& op, torch::jit::Stack& stack,
         out.push_back(x.isTensor() ? c10::IValue(widen(x.toTensor(), written)) : x);
       }
       v = out;
-    } else if (is_dtype_arg(args[i]) && v.isInt() && is16(static_cast<c10::ScalarType>(v.toInt()))) {
+    } else if (is_dtype_arg(args[i]) && v.isInt() && is_dtype16(static_cast<c10::ScalarType>(v.toInt()))) {
       v = static_cast<int64_t>(c10::kFloat);
     }
   }
@@ -162,7 +160,7 @@ void call_op_in_f32(const c10::OperatorHandle& op, torch::jit::Stack& stack,
     if (j >= result_dtypes.size()) return t;
     const c10::ScalarType want = result_dtypes[j++];
     if (!t.defined()) return t;
-    if (is16(want)) return df16_store(t, want);
+    if (is_dtype16(want)) return df16_store(t, want);
     return t.scalar_type() == want ? t : t.to(want);
   };
   const auto& rets = schema.returns();

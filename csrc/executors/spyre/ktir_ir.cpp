@@ -4946,7 +4946,7 @@ void ktir_execute(const KtirProgram& p, const std::vector<at::Tensor>& arg_bytes
         }
       auto store = [&](int view, const at::Tensor& value, const at::Tensor* rows_idx, int64_t lo, int64_t n) {
         const c10::ScalarType t = p.views[view].dtype;
-        const bool is16 = t == c10::kHalf || t == c10::kBFloat16;
+        const bool is16 = is_dtype16(t);
         at::Tensor out = views[view];
         if (rows_idx && rows_idx->defined()) {
           out.index_copy_(0, *rows_idx, is16 ? df16_store(value, t) : value.to(t));

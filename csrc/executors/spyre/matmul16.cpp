@@ -131,8 +131,6 @@ void run_scalar(const float* a, int64_t lda, const float* b, int64_t ldb, float*
   }
 }
 
-bool is16(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
-
 }  // namespace
 
 void matmul_in_k_order(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t M,
@@ -160,7 +158,7 @@ bool matmul16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
   const at::Tensor& a = stack[0].toTensor();
   const at::Tensor& b = stack[1].toTensor();
   const int64_t d = mm ? 2 : 3;
-  if (!a.defined() || !b.defined() || !is16(a.scalar_type()) || b.scalar_type() != a.scalar_type() ||
+  if (!a.defined() || !b.defined() || !is_dtype16(a.scalar_type()) || b.scalar_type() != a.scalar_type() ||
       result_dtypes.empty() || result_dtypes[0] != a.scalar_type() || !a.device().is_cpu() || !b.device().is_cpu() ||
       a.dim() != d || b.dim() != d)
     return false;

@@ -9,6 +9,7 @@
 
 #include "executors/cpu_features.h"
 #include "executors/direct_kernels.h"
+#include "executors/spyre/convert16.h"
 #include "executors/spyre/df16_ops.h"
 #include "executors/spyre/paired_columns.h"
 #include "jit/lowering.h"
@@ -328,8 +329,6 @@ void rows_f32_base(const float* x, int64_t rows, int64_t n, int64_t rs, float* o
   rows_f32_impl(x, rows, n, rs, out);
 }
 
-bool is16(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
-
 // a[j] += b[j], j < n (f32 adds; 8 at a time, the same values), built for AVX2 (one vector an
 // add: the ring partials' adds were two SSE ones each) and the baseline, chosen by cpu::has.
 TPU_INLINE void add_rows_impl(float* a, const float* b, int64_t n) {
@@ -379,7 +378,7 @@ int64_t sum_rows_width(const c10::OperatorHandle& op, const torch::jit::Stack& s
     return 0;
   const at::Tensor& x = stack[0].toTensor();
   const bool f32 = x.defined() && x.scalar_type() == c10::kFloat;
-  if (!x.defined() || !(is16(x.scalar_type()) || (f32 && host::cpu_sum_kernel_width() == kLanes)) ||
+  if (!x.defined() || !(is_dtype16(x.scalar_type()) || (f32 && host::cpu_sum_kernel_width() == kLanes)) ||
       !x.device().is_cpu() || x.dim() < 1 || !x.is_contiguous() || result_dtypes.empty() ||
       result_dtypes[0] != x.scalar_type())
     return 0;
@@ -392,7 +391,7 @@ int64_t sum_rows_width(const c10::OperatorHandle& op, const torch::jit::Stack& s
 int64_t sum16_rows_width(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                          const std::vector<c10::ScalarType>& result_dtypes) {
   if (stack.empty() || !stack[0].isTensor() || !stack[0].toTensor().defined() ||
-      !is16(stack[0].toTensor().scalar_type()))
+      !is_dtype16(stack[0].toTensor().scalar_type()))
     return 0;
   return sum_rows_width(op, stack, result_dtypes);
 }
@@ -419,7 +418,7 @@ bool sum16_call(const c10::OperatorHandle& op, torch::jit::Stack& stack,
 
 bool sum_partials_fit(const at::Tensor& X, const std::vector<int64_t>& shares) {
   const bool f32 = X.scalar_type() == c10::kFloat;
-  if (!(is16(X.scalar_type()) || f32) || X.dim() < 3 || X.size(1) == 0 || X.size(0) == 0) return false;
+  if (!(is_dtype16(X.scalar_type()) || f32) || X.dim() < 3 || X.size(1) == 0 || X.size(0) == 0) return false;
   const int64_t n = X.numel() / (X.size(0) * X.size(1));
   if (n < 2 || !X[0].is_contiguous() || X.stride(1) != n) return false;
   if (!f32) return true;

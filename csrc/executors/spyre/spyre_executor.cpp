@@ -30,6 +30,7 @@
 
 #include "executors/executor.h"
 #include "executors/region_runner.h"
+#include "executors/spyre/convert16.h"
 #include "executors/spyre/cost_model.h"
 #include "executors/spyre/df16.h"
 #include "executors/spyre/df16_ops.h"
@@ -47,8 +48,6 @@ namespace spyre {
 namespace {
 
 std::atomic<OverflowThrower> g_thrower{nullptr};
-
-bool is_16bit_float(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
 
 std::string where_of(const Node& n) {
   return host::op_display_name(n) + " (recorded at " + (n.where.empty() ? std::string("<unknown>") : n.where) + ")";
@@ -83,7 +82,7 @@ class SpyreHooks final : public host::HostRunHooks {
     for (const auto& in : n.inputs) {
       if (!in.written) continue;
       if (in.ref.dtype == c10::kLong) check_int32(mem.tensor(in.ref), where_of(n));
-      if (is_16bit_float(in.ref.dtype) && !stored) {
+      if (is_dtype16(in.ref.dtype) && !stored) {
         at::Tensor w = mem.written_tensor(in.ref);
         df16_round_(w);
         rewrote = true;
@@ -491,12 +490,12 @@ class SpyreExecutor final : public Executor {
 bool active() { return active_target_kind() == TargetKind::kSpyre; }
 
 at::Tensor rounded(const at::Tensor& t) {
-  if (!t.defined() || !is_16bit_float(t.scalar_type())) return t;
+  if (!t.defined() || !is_dtype16(t.scalar_type())) return t;
   return df16_round(t);
 }
 
 void round_in_place(const at::Tensor& t) {
-  if (t.defined() && is_16bit_float(t.scalar_type()) && t.numel() > 0) df16_round_(t);
+  if (t.defined() && is_dtype16(t.scalar_type()) && t.numel() > 0) df16_round_(t);
 }
 
 void check_int32(const at::Tensor& t, const std::string& what) {
