@@ -41,12 +41,25 @@ TPU_INLINE float widen1(uint16_t h) {
 }
 
 // The float16 values in the low 16 bits of w's lanes (the rest zero), widened.
-TPU_INLINE F8 widen_bits(U8 w) {
-  const U8 em = (w & 0x7FFFu) << 13;
-  const U8 scaled = reinterpret_cast<U8>(reinterpret_cast<F8>(em) * 0x1p112f);
-  const I8 top = (w & 0x7C00u) == 0x7C00u;
-  const U8 u = top ? (em | 0x7F800000u) : scaled;
-  return reinterpret_cast<F8>(u | ((w & 0x8000u) << 16));
+// U / F / I: 32-bit unsigned, float and signed vectors of one lane count (8 or 4).
+template <typename F = F8, typename I = I8, typename U>
+TPU_INLINE F widen_bits(U w) {
+  const U em = (w & 0x7FFFu) << 13;
+  const U scaled = reinterpret_cast<U>(reinterpret_cast<F>(em) * 0x1p112f);
+  const I top = (w & 0x7C00u) == 0x7C00u;
+  const U u = top ? (em | 0x7F800000u) : scaled;
+  return reinterpret_cast<F>(u | ((w & 0x8000u) << 16));
+}
+
+// The 16-bit values at p (H: their vector, as many lanes as U), widened exactly by bit
+// operations: bfloat16 by a shift, float16 by widen_bits.
+template <int kMode, typename H, typename U, typename F, typename I>
+TPU_INLINE F widen_lanes(const uint16_t* p) {
+  H h;
+  std::memcpy(&h, p, sizeof h);
+  const U w = __builtin_convertvector(h, U);
+  if constexpr (kMode == kBf16) return reinterpret_cast<F>(w << 16);
+  return widen_bits<F, I>(w);
 }
 
 // 8 float16 values at p by F16C's vcvtph2ps (GCC 12 converts _Float16
@@ -68,25 +81,13 @@ typedef int32_t I4 __attribute__((vector_size(16)));
 typedef uint16_t H4 __attribute__((vector_size(8)));
 template <int kMode>
 TPU_INLINE F4 widen4(const uint16_t* p) {
-  H4 h;
-  std::memcpy(&h, p, sizeof h);
-  const U4 w = __builtin_convertvector(h, U4);
-  if constexpr (kMode == kBf16) return reinterpret_cast<F4>(w << 16);
-  const U4 em = (w & 0x7FFFu) << 13;
-  const U4 scaled = reinterpret_cast<U4>(reinterpret_cast<F4>(em) * 0x1p112f);
-  const I4 top = (w & 0x7C00u) == 0x7C00u;
-  const U4 u = top ? (em | 0x7F800000u) : scaled;
-  return reinterpret_cast<F4>(u | ((w & 0x8000u) << 16));
+  return widen_lanes<kMode, H4, U4, F4, I4>(p);
 }
 
 template <int kMode>
 TPU_INLINE F8 widen8(const uint16_t* p) {
   if constexpr (kMode == kF16c) return cvtph8(p);
-  H8 h;
-  std::memcpy(&h, p, sizeof h);
-  const U8 w = __builtin_convertvector(h, U8);
-  if constexpr (kMode == kBf16) return reinterpret_cast<F8>(w << 16);
-  return widen_bits(w);
+  return widen_lanes<kMode, H8, U8, F8, I8>(p);
 }
 
 // Four accumulators (the 4 rows of ATen's multi_row_sum), held in registers.
