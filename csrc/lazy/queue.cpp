@@ -346,14 +346,17 @@ void lock_waiting(Lock& lock) {
     lock.lock();
   }
 }
+
+// Takes exec_mu for this thread (lock_waiting), left held: ExecLock and ExecRelease count the levels.
+void lock_exec_mu() {
+  std::unique_lock<std::mutex> lock(Q().exec_mu, std::defer_lock);
+  lock_waiting(lock);
+  lock.release();
+}
 }  // namespace
 
 ExecLock::ExecLock() {
-  if (t_exec_depth == 0) {
-    std::unique_lock<std::mutex> lock(Q().exec_mu, std::defer_lock);
-    lock_waiting(lock);
-    lock.release();
-  }
+  if (t_exec_depth == 0) lock_exec_mu();
   ++t_exec_depth;
 }
 ExecLock::~ExecLock() {
@@ -367,9 +370,7 @@ ExecRelease::ExecRelease() : depth_(t_exec_depth) {
 }
 ExecRelease::~ExecRelease() {
   if (depth_ == 0) return;
-  std::unique_lock<std::mutex> lock(Q().exec_mu, std::defer_lock);
-  lock_waiting(lock);
-  lock.release();
+  lock_exec_mu();
   t_exec_depth = depth_;
 }
 
